@@ -1,0 +1,111 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Decision is what the pipeline decided for one message. There are exactly
+// four.
+type Decision int
+
+const (
+	// Processed: the claim won, the handler succeeded, the transaction
+	// committed; the message is acknowledged.
+	Processed Decision = iota + 1
+	// Duplicate: the claim lost because the id was already committed; the
+	// handler did not run; the message is acknowledged.
+	Duplicate
+	// Retry: a transient error (handler, claim or commit); everything was
+	// rolled back and the message is redelivered after a backoff delay.
+	Retry
+	// DeadLetter: a permanent error, too many attempts, a missing or
+	// invalid id, or a reused id with a different body; the message is
+	// parked with its cause and never silently dropped.
+	DeadLetter
+)
+
+// String returns the decision's name as used in logs, span attributes and
+// metrics: processed, duplicate, retry, dead_letter.
+func (d Decision) String() string {
+	switch d {
+	case Processed:
+		return "processed"
+	case Duplicate:
+		return "duplicate"
+	case Retry:
+		return "retry"
+	case DeadLetter:
+		return "dead_letter"
+	}
+	return "undecided"
+}
+
+// Outcome is a Decision with its cause and, for Retry, the delay before the
+// redelivery.
+type Outcome struct {
+	Decision Decision
+	// Err is the cause of a Retry or DeadLetter, nil otherwise.
+	Err error
+	// Delay is how long the broker should wait before redelivering a Retry.
+	Delay time.Duration
+}
+
+// Sentinel errors for the causes the pipeline itself records. Test with
+// errors.Is.
+var (
+	// ErrMissingID: the message has no business id.
+	ErrMissingID = errors.New("idemq: message has no id")
+	// ErrInvalidID: the id is longer than the configured maximum, or holds
+	// a NUL byte or invalid UTF-8.
+	ErrInvalidID = errors.New("idemq: message id is invalid")
+	// ErrFingerprintMismatch: the id was already processed with a
+	// different body.
+	ErrFingerprintMismatch = errors.New("idemq: message id reused with a different body")
+	// ErrMaxAttempts: a transient error persisted through MaxAttempts
+	// deliveries.
+	ErrMaxAttempts = errors.New("idemq: too many attempts")
+	// ErrSourceClosed is returned by Source.Receive after Close.
+	ErrSourceClosed = errors.New("idemq: source closed")
+	// ErrShutdown: the message was still being processed when the
+	// shutdown deadline passed; it was rolled back and left for
+	// redelivery.
+	ErrShutdown = errors.New("idemq: shutting down")
+)
+
+type permanentError struct{ err error }
+
+func (p permanentError) Error() string { return "permanent: " + p.err.Error() }
+func (p permanentError) Unwrap() error { return p.err }
+
+// Permanent marks err as permanent: the message is dead-lettered at once
+// instead of retried. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
+
+// DecisionError is the error a Retry or DeadLetter settles with: it names
+// the message and the stage that failed.
+type DecisionError struct {
+	MessageID string
+	Stage     string // "id", "begin", "claim", "handler", "commit", "fingerprint", "shutdown"
+	Err       error
+}
+
+func (e *DecisionError) Error() string {
+	return fmt.Sprintf("idemq: message %q: %s: %v", e.MessageID, e.Stage, e.Err)
+}
+
+// Unwrap returns the underlying cause.
+func (e *DecisionError) Unwrap() error { return e.Err }

@@ -1,0 +1,114 @@
+package core
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"context"
+	"time"
+)
+
+// Store is a dedup store plugin: it opens the transaction that holds both
+// the claim of a message id and the handler's business effect. Tx is the
+// handle handlers receive: pgx.Tx for Postgres, *sql.Tx for MySQL and
+// SQLite.
+type Store[Tx any] interface {
+	Begin(ctx context.Context) (Txn[Tx], error)
+}
+
+// Claim asks a Txn to claim one message id for a consumer.
+type Claim struct {
+	// ID is the message's business id.
+	ID string
+	// Fingerprint identifies the body (see Fingerprint). Empty disables
+	// the mismatch check for this claim.
+	Fingerprint string
+}
+
+// ClaimResult is the outcome of claiming one id.
+type ClaimResult int
+
+const (
+	// ClaimWon means this transaction inserted the id: the handler runs.
+	ClaimWon ClaimResult = iota + 1
+	// ClaimDuplicate means the id was already committed by another
+	// transaction (or earlier): the message is a Duplicate.
+	ClaimDuplicate
+	// ClaimMismatch means the id was already committed with a different
+	// body fingerprint: the same id was reused for another message.
+	ClaimMismatch
+)
+
+// String returns the result's name.
+func (r ClaimResult) String() string {
+	switch r {
+	case ClaimWon:
+		return "won"
+	case ClaimDuplicate:
+		return "duplicate"
+	case ClaimMismatch:
+		return "mismatch"
+	}
+	return "unknown"
+}
+
+// Txn is one open dedup transaction. It is used by one goroutine at a time.
+//
+// A store's Claim must make a second transaction claiming the same
+// (consumer, id) wait until the first commits (then ClaimDuplicate) or
+// rolls back (then ClaimWon): the unique key is the lock. Claim must not
+// leave the transaction unusable when an id is taken (no caught
+// unique-violation inside an aborted Postgres transaction).
+type Txn[Tx any] interface {
+	// Tx returns the handle the handler uses for its business effect.
+	Tx() Tx
+	// Claim claims every id for consumer in one statement where the
+	// database allows, returning one result per claim in order. The ids of
+	// one call are distinct (the Consumer guarantees it).
+	Claim(ctx context.Context, consumer string, claims []Claim) ([]ClaimResult, error)
+	// Unclaim deletes claims this transaction made, for messages whose
+	// handler failed inside a batch: their effects were rolled back to a
+	// savepoint and their claims must go with them.
+	Unclaim(ctx context.Context, consumer string, ids []string) error
+	// Savepoint marks a point the transaction can roll back to. Savepoints
+	// are not nested by the Consumer: each is released or rolled back
+	// before the next is made.
+	Savepoint(ctx context.Context) error
+	// RollbackToSavepoint undoes everything since the last Savepoint and
+	// leaves the transaction usable.
+	RollbackToSavepoint(ctx context.Context) error
+	// ReleaseSavepoint keeps everything since the last Savepoint.
+	ReleaseSavepoint(ctx context.Context) error
+	// Commit commits the transaction.
+	Commit(ctx context.Context) error
+	// Rollback aborts the transaction. It is safe to call after Commit or
+	// a failed Commit.
+	Rollback(ctx context.Context) error
+}
+
+// Pruner is implemented by stores that can delete old claims. Prune removes
+// at most limit claims recorded before the given time, in one short
+// transaction, and returns how many it removed; callers loop until it
+// returns fewer than limit, so no giant DELETE ever holds a long lock.
+type Pruner interface {
+	Prune(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// Retentioner is implemented by stores that know how long claims are kept,
+// so the Consumer can compare it with the broker's redelivery horizon.
+type Retentioner interface {
+	Retention() time.Duration
+}
+
+// Migrator is implemented by stores that create their own tables.
+// Migrate is idempotent and safe when several processes run it at once.
+type Migrator interface {
+	Migrate(ctx context.Context) error
+}
+
+// Fingerprint returns the default body fingerprint: the hex SHA-256 of the
+// body (64 characters). Stores keep it beside the claim so that the same id
+// arriving with a different body is caught instead of acknowledged.
+func Fingerprint(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:])
+}
