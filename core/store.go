@@ -1,9 +1,9 @@
 package core
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"context"
 	"time"
 )
 
