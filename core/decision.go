@@ -104,7 +104,7 @@ type DecisionError struct {
 }
 
 func (e *DecisionError) Error() string {
-	return fmt.Sprintf("idemq: message %q: %s: %v", e.MessageID, e.Stage, e.Err)
+	return fmt.Sprintf("idemq: message %q: %s: %v", shortID(e.MessageID), e.Stage, e.Err)
 }
 
 // Unwrap returns the underlying cause.

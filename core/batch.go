@@ -1,0 +1,249 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// processBatch decides one batch in one transaction: one claim for all
+// distinct ids, the handler for each claim won (under a savepoint when
+// several share the transaction), one commit. It sends every item its
+// outcome; settlement happens after the decision middleware returns.
+func (c *Consumer[Tx]) processBatch(items []*item) {
+	if len(items) > 1 {
+		bs := &batchSettlement{pending: len(items), finished: make(chan struct{})}
+		for _, it := range items {
+			it.state.batch = bs
+		}
+	}
+
+	// The same id twice in one batch (a duplicate publish landing close
+	// to its original): only the first is claimed; the others follow its
+	// outcome.
+	primaries := make([]*item, 0, len(items))
+	var followers map[int][]*item
+	index := make(map[string]int, len(items))
+	for _, it := range items {
+		if p, ok := index[it.m.ID]; ok {
+			if followers == nil {
+				followers = make(map[int][]*item)
+			}
+			followers[p] = append(followers[p], it)
+			continue
+		}
+		index[it.m.ID] = len(primaries)
+		primaries = append(primaries, it)
+	}
+
+	outs := c.decideBatch(primaries)
+	for i, it := range primaries {
+		it.done <- outs[i]
+		for _, f := range followers[i] {
+			f.done <- c.followerOutcome(it, outs[i], f)
+		}
+	}
+}
+
+func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
+	ctx := c.procCtx
+	outs := make([]Outcome, len(items))
+	all := func(stage string, err error) []Outcome {
+		for i, it := range items {
+			outs[i] = c.storeFailure(it.m, stage, err)
+		}
+		return outs
+	}
+	ctxs := make([]context.Context, len(items))
+	for i, it := range items {
+		ctxs[i] = it.ctx
+	}
+
+	end := c.observe(ctxs, "begin")
+	txn, err := c.store.Begin(ctx)
+	end(err)
+	if err != nil {
+		return all("begin", err)
+	}
+	// From here every path ends the transaction; Rollback after Commit is
+	// a no-op by the Txn contract.
+	defer txn.Rollback(context.WithoutCancel(ctx))
+
+	// Claims go in id order so that concurrent batches take the unique
+	// key's locks in the same order and cannot deadlock each other.
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].m.ID, items[b].m.ID) })
+	claims := make([]Claim, len(items))
+	for k, i := range order {
+		claims[k] = Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
+	}
+	end = c.observe(ctxs, "claim")
+	sorted, err := txn.Claim(ctx, c.cfg.name, claims)
+	if err == nil && len(sorted) != len(claims) {
+		err = fmt.Errorf("store returned %d claim results for %d claims", len(sorted), len(claims))
+	}
+	end(err)
+	if err != nil {
+		return all("claim", err)
+	}
+	results := make([]ClaimResult, len(items))
+	for k, i := range order {
+		results[i] = sorted[k]
+	}
+
+	won := 0
+	for i, r := range results {
+		switch r {
+		case ClaimWon:
+			won++
+		case ClaimDuplicate:
+			outs[i] = Outcome{Decision: Duplicate}
+		case ClaimMismatch:
+			outs[i] = c.mismatchOutcome(items[i].m)
+		default:
+			outs[i] = c.storeFailure(items[i].m, "claim", fmt.Errorf("unknown claim result %d", r))
+		}
+	}
+	if won == 0 {
+		return outs
+	}
+
+	handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, m *Message) error {
+		return c.handler(hctx, txn.Tx(), m)
+	})
+	useSavepoints := won > 1
+	var broken error // the transaction can no longer be trusted
+	applied := 0
+	for i, r := range results {
+		if r != ClaimWon {
+			continue
+		}
+		it := items[i]
+		if broken != nil {
+			outs[i] = c.storeFailure(it.m, "savepoint", broken)
+			continue
+		}
+		if useSavepoints {
+			if err := txn.Savepoint(ctx); err != nil {
+				broken = err
+				outs[i] = c.storeFailure(it.m, "savepoint", err)
+				continue
+			}
+		}
+		herr := handler(it.ctx, it.m)
+		if herr == nil {
+			if useSavepoints {
+				if err := txn.ReleaseSavepoint(ctx); err != nil {
+					broken = err
+					outs[i] = c.storeFailure(it.m, "savepoint", err)
+					continue
+				}
+			}
+			outs[i] = Outcome{Decision: Processed}
+			applied++
+			continue
+		}
+		outs[i] = c.handlerFailure(it.m, herr)
+		if useSavepoints {
+			// The failed handler's effects and its claim go together.
+			if err := txn.RollbackToSavepoint(ctx); err != nil {
+				broken = err
+				continue
+			}
+			if err := txn.Unclaim(ctx, c.cfg.name, []string{it.m.ID}); err != nil {
+				broken = err
+			}
+		}
+	}
+
+	if broken != nil || applied == 0 {
+		if broken != nil {
+			for i, o := range outs {
+				if o.Decision == Processed {
+					outs[i] = c.storeFailure(items[i].m, "savepoint", broken)
+				}
+			}
+		}
+		return outs // the deferred Rollback undoes everything
+	}
+	end = c.observe(ctxs, "commit")
+	err = txn.Commit(ctx)
+	end(err)
+	if err != nil {
+		// If the commit did land after all, the redelivery loses its
+		// claim and is acknowledged as a Duplicate: retrying is safe.
+		for i, o := range outs {
+			if o.Decision == Processed {
+				outs[i] = c.storeFailure(items[i].m, "commit", err)
+			}
+		}
+	}
+	return outs
+}
+
+func (c *Consumer[Tx]) observe(ctxs []context.Context, stage string) func(error) {
+	if c.cfg.stages == nil {
+		return func(error) {}
+	}
+	return c.cfg.stages.ObserveStage(ctxs, stage)
+}
+
+// storeFailure decides a message whose transaction failed outside its
+// handler: Retry, without counting towards MaxAttempts.
+func (c *Consumer[Tx]) storeFailure(m *Message, stage string, err error) Outcome {
+	if c.procCtx.Err() != nil {
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: fmt.Errorf("%w: %v", ErrShutdown, err)}}
+	}
+	derr := &DecisionError{MessageID: m.ID, Stage: stage, Err: err}
+	if IsPermanent(err) {
+		return Outcome{Decision: DeadLetter, Err: derr}
+	}
+	return Outcome{Decision: Retry, Err: derr, Delay: c.cfg.backoff.Delay(m.Attempt)}
+}
+
+// handlerFailure decides a message whose handler returned err.
+func (c *Consumer[Tx]) handlerFailure(m *Message, err error) Outcome {
+	if c.procCtx.Err() != nil && !IsPermanent(err) {
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "handler", Err: fmt.Errorf("%w: %v", ErrShutdown, err)}}
+	}
+	if IsPermanent(err) {
+		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "handler", Err: err}}
+	}
+	if m.Attempt >= c.cfg.maxAttempts {
+		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "handler",
+			Err: fmt.Errorf("%w (%d of %d): %w", ErrMaxAttempts, m.Attempt, c.cfg.maxAttempts, err)}}
+	}
+	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "handler", Err: err}, Delay: c.cfg.backoff.Delay(m.Attempt)}
+}
+
+func (c *Consumer[Tx]) mismatchOutcome(m *Message) Outcome {
+	if c.cfg.mismatch == MismatchDuplicate {
+		return Outcome{Decision: Duplicate, Err: &DecisionError{MessageID: m.ID, Stage: "fingerprint", Err: ErrFingerprintMismatch}}
+	}
+	return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "fingerprint", Err: ErrFingerprintMismatch}}
+}
+
+// followerOutcome decides a message whose id already appeared earlier in
+// the same batch, from that earlier message's outcome.
+func (c *Consumer[Tx]) followerOutcome(primary *item, pout Outcome, f *item) Outcome {
+	sameBody := primary.fp == "" || f.fp == "" || primary.fp == f.fp
+	switch {
+	case (pout.Decision == Processed || pout.Decision == Duplicate) && sameBody:
+		return Outcome{Decision: Duplicate}
+	case pout.Decision == Processed || pout.Decision == Duplicate:
+		return c.mismatchOutcome(f.m)
+	case sameBody && errors.Is(pout.Err, ErrFingerprintMismatch):
+		return pout
+	}
+	if c.procCtx.Err() != nil {
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: f.m.ID, Stage: "batch", Err: ErrShutdown}}
+	}
+	// The first copy was not applied; this one gets its own turn later.
+	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: f.m.ID, Stage: "batch",
+		Err: fmt.Errorf("an earlier copy in the same batch was not applied: %w", pout.Err)}, Delay: c.cfg.backoff.Delay(f.m.Attempt)}
+}

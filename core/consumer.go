@@ -1,0 +1,482 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// Consumer runs the pipeline for one Source and one Store: receive → claim
+// in a transaction → handler in the same transaction → commit → settle.
+// Create it with New and start it with Run.
+type Consumer[Tx any] struct {
+	cfg     config
+	src     Source
+	store   Store[Tx]
+	handler Handler[Tx]
+	log     *slog.Logger
+	process ProcessFunc
+
+	slots   chan struct{} // in-flight window
+	items   chan *item    // decided-to-process messages waiting for a batch
+	batches chan []*item  // batches waiting for a worker
+
+	procCtx    context.Context // cancelled when the shutdown deadline passes
+	procCancel context.CancelFunc
+	inflight   sync.WaitGroup
+	started    atomic.Bool
+
+	stats counters
+}
+
+type counters struct {
+	received, processed, duplicates, retried, deadLettered, settleErrors, unsettled atomic.Int64
+}
+
+// Stats are a Consumer's running counts of decisions.
+type Stats struct {
+	Received     int64 // deliveries received from the source
+	Processed    int64 // committed and acknowledged (or ack attempted)
+	Duplicates   int64 // claim lost: acknowledged without effect
+	Retried      int64 // rolled back and handed back for redelivery
+	DeadLettered int64 // parked with a cause
+	SettleErrors int64 // settlements the broker refused or that failed
+	Unsettled    int64 // left for redelivery at shutdown
+}
+
+// item is one message on its way through a batch.
+type item struct {
+	ctx   context.Context
+	m     *Message
+	fp    string
+	state *msgState
+	done  chan Outcome
+}
+
+// msgState travels in the message's context from the delivery goroutine to
+// the innermost ProcessFunc.
+type msgState struct {
+	d     Delivery
+	idErr error
+	batch *batchSettlement
+}
+
+type stateKey struct{}
+
+// New builds a Consumer. It fails, naming the option, when an option is
+// invalid or WithName is missing.
+func New[Tx any](src Source, store Store[Tx], h Handler[Tx], opts ...Option) (*Consumer[Tx], error) {
+	if src == nil {
+		return nil, errors.New("idemq: New: nil Source")
+	}
+	if store == nil {
+		return nil, errors.New("idemq: New: nil Store")
+	}
+	if h == nil {
+		return nil, errors.New("idemq: New: nil Handler")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.name == "" {
+		return nil, errors.New("idemq: option WithName is required: it names the consumer in the dedup key")
+	}
+	if cfg.window == 0 {
+		cfg.window = max(2*cfg.batchSize*cfg.concurrency, 8)
+	}
+	if cfg.window < cfg.batchSize {
+		return nil, optErr("WithWindow", "window %d is smaller than batch size %d: batches could never fill", cfg.window, cfg.batchSize)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	c := &Consumer[Tx]{
+		cfg:     cfg,
+		src:     src,
+		store:   store,
+		handler: h,
+		log:     cfg.logger.With("consumer", cfg.name),
+		slots:   make(chan struct{}, cfg.window),
+		items:   make(chan *item),
+		batches: make(chan []*item),
+	}
+	c.process = chainMiddleware(cfg.middleware, c.decide)
+	return c, nil
+}
+
+// Name returns the consumer name used in the dedup key.
+func (c *Consumer[Tx]) Name() string { return c.cfg.name }
+
+// Stats returns the decision counts so far.
+func (c *Consumer[Tx]) Stats() Stats {
+	return Stats{
+		Received:     c.stats.received.Load(),
+		Processed:    c.stats.processed.Load(),
+		Duplicates:   c.stats.duplicates.Load(),
+		Retried:      c.stats.retried.Load(),
+		DeadLettered: c.stats.deadLettered.Load(),
+		SettleErrors: c.stats.settleErrors.Load(),
+		Unsettled:    c.stats.unsettled.Load(),
+	}
+}
+
+// Run receives and processes messages until ctx is cancelled or the source
+// closes. On cancellation it stops receiving, lets messages already received
+// finish within the shutdown timeout (then rolls back what is left and
+// leaves it unacknowledged), settles everything decided, closes the source
+// and returns nil. If the source closes by itself, Run drains the same way
+// and returns an error wrapping ErrSourceClosed. Run may be called once.
+func (c *Consumer[Tx]) Run(ctx context.Context) error {
+	if !c.started.CompareAndSwap(false, true) {
+		return errors.New("idemq: Consumer.Run called twice")
+	}
+	if ws, ok := c.src.(WindowSetter); ok {
+		if err := ws.SetWindow(c.cfg.window); err != nil {
+			return fmt.Errorf("idemq: setting the source's window to %d: %w", c.cfg.window, err)
+		}
+	}
+	c.checkRetention(ctx)
+
+	c.procCtx, c.procCancel = context.WithCancel(context.WithoutCancel(ctx))
+	defer c.procCancel()
+
+	var workers sync.WaitGroup
+	quit := make(chan struct{})
+	workers.Add(1 + c.cfg.concurrency)
+	go func() { defer workers.Done(); c.batcher(quit) }()
+	for range c.cfg.concurrency {
+		go func() { defer workers.Done(); c.worker(quit) }()
+	}
+
+	recvErr := c.receiveLoop(ctx)
+
+	// Drain: messages already received finish, within the deadline.
+	drained := make(chan struct{})
+	go func() { c.inflight.Wait(); close(drained) }()
+	timer := time.NewTimer(c.cfg.shutdownTimeout)
+	select {
+	case <-drained:
+		timer.Stop()
+	case <-timer.C:
+		c.log.Warn("idemq: shutdown deadline passed; rolling back messages still in flight", "timeout", c.cfg.shutdownTimeout)
+		c.procCancel()
+		<-drained
+	}
+	close(quit)
+	workers.Wait()
+	closeErr := c.src.Close()
+	if closeErr != nil && !errors.Is(closeErr, ErrSourceClosed) {
+		c.log.Warn("idemq: closing source", "err", closeErr)
+	}
+	return recvErr
+}
+
+func (c *Consumer[Tx]) checkRetention(ctx context.Context) {
+	hz, ok := c.src.(RedeliveryHorizoner)
+	if !ok {
+		return
+	}
+	rt, ok := c.store.(Retentioner)
+	if !ok {
+		return
+	}
+	horizon, known := hz.RedeliveryHorizon(ctx)
+	if !known {
+		return
+	}
+	if retention := rt.Retention(); retention > 0 && retention < horizon {
+		c.log.Warn("idemq: store retention is shorter than the broker's redelivery horizon: a message redelivered after its claim is pruned would be applied twice",
+			"retention", retention, "redelivery_horizon", horizon)
+	}
+}
+
+// receiveLoop takes a window slot, then a delivery, until ctx ends or the
+// source closes.
+func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
+	failures := 0
+	for {
+		select {
+		case c.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		d, err := c.src.Receive(ctx)
+		if err != nil {
+			<-c.slots
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, ErrSourceClosed) {
+				return fmt.Errorf("idemq: consumer %s stopped: %w", c.cfg.name, err)
+			}
+			failures++
+			delay := ExponentialBackoff{Initial: 50 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2}.Delay(failures)
+			c.log.Warn("idemq: receive failed; trying again", "err", err, "in", delay)
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return nil
+			}
+			continue
+		}
+		failures = 0
+		c.stats.received.Add(1)
+		c.inflight.Add(1)
+		go c.handleDelivery(d)
+	}
+}
+
+// handleDelivery runs one message through the middleware chain and settles
+// it. It owns one window slot.
+func (c *Consumer[Tx]) handleDelivery(d Delivery) {
+	defer c.inflight.Done()
+	defer func() { <-c.slots }()
+	m := d.Message()
+	st := &msgState{d: d}
+	if c.cfg.idFunc != nil {
+		id, err := c.cfg.idFunc(m)
+		if err != nil {
+			st.idErr = fmt.Errorf("%w: IDFunc: %v", ErrMissingID, err)
+		} else {
+			m.ID = id
+		}
+	}
+	ctx := context.WithValue(c.procCtx, stateKey{}, st)
+	out := c.process(ctx, m)
+	if out.Decision < Processed || out.Decision > DeadLetter {
+		out = Outcome{Decision: Retry, Err: fmt.Errorf("idemq: middleware returned no decision (%v)", out.Err), Delay: c.cfg.backoff.Delay(m.Attempt)}
+	}
+	c.count(out)
+	if st.batch != nil {
+		st.batch.report(c, st, out)
+		return
+	}
+	c.settle(d, out)
+}
+
+func (c *Consumer[Tx]) count(out Outcome) {
+	switch out.Decision {
+	case Processed:
+		c.stats.processed.Add(1)
+	case Duplicate:
+		c.stats.duplicates.Add(1)
+	case Retry:
+		c.stats.retried.Add(1)
+	case DeadLetter:
+		c.stats.deadLettered.Add(1)
+	}
+}
+
+// settle hands one decided message back to the broker. A Retry caused by
+// shutdown is not settled: the source's Close leaves it to the broker.
+func (c *Consumer[Tx]) settle(d Delivery, out Outcome) {
+	if out.Decision == Retry && (errors.Is(out.Err, ErrShutdown) || c.procCtx.Err() != nil) {
+		c.stats.unsettled.Add(1)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.procCtx), c.cfg.settleTimeout)
+	defer cancel()
+	var err error
+	switch out.Decision {
+	case Processed, Duplicate:
+		err = d.Ack(ctx)
+	case Retry:
+		err = d.Retry(ctx, out.Delay)
+	case DeadLetter:
+		err = d.DeadLetter(ctx, out.Err)
+	}
+	if err != nil {
+		c.settleFailed(d, out, err)
+	}
+}
+
+func (c *Consumer[Tx]) settleFailed(d Delivery, out Outcome, err error) {
+	c.stats.settleErrors.Add(1)
+	// Safe by design: an unsettled message is redelivered, and a committed
+	// one then loses its claim and is acknowledged as a Duplicate.
+	c.log.Warn("idemq: settling failed; the broker will redeliver", "id", shortID(d.Message().ID), "decision", out.Decision.String(), "err", err)
+}
+
+// batchSettlement collects the final outcomes of one batch's messages so
+// that their acks go to the broker in one call.
+type batchSettlement struct {
+	mu       sync.Mutex
+	pending  int
+	acks     []Delivery
+	others   []settleReq
+	finished chan struct{}
+}
+
+type settleReq struct {
+	d   Delivery
+	out Outcome
+}
+
+func (b *batchSettlement) report(c consumerSettler, st *msgState, out Outcome) {
+	b.mu.Lock()
+	if out.Decision == Processed || out.Decision == Duplicate {
+		b.acks = append(b.acks, st.d)
+	} else {
+		b.others = append(b.others, settleReq{st.d, out})
+	}
+	b.pending--
+	last := b.pending == 0
+	b.mu.Unlock()
+	if !last {
+		<-b.finished // hold the window slot until the batch is settled
+		return
+	}
+	c.settleBatch(b.acks, b.others)
+	close(b.finished)
+}
+
+type consumerSettler interface {
+	settleBatch(acks []Delivery, others []settleReq)
+}
+
+func (c *Consumer[Tx]) settleBatch(acks []Delivery, others []settleReq) {
+	for _, r := range others {
+		c.settle(r.d, r.out)
+	}
+	if len(acks) == 0 {
+		return
+	}
+	bs, ok := c.src.(BatchSettler)
+	if !ok || len(acks) == 1 {
+		for _, d := range acks {
+			c.settle(d, Outcome{Decision: Processed})
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.procCtx), c.cfg.settleTimeout)
+	defer cancel()
+	if err := bs.AckBatch(ctx, acks); err != nil {
+		c.stats.settleErrors.Add(1)
+		c.log.Warn("idemq: batch ack failed; the broker will redeliver and the store will decide Duplicate", "messages", len(acks), "err", err)
+	}
+}
+
+// decide is the innermost ProcessFunc: it validates the id, then hands the
+// message to a batch and waits for the batch's decision.
+func (c *Consumer[Tx]) decide(ctx context.Context, m *Message) Outcome {
+	st, _ := ctx.Value(stateKey{}).(*msgState)
+	if st == nil {
+		return Outcome{Decision: Retry, Err: errors.New("idemq: ProcessFunc called outside the Consumer's pipeline")}
+	}
+	if st.idErr != nil {
+		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: st.idErr}}
+	}
+	if err := c.validateID(m.ID); err != nil {
+		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: err}}
+	}
+	it := &item{ctx: ctx, m: m, state: st, done: make(chan Outcome, 1)}
+	if c.cfg.fingerprint != nil {
+		it.fp = c.cfg.fingerprint(m.Body)
+	}
+	select {
+	case c.items <- it:
+	case <-c.procCtx.Done():
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "shutdown", Err: ErrShutdown}}
+	}
+	return <-it.done
+}
+
+func (c *Consumer[Tx]) validateID(id string) error {
+	if id == "" {
+		return ErrMissingID
+	}
+	if len(id) > c.cfg.maxIDLength {
+		return fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidID, len(id), c.cfg.maxIDLength)
+	}
+	return validateIDBytes(id)
+}
+
+func validateIDBytes(id string) error {
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidID)
+	}
+	if strings.IndexByte(id, 0) >= 0 {
+		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidID)
+	}
+	return nil
+}
+
+// batcher groups items into batches of up to batchSize. With no linger a
+// batch is handed over as soon as a worker is free, so batches fill up on
+// their own while workers are busy; with a linger it waits that long (or
+// until full) first.
+func (c *Consumer[Tx]) batcher(quit <-chan struct{}) {
+	var cur []*item
+	var lingerC <-chan time.Time
+	var timer *time.Timer
+	ready := false
+	for {
+		var out chan []*item
+		if len(cur) > 0 && (ready || c.cfg.linger == 0 || len(cur) >= c.cfg.batchSize) {
+			out = c.batches
+		}
+		var in chan *item
+		if len(cur) < c.cfg.batchSize {
+			in = c.items
+		}
+		select {
+		case it := <-in:
+			cur = append(cur, it)
+			if len(cur) == 1 && c.cfg.linger > 0 {
+				if timer == nil {
+					timer = time.NewTimer(c.cfg.linger)
+				} else {
+					timer.Reset(c.cfg.linger)
+				}
+				lingerC = timer.C
+			}
+		case <-lingerC:
+			ready = true
+			lingerC = nil
+		case out <- cur:
+			cur = nil
+			ready = false
+			if timer != nil {
+				timer.Stop()
+			}
+			lingerC = nil
+		case <-quit:
+			if timer != nil {
+				timer.Stop()
+			}
+			return
+		}
+	}
+}
+
+func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
+	for {
+		select {
+		case b := <-c.batches:
+			c.processBatch(b)
+		case <-quit:
+			return
+		}
+	}
+}
+
+// shortID keeps hostile ids from flooding logs.
+func shortID(id string) string {
+	const limit = 128
+	if len(id) <= limit {
+		return id
+	}
+	return id[:limit] + fmt.Sprintf("…(%d bytes)", len(id))
+}

@@ -1,0 +1,280 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Option configures a Consumer. Options are checked by New, which fails
+// with an error naming the option when a value is out of range.
+type Option func(*config) error
+
+// MismatchPolicy says what to do with a message whose id was already
+// processed with a different body fingerprint.
+type MismatchPolicy int
+
+const (
+	// MismatchDeadLetter dead-letters the message with
+	// ErrFingerprintMismatch, so an operator sees the reused id. Default.
+	MismatchDeadLetter MismatchPolicy = iota
+	// MismatchDuplicate treats it as an ordinary Duplicate (acknowledged,
+	// not applied) — for producers known to re-encode bodies on resend.
+	MismatchDuplicate
+)
+
+type config struct {
+	name            string
+	concurrency     int
+	window          int
+	batchSize       int
+	linger          time.Duration
+	maxAttempts     int
+	backoff         Backoff
+	idFunc          func(*Message) (string, error)
+	maxIDLength     int
+	shutdownTimeout time.Duration
+	settleTimeout   time.Duration
+	logger          *slog.Logger
+	middleware      []Middleware
+	handlerMW       []HandlerMiddleware
+	fingerprint     func([]byte) string
+	mismatch        MismatchPolicy
+	stages          StageObserver
+}
+
+func defaultConfig() config {
+	return config{
+		concurrency:     1,
+		batchSize:       1,
+		maxAttempts:     5,
+		backoff:         DefaultBackoff,
+		maxIDLength:     255,
+		shutdownTimeout: 30 * time.Second,
+		settleTimeout:   10 * time.Second,
+		fingerprint:     Fingerprint,
+		mismatch:        MismatchDeadLetter,
+	}
+}
+
+func optErr(name, format string, args ...any) error {
+	return fmt.Errorf("idemq: option %s: %s", name, fmt.Sprintf(format, args...))
+}
+
+// WithName sets the consumer name, the first half of the dedup key
+// (consumer, message_id): two consumers with different names each apply a
+// message once. Required; at most 200 characters of valid UTF-8.
+func WithName(name string) Option {
+	return func(c *config) error {
+		if err := validateName(name); err != nil {
+			return optErr("WithName", "%v", err)
+		}
+		c.name = name
+		return nil
+	}
+}
+
+// WithConcurrency sets how many batches are processed at once, each in its
+// own transaction. Default 1: one worker, as in the seed pattern. SQLite
+// serialises writers, so more than 1 helps only on Postgres and MySQL.
+func WithConcurrency(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > 1024 {
+			return optErr("WithConcurrency", "%d is outside 1..1024", n)
+		}
+		c.concurrency = n
+		return nil
+	}
+}
+
+// WithWindow caps the messages received but not yet settled: memory stays
+// bounded by it whatever the queue depth, and adapters use it as their
+// prefetch. Default 2 × batch size × concurrency, at least 8.
+func WithWindow(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return optErr("WithWindow", "%d must be at least 1", n)
+		}
+		c.window = n
+		return nil
+	}
+}
+
+// WithBatchSize sets how many messages at most share one transaction: one
+// multi-row claim, a savepoint per message, one commit, one batch ack.
+// Default 1, which is exactly the one-transaction-per-message pattern.
+func WithBatchSize(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > 10000 {
+			return optErr("WithBatchSize", "%d is outside 1..10000", n)
+		}
+		c.batchSize = n
+		return nil
+	}
+}
+
+// WithLinger sets how long a batch waits for more messages before it is
+// processed part-full. Default 0: a batch goes as soon as a worker is free,
+// so batches grow on their own under load and add no latency when idle.
+func WithLinger(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 || d > time.Minute {
+			return optErr("WithLinger", "%v is outside 0..1m", d)
+		}
+		c.linger = d
+		return nil
+	}
+}
+
+// WithMaxAttempts sets after how many deliveries a message whose handler
+// keeps failing with a transient error is dead-lettered. Default 5. Store
+// failures (begin, claim, commit) are retried without limit: an outage of
+// the database must not empty the queue into the dead-letter queue.
+func WithMaxAttempts(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return optErr("WithMaxAttempts", "%d must be at least 1", n)
+		}
+		c.maxAttempts = n
+		return nil
+	}
+}
+
+// WithBackoff sets the redelivery delay policy for Retry. Default
+// DefaultBackoff (200ms doubling to 30s, ±20% jitter).
+func WithBackoff(b Backoff) Option {
+	return func(c *config) error {
+		if b == nil {
+			return optErr("WithBackoff", "nil backoff")
+		}
+		c.backoff = b
+		return nil
+	}
+}
+
+// WithIDFunc derives the business id from the message instead of the
+// adapter's default (AMQP message_id, the Kafka or SQS message-id header).
+// An error from f, or an empty id, dead-letters the message with the cause.
+// Never derive the id from a delivery tag, offset or receipt handle: they
+// change on redelivery.
+func WithIDFunc(f func(*Message) (string, error)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return optErr("WithIDFunc", "nil func")
+		}
+		c.idFunc = f
+		return nil
+	}
+}
+
+// WithMaxIDLength sets the longest id accepted, in bytes; longer ids are
+// dead-lettered with ErrInvalidID. Default 255, which fits every store's
+// key column.
+func WithMaxIDLength(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > 4096 {
+			return optErr("WithMaxIDLength", "%d is outside 1..4096", n)
+		}
+		c.maxIDLength = n
+		return nil
+	}
+}
+
+// WithShutdownTimeout bounds graceful shutdown: after Run's context is
+// cancelled, messages already received have this long to finish; then
+// their transactions are cancelled (rolled back) and they are left
+// unacknowledged for the broker to redeliver. Default 30s.
+func WithShutdownTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return optErr("WithShutdownTimeout", "%v must be positive", d)
+		}
+		c.shutdownTimeout = d
+		return nil
+	}
+}
+
+// WithLogger sets the logger for reconnects, settlement failures and
+// warnings. Decisions are logged by the logging middleware, not here.
+// Default slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return optErr("WithLogger", "nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithMiddleware appends decision middleware; the first given is the
+// outermost.
+func WithMiddleware(mws ...Middleware) Option {
+	return func(c *config) error {
+		for i, mw := range mws {
+			if mw == nil {
+				return optErr("WithMiddleware", "middleware %d is nil", i)
+			}
+		}
+		c.middleware = append(c.middleware, mws...)
+		return nil
+	}
+}
+
+// WithHandlerMiddleware appends middleware around the handler inside the
+// transaction; the first given is the outermost.
+func WithHandlerMiddleware(mws ...HandlerMiddleware) Option {
+	return func(c *config) error {
+		for i, mw := range mws {
+			if mw == nil {
+				return optErr("WithHandlerMiddleware", "middleware %d is nil", i)
+			}
+		}
+		c.handlerMW = append(c.handlerMW, mws...)
+		return nil
+	}
+}
+
+// WithFingerprint sets how a body is fingerprinted for the reused-id check.
+// Default Fingerprint (SHA-256). nil turns the check off.
+func WithFingerprint(f func(body []byte) string) Option {
+	return func(c *config) error {
+		c.fingerprint = f
+		return nil
+	}
+}
+
+// WithMismatchPolicy sets what happens to a message whose id was already
+// processed with a different body. Default MismatchDeadLetter.
+func WithMismatchPolicy(p MismatchPolicy) Option {
+	return func(c *config) error {
+		if p != MismatchDeadLetter && p != MismatchDuplicate {
+			return optErr("WithMismatchPolicy", "unknown policy %d", p)
+		}
+		c.mismatch = p
+		return nil
+	}
+}
+
+// WithStageObserver registers an observer of each batch's store stages
+// (begin, claim, commit), used by tracing to show where time went.
+func WithStageObserver(o StageObserver) Option {
+	return func(c *config) error {
+		c.stages = o
+		return nil
+	}
+}
+
+func validateName(name string) error {
+	if name == "" {
+		return errors.New("empty consumer name")
+	}
+	if len(name) > 200 {
+		return fmt.Errorf("consumer name is %d bytes, at most 200", len(name))
+	}
+	if err := validateIDBytes(name); err != nil {
+		return err
+	}
+	return nil
+}
