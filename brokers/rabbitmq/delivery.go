@@ -1,0 +1,448 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/core"
+)
+
+// session is one connection and its consume channel. Every delivery keeps
+// a pointer to the session it arrived on and is only ever settled on that
+// session's channel: delivery tags are per channel, so a tag must never
+// reach a newer channel.
+type session struct {
+	src    *Source
+	conn   *amqp.Connection
+	ch     *amqp.Channel
+	closed <-chan *amqp.Error
+
+	mu          sync.Mutex
+	isDead      bool
+	dead        chan struct{}
+	outstanding map[uint64]struct{} // tags received and not yet settled
+
+	pubMu      sync.Mutex // one republish at a time, so a basic.return is matched to it
+	pub        *amqp.Channel
+	pubReturns chan amqp.Return
+}
+
+// kill marks the session dead: from now on its deliveries refuse to settle.
+func (s *session) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.isDead {
+		s.isDead = true
+		close(s.dead)
+		clear(s.outstanding)
+	}
+}
+
+// register records tag as outstanding; false if the session is dead.
+func (s *session) register(tag uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.isDead {
+		return false
+	}
+	s.outstanding[tag] = struct{}{}
+	return true
+}
+
+// settle runs op (a single-tag ack, nack or reject) on the session's own
+// channel unless the session is dead, and forgets the tag.
+func (s *session) settle(tag uint64, op func(ch *amqp.Channel) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.isDead || s.ch.IsClosed() {
+		s.src.stale.Add(1)
+		return ErrStaleDelivery
+	}
+	if _, ok := s.outstanding[tag]; !ok {
+		return ErrAlreadySettled
+	}
+	if err := op(s.ch); err != nil {
+		if errors.Is(err, amqp.ErrClosed) {
+			s.src.stale.Add(1)
+			return fmt.Errorf("%w: %v", ErrStaleDelivery, err)
+		}
+		return err
+	}
+	delete(s.outstanding, tag)
+	return nil
+}
+
+// ackBatch acks ds (all of this session, none settled before). See
+// Source.AckBatch.
+func (s *session) ackBatch(ds []*delivery) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.isDead || s.ch.IsClosed() {
+		s.src.stale.Add(int64(len(ds)))
+		errs := make([]error, len(ds))
+		for i, d := range ds {
+			errs[i] = d.wrap(ErrStaleDelivery)
+		}
+		return errors.Join(errs...)
+	}
+	slices.SortFunc(ds, func(a, b *delivery) int {
+		switch {
+		case a.tag < b.tag:
+			return -1
+		case a.tag > b.tag:
+			return 1
+		}
+		return 0
+	})
+	in := make(map[uint64]struct{}, len(ds))
+	for _, d := range ds {
+		in[d.tag] = struct{}{}
+	}
+	// The lowest tag still outstanding outside the batch bounds the run a
+	// multiple ack may cover.
+	limit := uint64(math.MaxUint64)
+	for tag := range s.outstanding {
+		if _, ok := in[tag]; !ok && tag < limit {
+			limit = tag
+		}
+	}
+	run := 0
+	for run < len(ds) && ds[run].tag < limit {
+		run++
+	}
+	var errs []error
+	rest := ds
+	if run >= 2 {
+		if err := s.ch.Ack(ds[run-1].tag, true); err != nil {
+			return s.batchErr(ds, err)
+		}
+		s.src.multipleAcks.Add(1)
+		s.src.multipleCount.Add(int64(run))
+		for _, d := range ds[:run] {
+			delete(s.outstanding, d.tag)
+		}
+		rest = ds[run:]
+	}
+	for i, d := range rest {
+		if err := s.ch.Ack(d.tag, false); err != nil {
+			errs = append(errs, s.batchErr(rest[i:], err))
+			break
+		}
+		delete(s.outstanding, d.tag)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *session) batchErr(ds []*delivery, err error) error {
+	if errors.Is(err, amqp.ErrClosed) {
+		s.src.stale.Add(int64(len(ds)))
+		err = fmt.Errorf("%w: %v", ErrStaleDelivery, err)
+	}
+	errs := make([]error, len(ds))
+	for i, d := range ds {
+		errs[i] = d.wrap(err)
+	}
+	return errors.Join(errs...)
+}
+
+// publish sends one message on the session's confirm channel (mandatory)
+// and waits for its confirm. An unroutable message or a nack is an error.
+func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) error {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	select {
+	case <-s.dead:
+		s.src.stale.Add(1)
+		return ErrStaleDelivery
+	default:
+	}
+	if s.pub == nil || s.pub.IsClosed() {
+		ch, err := s.conn.Channel()
+		if err != nil {
+			return err
+		}
+		if err := ch.Confirm(false); err != nil {
+			ch.Close()
+			return err
+		}
+		s.pub = ch
+		s.pubReturns = ch.NotifyReturn(make(chan amqp.Return, 4))
+	}
+	conf, err := s.pub.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, p)
+	if err != nil {
+		return err
+	}
+	acked, err := conf.WaitContext(ctx)
+	if err != nil {
+		// A late confirm or return would be matched to the next publish:
+		// start that one on a fresh channel.
+		s.pub.Close()
+		s.pub = nil
+		return err
+	}
+	// The broker sends basic.return before the confirm, and amqp091-go
+	// hands both over from one reader goroutine, so a return for this
+	// message is already buffered.
+	select {
+	case r := <-s.pubReturns:
+		return fmt.Errorf("unroutable to queue %q: %d %s", key, r.ReplyCode, r.ReplyText)
+	default:
+	}
+	if !acked {
+		return fmt.Errorf("publish to queue %q was not confirmed", key)
+	}
+	return nil
+}
+
+// delivery is one received message bound to its session.
+type delivery struct {
+	sess    *session
+	tag     uint64
+	raw     amqp.Delivery
+	msg     *core.Message
+	settled atomic.Bool
+}
+
+// Message returns the received message.
+func (d *delivery) Message() *core.Message { return d.msg }
+
+func (d *delivery) wrap(err error) error {
+	return fmt.Errorf("rabbitmq: message %q (tag %d): %w", d.msg.ID, d.tag, err)
+}
+
+func (d *delivery) claim() error {
+	if d.settled.Swap(true) {
+		return d.wrap(ErrAlreadySettled)
+	}
+	return nil
+}
+
+// Ack acknowledges the delivery by its tag on the channel it arrived on.
+func (d *delivery) Ack(ctx context.Context) error {
+	if err := d.claim(); err != nil {
+		return err
+	}
+	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
+		return d.wrap(err)
+	}
+	return nil
+}
+
+// Retry asks for a redelivery no sooner than delay, per the Source's
+// RetryMode. With RetryRequeue and a positive delay it returns at once and
+// nacks when the delay ends (the message stays unacked meanwhile, so a
+// crash or Close still gets it redelivered); a failure of that later nack
+// is logged, and the broker then redelivers the message anyway.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
+	if err := d.claim(); err != nil {
+		return err
+	}
+	src := d.sess.src
+	if src.cfg.retryMode == RetryViaQueue {
+		p := d.copyPublishing()
+		p.Headers[HeaderAttempt] = int64(d.msg.Attempt + 1)
+		p.Expiration = strconv.FormatInt(max(delay, 0).Milliseconds(), 10)
+		if err := d.sess.publish(ctx, src.cfg.retryQueue, p); err != nil {
+			return d.wrap(fmt.Errorf("retry via queue: %w", err))
+		}
+		if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
+			// The copy is in the retry queue and the original comes back
+			// too: the dedup store absorbs the extra delivery.
+			return d.wrap(err)
+		}
+		return nil
+	}
+	nack := func() error {
+		return d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Nack(d.tag, false, true) })
+	}
+	if delay <= 0 {
+		if err := nack(); err != nil {
+			return d.wrap(err)
+		}
+		return nil
+	}
+	select {
+	case <-d.sess.dead:
+		d.sess.src.stale.Add(1)
+		return d.wrap(ErrStaleDelivery)
+	default:
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if src.closed {
+		return d.wrap(ErrStaleDelivery)
+	}
+	src.wg.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		defer src.wg.Done()
+		src.mu.Lock()
+		delete(src.timers, t)
+		src.mu.Unlock()
+		if err := nack(); err != nil {
+			src.cfg.logger.Warn("idemq rabbitmq: delayed requeue failed; the broker redelivers the message", "queue", src.queue, "message_id", d.msg.ID, "error", err)
+		}
+	})
+	src.timers[t] = struct{}{}
+	return nil
+}
+
+// DeadLetter parks the message with its cause, per the Source's
+// DeadLetterMode.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	if err := d.claim(); err != nil {
+		return err
+	}
+	src := d.sess.src
+	text := "unknown"
+	if cause != nil {
+		text = cause.Error()
+	}
+	if src.cfg.deadLetterMode == DeadLetterReject {
+		src.cfg.logger.Warn("idemq rabbitmq: dead-lettering", "queue", src.queue, "message_id", d.msg.ID, "cause", text)
+		if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Reject(d.tag, false) }); err != nil {
+			return d.wrap(err)
+		}
+		return nil
+	}
+	p := d.copyPublishing()
+	p.Headers[HeaderCause] = text
+	p.Headers[HeaderSourceQueue] = src.queue
+	p.Headers[HeaderAttempt] = int64(d.msg.Attempt)
+	if err := d.sess.publish(ctx, src.cfg.deadLetterQueue, p); err != nil {
+		return d.wrap(fmt.Errorf("dead-letter to %q: %w", src.cfg.deadLetterQueue, err))
+	}
+	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
+		return d.wrap(err)
+	}
+	return nil
+}
+
+// copyPublishing rebuilds the received message as a persistent publishing
+// with its properties and a copy of its headers.
+func (d *delivery) copyPublishing() amqp.Publishing {
+	r := &d.raw
+	h := make(amqp.Table, len(r.Headers)+3)
+	for k, v := range r.Headers {
+		h[k] = v
+	}
+	return amqp.Publishing{
+		Headers:         h,
+		ContentType:     r.ContentType,
+		ContentEncoding: r.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        r.Priority,
+		CorrelationId:   r.CorrelationId,
+		ReplyTo:         r.ReplyTo,
+		MessageId:       r.MessageId,
+		Timestamp:       r.Timestamp,
+		Type:            r.Type,
+		UserId:          r.UserId,
+		AppId:           r.AppId,
+		Body:            r.Body,
+	}
+}
+
+// toMessage converts an AMQP delivery into the pipeline's Message.
+func toMessage(queue string, r *amqp.Delivery) *core.Message {
+	exchange := r.Exchange
+	if exchange == "" {
+		exchange = "amq.default"
+	}
+	return &core.Message{
+		ID:      r.MessageId,
+		Body:    r.Body,
+		Headers: renderHeaders(r.Headers),
+		Source:  queue,
+		System:  "rabbitmq",
+		Attempt: attempt(r),
+		Metadata: map[string]string{
+			"messaging.destination.name":                  exchange,
+			"messaging.rabbitmq.destination.routing_key":  r.RoutingKey,
+			"messaging.rabbitmq.message.delivery_tag":     strconv.FormatUint(r.DeliveryTag, 10),
+			"messaging.message.id":                        r.MessageId,
+			"messaging.message.conversation_id":           r.CorrelationId,
+			"messaging.rabbitmq.message.redelivered_flag": strconv.FormatBool(r.Redelivered),
+		},
+		ReceivedAt: time.Now(),
+	}
+}
+
+// attempt derives the delivery attempt: 2 when the broker flags a
+// redelivery, x-delivery-count+1 on quorum queues, and the x-idemq-attempt
+// a RetryViaQueue copy carries (plus one if that copy was itself
+// redelivered).
+func attempt(r *amqp.Delivery) int {
+	a := 1
+	if r.Redelivered {
+		a = 2
+	}
+	if n, ok := toInt(r.Headers["x-delivery-count"]); ok && n+1 > a {
+		a = n + 1
+	}
+	if n, ok := toInt(r.Headers[HeaderAttempt]); ok {
+		if r.Redelivered {
+			n++
+		}
+		a = max(a, n)
+	}
+	return a
+}
+
+func toInt(v any) (int, bool) {
+	switch n := v.(type) {
+	case int:
+		return n, true
+	case int8:
+		return int(n), true
+	case int16:
+		return int(n), true
+	case int32:
+		return int(n), true
+	case int64:
+		return int(n), true
+	case uint8:
+		return int(n), true
+	case uint16:
+		return int(n), true
+	case uint32:
+		return int(n), true
+	case uint64:
+		return int(n), true
+	case string:
+		i, err := strconv.Atoi(n)
+		return i, err == nil
+	}
+	return 0, false
+}
+
+// renderHeaders renders AMQP header values as strings: text and byte
+// arrays as they are, numbers and booleans in decimal, times in RFC 3339,
+// nested tables and arrays with fmt.
+func renderHeaders(t amqp.Table) map[string]string {
+	h := make(map[string]string, len(t))
+	for k, v := range t {
+		switch x := v.(type) {
+		case string:
+			h[k] = x
+		case []byte:
+			h[k] = string(x)
+		case time.Time:
+			h[k] = x.UTC().Format(time.RFC3339)
+		case nil:
+			h[k] = ""
+		default:
+			h[k] = fmt.Sprint(x)
+		}
+	}
+	return h
+}

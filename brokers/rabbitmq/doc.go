@@ -1,0 +1,31 @@
+// Package rabbitmq is idemq's RabbitMQ broker adapter, built on
+// github.com/rabbitmq/amqp091-go.
+//
+// A Source consumes one queue with manual acknowledgements and a QoS
+// prefetch equal to the Consumer's in-flight window. The message id is the
+// AMQP message_id property. Settlement follows the idemq design:
+//
+//   - Ack: basic.ack by delivery tag. AckBatch uses one multiple=true ack
+//     only over a run of tags where every lower outstanding tag of the
+//     channel is in the batch (a multiple ack acknowledges every unacked tag
+//     up to it, including deliveries still in flight), and acks the rest one
+//     by one.
+//   - Retry: nack with requeue after the delay (RetryRequeue), or a copy
+//     published to a retry queue whose per-message TTL dead-letters it back
+//     to the main queue (RetryViaQueue).
+//   - DeadLetter: a copy published to the dead-letter queue with the cause in
+//     the x-idemq-cause header, confirmed, then acked (DeadLetterRepublish),
+//     or basic.reject without requeue into the queue's dead-letter exchange
+//     (DeadLetterReject).
+//
+// amqp091-go does not reconnect by itself (and its optional channel
+// recovery reuses channel ids, so an old delivery tag could land on a new
+// channel). The Source reconnects with backoff on its own and binds every
+// delivery to the channel it arrived on: settling a delivery whose channel
+// died returns an error wrapping ErrStaleDelivery and sends nothing. The
+// broker redelivers such a message, and the dedup store then decides
+// Duplicate if its effect was already committed.
+//
+// A Publisher publishes core Messages with publisher confirms, for tests,
+// examples and the outbox relay.
+package rabbitmq

@@ -1,0 +1,235 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/core"
+)
+
+// PublisherOption configures a Publisher. An invalid value makes
+// NewPublisher fail with an error naming the option.
+type PublisherOption func(*pubConfig) error
+
+type pubConfig struct {
+	exchange  string
+	mandatory bool
+	connName  string
+	dial      amqp.Config
+	dialSet   bool
+}
+
+// WithPublishExchange sets the exchange messages are published to.
+// Default "" (the default exchange, where the routing key is a queue name).
+func WithPublishExchange(name string) PublisherOption {
+	return func(c *pubConfig) error {
+		if len(name) > 255 {
+			return fmt.Errorf("rabbitmq: WithPublishExchange: name of %d bytes is longer than 255", len(name))
+		}
+		c.exchange = name
+		return nil
+	}
+}
+
+// WithMandatory sets the mandatory flag: a message no queue receives is
+// returned and Publish fails instead of the broker dropping it. Default
+// true.
+func WithMandatory(mandatory bool) PublisherOption {
+	return func(c *pubConfig) error {
+		c.mandatory = mandatory
+		return nil
+	}
+}
+
+// WithPublisherConnectionName sets the connection_name client property.
+// Default "idemq-publisher".
+func WithPublisherConnectionName(name string) PublisherOption {
+	return func(c *pubConfig) error {
+		if name == "" {
+			return errors.New("rabbitmq: WithPublisherConnectionName: empty name")
+		}
+		c.connName = name
+		return nil
+	}
+}
+
+// WithPublisherDialConfig sets the amqp091-go connection config. Default:
+// amqp091-go's defaults. Its Recovery field must be nil.
+func WithPublisherDialConfig(cfg amqp.Config) PublisherOption {
+	return func(c *pubConfig) error {
+		if cfg.Recovery != nil {
+			return errors.New("rabbitmq: WithPublisherDialConfig: Recovery must be nil")
+		}
+		c.dial, c.dialSet = cfg, true
+		return nil
+	}
+}
+
+// confirmChunk bounds the messages awaiting confirms at once, and so the
+// basic.returns that can pile up in the return buffer before Publish reads
+// them (amqp091-go drops a notification a listener does not take).
+const confirmChunk = 256
+
+// Publisher publishes core Messages with publisher confirms: Publish returns
+// only once the broker has taken responsibility for every message. It sets
+// message_id from Message.ID, the headers from Message.Headers and
+// persistent delivery mode. Message.Key is not sent (AMQP has no ordering
+// key). After a connection loss the next Publish reconnects. It is safe for
+// concurrent use; calls are serialized.
+type Publisher struct {
+	url string
+	cfg pubConfig
+
+	mu      sync.Mutex
+	closed  bool
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+}
+
+// NewPublisher connects to the broker at url and opens a confirm channel.
+func NewPublisher(ctx context.Context, url string, opts ...PublisherOption) (*Publisher, error) {
+	cfg := pubConfig{mandatory: true, connName: "idemq-publisher"}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := amqp.ParseURI(url); err != nil {
+		return nil, fmt.Errorf("rabbitmq: url: %w", err)
+	}
+	p := &Publisher{url: url, cfg: cfg}
+	if err := p.connect(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// connect (re)opens the connection and confirm channel. p.mu is held.
+func (p *Publisher) connect(ctx context.Context) error {
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn, p.ch = nil, nil
+	}
+	conn, err := dialContext(ctx, p.url, p.cfg.dial, p.cfg.dialSet, p.cfg.connName)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: publisher connect: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("rabbitmq: publisher channel: %w", err)
+	}
+	p.conn, p.ch = conn, ch
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, confirmChunk))
+	return nil
+}
+
+// Publish publishes msgs with routing key key (a queue name on the default
+// exchange) and waits for the broker's confirms. It fails if any message is
+// nacked or, with mandatory on, unroutable; some messages may then have been
+// published, so callers retry the whole call and rely on the consumer's
+// dedup.
+func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*core.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("rabbitmq: publisher closed")
+	}
+	if p.ch == nil || p.ch.IsClosed() {
+		if err := p.connect(ctx); err != nil {
+			return err
+		}
+	}
+	for len(msgs) > 0 {
+		n := min(len(msgs), confirmChunk)
+		if err := p.publishChunk(ctx, key, msgs[:n]); err != nil {
+			// Confirms or returns of this chunk may still arrive: the
+			// next call starts on a fresh channel.
+			p.ch.Close()
+			return err
+		}
+		msgs = msgs[n:]
+	}
+	return nil
+}
+
+func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*core.Message) error {
+	confs := make([]*amqp.DeferredConfirmation, 0, len(msgs))
+	now := time.Now()
+	for _, m := range msgs {
+		h := make(amqp.Table, len(m.Headers))
+		for k, v := range m.Headers {
+			h[k] = v
+		}
+		c, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.exchange, key, p.cfg.mandatory, false, amqp.Publishing{
+			MessageId:    m.ID,
+			Headers:      h,
+			Body:         m.Body,
+			DeliveryMode: amqp.Persistent,
+			Timestamp:    now,
+		})
+		if err != nil {
+			return fmt.Errorf("rabbitmq: publish %q: %w", m.ID, err)
+		}
+		confs = append(confs, c)
+	}
+	nacked := 0
+	for _, c := range confs {
+		ok, err := c.WaitContext(ctx)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: waiting for publisher confirms: %w", err)
+		}
+		if !ok {
+			nacked++
+		}
+	}
+	// Returns precede their confirms, so every return of this chunk is
+	// buffered by now.
+	returned := 0
+	var first amqp.Return
+	for done := false; !done; {
+		select {
+		case r := <-p.returns:
+			if returned == 0 {
+				first = r
+			}
+			returned++
+		default:
+			done = true
+		}
+	}
+	if returned > 0 {
+		return fmt.Errorf("rabbitmq: %d of %d messages unroutable with key %q: %d %s", returned, len(msgs), key, first.ReplyCode, first.ReplyText)
+	}
+	if nacked > 0 {
+		return fmt.Errorf("rabbitmq: %d of %d messages not confirmed by the broker", nacked, len(msgs))
+	}
+	return nil
+}
+
+// Close closes the connection. Publish fails afterwards.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.conn == nil {
+		return nil
+	}
+	err := p.conn.Close()
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}

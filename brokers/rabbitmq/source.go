@@ -1,0 +1,465 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/core"
+)
+
+// ErrStaleDelivery is wrapped by the error of a settlement whose delivery
+// arrived on a channel that has since closed. Its delivery tag died with the
+// channel, so nothing is sent: the broker redelivers the message, and the
+// dedup store decides Duplicate if its effect was already committed.
+var ErrStaleDelivery = errors.New("rabbitmq: the delivery's channel is closed; the broker will redeliver the message")
+
+// ErrAlreadySettled is returned when a delivery is settled a second time.
+var ErrAlreadySettled = errors.New("rabbitmq: delivery already settled")
+
+// Header names the adapter writes on copies it publishes.
+const (
+	// HeaderCause holds the dead-letter cause on a DeadLetterRepublish copy.
+	HeaderCause = "x-idemq-cause"
+	// HeaderSourceQueue holds the queue the dead-lettered message came from.
+	HeaderSourceQueue = "x-idemq-source-queue"
+	// HeaderAttempt holds the attempt of the next delivery of a copy
+	// published by RetryViaQueue (and the attempt a dead-lettered copy had).
+	HeaderAttempt = "x-idemq-attempt"
+)
+
+// Source consumes one RabbitMQ queue. It implements core.Source,
+// core.BatchSettler and core.WindowSetter. It is safe for concurrent use.
+type Source struct {
+	url   string
+	queue string
+	cfg   config
+
+	ctx    context.Context // cancelled by Close; bounds dials and backoff sleeps
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	window  int
+	started bool
+	closed  bool
+	sess    *session         // current session, nil while reconnecting
+	initial *amqp.Connection // the connection Open made, used by the first session
+	timers  map[*time.Timer]struct{}
+
+	out  chan *delivery
+	errs chan error // connection trouble reported to Receive, never blocks the loop
+	wg   sync.WaitGroup
+
+	reconnects    atomic.Int64
+	stale         atomic.Int64
+	multipleAcks  atomic.Int64
+	multipleCount atomic.Int64
+}
+
+// Stats are counters of a Source's life, for operators and tests.
+type Stats struct {
+	// Reconnects counts sessions re-established after a connection or
+	// channel loss.
+	Reconnects int64
+	// StaleSettlements counts settlements refused because the delivery's
+	// channel had closed (ErrStaleDelivery).
+	StaleSettlements int64
+	// MultipleAcks counts basic.ack calls with multiple=true made by
+	// AckBatch, and MultipleAcked the deliveries they covered.
+	MultipleAcks, MultipleAcked int64
+}
+
+// Open connects to the broker at url (amqp://user:pass@host:port/vhost),
+// declares the topology unless WithDeclare(false) is given (then it checks
+// that the queues exist), and returns a Source for queue. Consumption starts
+// at the first Receive, after the Consumer had its chance to call SetWindow.
+func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, error) {
+	if err := checkName(queue); err != nil {
+		return nil, fmt.Errorf("rabbitmq: queue: %w", err)
+	}
+	cfg := defaultConfig(queue)
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := amqp.ParseURI(url); err != nil {
+		return nil, fmt.Errorf("rabbitmq: url: %w", err)
+	}
+	s := &Source{
+		url:    url,
+		queue:  queue,
+		cfg:    cfg,
+		window: cfg.prefetch,
+		timers: make(map[*time.Timer]struct{}),
+		out:    make(chan *delivery),
+		errs:   make(chan error, 1),
+	}
+	conn, err := s.dialAndDeclare(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.initial = conn
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Queue returns the name of the consumed queue.
+func (s *Source) Queue() string { return s.queue }
+
+// Stats returns the Source's counters.
+func (s *Source) Stats() Stats {
+	return Stats{
+		Reconnects:       s.reconnects.Load(),
+		StaleSettlements: s.stale.Load(),
+		MultipleAcks:     s.multipleAcks.Load(),
+		MultipleAcked:    s.multipleCount.Load(),
+	}
+}
+
+// SetWindow sets the QoS prefetch to the Consumer's in-flight window, so the
+// broker never hands over more unacked messages than the Consumer holds.
+// Windows above AMQP's limit of 65535 use 65535. It applies to the current
+// channel at once and to every channel after a reconnect.
+func (s *Source) SetWindow(n int) error {
+	if n < 1 {
+		return fmt.Errorf("rabbitmq: SetWindow: window %d is below 1", n)
+	}
+	n = min(n, 65535)
+	s.mu.Lock()
+	s.window = n
+	sess := s.sess
+	s.mu.Unlock()
+	if sess != nil {
+		if err := sess.ch.Qos(n, 0, false); err != nil {
+			return fmt.Errorf("rabbitmq: SetWindow: %w", err)
+		}
+	}
+	return nil
+}
+
+// Receive returns the next delivery. It blocks until one arrives, ctx is
+// done, or the Source is closed (core.ErrSourceClosed). While the connection
+// is down it keeps reconnecting in the background and may return the
+// connection error to report trouble; calling Receive again is always safe.
+func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, core.ErrSourceClosed
+	}
+	if !s.started {
+		s.started = true
+		s.wg.Add(1)
+		go s.run()
+	}
+	s.mu.Unlock()
+	select {
+	case d := <-s.out:
+		return d, nil
+	case err := <-s.errs:
+		return nil, err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.ctx.Done():
+		return nil, core.ErrSourceClosed
+	}
+}
+
+// Close stops consuming and closes the connection. Deliveries not yet
+// settled (including pending RetryRequeue delays) are requeued by the
+// broker; settling them afterwards returns ErrStaleDelivery.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	started := s.started
+	initial := s.initial
+	s.initial = nil
+	for t := range s.timers {
+		if t.Stop() {
+			s.wg.Done()
+		}
+	}
+	clear(s.timers)
+	s.mu.Unlock()
+	s.cancel()
+	var err error
+	if !started && initial != nil {
+		err = initial.Close()
+	}
+	s.wg.Wait()
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// dial opens a connection, giving up when ctx is done.
+func (s *Source) dial(ctx context.Context) (*amqp.Connection, error) {
+	return dialContext(ctx, s.url, s.cfg.dial, s.cfg.dialSet, s.cfg.connName)
+}
+
+// dialContext runs amqp.DialConfig, which takes no context, so that ctx
+// can abandon it; a connection that arrives too late is closed.
+func dialContext(ctx context.Context, url string, cfg amqp.Config, set bool, name string) (*amqp.Connection, error) {
+	if !set {
+		cfg = amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"}
+	}
+	if cfg.Properties == nil {
+		cfg.Properties = amqp.NewConnectionProperties()
+	} else {
+		p := make(amqp.Table, len(cfg.Properties)+1)
+		for k, v := range cfg.Properties {
+			p[k] = v
+		}
+		cfg.Properties = p
+	}
+	if _, ok := cfg.Properties["connection_name"]; !ok {
+		cfg.Properties.SetClientConnectionName(name)
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: 30 * time.Second}
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The handshake has no heartbeats yet; amqp091-go clears this
+			// deadline once the connection is open.
+			return c, c.SetDeadline(time.Now().Add(30 * time.Second))
+		}
+	}
+	type result struct {
+		c   *amqp.Connection
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := amqp.DialConfig(url, cfg)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.c, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.c != nil {
+				r.c.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// dialAndDeclare connects and declares (or checks) the topology.
+func (s *Source) dialAndDeclare(ctx context.Context) (*amqp.Connection, error) {
+	conn, err := s.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: connect: %w", err)
+	}
+	if err := declare(conn, s.queue, s.cfg); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// run owns the connection: it starts a session, pumps its deliveries to
+// Receive, and when the connection or channel dies reconnects with
+// exponential backoff until Close.
+func (s *Source) run() {
+	defer s.wg.Done()
+	s.mu.Lock()
+	conn := s.initial
+	s.initial = nil
+	s.mu.Unlock()
+	backoff := s.cfg.backoffMin
+	lost := false
+	for s.ctx.Err() == nil {
+		if conn == nil {
+			c, err := s.dialAndDeclare(s.ctx)
+			if err != nil {
+				if s.ctx.Err() != nil {
+					return
+				}
+				s.cfg.logger.Warn("idemq rabbitmq: reconnect failed", "queue", s.queue, "error", err, "retry_in", backoff)
+				s.report(err)
+				if !sleep(s.ctx, backoff) {
+					return
+				}
+				backoff = min(backoff*2, s.cfg.backoffMax)
+				continue
+			}
+			conn = c
+		}
+		sess, deliveries, err := s.startSession(conn)
+		if err != nil {
+			conn.Close()
+			conn = nil
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.cfg.logger.Warn("idemq rabbitmq: consume failed", "queue", s.queue, "error", err, "retry_in", backoff)
+			s.report(err)
+			if !sleep(s.ctx, backoff) {
+				return
+			}
+			backoff = min(backoff*2, s.cfg.backoffMax)
+			continue
+		}
+		if lost {
+			s.reconnects.Add(1)
+			s.cfg.logger.Info("idemq rabbitmq: reconnected", "queue", s.queue, "reconnects", s.reconnects.Load())
+		}
+		backoff = s.cfg.backoffMin
+		reason := s.pump(sess, deliveries)
+		s.mu.Lock()
+		if s.sess == sess {
+			s.sess = nil
+		}
+		s.mu.Unlock()
+		sess.kill()
+		conn.Close()
+		conn = nil
+		if s.ctx.Err() != nil {
+			return
+		}
+		lost = true
+		s.cfg.logger.Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.queue, "reason", reason)
+	}
+}
+
+// report hands err to a waiting Receive without ever blocking.
+func (s *Source) report(err error) {
+	select {
+	case s.errs <- fmt.Errorf("rabbitmq: %w", err):
+	default:
+	}
+}
+
+// startSession opens the consume channel on conn, applies the window and
+// starts consuming.
+func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Delivery, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	window := s.window
+	s.mu.Unlock()
+	if err := ch.Qos(window, 0, false); err != nil {
+		ch.Close()
+		return nil, nil, err
+	}
+	sess := &session{
+		src:         s,
+		conn:        conn,
+		ch:          ch,
+		dead:        make(chan struct{}),
+		closed:      ch.NotifyClose(make(chan *amqp.Error, 1)),
+		outstanding: make(map[uint64]struct{}),
+	}
+	deliveries, err := ch.Consume(s.queue, s.cfg.consumerTag, false, false, false, false, nil)
+	if err != nil {
+		ch.Close()
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	s.sess = sess
+	s.mu.Unlock()
+	return sess, deliveries, nil
+}
+
+// pump registers each delivery's tag as outstanding before handing it to
+// Receive, in tag order: AckBatch relies on every tag below an outstanding
+// one being known. It returns why the session ended.
+func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
+	for {
+		select {
+		case <-s.ctx.Done():
+			return "closed"
+		case e := <-sess.closed:
+			return closeReason(e)
+		case raw, ok := <-deliveries:
+			if !ok {
+				// The consumer was cancelled (queue deleted, or the channel
+				// closed): a fresh session re-checks the topology.
+				return "consumer cancelled or channel closed"
+			}
+			if !sess.register(raw.DeliveryTag) {
+				return "channel closed"
+			}
+			d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw, msg: toMessage(s.queue, &raw)}
+			select {
+			case s.out <- d:
+			case <-s.ctx.Done():
+				return "closed"
+			case e := <-sess.closed:
+				// d's tag died with the channel; the broker redelivers it.
+				return closeReason(e)
+			}
+		}
+	}
+}
+
+func closeReason(e *amqp.Error) string {
+	if e == nil {
+		return "channel closed"
+	}
+	return e.Error()
+}
+
+// sleep waits d or until ctx is done; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// AckBatch acknowledges deliveries of this Source. Per channel it sends one
+// basic.ack with multiple=true for the longest run of the batch's lowest
+// tags below which no other delivery is outstanding, and single acks for
+// the rest, because a multiple ack also acknowledges tags still in flight.
+// Deliveries whose channel closed are not acked (ErrStaleDelivery); the
+// returned error joins one error per delivery that failed.
+func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
+	bySess := make(map[*session][]*delivery)
+	var order []*session
+	var errs []error
+	for _, cd := range ds {
+		d, ok := cd.(*delivery)
+		if !ok || d.sess.src != s {
+			errs = append(errs, fmt.Errorf("rabbitmq: AckBatch: delivery %T is not from this source", cd))
+			continue
+		}
+		if d.settled.Swap(true) {
+			errs = append(errs, d.wrap(ErrAlreadySettled))
+			continue
+		}
+		if _, ok := bySess[d.sess]; !ok {
+			order = append(order, d.sess)
+		}
+		bySess[d.sess] = append(bySess[d.sess], d)
+	}
+	for _, sess := range order {
+		if err := sess.ackBatch(bySess[sess]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

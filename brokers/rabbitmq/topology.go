@@ -1,0 +1,59 @@
+package rabbitmq
+
+import (
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// declare creates the topology for queue on its own channel (a failed
+// declaration closes the channel it ran on), or, when declaring is off,
+// checks passively that the queues the configured modes use exist.
+//
+// The main queue dead-letters through the default exchange straight to the
+// dead-letter queue, and the retry queue dead-letters back to the main
+// queue, so no exchange needs declaring or binding.
+func declare(conn *amqp.Connection, queue string, cfg config) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: open channel: %w", err)
+	}
+	defer ch.Close()
+	if !cfg.declare {
+		names := []string{queue}
+		if cfg.deadLetterMode == DeadLetterRepublish {
+			names = append(names, cfg.deadLetterQueue)
+		}
+		if cfg.retryMode == RetryViaQueue {
+			names = append(names, cfg.retryQueue)
+		}
+		for _, n := range names {
+			if _, err := ch.QueueDeclarePassive(n, true, false, false, false, nil); err != nil {
+				return fmt.Errorf("rabbitmq: queue %q must exist when WithDeclare(false): %w", n, err)
+			}
+		}
+		return nil
+	}
+	typed := func(t amqp.Table) amqp.Table {
+		t["x-queue-type"] = string(cfg.queueType)
+		return t
+	}
+	if _, err := ch.QueueDeclare(cfg.deadLetterQueue, true, false, false, false, typed(amqp.Table{})); err != nil {
+		return fmt.Errorf("rabbitmq: declare dead-letter queue %q: %w", cfg.deadLetterQueue, err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, typed(amqp.Table{
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": cfg.deadLetterQueue,
+	})); err != nil {
+		return fmt.Errorf("rabbitmq: declare queue %q: %w", queue, err)
+	}
+	if cfg.retryMode == RetryViaQueue {
+		if _, err := ch.QueueDeclare(cfg.retryQueue, true, false, false, false, typed(amqp.Table{
+			"x-dead-letter-exchange":    "",
+			"x-dead-letter-routing-key": queue,
+		})); err != nil {
+			return fmt.Errorf("rabbitmq: declare retry queue %q: %w", cfg.retryQueue, err)
+		}
+	}
+	return nil
+}
