@@ -1,0 +1,399 @@
+// Package sqlite is idemq's embedded dedup store on SQLite (modernc.org/sqlite,
+// pure Go, no cgo). Handlers receive the store's *sql.Tx and apply their
+// business effect in it, in the same transaction that claims the message id.
+//
+// Open configures the database so that every transaction takes SQLite's
+// write lock at BEGIN (_txlock=immediate) and waits busy_timeout for it:
+// two transactions claiming the same id therefore run one after the other,
+// the second seeing the first one's committed claim (ClaimDuplicate) or,
+// if it rolled back, winning the claim itself. WAL mode lets readers run
+// beside the writer.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idemq/idemq/core"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// timeFormat stores processed_at as fixed-width UTC text, so that text order
+// is time order (Prune compares strings) and operators can read it; SQLite's
+// date functions understand it.
+const timeFormat = "2006-01-02 15:04:05.000000"
+
+// claimChunk bounds the rows of one INSERT: 2 + 2*400 parameters stays under
+// SQLITE_MAX_VARIABLE_NUMBER even on builds that keep the historic 999.
+const claimChunk = 400
+
+// Store is the SQLite dedup store. It implements core.Store[*sql.Tx],
+// core.Pruner, core.Retentioner and core.Migrator. It is safe for
+// concurrent use.
+type Store struct {
+	db    *sql.DB
+	owned bool // Close closes db only when Open created it
+	cfg   config
+	q     queries
+}
+
+var (
+	_ core.Store[*sql.Tx] = (*Store)(nil)
+	_ core.Pruner         = (*Store)(nil)
+	_ core.Retentioner    = (*Store)(nil)
+	_ core.Migrator       = (*Store)(nil)
+)
+
+type queries struct {
+	migrate []string
+	unclaim string
+	prune   string
+}
+
+// Open opens (creating if needed) the SQLite database file at path in WAL
+// mode, with busy_timeout (WithBusyTimeout) and write-locking transactions,
+// and runs Migrate. The path is a file name; it must not hold '?'.
+func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
+	cfg, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	if path == "" {
+		return nil, errors.New("sqlite: Open: empty path")
+	}
+	if strings.ContainsRune(path, '?') {
+		return nil, fmt.Errorf("sqlite: Open: path %q holds '?', which would be read as DSN parameters", path)
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	// Take the write lock at BEGIN: a deferred transaction that reads and
+	// then writes can fail with SQLITE_BUSY without waiting, an immediate
+	// one waits busy_timeout for the lock.
+	q.Add("_txlock", "immediate")
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: Open %q: %w", path, err)
+	}
+	s := newStore(db, cfg)
+	s.owned = true
+	if err := s.Migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// New wraps an existing database handle opened with the "sqlite" driver.
+// It does not migrate: call Migrate. For claimers of the same id to wait
+// for each other instead of failing with SQLITE_BUSY, the handle should be
+// opened with a busy_timeout and _txlock=immediate, as Open does.
+func New(db *sql.DB, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlite: New: nil *sql.DB")
+	}
+	cfg, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return newStore(db, cfg), nil
+}
+
+func newStore(db *sql.DB, cfg config) *Store {
+	t := cfg.table // validated: safe to splice into SQL
+	return &Store{db: db, cfg: cfg, q: queries{
+		migrate: []string{
+			`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	consumer     TEXT NOT NULL,
+	message_id   TEXT NOT NULL,
+	fingerprint  TEXT NOT NULL DEFAULT '',
+	processed_at TEXT NOT NULL,
+	PRIMARY KEY (consumer, message_id)
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + t + `_processed_at_idx ON ` + t + ` (processed_at)`,
+		},
+		unclaim: `DELETE FROM ` + t + ` WHERE consumer = ?1 AND message_id IN `,
+		prune: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t +
+			` WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)`,
+	}}
+}
+
+// DB returns the underlying database handle, for business tables and
+// queries outside a claim.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Table returns the dedup table's name.
+func (s *Store) Table() string { return s.cfg.table }
+
+// Retention returns how long claims are kept (WithRetention).
+func (s *Store) Retention() time.Duration { return s.cfg.retention }
+
+// Close closes the database if Open opened it; a handle given to New is
+// left to its owner.
+func (s *Store) Close() error {
+	if !s.owned {
+		return nil
+	}
+	return s.db.Close()
+}
+
+// Migrate creates the dedup table and its processed_at index if they do not
+// exist. It is idempotent.
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlite: migrate %s: %w", s.cfg.table, err)
+	}
+	defer tx.Rollback()
+	for _, stmt := range s.q.migrate {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("sqlite: migrate %s: %w", s.cfg.table, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlite: migrate %s: commit: %w", s.cfg.table, err)
+	}
+	return nil
+}
+
+// Prune deletes at most limit claims recorded before the given time (rows
+// at or after it are kept), oldest first, in one short transaction, and
+// returns how many it deleted. Call it again until it returns less than
+// limit.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("sqlite: Prune: limit must be positive, got %d", limit)
+	}
+	res, err := s.db.ExecContext(ctx, s.q.prune, formatTime(before), limit)
+	if err != nil {
+		return 0, fmt.Errorf("sqlite: prune %s: %w", s.cfg.table, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("sqlite: prune %s: %w", s.cfg.table, err)
+	}
+	return int(n), nil
+}
+
+// Begin starts a transaction. With a handle from Open it takes the write
+// lock at once, waiting up to busy_timeout while another transaction holds
+// it.
+func (s *Store) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: begin: %w", err)
+	}
+	return &Txn{tx: tx, s: s}, nil
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
+
+// Txn is one open dedup transaction of a Store; it implements
+// core.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
+type Txn struct {
+	tx *sql.Tx
+	s  *Store
+}
+
+var _ core.Txn[*sql.Tx] = (*Txn)(nil)
+
+// Tx returns the transaction for the handler's business effect.
+func (t *Txn) Tx() *sql.Tx { return t.tx }
+
+// Claim inserts (consumer, id) for every claim in one multi-row INSERT … ON
+// CONFLICT DO NOTHING RETURNING statement (split every 400 claims for
+// SQLite's parameter limit). Ids that were not inserted already exist: one
+// SELECT of their stored fingerprints tells ClaimDuplicate from
+// ClaimMismatch (both fingerprints non-empty and different).
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
+	if consumer == "" {
+		return nil, errors.New("sqlite: Claim: empty consumer")
+	}
+	results := make([]core.ClaimResult, len(claims))
+	if len(claims) == 0 {
+		return results, nil
+	}
+	now := formatTime(t.s.cfg.now())
+	won := make(map[string]bool, len(claims))
+	for start := 0; start < len(claims); start += claimChunk {
+		chunk := claims[start:min(start+claimChunk, len(claims))]
+		var b strings.Builder
+		b.WriteString("INSERT INTO " + t.s.cfg.table + " (consumer, processed_at, message_id, fingerprint) VALUES ")
+		args := make([]any, 0, 2+2*len(chunk))
+		args = append(args, consumer, now)
+		for i, c := range chunk {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "(?1,?2,?%d,?%d)", 3+2*i, 4+2*i)
+			args = append(args, c.ID, c.Fingerprint)
+		}
+		b.WriteString(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id")
+		if err := collectIDs(ctx, t.tx, b.String(), args, func(id string) { won[id] = true }); err != nil {
+			return nil, fmt.Errorf("sqlite: claim: %w", err)
+		}
+	}
+	var lost []string
+	for i, c := range claims {
+		if won[c.ID] {
+			results[i] = core.ClaimWon
+		} else {
+			lost = append(lost, c.ID)
+		}
+	}
+	if len(lost) == 0 {
+		return results, nil
+	}
+	stored := make(map[string]string, len(lost))
+	for start := 0; start < len(lost); start += 2 * claimChunk {
+		chunk := lost[start:min(start+2*claimChunk, len(lost))]
+		var b strings.Builder
+		b.WriteString("SELECT message_id, fingerprint FROM " + t.s.cfg.table + " WHERE consumer = ?1 AND message_id IN (")
+		args := make([]any, 0, 1+len(chunk))
+		args = append(args, consumer)
+		for i, id := range chunk {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "?%d", 2+i)
+			args = append(args, id)
+		}
+		b.WriteByte(')')
+		rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+		if err != nil {
+			return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
+		}
+		for rows.Next() {
+			var id, fp string
+			if err := rows.Scan(&id, &fp); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
+			}
+			stored[id] = fp
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
+		}
+	}
+	for i, c := range claims {
+		if results[i] != 0 {
+			continue
+		}
+		fp, ok := stored[c.ID]
+		if !ok {
+			// The write lock is held from BEGIN, so a row that made the
+			// insert lose cannot vanish before this read.
+			return nil, fmt.Errorf("sqlite: claim: id %q lost the insert but has no row", c.ID)
+		}
+		results[i] = classify(c.Fingerprint, fp)
+	}
+	return results, nil
+}
+
+// classify decides between Duplicate and Mismatch for an id that was
+// already stored: a mismatch needs both fingerprints, so claims made
+// without one never turn into dead letters.
+func classify(claimed, stored string) core.ClaimResult {
+	if claimed != "" && stored != "" && claimed != stored {
+		return core.ClaimMismatch
+	}
+	return core.ClaimDuplicate
+}
+
+func collectIDs(ctx context.Context, tx *sql.Tx, query string, args []any, f func(string)) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		f(id)
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	return rows.Err()
+}
+
+// Unclaim deletes this consumer's claims of ids, for messages whose handler
+// failed inside a batch transaction.
+func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
+	for start := 0; start < len(ids); start += 2 * claimChunk {
+		chunk := ids[start:min(start+2*claimChunk, len(ids))]
+		var b strings.Builder
+		b.WriteString(t.s.q.unclaim + "(")
+		args := make([]any, 0, 1+len(chunk))
+		args = append(args, consumer)
+		for i, id := range chunk {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "?%d", 2+i)
+			args = append(args, id)
+		}
+		b.WriteByte(')')
+		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
+			return fmt.Errorf("sqlite: unclaim: %w", err)
+		}
+	}
+	return nil
+}
+
+// Savepoint marks a point RollbackToSavepoint returns to.
+func (t *Txn) Savepoint(ctx context.Context) error {
+	if _, err := t.tx.ExecContext(ctx, "SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("sqlite: savepoint: %w", err)
+	}
+	return nil
+}
+
+// RollbackToSavepoint undoes everything since Savepoint and removes the
+// savepoint (ROLLBACK TO keeps it on SQLite's stack; releasing it keeps the
+// stack from growing across a batch).
+func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
+	if _, err := t.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("sqlite: rollback to savepoint: %w", err)
+	}
+	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("sqlite: release savepoint after rollback: %w", err)
+	}
+	return nil
+}
+
+// ReleaseSavepoint keeps everything since Savepoint.
+func (t *Txn) ReleaseSavepoint(ctx context.Context) error {
+	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("sqlite: release savepoint: %w", err)
+	}
+	return nil
+}
+
+// Commit commits the claims and the handler's effects together.
+func (t *Txn) Commit(ctx context.Context) error {
+	if err := t.tx.Commit(); err != nil {
+		return fmt.Errorf("sqlite: commit: %w", err)
+	}
+	return nil
+}
+
+// Rollback aborts the transaction; after Commit (failed or not) it does
+// nothing and returns nil.
+func (t *Txn) Rollback(ctx context.Context) error {
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("sqlite: rollback: %w", err)
+	}
+	return nil
+}

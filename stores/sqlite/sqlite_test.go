@@ -1,0 +1,198 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/sqlite"
+	"github.com/idemq/idemq/stores/storetest"
+)
+
+// effects is the business table the conformance suite's handlers write to.
+const effectsDDL = `CREATE TABLE IF NOT EXISTS effects (k TEXT NOT NULL)`
+
+func TestConformance(t *testing.T) {
+	// One database file for all subtests, as a service would have: each
+	// subtest uses its own dedup table, all share the effects table.
+	path := filepath.Join(t.TempDir(), "conformance.db")
+	ctx := context.Background()
+	base, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { base.Close() })
+	if _, err := base.DB().ExecContext(ctx, effectsDDL); err != nil {
+		t.Fatal(err)
+	}
+	storetest.Run(t, storetest.Harness[*sql.Tx]{
+		Open: func(t *testing.T, cfg storetest.Config) (core.Store[*sql.Tx], error) {
+			s, err := sqlite.Open(ctx, path, sqlite.WithTable(cfg.Table), sqlite.WithClock(cfg.Now))
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() {
+				_, _ = s.DB().Exec(`DROP TABLE IF EXISTS ` + cfg.Table)
+				s.Close()
+			})
+			return s, nil
+		},
+		Effect: func(ctx context.Context, tx *sql.Tx, key string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO effects (k) VALUES (?)`, key)
+			return err
+		},
+		CountEffects: func(t *testing.T, key string) int {
+			var n int
+			if err := base.DB().QueryRow(`SELECT count(*) FROM effects WHERE k = ?`, key).Scan(&n); err != nil {
+				t.Fatalf("count effects: %v", err)
+			}
+			return n
+		},
+	})
+}
+
+func TestOptionErrorsNameTheOption(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	cases := map[string]sqlite.Option{
+		"WithTable":       sqlite.WithTable("a-b"),
+		"WithRetention":   sqlite.WithRetention(0),
+		"WithClock":       sqlite.WithClock(nil),
+		"WithBusyTimeout": sqlite.WithBusyTimeout(-time.Second),
+	}
+	for name, opt := range cases {
+		_, err := sqlite.Open(ctx, filepath.Join(dir, "x.db"), opt)
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: error %v does not name the option", name, err)
+		}
+		if _, err := sqlite.New(&sql.DB{}, opt); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("New %s: error %v does not name the option", name, err)
+		}
+	}
+	if _, err := sqlite.Open(ctx, filepath.Join(dir, "a?b.db")); err == nil {
+		t.Error("path with '?' accepted")
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "d.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Retention() != 7*24*time.Hour {
+		t.Errorf("default retention %v, want 7 days", s.Retention())
+	}
+	if s.Table() != "processed_messages" {
+		t.Errorf("default table %q", s.Table())
+	}
+	var mode string
+	if err := s.DB().QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
+		t.Errorf("journal_mode %q, %v; want wal", mode, err)
+	}
+}
+
+// TestNewRequiresMigrate checks that New leaves migration to the caller and
+// that Migrate then makes the store usable.
+func TestNewRequiresMigrate(t *testing.T) {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "n.db")+"?_txlock=immediate&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s, err := sqlite.New(db, sqlite.WithTable("inbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}}); err == nil {
+		t.Fatal("claim on an unmigrated table succeeded")
+	}
+	txn.Rollback(ctx)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	txn, err = s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}})
+	if err != nil || res[0] != core.ClaimWon {
+		t.Fatalf("claim after migrate: %v %v", res, err)
+	}
+	if err := txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Close leaves a handle given to New open.
+	if err := db.Ping(); err != nil {
+		t.Fatalf("New's db closed by Store.Close: %v", err)
+	}
+}
+
+// TestManyClaimersOneEffect runs several goroutines claiming the same ids
+// with their own transactions: every id's effect is committed exactly once
+// and no claimer fails with SQLITE_BUSY.
+func TestManyClaimersOneEffect(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "m.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.DB().Exec(effectsDDL); err != nil {
+		t.Fatal(err)
+	}
+	const workers, ids = 4, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < ids; i++ {
+				id := string(rune('A'+i%26)) + strings.Repeat("x", i/26)
+				txn, err := s.Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				res, err := txn.Claim(ctx, "c", []core.Claim{{ID: id}})
+				if err == nil && res[0] == core.ClaimWon {
+					_, err = txn.Tx().ExecContext(ctx, `INSERT INTO effects (k) VALUES (?)`, id)
+				}
+				if err == nil {
+					err = txn.Commit(ctx)
+				}
+				if err != nil {
+					txn.Rollback(ctx)
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("claimer: %v", err)
+	}
+	var total, distinct int
+	if err := s.DB().QueryRow(`SELECT count(*), count(DISTINCT k) FROM effects`).Scan(&total, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if total != ids || distinct != ids {
+		t.Fatalf("effects: %d rows, %d distinct; want %d each", total, distinct, ids)
+	}
+}

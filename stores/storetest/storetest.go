@@ -1,0 +1,646 @@
+// Package storetest is the conformance suite every idemq dedup store runs
+// from its own tests against a real database. It counts committed business
+// effects, not just claims: a store passes only if each (consumer, id) has
+// its effect committed at most once, and a claim disappears with a failed
+// transaction or savepoint.
+//
+// A store's test supplies a Harness and calls Run:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, storetest.Harness[*sql.Tx]{Open: ..., Effect: ..., CountEffects: ...})
+//	}
+package storetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+)
+
+// Config is what a subtest asks the Harness to open.
+type Config struct {
+	// Table is the dedup table's name, unique per subtest (or a deliberately
+	// invalid name in the validation subtest).
+	Table string
+	// Now is the store's clock: it stamps processed_at on claims, so the
+	// prune subtest can age rows.
+	Now func() time.Time
+}
+
+// Harness adapts one store to the suite.
+type Harness[Tx any] struct {
+	// Open returns a migrated store on cfg.Table using cfg.Now as its
+	// clock; an invalid table name must return an error. It should drop
+	// the table with t.Cleanup. The store must also implement core.Pruner
+	// and core.Migrator.
+	Open func(t *testing.T, cfg Config) (core.Store[Tx], error)
+	// Effect applies a business effect under key inside tx (e.g. insert a
+	// row into a test table); CountEffects counts committed effects under
+	// key. Keys are unique per subtest.
+	Effect       func(ctx context.Context, tx Tx, key string) error
+	CountEffects func(t *testing.T, key string) int
+	// BlockWait is how long the concurrency subtest expects a second
+	// claimer of a held id to stay blocked. Default: 300ms.
+	BlockWait time.Duration
+	// Timeout bounds every wait of the suite, so a store that deadlocks
+	// fails instead of hanging. Default: 15s.
+	Timeout time.Duration
+}
+
+// Run runs every conformance subtest against the store h opens.
+func Run[Tx any](t *testing.T, h Harness[Tx]) {
+	t.Helper()
+	if h.Open == nil || h.Effect == nil || h.CountEffects == nil {
+		t.Fatal("storetest: Harness.Open, Effect and CountEffects are required")
+	}
+	if h.BlockWait <= 0 {
+		h.BlockWait = 300 * time.Millisecond
+	}
+	if h.Timeout <= 0 {
+		h.Timeout = 15 * time.Second
+	}
+	s := suite[Tx]{h: h}
+	t.Run("ClaimOnce", s.claimOnce)
+	t.Run("BatchMixed", s.batchMixed)
+	t.Run("LargeBatch", s.largeBatch)
+	t.Run("ConcurrentCommit", func(t *testing.T) { s.concurrent(t, true) })
+	t.Run("ConcurrentRollback", func(t *testing.T) { s.concurrent(t, false) })
+	t.Run("RollbackReleasesClaim", s.rollbackReleases)
+	t.Run("SavepointUnclaim", s.savepointUnclaim)
+	t.Run("CommitThenRollback", s.commitThenRollback)
+	t.Run("Prune", s.prune)
+	t.Run("TableValidation", s.tableValidation)
+	t.Run("Fingerprint", s.fingerprint)
+	t.Run("ConsumersIndependent", s.consumersIndependent)
+	t.Run("MigrateTwice", s.migrateTwice)
+	t.Run("OddIDs", s.oddIDs)
+}
+
+type suite[Tx any] struct{ h Harness[Tx] }
+
+// Clock is a settable clock for Config.Now, safe for concurrent use.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a clock showing t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+// UniqueName returns prefix followed by 12 random hex digits, for tables,
+// keys and consumers that must not collide between parallel or repeated
+// test runs.
+func UniqueName(prefix string) string {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return prefix + hex.EncodeToString(b)
+}
+
+func (s suite[Tx]) open(t *testing.T) (core.Store[Tx], *Clock) {
+	t.Helper()
+	clock := NewClock(time.Now())
+	st, err := s.h.Open(t, Config{Table: UniqueName("idemq_st_"), Now: clock.Now})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	return st, clock
+}
+
+func (s suite[Tx]) ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), s.h.Timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func begin[Tx any](t *testing.T, ctx context.Context, st core.Store[Tx]) core.Txn[Tx] {
+	t.Helper()
+	txn, err := st.Begin(ctx)
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	// Safe after Commit by contract; releases locks if the test fails early.
+	t.Cleanup(func() { _ = txn.Rollback(context.Background()) })
+	return txn
+}
+
+func claims(ids ...string) []core.Claim {
+	cs := make([]core.Claim, len(ids))
+	for i, id := range ids {
+		cs[i] = core.Claim{ID: id}
+	}
+	return cs
+}
+
+func claim[Tx any](t *testing.T, ctx context.Context, txn core.Txn[Tx], consumer string, cs []core.Claim) []core.ClaimResult {
+	t.Helper()
+	res, err := txn.Claim(ctx, consumer, cs)
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if len(res) != len(cs) {
+		t.Fatalf("claim of %d ids returned %d results", len(cs), len(res))
+	}
+	return res
+}
+
+func expect(t *testing.T, what string, got []core.ClaimResult, want ...core.ClaimResult) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: got %d results %v, want %v", what, len(got), got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%s: result %d is %v, want %v (all: %v)", what, i, got[i], want[i], got)
+		}
+	}
+}
+
+func commit[Tx any](t *testing.T, ctx context.Context, txn core.Txn[Tx]) {
+	t.Helper()
+	if err := txn.Commit(ctx); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+}
+
+// claimCommit claims ids in a fresh transaction, applies an effect for each
+// id it won, commits, and returns the results.
+func (s suite[Tx]) claimCommit(t *testing.T, ctx context.Context, st core.Store[Tx], consumer string, cs []core.Claim, keyPrefix string) []core.ClaimResult {
+	t.Helper()
+	txn := begin(t, ctx, st)
+	res := claim(t, ctx, txn, consumer, cs)
+	for i, r := range res {
+		if r == core.ClaimWon {
+			if err := s.h.Effect(ctx, txn.Tx(), keyPrefix+cs[i].ID); err != nil {
+				t.Fatalf("effect: %v", err)
+			}
+		}
+	}
+	commit(t, ctx, txn)
+	return res
+}
+
+func (s suite[Tx]) wantEffects(t *testing.T, key string, want int) {
+	t.Helper()
+	if got := s.h.CountEffects(t, key); got != want {
+		t.Fatalf("effects under %q: got %d, want %d", key, got, want)
+	}
+}
+
+func (s suite[Tx]) claimOnce(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	expect(t, "first claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), core.ClaimWon)
+	expect(t, "second claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), core.ClaimDuplicate)
+	s.wantEffects(t, k+"m1", 1)
+}
+
+func (s suite[Tx]) batchMixed(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	expect(t, "seed", s.claimCommit(t, ctx, st, "c", claims("a", "c"), k), core.ClaimWon, core.ClaimWon)
+	got := s.claimCommit(t, ctx, st, "c", claims("d", "a", "b", "c", "e"), k)
+	expect(t, "mixed batch", got, core.ClaimWon, core.ClaimDuplicate, core.ClaimWon, core.ClaimDuplicate, core.ClaimWon)
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		s.wantEffects(t, k+id, 1)
+	}
+}
+
+// largeBatch goes past any per-statement parameter limit a store chunks
+// around (SQLite's 999, MySQL's 65535 placeholders).
+func (s suite[Tx]) largeBatch(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	const n = 1500
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("id-%05d", i)
+	}
+	// Every third id is claimed first, so the big claim mixes both results
+	// across chunk boundaries.
+	var seed []string
+	for i := 0; i < n; i += 3 {
+		seed = append(seed, ids[i])
+	}
+	txn := begin(t, ctx, st)
+	claim(t, ctx, txn, "c", claims(seed...))
+	commit(t, ctx, txn)
+
+	txn = begin(t, ctx, st)
+	res := claim(t, ctx, txn, "c", claims(ids...))
+	for i, r := range res {
+		want := core.ClaimWon
+		if i%3 == 0 {
+			want = core.ClaimDuplicate
+		}
+		if r != want {
+			t.Fatalf("id %s: got %v, want %v", ids[i], r, want)
+		}
+	}
+	if err := txn.Unclaim(ctx, "c", ids[1:]); err != nil {
+		t.Fatalf("unclaim: %v", err)
+	}
+	commit(t, ctx, txn)
+
+	// Unclaim of 1499 ids removed all but ids[0] (and the seed ones it
+	// covered): a fresh claim wins everything except ids[0].
+	txn = begin(t, ctx, st)
+	res = claim(t, ctx, txn, "c", claims(ids...))
+	for i, r := range res {
+		want := core.ClaimWon
+		if i == 0 {
+			want = core.ClaimDuplicate
+		}
+		if r != want {
+			t.Fatalf("after unclaim, id %s: got %v, want %v", ids[i], r, want)
+		}
+	}
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+}
+
+// concurrent has two transactions claim the same id: the second must wait
+// for the first, then lose (first committed) or win (first rolled back).
+// For SQLite the second Begin is what waits.
+func (s suite[Tx]) concurrent(t *testing.T, firstCommits bool) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+
+	first := begin(t, ctx, st)
+	expect(t, "first claim", claim(t, ctx, first, "c", claims("x")), core.ClaimWon)
+	if err := s.h.Effect(ctx, first.Tx(), k+"x"); err != nil {
+		t.Fatalf("effect: %v", err)
+	}
+
+	type result struct {
+		res []core.ClaimResult
+		err error
+	}
+	out := make(chan result, 1)
+	second := make(chan core.Txn[Tx], 1)
+	go func() {
+		txn, err := st.Begin(ctx)
+		if err != nil {
+			out <- result{err: fmt.Errorf("begin: %w", err)}
+			return
+		}
+		second <- txn
+		res, err := txn.Claim(ctx, "c", claims("x"))
+		if err == nil && len(res) == 1 && res[0] == core.ClaimWon {
+			err = s.h.Effect(ctx, txn.Tx(), k+"x")
+		}
+		out <- result{res: res, err: err}
+	}()
+	var txn2 core.Txn[Tx]
+	defer func() {
+		// The second transaction may still be blocked if the test failed;
+		// release the first one so it can finish, then roll it back.
+		_ = first.Rollback(context.Background())
+		if txn2 == nil {
+			select {
+			case txn2 = <-second:
+			case <-time.After(s.h.Timeout):
+			}
+		}
+		if txn2 != nil {
+			_ = txn2.Rollback(context.Background())
+		}
+	}()
+
+	select {
+	case r := <-out:
+		t.Fatalf("second claimer did not wait for the first transaction: %v %v", r.res, r.err)
+	case <-time.After(s.h.BlockWait):
+	}
+
+	if firstCommits {
+		commit(t, ctx, first)
+	} else if err := first.Rollback(ctx); err != nil {
+		t.Fatalf("rollback first: %v", err)
+	}
+
+	var r result
+	select {
+	case r = <-out:
+	case <-time.After(s.h.Timeout):
+		t.Fatalf("second claimer still blocked %v after the first transaction ended", s.h.Timeout)
+	}
+	if r.err != nil {
+		t.Fatalf("second claimer: %v", r.err)
+	}
+	select {
+	case txn2 = <-second:
+	case <-time.After(s.h.Timeout):
+		t.Fatal("second transaction never began")
+	}
+	if firstCommits {
+		expect(t, "second claim after commit", r.res, core.ClaimDuplicate)
+	} else {
+		expect(t, "second claim after rollback", r.res, core.ClaimWon)
+	}
+	commit(t, ctx, txn2)
+	s.wantEffects(t, k+"x", 1)
+}
+
+func (s suite[Tx]) rollbackReleases(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	txn := begin(t, ctx, st)
+	expect(t, "claim", claim(t, ctx, txn, "c", claims("m")), core.ClaimWon)
+	if err := s.h.Effect(ctx, txn.Tx(), k+"m"); err != nil {
+		t.Fatalf("effect: %v", err)
+	}
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+	s.wantEffects(t, k+"m", 0)
+	// The failed attempt must not have left the id "seen" (the
+	// Watermill trap): the redelivery wins and applies the effect.
+	expect(t, "redelivery", s.claimCommit(t, ctx, st, "c", claims("m"), k), core.ClaimWon)
+	s.wantEffects(t, k+"m", 1)
+}
+
+// savepointUnclaim is the batch path: one claim for three messages, a
+// savepoint per message, the second handler fails.
+func (s suite[Tx]) savepointUnclaim(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	ids := []string{"m1", "m2", "m3"}
+	txn := begin(t, ctx, st)
+	expect(t, "batch claim", claim(t, ctx, txn, "c", claims(ids...)), core.ClaimWon, core.ClaimWon, core.ClaimWon)
+	for _, id := range ids {
+		if err := txn.Savepoint(ctx); err != nil {
+			t.Fatalf("savepoint: %v", err)
+		}
+		if err := s.h.Effect(ctx, txn.Tx(), k+id); err != nil {
+			t.Fatalf("effect: %v", err)
+		}
+		if id != "m2" {
+			if err := txn.ReleaseSavepoint(ctx); err != nil {
+				t.Fatalf("release savepoint: %v", err)
+			}
+			continue
+		}
+		if err := txn.RollbackToSavepoint(ctx); err != nil {
+			t.Fatalf("rollback to savepoint: %v", err)
+		}
+		if err := txn.Unclaim(ctx, "c", []string{id}); err != nil {
+			t.Fatalf("unclaim: %v", err)
+		}
+	}
+	// The transaction is still usable after a savepoint rollback.
+	if err := s.h.Effect(ctx, txn.Tx(), k+"after"); err != nil {
+		t.Fatalf("effect after savepoint rollback: %v", err)
+	}
+	commit(t, ctx, txn)
+	s.wantEffects(t, k+"m1", 1)
+	s.wantEffects(t, k+"m2", 0)
+	s.wantEffects(t, k+"m3", 1)
+	s.wantEffects(t, k+"after", 1)
+	got := s.claimCommit(t, ctx, st, "c", claims(ids...), k)
+	expect(t, "redelivery of the batch", got, core.ClaimDuplicate, core.ClaimWon, core.ClaimDuplicate)
+	s.wantEffects(t, k+"m2", 1)
+}
+
+func (s suite[Tx]) commitThenRollback(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	txn := begin(t, ctx, st)
+	claim(t, ctx, txn, "c", claims("m"))
+	if err := s.h.Effect(ctx, txn.Tx(), k+"m"); err != nil {
+		t.Fatalf("effect: %v", err)
+	}
+	commit(t, ctx, txn)
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("Rollback after Commit must be a no-op, got %v", err)
+	}
+	s.wantEffects(t, k+"m", 1)
+	res, err := func() ([]core.ClaimResult, error) {
+		t2 := begin(t, ctx, st)
+		defer t2.Rollback(ctx)
+		return t2.Claim(ctx, "c", claims("m"))
+	}()
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	expect(t, "claim after commit+rollback", res, core.ClaimDuplicate)
+
+	// An empty claim is valid and returns no results.
+	txn = begin(t, ctx, st)
+	if res := claim(t, ctx, txn, "c", nil); len(res) != 0 {
+		t.Fatalf("empty claim returned %v", res)
+	}
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+}
+
+func (s suite[Tx]) prune(t *testing.T) {
+	st, clock := s.open(t)
+	ctx := s.ctx(t)
+	pr, ok := st.(core.Pruner)
+	if !ok {
+		t.Fatalf("store %T does not implement core.Pruner", st)
+	}
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// old0..old4 at base-5s..base-1s, edge exactly at base, new at base+1s.
+	for i := 0; i < 5; i++ {
+		clock.Set(base.Add(time.Duration(i-5) * time.Second))
+		s.claimCommit(t, ctx, st, "c", claims(fmt.Sprintf("old%d", i)), "")
+	}
+	clock.Set(base)
+	s.claimCommit(t, ctx, st, "c", claims("edge"), "")
+	clock.Set(base.Add(time.Second))
+	s.claimCommit(t, ctx, st, "c", claims("new"), "")
+
+	if _, err := pr.Prune(ctx, base, 0); err == nil {
+		t.Fatal("Prune with limit 0 must fail")
+	}
+	var got []int
+	for i := 0; i < 5; i++ {
+		n, err := pr.Prune(ctx, base, 2)
+		if err != nil {
+			t.Fatalf("prune: %v", err)
+		}
+		got = append(got, n)
+		if n < 2 {
+			break
+		}
+	}
+	if fmt.Sprint(got) != "[2 2 1]" {
+		t.Fatalf("prune batches of 2 over 5 old rows removed %v, want [2 2 1]", got)
+	}
+	if n, err := pr.Prune(ctx, base, 100); err != nil || n != 0 {
+		t.Fatalf("prune after draining: %d, %v; want 0", n, err)
+	}
+	txn := begin(t, ctx, st)
+	res := claim(t, ctx, txn, "c", claims("old0", "old3", "old4", "edge", "new"))
+	expect(t, "claims after prune", res, core.ClaimWon, core.ClaimWon, core.ClaimWon, core.ClaimDuplicate, core.ClaimDuplicate)
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+	// Pruning at a later cut takes the rest, in one call.
+	if n, err := pr.Prune(ctx, base.Add(time.Hour), 100); err != nil || n != 2 {
+		t.Fatalf("final prune: %d, %v; want 2", n, err)
+	}
+}
+
+func (s suite[Tx]) tableValidation(t *testing.T) {
+	clock := NewClock(time.Now())
+	bad := []string{
+		"x; DROP TABLE y", "1abc", "a-b", "", strings.Repeat("a", 64),
+		`a"b`, "a'b", "a`b", "a b", "tåble", "a.b",
+	}
+	for _, name := range bad {
+		st, err := s.h.Open(t, Config{Table: name, Now: clock.Now})
+		if err == nil {
+			t.Errorf("table name %q accepted (store %T)", name, st)
+		}
+	}
+	// The longest valid name works end to end.
+	good := UniqueName("t_") + strings.Repeat("x", 63-len("t_")-12)
+	st, err := s.h.Open(t, Config{Table: good, Now: clock.Now})
+	if err != nil {
+		t.Fatalf("valid 63-character table name %q refused: %v", good, err)
+	}
+	ctx := s.ctx(t)
+	expect(t, "claim on 63-char table", s.claimCommit(t, ctx, st, "c", claims("m"), UniqueName("k_")), core.ClaimWon)
+}
+
+func (s suite[Tx]) fingerprint(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	fp1, fp2 := core.Fingerprint([]byte("one")), core.Fingerprint([]byte("two"))
+	s.claimCommit(t, ctx, st, "c", []core.Claim{{ID: "x", Fingerprint: fp1}, {ID: "nofp"}}, k)
+	txn := begin(t, ctx, st)
+	res := claim(t, ctx, txn, "c", []core.Claim{
+		{ID: "x", Fingerprint: fp2}, // same id, other body
+		{ID: "nofp", Fingerprint: fp2},
+		{ID: "fresh", Fingerprint: fp1},
+	})
+	expect(t, "fingerprints", res, core.ClaimMismatch, core.ClaimDuplicate, core.ClaimWon)
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+	txn = begin(t, ctx, st)
+	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "x", Fingerprint: fp1}})
+	expect(t, "same fingerprint", res, core.ClaimDuplicate)
+	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "x"}})
+	expect(t, "empty fingerprint", res, core.ClaimDuplicate)
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+	s.wantEffects(t, k+"x", 1)
+}
+
+func (s suite[Tx]) consumersIndependent(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	expect(t, "consumer a", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), core.ClaimWon)
+	expect(t, "consumer b", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), core.ClaimWon)
+	expect(t, "consumer a again", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), core.ClaimDuplicate)
+	// Unclaim is per consumer too.
+	txn := begin(t, ctx, st)
+	if err := txn.Unclaim(ctx, "billing", []string{"m"}); err != nil {
+		t.Fatalf("unclaim: %v", err)
+	}
+	commit(t, ctx, txn)
+	expect(t, "consumer b after a's unclaim", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), core.ClaimDuplicate)
+	expect(t, "consumer a after unclaim", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), core.ClaimWon)
+	s.wantEffects(t, k+"am", 2)
+	s.wantEffects(t, k+"bm", 1)
+}
+
+func (s suite[Tx]) migrateTwice(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	m, ok := st.(core.Migrator)
+	if !ok {
+		t.Fatalf("store %T does not implement core.Migrator", st)
+	}
+	k := UniqueName("k_")
+	s.claimCommit(t, ctx, st, "c", claims("before"), k)
+	for i := 0; i < 2; i++ {
+		if err := m.Migrate(ctx); err != nil {
+			t.Fatalf("migrate #%d: %v", i+1, err)
+		}
+	}
+	// Migrating again keeps the rows.
+	expect(t, "after migrate", s.claimCommit(t, ctx, st, "c", claims("before", "after"), k), core.ClaimDuplicate, core.ClaimWon)
+}
+
+func (s suite[Tx]) oddIDs(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	ids := []string{
+		`it's "quoted"`,
+		`'; DROP TABLE x; --`,
+		`back\slash%_`,
+		"日本語-ü-🙂",
+		strings.Repeat("z", 255),
+		strings.Repeat("é", 255),
+		// Distinct ids the database must not fold together: case, trailing
+		// space (PAD SPACE collations), accents.
+		"Case", "case", "pad", "pad ", "e", "é",
+	}
+	consumer := "consumer 'ü\""
+	got := s.claimCommit(t, ctx, st, consumer, claims(ids...), k)
+	for i, r := range got {
+		if r != core.ClaimWon {
+			t.Fatalf("id %q: got %v, want won (all %v)", ids[i], r, got)
+		}
+	}
+	got = s.claimCommit(t, ctx, st, consumer, claims(ids...), k)
+	for i, r := range got {
+		if r != core.ClaimDuplicate {
+			t.Fatalf("second claim of %q: got %v, want duplicate", ids[i], r)
+		}
+	}
+	// Unclaim matches the exact bytes: only "pad " goes, not "pad".
+	txn := begin(t, ctx, st)
+	if err := txn.Unclaim(ctx, consumer, []string{"pad ", ids[0]}); err != nil {
+		t.Fatalf("unclaim: %v", err)
+	}
+	commit(t, ctx, txn)
+	got = s.claimCommit(t, ctx, st, consumer, claims("pad", "pad ", ids[0], ids[1]), k)
+	expect(t, "after exact unclaim", got, core.ClaimDuplicate, core.ClaimWon, core.ClaimWon, core.ClaimDuplicate)
+	for _, id := range ids {
+		want := 1
+		if id == "pad " || id == ids[0] {
+			want = 2
+		}
+		s.wantEffects(t, k+id, want)
+	}
+}
