@@ -1,0 +1,80 @@
+package memory_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+)
+
+// BenchmarkPublishReceiveAck measures the broker alone: one op is one
+// message published (in batches of 100), received and acknowledged, singly
+// or with AckBatch, by one or four subscriptions.
+func BenchmarkPublishReceiveAck(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		subs  int
+		batch int
+	}{
+		{"subs=1/ack=1", 1, 1},
+		{"subs=1/ack=100", 1, 100},
+		{"subs=4/ack=1", 4, 1},
+		{"subs=4/ack=100", 4, 100},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			br, err := memory.NewBroker()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer br.Close()
+			ctx := context.Background()
+			msgs := make([]*core.Message, 100)
+			for i := range msgs {
+				msgs[i] = &core.Message{ID: "id-" + strconv.Itoa(i), Body: make([]byte, 128)}
+			}
+			per := b.N / bc.subs
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for range bc.subs {
+				s, err := br.Subscribe("bench", memory.WithWindow(bc.batch*2))
+				if err != nil {
+					b.Fatal(err)
+				}
+				wg.Go(func() {
+					ds := make([]core.Delivery, 0, bc.batch)
+					for range per {
+						d, err := s.Receive(ctx)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						ds = append(ds, d)
+						if len(ds) == bc.batch {
+							if err := s.AckBatch(ctx, ds); err != nil {
+								b.Error(err)
+								return
+							}
+							ds = ds[:0]
+						}
+					}
+					if err := s.AckBatch(ctx, ds); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			for sent := 0; sent < per*bc.subs; sent += len(msgs) {
+				n := min(len(msgs), per*bc.subs-sent)
+				if err := br.Publish(ctx, "bench", msgs[:n]...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			wg.Wait()
+			if err := br.WaitIdle(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

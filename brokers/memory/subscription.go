@@ -1,0 +1,311 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemq/idemq/core"
+)
+
+// Metadata keys set on every delivered message.
+const (
+	// MetaDeliverySeq is the queue-wide delivery sequence number: every
+	// delivery, redeliveries included, gets the next one.
+	MetaDeliverySeq = "idemq.memory.delivery_seq"
+	// MetaPublishSeq is the queue-wide sequence number of the enqueued copy;
+	// it stays the same across redeliveries, and a duplicate publish gets
+	// its own.
+	MetaPublishSeq = "idemq.memory.publish_seq"
+	// MetaSubscriber identifies the subscription that received it, unique
+	// per queue.
+	MetaSubscriber = "idemq.memory.subscriber"
+)
+
+type subConfig struct {
+	window int
+}
+
+// SubscribeOption configures a Subscription.
+type SubscribeOption func(*subConfig) error
+
+// WithWindow caps how many deliveries the subscription holds unsettled, like
+// AMQP prefetch; Receive blocks while the window is full. 0 means
+// unlimited. Must not be negative. Default 0 (unlimited, as AMQP's
+// basic.qos 0); the Consumer sets it through SetWindow.
+func WithWindow(n int) SubscribeOption {
+	return func(c *subConfig) error {
+		if n < 0 {
+			return fmt.Errorf("memory: Window must not be negative, got %d", n)
+		}
+		c.window = n
+		return nil
+	}
+}
+
+type subState uint8
+
+const (
+	subOpen subState = iota
+	subClosed
+	subCrashed
+	subBrokerClosed
+)
+
+// Subscription receives from one queue. It implements core.Source,
+// core.BatchSettler and core.WindowSetter. Its methods are safe for
+// concurrent use, and Receive may be called from several goroutines.
+type Subscription struct {
+	q    *queue
+	id   uint64
+	done chan struct{} // closed when the subscription closes or crashes
+
+	// guarded by q.mu
+	state         subState
+	window        int
+	held          int // deliveries the consumer has not settled yet
+	leases        map[*Delivery]struct{}
+	windowWaiters []*waiter
+}
+
+var (
+	_ core.Source       = (*Subscription)(nil)
+	_ core.BatchSettler = (*Subscription)(nil)
+	_ core.WindowSetter = (*Subscription)(nil)
+)
+
+func (q *queue) subscribe(sc subConfig) (*Subscription, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, ErrBrokerClosed
+	}
+	q.subSeq++
+	s := &Subscription{q: q, id: q.subSeq, done: make(chan struct{}), window: sc.window, leases: map[*Delivery]struct{}{}}
+	if q.subs == nil {
+		q.subs = map[*Subscription]struct{}{}
+	}
+	q.subs[s] = struct{}{}
+	return s, nil
+}
+
+// Queue returns the name of the queue the subscription receives from.
+func (s *Subscription) Queue() string { return s.q.name }
+
+func (s *Subscription) errLocked() error {
+	switch s.state {
+	case subClosed:
+		return ErrSubscriptionClosed
+	case subCrashed:
+		return ErrCrashed
+	case subBrokerClosed:
+		return ErrBrokerClosed
+	}
+	return nil
+}
+
+func (s *Subscription) roomLocked() bool { return s.window == 0 || s.held < s.window }
+
+// releaseSlotLocked frees the window slot of one settled delivery.
+func (s *Subscription) releaseSlotLocked() {
+	s.held--
+	if len(s.windowWaiters) > 0 && s.roomLocked() {
+		s.wakeWindowLocked(1)
+	}
+}
+
+func (s *Subscription) wakeWindowLocked(n int) {
+	for ; n > 0 && len(s.windowWaiters) > 0; n-- {
+		w := s.windowWaiters[0]
+		s.windowWaiters[0] = nil
+		s.windowWaiters = s.windowWaiters[1:]
+		w.where = waitNone
+		select {
+		case w.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Receive returns the next ready message of the queue, blocking while none
+// is ready or the window is full. It returns ctx.Err() when ctx is done, and
+// an error wrapping core.ErrSourceClosed once the subscription is closed
+// (ErrSubscriptionClosed), crashed (ErrCrashed) or the broker closed
+// (ErrBrokerClosed). Blocked receivers are woken one per ready message, in
+// the order they started waiting.
+func (s *Subscription) Receive(ctx context.Context) (core.Delivery, error) {
+	q := s.q
+	var w *waiter
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		q.mu.Lock()
+		if w != nil {
+			q.removeWaiterLocked(s, w)
+		}
+		if err := s.errLocked(); err != nil {
+			q.mu.Unlock()
+			return nil, err
+		}
+		if s.roomLocked() {
+			if e, ok := q.ready.popFront(); ok {
+				d := q.deliverLocked(s, e)
+				q.mu.Unlock()
+				return d, nil
+			}
+		}
+		if w == nil {
+			w = &waiter{ch: make(chan struct{}, 1)}
+		}
+		select { // drop a stale wake-up
+		case <-w.ch:
+		default:
+		}
+		if s.roomLocked() {
+			w.where = waitQueue
+			q.waiters = append(q.waiters, w)
+		} else {
+			w.where = waitWindow
+			s.windowWaiters = append(s.windowWaiters, w)
+			// We may have been woken for a ready message we cannot
+			// take: pass it on to another receiver.
+			if q.ready.len() > 0 {
+				q.wakeLocked(1)
+			}
+		}
+		q.mu.Unlock()
+		select {
+		case <-w.ch:
+		case <-s.done:
+		case <-ctx.Done():
+			q.mu.Lock()
+			if w.where == waitNone {
+				// We were woken and will not use it: pass it on.
+				if q.ready.len() > 0 {
+					q.wakeLocked(1)
+				}
+				if s.roomLocked() {
+					s.wakeWindowLocked(1)
+				}
+			}
+			q.removeWaiterLocked(s, w)
+			q.mu.Unlock()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// SetWindow sets the subscription's window (see WithWindow): at most n
+// deliveries held unsettled, 0 for unlimited. It may be changed at any
+// time; a smaller window takes effect as deliveries are settled. It
+// returns an error naming the field when n is negative.
+func (s *Subscription) SetWindow(n int) error {
+	if n < 0 {
+		return fmt.Errorf("memory: Window must not be negative, got %d", n)
+	}
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	s.window = n
+	s.wakeWindowLocked(len(s.windowWaiters))
+	return nil
+}
+
+// AckBatch acknowledges several deliveries of this subscription at once, as
+// an AMQP multiple ack or SQS DeleteMessageBatch does. The faults are drawn
+// once per call: a lost batch ack loses every ack in it, a crash on ack
+// acknowledges none. Otherwise each delivery is settled on its own, and the
+// returned error joins the failures of those that could not be
+// (ErrAlreadySettled, ErrLeaseExpired), each naming its index. A delivery
+// from another subscription fails the whole call before anything is
+// settled.
+func (s *Subscription) AckBatch(ctx context.Context, ds []core.Delivery) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	f := s.q.b.currentFaults()
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := s.errLocked(); err != nil {
+		return err
+	}
+	own := make([]*Delivery, len(ds))
+	anyLive := false
+	for i, cd := range ds {
+		d, ok := cd.(*Delivery)
+		if !ok || d == nil || d.sub != s {
+			return fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrForeignDelivery)
+		}
+		own[i] = d
+		anyLive = anyLive || (!d.settled && d.live())
+	}
+	if anyLive && f.CrashOnAck > 0 && q.ackRng.Float64() < f.CrashOnAck {
+		s.shutdownLocked(subCrashed)
+		return ErrCrashed
+	}
+	lose := anyLive && f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck
+	var errs []error
+	for i, d := range own {
+		if d.settled {
+			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrAlreadySettled))
+			continue
+		}
+		d.settled = true
+		s.releaseSlotLocked()
+		switch {
+		case !d.live():
+			q.stats.StaleSettlements++
+			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrLeaseExpired))
+		case lose:
+			q.stats.AcksLost++
+		default:
+			q.ackLocked(d)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Crash simulates the consumer process dying: every message the
+// subscription holds (settled or not on the consumer's side, such as a lost
+// ack) goes back to the front of the queue at once and is redelivered with
+// the next attempt number; Receive and every later settlement of its
+// deliveries return ErrCrashed. Crash after Close or a crash does nothing.
+func (s *Subscription) Crash() {
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	s.shutdownLocked(subCrashed)
+}
+
+// Close stops the subscription gracefully, like closing an AMQP channel:
+// blocked and later Receive calls return ErrSubscriptionClosed, the
+// messages it still holds go back to the front of the queue, and later
+// settlements of its deliveries return ErrSubscriptionClosed. Settle
+// everything you can before Close. Close is idempotent and returns nil.
+func (s *Subscription) Close() error {
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	s.shutdownLocked(subClosed)
+	return nil
+}
+
+func (s *Subscription) shutdownLocked(state subState) {
+	if s.state != subOpen {
+		return
+	}
+	q := s.q
+	s.state = state
+	close(s.done)
+	delete(q.subs, s)
+	if state == subCrashed {
+		q.stats.Crashes++
+	}
+	if state != subBrokerClosed {
+		q.requeueLocked(s)
+	}
+	s.held = 0
+	s.wakeWindowLocked(len(s.windowWaiters))
+}
