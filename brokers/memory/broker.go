@@ -53,14 +53,16 @@ var (
 // publishes and one per queue for acks, so the duplicates a sequence of
 // publishes gets does not depend on how consumption interleaves.
 type Faults struct {
-	// LoseAck is the chance that an Ack (or a whole AckBatch) returns nil
-	// but never reaches the broker: the message stays leased and is
-	// redelivered after the visibility timeout.
+	// LoseAck is the chance that an Ack, or one ack of an AckBatch,
+	// returns nil but never reaches the broker: the message stays leased
+	// and is redelivered after the visibility timeout (or at once if the
+	// subscription crashes or closes first).
 	LoseAck float64
-	// CrashOnAck is the chance that an Ack (or AckBatch) crashes the
-	// subscription instead, as Subscription.Crash does: the consumer
-	// committed but died before acknowledging. The call returns ErrCrashed
-	// and everything the subscription held is redelivered.
+	// CrashOnAck is the chance, per acknowledged delivery, that the
+	// subscription crashes instead of acknowledging, as Subscription.Crash
+	// does: the consumer committed but died before its ack. The call
+	// returns ErrCrashed and everything the subscription held is
+	// redelivered.
 	CrashOnAck float64
 	// DuplicatePublish is the chance that a published message is enqueued
 	// twice, as when a producer retries a publish whose confirm was lost.
@@ -209,8 +211,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*core.Messag
 	if err != nil {
 		return err
 	}
-	q.publish(msgs, b.currentFaults().DuplicatePublish)
-	return nil
+	return q.publish(msgs, b.currentFaults().DuplicatePublish)
 }
 
 // Subscribe opens a subscription that receives from queue, creating the

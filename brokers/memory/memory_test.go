@@ -1025,3 +1025,49 @@ func TestMetadataSequences(t *testing.T) {
 		t.Fatalf("delivery seq not increasing: %v %v", m1, m2)
 	}
 }
+
+// lostAcks acks n messages in batches with the LoseAck fault and returns
+// which ids lost their ack.
+func lostAcks(t *testing.T, seed uint64, n, batch int) map[string]bool {
+	b := newBroker(t, memory.WithSeed(seed), memory.WithFaults(memory.Faults{LoseAck: 0.1}))
+	publish(t, b, "q", ids(n)...)
+	s := subscribe(t, b, "q")
+	var ds []core.Delivery
+	for range n {
+		ds = append(ds, recv(t, s))
+		if len(ds) == batch {
+			if err := s.AckBatch(context.Background(), ds); err != nil {
+				t.Fatal(err)
+			}
+			ds = ds[:0]
+		}
+	}
+	st := b.Stats("q")
+	if st.AcksLost+st.Acked != int64(n) || st.InFlight != int(st.AcksLost) {
+		t.Fatalf("stats = %+v", st)
+	}
+	s.Crash() // requeue the lost ones to see which they were
+	s2 := subscribe(t, b, "q")
+	lost := map[string]bool{}
+	for range st.AcksLost {
+		lost[recv(t, s2).Message().ID] = true
+	}
+	return lost
+}
+
+func TestAckBatchFaultRatesArePerDeliveryAndSeeded(t *testing.T) {
+	const n = 2000
+	a := lostAcks(t, 7, n, 100)
+	if got := float64(len(a)) / n; got < 0.07 || got > 0.13 {
+		t.Fatalf("lost-ack rate %.3f in batches of 100, want about 0.1", got)
+	}
+	b := lostAcks(t, 7, n, 100)
+	if len(a) != len(b) {
+		t.Fatalf("same seed: %d vs %d lost", len(a), len(b))
+	}
+	for id := range a {
+		if !b[id] {
+			t.Fatalf("same seed: %s lost only once", id)
+		}
+	}
+}

@@ -82,11 +82,11 @@ func cloneMessage(m core.Message) core.Message {
 
 func (q *queue) lenLocked() int { return q.ready.len() + q.delayed.len() + q.inFlight }
 
-func (q *queue) publish(msgs []*core.Message, dup float64) {
+func (q *queue) publish(msgs []*core.Message, dup float64) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return
+		return ErrBrokerClosed
 	}
 	n := 0
 	for _, m := range msgs {
@@ -106,6 +106,7 @@ func (q *queue) publish(msgs []*core.Message, dup float64) {
 		}
 	}
 	q.wakeLocked(n)
+	return nil
 }
 
 // wakeLocked wakes up to n Receive calls waiting for a message.

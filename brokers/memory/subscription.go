@@ -213,13 +213,16 @@ func (s *Subscription) SetWindow(n int) error {
 }
 
 // AckBatch acknowledges several deliveries of this subscription at once, as
-// an AMQP multiple ack or SQS DeleteMessageBatch does. The faults are drawn
-// once per call: a lost batch ack loses every ack in it, a crash on ack
-// acknowledges none. Otherwise each delivery is settled on its own, and the
-// returned error joins the failures of those that could not be
-// (ErrAlreadySettled, ErrLeaseExpired), each naming its index. A delivery
-// from another subscription fails the whole call before anything is
-// settled.
+// an AMQP multiple ack or SQS DeleteMessageBatch does. Faults are drawn per
+// delivery, at the same rates as for Ack, so a run injects about as many
+// faults whatever the batch size: if any delivery draws CrashOnAck the
+// subscription crashes before acknowledging anything (the process died
+// before sending the batch) and AckBatch returns ErrCrashed; each delivery
+// that draws LoseAck is reported acknowledged but stays leased. Otherwise
+// each delivery is settled on its own, and the returned error joins the
+// failures of those that could not be (ErrAlreadySettled, ErrLeaseExpired),
+// each naming its index. A delivery from another subscription fails the
+// whole call before anything is settled.
 func (s *Subscription) AckBatch(ctx context.Context, ds []core.Delivery) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -232,37 +235,36 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []core.Delivery) error {
 		return err
 	}
 	own := make([]*Delivery, len(ds))
-	anyLive := false
 	for i, cd := range ds {
 		d, ok := cd.(*Delivery)
 		if !ok || d == nil || d.sub != s {
 			return fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrForeignDelivery)
 		}
 		own[i] = d
-		anyLive = anyLive || (!d.settled && d.live())
 	}
-	if anyLive && f.CrashOnAck > 0 && q.ackRng.Float64() < f.CrashOnAck {
-		s.shutdownLocked(subCrashed)
-		return ErrCrashed
+	if f.CrashOnAck > 0 {
+		for _, d := range own {
+			if !d.settled && d.live() && q.ackRng.Float64() < f.CrashOnAck {
+				s.shutdownLocked(subCrashed)
+				return ErrCrashed
+			}
+		}
 	}
-	lose := anyLive && f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck
 	var errs []error
 	for i, d := range own {
 		if d.settled {
 			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrAlreadySettled))
 			continue
 		}
-		d.settled = true
-		s.releaseSlotLocked()
-		switch {
-		case !d.live():
-			q.stats.StaleSettlements++
-			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrLeaseExpired))
-		case lose:
-			q.stats.AcksLost++
-		default:
-			q.ackLocked(d)
+		if err := d.markSettledLocked(); err != nil {
+			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, err))
+			continue
 		}
+		if f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck {
+			q.stats.AcksLost++
+			continue
+		}
+		q.ackLocked(d)
 	}
 	return errors.Join(errs...)
 }
