@@ -234,6 +234,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
 		return d.wrap(err)
 	}
+	d.sess.src.forget(d.msg.ID)
 	return nil
 }
 
@@ -262,7 +263,10 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 		return nil
 	}
 	nack := func() error {
-		return d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Nack(d.tag, false, true) })
+		return d.sess.settle(d.tag, func(ch *amqp.Channel) error {
+			src.remember(d.msg.ID, d.msg.Attempt)
+			return ch.Nack(d.tag, false, true)
+		})
 	}
 	if delay <= 0 {
 		if err := nack(); err != nil {
@@ -324,6 +328,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
 		return d.wrap(err)
 	}
+	src.forget(d.msg.ID)
 	return nil
 }
 

@@ -52,6 +52,13 @@ type Source struct {
 	initial *amqp.Connection // the connection Open made, used by the first session
 	timers  map[*time.Timer]struct{}
 
+	// attempts remembers, per message id, the attempt of messages this
+	// process requeued with RetryRequeue: a classic queue only flags a
+	// redelivery, so without it Attempt would stop at 2 and MaxAttempts
+	// would never be reached. Bounded by maxRemembered.
+	attemptsMu sync.Mutex
+	attempts   map[string]int
+
 	out  chan *delivery
 	errs chan error // connection trouble reported to Receive, never blocks the loop
 	wg   sync.WaitGroup
@@ -97,7 +104,8 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 		queue:  queue,
 		cfg:    cfg,
 		window: cfg.prefetch,
-		timers: make(map[*time.Timer]struct{}),
+		timers:   make(map[*time.Timer]struct{}),
+		attempts: make(map[string]int),
 		out:    make(chan *delivery),
 		errs:   make(chan error, 1),
 	}
@@ -339,6 +347,40 @@ func (s *Source) run() {
 	}
 }
 
+// maxRemembered bounds the requeued-attempt memory.
+const maxRemembered = 10000
+
+// remember records that the message with id was requeued after attempt.
+func (s *Source) remember(id string, attempt int) {
+	if id == "" {
+		return
+	}
+	s.attemptsMu.Lock()
+	defer s.attemptsMu.Unlock()
+	if _, ok := s.attempts[id]; !ok && len(s.attempts) >= maxRemembered {
+		for k := range s.attempts { // evict an arbitrary entry
+			delete(s.attempts, k)
+			break
+		}
+	}
+	s.attempts[id] = attempt
+}
+
+// requeued returns the attempt after which id was last requeued (0 if
+// unknown).
+func (s *Source) requeued(id string) int {
+	s.attemptsMu.Lock()
+	defer s.attemptsMu.Unlock()
+	return s.attempts[id]
+}
+
+// forget drops id once it is acked or dead-lettered.
+func (s *Source) forget(id string) {
+	s.attemptsMu.Lock()
+	defer s.attemptsMu.Unlock()
+	delete(s.attempts, id)
+}
+
 // report hands err to a waiting Receive without ever blocking.
 func (s *Source) report(err error) {
 	select {
@@ -400,6 +442,11 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 				return "channel closed"
 			}
 			d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw, msg: toMessage(s.queue, &raw)}
+			if raw.Redelivered {
+				if n := s.requeued(raw.MessageId); n+1 > d.msg.Attempt {
+					d.msg.Attempt = n + 1
+				}
+			}
 			select {
 			case s.out <- d:
 			case <-s.ctx.Done():
@@ -459,6 +506,9 @@ func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
 	for _, sess := range order {
 		if err := sess.ackBatch(bySess[sess]); err != nil {
 			errs = append(errs, err)
+		}
+		for _, d := range bySess[sess] {
+			s.forget(d.msg.ID)
 		}
 	}
 	return errors.Join(errs...)

@@ -1,0 +1,598 @@
+// Package brokertest is the conformance suite every idemq broker adapter
+// runs from its own test, against its real broker.
+//
+// An adapter's test builds a Harness (how to get a fresh queue, publish to
+// it, open consumers on it and read what was dead-lettered) and calls Run.
+// The suite checks the adapter's settlement contract directly (Receive,
+// Ack, Retry, DeadLetter, AckBatch, SetWindow, Close) and then runs the
+// whole pipeline (core.Consumer with the SQLite store) over the adapter,
+// counting committed effects per message id: a message must be applied
+// exactly once, not merely "not lost".
+//
+//	func TestConformance(t *testing.T) {
+//		brokertest.Run(t, brokertest.Harness{Open: func(t *testing.T) *brokertest.Fixture { ... }})
+//	}
+package brokertest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+)
+
+// Harness describes one adapter to the suite.
+type Harness struct {
+	// Open returns a fixture around a fresh, empty queue that no other
+	// test uses. It registers its own cleanup (deleting the queue) with
+	// t.Cleanup. Required.
+	Open func(t *testing.T) *Fixture
+	// RecordsCause is true when the adapter keeps the dead-letter cause
+	// where Fixture.DeadLetters reads it back; the suite then checks it.
+	RecordsCause bool
+	// ReceiveTimeout bounds how long a message that must arrive may take.
+	// Default 10s.
+	ReceiveTimeout time.Duration
+	// Quiet is how long the suite waits to conclude that nothing more
+	// arrives. Default 500ms.
+	Quiet time.Duration
+}
+
+// Fixture is one fresh queue of the broker under test.
+type Fixture struct {
+	// Publish publishes msgs to the queue and returns once the broker has
+	// them (publisher confirms or the equivalent). Messages with an empty
+	// ID must be published without an id. Required.
+	Publish func(ctx context.Context, msgs ...*core.Message) error
+	// NewSource opens a new consumer of the queue. The suite closes it.
+	// Required.
+	NewSource func(t *testing.T) core.Source
+	// DeadLetters returns messages parked by DeadLetter so far. It may
+	// consume them: the suite merges successive results. Required.
+	DeadLetters func(ctx context.Context) ([]DeadLetter, error)
+}
+
+// DeadLetter is one parked message as the broker keeps it.
+type DeadLetter struct {
+	// ID is the message's business id ("" if it had none).
+	ID string
+	// Body is the message body.
+	Body []byte
+	// Cause is the recorded cause, "" where the broker keeps none.
+	Cause string
+}
+
+func (h Harness) withDefaults() Harness {
+	if h.ReceiveTimeout <= 0 {
+		h.ReceiveTimeout = 10 * time.Second
+	}
+	if h.Quiet <= 0 {
+		h.Quiet = 500 * time.Millisecond
+	}
+	return h
+}
+
+// Run runs every case of the suite as a subtest of t.
+func Run(t *testing.T, h Harness) {
+	if h.Open == nil {
+		t.Fatal("brokertest: Harness.Open is required")
+	}
+	h = h.withDefaults()
+	cases := []struct {
+		name string
+		f    func(*testing.T, Harness)
+	}{
+		{"PublishConsume", testPublishConsume},
+		{"AckRemoves", testAckRemoves},
+		{"SettleTwiceFails", testSettleTwice},
+		{"RetryRedeliversWithHigherAttempt", testRetry},
+		{"DeadLetterParksWithCause", testDeadLetter},
+		{"UnackedComeBackAfterConsumerDies", testUnackedComeBack},
+		{"ConcurrentConsumersShareTheQueue", testConcurrentConsumers},
+		{"GracefulCloseWithDeliveriesInFlight", testGracefulClose},
+		{"AckBatchAcksExactlyTheBatch", testAckBatch},
+		{"WindowBoundsDeliveries", testWindow},
+		{"Pipeline/MissingIDIsDeadLettered", testPipelineMissingID},
+		{"Pipeline/DuplicatesApplyOnce", testPipelineDuplicates},
+		{"Pipeline/FailedHandlerIsRetriedNotDropped", testPipelineRetry},
+		{"Pipeline/CrashBetweenCommitAndAck", testPipelineCrash},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.f(t, h) })
+	}
+}
+
+// fixture opens a fixture and checks it is complete.
+func (h Harness) fixture(t *testing.T) *Fixture {
+	t.Helper()
+	f := h.Open(t)
+	if f == nil || f.Publish == nil || f.NewSource == nil || f.DeadLetters == nil {
+		t.Fatal("brokertest: Fixture needs Publish, NewSource and DeadLetters")
+	}
+	return f
+}
+
+// source opens a source that is closed when the test ends.
+func source(t *testing.T, f *Fixture) core.Source {
+	t.Helper()
+	s := f.NewSource(t)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// randomHex returns n random bytes in hex, to keep ids of different test
+// runs apart.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// messages returns n messages with distinct ids, bodies and a header.
+func messages(prefix string, n int) []*core.Message {
+	run := randomHex(4)
+	out := make([]*core.Message, n)
+	for i := range out {
+		out[i] = &core.Message{
+			ID:      fmt.Sprintf("%s-%s-%03d", prefix, run, i),
+			Body:    fmt.Appendf(nil, `{"n":%d}`, i),
+			Headers: map[string]string{"idemq-test": fmt.Sprintf("h%d", i)},
+		}
+	}
+	return out
+}
+
+func publish(t *testing.T, h Harness, f *Fixture, msgs ...*core.Message) {
+	t.Helper()
+	if err := f.Publish(ctxFor(t, h.ReceiveTimeout), msgs...); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+// receive receives n deliveries within the harness' timeout. Transient
+// errors are retried, as the Consumer does.
+func receive(t *testing.T, h Harness, s core.Source, n int) []core.Delivery {
+	t.Helper()
+	ctx := ctxFor(t, h.ReceiveTimeout)
+	out := make([]core.Delivery, 0, n)
+	for len(out) < n {
+		d, err := s.Receive(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				t.Fatalf("received %d of %d deliveries within %v", len(out), n, h.ReceiveTimeout)
+			}
+			if errors.Is(err, core.ErrSourceClosed) {
+				t.Fatalf("source closed after %d of %d deliveries: %v", len(out), n, err)
+			}
+			t.Logf("receive (retrying): %v", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// expectQuiet fails if s delivers anything within the quiet period.
+func expectQuiet(t *testing.T, h Harness, s core.Source) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), h.Quiet)
+	defer cancel()
+	for {
+		d, err := s.Receive(ctx)
+		if err == nil {
+			m := d.Message()
+			t.Fatalf("unexpected delivery of %q (attempt %d)", m.ID, m.Attempt)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, core.ErrSourceClosed) {
+			t.Fatalf("source closed while waiting for quiet: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func ids(ds []core.Delivery) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.Message().ID
+	}
+	slices.Sort(out)
+	return out
+}
+
+func msgIDs(ms []*core.Message) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.ID
+	}
+	slices.Sort(out)
+	return out
+}
+
+func ackAll(t *testing.T, ds []core.Delivery) {
+	t.Helper()
+	for _, d := range ds {
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatalf("ack %q: %v", d.Message().ID, err)
+		}
+	}
+}
+
+// waitDeadLetters polls Fixture.DeadLetters until every id in want is
+// parked, and returns all parked messages by id.
+func waitDeadLetters(t *testing.T, h Harness, f *Fixture, want ...string) map[string]DeadLetter {
+	t.Helper()
+	got := map[string]DeadLetter{}
+	deadline := time.Now().Add(h.ReceiveTimeout)
+	for {
+		dls, err := f.DeadLetters(context.Background())
+		if err != nil {
+			t.Fatalf("DeadLetters: %v", err)
+		}
+		for _, dl := range dls {
+			got[dl.ID] = dl
+		}
+		missing := 0
+		for _, id := range want {
+			if _, ok := got[id]; !ok {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages not dead-lettered within %v; parked: %v", missing, len(want), h.ReceiveTimeout, keys(got))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func testPublishConsume(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	msgs := messages("pc", 5)
+	publish(t, h, f, msgs...)
+	s := source(t, f)
+	ds := receive(t, h, s, len(msgs))
+	byID := map[string]*core.Message{}
+	for _, m := range msgs {
+		byID[m.ID] = m
+	}
+	for _, d := range ds {
+		m := d.Message()
+		want, ok := byID[m.ID]
+		if !ok {
+			t.Fatalf("received unknown or repeated id %q", m.ID)
+		}
+		delete(byID, m.ID)
+		if string(m.Body) != string(want.Body) {
+			t.Errorf("%s: body %q, want %q", m.ID, m.Body, want.Body)
+		}
+		if got := m.Headers["idemq-test"]; got != want.Headers["idemq-test"] {
+			t.Errorf("%s: header idemq-test = %q, want %q", m.ID, got, want.Headers["idemq-test"])
+		}
+		if m.Attempt != 1 {
+			t.Errorf("%s: Attempt %d on first delivery, want 1", m.ID, m.Attempt)
+		}
+		if m.System == "" || m.Source == "" {
+			t.Errorf("%s: System %q and Source %q must be set", m.ID, m.System, m.Source)
+		}
+		if m.ReceivedAt.IsZero() {
+			t.Errorf("%s: ReceivedAt not set", m.ID)
+		}
+	}
+	ackAll(t, ds)
+	expectQuiet(t, h, s)
+}
+
+func testAckRemoves(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	msgs := messages("ack", 4)
+	publish(t, h, f, msgs...)
+	s1 := source(t, f)
+	ackAll(t, receive(t, h, s1, len(msgs)))
+	if err := s1.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	expectQuiet(t, h, source(t, f))
+}
+
+func testSettleTwice(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	publish(t, h, f, messages("twice", 1)...)
+	s := source(t, f)
+	d := receive(t, h, s, 1)[0]
+	ctx := ctxFor(t, h.ReceiveTimeout)
+	if err := d.Ack(ctx); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+	if err := d.Ack(ctx); err == nil {
+		t.Error("a second Ack of the same delivery returned nil")
+	}
+	if err := d.Retry(ctx, 0); err == nil {
+		t.Error("Retry after Ack returned nil")
+	}
+	if err := d.DeadLetter(ctx, errors.New("late")); err == nil {
+		t.Error("DeadLetter after Ack returned nil")
+	}
+	expectQuiet(t, h, s)
+	if dls, err := f.DeadLetters(ctx); err != nil || len(dls) != 0 {
+		t.Errorf("DeadLetters after a refused DeadLetter = %v, %v; want none", dls, err)
+	}
+}
+
+func testRetry(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	msgs := messages("retry", 1)
+	publish(t, h, f, msgs...)
+	s := source(t, f)
+	d1 := receive(t, h, s, 1)[0]
+	if d1.Message().Attempt != 1 {
+		t.Fatalf("first Attempt = %d, want 1", d1.Message().Attempt)
+	}
+	const delay = 300 * time.Millisecond
+	start := time.Now()
+	if err := d1.Retry(ctxFor(t, h.ReceiveTimeout), delay); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	d2 := receive(t, h, s, 1)[0]
+	elapsed := time.Since(start)
+	m := d2.Message()
+	if m.ID != msgs[0].ID || string(m.Body) != string(msgs[0].Body) {
+		t.Fatalf("redelivered %q %q, want %q %q", m.ID, m.Body, msgs[0].ID, msgs[0].Body)
+	}
+	if m.Attempt <= 1 {
+		t.Errorf("redelivery Attempt = %d, want > 1", m.Attempt)
+	}
+	if elapsed < delay {
+		t.Errorf("redelivered after %v, sooner than the %v delay", elapsed, delay)
+	}
+	ackAll(t, []core.Delivery{d2})
+	expectQuiet(t, h, s)
+}
+
+func testDeadLetter(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	msgs := messages("dl", 2)
+	publish(t, h, f, msgs...)
+	s := source(t, f)
+	ds := receive(t, h, s, 2)
+	var parked, acked core.Delivery = ds[0], ds[1]
+	cause := "brokertest cause " + randomHex(4)
+	if err := parked.DeadLetter(ctxFor(t, h.ReceiveTimeout), core.Permanent(errors.New(cause))); err != nil {
+		t.Fatalf("dead-letter: %v", err)
+	}
+	ackAll(t, []core.Delivery{acked})
+	expectQuiet(t, h, s)
+	got := waitDeadLetters(t, h, f, parked.Message().ID)
+	dl := got[parked.Message().ID]
+	if string(dl.Body) != string(parked.Message().Body) {
+		t.Errorf("parked body %q, want %q", dl.Body, parked.Message().Body)
+	}
+	if h.RecordsCause && !strings.Contains(dl.Cause, cause) {
+		t.Errorf("parked cause %q does not hold %q", dl.Cause, cause)
+	}
+	if _, ok := got[acked.Message().ID]; ok {
+		t.Errorf("acked message %q was dead-lettered", acked.Message().ID)
+	}
+}
+
+func testUnackedComeBack(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	msgs := messages("unacked", 3)
+	publish(t, h, f, msgs...)
+	s1 := source(t, f)
+	first := receive(t, h, s1, len(msgs))
+	// The consumer dies: closed without settling anything.
+	if err := s1.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	s2 := source(t, f)
+	again := receive(t, h, s2, len(msgs))
+	if !slices.Equal(ids(first), ids(again)) {
+		t.Fatalf("redelivered %v, want %v", ids(again), ids(first))
+	}
+	for _, d := range again {
+		if d.Message().Attempt < 2 {
+			t.Errorf("%s: redelivery Attempt = %d, want >= 2", d.Message().ID, d.Message().Attempt)
+		}
+	}
+	ackAll(t, again)
+	expectQuiet(t, h, s2)
+}
+
+func testConcurrentConsumers(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	const n = 30
+	msgs := messages("conc", n)
+	publish(t, h, f, msgs...)
+	srcs := []core.Source{source(t, f), source(t, f)}
+	windowed := true
+	for _, s := range srcs {
+		if ws, ok := s.(core.WindowSetter); ok {
+			if err := ws.SetWindow(2); err != nil {
+				t.Fatalf("SetWindow: %v", err)
+			}
+		} else {
+			windowed = false
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.ReceiveTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	per := make([]int, len(srcs))
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, len(srcs))
+	for i, s := range srcs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				d, err := s.Receive(ctx)
+				if err != nil {
+					continue
+				}
+				time.Sleep(2 * time.Millisecond) // some work, so both consumers get a share
+				if err := d.Ack(context.Background()); err != nil {
+					errc <- fmt.Errorf("ack %q: %w", d.Message().ID, err)
+					cancel()
+					return
+				}
+				mu.Lock()
+				seen[d.Message().ID]++
+				per[i]++
+				mu.Unlock()
+				if total.Add(1) == n {
+					cancel()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if total.Load() != n {
+		t.Fatalf("consumed %d of %d messages within %v", total.Load(), n, h.ReceiveTimeout)
+	}
+	for _, m := range msgs {
+		if seen[m.ID] != 1 {
+			t.Errorf("%s consumed %d times, want 1", m.ID, seen[m.ID])
+		}
+	}
+	t.Logf("messages per consumer: %v", per)
+	if windowed && (per[0] == 0 || per[1] == 0) {
+		t.Errorf("one consumer got nothing with a window of 2: %v", per)
+	}
+	expectQuiet(t, h, srcs[0])
+}
+
+func testGracefulClose(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	msgs := messages("close", 6)
+	publish(t, h, f, msgs...)
+	s1 := source(t, f)
+	ds := receive(t, h, s1, len(msgs))
+	ackAll(t, ds[:3])
+	// Close with three deliveries still in flight.
+	if err := s1.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if _, err := s1.Receive(context.Background()); !errors.Is(err, core.ErrSourceClosed) {
+		t.Errorf("Receive after Close = %v, want core.ErrSourceClosed", err)
+	}
+	if err := s1.Close(); err != nil {
+		t.Errorf("second Close = %v, want nil", err)
+	}
+	// Settling after Close must fail: the broker has taken the messages
+	// back and will redeliver them.
+	if err := ds[3].Ack(ctxFor(t, h.ReceiveTimeout)); err == nil {
+		t.Error("Ack of a delivery of a closed source returned nil")
+	}
+	s2 := source(t, f)
+	again := receive(t, h, s2, 3)
+	if got, want := ids(again), ids(ds[3:]); !slices.Equal(got, want) {
+		t.Fatalf("after close got %v, want exactly the unsettled %v", got, want)
+	}
+	ackAll(t, again)
+	expectQuiet(t, h, s2)
+}
+
+func testAckBatch(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	s1 := source(t, f)
+	bs, ok := s1.(core.BatchSettler)
+	if !ok {
+		t.Skip("source does not implement core.BatchSettler")
+	}
+	msgs := messages("batch", 10)
+	publish(t, h, f, msgs...)
+	ds := receive(t, h, s1, len(msgs))
+	// Leave the first delivery and two holes unsettled: an ack that covers
+	// "everything up to the batch's last" would take them too.
+	var batch, left []core.Delivery
+	for i, d := range ds {
+		if i == 0 || i == 4 || i == 7 || i == 8 {
+			left = append(left, d)
+		} else {
+			batch = append(batch, d)
+		}
+	}
+	ctx := ctxFor(t, h.ReceiveTimeout)
+	if err := bs.AckBatch(ctx, batch); err != nil {
+		t.Fatalf("AckBatch: %v", err)
+	}
+	if err := bs.AckBatch(ctx, batch[:1]); err == nil {
+		t.Error("AckBatch of an already acked delivery returned nil")
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	s2 := source(t, f)
+	again := receive(t, h, s2, len(left))
+	if got, want := ids(again), ids(left); !slices.Equal(got, want) {
+		t.Fatalf("after AckBatch got back %v, want exactly the unbatched %v", got, want)
+	}
+	bs2 := s2.(core.BatchSettler)
+	if err := bs2.AckBatch(ctx, again); err != nil {
+		t.Fatalf("AckBatch: %v", err)
+	}
+	expectQuiet(t, h, s2)
+}
+
+func testWindow(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	s := source(t, f)
+	ws, ok := s.(core.WindowSetter)
+	if !ok {
+		t.Skip("source does not implement core.WindowSetter")
+	}
+	if err := ws.SetWindow(0); err == nil {
+		t.Error("SetWindow(0) returned nil")
+	}
+	if err := ws.SetWindow(3); err != nil {
+		t.Fatalf("SetWindow: %v", err)
+	}
+	publish(t, h, f, messages("window", 10)...)
+	ds := receive(t, h, s, 3)
+	// Three unsettled: the fourth must wait.
+	expectQuiet(t, h, s)
+	ackAll(t, ds[:1])
+	ds = append(ds[1:], receive(t, h, s, 1)...)
+	expectQuiet(t, h, s)
+	ackAll(t, ds)
+	rest := receive(t, h, s, 3)
+	ackAll(t, rest)
+	ackAll(t, receive(t, h, s, 3))
+	expectQuiet(t, h, s)
+}

@@ -1,0 +1,335 @@
+package brokertest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// The pipeline cases run core.Consumer over the adapter with the SQLite
+// store. The handler's effect is a row in an effects table with no unique
+// key, so an effect applied twice is counted twice.
+
+// effects is one SQLite dedup store plus the business table the handlers
+// write to.
+type effects struct {
+	store *sqlite.Store
+}
+
+func newEffects(t *testing.T) *effects {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "brokertest.db"))
+	if err != nil {
+		t.Fatalf("sqlite store: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.DB().ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL, body TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return &effects{store: st}
+}
+
+// apply is the business effect, in the claim's transaction.
+func (e *effects) apply(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO effects (id, body) VALUES (?, ?)`, m.ID, string(m.Body))
+	return err
+}
+
+// counts returns how many times each id's effect was committed.
+func (e *effects) counts(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := e.store.DB().Query(`SELECT id, count(*) FROM effects GROUP BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// running is a Consumer running in the background.
+type running struct {
+	c    *core.Consumer[*sql.Tx]
+	stop context.CancelFunc
+	done chan error
+}
+
+func runConsumer(t *testing.T, src core.Source, e *effects, h core.Handler[*sql.Tx], opts ...core.Option) *running {
+	t.Helper()
+	base := []core.Option{
+		core.WithName("brokertest"),
+		core.WithBackoff(core.ConstantBackoff(50 * time.Millisecond)),
+		core.WithShutdownTimeout(5 * time.Second),
+	}
+	c, err := core.New[*sql.Tx](src, e.store, h, append(base, opts...)...)
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{c: c, stop: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	t.Cleanup(func() { r.shutdown(t) })
+	return r
+}
+
+// shutdown cancels the consumer and waits for Run; it returns Run's error.
+func (r *running) shutdown(t *testing.T) error {
+	r.stop()
+	select {
+	case err := <-r.done:
+		r.done <- err // later calls see it too
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("Consumer.Run did not return within 30s of cancellation")
+		return nil
+	}
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func testPipelineMissingID(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	msgs := messages("noid", 2)
+	noID := &core.Message{Body: []byte("no-id-" + randomHex(4))}
+	publish(t, h, f, msgs[0], noID, msgs[1])
+	var handled sync.Map
+	r := runConsumer(t, source(t, f), e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		handled.Store(string(m.Body), true)
+		return e.apply(ctx, tx, m)
+	})
+	waitFor(t, h.ReceiveTimeout, "2 processed and 1 dead-lettered", func() bool {
+		st := r.c.Stats()
+		return st.Processed == 2 && st.DeadLettered == 1
+	})
+	if err := r.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, ok := handled.Load(string(noID.Body)); ok {
+		t.Error("the handler ran for a message without an id")
+	}
+	got := waitDeadLetters(t, h, f, "")
+	dl := got[""]
+	if string(dl.Body) != string(noID.Body) {
+		t.Errorf("parked body %q, want %q", dl.Body, noID.Body)
+	}
+	if h.RecordsCause && !strings.Contains(dl.Cause, core.ErrMissingID.Error()) {
+		t.Errorf("parked cause %q does not name %q", dl.Cause, core.ErrMissingID)
+	}
+	counts := e.counts(t)
+	for _, m := range msgs {
+		if counts[m.ID] != 1 {
+			t.Errorf("%s applied %d times, want 1", m.ID, counts[m.ID])
+		}
+	}
+	if len(counts) != len(msgs) {
+		t.Errorf("effects for %d ids, want %d: %v", len(counts), len(msgs), counts)
+	}
+}
+
+func testPipelineDuplicates(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	const unique, copies = 20, 3
+	msgs := messages("dup", unique)
+	// Every id published three times, the copies spread through the queue.
+	var all []*core.Message
+	for range copies {
+		all = append(all, msgs...)
+	}
+	publish(t, h, f, all...)
+	// Two consumers on one store, one batching, one not: the copies of an
+	// id race each other across consumers and inside a batch's claim.
+	h1 := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.apply(ctx, tx, m) }
+	r1 := runConsumer(t, source(t, f), e, h1, core.WithBatchSize(5), core.WithWindow(10), core.WithLinger(5*time.Millisecond))
+	r2 := runConsumer(t, source(t, f), e, h1, core.WithConcurrency(2), core.WithWindow(4))
+	total := int64(unique * copies)
+	waitFor(t, 2*h.ReceiveTimeout, fmt.Sprintf("%d deliveries decided", total), func() bool {
+		a, b := r1.c.Stats(), r2.c.Stats()
+		return a.Processed+a.Duplicates+b.Processed+b.Duplicates >= total
+	})
+	for _, r := range []*running{r1, r2} {
+		if err := r.shutdown(t); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+	a, b := r1.c.Stats(), r2.c.Stats()
+	t.Logf("consumer stats: %+v / %+v", a, b)
+	if p := a.Processed + b.Processed; p != unique {
+		t.Errorf("Processed = %d, want %d", p, unique)
+	}
+	if d := a.Duplicates + b.Duplicates; d != total-unique {
+		t.Errorf("Duplicates = %d, want %d", d, total-unique)
+	}
+	counts := e.counts(t)
+	for _, m := range msgs {
+		if counts[m.ID] != 1 {
+			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
+		}
+	}
+	expectQuiet(t, h, source(t, f))
+}
+
+func testPipelineRetry(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	msgs := messages("flaky", 10)
+	publish(t, h, f, msgs...)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	// Every other message fails on its first try, after writing its effect:
+	// the effect and the claim must roll back together, and the redelivery
+	// must not be taken for a duplicate.
+	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := e.apply(ctx, tx, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		calls[m.ID]++
+		n := calls[m.ID]
+		mu.Unlock()
+		if last := m.ID[len(m.ID)-1]; n == 1 && (last-'0')%2 == 0 {
+			return errors.New("transient failure")
+		}
+		return nil
+	}
+	r := runConsumer(t, source(t, f), e, handler, core.WithBatchSize(4), core.WithWindow(8))
+	waitFor(t, h.ReceiveTimeout, "10 processed", func() bool { return r.c.Stats().Processed == 10 })
+	if err := r.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st := r.c.Stats()
+	if st.Retried != 5 || st.Duplicates != 0 || st.DeadLettered != 0 {
+		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
+	}
+	counts := e.counts(t)
+	for _, m := range msgs {
+		if counts[m.ID] != 1 {
+			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
+		}
+	}
+	expectQuiet(t, h, source(t, f))
+}
+
+// crashingSource wraps a source so that its crashAt-th Ack closes the
+// source instead of acknowledging: the consumer committed, then died
+// before the ack reached the broker.
+type crashingSource struct {
+	core.Source
+	crashAt int64
+	acks    atomic.Int64
+	acked   atomic.Int64
+}
+
+// SetWindow passes the window on when the wrapped source keeps one.
+func (c *crashingSource) SetWindow(n int) error {
+	if ws, ok := c.Source.(core.WindowSetter); ok {
+		return ws.SetWindow(n)
+	}
+	return nil
+}
+
+// Receive wraps each delivery so its Ack can crash the source.
+func (c *crashingSource) Receive(ctx context.Context) (core.Delivery, error) {
+	d, err := c.Source.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &crashingDelivery{Delivery: d, src: c}, nil
+}
+
+type crashingDelivery struct {
+	core.Delivery
+	src *crashingSource
+}
+
+// Ack acknowledges, except the crashAt-th, which closes the source.
+func (d *crashingDelivery) Ack(ctx context.Context) error {
+	if d.src.acks.Add(1) == d.src.crashAt {
+		_ = d.src.Source.Close()
+		return errors.New("brokertest: crashed between commit and ack")
+	}
+	err := d.Delivery.Ack(ctx)
+	if err == nil {
+		d.src.acked.Add(1)
+	}
+	return err
+}
+
+func testPipelineCrash(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	const n = 12
+	msgs := messages("crash", n)
+	publish(t, h, f, msgs...)
+	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.apply(ctx, tx, m) }
+	crash := &crashingSource{Source: source(t, f), crashAt: 4}
+	r1 := runConsumer(t, crash, e, handler, core.WithWindow(3))
+	select {
+	case err := <-r1.done:
+		r1.done <- err
+		if !errors.Is(err, core.ErrSourceClosed) {
+			t.Fatalf("Run after the crash = %v, want an error wrapping core.ErrSourceClosed", err)
+		}
+	case <-time.After(h.ReceiveTimeout):
+		t.Fatal("the consumer did not stop after its source crashed")
+	}
+	acked := crash.acked.Load()
+	if acked >= n {
+		t.Fatalf("all %d acked before the crash", acked)
+	}
+	// A new process takes over: what the first committed but did not ack
+	// comes back and must be a Duplicate.
+	r2 := runConsumer(t, source(t, f), e, handler, core.WithWindow(3))
+	left := n - acked
+	waitFor(t, h.ReceiveTimeout, fmt.Sprintf("%d redelivered messages decided", left), func() bool {
+		st := r2.c.Stats()
+		return st.Processed+st.Duplicates >= left
+	})
+	if err := r2.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st := r2.c.Stats()
+	if st.Duplicates < 1 {
+		t.Errorf("second consumer stats %+v: the message committed before the crash must be a Duplicate", st)
+	}
+	counts := e.counts(t)
+	for _, m := range msgs {
+		if counts[m.ID] != 1 {
+			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
+		}
+	}
+	expectQuiet(t, h, source(t, f))
+}

@@ -1,0 +1,201 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// amqpURL returns the broker URL from IDEMQ_AMQP_URL (default the local
+// broker). When the broker is unreachable the test is skipped, or fails
+// when IDEMQ_REQUIRE_SERVICES=1.
+func amqpURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("IDEMQ_AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	if err != nil {
+		msg := "RabbitMQ unreachable at IDEMQ_AMQP_URL=" + url + ": " + err.Error()
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	conn.Close()
+	return url
+}
+
+// uniqueQueue returns a fresh queue name and deletes it (and the dead-letter
+// and retry queues named after it) when the test ends.
+func uniqueQueue(t testing.TB, url string) string {
+	t.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	q := "idemq-test-" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			t.Logf("cleanup: %v", err)
+			return
+		}
+		defer conn.Close()
+		for _, n := range []string{q, q + ".dlq", q + ".retry"} {
+			ch, err := conn.Channel()
+			if err != nil {
+				return
+			}
+			ch.QueueDelete(n, false, false, false)
+			ch.Close()
+		}
+	})
+	return q
+}
+
+// queueDepth returns the number of ready messages in queue.
+func queueDepth(t testing.TB, url, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspect %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// drainQueue takes every ready message out of queue (auto-ack).
+func drainQueue(t testing.TB, url, queue string) []amqp.Delivery {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("get from %s: %v", queue, err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+// proxy is a TCP proxy in front of the broker whose connections the test
+// can cut, to inject connection loss into one client only.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	cuts   int
+	wg     sync.WaitGroup
+}
+
+func newProxy(t testing.TB, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		ln.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); io.Copy(u, c); u.Close() }()
+		go func() { defer p.wg.Done(); io.Copy(c, u); c.Close() }()
+	}
+}
+
+// cut closes every proxied connection, as a network failure would.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.cuts++
+}
+
+// receiveN receives n deliveries or fails the test after timeout.
+func receiveN(t testing.TB, s *Source, n int, timeout time.Duration) []*delivery {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out := make([]*delivery, 0, n)
+	for len(out) < n {
+		d, err := s.Receive(ctx)
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("received %d of %d deliveries before the timeout", len(out), n)
+			}
+			t.Logf("receive: %v", err)
+			continue
+		}
+		out = append(out, d.(*delivery))
+	}
+	return out
+}
