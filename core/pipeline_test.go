@@ -1,0 +1,627 @@
+package core_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/middleware/recovery"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// env is one broker queue and one SQLite database with an effects table
+// that has no unique key: only the pipeline stands between a duplicate and
+// a second effect row.
+type env struct {
+	t      *testing.T
+	broker *memory.Broker
+	store  *sqlite.Store
+	queue  string
+}
+
+func newEnv(t *testing.T, brokerOpts ...memory.Option) *env {
+	t.Helper()
+	b, err := memory.NewBroker(brokerOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idemq.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.DB().ExecContext(ctx, `CREATE TABLE effects (message_id TEXT NOT NULL, body TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, broker: b, store: s, queue: "q"}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// applyEffect is the business effect of the tests' handlers.
+func applyEffect(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO effects (message_id, body) VALUES (?, ?)`, m.ID, string(m.Body))
+	return err
+}
+
+func (e *env) publish(ids ...string) {
+	e.t.Helper()
+	msgs := make([]*core.Message, len(ids))
+	for i, id := range ids {
+		msgs[i] = &core.Message{ID: id, Body: []byte("body-" + id)}
+	}
+	if err := e.broker.Publish(context.Background(), e.queue, msgs...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func ids(n int, prefix string) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%05d", prefix, i)
+	}
+	return out
+}
+
+// effects returns how many effect rows each id has.
+func (e *env) effects() map[string]int {
+	e.t.Helper()
+	rows, err := e.store.DB().Query(`SELECT message_id, count(*) FROM effects GROUP BY message_id`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			e.t.Fatal(err)
+		}
+		out[id] = n
+	}
+	return out
+}
+
+// assertExactlyOnce checks that every id in want has exactly one effect
+// and nothing else has any.
+func (e *env) assertExactlyOnce(want []string) {
+	e.t.Helper()
+	got := e.effects()
+	for _, id := range want {
+		if got[id] != 1 {
+			e.t.Errorf("id %s applied %d times, want exactly once", id, got[id])
+		}
+		delete(got, id)
+	}
+	for id, n := range got {
+		e.t.Errorf("unexpected id %s applied %d times", id, n)
+	}
+}
+
+type totals struct {
+	core.Stats
+	crashes int
+}
+
+// runUntilIdle runs consumers, restarting one after each simulated crash as
+// an orchestrator would, until the queue has nothing ready, delayed or in
+// flight. It fails the test after timeout.
+func (e *env) runUntilIdle(timeout time.Duration, h core.Handler[*sql.Tx], opts ...core.Option) totals {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	idle := make(chan error, 1)
+	go func() { idle <- e.broker.WaitIdle(ctx, e.queue) }()
+	var tot totals
+	for {
+		sub, err := e.broker.Subscribe(e.queue)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		c, err := core.New[*sql.Tx](sub, e.store, h, append([]core.Option{core.WithName("test"), core.WithLogger(quietLogger())}, opts...)...)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		var runErr error
+		finished := false
+		select {
+		case err := <-idle:
+			if err != nil {
+				stop()
+				<-done
+				e.t.Fatalf("queue not drained within %v: %v (stats %+v)", timeout, err, e.broker.Stats(e.queue))
+			}
+			finished = true
+			stop()
+			runErr = <-done
+		case runErr = <-done:
+		}
+		stop()
+		st := c.Stats()
+		tot.Received += st.Received
+		tot.Processed += st.Processed
+		tot.Duplicates += st.Duplicates
+		tot.Retried += st.Retried
+		tot.DeadLettered += st.DeadLettered
+		tot.SettleErrors += st.SettleErrors
+		if finished {
+			if runErr != nil {
+				e.t.Fatalf("Run after cancel returned %v, want nil", runErr)
+			}
+			return tot
+		}
+		if !errors.Is(runErr, memory.ErrCrashed) {
+			e.t.Fatalf("consumer stopped: %v", runErr)
+		}
+		tot.crashes++
+	}
+}
+
+// Invariant 1 and 2: duplicates published by the broker are applied once,
+// at every batch size.
+func TestDuplicatePublishesAppliedOnce(t *testing.T) {
+	for _, batch := range []int{1, 7, 100} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			e := newEnv(t, memory.WithFaults(memory.Faults{DuplicatePublish: 0.3}), memory.WithSeed(7))
+			want := ids(1500, "m")
+			e.publish(want...)
+			published := e.broker.Stats(e.queue).Published
+			if published <= int64(len(want)) {
+				t.Fatalf("fault injection made no duplicates (%d published)", published)
+			}
+			tot := e.runUntilIdle(time.Minute, applyEffect, core.WithBatchSize(batch))
+			e.assertExactlyOnce(want)
+			if tot.Processed != int64(len(want)) || tot.Duplicates != published-int64(len(want)) {
+				t.Errorf("processed %d duplicates %d; want %d and %d", tot.Processed, tot.Duplicates, len(want), published-int64(len(want)))
+			}
+		})
+	}
+}
+
+// Invariants 1–4 and 6 under a seeded random schedule of faults: duplicate
+// publishes, lost acks (redelivery while the first copy may still be in
+// flight), crashes between commit and ack, transient and panicking
+// handlers, random batch sizes and concurrency. Reproduce a failure with
+// IDEMQ_SEED=<printed seed>.
+func TestRandomFaultSchedule(t *testing.T) {
+	seeds := []uint64{1, 2, 3}
+	if s := seedFromEnv(t); s != 0 {
+		seeds = []uint64{s}
+	} else {
+		seeds = append(seeds, uint64(time.Now().UnixNano()))
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Logf("reproduce with IDEMQ_SEED=%d", seed)
+			rng := rand.New(rand.NewPCG(seed, seed^0xabcdef))
+			faults := memory.Faults{
+				DuplicatePublish: rng.Float64() * 0.4,
+				LoseAck:          rng.Float64() * 0.05,
+				CrashOnAck:       rng.Float64() * 0.01,
+			}
+			batch := []int{1, 2, 10, 64}[rng.IntN(4)]
+			concurrency := 1 + rng.IntN(3)
+			failRate := rng.Float64() * 0.1
+			panicRate := rng.Float64() * 0.02
+			n := 1000 + rng.IntN(2000)
+			t.Logf("n=%d batch=%d concurrency=%d faults=%+v fail=%.3f panic=%.3f", n, batch, concurrency, faults, failRate, panicRate)
+
+			e := newEnv(t, memory.WithSeed(seed), memory.WithVisibilityTimeout(300*time.Millisecond))
+			if err := e.broker.SetFaults(memory.Faults{DuplicatePublish: faults.DuplicatePublish}); err != nil {
+				t.Fatal(err)
+			}
+			want := ids(n, "r")
+			e.publish(want...)
+			if err := e.broker.SetFaults(faults); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			hrng := rand.New(rand.NewPCG(seed, 99))
+			h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+				if err := applyEffect(ctx, tx, m); err != nil {
+					return err
+				}
+				mu.Lock()
+				p := hrng.Float64()
+				mu.Unlock()
+				switch {
+				case p < panicRate:
+					panic("injected panic after the effect was written")
+				case p < panicRate+failRate:
+					return errors.New("injected transient failure after the effect was written")
+				}
+				return nil
+			}
+			tot := e.runUntilIdle(2*time.Minute, h,
+				core.WithBatchSize(batch), core.WithConcurrency(concurrency),
+				core.WithMaxAttempts(1000), core.WithBackoff(core.ConstantBackoff(time.Millisecond)),
+				core.WithHandlerMiddleware(recovery.New(quietLogger())))
+			e.assertExactlyOnce(want)
+			if dl := e.broker.DeadLetters(e.queue); len(dl) != 0 {
+				t.Errorf("%d messages dead-lettered, first: %v", len(dl), dl[0].Cause)
+			}
+			if tot.Processed < int64(n) {
+				t.Errorf("processed %d < %d unique ids", tot.Processed, n)
+			}
+			t.Logf("totals %+v", tot)
+		})
+	}
+}
+
+func seedFromEnv(t *testing.T) uint64 {
+	var s uint64
+	if v := strings.TrimSpace(os.Getenv("IDEMQ_SEED")); v != "" {
+		if _, err := fmt.Sscan(v, &s); err != nil {
+			t.Fatalf("IDEMQ_SEED=%q: %v", v, err)
+		}
+	}
+	return s
+}
+
+// Invariant 6: consumers on one queue, with leases short enough that the
+// same message is often in flight at two of them at once.
+func TestConcurrentConsumersApplyOnce(t *testing.T) {
+	e := newEnv(t, memory.WithVisibilityTimeout(20*time.Millisecond), memory.WithFaults(memory.Faults{DuplicatePublish: 0.2}))
+	want := ids(600, "c")
+	e.publish(want...)
+	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		time.Sleep(time.Millisecond) // long enough for leases to expire
+		return applyEffect(ctx, tx, m)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var dups atomic.Int64
+	for i := range 3 {
+		sub, err := e.broker.Subscribe(e.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := core.New[*sql.Tx](sub, e.store, slow, core.WithName("test"), core.WithBatchSize(1+i*5), core.WithLogger(quietLogger()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Run(ctx); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			dups.Add(c.Stats().Duplicates)
+		}()
+	}
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if err := e.broker.WaitIdle(wctx, e.queue); err != nil {
+		t.Fatalf("not drained: %v", err)
+	}
+	cancel()
+	wg.Wait()
+	e.assertExactlyOnce(want)
+	if st := e.broker.Stats(e.queue); st.Expired == 0 {
+		t.Errorf("no lease expired: the test did not exercise concurrent copies (stats %+v)", st)
+	}
+	if dups.Load() == 0 {
+		t.Error("no duplicates were decided")
+	}
+}
+
+// Invariant 3 and PEERS' Watermill trap: a message whose handler failed in a
+// batch rolls back its effect AND its claim, so its redelivery is applied,
+// not dropped as a duplicate; the rest of the batch commits.
+func TestFailingMessageInBatchRollsBackOnlyItself(t *testing.T) {
+	e := newEnv(t)
+	want := ids(20, "b")
+	e.publish(want...)
+	var calls sync.Map
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := applyEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		n, _ := calls.LoadOrStore(m.ID, new(atomic.Int32))
+		if m.ID == "b-00007" && n.(*atomic.Int32).Add(1) == 1 {
+			return errors.New("transient failure after writing the effect")
+		}
+		return nil
+	}
+	var batchSizes []int
+	var mu sync.Mutex
+	sizes := stageCounter{onClaim: func(n int) { mu.Lock(); batchSizes = append(batchSizes, n); mu.Unlock() }}
+	tot := e.runUntilIdle(30*time.Second, h, core.WithBatchSize(20), core.WithLinger(200*time.Millisecond),
+		core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithStageObserver(sizes))
+	e.assertExactlyOnce(want)
+	if tot.Retried != 1 || tot.Processed != 20 || tot.Duplicates != 0 {
+		t.Errorf("stats %+v, want 1 retry, 20 processed, 0 duplicates", tot.Stats)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(batchSizes) == 0 || batchSizes[0] != 20 {
+		t.Errorf("first claim covered %v messages, want one batch of 20", batchSizes)
+	}
+}
+
+type stageCounter struct{ onClaim func(n int) }
+
+func (s stageCounter) ObserveStage(ctxs []context.Context, stage string) func(error) {
+	if stage == "claim" {
+		s.onClaim(len(ctxs))
+	}
+	return func(error) {}
+}
+
+// A permanent failure dead-letters with its cause and releases the claim:
+// a redrive from the dead-letter queue applies the message.
+func TestPermanentFailureDeadLettersAndRedriveApplies(t *testing.T) {
+	e := newEnv(t)
+	want := ids(10, "p")
+	e.publish(want...)
+	var poison atomic.Bool
+	poison.Store(true)
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := applyEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == "p-00003" && poison.Load() {
+			return core.Permanent(errors.New("account closed"))
+		}
+		return nil
+	}
+	tot := e.runUntilIdle(30*time.Second, h, core.WithBatchSize(10))
+	dl := e.broker.DeadLetters(e.queue)
+	if len(dl) != 1 || dl[0].Message.ID != "p-00003" || !strings.Contains(fmt.Sprint(dl[0].Cause), "account closed") || !core.IsPermanent(dl[0].Cause) {
+		t.Fatalf("dead letters %+v, want p-00003 with its cause", dl)
+	}
+	if tot.DeadLettered != 1 {
+		t.Errorf("DeadLettered = %d", tot.DeadLettered)
+	}
+	if got := e.effects()["p-00003"]; got != 0 {
+		t.Fatalf("dead-lettered message has %d effects", got)
+	}
+	poison.Store(false)
+	if n := e.broker.Redrive(e.queue); n != 1 {
+		t.Fatalf("redrove %d", n)
+	}
+	tot = e.runUntilIdle(30*time.Second, h)
+	if tot.Processed != 1 {
+		t.Errorf("redriven message: %+v, want processed", tot.Stats)
+	}
+	e.assertExactlyOnce(want)
+}
+
+// Transient failures that persist are dead-lettered after MaxAttempts.
+func TestMaxAttemptsDeadLetters(t *testing.T) {
+	e := newEnv(t)
+	e.publish("stuck")
+	var calls atomic.Int32
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		calls.Add(1)
+		return errors.New("always down")
+	}
+	e.runUntilIdle(30*time.Second, h, core.WithMaxAttempts(3), core.WithBackoff(core.ConstantBackoff(time.Millisecond)))
+	dl := e.broker.DeadLetters(e.queue)
+	if len(dl) != 1 || !errors.Is(dl[0].Cause, core.ErrMaxAttempts) {
+		t.Fatalf("dead letters %+v, want one with ErrMaxAttempts", dl)
+	}
+	if calls.Load() != 3 {
+		t.Errorf("handler ran %d times, want 3", calls.Load())
+	}
+}
+
+// Invariant 5 and "bad input loses nothing": missing, empty, oversized and
+// malformed ids are dead-lettered with the reason, never processed.
+func TestBadIDsDeadLetteredWithReason(t *testing.T) {
+	e := newEnv(t)
+	long := strings.Repeat("x", 256)
+	bad := []*core.Message{
+		{ID: "", Body: []byte("no id")},
+		{ID: long, Body: []byte("long")},
+		{ID: "nul\x00byte", Body: []byte("nul")},
+		{ID: string([]byte{0xff, 0xfe, 'a'}), Body: []byte("utf8")},
+	}
+	if err := e.broker.Publish(context.Background(), e.queue, bad...); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("good")
+	var outcomes sync.Map
+	seen := func(next core.ProcessFunc) core.ProcessFunc {
+		return func(ctx context.Context, m *core.Message) core.Outcome {
+			out := next(ctx, m)
+			outcomes.Store(string(m.Body), out)
+			return out
+		}
+	}
+	var handled atomic.Int32
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		handled.Add(1)
+		return applyEffect(ctx, tx, m)
+	}
+	e.runUntilIdle(30*time.Second, h, core.WithMiddleware(seen), core.WithBatchSize(5), core.WithLinger(50*time.Millisecond))
+	if handled.Load() != 1 {
+		t.Errorf("handler ran %d times, want only for the good id", handled.Load())
+	}
+	dl := e.broker.DeadLetters(e.queue)
+	if len(dl) != len(bad) {
+		t.Fatalf("%d dead letters, want %d", len(dl), len(bad))
+	}
+	wantErr := map[string]error{"no id": core.ErrMissingID, "long": core.ErrInvalidID, "nul": core.ErrInvalidID, "utf8": core.ErrInvalidID}
+	for _, d := range dl {
+		if w := wantErr[string(d.Message.Body)]; !errors.Is(d.Cause, w) {
+			t.Errorf("body %q dead-lettered with %v, want %v", d.Message.Body, d.Cause, w)
+		}
+		v, _ := outcomes.Load(string(d.Message.Body))
+		if out, _ := v.(core.Outcome); out.Decision != core.DeadLetter {
+			t.Errorf("middleware saw %v for %q, want dead_letter", out.Decision, d.Message.Body)
+		}
+	}
+	e.assertExactlyOnce([]string{"good"})
+}
+
+// An IDFunc derives the id; its error dead-letters with the cause.
+func TestIDFunc(t *testing.T) {
+	e := newEnv(t)
+	msgs := []*core.Message{
+		{Headers: map[string]string{"biz-id": "order-1"}, Body: []byte("a")},
+		{Headers: map[string]string{"biz-id": "order-1"}, Body: []byte("a")},
+		{Body: []byte("headerless")},
+	}
+	if err := e.broker.Publish(context.Background(), e.queue, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	idf := func(m *core.Message) (string, error) {
+		if id, ok := m.Headers["biz-id"]; ok {
+			return id, nil
+		}
+		return "", errors.New("no biz-id header")
+	}
+	tot := e.runUntilIdle(30*time.Second, applyEffect, core.WithIDFunc(idf))
+	e.assertExactlyOnce([]string{"order-1"})
+	if tot.Duplicates != 1 || tot.DeadLettered != 1 {
+		t.Errorf("stats %+v, want 1 duplicate and 1 dead letter", tot.Stats)
+	}
+	dl := e.broker.DeadLetters(e.queue)
+	if len(dl) != 1 || !strings.Contains(dl[0].Cause.Error(), "no biz-id header") || !errors.Is(dl[0].Cause, core.ErrMissingID) {
+		t.Errorf("dead letters %+v", dl)
+	}
+}
+
+// The same id with a different body is caught by its fingerprint and
+// dead-lettered (default) or treated as a duplicate (by option).
+func TestFingerprintMismatch(t *testing.T) {
+	for _, policy := range []core.MismatchPolicy{core.MismatchDeadLetter, core.MismatchDuplicate} {
+		t.Run(fmt.Sprint(policy), func(t *testing.T) {
+			e := newEnv(t)
+			e.publish("same")
+			e.runUntilIdle(30*time.Second, applyEffect, core.WithMismatchPolicy(policy))
+			// Once in a later delivery, once twice within one batch.
+			if err := e.broker.Publish(context.Background(), e.queue,
+				&core.Message{ID: "same", Body: []byte("other body")},
+				&core.Message{ID: "x", Body: []byte("1")}, &core.Message{ID: "x", Body: []byte("2")}); err != nil {
+				t.Fatal(err)
+			}
+			tot := e.runUntilIdle(30*time.Second, applyEffect, core.WithMismatchPolicy(policy), core.WithBatchSize(3), core.WithLinger(100*time.Millisecond))
+			e.assertExactlyOnce([]string{"same", "x"})
+			dl := e.broker.DeadLetters(e.queue)
+			if policy == core.MismatchDeadLetter {
+				if len(dl) != 2 || !errors.Is(dl[0].Cause, core.ErrFingerprintMismatch) || !errors.Is(dl[1].Cause, core.ErrFingerprintMismatch) {
+					t.Fatalf("dead letters %+v, want two fingerprint mismatches", dl)
+				}
+			} else if len(dl) != 0 || tot.Duplicates != 2 {
+				t.Fatalf("dead letters %d, duplicates %d; want 0 and 2", len(dl), tot.Duplicates)
+			}
+		})
+	}
+}
+
+// A panicking handler is rolled back and retried with the recovery
+// middleware; the consumer survives.
+func TestPanickingHandlerIsRetried(t *testing.T) {
+	e := newEnv(t)
+	e.publish("boom", "calm")
+	var panicked atomic.Bool
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := applyEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == "boom" && panicked.CompareAndSwap(false, true) {
+			panic("nil map somewhere")
+		}
+		return nil
+	}
+	tot := e.runUntilIdle(30*time.Second, h, core.WithHandlerMiddleware(recovery.New(quietLogger())),
+		core.WithBatchSize(2), core.WithLinger(50*time.Millisecond), core.WithBackoff(core.ConstantBackoff(time.Millisecond)))
+	e.assertExactlyOnce([]string{"boom", "calm"})
+	if tot.Retried != 1 {
+		t.Errorf("retried %d, want 1", tot.Retried)
+	}
+}
+
+// Decision middleware sees every decision, Duplicate included, and its
+// context reaches the handler.
+func TestMiddlewareSeesEveryDecision(t *testing.T) {
+	e := newEnv(t)
+	e.publish("a", "a", "b")
+	if err := e.broker.Publish(context.Background(), e.queue, &core.Message{Body: []byte("no id")}); err != nil {
+		t.Fatal(err)
+	}
+	type key struct{}
+	var mu sync.Mutex
+	decisions := map[core.Decision]int{}
+	var order []string
+	mw := func(name string) core.Middleware {
+		return func(next core.ProcessFunc) core.ProcessFunc {
+			return func(ctx context.Context, m *core.Message) core.Outcome {
+				mu.Lock()
+				order = append(order, name)
+				mu.Unlock()
+				out := next(context.WithValue(ctx, key{}, "from-middleware"), m)
+				if name == "outer" {
+					mu.Lock()
+					decisions[out.Decision]++
+					mu.Unlock()
+				}
+				return out
+			}
+		}
+	}
+	var ctxOK atomic.Int32
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if ctx.Value(key{}) == "from-middleware" {
+			ctxOK.Add(1)
+		}
+		return applyEffect(ctx, tx, m)
+	}
+	e.runUntilIdle(30*time.Second, h, core.WithMiddleware(mw("outer"), mw("inner")))
+	mu.Lock()
+	defer mu.Unlock()
+	if decisions[core.Processed] != 2 || decisions[core.Duplicate] != 1 || decisions[core.DeadLetter] != 1 {
+		t.Errorf("decisions seen %v", decisions)
+	}
+	if len(order) != 8 || order[0] != "outer" || order[1] != "inner" {
+		t.Errorf("middleware order %v", order)
+	}
+	if ctxOK.Load() != 2 {
+		t.Errorf("middleware context reached the handler %d times, want 2", ctxOK.Load())
+	}
+}
+
+// Invariant 7: however deep the queue, messages held at once stay within
+// the window.
+func TestInFlightBoundedByWindow(t *testing.T) {
+	e := newEnv(t)
+	want := ids(5000, "w")
+	e.publish(want...)
+	var cur, peak atomic.Int64
+	mw := func(next core.ProcessFunc) core.ProcessFunc {
+		return func(ctx context.Context, m *core.Message) core.Outcome {
+			n := cur.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			defer cur.Add(-1)
+			return next(ctx, m)
+		}
+	}
+	e.runUntilIdle(time.Minute, applyEffect, core.WithMiddleware(mw), core.WithBatchSize(10), core.WithConcurrency(2), core.WithWindow(25))
+	e.assertExactlyOnce(want)
+	if p := peak.Load(); p > 25 || p < 10 {
+		t.Errorf("peak in flight %d, want between the batch size 10 and the window 25", p)
+	}
+}

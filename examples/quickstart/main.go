@@ -1,0 +1,405 @@
+// Command quickstart shows idemq's promise with no services at all: it
+// publishes payment messages to the in-process memory broker with duplicate
+// publishes, lost acks, crashes between commit and ack and failing handlers,
+// consumes them into account balances in SQLite, and checks that every
+// balance is exactly what the unique payments add up to.
+//
+//	go run ./examples/quickstart            # batch sizes 1 and 100
+//	go run ./examples/quickstart --help     # all flags
+//
+// It exits 1 if any invariant is broken (an effect applied twice, a message
+// lost), 2 on bad flags.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/middleware/recovery"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+type settings struct {
+	messages      int
+	duplicates    float64
+	loseAcks      float64
+	crashes       float64
+	handlerErrors float64
+	accounts      int
+	batchSizes    []int
+	concurrency   int
+	visibility    time.Duration
+	seed          uint64
+	dir           string
+	progress      bool
+}
+
+func main() {
+	s, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(2)
+	}
+	ok, err := run(context.Background(), s, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (settings, error) {
+	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	s := settings{}
+	batches := fs.String("batch", "1,100", "comma-separated batch sizes; each runs on a fresh broker and database")
+	fs.IntVar(&s.messages, "n", 10000, "unique payment messages to publish")
+	fs.Float64Var(&s.duplicates, "duplicates", 0.2, "fraction of publishes the broker enqueues twice")
+	fs.Float64Var(&s.loseAcks, "lose-acks", 0.01, "fraction of acks the broker silently loses (redelivered after the visibility timeout)")
+	fs.Float64Var(&s.crashes, "crashes", 0.002, "fraction of acks replaced by a consumer crash between commit and ack")
+	fs.Float64Var(&s.handlerErrors, "handler-errors", 0.01, "fraction of messages whose handler fails on the first attempt")
+	fs.IntVar(&s.accounts, "accounts", 100, "number of accounts the payments spread over")
+	fs.IntVar(&s.concurrency, "concurrency", 1, "batches processed at once")
+	fs.DurationVar(&s.visibility, "visibility", time.Second, "how long an unacknowledged delivery stays leased before redelivery")
+	fs.Uint64Var(&s.seed, "seed", 1, "seed for payments and injected faults (a run is reproducible from it)")
+	fs.StringVar(&s.dir, "dir", "", "directory for the SQLite files (default: a temporary directory, removed afterwards)")
+	fs.BoolVar(&s.progress, "progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: quickstart [flags]\n\nPublishes payments with injected faults to the in-process broker, consumes them\nexactly once into SQLite balances, and checks every balance.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return s, err
+	}
+	if fs.NArg() > 0 {
+		return s, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, f := range strings.Split(*batches, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return s, fmt.Errorf("-batch: %q is not a positive batch size", f)
+		}
+		s.batchSizes = append(s.batchSizes, n)
+	}
+	for name, p := range map[string]float64{"-duplicates": s.duplicates, "-lose-acks": s.loseAcks, "-crashes": s.crashes, "-handler-errors": s.handlerErrors} {
+		if !(p >= 0 && p <= 1) {
+			return s, fmt.Errorf("%s: %v is not a fraction in [0, 1]", name, p)
+		}
+	}
+	switch {
+	case s.messages < 1:
+		return s, fmt.Errorf("-n: %d must be at least 1", s.messages)
+	case s.accounts < 1:
+		return s, fmt.Errorf("-accounts: %d must be at least 1", s.accounts)
+	case s.concurrency < 1:
+		return s, fmt.Errorf("-concurrency: %d must be at least 1", s.concurrency)
+	case s.visibility <= 0:
+		return s, fmt.Errorf("-visibility: %v must be positive", s.visibility)
+	}
+	return s, nil
+}
+
+// result is one run's row in the table.
+type result struct {
+	batch                                          int
+	published, received, processed, duplicates     int64
+	retried, deadLettered, crashes, settleErrors   int64
+	wall                                           time.Duration
+	ledgerRows, doubleApplied, wrongBalances, lost int
+}
+
+func (r result) ok() bool {
+	return r.doubleApplied == 0 && r.wrongBalances == 0 && r.lost == 0 && r.deadLettered == 0
+}
+
+func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
+	dir := s.dir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "idemq-quickstart-")
+		if err != nil {
+			return false, err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
+	payments := makePayments(s)
+	fmt.Fprintf(out, "idemq quickstart: %d payments over %d accounts; faults: %.0f%% duplicate publishes, %.1f%% lost acks, %.1f%% crashes between commit and ack, %.1f%% failing handlers (seed %d)\n\n",
+		s.messages, s.accounts, 100*s.duplicates, 100*s.loseAcks, 100*s.crashes, 100*s.handlerErrors, s.seed)
+	var results []result
+	for _, b := range s.batchSizes {
+		r, err := runOnce(ctx, s, b, payments, filepath.Join(dir, fmt.Sprintf("batch-%d.db", b)))
+		if err != nil {
+			return false, fmt.Errorf("batch size %d: %w", b, err)
+		}
+		results = append(results, r)
+	}
+	printTable(out, results)
+	allOK := true
+	for _, r := range results {
+		allOK = allOK && r.ok()
+	}
+	if allOK {
+		fmt.Fprintln(out, "\nOK: every account balance equals the expected one; every payment was applied exactly once; nothing was lost.")
+	} else {
+		fmt.Fprintln(out, "\nFAILED: an invariant is broken (see the last rows of the table).")
+	}
+	return allOK, nil
+}
+
+type payment struct {
+	ID      string `json:"-"`
+	Account string `json:"account"`
+	Amount  int64  `json:"amount_cents"`
+}
+
+func makePayments(s settings) []payment {
+	rng := rand.New(rand.NewPCG(s.seed, 0x9e3779b97f4a7c15))
+	ps := make([]payment, s.messages)
+	for i := range ps {
+		ps[i] = payment{
+			ID:      fmt.Sprintf("pay-%07d", i),
+			Account: fmt.Sprintf("acc-%d", rng.IntN(s.accounts)),
+			Amount:  1 + rng.Int64N(100_000),
+		}
+	}
+	return ps
+}
+
+// failsFirstTime decides, from the seed and the id alone, whether a
+// message's handler fails on its first attempt, so reruns are reproducible.
+func failsFirstTime(seed uint64, id string, rate float64) bool {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%s", seed, id)
+	return float64(h.Sum64()%1_000_000) < rate*1_000_000
+}
+
+func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbPath string) (result, error) {
+	r := result{batch: batch}
+	store, err := sqlite.Open(ctx, dbPath)
+	if err != nil {
+		return r, err
+	}
+	defer store.Close()
+	db := store.DB()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE accounts (account TEXT PRIMARY KEY, balance_cents INTEGER NOT NULL DEFAULT 0);
+		CREATE TABLE ledger (message_id TEXT NOT NULL, account TEXT NOT NULL, amount_cents INTEGER NOT NULL)`); err != nil {
+		return r, fmt.Errorf("creating tables: %w", err)
+	}
+	// ledger has no unique key on purpose: only idemq stands between a
+	// duplicate and a double charge.
+
+	broker, err := memory.NewBroker(memory.WithSeed(s.seed), memory.WithVisibilityTimeout(s.visibility),
+		memory.WithFaults(memory.Faults{DuplicatePublish: s.duplicates}))
+	if err != nil {
+		return r, err
+	}
+	defer broker.Close()
+	const queue = "payments"
+	msgs := make([]*core.Message, len(payments))
+	for i, p := range payments {
+		body, _ := json.Marshal(p)
+		msgs[i] = &core.Message{ID: p.ID, Body: body}
+	}
+	if err := broker.Publish(ctx, queue, msgs...); err != nil {
+		return r, err
+	}
+	if err := broker.SetFaults(memory.Faults{LoseAck: s.loseAcks, CrashOnAck: s.crashes}); err != nil {
+		return r, err
+	}
+	r.published = broker.Stats(queue).Published
+
+	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		var p payment
+		if err := json.Unmarshal(m.Body, &p); err != nil || p.Account == "" {
+			return core.Permanent(fmt.Errorf("undecodable payment: %v", err))
+		}
+		if m.Attempt == 1 && failsFirstTime(s.seed, m.ID, s.handlerErrors) {
+			return errors.New("injected transient failure (e.g. a lock timeout)")
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO ledger (message_id, account, amount_cents) VALUES (?, ?, ?)`, m.ID, p.Account, p.Amount); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO accounts (account, balance_cents) VALUES (?, ?)
+			ON CONFLICT (account) DO UPDATE SET balance_cents = balance_cents + excluded.balance_cents`, p.Account, p.Amount)
+		return err
+	}
+
+	var bar *progressbar.ProgressBar
+	if s.progress {
+		bar = progressbar.NewOptions(len(payments), progressbar.OptionSetWriter(os.Stderr),
+			progressbar.OptionSetDescription(fmt.Sprintf("batch %-4d", batch)), progressbar.OptionShowCount(),
+			progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+	}
+	var processed atomic.Int64
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil)) // the table tells the story
+	start := time.Now()
+	idle := make(chan error, 1)
+	go func() { idle <- broker.WaitIdle(ctx, queue) }()
+	for {
+		sub, err := broker.Subscribe(queue)
+		if err != nil {
+			return r, err
+		}
+		c, err := core.New[*sql.Tx](sub, store, handler,
+			core.WithName("quickstart"), core.WithBatchSize(batch), core.WithConcurrency(s.concurrency),
+			core.WithBackoff(core.ExponentialBackoff{Initial: 5 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}),
+			core.WithHandlerMiddleware(recovery.New(logger)), core.WithLogger(logger),
+			core.WithMiddleware(countProcessed(&processed, bar)))
+		if err != nil {
+			return r, err
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		var runErr error
+		finished := false
+		select {
+		case err := <-idle:
+			if err != nil {
+				cancel()
+				return r, err
+			}
+			finished = true
+			cancel()
+			runErr = <-done
+		case runErr = <-done:
+		}
+		cancel()
+		st := c.Stats()
+		r.received += st.Received
+		r.processed += st.Processed
+		r.duplicates += st.Duplicates
+		r.retried += st.Retried
+		r.deadLettered += st.DeadLettered
+		r.settleErrors += st.SettleErrors
+		if finished {
+			break
+		}
+		if !errors.Is(runErr, memory.ErrCrashed) {
+			return r, fmt.Errorf("consumer stopped: %v", runErr)
+		}
+		r.crashes++ // a new "process" starts, as an orchestrator would restart it
+	}
+	r.wall = time.Since(start)
+	if bar != nil {
+		_ = bar.Finish()
+	}
+	return r, verify(ctx, db, payments, broker.Stats(queue), &r)
+}
+
+// countProcessed is decision middleware feeding the progress bar.
+func countProcessed(n *atomic.Int64, bar *progressbar.ProgressBar) core.Middleware {
+	return func(next core.ProcessFunc) core.ProcessFunc {
+		return func(ctx context.Context, m *core.Message) core.Outcome {
+			out := next(ctx, m)
+			if out.Decision == core.Processed {
+				n.Add(1)
+				if bar != nil {
+					_ = bar.Add(1)
+				}
+			}
+			return out
+		}
+	}
+}
+
+func verify(ctx context.Context, db *sql.DB, payments []payment, st memory.Stats, r *result) error {
+	want := map[string]int64{}
+	for _, p := range payments {
+		want[p.Account] += p.Amount
+	}
+	rows, err := db.QueryContext(ctx, `SELECT account, balance_cents FROM accounts`)
+	if err != nil {
+		return err
+	}
+	got := map[string]int64{}
+	for rows.Next() {
+		var a string
+		var b int64
+		if err := rows.Scan(&a, &b); err != nil {
+			rows.Close()
+			return err
+		}
+		got[a] = b
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for a, w := range want {
+		if got[a] != w {
+			r.wrongBalances++
+		}
+	}
+	for a := range got {
+		if _, ok := want[a]; !ok {
+			r.wrongBalances++
+		}
+	}
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM ledger`).Scan(&r.ledgerRows); err != nil {
+		return err
+	}
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT message_id FROM ledger GROUP BY message_id HAVING count(*) > 1)`).Scan(&r.doubleApplied); err != nil {
+		return err
+	}
+	var distinct int
+	if err := db.QueryRowContext(ctx, `SELECT count(DISTINCT message_id) FROM ledger`).Scan(&distinct); err != nil {
+		return err
+	}
+	r.lost = len(payments) - distinct + st.Ready + st.Delayed + st.InFlight
+	return nil
+}
+
+func printTable(out io.Writer, rs []result) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(label string, f func(r result) string) {
+		fmt.Fprint(tw, label+"\t")
+		for _, r := range rs {
+			fmt.Fprint(tw, f(r)+"\t")
+		}
+		fmt.Fprintln(tw)
+	}
+	i := func(f func(r result) int64) func(result) string {
+		return func(r result) string { return strconv.FormatInt(f(r), 10) }
+	}
+	row("batch size", i(func(r result) int64 { return int64(r.batch) }))
+	row("published (with duplicates)", i(func(r result) int64 { return r.published }))
+	row("received", i(func(r result) int64 { return r.received }))
+	row("processed", i(func(r result) int64 { return r.processed }))
+	row("duplicates", i(func(r result) int64 { return r.duplicates }))
+	row("retried", i(func(r result) int64 { return r.retried }))
+	row("dead-lettered", i(func(r result) int64 { return r.deadLettered }))
+	row("consumer crashes", i(func(r result) int64 { return r.crashes }))
+	row("wall time", func(r result) string { return r.wall.Round(time.Millisecond).String() })
+	row("msgs/s (received)", func(r result) string { return fmt.Sprintf("%.0f", float64(r.received)/r.wall.Seconds()) })
+	row("ledger rows", i(func(r result) int64 { return int64(r.ledgerRows) }))
+	row("ids applied twice", i(func(r result) int64 { return int64(r.doubleApplied) }))
+	row("wrong balances", i(func(r result) int64 { return int64(r.wrongBalances) }))
+	row("lost messages", i(func(r result) int64 { return int64(r.lost) }))
+	tw.Flush()
+}
