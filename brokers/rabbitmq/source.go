@@ -100,14 +100,14 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 		return nil, fmt.Errorf("rabbitmq: url: %w", err)
 	}
 	s := &Source{
-		url:    url,
-		queue:  queue,
-		cfg:    cfg,
-		window: cfg.prefetch,
+		url:      url,
+		queue:    queue,
+		cfg:      cfg,
+		window:   cfg.prefetch,
 		timers:   make(map[*time.Timer]struct{}),
 		attempts: make(map[string]int),
-		out:    make(chan *delivery),
-		errs:   make(chan error, 1),
+		out:      make(chan *delivery),
+		errs:     make(chan error, 1),
 	}
 	conn, err := s.dialAndDeclare(ctx)
 	if err != nil {
