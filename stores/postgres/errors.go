@@ -1,0 +1,44 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// IsTransient reports whether err is worth retrying with a new
+// transaction: a serialization failure (40001), a deadlock (40P01), a lock
+// or statement timeout (55P03, 57014 when caused by a deadline), an
+// administrator or crash shutdown (57P01, 57P02, 57P03), a connection
+// exception (class 08), too many connections (53300), or a connection lost
+// on the client side (closed, EOF, network error, timeout). Other server
+// errors (syntax, missing table, constraint violations of the business
+// effect) are not transient. A unique violation never reaches the caller
+// from Claim: taken ids are a ClaimDuplicate result.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+		return true
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr)
+}

@@ -1,0 +1,394 @@
+// Package postgres is idemq's dedup store on PostgreSQL (pgx/v5, pgxpool).
+// Handlers receive the store's pgx.Tx and apply their business effect in
+// it, in the same transaction that claims the message id.
+//
+// A claim is one round trip for the whole batch: INSERT … SELECT … FROM
+// unnest(ids, fingerprints) ON CONFLICT DO NOTHING RETURNING message_id. A
+// taken id never raises a unique violation, so the transaction stays usable
+// (the trap of catching duplicate-key errors inside a Postgres transaction).
+// A second transaction claiming an id that a first one holds waits on the
+// primary key until the first commits (it then loses) or rolls back (it
+// then wins). READ COMMITTED, the default, is all the design needs.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store is the PostgreSQL dedup store. It implements core.Store[pgx.Tx],
+// core.Pruner, core.Retentioner and core.Migrator, and is safe for
+// concurrent use.
+type Store struct {
+	pool  *pgxpool.Pool
+	owned bool
+	cfg   config
+	q     queries
+}
+
+var (
+	_ core.Store[pgx.Tx] = (*Store)(nil)
+	_ core.Pruner        = (*Store)(nil)
+	_ core.Retentioner   = (*Store)(nil)
+	_ core.Migrator      = (*Store)(nil)
+)
+
+type queries struct {
+	migrate  []string
+	lockKey  int64
+	claim    string
+	readBack string
+	unclaim  string
+	prune    string
+}
+
+// Open connects a pool to the database at url (a postgres:// URL or a
+// key=value DSN, as pgxpool.ParseConfig reads it), checks the connection
+// and runs Migrate.
+func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
+	cfg, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: Open: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: Open: %w", err)
+	}
+	s := newStore(pool, cfg)
+	s.owned = true
+	if err := s.Migrate(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// New wraps an existing pool, so a service shares one pool between its own
+// queries and the store. It does not migrate: call Migrate.
+func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: New: nil pool")
+	}
+	cfg, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return newStore(pool, cfg), nil
+}
+
+func newStore(pool *pgxpool.Pool, cfg config) *Store {
+	t := cfg.table // validated: safe to splice into SQL
+	h := fnv.New64a()
+	h.Write([]byte("idemq.migrate." + t))
+	return &Store{pool: pool, cfg: cfg, q: queries{
+		lockKey: int64(h.Sum64()),
+		migrate: []string{
+			`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	consumer     TEXT        NOT NULL,
+	message_id   TEXT        NOT NULL,
+	fingerprint  TEXT        NOT NULL DEFAULT '',
+	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, message_id)
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + indexName(t, "processed_at") + ` ON ` + t + ` (processed_at)`,
+		},
+		// ORDER BY ord: rows are inserted, and their key locks taken, in the
+		// order Claim sorted them, so two batches that share ids lock them
+		// in the same order instead of deadlocking.
+		claim: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at)
+SELECT $1, u.id, u.fp, $4 FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(id, fp, ord)
+ORDER BY u.ord
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`,
+		readBack: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+		unclaim:  `DELETE FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+		// SKIP LOCKED: rows a live transaction is deleting are left for the
+		// next round instead of making the pruner wait.
+		prune: `DELETE FROM ` + t + ` WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM ` + t + ` WHERE processed_at < $1
+	ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+	}}
+}
+
+// indexName derives a schema-unique index name that fits Postgres' 63-byte
+// limit (a longer one would be truncated and could collide with another
+// table's index).
+func indexName(table, what string) string {
+	name := table + "_" + what + "_idx"
+	if len(name) <= maxIdentifierLength {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	suffix := fmt.Sprintf("_%08x_idx", h.Sum32())
+	return table[:maxIdentifierLength-len(suffix)] + suffix
+}
+
+// Pool returns the connection pool, for business queries outside a claim.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Table returns the dedup table's name.
+func (s *Store) Table() string { return s.cfg.table }
+
+// Retention returns how long claims are kept (WithRetention).
+func (s *Store) Retention() time.Duration { return s.cfg.retention }
+
+// Close closes the pool if Open created it; a pool given to New is left to
+// its owner.
+func (s *Store) Close() {
+	if s.owned {
+		s.pool.Close()
+	}
+}
+
+// Migrate creates the dedup table and its processed_at index if they do not
+// exist. It is idempotent and safe when several processes run it at once: a
+// transaction-scoped advisory lock on the table's name serialises them
+// (concurrent CREATE TABLE IF NOT EXISTS alone can fail on pg_type's unique
+// index).
+func (s *Store) Migrate(ctx context.Context) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.q.lockKey); err != nil {
+			return err
+		}
+		for _, stmt := range s.q.migrate {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("postgres: migrate %s: %w", s.cfg.table, err)
+	}
+	return nil
+}
+
+// Prune deletes at most limit claims recorded before the given time (rows
+// at or after it are kept), oldest first, in one short statement, and
+// returns how many it deleted. Call it again until it returns less than
+// limit.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("postgres: Prune: limit must be positive, got %d", limit)
+	}
+	tag, err := s.pool.Exec(ctx, s.q.prune, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("postgres: prune %s: %w", s.cfg.table, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// RunPruner deletes claims older than Retention every interval, in batches
+// of batch rows (each its own short statement) until a batch comes back
+// short, and logs how many it removed. It returns ctx's error when ctx is
+// done; a failed round is logged and retried at the next tick.
+func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
+	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
+}
+
+// Begin starts a READ COMMITTED transaction (the pool's default).
+func (s *Store) Begin(ctx context.Context) (core.Txn[pgx.Tx], error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: begin: %w", err)
+	}
+	return &Txn{tx: tx, s: s}, nil
+}
+
+// Txn is one open dedup transaction of a Store; it implements
+// core.Txn[pgx.Tx]. It is used by one goroutine at a time.
+type Txn struct {
+	tx pgx.Tx
+	s  *Store
+}
+
+var _ core.Txn[pgx.Tx] = (*Txn)(nil)
+
+// Tx returns the transaction for the handler's business effect.
+func (t *Txn) Tx() pgx.Tx { return t.tx }
+
+// maxReclaims bounds how often Claim retries ids whose conflicting row
+// vanished between the insert and the read-back (pruned, or unclaimed by a
+// transaction that committed in between).
+const maxReclaims = 3
+
+// Claim claims every id for consumer in one INSERT … ON CONFLICT DO NOTHING
+// RETURNING statement. Ids that were not inserted are read back in one more
+// statement to tell ClaimDuplicate from ClaimMismatch (both fingerprints
+// non-empty and different).
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
+	if consumer == "" {
+		return nil, errors.New("postgres: Claim: empty consumer")
+	}
+	results := make([]core.ClaimResult, len(claims))
+	pending := make([]int, len(claims)) // indexes into claims still undecided
+	for i := range pending {
+		pending[i] = i
+	}
+	// Sorted ids: concurrent batches take key locks in one order.
+	slices.SortFunc(pending, func(a, b int) int {
+		switch {
+		case claims[a].ID < claims[b].ID:
+			return -1
+		case claims[a].ID > claims[b].ID:
+			return 1
+		}
+		return 0
+	})
+	now := t.s.cfg.now()
+	for round := 0; len(pending) > 0; round++ {
+		if round == maxReclaims {
+			return nil, fmt.Errorf("postgres: claim: ids kept vanishing between insert and read-back after %d rounds", round)
+		}
+		ids := make([]string, len(pending))
+		fps := make([]string, len(pending))
+		for j, i := range pending {
+			ids[j], fps[j] = claims[i].ID, claims[i].Fingerprint
+		}
+		won, err := t.collect(ctx, t.s.q.claim, consumer, ids, fps, now)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: claim %d ids for %q: %w", len(ids), consumer, err)
+		}
+		var lost []int
+		for _, i := range pending {
+			if _, ok := won[claims[i].ID]; ok {
+				results[i] = core.ClaimWon
+			} else {
+				lost = append(lost, i)
+			}
+		}
+		if len(lost) == 0 {
+			break
+		}
+		lostIDs := make([]string, len(lost))
+		for j, i := range lost {
+			lostIDs[j] = claims[i].ID
+		}
+		stored, err := t.collect(ctx, t.s.q.readBack, consumer, lostIDs)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: claim: read back %d fingerprints: %w", len(lostIDs), err)
+		}
+		pending = pending[:0]
+		for _, i := range lost {
+			fp, ok := stored[claims[i].ID]
+			if !ok {
+				pending = append(pending, i) // vanished: claim it again
+				continue
+			}
+			results[i] = classify(claims[i].Fingerprint, fp)
+		}
+	}
+	return results, nil
+}
+
+// collect runs a query returning message_id and optionally a fingerprint,
+// as a map from id to fingerprint.
+func (t *Txn) collect(ctx context.Context, query string, args ...any) (map[string]string, error) {
+	rows, err := t.tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]string)
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return nil, err
+		}
+		id, _ := vals[0].(string)
+		var fp string
+		if len(vals) > 1 {
+			fp, _ = vals[1].(string)
+		}
+		out[id] = fp
+	}
+	return out, rows.Err()
+}
+
+// classify decides between Duplicate and Mismatch for an id already
+// stored: a mismatch needs both fingerprints.
+func classify(claimed, stored string) core.ClaimResult {
+	if claimed != "" && stored != "" && claimed != stored {
+		return core.ClaimMismatch
+	}
+	return core.ClaimDuplicate
+}
+
+// Unclaim deletes this consumer's claims of ids, for messages whose handler
+// failed inside a batch transaction.
+func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := t.tx.Exec(ctx, t.s.q.unclaim, consumer, ids); err != nil {
+		return fmt.Errorf("postgres: unclaim %d ids for %q: %w", len(ids), consumer, err)
+	}
+	return nil
+}
+
+// Savepoint marks a point RollbackToSavepoint returns to.
+func (t *Txn) Savepoint(ctx context.Context) error {
+	if _, err := t.tx.Exec(ctx, "SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("postgres: savepoint: %w", err)
+	}
+	return nil
+}
+
+// RollbackToSavepoint undoes everything since Savepoint, including an error
+// that aborted the transaction, and removes the savepoint (ROLLBACK TO
+// keeps it; releasing it keeps one savepoint alive at a time).
+func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
+	if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("postgres: rollback to savepoint: %w", err)
+	}
+	if _, err := t.tx.Exec(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("postgres: release savepoint after rollback: %w", err)
+	}
+	return nil
+}
+
+// ReleaseSavepoint keeps everything since Savepoint.
+func (t *Txn) ReleaseSavepoint(ctx context.Context) error {
+	if _, err := t.tx.Exec(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("postgres: release savepoint: %w", err)
+	}
+	return nil
+}
+
+// Commit commits the claims and the handler's effects together. A
+// transaction that an error had aborted reports pgx.ErrTxCommitRollback.
+func (t *Txn) Commit(ctx context.Context) error {
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("postgres: commit: %w", err)
+	}
+	return nil
+}
+
+// Rollback aborts the transaction; after Commit (failed or not), or when
+// the connection is already gone (the server then aborted the transaction),
+// it does nothing and returns nil.
+func (t *Txn) Rollback(ctx context.Context) error {
+	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		// pgx closes a connection whose rollback failed; the server aborts
+		// the transaction of a closed connection, so it is rolled back.
+		if t.tx.Conn().IsClosed() {
+			return nil
+		}
+		return fmt.Errorf("postgres: rollback: %w", err)
+	}
+	return nil
+}
