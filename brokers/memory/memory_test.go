@@ -81,6 +81,20 @@ func noRecv(t testing.TB, s *memory.Subscription, wait time.Duration) {
 	}
 }
 
+// eventually waits until cond holds, failing the test after a generous
+// timeout; timing assertions wait for what they need instead of sleeping a
+// fixed time, so a loaded machine makes them slower, not flaky.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func TestAckRemovesMessage(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
@@ -294,7 +308,7 @@ func TestStaleRetryAndDeadLetterChangeNothing(t *testing.T) {
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a", "b")
 	da, db := recv(t, s), recv(t, s)
-	time.Sleep(60 * time.Millisecond)
+	eventually(t, "both leases to expire", func() bool { return b.Stats("q").Expired == 2 })
 	if err := da.Retry(context.Background(), time.Hour); !errors.Is(err, memory.ErrLeaseExpired) {
 		t.Fatalf("stale Retry = %v", err)
 	}
@@ -307,13 +321,13 @@ func TestStaleRetryAndDeadLetterChangeNothing(t *testing.T) {
 }
 
 func TestExtendVisibility(t *testing.T) {
-	const vt = 50 * time.Millisecond
+	const vt = 200 * time.Millisecond
 	b := newBroker(t, memory.WithVisibilityTimeout(vt))
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a")
 	d := recv(t, s).(*memory.Delivery)
 	for range 3 {
-		time.Sleep(vt / 2)
+		time.Sleep(vt / 4)
 		if err := d.ExtendVisibility(context.Background(), vt); err != nil {
 			t.Fatalf("ExtendVisibility: %v", err)
 		}
@@ -599,7 +613,7 @@ func TestWindowBlocksReceive(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Receive not woken by the settlement freeing a slot")
 	}
-	// Raising the window wakes a blocked receiver; 0 is unlimited.
+	// Raising the window wakes a blocked receiver.
 	go func() {
 		d, err := s.Receive(context.Background())
 		if err != nil {
@@ -608,7 +622,7 @@ func TestWindowBlocksReceive(t *testing.T) {
 		got <- d
 	}()
 	time.Sleep(20 * time.Millisecond)
-	if err := s.SetWindow(0); err != nil {
+	if err := s.SetWindow(5); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -617,8 +631,10 @@ func TestWindowBlocksReceive(t *testing.T) {
 		t.Fatal("Receive not woken by SetWindow")
 	}
 	recv(t, s)
-	if err := s.SetWindow(-1); err == nil || !strings.Contains(err.Error(), "Window") {
-		t.Fatalf("SetWindow(-1) = %v, want an error naming Window", err)
+	for _, n := range []int{0, -1} {
+		if err := s.SetWindow(n); err == nil || !strings.Contains(err.Error(), "Window") {
+			t.Fatalf("SetWindow(%d) = %v, want an error naming Window", n, err)
+		}
 	}
 }
 
@@ -627,7 +643,8 @@ func TestExpiredLeaseKeepsWindowSlotUntilSettled(t *testing.T) {
 	s := subscribe(t, b, "q", memory.WithWindow(1))
 	publish(t, b, "q", "a")
 	d := recv(t, s)
-	noRecv(t, s, 60*time.Millisecond) // expired, but the consumer still holds d
+	eventually(t, "the lease to expire", func() bool { return b.Stats("q").Expired == 1 })
+	noRecv(t, s, 30*time.Millisecond) // ready again, but the consumer still holds d
 	if err := d.Ack(context.Background()); !errors.Is(err, memory.ErrLeaseExpired) {
 		t.Fatalf("Ack = %v", err)
 	}
@@ -716,7 +733,7 @@ func TestAckBatch(t *testing.T) {
 	}
 	// Partial: one stale, one fresh.
 	stale := recv(t, s)
-	time.Sleep(80 * time.Millisecond)
+	eventually(t, "the leases to expire", func() bool { return b.Stats("q").Expired == 2 })
 	fresh := recv(t, s)
 	err := s.AckBatch(context.Background(), []core.Delivery{stale, fresh})
 	if !errors.Is(err, memory.ErrLeaseExpired) || !strings.Contains(err.Error(), "ds[0]") {
@@ -823,6 +840,7 @@ func TestConcurrentSubscribersShareQueue(t *testing.T) {
 				counts[d.Message().ID]++
 				perSub[i]++
 				mu.Unlock()
+				time.Sleep(50 * time.Microsecond) // work, so that the others get a share
 				mu.Lock()
 				delete(holding, key)
 				mu.Unlock()
@@ -994,7 +1012,7 @@ func TestInvalidOptions(t *testing.T) {
 		}
 	}
 	b := newBroker(t)
-	if _, err := b.Subscribe("q", memory.WithWindow(-1)); err == nil || !strings.Contains(err.Error(), "Window") {
+	if _, err := b.Subscribe("q", memory.WithWindow(0)); err == nil || !strings.Contains(err.Error(), "Window") {
 		t.Errorf("Subscribe = %v, want an error naming Window", err)
 	}
 	if _, err := b.Subscribe(""); err == nil {

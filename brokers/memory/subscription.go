@@ -23,20 +23,20 @@ const (
 )
 
 type subConfig struct {
-	window int
+	window int // 0: unlimited
 }
 
 // SubscribeOption configures a Subscription.
 type SubscribeOption func(*subConfig) error
 
 // WithWindow caps how many deliveries the subscription holds unsettled, like
-// AMQP prefetch; Receive blocks while the window is full. 0 means
-// unlimited. Must not be negative. Default 0 (unlimited, as AMQP's
-// basic.qos 0); the Consumer sets it through SetWindow.
+// AMQP prefetch: Receive blocks while the window is full. Must be at least
+// 1. Default: unlimited until SetWindow is called (the Consumer calls it
+// with its own window before the first Receive).
 func WithWindow(n int) SubscribeOption {
 	return func(c *subConfig) error {
-		if n < 0 {
-			return fmt.Errorf("memory: Window must not be negative, got %d", n)
+		if n < 1 {
+			return fmt.Errorf("memory: Window must be at least 1, got %d", n)
 		}
 		c.window = n
 		return nil
@@ -62,7 +62,7 @@ type Subscription struct {
 
 	// guarded by q.mu
 	state         subState
-	window        int
+	window        int // 0: unlimited
 	held          int // deliveries the consumer has not settled yet
 	leases        map[*Delivery]struct{}
 	windowWaiters []*waiter
@@ -197,12 +197,12 @@ func (s *Subscription) Receive(ctx context.Context) (core.Delivery, error) {
 }
 
 // SetWindow sets the subscription's window (see WithWindow): at most n
-// deliveries held unsettled, 0 for unlimited. It may be changed at any
-// time; a smaller window takes effect as deliveries are settled. It
-// returns an error naming the field when n is negative.
+// deliveries held unsettled. It may be changed at any time; a smaller
+// window takes effect as deliveries are settled, a larger one wakes blocked
+// receivers. It returns an error naming the field when n is below 1.
 func (s *Subscription) SetWindow(n int) error {
-	if n < 0 {
-		return fmt.Errorf("memory: Window must not be negative, got %d", n)
+	if n < 1 {
+		return fmt.Errorf("memory: Window must be at least 1, got %d", n)
 	}
 	q := s.q
 	q.mu.Lock()
