@@ -19,12 +19,19 @@
 //
 // Settlement rules (see Delivery): each delivery is settled at most once; a
 // second settlement returns ErrAlreadySettled. A settlement of a delivery
-// whose lease has ended (it expired, or the message was requeued because
-// its subscription closed) returns ErrLeaseExpired and changes nothing: a
-// stale ack never acknowledges a newer copy of the message that is still
-// being decided. This is stricter than SQS, which may accept an old receipt
-// handle, and matches RabbitMQ, where an ack on a closed channel cannot reach
-// the broker. Settlements after Subscription.Crash return ErrCrashed.
+// whose lease expired returns ErrLeaseExpired and changes nothing: a stale
+// ack never acknowledges a newer copy of the message that is still being
+// decided, nor one waiting to be redelivered. This is stricter than SQS,
+// which may accept an old receipt handle, and it is what the pipeline
+// needs: the redelivered copy loses its claim and is acknowledged as a
+// Duplicate. Settlements after Subscription.Crash return ErrCrashed, after
+// Subscription.Close ErrSubscriptionClosed (the messages were already
+// requeued, as an ack on a closed AMQP channel cannot reach the broker).
+//
+// A subscription's window (WithWindow, SetWindow; unlimited until set)
+// counts deliveries the consumer has not settled. An expired delivery keeps
+// its slot until the consumer settles it, even though that settlement is
+// refused, so the consumer never holds more than its window.
 //
 // Messages are delivered in FIFO order per queue, without per-key ordering
 // (like an SQS standard queue). Requeued messages go to the front, retried

@@ -66,7 +66,7 @@ type queue struct {
 	idle     chan struct{} // closed when the queue becomes idle
 	subs     map[*Subscription]struct{}
 	timer    *time.Timer
-	timerAt  time.Time // when timer fires; zero when it is stopped
+	timerAt  time.Time // when the timer fires next; zero when no fire is pending
 	pubSeq   uint64
 	delSeq   uint64
 	subSeq   uint64
