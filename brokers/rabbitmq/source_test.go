@@ -1,0 +1,370 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/core"
+)
+
+func TestOptionErrorsNameTheField(t *testing.T) {
+	ctx := context.Background()
+	const url = "amqp://guest:guest@127.0.0.1:5672/"
+	cases := []struct {
+		name  string
+		queue string
+		url   string
+		opt   Option
+		want  string
+	}{
+		{"prefetch", "q", url, WithPrefetch(0), "WithPrefetch"},
+		{"prefetch max", "q", url, WithPrefetch(70000), "WithPrefetch"},
+		{"queue type", "q", url, WithQueueType("stream"), "WithQueueType"},
+		{"dlq", "q", url, WithDeadLetterQueue(""), "WithDeadLetterQueue"},
+		{"retry queue", "q", url, WithRetryQueue(strings.Repeat("x", 256)), "WithRetryQueue"},
+		{"retry mode", "q", url, WithRetryMode(9), "WithRetryMode"},
+		{"dead-letter mode", "q", url, WithDeadLetterMode(9), "WithDeadLetterMode"},
+		{"backoff", "q", url, WithReconnectBackoff(time.Second, time.Millisecond), "WithReconnectBackoff"},
+		{"logger", "q", url, WithLogger(nil), "WithLogger"},
+		{"connection name", "q", url, WithConnectionName(""), "WithConnectionName"},
+		{"dial recovery", "q", url, WithDialConfig(amqp.Config{Recovery: &amqp.Recovery{}}), "Recovery"},
+		{"empty queue", "", url, WithPrefetch(1), "queue"},
+		{"bad url", "q", "http://x", WithPrefetch(1), "url"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := Open(ctx, c.url, c.queue, c.opt)
+			if err == nil {
+				s.Close()
+				t.Fatal("Open accepted an invalid option")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not name %q", err, c.want)
+			}
+		})
+	}
+	if _, err := NewPublisher(ctx, url, WithPublishExchange(strings.Repeat("e", 300))); err == nil || !strings.Contains(err.Error(), "WithPublishExchange") {
+		t.Errorf("NewPublisher with a long exchange: %v", err)
+	}
+	if _, err := NewPublisher(ctx, url, WithPublisherDialConfig(amqp.Config{Recovery: &amqp.Recovery{}})); err == nil || !strings.Contains(err.Error(), "Recovery") {
+		t.Errorf("NewPublisher with Recovery: %v", err)
+	}
+}
+
+func TestOpenWithoutDeclareNeedsTheQueues(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	ctx := context.Background()
+	_, err := Open(ctx, url, q, WithDeclare(false))
+	if err == nil || !strings.Contains(err.Error(), q) {
+		t.Fatalf("Open(WithDeclare(false)) on a missing queue = %v, want an error naming %q", err, q)
+	}
+	// Declared by a first Open, the second finds it.
+	s, err := Open(ctx, url, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open(ctx, url, q, WithDeclare(false))
+	if err != nil {
+		t.Fatalf("Open(WithDeclare(false)) on an existing topology: %v", err)
+	}
+	s.Close()
+}
+
+func TestMessageFieldsFromAMQP(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	ctx := context.Background()
+	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	err = ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
+		MessageId: "order-42",
+		Body:      []byte("hello"),
+		Headers: amqp.Table{
+			"traceparent": "00-abc-def-01",
+			"n":           int32(7),
+			"big":         int64(1 << 40),
+			"flag":        true,
+			"raw":         []byte("bytes"),
+			"when":        when,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{Body: []byte("anonymous")}); err != nil {
+		t.Fatal(err)
+	}
+	ds := receiveN(t, src, 2, 10*time.Second)
+	m := ds[0].Message()
+	want := map[string]string{"traceparent": "00-abc-def-01", "n": "7", "big": "1099511627776", "flag": "true", "raw": "bytes", "when": "2026-01-02T03:04:05Z"}
+	for k, v := range want {
+		if m.Headers[k] != v {
+			t.Errorf("header %s = %q, want %q", k, m.Headers[k], v)
+		}
+	}
+	if m.ID != "order-42" || string(m.Body) != "hello" || m.System != "rabbitmq" || m.Source != q || m.Attempt != 1 {
+		t.Errorf("message = %+v", m)
+	}
+	if got := m.Metadata["messaging.rabbitmq.destination.routing_key"]; got != q {
+		t.Errorf("routing key metadata = %q, want %q", got, q)
+	}
+	if got := m.Metadata["messaging.destination.name"]; got != "amq.default" {
+		t.Errorf("destination metadata = %q, want amq.default", got)
+	}
+	if got := m.Metadata["messaging.rabbitmq.message.delivery_tag"]; got != "1" {
+		t.Errorf("delivery tag metadata = %q, want 1", got)
+	}
+	if id := ds[1].Message().ID; id != "" {
+		t.Errorf("a message without message_id has ID %q, want empty (the core dead-letters it)", id)
+	}
+	for _, d := range ds {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// On a classic queue the broker only flags a redelivery; the Source
+// remembers the attempts of messages it requeued so MaxAttempts works.
+func TestClassicRequeueAttemptsGrow(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	ctx := context.Background()
+	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	publishN(t, url, q, "grow", 1)
+	for want := 1; want <= 4; want++ {
+		d := receiveN(t, src, 1, 10*time.Second)[0]
+		if d.msg.Attempt != want {
+			t.Fatalf("Attempt = %d, want %d", d.msg.Attempt, want)
+		}
+		if want == 4 {
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if err := d.Retry(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	ctx := context.Background()
+	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	publishN(t, url, q, "multi", 12)
+	batch := func(ds []*delivery) []core.Delivery {
+		out := make([]core.Delivery, len(ds))
+		for i, d := range ds {
+			out[i] = d
+		}
+		return out
+	}
+	ds := receiveN(t, src, 12, 10*time.Second)
+	// First six, nothing below them outstanding: one multiple ack.
+	if err := src.AckBatch(ctx, batch(ds[:6])); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.MultipleAcks != 1 || st.MultipleAcked != 6 {
+		t.Fatalf("stats %+v: want one multiple ack of 6", st)
+	}
+	// Tags 8..12 while 7 is in flight: a multiple ack would take 7 too.
+	if err := src.AckBatch(ctx, batch(ds[7:])); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.MultipleAcks != 1 {
+		t.Fatalf("stats %+v: a multiple ack was sent over an in-flight tag", st)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	left := drainQueue(t, url, q)
+	if len(left) != 1 || left[0].MessageId != ds[6].msg.ID {
+		t.Fatalf("left in the queue: %d messages, want only %s", len(left), ds[6].msg.ID)
+	}
+}
+
+func TestDeadLetterKeepsTheMessageWhenTheDLQIsGone(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	ctx := context.Background()
+	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	publishN(t, url, q, "nodlq", 1)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(q+".dlq", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, src, 1, 10*time.Second)[0]
+	err = d.DeadLetter(ctx, errors.New("poison"))
+	if err == nil || !strings.Contains(err.Error(), "unroutable") {
+		t.Fatalf("DeadLetter without a DLQ = %v, want an unroutable error", err)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := queueDepth(t, url, q); n != 1 {
+		t.Fatalf("queue depth %d after a failed dead-letter, want the message back (1)", n)
+	}
+}
+
+func TestPublisherReportsUnroutable(t *testing.T) {
+	url := amqpURL(t)
+	ctx := context.Background()
+	pub, err := NewPublisher(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	err = pub.Publish(ctx, "idemq-no-such-queue-"+fmt.Sprint(time.Now().UnixNano()), &core.Message{ID: "a", Body: []byte("x")})
+	if err == nil || !strings.Contains(err.Error(), "unroutable") {
+		t.Fatalf("Publish to a missing queue = %v, want unroutable", err)
+	}
+	// The publisher stays usable.
+	q := uniqueQueue(t, url)
+	s, err := Open(ctx, url, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := pub.Publish(ctx, q, &core.Message{ID: "b", Body: []byte("y")}); err != nil {
+		t.Fatalf("Publish after an unroutable one: %v", err)
+	}
+	got := drainQueue(t, url, q)
+	if len(got) != 1 || got[0].MessageId != "b" || got[0].DeliveryMode != amqp.Persistent {
+		t.Fatalf("queue holds %+v, want one persistent message b", got)
+	}
+	if err := pub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, q, &core.Message{ID: "c"}); err == nil {
+		t.Error("Publish after Close returned nil")
+	}
+}
+
+func TestCloseUnblocksReceive(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	src, err := Open(context.Background(), url, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := src.Receive(context.Background())
+		errc <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, core.ErrSourceClosed) {
+			t.Fatalf("Receive = %v, want core.ErrSourceClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Receive still blocked after Close")
+	}
+}
+
+// TestBrokerClosesConnection has the broker itself close the Source's
+// connection (rabbitmqctl close_connection, CONNECTION_FORCED) while
+// deliveries are in flight, as an operator or a node restart would.
+func TestBrokerClosesConnection(t *testing.T) {
+	url := amqpURL(t)
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not in PATH: cannot make the broker close a connection")
+	}
+	if hp, _ := parseAMQP(url); !strings.HasPrefix(hp, "127.0.0.1:") && !strings.HasPrefix(hp, "localhost:") {
+		t.Skip("IDEMQ_AMQP_URL is not the local broker rabbitmqctl manages")
+	}
+	q := uniqueQueue(t, url)
+	name := "idemq-test-" + q
+	ctx := context.Background()
+	src, err := Open(ctx, url, q, WithConnectionName(name), WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	publishN(t, url, q, "forced", 20)
+	ds := receiveN(t, src, 5, 10*time.Second)
+	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_connections: %v\n%s", err, out)
+	}
+	closed := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, `{"connection_name","`+name+`"}`) {
+			continue
+		}
+		conn, _, _ := strings.Cut(line, "\t")
+		if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", conn, "idemq test").CombinedOutput(); err != nil {
+			t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
+		}
+		closed++
+	}
+	if closed != 1 {
+		t.Fatalf("found %d connections named %s", closed, name)
+	}
+	waitUntil(t, 10*time.Second, func() bool { return src.Stats().Reconnects == 1 })
+	for _, d := range ds {
+		if err := d.Ack(ctx); !errors.Is(err, ErrStaleDelivery) {
+			t.Fatalf("Ack after the broker closed the connection = %v, want ErrStaleDelivery", err)
+		}
+	}
+	seen := map[string]bool{}
+	for len(seen) < 20 {
+		d := receiveN(t, src, 1, 10*time.Second)[0]
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		seen[d.msg.ID] = true
+	}
+	if st := src.Stats(); st.Reconnects != 1 {
+		t.Errorf("Reconnects = %d, want 1", st.Reconnects)
+	}
+}
