@@ -1,0 +1,64 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"database/sql"
+	"log"
+	"os/signal"
+	"syscall"
+
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// A consumer of the "payments" queue whose effects are applied exactly once:
+// the handler writes in the same SQLite transaction that claims the
+// message's AMQP message_id, and the delivery is acked after the commit.
+func ExampleOpen() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	// Declares payments (quorum), payments.dlq and payments.retry.
+	src, err := rabbitmq.Open(ctx, "amqp://guest:guest@127.0.0.1:5672/", "payments",
+		rabbitmq.WithQueueType(rabbitmq.Quorum),
+		rabbitmq.WithRetryMode(rabbitmq.RetryViaQueue))
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := sqlite.Open(ctx, "payments.db")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+
+	c, err := core.New[*sql.Tx](src, store, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO payments (id, body) VALUES (?, ?)`, m.ID, m.Body)
+		return err
+	}, core.WithName("payments"), core.WithBatchSize(100), core.WithWindow(400))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Run sets the queue's prefetch to the window, and closes src when ctx
+	// is cancelled and in-flight messages are settled.
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Publishing with publisher confirms: Publish returns once the broker has
+// every message. The id becomes the AMQP message_id the consumer dedups on.
+func ExamplePublisher() {
+	ctx := context.Background()
+	pub, err := rabbitmq.NewPublisher(ctx, "amqp://guest:guest@127.0.0.1:5672/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	err = pub.Publish(ctx, "payments",
+		&core.Message{ID: "payment-1001", Body: []byte(`{"amount":42}`), Headers: map[string]string{"traceparent": "00-…"}},
+		&core.Message{ID: "payment-1002", Body: []byte(`{"amount":7}`)})
+	if err != nil {
+		log.Fatal(err) // retry the call: the consumer's dedup absorbs copies
+	}
+}
