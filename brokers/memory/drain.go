@@ -1,0 +1,75 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemq/idemq/core"
+)
+
+// DrainResult sums what Drain's consumers decided.
+type DrainResult struct {
+	core.Stats
+	// Crashes counts consumers that stopped because their subscription
+	// crashed and were replaced.
+	Crashes int
+}
+
+// Drain runs consumers on queue until it has nothing ready, delayed or in
+// flight, then stops the last one gracefully. newConsumer builds a consumer
+// on the subscription it is given; when a subscription crashes (the
+// CrashOnAck fault, or Subscription.Crash) Drain starts a new one, as an
+// orchestrator restarts a dead process. It is how tests, examples and the
+// quickstart run a workload to completion on the memory broker.
+func Drain[Tx any](ctx context.Context, b *Broker, queue string, newConsumer func(*Subscription) (*core.Consumer[Tx], error)) (DrainResult, error) {
+	var res DrainResult
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	idle := make(chan error, 1)
+	go func() { idle <- b.WaitIdle(waitCtx, queue) }()
+	for {
+		sub, err := b.Subscribe(queue)
+		if err != nil {
+			return res, err
+		}
+		c, err := newConsumer(sub)
+		if err != nil {
+			sub.Close()
+			return res, err
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		var runErr, idleErr error
+		finished := false
+		select {
+		case idleErr = <-idle:
+			finished = true
+			stop()
+			runErr = <-done
+		case runErr = <-done:
+		}
+		stop()
+		st := c.Stats()
+		res.Received += st.Received
+		res.Processed += st.Processed
+		res.Duplicates += st.Duplicates
+		res.Retried += st.Retried
+		res.DeadLettered += st.DeadLettered
+		res.SettleErrors += st.SettleErrors
+		res.Unsettled += st.Unsettled
+		switch {
+		case finished && idleErr != nil:
+			return res, fmt.Errorf("memory: Drain: queue %q not drained: %w", queue, idleErr)
+		case finished:
+			return res, runErr
+		case errors.Is(runErr, ErrCrashed):
+			res.Crashes++
+		case runErr == nil: // ctx was cancelled
+			return res, ctx.Err()
+		default:
+			return res, runErr
+		}
+	}
+}
