@@ -1,0 +1,56 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+)
+
+// Server error numbers IsTransient treats as worth a retry.
+const (
+	errServerShutdown   = 1053 // ER_SERVER_SHUTDOWN
+	errTooManyConns     = 1040 // ER_CON_COUNT_ERROR
+	errLockWaitTimeout  = 1205 // ER_LOCK_WAIT_TIMEOUT
+	errDeadlock         = 1213 // ER_LOCK_DEADLOCK
+	errQueryInterrupted = 1317 // ER_QUERY_INTERRUPTED
+	errConnKilled       = 1927 // ER_CONNECTION_KILLED (MariaDB)
+	errGoneAway         = 2006 // CR_SERVER_GONE_ERROR
+	errLost             = 2013 // CR_SERVER_LOST
+	// ErrDuplicateKey is MySQL's duplicate-key error number. Claim never
+	// returns it (taken ids are ClaimDuplicate results); it is exported
+	// for handlers that want to recognise it in their own effects.
+	ErrDuplicateKey = 1062
+)
+
+// IsTransient reports whether err is worth retrying with a new
+// transaction: a deadlock (1213), a lock wait timeout (1205), a killed or
+// interrupted connection or query (1927, 1317), a server shutting down or
+// gone (1053, 2006, 2013), too many connections (1040), or a connection
+// lost on the client side (invalid connection, bad connection, EOF,
+// network error, deadline). Other server errors, including a duplicate key
+// (1062) in a business effect, are not transient.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var me *mysqldrv.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case errDeadlock, errLockWaitTimeout, errConnKilled, errQueryInterrupted,
+			errServerShutdown, errGoneAway, errLost, errTooManyConns:
+			return true
+		}
+		return false
+	}
+	if errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr)
+}

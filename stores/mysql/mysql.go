@@ -1,0 +1,515 @@
+// Package mysql is idemq's dedup store on MySQL 8 and MariaDB 10.5+
+// (database/sql with github.com/go-sql-driver/mysql). Handlers receive the
+// store's *sql.Tx and apply their business effect in it, in the same
+// transaction that claims the message id.
+//
+// A claim is one multi-row INSERT … ON DUPLICATE KEY UPDATE
+// message_id = message_id per batch: a new id is inserted, a taken id is
+// left as it was (and locked), and no duplicate-key error is raised, so
+// nothing has to be caught and nothing is hidden the way INSERT IGNORE
+// hides truncation and other errors. Each claim call stamps the rows it
+// inserts with a random claim_token; reading the token back tells the ids
+// this transaction inserted from those that were already there. On
+// MariaDB 10.5+ the read-back is the statement's own RETURNING clause (one
+// round trip), elsewhere a locking SELECT (two).
+//
+// Ids and consumers are stored as VARBINARY, compared byte for byte: a
+// case-insensitive or PAD SPACE collation would make "a", "A" and "a "
+// one id.
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/core"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+)
+
+// Column limits, checked in Go before any statement: a server in
+// non-strict mode would otherwise truncate a long id silently and fold two
+// ids into one.
+const (
+	// MaxConsumerBytes is the longest consumer name, in bytes.
+	MaxConsumerBytes = 255
+	// MaxIDBytes is the longest message id, in bytes (255 four-byte
+	// characters fit).
+	MaxIDBytes = 1024
+	// MaxFingerprintBytes is the longest fingerprint, in bytes.
+	MaxFingerprintBytes = 128
+)
+
+// timeFormat is how processed_at is sent: UTC text, independent of the
+// driver's loc and parseTime settings.
+const timeFormat = "2006-01-02 15:04:05.000000"
+
+// claimChunk bounds the rows of one INSERT so a batch stays far below the
+// 65535 placeholders of a prepared statement and max_allowed_packet.
+const claimChunk = 1000
+
+// Store is the MySQL/MariaDB dedup store. It implements
+// core.Store[*sql.Tx], core.Pruner, core.Retentioner and core.Migrator, and
+// is safe for concurrent use.
+type Store struct {
+	db    *sql.DB
+	owned bool
+	cfg   config
+
+	modeMu sync.Mutex
+	mode   ClaimMode // resolved: ClaimReturning or ClaimReadBack, 0 until known
+}
+
+var (
+	_ core.Store[*sql.Tx] = (*Store)(nil)
+	_ core.Pruner         = (*Store)(nil)
+	_ core.Retentioner    = (*Store)(nil)
+	_ core.Migrator       = (*Store)(nil)
+)
+
+// Open connects to the server at dsn and runs Migrate. dsn is either a
+// go-sql-driver DSN ("user:pass@tcp(host:3306)/db") or a URL
+// ("mysql://user:pass@host:3306/db?param=value"). Open turns on
+// interpolateParams (one round trip per statement instead of
+// prepare/execute/close) unless the DSN sets it.
+func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
+	cfg, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	dcfg, err := ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: Open: %w", err)
+	}
+	if !strings.Contains(dsn, "interpolateParams") {
+		dcfg.InterpolateParams = true
+	}
+	conn, err := mysqldrv.NewConnector(dcfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: Open: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("mysql: Open: %w", err)
+	}
+	s := &Store{db: db, owned: true, cfg: cfg}
+	if err := s.Migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// ParseDSN reads a go-sql-driver DSN or a mysql:// URL into the driver's
+// config.
+func ParseDSN(dsn string) (*mysqldrv.Config, error) {
+	if !strings.HasPrefix(dsn, "mysql://") {
+		return mysqldrv.ParseDSN(dsn)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	c := mysqldrv.NewConfig()
+	c.Net = "tcp"
+	c.Addr = u.Host
+	if u.Port() == "" {
+		c.Addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	if u.User != nil {
+		c.User = u.User.Username()
+		c.Passwd, _ = u.User.Password()
+	}
+	c.DBName = strings.TrimPrefix(u.Path, "/")
+	if u.RawQuery == "" {
+		return c, nil
+	}
+	// Let the driver read the parameters, so every one it knows works.
+	withParams, err := mysqldrv.ParseDSN("/?" + u.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	withParams.Net, withParams.Addr = c.Net, c.Addr
+	withParams.User, withParams.Passwd, withParams.DBName = c.User, c.Passwd, c.DBName
+	return withParams, nil
+}
+
+// New wraps an existing database handle opened with the mysql driver. It
+// does not migrate: call Migrate. interpolateParams=true in its DSN saves
+// two round trips per statement.
+func New(db *sql.DB, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("mysql: New: nil *sql.DB")
+	}
+	cfg, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db, cfg: cfg}, nil
+}
+
+// DB returns the database handle, for business queries outside a claim.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Table returns the dedup table's name.
+func (s *Store) Table() string { return s.cfg.table }
+
+// Retention returns how long claims are kept (WithRetention).
+func (s *Store) Retention() time.Duration { return s.cfg.retention }
+
+// Close closes the database handle if Open opened it; a handle given to New
+// is left to its owner.
+func (s *Store) Close() error {
+	if !s.owned {
+		return nil
+	}
+	return s.db.Close()
+}
+
+// Migrate creates the dedup table if it does not exist. It is idempotent
+// and safe when several processes run it at once: they serialise on a
+// named lock (GET_LOCK), and CREATE TABLE IF NOT EXISTS creates the table
+// and its index in one statement.
+func (s *Store) Migrate(ctx context.Context) error {
+	wrap := func(err error) error { return fmt.Errorf("mysql: migrate %s: %w", s.cfg.table, err) }
+	conn, err := s.db.Conn(ctx) // GET_LOCK belongs to one session
+	if err != nil {
+		return wrap(err)
+	}
+	defer conn.Close()
+	h := fnv.New64a()
+	h.Write([]byte(s.cfg.table))
+	lock := fmt.Sprintf("idemq.migrate.%016x", h.Sum64())
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 30)`, lock).Scan(&got); err != nil {
+		return wrap(err)
+	}
+	if got.Int64 != 1 {
+		return wrap(fmt.Errorf("could not take migration lock %s within 30s", lock))
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(?)`, lock)
+	t := s.cfg.table
+	_, err = conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
+	consumer     VARBINARY(255)  NOT NULL,
+	message_id   VARBINARY(1024) NOT NULL,
+	fingerprint  VARBINARY(128)  NOT NULL DEFAULT '',
+	processed_at DATETIME(6)     NOT NULL,
+	claim_token  BIGINT          NOT NULL DEFAULT 0,
+	PRIMARY KEY (consumer, message_id),
+	KEY idemq_processed_at (processed_at)
+) ENGINE=InnoDB`)
+	if err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+// Prune deletes at most limit claims recorded before the given time (rows
+// at or after it are kept), oldest first, in one short statement, and
+// returns how many it deleted. Call it again until it returns less than
+// limit.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("mysql: Prune: limit must be positive, got %d", limit)
+	}
+	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.cfg.table+
+		` WHERE processed_at < ? ORDER BY processed_at LIMIT `+strconv.Itoa(limit), formatTime(before))
+	if err != nil {
+		return 0, fmt.Errorf("mysql: prune %s: %w", s.cfg.table, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("mysql: prune %s: %w", s.cfg.table, err)
+	}
+	return int(n), nil
+}
+
+// RunPruner deletes claims older than Retention every interval, in batches
+// of batch rows (each its own short statement) until a batch comes back
+// short, and logs how many it removed. It returns ctx's error when ctx is
+// done; a failed round is logged and retried at the next tick.
+func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
+	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
+}
+
+// claimMode resolves ClaimAuto once, from the server's version.
+func (s *Store) claimMode(ctx context.Context) (ClaimMode, error) {
+	if s.cfg.claimMode != ClaimAuto {
+		return s.cfg.claimMode, nil
+	}
+	s.modeMu.Lock()
+	defer s.modeMu.Unlock()
+	if s.mode != 0 {
+		return s.mode, nil
+	}
+	var version string
+	if err := s.db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+		return 0, fmt.Errorf("mysql: server version: %w", err)
+	}
+	s.mode = ClaimReadBack
+	if supportsReturning(version) {
+		s.mode = ClaimReturning
+	}
+	return s.mode, nil
+}
+
+// supportsReturning reports whether a VERSION() string is MariaDB 10.5 or
+// later, the first with INSERT … RETURNING.
+func supportsReturning(version string) bool {
+	if !strings.Contains(version, "MariaDB") {
+		return false
+	}
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return major > 10 || major == 10 && minor >= 5
+}
+
+// Begin starts a transaction at the handle's default isolation level
+// (REPEATABLE READ unless configured otherwise; the claim needs only READ
+// COMMITTED).
+func (s *Store) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
+	mode, err := s.claimMode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: begin: %w", err)
+	}
+	return &Txn{tx: tx, s: s, mode: mode}, nil
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
+
+// Txn is one open dedup transaction of a Store; it implements
+// core.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
+type Txn struct {
+	tx   *sql.Tx
+	s    *Store
+	mode ClaimMode
+}
+
+var _ core.Txn[*sql.Tx] = (*Txn)(nil)
+
+// Tx returns the transaction for the handler's business effect.
+func (t *Txn) Tx() *sql.Tx { return t.tx }
+
+// Claim claims every id for consumer with one multi-row INSERT … ON
+// DUPLICATE KEY UPDATE per 1000 claims, in id order (so batches sharing ids
+// lock them in the same order), and reads back each row's claim token and
+// fingerprint: the rows carrying this call's token were inserted by it
+// (ClaimWon); the others were there already and are ClaimDuplicate, or
+// ClaimMismatch when both fingerprints are non-empty and differ.
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
+	if consumer == "" {
+		return nil, errors.New("mysql: Claim: empty consumer")
+	}
+	if len(consumer) > MaxConsumerBytes {
+		return nil, fmt.Errorf("mysql: Claim: consumer is %d bytes, at most %d", len(consumer), MaxConsumerBytes)
+	}
+	for _, c := range claims {
+		if len(c.ID) > MaxIDBytes {
+			return nil, fmt.Errorf("mysql: Claim: id %.40q… is %d bytes, at most %d: %w", c.ID, len(c.ID), MaxIDBytes, core.ErrInvalidID)
+		}
+		if len(c.Fingerprint) > MaxFingerprintBytes {
+			return nil, fmt.Errorf("mysql: Claim: fingerprint of %q is %d bytes, at most %d", c.ID, len(c.Fingerprint), MaxFingerprintBytes)
+		}
+	}
+	results := make([]core.ClaimResult, len(claims))
+	if len(claims) == 0 {
+		return results, nil
+	}
+	order := make([]int, len(claims))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(claims[a].ID, claims[b].ID) })
+	token := rand.Int64N(1<<63-1) + 1 // never the column default 0
+	now := formatTime(t.s.cfg.now())
+	type row struct {
+		fp    string
+		token int64
+	}
+	got := make(map[string]row, len(claims))
+	for start := 0; start < len(order); start += claimChunk {
+		chunk := order[start:min(start+claimChunk, len(order))]
+		var b strings.Builder
+		b.WriteString("INSERT INTO " + t.s.cfg.table + " (consumer, message_id, fingerprint, processed_at, claim_token) VALUES ")
+		args := make([]any, 0, 5*len(chunk))
+		for j, i := range chunk {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("(?,?,?,?,?)")
+			args = append(args, consumer, claims[i].ID, claims[i].Fingerprint, now, token)
+		}
+		// A no-op update: the existing row keeps its values (and its
+		// token), but is locked, so it cannot vanish before the read-back.
+		b.WriteString(" ON DUPLICATE KEY UPDATE message_id = message_id")
+		var rows *sql.Rows
+		var err error
+		if t.mode == ClaimReturning {
+			b.WriteString(" RETURNING message_id, fingerprint, claim_token")
+			rows, err = t.tx.QueryContext(ctx, b.String(), args...)
+		} else {
+			if _, err = t.tx.ExecContext(ctx, b.String(), args...); err == nil {
+				rows, err = t.readBack(ctx, consumer, claims, chunk)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
+		}
+		for rows.Next() {
+			var id []byte
+			var r row
+			if err := rows.Scan(&id, &r.fp, &r.token); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("mysql: claim: %w", err)
+			}
+			got[string(id)] = r
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("mysql: claim: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("mysql: claim: %w", err)
+		}
+	}
+	for i, c := range claims {
+		r, ok := got[c.ID]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("mysql: claim: no row came back for id %q", c.ID)
+		case r.token == token:
+			results[i] = core.ClaimWon
+		default:
+			results[i] = classify(c.Fingerprint, r.fp)
+		}
+	}
+	return results, nil
+}
+
+// readBack reads the claimed rows with a locking read: under REPEATABLE
+// READ a plain SELECT could answer from a snapshot older than rows
+// another transaction committed before our insert waited for it. The
+// insert already holds these rows' locks, so it does not wait.
+func (t *Txn) readBack(ctx context.Context, consumer string, claims []core.Claim, chunk []int) (*sql.Rows, error) {
+	var b strings.Builder
+	b.WriteString("SELECT message_id, fingerprint, claim_token FROM " + t.s.cfg.table + " WHERE consumer = ? AND message_id IN (")
+	args := make([]any, 0, 1+len(chunk))
+	args = append(args, consumer)
+	for j, i := range chunk {
+		if j > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('?')
+		args = append(args, claims[i].ID)
+	}
+	b.WriteString(") FOR UPDATE")
+	return t.tx.QueryContext(ctx, b.String(), args...)
+}
+
+// classify decides between Duplicate and Mismatch for an id already
+// stored: a mismatch needs both fingerprints.
+func classify(claimed, stored string) core.ClaimResult {
+	if claimed != "" && stored != "" && claimed != stored {
+		return core.ClaimMismatch
+	}
+	return core.ClaimDuplicate
+}
+
+// Unclaim deletes this consumer's claims of ids, for messages whose handler
+// failed inside a batch transaction.
+func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
+	for start := 0; start < len(ids); start += claimChunk {
+		chunk := ids[start:min(start+claimChunk, len(ids))]
+		var b strings.Builder
+		b.WriteString("DELETE FROM " + t.s.cfg.table + " WHERE consumer = ? AND message_id IN (")
+		args := make([]any, 0, 1+len(chunk))
+		args = append(args, consumer)
+		for j, id := range chunk {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteByte('?')
+			args = append(args, id)
+		}
+		b.WriteByte(')')
+		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
+			return fmt.Errorf("mysql: unclaim %d ids for %q: %w", len(chunk), consumer, err)
+		}
+	}
+	return nil
+}
+
+// Savepoint marks a point RollbackToSavepoint returns to.
+func (t *Txn) Savepoint(ctx context.Context) error {
+	if _, err := t.tx.ExecContext(ctx, "SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("mysql: savepoint: %w", err)
+	}
+	return nil
+}
+
+// RollbackToSavepoint undoes everything since Savepoint and removes the
+// savepoint (ROLLBACK TO keeps it). Row locks taken since the savepoint
+// stay until the transaction ends, as InnoDB does.
+func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
+	if _, err := t.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("mysql: rollback to savepoint: %w", err)
+	}
+	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("mysql: release savepoint after rollback: %w", err)
+	}
+	return nil
+}
+
+// ReleaseSavepoint keeps everything since Savepoint.
+func (t *Txn) ReleaseSavepoint(ctx context.Context) error {
+	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
+		return fmt.Errorf("mysql: release savepoint: %w", err)
+	}
+	return nil
+}
+
+// Commit commits the claims and the handler's effects together.
+func (t *Txn) Commit(ctx context.Context) error {
+	if err := t.tx.Commit(); err != nil {
+		return fmt.Errorf("mysql: commit: %w", err)
+	}
+	return nil
+}
+
+// Rollback aborts the transaction; after Commit (failed or not) it does
+// nothing and returns nil. When the connection is gone the server has
+// already rolled the transaction back, and Rollback returns nil too.
+func (t *Txn) Rollback(ctx context.Context) error {
+	err := t.tx.Rollback()
+	if err == nil || errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	if errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return nil
+	}
+	return fmt.Errorf("mysql: rollback: %w", err)
+}
