@@ -187,10 +187,21 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 }
 
 func (c *Consumer[Tx]) observe(ctxs []context.Context, stage string) func(error) {
-	if c.cfg.stages == nil {
+	switch len(c.cfg.stages) {
+	case 0:
 		return func(error) {}
+	case 1:
+		return c.cfg.stages[0].ObserveStage(ctxs, stage)
 	}
-	return c.cfg.stages.ObserveStage(ctxs, stage)
+	ends := make([]func(error), len(c.cfg.stages))
+	for i, o := range c.cfg.stages {
+		ends[i] = o.ObserveStage(ctxs, stage)
+	}
+	return func(err error) {
+		for i := len(ends) - 1; i >= 0; i-- {
+			ends[i](err)
+		}
+	}
 }
 
 // storeFailure decides a message whose transaction failed outside its

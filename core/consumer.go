@@ -69,6 +69,16 @@ type msgState struct {
 
 type stateKey struct{}
 
+type consumerKey struct{}
+
+// ConsumerName returns the name of the Consumer whose pipeline ctx belongs
+// to, or "" outside one. Middleware uses it for the
+// messaging.consumer.group.name attribute and for logs.
+func ConsumerName(ctx context.Context) string {
+	name, _ := ctx.Value(consumerKey{}).(string)
+	return name
+}
+
 // New builds a Consumer. It fails, naming the option, when an option is
 // invalid or WithName is missing.
 func New[Tx any](src Source, store Store[Tx], h Handler[Tx], opts ...Option) (*Consumer[Tx], error) {
@@ -149,7 +159,7 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	}
 	c.checkRetention(ctx)
 
-	c.procCtx, c.procCancel = context.WithCancel(context.WithoutCancel(ctx))
+	c.procCtx, c.procCancel = context.WithCancel(context.WithValue(context.WithoutCancel(ctx), consumerKey{}, c.cfg.name))
 	defer c.procCancel()
 
 	var workers sync.WaitGroup

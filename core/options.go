@@ -41,7 +41,7 @@ type config struct {
 	handlerMW       []HandlerMiddleware
 	fingerprint     func([]byte) string
 	mismatch        MismatchPolicy
-	stages          StageObserver
+	stages          []StageObserver
 }
 
 func defaultConfig() config {
@@ -257,11 +257,15 @@ func WithMismatchPolicy(p MismatchPolicy) Option {
 	}
 }
 
-// WithStageObserver registers an observer of each batch's store stages
-// (begin, claim, commit), used by tracing to show where time went.
+// WithStageObserver adds an observer of each batch's store stages (begin,
+// claim, commit), used by tracing to show where time went and by metrics
+// for batch sizes. Observers are called in the order given.
 func WithStageObserver(o StageObserver) Option {
 	return func(c *config) error {
-		c.stages = o
+		if o == nil {
+			return optErr("WithStageObserver", "nil observer")
+		}
+		c.stages = append(c.stages, o)
 		return nil
 	}
 }

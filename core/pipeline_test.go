@@ -114,66 +114,20 @@ func (e *env) assertExactlyOnce(want []string) {
 	}
 }
 
-type totals struct {
-	core.Stats
-	crashes int
-}
-
-// runUntilIdle runs consumers, restarting one after each simulated crash as
-// an orchestrator would, until the queue has nothing ready, delayed or in
-// flight. It fails the test after timeout.
-func (e *env) runUntilIdle(timeout time.Duration, h core.Handler[*sql.Tx], opts ...core.Option) totals {
+// runUntilIdle runs consumers (a new one after each simulated crash) until
+// the queue has nothing ready, delayed or in flight. It fails the test after
+// timeout.
+func (e *env) runUntilIdle(timeout time.Duration, h core.Handler[*sql.Tx], opts ...core.Option) memory.DrainResult {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	idle := make(chan error, 1)
-	go func() { idle <- e.broker.WaitIdle(ctx, e.queue) }()
-	var tot totals
-	for {
-		sub, err := e.broker.Subscribe(e.queue)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		c, err := core.New[*sql.Tx](sub, e.store, h, append([]core.Option{core.WithName("test"), core.WithLogger(quietLogger())}, opts...)...)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		runCtx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		var runErr error
-		finished := false
-		select {
-		case err := <-idle:
-			if err != nil {
-				stop()
-				<-done
-				e.t.Fatalf("queue not drained within %v: %v (stats %+v)", timeout, err, e.broker.Stats(e.queue))
-			}
-			finished = true
-			stop()
-			runErr = <-done
-		case runErr = <-done:
-		}
-		stop()
-		st := c.Stats()
-		tot.Received += st.Received
-		tot.Processed += st.Processed
-		tot.Duplicates += st.Duplicates
-		tot.Retried += st.Retried
-		tot.DeadLettered += st.DeadLettered
-		tot.SettleErrors += st.SettleErrors
-		if finished {
-			if runErr != nil {
-				e.t.Fatalf("Run after cancel returned %v, want nil", runErr)
-			}
-			return tot
-		}
-		if !errors.Is(runErr, memory.ErrCrashed) {
-			e.t.Fatalf("consumer stopped: %v", runErr)
-		}
-		tot.crashes++
+	res, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.New[*sql.Tx](sub, e.store, h, append([]core.Option{core.WithName("test"), core.WithLogger(quietLogger())}, opts...)...)
+	})
+	if err != nil {
+		e.t.Fatalf("draining: %v (broker stats %+v)", err, e.broker.Stats(e.queue))
 	}
+	return res
 }
 
 // Invariant 1 and 2: duplicates published by the broker are applied once,

@@ -26,7 +26,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -255,56 +254,20 @@ func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbP
 			progressbar.OptionSetDescription(fmt.Sprintf("batch %-4d", batch)), progressbar.OptionShowCount(),
 			progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
 	}
-	var processed atomic.Int64
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil)) // the table tells the story
 	start := time.Now()
-	idle := make(chan error, 1)
-	go func() { idle <- broker.WaitIdle(ctx, queue) }()
-	for {
-		sub, err := broker.Subscribe(queue)
-		if err != nil {
-			return r, err
-		}
-		c, err := core.New[*sql.Tx](sub, store, handler,
+	res, err := memory.Drain(ctx, broker, queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.New[*sql.Tx](sub, store, handler,
 			core.WithName("quickstart"), core.WithBatchSize(batch), core.WithConcurrency(s.concurrency),
 			core.WithBackoff(core.ExponentialBackoff{Initial: 5 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}),
 			core.WithHandlerMiddleware(recovery.New(logger)), core.WithLogger(logger),
-			core.WithMiddleware(countProcessed(&processed, bar)))
-		if err != nil {
-			return r, err
-		}
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		var runErr error
-		finished := false
-		select {
-		case err := <-idle:
-			if err != nil {
-				cancel()
-				return r, err
-			}
-			finished = true
-			cancel()
-			runErr = <-done
-		case runErr = <-done:
-		}
-		cancel()
-		st := c.Stats()
-		r.received += st.Received
-		r.processed += st.Processed
-		r.duplicates += st.Duplicates
-		r.retried += st.Retried
-		r.deadLettered += st.DeadLettered
-		r.settleErrors += st.SettleErrors
-		if finished {
-			break
-		}
-		if !errors.Is(runErr, memory.ErrCrashed) {
-			return r, fmt.Errorf("consumer stopped: %v", runErr)
-		}
-		r.crashes++ // a new "process" starts, as an orchestrator would restart it
+			core.WithMiddleware(countProcessed(bar)))
+	})
+	if err != nil {
+		return r, err
 	}
+	r.received, r.processed, r.duplicates = res.Received, res.Processed, res.Duplicates
+	r.retried, r.deadLettered, r.settleErrors, r.crashes = res.Retried, res.DeadLettered, res.SettleErrors, int64(res.Crashes)
 	r.wall = time.Since(start)
 	if bar != nil {
 		_ = bar.Finish()
@@ -313,15 +276,12 @@ func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbP
 }
 
 // countProcessed is decision middleware feeding the progress bar.
-func countProcessed(n *atomic.Int64, bar *progressbar.ProgressBar) core.Middleware {
+func countProcessed(bar *progressbar.ProgressBar) core.Middleware {
 	return func(next core.ProcessFunc) core.ProcessFunc {
 		return func(ctx context.Context, m *core.Message) core.Outcome {
 			out := next(ctx, m)
-			if out.Decision == core.Processed {
-				n.Add(1)
-				if bar != nil {
-					_ = bar.Add(1)
-				}
+			if out.Decision == core.Processed && bar != nil {
+				_ = bar.Add(1)
 			}
 			return out
 		}
