@@ -14,8 +14,13 @@
 //   - Subscription.Crash simulates a consumer process dying: everything it
 //     holds goes back to the queue at once and its later settlements fail.
 //   - Faults (SetFaults) inject lost acks, crashes between commit and ack, and
-//     duplicate publishes (a producer retry), drawn from a pseudo-random
-//     source seeded with WithSeed, so a run is reproducible.
+//     duplicate publishes (a producer retry), drawn from pseudo-random
+//     sources seeded with WithSeed. Each queue has one source for publishes
+//     and one for acks, so the same publishes always get the same
+//     duplicates, and one consumer settling in the same order always meets
+//     the same faults; with concurrent consumers the interleaving, and so
+//     which ack draws which fault, depends on scheduling, while the rates
+//     hold.
 //
 // Settlement rules (see Delivery): each delivery is settled at most once; a
 // second settlement returns ErrAlreadySettled. A settlement of a delivery

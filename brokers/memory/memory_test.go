@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1088,4 +1089,42 @@ func TestAckBatchFaultRatesArePerDeliveryAndSeeded(t *testing.T) {
 			t.Fatalf("same seed: %s lost only once", id)
 		}
 	}
+}
+
+func TestNoGoroutineLeftAfterClose(t *testing.T) {
+	base := runtime.NumGoroutine()
+	b, err := memory.NewBroker(memory.WithVisibilityTimeout(30 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for q := range 3 {
+		queue := fmt.Sprint("q", q)
+		publish(t, b, queue, ids(50)...)
+		for range 2 {
+			s, err := b.Subscribe(queue, memory.WithWindow(5))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					d, err := s.Receive(context.Background())
+					if err != nil {
+						return // the broker closed
+					}
+					switch i % 3 {
+					case 0:
+						d.Retry(context.Background(), time.Hour) // a timer far away
+					case 1:
+						d.Ack(context.Background())
+					} // case 2: left to expire
+				}
+			})
+		}
+		go b.WaitIdle(context.Background(), queue) // returns on Close
+	}
+	time.Sleep(50 * time.Millisecond)
+	b.Close()
+	wg.Wait()
+	eventually(t, "goroutines to return to the baseline", func() bool { return runtime.NumGoroutine() <= base })
 }
