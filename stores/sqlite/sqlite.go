@@ -15,6 +15,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"time"
@@ -179,6 +180,14 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 		return 0, fmt.Errorf("sqlite: prune %s: %w", s.cfg.table, err)
 	}
 	return int(n), nil
+}
+
+// RunPruner deletes claims older than Retention every interval, in batches
+// of batch rows (each its own short transaction) until a batch comes back
+// short, and logs how many it removed. It returns ctx's error when ctx is
+// done; a failed round is logged and retried at the next tick.
+func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
+	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
 }
 
 // Begin starts a transaction. With a handle from Open it takes the write

@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -194,5 +195,57 @@ func TestManyClaimersOneEffect(t *testing.T) {
 	}
 	if total != ids || distinct != ids {
 		t.Fatalf("effects: %d rows, %d distinct; want %d each", total, distinct, ids)
+	}
+}
+
+func TestRunPruner(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewClock(time.Now().Add(-2 * time.Hour))
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "p.db"), sqlite.WithClock(clock.Now), sqlite.WithRetention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	txn, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]core.Claim, 25)
+	for i := range ids {
+		ids[i] = core.Claim{ID: "old" + string(rune('a'+i))}
+	}
+	if _, err := txn.Claim(ctx, "c", ids); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(time.Now())
+	if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: "fresh"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RunPruner(ctx, 0, 10, nil); err == nil {
+		t.Fatal("RunPruner with a zero interval must fail")
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.RunPruner(pctx, 20*time.Millisecond, 10, nil) }()
+	deadline := time.Now().Add(10 * time.Second)
+	var n int
+	for time.Now().Before(deadline) {
+		s.DB().QueryRow(`SELECT count(*) FROM processed_messages`).Scan(&n)
+		if n == 1 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunPruner returned %v, want context.Canceled", err)
+	}
+	var left string
+	s.DB().QueryRow(`SELECT group_concat(message_id) FROM processed_messages`).Scan(&left)
+	if left != "fresh" {
+		t.Fatalf("rows left after pruning: %q, want only fresh", left)
 	}
 }
