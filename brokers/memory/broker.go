@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq/core"
@@ -126,9 +127,10 @@ type Broker struct {
 	cfg  config
 	done chan struct{}
 
+	faults atomic.Pointer[Faults] // read on every ack and publish, so no lock
+
 	mu     sync.Mutex
 	queues map[string]*queue
-	faults Faults
 	closed bool
 }
 
@@ -144,7 +146,9 @@ func NewBroker(opts ...Option) (*Broker, error) {
 			return nil, err
 		}
 	}
-	return &Broker{cfg: cfg, done: make(chan struct{}), queues: map[string]*queue{}, faults: cfg.faults}, nil
+	b := &Broker{cfg: cfg, done: make(chan struct{}), queues: map[string]*queue{}}
+	b.faults.Store(&cfg.faults)
+	return b, nil
 }
 
 // SetFaults changes the fault probabilities for every queue from now on. It
@@ -153,17 +157,11 @@ func (b *Broker) SetFaults(f Faults) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	b.faults = f
-	b.mu.Unlock()
+	b.faults.Store(&f)
 	return nil
 }
 
-func (b *Broker) currentFaults() Faults {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.faults
-}
+func (b *Broker) currentFaults() Faults { return *b.faults.Load() }
 
 // queue returns the named queue, creating it when create is set; nil when
 // it does not exist. Only creating fails after Close, so Stats and
