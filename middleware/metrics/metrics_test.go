@@ -1,0 +1,144 @@
+package metrics_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/middleware/metrics"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+func TestMetricsCountDecisionsExactly(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	m, err := metrics.New(metrics.WithMeterProvider(mp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := memory.NewBroker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var msgs []*core.Message
+	for i := range 30 {
+		id := string(rune('a' + i%20)) // 20 unique ids, 10 duplicates
+		body := []byte("ok")
+		if id == "c" {
+			body = []byte("poison")
+		}
+		msgs = append(msgs, &core.Message{ID: id, Body: body})
+	}
+	msgs = append(msgs, &core.Message{Body: []byte("no id")})
+	if err := b.Publish(ctx, "q", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	failedOnce := false
+	h := func(ctx context.Context, tx *sql.Tx, msg *core.Message) error {
+		switch {
+		case string(msg.Body) == "poison":
+			return core.Permanent(errors.New("poison"))
+		case msg.ID == "e" && !failedOnce:
+			failedOnce = true
+			return errors.New("transient")
+		}
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.New[*sql.Tx](sub, store, h, append(m.Options(), core.WithName("billing"), core.WithBatchSize(8),
+			core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]map[string]int64{} // instrument → decision → count
+	var inFlight int64 = -1
+	var batches uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			switch data := mt.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range data.DataPoints {
+					if mt.Name == metrics.InFlightName {
+						inFlight = dp.Value
+						continue
+					}
+					d, _ := dp.Attributes.Value("idemq.decision")
+					if got[mt.Name] == nil {
+						got[mt.Name] = map[string]int64{}
+					}
+					got[mt.Name][d.AsString()] += dp.Value
+					checkAttrs(t, mt.Name, dp.Attributes)
+				}
+			case metricdata.Histogram[float64]:
+				for _, dp := range data.DataPoints {
+					d, _ := dp.Attributes.Value("idemq.decision")
+					if got[mt.Name] == nil {
+						got[mt.Name] = map[string]int64{}
+					}
+					got[mt.Name][d.AsString()] += int64(dp.Count)
+					checkAttrs(t, mt.Name, dp.Attributes)
+				}
+			case metricdata.Histogram[int64]:
+				for _, dp := range data.DataPoints {
+					batches += dp.Count
+				}
+			}
+		}
+	}
+	// "c" is poison twice: a dead letter releases its claim, so its second
+	// copy runs (and dead-letters) again instead of counting as a duplicate.
+	want := map[string]int64{"processed": 19, "duplicate": 9, "retry": 1, "dead_letter": 3}
+	for _, name := range []string{"messaging.process.duration", "messaging.client.consumed.messages"} {
+		for d, n := range want {
+			if got[name][d] != n {
+				t.Errorf("%s{decision=%s} = %d, want %d (all: %v)", name, d, got[name][d], n, got[name])
+			}
+		}
+	}
+	if inFlight != 0 {
+		t.Errorf("in-flight gauge ends at %d, want 0", inFlight)
+	}
+	if batches == 0 {
+		t.Error("no batch sizes recorded")
+	}
+}
+
+func checkAttrs(t *testing.T, name string, set attribute.Set) {
+	t.Helper()
+	for k, want := range map[attribute.Key]string{"messaging.system": "memory", "messaging.operation.name": "process",
+		"messaging.destination.name": "q", "messaging.consumer.group.name": "billing"} {
+		if v, _ := set.Value(k); v.AsString() != want {
+			t.Errorf("%s: %s = %q, want %q", name, k, v.AsString(), want)
+		}
+	}
+	if d, _ := set.Value("idemq.decision"); d.AsString() == "retry" || d.AsString() == "dead_letter" {
+		if v, ok := set.Value("error.type"); !ok || v.AsString() == "" {
+			t.Errorf("%s: %s without error.type", name, d.AsString())
+		}
+	}
+}

@@ -1,0 +1,246 @@
+// Package tracing traces every idemq decision with OpenTelemetry, following
+// the messaging semantic conventions: one CONSUMER span "process
+// <destination>" per message, duplicates and dead letters included, with
+// the decision as the idemq.decision attribute and child spans for the
+// store's begin, claim and commit.
+//
+// The producer's trace context is extracted from the message headers (AMQP
+// headers, Kafka headers, SQS message attributes: every adapter renders
+// them into core.Message.Headers). By default the process span links to it,
+// as the conventions recommend for consumers; WithParentFromMessage makes it
+// the parent instead.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/core"
+)
+
+// ScopeName is the instrumentation scope of idemq's spans and metrics.
+const ScopeName = "github.com/idemq/idemq"
+
+// Attribute keys idemq adds; the conventions have no dedup attributes.
+const (
+	// DecisionKey holds the decision: processed, duplicate, retry, dead_letter.
+	DecisionKey = attribute.Key("idemq.decision")
+	// AttemptKey holds the delivery attempt, 1 on first delivery.
+	AttemptKey = attribute.Key("idemq.attempt")
+	// BatchSizeKey holds how many messages shared the transaction.
+	BatchSizeKey = attribute.Key("idemq.batch.size")
+	// RetryDelayKey holds a Retry's redelivery delay in seconds.
+	RetryDelayKey = attribute.Key("idemq.retry.delay")
+)
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	tp         trace.TracerProvider
+	prop       propagation.TextMapPropagator
+	parent     bool
+	stageSpans bool
+}
+
+// WithTracerProvider sets the TracerProvider. Default: otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
+}
+
+// WithPropagator sets how trace context is read from message headers.
+// Default: otel.GetTextMapPropagator() (set it to W3C trace context +
+// baggage with otel.SetTextMapPropagator, as most services do).
+func WithPropagator(p propagation.TextMapPropagator) Option {
+	return func(c *config) { c.prop = p }
+}
+
+// WithParentFromMessage makes the producer's span the parent of the process
+// span, so producer and consumer share one trace. Default: the process span
+// starts a trace of its own (or continues the caller's) and links to the
+// producer's span, which the conventions recommend because a message may be
+// processed long after, or many times.
+func WithParentFromMessage() Option {
+	return func(c *config) { c.parent = true }
+}
+
+// WithoutStageSpans turns off the child spans for the store's begin, claim
+// and commit. Default: on.
+func WithoutStageSpans() Option {
+	return func(c *config) { c.stageSpans = false }
+}
+
+// Tracing is both decision middleware and a store-stage observer. Install
+// it with Options, or with core.WithMiddleware(t.Middleware()) and
+// core.WithStageObserver(t).
+type Tracing struct {
+	cfg    config
+	tracer trace.Tracer
+}
+
+// New returns a Tracing with the given options.
+func New(opts ...Option) *Tracing {
+	cfg := config{stageSpans: true}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.tp == nil {
+		cfg.tp = otel.GetTracerProvider()
+	}
+	if cfg.prop == nil {
+		cfg.prop = otel.GetTextMapPropagator()
+	}
+	return &Tracing{cfg: cfg, tracer: cfg.tp.Tracer(ScopeName)}
+}
+
+// Options returns the core options that install t.
+func (t *Tracing) Options() []core.Option {
+	return []core.Option{core.WithMiddleware(t.Middleware()), core.WithStageObserver(t)}
+}
+
+// Middleware returns the decision middleware that records one span per
+// message.
+func (t *Tracing) Middleware() core.Middleware {
+	return func(next core.ProcessFunc) core.ProcessFunc {
+		return func(ctx context.Context, m *core.Message) core.Outcome {
+			opts := []trace.SpanStartOption{
+				trace.WithSpanKind(trace.SpanKindConsumer),
+				trace.WithAttributes(MessageAttributes(ctx, m)...),
+			}
+			if m.Headers != nil {
+				producer := trace.SpanContextFromContext(t.cfg.prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
+				if producer.IsValid() {
+					if t.cfg.parent {
+						ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
+					} else {
+						opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+					}
+				}
+			}
+			ctx, span := t.tracer.Start(ctx, spanName(m), opts...)
+			defer span.End()
+			out := next(ctx, m)
+			span.SetAttributes(DecisionKey.String(out.Decision.String()))
+			switch out.Decision {
+			case core.Retry, core.DeadLetter:
+				span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(out.Err)))
+				if out.Decision == core.Retry {
+					span.SetAttributes(RetryDelayKey.Float64(out.Delay.Seconds()))
+				}
+				if out.Err != nil {
+					span.RecordError(out.Err)
+					span.SetStatus(codes.Error, out.Err.Error())
+				} else {
+					span.SetStatus(codes.Error, out.Decision.String())
+				}
+			}
+			return out
+		}
+	}
+}
+
+// ObserveStage implements core.StageObserver: a child span of each
+// message's process span for the store stage.
+func (t *Tracing) ObserveStage(ctxs []context.Context, stage string) func(error) {
+	if !t.cfg.stageSpans {
+		return func(error) {}
+	}
+	spans := make([]trace.Span, len(ctxs))
+	for i, ctx := range ctxs {
+		_, spans[i] = t.tracer.Start(ctx, "idemq "+stage,
+			trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(BatchSizeKey.Int(len(ctxs))))
+	}
+	return func(err error) {
+		for _, s := range spans {
+			if err != nil {
+				s.RecordError(err)
+				s.SetStatus(codes.Error, err.Error())
+				s.SetAttributes(semconv.ErrorTypeKey.String(stage))
+			}
+			s.End()
+		}
+	}
+}
+
+func spanName(m *core.Message) string {
+	if m.Source == "" {
+		return "process"
+	}
+	return "process " + m.Source
+}
+
+// MessageAttributes returns the messaging semantic-convention attributes of
+// m, plus idemq.attempt. Metadata keys in the messaging namespace that the
+// adapter filled in (partition, offset, routing key, delivery tag) are
+// included, integers as integers.
+func MessageAttributes(ctx context.Context, m *core.Message) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 10+len(m.Metadata))
+	attrs = append(attrs,
+		semconv.MessagingSystemKey.String(system(m)),
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingDestinationName(m.Source),
+		semconv.MessagingMessageBodySize(len(m.Body)),
+		AttemptKey.Int(m.Attempt),
+	)
+	if m.ID != "" {
+		attrs = append(attrs, semconv.MessagingMessageID(truncate(m.ID)))
+	}
+	if name := core.ConsumerName(ctx); name != "" {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(name))
+	}
+	if m.Key != "" && m.System == "kafka" {
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(truncate(m.Key)))
+	}
+	for k, v := range m.Metadata {
+		if !strings.HasPrefix(k, "messaging.") {
+			continue
+		}
+		switch attribute.Key(k) {
+		case semconv.MessagingKafkaOffsetKey, semconv.MessagingRabbitMQMessageDeliveryTagKey:
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				attrs = append(attrs, attribute.Int64(k, n))
+				continue
+			}
+		}
+		attrs = append(attrs, attribute.String(k, truncate(v)))
+	}
+	return attrs
+}
+
+func system(m *core.Message) string {
+	if m.System == "" {
+		return "unknown"
+	}
+	return m.System
+}
+
+// ErrorType returns a low-cardinality class for a decision's cause, for the
+// error.type attribute: the pipeline stage that failed ("handler", "claim",
+// "commit", "id", "fingerprint", …) or "_OTHER".
+func ErrorType(err error) string {
+	var de *core.DecisionError
+	if errors.As(err, &de) && de.Stage != "" {
+		return de.Stage
+	}
+	return semconv.ErrorTypeOther.Value.AsString()
+}
+
+// truncate keeps hostile ids and keys from bloating spans.
+func truncate(s string) string {
+	const limit = 256
+	if len(s) <= limit {
+		return s
+	}
+	return strings.ToValidUTF8(s[:limit], "")
+}

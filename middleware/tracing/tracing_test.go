@@ -1,0 +1,237 @@
+package tracing_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/middleware/tracing"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+var prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// consumeTraced publishes msgs inside a producer span, then consumes them
+// with tracing installed and returns the producer's span context and all
+// ended spans.
+func consumeTraced(t *testing.T, batch int, opts []tracing.Option, msgs ...*core.Message) (trace.SpanContext, []sdktrace.ReadOnlySpan) {
+	t.Helper()
+	ctx := context.Background()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(ctx)
+
+	pctx, producer := tp.Tracer("producer").Start(ctx, "send q", trace.WithSpanKind(trace.SpanKindProducer))
+	for _, m := range msgs {
+		if m.Headers == nil {
+			m.Headers = map[string]string{}
+		}
+		prop.Inject(pctx, propagation.MapCarrier(m.Headers))
+	}
+	producer.End()
+
+	b, err := memory.NewBroker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Publish(ctx, "q", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	tr := tracing.New(append([]tracing.Option{tracing.WithTracerProvider(tp), tracing.WithPropagator(prop)}, opts...)...)
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if string(m.Body) == "poison" {
+			return core.Permanent(errors.New("poison body"))
+		}
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.New[*sql.Tx](sub, store, h, append(tr.Options(), core.WithName("billing"), core.WithBatchSize(batch),
+			core.WithLinger(50*time.Millisecond), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return producer.SpanContext(), rec.Ended()
+}
+
+func attr(s sdktrace.ReadOnlySpan, k attribute.Key) (attribute.Value, bool) {
+	for _, a := range s.Attributes() {
+		if a.Key == k {
+			return a.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+func processSpans(spans []sdktrace.ReadOnlySpan) map[string]sdktrace.ReadOnlySpan {
+	out := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range spans {
+		if s.Name() == "process q" {
+			id, _ := attr(s, "messaging.message.id")
+			body, _ := attr(s, "messaging.message.body.size")
+			out[id.AsString()+"/"+body.Emit()] = s
+		}
+	}
+	return out
+}
+
+func TestEveryDecisionGetsASpanLinkedToTheProducer(t *testing.T) {
+	producer, spans := consumeTraced(t, 4, nil,
+		&core.Message{ID: "a", Body: []byte("1")},
+		&core.Message{ID: "a", Body: []byte("1")},
+		&core.Message{ID: "b", Body: []byte("poison")},
+		&core.Message{ID: "", Body: []byte("no id")})
+	var decisions []string
+	for _, s := range spans {
+		if s.Name() != "process q" {
+			continue
+		}
+		if s.SpanKind() != trace.SpanKindConsumer {
+			t.Errorf("span kind %v, want consumer", s.SpanKind())
+		}
+		d, _ := attr(s, tracing.DecisionKey)
+		decisions = append(decisions, d.AsString())
+		for k, want := range map[attribute.Key]string{
+			"messaging.system": "memory", "messaging.operation.type": "process", "messaging.operation.name": "process",
+			"messaging.destination.name": "q", "messaging.consumer.group.name": "billing",
+		} {
+			if v, _ := attr(s, k); v.AsString() != want {
+				t.Errorf("%s = %q, want %q", k, v.AsString(), want)
+			}
+		}
+		if v, ok := attr(s, tracing.AttemptKey); !ok || v.AsInt64() != 1 {
+			t.Errorf("idemq.attempt = %v", v)
+		}
+		if len(s.Links()) != 1 || s.Links()[0].SpanContext.SpanID() != producer.SpanID() {
+			t.Errorf("links %v, want one to the producer span %v", s.Links(), producer.SpanID())
+		}
+		if s.Parent().TraceID() == producer.TraceID() {
+			t.Error("by default the producer must be linked, not the parent")
+		}
+		switch d.AsString() {
+		case "processed", "duplicate":
+			if s.Status().Code == codes.Error {
+				t.Errorf("%s span has error status", d.AsString())
+			}
+		case "dead_letter":
+			et, _ := attr(s, "error.type")
+			if s.Status().Code != codes.Error || len(s.Events()) == 0 || (et.AsString() != "handler" && et.AsString() != "id") {
+				t.Errorf("dead-letter span: status %v, events %d, error.type %q", s.Status(), len(s.Events()), et.AsString())
+			}
+		}
+	}
+	count := map[string]int{}
+	for _, d := range decisions {
+		count[d]++
+	}
+	if count["processed"] != 1 || count["duplicate"] != 1 || count["dead_letter"] != 2 {
+		t.Errorf("decisions %v, want 1 processed, 1 duplicate, 2 dead_letter", count)
+	}
+}
+
+func TestStageSpansAreChildrenOfEachProcessSpan(t *testing.T) {
+	_, spans := consumeTraced(t, 1, nil, &core.Message{ID: "x", Body: []byte("1")})
+	var process sdktrace.ReadOnlySpan
+	stages := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range spans {
+		switch s.Name() {
+		case "process q":
+			process = s
+		case "idemq begin", "idemq claim", "idemq commit":
+			stages[s.Name()] = s
+		}
+	}
+	if process == nil || len(stages) != 3 {
+		t.Fatalf("process span %v, stage spans %v", process != nil, len(stages))
+	}
+	for name, s := range stages {
+		if s.Parent().SpanID() != process.SpanContext().SpanID() {
+			t.Errorf("%s is not a child of the process span", name)
+		}
+	}
+}
+
+func TestParentFromMessageOption(t *testing.T) {
+	producer, spans := consumeTraced(t, 1, []tracing.Option{tracing.WithParentFromMessage()}, &core.Message{ID: "x", Body: []byte("1")})
+	ps := processSpans(spans)
+	if len(ps) != 1 {
+		t.Fatalf("%d process spans", len(ps))
+	}
+	for _, s := range ps {
+		if s.Parent().SpanID() != producer.SpanID() || s.SpanContext().TraceID() != producer.TraceID() {
+			t.Errorf("parent %v / trace %v, want the producer's %v / %v", s.Parent().SpanID(), s.SpanContext().TraceID(), producer.SpanID(), producer.TraceID())
+		}
+		if len(s.Links()) != 0 {
+			t.Errorf("links %v, want none when the producer is the parent", s.Links())
+		}
+	}
+}
+
+// In a batch every message keeps its own span and its own link.
+func TestBatchedMessagesKeepTheirOwnSpans(t *testing.T) {
+	_, spans := consumeTraced(t, 10, nil,
+		&core.Message{ID: "1", Body: []byte("a")}, &core.Message{ID: "2", Body: []byte("b")}, &core.Message{ID: "3", Body: []byte("c")})
+	ps := processSpans(spans)
+	if len(ps) != 3 {
+		t.Fatalf("%d process spans, want 3", len(ps))
+	}
+	seen := map[trace.SpanID]bool{}
+	for _, s := range ps {
+		if seen[s.SpanContext().SpanID()] {
+			t.Error("two messages share a span")
+		}
+		seen[s.SpanContext().SpanID()] = true
+		if len(s.Links()) != 1 {
+			t.Errorf("span has %d links", len(s.Links()))
+		}
+		if v, _ := attr(s, tracing.DecisionKey); v.AsString() != "processed" {
+			t.Errorf("decision %q", v.AsString())
+		}
+	}
+	var claims int
+	for _, s := range spans {
+		if s.Name() == "idemq claim" {
+			claims++
+			if v, _ := attr(s, tracing.BatchSizeKey); v.AsInt64() != 3 {
+				t.Errorf("claim batch size %d, want 3", v.AsInt64())
+			}
+		}
+	}
+	if claims != 3 {
+		t.Errorf("%d claim spans, want one per message", claims)
+	}
+}
+
+func TestMalformedTraceHeadersAreIgnored(t *testing.T) {
+	m := &core.Message{ID: "x", Body: []byte("1"), Headers: map[string]string{"traceparent": "00-zzzz-not-a-trace-01"}}
+	ctx := context.Background()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	mw := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop)).Middleware()
+	out := mw(func(context.Context, *core.Message) core.Outcome { return core.Outcome{Decision: core.Processed} })(ctx, m)
+	if out.Decision != core.Processed || len(rec.Ended()) != 1 || len(rec.Ended()[0].Links()) != 0 {
+		t.Errorf("outcome %v, spans %d", out.Decision, len(rec.Ended()))
+	}
+}
