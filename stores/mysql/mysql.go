@@ -347,11 +347,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(claims[a].ID, claims[b].ID) })
 	token := rand.Int64N(1<<63-1) + 1 // never the column default 0
 	now := formatTime(t.s.cfg.now())
-	type row struct {
-		fp    string
-		token int64
-	}
-	got := make(map[string]row, len(claims))
+	got := make(map[string]claimedRow, len(claims))
 	for start := 0; start < len(order); start += claimChunk {
 		chunk := order[start:min(start+claimChunk, len(order))]
 		var b strings.Builder
@@ -367,33 +363,41 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 		// A no-op update: the existing row keeps its values (and its
 		// token), but is locked, so it cannot vanish before the read-back.
 		b.WriteString(" ON DUPLICATE KEY UPDATE message_id = message_id")
-		var rows *sql.Rows
-		var err error
 		if t.mode == ClaimReturning {
 			b.WriteString(" RETURNING message_id, fingerprint, claim_token")
-			rows, err = t.tx.QueryContext(ctx, b.String(), args...)
-		} else {
-			if _, err = t.tx.ExecContext(ctx, b.String(), args...); err == nil {
-				rows, err = t.readBack(ctx, consumer, claims, chunk)
+			rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+			if err != nil {
+				return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 			}
+			if err := scanClaimed(rows, got); err != nil {
+				return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
+			}
+			continue
 		}
-		if err != nil {
+		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
 			return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 		}
-		for rows.Next() {
-			var id []byte
-			var r row
-			if err := rows.Scan(&id, &r.fp, &r.token); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("mysql: claim: %w", err)
+		chunkIDs := make([]string, len(chunk))
+		for j, i := range chunk {
+			chunkIDs[j] = claims[i].ID
+		}
+		if err := t.readBack(ctx, consumer, chunkIDs, false, got); err != nil {
+			return nil, fmt.Errorf("mysql: claim: read back %d ids for %q: %w", len(chunk), consumer, err)
+		}
+		// A row committed by another transaction after this one's
+		// REPEATABLE READ snapshot was taken is invisible to a plain read;
+		// a locking read sees the latest version (and only waits on locks
+		// the insert already holds).
+		var missing []string
+		for _, id := range chunkIDs {
+			if _, ok := got[id]; !ok {
+				missing = append(missing, id)
 			}
-			got[string(id)] = r
 		}
-		if err := rows.Close(); err != nil {
-			return nil, fmt.Errorf("mysql: claim: %w", err)
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("mysql: claim: %w", err)
+		if len(missing) > 0 {
+			if err := t.readBack(ctx, consumer, missing, true, got); err != nil {
+				return nil, fmt.Errorf("mysql: claim: locking read back %d ids for %q: %w", len(missing), consumer, err)
+			}
 		}
 	}
 	for i, c := range claims {
@@ -410,24 +414,55 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 	return results, nil
 }
 
-// readBack reads the claimed rows with a locking read: under REPEATABLE
-// READ a plain SELECT could answer from a snapshot older than rows
-// another transaction committed before our insert waited for it. The
-// insert already holds these rows' locks, so it does not wait.
-func (t *Txn) readBack(ctx context.Context, consumer string, claims []core.Claim, chunk []int) (*sql.Rows, error) {
+// claimedRow is a claimed id's stored fingerprint and claim token.
+type claimedRow struct {
+	fp    string
+	token int64
+}
+
+// scanClaimed reads (message_id, fingerprint, claim_token) rows into got
+// and closes rows.
+func scanClaimed(rows *sql.Rows, got map[string]claimedRow) error {
+	defer rows.Close()
+	for rows.Next() {
+		var id []byte
+		var r claimedRow
+		if err := rows.Scan(&id, &r.fp, &r.token); err != nil {
+			return err
+		}
+		got[string(id)] = r
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	return rows.Err()
+}
+
+// readBack reads the claimed rows of ids. The plain read takes no locks
+// (a locking read of many keys takes next-key locks and deadlocks with
+// concurrent inserts); the locking one is for rows the plain read could
+// not see.
+func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locking bool, got map[string]claimedRow) error {
 	var b strings.Builder
 	b.WriteString("SELECT message_id, fingerprint, claim_token FROM " + t.s.cfg.table + " WHERE consumer = ? AND message_id IN (")
-	args := make([]any, 0, 1+len(chunk))
+	args := make([]any, 0, 1+len(ids))
 	args = append(args, consumer)
-	for j, i := range chunk {
+	for j, id := range ids {
 		if j > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteByte('?')
-		args = append(args, claims[i].ID)
+		args = append(args, id)
 	}
-	b.WriteString(") FOR UPDATE")
-	return t.tx.QueryContext(ctx, b.String(), args...)
+	b.WriteByte(')')
+	if locking {
+		b.WriteString(" FOR UPDATE")
+	}
+	rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+	if err != nil {
+		return err
+	}
+	return scanClaimed(rows, got)
 }
 
 // classify decides between Duplicate and Mismatch for an id already

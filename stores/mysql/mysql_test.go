@@ -117,6 +117,7 @@ func TestConformance(t *testing.T) {
 					_, err := tx.ExecContext(ctx, `INSERT INTO `+fx+` (k) VALUES (?)`, key)
 					return err
 				},
+				Retryable: mysql.IsTransient,
 				CountEffects: func(t *testing.T, key string) int {
 					var n int
 					if err := db.QueryRow(`SELECT count(*) FROM `+fx+` WHERE k = ?`, key).Scan(&n); err != nil {
@@ -478,5 +479,45 @@ func TestRunPruner(t *testing.T) {
 	db.QueryRow(`SELECT GROUP_CONCAT(message_id) FROM ` + s.Table()).Scan(&left)
 	if left != "fresh" {
 		t.Fatalf("rows left after pruning: %q, want only fresh", left)
+	}
+}
+
+// TestClaimAfterSnapshot: under REPEATABLE READ a transaction that read
+// before claiming has a snapshot older than a claim another transaction
+// committed since; the claim must still see that row and lose.
+func TestClaimAfterSnapshot(t *testing.T) {
+	for name, mode := range map[string]mysql.ClaimMode{"auto": mysql.ClaimAuto, "readback": mysql.ClaimReadBack} {
+		t.Run(name, func(t *testing.T) {
+			db := testDB(t)
+			s := openStore(t, db, mysql.WithClaimMode(mode))
+			ctx := context.Background()
+			late, err := s.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer late.Rollback(ctx)
+			var n int
+			if err := late.Tx().QueryRow(`SELECT count(*) FROM ` + s.Table()).Scan(&n); err != nil {
+				t.Fatal(err) // takes the snapshot
+			}
+			early, err := s.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fp := core.Fingerprint([]byte("body"))
+			if res, err := early.Claim(ctx, "c", []core.Claim{{ID: "z", Fingerprint: fp}}); err != nil || res[0] != core.ClaimWon {
+				t.Fatalf("early claim: %v %v", res, err)
+			}
+			if err := early.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			res, err := late.Claim(ctx, "c", []core.Claim{{ID: "z", Fingerprint: core.Fingerprint([]byte("other"))}, {ID: "w"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res[0] != core.ClaimMismatch || res[1] != core.ClaimWon {
+				t.Fatalf("claim after an old snapshot: %v, want [mismatch won]", res)
+			}
+		})
 	}
 }

@@ -101,6 +101,7 @@ func TestConformance(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, key)
 			return err
 		},
+		Retryable: postgres.IsTransient,
 		CountEffects: func(t *testing.T, key string) int {
 			var n int
 			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+fx+` WHERE k = $1`, key).Scan(&n); err != nil {

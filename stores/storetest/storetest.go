@@ -16,8 +16,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	mrand "math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,6 +54,10 @@ type Harness[Tx any] struct {
 	// Timeout bounds every wait of the suite, so a store that deadlocks
 	// fails instead of hanging. Default: 15s.
 	Timeout time.Duration
+	// Retryable tells the errors the ConcurrentBatches subtest retries
+	// with a new transaction (deadlocks, lock timeouts), as the Consumer
+	// would. Default: none; any error fails the test.
+	Retryable func(error) bool
 }
 
 // Run runs every conformance subtest against the store h opens.
@@ -81,6 +87,7 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	t.Run("ConsumersIndependent", s.consumersIndependent)
 	t.Run("MigrateTwice", s.migrateTwice)
 	t.Run("OddIDs", s.oddIDs)
+	t.Run("ConcurrentBatches", s.concurrentBatches)
 }
 
 type suite[Tx any] struct{ h Harness[Tx] }
@@ -643,4 +650,111 @@ func (s suite[Tx]) oddIDs(t *testing.T) {
 		}
 		s.wantEffects(t, k+id, want)
 	}
+}
+
+// concurrentBatches has several workers claim random overlapping batches,
+// with a savepoint per message, some handlers failing (savepoint rollback
+// and Unclaim) and some whole transactions rolled back; errors the harness
+// calls retryable are retried with a new transaction. A final sweep
+// processes whatever is left. Every id must end with exactly one committed
+// effect.
+func (s suite[Tx]) concurrentBatches(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	const nIDs, workers, rounds, batch = 40, 4, 12, 8
+	ids := make([]string, nIDs)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("m%02d", i)
+	}
+	var retries atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(seed uint64) {
+			defer wg.Done()
+			r := mrand.New(mrand.NewPCG(seed, seed*7+1))
+			for round := 0; round < rounds; round++ {
+				pick := make([]core.Claim, 0, batch)
+				for _, i := range r.Perm(nIDs)[:batch] {
+					pick = append(pick, core.Claim{ID: ids[i]})
+				}
+				for try := 0; ; try++ {
+					err := s.randomBatch(ctx, st, pick, r, k)
+					if err == nil {
+						break
+					}
+					if s.h.Retryable != nil && s.h.Retryable(err) && try < 50 {
+						retries.Add(1)
+						continue
+					}
+					errs <- err
+					return
+				}
+			}
+		}(uint64(w) + uint64(time.Now().UnixNano()))
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(4 * s.h.Timeout):
+		t.Fatal("concurrent batches did not finish")
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatalf("worker: %v", err)
+	}
+	t.Logf("retried %d transactions", retries.Load())
+	s.claimCommit(t, ctx, st, "c", claims(ids...), k)
+	for _, id := range ids {
+		s.wantEffects(t, k+id, 1)
+	}
+}
+
+func (s suite[Tx]) randomBatch(ctx context.Context, st core.Store[Tx], pick []core.Claim, r *mrand.Rand, k string) (err error) {
+	txn, err := st.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = txn.Rollback(ctx)
+		}
+	}()
+	res, err := txn.Claim(ctx, "c", pick)
+	if err != nil {
+		return err
+	}
+	if len(res) != len(pick) {
+		return fmt.Errorf("claim of %d ids returned %d results", len(pick), len(res))
+	}
+	for i, c := range pick {
+		if res[i] != core.ClaimWon {
+			continue
+		}
+		if err := txn.Savepoint(ctx); err != nil {
+			return err
+		}
+		if err := s.h.Effect(ctx, txn.Tx(), k+c.ID); err != nil {
+			return err
+		}
+		if r.IntN(5) == 0 { // the handler fails
+			if err := txn.RollbackToSavepoint(ctx); err != nil {
+				return err
+			}
+			if err := txn.Unclaim(ctx, "c", []string{c.ID}); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := txn.ReleaseSavepoint(ctx); err != nil {
+			return err
+		}
+	}
+	if r.IntN(10) == 0 { // the commit never happens (crash, shutdown)
+		return txn.Rollback(ctx)
+	}
+	return txn.Commit(ctx)
 }
