@@ -340,6 +340,9 @@ func (d *delivery) copyPublishing() amqp.Publishing {
 	for k, v := range r.Headers {
 		h[k] = v
 	}
+	// The copy is a new message: a quorum queue's count of the original's
+	// deliveries must not be read as the copy's (HeaderAttempt carries it).
+	delete(h, "x-delivery-count")
 	return amqp.Publishing{
 		Headers:         h,
 		ContentType:     r.ContentType,

@@ -190,7 +190,6 @@ func (s *Source) Close() error {
 		return nil
 	}
 	s.closed = true
-	started := s.started
 	initial := s.initial
 	s.initial = nil
 	for t := range s.timers {
@@ -202,7 +201,9 @@ func (s *Source) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	var err error
-	if !started && initial != nil {
+	// Whoever takes s.initial under s.mu owns it: run (once started) or,
+	// if run has not taken it yet, Close.
+	if initial != nil {
 		err = initial.Close()
 	}
 	s.wg.Wait()
@@ -330,6 +331,10 @@ func (s *Source) run() {
 			s.cfg.logger.Info("idemq rabbitmq: reconnected", "queue", s.queue, "reconnects", s.reconnects.Load())
 		}
 		backoff = s.cfg.backoffMin
+		select { // an error reported before this session is no longer news
+		case <-s.errs:
+		default:
+		}
 		reason := s.pump(sess, deliveries)
 		s.mu.Lock()
 		if s.sess == sess {
