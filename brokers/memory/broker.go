@@ -5,10 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/core"
 )
@@ -209,7 +214,29 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*core.Messag
 	if err != nil {
 		return err
 	}
-	return q.publish(msgs, b.currentFaults().DuplicatePublish)
+	return q.publish(withTraceContext(ctx, msgs), b.currentFaults().DuplicatePublish)
+}
+
+// withTraceContext returns msgs with the trace context of ctx injected into
+// copies of their headers by the global propagator, as every idemq
+// publisher does, so a producer's trace reaches the consumer. Without a
+// span in ctx the messages are returned unchanged.
+func withTraceContext(ctx context.Context, msgs []*core.Message) []*core.Message {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return msgs
+	}
+	prop := otel.GetTextMapPropagator()
+	out := make([]*core.Message, len(msgs))
+	for i, m := range msgs {
+		c := *m
+		c.Headers = maps.Clone(m.Headers)
+		if c.Headers == nil {
+			c.Headers = make(map[string]string, 2)
+		}
+		prop.Inject(ctx, propagation.MapCarrier(c.Headers))
+		out[i] = &c
+	}
+	return out
 }
 
 // Subscribe opens a subscription that receives from queue, creating the

@@ -21,7 +21,8 @@ type DrainResult struct {
 // on the subscription it is given; when a subscription crashes (the
 // CrashOnAck fault, or Subscription.Crash) Drain starts a new one, as an
 // orchestrator restarts a dead process. It is how tests, examples and the
-// quickstart run a workload to completion on the memory broker.
+// quickstart run a workload to completion on the memory broker. Publish
+// first: on a queue that is already empty Drain returns at once.
 func Drain[Tx any](ctx context.Context, b *Broker, queue string, newConsumer func(*Subscription) (*core.Consumer[Tx], error)) (DrainResult, error) {
 	var res DrainResult
 	waitCtx, stopWaiting := context.WithCancel(ctx)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -35,23 +36,19 @@ func consumeTraced(t *testing.T, batch int, opts []tracing.Option, msgs ...*core
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer tp.Shutdown(ctx)
 
-	pctx, producer := tp.Tracer("producer").Start(ctx, "send q", trace.WithSpanKind(trace.SpanKindProducer))
-	for _, m := range msgs {
-		if m.Headers == nil {
-			m.Headers = map[string]string{}
-		}
-		prop.Inject(pctx, propagation.MapCarrier(m.Headers))
-	}
-	producer.End()
-
 	b, err := memory.NewBroker()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if err := b.Publish(ctx, "q", msgs...); err != nil {
+	// The memory broker's Publish injects the producer's context into the
+	// headers with the global propagator, as every idemq publisher does.
+	otel.SetTextMapPropagator(prop)
+	pctx, producer := tp.Tracer("producer").Start(ctx, "send q", trace.WithSpanKind(trace.SpanKindProducer))
+	if err := b.Publish(pctx, "q", msgs...); err != nil {
 		t.Fatal(err)
 	}
+	producer.End()
 	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
 	if err != nil {
 		t.Fatal(err)
