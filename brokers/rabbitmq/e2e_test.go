@@ -41,18 +41,19 @@ func postgresURL(t testing.TB) string {
 	return url
 }
 
-// crashAfter wraps a Source so that its crashAt-th batch ack (or single
-// ack) closes the source instead of acknowledging: the process committed
+// crashAfter wraps a Source so that, once armed, its crashAt-th batch ack
+// (or single ack) closes the source instead of acknowledging: the process committed
 // its transaction and died before the ack reached the broker.
 type crashAfter struct {
 	*Source
-	crashAt int64 // 0: never
+	crashAt int64       // counted once armed; 0: never
+	armed   atomic.Bool // the test arms it once the life's cuts are done
 	acks    atomic.Int64
 	crashed atomic.Bool
 }
 
 func (c *crashAfter) crash() bool {
-	if c.crashAt > 0 && c.acks.Add(1) == c.crashAt {
+	if c.crashAt > 0 && c.armed.Load() && c.acks.Add(1) == c.crashAt {
 		c.crashed.Store(true)
 		_ = c.Source.Close()
 		return true
@@ -163,8 +164,9 @@ func TestEndToEndPostgres(t *testing.T) {
 	var reconnects, stale int64
 	crashes, cuts := 0, 0
 	start = time.Now()
-	// Lives 1-3 crash between commit and ack at their 40th batch ack; each
-	// life also has its connection cut twice; life 4 runs to the end.
+	// Each life has its connection cut twice; lives 1-3 then crash
+	// between commit and ack at their 10th batch ack after the second cut;
+	// life 4 runs to the end.
 	for life := 1; ; life++ {
 		src, err := Open(ctx, purl, q, WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 500*time.Millisecond))
 		if err != nil {
@@ -172,7 +174,7 @@ func TestEndToEndPostgres(t *testing.T) {
 		}
 		wrapped := &crashAfter{Source: src}
 		if life <= 3 {
-			wrapped.crashAt = 40
+			wrapped.crashAt = 10
 		}
 		c, err := core.New[pgx.Tx](wrapped, store, handler, core.WithName("e2e"),
 			core.WithBatchSize(100), core.WithWindow(400), core.WithConcurrency(4), core.WithLogger(testLogger(t)))
@@ -195,10 +197,13 @@ func TestEndToEndPostgres(t *testing.T) {
 			}
 			st := c.Stats()
 			decided := st.Processed + st.Duplicates
-			if lifeCuts < 2 && decided > int64(800*(lifeCuts+1)) {
+			if lifeCuts < 2 && decided > int64(500*(lifeCuts+1)) {
 				p.cut()
 				lifeCuts++
 				cuts++
+				if lifeCuts == 2 {
+					wrapped.armed.Store(true)
+				}
 			}
 			if life > 3 && distinct() == unique && queueDepth(t, amqpU, q) == 0 && st.Received == decided {
 				stop()
@@ -259,8 +264,8 @@ func TestEndToEndPostgres(t *testing.T) {
 	if total.DeadLettered != 0 {
 		t.Errorf("DeadLettered = %d, want 0", total.DeadLettered)
 	}
-	if crashes != 3 || cuts < 6 {
-		t.Errorf("%d crashes and %d cuts injected, want 3 and >= 6", crashes, cuts)
+	if crashes != 3 || cuts < 8 {
+		t.Errorf("%d crashes and %d cuts injected, want 3 and >= 8", crashes, cuts)
 	}
 	if d := queueDepth(t, amqpU, q+".dlq"); d != 0 {
 		t.Errorf("dead-letter queue holds %d messages", d)
