@@ -23,6 +23,7 @@ type config struct {
 	table     string
 	retention time.Duration
 	now       func() time.Time
+	period    time.Duration // partition period; 0: not partitioned
 	errs      []error
 }
 
@@ -72,6 +73,35 @@ func WithClock(now func() time.Time) Option {
 			return
 		}
 		c.now = now
+	}
+}
+
+// WithPartitions makes the dedup table range-partitioned on processed_at,
+// one partition per period (aligned to the Unix epoch in UTC, e.g. 24h
+// gives UTC days), so that pruning drops whole partitions instead of
+// deleting rows. Default: not partitioned. The period must be a whole
+// number of minutes, at least one.
+//
+// A partitioned table cannot carry a unique key on (consumer, message_id)
+// alone (Postgres requires the partition column in it), so in this mode a
+// claim first takes a transaction-scoped advisory lock per id, then checks
+// every partition and inserts the ids it did not find: concurrent claimers
+// of an id still wait for each other. It costs one more round trip per
+// batch and one index probe per partition per id.
+//
+// Upkeep: Migrate and Begin create the partition for the current time and
+// the next two periods as needed; DropPartitions (called by RunPruner)
+// drops partitions that ended before now minus the retention, so claims
+// live between Retention and Retention plus one period. The period of an
+// existing table must not change (new partitions would overlap old ones);
+// use a new table instead.
+func WithPartitions(period time.Duration) Option {
+	return func(c *config) {
+		if period < time.Minute || period%time.Minute != 0 {
+			c.errs = append(c.errs, fmt.Errorf("postgres: WithPartitions: period must be a positive whole number of minutes, got %v", period))
+			return
+		}
+		c.period = period
 	}
 }
 

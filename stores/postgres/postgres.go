@@ -33,6 +33,7 @@ type Store struct {
 	owned bool
 	cfg   config
 	q     queries
+	parts partitions // WithPartitions only
 }
 
 var (
@@ -49,6 +50,7 @@ type queries struct {
 	readBack string
 	unclaim  string
 	prune    string
+	lockIDs  string // WithPartitions only
 }
 
 // Open connects a pool to the database at url (a postgres:// URL or a
@@ -93,6 +95,9 @@ func newStore(pool *pgxpool.Pool, cfg config) *Store {
 	t := cfg.table // validated: safe to splice into SQL
 	h := fnv.New64a()
 	h.Write([]byte("idemq.migrate." + t))
+	if cfg.period > 0 {
+		return newPartitionedStore(pool, cfg, int64(h.Sum64()))
+	}
 	return &Store{pool: pool, cfg: cfg, q: queries{
 		lockKey: int64(h.Sum64()),
 		migrate: []string{
@@ -169,10 +174,22 @@ func (s *Store) Migrate(ctx context.Context) error {
 				return err
 			}
 		}
+		// A table made in the other mode would silently lose either the
+		// unique key or the partition drops: refuse it.
+		var kind string
+		if err := tx.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, s.cfg.table).Scan(&kind); err != nil {
+			return err
+		}
+		if partitioned := s.cfg.period > 0; partitioned != (kind == "p") {
+			return fmt.Errorf("table exists with relkind %q, which does not match WithPartitions (period %v)", kind, s.cfg.period)
+		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("postgres: migrate %s: %w", s.cfg.table, err)
+	}
+	if s.cfg.period > 0 {
+		return s.ensurePartitions(ctx, s.cfg.now())
 	}
 	return nil
 }
@@ -196,12 +213,24 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 // of batch rows (each its own short statement) until a batch comes back
 // short, and logs how many it removed. It returns ctx's error when ctx is
 // done; a failed round is logged and retried at the next tick.
+//
+// On a table made WithPartitions it deletes no rows: each tick it creates
+// the coming partitions and drops those that ended before now minus
+// Retention (batch is then unused).
 func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
+	if s.cfg.period > 0 {
+		return s.runPartitionUpkeep(ctx, every, logger)
+	}
 	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
 }
 
 // Begin starts a READ COMMITTED transaction (the pool's default).
 func (s *Store) Begin(ctx context.Context) (core.Txn[pgx.Tx], error) {
+	if s.cfg.period > 0 {
+		if err := s.ensurePartitions(ctx, s.cfg.now()); err != nil {
+			return nil, err
+		}
+	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: begin: %w", err)
@@ -233,6 +262,9 @@ const maxReclaims = 3
 func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
 	if consumer == "" {
 		return nil, errors.New("postgres: Claim: empty consumer")
+	}
+	if t.s.cfg.period > 0 {
+		return t.claimPartitioned(ctx, consumer, claims)
 	}
 	results := make([]core.ClaimResult, len(claims))
 	pending := make([]int, len(claims)) // indexes into claims still undecided
