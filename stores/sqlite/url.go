@@ -1,0 +1,50 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/idemq/idemq/core"
+)
+
+func init() { core.RegisterStore("sqlite", openURL) }
+
+// openURL opens "sqlite://PATH?table=NAME&retention=DURATION&busy_timeout=DURATION":
+// sqlite://app.db is app.db in the working directory, sqlite:///var/lib/app.db
+// an absolute path. Unknown parameters are refused, naming them.
+func openURL(ctx context.Context, u *url.URL) (any, error) {
+	path := u.Host + u.Path
+	if u.Opaque != "" {
+		path = u.Opaque
+	}
+	if path == "" {
+		return nil, fmt.Errorf("sqlite URL has no file path (use sqlite://app.db or sqlite:///abs/path.db)")
+	}
+	query, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite URL parameters: %v", err)
+	}
+	var opts []Option
+	for k, vs := range query {
+		v := vs[len(vs)-1]
+		switch k {
+		case "table":
+			opts = append(opts, WithTable(v))
+		case "retention", "busy_timeout":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return nil, fmt.Errorf("sqlite URL parameter %s: %q is not a duration like 168h", k, v)
+			}
+			if k == "retention" {
+				opts = append(opts, WithRetention(d))
+			} else {
+				opts = append(opts, WithBusyTimeout(d))
+			}
+		default:
+			return nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", k)
+		}
+	}
+	return Open(ctx, path, opts...)
+}
