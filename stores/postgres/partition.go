@@ -231,11 +231,15 @@ WHERE i.inhparent = $1::regclass`, table)
 	defer rows.Close()
 	var out []Partition
 	for rows.Next() {
-		var name, bound string
+		var name string
+		var bound *string // NULL for a partition being dropped concurrently
 		if err := rows.Scan(&name, &bound); err != nil {
 			return nil, err
 		}
-		m := boundRE.FindStringSubmatch(bound)
+		if bound == nil {
+			continue
+		}
+		m := boundRE.FindStringSubmatch(*bound)
 		if m == nil {
 			continue // DEFAULT or MINVALUE/MAXVALUE bounds: never ours to drop
 		}
