@@ -1,0 +1,220 @@
+package brokertest_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/brokers/brokertest"
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+)
+
+// The suite must be able to fail. Each case runs the suite (the cases that
+// should notice) in a child process on the memory broker behind an
+// adapter broken in one way, and expects the named subtest to fail.
+func TestSuiteCatchesBrokenAdapters(t *testing.T) {
+	if os.Getenv("BROKERTEST_BROKEN") != "" {
+		t.Skip("inside a child run")
+	}
+	cases := []struct {
+		mode    string
+		run     string // subtests to run
+		wantBad string // the subtest that must fail
+	}{
+		{"ack-is-a-lie", "AckRemoves", "AckRemoves"},
+		{"batch-acks-everything", "AckBatchAcksExactlyTheBatch", "AckBatchAcksExactlyTheBatch"},
+		{"attempt-always-1", "RetryRedeliversWithHigherAttempt", "RetryRedeliversWithHigherAttempt"},
+		{"dead-letter-drops", "DeadLetterParksWithCause", "DeadLetterParksWithCause"},
+		{"settles-after-close", "GracefulCloseWithDeliveriesInFlight", "GracefulCloseWithDeliveriesInFlight"},
+		{"delivers-twice", "Pipeline/DuplicatesApplyOnce", "Pipeline/DuplicatesApplyOnce"},
+	}
+	t.Run("control", func(t *testing.T) {
+		// The wrapper without a defect passes the whole suite, so the
+		// failures below come from the defects.
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenAdapter$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN=none")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("the suite failed the wrapper without a defect: %v\n%s", err, out)
+		}
+	})
+	for _, c := range cases {
+		t.Run(c.mode, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenAdapter$/^"+c.run+"$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN="+c.mode)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed an adapter whose %s:\n%s", c.mode, out)
+			}
+			if !strings.Contains(string(out), "--- FAIL: TestBrokenAdapter/"+c.wantBad) {
+				t.Fatalf("want subtest %s to fail; output:\n%s", c.wantBad, out)
+			}
+		})
+	}
+}
+
+// TestBrokenAdapter is the child run of TestSuiteCatchesBrokenAdapters.
+func TestBrokenAdapter(t *testing.T) {
+	mode := os.Getenv("BROKERTEST_BROKEN")
+	if mode == "" {
+		t.Skip("run as a child of TestSuiteCatchesBrokenAdapters")
+	}
+	b, err := memory.NewBroker(memory.WithVisibilityTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	brokertest.Run(t, brokertest.Harness{
+		RecordsCause:   true,
+		Quiet:          100 * time.Millisecond,
+		ReceiveTimeout: 3 * time.Second,
+		Open: func(t *testing.T) *brokertest.Fixture {
+			var r [4]byte
+			_, _ = rand.Read(r[:])
+			queue := "broken-" + hex.EncodeToString(r[:])
+			return &brokertest.Fixture{
+				Publish: func(ctx context.Context, msgs ...*core.Message) error {
+					return b.Publish(ctx, queue, msgs...)
+				},
+				NewSource: func(t *testing.T) core.Source {
+					s, err := b.Subscribe(queue)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return &broken{Subscription: s, mode: mode}
+				},
+				DeadLetters: func(ctx context.Context) ([]brokertest.DeadLetter, error) {
+					var out []brokertest.DeadLetter
+					for _, dl := range b.DeadLetters(queue) {
+						out = append(out, brokertest.DeadLetter{ID: dl.Message.ID, Body: dl.Message.Body, Cause: dl.Cause.Error()})
+					}
+					return out, nil
+				},
+			}
+		},
+	})
+}
+
+// broken is a memory subscription with one deliberate defect.
+type broken struct {
+	*memory.Subscription
+	mode string
+
+	mu     sync.Mutex
+	held   []*brokenDelivery // received and not settled, for batch-acks-everything
+	closed bool
+	again  *brokenDelivery // delivers-twice: the copy to hand out next
+}
+
+type brokenDelivery struct {
+	core.Delivery
+	src  *broken
+	msg  *core.Message
+	copy bool
+}
+
+func (b *broken) Receive(ctx context.Context) (core.Delivery, error) {
+	b.mu.Lock()
+	if b.again != nil {
+		d := b.again
+		b.again = nil
+		b.mu.Unlock()
+		return d, nil
+	}
+	b.mu.Unlock()
+	d, err := b.Subscription.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := *d.Message()
+	if b.mode == "attempt-always-1" {
+		m.Attempt = 1
+	}
+	bd := &brokenDelivery{Delivery: d, src: b, msg: &m}
+	b.mu.Lock()
+	b.held = append(b.held, bd)
+	if b.mode == "delivers-twice" {
+		c := *bd
+		c.copy = true
+		b.again = &c
+	}
+	b.mu.Unlock()
+	return bd, nil
+}
+
+func (b *broken) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	return b.Subscription.Close()
+}
+
+func (b *broken) forget(d *brokenDelivery) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, h := range b.held {
+		if h == d {
+			b.held = append(b.held[:i], b.held[i+1:]...)
+			return
+		}
+	}
+}
+
+func (b *broken) AckBatch(ctx context.Context, ds []core.Delivery) error {
+	var inner []core.Delivery
+	if b.mode == "batch-acks-everything" {
+		// Like a multiple ack up to the highest tag: everything held goes.
+		b.mu.Lock()
+		for _, h := range b.held {
+			inner = append(inner, h.Delivery)
+		}
+		b.held = nil
+		b.mu.Unlock()
+	} else {
+		for _, d := range ds {
+			bd := d.(*brokenDelivery)
+			b.forget(bd)
+			inner = append(inner, bd.Delivery)
+		}
+	}
+	return b.Subscription.AckBatch(ctx, inner)
+}
+
+func (d *brokenDelivery) Message() *core.Message { return d.msg }
+
+func (d *brokenDelivery) Ack(ctx context.Context) error {
+	d.src.forget(d)
+	switch {
+	case d.copy:
+		return nil // the copy of delivers-twice: its original settles
+	case d.src.mode == "ack-is-a-lie":
+		return nil
+	case d.src.mode == "settles-after-close":
+		d.src.mu.Lock()
+		closed := d.src.closed
+		d.src.mu.Unlock()
+		if closed {
+			return nil // pretends the ack of a returned message worked
+		}
+	}
+	return d.Delivery.Ack(ctx)
+}
+
+func (d *brokenDelivery) DeadLetter(ctx context.Context, cause error) error {
+	d.src.forget(d)
+	if d.src.mode == "dead-letter-drops" {
+		return d.Delivery.Ack(ctx) // silently dropped
+	}
+	return d.Delivery.DeadLetter(ctx, cause)
+}
+
+func (d *brokenDelivery) Retry(ctx context.Context, delay time.Duration) error {
+	d.src.forget(d)
+	return d.Delivery.Retry(ctx, delay)
+}
