@@ -105,6 +105,7 @@ func Run(t *testing.T, h Harness) {
 		{"Pipeline/DuplicatesApplyOnce", testPipelineDuplicates},
 		{"Pipeline/FailedHandlerIsRetriedNotDropped", testPipelineRetry},
 		{"Pipeline/CrashBetweenCommitAndAck", testPipelineCrash},
+		{"Pipeline/GracefulShutdownMidStream", testPipelineShutdown},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.f(t, h) })

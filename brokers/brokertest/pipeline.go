@@ -333,3 +333,50 @@ func testPipelineCrash(t *testing.T, h Harness) {
 	}
 	expectQuiet(t, h, source(t, f))
 }
+
+func testPipelineShutdown(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	const n = 40
+	msgs := messages("shutdown", n)
+	publish(t, h, f, msgs...)
+	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		time.Sleep(10 * time.Millisecond)
+		return e.apply(ctx, tx, m)
+	}
+	r1 := runConsumer(t, source(t, f), e, slow, core.WithBatchSize(4), core.WithWindow(8))
+	waitFor(t, h.ReceiveTimeout, "10 processed", func() bool { return r1.c.Stats().Processed >= 10 })
+	// Cancel mid-stream: in-flight batches finish, everything decided is
+	// settled, the source closes, Run returns nil.
+	if err := r1.shutdown(t); err != nil {
+		t.Fatalf("Run after cancellation = %v, want nil", err)
+	}
+	st1 := r1.c.Stats()
+	if st1.Processed >= n {
+		t.Fatalf("all %d processed before the shutdown took effect", st1.Processed)
+	}
+	// The next consumer gets exactly what was not acked. Had the first
+	// one's Close dropped acks of committed messages, they would come back
+	// here as Duplicates.
+	r2 := runConsumer(t, source(t, f), e, slow, core.WithBatchSize(4), core.WithWindow(8))
+	left := n - st1.Processed
+	waitFor(t, h.ReceiveTimeout, fmt.Sprintf("%d remaining processed", left), func() bool {
+		st := r2.c.Stats()
+		return st.Processed+st.Duplicates >= left
+	})
+	if err := r2.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st2 := r2.c.Stats()
+	t.Logf("first consumer %+v; second %+v", st1, st2)
+	if st2.Duplicates != 0 || st2.Processed != left {
+		t.Errorf("second consumer processed %d and saw %d duplicates, want %d and 0: the graceful shutdown left decided messages unsettled", st2.Processed, st2.Duplicates, left)
+	}
+	counts := e.counts(t)
+	for _, m := range msgs {
+		if counts[m.ID] != 1 {
+			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
+		}
+	}
+	expectQuiet(t, h, source(t, f))
+}
