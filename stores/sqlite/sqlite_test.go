@@ -249,3 +249,49 @@ func TestRunPruner(t *testing.T) {
 		t.Fatalf("rows left after pruning: %q, want only fresh", left)
 	}
 }
+
+// TestBusyIsTransient: a Begin that waits longer than busy_timeout for
+// another transaction's write lock fails with SQLITE_BUSY, which is
+// transient; after the holder commits, the retry sees its claim.
+func TestBusyIsTransient(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "b.db"), sqlite.WithBusyTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	holder, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Claim(ctx, "c", []core.Claim{{ID: "m"}}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = s.Begin(ctx)
+	if err == nil {
+		t.Fatal("second Begin got the write lock while the first transaction held it")
+	}
+	if waited := time.Since(start); waited < 80*time.Millisecond {
+		t.Fatalf("second Begin failed after %v without waiting busy_timeout", waited)
+	}
+	if !sqlite.IsTransient(err) {
+		t.Fatalf("SQLITE_BUSY not transient: %v", err)
+	}
+	if sqlite.IsTransient(errors.New("other")) || sqlite.IsTransient(nil) {
+		t.Fatal("IsTransient true for a plain error or nil")
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	retry, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer retry.Rollback(ctx)
+	res, err := retry.Claim(ctx, "c", []core.Claim{{ID: "m"}})
+	if err != nil || res[0] != core.ClaimDuplicate {
+		t.Fatalf("retry: %v %v; want duplicate", res, err)
+	}
+}
