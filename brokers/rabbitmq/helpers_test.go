@@ -126,7 +126,15 @@ type proxy struct {
 	mu     sync.Mutex
 	conns  []net.Conn
 	cuts   int
+	down   bool // refuse new connections, as a broker that is down
 	wg     sync.WaitGroup
+}
+
+// setDown makes the proxy refuse (accept and close) new connections.
+func (p *proxy) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
 }
 
 func newProxy(t testing.TB, target string) *proxy {
@@ -154,6 +162,13 @@ func (p *proxy) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		down := p.down
+		p.mu.Unlock()
+		if down {
+			c.Close()
+			continue
 		}
 		u, err := net.Dial("tcp", p.target)
 		if err != nil {

@@ -281,3 +281,65 @@ func TestPipelineSurvivesConnectionCuts(t *testing.T) {
 		t.Errorf("dead-letter queue holds %d messages", d)
 	}
 }
+
+// TestReconnectWhileBrokerIsDown keeps the broker unreachable for a while
+// after a cut: the Source retries with backoff, Receive reports the
+// trouble, and consumption resumes once the broker is back.
+func TestReconnectWhileBrokerIsDown(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	p := newProxy(t, mustHostPort(t, url))
+	ctx := context.Background()
+	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	publishN(t, url, q, "down", 10)
+	first := receiveN(t, src, 1, 10*time.Second)[0]
+	if err := first.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.setDown(true)
+	p.cut()
+	// Until the client notices the cut, a delivery already on its way can
+	// still be handed out (its settlement then fails as stale).
+	waitUntil(t, 5*time.Second, func() bool {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		return src.sess == nil
+	})
+	// While down, Receive returns the connection errors (the Consumer logs
+	// them and calls again) and no delivery.
+	rctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+	reported := 0
+	for rctx.Err() == nil {
+		d, err := src.Receive(rctx)
+		if err == nil {
+			t.Fatalf("received %q while the broker was down", d.Message().ID)
+		}
+		if rctx.Err() == nil {
+			reported++
+		}
+	}
+	cancel()
+	if reported == 0 {
+		t.Error("Receive reported no error while the broker was unreachable")
+	}
+	if n := src.Stats().Reconnects; n != 0 {
+		t.Fatalf("Reconnects = %d while the broker was down", n)
+	}
+	p.setDown(false)
+	got := map[string]bool{}
+	for len(got) < 9 {
+		d := receiveN(t, src, 1, 10*time.Second)[0]
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got[d.msg.ID] = true
+	}
+	if n := src.Stats().Reconnects; n != 1 {
+		t.Errorf("Reconnects = %d, want 1", n)
+	}
+	t.Logf("%d connection errors reported while down", reported)
+}

@@ -168,15 +168,22 @@ func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
 		go s.run()
 	}
 	s.mu.Unlock()
-	select {
-	case d := <-s.out:
-		return d, nil
-	case err := <-s.errs:
-		return nil, err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-s.ctx.Done():
-		return nil, core.ErrSourceClosed
+	for {
+		select {
+		case d := <-s.out:
+			if d.sess.ch.IsClosed() {
+				// Its tag died with the channel: the broker redelivers it,
+				// so handing it over would only waste a transaction.
+				continue
+			}
+			return d, nil
+		case err := <-s.errs:
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.ctx.Done():
+			return nil, core.ErrSourceClosed
+		}
 	}
 }
 
