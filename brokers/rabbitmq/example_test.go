@@ -62,3 +62,14 @@ func ExamplePublisher() {
 		log.Fatal(err) // retry the call: the consumer's dedup absorbs copies
 	}
 }
+
+// The whole configuration can come from one URL, so operators switch
+// queues, queue types and settlement modes without a code change.
+func ExampleOpenURL() {
+	ctx := context.Background()
+	src, err := rabbitmq.OpenURL(ctx, "amqp://guest:guest@127.0.0.1:5672/?queue=payments&queue_type=quorum&retry=queue&prefetch=200")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer src.Close()
+}

@@ -244,15 +244,19 @@ func dialContext(ctx context.Context, url string, cfg amqp.Config, set bool, nam
 		cfg.Properties.SetClientConnectionName(name)
 	}
 	if cfg.Dial == nil {
+		timeout := 30 * time.Second // amqp091-go's default
+		if u, err := amqp.ParseURI(url); err == nil && u.ConnectionTimeout > 0 {
+			timeout = time.Duration(u.ConnectionTimeout) * time.Millisecond
+		}
 		cfg.Dial = func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: 30 * time.Second}
+			d := net.Dialer{Timeout: timeout}
 			c, err := d.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
 			// The handshake has no heartbeats yet; amqp091-go clears this
 			// deadline once the connection is open.
-			return c, c.SetDeadline(time.Now().Add(30 * time.Second))
+			return c, c.SetDeadline(time.Now().Add(timeout))
 		}
 	}
 	type result struct {

@@ -1,0 +1,116 @@
+package rabbitmq
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strconv"
+)
+
+// OpenURL opens a Source configured entirely by a URL, so deployment
+// configuration rather than code picks the broker and its settings:
+//
+//	amqp://user:pass@host:5672/vhost?queue=payments&queue_type=quorum&retry=queue
+//
+// Parameters (each maps to the option of the same meaning):
+//
+//	queue            the queue to consume (required)
+//	queue_type       classic | quorum                      (WithQueueType)
+//	retry            requeue | queue                       (WithRetryMode)
+//	dead_letter      republish | reject                    (WithDeadLetterMode)
+//	declare          true | false                          (WithDeclare)
+//	prefetch         1..65535                              (WithPrefetch)
+//	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
+//	connection_name  the client connection name            (WithConnectionName)
+//
+// RabbitMQ's own URI parameters (heartbeat, connection_timeout,
+// channel_max, auth_mechanism, TLS files) are left to amqp091-go. Any other
+// parameter is an error naming it. URL parameters are applied after opts,
+// so the deployment's URL wins over defaults set in code.
+func OpenURL(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
+	amqpURL, queue, urlOpts, err := parseSourceURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	return Open(ctx, amqpURL, queue, append(append([]Option{}, opts...), urlOpts...)...)
+}
+
+// amqpParams are the URI query parameters amqp091-go understands.
+var amqpParams = map[string]bool{
+	"heartbeat": true, "connection_timeout": true, "channel_max": true, "auth_mechanism": true,
+	"certfile": true, "keyfile": true, "cacertfile": true, "server_name_indication": true,
+}
+
+// parseSourceURL splits rawURL into the URL for amqp091-go, the queue and
+// the options its idemq parameters ask for.
+func parseSourceURL(rawURL string) (string, string, []Option, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("rabbitmq: url: %w", err)
+	}
+	if u.Scheme != "amqp" && u.Scheme != "amqps" {
+		return "", "", nil, fmt.Errorf("rabbitmq: url: scheme %q is not amqp or amqps", u.Scheme)
+	}
+	q := u.Query()
+	keep := url.Values{}
+	var opts []Option
+	queue := ""
+	for k, vs := range q {
+		if len(vs) != 1 && !amqpParams[k] {
+			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: given %d times", k, len(vs))
+		}
+		v := vs[0]
+		switch k {
+		case "queue":
+			queue = v
+		case "queue_type":
+			opts = append(opts, WithQueueType(QueueType(v)))
+		case "retry":
+			switch v {
+			case "requeue":
+				opts = append(opts, WithRetryMode(RetryRequeue))
+			case "queue":
+				opts = append(opts, WithRetryMode(RetryViaQueue))
+			default:
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter retry: %q is not requeue or queue", v)
+			}
+		case "dead_letter":
+			switch v {
+			case "republish":
+				opts = append(opts, WithDeadLetterMode(DeadLetterRepublish))
+			case "reject":
+				opts = append(opts, WithDeadLetterMode(DeadLetterReject))
+			default:
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter dead_letter: %q is not republish or reject", v)
+			}
+		case "declare":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter declare: %q is not a boolean", v)
+			}
+			opts = append(opts, WithDeclare(b))
+		case "prefetch":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter prefetch: %q is not a number", v)
+			}
+			opts = append(opts, WithPrefetch(n))
+		case "dead_letter_queue":
+			opts = append(opts, WithDeadLetterQueue(v))
+		case "retry_queue":
+			opts = append(opts, WithRetryQueue(v))
+		case "connection_name":
+			opts = append(opts, WithConnectionName(v))
+		default:
+			if !amqpParams[k] {
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: unknown", k)
+			}
+			keep[k] = vs
+		}
+	}
+	if queue == "" {
+		return "", "", nil, fmt.Errorf("rabbitmq: url parameter queue: required")
+	}
+	u.RawQuery = keep.Encode()
+	return u.String(), queue, opts, nil
+}
