@@ -104,6 +104,7 @@ func Run(t *testing.T, h Harness) {
 		{"Pipeline/MissingIDIsDeadLettered", testPipelineMissingID},
 		{"Pipeline/DuplicatesApplyOnce", testPipelineDuplicates},
 		{"Pipeline/FailedHandlerIsRetriedNotDropped", testPipelineRetry},
+		{"Pipeline/PoisonIsDeadLetteredAfterMaxAttempts", testPipelinePoison},
 		{"Pipeline/CrashBetweenCommitAndAck", testPipelineCrash},
 		{"Pipeline/GracefulShutdownMidStream", testPipelineShutdown},
 	}

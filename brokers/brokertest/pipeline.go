@@ -380,3 +380,44 @@ func testPipelineShutdown(t *testing.T, h Harness) {
 	}
 	expectQuiet(t, h, source(t, f))
 }
+
+// A message whose handler always fails transiently must reach MaxAttempts
+// through the adapter's Attempt and be dead-lettered, not retried forever
+// (a broker that only flags redeliveries needs the adapter to count).
+func testPipelinePoison(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	msgs := messages("poison", 2)
+	publish(t, h, f, msgs...)
+	poison := msgs[0].ID
+	var calls atomic.Int64
+	r := runConsumer(t, source(t, f), e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := e.apply(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == poison {
+			calls.Add(1)
+			return errors.New("still failing")
+		}
+		return nil
+	}, core.WithMaxAttempts(3))
+	waitFor(t, h.ReceiveTimeout, "the poison message dead-lettered", func() bool {
+		st := r.c.Stats()
+		return st.DeadLettered == 1 && st.Processed == 1
+	})
+	if err := r.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("handler ran %d times for the poison message, want MaxAttempts = 3", n)
+	}
+	dl := waitDeadLetters(t, h, f, poison)[poison]
+	if h.RecordsCause && !strings.Contains(dl.Cause, core.ErrMaxAttempts.Error()) {
+		t.Errorf("parked cause %q does not name %q", dl.Cause, core.ErrMaxAttempts)
+	}
+	counts := e.counts(t)
+	if counts[poison] != 0 || counts[msgs[1].ID] != 1 {
+		t.Errorf("effects %v: want none for the poison message and one for the other", counts)
+	}
+	expectQuiet(t, h, source(t, f))
+}

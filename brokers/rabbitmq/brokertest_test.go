@@ -61,3 +61,9 @@ func TestConformanceClassic(t *testing.T) {
 func TestConformanceQuorumRetryQueueReject(t *testing.T) {
 	brokertest.Run(t, harness(false, WithQueueType(Quorum), WithRetryMode(RetryViaQueue), WithDeadLetterMode(DeadLetterReject)))
 }
+
+// Quorum queues count redeliveries in x-delivery-count: this variant's
+// requeues exercise that path.
+func TestConformanceQuorumRequeue(t *testing.T) {
+	brokertest.Run(t, harness(true, WithQueueType(Quorum)))
+}

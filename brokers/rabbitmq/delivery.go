@@ -234,7 +234,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
 		return d.wrap(err)
 	}
-	d.sess.src.forget(d.msg.ID)
+	d.sess.src.forget(d.raw.MessageId)
 	return nil
 }
 
@@ -264,7 +264,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	}
 	nack := func() error {
 		return d.sess.settle(d.tag, func(ch *amqp.Channel) error {
-			src.remember(d.msg.ID, d.msg.Attempt)
+			src.remember(d.raw.MessageId, d.msg.Attempt)
 			return ch.Nack(d.tag, false, true)
 		})
 	}
@@ -316,6 +316,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Reject(d.tag, false) }); err != nil {
 			return d.wrap(err)
 		}
+		src.forget(d.raw.MessageId)
 		return nil
 	}
 	p := d.copyPublishing()
@@ -328,7 +329,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
 		return d.wrap(err)
 	}
-	src.forget(d.msg.ID)
+	src.forget(d.raw.MessageId)
 	return nil
 }
 

@@ -524,7 +524,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
 			errs = append(errs, err)
 		}
 		for _, d := range bySess[sess] {
-			s.forget(d.msg.ID)
+			s.forget(d.raw.MessageId)
 		}
 	}
 	return errors.Join(errs...)
