@@ -1,0 +1,172 @@
+package sqs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+)
+
+func staticCredentials(id, secret, token string) aws.CredentialsProvider {
+	return credentials.NewStaticCredentialsProvider(id, secret, token)
+}
+
+// newClient builds the SQS client the options describe.
+func newClient(ctx context.Context, c clientConfig) (*awssqs.Client, error) {
+	if c.client != nil {
+		return c.client, nil
+	}
+	var cfg aws.Config
+	if c.awsConfig != nil {
+		cfg = c.awsConfig.Copy()
+	} else {
+		var loads []func(*awsconfig.LoadOptions) error
+		if c.region != "" {
+			loads = append(loads, awsconfig.WithRegion(c.region))
+		}
+		if c.credentials != nil {
+			loads = append(loads, awsconfig.WithCredentialsProvider(c.credentials))
+		}
+		var err error
+		cfg, err = awsconfig.LoadDefaultConfig(ctx, loads...)
+		if err != nil {
+			return nil, fmt.Errorf("sqs: loading the AWS configuration: %w", err)
+		}
+	}
+	if c.region != "" {
+		cfg.Region = c.region
+	}
+	if c.credentials != nil {
+		cfg.Credentials = c.credentials
+	}
+	if cfg.Region == "" && c.endpoint != "" {
+		// An emulator ignores the region, but the SDK needs one to sign.
+		cfg.Region = "us-east-1"
+	}
+	if cfg.Region == "" {
+		return nil, errors.New("sqs: no AWS region configured: set AWS_REGION or use WithRegion")
+	}
+	return awssqs.NewFromConfig(cfg, func(o *awssqs.Options) {
+		if c.endpoint != "" {
+			o.BaseEndpoint = aws.String(c.endpoint)
+		}
+	}), nil
+}
+
+// queueInfo is what the adapter needs to know about a queue.
+type queueInfo struct {
+	url        string
+	name       string
+	arn        string
+	fifo       bool
+	visibility time.Duration
+	retention  time.Duration
+	redrive    *redrivePolicy
+}
+
+type redrivePolicy struct {
+	targetARN       string
+	maxReceiveCount int
+}
+
+// isQueueURL tells a queue URL from a queue name.
+func isQueueURL(s string) bool {
+	return strings.HasPrefix(s, "https://") || strings.HasPrefix(s, "http://")
+}
+
+// resolveQueue finds the URL of a queue given by URL or name and reads its
+// attributes.
+func resolveQueue(ctx context.Context, cl *awssqs.Client, urlOrName string) (*queueInfo, error) {
+	if urlOrName == "" {
+		return nil, errors.New("empty queue URL or name")
+	}
+	q := &queueInfo{url: urlOrName}
+	if !isQueueURL(urlOrName) {
+		out, err := cl.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(urlOrName)})
+		if err != nil {
+			return nil, fmt.Errorf("queue %q: %w", urlOrName, err)
+		}
+		q.url = aws.ToString(out.QueueUrl)
+	}
+	u, err := url.Parse(q.url)
+	if err != nil {
+		return nil, fmt.Errorf("queue URL %q: %w", q.url, err)
+	}
+	q.name = u.Path[strings.LastIndexByte(u.Path, '/')+1:]
+	if q.name == "" {
+		return nil, fmt.Errorf("queue URL %q names no queue", q.url)
+	}
+	attrs, err := cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(q.url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue %q: reading attributes: %w", q.name, err)
+	}
+	a := attrs.Attributes
+	q.arn = a[string(types.QueueAttributeNameQueueArn)]
+	q.fifo = a[string(types.QueueAttributeNameFifoQueue)] == "true" || strings.HasSuffix(q.name, ".fifo")
+	if s, ok := a[string(types.QueueAttributeNameVisibilityTimeout)]; ok {
+		if n, err := strconv.Atoi(s); err == nil {
+			q.visibility = time.Duration(n) * time.Second
+		}
+	}
+	if q.visibility <= 0 {
+		q.visibility = 30 * time.Second // the SQS default
+	}
+	if s, ok := a[string(types.QueueAttributeNameMessageRetentionPeriod)]; ok {
+		if n, err := strconv.Atoi(s); err == nil {
+			q.retention = time.Duration(n) * time.Second
+		}
+	}
+	if s := a[string(types.QueueAttributeNameRedrivePolicy)]; s != "" {
+		rp, err := parseRedrivePolicy(s)
+		if err != nil {
+			return nil, fmt.Errorf("queue %q: RedrivePolicy: %w", q.name, err)
+		}
+		q.redrive = rp
+	}
+	return q, nil
+}
+
+// parseRedrivePolicy reads {"deadLetterTargetArn":"…","maxReceiveCount":5};
+// SQS returns maxReceiveCount as a number or a string.
+func parseRedrivePolicy(s string) (*redrivePolicy, error) {
+	var raw struct {
+		Target string `json:"deadLetterTargetArn"`
+		Max    any    `json:"maxReceiveCount"`
+	}
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, err
+	}
+	rp := &redrivePolicy{targetARN: raw.Target}
+	switch v := raw.Max.(type) {
+	case float64:
+		rp.maxReceiveCount = int(v)
+	case string:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("maxReceiveCount %q: %w", v, err)
+		}
+		rp.maxReceiveCount = n
+	}
+	if rp.targetARN == "" {
+		return nil, errors.New("no deadLetterTargetArn")
+	}
+	return rp, nil
+}
+
+// queueNameFromARN returns the last part of arn:aws:sqs:region:account:name.
+func queueNameFromARN(arn string) string {
+	return arn[strings.LastIndexByte(arn, ':')+1:]
+}

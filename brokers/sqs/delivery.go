@@ -1,0 +1,379 @@
+package sqs
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemq/idemq/core"
+)
+
+// Delivery states, guarded by Source.mu.
+const (
+	stateLive     = iota // received, unsettled: the heartbeat extends it
+	stateSettling        // a settlement is being sent
+	stateDone            // settled (or released)
+	stateClosed          // taken back by Close
+)
+
+// delivery is one received message and its receipt handle.
+type delivery struct {
+	src        *Source
+	msg        *core.Message
+	raw        *types.Message
+	receipt    string
+	group      string
+	receivedAt time.Time
+
+	// Guarded by src.mu.
+	state      int
+	deadline   time.Time // when its visibility lapses, as far as we know
+	hbFailed   bool      // SQS refused an extension for good
+	hbFailures int
+}
+
+func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
+	sys := m.Attributes
+	attempt := 1
+	if n, err := strconv.Atoi(sys[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil && n > 0 {
+		attempt = n
+	}
+	headers := make(map[string]string, len(m.MessageAttributes))
+	for k, v := range m.MessageAttributes {
+		switch {
+		case v.StringValue != nil:
+			headers[k] = *v.StringValue
+		case v.BinaryValue != nil:
+			headers[k] = string(v.BinaryValue)
+		}
+	}
+	body := []byte(aws.ToString(m.Body))
+	if headers[AttributeEncoding] == "base64" {
+		if dec, err := base64.StdEncoding.DecodeString(string(body)); err == nil {
+			body = dec
+		}
+	}
+	group := sys[string(types.MessageSystemAttributeNameMessageGroupId)]
+	meta := map[string]string{
+		"messaging.destination.name": s.q.name,
+		"messaging.message.id":       aws.ToString(m.MessageId),
+		"aws.sqs.queue.url":          s.q.url,
+	}
+	if group != "" {
+		meta["messaging.aws_sqs.message_group_id"] = group
+	}
+	return &delivery{
+		src:        s,
+		raw:        m,
+		receipt:    aws.ToString(m.ReceiptHandle),
+		group:      group,
+		receivedAt: now,
+		deadline:   now.Add(s.vis),
+		msg: &core.Message{
+			ID:         headers[s.cfg.idAttribute],
+			Body:       body,
+			Headers:    headers,
+			Key:        group,
+			Source:     s.q.name,
+			System:     "aws_sqs",
+			Attempt:    attempt,
+			Metadata:   meta,
+			ReceivedAt: now,
+		},
+	}
+}
+
+// Message returns the received message.
+func (d *delivery) Message() *core.Message { return d.msg }
+
+func (d *delivery) wrap(err error) error {
+	return fmt.Errorf("sqs: message %q (%s): %w", d.msg.ID, aws.ToString(d.raw.MessageId), err)
+}
+
+// claim moves the delivery from live to settling, once.
+func (d *delivery) claim() error {
+	s := d.src
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch d.state {
+	case stateLive:
+		d.state = stateSettling
+		return nil
+	case stateClosed:
+		return d.wrap(ErrClosed)
+	}
+	if s.closed {
+		return d.wrap(ErrClosed)
+	}
+	return d.wrap(ErrAlreadySettled)
+}
+
+// Ack deletes the message by its receipt handle (one DeleteMessageBatch
+// entry, retried as AckBatch retries).
+func (d *delivery) Ack(ctx context.Context) error {
+	if err := d.claim(); err != nil {
+		return err
+	}
+	failed := d.src.deleteBatch(ctx, []*delivery{d})
+	d.src.finish(d, outcomeDone)
+	if err := failed[d]; err != nil {
+		return d.wrap(fmt.Errorf("delete: %w", err))
+	}
+	return nil
+}
+
+// Retry makes the message visible again after delay, rounded up to whole
+// seconds (ChangeMessageVisibility); SQS then redelivers it with a higher
+// ApproximateReceiveCount. The delay is capped by what is left of SQS's 12
+// hours of visibility from the receipt. On a FIFO queue, messages of the
+// same group held back behind this one are released to come after it.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
+	if err := d.claim(); err != nil {
+		return err
+	}
+	secs := int32(0)
+	if delay > 0 {
+		secs = int32((delay + time.Second - 1) / time.Second)
+	}
+	if left := int32((12*time.Hour - time.Since(d.receivedAt)) / time.Second); secs > left-1 {
+		secs = max(left-1, 0)
+	}
+	_, err := d.src.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+		QueueUrl:          aws.String(d.src.q.url),
+		ReceiptHandle:     aws.String(d.receipt),
+		VisibilityTimeout: secs,
+	})
+	d.src.finish(d, outcomeReturned)
+	if err != nil {
+		return d.wrap(fmt.Errorf("retry (visibility %ds): %w; it comes back when its visibility timeout lapses", secs, err))
+	}
+	return nil
+}
+
+// DeadLetter parks the message per the Source's DeadLetterMode.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	if err := d.claim(); err != nil {
+		return err
+	}
+	s := d.src
+	text := "unknown cause"
+	if cause != nil {
+		text = cause.Error()
+	}
+	if s.cfg.deadLetterMode == DeadLetterRedrive {
+		s.cfg.logger.Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
+			"receive_count", d.msg.Attempt, "max_receive_count", s.q.redrive.maxReceiveCount, "cause", text)
+		_, err := s.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+			QueueUrl:          aws.String(s.q.url),
+			ReceiptHandle:     aws.String(d.receipt),
+			VisibilityTimeout: 0,
+		})
+		s.finish(d, outcomeReturned)
+		if err != nil {
+			return d.wrap(fmt.Errorf("dead-letter (release to the redrive policy): %w", err))
+		}
+		s.stats.deadLettered.Add(1)
+		return nil
+	}
+	if err := s.sendToDLQ(ctx, d, text); err != nil {
+		s.finish(d, outcomeReturned)
+		return d.wrap(fmt.Errorf("dead-letter to %q (the message stays in the queue): %w", s.dlq.name, err))
+	}
+	failed := s.deleteBatch(ctx, []*delivery{d})
+	s.finish(d, outcomeDone)
+	s.stats.deadLettered.Add(1)
+	if err := failed[d]; err != nil {
+		return d.wrap(fmt.Errorf("dead-letter: copied to %q but the delete failed, so it will be parked again: %w", s.dlq.name, err))
+	}
+	return nil
+}
+
+// sendToDLQ sends a copy of d to the dead-letter queue with the cause.
+func (s *Source) sendToDLQ(ctx context.Context, d *delivery, cause string) error {
+	attrs := make(map[string]types.MessageAttributeValue, len(d.raw.MessageAttributes)+3)
+	for k, v := range d.raw.MessageAttributes {
+		attrs[k] = v
+	}
+	// SQS allows ten attributes: the cause first, the rest if room is left.
+	extra := []struct{ k, v string }{
+		{AttributeCause, truncate(cause, 1024)},
+		{AttributeSourceQueue, s.q.name},
+		{AttributeAttempt, strconv.Itoa(d.msg.Attempt)},
+	}
+	for _, e := range extra {
+		if _, ok := attrs[e.k]; !ok && len(attrs) >= maxAttributes {
+			if e.k == AttributeCause {
+				s.cfg.logger.Warn("idemq sqs: no room for the cause attribute on the dead-lettered copy", "queue", s.q.name, "message_id", d.msg.ID, "cause", cause)
+			}
+			continue
+		}
+		attrs[e.k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(e.v)}
+	}
+	in := &awssqs.SendMessageInput{
+		QueueUrl:          aws.String(s.dlq.url),
+		MessageBody:       d.raw.Body,
+		MessageAttributes: attrs,
+	}
+	if s.dlq.fifo {
+		group := d.group
+		if group == "" {
+			group = "idemq-dead-letters"
+		}
+		in.MessageGroupId = aws.String(group)
+		dedup := d.raw.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
+		if dedup == "" {
+			dedup = deduplicationID(d.msg.ID, []byte(aws.ToString(d.raw.Body)))
+		}
+		in.MessageDeduplicationId = aws.String(dedup)
+	}
+	_, err := s.cl.SendMessage(ctx, in)
+	return err
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// permanentEntryError reports whether a failed batch entry would fail the
+// same way again: its receipt handle is no longer valid (the message was
+// deleted, or its visibility lapsed and another receive replaced it).
+func permanentEntryError(code string) bool {
+	switch code {
+	case "ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight",
+		"AWS.SimpleQueueService.MessageNotInflight", "InvalidReceiptHandle":
+		return true
+	}
+	return false
+}
+
+// deleteBatch deletes ds in DeleteMessageBatch calls of ten, sending failed
+// entries again with backoff; it returns the error of each delivery not
+// deleted.
+func (s *Source) deleteBatch(ctx context.Context, ds []*delivery) map[*delivery]error {
+	return s.batchCall(ctx, ds, func(ctx context.Context, chunk []*delivery) (map[int]entryErr, error) {
+		entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
+		for i, d := range chunk {
+			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(d.receipt)}
+		}
+		out, err := s.cl.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.q.url), Entries: entries})
+		if err != nil {
+			return nil, err
+		}
+		return entryErrors(out.Failed), nil
+	})
+}
+
+// changeVisibility sets the visibility of ds to secs seconds from now in
+// ChangeMessageVisibilityBatch calls of ten, with the same retries.
+func (s *Source) changeVisibility(ctx context.Context, ds []*delivery, secs int32) error {
+	failed := s.batchCall(ctx, ds, func(ctx context.Context, chunk []*delivery) (map[int]entryErr, error) {
+		return s.changeVisibilityChunk(ctx, chunk, func(*delivery) int32 { return secs })
+	})
+	var errs []error
+	for d, err := range failed {
+		errs = append(errs, d.wrap(err))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Source) changeVisibilityChunk(ctx context.Context, chunk []*delivery, secs func(*delivery) int32) (map[int]entryErr, error) {
+	entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
+	for i, d := range chunk {
+		entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{
+			Id:                aws.String(strconv.Itoa(i)),
+			ReceiptHandle:     aws.String(d.receipt),
+			VisibilityTimeout: secs(d),
+		}
+	}
+	out, err := s.cl.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(s.q.url), Entries: entries})
+	if err != nil {
+		return nil, err
+	}
+	return entryErrors(out.Failed), nil
+}
+
+// entryErr is one failed entry of a batch call.
+type entryErr struct {
+	code      string
+	permanent bool
+	err       error
+}
+
+func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
+	out := make(map[int]entryErr, len(failed))
+	for _, f := range failed {
+		i, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil {
+			continue
+		}
+		code := aws.ToString(f.Code)
+		out[i] = entryErr{
+			code:      code,
+			permanent: permanentEntryError(code),
+			err:       fmt.Errorf("%s: %s", code, aws.ToString(f.Message)),
+		}
+	}
+	return out
+}
+
+// batchCall runs call over ds in chunks of ten. A failed entry is sent
+// again (in a later chunk) up to WithSettleRetries times with a doubling
+// pause, unless it failed for good; a failed call fails its whole chunk,
+// which is retried the same way. It returns the last error of every
+// delivery that never succeeded.
+func (s *Source) batchCall(ctx context.Context, ds []*delivery, call func(context.Context, []*delivery) (map[int]entryErr, error)) map[*delivery]error {
+	failed := map[*delivery]error{}
+	pending := ds
+	pause := 50 * time.Millisecond
+	for try := 0; len(pending) > 0; try++ {
+		var again []*delivery
+		for start := 0; start < len(pending); start += 10 {
+			chunk := pending[start:min(start+10, len(pending))]
+			errsByIndex, err := call(ctx, chunk)
+			if err != nil {
+				for _, d := range chunk {
+					failed[d] = err
+					again = append(again, d)
+				}
+				continue
+			}
+			for i, d := range chunk {
+				e, bad := errsByIndex[i]
+				if !bad {
+					delete(failed, d)
+					continue
+				}
+				failed[d] = e.err
+				if !e.permanent {
+					again = append(again, d)
+				}
+			}
+		}
+		if len(again) == 0 || try >= s.cfg.settleRetries || ctx.Err() != nil {
+			break
+		}
+		s.stats.settleRetries.Add(int64(len(again)))
+		if !sleep(ctx, pause) {
+			break
+		}
+		pause *= 2
+		pending = again
+	}
+	return failed
+}

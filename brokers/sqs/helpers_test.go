@@ -1,0 +1,312 @@
+package sqs
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5"
+)
+
+// The tests run against a real SQS-protocol endpoint: IDEMQ_SQS_URL when
+// set, else the fauxqs emulator, which the first test that needs it starts
+// from internal/fauxqs (installed there by `npm ci`) on a free loopback
+// port, and TestMain stops. The emulator also stops by itself when this
+// test binary dies, because it exits when its standard input closes.
+
+const emulatorDir = "internal/fauxqs"
+
+var emulator struct {
+	once sync.Once
+	url  string
+	err  error
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	done chan struct{}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopEmulator()
+	os.Exit(code)
+}
+
+// sqsEndpoint returns the SQS endpoint. When there is none, the test is
+// skipped, or fails with IDEMQ_REQUIRE_SERVICES=1.
+func sqsEndpoint(t testing.TB) string {
+	t.Helper()
+	emulator.once.Do(func() {
+		if u := os.Getenv("IDEMQ_SQS_URL"); u != "" {
+			emulator.url = u
+		} else {
+			emulator.url, emulator.err = startEmulator()
+		}
+		if emulator.err == nil {
+			emulator.err = ping(emulator.url)
+		}
+	})
+	if emulator.err != nil {
+		msg := fmt.Sprintf("no SQS endpoint (set IDEMQ_SQS_URL, or run `npm ci` in brokers/sqs/%s so the tests start fauxqs): %v", emulatorDir, emulator.err)
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return emulator.url
+}
+
+// startEmulator runs start.mjs and reads the URL it prints.
+func startEmulator() (string, error) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		return "", fmt.Errorf("node not found: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(emulatorDir, "node_modules", "fauxqs", "package.json")); err != nil {
+		return "", fmt.Errorf("fauxqs is not installed in %s: %w", emulatorDir, err)
+	}
+	cmd := exec.Command(node, "start.mjs", "--port", "0")
+	cmd.Dir = emulatorDir
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return "", err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &lockedWriter{w: &stderr}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	emulator.cmd, emulator.in, emulator.done = cmd, in, make(chan struct{})
+	go func() { cmd.Wait(); close(emulator.done) }()
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "FAUXQS_URL="); ok {
+				select {
+				case found <- u:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case u := <-found:
+		return u, nil
+	case <-emulator.done:
+		return "", fmt.Errorf("fauxqs exited: %s", stderr.String())
+	case <-time.After(60 * time.Second):
+		stopEmulator()
+		return "", errors.New("fauxqs printed no URL within 60s")
+	}
+}
+
+func stopEmulator() {
+	if emulator.cmd == nil {
+		return
+	}
+	emulator.in.Close() // start.mjs exits when its stdin closes
+	select {
+	case <-emulator.done:
+	case <-time.After(5 * time.Second):
+		emulator.cmd.Process.Kill()
+		<-emulator.done
+	}
+	emulator.cmd = nil
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// ping checks the endpoint answers SQS calls.
+func ping(endpoint string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := testClient(endpoint).ListQueues(ctx, &awssqs.ListQueuesInput{})
+	if err != nil {
+		return fmt.Errorf("SQS endpoint %s: %w", endpoint, err)
+	}
+	return nil
+}
+
+// clientOpts are the options that point the adapter at the test endpoint.
+func clientOpts(endpoint string) []Option {
+	return []Option{WithEndpoint(endpoint), WithRegion("us-east-1"), WithStaticCredentials("test", "test", "")}
+}
+
+func testClient(endpoint string) *awssqs.Client {
+	cl, err := newClient(context.Background(), clientConfig{
+		endpoint: endpoint, region: "us-east-1", credentials: staticCredentials("test", "test", ""),
+	})
+	if err != nil {
+		panic(err)
+	}
+	return cl
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// testQueue is a fresh queue, deleted when the test ends.
+type testQueue struct {
+	name, url, arn string
+}
+
+// newQueue creates a queue named idemq-<random>[suffix] with attrs and
+// registers its deletion.
+func newQueue(t testing.TB, endpoint, suffix string, attrs map[string]string) testQueue {
+	t.Helper()
+	cl := testClient(endpoint)
+	name := "idemq-" + randomHex(6) + suffix
+	ctx := context.Background()
+	out, err := cl.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+	if err != nil {
+		t.Fatalf("create queue %s: %v", name, err)
+	}
+	url := aws.ToString(out.QueueUrl)
+	t.Cleanup(func() { cl.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: aws.String(url)}) })
+	a, err := cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testQueue{name: name, url: url, arn: a.Attributes["QueueArn"]}
+}
+
+// newQueueWithDLQ creates a dead-letter queue and a queue that redrives to
+// it after maxReceives receives (0: no redrive policy).
+func newQueueWithDLQ(t testing.TB, endpoint string, fifo bool, visibility, maxReceives int) (q, dlq testQueue) {
+	t.Helper()
+	suffix := ""
+	attrs := map[string]string{}
+	if fifo {
+		suffix = ".fifo"
+		attrs["FifoQueue"] = "true"
+	}
+	dlq = newQueue(t, endpoint, "-dlq"+suffix, attrs)
+	qa := map[string]string{"VisibilityTimeout": fmt.Sprint(visibility)}
+	for k, v := range attrs {
+		qa[k] = v
+	}
+	if maxReceives > 0 {
+		qa["RedrivePolicy"] = fmt.Sprintf(`{"deadLetterTargetArn":%q,"maxReceiveCount":%d}`, dlq.arn, maxReceives)
+	}
+	q = newQueue(t, endpoint, suffix, qa)
+	return q, dlq
+}
+
+// drain receives and deletes every message visible in queue now.
+func drain(t testing.TB, endpoint, url string) []types.Message {
+	t.Helper()
+	cl := testClient(endpoint)
+	ctx := context.Background()
+	var all []types.Message
+	for {
+		out, err := cl.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 0,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			t.Fatalf("drain %s: %v", url, err)
+		}
+		if len(out.Messages) == 0 {
+			return all
+		}
+		for _, m := range out.Messages {
+			if _, err := cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Fatalf("drain delete: %v", err)
+			}
+		}
+		all = append(all, out.Messages...)
+	}
+}
+
+// queueCounts returns the visible and in-flight message counts of a queue.
+func queueCounts(t testing.TB, endpoint, url string) (visible, inflight int) {
+	t.Helper()
+	a, err := testClient(endpoint).GetQueueAttributes(context.Background(), &awssqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(url),
+		AttributeNames: []types.QueueAttributeName{
+			types.QueueAttributeNameApproximateNumberOfMessages,
+			types.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Sscan(a.Attributes["ApproximateNumberOfMessages"], &visible)
+	fmt.Sscan(a.Attributes["ApproximateNumberOfMessagesNotVisible"], &inflight)
+	return visible, inflight
+}
+
+func attr(m types.Message, name string) string {
+	if v, ok := m.MessageAttributes[name]; ok {
+		return aws.ToString(v.StringValue)
+	}
+	return ""
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// postgresURL returns the Postgres URL from IDEMQ_POSTGRES_URL (default the
+// local server); unreachable skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
+func postgresURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("IDEMQ_POSTGRES_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		err = conn.Ping(ctx)
+		conn.Close(ctx)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("Postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", url, err)
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return url
+}

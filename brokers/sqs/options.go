@@ -1,0 +1,355 @@
+package sqs
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+)
+
+// DeadLetterMode chooses how Delivery.DeadLetter parks a message.
+type DeadLetterMode int
+
+const (
+	// DeadLetterSend sends a copy of the message to the dead-letter queue
+	// (the one WithDeadLetterQueue names, else the target of the queue's
+	// redrive policy) with the cause in the idemq-cause message attribute,
+	// and deletes the original once the copy is accepted. If the send
+	// fails the original is kept and comes back: it is never dropped. If
+	// the delete fails after the send, the DLQ may hold a second copy.
+	DeadLetterSend DeadLetterMode = iota + 1
+	// DeadLetterRedrive leaves parking to the queue's redrive policy: the
+	// message is made visible again at once, and SQS moves it to the
+	// dead-letter queue when its receive count passes maxReceiveCount. The
+	// cause is only logged (SQS records none), and until then every
+	// receive runs the message through the pipeline again. Open fails if
+	// the queue has no redrive policy.
+	DeadLetterRedrive
+)
+
+// Option configures a Source. Options are applied in order; an invalid
+// value makes Open fail with an error naming the option.
+type Option func(*config) error
+
+// config holds the settings shared by Source and Publisher (client) and the
+// Source's own.
+type config struct {
+	clientConfig
+
+	receivers         int
+	window            int
+	waitTime          time.Duration
+	visibility        time.Duration // 0: the queue's VisibilityTimeout
+	heartbeat         bool
+	heartbeatInterval time.Duration // 0: a third of the visibility timeout
+	maxExtension      time.Duration
+	idAttribute       string
+	deadLetterQueue   string
+	deadLetterMode    DeadLetterMode
+	releaseOnClose    bool
+	closeTimeout      time.Duration
+	settleRetries     int
+	logger            *slog.Logger
+	receiveErrorPause time.Duration
+}
+
+// clientConfig is how to reach SQS.
+type clientConfig struct {
+	client      *awssqs.Client
+	awsConfig   *aws.Config
+	endpoint    string
+	region      string
+	credentials aws.CredentialsProvider
+}
+
+func defaultConfig() config {
+	return config{
+		receivers:         2,
+		window:            20,
+		waitTime:          20 * time.Second,
+		heartbeat:         true,
+		maxExtension:      time.Hour,
+		idAttribute:       DefaultIDAttribute,
+		deadLetterMode:    DeadLetterSend,
+		releaseOnClose:    true,
+		closeTimeout:      20 * time.Second,
+		settleRetries:     3,
+		logger:            slog.Default(),
+		receiveErrorPause: 100 * time.Millisecond,
+	}
+}
+
+func optErr(name, format string, args ...any) error {
+	return fmt.Errorf("sqs: option %s: %s", name, fmt.Sprintf(format, args...))
+}
+
+// WithReceivers sets how many goroutines long-poll the queue at once, each
+// asking for up to 10 messages per ReceiveMessage call. Default 2. Must be
+// 1..64. Together they never hold more unsettled messages than the window.
+func WithReceivers(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > 64 {
+			return optErr("WithReceivers", "%d is outside 1..64", n)
+		}
+		c.receivers = n
+		return nil
+	}
+}
+
+// WithWindow sets how many received messages may be unsettled at once
+// until the Consumer calls SetWindow (which replaces it with the Consumer's
+// window). Default 20. Must be at least 1.
+func WithWindow(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return optErr("WithWindow", "%d must be at least 1", n)
+		}
+		c.window = n
+		return nil
+	}
+}
+
+// WithWaitTime sets the long-polling wait of each ReceiveMessage call
+// (WaitTimeSeconds). Default 20s, the SQS maximum. Must be 0..20s in whole
+// seconds; 0 is short polling, which costs a request per empty poll.
+func WithWaitTime(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 || d > 20*time.Second || d%time.Second != 0 {
+			return optErr("WithWaitTime", "%v is not a whole number of seconds in 0..20s", d)
+		}
+		c.waitTime = d
+		return nil
+	}
+}
+
+// WithVisibilityTimeout sets the visibility timeout requested with each
+// ReceiveMessage call: how long a received message stays hidden before the
+// heartbeat must extend it. Default: the queue's VisibilityTimeout
+// attribute. Must be 1s..12h in whole seconds.
+func WithVisibilityTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < time.Second || d > 12*time.Hour || d%time.Second != 0 {
+			return optErr("WithVisibilityTimeout", "%v is not a whole number of seconds in 1s..12h", d)
+		}
+		c.visibility = d
+		return nil
+	}
+}
+
+// WithHeartbeat turns the visibility heartbeat on or off. Default on: while
+// a message is received and unsettled, its visibility is extended before it
+// expires (ChangeMessageVisibilityBatch), up to WithMaxExtension. Off, a
+// handler slower than the visibility timeout lets another consumer receive
+// the message; the dedup key still keeps its effect to one commit.
+func WithHeartbeat(on bool) Option {
+	return func(c *config) error {
+		c.heartbeat = on
+		return nil
+	}
+}
+
+// WithHeartbeatInterval sets how often the heartbeat looks for messages to
+// extend. Default a third of the visibility timeout (at least 1s). Must be
+// positive and shorter than the visibility timeout (checked by Open).
+func WithHeartbeatInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return optErr("WithHeartbeatInterval", "%v must be positive", d)
+		}
+		c.heartbeatInterval = d
+		return nil
+	}
+}
+
+// WithMaxExtension caps how long after its receipt the heartbeat keeps a
+// message hidden; after that its visibility lapses and the message may be
+// received again. Default 1h. Must be 1s..12h (SQS's own limit).
+func WithMaxExtension(d time.Duration) Option {
+	return func(c *config) error {
+		if d < time.Second || d > 12*time.Hour {
+			return optErr("WithMaxExtension", "%v is outside 1s..12h", d)
+		}
+		c.maxExtension = d
+		return nil
+	}
+}
+
+// WithIDAttribute names the message attribute that holds the producer's
+// business id. Default "message-id" (DefaultIDAttribute), which Publisher
+// sets. A message without it has an empty ID and is dead-lettered by the
+// Consumer, unless core.WithIDFunc derives one. The SQS MessageId is never
+// used: it changes when a producer retries a send.
+func WithIDAttribute(name string) Option {
+	return func(c *config) error {
+		if err := checkAttributeName(name); err != nil {
+			return optErr("WithIDAttribute", "%v", err)
+		}
+		c.idAttribute = name
+		return nil
+	}
+}
+
+// WithDeadLetterQueue names the queue (URL or name) DeadLetterSend sends to.
+// Default: the dead-letter target of the queue's redrive policy. Open fails
+// if neither exists.
+func WithDeadLetterQueue(urlOrName string) Option {
+	return func(c *config) error {
+		if urlOrName == "" {
+			return optErr("WithDeadLetterQueue", "empty queue")
+		}
+		c.deadLetterQueue = urlOrName
+		return nil
+	}
+}
+
+// WithDeadLetterMode chooses how DeadLetter parks a message. Default
+// DeadLetterSend.
+func WithDeadLetterMode(m DeadLetterMode) Option {
+	return func(c *config) error {
+		if m != DeadLetterSend && m != DeadLetterRedrive {
+			return optErr("WithDeadLetterMode", "unknown mode %d", m)
+		}
+		c.deadLetterMode = m
+		return nil
+	}
+}
+
+// WithReleaseOnClose chooses whether Close makes the messages still
+// unsettled visible again at once (ChangeMessageVisibility 0), so another
+// consumer gets them without waiting out the visibility timeout. Default
+// true.
+func WithReleaseOnClose(release bool) Option {
+	return func(c *config) error {
+		c.releaseOnClose = release
+		return nil
+	}
+}
+
+// WithCloseTimeout bounds how long Close waits for long polls in progress
+// to return by themselves, so that the messages SQS hands them are released
+// rather than stranded until their visibility timeout. Default 20s (the
+// longest WithWaitTime); polls end sooner with a shorter WithWaitTime. 0
+// cancels them at once, for the fastest shutdown. Must be 0..1m.
+func WithCloseTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 || d > time.Minute {
+			return optErr("WithCloseTimeout", "%v is outside 0..1m", d)
+		}
+		c.closeTimeout = d
+		return nil
+	}
+}
+
+// WithSettleRetries sets how many more times a failed DeleteMessageBatch
+// or ChangeMessageVisibilityBatch entry is sent again (with a short
+// backoff) before its settlement reports the failure. Default 3. Must be
+// 0..10.
+func WithSettleRetries(n int) Option {
+	return func(c *config) error {
+		if n < 0 || n > 10 {
+			return optErr("WithSettleRetries", "%d is outside 0..10", n)
+		}
+		c.settleRetries = n
+		return nil
+	}
+}
+
+// WithLogger sets the logger for receive errors, heartbeat failures and
+// dead letters. Default slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return optErr("WithLogger", "nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// ClientOption configures how a Source or Publisher reaches SQS. Every
+// ClientOption is also an Option.
+type ClientOption = Option
+
+// WithClient uses an existing SQS client (its endpoint, region and
+// credentials) instead of building one. Default: a client built from the
+// AWS default configuration (environment, shared config files, the
+// instance role) and the other client options.
+func WithClient(cl *awssqs.Client) ClientOption {
+	return func(c *config) error {
+		if cl == nil {
+			return optErr("WithClient", "nil client")
+		}
+		c.client = cl
+		return nil
+	}
+}
+
+// WithAWSConfig builds the client from cfg instead of the AWS default
+// configuration. Default: config.LoadDefaultConfig.
+func WithAWSConfig(cfg aws.Config) ClientOption {
+	return func(c *config) error {
+		c.awsConfig = &cfg
+		return nil
+	}
+}
+
+// WithEndpoint sends every request to endpoint (for example a local
+// emulator at http://127.0.0.1:9324) instead of the region's SQS endpoint.
+// Default: the AWS endpoint of the region. With an endpoint and no region
+// configured anywhere, the region defaults to us-east-1.
+func WithEndpoint(endpoint string) ClientOption {
+	return func(c *config) error {
+		u, err := url.Parse(endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return optErr("WithEndpoint", "%q is not an http(s) URL", endpoint)
+		}
+		c.endpoint = endpoint
+		return nil
+	}
+}
+
+// WithRegion sets the AWS region. Default: from the AWS configuration
+// (AWS_REGION, shared config).
+func WithRegion(region string) ClientOption {
+	return func(c *config) error {
+		if region == "" {
+			return optErr("WithRegion", "empty region")
+		}
+		c.region = region
+		return nil
+	}
+}
+
+// WithStaticCredentials signs requests with fixed credentials, as local
+// emulators expect. Default: the AWS credential chain (environment, shared
+// files, SSO, the instance or task role).
+func WithStaticCredentials(accessKeyID, secretAccessKey, sessionToken string) ClientOption {
+	return func(c *config) error {
+		if accessKeyID == "" || secretAccessKey == "" {
+			return optErr("WithStaticCredentials", "empty access key id or secret")
+		}
+		c.credentials = staticCredentials(accessKeyID, secretAccessKey, sessionToken)
+		return nil
+	}
+}
+
+// checkAttributeName validates an SQS message attribute name: 1..256
+// characters of A-Z a-z 0-9 _ - ., not starting with "AWS." or "Amazon.".
+func checkAttributeName(name string) error {
+	if name == "" || len(name) > 256 {
+		return fmt.Errorf("attribute name %q must have 1..256 characters", name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
+			return fmt.Errorf("attribute name %q holds %q (allowed: letters, digits, _ - .)", name, r)
+		}
+	}
+	if name[0] == '.' || name[len(name)-1] == '.' {
+		return errors.New("attribute name must not start or end with a period")
+	}
+	return nil
+}

@@ -1,0 +1,262 @@
+package sqs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/idemq/idemq/core"
+)
+
+// maxBatchBytes is SQS's limit on the total payload of one
+// SendMessageBatch call (bodies plus attribute names, types and values).
+const maxBatchBytes = 256 * 1024
+
+// Publisher sends core Messages to one queue with SendMessageBatch, ten at
+// a time. Each message's ID goes into the message-id attribute (or the one
+// WithIDAttribute names), its Headers into String attributes (empty values
+// are left out: SQS refuses them), and the caller's trace context is
+// injected with the global OpenTelemetry propagator. On a FIFO queue the
+// MessageGroupId is Message.Key and the MessageDeduplicationId is derived
+// from the business id, so a resend within SQS's five-minute window is
+// dropped by SQS itself. A body that is not valid SQS text is sent base64
+// encoded and marked with the idemq-encoding attribute; the Source decodes
+// it. It is safe for concurrent use.
+type Publisher struct {
+	cl      *awssqs.Client
+	q       *queueInfo
+	cfg     config
+	mu      sync.Mutex
+	closed  bool
+	retries int
+}
+
+var _ core.Publisher = (*Publisher)(nil)
+
+// NewPublisher returns a Publisher for the queue given by URL or name. Of
+// the options, the client options, WithIDAttribute and WithSettleRetries
+// (how many more times failed entries are sent again; default 3) apply.
+func NewPublisher(ctx context.Context, queueURLOrName string, opts ...Option) (*Publisher, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if queueURLOrName == "" {
+		return nil, errors.New("sqs: NewPublisher: empty queue URL or name")
+	}
+	cl, err := newClient(ctx, cfg.clientConfig)
+	if err != nil {
+		return nil, err
+	}
+	q, err := resolveQueue(ctx, cl, queueURLOrName)
+	if err != nil {
+		return nil, fmt.Errorf("sqs: NewPublisher: %w", err)
+	}
+	return &Publisher{cl: cl, q: q, cfg: cfg, retries: cfg.settleRetries}, nil
+}
+
+// QueueURL returns the queue's URL.
+func (p *Publisher) QueueURL() string { return p.q.url }
+
+// Client returns the SQS client.
+func (p *Publisher) Client() *awssqs.Client { return p.cl }
+
+// Publish sends msgs and returns once SQS accepted every one. Entries SQS
+// fails for a reason of its own are sent again; an entry it refuses as
+// invalid (a sender fault) fails the call at once, naming the message.
+// When Publish fails some messages may have been sent: retry the call and
+// let the consumer's dedup drop the copies.
+func (p *Publisher) Publish(ctx context.Context, msgs ...*core.Message) error {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return errors.New("sqs: publisher closed")
+	}
+	entries := make([]types.SendMessageBatchRequestEntry, 0, len(msgs))
+	sizes := make([]int, 0, len(msgs))
+	for i, m := range msgs {
+		e, size, err := p.entry(ctx, m)
+		if err != nil {
+			return fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err)
+		}
+		entries = append(entries, e)
+		sizes = append(sizes, size)
+	}
+	for start := 0; start < len(entries); {
+		end, bytes := start, 0
+		for end < len(entries) && end-start < 10 && (end == start || bytes+sizes[end] <= maxBatchBytes) {
+			bytes += sizes[end]
+			end++
+		}
+		if err := p.sendChunk(ctx, entries[start:end], msgs[start:end]); err != nil {
+			return err
+		}
+		start = end
+	}
+	return nil
+}
+
+// entry builds one batch entry and its size as SQS counts it.
+func (p *Publisher) entry(ctx context.Context, m *core.Message) (types.SendMessageBatchRequestEntry, int, error) {
+	h := make(map[string]string, len(m.Headers)+4)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	otel.GetTextMapPropagator().Inject(ctx, propagation.MapCarrier(h))
+	if m.ID != "" {
+		h[p.cfg.idAttribute] = m.ID
+	}
+	if len(m.Body) == 0 {
+		return types.SendMessageBatchRequestEntry{}, 0, errors.New("empty body: SQS refuses it")
+	}
+	body := string(m.Body)
+	if !validSQSText(body) {
+		body = base64.StdEncoding.EncodeToString(m.Body)
+		h[AttributeEncoding] = "base64"
+	}
+	size := len(body)
+	attrs := make(map[string]types.MessageAttributeValue, len(h))
+	for k, v := range h {
+		if v == "" {
+			continue
+		}
+		if err := checkAttributeName(k); err != nil {
+			return types.SendMessageBatchRequestEntry{}, 0, fmt.Errorf("header %q cannot be an SQS attribute: %w", k, err)
+		}
+		attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		size += len(k) + len("String") + len(v)
+	}
+	if len(attrs) > maxAttributes {
+		return types.SendMessageBatchRequestEntry{}, 0, fmt.Errorf("%d message attributes (id, headers and trace context); SQS allows %d", len(attrs), maxAttributes)
+	}
+	e := types.SendMessageBatchRequestEntry{MessageBody: aws.String(body), MessageAttributes: attrs}
+	if p.q.fifo {
+		if m.Key == "" {
+			return e, 0, errors.New("FIFO queue needs a message group id: set Message.Key")
+		}
+		e.MessageGroupId = aws.String(m.Key)
+		e.MessageDeduplicationId = aws.String(deduplicationID(m.ID, m.Body))
+	}
+	return e, size, nil
+}
+
+// sendChunk sends up to ten entries, retrying the ones SQS fails on its
+// side.
+func (p *Publisher) sendChunk(ctx context.Context, entries []types.SendMessageBatchRequestEntry, msgs []*core.Message) error {
+	pending := make([]int, len(entries))
+	for i := range pending {
+		pending[i] = i
+	}
+	pause := 50 * time.Millisecond
+	for try := 0; ; try++ {
+		batch := make([]types.SendMessageBatchRequestEntry, len(pending))
+		for k, i := range pending {
+			batch[k] = entries[i]
+			batch[k].Id = aws.String(strconv.Itoa(i))
+		}
+		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(p.q.url), Entries: batch})
+		if err != nil {
+			return fmt.Errorf("sqs: SendMessageBatch to %s: %w", p.q.name, err)
+		}
+		var again []int
+		var last error
+		for _, f := range out.Failed {
+			i, err := strconv.Atoi(aws.ToString(f.Id))
+			if err != nil || i < 0 || i >= len(entries) {
+				return fmt.Errorf("sqs: SendMessageBatch to %s: unknown entry id %q in the reply", p.q.name, aws.ToString(f.Id))
+			}
+			fe := fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, p.q.name, aws.ToString(f.Code), aws.ToString(f.Message))
+			if f.SenderFault {
+				return fe
+			}
+			again = append(again, i)
+			last = fe
+		}
+		if len(again) == 0 {
+			return nil
+		}
+		if try >= p.retries {
+			return fmt.Errorf("%w (%d entries still failing after %d retries)", last, len(again), try)
+		}
+		if !sleep(ctx, pause) {
+			return fmt.Errorf("%w: %w", last, ctx.Err())
+		}
+		pause *= 2
+		pending = again
+	}
+}
+
+// Close marks the publisher closed; Publish fails afterwards. The SQS
+// client holds no connection that needs closing.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	return nil
+}
+
+// deduplicationID derives a FIFO MessageDeduplicationId from the business
+// id: the id itself when it is at most 128 characters of the allowed set,
+// else its SHA-256 in hex. A message without an id falls back to the
+// body's hash, as content-based deduplication would.
+func deduplicationID(id string, body []byte) string {
+	if id == "" {
+		sum := sha256.Sum256(body)
+		return hex.EncodeToString(sum[:])
+	}
+	if len(id) <= 128 {
+		ok := true
+		for i := 0; i < len(id); i++ {
+			if c := id[i]; c < '!' || c > '~' { // printable ASCII only
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return id
+		}
+	}
+	sum := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(sum[:])
+}
+
+// validSQSText reports whether SQS accepts s as a message body: valid
+// Unicode of #x9, #xA, #xD, #x20-#xD7FF, #xE000-#xFFFD, #x10000-#x10FFFF.
+func validSQSText(s string) bool {
+	if s == "" {
+		return false // SQS refuses an empty body
+	}
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case r == 0x9 || r == 0xA || r == 0xD:
+		case r >= 0x20 && r <= 0xD7FF:
+		case r >= 0xE000 && r <= 0xFFFD:
+		case r >= 0x10000 && r <= 0x10FFFF:
+		default:
+			return false
+		}
+	}
+	return true
+}
