@@ -1,0 +1,68 @@
+package kafka
+
+import "sync"
+
+// Kafka keeps no delivery count, so Attempt comes from a counter kept in
+// this process: every time a message (cluster, group, topic, partition,
+// offset) is handed out by any Source of the process, its count grows. A
+// message retried in place, or fetched again after a rebalance or by a
+// Source opened after another one closed, so comes back with a higher
+// Attempt. Counts are dropped once the group commits past the offset. A
+// new process starts counting at 1 again: a message that crashes the whole
+// process on every delivery is not caught by core.WithMaxAttempts.
+
+type partKey struct {
+	brokers, group, topic string
+	partition             int
+}
+
+// maxCountedPerPartition bounds the counter's memory per partition; past
+// it the oldest half is dropped (those messages restart at attempt 1).
+const maxCountedPerPartition = 100_000
+
+type attemptCounter struct {
+	mu sync.Mutex
+	m  map[partKey]map[int64]int
+}
+
+var attempts = &attemptCounter{m: make(map[partKey]map[int64]int)}
+
+// next records one more hand-out of offset and returns its count.
+func (a *attemptCounter) next(k partKey, offset int64) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	pm := a.m[k]
+	if pm == nil {
+		pm = make(map[int64]int)
+		a.m[k] = pm
+	}
+	if _, ok := pm[offset]; !ok && len(pm) >= maxCountedPerPartition {
+		lowest := offset
+		for o := range pm {
+			lowest = min(lowest, o)
+		}
+		cut := lowest + (offset-lowest)/2
+		for o := range pm {
+			if o <= cut {
+				delete(pm, o)
+			}
+		}
+	}
+	pm[offset]++
+	return pm[offset]
+}
+
+// forgetBelow drops the counts of offsets the group committed past.
+func (a *attemptCounter) forgetBelow(k partKey, offset int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	pm := a.m[k]
+	for o := range pm {
+		if o < offset {
+			delete(pm, o)
+		}
+	}
+	if len(pm) == 0 {
+		delete(a.m, k)
+	}
+}

@@ -1,0 +1,62 @@
+// Package kafka is idemq's Kafka broker adapter, built on
+// github.com/segmentio/kafka-go.
+//
+// A Source consumes one topic as a member of a consumer group. It uses
+// kafka-go's ConsumerGroup/Generation API rather than a group Reader,
+// because the Reader hides partition assignment: the Source needs to know
+// when partitions are revoked to settle and commit before releasing them.
+// Each generation's partitions are fetched by per-partition readers from
+// the committed offsets.
+//
+// On Kafka the "ack" is an offset commit, and it covers every earlier
+// offset of the partition. The Source turns that into idemq's per-message
+// settlement:
+//
+//   - Ack marks a message done. The committed offset of a partition only
+//     advances over the contiguous prefix of decided messages, so a message
+//     still in flight (or waiting for a retry) is never skipped, whatever
+//     order messages complete in. Commits are batched: every
+//     WithCommit interval (default 1s) or after that many decided messages
+//     (default 1000), and flushed when partitions are revoked and on Close.
+//     The commit's metadata string also records which offsets above the
+//     committed one are already decided, so the next owner skips them
+//     instead of redelivering them (see Stats.Skipped).
+//   - Retry puts the message back in place: it is handed out again after
+//     the delay, and the committed offset waits for it; later messages of
+//     the same key (OrderPerKey, the default) or of the partition
+//     (OrderPerPartition) wait behind it, other keys and partitions go on.
+//     With WithRetryTopic, a copy goes to a retry topic that the Source also
+//     consumes, and the original is marked done.
+//   - DeadLetter produces the message to "<topic>.dlq" (WithDeadLetterTopic)
+//     with the cause and the original topic, partition and offset in
+//     headers (HeaderCause, HeaderOriginalTopic, ...), waits for the write
+//     (acks=all), then marks it done. If the write fails the message is
+//     handed out again, never dropped.
+//
+// Rebalances: when the group rebalances, the Source stops handing out
+// messages of the revoked generation, gives deliveries in flight
+// WithRevokeTimeout (default 10s) to settle, commits what is decided and
+// releases the partitions. A settlement that arrives later fails with
+// ErrStaleDelivery; the new owner gets the message again from the
+// committed offset and the dedup store decides Duplicate if its effect was
+// committed — the design working, not a fault.
+//
+// Messages: the id comes from the "message-id" header (WithIDHeader; the
+// CloudEvents Kafka binding's "ce_id" is a common alternative;
+// core.WithIDFunc derives it otherwise). Key is the Kafka key; Headers are
+// the Kafka headers as strings (trace context travels there); Source is
+// the topic; System is "kafka"; Metadata carries
+// "messaging.destination.partition.id", "messaging.kafka.offset",
+// "messaging.kafka.message.key", "messaging.destination.name" and
+// "messaging.consumer.group.name" for tracing. Kafka keeps no delivery
+// count, so Attempt comes from a counter kept in this process, raised for
+// messages another process handed out before its last commit (from the
+// commit metadata).
+//
+// A Publisher produces core Messages on a kafka-go Writer with
+// RequiredAcks RequireAll, setting the id header and injecting the trace
+// context of the context into the headers.
+//
+// For development and tests without Docker, cmd/kfake serves an in-memory
+// Kafka (github.com/twmb/franz-go/pkg/kfake) on a loopback port.
+package kafka

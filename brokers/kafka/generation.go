@@ -1,0 +1,548 @@
+package kafka
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// generation is this member's share of one consumer group generation: the
+// partitions assigned to it and the deliveries handed out from them.
+type generation struct {
+	kgen        *kafkago.Generation
+	parts       []*partition
+	revoked     bool // no more hand-outs
+	dead        bool // settlements are refused: the partitions are released
+	outstanding int  // deliveries of this generation handed out and unsettled
+	sinceCommit int  // messages decided since the last commit
+	kick        chan struct{}
+	commitMu    sync.Mutex // one commit at a time
+}
+
+// partition tracks one assigned partition between fetch and commit.
+type partition struct {
+	gen     *generation
+	topic   string
+	id      int
+	retry   bool     // a partition of the retry topic
+	entries []*entry // fetched and not below the commit point, in offset order
+	waiting []*entry // fetched (or retried) and not handed out, in offset order
+	// next is the offset after the last fetched message: the commit point
+	// when every fetched message is decided. Negative until known.
+	next      int64
+	committed int64 // last committed offset (or the assigned start)
+	out       int   // entries handed out
+	busy      map[string]int
+	high      int64  // highest offset handed out in this generation
+	prevHigh  int64  // highest offset handed out before, per the commit metadata
+	skip      []span // offsets decided before, per the commit metadata
+	dirty     bool   // something to commit since the last commit
+}
+
+type entryState int
+
+const (
+	waiting entryState = iota
+	out
+	done
+)
+
+// entry is one fetched message.
+type entry struct {
+	p         *partition
+	msg       kafkago.Message
+	state     entryState
+	notBefore time.Time
+	baseTry   int // attempts recorded in the message itself (retry topic)
+}
+
+func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
+	g := &generation{kgen: kgen, kick: make(chan struct{}, 1)}
+	for topic, as := range kgen.Assignments {
+		for _, a := range as {
+			g.parts = append(g.parts, &partition{
+				gen: g, topic: topic, id: a.ID, retry: topic == s.cfg.retryTopic && topic != "",
+				next: a.Offset, committed: a.Offset, busy: make(map[string]int),
+				high: -1, prevHigh: -1,
+			})
+		}
+	}
+	// Deterministic order so the round-robin visits partitions fairly.
+	slices.SortFunc(g.parts, func(a, b *partition) int {
+		if a.topic != b.topic {
+			if a.topic < b.topic {
+				return -1
+			}
+			return 1
+		}
+		return a.id - b.id
+	})
+	return g
+}
+
+// runGeneration fetches the generation's partitions and commits their
+// decided prefixes until the generation ends (a rebalance, a lost
+// coordinator, or Close); then it revokes: no more hand-outs, in-flight
+// deliveries get the revoke timeout to settle (none on Close), the decided
+// prefix is committed, and the partitions are released.
+func (s *Source) runGeneration(ctx context.Context, g *generation) {
+	log := s.cfg.logger.With("group", s.cfg.group, "generation", g.kgen.ID)
+	s.loadProgress(g, log)
+	log.Info("idemq kafka: partitions assigned", "partitions", describe(g.parts))
+	s.mu.Lock()
+	s.gen = g
+	s.rr = 0
+	s.broadcast()
+	s.mu.Unlock()
+
+	fctx, stopFetch := context.WithCancel(context.Background())
+	var fetchers sync.WaitGroup
+	for _, p := range g.parts {
+		r := kafkago.NewReader(kafkago.ReaderConfig{
+			Brokers:       s.cfg.brokers,
+			Topic:         p.topic,
+			Partition:     p.id,
+			Dialer:        s.cfg.dialer,
+			MinBytes:      1,
+			MaxBytes:      1 << 20,
+			MaxWait:       s.cfg.fetchMaxWait,
+			QueueCapacity: min(s.cfg.partitionBuffer, 100),
+			ErrorLogger:   kafkaLogger{s.cfg.logger},
+		})
+		if err := r.SetOffset(p.next); err != nil {
+			log.Warn("idemq kafka: setting the fetch offset", "topic", p.topic, "partition", p.id, "error", err)
+		}
+		fetchers.Add(1)
+		go func() {
+			defer fetchers.Done()
+			defer r.Close()
+			s.fetch(fctx, p, r)
+		}()
+	}
+
+	ticker := time.NewTicker(s.cfg.commitInterval)
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-ticker.C:
+			s.commit(g, log)
+		case <-g.kick:
+			s.commit(g, log)
+		}
+	}
+	ticker.Stop()
+
+	s.mu.Lock()
+	g.revoked = true
+	s.broadcast()
+	closing := s.closed
+	s.mu.Unlock()
+	stopFetch()
+	fetchers.Wait()
+
+	if !closing && s.cfg.revokeTimeout > 0 {
+		timer := time.NewTimer(s.cfg.revokeTimeout)
+		s.mu.Lock()
+		for g.outstanding > 0 && !s.closed {
+			if !s.wait(s.ctx, timer.C) {
+				break
+			}
+		}
+		left := g.outstanding
+		s.mu.Unlock()
+		timer.Stop()
+		if left > 0 {
+			log.Warn("idemq kafka: revoke timeout passed with deliveries in flight; they will be redelivered to the next owner", "in_flight", left, "timeout", s.cfg.revokeTimeout)
+		}
+	}
+	s.commit(g, log)
+	s.mu.Lock()
+	g.dead = true
+	if s.gen == g {
+		s.gen = nil
+	}
+	s.broadcast()
+	s.mu.Unlock()
+	log.Info("idemq kafka: partitions released")
+}
+
+func describe(ps []*partition) string {
+	out := ""
+	for i, p := range ps {
+		if i > 0 {
+			out += ","
+		}
+		out += p.topic + "/" + strconv.Itoa(p.id) + "@" + strconv.FormatInt(p.next, 10)
+	}
+	return out
+}
+
+// fetch reads one partition into its entries, pausing while the
+// partition holds WithPartitionBuffer messages.
+func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
+	backoff := 50 * time.Millisecond
+	for {
+		s.mu.Lock()
+		for len(p.entries) >= s.cfg.partitionBuffer && ctx.Err() == nil {
+			s.wait(ctx, nil)
+		}
+		s.mu.Unlock()
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.cfg.logger.Warn("idemq kafka: fetch failed", "topic", p.topic, "partition", p.id, "error", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		e := &entry{p: p, msg: m}
+		if p.retry {
+			e.notBefore, e.baseTry = retryHeaders(m.Headers)
+		}
+		s.mu.Lock()
+		if p.gen.revoked {
+			s.mu.Unlock()
+			return
+		}
+		p.next = m.Offset + 1
+		if covered(p.skip, m.Offset) {
+			// Decided by an earlier owner behind an undecided message.
+			e.state = done
+			p.entries = append(p.entries, e)
+			p.advance()
+			s.skipped.Add(1)
+		} else {
+			p.entries = append(p.entries, e)
+			p.waiting = append(p.waiting, e)
+		}
+		s.broadcast()
+		s.mu.Unlock()
+		if wait := time.Until(e.notBefore); wait > 0 {
+			s.wakeAt(wait)
+		}
+	}
+}
+
+// wakeAt wakes Receive after d, when a held message becomes due.
+func (s *Source) wakeAt(d time.Duration) {
+	time.AfterFunc(d, func() {
+		s.mu.Lock()
+		s.broadcast()
+		s.mu.Unlock()
+	})
+}
+
+// pick chooses the next message to hand out, visiting the partitions
+// round-robin. s.mu is held.
+func (s *Source) pick(now time.Time) *entry {
+	g := s.gen
+	if g == nil || g.revoked {
+		return nil
+	}
+	n := len(g.parts)
+	for i := range n {
+		k := (s.rr + i) % n
+		if e := g.parts[k].pick(s.cfg.ordering, now); e != nil {
+			s.rr = (k + 1) % n
+			return e
+		}
+	}
+	return nil
+}
+
+// pick returns the first waiting entry the ordering allows, removed from
+// the waiting list, or nil.
+func (p *partition) pick(o Ordering, now time.Time) *entry {
+	take := func(i int) *entry {
+		e := p.waiting[i]
+		p.waiting = slices.Delete(p.waiting, i, i+1)
+		return e
+	}
+	switch o {
+	case OrderPerPartition:
+		if p.out > 0 || len(p.waiting) == 0 || p.waiting[0].notBefore.After(now) {
+			return nil
+		}
+		return take(0)
+	case OrderNone:
+		for i, e := range p.waiting {
+			if !e.notBefore.After(now) {
+				return take(i)
+			}
+		}
+		return nil
+	}
+	var blocked map[string]bool
+	for i, e := range p.waiting {
+		ready := !e.notBefore.After(now)
+		if len(e.msg.Key) == 0 {
+			if ready {
+				return take(i)
+			}
+			continue
+		}
+		k := string(e.msg.Key)
+		if p.busy[k] > 0 || blocked[k] {
+			continue
+		}
+		if ready {
+			return take(i)
+		}
+		// An earlier message of this key is waiting for its retry: later
+		// ones of the key wait behind it.
+		if blocked == nil {
+			blocked = make(map[string]bool)
+		}
+		blocked[k] = true
+	}
+	return nil
+}
+
+// handOut turns e into a delivery. s.mu is held.
+func (s *Source) handOut(e *entry) *delivery {
+	p := e.p
+	e.state = out
+	p.out++
+	if len(e.msg.Key) > 0 {
+		p.busy[string(e.msg.Key)]++
+	}
+	p.gen.outstanding++
+	s.outstanding++
+	p.dirty = true
+	p.high = max(p.high, e.msg.Offset)
+	n := attempts.next(s.attemptKey(p), e.msg.Offset)
+	if n == 1 && e.msg.Offset <= p.prevHigh {
+		n = 2 // handed out before, by this or another process
+	}
+	return &delivery{src: s, e: e, gen: p.gen, msg: s.toMessage(e, e.baseTry+n)}
+}
+
+// release undoes handOut's counts for a settled delivery. s.mu is held.
+func (s *Source) release(d *delivery) {
+	s.outstanding--
+	if d.gen.dead {
+		return
+	}
+	e := d.e
+	p := e.p
+	p.out--
+	if len(e.msg.Key) > 0 {
+		k := string(e.msg.Key)
+		if p.busy[k]--; p.busy[k] <= 0 {
+			delete(p.busy, k)
+		}
+	}
+	d.gen.outstanding--
+}
+
+// settleLocked marks d's message done (requeue false) or puts it back to
+// wait delay (retry in place). s.mu is held and d.settled is already set.
+func (s *Source) settleLocked(d *delivery, requeue *time.Duration) error {
+	defer s.broadcast()
+	if d.gen.dead || s.closed {
+		s.release(d)
+		s.stale.Add(1)
+		return ErrStaleDelivery
+	}
+	s.release(d)
+	e := d.e
+	p := e.p
+	if requeue != nil {
+		e.state = waiting
+		e.notBefore = time.Now().Add(*requeue)
+		i, _ := slices.BinarySearchFunc(p.waiting, e.msg.Offset, func(x *entry, off int64) int {
+			switch {
+			case x.msg.Offset < off:
+				return -1
+			case x.msg.Offset > off:
+				return 1
+			}
+			return 0
+		})
+		p.waiting = slices.Insert(p.waiting, i, e)
+		if *requeue > 0 {
+			s.wakeAt(*requeue)
+		}
+		return nil
+	}
+	e.state = done
+	p.dirty = true
+	p.advance()
+	g := d.gen
+	g.sinceCommit++
+	if g.sinceCommit >= s.cfg.commitCount {
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// advance drops the contiguous decided prefix. s.mu is held.
+func (p *partition) advance() {
+	i := 0
+	for i < len(p.entries) && p.entries[i].state == done {
+		i++
+	}
+	if i > 0 {
+		clear(p.entries[:i])
+		p.entries = p.entries[i:]
+	}
+}
+
+// progress returns the decided runs above the commit point: those among
+// the fetched messages and those inherited from the previous owner that
+// were not fetched yet. s.mu is held.
+func (p *partition) progress() []span {
+	var out []span
+	for i := 0; i < len(p.entries); i++ {
+		if p.entries[i].state != done {
+			continue
+		}
+		j := i
+		for j+1 < len(p.entries) && p.entries[j+1].state == done {
+			j++
+		}
+		first, last := p.entries[i].msg.Offset, p.entries[j].msg.Offset
+		out = append(out, span{first, last - first + 1})
+		i = j
+	}
+	for _, sp := range p.skip {
+		if sp.end() <= p.next {
+			continue
+		}
+		start := max(sp.start, p.next)
+		out = append(out, span{start, sp.end() - start})
+	}
+	return out
+}
+
+// commitPoint is the offset to commit for p: its first undecided message,
+// or the offset after the last fetched one. s.mu is held.
+func (p *partition) commitPoint() int64 {
+	if len(p.entries) > 0 {
+		return p.entries[0].msg.Offset
+	}
+	return p.next
+}
+
+// commit commits, for every partition with news, its decided prefix and
+// (in the metadata) what is decided above it.
+func (s *Source) commit(g *generation, log interface{ Warn(string, ...any) }) {
+	g.commitMu.Lock()
+	defer g.commitMu.Unlock()
+	offsets := map[string][]kafkago.OffsetCommit{}
+	var sent []*partition
+	s.mu.Lock()
+	g.sinceCommit = 0
+	for _, p := range g.parts {
+		cp := p.commitPoint()
+		if cp < 0 || !(cp > p.committed || p.dirty) {
+			continue
+		}
+		p.dirty = false
+		md := encodeProgress(cp, max(p.high, p.prevHigh), p.progress())
+		offsets[p.topic] = append(offsets[p.topic], kafkago.OffsetCommit{Partition: p.id, Offset: cp, Metadata: md})
+		sent = append(sent, p)
+	}
+	s.mu.Unlock()
+	if len(sent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := s.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+		GroupID:      s.cfg.group,
+		GenerationID: int(g.kgen.ID),
+		MemberID:     g.kgen.MemberID,
+		Topics:       offsets,
+	})
+	failed := map[string]map[int]bool{}
+	if err == nil {
+		for topic, ps := range resp.Topics {
+			for _, pr := range ps {
+				if pr.Error != nil {
+					err = pr.Error
+					if failed[topic] == nil {
+						failed[topic] = map[int]bool{}
+					}
+					failed[topic][pr.Partition] = true
+				}
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.commitErrs.Add(1)
+		log.Warn("idemq kafka: offset commit failed; messages decided since the last commit will be redelivered and decided Duplicate", "error", err)
+	} else {
+		s.commits.Add(1)
+	}
+	for _, p := range sent {
+		if (err != nil && failed[p.topic] == nil) || failed[p.topic][p.id] {
+			p.dirty = true // try again with the next commit
+			continue
+		}
+		for _, oc := range offsets[p.topic] {
+			if oc.Partition == p.id && oc.Offset > p.committed {
+				p.committed = oc.Offset
+				attempts.forgetBelow(s.attemptKey(p), oc.Offset)
+			}
+		}
+	}
+}
+
+// loadProgress reads the commit metadata of the assigned partitions.
+func (s *Source) loadProgress(g *generation, log interface{ Warn(string, ...any) }) {
+	req := &kafkago.OffsetFetchRequest{GroupID: s.cfg.group, Topics: map[string][]int{}}
+	for _, p := range g.parts {
+		req.Topics[p.topic] = append(req.Topics[p.topic], p.id)
+	}
+	if len(g.parts) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := s.client.OffsetFetch(ctx, req)
+	if err == nil && resp.Error != nil {
+		err = resp.Error
+	}
+	if err != nil {
+		log.Warn("idemq kafka: reading commit metadata failed; messages decided behind an undecided one will be redelivered", "error", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range g.parts {
+		for _, fp := range resp.Topics[p.topic] {
+			if fp.Partition != p.id || fp.Error != nil || fp.CommittedOffset != p.committed {
+				continue
+			}
+			high, spans, err := decodeProgress(fp.CommittedOffset, fp.Metadata)
+			if err != nil {
+				log.Warn("idemq kafka: ignoring unreadable commit metadata", "topic", p.topic, "partition", p.id, "error", err)
+				continue
+			}
+			p.prevHigh, p.skip = high, spans
+		}
+	}
+}
+
+func (s *Source) attemptKey(p *partition) partKey {
+	return partKey{brokers: s.bkey, group: s.cfg.group, topic: p.topic, partition: p.id}
+}

@@ -1,0 +1,104 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/idemq/idemq/core"
+)
+
+// Publisher produces core Messages to Kafka with RequiredAcks RequireAll:
+// Publish returns once every in-sync replica has every message. It is for
+// tests, examples and the outbox relay. It is safe for concurrent use.
+type Publisher struct {
+	cfg config
+	w   *kafkago.Writer
+}
+
+// NewPublisher returns a Publisher for the brokers in target (a kafka://
+// URL, whose path, if any, becomes the default topic, or a broker list).
+// It applies WithTopic, WithIDHeader, WithDialer, WithBatchTimeout and
+// WithLogger, and ignores the consumer options. It does not connect until
+// the first Publish.
+func NewPublisher(target string, opts ...Option) (*Publisher, error) {
+	cfg := defaultConfig()
+	if err := parseTarget(target, &cfg); err != nil {
+		return nil, err
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	return &Publisher{cfg: cfg, w: &kafkago.Writer{
+		Addr: kafkago.TCP(cfg.brokers...),
+		// Java's default partitioner, so keys land where Java producers
+		// put them and per-key order holds across producers.
+		Balancer:     &kafkago.Murmur2Balancer{},
+		RequiredAcks: kafkago.RequireAll,
+		BatchTimeout: cfg.batchTimeout,
+		BatchSize:    1000,
+		Transport:    transport(cfg.dialer),
+		ErrorLogger:  kafkaLogger{cfg.logger},
+	}}, nil
+}
+
+// Publish produces msgs to topic ("" for the default topic) and waits for
+// all of them. Each message's ID goes to the id header ("message-id" by
+// default; none when ID is empty), Key to the Kafka key, Headers to Kafka
+// headers, and the trace context of ctx is injected into the headers with
+// the global OpenTelemetry propagator. Messages with the same key keep
+// their order.
+func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Message) error {
+	if topic == "" {
+		topic = p.cfg.topic
+	}
+	if err := checkTopic(topic); err != nil {
+		return fmt.Errorf("kafka: Publish: topic: %w", err)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	out := make([]kafkago.Message, len(msgs))
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("kafka: Publish: message %d is nil", i)
+		}
+		headers := make(map[string]string, len(m.Headers)+3)
+		for k, v := range m.Headers {
+			headers[k] = v
+		}
+		otel.GetTextMapPropagator().Inject(ctx, propagation.MapCarrier(headers))
+		delete(headers, p.cfg.idHeader)
+		if m.ID != "" {
+			headers[p.cfg.idHeader] = m.ID
+		}
+		km := kafkago.Message{Topic: topic, Value: m.Body}
+		if m.Key != "" {
+			km.Key = []byte(m.Key)
+		}
+		for _, k := range sortedKeys(headers) {
+			km.Headers = append(km.Headers, kafkago.Header{Key: k, Value: []byte(headers[k])})
+		}
+		out[i] = km
+	}
+	if err := p.w.WriteMessages(ctx, out...); err != nil {
+		var werrs kafkago.WriteErrors
+		if errors.As(err, &werrs) {
+			return fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, werrs.Count(), len(msgs), err)
+		}
+		return fmt.Errorf("kafka: Publish to %q: %w", topic, err)
+	}
+	return nil
+}
+
+// Close flushes and closes the writer.
+func (p *Publisher) Close() error { return p.w.Close() }

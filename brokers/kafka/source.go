@@ -1,0 +1,459 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/core"
+)
+
+// ErrStaleDelivery is wrapped by the error of a settlement whose partition
+// was revoked (a rebalance handed it to another member, or the Source was
+// closed) before the settlement arrived. Nothing is marked: the partition's
+// next owner gets the message again from the committed offset, and the
+// dedup store decides Duplicate if its effect was already committed.
+var ErrStaleDelivery = errors.New("kafka: the delivery's partition was revoked; the message will be redelivered")
+
+// ErrAlreadySettled is returned when a delivery is settled a second time.
+var ErrAlreadySettled = errors.New("kafka: delivery already settled")
+
+// Source consumes one topic in a consumer group. It implements
+// core.Source, core.BatchSettler, core.WindowSetter and
+// core.RedeliveryHorizoner, and is safe for concurrent use.
+type Source struct {
+	cfg    config
+	client *kafkago.Client
+	bkey   string // the broker list, keying the in-process attempt counter
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+
+	mu          sync.Mutex
+	changed     chan struct{} // closed and replaced on every change waiters care about
+	closed      bool
+	started     bool
+	window      int // 0: unlimited until SetWindow
+	outstanding int // handed out, not settled, all generations
+	gen         *generation
+	rr          int // round-robin start over the generation's partitions
+	group       *kafkago.ConsumerGroup
+
+	errs chan error // group trouble reported to Receive, never blocks
+	wg   sync.WaitGroup
+
+	writerOnce sync.Once
+	writer     *kafkago.Writer
+
+	generations atomic.Int64
+	commits     atomic.Int64
+	commitErrs  atomic.Int64
+	stale       atomic.Int64
+	skipped     atomic.Int64
+}
+
+// Stats are counters of a Source's life, for operators and tests.
+type Stats struct {
+	// Generations counts consumer group generations this member took part
+	// in (one per rebalance).
+	Generations int64
+	// Commits counts successful offset commits; CommitErrors failed ones.
+	Commits, CommitErrors int64
+	// StaleSettlements counts settlements refused with ErrStaleDelivery.
+	StaleSettlements int64
+	// Skipped counts fetched messages not handed out because the commit
+	// metadata of an earlier owner says they were already decided.
+	Skipped int64
+}
+
+// Open returns a Source for a consumer group on one topic. target is a
+// kafka:// URL (kafka://host:port[,host:port...]/topic?group=id) or a
+// comma-separated broker list, with the topic and group given by WithTopic
+// and WithGroup (options override the URL). Open checks that the topic
+// exists; the group is joined at the first Receive, after the Consumer
+// had its chance to call SetWindow.
+func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
+	cfg := defaultConfig()
+	if err := parseTarget(target, &cfg); err != nil {
+		return nil, err
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.topic == "" {
+		return nil, errors.New("kafka: topic: none given (WithTopic or the kafka:// URL path)")
+	}
+	if cfg.group == "" {
+		return nil, errors.New("kafka: group: none given (WithGroup or ?group= in the kafka:// URL)")
+	}
+	if cfg.deadLetterTopic == "" {
+		cfg.deadLetterTopic = cfg.topic + ".dlq"
+	}
+	if cfg.retryTopic == cfg.topic || cfg.deadLetterTopic == cfg.topic {
+		return nil, errors.New("kafka: WithRetryTopic/WithDeadLetterTopic: must differ from the consumed topic")
+	}
+	if cfg.revokeTimeout >= cfg.rebalanceTimeout {
+		return nil, optErr("WithRevokeTimeout", "%v must be shorter than the rebalance timeout %v (WithGroupTimeouts)", cfg.revokeTimeout, cfg.rebalanceTimeout)
+	}
+	s := &Source{
+		cfg:     cfg,
+		client:  &kafkago.Client{Addr: kafkago.TCP(cfg.brokers...), Timeout: 10 * time.Second, Transport: transport(cfg.dialer)},
+		bkey:    strings.Join(cfg.brokers, ","),
+		changed: make(chan struct{}),
+		errs:    make(chan error, 1),
+	}
+	if err := s.checkTopics(ctx); err != nil {
+		return nil, err
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// checkTopics makes sure the consumed topic (and the retry topic) exist.
+func (s *Source) checkTopics(ctx context.Context) error {
+	topics := s.topics()
+	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
+	if err != nil {
+		return fmt.Errorf("kafka: brokers %v: %w", s.cfg.brokers, err)
+	}
+	for _, want := range topics {
+		found := false
+		for _, t := range md.Topics {
+			if t.Name == want {
+				if t.Error != nil {
+					return fmt.Errorf("kafka: topic %q: %w", want, t.Error)
+				}
+				found = len(t.Partitions) > 0
+			}
+		}
+		if !found {
+			return fmt.Errorf("kafka: topic %q does not exist", want)
+		}
+	}
+	return nil
+}
+
+func (s *Source) topics() []string {
+	if s.cfg.retryTopic != "" {
+		return []string{s.cfg.topic, s.cfg.retryTopic}
+	}
+	return []string{s.cfg.topic}
+}
+
+// Topic returns the consumed topic.
+func (s *Source) Topic() string { return s.cfg.topic }
+
+// Group returns the consumer group id.
+func (s *Source) Group() string { return s.cfg.group }
+
+// Stats returns the Source's counters.
+func (s *Source) Stats() Stats {
+	return Stats{
+		Generations:      s.generations.Load(),
+		Commits:          s.commits.Load(),
+		CommitErrors:     s.commitErrs.Load(),
+		StaleSettlements: s.stale.Load(),
+		Skipped:          s.skipped.Load(),
+	}
+}
+
+// SetWindow caps the deliveries handed out and not yet settled; Receive
+// waits while the cap is reached. Until it is called there is no cap
+// besides WithPartitionBuffer.
+func (s *Source) SetWindow(n int) error {
+	if n < 1 {
+		return fmt.Errorf("kafka: SetWindow: window %d is below 1", n)
+	}
+	s.mu.Lock()
+	s.window = n
+	s.broadcast()
+	s.mu.Unlock()
+	return nil
+}
+
+// RedeliveryHorizon reads the topic's retention.ms: a group whose offsets
+// are lost or reset re-reads everything still retained, so claims must be
+// kept at least that long. Infinite retention (-1) reports the longest
+// duration. It reports false when the broker cannot say.
+func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := s.client.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{
+		Resources: []kafkago.DescribeConfigRequestResource{{
+			ResourceType: kafkago.ResourceTypeTopic,
+			ResourceName: s.cfg.topic,
+			ConfigNames:  []string{"retention.ms"},
+		}},
+	})
+	if err != nil {
+		s.cfg.logger.Debug("idemq kafka: reading retention.ms", "topic", s.cfg.topic, "error", err)
+		return 0, false
+	}
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			return 0, false
+		}
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName != "retention.ms" {
+				continue
+			}
+			ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
+			if err != nil {
+				return 0, false
+			}
+			if ms < 0 {
+				return time.Duration(math.MaxInt64), true
+			}
+			return time.Duration(ms) * time.Millisecond, true
+		}
+	}
+	return 0, false
+}
+
+// Receive returns the next delivery. It blocks until one is available, ctx
+// is done, or the Source is closed (core.ErrSourceClosed). While the group
+// cannot be joined it may return the error to report trouble; calling
+// Receive again is always safe.
+func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, core.ErrSourceClosed
+		}
+		if !s.started {
+			if err := s.start(); err != nil {
+				s.mu.Unlock()
+				return nil, err
+			}
+		}
+		if s.window == 0 || s.outstanding < s.window {
+			if e := s.pick(time.Now()); e != nil {
+				d := s.handOut(e)
+				s.mu.Unlock()
+				return d, nil
+			}
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case err := <-s.errs:
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.ctx.Done():
+			return nil, core.ErrSourceClosed
+		}
+	}
+}
+
+// start creates the consumer group and its generation loop. s.mu is held.
+func (s *Source) start() error {
+	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
+		ID:                s.cfg.group,
+		Brokers:           s.cfg.brokers,
+		Dialer:            s.cfg.dialer,
+		Topics:            s.topics(),
+		HeartbeatInterval: s.cfg.heartbeatInterval,
+		SessionTimeout:    s.cfg.sessionTimeout,
+		RebalanceTimeout:  s.cfg.rebalanceTimeout,
+		JoinGroupBackoff:  s.cfg.joinBackoff,
+		StartOffset:       s.cfg.startOffset,
+		ErrorLogger:       kafkaLogger{s.cfg.logger},
+	})
+	if err != nil {
+		return fmt.Errorf("kafka: consumer group: %w", err)
+	}
+	s.started = true
+	s.group = cg
+	s.wg.Add(1)
+	go s.run(cg)
+	return nil
+}
+
+// run takes part in one generation after the other until Close.
+func (s *Source) run(cg *kafkago.ConsumerGroup) {
+	defer s.wg.Done()
+	for {
+		kgen, err := cg.Next(s.ctx)
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
+				return
+			}
+			s.cfg.logger.Warn("idemq kafka: joining the group failed; kafka-go retries", "group", s.cfg.group, "error", err)
+			s.report(err)
+			continue
+		}
+		s.generations.Add(1)
+		g := s.newGeneration(kgen)
+		done := make(chan struct{})
+		kgen.Start(func(ctx context.Context) {
+			defer close(done)
+			s.runGeneration(ctx, g)
+		})
+		// Next returns the following generation only after this one
+		// ended; waiting here keeps the hand-over strictly sequential.
+		<-done
+	}
+}
+
+// report hands err to a waiting Receive without ever blocking.
+func (s *Source) report(err error) {
+	select {
+	case s.errs <- fmt.Errorf("kafka: %w", err):
+	default:
+	}
+}
+
+// broadcast wakes everyone waiting on s.changed. s.mu is held.
+func (s *Source) broadcast() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// wait blocks until something changes, ctx is done or the timer fires.
+// s.mu is held and is held again on return; it reports whether ctx is
+// still live.
+func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
+	ch := s.changed
+	s.mu.Unlock()
+	defer s.mu.Lock()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-timer:
+		return false
+	}
+}
+
+// Close leaves the group: it stops handing out messages, commits every
+// partition's decided prefix, and releases the partitions, without waiting
+// for deliveries still in flight (the Consumer settles before it closes
+// its Source). Settling a delivery afterwards returns ErrStaleDelivery;
+// the next owner gets those messages again.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	cg := s.group
+	s.broadcast()
+	s.mu.Unlock()
+	s.cancel()
+	var err error
+	if cg != nil {
+		// Ends the current generation (which commits on its way out)
+		// and leaves the group.
+		err = cg.Close()
+	}
+	s.wg.Wait()
+	if s.writer != nil {
+		if werr := s.writer.Close(); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return err
+}
+
+// AckBatch marks deliveries of this Source done, under one lock; the
+// offsets are committed with the next batched commit. Deliveries whose
+// partition was revoked are refused with ErrStaleDelivery; the returned
+// error joins one error per delivery that failed.
+func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
+	var errs []error
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, cd := range ds {
+		d, ok := cd.(*delivery)
+		if !ok || d.src != s {
+			errs = append(errs, fmt.Errorf("kafka: AckBatch: delivery %T is not from this source", cd))
+			continue
+		}
+		if d.settled.Swap(true) {
+			errs = append(errs, d.wrap(ErrAlreadySettled))
+			continue
+		}
+		if err := s.settleLocked(d, nil); err != nil {
+			errs = append(errs, d.wrap(err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// transport builds the kafka-go Transport (for the Client and writers)
+// from the dialer's TLS, SASL, client id and DialFunc.
+func transport(d *kafkago.Dialer) *kafkago.Transport {
+	t := &kafkago.Transport{DialTimeout: 10 * time.Second}
+	if d == nil {
+		return t
+	}
+	t.TLS = d.TLS
+	t.SASL = d.SASLMechanism
+	t.ClientID = d.ClientID
+	if d.Timeout > 0 {
+		t.DialTimeout = d.Timeout
+	}
+	if d.DialFunc != nil {
+		t.Dial = d.DialFunc
+	} else {
+		nd := &net.Dialer{Timeout: t.DialTimeout, KeepAlive: d.KeepAlive}
+		t.Dial = nd.DialContext
+	}
+	return t
+}
+
+// dlqWriter returns the writer for dead letters and retry copies.
+func (s *Source) dlqWriter() *kafkago.Writer {
+	s.writerOnce.Do(func() {
+		s.writer = &kafkago.Writer{
+			Addr:         kafkago.TCP(s.cfg.brokers...),
+			Balancer:     &kafkago.Murmur2Balancer{},
+			RequiredAcks: kafkago.RequireAll,
+			BatchTimeout: s.cfg.batchTimeout,
+			MaxAttempts:  3,
+			Transport:    transport(s.cfg.dialer),
+			ErrorLogger:  kafkaLogger{s.cfg.logger},
+		}
+	})
+	return s.writer
+}
+
+// kafkaLogger sends kafka-go's error log to slog at debug level: kafka-go
+// logs every transient fetch or connection error, and the Source reports
+// what matters itself.
+type kafkaLogger struct{ l interface{ Debug(string, ...any) } }
+
+// Printf implements kafka-go's Logger.
+func (k kafkaLogger) Printf(format string, args ...any) {
+	k.l.Debug("kafka-go: " + fmt.Sprintf(format, args...))
+}
+
+// sortedKeys returns a map's keys in order, for deterministic headers.
+func sortedKeys(m map[string]string) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
