@@ -441,7 +441,9 @@ func (s *Source) dlqWriter() *kafkago.Writer {
 // kafkaLogger sends kafka-go's error log to slog at debug level: kafka-go
 // logs every transient fetch or connection error, and the Source reports
 // what matters itself.
-type kafkaLogger struct{ l interface{ Debug(string, ...any) } }
+type kafkaLogger struct {
+	l interface{ Debug(string, ...any) }
+}
 
 // Printf implements kafka-go's Logger.
 func (k kafkaLogger) Printf(format string, args ...any) {
