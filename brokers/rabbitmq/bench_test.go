@@ -204,3 +204,105 @@ func idemqRunner(opts ...core.Option) runner {
 		}
 	}
 }
+
+// BenchmarkSourceReceiveAck measures the adapter alone, no database:
+// Receive b.N messages with a window of 400 and ack them 200 at a time
+// with AckBatch (multiple ack), or one by one; "raw" is plain amqp091-go
+// doing the same with a multiple ack every 200, for comparison.
+func BenchmarkSourceReceiveAck(b *testing.B) {
+	amqpU := amqpURL(b)
+	b.Run("raw-amqp091-ack200", func(b *testing.B) {
+		ctx := context.Background()
+		q := uniqueQueue(b, amqpU)
+		s, err := Open(ctx, amqpU, q)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+		publishBench(b, amqpU, q, b.N)
+		conn, err := amqp.Dial(amqpU)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ch.Qos(400, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start := time.Now()
+		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := 1; i <= b.N; i++ {
+			d := <-deliveries
+			if i%200 == 0 || i == b.N {
+				if err := d.Ack(true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	})
+	for _, batch := range []int{1, 200} {
+		b.Run(fmt.Sprintf("ack%d", batch), func(b *testing.B) {
+			ctx := context.Background()
+			q := uniqueQueue(b, amqpU)
+			src, err := Open(ctx, amqpU, q)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer src.Close()
+			if err := src.SetWindow(400); err != nil {
+				b.Fatal(err)
+			}
+			publishBench(b, amqpU, q, b.N)
+			b.ResetTimer()
+			start := time.Now()
+			pending := make([]core.Delivery, 0, batch)
+			for range b.N {
+				d, err := src.Receive(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				pending = append(pending, d)
+				if len(pending) == batch {
+					if batch == 1 {
+						err = d.Ack(ctx)
+					} else {
+						err = src.AckBatch(ctx, pending)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					pending = pending[:0]
+				}
+			}
+			if len(pending) > 0 {
+				if err := src.AckBatch(ctx, pending); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		})
+	}
+}
+
+func publishBench(b *testing.B, amqpU, q string, n int) {
+	msgs := make([]*core.Message, n)
+	for i := range msgs {
+		msgs[i] = &core.Message{ID: fmt.Sprintf("raw-%07d", i), Body: []byte(`{"n":1}`)}
+	}
+	pub, err := NewPublisher(context.Background(), amqpU)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(context.Background(), q, msgs...); err != nil {
+		b.Fatal(err)
+	}
+}
