@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -314,7 +315,7 @@ func (s *Source) run() {
 				}
 				s.cfg.logger.Warn("idemq rabbitmq: reconnect failed", "queue", s.queue, "error", err, "retry_in", backoff)
 				s.report(err)
-				if !sleep(s.ctx, backoff) {
+				if !sleep(s.ctx, jitter(backoff)) {
 					return
 				}
 				backoff = min(backoff*2, s.cfg.backoffMax)
@@ -331,7 +332,7 @@ func (s *Source) run() {
 			}
 			s.cfg.logger.Warn("idemq rabbitmq: consume failed", "queue", s.queue, "error", err, "retry_in", backoff)
 			s.report(err)
-			if !sleep(s.ctx, backoff) {
+			if !sleep(s.ctx, jitter(backoff)) {
 				return
 			}
 			backoff = min(backoff*2, s.cfg.backoffMax)
@@ -480,6 +481,12 @@ func closeReason(e *amqp.Error) string {
 		return "channel closed"
 	}
 	return e.Error()
+}
+
+// jitter spreads d by ±20%, so consumers that lost the same broker do not
+// all come back at the same instant.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }
 
 // sleep waits d or until ctx is done; it reports whether d elapsed.
