@@ -195,7 +195,8 @@ func WithConnectionName(name string) Option {
 }
 
 // WithReconnectBackoff sets the bounds of the exponential backoff between
-// reconnect attempts. Default 100ms doubling up to 10s.
+// reconnect attempts. Default 100ms doubling up to 10s, each wait spread
+// by ±20%.
 func WithReconnectBackoff(min, max time.Duration) Option {
 	return func(c *config) error {
 		if min <= 0 || max < min {
