@@ -75,7 +75,7 @@ type Source struct {
 	orphans []*delivery            // received after Close, to release
 
 	stats struct {
-		received, extended, heartbeatFailures, released, settleRetries, deadLettered atomic.Int64
+		received, extended, heartbeatFailures, released, settleRetries, deadLettered, heldBack atomic.Int64
 	}
 }
 
@@ -95,6 +95,9 @@ type Stats struct {
 	SettleRetries int64
 	// DeadLettered counts messages parked by DeadLetter.
 	DeadLettered int64
+	// HeldBack counts FIFO messages held back until the earlier message
+	// of their group received with them was settled.
+	HeldBack int64
 }
 
 var (
@@ -205,6 +208,7 @@ func (s *Source) Stats() Stats {
 		Released:          s.stats.released.Load(),
 		SettleRetries:     s.stats.settleRetries.Load(),
 		DeadLettered:      s.stats.deadLettered.Load(),
+		HeldBack:          s.stats.heldBack.Load(),
 	}
 }
 
@@ -394,6 +398,7 @@ func (s *Source) accept(msgs []types.Message) {
 			chain := s.groups[d.group]
 			s.groups[d.group] = append(chain, d)
 			if len(chain) > 0 {
+				s.stats.heldBack.Add(1)
 				continue // held back behind the group's earlier message
 			}
 		}

@@ -1,0 +1,744 @@
+package sqs
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/postgres"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// open opens a Source on q with the test endpoint, short polls and the
+// test logger; it is closed when the test ends.
+func open(t testing.TB, ep string, q testQueue, opts ...Option) *Source {
+	t.Helper()
+	all := append(clientOpts(ep), WithLogger(testLogger(t)), WithWaitTime(time.Second))
+	s, err := Open(context.Background(), q.url, append(all, opts...)...)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func publisher(t testing.TB, ep string, q testQueue) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(context.Background(), q.url, clientOpts(ep)...)
+	if err != nil {
+		t.Fatalf("NewPublisher: %v", err)
+	}
+	return p
+}
+
+func msgs(prefix string, n int) []*core.Message {
+	run := randomHex(3)
+	out := make([]*core.Message, n)
+	for i := range out {
+		out[i] = &core.Message{ID: fmt.Sprintf("%s-%s-%04d", prefix, run, i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}
+	}
+	return out
+}
+
+// receiveOne receives one delivery within timeout.
+func receiveOne(t testing.TB, s *Source, timeout time.Duration) core.Delivery {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		d, err := s.Receive(ctx)
+		if err == nil {
+			return d
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no delivery within %v", timeout)
+		}
+		t.Logf("receive: %v", err)
+	}
+}
+
+// quiet fails if s delivers anything within d.
+func quiet(t testing.TB, s *Source, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		dl, err := s.Receive(ctx)
+		if err == nil {
+			t.Fatalf("unexpected delivery of %q (attempt %d)", dl.Message().ID, dl.Message().Attempt)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+func TestOptionErrorsNameTheOption(t *testing.T) {
+	cases := []struct {
+		opt  Option
+		name string
+	}{
+		{WithReceivers(0), "WithReceivers"},
+		{WithWindow(0), "WithWindow"},
+		{WithWaitTime(21 * time.Second), "WithWaitTime"},
+		{WithWaitTime(1500 * time.Millisecond), "WithWaitTime"},
+		{WithVisibilityTimeout(0), "WithVisibilityTimeout"},
+		{WithHeartbeatInterval(0), "WithHeartbeatInterval"},
+		{WithMaxExtension(13 * time.Hour), "WithMaxExtension"},
+		{WithIDAttribute("bad name"), "WithIDAttribute"},
+		{WithIDAttribute(""), "WithIDAttribute"},
+		{WithDeadLetterQueue(""), "WithDeadLetterQueue"},
+		{WithDeadLetterMode(7), "WithDeadLetterMode"},
+		{WithCloseTimeout(-1), "WithCloseTimeout"},
+		{WithSettleRetries(11), "WithSettleRetries"},
+		{WithLogger(nil), "WithLogger"},
+		{WithClient(nil), "WithClient"},
+		{WithEndpoint("localhost:9324"), "WithEndpoint"},
+		{WithRegion(""), "WithRegion"},
+		{WithStaticCredentials("", "x", ""), "WithStaticCredentials"},
+	}
+	for _, c := range cases {
+		_, err := Open(context.Background(), "q", c.opt)
+		if err == nil || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("Open with a bad %s: err = %v, want one naming %s", c.name, err, c.name)
+		}
+		_, err = NewPublisher(context.Background(), "q", c.opt)
+		if err == nil || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("NewPublisher with a bad %s: err = %v, want one naming %s", c.name, err, c.name)
+		}
+	}
+}
+
+func TestOpenChecksQueueAndDeadLetterSetup(t *testing.T) {
+	ep := sqsEndpoint(t)
+	ctx := context.Background()
+	if _, err := Open(ctx, "idemq-missing-"+randomHex(4), clientOpts(ep)...); err == nil {
+		t.Error("Open of a missing queue succeeded")
+	}
+	plain := newQueue(t, ep, "", map[string]string{"VisibilityTimeout": "3"})
+	_, err := Open(ctx, plain.name, clientOpts(ep)...)
+	if err == nil || !strings.Contains(err.Error(), "WithDeadLetterQueue") {
+		t.Errorf("Open without a DLQ or redrive policy: err = %v, want one naming WithDeadLetterQueue", err)
+	}
+	_, err = Open(ctx, plain.name, append(clientOpts(ep), WithDeadLetterMode(DeadLetterRedrive))...)
+	if err == nil || !strings.Contains(err.Error(), "WithDeadLetterMode") {
+		t.Errorf("DeadLetterRedrive without a redrive policy: err = %v, want one naming WithDeadLetterMode", err)
+	}
+	_, err = Open(ctx, plain.name, append(clientOpts(ep), WithDeadLetterQueue(plain.name), WithHeartbeatInterval(3*time.Second))...)
+	if err == nil || !strings.Contains(err.Error(), "WithHeartbeatInterval") {
+		t.Errorf("heartbeat interval = visibility timeout: err = %v, want one naming WithHeartbeatInterval", err)
+	}
+	fifo, _ := newQueueWithDLQ(t, ep, true, 3, 0)
+	_, err = Open(ctx, fifo.url, append(clientOpts(ep), WithDeadLetterQueue(plain.name))...)
+	if err == nil || !strings.Contains(err.Error(), "FIFO") {
+		t.Errorf("FIFO queue with a standard DLQ: err = %v, want a FIFO mismatch", err)
+	}
+
+	// A redrive policy names the DLQ; its retention bounds the horizon.
+	q, dlq := newQueueWithDLQ(t, ep, false, 3, 5)
+	cl := testClient(ep)
+	if _, err := cl.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: aws.String(q.url), Attributes: map[string]string{"MessageRetentionPeriod": "3600"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: aws.String(dlq.url), Attributes: map[string]string{"MessageRetentionPeriod": "7200"}}); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, ep, q)
+	if s.dlq == nil || s.dlq.name != dlq.name {
+		t.Fatalf("dead-letter queue from the redrive policy = %+v, want %s", s.dlq, dlq.name)
+	}
+	if h, ok := s.RedeliveryHorizon(ctx); !ok || h != 2*time.Hour {
+		t.Errorf("RedeliveryHorizon = %v, %v; want 2h (the DLQ's retention), true", h, ok)
+	}
+	if s.QueueName() != q.name || s.FIFO() || s.VisibilityTimeout() != 3*time.Second {
+		t.Errorf("QueueName %q FIFO %v VisibilityTimeout %v", s.QueueName(), s.FIFO(), s.VisibilityTimeout())
+	}
+}
+
+// TestMessageFields checks what a delivery carries: the business id from
+// the message-id attribute (not the SQS MessageId), headers, the trace
+// context the publisher injected, attempts from ApproximateReceiveCount,
+// the metadata, and a binary body that had to travel base64-encoded.
+func TestMessageFields(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 5, 0)
+	prev := otel.GetTextMapPropagator()
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() { otel.SetTextMapPropagator(prev) })
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	ctx, span := tp.Tracer("test").Start(context.Background(), "publish")
+	traceID := span.SpanContext().TraceID().String()
+
+	m := &core.Message{ID: "order-" + randomHex(4), Body: []byte{0, 1, 2, 0xff, 'x'}, Headers: map[string]string{"tenant": "acme", "empty": ""}}
+	if err := publisher(t, ep, q).Publish(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	span.End()
+	s := open(t, ep, q, WithDeadLetterQueue(q.name))
+	d := receiveOne(t, s, 10*time.Second)
+	got := d.Message()
+	if got.ID != m.ID {
+		t.Errorf("ID = %q, want the message-id attribute %q", got.ID, m.ID)
+	}
+	if got.Metadata["messaging.message.id"] == got.ID || got.Metadata["messaging.message.id"] == "" {
+		t.Errorf("metadata messaging.message.id = %q, want the SQS MessageId", got.Metadata["messaging.message.id"])
+	}
+	if string(got.Body) != string(m.Body) {
+		t.Errorf("Body = %x, want %x", got.Body, m.Body)
+	}
+	if got.Headers["tenant"] != "acme" {
+		t.Errorf("header tenant = %q", got.Headers["tenant"])
+	}
+	if _, ok := got.Headers["empty"]; ok {
+		t.Error("an empty header was sent; SQS refuses empty attribute values")
+	}
+	if tp := got.Headers["traceparent"]; !strings.Contains(tp, traceID) {
+		t.Errorf("traceparent header = %q, want the publisher's trace %s", tp, traceID)
+	}
+	if got.System != "aws_sqs" || got.Source != q.name || got.Attempt != 1 || got.Key != "" {
+		t.Errorf("System %q Source %q Attempt %d Key %q", got.System, got.Source, got.Attempt, got.Key)
+	}
+	if got.Metadata["aws.sqs.queue.url"] != q.url || got.Metadata["messaging.destination.name"] != q.name {
+		t.Errorf("metadata %v", got.Metadata)
+	}
+	if err := d.Retry(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	d2 := receiveOne(t, s, 10*time.Second)
+	if d2.Message().Attempt != 2 {
+		t.Errorf("Attempt after one retry = %d, want 2", d2.Message().Attempt)
+	}
+	if err := d2.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPublisherRefusesWhatSQSWould(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q := newQueue(t, ep, "", nil)
+	fifo := newQueue(t, ep, ".fifo", map[string]string{"FifoQueue": "true"})
+	ctx := context.Background()
+	h := map[string]string{}
+	for i := range 10 {
+		h[fmt.Sprintf("h%d", i)] = "v"
+	}
+	cases := []struct {
+		q    testQueue
+		m    *core.Message
+		want string
+	}{
+		{q, &core.Message{ID: "a", Body: []byte("x"), Headers: h}, "attributes"},
+		{q, &core.Message{ID: "a", Body: nil}, "empty body"},
+		{q, &core.Message{ID: "a", Body: []byte("x"), Headers: map[string]string{"bad key": "v"}}, "bad key"},
+		{fifo, &core.Message{ID: "a", Body: []byte("x")}, "group id"},
+	}
+	for _, c := range cases {
+		err := publisher(t, ep, c.q).Publish(ctx, c.m)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Publish %+v: err = %v, want one about %q", c.m, err, c.want)
+		}
+	}
+	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
+		t.Errorf("refused messages reached the queue: %d", vis+inflight)
+	}
+}
+
+// TestAckBatchManyChunks acks 25 deliveries (three DeleteMessageBatch
+// calls) and refuses deliveries that are settled or foreign.
+func TestAckBatchManyChunks(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 10, 0)
+	other, _ := newQueueWithDLQ(t, ep, false, 10, 0)
+	if err := publisher(t, ep, q).Publish(context.Background(), msgs("chunks", 25)...); err != nil {
+		t.Fatal(err)
+	}
+	if err := publisher(t, ep, other).Publish(context.Background(), msgs("other", 1)...); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, ep, q, WithDeadLetterQueue(q.name), WithWindow(30))
+	s2 := open(t, ep, other, WithDeadLetterQueue(other.name))
+	var ds []core.Delivery
+	for range 25 {
+		ds = append(ds, receiveOne(t, s, 10*time.Second))
+	}
+	foreign := receiveOne(t, s2, 10*time.Second)
+	if err := ds[0].Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err := s.AckBatch(context.Background(), append(slices.Clone(ds), foreign))
+	if err == nil || !errors.Is(err, ErrAlreadySettled) || !strings.Contains(err.Error(), "not from this source") {
+		t.Errorf("AckBatch with a settled and a foreign delivery: %v", err)
+	}
+	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
+		t.Errorf("after AckBatch %d visible and %d in flight, want none", vis, inflight)
+	}
+	if err := foreign.Ack(context.Background()); err != nil {
+		t.Errorf("the foreign delivery is still its own source's to settle: %v", err)
+	}
+}
+
+// TestHeartbeatKeepsSlowHandlerInvisible runs a handler three times slower
+// than the visibility timeout next to a second consumer of the same queue:
+// with the heartbeat on, the message is never redelivered meanwhile.
+func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
+	st := sqliteStore(t)
+	m := msgs("slow", 1)[0]
+	if err := publisher(t, ep, q).Publish(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		calls.Add(1)
+		time.Sleep(3500 * time.Millisecond)
+		return st.apply(ctx, tx, m)
+	}
+	s1 := open(t, ep, q, WithDeadLetterQueue(q.name))
+	a := runConsumer(t, s1, st.Store, slow)
+	waitFor(t, 10*time.Second, "the slow handler to start", func() bool { return calls.Load() == 1 })
+	s2 := open(t, ep, q, WithDeadLetterQueue(q.name))
+	b := runConsumer(t, s2, st.Store, slow)
+	waitFor(t, 15*time.Second, "the message to be processed", func() bool { return a.c.Stats().Processed == 1 })
+	time.Sleep(1500 * time.Millisecond) // one more visibility timeout: nothing may come back
+	if n := calls.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+	if got := b.c.Stats().Received; got != 0 {
+		t.Errorf("the second consumer received %d messages while the heartbeat ran, want 0", got)
+	}
+	if a.c.Stats().Received != 1 {
+		t.Errorf("first consumer received %d, want 1", a.c.Stats().Received)
+	}
+	if ext := s1.Stats().Extended; ext < 3 {
+		t.Errorf("heartbeat extended %d times over 3.5s at a 1s visibility timeout, want >= 3", ext)
+	}
+	if n := st.count(t, m.ID); n != 1 {
+		t.Errorf("effect applied %d times, want 1", n)
+	}
+	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
+		t.Errorf("queue holds %d+%d messages after the ack, want none", vis, inflight)
+	}
+}
+
+// TestHeartbeatStopsAtMaxExtension holds a message past WithMaxExtension:
+// its visibility lapses and another consumer receives it.
+func TestHeartbeatStopsAtMaxExtension(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
+	if err := publisher(t, ep, q).Publish(context.Background(), msgs("cap", 1)...); err != nil {
+		t.Fatal(err)
+	}
+	// A window of one: s1 cannot receive the message again itself.
+	s1 := open(t, ep, q, WithDeadLetterQueue(q.name), WithMaxExtension(2*time.Second), WithWindow(1))
+	start := time.Now()
+	d := receiveOne(t, s1, 10*time.Second)
+	s2 := open(t, ep, q, WithDeadLetterQueue(q.name))
+	d2 := receiveOne(t, s2, 10*time.Second)
+	took := time.Since(start)
+	if took < 2*time.Second || took > 5*time.Second {
+		t.Errorf("redelivered after %v, want soon after the 2s maximum extension", took)
+	}
+	if d2.Message().ID != d.Message().ID || d2.Message().Attempt != 2 {
+		t.Errorf("second consumer got %q attempt %d", d2.Message().ID, d2.Message().Attempt)
+	}
+	t.Logf("redelivered after %v; extensions %d", took, s1.Stats().Extended)
+	if err := d2.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWithoutHeartbeatRedeliveryIsDuplicate turns the heartbeat off: a
+// handler slower than the visibility timeout lets the message be received
+// again, and that copy is decided Duplicate once the first commits — the
+// dedup key, not the visibility timeout, keeps the effect single.
+func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
+	ep := sqsEndpoint(t)
+	pg := postgresURL(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
+	ctx := context.Background()
+	suffix := randomHex(4)
+	effects, dedup := "sqs_hb_effects_"+suffix, "sqs_hb_processed_"+suffix
+	store, err := postgres.Open(ctx, pg, postgres.WithTable(dedup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if _, err := store.Pool().Exec(ctx, `CREATE TABLE `+effects+` (id TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Pool().Exec(context.Background(), `DROP TABLE IF EXISTS `+effects+`, `+dedup) })
+
+	m := msgs("nohb", 1)[0]
+	if err := publisher(t, ep, q).Publish(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	var mu sync.Mutex
+	var decided []string // attempt:decision, in decision order
+	record := func(next core.ProcessFunc) core.ProcessFunc {
+		return func(ctx context.Context, m *core.Message) core.Outcome {
+			out := next(ctx, m)
+			mu.Lock()
+			decided = append(decided, fmt.Sprintf("%d:%s", m.Attempt, out.Decision))
+			mu.Unlock()
+			return out
+		}
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		calls.Add(1)
+		time.Sleep(2500 * time.Millisecond) // 2.5 visibility timeouts, no heartbeat
+		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (id) VALUES ($1)`, m.ID)
+		return err
+	}
+	var runs []*running[pgx.Tx]
+	for range 2 {
+		s := open(t, ep, q, WithDeadLetterQueue(q.name), WithHeartbeat(false))
+		runs = append(runs, runConsumer(t, s, core.Store[pgx.Tx](store), h, core.WithMiddleware(record)))
+	}
+	waitFor(t, 20*time.Second, "one Processed and one Duplicate", func() bool {
+		var p, d int64
+		for _, r := range runs {
+			p += r.c.Stats().Processed
+			d += r.c.Stats().Duplicates
+		}
+		return p == 1 && d >= 1
+	})
+	for _, r := range runs {
+		r.shutdown(t)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("decisions (attempt:decision): %v", decided)
+	if len(decided) < 2 || decided[0] != "1:processed" || !slices.Contains(decided[1:], "2:duplicate") {
+		t.Errorf("decisions %v: want 1:processed first, then the redelivered copy (attempt 2) as duplicate", decided)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1 (the copy's claim waits for the first commit)", n)
+	}
+	var n int
+	if err := store.Pool().QueryRow(ctx, `SELECT count(*) FROM `+effects).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("effect applied %d times, want 1", n)
+	}
+}
+
+// TestRedriveToDeadLetterQueueAfterMaxReceives leaves parking to SQS: a
+// handler that keeps failing transiently is retried until the queue's
+// redrive policy moves the message to the DLQ after maxReceiveCount
+// receives; with DeadLetterRedrive a permanent failure goes the same way.
+func TestRedriveToDeadLetterQueueAfterMaxReceives(t *testing.T) {
+	for _, mode := range []string{"transient-retries", "permanent-DeadLetterRedrive"} {
+		t.Run(mode, func(t *testing.T) {
+			ep := sqsEndpoint(t)
+			const maxReceives = 3
+			q, dlq := newQueueWithDLQ(t, ep, false, 2, maxReceives)
+			st := sqliteStore(t)
+			m := msgs("redrive", 1)[0]
+			keep := msgs("keep", 1)[0]
+			if err := publisher(t, ep, q).Publish(context.Background(), m, keep); err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int32
+			h := func(ctx context.Context, tx *sql.Tx, got *core.Message) error {
+				if got.ID != m.ID {
+					return st.apply(ctx, tx, got)
+				}
+				calls.Add(1)
+				if mode == "transient-retries" {
+					return errors.New("downstream unavailable")
+				}
+				return core.Permanent(errors.New("malformed order"))
+			}
+			opts := []Option{}
+			if mode != "transient-retries" {
+				opts = append(opts, WithDeadLetterMode(DeadLetterRedrive))
+			}
+			s := open(t, ep, q, opts...)
+			r := runConsumer(t, s, st.Store, h, core.WithMaxAttempts(100), core.WithBackoff(core.ConstantBackoff(0)))
+			var parked []string
+			waitFor(t, 20*time.Second, "the message in the DLQ", func() bool {
+				for _, dm := range drain(t, ep, dlq.url) {
+					parked = append(parked, attr(dm, DefaultIDAttribute))
+				}
+				return len(parked) > 0
+			})
+			r.shutdown(t)
+			if !slices.Equal(parked, []string{m.ID}) {
+				t.Errorf("DLQ holds %v, want [%s]", parked, m.ID)
+			}
+			if n := calls.Load(); n != maxReceives {
+				t.Errorf("handler ran %d times, want maxReceiveCount = %d", n, maxReceives)
+			}
+			if st.count(t, m.ID) != 0 || st.count(t, keep.ID) != 1 {
+				t.Errorf("effects: parked %d (want 0), other %d (want 1)", st.count(t, m.ID), st.count(t, keep.ID))
+			}
+		})
+	}
+}
+
+// TestFIFOOrderPerGroup publishes three groups of ordered messages to a
+// FIFO queue and consumes them with concurrent batches; one message fails
+// once. Each group's effects must commit in publish order, and the
+// publisher's deduplication id (the business id) drops a resend.
+func TestFIFOOrderPerGroup(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
+	st := sqliteStore(t)
+	const groups, per = 3, 12
+	var all []*core.Message
+	for g := range groups {
+		for i := range per {
+			all = append(all, &core.Message{
+				ID:   fmt.Sprintf("g%d-%02d", g, i),
+				Key:  fmt.Sprintf("group-%d", g),
+				Body: fmt.Appendf(nil, `{"group":%d,"seq":%d}`, g, i),
+			})
+		}
+	}
+	// Interleave the groups as a producer would.
+	slices.SortStableFunc(all, func(a, b *core.Message) int { return strings.Compare(a.ID[3:], b.ID[3:]) })
+	pub := publisher(t, ep, q)
+	if err := pub.Publish(context.Background(), all...); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(context.Background(), all[4]); err != nil { // a resend within the dedup window
+		t.Fatal(err)
+	}
+	var failed atomic.Bool
+	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if m.ID == "g1-00" && !failed.Swap(true) {
+			return errors.New("transient failure at the head of group 1")
+		}
+		return st.apply(ctx, tx, m)
+	}
+	s := open(t, ep, q, WithDeadLetterQueue(dlq.url))
+	r := runConsumer(t, s, st.Store, h, core.WithBatchSize(5), core.WithConcurrency(3), core.WithWindow(30),
+		core.WithBackoff(core.ConstantBackoff(0)))
+	waitFor(t, 30*time.Second, "every message processed", func() bool { return r.c.Stats().Processed == groups*per })
+	r.shutdown(t)
+	if !failed.Load() {
+		t.Fatal("the failing message never ran")
+	}
+	order := st.order(t)
+	for g := range groups {
+		var seq []string
+		for _, id := range order {
+			if strings.HasPrefix(id, fmt.Sprintf("g%d-", g)) {
+				seq = append(seq, id)
+			}
+		}
+		want := make([]string, per)
+		for i := range want {
+			want[i] = fmt.Sprintf("g%d-%02d", g, i)
+		}
+		if !slices.Equal(seq, want) {
+			t.Errorf("group %d committed in order %v, want %v", g, seq, want)
+		}
+	}
+	if d := r.c.Stats().Duplicates; d != 0 {
+		t.Errorf("%d duplicates reached the consumer; the FIFO deduplication id should have dropped the resend", d)
+	}
+	t.Logf("consumer %+v, source %+v", r.c.Stats(), s.Stats())
+}
+
+// --- pipeline helpers -------------------------------------------------
+
+// effectStore is a SQLite dedup store plus an effects table whose rowid
+// records commit order.
+type effectStore struct {
+	*sqlite.Store
+}
+
+func sqliteStore(t testing.TB) *effectStore {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "sqs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.DB().Exec(`CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return &effectStore{st}
+}
+
+func (e *effectStore) apply(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, m.ID)
+	return err
+}
+
+func (e *effectStore) count(t testing.TB, id string) int {
+	t.Helper()
+	var n int
+	if err := e.DB().QueryRow(`SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (e *effectStore) order(t testing.TB) []string {
+	t.Helper()
+	rows, err := e.DB().Query(`SELECT id FROM effects ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		rows.Scan(&id)
+		out = append(out, id)
+	}
+	return out
+}
+
+type running[Tx any] struct {
+	c    *core.Consumer[Tx]
+	stop context.CancelFunc
+	done chan error
+	once sync.Once
+}
+
+func runConsumer[Tx any](t testing.TB, src core.Source, store core.Store[Tx], h core.Handler[Tx], opts ...core.Option) *running[Tx] {
+	t.Helper()
+	base := []core.Option{
+		core.WithName("sqs-test"),
+		core.WithBackoff(core.ConstantBackoff(100 * time.Millisecond)),
+		core.WithShutdownTimeout(10 * time.Second),
+		core.WithLogger(testLogger(t)),
+	}
+	c, err := core.New(src, store, h, append(base, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running[Tx]{c: c, stop: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	t.Cleanup(func() { r.shutdown(t) })
+	return r
+}
+
+func (r *running[Tx]) shutdown(t testing.TB) {
+	r.once.Do(func() {
+		r.stop()
+		select {
+		case err := <-r.done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(40 * time.Second):
+			t.Error("Run did not return within 40s of cancellation")
+		}
+	})
+}
+
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestFIFOHoldBackAndRelease drives the per-group hold-back directly. AWS
+// may return several messages of one group in one ReceiveMessage call
+// (fauxqs returns one per group), so the test hands the Source three real
+// messages of one group as if they came in one call: only the first is
+// delivered; acking it delivers the second; retrying the second releases
+// the third back to the queue at once, so SQS delivers it after the retried
+// one instead of the consumer running it early.
+func TestFIFOHoldBackAndRelease(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 30, 0)
+	ms := msgs("hold", 3)
+	if err := publisher(t, ep, q).Publish(context.Background(), ms...); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, ep, q, WithDeadLetterQueue(q.name))
+	s.q.fifo = true // group handling as on a FIFO queue
+	raw := drainNoDelete(t, ep, q.url, 3)
+	slices.SortFunc(raw, func(a, b types.Message) int { return strings.Compare(attr(a, DefaultIDAttribute), attr(b, DefaultIDAttribute)) })
+	for i := range raw {
+		raw[i].Attributes["MessageGroupId"] = "g"
+	}
+	s.mu.Lock()
+	s.held += 3 // the slots a receiver would have reserved
+	s.started = true
+	s.mu.Unlock()
+	s.accept(raw)
+
+	d1 := receiveOne(t, s, time.Second)
+	if d1.Message().ID != ms[0].ID || d1.Message().Key != "g" {
+		t.Fatalf("first delivery %q key %q, want %q key g", d1.Message().ID, d1.Message().Key, ms[0].ID)
+	}
+	quiet(t, s, 300*time.Millisecond) // the rest of the group waits
+	if err := d1.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d2 := receiveOne(t, s, time.Second)
+	if d2.Message().ID != ms[1].ID {
+		t.Fatalf("after the ack got %q, want %q", d2.Message().ID, ms[1].ID)
+	}
+	if err := d2.Retry(context.Background(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	quiet(t, s, 300*time.Millisecond)
+	if got := s.Stats(); got.HeldBack != 2 || got.Released != 1 {
+		t.Errorf("stats %+v: want HeldBack 2, Released 1", got)
+	}
+	back := drainNoDelete(t, ep, q.url, 1)
+	if len(back) != 1 || attr(back[0], DefaultIDAttribute) != ms[2].ID {
+		t.Errorf("visible after the retry: %d messages, want the released %q", len(back), ms[2].ID)
+	}
+	s.mu.Lock()
+	held := s.held
+	s.mu.Unlock()
+	if held != 0 {
+		t.Errorf("%d window slots still held after every delivery was settled or released", held)
+	}
+}
+
+// drainNoDelete receives n messages with a raw client, leaving them in
+// flight.
+func drainNoDelete(t testing.TB, ep, url string, n int) []types.Message {
+	t.Helper()
+	cl := testClient(ep)
+	var out []types.Message
+	deadline := time.Now().Add(5 * time.Second)
+	for len(out) < n && time.Now().Before(deadline) {
+		r, err := cl.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{
+			QueueUrl: aws.String(url), MaxNumberOfMessages: int32(n - len(out)), WaitTimeSeconds: 1,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r.Messages...)
+	}
+	return out
+}
