@@ -1,0 +1,470 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/postgres"
+)
+
+// postgresURL returns the Postgres URL from IDEMQ_POSTGRES_URL (default the
+// local server); unreachable skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
+func postgresURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("IDEMQ_POSTGRES_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		err = conn.Ping(ctx)
+		conn.Close(ctx)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("Postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", url, err)
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return url
+}
+
+// pgEffects is a Postgres dedup store plus an effects table without a
+// unique key, so an effect applied twice is counted twice.
+type pgEffects struct {
+	store   *postgres.Store
+	effects string
+}
+
+func newPGEffects(t testing.TB) *pgEffects {
+	t.Helper()
+	url := postgresURL(t)
+	ctx := context.Background()
+	suffix := randomHex(5)
+	table := "kafka_processed_" + suffix
+	st, err := postgres.Open(ctx, url, postgres.WithTable(table))
+	if err != nil {
+		t.Fatalf("postgres store: %v", err)
+	}
+	e := &pgEffects{store: st, effects: "kafka_effects_" + suffix}
+	if _, err := st.Pool().Exec(ctx, `CREATE TABLE `+e.effects+` (id TEXT NOT NULL, body TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = st.Pool().Exec(context.Background(), `DROP TABLE IF EXISTS `+e.effects+`, `+table)
+		st.Close()
+	})
+	return e
+}
+
+func (e *pgEffects) apply(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+e.effects+` (id, body) VALUES ($1, $2)`, m.ID, string(m.Body))
+	return err
+}
+
+// counts returns the rows and distinct ids in the effects table.
+func (e *pgEffects) counts(t testing.TB) (rows, ids int) {
+	t.Helper()
+	if err := e.store.Pool().QueryRow(context.Background(), `SELECT count(*), count(DISTINCT id) FROM `+e.effects).Scan(&rows, &ids); err != nil {
+		t.Fatal(err)
+	}
+	return rows, ids
+}
+
+// twice returns ids applied more than once.
+func (e *pgEffects) twice(t testing.TB, pool *pgxpool.Pool) []string {
+	rows, err := pool.Query(context.Background(), `SELECT id FROM `+e.effects+` GROUP BY id HAVING count(*) > 1 ORDER BY id LIMIT 20`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// consumer is a core.Consumer over a Kafka Source running in the
+// background.
+type consumer struct {
+	name string
+	src  *Source
+	c    *core.Consumer[pgx.Tx]
+	stop context.CancelFunc
+	done chan error
+}
+
+func startConsumer(t testing.TB, src core.Source, e *pgEffects, h core.Handler[pgx.Tx], opts ...core.Option) *consumer {
+	t.Helper()
+	if h == nil {
+		h = e.apply
+	}
+	base := []core.Option{
+		core.WithName("kafka-e2e"),
+		core.WithBackoff(core.ConstantBackoff(20 * time.Millisecond)),
+		core.WithShutdownTimeout(5 * time.Second),
+		core.WithLogger(testLogger(t)),
+	}
+	c, err := core.New[pgx.Tx](src, e.store, h, append(base, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &consumer{c: c, stop: cancel, done: make(chan error, 1)}
+	if s, ok := src.(*Source); ok {
+		r.src = s
+	}
+	go func() { r.done <- c.Run(ctx) }()
+	t.Cleanup(func() { r.shutdown(t) })
+	return r
+}
+
+func (r *consumer) shutdown(t testing.TB) {
+	r.stop()
+	select {
+	case err := <-r.done:
+		r.done <- err
+		if err != nil && !errors.Is(err, core.ErrSourceClosed) {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Consumer.Run did not return within 30s")
+	}
+}
+
+// drained reports whether the group committed every partition of topic up
+// to its end.
+func drained(t testing.TB, bs, group, topic string, n int) bool {
+	ends := endOffsets(t, bs, topic, n)
+	got := committed(t, bs, group, topic, n)
+	for i := range ends {
+		if got[i] != ends[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func endOffsets(t testing.TB, bs, topic string, n int) []int64 {
+	t.Helper()
+	out := make([]int64, n)
+	for p := range n {
+		conn, err := (&cutter{}).dialer().DialLeader(context.Background(), "tcp", strings.Split(bs, ",")[0], topic, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := conn.ReadLastOffset()
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[p] = last
+	}
+	return out
+}
+
+// Two consumers share a group; one is killed mid-stream (connections cut,
+// no final commit, no leave: the coordinator evicts it after the session
+// timeout); 20% of the publishes are duplicates. Every effect is applied
+// exactly once in Postgres and nothing is lost.
+func TestGroupMemberKilledMidStreamEffectsOnce(t *testing.T) {
+	total := 20000
+	if testing.Short() {
+		total = 4000
+	}
+	unique := total * 4 / 5
+	e := newPGEffects(t)
+	bs := brokers(t)
+	const parts = 4
+	topic := newTopic(t, bs, parts)
+	group := "g-" + randomHex(4)
+
+	// Duplicates are producer resends: same id, key and body, published
+	// later in the stream.
+	msgs := make([]*core.Message, 0, total)
+	for i := range unique {
+		msgs = append(msgs, &core.Message{ID: fmt.Sprintf("pay-%06d", i), Key: fmt.Sprintf("acct-%03d", i%97), Body: fmt.Appendf(nil, `{"n":%d}`, i)})
+	}
+	for len(msgs) < total {
+		orig := msgs[rand.IntN(unique)]
+		at := rand.IntN(len(msgs)+1-unique/2) + unique/2
+		msgs = append(msgs, nil)
+		copy(msgs[at+1:], msgs[at:])
+		msgs[at] = orig
+	}
+	pub, err := NewPublisher(bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := pub.Publish(context.Background(), topic, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	pub.Close()
+	t.Logf("published %d messages (%d unique) in %v", total, unique, time.Since(start))
+
+	opts := []core.Option{core.WithBatchSize(50), core.WithConcurrency(2), core.WithWindow(200)}
+	var killA cutter
+	srcA := openSource(t, bs, topic, group, WithDialer(killA.dialer()))
+	srcB := openSource(t, bs, topic, group)
+	start = time.Now()
+	a := startConsumer(t, srcA, e, nil, opts...)
+	b := startConsumer(t, srcB, e, nil, opts...)
+
+	waitUntil(t, 60*time.Second, "consumer A to be mid-stream", func() bool {
+		return a.c.Stats().Processed >= int64(unique/5)
+	})
+	killA.kill() // kill -9: no commit, no leave; the broker notices by itself
+	a.stop()
+	t.Logf("killed A after %d processed (stats %+v)", a.c.Stats().Processed, a.c.Stats())
+
+	waitUntil(t, 90*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, parts)
+	})
+	elapsed := time.Since(start)
+	b.shutdown(t)
+	a.shutdown(t)
+	as, bst := a.c.Stats(), b.c.Stats()
+	t.Logf("consumed %d deliveries in %v; A %+v, B %+v; sources A %+v, B %+v", total, elapsed, as, bst, srcA.Stats(), srcB.Stats())
+
+	rows, ids := e.counts(t)
+	if ids != unique {
+		t.Errorf("%d distinct ids applied, want %d: messages lost", ids, unique)
+	}
+	if rows != ids {
+		t.Errorf("%d effects for %d ids: applied twice: %v", rows, ids, e.twice(t, e.store.Pool()))
+	}
+	if p := as.Processed + bst.Processed; p != int64(unique) {
+		t.Errorf("Processed %d in all, want %d", p, unique)
+	}
+	if d := as.Duplicates + bst.Duplicates; d < int64(total-unique) {
+		t.Errorf("Duplicates %d in all, want at least the %d duplicate publishes", d, total-unique)
+	}
+	if bst.Processed == 0 || as.Processed == 0 {
+		t.Errorf("both consumers should have processed some: A %d, B %d", as.Processed, bst.Processed)
+	}
+}
+
+// A second member joins while the first is in the middle of a batch
+// transaction: the first stops taking messages of the revoked generation,
+// finishes and settles the batch within the revoke timeout, commits and
+// releases; every effect is applied once.
+func TestRebalanceMidBatch(t *testing.T) {
+	e := newPGEffects(t)
+	bs := brokers(t)
+	const parts = 4
+	topic := newTopic(t, bs, parts)
+	group := "g-" + randomHex(4)
+	const n = 1500
+	publishN(t, bs, topic, "rmb", n, func(i int) string { return "k" + strconv.Itoa(i%31) })
+
+	var inBatch atomic.Int64 // handler calls in progress
+	joined := make(chan struct{})
+	var once sync.Once
+	slow := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		inBatch.Add(1)
+		defer inBatch.Add(-1)
+		time.Sleep(500 * time.Microsecond)
+		return e.apply(ctx, tx, m)
+	}
+	opts := []core.Option{core.WithBatchSize(25), core.WithLinger(10 * time.Millisecond), core.WithWindow(100)}
+	srcA := openSource(t, bs, topic, group)
+	a := startConsumer(t, srcA, e, slow, opts...)
+	waitUntil(t, 30*time.Second, "A mid-batch", func() bool { return a.c.Stats().Processed >= 200 && inBatch.Load() > 0 })
+	var b *consumer
+	once.Do(func() {
+		b = startConsumer(t, openSource(t, bs, topic, group), e, slow, opts...)
+		close(joined)
+	})
+	<-joined
+	waitUntil(t, 60*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, parts)
+	})
+	b.shutdown(t)
+	a.shutdown(t)
+	as, bst := a.c.Stats(), b.c.Stats()
+	t.Logf("A %+v source %+v; B %+v source %+v", as, srcA.Stats(), bst, b.src.Stats())
+	if srcA.Stats().Generations < 2 {
+		t.Errorf("A took part in %d generations: no rebalance happened", srcA.Stats().Generations)
+	}
+	if bst.Processed == 0 {
+		t.Errorf("B processed nothing after joining")
+	}
+	rows, ids := e.counts(t)
+	if ids != n || rows != n {
+		t.Errorf("%d effects for %d ids, want %d each", rows, ids, n)
+	}
+	if p := as.Processed + bst.Processed; p != n {
+		t.Errorf("Processed %d in all, want %d", p, n)
+	}
+}
+
+// holdAcks wraps a Source so that the Acks of first deliveries wait until
+// release is closed: their effects are committed in Postgres, their
+// offsets not yet marked.
+type holdAcks struct {
+	*Source
+	release chan struct{}
+	held    atomic.Int64
+	stale   atomic.Int64
+}
+
+func (h *holdAcks) Receive(ctx context.Context) (core.Delivery, error) {
+	d, err := h.Source.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &heldDelivery{Delivery: d, h: h}, nil
+}
+
+type heldDelivery struct {
+	core.Delivery
+	h *holdAcks
+}
+
+func (d *heldDelivery) Ack(ctx context.Context) error {
+	if d.Message().Attempt == 1 {
+		d.h.held.Add(1)
+		<-d.h.release
+	}
+	err := d.Delivery.Ack(ctx)
+	if errors.Is(err, ErrStaleDelivery) {
+		d.h.stale.Add(1)
+	}
+	return err
+}
+
+// A message whose effect was committed but whose offset was not when a
+// rebalance revoked its partition is redelivered, and the store decides
+// Duplicate: the handler does not run again.
+func TestCommittedButUnmarkedIsDuplicateAfterRebalance(t *testing.T) {
+	e := newPGEffects(t)
+	bs := brokers(t)
+	const parts = 2
+	topic := newTopic(t, bs, parts)
+	group := "g-" + randomHex(4)
+	const n = 10
+	publishN(t, bs, topic, "dup", n, nil)
+
+	var calls atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		calls.Add(1)
+		return e.apply(ctx, tx, m)
+	}
+	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(200*time.Millisecond))
+	hold := &holdAcks{Source: srcA, release: make(chan struct{})}
+	a := startConsumer(t, hold, e, h, core.WithWindow(2*n))
+	waitUntil(t, 20*time.Second, "A to commit every effect and hold the acks", func() bool { return hold.held.Load() == n })
+
+	// B joins: a rebalance revokes A's partitions while its acks are held.
+	b := startConsumer(t, openSource(t, bs, topic, group), e, h, core.WithWindow(2*n))
+	waitUntil(t, 20*time.Second, "the rebalance", func() bool { return srcA.Stats().Generations >= 2 })
+	close(hold.release)
+	waitUntil(t, 20*time.Second, "every redelivery decided", func() bool {
+		return a.c.Stats().Duplicates+b.c.Stats().Duplicates >= n
+	})
+	waitUntil(t, 20*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, parts)
+	})
+	b.shutdown(t)
+	a.shutdown(t)
+	as, bst := a.c.Stats(), b.c.Stats()
+	t.Logf("A %+v, B %+v, stale acks %d", as, bst, hold.stale.Load())
+	if hold.stale.Load() != n {
+		t.Errorf("%d held acks were refused as stale, want %d", hold.stale.Load(), n)
+	}
+	if as.Processed+bst.Processed != n || as.Duplicates+bst.Duplicates != n {
+		t.Errorf("Processed %d, Duplicates %d; want %d each", as.Processed+bst.Processed, as.Duplicates+bst.Duplicates, n)
+	}
+	if calls.Load() != n {
+		t.Errorf("handler ran %d times, want %d", calls.Load(), n)
+	}
+	if rows, ids := e.counts(t); rows != n || ids != n {
+		t.Errorf("%d effects for %d ids, want %d", rows, ids, n)
+	}
+}
+
+// Poison messages go to the dead-letter topic with their cause and where
+// they came from; the partition's offset moves past them.
+func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
+	e := newPGEffects(t)
+	bs := brokers(t)
+	const parts = 2
+	topic := newTopic(t, bs, parts)
+	group := "g-" + randomHex(4)
+	const n = 30
+	msgs := publishN(t, bs, topic, "poison", n, func(i int) string { return "k" + strconv.Itoa(i%5) })
+	where := map[string]record{}
+	for _, r := range readAll(t, bs, topic, parts) {
+		where[r.headers[DefaultIDHeader]] = r
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		if err := e.apply(ctx, tx, m); err != nil {
+			return err
+		}
+		switch {
+		case strings.HasSuffix(m.ID, "7"):
+			return core.Permanent(fmt.Errorf("invalid amount in %s", m.ID))
+		case strings.HasSuffix(m.ID, "3"):
+			return errors.New("upstream keeps timing out")
+		}
+		return nil
+	}
+	c := startConsumer(t, openSource(t, bs, topic, group), e, h, core.WithMaxAttempts(3), core.WithBatchSize(5), core.WithWindow(20))
+	waitUntil(t, 30*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, parts)
+	})
+	c.shutdown(t)
+	st := c.c.Stats()
+	if st.DeadLettered != 6 || st.Processed != n-6 {
+		t.Errorf("stats %+v: want 6 dead-lettered, %d processed", st, n-6)
+	}
+	dls := readAll(t, bs, topic+".dlq", 1)
+	if len(dls) != 6 {
+		t.Fatalf("%d dead letters, want 6", len(dls))
+	}
+	for _, dl := range dls {
+		id := dl.headers[DefaultIDHeader]
+		orig, ok := where[id]
+		if !ok {
+			t.Errorf("dead letter %q is not a published message", id)
+			continue
+		}
+		cause := dl.headers[HeaderCause]
+		switch {
+		case strings.HasSuffix(id, "7") && !strings.Contains(cause, "invalid amount in "+id):
+			t.Errorf("%s: cause %q", id, cause)
+		case strings.HasSuffix(id, "3") && (!strings.Contains(cause, core.ErrMaxAttempts.Error()) || !strings.Contains(cause, "timing out")):
+			t.Errorf("%s: cause %q", id, cause)
+		}
+		if dl.headers[HeaderOriginalTopic] != topic || dl.headers[HeaderOriginalPartition] != strconv.Itoa(orig.partition) ||
+			dl.headers[HeaderOriginalOffset] != strconv.FormatInt(orig.offset, 10) || dl.headers[HeaderGroup] != group {
+			t.Errorf("%s: coordinates %v, want %s/%d@%d", id, dl.headers, topic, orig.partition, orig.offset)
+		}
+		if string(dl.value) != string(orig.value) || dl.key != orig.key {
+			t.Errorf("%s: body %q key %q, want %q %q", id, dl.value, dl.key, orig.value, orig.key)
+		}
+	}
+	// Effects of dead-lettered messages rolled back; the rest applied once.
+	rows, ids := e.counts(t)
+	if rows != n-6 || ids != n-6 {
+		t.Errorf("%d effects for %d ids, want %d", rows, ids, n-6)
+	}
+	_ = msgs
+}
