@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -78,6 +79,7 @@ var (
 	_ core.Pruner         = (*Store)(nil)
 	_ core.Retentioner    = (*Store)(nil)
 	_ core.Migrator       = (*Store)(nil)
+	_ io.Closer           = (*Store)(nil)
 )
 
 // Open connects to the server at dsn and runs Migrate. dsn is either a

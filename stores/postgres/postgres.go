@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"slices"
 	"time"
@@ -41,6 +42,7 @@ var (
 	_ core.Pruner        = (*Store)(nil)
 	_ core.Retentioner   = (*Store)(nil)
 	_ core.Migrator      = (*Store)(nil)
+	_ io.Closer          = (*Store)(nil)
 )
 
 type queries struct {
@@ -152,11 +154,13 @@ func (s *Store) Table() string { return s.cfg.table }
 func (s *Store) Retention() time.Duration { return s.cfg.retention }
 
 // Close closes the pool if Open created it; a pool given to New is left to
-// its owner.
-func (s *Store) Close() {
+// its owner. It returns nil; the error is there so that every store is an
+// io.Closer.
+func (s *Store) Close() error {
 	if s.owned {
 		s.pool.Close()
 	}
+	return nil
 }
 
 // Migrate creates the dedup table and its processed_at index if they do not

@@ -15,6 +15,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -49,6 +50,7 @@ var (
 	_ core.Pruner         = (*Store)(nil)
 	_ core.Retentioner    = (*Store)(nil)
 	_ core.Migrator       = (*Store)(nil)
+	_ io.Closer           = (*Store)(nil)
 )
 
 type queries struct {
@@ -67,6 +69,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	if path == "" {
 		return nil, errors.New("sqlite: Open: empty path")
+	}
+	if path == ":memory:" || strings.HasPrefix(path, "file:") {
+		return nil, fmt.Errorf("sqlite: Open: path %q: give a file name; an in-memory database would be private to each pooled connection (use New with a handle of your own for special DSNs)", path)
 	}
 	if strings.ContainsRune(path, '?') {
 		return nil, fmt.Errorf("sqlite: Open: path %q holds '?', which would be read as DSN parameters", path)

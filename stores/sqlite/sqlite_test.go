@@ -75,6 +75,9 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 			t.Errorf("New %s: error %v does not name the option", name, err)
 		}
 	}
+	if _, err := sqlite.Open(ctx, ":memory:"); err == nil {
+		t.Error(":memory: accepted")
+	}
 	if _, err := sqlite.Open(ctx, filepath.Join(dir, "a?b.db")); err == nil {
 		t.Error("path with '?' accepted")
 	}

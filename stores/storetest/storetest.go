@@ -273,8 +273,8 @@ func (s suite[Tx]) largeBatch(t *testing.T) {
 	}
 	commit(t, ctx, txn)
 
-	// Unclaim of 1499 ids removed all but ids[0] (and the seed ones it
-	// covered): a fresh claim wins everything except ids[0].
+	// Unclaim of ids[1:] removed every claim but ids[0]'s, seeded ones
+	// included: a fresh claim wins everything except ids[0].
 	txn = begin(t, ctx, st)
 	res = claim(t, ctx, txn, "c", claims(ids...))
 	for i, r := range res {
