@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/mysql"
 	"github.com/idemq/idemq/stores/storetest"
 )
 
@@ -18,7 +19,8 @@ import (
 // compares directly; the ratios are the store's added cost.
 func BenchmarkClaim(b *testing.B) {
 	db := testDB(b)
-	s := openStore(b, db)
+	auto := openStore(b, db)
+	readBack := openStore(b, db, mysql.WithClaimMode(mysql.ClaimReadBack))
 	ctx := context.Background()
 	accounts := storetest.UniqueName("idemq_acct_")
 	if _, err := db.Exec(`CREATE TABLE ` + accounts + ` (id INT PRIMARY KEY, balance BIGINT NOT NULL) ENGINE=InnoDB`); err != nil {
@@ -37,7 +39,7 @@ func BenchmarkClaim(b *testing.B) {
 	seq := 0
 	nextID := func() string { seq++; return prefix + strconv.Itoa(seq) }
 
-	run := func(b *testing.B, batch int, dedup, savepoints bool) {
+	run := func(b *testing.B, s *mysql.Store, batch int, dedup, savepoints bool) {
 		for done := 0; done < b.N; done += batch {
 			n := min(batch, b.N-done)
 			var tx *sql.Tx
@@ -84,9 +86,11 @@ func BenchmarkClaim(b *testing.B) {
 			}
 		}
 	}
-	b.Run("bare/1", func(b *testing.B) { run(b, 1, false, false) })
-	b.Run("dedup/1", func(b *testing.B) { run(b, 1, true, false) })
-	b.Run("bare/100", func(b *testing.B) { run(b, 100, false, false) })
-	b.Run("dedup/100", func(b *testing.B) { run(b, 100, true, false) })
-	b.Run("dedup/100+savepoints", func(b *testing.B) { run(b, 100, true, true) })
+	b.Run("bare/1", func(b *testing.B) { run(b, auto, 1, false, false) })
+	b.Run("dedup/1", func(b *testing.B) { run(b, auto, 1, true, false) })
+	b.Run("bare/100", func(b *testing.B) { run(b, auto, 100, false, false) })
+	b.Run("dedup/100", func(b *testing.B) { run(b, auto, 100, true, false) })
+	b.Run("dedup/100+savepoints", func(b *testing.B) { run(b, auto, 100, true, true) })
+	b.Run("readback/1", func(b *testing.B) { run(b, readBack, 1, true, false) })
+	b.Run("readback/100", func(b *testing.B) { run(b, readBack, 100, true, false) })
 }

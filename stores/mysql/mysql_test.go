@@ -521,3 +521,31 @@ func TestClaimAfterSnapshot(t *testing.T) {
 		})
 	}
 }
+
+// TestIsTransientRejects: errors that a retry cannot cure are not
+// transient (a missing table, bad SQL, a duplicate key in a business
+// table).
+func TestIsTransientRejects(t *testing.T) {
+	db := testDB(t)
+	fx := effectsTable(t, db)
+	if _, err := db.Exec(`ALTER TABLE ` + fx + ` ADD UNIQUE KEY (n)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Exec(`INSERT INTO ` + fx + ` (k, n) VALUES ('a', 1)`)
+	for _, q := range []string{
+		`SELECT * FROM idemq_no_such_table`,
+		`SELEC 1`,
+		`INSERT INTO ` + fx + ` (k, n) VALUES ('b', 1)`,
+	} {
+		_, err := db.Exec(q)
+		if err == nil {
+			t.Fatalf("%s succeeded", q)
+		}
+		if mysql.IsTransient(err) {
+			t.Errorf("%s: %v classified transient", q, err)
+		}
+	}
+	if mysql.IsTransient(nil) {
+		t.Error("nil is transient")
+	}
+}

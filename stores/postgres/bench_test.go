@@ -4,8 +4,10 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
 	"github.com/jackc/pgx/v5"
 )
@@ -17,7 +19,8 @@ import (
 // compares directly; the ratios are the store's added cost.
 func BenchmarkClaim(b *testing.B) {
 	pool := testPool(b)
-	s := openStore(b, pool)
+	plain := openStore(b, pool)
+	partitioned := openStore(b, pool, postgres.WithPartitions(24*time.Hour))
 	ctx := context.Background()
 	accounts := storetest.UniqueName("idemq_acct_")
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+accounts+` (id INT PRIMARY KEY, balance BIGINT NOT NULL)`); err != nil {
@@ -32,7 +35,7 @@ func BenchmarkClaim(b *testing.B) {
 	seq := 0
 	nextID := func() string { seq++; return prefix + strconv.Itoa(seq) }
 
-	run := func(b *testing.B, batch int, dedup, savepoints bool) {
+	run := func(b *testing.B, s *postgres.Store, batch int, dedup, savepoints bool) {
 		for done := 0; done < b.N; done += batch {
 			n := min(batch, b.N-done)
 			if !dedup {
@@ -84,9 +87,11 @@ func BenchmarkClaim(b *testing.B) {
 			}
 		}
 	}
-	b.Run("bare/1", func(b *testing.B) { run(b, 1, false, false) })
-	b.Run("dedup/1", func(b *testing.B) { run(b, 1, true, false) })
-	b.Run("bare/100", func(b *testing.B) { run(b, 100, false, false) })
-	b.Run("dedup/100", func(b *testing.B) { run(b, 100, true, false) })
-	b.Run("dedup/100+savepoints", func(b *testing.B) { run(b, 100, true, true) })
+	b.Run("bare/1", func(b *testing.B) { run(b, plain, 1, false, false) })
+	b.Run("dedup/1", func(b *testing.B) { run(b, plain, 1, true, false) })
+	b.Run("bare/100", func(b *testing.B) { run(b, plain, 100, false, false) })
+	b.Run("dedup/100", func(b *testing.B) { run(b, plain, 100, true, false) })
+	b.Run("dedup/100+savepoints", func(b *testing.B) { run(b, plain, 100, true, true) })
+	b.Run("partitioned/1", func(b *testing.B) { run(b, partitioned, 1, true, false) })
+	b.Run("partitioned/100", func(b *testing.B) { run(b, partitioned, 100, true, false) })
 }

@@ -432,3 +432,29 @@ func TestRunPruner(t *testing.T) {
 		t.Fatalf("rows left after pruning: %q, want only fresh", left)
 	}
 }
+
+// TestIsTransientRejects: errors that a retry cannot cure are not
+// transient (a missing table, bad SQL, a business constraint).
+func TestIsTransientRejects(t *testing.T) {
+	pool := testPool(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		`SELECT * FROM idemq_no_such_table`,
+		`SELEC 1`,
+		`SELECT 1/0`,
+	} {
+		_, err := pool.Exec(ctx, q)
+		if err == nil {
+			t.Fatalf("%s succeeded", q)
+		}
+		if postgres.IsTransient(err) {
+			t.Errorf("%s: %v classified transient", q, err)
+		}
+	}
+	if postgres.IsTransient(nil) {
+		t.Error("nil is transient")
+	}
+	if !postgres.IsTransient(context.DeadlineExceeded) {
+		t.Error("deadline not transient")
+	}
+}
