@@ -47,25 +47,44 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	}
 }
 
+// decideBatch decides items in as few transactions as failures allow:
+// usually one. A group whose transaction must be re-run (a failed handler
+// under IsolateReplay, or a failed BatchHandler) comes back as new groups.
 func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
-	ctx := c.procCtx
 	outs := make([]Outcome, len(items))
-	all := func(stage string, err error) []Outcome {
-		for i, it := range items {
-			outs[i] = c.storeFailure(it.m, stage, err)
-		}
-		return outs
+	all := make([]int, len(items))
+	for i := range all {
+		all[i] = i
 	}
-	ctxs := make([]context.Context, len(items))
-	for i, it := range items {
-		ctxs[i] = it.ctx
+	groups := [][]int{all}
+	for len(groups) > 0 {
+		g := groups[0]
+		groups = append(groups[1:], c.runTxn(items, g, outs)...)
+	}
+	return outs
+}
+
+// runTxn decides the items at indices g in one transaction, writing their
+// outcomes into outs. It returns groups of indices to decide again in new
+// transactions; every such group is smaller than g, so decideBatch ends.
+func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][]int) {
+	ctx := c.procCtx
+	fail := func(stage string, err error) {
+		for _, i := range g {
+			outs[i] = c.storeFailure(items[i].m, stage, err)
+		}
+	}
+	ctxs := make([]context.Context, len(g))
+	for k, i := range g {
+		ctxs[k] = items[i].ctx
 	}
 
 	end := c.observe(ctxs, "begin")
 	txn, err := c.store.Begin(ctx)
 	end(err)
 	if err != nil {
-		return all("begin", err)
+		fail("begin", err)
+		return nil
 	}
 	// From here every path ends the transaction; Rollback after Commit is
 	// a no-op by the Txn contract.
@@ -73,12 +92,9 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 
 	// Claims go in id order so that concurrent batches take the unique
 	// key's locks in the same order and cannot deadlock each other.
-	order := make([]int, len(items))
-	for i := range order {
-		order[i] = i
-	}
+	order := slices.Clone(g)
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].m.ID, items[b].m.ID) })
-	claims := make([]Claim, len(items))
+	claims := make([]Claim, len(order))
 	for k, i := range order {
 		claims[k] = Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
 	}
@@ -89,18 +105,18 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 	}
 	end(err)
 	if err != nil {
-		return all("claim", err)
+		fail("claim", err)
+		return nil
 	}
-	results := make([]ClaimResult, len(items))
+	result := make(map[int]ClaimResult, len(order))
 	for k, i := range order {
-		results[i] = sorted[k]
+		result[i] = sorted[k]
 	}
-
-	won := 0
-	for i, r := range results {
-		switch r {
+	won := make([]int, 0, len(g))
+	for _, i := range g { // handlers run in arrival order
+		switch r := result[i]; r {
 		case ClaimWon:
-			won++
+			won = append(won, i)
 		case ClaimDuplicate:
 			outs[i] = Outcome{Decision: Duplicate}
 		case ClaimMismatch:
@@ -109,20 +125,75 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 			outs[i] = c.storeFailure(items[i].m, "claim", fmt.Errorf("unknown claim result %d", r))
 		}
 	}
-	if won == 0 {
-		return outs
+	if len(won) == 0 {
+		return nil
 	}
 
+	var applied int
+	var broken error // the transaction can no longer be trusted
+	if c.batchHandler != nil {
+		msgs := make([]*Message, len(won))
+		for k, i := range won {
+			msgs[k] = items[i].m
+		}
+		if herr := c.batchHandler(ctx, txn.Tx(), msgs); herr != nil {
+			if len(won) == 1 {
+				outs[won[0]] = c.handlerFailure(items[won[0]].m, herr)
+				return nil
+			}
+			// The error does not say which message failed: decide each
+			// alone, each in its own transaction.
+			for _, i := range won {
+				rerun = append(rerun, []int{i})
+			}
+			return rerun
+		}
+		for _, i := range won {
+			outs[i] = Outcome{Decision: Processed}
+		}
+		applied = len(won)
+	} else {
+		applied, broken, rerun = c.runHandlers(ctx, txn, items, won, outs)
+		if rerun != nil {
+			return rerun
+		}
+	}
+
+	if broken != nil || applied == 0 {
+		if broken != nil {
+			for _, i := range won {
+				if outs[i].Decision == Processed {
+					outs[i] = c.storeFailure(items[i].m, "savepoint", broken)
+				}
+			}
+		}
+		return nil // the deferred Rollback undoes everything
+	}
+	end = c.observe(ctxs, "commit")
+	err = txn.Commit(ctx)
+	end(err)
+	if err != nil {
+		// If the commit did land after all, the redelivery loses its
+		// claim and is acknowledged as a Duplicate: retrying is safe.
+		for _, i := range won {
+			if outs[i].Decision == Processed {
+				outs[i] = c.storeFailure(items[i].m, "commit", err)
+			}
+		}
+	}
+	return nil
+}
+
+// runHandlers runs the per-message handler for each claim won. Under
+// IsolateSavepoints each runs under a savepoint, and a failure rolls back
+// to it and deletes the claim; under IsolateReplay the first failure ends
+// the transaction and the others are returned to run again without it.
+func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*item, won []int, outs []Outcome) (applied int, broken error, rerun [][]int) {
 	handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, m *Message) error {
 		return c.handler(hctx, txn.Tx(), m)
 	})
-	useSavepoints := won > 1
-	var broken error // the transaction can no longer be trusted
-	applied := 0
-	for i, r := range results {
-		if r != ClaimWon {
-			continue
-		}
+	useSavepoints := len(won) > 1 && c.cfg.isolation == IsolateSavepoints
+	for k, i := range won {
 		it := items[i]
 		if broken != nil {
 			outs[i] = c.storeFailure(it.m, "savepoint", broken)
@@ -149,6 +220,14 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 			continue
 		}
 		outs[i] = c.handlerFailure(it.m, herr)
+		if len(won) > 1 && !useSavepoints {
+			// Replay: everything else in this transaction runs again,
+			// in a new one, without the failed message.
+			rest := make([]int, 0, len(won)-1)
+			rest = append(rest, won[:k]...)
+			rest = append(rest, won[k+1:]...)
+			return 0, nil, [][]int{rest}
+		}
 		if useSavepoints {
 			// The failed handler's effects and its claim go together.
 			if err := txn.RollbackToSavepoint(ctx); err != nil {
@@ -160,30 +239,7 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 			}
 		}
 	}
-
-	if broken != nil || applied == 0 {
-		if broken != nil {
-			for i, o := range outs {
-				if o.Decision == Processed {
-					outs[i] = c.storeFailure(items[i].m, "savepoint", broken)
-				}
-			}
-		}
-		return outs // the deferred Rollback undoes everything
-	}
-	end = c.observe(ctxs, "commit")
-	err = txn.Commit(ctx)
-	end(err)
-	if err != nil {
-		// If the commit did land after all, the redelivery loses its
-		// claim and is acknowledged as a Duplicate: retrying is safe.
-		for i, o := range outs {
-			if o.Decision == Processed {
-				outs[i] = c.storeFailure(items[i].m, "commit", err)
-			}
-		}
-	}
-	return outs
+	return applied, broken, nil
 }
 
 func (c *Consumer[Tx]) observe(ctxs []context.Context, stage string) func(error) {

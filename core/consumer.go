@@ -20,8 +20,10 @@ type Consumer[Tx any] struct {
 	src     Source
 	store   Store[Tx]
 	handler Handler[Tx]
-	log     *slog.Logger
-	process ProcessFunc
+	// batchHandler replaces handler for consumers made by NewBatch.
+	batchHandler BatchHandler[Tx]
+	log          *slog.Logger
+	process      ProcessFunc
 
 	slots   chan struct{} // in-flight window
 	items   chan *item    // decided-to-process messages waiting for a batch
@@ -79,17 +81,32 @@ func ConsumerName(ctx context.Context) string {
 	return name
 }
 
-// New builds a Consumer. It fails, naming the option, when an option is
-// invalid or WithName is missing.
+// New builds a Consumer that runs h for each message whose claim won. It
+// fails, naming the option, when an option is invalid or WithName is
+// missing.
 func New[Tx any](src Source, store Store[Tx], h Handler[Tx], opts ...Option) (*Consumer[Tx], error) {
+	if h == nil {
+		return nil, errors.New("idemq: New: nil Handler")
+	}
+	return newConsumer(src, store, h, nil, opts)
+}
+
+// NewBatch builds a Consumer that runs h once per batch, with every message
+// of the batch whose claim won, for set-based effects. Options as for New;
+// WithBatchSize decides how many messages h may get.
+func NewBatch[Tx any](src Source, store Store[Tx], h BatchHandler[Tx], opts ...Option) (*Consumer[Tx], error) {
+	if h == nil {
+		return nil, errors.New("idemq: NewBatch: nil BatchHandler")
+	}
+	return newConsumer(src, store, nil, h, opts)
+}
+
+func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHandler[Tx], opts []Option) (*Consumer[Tx], error) {
 	if src == nil {
 		return nil, errors.New("idemq: New: nil Source")
 	}
 	if store == nil {
 		return nil, errors.New("idemq: New: nil Store")
-	}
-	if h == nil {
-		return nil, errors.New("idemq: New: nil Handler")
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -113,14 +130,15 @@ func New[Tx any](src Source, store Store[Tx], h Handler[Tx], opts ...Option) (*C
 		cfg.logger = slog.Default()
 	}
 	c := &Consumer[Tx]{
-		cfg:     cfg,
-		src:     src,
-		store:   store,
-		handler: h,
-		log:     cfg.logger.With("consumer", cfg.name),
-		slots:   make(chan struct{}, cfg.window),
-		items:   make(chan *item),
-		batches: make(chan []*item),
+		cfg:          cfg,
+		src:          src,
+		store:        store,
+		handler:      h,
+		batchHandler: bh,
+		log:          cfg.logger.With("consumer", cfg.name),
+		slots:        make(chan struct{}, cfg.window),
+		items:        make(chan *item),
+		batches:      make(chan []*item),
 	}
 	c.process = chainMiddleware(cfg.middleware, c.decide)
 	return c, nil

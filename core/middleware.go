@@ -11,6 +11,15 @@ import "context"
 // repeat on redelivery unless it carries an idempotency key.
 type Handler[Tx any] func(ctx context.Context, tx Tx, m *Message) error
 
+// BatchHandler applies the business effects of several messages at once
+// inside the dedup transaction tx, for set-based effects (one multi-row
+// INSERT or UPDATE for the whole batch). msgs are the messages whose claims
+// this transaction won, in arrival order. nil → all Processed. On an error
+// the transaction rolls back and each message is decided alone, in its own
+// transaction, so the error is pinned on the message that causes it.
+// Handler middleware does not wrap a BatchHandler.
+type BatchHandler[Tx any] func(ctx context.Context, tx Tx, msgs []*Message) error
+
 // ProcessFunc decides one message: the whole claim–handle–commit path, as
 // seen by decision middleware. It returns the message's Outcome, which the
 // Consumer then settles with the broker.

@@ -42,7 +42,29 @@ type config struct {
 	fingerprint     func([]byte) string
 	mismatch        MismatchPolicy
 	stages          []StageObserver
+	isolation       Isolation
 }
+
+// Isolation says how a batch keeps a failed message's effects and claim
+// apart from the rest of its transaction.
+type Isolation int
+
+const (
+	// IsolateSavepoints runs each handler of a batch under a savepoint; a
+	// failure rolls back to it and deletes the message's claim, and the
+	// rest of the batch commits. Nothing runs twice, but every message
+	// costs two more statements (SAVEPOINT, RELEASE) when several share a
+	// transaction. Default.
+	IsolateSavepoints Isolation = iota
+	// IsolateReplay runs the handlers of a batch with no savepoints. When
+	// one fails, the whole transaction rolls back and the batch runs again
+	// in a new one without the failed message. Nothing extra is sent while
+	// handlers succeed, which is what batch throughput needs; the price is
+	// that on a failure the other handlers run again (their first run left
+	// no trace, as it was rolled back). Handlers must keep every effect in
+	// the transaction, as they should anyway.
+	IsolateReplay
+)
 
 func defaultConfig() config {
 	return config{
@@ -253,6 +275,20 @@ func WithMismatchPolicy(p MismatchPolicy) Option {
 			return optErr("WithMismatchPolicy", "unknown policy %d", p)
 		}
 		c.mismatch = p
+		return nil
+	}
+}
+
+// WithIsolation sets how a failing message in a batch is kept from the
+// others. Default IsolateSavepoints. It does not matter at batch size 1 or
+// for a BatchHandler (whose failures are isolated by deciding each message
+// of the batch alone).
+func WithIsolation(i Isolation) Option {
+	return func(c *config) error {
+		if i != IsolateSavepoints && i != IsolateReplay {
+			return optErr("WithIsolation", "unknown isolation %d", i)
+		}
+		c.isolation = i
 		return nil
 	}
 }

@@ -174,10 +174,11 @@ func TestRandomFaultSchedule(t *testing.T) {
 			}
 			batch := []int{1, 2, 10, 64}[rng.IntN(4)]
 			concurrency := 1 + rng.IntN(3)
+			isolation := core.Isolation(rng.IntN(2))
 			failRate := rng.Float64() * 0.1
 			panicRate := rng.Float64() * 0.02
 			n := 1000 + rng.IntN(2000)
-			t.Logf("n=%d batch=%d concurrency=%d faults=%+v fail=%.3f panic=%.3f", n, batch, concurrency, faults, failRate, panicRate)
+			t.Logf("n=%d batch=%d concurrency=%d isolation=%d faults=%+v fail=%.3f panic=%.3f", n, batch, concurrency, isolation, faults, failRate, panicRate)
 
 			e := newEnv(t, memory.WithSeed(seed), memory.WithVisibilityTimeout(300*time.Millisecond))
 			if err := e.broker.SetFaults(memory.Faults{DuplicatePublish: faults.DuplicatePublish}); err != nil {
@@ -206,7 +207,7 @@ func TestRandomFaultSchedule(t *testing.T) {
 				return nil
 			}
 			tot := e.runUntilIdle(2*time.Minute, h,
-				core.WithBatchSize(batch), core.WithConcurrency(concurrency),
+				core.WithBatchSize(batch), core.WithConcurrency(concurrency), core.WithIsolation(isolation),
 				core.WithMaxAttempts(1000), core.WithBackoff(core.ConstantBackoff(time.Millisecond)),
 				core.WithHandlerMiddleware(recovery.New(quietLogger())))
 			e.assertExactlyOnce(want)
@@ -281,35 +282,100 @@ func TestConcurrentConsumersApplyOnce(t *testing.T) {
 
 // Invariant 3 and PEERS' Watermill trap: a message whose handler failed in a
 // batch rolls back its effect AND its claim, so its redelivery is applied,
-// not dropped as a duplicate; the rest of the batch commits.
+// not dropped as a duplicate; the rest of the batch commits. Under both
+// isolation modes.
 func TestFailingMessageInBatchRollsBackOnlyItself(t *testing.T) {
+	for _, iso := range []core.Isolation{core.IsolateSavepoints, core.IsolateReplay} {
+		t.Run(fmt.Sprint("isolation=", iso), func(t *testing.T) {
+			e := newEnv(t)
+			want := ids(20, "b")
+			e.publish(want...)
+			var calls sync.Map
+			h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+				if err := applyEffect(ctx, tx, m); err != nil {
+					return err
+				}
+				n, _ := calls.LoadOrStore(m.ID, new(atomic.Int32))
+				if (m.ID == "b-00007" || m.ID == "b-00013") && n.(*atomic.Int32).Add(1) == 1 {
+					return errors.New("transient failure after writing the effect")
+				}
+				return nil
+			}
+			var batchSizes []int
+			var mu sync.Mutex
+			sizes := stageCounter{onClaim: func(n int) { mu.Lock(); batchSizes = append(batchSizes, n); mu.Unlock() }}
+			tot := e.runUntilIdle(30*time.Second, h, core.WithBatchSize(20), core.WithLinger(200*time.Millisecond),
+				core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithStageObserver(sizes), core.WithIsolation(iso))
+			e.assertExactlyOnce(want)
+			if tot.Retried != 2 || tot.Processed != 20 || tot.Duplicates != 0 {
+				t.Errorf("stats %+v, want 2 retries, 20 processed, 0 duplicates", tot.Stats)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(batchSizes) == 0 || batchSizes[0] != 20 {
+				t.Errorf("first claim covered %v messages, want one batch of 20", batchSizes)
+			}
+			if iso == core.IsolateReplay && (len(batchSizes) < 3 || batchSizes[1] != 19 || batchSizes[2] != 18) {
+				t.Errorf("replay claims %v, want 20, then 19 and 18 without the failed ones", batchSizes)
+			}
+		})
+	}
+}
+
+// A BatchHandler gets every claim won in one call; duplicates never reach
+// it; when it fails, each message is decided alone so only the poison one
+// is dead-lettered.
+func TestBatchHandler(t *testing.T) {
 	e := newEnv(t)
-	want := ids(20, "b")
+	want := ids(30, "s")
 	e.publish(want...)
-	var calls sync.Map
-	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		if err := applyEffect(ctx, tx, m); err != nil {
-			return err
+	e.publish(want[:5]...) // duplicates
+	e.publish("poison")
+	var mu sync.Mutex
+	var calls [][]string
+	bh := func(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
+		var batch []string
+		for _, m := range msgs {
+			batch = append(batch, m.ID)
 		}
-		n, _ := calls.LoadOrStore(m.ID, new(atomic.Int32))
-		if m.ID == "b-00007" && n.(*atomic.Int32).Add(1) == 1 {
-			return errors.New("transient failure after writing the effect")
+		mu.Lock()
+		calls = append(calls, batch)
+		mu.Unlock()
+		for _, m := range msgs {
+			if m.ID == "poison" {
+				return core.Permanent(errors.New("poison in the batch"))
+			}
+			if err := applyEffect(ctx, tx, m); err != nil {
+				return err
+			}
 		}
 		return nil
 	}
-	var batchSizes []int
-	var mu sync.Mutex
-	sizes := stageCounter{onClaim: func(n int) { mu.Lock(); batchSizes = append(batchSizes, n); mu.Unlock() }}
-	tot := e.runUntilIdle(30*time.Second, h, core.WithBatchSize(20), core.WithLinger(200*time.Millisecond),
-		core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithStageObserver(sizes))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(50),
+			core.WithLinger(100*time.Millisecond), core.WithLogger(quietLogger()))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.assertExactlyOnce(want)
-	if tot.Retried != 1 || tot.Processed != 20 || tot.Duplicates != 0 {
-		t.Errorf("stats %+v, want 1 retry, 20 processed, 0 duplicates", tot.Stats)
+	if res.Processed != 30 || res.Duplicates != 5 || res.DeadLettered != 1 {
+		t.Errorf("stats %+v", res.Stats)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(batchSizes) == 0 || batchSizes[0] != 20 {
-		t.Errorf("first claim covered %v messages, want one batch of 20", batchSizes)
+	if len(calls) == 0 || len(calls[0]) != 31 {
+		t.Fatalf("first call had %d messages, want the 31 distinct ids", len(calls[0]))
+	}
+	for _, c := range calls[1:] {
+		if len(c) != 1 {
+			t.Errorf("after the failure, calls with %d messages, want one each", len(c))
+		}
+	}
+	if dl := e.broker.DeadLetters(e.queue); len(dl) != 1 || dl[0].Message.ID != "poison" {
+		t.Errorf("dead letters %+v", dl)
 	}
 }
 
