@@ -287,15 +287,19 @@ func supportsReturning(version string) bool {
 	return major > 10 || major == 10 && minor >= 5
 }
 
-// Begin starts a transaction at the handle's default isolation level
-// (REPEATABLE READ unless configured otherwise; the claim needs only READ
-// COMMITTED).
+// Begin starts a transaction at the isolation level of WithIsolation (by
+// default the server's, REPEATABLE READ unless configured otherwise; the
+// claim needs only READ COMMITTED).
 func (s *Store) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
 	mode, err := s.claimMode(ctx)
 	if err != nil {
 		return nil, err
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	var opts *sql.TxOptions
+	if s.cfg.isolation != sql.LevelDefault {
+		opts = &sql.TxOptions{Isolation: s.cfg.isolation}
+	}
+	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: begin: %w", err)
 	}

@@ -97,13 +97,19 @@ func openStore(t testing.TB, db *sql.DB, opts ...mysql.Option) *mysql.Store {
 }
 
 func TestConformance(t *testing.T) {
-	for name, mode := range map[string]mysql.ClaimMode{"auto": mysql.ClaimAuto, "readback": mysql.ClaimReadBack} {
+	variants := map[string][]mysql.Option{
+		"auto":                   {mysql.WithClaimMode(mysql.ClaimAuto)},
+		"readback":               {mysql.WithClaimMode(mysql.ClaimReadBack)},
+		"readback-readcommitted": {mysql.WithClaimMode(mysql.ClaimReadBack), mysql.WithIsolation(sql.LevelReadCommitted)},
+		"auto-serializable":      {mysql.WithIsolation(sql.LevelSerializable)},
+	}
+	for name, opts := range variants {
 		t.Run(name, func(t *testing.T) {
 			db := testDB(t)
 			fx := effectsTable(t, db)
 			storetest.Run(t, storetest.Harness[*sql.Tx]{
 				Open: func(t *testing.T, cfg storetest.Config) (core.Store[*sql.Tx], error) {
-					s, err := mysql.New(db, mysql.WithTable(cfg.Table), mysql.WithClock(cfg.Now), mysql.WithClaimMode(mode))
+					s, err := mysql.New(db, append([]mysql.Option{mysql.WithTable(cfg.Table), mysql.WithClock(cfg.Now)}, opts...)...)
 					if err != nil {
 						return nil, err
 					}
@@ -176,6 +182,7 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 		"WithRetention": mysql.WithRetention(0),
 		"WithClock":     mysql.WithClock(nil),
 		"WithClaimMode": mysql.WithClaimMode(42),
+		"WithIsolation": mysql.WithIsolation(sql.LevelReadUncommitted),
 	}
 	for name, opt := range cases {
 		_, err := mysql.Open(context.Background(), "root:@tcp(127.0.0.1:1)/x", opt)
