@@ -26,7 +26,7 @@ func brokers(t testing.TB) string {
 	t.Helper()
 	if url := os.Getenv("IDEMQ_KAFKA_URL"); url != "" {
 		cfg := defaultConfig()
-		if err := parseTarget(url, &cfg); err != nil {
+		if _, err := parseTarget(url, &cfg); err != nil {
 			t.Fatalf("IDEMQ_KAFKA_URL: %v", err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

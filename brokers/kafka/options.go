@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -332,40 +333,36 @@ func checkTopic(t string) error {
 	return nil
 }
 
-// parseTarget reads either a kafka:// URL
-// (kafka://host:port[,host:port...]/topic?group=id) or a plain
-// comma-separated broker list into c. Options applied afterwards override
-// what the URL says.
-func parseTarget(target string, c *config) error {
+// parseTarget reads either a kafka:// URL or a plain comma-separated
+// broker list (see Open): the brokers go into c, and the URL's topic,
+// group and parameters come back as options to apply after the caller's.
+func parseTarget(target string, c *config) ([]Option, error) {
 	target = strings.TrimSpace(target)
 	if target == "" {
-		return errors.New("kafka: brokers: empty URL or broker list")
+		return nil, errors.New("kafka: brokers: empty URL or broker list")
 	}
 	hosts := target
+	var opts []Option
 	if strings.Contains(target, "://") {
 		u, err := url.Parse(target)
 		if err != nil {
-			return fmt.Errorf("kafka: url: %w", err)
+			return nil, fmt.Errorf("kafka: url: %w", err)
 		}
 		if u.Scheme != "kafka" {
-			return fmt.Errorf("kafka: url: scheme %q, want kafka://", u.Scheme)
+			return nil, fmt.Errorf("kafka: url: scheme %q, want kafka://", u.Scheme)
 		}
 		hosts = u.Host
 		if topic := strings.Trim(u.Path, "/"); topic != "" {
 			if err := checkTopic(topic); err != nil {
-				return fmt.Errorf("kafka: url: topic: %w", err)
+				return nil, fmt.Errorf("kafka: url: topic: %w", err)
 			}
-			c.topic = topic
+			opts = append(opts, WithTopic(topic))
 		}
-		q := u.Query()
-		if g := q.Get("group"); g != "" {
-			c.group = g
+		qopts, err := queryOptions(u.Query())
+		if err != nil {
+			return nil, err
 		}
-		for k := range q {
-			if k != "group" {
-				return fmt.Errorf("kafka: url: unknown query parameter %q (only group)", k)
-			}
-		}
+		opts = append(opts, qopts...)
 	}
 	for _, h := range strings.Split(hosts, ",") {
 		h = strings.TrimSpace(h)
@@ -373,12 +370,82 @@ func parseTarget(target string, c *config) error {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(h); err != nil {
-			return fmt.Errorf("kafka: brokers: %q: %w", h, err)
+			return nil, fmt.Errorf("kafka: brokers: %q: %w", h, err)
 		}
 		c.brokers = append(c.brokers, h)
 	}
 	if len(c.brokers) == 0 {
-		return fmt.Errorf("kafka: brokers: no host:port in %q", target)
+		return nil, fmt.Errorf("kafka: brokers: no host:port in %q", target)
 	}
-	return nil
+	return opts, nil
+}
+
+func queryOptions(q url.Values) ([]Option, error) {
+	var opts []Option
+	interval, count := time.Duration(0), 0
+	for k, vs := range q {
+		if len(vs) != 1 {
+			return nil, fmt.Errorf("kafka: url parameter %s: given %d times", k, len(vs))
+		}
+		v := vs[0]
+		bad := func(want string) error { return fmt.Errorf("kafka: url parameter %s: %q is not %s", k, v, want) }
+		switch k {
+		case "group":
+			opts = append(opts, WithGroup(v))
+		case "id_header":
+			opts = append(opts, WithIDHeader(v))
+		case "ordering":
+			o, ok := map[string]Ordering{"per-key": OrderPerKey, "per-partition": OrderPerPartition, "none": OrderNone}[v]
+			if !ok {
+				return nil, bad("per-key, per-partition or none")
+			}
+			opts = append(opts, WithOrdering(o))
+		case "dead_letter_topic":
+			opts = append(opts, WithDeadLetterTopic(v))
+		case "retry_topic":
+			opts = append(opts, WithRetryTopic(v))
+		case "start":
+			switch v {
+			case "first":
+				opts = append(opts, WithStartOffset(kafkago.FirstOffset))
+			case "last":
+				opts = append(opts, WithStartOffset(kafkago.LastOffset))
+			default:
+				return nil, bad("first or last")
+			}
+		case "commit_interval":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return nil, bad("a duration")
+			}
+			interval = d
+		case "commit_count":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return nil, bad("a number")
+			}
+			count = n
+		case "revoke_timeout":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return nil, bad("a duration")
+			}
+			opts = append(opts, WithRevokeTimeout(d))
+		default:
+			return nil, fmt.Errorf("kafka: url parameter %s: unknown", k)
+		}
+	}
+	if interval != 0 || count != 0 {
+		opts = append(opts, func(c *config) error {
+			i, n := interval, count
+			if i == 0 {
+				i = c.commitInterval
+			}
+			if n == 0 {
+				n = c.commitCount
+			}
+			return WithCommit(i, n)(c)
+		})
+	}
+	return opts, nil
 }

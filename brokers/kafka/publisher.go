@@ -27,10 +27,11 @@ type Publisher struct {
 // the first Publish.
 func NewPublisher(target string, opts ...Option) (*Publisher, error) {
 	cfg := defaultConfig()
-	if err := parseTarget(target, &cfg); err != nil {
+	urlOpts, err := parseTarget(target, &cfg)
+	if err != nil {
 		return nil, err
 	}
-	for _, o := range opts {
+	for _, o := range append(append([]Option{}, opts...), urlOpts...) {
 		if o == nil {
 			continue
 		}

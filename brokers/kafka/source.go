@@ -77,17 +77,34 @@ type Stats struct {
 }
 
 // Open returns a Source for a consumer group on one topic. target is a
-// kafka:// URL (kafka://host:port[,host:port...]/topic?group=id) or a
 // comma-separated broker list, with the topic and group given by WithTopic
-// and WithGroup (options override the URL). Open checks that the topic
-// exists; the group is joined at the first Receive, after the Consumer
-// had its chance to call SetWindow.
+// and WithGroup, or a kafka:// URL that says everything:
+//
+//	kafka://host:port[,host:port...]/topic?group=id&ordering=per-key&...
+//
+// URL parameters (each maps to the option of the same meaning):
+//
+//	group               the consumer group id           (WithGroup)
+//	id_header           the business id header          (WithIDHeader)
+//	ordering            per-key | per-partition | none  (WithOrdering)
+//	dead_letter_topic   the DLQ topic                   (WithDeadLetterTopic)
+//	retry_topic         retry via this topic            (WithRetryTopic)
+//	start               first | last                    (WithStartOffset)
+//	commit_interval, commit_count                       (WithCommit)
+//	revoke_timeout      a duration                      (WithRevokeTimeout)
+//
+// Any other parameter is an error naming it. The URL's topic, group and
+// parameters are applied after opts, so the deployment's URL wins over
+// defaults set in code. Open checks that the topic exists; the group is
+// joined at the first Receive, after the Consumer had its chance to call
+// SetWindow.
 func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
 	cfg := defaultConfig()
-	if err := parseTarget(target, &cfg); err != nil {
+	urlOpts, err := parseTarget(target, &cfg)
+	if err != nil {
 		return nil, err
 	}
-	for _, o := range opts {
+	for _, o := range append(append([]Option{}, opts...), urlOpts...) {
 		if o == nil {
 			continue
 		}

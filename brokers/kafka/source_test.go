@@ -385,7 +385,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"http://h:1/t?group=g", nil, "scheme"},
 		{"h:1", []Option{WithGroup("g")}, "topic"},
 		{"h:1", []Option{WithTopic("t")}, "group"},
-		{"kafka://h:1/t?group=g&x=1", nil, "unknown query parameter"},
+		{"kafka://h:1/t?group=g&x=1", nil, "url parameter x: unknown"},
 		{"kafka://h:1/bad topic?group=g", nil, "topic"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithOrdering(9)}, "WithOrdering"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithCommit(0, 1)}, "WithCommit"},
@@ -414,8 +414,24 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		t.Error("NewPublisher(\"\") = nil error")
 	}
 	cfg := defaultConfig()
-	if err := parseTarget("kafka://a:1,b:2/payments?group=billing", &cfg); err != nil || cfg.topic != "payments" || cfg.group != "billing" || len(cfg.brokers) != 2 {
-		t.Errorf("parseTarget: %v %+v", err, cfg)
+	uopts, err := parseTarget("kafka://a:1,b:2/payments?group=billing&ordering=none&commit_count=7&start=last&revoke_timeout=3s&id_header=ce_id&dead_letter_topic=dl&retry_topic=rt", &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range uopts {
+		if err := o(&cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cfg.topic != "payments" || cfg.group != "billing" || len(cfg.brokers) != 2 || cfg.ordering != OrderNone || cfg.commitCount != 7 ||
+		cfg.commitInterval != time.Second || cfg.startOffset != kafkago.LastOffset || cfg.revokeTimeout != 3*time.Second ||
+		cfg.idHeader != "ce_id" || cfg.deadLetterTopic != "dl" || cfg.retryTopic != "rt" {
+		t.Errorf("parseTarget: %+v", cfg)
+	}
+	for _, bad := range []string{"kafka://h:1/t?ordering=random", "kafka://h:1/t?start=middle", "kafka://h:1/t?commit_interval=soon", "kafka://h:1/t?group=a&group=b"} {
+		if _, err := parseTarget(bad, &cfg); err == nil || !strings.Contains(err.Error(), "url parameter") {
+			t.Errorf("parseTarget(%q) = %v, want an error naming the parameter", bad, err)
+		}
 	}
 }
 
@@ -439,5 +455,40 @@ func TestProgressMetadataRoundTrip(t *testing.T) {
 	}
 	if h, s, err := decodeProgress(5, "someone else's"); h != -1 || s != nil || err != nil {
 		t.Errorf("foreign metadata decoded as %d %v %v", h, s, err)
+	}
+}
+
+// core.OpenSource and core.OpenPublisher reach Kafka by URL.
+func TestOpenByURL(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	ctx := context.Background()
+	pub, err := core.OpenPublisher(ctx, "kafka://"+bs+"/"+topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(ctx, &core.Message{ID: "by-url", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := core.OpenSource(ctx, "kafka://"+bs+"/"+topic+"?group=g-"+randomHex(4)+"&ordering=per-partition&commit_interval=50ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if s := src.(*Source); s.cfg.ordering != OrderPerPartition || s.cfg.commitInterval != 50*time.Millisecond {
+		t.Errorf("URL parameters not applied: %+v", s.cfg)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	d, err := src.Receive(rctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Message().ID != "by-url" {
+		t.Errorf("got %q", d.Message().ID)
+	}
+	if _, err := core.OpenSource(ctx, "kafka://"+bs+"/"+topic); err == nil || !strings.Contains(err.Error(), "group") {
+		t.Errorf("OpenSource without a group = %v, want an error naming the group", err)
 	}
 }
