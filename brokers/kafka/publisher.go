@@ -102,4 +102,8 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Mes
 }
 
 // Close flushes and closes the writer.
-func (p *Publisher) Close() error { return p.w.Close() }
+func (p *Publisher) Close() error {
+	err := p.w.Close()
+	p.w.Transport.(*kafkago.Transport).CloseIdleConnections()
+	return err
+}

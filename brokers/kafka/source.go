@@ -388,7 +388,9 @@ func (s *Source) Close() error {
 		if werr := s.writer.Close(); werr != nil && err == nil {
 			err = werr
 		}
+		s.writer.Transport.(*kafkago.Transport).CloseIdleConnections()
 	}
+	s.client.Transport.(*kafkago.Transport).CloseIdleConnections()
 	return err
 }
 

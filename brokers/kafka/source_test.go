@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -490,5 +491,40 @@ func TestOpenByURL(t *testing.T) {
 	}
 	if _, err := core.OpenSource(ctx, "kafka://"+bs+"/"+topic); err == nil || !strings.Contains(err.Error(), "group") {
 		t.Errorf("OpenSource without a group = %v, want an error naming the group", err)
+	}
+}
+
+// Close leaves no goroutine behind: the group, its generation, the
+// partition readers, the commit loop and the writers' connections end.
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 3)
+	publishN(t, bs, topic, "leak", 9, nil)
+	time.Sleep(100 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	s, err := Open(context.Background(), bs, append(fastGroup(t), WithTopic(topic), WithGroup("g-"+randomHex(4)))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := receiveN(t, s, 9, 10*time.Second)
+	for _, d := range ds[:5] {
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ds[5].DeadLetter(context.Background(), errors.New("to start the DLQ writer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if after := runtime.NumGoroutine(); after > before {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Fatalf("%d goroutines after Close, %d before:\n%s", after, before, buf[:n])
 	}
 }
