@@ -681,7 +681,9 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 	s := open(t, ep, q, WithDeadLetterQueue(q.name))
 	s.q.fifo = true // group handling as on a FIFO queue
 	raw := drainNoDelete(t, ep, q.url, 3)
-	slices.SortFunc(raw, func(a, b types.Message) int { return strings.Compare(attr(a, DefaultIDAttribute), attr(b, DefaultIDAttribute)) })
+	slices.SortFunc(raw, func(a, b types.Message) int {
+		return strings.Compare(attr(a, DefaultIDAttribute), attr(b, DefaultIDAttribute))
+	})
 	for i := range raw {
 		raw[i].Attributes["MessageGroupId"] = "g"
 	}
@@ -741,4 +743,53 @@ func drainNoDelete(t testing.TB, ep, url string, n int) []types.Message {
 		out = append(out, r.Messages...)
 	}
 	return out
+}
+
+// TestOpenByURL opens a Source and a Publisher through core's registry.
+func TestOpenByURL(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
+	ctx := context.Background()
+	base := "sqs://test:test@" + q.name + "?endpoint=" + ep + "&region=us-east-1"
+	pub, err := core.OpenPublisher(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := msgs("url", 1)[0]
+	if err := pub.Publish(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	src, err := core.OpenSource(ctx, base+"&dlq="+dlq.name+"&wait=1s&window=3&receivers=1&heartbeat=true&max_extension=1m&close_timeout=2s&dead_letter_mode=send")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	s := src.(*Source)
+	if s.cfg.window != 3 || s.cfg.receivers != 1 || s.cfg.waitTime != time.Second || s.dlq.name != dlq.name {
+		t.Errorf("URL parameters not applied: %+v", s.cfg)
+	}
+	d := receiveOne(t, s, 10*time.Second)
+	if d.Message().ID != m.ID {
+		t.Errorf("got %q, want %q", d.Message().ID, m.ID)
+	}
+	d.Ack(ctx)
+	for _, bad := range []struct{ url, want string }{
+		{base + "&bogus=1", `unknown parameter "bogus"`},
+		{base + "&window=x", "window"},
+		{base + "&dead_letter_mode=drop", "dead_letter_mode"},
+		{"sqs://", "no queue"},
+		{"sqs://keyonly@" + q.name + "?endpoint=" + ep, "secret"},
+	} {
+		_, err := core.OpenSource(ctx, bad.url)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("OpenSource(%s) = %v, want an error about %s", bad.url, err, bad.want)
+		}
+	}
+	_, err = core.OpenPublisher(ctx, base+"&window=3")
+	if err == nil || !strings.Contains(err.Error(), "window") {
+		t.Errorf("a consumer parameter on a publisher URL: %v", err)
+	}
+	if err == nil || strings.Contains(err.Error(), "test:test") {
+		t.Errorf("the error shows the secret: %v", err)
+	}
 }

@@ -1,0 +1,56 @@
+// Package sqs is idemq's Amazon SQS broker adapter, built on
+// github.com/aws/aws-sdk-go-v2/service/sqs.
+//
+// A Source consumes one queue, standard or FIFO. Several receivers
+// long-poll it (WaitTimeSeconds, up to ten messages per call) and together
+// never hold more received-but-unsettled messages than the Consumer's
+// window (core.WindowSetter). The business id is the "message-id" message
+// attribute (WithIDAttribute; core.WithIDFunc derives one otherwise), never
+// the SQS MessageId, which changes when a producer retries a send. Attempt
+// is ApproximateReceiveCount, Headers are the message attributes (trace
+// context travels there), Key is the MessageGroupId and System "aws_sqs".
+//
+// Settlement follows the idemq design:
+//
+//   - Ack: DeleteMessageBatch by receipt handle, ten per call
+//     (core.BatchSettler). Entries SQS fails are sent again; those that
+//     still fail are reported, never dropped, and SQS redelivers them: the
+//     dedup store then decides Duplicate.
+//   - Retry: ChangeMessageVisibility to the backoff delay (whole seconds),
+//     so SQS redelivers the message with a higher receive count.
+//   - DeadLetter: a copy sent to the dead-letter queue with the cause in
+//     the idemq-cause attribute, then the original deleted
+//     (DeadLetterSend), or the message handed back to the queue's redrive
+//     policy, which moves it after maxReceiveCount receives
+//     (DeadLetterRedrive).
+//
+// While a message is unsettled a heartbeat extends its visibility before it
+// lapses (ChangeMessageVisibilityBatch), so a slow handler does not let
+// another consumer receive it, up to WithMaxExtension after the receipt.
+// If an extension fails and the message is received elsewhere, nothing
+// breaks: its claim in the dedup store waits for the first transaction and
+// the copy is decided Duplicate.
+//
+// On a FIFO queue the messages of one MessageGroupId are handed out one at
+// a time, in order: SQS sends no more of a group while one is in flight,
+// and messages of a group that arrive in one batch are held back until the
+// earlier one is settled; when it is retried they are released so that SQS
+// delivers them after it. The Publisher sets MessageGroupId from
+// Message.Key and MessageDeduplicationId from the business id.
+//
+// The Source implements core.RedeliveryHorizoner with the queue's
+// MessageRetentionPeriod (or the dead-letter queue's, when longer), so the
+// Consumer warns when the store prunes claims sooner.
+//
+// Local emulators need an endpoint and static credentials (WithEndpoint,
+// WithStaticCredentials); otherwise the AWS default configuration and
+// credential chain apply. Importing the package registers the sqs:// URL
+// scheme with core.OpenSource and core.OpenPublisher:
+//
+//	sqs://orders?region=eu-west-1
+//	sqs://KEY:SECRET@orders?endpoint=http://127.0.0.1:9324&dlq=orders-dlq
+//
+// The tests run against a real SQS-protocol endpoint: IDEMQ_SQS_URL, or the
+// fauxqs emulator installed by `npm ci` in brokers/sqs/internal/fauxqs,
+// which the tests start on a free loopback port.
+package sqs

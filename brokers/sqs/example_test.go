@@ -1,0 +1,87 @@
+package sqs_test
+
+import (
+	"context"
+	"log"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/brokers/sqs"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/postgres"
+)
+
+// Consume an SQS queue into Postgres: each order's effect is committed once,
+// whatever SQS redelivers.
+func ExampleOpen() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	// The queue's redrive policy names the dead-letter queue; against AWS,
+	// the default credential chain and region apply.
+	src, err := sqs.Open(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := postgres.Open(ctx, "postgres://app@db/orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	c, err := core.New(src, store, func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		_, err := tx.Exec(ctx, `UPDATE orders SET paid = true WHERE id = $1`, m.ID)
+		return err
+	}, core.WithName("billing"), core.WithBatchSize(10), core.WithConcurrency(2))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Point the adapter at a local emulator with static credentials, and keep a
+// slow handler's messages hidden for up to 15 minutes.
+func ExampleOpen_emulator() {
+	ctx := context.Background()
+	src, err := sqs.Open(ctx, "orders",
+		sqs.WithEndpoint("http://127.0.0.1:9324"),
+		sqs.WithStaticCredentials("test", "test", ""),
+		sqs.WithDeadLetterQueue("orders-dlq"),
+		sqs.WithMaxExtension(15*time.Minute),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer src.Close()
+}
+
+// Send messages with their business ids; on a FIFO queue Key is the
+// message group.
+func ExampleNewPublisher() {
+	ctx := context.Background()
+	pub, err := sqs.NewPublisher(ctx, "orders.fifo")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	err = pub.Publish(ctx,
+		&core.Message{ID: "order-1001", Key: "customer-7", Body: []byte(`{"total":42}`)},
+		&core.Message{ID: "order-1002", Key: "customer-7", Body: []byte(`{"total":17}`)},
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Choose the broker by configuration: the sqs package registers sqs://.
+func Example_openByURL() {
+	ctx := context.Background()
+	src, err := core.OpenSource(ctx, "sqs://test:test@orders?endpoint=http://127.0.0.1:9324&dlq=orders-dlq")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer src.Close()
+}
