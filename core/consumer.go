@@ -38,7 +38,7 @@ type Consumer[Tx any] struct {
 }
 
 type counters struct {
-	received, processed, duplicates, retried, deadLettered, settleErrors, unsettled atomic.Int64
+	received, processed, duplicates, retried, deadLettered, settleErrors, stale, unsettled atomic.Int64
 }
 
 // Stats are a Consumer's running counts of decisions.
@@ -48,7 +48,8 @@ type Stats struct {
 	Duplicates   int64 // claim lost: acknowledged without effect
 	Retried      int64 // rolled back and handed back for redelivery
 	DeadLettered int64 // parked with a cause
-	SettleErrors int64 // settlements the broker refused or that failed
+	SettleErrors int64 // settlements that failed for another reason than a stale delivery
+	Stale        int64 // settlements refused because the delivery went stale (ErrStaleDelivery)
 	Unsettled    int64 // left for redelivery at shutdown
 }
 
@@ -156,6 +157,7 @@ func (c *Consumer[Tx]) Stats() Stats {
 		Retried:      c.stats.retried.Load(),
 		DeadLettered: c.stats.deadLettered.Load(),
 		SettleErrors: c.stats.settleErrors.Load(),
+		Stale:        c.stats.stale.Load(),
 		Unsettled:    c.stats.unsettled.Load(),
 	}
 }
@@ -331,9 +333,14 @@ func (c *Consumer[Tx]) settle(d Delivery, out Outcome) {
 }
 
 func (c *Consumer[Tx]) settleFailed(d Delivery, out Outcome, err error) {
-	c.stats.settleErrors.Add(1)
 	// Safe by design: an unsettled message is redelivered, and a committed
 	// one then loses its claim and is acknowledged as a Duplicate.
+	if errors.Is(err, ErrStaleDelivery) {
+		c.stats.stale.Add(1)
+		c.log.Info("idemq: delivery went stale before settling; the broker will redeliver", "id", shortID(d.Message().ID), "decision", out.Decision.String(), "err", err)
+		return
+	}
+	c.stats.settleErrors.Add(1)
 	c.log.Warn("idemq: settling failed; the broker will redeliver", "id", shortID(d.Message().ID), "decision", out.Decision.String(), "err", err)
 }
 
@@ -391,7 +398,11 @@ func (c *Consumer[Tx]) settleBatch(acks []Delivery, others []settleReq) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.procCtx), c.cfg.settleTimeout)
 	defer cancel()
 	if err := bs.AckBatch(ctx, acks); err != nil {
-		c.stats.settleErrors.Add(1)
+		if errors.Is(err, ErrStaleDelivery) {
+			c.stats.stale.Add(1)
+		} else {
+			c.stats.settleErrors.Add(1)
+		}
 		c.log.Warn("idemq: batch ack failed; the broker will redeliver and the store will decide Duplicate", "messages", len(acks), "err", err)
 	}
 }

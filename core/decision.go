@@ -68,6 +68,13 @@ var (
 	ErrMaxAttempts = errors.New("idemq: too many attempts")
 	// ErrSourceClosed is returned by Source.Receive after Close.
 	ErrSourceClosed = errors.New("idemq: source closed")
+	// ErrStaleDelivery is wrapped by adapters' settlement errors that mean
+	// "this delivery can no longer be settled, and the broker will
+	// redeliver it": its channel died, its lease or visibility expired,
+	// its partition was revoked. The Consumer counts these apart from
+	// other settlement failures; the redelivery is decided Duplicate if
+	// the message was committed.
+	ErrStaleDelivery = errors.New("idemq: stale delivery; the broker will redeliver it")
 	// ErrShutdown: the message was still being processed when the
 	// shutdown deadline passed; it was rolled back and left for
 	// redelivery.

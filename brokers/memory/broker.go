@@ -48,7 +48,7 @@ var (
 	// ErrLeaseExpired is returned when a delivery is settled after its
 	// lease ended (visibility timeout): the message may have been
 	// redelivered, and the settlement is ignored.
-	ErrLeaseExpired = errors.New("memory: delivery lease expired")
+	ErrLeaseExpired = fmt.Errorf("memory: delivery lease expired: %w", core.ErrStaleDelivery)
 	// ErrForeignDelivery is returned by AckBatch for a delivery that was
 	// not received from the same subscription.
 	ErrForeignDelivery = errors.New("memory: delivery is not from this subscription")

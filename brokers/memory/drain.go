@@ -59,6 +59,7 @@ func Drain[Tx any](ctx context.Context, b *Broker, queue string, newConsumer fun
 		res.Retried += st.Retried
 		res.DeadLettered += st.DeadLettered
 		res.SettleErrors += st.SettleErrors
+		res.Stale += st.Stale
 		res.Unsettled += st.Unsettled
 		switch {
 		case finished && idleErr != nil:

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"sync"
 	"time"
 
@@ -165,9 +168,19 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*core.Messa
 func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*core.Message) error {
 	confs := make([]*amqp.DeferredConfirmation, 0, len(msgs))
 	now := time.Now()
+	// The caller's trace context travels in the headers, so the
+	// consumer's process span can link to the producer's.
+	var traceHeaders propagation.MapCarrier
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		traceHeaders = propagation.MapCarrier{}
+		otel.GetTextMapPropagator().Inject(ctx, traceHeaders)
+	}
 	for _, m := range msgs {
-		h := make(amqp.Table, len(m.Headers))
+		h := make(amqp.Table, len(m.Headers)+len(traceHeaders))
 		for k, v := range m.Headers {
+			h[k] = v
+		}
+		for k, v := range traceHeaders {
 			h[k] = v
 		}
 		c, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.exchange, key, p.cfg.mandatory, false, amqp.Publishing{

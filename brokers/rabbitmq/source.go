@@ -19,7 +19,7 @@ import (
 // arrived on a channel that has since closed. Its delivery tag died with the
 // channel, so nothing is sent: the broker redelivers the message, and the
 // dedup store decides Duplicate if its effect was already committed.
-var ErrStaleDelivery = errors.New("rabbitmq: the delivery's channel is closed; the broker will redeliver the message")
+var ErrStaleDelivery = fmt.Errorf("rabbitmq: the delivery's channel is closed: %w", core.ErrStaleDelivery)
 
 // ErrAlreadySettled is returned when a delivery is settled a second time.
 var ErrAlreadySettled = errors.New("rabbitmq: delivery already settled")
