@@ -77,6 +77,9 @@ func (s *Source) extendDue(now time.Time) {
 		s.mu.Lock()
 		for i, d := range chunk {
 			if e, bad := failed[i]; bad {
+				if d.state != stateLive {
+					continue // settled meanwhile: its handle may be gone, as it should
+				}
 				s.stats.heartbeatFailures.Add(1)
 				d.hbFailures++
 				if e.permanent || d.hbFailures >= 3 {

@@ -127,6 +127,7 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 }
 
 func TestOpenChecksQueueAndDeadLetterSetup(t *testing.T) {
+	t.Parallel()
 	ep := sqsEndpoint(t)
 	ctx := context.Background()
 	if _, err := Open(ctx, "idemq-missing-"+randomHex(4), clientOpts(ep)...); err == nil {
@@ -232,6 +233,7 @@ func TestMessageFields(t *testing.T) {
 }
 
 func TestPublisherRefusesWhatSQSWould(t *testing.T) {
+	t.Parallel()
 	ep := sqsEndpoint(t)
 	q := newQueue(t, ep, "", nil)
 	fifo := newQueue(t, ep, ".fifo", map[string]string{"FifoQueue": "true"})
@@ -264,6 +266,7 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 // TestAckBatchManyChunks acks 25 deliveries (three DeleteMessageBatch
 // calls) and refuses deliveries that are settled or foreign.
 func TestAckBatchManyChunks(t *testing.T) {
+	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 10, 0)
 	other, _ := newQueueWithDLQ(t, ep, false, 10, 0)
@@ -295,12 +298,12 @@ func TestAckBatchManyChunks(t *testing.T) {
 	}
 }
 
-// TestHeartbeatKeepsSlowHandlerInvisible runs a handler three times slower
+// TestHeartbeatKeepsSlowHandlerInvisible runs a handler 2.5 times slower
 // than the visibility timeout next to a second consumer of the same queue:
 // with the heartbeat on, the message is never redelivered meanwhile.
 func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	ep := sqsEndpoint(t)
-	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
+	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
 	st := sqliteStore(t)
 	m := msgs("slow", 1)[0]
 	if err := publisher(t, ep, q).Publish(context.Background(), m); err != nil {
@@ -309,7 +312,7 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	var calls atomic.Int32
 	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		calls.Add(1)
-		time.Sleep(3500 * time.Millisecond)
+		time.Sleep(5 * time.Second) // 2.5 visibility timeouts
 		return st.apply(ctx, tx, m)
 	}
 	s1 := open(t, ep, q, WithDeadLetterQueue(q.name))
@@ -317,8 +320,8 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	waitFor(t, 10*time.Second, "the slow handler to start", func() bool { return calls.Load() == 1 })
 	s2 := open(t, ep, q, WithDeadLetterQueue(q.name))
 	b := runConsumer(t, s2, st.Store, slow)
-	waitFor(t, 15*time.Second, "the message to be processed", func() bool { return a.c.Stats().Processed == 1 })
-	time.Sleep(1500 * time.Millisecond) // one more visibility timeout: nothing may come back
+	waitFor(t, 20*time.Second, "the message to be processed", func() bool { return a.c.Stats().Processed == 1 })
+	time.Sleep(2500 * time.Millisecond) // one more visibility timeout: nothing may come back
 	if n := calls.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
@@ -329,7 +332,7 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 		t.Errorf("first consumer received %d, want 1", a.c.Stats().Received)
 	}
 	if ext := s1.Stats().Extended; ext < 3 {
-		t.Errorf("heartbeat extended %d times over 3.5s at a 1s visibility timeout, want >= 3", ext)
+		t.Errorf("heartbeat extended %d times over 5s at a 2s visibility timeout, want >= 3", ext)
 	}
 	if n := st.count(t, m.ID); n != 1 {
 		t.Errorf("effect applied %d times, want 1", n)
@@ -448,6 +451,7 @@ func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
 // redrive policy moves the message to the DLQ after maxReceiveCount
 // receives; with DeadLetterRedrive a permanent failure goes the same way.
 func TestRedriveToDeadLetterQueueAfterMaxReceives(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"transient-retries", "permanent-DeadLetterRedrive"} {
 		t.Run(mode, func(t *testing.T) {
 			ep := sqsEndpoint(t)
@@ -502,6 +506,7 @@ func TestRedriveToDeadLetterQueueAfterMaxReceives(t *testing.T) {
 // once. Each group's effects must commit in publish order, and the
 // publisher's deduplication id (the business id) drops a resend.
 func TestFIFOOrderPerGroup(t *testing.T) {
+	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
 	st := sqliteStore(t)
@@ -672,6 +677,7 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 // the third back to the queue at once, so SQS delivers it after the retried
 // one instead of the consumer running it early.
 func TestFIFOHoldBackAndRelease(t *testing.T) {
+	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 30, 0)
 	ms := msgs("hold", 3)
@@ -747,6 +753,7 @@ func drainNoDelete(t testing.TB, ep, url string, n int) []types.Message {
 
 // TestOpenByURL opens a Source and a Publisher through core's registry.
 func TestOpenByURL(t *testing.T) {
+	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
 	ctx := context.Background()
@@ -791,5 +798,62 @@ func TestOpenByURL(t *testing.T) {
 	}
 	if err == nil || strings.Contains(err.Error(), "test:test") {
 		t.Errorf("the error shows the secret: %v", err)
+	}
+}
+
+// TestSettlementFailuresAreReported makes SQS refuse settlements: an
+// extension of a message deleted behind the Source's back fails for good
+// (the heartbeat gives up on it and the Ack still goes through the dedup
+// path as usual), and when the queue itself is gone every delete is retried
+// WithSettleRetries times and then reported for every message, none
+// dropped silently.
+func TestSettlementFailuresAreReported(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
+	if err := publisher(t, ep, q).Publish(context.Background(), msgs("refused", 4)...); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, ep, q, WithDeadLetterQueue(q.url), WithSettleRetries(2))
+	var ds []core.Delivery
+	for range 4 {
+		ds = append(ds, receiveOne(t, s, 10*time.Second))
+	}
+	cl := testClient(ep)
+	gone := ds[0].(*delivery)
+	if _, err := cl.DeleteMessage(context.Background(), &awssqs.DeleteMessageInput{QueueUrl: aws.String(q.url), ReceiptHandle: aws.String(gone.receipt)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the heartbeat to give up on the deleted message", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return gone.hbFailed
+	})
+	if f := s.Stats().HeartbeatFailures; f != 1 {
+		t.Errorf("HeartbeatFailures = %d, want 1 (ReceiptHandleIsInvalid is final)", f)
+	}
+	before := s.Stats().Extended
+	time.Sleep(1500 * time.Millisecond)
+	if s.Stats().Extended <= before {
+		t.Error("the heartbeat stopped extending the other messages")
+	}
+
+	if _, err := cl.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: aws.String(q.url)}); err != nil {
+		t.Fatal(err)
+	}
+	err := s.AckBatch(context.Background(), ds[1:])
+	if err == nil {
+		t.Fatal("AckBatch on a deleted queue returned nil")
+	}
+	for _, d := range ds[1:] {
+		if !strings.Contains(err.Error(), d.Message().ID) {
+			t.Errorf("AckBatch error does not name %s: %v", d.Message().ID, err)
+		}
+	}
+	if r := s.Stats().SettleRetries; r != 3*2 {
+		t.Errorf("SettleRetries = %d, want 3 messages x 2 retries", r)
+	}
+	if err := ds[1].Ack(context.Background()); !errors.Is(err, ErrAlreadySettled) {
+		t.Errorf("Ack after a failed AckBatch = %v, want ErrAlreadySettled (the broker redelivers it)", err)
 	}
 }
