@@ -91,10 +91,15 @@ func createTopics(t testing.TB, bs string, partitions int, names ...string) {
 }
 
 // fastGroup are Source options that make rebalances quick enough for
-// tests: heartbeats every 50ms, a 1s session, quick commits.
+// tests: heartbeats every 50ms, a 2s session (6s on IDEMQ_KAFKA_URL, the
+// usual broker minimum), quick commits.
 func fastGroup(t testing.TB) []Option {
+	session := 2 * time.Second
+	if os.Getenv("IDEMQ_KAFKA_URL") != "" {
+		session = 6 * time.Second // Kafka's default group.min.session.timeout.ms
+	}
 	return []Option{
-		WithGroupTimeouts(2*time.Second, 50*time.Millisecond, 4*time.Second),
+		WithGroupTimeouts(session, 50*time.Millisecond, 4*time.Second),
 		WithRevokeTimeout(2 * time.Second),
 		WithJoinBackoff(100 * time.Millisecond),
 		WithCommit(50*time.Millisecond, 100),

@@ -307,13 +307,20 @@ func (s *Source) start() error {
 // run takes part in one generation after the other until Close.
 func (s *Source) run(cg *kafkago.ConsumerGroup) {
 	defer s.wg.Done()
+	var lastErr string
+	var lastLog time.Time
 	for {
 		kgen, err := cg.Next(s.ctx)
 		if err != nil {
 			if s.ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
 				return
 			}
-			s.cfg.logger.Warn("idemq kafka: joining the group failed; kafka-go retries", "group", s.cfg.group, "error", err)
+			// A misconfiguration fails every join: log it once in a while,
+			// not on every retry.
+			if err.Error() != lastErr || time.Since(lastLog) > 30*time.Second {
+				s.cfg.logger.Warn("idemq kafka: joining the group failed; kafka-go retries", "group", s.cfg.group, "error", err)
+				lastErr, lastLog = err.Error(), time.Now()
+			}
 			s.report(err)
 			continue
 		}

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -43,6 +44,7 @@ func run(args []string) error {
 	topics := fs.String("topics", "", "topics to create, name:partitions[,name:partitions...]")
 	auto := fs.Bool("auto-create", true, "create unknown topics on first use (with -partitions partitions)")
 	parts := fs.Int("partitions", 1, "partitions of auto-created topics")
+	minSession := fs.Duration("min-session-timeout", 6*time.Second, "smallest consumer group session timeout accepted (Kafka's default 6s; lower it for fast rebalances in tests)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,6 +52,10 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if *minSession <= 0 {
+		return fmt.Errorf("-min-session-timeout %v: must be positive", *minSession)
+	}
+	opts = append(opts, kfake.GroupMinSessionTimeout(*minSession))
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return err
