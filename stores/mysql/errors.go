@@ -21,10 +21,6 @@ const (
 	errConnKilled       = 1927 // ER_CONNECTION_KILLED (MariaDB)
 	errGoneAway         = 2006 // CR_SERVER_GONE_ERROR
 	errLost             = 2013 // CR_SERVER_LOST
-	// ErrDuplicateKey is MySQL's duplicate-key error number. Claim never
-	// returns it (taken ids are ClaimDuplicate results); it is exported
-	// for handlers that want to recognise it in their own effects.
-	ErrDuplicateKey = 1062
 )
 
 // IsTransient reports whether err is worth retrying with a new

@@ -124,6 +124,10 @@ func TestConformance(t *testing.T) {
 					return err
 				},
 				Retryable: mysql.IsTransient,
+				Fail: func(ctx context.Context, tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, `SELECT * FROM idemq_no_such_table`)
+					return err
+				},
 				CountEffects: func(t *testing.T, key string) int {
 					var n int
 					if err := db.QueryRow(`SELECT count(*) FROM `+fx+` WHERE k = ?`, key).Scan(&n); err != nil {

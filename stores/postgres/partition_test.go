@@ -35,6 +35,10 @@ func TestPartitionedConformance(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, key)
 			return err
 		},
+		Fail: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT 1/0`)
+			return err
+		},
 		CountEffects: func(t *testing.T, key string) int {
 			var n int
 			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+fx+` WHERE k = $1`, key).Scan(&n); err != nil {

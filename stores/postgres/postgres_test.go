@@ -102,6 +102,10 @@ func TestConformance(t *testing.T) {
 			return err
 		},
 		Retryable: postgres.IsTransient,
+		Fail: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT 1/0`)
+			return err
+		},
 		CountEffects: func(t *testing.T, key string) int {
 			var n int
 			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+fx+` WHERE k = $1`, key).Scan(&n); err != nil {

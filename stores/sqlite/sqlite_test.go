@@ -47,6 +47,10 @@ func TestConformance(t *testing.T) {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects (k) VALUES (?)`, key)
 			return err
 		},
+		Fail: func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `SELECT * FROM idemq_no_such_table`)
+			return err
+		},
 		CountEffects: func(t *testing.T, key string) int {
 			var n int
 			if err := base.DB().QueryRow(`SELECT count(*) FROM effects WHERE k = ?`, key).Scan(&n); err != nil {

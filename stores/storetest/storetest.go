@@ -48,6 +48,11 @@ type Harness[Tx any] struct {
 	// key. Keys are unique per subtest.
 	Effect       func(ctx context.Context, tx Tx, key string) error
 	CountEffects func(t *testing.T, key string) int
+	// Fail runs a statement the database rejects inside tx (for example a
+	// division by zero or a duplicate key in a business table): on
+	// Postgres it aborts the transaction, which only a savepoint rollback
+	// repairs.
+	Fail func(ctx context.Context, tx Tx) error
 	// BlockWait is how long the concurrency subtest expects a second
 	// claimer of a held id to stay blocked. Default: 300ms.
 	BlockWait time.Duration
@@ -63,8 +68,8 @@ type Harness[Tx any] struct {
 // Run runs every conformance subtest against the store h opens.
 func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	t.Helper()
-	if h.Open == nil || h.Effect == nil || h.CountEffects == nil {
-		t.Fatal("storetest: Harness.Open, Effect and CountEffects are required")
+	if h.Open == nil || h.Effect == nil || h.CountEffects == nil || h.Fail == nil {
+		t.Fatal("storetest: Harness.Open, Effect, CountEffects and Fail are required")
 	}
 	if h.BlockWait <= 0 {
 		h.BlockWait = 300 * time.Millisecond
@@ -80,6 +85,7 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	t.Run("ConcurrentRollback", func(t *testing.T) { s.concurrent(t, false) })
 	t.Run("RollbackReleasesClaim", s.rollbackReleases)
 	t.Run("SavepointUnclaim", s.savepointUnclaim)
+	t.Run("SavepointAfterDatabaseError", s.savepointAfterDBError)
 	t.Run("CommitThenRollback", s.commitThenRollback)
 	t.Run("Prune", s.prune)
 	t.Run("TableValidation", s.tableValidation)
@@ -757,4 +763,45 @@ func (s suite[Tx]) randomBatch(ctx context.Context, st core.Store[Tx], pick []co
 		return txn.Rollback(ctx)
 	}
 	return txn.Commit(ctx)
+}
+
+// savepointAfterDBError: a handler's statement fails in the database
+// (which aborts a Postgres transaction); rolling back to the savepoint
+// repairs the transaction, so the other messages of the batch commit.
+// Catching the error without the savepoint is the Camel bug.
+func (s suite[Tx]) savepointAfterDBError(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	k := UniqueName("k_")
+	txn := begin(t, ctx, st)
+	expect(t, "batch claim", claim(t, ctx, txn, "c", claims("ok1", "bad", "ok2")), core.ClaimWon, core.ClaimWon, core.ClaimWon)
+	for _, id := range []string{"ok1", "bad", "ok2"} {
+		if err := txn.Savepoint(ctx); err != nil {
+			t.Fatalf("savepoint before %s: %v", id, err)
+		}
+		if err := s.h.Effect(ctx, txn.Tx(), k+id); err != nil {
+			t.Fatalf("effect %s: %v", id, err)
+		}
+		if id == "bad" {
+			if err := s.h.Fail(ctx, txn.Tx()); err == nil {
+				t.Fatal("Harness.Fail returned no error")
+			}
+			if err := txn.RollbackToSavepoint(ctx); err != nil {
+				t.Fatalf("rollback to savepoint after a database error: %v", err)
+			}
+			if err := txn.Unclaim(ctx, "c", []string{id}); err != nil {
+				t.Fatalf("unclaim after a database error: %v", err)
+			}
+			continue
+		}
+		if err := txn.ReleaseSavepoint(ctx); err != nil {
+			t.Fatalf("release savepoint after %s: %v", id, err)
+		}
+	}
+	commit(t, ctx, txn)
+	s.wantEffects(t, k+"ok1", 1)
+	s.wantEffects(t, k+"bad", 0)
+	s.wantEffects(t, k+"ok2", 1)
+	got := s.claimCommit(t, ctx, st, "c", claims("ok1", "bad", "ok2"), k)
+	expect(t, "redelivery", got, core.ClaimDuplicate, core.ClaimWon, core.ClaimDuplicate)
 }
