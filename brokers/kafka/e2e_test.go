@@ -389,6 +389,9 @@ func TestCommittedButUnmarkedIsDuplicateAfterRebalance(t *testing.T) {
 	if hold.stale.Load() != n {
 		t.Errorf("%d held acks were refused as stale, want %d", hold.stale.Load(), n)
 	}
+	if as.Stale != n || as.SettleErrors != 0 {
+		t.Errorf("A's Consumer counted %d stale settlements and %d settle errors, want %d and 0", as.Stale, as.SettleErrors, n)
+	}
 	if as.Processed+bst.Processed != n || as.Duplicates+bst.Duplicates != n {
 		t.Errorf("Processed %d, Duplicates %d; want %d each", as.Processed+bst.Processed, as.Duplicates+bst.Duplicates, n)
 	}

@@ -23,7 +23,9 @@ import (
 // closed) before the settlement arrived. Nothing is marked: the partition's
 // next owner gets the message again from the committed offset, and the
 // dedup store decides Duplicate if its effect was already committed.
-var ErrStaleDelivery = errors.New("kafka: the delivery's partition was revoked; the message will be redelivered")
+// It wraps core.ErrStaleDelivery, so the Consumer counts it in
+// Stats.Stale rather than as a settlement failure.
+var ErrStaleDelivery = fmt.Errorf("kafka: the delivery's partition was revoked: %w", core.ErrStaleDelivery)
 
 // ErrAlreadySettled is returned when a delivery is settled a second time.
 var ErrAlreadySettled = errors.New("kafka: delivery already settled")
