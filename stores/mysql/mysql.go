@@ -11,11 +11,28 @@
 // inserts with a random claim_token; reading the token back tells the ids
 // this transaction inserted from those that were already there. On
 // MariaDB 10.5+ the read-back is the statement's own RETURNING clause (one
-// round trip), elsewhere a locking SELECT (two).
+// round trip), elsewhere a SELECT (two; a locking one only for rows an
+// older REPEATABLE READ snapshot hides).
 //
 // Ids and consumers are stored as VARBINARY, compared byte for byte: a
 // case-insensitive or PAD SPACE collation would make "a", "A" and "a "
 // one id.
+//
+// The table Migrate creates (name from WithTable):
+//
+//	CREATE TABLE processed_messages (
+//	    consumer     VARBINARY(255)  NOT NULL,
+//	    message_id   VARBINARY(1024) NOT NULL,
+//	    fingerprint  VARBINARY(128)  NOT NULL DEFAULT '',
+//	    processed_at DATETIME(6)     NOT NULL,            -- UTC
+//	    claim_token  BIGINT          NOT NULL DEFAULT 0,  -- random per Claim call
+//	    PRIMARY KEY (consumer, message_id),
+//	    KEY idemq_processed_at (processed_at)
+//	) ENGINE=InnoDB;
+//
+// Old claims go with Prune (DELETE … ORDER BY processed_at LIMIT n) or
+// RunPruner. IsTransient tells the errors worth a retry (deadlock 1213,
+// lock wait timeout 1205, killed or lost connection) from the rest.
 package mysql
 
 import (

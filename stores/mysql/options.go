@@ -89,8 +89,8 @@ const (
 	// UPDATE … RETURNING (MariaDB 10.5+).
 	ClaimReturning
 	// ClaimReadBack claims with INSERT … ON DUPLICATE KEY UPDATE, then
-	// reads the rows back with a locking SELECT (two round trips; any
-	// MySQL 8 or MariaDB).
+	// reads the rows back with a SELECT (two round trips; any MySQL 8 or
+	// MariaDB).
 	ClaimReadBack
 )
 

@@ -9,6 +9,22 @@
 // A second transaction claiming an id that a first one holds waits on the
 // primary key until the first commits (it then loses) or rolls back (it
 // then wins). READ COMMITTED, the default, is all the design needs.
+//
+// The table Migrate creates (name from WithTable):
+//
+//	CREATE TABLE processed_messages (
+//	    consumer     TEXT        NOT NULL,
+//	    message_id   TEXT        NOT NULL,
+//	    fingerprint  TEXT        NOT NULL DEFAULT '',  -- '' when the claim had none
+//	    processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+//	    PRIMARY KEY (consumer, message_id)
+//	);
+//	CREATE INDEX processed_messages_processed_at_idx ON processed_messages (processed_at);
+//
+// Old claims go with Prune (bounded DELETEs that skip locked rows) or
+// RunPruner; at scale WithPartitions makes pruning drop whole partitions.
+// IsTransient tells the errors worth a retry (deadlock, serialization
+// failure, lost connection, server shutdown) from the rest.
 package postgres
 
 import (

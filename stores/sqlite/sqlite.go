@@ -8,6 +8,17 @@
 // the second seeing the first one's committed claim (ClaimDuplicate) or,
 // if it rolled back, winning the claim itself. WAL mode lets readers run
 // beside the writer.
+//
+// The table Migrate creates (name from WithTable):
+//
+//	CREATE TABLE processed_messages (
+//	    consumer     TEXT NOT NULL,
+//	    message_id   TEXT NOT NULL,
+//	    fingerprint  TEXT NOT NULL DEFAULT '',
+//	    processed_at TEXT NOT NULL,  -- UTC, "2006-01-02 15:04:05.000000"
+//	    PRIMARY KEY (consumer, message_id)
+//	);
+//	CREATE INDEX processed_messages_processed_at_idx ON processed_messages (processed_at);
 package sqlite
 
 import (
