@@ -1,0 +1,42 @@
+// Package outbox is the producer side of idemq: a transactional outbox and
+// the relay that publishes it.
+//
+// A service writes its business rows and the messages that announce them in
+// ONE database transaction (pgoutbox.Write for Postgres, mysqloutbox.Write
+// for MySQL and MariaDB). Either both commit or neither does, so no message
+// is lost when the broker is down and none is invented when the transaction
+// rolls back. Every message gets a stable id (a UUIDv7 unless the caller
+// chose one); it travels as the message's business id on every broker, so
+// the idemq consumer deduplicates on it.
+//
+// A Relay reads pending rows and publishes them through a Publisher that
+// returns only after the broker confirmed (RabbitMQ publisher confirms,
+// Kafka acks=all, SQS batch send), then marks the rows sent, or deletes
+// them, in the transaction that locked them. A relay that dies between the
+// confirm and that commit publishes the rows again after the restart; the
+// consumer's dedup absorbs the copy. Publishing is therefore at least once
+// and effects are exactly once.
+//
+// # Ordering and several relays
+//
+// Rows with the same ordering key (Message.Key) are published in commit
+// order, also with several relays running at once:
+//
+//   - Write serializes the writers of one key until commit (a transaction
+//     advisory lock on Postgres, a row lock on MySQL), so per key the
+//     row sequence order is the commit order: a row can never become
+//     visible behind a later one of its key.
+//   - A relay claims only the head of a key (its oldest pending row) with
+//     FOR UPDATE SKIP LOCKED, and then, under the head's lock, the rows that
+//     follow it. A second relay skips the locked head and therefore the
+//     whole key; it cannot see the next head before the first relay has
+//     committed, which it does only after the broker confirmed.
+//
+// Rows without a key have no order and are spread over the relays freely.
+// Rows of one key are published by one relay at a time, so a single hot key
+// is as fast as one relay.
+//
+// Messages are core.Messages once published: ID, Key, Headers and Body as
+// written; the trace context of the writing transaction's context is in
+// the headers.
+package outbox

@@ -1,0 +1,201 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Defaults of the relay options.
+const (
+	DefaultBatchSize     = 100
+	DefaultWindowFactor  = 10
+	DefaultPollInterval  = time.Second
+	DefaultRetention     = 24 * time.Hour
+	DefaultPruneInterval = time.Minute
+	DefaultPruneBatch    = 1000
+	DefaultMaxBackoff    = 30 * time.Second
+	DefaultName          = "outbox"
+)
+
+type config struct {
+	name          string
+	batch         int
+	window        int
+	poll          time.Duration
+	retention     time.Duration
+	pruneInterval time.Duration
+	pruneBatch    int
+	maxBackoff    time.Duration
+	notify        bool
+	logger        *slog.Logger
+	meter         metric.MeterProvider
+	errs          []error
+
+	// afterPublish, for tests, runs after a batch was confirmed and before
+	// it is marked; returning true abandons the claim as a crash would.
+	afterPublish func(rows []*Row) bool
+}
+
+// Option configures a Relay. An invalid value makes NewRelay fail with an
+// error naming the option.
+type Option func(*config)
+
+func (c *config) fail(name, format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("outbox: %s: %s", name, fmt.Sprintf(format, args...)))
+}
+
+// WithName names the relay in logs and in the idemq.outbox attribute of its
+// metrics. Default "outbox".
+func WithName(name string) Option {
+	return func(c *config) {
+		if name == "" {
+			c.fail("WithName", "empty name")
+			return
+		}
+		c.name = name
+	}
+}
+
+// WithBatchSize sets how many rows one claim transaction holds at most
+// (also the most messages of one Publish call). Default 100.
+func WithBatchSize(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > 10000 {
+			c.fail("WithBatchSize", "must be within [1, 10000], got %d", n)
+			return
+		}
+		c.batch = n
+	}
+}
+
+// WithWindow sets how many of the oldest pending rows a claim looks at for
+// heads of keys. A larger window lets more relays find free keys when many
+// are held; a smaller one makes the claim query cheaper with a deep
+// backlog. Must be at least the batch size. Default 10 × the batch size.
+func WithWindow(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.fail("WithWindow", "must be positive, got %d", n)
+			return
+		}
+		c.window = n
+	}
+}
+
+// WithPollInterval sets how long an idle relay waits before looking for
+// rows again when no notification woke it (the fallback when LISTEN/NOTIFY
+// is off, unavailable, or a notification was lost). Default 1s.
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithPollInterval", "must be positive, got %v", d)
+			return
+		}
+		c.poll = d
+	}
+}
+
+// WithRetention sets how long sent rows are kept (for audits and
+// replays) before the relay prunes them. Zero deletes rows as soon as they
+// are sent. Default 24h.
+func WithRetention(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.fail("WithRetention", "must not be negative, got %v", d)
+			return
+		}
+		c.retention = d
+	}
+}
+
+// WithPruneInterval sets how often the relay deletes sent rows older than
+// the retention, and how many it deletes per transaction (it loops until
+// fewer remain, so no giant DELETE holds locks). Default every 1m, 1000 per
+// transaction.
+func WithPruneInterval(every time.Duration, batch int) Option {
+	return func(c *config) {
+		if every <= 0 {
+			c.fail("WithPruneInterval", "interval must be positive, got %v", every)
+			return
+		}
+		if batch < 1 {
+			c.fail("WithPruneInterval", "batch must be positive, got %d", batch)
+			return
+		}
+		c.pruneInterval, c.pruneBatch = every, batch
+	}
+}
+
+// WithMaxBackoff caps the wait after a failed publish or claim; the wait
+// doubles from the poll interval up to it. Default 30s.
+func WithMaxBackoff(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithMaxBackoff", "must be positive, got %v", d)
+			return
+		}
+		c.maxBackoff = d
+	}
+}
+
+// WithNotify turns waiting for the store's notifications (Postgres
+// LISTEN/NOTIFY) on or off; polling continues either way. Default on when
+// the store supports it.
+func WithNotify(on bool) Option {
+	return func(c *config) { c.notify = on }
+}
+
+// WithLogger sets the logger for publish failures and listener trouble.
+// Default slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.fail("WithLogger", "nil logger")
+			return
+		}
+		c.logger = l
+	}
+}
+
+// WithMeterProvider sets where the relay's metrics go: the observable
+// gauges idemq.outbox.pending (rows) and idemq.outbox.oldest_pending_age
+// (seconds), and the counters idemq.outbox.published and
+// idemq.outbox.publish_errors. Default otel.GetMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) {
+		if mp == nil {
+			c.fail("WithMeterProvider", "nil provider")
+			return
+		}
+		c.meter = mp
+	}
+}
+
+func buildConfig(opts []Option) (config, error) {
+	c := config{
+		name:          DefaultName,
+		batch:         DefaultBatchSize,
+		poll:          DefaultPollInterval,
+		retention:     DefaultRetention,
+		pruneInterval: DefaultPruneInterval,
+		pruneBatch:    DefaultPruneBatch,
+		maxBackoff:    DefaultMaxBackoff,
+		notify:        true,
+		logger:        slog.Default(),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.window == 0 {
+		c.window = c.batch * DefaultWindowFactor
+	} else if c.window < c.batch {
+		c.fail("WithWindow", "window %d is smaller than the batch size %d", c.window, c.batch)
+	}
+	return c, errors.Join(c.errs...)
+}

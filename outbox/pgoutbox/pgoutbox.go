@@ -1,0 +1,430 @@
+// Package pgoutbox is the transactional outbox on PostgreSQL (pgx/v5):
+// Write adds messages inside the caller's pgx.Tx, and the Store behind an
+// outbox.Relay claims them with FOR UPDATE SKIP LOCKED and wakes relays
+// with LISTEN/NOTIFY.
+//
+// The table (default name "outbox"; create it with Migrate):
+//
+//	seq          BIGINT IDENTITY PRIMARY KEY  -- per key, the commit order
+//	id           TEXT        NOT NULL         -- the message's business id
+//	destination  TEXT        NOT NULL
+//	ordering_key TEXT                         -- NULL: no ordering
+//	headers      JSONB       NOT NULL
+//	body         BYTEA       NOT NULL
+//	created_at   TIMESTAMPTZ NOT NULL DEFAULT now()
+//	sent_at      TIMESTAMPTZ                  -- NULL: pending
+package pgoutbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/outbox"
+)
+
+// DefaultTable is the outbox table's name when WithTable is not given.
+const DefaultTable = "outbox"
+
+type config struct {
+	table  string
+	notify bool
+	errs   []error
+}
+
+// Option configures an Outbox. An invalid value makes New fail with an
+// error naming the option.
+type Option func(*config)
+
+// WithTable sets the outbox table's name: ASCII letters, digits and
+// underscores, at most 63 characters. Default "outbox". The NOTIFY channel
+// has the same name.
+func WithTable(name string) Option {
+	return func(c *config) {
+		if err := validateIdentifier(name); err != nil {
+			c.errs = append(c.errs, fmt.Errorf("pgoutbox: WithTable: %w", err))
+			return
+		}
+		c.table = name
+	}
+}
+
+// WithNotify sets whether Write sends a NOTIFY on the table's channel, which
+// Postgres delivers at commit, so an idle relay publishes at once instead
+// of at its next poll. NOTIFY takes a database-wide lock at commit; turn it
+// off when very many small transactions write and a poll interval of
+// latency is acceptable. Default true.
+func WithNotify(on bool) Option {
+	return func(c *config) { c.notify = on }
+}
+
+// Outbox is one outbox table: how to write to it and how relays read it.
+type Outbox struct {
+	table   string // validated, unquoted
+	ident   string // quoted for SQL text
+	notify  bool
+	lockKey int32 // first half of the writers' advisory lock, from the table name
+
+	insertSQL, lockSQL string
+}
+
+// New returns an Outbox for the configured table.
+func New(opts ...Option) (*Outbox, error) {
+	c := config{table: DefaultTable, notify: true}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if err := errors.Join(c.errs...); err != nil {
+		return nil, err
+	}
+	h := fnv.New32a()
+	h.Write([]byte("idemq.outbox." + c.table))
+	o := &Outbox{table: c.table, ident: pgx.Identifier{c.table}.Sanitize(), notify: c.notify, lockKey: int32(h.Sum32())}
+	o.insertSQL = fmt.Sprintf(`INSERT INTO %s (id, destination, ordering_key, headers, body)
+SELECT m.id, m.destination, NULLIF(m.okey, ''), m.headers::jsonb, m.body
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[]) WITH ORDINALITY AS m(id, destination, okey, headers, body, ord)
+ORDER BY m.ord`, o.ident)
+	// The hashes come sorted, and the aggregate takes the locks in array
+	// order, so two writers of the same keys cannot deadlock on them.
+	o.lockSQL = `SELECT count(pg_advisory_xact_lock($1::int4, h)) FROM unnest($2::int4[]) AS t(h)`
+	return o, nil
+}
+
+var defaultOutbox = func() *Outbox {
+	o, err := New()
+	if err != nil {
+		panic(err)
+	}
+	return o
+}()
+
+// Write adds msgs to the default outbox table ("outbox") inside tx; see
+// Outbox.Write.
+func Write(ctx context.Context, tx pgx.Tx, msgs ...*outbox.Message) error {
+	return defaultOutbox.Write(ctx, tx, msgs...)
+}
+
+// Table returns the outbox table's name.
+func (o *Outbox) Table() string { return o.table }
+
+// Write adds msgs to the outbox inside tx, the caller's business
+// transaction: they are published if and only if tx commits. A message
+// without an ID gets a UUIDv7, set in the Message. The trace context of
+// ctx is stored in the headers.
+//
+// Write holds a transaction-scoped advisory lock per ordering key until tx
+// ends, so that per key rows commit in the order of their sequence numbers;
+// concurrent writers of the same key wait for each other. Keys of one call
+// are locked in a fixed order, but two transactions writing the same keys
+// in opposite orders across several calls can deadlock; Postgres then
+// aborts one (SQLSTATE 40P01), to be retried like any deadlock. Write one
+// transaction's messages in one call to avoid it.
+func (o *Outbox) Write(ctx context.Context, tx pgx.Tx, msgs ...*outbox.Message) error {
+	if tx == nil {
+		return errors.New("pgoutbox: Write: nil tx")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	n := len(msgs)
+	ids, dests, keys, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	bodies := make([][]byte, n)
+	var locks []int32
+	for i, m := range msgs {
+		h, err := outbox.Prepare(ctx, m)
+		if err != nil {
+			return fmt.Errorf("pgoutbox: Write: msgs[%d]: %w", i, err)
+		}
+		js, err := json.Marshal(h)
+		if err != nil {
+			return fmt.Errorf("pgoutbox: Write: msgs[%d] headers: %w", i, err)
+		}
+		ids[i], dests[i], keys[i], headers[i] = m.ID, m.Destination, m.Key, string(js)
+		bodies[i] = m.Body
+		if bodies[i] == nil {
+			bodies[i] = []byte{}
+		}
+		if m.Key != "" {
+			locks = append(locks, keyHash(m.Key))
+		}
+	}
+	slices.Sort(locks)
+	locks = slices.Compact(locks)
+
+	b := &pgx.Batch{}
+	if len(locks) > 0 {
+		b.Queue(o.lockSQL, o.lockKey, locks)
+	}
+	b.Queue(o.insertSQL, ids, dests, keys, headers, bodies)
+	if o.notify {
+		b.Queue(`SELECT pg_notify($1, '')`, o.table)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("pgoutbox: Write into %s: %w", o.table, err)
+	}
+	return nil
+}
+
+// keyHash maps an ordering key to the second half of its advisory lock.
+// Two keys sharing a hash only make their writers wait for each other.
+func keyHash(key string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int32(h.Sum32())
+}
+
+// Migrate creates the outbox table and its indexes if they do not exist. It
+// is safe when several processes run it at once.
+func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	t := o.ident
+	idx := func(what string) string { return pgx.Identifier{o.table + "_" + what}.Sanitize() }
+	stmts := []string{
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	seq          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	id           TEXT        NOT NULL,
+	destination  TEXT        NOT NULL,
+	ordering_key TEXT,
+	headers      JSONB       NOT NULL DEFAULT '{}',
+	body         BYTEA       NOT NULL,
+	created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+	sent_at      TIMESTAMPTZ
+)`, t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (seq) WHERE sent_at IS NULL`, idx("pending"), t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (ordering_key, seq) WHERE sent_at IS NULL AND ordering_key IS NOT NULL`, idx("pending_key"), t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (sent_at) WHERE sent_at IS NOT NULL`, idx("sent"), t),
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgoutbox: Migrate: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
+	// catalog; the lock makes migrators take turns.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, 0)`, o.lockKey); err != nil {
+		return fmt.Errorf("pgoutbox: Migrate: %w", err)
+	}
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return fmt.Errorf("pgoutbox: Migrate %s: %w", o.table, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgoutbox: Migrate: %w", err)
+	}
+	return nil
+}
+
+// Store returns the relay side of the outbox on pool.
+func (o *Outbox) Store(pool *pgxpool.Pool) *Store {
+	t := o.ident
+	cols := `seq, id, destination, coalesce(ordering_key, ''), headers, body, created_at`
+	return &Store{o: o, pool: pool,
+		claimSQL: fmt.Sprintf(`WITH win AS (
+	SELECT seq, ordering_key FROM %[1]s WHERE sent_at IS NULL ORDER BY seq LIMIT $1
+), heads AS (
+	SELECT seq FROM win WHERE ordering_key IS NULL
+	UNION ALL
+	SELECT min(seq) FROM win WHERE ordering_key IS NOT NULL GROUP BY ordering_key
+)
+SELECT %[2]s FROM %[1]s
+WHERE seq IN (SELECT seq FROM heads) AND sent_at IS NULL
+ORDER BY seq LIMIT $2
+FOR UPDATE SKIP LOCKED`, t, cols),
+		runSQL: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+WHERE ordering_key = ANY($1::text[]) AND sent_at IS NULL AND seq <> ALL($2::bigint[])
+ORDER BY seq LIMIT $3`, t, cols),
+		markSQL:    fmt.Sprintf(`UPDATE %s SET sent_at = now() WHERE seq = ANY($1::bigint[])`, t),
+		deleteSQL:  fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1::bigint[])`, t),
+		pendingSQL: fmt.Sprintf(`SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM %s WHERE sent_at IS NULL`, t),
+		pruneSQL:   fmt.Sprintf(`DELETE FROM %[1]s WHERE seq IN (SELECT seq FROM %[1]s WHERE sent_at < $1 ORDER BY sent_at LIMIT $2)`, t),
+	}
+}
+
+// NewRelay returns an outbox.Relay that publishes this outbox's rows on
+// pool through pub.
+func (o *Outbox) NewRelay(pool *pgxpool.Pool, pub outbox.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+	if pool == nil {
+		return nil, errors.New("pgoutbox: NewRelay: nil pool")
+	}
+	return outbox.NewRelay(o.Store(pool), pub, opts...)
+}
+
+// Store implements outbox.Store and outbox.Notifier on Postgres.
+type Store struct {
+	o    *Outbox
+	pool *pgxpool.Pool
+
+	claimSQL, runSQL, markSQL, deleteSQL, pendingSQL, pruneSQL string
+}
+
+var (
+	_ outbox.Store    = (*Store)(nil)
+	_ outbox.Notifier = (*Store)(nil)
+)
+
+func scanRows(rows pgx.Rows) ([]*outbox.Row, error) {
+	var out []*outbox.Row
+	for rows.Next() {
+		r := &outbox.Row{}
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &r.Headers, &r.Body, &r.CreatedAt); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Claim implements outbox.Store.
+func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := &claimed{s: s, tx: tx}
+	q, err := tx.Query(ctx, s.claimSQL, window, limit)
+	if err == nil {
+		c.rows, err = scanRows(q)
+	}
+	if err != nil || len(c.rows) == 0 {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if room := limit - len(c.rows); room > 0 {
+		// The rows that follow each claimed head: no other relay can
+		// claim them while this transaction holds the head's lock.
+		heads := map[string]int64{}
+		var keys []string
+		seqs := make([]int64, len(c.rows))
+		for i, r := range c.rows {
+			seqs[i] = r.Seq
+			if r.Key != "" {
+				heads[r.Key] = r.Seq
+				keys = append(keys, r.Key)
+			}
+		}
+		if len(keys) > 0 {
+			q, err := tx.Query(ctx, s.runSQL, keys, seqs, room)
+			var run []*outbox.Row
+			if err == nil {
+				run, err = scanRows(q)
+			}
+			if err != nil {
+				tx.Rollback(context.WithoutCancel(ctx))
+				return nil, err
+			}
+			for _, r := range run {
+				if r.Seq > heads[r.Key] {
+					c.rows = append(c.rows, r)
+				}
+			}
+			slices.SortFunc(c.rows, func(a, b *outbox.Row) int { return cmpInt64(a.Seq, b.Seq) })
+		}
+	}
+	return c, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+type claimed struct {
+	s    *Store
+	tx   pgx.Tx
+	rows []*outbox.Row
+}
+
+func (c *claimed) Rows() []*outbox.Row { return c.rows }
+
+func (c *claimed) Finish(ctx context.Context, seqs []int64, del bool) error {
+	q := c.s.markSQL
+	if del {
+		q = c.s.deleteSQL
+	}
+	if _, err := c.tx.Exec(ctx, q, seqs); err != nil {
+		c.tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return c.tx.Commit(ctx)
+}
+
+func (c *claimed) Abort(ctx context.Context) error { return c.tx.Rollback(ctx) }
+
+// Pending implements outbox.Store.
+func (s *Store) Pending(ctx context.Context) (int64, time.Duration, error) {
+	var n int64
+	var age float64
+	if err := s.pool.QueryRow(ctx, s.pendingSQL).Scan(&n, &age); err != nil {
+		return 0, 0, err
+	}
+	return n, time.Duration(age * float64(time.Second)), nil
+}
+
+// Prune implements outbox.Store.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, s.pruneSQL, before, limit)
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Listen implements outbox.Notifier: it holds one connection of the pool
+// listening on the table's channel.
+func (s *Store) Listen(ctx context.Context, wake func()) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection's LISTEN state must not go back to the pool.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+s.o.ident); err != nil {
+		return err
+	}
+	wake() // rows written while nobody listened
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		wake()
+	}
+}
+
+const maxIdentifierLength = 63
+
+// validateIdentifier accepts ASCII letters, digits and underscores, not
+// starting with a digit, at most 63 characters (Postgres' limit).
+func validateIdentifier(name string) error {
+	if name == "" {
+		return errors.New("empty table name")
+	}
+	if len(name) > maxIdentifierLength {
+		return fmt.Errorf("table name %q is %d characters long, at most %d allowed", name, len(name), maxIdentifierLength)
+	}
+	for i := 0; i < len(name); i++ {
+		ch := name[i]
+		switch {
+		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
+		case ch >= '0' && ch <= '9' && i > 0:
+		default:
+			return fmt.Errorf("table name %q: only letters, digits and underscores, not starting with a digit", name)
+		}
+	}
+	return nil
+}

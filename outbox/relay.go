@@ -1,0 +1,346 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/core"
+)
+
+// errAbandoned is returned by RunOnce when the test hook abandoned a batch.
+var errAbandoned = errors.New("outbox: batch abandoned after publish (test crash)")
+
+// finishTimeout bounds marking rows sent after the broker confirmed them;
+// it runs even when the relay's context was cancelled meanwhile, so a
+// shutdown does not needlessly republish a confirmed batch.
+const finishTimeout = 10 * time.Second
+
+// Relay publishes pending outbox rows and marks them sent once the broker
+// confirmed them. Run any number of relays (in one process or many) on the
+// same table: they share the work and keep per-key order (see the package
+// documentation). Its methods are safe for concurrent use.
+type Relay struct {
+	store Store
+	pub   Publisher
+	cfg   config
+	wake  chan struct{}
+
+	published atomic.Int64
+	failures  atomic.Int64
+	claims    atomic.Int64
+	pruned    atomic.Int64
+
+	pubCounter metric.Int64Counter
+	errCounter metric.Int64Counter
+	attrs      metric.MeasurementOption
+
+	running sync.Mutex
+}
+
+// RelayStats counts what a Relay did since it was created.
+type RelayStats struct {
+	// Published counts rows published, confirmed and marked sent.
+	Published int64
+	// PublishErrors counts failed Publish calls (their rows stay pending).
+	PublishErrors int64
+	// Claims counts claim transactions that held at least one row.
+	Claims int64
+	// Pruned counts sent rows deleted after their retention.
+	Pruned int64
+}
+
+// NewRelay returns a relay that moves rows of store to pub. It returns an
+// error naming the option when one is invalid.
+func NewRelay(store Store, pub Publisher, opts ...Option) (*Relay, error) {
+	if store == nil {
+		return nil, errors.New("outbox: NewRelay: nil store")
+	}
+	if pub == nil {
+		return nil, errors.New("outbox: NewRelay: nil publisher")
+	}
+	cfg, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.meter == nil {
+		cfg.meter = otel.GetMeterProvider()
+	}
+	r := &Relay{store: store, pub: pub, cfg: cfg, wake: make(chan struct{}, 1)}
+	m := cfg.meter.Meter("github.com/idemq/idemq/outbox")
+	r.attrs = metric.WithAttributes(attribute.String("idemq.outbox", cfg.name))
+	if r.pubCounter, err = m.Int64Counter("idemq.outbox.published", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows published, confirmed by the broker and marked sent.")); err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	if r.errCounter, err = m.Int64Counter("idemq.outbox.publish_errors", metric.WithUnit("{call}"),
+		metric.WithDescription("Failed publish calls; their rows stay pending and are retried.")); err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	return r, nil
+}
+
+// Stats returns what the relay did so far.
+func (r *Relay) Stats() RelayStats {
+	return RelayStats{
+		Published:     r.published.Load(),
+		PublishErrors: r.failures.Load(),
+		Claims:        r.claims.Load(),
+		Pruned:        r.pruned.Load(),
+	}
+}
+
+// Wake makes an idle Run look for rows at once. Writers in the same process
+// can call it after committing when the store has no notifications.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run relays until ctx is done, then returns nil (or the error that
+// stopped it). It listens for the store's notifications when it has them,
+// polls every poll interval otherwise, backs off after failures, prunes
+// sent rows past the retention and reports the pending gauges. A Relay runs
+// once at a time; run more Relays to share the work.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.TryLock() {
+		return errors.New("outbox: Relay.Run is already running")
+	}
+	defer r.running.Unlock()
+
+	reg, err := r.registerGauges()
+	if err != nil {
+		return err
+	}
+	defer reg.Unregister()
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	if n, ok := r.store.(Notifier); ok && r.cfg.notify {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.listen(ctx, n) }()
+	}
+	if r.cfg.retention > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.prune(ctx) }()
+	}
+
+	backoff := r.cfg.poll
+	for {
+		n, err := r.RunOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := r.cfg.poll
+		switch {
+		case err != nil:
+			r.cfg.logger.Warn("outbox: relay batch failed; rows stay pending", "relay", r.cfg.name, "published", n, "error", err, "retry_in", backoff)
+			wait = backoff
+			backoff = min(2*backoff, r.cfg.maxBackoff)
+		case n > 0:
+			backoff = r.cfg.poll
+			continue // more may be pending: no wait
+		default:
+			backoff = r.cfg.poll
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-r.wake:
+			if err != nil {
+				// After a failure, a notification does not cut the
+				// backoff short: the broker is probably still down.
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return nil
+				case <-t.C:
+				}
+			}
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// RunOnce claims one batch, publishes it and marks what the broker
+// confirmed. It returns how many rows it published and marked; 0 with a nil
+// error means nothing was pending that no other relay held.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	c, err := r.store.Claim(ctx, r.cfg.batch, r.cfg.window)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	if c == nil {
+		return 0, nil
+	}
+	rows := c.Rows()
+	if len(rows) == 0 {
+		return 0, c.Abort(context.WithoutCancel(ctx))
+	}
+	r.claims.Add(1)
+
+	// The messages carry the writer's trace context in their headers; a
+	// span in the relay's context must not replace it (publishers inject
+	// the context they are given).
+	pubCtx := trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+	var sent []int64
+	var errs []error
+	for _, g := range byDestination(rows) {
+		msgs := make([]*core.Message, len(g.rows))
+		for i, row := range g.rows {
+			msgs[i] = row.coreMessage()
+		}
+		if err := r.pub.Publish(pubCtx, g.dest, msgs...); err != nil {
+			r.failures.Add(1)
+			r.errCounter.Add(ctx, 1, r.attrs)
+			errs = append(errs, fmt.Errorf("outbox: publish %d rows to %q: %w", len(msgs), g.dest, err))
+			continue
+		}
+		for _, row := range g.rows {
+			sent = append(sent, row.Seq)
+		}
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if r.cfg.afterPublish != nil && r.cfg.afterPublish(rows) {
+		return 0, errors.Join(errAbandoned, c.Abort(fctx))
+	}
+	if len(sent) == 0 {
+		return 0, errors.Join(append(errs, c.Abort(fctx))...)
+	}
+	if err := c.Finish(fctx, sent, r.cfg.retention == 0); err != nil {
+		// Published but not marked: they are published again later and
+		// the consumers' dedup absorbs the copies.
+		return 0, errors.Join(append(errs, fmt.Errorf("outbox: marking %d published rows sent: %w", len(sent), err))...)
+	}
+	r.published.Add(int64(len(sent)))
+	r.pubCounter.Add(ctx, int64(len(sent)), r.attrs)
+	return len(sent), errors.Join(errs...)
+}
+
+type destGroup struct {
+	dest string
+	rows []*Row
+}
+
+// byDestination splits rows (in Seq order) by destination, keeping Seq
+// order inside each group, which is all per-key order needs: order across
+// destinations has no meaning to any consumer.
+func byDestination(rows []*Row) []destGroup {
+	var groups []destGroup
+	idx := map[string]int{}
+	for _, row := range rows {
+		i, ok := idx[row.Destination]
+		if !ok {
+			i = len(groups)
+			idx[row.Destination] = i
+			groups = append(groups, destGroup{dest: row.Destination})
+		}
+		groups[i].rows = append(groups[i].rows, row)
+	}
+	return groups
+}
+
+// listen keeps the store's notification listener running until ctx is
+// done, reconnecting with a backoff; polling covers the gaps.
+func (r *Relay) listen(ctx context.Context, n Notifier) {
+	backoff := r.cfg.poll
+	for {
+		err := n.Listen(ctx, r.Wake)
+		if ctx.Err() != nil {
+			return
+		}
+		r.cfg.logger.Warn("outbox: notification listener stopped; polling meanwhile", "relay", r.cfg.name, "error", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, r.cfg.maxBackoff)
+	}
+}
+
+// prune deletes sent rows older than the retention every prune interval,
+// in transactions of at most pruneBatch rows.
+func (r *Relay) prune(ctx context.Context) {
+	t := time.NewTicker(r.cfg.pruneInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := r.Prune(ctx, time.Now().Add(-r.cfg.retention)); err != nil && ctx.Err() == nil {
+			r.cfg.logger.Warn("outbox: pruning sent rows failed", "relay", r.cfg.name, "error", err)
+		}
+	}
+}
+
+// Prune deletes rows sent before the given time, in transactions of at
+// most the prune batch, and returns how many it deleted. Run calls it every
+// prune interval; call it yourself when several relays should not all
+// prune.
+func (r *Relay) Prune(ctx context.Context, before time.Time) (int, error) {
+	total := 0
+	for {
+		n, err := r.store.Prune(ctx, before, r.cfg.pruneBatch)
+		total += n
+		r.pruned.Add(int64(n))
+		if err != nil {
+			return total, fmt.Errorf("outbox: prune: %w", err)
+		}
+		if n < r.cfg.pruneBatch {
+			return total, nil
+		}
+	}
+}
+
+// gaugeTimeout bounds the count query of one metrics collection.
+const gaugeTimeout = 5 * time.Second
+
+func (r *Relay) registerGauges() (metric.Registration, error) {
+	m := r.cfg.meter.Meter("github.com/idemq/idemq/outbox")
+	pending, err := m.Int64ObservableGauge("idemq.outbox.pending", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows written and not yet published."))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	age, err := m.Float64ObservableGauge("idemq.outbox.oldest_pending_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest pending outbox row (0 when none): how far the relay lags."))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	attrs := metric.WithAttributes(attribute.String("idemq.outbox", r.cfg.name))
+	reg, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		n, oldest, err := r.store.Pending(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox: counting pending rows: %w", err)
+		}
+		o.ObserveInt64(pending, n, attrs)
+		o.ObserveFloat64(age, oldest.Seconds(), attrs)
+		return nil
+	}, pending, age)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	return reg, nil
+}
