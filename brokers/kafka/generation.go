@@ -92,6 +92,7 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	log := s.cfg.logger.With("group", s.cfg.group, "generation", g.kgen.ID)
 	s.loadProgress(g, log)
+	s.resolveStart(g, log)
 	log.Info("idemq kafka: partitions assigned", "partitions", describe(g.parts))
 	s.mu.Lock()
 	s.gen = g
@@ -545,4 +546,46 @@ func (s *Source) loadProgress(g *generation, log interface{ Warn(string, ...any)
 
 func (s *Source) attemptKey(p *partition) partKey {
 	return partKey{brokers: s.bkey, group: s.cfg.group, topic: p.topic, partition: p.id}
+}
+
+// resolveStart turns the start offset of partitions without a committed
+// offset (FirstOffset or LastOffset) into a real offset, so that the first
+// commit pins it even if no message arrives: otherwise a group starting
+// at LastOffset would skip whatever is published before its first message
+// whenever it restarts.
+func (s *Source) resolveStart(g *generation, log interface{ Warn(string, ...any) }) {
+	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+	for _, p := range g.parts {
+		if p.next < 0 {
+			req.Topics[p.topic] = append(req.Topics[p.topic], kafkago.OffsetRequest{Partition: p.id, Timestamp: p.next})
+		}
+	}
+	if len(req.Topics) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := s.client.ListOffsets(ctx, req)
+	if err != nil {
+		log.Warn("idemq kafka: resolving start offsets failed; fetching from the relative start", "error", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range g.parts {
+		if p.next >= 0 {
+			continue
+		}
+		for _, po := range resp.Topics[p.topic] {
+			if po.Partition != p.id || po.Error != nil {
+				continue
+			}
+			switch {
+			case p.next == kafkago.FirstOffset && po.FirstOffset >= 0:
+				p.next = po.FirstOffset
+			case p.next == kafkago.LastOffset && po.LastOffset >= 0:
+				p.next = po.LastOffset
+			}
+		}
+	}
 }

@@ -528,3 +528,25 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", after, before, buf[:n])
 	}
 }
+
+// A group starting at LastOffset pins its position at once: messages
+// published while it is down, before it ever received one, are not
+// skipped when it comes back.
+func TestStartAtLastOffsetIsPinned(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	group := "g-" + randomHex(4)
+	publishN(t, bs, topic, "old", 2, nil)
+	s := openSource(t, bs, topic, group, WithStartOffset(kafkago.LastOffset))
+	expectNothing(t, s, 300*time.Millisecond) // joins, skips the old ones
+	waitUntil(t, 5*time.Second, "the start position committed", func() bool {
+		return committed(t, bs, group, topic, 1)[0] == 2
+	})
+	s.Close()
+	msgs := publishN(t, bs, topic, "new", 1, nil)
+	s2 := openSource(t, bs, topic, group, WithStartOffset(kafkago.LastOffset))
+	d := receiveN(t, s2, 1, 10*time.Second)[0]
+	if d.Message().ID != msgs[0].ID {
+		t.Fatalf("got %q, want %q", d.Message().ID, msgs[0].ID)
+	}
+}
