@@ -1,0 +1,56 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/idemq/idemq/core"
+)
+
+// The scheme core.OpenStore[*sql.Tx] opens with this package imported.
+func init() { core.RegisterStore("mysql", openURL) }
+
+// openURL opens "mysql://user:pass@host:3306/db?table=NAME&retention=168h&isolation=read-committed&…":
+// table, retention and isolation (read-committed, repeatable-read,
+// serializable) are the store's options; every other parameter goes to the
+// driver (tls, timeout, …).
+func openURL(ctx context.Context, u *url.URL) (any, error) {
+	q, err := url.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+	if err != nil {
+		return nil, fmt.Errorf("%s URL parameters: %v", u.Scheme, err)
+	}
+	var opts []Option
+	if q.Has("table") {
+		opts = append(opts, WithTable(q.Get("table")))
+		q.Del("table")
+	}
+	if q.Has("retention") {
+		v := q.Get("retention")
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, fmt.Errorf("mysql URL parameter retention: %q is not a duration like 168h", v)
+		}
+		opts = append(opts, WithRetention(d))
+		q.Del("retention")
+	}
+	if q.Has("isolation") {
+		levels := map[string]sql.IsolationLevel{
+			"read-committed":  sql.LevelReadCommitted,
+			"repeatable-read": sql.LevelRepeatableRead,
+			"serializable":    sql.LevelSerializable,
+		}
+		v := q.Get("isolation")
+		level, ok := levels[v]
+		if !ok {
+			return nil, fmt.Errorf("mysql URL parameter isolation: %q is not read-committed, repeatable-read or serializable", v)
+		}
+		opts = append(opts, WithIsolation(level))
+		q.Del("isolation")
+	}
+	rest := *u
+	rest.RawQuery = q.Encode()
+	return Open(ctx, rest.String(), opts...)
+}

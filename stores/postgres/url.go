@@ -1,0 +1,51 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/idemq/idemq/core"
+)
+
+// The schemes core.OpenStore[pgx.Tx] opens with this package imported.
+func init() {
+	core.RegisterStore("postgres", openURL)
+	core.RegisterStore("postgresql", openURL)
+}
+
+// openURL opens "postgres://user:pass@host:5432/db?table=NAME&retention=168h&partitions=24h&sslmode=…":
+// table, retention and partitions are the store's options (WithTable,
+// WithRetention, WithPartitions); every other parameter goes to pgxpool
+// (sslmode, pool_max_conns, application_name, …).
+func openURL(ctx context.Context, u *url.URL) (any, error) {
+	q, err := url.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+	if err != nil {
+		return nil, fmt.Errorf("%s URL parameters: %v", u.Scheme, err)
+	}
+	var opts []Option
+	for _, k := range []string{"table", "retention", "partitions"} {
+		if !q.Has(k) {
+			continue
+		}
+		v := q.Get(k)
+		q.Del(k)
+		if k == "table" {
+			opts = append(opts, WithTable(v))
+			continue
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, fmt.Errorf("postgres URL parameter %s: %q is not a duration like 168h", k, v)
+		}
+		if k == "retention" {
+			opts = append(opts, WithRetention(d))
+		} else {
+			opts = append(opts, WithPartitions(d))
+		}
+	}
+	rest := *u
+	rest.RawQuery = q.Encode()
+	return Open(ctx, rest.String(), opts...)
+}

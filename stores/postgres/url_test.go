@@ -1,0 +1,70 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/storetest"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestOpenStoreByURL opens the store through core.OpenStore, as the
+// quickstart's --store flag does, with the store's own parameters mixed
+// with pgx's.
+func TestOpenStoreByURL(t *testing.T) {
+	base := postgresURL(t)
+	ctx := context.Background()
+	table := storetest.UniqueName("idemq_url_")
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	url := base + sep + "table=" + table + "&retention=2h&application_name=idemq_test"
+	st, err := core.OpenStore[pgx.Tx](ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.(interface{ Close() error }).Close()
+	pool := testPool(t)
+	defer pool.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+	if r, ok := st.(core.Retentioner); !ok || r.Retention().Hours() != 2 {
+		t.Fatalf("retention from the URL not applied: %v", st)
+	}
+	txn, err := st.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Rollback(ctx)
+	if res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}}); err != nil || res[0] != core.ClaimWon {
+		t.Fatalf("claim: %v %v", res, err)
+	}
+	var app string
+	if err := txn.Tx().QueryRow(ctx, `SELECT current_setting('application_name')`).Scan(&app); err != nil || app != "idemq_test" {
+		t.Fatalf("pgx parameter not passed on: %q %v", app, err)
+	}
+	if err := txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("claims in %s: %d, %v", table, n, err)
+	}
+
+	for _, bad := range []string{
+		base + sep + "table=a-b",
+		base + sep + "retention=soon",
+		base + sep + "partitions=90s",
+		base + sep + "table=a;b",
+	} {
+		if _, err := core.OpenStore[pgx.Tx](ctx, bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	// A handler type that does not match is refused before any use.
+	if _, err := core.OpenStore[*sql.Tx](ctx, url); err == nil {
+		t.Error("postgres store opened for *sql.Tx handlers")
+	}
+}
