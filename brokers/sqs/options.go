@@ -166,8 +166,10 @@ func WithHeartbeatInterval(d time.Duration) Option {
 }
 
 // WithMaxExtension caps how long after its receipt the heartbeat keeps a
-// message hidden; after that its visibility lapses and the message may be
-// received again. Default 1h. Must be 1s..12h (SQS's own limit).
+// message hidden: no extension reaches past it, so the visibility lapses
+// by then (up to about a heartbeat interval plus a second sooner, as SQS
+// counts in whole seconds) and the message may be received again. Default
+// 1h. Must be 1s..12h (SQS's own limit).
 func WithMaxExtension(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Second || d > 12*time.Hour {
