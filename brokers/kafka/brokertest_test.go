@@ -11,12 +11,16 @@ import (
 // harness runs the conformance suite with the given Source options; every
 // fixture gets its own kfake cluster (or topic on IDEMQ_KAFKA_URL), topic
 // of four partitions and group.
-func harness(opts ...Option) brokertest.Harness {
+func harness(retryTopic bool, opts ...Option) brokertest.Harness {
 	return brokertest.Harness{
 		RecordsCause: true,
 		Open: func(t *testing.T) *brokertest.Fixture {
 			bs := brokers(t)
 			topic := newTopic(t, bs, 4)
+			if retryTopic {
+				createTopics(t, bs, 2, topic+".retry")
+				opts = append(opts, WithRetryTopic(topic+".retry"))
+			}
 			group := "idemq-test-" + randomHex(4)
 			pub, err := NewPublisher(bs)
 			if err != nil {
@@ -48,5 +52,12 @@ func harness(opts ...Option) brokertest.Harness {
 }
 
 func TestConformance(t *testing.T) {
-	brokertest.Run(t, harness())
+	brokertest.Run(t, harness(false))
+}
+
+// The suite again with retries through a retry topic and no ordering.
+// (OrderPerPartition cannot run the suite: its cases hold more unsettled
+// deliveries than the topic has partitions.)
+func TestConformanceRetryTopic(t *testing.T) {
+	brokertest.Run(t, harness(true, WithOrdering(OrderNone)))
 }

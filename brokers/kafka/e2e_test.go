@@ -471,3 +471,54 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 	}
 	_ = msgs
 }
+
+// OrderPerKey through the whole pipeline (concurrent batches, a failure
+// retried in place): each key's effects happen in offset order.
+func TestPerKeyOrderThroughThePipeline(t *testing.T) {
+	e := newPGEffects(t)
+	bs := brokers(t)
+	const parts = 2
+	topic := newTopic(t, bs, parts)
+	group := "g-" + randomHex(4)
+	const n, keys = 400, 12
+	// Body {"n":i}; key i%keys: within a key, n grows with the offset.
+	publishN(t, bs, topic, "order", n, func(i int) string { return "key-" + strconv.Itoa(i%keys) })
+	var mu sync.Mutex
+	last := map[string]int{}
+	failed := map[int]bool{}
+	var violations []string
+	h := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		var i int
+		if _, err := fmt.Sscanf(string(m.Body), `{"n":%d}`, &i); err != nil {
+			return core.Permanent(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if i%17 == 3 && !failed[i] { // fails once: retried in place
+			failed[i] = true
+			return errors.New("transient")
+		}
+		if prev, ok := last[m.Key]; ok && prev >= i {
+			violations = append(violations, fmt.Sprintf("%s: %d after %d", m.Key, i, prev))
+		}
+		last[m.Key] = i
+		return e.apply(ctx, tx, m)
+	}
+	c := startConsumer(t, openSource(t, bs, topic, group), e, h,
+		core.WithBatchSize(8), core.WithConcurrency(3), core.WithWindow(48), core.WithBackoff(core.ConstantBackoff(30*time.Millisecond)))
+	waitUntil(t, 60*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, parts)
+	})
+	c.shutdown(t)
+	st := c.c.Stats()
+	t.Logf("stats %+v, %d failures retried", st, len(failed))
+	if len(violations) > 0 {
+		t.Errorf("per-key order broken %d times: %v", len(violations), violations[:min(5, len(violations))])
+	}
+	if st.Retried != int64(len(failed)) || len(failed) == 0 {
+		t.Errorf("Retried %d, want %d", st.Retried, len(failed))
+	}
+	if rows, ids := e.counts(t); rows != n || ids != n {
+		t.Errorf("%d effects for %d ids, want %d", rows, ids, n)
+	}
+}

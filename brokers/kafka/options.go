@@ -251,7 +251,9 @@ func WithDeadLetterTopic(topic string) Option {
 // write, and mark the original done, instead of retrying in place. The
 // Source then also consumes topic in the same group and holds each copy
 // until its time. Use it when one failing message must not hold up its
-// partition's committed offset. Default: retry in place.
+// partition's committed offset. A retried message then no longer holds up
+// later messages of its key: per-key order is given up for it. Default:
+// retry in place.
 func WithRetryTopic(topic string) Option {
 	return func(c *config) error {
 		if err := checkTopic(topic); err != nil {
