@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -23,7 +22,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -35,7 +33,6 @@ import (
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/middleware/recovery"
-	"github.com/idemq/idemq/stores/sqlite"
 )
 
 type settings struct {
@@ -50,6 +47,8 @@ type settings struct {
 	visibility    time.Duration
 	seed          uint64
 	dir           string
+	store         string
+	keep          bool
 	progress      bool
 }
 
@@ -87,6 +86,8 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.DurationVar(&s.visibility, "visibility", time.Second, "how long an unacknowledged delivery stays leased before redelivery")
 	fs.Uint64Var(&s.seed, "seed", 1, "seed for payments and injected faults (a run is reproducible from it)")
 	fs.StringVar(&s.dir, "dir", "", "directory for the SQLite files (default: a temporary directory, removed afterwards)")
+	fs.StringVar(&s.store, "store", "", "store URL: postgres://…, mysql://… or sqlite://path (default: a fresh SQLite file per run); each run gets its own tables and consumer name")
+	fs.BoolVar(&s.keep, "keep-tables", false, "keep each run's accounts and ledger tables on a --store database")
 	fs.BoolVar(&s.progress, "progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: quickstart [flags]\n\nPublishes payments with injected faults to the in-process broker, consumes them\nexactly once into SQLite balances, and checks every balance.\n\nFlags:\n")
@@ -147,11 +148,15 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 		dir = tmp
 	}
 	payments := makePayments(s)
-	fmt.Fprintf(out, "idemq quickstart: %d payments over %d accounts; faults: %.0f%% duplicate publishes, %.1f%% lost acks, %.1f%% crashes between commit and ack, %.1f%% failing handlers (seed %d)\n\n",
-		s.messages, s.accounts, 100*s.duplicates, 100*s.loseAcks, 100*s.crashes, 100*s.handlerErrors, s.seed)
+	where := "SQLite"
+	if s.store != "" {
+		where = core.Redact(s.store)
+	}
+	fmt.Fprintf(out, "idemq quickstart into %s: %d payments over %d accounts; faults: %.0f%% duplicate publishes, %.1f%% lost acks, %.1f%% crashes between commit and ack, %.1f%% failing handlers (seed %d)\n\n",
+		where, s.messages, s.accounts, 100*s.duplicates, 100*s.loseAcks, 100*s.crashes, 100*s.handlerErrors, s.seed)
 	var results []result
 	for _, b := range s.batchSizes {
-		r, err := runOnce(ctx, s, b, payments, filepath.Join(dir, fmt.Sprintf("batch-%d.db", b)))
+		r, err := runStore(ctx, s, b, payments, storeURL(s, dir, b))
 		if err != nil {
 			return false, fmt.Errorf("batch size %d: %w", b, err)
 		}
@@ -197,21 +202,27 @@ func failsFirstTime(seed uint64, id string, rate float64) bool {
 	return float64(h.Sum64()%1_000_000) < rate*1_000_000
 }
 
-func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbPath string) (result, error) {
-	r := result{batch: batch}
-	store, err := sqlite.Open(ctx, dbPath)
+// runStore opens the store of one run and runs it with the handler for the
+// store's transaction type.
+func runStore(ctx context.Context, s settings, batch int, payments []payment, url string) (result, error) {
+	if strings.HasPrefix(url, "postgres:") || strings.HasPrefix(url, "postgresql:") {
+		b, err := openPostgres(ctx, url, s.keep)
+		if err != nil {
+			return result{batch: batch}, err
+		}
+		defer b.close()
+		return runOnce(ctx, s, batch, payments, b)
+	}
+	b, err := openSQL(ctx, url, s.keep)
 	if err != nil {
-		return r, err
+		return result{batch: batch}, err
 	}
-	defer store.Close()
-	db := store.DB()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE accounts (account TEXT PRIMARY KEY, balance_cents INTEGER NOT NULL DEFAULT 0);
-		CREATE TABLE ledger (message_id TEXT NOT NULL, account TEXT NOT NULL, amount_cents INTEGER NOT NULL)`); err != nil {
-		return r, fmt.Errorf("creating tables: %w", err)
-	}
-	// ledger has no unique key on purpose: only idemq stands between a
-	// duplicate and a double charge.
+	defer b.close()
+	return runOnce(ctx, s, batch, payments, b)
+}
 
+func runOnce[Tx any](ctx context.Context, s settings, batch int, payments []payment, be *backend[Tx]) (result, error) {
+	r := result{batch: batch}
 	broker, err := memory.NewBroker(memory.WithSeed(s.seed), memory.WithVisibilityTimeout(s.visibility),
 		memory.WithFaults(memory.Faults{DuplicatePublish: s.duplicates}))
 	if err != nil {
@@ -232,7 +243,7 @@ func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbP
 	}
 	r.published = broker.Stats(queue).Published
 
-	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	handler := func(ctx context.Context, tx Tx, m *core.Message) error {
 		var p payment
 		if err := json.Unmarshal(m.Body, &p); err != nil || p.Account == "" {
 			return core.Permanent(fmt.Errorf("undecodable payment: %v", err))
@@ -240,12 +251,7 @@ func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbP
 		if m.Attempt == 1 && failsFirstTime(s.seed, m.ID, s.handlerErrors) {
 			return errors.New("injected transient failure (e.g. a lock timeout)")
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO ledger (message_id, account, amount_cents) VALUES (?, ?, ?)`, m.ID, p.Account, p.Amount); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO accounts (account, balance_cents) VALUES (?, ?)
-			ON CONFLICT (account) DO UPDATE SET balance_cents = balance_cents + excluded.balance_cents`, p.Account, p.Amount)
-		return err
+		return be.handler(ctx, tx, m.ID, p)
 	}
 
 	var bar *progressbar.ProgressBar
@@ -255,10 +261,11 @@ func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbP
 			progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil)) // the table tells the story
+	consumer := "quickstart-" + randomSuffix()               // a fresh dedup key space per run
 	start := time.Now()
-	res, err := memory.Drain(ctx, broker, queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.New[*sql.Tx](sub, store, handler,
-			core.WithName("quickstart"), core.WithBatchSize(batch), core.WithConcurrency(s.concurrency),
+	res, err := memory.Drain(ctx, broker, queue, func(sub *memory.Subscription) (*core.Consumer[Tx], error) {
+		return core.New[Tx](sub, be.store, handler,
+			core.WithName(consumer), core.WithBatchSize(batch), core.WithConcurrency(s.concurrency),
 			core.WithBackoff(core.ExponentialBackoff{Initial: 5 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}),
 			core.WithHandlerMiddleware(recovery.New(logger)), core.WithLogger(logger),
 			core.WithMiddleware(countProcessed(bar)))
@@ -272,7 +279,7 @@ func runOnce(ctx context.Context, s settings, batch int, payments []payment, dbP
 	if bar != nil {
 		_ = bar.Finish()
 	}
-	return r, verify(ctx, db, payments, broker.Stats(queue), &r)
+	return r, verify(ctx, be, payments, broker.Stats(queue), &r)
 }
 
 // countProcessed is decision middleware feeding the progress bar.
@@ -288,27 +295,13 @@ func countProcessed(bar *progressbar.ProgressBar) core.Middleware {
 	}
 }
 
-func verify(ctx context.Context, db *sql.DB, payments []payment, st memory.Stats, r *result) error {
+func verify[Tx any](ctx context.Context, be *backend[Tx], payments []payment, st memory.Stats, r *result) error {
 	want := map[string]int64{}
 	for _, p := range payments {
 		want[p.Account] += p.Amount
 	}
-	rows, err := db.QueryContext(ctx, `SELECT account, balance_cents FROM accounts`)
+	got, err := be.balances(ctx)
 	if err != nil {
-		return err
-	}
-	got := map[string]int64{}
-	for rows.Next() {
-		var a string
-		var b int64
-		if err := rows.Scan(&a, &b); err != nil {
-			rows.Close()
-			return err
-		}
-		got[a] = b
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
 	for a, w := range want {
@@ -321,14 +314,8 @@ func verify(ctx context.Context, db *sql.DB, payments []payment, st memory.Stats
 			r.wrongBalances++
 		}
 	}
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM ledger`).Scan(&r.ledgerRows); err != nil {
-		return err
-	}
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT message_id FROM ledger GROUP BY message_id HAVING count(*) > 1)`).Scan(&r.doubleApplied); err != nil {
-		return err
-	}
 	var distinct int
-	if err := db.QueryRowContext(ctx, `SELECT count(DISTINCT message_id) FROM ledger`).Scan(&distinct); err != nil {
+	if r.ledgerRows, r.doubleApplied, distinct, err = be.ledger(ctx); err != nil {
 		return err
 	}
 	r.lost = len(payments) - distinct + st.Ready + st.Delayed + st.InFlight

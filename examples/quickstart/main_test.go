@@ -3,11 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
+	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/core"
 )
 
 // The quickstart is the project's main job: it must stay correct under its
@@ -41,5 +49,66 @@ func TestQuickstartFlags(t *testing.T) {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("flags %v accepted", bad)
 		}
+	}
+}
+
+// serviceURL returns the URL in env (or def) or skips the test naming the
+// variable, unless IDEMQ_REQUIRE_SERVICES=1 makes that a failure.
+func serviceURL(t *testing.T, env, def string, ping func(string) error) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" {
+		u = def
+	}
+	if err := ping(u); err != nil {
+		msg := fmt.Sprintf("%s unreachable (%v); set %s", env, err, env)
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return u
+}
+
+// The quickstart pointed at the real Postgres and MariaDB with --store.
+func TestQuickstartOnServerStores(t *testing.T) {
+	ping := func(u string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if strings.HasPrefix(u, "postgres") {
+			s, err := core.OpenStore[pgx.Tx](ctx, u)
+			if err == nil {
+				s.(interface{ Close() error }).Close()
+			}
+			return err
+		}
+		s, err := core.OpenStore[*sql.Tx](ctx, u)
+		if err == nil {
+			s.(interface{ Close() error }).Close()
+		}
+		return err
+	}
+	for _, tc := range []struct{ env, def string }{
+		{"IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"},
+		{"IDEMQ_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			u := serviceURL(t, tc.env, tc.def, ping)
+			if !strings.Contains(u, "://") { // a go-sql-driver DSN
+				u = "mysql://" + strings.Replace(strings.Replace(u, "tcp(", "", 1), ")", "", 1)
+			}
+			s, err := parseFlags([]string{"-n", "800", "-batch", "1,40", "-store", u, "-visibility", "300ms", "-progress=false"}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			ok, err := run(context.Background(), s, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok || !strings.Contains(out.String(), "OK: every account balance equals the expected one") {
+				t.Fatalf("quickstart on %s failed:\n%s", core.Redact(u), out.String())
+			}
+		})
 	}
 }
