@@ -862,3 +862,42 @@ func TestSettlementFailuresAreReported(t *testing.T) {
 		t.Errorf("Ack after a failed AckBatch = %v, want ErrAlreadySettled (the broker redelivers it)", err)
 	}
 }
+
+// TestFIFODeadLetter parks a FIFO message in a FIFO dead-letter queue: the
+// copy keeps its group and carries the cause, source queue and attempt.
+func TestFIFODeadLetter(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
+	m := &core.Message{ID: "fifo-dl-" + randomHex(4), Key: "customer-9", Body: []byte(`{"x":1}`)}
+	if err := publisher(t, ep, q).Publish(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
+	d := receiveOne(t, s, 10*time.Second)
+	if d.Message().Key != m.Key {
+		t.Errorf("Key = %q, want the group %q", d.Message().Key, m.Key)
+	}
+	if err := d.DeadLetter(context.Background(), core.Permanent(errors.New("bad total"))); err != nil {
+		t.Fatal(err)
+	}
+	var parked []types.Message
+	waitFor(t, 5*time.Second, "the dead letter", func() bool {
+		parked = append(parked, drain(t, ep, dlq.url)...)
+		return len(parked) > 0
+	})
+	p := parked[0]
+	if attr(p, DefaultIDAttribute) != m.ID || !strings.Contains(attr(p, AttributeCause), "bad total") ||
+		attr(p, AttributeSourceQueue) != q.name || attr(p, AttributeAttempt) != "1" {
+		t.Errorf("parked copy attributes: %v", p.MessageAttributes)
+	}
+	if g := p.Attributes["MessageGroupId"]; g != m.Key {
+		t.Errorf("parked copy group %q, want %q", g, m.Key)
+	}
+	if s.Stats().DeadLettered != 1 {
+		t.Errorf("DeadLettered = %d", s.Stats().DeadLettered)
+	}
+	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
+		t.Errorf("the original is still in the queue: %d+%d", vis, inflight)
+	}
+}
