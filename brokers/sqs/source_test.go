@@ -325,11 +325,8 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	if n := calls.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
-	if got := b.c.Stats().Received; got != 0 {
-		t.Errorf("the second consumer received %d messages while the heartbeat ran, want 0", got)
-	}
-	if a.c.Stats().Received != 1 {
-		t.Errorf("first consumer received %d, want 1", a.c.Stats().Received)
+	if ra, rb := a.c.Stats().Received, b.c.Stats().Received; ra != 1 || rb != 0 {
+		t.Errorf("consumers received %d and %d deliveries, want 1 and 0: the message was redelivered while the heartbeat ran", ra, rb)
 	}
 	if ext := s1.Stats().Extended; ext < 3 {
 		t.Errorf("heartbeat extended %d times over 5s at a 2s visibility timeout, want >= 3", ext)
