@@ -159,6 +159,20 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		}
 	}
 
+	if f, ok := txn.(Flusher); ok && broken == nil && applied > 0 {
+		// Statements the handlers queued go now, in one round trip.
+		if ferr := f.Flush(ctx); ferr != nil {
+			if len(won) == 1 {
+				outs[won[0]] = c.handlerFailure(items[won[0]].m, ferr)
+				return nil
+			}
+			for _, i := range won {
+				rerun = append(rerun, []int{i})
+			}
+			return rerun
+		}
+	}
+
 	if broken != nil || applied == 0 {
 		if broken != nil {
 			for _, i := range won {
@@ -207,6 +221,13 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*it
 			}
 		}
 		herr := handler(it.ctx, it.m)
+		if herr == nil && useSavepoints {
+			// Queued statements must run inside the message's savepoint
+			// for a failure to be pinned on it.
+			if f, ok := txn.(Flusher); ok {
+				herr = f.Flush(ctx)
+			}
+		}
 		if herr == nil {
 			if useSavepoints {
 				if err := txn.ReleaseSavepoint(ctx); err != nil {

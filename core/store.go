@@ -112,3 +112,37 @@ func Fingerprint(body []byte) string {
 	sum := sha256.Sum256(body)
 	return hex.EncodeToString(sum[:])
 }
+
+// TableStats describes a store's dedup table for operators (idemq stats).
+type TableStats struct {
+	// Table is the dedup table's name.
+	Table string
+	// Rows is the number of claims kept.
+	Rows int64
+	// SizeBytes is the table's size on disk including indexes, as the
+	// database reports it; 0 when it cannot tell.
+	SizeBytes int64
+	// Consumers has one entry per consumer name, sorted by name.
+	Consumers []ConsumerStats
+}
+
+// ConsumerStats are the claims of one consumer.
+type ConsumerStats struct {
+	Consumer       string
+	Rows           int64
+	Oldest, Newest time.Time
+}
+
+// Inspector is implemented by stores that can describe their dedup table.
+type Inspector interface {
+	Inspect(ctx context.Context) (TableStats, error)
+}
+
+// Flusher is implemented by transactions that queue statements to send in
+// one round trip (Postgres: statements queued by handlers into a pgx.Batch).
+// The Consumer calls Flush after the handlers of a batch and before Commit.
+// A Flush error cannot be pinned on one message, so the Consumer then
+// decides each message of the batch alone, in its own transaction.
+type Flusher interface {
+	Flush(ctx context.Context) error
+}

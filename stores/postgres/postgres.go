@@ -255,20 +255,30 @@ func (s *Store) Begin(ctx context.Context) (core.Txn[pgx.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: begin: %w", err)
 	}
-	return &Txn{tx: tx, s: s}, nil
+	return &Txn{tx: tx, s: s, handle: &queuingTx{Tx: tx}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements
-// core.Txn[pgx.Tx]. It is used by one goroutine at a time.
+// core.Txn[pgx.Tx] and core.Flusher. It is used by one goroutine at a time.
 type Txn struct {
-	tx pgx.Tx
-	s  *Store
+	tx     pgx.Tx
+	s      *Store
+	handle *queuingTx
 }
 
-var _ core.Txn[pgx.Tx] = (*Txn)(nil)
+var (
+	_ core.Txn[pgx.Tx] = (*Txn)(nil)
+	_ core.Flusher     = (*Txn)(nil)
+)
 
-// Tx returns the transaction for the handler's business effect.
-func (t *Txn) Tx() pgx.Tx { return t.tx }
+// Tx returns the transaction for the handler's business effect. It is a
+// pgx.Tx that also takes statements queued with Queue.
+func (t *Txn) Tx() pgx.Tx { return t.handle }
+
+// Flush sends the statements handlers queued with Queue in one round trip.
+// The Consumer calls it before Commit (and, with savepoints, before each
+// release), so a failure is decided like a handler error.
+func (t *Txn) Flush(ctx context.Context) error { return t.handle.flush(ctx) }
 
 // maxReclaims bounds how often Claim retries ids whose conflicting row
 // vanished between the insert and the read-back (pruned, or unclaimed by a
@@ -404,11 +414,10 @@ func (t *Txn) Savepoint(ctx context.Context) error {
 // that aborted the transaction, and removes the savepoint (ROLLBACK TO
 // keeps it; releasing it keeps one savepoint alive at a time).
 func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
-	if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idemq_sp"); err != nil {
+	t.handle.discard() // the failed handler's queued statements go too
+	// One round trip: without arguments pgx sends both in one simple query.
+	if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idemq_sp; RELEASE SAVEPOINT idemq_sp"); err != nil {
 		return fmt.Errorf("postgres: rollback to savepoint: %w", err)
-	}
-	if _, err := t.tx.Exec(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("postgres: release savepoint after rollback: %w", err)
 	}
 	return nil
 }
@@ -434,6 +443,7 @@ func (t *Txn) Commit(ctx context.Context) error {
 // the connection is already gone (the server then aborted the transaction),
 // it does nothing and returns nil.
 func (t *Txn) Rollback(ctx context.Context) error {
+	t.handle.discard()
 	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		// pgx closes a connection whose rollback failed; the server aborts
 		// the transaction of a closed connection, so it is rolled back.
