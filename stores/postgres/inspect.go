@@ -1,0 +1,43 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idemq/idemq/core"
+	"github.com/jackc/pgx/v5"
+)
+
+var _ core.Inspector = (*Store)(nil)
+
+// Inspect describes the dedup table for operators (idemq stats): claims
+// and oldest/newest processed_at per consumer, and the table's size on
+// disk with its indexes (summed over partitions for a table made
+// WithPartitions). It counts every row, so on a very large table it takes
+// as long as a sequential scan; it takes no locks that block claims.
+func (s *Store) Inspect(ctx context.Context) (core.TableStats, error) {
+	st := core.TableStats{Table: s.cfg.table}
+	wrap := func(err error) error { return fmt.Errorf("postgres: inspect %s: %w", s.cfg.table, err) }
+	rows, err := s.pool.Query(ctx, `SELECT consumer, count(*), min(processed_at), max(processed_at)
+FROM `+s.cfg.table+` GROUP BY consumer ORDER BY consumer`)
+	if err != nil {
+		return st, wrap(err)
+	}
+	var c core.ConsumerStats
+	_, err = pgx.ForEachRow(rows, []any{&c.Consumer, &c.Rows, &c.Oldest, &c.Newest}, func() error {
+		st.Consumers = append(st.Consumers, c)
+		st.Rows += c.Rows
+		return nil
+	})
+	if err != nil {
+		return st, wrap(err)
+	}
+	// A partitioned parent has no storage of its own: add its partitions
+	// (pg_partition_tree lists none for a plain table).
+	if err := s.pool.QueryRow(ctx, `SELECT (pg_total_relation_size($1::regclass) + COALESCE(
+	(SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass) WHERE relid <> $1::regclass), 0))::bigint`,
+		s.cfg.table).Scan(&st.SizeBytes); err != nil {
+		return st, wrap(err)
+	}
+	return st, nil
+}
