@@ -1,0 +1,32 @@
+// Package benchmark measures idemq against hand-written consumers on the
+// same data and the same business effect, in one run, as issue 10 asks:
+// the seed pattern on the raw drivers (one transaction per message, at
+// prefetch 5 with one worker and at prefetch 100 with 8 workers), a
+// hand-tuned batch consumer (one multi-row claim, one set-based UPDATE,
+// one commit, one multiple ack per batch), the broker alone (consume and
+// ack, no database), and idemq at batch size 1 and in batch mode (a
+// per-message handler with postgres.Queue, and a set-based BatchHandler).
+//
+// Every run publishes Config.N messages plus Config.Duplicates × N copies
+// of recent ones to a fresh queue, each a JSON payment
+// {"account": "acc-17", "amount_cents": 1250} with its business id as the
+// AMQP message_id; the effect is
+//
+//	UPDATE accounts SET balance_cents = balance_cents + $amount WHERE account = $account
+//
+// on pre-created accounts, in the same transaction as the claim. The
+// backlog is consumed and timed (msgs/s); then a paced phase publishes
+// Config.LatencyMessages more at Config.LatencyRate, each stamped with its
+// publish time, and the time from publish to decision gives p50/p99 (at
+// the commit for the baselines, in a decision middleware for idemq).
+// After every run the balances are compared with the expected sums and
+// the dedup table must hold exactly one row per unique id: a run that
+// breaks either is reported FAILED, never as a number.
+//
+// Run returns a Report that prints as a table (WriteTable), as JSON
+// (WriteJSON) and as a bar chart (WritePNG). The `idemq bench` command is a
+// thin front end to Run.
+//
+// The scenarios MemoryScenario and GrowthScenario (issue 10, targets 4 and
+// 5) are slow and run only when named in Config.Configs.
+package benchmark
