@@ -1,0 +1,331 @@
+// Command payments is idemq's reference service: a payment consumer a team
+// can copy. The broker and the store are chosen by URL at start-up, so the
+// same binary serves RabbitMQ, Kafka, SQS (or the in-process mem://) into
+// PostgreSQL, MySQL/MariaDB or SQLite, and its handlers never mention a
+// broker.
+//
+//	go run ./examples/payments --broker 'amqp://guest:guest@localhost:5672/?queue=payments' \
+//	    --store 'postgres://postgres@localhost:5432/test'
+//	go run ./examples/payments --broker 'kafka://localhost:9092/payments?group=payments' --store …
+//	go run ./examples/payments --broker 'sqs://payments?endpoint=http://localhost:9324&region=us-east-1' --store …
+//
+// Each message's body is JSON like {"account": "acc-17", "amount_cents": 1250};
+// its id is the producer's business id (the AMQP message_id property, the
+// Kafka header or SQS message attribute "message-id"). In one transaction
+// per message (or per batch, --batch) the service claims the id, inserts a
+// row into ledger(account, amount_cents, message_id) — a table with no
+// unique constraint, so only idemq stands between a duplicate and a double
+// charge — and adds the amount to accounts(account, balance_cents). It
+// creates its tables on start, logs every decision, stops gracefully on
+// SIGTERM or SIGINT (in-flight messages finish, the rest stay unacked), and
+// may be killed with SIGKILL at any moment: the broker redelivers what was
+// not acknowledged and the claim turns what was already committed into a
+// Duplicate.
+//
+//	go run ./examples/payments --broker URL --store URL --publish 20000 --duplicates 0.2 --seed 7
+//
+// publishes test traffic to the same broker URL instead (deterministic
+// from the seed: a test can compute every expected balance) and exits.
+//
+// Exit codes: 0 on a clean stop (or a complete --publish), 1 on failure, 2
+// on bad flags.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/middleware/logging"
+	"github.com/idemq/idemq/middleware/recovery"
+
+	// Every broker adapter and store registers its URL scheme: the
+	// deployment's URLs, not this code, pick them.
+	_ "github.com/idemq/idemq/brokers/kafka"
+	_ "github.com/idemq/idemq/brokers/memory"
+	_ "github.com/idemq/idemq/brokers/rabbitmq"
+	_ "github.com/idemq/idemq/brokers/sqs"
+)
+
+// settings are the parsed command-line flags.
+type settings struct {
+	broker, store, consumer, tables string
+	batch, concurrency              int
+	shutdown                        time.Duration
+	logLevel                        slog.Level
+	publish                         int
+	duplicates                      float64
+	seed                            uint64
+	accounts                        int
+}
+
+func main() {
+	s, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payments:", err)
+		os.Exit(2)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: s.logLevel}))
+	// SIGTERM/SIGINT cancel ctx: the consumer stops receiving, finishes
+	// what it holds within --shutdown-timeout and leaves the rest unacked.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if s.publish > 0 {
+		err = publish(ctx, s, os.Stdout)
+	} else {
+		err = serve(ctx, s, logger)
+	}
+	if err != nil {
+		// Errors from opening URLs are already redacted by core; redact
+		// again in case a driver error quoted a URL.
+		msg := core.RedactError(err, s.broker)
+		msg = core.RedactError(errors.New(msg), s.store)
+		logger.Error("payments: " + msg)
+		os.Exit(1)
+	}
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,40}$`)
+
+func parseFlags(args []string, stderr io.Writer) (settings, error) {
+	fs := flag.NewFlagSet("payments", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var s settings
+	level := "info"
+	fs.StringVar(&s.broker, "broker", "", "broker URL: amqp://…?queue=Q, kafka://host:port/topic?group=G, sqs://queue?…, mem://queue (required)")
+	fs.StringVar(&s.store, "store", "", "store URL: postgres://…, mysql://…, sqlite://path (required; ?table= names the dedup table)")
+	fs.StringVar(&s.consumer, "consumer", "payments", "consumer name: the first half of the dedup key")
+	fs.StringVar(&s.tables, "tables", "", "prefix for the ledger and accounts tables (letters, digits, _)")
+	fs.IntVar(&s.batch, "batch", 1, "messages per transaction (1: one transaction per message)")
+	fs.IntVar(&s.concurrency, "concurrency", 1, "batches processed at once, each in its own transaction")
+	fs.DurationVar(&s.shutdown, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight messages may take before they are rolled back and left unacked")
+	fs.StringVar(&level, "log-level", level, "debug, info, warn or error; each decision is logged at info (duplicate: info, retry: warn, dead letter: error)")
+	fs.IntVar(&s.publish, "publish", 0, "publish N test messages (duplicates included) to --broker and exit, instead of consuming")
+	fs.Float64Var(&s.duplicates, "duplicates", 0.2, "with --publish: fraction of the N messages that repeat an earlier message (same id, same body)")
+	fs.Uint64Var(&s.seed, "seed", 1, "with --publish: seed of the traffic (ids, accounts and amounts follow from it)")
+	fs.IntVar(&s.accounts, "accounts", 50, "with --publish: accounts the payments spread over")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: payments --broker URL --store URL [--consumer NAME] [flags]
+       payments --broker URL --publish N [--duplicates 0.2] [--seed S]
+
+Consumes payment messages exactly once into a ledger and account balances,
+or (--publish) produces test traffic. Credentials in URLs are never logged.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return s, err
+	}
+	if fs.NArg() > 0 {
+		return s, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := s.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return s, fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
+	}
+	switch {
+	case s.broker == "":
+		return s, errors.New("--broker: required")
+	case s.store == "" && s.publish == 0:
+		return s, errors.New("--store: required (unless --publish)")
+	case s.consumer == "":
+		return s, errors.New("--consumer: must not be empty")
+	case s.tables != "" && !identifier.MatchString(s.tables):
+		return s, fmt.Errorf("--tables: %q is not a table name prefix (letters, digits, _; at most 41)", s.tables)
+	case s.batch < 1:
+		return s, fmt.Errorf("--batch: %d must be at least 1", s.batch)
+	case s.concurrency < 1:
+		return s, fmt.Errorf("--concurrency: %d must be at least 1", s.concurrency)
+	case s.shutdown <= 0:
+		return s, fmt.Errorf("--shutdown-timeout: %v must be positive", s.shutdown)
+	case s.publish < 0:
+		return s, fmt.Errorf("--publish: %d must not be negative", s.publish)
+	case !(s.duplicates >= 0 && s.duplicates < 1):
+		return s, fmt.Errorf("--duplicates: %v is not a fraction in [0, 1)", s.duplicates)
+	case s.accounts < 1:
+		return s, fmt.Errorf("--accounts: %d must be at least 1", s.accounts)
+	}
+	if s.store != "" {
+		if _, err := dialectOf(s.store); err != nil {
+			return s, fmt.Errorf("--store: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// payment is a message body.
+type payment struct {
+	Account     string `json:"account"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+// decode reads a body; a body that can never be applied is a permanent
+// error (dead-lettered at once, with the cause), not a retry.
+func decode(body []byte) (payment, error) {
+	var p payment
+	if err := json.Unmarshal(body, &p); err != nil {
+		return p, core.Permanent(fmt.Errorf("payment body: %w", err))
+	}
+	if p.Account == "" || len(p.Account) > 255 {
+		return p, core.Permanent(errors.New("payment body: account must be 1 to 255 bytes"))
+	}
+	if p.AmountCents == 0 {
+		return p, core.Permanent(errors.New("payment body: amount_cents must not be 0"))
+	}
+	return p, nil
+}
+
+// serve opens the store and the broker by URL and runs the consumer until
+// ctx is cancelled.
+func serve(ctx context.Context, s settings, logger *slog.Logger) error {
+	logger.Info("payments: starting", "broker", core.Redact(s.broker), "store", core.Redact(s.store),
+		"consumer", s.consumer, "batch", s.batch, "concurrency", s.concurrency)
+	d, _ := dialectOf(s.store)
+	if d == dialectPostgres {
+		b, err := openPostgres(ctx, s)
+		if err != nil {
+			return err
+		}
+		defer b.close()
+		return consume(ctx, s, logger, b)
+	}
+	b, err := openSQL(ctx, s, d)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	return consume(ctx, s, logger, b)
+}
+
+// consume is the broker-neutral part: it works for every store through its
+// transaction type Tx and for every broker through core.Source.
+func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *backend[Tx]) error {
+	src, err := core.OpenSource(ctx, s.broker)
+	if err != nil {
+		return err
+	}
+	c, err := core.New(src, b.store, b.charge,
+		core.WithName(s.consumer),
+		core.WithBatchSize(s.batch),
+		core.WithConcurrency(s.concurrency),
+		core.WithShutdownTimeout(s.shutdown),
+		core.WithLogger(logger),
+		core.WithMiddleware(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))),
+		core.WithHandlerMiddleware(recovery.New(logger)))
+	if err != nil {
+		src.Close()
+		return err
+	}
+	err = c.Run(ctx)
+	st := c.Stats()
+	logger.Info("payments: stopped", "received", st.Received, "processed", st.Processed, "duplicates", st.Duplicates,
+		"retried", st.Retried, "dead_lettered", st.DeadLettered, "unsettled", st.Unsettled)
+	return err
+}
+
+// publish sends s.publish messages, s.duplicates of them repeats of earlier
+// ones, to the broker URL.
+func publish(ctx context.Context, s settings, out io.Writer) error {
+	// Opening the consumer side first declares what the broker needs (the
+	// RabbitMQ queue; Kafka and SQS check that the topic or queue exists),
+	// so no published message is unroutable.
+	src, err := core.OpenSource(ctx, s.broker)
+	if err != nil {
+		return err
+	}
+	src.Close()
+	pub, err := core.OpenPublisher(ctx, s.broker)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	sends, unique := traffic(s.seed, s.publish, s.duplicates, s.accounts)
+	const chunk = 500
+	for start := 0; start < len(sends); start += chunk {
+		end := min(start+chunk, len(sends))
+		msgs := make([]*core.Message, 0, end-start)
+		for _, p := range sends[start:end] {
+			body, _ := json.Marshal(p.payment)
+			msgs = append(msgs, &core.Message{ID: p.id, Body: body, Key: p.Account})
+		}
+		if err := pub.Publish(ctx, msgs...); err != nil {
+			return fmt.Errorf("publishing messages %d to %d: %w", start, end-1, err)
+		}
+	}
+	fmt.Fprintf(out, "published %d messages to %s: %d unique payments, %d duplicates (seed %d)\n",
+		len(sends), core.Redact(s.broker), len(unique), len(sends)-len(unique), s.seed)
+	return nil
+}
+
+// sent is one published payment with its business id.
+type sent struct {
+	id string
+	payment
+}
+
+// traffic returns the n messages --publish sends, in order, and the unique
+// payments among them. It depends on its arguments alone, so a test
+// computes the expected balances from the same seed.
+func traffic(seed uint64, n int, duplicates float64, accounts int) (sends, unique []sent) {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	for range n {
+		if len(unique) > 0 && rng.Float64() < duplicates {
+			// A repeat of a recent message, as a producer retry would send.
+			back := min(len(unique), 500)
+			sends = append(sends, unique[len(unique)-1-rng.IntN(back)])
+			continue
+		}
+		p := sent{
+			id: fmt.Sprintf("pay-%d-%07d", seed, len(unique)),
+			payment: payment{
+				Account:     fmt.Sprintf("acc-%d", rng.IntN(accounts)),
+				AmountCents: 1 + rng.Int64N(100_000),
+			},
+		}
+		unique = append(unique, p)
+		sends = append(sends, p)
+	}
+	return sends, unique
+}
+
+type dialect int
+
+const (
+	dialectPostgres dialect = iota + 1
+	dialectMySQL
+	dialectSQLite
+)
+
+// dialectOf tells the store's SQL dialect from its URL scheme.
+func dialectOf(storeURL string) (dialect, error) {
+	u, err := url.Parse(storeURL)
+	if err != nil {
+		return 0, fmt.Errorf("invalid URL %s", core.Redact(storeURL))
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "postgres", "postgresql":
+		return dialectPostgres, nil
+	case "mysql":
+		return dialectMySQL, nil
+	case "sqlite":
+		return dialectSQLite, nil
+	}
+	return 0, fmt.Errorf("scheme %q: this service has handlers for postgres://, mysql:// and sqlite://", u.Scheme)
+}
