@@ -184,5 +184,8 @@ func idemqRunner(opts ...core.Option) runner {
 		if err := <-done; err != nil {
 			b.Fatal(err)
 		}
+		st := src.Stats()
+		b.ReportMetric(float64(st.ReceiveCalls)/float64(total), "receives/msg")
+		b.ReportMetric(float64(st.DeleteCalls)/float64(total), "deletes/msg")
 	}
 }

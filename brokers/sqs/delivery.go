@@ -116,15 +116,38 @@ func (d *delivery) claim() error {
 	return d.wrap(ErrAlreadySettled)
 }
 
-// Ack deletes the message by its receipt handle (one DeleteMessageBatch
-// entry, retried as AckBatch retries).
+// Ack deletes the message by its receipt handle: a DeleteMessageBatch
+// entry, retried as AckBatch retries, sent together with other Acks made
+// at the same time.
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.claim(); err != nil {
 		return err
 	}
-	failed := d.src.deleteBatch(ctx, []*delivery{d})
-	d.src.finish(d, outcomeDone)
-	if err := failed[d]; err != nil {
+	s := d.src
+	var err error
+	handed := false
+	if s.deleting.Load() {
+		req := ackReq{d: d, done: make(chan error, 1)}
+		select {
+		case s.acks <- req:
+			handed = true
+			select {
+			case err = <-req.done:
+			case <-ctx.Done():
+				// The delete is still sent; the caller stops waiting.
+				err = ctx.Err()
+			}
+		case <-s.ctx.Done():
+		case <-ctx.Done():
+			err = ctx.Err()
+			handed = true // not sent: SQS redelivers it
+		}
+	}
+	if !handed {
+		err = s.deleteBatch(ctx, []*delivery{d})[d]
+	}
+	s.finish(d, outcomeDone)
+	if err != nil {
 		return d.wrap(fmt.Errorf("delete: %w", err))
 	}
 	return nil
@@ -271,6 +294,7 @@ func (s *Source) deleteBatch(ctx context.Context, ds []*delivery) map[*delivery]
 		for i, d := range chunk {
 			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(d.receipt)}
 		}
+		s.stats.deleteCalls.Add(1)
 		out, err := s.cl.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.q.url), Entries: entries})
 		if err != nil {
 			return nil, err

@@ -52,6 +52,7 @@ type config struct {
 	deadLetterMode    DeadLetterMode
 	releaseOnClose    bool
 	closeTimeout      time.Duration
+	receiveLinger     time.Duration
 	settleRetries     int
 	logger            *slog.Logger
 	receiveErrorPause time.Duration
@@ -77,6 +78,7 @@ func defaultConfig() config {
 		deadLetterMode:    DeadLetterSend,
 		releaseOnClose:    true,
 		closeTimeout:      20 * time.Second,
+		receiveLinger:     50 * time.Millisecond,
 		settleRetries:     3,
 		logger:            slog.Default(),
 		receiveErrorPause: 100 * time.Millisecond,
@@ -109,6 +111,21 @@ func WithWindow(n int) Option {
 			return optErr("WithWindow", "%d must be at least 1", n)
 		}
 		c.window = n
+		return nil
+	}
+}
+
+// WithReceiveLinger sets how long a receiver, while other received
+// messages are still unsettled, waits for room for half the window before
+// it polls for less: fewer, fuller ReceiveMessage calls (SQS bills per
+// request) at the price of that delay when handlers are slow. Default
+// 50ms; 0 polls as soon as any room frees. Must be 0..1s.
+func WithReceiveLinger(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 || d > time.Second {
+			return optErr("WithReceiveLinger", "%v is outside 0..1s", d)
+		}
+		c.receiveLinger = d
 		return nil
 	}
 }

@@ -61,6 +61,8 @@ type Source struct {
 	pollStop context.CancelFunc
 	wg       sync.WaitGroup
 	errs     chan error    // receive trouble for Receive to report, never blocks
+	acks     chan ackReq   // single Acks for the deleters to coalesce
+	deleting atomic.Bool   // deleters run: Ack may hand over to them
 	avail    chan struct{} // signalled when ready grows
 	space    chan struct{} // signalled when held shrinks
 
@@ -75,7 +77,7 @@ type Source struct {
 	orphans []*delivery            // received after Close, to release
 
 	stats struct {
-		received, extended, heartbeatFailures, released, settleRetries, deadLettered, heldBack atomic.Int64
+		received, extended, heartbeatFailures, released, settleRetries, deadLettered, heldBack, deleteCalls, receiveCalls atomic.Int64
 	}
 }
 
@@ -98,6 +100,9 @@ type Stats struct {
 	// HeldBack counts FIFO messages held back until the earlier message
 	// of their group received with them was settled.
 	HeldBack int64
+	// ReceiveCalls and DeleteCalls count ReceiveMessage and
+	// DeleteMessageBatch requests (SQS bills per request).
+	ReceiveCalls, DeleteCalls int64
 }
 
 var (
@@ -140,6 +145,7 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 		cfg:    cfg,
 		vis:    q.visibility,
 		errs:   make(chan error, 1),
+		acks:   make(chan ackReq),
 		avail:  make(chan struct{}, 1),
 		space:  make(chan struct{}, 1),
 		window: cfg.window,
@@ -209,6 +215,8 @@ func (s *Source) Stats() Stats {
 		SettleRetries:     s.stats.settleRetries.Load(),
 		DeadLettered:      s.stats.deadLettered.Load(),
 		HeldBack:          s.stats.heldBack.Load(),
+		ReceiveCalls:      s.stats.receiveCalls.Load(),
+		DeleteCalls:       s.stats.deleteCalls.Load(),
 	}
 }
 
@@ -258,6 +266,11 @@ func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
 			s.wg.Add(1)
 			go s.heartbeat()
 		}
+		s.wg.Add(ackDeleters)
+		for range ackDeleters {
+			go s.deleter()
+		}
+		s.deleting.Store(true)
 	}
 	s.mu.Unlock()
 	for {
@@ -298,24 +311,39 @@ func signal(c chan struct{}) {
 	}
 }
 
-// reserve waits for room in the window and takes up to max slots.
+// reserve waits for room in the window and takes up to max slots. While
+// other received messages are unsettled (keeping the consumer busy) it waits
+// up to WithReceiveLinger for room for half a window (or max), so that each
+// ReceiveMessage call brings several messages instead of one per settled
+// message (SQS bills per request); then it polls for whatever room there is.
 func (s *Source) reserve(max int) (int, bool) {
+	var lingering time.Time // when room appeared but was short of half a window
 	for {
+		var wait <-chan time.Time
 		s.mu.Lock()
 		room := s.window - s.held
 		if room > 0 && !s.closed {
-			n := min(room, max)
-			s.held += n
-			more := room > n
-			s.mu.Unlock()
-			if more {
-				signal(s.space) // let another receiver take the rest
+			enough := room >= min(max, (s.window+1)/2) || s.held == 0
+			if !enough && lingering.IsZero() {
+				lingering = time.Now()
 			}
-			return n, true
+			left := s.cfg.receiveLinger - time.Since(lingering)
+			if enough || left <= 0 {
+				n := min(room, max)
+				s.held += n
+				more := room > n
+				s.mu.Unlock()
+				if more {
+					signal(s.space) // let another receiver take the rest
+				}
+				return n, true
+			}
+			wait = time.After(left)
 		}
 		s.mu.Unlock()
 		select {
 		case <-s.space:
+		case <-wait:
 		case <-s.ctx.Done():
 			return 0, false
 		}
@@ -342,6 +370,7 @@ func (s *Source) receiver() {
 		if !ok {
 			return
 		}
+		s.stats.receiveCalls.Add(1)
 		out, err := s.cl.ReceiveMessage(s.pollCtx, &awssqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(s.q.url),
 			MaxNumberOfMessages:         int32(n),
@@ -562,6 +591,55 @@ func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ackDeleters is how many goroutines send the DeleteMessageBatch calls of
+// single Acks.
+const ackDeleters = 2
+
+// ackReq is one single Ack waiting for a deleter.
+type ackReq struct {
+	d    *delivery
+	done chan error
+}
+
+// deleter coalesces single Acks that arrive while it is busy into one
+// DeleteMessageBatch call of up to ten entries. An Ack that finds it idle is
+// sent at once, alone, so coalescing adds no latency; under load (the
+// Consumer settles each message of batch size 1 from its own goroutine) it
+// saves requests, which SQS bills and rate-limits.
+func (s *Source) deleter() {
+	defer s.wg.Done()
+	for {
+		var first ackReq
+		select {
+		case first = <-s.acks:
+		case <-s.ctx.Done():
+			return
+		}
+		reqs := []ackReq{first}
+	more:
+		for len(reqs) < 10 {
+			select {
+			case r := <-s.acks:
+				reqs = append(reqs, r)
+			default:
+				break more
+			}
+		}
+		ds := make([]*delivery, len(reqs))
+		for i, r := range reqs {
+			ds[i] = r.d
+		}
+		// Each Ack was handed over whole; the caller's context bounds its
+		// wait, not the call other Acks share.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		failed := s.deleteBatch(ctx, ds)
+		cancel()
+		for _, r := range reqs {
+			r.done <- failed[r.d]
+		}
+	}
 }
 
 // sleep waits d or until ctx is done; it reports whether d elapsed.

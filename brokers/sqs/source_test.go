@@ -107,6 +107,7 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 		{WithDeadLetterQueue(""), "WithDeadLetterQueue"},
 		{WithDeadLetterMode(7), "WithDeadLetterMode"},
 		{WithCloseTimeout(-1), "WithCloseTimeout"},
+		{WithReceiveLinger(2 * time.Second), "WithReceiveLinger"},
 		{WithSettleRetries(11), "WithSettleRetries"},
 		{WithLogger(nil), "WithLogger"},
 		{WithClient(nil), "WithClient"},
