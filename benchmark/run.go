@@ -2,16 +2,494 @@ package benchmark
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/core"
 )
 
+// runEnv is everything one run of one configuration uses.
+type runEnv struct {
+	cfg      Config
+	rabbit   *rabbit
+	pool     *pgxpool.Pool // the baselines' pool, also used for setup and checks
+	storeURL *url.URL      // Config.Store
+	logger   *slog.Logger
+	w        *workload
+
+	queue, accountsTable, dedupTable, consumer string
+	// ownDedup: the dedup table is made by the run (baselines) or by the
+	// idemq store's Migrate; either way it is dropped after the run unless
+	// keepDedup is set (the growth scenario's prefilled table).
+	keepDedup bool
+}
+
+// idemqStoreURL is Config.Store with the run's dedup table and a pool big
+// enough for conns connections (unless the URL sets its own).
+func (e *runEnv) idemqStoreURL(conns int) string {
+	u := *e.storeURL
+	q := u.Query()
+	q.Set("table", e.dedupTable)
+	if !q.Has("pool_max_conns") {
+		q.Set("pool_max_conns", strconv.Itoa(conns))
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// rawStoreURL is Config.Store without idemq's store parameters, for pgx.
+func rawStoreURL(u *url.URL) string {
+	c := *u
+	q := c.Query()
+	for _, k := range []string{"table", "retention", "partitions"} {
+		q.Del(k)
+	}
+	c.RawQuery = q.Encode()
+	return c.String()
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// session holds what all runs of a Run share.
+type session struct {
+	cfg    Config
+	rabbit *rabbit
+	pool   *pgxpool.Pool
+	store  *url.URL
+	logger *slog.Logger
+	rssHWM bool // VmHWM can be reset through /proc/self/clear_refs
+}
+
+func (s *session) progress(format string, args ...any) {
+	if s.cfg.Progress != nil {
+		fmt.Fprintf(s.cfg.Progress, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+}
+
 // Run measures the configurations cfg names and returns their report. A
-// configuration whose run fails is reported as FAILED in the Report; Run
-// itself fails only when cfg is invalid or a service cannot be reached.
+// configuration whose run fails, or breaks the correctness check, is
+// reported as FAILED in the Report; Run itself fails only when cfg is
+// invalid, a service cannot be reached, or ctx ends (it then returns the
+// report so far as well).
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return nil, errors.New("benchmark: not implemented yet")
+	rb, err := newRabbit(cfg.Broker)
+	if err != nil {
+		return nil, err
+	}
+	su, err := url.Parse(cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("benchmark: Config.Store: not a URL")
+	}
+	pcfg, err := pgxpool.ParseConfig(rawStoreURL(su))
+	if err != nil {
+		return nil, fmt.Errorf("benchmark: Config.Store: %s", core.RedactError(err, cfg.Store))
+	}
+	pcfg.MaxConns = max(pcfg.MaxConns, 12) // 8 seed workers, plus setup and checks
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, fmt.Errorf("benchmark: connecting to %s: %s", core.Redact(cfg.Store), core.RedactError(err, cfg.Store))
+	}
+	defer pool.Close()
+	// Fail early and clearly when the broker is unreachable.
+	if conn, err := dialRaw(rb); err != nil {
+		return nil, fmt.Errorf("benchmark: connecting to %s: %s", core.Redact(cfg.Broker), core.RedactError(err, cfg.Broker))
+	} else {
+		conn.Close()
+	}
+
+	logger := discardLogger
+	if cfg.Progress != nil {
+		logger = slog.New(slog.NewTextHandler(cfg.Progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	s := &session{cfg: cfg, rabbit: rb, pool: pool, store: su, logger: logger}
+	s.rssHWM = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+
+	rep := &Report{Started: time.Now()}
+	rep.Machine = Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(), LoadStart: loadAvg()}
+	var ver string
+	if err := pool.QueryRow(ctx, `SELECT version()`).Scan(&ver); err == nil {
+		if i := strings.Index(ver, " on "); i > 0 {
+			ver = ver[:i]
+		}
+		rep.Machine.Database = ver
+	}
+	rep.Machine.Broker = rb.version()
+	if s.rssHWM {
+		rep.Machine.RSSMethod = "VmHWM of the benchmark process (consumer under test, in-process), reset through /proc/self/clear_refs before each run after a GC; publishing happens before the reset"
+	} else {
+		rep.Machine.RSSMethod = "VmRSS of the benchmark process sampled every 10ms during each run, after a GC before it"
+	}
+	rep.Params = Params{
+		Broker: core.Redact(cfg.Broker), Store: core.Redact(cfg.Store), N: cfg.N, Duplicates: cfg.Duplicates,
+		Deliveries: cfg.N + cfg.duplicates(), Accounts: cfg.Accounts, BatchSize: cfg.BatchSize, BatchWorkers: cfg.BatchWorkers,
+		Repeat: cfg.Repeat, LatencyRate: cfg.LatencyRate, LatencyMessages: cfg.LatencyMessages, Configs: cfg.Configs,
+	}
+	defer func() {
+		rep.Finished = time.Now()
+		rep.Machine.LoadEnd = loadAvg()
+	}()
+
+	var plain []string
+	for _, name := range cfg.Configs {
+		if slices.Contains(DefaultConfigs, name) {
+			plain = append(plain, name)
+			rep.Results = append(rep.Results, &Result{Name: name, Description: Describe(name), Baseline: !strings.HasPrefix(name, "idemq")})
+		}
+	}
+	total := len(plain) * cfg.Repeat
+	k := 0
+	for rnd := 1; rnd <= cfg.Repeat; rnd++ {
+		for _, name := range plain {
+			k++
+			s.progress("[%d/%d] %s, run %d of %d", k, total, name, rnd, cfg.Repeat)
+			res := s.runOne(ctx, name, runSpec{n: cfg.N, dups: cfg.duplicates(), paced: cfg.LatencyMessages})
+			if ctx.Err() != nil {
+				rep.finishAll()
+				return rep, ctx.Err()
+			}
+			s.progress("    %s", res.line())
+			r := rep.result(name)
+			r.Runs = append(r.Runs, res)
+		}
+	}
+	for _, name := range cfg.Configs {
+		var err error
+		switch name {
+		case MemoryScenario:
+			err = s.memoryScenario(ctx, rep)
+		case GrowthScenario:
+			err = s.growthScenario(ctx, rep)
+		}
+		if err != nil && ctx.Err() != nil {
+			rep.finishAll()
+			return rep, ctx.Err()
+		}
+	}
+	rep.finishAll()
+	return rep, nil
+}
+
+func (rep *Report) finishAll() {
+	for _, r := range rep.Results {
+		r.finish()
+	}
+	rep.Ratios = nil
+	rep.addRatios()
+}
+
+func (r RunResult) line() string {
+	if r.Error != "" {
+		return "FAILED: " + r.Error
+	}
+	return fmt.Sprintf("%d deliveries in %.2fs = %.0f msg/s; paced p50 %s p99 %s; peak RSS %s; processed %d, duplicates %d, retried %d, transactions %d",
+		r.Deliveries, r.Seconds, r.MsgsPerSec, fmtLatency(r.P50), fmtLatency(r.P99), fmtBytes(r.PeakRSS), r.Processed, r.Duplicates, r.Retried, r.Batches)
+}
+
+// runSpec is the shape of one run.
+type runSpec struct {
+	n, dups, paced int
+	// dedupTable, when set, is an existing dedup table to use and keep.
+	dedupTable string
+	// whilePaced, when set, runs during the paced phase; the paced phase
+	// then lasts until it returns (at most paced messages).
+	whilePaced func(ctx context.Context) error
+}
+
+// runOne runs one configuration once: fresh queue and tables, backlog
+// published, consumer timed over the backlog, paced phase for latency,
+// correctness check, clean-up.
+func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res RunResult) {
+	suffix := randHex(5)
+	e := &runEnv{
+		cfg: s.cfg, rabbit: s.rabbit, pool: s.pool, storeURL: s.store, logger: s.logger,
+		w:             newWorkload(spec.n, spec.dups, s.cfg.Accounts, 1),
+		queue:         s.rabbit.baseQueue + "-" + suffix,
+		accountsTable: "bench_accounts_" + suffix,
+		dedupTable:    "bench_processed_" + suffix,
+		consumer:      "bench-" + name + "-" + suffix,
+	}
+	if spec.dedupTable != "" {
+		e.dedupTable, e.keepDedup = spec.dedupTable, true
+	}
+	fail := func(format string, args ...any) RunResult {
+		res.Error = fmt.Sprintf(format, args...)
+		return res
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		s.rabbit.remove(e.queue)
+		s.pool.Exec(cctx, `DROP TABLE IF EXISTS `+e.accountsTable)
+		if !e.keepDedup {
+			s.pool.Exec(cctx, `DROP TABLE IF EXISTS `+e.dedupTable)
+		}
+	}()
+
+	if err := s.setupTables(ctx, e, strings.HasPrefix(name, "idemq") || strings.Contains(name, "/")); err != nil {
+		return fail("setup: %v", err)
+	}
+	if err := s.rabbit.declare(ctx, e.queue); err != nil {
+		return fail("declaring the queue: %v", core.RedactError(err, s.cfg.Broker))
+	}
+	pubStart := time.Now()
+	if err := s.rabbit.publishBacklog(ctx, e.queue, e.w); err != nil {
+		return fail("publishing: %v", err)
+	}
+	if len(e.w.seq) > 0 {
+		s.progress("    published %d in %.1fs", len(e.w.seq), time.Since(pubStart).Seconds())
+	}
+
+	t := newTracker(len(e.w.seq))
+	rss := s.startRSS()
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	type outcome struct {
+		c   *counts
+		err error
+	}
+	done := make(chan outcome, 1)
+	failed := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		var c *counts
+		var err error
+		switch name {
+		case SeedP5:
+			c, err = runSeed(cctx, e, t, 5, 1)
+		case SeedP100W8:
+			c, err = runSeed(cctx, e, t, 100, 8)
+		case HandBatch:
+			c, err = runHandBatch(cctx, e, t, s.cfg.BatchSize, s.cfg.BatchWorkers)
+		case RawAck:
+			c, err = runRawAck(cctx, e, t, s.cfg.BatchSize)
+		default:
+			c, err = runIdemq(cctx, e, t, name)
+		}
+		if cctx.Err() == nil {
+			failed <- fmt.Errorf("consumer returned before it was stopped: %v", err)
+		}
+		done <- outcome{c, err}
+	}()
+	stopConsumer := func() outcome {
+		stop()
+		select {
+		case o := <-done:
+			return o
+		case <-time.After(60 * time.Second):
+			return outcome{nil, errors.New("consumer did not stop within 60s")}
+		}
+	}
+
+	report := func(c int64) { s.progress("    … %d of %d", c, len(e.w.seq)) }
+	if err := t.waitProgress(ctx, t.backlogDone, failed, 60*time.Second, report); err != nil {
+		o := stopConsumer()
+		return fail("backlog: %v (consumer: %v)", err, o.err)
+	}
+	res.Deliveries = len(e.w.seq)
+	res.Seconds = time.Duration(t.backlogAt.Load() - start.UnixNano()).Seconds()
+	if res.Deliveries > 0 && res.Seconds > 0 {
+		res.MsgsPerSec = float64(res.Deliveries) / res.Seconds
+	}
+	res.Batches = t.batches.Load()
+
+	// The paced phase: open-loop publishing, latency from publish time.
+	sent := 0
+	if spec.paced > 0 {
+		var side chan error
+		var stopPaced chan struct{}
+		if spec.whilePaced != nil {
+			side, stopPaced = make(chan error, 1), make(chan struct{})
+			go func() { side <- spec.whilePaced(cctx); close(stopPaced) }()
+		}
+		var err error
+		sent, err = s.rabbit.publishPaced(ctx, e.queue, e.w, s.cfg.LatencyRate, spec.paced, stopPaced)
+		if err != nil {
+			stopConsumer()
+			return fail("paced publishing: %v", err)
+		}
+		t.setTotal(len(e.w.seq) + sent)
+		if side != nil {
+			if err := <-side; err != nil && cctx.Err() == nil {
+				stopConsumer()
+				return fail("while paced: %v", err)
+			}
+		}
+	} else {
+		t.setTotal(len(e.w.seq))
+	}
+	if err := t.waitProgress(ctx, t.allDone, failed, 60*time.Second, nil); err != nil {
+		o := stopConsumer()
+		return fail("paced phase: %v (consumer: %v)", err, o.err)
+	}
+	o := stopConsumer()
+	res.PeakRSS = rss()
+	if o.err != nil {
+		return fail("consumer: %v", o.err)
+	}
+	if o.c != nil {
+		res.Processed, res.Duplicates = o.c.processed.Load(), o.c.duplicates.Load()
+		res.Retried, res.DeadLettered = o.c.retried.Load(), o.c.deadLettered.Load()
+	}
+	t.mu.Lock()
+	res.P50, res.P99 = percentile(t.pacedLat, 0.50), percentile(t.pacedLat, 0.99)
+	res.BacklogP99 = percentile(t.backlogLat, 0.99)
+	t.mu.Unlock()
+
+	if name != RawAck {
+		if err := s.check(ctx, e, sent); err != nil {
+			return fail("correctness: %v", err)
+		}
+	}
+	return res
+}
+
+// setupTables creates the run's accounts (all at zero) and, for the
+// baselines, the dedup table (the idemq store migrates its own).
+func (s *session) setupTables(ctx context.Context, e *runEnv, idemq bool) error {
+	if _, err := s.pool.Exec(ctx, `CREATE TABLE `+e.accountsTable+` (account TEXT PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0)`); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO `+e.accountsTable+` (account) SELECT 'acc-' || g FROM generate_series(0, $1::int - 1) g`, s.cfg.Accounts); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, `ANALYZE `+e.accountsTable); err != nil {
+		return err
+	}
+	if idemq || e.keepDedup {
+		return nil
+	}
+	_, err := s.pool.Exec(ctx, `CREATE TABLE `+e.dedupTable+` (
+	consumer     TEXT        NOT NULL,
+	message_id   TEXT        NOT NULL,
+	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, message_id))`)
+	return err
+}
+
+// check is the correctness check: every account's balance is the sum of
+// its messages' amounts, each applied once, and the dedup table holds
+// exactly one row per unique id for the run's consumer.
+func (s *session) check(ctx context.Context, e *runEnv, paced int) error {
+	var rows int64
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.dedupTable+` WHERE consumer = $1`, e.consumer).Scan(&rows); err != nil {
+		return err
+	}
+	if want := int64(e.w.n + paced); rows != want {
+		return fmt.Errorf("%d rows in %s for consumer %s, want %d (one per unique id)", rows, e.dedupTable, e.consumer, want)
+	}
+	want := e.w.expected(paced)
+	r, err := s.pool.Query(ctx, `SELECT account, balance_cents FROM `+e.accountsTable)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	seen, wrong := 0, 0
+	var example string
+	for r.Next() {
+		var acc string
+		var bal int64
+		if err := r.Scan(&acc, &bal); err != nil {
+			return err
+		}
+		seen++
+		if bal != want[acc] {
+			if wrong == 0 {
+				example = fmt.Sprintf("%s has %d, want %d", acc, bal, want[acc])
+			}
+			wrong++
+		}
+	}
+	if err := r.Err(); err != nil {
+		return err
+	}
+	if seen != len(want) {
+		return fmt.Errorf("%d accounts, want %d", seen, len(want))
+	}
+	if wrong > 0 {
+		return fmt.Errorf("%d of %d balances wrong (e.g. %s)", wrong, seen, example)
+	}
+	return nil
+}
+
+// startRSS prepares to measure the peak RSS of the coming run and returns
+// the function that reads it at the end.
+func (s *session) startRSS() func() int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	if s.rssHWM && os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil {
+		return func() int64 { return procStatus("VmHWM:") }
+	}
+	stop := make(chan struct{})
+	peak := make(chan int64, 1)
+	go func() {
+		var p int64
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			p = max(p, procStatus("VmRSS:"))
+			select {
+			case <-tick.C:
+			case <-stop:
+				peak <- p
+				return
+			}
+		}
+	}()
+	return func() int64 { close(stop); return <-peak }
+}
+
+// procStatus reads a kB field of /proc/self/status, in bytes (0 where
+// there is no /proc).
+func procStatus(field string) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func loadAvg() [3]float64 {
+	var l [3]float64
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return l
+	}
+	f := strings.Fields(string(b))
+	for i := 0; i < 3 && i < len(f); i++ {
+		l[i], _ = strconv.ParseFloat(f[i], 64)
+	}
+	return l
 }

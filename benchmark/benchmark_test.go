@@ -1,0 +1,104 @@
+package benchmark
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// serviceURL returns the URL of a service from its environment variable or
+// the local default, skipping (or, with IDEMQ_REQUIRE_SERVICES=1, failing)
+// when nothing listens there.
+func serviceURL(t *testing.T, env, def string) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" {
+		u = def
+	}
+	host := "127.0.0.1:0"
+	if p, err := url.Parse(u); err == nil && p.Host != "" {
+		host = p.Host
+	}
+	c, err := net.DialTimeout("tcp", host, 2*time.Second)
+	if err != nil {
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("%s: %s unreachable: %v", env, host, err)
+		}
+		t.Skipf("%s: %s unreachable (set %s, or IDEMQ_REQUIRE_SERVICES=1 to fail): %v", env, host, env, err)
+	}
+	c.Close()
+	return u
+}
+
+func TestRunSmall(t *testing.T) {
+	amqpURL := serviceURL(t, "IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	u, _ := url.Parse(amqpURL)
+	q := u.Query()
+	q.Set("queue", "idemq-bench-test")
+	u.RawQuery = q.Encode()
+
+	var progress bytes.Buffer
+	configs := []string{SeedP5, HandBatch, RawAck, IdemqB1W5, IdemqQueue, IdemqBatch}
+	if s := os.Getenv("IDEMQ_BENCH_CONFIGS"); s != "" {
+		configs = strings.Split(s, ",")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		Broker: u.String(), Store: pgURL,
+		N: 2000, Duplicates: 0.2, Accounts: 50, BatchSize: 100, Repeat: 1,
+		LatencyRate: 500, LatencyMessages: 100,
+		Configs: configs, Progress: &progress,
+	})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + table.String())
+	if len(rep.Results) != len(configs) {
+		t.Fatalf("%d results for %d configurations", len(rep.Results), len(configs))
+	}
+	for _, r := range rep.Results {
+		if r.Failed != "" {
+			t.Errorf("%s failed: %s", r.Name, r.Failed)
+			continue
+		}
+		if len(r.Runs) != 1 || r.MsgsPerSec.Median <= 0 || r.P99 <= 0 || r.P50 > r.P99 {
+			t.Errorf("%s: incomplete figures: %+v", r.Name, r)
+		}
+		if !strings.Contains(table.String(), r.Name) {
+			t.Errorf("table lacks %s", r.Name)
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back.Results) != len(configs) {
+		t.Fatalf("JSON does not read back: %v", err)
+	}
+	png := filepath.Join(t.TempDir(), "bench.png")
+	if err := rep.WritePNG(png); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(png)
+	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Fatalf("not a PNG: %v", err)
+	}
+	if os.Getenv("IDEMQ_BENCH_KEEP_PNG") != "" {
+		os.WriteFile(os.Getenv("IDEMQ_BENCH_KEEP_PNG"), b, 0o644)
+	}
+}
