@@ -18,10 +18,11 @@ import (
 )
 
 // e2eUnique is how many distinct messages TestEndToEndPostgres sends
-// (IDEMQ_SQS_E2E_N overrides it). The issue asks for 20,000; through the
-// Node emulator under -race on a shared 2-core machine that takes minutes,
-// so the default is sized to stay well under a minute.
-const e2eUnique = 3000
+// (IDEMQ_SQS_E2E_N overrides it). The issue asks for 20,000: that passes in
+// about 40s under -race on this shared 2-core machine (15s without), so the
+// default is half of it, to keep the package's tests quick under load;
+// IDEMQ_SQS_E2E_N=20000 runs the full size.
+const e2eUnique = 10000
 
 // crashingSource closes its Source instead of acknowledging on the
 // crashAt-th ack call once armed: the process committed its transaction
@@ -185,7 +186,8 @@ func TestEndToEndPostgres(t *testing.T) {
 		}()
 	}
 	var applied int
-	deadline := time.Now().Add(3 * time.Minute)
+	limit := 2*time.Minute + time.Duration(unique)*20*time.Millisecond
+	deadline := time.Now().Add(limit)
 	for {
 		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT id) FROM `+effects).Scan(&applied); err != nil {
 			t.Fatal(err)
@@ -196,7 +198,7 @@ func TestEndToEndPostgres(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			close(done)
-			t.Fatalf("after 3 minutes: %d of %d ids applied, %d visible and %d in flight", applied, unique, vis, inflight)
+			t.Fatalf("after %v: %d of %d ids applied, %d visible and %d in flight", limit, applied, unique, vis, inflight)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

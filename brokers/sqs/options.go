@@ -146,7 +146,7 @@ func WithWaitTime(d time.Duration) Option {
 // WithVisibilityTimeout sets the visibility timeout requested with each
 // ReceiveMessage call: how long a received message stays hidden before the
 // heartbeat must extend it. Default: the queue's VisibilityTimeout
-// attribute. Must be 1s..12h in whole seconds.
+// attribute (30s if that is 0). Must be 1s..12h in whole seconds.
 func WithVisibilityTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Second || d > 12*time.Hour || d%time.Second != 0 {
