@@ -102,3 +102,55 @@ func TestRunSmall(t *testing.T) {
 		os.WriteFile(os.Getenv("IDEMQ_BENCH_KEEP_PNG"), b, 0o644)
 	}
 }
+
+// TestScenariosSmall runs the memory and growth scenarios shrunk (1,000 vs
+// 5,000 queued; 20,000 old rows) and checks they produce their results and
+// ratios.
+func TestScenariosSmall(t *testing.T) {
+	amqpURL := serviceURL(t, "IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	saved := memorySizes
+	memorySizes = [2]int{1000, 5000}
+	defer func() { memorySizes = saved }()
+
+	var progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		Broker: amqpURL + "?queue=idemq-bench-test", Store: pgURL,
+		N: 1000, Accounts: 20, BatchSize: 50, Repeat: 1, GrowthRows: 20_000,
+		LatencyRate: 500, LatencyMessages: 50,
+		Configs: []string{MemoryScenario, GrowthScenario}, Progress: &progress,
+	})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	t.Log("\n" + table.String())
+	want := []string{"memory/10k", "memory/1m", "growth/empty", "growth/full", "growth/prune"}
+	if len(rep.Results) != len(want) {
+		t.Fatalf("%d results, want %v", len(rep.Results), want)
+	}
+	for i, r := range rep.Results {
+		if r.Name != want[i] {
+			t.Errorf("result %d is %s, want %s", i, r.Name, want[i])
+		}
+		if r.Failed != "" {
+			t.Errorf("%s failed: %s", r.Name, r.Failed)
+		}
+	}
+	ratios := map[string]bool{}
+	for _, x := range rep.Ratios {
+		ratios[x.Name] = true
+	}
+	for _, name := range []string{"memory/1m / memory/10k", "growth/full / growth/empty", "growth/prune / growth/full"} {
+		if !ratios[name] {
+			t.Errorf("ratio %s missing: %+v", name, rep.Ratios)
+		}
+	}
+	if r := rep.result("memory/1m"); r != nil && r.PeakRSS <= 0 {
+		t.Errorf("memory/1m has no peak RSS")
+	}
+}

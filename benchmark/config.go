@@ -44,7 +44,7 @@ const (
 	// 10,000 and then 1,000,000 messages queued (issue 10, target 4).
 	// Not in the default set: publishing and consuming 1M takes minutes.
 	MemoryScenario = "memory"
-	// GrowthScenario measures idemq batch throughput with 10,000,000 rows
+	// GrowthScenario measures idemq batch throughput with GrowthRows rows
 	// already in the dedup table against an empty one, then the p99
 	// decision latency while a prune of those 10M rows runs against the
 	// quiet figure (target 5). Not in the default set: filling takes
@@ -106,6 +106,9 @@ type Config struct {
 	// LatencyMessages is how many messages the paced phase publishes.
 	// Default 1,000.
 	LatencyMessages int
+	// GrowthRows is how many old rows GrowthScenario puts in the dedup
+	// table before measuring. Default 10,000,000.
+	GrowthRows int
 	// Progress receives progress lines; nil is quiet.
 	Progress io.Writer
 }
@@ -186,6 +189,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LatencyMessages < 1 || c.LatencyMessages > 1_000_000 {
 		return c, fmt.Errorf("benchmark: Config.LatencyMessages: %d is outside 1..1000000", c.LatencyMessages)
+	}
+	if c.GrowthRows == 0 {
+		c.GrowthRows = 10_000_000
+	}
+	if c.GrowthRows < 1 || c.GrowthRows > 1_000_000_000 {
+		return c, fmt.Errorf("benchmark: Config.GrowthRows: %d is outside 1..1000000000", c.GrowthRows)
 	}
 	if len(c.Configs) == 0 {
 		c.Configs = slices.Clone(DefaultConfigs)

@@ -183,8 +183,9 @@ func (r *rabbit) publishBacklog(ctx context.Context, queue string, w *workload) 
 }
 
 // publishPaced publishes paced messages at rate per second until count
-// were sent or stop closes (nil: no stop), and returns how many it sent.
-func (r *rabbit) publishPaced(ctx context.Context, queue string, w *workload, rate, count int, stop <-chan struct{}) (int, error) {
+// were sent or, once minCount were, stop closes (nil: no stop), and
+// returns how many it sent.
+func (r *rabbit) publishPaced(ctx context.Context, queue string, w *workload, rate, count, minCount int, stop <-chan struct{}) (int, error) {
 	p, err := r.publisher(queue)
 	if err != nil {
 		return 0, err
@@ -192,7 +193,18 @@ func (r *rabbit) publishPaced(ctx context.Context, queue string, w *workload, ra
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
 	sent := 0
+	stopped := false
 	for sent < count {
+		// Stop early when asked, but not before minCount messages give
+		// the percentiles something to stand on.
+		select {
+		case <-stop:
+			stopped, stop = true, nil
+		default:
+		}
+		if stopped && sent >= minCount {
+			break
+		}
 		// Open loop: the schedule does not wait for the consumer, so a
 		// slow consumer shows in the latency instead of hiding in it.
 		due := start.Add(time.Duration(sent) * interval)
@@ -200,7 +212,7 @@ func (r *rabbit) publishPaced(ctx context.Context, queue string, w *workload, ra
 			select {
 			case <-time.After(d):
 			case <-stop:
-				count = sent
+				stopped, stop = true, nil
 				continue
 			case <-ctx.Done():
 				p.conn.Close()

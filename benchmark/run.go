@@ -208,8 +208,12 @@ func (r RunResult) line() string {
 	if r.Error != "" {
 		return "FAILED: " + r.Error
 	}
-	return fmt.Sprintf("%d deliveries in %.2fs = %.0f msg/s; paced p50 %s p99 %s; peak RSS %s; processed %d, duplicates %d, retried %d, transactions %d",
-		r.Deliveries, r.Seconds, r.MsgsPerSec, fmtLatency(r.P50), fmtLatency(r.P99), fmtBytes(r.PeakRSS), r.Processed, r.Duplicates, r.Retried, r.Batches)
+	tput := "no backlog"
+	if r.Deliveries > 0 {
+		tput = fmt.Sprintf("%d deliveries in %.2fs = %.0f msg/s", r.Deliveries, r.Seconds, r.MsgsPerSec)
+	}
+	return fmt.Sprintf("%s; paced p50 %s p99 %s; peak RSS %s; processed %d, duplicates %d, retried %d, dead-lettered %d, transactions %d",
+		tput, fmtLatency(r.P50), fmtLatency(r.P99), fmtBytes(r.PeakRSS), r.Processed, r.Duplicates, r.Retried, r.DeadLettered, r.Batches)
 }
 
 // runSpec is the shape of one run.
@@ -262,11 +266,12 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	if err := s.rabbit.publishBacklog(ctx, e.queue, e.w); err != nil {
 		return fail("publishing: %v", err)
 	}
-	if len(e.w.seq) > 0 {
-		s.progress("    published %d in %.1fs", len(e.w.seq), time.Since(pubStart).Seconds())
+	if e.w.deliveries > 0 {
+		s.progress("    published %d in %.1fs", e.w.deliveries, time.Since(pubStart).Seconds())
 	}
+	e.w.seq = nil // not to be counted in the consumer's RSS
 
-	t := newTracker(len(e.w.seq))
+	t := newTracker(e.w.deliveries)
 	rss := s.startRSS()
 	cctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -307,12 +312,12 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 		}
 	}
 
-	report := func(c int64) { s.progress("    … %d of %d", c, len(e.w.seq)) }
+	report := func(c int64) { s.progress("    … %d of %d", c, e.w.deliveries) }
 	if err := t.waitProgress(ctx, t.backlogDone, failed, 60*time.Second, report); err != nil {
 		o := stopConsumer()
 		return fail("backlog: %v (consumer: %v)", err, o.err)
 	}
-	res.Deliveries = len(e.w.seq)
+	res.Deliveries = e.w.deliveries
 	res.Seconds = time.Duration(t.backlogAt.Load() - start.UnixNano()).Seconds()
 	if res.Deliveries > 0 && res.Seconds > 0 {
 		res.MsgsPerSec = float64(res.Deliveries) / res.Seconds
@@ -329,12 +334,12 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 			go func() { side <- spec.whilePaced(cctx); close(stopPaced) }()
 		}
 		var err error
-		sent, err = s.rabbit.publishPaced(ctx, e.queue, e.w, s.cfg.LatencyRate, spec.paced, stopPaced)
+		sent, err = s.rabbit.publishPaced(ctx, e.queue, e.w, s.cfg.LatencyRate, spec.paced, min(spec.paced, s.cfg.LatencyMessages), stopPaced)
 		if err != nil {
 			stopConsumer()
 			return fail("paced publishing: %v", err)
 		}
-		t.setTotal(len(e.w.seq) + sent)
+		t.setTotal(e.w.deliveries + sent)
 		if side != nil {
 			if err := <-side; err != nil && cctx.Err() == nil {
 				stopConsumer()
@@ -342,7 +347,7 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 			}
 		}
 	} else {
-		t.setTotal(len(e.w.seq))
+		t.setTotal(e.w.deliveries)
 	}
 	if err := t.waitProgress(ctx, t.allDone, failed, 60*time.Second, nil); err != nil {
 		o := stopConsumer()
@@ -359,7 +364,7 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	}
 	t.mu.Lock()
 	res.P50, res.P99 = percentile(t.pacedLat, 0.50), percentile(t.pacedLat, 0.99)
-	res.BacklogP99 = percentile(t.backlogLat, 0.99)
+	res.BacklogP99 = t.backlogLat.percentile(0.99)
 	t.mu.Unlock()
 
 	if name != RawAck {

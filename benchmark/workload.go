@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -27,7 +28,10 @@ type payment struct {
 // are functions of the id's number, so expected balances need no list.
 type workload struct {
 	n, accounts int
-	seq         []int32 // backlog publish order: the id number of each delivery
+	// seq is the backlog's publish order (the id number of each delivery);
+	// it is dropped once published, deliveries keeps its length.
+	seq        []int32
+	deliveries int
 }
 
 func newWorkload(n, dups, accounts int, seed uint64) *workload {
@@ -46,11 +50,12 @@ func newWorkload(n, dups, accounts int, seed uint64) *workload {
 		w.seq = append(w.seq, int32(next))
 		next++
 	}
+	w.deliveries = len(w.seq)
 	return w
 }
 
-func backlogID(i int) string { return "m" + strconv.Itoa(100000000+i)[1:] }
-func pacedID(i int) string   { return "p" + strconv.Itoa(100000000+i)[1:] }
+func backlogID(i int) string { return "m" + strconv.Itoa(100000000 + i)[1:] }
+func pacedID(i int) string   { return "p" + strconv.Itoa(100000000 + i)[1:] }
 
 // account and amount spread ids over the accounts pseudo-randomly, so a
 // batch often holds several messages for one account.
@@ -95,10 +100,48 @@ type tracker struct {
 	allOnce     sync.Once
 	backlogAt   atomic.Int64 // Unix nanos of the last backlog decision
 
-	mu         sync.Mutex
-	pacedLat   []time.Duration
-	backlogLat []time.Duration
+	mu       sync.Mutex
+	pacedLat []time.Duration // exact: the paced phase is small
+	// backlogLat is a histogram: a slice as long as the backlog would make
+	// the benchmark's own memory grow with the queue's depth.
+	backlogLat histogram
 	batches    atomic.Int64
+}
+
+// histogram counts durations in buckets 2% wide from 1µs up, so that
+// percentiles are within 2% whatever the number of samples.
+type histogram struct {
+	buckets [1100]int64
+	n       int64
+}
+
+const histBase = 1.02
+
+func (h *histogram) add(d time.Duration) {
+	us := float64(d) / float64(time.Microsecond)
+	i := 0
+	if us > 1 {
+		i = min(int(math.Log(us)/math.Log(histBase))+1, len(h.buckets)-1)
+	}
+	h.buckets[i]++
+	h.n++
+}
+
+// percentile returns the upper bound of the bucket holding the p-th
+// fraction of the samples.
+func (h *histogram) percentile(p float64) time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	rank := int64(math.Ceil(p * float64(h.n)))
+	var c int64
+	for i, b := range h.buckets {
+		c += b
+		if c >= rank {
+			return time.Duration(math.Pow(histBase, float64(i)) * float64(time.Microsecond))
+		}
+	}
+	return 0
 }
 
 func newTracker(backlog int) *tracker {
@@ -121,7 +164,7 @@ func (t *tracker) decided(id string, ts int64) {
 		if len(id) > 0 && id[0] == 'p' {
 			t.pacedLat = append(t.pacedLat, lat)
 		} else {
-			t.backlogLat = append(t.backlogLat, lat)
+			t.backlogLat.add(lat)
 		}
 		t.mu.Unlock()
 	}
