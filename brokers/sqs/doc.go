@@ -35,8 +35,15 @@
 // a time, in order: SQS sends no more of a group while one is in flight,
 // and messages of a group that arrive in one batch are held back until the
 // earlier one is settled; when it is retried they are released so that SQS
-// delivers them after it. The Publisher sets MessageGroupId from
-// Message.Key and MessageDeduplicationId from the business id.
+// delivers them after it (a retried message blocks its group for its
+// backoff delay). The Publisher sets MessageGroupId from Message.Key and
+// MessageDeduplicationId from the business id.
+//
+// Close makes unsettled messages visible again at once. SQS may still hand
+// messages to a long poll whose caller went away, so Close first lets the
+// polls in progress return (up to WithCloseTimeout, default 20s, never
+// longer than WithWaitTime) and releases what they bring; a shorter
+// WithWaitTime makes shutdown quicker.
 //
 // The Source implements core.RedeliveryHorizoner with the queue's
 // MessageRetentionPeriod (or the dead-letter queue's, when longer), so the
