@@ -1,0 +1,419 @@
+// Package mysqloutbox is the transactional outbox on MySQL 8 and MariaDB
+// 10.6+ (database/sql with github.com/go-sql-driver/mysql): Write adds
+// messages inside the caller's *sql.Tx, and the Store behind an
+// outbox.Relay claims them with FOR UPDATE SKIP LOCKED. There is no
+// notification: relays poll (outbox.WithPollInterval), and writers in the
+// relay's process can call Relay.Wake after committing.
+//
+// Migrate creates two tables: the outbox (default name "outbox"; seq
+// AUTO_INCREMENT primary key, id, destination, ordering_key, headers as
+// JSON text, body, created_at, sent_at) and "<outbox>_locks", a fixed set of
+// 4096 rows that writers lock per ordering key (FOR UPDATE until commit) so
+// that per key, rows commit in sequence order.
+package mysqloutbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemq/idemq/outbox"
+)
+
+// DefaultTable is the outbox table's name when WithTable is not given.
+const DefaultTable = "outbox"
+
+// LockBuckets is how many lock rows the writers' per-key locks hash onto.
+// Two keys sharing a bucket only make their writers wait for each other.
+const LockBuckets = 4096
+
+// Option configures an Outbox. An invalid value makes New fail with an
+// error naming the option.
+type Option func(*Outbox) error
+
+// WithTable sets the outbox table's name: ASCII letters, digits and
+// underscores, at most 58 characters (the lock table adds "_locks"), not
+// starting with a digit. Default "outbox".
+func WithTable(name string) Option {
+	return func(o *Outbox) error {
+		if err := validateIdentifier(name); err != nil {
+			return fmt.Errorf("mysqloutbox: WithTable: %w", err)
+		}
+		o.table = name
+		return nil
+	}
+}
+
+// Outbox is one outbox table: how to write to it and how relays read it.
+type Outbox struct {
+	table string
+}
+
+// New returns an Outbox for the configured table.
+func New(opts ...Option) (*Outbox, error) {
+	o := &Outbox{table: DefaultTable}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(o); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+var defaultOutbox = &Outbox{table: DefaultTable}
+
+// Write adds msgs to the default outbox table ("outbox") inside tx; see
+// Outbox.Write.
+func Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message) error {
+	return defaultOutbox.Write(ctx, tx, msgs...)
+}
+
+// Table returns the outbox table's name.
+func (o *Outbox) Table() string { return o.table }
+
+func (o *Outbox) locks() string { return o.table + "_locks" }
+
+// Write adds msgs to the outbox inside tx, the caller's business
+// transaction: they are published if and only if tx commits. A message
+// without an ID gets a UUIDv7, set in the Message. The trace context of
+// ctx is stored in the headers.
+//
+// Write locks one row of the lock table per ordering key until tx ends, so
+// that per key rows commit in the order of their sequence numbers;
+// concurrent writers of the same key wait for each other. The keys of one
+// call are locked in a fixed order, but two transactions writing the same
+// keys in opposite orders across several calls can deadlock; InnoDB then
+// aborts one (error 1213), to be retried like any deadlock. Write one
+// transaction's messages in one call to avoid it.
+func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message) error {
+	if tx == nil {
+		return errors.New("mysqloutbox: Write: nil tx")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	var buckets []int
+	args := make([]any, 0, 5*len(msgs))
+	for i, m := range msgs {
+		h, err := outbox.Prepare(ctx, m)
+		if err != nil {
+			return fmt.Errorf("mysqloutbox: Write: msgs[%d]: %w", i, err)
+		}
+		js, err := json.Marshal(h)
+		if err != nil {
+			return fmt.Errorf("mysqloutbox: Write: msgs[%d] headers: %w", i, err)
+		}
+		var key any
+		if m.Key != "" {
+			key = m.Key
+			buckets = append(buckets, bucket(m.Key))
+		}
+		body := m.Body
+		if body == nil {
+			body = []byte{}
+		}
+		args = append(args, m.ID, m.Destination, key, string(js), body)
+	}
+	if len(buckets) > 0 {
+		slices.Sort(buckets)
+		buckets = slices.Compact(buckets)
+		q := fmt.Sprintf("SELECT bucket FROM %s WHERE bucket IN (%s) ORDER BY bucket FOR UPDATE", o.locks(), placeholders(len(buckets)))
+		rows, err := tx.QueryContext(ctx, q, anys(buckets)...)
+		if err != nil {
+			return fmt.Errorf("mysqloutbox: Write: locking keys in %s: %w", o.locks(), err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("mysqloutbox: Write: locking keys: %w", err)
+		}
+		if n != len(buckets) {
+			return fmt.Errorf("mysqloutbox: Write: %s holds %d of %d lock rows; run Migrate", o.locks(), n, len(buckets))
+		}
+	}
+	q := fmt.Sprintf("INSERT INTO %s (id, destination, ordering_key, headers, body) VALUES %s",
+		o.table, strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?), ", len(msgs)), ", "))
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("mysqloutbox: Write into %s: %w", o.table, err)
+	}
+	return nil
+}
+
+func bucket(key string) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % LockBuckets)
+}
+
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// Migrate creates the outbox and lock tables if they do not exist and
+// fills the lock table. It is safe when several processes run it at once.
+func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
+	stmts := []string{
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
+	seq          BIGINT         NOT NULL AUTO_INCREMENT PRIMARY KEY,
+	id           VARBINARY(255) NOT NULL,
+	destination  VARBINARY(255) NOT NULL,
+	ordering_key VARBINARY(255) NULL,
+	headers      LONGTEXT       NOT NULL,
+	body         LONGBLOB       NOT NULL,
+	created_at   TIMESTAMP(6)   NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+	sent_at      TIMESTAMP(6)   NULL DEFAULT NULL,
+	KEY %[1]s_pending (sent_at, seq),
+	KEY %[1]s_pending_key (ordering_key, sent_at, seq)
+) ENGINE=InnoDB`, o.table),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (bucket INT NOT NULL PRIMARY KEY) ENGINE=InnoDB`, o.locks()),
+	}
+	for _, s := range stmts {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("mysqloutbox: Migrate %s: %w", o.table, err)
+		}
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+o.locks()).Scan(&n); err != nil {
+		return fmt.Errorf("mysqloutbox: Migrate: %w", err)
+	}
+	if n == LockBuckets {
+		return nil
+	}
+	vals := strings.TrimSuffix(strings.Repeat("(?), ", LockBuckets), ", ")
+	args := make([]any, LockBuckets)
+	for i := range args {
+		args[i] = i
+	}
+	// A no-op update on duplicates: concurrent migrators fill the same
+	// rows.
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (bucket) VALUES %s ON DUPLICATE KEY UPDATE bucket = bucket", o.locks(), vals), args...); err != nil {
+		return fmt.Errorf("mysqloutbox: Migrate: filling %s: %w", o.locks(), err)
+	}
+	return nil
+}
+
+// Store returns the relay side of the outbox on db.
+func (o *Outbox) Store(db *sql.DB) *Store {
+	t := o.table
+	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, CAST(UNIX_TIMESTAMP(created_at) * 1000000 AS SIGNED)"
+	return &Store{db: db, cols: cols, table: t,
+		headsSQL: fmt.Sprintf(`WITH win AS (
+	SELECT seq, ordering_key FROM %[1]s WHERE sent_at IS NULL ORDER BY seq LIMIT ?
+)
+SELECT seq FROM win WHERE ordering_key IS NULL
+UNION ALL
+SELECT MIN(seq) FROM win WHERE ordering_key IS NOT NULL GROUP BY ordering_key`, t),
+		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)), 0) FROM %s WHERE sent_at IS NULL`, t),
+		pruneSQL:   fmt.Sprintf(`DELETE FROM %s WHERE sent_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY sent_at LIMIT ?`, t),
+	}
+}
+
+// NewRelay returns an outbox.Relay that publishes this outbox's rows on db
+// through pub.
+func (o *Outbox) NewRelay(db *sql.DB, pub outbox.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+	if db == nil {
+		return nil, errors.New("mysqloutbox: NewRelay: nil db")
+	}
+	return outbox.NewRelay(o.Store(db), pub, opts...)
+}
+
+// Store implements outbox.Store on MySQL and MariaDB.
+type Store struct {
+	db                             *sql.DB
+	table, cols                    string
+	headsSQL, pendingSQL, pruneSQL string
+}
+
+var _ outbox.Store = (*Store)(nil)
+
+func scanRows(rows *sql.Rows) ([]*outbox.Row, error) {
+	defer rows.Close()
+	var out []*outbox.Row
+	for rows.Next() {
+		r := &outbox.Row{}
+		var headers string
+		var micros int64
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &headers, &r.Body, &micros); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal([]byte(headers), &r.Headers); err != nil {
+			return nil, fmt.Errorf("row %d headers: %w", r.Seq, err)
+		}
+		r.CreatedAt = time.UnixMicro(micros)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Claim implements outbox.Store. The heads are found by a plain read, then
+// locked by primary key with SKIP LOCKED and re-checked to be pending: a
+// locking read of the window itself would skip a head held by another relay
+// and take the row behind it.
+func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, error) {
+	// READ COMMITTED: each statement sees the latest commits, so rows a
+	// relay marked a moment ago are not mistaken for pending.
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	abort := func(err error) (outbox.Claimed, error) {
+		tx.Rollback()
+		return nil, err
+	}
+	hrows, err := tx.QueryContext(ctx, s.headsSQL, window)
+	if err != nil {
+		return abort(err)
+	}
+	var heads []int64
+	for hrows.Next() {
+		var seq int64
+		if err := hrows.Scan(&seq); err != nil {
+			hrows.Close()
+			return abort(err)
+		}
+		heads = append(heads, seq)
+	}
+	hrows.Close()
+	if err := hrows.Err(); err != nil {
+		return abort(err)
+	}
+	if len(heads) == 0 {
+		return abort(nil)
+	}
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq IN (%s) AND sent_at IS NULL ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED",
+		s.cols, s.table, placeholders(len(heads)))
+	rows, err := tx.QueryContext(ctx, q, append(anys(heads), limit)...)
+	if err != nil {
+		return abort(err)
+	}
+	c := &claimed{s: s, tx: tx}
+	if c.rows, err = scanRows(rows); err != nil {
+		return abort(err)
+	}
+	if len(c.rows) == 0 {
+		return abort(nil)
+	}
+	if room := limit - len(c.rows); room > 0 {
+		// The rows that follow each claimed head: no other relay can
+		// claim them while this transaction holds the head's lock.
+		byKey := map[string]int64{}
+		var keys []any
+		seqs := make([]any, len(c.rows))
+		for i, r := range c.rows {
+			seqs[i] = r.Seq
+			if r.Key != "" {
+				byKey[r.Key] = r.Seq
+				keys = append(keys, r.Key)
+			}
+		}
+		if len(keys) > 0 {
+			q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
+				s.cols, s.table, placeholders(len(keys)), placeholders(len(seqs)))
+			rows, err := tx.QueryContext(ctx, q, append(append(keys, seqs...), room)...)
+			if err != nil {
+				return abort(err)
+			}
+			run, err := scanRows(rows)
+			if err != nil {
+				return abort(err)
+			}
+			for _, r := range run {
+				if r.Seq > byKey[r.Key] {
+					c.rows = append(c.rows, r)
+				}
+			}
+			slices.SortFunc(c.rows, func(a, b *outbox.Row) int {
+				switch {
+				case a.Seq < b.Seq:
+					return -1
+				case a.Seq > b.Seq:
+					return 1
+				}
+				return 0
+			})
+		}
+	}
+	return c, nil
+}
+
+type claimed struct {
+	s    *Store
+	tx   *sql.Tx
+	rows []*outbox.Row
+}
+
+func (c *claimed) Rows() []*outbox.Row { return c.rows }
+
+func (c *claimed) Finish(ctx context.Context, seqs []int64, del bool) error {
+	q := fmt.Sprintf("UPDATE %s SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN (%s)", c.s.table, placeholders(len(seqs)))
+	if del {
+		q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, placeholders(len(seqs)))
+	}
+	if _, err := c.tx.ExecContext(ctx, q, anys(seqs)...); err != nil {
+		c.tx.Rollback()
+		return err
+	}
+	return c.tx.Commit()
+}
+
+func (c *claimed) Abort(context.Context) error { return c.tx.Rollback() }
+
+// Pending implements outbox.Store.
+func (s *Store) Pending(ctx context.Context) (int64, time.Duration, error) {
+	var n, micros int64
+	if err := s.db.QueryRowContext(ctx, s.pendingSQL).Scan(&n, &micros); err != nil {
+		return 0, 0, err
+	}
+	return n, time.Duration(micros) * time.Microsecond, nil
+}
+
+// Prune implements outbox.Store. The cut-off is computed by the database
+// clock (now minus the age of before), so the session time zone does not
+// matter.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	age := max(time.Since(before), 0)
+	res, err := s.db.ExecContext(ctx, s.pruneSQL, age.Microseconds(), limit)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// validateIdentifier accepts ASCII letters, digits and underscores, not
+// starting with a digit, at most 58 characters (64 minus "_locks").
+func validateIdentifier(name string) error {
+	if name == "" || len(name) > 58 {
+		return fmt.Errorf("table name %q must be 1 to 58 characters", name)
+	}
+	for i := 0; i < len(name); i++ {
+		ch := name[i]
+		switch {
+		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
+		case ch >= '0' && ch <= '9' && i > 0:
+		default:
+			return fmt.Errorf("table name %q: only letters, digits and underscores, not starting with a digit", name)
+		}
+	}
+	return nil
+}
