@@ -339,3 +339,18 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 	}
 	t.Logf("%d orders, %d effects, %d relay kills between publish and mark, %d consumer crashes between commit and ack", total, applied(), kills.Load(), crashes)
 }
+
+func purge(t testing.TB, url, queue string) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueuePurge(queue, false); err != nil {
+		t.Fatal(err)
+	}
+}
