@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func postgresURL(t *testing.T) string {
+	t.Helper()
+	url := os.Getenv("IDEMQ_POSTGRES_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		conn.Close(ctx)
+	}
+	if err != nil {
+		msg := "Postgres unreachable at IDEMQ_POSTGRES_URL=" + url + ": " + err.Error()
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return url
+}
+
+func amqpURL(t *testing.T) string {
+	t.Helper()
+	url := os.Getenv("IDEMQ_AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	if err != nil {
+		msg := "RabbitMQ unreachable at IDEMQ_AMQP_URL=" + url + ": " + err.Error()
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	conn.Close()
+	return url
+}
+
+func unique() string {
+	b := make([]byte, 5)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func runExample(t *testing.T, broker string) string {
+	t.Helper()
+	s, err := parseFlags([]string{"-postgres", postgresURL(t), "-broker", broker, "-n", "200", "-tables", "ex_" + unique(), "-timeout", "60s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	ok, err := run(context.Background(), s, &out)
+	t.Log("\n" + out.String())
+	if err != nil || !ok {
+		t.Fatalf("example failed (%v)", err)
+	}
+	if !strings.Contains(out.String(), "invoices          200 for 200 orders, 0 orders invoiced twice") {
+		t.Fatalf("unexpected summary:\n%s", out.String())
+	}
+	return out.String()
+}
+
+func TestExampleMemory(t *testing.T) {
+	runExample(t, "mem://orders-"+unique())
+}
+
+func TestExampleRabbitMQ(t *testing.T) {
+	url := amqpURL(t)
+	q := "idemq-example-outbox-" + unique()
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		for _, n := range []string{q, q + ".dlq", q + ".retry"} {
+			if ch, err := conn.Channel(); err == nil {
+				ch.QueueDelete(n, false, false, false)
+				ch.Close()
+			}
+		}
+	})
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	runExample(t, url+sep+"queue="+q)
+}
+
+func TestFlags(t *testing.T) {
+	for _, args := range [][]string{{"-n", "0"}, {"-customers", "0"}, {"-writers", "-1"}} {
+		if _, err := parseFlags(args, io.Discard); err == nil || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("parseFlags(%v) = %v, want an error naming %s", args, err, args[0])
+		}
+	}
+}
