@@ -126,6 +126,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("mysql: Open: %w", err)
 	}
 	s := &Store{db: db, owned: true, cfg: cfg}
+	if cfg.noMigrate {
+		return s, nil
+	}
 	if err := s.Migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -141,8 +144,18 @@ func ParseDSN(dsn string) (*mysqldrv.Config, error) {
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
+		// url.Parse quotes the whole URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("mysql URL %s: %w", core.Redact(dsn), err)
+	}
+	tlsCfg, rawQuery, err := tlsFromURL(u)
+	if err != nil {
 		return nil, err
 	}
+	u.RawQuery = rawQuery
 	c := mysqldrv.NewConfig()
 	c.Net = "tcp"
 	c.Addr = u.Host
@@ -155,6 +168,7 @@ func ParseDSN(dsn string) (*mysqldrv.Config, error) {
 	}
 	c.DBName = strings.TrimPrefix(u.Path, "/")
 	if u.RawQuery == "" {
+		c.TLS = tlsCfg
 		return c, nil
 	}
 	// Let the driver read the parameters, so every one it knows works.
@@ -164,6 +178,14 @@ func ParseDSN(dsn string) (*mysqldrv.Config, error) {
 	}
 	withParams.Net, withParams.Addr = c.Net, c.Addr
 	withParams.User, withParams.Passwd, withParams.DBName = c.User, c.Passwd, c.DBName
+	if withParams.TLS != nil && !withParams.TLS.InsecureSkipVerify && tlsCfg == nil {
+		// The driver set the server name from the placeholder address
+		// ("/?…" means 127.0.0.1): verify the URL's host instead.
+		withParams.TLS.ServerName = u.Hostname()
+	}
+	if tlsCfg != nil {
+		withParams.TLS = tlsCfg
+	}
 	return withParams, nil
 }
 

@@ -26,6 +26,7 @@ type config struct {
 	now       func() time.Time
 	claimMode ClaimMode
 	isolation sql.IsolationLevel
+	noMigrate bool // WithMigrate(false)
 	errs      []error
 }
 
@@ -148,4 +149,14 @@ func validateIdentifier(name string) error {
 		}
 	}
 	return nil
+}
+
+// WithMigrate says whether Open creates the dedup table (Migrate) before
+// returning. Default true. Give false to a consumer that runs with least
+// privilege (SELECT, INSERT, DELETE on its tables, no DDL) after Migrate
+// ran once as the tables' owner, for example from `idemq migrate`: the
+// CREATE TABLE IF NOT EXISTS of Migrate needs the CREATE privilege even
+// when the table exists. URL parameter: migrate=false.
+func WithMigrate(on bool) Option {
+	return func(c *config) { c.noMigrate = !on }
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/idemq/idemq/core"
@@ -14,9 +15,11 @@ import (
 func init() { core.RegisterStore("mysql", openURL) }
 
 // openURL opens "mysql://user:pass@host:3306/db?table=NAME&retention=168h&isolation=read-committed&…":
-// table, retention and isolation (read-committed, repeatable-read,
-// serializable) are the store's options; every other parameter goes to the
-// driver (tls, timeout, …).
+// table, retention, isolation (read-committed, repeatable-read,
+// serializable) and migrate are the store's options; every other parameter
+// goes to the driver (tls, timeout, …). tls=true, skip-verify, preferred,
+// or the name of a config registered with RegisterTLSCA or the driver's
+// RegisterTLSConfig.
 func openURL(ctx context.Context, u *url.URL) (any, error) {
 	q, err := url.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 	if err != nil {
@@ -49,6 +52,15 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		}
 		opts = append(opts, WithIsolation(level))
 		q.Del("isolation")
+	}
+	if q.Has("migrate") {
+		v := q.Get("migrate")
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("mysql URL parameter migrate: %q is not true or false", v)
+		}
+		opts = append(opts, WithMigrate(on))
+		q.Del("migrate")
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()

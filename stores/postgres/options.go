@@ -24,6 +24,7 @@ type config struct {
 	retention time.Duration
 	now       func() time.Time
 	period    time.Duration // partition period; 0: not partitioned
+	noMigrate bool          // WithMigrate(false)
 	errs      []error
 }
 
@@ -130,4 +131,14 @@ func validateIdentifier(name string) error {
 		}
 	}
 	return nil
+}
+
+// WithMigrate says whether Open creates the dedup table (Migrate) before
+// returning. Default true. Give false to a consumer that runs with least
+// privilege (SELECT, INSERT, DELETE on its tables, no DDL) after Migrate
+// ran once as the tables' owner, for example from `idemq migrate`: the
+// CREATE TABLE IF NOT EXISTS of Migrate needs the CREATE privilege even
+// when the table exists. URL parameter: migrate=false.
+func WithMigrate(on bool) Option {
+	return func(c *config) { c.noMigrate = !on }
 }

@@ -89,6 +89,9 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	}
 	s := newStore(pool, cfg)
 	s.owned = true
+	if cfg.noMigrate {
+		return s, nil
+	}
 	if err := s.Migrate(ctx); err != nil {
 		pool.Close()
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/idemq/idemq/core"
@@ -16,9 +17,10 @@ func init() {
 }
 
 // openURL opens "postgres://user:pass@host:5432/db?table=NAME&retention=168h&partitions=24h&sslmode=…":
-// table, retention and partitions are the store's options (WithTable,
-// WithRetention, WithPartitions); every other parameter goes to pgxpool
-// (sslmode, pool_max_conns, application_name, …).
+// table, retention, partitions and migrate are the store's options
+// (WithTable, WithRetention, WithPartitions, WithMigrate); every other
+// parameter goes to pgxpool (sslmode up to verify-full, sslrootcert,
+// sslcert, sslkey, sslpassword, sslsni, pool_max_conns, application_name, …).
 func openURL(ctx context.Context, u *url.URL) (any, error) {
 	q, err := url.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 	if err != nil {
@@ -44,6 +46,15 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		} else {
 			opts = append(opts, WithPartitions(d))
 		}
+	}
+	if q.Has("migrate") {
+		v := q.Get("migrate")
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("postgres URL parameter migrate: %q is not true or false", v)
+		}
+		opts = append(opts, WithMigrate(on))
+		q.Del("migrate")
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()
