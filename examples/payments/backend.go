@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,11 +18,20 @@ import (
 )
 
 // backend is the service's database: the dedup store and the handler that
-// applies a payment in the store's transaction type (pgx.Tx for Postgres,
+// applies payments in the store's transaction type (pgx.Tx for Postgres,
 // *sql.Tx for MySQL and SQLite). Nothing here knows the broker.
+//
+// The handler is a core.BatchHandler: it gets every message of a batch
+// whose claim won (one, at --batch 1) and books them set-based, one ledger
+// INSERT and one balance upsert with the accounts in sorted order, so that
+// concurrent batches (--concurrency) lock account rows in the same order
+// and cannot deadlock. A per-message handler updating balances in arrival
+// order deadlocks under concurrency (measured: one retry per ~70 messages
+// at batch 20, concurrency 2, 50 accounts, each costing Postgres'
+// deadlock_timeout of 1s).
 type backend[Tx any] struct {
 	store  core.Store[Tx]
-	charge core.Handler[Tx]
+	charge core.BatchHandler[Tx]
 	close  func()
 }
 
@@ -61,18 +73,19 @@ CREATE TABLE IF NOT EXISTS `+ledger+` (
 		closeStore()
 		return nil, fmt.Errorf("creating tables %s, %s: %w", ledger, accounts, err)
 	}
-	charge := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
-		p, err := decode(m.Body)
+	charge := func(ctx context.Context, tx pgx.Tx, msgs []*core.Message) error {
+		b, err := decodeBatch(msgs)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (account, amount_cents, message_id) VALUES ($1, $2, $3)`,
-			p.Account, p.AmountCents, m.ID); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (account, amount_cents, message_id)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])`, b.accounts, b.amounts, b.ids); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO `+accounts+` (account, balance_cents) VALUES ($1, $2)
+		_, err = tx.Exec(ctx, `INSERT INTO `+accounts+` (account, balance_cents)
+SELECT * FROM unnest($1::text[], $2::bigint[]) AS u(a, c) ORDER BY a
 ON CONFLICT (account) DO UPDATE SET balance_cents = `+accounts+`.balance_cents + EXCLUDED.balance_cents`,
-			p.Account, p.AmountCents)
+			b.totals.accounts, b.totals.cents)
 		return err
 	}
 	return &backend[pgx.Tx]{store: store, charge: charge, close: closeStore}, nil
@@ -94,7 +107,8 @@ func openSQL(ctx context.Context, s settings, d dialect) (*backend[*sql.Tx], err
 	account TEXT NOT NULL, amount_cents INTEGER NOT NULL, message_id TEXT NOT NULL,
 	booked_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`,
 	}
-	upsert := `INSERT INTO ` + accounts + ` (account, balance_cents) VALUES (?, ?)
+	// %s: the VALUES rows, sorted by account.
+	upsert := `INSERT INTO ` + accounts + ` (account, balance_cents) VALUES %s
 ON CONFLICT (account) DO UPDATE SET balance_cents = balance_cents + excluded.balance_cents`
 	if d == dialectMySQL {
 		ddl = []string{
@@ -103,7 +117,7 @@ ON CONFLICT (account) DO UPDATE SET balance_cents = balance_cents + excluded.bal
 	account VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL, message_id VARCHAR(255) NOT NULL,
 	booked_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (message_id)) ENGINE=InnoDB`,
 		}
-		upsert = `INSERT INTO ` + accounts + ` (account, balance_cents) VALUES (?, ?)
+		upsert = `INSERT INTO ` + accounts + ` (account, balance_cents) VALUES %s
 ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)`
 	}
 	for _, stmt := range ddl {
@@ -112,17 +126,64 @@ ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)`
 			return nil, fmt.Errorf("creating tables %s, %s: %w", ledger, accounts, err)
 		}
 	}
-	charge := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		p, err := decode(m.Body)
+	charge := func(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
+		b, err := decodeBatch(msgs)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+ledger+` (account, amount_cents, message_id) VALUES (?, ?, ?)`,
-			p.Account, p.AmountCents, m.ID); err != nil {
+		args := make([]any, 0, 3*len(b.ids))
+		for i := range b.ids {
+			args = append(args, b.accounts[i], b.amounts[i], b.ids[i])
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+ledger+` (account, amount_cents, message_id) VALUES `+
+			placeholders(len(b.ids), "(?, ?, ?)"), args...); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, upsert, p.Account, p.AmountCents)
+		args = args[:0]
+		for i := range b.totals.accounts {
+			args = append(args, b.totals.accounts[i], b.totals.cents[i])
+		}
+		_, err = tx.ExecContext(ctx, fmt.Sprintf(upsert, placeholders(len(b.totals.accounts), "(?, ?)")), args...)
 		return err
 	}
 	return &backend[*sql.Tx]{store: store, charge: charge, close: closeStore}, nil
+}
+
+// batch is a batch of payments in columns, with the per-account totals
+// sorted by account.
+type batch struct {
+	ids, accounts []string
+	amounts       []int64
+	totals        struct {
+		accounts []string
+		cents    []int64
+	}
+}
+
+// decodeBatch decodes every message of a batch. A bad body fails the whole
+// batch; the Consumer then decides each message alone, so only the bad one
+// is dead-lettered.
+func decodeBatch(msgs []*core.Message) (batch, error) {
+	var b batch
+	sum := map[string]int64{}
+	for _, m := range msgs {
+		p, err := decode(m.Body)
+		if err != nil {
+			return b, fmt.Errorf("message %q: %w", m.ID, err)
+		}
+		b.ids = append(b.ids, m.ID)
+		b.accounts = append(b.accounts, p.Account)
+		b.amounts = append(b.amounts, p.AmountCents)
+		sum[p.Account] += p.AmountCents
+	}
+	b.totals.accounts = slices.Sorted(maps.Keys(sum))
+	for _, a := range b.totals.accounts {
+		b.totals.cents = append(b.totals.cents, sum[a])
+	}
+	return b, nil
+}
+
+// placeholders repeats row n times, comma-separated.
+func placeholders(n int, row string) string {
+	return strings.TrimSuffix(strings.Repeat(row+", ", n), ", ")
 }

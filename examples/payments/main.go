@@ -50,7 +50,6 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/middleware/logging"
-	"github.com/idemq/idemq/middleware/recovery"
 
 	// Every broker adapter and store registers its URL scheme: the
 	// deployment's URLs, not this code, pick them.
@@ -149,8 +148,8 @@ Flags:
 		return s, errors.New("--consumer: must not be empty")
 	case s.tables != "" && !identifier.MatchString(s.tables):
 		return s, fmt.Errorf("--tables: %q is not a table name prefix (letters, digits, _; at most 41)", s.tables)
-	case s.batch < 1:
-		return s, fmt.Errorf("--batch: %d must be at least 1", s.batch)
+	case s.batch < 1 || s.batch > 1000:
+		return s, fmt.Errorf("--batch: %d must be from 1 to 1000", s.batch)
 	case s.concurrency < 1:
 		return s, fmt.Errorf("--concurrency: %d must be at least 1", s.concurrency)
 	case s.shutdown <= 0:
@@ -221,14 +220,13 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 	if err != nil {
 		return err
 	}
-	c, err := core.New(src, b.store, b.charge,
+	c, err := core.NewBatch(src, b.store, b.charge,
 		core.WithName(s.consumer),
 		core.WithBatchSize(s.batch),
 		core.WithConcurrency(s.concurrency),
 		core.WithShutdownTimeout(s.shutdown),
 		core.WithLogger(logger),
-		core.WithMiddleware(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))),
-		core.WithHandlerMiddleware(recovery.New(logger)))
+		core.WithMiddleware(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))))
 	if err != nil {
 		src.Close()
 		return err
