@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/postgres"
@@ -261,10 +262,19 @@ func TestGroupMemberKilledMidStreamEffectsOnce(t *testing.T) {
 	}
 }
 
+// revoking reports whether s has no generation or is revoking its current
+// one.
+func revoking(s *Source) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen == nil || s.gen.revoked
+}
+
 // A second member joins while the first is in the middle of a batch
-// transaction: the first stops taking messages of the revoked generation,
-// finishes and settles the batch within the revoke timeout, commits and
-// releases; every effect is applied once.
+// transaction (its handler is held until the revocation has begun): the
+// first stops taking messages of the revoked generation, finishes and
+// settles the batch within the revoke timeout, commits and releases. No
+// message is redelivered, and every effect is applied once.
 func TestRebalanceMidBatch(t *testing.T) {
 	e := newPGEffects(t)
 	bs := brokers(t)
@@ -274,37 +284,57 @@ func TestRebalanceMidBatch(t *testing.T) {
 	const n = 1500
 	publishN(t, bs, topic, "rmb", n, func(i int) string { return "k" + strconv.Itoa(i%31) })
 
-	var inBatch atomic.Int64 // handler calls in progress
-	joined := make(chan struct{})
-	var once sync.Once
-	slow := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
-		inBatch.Add(1)
-		defer inBatch.Add(-1)
-		time.Sleep(500 * time.Microsecond)
-		return e.apply(ctx, tx, m)
-	}
-	opts := []core.Option{core.WithBatchSize(25), core.WithLinger(10 * time.Millisecond), core.WithWindow(100)}
 	srcA := openSource(t, bs, topic, group)
+	inside := make(chan struct{})
+	var once sync.Once
+	var sawRevoke atomic.Bool
+	slow := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		time.Sleep(200 * time.Microsecond)
+		if err := e.apply(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == "rmb-0300" {
+			// Hold this batch's transaction open until the rebalance
+			// has begun revoking A's partitions.
+			once.Do(func() { close(inside) })
+			deadline := time.Now().Add(10 * time.Second)
+			for !revoking(srcA) && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			sawRevoke.Store(revoking(srcA))
+		}
+		return nil
+	}
+	opts := []core.Option{core.WithBatchSize(25), core.WithLinger(5 * time.Millisecond), core.WithWindow(100)}
 	a := startConsumer(t, srcA, e, slow, opts...)
-	waitUntil(t, 30*time.Second, "A mid-batch", func() bool { return a.c.Stats().Processed >= 200 && inBatch.Load() > 0 })
-	var b *consumer
-	once.Do(func() {
-		b = startConsumer(t, openSource(t, bs, topic, group), e, slow, opts...)
-		close(joined)
-	})
-	<-joined
+	select {
+	case <-inside:
+	case <-time.After(30 * time.Second):
+		t.Fatal("A never reached message rmb-0300")
+	}
+	srcB := openSource(t, bs, topic, group)
+	b := startConsumer(t, srcB, e, slow, opts...)
 	waitUntil(t, 60*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
 	b.shutdown(t)
 	a.shutdown(t)
 	as, bst := a.c.Stats(), b.c.Stats()
-	t.Logf("A %+v source %+v; B %+v source %+v", as, srcA.Stats(), bst, b.src.Stats())
+	t.Logf("A %+v source %+v; B %+v source %+v", as, srcA.Stats(), bst, srcB.Stats())
+	if !sawRevoke.Load() {
+		t.Fatal("the rebalance did not begin while A's batch was open")
+	}
 	if srcA.Stats().Generations < 2 {
 		t.Errorf("A took part in %d generations: no rebalance happened", srcA.Stats().Generations)
 	}
 	if bst.Processed == 0 {
 		t.Errorf("B processed nothing after joining")
+	}
+	// The open batch finished within the revoke timeout and was committed
+	// before the partitions were released: nothing went stale, nothing
+	// was redelivered.
+	if as.Stale != 0 || srcA.Stats().StaleSettlements != 0 || as.Duplicates+bst.Duplicates != 0 {
+		t.Errorf("stale %d/%d, duplicates %d: the revocation did not let the open batch finish", as.Stale, srcA.Stats().StaleSettlements, as.Duplicates+bst.Duplicates)
 	}
 	rows, ids := e.counts(t)
 	if ids != n || rows != n {
@@ -312,6 +342,86 @@ func TestRebalanceMidBatch(t *testing.T) {
 	}
 	if p := as.Processed + bst.Processed; p != n {
 		t.Errorf("Processed %d in all, want %d", p, n)
+	}
+}
+
+// The revoke timeout passes while A's batch transaction is still open: the
+// partition goes to B, which gets the messages while A still holds their
+// claims. B's claims wait on the unique key until A commits, then decide
+// Duplicate; A's late acks are stale. Effects once.
+func TestRevokeTimeoutPassesWithTransactionOpen(t *testing.T) {
+	e := newPGEffects(t)
+	bs := brokers(t)
+	topic := newTopic(t, bs, 2)
+	group := "g-" + randomHex(4)
+	const n = 5
+	// All messages on partition 1, and a balancer that gives every
+	// partition to B once it is there (member ids start with the client
+	// id): the rebalance surely moves the messages from A to B.
+	w := &kafkago.Writer{Addr: kafkago.TCP(strings.Split(bs, ",")...), RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond,
+		Balancer: kafkago.BalancerFunc(func(kafkago.Message, ...int) int { return 1 })}
+	for i := range n {
+		if err := w.WriteMessages(context.Background(), kafkago.Message{Topic: topic, Value: []byte("v"),
+			Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte(fmt.Sprintf("late-%d", i))}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	var aCalls, bCalls atomic.Int64
+	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(100*time.Millisecond), WithGroupBalancers(preferB{}),
+		WithDialer(&kafkago.Dialer{ClientID: "a-idemq-test", Timeout: 10 * time.Second}))
+	a := startConsumer(t, srcA, e, func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		aCalls.Add(1)
+		if err := e.apply(ctx, tx, m); err != nil {
+			return err
+		}
+		<-release // the whole batch waits here with its claims taken
+		return nil
+	}, core.WithBatchSize(n), core.WithLinger(200*time.Millisecond), core.WithWindow(2*n))
+	// Cleanups run last-in first-out: release A's handler before A's
+	// consumer is shut down, even when the test fails.
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	waitUntil(t, 20*time.Second, "A's batch to be open", func() bool { return aCalls.Load() == 1 })
+
+	// B joins: the rebalance revokes A's partitions while the batch is
+	// open, past A's revoke timeout.
+	srcB := openSource(t, bs, topic, group, WithGroupBalancers(preferB{}),
+		WithDialer(&kafkago.Dialer{ClientID: "b-idemq-test", Timeout: 10 * time.Second}))
+	b := startConsumer(t, srcB, e, func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		bCalls.Add(1)
+		return e.apply(ctx, tx, m)
+	}, core.WithWindow(2*n))
+	waitUntil(t, 20*time.Second, "B to receive the messages A still holds", func() bool {
+		return b.c.Stats().Received >= 1
+	})
+	time.Sleep(200 * time.Millisecond) // B's claim is now waiting on A's row locks
+	if got := bCalls.Load(); got != 0 {
+		t.Fatalf("B's handler ran %d times while A held the claims", got)
+	}
+	releaseOnce.Do(func() { close(release) })
+	waitUntil(t, 20*time.Second, "B to decide the redeliveries", func() bool {
+		return b.c.Stats().Processed+b.c.Stats().Duplicates >= int64(n)
+	})
+	waitUntil(t, 20*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, 2)
+	})
+	b.shutdown(t)
+	a.shutdown(t)
+	as, bst := a.c.Stats(), b.c.Stats()
+	t.Logf("A %+v source %+v; B %+v source %+v", as, srcA.Stats(), bst, srcB.Stats())
+	if bst.Duplicates != n || bst.Processed != 0 || bCalls.Load() != 0 {
+		t.Errorf("B: %d duplicates, %d processed, handler ran %d times; want %d duplicates and no handler run", bst.Duplicates, bst.Processed, bCalls.Load(), n)
+	}
+	// The batch's acks go in one AckBatch: the Consumer counts one stale
+	// settlement, the Source one per message.
+	if as.Processed != n || as.Stale < 1 || srcA.Stats().StaleSettlements != n {
+		t.Errorf("A: processed %d, stale %d (source %d); want %d processed, %d stale in the source", as.Processed, as.Stale, srcA.Stats().StaleSettlements, n, n)
+	}
+	if rows, ids := e.counts(t); rows != n || ids != n {
+		t.Errorf("%d effects for %d ids, want %d", rows, ids, n)
 	}
 }
 
@@ -521,4 +631,29 @@ func TestPerKeyOrderThroughThePipeline(t *testing.T) {
 	if rows, ids := e.counts(t); rows != n || ids != n {
 		t.Errorf("%d effects for %d ids, want %d", rows, ids, n)
 	}
+}
+
+// preferB assigns every partition to the member whose id starts with "b-"
+// when there is one, else to the first member.
+type preferB struct{}
+
+func (preferB) ProtocolName() string      { return "idemq-test-prefer-b" }
+func (preferB) UserData() ([]byte, error) { return nil, nil }
+func (preferB) AssignGroups(members []kafkago.GroupMember, parts []kafkago.Partition) kafkago.GroupMemberAssignments {
+	owner := members[0].ID
+	for _, m := range members {
+		if strings.HasPrefix(m.ID, "b-") {
+			owner = m.ID
+		}
+	}
+	out := kafkago.GroupMemberAssignments{owner: map[string][]int{}}
+	for _, p := range parts {
+		out[owner][p.Topic] = append(out[owner][p.Topic], p.ID)
+	}
+	for _, m := range members {
+		if _, ok := out[m.ID]; !ok {
+			out[m.ID] = map[string][]int{}
+		}
+	}
+	return out
 }

@@ -68,6 +68,7 @@ type config struct {
 	partitionBuffer   int
 	fetchMaxWait      time.Duration
 	dialer            *kafkago.Dialer
+	balancers         []kafkago.GroupBalancer
 	logger            *slog.Logger
 	batchTimeout      time.Duration
 }
@@ -287,6 +288,24 @@ func WithDialer(d *kafkago.Dialer) Option {
 			return optErr("WithDialer", "nil dialer")
 		}
 		c.dialer = d
+		return nil
+	}
+}
+
+// WithGroupBalancers sets the partition assignment strategies offered to
+// the group, in order of preference (every member must offer the one
+// chosen). Default kafka-go's: range, then round robin.
+func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
+	return func(c *config) error {
+		if len(bs) == 0 {
+			return optErr("WithGroupBalancers", "no balancer given")
+		}
+		for i, b := range bs {
+			if b == nil {
+				return optErr("WithGroupBalancers", "balancer %d is nil", i)
+			}
+		}
+		c.balancers = bs
 		return nil
 	}
 }

@@ -289,6 +289,7 @@ func (s *Source) start() error {
 		Brokers:           s.cfg.brokers,
 		Dialer:            s.cfg.dialer,
 		Topics:            s.topics(),
+		GroupBalancers:    s.cfg.balancers,
 		HeartbeatInterval: s.cfg.heartbeatInterval,
 		SessionTimeout:    s.cfg.sessionTimeout,
 		RebalanceTimeout:  s.cfg.rebalanceTimeout,

@@ -404,6 +404,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithJoinBackoff(0)}, "WithJoinBackoff"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithBatchTimeout(0)}, "WithBatchTimeout"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("")}, "WithGroup"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithGroupBalancers()}, "WithGroupBalancers"},
 	}
 	for _, c := range cases {
 		_, err := Open(ctx, c.target, c.opts...)
