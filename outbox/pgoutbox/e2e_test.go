@@ -154,7 +154,7 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 		admin.Exec(context.Background(), `DROP TABLE IF EXISTS `+orders+`, `+effects+`, `+counters+`, e2e_processed_`+sfx)
 	})
 
-	const customers, perCustomer, writers = 10, 150, 4
+	const customers, perCustomer, writers = 10, 100, 4
 	const total = customers * perCustomer
 	for c := range customers {
 		admin.Exec(ctx, `INSERT INTO `+counters+` VALUES ($1, 0)`, fmt.Sprint("c", c))
@@ -167,6 +167,8 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 	var relayWG sync.WaitGroup
 	relays := make([]*outbox.Relay, 2)
 	var kills atomic.Int64
+	var pubMu sync.Mutex
+	var published []*core.Message
 	for i := range relays {
 		app := fmt.Sprintf("outbox-relay-%d-%s", i, sfx)
 		pool := newPool(t, pgURL, app)
@@ -177,8 +179,16 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 		defer pub.Close()
 		batches, myKills := 0, 0
 		killing := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*core.Message) error {
+			// Serialized so that the record is the broker's order.
+			pubMu.Lock()
+			defer pubMu.Unlock()
 			if err := pub.Publish(ctx, dest, msgs...); err != nil {
 				return err
+			}
+			for _, m := range msgs {
+				c := *m
+				c.Key = m.Headers["customer"]
+				published = append(published, &c)
 			}
 			batches++
 			if batches%5 == 0 && myKills < 3 {
@@ -261,8 +271,11 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 		if life <= 2 {
 			cs.crashAt = 15
 		}
-		c, err := core.New[pgx.Tx](cs, store, handler, core.WithName("e2e"), core.WithConcurrency(1),
-			core.WithBatchSize(10), core.WithLinger(5*time.Millisecond), core.WithLogger(discard()))
+		c, err := core.New[pgx.Tx](cs, store, handler, core.WithName("e2e"),
+			// A window of one: core.Consumer decides the deliveries of its window
+			// concurrently, so only one at a time keeps the broker's order.
+			core.WithConcurrency(1), core.WithWindow(1),
+			core.WithLogger(discard()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,6 +308,9 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 	}
 	stopRelays()
 	relayWG.Wait()
+	pubMu.Lock()
+	checkOrder(t, published, customers, perCustomer)
+	pubMu.Unlock()
 
 	// Exactly one effect per order, none lost, none invented.
 	if n := count(t, admin, `SELECT count(*) FROM `+orders); n != total {
@@ -325,10 +341,8 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 	if n := count(t, admin, `SELECT count(*) FROM `+o.ident+` WHERE sent_at IS NULL`); n != 0 {
 		t.Fatalf("%d outbox rows pending", n)
 	}
-	var published int64
 	for i, r := range relays {
 		st := r.Stats()
-		published += st.Published
 		if st.Published == 0 {
 			t.Errorf("relay %d published nothing", i)
 		}
