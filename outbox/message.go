@@ -88,6 +88,8 @@ type Row struct {
 	Body        []byte
 	// CreatedAt is when the row was written (database clock).
 	CreatedAt time.Time
+	// Attempts counts earlier publishes of the row that failed.
+	Attempts int
 }
 
 // coreMessage is the message the relay publishes for r.

@@ -18,6 +18,8 @@ const (
 	DefaultPruneInterval = time.Minute
 	DefaultPruneBatch    = 1000
 	DefaultMaxBackoff    = 30 * time.Second
+	DefaultRetryMin      = time.Second
+	DefaultRetryMax      = 5 * time.Minute
 	DefaultName          = "outbox"
 )
 
@@ -35,9 +37,7 @@ type config struct {
 	meter         metric.MeterProvider
 	errs          []error
 
-	// afterPublish, for tests, runs after a batch was confirmed and before
-	// it is marked; returning true abandons the claim as a crash would.
-	afterPublish func(rows []*Row) bool
+	retryMin, retryMax time.Duration
 }
 
 // Option configures a Relay. An invalid value makes NewRelay fail with an
@@ -130,8 +130,9 @@ func WithPruneInterval(every time.Duration, batch int) Option {
 	}
 }
 
-// WithMaxBackoff caps the wait after a failed publish or claim; the wait
-// doubles from the poll interval up to it. Default 30s.
+// WithMaxBackoff caps how long a relay waits after a failed batch (a
+// claim the database refused, a failed publish) before it claims again;
+// the wait doubles from the poll interval up to it. Default 30s.
 func WithMaxBackoff(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {
@@ -139,6 +140,21 @@ func WithMaxBackoff(d time.Duration) Option {
 			return
 		}
 		c.maxBackoff = d
+	}
+}
+
+// WithRetryBackoff sets how long rows whose publish failed are left alone:
+// min after the first failure, doubling with each further one, at most
+// max. Meanwhile the relays publish other rows, so one broken destination
+// does not hold up the rest; rows with the same ordering key as a
+// postponed row wait behind it. Default 1s to 5m.
+func WithRetryBackoff(min, max time.Duration) Option {
+	return func(c *config) {
+		if min <= 0 || max < min {
+			c.fail("WithRetryBackoff", "need 0 < min <= max, got %v and %v", min, max)
+			return
+		}
+		c.retryMin, c.retryMax = min, max
 	}
 }
 
@@ -184,6 +200,8 @@ func buildConfig(opts []Option) (config, error) {
 		pruneInterval: DefaultPruneInterval,
 		pruneBatch:    DefaultPruneBatch,
 		maxBackoff:    DefaultMaxBackoff,
+		retryMin:      DefaultRetryMin,
+		retryMax:      DefaultRetryMax,
 		notify:        true,
 		logger:        slog.Default(),
 	}

@@ -16,9 +16,6 @@ import (
 	"github.com/idemq/idemq/core"
 )
 
-// errAbandoned is returned by RunOnce when the test hook abandoned a batch.
-var errAbandoned = errors.New("outbox: batch abandoned after publish (test crash)")
-
 // finishTimeout bounds marking rows sent after the broker confirmed them;
 // it runs even when the relay's context was cancelled meanwhile, so a
 // shutdown does not needlessly republish a confirmed batch.
@@ -197,8 +194,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// span in the relay's context must not replace it (publishers inject
 	// the context they are given).
 	pubCtx := trace.ContextWithSpanContext(ctx, trace.SpanContext{})
-	var sent []int64
+	var sent, failed []int64
 	var errs []error
+	attempts := 0
 	for _, g := range byDestination(rows) {
 		msgs := make([]*core.Message, len(g.rows))
 		for i, row := range g.rows {
@@ -208,21 +206,21 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			r.failures.Add(1)
 			r.errCounter.Add(ctx, 1, r.attrs)
 			errs = append(errs, fmt.Errorf("outbox: publish %d rows to %q: %w", len(msgs), g.dest, err))
+			for _, row := range g.rows {
+				failed = append(failed, row.Seq)
+				attempts = max(attempts, row.Attempts+1)
+			}
 			continue
 		}
 		for _, row := range g.rows {
 			sent = append(sent, row.Seq)
 		}
 	}
+	// Marking runs even if ctx was cancelled meanwhile: a shutdown need
+	// not republish a batch the broker confirmed.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if r.cfg.afterPublish != nil && r.cfg.afterPublish(rows) {
-		return 0, errors.Join(errAbandoned, c.Abort(fctx))
-	}
-	if len(sent) == 0 {
-		return 0, errors.Join(append(errs, c.Abort(fctx))...)
-	}
-	if err := c.Finish(fctx, sent, r.cfg.retention == 0); err != nil {
+	if err := c.Finish(fctx, sent, failed, r.retryDelay(attempts), r.cfg.retention == 0); err != nil {
 		// Published but not marked: they are published again later and
 		// the consumers' dedup absorbs the copies.
 		return 0, errors.Join(append(errs, fmt.Errorf("outbox: marking %d published rows sent: %w", len(sent), err))...)
@@ -230,6 +228,15 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	r.published.Add(int64(len(sent)))
 	r.pubCounter.Add(ctx, int64(len(sent)), r.attrs)
 	return len(sent), errors.Join(errs...)
+}
+
+// retryDelay is how long rows that failed for the n-th time are postponed.
+func (r *Relay) retryDelay(n int) time.Duration {
+	d := r.cfg.retryMin
+	for i := 1; i < n && d < r.cfg.retryMax; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.retryMax)
 }
 
 type destGroup struct {

@@ -10,7 +10,8 @@ import (
 type Store interface {
 	// Claim begins a transaction and locks up to limit pending rows for
 	// this relay: the heads (oldest pending rows) of keys that no other
-	// relay holds, looked for among the window oldest pending rows, plus,
+	// relay holds, looked for among the window oldest pending rows that are
+	// not postponed, plus,
 	// under each head's lock, rows of the same key that follow it. Rows
 	// come in Seq order. With no rows it returns a nil Claimed.
 	Claim(ctx context.Context, limit, window int) (Claimed, error)
@@ -27,9 +28,11 @@ type Store interface {
 type Claimed interface {
 	// Rows returns the claimed rows in Seq order.
 	Rows() []*Row
-	// Finish marks the rows with the given seqs sent (or deletes them when
-	// del is set) and commits, releasing every lock.
-	Finish(ctx context.Context, seqs []int64, del bool) error
+	// Finish marks the rows whose seqs are in sent as sent (or deletes
+	// them when del is set), postpones the rows in failed (their Attempts
+	// grow by one and no relay claims them before retryAfter has passed),
+	// and commits, releasing every lock.
+	Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error
 	// Abort rolls back, releasing every lock; the rows stay pending.
 	Abort(ctx context.Context) error
 }

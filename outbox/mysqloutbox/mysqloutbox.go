@@ -7,7 +7,7 @@
 //
 // Migrate creates two tables: the outbox (default name "outbox"; seq
 // AUTO_INCREMENT primary key, id, destination, ordering_key, headers as
-// JSON text, body, created_at, sent_at) and "<outbox>_locks", a fixed set of
+// JSON text, body, created_at, sent_at, attempts, available_at) and "<outbox>_locks", a fixed set of
 // 4096 rows that writers lock per ordering key (FOR UPDATE until commit) so
 // that per key, rows commit in sequence order.
 package mysqloutbox
@@ -182,6 +182,8 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 	body         LONGBLOB       NOT NULL,
 	created_at   TIMESTAMP(6)   NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
 	sent_at      TIMESTAMP(6)   NULL DEFAULT NULL,
+	attempts     INT            NOT NULL DEFAULT 0,
+	available_at TIMESTAMP(6)   NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
 	KEY %[1]s_pending (sent_at, seq),
 	KEY %[1]s_pending_key (ordering_key, sent_at, seq)
 ) ENGINE=InnoDB`, o.table),
@@ -215,14 +217,18 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 // Store returns the relay side of the outbox on db.
 func (o *Outbox) Store(db *sql.DB) *Store {
 	t := o.table
-	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, CAST(UNIX_TIMESTAMP(created_at) * 1000000 AS SIGNED)"
+	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, CAST(UNIX_TIMESTAMP(created_at) * 1000000 AS SIGNED), attempts"
 	return &Store{db: db, cols: cols, table: t,
-		headsSQL: fmt.Sprintf(`WITH win AS (
-	SELECT seq, ordering_key FROM %[1]s WHERE sent_at IS NULL ORDER BY seq LIMIT ?
-)
-SELECT seq FROM win WHERE ordering_key IS NULL
-UNION ALL
-SELECT MIN(seq) FROM win WHERE ordering_key IS NOT NULL GROUP BY ordering_key`, t),
+		// A head is a row with no earlier pending row of its key, checked
+		// against the whole table (not the window), so postponed rows can
+		// stay out of the window without letting the row behind them pass.
+		headsSQL: fmt.Sprintf(`SELECT w.seq FROM (
+	SELECT seq, ordering_key FROM %[1]s
+	WHERE sent_at IS NULL AND available_at <= CURRENT_TIMESTAMP(6)
+	ORDER BY seq LIMIT ?
+) w
+WHERE w.ordering_key IS NULL OR NOT EXISTS (
+	SELECT 1 FROM %[1]s p WHERE p.ordering_key = w.ordering_key AND p.sent_at IS NULL AND p.seq < w.seq)`, t),
 		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)), 0) FROM %s WHERE sent_at IS NULL`, t),
 		pruneSQL:   fmt.Sprintf(`DELETE FROM %s WHERE sent_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY sent_at LIMIT ?`, t),
 	}
@@ -253,7 +259,7 @@ func scanRows(rows *sql.Rows) ([]*outbox.Row, error) {
 		r := &outbox.Row{}
 		var headers string
 		var micros int64
-		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &headers, &r.Body, &micros); err != nil {
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &headers, &r.Body, &micros, &r.Attempts); err != nil {
 			return nil, err
 		}
 		if err := json.Unmarshal([]byte(headers), &r.Headers); err != nil {
@@ -364,14 +370,24 @@ type claimed struct {
 
 func (c *claimed) Rows() []*outbox.Row { return c.rows }
 
-func (c *claimed) Finish(ctx context.Context, seqs []int64, del bool) error {
-	q := fmt.Sprintf("UPDATE %s SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN (%s)", c.s.table, placeholders(len(seqs)))
-	if del {
-		q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, placeholders(len(seqs)))
+func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
+	if len(sent) > 0 {
+		q := fmt.Sprintf("UPDATE %s SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
+		if del {
+			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
+		}
+		if _, err := c.tx.ExecContext(ctx, q, anys(sent)...); err != nil {
+			c.tx.Rollback()
+			return err
+		}
 	}
-	if _, err := c.tx.ExecContext(ctx, q, anys(seqs)...); err != nil {
-		c.tx.Rollback()
-		return err
+	if len(failed) > 0 {
+		q := fmt.Sprintf("UPDATE %s SET attempts = attempts + 1, available_at = CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE seq IN (%s)",
+			c.s.table, placeholders(len(failed)))
+		if _, err := c.tx.ExecContext(ctx, q, append([]any{retryAfter.Microseconds()}, anys(failed)...)...); err != nil {
+			c.tx.Rollback()
+			return err
+		}
 	}
 	return c.tx.Commit()
 }

@@ -371,14 +371,21 @@ func TestPublishFailureKeepsRows(t *testing.T) {
 	tx.Commit()
 	r, _ := o.NewRelay(db, outbox.PublisherFunc(func(context.Context, string, ...*core.Message) error {
 		return errors.New("broker unavailable")
-	}), outbox.WithRetention(0))
+	}), outbox.WithRetention(0), outbox.WithRetryBackoff(200*time.Millisecond, time.Second))
 	if n, err := r.RunOnce(ctx); n != 0 || err == nil {
 		t.Fatalf("RunOnce = %d, %v", n, err)
 	}
 	if c := count(t, db, "SELECT COUNT(*) FROM "+o.table+" WHERE sent_at IS NULL"); c != 1 {
 		t.Fatalf("%d pending, want 1", c)
 	}
+	if c := count(t, db, "SELECT COUNT(*) FROM "+o.table+" WHERE attempts = 1 AND available_at > CURRENT_TIMESTAMP(6)"); c != 1 {
+		t.Fatalf("failed row not postponed (%d)", c)
+	}
 	r, _ = o.NewRelay(db, &recorder{}, outbox.WithRetention(0))
+	if n, err := r.RunOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("RunOnce while postponed = %d, %v; want nothing", n, err)
+	}
+	time.Sleep(250 * time.Millisecond)
 	if n, err := r.RunOnce(ctx); n != 1 || err != nil {
 		t.Fatalf("RunOnce = %d, %v", n, err)
 	}

@@ -13,6 +13,8 @@
 //	body         BYTEA       NOT NULL
 //	created_at   TIMESTAMPTZ NOT NULL DEFAULT now()
 //	sent_at      TIMESTAMPTZ                  -- NULL: pending
+//	attempts     INT         NOT NULL         -- failed publishes so far
+//	available_at TIMESTAMPTZ NOT NULL         -- postponed after a failure until
 package pgoutbox
 
 import (
@@ -196,7 +198,9 @@ func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	headers      JSONB       NOT NULL DEFAULT '{}',
 	body         BYTEA       NOT NULL,
 	created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
-	sent_at      TIMESTAMPTZ
+	sent_at      TIMESTAMPTZ,
+	attempts     INT         NOT NULL DEFAULT 0,
+	available_at TIMESTAMPTZ NOT NULL DEFAULT now()
 )`, t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (seq) WHERE sent_at IS NULL`, idx("pending"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (ordering_key, seq) WHERE sent_at IS NULL AND ordering_key IS NOT NULL`, idx("pending_key"), t),
@@ -226,24 +230,32 @@ func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // Store returns the relay side of the outbox on pool.
 func (o *Outbox) Store(pool *pgxpool.Pool) *Store {
 	t := o.ident
-	cols := `seq, id, destination, coalesce(ordering_key, ''), headers, body, created_at`
+	cols := `seq, id, destination, coalesce(ordering_key, ''), headers, body, created_at, attempts`
 	return &Store{o: o, pool: pool,
+		// A head is a row with no earlier pending row of its key, checked
+		// against the whole table (not the window), so postponed rows can
+		// stay out of the window without letting the row behind them pass.
 		claimSQL: fmt.Sprintf(`WITH win AS (
-	SELECT seq, ordering_key FROM %[1]s WHERE sent_at IS NULL ORDER BY seq LIMIT $1
-), heads AS (
-	SELECT seq FROM win WHERE ordering_key IS NULL
-	UNION ALL
-	SELECT min(seq) FROM win WHERE ordering_key IS NOT NULL GROUP BY ordering_key
+	SELECT seq, ordering_key FROM %[1]s
+	WHERE sent_at IS NULL AND available_at <= now()
+	ORDER BY seq LIMIT $1
 )
 SELECT %[2]s FROM %[1]s
-WHERE seq IN (SELECT seq FROM heads) AND sent_at IS NULL
+WHERE seq IN (
+	SELECT w.seq FROM win w
+	WHERE w.ordering_key IS NULL OR NOT EXISTS (
+		SELECT 1 FROM %[1]s p
+		WHERE p.ordering_key = w.ordering_key AND p.sent_at IS NULL AND p.seq < w.seq))
+AND sent_at IS NULL
 ORDER BY seq LIMIT $2
 FOR UPDATE SKIP LOCKED`, t, cols),
 		runSQL: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
 WHERE ordering_key = ANY($1::text[]) AND sent_at IS NULL AND seq <> ALL($2::bigint[])
 ORDER BY seq LIMIT $3`, t, cols),
-		markSQL:    fmt.Sprintf(`UPDATE %s SET sent_at = now() WHERE seq = ANY($1::bigint[])`, t),
-		deleteSQL:  fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1::bigint[])`, t),
+		markSQL:   fmt.Sprintf(`UPDATE %s SET sent_at = now() WHERE seq = ANY($1::bigint[])`, t),
+		deleteSQL: fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1::bigint[])`, t),
+		postponeSQL: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, available_at = now() + $2::bigint * interval '1 microsecond'
+WHERE seq = ANY($1::bigint[])`, t),
 		pendingSQL: fmt.Sprintf(`SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM %s WHERE sent_at IS NULL`, t),
 		pruneSQL:   fmt.Sprintf(`DELETE FROM %[1]s WHERE seq IN (SELECT seq FROM %[1]s WHERE sent_at < $1 ORDER BY sent_at LIMIT $2)`, t),
 	}
@@ -263,7 +275,7 @@ type Store struct {
 	o    *Outbox
 	pool *pgxpool.Pool
 
-	claimSQL, runSQL, markSQL, deleteSQL, pendingSQL, pruneSQL string
+	claimSQL, runSQL, markSQL, deleteSQL, postponeSQL, pendingSQL, pruneSQL string
 }
 
 var (
@@ -275,7 +287,7 @@ func scanRows(rows pgx.Rows) ([]*outbox.Row, error) {
 	var out []*outbox.Row
 	for rows.Next() {
 		r := &outbox.Row{}
-		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &r.Headers, &r.Body, &r.CreatedAt); err != nil {
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &r.Headers, &r.Body, &r.CreatedAt, &r.Attempts); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -351,12 +363,19 @@ type claimed struct {
 
 func (c *claimed) Rows() []*outbox.Row { return c.rows }
 
-func (c *claimed) Finish(ctx context.Context, seqs []int64, del bool) error {
-	q := c.s.markSQL
-	if del {
-		q = c.s.deleteSQL
+func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
+	b := &pgx.Batch{}
+	if len(sent) > 0 {
+		q := c.s.markSQL
+		if del {
+			q = c.s.deleteSQL
+		}
+		b.Queue(q, sent)
 	}
-	if _, err := c.tx.Exec(ctx, q, seqs); err != nil {
+	if len(failed) > 0 {
+		b.Queue(c.s.postponeSQL, failed, retryAfter.Microseconds())
+	}
+	if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
 		c.tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,36 +322,55 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	}
 }
 
-// TestPublishFailureKeepsRows: a broker error leaves the rows pending; one
-// failing destination does not hold back the others.
+// TestPublishFailureKeepsRows: a broker error leaves the rows pending and
+// postpones them (with growing delays), while rows for other destinations
+// keep flowing; a later row of a postponed row's key waits behind it.
 func TestPublishFailureKeepsRows(t *testing.T) {
 	url := postgresURL(t)
 	pool := newPool(t, url, "pgoutbox-test")
 	o := newOutbox(t, pool)
 	ctx := context.Background()
-	pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return o.Write(ctx, tx, &outbox.Message{Destination: "down", Body: []byte("a")}, &outbox.Message{Destination: "up", Body: []byte("b")})
-	})
-	down := true
+	write := func(msgs ...*outbox.Message) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return o.Write(ctx, tx, msgs...) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(&outbox.Message{Destination: "down", Key: "k", Body: []byte("1")}, &outbox.Message{Destination: "up", Body: []byte("a")})
+	var down atomic.Bool
+	down.Store(true)
 	rec := &recorder{next: func(_ context.Context, dest string, _ ...*core.Message) error {
-		if dest == "down" && down {
+		if dest == "down" && down.Load() {
 			return errors.New("broker unavailable")
 		}
 		return nil
 	}}
-	r, _ := o.NewRelay(pool, rec)
+	r, _ := o.NewRelay(pool, rec, outbox.WithRetryBackoff(300*time.Millisecond, time.Second))
 	n, err := r.RunOnce(ctx)
 	if n != 1 || err == nil || !strings.Contains(err.Error(), "broker unavailable") {
 		t.Fatalf("RunOnce = %d, %v; want 1 published and the broker error", n, err)
 	}
-	if c := count(t, pool, "SELECT count(*) FROM "+o.ident+" WHERE sent_at IS NULL AND destination = 'down'"); c != 1 {
-		t.Fatalf("failed row not pending (%d)", c)
+	if c := count(t, pool, "SELECT count(*) FROM "+o.ident+" WHERE sent_at IS NULL AND attempts = 1 AND available_at > now()"); c != 1 {
+		t.Fatalf("failed row not pending and postponed (%d)", c)
 	}
-	down = false
+	// Postponed: other rows flow, the key's next row waits.
+	write(&outbox.Message{Destination: "up", Key: "k", Body: []byte("2")}, &outbox.Message{Destination: "up", Body: []byte("b")})
 	if n, err := r.RunOnce(ctx); n != 1 || err != nil {
-		t.Fatalf("retry RunOnce = %d, %v", n, err)
+		t.Fatalf("RunOnce while postponed = %d, %v; want only the unkeyed row", n, err)
 	}
-	if st := r.Stats(); st.Published != 2 || st.PublishErrors != 1 {
+	if got := rec.snapshot(); len(got) != 2 || string(got[1].Body) != "b" {
+		t.Fatalf("published %d messages, last %q; want a then b", len(got), got[len(got)-1].Body)
+	}
+	time.Sleep(350 * time.Millisecond)
+	down.Store(false)
+	if n, err := r.RunOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RunOnce after the delay = %d, %v; want the key's two rows", n, err)
+	}
+	got := rec.snapshot()
+	if string(got[2].Body) != "1" || string(got[3].Body) != "2" {
+		t.Fatalf("key k published as %q, %q; want 1, 2", got[2].Body, got[3].Body)
+	}
+	if st := r.Stats(); st.Published != 4 || st.PublishErrors != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -456,7 +476,8 @@ func TestRetentionAndMetrics(t *testing.T) {
 	pool.Exec(ctx, `UPDATE `+o.ident+` SET created_at = now() - interval '90 seconds' WHERE sent_at IS NULL`)
 	stuck, _ := o.NewRelay(pool, outbox.PublisherFunc(func(context.Context, string, ...*core.Message) error {
 		return errors.New("down")
-	}), outbox.WithMeterProvider(mp), outbox.WithPollInterval(time.Hour), outbox.WithLogger(discard()))
+	}), outbox.WithMeterProvider(mp), outbox.WithPollInterval(time.Hour), outbox.WithLogger(discard()),
+		outbox.WithRetryBackoff(time.Millisecond, time.Millisecond))
 	runCtx, cancel = context.WithCancel(ctx)
 	go func() { done <- stuck.Run(runCtx) }()
 	var n int64
@@ -481,6 +502,7 @@ func TestRetentionAndMetrics(t *testing.T) {
 	}
 
 	// Zero retention deletes on send.
+	time.Sleep(10 * time.Millisecond) // the stuck relay's postponement
 	del, _ := o.NewRelay(pool, &recorder{}, outbox.WithRetention(0))
 	if n, err := del.RunOnce(ctx); n != 3 || err != nil {
 		t.Fatalf("RunOnce = %d, %v", n, err)
