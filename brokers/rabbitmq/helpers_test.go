@@ -14,6 +14,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/core"
 )
 
 // amqpURL returns the broker URL from IDEMQ_AMQP_URL (default the local
@@ -27,7 +29,7 @@ func amqpURL(t testing.TB) string {
 	}
 	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	if err != nil {
-		msg := "RabbitMQ unreachable at IDEMQ_AMQP_URL=" + url + ": " + err.Error()
+		msg := "RabbitMQ unreachable at IDEMQ_AMQP_URL=" + core.Redact(url) + ": " + core.RedactError(err, url)
 		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
 			t.Fatal(msg)
 		}

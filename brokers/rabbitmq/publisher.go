@@ -104,7 +104,7 @@ func NewPublisher(ctx context.Context, url string, opts ...PublisherOption) (*Pu
 		}
 	}
 	if _, err := amqp.ParseURI(url); err != nil {
-		return nil, fmt.Errorf("rabbitmq: url: %w", err)
+		return nil, urlError(url, err)
 	}
 	p := &Publisher{url: url, cfg: cfg}
 	if err := p.connect(ctx); err != nil {

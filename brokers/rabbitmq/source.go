@@ -98,7 +98,7 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 		}
 	}
 	if _, err := amqp.ParseURI(url); err != nil {
-		return nil, fmt.Errorf("rabbitmq: url: %w", err)
+		return nil, urlError(url, err)
 	}
 	s := &Source{
 		url:      url,

@@ -2,9 +2,12 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
+
+	"github.com/idemq/idemq/core"
 )
 
 // OpenURL opens a Source configured entirely by a URL, so deployment
@@ -46,7 +49,7 @@ var amqpParams = map[string]bool{
 func parseSourceURL(rawURL string) (string, string, []Option, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return "", "", nil, fmt.Errorf("rabbitmq: url: %w", err)
+		return "", "", nil, urlError(rawURL, err)
 	}
 	if u.Scheme != "amqp" && u.Scheme != "amqps" {
 		return "", "", nil, fmt.Errorf("rabbitmq: url: scheme %q is not amqp or amqps", u.Scheme)
@@ -113,4 +116,15 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 	}
 	u.RawQuery = keep.Encode()
 	return u.String(), queue, opts, nil
+}
+
+// urlError reports a URL that does not parse without its secrets: url.Parse
+// quotes the whole URL, password included, so its *url.Error is unwrapped
+// and the URL shown redacted.
+func urlError(rawURL string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return fmt.Errorf("rabbitmq: url %s: %s", core.Redact(rawURL), core.RedactError(err, rawURL))
 }
