@@ -11,16 +11,17 @@ import (
 
 // Defaults of the relay options.
 const (
-	DefaultBatchSize     = 100
-	DefaultWindowFactor  = 10
-	DefaultPollInterval  = time.Second
-	DefaultRetention     = 24 * time.Hour
-	DefaultPruneInterval = time.Minute
-	DefaultPruneBatch    = 1000
-	DefaultMaxBackoff    = 30 * time.Second
-	DefaultRetryMin      = time.Second
-	DefaultRetryMax      = 5 * time.Minute
-	DefaultName          = "outbox"
+	DefaultBatchSize      = 100
+	DefaultWindowFactor   = 10
+	DefaultPollInterval   = time.Second
+	DefaultRetention      = 24 * time.Hour
+	DefaultPruneInterval  = time.Minute
+	DefaultPruneBatch     = 1000
+	DefaultMaxBackoff     = 30 * time.Second
+	DefaultPublishTimeout = 30 * time.Second
+	DefaultRetryMin       = time.Second
+	DefaultRetryMax       = 5 * time.Minute
+	DefaultName           = "outbox"
 )
 
 type config struct {
@@ -38,6 +39,7 @@ type config struct {
 	errs          []error
 
 	retryMin, retryMax time.Duration
+	publishTimeout     time.Duration
 }
 
 // Option configures a Relay. An invalid value makes NewRelay fail with an
@@ -158,6 +160,19 @@ func WithRetryBackoff(min, max time.Duration) Option {
 	}
 }
 
+// WithPublishTimeout bounds one Publish call. The claimed rows stay locked
+// while the broker confirms, so a hung broker must not hold them forever;
+// a timed-out publish counts as failed. Default 30s.
+func WithPublishTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithPublishTimeout", "must be positive, got %v", d)
+			return
+		}
+		c.publishTimeout = d
+	}
+}
+
 // WithNotify turns waiting for the store's notifications (Postgres
 // LISTEN/NOTIFY) on or off; polling continues either way. Default on when
 // the store supports it.
@@ -193,17 +208,18 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 
 func buildConfig(opts []Option) (config, error) {
 	c := config{
-		name:          DefaultName,
-		batch:         DefaultBatchSize,
-		poll:          DefaultPollInterval,
-		retention:     DefaultRetention,
-		pruneInterval: DefaultPruneInterval,
-		pruneBatch:    DefaultPruneBatch,
-		maxBackoff:    DefaultMaxBackoff,
-		retryMin:      DefaultRetryMin,
-		retryMax:      DefaultRetryMax,
-		notify:        true,
-		logger:        slog.Default(),
+		name:           DefaultName,
+		batch:          DefaultBatchSize,
+		poll:           DefaultPollInterval,
+		retention:      DefaultRetention,
+		pruneInterval:  DefaultPruneInterval,
+		pruneBatch:     DefaultPruneBatch,
+		maxBackoff:     DefaultMaxBackoff,
+		retryMin:       DefaultRetryMin,
+		publishTimeout: DefaultPublishTimeout,
+		retryMax:       DefaultRetryMax,
+		notify:         true,
+		logger:         slog.Default(),
 	}
 	for _, o := range opts {
 		if o != nil {

@@ -202,7 +202,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		for i, row := range g.rows {
 			msgs[i] = row.coreMessage()
 		}
-		if err := r.pub.Publish(pubCtx, g.dest, msgs...); err != nil {
+		if err := r.publish(pubCtx, g.dest, msgs); err != nil {
 			r.failures.Add(1)
 			r.errCounter.Add(ctx, 1, r.attrs)
 			errs = append(errs, fmt.Errorf("outbox: publish %d rows to %q: %w", len(msgs), g.dest, err))
@@ -228,6 +228,12 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	r.published.Add(int64(len(sent)))
 	r.pubCounter.Add(ctx, int64(len(sent)), r.attrs)
 	return len(sent), errors.Join(errs...)
+}
+
+func (r *Relay) publish(ctx context.Context, dest string, msgs []*core.Message) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
+	defer cancel()
+	return r.pub.Publish(ctx, dest, msgs...)
 }
 
 // retryDelay is how long rows that failed for the n-th time are postponed.

@@ -1,0 +1,125 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+)
+
+func TestPrepare(t *testing.T) {
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	tp := sdktrace.NewTracerProvider()
+	defer tp.Shutdown(context.Background())
+	ctx, span := tp.Tracer("t").Start(context.Background(), "write")
+	defer span.End()
+
+	orig := map[string]string{"type": "created"}
+	m := &Message{Destination: "orders", Headers: orig}
+	h, err := Prepare(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, err := uuid.Parse(m.ID); err != nil || u.Version() != 7 {
+		t.Fatalf("id %q is not a UUIDv7", m.ID)
+	}
+	if h["type"] != "created" || !strings.Contains(h["traceparent"], span.SpanContext().TraceID().String()) {
+		t.Fatalf("headers %v lack the caller's header or trace", h)
+	}
+	if len(orig) != 1 {
+		t.Fatal("Prepare changed the caller's headers")
+	}
+	given := &Message{ID: "mine", Destination: "orders"}
+	if _, err := Prepare(context.Background(), given); err != nil || given.ID != "mine" {
+		t.Fatalf("given id replaced: %q, %v", given.ID, err)
+	}
+	for _, bad := range []*Message{nil, {}, {Destination: strings.Repeat("d", 256)}, {Destination: "d", Key: strings.Repeat("k", 256)}} {
+		if _, err := Prepare(context.Background(), bad); err == nil {
+			t.Errorf("Prepare(%+v) accepted", bad)
+		}
+	}
+}
+
+// Destinations routes each destination to its own publisher (here the
+// memory broker's, as core.OpenPublisher("mem://…") returns) and refuses
+// unknown ones.
+func TestDestinations(t *testing.T) {
+	b, _ := memory.NewBroker()
+	defer b.Close()
+	p := Destinations(map[string]core.Publisher{"orders": b.Publisher("q-orders"), "mail": b.Publisher("q-mail")})
+	ctx := context.Background()
+	if err := p.Publish(ctx, "orders", &core.Message{ID: "1"}, &core.Message{ID: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(ctx, "mail", &core.Message{ID: "3"}); err != nil {
+		t.Fatal(err)
+	}
+	if b.Len("q-orders") != 2 || b.Len("q-mail") != 1 {
+		t.Fatalf("queues hold %d and %d", b.Len("q-orders"), b.Len("q-mail"))
+	}
+	if err := p.Publish(ctx, "billing", &core.Message{ID: "4"}); err == nil || !strings.Contains(err.Error(), `"billing"`) {
+		t.Fatalf("unknown destination: %v", err)
+	}
+}
+
+func TestByDestinationKeepsOrder(t *testing.T) {
+	rows := []*Row{{Seq: 1, Destination: "a"}, {Seq: 2, Destination: "b"}, {Seq: 3, Destination: "a"}, {Seq: 4, Destination: "b"}, {Seq: 5, Destination: "c"}}
+	g := byDestination(rows)
+	if len(g) != 3 || g[0].dest != "a" || g[0].rows[0].Seq != 1 || g[0].rows[1].Seq != 3 || g[1].rows[1].Seq != 4 || g[2].rows[0].Seq != 5 {
+		t.Fatalf("groups %+v", g)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	c, err := buildConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.batch != DefaultBatchSize || c.window != DefaultBatchSize*DefaultWindowFactor || c.retention != DefaultRetention || !c.notify || c.publishTimeout != DefaultPublishTimeout {
+		t.Fatalf("defaults %+v", c)
+	}
+	for name, o := range map[string]Option{
+		"WithBatchSize":      WithBatchSize(0),
+		"WithWindow":         WithWindow(-1),
+		"WithPollInterval":   WithPollInterval(0),
+		"WithRetention":      WithRetention(-time.Second),
+		"WithPruneInterval":  WithPruneInterval(time.Second, 0),
+		"WithMaxBackoff":     WithMaxBackoff(0),
+		"WithRetryBackoff":   WithRetryBackoff(time.Second, time.Millisecond),
+		"WithPublishTimeout": WithPublishTimeout(0),
+		"WithLogger":         WithLogger(nil),
+		"WithMeterProvider":  WithMeterProvider(nil),
+		"WithName":           WithName(""),
+	} {
+		if _, err := buildConfig([]Option{o}); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: error %v does not name it", name, err)
+		}
+	}
+	if _, err := buildConfig([]Option{WithBatchSize(50), WithWindow(10)}); err == nil || !strings.Contains(err.Error(), "WithWindow") {
+		t.Errorf("window below batch: %v", err)
+	}
+	if _, err := NewRelay(nil, PublisherFunc(nil)); err == nil {
+		t.Error("nil store accepted")
+	}
+}
+
+func TestRetryDelayGrows(t *testing.T) {
+	r := &Relay{cfg: config{retryMin: time.Second, retryMax: 10 * time.Second}}
+	want := []time.Duration{time.Second, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
+	for n, w := range want {
+		if d := r.retryDelay(n); d != w {
+			t.Errorf("retryDelay(%d) = %v, want %v", n, d, w)
+		}
+	}
+	if d := r.retryDelay(1000); d != 10*time.Second {
+		t.Errorf("retryDelay(1000) = %v", d)
+	}
+}
