@@ -22,6 +22,9 @@ import (
 // counts are a consumer's decision counts.
 type counts struct {
 	processed, duplicates, retried, deadLettered atomic.Int64
+	// stages is the time idemq spent in each store stage over the whole
+	// run (idemq configurations only).
+	stages map[string]time.Duration
 }
 
 func headerNanos(t amqp.Table) int64 {

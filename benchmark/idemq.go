@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,14 +16,29 @@ import (
 	"github.com/idemq/idemq/stores/postgres"
 )
 
-// commitCounter counts idemq's transactions through the stage observer.
-type commitCounter struct{ t *tracker }
+// stageTimer counts idemq's transactions and adds up the time spent in
+// each store stage (begin, claim, commit), which shows where a batch's time
+// goes when idemq is slower than the hand-written consumer.
+type stageTimer struct {
+	t                    *tracker
+	begin, claim, commit atomic.Int64
+}
 
-func (o commitCounter) ObserveStage(_ []context.Context, stage string) func(error) {
-	if stage == "commit" {
+func (o *stageTimer) ObserveStage(_ []context.Context, stage string) func(error) {
+	var sum *atomic.Int64
+	switch stage {
+	case "commit":
 		o.t.batches.Add(1)
+		sum = &o.commit
+	case "begin":
+		sum = &o.begin
+	case "claim":
+		sum = &o.claim
+	default:
+		return func(error) {}
 	}
-	return func(error) {}
+	start := time.Now()
+	return func(error) { sum.Add(int64(time.Since(start))) }
 }
 
 // runIdemq runs an idemq configuration over the run's queue and tables
@@ -30,10 +47,11 @@ func (o commitCounter) ObserveStage(_ []context.Context, stage string) func(erro
 // ack), as for the baselines.
 func runIdemq(ctx context.Context, e *runEnv, t *tracker, name string) (*counts, error) {
 	b, w := e.cfg.BatchSize, e.cfg.BatchWorkers
+	stages := &stageTimer{t: t}
 	opts := []core.Option{
 		core.WithName(e.consumer),
 		core.WithLogger(e.logger),
-		core.WithStageObserver(commitCounter{t}),
+		core.WithStageObserver(stages),
 		core.WithMiddleware(func(next core.ProcessFunc) core.ProcessFunc {
 			return func(ctx context.Context, m *core.Message) core.Outcome {
 				out := next(ctx, m)
@@ -132,6 +150,11 @@ FROM (SELECT unnest($1::text[]) AS acc, unnest($2::bigint[]) AS amt) v WHERE a.a
 	n.duplicates.Store(st.Duplicates)
 	n.retried.Store(st.Retried)
 	n.deadLettered.Store(st.DeadLettered)
+	n.stages = map[string]time.Duration{
+		"begin":  time.Duration(stages.begin.Load()),
+		"claim":  time.Duration(stages.claim.Load()),
+		"commit": time.Duration(stages.commit.Load()),
+	}
 	return &n, err
 }
 

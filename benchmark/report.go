@@ -104,6 +104,11 @@ type RunResult struct {
 	// Batches is the number of transactions (or multiple acks, for
 	// raw-ack) in the backlog phase, where known.
 	Batches int64
+	// Stages is, for idemq configurations, the total time spent in each
+	// store stage (begin, claim, commit) over the run, summed over
+	// concurrent transactions: set beside Seconds, it shows where time
+	// goes.
+	Stages map[string]time.Duration `json:",omitempty"`
 	// Error is set when the run failed or its correctness check did not
 	// hold; its numbers are then not used.
 	Error string

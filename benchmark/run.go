@@ -212,8 +212,12 @@ func (r RunResult) line() string {
 	if r.Deliveries > 0 {
 		tput = fmt.Sprintf("%d deliveries in %.2fs = %.0f msg/s", r.Deliveries, r.Seconds, r.MsgsPerSec)
 	}
-	return fmt.Sprintf("%s; paced p50 %s p99 %s; peak RSS %s; processed %d, duplicates %d, retried %d, dead-lettered %d, transactions %d",
-		tput, fmtLatency(r.P50), fmtLatency(r.P99), fmtBytes(r.PeakRSS), r.Processed, r.Duplicates, r.Retried, r.DeadLettered, r.Batches)
+	st := ""
+	if r.Stages != nil {
+		st = fmt.Sprintf("; in store stages: begin %.2fs, claim %.2fs, commit %.2fs", r.Stages["begin"].Seconds(), r.Stages["claim"].Seconds(), r.Stages["commit"].Seconds())
+	}
+	return fmt.Sprintf("%s; paced p50 %s p99 %s; peak RSS %s; processed %d, duplicates %d, retried %d, dead-lettered %d, transactions %d%s",
+		tput, fmtLatency(r.P50), fmtLatency(r.P99), fmtBytes(r.PeakRSS), r.Processed, r.Duplicates, r.Retried, r.DeadLettered, r.Batches, st)
 }
 
 // runSpec is the shape of one run.
@@ -361,6 +365,7 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	if o.c != nil {
 		res.Processed, res.Duplicates = o.c.processed.Load(), o.c.duplicates.Load()
 		res.Retried, res.DeadLettered = o.c.retried.Load(), o.c.deadLettered.Load()
+		res.Stages = o.c.stages
 	}
 	t.mu.Lock()
 	res.P50, res.P99 = percentile(t.pacedLat, 0.50), percentile(t.pacedLat, 0.99)
