@@ -36,7 +36,24 @@
 // Rows of one key are published by one relay at a time, so a single hot key
 // is as fast as one relay.
 //
+// The order reaches the broker; keeping it on the consumer side is the
+// consumer's business. AMQP carries no ordering key, so a RabbitMQ queue
+// keeps publish order for one consumer only, and core.Consumer decides the
+// deliveries of its window concurrently: a consumer that must apply a key's
+// messages in order runs with core.WithWindow(1) (or on Kafka partitions or
+// SQS FIFO message groups, which the key maps to).
+//
+// # Failures
+//
+// A publish that fails (or times out, WithPublishTimeout) leaves its rows
+// pending and postpones them with a growing delay (WithRetryBackoff), so a
+// broken destination does not hold up the others; rows with the same key
+// wait behind the postponed one. The pending-rows gauges show the backlog
+// and its age.
+//
 // Messages are core.Messages once published: ID, Key, Headers and Body as
 // written; the trace context of the writing transaction's context is in
-// the headers.
+// the headers. Publishers in use: rabbitmq.Publisher, kafka.Publisher and
+// memory.Broker as they are; sqs publishers and any core.OpenPublisher
+// through Destinations.
 package outbox
