@@ -445,6 +445,7 @@ func runKillAndRestart(t *testing.T, r killRun) {
 		<-exited
 		t.Fatalf("last run did not stop within 30s of SIGTERM:\n%s", tail(logPath))
 	}
+	t.Logf("last run stopped at %v", time.Since(began).Round(time.Millisecond))
 	if log, _ := os.ReadFile(logPath); !bytes.Contains(log, []byte(`msg="payments: stopped"`)) {
 		t.Errorf("last run's log has no stop line:\n%s", tail(logPath))
 	}
