@@ -1,0 +1,186 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/idemq/idemq/benchmark"
+	"github.com/idemq/idemq/core"
+)
+
+const benchUsage = `Usage: idemq bench --broker URL --store URL [-n 100000] [--duplicates 0.2] [--batch 200]
+
+Publishes N payment messages (plus the duplicates) to the broker and
+consumes them into the store with each configuration in turn: seed-style
+consumers written on the raw drivers (one transaction per message, no
+framework), a hand-tuned batch consumer, and idemq at batch size 1 and at
+--batch. It prints msgs/s (median of --repeat runs) and p50/p99 decision
+latency per configuration, the ratios of idemq to the baselines, and the
+machine it ran on. Every run is checked: each unique message applied once.
+
+Each run uses its own queue and tables and removes them afterwards.
+Supported so far: amqp:// brokers and postgres:// stores.
+Exit code 1 if a configuration failed or broke the correctness check.
+`
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("bench", benchUsage, stdout)
+	broker := f.String("broker", "", "broker URL, e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench (required)")
+	storeURL := f.storeFlag()
+	n := f.Int("n", 50_000, "unique messages per run")
+	dups := f.Float64("duplicates", 0.2, "fraction of N published a second time")
+	accounts := f.Int("accounts", 1000, "accounts the payments spread over")
+	batch := f.Int("batch", 200, "batch size of the batch-mode configurations (idemq and hand-tuned)")
+	workers := f.Int("workers", 1, "batches processed at once by the batch-mode configurations")
+	repeat := f.Int("repeat", 3, "runs per configuration (interleaved); the table shows the median")
+	configs := f.String("configs", "", "comma-separated configurations to run (default all of: "+strings.Join(benchmark.DefaultConfigs, ", ")+"; slow scenarios on demand: "+strings.Join(benchmark.Scenarios, ", ")+")")
+	rate := f.Int("latency-rate", 200, "msg/s of the paced phase that measures p50/p99")
+	latencyN := f.Int("latency-messages", 1000, "messages in the paced phase")
+	jsonOut := f.String("json", "", "also write the full report as JSON to this file")
+	pngOut := f.String("png", "", "also write a chart of the results to this PNG file")
+	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise progress lines)")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	raw, err := storeURL()
+	if err != nil {
+		return err
+	}
+	switch {
+	case *broker == "":
+		return usagef("--broker is required")
+	case *n < 1:
+		return usagef("-n %d: must be at least 1", *n)
+	case !(*dups >= 0 && *dups <= 10):
+		return usagef("--duplicates %v: must be from 0 to 10", *dups)
+	case *batch < 1:
+		return usagef("--batch %d: must be at least 1", *batch)
+	case *workers < 1:
+		return usagef("--workers %d: must be at least 1", *workers)
+	case *repeat < 1:
+		return usagef("--repeat %d: must be at least 1", *repeat)
+	}
+	cfg := benchmark.Config{
+		Broker: *broker, Store: raw, N: *n, Duplicates: *dups, Accounts: *accounts,
+		BatchSize: *batch, BatchWorkers: *workers, Repeat: *repeat,
+		LatencyRate: *rate, LatencyMessages: *latencyN,
+	}
+	if *dups == 0 {
+		cfg.Duplicates = -1 // the benchmark's "none" (its zero value means the default)
+	}
+	if *configs != "" {
+		for _, c := range strings.Split(*configs, ",") {
+			cfg.Configs = append(cfg.Configs, strings.TrimSpace(c))
+		}
+	}
+	secrets := func(s string) string {
+		return core.RedactError(errors.New(core.RedactError(errors.New(s), *broker)), raw)
+	}
+	pw := &progressWriter{out: stderr, redact: secrets}
+	if *progress {
+		pw.bar = progressbar.NewOptions(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("starting"),
+			progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish())
+	}
+	cfg.Progress = pw
+	rep, err := benchmark.Run(ctx, cfg)
+	pw.finish()
+	if err != nil && rep == nil {
+		msg := secrets(err.Error())
+		if strings.Contains(msg, "benchmark: Config.") {
+			return usageError{errors.New(msg)}
+		}
+		return errors.New(msg)
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	io.WriteString(stdout, secrets(table.String()))
+	if *jsonOut != "" {
+		var js bytes.Buffer
+		rep.WriteJSON(&js)
+		if werr := os.WriteFile(*jsonOut, []byte(secrets(js.String())), 0o644); werr != nil {
+			return fmt.Errorf("--json: %w", werr)
+		}
+	}
+	if *pngOut != "" {
+		if werr := rep.WritePNG(*pngOut); werr != nil {
+			return fmt.Errorf("--png: %w", werr)
+		}
+	}
+	if err != nil {
+		return errors.New(secrets(err.Error()))
+	}
+	var failed []string
+	for _, r := range rep.Results {
+		if r.Failed != "" {
+			failed = append(failed, r.Name)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("configurations failed: %s", strings.Join(failed, ", "))
+	}
+	return nil
+}
+
+// progressLine is how benchmark.Run announces each run: "[k/total] name, run r of R".
+var progressLine = regexp.MustCompile(`^\[(\d+)/(\d+)\] (.*)$`)
+
+// progressWriter turns the benchmark's progress lines into a progress bar
+// (k of total runs) when bar is set, or passes them through; either way
+// with credentials redacted.
+type progressWriter struct {
+	mu     sync.Mutex
+	out    io.Writer
+	bar    *progressbar.ProgressBar
+	redact func(string) string
+	buf    []byte
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		line := p.redact(string(p.buf[:i]))
+		p.buf = p.buf[i+1:]
+		if p.bar == nil {
+			fmt.Fprintln(p.out, line)
+			continue
+		}
+		if m := progressLine.FindStringSubmatch(line); m != nil {
+			k, _ := strconv.Atoi(m[1])
+			total, _ := strconv.Atoi(m[2])
+			p.bar.ChangeMax(total)
+			p.bar.Set(k - 1)
+			p.bar.Describe(m[3])
+			continue
+		}
+		if strings.HasPrefix(line, "    ") {
+			continue // a finished run's figures: the table shows them
+		}
+		p.bar.Clear()
+		fmt.Fprintln(p.out, line)
+	}
+}
+
+func (p *progressWriter) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.bar != nil {
+		p.bar.Finish()
+	}
+}

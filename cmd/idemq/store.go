@@ -1,0 +1,333 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/idemq/idemq/core"
+	_ "github.com/idemq/idemq/stores/mysql"
+	_ "github.com/idemq/idemq/stores/postgres"
+	_ "github.com/idemq/idemq/stores/sqlite"
+)
+
+// errHelp is returned by a command that printed its help: exit code 0.
+var errHelp = errors.New("help requested")
+
+// flags is a command's flag set with idemq's conventions: --help prints
+// the usage to stdout (exit 0), a bad flag is a usage error (exit 2).
+type flags struct {
+	*flag.FlagSet
+	usage  string
+	stdout io.Writer
+}
+
+func newFlags(name, usage string, stdout io.Writer) *flags {
+	fs := flag.NewFlagSet("idemq "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported once, by run
+	return &flags{FlagSet: fs, usage: usage, stdout: stdout}
+}
+
+// parse parses args; it allows no positional arguments.
+func (f *flags) parse(args []string) error {
+	if err := f.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(f.stdout, f.usage+"\nFlags:\n")
+			f.SetOutput(f.stdout)
+			f.PrintDefaults()
+			return errHelp
+		}
+		return usageError{err}
+	}
+	if f.NArg() > 0 {
+		return usagef("unexpected argument %q", f.Arg(0))
+	}
+	return nil
+}
+
+// storeFlag defines --store and returns a function that checks it.
+func (f *flags) storeFlag() func() (string, error) {
+	s := f.String("store", "", "store URL: postgres://…, mysql://…, sqlite://path (?table= names the dedup table) (required)")
+	return func() (string, error) {
+		if *s == "" {
+			return "", usagef("--store is required")
+		}
+		u, err := url.Parse(*s)
+		if err != nil || u.Scheme == "" {
+			return "", usagef("--store %s is not a URL like postgres://host/db, mysql://host/db or sqlite://path", core.Redact(*s))
+		}
+		return *s, nil
+	}
+}
+
+// openedStore is a store opened by URL, whatever its transaction type, with
+// the operator interfaces it implements.
+type openedStore struct {
+	url   string
+	store any
+}
+
+// openStore opens the store registered for rawURL's scheme. Stores of
+// either transaction type are accepted: operator commands never run a
+// handler.
+func openStore(ctx context.Context, rawURL string) (*openedStore, error) {
+	var s any
+	var err error
+	switch strings.ToLower(rawURL[:max(0, strings.Index(rawURL, ":"))]) {
+	case "postgres", "postgresql":
+		s, err = core.OpenStore[pgx.Tx](ctx, rawURL)
+	default:
+		// mysql, sqlite, or an unknown scheme (whose error lists the
+		// registered ones).
+		s, err = core.OpenStore[*sql.Tx](ctx, rawURL)
+	}
+	if err != nil {
+		return nil, redact(err, rawURL)
+	}
+	return &openedStore{url: rawURL, store: s}, nil
+}
+
+func (o *openedStore) Close() {
+	if c, ok := o.store.(io.Closer); ok {
+		c.Close()
+	}
+}
+
+// table is the dedup table's name, if the store tells it.
+func (o *openedStore) table() string {
+	if t, ok := o.store.(interface{ Table() string }); ok {
+		return t.Table()
+	}
+	return "(dedup table)"
+}
+
+// redact returns err with every credential of rawURL replaced, keeping
+// nothing of the original error chain that could print them.
+func redact(err error, rawURL string) error {
+	if err == nil {
+		return nil
+	}
+	return errors.New(core.RedactError(err, rawURL))
+}
+
+const migrateUsage = `Usage: idemq migrate --store URL
+
+Creates the store's dedup table and its indexes if they do not exist. It is
+idempotent and safe to run from several deployments at once.
+`
+
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("migrate", migrateUsage, stdout)
+	storeURL := f.storeFlag()
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	raw, err := storeURL()
+	if err != nil {
+		return err
+	}
+	s, err := openStore(ctx, raw)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	m, ok := s.store.(core.Migrator)
+	if !ok {
+		return fmt.Errorf("the store at %s cannot migrate itself", core.Redact(raw))
+	}
+	if err := m.Migrate(ctx); err != nil {
+		return redact(err, raw)
+	}
+	fmt.Fprintf(stdout, "dedup table %s is ready on %s\n", s.table(), core.Redact(raw))
+	return nil
+}
+
+const pruneUsage = `Usage: idemq prune --store URL --older-than 168h [--batch 1000]
+
+Deletes claims recorded more than --older-than ago, in batches of --batch
+rows, each its own short statement, until none is left: no giant DELETE
+holds a long lock. Progress goes to stderr. Interrupting (Ctrl-C) stops
+after the current batch; what was deleted stays deleted.
+
+A claim pruned while its message can still be redelivered lets that message
+apply its effect twice: --older-than must not be shorter than the store's
+retention (its ?retention= URL parameter, default 168h) unless --force.
+`
+
+func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("prune", pruneUsage, stdout)
+	storeURL := f.storeFlag()
+	olderThan := f.Duration("older-than", 0, "delete claims recorded longer ago than this, e.g. 168h (required)")
+	batch := f.Int("batch", 1000, "rows per DELETE statement")
+	force := f.Bool("force", false, "allow --older-than below the store's retention")
+	pause := f.Duration("pause", 0, "pause between batches, to spare a busy database")
+	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise a line per batch)")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	raw, err := storeURL()
+	if err != nil {
+		return err
+	}
+	switch {
+	case *olderThan <= 0:
+		return usagef("--older-than is required and must be positive, e.g. 168h")
+	case *batch < 1 || *batch > 1_000_000:
+		return usagef("--batch %d: must be from 1 to 1000000", *batch)
+	case *pause < 0:
+		return usagef("--pause %v: must not be negative", *pause)
+	}
+	s, err := openStore(ctx, raw)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	p, ok := s.store.(core.Pruner)
+	if !ok {
+		return fmt.Errorf("the store at %s cannot prune", core.Redact(raw))
+	}
+	if r, ok := s.store.(core.Retentioner); ok && !*force && *olderThan < r.Retention() {
+		return usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r.Retention())
+	}
+	before := time.Now().Add(-*olderThan)
+	var bar *progressbar.ProgressBar
+	if *progress {
+		bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("pruning "+s.table()),
+			progressbar.OptionShowCount(), progressbar.OptionSetItsString("claims"), progressbar.OptionShowIts(), progressbar.OptionClearOnFinish())
+	}
+	start := time.Now()
+	total, batches := 0, 0
+	for {
+		if err := ctx.Err(); err != nil {
+			fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.table(), batches)
+			return errors.New("interrupted")
+		}
+		n, err := p.Prune(ctx, before, *batch)
+		if err != nil {
+			if ctx.Err() != nil {
+				fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.table(), batches)
+				return errors.New("interrupted")
+			}
+			return fmt.Errorf("after pruning %d claims: %w", total, redact(err, raw))
+		}
+		total += n
+		batches++
+		if bar != nil {
+			bar.Add(n)
+		} else {
+			fmt.Fprintf(stderr, "batch %d: pruned %d (total %d)\n", batches, n, total)
+		}
+		if n < *batch {
+			break
+		}
+		if *pause > 0 {
+			select {
+			case <-time.After(*pause):
+			case <-ctx.Done():
+			}
+		}
+	}
+	if bar != nil {
+		bar.Finish()
+	}
+	fmt.Fprintf(stdout, "pruned %d claims recorded before %s from %s in %d batches (%v)\n",
+		total, before.UTC().Format(time.RFC3339), s.table(), batches, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+const statsUsage = `Usage: idemq stats --store URL [--json]
+
+Shows the dedup table: claims per consumer with the oldest and newest claim,
+and the table's size on disk (with its indexes) as the database reports it.
+It counts every row, so on a very large table it takes as long as a scan.
+`
+
+func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("stats", statsUsage, stdout)
+	storeURL := f.storeFlag()
+	asJSON := f.Bool("json", false, "print the statistics as JSON")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	raw, err := storeURL()
+	if err != nil {
+		return err
+	}
+	s, err := openStore(ctx, raw)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	in, ok := s.store.(core.Inspector)
+	if !ok {
+		return fmt.Errorf("the store at %s cannot describe its table", core.Redact(raw))
+	}
+	st, err := in.Inspect(ctx)
+	if err != nil {
+		return redact(err, raw)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Store string
+			core.TableStats
+		}{core.Redact(raw), st})
+	}
+	size := "unknown"
+	if st.SizeBytes > 0 {
+		size = formatBytes(st.SizeBytes)
+	}
+	fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, core.Redact(raw), st.Rows, size)
+	if len(st.Consumers) == 0 {
+		fmt.Fprintln(stdout, "no claims")
+		return nil
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tCLAIMS\tOLDEST\tAGE\tNEWEST")
+	for _, c := range st.Consumers {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", c.Consumer, c.Rows, c.Oldest.UTC().Format(time.RFC3339),
+			age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+// age renders a duration the way operators compare it with a retention.
+func age(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return fmt.Sprintf("%.1fd", d.Hours()/24)
+}
+
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
