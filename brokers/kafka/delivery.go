@@ -87,8 +87,9 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 		return nil
 	}
 	h := map[string]string{
-		HeaderAttempt:   strconv.Itoa(d.msg.Attempt + 1),
-		HeaderNotBefore: strconv.FormatInt(time.Now().Add(delay).UnixMilli(), 10),
+		HeaderAttempt: strconv.Itoa(d.msg.Attempt + 1),
+		// Rounded up: the copy must never be processed before its delay.
+		HeaderNotBefore: strconv.FormatInt((time.Now().Add(delay).UnixNano()+999_999)/1_000_000, 10),
 	}
 	return d.produceThenDone(ctx, s.cfg.retryTopic, h)
 }

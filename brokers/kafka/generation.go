@@ -144,8 +144,9 @@ loop:
 	s.broadcast()
 	closing := s.closed
 	s.mu.Unlock()
+	// Fetchers add nothing once the generation is revoked; their readers
+	// close in the background meanwhile.
 	stopFetch()
-	fetchers.Wait()
 
 	if !closing && s.cfg.revokeTimeout > 0 {
 		timer := time.NewTimer(s.cfg.revokeTimeout)
@@ -162,7 +163,8 @@ loop:
 			log.Warn("idemq kafka: revoke timeout passed with deliveries in flight; they will be redelivered to the next owner", "in_flight", left, "timeout", s.cfg.revokeTimeout)
 		}
 	}
-	s.commit(g, log)
+	// Dead before the last commit: a settlement from now on is refused
+	// (stale) rather than accepted and then never committed.
 	s.mu.Lock()
 	g.dead = true
 	if s.gen == g {
@@ -170,6 +172,8 @@ loop:
 	}
 	s.broadcast()
 	s.mu.Unlock()
+	s.commit(g, log)
+	fetchers.Wait()
 	log.Info("idemq kafka: partitions released")
 }
 

@@ -311,7 +311,7 @@ func (s *Source) start() error {
 func (s *Source) run(cg *kafkago.ConsumerGroup) {
 	defer s.wg.Done()
 	var lastErr string
-	var lastLog time.Time
+	var lastLog, failingSince time.Time
 	for {
 		kgen, err := cg.Next(s.ctx)
 		if err != nil {
@@ -324,9 +324,18 @@ func (s *Source) run(cg *kafkago.ConsumerGroup) {
 				s.cfg.logger.Warn("idemq kafka: joining the group failed; kafka-go retries", "group", s.cfg.group, "error", err)
 				lastErr, lastLog = err.Error(), time.Now()
 			}
-			s.report(err)
+			// Rebalances fail a join or two as a matter of course; only
+			// trouble that lasts is reported to Receive (whose caller backs
+			// off receiving when told).
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if time.Since(failingSince) > joinTroubleAfter {
+				s.report(err)
+			}
 			continue
 		}
+		failingSince = time.Time{}
 		s.generations.Add(1)
 		g := s.newGeneration(kgen)
 		done := make(chan struct{})
@@ -339,6 +348,10 @@ func (s *Source) run(cg *kafkago.ConsumerGroup) {
 		<-done
 	}
 }
+
+// joinTroubleAfter is how long joins must keep failing before Receive
+// reports it.
+const joinTroubleAfter = 10 * time.Second
 
 // report hands err to a waiting Receive without ever blocking.
 func (s *Source) report(err error) {
