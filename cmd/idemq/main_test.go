@@ -1,0 +1,329 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/postgres"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// result is one in-process run of the command line.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+func idemq(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, &out, &errOut)
+	return result{code, out.String(), errOut.String()}
+}
+
+// expect runs args and checks the exit code and that each want string is
+// in stdout or stderr.
+func expect(t *testing.T, code int, args []string, want ...string) result {
+	t.Helper()
+	r := idemq(t, args...)
+	if r.code != code {
+		t.Fatalf("idemq %s: exit %d, want %d\n%s", strings.Join(args, " "), r.code, code, r)
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stdout+r.stderr, w) {
+			t.Fatalf("idemq %s: output lacks %q\n%s", strings.Join(args, " "), w, r)
+		}
+	}
+	return r
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func TestUsageAndHelp(t *testing.T) {
+	expect(t, exitUsage, nil, "Commands:")
+	r := expect(t, exitOK, []string{"--help"}, "migrate", "prune", "stats", "bench", "Exit codes")
+	if r.stderr != "" {
+		t.Errorf("--help wrote to stderr: %q", r.stderr)
+	}
+	expect(t, exitOK, []string{"help", "prune"}, "Usage: idemq prune", "--older-than")
+	for _, c := range commands() {
+		r := expect(t, exitOK, []string{c.name, "--help"}, "Usage: idemq "+c.name, "-store")
+		if r.stderr != "" {
+			t.Errorf("%s --help wrote to stderr: %q", c.name, r.stderr)
+		}
+	}
+	db := "sqlite://" + filepath.Join(t.TempDir(), "u.db")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `unknown command "bogus"`},
+		{[]string{"stats"}, "--store is required"},
+		{[]string{"migrate", "--store", "not a url"}, "is not a URL"},
+		{[]string{"stats", "--store", db, "extra"}, `unexpected argument "extra"`},
+		{[]string{"stats", "--nope"}, "flag provided but not defined"},
+		{[]string{"prune", "--store", db}, "--older-than is required"},
+		{[]string{"prune", "--store", db, "--older-than", "-1h"}, "--older-than is required and must be positive"},
+		{[]string{"prune", "--store", db, "--older-than", "soon"}, "invalid value"},
+		{[]string{"prune", "--store", db, "--older-than", "200h", "--batch", "0"}, "--batch 0"},
+		{[]string{"prune", "--store", db, "--older-than", "1h"}, "shorter than the store's retention 168h"},
+		{[]string{"bench", "--store", "postgres://x/y"}, "--broker is required"},
+		{[]string{"bench", "--store", "postgres://x/y", "--broker", "amqp://h/?queue=q", "-n", "0"}, "-n 0"},
+		{[]string{"bench", "--store", "postgres://x/y", "--broker", "kafka://h:9092/t?group=g", "-n", "10"}, "not supported yet"},
+	} {
+		r := expect(t, exitUsage, c.args, c.want)
+		if r.stdout != "" {
+			t.Errorf("idemq %s: a usage error wrote to stdout: %q", strings.Join(c.args, " "), r.stdout)
+		}
+	}
+	// A store nobody registered is a failure, not a usage error, and the
+	// message says which schemes exist.
+	expect(t, exitFailure, []string{"stats", "--store", "oracle://db/x"}, "registered: ", "postgres", "sqlite")
+}
+
+func TestSQLite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ops.db")
+	storeURL := "sqlite://" + path + "?table=claims"
+	expect(t, exitOK, []string{"migrate", "--store", storeURL}, "dedup table claims is ready")
+	expect(t, exitOK, []string{"migrate", "--store", storeURL}, "is ready") // idempotent
+	expect(t, exitOK, []string{"stats", "--store", storeURL}, "0 claims", "no claims")
+
+	now := time.Now()
+	old := now.Add(-200 * time.Hour)
+	ctx := context.Background()
+	for _, c := range []struct {
+		at       time.Time
+		consumer string
+		n        int
+	}{{old, "billing", 10}, {now.Add(-time.Minute), "billing", 2}, {now.Add(-time.Minute), "audit", 3}} {
+		s, err := sqlite.Open(ctx, path, sqlite.WithTable("claims"), sqlite.WithClock(func() time.Time { return c.at }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimN(t, s, c.consumer, c.n)
+		s.Close()
+	}
+
+	r := expect(t, exitOK, []string{"stats", "--store", storeURL}, "15 claims", "KiB on disk", "CONSUMER", "audit", "billing")
+	if !strings.Contains(r.stdout, old.UTC().Format("2006-01-02T15:04")) {
+		t.Errorf("stats does not show billing's oldest claim %v:\n%s", old.UTC(), r.stdout)
+	}
+	r = expect(t, exitOK, []string{"stats", "--store", storeURL, "--json"})
+	var st struct {
+		Store string
+		core.TableStats
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, r.stdout)
+	}
+	if st.Table != "claims" || st.Rows != 15 || len(st.Consumers) != 2 || st.Consumers[1].Consumer != "billing" || st.Consumers[1].Rows != 12 {
+		t.Errorf("stats --json: %+v", st)
+	}
+
+	// 10 old claims in batches of 3: 3, 3, 3, 1.
+	r = expect(t, exitOK, []string{"prune", "--store", storeURL, "--older-than", "168h", "--batch", "3", "--progress=false"},
+		"pruned 10 claims", "in 4 batches", "batch 1: pruned 3 (total 3)", "batch 4: pruned 1 (total 10)")
+	r = expect(t, exitOK, []string{"stats", "--store", storeURL, "--json"})
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Rows != 5 {
+		t.Errorf("after pruning: %d claims, want the 5 recent ones", st.Rows)
+	}
+	// Nothing left to prune: one short batch, exit 0.
+	expect(t, exitOK, []string{"prune", "--store", storeURL, "--older-than", "168h", "--progress=false"}, "pruned 0 claims", "in 1 batches")
+	// Inside the retention only with --force.
+	expect(t, exitOK, []string{"prune", "--store", storeURL, "--older-than", "1s", "--force", "--progress=false"}, "pruned 5 claims")
+}
+
+// claimN commits n fresh claims for consumer through the store.
+func claimN[Tx any](t *testing.T, s core.Store[Tx], consumer string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	txn, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := make([]core.Claim, n)
+	for i := range claims {
+		claims[i] = core.Claim{ID: "m-" + randomHex(6)}
+	}
+	if _, err := txn.Claim(ctx, consumer, claims); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// postgresURL returns IDEMQ_POSTGRES_URL (default the local server), or
+// skips (fails with IDEMQ_REQUIRE_SERVICES=1) when it is unreachable.
+func postgresURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("IDEMQ_POSTGRES_URL")
+	if u == "" {
+		u = "postgres://postgres@127.0.0.1:5432/test"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err == nil {
+		conn.Close(ctx)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", core.Redact(u), err)
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return u
+}
+
+// withSecret puts a password into a URL that has none, so tests can check
+// it never shows; the local server's trust authentication ignores it.
+func withSecret(u, secret string) string {
+	if strings.Contains(u, "@") && !strings.Contains(strings.SplitN(strings.SplitN(u, "://", 2)[1], "@", 2)[0], ":") {
+		return strings.Replace(u, "@", ":"+secret+"@", 1)
+	}
+	return u
+}
+
+func TestPostgres(t *testing.T) {
+	base := postgresURL(t)
+	const secret = "Sup3rS3cretPW"
+	table := "idemq_cli_" + randomHex(4)
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	storeURL := withSecret(base, secret) + sep + "table=" + table
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if conn, err := pgx.Connect(ctx, base); err == nil {
+			conn.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+			conn.Close(ctx)
+		}
+	})
+	var outputs []result
+	outputs = append(outputs, expect(t, exitOK, []string{"migrate", "--store", storeURL}, "dedup table "+table+" is ready"))
+
+	now := time.Now()
+	for _, c := range []struct {
+		at time.Time
+		n  int
+	}{{now.Add(-10 * 24 * time.Hour), 25}, {now, 4}} {
+		s, err := postgres.Open(ctx, base, postgres.WithTable(table), postgres.WithClock(func() time.Time { return c.at }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimN(t, s, "payments", c.n)
+		s.Close()
+	}
+	outputs = append(outputs,
+		expect(t, exitOK, []string{"stats", "--store", storeURL}, "29 claims", "payments", "10.0d"),
+		expect(t, exitOK, []string{"prune", "--store", storeURL, "--older-than", "168h", "--batch", "10", "--progress=false"},
+			"pruned 25 claims", "in 3 batches", "batch 3: pruned 5 (total 25)"),
+		expect(t, exitOK, []string{"stats", "--store", storeURL}, "4 claims"),
+		// Failures: a server that is not there, a table that is not a
+		// dedup table.
+		expect(t, exitFailure, []string{"stats", "--store", "postgres://postgres:" + secret + "@127.0.0.1:1/test"}, "idemq stats:", "connect"),
+		expect(t, exitFailure, []string{"migrate", "--store", withSecret(base, secret) + sep + "table=bad-name"}, "table name"),
+	)
+	for _, r := range outputs {
+		if strings.Contains(r.stdout+r.stderr, secret) {
+			t.Errorf("output shows the password:\n%s", r)
+		}
+	}
+}
+
+// TestExitCodesOfTheBinary runs the built command, so the codes scripts
+// see are checked, not only run's return value.
+func TestExitCodesOfTheBinary(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "idemq")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	db := "sqlite://" + filepath.Join(t.TempDir(), "x.db")
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"migrate", "--store", db}, 0},
+		{[]string{"stats", "--store", db}, 0},
+		{[]string{"prune", "--help"}, 0},
+		{[]string{"prune", "--store", db}, 2},
+		{[]string{"frobnicate"}, 2},
+		{[]string{"stats", "--store", "sqlite:///nonexistent-dir-" + randomHex(4) + "/x.db"}, 1},
+	} {
+		err := exec.Command(bin, c.args...).Run()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.code {
+			t.Errorf("idemq %s: exit %d, want %d", strings.Join(c.args, " "), code, c.code)
+		}
+	}
+}
+
+// TestBench runs a tiny benchmark against RabbitMQ and Postgres: the table
+// comes out with throughput and latency for the baseline and idemq, every
+// run passes its correctness check, and no credential shows.
+func TestBench(t *testing.T) {
+	pg := postgresURL(t)
+	amqpURL := os.Getenv("IDEMQ_AMQP_URL")
+	if amqpURL == "" {
+		amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	if err != nil {
+		msg := fmt.Sprintf("RabbitMQ unreachable at IDEMQ_AMQP_URL=%s: %v", core.Redact(amqpURL), err)
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	conn.Close()
+	const secret = "Sup3rS3cretPW"
+	sep := "?"
+	if strings.Contains(amqpURL, "?") {
+		sep = "&"
+	}
+	r := expect(t, exitOK, []string{"bench", "--broker", amqpURL + sep + "queue=idemq-cli-bench-" + randomHex(3),
+		"--store", withSecret(pg, secret), "-n", "300", "--repeat", "1", "--batch", "50",
+		"--configs", "seed-p5,idemq-b1-w5,idemq-batch", "--latency-messages", "50", "--progress=false"},
+		"msgs/s", "seed-p5", "idemq-b1-w5", "idemq-batch", "p99")
+	if strings.Contains(r.stdout+r.stderr, secret) {
+		t.Errorf("bench output shows the password:\n%s", r)
+	}
+	if strings.Contains(r.stdout, "FAILED") {
+		t.Errorf("a configuration failed:\n%s", r)
+	}
+}
