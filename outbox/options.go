@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Defaults of the relay options.
+// Defaults of the relay options (see the With… functions).
 const (
 	DefaultBatchSize      = 100
 	DefaultWindowFactor   = 10

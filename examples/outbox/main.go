@@ -137,6 +137,8 @@ type paymentAPI struct {
 	charges map[string]string // idempotency key → charge id
 }
 
+// ServeHTTP charges once per Idempotency-Key and answers repeats with the
+// first charge's id.
 func (p *paymentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := p.calls.Add(1)
 	key := r.Header.Get("Idempotency-Key")

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
@@ -23,6 +24,9 @@ import (
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/outbox"
 )
+
+// The driver logs every connection the tests kill on purpose.
+func init() { mysqldrv.SetLogger(log.New(io.Discard, "", 0)) }
 
 // mysqlURL returns IDEMQ_MYSQL_URL (default the local MariaDB); unreachable
 // skips the test, or fails it with IDEMQ_REQUIRE_SERVICES=1.
