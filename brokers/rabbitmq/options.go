@@ -74,6 +74,7 @@ type config struct {
 	logger          *slog.Logger
 	dial            amqp.Config
 	dialSet         bool
+	deliveryLimit   int
 }
 
 func defaultConfig(queue string) config {
@@ -123,6 +124,34 @@ func WithQueueType(t QueueType) Option {
 			return fmt.Errorf("rabbitmq: WithQueueType: unknown queue type %q (want %q or %q)", t, Classic, Quorum)
 		}
 		c.queueType = t
+		return nil
+	}
+}
+
+// WithDeliveryLimit makes the broker itself dead-letter a message (into the
+// dead-letter queue, reason delivery_limit in its x-death header) once it
+// was delivered more than n times: the quorum queue argument
+// x-delivery-limit. Default 0: no limit. It needs WithQueueType(Quorum).
+//
+// It is the guard against messages the client library cannot even parse:
+// amqp091-go refuses a header table of more than 8192 entries or nested
+// deeper than 32 levels and drops the whole connection, so the Consumer
+// never sees the message to dead-letter it, and on a classic queue the
+// broker redelivers it, and the connection drops, forever. With a delivery
+// limit the broker parks it after n tries. Every message in flight when the
+// connection drops is returned and counts a delivery too, so messages that
+// keep arriving right behind the poison in the same window can reach the
+// limit with it and be parked (reason delivery_limit, never lost;
+// redrive them from the dead-letter queue); a window of 1 avoids that at
+// the cost of throughput. URL parameter: delivery_limit.
+// An existing queue declared without it must be re-created (or given the
+// limit by a policy, with WithDeclare(false)).
+func WithDeliveryLimit(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("rabbitmq: WithDeliveryLimit: %d is negative", n)
+		}
+		c.deliveryLimit = n
 		return nil
 	}
 }

@@ -97,6 +97,9 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 			return nil, err
 		}
 	}
+	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
+		return nil, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
+	}
 	if _, err := amqp.ParseURI(url); err != nil {
 		return nil, urlError(url, err)
 	}

@@ -41,10 +41,14 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 	if _, err := ch.QueueDeclare(cfg.deadLetterQueue, true, false, false, false, typed(amqp.Table{})); err != nil {
 		return fmt.Errorf("rabbitmq: declare dead-letter queue %q: %w", cfg.deadLetterQueue, err)
 	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, typed(amqp.Table{
+	mainArgs := typed(amqp.Table{
 		"x-dead-letter-exchange":    "",
 		"x-dead-letter-routing-key": cfg.deadLetterQueue,
-	})); err != nil {
+	})
+	if cfg.deliveryLimit > 0 {
+		mainArgs["x-delivery-limit"] = int64(cfg.deliveryLimit)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, mainArgs); err != nil {
 		return fmt.Errorf("rabbitmq: declare queue %q: %w", queue, err)
 	}
 	if cfg.retryMode == RetryViaQueue {

@@ -23,11 +23,16 @@ import (
 //	dead_letter      republish | reject                    (WithDeadLetterMode)
 //	declare          true | false                          (WithDeclare)
 //	prefetch         1..65535                              (WithPrefetch)
+//	delivery_limit   0.. (quorum queues)                   (WithDeliveryLimit)
 //	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
 //	connection_name  the client connection name            (WithConnectionName)
 //
 // RabbitMQ's own URI parameters (heartbeat, connection_timeout,
-// channel_max, auth_mechanism, TLS files) are left to amqp091-go. Any other
+// channel_max, auth_mechanism, and for amqps:// the TLS files cacertfile,
+// certfile, keyfile and server_name_indication) are left to amqp091-go:
+// amqps:// verifies the server against cacertfile (default: the system
+// roots) and the host name (or server_name_indication), and sends the
+// client certificate when certfile and keyfile are given. Any other
 // parameter is an error naming it. URL parameters are applied after opts,
 // so the deployment's URL wins over defaults set in code.
 func OpenURL(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
@@ -98,6 +103,12 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 				return "", "", nil, fmt.Errorf("rabbitmq: url parameter prefetch: %q is not a number", v)
 			}
 			opts = append(opts, WithPrefetch(n))
+		case "delivery_limit":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter delivery_limit: %q is not a number", v)
+			}
+			opts = append(opts, WithDeliveryLimit(n))
 		case "dead_letter_queue":
 			opts = append(opts, WithDeadLetterQueue(v))
 		case "retry_queue":
