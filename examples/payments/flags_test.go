@@ -1,0 +1,101 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/idemq/idemq/core"
+)
+
+func TestParseFlags(t *testing.T) {
+	ok := []string{"--broker", "amqp://guest:guest@h/?queue=q", "--store", "sqlite://x.db"}
+	s, err := parseFlags(ok, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.consumer != "payments" || s.batch != 1 || s.concurrency != 1 {
+		t.Errorf("defaults: %+v", s)
+	}
+	if _, err := parseFlags([]string{"--help"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("--help: %v, want flag.ErrHelp", err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--store", "sqlite://x.db"}, "--broker"},
+		{[]string{"--broker", "mem://q"}, "--store"},
+		{append(ok, "--batch", "0"), "--batch"},
+		{append(ok, "--concurrency", "0"), "--concurrency"},
+		{append(ok, "--duplicates", "1.5"), "--duplicates"},
+		{append(ok, "--tables", "x; DROP"), "--tables"},
+		{append(ok, "--log-level", "loud"), "--log-level"},
+		{append(ok, "extra"), "unexpected argument"},
+		{[]string{"--broker", "mem://q", "--store", "oracle://db"}, "--store"},
+	} {
+		if _, err := parseFlags(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parseFlags(%q): %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+	// --publish needs no store.
+	if _, err := parseFlags([]string{"--broker", "mem://q", "--publish", "10"}, io.Discard); err != nil {
+		t.Errorf("--publish without --store: %v", err)
+	}
+}
+
+// TestTraffic: the same seed gives the same messages; the duplicates are
+// exact repeats (same id, same body) and come to about the asked fraction.
+func TestTraffic(t *testing.T) {
+	a, ua := traffic(7, 5000, 0.2, 50)
+	b, ub := traffic(7, 5000, 0.2, 50)
+	if len(a) != 5000 || len(ua) != len(ub) {
+		t.Fatalf("%d sends, %d and %d unique", len(a), len(ua), len(ub))
+	}
+	byID := map[string]sent{}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("send %d differs between runs with the same seed: %+v, %+v", i, a[i], b[i])
+		}
+		if prev, seen := byID[a[i].id]; seen && prev != a[i] {
+			t.Fatalf("id %s repeated with a different payment", a[i].id)
+		}
+		byID[a[i].id] = a[i]
+	}
+	if len(byID) != len(ua) {
+		t.Errorf("%d distinct ids, %d unique payments", len(byID), len(ua))
+	}
+	if d := 5000 - len(ua); d < 850 || d > 1150 {
+		t.Errorf("%d duplicates of 5000, want about 1000", d)
+	}
+	if _, uc := traffic(8, 5000, 0.2, 50); uc[0] == ua[0] {
+		t.Errorf("another seed gave the same first payment")
+	}
+}
+
+func TestDecode(t *testing.T) {
+	p, err := decode([]byte(`{"account": "acc-17", "amount_cents": 1250}`))
+	if err != nil || p.Account != "acc-17" || p.AmountCents != 1250 {
+		t.Fatalf("decode: %+v, %v", p, err)
+	}
+	for _, body := range []string{`not json`, `{"amount_cents": 5}`, `{"account": "a"}`, `{"account": "a", "amount_cents": "x"}`} {
+		if _, err := decode([]byte(body)); !core.IsPermanent(err) {
+			t.Errorf("decode(%s): %v, want a permanent error (dead letter)", body, err)
+		}
+	}
+}
+
+func TestPublisherURL(t *testing.T) {
+	got := publisherURL("sqs://k:s@q?endpoint=http://h:1&region=r&dlq=d&visibility=5s&wait=1s")
+	if strings.Contains(got, "dlq") || strings.Contains(got, "visibility") || strings.Contains(got, "wait") ||
+		!strings.Contains(got, "endpoint=") || !strings.Contains(got, "region=r") || !strings.HasPrefix(got, "sqs://k:s@q?") {
+		t.Errorf("publisherURL(sqs) = %s", got)
+	}
+	for _, u := range []string{"amqp://g:g@h/?queue=q&prefetch=5", "kafka://h:1/t?group=g"} {
+		if got := publisherURL(u); got != u {
+			t.Errorf("publisherURL(%s) = %s, want it unchanged", u, got)
+		}
+	}
+}
