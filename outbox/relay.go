@@ -16,6 +16,11 @@ import (
 	"github.com/idemq/idemq/core"
 )
 
+// firstBackoff is the first wait after a failed claim or a lost listener
+// connection (or the poll interval, if shorter); it doubles up to the
+// maximum backoff.
+const firstBackoff = 100 * time.Millisecond
+
 // finishTimeout bounds marking rows sent after the broker confirmed them;
 // it runs even when the relay's context was cancelled meanwhile, so a
 // shutdown does not needlessly republish a confirmed batch.
@@ -133,7 +138,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.prune(ctx) }()
 	}
 
-	backoff := r.cfg.poll
+	first := min(r.cfg.poll, firstBackoff)
+	backoff := first
 	for {
 		n, err := r.RunOnce(ctx)
 		if ctx.Err() != nil {
@@ -146,10 +152,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			wait = backoff
 			backoff = min(2*backoff, r.cfg.maxBackoff)
 		case n > 0:
-			backoff = r.cfg.poll
+			backoff = first
 			continue // more may be pending: no wait
 		default:
-			backoff = r.cfg.poll
+			backoff = first
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -271,11 +277,15 @@ func byDestination(rows []*Row) []destGroup {
 // listen keeps the store's notification listener running until ctx is
 // done, reconnecting with a backoff; polling covers the gaps.
 func (r *Relay) listen(ctx context.Context, n Notifier) {
-	backoff := r.cfg.poll
+	backoff := firstBackoff
 	for {
+		start := time.Now()
 		err := n.Listen(ctx, r.Wake)
 		if ctx.Err() != nil {
 			return
+		}
+		if time.Since(start) > time.Minute {
+			backoff = firstBackoff // it had recovered
 		}
 		r.cfg.logger.Warn("outbox: notification listener stopped; polling meanwhile", "relay", r.cfg.name, "error", err, "retry_in", backoff)
 		t := time.NewTimer(backoff)
