@@ -231,7 +231,11 @@ func TestRememberInConsumer(t *testing.T) {
 				b.Publish(ctx, "orders", &core.Message{ID: fmt.Sprint("order-", i), Body: []byte("{}")})
 			}
 			var attempts sync.Map
+			var wrongKey atomic.Int64
 			handler := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+				if k, _ := IdempotencyKeyFrom(kr.ForMessage(ctx, m, "charge")); k != kr.Key("billing", m.ID, "charge") {
+					wrongKey.Add(1)
+				}
 				var db any = pool
 				if inTx {
 					db = tx
@@ -254,6 +258,9 @@ func TestRememberInConsumer(t *testing.T) {
 			})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if wrongKey.Load() != 0 {
+				t.Fatalf("Keyer.ForMessage gave %d wrong keys", wrongKey.Load())
 			}
 			if res.Processed != orders || res.Retried != orders {
 				t.Fatalf("drain %+v: want %d processed after %d retries", res, orders, orders)
