@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -96,6 +98,33 @@ func TestPublisherURL(t *testing.T) {
 	for _, u := range []string{"amqp://g:g@h/?queue=q&prefetch=5", "kafka://h:1/t?group=g"} {
 		if got := publisherURL(u); got != u {
 			t.Errorf("publisherURL(%s) = %s, want it unchanged", u, got)
+		}
+	}
+}
+
+// TestFailuresExitOneWithoutSecrets runs the built service against
+// services that are not there: it exits 1 and its output never shows the
+// passwords of its URLs.
+func TestFailuresExitOneWithoutSecrets(t *testing.T) {
+	bin := serviceBinary(t)
+	const secret = "Sup3rS3cretPW"
+	db := "sqlite://" + filepath.Join(t.TempDir(), "x.db")
+	for _, args := range [][]string{
+		{"--broker", "amqp://app:" + secret + "@127.0.0.1:1/?queue=q", "--store", "postgres://app:" + secret + "@127.0.0.1:1/db"},
+		{"--broker", "amqp://app:" + secret + "@127.0.0.1:1/?queue=q", "--store", db},
+		{"--broker", "amqp://app:" + secret + "@127.0.0.1:1/?queue=q", "--publish", "10"},
+		{"--broker", "nats://app:" + secret + "@127.0.0.1:1/q", "--store", db},
+	} {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Errorf("payments %q: %v, want exit code 1\n%s", args, err, out)
+		}
+		if strings.Contains(string(out), secret) {
+			t.Errorf("payments %q shows the password:\n%s", args, out)
+		}
+		if !strings.Contains(string(out), "xxxxx") {
+			t.Errorf("payments %q: the output names no (redacted) URL:\n%s", args, out)
 		}
 	}
 }

@@ -1,29 +1,64 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// kafkaCluster returns the broker list: IDEMQ_KAFKA_URL's hosts when set
-// (a real cluster, whose topics the test must be allowed to create), else
-// a fresh in-process kfake cluster speaking the Kafka protocol on a
-// loopback port (the service, a separate process, connects to it over
-// TCP), closed when the test ends.
+// kafkaCluster returns the broker list with topics created (3 partitions
+// each): on IDEMQ_KAFKA_URL's hosts when it is set (a real cluster; the
+// topics are deleted when the test ends; unreachable skips, or fails with
+// IDEMQ_REQUIRE_SERVICES=1), else on a fresh in-process kfake cluster
+// speaking the Kafka protocol on a loopback port (the service, a separate
+// process, connects to it over TCP), closed when the test ends.
 func kafkaCluster(t *testing.T, topics ...string) string {
 	t.Helper()
-	if u := os.Getenv("IDEMQ_KAFKA_URL"); u != "" {
-		t.Skip("IDEMQ_KAFKA_URL is set: this test creates its topics only on the in-process kfake cluster")
+	raw := os.Getenv("IDEMQ_KAFKA_URL")
+	if raw == "" {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topics...))
+		if err != nil {
+			t.Fatalf("kfake: %v", err)
+		}
+		t.Cleanup(c.Close)
+		return strings.Join(c.ListenAddrs(), ",")
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topics...))
+	hosts := raw
+	if u, err := url.Parse(raw); err == nil && u.Scheme == "kafka" {
+		hosts = u.Host
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl := &kafkago.Client{Addr: kafkago.TCP(strings.Split(hosts, ",")...)}
+	if _, err := cl.Metadata(ctx, &kafkago.MetadataRequest{}); err != nil {
+		unavailable(t, "IDEMQ_KAFKA_URL", raw, err)
+	}
+	var cfgs []kafkago.TopicConfig
+	for _, name := range topics {
+		cfgs = append(cfgs, kafkago.TopicConfig{Topic: name, NumPartitions: 3, ReplicationFactor: 1})
+	}
+	resp, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: cfgs})
 	if err != nil {
-		t.Fatalf("kfake: %v", err)
+		t.Fatalf("create topics: %v", err)
 	}
-	t.Cleanup(c.Close)
-	return strings.Join(c.ListenAddrs(), ",")
+	for name, err := range resp.Errors {
+		if err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
+			t.Fatalf("create topic %s: %v", name, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cl.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: topics})
+	})
+	return hosts
 }
 
 // TestKillAndRestartKafkaPostgres kills the service twice, not three times:
@@ -35,7 +70,7 @@ func TestKillAndRestartKafkaPostgres(t *testing.T) {
 	topic := "payments-" + randomHex(4)
 	addrs := kafkaCluster(t, topic, topic+".dlq")
 	runKillAndRestart(t, killRun{
-		broker: "kafka://" + addrs + "/" + topic + "?group=payments", store: store, tables: prefix, ledger: l,
+		broker: "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3), store: store, tables: prefix, ledger: l,
 		messages: killMessages(t), duplicates: 0.2, kills: 2, batch: 20, concurrency: 2,
 	})
 }
