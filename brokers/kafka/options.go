@@ -20,7 +20,9 @@ const (
 	// OrderPerKey hands out a message only when no earlier message with the
 	// same Kafka key is in flight or waiting for a retry, so per-key order
 	// holds while different keys of a partition are processed concurrently.
-	// Messages without a key are independent of each other. Default.
+	// Messages without a key are independent of each other. Default. A
+	// batch then holds at most one message of a key, so a hot key does not
+	// batch.
 	OrderPerKey Ordering = iota + 1
 	// OrderPerPartition hands out one message of a partition at a time, in
 	// offset order: a retried message holds up its whole partition (other

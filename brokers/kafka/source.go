@@ -143,12 +143,19 @@ func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
 	return s, nil
 }
 
-// checkTopics makes sure the consumed topic (and the retry topic) exist.
+// checkTopics makes sure the consumed topic (and the retry topic) exist,
+// and warns when the dead-letter topic does not (it may be created on
+// first use; if not, dead letters wait in place until it exists).
 func (s *Source) checkTopics(ctx context.Context) error {
 	topics := s.topics()
-	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
+	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: append(append([]string{}, topics...), s.cfg.deadLetterTopic)})
 	if err != nil {
 		return fmt.Errorf("kafka: brokers %v: %w", s.cfg.brokers, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name == s.cfg.deadLetterTopic && (t.Error != nil || len(t.Partitions) == 0) {
+			s.cfg.logger.Warn("idemq kafka: the dead-letter topic does not exist; dead letters will wait in place until it can be written", "topic", s.cfg.deadLetterTopic)
+		}
 	}
 	for _, want := range topics {
 		found := false
