@@ -551,3 +551,35 @@ func TestStartAtLastOffsetIsPinned(t *testing.T) {
 		t.Fatalf("got %q, want %q", d.Message().ID, msgs[0].ID)
 	}
 }
+
+// After its partition is released, a delivery settles nothing: Ack, Retry
+// and DeadLetter fail with ErrStaleDelivery (core.ErrStaleDelivery), and
+// DeadLetter writes no copy that the next owner's decision would double.
+func TestStaleDeliveriesSettleNothing(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	group := "g-" + randomHex(4)
+	publishN(t, bs, topic, "stale", 3, nil)
+	s := openSource(t, bs, topic, group)
+	ds := receiveN(t, s, 3, 10*time.Second)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	errs := []error{ds[0].Ack(ctx), ds[1].Retry(ctx, 0), ds[2].DeadLetter(ctx, errors.New("late"))}
+	for i, err := range errs {
+		if !errors.Is(err, ErrStaleDelivery) || !errors.Is(err, core.ErrStaleDelivery) {
+			t.Errorf("settlement %d after Close = %v, want ErrStaleDelivery", i, err)
+		}
+	}
+	if dls := readAll(t, bs, topic+".dlq", 1); len(dls) != 0 {
+		t.Errorf("%d dead letters written for a stale delivery", len(dls))
+	}
+	if s.Stats().StaleSettlements != 3 {
+		t.Errorf("StaleSettlements = %d, want 3", s.Stats().StaleSettlements)
+	}
+	s2 := openSource(t, bs, topic, group)
+	if got := receiveN(t, s2, 3, 10*time.Second); got[0].Message().Attempt != 2 {
+		t.Errorf("redelivery Attempt = %d, want 2", got[0].Message().Attempt)
+	}
+}
