@@ -13,6 +13,16 @@
 // It serves until SIGINT or SIGTERM. -topics creates topics up front
 // (name:partitions, comma-separated; partitions default to 1); other topics
 // are created on first use when -auto-create is on (the default).
+// -min-session-timeout lowers Kafka's 6s minimum consumer group session
+// timeout for quick rebalances.
+//
+// Then point anything at it by URL, for example:
+//
+//	kafka://127.0.0.1:9092/payments?group=billing   (core.OpenSource)
+//	IDEMQ_KAFKA_URL=kafka://127.0.0.1:9092 go test ./brokers/kafka/
+//
+// (the brokers/kafka tests start their own in-process kfake when
+// IDEMQ_KAFKA_URL is unset).
 package main
 
 import (
