@@ -692,3 +692,48 @@ func (preferB) AssignGroups(members []kafkago.GroupMember, parts []kafkago.Parti
 	}
 	return out
 }
+
+// A revoke wait longer than the session timeout: the member keeps
+// heartbeating while its open batch finishes, so it is not evicted, its
+// final commit is accepted, and nothing is redelivered.
+func TestRevokeWaitLongerThanSession(t *testing.T) {
+	e := newPGEffects(t)
+	bs := brokers(t)
+	topic := newTopic(t, bs, 2)
+	group := "g-" + randomHex(4)
+	const n = 40
+	publishN(t, bs, topic, "hb", n, nil)
+	timeouts := []Option{WithGroupTimeouts(600*time.Millisecond, 50*time.Millisecond, 5*time.Second), WithRevokeTimeout(4 * time.Second)}
+	srcA := openSource(t, bs, topic, group, timeouts...)
+	var held atomic.Bool
+	a := startConsumer(t, srcA, e, func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		if err := e.apply(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == "hb-0010" && !held.Swap(true) {
+			// Revocation begins while this batch is open, and lasts
+			// three session timeouts.
+			for !revoking(srcA) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			time.Sleep(1800 * time.Millisecond)
+		}
+		return nil
+	}, core.WithBatchSize(5), core.WithWindow(20))
+	waitUntil(t, 20*time.Second, "A to hold message hb-0010", held.Load)
+	srcB := openSource(t, bs, topic, group, timeouts...)
+	b := startConsumer(t, srcB, e, nil, core.WithWindow(20))
+	waitUntil(t, 30*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, 2)
+	})
+	b.shutdown(t)
+	a.shutdown(t)
+	as, bst := a.c.Stats(), b.c.Stats()
+	t.Logf("A %+v source %+v; B %+v source %+v", as, srcA.Stats(), bst, srcB.Stats())
+	if as.Stale != 0 || as.Duplicates+bst.Duplicates != 0 || srcA.Stats().CommitErrors != 0 {
+		t.Errorf("stale %d, duplicates %d, commit errors %d: A lost its membership during the revoke wait", as.Stale, as.Duplicates+bst.Duplicates, srcA.Stats().CommitErrors)
+	}
+	if rows, ids := e.counts(t); rows != n || ids != n {
+		t.Errorf("%d effects for %d ids, want %d", rows, ids, n)
+	}
+}

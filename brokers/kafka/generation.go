@@ -2,6 +2,8 @@ package kafka
 
 import (
 	"context"
+	"errors"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -148,6 +150,13 @@ loop:
 	// close in the background meanwhile.
 	stopFetch()
 
+	// kafka-go stopped heartbeating when the generation ended; keep the
+	// membership alive while in-flight work finishes, as Kafka's own
+	// clients do during a rebalance, so a revoke wait longer than the
+	// session timeout does not get this member evicted (and its final
+	// commit refused).
+	stopHeartbeats := s.heartbeat(g)
+	defer stopHeartbeats()
 	if !closing && s.cfg.revokeTimeout > 0 {
 		timer := time.NewTimer(s.cfg.revokeTimeout)
 		s.mu.Lock()
@@ -173,8 +182,48 @@ loop:
 	s.broadcast()
 	s.mu.Unlock()
 	s.commit(g, log)
+	stopHeartbeats()
 	fetchers.Wait()
 	log.Info("idemq kafka: partitions released")
+}
+
+// heartbeat sends g's member heartbeats every heartbeat interval until the
+// returned func is called (more than once is fine).
+func (s *Source) heartbeat(g *generation) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(s.cfg.heartbeatInterval)
+		defer t.Stop()
+		var coordinator net.Addr // kafka-go routes heartbeats to Addr, not to the coordinator
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.sessionTimeout)
+			if coordinator == nil {
+				fc, err := s.client.FindCoordinator(ctx, &kafkago.FindCoordinatorRequest{Key: s.cfg.group, KeyType: kafkago.CoordinatorKeyTypeConsumer})
+				if err == nil && fc.Error == nil && fc.Coordinator != nil {
+					coordinator = kafkago.TCP(net.JoinHostPort(fc.Coordinator.Host, strconv.Itoa(fc.Coordinator.Port)))
+				}
+			}
+			if coordinator != nil {
+				resp, err := s.client.Heartbeat(ctx, &kafkago.HeartbeatRequest{Addr: coordinator, GroupID: s.cfg.group, GenerationID: g.kgen.ID, MemberID: g.kgen.MemberID})
+				if err != nil || (resp.Error != nil && !errors.Is(resp.Error, kafkago.RebalanceInProgress)) {
+					coordinator = nil // look it up again next time
+				}
+			}
+			cancel()
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done); wg.Wait() })
+	}
 }
 
 func describe(ps []*partition) string {
