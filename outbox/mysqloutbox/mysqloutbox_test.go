@@ -275,7 +275,7 @@ func waitPending(t testing.TB, s outbox.Store) {
 func TestPerKeyOrderTwoRelays(t *testing.T) {
 	db := openDB(t, mysqlURL(t))
 	o := newOutbox(t, db)
-	const keys, perKey = 8, 40
+	const keys, perKey = 8, 60
 	rec := &recorder{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
