@@ -200,14 +200,30 @@ func sortedKeys[V any](m map[string]V) []string {
 // secretParams are query parameters whose values Redact hides.
 var secretParams = regexp.MustCompile(`(?i)([?&](?:[a-z0-9_.-]*(?:password|passwd|pwd|secret|token|key|credential|sasl)[a-z0-9_.-]*)=)[^&#]*`)
 
-// userinfo matches the user:password@ part of a URL, parseable or not.
-var userinfo = regexp.MustCompile(`(//[^/@?#]*?):[^/@?#]*@`)
+// userinfo matches the user:password@ part of a URL as url.Parse splits
+// it: the user ends at the first ':', the password runs to the last '@'
+// before the path, so a password holding a raw '@' or ':' is covered.
+var userinfo = regexp.MustCompile(`(//[^/?#:]*):[^/?#]*@`)
+
+// looseUserinfo is for URLs that do not parse (a raw '/' or '#' in the
+// password, say): everything from the first ':' after "//user" to the
+// last '@' of the string is treated as the password. It may hide more
+// than the password, never less.
+var looseUserinfo = regexp.MustCompile(`(//[^/?#:@]*):.*@`)
+
+// userinfoOf picks the pattern for rawURL.
+func userinfoOf(rawURL string) *regexp.Regexp {
+	if _, err := url.Parse(rawURL); err != nil {
+		return looseUserinfo
+	}
+	return userinfo
+}
 
 // Redact returns rawURL with its password and any secret-looking query
 // parameter (password, secret, token, key, sasl…) replaced by "xxxxx", for
 // logs and errors. It works on URLs that do not parse, too.
 func Redact(rawURL string) string {
-	s := userinfo.ReplaceAllString(rawURL, "${1}:xxxxx@")
+	s := userinfoOf(rawURL).ReplaceAllString(rawURL, "${1}:xxxxx@")
 	return secretParams.ReplaceAllString(s, "${1}xxxxx")
 }
 
@@ -226,7 +242,7 @@ func RedactError(err error, rawURL string) string {
 
 func urlSecrets(rawURL string) []string {
 	var out []string
-	if m := userinfo.FindStringSubmatch(rawURL); m != nil {
+	if m := userinfoOf(rawURL).FindStringSubmatch(rawURL); m != nil {
 		whole := m[0]
 		pass := whole[len(m[1])+1 : len(whole)-1]
 		out = append(out, pass)

@@ -21,6 +21,11 @@ func TestRedact(t *testing.T) {
 		"postgres://u:p ss@bad host/%zz":                   "postgres://u:xxxxx@bad host/%zz",
 		"x://h/?token=abc#frag":                            "x://h/?token=xxxxx#frag",
 		"mem://payments":                                   "mem://payments",
+		// Found by FuzzRedact: url.Parse takes the password up to the last
+		// '@', and an unparseable URL may hold a raw '/'.
+		"postgres://app:p@ss:w%2Frd@db/db": "postgres://app:xxxxx@db/db",
+		"amqp://u:pa/ss@h:5672/":           "amqp://u:xxxxx@h:5672/",
+		"amqp://u@h:5672/":                 "amqp://u@h:5672/",
 	}
 	for in, want := range cases {
 		if got := core.Redact(in); got != want {

@@ -21,9 +21,20 @@ func init() { core.RegisterStore("mysql", openURL) }
 // or the name of a config registered with RegisterTLSCA or the driver's
 // RegisterTLSConfig.
 func openURL(ctx context.Context, u *url.URL) (any, error) {
+	conn, opts, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	return Open(ctx, conn, opts...)
+}
+
+// parseURL splits a mysql:// URL into the store's options and the URL the
+// driver gets (the rest), without connecting, so the parser can be fuzzed
+// alone.
+func parseURL(u *url.URL) (string, []Option, error) {
 	q, err := url.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 	if err != nil {
-		return nil, fmt.Errorf("%s URL parameters: %v", u.Scheme, err)
+		return "", nil, fmt.Errorf("%s URL parameters: %v", u.Scheme, err)
 	}
 	var opts []Option
 	if q.Has("table") {
@@ -34,7 +45,7 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		v := q.Get("retention")
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return nil, fmt.Errorf("mysql URL parameter retention: %q is not a duration like 168h", v)
+			return "", nil, fmt.Errorf("mysql URL parameter retention: %q is not a duration like 168h", v)
 		}
 		opts = append(opts, WithRetention(d))
 		q.Del("retention")
@@ -48,7 +59,7 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		v := q.Get("isolation")
 		level, ok := levels[v]
 		if !ok {
-			return nil, fmt.Errorf("mysql URL parameter isolation: %q is not read-committed, repeatable-read or serializable", v)
+			return "", nil, fmt.Errorf("mysql URL parameter isolation: %q is not read-committed, repeatable-read or serializable", v)
 		}
 		opts = append(opts, WithIsolation(level))
 		q.Del("isolation")
@@ -57,12 +68,12 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		v := q.Get("migrate")
 		on, err := strconv.ParseBool(v)
 		if err != nil {
-			return nil, fmt.Errorf("mysql URL parameter migrate: %q is not true or false", v)
+			return "", nil, fmt.Errorf("mysql URL parameter migrate: %q is not true or false", v)
 		}
 		opts = append(opts, WithMigrate(on))
 		q.Del("migrate")
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()
-	return Open(ctx, rest.String(), opts...)
+	return rest.String(), opts, nil
 }

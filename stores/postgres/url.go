@@ -22,9 +22,20 @@ func init() {
 // parameter goes to pgxpool (sslmode up to verify-full, sslrootcert,
 // sslcert, sslkey, sslpassword, sslsni, pool_max_conns, application_name, …).
 func openURL(ctx context.Context, u *url.URL) (any, error) {
+	conn, opts, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	return Open(ctx, conn, opts...)
+}
+
+// parseURL splits a postgres:// URL into the store's options and the URL the
+// driver gets (the rest), without connecting, so the parser can be fuzzed
+// alone.
+func parseURL(u *url.URL) (string, []Option, error) {
 	q, err := url.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 	if err != nil {
-		return nil, fmt.Errorf("%s URL parameters: %v", u.Scheme, err)
+		return "", nil, fmt.Errorf("%s URL parameters: %v", u.Scheme, err)
 	}
 	var opts []Option
 	for _, k := range []string{"table", "retention", "partitions"} {
@@ -39,7 +50,7 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return nil, fmt.Errorf("postgres URL parameter %s: %q is not a duration like 168h", k, v)
+			return "", nil, fmt.Errorf("postgres URL parameter %s: %q is not a duration like 168h", k, v)
 		}
 		if k == "retention" {
 			opts = append(opts, WithRetention(d))
@@ -51,12 +62,12 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		v := q.Get("migrate")
 		on, err := strconv.ParseBool(v)
 		if err != nil {
-			return nil, fmt.Errorf("postgres URL parameter migrate: %q is not true or false", v)
+			return "", nil, fmt.Errorf("postgres URL parameter migrate: %q is not true or false", v)
 		}
 		opts = append(opts, WithMigrate(on))
 		q.Del("migrate")
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()
-	return Open(ctx, rest.String(), opts...)
+	return rest.String(), opts, nil
 }

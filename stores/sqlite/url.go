@@ -15,16 +15,26 @@ func init() { core.RegisterStore("sqlite", openURL) }
 // sqlite://app.db is app.db in the working directory, sqlite:///var/lib/app.db
 // an absolute path. Unknown parameters are refused, naming them.
 func openURL(ctx context.Context, u *url.URL) (any, error) {
+	path, opts, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	return Open(ctx, path, opts...)
+}
+
+// parseURL reads the file path and options of a sqlite:// URL, touching no
+// file, so the parser can be fuzzed alone.
+func parseURL(u *url.URL) (string, []Option, error) {
 	path := u.Host + u.Path
 	if u.Opaque != "" {
 		path = u.Opaque
 	}
 	if path == "" {
-		return nil, fmt.Errorf("sqlite URL has no file path (use sqlite://app.db or sqlite:///abs/path.db)")
+		return "", nil, fmt.Errorf("sqlite URL has no file path (use sqlite://app.db or sqlite:///abs/path.db)")
 	}
 	query, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, fmt.Errorf("sqlite URL parameters: %v", err)
+		return "", nil, fmt.Errorf("sqlite URL parameters: %v", err)
 	}
 	var opts []Option
 	for k, vs := range query {
@@ -35,7 +45,7 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 		case "retention", "busy_timeout":
 			d, err := time.ParseDuration(v)
 			if err != nil {
-				return nil, fmt.Errorf("sqlite URL parameter %s: %q is not a duration like 168h", k, v)
+				return "", nil, fmt.Errorf("sqlite URL parameter %s: %q is not a duration like 168h", k, v)
 			}
 			if k == "retention" {
 				opts = append(opts, WithRetention(d))
@@ -43,8 +53,8 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 				opts = append(opts, WithBusyTimeout(d))
 			}
 		default:
-			return nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", k)
+			return "", nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", k)
 		}
 	}
-	return Open(ctx, path, opts...)
+	return path, opts, nil
 }

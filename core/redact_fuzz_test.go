@@ -1,0 +1,99 @@
+package core_test
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/idemq/idemq/core"
+)
+
+// FuzzRedact: Redact never panics, is idempotent, and when the URL parses
+// with a password or a secret-looking query parameter, the redacted URL
+// parses to the same shape with every one of them replaced by xxxxx.
+func FuzzRedact(f *testing.F) {
+	for _, s := range []string{
+		"amqp://guest:guest@127.0.0.1:5672/?queue=q",
+		"amqps://u:p%40ss@h/vh?cacertfile=/ca.pem&keyfile=/k.pem",
+		"postgres://app:s3cret@db:5432/app?sslmode=verify-full&sslpassword=kp",
+		"mysql://root:pw@tcp(127.0.0.1:3306)/test",
+		"sqs://AKID:SECRET@orders?endpoint=http://127.0.0.1:9324&region=eu-west-1",
+		"kafka://u:p@b1:9092,b2:9092/topic?sasl=scram-sha-512&sasl_password=x&token=y",
+		"amqp://u:p@h:notaport/", "://", "a:b@c", "http://[::1", "x://u:p:q@h/?key=1&key=2#frag",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		r := core.Redact(raw)
+		if rr := core.Redact(r); rr != r {
+			t.Fatalf("not idempotent:\n%q\n%q", r, rr)
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			return
+		}
+		ru, err := url.Parse(r)
+		if err != nil {
+			t.Fatalf("Redact(%q) = %q no longer parses: %v", raw, r, err)
+		}
+		if _, has := u.User.Password(); has && u.Host != "" {
+			if p, _ := ru.User.Password(); p != "xxxxx" {
+				t.Fatalf("Redact(%q) = %q keeps password %q", raw, r, p)
+			}
+		}
+		q, err := url.ParseQuery(u.RawQuery)
+		if err != nil {
+			return
+		}
+		rq, _ := url.ParseQuery(ru.RawQuery)
+		for k, vs := range q {
+			if !secretName(k) || strings.ContainsAny(k, "&#") {
+				continue
+			}
+			for i, v := range vs {
+				if v != "" && i < len(rq[k]) && rq[k][i] != "xxxxx" {
+					t.Fatalf("Redact(%q) = %q keeps %s=%q", raw, r, k, rq[k][i])
+				}
+			}
+		}
+	})
+}
+
+func secretName(k string) bool {
+	k = strings.ToLower(k)
+	for _, w := range []string{"password", "passwd", "pwd", "secret", "token", "key", "credential", "sasl"} {
+		if strings.Contains(k, w) {
+			// Redact's pattern only knows these characters in a name.
+			return strings.Trim(k, "abcdefghijklmnopqrstuvwxyz0123456789_.-") == ""
+		}
+	}
+	return false
+}
+
+// FuzzRedactError: an error that quotes a URL's password, raw or escaped,
+// loses it in RedactError whenever the password is 3 bytes or more.
+func FuzzRedactError(f *testing.F) {
+	for _, s := range []string{"guest", "p@ss:w/rd", "s3cr3t%", "ünï", "abc"} {
+		f.Add(s, "db.example.com")
+	}
+	f.Fuzz(func(t *testing.T, pass, host string) {
+		if len(pass) < 3 || strings.ContainsAny(host, "/@?#:%") || host == "" {
+			return
+		}
+		raw := "postgres://app:" + url.PathEscape(pass) + "@" + host + "/db"
+		if u, err := url.Parse(raw); err != nil {
+			return
+		} else if p, _ := u.User.Password(); p != pass {
+			return // PathEscape leaves ':' and '@'-free forms alone; not this test's subject
+		}
+		err := errors.New("cannot connect to " + raw + " with password " + pass + " (escaped " + url.PathEscape(pass) + ")")
+		msg := core.RedactError(err, raw)
+		if strings.Contains(msg, pass) && !strings.Contains(strings.ReplaceAll(msg, pass, ""), "xxxxx") {
+			t.Fatalf("password %q survives in %q", pass, msg)
+		}
+		if strings.Contains(msg, "password "+pass+" ") {
+			t.Fatalf("password %q survives in %q", pass, msg)
+		}
+	})
+}
