@@ -68,6 +68,11 @@ type msgState struct {
 	d     Delivery
 	idErr error
 	batch *batchSettlement
+	// prev is closed once the previous delivery has entered a batch (or
+	// left the pipeline); passed is this one's. They keep batches in
+	// receive order although each delivery runs on its own goroutine.
+	prev, passed chan struct{}
+	hasPassed    bool
 }
 
 type stateKey struct{}
@@ -236,6 +241,8 @@ func (c *Consumer[Tx]) checkRetention(ctx context.Context) {
 // source closes.
 func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 	failures := 0
+	prev := make(chan struct{})
+	close(prev)
 	for {
 		select {
 		case c.slots <- struct{}{}:
@@ -264,17 +271,37 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 		failures = 0
 		c.stats.received.Add(1)
 		c.inflight.Add(1)
-		go c.handleDelivery(d)
+		passed := make(chan struct{})
+		go c.handleDelivery(d, prev, passed)
+		prev = passed
 	}
+}
+
+// pass lets the next delivery enter a batch, after waiting for the previous
+// one to do so: batches are filled in receive order. Shutdown stops the
+// wait, as order no longer matters then.
+func (c *Consumer[Tx]) pass(st *msgState, enter func()) {
+	if st.hasPassed {
+		return
+	}
+	select {
+	case <-st.prev:
+	case <-c.procCtx.Done():
+	}
+	if enter != nil {
+		enter()
+	}
+	st.hasPassed = true
+	close(st.passed)
 }
 
 // handleDelivery runs one message through the middleware chain and settles
 // it. It owns one window slot.
-func (c *Consumer[Tx]) handleDelivery(d Delivery) {
+func (c *Consumer[Tx]) handleDelivery(d Delivery, prev, passed chan struct{}) {
 	defer c.inflight.Done()
 	defer func() { <-c.slots }()
 	m := d.Message()
-	st := &msgState{d: d}
+	st := &msgState{d: d, prev: prev, passed: passed}
 	if c.cfg.idFunc != nil {
 		id, err := c.cfg.idFunc(m)
 		if err != nil {
@@ -285,6 +312,7 @@ func (c *Consumer[Tx]) handleDelivery(d Delivery) {
 	}
 	ctx := context.WithValue(c.procCtx, stateKey{}, st)
 	out := c.process(ctx, m)
+	c.pass(st, nil) // in case the message never reached a batch
 	if out.Decision < Processed || out.Decision > DeadLetter {
 		out = Outcome{Decision: Retry, Err: fmt.Errorf("idemq: middleware returned no decision (%v)", out.Err), Delay: c.cfg.backoff.Delay(m.Attempt)}
 	}
@@ -415,18 +443,26 @@ func (c *Consumer[Tx]) decide(ctx context.Context, m *Message) Outcome {
 		return Outcome{Decision: Retry, Err: errors.New("idemq: ProcessFunc called outside the Consumer's pipeline")}
 	}
 	if st.idErr != nil {
+		c.pass(st, nil)
 		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: st.idErr}}
 	}
 	if err := c.validateID(m.ID); err != nil {
+		c.pass(st, nil)
 		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: err}}
 	}
 	it := &item{ctx: ctx, m: m, state: st, done: make(chan Outcome, 1)}
 	if c.cfg.fingerprint != nil {
 		it.fp = c.cfg.fingerprint(m.Body)
 	}
-	select {
-	case c.items <- it:
-	case <-c.procCtx.Done():
+	entered := false
+	c.pass(st, func() {
+		select {
+		case c.items <- it:
+			entered = true
+		case <-c.procCtx.Done():
+		}
+	})
+	if !entered {
 		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "shutdown", Err: ErrShutdown}}
 	}
 	return <-it.done
