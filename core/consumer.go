@@ -87,6 +87,12 @@ func ConsumerName(ctx context.Context) string {
 	return name
 }
 
+// ContextWithConsumerName returns ctx carrying name as ConsumerName reports
+// it, for testing handlers and middleware outside a Consumer.
+func ContextWithConsumerName(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, consumerKey{}, name)
+}
+
 // New builds a Consumer that runs h for each message whose claim won. It
 // fails, naming the option, when an option is invalid or WithName is
 // missing.

@@ -367,9 +367,11 @@ func toMessage(queue string, r *amqp.Delivery) *core.Message {
 	if exchange == "" {
 		exchange = "amq.default"
 	}
+	key, _ := r.Headers[KeyHeader].(string)
 	return &core.Message{
 		ID:      r.MessageId,
 		Body:    r.Body,
+		Key:     key,
 		Headers: renderHeaders(r.Headers),
 		Source:  queue,
 		System:  "rabbitmq",

@@ -136,6 +136,10 @@ func (p *Publisher) connect(ctx context.Context) error {
 	return nil
 }
 
+// KeyHeader carries Message.Key (an ordering key, which AMQP has no
+// property for) from this package's Publisher to its Source.
+const KeyHeader = "idemq-key"
+
 // Publish publishes msgs with routing key key (a queue name on the default
 // exchange) and waits for the broker's confirms. It fails if any message is
 // nacked or, with mandatory on, unroutable; some messages may then have been
@@ -182,6 +186,9 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*core.M
 		}
 		for k, v := range traceHeaders {
 			h[k] = v
+		}
+		if m.Key != "" {
+			h[KeyHeader] = m.Key
 		}
 		c, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.exchange, key, p.cfg.mandatory, false, amqp.Publishing{
 			MessageId:    m.ID,

@@ -39,7 +39,7 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 	tp := sdktrace.NewTracerProvider()
 	pctx, span := tp.Tracer("test").Start(ctx, "send")
-	if err := pub.Publish(pctx, &core.Message{ID: "traced-1", Body: []byte("x")}); err != nil {
+	if err := pub.Publish(pctx, &core.Message{ID: "traced-1", Key: "customer-7", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	span.End()
@@ -49,8 +49,8 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 	}
 	defer d.Ack(ctx)
 	m := d.Message()
-	if m.ID != "traced-1" {
-		t.Fatalf("id %q", m.ID)
+	if m.ID != "traced-1" || m.Key != "customer-7" {
+		t.Fatalf("id %q key %q, want traced-1 and customer-7", m.ID, m.Key)
 	}
 	want := span.SpanContext().TraceID().String()
 	if tp := m.Headers["traceparent"]; !strings.Contains(tp, want) {
