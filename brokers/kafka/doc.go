@@ -36,7 +36,9 @@
 // Rebalances: when the group rebalances, the Source stops handing out
 // messages of the revoked generation, gives deliveries in flight
 // WithRevokeTimeout (default 10s) to settle, commits what is decided and
-// releases the partitions. A settlement that arrives later fails with
+// releases the partitions. It keeps heartbeating meanwhile (kafka-go stops
+// when the generation ends), so a wait longer than the session timeout does
+// not get the member evicted. A settlement that arrives later fails with
 // ErrStaleDelivery; the new owner gets the message again from the
 // committed offset and the dedup store decides Duplicate if its effect was
 // committed — the design working, not a fault.
@@ -52,6 +54,10 @@
 // count, so Attempt comes from a counter kept in this process, raised for
 // messages another process handed out before its last commit (from the
 // commit metadata).
+//
+// Importing the package registers the kafka:// scheme with
+// core.OpenSource and core.OpenPublisher (see Open for the URL's
+// parameters).
 //
 // A Publisher produces core Messages on a kafka-go Writer with
 // RequiredAcks RequireAll, setting the id header and injecting the trace
