@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// rawPassword returns the password of rawURL as url.Parse reads it, raw
+// rawPasswords returns the password of rawURL as url.Parse reads it, raw
 // and unescaped, when it is long enough to look for in an error.
 func rawPasswords(rawURL string) []string {
 	u, err := url.Parse(rawURL)
@@ -17,7 +17,9 @@ func rawPasswords(rawURL string) []string {
 		return nil
 	}
 	p, ok := u.User.Password()
-	if !ok || len(p) < 4 {
+	// A password that also appears elsewhere in the URL (as a parameter
+	// name, say) may rightly appear in an error naming that part.
+	if !ok || len(p) < 4 || strings.Count(rawURL, p) > 1 {
 		return nil
 	}
 	out := []string{p}

@@ -1,0 +1,96 @@
+package sqs
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+)
+
+// FuzzParseURL: parseURL never panics and never quotes the secret key in
+// an error; static credentials in the URL reach the options intact.
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{
+		"sqs://orders?region=eu-west-1",
+		"sqs://AKIDEXAMPLE:wJalrXUtnFEMI%2FK7MDENG@orders?endpoint=http://127.0.0.1:9324&region=us-east-1&id_attribute=message-id",
+		"sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo?dlq=orders-dlq.fifo&dead_letter_mode=send&wait=20s&visibility=30s&receivers=2&window=20&heartbeat=true&max_extension=1h&close_timeout=5s",
+		"sqs://KEY@orders", "sqs://K:S@?x=1", "sqs://q?wait=forever", "sqs://q?receivers=-1&window=0",
+	} {
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, raw string, source bool) {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return
+		}
+		queue, opts, err := parseURL(u, source)
+		secret, _ := u.User.Password()
+		if strings.Count(raw, secret) > 1 {
+			secret = "" // also elsewhere in the URL, where an error may name it
+		}
+		if err != nil {
+			if len(secret) >= 4 && strings.Contains(err.Error(), secret) {
+				t.Fatalf("error quotes the secret %q: %v", secret, err)
+			}
+			return
+		}
+		if queue == "" {
+			t.Fatalf("accepted %q without a queue", raw)
+		}
+		cfg := defaultConfig()
+		for _, o := range opts {
+			if o != nil {
+				if err := o(&cfg); err != nil && len(secret) >= 4 && strings.Contains(err.Error(), secret) {
+					t.Fatalf("option error quotes the secret: %v", err)
+				}
+			}
+		}
+	})
+}
+
+// FuzzNewDelivery is the id extraction of this adapter: the business id
+// is the id attribute's string value exactly (binary values as bytes),
+// the receive count never gives an attempt below 1, and a body marked
+// base64 that does not decode is kept as received.
+func FuzzNewDelivery(f *testing.F) {
+	f.Add("pay-1", "3", "hello", false, []byte(nil))
+	f.Add("a\x00\xff", "-7", "!!not base64", true, []byte{0, 1})
+	f.Add("", "99999999999999999999", "aGVsbG8=", true, []byte("bin-id"))
+	f.Fuzz(func(t *testing.T, id, count, body string, base64Body bool, binID []byte) {
+		s := &Source{q: &queueInfo{name: "q", url: "http://127.0.0.1/q"}, cfg: defaultConfig(), vis: 30 * time.Second}
+		attrs := map[string]types.MessageAttributeValue{
+			"traceparent": {DataType: aws.String("String"), StringValue: aws.String(body)},
+		}
+		want := id
+		if binID != nil {
+			attrs[s.cfg.idAttribute] = types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: binID}
+			want = string(binID)
+		} else {
+			attrs[s.cfg.idAttribute] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(id)}
+		}
+		if base64Body {
+			attrs[AttributeEncoding] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String("base64")}
+		}
+		m := &types.Message{
+			Body:              aws.String(body),
+			MessageId:         aws.String("sqs-id"),
+			ReceiptHandle:     aws.String("rh"),
+			Attributes:        map[string]string{"ApproximateReceiveCount": count, "MessageGroupId": id},
+			MessageAttributes: attrs,
+		}
+		d := s.newDelivery(m, time.Now())
+		msg := d.Message()
+		if msg.ID != want {
+			t.Fatalf("id %q became %q", want, msg.ID)
+		}
+		if msg.Attempt < 1 {
+			t.Fatalf("attempt %d from receive count %q", msg.Attempt, count)
+		}
+		if !base64Body && string(msg.Body) != body {
+			t.Fatalf("body changed")
+		}
+	})
+}
