@@ -1,0 +1,138 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/postgres"
+	"github.com/idemq/idemq/stores/storetest"
+)
+
+// leastPrivilegeGrants are the README's grants for a consumer's role on
+// the dedup table; Migrate ran as the owner. Pruning needs UPDATE too.
+const leastPrivilegeGrants = "SELECT, INSERT, DELETE"
+
+// TestLeastPrivilege runs Migrate as the owner, then a consumer as a role
+// with only the README's grants (no DDL, no schema CREATE): opening with
+// migrate=false, claims, duplicates, a fingerprint mismatch and Inspect
+// work; Prune works once UPDATE is granted too; Migrate and any DDL are
+// refused.
+func TestLeastPrivilege(t *testing.T) {
+	base := postgresURL(t)
+	pool := testPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owner := openStore(t, pool) // Migrate as the owner
+	table := owner.Table()
+	effects := effectsTable(t, pool)
+
+	role := storetest.UniqueName("idemq_lp_")
+	pass := "lp-" + role
+	for _, q := range []string{
+		fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s' NOSUPERUSER NOCREATEDB NOCREATEROLE`, role, pass),
+		fmt.Sprintf(`REVOKE CREATE ON SCHEMA public FROM %s`, role),
+		fmt.Sprintf(`GRANT %s ON %s TO %s`, leastPrivilegeGrants, table, role),
+		fmt.Sprintf(`GRANT SELECT, INSERT ON %s TO %s`, effects, role),
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), `DROP OWNED BY `+role)
+		pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+role)
+	})
+	var canCreate bool
+	if err := pool.QueryRow(ctx, `SELECT has_schema_privilege($1, 'public', 'CREATE')`, role).Scan(&canCreate); err != nil {
+		t.Fatal(err)
+	}
+	if canCreate {
+		t.Skip("PUBLIC may create in schema public on this server (PostgreSQL < 15 defaults): the role would have DDL rights")
+	}
+
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, pass)
+	q := u.Query()
+	q.Set("table", table)
+	u.RawQuery = q.Encode()
+
+	if _, err := core.OpenStore[pgx.Tx](ctx, u.String()); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("Open with migrate as the role: %v; want permission denied", err)
+	}
+	q.Set("migrate", "false")
+	u.RawQuery = q.Encode()
+	st, err := core.OpenStore[pgx.Tx](ctx, u.String())
+	if err != nil {
+		t.Fatalf("Open with migrate=false as the role: %v", err)
+	}
+	s := st.(*postgres.Store)
+	defer s.Close()
+	if _, err := s.Pool().Exec(ctx, `CREATE TABLE `+role+`_x (a int)`); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("DDL as the role: %v; want permission denied", err)
+	}
+	if err := s.Migrate(ctx); err == nil {
+		t.Errorf("Migrate as the role succeeded")
+	}
+
+	b, err := memory.NewBroker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var msgs []*core.Message
+	for i := range 20 {
+		msgs = append(msgs, &core.Message{ID: fmt.Sprintf("lp-%02d", i), Body: []byte("b")})
+	}
+	msgs = append(msgs, msgs[0], msgs[1], &core.Message{ID: "lp-02", Body: []byte("other body")})
+	if err := b.Publish(ctx, "q", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (k) VALUES ($1)`, m.ID)
+		return err
+	}
+	res, err := memory.Drain(ctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[pgx.Tx], error) {
+		return core.New[pgx.Tx](sub, s, handler, core.WithName("lp"), core.WithBatchSize(5), core.WithLogger(quiet()))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Processed != 20 || res.Duplicates != 2 || res.DeadLettered != 1 || res.Retried != 0 {
+		t.Fatalf("as the role: %+v; want 20 processed, 2 duplicates, 1 dead letter (fingerprint), no retries", res.Stats)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects).Scan(&n); err != nil || n != 20 {
+		t.Fatalf("effects %d, %v; want 20", n, err)
+	}
+	// Prune locks the rows it deletes (FOR UPDATE SKIP LOCKED, so that
+	// pruners never wait on each other), and PostgreSQL wants UPDATE for
+	// any row lock: the pruning role needs it on top.
+	if _, err := s.Prune(ctx, time.Now().Add(time.Hour), 100); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("Prune without UPDATE: %v; want permission denied", err)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`GRANT UPDATE ON %s TO %s`, table, role)); err != nil {
+		t.Fatal(err)
+	}
+	pruned, err := s.Prune(ctx, time.Now().Add(time.Hour), 100)
+	if err != nil || pruned != 20 {
+		t.Errorf("Prune as the role: %d, %v; want 20 rows", pruned, err)
+	}
+	if _, err := s.Inspect(ctx); err != nil {
+		t.Errorf("Inspect as the role: %v", err)
+	}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
