@@ -454,6 +454,24 @@ func queryOptions(q url.Values) ([]Option, error) {
 				return nil, bad("a duration")
 			}
 			opts = append(opts, WithRevokeTimeout(d))
+		case "session_timeout", "heartbeat_interval", "rebalance_timeout":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return nil, bad("a duration")
+			}
+			key := k
+			opts = append(opts, func(c *config) error {
+				session, heartbeat, rebalance := c.sessionTimeout, c.heartbeatInterval, c.rebalanceTimeout
+				switch key {
+				case "session_timeout":
+					session = d
+				case "heartbeat_interval":
+					heartbeat = d
+				default:
+					rebalance = d
+				}
+				return WithGroupTimeouts(session, heartbeat, rebalance)(c)
+			})
 		default:
 			return nil, fmt.Errorf("kafka: url parameter %s: unknown", k)
 		}

@@ -94,6 +94,8 @@ type Stats struct {
 //	start               first | last                    (WithStartOffset)
 //	commit_interval, commit_count                       (WithCommit)
 //	revoke_timeout      a duration                      (WithRevokeTimeout)
+//	session_timeout, heartbeat_interval, rebalance_timeout
+//	                    durations                       (WithGroupTimeouts)
 //
 // Any other parameter is an error naming it. The URL's topic, group and
 // parameters are applied after opts, so the deployment's URL wins over

@@ -412,11 +412,14 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 			t.Errorf("Open(%q, ...) = %v, want an error naming %q", c.target, err, c.want)
 		}
 	}
+	if _, err := Open(ctx, "kafka://127.0.0.1:1/t?group=g&session_timeout=1s&heartbeat_interval=2s"); err == nil || !strings.Contains(err.Error(), "WithGroupTimeouts") {
+		t.Errorf("heartbeat longer than the session: %v, want an error naming WithGroupTimeouts", err)
+	}
 	if _, err := NewPublisher("", nil); err == nil {
 		t.Error("NewPublisher(\"\") = nil error")
 	}
 	cfg := defaultConfig()
-	uopts, err := parseTarget("kafka://a:1,b:2/payments?group=billing&ordering=none&commit_count=7&start=last&revoke_timeout=3s&id_header=ce_id&dead_letter_topic=dl&retry_topic=rt", &cfg)
+	uopts, err := parseTarget("kafka://a:1,b:2/payments?group=billing&ordering=none&commit_count=7&start=last&revoke_timeout=3s&id_header=ce_id&dead_letter_topic=dl&retry_topic=rt&session_timeout=8s&heartbeat_interval=1s", &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +430,8 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 	}
 	if cfg.topic != "payments" || cfg.group != "billing" || len(cfg.brokers) != 2 || cfg.ordering != OrderNone || cfg.commitCount != 7 ||
 		cfg.commitInterval != time.Second || cfg.startOffset != kafkago.LastOffset || cfg.revokeTimeout != 3*time.Second ||
-		cfg.idHeader != "ce_id" || cfg.deadLetterTopic != "dl" || cfg.retryTopic != "rt" {
+		cfg.idHeader != "ce_id" || cfg.deadLetterTopic != "dl" || cfg.retryTopic != "rt" ||
+		cfg.sessionTimeout != 8*time.Second || cfg.heartbeatInterval != time.Second || cfg.rebalanceTimeout != 30*time.Second {
 		t.Errorf("parseTarget: %+v", cfg)
 	}
 	for _, bad := range []string{"kafka://h:1/t?ordering=random", "kafka://h:1/t?start=middle", "kafka://h:1/t?commit_interval=soon", "kafka://h:1/t?group=a&group=b"} {

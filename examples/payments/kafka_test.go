@@ -61,16 +61,16 @@ func kafkaCluster(t *testing.T, topics ...string) string {
 	return hosts
 }
 
-// TestKillAndRestartKafkaPostgres kills the service twice, not three times:
-// each restart waits for the group to drop the killed member, which takes
-// the adapter's 30s session timeout (kafka:// URLs cannot lower it yet).
+// TestKillAndRestartKafkaPostgres kills the service three times. Each restart
+// waits for the group to drop the killed member, so the URL lowers the
+// session timeout to 6s (Kafka's smallest by default).
 func TestKillAndRestartKafkaPostgres(t *testing.T) {
 	t.Parallel()
 	store, prefix, l := postgresStore(t)
 	topic := "payments-" + randomHex(4)
 	addrs := kafkaCluster(t, topic, topic+".dlq")
 	runKillAndRestart(t, killRun{
-		broker: "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3), store: store, tables: prefix, ledger: l,
-		messages: killMessages(t), duplicates: 0.2, kills: 2, batch: 20, concurrency: 2,
+		broker: "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3) + "&session_timeout=6s&heartbeat_interval=1s",
+		store:  store, tables: prefix, ledger: l, messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
 	})
 }
