@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -9,22 +10,24 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// rawPasswords returns the password of rawURL as url.Parse reads it, raw
-// and unescaped, when it is long enough to look for in an error.
+// passwordRE finds the password of a URL as a reader of an error would
+// see it, whether or not the URL parses.
+var passwordRE = regexp.MustCompile(`//[^/?#:@]*:([^/?#@]+)@`)
+
+// rawPasswords returns the passwords of rawURL worth looking for in an
+// error: long enough, and not also elsewhere in the URL (as a parameter
+// name, say), where an error may rightly name that part.
 func rawPasswords(rawURL string) []string {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.User == nil {
-		return nil
-	}
-	p, ok := u.User.Password()
-	// A password that also appears elsewhere in the URL (as a parameter
-	// name, say) may rightly appear in an error naming that part.
-	if !ok || len(p) < 4 || strings.Count(rawURL, p) > 1 {
-		return nil
-	}
-	out := []string{p}
-	if esc := url.PathEscape(p); esc != p {
-		out = append(out, esc)
+	var out []string
+	for _, m := range passwordRE.FindAllStringSubmatch(rawURL, -1) {
+		p := m[1]
+		if len(p) < 4 || strings.Count(rawURL, p) > 1 {
+			continue
+		}
+		out = append(out, p)
+		if un, err := url.PathUnescape(p); err == nil && un != p && len(un) >= 4 {
+			out = append(out, un)
+		}
 	}
 	return out
 }
