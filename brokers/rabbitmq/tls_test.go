@@ -61,7 +61,10 @@ func TestTLS(t *testing.T) {
 			"certificate signed by unknown authority"},
 		{"wrong server name", tlsURL("127.0.0.1", good+"&server_name_indication=mq.example.com"),
 			"certificate is valid for localhost, not mq.example.com"},
-		{"no client certificate", tlsURL("127.0.0.1", "cacertfile="+f.CA), "certificate required"},
+		// TLS 1.3 sends the server's "certificate required" alert after
+		// the client thinks the handshake is done: the client reads the
+		// alert, or finds the connection already reset.
+		{"no client certificate", tlsURL("127.0.0.1", "cacertfile="+f.CA), "certificate required|connection reset by peer"},
 	}
 	for _, c := range refused {
 		s, err := core.OpenSource(ctx, c.url)
@@ -70,7 +73,7 @@ func TestTLS(t *testing.T) {
 			t.Errorf("%s: connected; want a refusal", c.name)
 			continue
 		}
-		if !strings.Contains(err.Error(), c.want) {
+		if !containsAny(err.Error(), strings.Split(c.want, "|")) {
 			t.Errorf("%s: error %q does not say %q", c.name, err, c.want)
 			continue
 		}
@@ -79,4 +82,13 @@ func TestTLS(t *testing.T) {
 		}
 		t.Logf("%s: refused: %v", c.name, err)
 	}
+}
+
+func containsAny(s string, subs []string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
 }
