@@ -126,8 +126,9 @@ func RabbitMQUser(t testing.TB, name, password string) {
 // the test ends; the shared server is never reconfigured. It listens on
 // 127.0.0.1 and 127.0.0.2, an address the certificate does not name. Connections
 // without TLS are refused by pg_hba.conf, so a test that connects has
-// used TLS. User postgres logs in without a password; every other role
-// with its password (scram-sha-256). f must belong to the postgres user
+// used TLS. User postgres logs in without a password, role idemq-client
+// (if created) with f's client certificate only, every other role with its
+// password (scram-sha-256). f must belong to the postgres user
 // (Certs(t, "postgres")). It returns the port.
 func Postgres(t testing.TB, f *Files) int {
 	t.Helper()
@@ -152,6 +153,7 @@ func Postgres(t testing.TB, f *Files) int {
 	run("initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
 	hba := "local all all trust\n" +
 		"hostssl all postgres 127.0.0.0/8 trust\n" +
+		"hostssl all idemq-client 127.0.0.0/8 cert\n" +
 		"hostssl all all 127.0.0.0/8 scram-sha-256\n" +
 		"hostnossl all all 0.0.0.0/0 reject\n"
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {

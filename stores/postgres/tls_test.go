@@ -15,8 +15,9 @@ import (
 
 // TestTLSVerifyFull connects to a private PostgreSQL server with TLS on
 // (and plaintext refused by pg_hba.conf) with sslmode=verify-full against
-// a throw-away CA, runs a claim through the store, and shows that a wrong
-// CA or a wrong server name is refused with an error that says so.
+// a throw-away CA, runs a claim through the store, logs in with a client
+// certificate, and shows that a wrong CA, a wrong server name, a missing
+// client certificate and plaintext are refused with errors that say so.
 func TestTLSVerifyFull(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a private PostgreSQL server; not in -short")
@@ -63,6 +64,19 @@ func TestTLSVerifyFull(t *testing.T) {
 		s2.(*postgres.Store).Close()
 	}
 
+	// Client-certificate authentication: role idemq-client may log in
+	// only with the certificate the test CA issued to that name.
+	if _, err := s.Pool().Exec(ctx, `CREATE ROLE "idemq-client" LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	certURL := fmt.Sprintf("postgres://idemq-client@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s&sslcert=%s&sslkey=%s&table=tls_claims&migrate=false",
+		port, f.CA, f.ClientCert, f.ClientKey)
+	if s3, err := core.OpenStore[pgx.Tx](ctx, certURL); err != nil {
+		t.Errorf("client certificate login: %v", err)
+	} else {
+		s3.(*postgres.Store).Close()
+	}
+
 	refused := []struct {
 		name, url string
 		want      string // in the error
@@ -73,6 +87,7 @@ func TestTLSVerifyFull(t *testing.T) {
 		// certificate is shown by connecting through another loopback
 		// address, which the private server listens on too.
 		{"wrong server name", base("127.0.0.2", f.CA, "verify-full"), "certificate is valid for 127.0.0.1, ::1, not 127.0.0.2"},
+		{"client certificate role without a certificate", fmt.Sprintf("postgres://idemq-client@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s", port, f.CA), "connection requires a valid client certificate"},
 		{"plaintext", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port), "no encryption"},
 	}
 	for _, c := range refused {
