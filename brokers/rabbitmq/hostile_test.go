@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -177,8 +178,9 @@ func manyHeaders(n int) amqp.Table {
 // headers is more than amqp091-go will parse (8192 entries); every
 // delivery of it drops the consumer's connection before the Consumer sees
 // it. On a quorum queue with WithDeliveryLimit the broker dead-letters it
-// after the limit, and the messages around it are applied once (with a
-// window of 1; see WithDeliveryLimit for larger windows).
+// after the limit; the thirty messages behind it (in the same window) are
+// not parked with it, because after a drop the Source consumes one message
+// at a time until one parses, then goes back to the full window.
 func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 	url := amqpURL(t)
 	queue := uniqueQueue(t, url)
@@ -213,15 +215,17 @@ func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 	}
 	pub("before", nil)
 	pub("poison", manyHeaders(10000))
-	pub("after", nil)
+	for i := range 30 {
+		pub(fmt.Sprintf("after-%d", i), nil)
+	}
 	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?)`, m.ID)
 		return err
 	}
-	// Window 1: every message in the window when the connection drops is
-	// returned and counts a delivery, so with a larger window the
-	// messages right behind the poison would reach the limit with it.
-	c, err := core.New[*sql.Tx](src, store, handler, core.WithName("poison"), core.WithLogger(testLogger(t)), core.WithWindow(1))
+	// The default window: after the first drop the Source consumes one
+	// message at a time until one parses, so the messages behind the
+	// poison are not returned with it on every drop.
+	c, err := core.New[*sql.Tx](src, store, handler, core.WithName("poison"), core.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,10 +240,25 @@ func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 				src.Stats(), c.Stats(), queueDepth(t, url, queue), queueDepth(t, url, queue+".dlq"))
 		}
 	}
-	for deadline := time.Now().Add(30 * time.Second); c.Stats().Processed < 2; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); c.Stats().Processed < 31; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("stats %+v: the messages around the poison were not applied", c.Stats())
 		}
+	}
+	// Back to the full window: one consumer, with the Consumer's window
+	// (8 by default) as its prefetch.
+	if out, err := exec.Command("rabbitmqctl", "-q", "list_consumers", "queue_name", "prefetch_count").CombinedOutput(); err == nil {
+		var prefetch []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+				prefetch = append(prefetch, f[1])
+			}
+		}
+		if len(prefetch) != 1 || prefetch[0] != "8" {
+			t.Errorf("consumers on the queue after the poison: prefetch %v; want one with 8", prefetch)
+		}
+	} else {
+		t.Logf("rabbitmqctl list_consumers: %v (prefetch not checked)", err)
 	}
 	stop()
 	if err := <-done; err != nil {
@@ -249,8 +268,12 @@ func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 		t.Errorf("%d messages left in the queue", n)
 	}
 	var n int
-	if err := store.DB().QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE id IN ('before', 'after')`).Scan(&n); err != nil || n != 2 {
-		t.Errorf("effects of before/after: %d, %v; want 2", n, err)
+	if err := store.DB().QueryRowContext(ctx, `SELECT count(DISTINCT id), count(*) FROM effects`).Scan(&n, new(int)); err != nil || n != 31 {
+		t.Errorf("effects: %d ids, %v; want the 31 messages around the poison", n, err)
 	}
-	t.Logf("poison dead-lettered by the broker after %d reconnects", src.Stats().Reconnects)
+	st := src.Stats()
+	if st.Isolations < 1 {
+		t.Errorf("stats %+v: no session consumed one message at a time after the drop", st)
+	}
+	t.Logf("poison dead-lettered by the broker after %d reconnects, %d of them one at a time", st.Reconnects, st.Isolations)
 }

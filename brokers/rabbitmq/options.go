@@ -138,12 +138,11 @@ func WithQueueType(t QueueType) Option {
 // deeper than 32 levels and drops the whole connection, so the Consumer
 // never sees the message to dead-letter it, and on a classic queue the
 // broker redelivers it, and the connection drops, forever. With a delivery
-// limit the broker parks it after n tries. Every message in flight when the
-// connection drops is returned and counts a delivery too, so messages that
-// keep arriving right behind the poison in the same window can reach the
-// limit with it and be parked (reason delivery_limit, never lost;
-// redrive them from the dead-letter queue); a window of 1 avoids that at
-// the cost of throughput. URL parameter: delivery_limit.
+// limit the broker parks it after n tries. After such a drop the Source
+// consumes one message at a time until a message parses, then goes back to
+// the full window, so the messages behind the unparseable one are not
+// returned with it on every drop and do not reach the limit with it
+// (Stats.Isolations counts those sessions). URL parameter: delivery_limit.
 // An existing queue declared without it must be re-created (or given the
 // limit by a policy, with WithDeclare(false)).
 func WithDeliveryLimit(n int) Option {

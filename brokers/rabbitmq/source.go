@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +65,16 @@ type Source struct {
 	errs chan error // connection trouble reported to Receive, never blocks the loop
 	wg   sync.WaitGroup
 
-	reconnects    atomic.Int64
+	reconnects atomic.Int64
+	// isolate is set when the connection died because the client could
+	// not parse a frame (amqp091-go refuses a message with more than 8192
+	// headers and drops the connection): the next session consumes one
+	// message at a time until a message parses, so the messages behind the
+	// unparseable one are not returned with it on every drop (and, with a
+	// delivery limit, parked with it).
+	isolate atomic.Bool
+	// isolations counts sessions started that way.
+	isolations    atomic.Int64
 	stale         atomic.Int64
 	multipleAcks  atomic.Int64
 	multipleCount atomic.Int64
@@ -81,6 +91,10 @@ type Stats struct {
 	// MultipleAcks counts basic.ack calls with multiple=true made by
 	// AckBatch, and MultipleAcked the deliveries they covered.
 	MultipleAcks, MultipleAcked int64
+	// Isolations counts sessions that consumed one message at a time
+	// because the previous connection died on a message the client could
+	// not parse (see WithDeliveryLimit).
+	Isolations int64
 }
 
 // Open connects to the broker at url (amqp://user:pass@host:port/vhost),
@@ -132,6 +146,7 @@ func (s *Source) Stats() Stats {
 		StaleSettlements: s.stale.Load(),
 		MultipleAcks:     s.multipleAcks.Load(),
 		MultipleAcked:    s.multipleCount.Load(),
+		Isolations:       s.isolations.Load(),
 	}
 }
 
@@ -419,6 +434,13 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 	s.mu.Lock()
 	window := s.window
 	s.mu.Unlock()
+	tag := s.cfg.consumerTag
+	if s.isolate.Load() {
+		window = 1
+		s.isolations.Add(1)
+		// A tag of its own, to cancel this consumer once a message parsed.
+		tag = fmt.Sprintf("idemq-isolating-%d", s.isolations.Load())
+	}
 	if err := ch.Qos(window, 0, false); err != nil {
 		ch.Close()
 		return nil, nil, err
@@ -431,7 +453,7 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 		closed:      ch.NotifyClose(make(chan *amqp.Error, 1)),
 		outstanding: make(map[uint64]struct{}),
 	}
-	deliveries, err := ch.Consume(s.queue, s.cfg.consumerTag, false, false, false, false, nil)
+	deliveries, err := ch.Consume(s.queue, tag, false, false, false, false, nil)
 	if err != nil {
 		ch.Close()
 		return nil, nil, err
@@ -451,12 +473,28 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 		case <-s.ctx.Done():
 			return "closed"
 		case e := <-sess.closed:
+			if unparseable(e) {
+				s.isolate.Store(true)
+			}
 			return closeReason(e)
 		case raw, ok := <-deliveries:
 			if !ok {
 				// The consumer was cancelled (queue deleted, or the channel
 				// closed): a fresh session re-checks the topology.
 				return "consumer cancelled or channel closed"
+			}
+			if s.isolate.CompareAndSwap(true, false) {
+				// A message parsed at the head of the queue, so the
+				// unparseable one is gone. A consumer's prefetch is fixed
+				// when it starts: start one with the full window, then
+				// cancel the one-at-a-time consumer, which holds only this
+				// message (its next comes after an ack), so delivery tags
+				// stay in order.
+				next, err := s.unisolate(sess)
+				if err != nil {
+					return "leaving one-at-a-time consumption: " + err.Error()
+				}
+				deliveries = next
 			}
 			if !sess.register(raw.DeliveryTag) {
 				return "channel closed"
@@ -477,6 +515,32 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			}
 		}
 	}
+}
+
+// unparseable tells a connection the client dropped because it could not
+// parse a frame from one that was lost or closed.
+func unparseable(e *amqp.Error) bool {
+	return e != nil && e.Code == amqp.FrameError && !e.Server && !strings.Contains(e.Reason, "EOF") &&
+		(strings.Contains(e.Reason, "invalid field") || strings.Contains(e.Reason, "frame could not be parsed") || strings.Contains(e.Reason, "frame size"))
+}
+
+// unisolate replaces the session's one-at-a-time consumer by one with the
+// full window and returns its deliveries.
+func (s *Source) unisolate(sess *session) (<-chan amqp.Delivery, error) {
+	s.mu.Lock()
+	window := s.window
+	s.mu.Unlock()
+	if err := sess.ch.Qos(window, 0, false); err != nil {
+		return nil, err
+	}
+	next, err := sess.ch.Consume(s.queue, s.cfg.consumerTag, false, false, false, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := sess.ch.Cancel(fmt.Sprintf("idemq-isolating-%d", s.isolations.Load()), false); err != nil {
+		return nil, err
+	}
+	return next, nil
 }
 
 func closeReason(e *amqp.Error) string {
