@@ -91,7 +91,7 @@ func (t *Txn) claimPartitioned(ctx context.Context, consumer string, claims []co
 	if _, err := t.tx.Exec(ctx, t.s.q.lockIDs, consumer, ids); err != nil {
 		return nil, fmt.Errorf("postgres: claim: lock %d ids for %q: %w", len(ids), consumer, err)
 	}
-	rows, err := t.tx.Query(ctx, t.s.q.claim, consumer, ids, fps, t.s.cfg.now())
+	rows, err := t.tx.Query(ctx, t.s.q.claim, customPlan, consumer, ids, fps, t.s.cfg.now())
 	if err != nil {
 		return nil, fmt.Errorf("postgres: claim %d ids for %q: %w", len(ids), consumer, err)
 	}
