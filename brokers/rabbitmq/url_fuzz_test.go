@@ -21,7 +21,9 @@ func rawPasswords(rawURL string) []string {
 	var out []string
 	for _, m := range passwordRE.FindAllStringSubmatch(rawURL, -1) {
 		p := m[1]
-		if len(p) < 4 || strings.Count(rawURL, p) > 1 {
+		// Case-insensitively: a scheme or host shown lowercased in an
+		// error may spell the same letters (found by this target).
+		if len(p) < 4 || strings.Count(strings.ToLower(rawURL), strings.ToLower(p)) > 1 {
 			continue
 		}
 		out = append(out, p)
