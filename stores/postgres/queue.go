@@ -130,3 +130,19 @@ func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
 func (b errBatch) Close() error                     { return b.err }
 func (b errBatch) Tx() pgx.Tx                       { return nil }
+
+// failedTx stands in for a transaction that could not begin: every call
+// reports why.
+type failedTx struct {
+	pgx.Tx
+	err error
+}
+
+func (f failedTx) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, f.err
+}
+func (f failedTx) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, f.err }
+func (f failedTx) QueryRow(context.Context, string, ...any) pgx.Row        { return errRow{f.err} }
+func (f failedTx) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults  { return errBatch{f.err} }
+func (f failedTx) Commit(context.Context) error                            { return f.err }
+func (f failedTx) Rollback(context.Context) error                          { return nil }
