@@ -11,6 +11,8 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/core"
 )
 
 // Ordering says which messages of one partition may be in flight together.
@@ -369,7 +371,12 @@ func parseTarget(target string, c *config) ([]Option, error) {
 	if strings.Contains(target, "://") {
 		u, err := url.Parse(target)
 		if err != nil {
-			return nil, fmt.Errorf("kafka: url: %w", err)
+			// url.Parse quotes the whole URL, password included.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			return nil, fmt.Errorf("kafka: url %s: %v", core.Redact(target), err)
 		}
 		if u.Scheme != "kafka" {
 			return nil, fmt.Errorf("kafka: url: scheme %q, want kafka://", u.Scheme)
@@ -392,13 +399,21 @@ func parseTarget(target string, c *config) ([]Option, error) {
 		if h == "" {
 			continue
 		}
+		if strings.Contains(h, "@") {
+			// Never quote what may be credentials.
+			return nil, errors.New("kafka: brokers: a broker address holds '@'; credentials go in a kafka:// URL")
+		}
 		if _, _, err := net.SplitHostPort(h); err != nil {
+			var ae *net.AddrError
+			if errors.As(err, &ae) {
+				err = errors.New(ae.Err)
+			}
 			return nil, fmt.Errorf("kafka: brokers: %q: %w", h, err)
 		}
 		c.brokers = append(c.brokers, h)
 	}
 	if len(c.brokers) == 0 {
-		return nil, fmt.Errorf("kafka: brokers: no host:port in %q", target)
+		return nil, fmt.Errorf("kafka: brokers: no host:port in %s", core.Redact(target))
 	}
 	return opts, nil
 }
