@@ -47,6 +47,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/middleware/logging"
@@ -177,6 +178,10 @@ type payment struct {
 
 // decode reads a body; a body that can never be applied is a permanent
 // error (dead-lettered at once, with the cause), not a retry.
+// maxAmountCents bounds one payment (±10^15 cents) so that sums over any
+// batch stay far from int64 overflow.
+const maxAmountCents = 1_000_000_000_000_000
+
 func decode(body []byte) (payment, error) {
 	var p payment
 	if err := json.Unmarshal(body, &p); err != nil {
@@ -185,8 +190,12 @@ func decode(body []byte) (payment, error) {
 	if p.Account == "" || len(p.Account) > 255 {
 		return p, core.Permanent(errors.New("payment body: account must be 1 to 255 bytes"))
 	}
-	if p.AmountCents == 0 {
-		return p, core.Permanent(errors.New("payment body: amount_cents must not be 0"))
+	if !utf8.ValidString(p.Account) || strings.ContainsRune(p.Account, 0) {
+		// Postgres refuses NUL in text: decided here, not after retries.
+		return p, core.Permanent(errors.New("payment body: account must be valid UTF-8 without NUL"))
+	}
+	if p.AmountCents == 0 || p.AmountCents > maxAmountCents || p.AmountCents < -maxAmountCents {
+		return p, core.Permanent(fmt.Errorf("payment body: amount_cents must be non-zero and within ±%d", int64(maxAmountCents)))
 	}
 	return p, nil
 }
