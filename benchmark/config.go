@@ -62,16 +62,22 @@ var Scenarios = []string{MemoryScenario, GrowthScenario}
 // Config says what Run measures. Zero values take the defaults given on
 // each field.
 type Config struct {
-	// Broker is the broker URL, e.g.
-	// amqp://guest:guest@127.0.0.1:5672/?queue=bench. Each run uses its
-	// own queue named after the queue parameter (default "idemq-bench")
-	// plus a random suffix, and deletes it afterwards. Required; only
-	// amqp:// and amqps:// are supported so far.
+	// Broker is the broker URL, one of (see BrokerSchemes):
+	//
+	//	amqp://guest:guest@127.0.0.1:5672/?queue=bench   RabbitMQ
+	//	kafka://127.0.0.1:9092/bench?partitions=8        Kafka (e.g. go run ./cmd/kfake)
+	//	sqs://KEY:SECRET@bench?endpoint=http://127.0.0.1:9324&region=us-east-1
+	//
+	// Each run uses its own queue (topic) named after the URL's (default
+	// "idemq-bench") plus a random suffix, and deletes it afterwards. The
+	// rest of the URL is what idemq's adapter reads, except Kafka's
+	// partitions parameter (the run's topic's partitions, default 8),
+	// which only the benchmark reads. Required.
 	Broker string
-	// Store is the database URL, e.g. postgres://postgres@127.0.0.1/test.
-	// Each run uses its own accounts and dedup tables and drops them
-	// afterwards. Required; only postgres:// and postgresql:// are
-	// supported so far.
+	// Store is the database URL, e.g. postgres://postgres@127.0.0.1/test
+	// or mysql://root@127.0.0.1:3306/test (see StoreSchemes). Each run
+	// uses its own accounts and dedup tables and drops them afterwards.
+	// Required.
 	Store string
 	// N is the number of unique messages per run. Default 50,000.
 	N int
@@ -83,7 +89,8 @@ type Config struct {
 	// Default 1,000.
 	Accounts int
 	// BatchSize is the batch size of the batch-mode configurations, idemq
-	// and hand-tuned alike. Default 200.
+	// and hand-tuned alike. Default 200; for sqs:// 10, which is also its
+	// maximum (SQS receives and deletes at most 10 messages a call).
 	BatchSize int
 	// BatchWorkers is how many batches the batch-mode configurations
 	// process at once, idemq (WithConcurrency) and hand-tuned (one channel
@@ -127,18 +134,18 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.Broker: not a URL")
 	}
 	switch bu.Scheme {
-	case "amqp", "amqps":
+	case "amqp", "amqps", "kafka", "sqs":
 	default:
-		return c, fmt.Errorf("benchmark: Config.Broker: scheme %q is not supported yet (amqp, amqps)", bu.Scheme)
+		return c, fmt.Errorf("benchmark: Config.Broker: scheme %q is not supported (%s)", bu.Scheme, BrokerSchemes)
 	}
 	su, err := url.Parse(c.Store)
 	if err != nil {
 		return c, fmt.Errorf("benchmark: Config.Store: not a URL")
 	}
 	switch su.Scheme {
-	case "postgres", "postgresql":
+	case "postgres", "postgresql", "mysql":
 	default:
-		return c, fmt.Errorf("benchmark: Config.Store: scheme %q is not supported yet (postgres, postgresql)", su.Scheme)
+		return c, fmt.Errorf("benchmark: Config.Store: scheme %q is not supported (%s)", su.Scheme, StoreSchemes)
 	}
 	if c.N == 0 {
 		c.N = 50_000
@@ -160,11 +167,15 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Accounts < 1 || c.Accounts > 10_000_000 {
 		return c, fmt.Errorf("benchmark: Config.Accounts: %d is outside 1..10000000", c.Accounts)
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 200
+	maxBatch := 10_000
+	if bu.Scheme == "sqs" {
+		maxBatch = sqsMaxBatch // ReceiveMessage and DeleteMessageBatch take at most 10
 	}
-	if c.BatchSize < 1 || c.BatchSize > 10_000 {
-		return c, fmt.Errorf("benchmark: Config.BatchSize: %d is outside 1..10000", c.BatchSize)
+	if c.BatchSize == 0 {
+		c.BatchSize = min(200, maxBatch)
+	}
+	if c.BatchSize < 1 || c.BatchSize > maxBatch {
+		return c, fmt.Errorf("benchmark: Config.BatchSize: %d is outside 1..%d (for %s://)", c.BatchSize, maxBatch, bu.Scheme)
 	}
 	if c.BatchWorkers == 0 {
 		c.BatchWorkers = 1

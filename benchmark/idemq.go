@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -41,13 +40,21 @@ func (o *stageTimer) ObserveStage(_ []context.Context, stage string) func(error)
 	return func(error) { sum.Add(int64(time.Since(start))) }
 }
 
-// runIdemq runs an idemq configuration over the run's queue and tables
-// until ctx is cancelled. Decisions are recorded by a decision middleware,
-// so the latency ends where idemq decides (after the commit, before the
-// ack), as for the baselines.
-func runIdemq(ctx context.Context, e *runEnv, t *tracker, name string) (*counts, error) {
+// idemqShape is what an idemq configuration name asks for.
+type idemqShape int
+
+const (
+	shapeOne   idemqShape = iota // batch size 1, per-message handler
+	shapeQueue                   // batch mode, per-message handler, IsolateReplay
+	shapeBatch                   // batch mode, set-based BatchHandler
+)
+
+// idemqOptions returns the core options of an idemq configuration, the
+// handler shape it uses, and the store connections it needs. Decisions are
+// recorded by a decision middleware, so the latency ends where idemq
+// decides (after the commit, before the ack), as for the baselines.
+func idemqOptions(e *runEnv, t *tracker, name string, stages *stageTimer) ([]core.Option, idemqShape, int) {
 	b, w := e.cfg.BatchSize, e.cfg.BatchWorkers
-	stages := &stageTimer{t: t}
 	opts := []core.Option{
 		core.WithName(e.consumer),
 		core.WithLogger(e.logger),
@@ -63,77 +70,37 @@ func runIdemq(ctx context.Context, e *runEnv, t *tracker, name string) (*counts,
 			}
 		}),
 	}
-	conns := w + 2
-	update := `UPDATE ` + e.accountsTable + ` SET balance_cents = balance_cents + $1 WHERE account = $2`
-	perMessage := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
-		var p payment
-		if err := json.Unmarshal(m.Body, &p); err != nil {
-			return core.Permanent(err)
-		}
-		_, err := tx.Exec(ctx, update, p.AmountCents, p.Account)
-		return err
-	}
-	var h core.Handler[pgx.Tx]
-	var bh core.BatchHandler[pgx.Tx]
 	switch name {
 	case IdemqB1W5:
-		opts = append(opts, core.WithBatchSize(1), core.WithWindow(5), core.WithConcurrency(1))
-		h = perMessage
-		conns = 3
+		return append(opts, core.WithBatchSize(1), core.WithWindow(5), core.WithConcurrency(1)), shapeOne, 3
 	case IdemqB1W100C8:
-		opts = append(opts, core.WithBatchSize(1), core.WithWindow(100), core.WithConcurrency(8))
-		h = perMessage
-		conns = 10
+		return append(opts, core.WithBatchSize(1), core.WithWindow(100), core.WithConcurrency(8)), shapeOne, 10
 	case IdemqQueue:
-		opts = append(opts, core.WithBatchSize(b), core.WithConcurrency(w), core.WithIsolation(core.IsolateReplay))
-		h = func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
-			var p payment
-			if err := json.Unmarshal(m.Body, &p); err != nil {
-				return core.Permanent(err)
-			}
-			return postgres.Queue(ctx, tx, update, p.AmountCents, p.Account)
-		}
-	default: // IdemqBatch and the scenarios
-		opts = append(opts, core.WithBatchSize(b), core.WithConcurrency(w))
-		setUpdate := `UPDATE ` + e.accountsTable + ` a SET balance_cents = a.balance_cents + v.amt
-FROM (SELECT unnest($1::text[]) AS acc, unnest($2::bigint[]) AS amt) v WHERE a.account = v.acc`
-		bh = func(ctx context.Context, tx pgx.Tx, msgs []*core.Message) error {
-			// Several messages of a batch may pay into one account: sum
-			// per account first, one row each, sorted so concurrent
-			// batches lock accounts in one order.
-			sums := make(map[string]int64, len(msgs))
-			for _, m := range msgs {
-				var p payment
-				if err := json.Unmarshal(m.Body, &p); err != nil {
-					return core.Permanent(err)
-				}
-				sums[p.Account] += p.AmountCents
-			}
-			accs := make([]string, 0, len(sums))
-			for a := range sums {
-				accs = append(accs, a)
-			}
-			slices.Sort(accs)
-			amts := make([]int64, len(accs))
-			for i, a := range accs {
-				amts[i] = sums[a]
-			}
-			_, err := tx.Exec(ctx, setUpdate, accs, amts)
-			return err
-		}
+		return append(opts, core.WithBatchSize(b), core.WithConcurrency(w), core.WithIsolation(core.IsolateReplay)), shapeQueue, w + 2
 	}
-	store, err := core.OpenStore[pgx.Tx](ctx, e.idemqStoreURL(conns))
+	// IdemqBatch and the scenarios
+	return append(opts, core.WithBatchSize(b), core.WithConcurrency(w)), shapeBatch, w + 2
+}
+
+// runConsumer runs core.Consumer over e's queue with the store at storeURL
+// and the handler h (or the batch handler bh) until ctx ends, and returns
+// its counts. tune, if not nil, sees the store before the consumer starts.
+func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, opts []core.Option, stages *stageTimer, h core.Handler[T], bh core.BatchHandler[T], tune func(store any)) (*counts, error) {
+	store, err := core.OpenStore[T](ctx, storeURL)
 	if err != nil {
 		return nil, err
+	}
+	if tune != nil {
+		tune(store)
 	}
 	if c, ok := store.(io.Closer); ok {
 		defer c.Close()
 	}
-	src, err := core.OpenSource(ctx, e.rabbit.sourceURL(e.queue))
+	src, err := core.OpenSource(ctx, e.broker.sourceURL(e.queue, e.consumer))
 	if err != nil {
 		return nil, err
 	}
-	var c *core.Consumer[pgx.Tx]
+	var c *core.Consumer[T]
 	if bh != nil {
 		c, err = core.NewBatch(src, store, bh, opts...)
 	} else {
@@ -156,6 +123,69 @@ FROM (SELECT unnest($1::text[]) AS acc, unnest($2::bigint[]) AS amt) v WHERE a.a
 		"commit": time.Duration(stages.commit.Load()),
 	}
 	return &n, err
+}
+
+// runIdemq runs an idemq configuration on Postgres: per-message handlers
+// with one UPDATE each (postgres.Queue for IdemqQueue), or a set-based
+// BatchHandler (one UPDATE … FROM unnest per batch).
+func (p *pgStore) runIdemq(ctx context.Context, e *runEnv, t *tracker, name string) (*counts, error) {
+	stages := &stageTimer{t: t}
+	opts, shape, conns := idemqOptions(e, t, name, stages)
+	update := `UPDATE ` + e.accountsTable + ` SET balance_cents = balance_cents + $1 WHERE account = $2`
+	var h core.Handler[pgx.Tx]
+	var bh core.BatchHandler[pgx.Tx]
+	switch shape {
+	case shapeOne:
+		h = func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+			var p payment
+			if err := json.Unmarshal(m.Body, &p); err != nil {
+				return core.Permanent(err)
+			}
+			_, err := tx.Exec(ctx, update, p.AmountCents, p.Account)
+			return err
+		}
+	case shapeQueue:
+		h = func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+			var p payment
+			if err := json.Unmarshal(m.Body, &p); err != nil {
+				return core.Permanent(err)
+			}
+			return postgres.Queue(ctx, tx, update, p.AmountCents, p.Account)
+		}
+	default:
+		setUpdate := `UPDATE ` + e.accountsTable + ` a SET balance_cents = a.balance_cents + v.amt
+FROM (SELECT unnest($1::text[]) AS acc, unnest($2::bigint[]) AS amt) v WHERE a.account = v.acc`
+		bh = func(ctx context.Context, tx pgx.Tx, msgs []*core.Message) error {
+			// Several messages of a batch may pay into one account: sum
+			// per account first, one row each, sorted so concurrent
+			// batches lock accounts in one order.
+			accs, amts, err := coreSums(msgs)
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, setUpdate, accs, amts)
+			return err
+		}
+	}
+	return runConsumer(ctx, e, p.idemqStoreURL(e.dedupTable, conns), opts, stages, h, bh, nil)
+}
+
+// coreSums sums a batch's payments per account, accounts sorted.
+func coreSums(msgs []*core.Message) ([]string, []int64, error) {
+	pays := make(map[string]payment, len(msgs))
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		var p payment
+		if err := json.Unmarshal(m.Body, &p); err != nil {
+			return nil, nil, core.Permanent(err)
+		}
+		// Each message of a batch handler won its own claim; key by
+		// position, not id, so none is folded into another.
+		k := strconv.Itoa(i)
+		pays[k], ids[i] = p, k
+	}
+	accs, amts := sumByAccount(ids, pays)
+	return accs, amts, nil
 }
 
 // discardLogger is used when Config.Progress is nil.

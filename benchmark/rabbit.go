@@ -14,9 +14,9 @@ import (
 // rabbit is the RabbitMQ side of a run: its connection URL for raw
 // amqp091-go, and the user's idemq URL to reopen with another queue.
 type rabbit struct {
-	idemqURL  *url.URL // Config.Broker
-	rawURL    string   // without idemq's parameters, for amqp091-go
-	baseQueue string
+	idemqURL *url.URL // Config.Broker
+	rawURL   string   // without idemq's parameters, for amqp091-go
+	base     string
 }
 
 // amqpParams are the URI parameters amqp091-go itself reads; everything
@@ -44,11 +44,23 @@ func newRabbit(broker string) (*rabbit, error) {
 		}
 	}
 	raw.RawQuery = keep.Encode()
-	return &rabbit{idemqURL: u, rawURL: raw.String(), baseQueue: base}, nil
+	return &rabbit{idemqURL: u, rawURL: raw.String(), base: base}, nil
+}
+
+func (r *rabbit) kind() string           { return "RabbitMQ" }
+func (r *rabbit) baseQueue() string      { return r.base }
+func (r *rabbit) describe(string) string { return "" }
+func (r *rabbit) close()                 {}
+func (r *rabbit) ping(context.Context) error {
+	conn, err := amqp.Dial(r.rawURL)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }
 
 // sourceURL is Config.Broker with its queue replaced by queue.
-func (r *rabbit) sourceURL(queue string) string {
+func (r *rabbit) sourceURL(queue, _ string) string {
 	u := *r.idemqURL
 	q := u.Query()
 	q.Set("queue", queue)
@@ -57,7 +69,7 @@ func (r *rabbit) sourceURL(queue string) string {
 }
 
 // version returns the server's product and version.
-func (r *rabbit) version() string {
+func (r *rabbit) version(context.Context) string {
 	conn, err := amqp.Dial(r.rawURL)
 	if err != nil {
 		return "RabbitMQ (version unknown)"
@@ -70,7 +82,7 @@ func (r *rabbit) version() string {
 // user's URL (so every configuration, idemq or not, reads the same kind of
 // queue), by opening the adapter once.
 func (r *rabbit) declare(ctx context.Context, queue string) error {
-	s, err := rabbitmq.OpenURL(ctx, r.sourceURL(queue))
+	s, err := rabbitmq.OpenURL(ctx, r.sourceURL(queue, ""))
 	if err != nil {
 		return err
 	}
@@ -190,6 +202,21 @@ func (r *rabbit) publishPaced(ctx context.Context, queue string, w *workload, ra
 	if err != nil {
 		return 0, err
 	}
+	sent, err := pace(ctx, w, rate, count, minCount, stop, func(id string, num int) error {
+		return p.publish(ctx, id, w.body(num))
+	})
+	if err != nil {
+		p.conn.Close()
+		return sent, err
+	}
+	return sent, p.close(ctx)
+}
+
+// pace calls send for paced message after paced message at rate per
+// second, open loop, until count were sent or, once minCount were, stop
+// closes (nil: no stop), and returns how many it sent. Message k has the
+// id pacedID(k) and the workload number w.n + k.
+func pace(ctx context.Context, w *workload, rate, count, minCount int, stop <-chan struct{}, send func(id string, num int) error) (int, error) {
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
 	sent := 0
@@ -215,18 +242,13 @@ func (r *rabbit) publishPaced(ctx context.Context, queue string, w *workload, ra
 				stopped, stop = true, nil
 				continue
 			case <-ctx.Done():
-				p.conn.Close()
 				return sent, ctx.Err()
 			}
 		}
-		num := w.n + sent
-		if err := p.publish(ctx, pacedID(sent), w.body(num)); err != nil {
-			p.conn.Close()
+		if err := send(pacedID(sent), w.n+sent); err != nil {
 			return sent, err
 		}
 		sent++
 	}
-	return sent, p.close(ctx)
+	return sent, nil
 }
-
-func dialRaw(r *rabbit) (*amqp.Connection, error) { return amqp.Dial(r.rawURL) }

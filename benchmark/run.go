@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -16,49 +15,22 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemq/idemq/core"
 )
 
 // runEnv is everything one run of one configuration uses.
 type runEnv struct {
-	cfg      Config
-	rabbit   *rabbit
-	pool     *pgxpool.Pool // the baselines' pool, also used for setup and checks
-	storeURL *url.URL      // Config.Store
-	logger   *slog.Logger
-	w        *workload
+	cfg    Config
+	broker brokerSide
+	store  storeSide
+	logger *slog.Logger
+	w      *workload
 
 	queue, accountsTable, dedupTable, consumer string
-	// ownDedup: the dedup table is made by the run (baselines) or by the
-	// idemq store's Migrate; either way it is dropped after the run unless
+	// The dedup table is made by the run (baselines) or by the idemq
+	// store's Migrate; either way it is dropped after the run unless
 	// keepDedup is set (the growth scenario's prefilled table).
 	keepDedup bool
-}
-
-// idemqStoreURL is Config.Store with the run's dedup table and a pool big
-// enough for conns connections (unless the URL sets its own).
-func (e *runEnv) idemqStoreURL(conns int) string {
-	u := *e.storeURL
-	q := u.Query()
-	q.Set("table", e.dedupTable)
-	if !q.Has("pool_max_conns") {
-		q.Set("pool_max_conns", strconv.Itoa(conns))
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
-// rawStoreURL is Config.Store without idemq's store parameters, for pgx.
-func rawStoreURL(u *url.URL) string {
-	c := *u
-	q := c.Query()
-	for _, k := range []string{"table", "retention", "partitions"} {
-		q.Del(k)
-	}
-	c.RawQuery = q.Encode()
-	return c.String()
 }
 
 func randHex(n int) string {
@@ -70,11 +42,22 @@ func randHex(n int) string {
 // session holds what all runs of a Run share.
 type session struct {
 	cfg    Config
-	rabbit *rabbit
-	pool   *pgxpool.Pool
-	store  *url.URL
+	broker brokerSide
+	store  storeSide
 	logger *slog.Logger
 	rssHWM bool // VmHWM can be reset through /proc/self/clear_refs
+}
+
+// describe is Describe(name), or the broker's or store's own description
+// where its consumer differs from the RabbitMQ + Postgres one.
+func (s *session) describe(name string) string {
+	if d := s.store.describe(name); d != "" {
+		return d
+	}
+	if d := s.broker.describe(name); d != "" {
+		return d
+	}
+	return Describe(name)
 }
 
 func (s *session) progress(format string, args ...any) {
@@ -93,54 +76,32 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rb, err := newRabbit(cfg.Broker)
+	broker, err := openBroker(ctx, cfg.Broker)
 	if err != nil {
 		return nil, err
 	}
-	su, err := url.Parse(cfg.Store)
+	defer broker.close()
+	store, err := openStore(ctx, cfg.Store)
 	if err != nil {
-		return nil, fmt.Errorf("benchmark: Config.Store: not a URL")
+		return nil, err
 	}
-	pcfg, err := pgxpool.ParseConfig(rawStoreURL(su))
-	if err != nil {
-		return nil, fmt.Errorf("benchmark: Config.Store: %s", core.RedactError(err, cfg.Store))
-	}
-	pcfg.MaxConns = max(pcfg.MaxConns, 12) // 8 seed workers, plus setup and checks
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		return nil, fmt.Errorf("benchmark: connecting to %s: %s", core.Redact(cfg.Store), core.RedactError(err, cfg.Store))
-	}
-	defer pool.Close()
+	defer store.close()
 	// Fail early and clearly when the broker is unreachable.
-	if conn, err := dialRaw(rb); err != nil {
+	if err := broker.ping(ctx); err != nil {
 		return nil, fmt.Errorf("benchmark: connecting to %s: %s", core.Redact(cfg.Broker), core.RedactError(err, cfg.Broker))
-	} else {
-		conn.Close()
 	}
 
 	logger := discardLogger
 	if cfg.Progress != nil {
 		logger = slog.New(slog.NewTextHandler(cfg.Progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	s := &session{cfg: cfg, rabbit: rb, pool: pool, store: su, logger: logger}
+	s := &session{cfg: cfg, broker: broker, store: store, logger: logger}
 	s.rssHWM = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
 
 	rep := &Report{Started: time.Now()}
 	rep.Machine = Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(), LoadStart: loadAvg()}
-	var ver string
-	if err := pool.QueryRow(ctx, `SELECT version()`).Scan(&ver); err == nil {
-		if i := strings.Index(ver, " on "); i > 0 {
-			ver = ver[:i]
-		}
-		rep.Machine.Database = ver
-	}
-	rep.Machine.Broker = rb.version()
+	rep.Machine.Database = store.version(ctx)
+	rep.Machine.Broker = broker.version(ctx)
 	if s.rssHWM {
 		rep.Machine.RSSMethod = "VmHWM of the benchmark process (consumer under test, in-process), reset through /proc/self/clear_refs before each run after a GC; publishing happens before the reset"
 	} else {
@@ -160,7 +121,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, name := range cfg.Configs {
 		if slices.Contains(DefaultConfigs, name) {
 			plain = append(plain, name)
-			rep.Results = append(rep.Results, &Result{Name: name, Description: Describe(name), Baseline: !strings.HasPrefix(name, "idemq")})
+			rep.Results = append(rep.Results, &Result{Name: name, Description: s.describe(name), Baseline: !strings.HasPrefix(name, "idemq")})
 		}
 	}
 	total := len(plain) * cfg.Repeat
@@ -236,9 +197,9 @@ type runSpec struct {
 func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res RunResult) {
 	suffix := randHex(5)
 	e := &runEnv{
-		cfg: s.cfg, rabbit: s.rabbit, pool: s.pool, storeURL: s.store, logger: s.logger,
+		cfg: s.cfg, broker: s.broker, store: s.store, logger: s.logger,
 		w:             newWorkload(spec.n, spec.dups, s.cfg.Accounts, 1),
-		queue:         s.rabbit.baseQueue + "-" + suffix,
+		queue:         s.broker.baseQueue() + "-" + suffix,
 		accountsTable: "bench_accounts_" + suffix,
 		dedupTable:    "bench_processed_" + suffix,
 		consumer:      "bench-" + name + "-" + suffix,
@@ -253,21 +214,19 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		s.rabbit.remove(e.queue)
-		s.pool.Exec(cctx, `DROP TABLE IF EXISTS `+e.accountsTable)
-		if !e.keepDedup {
-			s.pool.Exec(cctx, `DROP TABLE IF EXISTS `+e.dedupTable)
-		}
+		s.broker.remove(e.queue)
+		s.store.drop(cctx, e)
 	}()
 
-	if err := s.setupTables(ctx, e, strings.HasPrefix(name, "idemq") || strings.Contains(name, "/")); err != nil {
+	idemq := strings.HasPrefix(name, "idemq") || strings.Contains(name, "/")
+	if err := s.store.setup(ctx, e, !idemq && !e.keepDedup); err != nil {
 		return fail("setup: %v", err)
 	}
-	if err := s.rabbit.declare(ctx, e.queue); err != nil {
+	if err := s.broker.declare(ctx, e.queue); err != nil {
 		return fail("declaring the queue: %v", core.RedactError(err, s.cfg.Broker))
 	}
 	pubStart := time.Now()
-	if err := s.rabbit.publishBacklog(ctx, e.queue, e.w); err != nil {
+	if err := s.broker.publishBacklog(ctx, e.queue, e.w); err != nil {
 		return fail("publishing: %v", err)
 	}
 	if e.w.deliveries > 0 {
@@ -291,15 +250,15 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 		var err error
 		switch name {
 		case SeedP5:
-			c, err = runSeed(cctx, e, t, 5, 1)
+			c, err = s.broker.seed(cctx, e, t, 5, 1)
 		case SeedP100W8:
-			c, err = runSeed(cctx, e, t, 100, 8)
+			c, err = s.broker.seed(cctx, e, t, 100, 8)
 		case HandBatch:
-			c, err = runHandBatch(cctx, e, t, s.cfg.BatchSize, s.cfg.BatchWorkers)
+			c, err = s.broker.handBatch(cctx, e, t, s.cfg.BatchSize, s.cfg.BatchWorkers)
 		case RawAck:
-			c, err = runRawAck(cctx, e, t, s.cfg.BatchSize)
+			c, err = s.broker.rawAck(cctx, e, t, s.cfg.BatchSize)
 		default:
-			c, err = runIdemq(cctx, e, t, name)
+			c, err = s.store.runIdemq(cctx, e, t, name)
 		}
 		if cctx.Err() == nil {
 			failed <- fmt.Errorf("consumer returned before it was stopped: %v", err)
@@ -338,7 +297,7 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 			go func() { side <- spec.whilePaced(cctx); close(stopPaced) }()
 		}
 		var err error
-		sent, err = s.rabbit.publishPaced(ctx, e.queue, e.w, s.cfg.LatencyRate, spec.paced, min(spec.paced, s.cfg.LatencyMessages), stopPaced)
+		sent, err = s.broker.publishPaced(ctx, e.queue, e.w, s.cfg.LatencyRate, spec.paced, min(spec.paced, s.cfg.LatencyMessages), stopPaced)
 		if err != nil {
 			stopConsumer()
 			return fail("paced publishing: %v", err)
@@ -373,79 +332,11 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	t.mu.Unlock()
 
 	if name != RawAck {
-		if err := s.check(ctx, e, sent); err != nil {
+		if err := s.store.check(ctx, e, sent); err != nil {
 			return fail("correctness: %v", err)
 		}
 	}
 	return res
-}
-
-// setupTables creates the run's accounts (all at zero) and, for the
-// baselines, the dedup table (the idemq store migrates its own).
-func (s *session) setupTables(ctx context.Context, e *runEnv, idemq bool) error {
-	if _, err := s.pool.Exec(ctx, `CREATE TABLE `+e.accountsTable+` (account TEXT PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0)`); err != nil {
-		return err
-	}
-	if _, err := s.pool.Exec(ctx, `INSERT INTO `+e.accountsTable+` (account) SELECT 'acc-' || g FROM generate_series(0, $1::int - 1) g`, s.cfg.Accounts); err != nil {
-		return err
-	}
-	if _, err := s.pool.Exec(ctx, `ANALYZE `+e.accountsTable); err != nil {
-		return err
-	}
-	if idemq || e.keepDedup {
-		return nil
-	}
-	_, err := s.pool.Exec(ctx, `CREATE TABLE `+e.dedupTable+` (
-	consumer     TEXT        NOT NULL,
-	message_id   TEXT        NOT NULL,
-	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, message_id))`)
-	return err
-}
-
-// check is the correctness check: every account's balance is the sum of
-// its messages' amounts, each applied once, and the dedup table holds
-// exactly one row per unique id for the run's consumer.
-func (s *session) check(ctx context.Context, e *runEnv, paced int) error {
-	var rows int64
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.dedupTable+` WHERE consumer = $1`, e.consumer).Scan(&rows); err != nil {
-		return err
-	}
-	if want := int64(e.w.n + paced); rows != want {
-		return fmt.Errorf("%d rows in %s for consumer %s, want %d (one per unique id)", rows, e.dedupTable, e.consumer, want)
-	}
-	want := e.w.expected(paced)
-	r, err := s.pool.Query(ctx, `SELECT account, balance_cents FROM `+e.accountsTable)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	seen, wrong := 0, 0
-	var example string
-	for r.Next() {
-		var acc string
-		var bal int64
-		if err := r.Scan(&acc, &bal); err != nil {
-			return err
-		}
-		seen++
-		if bal != want[acc] {
-			if wrong == 0 {
-				example = fmt.Sprintf("%s has %d, want %d", acc, bal, want[acc])
-			}
-			wrong++
-		}
-	}
-	if err := r.Err(); err != nil {
-		return err
-	}
-	if seen != len(want) {
-		return fmt.Errorf("%d accounts, want %d", seen, len(want))
-	}
-	if wrong > 0 {
-		return fmt.Errorf("%d of %d balances wrong (e.g. %s)", wrong, seen, example)
-	}
-	return nil
 }
 
 // startRSS prepares to measure the peak RSS of the coming run and returns

@@ -46,6 +46,12 @@ func (s *session) memoryScenario(ctx context.Context, rep *Report) error {
 // statement) against the quiet p99 on the full table.
 func (s *session) growthScenario(ctx context.Context, rep *Report) error {
 	rows := s.cfg.GrowthRows
+	pg, ok := s.store.(*pgStore)
+	if !ok {
+		err := errors.New("the growth scenario supports only Postgres stores so far")
+		rep.Results = append(rep.Results, &Result{Name: GrowthScenario, Description: Describe(GrowthScenario), Runs: []RunResult{{Error: err.Error()}}})
+		return err
+	}
 	empty := &Result{Name: GrowthScenario + "/empty", Description: "idemq batch on an empty dedup table"}
 	full := &Result{Name: GrowthScenario + "/full", Description: fmt.Sprintf("idemq batch with %d rows already in the dedup table", rows)}
 	prune := &Result{Name: GrowthScenario + "/prune", Description: fmt.Sprintf("paced latency while Prune deletes those %d rows in batches of 10,000", rows)}
@@ -53,10 +59,10 @@ func (s *session) growthScenario(ctx context.Context, rep *Report) error {
 	spec := runSpec{n: s.cfg.N, dups: s.cfg.duplicates(), paced: s.cfg.LatencyMessages}
 
 	table := "bench_growth_" + randHex(5)
-	defer s.pool.Exec(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS `+table)
+	defer pg.dropTable(context.WithoutCancel(ctx), table)
 	start := time.Now()
 	s.progress("[%s] filling %s with %d rows", full.Name, table, rows)
-	if err := s.fill(ctx, table, rows); err != nil {
+	if err := pg.fill(ctx, table, rows); err != nil {
 		err = fmt.Errorf("filling %s: %w", table, err)
 		full.Runs = append(full.Runs, RunResult{Error: err.Error()})
 		prune.Runs = append(prune.Runs, RunResult{Error: err.Error()})
@@ -86,7 +92,7 @@ func (s *session) growthScenario(ctx context.Context, rep *Report) error {
 	var pruneTime time.Duration
 	sp := runSpec{n: 0, paced: s.cfg.LatencyRate * 600, dedupTable: table}
 	sp.whilePaced = func(ctx context.Context) error {
-		store, err := core.OpenStore[pgx.Tx](ctx, s.storeURLFor(table, 2))
+		store, err := core.OpenStore[pgx.Tx](ctx, pg.idemqStoreURL(table, 2))
 		if err != nil {
 			return err
 		}
@@ -118,36 +124,5 @@ func (s *session) growthScenario(ctx context.Context, rep *Report) error {
 	}
 	s.progress("    %s; pruned %d rows in %.1fs", run.line(), pruned, pruneTime.Seconds())
 	prune.Runs = append(prune.Runs, run)
-	return nil
-}
-
-// storeURLFor is Config.Store with table and a pool of conns connections.
-func (s *session) storeURLFor(table string, conns int) string {
-	e := &runEnv{storeURL: s.store, dedupTable: table}
-	return e.idemqStoreURL(conns)
-}
-
-// fill creates table with the Postgres store's schema and rows old claims
-// of another consumer, set-based, with the keys built after the insert
-// (much faster than row by row into the index).
-func (s *session) fill(ctx context.Context, table string, rows int) error {
-	stmts := []string{
-		`CREATE TABLE ` + table + ` (
-	consumer     TEXT        NOT NULL,
-	message_id   TEXT        NOT NULL,
-	fingerprint  TEXT        NOT NULL DEFAULT '',
-	processed_at TIMESTAMPTZ NOT NULL DEFAULT now())`,
-		fmt.Sprintf(`INSERT INTO %s (consumer, message_id, fingerprint, processed_at)
-SELECT 'bench-old', 'old-' || g, md5(g::text) || md5(g::text), now() - interval '30 days' + g * interval '1 millisecond'
-FROM generate_series(1, %d) g`, table, rows),
-		`ALTER TABLE ` + table + ` ADD PRIMARY KEY (consumer, message_id)`,
-		`CREATE INDEX ` + table + `_processed_at_idx ON ` + table + ` (processed_at)`,
-		`VACUUM ANALYZE ` + table,
-	}
-	for _, st := range stmts {
-		if _, err := s.pool.Exec(ctx, st); err != nil {
-			return err
-		}
-	}
 	return nil
 }

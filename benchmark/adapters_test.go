@@ -1,0 +1,256 @@
+package benchmark
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// The tests below run every configuration once on a small workload for
+// each broker and store beside RabbitMQ → Postgres, against the real
+// services: MariaDB from IDEMQ_MYSQL_URL (default the local one), Kafka as
+// an in-process kfake cluster, SQS as the fauxqs emulator that the test
+// starts with node (installed by `npm ci` in brokers/sqs/internal/fauxqs).
+
+// mysqlURL returns IDEMQ_MYSQL_URL as a mysql:// URL (a driver DSN is
+// converted), skipping or failing as serviceURL does when unreachable.
+func mysqlURL(t *testing.T) string {
+	t.Helper()
+	v := os.Getenv("IDEMQ_MYSQL_URL")
+	if v != "" && !strings.HasPrefix(v, "mysql://") {
+		cfg, err := mysqldrv.ParseDSN(v)
+		if err != nil {
+			t.Fatalf("IDEMQ_MYSQL_URL: %v", err)
+		}
+		u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName}
+		if cfg.Passwd != "" {
+			u.User = url.UserPassword(cfg.User, cfg.Passwd)
+		} else {
+			u.User = url.User(cfg.User)
+		}
+		os.Setenv("IDEMQ_MYSQL_URL", u.String())
+		defer os.Setenv("IDEMQ_MYSQL_URL", v)
+	}
+	return serviceURL(t, "IDEMQ_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+}
+
+// kafkaURL starts an in-process kfake cluster for the test and returns a
+// kafka:// URL for it.
+func kafkaURL(t *testing.T) string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return "kafka://" + strings.Join(c.ListenAddrs(), ",") + "/idemq-bench-test?partitions=4"
+}
+
+// fauxqsDir is where `npm ci` installs the SQS emulator.
+var fauxqsDir = filepath.Join("..", "brokers", "sqs", "internal", "fauxqs")
+
+// sqsURL starts fauxqs on a free loopback port (stopped when the test
+// ends: start.mjs exits when its standard input closes) and returns an
+// sqs:// URL for it. Without node or fauxqs the test is skipped, or fails
+// with IDEMQ_REQUIRE_SERVICES=1.
+func sqsURL(t *testing.T) string {
+	t.Helper()
+	endpoint, err := startFauxqs(t)
+	if err != nil {
+		msg := fmt.Sprintf("no SQS emulator (needs node and `npm ci` in brokers/sqs/internal/fauxqs): %v", err)
+		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return "sqs://test:test@idemq-bench-test?region=us-east-1&endpoint=" + url.QueryEscape(endpoint)
+}
+
+func startFauxqs(t *testing.T) (string, error) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		return "", fmt.Errorf("node not found: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(fauxqsDir, "node_modules", "fauxqs", "package.json")); err != nil {
+		return "", fmt.Errorf("fauxqs is not installed: %w", err)
+	}
+	cmd := exec.Command(node, "start.mjs", "--port", "0")
+	cmd.Dir = fauxqsDir
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return "", err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		in.Close()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "FAUXQS_URL="); ok {
+				select {
+				case found <- u:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case u := <-found:
+		return u, nil
+	case <-done:
+		return "", fmt.Errorf("fauxqs exited: %s", stderr.String())
+	case <-time.After(60 * time.Second):
+		return "", errors.New("fauxqs printed no URL within 60s")
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// allConfigs is every default configuration, baselines and idemq.
+var allConfigs = DefaultConfigs
+
+// runSmall runs configs once each on n unique messages (+20%) from broker
+// into store and checks every one passed its correctness check, with the
+// expected results, ratios and report.
+func runSmall(t *testing.T, broker, store string, n, batch int, configs []string) *Report {
+	t.Helper()
+	var progress lockedBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		Broker: broker, Store: store,
+		N: n, Duplicates: 0.2, Accounts: 50, BatchSize: batch, Repeat: 1,
+		LatencyRate: 500, LatencyMessages: 50,
+		Configs: configs, Progress: io.Writer(&progress),
+	})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + table.String())
+	if len(rep.Results) != len(configs) {
+		t.Fatalf("%d results for %d configurations", len(rep.Results), len(configs))
+	}
+	for i, r := range rep.Results {
+		if r.Name != configs[i] {
+			t.Errorf("result %d is %s, want %s", i, r.Name, configs[i])
+		}
+		if r.Failed != "" {
+			t.Errorf("%s failed: %s", r.Name, r.Failed)
+			continue
+		}
+		run := r.Runs[0]
+		if r.MsgsPerSec.Median <= 0 || r.P99 <= 0 {
+			t.Errorf("%s: incomplete figures: %+v", r.Name, r)
+		}
+		if r.Name != RawAck && run.Processed != int64(n)+50 {
+			t.Errorf("%s: %d processed, want %d (each unique message applied once)", r.Name, run.Processed, n+50)
+		}
+		if !strings.Contains(table.String(), r.Name) {
+			t.Errorf("table lacks %s", r.Name)
+		}
+	}
+	want := map[string]bool{"idemq-batch / hand-batch": true, "idemq-b1-w5 / seed-p5": true, "idemq-b1-w100-c8 / seed-p100-w8": true}
+	for _, x := range rep.Ratios {
+		delete(want, x.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("ratios missing: %v", want)
+	}
+	return rep
+}
+
+func TestRunRabbitMySQL(t *testing.T) {
+	amqpURL := serviceURL(t, "IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	my := mysqlURL(t)
+	rep := runSmall(t, amqpURL+"?queue=idemq-bench-test", my, 300, 50, allConfigs)
+	if !strings.Contains(rep.Machine.Database, "MariaDB") && !strings.Contains(rep.Machine.Database, "MySQL") {
+		t.Errorf("database %q", rep.Machine.Database)
+	}
+}
+
+func TestRunKafkaPostgres(t *testing.T) {
+	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	runSmall(t, kafkaURL(t), pgURL, 300, 50, allConfigs)
+}
+
+func TestRunSQSPostgres(t *testing.T) {
+	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	rep := runSmall(t, sqsURL(t), pgURL, 300, 10, allConfigs)
+	if rep.Params.BatchSize != 10 {
+		t.Errorf("batch %d", rep.Params.BatchSize)
+	}
+}
+
+// TestBrokerSchemes checks that a broker, a store or a batch size the
+// benchmark cannot run fails before connecting, naming the field.
+func TestConfigSchemes(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Broker: "nats://127.0.0.1:4222/x", Store: "postgres://h/db"}, "Config.Broker: scheme \"nats\""},
+		{Config{Broker: "amqp://h/", Store: "sqlite:///tmp/x.db"}, "Config.Store: scheme \"sqlite\""},
+		{Config{Broker: "sqs://q?endpoint=http://127.0.0.1:1", Store: "mysql://root@h/db", BatchSize: 11}, "Config.BatchSize: 11 is outside 1..10"},
+	} {
+		_, err := Run(ctx, c.cfg)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.cfg, err, c.want)
+		}
+	}
+	if cfg, err := (Config{Broker: "sqs://q", Store: "mysql://h/db"}).withDefaults(); err != nil || cfg.BatchSize != 10 {
+		t.Errorf("sqs default batch: %d, %v", cfg.BatchSize, err)
+	}
+}
