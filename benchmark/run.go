@@ -316,6 +316,19 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 		o := stopConsumer()
 		return fail("paced phase: %v (consumer: %v)", err, o.err)
 	}
+	if name != RawAck {
+		// The tracker counts deliveries decided. A broker may deliver a
+		// message again (Kafka after a rebalance moved a partition whose
+		// offset commit had not landed): the duplicate is decided, the
+		// count reaches the total while another message is still in
+		// flight. Let the consumer finish it before stopping it; the check
+		// after the stop is the one that counts.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if s.store.check(ctx, e, sent) == nil {
+				break
+			}
+		}
+	}
 	o := stopConsumer()
 	res.PeakRSS = rss()
 	if o.err != nil {

@@ -105,7 +105,10 @@ func (s *sqsBroker) describe(name string) string {
 }
 
 // sourceURL is Config.Broker with its queue replaced by queue and, unless
-// the URL names one, queue-dlq as the dead-letter queue.
+// the URL says otherwise, queue-dlq as the dead-letter queue and a 1s long
+// poll (wait=1s) as the raw consumers use: with the adapter's 20s default,
+// Close waits for the last poll (so as not to strand received messages)
+// and every idemq run would end 20s late.
 func (s *sqsBroker) sourceURL(queue, _ string) string {
 	u := *s.idemqURL
 	if p := strings.Trim(u.Path, "/"); p != "" {
@@ -116,6 +119,9 @@ func (s *sqsBroker) sourceURL(queue, _ string) string {
 	q := u.Query()
 	if !q.Has("dlq") && !q.Has("dead_letter_mode") {
 		q.Set("dlq", queue+"-dlq")
+	}
+	if !q.Has("wait") {
+		q.Set("wait", "1s")
 	}
 	u.RawQuery = q.Encode()
 	return u.String()
