@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -29,19 +30,29 @@ framework), a hand-tuned batch consumer, and idemq at batch size 1 and at
 latency per configuration, the ratios of idemq to the baselines, and the
 machine it ran on. Every run is checked: each unique message applied once.
 
-Each run uses its own queue and tables and removes them afterwards.
-Supported so far: amqp:// brokers and postgres:// stores.
+Each run uses its own queue (topic) and tables and removes them afterwards.
+
+Brokers (--broker):
+  amqp://, amqps://  RabbitMQ   amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench
+  kafka://           Kafka      kafka://127.0.0.1:9092/idemq-bench?partitions=8
+                                (a local cluster: go run ./cmd/kfake -addr 127.0.0.1:9092)
+  sqs://             SQS        sqs://KEY:SECRET@idemq-bench?endpoint=http://127.0.0.1:9324&region=us-east-1
+                                (batches of at most 10: --batch defaults to 10)
+Stores (--store):
+  postgres://, postgresql://    postgres://postgres@127.0.0.1:5432/test
+  mysql://  (MariaDB, MySQL)    mysql://root@127.0.0.1:3306/test
+
 Exit code 1 if a configuration failed or broke the correctness check.
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newFlags("bench", benchUsage, stdout)
-	broker := f.String("broker", "", "broker URL, e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench (required)")
+	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…) (required)")
 	storeURL := f.storeFlag()
 	n := f.Int("n", 50_000, "unique messages per run")
 	dups := f.Float64("duplicates", 0.2, "fraction of N published a second time")
 	accounts := f.Int("accounts", 1000, "accounts the payments spread over")
-	batch := f.Int("batch", 200, "batch size of the batch-mode configurations (idemq and hand-tuned)")
+	batch := f.Int("batch", 0, "batch size of the batch-mode configurations (idemq and hand-tuned) (default 200; 10, the most, for sqs://)")
 	workers := f.Int("workers", 1, "batches processed at once by the batch-mode configurations")
 	repeat := f.Int("repeat", 3, "runs per configuration (interleaved); the table shows the median")
 	configs := f.String("configs", "", "comma-separated configurations to run (default all of: "+strings.Join(benchmark.DefaultConfigs, ", ")+"; slow scenarios on demand: "+strings.Join(benchmark.Scenarios, ", ")+")")
@@ -64,7 +75,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("-n %d: must be at least 1", *n)
 	case !(*dups >= 0 && *dups <= 10):
 		return usagef("--duplicates %v: must be from 0 to 10", *dups)
-	case *batch < 1:
+	case *batch < 0 || isFlagSet(f, "batch") && *batch < 1:
 		return usagef("--batch %d: must be at least 1", *batch)
 	case *workers < 1:
 		return usagef("--workers %d: must be at least 1", *workers)
@@ -130,6 +141,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("configurations failed: %s", strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// isFlagSet reports whether the command line gave the flag name.
+func isFlagSet(f *flags, name string) bool {
+	set := false
+	f.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
 }
 
 // progressLine is how benchmark.Run announces each run: "[k/total] name, run r of R".

@@ -92,7 +92,7 @@ func TestUsageAndHelp(t *testing.T) {
 		{[]string{"prune", "--store", db, "--older-than", "1h"}, "shorter than the store's retention 168h"},
 		{[]string{"bench", "--store", "postgres://x/y"}, "--broker is required"},
 		{[]string{"bench", "--store", "postgres://x/y", "--broker", "amqp://h/?queue=q", "-n", "0"}, "-n 0"},
-		{[]string{"bench", "--store", "postgres://x/y", "--broker", "kafka://h:9092/t?group=g", "-n", "10"}, "not supported yet"},
+		{[]string{"bench", "--store", "postgres://x/y", "--broker", "nats://h:4222/t", "-n", "10"}, `Config.Broker: scheme "nats" is not supported`},
 	} {
 		r := expect(t, exitUsage, c.args, c.want)
 		if r.stdout != "" {
