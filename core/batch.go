@@ -13,7 +13,7 @@ import (
 // several share the transaction), one commit. It sends every item its
 // outcome; settlement happens after the decision middleware returns.
 func (c *Consumer[Tx]) processBatch(items []*item) {
-	if len(items) > 1 {
+	if len(items) > 1 && items[0].d == nil {
 		bs := &batchSettlement{pending: len(items), finished: make(chan struct{})}
 		for _, it := range items {
 			it.state.batch = bs
@@ -39,6 +39,20 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	}
 
 	outs := c.decideBatch(primaries)
+	if items[0].d != nil { // direct path
+		batch := make([]settlement, 0, len(items))
+		for i, it := range primaries {
+			batch = append(batch, settlement{d: it.d, out: outs[i]})
+			for _, f := range followers[i] {
+				batch = append(batch, settlement{d: f.d, out: c.followerOutcome(it, outs[i], f)})
+			}
+		}
+		for _, s := range batch {
+			c.count(s.out)
+		}
+		c.settlements <- batch
+		return
+	}
 	for i, it := range primaries {
 		it.done <- outs[i]
 		for _, f := range followers[i] {

@@ -32,8 +32,12 @@ type Consumer[Tx any] struct {
 	// copying its stack as the middleware chain and hashing grew it.
 	idle     chan delivery
 	handlers sync.WaitGroup
-	items    chan *item   // decided-to-process messages waiting for a batch
-	batches  chan []*item // batches waiting for a worker
+	// direct: with no decision middleware nothing needs a goroutine per
+	// message; receiveLoop queues items itself and a settler goroutine
+	// settles what workers decide (settlements, in batch order).
+	direct      bool
+	settlements chan []settlement
+	items       chan *item // messages to claim, in receive order, waiting for a worker
 
 	procCtx    context.Context // cancelled when the shutdown deadline passes
 	procCancel context.CancelFunc
@@ -66,6 +70,9 @@ type item struct {
 	fp    string
 	state *msgState
 	done  chan Outcome
+	// d is set on the direct path (no decision middleware): the worker
+	// hands the outcome to the settler instead of a waiting goroutine.
+	d Delivery
 }
 
 // msgState travels in the message's context from the delivery goroutine to
@@ -160,6 +167,10 @@ func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHan
 		items: make(chan *item, cfg.window),
 	}
 	c.process = chainMiddleware(cfg.middleware, c.decide)
+	if len(cfg.middleware) == 0 {
+		c.direct = true
+		c.settlements = make(chan []settlement, cfg.window)
+	}
 	return c, nil
 }
 
@@ -206,6 +217,12 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	for range c.cfg.concurrency {
 		go func() { defer workers.Done(); c.worker(quit) }()
 	}
+	settled := make(chan struct{})
+	if c.direct {
+		go func() { defer close(settled); c.settler() }()
+	} else {
+		close(settled)
+	}
 
 	handlersQuit := make(chan struct{})
 	recvErr := c.receiveLoop(ctx, handlersQuit)
@@ -226,6 +243,10 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	close(handlersQuit)
 	workers.Wait()
 	c.handlers.Wait()
+	if c.direct {
+		close(c.settlements) // every item was settled: inflight drained
+	}
+	<-settled
 	closeErr := c.src.Close()
 	if closeErr != nil && !errors.Is(closeErr, ErrSourceClosed) {
 		c.log.Warn("idemq: closing source", "err", closeErr)
@@ -286,6 +307,10 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context, quit <-chan struct{}) er
 		failures = 0
 		c.stats.received.Add(1)
 		c.inflight.Add(1)
+		if c.direct {
+			c.enqueueDirect(d)
+			continue
+		}
 		passed := make(chan struct{})
 		job := delivery{d: d, prev: prev, passed: passed}
 		select {
@@ -314,6 +339,64 @@ func (c *Consumer[Tx]) pass(st *msgState, enter func()) {
 	}
 	st.hasPassed = true
 	close(st.passed)
+}
+
+// enqueueDirect puts a delivery straight into the item queue (direct
+// path): no goroutine, no context, no hand-offs. It owns a window slot
+// until the settler releases it.
+func (c *Consumer[Tx]) enqueueDirect(d Delivery) {
+	m := d.Message()
+	var err error
+	if c.cfg.idFunc != nil {
+		id, ierr := c.cfg.idFunc(m)
+		if ierr != nil {
+			err = fmt.Errorf("%w: IDFunc: %v", ErrMissingID, ierr)
+		} else {
+			m.ID = id
+		}
+	}
+	if err == nil {
+		err = c.validateID(m.ID)
+	}
+	if err != nil {
+		out := Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: err}}
+		c.count(out)
+		c.settlements <- []settlement{{d: d, out: out}}
+		return
+	}
+	it := &item{ctx: c.procCtx, m: m, d: d}
+	if c.cfg.fingerprint != nil {
+		it.fp = c.cfg.fingerprint(m.Body)
+	}
+	c.items <- it // capacity window: never blocks
+}
+
+// settlement is one decided message of the direct path.
+type settlement struct {
+	d   Delivery
+	out Outcome
+}
+
+// settler settles what workers decided on the direct path, a batch at a
+// time (acks in one call), then frees the batch's window slots.
+func (c *Consumer[Tx]) settler() {
+	var acks []Delivery
+	var others []settleReq
+	for batch := range c.settlements {
+		acks, others = acks[:0], others[:0]
+		for _, s := range batch {
+			if s.out.Decision == Processed || s.out.Decision == Duplicate {
+				acks = append(acks, s.d)
+			} else {
+				others = append(others, settleReq{s.d, s.out})
+			}
+		}
+		c.settleBatch(acks, others)
+		for range batch {
+			<-c.slots
+			c.inflight.Done()
+		}
+	}
 }
 
 // delivery is one received message on its way to a handling goroutine,
