@@ -61,8 +61,8 @@ type Source struct {
 	attemptsMu sync.Mutex
 	attempts   map[string]int
 
-	out  chan *delivery
-	errs chan error // connection trouble reported to Receive, never blocks the loop
+	out  chan *delivery // converted deliveries waiting for Receive (outBuffer)
+	errs chan error     // connection trouble reported to Receive, never blocks the loop
 	wg   sync.WaitGroup
 
 	reconnects atomic.Int64
@@ -124,8 +124,11 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 		window:   cfg.prefetch,
 		timers:   make(map[*time.Timer]struct{}),
 		attempts: make(map[string]int),
-		out:      make(chan *delivery),
-		errs:     make(chan error, 1),
+		// Buffered so the pump converts ahead while the Consumer is busy,
+		// without a goroutine hand-off per message; what waits here is
+		// within the broker's prefetch, so memory stays bounded by it.
+		out:  make(chan *delivery, outBuffer),
+		errs: make(chan error, 1),
 	}
 	conn, err := s.dialAndDeclare(ctx)
 	if err != nil {
@@ -381,6 +384,9 @@ func (s *Source) run() {
 		s.cfg.logger.Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.queue, "reason", reason)
 	}
 }
+
+// outBuffer is how many converted deliveries may wait for Receive.
+const outBuffer = 128
 
 // maxRemembered bounds the requeued-attempt memory.
 const maxRemembered = 10000
