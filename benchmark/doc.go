@@ -10,7 +10,8 @@
 // Every run publishes Config.N messages plus Config.Duplicates × N copies
 // of recent ones to a fresh queue, each a JSON payment
 // {"account": "acc-17", "amount_cents": 1250} with its business id as the
-// AMQP message_id; the effect is
+// AMQP message_id (the message-id header on Kafka, the message-id
+// attribute on SQS); the effect is
 //
 //	UPDATE accounts SET balance_cents = balance_cents + $amount WHERE account = $account
 //
@@ -22,6 +23,20 @@
 // After every run the balances are compared with the expected sums and
 // the dedup table must hold exactly one row per unique id: a run that
 // breaks either is reported FAILED, never as a number.
+//
+// The broker and the store are independent choices (Config.Broker,
+// Config.Store): RabbitMQ (amqp://), Kafka (kafka://; cmd/kfake serves one
+// in memory) or SQS (sqs://; the fauxqs emulator or AWS) into Postgres
+// (postgres://) or MariaDB/MySQL (mysql://). Each broker writes its own
+// raw-driver consumers (amqp091-go, kafka-go, aws-sdk-go-v2: acks, offset
+// commits, DeleteMessage/DeleteMessageBatch) and each store its own
+// transactions (pgx: ON CONFLICT DO NOTHING claims, UPDATE … FROM unnest;
+// go-sql-driver/mysql: INSERT IGNORE claims, INSERT IGNORE … RETURNING on
+// MariaDB, UPDATE … JOIN), so every combination compares idemq with
+// baselines written for it. SQS batches are at most 10 (ReceiveMessage,
+// DeleteMessageBatch); Kafka messages are keyed by account, and each run's
+// topic has 8 partitions unless the URL's partitions parameter says
+// otherwise.
 //
 // Run returns a Report that prints as a table (WriteTable), as JSON
 // (WriteJSON) and as a bar chart (WritePNG). The `idemq bench` command is a
