@@ -122,7 +122,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		fail("claim", err)
 		return nil
 	}
-	result := make(map[int]ClaimResult, len(order))
+	result := make([]ClaimResult, len(items)) // by index into items
 	for k, i := range order {
 		result[i] = sorted[k]
 	}

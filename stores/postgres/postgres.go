@@ -35,6 +35,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/core"
@@ -348,16 +349,12 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 	for i := range pending {
 		pending[i] = i
 	}
-	// Sorted ids: concurrent batches take key locks in one order.
-	slices.SortFunc(pending, func(a, b int) int {
-		switch {
-		case claims[a].ID < claims[b].ID:
-			return -1
-		case claims[a].ID > claims[b].ID:
-			return 1
-		}
-		return 0
-	})
+	// Sorted ids: concurrent batches take key locks in one order. The
+	// Consumer already sends them sorted; check before sorting again.
+	byID := func(a, b int) int { return strings.Compare(claims[a].ID, claims[b].ID) }
+	if !slices.IsSortedFunc(pending, byID) {
+		slices.SortFunc(pending, byID)
+	}
 	now := t.s.cfg.now()
 	for round := 0; len(pending) > 0; round++ {
 		if round == maxReclaims {
