@@ -89,6 +89,11 @@ type RunResult struct {
 	Deliveries int
 	Seconds    float64
 	MsgsPerSec float64
+	// FirstDecision is the time from the consumer's start to its first
+	// decision, included in Seconds: connecting, joining a consumer group
+	// (Kafka), opening idemq's store and source. On a short run it weighs
+	// in the throughput; compare it between configurations.
+	FirstDecision time.Duration `json:",omitempty"`
 	// P50 and P99 are the publish-to-decision latencies of the paced
 	// phase (LatencyMessages at LatencyRate); BacklogP99 is the same for
 	// the backlog, where it mostly measures time spent queued.

@@ -171,7 +171,7 @@ func (r RunResult) line() string {
 	}
 	tput := "no backlog"
 	if r.Deliveries > 0 {
-		tput = fmt.Sprintf("%d deliveries in %.2fs = %.0f msg/s", r.Deliveries, r.Seconds, r.MsgsPerSec)
+		tput = fmt.Sprintf("%d deliveries in %.2fs = %.0f msg/s (first decision after %s)", r.Deliveries, r.Seconds, r.MsgsPerSec, fmtLatency(r.FirstDecision))
 	}
 	st := ""
 	if r.Stages != nil {
@@ -282,6 +282,9 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	}
 	res.Deliveries = e.w.deliveries
 	res.Seconds = time.Duration(t.backlogAt.Load() - start.UnixNano()).Seconds()
+	if f := t.firstAt.Load(); f > 0 && res.Deliveries > 0 {
+		res.FirstDecision = time.Duration(f - start.UnixNano())
+	}
 	if res.Deliveries > 0 && res.Seconds > 0 {
 		res.MsgsPerSec = float64(res.Deliveries) / res.Seconds
 	}

@@ -99,6 +99,7 @@ type tracker struct {
 	backlogOnce sync.Once
 	allOnce     sync.Once
 	backlogAt   atomic.Int64 // Unix nanos of the last backlog decision
+	firstAt     atomic.Int64 // Unix nanos of the first decision
 
 	mu       sync.Mutex
 	pacedLat []time.Duration // exact: the paced phase is small
@@ -168,6 +169,7 @@ func (t *tracker) decided(id string, ts int64) {
 		}
 		t.mu.Unlock()
 	}
+	t.firstAt.CompareAndSwap(0, now)
 	c := t.count.Add(1)
 	if c == t.backlog {
 		t.backlogAt.Store(now)
