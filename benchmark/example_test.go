@@ -26,3 +26,30 @@ func ExampleRun() {
 		log.Fatal(err)
 	}
 }
+
+// Compare idemq with hand-written consumers for another broker and store:
+// here Kafka (go run ./cmd/kfake -addr 127.0.0.1:9092 serves one) into
+// MariaDB, and SQS (an emulator's endpoint) into Postgres with batches of
+// 10, the most SQS receives and deletes at once.
+func ExampleRun_otherBrokersAndStores() {
+	ctx := context.Background()
+	kafka, err := benchmark.Run(ctx, benchmark.Config{
+		Broker: "kafka://127.0.0.1:9092/idemq-bench?partitions=8",
+		Store:  "mysql://root@127.0.0.1:3306/test",
+		N:      20_000,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	kafka.WriteTable(os.Stdout)
+	sqs, err := benchmark.Run(ctx, benchmark.Config{
+		Broker:    "sqs://test:test@idemq-bench?endpoint=http://127.0.0.1:9324&region=us-east-1",
+		Store:     "postgres://postgres@127.0.0.1:5432/test",
+		N:         20_000,
+		BatchSize: 10,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sqs.WriteTable(os.Stdout)
+}
