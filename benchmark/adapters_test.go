@@ -233,7 +233,7 @@ func TestRunSQSPostgres(t *testing.T) {
 	}
 }
 
-// TestBrokerSchemes checks that a broker, a store or a batch size the
+// TestConfigSchemes checks that a broker, a store or a batch size the
 // benchmark cannot run fails before connecting, naming the field.
 func TestConfigSchemes(t *testing.T) {
 	ctx := context.Background()
