@@ -2,8 +2,14 @@
 // Handlers receive the store's pgx.Tx and apply their business effect in
 // it, in the same transaction that claims the message id.
 //
-// A claim is one round trip for the whole batch: INSERT … SELECT … FROM
-// unnest(ids, fingerprints) ON CONFLICT DO NOTHING RETURNING message_id. A
+// A claim is one statement for the whole batch, sent with its BEGIN in one
+// round trip: INSERT … SELECT … FROM unnest(ids, fingerprints) ON CONFLICT
+// DO UPDATE … WHERE the stored and claimed fingerprints differ RETURNING
+// message_id, fingerprint: inserted ids come back with their fingerprint, a
+// mismatch with the stored one (after a no-op update), a duplicate not at
+// all. That needs UPDATE on the fingerprint column; a role without it gets
+// the same answers from ON CONFLICT DO NOTHING and a read-back of the lost
+// ids' fingerprints (the store switches by itself on the first refusal). A
 // taken id never raises a unique violation, so the transaction stays usable
 // (the trap of catching duplicate-key errors inside a Postgres transaction).
 // A second transaction claiming an id that a first one holds waits on the
@@ -36,10 +42,12 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq/core"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -52,6 +60,9 @@ type Store struct {
 	cfg   config
 	q     queries
 	parts partitions // WithPartitions only
+	// plainClaims is set once the role turned out not to have UPDATE on
+	// fingerprint: claims then use q.claim instead of q.claimLocked.
+	plainClaims atomic.Bool
 }
 
 var (
@@ -63,13 +74,14 @@ var (
 )
 
 type queries struct {
-	migrate  []string
-	lockKey  int64
-	claim    string
-	readBack string
-	unclaim  string
-	prune    string
-	lockIDs  string // WithPartitions only
+	migrate     []string
+	lockKey     int64
+	claim       string
+	claimLocked string // one statement, no read-back; needs UPDATE (fingerprint)
+	readBack    string
+	unclaim     string
+	prune       string
+	lockIDs     string // WithPartitions only
 }
 
 // Open connects a pool to the database at url (a postgres:// URL or a
@@ -155,6 +167,20 @@ SELECT i.id, ins.message_id IS NOT NULL,
 		(SELECT e.fingerprint FROM ` + t + ` e WHERE e.consumer = $1 AND e.message_id = i.id)
 	END
 FROM input i LEFT JOIN ins ON ins.message_id = i.id`,
+		// The claim without a read-back: a conflicting row whose
+		// fingerprint differs (both non-empty) takes a no-op update, so
+		// RETURNING shows it with its stored fingerprint; rows inserted
+		// come back with the claimed one; the rest were duplicates. ON
+		// CONFLICT DO UPDATE waits for and then sees the latest committed
+		// row, so no claim is lost to the snapshot either. Measured 0.2 ms
+		// less per batch of 200 than the CTE above (one Postgres backend,
+		// BEGIN + claim + COMMIT), at the cost of a row lock on each
+		// duplicate until the commit.
+		claimLocked: `INSERT INTO ` + t + ` AS e (consumer, message_id, fingerprint, processed_at)
+SELECT $1, u.id, u.fp, $4 FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(id, fp, ord) ORDER BY u.ord
+ON CONFLICT (consumer, message_id) DO UPDATE SET fingerprint = e.fingerprint
+	WHERE e.fingerprint <> '' AND EXCLUDED.fingerprint <> '' AND e.fingerprint <> EXCLUDED.fingerprint
+RETURNING message_id, fingerprint`,
 		readBack: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		unclaim:  `DELETE FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		// SKIP LOCKED: rows a live transaction is deleting are left for the
@@ -356,6 +382,25 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 		slices.SortFunc(pending, byID)
 	}
 	now := t.s.cfg.now()
+	if !t.s.plainClaims.Load() {
+		fresh := t.tx == nil
+		err := t.claimLocked(ctx, consumer, claims, pending, now, results)
+		if err == nil {
+			return results, nil
+		}
+		var pe *pgconn.PgError
+		if !fresh || !errors.As(err, &pe) || pe.Code != "42501" {
+			return nil, fmt.Errorf("postgres: claim %d ids for %q: %w", len(claims), consumer, err)
+		}
+		// insufficient_privilege: the role was granted SELECT, INSERT,
+		// DELETE only. Nothing else ran in this transaction: start it
+		// again and claim with the read-back from now on.
+		t.s.plainClaims.Store(true)
+		if rerr := t.tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+			return nil, fmt.Errorf("postgres: claim: %w", rerr)
+		}
+		t.tx, t.handle.Tx = nil, nil
+	}
 	for round := 0; len(pending) > 0; round++ {
 		if round == maxReclaims {
 			return nil, fmt.Errorf("postgres: claim: ids kept vanishing between insert and read-back after %d rounds", round)
@@ -416,33 +461,82 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 // 0.23× the hand-written consumer, 1.0× with custom plans).
 const customPlan = pgx.QueryExecModeExec
 
+// claimLocked claims claims (in the order of pending) with q.claimLocked
+// and writes each result.
+func (t *Txn) claimLocked(ctx context.Context, consumer string, claims []core.Claim, pending []int, now time.Time, results []core.ClaimResult) error {
+	ids := make([]string, len(pending))
+	fps := make([]string, len(pending))
+	for j, i := range pending {
+		ids[j], fps[j] = claims[i].ID, claims[i].Fingerprint
+	}
+	rows, done, err := t.query(ctx, t.s.q.claimLocked, consumer, ids, fps, now)
+	if err != nil {
+		return err
+	}
+	defer done()
+	returned := make(map[string]string, len(ids))
+	var id, fp string
+	for rows.Next() {
+		if err := rows.Scan(&id, &fp); err != nil {
+			return err
+		}
+		returned[id] = fp
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, i := range pending {
+		switch fp, ok := returned[claims[i].ID]; {
+		case !ok:
+			results[i] = core.ClaimDuplicate
+		case fp == claims[i].Fingerprint:
+			results[i] = core.ClaimWon
+		default:
+			results[i] = core.ClaimMismatch
+		}
+	}
+	return nil
+}
+
+// query runs a claim statement as the transaction's first (BEGIN goes in
+// the same round trip) or next statement. done releases what the rows
+// hold; call it after the rows are read.
+func (t *Txn) query(ctx context.Context, sql string, args ...any) (rows pgx.Rows, done func(), err error) {
+	if t.tx != nil {
+		rows, err = t.tx.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rows, rows.Close, nil
+	}
+	// BEGIN and the claim go together: one round trip, as a hand-written
+	// consumer would do it.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(sql, args...)
+	br := t.s.pool.SendBatch(ctx, b)
+	if tx := br.Tx(); tx != nil {
+		t.setTx(tx) // Rollback releases the connection, whatever happens next
+	}
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	if rows, err = br.Query(); err != nil {
+		br.Close()
+		return nil, nil, err
+	}
+	return rows, func() { rows.Close(); br.Close() }, nil
+}
+
 // claimRound runs the claim statement: which ids it won, and the stored
 // fingerprint of each id it lost where the statement's snapshot shows it.
 func (t *Txn) claimRound(ctx context.Context, consumer string, ids, fps []string, now time.Time) (won map[string]bool, seen map[string]string, err error) {
-	var rows pgx.Rows
-	if t.tx == nil {
-		// BEGIN and the claim go together: one round trip, as a
-		// hand-written consumer would do it.
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{})
-		b.Queue(t.s.q.claim, consumer, ids, fps, now)
-		br := t.s.pool.SendBatch(ctx, b)
-		if tx := br.Tx(); tx != nil {
-			t.setTx(tx) // Rollback releases the connection, whatever happens next
-		}
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, nil, fmt.Errorf("begin: %w", err)
-		}
-		if rows, err = br.Query(); err != nil {
-			br.Close()
-			return nil, nil, err
-		}
-		defer br.Close()
-	} else if rows, err = t.tx.Query(ctx, t.s.q.claim, consumer, ids, fps, now); err != nil {
+	rows, done, err := t.query(ctx, t.s.q.claim, consumer, ids, fps, now)
+	if err != nil {
 		return nil, nil, err
 	}
-	defer rows.Close()
+	defer done()
 	won = make(map[string]bool, len(ids))
 	seen = make(map[string]string)
 	var id string
