@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
-	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // The tests below run every configuration once on a small workload for
@@ -26,26 +27,24 @@ import (
 // an in-process kfake cluster, SQS as the fauxqs emulator that the test
 // starts with node (installed by `npm ci` in brokers/sqs/internal/fauxqs).
 
-// mysqlURL returns IDEMQ_MYSQL_URL as a mysql:// URL (a driver DSN is
-// converted), skipping or failing as serviceURL does when unreachable.
+// mysqlURL returns IDEMQ_MYSQL_URL (default the local MariaDB) as a
+// mysql:// URL (a driver DSN is converted), skipping or, with
+// IDEMQ_REQUIRE_SERVICES=1, failing when the server does not answer.
 func mysqlURL(t *testing.T) string {
 	t.Helper()
-	v := os.Getenv("IDEMQ_MYSQL_URL")
-	if v != "" && !strings.HasPrefix(v, "mysql://") {
-		cfg, err := mysqldrv.ParseDSN(v)
-		if err != nil {
-			t.Fatalf("IDEMQ_MYSQL_URL: %v", err)
-		}
-		u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName}
-		if cfg.Passwd != "" {
-			u.User = url.UserPassword(cfg.User, cfg.Passwd)
-		} else {
-			u.User = url.User(cfg.User)
-		}
-		os.Setenv("IDEMQ_MYSQL_URL", u.String())
-		defer os.Setenv("IDEMQ_MYSQL_URL", v)
+	v := servicetest.MySQLURL(t)
+	if strings.HasPrefix(v, "mysql://") {
+		return v
 	}
-	return serviceURL(t, "IDEMQ_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+	cfg, err := servicetest.ParseMySQL(v)
+	if err != nil {
+		t.Fatalf("IDEMQ_MYSQL_URL: %v", err)
+	}
+	u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName, User: url.User(cfg.User)}
+	if cfg.Passwd != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Passwd)
+	}
+	return u.String()
 }
 
 // kafkaURL starts an in-process kfake cluster for the test and returns a
@@ -212,21 +211,25 @@ func runSmall(t *testing.T, broker, store string, n, batch int, configs []string
 }
 
 func TestRunRabbitMySQL(t *testing.T) {
-	amqpURL := serviceURL(t, "IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	amqpURL := servicetest.RabbitMQURL(t)
 	my := mysqlURL(t)
-	rep := runSmall(t, amqpURL+"?queue=idemq-bench-test", my, 300, 50, allConfigs)
+	u, _ := url.Parse(amqpURL)
+	q := u.Query()
+	q.Set("queue", "idemq-bench-test")
+	u.RawQuery = q.Encode()
+	rep := runSmall(t, u.String(), my, 300, 50, allConfigs)
 	if !strings.Contains(rep.Machine.Database, "MariaDB") && !strings.Contains(rep.Machine.Database, "MySQL") {
 		t.Errorf("database %q", rep.Machine.Database)
 	}
 }
 
 func TestRunKafkaPostgres(t *testing.T) {
-	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	pgURL := servicetest.PostgresURL(t)
 	runSmall(t, kafkaURL(t), pgURL, 300, 50, allConfigs)
 }
 
 func TestRunSQSPostgres(t *testing.T) {
-	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	pgURL := servicetest.PostgresURL(t)
 	rep := runSmall(t, sqsURL(t), pgURL, 300, 10, allConfigs)
 	if rep.Params.BatchSize != 10 {
 		t.Errorf("batch %d", rep.Params.BatchSize)
