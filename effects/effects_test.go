@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 )
 
@@ -99,49 +99,25 @@ func TestTransport(t *testing.T) {
 	}
 }
 
+// serviceURL returns the URL in env (or def) once ping reaches it;
+// unreachable skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
 func serviceURL(t testing.TB, env, def string, ping func(string) error) string {
 	t.Helper()
-	url := os.Getenv(env)
-	if url == "" {
-		url = def
-	}
-	if err := ping(url); err != nil {
-		msg := fmt.Sprintf("service unreachable at %s=%s: %v", env, url, err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return url
+	return servicetest.URL(t, env, def, func(_ context.Context, u string) error { return ping(u) })
 }
 
 // postgresURL returns IDEMQ_POSTGRES_URL (default the local server);
 // unreachable skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
 func postgresURL(t testing.TB) string {
-	return serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test", func(u string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, u)
-		if err != nil {
-			return err
-		}
-		return c.Close(ctx)
-	})
+	t.Helper()
+	return servicetest.PostgresURL(t)
 }
 
 // mysqlURL returns IDEMQ_MYSQL_URL (default the local MariaDB); unreachable
 // skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
 func mysqlURL(t testing.TB) string {
-	return serviceURL(t, "IDEMQ_MYSQL_URL", "root:@tcp(127.0.0.1:3306)/test", func(u string) error {
-		db, err := sql.Open("mysql", u)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return db.PingContext(ctx)
-	})
+	t.Helper()
+	return servicetest.MySQLURL(t)
 }
 
 func suffix() string {

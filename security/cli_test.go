@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // TestCLIOutputHidesSecrets builds cmd/idemq and runs migrate, stats and
@@ -24,15 +25,9 @@ func TestCLIOutputHidesSecrets(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds cmd/idemq; not in -short")
 	}
-	pg := os.Getenv("IDEMQ_POSTGRES_URL")
-	if pg == "" {
-		pg = "postgres://postgres@127.0.0.1:5432/test"
-	}
+	pg := servicetest.PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, pg)
-	need(t, "IDEMQ_POSTGRES_URL", "(hidden)", err)
-	conn.Close(ctx)
 
 	bin := filepath.Join(t.TempDir(), "idemq")
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "../cmd/idemq").CombinedOutput(); err != nil {

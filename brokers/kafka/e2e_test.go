@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 )
 
@@ -25,25 +25,7 @@ import (
 // local server); unreachable skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
 func postgresURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err == nil {
-		err = conn.Ping(ctx)
-		conn.Close(ctx)
-	}
-	if err != nil {
-		msg := fmt.Sprintf("Postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", url, err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return url
+	return servicetest.PostgresURL(t)
 }
 
 // pgEffects is a Postgres dedup store plus an effects table without a

@@ -16,6 +16,8 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // brokers returns the broker list to test against: IDEMQ_KAFKA_URL when
@@ -33,11 +35,7 @@ func brokers(t testing.TB) string {
 		defer cancel()
 		c := &kafkago.Client{Addr: kafkago.TCP(cfg.brokers...)}
 		if _, err := c.Metadata(ctx, &kafkago.MetadataRequest{}); err != nil {
-			msg := "Kafka unreachable at IDEMQ_KAFKA_URL=" + url + ": " + err.Error()
-			if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
+			servicetest.Unavailable(t, "Kafka unreachable at IDEMQ_KAFKA_URL=%s: %v", url, err)
 		}
 		return strings.Join(cfg.brokers, ",")
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 )
 
@@ -20,25 +20,7 @@ import (
 // local server); unreachable skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
 func postgresURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err == nil {
-		err = conn.Ping(ctx)
-		conn.Close(ctx)
-	}
-	if err != nil {
-		msg := fmt.Sprintf("Postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", url, err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return url
+	return servicetest.PostgresURL(t)
 }
 
 // crashAfter wraps a Source so that, once armed, its crashAt-th batch ack

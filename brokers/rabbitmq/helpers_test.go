@@ -8,14 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // amqpURL returns the broker URL from IDEMQ_AMQP_URL (default the local
@@ -23,20 +22,7 @@ import (
 // when IDEMQ_REQUIRE_SERVICES=1.
 func amqpURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_AMQP_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	if err != nil {
-		msg := "RabbitMQ unreachable at IDEMQ_AMQP_URL=" + core.Redact(url) + ": " + core.RedactError(err, url)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	conn.Close()
-	return url
+	return servicetest.RabbitMQURL(t)
 }
 
 // uniqueQueue returns a fresh queue name and deletes it (and the dead-letter

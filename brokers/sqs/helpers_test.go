@@ -20,7 +20,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // The tests run against a real SQS-protocol endpoint: IDEMQ_SQS_URL when
@@ -61,11 +62,7 @@ func sqsEndpoint(t testing.TB) string {
 		}
 	})
 	if emulator.err != nil {
-		msg := fmt.Sprintf("no SQS endpoint (set IDEMQ_SQS_URL, or run `npm ci` in brokers/sqs/%s so the tests start fauxqs): %v", emulatorDir, emulator.err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		servicetest.Unavailable(t, "no SQS endpoint (set IDEMQ_SQS_URL, or run `npm ci` in brokers/sqs/%s so the tests start fauxqs): %v", emulatorDir, emulator.err)
 	}
 	return emulator.url
 }
@@ -290,23 +287,5 @@ func (w testWriter) Write(p []byte) (int, error) {
 // local server); unreachable skips, or fails with IDEMQ_REQUIRE_SERVICES=1.
 func postgresURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err == nil {
-		err = conn.Ping(ctx)
-		conn.Close(ctx)
-	}
-	if err != nil {
-		msg := fmt.Sprintf("Postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", url, err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return url
+	return servicetest.PostgresURL(t)
 }

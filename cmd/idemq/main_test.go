@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,9 +15,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -183,24 +182,7 @@ func claimN[Tx any](t *testing.T, s core.Store[Tx], consumer string, n int) {
 // skips (fails with IDEMQ_REQUIRE_SERVICES=1) when it is unreachable.
 func postgresURL(t *testing.T) string {
 	t.Helper()
-	u := os.Getenv("IDEMQ_POSTGRES_URL")
-	if u == "" {
-		u = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, u)
-	if err == nil {
-		conn.Close(ctx)
-	}
-	if err != nil {
-		msg := fmt.Sprintf("postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", core.Redact(u), err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return u
+	return servicetest.PostgresURL(t)
 }
 
 // withSecret puts a password into a URL that has none, so tests can check
@@ -298,19 +280,7 @@ func TestExitCodesOfTheBinary(t *testing.T) {
 // run passes its correctness check, and no credential shows.
 func TestBench(t *testing.T) {
 	pg := postgresURL(t)
-	amqpURL := os.Getenv("IDEMQ_AMQP_URL")
-	if amqpURL == "" {
-		amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	if err != nil {
-		msg := fmt.Sprintf("RabbitMQ unreachable at IDEMQ_AMQP_URL=%s: %v", core.Redact(amqpURL), err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	conn.Close()
+	amqpURL := servicetest.RabbitMQURL(t)
 	const secret = "Sup3rS3cretPW"
 	sep := "?"
 	if strings.Contains(amqpURL, "?") {

@@ -6,53 +6,22 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"io"
-	"os"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 func postgresURL(t *testing.T) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err == nil {
-		conn.Close(ctx)
-	}
-	if err != nil {
-		msg := "Postgres unreachable at IDEMQ_POSTGRES_URL=" + url + ": " + err.Error()
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return url
+	return servicetest.PostgresURL(t)
 }
 
 func amqpURL(t *testing.T) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_AMQP_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	if err != nil {
-		msg := "RabbitMQ unreachable at IDEMQ_AMQP_URL=" + url + ": " + err.Error()
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	conn.Close()
-	return url
+	return servicetest.RabbitMQURL(t)
 }
 
 func unique() string {

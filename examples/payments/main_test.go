@@ -23,6 +23,8 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // The kill tests run the service as a real process, built once per test
@@ -73,11 +75,7 @@ func serviceBinary(t testing.TB) string {
 // service, or fails it when IDEMQ_REQUIRE_SERVICES=1.
 func unavailable(t testing.TB, variable, url string, err error) {
 	t.Helper()
-	msg := fmt.Sprintf("service unreachable at %s=%s: %v", variable, redactForTest(url), err)
-	if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	servicetest.Unavailable(t, "service unreachable at %s=%s: %v", variable, redactForTest(url), err)
 }
 
 func redactForTest(u string) string {
@@ -89,12 +87,9 @@ func redactForTest(u string) string {
 	return u
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
+// envOr returns the value of the variable name, or def when it is unset or
+// empty.
+func envOr(name, def string) string { return servicetest.Getenv(name, def) }
 
 func randomHex(n int) string {
 	b := make([]byte, n)
@@ -105,13 +100,7 @@ func randomHex(n int) string {
 // amqpURL returns IDEMQ_AMQP_URL (default the local RabbitMQ).
 func amqpURL(t testing.TB) string {
 	t.Helper()
-	u := envOr("IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	if err != nil {
-		unavailable(t, "IDEMQ_AMQP_URL", u, err)
-	}
-	conn.Close()
-	return u
+	return servicetest.RabbitMQURL(t)
 }
 
 // amqpQueue returns a fresh queue name on u, deleted with its .dlq and
@@ -256,15 +245,12 @@ func (l *sqlLedger) contents(ctx context.Context) ([]string, map[string]int64, e
 // tables; everything is dropped when the test ends.
 func postgresStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
 	t.Helper()
-	u := envOr("IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	u := servicetest.PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, u)
-	if err == nil {
-		err = conn.Ping(ctx)
-	}
 	if err != nil {
-		unavailable(t, "IDEMQ_POSTGRES_URL", u, err)
+		t.Fatal(err)
 	}
 	prefix = "pay_" + randomHex(4) + "_"
 	dedup := prefix + "processed"
@@ -280,19 +266,13 @@ func postgresStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
 // mysql:// URL).
 func mysqlStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
 	t.Helper()
-	dsn := envOr("IDEMQ_MYSQL_URL", "root:@tcp(127.0.0.1:3306)/test")
-	cfg, err := parseMySQL(dsn)
+	cfg, err := parseMySQL(servicetest.MySQLURL(t))
 	if err != nil {
 		t.Fatalf("IDEMQ_MYSQL_URL: %v", err)
 	}
 	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = db.PingContext(ctx)
-		cancel()
-	}
 	if err != nil {
-		unavailable(t, "IDEMQ_MYSQL_URL", dsn, err)
+		t.Fatal(err)
 	}
 	prefix = "pay_" + randomHex(4) + "_"
 	dedup := prefix + "processed"
@@ -312,18 +292,7 @@ func mysqlStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
 
 // parseMySQL reads a go-sql-driver DSN or a mysql:// URL.
 func parseMySQL(s string) (*mysqldrv.Config, error) {
-	if !strings.HasPrefix(s, "mysql://") {
-		return mysqldrv.ParseDSN(s)
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return nil, err
-	}
-	cfg := mysqldrv.NewConfig()
-	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
-	cfg.User = u.User.Username()
-	cfg.Passwd, _ = u.User.Password()
-	return cfg, nil
+	return servicetest.ParseMySQL(s)
 }
 
 // killRun describes one kill-and-restart run.

@@ -6,9 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // The quickstart is the project's main job: it must stay correct under its
@@ -56,18 +55,7 @@ func TestQuickstartFlags(t *testing.T) {
 // variable, unless IDEMQ_REQUIRE_SERVICES=1 makes that a failure.
 func serviceURL(t *testing.T, env, def string, ping func(string) error) string {
 	t.Helper()
-	u := os.Getenv(env)
-	if u == "" {
-		u = def
-	}
-	if err := ping(u); err != nil {
-		msg := fmt.Sprintf("%s unreachable (%v); set %s", env, err, env)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return u
+	return servicetest.URL(t, env, def, func(_ context.Context, u string) error { return ping(u) })
 }
 
 // The quickstart pointed at the real Postgres and MariaDB with --store.

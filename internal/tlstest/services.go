@@ -11,17 +11,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // unavailable skips t, or fails it when IDEMQ_REQUIRE_SERVICES=1, because a
 // service the test needs cannot be started here.
 func unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	servicetest.Unavailable(t, format, args...)
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

@@ -11,7 +11,6 @@ import (
 	"log"
 	"log/slog"
 	mrand "math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -32,25 +32,7 @@ func init() { mysqldrv.SetLogger(log.New(io.Discard, "", 0)) }
 // skips the test, or fails it with IDEMQ_REQUIRE_SERVICES=1.
 func mysqlURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_MYSQL_URL")
-	if url == "" {
-		url = "root:@tcp(127.0.0.1:3306)/test"
-	}
-	db, err := sql.Open("mysql", url)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = db.PingContext(ctx)
-		cancel()
-		db.Close()
-	}
-	if err != nil {
-		msg := fmt.Sprintf("MySQL unreachable at IDEMQ_MYSQL_URL=%s: %v", url, err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return url
+	return servicetest.MySQLURL(t)
 }
 
 func openDB(t testing.TB, url string) *sql.DB {

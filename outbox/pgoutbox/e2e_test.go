@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/stores/postgres"
 )
@@ -24,20 +24,7 @@ import (
 // skips the test, or fails it with IDEMQ_REQUIRE_SERVICES=1.
 func amqpURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_AMQP_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	if err != nil {
-		msg := "RabbitMQ unreachable at IDEMQ_AMQP_URL=" + url + ": " + err.Error()
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	conn.Close()
-	return url
+	return servicetest.RabbitMQURL(t)
 }
 
 // declareQueue lets the rabbitmq source declare its queue (and dead-letter

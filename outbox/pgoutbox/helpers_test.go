@@ -4,43 +4,22 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // postgresURL returns IDEMQ_POSTGRES_URL (default the local server);
 // unreachable skips the test, or fails it with IDEMQ_REQUIRE_SERVICES=1.
 func postgresURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err == nil {
-		err = conn.Ping(ctx)
-		conn.Close(ctx)
-	}
-	if err != nil {
-		msg := fmt.Sprintf("Postgres unreachable at IDEMQ_POSTGRES_URL=%s: %v", url, err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return url
+	return servicetest.PostgresURL(t)
 }
 
 func suffix() string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/mysql"
 	"github.com/idemq/idemq/stores/storetest"
 
@@ -23,33 +23,7 @@ import (
 // IDEMQ_REQUIRE_SERVICES=1.
 func mysqlDSN(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv("IDEMQ_MYSQL_URL")
-	if dsn == "" {
-		dsn = "root:@tcp(127.0.0.1:3306)/test"
-	}
-	err := func() error {
-		cfg, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			return err
-		}
-		cfg.Timeout = 3 * time.Second
-		conn, err := mysqldrv.NewConnector(cfg)
-		if err != nil {
-			return err
-		}
-		db := sql.OpenDB(conn)
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return db.PingContext(ctx)
-	}()
-	if err != nil {
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatalf("mysql unreachable at %s (IDEMQ_MYSQL_URL): %v", dsn, err)
-		}
-		t.Skipf("mysql unreachable at %s; set IDEMQ_MYSQL_URL to run: %v", dsn, err)
-	}
-	return dsn
+	return servicetest.MySQLURL(t)
 }
 
 // testDB opens a handle like Open's (interpolateParams on), closed at

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/mysql"
 )
 
@@ -26,10 +27,7 @@ func privateMariaDB(t *testing.T) (string, func()) {
 	server := "/usr/sbin/mariadbd"
 	_, err2 := os.Stat(server)
 	if err1 != nil || err2 != nil {
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal("no MariaDB server binaries (mariadb-install-db, /usr/sbin/mariadbd) to start a private server")
-		}
-		t.Skip("no MariaDB server binaries (mariadb-install-db, /usr/sbin/mariadbd) to start a private server")
+		servicetest.Unavailable(t, "no MariaDB server binaries (mariadb-install-db, /usr/sbin/mariadbd) to start a private server")
 	}
 	dir, err := os.MkdirTemp("", "idemq-my-")
 	if err != nil {

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
 	"github.com/jackc/pgx/v5"
@@ -23,24 +23,7 @@ import (
 // IDEMQ_REQUIRE_SERVICES=1.
 func postgresURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("IDEMQ_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err == nil {
-		err = conn.Ping(ctx)
-		conn.Close(ctx)
-	}
-	if err != nil {
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatalf("postgres unreachable at %s (IDEMQ_POSTGRES_URL): %v", url, err)
-		}
-		t.Skipf("postgres unreachable at %s; set IDEMQ_POSTGRES_URL to run: %v", url, err)
-	}
-	return url
+	return servicetest.PostgresURL(t)
 }
 
 // testPool opens a pool shared by one test's stores, closed at cleanup.

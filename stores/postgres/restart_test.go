@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,10 +27,7 @@ func privatePostgres(t *testing.T) (string, func()) {
 	t.Helper()
 	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_ctl")
 	if len(bins) == 0 {
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal("no PostgreSQL server binaries (/usr/lib/postgresql/*/bin) to start a private server")
-		}
-		t.Skip("no PostgreSQL server binaries (/usr/lib/postgresql/*/bin) to start a private server")
+		servicetest.Unavailable(t, "no PostgreSQL server binaries (/usr/lib/postgresql/*/bin) to start a private server")
 	}
 	bin := filepath.Dir(bins[len(bins)-1])
 	dir, err := os.MkdirTemp("", "idemq-pg-")
