@@ -32,22 +32,7 @@ func uniqueQueue(t testing.TB, url string) string {
 	b := make([]byte, 6)
 	rand.Read(b)
 	q := "idemq-test-" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer conn.Close()
-		for _, n := range []string{q, q + ".dlq", q + ".retry"} {
-			ch, err := conn.Channel()
-			if err != nil {
-				return
-			}
-			ch.QueueDelete(n, false, false, false)
-			ch.Close()
-		}
-	})
+	servicetest.DeleteQueuesAtCleanup(t, url, q)
 	return q
 }
 

@@ -1,17 +1,13 @@
 package sqs
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -36,9 +32,7 @@ var emulator struct {
 	once sync.Once
 	url  string
 	err  error
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	done chan struct{}
+	fx   *servicetest.Fauxqs
 }
 
 func TestMain(m *testing.M) {
@@ -67,69 +61,25 @@ func sqsEndpoint(t testing.TB) string {
 	return emulator.url
 }
 
-// startEmulator runs start.mjs and reads the URL it prints.
+// startEmulator runs fauxqs from emulatorDir and returns its URL.
 func startEmulator() (string, error) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		return "", fmt.Errorf("node not found: %w", err)
-	}
-	if _, err := os.Stat(filepath.Join(emulatorDir, "node_modules", "fauxqs", "package.json")); err != nil {
-		return "", fmt.Errorf("fauxqs is not installed in %s: %w", emulatorDir, err)
-	}
-	cmd := exec.Command(node, "start.mjs", "--port", "0")
-	cmd.Dir = emulatorDir
-	in, err := cmd.StdinPipe()
+	fx, err := servicetest.StartFauxqs(emulatorDir)
 	if err != nil {
 		return "", err
 	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", err
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &lockedWriter{w: &stderr}
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	emulator.cmd, emulator.in, emulator.done = cmd, in, make(chan struct{})
-	go func() { cmd.Wait(); close(emulator.done) }()
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "FAUXQS_URL="); ok {
-				select {
-				case found <- u:
-				default:
-				}
-			}
-		}
-	}()
-	select {
-	case u := <-found:
-		return u, nil
-	case <-emulator.done:
-		return "", fmt.Errorf("fauxqs exited: %s", stderr.String())
-	case <-time.After(60 * time.Second):
-		stopEmulator()
-		return "", errors.New("fauxqs printed no URL within 60s")
-	}
+	emulator.fx = fx
+	return fx.URL, nil
 }
 
+// stopEmulator stops the fauxqs startEmulator started, if any.
 func stopEmulator() {
-	if emulator.cmd == nil {
-		return
+	if emulator.fx != nil {
+		emulator.fx.Stop()
+		emulator.fx = nil
 	}
-	emulator.in.Close() // start.mjs exits when its stdin closes
-	select {
-	case <-emulator.done:
-	case <-time.After(5 * time.Second):
-		emulator.cmd.Process.Kill()
-		<-emulator.done
-	}
-	emulator.cmd = nil
 }
 
+// lockedWriter serializes writes to w.
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer

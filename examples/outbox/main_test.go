@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -55,19 +53,7 @@ func TestExampleMemory(t *testing.T) {
 func TestExampleRabbitMQ(t *testing.T) {
 	url := amqpURL(t)
 	q := "idemq-example-outbox-" + unique()
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		for _, n := range []string{q, q + ".dlq", q + ".retry"} {
-			if ch, err := conn.Channel(); err == nil {
-				ch.QueueDelete(n, false, false, false)
-				ch.Close()
-			}
-		}
-	})
+	servicetest.DeleteQueuesAtCleanup(t, url, q)
 	sep := "?"
 	if strings.Contains(url, "?") {
 		sep = "&"

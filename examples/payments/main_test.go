@@ -107,19 +107,7 @@ func amqpURL(t testing.TB) string {
 // .retry queues when the test ends.
 func amqpQueue(t testing.TB, u string) string {
 	q := "idemq-pay-" + randomHex(5)
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(u)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		for _, n := range []string{q, q + ".dlq", q + ".retry"} {
-			if ch, err := conn.Channel(); err == nil {
-				ch.QueueDelete(n, false, false, false)
-				ch.Close()
-			}
-		}
-	})
+	servicetest.DeleteQueuesAtCleanup(t, u, q)
 	return q
 }
 

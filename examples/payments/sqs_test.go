@@ -1,22 +1,16 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // fauxqsDir is where the SQS adapter's tests keep the fauxqs emulator
@@ -32,53 +26,12 @@ func sqsEndpoint(t *testing.T) string {
 	if u := os.Getenv("IDEMQ_SQS_URL"); u != "" {
 		return u
 	}
-	node, err := exec.LookPath("node")
-	if err == nil {
-		_, err = os.Stat(filepath.Join(fauxqsDir, "node_modules", "fauxqs", "package.json"))
-	}
+	f, err := servicetest.StartFauxqs(fauxqsDir)
 	if err != nil {
-		unavailable(t, "IDEMQ_SQS_URL", "(unset; fauxqs not installed in brokers/sqs/internal/fauxqs)", err)
+		unavailable(t, "IDEMQ_SQS_URL", "(unset; fauxqs not started from brokers/sqs/internal/fauxqs)", err)
 	}
-	cmd := exec.Command(node, "start.mjs", "--port", "0")
-	cmd.Dir = fauxqsDir
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	cmd.Stderr = io.Discard
-	if err := cmd.Start(); err != nil {
-		unavailable(t, "IDEMQ_SQS_URL", "(fauxqs)", err)
-	}
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			in.Close()
-			done := make(chan struct{})
-			go func() { cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
-		})
-	}
-	t.Cleanup(stop)
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "FAUXQS_URL="); ok {
-				found <- u
-			}
-		}
-	}()
-	select {
-	case u := <-found:
-		return u
-	case <-time.After(60 * time.Second):
-		stop()
-		unavailable(t, "IDEMQ_SQS_URL", "(fauxqs)", fmt.Errorf("fauxqs printed no URL within 60s"))
-	}
-	return ""
+	t.Cleanup(f.Stop)
+	return f.URL
 }
 
 // sqsQueues creates a queue and its dead-letter queue, deleted when the

@@ -8,6 +8,11 @@
 // IDEMQ_REQUIRE_SERVICES=1, which turns the skip into a failure (for CI,
 // where a silently skipped suite would hide a broken service).
 //
+// Beside the lookups (PostgresURL, MySQLURL, RabbitMQURL, URL for any
+// other service, Unavailable for a missing binary or tool) it holds the
+// other service plumbing the tests repeated: StartFauxqs runs the SQS
+// emulator, DeleteQueuesAtCleanup removes a test's RabbitMQ queues.
+//
 // It is an ordinary package so that test files of every package in the
 // module can share it; being internal, nothing outside the module can.
 // It imports core (for URL redaction), so package core's own in-package

@@ -36,19 +36,7 @@ func declareQueue(t testing.TB, url, name string) {
 		t.Fatal(err)
 	}
 	src.Close()
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		for _, q := range []string{name, name + ".dlq", name + ".retry"} {
-			if ch, err := conn.Channel(); err == nil {
-				ch.QueueDelete(q, false, false, false)
-				ch.Close()
-			}
-		}
-	})
+	servicetest.DeleteQueuesAtCleanup(t, url, name)
 }
 
 // crashingSource closes the real source on its crashAt-th acknowledgement
