@@ -50,7 +50,7 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 		for _, s := range batch {
 			c.count(s.out)
 		}
-		c.settlements <- batch
+		c.settleAsync(batch)
 		return
 	}
 	for i, it := range primaries {

@@ -33,11 +33,14 @@ type Consumer[Tx any] struct {
 	idle     chan delivery
 	handlers sync.WaitGroup
 	// direct: with no decision middleware nothing needs a goroutine per
-	// message; receiveLoop queues items itself and a settler goroutine
-	// settles what workers decide (settlements, in batch order).
-	direct      bool
-	settlements chan []settlement
-	items       chan *item // messages to claim, in receive order, waiting for a worker
+	// message; receiveLoop queues items itself and settling goroutines
+	// (reused like the handling ones) settle what workers decide, a batch
+	// each, so one slow or stuck settlement never holds up the others.
+	direct     bool
+	settleIdle chan []settlement
+	settleQuit chan struct{} // closed when Run ends: idle goroutines exit
+	settlers   sync.WaitGroup
+	items      chan *item // messages to claim, in receive order, waiting for a worker
 
 	procCtx    context.Context // cancelled when the shutdown deadline passes
 	procCancel context.CancelFunc
@@ -169,7 +172,7 @@ func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHan
 	c.process = chainMiddleware(cfg.middleware, c.decide)
 	if len(cfg.middleware) == 0 {
 		c.direct = true
-		c.settlements = make(chan []settlement, cfg.window)
+		c.settleIdle = make(chan []settlement)
 	}
 	return c, nil
 }
@@ -213,18 +216,13 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 
 	var workers sync.WaitGroup
 	quit := make(chan struct{})
+	handlersQuit := make(chan struct{})
+	c.settleQuit = handlersQuit
 	workers.Add(c.cfg.concurrency)
 	for range c.cfg.concurrency {
 		go func() { defer workers.Done(); c.worker(quit) }()
 	}
-	settled := make(chan struct{})
-	if c.direct {
-		go func() { defer close(settled); c.settler() }()
-	} else {
-		close(settled)
-	}
 
-	handlersQuit := make(chan struct{})
 	recvErr := c.receiveLoop(ctx, handlersQuit)
 
 	// Drain: messages already received finish, within the deadline.
@@ -243,10 +241,7 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	close(handlersQuit)
 	workers.Wait()
 	c.handlers.Wait()
-	if c.direct {
-		close(c.settlements) // every item was settled: inflight drained
-	}
-	<-settled
+	c.settlers.Wait() // handlersQuit ended them: inflight drained, so all settled
 	closeErr := c.src.Close()
 	if closeErr != nil && !errors.Is(closeErr, ErrSourceClosed) {
 		c.log.Warn("idemq: closing source", "err", closeErr)
@@ -361,7 +356,7 @@ func (c *Consumer[Tx]) enqueueDirect(d Delivery) {
 	if err != nil {
 		out := Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: err}}
 		c.count(out)
-		c.settlements <- []settlement{{d: d, out: out}}
+		c.settleAsync([]settlement{{d: d, out: out}})
 		return
 	}
 	it := &item{ctx: c.procCtx, m: m, d: d}
@@ -377,12 +372,25 @@ type settlement struct {
 	out Outcome
 }
 
-// settler settles what workers decided on the direct path, a batch at a
-// time (acks in one call), then frees the batch's window slots.
-func (c *Consumer[Tx]) settler() {
+// settleAsync hands one decided batch of the direct path to an idle
+// settling goroutine, or starts one: at most one per batch in flight, so
+// never more than the window.
+func (c *Consumer[Tx]) settleAsync(batch []settlement) {
+	select {
+	case c.settleIdle <- batch:
+	default:
+		c.settlers.Add(1)
+		go c.settleLoop(batch, c.settleQuit)
+	}
+}
+
+// settleLoop settles batch, then whatever settleAsync hands it, until
+// quit.
+func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
+	defer c.settlers.Done()
 	var acks []Delivery
 	var others []settleReq
-	for batch := range c.settlements {
+	for {
 		acks, others = acks[:0], others[:0]
 		for _, s := range batch {
 			if s.out.Decision == Processed || s.out.Decision == Duplicate {
@@ -395,6 +403,11 @@ func (c *Consumer[Tx]) settler() {
 		for range batch {
 			<-c.slots
 			c.inflight.Done()
+		}
+		select {
+		case batch = <-c.settleIdle:
+		case <-quit:
+			return
 		}
 	}
 }

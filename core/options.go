@@ -235,8 +235,9 @@ func WithLogger(l *slog.Logger) Option {
 // outermost. Decision middleware wraps each message's whole decision, so
 // with any of it each message in flight waits on a goroutine of its own
 // (reused, at most the window). Without it the Consumer takes a direct path:
-// messages go from Receive to a worker's batch and from the commit to one
-// settler goroutine, about half the framework's CPU per message (see
+// messages go from Receive to a worker's batch and from the commit to a
+// settling goroutine per batch (reused), about half the framework's CPU per
+// message (see
 // BenchmarkFrameworkCost). WithHandlerMiddleware runs inside the
 // transaction and keeps the direct path.
 func WithMiddleware(mws ...Middleware) Option {

@@ -1,0 +1,76 @@
+package core_test
+
+import (
+	"context"
+	"database/sql"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/core"
+)
+
+// stallingSource holds the Ack of one message until the others are all
+// acknowledged: a broker call that hangs must not hold up the settlement
+// of anything else.
+type stallingSource struct {
+	*memory.Subscription
+	stallID string
+	others  int64
+	acked   atomic.Int64
+	release chan struct{}
+	gaveUp  atomic.Bool // the stalled Ack stopped waiting: the others were held up
+}
+
+func (s *stallingSource) Receive(ctx context.Context) (core.Delivery, error) {
+	d, err := s.Subscription.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &stallingDelivery{Delivery: d, s: s}, nil
+}
+
+type stallingDelivery struct {
+	core.Delivery
+	s *stallingSource
+}
+
+func (d *stallingDelivery) Ack(ctx context.Context) error {
+	if d.Message().ID == d.s.stallID {
+		select {
+		case <-d.s.release:
+		case <-time.After(10 * time.Second):
+			d.s.gaveUp.Store(true)
+		}
+	} else if d.s.acked.Add(1) == d.s.others {
+		close(d.s.release)
+	}
+	return d.Delivery.Ack(ctx)
+}
+
+func TestStalledSettlementDoesNotHoldUpOthers(t *testing.T) {
+	for _, pl := range pipelines {
+		t.Run(pl.name, func(t *testing.T) {
+			e := newEnv(t)
+			want := ids(20, "s")
+			e.publish(want...)
+			src := &stallingSource{stallID: want[0], others: int64(len(want) - 1), release: make(chan struct{})}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			start := time.Now()
+			_, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+				src.Subscription = sub
+				return core.New[*sql.Tx](src, e.store, applyEffect, append([]core.Option{
+					core.WithName("test"), core.WithLogger(quietLogger()), core.WithWindow(len(want)), core.WithConcurrency(4)}, pl.opts...)...)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if src.gaveUp.Load() {
+				t.Fatalf("the other %d acks did not all arrive while one was stalled (drained after %v)", src.others, time.Since(start))
+			}
+			e.assertExactlyOnce(want)
+		})
+	}
+}
