@@ -1,15 +1,11 @@
 package benchmark
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -63,78 +59,24 @@ func kafkaURL(t *testing.T) string {
 var fauxqsDir = filepath.Join("..", "brokers", "sqs", "internal", "fauxqs")
 
 // sqsURL starts fauxqs on a free loopback port (stopped when the test
-// ends: start.mjs exits when its standard input closes) and returns an
-// sqs:// URL for it. Without node or fauxqs the test is skipped, or fails
-// with IDEMQ_REQUIRE_SERVICES=1.
+// ends) and returns an sqs:// URL for it. Without node or fauxqs the test
+// is skipped, or fails with IDEMQ_REQUIRE_SERVICES=1.
 func sqsURL(t *testing.T) string {
 	t.Helper()
-	endpoint, err := startFauxqs(t)
+	f, err := servicetest.StartFauxqs(fauxqsDir)
 	if err != nil {
 		msg := fmt.Sprintf("no SQS emulator (needs node and `npm ci` in brokers/sqs/internal/fauxqs): %v", err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
+		if servicetest.Required() {
 			t.Fatal(msg)
 		}
 		t.Skip(msg)
 	}
-	return "sqs://test:test@idemq-bench-test?region=us-east-1&endpoint=" + url.QueryEscape(endpoint)
+	t.Cleanup(f.Stop)
+	return "sqs://test:test@idemq-bench-test?region=us-east-1&endpoint=" + url.QueryEscape(f.URL)
 }
 
-func startFauxqs(t *testing.T) (string, error) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		return "", fmt.Errorf("node not found: %w", err)
-	}
-	if _, err := os.Stat(filepath.Join(fauxqsDir, "node_modules", "fauxqs", "package.json")); err != nil {
-		return "", fmt.Errorf("fauxqs is not installed: %w", err)
-	}
-	cmd := exec.Command(node, "start.mjs", "--port", "0")
-	cmd.Dir = fauxqsDir
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return "", err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", err
-	}
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		in.Close()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "FAUXQS_URL="); ok {
-				select {
-				case found <- u:
-				default:
-				}
-			}
-		}
-	}()
-	select {
-	case u := <-found:
-		return u, nil
-	case <-done:
-		return "", fmt.Errorf("fauxqs exited: %s", stderr.String())
-	case <-time.After(60 * time.Second):
-		return "", errors.New("fauxqs printed no URL within 60s")
-	}
-}
-
+// lockedBuffer is a bytes.Buffer safe for concurrent writes (the progress
+// lines).
 type lockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
