@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
@@ -123,6 +124,35 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := s.Prune(ctx, time.Now().Add(time.Hour), 100); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("Prune without UPDATE: %v; want permission denied", err)
 	}
+	// Without UPDATE the store claimed with the read-back statement: a
+	// duplicate claim takes no row lock.
+	if lockedByClaim(t, ctx, s, pool, table, "lp-03") {
+		t.Error("a role without UPDATE: the duplicate claim locked the row, want the read-back claim")
+	}
+	// UPDATE on the fingerprint column alone is enough for the
+	// one-statement claim, which locks a duplicate's row until the commit
+	// and still tells a mismatch.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`GRANT UPDATE (fingerprint) ON %s TO %s`, table, role)); err != nil {
+		t.Fatal(err)
+	}
+	st2, err := core.OpenStore[pgx.Tx](ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := st2.(*postgres.Store)
+	defer s2.Close()
+	if !lockedByClaim(t, ctx, s2, pool, table, "lp-04") {
+		t.Error("with UPDATE (fingerprint): the duplicate claim took no row lock, want the one-statement claim")
+	}
+	txn, err := s2.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := txn.Claim(ctx, "lp", []core.Claim{{ID: "lp-05", Fingerprint: "not-the-stored-one"}, {ID: "lp-new", Fingerprint: "f"}})
+	txn.Rollback(ctx)
+	if err != nil || len(got) != 2 || got[0] != core.ClaimMismatch || got[1] != core.ClaimWon {
+		t.Errorf("one-statement claim as the role: %v, %v; want [mismatch won]", got, err)
+	}
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`GRANT UPDATE ON %s TO %s`, table, role)); err != nil {
 		t.Fatal(err)
 	}
@@ -133,6 +163,27 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := s.Inspect(ctx); err != nil {
 		t.Errorf("Inspect as the role: %v", err)
 	}
+}
+
+// lockedByClaim claims id (already claimed by consumer "lp") in a
+// transaction of st left open, and reports whether that took a row lock on
+// the stored row (its xmax, read through pool, is the claimer's).
+func lockedByClaim(t *testing.T, ctx context.Context, st *postgres.Store, pool *pgxpool.Pool, table, id string) bool {
+	t.Helper()
+	txn, err := st.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Rollback(ctx)
+	got, err := txn.Claim(ctx, "lp", []core.Claim{{ID: id, Fingerprint: core.Fingerprint([]byte("b"))}})
+	if err != nil || len(got) != 1 || got[0] != core.ClaimDuplicate {
+		t.Fatalf("claiming %s again: %v, %v; want duplicate", id, got, err)
+	}
+	var xmax string
+	if err := pool.QueryRow(ctx, `SELECT xmax::text FROM `+table+` WHERE consumer = 'lp' AND message_id = $1`, id).Scan(&xmax); err != nil {
+		t.Fatal(err)
+	}
+	return xmax != "0"
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
