@@ -51,24 +51,15 @@ const (
 
 // idemqOptions returns the core options of an idemq configuration, the
 // handler shape it uses, and the store connections it needs. Decisions are
-// recorded by a decision middleware, so the latency ends where idemq
-// decides (after the commit, before the ack), as for the baselines.
-func idemqOptions(e *runEnv, t *tracker, name string, stages *stageTimer) ([]core.Option, idemqShape, int) {
+// recorded by recordingSource when idemq settles them (right after the
+// commit), as the baselines record theirs before the ack; no decision
+// middleware, so idemq runs its direct path.
+func idemqOptions(e *runEnv, _ *tracker, name string, stages *stageTimer) ([]core.Option, idemqShape, int) {
 	b, w := e.cfg.BatchSize, e.cfg.BatchWorkers
 	opts := []core.Option{
 		core.WithName(e.consumer),
 		core.WithLogger(e.logger),
 		core.WithStageObserver(stages),
-		core.WithMiddleware(func(next core.ProcessFunc) core.ProcessFunc {
-			return func(ctx context.Context, m *core.Message) core.Outcome {
-				out := next(ctx, m)
-				if out.Decision != core.Retry { // a retried delivery is decided again later
-					ts, _ := strconv.ParseInt(m.Headers[headerTS], 10, 64)
-					t.decided(m.ID, ts)
-				}
-				return out
-			}
-		}),
 	}
 	switch name {
 	case IdemqB1W5:
@@ -96,10 +87,11 @@ func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, opts []
 	if c, ok := store.(io.Closer); ok {
 		defer c.Close()
 	}
-	src, err := core.OpenSource(ctx, e.broker.sourceURL(e.queue, e.consumer))
+	rawSrc, err := core.OpenSource(ctx, e.broker.sourceURL(e.queue, e.consumer))
 	if err != nil {
 		return nil, err
 	}
+	src := &recordingSource{Source: rawSrc, t: stages.t}
 	var c *core.Consumer[T]
 	if bh != nil {
 		c, err = core.NewBatch(src, store, bh, opts...)
