@@ -141,14 +141,14 @@ func (r *rabbit) seed(ctx context.Context, e *runEnv, t *tracker, prefetch, work
 }
 
 // rawAck consumes and acknowledges with no database: a multiple ack per
-// batch of up to size deliveries, prefetch 2 × size.
+// batch of up to size deliveries, prefetch 4 × size (idemq's default window).
 func (r *rabbit) rawAck(ctx context.Context, e *runEnv, t *tracker, size int) (*counts, error) {
-	conn, raw, err := r.rawChannel(e.queue, 2*size)
+	conn, raw, err := r.rawChannel(e.queue, 4*size)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	ds := pump(raw, 2*size)
+	ds := pump(raw, 4*size)
 	var c counts
 	buf := make([]amqp.Delivery, 0, size)
 	for {
@@ -171,7 +171,8 @@ func (r *rabbit) rawAck(ctx context.Context, e *runEnv, t *tracker, size int) (*
 }
 
 // handBatch is the hand-tuned batch consumer: workers channels, each with
-// prefetch 2 × size, each taking batches of up to size deliveries into one
+// prefetch 4 × size (idemq's default window; at 2 × size it ran ~5%
+// slower), each taking batches of up to size deliveries into one
 // store transaction (the store's batchTx: one multi-row claim, one
 // set-based UPDATE, one commit), then one multiple ack.
 func (r *rabbit) handBatch(ctx context.Context, e *runEnv, t *tracker, size, workers int) (*counts, error) {
@@ -179,12 +180,12 @@ func (r *rabbit) handBatch(ctx context.Context, e *runEnv, t *tracker, size, wor
 	errc := make(chan error, workers)
 	var wg sync.WaitGroup
 	for range workers {
-		conn, raw, err := r.rawChannel(e.queue, 2*size)
+		conn, raw, err := r.rawChannel(e.queue, 4*size)
 		if err != nil {
 			return nil, err
 		}
 		defer conn.Close()
-		ds := pump(raw, 2*size)
+		ds := pump(raw, 4*size)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

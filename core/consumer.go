@@ -149,7 +149,7 @@ func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHan
 		return nil, errors.New("idemq: option WithName is required: it names the consumer in the dedup key")
 	}
 	if cfg.window == 0 {
-		cfg.window = max(2*cfg.batchSize*cfg.concurrency, 8)
+		cfg.window = max(4*cfg.batchSize*cfg.concurrency, 8)
 	}
 	if cfg.window < cfg.batchSize {
 		return nil, optErr("WithWindow", "window %d is smaller than batch size %d: batches could never fill", cfg.window, cfg.batchSize)

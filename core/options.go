@@ -113,7 +113,10 @@ func WithConcurrency(n int) Option {
 
 // WithWindow caps the messages received but not yet settled: memory stays
 // bounded by it whatever the queue depth, and adapters use it as their
-// prefetch. Default 2 × batch size × concurrency, at least 8.
+// prefetch. Default 4 × batch size × concurrency, at least 8: the broker
+// keeps sending while a batch is decided and its acks travel back, so the
+// next batch is full when the worker is free (at 2 × batch size the
+// RabbitMQ → Postgres benchmark ran ~10% slower, credit-bound).
 func WithWindow(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
