@@ -434,8 +434,21 @@ func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("decisions (attempt:decision): %v", decided)
-	if len(decided) < 2 || decided[0] != "1:processed" || !slices.Contains(decided[1:], "2:duplicate") {
-		t.Errorf("decisions %v: want 1:processed first, then the redelivered copy (attempt 2) as duplicate", decided)
+	// The copies' claims wait on the first one's and are decided when it
+	// commits, so which middleware records first after that commit is a
+	// race; what must hold is one processed (the first delivery) and every
+	// redelivered copy a duplicate.
+	processed := 0
+	for _, d := range decided {
+		switch {
+		case d == "1:processed":
+			processed++
+		case !strings.HasSuffix(d, ":duplicate") || strings.HasPrefix(d, "1:"):
+			t.Errorf("decision %s in %v: want only the first delivery processed and the copies duplicate", d, decided)
+		}
+	}
+	if processed != 1 || !slices.Contains(decided, "2:duplicate") {
+		t.Errorf("decisions %v: want 1:processed once and the redelivered copy (attempt 2) as duplicate", decided)
 	}
 	if n := calls.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1 (the copy's claim waits for the first commit)", n)
