@@ -70,9 +70,17 @@ SELECT message_id, '' AS fingerprint, true AS inserted FROM ins
 UNION ALL
 SELECT message_id, fingerprint, false FROM existing`,
 		unclaim: `DELETE FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
-		prune: `DELETE FROM ` + t + ` WHERE (consumer, message_id, processed_at) IN (
-	SELECT consumer, message_id, processed_at FROM ` + t + ` WHERE processed_at < $1
-	ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		// As the plain table's prune, but by key: a ctid names a row only
+		// within one partition. processed_at bounds the outer scan too, so
+		// it touches only the partitions the victims are in.
+		prune: `WITH gone AS (
+	DELETE FROM ` + t + ` WHERE processed_at >= $3 AND processed_at < $1
+	AND (consumer, message_id, processed_at) IN (
+		SELECT consumer, message_id, processed_at FROM ` + t + ` WHERE processed_at >= $3 AND processed_at < $1
+		ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+	RETURNING processed_at
+)
+SELECT count(*), max(processed_at) FROM gone`,
 	}}
 }
 

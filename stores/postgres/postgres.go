@@ -42,12 +42,14 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq/core"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -63,6 +65,41 @@ type Store struct {
 	// plainClaims is set once the role turned out not to have UPDATE on
 	// fingerprint: claims then use q.claim instead of q.claimLocked.
 	plainClaims atomic.Bool
+	prune       pruneCursor
+}
+
+// pruneCursor remembers where the last Prune call stopped, so that the next
+// one with the same cut starts there instead of at the oldest index entry.
+type pruneCursor struct {
+	mu     sync.Mutex
+	before time.Time // the cut the position belongs to
+	from   time.Time // newest processed_at the last call deleted
+}
+
+// start returns the lower bound for a Prune call with cut before: where the
+// last call with the same cut stopped, or -infinity for a new cut (a new
+// round; rows an earlier round skipped because they were locked are found
+// again then).
+func (c *pruneCursor) start(before time.Time) pgtype.Timestamptz {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.before.Equal(before) || c.from.IsZero() {
+		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	}
+	return pgtype.Timestamptz{Time: c.from, Valid: true}
+}
+
+// moved records that a Prune call with cut before deleted rows up to
+// newest.
+func (c *pruneCursor) moved(before time.Time, newest pgtype.Timestamptz) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.before.Equal(before) {
+		c.before, c.from = before, time.Time{}
+	}
+	if newest.Valid && newest.Time.After(c.from) {
+		c.from = newest.Time
+	}
 }
 
 var (
@@ -183,11 +220,23 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET fingerprint = e.fingerprint
 RETURNING message_id, fingerprint`,
 		readBack: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		unclaim:  `DELETE FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
-		// SKIP LOCKED: rows a live transaction is deleting are left for the
-		// next round instead of making the pruner wait.
-		prune: `DELETE FROM ` + t + ` WHERE (consumer, message_id) IN (
-	SELECT consumer, message_id FROM ` + t + ` WHERE processed_at < $1
-	ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		// The victims are picked on the processed_at index from where the
+		// last batch of the round stopped ($3): a scan from the start would
+		// walk the index entries of every row the round deleted before,
+		// which stay until vacuum. They are deleted by ctid (a TID scan):
+		// written as (consumer, message_id) IN (…), the planner hashes the
+		// batch and scans the whole table for every statement (1.1 s per
+		// 10,000 rows of a 2M-row table, against 58 ms). SKIP LOCKED: rows
+		// a live transaction holds are left for the next round instead of
+		// making the pruner wait (or deadlock) on them. It returns how many
+		// rows went and the newest processed_at among them.
+		prune: `WITH gone AS (
+	DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM ` + t + ` WHERE processed_at >= $3 AND processed_at < $1
+		ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+	RETURNING processed_at
+)
+SELECT count(*), max(processed_at) FROM gone`,
 	}}
 }
 
@@ -261,17 +310,24 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // Prune deletes at most limit claims recorded before the given time (rows
 // at or after it are kept), oldest first, in one short statement, and
-// returns how many it deleted. Call it again until it returns less than
-// limit.
+// returns how many it deleted. Call it again with the same time until it
+// returns less than limit: each call starts where the last one with that
+// time stopped, so a round costs the rows it deletes, not the rows deleted
+// before it. Rows a live transaction holds are skipped until a call with
+// another time (the next round).
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("postgres: Prune: limit must be positive, got %d", limit)
 	}
-	tag, err := s.pool.Exec(ctx, s.q.prune, before, limit)
-	if err != nil {
+	var (
+		n      int
+		newest pgtype.Timestamptz
+	)
+	if err := s.pool.QueryRow(ctx, s.q.prune, before, limit, s.prune.start(before)).Scan(&n, &newest); err != nil {
 		return 0, fmt.Errorf("postgres: prune %s: %w", s.cfg.table, err)
 	}
-	return int(tag.RowsAffected()), nil
+	s.prune.moved(before, newest)
+	return n, nil
 }
 
 // RunPruner deletes claims older than Retention every interval, in batches
