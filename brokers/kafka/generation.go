@@ -32,13 +32,18 @@ type partition struct {
 	id      int
 	retry   bool     // a partition of the retry topic
 	entries []*entry // fetched and not below the commit point, in offset order
-	waiting []*entry // fetched (or retried) and not handed out, in offset order
+	// The fetched (or retried) entries not handed out, arranged for pick
+	// (see picker.go).
+	order   Ordering
+	lanes   map[string]*lane // OrderPerKey: per key, while in play
+	one     *lane            // OrderPerPartition: the partition's lane
+	fresh   fifo             // may go now, fetched so, in offset order
+	ready   offsetHeap       // may go now, the others
+	delayed byNotBefore      // may go once their notBefore passes
 	// next is the offset after the last fetched message: the commit point
 	// when every fetched message is decided. Negative until known.
 	next      int64
-	committed int64 // last committed offset (or the assigned start)
-	out       int   // entries handed out
-	busy      map[string]int
+	committed int64  // last committed offset (or the assigned start)
 	high      int64  // highest offset handed out in this generation
 	prevHigh  int64  // highest offset handed out before, per the commit metadata
 	skip      []span // offsets decided before, per the commit metadata
@@ -59,7 +64,8 @@ type entry struct {
 	msg       kafkago.Message
 	state     entryState
 	notBefore time.Time
-	baseTry   int // attempts recorded in the message itself (retry topic)
+	baseTry   int   // attempts recorded in the message itself (retry topic)
+	lane      *lane // the lane it waits in; nil when nothing orders it
 }
 
 func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
@@ -68,7 +74,7 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 		for _, a := range as {
 			g.parts = append(g.parts, &partition{
 				gen: g, topic: topic, id: a.ID, retry: topic == s.cfg.retryTopic && topic != "",
-				next: a.Offset, committed: a.Offset, busy: make(map[string]int),
+				next: a.Offset, committed: a.Offset, order: s.cfg.ordering,
 				high: -1, prevHigh: -1,
 			})
 		}
@@ -280,7 +286,7 @@ func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 			s.skipped.Add(1)
 		} else {
 			p.entries = append(p.entries, e)
-			p.waiting = append(p.waiting, e)
+			p.fetched(e)
 		}
 		s.broadcast()
 		s.mu.Unlock()
@@ -309,58 +315,10 @@ func (s *Source) pick(now time.Time) *entry {
 	n := len(g.parts)
 	for i := range n {
 		k := (s.rr + i) % n
-		if e := g.parts[k].pick(s.cfg.ordering, now); e != nil {
+		if e := g.parts[k].pick(now); e != nil {
 			s.rr = (k + 1) % n
 			return e
 		}
-	}
-	return nil
-}
-
-// pick returns the first waiting entry the ordering allows, removed from
-// the waiting list, or nil.
-func (p *partition) pick(o Ordering, now time.Time) *entry {
-	take := func(i int) *entry {
-		e := p.waiting[i]
-		p.waiting = slices.Delete(p.waiting, i, i+1)
-		return e
-	}
-	switch o {
-	case OrderPerPartition:
-		if p.out > 0 || len(p.waiting) == 0 || p.waiting[0].notBefore.After(now) {
-			return nil
-		}
-		return take(0)
-	case OrderNone:
-		for i, e := range p.waiting {
-			if !e.notBefore.After(now) {
-				return take(i)
-			}
-		}
-		return nil
-	}
-	var blocked map[string]bool
-	for i, e := range p.waiting {
-		ready := !e.notBefore.After(now)
-		if len(e.msg.Key) == 0 {
-			if ready {
-				return take(i)
-			}
-			continue
-		}
-		k := string(e.msg.Key)
-		if p.busy[k] > 0 || blocked[k] {
-			continue
-		}
-		if ready {
-			return take(i)
-		}
-		// An earlier message of this key is waiting for its retry: later
-		// ones of the key wait behind it.
-		if blocked == nil {
-			blocked = make(map[string]bool)
-		}
-		blocked[k] = true
 	}
 	return nil
 }
@@ -369,10 +327,6 @@ func (p *partition) pick(o Ordering, now time.Time) *entry {
 func (s *Source) handOut(e *entry) *delivery {
 	p := e.p
 	e.state = out
-	p.out++
-	if len(e.msg.Key) > 0 {
-		p.busy[string(e.msg.Key)]++
-	}
 	p.gen.outstanding++
 	s.outstanding++
 	p.dirty = true
@@ -384,21 +338,15 @@ func (s *Source) handOut(e *entry) *delivery {
 	return &delivery{src: s, e: e, gen: p.gen, msg: s.toMessage(e, e.baseTry+n)}
 }
 
-// release undoes handOut's counts for a settled delivery. s.mu is held.
-func (s *Source) release(d *delivery) {
+// release undoes handOut's counts for a settled delivery and frees its
+// lane; retry says its message goes back to wait (state and notBefore
+// already set). s.mu is held.
+func (s *Source) release(d *delivery, retry bool) {
 	s.outstanding--
 	if d.gen.dead {
 		return
 	}
-	e := d.e
-	p := e.p
-	p.out--
-	if len(e.msg.Key) > 0 {
-		k := string(e.msg.Key)
-		if p.busy[k]--; p.busy[k] <= 0 {
-			delete(p.busy, k)
-		}
-	}
+	d.e.p.settled(d.e, retry)
 	d.gen.outstanding--
 }
 
@@ -407,31 +355,22 @@ func (s *Source) release(d *delivery) {
 func (s *Source) settleLocked(d *delivery, requeue *time.Duration) error {
 	defer s.broadcast()
 	if d.gen.dead || s.closed {
-		s.release(d)
+		s.release(d, false)
 		s.stale.Add(1)
 		return ErrStaleDelivery
 	}
-	s.release(d)
 	e := d.e
 	p := e.p
 	if requeue != nil {
 		e.state = waiting
 		e.notBefore = time.Now().Add(*requeue)
-		i, _ := slices.BinarySearchFunc(p.waiting, e.msg.Offset, func(x *entry, off int64) int {
-			switch {
-			case x.msg.Offset < off:
-				return -1
-			case x.msg.Offset > off:
-				return 1
-			}
-			return 0
-		})
-		p.waiting = slices.Insert(p.waiting, i, e)
+		s.release(d, true)
 		if *requeue > 0 {
 			s.wakeAt(*requeue)
 		}
 		return nil
 	}
+	s.release(d, false)
 	e.state = done
 	p.dirty = true
 	p.advance()

@@ -1,0 +1,262 @@
+package kafka
+
+import (
+	"cmp"
+	"container/heap"
+	"slices"
+	"time"
+)
+
+// The picker chooses which waiting message of a partition goes out next.
+// Scanning the waiting messages in offset order for the first one the
+// ordering allows costs O(waiting) per message when most of them sit behind
+// a busy key, which made it the consumer's bottleneck; instead each
+// partition keeps its waiting messages so that the ones allowed to go are
+// always at hand:
+//
+//   - a lane holds the messages that must go one at a time in offset order:
+//     those of one key under OrderPerKey, all of the partition under
+//     OrderPerPartition. Keyless messages under OrderPerKey and every message
+//     under OrderNone have no lane: nothing orders them.
+//   - the messages that may go now (the heads of idle lanes and laneless
+//     messages) are in fresh, a FIFO of those that became candidates in
+//     offset order (newly fetched ones, the common case: O(1)), or else in
+//     ready, a min-heap by offset. pick takes the lower of the two fronts,
+//     so the lowest offset goes first and the commit point advances.
+//   - delayed is a min-heap by notBefore of such messages that wait for a
+//     retry time; pick moves the due ones to ready. A lane whose head is
+//     delayed stays closed, so later messages of its key never overtake it.
+//
+// Invariant: a lane with a message out (busy) has no message among the
+// candidates; an idle lane has its head, and only its head, among them. So
+// a pick or a settlement is O(log n), and O(1) amortised for messages that
+// may go as soon as they are fetched.
+
+// lane is the queue of waiting messages that go out one at a time, in
+// offset order.
+type lane struct {
+	key  string // its key in partition.lanes; unused for the partition lane
+	busy bool   // one of its messages is out
+	fifo
+}
+
+// fifo is a queue of entries in offset order.
+type fifo struct {
+	items []*entry // items[head:] are queued
+	head  int      // popped slots before it are nil, reused by a retry
+}
+
+func (q *fifo) len() int { return len(q.items) - q.head }
+
+func (q *fifo) front() *entry { return q.items[q.head] }
+
+func (q *fifo) popFront() {
+	q.items[q.head] = nil
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+}
+
+// pushBack appends an entry, reclaiming the popped slots only when the
+// array is full so that appends stay amortised O(1).
+func (q *fifo) pushBack(e *entry) {
+	if len(q.items) == cap(q.items) && q.head > 0 {
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+	}
+	q.items = append(q.items, e)
+}
+
+// insert puts a retried message back in its place by offset. It was the
+// lane's head when it went out, so it normally lands in the slot it was
+// popped from.
+func (q *fifo) insert(e *entry) {
+	if q.len() == 0 || e.msg.Offset < q.front().msg.Offset {
+		if q.head > 0 {
+			q.head--
+			q.items[q.head] = e
+			return
+		}
+		q.items = slices.Insert(q.items, 0, e)
+		return
+	}
+	i, _ := slices.BinarySearchFunc(q.items[q.head:], e.msg.Offset, func(x *entry, off int64) int {
+		return cmp.Compare(x.msg.Offset, off)
+	})
+	q.items = slices.Insert(q.items, q.head+i, e)
+}
+
+// offsetHeap is a min-heap of entries by offset. It keeps each offset
+// beside its pointer so that sifting, the hot path of a pick, does not
+// chase pointers into the entries; hand-written rather than container/heap
+// to avoid its interface calls.
+type offsetHeap []offsetItem
+
+type offsetItem struct {
+	off int64
+	e   *entry
+}
+
+func (h *offsetHeap) push(e *entry) {
+	*h = append(*h, offsetItem{e.msg.Offset, e})
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		up := (i - 1) / 2
+		if s[up].off <= s[i].off {
+			break
+		}
+		s[up], s[i] = s[i], s[up]
+		i = up
+	}
+}
+
+func (h *offsetHeap) pop() *entry {
+	s := *h
+	e := s[0].e
+	n := len(s) - 1
+	s[0] = s[n]
+	s[n] = offsetItem{}
+	s = s[:n]
+	for i := 0; ; {
+		m := 2*i + 1
+		if m >= n {
+			break
+		}
+		if r := m + 1; r < n && s[r].off < s[m].off {
+			m = r
+		}
+		if s[i].off <= s[m].off {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return e
+}
+
+// byNotBefore is a min-heap (container/heap) of entries by notBefore. Only
+// retries and retry-topic copies pass through it, so it stays off the hot
+// path.
+type byNotBefore []*entry
+
+func (h byNotBefore) Len() int           { return len(h) }
+func (h byNotBefore) Less(i, j int) bool { return h[i].notBefore.Before(h[j].notBefore) }
+func (h byNotBefore) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+
+// Push is for container/heap.
+func (h *byNotBefore) Push(x any) { *h = append(*h, x.(*entry)) }
+
+// Pop is for container/heap.
+func (h *byNotBefore) Pop() any {
+	old := *h
+	n := len(old) - 1
+	e := old[n]
+	old[n] = nil
+	*h = old[:n]
+	return e
+}
+
+// laneOf returns the lane e waits in under p's ordering, created if need
+// be, or nil when nothing orders e.
+func (p *partition) laneOf(e *entry) *lane {
+	switch p.order {
+	case OrderNone:
+		return nil
+	case OrderPerPartition:
+		if p.one == nil {
+			p.one = &lane{}
+		}
+		return p.one
+	}
+	if len(e.msg.Key) == 0 {
+		return nil
+	}
+	if l := p.lanes[string(e.msg.Key)]; l != nil {
+		return l
+	}
+	if p.lanes == nil {
+		p.lanes = make(map[string]*lane)
+	}
+	l := &lane{key: string(e.msg.Key)}
+	p.lanes[l.key] = l
+	return l
+}
+
+// candidate puts e, which may go as far as the ordering is concerned,
+// where pick finds it: in fresh if it is due and above everything there
+// (a newly fetched message), else in the heap for now or for later.
+func (p *partition) candidate(e *entry) {
+	switch {
+	case !e.notBefore.IsZero():
+		heap.Push(&p.delayed, e)
+	case p.fresh.len() == 0 || p.fresh.items[len(p.fresh.items)-1].msg.Offset < e.msg.Offset:
+		p.fresh.pushBack(e)
+	default:
+		p.ready.push(e)
+	}
+}
+
+// fetched makes a newly fetched message wait for its turn. s.mu is held.
+func (p *partition) fetched(e *entry) {
+	l := p.laneOf(e)
+	e.lane = l
+	if l == nil {
+		p.candidate(e)
+		return
+	}
+	l.pushBack(e)
+	if !l.busy && l.len() == 1 {
+		p.candidate(e)
+	}
+}
+
+// pick returns the waiting entry the ordering allows with the lowest
+// offset, no longer waiting and its lane busy, or nil. s.mu is held.
+func (p *partition) pick(now time.Time) *entry {
+	for len(p.delayed) > 0 && !p.delayed[0].notBefore.After(now) {
+		p.ready.push(heap.Pop(&p.delayed).(*entry))
+	}
+	var e *entry
+	switch {
+	case p.fresh.len() > 0 && (len(p.ready) == 0 || p.fresh.front().msg.Offset < p.ready[0].off):
+		e = p.fresh.front()
+		p.fresh.popFront()
+	case len(p.ready) > 0:
+		e = p.ready.pop()
+	default:
+		return nil
+	}
+	if l := e.lane; l != nil {
+		l.popFront()
+		l.busy = true
+	}
+	return e
+}
+
+// settled frees the lane of e, a handed-out message that is now decided
+// (retry false) or goes back to wait (retry true, its notBefore set), so
+// the lane's next message may go. s.mu is held.
+func (p *partition) settled(e *entry, retry bool) {
+	l := e.lane
+	if retry {
+		if l == nil {
+			p.candidate(e)
+			return
+		}
+		l.insert(e)
+	}
+	if l == nil {
+		return
+	}
+	l.busy = false
+	switch {
+	case l.len() > 0:
+		p.candidate(l.front())
+	case l != p.one:
+		// Empty and idle: drop it so the map holds only keys in play.
+		delete(p.lanes, l.key)
+	}
+}
