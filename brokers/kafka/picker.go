@@ -241,15 +241,14 @@ func (p *partition) pick(now time.Time) *entry {
 // the lane's next message may go. s.mu is held.
 func (p *partition) settled(e *entry, retry bool) {
 	l := e.lane
-	if retry {
-		if l == nil {
-			p.candidate(e)
-			return
-		}
-		l.insert(e)
-	}
 	if l == nil {
+		if retry {
+			p.candidate(e)
+		}
 		return
+	}
+	if retry {
+		l.insert(e)
 	}
 	l.busy = false
 	switch {
