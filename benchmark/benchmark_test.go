@@ -111,7 +111,9 @@ func TestScenariosSmall(t *testing.T) {
 	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
 	saved := memorySizes
 	memorySizes = [2]int{1000, 5000}
-	defer func() { memorySizes = saved }()
+	savedQuiet := quietPaced
+	quietPaced = time.Second
+	defer func() { memorySizes, quietPaced = saved, savedQuiet }()
 
 	var progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -129,7 +131,7 @@ func TestScenariosSmall(t *testing.T) {
 	var table bytes.Buffer
 	rep.WriteTable(&table)
 	t.Log("\n" + table.String())
-	want := []string{"memory/10k", "memory/1m", "growth/empty", "growth/full", "growth/prune"}
+	want := []string{"memory/10k", "memory/1m", "growth/empty", "growth/full", "growth/quiet", "growth/prune"}
 	if len(rep.Results) != len(want) {
 		t.Fatalf("%d results, want %v", len(rep.Results), want)
 	}
@@ -145,7 +147,7 @@ func TestScenariosSmall(t *testing.T) {
 	for _, x := range rep.Ratios {
 		ratios[x.Name] = true
 	}
-	for _, name := range []string{"memory/1m / memory/10k", "growth/full / growth/empty", "growth/prune / growth/full"} {
+	for _, name := range []string{"memory/1m / memory/10k", "growth/full / growth/empty", "growth/prune / growth/quiet"} {
 		if !ratios[name] {
 			t.Errorf("ratio %s missing: %+v", name, rep.Ratios)
 		}

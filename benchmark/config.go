@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"github.com/idemq/idemq/core"
 )
 
 // Names of the configurations Run knows. Baselines are written by hand on
@@ -116,6 +118,13 @@ type Config struct {
 	// GrowthRows is how many old rows GrowthScenario puts in the dedup
 	// table before measuring. Default 10,000,000.
 	GrowthRows int
+	// PruneBatch is the rows per Prune call while GrowthScenario prunes
+	// those rows (core.PruneAll, as a service's core.RunPruner would).
+	// Default 1,000, the batch of idemq prune.
+	PruneBatch int
+	// PruneDuty is the fraction of the prune's time spent deleting
+	// (core.PruneSchedule.Duty). Default core.DefaultPruneDuty.
+	PruneDuty float64
 	// Progress receives progress lines; nil is quiet.
 	Progress io.Writer
 }
@@ -206,6 +215,18 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.GrowthRows < 1 || c.GrowthRows > 1_000_000_000 {
 		return c, fmt.Errorf("benchmark: Config.GrowthRows: %d is outside 1..1000000000", c.GrowthRows)
+	}
+	if c.PruneBatch == 0 {
+		c.PruneBatch = 1000
+	}
+	if c.PruneBatch < 1 || c.PruneBatch > 1_000_000 {
+		return c, fmt.Errorf("benchmark: Config.PruneBatch: %d is outside 1..1000000", c.PruneBatch)
+	}
+	if c.PruneDuty == 0 {
+		c.PruneDuty = core.DefaultPruneDuty
+	}
+	if !(c.PruneDuty > 0 && c.PruneDuty <= 1) {
+		return c, fmt.Errorf("benchmark: Config.PruneDuty: %v is outside (0, 1]", c.PruneDuty)
 	}
 	if len(c.Configs) == 0 {
 		c.Configs = slices.Clone(DefaultConfigs)

@@ -224,7 +224,7 @@ func (rep *Report) addRatios() {
 		rep.Ratios = append(rep.Ratios, Ratio{Name: a.Name + " / " + b.Name, Metric: "peak RSS", Value: v, Target: "≤ 1.25 (flat)", Met: v <= 1.25})
 	}
 	tput(GrowthScenario+"/full", GrowthScenario+"/empty", "≥ 0.80", 0.80)
-	if a, b := rep.result(GrowthScenario+"/prune"), rep.result(GrowthScenario+"/full"); a != nil && b != nil && a.Failed == "" && b.Failed == "" && b.P99 > 0 {
+	if a, b := rep.result(GrowthScenario+"/prune"), rep.result(GrowthScenario+"/quiet"); a != nil && b != nil && a.Failed == "" && b.Failed == "" && b.P99 > 0 {
 		v := float64(a.P99) / float64(b.P99)
 		rep.Ratios = append(rep.Ratios, Ratio{Name: a.Name + " / " + b.Name, Metric: "p99", Value: v, Target: "≤ 2", Met: v <= 2})
 	}

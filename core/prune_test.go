@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,14 +43,44 @@ func TestPruneAllRestsBetweenBatches(t *testing.T) {
 	if len(p.starts) != 5 {
 		t.Fatalf("%d Prune calls, want 5 (four full batches and a short one)", len(p.starts))
 	}
-	for i := 1; i < len(p.starts); i++ {
-		took := p.end[i-1].Sub(p.starts[i-1])
-		if rest := p.starts[i].Sub(p.end[i-1]); rest < took {
-			t.Errorf("rested %v after batch %d, which took %v: want at least as long", rest, i, took)
-		}
-	}
+	checkRests(t, p, (1-DefaultPruneDuty)/DefaultPruneDuty)
 	if _, err := PruneAll(context.Background(), p, time.Now(), 0); err == nil {
 		t.Error("PruneAll with batch 0: no error")
+	}
+}
+
+// checkRests fails unless every rest between two of p's calls lasted at
+// least factor times the call before it.
+func checkRests(t *testing.T, p *slowPruner, factor float64) {
+	t.Helper()
+	for i := 1; i < len(p.starts); i++ {
+		took := p.end[i-1].Sub(p.starts[i-1])
+		if rest := p.starts[i].Sub(p.end[i-1]); rest < time.Duration(factor*float64(took)) {
+			t.Errorf("rested %v after batch %d, which took %v: want at least %.1f× as long", rest, i, took, factor)
+		}
+	}
+}
+
+func TestPruneRoundRestsByDuty(t *testing.T) {
+	for _, duty := range []float64{1, 0.5, 0.1} {
+		p := &slowPruner{rows: 30, work: 4 * time.Millisecond}
+		n, err := PruneSchedule{Batch: 10, Duty: duty}.Round(context.Background(), p, time.Now())
+		if err != nil || n != 30 {
+			t.Fatalf("duty %v: Round = %d, %v; want 30, nil", duty, n, err)
+		}
+		if len(p.starts) != 4 {
+			t.Errorf("duty %v: %d Prune calls, want 4 (three full batches and an empty one)", duty, len(p.starts))
+		}
+		checkRests(t, p, (1-duty)/duty)
+	}
+	for _, bad := range []PruneSchedule{{Batch: 10, Duty: -0.5}, {Batch: 10, Duty: 1.5}, {Batch: 0}} {
+		if _, err := bad.Round(context.Background(), &slowPruner{rows: 1}, time.Now()); err == nil {
+			t.Errorf("Round with %+v: no error", bad)
+		}
+	}
+	err := RunPruner(context.Background(), &slowPruner{}, PruneSchedule{Every: time.Second, Batch: 1, Retention: time.Hour, Duty: 2})
+	if err == nil || !strings.Contains(err.Error(), "Duty") {
+		t.Errorf("RunPruner with Duty 2: %v, want an error naming Duty", err)
 	}
 }
 

@@ -58,6 +58,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	configs := f.String("configs", "", "comma-separated configurations to run (default all of: "+strings.Join(benchmark.DefaultConfigs, ", ")+"; slow scenarios on demand: "+strings.Join(benchmark.Scenarios, ", ")+")")
 	rate := f.Int("latency-rate", 200, "msg/s of the paced phase that measures p50/p99")
 	latencyN := f.Int("latency-messages", 1000, "messages in the paced phase")
+	pruneBatch := f.Int("prune-batch", 1000, "rows per DELETE while the growth scenario prunes")
+	pruneDuty := f.Float64("prune-duty", core.DefaultPruneDuty, "fraction of the growth scenario's prune time spent deleting (resting the rest)")
 	jsonOut := f.String("json", "", "also write the full report as JSON to this file")
 	pngOut := f.String("png", "", "also write a chart of the results to this PNG file")
 	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise progress lines)")
@@ -81,11 +83,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--workers %d: must be at least 1", *workers)
 	case *repeat < 1:
 		return usagef("--repeat %d: must be at least 1", *repeat)
+	case *pruneBatch < 1:
+		return usagef("--prune-batch %d: must be at least 1", *pruneBatch)
+	case !(*pruneDuty > 0 && *pruneDuty <= 1):
+		return usagef("--prune-duty %v: must be above 0 and at most 1", *pruneDuty)
 	}
 	cfg := benchmark.Config{
 		Broker: *broker, Store: raw, N: *n, Duplicates: *dups, Accounts: *accounts,
 		BatchSize: *batch, BatchWorkers: *workers, Repeat: *repeat,
-		LatencyRate: *rate, LatencyMessages: *latencyN,
+		LatencyRate: *rate, LatencyMessages: *latencyN, PruneBatch: *pruneBatch, PruneDuty: *pruneDuty,
 	}
 	if *dups == 0 {
 		cfg.Duplicates = -1 // the benchmark's "none" (its zero value means the default)
