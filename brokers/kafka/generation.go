@@ -48,6 +48,10 @@ type partition struct {
 	prevHigh  int64  // highest offset handed out before, per the commit metadata
 	skip      []span // offsets decided before, per the commit metadata
 	dirty     bool   // something to commit since the last commit
+	// room, while the fetcher waits for the partition to hold fewer than
+	// resume entries, is closed by advance when it does.
+	room   chan struct{}
+	resume int
 }
 
 type entryState int
@@ -75,7 +79,7 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 			g.parts = append(g.parts, &partition{
 				gen: g, topic: topic, id: a.ID, retry: topic == s.cfg.retryTopic && topic != "",
 				next: a.Offset, committed: a.Offset, order: s.cfg.ordering,
-				high: -1, prevHigh: -1,
+				high: -1, prevHigh: -1, resume: resumeFetchAt(s.cfg.partitionBuffer),
 			})
 		}
 	}
@@ -243,14 +247,31 @@ func describe(ps []*partition) string {
 	return out
 }
 
+// resumeFetchAt is how few entries a full partition must be down to before
+// its fetcher goes on: three quarters of the buffer, so that a fetcher
+// woken once fetches a run of messages, not one per settlement.
+func resumeFetchAt(buffer int) int { return max(1, buffer-buffer/4) }
+
 // fetch reads one partition into its entries, pausing while the
-// partition holds WithPartitionBuffer messages.
+// partition holds WithPartitionBuffer messages until it is down to
+// resumeFetchAt of them.
 func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 	backoff := 50 * time.Millisecond
 	for {
 		s.mu.Lock()
-		for len(p.entries) >= s.cfg.partitionBuffer && ctx.Err() == nil {
-			s.wait(ctx, nil)
+		if len(p.entries) >= s.cfg.partitionBuffer {
+			for len(p.entries) >= p.resume && ctx.Err() == nil {
+				if p.room == nil {
+					p.room = make(chan struct{})
+				}
+				room := p.room
+				s.mu.Unlock()
+				select {
+				case <-room:
+				case <-ctx.Done():
+				}
+				s.mu.Lock()
+			}
 		}
 		s.mu.Unlock()
 		m, err := r.FetchMessage(ctx)
@@ -350,10 +371,17 @@ func (s *Source) release(d *delivery, retry bool) {
 	d.gen.outstanding--
 }
 
-// settleLocked marks d's message done (requeue false) or puts it back to
-// wait delay (retry in place). s.mu is held and d.settled is already set.
+// settleLocked marks d's message done (requeue nil) or puts it back to
+// wait *requeue (retry in place), and wakes the waiters. s.mu is held and
+// d.settled is already set.
 func (s *Source) settleLocked(d *delivery, requeue *time.Duration) error {
 	defer s.broadcast()
+	return s.settleQuietly(d, requeue)
+}
+
+// settleQuietly is settleLocked without the wake-up, for a batch that
+// wakes the waiters once.
+func (s *Source) settleQuietly(d *delivery, requeue *time.Duration) error {
 	if d.gen.dead || s.closed {
 		s.release(d, false)
 		s.stale.Add(1)
@@ -394,6 +422,10 @@ func (p *partition) advance() {
 	if i > 0 {
 		clear(p.entries[:i])
 		p.entries = p.entries[i:]
+	}
+	if p.room != nil && len(p.entries) < p.resume {
+		close(p.room)
+		p.room = nil
 	}
 }
 

@@ -43,6 +43,7 @@ type Source struct {
 
 	mu          sync.Mutex
 	changed     chan struct{} // closed and replaced on every change waiters care about
+	watched     bool          // someone took changed since it was last closed
 	closed      bool
 	started     bool
 	window      int // 0: unlimited until SetWindow
@@ -277,7 +278,7 @@ func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
 				return d, nil
 			}
 		}
-		ch := s.changed
+		ch := s.watch()
 		s.mu.Unlock()
 		select {
 		case <-ch:
@@ -370,17 +371,30 @@ func (s *Source) report(err error) {
 	}
 }
 
-// broadcast wakes everyone waiting on s.changed. s.mu is held.
+// broadcast wakes everyone waiting on s.changed. s.mu is held. Nobody
+// waiting, it costs nothing: it runs for every message fetched and every
+// settlement, and a close and a new channel each time were a tenth of a
+// batch consumer's scheduling delay.
 func (s *Source) broadcast() {
+	if !s.watched {
+		return
+	}
 	close(s.changed)
 	s.changed = make(chan struct{})
+	s.watched = false
+}
+
+// watch returns the channel the next broadcast closes. s.mu is held.
+func (s *Source) watch() <-chan struct{} {
+	s.watched = true
+	return s.changed
 }
 
 // wait blocks until something changes, ctx is done or the timer fires.
 // s.mu is held and is held again on return; it reports whether ctx is
 // still live.
 func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
-	ch := s.changed
+	ch := s.watch()
 	s.mu.Unlock()
 	defer s.mu.Lock()
 	select {
@@ -434,6 +448,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
 	var errs []error
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.broadcast() // once for the batch
 	for _, cd := range ds {
 		d, ok := cd.(*delivery)
 		if !ok || d.src != s {
@@ -444,7 +459,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
 			errs = append(errs, d.wrap(ErrAlreadySettled))
 			continue
 		}
-		if err := s.settleLocked(d, nil); err != nil {
+		if err := s.settleQuietly(d, nil); err != nil {
 			errs = append(errs, d.wrap(err))
 		}
 	}
