@@ -270,7 +270,7 @@ func WithHandlerMiddleware(mws ...HandlerMiddleware) Option {
 }
 
 // WithFingerprint sets how a body is fingerprinted for the reused-id check.
-// Default Fingerprint (SHA-256). nil turns the check off.
+// Default Fingerprint (128 bits of SHA-256). nil turns the check off.
 func WithFingerprint(f func(body []byte) string) Option {
 	return func(c *config) error {
 		c.fingerprint = f

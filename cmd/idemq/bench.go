@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +63,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	pruneDuty := f.Float64("prune-duty", core.DefaultPruneDuty, "fraction of the growth scenario's prune time spent deleting (resting the rest)")
 	jsonOut := f.String("json", "", "also write the full report as JSON to this file")
 	pngOut := f.String("png", "", "also write a chart of the results to this PNG file")
+	cpuProfile := f.String("cpuprofile", "", "write a CPU profile of the whole run (baselines included: narrow it with --configs) to this file, for go tool pprof")
 	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise progress lines)")
 	if err := f.parse(args); err != nil {
 		return err
@@ -110,7 +112,20 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish())
 	}
 	cfg.Progress = pw
+	if *cpuProfile != "" {
+		pf, perr := os.Create(*cpuProfile)
+		if perr != nil {
+			return fmt.Errorf("--cpuprofile: %w", perr)
+		}
+		defer pf.Close()
+		if perr := pprof.StartCPUProfile(pf); perr != nil {
+			return fmt.Errorf("--cpuprofile: %w", perr)
+		}
+	}
 	rep, err := benchmark.Run(ctx, cfg)
+	if *cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	pw.finish()
 	if err != nil && rep == nil {
 		msg := secrets(err.Error())

@@ -453,7 +453,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 		case r.token == token:
 			results[i] = core.ClaimWon
 		default:
-			results[i] = classify(c.Fingerprint, r.fp)
+			results[i] = core.ClassifyStored(c.Fingerprint, r.fp)
 		}
 	}
 	return results, nil
@@ -508,15 +508,6 @@ func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locki
 		return err
 	}
 	return scanClaimed(rows, got)
-}
-
-// classify decides between Duplicate and Mismatch for an id already
-// stored: a mismatch needs both fingerprints.
-func classify(claimed, stored string) core.ClaimResult {
-	if claimed != "" && stored != "" && claimed != stored {
-		return core.ClaimMismatch
-	}
-	return core.ClaimDuplicate
 }
 
 // Unclaim deletes this consumer's claims of ids, for messages whose handler

@@ -129,7 +129,7 @@ func (t *Txn) claimPartitioned(ctx context.Context, consumer string, claims []co
 		case f.inserted:
 			results[i] = core.ClaimWon
 		default:
-			results[i] = classify(c.Fingerprint, f.fp)
+			results[i] = core.ClassifyStored(c.Fingerprint, f.fp)
 		}
 	}
 	return results, nil

@@ -205,7 +205,8 @@ SELECT i.id, ins.message_id IS NOT NULL,
 	END
 FROM input i LEFT JOIN ins ON ins.message_id = i.id`,
 		// The claim without a read-back: a conflicting row whose
-		// fingerprint differs (both non-empty) takes a no-op update, so
+		// fingerprint differs (both non-empty, of one length: see
+		// core.ClassifyStored) takes a no-op update, so
 		// RETURNING shows it with its stored fingerprint; rows inserted
 		// come back with the claimed one; the rest were duplicates. ON
 		// CONFLICT DO UPDATE waits for and then sees the latest committed
@@ -217,6 +218,7 @@ FROM input i LEFT JOIN ins ON ins.message_id = i.id`,
 SELECT $1, u.id, u.fp, $4 FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(id, fp, ord) ORDER BY u.ord
 ON CONFLICT (consumer, message_id) DO UPDATE SET fingerprint = e.fingerprint
 	WHERE e.fingerprint <> '' AND EXCLUDED.fingerprint <> '' AND e.fingerprint <> EXCLUDED.fingerprint
+		AND length(e.fingerprint) = length(EXCLUDED.fingerprint)
 RETURNING message_id, fingerprint`,
 		readBack: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		unclaim:  `DELETE FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
@@ -477,7 +479,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 			case won[id]:
 				results[i] = core.ClaimWon
 			case ok:
-				results[i] = classify(claims[i].Fingerprint, fp)
+				results[i] = core.ClassifyStored(claims[i].Fingerprint, fp)
 			default:
 				lost = append(lost, i) // lost to a claim the snapshot cannot see
 			}
@@ -500,7 +502,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 				pending = append(pending, i) // vanished: claim it again
 				continue
 			}
-			results[i] = classify(claims[i].Fingerprint, fp)
+			results[i] = core.ClassifyStored(claims[i].Fingerprint, fp)
 		}
 	}
 	return results, nil
@@ -632,15 +634,6 @@ func (t *Txn) collect(ctx context.Context, query string, args ...any) (map[strin
 		out[id] = fp
 	}
 	return out, rows.Err()
-}
-
-// classify decides between Duplicate and Mismatch for an id already
-// stored: a mismatch needs both fingerprints.
-func classify(claimed, stored string) core.ClaimResult {
-	if claimed != "" && stored != "" && claimed != stored {
-		return core.ClaimMismatch
-	}
-	return core.ClaimDuplicate
 }
 
 // Unclaim deletes this consumer's claims of ids, for messages whose handler

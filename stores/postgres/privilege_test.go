@@ -148,7 +148,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := txn.Claim(ctx, "lp", []core.Claim{{ID: "lp-05", Fingerprint: "not-the-stored-one"}, {ID: "lp-new", Fingerprint: "f"}})
+	got, err := txn.Claim(ctx, "lp", []core.Claim{{ID: "lp-05", Fingerprint: core.Fingerprint([]byte("not the stored body"))}, {ID: "lp-new", Fingerprint: "f"}})
 	txn.Rollback(ctx)
 	if err != nil || len(got) != 2 || got[0] != core.ClaimMismatch || got[1] != core.ClaimWon {
 		t.Errorf("one-statement claim as the role: %v, %v; want [mismatch won]", got, err)

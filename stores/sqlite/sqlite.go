@@ -319,19 +319,9 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 			// insert lose cannot vanish before this read.
 			return nil, fmt.Errorf("sqlite: claim: id %q lost the insert but has no row", c.ID)
 		}
-		results[i] = classify(c.Fingerprint, fp)
+		results[i] = core.ClassifyStored(c.Fingerprint, fp)
 	}
 	return results, nil
-}
-
-// classify decides between Duplicate and Mismatch for an id that was
-// already stored: a mismatch needs both fingerprints, so claims made
-// without one never turn into dead letters.
-func classify(claimed, stored string) core.ClaimResult {
-	if claimed != "" && stored != "" && claimed != stored {
-		return core.ClaimMismatch
-	}
-	return core.ClaimDuplicate
 }
 
 func collectIDs(ctx context.Context, tx *sql.Tx, query string, args []any, f func(string)) error {

@@ -574,6 +574,21 @@ func (s suite[Tx]) fingerprint(t *testing.T) {
 		t.Fatalf("rollback: %v", err)
 	}
 	s.wantEffects(t, k+"x", 1)
+
+	// A claim stored with an older, longer fingerprint (idemq's earlier
+	// 64-character hex SHA-256) is not compared with the current one:
+	// its redelivery after an upgrade is a duplicate, not a dead letter.
+	// Another body with a fingerprint of the old length still is.
+	old := strings.Repeat("ab", 32)
+	s.claimCommit(t, ctx, st, "c", []core.Claim{{ID: "legacy", Fingerprint: old}}, k)
+	txn = begin(t, ctx, st)
+	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "legacy", Fingerprint: fp2}})
+	expect(t, "fingerprint of another length", res, core.ClaimDuplicate)
+	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "legacy", Fingerprint: strings.Repeat("cd", 32)}})
+	expect(t, "other fingerprint of the same length", res, core.ClaimMismatch)
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
 }
 
 func (s suite[Tx]) consumersIndependent(t *testing.T) {
