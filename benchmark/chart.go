@@ -59,6 +59,7 @@ func (rep *Report) WritePNG(path string) error {
 	p.Legend.Add("baseline (raw drivers)", bars)
 	p.Legend.Add("idemq", ourBars)
 	p.Legend.Top = true
+	p.Legend.Left = true // above the seed bars, the shortest
 
 	// Error bars and value labels sit at the bar positions 0..n-1.
 	pts := make(plotter.XYs, len(names))
@@ -91,6 +92,11 @@ func (rep *Report) WritePNG(path string) error {
 		lbl.TextStyle[i].YAlign = 0    // just above it
 	}
 	p.Add(lbl)
+	top := 0.0
+	for i := range lp {
+		top = max(top, lp[i].Y)
+	}
+	p.Y.Max = top * 1.15 // room for the tallest bar's label and the legend
 	p.NominalX(names...)
 	p.X.Tick.Label.Rotation = 0.5
 	p.X.Tick.Label.XAlign = -1
