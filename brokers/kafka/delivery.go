@@ -217,19 +217,20 @@ func (s *Source) toMessage(e *entry, attempt int) *core.Message {
 	for _, h := range m.Headers {
 		headers[h.Key] = string(h.Value) // the last of repeated keys wins
 	}
+	key := string(m.Key)
 	return &core.Message{
 		ID:      headers[s.cfg.idHeader],
 		Body:    m.Value,
 		Headers: headers,
-		Key:     string(m.Key),
+		Key:     key,
 		Source:  s.cfg.topic,
 		System:  "kafka",
 		Attempt: attempt,
 		Metadata: map[string]string{
-			"messaging.destination.name":         m.Topic,
-			"messaging.destination.partition.id": strconv.Itoa(m.Partition),
+			"messaging.destination.name":         e.p.topic,
+			"messaging.destination.partition.id": e.p.idText,
 			"messaging.kafka.offset":             strconv.FormatInt(m.Offset, 10),
-			"messaging.kafka.message.key":        string(m.Key),
+			"messaging.kafka.message.key":        key,
 			"messaging.consumer.group.name":      s.cfg.group,
 		},
 		ReceivedAt: time.Now(),

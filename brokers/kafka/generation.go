@@ -30,6 +30,7 @@ type partition struct {
 	gen     *generation
 	topic   string
 	id      int
+	idText  string   // id in decimal, for every message's metadata
 	retry   bool     // a partition of the retry topic
 	entries []*entry // fetched and not below the commit point, in offset order
 	// The fetched (or retried) entries not handed out, arranged for pick
@@ -77,7 +78,7 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 	for topic, as := range kgen.Assignments {
 		for _, a := range as {
 			g.parts = append(g.parts, &partition{
-				gen: g, topic: topic, id: a.ID, retry: topic == s.cfg.retryTopic && topic != "",
+				gen: g, topic: topic, id: a.ID, idText: strconv.Itoa(a.ID), retry: topic == s.cfg.retryTopic && topic != "",
 				next: a.Offset, committed: a.Offset, order: s.cfg.ordering,
 				high: -1, prevHigh: -1, resume: resumeFetchAt(s.cfg.partitionBuffer),
 			})

@@ -415,6 +415,11 @@ func parseTarget(target string, c *config) ([]Option, error) {
 		c.brokers = append(c.brokers, h)
 	}
 	if len(c.brokers) == 0 {
+		if strings.Contains(target, "@") {
+			// Credentials where url.Parse does not look for them (after
+			// a '#', say) are beyond core.Redact: do not quote it.
+			return nil, errors.New("kafka: brokers: no host:port in the URL")
+		}
 		return nil, fmt.Errorf("kafka: brokers: no host:port in %s", core.Redact(target))
 	}
 	return opts, nil

@@ -63,7 +63,8 @@ func FuzzMessageID(f *testing.F) {
 			hs = append(hs, kafkago.Header{Key: s.cfg.idHeader, Value: []byte("earlier")})
 		}
 		hs = append(hs, kafkago.Header{Key: s.cfg.idHeader, Value: []byte(id)})
-		m := s.toMessage(&entry{msg: kafkago.Message{Topic: "t", Key: mkey, Value: value, Headers: hs}}, 1)
+		p := &partition{topic: "t", idText: "0"}
+		m := s.toMessage(&entry{p: p, msg: kafkago.Message{Topic: "t", Key: mkey, Value: value, Headers: hs}}, 1)
 		if m.ID != id {
 			t.Fatalf("id %q became %q", id, m.ID)
 		}
