@@ -119,7 +119,8 @@ type Config struct {
 	// table before measuring. Default 10,000,000.
 	GrowthRows int
 	// PruneBatch is the rows per Prune call while GrowthScenario prunes
-	// those rows (core.PruneAll, as a service's core.RunPruner would).
+	// those rows (one core.PruneSchedule round, as a service's
+	// core.RunPruner does).
 	// Default 1,000, the batch of idemq prune.
 	PruneBatch int
 	// PruneDuty is the fraction of the prune's time spent deleting

@@ -60,7 +60,7 @@ func (s *session) growthScenario(ctx context.Context, rep *Report) error {
 	empty := &Result{Name: GrowthScenario + "/empty", Description: "idemq batch on an empty dedup table"}
 	full := &Result{Name: GrowthScenario + "/full", Description: fmt.Sprintf("idemq batch with %d rows already in the dedup table", rows)}
 	quiet := &Result{Name: GrowthScenario + "/quiet", Description: fmt.Sprintf("paced latency for %s on the full table, nothing else running", quietPaced)}
-	prune := &Result{Name: GrowthScenario + "/prune", Description: fmt.Sprintf("paced latency while core.PruneAll deletes those %d rows (batches of %d, duty %.2f)", rows, s.cfg.PruneBatch, s.cfg.PruneDuty)}
+	prune := &Result{Name: GrowthScenario + "/prune", Description: fmt.Sprintf("paced latency while a core.PruneSchedule round deletes those %d rows (batches of %d, duty %.2f)", rows, s.cfg.PruneBatch, s.cfg.PruneDuty)}
 	rep.Results = append(rep.Results, empty, full, quiet, prune)
 	spec := runSpec{n: s.cfg.N, dups: s.cfg.duplicates(), paced: s.cfg.LatencyMessages}
 

@@ -35,7 +35,7 @@ type PruneSchedule struct {
 // DefaultPruneDuty is PruneSchedule.Duty's default: a round rests three
 // times as long as each batch took. Pruning 10M rows beside a paced
 // consumer on 2 cores, a duty of 1/2 raised the consumer's p99 decision
-// latency about 3× (each batch's WAL and dirty pages queue in front of
+// latency 2.35× (each batch's WAL and dirty pages queue in front of
 // the consumers' commit flushes); see the README's Performance section.
 const DefaultPruneDuty = 0.25
 
@@ -62,12 +62,13 @@ func (s PruneSchedule) withDefaults() (PruneSchedule, error) {
 // RunPruner deletes claims older than s.Retention every s.Every, in
 // batches of s.Batch rows (each its own short statement, so no DELETE holds
 // locks for long) until a batch comes back short. Between two batches of a
-// round it rests in proportion to how long the last batch took: a backlog
-// of millions of old claims is deleted at a fraction of one connection's
-// pace instead of back to back, which keeps its write-ahead log flushes from crowding the
-// consumers' commits (issue 10: p99 decision latency while 10M rows are
-// pruned); s.Duty sets how long it rests. It returns ctx's error when ctx is done; a failed round is
-// logged and retried at the next tick. Stores' RunPruner methods call it.
+// round it rests in proportion to how long the last batch took (s.Duty): a
+// backlog of millions of old claims is deleted at a fraction of one
+// connection's pace instead of back to back, which keeps its write-ahead
+// log flushes from crowding the consumers' commits (issue 10: p99 decision
+// latency while 10M rows are pruned). It returns ctx's error when ctx is
+// done; a failed round is logged and retried at the next tick. Stores'
+// RunPruner methods call it.
 func RunPruner(ctx context.Context, p Pruner, s PruneSchedule) error {
 	if s.Every <= 0 {
 		return fmt.Errorf("RunPruner: PruneSchedule.Every must be positive, got %v", s.Every)

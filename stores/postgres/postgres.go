@@ -205,8 +205,8 @@ SELECT i.id, ins.message_id IS NOT NULL,
 	END
 FROM input i LEFT JOIN ins ON ins.message_id = i.id`,
 		// The claim without a read-back: a conflicting row whose
-		// fingerprint differs (both non-empty, of one length: see
-		// core.ClassifyStored) takes a no-op update, so
+		// fingerprint differs (both non-empty, of one length in bytes, as
+		// core.ClassifyStored has it) takes a no-op update, so
 		// RETURNING shows it with its stored fingerprint; rows inserted
 		// come back with the claimed one; the rest were duplicates. ON
 		// CONFLICT DO UPDATE waits for and then sees the latest committed
@@ -218,7 +218,7 @@ FROM input i LEFT JOIN ins ON ins.message_id = i.id`,
 SELECT $1, u.id, u.fp, $4 FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(id, fp, ord) ORDER BY u.ord
 ON CONFLICT (consumer, message_id) DO UPDATE SET fingerprint = e.fingerprint
 	WHERE e.fingerprint <> '' AND EXCLUDED.fingerprint <> '' AND e.fingerprint <> EXCLUDED.fingerprint
-		AND length(e.fingerprint) = length(EXCLUDED.fingerprint)
+		AND octet_length(e.fingerprint) = octet_length(EXCLUDED.fingerprint)
 RETURNING message_id, fingerprint`,
 		readBack: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		unclaim:  `DELETE FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
