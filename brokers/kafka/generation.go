@@ -310,9 +310,12 @@ func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 			p.entries = append(p.entries, e)
 			p.fetched(e)
 		}
+		// Read under the lock: once e is in the partition, a settlement
+		// may set its notBefore.
+		wait := time.Until(e.notBefore)
 		s.broadcast()
 		s.mu.Unlock()
-		if wait := time.Until(e.notBefore); wait > 0 {
+		if wait > 0 {
 			s.wakeAt(wait)
 		}
 	}
