@@ -2,14 +2,14 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"reflect"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Publisher sends messages to the destination it was opened for, setting
@@ -156,14 +156,10 @@ func txTypeOf(s any) string {
 }
 
 func parseURL(rawURL string) (*url.URL, error) {
-	u, err := url.Parse(rawURL)
+	u, err := redact.ParseURL(rawURL)
 	if err != nil {
-		// url.Parse quotes the whole URL, password included.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("idemq: invalid URL %s: %v", Redact(rawURL), err)
+		// A malformed URL is not shown: no rule knows where its password ends.
+		return nil, fmt.Errorf("idemq: %w", err)
 	}
 	if u.Scheme == "" {
 		return nil, fmt.Errorf("idemq: URL %s has no scheme (like amqp://, kafka://, sqs://, mem://, postgres://, mysql://, sqlite://)", Redact(rawURL))
@@ -197,65 +193,14 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// secretParams are query parameters whose values Redact hides.
-var secretParams = regexp.MustCompile(`(?i)([?&](?:[a-z0-9_.-]*(?:password|passwd|pwd|secret|token|key|credential|sasl)[a-z0-9_.-]*)=)[^&#]*`)
-
-// userinfo matches the user:password@ part of a URL as url.Parse splits
-// it: the user ends at the first ':', the password runs to the last '@'
-// before the path, so a password holding a raw '@' or ':' is covered.
-var userinfo = regexp.MustCompile(`(//[^/?#:]*):[^/?#]*@`)
-
-// looseUserinfo is for URLs that do not parse (a raw '/' or '#' in the
-// password, say): everything from the first ':' after "//user" to the
-// last '@' of the string is treated as the password. It may hide more
-// than the password, never less.
-var looseUserinfo = regexp.MustCompile(`(//[^/?#:@]*):.*@`)
-
-// userinfoOf picks the pattern for rawURL.
-func userinfoOf(rawURL string) *regexp.Regexp {
-	if _, err := url.Parse(rawURL); err != nil {
-		return looseUserinfo
-	}
-	return userinfo
-}
-
 // Redact returns rawURL with its password and any secret-looking query
 // parameter (password, secret, token, key, sasl…) replaced by "xxxxx", for
-// logs and errors. It works on URLs that do not parse, too.
-func Redact(rawURL string) string {
-	s := userinfoOf(rawURL).ReplaceAllString(rawURL, "${1}:xxxxx@")
-	return secretParams.ReplaceAllString(s, "${1}xxxxx")
-}
+// logs and errors. It works on URLs that do not parse, too: then it hides
+// everything from the first ':' after the user name to the last '@', more
+// than the password, never less.
+func Redact(rawURL string) string { return redact.URL(rawURL) }
 
 // RedactError returns err's text with every secret of rawURL (its password
-// and secret query values, raw and escaped) replaced by "xxxxx", for
-// drivers whose errors quote the URL they were given.
-func RedactError(err error, rawURL string) string {
-	msg := err.Error()
-	for _, secret := range urlSecrets(rawURL) {
-		if len(secret) >= 3 {
-			msg = strings.ReplaceAll(msg, secret, "xxxxx")
-		}
-	}
-	return msg
-}
-
-func urlSecrets(rawURL string) []string {
-	var out []string
-	if m := userinfoOf(rawURL).FindStringSubmatch(rawURL); m != nil {
-		whole := m[0]
-		pass := whole[len(m[1])+1 : len(whole)-1]
-		out = append(out, pass)
-		if un, err := url.PathUnescape(pass); err == nil && un != pass {
-			out = append(out, un)
-		}
-	}
-	for _, m := range secretParams.FindAllStringSubmatchIndex(rawURL, -1) {
-		v := rawURL[m[3]:m[1]]
-		out = append(out, v)
-		if un, err := url.QueryUnescape(v); err == nil && un != v {
-			out = append(out, un)
-		}
-	}
-	return out
-}
+// and secret query values, as written, unescaped and escaped) replaced by
+// "xxxxx", for drivers whose errors quote the URL they were given.
+func RedactError(err error, rawURL string) string { return redact.Error(err, rawURL) }

@@ -1,0 +1,346 @@
+// Package redact keeps the credentials of connection URLs and DSNs out of
+// what people read. URL and Error hide them in text that must name a URL
+// (a log line, a driver's error); ParseURL and ParseQuery parse and, when
+// the input is malformed, say what is wrong without quoting any of it,
+// because no rule can tell where the password of a malformed URL ends.
+package redact
+
+import (
+	"errors"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Mask is what stands in for a hidden secret.
+const Mask = "xxxxx"
+
+// secretWords are the fragments that make a query parameter's name secret.
+var secretWords = []string{"password", "passwd", "pwd", "secret", "token", "key", "credential", "sasl"}
+
+// SecretParam reports whether a query parameter of this name holds a
+// secret whose value must not be shown: its name, unescaped and in any
+// case, contains password, passwd, pwd, secret, token, key, credential or
+// sasl.
+func SecretParam(name string) bool {
+	if un, err := url.QueryUnescape(name); err == nil {
+		name = un
+	}
+	name = strings.ToLower(name)
+	for _, w := range secretWords {
+		if strings.Contains(name, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// nestedUserinfo is the password of a "//user:pass@" anywhere in a string.
+var nestedUserinfo = regexp.MustCompile(`//[^/?#:@]*:([^/?#@]+)@`)
+
+// span is a byte range [from, to) of a URL that holds a secret.
+type span struct{ from, to int }
+
+// URL returns raw with its password and the values of its secret query
+// parameters (SecretParam) replaced by Mask. For a URL that parses with a
+// user name, the password is the one url.Parse finds. For one that does
+// not parse, or whose password may have ended up in its path, query or
+// fragment (a raw '/', '?' or '#' before the '@'), everything from the
+// first ':' after the user name to the last '@' is hidden, or up to the
+// end of the host when there is no '@': more than the password, never
+// less. In a URL without "//" ("user:pass@tcp(host)/db", "postgres:u:p@h")
+// all that stands between the scheme and the last '@' is hidden. A URL
+// with a "//" authority that parses still parses after URL, and
+// URL(URL(raw)) == URL(raw).
+func URL(raw string) string {
+	// Hiding one span can make another (a query value running into a
+	// hidden password, say): hide until nothing changes.
+	s := raw
+	for range 8 {
+		next := mask(s, secretSpans(s))
+		if next == s {
+			if keepsShape(raw, s) {
+				return s
+			}
+			break
+		}
+		s = next
+	}
+	return nothingShown(raw)
+}
+
+// keepsShape reports whether redacted still parses if raw is a URL with a
+// "//" authority that parses.
+func keepsShape(raw, redacted string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || !strings.HasPrefix(raw[schemeEnd(raw):], "//") {
+		return true
+	}
+	_, err = url.Parse(redacted)
+	return err == nil && u != nil
+}
+
+// nothingShown is what URL shows of raw when hiding its secrets one by one
+// does not settle or would break its shape: the scheme, and masks for the
+// rest (a user, a password and a host, so the result still parses and
+// says that there were credentials).
+func nothingShown(raw string) string {
+	scheme := raw[:schemeEnd(raw)]
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		return scheme + "//" + Mask + ":" + Mask + "@" + Mask
+	}
+	return scheme + "//" + Mask
+}
+
+func mask(raw string, spans []span) string {
+	if len(spans) == 0 {
+		return raw
+	}
+	var b strings.Builder
+	last := 0
+	for _, s := range spans {
+		b.WriteString(raw[last:s.from])
+		b.WriteString(Mask)
+		last = s.to
+	}
+	b.WriteString(raw[last:])
+	return b.String()
+}
+
+// Error returns err's text with every secret of raw (the spans URL hides,
+// raw, unescaped and escaped again, since a driver may quote any of these
+// forms) replaced by Mask. It is for errors of drivers that quote the URL
+// they were given; a secret shorter than 3 bytes is left, as replacing it
+// would garble the message without hiding anything worth hiding.
+func Error(err error, raw string) string {
+	if err == nil {
+		return ""
+	}
+	msg := err.Error()
+	for _, s := range Secrets(raw) {
+		if len(s) >= 3 {
+			msg = strings.ReplaceAll(msg, s, Mask)
+		}
+	}
+	return msg
+}
+
+// Secrets returns the secrets of raw in every form an error may quote
+// them (as written, unescaped, escaped again), longest first.
+func Secrets(raw string) []string {
+	var out []string
+	add := func(s string) {
+		if s != "" && s != Mask && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	for _, sp := range secretSpans(raw) {
+		s := raw[sp.from:sp.to]
+		add(s)
+		for _, un := range unescapings(s) {
+			add(un)
+			add(url.QueryEscape(un))
+			add(url.PathEscape(un))
+			if enc := url.UserPassword("u", un).String(); strings.HasPrefix(enc, "u:") {
+				add(enc[2:])
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
+}
+
+func unescapings(s string) []string {
+	var out []string
+	if un, err := url.PathUnescape(s); err == nil && un != s {
+		out = append(out, un)
+	}
+	if un, err := url.QueryUnescape(s); err == nil && un != s {
+		out = append(out, un)
+	}
+	return out
+}
+
+// secretSpans finds the password and the secret parameter values of raw,
+// in order, without overlaps.
+func secretSpans(raw string) []span {
+	// Split as url.Parse does: the fragment at the first '#', the scheme,
+	// then the query at the first '?'.
+	main := raw
+	if i := strings.IndexByte(raw, '#'); i >= 0 {
+		main = raw[:i]
+	}
+	start := schemeEnd(main)
+	rest := main[start:]
+	noQuery := rest
+	if i := strings.IndexByte(rest, '?'); i >= 0 {
+		noQuery = rest[:i]
+	}
+	_, perr := url.Parse(raw)
+	lastAt := strings.LastIndexByte(raw, '@')
+
+	var pw []span
+	end := start // where the part after the credentials starts
+	// loose takes a span found without url.Parse's help, unless hiding it
+	// would break a URL that parses: then the '@' is where url.Parse put
+	// it, beyond the credentials.
+	loose := func(s span, after int) {
+		if perr == nil {
+			if _, err := url.Parse(raw[:s.from] + Mask + raw[s.to:]); err != nil {
+				return
+			}
+		}
+		pw, end = append(pw, s), after
+	}
+	switch {
+	case strings.HasPrefix(rest, "//"):
+		start += 2
+		authority := noQuery[2:]
+		if i := strings.IndexByte(authority, '/'); i >= 0 {
+			authority = authority[:i]
+		}
+		at := strings.LastIndexByte(authority, '@')
+		switch {
+		case perr == nil && at >= 0:
+			// The password as url.Parse finds it.
+			if c := strings.IndexByte(authority[:at], ':'); c >= 0 {
+				pw = append(pw, span{start + c + 1, start + at})
+			}
+			end = start + at
+		case lastAt >= start:
+			// Malformed, or the '@' is beyond the host: from the first
+			// ':' after the user name to the last '@'.
+			if c := strings.IndexByte(raw[start:lastAt], ':'); c >= 0 {
+				loose(span{start + c + 1, lastAt}, lastAt)
+			}
+		case perr != nil:
+			// Malformed without an '@': from the first ':' to the end of
+			// the host, where a password without its host would be.
+			if c := strings.IndexByte(authority, ':'); c >= 0 {
+				loose(span{start + c + 1, start + len(authority)}, start+len(authority))
+			}
+		}
+	case lastAt >= start && (start > 0 || strings.IndexByte(raw[:lastAt], ':') >= 0):
+		// No "//": a DSN ("user:pass@tcp(host)/db", which url.Parse reads
+		// as scheme "user") or an opaque URL ("postgres:u:p@h").
+		// These are DSNs before they are URLs: hidden even where that
+		// leaves something url.Parse would not take.
+		if start > 0 && lastAt > start {
+			pw, end = append(pw, span{start, lastAt}), lastAt
+		} else if c := strings.IndexByte(raw[:lastAt], ':'); c >= 0 && c+1 < lastAt {
+			pw, end = append(pw, span{c + 1, lastAt}), lastAt
+		}
+	}
+	// The query as url.Parse finds it, the one after the '@' of a
+	// malformed URL, and the passwords of URLs inside it (an endpoint=
+	// parameter, say). Spans that overlap or touch are hidden as one.
+	spans := append(pw, append(querySpans(raw, start), querySpans(raw, end)...)...)
+	for _, m := range nestedUserinfo.FindAllStringSubmatchIndex(raw, -1) {
+		spans = append(spans, span{m[2], m[3]})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return a.from - b.from })
+	var merged []span
+	for _, s := range spans {
+		if n := len(merged); n > 0 && s.from <= merged[n-1].to {
+			merged[n-1].to = max(merged[n-1].to, s.to)
+			continue
+		}
+		merged = append(merged, s)
+	}
+	return merged
+}
+
+// schemeEnd returns the index just after "scheme:" in s, or 0 when s has
+// no scheme, by url.Parse's rule.
+func schemeEnd(s string) int {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z':
+		case '0' <= c && c <= '9' || c == '+' || c == '-' || c == '.':
+			if i == 0 {
+				return 0
+			}
+		case c == ':':
+			if i == 0 {
+				return 0
+			}
+			return i + 1
+		default:
+			return 0
+		}
+	}
+	return 0
+}
+
+// querySpans finds the values of secret parameters in what follows the
+// first '?' at or after from: the query and the fragment.
+func querySpans(raw string, from int) []span {
+	q := strings.IndexByte(raw[from:], '?')
+	if q < 0 {
+		return nil
+	}
+	pos := from + q + 1
+	query := raw[pos:]
+	var spans []span
+	// ';' separates too (url.ParseQuery refuses it, other parsers do not),
+	// and so does '#': a fragment's pairs are hidden like the query's.
+	for pair := range strings.FieldsFuncSeq(query, func(r rune) bool { return r == '&' || r == ';' || r == '#' }) {
+		at := pos + strings.Index(raw[pos:], pair)
+		if k, v, ok := strings.Cut(pair, "="); ok && v != "" && v != Mask && SecretParam(k) {
+			spans = append(spans, span{at + len(k) + 1, at + len(pair)})
+		}
+		pos = at + len(pair)
+	}
+	return spans
+}
+
+// ParseURL parses raw like url.Parse. Its error quotes none of raw: it says
+// what is wrong ("invalid port after host", "invalid %-escape") and how a
+// password with special characters is written.
+func ParseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, parseError(err)
+	}
+	return u, nil
+}
+
+// ParseQuery parses a raw query like url.ParseQuery, with an error that
+// quotes none of it.
+func ParseQuery(rawQuery string) (url.Values, error) {
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, parseError(err)
+	}
+	return q, nil
+}
+
+// parseError turns an error of net/url into one without the input it quotes.
+func parseError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var msg string
+	var ee url.EscapeError
+	var he url.InvalidHostError
+	switch {
+	case errors.As(err, &ee):
+		msg = "invalid %-escape (a literal '%' is written %25)"
+	case errors.As(err, &he):
+		msg = "invalid character in the host"
+	default:
+		// net/url quotes what it rejects with strconv.Quote: keep its
+		// words, drop the quotation.
+		msg = err.Error()
+		if i, j := strings.IndexByte(msg, '"'), strings.LastIndexByte(msg, '"'); i >= 0 && j > i {
+			msg = strings.Join(strings.Fields(msg[:i]+msg[j+1:]), " ")
+		} else if i >= 0 {
+			msg = strings.TrimSpace(msg[:i])
+		}
+		msg = strings.TrimPrefix(msg, "net/url: ")
+	}
+	return errors.New("invalid URL: " + msg + "; percent-encode '@', ':', '/', '?', '#' and '%' in a user name or password")
+}

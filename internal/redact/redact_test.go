@@ -1,0 +1,82 @@
+package redact
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestURL(t *testing.T) {
+	cases := map[string]string{
+		"amqp://guest:s3cret@host:5672/vh":               "amqp://guest:xxxxx@host:5672/vh",
+		"kafka://b:9092/t?sasl_password=hunter2&group=g": "kafka://b:9092/t?sasl_password=xxxxx&group=g",
+		"amqp://host:5672/":                              "amqp://host:5672/",
+		// A raw '/', '?' or '#' in the password moves it out of the host.
+		"mysql://u:12/cd@h/db":     "mysql://u:xxxxx@h/db",
+		"mysql://u:12?cd@h/db":     "mysql://u:xxxxx@h/db",
+		"kafka://#u:pw@h":          "kafka://#u:xxxxx@h",
+		"amqp://u:p%zz@h/?queue=q": "amqp://u:xxxxx@h/?queue=q",
+		// Malformed without an '@': the password may be where the port is.
+		"mysql://user:secret":    "mysql://user:xxxxx",
+		"mysql://user:secret/db": "mysql://user:xxxxx/db",
+		// No "//": a DSN, an opaque URL.
+		"root:pw@tcp(127.0.0.1:3306)/test": "root:xxxxx@tcp(127.0.0.1:3306)/test",
+		"root:p/w@tcp(h)/db?x=1":           "root:xxxxx@tcp(h)/db?x=1",
+		"postgres:u:pw@h/db":               "postgres:xxxxx@h/db",
+		"tcp(h:3306)/db":                   "tcp(h:3306)/db",
+		// Query separators and escaped names.
+		"x://h/?a=1;token=abc":      "x://h/?a=1;token=xxxxx",
+		"x://h/?pass%77ord=abc&b=2": "x://h/?pass%77ord=xxxxx&b=2",
+		"x://h/?token=abc#frag":     "x://h/?token=xxxxx#frag",
+		"x://h/?token=&b=2":         "x://h/?token=&b=2",
+		"sqlite:///var/lib/app.db":  "sqlite:///var/lib/app.db",
+		"mem://payments":            "mem://payments",
+		"":                          "",
+	}
+	for in, want := range cases {
+		if got := URL(in); got != want {
+			t.Errorf("URL(%q) = %q, want %q", in, got, want)
+		}
+		if got := URL(URL(in)); got != URL(in) {
+			t.Errorf("URL(URL(%q)) = %q, not idempotent", in, got)
+		}
+	}
+}
+
+func TestError(t *testing.T) {
+	raw := "postgres://app:p%C3%BCss@db/x?sslpassword=k%2Fey1"
+	err := errors.New("connect postgres://app:p%C3%BCss@db/x as app/püss (sslpassword k/ey1, k%2Fey1)")
+	got := Error(err, raw)
+	for _, s := range []string{"p%C3%BCss", "püss", "k/ey1", "k%2Fey1"} {
+		if strings.Contains(got, s) {
+			t.Errorf("Error keeps %q: %s", s, got)
+		}
+	}
+	if !strings.Contains(got, "connect postgres://app:xxxxx@db/x") {
+		t.Errorf("Error lost the message around the secrets: %s", got)
+	}
+}
+
+func TestParseErrorsQuoteNothing(t *testing.T) {
+	for raw, want := range map[string]string{
+		"amqp://u:pa/ss@h:5672/":        "invalid port after host",
+		"postgres://u:se%zzcret@h/db":   "invalid %-escape",
+		"post gres://u:topsecret@h":     "first path segment in URL cannot contain colon",
+		"postgres://u:topsecret@h/\x7f": "invalid control character in URL",
+		"mysql://u:topsecret@bad host/": "invalid character in the host",
+	} {
+		_, err := ParseURL(raw)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseURL(%q) = %v, want an error saying %q", raw, err, want)
+			continue
+		}
+		for _, s := range []string{"pa/ss", "se%zz", "topsecret", "bad host"} {
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("ParseURL(%q) error quotes %q: %v", raw, s, err)
+			}
+		}
+	}
+	if _, err := ParseQuery("a=1&token=%zzsecret"); err == nil || strings.Contains(err.Error(), "%zz") {
+		t.Errorf("ParseQuery error %v", err)
+	}
+}
