@@ -1,9 +1,13 @@
 package core_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idemq/idemq/core"
@@ -104,5 +108,44 @@ func FuzzRedactError(f *testing.F) {
 		if strings.Contains(msg, "password "+pass+" ") {
 			t.Fatalf("password %q survives in %q", pass, msg)
 		}
+	})
+}
+
+// FuzzOpen: OpenSource, OpenPublisher and OpenStore quote no secret of the
+// URL they are given: not when it does not parse, has no scheme or one
+// nobody registered, and not when the driver's own error quotes the URL
+// in the forms drivers use (as given, re-encoded by url.URL.String, the
+// password unescaped).
+func FuzzOpen(f *testing.F) {
+	registerQuotingDriver()
+	for _, s := range []string{
+		"fuzzq://app:s3cretpw@h:5672/vh?queue=q&token=t0ken",
+		"fuzzq://app:p%C3%BCss1@h/?sasl_password=s%2Fcret",
+		"fuzzq://app:s3cr/etpw@h/", "fuzzq://app:s3cretpw@h:bad/", "nope://app:s3cretpw@h/", "app:s3cretpw@h/db",
+	} {
+		f.Add(s)
+	}
+	ctx := context.Background()
+	f.Fuzz(func(t *testing.T, raw string) {
+		redacttest.NoSecret(t, raw, func(raw string) error { _, err := core.OpenSource(ctx, raw); return err })
+		redacttest.NoSecret(t, raw, func(raw string) error { _, err := core.OpenPublisher(ctx, raw); return err })
+		redacttest.NoSecret(t, raw, func(raw string) error { _, err := core.OpenStore[*sql.Tx](ctx, raw); return err })
+	})
+}
+
+var registerOnce sync.Once
+
+// registerQuotingDriver registers fuzzq://, a broker and store whose
+// openers fail quoting everything they were given, as careless drivers do.
+func registerQuotingDriver() {
+	registerOnce.Do(func() {
+		quote := func(u *url.URL) error {
+			pw, _ := u.User.Password()
+			return fmt.Errorf("dial %s: refused (user %s, password %s, query %s)", u, u.User.Username(), pw, u.Query())
+		}
+		core.RegisterBroker("fuzzq",
+			func(_ context.Context, u *url.URL) (core.Source, error) { return nil, quote(u) },
+			func(_ context.Context, u *url.URL) (core.Publisher, error) { return nil, quote(u) })
+		core.RegisterStore("fuzzq", func(_ context.Context, u *url.URL) (any, error) { return nil, quote(u) })
 	})
 }

@@ -12,7 +12,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Ordering says which messages of one partition may be in flight together.
@@ -369,19 +369,16 @@ func parseTarget(target string, c *config) ([]Option, error) {
 	hosts := target
 	var opts []Option
 	if strings.Contains(target, "://") {
-		u, err := url.Parse(target)
+		u, err := redact.ParseURL(target)
 		if err != nil {
-			// url.Parse quotes the whole URL, password included.
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err
-			}
-			// The URL itself is not quoted: it may hold credentials in a
-			// shape no redaction can recognise.
-			return nil, fmt.Errorf("kafka: url does not parse: %v", err)
+			return nil, fmt.Errorf("kafka: url: %w", err)
 		}
 		if u.Scheme != "kafka" {
 			return nil, fmt.Errorf("kafka: url: scheme %q, want kafka://", u.Scheme)
+		}
+		if u.User != nil {
+			// Not used, so not silently ignored either.
+			return nil, errors.New("kafka: url: a user name or password is not read from the URL; set SASL with WithDialer")
 		}
 		hosts = u.Host
 		if topic := strings.Trim(u.Path, "/"); topic != "" {
@@ -390,7 +387,11 @@ func parseTarget(target string, c *config) ([]Option, error) {
 			}
 			opts = append(opts, WithTopic(topic))
 		}
-		qopts, err := queryOptions(u.Query())
+		q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+		if err != nil {
+			return nil, fmt.Errorf("kafka: url parameters: %w", err)
+		}
+		qopts, err := queryOptions(q)
 		if err != nil {
 			return nil, err
 		}
@@ -415,12 +416,7 @@ func parseTarget(target string, c *config) ([]Option, error) {
 		c.brokers = append(c.brokers, h)
 	}
 	if len(c.brokers) == 0 {
-		if strings.Contains(target, "@") {
-			// Credentials where url.Parse does not look for them (after
-			// a '#', say) are beyond core.Redact: do not quote it.
-			return nil, errors.New("kafka: brokers: no host:port in the URL")
-		}
-		return nil, fmt.Errorf("kafka: brokers: no host:port in %s", core.Redact(target))
+		return nil, errors.New("kafka: brokers: no host:port in the URL or broker list")
 	}
 	return opts, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() { core.RegisterBroker("mem", openSourceURL, openPublisherURL) }
@@ -44,9 +45,9 @@ func parseURL(u *url.URL) (b *Broker, queue string, subOpts []SubscribeOption, e
 	}
 	name := "default"
 	var bopts []Option
-	query, err := url.ParseQuery(u.RawQuery)
+	query, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("mem URL parameters: %v", err)
+		return nil, "", nil, fmt.Errorf("mem URL parameters: %w", err)
 	}
 	for k, vs := range query {
 		v := vs[len(vs)-1]

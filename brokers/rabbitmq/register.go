@@ -6,6 +6,7 @@ import (
 	"net/url"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
@@ -35,25 +36,25 @@ func (p *QueuePublisher) Publish(ctx context.Context, msgs ...*core.Message) err
 // routing key queue. Consumer-only parameters are accepted and ignored, so
 // one URL serves both sides.
 func openPublisherURL(ctx context.Context, u *url.URL) (core.Publisher, error) {
-	amqpURL, queue, _, err := parseSourceURL(withoutParam(u, "exchange").String())
+	q, err := redact.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: url parameters: %w", err)
+	}
+	exchange := q.Get("exchange")
+	q.Del("exchange")
+	rest := *u
+	rest.RawQuery = q.Encode()
+	amqpURL, queue, _, err := parseSourceURL(rest.String())
 	if err != nil {
 		return nil, err
 	}
 	var opts []PublisherOption
-	if ex := u.Query().Get("exchange"); ex != "" {
-		opts = append(opts, WithPublishExchange(ex))
+	if exchange != "" {
+		opts = append(opts, WithPublishExchange(exchange))
 	}
 	p, err := NewPublisher(ctx, amqpURL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: publisher: %w", err)
 	}
 	return &QueuePublisher{Publisher: p, key: queue}, nil
-}
-
-func withoutParam(u *url.URL, name string) *url.URL {
-	c := *u
-	q := c.Query()
-	q.Del(name)
-	c.RawQuery = q.Encode()
-	return &c
 }

@@ -97,25 +97,34 @@ type Stats struct {
 	Isolations int64
 }
 
+// sourceConfig checks what Open is given before it dials.
+func sourceConfig(url, queue string, opts []Option) (config, error) {
+	if err := checkName(queue); err != nil {
+		return config{}, fmt.Errorf("rabbitmq: queue: %w", err)
+	}
+	cfg := defaultConfig(queue)
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return config{}, err
+		}
+	}
+	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
+		return config{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
+	}
+	if _, err := amqp.ParseURI(url); err != nil {
+		return config{}, urlError(url, err)
+	}
+	return cfg, nil
+}
+
 // Open connects to the broker at url (amqp://user:pass@host:port/vhost),
 // declares the topology unless WithDeclare(false) is given (then it checks
 // that the queues exist), and returns a Source for queue. Consumption starts
 // at the first Receive, after the Consumer had its chance to call SetWindow.
 func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, error) {
-	if err := checkName(queue); err != nil {
-		return nil, fmt.Errorf("rabbitmq: queue: %w", err)
-	}
-	cfg := defaultConfig(queue)
-	for _, o := range opts {
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
-		return nil, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
-	}
-	if _, err := amqp.ParseURI(url); err != nil {
-		return nil, urlError(url, err)
+	cfg, err := sourceConfig(url, queue, opts)
+	if err != nil {
+		return nil, err
 	}
 	s := &Source{
 		url:      url,

@@ -2,12 +2,12 @@ package rabbitmq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // OpenURL opens a Source configured entirely by a URL, so deployment
@@ -52,14 +52,17 @@ var amqpParams = map[string]bool{
 // parseSourceURL splits rawURL into the URL for amqp091-go, the queue and
 // the options its idemq parameters ask for.
 func parseSourceURL(rawURL string) (string, string, []Option, error) {
-	u, err := url.Parse(rawURL)
+	u, err := redact.ParseURL(rawURL)
 	if err != nil {
-		return "", "", nil, urlError(rawURL, err)
+		return "", "", nil, fmt.Errorf("rabbitmq: url: %w", err)
 	}
 	if u.Scheme != "amqp" && u.Scheme != "amqps" {
 		return "", "", nil, fmt.Errorf("rabbitmq: url: scheme %q is not amqp or amqps", u.Scheme)
 	}
-	q := u.Query()
+	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+	if err != nil {
+		return "", "", nil, fmt.Errorf("rabbitmq: url parameters: %w", err)
+	}
 	keep := url.Values{}
 	var opts []Option
 	queue := ""
@@ -129,13 +132,12 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 	return u.String(), queue, opts, nil
 }
 
-// urlError reports a URL that does not parse without its secrets: url.Parse
-// quotes the whole URL, password included, so its *url.Error is unwrapped
-// and the URL shown redacted.
+// urlError reports a URL that amqp091-go refuses without its secrets: one
+// that does not parse is not shown at all (no rule knows where its
+// password ends), one that parses is shown redacted.
 func urlError(rawURL string, err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		err = ue.Err
+	if _, perr := redact.ParseURL(rawURL); perr != nil {
+		return fmt.Errorf("rabbitmq: url: %w", perr)
 	}
 	return fmt.Errorf("rabbitmq: url %s: %s", core.Redact(rawURL), core.RedactError(err, rawURL))
 }

@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // DeadLetterMode chooses how Delivery.DeadLetter parks a message.
@@ -322,9 +323,13 @@ func WithAWSConfig(cfg aws.Config) ClientOption {
 // configured anywhere, the region defaults to us-east-1.
 func WithEndpoint(endpoint string) ClientOption {
 	return func(c *config) error {
-		u, err := url.Parse(endpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return optErr("WithEndpoint", "%q is not an http(s) URL", endpoint)
+		// The endpoint is not quoted: it may carry credentials.
+		u, err := redact.ParseURL(endpoint)
+		if err != nil {
+			return optErr("WithEndpoint", "%v", err)
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return optErr("WithEndpoint", "not an http:// or https:// URL with a host")
 		}
 		c.endpoint = endpoint
 		return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() { core.RegisterBroker("sqs", openSourceURL, openPublisherURL) }
@@ -47,9 +48,9 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 		}
 		opts = append(opts, WithStaticCredentials(u.User.Username(), secret, ""))
 	}
-	query, err := url.ParseQuery(u.RawQuery)
+	query, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
-		return "", nil, fmt.Errorf("sqs URL parameters: %v", err)
+		return "", nil, fmt.Errorf("sqs URL parameters: %w", err)
 	}
 	keys := make([]string, 0, len(query))
 	for k := range query {

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 	_ "github.com/idemq/idemq/stores/mysql"
 	_ "github.com/idemq/idemq/stores/postgres"
 	_ "github.com/idemq/idemq/stores/sqlite"
@@ -65,8 +65,12 @@ func (f *flags) storeFlag() func() (string, error) {
 		if *s == "" {
 			return "", usagef("--store is required")
 		}
-		u, err := url.Parse(*s)
-		if err != nil || u.Scheme == "" {
+		u, err := redact.ParseURL(*s)
+		if err != nil {
+			// Not quoted: no rule knows where a malformed URL's password ends.
+			return "", usagef("--store: %v", err)
+		}
+		if u.Scheme == "" {
 			return "", usagef("--store %s is not a URL like postgres://host/db, mysql://host/db or sqlite://path", core.Redact(*s))
 		}
 		return *s, nil
@@ -95,7 +99,7 @@ func openStore(ctx context.Context, rawURL string) (*openedStore, error) {
 		s, err = core.OpenStore[*sql.Tx](ctx, rawURL)
 	}
 	if err != nil {
-		return nil, redact(err, rawURL)
+		return nil, hideSecrets(err, rawURL)
 	}
 	return &openedStore{url: rawURL, store: s}, nil
 }
@@ -114,9 +118,9 @@ func (o *openedStore) table() string {
 	return "(dedup table)"
 }
 
-// redact returns err with every credential of rawURL replaced, keeping
+// hideSecrets returns err with every credential of rawURL replaced, keeping
 // nothing of the original error chain that could print them.
-func redact(err error, rawURL string) error {
+func hideSecrets(err error, rawURL string) error {
 	if err == nil {
 		return nil
 	}
@@ -149,7 +153,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("the store at %s cannot migrate itself", core.Redact(raw))
 	}
 	if err := m.Migrate(ctx); err != nil {
-		return redact(err, raw)
+		return hideSecrets(err, raw)
 	}
 	fmt.Fprintf(stdout, "dedup table %s is ready on %s\n", s.table(), core.Redact(raw))
 	return nil
@@ -221,7 +225,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.table(), batches)
 				return errors.New("interrupted")
 			}
-			return fmt.Errorf("after pruning %d claims: %w", total, redact(err, raw))
+			return fmt.Errorf("after pruning %d claims: %w", total, hideSecrets(err, raw))
 		}
 		total += n
 		batches++
@@ -277,7 +281,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	st, err := in.Inspect(ctx)
 	if err != nil {
-		return redact(err, raw)
+		return hideSecrets(err, raw)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

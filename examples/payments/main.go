@@ -348,7 +348,9 @@ const (
 func dialectOf(storeURL string) (dialect, error) {
 	u, err := url.Parse(storeURL)
 	if err != nil {
-		return 0, fmt.Errorf("invalid URL %s", core.Redact(storeURL))
+		// Not quoted, not even redacted: no rule knows where a malformed
+		// URL's password ends.
+		return 0, errors.New("the store URL does not parse (percent-encode '@', ':', '/', '?', '#' and '%' in its password)")
 	}
 	switch strings.ToLower(u.Scheme) {
 	case "postgres", "postgresql":

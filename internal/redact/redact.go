@@ -302,7 +302,7 @@ func querySpans(raw string, from int) []span {
 func ParseURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, parseError(err)
+		return nil, errors.New("invalid URL: " + reason(err) + "; percent-encode '@', ':', '/', '?', '#' and '%' in a user name or password")
 	}
 	return u, nil
 }
@@ -312,13 +312,13 @@ func ParseURL(raw string) (*url.URL, error) {
 func ParseQuery(rawQuery string) (url.Values, error) {
 	q, err := url.ParseQuery(rawQuery)
 	if err != nil {
-		return nil, parseError(err)
+		return nil, errors.New("invalid query: " + reason(err))
 	}
 	return q, nil
 }
 
-// parseError turns an error of net/url into one without the input it quotes.
-func parseError(err error) error {
+// reason says what an error of net/url says, without the input it quotes.
+func reason(err error) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
@@ -342,5 +342,5 @@ func parseError(err error) error {
 		}
 		msg = strings.TrimPrefix(msg, "net/url: ")
 	}
-	return errors.New("invalid URL: " + msg + "; percent-encode '@', ':', '/', '?', '#' and '%' in a user name or password")
+	return msg
 }

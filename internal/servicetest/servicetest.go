@@ -24,13 +24,13 @@ import (
 	"database/sql"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
@@ -102,7 +102,7 @@ func URL(t testing.TB, variable, def string, ping func(ctx context.Context, url 
 	defer cancel()
 	if err := ping(ctx, u); err != nil {
 		Unavailable(t, "service unreachable at %s=%s: %s; set %s to a reachable one",
-			variable, redact(u), core.RedactError(err, u), variable)
+			variable, core.Redact(u), core.RedactError(err, u), variable)
 	}
 	return u
 }
@@ -182,9 +182,9 @@ func ParseMySQL(s string) (*mysqldrv.Config, error) {
 	if !strings.HasPrefix(s, "mysql://") {
 		return mysqldrv.ParseDSN(s)
 	}
-	u, err := url.Parse(s)
+	u, err := redact.ParseURL(s)
 	if err != nil {
-		return nil, fmt.Errorf("mysql URL %s: %s", core.Redact(s), core.RedactError(err, s))
+		return nil, fmt.Errorf("mysql URL: %w", err)
 	}
 	cfg := mysqldrv.NewConfig()
 	// Keep the parameters the driver knows (timeouts, tls=true…). Those it
@@ -203,13 +203,3 @@ func ParseMySQL(s string) (*mysqldrv.Config, error) {
 	return cfg, nil
 }
 
-// redact hides the password of a URL or of a go-sql-driver DSN.
-func redact(s string) string {
-	if !strings.Contains(s, "://") {
-		if cfg, err := mysqldrv.ParseDSN(s); err == nil && cfg.Passwd != "" {
-			return strings.Replace(s, ":"+cfg.Passwd+"@", ":xxxxx@", 1)
-		}
-		return s
-	}
-	return core.Redact(s)
-}

@@ -46,7 +46,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,6 +53,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 )
@@ -137,19 +137,49 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 }
 
 // ParseDSN reads a go-sql-driver DSN or a mysql:// URL into the driver's
-// config.
+// config. Its errors name the part or parameter that is wrong and quote
+// none of the DSN, which may hold the password wherever a typo put it.
 func ParseDSN(dsn string) (*mysqldrv.Config, error) {
-	if !strings.HasPrefix(dsn, "mysql://") {
-		return mysqldrv.ParseDSN(dsn)
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		// url.Parse quotes the whole URL, password included.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
+	if scheme, isURL := urlScheme(dsn); isURL {
+		if !strings.EqualFold(scheme, "mysql") {
+			return nil, errors.New("mysql: the DSN is a URL whose scheme is not mysql://")
 		}
-		return nil, fmt.Errorf("mysql URL %s: %w", core.Redact(dsn), err)
+		return parseURLDSN("mysql" + dsn[len(scheme):])
+	}
+	c, err := mysqldrv.ParseDSN(dsn)
+	if err != nil {
+		return nil, driverDSNError(dsn, err)
+	}
+	return c, nil
+}
+
+// urlScheme reports whether dsn is written as a URL ("scheme://…", or
+// "//…" without a scheme) rather than as a go-sql-driver DSN, and its
+// scheme as written.
+func urlScheme(dsn string) (string, bool) {
+	i := strings.Index(dsn, "//")
+	if i < 0 {
+		return "", false
+	}
+	if i == 0 {
+		return "", true
+	}
+	scheme, ok := strings.CutSuffix(dsn[:i], ":")
+	if !ok || scheme == "" {
+		return "", false
+	}
+	for j, c := range scheme {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || j > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return "", false
+		}
+	}
+	return scheme, true
+}
+
+func parseURLDSN(dsn string) (*mysqldrv.Config, error) {
+	u, err := redact.ParseURL(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: DSN: %w", err)
 	}
 	tlsCfg, rawQuery, err := tlsFromURL(u)
 	if err != nil {
@@ -174,7 +204,7 @@ func ParseDSN(dsn string) (*mysqldrv.Config, error) {
 	// Let the driver read the parameters, so every one it knows works.
 	withParams, err := mysqldrv.ParseDSN("/?" + u.RawQuery)
 	if err != nil {
-		return nil, err
+		return nil, driverDSNError("/?"+u.RawQuery, err)
 	}
 	withParams.Net, withParams.Addr = c.Net, c.Addr
 	withParams.User, withParams.Passwd, withParams.DBName = c.User, c.Passwd, c.DBName
@@ -187,6 +217,49 @@ func ParseDSN(dsn string) (*mysqldrv.Config, error) {
 		withParams.TLS = tlsCfg
 	}
 	return withParams, nil
+}
+
+// driverFixed are go-sql-driver's DSN errors that quote nothing.
+var driverFixed = []string{
+	"invalid DSN: did you forget to escape a param value?",
+	"invalid DSN: network address not terminated (missing closing brace)",
+	"invalid DSN: missing the slash separating the database name",
+	"invalid DSN: interpolateParams can not be used with unsafe collations",
+}
+
+// driverDSNError restates an error of go-sql-driver's ParseDSN without the
+// values it quotes (a database name or a parameter's value, which a
+// misplaced '/' or '@' can fill with the password): it names the
+// parameter at fault, found by handing the driver one parameter at a time.
+func driverDSNError(dsn string, err error) error {
+	msg := err.Error()
+	if slices.Contains(driverFixed, msg) {
+		return fmt.Errorf("mysql: DSN: %s", msg)
+	}
+	reason := msg
+	if i := strings.IndexAny(reason, ":'\""); i >= 0 {
+		reason = strings.TrimSpace(reason[:i])
+	}
+	if strings.HasPrefix(msg, "invalid dbname") {
+		return errors.New("mysql: DSN: the database name has an invalid %-escape (a literal '%' is written %25)")
+	}
+	if _, query, ok := strings.Cut(dsn[strings.LastIndexByte(dsn, '/')+1:], "?"); ok {
+		for pair := range strings.SplitSeq(query, "&") {
+			if _, perr := mysqldrv.ParseDSN("/?" + pair); perr != nil {
+				if name, _, _ := strings.Cut(pair, "="); plainName(name) {
+					return fmt.Errorf("mysql: DSN parameter %s: %s", name, reason)
+				}
+				return fmt.Errorf("mysql: DSN: a parameter: %s", reason)
+			}
+		}
+	}
+	return fmt.Errorf("mysql: DSN: %s", reason)
+}
+
+// plainName reports whether a parameter's name is safe to show: letters,
+// digits, '_', '-' and '.', nothing a misplaced password would bring.
+func plainName(name string) bool {
+	return name != "" && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") == ""
 }
 
 // New wraps an existing database handle opened with the mysql driver. It

@@ -3,9 +3,13 @@ package mysql
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
+
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // tlsParams are the mysql:// URL parameters that build a verifying TLS
@@ -19,9 +23,9 @@ var tlsParams = []string{"ssl-ca", "ssl-cert", "ssl-key", "ssl-server-name"}
 // ssl-server-name (default: the URL's host); ssl-cert and ssl-key add a
 // client certificate.
 func tlsFromURL(u *url.URL) (*tls.Config, string, error) {
-	q, err := url.ParseQuery(u.RawQuery)
+	q, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, "", fmt.Errorf("mysql URL parameters: %v", err)
+		return nil, "", fmt.Errorf("mysql URL parameters: %w", err)
 	}
 	given := map[string]string{}
 	for _, k := range tlsParams {
@@ -60,6 +64,15 @@ func tlsFromURL(u *url.URL) (*tls.Config, string, error) {
 	if certFile != "" {
 		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
+			// Name the parameter rather than the file: a key's path is
+			// hidden wherever the URL is shown.
+			var pe *fs.PathError
+			switch {
+			case errors.As(err, &pe) && pe.Path == keyFile:
+				return nil, "", fmt.Errorf("mysql URL parameter ssl-key: %s: %w", pe.Op, pe.Err)
+			case errors.As(err, &pe):
+				return nil, "", fmt.Errorf("mysql URL parameter ssl-cert: %s: %w", pe.Op, pe.Err)
+			}
 			return nil, "", fmt.Errorf("mysql URL parameters ssl-cert, ssl-key: %w", err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // The schemes core.OpenStore[pgx.Tx] opens with this package imported.
@@ -33,9 +34,9 @@ func openURL(ctx context.Context, u *url.URL) (any, error) {
 // driver gets (the rest), without connecting, so the parser can be fuzzed
 // alone.
 func parseURL(u *url.URL) (string, []Option, error) {
-	q, err := url.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 	if err != nil {
-		return "", nil, fmt.Errorf("%s URL parameters: %v", u.Scheme, err)
+		return "", nil, fmt.Errorf("postgres URL parameters: %w", err)
 	}
 	var opts []Option
 	for _, k := range []string{"table", "retention", "partitions"} {

@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"net/url"
-	"strings"
 	"testing"
+
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/redact/redacttest"
 )
 
 // FuzzParseURL: the postgres:// parser never panics, never quotes the
@@ -20,19 +22,13 @@ func FuzzParseURL(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
+		redacttest.NoSecret(t, raw, parseAll)
 		u, err := url.Parse(raw)
 		if err != nil {
 			return
 		}
-		pass, _ := u.User.Password()
-		if strings.Count(strings.ToLower(raw), strings.ToLower(pass)) > 1 {
-			pass = "" // also elsewhere in the URL, where an error may name it
-		}
 		conn, opts, err := parseURL(u)
 		if err != nil {
-			if len(pass) >= 4 && strings.Contains(err.Error(), pass) {
-				t.Fatalf("error quotes the password %q: %v", pass, err)
-			}
 			return
 		}
 		cu, err := url.Parse(conn)
@@ -49,8 +45,21 @@ func FuzzParseURL(f *testing.F) {
 		}
 		if cfg, err := buildConfig(opts); err == nil && validateIdentifier(cfg.table) != nil {
 			t.Fatalf("table %q accepted", cfg.table)
-		} else if err != nil && len(pass) >= 4 && strings.Contains(err.Error(), pass) {
-			t.Fatalf("option error quotes the password: %v", err)
 		}
 	})
+}
+
+// parseAll is what core.OpenStore does with a postgres:// URL before it
+// connects: parse it, split the store's options off, build the config.
+func parseAll(raw string) error {
+	u, err := redact.ParseURL(raw)
+	if err != nil {
+		return err
+	}
+	_, opts, err := parseURL(u)
+	if err != nil {
+		return err
+	}
+	_, err = buildConfig(opts)
+	return err
 }

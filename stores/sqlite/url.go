@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() { core.RegisterStore("sqlite", openURL) }
@@ -32,9 +33,9 @@ func parseURL(u *url.URL) (string, []Option, error) {
 	if path == "" {
 		return "", nil, fmt.Errorf("sqlite URL has no file path (use sqlite://app.db or sqlite:///abs/path.db)")
 	}
-	query, err := url.ParseQuery(u.RawQuery)
+	query, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
-		return "", nil, fmt.Errorf("sqlite URL parameters: %v", err)
+		return "", nil, fmt.Errorf("sqlite URL parameters: %w", err)
 	}
 	var opts []Option
 	for k, vs := range query {

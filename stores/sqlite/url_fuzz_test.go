@@ -3,10 +3,13 @@ package sqlite
 import (
 	"net/url"
 	"testing"
+
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/redact/redacttest"
 )
 
-// FuzzParseURL: the sqlite:// parser never panics, gives a path whenever it
-// accepts, and every option it returns is valid or reports its own error
+// FuzzParseURL: the sqlite:// parser never panics, quotes no secret in an
+// error, gives a path whenever it accepts, and every option it returns is valid or reports its own error
 // (table names are SQL identifiers, never spliced unchecked).
 func FuzzParseURL(f *testing.F) {
 	for _, s := range []string{
@@ -16,6 +19,18 @@ func FuzzParseURL(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
+		redacttest.NoSecret(t, raw, func(raw string) error {
+			u, err := redact.ParseURL(raw)
+			if err != nil {
+				return err
+			}
+			_, opts, err := parseURL(u)
+			if err != nil {
+				return err
+			}
+			_, err = buildConfig(opts)
+			return err
+		})
 		u, err := url.Parse(raw)
 		if err != nil {
 			return
