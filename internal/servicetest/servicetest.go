@@ -202,4 +202,3 @@ func ParseMySQL(s string) (*mysqldrv.Config, error) {
 	cfg.Passwd, _ = u.User.Password()
 	return cfg, nil
 }
-
