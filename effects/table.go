@@ -302,7 +302,7 @@ func (q sqlQ) queryBytes(ctx context.Context, s string, args ...any) ([]byte, bo
 // SQL text.
 func validateIdentifier(name string) error {
 	if name == "" || len(name) > 63 {
-		return fmt.Errorf("table name %q must be 1 to 63 characters", name)
+		return fmt.Errorf("table name of %d characters: 1 to 63 are allowed", len(name))
 	}
 	for i := 0; i < len(name); i++ {
 		ch := name[i]
@@ -310,7 +310,7 @@ func validateIdentifier(name string) error {
 		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
 		case ch >= '0' && ch <= '9' && i > 0:
 		default:
-			return fmt.Errorf("table name %q: only letters, digits and underscores, not starting with a digit", name)
+			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
 		}
 	}
 	return nil

@@ -352,7 +352,7 @@ func checkTopic(t string) error {
 	}
 	for _, r := range t {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
-			return fmt.Errorf("topic name %q holds %q; only [a-zA-Z0-9._-] are allowed", t, r)
+			return fmt.Errorf("topic name holds %q; only [a-zA-Z0-9._-] are allowed", r)
 		}
 	}
 	return nil
@@ -429,7 +429,7 @@ func queryOptions(q url.Values) ([]Option, error) {
 			return nil, fmt.Errorf("kafka: url parameter %s: given %d times", k, len(vs))
 		}
 		v := vs[0]
-		bad := func(want string) error { return fmt.Errorf("kafka: url parameter %s: %q is not %s", k, v, want) }
+		bad := func(want string) error { return fmt.Errorf("kafka: url parameter %s: not %s", k, want) }
 		switch k {
 		case "group":
 			opts = append(opts, WithGroup(v))

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -57,13 +58,13 @@ func parseURL(u *url.URL) (b *Broker, queue string, subOpts []SubscribeOption, e
 		case "visibility":
 			d, perr := time.ParseDuration(v)
 			if perr != nil {
-				return nil, "", nil, fmt.Errorf("mem URL parameter visibility: %q is not a duration", v)
+				return nil, "", nil, errors.New("mem URL parameter visibility: not a duration")
 			}
 			bopts = append(bopts, WithVisibilityTimeout(d))
 		case "window":
 			var n int
 			if _, perr := fmt.Sscan(v, &n); perr != nil {
-				return nil, "", nil, fmt.Errorf("mem URL parameter window: %q is not a number", v)
+				return nil, "", nil, errors.New("mem URL parameter window: not a number")
 			}
 			subOpts = append(subOpts, WithWindow(n))
 		default:

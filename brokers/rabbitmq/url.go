@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -83,7 +84,7 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 			case "queue":
 				opts = append(opts, WithRetryMode(RetryViaQueue))
 			default:
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter retry: %q is not requeue or queue", v)
+				return "", "", nil, errors.New("rabbitmq: url parameter retry: not requeue or queue")
 			}
 		case "dead_letter":
 			switch v {
@@ -92,24 +93,24 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 			case "reject":
 				opts = append(opts, WithDeadLetterMode(DeadLetterReject))
 			default:
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter dead_letter: %q is not republish or reject", v)
+				return "", "", nil, errors.New("rabbitmq: url parameter dead_letter: not republish or reject")
 			}
 		case "declare":
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter declare: %q is not a boolean", v)
+				return "", "", nil, errors.New("rabbitmq: url parameter declare: not a boolean")
 			}
 			opts = append(opts, WithDeclare(b))
 		case "prefetch":
 			n, err := strconv.Atoi(v)
 			if err != nil {
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter prefetch: %q is not a number", v)
+				return "", "", nil, errors.New("rabbitmq: url parameter prefetch: not a number")
 			}
 			opts = append(opts, WithPrefetch(n))
 		case "delivery_limit":
 			n, err := strconv.Atoi(v)
 			if err != nil {
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter delivery_limit: %q is not a number", v)
+				return "", "", nil, errors.New("rabbitmq: url parameter delivery_limit: not a number")
 			}
 			opts = append(opts, WithDeliveryLimit(n))
 		case "dead_letter_queue":

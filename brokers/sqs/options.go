@@ -365,11 +365,11 @@ func WithStaticCredentials(accessKeyID, secretAccessKey, sessionToken string) Cl
 // characters of A-Z a-z 0-9 _ - ., not starting with "AWS." or "Amazon.".
 func checkAttributeName(name string) error {
 	if name == "" || len(name) > 256 {
-		return fmt.Errorf("attribute name %q must have 1..256 characters", name)
+		return fmt.Errorf("attribute name of %d characters: 1..256 are allowed", len(name))
 	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
-			return fmt.Errorf("attribute name %q holds %q (allowed: letters, digits, _ - .)", name, r)
+			return fmt.Errorf("attribute name holds %q (allowed: letters, digits, _ - .)", r)
 		}
 	}
 	if name[0] == '.' || name[len(name)-1] == '.' {

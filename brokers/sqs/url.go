@@ -2,6 +2,7 @@ package sqs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
@@ -83,18 +84,18 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 			case "redrive":
 				o = WithDeadLetterMode(DeadLetterRedrive)
 			default:
-				return "", nil, fmt.Errorf("sqs URL parameter dead_letter_mode: %q is not send or redrive", v)
+				return "", nil, errors.New("sqs URL parameter dead_letter_mode: not send or redrive")
 			}
 		case "heartbeat":
 			b, perr := strconv.ParseBool(v)
 			if perr != nil {
-				return "", nil, fmt.Errorf("sqs URL parameter heartbeat: %q is not a boolean", v)
+				return "", nil, errors.New("sqs URL parameter heartbeat: not a boolean")
 			}
 			o = WithHeartbeat(b)
 		case "receivers", "window":
 			n, perr := strconv.Atoi(v)
 			if perr != nil {
-				return "", nil, fmt.Errorf("sqs URL parameter %s: %q is not a number", k, v)
+				return "", nil, fmt.Errorf("sqs URL parameter %s: not a number", k)
 			}
 			if k == "receivers" {
 				o = WithReceivers(n)
@@ -104,7 +105,7 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 		case "wait", "visibility", "max_extension", "close_timeout":
 			d, perr := time.ParseDuration(v)
 			if perr != nil {
-				return "", nil, fmt.Errorf("sqs URL parameter %s: %q is not a duration", k, v)
+				return "", nil, fmt.Errorf("sqs URL parameter %s: not a duration", k)
 			}
 			o = map[string]func(time.Duration) Option{
 				"wait": WithWaitTime, "visibility": WithVisibilityTimeout,

@@ -420,7 +420,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 // starting with a digit, at most 58 characters (64 minus "_locks").
 func validateIdentifier(name string) error {
 	if name == "" || len(name) > 58 {
-		return fmt.Errorf("table name %q must be 1 to 58 characters", name)
+		return fmt.Errorf("table name of %d characters: 1 to 58 are allowed", len(name))
 	}
 	for i := 0; i < len(name); i++ {
 		ch := name[i]
@@ -428,7 +428,7 @@ func validateIdentifier(name string) error {
 		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
 		case ch >= '0' && ch <= '9' && i > 0:
 		default:
-			return fmt.Errorf("table name %q: only letters, digits and underscores, not starting with a digit", name)
+			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
 		}
 	}
 	return nil

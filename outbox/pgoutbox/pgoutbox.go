@@ -434,7 +434,7 @@ func validateIdentifier(name string) error {
 		return errors.New("empty table name")
 	}
 	if len(name) > maxIdentifierLength {
-		return fmt.Errorf("table name %q is %d characters long, at most %d allowed", name, len(name), maxIdentifierLength)
+		return fmt.Errorf("table name is %d characters long, at most %d allowed", len(name), maxIdentifierLength)
 	}
 	for i := 0; i < len(name); i++ {
 		ch := name[i]
@@ -442,7 +442,7 @@ func validateIdentifier(name string) error {
 		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
 		case ch >= '0' && ch <= '9' && i > 0:
 		default:
-			return fmt.Errorf("table name %q: only letters, digits and underscores, not starting with a digit", name)
+			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
 		}
 	}
 	return nil

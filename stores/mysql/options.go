@@ -134,7 +134,7 @@ func validateIdentifier(name string) error {
 		return errors.New("empty table name")
 	}
 	if len(name) > maxIdentifierLength {
-		return fmt.Errorf("table name %q is %d characters long, at most %d allowed", name, len(name), maxIdentifierLength)
+		return fmt.Errorf("table name is %d characters long, at most %d allowed", len(name), maxIdentifierLength)
 	}
 	for i := 0; i < len(name); i++ {
 		ch := name[i]
@@ -142,10 +142,10 @@ func validateIdentifier(name string) error {
 		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
 		case ch >= '0' && ch <= '9':
 			if i == 0 {
-				return fmt.Errorf("table name %q starts with a digit", name)
+				return errors.New("table name starts with a digit")
 			}
 		default:
-			return fmt.Errorf("table name %q holds %q: only letters, digits and underscores are allowed", name, ch)
+			return fmt.Errorf("table name holds %q: only letters, digits and underscores are allowed", ch)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -46,7 +47,7 @@ func parseURL(u *url.URL) (string, []Option, error) {
 		v := q.Get("retention")
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return "", nil, fmt.Errorf("mysql URL parameter retention: %q is not a duration like 168h", v)
+			return "", nil, errors.New("mysql URL parameter retention: not a duration like 168h")
 		}
 		opts = append(opts, WithRetention(d))
 		q.Del("retention")
@@ -60,7 +61,7 @@ func parseURL(u *url.URL) (string, []Option, error) {
 		v := q.Get("isolation")
 		level, ok := levels[v]
 		if !ok {
-			return "", nil, fmt.Errorf("mysql URL parameter isolation: %q is not read-committed, repeatable-read or serializable", v)
+			return "", nil, errors.New("mysql URL parameter isolation: not read-committed, repeatable-read or serializable")
 		}
 		opts = append(opts, WithIsolation(level))
 		q.Del("isolation")
@@ -69,7 +70,7 @@ func parseURL(u *url.URL) (string, []Option, error) {
 		v := q.Get("migrate")
 		on, err := strconv.ParseBool(v)
 		if err != nil {
-			return "", nil, fmt.Errorf("mysql URL parameter migrate: %q is not true or false", v)
+			return "", nil, errors.New("mysql URL parameter migrate: not true or false")
 		}
 		opts = append(opts, WithMigrate(on))
 		q.Del("migrate")

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -51,7 +52,7 @@ func parseURL(u *url.URL) (string, []Option, error) {
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			return "", nil, fmt.Errorf("postgres URL parameter %s: %q is not a duration like 168h", k, v)
+			return "", nil, fmt.Errorf("postgres URL parameter %s: not a duration like 168h", k)
 		}
 		if k == "retention" {
 			opts = append(opts, WithRetention(d))
@@ -63,7 +64,7 @@ func parseURL(u *url.URL) (string, []Option, error) {
 		v := q.Get("migrate")
 		on, err := strconv.ParseBool(v)
 		if err != nil {
-			return "", nil, fmt.Errorf("postgres URL parameter migrate: %q is not true or false", v)
+			return "", nil, errors.New("postgres URL parameter migrate: not true or false")
 		}
 		opts = append(opts, WithMigrate(on))
 		q.Del("migrate")

@@ -85,7 +85,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("sqlite: Open: path %q: give a file name; an in-memory database would be private to each pooled connection (use New with a handle of your own for special DSNs)", path)
 	}
 	if strings.ContainsRune(path, '?') {
-		return nil, fmt.Errorf("sqlite: Open: path %q holds '?', which would be read as DSN parameters", path)
+		return nil, errors.New("sqlite: Open: the path holds '?', which would be read as DSN parameters")
 	}
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()))

@@ -46,7 +46,7 @@ func parseURL(u *url.URL) (string, []Option, error) {
 		case "retention", "busy_timeout":
 			d, err := time.ParseDuration(v)
 			if err != nil {
-				return "", nil, fmt.Errorf("sqlite URL parameter %s: %q is not a duration like 168h", k, v)
+				return "", nil, fmt.Errorf("sqlite URL parameter %s: not a duration like 168h", k)
 			}
 			if k == "retention" {
 				opts = append(opts, WithRetention(d))
