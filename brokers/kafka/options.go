@@ -426,7 +426,7 @@ func queryOptions(q url.Values) ([]Option, error) {
 	interval, count := time.Duration(0), 0
 	for k, vs := range q {
 		if len(vs) != 1 {
-			return nil, fmt.Errorf("kafka: url parameter %s: given %d times", k, len(vs))
+			return nil, fmt.Errorf("kafka: url parameter %s: given %d times", redact.Name(k), len(vs))
 		}
 		v := vs[0]
 		bad := func(want string) error { return fmt.Errorf("kafka: url parameter %s: not %s", k, want) }
@@ -491,7 +491,7 @@ func queryOptions(q url.Values) ([]Option, error) {
 				return WithGroupTimeouts(session, heartbeat, rebalance)(c)
 			})
 		default:
-			return nil, fmt.Errorf("kafka: url parameter %s: unknown", k)
+			return nil, fmt.Errorf("kafka: url parameter %s: unknown", redact.Name(k))
 		}
 	}
 	if interval != 0 || count != 0 {

@@ -68,7 +68,7 @@ func parseURL(u *url.URL) (b *Broker, queue string, subOpts []SubscribeOption, e
 			}
 			subOpts = append(subOpts, WithWindow(n))
 		default:
-			return nil, "", nil, fmt.Errorf("mem URL: unknown parameter %q (known: broker, visibility, window)", k)
+			return nil, "", nil, fmt.Errorf("mem URL: unknown parameter %q (known: broker, visibility, window)", redact.Name(k))
 		}
 	}
 	b, err = Named(name, bopts...)

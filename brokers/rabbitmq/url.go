@@ -69,7 +69,7 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 	queue := ""
 	for k, vs := range q {
 		if len(vs) != 1 && !amqpParams[k] {
-			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: given %d times", k, len(vs))
+			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: given %d times", redact.Name(k), len(vs))
 		}
 		v := vs[0]
 		switch k {
@@ -121,7 +121,7 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 			opts = append(opts, WithConnectionName(v))
 		default:
 			if !amqpParams[k] {
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: unknown", k)
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: unknown", redact.Name(k))
 			}
 			keep[k] = vs
 		}

@@ -65,7 +65,7 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 			if source {
 				known = append(known, "dlq", "dead_letter_mode", "wait", "visibility", "receivers", "window", "heartbeat", "max_extension", "close_timeout")
 			}
-			return "", nil, fmt.Errorf("sqs URL: unknown parameter %q (known: %s)", k, strings.Join(known, ", "))
+			return "", nil, fmt.Errorf("sqs URL: unknown parameter %q (known: %s)", redact.Name(k), strings.Join(known, ", "))
 		}
 		var o Option
 		switch k {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -38,6 +39,19 @@ func SecretParam(name string) bool {
 
 // nestedUserinfo is the password of a "//user:pass@" anywhere in a string.
 var nestedUserinfo = regexp.MustCompile(`//[^/?#:@]*:([^/?#@]+)@`)
+
+// Name returns name for an error message when it is a plain name (letters,
+// digits, '_', '-' and '.', at most 64 bytes), the way parameter names are
+// written, and a description without it otherwise: a name with other bytes
+// may be part of a password a typo moved into the query.
+func Name(name string) string {
+	if name == "" || len(name) > 64 || strings.Trim(name, plainBytes) != "" {
+		return "(a name of " + strconv.Itoa(len(name)) + " bytes, not shown)"
+	}
+	return name
+}
+
+const plainBytes = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-."
 
 // span is a byte range [from, to) of a URL that holds a secret.
 type span struct{ from, to int }
@@ -135,7 +149,9 @@ func Secrets(raw string) []string {
 			out = append(out, s)
 		}
 	}
-	for _, sp := range secretSpans(raw) {
+	// Each secret alone as well as the merged spans: a driver may quote a
+	// nested URL's password without the parameter around it.
+	for _, sp := range append(secretSpans(raw), foundSpans(raw)...) {
 		s := raw[sp.from:sp.to]
 		add(s)
 		for _, un := range unescapings(s) {
@@ -162,9 +178,9 @@ func unescapings(s string) []string {
 	return out
 }
 
-// secretSpans finds the password and the secret parameter values of raw,
-// in order, without overlaps.
-func secretSpans(raw string) []span {
+// foundSpans finds the password and the secret parameter values of raw by
+// every rule, overlapping as they come.
+func foundSpans(raw string) []span {
 	// Split as url.Parse does: the fragment at the first '#', the scheme,
 	// then the query at the first '?'.
 	main := raw
@@ -234,11 +250,18 @@ func secretSpans(raw string) []span {
 	}
 	// The query as url.Parse finds it, the one after the '@' of a
 	// malformed URL, and the passwords of URLs inside it (an endpoint=
-	// parameter, say). Spans that overlap or touch are hidden as one.
+	// parameter, say).
 	spans := append(pw, append(querySpans(raw, start), querySpans(raw, end)...)...)
 	for _, m := range nestedUserinfo.FindAllStringSubmatchIndex(raw, -1) {
 		spans = append(spans, span{m[2], m[3]})
 	}
+	return spans
+}
+
+// secretSpans are the spans of foundSpans in order, those that overlap or
+// touch hidden as one.
+func secretSpans(raw string) []span {
+	spans := foundSpans(raw)
 	slices.SortFunc(spans, func(a, b span) int { return a.from - b.from })
 	var merged []span
 	for _, s := range spans {

@@ -246,20 +246,12 @@ func driverDSNError(dsn string, err error) error {
 	if _, query, ok := strings.Cut(dsn[strings.LastIndexByte(dsn, '/')+1:], "?"); ok {
 		for pair := range strings.SplitSeq(query, "&") {
 			if _, perr := mysqldrv.ParseDSN("/?" + pair); perr != nil {
-				if name, _, _ := strings.Cut(pair, "="); plainName(name) {
-					return fmt.Errorf("mysql: DSN parameter %s: %s", name, reason)
-				}
-				return fmt.Errorf("mysql: DSN: a parameter: %s", reason)
+				name, _, _ := strings.Cut(pair, "=")
+				return fmt.Errorf("mysql: DSN parameter %s: %s", redact.Name(name), reason)
 			}
 		}
 	}
 	return fmt.Errorf("mysql: DSN: %s", reason)
-}
-
-// plainName reports whether a parameter's name is safe to show: letters,
-// digits, '_', '-' and '.', nothing a misplaced password would bring.
-func plainName(name string) bool {
-	return name != "" && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") == ""
 }
 
 // New wraps an existing database handle opened with the mysql driver. It

@@ -54,7 +54,7 @@ func parseURL(u *url.URL) (string, []Option, error) {
 				opts = append(opts, WithBusyTimeout(d))
 			}
 		default:
-			return "", nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", k)
+			return "", nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", redact.Name(k))
 		}
 	}
 	return path, opts, nil
