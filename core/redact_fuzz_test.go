@@ -91,8 +91,8 @@ func FuzzRedactError(f *testing.F) {
 		f.Add(s, "db.example.com")
 	}
 	f.Fuzz(func(t *testing.T, pass, host string) {
-		if len(pass) < 3 || strings.ContainsAny(host, "/@?#:%") || host == "" {
-			return
+		if len(pass) < 3 || pass == "xxxxx" || strings.ContainsAny(host, "/@?#:%") || host == "" {
+			return // a password that is the mask itself cannot be told from it
 		}
 		raw := "postgres://app:" + url.PathEscape(pass) + "@" + host + "/db"
 		if u, err := url.Parse(raw); err != nil {

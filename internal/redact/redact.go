@@ -248,6 +248,16 @@ func foundSpans(raw string) []span {
 			pw, end = append(pw, span{c + 1, lastAt}), lastAt
 		}
 	}
+	// A password with '@' in it ends at its last '@' by the rules above;
+	// a reader who takes the first '@' (the go-sql-driver DSN's last '@'
+	// before a '/', say) sees a shorter one, which Error must hide too.
+	for _, p := range pw {
+		for i := p.from + 1; i < p.to; i++ {
+			if raw[i] == '@' {
+				pw = append(pw, span{p.from, i})
+			}
+		}
+	}
 	// The query as url.Parse finds it, the one after the '@' of a
 	// malformed URL, and the passwords of URLs inside it (an endpoint=
 	// parameter, say).
