@@ -140,14 +140,15 @@ func NoSecret(t testing.TB, raw string, parse func(string) error) {
 	if err == nil {
 		return
 	}
-	msg := err.Error()
+	// A mask is no leak of a secret made of x's ("xxxx").
+	msg := strings.ReplaceAll(err.Error(), redact.Mask, "\x00")
 	for _, c := range candidates(raw) {
 		if !strings.Contains(msg, c.form) {
 			continue
 		}
 		i := strings.Index(raw, c.written)
 		other := raw[:i] + shift(c.written) + raw[i+len(c.written):]
-		if err2 := parse(other); err2 != nil && strings.Contains(err2.Error(), c.form) {
+		if err2 := parse(other); err2 != nil && strings.Contains(strings.ReplaceAll(err2.Error(), redact.Mask, "\x00"), c.form) {
 			continue // the message's own words
 		}
 		t.Fatalf("error quotes the secret %q of %q: %v", c.form, raw, err)
