@@ -38,13 +38,11 @@ func FuzzRedact(f *testing.F) {
 			t.Fatalf("not idempotent:\n%q\n%q", r, rr)
 		}
 		quoting := core.RedactError(errors.New("dial "+raw+": refused"), raw)
-		// The masks themselves are no leak of a secret of x's ("xxxx").
-		unmasked := func(s string) string { return strings.ReplaceAll(s, "xxxxx", "\x00") }
 		for _, s := range redacttest.Secrets(raw) {
-			if strings.Contains(unmasked(r), s) {
+			if redacttest.Quotes(r, s) {
 				t.Fatalf("Redact(%q) = %q keeps the secret %q", raw, r, s)
 			}
-			if strings.Contains(unmasked(quoting), s) {
+			if redacttest.Quotes(quoting, s) {
 				t.Fatalf("RedactError of an error quoting %q keeps the secret %q: %s", raw, s, quoting)
 			}
 		}
