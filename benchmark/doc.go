@@ -20,8 +20,7 @@
 // Config.LatencyMessages more at Config.LatencyRate, each stamped with its
 // publish time, and the time from publish to decision gives p50/p99 (at
 // the commit for the baselines, when the decision is settled for idemq,
-// which then runs without decision middleware, as a service that wants
-// the speed would).
+// which then runs without observers unless the configuration names them).
 // After every run the balances are compared with the expected sums and
 // the dedup table must hold exactly one row per unique id: a run that
 // breaks either is reported FAILED, never as a number.

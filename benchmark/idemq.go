@@ -23,21 +23,40 @@ type stageTimer struct {
 	begin, claim, commit atomic.Int64
 }
 
-func (o *stageTimer) ObserveStage(_ []context.Context, stage string) func(error) {
-	var sum *atomic.Int64
-	switch stage {
-	case "commit":
+// StartDecision implements core.Observer; decisions are recorded by
+// recordingSource.
+func (o *stageTimer) StartDecision(ctx context.Context, _ *core.Message) context.Context { return ctx }
+
+// EndDecision implements core.Observer.
+func (o *stageTimer) EndDecision(context.Context, *core.Message, core.Outcome) {}
+
+type stageStartKey struct{}
+
+// StartStage implements core.StageObserver: it notes the stage's start.
+func (o *stageTimer) StartStage(ctx context.Context, s core.Stage) context.Context {
+	if s.Name == "commit" {
 		o.t.batches.Add(1)
+	}
+	return context.WithValue(ctx, stageStartKey{}, time.Now())
+}
+
+// EndStage implements core.StageObserver: it adds the stage's time to its
+// sum.
+func (o *stageTimer) EndStage(ctx context.Context, s core.Stage, _ error) {
+	var sum *atomic.Int64
+	switch s.Name {
+	case "commit":
 		sum = &o.commit
 	case "begin":
 		sum = &o.begin
 	case "claim":
 		sum = &o.claim
 	default:
-		return func(error) {}
+		return
 	}
-	start := time.Now()
-	return func(error) { sum.Add(int64(time.Since(start))) }
+	if start, ok := ctx.Value(stageStartKey{}).(time.Time); ok {
+		sum.Add(int64(time.Since(start)))
+	}
 }
 
 // idemqShape is what an idemq configuration name asks for.
@@ -52,14 +71,13 @@ const (
 // idemqOptions returns the core options of an idemq configuration, the
 // handler shape it uses, and the store connections it needs. Decisions are
 // recorded by recordingSource when idemq settles them (right after the
-// commit), as the baselines record theirs before the ack; no decision
-// middleware, so idemq runs its direct path.
+// commit), as the baselines record theirs before the ack.
 func idemqOptions(e *runEnv, _ *tracker, name string, stages *stageTimer) ([]core.Option, idemqShape, int) {
 	b, w := e.cfg.BatchSize, e.cfg.BatchWorkers
 	opts := []core.Option{
 		core.WithName(e.consumer),
 		core.WithLogger(e.logger),
-		core.WithStageObserver(stages),
+		core.WithObserver(stages),
 	}
 	switch name {
 	case IdemqB1W5:

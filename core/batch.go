@@ -9,17 +9,9 @@ import (
 )
 
 // processBatch decides one batch in one transaction: one claim for all
-// distinct ids, the handler for each claim won (under a savepoint when
-// several share the transaction), one commit. It sends every item its
-// outcome; settlement happens after the decision middleware returns.
+// distinct ids, the handler for each claim won, one commit. It hands the
+// outcomes to a settling goroutine and returns to take the next batch.
 func (c *Consumer[Tx]) processBatch(items []*item) {
-	if len(items) > 1 && items[0].d == nil {
-		bs := &batchSettlement{pending: len(items), finished: make(chan struct{})}
-		for _, it := range items {
-			it.state.batch = bs
-		}
-	}
-
 	// The same id twice in one batch (a duplicate publish landing close
 	// to its original): only the first is claimed; the others follow its
 	// outcome.
@@ -39,26 +31,14 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	}
 
 	outs := c.decideBatch(primaries)
-	if items[0].d != nil { // direct path
-		batch := make([]settlement, 0, len(items))
-		for i, it := range primaries {
-			batch = append(batch, settlement{d: it.d, out: outs[i]})
-			for _, f := range followers[i] {
-				batch = append(batch, settlement{d: f.d, out: c.followerOutcome(it, outs[i], f)})
-			}
-		}
-		for _, s := range batch {
-			c.count(s.out)
-		}
-		c.settleAsync(batch)
-		return
-	}
+	batch := make([]settlement, 0, len(items))
 	for i, it := range primaries {
-		it.done <- outs[i]
+		batch = append(batch, settlement{it: it, out: outs[i]})
 		for _, f := range followers[i] {
-			f.done <- c.followerOutcome(it, outs[i], f)
+			batch = append(batch, settlement{it: f, out: c.followerOutcome(it, outs[i], f)})
 		}
 	}
+	c.settleAsync(batch)
 }
 
 // decideBatch decides items in as few transactions as failures allow:
@@ -88,14 +68,9 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 			outs[i] = c.storeFailure(items[i].m, stage, err)
 		}
 	}
-	ctxs := make([]context.Context, len(g))
-	for k, i := range g {
-		ctxs[k] = items[i].ctx
-	}
-
-	end := c.observe(ctxs, "begin")
-	txn, err := c.store.Begin(ctx)
-	end(err)
+	sctx, run := c.startStage(ctx, "begin", items, g)
+	txn, err := c.store.Begin(sctx)
+	c.endStage(sctx, run, err)
 	if err != nil {
 		fail("begin", err)
 		return nil
@@ -112,12 +87,12 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	for k, i := range order {
 		claims[k] = Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
 	}
-	end = c.observe(ctxs, "claim")
-	sorted, err := txn.Claim(ctx, c.cfg.name, claims)
+	sctx, run = c.startStage(ctx, "claim", items, g)
+	sorted, err := txn.Claim(sctx, c.cfg.name, claims)
 	if err == nil && len(sorted) != len(claims) {
 		err = fmt.Errorf("store returned %d claim results for %d claims", len(sorted), len(claims))
 	}
-	end(err)
+	c.endStage(sctx, run, err)
 	if err != nil {
 		fail("claim", err)
 		return nil
@@ -145,12 +120,18 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 
 	var applied int
 	var broken error // the transaction can no longer be trusted
+	hctx, run := c.startStage(ctx, "handlers", items, won)
 	if c.batchHandler != nil {
 		msgs := make([]*Message, len(won))
 		for k, i := range won {
 			msgs[k] = items[i].m
 		}
-		if herr := c.batchHandler(ctx, txn.Tx(), msgs); herr != nil {
+		handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, msgs []*Message) error {
+			return c.batchHandler(hctx, txn.Tx(), msgs)
+		})
+		herr := handler(hctx, msgs)
+		c.endStage(hctx, run, herr)
+		if herr != nil {
 			if len(won) == 1 {
 				outs[won[0]] = c.handlerFailure(items[won[0]].m, herr)
 				return nil
@@ -168,6 +149,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		applied = len(won)
 	} else {
 		applied, broken, rerun = c.runHandlers(ctx, txn, items, won, outs)
+		c.endStage(hctx, run, broken)
 		if rerun != nil {
 			return rerun
 		}
@@ -175,7 +157,10 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 
 	if f, ok := txn.(Flusher); ok && broken == nil && applied > 0 {
 		// Statements the handlers queued go now, in one round trip.
-		if ferr := f.Flush(ctx); ferr != nil {
+		sctx, run = c.startStage(ctx, "flush", items, won)
+		ferr := f.Flush(sctx)
+		c.endStage(sctx, run, ferr)
+		if ferr != nil {
 			if len(won) == 1 {
 				outs[won[0]] = c.handlerFailure(items[won[0]].m, ferr)
 				return nil
@@ -197,9 +182,9 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		}
 		return nil // the deferred Rollback undoes everything
 	}
-	end = c.observe(ctxs, "commit")
-	err = txn.Commit(ctx)
-	end(err)
+	sctx, run = c.startStage(ctx, "commit", items, won)
+	err = txn.Commit(sctx)
+	c.endStage(sctx, run, err)
 	if err != nil {
 		// If the commit did land after all, the redelivery loses its
 		// claim and is acknowledged as a Duplicate: retrying is safe.
@@ -217,9 +202,10 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 // to it and deletes the claim; under IsolateReplay the first failure ends
 // the transaction and the others are returned to run again without it.
 func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*item, won []int, outs []Outcome) (applied int, broken error, rerun [][]int) {
-	handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, m *Message) error {
-		return c.handler(hctx, txn.Tx(), m)
+	handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, msgs []*Message) error {
+		return c.handler(hctx, txn.Tx(), msgs[0])
 	})
+	one := make([]*Message, 1) // handed to each call in turn: valid only during it
 	useSavepoints := len(won) > 1 && c.cfg.isolation == IsolateSavepoints
 	for k, i := range won {
 		it := items[i]
@@ -234,7 +220,8 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*it
 				continue
 			}
 		}
-		herr := handler(it.ctx, it.m)
+		one[0] = it.m
+		herr := handler(it.ctx, one)
 		if herr == nil && useSavepoints {
 			// Queued statements must run inside the message's savepoint
 			// for a failure to be pinned on it.
@@ -277,24 +264,6 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*it
 	return applied, broken, nil
 }
 
-func (c *Consumer[Tx]) observe(ctxs []context.Context, stage string) func(error) {
-	switch len(c.cfg.stages) {
-	case 0:
-		return func(error) {}
-	case 1:
-		return c.cfg.stages[0].ObserveStage(ctxs, stage)
-	}
-	ends := make([]func(error), len(c.cfg.stages))
-	for i, o := range c.cfg.stages {
-		ends[i] = o.ObserveStage(ctxs, stage)
-	}
-	return func(err error) {
-		for i := len(ends) - 1; i >= 0; i-- {
-			ends[i](err)
-		}
-	}
-}
-
 // storeFailure decides a message whose transaction failed outside its
 // handler: Retry, without counting towards MaxAttempts.
 func (c *Consumer[Tx]) storeFailure(m *Message, stage string, err error) Outcome {
@@ -324,7 +293,7 @@ func (c *Consumer[Tx]) handlerFailure(m *Message, err error) Outcome {
 }
 
 func (c *Consumer[Tx]) mismatchOutcome(m *Message) Outcome {
-	if c.cfg.mismatch == MismatchDuplicate {
+	if c.cfg.mismatch == Duplicate {
 		return Outcome{Decision: Duplicate, Err: &DecisionError{MessageID: m.ID, Stage: "fingerprint", Err: ErrFingerprintMismatch}}
 	}
 	return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "fingerprint", Err: ErrFingerprintMismatch}}

@@ -17,16 +17,13 @@ import (
 //
 //	go test -run '^$' -bench FrameworkCost -benchmem ./core/
 func BenchmarkFrameworkCost(b *testing.B) {
-	pass := func(next ProcessFunc) ProcessFunc {
-		return func(ctx context.Context, m *Message) Outcome { return next(ctx, m) }
-	}
 	for _, v := range []struct {
 		name string
 		opts []Option
 	}{
 		{"batch1", []Option{WithBatchSize(1), WithWindow(5)}},
 		{"batch200", []Option{WithBatchSize(200)}},
-		{"batch200-middleware", []Option{WithBatchSize(200), WithMiddleware(pass)}},
+		{"batch200-observer", []Option{WithBatchSize(200), WithObserver(passObserver{})}},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			src := newBenchSource(b.N)
@@ -51,6 +48,15 @@ func BenchmarkFrameworkCost(b *testing.B) {
 		})
 	}
 }
+
+// passObserver observes every decision and stage and does nothing: the
+// cost of observing itself.
+type passObserver struct{}
+
+func (passObserver) StartDecision(ctx context.Context, _ *Message) context.Context { return ctx }
+func (passObserver) EndDecision(context.Context, *Message, Outcome)                {}
+func (passObserver) StartStage(ctx context.Context, _ Stage) context.Context       { return ctx }
+func (passObserver) EndStage(context.Context, Stage, error)                        {}
 
 // benchSource hands out n prepared deliveries, then blocks.
 type benchSource struct {

@@ -23,24 +23,15 @@ type Consumer[Tx any] struct {
 	// batchHandler replaces handler for consumers made by NewBatch.
 	batchHandler BatchHandler[Tx]
 	log          *slog.Logger
-	process      ProcessFunc
 
 	slots chan struct{} // in-flight window
-	// idle hands a delivery to a handling goroutine that finished its
-	// last one. Reusing goroutines keeps their grown stacks: a fresh
-	// goroutine per delivery spent about a tenth of the consumer's CPU
-	// copying its stack as the middleware chain and hashing grew it.
-	idle     chan delivery
-	handlers sync.WaitGroup
-	// direct: with no decision middleware nothing needs a goroutine per
-	// message; receiveLoop queues items itself and settling goroutines
-	// (reused like the handling ones) settle what workers decide, a batch
-	// each, so one slow or stuck settlement never holds up the others.
-	direct     bool
+	items chan *item    // messages to claim, in receive order, waiting for a worker
+	// Settling goroutines (reused: their stacks stay grown) settle what
+	// workers decide, a batch each, so one slow or stuck settlement never
+	// holds up the others and the workers go straight to the next batch.
 	settleIdle chan []settlement
 	settleQuit chan struct{} // closed when Run ends: idle goroutines exit
 	settlers   sync.WaitGroup
-	items      chan *item // messages to claim, in receive order, waiting for a worker
 
 	procCtx    context.Context // cancelled when the shutdown deadline passes
 	procCancel context.CancelFunc
@@ -66,32 +57,16 @@ type Stats struct {
 	Unsettled    int64 // left for redelivery at shutdown
 }
 
-// item is one message on its way through a batch.
+// item is one message on its way through a batch: from receiveLoop to a
+// worker, then as a settlement to a settling goroutine. It owns one window
+// slot until it is settled.
 type item struct {
-	ctx   context.Context
-	m     *Message
-	fp    string
-	state *msgState
-	done  chan Outcome
-	// d is set on the direct path (no decision middleware): the worker
-	// hands the outcome to the settler instead of a waiting goroutine.
-	d Delivery
+	ctx context.Context // as the observers' StartDecision returned it
+	ob  *observed
+	m   *Message
+	fp  string
+	d   Delivery
 }
-
-// msgState travels in the message's context from the delivery goroutine to
-// the innermost ProcessFunc.
-type msgState struct {
-	d     Delivery
-	idErr error
-	batch *batchSettlement
-	// prev is closed once the previous delivery has entered a batch (or
-	// left the pipeline); passed is this one's. They keep batches in
-	// receive order although each delivery runs on its own goroutine.
-	prev, passed chan struct{}
-	hasPassed    bool
-}
-
-type stateKey struct{}
 
 type consumerKey struct{}
 
@@ -165,14 +140,9 @@ func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHan
 		batchHandler: bh,
 		log:          cfg.logger.With("consumer", cfg.name),
 		slots:        make(chan struct{}, cfg.window),
-		idle:         make(chan delivery),
 		// Each queued item holds a window slot, so sends never block.
-		items: make(chan *item, cfg.window),
-	}
-	c.process = chainMiddleware(cfg.middleware, c.decide)
-	if len(cfg.middleware) == 0 {
-		c.direct = true
-		c.settleIdle = make(chan []settlement)
+		items:      make(chan *item, cfg.window),
+		settleIdle: make(chan []settlement),
 	}
 	return c, nil
 }
@@ -216,14 +186,13 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 
 	var workers sync.WaitGroup
 	quit := make(chan struct{})
-	handlersQuit := make(chan struct{})
-	c.settleQuit = handlersQuit
+	c.settleQuit = make(chan struct{})
 	workers.Add(c.cfg.concurrency)
 	for range c.cfg.concurrency {
 		go func() { defer workers.Done(); c.worker(quit) }()
 	}
 
-	recvErr := c.receiveLoop(ctx, handlersQuit)
+	recvErr := c.receiveLoop(ctx)
 
 	// Drain: messages already received finish, within the deadline.
 	drained := make(chan struct{})
@@ -238,10 +207,9 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 		<-drained
 	}
 	close(quit)
-	close(handlersQuit)
+	close(c.settleQuit)
 	workers.Wait()
-	c.handlers.Wait()
-	c.settlers.Wait() // handlersQuit ended them: inflight drained, so all settled
+	c.settlers.Wait() // inflight drained, so all is settled
 	closeErr := c.src.Close()
 	if closeErr != nil && !errors.Is(closeErr, ErrSourceClosed) {
 		c.log.Warn("idemq: closing source", "err", closeErr)
@@ -270,10 +238,8 @@ func (c *Consumer[Tx]) checkRetention(ctx context.Context) {
 
 // receiveLoop takes a window slot, then a delivery, until ctx ends or the
 // source closes.
-func (c *Consumer[Tx]) receiveLoop(ctx context.Context, quit <-chan struct{}) error {
+func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 	failures := 0
-	prev := make(chan struct{})
-	close(prev)
 	for {
 		select {
 		case c.slots <- struct{}{}:
@@ -302,44 +268,14 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context, quit <-chan struct{}) er
 		failures = 0
 		c.stats.received.Add(1)
 		c.inflight.Add(1)
-		if c.direct {
-			c.enqueueDirect(d)
-			continue
-		}
-		passed := make(chan struct{})
-		job := delivery{d: d, prev: prev, passed: passed}
-		select {
-		case c.idle <- job:
-		default:
-			c.handlers.Add(1)
-			go c.handleLoop(job, quit)
-		}
-		prev = passed
+		c.admit(d)
 	}
 }
 
-// pass lets the next delivery enter a batch, after waiting for the previous
-// one to do so: batches are filled in receive order. Shutdown stops the
-// wait, as order no longer matters then.
-func (c *Consumer[Tx]) pass(st *msgState, enter func()) {
-	if st.hasPassed {
-		return
-	}
-	select {
-	case <-st.prev:
-	case <-c.procCtx.Done():
-	}
-	if enter != nil {
-		enter()
-	}
-	st.hasPassed = true
-	close(st.passed)
-}
-
-// enqueueDirect puts a delivery straight into the item queue (direct
-// path): no goroutine, no context, no hand-offs. It owns a window slot
-// until the settler releases it.
-func (c *Consumer[Tx]) enqueueDirect(d Delivery) {
+// admit starts a delivery's decision and queues it for a worker, or, when
+// its id is missing or invalid, decides it at once: no goroutine, no
+// hand-off. It owns a window slot until its settlement releases it.
+func (c *Consumer[Tx]) admit(d Delivery) {
 	m := d.Message()
 	var err error
 	if c.cfg.idFunc != nil {
@@ -350,31 +286,35 @@ func (c *Consumer[Tx]) enqueueDirect(d Delivery) {
 			m.ID = id
 		}
 	}
+	it := &item{ctx: c.procCtx, m: m, d: d}
+	it.ctx, it.ob = c.startDecision(it.ctx, m)
+	stage := "id"
 	if err == nil {
 		err = c.validateID(m.ID)
 	}
+	if err == nil {
+		stage, err = "limits", c.checkLimits(m)
+	}
 	if err != nil {
-		out := Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: err}}
-		c.count(out)
-		c.settleAsync([]settlement{{d: d, out: out}})
+		out := Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: err}}
+		c.settleAsync([]settlement{{it: it, out: out}})
 		return
 	}
-	it := &item{ctx: c.procCtx, m: m, d: d}
 	if c.cfg.fingerprint != nil {
 		it.fp = c.cfg.fingerprint(m.Body)
 	}
 	c.items <- it // capacity window: never blocks
 }
 
-// settlement is one decided message of the direct path.
+// settlement is one decided message.
 type settlement struct {
-	d   Delivery
+	it  *item
 	out Outcome
 }
 
-// settleAsync hands one decided batch of the direct path to an idle
-// settling goroutine, or starts one: at most one per batch in flight, so
-// never more than the window.
+// settleAsync hands one decided batch to an idle settling goroutine, or
+// starts one: at most one per batch in flight, so never more than the
+// window.
 func (c *Consumer[Tx]) settleAsync(batch []settlement) {
 	select {
 	case c.settleIdle <- batch:
@@ -384,8 +324,8 @@ func (c *Consumer[Tx]) settleAsync(batch []settlement) {
 	}
 }
 
-// settleLoop settles batch, then whatever settleAsync hands it, until
-// quit.
+// settleLoop ends the decisions of batch (counts, observers), settles
+// them, then whatever settleAsync hands it, until quit.
 func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 	defer c.settlers.Done()
 	var acks []Delivery
@@ -393,10 +333,12 @@ func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 	for {
 		acks, others = acks[:0], others[:0]
 		for _, s := range batch {
+			c.count(s.out)
+			c.endDecision(s.it.ctx, s.it.ob, s.it.m, s.out)
 			if s.out.Decision == Processed || s.out.Decision == Duplicate {
-				acks = append(acks, s.d)
+				acks = append(acks, s.it.d)
 			} else {
-				others = append(others, settleReq{s.d, s.out})
+				others = append(others, settleReq{s.it.d, s.out})
 			}
 		}
 		c.settleBatch(acks, others)
@@ -410,57 +352,6 @@ func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 			return
 		}
 	}
-}
-
-// delivery is one received message on its way to a handling goroutine,
-// with the channels that keep batches in receive order.
-type delivery struct {
-	d            Delivery
-	prev, passed chan struct{}
-}
-
-// handleLoop handles job, then whatever receiveLoop hands it through idle,
-// until quit. There are never more of these goroutines than window slots,
-// as each delivery holds one.
-func (c *Consumer[Tx]) handleLoop(job delivery, quit <-chan struct{}) {
-	defer c.handlers.Done()
-	for {
-		c.handleDelivery(job.d, job.prev, job.passed)
-		select {
-		case job = <-c.idle:
-		case <-quit:
-			return
-		}
-	}
-}
-
-// handleDelivery runs one message through the middleware chain and settles
-// it. It owns one window slot.
-func (c *Consumer[Tx]) handleDelivery(d Delivery, prev, passed chan struct{}) {
-	defer c.inflight.Done()
-	defer func() { <-c.slots }()
-	m := d.Message()
-	st := &msgState{d: d, prev: prev, passed: passed}
-	if c.cfg.idFunc != nil {
-		id, err := c.cfg.idFunc(m)
-		if err != nil {
-			st.idErr = fmt.Errorf("%w: IDFunc: %v", ErrMissingID, err)
-		} else {
-			m.ID = id
-		}
-	}
-	ctx := context.WithValue(c.procCtx, stateKey{}, st)
-	out := c.process(ctx, m)
-	c.pass(st, nil) // in case the message never reached a batch
-	if out.Decision < Processed || out.Decision > DeadLetter {
-		out = Outcome{Decision: Retry, Err: fmt.Errorf("idemq: middleware returned no decision (%v)", out.Err), Delay: c.cfg.backoff.Delay(m.Attempt)}
-	}
-	c.count(out)
-	if st.batch != nil {
-		st.batch.report(c, st, out)
-		return
-	}
-	c.settle(d, out)
 }
 
 func (c *Consumer[Tx]) count(out Outcome) {
@@ -511,41 +402,9 @@ func (c *Consumer[Tx]) settleFailed(d Delivery, out Outcome, err error) {
 	c.log.Warn("idemq: settling failed; the broker will redeliver", "id", shortID(d.Message().ID), "decision", out.Decision.String(), "err", err)
 }
 
-// batchSettlement collects the final outcomes of one batch's messages so
-// that their acks go to the broker in one call.
-type batchSettlement struct {
-	mu       sync.Mutex
-	pending  int
-	acks     []Delivery
-	others   []settleReq
-	finished chan struct{}
-}
-
 type settleReq struct {
 	d   Delivery
 	out Outcome
-}
-
-func (b *batchSettlement) report(c consumerSettler, st *msgState, out Outcome) {
-	b.mu.Lock()
-	if out.Decision == Processed || out.Decision == Duplicate {
-		b.acks = append(b.acks, st.d)
-	} else {
-		b.others = append(b.others, settleReq{st.d, out})
-	}
-	b.pending--
-	last := b.pending == 0
-	b.mu.Unlock()
-	if !last {
-		<-b.finished // hold the window slot until the batch is settled
-		return
-	}
-	c.settleBatch(b.acks, b.others)
-	close(b.finished)
-}
-
-type consumerSettler interface {
-	settleBatch(acks []Delivery, others []settleReq)
 }
 
 func (c *Consumer[Tx]) settleBatch(acks []Delivery, others []settleReq) {
@@ -574,47 +433,24 @@ func (c *Consumer[Tx]) settleBatch(acks []Delivery, others []settleReq) {
 	}
 }
 
-// decide is the innermost ProcessFunc: it validates the id, then hands the
-// message to a batch and waits for the batch's decision.
-func (c *Consumer[Tx]) decide(ctx context.Context, m *Message) Outcome {
-	st, _ := ctx.Value(stateKey{}).(*msgState)
-	if st == nil {
-		return Outcome{Decision: Retry, Err: errors.New("idemq: ProcessFunc called outside the Consumer's pipeline")}
-	}
-	if st.idErr != nil {
-		c.pass(st, nil)
-		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: st.idErr}}
-	}
-	if err := c.validateID(m.ID); err != nil {
-		c.pass(st, nil)
-		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "id", Err: err}}
-	}
-	it := &item{ctx: ctx, m: m, state: st, done: make(chan Outcome, 1)}
-	if c.cfg.fingerprint != nil {
-		it.fp = c.cfg.fingerprint(m.Body)
-	}
-	entered := false
-	c.pass(st, func() {
-		select {
-		case c.items <- it:
-			entered = true
-		case <-c.procCtx.Done():
-		}
-	})
-	if !entered {
-		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "shutdown", Err: ErrShutdown}}
-	}
-	return <-it.done
-}
-
 func (c *Consumer[Tx]) validateID(id string) error {
 	if id == "" {
 		return ErrMissingID
 	}
-	if len(id) > c.cfg.maxIDLength {
-		return fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidID, len(id), c.cfg.maxIDLength)
+	if len(id) > c.cfg.limits.IDBytes {
+		return fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidID, len(id), c.cfg.limits.IDBytes)
 	}
 	return validateIDBytes(id)
+}
+
+func (c *Consumer[Tx]) checkLimits(m *Message) error {
+	if l := c.cfg.limits.BodyBytes; l > 0 && len(m.Body) > l {
+		return fmt.Errorf("%w: body of %d bytes, at most %d", ErrTooLarge, len(m.Body), l)
+	}
+	if l := c.cfg.limits.Headers; l > 0 && len(m.Headers) > l {
+		return fmt.Errorf("%w: %d headers, at most %d", ErrTooLarge, len(m.Headers), l)
+	}
+	return nil
 }
 
 func validateIDBytes(id string) error {

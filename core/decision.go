@@ -60,6 +60,9 @@ var (
 	// ErrInvalidID: the id is longer than the configured maximum, or holds
 	// a NUL byte or invalid UTF-8.
 	ErrInvalidID = errors.New("idemq: message id is invalid")
+	// ErrTooLarge: the message's body or header count is over its
+	// Limits.
+	ErrTooLarge = errors.New("idemq: message over its limits")
 	// ErrFingerprintMismatch: the id was already processed with a
 	// different body.
 	ErrFingerprintMismatch = errors.New("idemq: message id reused with a different body")
@@ -106,7 +109,7 @@ func IsPermanent(err error) bool {
 // the message and the stage that failed.
 type DecisionError struct {
 	MessageID string
-	Stage     string // "id", "begin", "claim", "handler", "commit", "fingerprint", "shutdown"
+	Stage     string // "id", "limits", "begin", "claim", "handler", "commit", "fingerprint", "shutdown"
 	Err       error
 }
 

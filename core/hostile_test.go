@@ -22,34 +22,6 @@ import (
 	"github.com/idemq/idemq/middleware/tracing"
 )
 
-// Limits a hostile producer cannot push past. core has no options for
-// them yet (see limits below); a decision middleware enforces them here.
-var (
-	errBodyTooLarge   = errors.New("body too large")
-	errTooManyHeaders = errors.New("too many headers")
-)
-
-// limits dead-letters, before any transaction, messages whose body or
-// header count is over the maximum: what a core.WithMaxBodySize /
-// core.WithMaxHeaders option would do inside the pipeline.
-func limits(maxBody, maxHeaders int) core.Middleware {
-	return func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			var err error
-			switch {
-			case len(m.Body) > maxBody:
-				err = fmt.Errorf("%w: %d bytes, at most %d", errBodyTooLarge, len(m.Body), maxBody)
-			case len(m.Headers) > maxHeaders:
-				err = fmt.Errorf("%w: %d, at most %d", errTooManyHeaders, len(m.Headers), maxHeaders)
-			}
-			if err != nil {
-				return core.Outcome{Decision: core.DeadLetter, Err: &core.DecisionError{MessageID: m.ID, Stage: "limits", Err: err}}
-			}
-			return next(ctx, m)
-		}
-	}
-}
-
 // hostileRow is one hostile message and how it must end.
 type hostileRow struct {
 	name    string
@@ -88,8 +60,8 @@ func hostileRows() []hostileRow {
 		{name: "invalid UTF-8 id", msg: msg("a\xff\xfeb"), cause: core.ErrInvalidID, text: "UTF-8"},
 		{name: "256 bytes", msg: msg(strings.Repeat("m", 256)), cause: core.ErrInvalidID, text: "256 bytes, the maximum is 255"},
 		{name: "1 MiB id", msg: msg(strings.Repeat("i", 1<<20)), cause: core.ErrInvalidID, text: "1048576 bytes"},
-		{name: "body over the maximum", msg: &core.Message{ID: "big-body", Body: make([]byte, 256<<10)}, cause: errBodyTooLarge, text: "262144 bytes, at most 65536"},
-		{name: "ten thousand headers", msg: withHeaders("many-headers", headers), cause: errTooManyHeaders, text: "10000, at most 1000"},
+		{name: "body over the maximum", msg: &core.Message{ID: "big-body", Body: make([]byte, 256<<10)}, cause: core.ErrTooLarge, text: "body of 262144 bytes, at most 65536"},
+		{name: "ten thousand headers", msg: withHeaders("many-headers", headers), cause: core.ErrTooLarge, text: "10000 headers, at most 1000"},
 		{name: "undecodable body", msg: &core.Message{ID: "not-json", Body: []byte("{\x00")}, cause: errUndecodable, text: "invalid character"},
 	}
 }
@@ -136,8 +108,8 @@ func TestHostileMessages(t *testing.T) {
 				tracing.WithParentFromMessage())
 			var logs syncBuf
 			logger := slog.New(slog.NewJSONHandler(&logs, nil))
-			opts := append(tr.Options(), core.WithBatchSize(batch),
-				core.WithMiddleware(logging.New(logger), limits(64<<10, 1000)))
+			opts := []core.Option{core.WithBatchSize(batch), core.WithObserver(tr, logging.New(logger)),
+				core.WithLimits(core.Limits{BodyBytes: 64 << 10, Headers: 1000})}
 			res := e.runUntilIdle(time.Minute, decodeEffect, opts...)
 			e.broker.Publish(context.Background(), e.queue, &core.Message{ID: "fp", Body: []byte(`{"amount":1000}`)})
 			res2 := e.runUntilIdle(time.Minute, decodeEffect, opts...)

@@ -17,44 +17,17 @@ type Handler[Tx any] func(ctx context.Context, tx Tx, m *Message) error
 // this transaction won, in arrival order. nil → all Processed. On an error
 // the transaction rolls back and each message is decided alone, in its own
 // transaction, so the error is pinned on the message that causes it.
-// Handler middleware does not wrap a BatchHandler.
 type BatchHandler[Tx any] func(ctx context.Context, tx Tx, msgs []*Message) error
 
-// ProcessFunc decides one message: the whole claim–handle–commit path, as
-// seen by decision middleware. It returns the message's Outcome, which the
-// Consumer then settles with the broker.
-type ProcessFunc func(ctx context.Context, m *Message) Outcome
-
-// Middleware wraps the decision of each message, like net/http middleware
-// wraps a Handler. It sees every decision, Duplicate and DeadLetter
-// included, and is where tracing, metrics and logging live. The context it
-// passes to next is the one the handler (and the store's claim and commit)
-// will see, so a span started here parents them.
-type Middleware func(next ProcessFunc) ProcessFunc
-
-// HandlerFunc is the handler as handler middleware sees it: the
-// transaction is already bound.
-type HandlerFunc func(ctx context.Context, m *Message) error
+// HandlerFunc is a Handler or BatchHandler as handler middleware sees it:
+// the transaction is already bound. msgs holds one message for a Handler
+// and the batch's won claims for a BatchHandler; it is valid only during
+// the call.
+type HandlerFunc func(ctx context.Context, msgs []*Message) error
 
 // HandlerMiddleware wraps the handler inside the transaction: only messages
 // whose claim won reach it. Timeouts and panic recovery live here.
 type HandlerMiddleware func(next HandlerFunc) HandlerFunc
-
-// StageObserver is told about the store stages of each batch: "begin",
-// "claim" and "commit". ctxs are the contexts of the batch's messages as
-// their decision middleware passed them, so tracing can record a child span
-// per message (or one span linked to all). The returned func is called with
-// the stage's error when it ends.
-type StageObserver interface {
-	ObserveStage(ctxs []context.Context, stage string) (end func(err error))
-}
-
-func chainMiddleware(mws []Middleware, inner ProcessFunc) ProcessFunc {
-	for i := len(mws) - 1; i >= 0; i-- {
-		inner = mws[i](inner)
-	}
-	return inner
-}
 
 func chainHandler(mws []HandlerMiddleware, inner HandlerFunc) HandlerFunc {
 	for i := len(mws) - 1; i >= 0; i-- {

@@ -11,19 +11,6 @@ import (
 // with an error naming the option when a value is out of range.
 type Option func(*config) error
 
-// MismatchPolicy says what to do with a message whose id was already
-// processed with a different body fingerprint.
-type MismatchPolicy int
-
-const (
-	// MismatchDeadLetter dead-letters the message with
-	// ErrFingerprintMismatch, so an operator sees the reused id. Default.
-	MismatchDeadLetter MismatchPolicy = iota
-	// MismatchDuplicate treats it as an ordinary Duplicate (acknowledged,
-	// not applied) — for producers known to re-encode bodies on resend.
-	MismatchDuplicate
-)
-
 type config struct {
 	name            string
 	concurrency     int
@@ -33,15 +20,15 @@ type config struct {
 	maxAttempts     int
 	backoff         Backoff
 	idFunc          func(*Message) (string, error)
-	maxIDLength     int
+	limits          Limits
 	shutdownTimeout time.Duration
 	settleTimeout   time.Duration
 	logger          *slog.Logger
-	middleware      []Middleware
+	observers       []Observer
+	stageObservers  []StageObserver
 	handlerMW       []HandlerMiddleware
 	fingerprint     func([]byte) string
-	mismatch        MismatchPolicy
-	stages          []StageObserver
+	mismatch        Decision
 	isolation       Isolation
 }
 
@@ -73,11 +60,11 @@ func defaultConfig() config {
 		batchSize:       1,
 		maxAttempts:     5,
 		backoff:         DefaultBackoff,
-		maxIDLength:     255,
+		limits:          Limits{IDBytes: 255},
 		shutdownTimeout: 30 * time.Second,
 		settleTimeout:   10 * time.Second,
 		fingerprint:     Fingerprint,
-		mismatch:        MismatchDeadLetter,
+		mismatch:        DeadLetter,
 	}
 }
 
@@ -194,15 +181,35 @@ func WithIDFunc(f func(*Message) (string, error)) Option {
 	}
 }
 
-// WithMaxIDLength sets the longest id accepted, in bytes; longer ids are
-// dead-lettered with ErrInvalidID. Default 255, which fits every store's
-// key column.
-func WithMaxIDLength(n int) Option {
+// Limits bound what one message may bring into the pipeline. A message
+// over a limit is dead-lettered before any transaction, with ErrInvalidID
+// (the id) or ErrTooLarge (body, headers) as its cause, so a hostile or
+// broken producer cannot make the store or the handler take it.
+type Limits struct {
+	// IDBytes is the longest id accepted, 1..4096. Default 255, which
+	// fits every store's key column.
+	IDBytes int
+	// BodyBytes is the largest body accepted; 0 (default) accepts any
+	// size the broker delivers.
+	BodyBytes int
+	// Headers is the most headers accepted; 0 (default) accepts any
+	// number.
+	Headers int
+}
+
+// WithLimits sets the Limits; a zero IDBytes keeps the default 255.
+func WithLimits(l Limits) Option {
 	return func(c *config) error {
-		if n < 1 || n > 4096 {
-			return optErr("WithMaxIDLength", "%d is outside 1..4096", n)
+		if l.IDBytes == 0 {
+			l.IDBytes = 255
 		}
-		c.maxIDLength = n
+		if l.IDBytes < 1 || l.IDBytes > 4096 {
+			return optErr("WithLimits", "IDBytes %d is outside 1..4096", l.IDBytes)
+		}
+		if l.BodyBytes < 0 || l.Headers < 0 {
+			return optErr("WithLimits", "BodyBytes %d and Headers %d may not be negative", l.BodyBytes, l.Headers)
+		}
+		c.limits = l
 		return nil
 	}
 }
@@ -222,7 +229,7 @@ func WithShutdownTimeout(d time.Duration) Option {
 }
 
 // WithLogger sets the logger for reconnects, settlement failures and
-// warnings. Decisions are logged by the logging middleware, not here.
+// warnings. Decisions are logged by the logging observer, not here.
 // Default slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
@@ -234,29 +241,9 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithMiddleware appends decision middleware; the first given is the
-// outermost. Decision middleware wraps each message's whole decision, so
-// with any of it each message in flight waits on a goroutine of its own
-// (reused, at most the window). Without it the Consumer takes a direct path:
-// messages go from Receive to a worker's batch and from the commit to a
-// settling goroutine per batch (reused), about half the framework's CPU per
-// message (see
-// BenchmarkFrameworkCost). WithHandlerMiddleware runs inside the
-// transaction and keeps the direct path.
-func WithMiddleware(mws ...Middleware) Option {
-	return func(c *config) error {
-		for i, mw := range mws {
-			if mw == nil {
-				return optErr("WithMiddleware", "middleware %d is nil", i)
-			}
-		}
-		c.middleware = append(c.middleware, mws...)
-		return nil
-	}
-}
-
 // WithHandlerMiddleware appends middleware around the handler inside the
-// transaction; the first given is the outermost.
+// transaction, a Handler's or a BatchHandler's; the first given is the
+// outermost.
 func WithHandlerMiddleware(mws ...HandlerMiddleware) Option {
 	return func(c *config) error {
 		for i, mw := range mws {
@@ -278,14 +265,17 @@ func WithFingerprint(f func(body []byte) string) Option {
 	}
 }
 
-// WithMismatchPolicy sets what happens to a message whose id was already
-// processed with a different body. Default MismatchDeadLetter.
-func WithMismatchPolicy(p MismatchPolicy) Option {
+// WithMismatchDecision sets what happens to a message whose id was
+// already processed with a different body: DeadLetter (default), with
+// ErrFingerprintMismatch, so an operator sees the reused id; or Duplicate
+// (acknowledged, not applied), for producers known to re-encode bodies on
+// resend.
+func WithMismatchDecision(d Decision) Option {
 	return func(c *config) error {
-		if p != MismatchDeadLetter && p != MismatchDuplicate {
-			return optErr("WithMismatchPolicy", "unknown policy %d", p)
+		if d != DeadLetter && d != Duplicate {
+			return optErr("WithMismatchDecision", "%v: only dead_letter or duplicate", d)
 		}
-		c.mismatch = p
+		c.mismatch = d
 		return nil
 	}
 }
@@ -300,19 +290,6 @@ func WithIsolation(i Isolation) Option {
 			return optErr("WithIsolation", "unknown isolation %d", i)
 		}
 		c.isolation = i
-		return nil
-	}
-}
-
-// WithStageObserver adds an observer of each batch's store stages (begin,
-// claim, commit), used by tracing to show where time went and by metrics
-// for batch sizes. Observers are called in the order given.
-func WithStageObserver(o StageObserver) Option {
-	return func(c *config) error {
-		if o == nil {
-			return optErr("WithStageObserver", "nil observer")
-		}
-		c.stages = append(c.stages, o)
 		return nil
 	}
 }

@@ -34,12 +34,13 @@ func TestNewRejectsBadOptionsNamingThem(t *testing.T) {
 		{[]Option{WithName("c"), WithMaxAttempts(0)}, "WithMaxAttempts"},
 		{[]Option{WithName("c"), WithBackoff(nil)}, "WithBackoff"},
 		{[]Option{WithName("c"), WithIDFunc(nil)}, "WithIDFunc"},
-		{[]Option{WithName("c"), WithMaxIDLength(0)}, "WithMaxIDLength"},
+		{[]Option{WithName("c"), WithLimits(Limits{IDBytes: 5000})}, "WithLimits"},
+		{[]Option{WithName("c"), WithLimits(Limits{BodyBytes: -1})}, "WithLimits"},
 		{[]Option{WithName("c"), WithShutdownTimeout(0)}, "WithShutdownTimeout"},
 		{[]Option{WithName("c"), WithLogger(nil)}, "WithLogger"},
-		{[]Option{WithName("c"), WithMiddleware(nil)}, "WithMiddleware"},
+		{[]Option{WithName("c"), WithObserver(nil)}, "WithObserver"},
 		{[]Option{WithName("c"), WithHandlerMiddleware(nil)}, "WithHandlerMiddleware"},
-		{[]Option{WithName("c"), WithMismatchPolicy(7)}, "WithMismatchPolicy"},
+		{[]Option{WithName("c"), WithMismatchDecision(Retry)}, "WithMismatchDecision"},
 	}
 	for _, tc := range cases {
 		_, err := New[struct{}](nopSource{}, nopStore{}, h, tc.opts...)

@@ -10,8 +10,7 @@ import (
 )
 
 // With one worker, handlers run in the order the broker delivered, whatever
-// the window and batch size: with a decision middleware each delivery has
-// its own goroutine, but they enter batches in receive order.
+// the window and batch size, observed or not.
 func TestOneWorkerKeepsReceiveOrder(t *testing.T) {
 	for _, pl := range pipelines {
 		for _, batch := range []int{1, 10} {

@@ -130,16 +130,85 @@ func (e *env) runUntilIdle(timeout time.Duration, h core.Handler[*sql.Tx], opts 
 	return res
 }
 
-// pipelines are the Consumer's two ways through. With no decision
-// middleware, items go from receive straight to a worker and a settler
-// ("direct"); with one, each message runs the chain on a goroutine of its
-// own ("middleware"). Invariant tests run both.
+// pipelines run the invariant tests bare and observed: the Consumer has
+// one path, and an observer (of decisions and stages) must not change a
+// single decision.
 var pipelines = []struct {
 	name string
 	opts []core.Option
 }{
-	{"direct", nil},
-	{"middleware", []core.Option{core.WithMiddleware(func(next core.ProcessFunc) core.ProcessFunc { return next })}},
+	{"bare", nil},
+	{"observed", []core.Option{core.WithObserver(&recorder{})}},
+}
+
+// recorder is an Observer and StageObserver that records what it is told.
+type recorder struct {
+	mu       sync.Mutex
+	name     string
+	log      *[]string // shared by several recorders: the call order
+	starts   map[*core.Message]int
+	outcomes map[*core.Message]core.Outcome
+	stages   []core.Stage
+	ctxKey   any // when set, StartDecision puts name under it
+	current  atomic.Int64
+	peak     atomic.Int64
+}
+
+func (r *recorder) StartDecision(ctx context.Context, m *core.Message) context.Context {
+	n := r.current.Add(1)
+	for p := r.peak.Load(); n > p && !r.peak.CompareAndSwap(p, n); p = r.peak.Load() {
+	}
+	r.mu.Lock()
+	if r.starts == nil {
+		r.starts = map[*core.Message]int{}
+	}
+	r.starts[m]++
+	if r.log != nil {
+		*r.log = append(*r.log, "start "+r.name)
+	}
+	r.mu.Unlock()
+	if r.ctxKey != nil {
+		return context.WithValue(ctx, r.ctxKey, r.name)
+	}
+	return ctx
+}
+
+func (r *recorder) EndDecision(ctx context.Context, m *core.Message, out core.Outcome) {
+	r.mu.Lock()
+	if r.outcomes == nil {
+		r.outcomes = map[*core.Message]core.Outcome{}
+	}
+	r.outcomes[m] = out
+	if r.log != nil {
+		*r.log = append(*r.log, "end "+r.name)
+	}
+	if r.log != nil && r.ctxKey != nil && ctx.Value(r.ctxKey) != r.name {
+		*r.log = append(*r.log, "end "+r.name+" got a context its start did not return")
+	}
+	r.mu.Unlock()
+	r.current.Add(-1)
+}
+
+func (r *recorder) StartStage(ctx context.Context, s core.Stage) context.Context {
+	r.mu.Lock()
+	r.stages = append(r.stages, s)
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *recorder) EndStage(context.Context, core.Stage, error) {}
+
+// claimSizes returns the number of messages of each claim stage seen.
+func (r *recorder) claimSizes() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var n []int
+	for _, s := range r.stages {
+		if s.Name == "claim" {
+			n = append(n, len(s.Messages))
+		}
+	}
+	return n
 }
 
 // Invariant 1 and 2: duplicates published by the broker are applied once,
@@ -316,17 +385,14 @@ func TestFailingMessageInBatchRollsBackOnlyItself(t *testing.T) {
 				}
 				return nil
 			}
-			var batchSizes []int
-			var mu sync.Mutex
-			sizes := stageCounter{onClaim: func(n int) { mu.Lock(); batchSizes = append(batchSizes, n); mu.Unlock() }}
+			sizes := &recorder{}
 			tot := e.runUntilIdle(30*time.Second, h, core.WithBatchSize(20), core.WithLinger(200*time.Millisecond),
-				core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithStageObserver(sizes), core.WithIsolation(iso))
+				core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithObserver(sizes), core.WithIsolation(iso))
 			e.assertExactlyOnce(want)
 			if tot.Retried != 2 || tot.Processed != 20 || tot.Duplicates != 0 {
 				t.Errorf("stats %+v, want 2 retries, 20 processed, 0 duplicates", tot.Stats)
 			}
-			mu.Lock()
-			defer mu.Unlock()
+			batchSizes := sizes.claimSizes()
 			if len(batchSizes) == 0 || batchSizes[0] != 20 {
 				t.Errorf("first claim covered %v messages, want one batch of 20", batchSizes)
 			}
@@ -392,15 +458,6 @@ func TestBatchHandler(t *testing.T) {
 	if dl := e.broker.DeadLetters(e.queue); len(dl) != 1 || dl[0].Message.ID != "poison" {
 		t.Errorf("dead letters %+v", dl)
 	}
-}
-
-type stageCounter struct{ onClaim func(n int) }
-
-func (s stageCounter) ObserveStage(ctxs []context.Context, stage string) func(error) {
-	if stage == "claim" {
-		s.onClaim(len(ctxs))
-	}
-	return func(error) {}
 }
 
 // A permanent failure dead-letters with its cause and releases the claim:
@@ -469,7 +526,7 @@ func TestBadIDsDeadLetteredWithReason(t *testing.T) {
 }
 
 // testBadIDs publishes messages with bad ids and one good one; with
-// watch, a decision middleware also checks the outcome it sees.
+// watch, an observer also checks the outcome it sees.
 func testBadIDs(t *testing.T, watch bool) {
 	e := newEnv(t)
 	long := strings.Repeat("x", 256)
@@ -483,14 +540,7 @@ func testBadIDs(t *testing.T, watch bool) {
 		t.Fatal(err)
 	}
 	e.publish("good")
-	var outcomes sync.Map
-	seen := func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			out := next(ctx, m)
-			outcomes.Store(string(m.Body), out)
-			return out
-		}
-	}
+	seen := &recorder{}
 	var handled atomic.Int32
 	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		handled.Add(1)
@@ -498,7 +548,7 @@ func testBadIDs(t *testing.T, watch bool) {
 	}
 	opts := []core.Option{core.WithBatchSize(5), core.WithLinger(50 * time.Millisecond)}
 	if watch {
-		opts = append(opts, core.WithMiddleware(seen))
+		opts = append(opts, core.WithObserver(seen))
 	}
 	e.runUntilIdle(30*time.Second, h, opts...)
 	if handled.Load() != 1 {
@@ -513,9 +563,19 @@ func testBadIDs(t *testing.T, watch bool) {
 		if w := wantErr[string(d.Message.Body)]; !errors.Is(d.Cause, w) {
 			t.Errorf("body %q dead-lettered with %v, want %v", d.Message.Body, d.Cause, w)
 		}
-		v, _ := outcomes.Load(string(d.Message.Body))
-		if out, _ := v.(core.Outcome); watch && out.Decision != core.DeadLetter {
-			t.Errorf("middleware saw %v for %q, want dead_letter", out.Decision, d.Message.Body)
+		if !watch {
+			continue
+		}
+		var out core.Outcome
+		seen.mu.Lock()
+		for m, o := range seen.outcomes {
+			if string(m.Body) == string(d.Message.Body) {
+				out = o
+			}
+		}
+		seen.mu.Unlock()
+		if out.Decision != core.DeadLetter {
+			t.Errorf("observer saw %v for %q, want dead_letter", out.Decision, d.Message.Body)
 		}
 	}
 	e.assertExactlyOnce([]string{"good"})
@@ -552,21 +612,21 @@ func TestIDFunc(t *testing.T) {
 // The same id with a different body is caught by its fingerprint and
 // dead-lettered (default) or treated as a duplicate (by option).
 func TestFingerprintMismatch(t *testing.T) {
-	for _, policy := range []core.MismatchPolicy{core.MismatchDeadLetter, core.MismatchDuplicate} {
+	for _, policy := range []core.Decision{core.DeadLetter, core.Duplicate} {
 		t.Run(fmt.Sprint(policy), func(t *testing.T) {
 			e := newEnv(t)
 			e.publish("same")
-			e.runUntilIdle(30*time.Second, applyEffect, core.WithMismatchPolicy(policy))
+			e.runUntilIdle(30*time.Second, applyEffect, core.WithMismatchDecision(policy))
 			// Once in a later delivery, once twice within one batch.
 			if err := e.broker.Publish(context.Background(), e.queue,
 				&core.Message{ID: "same", Body: []byte("other body")},
 				&core.Message{ID: "x", Body: []byte("1")}, &core.Message{ID: "x", Body: []byte("2")}); err != nil {
 				t.Fatal(err)
 			}
-			tot := e.runUntilIdle(30*time.Second, applyEffect, core.WithMismatchPolicy(policy), core.WithBatchSize(3), core.WithLinger(100*time.Millisecond))
+			tot := e.runUntilIdle(30*time.Second, applyEffect, core.WithMismatchDecision(policy), core.WithBatchSize(3), core.WithLinger(100*time.Millisecond))
 			e.assertExactlyOnce([]string{"same", "x"})
 			dl := e.broker.DeadLetters(e.queue)
-			if policy == core.MismatchDeadLetter {
+			if policy == core.DeadLetter {
 				if len(dl) != 2 || !errors.Is(dl[0].Cause, core.ErrFingerprintMismatch) || !errors.Is(dl[1].Cause, core.ErrFingerprintMismatch) {
 					t.Fatalf("dead letters %+v, want two fingerprint mismatches", dl)
 				}
@@ -600,59 +660,143 @@ func TestPanickingHandlerIsRetried(t *testing.T) {
 	}
 }
 
-// Decision middleware sees every decision, Duplicate included, and its
-// context reaches the handler.
-func TestMiddlewareSeesEveryDecision(t *testing.T) {
+// Observers see every decision, Duplicate and DeadLetter included, start
+// in the order given and end in the reverse order, each end getting its
+// own start's context; the context the last start returned reaches the
+// handler.
+func TestObserversSeeEveryDecision(t *testing.T) {
 	e := newEnv(t)
 	e.publish("a", "a", "b")
 	if err := e.broker.Publish(context.Background(), e.queue, &core.Message{Body: []byte("no id")}); err != nil {
 		t.Fatal(err)
 	}
-	type key struct{}
-	var mu sync.Mutex
-	decisions := map[core.Decision]int{}
-	// Messages are decided concurrently, each on its own goroutine: the
-	// order is per message.
-	order := map[*core.Message][]string{}
-	mw := func(name string) core.Middleware {
-		return func(next core.ProcessFunc) core.ProcessFunc {
-			return func(ctx context.Context, m *core.Message) core.Outcome {
-				mu.Lock()
-				order[m] = append(order[m], name)
-				mu.Unlock()
-				out := next(context.WithValue(ctx, key{}, "from-middleware"), m)
-				if name == "outer" {
-					mu.Lock()
-					decisions[out.Decision]++
-					mu.Unlock()
-				}
-				return out
-			}
-		}
-	}
+	type outerKey struct{}
+	type innerKey struct{}
+	var log []string
+	outer := &recorder{name: "outer", log: &log, ctxKey: outerKey{}}
+	inner := &recorder{name: "inner", log: &log, ctxKey: innerKey{}}
 	var ctxOK atomic.Int32
 	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		if ctx.Value(key{}) == "from-middleware" {
+		if ctx.Value(outerKey{}) == "outer" && ctx.Value(innerKey{}) == "inner" {
 			ctxOK.Add(1)
 		}
 		return applyEffect(ctx, tx, m)
 	}
-	e.runUntilIdle(30*time.Second, h, core.WithMiddleware(mw("outer"), mw("inner")))
-	mu.Lock()
-	defer mu.Unlock()
+	// Both recorders append to one log under their own locks: run with
+	// one message in flight so the log's order is the calls' order.
+	e.runUntilIdle(30*time.Second, h, core.WithObserver(outer, inner), core.WithWindow(1))
+	decisions := map[core.Decision]int{}
+	for _, out := range outer.outcomes {
+		decisions[out.Decision]++
+	}
 	if decisions[core.Processed] != 2 || decisions[core.Duplicate] != 1 || decisions[core.DeadLetter] != 1 {
 		t.Errorf("decisions seen %v", decisions)
 	}
-	if len(order) != 4 {
-		t.Errorf("middleware saw %d messages, want 4", len(order))
+	if len(outer.starts) != 4 || len(inner.outcomes) != 4 {
+		t.Errorf("observers saw %d and %d messages, want 4", len(outer.starts), len(inner.outcomes))
 	}
-	for m, o := range order {
-		if len(o) != 2 || o[0] != "outer" || o[1] != "inner" {
-			t.Errorf("middleware order for %q: %v, want [outer inner]", m.ID, o)
-		}
+	want := strings.Repeat("start outer,start inner,end inner,end outer,", 4)
+	if got := strings.Join(log, ",") + ","; got != want {
+		t.Errorf("observer calls %s\nwant %s", got, want)
 	}
 	if ctxOK.Load() != 2 {
-		t.Errorf("middleware context reached the handler %d times, want 2", ctxOK.Load())
+		t.Errorf("the observers' context reached the handler %d times, want 2", ctxOK.Load())
+	}
+}
+
+// Every store stage of a batch is observed with the batch's messages and
+// their decision contexts; a BatchHandler runs under the context its
+// stage's start returned.
+func TestStagesAreObserved(t *testing.T) {
+	e := newEnv(t)
+	want := ids(10, "st")
+	e.publish(want...)
+	type key struct{}
+	obs := &stageCtx{recorder: &recorder{name: "obs", ctxKey: key{}}}
+	var sawStageCtx atomic.Int32
+	bh := func(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
+		if ctx.Value(stageKey{}) == "handlers" {
+			sawStageCtx.Add(1)
+		}
+		for _, m := range msgs {
+			if err := applyEffect(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(10),
+			core.WithLinger(200*time.Millisecond), core.WithLogger(quietLogger()), core.WithObserver(obs))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.assertExactlyOnce(want)
+	var names []string
+	for _, s := range obs.stages {
+		names = append(names, s.Name)
+		if len(s.Messages) != 10 || len(s.Contexts) != 10 {
+			t.Errorf("stage %s: %d messages, %d contexts, want 10", s.Name, len(s.Messages), len(s.Contexts))
+			continue
+		}
+		for i, c := range s.Contexts {
+			if c.Value(key{}) != "obs" {
+				t.Errorf("stage %s: context %d is not the message's decision context", s.Name, i)
+			}
+		}
+	}
+	if got := strings.Join(names, ","); got != "begin,claim,handlers,commit" {
+		t.Errorf("stages %s, want begin,claim,handlers,commit", got)
+	}
+	if sawStageCtx.Load() != 1 {
+		t.Errorf("the handlers stage's context reached the BatchHandler %d times, want 1", sawStageCtx.Load())
+	}
+}
+
+type stageKey struct{}
+
+// stageCtx is a recorder whose StartStage marks the context with the
+// stage's name.
+type stageCtx struct{ *recorder }
+
+func (s *stageCtx) StartStage(ctx context.Context, st core.Stage) context.Context {
+	s.recorder.StartStage(ctx, st)
+	return context.WithValue(ctx, stageKey{}, st.Name)
+}
+
+// Handler middleware wraps a BatchHandler too: recovery turns its panic
+// into a retry, and the batch is then decided message by message.
+func TestBatchHandlerPanicIsRecovered(t *testing.T) {
+	e := newEnv(t)
+	want := ids(8, "bp")
+	e.publish(want...)
+	var panicked atomic.Bool
+	bh := func(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
+		for _, m := range msgs {
+			if err := applyEffect(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		if len(msgs) > 1 && panicked.CompareAndSwap(false, true) {
+			panic("index out of range somewhere")
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(8),
+			core.WithLinger(200*time.Millisecond), core.WithLogger(quietLogger()),
+			core.WithHandlerMiddleware(recovery.New(quietLogger())))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.assertExactlyOnce(want)
+	if !panicked.Load() || res.Processed != 8 || res.DeadLettered != 0 {
+		t.Errorf("panicked %v, stats %+v; want a recovered panic and 8 processed", panicked.Load(), res.Stats)
 	}
 }
 
@@ -662,19 +806,10 @@ func TestInFlightBoundedByWindow(t *testing.T) {
 	e := newEnv(t)
 	want := ids(5000, "w")
 	e.publish(want...)
-	var cur, peak atomic.Int64
-	mw := func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			n := cur.Add(1)
-			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-			}
-			defer cur.Add(-1)
-			return next(ctx, m)
-		}
-	}
-	e.runUntilIdle(time.Minute, applyEffect, core.WithMiddleware(mw), core.WithBatchSize(10), core.WithConcurrency(2), core.WithWindow(25))
+	obs := &recorder{}
+	e.runUntilIdle(time.Minute, applyEffect, core.WithObserver(obs), core.WithBatchSize(10), core.WithConcurrency(2), core.WithWindow(25))
 	e.assertExactlyOnce(want)
-	if p := peak.Load(); p > 25 || p < 10 {
+	if p := obs.peak.Load(); p > 25 || p < 10 {
 		t.Errorf("peak in flight %d, want between the batch size 10 and the window 25", p)
 	}
 }

@@ -152,17 +152,13 @@ func TestSecretsNeverLeave(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, m.ID)
 		return err
 	}
-	record := func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			out := next(ctx, m)
-			addErr("outcome "+m.ID, out.Err)
-			return out
-		}
-	}
-	opts := append(tr.Options(),
+	record := core.DecisionFunc(func(ctx context.Context, m *core.Message, out core.Outcome) {
+		addErr("outcome "+m.ID, out.Err)
+	})
+	opts := []core.Option{
 		core.WithName("sec"), core.WithLogger(logger), core.WithBatchSize(4),
 		core.WithBackoff(core.ExponentialBackoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond, Multiplier: 2}),
-		core.WithMiddleware(record, logging.New(logger, logging.WithBody(64))))
+		core.WithObserver(tr, record, logging.New(logger, logging.WithBody(64)))}
 	c, err := core.New[pgx.Tx](src, store, handler, opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -96,21 +96,13 @@ func TestHostileMessages(t *testing.T) {
 		t.Logf("256-byte message_id refused by the client: %v", err)
 	}
 
-	maxHeaders := func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			if len(m.Headers) > 1000 {
-				return core.Outcome{Decision: core.DeadLetter, Err: fmt.Errorf("%d headers, at most 1000", len(m.Headers))}
-			}
-			return next(ctx, m)
-		}
-	}
 	tr := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider()), tracing.WithPropagator(propagation.TraceContext{}), tracing.WithParentFromMessage())
 	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?)`, m.ID)
 		return err
 	}
-	c, err := core.New[*sql.Tx](src, store, handler, append(tr.Options(), core.WithName("hostile"), core.WithBatchSize(4),
-		core.WithLogger(testLogger(t)), core.WithMiddleware(maxHeaders))...)
+	c, err := core.New[*sql.Tx](src, store, handler, core.WithObserver(tr), core.WithName("hostile"), core.WithBatchSize(4),
+		core.WithLogger(testLogger(t)), core.WithLimits(core.Limits{Headers: 1000}))
 	if err != nil {
 		t.Fatal(err)
 	}

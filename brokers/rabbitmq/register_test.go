@@ -56,11 +56,11 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 	if tp := m.Headers["traceparent"]; !strings.Contains(tp, want) {
 		t.Errorf("traceparent header %q does not carry trace %s", tp, want)
 	}
-	// The tracing middleware links the process span to the producer's.
+	// The tracing observer links the process span to the producer's.
 	rec := tracetest.NewSpanRecorder()
 	ctp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	mw := tracing.New(tracing.WithTracerProvider(ctp), tracing.WithPropagator(propagation.TraceContext{})).Middleware()
-	mw(func(context.Context, *core.Message) core.Outcome { return core.Outcome{Decision: core.Processed} })(ctx, m)
+	tr := tracing.New(tracing.WithTracerProvider(ctp), tracing.WithPropagator(propagation.TraceContext{}))
+	tr.EndDecision(tr.StartDecision(ctx, m), m, core.Outcome{Decision: core.Processed})
 	if ended := rec.Ended(); len(ended) != 1 || len(ended[0].Links()) != 1 || ended[0].Links()[0].SpanContext.SpanID() != span.SpanContext().SpanID() {
 		t.Errorf("consumer span does not link to the producer span")
 	} else if v := attrValue(ended[0], "messaging.system"); v != "rabbitmq" {

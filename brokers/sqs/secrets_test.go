@@ -95,16 +95,12 @@ func TestSecretKeyNeverLeaves(t *testing.T) {
 	}
 	rec := tracetest.NewSpanRecorder()
 	tr := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))))
-	record := func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			out := next(ctx, m)
-			addErr("outcome", out.Err)
-			return out
-		}
-	}
-	c, err := core.New[*sql.Tx](src, store, handler, append(tr.Options(), core.WithName("sec"), core.WithLogger(logger),
+	record := core.DecisionFunc(func(ctx context.Context, m *core.Message, out core.Outcome) {
+		addErr("outcome", out.Err)
+	})
+	c, err := core.New[*sql.Tx](src, store, handler, core.WithName("sec"), core.WithLogger(logger),
 		core.WithBackoff(core.ExponentialBackoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}),
-		core.WithMiddleware(record, logging.New(logger)))...)
+		core.WithObserver(tr, record, logging.New(logger)))
 	if err != nil {
 		t.Fatal(err)
 	}

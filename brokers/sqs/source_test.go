@@ -400,15 +400,11 @@ func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
 	var calls atomic.Int32
 	var mu sync.Mutex
 	var decided []string // attempt:decision, in decision order
-	record := func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			out := next(ctx, m)
-			mu.Lock()
-			decided = append(decided, fmt.Sprintf("%d:%s", m.Attempt, out.Decision))
-			mu.Unlock()
-			return out
-		}
-	}
+	record := core.DecisionFunc(func(ctx context.Context, m *core.Message, out core.Outcome) {
+		mu.Lock()
+		decided = append(decided, fmt.Sprintf("%d:%s", m.Attempt, out.Decision))
+		mu.Unlock()
+	})
 	h := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
 		calls.Add(1)
 		time.Sleep(2500 * time.Millisecond) // 2.5 visibility timeouts, no heartbeat
@@ -418,7 +414,7 @@ func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
 	var runs []*running[pgx.Tx]
 	for range 2 {
 		s := open(t, ep, q, WithDeadLetterQueue(q.name), WithHeartbeat(false))
-		runs = append(runs, runConsumer(t, s, core.Store[pgx.Tx](store), h, core.WithMiddleware(record)))
+		runs = append(runs, runConsumer(t, s, core.Store[pgx.Tx](store), h, core.WithObserver(record)))
 	}
 	waitFor(t, 20*time.Second, "one Processed and one Duplicate", func() bool {
 		var p, d int64

@@ -235,7 +235,7 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 		core.WithConcurrency(s.concurrency),
 		core.WithShutdownTimeout(s.shutdown),
 		core.WithLogger(logger),
-		core.WithMiddleware(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))))
+		core.WithObserver(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))))
 	if err != nil {
 		src.Close()
 		return err

@@ -268,7 +268,7 @@ func runOnce[Tx any](ctx context.Context, s settings, batch int, payments []paym
 			core.WithName(consumer), core.WithBatchSize(batch), core.WithConcurrency(s.concurrency),
 			core.WithBackoff(core.ExponentialBackoff{Initial: 5 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}),
 			core.WithHandlerMiddleware(recovery.New(logger)), core.WithLogger(logger),
-			core.WithMiddleware(countProcessed(bar)))
+			core.WithObserver(countProcessed(bar)))
 	})
 	if err != nil {
 		return r, err
@@ -282,17 +282,13 @@ func runOnce[Tx any](ctx context.Context, s settings, batch int, payments []paym
 	return r, verify(ctx, be, payments, broker.Stats(queue), &r)
 }
 
-// countProcessed is decision middleware feeding the progress bar.
-func countProcessed(bar *progressbar.ProgressBar) core.Middleware {
-	return func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			out := next(ctx, m)
-			if out.Decision == core.Processed && bar != nil {
-				_ = bar.Add(1)
-			}
-			return out
+// countProcessed is an observer feeding the progress bar.
+func countProcessed(bar *progressbar.ProgressBar) core.Observer {
+	return core.DecisionFunc(func(_ context.Context, _ *core.Message, out core.Outcome) {
+		if out.Decision == core.Processed && bar != nil {
+			_ = bar.Add(1)
 		}
-	}
+	})
 }
 
 func verify[Tx any](ctx context.Context, be *backend[Tx], payments []payment, st memory.Stats, r *result) error {

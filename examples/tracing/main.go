@@ -89,9 +89,9 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	tr := tracing.New()
 	_, err = memory.Drain(ctx, broker, "orders", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.New[*sql.Tx](sub, store, handler, append(tr.Options(),
-			core.WithName("shipping"), core.WithMiddleware(logging.New(nil)),
-			core.WithShutdownTimeout(5*time.Second))...)
+		return core.New[*sql.Tx](sub, store, handler,
+			core.WithName("shipping"), core.WithObserver(tr, logging.New(nil)),
+			core.WithShutdownTimeout(5*time.Second))
 	})
 	return err
 }

@@ -33,9 +33,15 @@ func WithBody(max int) Option {
 	return func(c *config) { c.bodyMax = max }
 }
 
-// New returns decision middleware logging to logger (nil means
-// slog.Default()).
-func New(logger *slog.Logger, opts ...Option) core.Middleware {
+// Logging is a core.Observer that writes one line per decision. Install
+// it with core.WithObserver.
+type Logging struct {
+	logger *slog.Logger
+	cfg    config
+}
+
+// New returns a Logging writing to logger (nil means slog.Default()).
+func New(logger *slog.Logger, opts ...Option) *Logging {
 	if logger == nil {
 		logger = slog.Default()
 	}
@@ -48,40 +54,51 @@ func New(logger *slog.Logger, opts ...Option) core.Middleware {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	return func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			start := time.Now()
-			out := next(ctx, m)
-			level, ok := cfg.levels[out.Decision]
-			if !ok {
-				level = slog.LevelError
-			}
-			if !logger.Enabled(ctx, level) {
-				return out
-			}
-			attrs := make([]slog.Attr, 0, 10)
-			attrs = append(attrs,
-				slog.String("consumer", core.ConsumerName(ctx)),
-				slog.String("decision", out.Decision.String()),
-				slog.String("id", clip(m.ID, 128)),
-				slog.String("source", m.Source),
-				slog.String("system", m.System),
-				slog.Int("attempt", m.Attempt),
-				slog.Duration("took", time.Since(start)),
-			)
-			if out.Err != nil {
-				attrs = append(attrs, slog.String("cause", out.Err.Error()))
-			}
-			if out.Decision == core.Retry {
-				attrs = append(attrs, slog.Duration("retry_in", out.Delay))
-			}
-			if cfg.bodyMax > 0 {
-				attrs = append(attrs, slog.String("body", clip(string(m.Body), cfg.bodyMax)))
-			}
-			logger.LogAttrs(ctx, level, "idemq: "+out.Decision.String(), attrs...)
-			return out
-		}
+	return &Logging{logger: logger, cfg: cfg}
+}
+
+type startKey struct{}
+
+// StartDecision implements core.Observer: it notes when the decision
+// began, for the line's "took".
+func (l *Logging) StartDecision(ctx context.Context, _ *core.Message) context.Context {
+	return context.WithValue(ctx, startKey{}, time.Now())
+}
+
+// EndDecision implements core.Observer: it writes the decision's line at
+// the decision's level.
+func (l *Logging) EndDecision(ctx context.Context, m *core.Message, out core.Outcome) {
+	level, ok := l.cfg.levels[out.Decision]
+	if !ok {
+		level = slog.LevelError
 	}
+	if !l.logger.Enabled(ctx, level) {
+		return
+	}
+	var took time.Duration
+	if start, ok := ctx.Value(startKey{}).(time.Time); ok {
+		took = time.Since(start)
+	}
+	attrs := make([]slog.Attr, 0, 10)
+	attrs = append(attrs,
+		slog.String("consumer", core.ConsumerName(ctx)),
+		slog.String("decision", out.Decision.String()),
+		slog.String("id", clip(m.ID, 128)),
+		slog.String("source", m.Source),
+		slog.String("system", m.System),
+		slog.Int("attempt", m.Attempt),
+		slog.Duration("took", took),
+	)
+	if out.Err != nil {
+		attrs = append(attrs, slog.String("cause", out.Err.Error()))
+	}
+	if out.Decision == core.Retry {
+		attrs = append(attrs, slog.Duration("retry_in", out.Delay))
+	}
+	if l.cfg.bodyMax > 0 {
+		attrs = append(attrs, slog.String("body", clip(string(m.Body), l.cfg.bodyMax)))
+	}
+	l.logger.LogAttrs(ctx, level, "idemq: "+out.Decision.String(), attrs...)
 }
 
 func clip(s string, max int) string {

@@ -28,8 +28,8 @@ func TestOneLinePerDecisionAtItsLevel(t *testing.T) {
 	}
 	for _, tc := range cases {
 		buf.Reset()
-		p := mw(func(context.Context, *core.Message) core.Outcome { return tc.out })
-		p(context.Background(), &core.Message{ID: "pay-1", Body: []byte("secret card number"), Source: "payments", Attempt: 2})
+		m := &core.Message{ID: "pay-1", Body: []byte("secret card number"), Source: "payments", Attempt: 2}
+		mw.EndDecision(mw.StartDecision(context.Background(), m), m, tc.out)
 		line := buf.String()
 		if strings.Count(line, "\n") != 1 {
 			t.Fatalf("%v: %d lines", tc.out.Decision, strings.Count(line, "\n"))
@@ -52,15 +52,12 @@ func TestBodyOnlyWhenAskedAndLevelsConfigurable(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	mw := logging.New(logger, logging.WithBody(6), logging.WithLevel(core.Duplicate, slog.LevelDebug))
-	dup := mw(func(context.Context, *core.Message) core.Outcome { return core.Outcome{Decision: core.Duplicate} })
-	dup(context.Background(), &core.Message{ID: "x", Body: []byte("abcdefghij")})
+	m := &core.Message{ID: "x", Body: []byte("abcdefghij")}
+	mw.EndDecision(mw.StartDecision(context.Background(), m), m, core.Outcome{Decision: core.Duplicate})
 	if buf.Len() != 0 {
 		t.Errorf("duplicate logged at debug under an info logger: %s", buf.String())
 	}
-	dl := mw(func(context.Context, *core.Message) core.Outcome {
-		return core.Outcome{Decision: core.DeadLetter, Err: errors.New("bad")}
-	})
-	dl(context.Background(), &core.Message{ID: "x", Body: []byte("abcdefghij")})
+	mw.EndDecision(mw.StartDecision(context.Background(), m), m, core.Outcome{Decision: core.DeadLetter, Err: errors.New("bad")})
 	if !strings.Contains(buf.String(), "body=abcdef…") {
 		t.Errorf("body not clipped to 6 bytes: %s", buf.String())
 	}

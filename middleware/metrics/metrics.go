@@ -7,6 +7,8 @@ package metrics
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -38,13 +40,18 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) { c.mp = mp }
 }
 
-// Metrics is decision middleware and a store-stage observer recording
-// idemq's metrics. Install it with Options.
+// Metrics is a core.Observer (and core.StageObserver) recording idemq's
+// metrics. Install it with core.WithObserver(m).
 type Metrics struct {
 	duration  messagingconv.ProcessDuration
 	consumed  messagingconv.ClientConsumedMessages
 	inFlight  metric.Int64UpDownCounter
 	batchSize metric.Int64Histogram
+	// attrSets caches the attribute sets of each (system, destination,
+	// consumer[, decision, error type]): building one sorts and
+	// allocates, and there are few distinct ones.
+	attrSets sync.Map
+	cachedN  atomic.Int64
 }
 
 // New creates the instruments. It fails only if the MeterProvider refuses
@@ -78,44 +85,105 @@ func New(opts ...Option) (*Metrics, error) {
 	return &m, nil
 }
 
-// Options returns the core options that install m.
-func (m *Metrics) Options() []core.Option {
-	return []core.Option{core.WithMiddleware(m.Middleware()), core.WithStageObserver(m)}
+type decisionKey struct{}
+
+// decisionStart is what StartDecision leaves for EndDecision.
+type decisionStart struct {
+	start time.Time
+	sys   messagingconv.SystemAttr
+	base  []attribute.KeyValue // destination, consumer group
+	gauge metric.MeasurementOption
 }
 
-// Middleware returns the decision middleware that records each decision.
-func (m *Metrics) Middleware() core.Middleware {
-	return func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, msg *core.Message) core.Outcome {
-			sys := messagingconv.SystemAttr(systemOf(msg))
-			attrs := make([]attribute.KeyValue, 0, 5)
-			attrs = append(attrs, semconv.MessagingDestinationName(msg.Source))
-			if name := core.ConsumerName(ctx); name != "" {
-				attrs = append(attrs, semconv.MessagingConsumerGroupName(name))
-			}
-			gauge := metric.WithAttributes(append([]attribute.KeyValue{semconv.MessagingSystemKey.String(string(sys))}, attrs...)...)
-			m.inFlight.Add(ctx, 1, gauge)
-			start := time.Now()
-			out := next(ctx, msg)
-			m.inFlight.Add(ctx, -1, gauge)
-			attrs = append(attrs, tracing.DecisionKey.String(out.Decision.String()))
-			if out.Decision == core.Retry || out.Decision == core.DeadLetter {
-				attrs = append(attrs, semconv.ErrorTypeKey.String(tracing.ErrorType(out.Err)))
-			}
-			m.duration.Record(ctx, time.Since(start).Seconds(), "process", sys, attrs...)
-			m.consumed.Add(ctx, 1, "process", sys, attrs...)
-			return out
+// StartDecision implements core.Observer: it counts the message in flight
+// and notes when its decision began.
+func (m *Metrics) StartDecision(ctx context.Context, msg *core.Message) context.Context {
+	sys := messagingconv.SystemAttr(systemOf(msg))
+	name := core.ConsumerName(ctx)
+	base := m.cached("base", string(sys), msg.Source, name, "", "", func() []attribute.KeyValue {
+		attrs := make([]attribute.KeyValue, 0, 2)
+		attrs = append(attrs, semconv.MessagingDestinationName(msg.Source))
+		if name != "" {
+			attrs = append(attrs, semconv.MessagingConsumerGroupName(name))
 		}
-	}
+		return attrs
+	})
+	gauge := m.cachedOption(string(sys), msg.Source, name, func() []attribute.KeyValue {
+		return append([]attribute.KeyValue{semconv.MessagingSystemKey.String(string(sys))}, base...)
+	})
+	m.inFlight.Add(ctx, 1, gauge)
+	return context.WithValue(ctx, decisionKey{}, &decisionStart{start: time.Now(), sys: sys, base: base, gauge: gauge})
 }
 
-// ObserveStage implements core.StageObserver: it records the batch size of
-// each claim.
-func (m *Metrics) ObserveStage(ctxs []context.Context, stage string) func(error) {
-	if stage == "claim" && len(ctxs) > 0 {
-		m.batchSize.Record(ctxs[0], int64(len(ctxs)))
+// EndDecision implements core.Observer: it records the decision's
+// duration and counts it, with the decision (and for Retry and DeadLetter
+// the error type) as attributes.
+func (m *Metrics) EndDecision(ctx context.Context, msg *core.Message, out core.Outcome) {
+	ds, ok := ctx.Value(decisionKey{}).(*decisionStart)
+	if !ok {
+		return
 	}
-	return func(error) {}
+	m.inFlight.Add(ctx, -1, ds.gauge)
+	errType := ""
+	if out.Decision == core.Retry || out.Decision == core.DeadLetter {
+		errType = tracing.ErrorType(out.Err)
+	}
+	attrs := m.cached("end", string(ds.sys), msg.Source, core.ConsumerName(ctx), out.Decision.String(), errType, func() []attribute.KeyValue {
+		attrs := append(append(make([]attribute.KeyValue, 0, len(ds.base)+2), ds.base...), tracing.DecisionKey.String(out.Decision.String()))
+		if errType != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(errType))
+		}
+		return attrs
+	})
+	m.duration.Record(ctx, time.Since(ds.start).Seconds(), "process", ds.sys, attrs...)
+	m.consumed.Add(ctx, 1, "process", ds.sys, attrs...)
+}
+
+// StartStage implements core.StageObserver: it records the batch size of
+// each claim.
+func (m *Metrics) StartStage(ctx context.Context, s core.Stage) context.Context {
+	if s.Name == "claim" && len(s.Messages) > 0 {
+		m.batchSize.Record(ctx, int64(len(s.Messages)))
+	}
+	return ctx
+}
+
+// EndStage implements core.StageObserver; it records nothing.
+func (m *Metrics) EndStage(context.Context, core.Stage, error) {}
+
+// maxCached bounds the attribute cache: destinations and consumers are
+// few, but a cache must not grow without bound if they are not.
+const maxCached = 4096
+
+type cacheKey struct{ kind, sys, dest, consumer, decision, errType string }
+
+func (m *Metrics) cached(kind, sys, dest, consumer, decision, errType string, build func() []attribute.KeyValue) []attribute.KeyValue {
+	k := cacheKey{kind, sys, dest, consumer, decision, errType}
+	if v, ok := m.attrSets.Load(k); ok {
+		return v.([]attribute.KeyValue)
+	}
+	attrs := build()
+	m.store(k, attrs)
+	return attrs
+}
+
+func (m *Metrics) cachedOption(sys, dest, consumer string, build func() []attribute.KeyValue) metric.MeasurementOption {
+	k := cacheKey{kind: "gauge", sys: sys, dest: dest, consumer: consumer}
+	if v, ok := m.attrSets.Load(k); ok {
+		return v.(metric.MeasurementOption)
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(build()...))
+	m.store(k, opt)
+	return opt
+}
+
+func (m *Metrics) store(k cacheKey, v any) {
+	if m.cachedN.Load() >= maxCached {
+		return
+	}
+	if _, loaded := m.attrSets.LoadOrStore(k, v); !loaded {
+		m.cachedN.Add(1)
+	}
 }
 
 func systemOf(m *core.Message) string {

@@ -65,7 +65,7 @@ func TestMetricsCountDecisionsExactly(t *testing.T) {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	_, err = memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.New[*sql.Tx](sub, store, h, append(m.Options(), core.WithName("billing"), core.WithBatchSize(8),
+		return core.New[*sql.Tx](sub, store, h, append([]core.Option{core.WithObserver(m)}, core.WithName("billing"), core.WithBatchSize(8),
 			core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))...)
 	})
 	if err != nil {

@@ -21,25 +21,30 @@ type PanicError struct {
 
 func (p *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", p.Value) }
 
-// New returns handler middleware that recovers a panic in the handler,
-// logs it with its stack at error level on logger (nil means
-// slog.Default()), and returns a *PanicError. Install it innermost-but-one
+// New returns handler middleware that recovers a panic in the handler (a
+// Handler's or a BatchHandler's), logs it with its stack and the first
+// message's id at error level on logger (nil means slog.Default()), and
+// returns a *PanicError. Install it innermost-but-one
 // (after timeout) so that it sees the handler's own panics.
 func New(logger *slog.Logger) core.HandlerMiddleware {
 	if logger == nil {
 		logger = slog.Default()
 	}
 	return func(next core.HandlerFunc) core.HandlerFunc {
-		return func(ctx context.Context, m *core.Message) (err error) {
+		return func(ctx context.Context, msgs []*core.Message) (err error) {
 			defer func() {
 				if v := recover(); v != nil {
 					stack := debug.Stack()
-					logger.ErrorContext(ctx, "idemq: handler panicked; the message is rolled back and retried",
-						"id", m.ID, "source", m.Source, "attempt", m.Attempt, "panic", fmt.Sprint(v), "stack", string(stack))
+					attrs := []any{"messages", len(msgs), "panic", fmt.Sprint(v), "stack", string(stack)}
+					if len(msgs) > 0 {
+						m := msgs[0]
+						attrs = append(attrs, "id", m.ID, "source", m.Source, "attempt", m.Attempt)
+					}
+					logger.ErrorContext(ctx, "idemq: handler panicked; its messages are rolled back and retried", attrs...)
 					err = &PanicError{Value: v, Stack: stack}
 				}
 			}()
-			return next(ctx, m)
+			return next(ctx, msgs)
 		}
 	}
 }

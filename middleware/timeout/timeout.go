@@ -15,7 +15,7 @@ import (
 var ErrTimeout = errors.New("handler timed out")
 
 // New returns handler middleware that gives each handler call a context
-// with deadline d. The handler must pass that context to its database
+// with deadline d (a BatchHandler's call: d for the whole batch). The handler must pass that context to its database
 // calls (every driver honours it): a handler cannot be abandoned while it
 // holds the transaction, so the deadline works by making its next database
 // call fail. An error after the deadline is reported as ErrTimeout.
@@ -25,10 +25,10 @@ func New(d time.Duration) core.HandlerMiddleware {
 		panic(fmt.Sprintf("timeout.New: duration %v must be positive", d))
 	}
 	return func(next core.HandlerFunc) core.HandlerFunc {
-		return func(ctx context.Context, m *core.Message) error {
+		return func(ctx context.Context, msgs []*core.Message) error {
 			tctx, cancel := context.WithTimeout(ctx, d)
 			defer cancel()
-			err := next(tctx, m)
+			err := next(tctx, msgs)
 			if err == nil && tctx.Err() == nil {
 				return nil
 			}

@@ -12,16 +12,16 @@ import (
 
 func TestTimeout(t *testing.T) {
 	mw := timeout.New(20 * time.Millisecond)
-	m := &core.Message{ID: "x"}
-	blocked := mw(func(ctx context.Context, _ *core.Message) error { <-ctx.Done(); return ctx.Err() })
+	m := []*core.Message{{ID: "x"}}
+	blocked := mw(func(ctx context.Context, _ []*core.Message) error { <-ctx.Done(); return ctx.Err() })
 	if err := blocked(context.Background(), m); !errors.Is(err, timeout.ErrTimeout) || core.IsPermanent(err) {
 		t.Errorf("overrunning handler: %v, want transient ErrTimeout", err)
 	}
-	late := mw(func(ctx context.Context, _ *core.Message) error { time.Sleep(40 * time.Millisecond); return nil })
+	late := mw(func(ctx context.Context, _ []*core.Message) error { time.Sleep(40 * time.Millisecond); return nil })
 	if err := late(context.Background(), m); !errors.Is(err, timeout.ErrTimeout) {
 		t.Errorf("handler returning nil after its deadline: %v, want ErrTimeout (its statements may have been cancelled)", err)
 	}
-	quick := mw(func(ctx context.Context, _ *core.Message) error {
+	quick := mw(func(ctx context.Context, _ []*core.Message) error {
 		if _, ok := ctx.Deadline(); !ok {
 			return errors.New("no deadline on the handler's context")
 		}

@@ -21,12 +21,12 @@ import (
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
-// BenchmarkMiddlewareCost runs the same pipeline (memory broker, SQLite,
-// batches of 100) bare and with each observability middleware, so their
-// added cost per message reads as a ratio against "bare" in one run:
+// BenchmarkObserverCost runs the same pipeline (memory broker, SQLite,
+// batches of 100) bare and with each observer, so their added cost per
+// message reads as a ratio against "bare" in one run:
 //
-//	go test -run '^$' -bench MiddlewareCost -count 5 ./middleware/tracing
-func BenchmarkMiddlewareCost(b *testing.B) {
+//	go test -run '^$' -bench ObserverCost -count 5 ./middleware/tracing
+func BenchmarkObserverCost(b *testing.B) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 	defer tp.Shutdown(context.Background())
@@ -36,15 +36,15 @@ func BenchmarkMiddlewareCost(b *testing.B) {
 		b.Fatal(err)
 	}
 	tr := tracing.New(tracing.WithTracerProvider(tp))
-	all := append(append(tr.Options(), met.Options()...), core.WithMiddleware(logging.New(quiet)))
+	all := []core.Option{core.WithObserver(tr, met, logging.New(quiet))}
 	for _, tc := range []struct {
 		name string
 		opts []core.Option
 	}{
 		{"bare", nil},
-		{"logging", []core.Option{core.WithMiddleware(logging.New(quiet))}},
-		{"metrics", met.Options()},
-		{"tracing", tr.Options()},
+		{"logging", []core.Option{core.WithObserver(logging.New(quiet))}},
+		{"metrics", []core.Option{core.WithObserver(met)}},
+		{"tracing", []core.Option{core.WithObserver(tr)}},
 		{"all", all},
 	} {
 		b.Run(tc.name, func(b *testing.B) { benchPipeline(b, tc.opts) })

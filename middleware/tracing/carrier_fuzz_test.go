@@ -29,14 +29,11 @@ func FuzzHeaderCarrier(f *testing.F) {
 		if asParent {
 			opts = append(opts, WithParentFromMessage())
 		}
-		mw := New(opts...).Middleware()
+		tr := New(opts...)
 		m := &core.Message{ID: id, Source: "q", System: "rabbitmq", Attempt: 1, Headers: map[string]string{
 			"traceparent": traceparent, "tracestate": tracestate, "baggage": baggage,
 		}}
-		out := mw(func(context.Context, *core.Message) core.Outcome { return core.Outcome{Decision: core.Processed} })(context.Background(), m)
-		if out.Decision != core.Processed {
-			t.Fatalf("decision %v", out.Decision)
-		}
+		tr.EndDecision(tr.StartDecision(context.Background(), m), m, core.Outcome{Decision: core.Processed})
 		ended := rec.Ended()
 		producer := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
 		if asParent && producer.IsValid() && !producer.IsSampled() {

@@ -2,7 +2,8 @@
 // the messaging semantic conventions: one CONSUMER span "process
 // <destination>" per message, duplicates and dead letters included, with
 // the decision as the idemq.decision attribute and child spans for the
-// store's begin, claim and commit.
+// store's begin, claim, flush and commit. A Tracing is a core.Observer:
+// install it with core.WithObserver.
 //
 // The producer's trace context is extracted from the message headers (AMQP
 // headers, Kafka headers, SQS message attributes: every adapter renders
@@ -73,15 +74,15 @@ func WithParentFromMessage() Option {
 	return func(c *config) { c.parent = true }
 }
 
-// WithoutStageSpans turns off the child spans for the store's begin, claim
-// and commit. Default: on.
+// WithoutStageSpans turns off the child spans for the store's begin, claim,
+// flush and commit. Default: on.
 func WithoutStageSpans() Option {
 	return func(c *config) { c.stageSpans = false }
 }
 
-// Tracing is both decision middleware and a store-stage observer. Install
-// it with Options, or with core.WithMiddleware(t.Middleware()) and
-// core.WithStageObserver(t).
+// Tracing is a core.Observer (and core.StageObserver) that records one
+// span per decision and child spans for the store stages. Install it with
+// core.WithObserver(t).
 type Tracing struct {
 	cfg    config
 	tracer trace.Tracer
@@ -102,73 +103,80 @@ func New(opts ...Option) *Tracing {
 	return &Tracing{cfg: cfg, tracer: cfg.tp.Tracer(ScopeName)}
 }
 
-// Options returns the core options that install t.
-func (t *Tracing) Options() []core.Option {
-	return []core.Option{core.WithMiddleware(t.Middleware()), core.WithStageObserver(t)}
-}
-
-// Middleware returns the decision middleware that records one span per
-// message.
-func (t *Tracing) Middleware() core.Middleware {
-	return func(next core.ProcessFunc) core.ProcessFunc {
-		return func(ctx context.Context, m *core.Message) core.Outcome {
-			opts := []trace.SpanStartOption{
-				trace.WithSpanKind(trace.SpanKindConsumer),
-				trace.WithAttributes(MessageAttributes(ctx, m)...),
+// StartDecision implements core.Observer: it starts the message's process
+// span, linked to (or, with WithParentFromMessage, a child of) the
+// producer's span, and returns ctx carrying it.
+func (t *Tracing) StartDecision(ctx context.Context, m *core.Message) context.Context {
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(MessageAttributes(ctx, m)...),
+	}
+	if m.Headers != nil {
+		producer := trace.SpanContextFromContext(t.cfg.prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
+		if producer.IsValid() {
+			if t.cfg.parent {
+				ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
+			} else {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
 			}
-			if m.Headers != nil {
-				producer := trace.SpanContextFromContext(t.cfg.prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
-				if producer.IsValid() {
-					if t.cfg.parent {
-						ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
-					} else {
-						opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
-					}
-				}
-			}
-			ctx, span := t.tracer.Start(ctx, spanName(m), opts...)
-			defer span.End()
-			out := next(ctx, m)
-			span.SetAttributes(DecisionKey.String(out.Decision.String()))
-			switch out.Decision {
-			case core.Retry, core.DeadLetter:
-				span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(out.Err)))
-				if out.Decision == core.Retry {
-					span.SetAttributes(RetryDelayKey.Float64(out.Delay.Seconds()))
-				}
-				if out.Err != nil {
-					span.RecordError(out.Err)
-					span.SetStatus(codes.Error, out.Err.Error())
-				} else {
-					span.SetStatus(codes.Error, out.Decision.String())
-				}
-			}
-			return out
 		}
 	}
+	ctx, _ = t.tracer.Start(ctx, spanName(m), opts...)
+	return ctx
 }
 
-// ObserveStage implements core.StageObserver: a child span of each
-// message's process span for the store stage.
-func (t *Tracing) ObserveStage(ctxs []context.Context, stage string) func(error) {
-	if !t.cfg.stageSpans {
-		return func(error) {}
+// EndDecision implements core.Observer: it records the decision (and for
+// Retry and DeadLetter the cause) on the process span and ends it.
+func (t *Tracing) EndDecision(ctx context.Context, _ *core.Message, out core.Outcome) {
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(DecisionKey.String(out.Decision.String()))
+	switch out.Decision {
+	case core.Retry, core.DeadLetter:
+		span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(out.Err)))
+		if out.Decision == core.Retry {
+			span.SetAttributes(RetryDelayKey.Float64(out.Delay.Seconds()))
+		}
+		if out.Err != nil {
+			span.RecordError(out.Err)
+			span.SetStatus(codes.Error, out.Err.Error())
+		} else {
+			span.SetStatus(codes.Error, out.Decision.String())
+		}
 	}
-	spans := make([]trace.Span, len(ctxs))
-	for i, ctx := range ctxs {
-		_, spans[i] = t.tracer.Start(ctx, "idemq "+stage,
+	span.End()
+}
+
+type stageSpansKey struct{}
+
+// StartStage implements core.StageObserver: for the store's begin, claim,
+// flush and commit it starts a child span of each message's process span,
+// and returns ctx carrying the first, so a database tracer (pgx's, for
+// one) parents the statements under it. The handlers stage gets no span:
+// the handler's own spans are children of the process span.
+func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context {
+	if !t.cfg.stageSpans || s.Name == "handlers" || len(s.Contexts) == 0 {
+		return ctx
+	}
+	spans := make([]trace.Span, len(s.Contexts))
+	for i, mctx := range s.Contexts {
+		_, spans[i] = t.tracer.Start(mctx, "idemq "+s.Name,
 			trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(BatchSizeKey.Int(len(ctxs))))
+			trace.WithAttributes(BatchSizeKey.Int(len(s.Contexts))))
 	}
-	return func(err error) {
-		for _, s := range spans {
-			if err != nil {
-				s.RecordError(err)
-				s.SetStatus(codes.Error, err.Error())
-				s.SetAttributes(semconv.ErrorTypeKey.String(stage))
-			}
-			s.End()
+	return context.WithValue(trace.ContextWithSpan(ctx, spans[0]), stageSpansKey{}, spans)
+}
+
+// EndStage implements core.StageObserver: it ends the stage's spans,
+// recording the error on each.
+func (t *Tracing) EndStage(ctx context.Context, s core.Stage, err error) {
+	spans, _ := ctx.Value(stageSpansKey{}).([]trace.Span)
+	for _, span := range spans {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(semconv.ErrorTypeKey.String(s.Name))
 		}
+		span.End()
 	}
 }
 

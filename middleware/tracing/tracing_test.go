@@ -64,8 +64,8 @@ func consumeTraced(t *testing.T, batch int, opts []tracing.Option, msgs ...*core
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	_, err = memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.New[*sql.Tx](sub, store, h, append(tr.Options(), core.WithName("billing"), core.WithBatchSize(batch),
-			core.WithLinger(50*time.Millisecond), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))...)
+		return core.New[*sql.Tx](sub, store, h, core.WithObserver(tr), core.WithName("billing"), core.WithBatchSize(batch),
+			core.WithLinger(50*time.Millisecond), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -226,9 +226,9 @@ func TestMalformedTraceHeadersAreIgnored(t *testing.T) {
 	ctx := context.Background()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	mw := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop)).Middleware()
-	out := mw(func(context.Context, *core.Message) core.Outcome { return core.Outcome{Decision: core.Processed} })(ctx, m)
-	if out.Decision != core.Processed || len(rec.Ended()) != 1 || len(rec.Ended()[0].Links()) != 0 {
-		t.Errorf("outcome %v, spans %d", out.Decision, len(rec.Ended()))
+	tr := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop))
+	tr.EndDecision(tr.StartDecision(ctx, m), m, core.Outcome{Decision: core.Processed})
+	if len(rec.Ended()) != 1 || len(rec.Ended()[0].Links()) != 0 {
+		t.Errorf("spans %d, want 1 without links", len(rec.Ended()))
 	}
 }

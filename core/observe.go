@@ -1,0 +1,151 @@
+package core
+
+import "context"
+
+// Observer is told about every message's decision, Duplicate and
+// DeadLetter included, in the way pgx's tracers are: StartDecision when
+// the message is received (after WithIDFunc, before any check) and
+// EndDecision with its final Outcome, before the broker is told.
+// Tracing, metrics and logging are observers. The Consumer calls an
+// Observer from several goroutines at once, but for one message in order.
+type Observer interface {
+	// StartDecision returns the context the message's decision runs
+	// under: its handler and the stages of its batch get it, so a span
+	// started here parents their work. Return ctx to add nothing.
+	StartDecision(ctx context.Context, m *Message) context.Context
+	// EndDecision gets the context StartDecision returned and the
+	// message's Outcome.
+	EndDecision(ctx context.Context, m *Message, out Outcome)
+}
+
+// StageObserver is implemented by Observers that also want the store
+// stages of each batch's transaction: "begin", "claim", "handlers",
+// "flush" (only for stores that queue statements) and "commit".
+type StageObserver interface {
+	// StartStage returns the context the stage's store call runs under
+	// (for "handlers": a BatchHandler's context).
+	StartStage(ctx context.Context, s Stage) context.Context
+	// EndStage gets the context StartStage returned and the stage's
+	// error.
+	EndStage(ctx context.Context, s Stage, err error)
+}
+
+// Stage is one store stage of a batch's transaction, as a StageObserver
+// sees it.
+type Stage struct {
+	// Name is "begin", "claim", "handlers", "flush" or "commit".
+	Name string
+	// Messages are the messages the transaction decides (for "handlers"
+	// and later stages: those whose claim won), and Contexts their
+	// contexts as StartDecision returned them, index for index.
+	Messages []*Message
+	Contexts []context.Context
+}
+
+// WithObserver adds observers of every decision, and of every store stage
+// for those that implement StageObserver. Start methods are called in the
+// order given, end methods in the reverse order, each with the context
+// the start method returned. Observing takes no goroutine or hand-off of
+// its own: observers run on the Consumer's receive, worker and settling
+// goroutines, so an observer that blocks slows the Consumer.
+func WithObserver(obs ...Observer) Option {
+	return func(c *config) error {
+		for i, o := range obs {
+			if o == nil {
+				return optErr("WithObserver", "observer %d is nil", i)
+			}
+			c.observers = append(c.observers, o)
+			if so, ok := o.(StageObserver); ok {
+				c.stageObservers = append(c.stageObservers, so)
+			}
+		}
+		return nil
+	}
+}
+
+// observed are a message's per-observer contexts when there are several
+// observers: observer i's end method gets the context its start returned.
+type observed struct {
+	ctxs []context.Context
+}
+
+func (c *Consumer[Tx]) startDecision(ctx context.Context, m *Message) (context.Context, *observed) {
+	switch len(c.cfg.observers) {
+	case 0:
+		return ctx, nil
+	case 1:
+		return c.cfg.observers[0].StartDecision(ctx, m), nil
+	}
+	ob := &observed{ctxs: make([]context.Context, len(c.cfg.observers))}
+	for i, o := range c.cfg.observers {
+		ctx = o.StartDecision(ctx, m)
+		ob.ctxs[i] = ctx
+	}
+	return ctx, ob
+}
+
+func (c *Consumer[Tx]) endDecision(ctx context.Context, ob *observed, m *Message, out Outcome) {
+	switch len(c.cfg.observers) {
+	case 0:
+		return
+	case 1:
+		c.cfg.observers[0].EndDecision(ctx, m, out)
+		return
+	}
+	for i := len(c.cfg.observers) - 1; i >= 0; i-- {
+		c.cfg.observers[i].EndDecision(ob.ctxs[i], m, out)
+	}
+}
+
+// stageRun is one observed store stage.
+type stageRun struct {
+	stage Stage
+	ctxs  []context.Context // per stage observer, when several
+}
+
+// startStage tells the stage observers that a stage begins and returns
+// the context its store call runs under. With no stage observer it
+// returns ctx and allocates nothing.
+func (c *Consumer[Tx]) startStage(ctx context.Context, name string, items []*item, idx []int) (context.Context, *stageRun) {
+	if len(c.cfg.stageObservers) == 0 {
+		return ctx, nil
+	}
+	r := &stageRun{stage: Stage{Name: name, Messages: make([]*Message, len(idx)), Contexts: make([]context.Context, len(idx))}}
+	for k, i := range idx {
+		r.stage.Messages[k] = items[i].m
+		r.stage.Contexts[k] = items[i].ctx
+	}
+	if len(c.cfg.stageObservers) > 1 {
+		r.ctxs = make([]context.Context, len(c.cfg.stageObservers))
+	}
+	for i, o := range c.cfg.stageObservers {
+		ctx = o.StartStage(ctx, r.stage)
+		if r.ctxs != nil {
+			r.ctxs[i] = ctx
+		}
+	}
+	return ctx, r
+}
+
+func (c *Consumer[Tx]) endStage(ctx context.Context, r *stageRun, err error) {
+	if r == nil {
+		return
+	}
+	for i := len(c.cfg.stageObservers) - 1; i >= 0; i-- {
+		sctx := ctx
+		if r.ctxs != nil {
+			sctx = r.ctxs[i]
+		}
+		c.cfg.stageObservers[i].EndStage(sctx, r.stage, err)
+	}
+}
+
+// DecisionFunc is an Observer that is told only each message's end: its
+// Outcome. It suits counting or recording decisions.
+type DecisionFunc func(ctx context.Context, m *Message, out Outcome)
+
+// StartDecision implements Observer; it returns ctx.
+func (f DecisionFunc) StartDecision(ctx context.Context, _ *Message) context.Context { return ctx }
+
+// EndDecision implements Observer by calling f.
+func (f DecisionFunc) EndDecision(ctx context.Context, m *Message, out Outcome) { f(ctx, m, out) }
