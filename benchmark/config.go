@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // Names of the configurations Run knows. Baselines are written by hand on
@@ -119,12 +119,12 @@ type Config struct {
 	// table before measuring. Default 10,000,000.
 	GrowthRows int
 	// PruneBatch is the rows per Prune call while GrowthScenario prunes
-	// those rows (one core.PruneSchedule round, as a service's
-	// core.RunPruner does).
+	// those rows (one driver.PruneSchedule round, as a service's
+	// driver.RunPruner does).
 	// Default 1,000, the batch of idemq prune.
 	PruneBatch int
 	// PruneDuty is the fraction of the prune's time spent deleting
-	// (core.PruneSchedule.Duty). Default core.DefaultPruneDuty.
+	// (driver.PruneSchedule.Duty). Default driver.DefaultPruneDuty.
 	PruneDuty float64
 	// Progress receives progress lines; nil is quiet.
 	Progress io.Writer
@@ -224,7 +224,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.PruneBatch: %d is outside 1..1000000", c.PruneBatch)
 	}
 	if c.PruneDuty == 0 {
-		c.PruneDuty = core.DefaultPruneDuty
+		c.PruneDuty = driver.DefaultPruneDuty
 	}
 	if !(c.PruneDuty > 0 && c.PruneDuty <= 1) {
 		return c, fmt.Errorf("benchmark: Config.PruneDuty: %v is outside (0, 1]", c.PruneDuty)

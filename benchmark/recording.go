@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 )
 
@@ -17,7 +19,7 @@ type recordingSource struct {
 	t *tracker
 }
 
-func (s *recordingSource) Receive(ctx context.Context) (core.Delivery, error) {
+func (s *recordingSource) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := s.Source.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -27,7 +29,7 @@ func (s *recordingSource) Receive(ctx context.Context) (core.Delivery, error) {
 
 // SetWindow passes the Consumer's window on to the adapter.
 func (s *recordingSource) SetWindow(n int) error {
-	if ws, ok := s.Source.(core.WindowSetter); ok {
+	if ws, ok := s.Source.(driver.WindowSetter); ok {
 		return ws.SetWindow(n)
 	}
 	return nil
@@ -35,21 +37,21 @@ func (s *recordingSource) SetWindow(n int) error {
 
 // RedeliveryHorizon passes the adapter's horizon on.
 func (s *recordingSource) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
-	if h, ok := s.Source.(core.RedeliveryHorizoner); ok {
+	if h, ok := s.Source.(driver.RedeliveryHorizoner); ok {
 		return h.RedeliveryHorizon(ctx)
 	}
 	return 0, false
 }
 
 // AckBatch records the batch's decisions and acks it the adapter's way.
-func (s *recordingSource) AckBatch(ctx context.Context, ds []core.Delivery) error {
-	inner := make([]core.Delivery, len(ds))
+func (s *recordingSource) AckBatch(ctx context.Context, ds []driver.Delivery) error {
+	inner := make([]driver.Delivery, len(ds))
 	for i, d := range ds {
 		rd := d.(recordingDelivery)
 		rd.record()
 		inner[i] = rd.Delivery
 	}
-	if bs, ok := s.Source.(core.BatchSettler); ok {
+	if bs, ok := s.Source.(driver.BatchSettler); ok {
 		return bs.AckBatch(ctx, inner)
 	}
 	var first error
@@ -64,7 +66,7 @@ func (s *recordingSource) AckBatch(ctx context.Context, ds []core.Delivery) erro
 // recordingDelivery records its message's decision when it is acked or
 // dead-lettered (a retried delivery is decided again later).
 type recordingDelivery struct {
-	core.Delivery
+	driver.Delivery
 	t *tracker
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // processBatch decides one batch in one transaction: one claim for all
@@ -83,9 +85,9 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	// key's locks in the same order and cannot deadlock each other.
 	order := slices.Clone(g)
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].m.ID, items[b].m.ID) })
-	claims := make([]Claim, len(order))
+	claims := make([]driver.Claim, len(order))
 	for k, i := range order {
-		claims[k] = Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
+		claims[k] = driver.Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
 	}
 	sctx, run = c.startStage(ctx, "claim", items, g)
 	sorted, err := txn.Claim(sctx, c.cfg.name, claims)
@@ -97,18 +99,18 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		fail("claim", err)
 		return nil
 	}
-	result := make([]ClaimResult, len(items)) // by index into items
+	result := make([]driver.ClaimResult, len(items)) // by index into items
 	for k, i := range order {
 		result[i] = sorted[k]
 	}
 	won := make([]int, 0, len(g))
 	for _, i := range g { // handlers run in arrival order
 		switch r := result[i]; r {
-		case ClaimWon:
+		case driver.ClaimWon:
 			won = append(won, i)
-		case ClaimDuplicate:
+		case driver.ClaimDuplicate:
 			outs[i] = Outcome{Decision: Duplicate}
-		case ClaimMismatch:
+		case driver.ClaimMismatch:
 			outs[i] = c.mismatchOutcome(items[i].m)
 		default:
 			outs[i] = c.storeFailure(items[i].m, "claim", fmt.Errorf("unknown claim result %d", r))
@@ -155,7 +157,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		}
 	}
 
-	if f, ok := txn.(Flusher); ok && broken == nil && applied > 0 {
+	if f, ok := txn.(driver.Flusher); ok && broken == nil && applied > 0 {
 		// Statements the handlers queued go now, in one round trip.
 		sctx, run = c.startStage(ctx, "flush", items, won)
 		ferr := f.Flush(sctx)
@@ -201,12 +203,18 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 // IsolateSavepoints each runs under a savepoint, and a failure rolls back
 // to it and deletes the claim; under IsolateReplay the first failure ends
 // the transaction and the others are returned to run again without it.
-func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*item, won []int, outs []Outcome) (applied int, broken error, rerun [][]int) {
+func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) (applied int, broken error, rerun [][]int) {
 	handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, msgs []*Message) error {
 		return c.handler(hctx, txn.Tx(), msgs[0])
 	})
 	one := make([]*Message, 1) // handed to each call in turn: valid only during it
-	useSavepoints := len(won) > 1 && c.cfg.isolation == IsolateSavepoints
+	sp, hasSavepoints := txn.(driver.Savepointer)
+	useSavepoints := len(won) > 1 && c.cfg.isolation == IsolateSavepoints && hasSavepoints
+	if len(won) > 1 && c.cfg.isolation == IsolateSavepoints && !hasSavepoints {
+		c.noSavepoints.Do(func() {
+			c.log.Warn("idemq: IsolateSavepoints asked for, but the store's transactions have no savepoints: failed batches are replayed (IsolateReplay)")
+		})
+	}
 	for k, i := range won {
 		it := items[i]
 		if broken != nil {
@@ -214,7 +222,7 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*it
 			continue
 		}
 		if useSavepoints {
-			if err := txn.Savepoint(ctx); err != nil {
+			if err := sp.Savepoint(ctx); err != nil {
 				broken = err
 				outs[i] = c.storeFailure(it.m, "savepoint", err)
 				continue
@@ -225,13 +233,13 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*it
 		if herr == nil && useSavepoints {
 			// Queued statements must run inside the message's savepoint
 			// for a failure to be pinned on it.
-			if f, ok := txn.(Flusher); ok {
+			if f, ok := txn.(driver.Flusher); ok {
 				herr = f.Flush(ctx)
 			}
 		}
 		if herr == nil {
 			if useSavepoints {
-				if err := txn.ReleaseSavepoint(ctx); err != nil {
+				if err := sp.ReleaseSavepoint(ctx); err != nil {
 					broken = err
 					outs[i] = c.storeFailure(it.m, "savepoint", err)
 					continue
@@ -252,7 +260,7 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn Txn[Tx], items []*it
 		}
 		if useSavepoints {
 			// The failed handler's effects and its claim go together.
-			if err := txn.RollbackToSavepoint(ctx); err != nil {
+			if err := sp.RollbackToSavepoint(ctx); err != nil {
 				broken = err
 				continue
 			}

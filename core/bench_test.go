@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"github.com/idemq/idemq/core/driver"
 	"log/slog"
 	"strconv"
 	"sync/atomic"
@@ -11,7 +12,7 @@ import (
 
 // BenchmarkFrameworkCost measures what the Consumer itself costs per
 // message, with a source and a store that do nothing: receive, window,
-// middleware, batching, claim bookkeeping, settlement. It is the part of
+// observers, batching, claim bookkeeping, settlement. It is the part of
 // idemq's CPU that a hand-written consumer does not spend; compare the
 // variants within one run.
 //
@@ -25,11 +26,20 @@ func BenchmarkFrameworkCost(b *testing.B) {
 		{"batch200", []Option{WithBatchSize(200)}},
 		{"batch200-observer", []Option{WithBatchSize(200), WithObserver(passObserver{})}},
 	} {
-		b.Run(v.name, func(b *testing.B) {
+		b.Run(v.name, func(b *testing.B) { RunFrameworkCost(b, v.opts...) })
+	}
+}
+
+// RunFrameworkCost runs b.N messages through a Consumer on the do-nothing
+// source and store with opts; BenchmarkFrameworkCostObserved (package
+// core_test, which may import the observers) uses it too.
+func RunFrameworkCost(b *testing.B, opts ...Option) {
+	{
+		{
 			src := newBenchSource(b.N)
 			store := benchStore{}
 			h := func(context.Context, struct{}, []*Message) error { return nil }
-			c, err := NewBatch(src, store, h, append([]Option{WithName("bench"), WithLogger(slog.New(slog.DiscardHandler))}, v.opts...)...)
+			c, err := NewBatch(src, store, h, append([]Option{WithName("bench"), WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -45,7 +55,7 @@ func BenchmarkFrameworkCost(b *testing.B) {
 			if got := src.acked.Load(); got != int64(b.N) {
 				b.Fatalf("acked %d of %d", got, b.N)
 			}
-		})
+		}
 	}
 }
 
@@ -60,14 +70,14 @@ func (passObserver) EndStage(context.Context, Stage, error)                     
 
 // benchSource hands out n prepared deliveries, then blocks.
 type benchSource struct {
-	ds         chan Delivery
+	ds         chan driver.Delivery
 	acked      atomic.Int64
 	n          int64
 	onAllAcked func()
 }
 
 func newBenchSource(n int) *benchSource {
-	s := &benchSource{ds: make(chan Delivery, n), n: int64(n)}
+	s := &benchSource{ds: make(chan driver.Delivery, n), n: int64(n)}
 	for i := range n {
 		s.ds <- &benchDelivery{s: s, m: &Message{
 			ID:      "msg-" + strconv.Itoa(i),
@@ -78,7 +88,7 @@ func newBenchSource(n int) *benchSource {
 	return s
 }
 
-func (s *benchSource) Receive(ctx context.Context) (Delivery, error) {
+func (s *benchSource) Receive(ctx context.Context) (driver.Delivery, error) {
 	select {
 	case d := <-s.ds:
 		return d, nil
@@ -89,7 +99,7 @@ func (s *benchSource) Receive(ctx context.Context) (Delivery, error) {
 
 func (s *benchSource) Close() error { return nil }
 
-func (s *benchSource) AckBatch(_ context.Context, ds []Delivery) error {
+func (s *benchSource) AckBatch(_ context.Context, ds []driver.Delivery) error {
 	s.add(int64(len(ds)))
 	return nil
 }
@@ -113,15 +123,17 @@ func (d *benchDelivery) DeadLetter(context.Context, error) error    { return nil
 // benchStore wins every claim and commits nothing.
 type benchStore struct{}
 
-func (benchStore) Begin(context.Context) (Txn[struct{}], error) { return benchTxn{}, nil }
+func (benchStore) Begin(context.Context) (driver.Txn[struct{}], error) { return benchTxn{}, nil }
+func (benchStore) Close() error                                        { return nil }
+func (benchStore) As(any) bool                                         { return false }
 
 type benchTxn struct{}
 
 func (benchTxn) Tx() struct{} { return struct{}{} }
-func (benchTxn) Claim(_ context.Context, _ string, cs []Claim) ([]ClaimResult, error) {
-	rs := make([]ClaimResult, len(cs))
+func (benchTxn) Claim(_ context.Context, _ string, cs []driver.Claim) ([]driver.ClaimResult, error) {
+	rs := make([]driver.ClaimResult, len(cs))
 	for i := range rs {
-		rs[i] = ClaimWon
+		rs[i] = driver.ClaimWon
 	}
 	return rs, nil
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // Consumer runs the pipeline for one Source and one Store: receive → claim
@@ -37,6 +39,8 @@ type Consumer[Tx any] struct {
 	procCancel context.CancelFunc
 	inflight   sync.WaitGroup
 	started    atomic.Bool
+	// noSavepoints warns once that IsolateSavepoints fell back to replay.
+	noSavepoints sync.Once
 
 	stats counters
 }
@@ -65,7 +69,7 @@ type item struct {
 	ob  *observed
 	m   *Message
 	fp  string
-	d   Delivery
+	d   driver.Delivery
 }
 
 type consumerKey struct{}
@@ -174,7 +178,7 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("idemq: Consumer.Run called twice")
 	}
-	if ws, ok := c.src.(WindowSetter); ok {
+	if ws, ok := c.src.(driver.WindowSetter); ok {
 		if err := ws.SetWindow(c.cfg.window); err != nil {
 			return fmt.Errorf("idemq: setting the source's window to %d: %w", c.cfg.window, err)
 		}
@@ -218,11 +222,11 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 }
 
 func (c *Consumer[Tx]) checkRetention(ctx context.Context) {
-	hz, ok := c.src.(RedeliveryHorizoner)
+	hz, ok := c.src.(driver.RedeliveryHorizoner)
 	if !ok {
 		return
 	}
-	rt, ok := c.store.(Retentioner)
+	rt, ok := c.store.(driver.Retentioner)
 	if !ok {
 		return
 	}
@@ -275,7 +279,7 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 // admit starts a delivery's decision and queues it for a worker, or, when
 // its id is missing or invalid, decides it at once: no goroutine, no
 // hand-off. It owns a window slot until its settlement releases it.
-func (c *Consumer[Tx]) admit(d Delivery) {
+func (c *Consumer[Tx]) admit(d driver.Delivery) {
 	m := d.Message()
 	var err error
 	if c.cfg.idFunc != nil {
@@ -328,7 +332,7 @@ func (c *Consumer[Tx]) settleAsync(batch []settlement) {
 // them, then whatever settleAsync hands it, until quit.
 func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 	defer c.settlers.Done()
-	var acks []Delivery
+	var acks []driver.Delivery
 	var others []settleReq
 	for {
 		acks, others = acks[:0], others[:0]
@@ -369,7 +373,7 @@ func (c *Consumer[Tx]) count(out Outcome) {
 
 // settle hands one decided message back to the broker. A Retry caused by
 // shutdown is not settled: the source's Close leaves it to the broker.
-func (c *Consumer[Tx]) settle(d Delivery, out Outcome) {
+func (c *Consumer[Tx]) settle(d driver.Delivery, out Outcome) {
 	if out.Decision == Retry && (errors.Is(out.Err, ErrShutdown) || c.procCtx.Err() != nil) {
 		c.stats.unsettled.Add(1)
 		return
@@ -390,7 +394,7 @@ func (c *Consumer[Tx]) settle(d Delivery, out Outcome) {
 	}
 }
 
-func (c *Consumer[Tx]) settleFailed(d Delivery, out Outcome, err error) {
+func (c *Consumer[Tx]) settleFailed(d driver.Delivery, out Outcome, err error) {
 	// Safe by design: an unsettled message is redelivered, and a committed
 	// one then loses its claim and is acknowledged as a Duplicate.
 	if errors.Is(err, ErrStaleDelivery) {
@@ -403,18 +407,18 @@ func (c *Consumer[Tx]) settleFailed(d Delivery, out Outcome, err error) {
 }
 
 type settleReq struct {
-	d   Delivery
+	d   driver.Delivery
 	out Outcome
 }
 
-func (c *Consumer[Tx]) settleBatch(acks []Delivery, others []settleReq) {
+func (c *Consumer[Tx]) settleBatch(acks []driver.Delivery, others []settleReq) {
 	for _, r := range others {
 		c.settle(r.d, r.out)
 	}
 	if len(acks) == 0 {
 		return
 	}
-	bs, ok := c.src.(BatchSettler)
+	bs, ok := c.src.(driver.BatchSettler)
 	if !ok || len(acks) == 1 {
 		for _, d := range acks {
 			c.settle(d, Outcome{Decision: Processed})

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // Decision is what the pipeline decided for one message. There are exactly
@@ -69,15 +71,13 @@ var (
 	// ErrMaxAttempts: a transient error persisted through MaxAttempts
 	// deliveries.
 	ErrMaxAttempts = errors.New("idemq: too many attempts")
-	// ErrSourceClosed is returned by Source.Receive after Close.
-	ErrSourceClosed = errors.New("idemq: source closed")
-	// ErrStaleDelivery is wrapped by adapters' settlement errors that mean
-	// "this delivery can no longer be settled, and the broker will
-	// redeliver it": its channel died, its lease or visibility expired,
-	// its partition was revoked. The Consumer counts these apart from
-	// other settlement failures; the redelivery is decided Duplicate if
-	// the message was committed.
-	ErrStaleDelivery = errors.New("idemq: stale delivery; the broker will redeliver it")
+	// ErrSourceClosed is returned by Source.Receive after Close, and
+	// wrapped by Run's error when the source closed by itself.
+	ErrSourceClosed = driver.ErrSourceClosed
+	// ErrStaleDelivery is wrapped by settlement errors that mean the
+	// delivery can no longer be settled and the broker will redeliver it;
+	// Stats counts them as Stale.
+	ErrStaleDelivery = driver.ErrStaleDelivery
 	// ErrShutdown: the message was still being processed when the
 	// shutdown deadline passed; it was rolled back and left for
 	// redelivery.

@@ -3,6 +3,8 @@ package core
 import (
 	"strings"
 	"testing"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 func TestFingerprintIsShortStableAndTellsBodiesApart(t *testing.T) {
@@ -26,17 +28,17 @@ func TestClassifyStored(t *testing.T) {
 	hex64 := strings.Repeat("ab", 32)
 	for _, c := range []struct {
 		claimed, stored string
-		want            ClaimResult
+		want            driver.ClaimResult
 	}{
-		{"abc", "abc", ClaimDuplicate},
-		{"abc", "abd", ClaimMismatch},
-		{"", "abc", ClaimDuplicate},
-		{"abc", "", ClaimDuplicate},
-		{Fingerprint([]byte("x")), hex64, ClaimDuplicate}, // stored by an earlier fingerprint function
-		{strings.Repeat("cd", 32), hex64, ClaimMismatch},
+		{"abc", "abc", driver.ClaimDuplicate},
+		{"abc", "abd", driver.ClaimMismatch},
+		{"", "abc", driver.ClaimDuplicate},
+		{"abc", "", driver.ClaimDuplicate},
+		{Fingerprint([]byte("x")), hex64, driver.ClaimDuplicate}, // stored by an earlier fingerprint function
+		{strings.Repeat("cd", 32), hex64, driver.ClaimMismatch},
 	} {
-		if got := ClassifyStored(c.claimed, c.stored); got != c.want {
-			t.Errorf("ClassifyStored(%q, %q) = %v, want %v", c.claimed, c.stored, got, c.want)
+		if got := driver.ClassifyStored(c.claimed, c.stored); got != c.want {
+			t.Errorf("driver.ClassifyStored(%q, %q) = %v, want %v", c.claimed, c.stored, got, c.want)
 		}
 	}
 }

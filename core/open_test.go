@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 )
 
@@ -41,14 +43,14 @@ func TestOpenByURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, ok := store.(core.Retentioner); !ok || r.Retention().Hours() != 24 {
+	if r, ok := store.(driver.Retentioner); !ok || r.Retention().Hours() != 24 {
 		t.Errorf("retention parameter not applied")
 	}
 	pub, err := core.OpenPublisher(ctx, "mem://url-test?broker=open-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish(ctx, &core.Message{ID: "a", Body: []byte("x")}); err != nil {
+	if err := pub.Publish(ctx, "", &core.Message{ID: "a", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	src, err := core.OpenSource(ctx, "mem://url-test?broker=open-test")

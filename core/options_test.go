@@ -5,16 +5,23 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 type nopSource struct{}
 
-func (nopSource) Receive(ctx context.Context) (Delivery, error) { <-ctx.Done(); return nil, ctx.Err() }
-func (nopSource) Close() error                                  { return nil }
+func (nopSource) Receive(ctx context.Context) (driver.Delivery, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+func (nopSource) Close() error { return nil }
 
 type nopStore struct{}
 
-func (nopStore) Begin(context.Context) (Txn[struct{}], error) { return nil, ErrShutdown }
+func (nopStore) Begin(context.Context) (driver.Txn[struct{}], error) { return nil, ErrShutdown }
+func (nopStore) Close() error                                        { return nil }
+func (nopStore) As(any) bool                                         { return false }
 
 func TestNewRejectsBadOptionsNamingThem(t *testing.T) {
 	h := func(context.Context, struct{}, *Message) error { return nil }

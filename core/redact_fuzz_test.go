@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/redact/redacttest"
@@ -144,9 +146,9 @@ func registerQuotingDriver() {
 			pw, _ := u.User.Password()
 			return fmt.Errorf("dial %s: refused (user %s, password %s, query %s)", u, u.User.Username(), pw, u.Query())
 		}
-		core.RegisterBroker("fuzzq",
+		driver.RegisterBroker("fuzzq",
 			func(_ context.Context, u *url.URL) (core.Source, error) { return nil, quote(u) },
 			func(_ context.Context, u *url.URL) (core.Publisher, error) { return nil, quote(u) })
-		core.RegisterStore("fuzzq", func(_ context.Context, u *url.URL) (any, error) { return nil, quote(u) })
+		driver.RegisterStore("fuzzq", func(_ context.Context, u *url.URL) (any, error) { return nil, quote(u) })
 	})
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 )
@@ -23,7 +25,7 @@ type stallingSource struct {
 	gaveUp  atomic.Bool // the stalled Ack stopped waiting: the others were held up
 }
 
-func (s *stallingSource) Receive(ctx context.Context) (core.Delivery, error) {
+func (s *stallingSource) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := s.Subscription.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -32,7 +34,7 @@ func (s *stallingSource) Receive(ctx context.Context) (core.Delivery, error) {
 }
 
 type stallingDelivery struct {
-	core.Delivery
+	driver.Delivery
 	s *stallingSource
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 )
@@ -112,11 +114,11 @@ type faultyStore struct {
 }
 
 type faultyTxn struct {
-	core.Txn[*sql.Tx]
+	driver.Txn[*sql.Tx]
 	s *faultyStore
 }
 
-func (s *faultyStore) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
+func (s *faultyStore) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	t, err := s.Store.Begin(ctx)
 	if err != nil {
 		return nil, err

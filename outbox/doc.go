@@ -53,7 +53,9 @@
 //
 // Messages are core.Messages once published: ID, Key, Headers and Body as
 // written; the trace context of the writing transaction's context is in
-// the headers. Publishers in use: rabbitmq.Publisher, kafka.Publisher and
-// memory.Broker as they are; sqs publishers and any core.OpenPublisher
-// through Destinations.
+// the headers. The relay publishes through a core.Publisher, the one shape
+// every broker's publisher has: rabbitmq.Publisher (destination: routing
+// key), kafka.Publisher (topic), sqs.Publisher (queue name or URL) and
+// memory.Broker take the row's destination as it is; Destinations maps
+// destinations to publishers opened by URL, one each.
 package outbox

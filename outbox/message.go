@@ -97,17 +97,8 @@ func (r *Row) coreMessage() *core.Message {
 	return &core.Message{ID: r.ID, Key: r.Key, Headers: r.Headers, Body: r.Body}
 }
 
-// Publisher publishes messages to a named destination and returns only
-// after the broker confirmed every one of them; an error means some may
-// have been published and the relay will publish them all again.
-// rabbitmq.Publisher, kafka.Publisher and memory.Broker implement it as
-// they are; Destinations adapts publishers bound to one destination (SQS,
-// core.OpenPublisher).
-type Publisher interface {
-	Publish(ctx context.Context, destination string, msgs ...*core.Message) error
-}
-
-// PublisherFunc adapts a function to Publisher.
+// PublisherFunc adapts a function to a core.Publisher for the relay; its
+// Close does nothing.
 type PublisherFunc func(ctx context.Context, destination string, msgs ...*core.Message) error
 
 // Publish calls f.
@@ -115,17 +106,22 @@ func (f PublisherFunc) Publish(ctx context.Context, destination string, msgs ...
 	return f(ctx, destination, msgs...)
 }
 
-// Destinations returns a Publisher that sends each destination's messages
-// through its own core.Publisher, such as the ones core.OpenPublisher opens
-// by URL or sqs.NewPublisher. A destination missing from the map fails
-// the publish (the rows stay pending and are retried), naming it.
-func Destinations(pubs map[string]core.Publisher) Publisher {
+// Close implements core.Publisher; it does nothing.
+func (f PublisherFunc) Close() error { return nil }
+
+// Destinations returns a core.Publisher that sends each destination's
+// messages through its own publisher, to that publisher's default
+// destination: for publishers opened by URL (core.OpenPublisher), one per
+// destination. A destination missing from the map fails the publish (the
+// rows stay pending and are retried), naming it. Its Close does nothing:
+// the publishers stay the caller's to close.
+func Destinations(pubs map[string]core.Publisher) core.Publisher {
 	pubs = maps.Clone(pubs)
 	return PublisherFunc(func(ctx context.Context, destination string, msgs ...*core.Message) error {
 		p, ok := pubs[destination]
 		if !ok {
 			return fmt.Errorf("outbox: no publisher for destination %q", destination)
 		}
-		return p.Publish(ctx, msgs...)
+		return p.Publish(ctx, "", msgs...)
 	})
 }

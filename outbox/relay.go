@@ -32,7 +32,7 @@ const finishTimeout = 10 * time.Second
 // documentation). Its methods are safe for concurrent use.
 type Relay struct {
 	store Store
-	pub   Publisher
+	pub   core.Publisher
 	cfg   config
 	wake  chan struct{}
 
@@ -62,7 +62,7 @@ type RelayStats struct {
 
 // NewRelay returns a relay that moves rows of store to pub. It returns an
 // error naming the option when one is invalid.
-func NewRelay(store Store, pub Publisher, opts ...Option) (*Relay, error) {
+func NewRelay(store Store, pub core.Publisher, opts ...Option) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("outbox: NewRelay: nil store")
 	}

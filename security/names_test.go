@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/brokers/memory"
@@ -88,4 +90,6 @@ func urlQueryEscape(s string) string {
 
 type nopStore struct{}
 
-func (nopStore) Begin(context.Context) (core.Txn[any], error) { return nil, nil }
+func (nopStore) Begin(context.Context) (driver.Txn[any], error) { return nil, nil }
+func (nopStore) Close() error                                   { return nil }
+func (nopStore) As(any) bool                                    { return false }

@@ -170,7 +170,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 	ids := []string{"a", "b", "c", "a", "flaky", "poison"}
 	publish := func(ids ...string) {
 		for _, id := range ids {
-			if err := pub.Publish(ctx, &core.Message{ID: id, Body: []byte("body of " + id)}); err != nil {
+			if err := pub.Publish(ctx, "", &core.Message{ID: id, Body: []byte("body of " + id)}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -284,7 +284,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 	bad("sqs publisher unreachable", func() error {
 		p, err := core.OpenPublisher(short, fmt.Sprintf("sqs://AKIDEXAMPLE:%s@orders?endpoint=http://127.0.0.1:1&region=us-east-1", sqsSecret))
 		if err == nil {
-			err = p.Publish(short, &core.Message{ID: "x", Body: []byte("x")})
+			err = p.Publish(short, "", &core.Message{ID: "x", Body: []byte("x")})
 			p.Close()
 		}
 		return err

@@ -27,6 +27,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 )
 
@@ -168,10 +170,10 @@ func publish(t *testing.T, h Harness, f *Fixture, msgs ...*core.Message) {
 
 // receive receives n deliveries within the harness' timeout. Transient
 // errors are retried, as the Consumer does.
-func receive(t *testing.T, h Harness, s core.Source, n int) []core.Delivery {
+func receive(t *testing.T, h Harness, s core.Source, n int) []driver.Delivery {
 	t.Helper()
 	ctx := ctxFor(t, h.ReceiveTimeout)
-	out := make([]core.Delivery, 0, n)
+	out := make([]driver.Delivery, 0, n)
 	for len(out) < n {
 		d, err := s.Receive(ctx)
 		if err != nil {
@@ -211,7 +213,7 @@ func expectQuiet(t *testing.T, h Harness, s core.Source) {
 	}
 }
 
-func ids(ds []core.Delivery) []string {
+func ids(ds []driver.Delivery) []string {
 	out := make([]string, len(ds))
 	for i, d := range ds {
 		out[i] = d.Message().ID
@@ -229,7 +231,7 @@ func msgIDs(ms []*core.Message) []string {
 	return out
 }
 
-func ackAll(t *testing.T, ds []core.Delivery) {
+func ackAll(t *testing.T, ds []driver.Delivery) {
 	t.Helper()
 	for _, d := range ds {
 		if err := d.Ack(context.Background()); err != nil {
@@ -376,7 +378,7 @@ func testRetry(t *testing.T, h Harness) {
 	if elapsed < delay {
 		t.Errorf("redelivered after %v, sooner than the %v delay", elapsed, delay)
 	}
-	ackAll(t, []core.Delivery{d2})
+	ackAll(t, []driver.Delivery{d2})
 	expectQuiet(t, h, s)
 }
 
@@ -386,12 +388,12 @@ func testDeadLetter(t *testing.T, h Harness) {
 	publish(t, h, f, msgs...)
 	s := source(t, f)
 	ds := receive(t, h, s, 2)
-	var parked, acked core.Delivery = ds[0], ds[1]
+	var parked, acked driver.Delivery = ds[0], ds[1]
 	cause := "brokertest cause " + randomHex(4)
 	if err := parked.DeadLetter(ctxFor(t, h.ReceiveTimeout), core.Permanent(errors.New(cause))); err != nil {
 		t.Fatalf("dead-letter: %v", err)
 	}
-	ackAll(t, []core.Delivery{acked})
+	ackAll(t, []driver.Delivery{acked})
 	expectQuiet(t, h, s)
 	got := waitDeadLetters(t, h, f, parked.Message().ID)
 	dl := got[parked.Message().ID]
@@ -438,7 +440,7 @@ func testConcurrentConsumers(t *testing.T, h Harness) {
 	srcs := []core.Source{source(t, f), source(t, f)}
 	windowed := true
 	for _, s := range srcs {
-		if ws, ok := s.(core.WindowSetter); ok {
+		if ws, ok := s.(driver.WindowSetter); ok {
 			if err := ws.SetWindow(2); err != nil {
 				t.Fatalf("SetWindow: %v", err)
 			}
@@ -533,16 +535,16 @@ func testGracefulClose(t *testing.T, h Harness) {
 func testAckBatch(t *testing.T, h Harness) {
 	f := h.fixture(t)
 	s1 := source(t, f)
-	bs, ok := s1.(core.BatchSettler)
+	bs, ok := s1.(driver.BatchSettler)
 	if !ok {
-		t.Skip("source does not implement core.BatchSettler")
+		t.Skip("source does not implement driver.BatchSettler")
 	}
 	msgs := messages("batch", 10)
 	publish(t, h, f, msgs...)
 	ds := receive(t, h, s1, len(msgs))
 	// Leave the first delivery and two holes unsettled: an ack that covers
 	// "everything up to the batch's last" would take them too.
-	var batch, left []core.Delivery
+	var batch, left []driver.Delivery
 	for i, d := range ds {
 		if i == 0 || i == 4 || i == 7 || i == 8 {
 			left = append(left, d)
@@ -565,7 +567,7 @@ func testAckBatch(t *testing.T, h Harness) {
 	if got, want := ids(again), ids(left); !slices.Equal(got, want) {
 		t.Fatalf("after AckBatch got back %v, want exactly the unbatched %v", got, want)
 	}
-	bs2 := s2.(core.BatchSettler)
+	bs2 := s2.(driver.BatchSettler)
 	if err := bs2.AckBatch(ctx, again); err != nil {
 		t.Fatalf("AckBatch: %v", err)
 	}
@@ -575,9 +577,9 @@ func testAckBatch(t *testing.T, h Harness) {
 func testWindow(t *testing.T, h Harness) {
 	f := h.fixture(t)
 	s := source(t, f)
-	ws, ok := s.(core.WindowSetter)
+	ws, ok := s.(driver.WindowSetter)
 	if !ok {
-		t.Skip("source does not implement core.WindowSetter")
+		t.Skip("source does not implement driver.WindowSetter")
 	}
 	if err := ws.SetWindow(0); err == nil {
 		t.Error("SetWindow(0) returned nil")

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
@@ -113,13 +115,13 @@ type broken struct {
 }
 
 type brokenDelivery struct {
-	core.Delivery
+	driver.Delivery
 	src  *broken
 	msg  *core.Message
 	copy bool
 }
 
-func (b *broken) Receive(ctx context.Context) (core.Delivery, error) {
+func (b *broken) Receive(ctx context.Context) (driver.Delivery, error) {
 	b.mu.Lock()
 	if b.again != nil {
 		d := b.again
@@ -166,8 +168,8 @@ func (b *broken) forget(d *brokenDelivery) {
 	}
 }
 
-func (b *broken) AckBatch(ctx context.Context, ds []core.Delivery) error {
-	var inner []core.Delivery
+func (b *broken) AckBatch(ctx context.Context, ds []driver.Delivery) error {
+	var inner []driver.Delivery
 	if b.mode == "batch-acks-everything" {
 		// Like a multiple ack up to the highest tag: everything held goes.
 		b.mu.Lock()

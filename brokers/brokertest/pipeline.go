@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -255,14 +257,14 @@ type crashingSource struct {
 
 // SetWindow passes the window on when the wrapped source keeps one.
 func (c *crashingSource) SetWindow(n int) error {
-	if ws, ok := c.Source.(core.WindowSetter); ok {
+	if ws, ok := c.Source.(driver.WindowSetter); ok {
 		return ws.SetWindow(n)
 	}
 	return nil
 }
 
 // Receive wraps each delivery so its Ack can crash the source.
-func (c *crashingSource) Receive(ctx context.Context) (core.Delivery, error) {
+func (c *crashingSource) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := c.Source.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -271,7 +273,7 @@ func (c *crashingSource) Receive(ctx context.Context) (core.Delivery, error) {
 }
 
 type crashingDelivery struct {
-	core.Delivery
+	driver.Delivery
 	src *crashingSource
 }
 

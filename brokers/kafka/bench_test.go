@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // The end-to-end Kafka → Postgres comparison (the seed-style consumer on raw
@@ -31,7 +31,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	start := time.Now()
-	batch := make([]core.Delivery, 0, 100)
+	batch := make([]driver.Delivery, 0, 100)
 	for i := 0; i < b.N; i++ {
 		d, err := s.Receive(ctx)
 		if err != nil {

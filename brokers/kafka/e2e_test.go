@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
@@ -417,7 +419,7 @@ type holdAcks struct {
 	stale   atomic.Int64
 }
 
-func (h *holdAcks) Receive(ctx context.Context) (core.Delivery, error) {
+func (h *holdAcks) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := h.Source.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -426,7 +428,7 @@ func (h *holdAcks) Receive(ctx context.Context) (core.Delivery, error) {
 }
 
 type heldDelivery struct {
-	core.Delivery
+	driver.Delivery
 	h *holdAcks
 }
 

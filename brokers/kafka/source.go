@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/core"
@@ -31,8 +33,8 @@ var ErrStaleDelivery = fmt.Errorf("kafka: the delivery's partition was revoked: 
 var ErrAlreadySettled = errors.New("kafka: delivery already settled")
 
 // Source consumes one topic in a consumer group. It implements
-// core.Source, core.BatchSettler, core.WindowSetter and
-// core.RedeliveryHorizoner, and is safe for concurrent use.
+// core.Source, driver.BatchSettler, driver.WindowSetter and
+// driver.RedeliveryHorizoner, and is safe for concurrent use.
 type Source struct {
 	cfg    config
 	client *kafkago.Client
@@ -258,7 +260,7 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 // is done, or the Source is closed (core.ErrSourceClosed). While the group
 // cannot be joined it may return the error to report trouble; calling
 // Receive again is always safe.
-func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
+func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -444,7 +446,7 @@ func (s *Source) Close() error {
 // offsets are committed with the next batched commit. Deliveries whose
 // partition was revoked are refused with ErrStaleDelivery; the returned
 // error joins one error per delivery that failed.
-func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
+func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	var errs []error
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -108,7 +110,7 @@ func openSource(t testing.TB, bs, topic, group string, opts ...Option) *Source {
 	return s
 }
 
-func offsetOf(d core.Delivery) int64 {
+func offsetOf(d driver.Delivery) int64 {
 	o, _ := strconv.ParseInt(d.Message().Metadata["messaging.kafka.offset"], 10, 64)
 	return o
 }
@@ -474,7 +476,7 @@ func TestOpenByURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	if err := pub.Publish(ctx, &core.Message{ID: "by-url", Body: []byte("x")}); err != nil {
+	if err := pub.Publish(ctx, "", &core.Message{ID: "by-url", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	src, err := core.OpenSource(ctx, "kafka://"+bs+"/"+topic+"?group=g-"+randomHex(4)+"&ordering=per-partition&commit_interval=50ms")

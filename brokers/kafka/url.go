@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/url"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 )
 
@@ -12,7 +14,7 @@ import (
 // core.OpenSource and core.OpenPublisher open Kafka from configuration:
 //
 //	kafka://127.0.0.1:9092/payments?group=billing
-func init() { core.RegisterBroker("kafka", openSourceURL, openPublisherURL) }
+func init() { driver.RegisterBroker("kafka", openSourceURL, openPublisherURL) }
 
 func openSourceURL(ctx context.Context, u *url.URL) (core.Source, error) {
 	return Open(ctx, u.String())
@@ -27,33 +29,5 @@ func openPublisherURL(_ context.Context, u *url.URL) (core.Publisher, error) {
 		p.Close()
 		return nil, errors.New("kafka: url: no topic to publish to (kafka://host:port/topic)")
 	}
-	return &TopicPublisher{p: p, topic: p.cfg.topic, owned: true}, nil
-}
-
-// TopicPublisher publishes to one topic; it implements core.Publisher and
-// is what core.OpenPublisher returns for kafka:// URLs.
-type TopicPublisher struct {
-	p     *Publisher
-	topic string
-	owned bool
-}
-
-// To returns a core.Publisher for topic that shares p's writer; closing it
-// leaves p open.
-func (p *Publisher) To(topic string) *TopicPublisher {
-	return &TopicPublisher{p: p, topic: topic}
-}
-
-// Publish implements core.Publisher.
-func (t *TopicPublisher) Publish(ctx context.Context, msgs ...*core.Message) error {
-	return t.p.Publish(ctx, t.topic, msgs...)
-}
-
-// Close closes the underlying Publisher if this TopicPublisher was opened
-// by URL (it owns it), and does nothing otherwise.
-func (t *TopicPublisher) Close() error {
-	if t.owned {
-		return t.p.Close()
-	}
-	return nil
+	return p, nil
 }

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 )
@@ -44,7 +46,7 @@ func BenchmarkPublishReceiveAck(b *testing.B) {
 					b.Fatal(err)
 				}
 				wg.Go(func() {
-					ds := make([]core.Delivery, 0, bc.batch)
+					ds := make([]driver.Delivery, 0, bc.batch)
 					for range per {
 						d, err := s.Receive(ctx)
 						if err != nil {

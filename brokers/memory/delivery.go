@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 )
 
 // Delivery is one received message: a lease on it until the visibility
-// timeout. It implements core.Delivery. Exactly one settlement (Ack, Retry,
+// timeout. It implements driver.Delivery. Exactly one settlement (Ack, Retry,
 // DeadLetter, or an AckBatch including it) succeeds; see the package
 // documentation for what a late or repeated settlement returns.
 type Delivery struct {
@@ -24,7 +26,7 @@ type Delivery struct {
 	lease   hnode // the lease deadline
 }
 
-var _ core.Delivery = (*Delivery)(nil)
+var _ driver.Delivery = (*Delivery)(nil)
 
 func (d *Delivery) node() *hnode { return &d.lease }
 

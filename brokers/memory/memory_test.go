@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 )
@@ -57,7 +59,7 @@ func ids(n int) []string {
 }
 
 // recv receives one delivery or fails the test after a generous timeout.
-func recv(t testing.TB, s *memory.Subscription) core.Delivery {
+func recv(t testing.TB, s *memory.Subscription) driver.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -362,7 +364,7 @@ func TestSettleTwice(t *testing.T) {
 	ctx := context.Background()
 	for name, err := range map[string]error{
 		"Ack": d.Ack(ctx), "Retry": d.Retry(ctx, 0), "DeadLetter": d.DeadLetter(ctx, errors.New("x")),
-		"AckBatch": s.AckBatch(ctx, []core.Delivery{d}),
+		"AckBatch": s.AckBatch(ctx, []driver.Delivery{d}),
 	} {
 		if !errors.Is(err, memory.ErrAlreadySettled) {
 			t.Errorf("second %s = %v, want ErrAlreadySettled", name, err)
@@ -401,7 +403,7 @@ func TestCrashRedeliversEverythingInFlight(t *testing.T) {
 	if _, err := s1.Receive(context.Background()); !errors.Is(err, memory.ErrCrashed) || !errors.Is(err, core.ErrSourceClosed) {
 		t.Fatalf("Receive after crash = %v, want ErrCrashed wrapping core.ErrSourceClosed", err)
 	}
-	for _, d := range []core.Delivery{db, dc} {
+	for _, d := range []driver.Delivery{db, dc} {
 		if err := d.Ack(context.Background()); !errors.Is(err, memory.ErrCrashed) {
 			t.Fatalf("Ack after crash = %v, want ErrCrashed", err)
 		}
@@ -589,7 +591,7 @@ func TestWindowBlocksReceive(t *testing.T) {
 	publish(t, b, "q", ids(5)...)
 	d1, _ := recv(t, s), recv(t, s)
 	noRecv(t, s, 30*time.Millisecond)
-	got := make(chan core.Delivery, 1)
+	got := make(chan driver.Delivery, 1)
 	go func() {
 		d, err := s.Receive(context.Background())
 		if err != nil {
@@ -718,7 +720,7 @@ func TestAckBatch(t *testing.T) {
 	s := subscribe(t, b, "q", memory.WithWindow(3))
 	other := subscribe(t, b, "q")
 	publish(t, b, "q", ids(5)...)
-	ds := []core.Delivery{recv(t, s), recv(t, s), recv(t, s)}
+	ds := []driver.Delivery{recv(t, s), recv(t, s), recv(t, s)}
 	foreign := recv(t, other)
 	if err := s.AckBatch(context.Background(), append(ds[:2:2], foreign)); !errors.Is(err, memory.ErrForeignDelivery) {
 		t.Fatalf("AckBatch with a foreign delivery = %v", err)
@@ -736,7 +738,7 @@ func TestAckBatch(t *testing.T) {
 	stale := recv(t, s)
 	eventually(t, "the leases to expire", func() bool { return b.Stats("q").Expired == 2 })
 	fresh := recv(t, s)
-	err := s.AckBatch(context.Background(), []core.Delivery{stale, fresh})
+	err := s.AckBatch(context.Background(), []driver.Delivery{stale, fresh})
 	if !errors.Is(err, memory.ErrLeaseExpired) || !strings.Contains(err.Error(), "ds[0]") {
 		t.Fatalf("AckBatch = %v, want ErrLeaseExpired for ds[0]", err)
 	}
@@ -749,7 +751,7 @@ func TestAckBatchFaults(t *testing.T) {
 	b := newBroker(t, memory.WithFaults(memory.Faults{LoseAck: 1}))
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", ids(3)...)
-	ds := []core.Delivery{recv(t, s), recv(t, s), recv(t, s)}
+	ds := []driver.Delivery{recv(t, s), recv(t, s), recv(t, s)}
 	if err := s.AckBatch(context.Background(), ds); err != nil {
 		t.Fatal(err)
 	}
@@ -760,7 +762,7 @@ func TestAckBatchFaults(t *testing.T) {
 	s2 := subscribe(t, b, "q")
 	publish(t, b, "q", "x")
 	d := recv(t, s2)
-	if err := s2.AckBatch(context.Background(), []core.Delivery{d}); !errors.Is(err, memory.ErrCrashed) {
+	if err := s2.AckBatch(context.Background(), []driver.Delivery{d}); !errors.Is(err, memory.ErrCrashed) {
 		t.Fatalf("AckBatch = %v, want ErrCrashed", err)
 	}
 	if st := b.Stats("q"); st.Ready != 1 || st.Crashes != 1 {
@@ -1051,7 +1053,7 @@ func lostAcks(t *testing.T, seed uint64, n, batch int) map[string]bool {
 	b := newBroker(t, memory.WithSeed(seed), memory.WithFaults(memory.Faults{LoseAck: 0.1}))
 	publish(t, b, "q", ids(n)...)
 	s := subscribe(t, b, "q")
-	var ds []core.Delivery
+	var ds []driver.Delivery
 	for range n {
 		ds = append(ds, recv(t, s))
 		if len(ds) == batch {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"pgregory.net/rapid"
 
 	"github.com/idemq/idemq/brokers/memory"
@@ -48,7 +50,7 @@ type mSub struct {
 }
 
 type mDel struct {
-	d       core.Delivery
+	d       driver.Delivery
 	e       *mEntry
 	sub     *mSub
 	settled bool

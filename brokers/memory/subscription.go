@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 )
 
@@ -53,7 +55,7 @@ const (
 )
 
 // Subscription receives from one queue. It implements core.Source,
-// core.BatchSettler and core.WindowSetter. Its methods are safe for
+// driver.BatchSettler and driver.WindowSetter. Its methods are safe for
 // concurrent use, and Receive may be called from several goroutines.
 type Subscription struct {
 	q    *queue
@@ -69,9 +71,9 @@ type Subscription struct {
 }
 
 var (
-	_ core.Source       = (*Subscription)(nil)
-	_ core.BatchSettler = (*Subscription)(nil)
-	_ core.WindowSetter = (*Subscription)(nil)
+	_ core.Source         = (*Subscription)(nil)
+	_ driver.BatchSettler = (*Subscription)(nil)
+	_ driver.WindowSetter = (*Subscription)(nil)
 )
 
 func (q *queue) subscribe(sc subConfig) (*Subscription, error) {
@@ -133,7 +135,7 @@ func (s *Subscription) wakeWindowLocked(n int) {
 // (ErrSubscriptionClosed), crashed (ErrCrashed) or the broker closed
 // (ErrBrokerClosed). Blocked receivers are woken one per ready message, in
 // the order they started waiting.
-func (s *Subscription) Receive(ctx context.Context) (core.Delivery, error) {
+func (s *Subscription) Receive(ctx context.Context) (driver.Delivery, error) {
 	q := s.q
 	var w *waiter
 	for {
@@ -223,7 +225,7 @@ func (s *Subscription) SetWindow(n int) error {
 // failures of those that could not be (ErrAlreadySettled, ErrLeaseExpired),
 // each naming its index. A delivery from another subscription fails the
 // whole call before anything is settled.
-func (s *Subscription) AckBatch(ctx context.Context, ds []core.Delivery) error {
+func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

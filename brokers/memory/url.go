@@ -9,11 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
 )
 
-func init() { core.RegisterBroker("mem", openSourceURL, openPublisherURL) }
+func init() { driver.RegisterBroker("mem", openSourceURL, openPublisherURL) }
 
 var named = struct {
 	sync.Mutex
@@ -83,23 +85,27 @@ func openSourceURL(_ context.Context, u *url.URL) (core.Source, error) {
 	return b.Subscribe(queue, subOpts...)
 }
 
-// QueuePublisher publishes to one queue of a Broker; it is what
+// Publisher publishes to a Broker's queues; it is what
 // core.OpenPublisher returns for mem:// URLs.
-type QueuePublisher struct {
+type Publisher struct {
 	b     *Broker
 	queue string
 }
 
-// Publisher returns a core.Publisher for queue.
-func (b *Broker) Publisher(queue string) *QueuePublisher { return &QueuePublisher{b: b, queue: queue} }
+// Publisher returns a core.Publisher whose default destination is queue.
+func (b *Broker) Publisher(queue string) *Publisher { return &Publisher{b: b, queue: queue} }
 
-// Publish implements core.Publisher.
-func (p *QueuePublisher) Publish(ctx context.Context, msgs ...*core.Message) error {
-	return p.b.Publish(ctx, p.queue, msgs...)
+// Publish implements core.Publisher: it publishes to queue, or to the
+// default queue when queue is "".
+func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
+	if queue == "" {
+		queue = p.queue
+	}
+	return p.b.Publish(ctx, queue, msgs...)
 }
 
 // Close implements core.Publisher; the broker stays open.
-func (p *QueuePublisher) Close() error { return nil }
+func (p *Publisher) Close() error { return nil }
 
 func openPublisherURL(_ context.Context, u *url.URL) (core.Publisher, error) {
 	b, queue, subOpts, err := parseURL(u)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
@@ -74,7 +76,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 			publishBench(b, amqpU, q, b.N)
 			b.ResetTimer()
 			start := time.Now()
-			pending := make([]core.Delivery, 0, batch)
+			pending := make([]driver.Delivery, 0, batch)
 			for range b.N {
 				d, err := src.Receive(ctx)
 				if err != nil {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/core"
@@ -44,8 +46,8 @@ func (c *crashAfter) crash() bool {
 }
 
 // AckBatch crashes instead of acking on the crashAt-th call.
-func (c *crashAfter) AckBatch(ctx context.Context, ds []core.Delivery) error {
-	unwrapped := make([]core.Delivery, len(ds))
+func (c *crashAfter) AckBatch(ctx context.Context, ds []driver.Delivery) error {
+	unwrapped := make([]driver.Delivery, len(ds))
 	for i, d := range ds {
 		unwrapped[i] = d.(*crashDelivery).Delivery
 	}
@@ -56,7 +58,7 @@ func (c *crashAfter) AckBatch(ctx context.Context, ds []core.Delivery) error {
 }
 
 // Receive wraps each delivery so its Ack can crash too.
-func (c *crashAfter) Receive(ctx context.Context) (core.Delivery, error) {
+func (c *crashAfter) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := c.Source.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -65,7 +67,7 @@ func (c *crashAfter) Receive(ctx context.Context) (core.Delivery, error) {
 }
 
 type crashDelivery struct {
-	core.Delivery
+	driver.Delivery
 	c *crashAfter
 }
 

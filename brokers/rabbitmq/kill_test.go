@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -41,9 +43,9 @@ func (k *killAt) maybeDie() {
 }
 
 // AckBatch dies instead of acking on the chosen settlement.
-func (k *killAt) AckBatch(ctx context.Context, ds []core.Delivery) error {
+func (k *killAt) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	k.maybeDie()
-	inner := make([]core.Delivery, len(ds))
+	inner := make([]driver.Delivery, len(ds))
 	for i, d := range ds {
 		inner[i] = d.(*killDelivery).Delivery
 	}
@@ -51,7 +53,7 @@ func (k *killAt) AckBatch(ctx context.Context, ds []core.Delivery) error {
 }
 
 // Receive wraps deliveries so a single Ack can die too.
-func (k *killAt) Receive(ctx context.Context) (core.Delivery, error) {
+func (k *killAt) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := k.Source.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -60,7 +62,7 @@ func (k *killAt) Receive(ctx context.Context) (core.Delivery, error) {
 }
 
 type killDelivery struct {
-	core.Delivery
+	driver.Delivery
 	k *killAt
 }
 

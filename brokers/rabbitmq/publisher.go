@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"sync"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -20,11 +21,12 @@ import (
 type PublisherOption func(*pubConfig) error
 
 type pubConfig struct {
-	exchange  string
-	mandatory bool
-	connName  string
-	dial      amqp.Config
-	dialSet   bool
+	exchange   string
+	routingKey string
+	mandatory  bool
+	connName   string
+	dial       amqp.Config
+	dialSet    bool
 }
 
 // WithPublishExchange sets the exchange messages are published to.
@@ -35,6 +37,18 @@ func WithPublishExchange(name string) PublisherOption {
 			return fmt.Errorf("rabbitmq: WithPublishExchange: name of %d bytes is longer than 255", len(name))
 		}
 		c.exchange = name
+		return nil
+	}
+}
+
+// WithRoutingKey sets the routing key Publish uses when its destination
+// is "": on the default exchange, the queue's name. Default "".
+func WithRoutingKey(key string) PublisherOption {
+	return func(c *pubConfig) error {
+		if len(key) > 255 {
+			return fmt.Errorf("rabbitmq: WithRoutingKey: key of %d bytes is longer than 255", len(key))
+		}
+		c.routingKey = key
 		return nil
 	}
 }
@@ -141,7 +155,8 @@ func (p *Publisher) connect(ctx context.Context) error {
 const KeyHeader = "idemq-key"
 
 // Publish publishes msgs with routing key key (a queue name on the default
-// exchange) and waits for the broker's confirms. It fails if any message is
+// exchange; "" for the WithRoutingKey default) and waits for the broker's
+// confirms. It fails if any message is
 // nacked or, with mandatory on, unroutable; some messages may then have been
 // published, so callers retry the whole call and rely on the consumer's
 // dedup.
@@ -150,6 +165,9 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*core.Messa
 	defer p.mu.Unlock()
 	if p.closed {
 		return errors.New("rabbitmq: publisher closed")
+	}
+	if key == "" {
+		key = p.cfg.routingKey
 	}
 	if p.ch == nil || p.ch.IsClosed() {
 		if err := p.connect(ctx); err != nil {

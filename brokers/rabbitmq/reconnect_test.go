@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -99,7 +101,7 @@ func TestReconnectNeverSettlesOldTagsOnNewChannel(t *testing.T) {
 		p.cut()
 		waitUntil(t, 10*time.Second, func() bool { return src.Stats().Reconnects == int64(cut) })
 		// Every in-flight delivery of the dead channel refuses to settle.
-		var batch []core.Delivery
+		var batch []driver.Delivery
 		for _, d := range ds[4:7] {
 			batch = append(batch, d)
 		}

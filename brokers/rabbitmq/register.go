@@ -5,30 +5,19 @@ import (
 	"fmt"
 	"net/url"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
-	core.RegisterBroker("amqp", openSourceURL, openPublisherURL)
-	core.RegisterBroker("amqps", openSourceURL, openPublisherURL)
+	driver.RegisterBroker("amqp", openSourceURL, openPublisherURL)
+	driver.RegisterBroker("amqps", openSourceURL, openPublisherURL)
 }
 
 func openSourceURL(ctx context.Context, u *url.URL) (core.Source, error) {
 	return OpenURL(ctx, u.String())
-}
-
-// QueuePublisher publishes to one routing key (a queue, on the default
-// exchange) with publisher confirms; it is what core.OpenPublisher returns
-// for amqp:// URLs.
-type QueuePublisher struct {
-	*Publisher
-	key string
-}
-
-// Publish implements core.Publisher.
-func (p *QueuePublisher) Publish(ctx context.Context, msgs ...*core.Message) error {
-	return p.Publisher.Publish(ctx, p.key, msgs...)
 }
 
 // openPublisherURL opens amqp://…?queue=NAME[&exchange=NAME] for
@@ -48,7 +37,7 @@ func openPublisherURL(ctx context.Context, u *url.URL) (core.Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	var opts []PublisherOption
+	opts := []PublisherOption{WithRoutingKey(queue)}
 	if exchange != "" {
 		opts = append(opts, WithPublishExchange(exchange))
 	}
@@ -56,5 +45,5 @@ func openPublisherURL(ctx context.Context, u *url.URL) (core.Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: publisher: %w", err)
 	}
-	return &QueuePublisher{Publisher: p, key: queue}, nil
+	return p, nil
 }

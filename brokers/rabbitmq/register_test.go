@@ -39,7 +39,7 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 	tp := sdktrace.NewTracerProvider()
 	pctx, span := tp.Tracer("test").Start(ctx, "send")
-	if err := pub.Publish(pctx, &core.Message{ID: "traced-1", Key: "customer-7", Body: []byte("x")}); err != nil {
+	if err := pub.Publish(pctx, "", &core.Message{ID: "traced-1", Key: "customer-7", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	span.End()

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
@@ -37,7 +39,7 @@ const (
 )
 
 // Source consumes one RabbitMQ queue. It implements core.Source,
-// core.BatchSettler and core.WindowSetter. It is safe for concurrent use.
+// driver.BatchSettler and driver.WindowSetter. It is safe for concurrent use.
 type Source struct {
 	url   string
 	queue string
@@ -187,7 +189,7 @@ func (s *Source) SetWindow(n int) error {
 // done, or the Source is closed (core.ErrSourceClosed). While the connection
 // is down it keeps reconnecting in the background and may return the
 // connection error to report trouble; calling Receive again is always safe.
-func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
+func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -589,7 +591,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // the rest, because a multiple ack also acknowledges tags still in flight.
 // Deliveries whose channel closed are not acked (ErrStaleDelivery); the
 // returned error joins one error per delivery that failed.
-func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
+func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	bySess := make(map[*session][]*delivery)
 	var order []*session
 	var errs []error

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
@@ -186,8 +188,8 @@ func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
 	}
 	defer src.Close()
 	publishN(t, url, q, "multi", 12)
-	batch := func(ds []*delivery) []core.Delivery {
-		out := make([]core.Delivery, len(ds))
+	batch := func(ds []*delivery) []driver.Delivery {
+		out := make([]driver.Delivery, len(ds))
 		for i, d := range ds {
 			out[i] = d
 		}

@@ -38,7 +38,7 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("publisher over amqps: %v", err)
 	}
 	defer pub.Close()
-	if err := pub.Publish(ctx, &core.Message{ID: "tls-1", Body: []byte("over TLS")}); err != nil {
+	if err := pub.Publish(ctx, "", &core.Message{ID: "tls-1", Body: []byte("over TLS")}); err != nil {
 		t.Fatal(err)
 	}
 	d, err := src.Receive(ctx)

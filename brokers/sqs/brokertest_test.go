@@ -37,7 +37,7 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 			}
 			t.Cleanup(func() { pub.Close() })
 			return &brokertest.Fixture{
-				Publish: pub.Publish,
+				Publish: func(ctx context.Context, msgs ...*core.Message) error { return pub.Publish(ctx, "", msgs...) },
 				NewSource: func(t *testing.T) core.Source {
 					s, err := Open(context.Background(), q.url, all...)
 					if err != nil {

@@ -4,7 +4,7 @@
 // A Source consumes one queue, standard or FIFO. Several receivers
 // long-poll it (WaitTimeSeconds, up to ten messages per call) and together
 // never hold more received-but-unsettled messages than the Consumer's
-// window (core.WindowSetter). The business id is the "message-id" message
+// window (driver.WindowSetter). The business id is the "message-id" message
 // attribute (WithIDAttribute; core.WithIDFunc derives one otherwise), never
 // the SQS MessageId, which changes when a producer retries a send. Attempt
 // is ApproximateReceiveCount, Headers are the message attributes (trace
@@ -13,7 +13,7 @@
 // Settlement follows the idemq design:
 //
 //   - Ack: DeleteMessageBatch by receipt handle, ten per call
-//     (core.BatchSettler). Entries SQS fails are sent again; those that
+//     (driver.BatchSettler). Entries SQS fails are sent again; those that
 //     still fail are reported, never dropped, and SQS redelivers them: the
 //     dedup store then decides Duplicate.
 //   - Retry: ChangeMessageVisibility to the backoff delay (whole seconds),
@@ -45,7 +45,7 @@
 // longer than WithWaitTime) and releases what they bring; a shorter
 // WithWaitTime makes shutdown quicker.
 //
-// The Source implements core.RedeliveryHorizoner with the queue's
+// The Source implements driver.RedeliveryHorizoner with the queue's
 // MessageRetentionPeriod (or the dead-letter queue's, when longer), so the
 // Consumer warns when the store prunes claims sooner.
 //

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/core"
@@ -44,8 +46,8 @@ func (c *crashingSource) crash() bool {
 }
 
 // AckBatch crashes instead of deleting on the crashAt-th call.
-func (c *crashingSource) AckBatch(ctx context.Context, ds []core.Delivery) error {
-	inner := make([]core.Delivery, len(ds))
+func (c *crashingSource) AckBatch(ctx context.Context, ds []driver.Delivery) error {
+	inner := make([]driver.Delivery, len(ds))
 	for i, d := range ds {
 		inner[i] = d.(*crashingDelivery).Delivery
 	}
@@ -56,7 +58,7 @@ func (c *crashingSource) AckBatch(ctx context.Context, ds []core.Delivery) error
 }
 
 // Receive wraps deliveries so single acks can crash too.
-func (c *crashingSource) Receive(ctx context.Context) (core.Delivery, error) {
+func (c *crashingSource) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := c.Source.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -65,7 +67,7 @@ func (c *crashingSource) Receive(ctx context.Context) (core.Delivery, error) {
 }
 
 type crashingDelivery struct {
-	core.Delivery
+	driver.Delivery
 	c *crashingSource
 }
 
@@ -121,7 +123,7 @@ func TestEndToEndPostgres(t *testing.T) {
 	rand.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
 	start := time.Now()
 	pub := publisher(t, ep, q)
-	if err := pub.Publish(ctx, all...); err != nil {
+	if err := pub.Publish(ctx, "", all...); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("sent %d messages (%d unique) in %v", len(all), unique, time.Since(start))

@@ -67,7 +67,7 @@ func ExampleNewPublisher() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-	err = pub.Publish(ctx,
+	err = pub.Publish(ctx, "",
 		&core.Message{ID: "order-1001", Key: "customer-7", Body: []byte(`{"total":42}`)},
 		&core.Message{ID: "order-1002", Key: "customer-7", Body: []byte(`{"total":17}`)},
 	)

@@ -42,6 +42,7 @@ type Publisher struct {
 	mu      sync.Mutex
 	closed  bool
 	retries int
+	others  map[string]*queueInfo // other queues published to, by URL or name
 }
 
 var _ core.Publisher = (*Publisher)(nil)
@@ -73,28 +74,58 @@ func NewPublisher(ctx context.Context, queueURLOrName string, opts ...Option) (*
 	return &Publisher{cl: cl, q: q, cfg: cfg, retries: cfg.settleRetries}, nil
 }
 
+// queue resolves a Publish destination, remembering the queues it looked
+// up.
+func (p *Publisher) queue(ctx context.Context, dest string) (*queueInfo, error) {
+	if dest == "" || dest == p.q.url || dest == p.q.name {
+		return p.q, nil
+	}
+	p.mu.Lock()
+	q, ok := p.others[dest]
+	p.mu.Unlock()
+	if ok {
+		return q, nil
+	}
+	q, err := resolveQueue(ctx, p.cl, dest)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.others == nil {
+		p.others = map[string]*queueInfo{}
+	}
+	p.others[dest] = q
+	p.mu.Unlock()
+	return q, nil
+}
+
 // QueueURL returns the queue's URL.
 func (p *Publisher) QueueURL() string { return p.q.url }
 
 // Client returns the SQS client.
 func (p *Publisher) Client() *awssqs.Client { return p.cl }
 
-// Publish sends msgs and returns once SQS accepted every one. Entries SQS
+// Publish sends msgs to queue (a queue URL or name; "" for the queue the
+// Publisher was made for) and returns once SQS accepted every one. Entries SQS
 // fails for a reason of its own are sent again; an entry it refuses as
 // invalid (a sender fault) fails the call at once, naming the message.
 // When Publish fails some messages may have been sent: retry the call and
 // let the consumer's dedup drop the copies.
-func (p *Publisher) Publish(ctx context.Context, msgs ...*core.Message) error {
+func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
 	p.mu.Lock()
 	closed := p.closed
 	p.mu.Unlock()
 	if closed {
 		return errors.New("sqs: publisher closed")
 	}
+	q, err := p.queue(ctx, queue)
+	if err != nil {
+		return fmt.Errorf("sqs: publish: %w", err)
+	}
 	entries := make([]types.SendMessageBatchRequestEntry, 0, len(msgs))
 	sizes := make([]int, 0, len(msgs))
 	for i, m := range msgs {
-		e, size, err := p.entry(ctx, m)
+		e, size, err := p.entry(ctx, q, m)
 		if err != nil {
 			return fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err)
 		}
@@ -107,7 +138,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*core.Message) error {
 			bytes += sizes[end]
 			end++
 		}
-		if err := p.sendChunk(ctx, entries[start:end], msgs[start:end]); err != nil {
+		if err := p.sendChunk(ctx, q, entries[start:end], msgs[start:end]); err != nil {
 			return err
 		}
 		start = end
@@ -116,7 +147,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*core.Message) error {
 }
 
 // entry builds one batch entry and its size as SQS counts it.
-func (p *Publisher) entry(ctx context.Context, m *core.Message) (types.SendMessageBatchRequestEntry, int, error) {
+func (p *Publisher) entry(ctx context.Context, q *queueInfo, m *core.Message) (types.SendMessageBatchRequestEntry, int, error) {
 	h := make(map[string]string, len(m.Headers)+4)
 	for k, v := range m.Headers {
 		h[k] = v
@@ -149,7 +180,7 @@ func (p *Publisher) entry(ctx context.Context, m *core.Message) (types.SendMessa
 		return types.SendMessageBatchRequestEntry{}, 0, fmt.Errorf("%d message attributes (id, headers and trace context); SQS allows %d", len(attrs), maxAttributes)
 	}
 	e := types.SendMessageBatchRequestEntry{MessageBody: aws.String(body), MessageAttributes: attrs}
-	if p.q.fifo {
+	if q.fifo {
 		if m.Key == "" {
 			return e, 0, errors.New("FIFO queue needs a message group id: set Message.Key")
 		}
@@ -161,7 +192,7 @@ func (p *Publisher) entry(ctx context.Context, m *core.Message) (types.SendMessa
 
 // sendChunk sends up to ten entries, retrying the ones SQS fails on its
 // side.
-func (p *Publisher) sendChunk(ctx context.Context, entries []types.SendMessageBatchRequestEntry, msgs []*core.Message) error {
+func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types.SendMessageBatchRequestEntry, msgs []*core.Message) error {
 	pending := make([]int, len(entries))
 	for i := range pending {
 		pending[i] = i
@@ -173,18 +204,18 @@ func (p *Publisher) sendChunk(ctx context.Context, entries []types.SendMessageBa
 			batch[k] = entries[i]
 			batch[k].Id = aws.String(strconv.Itoa(i))
 		}
-		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(p.q.url), Entries: batch})
+		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: batch})
 		if err != nil {
-			return fmt.Errorf("sqs: SendMessageBatch to %s: %w", p.q.name, err)
+			return fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err)
 		}
 		var again []int
 		var last error
 		for _, f := range out.Failed {
 			i, err := strconv.Atoi(aws.ToString(f.Id))
 			if err != nil || i < 0 || i >= len(entries) {
-				return fmt.Errorf("sqs: SendMessageBatch to %s: unknown entry id %q in the reply", p.q.name, aws.ToString(f.Id))
+				return fmt.Errorf("sqs: SendMessageBatch to %s: unknown entry id %q in the reply", q.name, aws.ToString(f.Id))
 			}
-			fe := fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, p.q.name, aws.ToString(f.Code), aws.ToString(f.Message))
+			fe := fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, q.name, aws.ToString(f.Code), aws.ToString(f.Message))
 			if f.SenderFault {
 				return fe
 			}

@@ -105,7 +105,7 @@ func TestSecretKeyNeverLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"a", "b", "a", "flaky", "poison"} {
-		if err := pub.Publish(ctx, &core.Message{ID: id, Body: []byte("body " + id)}); err != nil {
+		if err := pub.Publish(ctx, "", &core.Message{ID: id, Body: []byte("body " + id)}); err != nil {
 			t.Fatal(err)
 		}
 	}

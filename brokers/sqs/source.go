@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -46,8 +48,8 @@ var ErrAlreadySettled = errors.New("sqs: delivery already settled")
 var ErrClosed = errors.New("sqs: source closed; SQS will redeliver the message")
 
 // Source consumes one SQS queue (standard or FIFO). It implements
-// core.Source, core.BatchSettler, core.WindowSetter and
-// core.RedeliveryHorizoner, and is safe for concurrent use.
+// core.Source, driver.BatchSettler, driver.WindowSetter and
+// driver.RedeliveryHorizoner, and is safe for concurrent use.
 type Source struct {
 	cl       *awssqs.Client
 	q        *queueInfo
@@ -106,10 +108,10 @@ type Stats struct {
 }
 
 var (
-	_ core.Source              = (*Source)(nil)
-	_ core.BatchSettler        = (*Source)(nil)
-	_ core.WindowSetter        = (*Source)(nil)
-	_ core.RedeliveryHorizoner = (*Source)(nil)
+	_ core.Source                = (*Source)(nil)
+	_ driver.BatchSettler        = (*Source)(nil)
+	_ driver.WindowSetter        = (*Source)(nil)
+	_ driver.RedeliveryHorizoner = (*Source)(nil)
 )
 
 // Open returns a Source for the queue given by URL
@@ -250,7 +252,7 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 // done, or the Source is closed (core.ErrSourceClosed). A failing
 // ReceiveMessage call is returned as an error to report it; the receivers
 // keep polling, so calling Receive again is always safe.
-func (s *Source) Receive(ctx context.Context) (core.Delivery, error) {
+func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -566,7 +568,7 @@ func (s *Source) Close() error {
 // silently: the returned error joins one error per delivery still not
 // deleted, and SQS redelivers those (the dedup store then decides
 // Duplicate).
-func (s *Source) AckBatch(ctx context.Context, ds []core.Delivery) error {
+func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	var errs []error
 	own := make([]*delivery, 0, len(ds))
 	for _, cd := range ds {

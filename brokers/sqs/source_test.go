@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -58,7 +60,7 @@ func msgs(prefix string, n int) []*core.Message {
 }
 
 // receiveOne receives one delivery within timeout.
-func receiveOne(t testing.TB, s *Source, timeout time.Duration) core.Delivery {
+func receiveOne(t testing.TB, s *Source, timeout time.Duration) driver.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -190,7 +192,7 @@ func TestMessageFields(t *testing.T) {
 	traceID := span.SpanContext().TraceID().String()
 
 	m := &core.Message{ID: "order-" + randomHex(4), Body: []byte{0, 1, 2, 0xff, 'x'}, Headers: map[string]string{"tenant": "acme", "empty": ""}}
-	if err := publisher(t, ep, q).Publish(ctx, m); err != nil {
+	if err := publisher(t, ep, q).Publish(ctx, "", m); err != nil {
 		t.Fatal(err)
 	}
 	span.End()
@@ -254,7 +256,7 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 		{fifo, &core.Message{ID: "a", Body: []byte("x")}, "group id"},
 	}
 	for _, c := range cases {
-		err := publisher(t, ep, c.q).Publish(ctx, c.m)
+		err := publisher(t, ep, c.q).Publish(ctx, "", c.m)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Publish %+v: err = %v, want one about %q", c.m, err, c.want)
 		}
@@ -271,15 +273,15 @@ func TestAckBatchManyChunks(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 10, 0)
 	other, _ := newQueueWithDLQ(t, ep, false, 10, 0)
-	if err := publisher(t, ep, q).Publish(context.Background(), msgs("chunks", 25)...); err != nil {
+	if err := publisher(t, ep, q).Publish(context.Background(), "", msgs("chunks", 25)...); err != nil {
 		t.Fatal(err)
 	}
-	if err := publisher(t, ep, other).Publish(context.Background(), msgs("other", 1)...); err != nil {
+	if err := publisher(t, ep, other).Publish(context.Background(), "", msgs("other", 1)...); err != nil {
 		t.Fatal(err)
 	}
 	s := open(t, ep, q, WithDeadLetterQueue(q.name), WithWindow(30))
 	s2 := open(t, ep, other, WithDeadLetterQueue(other.name))
-	var ds []core.Delivery
+	var ds []driver.Delivery
 	for range 25 {
 		ds = append(ds, receiveOne(t, s, 10*time.Second))
 	}
@@ -307,7 +309,7 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
 	st := sqliteStore(t)
 	m := msgs("slow", 1)[0]
-	if err := publisher(t, ep, q).Publish(context.Background(), m); err != nil {
+	if err := publisher(t, ep, q).Publish(context.Background(), "", m); err != nil {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
@@ -345,7 +347,7 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 func TestHeartbeatStopsAtMaxExtension(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
-	if err := publisher(t, ep, q).Publish(context.Background(), msgs("cap", 1)...); err != nil {
+	if err := publisher(t, ep, q).Publish(context.Background(), "", msgs("cap", 1)...); err != nil {
 		t.Fatal(err)
 	}
 	// A window of one: s1 cannot receive the message again itself.
@@ -394,7 +396,7 @@ func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
 	t.Cleanup(func() { store.Pool().Exec(context.Background(), `DROP TABLE IF EXISTS `+effects+`, `+dedup) })
 
 	m := msgs("nohb", 1)[0]
-	if err := publisher(t, ep, q).Publish(ctx, m); err != nil {
+	if err := publisher(t, ep, q).Publish(ctx, "", m); err != nil {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
@@ -472,7 +474,7 @@ func TestRedriveToDeadLetterQueueAfterMaxReceives(t *testing.T) {
 			st := sqliteStore(t)
 			m := msgs("redrive", 1)[0]
 			keep := msgs("keep", 1)[0]
-			if err := publisher(t, ep, q).Publish(context.Background(), m, keep); err != nil {
+			if err := publisher(t, ep, q).Publish(context.Background(), "", m, keep); err != nil {
 				t.Fatal(err)
 			}
 			var calls atomic.Int32
@@ -536,10 +538,10 @@ func TestFIFOOrderPerGroup(t *testing.T) {
 	// Interleave the groups as a producer would.
 	slices.SortStableFunc(all, func(a, b *core.Message) int { return strings.Compare(a.ID[3:], b.ID[3:]) })
 	pub := publisher(t, ep, q)
-	if err := pub.Publish(context.Background(), all...); err != nil {
+	if err := pub.Publish(context.Background(), "", all...); err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish(context.Background(), all[4]); err != nil { // a resend within the dedup window
+	if err := pub.Publish(context.Background(), "", all[4]); err != nil { // a resend within the dedup window
 		t.Fatal(err)
 	}
 	var failed atomic.Bool
@@ -693,7 +695,7 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 30, 0)
 	ms := msgs("hold", 3)
-	if err := publisher(t, ep, q).Publish(context.Background(), ms...); err != nil {
+	if err := publisher(t, ep, q).Publish(context.Background(), "", ms...); err != nil {
 		t.Fatal(err)
 	}
 	s := open(t, ep, q, WithDeadLetterQueue(q.name))
@@ -775,7 +777,7 @@ func TestOpenByURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := msgs("url", 1)[0]
-	if err := pub.Publish(ctx, m); err != nil {
+	if err := pub.Publish(ctx, "", m); err != nil {
 		t.Fatal(err)
 	}
 	src, err := core.OpenSource(ctx, base+"&dlq="+dlq.name+"&wait=1s&window=3&receivers=1&heartbeat=true&max_extension=1m&close_timeout=2s&dead_letter_mode=send")
@@ -823,11 +825,11 @@ func TestSettlementFailuresAreReported(t *testing.T) {
 	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
-	if err := publisher(t, ep, q).Publish(context.Background(), msgs("refused", 4)...); err != nil {
+	if err := publisher(t, ep, q).Publish(context.Background(), "", msgs("refused", 4)...); err != nil {
 		t.Fatal(err)
 	}
 	s := open(t, ep, q, WithDeadLetterQueue(q.url), WithSettleRetries(2))
-	var ds []core.Delivery
+	var ds []driver.Delivery
 	for range 4 {
 		ds = append(ds, receiveOne(t, s, 10*time.Second))
 	}
@@ -877,7 +879,7 @@ func TestFIFODeadLetter(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
 	m := &core.Message{ID: "fifo-dl-" + randomHex(4), Key: "customer-9", Body: []byte(`{"x":1}`)}
-	if err := publisher(t, ep, q).Publish(context.Background(), m); err != nil {
+	if err := publisher(t, ep, q).Publish(context.Background(), "", m); err != nil {
 		t.Fatal(err)
 	}
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))

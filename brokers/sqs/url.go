@@ -10,11 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
 )
 
-func init() { core.RegisterBroker("sqs", openSourceURL, openPublisherURL) }
+func init() { driver.RegisterBroker("sqs", openSourceURL, openPublisherURL) }
 
 // URL parameters understood by core.OpenSource and core.OpenPublisher for
 // sqs:// URLs. Publishers accept only the client ones and id_attribute.

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
@@ -60,7 +62,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rate := f.Int("latency-rate", 200, "msg/s of the paced phase that measures p50/p99")
 	latencyN := f.Int("latency-messages", 1000, "messages in the paced phase")
 	pruneBatch := f.Int("prune-batch", 1000, "rows per DELETE while the growth scenario prunes")
-	pruneDuty := f.Float64("prune-duty", core.DefaultPruneDuty, "fraction of the growth scenario's prune time spent deleting (resting the rest)")
+	pruneDuty := f.Float64("prune-duty", driver.DefaultPruneDuty, "fraction of the growth scenario's prune time spent deleting (resting the rest)")
 	jsonOut := f.String("json", "", "also write the full report as JSON to this file")
 	pngOut := f.String("png", "", "also write a chart of the results to this PNG file")
 	cpuProfile := f.String("cpuprofile", "", "write a CPU profile of the whole run (baselines included: narrow it with --configs) to this file, for go tool pprof")

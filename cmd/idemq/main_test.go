@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/core"
@@ -133,7 +135,7 @@ func TestSQLite(t *testing.T) {
 	r = expect(t, exitOK, []string{"stats", "--store", storeURL, "--json"})
 	var st struct {
 		Store string
-		core.TableStats
+		driver.TableStats
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("stats --json: %v\n%s", err, r.stdout)
@@ -166,9 +168,9 @@ func claimN[Tx any](t *testing.T, s core.Store[Tx], consumer string, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claims := make([]core.Claim, n)
+	claims := make([]driver.Claim, n)
 	for i := range claims {
-		claims[i] = core.Claim{ID: "m-" + randomHex(6)}
+		claims[i] = driver.Claim{ID: "m-" + randomHex(6)}
 	}
 	if _, err := txn.Claim(ctx, consumer, claims); err != nil {
 		t.Fatal(err)

@@ -2,18 +2,17 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
@@ -81,34 +80,21 @@ func (f *flags) storeFlag() func() (string, error) {
 // the operator interfaces it implements.
 type openedStore struct {
 	url   string
-	store any
+	store driver.Closer
 }
 
 // openStore opens the store registered for rawURL's scheme. Stores of
 // either transaction type are accepted: operator commands never run a
 // handler.
 func openStore(ctx context.Context, rawURL string) (*openedStore, error) {
-	var s any
-	var err error
-	switch strings.ToLower(rawURL[:max(0, strings.Index(rawURL, ":"))]) {
-	case "postgres", "postgresql":
-		s, err = core.OpenStore[pgx.Tx](ctx, rawURL)
-	default:
-		// mysql, sqlite, or an unknown scheme (whose error lists the
-		// registered ones).
-		s, err = core.OpenStore[*sql.Tx](ctx, rawURL)
-	}
+	s, err := driver.OpenStore(ctx, rawURL)
 	if err != nil {
 		return nil, hideSecrets(err, rawURL)
 	}
 	return &openedStore{url: rawURL, store: s}, nil
 }
 
-func (o *openedStore) Close() {
-	if c, ok := o.store.(io.Closer); ok {
-		c.Close()
-	}
-}
+func (o *openedStore) Close() { o.store.Close() }
 
 // table is the dedup table's name, if the store tells it.
 func (o *openedStore) table() string {
@@ -148,7 +134,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer s.Close()
-	m, ok := s.store.(core.Migrator)
+	m, ok := s.store.(driver.Migrator)
 	if !ok {
 		return fmt.Errorf("the store at %s cannot migrate itself", core.Redact(raw))
 	}
@@ -199,11 +185,11 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer s.Close()
-	p, ok := s.store.(core.Pruner)
+	p, ok := s.store.(driver.Pruner)
 	if !ok {
 		return fmt.Errorf("the store at %s cannot prune", core.Redact(raw))
 	}
-	if r, ok := s.store.(core.Retentioner); ok && !*force && *olderThan < r.Retention() {
+	if r, ok := s.store.(driver.Retentioner); ok && !*force && *olderThan < r.Retention() {
 		return usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r.Retention())
 	}
 	before := time.Now().Add(-*olderThan)
@@ -275,7 +261,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer s.Close()
-	in, ok := s.store.(core.Inspector)
+	in, ok := s.store.(driver.Inspector)
 	if !ok {
 		return fmt.Errorf("the store at %s cannot describe its table", core.Redact(raw))
 	}
@@ -288,7 +274,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		enc.SetIndent("", "  ")
 		return enc.Encode(struct {
 			Store string
-			core.TableStats
+			driver.TableStats
 		}{core.Redact(raw), st})
 	}
 	size := "unknown"

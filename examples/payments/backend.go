@@ -47,8 +47,12 @@ func openPostgres(ctx context.Context, s settings) (*backend[pgx.Tx], error) {
 	if err != nil {
 		return nil, err
 	}
-	closeStore := func() { store.(interface{ Close() error }).Close() }
-	pool := store.(interface{ Pool() *pgxpool.Pool }).Pool()
+	closeStore := func() { store.Close() }
+	var pool *pgxpool.Pool
+	if !store.As(&pool) {
+		closeStore()
+		return nil, fmt.Errorf("store %s hands out no *pgxpool.Pool", core.Redact(s.store))
+	}
 	ledger, accounts := tableNames(s.tables)
 	// The advisory lock serialises replicas starting at once (concurrent
 	// CREATE TABLE IF NOT EXISTS can fail on pg_type's unique index).
@@ -98,8 +102,12 @@ func openSQL(ctx context.Context, s settings, d dialect) (*backend[*sql.Tx], err
 	if err != nil {
 		return nil, err
 	}
-	closeStore := func() { store.(interface{ Close() error }).Close() }
-	db := store.(interface{ DB() *sql.DB }).DB()
+	closeStore := func() { store.Close() }
+	var db *sql.DB
+	if !store.As(&db) {
+		closeStore()
+		return nil, fmt.Errorf("store %s hands out no *sql.DB", core.Redact(s.store))
+	}
 	ledger, accounts := tableNames(s.tables)
 	ddl := []string{
 		`CREATE TABLE IF NOT EXISTS ` + accounts + ` (account TEXT PRIMARY KEY, balance_cents INTEGER NOT NULL)`,

@@ -272,7 +272,7 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 			body, _ := json.Marshal(p.payment)
 			msgs = append(msgs, &core.Message{ID: p.id, Body: body, Key: p.Account})
 		}
-		if err := pub.Publish(ctx, msgs...); err != nil {
+		if err := pub.Publish(ctx, "", msgs...); err != nil {
 			return fmt.Errorf("publishing messages %d to %d: %w", start, end-1, err)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -236,7 +237,7 @@ WHERE w.ordering_key IS NULL OR NOT EXISTS (
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on db
 // through pub.
-func (o *Outbox) NewRelay(db *sql.DB, pub outbox.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+func (o *Outbox) NewRelay(db *sql.DB, pub core.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
 	if db == nil {
 		return nil, errors.New("mysqloutbox: NewRelay: nil db")
 	}

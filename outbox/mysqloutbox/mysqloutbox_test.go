@@ -74,6 +74,9 @@ type recorder struct {
 	next func(ctx context.Context, dest string, msgs ...*core.Message) error
 }
 
+// Close implements core.Publisher.
+func (r *recorder) Close() error { return nil }
+
 func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -56,7 +58,7 @@ func (c *crashingSource) crash() bool {
 	return false
 }
 
-func (c *crashingSource) Receive(ctx context.Context) (core.Delivery, error) {
+func (c *crashingSource) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := c.src.Receive(ctx)
 	if err != nil {
 		return nil, err
@@ -67,11 +69,11 @@ func (c *crashingSource) Receive(ctx context.Context) (core.Delivery, error) {
 func (c *crashingSource) Close() error          { return c.src.Close() }
 func (c *crashingSource) SetWindow(n int) error { return c.src.SetWindow(n) }
 
-func (c *crashingSource) AckBatch(ctx context.Context, ds []core.Delivery) error {
+func (c *crashingSource) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	if c.crash() {
 		return errors.New("crashed between commit and ack")
 	}
-	inner := make([]core.Delivery, len(ds))
+	inner := make([]driver.Delivery, len(ds))
 	for i, d := range ds {
 		inner[i] = d.(*crashingDelivery).Delivery
 	}
@@ -79,7 +81,7 @@ func (c *crashingSource) AckBatch(ctx context.Context, ds []core.Delivery) error
 }
 
 type crashingDelivery struct {
-	core.Delivery
+	driver.Delivery
 	c *crashingSource
 }
 

@@ -70,6 +70,9 @@ type recorder struct {
 	next func(ctx context.Context, dest string, msgs ...*core.Message) error
 }
 
+// Close implements core.Publisher.
+func (r *recorder) Close() error { return nil }
+
 func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Message) error {
 	// The lock is held through the publish so that the recorded order is
 	// the order in which publishes happened.

@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -263,7 +264,7 @@ WHERE seq = ANY($1::bigint[])`, t),
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on
 // pool through pub.
-func (o *Outbox) NewRelay(pool *pgxpool.Pool, pub outbox.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+func (o *Outbox) NewRelay(pool *pgxpool.Pool, pub core.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
 	if pool == nil {
 		return nil, errors.New("pgoutbox: NewRelay: nil pool")
 	}

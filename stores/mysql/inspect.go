@@ -6,18 +6,18 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
-var _ core.Inspector = (*Store)(nil)
+var _ driver.Inspector = (*Store)(nil)
 
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, and the table's data and
 // index size as information_schema reports it (InnoDB's estimate, refreshed
 // by ANALYZE TABLE). It counts every row, so on a very large table it takes
 // as long as an index scan.
-func (s *Store) Inspect(ctx context.Context) (core.TableStats, error) {
-	st := core.TableStats{Table: s.cfg.table}
+func (s *Store) Inspect(ctx context.Context) (driver.TableStats, error) {
+	st := driver.TableStats{Table: s.cfg.table}
 	wrap := func(err error) error { return fmt.Errorf("mysql: inspect %s: %w", s.cfg.table, err) }
 	// processed_at is written as UTC text; read it back as text too, so
 	// the driver's parseTime and loc settings do not matter.
@@ -29,7 +29,7 @@ FROM `+s.cfg.table+` GROUP BY consumer ORDER BY consumer`)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var c core.ConsumerStats
+		var c driver.ConsumerStats
 		var consumer []byte
 		var oldest, newest string
 		if err := rows.Scan(&consumer, &c.Rows, &oldest, &newest); err != nil {

@@ -38,7 +38,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
+	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -51,6 +51,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
@@ -80,7 +82,7 @@ const timeFormat = "2006-01-02 15:04:05.000000"
 const claimChunk = 1000
 
 // Store is the MySQL/MariaDB dedup store. It implements
-// core.Store[*sql.Tx], core.Pruner, core.Retentioner and core.Migrator, and
+// core.Store[*sql.Tx], driver.Pruner, driver.Retentioner and driver.Migrator, and
 // is safe for concurrent use.
 type Store struct {
 	db    *sql.DB
@@ -93,9 +95,9 @@ type Store struct {
 
 var (
 	_ core.Store[*sql.Tx] = (*Store)(nil)
-	_ core.Pruner         = (*Store)(nil)
-	_ core.Retentioner    = (*Store)(nil)
-	_ core.Migrator       = (*Store)(nil)
+	_ driver.Pruner       = (*Store)(nil)
+	_ driver.Retentioner  = (*Store)(nil)
+	_ driver.Migrator     = (*Store)(nil)
 	_ io.Closer           = (*Store)(nil)
 )
 
@@ -279,6 +281,20 @@ func (s *Store) Retention() time.Duration { return s.cfg.retention }
 
 // Close closes the database handle if Open opened it; a handle given to New
 // is left to its owner.
+// As implements core.Store: a **sql.DB target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool {
+	switch t := target.(type) {
+	case **sql.DB:
+		*t = s.db
+		return true
+	case **Store:
+		*t = s
+		return true
+	}
+	return false
+}
+
 func (s *Store) Close() error {
 	if !s.owned {
 		return nil
@@ -394,7 +410,7 @@ func supportsReturning(version string) bool {
 // Begin starts a transaction at the isolation level of WithIsolation (by
 // default the server's, REPEATABLE READ unless configured otherwise; the
 // claim needs only READ COMMITTED).
-func (s *Store) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
+func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	mode, err := s.claimMode(ctx)
 	if err != nil {
 		return nil, err
@@ -413,14 +429,14 @@ func (s *Store) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
 func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
 
 // Txn is one open dedup transaction of a Store; it implements
-// core.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
+// driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
 	tx   *sql.Tx
 	s    *Store
 	mode ClaimMode
 }
 
-var _ core.Txn[*sql.Tx] = (*Txn)(nil)
+var _ driver.Txn[*sql.Tx] = (*Txn)(nil)
 
 // Tx returns the transaction for the handler's business effect.
 func (t *Txn) Tx() *sql.Tx { return t.tx }
@@ -431,7 +447,7 @@ func (t *Txn) Tx() *sql.Tx { return t.tx }
 // fingerprint: the rows carrying this call's token were inserted by it
 // (ClaimWon); the others were there already and are ClaimDuplicate, or
 // ClaimMismatch when both fingerprints are non-empty and differ.
-func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
 	if consumer == "" {
 		return nil, errors.New("mysql: Claim: empty consumer")
 	}
@@ -446,7 +462,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 			return nil, fmt.Errorf("mysql: Claim: fingerprint of %q is %d bytes, at most %d", c.ID, len(c.Fingerprint), MaxFingerprintBytes)
 		}
 	}
-	results := make([]core.ClaimResult, len(claims))
+	results := make([]driver.ClaimResult, len(claims))
 	if len(claims) == 0 {
 		return results, nil
 	}
@@ -516,9 +532,9 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 		case !ok:
 			return nil, fmt.Errorf("mysql: claim: no row came back for id %q", c.ID)
 		case r.token == token:
-			results[i] = core.ClaimWon
+			results[i] = driver.ClaimWon
 		default:
-			results[i] = core.ClassifyStored(c.Fingerprint, r.fp)
+			results[i] = driver.ClassifyStored(c.Fingerprint, r.fp)
 		}
 	}
 	return results, nil
@@ -644,7 +660,7 @@ func (t *Txn) Rollback(ctx context.Context) error {
 	if err == nil || errors.Is(err, sql.ErrTxDone) {
 		return nil
 	}
-	if errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+	if errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
 		return nil
 	}
 	return fmt.Errorf("mysql: rollback: %w", err)

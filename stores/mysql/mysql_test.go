@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/mysql"
@@ -134,8 +136,8 @@ func TestOpen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}})
-		if err != nil || res[0] != core.ClaimWon {
+		res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a"}})
+		if err != nil || res[0] != driver.ClaimWon {
 			t.Fatalf("claim: %v %v", res, err)
 		}
 		if err := txn.Commit(ctx); err != nil {
@@ -184,17 +186,17 @@ func TestLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer txn.Rollback(ctx)
-	if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: strings.Repeat("x", mysql.MaxIDBytes+1)}}); !errors.Is(err, core.ErrInvalidID) {
+	if _, err := txn.Claim(ctx, "c", []driver.Claim{{ID: strings.Repeat("x", mysql.MaxIDBytes+1)}}); !errors.Is(err, core.ErrInvalidID) {
 		t.Errorf("over-long id: %v, want ErrInvalidID", err)
 	}
-	if _, err := txn.Claim(ctx, strings.Repeat("c", mysql.MaxConsumerBytes+1), []core.Claim{{ID: "a"}}); err == nil {
+	if _, err := txn.Claim(ctx, strings.Repeat("c", mysql.MaxConsumerBytes+1), []driver.Claim{{ID: "a"}}); err == nil {
 		t.Error("over-long consumer accepted")
 	}
-	if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a", Fingerprint: strings.Repeat("f", 129)}}); err == nil {
+	if _, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a", Fingerprint: strings.Repeat("f", 129)}}); err == nil {
 		t.Error("over-long fingerprint accepted")
 	}
-	res, err := txn.Claim(ctx, "c", []core.Claim{{ID: strings.Repeat("🙂", mysql.MaxIDBytes/4)}})
-	if err != nil || res[0] != core.ClaimWon {
+	res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: strings.Repeat("🙂", mysql.MaxIDBytes/4)}})
+	if err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("id of exactly %d bytes: %v %v", mysql.MaxIDBytes, res, err)
 	}
 }
@@ -246,7 +248,7 @@ func TestKilledConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer txn.Rollback(ctx)
-			if res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "victim"}}); err != nil || res[0] != core.ClaimWon {
+			if res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "victim"}}); err != nil || res[0] != driver.ClaimWon {
 				t.Fatalf("claim: %v %v", res, err)
 			}
 			if _, err := txn.Tx().Exec(`INSERT INTO ` + fx + ` (k) VALUES ('victim')`); err != nil {
@@ -260,7 +262,7 @@ func TestKilledConnection(t *testing.T) {
 				t.Fatalf("KILL %d: %v", id, err)
 			}
 			if next == "claim" {
-				_, err = txn.Claim(ctx, "c", []core.Claim{{ID: "after-kill"}})
+				_, err = txn.Claim(ctx, "c", []driver.Claim{{ID: "after-kill"}})
 			} else {
 				err = txn.Commit(ctx)
 			}
@@ -283,8 +285,8 @@ func TestKilledConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer txn2.Rollback(ctx)
-			res, err := txn2.Claim(ctx, "c", []core.Claim{{ID: "victim"}})
-			if err != nil || res[0] != core.ClaimWon {
+			res, err := txn2.Claim(ctx, "c", []driver.Claim{{ID: "victim"}})
+			if err != nil || res[0] != driver.ClaimWon {
 				t.Fatalf("claim after the killed transaction: %v %v; want won (claim must not be left behind)", res, err)
 			}
 		})
@@ -304,7 +306,7 @@ func TestLockWaitTimeoutIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if _, err := holder.Claim(ctx, "c", []core.Claim{{ID: "held"}}); err != nil {
+	if _, err := holder.Claim(ctx, "c", []driver.Claim{{ID: "held"}}); err != nil {
 		t.Fatal(err)
 	}
 	waiter, err := s.Begin(ctx)
@@ -316,7 +318,7 @@ func TestLockWaitTimeoutIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, err = waiter.Claim(ctx, "c", []core.Claim{{ID: "held"}})
+	_, err = waiter.Claim(ctx, "c", []driver.Claim{{ID: "held"}})
 	var me *mysqldrv.MySQLError
 	if !errors.As(err, &me) || me.Number != 1205 {
 		t.Fatalf("claim of a held id: %v; want error 1205", err)
@@ -334,7 +336,7 @@ func TestLockWaitTimeoutIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer retry.Rollback(ctx)
-	if res, err := retry.Claim(ctx, "c", []core.Claim{{ID: "held"}}); err != nil || res[0] != core.ClaimWon {
+	if res, err := retry.Claim(ctx, "c", []driver.Claim{{ID: "held"}}); err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("retry: %v %v", res, err)
 	}
 }
@@ -359,12 +361,12 @@ func TestDeadlockIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Rollback(ctx)
-	claimApply := func(txn core.Txn[*sql.Tx], id string) error {
-		res, err := txn.Claim(ctx, "c", []core.Claim{{ID: id}})
+	claimApply := func(txn driver.Txn[*sql.Tx], id string) error {
+		res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: id}})
 		if err != nil {
 			return err
 		}
-		if res[0] != core.ClaimWon {
+		if res[0] != driver.ClaimWon {
 			return errors.New("claim of " + id + " lost: " + res[0].String())
 		}
 		_, err = txn.Tx().ExecContext(ctx, `INSERT INTO `+fx+` (k) VALUES (?)`, id)
@@ -380,7 +382,7 @@ func TestDeadlockIsTransient(t *testing.T) {
 	go func() { errA <- claimApply(a, "y") }()
 	time.Sleep(100 * time.Millisecond) // let a block on y first
 	errB := claimApply(b, "x")
-	var loser, winner core.Txn[*sql.Tx]
+	var loser, winner driver.Txn[*sql.Tx]
 	var lossErr error
 	if errB != nil {
 		loser, winner, lossErr = b, a, errB
@@ -406,7 +408,7 @@ func TestDeadlockIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer retry.Rollback(ctx)
-	res, err := retry.Claim(ctx, "c", []core.Claim{{ID: "x"}, {ID: "y"}})
+	res, err := retry.Claim(ctx, "c", []driver.Claim{{ID: "x"}, {ID: "y"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +417,7 @@ func TestDeadlockIsTransient(t *testing.T) {
 		if err := db.QueryRow(`SELECT count(*) FROM `+fx+` WHERE k = ?`, id).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if res[i] != core.ClaimDuplicate || n != 1 {
+		if res[i] != driver.ClaimDuplicate || n != 1 {
 			t.Fatalf("id %s: retry %v with %d effects; want duplicate with 1", id, res[i], n)
 		}
 	}
@@ -430,15 +432,15 @@ func TestRunPruner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := make([]core.Claim, 25)
+	ids := make([]driver.Claim, 25)
 	for i := range ids {
-		ids[i] = core.Claim{ID: "old" + strconv.Itoa(i)}
+		ids[i] = driver.Claim{ID: "old" + strconv.Itoa(i)}
 	}
 	if _, err := txn.Claim(ctx, "c", ids); err != nil {
 		t.Fatal(err)
 	}
 	clock.Set(time.Now())
-	if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: "fresh"}}); err != nil {
+	if _, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "fresh"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := txn.Commit(ctx); err != nil {
@@ -490,17 +492,17 @@ func TestClaimAfterSnapshot(t *testing.T) {
 				t.Fatal(err)
 			}
 			fp := core.Fingerprint([]byte("body"))
-			if res, err := early.Claim(ctx, "c", []core.Claim{{ID: "z", Fingerprint: fp}}); err != nil || res[0] != core.ClaimWon {
+			if res, err := early.Claim(ctx, "c", []driver.Claim{{ID: "z", Fingerprint: fp}}); err != nil || res[0] != driver.ClaimWon {
 				t.Fatalf("early claim: %v %v", res, err)
 			}
 			if err := early.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
-			res, err := late.Claim(ctx, "c", []core.Claim{{ID: "z", Fingerprint: core.Fingerprint([]byte("other"))}, {ID: "w"}})
+			res, err := late.Claim(ctx, "c", []driver.Claim{{ID: "z", Fingerprint: core.Fingerprint([]byte("other"))}, {ID: "w"}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res[0] != core.ClaimMismatch || res[1] != core.ClaimWon {
+			if res[0] != driver.ClaimMismatch || res[1] != driver.ClaimWon {
 				t.Fatalf("claim after an old snapshot: %v, want [mismatch won]", res)
 			}
 		})

@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/mysql"
 )
@@ -116,22 +117,22 @@ func TestServerRestartBetweenClaimAndCommit(t *testing.T) {
 	if _, err := db.Exec(`CREATE TABLE effects (k VARBINARY(255) NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	process := func() (core.ClaimResult, core.Txn[*sql.Tx], error) {
+	process := func() (driver.ClaimResult, driver.Txn[*sql.Tx], error) {
 		txn, err := s.Begin(ctx)
 		if err != nil {
 			return 0, nil, err
 		}
-		res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "m"}})
+		res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "m"}})
 		if err != nil {
 			return 0, txn, err
 		}
-		if res[0] == core.ClaimWon {
+		if res[0] == driver.ClaimWon {
 			_, err = txn.Tx().ExecContext(ctx, `INSERT INTO effects VALUES ('m')`)
 		}
 		return res[0], txn, err
 	}
 	res, txn, err := process()
-	if err != nil || res != core.ClaimWon {
+	if err != nil || res != driver.ClaimWon {
 		t.Fatalf("first delivery: %v %v", res, err)
 	}
 	restart()
@@ -148,14 +149,14 @@ func TestServerRestartBetweenClaimAndCommit(t *testing.T) {
 	}
 	// The redelivery: database/sql reconnects, the claim is free again.
 	res, txn, err = process()
-	if err != nil || res != core.ClaimWon {
+	if err != nil || res != driver.ClaimWon {
 		t.Fatalf("redelivery after restart: %v %v; want won", res, err)
 	}
 	if err := txn.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	res, txn, err = process()
-	if err != nil || res != core.ClaimDuplicate {
+	if err != nil || res != driver.ClaimDuplicate {
 		t.Fatalf("third delivery: %v %v; want duplicate", res, err)
 	}
 	txn.Rollback(ctx)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/tlstest"
 	"github.com/idemq/idemq/stores/mysql"
@@ -46,7 +48,7 @@ func TestTLSCustomCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res, err := txn.Claim(ctx, "tls", []core.Claim{{ID: "m1"}}); err != nil || res[0] != core.ClaimWon {
+	if res, err := txn.Claim(ctx, "tls", []driver.Claim{{ID: "m1"}}); err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("claim over TLS: %v %v", res, err)
 	}
 	if err := txn.Commit(ctx); err != nil {

@@ -9,12 +9,13 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/internal/redact"
 )
 
 // The scheme core.OpenStore[*sql.Tx] opens with this package imported.
-func init() { core.RegisterStore("mysql", openURL) }
+func init() { driver.RegisterStore("mysql", openURL) }
 
 // openURL opens "mysql://user:pass@host:3306/db?table=NAME&retention=168h&isolation=read-committed&…":
 // table, retention, isolation (read-committed, repeatable-read,

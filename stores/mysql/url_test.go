@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"testing"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/mysql"
 	"github.com/idemq/idemq/stores/storetest"
@@ -35,7 +37,7 @@ func TestOpenStoreByURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer txn.Rollback(ctx)
-	if res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}}); err != nil || res[0] != core.ClaimWon {
+	if res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a"}}); err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("claim: %v %v", res, err)
 	}
 	// READ COMMITTED shows a row committed by another session after this

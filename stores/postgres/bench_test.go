@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
 	"github.com/jackc/pgx/v5"
@@ -56,20 +57,20 @@ func BenchmarkClaim(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			cs := make([]core.Claim, n)
+			cs := make([]driver.Claim, n)
 			for i := range cs {
-				cs[i] = core.Claim{ID: nextID(), Fingerprint: "f"}
+				cs[i] = driver.Claim{ID: nextID(), Fingerprint: "f"}
 			}
 			res, err := txn.Claim(ctx, "bench", cs)
 			if err != nil {
 				b.Fatal(err)
 			}
 			for i, r := range res {
-				if r != core.ClaimWon {
+				if r != driver.ClaimWon {
 					b.Fatalf("claim %v", r)
 				}
 				if savepoints {
-					if err := txn.Savepoint(ctx); err != nil {
+					if err := txn.(driver.Savepointer).Savepoint(ctx); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -77,7 +78,7 @@ func BenchmarkClaim(b *testing.B) {
 					b.Fatal(err)
 				}
 				if savepoints {
-					if err := txn.ReleaseSavepoint(ctx); err != nil {
+					if err := txn.(driver.Savepointer).ReleaseSavepoint(ctx); err != nil {
 						b.Fatal(err)
 					}
 				}

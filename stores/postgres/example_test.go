@@ -6,6 +6,8 @@ import (
 	"log"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/postgres"
 )
@@ -25,11 +27,11 @@ func ExampleOpen() {
 		log.Fatal(err)
 	}
 	defer txn.Rollback(ctx) // a no-op after Commit
-	res, err := txn.Claim(ctx, "billing", []core.Claim{{ID: "order-42", Fingerprint: core.Fingerprint([]byte(`{"amount":10}`))}})
+	res, err := txn.Claim(ctx, "billing", []driver.Claim{{ID: "order-42", Fingerprint: core.Fingerprint([]byte(`{"amount":10}`))}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if res[0] == core.ClaimWon {
+	if res[0] == driver.ClaimWon {
 		if _, err := txn.Tx().Exec(ctx, `UPDATE balances SET amount = amount + 10 WHERE account = 'alice'`); err != nil {
 			log.Fatal(err)
 		}

@@ -4,26 +4,27 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 )
 
-var _ core.Inspector = (*Store)(nil)
+var _ driver.Inspector = (*Store)(nil)
 
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, and the table's size on
 // disk with its indexes (summed over partitions for a table made
 // WithPartitions). It counts every row, so on a very large table it takes
 // as long as a sequential scan; it takes no locks that block claims.
-func (s *Store) Inspect(ctx context.Context) (core.TableStats, error) {
-	st := core.TableStats{Table: s.cfg.table}
+func (s *Store) Inspect(ctx context.Context) (driver.TableStats, error) {
+	st := driver.TableStats{Table: s.cfg.table}
 	wrap := func(err error) error { return fmt.Errorf("postgres: inspect %s: %w", s.cfg.table, err) }
 	rows, err := s.pool.Query(ctx, `SELECT consumer, count(*), min(processed_at), max(processed_at)
 FROM `+s.cfg.table+` GROUP BY consumer ORDER BY consumer`)
 	if err != nil {
 		return st, wrap(err)
 	}
-	var c core.ConsumerStats
+	var c driver.ConsumerStats
 	_, err = pgx.ForEachRow(rows, []any{&c.Consumer, &c.Rows, &c.Oldest, &c.Newest}, func() error {
 		st.Consumers = append(st.Consumers, c)
 		st.Rows += c.Rows

@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
 )
@@ -40,9 +41,9 @@ func TestInspect(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var cs []core.Claim
+				var cs []driver.Claim
 				for _, id := range ids {
-					cs = append(cs, core.Claim{ID: id})
+					cs = append(cs, driver.Claim{ID: id})
 				}
 				if _, err := txn.Claim(ctx, consumer, cs); err != nil {
 					t.Fatal(err)

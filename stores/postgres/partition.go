@@ -10,7 +10,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -86,8 +87,8 @@ SELECT count(*), max(processed_at) FROM gone`,
 
 // claimPartitioned is Claim on a partitioned table: lock the ids, then find
 // and insert in one statement.
-func (t *Txn) claimPartitioned(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
-	results := make([]core.ClaimResult, len(claims))
+func (t *Txn) claimPartitioned(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
+	results := make([]driver.ClaimResult, len(claims))
 	if len(claims) == 0 {
 		return results, nil
 	}
@@ -127,9 +128,9 @@ func (t *Txn) claimPartitioned(ctx context.Context, consumer string, claims []co
 		case !ok:
 			return nil, fmt.Errorf("postgres: claim: id %q was neither found nor inserted", c.ID)
 		case f.inserted:
-			results[i] = core.ClaimWon
+			results[i] = driver.ClaimWon
 		default:
-			results[i] = core.ClassifyStored(c.Fingerprint, f.fp)
+			results[i] = driver.ClassifyStored(c.Fingerprint, f.fp)
 		}
 	}
 	return results, nil

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
@@ -59,7 +61,7 @@ func TestDropPartitions(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	clock := storetest.NewClock(t0.Add(10 * time.Minute))
 	s := openStore(t, pool, postgres.WithClock(clock.Now), postgres.WithPartitions(time.Hour), postgres.WithRetention(time.Hour))
-	claimAt := func(at time.Time, id string) core.ClaimResult {
+	claimAt := func(at time.Time, id string) driver.ClaimResult {
 		t.Helper()
 		clock.Set(at)
 		txn, err := s.Begin(ctx)
@@ -67,7 +69,7 @@ func TestDropPartitions(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer txn.Rollback(ctx)
-		res, err := txn.Claim(ctx, "c", []core.Claim{{ID: id}})
+		res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: id}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,10 +98,10 @@ func TestDropPartitions(t *testing.T) {
 	}
 	// "a" was in the dropped partition: claimable again; "b" straddles the
 	// cut and is kept.
-	if r := claimAt(t0.Add(140*time.Minute), "a"); r != core.ClaimWon {
+	if r := claimAt(t0.Add(140*time.Minute), "a"); r != driver.ClaimWon {
 		t.Fatalf("a after drop: %v, want won", r)
 	}
-	if r := claimAt(t0.Add(140*time.Minute), "b"); r != core.ClaimDuplicate {
+	if r := claimAt(t0.Add(140*time.Minute), "b"); r != driver.ClaimDuplicate {
 		t.Fatalf("b after drop: %v, want duplicate", r)
 	}
 
@@ -126,7 +128,7 @@ func TestDropPartitions(t *testing.T) {
 	if len(parts) != 4 || !parts[0].Start.Equal(t0.Add(4*time.Hour)) || !parts[3].End.Equal(t0.Add(8*time.Hour)) {
 		t.Fatalf("partitions after RunPruner: %+v", parts)
 	}
-	if r := claimAt(clock.Now(), "c"); r != core.ClaimWon {
+	if r := claimAt(clock.Now(), "c"); r != driver.ClaimWon {
 		t.Fatalf("c after its partition was dropped: %v, want won", r)
 	}
 }

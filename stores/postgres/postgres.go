@@ -46,6 +46,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -54,7 +56,7 @@ import (
 )
 
 // Store is the PostgreSQL dedup store. It implements core.Store[pgx.Tx],
-// core.Pruner, core.Retentioner and core.Migrator, and is safe for
+// driver.Pruner, driver.Retentioner and driver.Migrator, and is safe for
 // concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
@@ -104,9 +106,9 @@ func (c *pruneCursor) moved(before time.Time, newest pgtype.Timestamptz) {
 
 var (
 	_ core.Store[pgx.Tx] = (*Store)(nil)
-	_ core.Pruner        = (*Store)(nil)
-	_ core.Retentioner   = (*Store)(nil)
-	_ core.Migrator      = (*Store)(nil)
+	_ driver.Pruner      = (*Store)(nil)
+	_ driver.Retentioner = (*Store)(nil)
+	_ driver.Migrator    = (*Store)(nil)
 	_ io.Closer          = (*Store)(nil)
 )
 
@@ -206,7 +208,7 @@ SELECT i.id, ins.message_id IS NOT NULL,
 FROM input i LEFT JOIN ins ON ins.message_id = i.id`,
 		// The claim without a read-back: a conflicting row whose
 		// fingerprint differs (both non-empty, of one length in bytes, as
-		// core.ClassifyStored has it) takes a no-op update, so
+		// driver.ClassifyStored has it) takes a no-op update, so
 		// RETURNING shows it with its stored fingerprint; rows inserted
 		// come back with the claimed one; the rest were duplicates. ON
 		// CONFLICT DO UPDATE waits for and then sees the latest committed
@@ -268,6 +270,20 @@ func (s *Store) Retention() time.Duration { return s.cfg.retention }
 // Close closes the pool if Open created it; a pool given to New is left to
 // its owner. It returns nil; the error is there so that every store is an
 // io.Closer.
+// As implements core.Store: a **pgxpool.Pool target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool {
+	switch t := target.(type) {
+	case **pgxpool.Pool:
+		*t = s.pool
+		return true
+	case **Store:
+		*t = s
+		return true
+	}
+	return false
+}
+
 func (s *Store) Close() error {
 	if s.owned {
 		s.pool.Close()
@@ -348,7 +364,7 @@ func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, l
 }
 
 // Begin starts a READ COMMITTED transaction (the pool's default).
-func (s *Store) Begin(ctx context.Context) (core.Txn[pgx.Tx], error) {
+func (s *Store) Begin(ctx context.Context) (driver.Txn[pgx.Tx], error) {
 	if s.cfg.period > 0 {
 		if err := s.ensurePartitions(ctx, s.cfg.now()); err != nil {
 			return nil, err
@@ -383,7 +399,7 @@ func (t *Txn) setTx(tx pgx.Tx) {
 }
 
 // Txn is one open dedup transaction of a Store; it implements
-// core.Txn[pgx.Tx] and core.Flusher. It is used by one goroutine at a time.
+// driver.Txn[pgx.Tx] and driver.Flusher. It is used by one goroutine at a time.
 type Txn struct {
 	tx     pgx.Tx
 	s      *Store
@@ -391,8 +407,8 @@ type Txn struct {
 }
 
 var (
-	_ core.Txn[pgx.Tx] = (*Txn)(nil)
-	_ core.Flusher     = (*Txn)(nil)
+	_ driver.Txn[pgx.Tx] = (*Txn)(nil)
+	_ driver.Flusher     = (*Txn)(nil)
 )
 
 // Tx returns the transaction for the handler's business effect. It is a
@@ -421,14 +437,14 @@ const maxReclaims = 3
 // RETURNING statement. Ids that were not inserted are read back in one more
 // statement to tell ClaimDuplicate from ClaimMismatch (both fingerprints
 // non-empty and different).
-func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
 	if consumer == "" {
 		return nil, errors.New("postgres: Claim: empty consumer")
 	}
 	if t.s.cfg.period > 0 {
 		return t.claimPartitioned(ctx, consumer, claims)
 	}
-	results := make([]core.ClaimResult, len(claims))
+	results := make([]driver.ClaimResult, len(claims))
 	pending := make([]int, len(claims)) // indexes into claims still undecided
 	for i := range pending {
 		pending[i] = i
@@ -477,9 +493,9 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 			id := claims[i].ID
 			switch fp, ok := seen[id]; {
 			case won[id]:
-				results[i] = core.ClaimWon
+				results[i] = driver.ClaimWon
 			case ok:
-				results[i] = core.ClassifyStored(claims[i].Fingerprint, fp)
+				results[i] = driver.ClassifyStored(claims[i].Fingerprint, fp)
 			default:
 				lost = append(lost, i) // lost to a claim the snapshot cannot see
 			}
@@ -502,7 +518,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 				pending = append(pending, i) // vanished: claim it again
 				continue
 			}
-			results[i] = core.ClassifyStored(claims[i].Fingerprint, fp)
+			results[i] = driver.ClassifyStored(claims[i].Fingerprint, fp)
 		}
 	}
 	return results, nil
@@ -521,7 +537,7 @@ const customPlan = pgx.QueryExecModeExec
 
 // claimLocked claims claims (in the order of pending) with q.claimLocked
 // and writes each result.
-func (t *Txn) claimLocked(ctx context.Context, consumer string, claims []core.Claim, pending []int, now time.Time, results []core.ClaimResult) error {
+func (t *Txn) claimLocked(ctx context.Context, consumer string, claims []driver.Claim, pending []int, now time.Time, results []driver.ClaimResult) error {
 	ids := make([]string, len(pending))
 	fps := make([]string, len(pending))
 	for j, i := range pending {
@@ -546,11 +562,11 @@ func (t *Txn) claimLocked(ctx context.Context, consumer string, claims []core.Cl
 	for _, i := range pending {
 		switch fp, ok := returned[claims[i].ID]; {
 		case !ok:
-			results[i] = core.ClaimDuplicate
+			results[i] = driver.ClaimDuplicate
 		case fp == claims[i].Fingerprint:
-			results[i] = core.ClaimWon
+			results[i] = driver.ClaimWon
 		default:
-			results[i] = core.ClaimMismatch
+			results[i] = driver.ClaimMismatch
 		}
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
@@ -117,8 +119,8 @@ func TestOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}})
-	if err != nil || res[0] != core.ClaimWon {
+	res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a"}})
+	if err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("claim: %v %v", res, err)
 	}
 	if err := txn.Commit(ctx); err != nil {
@@ -197,7 +199,7 @@ func TestKilledConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer txn.Rollback(ctx)
-			if res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "victim"}}); err != nil || res[0] != core.ClaimWon {
+			if res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "victim"}}); err != nil || res[0] != driver.ClaimWon {
 				t.Fatalf("claim: %v %v", res, err)
 			}
 			if _, err := txn.Tx().Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ('victim')`); err != nil {
@@ -212,7 +214,7 @@ func TestKilledConnection(t *testing.T) {
 				t.Fatalf("terminate backend %d: %v %v", pid, ok, err)
 			}
 			if next == "claim" {
-				_, err = txn.Claim(ctx, "c", []core.Claim{{ID: "after-kill"}})
+				_, err = txn.Claim(ctx, "c", []driver.Claim{{ID: "after-kill"}})
 			} else {
 				err = txn.Commit(ctx)
 			}
@@ -235,8 +237,8 @@ func TestKilledConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer txn2.Rollback(ctx)
-			res, err := txn2.Claim(ctx, "c", []core.Claim{{ID: "victim"}})
-			if err != nil || res[0] != core.ClaimWon {
+			res, err := txn2.Claim(ctx, "c", []driver.Claim{{ID: "victim"}})
+			if err != nil || res[0] != driver.ClaimWon {
 				t.Fatalf("claim after the killed transaction: %v %v; want won (claim must not be left behind)", res, err)
 			}
 		})
@@ -255,7 +257,7 @@ func TestLockTimeoutIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if _, err := holder.Claim(ctx, "c", []core.Claim{{ID: "held"}}); err != nil {
+	if _, err := holder.Claim(ctx, "c", []driver.Claim{{ID: "held"}}); err != nil {
 		t.Fatal(err)
 	}
 	waiter, err := s.Begin(ctx)
@@ -267,7 +269,7 @@ func TestLockTimeoutIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, err = waiter.Claim(ctx, "c", []core.Claim{{ID: "held"}})
+	_, err = waiter.Claim(ctx, "c", []driver.Claim{{ID: "held"}})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("claim of a held id with lock_timeout: %v; want 55P03", err)
@@ -285,7 +287,7 @@ func TestLockTimeoutIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer retry.Rollback(ctx)
-	if res, err := retry.Claim(ctx, "c", []core.Claim{{ID: "held"}}); err != nil || res[0] != core.ClaimWon {
+	if res, err := retry.Claim(ctx, "c", []driver.Claim{{ID: "held"}}); err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("retry: %v %v", res, err)
 	}
 }
@@ -313,8 +315,8 @@ func TestDeadlockIsTransient(t *testing.T) {
 	defer b.Rollback(ctx)
 	// Separate Claim calls (a batch would be sorted and could not
 	// deadlock): a holds x, b holds y, then each wants the other's.
-	mustClaim := func(txn core.Txn[pgx.Tx], id string) {
-		if res, err := txn.Claim(ctx, "c", []core.Claim{{ID: id}}); err != nil || res[0] != core.ClaimWon {
+	mustClaim := func(txn driver.Txn[pgx.Tx], id string) {
+		if res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: id}}); err != nil || res[0] != driver.ClaimWon {
 			t.Fatalf("claim %s: %v %v", id, res, err)
 		}
 		if _, err := txn.Tx().Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, id); err != nil {
@@ -324,8 +326,8 @@ func TestDeadlockIsTransient(t *testing.T) {
 	mustClaim(a, "x")
 	mustClaim(b, "y")
 	// The second claim of each, then its effect: the winner applies both.
-	second := func(txn core.Txn[pgx.Tx], id string) error {
-		if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: id}}); err != nil {
+	second := func(txn driver.Txn[pgx.Tx], id string) error {
+		if _, err := txn.Claim(ctx, "c", []driver.Claim{{ID: id}}); err != nil {
 			return err
 		}
 		_, err := txn.Tx().Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, id)
@@ -335,7 +337,7 @@ func TestDeadlockIsTransient(t *testing.T) {
 	go func() { errA <- second(a, "y") }()
 	time.Sleep(100 * time.Millisecond) // let a block on y first
 	errB := second(b, "x")
-	var loser, winner core.Txn[pgx.Tx]
+	var loser, winner driver.Txn[pgx.Tx]
 	var lossErr error
 	if errB != nil {
 		loser, winner, lossErr = b, a, errB
@@ -363,7 +365,7 @@ func TestDeadlockIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer retry.Rollback(ctx)
-	res, err := retry.Claim(ctx, "c", []core.Claim{{ID: "x"}, {ID: "y"}})
+	res, err := retry.Claim(ctx, "c", []driver.Claim{{ID: "x"}, {ID: "y"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +374,7 @@ func TestDeadlockIsTransient(t *testing.T) {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+fx+` WHERE k = $1`, id).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if res[i] != core.ClaimDuplicate || n != 1 {
+		if res[i] != driver.ClaimDuplicate || n != 1 {
 			t.Fatalf("id %s: retry %v with %d effects; want duplicate with 1", id, res[i], n)
 		}
 	}
@@ -387,13 +389,13 @@ func TestRunPruner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := make([]core.Claim, 25)
+	ids := make([]driver.Claim, 25)
 	for i := range ids {
-		ids[i] = core.Claim{ID: fmt.Sprint("old", i)}
+		ids[i] = driver.Claim{ID: fmt.Sprint("old", i)}
 	}
 	txn.Claim(ctx, "c", ids)
 	clock.Set(time.Now())
-	txn.Claim(ctx, "c", []core.Claim{{ID: "fresh"}})
+	txn.Claim(ctx, "c", []driver.Claim{{ID: "fresh"}})
 	if err := txn.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

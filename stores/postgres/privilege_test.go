@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -148,9 +150,9 @@ func TestLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := txn.Claim(ctx, "lp", []core.Claim{{ID: "lp-05", Fingerprint: core.Fingerprint([]byte("not the stored body"))}, {ID: "lp-new", Fingerprint: "f"}})
+	got, err := txn.Claim(ctx, "lp", []driver.Claim{{ID: "lp-05", Fingerprint: core.Fingerprint([]byte("not the stored body"))}, {ID: "lp-new", Fingerprint: "f"}})
 	txn.Rollback(ctx)
-	if err != nil || len(got) != 2 || got[0] != core.ClaimMismatch || got[1] != core.ClaimWon {
+	if err != nil || len(got) != 2 || got[0] != driver.ClaimMismatch || got[1] != driver.ClaimWon {
 		t.Errorf("one-statement claim as the role: %v, %v; want [mismatch won]", got, err)
 	}
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`GRANT UPDATE ON %s TO %s`, table, role)); err != nil {
@@ -175,8 +177,8 @@ func lockedByClaim(t *testing.T, ctx context.Context, st *postgres.Store, pool *
 		t.Fatal(err)
 	}
 	defer txn.Rollback(ctx)
-	got, err := txn.Claim(ctx, "lp", []core.Claim{{ID: id, Fingerprint: core.Fingerprint([]byte("b"))}})
-	if err != nil || len(got) != 1 || got[0] != core.ClaimDuplicate {
+	got, err := txn.Claim(ctx, "lp", []driver.Claim{{ID: id, Fingerprint: core.Fingerprint([]byte("b"))}})
+	if err != nil || len(got) != 1 || got[0] != driver.ClaimDuplicate {
 		t.Fatalf("claiming %s again: %v, %v; want duplicate", id, got, err)
 	}
 	var xmax string

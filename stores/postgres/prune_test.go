@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
 )
@@ -19,9 +20,9 @@ func claimAt(t *testing.T, s *postgres.Store, consumer string, ids ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := make([]core.Claim, len(ids))
+	cs := make([]driver.Claim, len(ids))
 	for i, id := range ids {
-		cs[i] = core.Claim{ID: id}
+		cs[i] = driver.Claim{ID: id}
 	}
 	if _, err := txn.Claim(ctx, consumer, cs); err != nil {
 		t.Fatal(err)

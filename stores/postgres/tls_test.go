@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/tlstest"
 	"github.com/idemq/idemq/stores/postgres"
@@ -49,8 +51,8 @@ func TestTLSVerifyFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := txn.Claim(ctx, "tls", []core.Claim{{ID: "m1"}})
-	if err != nil || res[0] != core.ClaimWon {
+	res, err := txn.Claim(ctx, "tls", []driver.Claim{{ID: "m1"}})
+	if err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("claim over TLS: %v %v", res, err)
 	}
 	if err := txn.Commit(ctx); err != nil {

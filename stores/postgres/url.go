@@ -8,14 +8,15 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/internal/redact"
 )
 
 // The schemes core.OpenStore[pgx.Tx] opens with this package imported.
 func init() {
-	core.RegisterStore("postgres", openURL)
-	core.RegisterStore("postgresql", openURL)
+	driver.RegisterStore("postgres", openURL)
+	driver.RegisterStore("postgresql", openURL)
 }
 
 // openURL opens "postgres://user:pass@host:5432/db?table=NAME&retention=168h&partitions=24h&sslmode=…":

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/storetest"
 	"github.com/jackc/pgx/v5"
@@ -30,7 +32,7 @@ func TestOpenStoreByURL(t *testing.T) {
 	defer st.(interface{ Close() error }).Close()
 	pool := testPool(t)
 	defer pool.Exec(ctx, `DROP TABLE IF EXISTS `+table)
-	if r, ok := st.(core.Retentioner); !ok || r.Retention().Hours() != 2 {
+	if r, ok := st.(driver.Retentioner); !ok || r.Retention().Hours() != 2 {
 		t.Fatalf("retention from the URL not applied: %v", st)
 	}
 	txn, err := st.Begin(ctx)
@@ -38,7 +40,7 @@ func TestOpenStoreByURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer txn.Rollback(ctx)
-	if res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}}); err != nil || res[0] != core.ClaimWon {
+	if res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a"}}); err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("claim: %v %v", res, err)
 	}
 	var app string

@@ -7,7 +7,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -38,23 +39,23 @@ func BenchmarkClaim(b *testing.B) {
 		for done := 0; done < b.N; done += batch {
 			n := min(batch, b.N-done)
 			var tx *sql.Tx
-			var txn core.Txn[*sql.Tx]
+			var txn driver.Txn[*sql.Tx]
 			var err error
 			if dedup {
 				if txn, err = s.Begin(ctx); err != nil {
 					b.Fatal(err)
 				}
 				tx = txn.Tx()
-				cs := make([]core.Claim, n)
+				cs := make([]driver.Claim, n)
 				for i := range cs {
-					cs[i] = core.Claim{ID: nextID(), Fingerprint: "f"}
+					cs[i] = driver.Claim{ID: nextID(), Fingerprint: "f"}
 				}
 				res, err := txn.Claim(ctx, "bench", cs)
 				if err != nil {
 					b.Fatal(err)
 				}
 				for _, r := range res {
-					if r != core.ClaimWon {
+					if r != driver.ClaimWon {
 						b.Fatalf("claim %v", r)
 					}
 				}
@@ -63,7 +64,7 @@ func BenchmarkClaim(b *testing.B) {
 			}
 			for i := 0; i < n; i++ {
 				if savepoints {
-					if err := txn.Savepoint(ctx); err != nil {
+					if err := txn.(driver.Savepointer).Savepoint(ctx); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -71,7 +72,7 @@ func BenchmarkClaim(b *testing.B) {
 					b.Fatal(err)
 				}
 				if savepoints {
-					if err := txn.ReleaseSavepoint(ctx); err != nil {
+					if err := txn.(driver.Savepointer).ReleaseSavepoint(ctx); err != nil {
 						b.Fatal(err)
 					}
 				}

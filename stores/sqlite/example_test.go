@@ -6,7 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -27,8 +28,8 @@ func ExampleOpen() {
 
 	for attempt := 1; attempt <= 2; attempt++ {
 		txn, _ := store.Begin(ctx)
-		res, _ := txn.Claim(ctx, "billing", []core.Claim{{ID: "order-42"}})
-		if res[0] == core.ClaimWon {
+		res, _ := txn.Claim(ctx, "billing", []driver.Claim{{ID: "order-42"}})
+		if res[0] == driver.ClaimWon {
 			txn.Tx().ExecContext(ctx, `UPDATE balances SET amount = amount + 10 WHERE account = 'alice'`)
 		}
 		txn.Commit(ctx)

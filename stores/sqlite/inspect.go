@@ -6,17 +6,17 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
-var _ core.Inspector = (*Store)(nil)
+var _ driver.Inspector = (*Store)(nil)
 
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, and the bytes the table and
 // its indexes take in the database file (from the dbstat table; 0 when the
 // SQLite build lacks it).
-func (s *Store) Inspect(ctx context.Context) (core.TableStats, error) {
-	st := core.TableStats{Table: s.cfg.table}
+func (s *Store) Inspect(ctx context.Context) (driver.TableStats, error) {
+	st := driver.TableStats{Table: s.cfg.table}
 	wrap := func(err error) error { return fmt.Errorf("sqlite: inspect %s: %w", s.cfg.table, err) }
 	rows, err := s.db.QueryContext(ctx, `SELECT consumer, count(*), min(processed_at), max(processed_at)
 FROM `+s.cfg.table+` GROUP BY consumer ORDER BY consumer`)
@@ -25,7 +25,7 @@ FROM `+s.cfg.table+` GROUP BY consumer ORDER BY consumer`)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var c core.ConsumerStats
+		var c driver.ConsumerStats
 		var oldest, newest string
 		if err := rows.Scan(&c.Consumer, &c.Rows, &oldest, &newest); err != nil {
 			return st, wrap(err)

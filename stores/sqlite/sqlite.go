@@ -32,6 +32,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -47,7 +49,7 @@ const timeFormat = "2006-01-02 15:04:05.000000"
 const claimChunk = 400
 
 // Store is the SQLite dedup store. It implements core.Store[*sql.Tx],
-// core.Pruner, core.Retentioner and core.Migrator. It is safe for
+// driver.Pruner, driver.Retentioner and driver.Migrator. It is safe for
 // concurrent use.
 type Store struct {
 	db    *sql.DB
@@ -58,9 +60,9 @@ type Store struct {
 
 var (
 	_ core.Store[*sql.Tx] = (*Store)(nil)
-	_ core.Pruner         = (*Store)(nil)
-	_ core.Retentioner    = (*Store)(nil)
-	_ core.Migrator       = (*Store)(nil)
+	_ driver.Pruner       = (*Store)(nil)
+	_ driver.Retentioner  = (*Store)(nil)
+	_ driver.Migrator     = (*Store)(nil)
 	_ io.Closer           = (*Store)(nil)
 )
 
@@ -153,6 +155,20 @@ func (s *Store) Retention() time.Duration { return s.cfg.retention }
 
 // Close closes the database if Open opened it; a handle given to New is
 // left to its owner.
+// As implements core.Store: a **sql.DB target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool {
+	switch t := target.(type) {
+	case **sql.DB:
+		*t = s.db
+		return true
+	case **Store:
+		*t = s
+		return true
+	}
+	return false
+}
+
 func (s *Store) Close() error {
 	if !s.owned {
 		return nil
@@ -209,7 +225,7 @@ func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, l
 // Begin starts a transaction. With a handle from Open it takes the write
 // lock at once, waiting up to busy_timeout while another transaction holds
 // it.
-func (s *Store) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
+func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
@@ -220,13 +236,13 @@ func (s *Store) Begin(ctx context.Context) (core.Txn[*sql.Tx], error) {
 func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
 
 // Txn is one open dedup transaction of a Store; it implements
-// core.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
+// driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
 	tx *sql.Tx
 	s  *Store
 }
 
-var _ core.Txn[*sql.Tx] = (*Txn)(nil)
+var _ driver.Txn[*sql.Tx] = (*Txn)(nil)
 
 // Tx returns the transaction for the handler's business effect.
 func (t *Txn) Tx() *sql.Tx { return t.tx }
@@ -236,11 +252,11 @@ func (t *Txn) Tx() *sql.Tx { return t.tx }
 // SQLite's parameter limit). Ids that were not inserted already exist: one
 // SELECT of their stored fingerprints tells ClaimDuplicate from
 // ClaimMismatch (both fingerprints non-empty and different).
-func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) ([]core.ClaimResult, error) {
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
 	if consumer == "" {
 		return nil, errors.New("sqlite: Claim: empty consumer")
 	}
-	results := make([]core.ClaimResult, len(claims))
+	results := make([]driver.ClaimResult, len(claims))
 	if len(claims) == 0 {
 		return results, nil
 	}
@@ -267,7 +283,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 	var lost []string
 	for i, c := range claims {
 		if won[c.ID] {
-			results[i] = core.ClaimWon
+			results[i] = driver.ClaimWon
 		} else {
 			lost = append(lost, c.ID)
 		}
@@ -319,7 +335,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []core.Claim) (
 			// insert lose cannot vanish before this read.
 			return nil, fmt.Errorf("sqlite: claim: id %q lost the insert but has no row", c.ID)
 		}
-		results[i] = core.ClassifyStored(c.Fingerprint, fp)
+		results[i] = driver.ClassifyStored(c.Fingerprint, fp)
 	}
 	return results, nil
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/sqlite"
 	"github.com/idemq/idemq/stores/storetest"
@@ -122,7 +124,7 @@ func TestNewRequiresMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}}); err == nil {
+	if _, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a"}}); err == nil {
 		t.Fatal("claim on an unmigrated table succeeded")
 	}
 	txn.Rollback(ctx)
@@ -133,8 +135,8 @@ func TestNewRequiresMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}})
-	if err != nil || res[0] != core.ClaimWon {
+	res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a"}})
+	if err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("claim after migrate: %v %v", res, err)
 	}
 	if err := txn.Commit(ctx); err != nil {
@@ -176,8 +178,8 @@ func TestManyClaimersOneEffect(t *testing.T) {
 					errs <- err
 					return
 				}
-				res, err := txn.Claim(ctx, "c", []core.Claim{{ID: id}})
-				if err == nil && res[0] == core.ClaimWon {
+				res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: id}})
+				if err == nil && res[0] == driver.ClaimWon {
 					_, err = txn.Tx().ExecContext(ctx, `INSERT INTO effects (k) VALUES (?)`, id)
 				}
 				if err == nil {
@@ -217,15 +219,15 @@ func TestRunPruner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := make([]core.Claim, 25)
+	ids := make([]driver.Claim, 25)
 	for i := range ids {
-		ids[i] = core.Claim{ID: "old" + string(rune('a'+i))}
+		ids[i] = driver.Claim{ID: "old" + string(rune('a'+i))}
 	}
 	if _, err := txn.Claim(ctx, "c", ids); err != nil {
 		t.Fatal(err)
 	}
 	clock.Set(time.Now())
-	if _, err := txn.Claim(ctx, "c", []core.Claim{{ID: "fresh"}}); err != nil {
+	if _, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "fresh"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := txn.Commit(ctx); err != nil {
@@ -272,7 +274,7 @@ func TestBusyIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if _, err := holder.Claim(ctx, "c", []core.Claim{{ID: "m"}}); err != nil {
+	if _, err := holder.Claim(ctx, "c", []driver.Claim{{ID: "m"}}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -297,8 +299,8 @@ func TestBusyIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer retry.Rollback(ctx)
-	res, err := retry.Claim(ctx, "c", []core.Claim{{ID: "m"}})
-	if err != nil || res[0] != core.ClaimDuplicate {
+	res, err := retry.Claim(ctx, "c", []driver.Claim{{ID: "m"}})
+	if err != nil || res[0] != driver.ClaimDuplicate {
 		t.Fatalf("retry: %v %v; want duplicate", res, err)
 	}
 }

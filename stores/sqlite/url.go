@@ -6,11 +6,12 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/internal/redact"
 )
 
-func init() { core.RegisterStore("sqlite", openURL) }
+func init() { driver.RegisterStore("sqlite", openURL) }
 
 // openURL opens "sqlite://PATH?table=NAME&retention=DURATION&busy_timeout=DURATION":
 // sqlite://app.db is app.db in the working directory, sqlite:///var/lib/app.db

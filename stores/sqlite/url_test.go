@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -28,8 +30,8 @@ func TestOpenStoreByURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := txn.Claim(ctx, "c", []core.Claim{{ID: "a"}})
-	if err != nil || res[0] != core.ClaimWon {
+	res, err := txn.Claim(ctx, "c", []driver.Claim{{ID: "a"}})
+	if err != nil || res[0] != driver.ClaimWon {
 		t.Fatalf("claim: %v %v", res, err)
 	}
 	if err := txn.Commit(ctx); err != nil {

@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+
 	"github.com/idemq/idemq/core"
 )
 
@@ -40,8 +42,8 @@ type Config struct {
 type Harness[Tx any] struct {
 	// Open returns a migrated store on cfg.Table using cfg.Now as its
 	// clock; an invalid table name must return an error. It should drop
-	// the table with t.Cleanup. The store must also implement core.Pruner
-	// and core.Migrator.
+	// the table with t.Cleanup. The store must also implement driver.Pruner
+	// and driver.Migrator.
 	Open func(t *testing.T, cfg Config) (core.Store[Tx], error)
 	// Effect applies a business effect under key inside tx (e.g. insert a
 	// row into a test table); CountEffects counts committed effects under
@@ -148,7 +150,7 @@ func (s suite[Tx]) ctx(t *testing.T) context.Context {
 	return ctx
 }
 
-func begin[Tx any](t *testing.T, ctx context.Context, st core.Store[Tx]) core.Txn[Tx] {
+func begin[Tx any](t *testing.T, ctx context.Context, st core.Store[Tx]) driver.Txn[Tx] {
 	t.Helper()
 	txn, err := st.Begin(ctx)
 	if err != nil {
@@ -159,15 +161,15 @@ func begin[Tx any](t *testing.T, ctx context.Context, st core.Store[Tx]) core.Tx
 	return txn
 }
 
-func claims(ids ...string) []core.Claim {
-	cs := make([]core.Claim, len(ids))
+func claims(ids ...string) []driver.Claim {
+	cs := make([]driver.Claim, len(ids))
 	for i, id := range ids {
-		cs[i] = core.Claim{ID: id}
+		cs[i] = driver.Claim{ID: id}
 	}
 	return cs
 }
 
-func claim[Tx any](t *testing.T, ctx context.Context, txn core.Txn[Tx], consumer string, cs []core.Claim) []core.ClaimResult {
+func claim[Tx any](t *testing.T, ctx context.Context, txn driver.Txn[Tx], consumer string, cs []driver.Claim) []driver.ClaimResult {
 	t.Helper()
 	res, err := txn.Claim(ctx, consumer, cs)
 	if err != nil {
@@ -179,7 +181,7 @@ func claim[Tx any](t *testing.T, ctx context.Context, txn core.Txn[Tx], consumer
 	return res
 }
 
-func expect(t *testing.T, what string, got []core.ClaimResult, want ...core.ClaimResult) {
+func expect(t *testing.T, what string, got []driver.ClaimResult, want ...driver.ClaimResult) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("%s: got %d results %v, want %v", what, len(got), got, want)
@@ -191,7 +193,7 @@ func expect(t *testing.T, what string, got []core.ClaimResult, want ...core.Clai
 	}
 }
 
-func commit[Tx any](t *testing.T, ctx context.Context, txn core.Txn[Tx]) {
+func commit[Tx any](t *testing.T, ctx context.Context, txn driver.Txn[Tx]) {
 	t.Helper()
 	if err := txn.Commit(ctx); err != nil {
 		t.Fatalf("commit: %v", err)
@@ -200,12 +202,12 @@ func commit[Tx any](t *testing.T, ctx context.Context, txn core.Txn[Tx]) {
 
 // claimCommit claims ids in a fresh transaction, applies an effect for each
 // id it won, commits, and returns the results.
-func (s suite[Tx]) claimCommit(t *testing.T, ctx context.Context, st core.Store[Tx], consumer string, cs []core.Claim, keyPrefix string) []core.ClaimResult {
+func (s suite[Tx]) claimCommit(t *testing.T, ctx context.Context, st core.Store[Tx], consumer string, cs []driver.Claim, keyPrefix string) []driver.ClaimResult {
 	t.Helper()
 	txn := begin(t, ctx, st)
 	res := claim(t, ctx, txn, consumer, cs)
 	for i, r := range res {
-		if r == core.ClaimWon {
+		if r == driver.ClaimWon {
 			if err := s.h.Effect(ctx, txn.Tx(), keyPrefix+cs[i].ID); err != nil {
 				t.Fatalf("effect: %v", err)
 			}
@@ -226,8 +228,8 @@ func (s suite[Tx]) claimOnce(t *testing.T) {
 	st, _ := s.open(t)
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
-	expect(t, "first claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), core.ClaimWon)
-	expect(t, "second claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), core.ClaimDuplicate)
+	expect(t, "first claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), driver.ClaimWon)
+	expect(t, "second claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), driver.ClaimDuplicate)
 	s.wantEffects(t, k+"m1", 1)
 }
 
@@ -235,9 +237,9 @@ func (s suite[Tx]) batchMixed(t *testing.T) {
 	st, _ := s.open(t)
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
-	expect(t, "seed", s.claimCommit(t, ctx, st, "c", claims("a", "c"), k), core.ClaimWon, core.ClaimWon)
+	expect(t, "seed", s.claimCommit(t, ctx, st, "c", claims("a", "c"), k), driver.ClaimWon, driver.ClaimWon)
 	got := s.claimCommit(t, ctx, st, "c", claims("d", "a", "b", "c", "e"), k)
-	expect(t, "mixed batch", got, core.ClaimWon, core.ClaimDuplicate, core.ClaimWon, core.ClaimDuplicate, core.ClaimWon)
+	expect(t, "mixed batch", got, driver.ClaimWon, driver.ClaimDuplicate, driver.ClaimWon, driver.ClaimDuplicate, driver.ClaimWon)
 	for _, id := range []string{"a", "b", "c", "d", "e"} {
 		s.wantEffects(t, k+id, 1)
 	}
@@ -266,9 +268,9 @@ func (s suite[Tx]) largeBatch(t *testing.T) {
 	txn = begin(t, ctx, st)
 	res := claim(t, ctx, txn, "c", claims(ids...))
 	for i, r := range res {
-		want := core.ClaimWon
+		want := driver.ClaimWon
 		if i%3 == 0 {
-			want = core.ClaimDuplicate
+			want = driver.ClaimDuplicate
 		}
 		if r != want {
 			t.Fatalf("id %s: got %v, want %v", ids[i], r, want)
@@ -284,9 +286,9 @@ func (s suite[Tx]) largeBatch(t *testing.T) {
 	txn = begin(t, ctx, st)
 	res = claim(t, ctx, txn, "c", claims(ids...))
 	for i, r := range res {
-		want := core.ClaimWon
+		want := driver.ClaimWon
 		if i == 0 {
-			want = core.ClaimDuplicate
+			want = driver.ClaimDuplicate
 		}
 		if r != want {
 			t.Fatalf("after unclaim, id %s: got %v, want %v", ids[i], r, want)
@@ -306,17 +308,17 @@ func (s suite[Tx]) concurrent(t *testing.T, firstCommits bool) {
 	k := UniqueName("k_")
 
 	first := begin(t, ctx, st)
-	expect(t, "first claim", claim(t, ctx, first, "c", claims("x")), core.ClaimWon)
+	expect(t, "first claim", claim(t, ctx, first, "c", claims("x")), driver.ClaimWon)
 	if err := s.h.Effect(ctx, first.Tx(), k+"x"); err != nil {
 		t.Fatalf("effect: %v", err)
 	}
 
 	type result struct {
-		res []core.ClaimResult
+		res []driver.ClaimResult
 		err error
 	}
 	out := make(chan result, 1)
-	second := make(chan core.Txn[Tx], 1)
+	second := make(chan driver.Txn[Tx], 1)
 	go func() {
 		txn, err := st.Begin(ctx)
 		if err != nil {
@@ -325,12 +327,12 @@ func (s suite[Tx]) concurrent(t *testing.T, firstCommits bool) {
 		}
 		second <- txn
 		res, err := txn.Claim(ctx, "c", claims("x"))
-		if err == nil && len(res) == 1 && res[0] == core.ClaimWon {
+		if err == nil && len(res) == 1 && res[0] == driver.ClaimWon {
 			err = s.h.Effect(ctx, txn.Tx(), k+"x")
 		}
 		out <- result{res: res, err: err}
 	}()
-	var txn2 core.Txn[Tx]
+	var txn2 driver.Txn[Tx]
 	defer func() {
 		// The second transaction may still be blocked if the test failed;
 		// release the first one so it can finish, then roll it back.
@@ -373,9 +375,9 @@ func (s suite[Tx]) concurrent(t *testing.T, firstCommits bool) {
 		t.Fatal("second transaction never began")
 	}
 	if firstCommits {
-		expect(t, "second claim after commit", r.res, core.ClaimDuplicate)
+		expect(t, "second claim after commit", r.res, driver.ClaimDuplicate)
 	} else {
-		expect(t, "second claim after rollback", r.res, core.ClaimWon)
+		expect(t, "second claim after rollback", r.res, driver.ClaimWon)
 	}
 	commit(t, ctx, txn2)
 	s.wantEffects(t, k+"x", 1)
@@ -386,7 +388,7 @@ func (s suite[Tx]) rollbackReleases(t *testing.T) {
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
 	txn := begin(t, ctx, st)
-	expect(t, "claim", claim(t, ctx, txn, "c", claims("m")), core.ClaimWon)
+	expect(t, "claim", claim(t, ctx, txn, "c", claims("m")), driver.ClaimWon)
 	if err := s.h.Effect(ctx, txn.Tx(), k+"m"); err != nil {
 		t.Fatalf("effect: %v", err)
 	}
@@ -396,7 +398,7 @@ func (s suite[Tx]) rollbackReleases(t *testing.T) {
 	s.wantEffects(t, k+"m", 0)
 	// The failed attempt must not have left the id "seen" (the
 	// Watermill trap): the redelivery wins and applies the effect.
-	expect(t, "redelivery", s.claimCommit(t, ctx, st, "c", claims("m"), k), core.ClaimWon)
+	expect(t, "redelivery", s.claimCommit(t, ctx, st, "c", claims("m"), k), driver.ClaimWon)
 	s.wantEffects(t, k+"m", 1)
 }
 
@@ -408,21 +410,21 @@ func (s suite[Tx]) savepointUnclaim(t *testing.T) {
 	k := UniqueName("k_")
 	ids := []string{"m1", "m2", "m3"}
 	txn := begin(t, ctx, st)
-	expect(t, "batch claim", claim(t, ctx, txn, "c", claims(ids...)), core.ClaimWon, core.ClaimWon, core.ClaimWon)
+	expect(t, "batch claim", claim(t, ctx, txn, "c", claims(ids...)), driver.ClaimWon, driver.ClaimWon, driver.ClaimWon)
 	for _, id := range ids {
-		if err := txn.Savepoint(ctx); err != nil {
+		if err := savepoints(txn).Savepoint(ctx); err != nil {
 			t.Fatalf("savepoint: %v", err)
 		}
 		if err := s.h.Effect(ctx, txn.Tx(), k+id); err != nil {
 			t.Fatalf("effect: %v", err)
 		}
 		if id != "m2" {
-			if err := txn.ReleaseSavepoint(ctx); err != nil {
+			if err := savepoints(txn).ReleaseSavepoint(ctx); err != nil {
 				t.Fatalf("release savepoint: %v", err)
 			}
 			continue
 		}
-		if err := txn.RollbackToSavepoint(ctx); err != nil {
+		if err := savepoints(txn).RollbackToSavepoint(ctx); err != nil {
 			t.Fatalf("rollback to savepoint: %v", err)
 		}
 		if err := txn.Unclaim(ctx, "c", []string{id}); err != nil {
@@ -439,7 +441,7 @@ func (s suite[Tx]) savepointUnclaim(t *testing.T) {
 	s.wantEffects(t, k+"m3", 1)
 	s.wantEffects(t, k+"after", 1)
 	got := s.claimCommit(t, ctx, st, "c", claims(ids...), k)
-	expect(t, "redelivery of the batch", got, core.ClaimDuplicate, core.ClaimWon, core.ClaimDuplicate)
+	expect(t, "redelivery of the batch", got, driver.ClaimDuplicate, driver.ClaimWon, driver.ClaimDuplicate)
 	s.wantEffects(t, k+"m2", 1)
 }
 
@@ -457,7 +459,7 @@ func (s suite[Tx]) commitThenRollback(t *testing.T) {
 		t.Fatalf("Rollback after Commit must be a no-op, got %v", err)
 	}
 	s.wantEffects(t, k+"m", 1)
-	res, err := func() ([]core.ClaimResult, error) {
+	res, err := func() ([]driver.ClaimResult, error) {
 		t2 := begin(t, ctx, st)
 		defer t2.Rollback(ctx)
 		return t2.Claim(ctx, "c", claims("m"))
@@ -465,7 +467,7 @@ func (s suite[Tx]) commitThenRollback(t *testing.T) {
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
-	expect(t, "claim after commit+rollback", res, core.ClaimDuplicate)
+	expect(t, "claim after commit+rollback", res, driver.ClaimDuplicate)
 
 	// An empty claim is valid and returns no results.
 	txn = begin(t, ctx, st)
@@ -480,9 +482,9 @@ func (s suite[Tx]) commitThenRollback(t *testing.T) {
 func (s suite[Tx]) prune(t *testing.T) {
 	st, clock := s.open(t)
 	ctx := s.ctx(t)
-	pr, ok := st.(core.Pruner)
+	pr, ok := st.(driver.Pruner)
 	if !ok {
-		t.Fatalf("store %T does not implement core.Pruner", st)
+		t.Fatalf("store %T does not implement driver.Pruner", st)
 	}
 	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	// old0..old4 at base-5s..base-1s, edge exactly at base, new at base+1s.
@@ -517,7 +519,7 @@ func (s suite[Tx]) prune(t *testing.T) {
 	}
 	txn := begin(t, ctx, st)
 	res := claim(t, ctx, txn, "c", claims("old0", "old3", "old4", "edge", "new"))
-	expect(t, "claims after prune", res, core.ClaimWon, core.ClaimWon, core.ClaimWon, core.ClaimDuplicate, core.ClaimDuplicate)
+	expect(t, "claims after prune", res, driver.ClaimWon, driver.ClaimWon, driver.ClaimWon, driver.ClaimDuplicate, driver.ClaimDuplicate)
 	if err := txn.Rollback(ctx); err != nil {
 		t.Fatalf("rollback: %v", err)
 	}
@@ -546,7 +548,7 @@ func (s suite[Tx]) tableValidation(t *testing.T) {
 		t.Fatalf("valid 63-character table name %q refused: %v", good, err)
 	}
 	ctx := s.ctx(t)
-	expect(t, "claim on 63-char table", s.claimCommit(t, ctx, st, "c", claims("m"), UniqueName("k_")), core.ClaimWon)
+	expect(t, "claim on 63-char table", s.claimCommit(t, ctx, st, "c", claims("m"), UniqueName("k_")), driver.ClaimWon)
 }
 
 func (s suite[Tx]) fingerprint(t *testing.T) {
@@ -554,22 +556,22 @@ func (s suite[Tx]) fingerprint(t *testing.T) {
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
 	fp1, fp2 := core.Fingerprint([]byte("one")), core.Fingerprint([]byte("two"))
-	s.claimCommit(t, ctx, st, "c", []core.Claim{{ID: "x", Fingerprint: fp1}, {ID: "nofp"}}, k)
+	s.claimCommit(t, ctx, st, "c", []driver.Claim{{ID: "x", Fingerprint: fp1}, {ID: "nofp"}}, k)
 	txn := begin(t, ctx, st)
-	res := claim(t, ctx, txn, "c", []core.Claim{
+	res := claim(t, ctx, txn, "c", []driver.Claim{
 		{ID: "x", Fingerprint: fp2}, // same id, other body
 		{ID: "nofp", Fingerprint: fp2},
 		{ID: "fresh", Fingerprint: fp1},
 	})
-	expect(t, "fingerprints", res, core.ClaimMismatch, core.ClaimDuplicate, core.ClaimWon)
+	expect(t, "fingerprints", res, driver.ClaimMismatch, driver.ClaimDuplicate, driver.ClaimWon)
 	if err := txn.Rollback(ctx); err != nil {
 		t.Fatalf("rollback: %v", err)
 	}
 	txn = begin(t, ctx, st)
-	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "x", Fingerprint: fp1}})
-	expect(t, "same fingerprint", res, core.ClaimDuplicate)
-	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "x"}})
-	expect(t, "empty fingerprint", res, core.ClaimDuplicate)
+	res = claim(t, ctx, txn, "c", []driver.Claim{{ID: "x", Fingerprint: fp1}})
+	expect(t, "same fingerprint", res, driver.ClaimDuplicate)
+	res = claim(t, ctx, txn, "c", []driver.Claim{{ID: "x"}})
+	expect(t, "empty fingerprint", res, driver.ClaimDuplicate)
 	if err := txn.Rollback(ctx); err != nil {
 		t.Fatalf("rollback: %v", err)
 	}
@@ -580,12 +582,12 @@ func (s suite[Tx]) fingerprint(t *testing.T) {
 	// its redelivery after an upgrade is a duplicate, not a dead letter.
 	// Another body with a fingerprint of the old length still is.
 	old := strings.Repeat("ab", 32)
-	s.claimCommit(t, ctx, st, "c", []core.Claim{{ID: "legacy", Fingerprint: old}}, k)
+	s.claimCommit(t, ctx, st, "c", []driver.Claim{{ID: "legacy", Fingerprint: old}}, k)
 	txn = begin(t, ctx, st)
-	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "legacy", Fingerprint: fp2}})
-	expect(t, "fingerprint of another length", res, core.ClaimDuplicate)
-	res = claim(t, ctx, txn, "c", []core.Claim{{ID: "legacy", Fingerprint: strings.Repeat("cd", 32)}})
-	expect(t, "other fingerprint of the same length", res, core.ClaimMismatch)
+	res = claim(t, ctx, txn, "c", []driver.Claim{{ID: "legacy", Fingerprint: fp2}})
+	expect(t, "fingerprint of another length", res, driver.ClaimDuplicate)
+	res = claim(t, ctx, txn, "c", []driver.Claim{{ID: "legacy", Fingerprint: strings.Repeat("cd", 32)}})
+	expect(t, "other fingerprint of the same length", res, driver.ClaimMismatch)
 	if err := txn.Rollback(ctx); err != nil {
 		t.Fatalf("rollback: %v", err)
 	}
@@ -595,17 +597,17 @@ func (s suite[Tx]) consumersIndependent(t *testing.T) {
 	st, _ := s.open(t)
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
-	expect(t, "consumer a", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), core.ClaimWon)
-	expect(t, "consumer b", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), core.ClaimWon)
-	expect(t, "consumer a again", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), core.ClaimDuplicate)
+	expect(t, "consumer a", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), driver.ClaimWon)
+	expect(t, "consumer b", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), driver.ClaimWon)
+	expect(t, "consumer a again", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), driver.ClaimDuplicate)
 	// Unclaim is per consumer too.
 	txn := begin(t, ctx, st)
 	if err := txn.Unclaim(ctx, "billing", []string{"m"}); err != nil {
 		t.Fatalf("unclaim: %v", err)
 	}
 	commit(t, ctx, txn)
-	expect(t, "consumer b after a's unclaim", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), core.ClaimDuplicate)
-	expect(t, "consumer a after unclaim", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), core.ClaimWon)
+	expect(t, "consumer b after a's unclaim", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), driver.ClaimDuplicate)
+	expect(t, "consumer a after unclaim", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), driver.ClaimWon)
 	s.wantEffects(t, k+"am", 2)
 	s.wantEffects(t, k+"bm", 1)
 }
@@ -613,9 +615,9 @@ func (s suite[Tx]) consumersIndependent(t *testing.T) {
 func (s suite[Tx]) migrateTwice(t *testing.T) {
 	st, _ := s.open(t)
 	ctx := s.ctx(t)
-	m, ok := st.(core.Migrator)
+	m, ok := st.(driver.Migrator)
 	if !ok {
-		t.Fatalf("store %T does not implement core.Migrator", st)
+		t.Fatalf("store %T does not implement driver.Migrator", st)
 	}
 	k := UniqueName("k_")
 	s.claimCommit(t, ctx, st, "c", claims("before"), k)
@@ -625,7 +627,7 @@ func (s suite[Tx]) migrateTwice(t *testing.T) {
 		}
 	}
 	// Migrating again keeps the rows.
-	expect(t, "after migrate", s.claimCommit(t, ctx, st, "c", claims("before", "after"), k), core.ClaimDuplicate, core.ClaimWon)
+	expect(t, "after migrate", s.claimCommit(t, ctx, st, "c", claims("before", "after"), k), driver.ClaimDuplicate, driver.ClaimWon)
 }
 
 func (s suite[Tx]) oddIDs(t *testing.T) {
@@ -646,13 +648,13 @@ func (s suite[Tx]) oddIDs(t *testing.T) {
 	consumer := "consumer 'ü\""
 	got := s.claimCommit(t, ctx, st, consumer, claims(ids...), k)
 	for i, r := range got {
-		if r != core.ClaimWon {
+		if r != driver.ClaimWon {
 			t.Fatalf("id %q: got %v, want won (all %v)", ids[i], r, got)
 		}
 	}
 	got = s.claimCommit(t, ctx, st, consumer, claims(ids...), k)
 	for i, r := range got {
-		if r != core.ClaimDuplicate {
+		if r != driver.ClaimDuplicate {
 			t.Fatalf("second claim of %q: got %v, want duplicate", ids[i], r)
 		}
 	}
@@ -663,7 +665,7 @@ func (s suite[Tx]) oddIDs(t *testing.T) {
 	}
 	commit(t, ctx, txn)
 	got = s.claimCommit(t, ctx, st, consumer, claims("pad", "pad ", ids[0], ids[1]), k)
-	expect(t, "after exact unclaim", got, core.ClaimDuplicate, core.ClaimWon, core.ClaimWon, core.ClaimDuplicate)
+	expect(t, "after exact unclaim", got, driver.ClaimDuplicate, driver.ClaimWon, driver.ClaimWon, driver.ClaimDuplicate)
 	for _, id := range ids {
 		want := 1
 		if id == "pad " || id == ids[0] {
@@ -697,9 +699,9 @@ func (s suite[Tx]) concurrentBatches(t *testing.T) {
 			defer wg.Done()
 			r := mrand.New(mrand.NewPCG(seed, seed*7+1))
 			for round := 0; round < rounds; round++ {
-				pick := make([]core.Claim, 0, batch)
+				pick := make([]driver.Claim, 0, batch)
 				for _, i := range r.Perm(nIDs)[:batch] {
-					pick = append(pick, core.Claim{ID: ids[i]})
+					pick = append(pick, driver.Claim{ID: ids[i]})
 				}
 				for try := 0; ; try++ {
 					err := s.randomBatch(ctx, st, pick, r, k)
@@ -734,7 +736,7 @@ func (s suite[Tx]) concurrentBatches(t *testing.T) {
 	}
 }
 
-func (s suite[Tx]) randomBatch(ctx context.Context, st core.Store[Tx], pick []core.Claim, r *mrand.Rand, k string) (err error) {
+func (s suite[Tx]) randomBatch(ctx context.Context, st core.Store[Tx], pick []driver.Claim, r *mrand.Rand, k string) (err error) {
 	txn, err := st.Begin(ctx)
 	if err != nil {
 		return err
@@ -752,17 +754,17 @@ func (s suite[Tx]) randomBatch(ctx context.Context, st core.Store[Tx], pick []co
 		return fmt.Errorf("claim of %d ids returned %d results", len(pick), len(res))
 	}
 	for i, c := range pick {
-		if res[i] != core.ClaimWon {
+		if res[i] != driver.ClaimWon {
 			continue
 		}
-		if err := txn.Savepoint(ctx); err != nil {
+		if err := savepoints(txn).Savepoint(ctx); err != nil {
 			return err
 		}
 		if err := s.h.Effect(ctx, txn.Tx(), k+c.ID); err != nil {
 			return err
 		}
 		if r.IntN(5) == 0 { // the handler fails
-			if err := txn.RollbackToSavepoint(ctx); err != nil {
+			if err := savepoints(txn).RollbackToSavepoint(ctx); err != nil {
 				return err
 			}
 			if err := txn.Unclaim(ctx, "c", []string{c.ID}); err != nil {
@@ -770,7 +772,7 @@ func (s suite[Tx]) randomBatch(ctx context.Context, st core.Store[Tx], pick []co
 			}
 			continue
 		}
-		if err := txn.ReleaseSavepoint(ctx); err != nil {
+		if err := savepoints(txn).ReleaseSavepoint(ctx); err != nil {
 			return err
 		}
 	}
@@ -789,9 +791,9 @@ func (s suite[Tx]) savepointAfterDBError(t *testing.T) {
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
 	txn := begin(t, ctx, st)
-	expect(t, "batch claim", claim(t, ctx, txn, "c", claims("ok1", "bad", "ok2")), core.ClaimWon, core.ClaimWon, core.ClaimWon)
+	expect(t, "batch claim", claim(t, ctx, txn, "c", claims("ok1", "bad", "ok2")), driver.ClaimWon, driver.ClaimWon, driver.ClaimWon)
 	for _, id := range []string{"ok1", "bad", "ok2"} {
-		if err := txn.Savepoint(ctx); err != nil {
+		if err := savepoints(txn).Savepoint(ctx); err != nil {
 			t.Fatalf("savepoint before %s: %v", id, err)
 		}
 		if err := s.h.Effect(ctx, txn.Tx(), k+id); err != nil {
@@ -801,7 +803,7 @@ func (s suite[Tx]) savepointAfterDBError(t *testing.T) {
 			if err := s.h.Fail(ctx, txn.Tx()); err == nil {
 				t.Fatal("Harness.Fail returned no error")
 			}
-			if err := txn.RollbackToSavepoint(ctx); err != nil {
+			if err := savepoints(txn).RollbackToSavepoint(ctx); err != nil {
 				t.Fatalf("rollback to savepoint after a database error: %v", err)
 			}
 			if err := txn.Unclaim(ctx, "c", []string{id}); err != nil {
@@ -809,7 +811,7 @@ func (s suite[Tx]) savepointAfterDBError(t *testing.T) {
 			}
 			continue
 		}
-		if err := txn.ReleaseSavepoint(ctx); err != nil {
+		if err := savepoints(txn).ReleaseSavepoint(ctx); err != nil {
 			t.Fatalf("release savepoint after %s: %v", id, err)
 		}
 	}
@@ -818,5 +820,15 @@ func (s suite[Tx]) savepointAfterDBError(t *testing.T) {
 	s.wantEffects(t, k+"bad", 0)
 	s.wantEffects(t, k+"ok2", 1)
 	got := s.claimCommit(t, ctx, st, "c", claims("ok1", "bad", "ok2"), k)
-	expect(t, "redelivery", got, core.ClaimDuplicate, core.ClaimWon, core.ClaimDuplicate)
+	expect(t, "redelivery", got, driver.ClaimDuplicate, driver.ClaimWon, driver.ClaimDuplicate)
+}
+
+// savepoints returns txn as a driver.Savepointer: the suite's savepoint
+// cases need it, and every store it runs on has savepoints.
+func savepoints(txn any) driver.Savepointer {
+	sp, ok := txn.(driver.Savepointer)
+	if !ok {
+		panic(fmt.Sprintf("storetest: %T is no driver.Savepointer", txn))
+	}
+	return sp
 }

@@ -1,18 +1,25 @@
-package core
+package driver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"time"
 )
 
-// Store is a dedup store plugin: it opens the transaction that holds both
-// the claim of a message id and the handler's business effect. Tx is the
+// Store is a dedup store: it opens the transaction that holds both the
+// claim of a message id and the handler's business effect. Tx is the
 // handle handlers receive: pgx.Tx for Postgres, *sql.Tx for MySQL and
-// SQLite.
+// SQLite. core.Store is the same type.
 type Store[Tx any] interface {
+	// Begin opens a dedup transaction.
 	Begin(ctx context.Context) (Txn[Tx], error)
+	// Close releases the store's connections (those it opened itself;
+	// a pool the caller handed in stays open).
+	Close() error
+	// As sets target, a pointer to a type the store documents (its
+	// connection pool: **pgxpool.Pool, **sql.DB), and reports whether it
+	// could, in the way gocloud.dev's As methods hand out what lies
+	// beneath a portable type.
+	As(target any) bool
 }
 
 // Claim asks a Txn to claim one message id for a consumer.
@@ -69,20 +76,26 @@ type Txn[Tx any] interface {
 	// handler failed inside a batch: their effects were rolled back to a
 	// savepoint and their claims must go with them.
 	Unclaim(ctx context.Context, consumer string, ids []string) error
-	// Savepoint marks a point the transaction can roll back to. Savepoints
-	// are not nested by the Consumer: each is released or rolled back
-	// before the next is made.
+	// Commit commits the transaction.
+	Commit(ctx context.Context) error
+	// Rollback aborts the transaction. It is safe to call after Commit or
+	// a failed Commit.
+	Rollback(ctx context.Context) error
+}
+
+// Savepointer is implemented by transactions that can roll back part of
+// themselves. The Consumer uses it only under core.IsolateSavepoints, to
+// keep a failed handler's effects and claim apart from the rest of its
+// batch. Savepoints are not nested by the Consumer: each is released or
+// rolled back before the next is made.
+type Savepointer interface {
+	// Savepoint marks a point the transaction can roll back to.
 	Savepoint(ctx context.Context) error
 	// RollbackToSavepoint undoes everything since the last Savepoint and
 	// leaves the transaction usable.
 	RollbackToSavepoint(ctx context.Context) error
 	// ReleaseSavepoint keeps everything since the last Savepoint.
 	ReleaseSavepoint(ctx context.Context) error
-	// Commit commits the transaction.
-	Commit(ctx context.Context) error
-	// Rollback aborts the transaction. It is safe to call after Commit or
-	// a failed Commit.
-	Rollback(ctx context.Context) error
 }
 
 // Pruner is implemented by stores that can delete old claims. Prune removes
@@ -103,19 +116,6 @@ type Retentioner interface {
 // Migrate is idempotent and safe when several processes run it at once.
 type Migrator interface {
 	Migrate(ctx context.Context) error
-}
-
-// Fingerprint returns the default body fingerprint: the first 128 bits of
-// the body's SHA-256 in unpadded base64url (22 characters). Stores keep it
-// beside the claim so that the same id arriving with a different body is
-// caught instead of acknowledged. 128 bits make an accidental match of two
-// different bodies of one id practically impossible; the 64 characters of
-// the whole hex digest (idemq's fingerprint before) made every claim row
-// and claim statement wider, which cost about 5% of batch throughput on
-// Postgres.
-func Fingerprint(body []byte) string {
-	sum := sha256.Sum256(body)
-	return base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
 // ClassifyStored decides, for an id already claimed with the stored

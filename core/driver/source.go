@@ -1,12 +1,21 @@
-package core
+// Package driver is what a broker adapter or a dedup store implements for
+// idemq, apart from what a service author uses (package core), in the way
+// database/sql/driver stands apart from database/sql: a Source of
+// Deliveries and a Publisher for brokers, a Store of Txns for databases,
+// the optional capabilities the Consumer looks for (BatchSettler,
+// WindowSetter, RedeliveryHorizoner, Savepointer, Flusher, Pruner, …), and
+// the registry that opens drivers by URL. Adapters prove themselves with
+// the conformance suites brokers/brokertest and stores/storetest.
+package driver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
-// Message is one received message as the pipeline, middleware and handlers
-// see it, whatever broker it came from.
+// Message is one received message as the pipeline, observers and handlers
+// see it, whatever broker it came from; core.Message is the same type.
 type Message struct {
 	// ID is the producer's business id: the AMQP message_id property, a
 	// Kafka header, an SQS message attribute, or what an IDFunc derived.
@@ -28,7 +37,7 @@ type Message struct {
 	// Attempt is 1 on the first delivery and grows with each redelivery as
 	// far as the broker lets the adapter know.
 	Attempt int
-	// Metadata carries broker details for middleware such as tracing, keyed
+	// Metadata carries broker details for observers such as tracing, keyed
 	// by OpenTelemetry attribute names where one exists (for example
 	// "messaging.kafka.offset", "messaging.destination.partition.id",
 	// "messaging.rabbitmq.destination.routing_key").
@@ -54,7 +63,8 @@ type Delivery interface {
 	DeadLetter(ctx context.Context, cause error) error
 }
 
-// Source is a broker adapter: a stream of Deliveries.
+// Source is a broker adapter: a stream of Deliveries. core.Source is the
+// same type.
 type Source interface {
 	// Receive blocks until a delivery is available, ctx is done, or the
 	// source is closed (ErrSourceClosed). Other errors are treated as
@@ -91,4 +101,32 @@ type WindowSetter interface {
 // the effect twice.
 type RedeliveryHorizoner interface {
 	RedeliveryHorizon(ctx context.Context) (time.Duration, bool)
+}
+
+// Sentinel errors of the driver contract. core re-exports them.
+var (
+	// ErrSourceClosed is returned by Source.Receive after Close.
+	ErrSourceClosed = errors.New("idemq: source closed")
+	// ErrStaleDelivery is wrapped by adapters' settlement errors that mean
+	// "this delivery can no longer be settled, and the broker will
+	// redeliver it": its channel died, its lease or visibility expired,
+	// its partition was revoked. The Consumer counts these apart from
+	// other settlement failures; the redelivery is decided Duplicate if
+	// the message was committed.
+	ErrStaleDelivery = errors.New("idemq: stale delivery; the broker will redeliver it")
+)
+
+// Publisher sends messages, setting each message's business id where its
+// broker carries it (AMQP message_id, the Kafka or SQS message-id header)
+// and the caller's trace context in the headers. It is the one publishing
+// shape: a service's producers, the outbox relay and the tests all use
+// it. core.Publisher is the same type.
+type Publisher interface {
+	// Publish sends msgs to destination (a queue, topic or routing key in
+	// the broker's terms) or, when destination is "", to the destination
+	// the Publisher was opened for. It returns only after the broker
+	// confirmed every message.
+	Publish(ctx context.Context, destination string, msgs ...*Message) error
+	// Close releases the Publisher's connections.
+	Close() error
 }

@@ -1,0 +1,145 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// SourceOpener opens a Source from a URL of a scheme it was registered for.
+type SourceOpener func(ctx context.Context, u *url.URL) (Source, error)
+
+// PublisherOpener opens a Publisher from a URL of a scheme it was
+// registered for.
+type PublisherOpener func(ctx context.Context, u *url.URL) (Publisher, error)
+
+// StoreOpener opens a store from a URL of a scheme it was registered for.
+// It returns a Store[Tx] for the store's own Tx type, as any; core.OpenStore
+// checks the type.
+type StoreOpener func(ctx context.Context, u *url.URL) (any, error)
+
+var registry = struct {
+	sync.RWMutex
+	sources    map[string]SourceOpener
+	publishers map[string]PublisherOpener
+	stores     map[string]StoreOpener
+}{sources: map[string]SourceOpener{}, publishers: map[string]PublisherOpener{}, stores: map[string]StoreOpener{}}
+
+// RegisterBroker makes a broker adapter available to core.OpenSource and
+// core.OpenPublisher under a URL scheme, as database/sql drivers register
+// themselves. Adapters call it from init, so importing an adapter package
+// (for its side effect, if need be) is enough. It panics if the scheme is
+// registered twice or an opener is nil.
+func RegisterBroker(scheme string, src SourceOpener, pub PublisherOpener) {
+	registry.Lock()
+	defer registry.Unlock()
+	if src == nil || pub == nil {
+		panic("idemq: RegisterBroker " + scheme + ": nil opener")
+	}
+	if _, dup := registry.sources[scheme]; dup {
+		panic("idemq: RegisterBroker called twice for scheme " + scheme)
+	}
+	registry.sources[scheme] = src
+	registry.publishers[scheme] = pub
+}
+
+// RegisterStore makes a store available to core.OpenStore under a URL
+// scheme. It panics if the scheme is registered twice or the opener is nil.
+func RegisterStore(scheme string, open StoreOpener) {
+	registry.Lock()
+	defer registry.Unlock()
+	if open == nil {
+		panic("idemq: RegisterStore " + scheme + ": nil opener")
+	}
+	if _, dup := registry.stores[scheme]; dup {
+		panic("idemq: RegisterStore called twice for scheme " + scheme)
+	}
+	registry.stores[scheme] = open
+}
+
+// OpenSource opens the broker adapter registered for rawURL's scheme.
+// Errors never contain credentials. Services call core.OpenSource.
+func OpenSource(ctx context.Context, rawURL string) (Source, error) {
+	u, open, err := lookup(rawURL, "broker", registry.sources)
+	if err != nil {
+		return nil, err
+	}
+	src, err := open(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("idemq: opening broker %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
+	}
+	return src, nil
+}
+
+// OpenPublisher opens a publisher for rawURL's broker and destination.
+// Errors never contain credentials. Services call core.OpenPublisher.
+func OpenPublisher(ctx context.Context, rawURL string) (Publisher, error) {
+	u, open, err := lookup(rawURL, "broker", registry.publishers)
+	if err != nil {
+		return nil, err
+	}
+	p, err := open(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("idemq: opening publisher %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
+	}
+	return p, nil
+}
+
+// OpenStore opens the store registered for rawURL's scheme, whatever its
+// transaction type, for tools that never run a handler (the idemq
+// command's migrate, prune and stats): they use the store through Pruner,
+// Migrator, Inspector and the returned Closer's Close. Errors never
+// contain credentials. Services call core.OpenStore, which checks the
+// transaction type.
+func OpenStore(ctx context.Context, rawURL string) (Closer, error) {
+	u, open, err := lookup(rawURL, "store", registry.stores)
+	if err != nil {
+		return nil, err
+	}
+	s, err := open(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("idemq: opening store %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
+	}
+	c, ok := s.(Closer)
+	if !ok {
+		return nil, fmt.Errorf("idemq: store %s:// opened a %T, which has no Close and As methods", u.Scheme, s)
+	}
+	return c, nil
+}
+
+// Closer is what every Store has whatever its transaction type: Close and
+// As.
+type Closer interface {
+	Close() error
+	As(target any) bool
+}
+
+func lookup[O any](rawURL, kind string, openers map[string]O) (*url.URL, O, error) {
+	var zero O
+	u, err := redact.ParseURL(rawURL)
+	if err != nil {
+		// A malformed URL is not shown: no rule knows where its password ends.
+		return nil, zero, fmt.Errorf("idemq: %w", err)
+	}
+	if u.Scheme == "" {
+		return nil, zero, fmt.Errorf("idemq: URL %s has no scheme (like amqp://, kafka://, sqs://, mem://, postgres://, mysql://, sqlite://)", redact.URL(rawURL))
+	}
+	registry.RLock()
+	open, ok := openers[u.Scheme]
+	known := make([]string, 0, len(openers))
+	for k := range openers {
+		known = append(known, k)
+	}
+	registry.RUnlock()
+	if !ok {
+		sort.Strings(known)
+		return nil, zero, fmt.Errorf("idemq: no %s registered for scheme %q (registered: %s); import its package, e.g. _ \"github.com/idemq/idemq/%ss/…\"",
+			kind, u.Scheme, strings.Join(known, ", "), kind)
+	}
+	return u, open, nil
+}
