@@ -49,7 +49,7 @@ type Metrics struct {
 	batchSize metric.Int64Histogram
 	// attrSets caches the attribute sets of each (system, destination,
 	// consumer[, decision, error type]): building one sorts and
-	// allocates, and there are few distinct ones.
+	// allocates on every measurement, and there are few distinct ones.
 	attrSets sync.Map
 	cachedN  atomic.Int64
 }
@@ -90,29 +90,23 @@ type decisionKey struct{}
 // decisionStart is what StartDecision leaves for EndDecision.
 type decisionStart struct {
 	start time.Time
-	sys   messagingconv.SystemAttr
-	base  []attribute.KeyValue // destination, consumer group
+	sys   string
 	gauge metric.MeasurementOption
 }
 
 // StartDecision implements core.Observer: it counts the message in flight
 // and notes when its decision began.
 func (m *Metrics) StartDecision(ctx context.Context, msg *core.Message) context.Context {
-	sys := messagingconv.SystemAttr(systemOf(msg))
-	name := core.ConsumerName(ctx)
-	base := m.cached("base", string(sys), msg.Source, name, "", "", func() []attribute.KeyValue {
-		attrs := make([]attribute.KeyValue, 0, 2)
-		attrs = append(attrs, semconv.MessagingDestinationName(msg.Source))
-		if name != "" {
-			attrs = append(attrs, semconv.MessagingConsumerGroupName(name))
-		}
-		return attrs
-	})
-	gauge := m.cachedOption(string(sys), msg.Source, name, func() []attribute.KeyValue {
-		return append([]attribute.KeyValue{semconv.MessagingSystemKey.String(string(sys))}, base...)
-	})
+	sys := systemOf(msg)
+	k := cacheKey{kind: "gauge", sys: sys, dest: msg.Source, consumer: core.ConsumerName(ctx)}
+	gauge, ok := m.load(k).(metric.MeasurementOption)
+	if !ok {
+		gauge = metric.WithAttributeSet(attribute.NewSet(append(baseAttrs(k),
+			semconv.MessagingSystemKey.String(sys))...))
+		m.store(k, gauge)
+	}
 	m.inFlight.Add(ctx, 1, gauge)
-	return context.WithValue(ctx, decisionKey{}, &decisionStart{start: time.Now(), sys: sys, base: base, gauge: gauge})
+	return context.WithValue(ctx, decisionKey{}, &decisionStart{start: time.Now(), sys: sys, gauge: gauge})
 }
 
 // EndDecision implements core.Observer: it records the decision's
@@ -124,19 +118,32 @@ func (m *Metrics) EndDecision(ctx context.Context, msg *core.Message, out core.O
 		return
 	}
 	m.inFlight.Add(ctx, -1, ds.gauge)
-	errType := ""
+	k := cacheKey{kind: "end", sys: ds.sys, dest: msg.Source, consumer: core.ConsumerName(ctx), decision: out.Decision.String()}
 	if out.Decision == core.Retry || out.Decision == core.DeadLetter {
-		errType = tracing.ErrorType(out.Err)
+		k.errType = tracing.ErrorType(out.Err)
 	}
-	attrs := m.cached("end", string(ds.sys), msg.Source, core.ConsumerName(ctx), out.Decision.String(), errType, func() []attribute.KeyValue {
-		attrs := append(append(make([]attribute.KeyValue, 0, len(ds.base)+2), ds.base...), tracing.DecisionKey.String(out.Decision.String()))
-		if errType != "" {
-			attrs = append(attrs, semconv.ErrorTypeKey.String(errType))
+	set, ok := m.load(k).(attribute.Set)
+	if !ok {
+		attrs := append(baseAttrs(k), tracing.DecisionKey.String(k.decision),
+			semconv.MessagingOperationName("process"), semconv.MessagingSystemKey.String(k.sys))
+		if k.errType != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(k.errType))
 		}
-		return attrs
-	})
-	m.duration.Record(ctx, time.Since(ds.start).Seconds(), "process", ds.sys, attrs...)
-	m.consumed.Add(ctx, 1, "process", ds.sys, attrs...)
+		set = attribute.NewSet(attrs...)
+		m.store(k, set)
+	}
+	m.duration.RecordSet(ctx, time.Since(ds.start).Seconds(), set)
+	m.consumed.AddSet(ctx, 1, set)
+}
+
+// baseAttrs are the destination and consumer group of k.
+func baseAttrs(k cacheKey) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs = append(attrs, semconv.MessagingDestinationName(k.dest))
+	if k.consumer != "" {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(k.consumer))
+	}
+	return attrs
 }
 
 // StartStage implements core.StageObserver: it records the batch size of
@@ -157,24 +164,9 @@ const maxCached = 4096
 
 type cacheKey struct{ kind, sys, dest, consumer, decision, errType string }
 
-func (m *Metrics) cached(kind, sys, dest, consumer, decision, errType string, build func() []attribute.KeyValue) []attribute.KeyValue {
-	k := cacheKey{kind, sys, dest, consumer, decision, errType}
-	if v, ok := m.attrSets.Load(k); ok {
-		return v.([]attribute.KeyValue)
-	}
-	attrs := build()
-	m.store(k, attrs)
-	return attrs
-}
-
-func (m *Metrics) cachedOption(sys, dest, consumer string, build func() []attribute.KeyValue) metric.MeasurementOption {
-	k := cacheKey{kind: "gauge", sys: sys, dest: dest, consumer: consumer}
-	if v, ok := m.attrSets.Load(k); ok {
-		return v.(metric.MeasurementOption)
-	}
-	opt := metric.WithAttributeSet(attribute.NewSet(build()...))
-	m.store(k, opt)
-	return opt
+func (m *Metrics) load(k cacheKey) any {
+	v, _ := m.attrSets.Load(k)
+	return v
 }
 
 func (m *Metrics) store(k cacheKey, v any) {
