@@ -1,6 +1,6 @@
 // Command kfake serves an in-process Kafka cluster
 // (github.com/twmb/franz-go/pkg/kfake) on a loopback port, so that examples,
-// tests and `idemq bench` can run against kafka://127.0.0.1:PORT/… without
+// tests and idemq-bench can run against kafka://127.0.0.1:PORT/… without
 // Docker or a JVM.
 //
 // It is a development aid, not a production broker: everything is kept in

@@ -27,8 +27,8 @@
 // breaks either is reported FAILED, never as a number.
 //
 // The broker and the store are independent choices (Config.Broker,
-// Config.Store): RabbitMQ (amqp://), Kafka (kafka://; cmd/kfake serves one
-// in memory) or SQS (sqs://; the fauxqs emulator or AWS) into Postgres
+// Config.Store): RabbitMQ (amqp://), Kafka (kafka://; bench/cmd/kfake serves
+// one in memory) or SQS (sqs://; the fauxqs emulator or AWS) into Postgres
 // (postgres://) or MariaDB/MySQL (mysql://). Each broker writes its own
 // raw-driver consumers (amqp091-go, kafka-go, aws-sdk-go-v2: acks, offset
 // commits, DeleteMessage/DeleteMessageBatch) and each store its own
@@ -41,8 +41,8 @@
 // otherwise.
 //
 // Run returns a Report that prints as a table (WriteTable), as JSON
-// (WriteJSON) and as a bar chart (WritePNG). The `idemq bench` command is a
-// thin front end to Run.
+// (WriteJSON) and as a bar chart (WritePNG). The idemq-bench command
+// (bench/cmd/idemq-bench) is a thin front end to Run.
 //
 // The scenarios MemoryScenario and GrowthScenario (issue 10, targets 4 and
 // 5) are slow and run only when named in Config.Configs. MemoryScenario
