@@ -43,7 +43,7 @@ const (
 	IdemqBatch = "idemq-batch"
 
 	// MemoryScenario measures the idemq batch consumer's peak RSS with
-	// 10,000 and then 1,000,000 messages queued (issue 10, target 4).
+	// 10,000 and then 1,000,000 messages queued.
 	// Not in the default set: publishing and consuming 1M takes minutes.
 	MemoryScenario = "memory"
 	// GrowthScenario measures idemq batch throughput with GrowthRows rows
