@@ -13,37 +13,28 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/internal/tlstest"
 )
 
-// TestSASLOverTLS runs kfake with TLS (a throw-away CA's server
-// certificate) and SASL (a SCRAM-SHA-512 and a PLAIN user), then
+// TestSASLOverTLS runs kfake (bench/cmd/kfake, servicetest.StartKfake)
+// with TLS (a throw-away CA's server certificate and key files) and SASL
+// (a SCRAM-SHA-512 and a PLAIN user), then
 // publishes and consumes through the adapter with a kafka-go Dialer that
 // verifies the server and authenticates with kafka-go's own sasl/scram
 // and sasl/plain mechanisms. A wrong password, no SASL at all, a wrong CA
 // and a plaintext client are refused.
 func TestSASLOverTLS(t *testing.T) {
 	f := tlstest.Certs(t, "")
-	cert, err := tls.LoadX509KeyPair(f.ServerCert, f.ServerKey)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const topic = "sasl-topic"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond),
-		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}),
-		kfake.EnableSASL(),
-		kfake.Superuser("SCRAM-SHA-512", "scram-user", "scram-S3cret"),
-		kfake.Superuser("PLAIN", "plain-user", "plain-S3cret"),
-		kfake.SeedTopics(1, topic, topic+".dlq"))
-	if err != nil {
-		t.Fatalf("kfake: %v", err)
-	}
-	defer c.Close()
-	addr := strings.Join(c.ListenAddrs(), ",")
+	addr := servicetest.StartKfake(t, "-brokers", "1", "-auto-create=false", "-min-session-timeout", "100ms",
+		"-tls-cert", f.ServerCert, "-tls-key", f.ServerKey,
+		"-sasl", "SCRAM-SHA-512:scram-user:scram-S3cret",
+		"-sasl", "PLAIN:plain-user:plain-S3cret",
+		"-topics", topic+","+topic+".dlq")
 	tlsFor := func(caFile string) *tls.Config {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {

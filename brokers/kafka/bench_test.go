@@ -10,8 +10,9 @@ import (
 
 // The end-to-end Kafka → Postgres comparison (the seed-style consumer on raw
 // kafka-go + pgx, a hand-tuned batch consumer, idemq at batch size 1 and in
-// batch mode) is the benchmark package's (go run ./cmd/idemq bench
-// --broker kafka://…); what stays here measures the adapter alone.
+// batch mode) is the bench module's benchmark package's (cd bench && go run
+// ./cmd/idemq-bench --broker kafka://…); what stays here measures the
+// adapter alone.
 
 // BenchmarkSourceReceiveAck measures the adapter alone: b.N messages over
 // four partitions received and acked by one goroutine through AckBatch of

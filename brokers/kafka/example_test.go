@@ -8,13 +8,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/core"
@@ -76,16 +74,15 @@ func ExampleNewPublisher() {
 	}
 }
 
-// End to end on an in-process Kafka (kfake, as served by cmd/kfake): a
-// payment published twice is applied once; the copy is a Duplicate.
+// End to end on a Kafka cluster: a payment published twice is applied
+// once; the copy is a Duplicate.
 func Example_duplicatePublish() {
 	ctx := context.Background()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "payments", "payments.dlq"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer cluster.Close()
-	brokers := strings.Join(cluster.ListenAddrs(), ",")
+	// The cluster's host:port list and a topic (with its dead-letter
+	// topic, topic.dlq) nothing has written to yet. Here: the cluster
+	// IDEMQ_KAFKA_URL names, or bench/cmd/kfake, an in-memory Kafka.
+	brokers, topic, stop := exampleCluster()
+	defer stop()
 
 	pub, err := kafka.NewPublisher(brokers)
 	if err != nil {
@@ -93,7 +90,7 @@ func Example_duplicatePublish() {
 	}
 	defer pub.Close()
 	payment := &core.Message{ID: "payment-1001", Key: "acct-7", Body: []byte(`{"amount":42}`)}
-	if err := pub.Publish(ctx, "payments", payment, payment); err != nil { // a producer retry
+	if err := pub.Publish(ctx, topic, payment, payment); err != nil { // a producer retry
 		log.Fatal(err)
 	}
 
@@ -107,7 +104,7 @@ func Example_duplicatePublish() {
 	if _, err := store.DB().Exec(`CREATE TABLE ledger (id TEXT, body TEXT)`); err != nil {
 		log.Fatal(err)
 	}
-	src, err := kafka.Open(ctx, brokers, kafka.WithTopic("payments"), kafka.WithGroup("billing"),
+	src, err := kafka.Open(ctx, brokers, kafka.WithTopic(topic), kafka.WithGroup("billing"),
 		kafka.WithStartOffset(kafkago.FirstOffset))
 	if err != nil {
 		log.Fatal(err)

@@ -15,15 +15,17 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // brokers returns the broker list to test against: IDEMQ_KAFKA_URL when
 // set (a real cluster; unreachable skips, or fails with
-// IDEMQ_REQUIRE_SERVICES=1), else a fresh in-process kfake cluster that
-// speaks the Kafka wire protocol and is closed when the test ends.
+// IDEMQ_REQUIRE_SERVICES=1), else a fresh kfake cluster (bench/cmd/kfake,
+// in a process of its own: servicetest.StartKfake) that speaks the Kafka
+// wire protocol on a loopback port and is stopped when the test ends. Like
+// a Kafka broker's default, it creates no topic on first use; its groups
+// accept session timeouts down to 100ms.
 func brokers(t testing.TB) string {
 	t.Helper()
 	if url := os.Getenv("IDEMQ_KAFKA_URL"); url != "" {
@@ -39,12 +41,7 @@ func brokers(t testing.TB) string {
 		}
 		return strings.Join(cfg.brokers, ",")
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	return strings.Join(c.ListenAddrs(), ",")
+	return servicetest.StartKfake(t, "-brokers", "1", "-auto-create=false", "-min-session-timeout", "100ms")
 }
 
 func randomHex(n int) string {

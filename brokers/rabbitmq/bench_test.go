@@ -15,8 +15,8 @@ import (
 
 // The end-to-end RabbitMQ → Postgres comparison (the seed-style consumer on
 // raw amqp091-go + pgx against idemq at batch size 1 and in batch mode) is
-// the benchmark package's (go run ./cmd/idemq bench); what stays here
-// measures the adapter alone.
+// the bench module's benchmark package's (cd bench && go run
+// ./cmd/idemq-bench); what stays here measures the adapter alone.
 
 // BenchmarkSourceReceiveAck measures the adapter alone, no database:
 // Receive b.N messages with a window of 400 and ack them 200 at a time

@@ -1,17 +1,18 @@
-// Command idemq is the operator's tool for idemq's dedup stores and for
-// measuring a broker and store pair:
+// Command idemq is the operator's tool for idemq's dedup stores:
 //
-//	idemq migrate --store URL                         create the dedup table
-//	idemq prune   --store URL --older-than 168h       delete old claims in bounded batches
-//	idemq stats   --store URL                         claims per consumer, oldest claim, table size
-//	idemq bench   --broker URL --store URL -n 100000  msgs/s and latency, idemq vs a seed-style consumer
+//	idemq migrate --store URL                    create the dedup table
+//	idemq prune   --store URL --older-than 168h  delete old claims in bounded batches
+//	idemq stats   --store URL                    claims per consumer, oldest claim, table size
+//
+// Measuring a broker and store pair is the benchmark's own command,
+// idemq-bench, in the bench module (cd bench && go run ./cmd/idemq-bench).
 //
 // Stores are opened by URL (postgres://…, mysql://…, sqlite://path; ?table=
 // names the dedup table). Credentials in URLs never appear in the output.
 // `idemq <command> --help` describes each command.
 //
-// Exit codes, for scripts: 0 success, 1 failure (the store or broker
-// failed, or the command was interrupted), 2 usage error (unknown command,
+// Exit codes, for scripts: 0 success, 1 failure (the store failed, or
+// the command was interrupted), 2 usage error (unknown command,
 // bad or missing flag).
 package main
 
@@ -43,7 +44,6 @@ func commands() []command {
 		{"migrate", "create the dedup table of a store (idempotent)", runMigrate},
 		{"prune", "delete claims older than a duration, in bounded batches", runPrune},
 		{"stats", "show claims per consumer, the oldest claim and the table size", runStats},
-		{"bench", "measure msgs/s and decision latency, idemq against a seed-style consumer", runBench},
 	}
 }
 
@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func printUsage(w io.Writer) {
-	fmt.Fprint(w, `idemq: operate idemq dedup stores and measure a broker and store pair.
+	fmt.Fprint(w, `idemq: operate idemq dedup stores.
 
 Usage: idemq <command> [flags]
 

@@ -10,25 +10,25 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // kafkaCluster returns the broker list with topics created (3 partitions
 // each): on IDEMQ_KAFKA_URL's hosts when it is set (a real cluster; the
 // topics are deleted when the test ends; unreachable skips, or fails with
-// IDEMQ_REQUIRE_SERVICES=1), else on a fresh in-process kfake cluster
-// speaking the Kafka protocol on a loopback port (the service, a separate
-// process, connects to it over TCP), closed when the test ends.
+// IDEMQ_REQUIRE_SERVICES=1), else on a fresh kfake cluster
+// (bench/cmd/kfake, a process of its own: servicetest.StartKfake) speaking
+// the Kafka protocol on a loopback port (the service, a separate process,
+// connects to it over TCP), stopped when the test ends. Like a Kafka
+// broker's defaults, kfake then creates no topic on first use and accepts
+// group session timeouts of 6s and more.
 func kafkaCluster(t *testing.T, topics ...string) string {
 	t.Helper()
 	raw := os.Getenv("IDEMQ_KAFKA_URL")
 	if raw == "" {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topics...))
-		if err != nil {
-			t.Fatalf("kfake: %v", err)
-		}
-		t.Cleanup(c.Close)
-		return strings.Join(c.ListenAddrs(), ",")
+		return servicetest.StartKfake(t, "-brokers", "1", "-auto-create=false",
+			"-topics", strings.Join(topics, ":3,")+":3")
 	}
 	hosts := raw
 	if u, err := url.Parse(raw); err == nil && u.Scheme == "kafka" {

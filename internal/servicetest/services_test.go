@@ -4,10 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"net"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	kafkago "github.com/segmentio/kafka-go"
 )
 
 func TestDeleteQueuesAtCleanup(t *testing.T) {
@@ -75,5 +80,52 @@ func TestStartFauxqs(t *testing.T) {
 func TestStartFauxqsNotInstalled(t *testing.T) {
 	if _, err := StartFauxqs(t.TempDir()); err == nil {
 		t.Fatal("started from an empty folder")
+	}
+}
+
+// StartKfake builds and runs bench/cmd/kfake: the brokers answer Kafka
+// metadata requests with the seeded topic, and are gone once the test
+// that started them has ended.
+func TestStartKfake(t *testing.T) {
+	var addrs []string
+	t.Run("run", func(t *testing.T) {
+		addr := StartKfake(t, "-brokers", "2", "-topics", "seeded:3", "-auto-create=false")
+		addrs = strings.Split(addr, ",")
+		if len(addrs) != 2 {
+			t.Fatalf("addresses %q: want two brokers", addr)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c := &kafkago.Client{Addr: kafkago.TCP(addrs...)}
+		md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{"seeded"}})
+		if err != nil {
+			t.Fatalf("metadata: %v", err)
+		}
+		if len(md.Brokers) != 2 || len(md.Topics) != 1 || md.Topics[0].Name != "seeded" || len(md.Topics[0].Partitions) != 3 {
+			t.Fatalf("metadata: brokers %v, topics %+v; want 2 brokers and seeded with 3 partitions", md.Brokers, md.Topics)
+		}
+	})
+	for _, a := range addrs {
+		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+			c.Close()
+			t.Errorf("broker %s still accepts connections after the test ended", a)
+		}
+	}
+}
+
+// A kfake that refuses its flags fails NewKfake with kfake's own message,
+// which shows no password.
+func TestNewKfakeBadFlags(t *testing.T) {
+	const secret = "Kf-S3cret"
+	k, err := NewKfake("-sasl", "GSSAPI:user:"+secret)
+	if errors.Is(err, ErrNoKfake) {
+		Unavailable(t, "%v", err)
+	}
+	if err == nil {
+		k.Stop()
+		t.Fatal("started with an unknown SASL mechanism")
+	}
+	if !strings.Contains(err.Error(), "mechanism must be") || strings.Contains(err.Error(), secret) {
+		t.Fatalf("error %q: want kfake's message, without the password", err)
 	}
 }

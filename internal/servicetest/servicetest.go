@@ -11,7 +11,9 @@
 // Beside the lookups (PostgresURL, MySQLURL, RabbitMQURL, URL for any
 // other service, Unavailable for a missing binary or tool) it holds the
 // other service plumbing the tests repeated: StartFauxqs runs the SQS
-// emulator, DeleteQueuesAtCleanup removes a test's RabbitMQ queues.
+// emulator, StartKfake (and NewKfake, for code without a testing.TB)
+// builds and runs bench/cmd/kfake, an in-memory Kafka, in a process of its
+// own, DeleteQueuesAtCleanup removes a test's RabbitMQ queues.
 //
 // It is an ordinary package so that test files of every package in the
 // module can share it; being internal, nothing outside the module can.
@@ -57,7 +59,7 @@ const (
 	// RabbitMQDefault is the local RabbitMQ broker.
 	RabbitMQDefault = "amqp://guest:guest@127.0.0.1:5672/"
 	// KafkaEnv holds a real Kafka cluster's brokers; unset, the Kafka tests
-	// use an in-process cluster instead.
+	// start bench/cmd/kfake instead (StartKfake).
 	KafkaEnv = "IDEMQ_KAFKA_URL"
 	// SQSEnv holds a real SQS-protocol endpoint; unset, the SQS tests start
 	// the fauxqs emulator instead.

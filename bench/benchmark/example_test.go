@@ -5,11 +5,11 @@ import (
 	"log"
 	"os"
 
-	"github.com/idemq/idemq/benchmark"
+	"github.com/idemq/idemq/bench/benchmark"
 )
 
 // Run the default configurations against local RabbitMQ and Postgres and
-// print the table; idemq bench does the same from the command line.
+// print the table; idemq-bench does the same from the command line.
 func ExampleRun() {
 	rep, err := benchmark.Run(context.Background(), benchmark.Config{
 		Broker:   "amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench",
@@ -28,7 +28,8 @@ func ExampleRun() {
 }
 
 // Compare idemq with hand-written consumers for another broker and store:
-// here Kafka (go run ./cmd/kfake -addr 127.0.0.1:9092 serves one) into
+// here Kafka (go run ./cmd/kfake -addr 127.0.0.1:9092, in the bench
+// module, serves one) into
 // MariaDB, and SQS (an emulator's endpoint) into Postgres with batches of
 // 10, the most SQS receives and deletes at once.
 func ExampleRun_otherBrokersAndStores() {

@@ -56,7 +56,7 @@ func kafkaURL(t *testing.T) string {
 }
 
 // fauxqsDir is where `npm ci` installs the SQS emulator.
-var fauxqsDir = filepath.Join("..", "brokers", "sqs", "internal", "fauxqs")
+var fauxqsDir = filepath.Join("..", "..", "brokers", "sqs", "internal", "fauxqs")
 
 // sqsURL starts fauxqs on a free loopback port (stopped when the test
 // ends) and returns an sqs:// URL for it. Without node or fauxqs the test

@@ -23,7 +23,7 @@ type Report struct {
 	// Results has one entry per configuration (and per scenario step), in
 	// the order run.
 	Results []*Result
-	// Ratios compare configurations as the targets of issue 10 state them;
+	// Ratios compare configurations as idemq's performance targets state them;
 	// only ratios whose both sides ran are present.
 	Ratios []Ratio
 }
@@ -125,7 +125,7 @@ type Summary struct {
 }
 
 // Ratio compares two configurations' throughput (or, for the scenarios,
-// latency or memory) as a target of issue 10 states it.
+// latency or memory) as one of idemq's performance targets states it.
 type Ratio struct {
 	// Name says what is compared, e.g. "idemq-batch / hand-batch".
 	Name string
@@ -133,7 +133,7 @@ type Ratio struct {
 	Metric string
 	// Value is numerator / denominator, from the medians.
 	Value float64
-	// Target is the issue's target as text (e.g. "≥ 0.90"); Met says
+	// Target is the target as text (e.g. "≥ 0.90"); Met says
 	// whether Value meets it.
 	Target string
 	Met    bool
@@ -199,7 +199,7 @@ func (rep *Report) result(name string) *Result {
 	return nil
 }
 
-// addRatios appends the ratios of issue 10's targets whose both sides ran
+// addRatios appends the ratios of the performance targets whose both sides ran
 // and passed.
 func (rep *Report) addRatios() {
 	tput := func(num, den, target string, min float64) {

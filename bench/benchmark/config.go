@@ -43,7 +43,7 @@ const (
 	IdemqBatch = "idemq-batch"
 
 	// MemoryScenario measures the idemq batch consumer's peak RSS with
-	// 10,000 and then 1,000,000 messages queued (issue 10, target 4).
+	// 10,000 and then 1,000,000 messages queued.
 	// Not in the default set: publishing and consuming 1M takes minutes.
 	MemoryScenario = "memory"
 	// GrowthScenario measures idemq batch throughput with GrowthRows rows
@@ -67,7 +67,7 @@ type Config struct {
 	// Broker is the broker URL, one of (see BrokerSchemes):
 	//
 	//	amqp://guest:guest@127.0.0.1:5672/?queue=bench   RabbitMQ
-	//	kafka://127.0.0.1:9092/bench?partitions=8        Kafka (e.g. go run ./cmd/kfake)
+	//	kafka://127.0.0.1:9092/bench?partitions=8        Kafka (e.g. bench/cmd/kfake)
 	//	sqs://KEY:SECRET@bench?endpoint=http://127.0.0.1:9324&region=us-east-1
 	//
 	// Each run uses its own queue (topic) named after the URL's (default

@@ -1,3 +1,18 @@
+// Command idemq-bench measures a broker and store pair: it publishes the
+// same payment workload to the broker and consumes it into the store with
+// hand-written baseline consumers and with idemq, in turn, and prints
+// msgs/s and decision latency side by side (package benchmark does the
+// work):
+//
+//	idemq-bench --broker URL --store URL -n 100000 --duplicates 0.2
+//
+// It belongs to the bench module, beside the library's: from a checkout,
+// `cd bench && go run ./cmd/idemq-bench --help`. Credentials in URLs never
+// appear in the output.
+//
+// Exit codes, for scripts: 0 success, 1 failure (a configuration failed
+// or broke the correctness check, the broker or store failed, or the run
+// was interrupted), 2 usage error (bad or missing flag).
 package main
 
 import (
@@ -8,22 +23,54 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"regexp"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
-	"github.com/idemq/idemq/benchmark"
+	"github.com/idemq/idemq/bench/benchmark"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/redact"
 )
 
-const benchUsage = `Usage: idemq bench --broker URL --store URL [-n 100000] [--duplicates 0.2] [--batch 200]
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the command line args and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := runBench(ctx, args, stdout, stderr)
+	switch {
+	case err == nil, errors.Is(err, errHelp):
+		return exitOK
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "idemq-bench: %v\nRun 'idemq-bench --help' for usage.\n", err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "idemq-bench: %v\n", err)
+		return exitFailure
+	}
+}
+
+const benchUsage = `Usage: idemq-bench --broker URL --store URL [-n 100000] [--duplicates 0.2] [--batch 200]
 
 Publishes N payment messages (plus the duplicates) to the broker and
 consumes them into the store with each configuration in turn: seed-style
@@ -49,7 +96,7 @@ Exit code 1 if a configuration failed or broke the correctness check.
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newFlags("bench", benchUsage, stdout)
+	f := newFlags("idemq-bench", benchUsage, stdout)
 	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…) (required)")
 	storeURL := f.storeFlag()
 	n := f.Int("n", 50_000, "unique messages per run")
@@ -223,5 +270,69 @@ func (p *progressWriter) finish() {
 	defer p.mu.Unlock()
 	if p.bar != nil {
 		p.bar.Finish()
+	}
+}
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// errHelp is returned when --help printed the usage: exit code 0.
+var errHelp = errors.New("help requested")
+
+// flags is the command's flag set with the conventions of cmd/idemq:
+// --help prints the usage to stdout (exit 0), a bad flag is a usage error
+// (exit 2).
+type flags struct {
+	*flag.FlagSet
+	usage  string
+	stdout io.Writer
+}
+
+func newFlags(name, usage string, stdout io.Writer) *flags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported once, by run
+	return &flags{FlagSet: fs, usage: usage, stdout: stdout}
+}
+
+// parse parses args; it allows no positional arguments.
+func (f *flags) parse(args []string) error {
+	if err := f.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(f.stdout, f.usage+"\nFlags:\n")
+			f.SetOutput(f.stdout)
+			f.PrintDefaults()
+			return errHelp
+		}
+		return usageError{err}
+	}
+	if f.NArg() > 0 {
+		return usagef("unexpected argument %q", f.Arg(0))
+	}
+	return nil
+}
+
+// storeFlag defines --store and returns a function that checks it.
+func (f *flags) storeFlag() func() (string, error) {
+	s := f.String("store", "", "store URL: postgres://…, mysql://…, sqlite://path (?table= names the dedup table) (required)")
+	return func() (string, error) {
+		if *s == "" {
+			return "", usagef("--store is required")
+		}
+		u, err := redact.ParseURL(*s)
+		if err != nil {
+			// Not quoted: no rule knows where a malformed URL's password ends.
+			return "", usagef("--store: %v", err)
+		}
+		if u.Scheme == "" {
+			return "", usagef("--store %s is not a URL like postgres://host/db, mysql://host/db or sqlite://path", core.Redact(*s))
+		}
+		return *s, nil
 	}
 }

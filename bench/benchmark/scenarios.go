@@ -14,8 +14,8 @@ import (
 	"github.com/idemq/idemq/core"
 )
 
-// memorySizes are the queue depths the memory scenario compares (issue 10,
-// target 4: 10,000 against 1,000,000). Tests shrink them.
+// memorySizes are the queue depths the memory scenario compares (10,000
+// against 1,000,000). Tests shrink them.
 var memorySizes = [2]int{10_000, 1_000_000}
 
 // memoryScenario queues memorySizes[0], then memorySizes[1] unique

@@ -12,7 +12,7 @@ import (
 
 // The baselines are what a team writes by hand on the raw drivers
 // (amqp091-go, kafka-go, aws-sdk-go-v2; pgx, go-sql-driver/mysql), without
-// idemq. They are the yardsticks of issue 10's targets, so they are written
+// idemq. They are the yardsticks of the targets (Report.Ratios), so they are written
 // to be good, not straw men: prepared or interpolated statements, claims
 // that never raise a duplicate-key error, sorted keys against deadlocks.
 // The broker side of each (this file for RabbitMQ, kafka.go, sqs.go) moves

@@ -1,11 +1,11 @@
 // Package benchmark measures idemq against hand-written consumers on the
-// same data and the same business effect, in one run, as issue 10 asks:
-// the seed pattern on the raw drivers (one transaction per message, at
-// prefetch 5 with one worker and at prefetch 100 with 8 workers), a
-// hand-tuned batch consumer (one multi-row claim, one set-based UPDATE,
-// one commit, one multiple ack per batch), the broker alone (consume and
-// ack, no database), and idemq at batch size 1 and in batch mode (a
-// per-message handler with postgres.Queue, and a set-based BatchHandler).
+// same data and the same business effect, in one run: the seed pattern on
+// the raw drivers (one transaction per message, at prefetch 5 with one
+// worker and at prefetch 100 with 8 workers), a hand-tuned batch consumer
+// (one multi-row claim, one set-based UPDATE, one commit, one multiple ack
+// per batch), the broker alone (consume and ack, no database), and idemq
+// at batch size 1 and in batch mode (a per-message handler with
+// postgres.Queue, and a set-based BatchHandler).
 //
 // Every run publishes Config.N messages plus Config.Duplicates × N copies
 // of recent ones to a fresh queue, each a JSON payment
@@ -26,8 +26,8 @@
 // breaks either is reported FAILED, never as a number.
 //
 // The broker and the store are independent choices (Config.Broker,
-// Config.Store): RabbitMQ (amqp://), Kafka (kafka://; cmd/kfake serves one
-// in memory) or SQS (sqs://; the fauxqs emulator or AWS) into Postgres
+// Config.Store): RabbitMQ (amqp://), Kafka (kafka://; bench/cmd/kfake serves
+// one in memory) or SQS (sqs://; the fauxqs emulator or AWS) into Postgres
 // (postgres://) or MariaDB/MySQL (mysql://). Each broker writes its own
 // raw-driver consumers (amqp091-go, kafka-go, aws-sdk-go-v2: acks, offset
 // commits, DeleteMessage/DeleteMessageBatch) and each store its own
@@ -40,11 +40,11 @@
 // otherwise.
 //
 // Run returns a Report that prints as a table (WriteTable), as JSON
-// (WriteJSON) and as a bar chart (WritePNG). The `idemq bench` command is a
-// thin front end to Run.
+// (WriteJSON) and as a bar chart (WritePNG). The idemq-bench command
+// (bench/cmd/idemq-bench) is a thin front end to Run.
 //
-// The scenarios MemoryScenario and GrowthScenario (issue 10, targets 4 and
-// 5) are slow and run only when named in Config.Configs. MemoryScenario
+// The scenarios MemoryScenario and GrowthScenario are slow and run only
+// when named in Config.Configs. MemoryScenario
 // compares peak RSS with 10,000 and 1,000,000 messages queued.
 // GrowthScenario fills a dedup table with Config.GrowthRows old rows,
 // compares idemq batch throughput on it with an empty table, then holds

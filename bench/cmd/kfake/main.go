@@ -1,0 +1,290 @@
+// Command kfake serves an in-process Kafka cluster
+// (github.com/twmb/franz-go/pkg/kfake) on loopback ports, so that examples,
+// tests and idemq-bench can run against kafka://127.0.0.1:PORT/… without
+// Docker or a JVM.
+//
+// It is a development aid, not a production broker: everything is kept in
+// memory, nothing is replicated, and the data is gone when it stops.
+//
+// Usage, from the bench module (cd bench):
+//
+//	go run ./cmd/kfake -addr 127.0.0.1:9092 -topics payments:3,payments.dlq:1
+//
+// It serves until SIGINT or SIGTERM (or, with -watch-stdin, until its
+// standard input closes), and prints the addresses it listens on as
+//
+//	kfake: serving Kafka on 127.0.0.1:9092 (…)
+//
+// Flags, with their defaults:
+//
+//	-addr 127.0.0.1:9092      loopback host:port of the first broker; port 0
+//	                          gives every broker a free port
+//	-brokers 1                brokers in the cluster; with a fixed port they
+//	                          listen on port, port+1, …
+//	-topics ""                topics created up front, name:partitions[,…]
+//	                          (partitions default to 1)
+//	-auto-create true         create unknown topics on first use
+//	-partitions 1             partitions of auto-created topics
+//	-min-session-timeout 6s   smallest consumer group session timeout accepted
+//	                          (Kafka's default; lower it for quick rebalances)
+//	-tls-cert "" -tls-key ""  PEM certificate and key files: serve TLS only
+//	                          (1.2 or later); both or neither (plaintext)
+//	-sasl ""                  MECHANISM:USER:PASSWORD, repeatable: require SASL
+//	                          authentication, with this user as a superuser;
+//	                          PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (none:
+//	                          no authentication)
+//	-watch-stdin false        exit when standard input closes, so that a
+//	                          parent process holding the pipe takes kfake
+//	                          with it when it ends
+//
+// Then point anything at it by URL, for example:
+//
+//	kafka://127.0.0.1:9092/payments?group=billing   (core.OpenSource)
+//	IDEMQ_KAFKA_URL=kafka://127.0.0.1:9092 go test ./brokers/kafka/
+//
+// (without IDEMQ_KAFKA_URL the library's Kafka tests build and start this
+// command themselves, a cluster per test: internal/servicetest.StartKfake).
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "kfake:", err)
+		os.Exit(2)
+	}
+}
+
+// settings are the command line's flags, checked.
+type settings struct {
+	host       string
+	port       int
+	brokers    int
+	topics     []topicSpec
+	autoCreate bool
+	partitions int
+	minSession time.Duration
+	tlsCert    string
+	tlsKey     string
+	users      []saslUser
+	watchStdin bool
+}
+
+// saslUser is one -sasl value.
+type saslUser struct {
+	mechanism, user, password string
+}
+
+func run(args []string, stdin io.Reader, stdout io.Writer) error {
+	s, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	opts, err := s.options()
+	if err != nil {
+		return err
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Fprintf(stdout, "kfake: serving Kafka on %s (development aid: in memory, not a production broker); Ctrl-C stops it\n",
+		strings.Join(c.ListenAddrs(), ","))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if s.watchStdin {
+		go func() {
+			io.Copy(io.Discard, stdin)
+			stop()
+		}()
+	}
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "kfake: stopping")
+	return nil
+}
+
+// parseFlags reads and checks the command line.
+func parseFlags(args []string) (*settings, error) {
+	fs := flag.NewFlagSet("kfake", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:9092", "loopback host:port of the first broker (port 0: a free port for every broker)")
+	brokers := fs.Int("brokers", 1, "brokers in the cluster (with a fixed port they listen on port, port+1, …)")
+	topics := fs.String("topics", "", "topics to create, name:partitions[,name:partitions...]")
+	auto := fs.Bool("auto-create", true, "create unknown topics on first use (with -partitions partitions)")
+	parts := fs.Int("partitions", 1, "partitions of auto-created topics")
+	minSession := fs.Duration("min-session-timeout", 6*time.Second, "smallest consumer group session timeout accepted (Kafka's default 6s; lower it for fast rebalances in tests)")
+	tlsCert := fs.String("tls-cert", "", "PEM certificate file: serve TLS only, with -tls-key (default plaintext)")
+	tlsKey := fs.String("tls-key", "", "PEM private key file of -tls-cert")
+	var users []saslUser
+	var saslErr error
+	fs.Func("sasl", "MECHANISM:USER:PASSWORD (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), repeatable: require SASL, with this superuser (default no authentication)", func(v string) error {
+		// The error is reported after parsing: the flag package's own
+		// message would quote the value, password included.
+		u, err := parseSASL(v)
+		if err != nil && saslErr == nil {
+			saslErr = fmt.Errorf("-sasl: %w", err)
+		}
+		users = append(users, u)
+		return nil
+	})
+	watch := fs.Bool("watch-stdin", false, "exit when standard input closes (for a parent process that holds the pipe)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if saslErr != nil {
+		return nil, saslErr
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	host, port, err := loopback(*addr)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case *brokers < 1 || *brokers > 100:
+		return nil, fmt.Errorf("-brokers %d: must be from 1 to 100", *brokers)
+	case port != 0 && port+*brokers-1 > 65535:
+		return nil, fmt.Errorf("-brokers %d from port %d: ports beyond 65535", *brokers, port)
+	case *parts < 1:
+		return nil, fmt.Errorf("-partitions %d: must be at least 1", *parts)
+	case *minSession <= 0:
+		return nil, fmt.Errorf("-min-session-timeout %v: must be positive", *minSession)
+	case (*tlsCert == "") != (*tlsKey == ""):
+		return nil, errors.New("-tls-cert and -tls-key go together")
+	}
+	specs, err := parseTopics(*topics)
+	if err != nil {
+		return nil, err
+	}
+	return &settings{
+		host: host, port: port, brokers: *brokers, topics: specs, autoCreate: *auto, partitions: *parts,
+		minSession: *minSession, tlsCert: *tlsCert, tlsKey: *tlsKey, users: users, watchStdin: *watch,
+	}, nil
+}
+
+// loopback splits addr, which must be on a loopback address: kfake is a
+// development aid.
+func loopback(addr string) (host string, port int, err error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("-addr %q: %w", addr, err)
+	}
+	ip := net.ParseIP(host)
+	if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return "", 0, fmt.Errorf("-addr %q: host must be a loopback address (this is a development aid)", addr)
+	}
+	port, err = strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("-addr %q: bad port", addr)
+	}
+	return host, port, nil
+}
+
+// options turns the settings into kfake options.
+func (s *settings) options() ([]kfake.Opt, error) {
+	opts := []kfake.Opt{
+		kfake.NumBrokers(s.brokers),
+		kfake.DefaultNumPartitions(s.partitions),
+		kfake.GroupMinSessionTimeout(s.minSession),
+		// kfake asks for 127.0.0.1:<port>; listen on -addr's host instead.
+		kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			_, port, err := net.SplitHostPort(address)
+			if err != nil {
+				return nil, err
+			}
+			return net.Listen(network, net.JoinHostPort(s.host, port))
+		}),
+	}
+	if s.port != 0 {
+		ports := make([]int, s.brokers)
+		for i := range ports {
+			ports[i] = s.port + i
+		}
+		opts = append(opts, kfake.Ports(ports...))
+	}
+	if s.autoCreate {
+		opts = append(opts, kfake.AllowAutoTopicCreation())
+	}
+	for _, t := range s.topics {
+		opts = append(opts, kfake.SeedTopics(t.partitions, t.name))
+	}
+	if s.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(s.tlsCert, s.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("-tls-cert, -tls-key: %w", err)
+		}
+		opts = append(opts, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
+	}
+	if len(s.users) > 0 {
+		opts = append(opts, kfake.EnableSASL())
+		for _, u := range s.users {
+			opts = append(opts, kfake.Superuser(u.mechanism, u.user, u.password))
+		}
+	}
+	return opts, nil
+}
+
+// parseSASL parses MECHANISM:USER:PASSWORD; the password may hold ':'.
+// Errors never quote the password.
+func parseSASL(v string) (saslUser, error) {
+	parts := strings.SplitN(v, ":", 3)
+	if len(parts) != 3 || parts[1] == "" || parts[2] == "" {
+		return saslUser{}, errors.New("want MECHANISM:USER:PASSWORD, none of them empty")
+	}
+	switch m := strings.ToUpper(parts[0]); m {
+	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		return saslUser{m, parts[1], parts[2]}, nil
+	}
+	return saslUser{}, errors.New("the mechanism must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+}
+
+type topicSpec struct {
+	name       string
+	partitions int32
+}
+
+// parseTopics parses "a:3,b,c:1".
+func parseTopics(s string) ([]topicSpec, error) {
+	var out []topicSpec
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		name, n, hasN := strings.Cut(part, ":")
+		if name == "" {
+			return nil, fmt.Errorf("-topics %q: empty topic name", s)
+		}
+		p := 1
+		if hasN {
+			v, err := strconv.Atoi(n)
+			if err != nil || v < 1 || v > 10000 {
+				return nil, fmt.Errorf("-topics: %q: partitions must be 1..10000", part)
+			}
+			p = v
+		}
+		out = append(out, topicSpec{name, int32(p)})
+	}
+	if len(out) == 0 {
+		return nil, errors.New("-topics: no topics")
+	}
+	return out, nil
+}

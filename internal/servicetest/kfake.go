@@ -1,0 +1,215 @@
+package servicetest
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// KfakeStartTimeout bounds how long NewKfake waits for a started kfake to
+// print its addresses and accept connections; building it is not counted.
+const KfakeStartTimeout = 30 * time.Second
+
+// ErrNoKfake is the error NewKfake wraps when bench/cmd/kfake cannot be
+// built here: its source is not in this checkout (a copy of the module
+// without the bench module, as in the module cache), or there is no go
+// command on the PATH.
+var ErrNoKfake = errors.New("cannot build bench/cmd/kfake")
+
+// Kfake is a running bench/cmd/kfake: an in-memory Kafka cluster on
+// loopback ports, in a process of its own, started by NewKfake.
+type Kfake struct {
+	// Addr is the brokers' host:port list, comma-separated, as a Kafka
+	// client's bootstrap servers.
+	Addr string
+
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	done   chan struct{}
+	stderr *lockedBuilder
+	stop   sync.Once
+}
+
+// StartKfake starts bench/cmd/kfake with args (see NewKfake), stops it
+// when t ends, and returns its brokers' host:port list. When kfake cannot
+// be built here (ErrNoKfake) it ends t through Unavailable, naming
+// IDEMQ_KAFKA_URL; any other failure fails t.
+func StartKfake(t testing.TB, args ...string) string {
+	t.Helper()
+	k, err := NewKfake(args...)
+	if errors.Is(err, ErrNoKfake) {
+		Unavailable(t, "no Kafka for the test: %v; set %s to a Kafka cluster", err, KafkaEnv)
+	}
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(k.Stop)
+	return k.Addr
+}
+
+// NewKfake builds bench/cmd/kfake, once per process, and starts it on free
+// loopback ports with args after "-addr 127.0.0.1:0 -watch-stdin" (so an
+// -addr in args wins; the flags are in the command's doc: -brokers,
+// -topics, -auto-create, -min-session-timeout, -tls-cert, -tls-key,
+// -sasl, …). It returns once every broker accepts TCP connections. The
+// cluster runs until Stop, or until the process holding its standard input
+// (this one) ends.
+//
+// The binary goes to a directory of the user's cache named after the
+// checkout, where the go command leaves it as it is while it is up to
+// date: later processes do not link it again, and nothing is left behind
+// per process.
+func NewKfake(args ...string) (*Kfake, error) {
+	bin, err := kfakeBinary()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-watch-stdin"}, args...)...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	k := &Kfake{cmd: cmd, in: in, done: make(chan struct{}), stderr: &lockedBuilder{}}
+	cmd.Stderr = k.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { cmd.Wait(); close(k.done) }()
+	found := make(chan string, 1)
+	go func() {
+		// Read to the end: kfake must not write into a closed pipe.
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			rest, ok := strings.CutPrefix(sc.Text(), "kfake: serving Kafka on ")
+			if !ok {
+				continue
+			}
+			addrs, _, _ := strings.Cut(rest, " ")
+			select {
+			case found <- addrs:
+			default:
+			}
+		}
+	}()
+	deadline := time.After(KfakeStartTimeout)
+	select {
+	case k.Addr = <-found:
+	case <-k.done:
+		return nil, fmt.Errorf("kfake exited: %s", strings.TrimSpace(k.stderr.String()))
+	case <-deadline:
+		k.Stop()
+		return nil, errors.New("kfake printed no address within " + KfakeStartTimeout.String())
+	}
+	for _, a := range strings.Split(k.Addr, ",") {
+		for {
+			c, err := net.DialTimeout("tcp", a, time.Second)
+			if err == nil {
+				c.Close()
+				break
+			}
+			select {
+			case <-k.done:
+				return nil, fmt.Errorf("kfake exited: %s", strings.TrimSpace(k.stderr.String()))
+			case <-deadline:
+				k.Stop()
+				return nil, fmt.Errorf("kfake broker %s accepts no connection within %v: %v", a, KfakeStartTimeout, err)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return k, nil
+}
+
+// Stop closes kfake's standard input, on which it exits, and waits for it
+// (killing it after 5s). It may be called more than once.
+func (k *Kfake) Stop() {
+	k.stop.Do(func() {
+		k.in.Close()
+		select {
+		case <-k.done:
+		case <-time.After(5 * time.Second):
+			k.cmd.Process.Kill()
+			<-k.done
+		}
+	})
+}
+
+var kfakeBuild struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// kfakeBinary builds bench/cmd/kfake once per process and returns the
+// binary's path.
+func kfakeBinary() (string, error) {
+	kfakeBuild.once.Do(func() { kfakeBuild.bin, kfakeBuild.err = buildKfake() })
+	return kfakeBuild.bin, kfakeBuild.err
+}
+
+func buildKfake() (string, error) {
+	src, err := kfakeSource()
+	if err != nil {
+		return "", err
+	}
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrNoKfake, err)
+	}
+	base, err := os.UserCacheDir()
+	if err != nil {
+		base = os.TempDir()
+	}
+	sum := sha256.Sum256([]byte(src))
+	dir := filepath.Join(base, "idemq-servicetest", fmt.Sprintf("kfake-%x", sum[:6]))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "kfake")
+	if runtime.GOOS == "windows" {
+		bin += ".exe"
+	}
+	cmd := exec.Command(goCmd, "build", "-o", bin, ".")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build -o %s . in %s: %v\n%s", bin, src, err, out)
+	}
+	return bin, nil
+}
+
+// kfakeSource finds the bench/cmd/kfake directory of this checkout: beside
+// this file's module root, or else beside the module root `go env GOMOD`
+// names (when file names are trimmed from the binary).
+func kfakeSource() (string, error) {
+	var roots []string
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		roots = append(roots, filepath.Join(filepath.Dir(file), "..", ".."))
+	}
+	if out, err := exec.Command("go", "env", "GOMOD").Output(); err == nil {
+		if mod := strings.TrimSpace(string(out)); mod != "" && mod != os.DevNull {
+			roots = append(roots, filepath.Dir(mod))
+		}
+	}
+	for _, root := range roots {
+		dir := filepath.Join(root, "bench", "cmd", "kfake")
+		if _, err := os.Stat(filepath.Join(dir, "main.go")); err == nil {
+			return filepath.Abs(dir)
+		}
+	}
+	return "", fmt.Errorf("%w: no bench/cmd/kfake beside the module root (looked in %s)", ErrNoKfake, strings.Join(roots, ", "))
+}
