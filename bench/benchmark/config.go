@@ -41,6 +41,14 @@ const (
 	// IdemqBatch is idemq in batch mode with a core.NewBatch set-based
 	// BatchHandler (one UPDATE per batch, as the hand-tuned consumer).
 	IdemqBatch = "idemq-batch"
+	// IdemqBatchObserved is IdemqBatch with the tracing and metrics
+	// observers on the OpenTelemetry SDK: every span sampled and batched
+	// to an exporter that drops them, metrics into a manual reader. It
+	// measures what observing costs the batch path.
+	IdemqBatchObserved = "idemq-batch-observed"
+	// IdemqBatchSampled is IdemqBatchObserved with 10% of traces sampled
+	// (TraceIDRatioBased), as busy services run.
+	IdemqBatchSampled = "idemq-batch-sampled"
 
 	// MemoryScenario measures the idemq batch consumer's peak RSS with
 	// 10,000 and then 1,000,000 messages queued.
@@ -60,6 +68,10 @@ var DefaultConfigs = []string{SeedP5, SeedP100W8, HandBatch, RawAck, IdemqB1W5, 
 
 // Scenarios are the slow configurations run only when named.
 var Scenarios = []string{MemoryScenario, GrowthScenario}
+
+// ObservedConfigs are the observed variants of IdemqBatch, run only when
+// named.
+var ObservedConfigs = []string{IdemqBatchObserved, IdemqBatchSampled}
 
 // Config says what Run measures. Zero values take the defaults given on
 // each field.
@@ -234,8 +246,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]bool{}
 	for _, name := range c.Configs {
-		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) {
-			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(append(slices.Clone(DefaultConfigs), Scenarios...), ", "))
+		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) && !slices.Contains(ObservedConfigs, name) {
+			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(slices.Concat(DefaultConfigs, ObservedConfigs, Scenarios), ", "))
 		}
 		if seen[name] {
 			return c, fmt.Errorf("benchmark: Config.Configs: %q given twice", name)
@@ -268,6 +280,10 @@ func Describe(name string) string {
 		return "idemq batch mode, per-message handler with postgres.Queue, IsolateReplay"
 	case IdemqBatch:
 		return "idemq batch mode, core.NewBatch set-based BatchHandler"
+	case IdemqBatchObserved:
+		return "idemq-batch with tracing (every span) and metrics observers on the OTel SDK"
+	case IdemqBatchSampled:
+		return "idemq-batch with tracing (10% of traces) and metrics observers on the OTel SDK"
 	case MemoryScenario:
 		return "idemq batch: peak RSS with 10k vs 1M messages queued"
 	case GrowthScenario:

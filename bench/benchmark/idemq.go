@@ -10,8 +10,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/middleware/metrics"
+	"github.com/idemq/idemq/middleware/tracing"
 	"github.com/idemq/idemq/stores/postgres"
 )
 
@@ -59,6 +64,20 @@ func (o *stageTimer) EndStage(ctx context.Context, s core.Stage, _ error) {
 	}
 }
 
+// observers returns the tracing and metrics observers on the OpenTelemetry
+// SDK, as a service exporting them runs: spans batched to an exporter that
+// drops them, metrics into a manual reader. The providers live as long as
+// the benchmark process.
+func observers(sampler sdktrace.Sampler) []core.Observer {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSampler(sampler))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	met, err := metrics.New(metrics.WithMeterProvider(mp))
+	if err != nil {
+		panic(err) // the SDK refuses no instrument
+	}
+	return []core.Observer{tracing.New(tracing.WithTracerProvider(tp)), met}
+}
+
 // idemqShape is what an idemq configuration name asks for.
 type idemqShape int
 
@@ -86,8 +105,12 @@ func idemqOptions(e *runEnv, _ *tracker, name string, stages *stageTimer) ([]cor
 		return append(opts, core.WithBatchSize(1), core.WithWindow(100), core.WithConcurrency(8)), shapeOne, 10
 	case IdemqQueue:
 		return append(opts, core.WithBatchSize(b), core.WithConcurrency(w), core.WithIsolation(core.IsolateReplay)), shapeQueue, w + 2
+	case IdemqBatchObserved:
+		opts = append(opts, core.WithObserver(observers(sdktrace.AlwaysSample())...))
+	case IdemqBatchSampled:
+		opts = append(opts, core.WithObserver(observers(sdktrace.TraceIDRatioBased(0.1))...))
 	}
-	// IdemqBatch and the scenarios
+	// IdemqBatch, its observed variants and the scenarios
 	return append(opts, core.WithBatchSize(b), core.WithConcurrency(w)), shapeBatch, w + 2
 }
 

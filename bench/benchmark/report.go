@@ -218,6 +218,10 @@ func (rep *Report) addRatios() {
 	tput(IdemqB1W5, SeedP5, "≥ 0.90", 0.90)
 	tput(IdemqB1W100C8, SeedP100W8, "≥ 0.90", 0.90)
 	tput(HandBatch, RawAck, "(ceiling)", 0)
+	for _, observed := range ObservedConfigs {
+		tput(observed, IdemqBatch, "≥ 0.90", 0.90)
+		tput(observed, HandBatch, "≥ 0.90", 0.90)
+	}
 
 	if a, b := rep.result(MemoryScenario+"/1m"), rep.result(MemoryScenario+"/10k"); a != nil && b != nil && a.Failed == "" && b.Failed == "" && b.PeakRSS > 0 {
 		v := float64(a.PeakRSS) / float64(b.PeakRSS)

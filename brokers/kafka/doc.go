@@ -63,6 +63,6 @@
 // RequiredAcks RequireAll, setting the id header and injecting the trace
 // context of the context into the headers.
 //
-// For development and tests without Docker, cmd/kfake serves an in-memory
+// For development and tests without Docker, bench/cmd/kfake (its own module) serves an in-memory
 // Kafka (github.com/twmb/franz-go/pkg/kfake) on a loopback port.
 package kafka
