@@ -65,8 +65,8 @@ func (s PruneSchedule) withDefaults() (PruneSchedule, error) {
 // round it rests in proportion to how long the last batch took (s.Duty): a
 // backlog of millions of old claims is deleted at a fraction of one
 // connection's pace instead of back to back, which keeps its write-ahead
-// log flushes from crowding the consumers' commits (issue 10: p99 decision
-// latency while 10M rows are pruned). It returns ctx's error when ctx is
+// log flushes from crowding the consumers' commits (the p99 decision
+// latency while 10M rows are pruned is the measure). It returns ctx's error when ctx is
 // done; a failed round is logged and retried at the next tick. Stores'
 // RunPruner methods call it.
 func RunPruner(ctx context.Context, p Pruner, s PruneSchedule) error {
