@@ -115,8 +115,8 @@ type Config struct {
 	// once, then again), so a change in the machine's load spreads over all
 	// of them. Default 3.
 	Repeat int
-	// Configs names the configurations to run (see DefaultConfigs and
-	// Scenarios). Default DefaultConfigs.
+	// Configs names the configurations to run (see DefaultConfigs,
+	// ObservedConfigs and Scenarios). Default DefaultConfigs.
 	Configs []string
 	// LatencyRate is the rate, in messages per second, of the paced phase
 	// that follows each run's backlog: its messages carry their publish

@@ -119,7 +119,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	var plain []string
 	for _, name := range cfg.Configs {
-		if slices.Contains(DefaultConfigs, name) {
+		if slices.Contains(DefaultConfigs, name) || slices.Contains(ObservedConfigs, name) {
 			plain = append(plain, name)
 			rep.Results = append(rep.Results, &Result{Name: name, Description: s.describe(name), Baseline: !strings.HasPrefix(name, "idemq")})
 		}

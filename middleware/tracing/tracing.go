@@ -157,11 +157,21 @@ func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context 
 	if !t.cfg.stageSpans || s.Name == "handlers" || len(s.Contexts) == 0 {
 		return ctx
 	}
-	spans := make([]trace.Span, len(s.Contexts))
-	for i, mctx := range s.Contexts {
-		_, spans[i] = t.tracer.Start(mctx, "idemq "+s.Name,
-			trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(BatchSizeKey.Int(len(s.Contexts))))
+	name := "idemq " + s.Name
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(BatchSizeKey.Int(len(s.Contexts)))}
+	spans := make([]trace.Span, 0, len(s.Contexts))
+	for _, mctx := range s.Contexts {
+		// A process span that is not recorded (not sampled) gets no
+		// children: under the SDK's parent-based sampling they would not
+		// be recorded either, and starting them costs as much.
+		if !trace.SpanFromContext(mctx).IsRecording() {
+			continue
+		}
+		_, span := t.tracer.Start(mctx, name, opts...)
+		spans = append(spans, span)
+	}
+	if len(spans) == 0 {
+		return ctx
 	}
 	return context.WithValue(trace.ContextWithSpan(ctx, spans[0]), stageSpansKey{}, spans)
 }
