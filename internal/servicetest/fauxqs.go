@@ -2,7 +2,6 @@ package servicetest
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -22,12 +21,7 @@ const FauxqsStartTimeout = 60 * time.Second
 type Fauxqs struct {
 	// URL is the emulator's SQS endpoint on a loopback port.
 	URL string
-
-	cmd    *exec.Cmd
-	in     io.WriteCloser
-	done   chan struct{}
-	stderr *lockedBuilder
-	stop   sync.Once
+	*child
 }
 
 // StartFauxqs runs the fauxqs emulator installed (by `npm ci`) in dir,
@@ -45,53 +39,82 @@ func StartFauxqs(dir string) (*Fauxqs, error) {
 	}
 	cmd := exec.Command(node, "start.mjs", "--port", "0")
 	cmd.Dir = dir
-	in, err := cmd.StdinPipe()
+	c, u, err := startChild("fauxqs", cmd, "FAUXQS_URL=", time.After(FauxqsStartTimeout))
 	if err != nil {
 		return nil, err
+	}
+	return &Fauxqs{URL: u, child: c}, nil
+}
+
+// child is a test service in a process of its own that exits when its
+// standard input closes, so a test binary that dies takes it along.
+type child struct {
+	name   string
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	done   chan struct{}
+	stderr *lockedBuilder
+	stop   sync.Once
+}
+
+// startChild starts cmd and returns once it printed a line starting with
+// prefix, with the rest of that line. It fails with the child's standard
+// error when the child exits first, and stops it when deadline passes
+// first.
+func startChild(name string, cmd *exec.Cmd, prefix string, deadline <-chan time.Time) (*child, string, error) {
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, "", err
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	f := &Fauxqs{cmd: cmd, in: in, done: make(chan struct{}), stderr: &lockedBuilder{}}
-	cmd.Stderr = f.stderr
+	c := &child{name: name, cmd: cmd, in: in, done: make(chan struct{}), stderr: &lockedBuilder{}}
+	cmd.Stderr = c.stderr
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	go func() { cmd.Wait(); close(f.done) }()
+	go func() { cmd.Wait(); close(c.done) }()
 	found := make(chan string, 1)
 	go func() {
+		// Read to the end: the child must not write into a closed pipe.
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if u, ok := strings.CutPrefix(sc.Text(), "FAUXQS_URL="); ok {
+			if rest, ok := strings.CutPrefix(sc.Text(), prefix); ok {
 				select {
-				case found <- u:
+				case found <- rest:
 				default:
 				}
 			}
 		}
 	}()
 	select {
-	case f.URL = <-found:
-		return f, nil
-	case <-f.done:
-		return nil, fmt.Errorf("fauxqs exited: %s", f.stderr.String())
-	case <-time.After(FauxqsStartTimeout):
-		f.Stop()
-		return nil, errors.New("fauxqs printed no URL within " + FauxqsStartTimeout.String())
+	case rest := <-found:
+		return c, rest, nil
+	case <-c.done:
+		return nil, "", c.exited()
+	case <-deadline:
+		c.Stop()
+		return nil, "", fmt.Errorf("%s printed no %q line in time", name, prefix)
 	}
 }
 
-// Stop closes the emulator's standard input, on which it exits, and waits
+// exited is the error of a child that ended before it should have.
+func (c *child) exited() error {
+	return fmt.Errorf("%s exited: %s", c.name, strings.TrimSpace(c.stderr.String()))
+}
+
+// Stop closes the child's standard input, on which it exits, and waits
 // for it (killing it after 5s). It may be called more than once.
-func (f *Fauxqs) Stop() {
-	f.stop.Do(func() {
-		f.in.Close()
+func (c *child) Stop() {
+	c.stop.Do(func() {
+		c.in.Close()
 		select {
-		case <-f.done:
+		case <-c.done:
 		case <-time.After(5 * time.Second):
-			f.cmd.Process.Kill()
-			<-f.done
+			c.cmd.Process.Kill()
+			<-c.done
 		}
 	})
 }

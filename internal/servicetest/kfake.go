@@ -1,11 +1,9 @@
 package servicetest
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -33,12 +31,7 @@ type Kfake struct {
 	// Addr is the brokers' host:port list, comma-separated, as a Kafka
 	// client's bootstrap servers.
 	Addr string
-
-	cmd    *exec.Cmd
-	in     io.WriteCloser
-	done   chan struct{}
-	stderr *lockedBuilder
-	stop   sync.Once
+	*child
 }
 
 // StartKfake starts bench/cmd/kfake with args (see NewKfake), stops it
@@ -76,45 +69,13 @@ func NewKfake(args ...string) (*Kfake, error) {
 		return nil, err
 	}
 	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-watch-stdin"}, args...)...)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	k := &Kfake{cmd: cmd, in: in, done: make(chan struct{}), stderr: &lockedBuilder{}}
-	cmd.Stderr = k.stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { cmd.Wait(); close(k.done) }()
-	found := make(chan string, 1)
-	go func() {
-		// Read to the end: kfake must not write into a closed pipe.
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			rest, ok := strings.CutPrefix(sc.Text(), "kfake: serving Kafka on ")
-			if !ok {
-				continue
-			}
-			addrs, _, _ := strings.Cut(rest, " ")
-			select {
-			case found <- addrs:
-			default:
-			}
-		}
-	}()
 	deadline := time.After(KfakeStartTimeout)
-	select {
-	case k.Addr = <-found:
-	case <-k.done:
-		return nil, fmt.Errorf("kfake exited: %s", strings.TrimSpace(k.stderr.String()))
-	case <-deadline:
-		k.Stop()
-		return nil, errors.New("kfake printed no address within " + KfakeStartTimeout.String())
+	c, rest, err := startChild("kfake", cmd, "kfake: serving Kafka on ", deadline)
+	if err != nil {
+		return nil, err
 	}
+	addrs, _, _ := strings.Cut(rest, " ")
+	k := &Kfake{Addr: addrs, child: c}
 	for _, a := range strings.Split(k.Addr, ",") {
 		for {
 			c, err := net.DialTimeout("tcp", a, time.Second)
@@ -124,7 +85,7 @@ func NewKfake(args ...string) (*Kfake, error) {
 			}
 			select {
 			case <-k.done:
-				return nil, fmt.Errorf("kfake exited: %s", strings.TrimSpace(k.stderr.String()))
+				return nil, k.exited()
 			case <-deadline:
 				k.Stop()
 				return nil, fmt.Errorf("kfake broker %s accepts no connection within %v: %v", a, KfakeStartTimeout, err)
@@ -133,20 +94,6 @@ func NewKfake(args ...string) (*Kfake, error) {
 		}
 	}
 	return k, nil
-}
-
-// Stop closes kfake's standard input, on which it exits, and waits for it
-// (killing it after 5s). It may be called more than once.
-func (k *Kfake) Stop() {
-	k.stop.Do(func() {
-		k.in.Close()
-		select {
-		case <-k.done:
-		case <-time.After(5 * time.Second):
-			k.cmd.Process.Kill()
-			<-k.done
-		}
-	})
 }
 
 var kfakeBuild struct {
