@@ -24,6 +24,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/idemq/idemq/internal/cli"
 )
 
 // Exit codes.
@@ -54,16 +56,6 @@ func main() {
 	os.Exit(code)
 }
 
-// usageError is a mistake in the command line: exit code 2.
-type usageError struct{ err error }
-
-func (u usageError) Error() string { return u.err.Error() }
-func (u usageError) Unwrap() error { return u.err }
-
-func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
-}
-
 // run runs the command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -87,9 +79,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch {
 		case err == nil:
 			return exitOK
-		case errors.Is(err, errHelp):
+		case errors.Is(err, cli.ErrHelp):
 			return exitOK
-		case errors.As(err, new(usageError)):
+		case errors.As(err, new(cli.UsageError)):
 			fmt.Fprintf(stderr, "idemq %s: %v\nRun 'idemq %s --help' for usage.\n", name, err, name)
 			return exitUsage
 		default:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,69 +11,16 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/cli"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/internal/redact"
 	_ "github.com/idemq/idemq/stores/mysql"
 	_ "github.com/idemq/idemq/stores/postgres"
 	_ "github.com/idemq/idemq/stores/sqlite"
 )
-
-// errHelp is returned by a command that printed its help: exit code 0.
-var errHelp = errors.New("help requested")
-
-// flags is a command's flag set with idemq's conventions: --help prints
-// the usage to stdout (exit 0), a bad flag is a usage error (exit 2).
-type flags struct {
-	*flag.FlagSet
-	usage  string
-	stdout io.Writer
-}
-
-func newFlags(name, usage string, stdout io.Writer) *flags {
-	fs := flag.NewFlagSet("idemq "+name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // errors are reported once, by run
-	return &flags{FlagSet: fs, usage: usage, stdout: stdout}
-}
-
-// parse parses args; it allows no positional arguments.
-func (f *flags) parse(args []string) error {
-	if err := f.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(f.stdout, f.usage+"\nFlags:\n")
-			f.SetOutput(f.stdout)
-			f.PrintDefaults()
-			return errHelp
-		}
-		return usageError{err}
-	}
-	if f.NArg() > 0 {
-		return usagef("unexpected argument %q", f.Arg(0))
-	}
-	return nil
-}
-
-// storeFlag defines --store and returns a function that checks it.
-func (f *flags) storeFlag() func() (string, error) {
-	s := f.String("store", "", "store URL: postgres://…, mysql://…, sqlite://path (?table= names the dedup table) (required)")
-	return func() (string, error) {
-		if *s == "" {
-			return "", usagef("--store is required")
-		}
-		u, err := redact.ParseURL(*s)
-		if err != nil {
-			// Not quoted: no rule knows where a malformed URL's password ends.
-			return "", usagef("--store: %v", err)
-		}
-		if u.Scheme == "" {
-			return "", usagef("--store %s is not a URL like postgres://host/db, mysql://host/db or sqlite://path", core.Redact(*s))
-		}
-		return *s, nil
-	}
-}
 
 // openedStore is a store opened by URL, whatever its transaction type, with
 // the operator interfaces it implements.
@@ -120,9 +66,9 @@ idempotent and safe to run from several deployments at once.
 `
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newFlags("migrate", migrateUsage, stdout)
-	storeURL := f.storeFlag()
-	if err := f.parse(args); err != nil {
+	f := cli.NewFlags("idemq migrate", migrateUsage, stdout)
+	storeURL := f.StoreFlag()
+	if err := f.Parse(args); err != nil {
 		return err
 	}
 	raw, err := storeURL()
@@ -158,14 +104,14 @@ retention (its ?retention= URL parameter, default 168h) unless --force.
 `
 
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newFlags("prune", pruneUsage, stdout)
-	storeURL := f.storeFlag()
+	f := cli.NewFlags("idemq prune", pruneUsage, stdout)
+	storeURL := f.StoreFlag()
 	olderThan := f.Duration("older-than", 0, "delete claims recorded longer ago than this, e.g. 168h (required)")
 	batch := f.Int("batch", 1000, "rows per DELETE statement")
 	force := f.Bool("force", false, "allow --older-than below the store's retention")
 	pause := f.Duration("pause", 0, "pause between batches, to spare a busy database")
 	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise a line per batch)")
-	if err := f.parse(args); err != nil {
+	if err := f.Parse(args); err != nil {
 		return err
 	}
 	raw, err := storeURL()
@@ -174,11 +120,11 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch {
 	case *olderThan <= 0:
-		return usagef("--older-than is required and must be positive, e.g. 168h")
+		return cli.Usagef("--older-than is required and must be positive, e.g. 168h")
 	case *batch < 1 || *batch > 1_000_000:
-		return usagef("--batch %d: must be from 1 to 1000000", *batch)
+		return cli.Usagef("--batch %d: must be from 1 to 1000000", *batch)
 	case *pause < 0:
-		return usagef("--pause %v: must not be negative", *pause)
+		return cli.Usagef("--pause %v: must not be negative", *pause)
 	}
 	s, err := openStore(ctx, raw)
 	if err != nil {
@@ -190,7 +136,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("the store at %s cannot prune", core.Redact(raw))
 	}
 	if r, ok := s.store.(driver.Retentioner); ok && !*force && *olderThan < r.Retention() {
-		return usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r.Retention())
+		return cli.Usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r.Retention())
 	}
 	before := time.Now().Add(-*olderThan)
 	var bar *progressbar.ProgressBar
@@ -246,10 +192,10 @@ It counts every row, so on a very large table it takes as long as a scan.
 `
 
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newFlags("stats", statsUsage, stdout)
-	storeURL := f.storeFlag()
+	f := cli.NewFlags("idemq stats", statsUsage, stdout)
+	storeURL := f.StoreFlag()
 	asJSON := f.Bool("json", false, "print the statistics as JSON")
-	if err := f.parse(args); err != nil {
+	if err := f.Parse(args); err != nil {
 		return err
 	}
 	raw, err := storeURL()

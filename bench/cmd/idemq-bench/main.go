@@ -32,13 +32,13 @@ import (
 	"syscall"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/cli"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
 	"github.com/idemq/idemq/bench/benchmark"
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // Exit codes.
@@ -59,9 +59,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := runBench(ctx, args, stdout, stderr)
 	switch {
-	case err == nil, errors.Is(err, errHelp):
+	case err == nil, errors.Is(err, cli.ErrHelp):
 		return exitOK
-	case errors.As(err, new(usageError)):
+	case errors.As(err, new(cli.UsageError)):
 		fmt.Fprintf(stderr, "idemq-bench: %v\nRun 'idemq-bench --help' for usage.\n", err)
 		return exitUsage
 	default:
@@ -96,9 +96,9 @@ Exit code 1 if a configuration failed or broke the correctness check.
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newFlags("idemq-bench", benchUsage, stdout)
+	f := cli.NewFlags("idemq-bench", benchUsage, stdout)
 	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…) (required)")
-	storeURL := f.storeFlag()
+	storeURL := f.StoreFlag()
 	n := f.Int("n", 50_000, "unique messages per run")
 	dups := f.Float64("duplicates", 0.2, "fraction of N published a second time")
 	accounts := f.Int("accounts", 1000, "accounts the payments spread over")
@@ -114,7 +114,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	pngOut := f.String("png", "", "also write a chart of the results to this PNG file")
 	cpuProfile := f.String("cpuprofile", "", "write a CPU profile of the whole run (baselines included: narrow it with --configs) to this file, for go tool pprof")
 	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise progress lines)")
-	if err := f.parse(args); err != nil {
+	if err := f.Parse(args); err != nil {
 		return err
 	}
 	raw, err := storeURL()
@@ -123,21 +123,21 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch {
 	case *broker == "":
-		return usagef("--broker is required")
+		return cli.Usagef("--broker is required")
 	case *n < 1:
-		return usagef("-n %d: must be at least 1", *n)
+		return cli.Usagef("-n %d: must be at least 1", *n)
 	case !(*dups >= 0 && *dups <= 10):
-		return usagef("--duplicates %v: must be from 0 to 10", *dups)
+		return cli.Usagef("--duplicates %v: must be from 0 to 10", *dups)
 	case *batch < 0 || isFlagSet(f, "batch") && *batch < 1:
-		return usagef("--batch %d: must be at least 1", *batch)
+		return cli.Usagef("--batch %d: must be at least 1", *batch)
 	case *workers < 1:
-		return usagef("--workers %d: must be at least 1", *workers)
+		return cli.Usagef("--workers %d: must be at least 1", *workers)
 	case *repeat < 1:
-		return usagef("--repeat %d: must be at least 1", *repeat)
+		return cli.Usagef("--repeat %d: must be at least 1", *repeat)
 	case *pruneBatch < 1:
-		return usagef("--prune-batch %d: must be at least 1", *pruneBatch)
+		return cli.Usagef("--prune-batch %d: must be at least 1", *pruneBatch)
 	case !(*pruneDuty > 0 && *pruneDuty <= 1):
-		return usagef("--prune-duty %v: must be above 0 and at most 1", *pruneDuty)
+		return cli.Usagef("--prune-duty %v: must be above 0 and at most 1", *pruneDuty)
 	}
 	cfg := benchmark.Config{
 		Broker: *broker, Store: raw, N: *n, Duplicates: *dups, Accounts: *accounts,
@@ -179,7 +179,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil && rep == nil {
 		msg := secrets(err.Error())
 		if strings.Contains(msg, "benchmark: Config.") {
-			return usageError{errors.New(msg)}
+			return cli.Usagef("%s", msg)
 		}
 		return errors.New(msg)
 	}
@@ -214,7 +214,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // isFlagSet reports whether the command line gave the flag name.
-func isFlagSet(f *flags, name string) bool {
+func isFlagSet(f *cli.Flags, name string) bool {
 	set := false
 	f.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
 	return set
@@ -270,69 +270,5 @@ func (p *progressWriter) finish() {
 	defer p.mu.Unlock()
 	if p.bar != nil {
 		p.bar.Finish()
-	}
-}
-
-// usageError is a mistake in the command line: exit code 2.
-type usageError struct{ err error }
-
-func (u usageError) Error() string { return u.err.Error() }
-func (u usageError) Unwrap() error { return u.err }
-
-func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
-}
-
-// errHelp is returned when --help printed the usage: exit code 0.
-var errHelp = errors.New("help requested")
-
-// flags is the command's flag set with the conventions of cmd/idemq:
-// --help prints the usage to stdout (exit 0), a bad flag is a usage error
-// (exit 2).
-type flags struct {
-	*flag.FlagSet
-	usage  string
-	stdout io.Writer
-}
-
-func newFlags(name, usage string, stdout io.Writer) *flags {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // errors are reported once, by run
-	return &flags{FlagSet: fs, usage: usage, stdout: stdout}
-}
-
-// parse parses args; it allows no positional arguments.
-func (f *flags) parse(args []string) error {
-	if err := f.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(f.stdout, f.usage+"\nFlags:\n")
-			f.SetOutput(f.stdout)
-			f.PrintDefaults()
-			return errHelp
-		}
-		return usageError{err}
-	}
-	if f.NArg() > 0 {
-		return usagef("unexpected argument %q", f.Arg(0))
-	}
-	return nil
-}
-
-// storeFlag defines --store and returns a function that checks it.
-func (f *flags) storeFlag() func() (string, error) {
-	s := f.String("store", "", "store URL: postgres://…, mysql://…, sqlite://path (?table= names the dedup table) (required)")
-	return func() (string, error) {
-		if *s == "" {
-			return "", usagef("--store is required")
-		}
-		u, err := redact.ParseURL(*s)
-		if err != nil {
-			// Not quoted: no rule knows where a malformed URL's password ends.
-			return "", usagef("--store: %v", err)
-		}
-		if u.Scheme == "" {
-			return "", usagef("--store %s is not a URL like postgres://host/db, mysql://host/db or sqlite://path", core.Redact(*s))
-		}
-		return *s, nil
 	}
 }
