@@ -70,7 +70,8 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 			outs[i] = c.storeFailure(items[i].m, stage, err)
 		}
 	}
-	sctx, run := c.startStage(ctx, "begin", items, g)
+	all := c.stageOf(items, g)
+	sctx, run := c.startStage(ctx, "begin", all)
 	txn, err := c.store.Begin(sctx)
 	c.endStage(sctx, run, err)
 	if err != nil {
@@ -89,7 +90,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	for k, i := range order {
 		claims[k] = driver.Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
 	}
-	sctx, run = c.startStage(ctx, "claim", items, g)
+	sctx, run = c.startStage(ctx, "claim", all)
 	sorted, err := txn.Claim(sctx, c.cfg.name, claims)
 	if err == nil && len(sorted) != len(claims) {
 		err = fmt.Errorf("store returned %d claim results for %d claims", len(sorted), len(claims))
@@ -122,7 +123,8 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 
 	var applied int
 	var broken error // the transaction can no longer be trusted
-	hctx, run := c.startStage(ctx, "handlers", items, won)
+	applying := c.stageOf(items, won)
+	hctx, run := c.startStage(ctx, "handlers", applying)
 	if c.batchHandler != nil {
 		msgs := make([]*Message, len(won))
 		for k, i := range won {
@@ -159,7 +161,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 
 	if f, ok := txn.(driver.Flusher); ok && broken == nil && applied > 0 {
 		// Statements the handlers queued go now, in one round trip.
-		sctx, run = c.startStage(ctx, "flush", items, won)
+		sctx, run = c.startStage(ctx, "flush", applying)
 		ferr := f.Flush(sctx)
 		c.endStage(sctx, run, ferr)
 		if ferr != nil {
@@ -184,7 +186,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		}
 		return nil // the deferred Rollback undoes everything
 	}
-	sctx, run = c.startStage(ctx, "commit", items, won)
+	sctx, run = c.startStage(ctx, "commit", applying)
 	err = txn.Commit(sctx)
 	c.endStage(sctx, run, err)
 	if err != nil {

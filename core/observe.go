@@ -37,7 +37,8 @@ type Stage struct {
 	Name string
 	// Messages are the messages the transaction decides (for "handlers"
 	// and later stages: those whose claim won), and Contexts their
-	// contexts as StartDecision returned them, index for index.
+	// contexts as StartDecision returned them, index for index. The
+	// stages of one transaction share them: read, never modify.
 	Messages []*Message
 	Contexts []context.Context
 }
@@ -103,18 +104,30 @@ type stageRun struct {
 	ctxs  []context.Context // per stage observer, when several
 }
 
-// startStage tells the stage observers that a stage begins and returns
-// the context its store call runs under. With no stage observer it
-// returns ctx and allocates nothing.
-func (c *Consumer[Tx]) startStage(ctx context.Context, name string, items []*item, idx []int) (context.Context, *stageRun) {
+// stageOf returns the Stage of the items at idx, nameless, for
+// startStage: built once for the stages that share it (begin and claim;
+// handlers, flush and commit), and not at all without stage observers.
+func (c *Consumer[Tx]) stageOf(items []*item, idx []int) Stage {
+	if len(c.cfg.stageObservers) == 0 {
+		return Stage{}
+	}
+	s := Stage{Messages: make([]*Message, len(idx)), Contexts: make([]context.Context, len(idx))}
+	for k, i := range idx {
+		s.Messages[k] = items[i].m
+		s.Contexts[k] = items[i].ctx
+	}
+	return s
+}
+
+// startStage tells the stage observers that stage s, named name, begins
+// and returns the context its store call runs under. With no stage
+// observer it returns ctx and allocates nothing.
+func (c *Consumer[Tx]) startStage(ctx context.Context, name string, s Stage) (context.Context, *stageRun) {
 	if len(c.cfg.stageObservers) == 0 {
 		return ctx, nil
 	}
-	r := &stageRun{stage: Stage{Name: name, Messages: make([]*Message, len(idx)), Contexts: make([]context.Context, len(idx))}}
-	for k, i := range idx {
-		r.stage.Messages[k] = items[i].m
-		r.stage.Contexts[k] = items[i].ctx
-	}
+	s.Name = name
+	r := &stageRun{stage: s}
 	if len(c.cfg.stageObservers) > 1 {
 		r.ctxs = make([]context.Context, len(c.cfg.stageObservers))
 	}
