@@ -14,7 +14,8 @@ type Backoff interface {
 
 // ExponentialBackoff doubles (by Multiplier) the delay on each attempt,
 // from Initial up to Max, spreading each delay by ±Jitter (a fraction) so
-// that messages that failed together do not all come back together.
+// that messages that failed together do not all come back together. Max
+// caps every delay, jitter included.
 type ExponentialBackoff struct {
 	Initial    time.Duration // delay after the first attempt
 	Max        time.Duration // cap on any delay
@@ -41,6 +42,10 @@ func (b ExponentialBackoff) Delay(attempt int) time.Duration {
 	}
 	if b.Jitter > 0 {
 		d += d * b.Jitter * (2*rand.Float64() - 1)
+	}
+	// Max caps the delay jitter included.
+	if b.Max > 0 && d > float64(b.Max) {
+		d = float64(b.Max)
 	}
 	if d < 0 {
 		d = 0

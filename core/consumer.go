@@ -178,6 +178,9 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("idemq: Consumer.Run called twice")
 	}
+	if ls, ok := c.src.(driver.LoggerSetter); ok {
+		ls.SetLogger(c.log)
+	}
 	if ws, ok := c.src.(driver.WindowSetter); ok {
 		if err := ws.SetWindow(c.cfg.window); err != nil {
 			return fmt.Errorf("idemq: setting the source's window to %d: %w", c.cfg.window, err)
@@ -243,7 +246,7 @@ func (c *Consumer[Tx]) checkRetention(ctx context.Context) {
 // receiveLoop takes a window slot, then a delivery, until ctx ends or the
 // source closes.
 func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
-	failures := 0
+	pace := driver.NewBackoff(50*time.Millisecond, 5*time.Second)
 	for {
 		select {
 		case c.slots <- struct{}{}:
@@ -259,17 +262,14 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 			if errors.Is(err, ErrSourceClosed) {
 				return fmt.Errorf("idemq: consumer %s stopped: %w", c.cfg.name, err)
 			}
-			failures++
-			delay := ExponentialBackoff{Initial: 50 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2}.Delay(failures)
+			delay := pace.Next()
 			c.log.Warn("idemq: receive failed; trying again", "err", err, "in", delay)
-			select {
-			case <-time.After(delay):
-			case <-ctx.Done():
+			if !driver.Sleep(ctx, delay) {
 				return nil
 			}
 			continue
 		}
-		failures = 0
+		pace.Reset()
 		c.stats.received.Add(1)
 		c.inflight.Add(1)
 		c.admit(d)

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"reflect"
 
 	"github.com/idemq/idemq/core/driver"
@@ -25,16 +26,36 @@ type Store[Tx any] = driver.Store[Tx]
 // Publish with destination "" sends to the destination it was opened for.
 type Publisher = driver.Publisher
 
+// OpenOption configures what OpenSource and OpenPublisher open, beside the
+// URL.
+type OpenOption func(*driver.OpenConfig)
+
+// WithAdapterLogger makes the opened source or publisher log to l
+// (reconnects, receive errors, failed settlements). Default: a source logs
+// to the Consumer's logger (WithLogger) once a Consumer runs it, and to
+// slog.Default() before that.
+func WithAdapterLogger(l *slog.Logger) OpenOption {
+	return func(c *driver.OpenConfig) { c.Logger = l }
+}
+
+func openConfig(opts []OpenOption) driver.OpenConfig {
+	var cfg driver.OpenConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
+
 // OpenSource opens the broker adapter registered for rawURL's scheme
 // (amqp://, kafka://, sqs://, mem://, …). Errors never contain credentials.
-func OpenSource(ctx context.Context, rawURL string) (Source, error) {
-	return driver.OpenSource(ctx, rawURL)
+func OpenSource(ctx context.Context, rawURL string, opts ...OpenOption) (Source, error) {
+	return driver.OpenSource(ctx, rawURL, openConfig(opts))
 }
 
 // OpenPublisher opens a publisher for rawURL's broker and destination.
 // Errors never contain credentials.
-func OpenPublisher(ctx context.Context, rawURL string) (Publisher, error) {
-	return driver.OpenPublisher(ctx, rawURL)
+func OpenPublisher(ctx context.Context, rawURL string, opts ...OpenOption) (Publisher, error) {
+	return driver.OpenPublisher(ctx, rawURL, openConfig(opts))
 }
 
 // OpenStore opens the store registered for rawURL's scheme (postgres://,

@@ -92,3 +92,12 @@ func TestValidateID(t *testing.T) {
 		}
 	}
 }
+
+func TestExponentialBackoffMaxCapsJitterToo(t *testing.T) {
+	b := ExponentialBackoff{Initial: time.Second, Max: 2 * time.Second, Multiplier: 2, Jitter: 0.2}
+	for range 2000 {
+		if d := b.Delay(10); d > 2*time.Second {
+			t.Fatalf("Delay(10) = %v, above Max 2s", d)
+		}
+	}
+}

@@ -16,11 +16,11 @@ import (
 //	kafka://127.0.0.1:9092/payments?group=billing
 func init() { driver.RegisterBroker("kafka", openSourceURL, openPublisherURL) }
 
-func openSourceURL(ctx context.Context, u *url.URL) (core.Source, error) {
+func openSourceURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
 	return Open(ctx, u.String())
 }
 
-func openPublisherURL(_ context.Context, u *url.URL) (core.Publisher, error) {
+func openPublisherURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
 	p, err := NewPublisher(u.String())
 	if err != nil {
 		return nil, err

@@ -77,7 +77,7 @@ func parseURL(u *url.URL) (b *Broker, queue string, subOpts []SubscribeOption, e
 	return b, queue, subOpts, err
 }
 
-func openSourceURL(_ context.Context, u *url.URL) (core.Source, error) {
+func openSourceURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
 	b, queue, subOpts, err := parseURL(u)
 	if err != nil {
 		return nil, err
@@ -107,7 +107,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Mes
 // Close implements core.Publisher; the broker stays open.
 func (p *Publisher) Close() error { return nil }
 
-func openPublisherURL(_ context.Context, u *url.URL) (core.Publisher, error) {
+func openPublisherURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
 	b, queue, subOpts, err := parseURL(u)
 	if err != nil {
 		return nil, err

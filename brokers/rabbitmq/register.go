@@ -16,7 +16,7 @@ func init() {
 	driver.RegisterBroker("amqps", openSourceURL, openPublisherURL)
 }
 
-func openSourceURL(ctx context.Context, u *url.URL) (core.Source, error) {
+func openSourceURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
 	return OpenURL(ctx, u.String())
 }
 
@@ -24,7 +24,7 @@ func openSourceURL(ctx context.Context, u *url.URL) (core.Source, error) {
 // publishing: messages go to exchange (default: the default exchange) with
 // routing key queue. Consumer-only parameters are accepted and ignored, so
 // one URL serves both sides.
-func openPublisherURL(ctx context.Context, u *url.URL) (core.Publisher, error) {
+func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
 	q, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: url parameters: %w", err)

@@ -119,7 +119,7 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 	return queue, opts, nil
 }
 
-func openSourceURL(ctx context.Context, u *url.URL) (core.Source, error) {
+func openSourceURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
 	queue, opts, err := parseURL(u, true)
 	if err != nil {
 		return nil, err
@@ -127,7 +127,7 @@ func openSourceURL(ctx context.Context, u *url.URL) (core.Source, error) {
 	return Open(ctx, queue, opts...)
 }
 
-func openPublisherURL(ctx context.Context, u *url.URL) (core.Publisher, error) {
+func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
 	queue, opts, err := parseURL(u, false)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"sort"
 	"strings"
@@ -11,12 +12,20 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
+// OpenConfig is what a service gives an opener beside the URL.
+type OpenConfig struct {
+	// Logger is the logger the opened source or publisher logs to. Nil
+	// leaves the adapter's default: a source then logs to the logger the
+	// Consumer gives it (LoggerSetter), or to slog.Default() until then.
+	Logger *slog.Logger
+}
+
 // SourceOpener opens a Source from a URL of a scheme it was registered for.
-type SourceOpener func(ctx context.Context, u *url.URL) (Source, error)
+type SourceOpener func(ctx context.Context, u *url.URL, cfg OpenConfig) (Source, error)
 
 // PublisherOpener opens a Publisher from a URL of a scheme it was
 // registered for.
-type PublisherOpener func(ctx context.Context, u *url.URL) (Publisher, error)
+type PublisherOpener func(ctx context.Context, u *url.URL, cfg OpenConfig) (Publisher, error)
 
 // StoreOpener opens a store from a URL of a scheme it was registered for.
 // It returns a Store[Tx] for the store's own Tx type, as any; core.OpenStore
@@ -64,12 +73,12 @@ func RegisterStore(scheme string, open StoreOpener) {
 
 // OpenSource opens the broker adapter registered for rawURL's scheme.
 // Errors never contain credentials. Services call core.OpenSource.
-func OpenSource(ctx context.Context, rawURL string) (Source, error) {
+func OpenSource(ctx context.Context, rawURL string, cfg OpenConfig) (Source, error) {
 	u, open, err := lookup(rawURL, "broker", registry.sources)
 	if err != nil {
 		return nil, err
 	}
-	src, err := open(ctx, u)
+	src, err := open(ctx, u, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("idemq: opening broker %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
 	}
@@ -78,12 +87,12 @@ func OpenSource(ctx context.Context, rawURL string) (Source, error) {
 
 // OpenPublisher opens a publisher for rawURL's broker and destination.
 // Errors never contain credentials. Services call core.OpenPublisher.
-func OpenPublisher(ctx context.Context, rawURL string) (Publisher, error) {
+func OpenPublisher(ctx context.Context, rawURL string, cfg OpenConfig) (Publisher, error) {
 	u, open, err := lookup(rawURL, "broker", registry.publishers)
 	if err != nil {
 		return nil, err
 	}
-	p, err := open(ctx, u)
+	p, err := open(ctx, u, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("idemq: opening publisher %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
 	}

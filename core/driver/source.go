@@ -11,6 +11,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 )
 
@@ -91,6 +92,16 @@ type BatchSettler interface {
 // the Consumer will hold.
 type WindowSetter interface {
 	SetWindow(n int) error
+}
+
+// LoggerSetter is implemented by sources that log (reconnects, receive
+// errors, settlements that failed). The Consumer gives them its own logger
+// before the first Receive, so the service's logger (its level, handler and
+// attributes) reaches adapter warnings too. A source that was given a logger
+// of its own (an adapter option, or OpenConfig.Logger) keeps it and ignores
+// SetLogger.
+type LoggerSetter interface {
+	SetLogger(l *slog.Logger)
 }
 
 // RedeliveryHorizoner is implemented by sources that know the longest time
