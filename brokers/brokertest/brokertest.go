@@ -47,6 +47,10 @@ type Harness struct {
 	// Quiet is how long the suite waits to conclude that nothing more
 	// arrives. Default 500ms.
 	Quiet time.Duration
+	// CarriesKey is true when the broker carries Message.Key (the Kafka
+	// record key, an SQS FIFO MessageGroupId); the publisher round trip
+	// then checks it lands and comes back.
+	CarriesKey bool
 }
 
 // Fixture is one fresh queue of the broker under test.
@@ -61,6 +65,39 @@ type Fixture struct {
 	// DeadLetters returns messages parked by DeadLetter so far. It may
 	// consume them: the suite merges successive results. Required.
 	DeadLetters func(ctx context.Context) ([]DeadLetter, error)
+	// Reconnect makes src lose what its unsettled deliveries were received
+	// on, as a broker failure would, and returns once src receives again:
+	// its connection closes and it reconnects (RabbitMQ), its partitions
+	// are revoked and assigned again (Kafka), its leases or visibility
+	// expire (SQS, memory). Deliveries received before it are then stale.
+	// Required.
+	Reconnect func(t *testing.T, src core.Source)
+	// NewPublisher opens the adapter's own Publisher for the queue (Publish
+	// with destination "" sends to it). The suite closes it. Required.
+	NewPublisher func(t *testing.T) core.Publisher
+	// Raw takes the next message off the queue with the broker's own
+	// client, bypassing the adapter's Source, and reports what the broker
+	// carries where: the id in the broker's own id field (AMQP message_id,
+	// the Kafka id header, the SQS id attribute), the key, the headers.
+	// Required.
+	Raw func(ctx context.Context) (RawMessage, error)
+	// SourceURL and PublisherURL open the queue through core.OpenSource
+	// and core.OpenPublisher. Required.
+	SourceURL, PublisherURL string
+}
+
+// RawMessage is a message as the broker keeps it, read without the
+// adapter.
+type RawMessage struct {
+	// ID is the business id as found in the broker's own id field.
+	ID string
+	// Key is the Kafka record key or SQS MessageGroupId ("" elsewhere).
+	Key string
+	// Headers are the AMQP headers, Kafka record headers or SQS message
+	// attributes, as strings.
+	Headers map[string]string
+	// Body is the payload.
+	Body []byte
 }
 
 // DeadLetter is one parked message as the broker keeps it.
@@ -103,6 +140,9 @@ func Run(t *testing.T, h Harness) {
 		{"GracefulCloseWithDeliveriesInFlight", testGracefulClose},
 		{"AckBatchAcksExactlyTheBatch", testAckBatch},
 		{"WindowBoundsDeliveries", testWindow},
+		{"SettleAfterReconnectIsStale", testStaleAfterReconnect},
+		{"PublisherRoundTrip", testPublisherRoundTrip},
+		{"URLRefusesUnknownParameter", testURLUnknownParameter},
 		{"Pipeline/MissingIDIsDeadLettered", testPipelineMissingID},
 		{"Pipeline/DuplicatesApplyOnce", testPipelineDuplicates},
 		{"Pipeline/FailedHandlerIsRetriedNotDropped", testPipelineRetry},
@@ -119,8 +159,9 @@ func Run(t *testing.T, h Harness) {
 func (h Harness) fixture(t *testing.T) *Fixture {
 	t.Helper()
 	f := h.Open(t)
-	if f == nil || f.Publish == nil || f.NewSource == nil || f.DeadLetters == nil {
-		t.Fatal("brokertest: Fixture needs Publish, NewSource and DeadLetters")
+	if f == nil || f.Publish == nil || f.NewSource == nil || f.DeadLetters == nil ||
+		f.Reconnect == nil || f.NewPublisher == nil || f.Raw == nil || f.SourceURL == "" || f.PublisherURL == "" {
+		t.Fatal("brokertest: Fixture needs Publish, NewSource, DeadLetters, Reconnect, NewPublisher, Raw, SourceURL and PublisherURL")
 	}
 	return f
 }
