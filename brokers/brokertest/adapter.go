@@ -33,7 +33,9 @@ func testStaleAfterReconnect(t *testing.T, h Harness) {
 		do   func(d driver.Delivery) error
 	}{
 		{"Ack", func(d driver.Delivery) error { return d.Ack(ctx) }},
-		{"DeadLetter", func(d driver.Delivery) error { return d.DeadLetter(ctx, errors.New("brokertest: parked after reconnect")) }},
+		{"DeadLetter", func(d driver.Delivery) error {
+			return d.DeadLetter(ctx, errors.New("brokertest: parked after reconnect"))
+		}},
 		{"AckBatch", func(d driver.Delivery) error {
 			if bs, ok := s.(driver.BatchSettler); ok {
 				return bs.AckBatch(ctx, []driver.Delivery{d})
