@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -36,6 +38,9 @@ func TestSuiteCatchesBrokenAdapters(t *testing.T) {
 		{"dead-letter-drops", "DeadLetterParksWithCause", "DeadLetterParksWithCause"},
 		{"settles-after-close", "GracefulCloseWithDeliveriesInFlight", "GracefulCloseWithDeliveriesInFlight"},
 		{"delivers-twice", "Pipeline/DuplicatesApplyOnce", "Pipeline/DuplicatesApplyOnce"},
+		{"stale-ack-succeeds", "SettleAfterReconnectIsStale", "SettleAfterReconnectIsStale"},
+		{"publisher-drops-trace-context", "PublisherRoundTrip", "PublisherRoundTrip"},
+		{"url-ignores-unknown-parameters", "URLRefusesUnknownParameter", "URLRefusesUnknownParameter"},
 	}
 	t.Run("control", func(t *testing.T) {
 		// The wrapper without a defect passes the whole suite, so the
@@ -67,20 +72,48 @@ func TestBrokenAdapter(t *testing.T) {
 	if mode == "" {
 		t.Skip("run as a child of TestSuiteCatchesBrokenAdapters")
 	}
-	b, err := memory.NewBroker(memory.WithVisibilityTimeout(time.Minute))
+	// A named broker, so that mem:// URLs reach it too.
+	b, err := memory.Named("broken", memory.WithVisibilityTimeout(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
 	brokertest.Run(t, brokertest.Harness{
 		RecordsCause:   true,
+		CarriesKey:     true,
 		Quiet:          100 * time.Millisecond,
 		ReceiveTimeout: 3 * time.Second,
 		Open: func(t *testing.T) *brokertest.Fixture {
 			var r [4]byte
 			_, _ = rand.Read(r[:])
 			queue := "broken-" + hex.EncodeToString(r[:])
+			url := "mem://" + queue + "?broker=broken"
+			if mode == "url-ignores-unknown-parameters" {
+				url = "brokenmem://" + queue
+			}
 			return &brokertest.Fixture{
+				SourceURL:    url,
+				PublisherURL: url,
+				NewPublisher: func(t *testing.T) core.Publisher {
+					p := b.Publisher(queue)
+					if mode == "publisher-drops-trace-context" {
+						return untracedPublisher{p}
+					}
+					return p
+				},
+				Reconnect: func(t *testing.T, src core.Source) { src.(*broken).ExpireLeases() },
+				Raw: func(ctx context.Context) (brokertest.RawMessage, error) {
+					s, err := b.Subscribe(queue)
+					if err != nil {
+						return brokertest.RawMessage{}, err
+					}
+					defer s.Close()
+					d, err := s.Receive(ctx)
+					if err != nil {
+						return brokertest.RawMessage{}, err
+					}
+					m := d.Message()
+					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, d.Ack(ctx)
+				},
 				Publish: func(ctx context.Context, msgs ...*core.Message) error {
 					return b.Publish(ctx, queue, msgs...)
 				},
@@ -101,6 +134,38 @@ func TestBrokenAdapter(t *testing.T) {
 			}
 		},
 	})
+}
+
+// untracedPublisher forgets the caller's context, and with it the trace
+// context a publisher must carry.
+type untracedPublisher struct{ core.Publisher }
+
+func (p untracedPublisher) Publish(_ context.Context, dest string, msgs ...*core.Message) error {
+	return p.Publisher.Publish(context.Background(), dest, msgs...)
+}
+
+// brokenmem:// opens the broken adapter's queues on the "broken" memory
+// broker and ignores every URL parameter, as a careless opener does.
+func init() {
+	open := func(u *url.URL) (*memory.Broker, string, error) {
+		b, err := memory.Named("broken")
+		return b, strings.Trim(u.Host+u.Path, "/"), err
+	}
+	driver.RegisterBroker("brokenmem",
+		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
+			b, q, err := open(u)
+			if err != nil {
+				return nil, err
+			}
+			return b.Subscribe(q)
+		},
+		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
+			b, q, err := open(u)
+			if err != nil {
+				return nil, err
+			}
+			return b.Publisher(q), nil
+		})
 }
 
 // broken is a memory subscription with one deliberate defect.
@@ -197,6 +262,11 @@ func (d *brokenDelivery) Ack(ctx context.Context) error {
 		return nil // the copy of delivers-twice: its original settles
 	case d.src.mode == "ack-is-a-lie":
 		return nil
+	case d.src.mode == "stale-ack-succeeds":
+		if err := d.Delivery.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+			return err
+		}
+		return nil // pretends a stale ack reached the broker
 	case d.src.mode == "settles-after-close":
 		d.src.mu.Lock()
 		closed := d.src.closed

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // System is the value of core.Message.System for messages of this broker.
@@ -31,7 +32,9 @@ const DefaultSeed uint64 = 1
 
 // Errors returned by the broker. Test with errors.Is. ErrCrashed,
 // ErrSubscriptionClosed and ErrBrokerClosed wrap core.ErrSourceClosed, so the
-// Consumer stops when Receive returns them.
+// Consumer stops when Receive returns them; a settlement that gets one of
+// them also wraps core.ErrStaleDelivery (the message is redelivered). A
+// second settlement of a delivery returns driver.ErrAlreadySettled.
 var (
 	// ErrCrashed is returned by Receive and by every settlement of a
 	// subscription after it crashed (Subscription.Crash or the CrashOnAck
@@ -42,13 +45,11 @@ var (
 	ErrSubscriptionClosed = fmt.Errorf("memory: subscription closed: %w", core.ErrSourceClosed)
 	// ErrBrokerClosed is returned by every operation after Broker.Close.
 	ErrBrokerClosed = fmt.Errorf("memory: broker closed: %w", core.ErrSourceClosed)
-	// ErrAlreadySettled is returned when a delivery is settled a second
-	// time.
-	ErrAlreadySettled = errors.New("memory: delivery already settled")
 	// ErrLeaseExpired is returned when a delivery is settled after its
-	// lease ended (visibility timeout): the message may have been
-	// redelivered, and the settlement is ignored.
-	ErrLeaseExpired = fmt.Errorf("memory: delivery lease expired: %w", core.ErrStaleDelivery)
+	// lease ended (visibility timeout, Subscription.ExpireLeases): the
+	// message may have been redelivered, and the settlement is ignored. It
+	// wraps core.ErrStaleDelivery.
+	ErrLeaseExpired = driver.Stale(errors.New("memory: delivery lease expired"))
 	// ErrForeignDelivery is returned by AckBatch for a delivery that was
 	// not received from the same subscription.
 	ErrForeignDelivery = errors.New("memory: delivery is not from this subscription")

@@ -16,15 +16,39 @@ import (
 // whole pipeline on SQLite) against the memory broker. No service is
 // needed, so nothing is skipped.
 func TestConformance(t *testing.T) {
-	b := newBroker(t, memory.WithVisibilityTimeout(time.Minute))
+	// A named broker, so that mem:// URLs reach it too.
+	b, err := memory.Named("conformance", memory.WithVisibilityTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
 	brokertest.Run(t, brokertest.Harness{
 		RecordsCause: true,
+		CarriesKey:   true,
 		Quiet:        100 * time.Millisecond, // nothing arrives late in process
 		Open: func(t *testing.T) *brokertest.Fixture {
 			var r [4]byte
 			_, _ = rand.Read(r[:])
 			queue := "conformance-" + hex.EncodeToString(r[:])
+			url := "mem://" + queue + "?broker=conformance"
 			return &brokertest.Fixture{
+				SourceURL:    url,
+				PublisherURL: url,
+				NewPublisher: func(t *testing.T) core.Publisher { return b.Publisher(queue) },
+				Reconnect:    func(t *testing.T, src core.Source) { src.(*memory.Subscription).ExpireLeases() },
+				Raw: func(ctx context.Context) (brokertest.RawMessage, error) {
+					// The broker is its own client: a plain subscription.
+					s, err := b.Subscribe(queue)
+					if err != nil {
+						return brokertest.RawMessage{}, err
+					}
+					defer s.Close()
+					d, err := s.Receive(ctx)
+					if err != nil {
+						return brokertest.RawMessage{}, err
+					}
+					m := d.Message()
+					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, d.Ack(ctx)
+				},
 				Publish: func(ctx context.Context, msgs ...*core.Message) error {
 					return b.Publish(ctx, queue, msgs...)
 				},

@@ -44,11 +44,11 @@ func (d *Delivery) lockForSettle(ctx context.Context) (*queue, error) {
 	q.mu.Lock()
 	if err := d.sub.errLocked(); err != nil {
 		q.mu.Unlock()
-		return nil, err
+		return nil, driver.Stale(err)
 	}
 	if d.settled {
 		q.mu.Unlock()
-		return nil, ErrAlreadySettled
+		return nil, driver.ErrAlreadySettled
 	}
 	return q, nil
 }
@@ -153,7 +153,7 @@ func (d *Delivery) DeadLetter(ctx context.Context, cause error) error {
 
 // ExtendVisibility moves the lease deadline to d from now, as SQS
 // ChangeMessageVisibility does for a heartbeat during long work. It returns
-// ErrLeaseExpired when the lease already ended and ErrAlreadySettled after
+// ErrLeaseExpired when the lease already ended and driver.ErrAlreadySettled after
 // a settlement.
 func (d *Delivery) ExtendVisibility(ctx context.Context, timeout time.Duration) error {
 	if timeout <= 0 {

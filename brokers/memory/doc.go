@@ -23,15 +23,16 @@
 //     hold.
 //
 // Settlement rules (see Delivery): each delivery is settled at most once; a
-// second settlement returns ErrAlreadySettled. A settlement of a delivery
+// second settlement returns driver.ErrAlreadySettled. A settlement of a delivery
 // whose lease expired returns ErrLeaseExpired and changes nothing: a stale
 // ack never acknowledges a newer copy of the message that is still being
 // decided, nor one waiting to be redelivered. This is stricter than SQS,
 // which may accept an old receipt handle, and it is what the pipeline
 // needs: the redelivered copy loses its claim and is acknowledged as a
 // Duplicate. Settlements after Subscription.Crash return ErrCrashed, after
-// Subscription.Close ErrSubscriptionClosed (the messages were already
-// requeued, as an ack on a closed AMQP channel cannot reach the broker).
+// Subscription.Close ErrSubscriptionClosed, both wrapping
+// core.ErrStaleDelivery too (the messages were already requeued, as an ack
+// on a closed AMQP channel cannot reach the broker).
 //
 // A subscription's window (WithWindow, SetWindow; unlimited until set)
 // counts deliveries the consumer has not settled. An expired delivery keeps

@@ -294,7 +294,7 @@ func TestVisibilityExpiryRedeliversAndStaleSettlementIsRefused(t *testing.T) {
 		t.Fatalf("stats after stale ack = %+v", st)
 	}
 	for _, err := range []error{d1.Retry(context.Background(), 0), d1.DeadLetter(context.Background(), errors.New("x"))} {
-		if !errors.Is(err, memory.ErrAlreadySettled) {
+		if !errors.Is(err, driver.ErrAlreadySettled) {
 			t.Fatalf("settling a stale delivery again = %v, want ErrAlreadySettled", err)
 		}
 	}
@@ -366,7 +366,7 @@ func TestSettleTwice(t *testing.T) {
 		"Ack": d.Ack(ctx), "Retry": d.Retry(ctx, 0), "DeadLetter": d.DeadLetter(ctx, errors.New("x")),
 		"AckBatch": s.AckBatch(ctx, []driver.Delivery{d}),
 	} {
-		if !errors.Is(err, memory.ErrAlreadySettled) {
+		if !errors.Is(err, driver.ErrAlreadySettled) {
 			t.Errorf("second %s = %v, want ErrAlreadySettled", name, err)
 		}
 	}
@@ -463,7 +463,7 @@ func TestLoseAckRedeliversAfterVisibilityTimeout(t *testing.T) {
 	if st := b.Stats("q"); st.AcksLost != 1 || st.Acked != 0 || st.InFlight != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
-	if err := d.Ack(context.Background()); !errors.Is(err, memory.ErrAlreadySettled) {
+	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrAlreadySettled) {
 		t.Fatalf("second Ack = %v", err)
 	}
 	if err := b.SetFaults(memory.Faults{}); err != nil {

@@ -107,7 +107,7 @@ func (m *model) settleErr(d *mDel) error {
 	case d.sub.closed != nil:
 		return d.sub.closed
 	case d.settled:
-		return memory.ErrAlreadySettled
+		return driver.ErrAlreadySettled
 	}
 	return nil
 }

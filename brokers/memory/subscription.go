@@ -222,7 +222,8 @@ func (s *Subscription) SetWindow(n int) error {
 // before sending the batch) and AckBatch returns ErrCrashed; each delivery
 // that draws LoseAck is reported acknowledged but stays leased. Otherwise
 // each delivery is settled on its own, and the returned error joins the
-// failures of those that could not be (ErrAlreadySettled, ErrLeaseExpired),
+// failures of those that could not be (driver.ErrAlreadySettled,
+// ErrLeaseExpired),
 // each naming its index. A delivery from another subscription fails the
 // whole call before anything is settled.
 func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error {
@@ -234,7 +235,7 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := s.errLocked(); err != nil {
-		return err
+		return driver.Stale(err)
 	}
 	own := make([]*Delivery, len(ds))
 	for i, cd := range ds {
@@ -255,7 +256,7 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error
 	var errs []error
 	for i, d := range own {
 		if d.settled {
-			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrAlreadySettled))
+			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, driver.ErrAlreadySettled))
 			continue
 		}
 		if err := d.markSettledLocked(); err != nil {
@@ -269,6 +270,23 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error
 		q.ackLocked(d)
 	}
 	return errors.Join(errs...)
+}
+
+// ExpireLeases ends every lease the subscription holds at once, as an
+// expired visibility timeout or a lost connection would: the messages are
+// ready again (redelivered with the next attempt number) and settling the
+// deliveries received before returns ErrLeaseExpired. The subscription
+// stays open. It is a fault to inject in tests.
+func (s *Subscription) ExpireLeases() {
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for d := range s.leases {
+		q.endLeaseLocked(d)
+		q.stats.Expired++
+		q.makeReadyLocked(d.e, false)
+	}
+	q.armLocked()
 }
 
 // Crash simulates the consumer process dying: every message the
