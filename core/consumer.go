@@ -55,7 +55,7 @@ type Stats struct {
 	Processed    int64 // committed and acknowledged (or ack attempted)
 	Duplicates   int64 // claim lost: acknowledged without effect
 	Retried      int64 // rolled back and handed back for redelivery
-	DeadLettered int64 // parked with a cause
+	DeadLettered int64 // parked with a cause: counted once the broker confirmed the park
 	SettleErrors int64 // settlements that failed for another reason than a stale delivery
 	Stale        int64 // settlements refused because the delivery went stale (ErrStaleDelivery)
 	Unsettled    int64 // left for redelivery at shutdown
@@ -366,9 +366,10 @@ func (c *Consumer[Tx]) count(out Outcome) {
 		c.stats.duplicates.Add(1)
 	case Retry:
 		c.stats.retried.Add(1)
-	case DeadLetter:
-		c.stats.deadLettered.Add(1)
 	}
+	// DeadLetter is counted once the broker parked the message (settle):
+	// a park that failed is redelivered and decided again, and would
+	// otherwise count once per attempt.
 }
 
 // settle hands one decided message back to the broker. A Retry caused by
@@ -387,7 +388,9 @@ func (c *Consumer[Tx]) settle(d driver.Delivery, out Outcome) {
 	case Retry:
 		err = d.Retry(ctx, out.Delay)
 	case DeadLetter:
-		err = d.DeadLetter(ctx, out.Err)
+		if err = d.DeadLetter(ctx, out.Err); err == nil {
+			c.stats.deadLettered.Add(1)
+		}
 	}
 	if err != nil {
 		c.settleFailed(d, out, err)

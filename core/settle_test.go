@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,5 +75,69 @@ func TestStalledSettlementDoesNotHoldUpOthers(t *testing.T) {
 			}
 			e.assertExactlyOnce(want)
 		})
+	}
+}
+
+// parkFailingSource fails the first fails DeadLetter settlements, as a
+// broker whose dead-letter queue is briefly unreachable does.
+type parkFailingSource struct {
+	*memory.Subscription
+	fails atomic.Int64
+}
+
+func (s *parkFailingSource) Receive(ctx context.Context) (driver.Delivery, error) {
+	d, err := s.Subscription.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &parkFailingDelivery{Delivery: d, s: s}, nil
+}
+
+type parkFailingDelivery struct {
+	driver.Delivery
+	s *parkFailingSource
+}
+
+func (d *parkFailingDelivery) DeadLetter(ctx context.Context, cause error) error {
+	if d.s.fails.Add(-1) >= 0 {
+		// Left unsettled: the lease runs out and the message comes back.
+		return errors.New("dead-letter queue unreachable")
+	}
+	return d.Delivery.DeadLetter(ctx, cause)
+}
+
+// A message counts as dead-lettered once it is parked, not once per failed
+// attempt to park it.
+func TestDeadLetteredCountsParkedMessagesOnce(t *testing.T) {
+	e := newEnv(t, memory.WithVisibilityTimeout(100*time.Millisecond))
+	e.publish("poison")
+	sub, err := e.broker.Subscribe(e.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &parkFailingSource{Subscription: sub}
+	src.fails.Store(3)
+	poison := func(context.Context, *sql.Tx, *core.Message) error { return core.Permanent(errors.New("bad payload")) }
+	c, err := core.New[*sql.Tx](src, e.store, poison, core.WithName("test"), core.WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for len(e.broker.DeadLetters(e.queue)) == 0 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if n := len(e.broker.DeadLetters(e.queue)); n != 1 {
+		t.Fatalf("%d messages parked, want 1", n)
+	}
+	if st.DeadLettered != 1 || st.SettleErrors != 3 {
+		t.Fatalf("Stats: DeadLettered %d, SettleErrors %d; want 1 parked after 3 failed parks", st.DeadLettered, st.SettleErrors)
 	}
 }
