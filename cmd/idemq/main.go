@@ -26,6 +26,7 @@ import (
 	"syscall"
 
 	"github.com/idemq/idemq/internal/cli"
+	"github.com/idemq/idemq/middleware/tracing"
 )
 
 // Exit codes.
@@ -51,6 +52,9 @@ func commands() []command {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// W3C trace context on whatever the command publishes, continuing the
+	// trace it was started in (TRACEPARENT), if any.
+	ctx = tracing.InstallPropagator(ctx)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

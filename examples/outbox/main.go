@@ -38,6 +38,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/effects"
+	"github.com/idemq/idemq/middleware/tracing"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/pgoutbox"
 	"github.com/idemq/idemq/stores/postgres"
@@ -63,7 +64,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	ok, err := run(context.Background(), s, os.Stdout)
+	// W3C trace context on every event the relay publishes.
+	ok, err := run(tracing.InstallPropagator(context.Background()), s, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox:", err)
 		os.Exit(1)

@@ -51,6 +51,7 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/middleware/logging"
+	"github.com/idemq/idemq/middleware/tracing"
 
 	// Every broker adapter and store registers its URL scheme: the
 	// deployment's URLs, not this code, pick them.
@@ -86,6 +87,9 @@ func main() {
 	// what it holds within --shutdown-timeout and leaves the rest unacked.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// W3C trace context on every published message, continuing the trace
+	// this process was started in (TRACEPARENT), if any.
+	ctx = tracing.InstallPropagator(ctx)
 	if s.publish > 0 {
 		err = publish(ctx, s, os.Stdout)
 	} else {
@@ -225,7 +229,7 @@ func serve(ctx context.Context, s settings, logger *slog.Logger) error {
 // consume is the broker-neutral part: it works for every store through its
 // transaction type Tx and for every broker through core.Source.
 func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *backend[Tx]) error {
-	src, err := core.OpenSource(ctx, s.broker)
+	src, err := core.OpenSource(ctx, s.broker, core.WithAdapterLogger(logger))
 	if err != nil {
 		return err
 	}

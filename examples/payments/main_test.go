@@ -510,3 +510,34 @@ func TestKillAndRestartRabbitMQMariaDB(t *testing.T) {
 		},
 	})
 }
+
+// The published messages carry W3C trace context: the service installs the
+// propagator and continues the trace it was started in (TRACEPARENT).
+func TestPublishCarriesTraceContext(t *testing.T) {
+	u := amqpURL(t)
+	q := amqpQueue(t, u)
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	cmd := exec.Command(serviceBinary(t), "--broker", u+"?queue="+q, "--publish", "3", "--duplicates", "0")
+	cmd.Env = append(os.Environ(), "TRACEPARENT=00-"+traceID+"-00f067aa0ba902b7-01")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("publish: %v\n%s", err, out)
+	}
+	conn, err := amqp.Dial(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		d, ok, err := ch.Get(q, true)
+		if err != nil || !ok {
+			t.Fatalf("message %d: get: ok %v, %v", i, ok, err)
+		}
+		if tp, _ := d.Headers["traceparent"].(string); !strings.Contains(tp, traceID) {
+			t.Fatalf("message %s: traceparent %q, want one in trace %s (headers %v)", d.MessageId, tp, traceID, d.Headers)
+		}
+	}
+}
