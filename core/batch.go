@@ -136,16 +136,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		herr := handler(hctx, msgs)
 		c.endStage(hctx, run, herr)
 		if herr != nil {
-			if len(won) == 1 {
-				outs[won[0]] = c.handlerFailure(items[won[0]].m, herr)
-				return nil
-			}
-			// The error does not say which message failed: decide each
-			// alone, each in its own transaction.
-			for _, i := range won {
-				rerun = append(rerun, []int{i})
-			}
-			return rerun
+			return c.failedTogether(items, won, outs, herr)
 		}
 		for _, i := range won {
 			outs[i] = Outcome{Decision: Processed}
@@ -165,24 +156,13 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		ferr := f.Flush(sctx)
 		c.endStage(sctx, run, ferr)
 		if ferr != nil {
-			if len(won) == 1 {
-				outs[won[0]] = c.handlerFailure(items[won[0]].m, ferr)
-				return nil
-			}
-			for _, i := range won {
-				rerun = append(rerun, []int{i})
-			}
-			return rerun
+			return c.failedTogether(items, won, outs, ferr)
 		}
 	}
 
 	if broken != nil || applied == 0 {
 		if broken != nil {
-			for _, i := range won {
-				if outs[i].Decision == Processed {
-					outs[i] = c.storeFailure(items[i].m, "savepoint", broken)
-				}
-			}
+			c.undoProcessed(items, won, outs, "savepoint", broken)
 		}
 		return nil // the deferred Rollback undoes everything
 	}
@@ -192,11 +172,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	if err != nil {
 		// If the commit did land after all, the redelivery loses its
 		// claim and is acknowledged as a Duplicate: retrying is safe.
-		for _, i := range won {
-			if outs[i].Decision == Processed {
-				outs[i] = c.storeFailure(items[i].m, "commit", err)
-			}
-		}
+		c.undoProcessed(items, won, outs, "commit", err)
 	}
 	return nil
 }
@@ -327,4 +303,28 @@ func (c *Consumer[Tx]) followerOutcome(primary *item, pout Outcome, f *item) Out
 	// The first copy was not applied; this one gets its own turn later.
 	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: f.m.ID, Stage: "batch",
 		Err: fmt.Errorf("an earlier copy in the same batch was not applied: %w", pout.Err)}, Delay: c.cfg.backoff.Delay(f.m.Attempt)}
+}
+
+// failedTogether decides a batch whose handler or flush failed as a whole:
+// one message is a handler failure; several are decided again each alone,
+// in its own transaction, since the error does not say which one failed.
+func (c *Consumer[Tx]) failedTogether(items []*item, won []int, outs []Outcome, err error) (rerun [][]int) {
+	if len(won) == 1 {
+		outs[won[0]] = c.handlerFailure(items[won[0]].m, err)
+		return nil
+	}
+	for _, i := range won {
+		rerun = append(rerun, []int{i})
+	}
+	return rerun
+}
+
+// undoProcessed turns the Processed outcomes among won into store failures
+// of stage: their transaction did not commit.
+func (c *Consumer[Tx]) undoProcessed(items []*item, won []int, outs []Outcome, stage string, err error) {
+	for _, i := range won {
+		if outs[i].Decision == Processed {
+			outs[i] = c.storeFailure(items[i].m, stage, err)
+		}
+	}
 }

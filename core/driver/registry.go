@@ -50,10 +50,7 @@ func RegisterBroker(scheme string, src SourceOpener, pub PublisherOpener) {
 	if src == nil || pub == nil {
 		panic("idemq: RegisterBroker " + scheme + ": nil opener")
 	}
-	if _, dup := registry.sources[scheme]; dup {
-		panic("idemq: RegisterBroker called twice for scheme " + scheme)
-	}
-	registry.sources[scheme] = src
+	register("RegisterBroker", scheme, registry.sources, src)
 	registry.publishers[scheme] = pub
 }
 
@@ -65,38 +62,49 @@ func RegisterStore(scheme string, open StoreOpener) {
 	if open == nil {
 		panic("idemq: RegisterStore " + scheme + ": nil opener")
 	}
-	if _, dup := registry.stores[scheme]; dup {
-		panic("idemq: RegisterStore called twice for scheme " + scheme)
+	register("RegisterStore", scheme, registry.stores, open)
+}
+
+// register adds open under scheme; the registry is locked.
+func register[O any](caller, scheme string, openers map[string]O, open O) {
+	if _, dup := openers[scheme]; dup {
+		panic("idemq: " + caller + " called twice for scheme " + scheme)
 	}
-	registry.stores[scheme] = open
+	openers[scheme] = open
+}
+
+// open looks rawURL's scheme up in openers and opens it; errors name what
+// was opened (kind: broker, publisher, store) and never contain
+// credentials.
+func open[O, R any](rawURL, kind string, openers map[string]O, call func(O, *url.URL) (R, error)) (R, *url.URL, error) {
+	var zero R
+	registered := kind
+	if kind == "publisher" {
+		registered = "broker"
+	}
+	u, opener, err := lookup(rawURL, registered, openers)
+	if err != nil {
+		return zero, nil, err
+	}
+	r, err := call(opener, u)
+	if err != nil {
+		return zero, nil, fmt.Errorf("idemq: opening %s %s: %s", kind, redact.URL(rawURL), redact.Error(err, rawURL))
+	}
+	return r, u, nil
 }
 
 // OpenSource opens the broker adapter registered for rawURL's scheme.
 // Errors never contain credentials. Services call core.OpenSource.
 func OpenSource(ctx context.Context, rawURL string, cfg OpenConfig) (Source, error) {
-	u, open, err := lookup(rawURL, "broker", registry.sources)
-	if err != nil {
-		return nil, err
-	}
-	src, err := open(ctx, u, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("idemq: opening broker %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
-	}
-	return src, nil
+	src, _, err := open(rawURL, "broker", registry.sources, func(o SourceOpener, u *url.URL) (Source, error) { return o(ctx, u, cfg) })
+	return src, err
 }
 
 // OpenPublisher opens a publisher for rawURL's broker and destination.
 // Errors never contain credentials. Services call core.OpenPublisher.
 func OpenPublisher(ctx context.Context, rawURL string, cfg OpenConfig) (Publisher, error) {
-	u, open, err := lookup(rawURL, "broker", registry.publishers)
-	if err != nil {
-		return nil, err
-	}
-	p, err := open(ctx, u, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("idemq: opening publisher %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
-	}
-	return p, nil
+	p, _, err := open(rawURL, "publisher", registry.publishers, func(o PublisherOpener, u *url.URL) (Publisher, error) { return o(ctx, u, cfg) })
+	return p, err
 }
 
 // OpenStore opens the store registered for rawURL's scheme, whatever its
@@ -106,13 +114,9 @@ func OpenPublisher(ctx context.Context, rawURL string, cfg OpenConfig) (Publishe
 // contain credentials. Services call core.OpenStore, which checks the
 // transaction type.
 func OpenStore(ctx context.Context, rawURL string) (Closer, error) {
-	u, open, err := lookup(rawURL, "store", registry.stores)
+	s, u, err := open(rawURL, "store", registry.stores, func(o StoreOpener, u *url.URL) (any, error) { return o(ctx, u) })
 	if err != nil {
 		return nil, err
-	}
-	s, err := open(ctx, u)
-	if err != nil {
-		return nil, fmt.Errorf("idemq: opening store %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
 	}
 	c, ok := s.(Closer)
 	if !ok {
