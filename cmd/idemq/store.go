@@ -42,6 +42,30 @@ func openStore(ctx context.Context, rawURL string) (*openedStore, error) {
 
 func (o *openedStore) Close() { o.store.Close() }
 
+// parseStore parses a command's args and returns its --store URL.
+func parseStore(f *cli.Flags, storeURL func() (string, error), args []string) (string, error) {
+	if err := f.Parse(args); err != nil {
+		return "", err
+	}
+	return storeURL()
+}
+
+// storeThat opens the store at raw and returns it with the operator
+// interface C the command needs; an error says what the store cannot do.
+func storeThat[C any](ctx context.Context, raw, cannot string) (*openedStore, C, error) {
+	var c C
+	s, err := openStore(ctx, raw)
+	if err != nil {
+		return nil, c, err
+	}
+	c, ok := s.store.(C)
+	if !ok {
+		s.Close()
+		return nil, c, fmt.Errorf("the store at %s cannot %s", core.Redact(raw), cannot)
+	}
+	return s, c, nil
+}
+
 // table is the dedup table's name, if the store tells it.
 func (o *openedStore) table() string {
 	if t, ok := o.store.(interface{ Table() string }); ok {
@@ -67,23 +91,15 @@ idempotent and safe to run from several deployments at once.
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := cli.NewFlags("idemq migrate", migrateUsage, stdout)
-	storeURL := f.StoreFlag()
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	raw, err := storeURL()
+	raw, err := parseStore(f, f.StoreFlag(), args)
 	if err != nil {
 		return err
 	}
-	s, err := openStore(ctx, raw)
+	s, m, err := storeThat[driver.Migrator](ctx, raw, "migrate itself")
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	m, ok := s.store.(driver.Migrator)
-	if !ok {
-		return fmt.Errorf("the store at %s cannot migrate itself", core.Redact(raw))
-	}
 	if err := m.Migrate(ctx); err != nil {
 		return hideSecrets(err, raw)
 	}
@@ -111,10 +127,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	force := f.Bool("force", false, "allow --older-than below the store's retention")
 	pause := f.Duration("pause", 0, "pause between batches, to spare a busy database")
 	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise a line per batch)")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	raw, err := storeURL()
+	raw, err := parseStore(f, storeURL, args)
 	if err != nil {
 		return err
 	}
@@ -126,15 +139,11 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case *pause < 0:
 		return cli.Usagef("--pause %v: must not be negative", *pause)
 	}
-	s, err := openStore(ctx, raw)
+	s, p, err := storeThat[driver.Pruner](ctx, raw, "prune")
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	p, ok := s.store.(driver.Pruner)
-	if !ok {
-		return fmt.Errorf("the store at %s cannot prune", core.Redact(raw))
-	}
 	if r, ok := s.store.(driver.Retentioner); ok && !*force && *olderThan < r.Retention() {
 		return cli.Usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r.Retention())
 	}
@@ -146,16 +155,18 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	start := time.Now()
 	total, batches := 0, 0
+	interrupted := func() error {
+		fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.table(), batches)
+		return errors.New("interrupted")
+	}
 	for {
-		if err := ctx.Err(); err != nil {
-			fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.table(), batches)
-			return errors.New("interrupted")
+		if ctx.Err() != nil {
+			return interrupted()
 		}
 		n, err := p.Prune(ctx, before, *batch)
 		if err != nil {
 			if ctx.Err() != nil {
-				fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.table(), batches)
-				return errors.New("interrupted")
+				return interrupted()
 			}
 			return fmt.Errorf("after pruning %d claims: %w", total, hideSecrets(err, raw))
 		}
@@ -195,22 +206,15 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f := cli.NewFlags("idemq stats", statsUsage, stdout)
 	storeURL := f.StoreFlag()
 	asJSON := f.Bool("json", false, "print the statistics as JSON")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	raw, err := storeURL()
+	raw, err := parseStore(f, storeURL, args)
 	if err != nil {
 		return err
 	}
-	s, err := openStore(ctx, raw)
+	s, in, err := storeThat[driver.Inspector](ctx, raw, "describe its table")
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	in, ok := s.store.(driver.Inspector)
-	if !ok {
-		return fmt.Errorf("the store at %s cannot describe its table", core.Redact(raw))
-	}
 	st, err := in.Inspect(ctx)
 	if err != nil {
 		return hideSecrets(err, raw)
