@@ -102,14 +102,12 @@ func (q *queue) ackLocked(d *Delivery) {
 // Retry makes the message ready again after delay (at once when delay <= 0);
 // its next delivery has the next attempt number.
 func (d *Delivery) Retry(ctx context.Context, delay time.Duration) error {
-	q, err := d.lockForSettle(ctx)
-	if err != nil {
-		return err
-	}
-	defer q.mu.Unlock()
-	if err := d.markSettledLocked(); err != nil {
-		return err
-	}
+	return d.settleWith(ctx, func(q *queue) {
+		q.retryLocked(d, delay)
+	})
+}
+
+func (q *queue) retryLocked(d *Delivery, delay time.Duration) {
 	q.endLeaseLocked(d)
 	q.stats.Retried++
 	e := d.e
@@ -121,6 +119,20 @@ func (d *Delivery) Retry(ctx context.Context, delay time.Duration) error {
 		q.delayed.push(e)
 		q.armLocked()
 	}
+}
+
+// settleWith settles d by running apply on its queue, locked, once the
+// settlement is allowed (not settled before, lease still current).
+func (d *Delivery) settleWith(ctx context.Context, apply func(q *queue)) error {
+	q, err := d.lockForSettle(ctx)
+	if err != nil {
+		return err
+	}
+	defer q.mu.Unlock()
+	if err := d.markSettledLocked(); err != nil {
+		return err
+	}
+	apply(q)
 	return nil
 }
 
@@ -132,23 +144,16 @@ var errNoCause = errors.New("memory: dead-lettered without a cause")
 // Broker.Redrive). A nil cause is recorded as an error saying none was
 // given.
 func (d *Delivery) DeadLetter(ctx context.Context, cause error) error {
-	q, err := d.lockForSettle(ctx)
-	if err != nil {
-		return err
-	}
-	defer q.mu.Unlock()
-	if err := d.markSettledLocked(); err != nil {
-		return err
-	}
 	if cause == nil {
 		cause = errNoCause
 	}
-	q.endLeaseLocked(d)
-	d.e.state = stateDead
-	q.dead = append(q.dead, DeadLetter{Message: cloneMessage(d.msg), Cause: cause, At: time.Now(), entry: d.e})
-	q.stats.DeadLettered++
-	q.checkIdleLocked()
-	return nil
+	return d.settleWith(ctx, func(q *queue) {
+		q.endLeaseLocked(d)
+		d.e.state = stateDead
+		q.dead = append(q.dead, DeadLetter{Message: cloneMessage(d.msg), Cause: cause, At: time.Now(), entry: d.e})
+		q.stats.DeadLettered++
+		q.checkIdleLocked()
+	})
 }
 
 // ExtendVisibility moves the lease deadline to d from now, as SQS

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"bytes"
+	"cmp"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -110,19 +111,23 @@ func (q *queue) publish(msgs []*core.Message, dup float64) error {
 }
 
 // wakeLocked wakes up to n Receive calls waiting for a message.
-func (q *queue) wakeLocked(n int) {
-	for ; n > 0 && len(q.waiters) > 0; n-- {
-		w := q.waiters[0]
-		q.waiters[0] = nil
-		q.waiters = q.waiters[1:]
+func (q *queue) wakeLocked(n int) { wake(&q.waiters, n) }
+
+// wake wakes up to n of the waiters in *list, first come first served, and
+// takes them off it.
+func wake(list *[]*waiter, n int) {
+	for ; n > 0 && len(*list) > 0; n-- {
+		w := (*list)[0]
+		(*list)[0] = nil
+		*list = (*list)[1:]
 		w.where = waitNone
 		select {
 		case w.ch <- struct{}{}:
 		default:
 		}
 	}
-	if len(q.waiters) == 0 {
-		q.waiters = nil // release the backing array once drained
+	if len(*list) == 0 {
+		*list = nil // release the backing array once drained
 	}
 }
 
@@ -274,15 +279,7 @@ func (q *queue) requeueLocked(s *Subscription) {
 	for d := range s.leases {
 		ds = append(ds, d)
 	}
-	slices.SortFunc(ds, func(a, b *Delivery) int {
-		switch {
-		case a.seq < b.seq:
-			return -1
-		case a.seq > b.seq:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ds, func(a, b *Delivery) int { return cmp.Compare(a.seq, b.seq) })
 	for i := len(ds) - 1; i >= 0; i-- {
 		q.endLeaseLocked(ds[i])
 		q.makeReadyLocked(ds[i].e, true)

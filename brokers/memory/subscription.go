@@ -116,18 +116,7 @@ func (s *Subscription) releaseSlotLocked() {
 	}
 }
 
-func (s *Subscription) wakeWindowLocked(n int) {
-	for ; n > 0 && len(s.windowWaiters) > 0; n-- {
-		w := s.windowWaiters[0]
-		s.windowWaiters[0] = nil
-		s.windowWaiters = s.windowWaiters[1:]
-		w.where = waitNone
-		select {
-		case w.ch <- struct{}{}:
-		default:
-		}
-	}
-}
+func (s *Subscription) wakeWindowLocked(n int) { wake(&s.windowWaiters, n) }
 
 // Receive returns the next ready message of the queue, blocking while none
 // is ready or the window is full. It returns ctx.Err() when ctx is done, and
