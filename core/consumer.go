@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/option"
 )
 
 // Consumer runs the pipeline for one Source and one Store: receive → claim
@@ -116,13 +117,8 @@ func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHan
 		return nil, errors.New("idemq: New: nil Store")
 	}
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return nil, err
 	}
 	if cfg.name == "" {
 		return nil, errors.New("idemq: option WithName is required: it names the consumer in the dedup key")

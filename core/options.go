@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/idemq/idemq/internal/option"
 )
 
 // Option configures a Consumer. Options are checked by New, which fails
@@ -69,33 +71,26 @@ func defaultConfig() config {
 }
 
 func optErr(name, format string, args ...any) error {
-	return fmt.Errorf("idemq: option %s: %s", name, fmt.Sprintf(format, args...))
+	return option.Errorf("idemq", name, format, args...)
+}
+
+// set is an option that sets a field once its check passed.
+func set(name string, check error, put func(*config)) Option {
+	return option.Set("idemq", name, check, put)
 }
 
 // WithName sets the consumer name, the first half of the dedup key
 // (consumer, message_id): two consumers with different names each apply a
 // message once. Required; at most 200 characters of valid UTF-8.
 func WithName(name string) Option {
-	return func(c *config) error {
-		if err := validateName(name); err != nil {
-			return optErr("WithName", "%v", err)
-		}
-		c.name = name
-		return nil
-	}
+	return set("WithName", validateName(name), func(c *config) { c.name = name })
 }
 
 // WithConcurrency sets how many batches are processed at once, each in its
 // own transaction. Default 1: one worker, as in the seed pattern. SQLite
 // serialises writers, so more than 1 helps only on Postgres and MySQL.
 func WithConcurrency(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > 1024 {
-			return optErr("WithConcurrency", "%d is outside 1..1024", n)
-		}
-		c.concurrency = n
-		return nil
-	}
+	return set("WithConcurrency", option.Range(n, 1, 1024), func(c *config) { c.concurrency = n })
 }
 
 // WithWindow caps the messages received but not yet settled: memory stays
@@ -105,39 +100,21 @@ func WithConcurrency(n int) Option {
 // next batch is full when the worker is free (at 2 × batch size the
 // RabbitMQ → Postgres benchmark ran ~10% slower, credit-bound).
 func WithWindow(n int) Option {
-	return func(c *config) error {
-		if n < 1 {
-			return optErr("WithWindow", "%d must be at least 1", n)
-		}
-		c.window = n
-		return nil
-	}
+	return set("WithWindow", option.AtLeast(n, 1), func(c *config) { c.window = n })
 }
 
 // WithBatchSize sets how many messages at most share one transaction: one
 // multi-row claim, a savepoint per message, one commit, one batch ack.
 // Default 1, which is exactly the one-transaction-per-message pattern.
 func WithBatchSize(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > 10000 {
-			return optErr("WithBatchSize", "%d is outside 1..10000", n)
-		}
-		c.batchSize = n
-		return nil
-	}
+	return set("WithBatchSize", option.Range(n, 1, 10000), func(c *config) { c.batchSize = n })
 }
 
 // WithLinger sets how long a batch waits for more messages before it is
 // processed part-full. Default 0: a batch goes as soon as a worker is free,
 // so batches grow on their own under load and add no latency when idle.
 func WithLinger(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 || d > time.Minute {
-			return optErr("WithLinger", "%v is outside 0..1m", d)
-		}
-		c.linger = d
-		return nil
-	}
+	return set("WithLinger", option.Range(d, 0, time.Minute), func(c *config) { c.linger = d })
 }
 
 // WithMaxAttempts sets after how many deliveries a message whose handler
@@ -145,25 +122,13 @@ func WithLinger(d time.Duration) Option {
 // failures (begin, claim, commit) are retried without limit: an outage of
 // the database must not empty the queue into the dead-letter queue.
 func WithMaxAttempts(n int) Option {
-	return func(c *config) error {
-		if n < 1 {
-			return optErr("WithMaxAttempts", "%d must be at least 1", n)
-		}
-		c.maxAttempts = n
-		return nil
-	}
+	return set("WithMaxAttempts", option.AtLeast(n, 1), func(c *config) { c.maxAttempts = n })
 }
 
 // WithBackoff sets the redelivery delay policy for Retry. Default
 // DefaultBackoff (200ms doubling to 30s, ±20% jitter).
 func WithBackoff(b Backoff) Option {
-	return func(c *config) error {
-		if b == nil {
-			return optErr("WithBackoff", "nil backoff")
-		}
-		c.backoff = b
-		return nil
-	}
+	return set("WithBackoff", option.NotNil(b != nil, "backoff"), func(c *config) { c.backoff = b })
 }
 
 // WithIDFunc derives the business id from the message instead of the
@@ -172,13 +137,7 @@ func WithBackoff(b Backoff) Option {
 // Never derive the id from a delivery tag, offset or receipt handle: they
 // change on redelivery.
 func WithIDFunc(f func(*Message) (string, error)) Option {
-	return func(c *config) error {
-		if f == nil {
-			return optErr("WithIDFunc", "nil func")
-		}
-		c.idFunc = f
-		return nil
-	}
+	return set("WithIDFunc", option.NotNil(f != nil, "func"), func(c *config) { c.idFunc = f })
 }
 
 // Limits bound what one message may bring into the pipeline. A message
@@ -219,26 +178,14 @@ func WithLimits(l Limits) Option {
 // their transactions are cancelled (rolled back) and they are left
 // unacknowledged for the broker to redeliver. Default 30s.
 func WithShutdownTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return optErr("WithShutdownTimeout", "%v must be positive", d)
-		}
-		c.shutdownTimeout = d
-		return nil
-	}
+	return set("WithShutdownTimeout", option.Positive(d), func(c *config) { c.shutdownTimeout = d })
 }
 
 // WithLogger sets the logger for reconnects, settlement failures and
 // warnings. Decisions are logged by the logging observer, not here.
 // Default slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return optErr("WithLogger", "nil logger")
-		}
-		c.logger = l
-		return nil
-	}
+	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger = l })
 }
 
 // WithHandlerMiddleware appends middleware around the handler inside the
@@ -259,10 +206,7 @@ func WithHandlerMiddleware(mws ...HandlerMiddleware) Option {
 // WithFingerprint sets how a body is fingerprinted for the reused-id check.
 // Default Fingerprint (128 bits of SHA-256). nil turns the check off.
 func WithFingerprint(f func(body []byte) string) Option {
-	return func(c *config) error {
-		c.fingerprint = f
-		return nil
-	}
+	return set("WithFingerprint", nil, func(c *config) { c.fingerprint = f })
 }
 
 // WithMismatchDecision sets what happens to a message whose id was

@@ -1,0 +1,77 @@
+// Package option holds what idemq's functional options share: applying
+// them in order, and the checks of a value with errors that name the
+// option the user wrote, so each option states only its name, its check
+// and the field it sets.
+package option
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+)
+
+// Apply applies opts to cfg in order, skipping nil options, and returns the
+// first error.
+func Apply[C any, O ~func(*C) error](cfg *C, opts ...O) error {
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Set returns an option of package pkg named name: applied, it fails with
+// "pkg: option name: err" when err (the value's check) is not nil, and
+// otherwise calls set.
+func Set[C any](pkg, name string, err error, set func(*C)) func(*C) error {
+	return func(c *C) error {
+		if err != nil {
+			return Errorf(pkg, name, "%v", err)
+		}
+		set(c)
+		return nil
+	}
+}
+
+// Errorf returns "pkg: option name: " followed by the formatted detail.
+func Errorf(pkg, name, format string, args ...any) error {
+	return fmt.Errorf("%s: option %s: %s", pkg, name, fmt.Sprintf(format, args...))
+}
+
+// Range checks that v lies in lo..hi.
+func Range[T cmp.Ordered](v, lo, hi T) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%v is outside %v..%v", v, lo, hi)
+	}
+	return nil
+}
+
+// AtLeast checks that v is lo or more.
+func AtLeast[T cmp.Ordered](v, lo T) error {
+	if v < lo {
+		return fmt.Errorf("%v must be at least %v", v, lo)
+	}
+	return nil
+}
+
+// Positive checks that v is above zero.
+func Positive[T cmp.Ordered](v T) error {
+	var zero T
+	if v <= zero {
+		return fmt.Errorf("%v must be positive", v)
+	}
+	return nil
+}
+
+// NotNil checks that a func, pointer or interface value given as ok (its
+// != nil test) is set; what names the kind of value for the error.
+func NotNil(ok bool, what string) error {
+	if !ok {
+		return errors.New("nil " + what)
+	}
+	return nil
+}
