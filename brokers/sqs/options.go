@@ -1,6 +1,7 @@
 package sqs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,7 +57,9 @@ type config struct {
 	receiveLinger     time.Duration
 	settleRetries     int
 	logger            *slog.Logger
+	loggerSet         bool // WithLogger chose the logger: SetLogger leaves it
 	receiveErrorPause time.Duration
+	byURL             bool // opened by URL: errors name URL parameters
 }
 
 // clientConfig is how to reach SQS.
@@ -86,8 +89,54 @@ func defaultConfig() config {
 	}
 }
 
-func optErr(name, format string, args ...any) error {
-	return fmt.Errorf("sqs: option %s: %s", name, fmt.Sprintf(format, args...))
+// optErr reports a configuration problem by what the user wrote: the URL
+// parameter of a source or publisher opened by URL, else the option name.
+func (c *config) optErr(option, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if p, ok := paramOfOption[option]; ok && c.byURL {
+		return fmt.Errorf("sqs URL parameter %s: %s", p, msg)
+	}
+	return fmt.Errorf("sqs: option %s: %s", option, msg)
+}
+
+// spell returns goForm, or urlForm when the configuration came from a URL.
+func (c *config) spell(goForm, urlForm string) string {
+	if c.byURL {
+		return urlForm
+	}
+	return goForm
+}
+
+// Settle retries (WithSettleRetries) pause from settlePause, doubling.
+const (
+	settlePause      = 50 * time.Millisecond
+	maxSettleRetries = 10
+)
+
+// setup applies opts and finds the queue: the start Open and NewPublisher
+// share.
+func setup(ctx context.Context, what, queueURLOrName string, opts []Option) (config, *awssqs.Client, *queueInfo, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return cfg, nil, nil, err
+		}
+	}
+	if queueURLOrName == "" {
+		return cfg, nil, nil, fmt.Errorf("sqs: %s: empty queue URL or name", what)
+	}
+	cl, err := newClient(ctx, cfg.clientConfig)
+	if err != nil {
+		return cfg, nil, nil, err
+	}
+	q, err := resolveQueue(ctx, cl, queueURLOrName)
+	if err != nil {
+		return cfg, nil, nil, fmt.Errorf("sqs: %s: %w", what, err)
+	}
+	return cfg, cl, q, nil
 }
 
 // WithReceivers sets how many goroutines long-poll the queue at once, each
@@ -96,7 +145,7 @@ func optErr(name, format string, args ...any) error {
 func WithReceivers(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > 64 {
-			return optErr("WithReceivers", "%d is outside 1..64", n)
+			return c.optErr("WithReceivers", "%d is outside 1..64", n)
 		}
 		c.receivers = n
 		return nil
@@ -109,7 +158,7 @@ func WithReceivers(n int) Option {
 func WithWindow(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
-			return optErr("WithWindow", "%d must be at least 1", n)
+			return c.optErr("WithWindow", "%d must be at least 1", n)
 		}
 		c.window = n
 		return nil
@@ -124,7 +173,7 @@ func WithWindow(n int) Option {
 func WithReceiveLinger(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 || d > time.Second {
-			return optErr("WithReceiveLinger", "%v is outside 0..1s", d)
+			return c.optErr("WithReceiveLinger", "%v is outside 0..1s", d)
 		}
 		c.receiveLinger = d
 		return nil
@@ -137,7 +186,7 @@ func WithReceiveLinger(d time.Duration) Option {
 func WithWaitTime(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 || d > 20*time.Second || d%time.Second != 0 {
-			return optErr("WithWaitTime", "%v is not a whole number of seconds in 0..20s", d)
+			return c.optErr("WithWaitTime", "%v is not a whole number of seconds in 0..20s", d)
 		}
 		c.waitTime = d
 		return nil
@@ -151,7 +200,7 @@ func WithWaitTime(d time.Duration) Option {
 func WithVisibilityTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Second || d > 12*time.Hour || d%time.Second != 0 {
-			return optErr("WithVisibilityTimeout", "%v is not a whole number of seconds in 1s..12h", d)
+			return c.optErr("WithVisibilityTimeout", "%v is not a whole number of seconds in 1s..12h", d)
 		}
 		c.visibility = d
 		return nil
@@ -176,7 +225,7 @@ func WithHeartbeat(on bool) Option {
 func WithHeartbeatInterval(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return optErr("WithHeartbeatInterval", "%v must be positive", d)
+			return c.optErr("WithHeartbeatInterval", "%v must be positive", d)
 		}
 		c.heartbeatInterval = d
 		return nil
@@ -191,7 +240,7 @@ func WithHeartbeatInterval(d time.Duration) Option {
 func WithMaxExtension(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Second || d > 12*time.Hour {
-			return optErr("WithMaxExtension", "%v is outside 1s..12h", d)
+			return c.optErr("WithMaxExtension", "%v is outside 1s..12h", d)
 		}
 		c.maxExtension = d
 		return nil
@@ -206,7 +255,7 @@ func WithMaxExtension(d time.Duration) Option {
 func WithIDAttribute(name string) Option {
 	return func(c *config) error {
 		if err := checkAttributeName(name); err != nil {
-			return optErr("WithIDAttribute", "%v", err)
+			return c.optErr("WithIDAttribute", "%v", err)
 		}
 		c.idAttribute = name
 		return nil
@@ -219,7 +268,7 @@ func WithIDAttribute(name string) Option {
 func WithDeadLetterQueue(urlOrName string) Option {
 	return func(c *config) error {
 		if urlOrName == "" {
-			return optErr("WithDeadLetterQueue", "empty queue")
+			return c.optErr("WithDeadLetterQueue", "empty queue")
 		}
 		c.deadLetterQueue = urlOrName
 		return nil
@@ -231,7 +280,7 @@ func WithDeadLetterQueue(urlOrName string) Option {
 func WithDeadLetterMode(m DeadLetterMode) Option {
 	return func(c *config) error {
 		if m != DeadLetterSend && m != DeadLetterRedrive {
-			return optErr("WithDeadLetterMode", "unknown mode %d", m)
+			return c.optErr("WithDeadLetterMode", "unknown mode %d", m)
 		}
 		c.deadLetterMode = m
 		return nil
@@ -257,7 +306,7 @@ func WithReleaseOnClose(release bool) Option {
 func WithCloseTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 || d > time.Minute {
-			return optErr("WithCloseTimeout", "%v is outside 0..1m", d)
+			return c.optErr("WithCloseTimeout", "%v is outside 0..1m", d)
 		}
 		c.closeTimeout = d
 		return nil
@@ -270,8 +319,8 @@ func WithCloseTimeout(d time.Duration) Option {
 // 0..10.
 func WithSettleRetries(n int) Option {
 	return func(c *config) error {
-		if n < 0 || n > 10 {
-			return optErr("WithSettleRetries", "%d is outside 0..10", n)
+		if n < 0 || n > maxSettleRetries {
+			return c.optErr("WithSettleRetries", "%d is outside 0..%d", n, maxSettleRetries)
 		}
 		c.settleRetries = n
 		return nil
@@ -279,13 +328,16 @@ func WithSettleRetries(n int) Option {
 }
 
 // WithLogger sets the logger for receive errors, heartbeat failures and
-// dead letters. Default slog.Default().
+// dead letters. Without it the Source logs to the logger given to
+// core.OpenSource (core.WithAdapterLogger), else to the Consumer's logger
+// (which the Consumer hands over before the first Receive), and until then
+// to slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
-			return optErr("WithLogger", "nil logger")
+			return c.optErr("WithLogger", "nil logger")
 		}
-		c.logger = l
+		c.logger, c.loggerSet = l, true
 		return nil
 	}
 }
@@ -301,7 +353,7 @@ type ClientOption = Option
 func WithClient(cl *awssqs.Client) ClientOption {
 	return func(c *config) error {
 		if cl == nil {
-			return optErr("WithClient", "nil client")
+			return c.optErr("WithClient", "nil client")
 		}
 		c.client = cl
 		return nil
@@ -326,10 +378,10 @@ func WithEndpoint(endpoint string) ClientOption {
 		// The endpoint is not quoted: it may carry credentials.
 		u, err := redact.ParseURL(endpoint)
 		if err != nil {
-			return optErr("WithEndpoint", "%v", err)
+			return c.optErr("WithEndpoint", "%v", err)
 		}
 		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return optErr("WithEndpoint", "not an http:// or https:// URL with a host")
+			return c.optErr("WithEndpoint", "not an http:// or https:// URL with a host")
 		}
 		c.endpoint = endpoint
 		return nil
@@ -341,7 +393,7 @@ func WithEndpoint(endpoint string) ClientOption {
 func WithRegion(region string) ClientOption {
 	return func(c *config) error {
 		if region == "" {
-			return optErr("WithRegion", "empty region")
+			return c.optErr("WithRegion", "empty region")
 		}
 		c.region = region
 		return nil
@@ -354,7 +406,7 @@ func WithRegion(region string) ClientOption {
 func WithStaticCredentials(accessKeyID, secretAccessKey, sessionToken string) ClientOption {
 	return func(c *config) error {
 		if accessKeyID == "" || secretAccessKey == "" {
-			return optErr("WithStaticCredentials", "empty access key id or secret")
+			return c.optErr("WithStaticCredentials", "empty access key id or secret")
 		}
 		c.credentials = staticCredentials(accessKeyID, secretAccessKey, sessionToken)
 		return nil

@@ -4,17 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/idemq/idemq/core/driver"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // DefaultIDAttribute is the message attribute that carries the producer's
@@ -22,10 +22,9 @@ import (
 const DefaultIDAttribute = "message-id"
 
 // Message attributes the adapter writes on copies it sends to a dead-letter
-// queue.
+// queue, besides the cause (driver.CauseHeader, "idemq-cause", at most
+// 1,024 bytes).
 const (
-	// AttributeCause holds the dead-letter cause (at most 1,024 bytes).
-	AttributeCause = "idemq-cause"
 	// AttributeSourceQueue holds the name of the queue the message was
 	// dead-lettered from.
 	AttributeSourceQueue = "idemq-source-queue"
@@ -36,16 +35,11 @@ const (
 	AttributeEncoding = "idemq-encoding"
 )
 
-// maxAttributes is SQS's limit of message attributes per message.
-const maxAttributes = 10
-
-// ErrAlreadySettled is returned when a delivery is settled a second time.
-var ErrAlreadySettled = errors.New("sqs: delivery already settled")
-
 // ErrClosed is wrapped by the error of a settlement attempted after the
 // Source was closed: Close handed the message back to SQS (or left it to
-// its visibility timeout), so nothing is sent and SQS redelivers it.
-var ErrClosed = errors.New("sqs: source closed; SQS will redeliver the message")
+// its visibility timeout), so nothing is sent and SQS redelivers it. It
+// wraps core.ErrStaleDelivery, as every stale settlement's error does.
+var ErrClosed = driver.Stale(errors.New("sqs: source closed; SQS will redeliver the message"))
 
 // Source consumes one SQS queue (standard or FIFO). It implements
 // core.Source, driver.BatchSettler, driver.WindowSetter and
@@ -67,6 +61,7 @@ type Source struct {
 	deleting atomic.Bool   // deleters run: Ack may hand over to them
 	avail    chan struct{} // signalled when ready grows
 	space    chan struct{} // signalled when held shrinks
+	logger   atomic.Pointer[slog.Logger]
 
 	mu      sync.Mutex
 	window  int
@@ -112,6 +107,7 @@ var (
 	_ driver.BatchSettler        = (*Source)(nil)
 	_ driver.WindowSetter        = (*Source)(nil)
 	_ driver.RedeliveryHorizoner = (*Source)(nil)
+	_ driver.LoggerSetter        = (*Source)(nil)
 )
 
 // Open returns a Source for the queue given by URL
@@ -121,25 +117,9 @@ var (
 // at the first Receive, after the Consumer had its chance to call
 // SetWindow.
 func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
-	}
-	if queueURLOrName == "" {
-		return nil, errors.New("sqs: Open: empty queue URL or name")
-	}
-	cl, err := newClient(ctx, cfg.clientConfig)
+	cfg, cl, q, err := setup(ctx, "Open", queueURLOrName, opts)
 	if err != nil {
 		return nil, err
-	}
-	q, err := resolveQueue(ctx, cl, queueURLOrName)
-	if err != nil {
-		return nil, fmt.Errorf("sqs: Open: %w", err)
 	}
 	s := &Source{
 		cl:     cl,
@@ -162,7 +142,7 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 		s.hbEvery = max(s.vis/3, 100*time.Millisecond)
 	}
 	if cfg.heartbeat && s.hbEvery >= s.vis {
-		return nil, optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v", s.hbEvery, s.vis)
+		return nil, cfg.optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v", s.hbEvery, s.vis)
 	}
 	switch cfg.deadLetterMode {
 	case DeadLetterSend:
@@ -171,25 +151,38 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 			target = queueNameFromARN(q.redrive.targetARN)
 		}
 		if target == "" {
-			return nil, optErr("WithDeadLetterQueue", "queue %q has no redrive policy, so name the dead-letter queue (or use WithDeadLetterMode(DeadLetterRedrive) on a queue that has one)", q.name)
+			return nil, cfg.optErr("WithDeadLetterQueue", "queue %q has no redrive policy, so name the dead-letter queue (or use %s on a queue that has one)",
+				q.name, cfg.spell("WithDeadLetterMode(DeadLetterRedrive)", "dead_letter_mode=redrive"))
 		}
 		dlq, err := resolveQueue(ctx, cl, target)
 		if err != nil {
-			return nil, optErr("WithDeadLetterQueue", "%v", err)
+			return nil, cfg.optErr("WithDeadLetterQueue", "%v", err)
 		}
 		if dlq.fifo != q.fifo {
-			return nil, optErr("WithDeadLetterQueue", "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
+			return nil, cfg.optErr("WithDeadLetterQueue", "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
 		}
 		s.dlq = dlq
 	case DeadLetterRedrive:
 		if q.redrive == nil {
-			return nil, optErr("WithDeadLetterMode", "DeadLetterRedrive needs a redrive policy on queue %q", q.name)
+			return nil, cfg.optErr("WithDeadLetterMode", "%s needs a redrive policy on queue %q", cfg.spell("DeadLetterRedrive", "redrive"), q.name)
 		}
 	}
+	s.logger.Store(cfg.logger)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.pollCtx, s.pollStop = context.WithCancel(context.Background())
 	return s, nil
 }
+
+// SetLogger sets the logger of the Source's warnings, unless WithLogger
+// (or the logger given to core.OpenSource) chose one; the Consumer calls it
+// with its own logger before the first Receive (driver.LoggerSetter).
+func (s *Source) SetLogger(l *slog.Logger) {
+	if l != nil && !s.cfg.loggerSet {
+		s.logger.Store(l)
+	}
+}
+
+func (s *Source) log() *slog.Logger { return s.logger.Load() }
 
 // Client returns the SQS client, an escape hatch for what the adapter does
 // not cover.
@@ -366,7 +359,7 @@ func (s *Source) unreserve(n int) {
 // room for, until Close.
 func (s *Source) receiver() {
 	defer s.wg.Done()
-	pause := s.cfg.receiveErrorPause
+	pause := driver.NewBackoff(s.cfg.receiveErrorPause, 5*time.Second)
 	for {
 		n, ok := s.reserve(10)
 		if !ok {
@@ -386,18 +379,18 @@ func (s *Source) receiver() {
 			if s.ctx.Err() != nil {
 				return
 			}
-			s.cfg.logger.Warn("idemq sqs: receive failed", "queue", s.q.name, "error", err, "retry_in", pause)
+			wait := pause.Next()
+			s.log().Warn("idemq sqs: receive failed", "queue", s.q.name, "error", err, "retry_in", wait)
 			select {
 			case s.errs <- fmt.Errorf("sqs: receive from %s: %w", s.q.name, err):
 			default:
 			}
-			if !sleep(s.ctx, pause) {
+			if !driver.Sleep(s.ctx, wait) {
 				return
 			}
-			pause = min(pause*2, 5*time.Second)
 			continue
 		}
-		pause = s.cfg.receiveErrorPause
+		pause.Reset()
 		s.unreserve(n - len(out.Messages))
 		if len(out.Messages) > 0 {
 			s.accept(out.Messages)
@@ -497,7 +490,7 @@ func (s *Source) finish(d *delivery, how outcome) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.changeVisibility(ctx, release, 0); err != nil {
-			s.cfg.logger.Warn("idemq sqs: releasing messages held behind a returned FIFO message failed; they come back after their visibility timeout", "queue", s.q.name, "error", err)
+			s.log().Warn("idemq sqs: releasing messages held behind a returned FIFO message failed; they come back after their visibility timeout", "queue", s.q.name, "error", err)
 		}
 		s.stats.released.Add(int64(len(release)))
 	}
@@ -641,17 +634,5 @@ func (s *Source) deleter() {
 		for _, r := range reqs {
 			r.done <- failed[r.d]
 		}
-	}
-}
-
-// sleep waits d or until ctx is done; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }

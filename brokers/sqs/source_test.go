@@ -290,7 +290,7 @@ func TestAckBatchManyChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.AckBatch(context.Background(), append(slices.Clone(ds), foreign))
-	if err == nil || !errors.Is(err, ErrAlreadySettled) || !strings.Contains(err.Error(), "not from this source") {
+	if err == nil || !errors.Is(err, driver.ErrAlreadySettled) || !strings.Contains(err.Error(), "not from this source") {
 		t.Errorf("AckBatch with a settled and a foreign delivery: %v", err)
 	}
 	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
@@ -867,7 +867,7 @@ func TestSettlementFailuresAreReported(t *testing.T) {
 	if r := s.Stats().SettleRetries; r != 3*2 {
 		t.Errorf("SettleRetries = %d, want 3 messages x 2 retries", r)
 	}
-	if err := ds[1].Ack(context.Background()); !errors.Is(err, ErrAlreadySettled) {
+	if err := ds[1].Ack(context.Background()); !errors.Is(err, driver.ErrAlreadySettled) {
 		t.Errorf("Ack after a failed AckBatch = %v, want ErrAlreadySettled (the broker redelivers it)", err)
 	}
 }
@@ -896,7 +896,7 @@ func TestFIFODeadLetter(t *testing.T) {
 		return len(parked) > 0
 	})
 	p := parked[0]
-	if attr(p, DefaultIDAttribute) != m.ID || !strings.Contains(attr(p, AttributeCause), "bad total") ||
+	if attr(p, DefaultIDAttribute) != m.ID || !strings.Contains(attr(p, driver.CauseHeader), "bad total") ||
 		attr(p, AttributeSourceQueue) != q.name || attr(p, AttributeAttempt) != "1" {
 		t.Errorf("parked copy attributes: %v", p.MessageAttributes)
 	}
