@@ -104,6 +104,8 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 // Message returns the received message.
 func (d *delivery) Message() *core.Message { return d.msg }
 
+func (d *delivery) msgID() string { return aws.ToString(d.raw.MessageId) }
+
 func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("sqs: message %q (%s): %w", d.msg.ID, aws.ToString(d.raw.MessageId), err)
 }

@@ -70,6 +70,7 @@ type Source struct {
 	closed  bool
 	ready   []*delivery            // received, waiting for Receive
 	live    map[*delivery]struct{} // received and unsettled, for heartbeat and Close
+	byMsgID map[string]*delivery   // live deliveries by SQS MessageId, to see a message handed out again
 	groups  map[string][]*delivery // FIFO: per group, the delivery handed out first, then those held back
 	orphans []*delivery            // received after Close, to release
 
@@ -122,17 +123,18 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 		return nil, err
 	}
 	s := &Source{
-		cl:     cl,
-		q:      q,
-		cfg:    cfg,
-		vis:    q.visibility,
-		errs:   make(chan error, 1),
-		acks:   make(chan ackReq),
-		avail:  make(chan struct{}, 1),
-		space:  make(chan struct{}, 1),
-		window: cfg.window,
-		live:   make(map[*delivery]struct{}),
-		groups: make(map[string][]*delivery),
+		cl:      cl,
+		q:       q,
+		cfg:     cfg,
+		vis:     q.visibility,
+		errs:    make(chan error, 1),
+		acks:    make(chan ackReq),
+		avail:   make(chan struct{}, 1),
+		space:   make(chan struct{}, 1),
+		window:  cfg.window,
+		live:    make(map[*delivery]struct{}),
+		byMsgID: make(map[string]*delivery),
+		groups:  make(map[string][]*delivery),
 	}
 	if cfg.visibility > 0 {
 		s.vis = cfg.visibility
@@ -418,6 +420,13 @@ func (s *Source) accept(msgs []types.Message) {
 	added := false
 	for _, d := range ds {
 		s.live[d] = struct{}{}
+		// SQS handing out a message this Source still holds means the
+		// visibility lapsed: the older delivery's receipt handle no longer
+		// settles it (SQS may even accept its delete and keep the message).
+		if old := s.byMsgID[d.msgID()]; old != nil {
+			old.gone = fmt.Errorf("SQS handed the message out again (receive count %d), replacing its receipt handle", d.msg.Attempt)
+		}
+		s.byMsgID[d.msgID()] = d
 		if s.q.fifo && d.group != "" {
 			chain := s.groups[d.group]
 			s.groups[d.group] = append(chain, d)
@@ -455,7 +464,7 @@ func (s *Source) finish(d *delivery, how outcome) {
 		return
 	}
 	d.state = stateDone
-	delete(s.live, d)
+	s.forget(d)
 	s.held--
 	added := false
 	if s.q.fifo && d.group != "" {
@@ -466,7 +475,7 @@ func (s *Source) finish(d *delivery, how outcome) {
 				release = chain
 				for _, r := range release {
 					r.state = stateDone
-					delete(s.live, r)
+					s.forget(r)
 					s.held--
 				}
 				chain = nil
@@ -496,6 +505,14 @@ func (s *Source) finish(d *delivery, how outcome) {
 	}
 }
 
+// forget drops d from the live deliveries; s.mu is held.
+func (s *Source) forget(d *delivery) {
+	delete(s.live, d)
+	if s.byMsgID[d.msgID()] == d {
+		delete(s.byMsgID, d.msgID())
+	}
+}
+
 // Close stops receiving and, unless WithReleaseOnClose(false), makes every
 // message still unsettled visible again at once so another consumer gets
 // it. Settling such a message afterwards returns an error wrapping
@@ -522,6 +539,7 @@ func (s *Source) Close() error {
 		}
 	}
 	clear(s.live)
+	clear(s.byMsgID)
 	s.ready = nil
 	clear(s.groups)
 	s.mu.Unlock()
