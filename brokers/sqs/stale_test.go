@@ -288,7 +288,11 @@ func TestWarningsReachTheGivenLogger(t *testing.T) {
 		}
 		defer src.Close()
 		// The Consumer's logger does not replace the one given by URL.
-		src.(driver.LoggerSetter).SetLogger(slog.New(slog.DiscardHandler))
+		if ls, ok := src.(driver.LoggerSetter); ok {
+			ls.SetLogger(slog.New(slog.DiscardHandler))
+		} else {
+			t.Errorf("%T is no driver.LoggerSetter", src)
+		}
 		deleteQueue(q)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
