@@ -515,8 +515,8 @@ func (s *Source) forget(d *delivery) {
 
 // Close stops receiving and, unless WithReleaseOnClose(false), makes every
 // message still unsettled visible again at once so another consumer gets
-// it. Settling such a message afterwards returns an error wrapping
-// ErrClosed.
+// it. Settling such a message afterwards sends nothing and returns an
+// error wrapping ErrClosed (and core.ErrStaleDelivery).
 //
 // Long polls in progress are left to finish (up to WithCloseTimeout) and
 // what they bring is released too: SQS may still hand messages to a poll

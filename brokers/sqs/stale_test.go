@@ -30,9 +30,7 @@ func TestConsumerCountsStaleSettlements(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
 	m := msgs("stale", 1)[0]
-	if err := publisher(t, ep, q).Publish(context.Background(), "", m); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, m)
 	st := sqliteStore(t)
 	s := open(t, ep, q, WithDeadLetterQueue(q.name), WithMaxExtension(time.Second))
 	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
@@ -69,9 +67,7 @@ func TestStaleDeliveryErrors(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, false, 1, 0)
 	ms := msgs("stale-direct", 3)
-	if err := publisher(t, ep, q).Publish(context.Background(), "", ms...); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, ms...)
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false), WithWindow(3))
 	ds := []driver.Delivery{receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second)}
 	// Another consumer receives them once their visibility lapsed.
@@ -325,9 +321,7 @@ func TestRedriveCountsDeadLetteredOnce(t *testing.T) {
 	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, false, 5, 3)
-	if err := publisher(t, ep, q).Publish(context.Background(), "", msgs("redrive-count", 1)...); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, msgs("redrive-count", 1)...)
 	s := open(t, ep, q, WithDeadLetterMode(DeadLetterRedrive))
 	for attempt := 1; attempt <= 3; attempt++ {
 		d := receiveOne(t, s, 10*time.Second)
