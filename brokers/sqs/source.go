@@ -93,7 +93,11 @@ type Stats struct {
 	Released int64
 	// SettleRetries counts batch entries sent again after SQS failed them.
 	SettleRetries int64
-	// DeadLettered counts messages parked by DeadLetter.
+	// DeadLettered counts messages parked by DeadLetter, once each: a copy
+	// whose original could not be deleted is counted when it is parked
+	// again, and in DeadLetterRedrive mode a message counts on the receive
+	// after which SQS moves it (its receive count reached
+	// maxReceiveCount), not on each release before.
 	DeadLettered int64
 	// HeldBack counts FIFO messages held back until the earlier message
 	// of their group received with them was settled.
