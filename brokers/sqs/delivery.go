@@ -6,14 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // Delivery states, guarded by Source.mu.
@@ -24,8 +27,13 @@ const (
 	stateClosed          // taken back by Close
 )
 
+// MetadataMessageGroupID is the Message.Metadata key of a FIFO message's
+// MessageGroupId (OpenTelemetry's conventions name none).
+const MetadataMessageGroupID = "messaging.aws_sqs.message_group_id"
+
 // delivery is one received message and its receipt handle.
 type delivery struct {
+	driver.SettleOnce
 	src        *Source
 	msg        *core.Message
 	raw        *types.Message
@@ -38,6 +46,7 @@ type delivery struct {
 	deadline   time.Time // when its visibility lapses, as far as we know
 	hbFailed   bool      // SQS refused an extension for good
 	hbFailures int
+	gone       error // SQS refused the receipt handle: the delivery is stale
 }
 
 func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
@@ -46,8 +55,9 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 	if n, err := strconv.Atoi(sys[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil && n > 0 {
 		attempt = n
 	}
-	headers := make(map[string]string, len(m.MessageAttributes))
-	for k, v := range m.MessageAttributes {
+	attrs := unfold(m.MessageAttributes)
+	headers := make(map[string]string, len(attrs))
+	for k, v := range attrs {
 		switch {
 		case v.StringValue != nil:
 			headers[k] = *v.StringValue
@@ -63,12 +73,12 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 	}
 	group := sys[string(types.MessageSystemAttributeNameMessageGroupId)]
 	meta := map[string]string{
-		"messaging.destination.name": s.q.name,
-		"messaging.message.id":       aws.ToString(m.MessageId),
-		"aws.sqs.queue.url":          s.q.url,
+		string(semconv.MessagingDestinationNameKey): s.q.name,
+		string(semconv.MessagingMessageIDKey):       aws.ToString(m.MessageId),
+		string(semconv.AWSSQSQueueURLKey):           s.q.url,
 	}
 	if group != "" {
-		meta["messaging.aws_sqs.message_group_id"] = group
+		meta[MetadataMessageGroupID] = group
 	}
 	return &delivery{
 		src:        s,
@@ -94,26 +104,42 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 // Message returns the received message.
 func (d *delivery) Message() *core.Message { return d.msg }
 
+func (d *delivery) msgID() string { return aws.ToString(d.raw.MessageId) }
+
 func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("sqs: message %q (%s): %w", d.msg.ID, aws.ToString(d.raw.MessageId), err)
 }
 
-// claim moves the delivery from live to settling, once.
+// claim moves the delivery from live to settling, once. A delivery that is
+// stale — taken back by Close, its visibility lapsed (as far as the Source
+// knows) or its receipt handle refused by SQS — is not settled: claim
+// returns an error wrapping core.ErrStaleDelivery, and the caller sends
+// nothing, since SQS redelivers the message (or already did).
 func (d *delivery) claim() error {
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
+	}
 	s := d.src
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch d.state {
-	case stateLive:
+	if d.state == stateClosed || s.closed {
+		s.mu.Unlock()
+		return d.wrap(ErrClosed)
+	}
+	var reason error
+	switch now := time.Now(); {
+	case d.gone != nil:
+		reason = d.gone
+	case now.After(d.deadline):
+		reason = fmt.Errorf("its visibility timeout lapsed %v ago, so SQS may have handed it out again", now.Sub(d.deadline).Round(time.Millisecond))
+	}
+	if reason == nil {
 		d.state = stateSettling
+		s.mu.Unlock()
 		return nil
-	case stateClosed:
-		return d.wrap(ErrClosed)
 	}
-	if s.closed {
-		return d.wrap(ErrClosed)
-	}
-	return d.wrap(ErrAlreadySettled)
+	s.mu.Unlock()
+	s.finish(d, outcomeReturned)
+	return d.wrap(driver.Stale(reason))
 }
 
 // Ack deletes the message by its receipt handle: a DeleteMessageBatch
@@ -176,7 +202,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	})
 	d.src.finish(d, outcomeReturned)
 	if err != nil {
-		return d.wrap(fmt.Errorf("retry (visibility %ds): %w; it comes back when its visibility timeout lapses", secs, err))
+		return d.wrap(staleIfGone(fmt.Errorf("retry (visibility %ds): %w; it comes back when its visibility timeout lapses", secs, err)))
 	}
 	return nil
 }
@@ -192,7 +218,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		text = cause.Error()
 	}
 	if s.cfg.deadLetterMode == DeadLetterRedrive {
-		s.cfg.logger.Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
+		s.log().Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
 			"receive_count", d.msg.Attempt, "max_receive_count", s.q.redrive.maxReceiveCount, "cause", text)
 		_, err := s.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
 			QueueUrl:          aws.String(s.q.url),
@@ -201,9 +227,13 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		})
 		s.finish(d, outcomeReturned)
 		if err != nil {
-			return d.wrap(fmt.Errorf("dead-letter (release to the redrive policy): %w", err))
+			return d.wrap(staleIfGone(fmt.Errorf("dead-letter (release to the redrive policy): %w", err)))
 		}
-		s.stats.deadLettered.Add(1)
+		// SQS parks it once its receive count passes maxReceiveCount: count
+		// that receive, not every release before it.
+		if d.msg.Attempt >= s.q.redrive.maxReceiveCount {
+			s.stats.deadLettered.Add(1)
+		}
 		return nil
 	}
 	if err := s.sendToDLQ(ctx, d, text); err != nil {
@@ -212,33 +242,31 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	}
 	failed := s.deleteBatch(ctx, []*delivery{d})
 	s.finish(d, outcomeDone)
-	s.stats.deadLettered.Add(1)
 	if err := failed[d]; err != nil {
 		return d.wrap(fmt.Errorf("dead-letter: copied to %q but the delete failed, so it will be parked again: %w", s.dlq.name, err))
 	}
+	// Counted once the original is gone: a copy whose delete failed comes
+	// back and is counted when it is parked for good.
+	s.stats.deadLettered.Add(1)
 	return nil
 }
 
 // sendToDLQ sends a copy of d to the dead-letter queue with the cause.
 func (s *Source) sendToDLQ(ctx context.Context, d *delivery, cause string) error {
-	attrs := make(map[string]types.MessageAttributeValue, len(d.raw.MessageAttributes)+3)
-	for k, v := range d.raw.MessageAttributes {
-		attrs[k] = v
+	attrs := unfold(d.raw.MessageAttributes)
+	for k, v := range map[string]string{
+		driver.CauseHeader:   truncate(cause, 1024),
+		AttributeSourceQueue: s.q.name,
+		AttributeAttempt:     strconv.Itoa(d.msg.Attempt),
+	} {
+		attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
 	}
-	// SQS allows ten attributes: the cause first, the rest if room is left.
-	extra := []struct{ k, v string }{
-		{AttributeCause, truncate(cause, 1024)},
-		{AttributeSourceQueue, s.q.name},
-		{AttributeAttempt, strconv.Itoa(d.msg.Attempt)},
-	}
-	for _, e := range extra {
-		if _, ok := attrs[e.k]; !ok && len(attrs) >= maxAttributes {
-			if e.k == AttributeCause {
-				s.cfg.logger.Warn("idemq sqs: no room for the cause attribute on the dead-lettered copy", "queue", s.q.name, "message_id", d.msg.ID, "cause", cause)
-			}
-			continue
-		}
-		attrs[e.k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(e.v)}
+	// SQS allows ten attributes: what does not fit beside the cause is
+	// folded into one, so the copy keeps every original attribute.
+	attrs, err := fold(attrs, driver.CauseHeader, AttributeSourceQueue, AttributeAttempt,
+		s.cfg.idAttribute, AttributeEncoding, "traceparent", "tracestate")
+	if err != nil {
+		return err
 	}
 	in := &awssqs.SendMessageInput{
 		QueueUrl:          aws.String(s.dlq.url),
@@ -257,7 +285,7 @@ func (s *Source) sendToDLQ(ctx context.Context, d *delivery, cause string) error
 		}
 		in.MessageDeduplicationId = aws.String(dedup)
 	}
-	_, err := s.cl.SendMessage(ctx, in)
+	_, err = s.cl.SendMessage(ctx, in)
 	return err
 }
 
@@ -275,14 +303,39 @@ func truncate(s string, n int) string {
 
 // permanentEntryError reports whether a failed batch entry would fail the
 // same way again: its receipt handle is no longer valid (the message was
-// deleted, or its visibility lapsed and another receive replaced it).
+// deleted, or its visibility lapsed and another receive replaced it), or a
+// parameter is invalid.
 func permanentEntryError(code string) bool {
+	return code == "InvalidParameterValue" || receiptGone(code, "")
+}
+
+// receiptGone reports whether SQS refused a request because the receipt
+// handle no longer names an in-flight message: the delivery is stale. SQS
+// answers ReceiptHandleIsInvalid or MessageNotInflight, and for an expired
+// handle InvalidParameterValue naming the receipt handle.
+func receiptGone(code, msg string) bool {
 	switch code {
-	case "ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight",
-		"AWS.SimpleQueueService.MessageNotInflight", "InvalidReceiptHandle":
+	case "ReceiptHandleIsInvalid", "InvalidReceiptHandle", "MessageNotInflight",
+		"AWS.SimpleQueueService.MessageNotInflight":
 		return true
+	case "InvalidParameterValue":
+		m := strings.ToLower(msg)
+		return strings.Contains(m, "receipt handle") || strings.Contains(m, "receipthandle")
 	}
 	return false
+}
+
+// staleIfGone wraps err with driver.Stale when SQS refused the receipt
+// handle (an API error such as ReceiptHandleIsInvalid).
+func staleIfGone(err error) error {
+	var ae interface {
+		ErrorCode() string
+		ErrorMessage() string
+	}
+	if errors.As(err, &ae) && receiptGone(ae.ErrorCode(), ae.ErrorMessage()) {
+		return driver.Stale(err)
+	}
+	return err
 }
 
 // deleteBatch deletes ds in DeleteMessageBatch calls of ten, sending failed
@@ -336,6 +389,7 @@ func (s *Source) changeVisibilityChunk(ctx context.Context, chunk []*delivery, s
 type entryErr struct {
 	code      string
 	permanent bool
+	gone      bool // the receipt handle is no longer valid: stale
 	err       error
 }
 
@@ -346,12 +400,17 @@ func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
 		if err != nil {
 			continue
 		}
-		code := aws.ToString(f.Code)
-		out[i] = entryErr{
+		code, msg := aws.ToString(f.Code), aws.ToString(f.Message)
+		e := entryErr{
 			code:      code,
 			permanent: permanentEntryError(code),
-			err:       fmt.Errorf("%s: %s", code, aws.ToString(f.Message)),
+			gone:      receiptGone(code, msg),
+			err:       fmt.Errorf("%s: %s", code, msg),
 		}
+		if e.gone {
+			e.err = driver.Stale(e.err)
+		}
+		out[i] = e
 	}
 	return out
 }
@@ -360,11 +419,12 @@ func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
 // again (in a later chunk) up to WithSettleRetries times with a doubling
 // pause, unless it failed for good; a failed call fails its whole chunk,
 // which is retried the same way. It returns the last error of every
-// delivery that never succeeded.
+// delivery that never succeeded (wrapping core.ErrStaleDelivery where SQS
+// refused the receipt handle).
 func (s *Source) batchCall(ctx context.Context, ds []*delivery, call func(context.Context, []*delivery) (map[int]entryErr, error)) map[*delivery]error {
 	failed := map[*delivery]error{}
 	pending := ds
-	pause := 50 * time.Millisecond
+	pause := driver.NewBackoff(settlePause, settlePause<<maxSettleRetries)
 	for try := 0; len(pending) > 0; try++ {
 		var again []*delivery
 		for start := 0; start < len(pending); start += 10 {
@@ -393,10 +453,9 @@ func (s *Source) batchCall(ctx context.Context, ds []*delivery, call func(contex
 			break
 		}
 		s.stats.settleRetries.Add(int64(len(again)))
-		if !sleep(ctx, pause) {
+		if !pause.Wait(ctx) {
 			break
 		}
-		pause *= 2
 		pending = again
 	}
 	return failed

@@ -19,10 +19,31 @@
 //   - Retry: ChangeMessageVisibility to the backoff delay (whole seconds),
 //     so SQS redelivers the message with a higher receive count.
 //   - DeadLetter: a copy sent to the dead-letter queue with the cause in
-//     the idemq-cause attribute, then the original deleted
-//     (DeadLetterSend), or the message handed back to the queue's redrive
-//     policy, which moves it after maxReceiveCount receives
-//     (DeadLetterRedrive).
+//     the idemq-cause attribute (driver.CauseHeader, as on every broker),
+//     the source queue in idemq-source-queue and the receive count in
+//     idemq-attempt, then the original deleted (DeadLetterSend), or the
+//     message handed back to the queue's redrive policy, which moves it
+//     after maxReceiveCount receives (DeadLetterRedrive).
+//
+// SQS allows ten message attributes. When the original's attributes and
+// the three above do not fit, the copy keeps the three, the id attribute,
+// idemq-encoding and the trace context as they are, and folds the rest
+// into one attribute, idemq-attributes, a JSON object
+// ({"name":{"DataType":"String","StringValue":"…"},…}; binary values in
+// base64 under "BinaryValue"). Nothing is lost, the cause is always where
+// `aws sqs receive-message --message-attribute-names All` shows it, and a
+// Source unfolds idemq-attributes on receive, so a message redriven from
+// the dead-letter queue has all its original headers back.
+//
+// A settlement of a stale delivery sends nothing and returns an error
+// wrapping core.ErrStaleDelivery (the Consumer counts it in Stats.Stale):
+// after Close (ErrClosed), once the visibility timeout lapsed (the
+// heartbeat off or stopped at WithMaxExtension), when the Source received
+// the same message again, or when SQS refuses the receipt handle
+// (ReceiptHandleIsInvalid, MessageNotInflight). SQS redelivers the
+// message, and a committed one is then decided Duplicate. A stale receipt
+// handle cannot be trusted to fail: SQS (and fauxqs) may accept a delete
+// with a replaced handle and keep the message.
 //
 // While a message is unsettled a heartbeat extends its visibility before it
 // lapses (ChangeMessageVisibilityBatch), so a slow handler does not let
@@ -49,6 +70,10 @@
 // MessageRetentionPeriod (or the dead-letter queue's, when longer), so the
 // Consumer warns when the store prunes claims sooner.
 //
+// Warnings (receive errors, heartbeat failures, dead letters) go to the
+// WithLogger logger, else the one given to core.OpenSource, else the
+// Consumer's (driver.LoggerSetter), and until then slog.Default().
+//
 // Local emulators need an endpoint and static credentials (WithEndpoint,
 // WithStaticCredentials); otherwise the AWS default configuration and
 // credential chain apply. Importing the package registers the sqs:// URL
@@ -56,6 +81,10 @@
 //
 //	sqs://orders?region=eu-west-1
 //	sqs://KEY:SECRET@orders?endpoint=http://127.0.0.1:9324&dlq=orders-dlq
+//
+// A Source or Publisher opened by URL reports a configuration problem by
+// the URL parameter (dlq, dead_letter_mode, …), one opened with options by
+// the option's name.
 //
 // The tests run against a real SQS-protocol endpoint: IDEMQ_SQS_URL, or the
 // fauxqs emulator installed by `npm ci` in brokers/sqs/internal/fauxqs,

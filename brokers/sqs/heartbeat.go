@@ -71,7 +71,7 @@ func (s *Source) extendDue(now time.Time) {
 				return
 			}
 			s.stats.heartbeatFailures.Add(int64(len(chunk)))
-			s.cfg.logger.Warn("idemq sqs: visibility heartbeat failed; trying again next beat", "queue", s.q.name, "messages", len(chunk), "error", err)
+			s.log().Warn("idemq sqs: visibility heartbeat failed; trying again next beat", "queue", s.q.name, "messages", len(chunk), "error", err)
 			continue
 		}
 		s.mu.Lock()
@@ -85,7 +85,10 @@ func (s *Source) extendDue(now time.Time) {
 				if e.permanent || d.hbFailures >= 3 {
 					d.hbFailed = true
 				}
-				s.cfg.logger.Warn("idemq sqs: visibility extension refused", "queue", s.q.name, "message_id", d.msg.ID, "error", e.err, "gave_up", d.hbFailed)
+				if e.gone {
+					d.gone = e.err // settling it now would be refused too
+				}
+				s.log().Warn("idemq sqs: visibility extension refused", "queue", s.q.name, "message_id", d.msg.ID, "error", e.err, "gave_up", d.hbFailed)
 				continue
 			}
 			d.hbFailures = 0

@@ -1,6 +1,7 @@
 package sqs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,7 +57,9 @@ type config struct {
 	receiveLinger     time.Duration
 	settleRetries     int
 	logger            *slog.Logger
+	loggerSet         bool // WithLogger chose the logger: SetLogger leaves it
 	receiveErrorPause time.Duration
+	byURL             bool // opened by URL: errors name URL parameters
 }
 
 // clientConfig is how to reach SQS.
@@ -86,34 +89,80 @@ func defaultConfig() config {
 	}
 }
 
-func optErr(name, format string, args ...any) error {
-	return fmt.Errorf("sqs: option %s: %s", name, fmt.Sprintf(format, args...))
+// optErr reports a configuration problem by what the user wrote: the URL
+// parameter of a source or publisher opened by URL, else the option name.
+func (c *config) optErr(option, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if p, ok := paramOfOption[option]; ok && c.byURL {
+		return fmt.Errorf("sqs URL parameter %s: %s", p, msg)
+	}
+	return fmt.Errorf("sqs: option %s: %s", option, msg)
+}
+
+// spell returns goForm, or urlForm when the configuration came from a URL.
+func (c *config) spell(goForm, urlForm string) string {
+	if c.byURL {
+		return urlForm
+	}
+	return goForm
+}
+
+// checked is the Option named name that applies set, or fails with the
+// problem (format and args) when bad.
+func checked(name string, bad bool, set func(*config), format string, args ...any) Option {
+	return func(c *config) error {
+		if bad {
+			return c.optErr(name, format, args...)
+		}
+		set(c)
+		return nil
+	}
+}
+
+// Settle retries (WithSettleRetries) pause from settlePause, doubling.
+const (
+	settlePause      = 50 * time.Millisecond
+	maxSettleRetries = 10
+)
+
+// setup applies opts and finds the queue: the start Open and NewPublisher
+// share.
+func setup(ctx context.Context, what, queueURLOrName string, opts []Option) (config, *awssqs.Client, *queueInfo, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return cfg, nil, nil, err
+		}
+	}
+	if queueURLOrName == "" {
+		return cfg, nil, nil, fmt.Errorf("sqs: %s: empty queue URL or name", what)
+	}
+	cl, err := newClient(ctx, cfg.clientConfig)
+	if err != nil {
+		return cfg, nil, nil, err
+	}
+	q, err := resolveQueue(ctx, cl, queueURLOrName)
+	if err != nil {
+		return cfg, nil, nil, fmt.Errorf("sqs: %s: %w", what, err)
+	}
+	return cfg, cl, q, nil
 }
 
 // WithReceivers sets how many goroutines long-poll the queue at once, each
 // asking for up to 10 messages per ReceiveMessage call. Default 2. Must be
 // 1..64. Together they never hold more unsettled messages than the window.
 func WithReceivers(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > 64 {
-			return optErr("WithReceivers", "%d is outside 1..64", n)
-		}
-		c.receivers = n
-		return nil
-	}
+	return checked("WithReceivers", n < 1 || n > 64, func(c *config) { c.receivers = n }, "%d is outside 1..64", n)
 }
 
 // WithWindow sets how many received messages may be unsettled at once
 // until the Consumer calls SetWindow (which replaces it with the Consumer's
 // window). Default 20. Must be at least 1.
 func WithWindow(n int) Option {
-	return func(c *config) error {
-		if n < 1 {
-			return optErr("WithWindow", "%d must be at least 1", n)
-		}
-		c.window = n
-		return nil
-	}
+	return checked("WithWindow", n < 1, func(c *config) { c.window = n }, "%d must be at least 1", n)
 }
 
 // WithReceiveLinger sets how long a receiver, while other received
@@ -122,26 +171,14 @@ func WithWindow(n int) Option {
 // request) at the price of that delay when handlers are slow. Default
 // 50ms; 0 polls as soon as any room frees. Must be 0..1s.
 func WithReceiveLinger(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 || d > time.Second {
-			return optErr("WithReceiveLinger", "%v is outside 0..1s", d)
-		}
-		c.receiveLinger = d
-		return nil
-	}
+	return checked("WithReceiveLinger", d < 0 || d > time.Second, func(c *config) { c.receiveLinger = d }, "%v is outside 0..1s", d)
 }
 
 // WithWaitTime sets the long-polling wait of each ReceiveMessage call
 // (WaitTimeSeconds). Default 20s, the SQS maximum. Must be 0..20s in whole
 // seconds; 0 is short polling, which costs a request per empty poll.
 func WithWaitTime(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 || d > 20*time.Second || d%time.Second != 0 {
-			return optErr("WithWaitTime", "%v is not a whole number of seconds in 0..20s", d)
-		}
-		c.waitTime = d
-		return nil
-	}
+	return checked("WithWaitTime", d < 0 || d > 20*time.Second || d%time.Second != 0, func(c *config) { c.waitTime = d }, "%v is not a whole number of seconds in 0..20s", d)
 }
 
 // WithVisibilityTimeout sets the visibility timeout requested with each
@@ -149,13 +186,7 @@ func WithWaitTime(d time.Duration) Option {
 // heartbeat must extend it. Default: the queue's VisibilityTimeout
 // attribute (30s if that is 0). Must be 1s..12h in whole seconds.
 func WithVisibilityTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d < time.Second || d > 12*time.Hour || d%time.Second != 0 {
-			return optErr("WithVisibilityTimeout", "%v is not a whole number of seconds in 1s..12h", d)
-		}
-		c.visibility = d
-		return nil
-	}
+	return checked("WithVisibilityTimeout", d < time.Second || d > 12*time.Hour || d%time.Second != 0, func(c *config) { c.visibility = d }, "%v is not a whole number of seconds in 1s..12h", d)
 }
 
 // WithHeartbeat turns the visibility heartbeat on or off. Default on: while
@@ -164,23 +195,14 @@ func WithVisibilityTimeout(d time.Duration) Option {
 // handler slower than the visibility timeout lets another consumer receive
 // the message; the dedup key still keeps its effect to one commit.
 func WithHeartbeat(on bool) Option {
-	return func(c *config) error {
-		c.heartbeat = on
-		return nil
-	}
+	return func(c *config) error { c.heartbeat = on; return nil }
 }
 
 // WithHeartbeatInterval sets how often the heartbeat looks for messages to
 // extend. Default a third of the visibility timeout (at least 1s). Must be
 // positive and shorter than the visibility timeout (checked by Open).
 func WithHeartbeatInterval(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return optErr("WithHeartbeatInterval", "%v must be positive", d)
-		}
-		c.heartbeatInterval = d
-		return nil
-	}
+	return checked("WithHeartbeatInterval", d <= 0, func(c *config) { c.heartbeatInterval = d }, "%v must be positive", d)
 }
 
 // WithMaxExtension caps how long after its receipt the heartbeat keeps a
@@ -189,13 +211,7 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // counts in whole seconds) and the message may be received again. Default
 // 1h. Must be 1s..12h (SQS's own limit).
 func WithMaxExtension(d time.Duration) Option {
-	return func(c *config) error {
-		if d < time.Second || d > 12*time.Hour {
-			return optErr("WithMaxExtension", "%v is outside 1s..12h", d)
-		}
-		c.maxExtension = d
-		return nil
-	}
+	return checked("WithMaxExtension", d < time.Second || d > 12*time.Hour, func(c *config) { c.maxExtension = d }, "%v is outside 1s..12h", d)
 }
 
 // WithIDAttribute names the message attribute that holds the producer's
@@ -204,38 +220,21 @@ func WithMaxExtension(d time.Duration) Option {
 // Consumer, unless core.WithIDFunc derives one. The SQS MessageId is never
 // used: it changes when a producer retries a send.
 func WithIDAttribute(name string) Option {
-	return func(c *config) error {
-		if err := checkAttributeName(name); err != nil {
-			return optErr("WithIDAttribute", "%v", err)
-		}
-		c.idAttribute = name
-		return nil
-	}
+	err := checkAttributeName(name)
+	return checked("WithIDAttribute", err != nil, func(c *config) { c.idAttribute = name }, "%v", err)
 }
 
 // WithDeadLetterQueue names the queue (URL or name) DeadLetterSend sends to.
 // Default: the dead-letter target of the queue's redrive policy. Open fails
 // if neither exists.
 func WithDeadLetterQueue(urlOrName string) Option {
-	return func(c *config) error {
-		if urlOrName == "" {
-			return optErr("WithDeadLetterQueue", "empty queue")
-		}
-		c.deadLetterQueue = urlOrName
-		return nil
-	}
+	return checked("WithDeadLetterQueue", urlOrName == "", func(c *config) { c.deadLetterQueue = urlOrName }, "empty queue")
 }
 
 // WithDeadLetterMode chooses how DeadLetter parks a message. Default
 // DeadLetterSend.
 func WithDeadLetterMode(m DeadLetterMode) Option {
-	return func(c *config) error {
-		if m != DeadLetterSend && m != DeadLetterRedrive {
-			return optErr("WithDeadLetterMode", "unknown mode %d", m)
-		}
-		c.deadLetterMode = m
-		return nil
-	}
+	return checked("WithDeadLetterMode", m != DeadLetterSend && m != DeadLetterRedrive, func(c *config) { c.deadLetterMode = m }, "unknown mode %d", m)
 }
 
 // WithReleaseOnClose chooses whether Close makes the messages still
@@ -243,10 +242,7 @@ func WithDeadLetterMode(m DeadLetterMode) Option {
 // consumer gets them without waiting out the visibility timeout. Default
 // true.
 func WithReleaseOnClose(release bool) Option {
-	return func(c *config) error {
-		c.releaseOnClose = release
-		return nil
-	}
+	return func(c *config) error { c.releaseOnClose = release; return nil }
 }
 
 // WithCloseTimeout bounds how long Close waits for long polls in progress
@@ -255,13 +251,7 @@ func WithReleaseOnClose(release bool) Option {
 // longest WithWaitTime); polls end sooner with a shorter WithWaitTime. 0
 // cancels them at once, for the fastest shutdown. Must be 0..1m.
 func WithCloseTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 || d > time.Minute {
-			return optErr("WithCloseTimeout", "%v is outside 0..1m", d)
-		}
-		c.closeTimeout = d
-		return nil
-	}
+	return checked("WithCloseTimeout", d < 0 || d > time.Minute, func(c *config) { c.closeTimeout = d }, "%v is outside 0..1m", d)
 }
 
 // WithSettleRetries sets how many more times a failed DeleteMessageBatch
@@ -269,25 +259,16 @@ func WithCloseTimeout(d time.Duration) Option {
 // backoff) before its settlement reports the failure. Default 3. Must be
 // 0..10.
 func WithSettleRetries(n int) Option {
-	return func(c *config) error {
-		if n < 0 || n > 10 {
-			return optErr("WithSettleRetries", "%d is outside 0..10", n)
-		}
-		c.settleRetries = n
-		return nil
-	}
+	return checked("WithSettleRetries", n < 0 || n > maxSettleRetries, func(c *config) { c.settleRetries = n }, "%d is outside 0..%d", n, maxSettleRetries)
 }
 
 // WithLogger sets the logger for receive errors, heartbeat failures and
-// dead letters. Default slog.Default().
+// dead letters. Without it the Source logs to the logger given to
+// core.OpenSource (core.WithAdapterLogger), else to the Consumer's logger
+// (which the Consumer hands over before the first Receive), and until then
+// to slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return optErr("WithLogger", "nil logger")
-		}
-		c.logger = l
-		return nil
-	}
+	return checked("WithLogger", l == nil, func(c *config) { c.logger, c.loggerSet = l, true }, "nil logger")
 }
 
 // ClientOption configures how a Source or Publisher reaches SQS. Every
@@ -299,13 +280,7 @@ type ClientOption = Option
 // AWS default configuration (environment, shared config files, the
 // instance role) and the other client options.
 func WithClient(cl *awssqs.Client) ClientOption {
-	return func(c *config) error {
-		if cl == nil {
-			return optErr("WithClient", "nil client")
-		}
-		c.client = cl
-		return nil
-	}
+	return checked("WithClient", cl == nil, func(c *config) { c.client = cl }, "nil client")
 }
 
 // WithAWSConfig builds the client from cfg instead of the AWS default
@@ -322,43 +297,27 @@ func WithAWSConfig(cfg aws.Config) ClientOption {
 // Default: the AWS endpoint of the region. With an endpoint and no region
 // configured anywhere, the region defaults to us-east-1.
 func WithEndpoint(endpoint string) ClientOption {
-	return func(c *config) error {
-		// The endpoint is not quoted: it may carry credentials.
-		u, err := redact.ParseURL(endpoint)
-		if err != nil {
-			return optErr("WithEndpoint", "%v", err)
-		}
-		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return optErr("WithEndpoint", "not an http:// or https:// URL with a host")
-		}
-		c.endpoint = endpoint
-		return nil
+	// The endpoint is not quoted: it may carry credentials.
+	u, err := redact.ParseURL(endpoint)
+	if err == nil && ((u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		err = errors.New("not an http:// or https:// URL with a host")
 	}
+	return checked("WithEndpoint", err != nil, func(c *config) { c.endpoint = endpoint }, "%v", err)
 }
 
 // WithRegion sets the AWS region. Default: from the AWS configuration
 // (AWS_REGION, shared config).
 func WithRegion(region string) ClientOption {
-	return func(c *config) error {
-		if region == "" {
-			return optErr("WithRegion", "empty region")
-		}
-		c.region = region
-		return nil
-	}
+	return checked("WithRegion", region == "", func(c *config) { c.region = region }, "empty region")
 }
 
 // WithStaticCredentials signs requests with fixed credentials, as local
 // emulators expect. Default: the AWS credential chain (environment, shared
 // files, SSO, the instance or task role).
 func WithStaticCredentials(accessKeyID, secretAccessKey, sessionToken string) ClientOption {
-	return func(c *config) error {
-		if accessKeyID == "" || secretAccessKey == "" {
-			return optErr("WithStaticCredentials", "empty access key id or secret")
-		}
+	return checked("WithStaticCredentials", accessKeyID == "" || secretAccessKey == "", func(c *config) {
 		c.credentials = staticCredentials(accessKeyID, secretAccessKey, sessionToken)
-		return nil
-	}
+	}, "empty access key id or secret")
 }
 
 // checkAttributeName validates an SQS message attribute name: 1..256

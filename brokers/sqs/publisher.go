@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -19,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // maxBatchBytes is SQS's limit on the total payload of one
@@ -51,25 +51,9 @@ var _ core.Publisher = (*Publisher)(nil)
 // the options, the client options, WithIDAttribute and WithSettleRetries
 // (how many more times failed entries are sent again; default 3) apply.
 func NewPublisher(ctx context.Context, queueURLOrName string, opts ...Option) (*Publisher, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
-	}
-	if queueURLOrName == "" {
-		return nil, errors.New("sqs: NewPublisher: empty queue URL or name")
-	}
-	cl, err := newClient(ctx, cfg.clientConfig)
+	cfg, cl, q, err := setup(ctx, "NewPublisher", queueURLOrName, opts)
 	if err != nil {
 		return nil, err
-	}
-	q, err := resolveQueue(ctx, cl, queueURLOrName)
-	if err != nil {
-		return nil, fmt.Errorf("sqs: NewPublisher: %w", err)
 	}
 	return &Publisher{cl: cl, q: q, cfg: cfg, retries: cfg.settleRetries}, nil
 }
@@ -197,7 +181,7 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 	for i := range pending {
 		pending[i] = i
 	}
-	pause := 50 * time.Millisecond
+	pause := driver.NewBackoff(settlePause, settlePause<<maxSettleRetries)
 	for try := 0; ; try++ {
 		batch := make([]types.SendMessageBatchRequestEntry, len(pending))
 		for k, i := range pending {
@@ -228,10 +212,9 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 		if try >= p.retries {
 			return fmt.Errorf("%w (%d entries still failing after %d retries)", last, len(again), try)
 		}
-		if !sleep(ctx, pause) {
+		if !pause.Wait(ctx) {
 			return fmt.Errorf("%w: %w", last, ctx.Err())
 		}
-		pause *= 2
 		pending = again
 	}
 }

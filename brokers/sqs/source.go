@@ -4,17 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/idemq/idemq/core/driver"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // DefaultIDAttribute is the message attribute that carries the producer's
@@ -22,10 +22,9 @@ import (
 const DefaultIDAttribute = "message-id"
 
 // Message attributes the adapter writes on copies it sends to a dead-letter
-// queue.
+// queue, besides the cause (driver.CauseHeader, "idemq-cause", at most
+// 1,024 bytes).
 const (
-	// AttributeCause holds the dead-letter cause (at most 1,024 bytes).
-	AttributeCause = "idemq-cause"
 	// AttributeSourceQueue holds the name of the queue the message was
 	// dead-lettered from.
 	AttributeSourceQueue = "idemq-source-queue"
@@ -36,16 +35,11 @@ const (
 	AttributeEncoding = "idemq-encoding"
 )
 
-// maxAttributes is SQS's limit of message attributes per message.
-const maxAttributes = 10
-
-// ErrAlreadySettled is returned when a delivery is settled a second time.
-var ErrAlreadySettled = errors.New("sqs: delivery already settled")
-
 // ErrClosed is wrapped by the error of a settlement attempted after the
 // Source was closed: Close handed the message back to SQS (or left it to
-// its visibility timeout), so nothing is sent and SQS redelivers it.
-var ErrClosed = errors.New("sqs: source closed; SQS will redeliver the message")
+// its visibility timeout), so nothing is sent and SQS redelivers it. It
+// wraps core.ErrStaleDelivery, as every stale settlement's error does.
+var ErrClosed = driver.Stale(errors.New("sqs: source closed; SQS will redeliver the message"))
 
 // Source consumes one SQS queue (standard or FIFO). It implements
 // core.Source, driver.BatchSettler, driver.WindowSetter and
@@ -67,6 +61,7 @@ type Source struct {
 	deleting atomic.Bool   // deleters run: Ack may hand over to them
 	avail    chan struct{} // signalled when ready grows
 	space    chan struct{} // signalled when held shrinks
+	logger   atomic.Pointer[slog.Logger]
 
 	mu      sync.Mutex
 	window  int
@@ -75,6 +70,7 @@ type Source struct {
 	closed  bool
 	ready   []*delivery            // received, waiting for Receive
 	live    map[*delivery]struct{} // received and unsettled, for heartbeat and Close
+	byMsgID map[string]*delivery   // live deliveries by SQS MessageId, to see a message handed out again
 	groups  map[string][]*delivery // FIFO: per group, the delivery handed out first, then those held back
 	orphans []*delivery            // received after Close, to release
 
@@ -97,7 +93,11 @@ type Stats struct {
 	Released int64
 	// SettleRetries counts batch entries sent again after SQS failed them.
 	SettleRetries int64
-	// DeadLettered counts messages parked by DeadLetter.
+	// DeadLettered counts messages parked by DeadLetter, once each: a copy
+	// whose original could not be deleted is counted when it is parked
+	// again, and in DeadLetterRedrive mode a message counts on the receive
+	// after which SQS moves it (its receive count reached
+	// maxReceiveCount), not on each release before.
 	DeadLettered int64
 	// HeldBack counts FIFO messages held back until the earlier message
 	// of their group received with them was settled.
@@ -112,6 +112,7 @@ var (
 	_ driver.BatchSettler        = (*Source)(nil)
 	_ driver.WindowSetter        = (*Source)(nil)
 	_ driver.RedeliveryHorizoner = (*Source)(nil)
+	_ driver.LoggerSetter        = (*Source)(nil)
 )
 
 // Open returns a Source for the queue given by URL
@@ -121,38 +122,23 @@ var (
 // at the first Receive, after the Consumer had its chance to call
 // SetWindow.
 func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
-	}
-	if queueURLOrName == "" {
-		return nil, errors.New("sqs: Open: empty queue URL or name")
-	}
-	cl, err := newClient(ctx, cfg.clientConfig)
+	cfg, cl, q, err := setup(ctx, "Open", queueURLOrName, opts)
 	if err != nil {
 		return nil, err
 	}
-	q, err := resolveQueue(ctx, cl, queueURLOrName)
-	if err != nil {
-		return nil, fmt.Errorf("sqs: Open: %w", err)
-	}
 	s := &Source{
-		cl:     cl,
-		q:      q,
-		cfg:    cfg,
-		vis:    q.visibility,
-		errs:   make(chan error, 1),
-		acks:   make(chan ackReq),
-		avail:  make(chan struct{}, 1),
-		space:  make(chan struct{}, 1),
-		window: cfg.window,
-		live:   make(map[*delivery]struct{}),
-		groups: make(map[string][]*delivery),
+		cl:      cl,
+		q:       q,
+		cfg:     cfg,
+		vis:     q.visibility,
+		errs:    make(chan error, 1),
+		acks:    make(chan ackReq),
+		avail:   make(chan struct{}, 1),
+		space:   make(chan struct{}, 1),
+		window:  cfg.window,
+		live:    make(map[*delivery]struct{}),
+		byMsgID: make(map[string]*delivery),
+		groups:  make(map[string][]*delivery),
 	}
 	if cfg.visibility > 0 {
 		s.vis = cfg.visibility
@@ -162,7 +148,7 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 		s.hbEvery = max(s.vis/3, 100*time.Millisecond)
 	}
 	if cfg.heartbeat && s.hbEvery >= s.vis {
-		return nil, optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v", s.hbEvery, s.vis)
+		return nil, cfg.optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v", s.hbEvery, s.vis)
 	}
 	switch cfg.deadLetterMode {
 	case DeadLetterSend:
@@ -171,25 +157,38 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 			target = queueNameFromARN(q.redrive.targetARN)
 		}
 		if target == "" {
-			return nil, optErr("WithDeadLetterQueue", "queue %q has no redrive policy, so name the dead-letter queue (or use WithDeadLetterMode(DeadLetterRedrive) on a queue that has one)", q.name)
+			return nil, cfg.optErr("WithDeadLetterQueue", "queue %q has no redrive policy, so name the dead-letter queue (or use %s on a queue that has one)",
+				q.name, cfg.spell("WithDeadLetterMode(DeadLetterRedrive)", "dead_letter_mode=redrive"))
 		}
 		dlq, err := resolveQueue(ctx, cl, target)
 		if err != nil {
-			return nil, optErr("WithDeadLetterQueue", "%v", err)
+			return nil, cfg.optErr("WithDeadLetterQueue", "%v", err)
 		}
 		if dlq.fifo != q.fifo {
-			return nil, optErr("WithDeadLetterQueue", "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
+			return nil, cfg.optErr("WithDeadLetterQueue", "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
 		}
 		s.dlq = dlq
 	case DeadLetterRedrive:
 		if q.redrive == nil {
-			return nil, optErr("WithDeadLetterMode", "DeadLetterRedrive needs a redrive policy on queue %q", q.name)
+			return nil, cfg.optErr("WithDeadLetterMode", "%s needs a redrive policy on queue %q", cfg.spell("DeadLetterRedrive", "redrive"), q.name)
 		}
 	}
+	s.logger.Store(cfg.logger)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.pollCtx, s.pollStop = context.WithCancel(context.Background())
 	return s, nil
 }
+
+// SetLogger sets the logger of the Source's warnings, unless WithLogger
+// (or the logger given to core.OpenSource) chose one; the Consumer calls it
+// with its own logger before the first Receive (driver.LoggerSetter).
+func (s *Source) SetLogger(l *slog.Logger) {
+	if l != nil && !s.cfg.loggerSet {
+		s.logger.Store(l)
+	}
+}
+
+func (s *Source) log() *slog.Logger { return s.logger.Load() }
 
 // Client returns the SQS client, an escape hatch for what the adapter does
 // not cover.
@@ -366,7 +365,7 @@ func (s *Source) unreserve(n int) {
 // room for, until Close.
 func (s *Source) receiver() {
 	defer s.wg.Done()
-	pause := s.cfg.receiveErrorPause
+	pause := driver.NewBackoff(s.cfg.receiveErrorPause, 5*time.Second)
 	for {
 		n, ok := s.reserve(10)
 		if !ok {
@@ -386,18 +385,18 @@ func (s *Source) receiver() {
 			if s.ctx.Err() != nil {
 				return
 			}
-			s.cfg.logger.Warn("idemq sqs: receive failed", "queue", s.q.name, "error", err, "retry_in", pause)
+			wait := pause.Next()
+			s.log().Warn("idemq sqs: receive failed", "queue", s.q.name, "error", err, "retry_in", wait)
 			select {
 			case s.errs <- fmt.Errorf("sqs: receive from %s: %w", s.q.name, err):
 			default:
 			}
-			if !sleep(s.ctx, pause) {
+			if !driver.Sleep(s.ctx, wait) {
 				return
 			}
-			pause = min(pause*2, 5*time.Second)
 			continue
 		}
-		pause = s.cfg.receiveErrorPause
+		pause.Reset()
 		s.unreserve(n - len(out.Messages))
 		if len(out.Messages) > 0 {
 			s.accept(out.Messages)
@@ -425,6 +424,13 @@ func (s *Source) accept(msgs []types.Message) {
 	added := false
 	for _, d := range ds {
 		s.live[d] = struct{}{}
+		// SQS handing out a message this Source still holds means the
+		// visibility lapsed: the older delivery's receipt handle no longer
+		// settles it (SQS may even accept its delete and keep the message).
+		if old := s.byMsgID[d.msgID()]; old != nil {
+			old.gone = fmt.Errorf("SQS handed the message out again (receive count %d), replacing its receipt handle", d.msg.Attempt)
+		}
+		s.byMsgID[d.msgID()] = d
 		if s.q.fifo && d.group != "" {
 			chain := s.groups[d.group]
 			s.groups[d.group] = append(chain, d)
@@ -462,7 +468,7 @@ func (s *Source) finish(d *delivery, how outcome) {
 		return
 	}
 	d.state = stateDone
-	delete(s.live, d)
+	s.forget(d)
 	s.held--
 	added := false
 	if s.q.fifo && d.group != "" {
@@ -473,7 +479,7 @@ func (s *Source) finish(d *delivery, how outcome) {
 				release = chain
 				for _, r := range release {
 					r.state = stateDone
-					delete(s.live, r)
+					s.forget(r)
 					s.held--
 				}
 				chain = nil
@@ -497,16 +503,24 @@ func (s *Source) finish(d *delivery, how outcome) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.changeVisibility(ctx, release, 0); err != nil {
-			s.cfg.logger.Warn("idemq sqs: releasing messages held behind a returned FIFO message failed; they come back after their visibility timeout", "queue", s.q.name, "error", err)
+			s.log().Warn("idemq sqs: releasing messages held behind a returned FIFO message failed; they come back after their visibility timeout", "queue", s.q.name, "error", err)
 		}
 		s.stats.released.Add(int64(len(release)))
 	}
 }
 
+// forget drops d from the live deliveries; s.mu is held.
+func (s *Source) forget(d *delivery) {
+	delete(s.live, d)
+	if s.byMsgID[d.msgID()] == d {
+		delete(s.byMsgID, d.msgID())
+	}
+}
+
 // Close stops receiving and, unless WithReleaseOnClose(false), makes every
 // message still unsettled visible again at once so another consumer gets
-// it. Settling such a message afterwards returns an error wrapping
-// ErrClosed.
+// it. Settling such a message afterwards sends nothing and returns an
+// error wrapping ErrClosed (and core.ErrStaleDelivery).
 //
 // Long polls in progress are left to finish (up to WithCloseTimeout) and
 // what they bring is released too: SQS may still hand messages to a poll
@@ -529,6 +543,7 @@ func (s *Source) Close() error {
 		}
 	}
 	clear(s.live)
+	clear(s.byMsgID)
 	s.ready = nil
 	clear(s.groups)
 	s.mu.Unlock()
@@ -641,17 +656,5 @@ func (s *Source) deleter() {
 		for _, r := range reqs {
 			r.done <- failed[r.d]
 		}
-	}
-}
-
-// sleep waits d or until ctx is done; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }

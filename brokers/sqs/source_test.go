@@ -50,6 +50,14 @@ func publisher(t testing.TB, ep string, q testQueue) *Publisher {
 	return p
 }
 
+// publish sends ms to q with the adapter's Publisher.
+func publish(t testing.TB, ep string, q testQueue, ms ...*core.Message) {
+	t.Helper()
+	if err := publisher(t, ep, q).Publish(context.Background(), "", ms...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func msgs(prefix string, n int) []*core.Message {
 	run := randomHex(3)
 	out := make([]*core.Message, n)
@@ -273,12 +281,8 @@ func TestAckBatchManyChunks(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 10, 0)
 	other, _ := newQueueWithDLQ(t, ep, false, 10, 0)
-	if err := publisher(t, ep, q).Publish(context.Background(), "", msgs("chunks", 25)...); err != nil {
-		t.Fatal(err)
-	}
-	if err := publisher(t, ep, other).Publish(context.Background(), "", msgs("other", 1)...); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, msgs("chunks", 25)...)
+	publish(t, ep, other, msgs("other", 1)...)
 	s := open(t, ep, q, WithDeadLetterQueue(q.name), WithWindow(30))
 	s2 := open(t, ep, other, WithDeadLetterQueue(other.name))
 	var ds []driver.Delivery
@@ -290,7 +294,7 @@ func TestAckBatchManyChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.AckBatch(context.Background(), append(slices.Clone(ds), foreign))
-	if err == nil || !errors.Is(err, ErrAlreadySettled) || !strings.Contains(err.Error(), "not from this source") {
+	if err == nil || !errors.Is(err, driver.ErrAlreadySettled) || !strings.Contains(err.Error(), "not from this source") {
 		t.Errorf("AckBatch with a settled and a foreign delivery: %v", err)
 	}
 	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
@@ -309,9 +313,7 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
 	st := sqliteStore(t)
 	m := msgs("slow", 1)[0]
-	if err := publisher(t, ep, q).Publish(context.Background(), "", m); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, m)
 	var calls atomic.Int32
 	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		calls.Add(1)
@@ -347,9 +349,7 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 func TestHeartbeatStopsAtMaxExtension(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
-	if err := publisher(t, ep, q).Publish(context.Background(), "", msgs("cap", 1)...); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, msgs("cap", 1)...)
 	// A window of one: s1 cannot receive the message again itself.
 	s1 := open(t, ep, q, WithDeadLetterQueue(q.name), WithMaxExtension(2*time.Second), WithWindow(1))
 	start := time.Now()
@@ -474,9 +474,7 @@ func TestRedriveToDeadLetterQueueAfterMaxReceives(t *testing.T) {
 			st := sqliteStore(t)
 			m := msgs("redrive", 1)[0]
 			keep := msgs("keep", 1)[0]
-			if err := publisher(t, ep, q).Publish(context.Background(), "", m, keep); err != nil {
-				t.Fatal(err)
-			}
+			publish(t, ep, q, m, keep)
 			var calls atomic.Int32
 			h := func(ctx context.Context, tx *sql.Tx, got *core.Message) error {
 				if got.ID != m.ID {
@@ -695,9 +693,7 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 30, 0)
 	ms := msgs("hold", 3)
-	if err := publisher(t, ep, q).Publish(context.Background(), "", ms...); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, ms...)
 	s := open(t, ep, q, WithDeadLetterQueue(q.name))
 	s.q.fifo = true // group handling as on a FIFO queue
 	raw := drainNoDelete(t, ep, q.url, 3)
@@ -825,9 +821,7 @@ func TestSettlementFailuresAreReported(t *testing.T) {
 	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
-	if err := publisher(t, ep, q).Publish(context.Background(), "", msgs("refused", 4)...); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, msgs("refused", 4)...)
 	s := open(t, ep, q, WithDeadLetterQueue(q.url), WithSettleRetries(2))
 	var ds []driver.Delivery
 	for range 4 {
@@ -867,7 +861,7 @@ func TestSettlementFailuresAreReported(t *testing.T) {
 	if r := s.Stats().SettleRetries; r != 3*2 {
 		t.Errorf("SettleRetries = %d, want 3 messages x 2 retries", r)
 	}
-	if err := ds[1].Ack(context.Background()); !errors.Is(err, ErrAlreadySettled) {
+	if err := ds[1].Ack(context.Background()); !errors.Is(err, driver.ErrAlreadySettled) {
 		t.Errorf("Ack after a failed AckBatch = %v, want ErrAlreadySettled (the broker redelivers it)", err)
 	}
 }
@@ -879,9 +873,7 @@ func TestFIFODeadLetter(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
 	m := &core.Message{ID: "fifo-dl-" + randomHex(4), Key: "customer-9", Body: []byte(`{"x":1}`)}
-	if err := publisher(t, ep, q).Publish(context.Background(), "", m); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ep, q, m)
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
 	d := receiveOne(t, s, 10*time.Second)
 	if d.Message().Key != m.Key {
@@ -896,7 +888,7 @@ func TestFIFODeadLetter(t *testing.T) {
 		return len(parked) > 0
 	})
 	p := parked[0]
-	if attr(p, DefaultIDAttribute) != m.ID || !strings.Contains(attr(p, AttributeCause), "bad total") ||
+	if attr(p, DefaultIDAttribute) != m.ID || !strings.Contains(attr(p, driver.CauseHeader), "bad total") ||
 		attr(p, AttributeSourceQueue) != q.name || attr(p, AttributeAttempt) != "1" {
 		t.Errorf("parked copy attributes: %v", p.MessageAttributes)
 	}

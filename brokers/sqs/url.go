@@ -18,15 +18,78 @@ import (
 
 func init() { driver.RegisterBroker("sqs", openSourceURL, openPublisherURL) }
 
-// URL parameters understood by core.OpenSource and core.OpenPublisher for
-// sqs:// URLs. Publishers accept only the client ones and id_attribute.
-var (
-	clientParams = map[string]bool{"endpoint": true, "region": true, "id_attribute": true}
-	sourceParams = map[string]bool{
-		"dlq": true, "dead_letter_mode": true, "wait": true, "visibility": true, "receivers": true,
-		"window": true, "heartbeat": true, "max_extension": true, "close_timeout": true,
+// urlParam is one URL parameter understood by core.OpenSource and
+// core.OpenPublisher for sqs:// URLs: the option it sets and how its value
+// is read. Publishers accept only the client ones and id_attribute.
+type urlParam struct {
+	option string
+	source bool // Source only
+	build  func(v string) (Option, error)
+}
+
+var urlParams = map[string]urlParam{
+	"endpoint":     {"WithEndpoint", false, func(v string) (Option, error) { return WithEndpoint(v), nil }},
+	"region":       {"WithRegion", false, func(v string) (Option, error) { return WithRegion(v), nil }},
+	"id_attribute": {"WithIDAttribute", false, func(v string) (Option, error) { return WithIDAttribute(v), nil }},
+	"dlq":          {"WithDeadLetterQueue", true, func(v string) (Option, error) { return WithDeadLetterQueue(v), nil }},
+	"dead_letter_mode": {"WithDeadLetterMode", true, func(v string) (Option, error) {
+		m, ok := map[string]DeadLetterMode{"send": DeadLetterSend, "redrive": DeadLetterRedrive}[v]
+		if !ok {
+			return nil, errors.New("not send or redrive")
+		}
+		return WithDeadLetterMode(m), nil
+	}},
+	"heartbeat": {"WithHeartbeat", true, func(v string) (Option, error) {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, errors.New("not a boolean")
+		}
+		return WithHeartbeat(b), nil
+	}},
+	"receivers":     intParam("WithReceivers", WithReceivers),
+	"window":        intParam("WithWindow", WithWindow),
+	"wait":          durationParam("WithWaitTime", WithWaitTime),
+	"visibility":    durationParam("WithVisibilityTimeout", WithVisibilityTimeout),
+	"max_extension": durationParam("WithMaxExtension", WithMaxExtension),
+	"close_timeout": durationParam("WithCloseTimeout", WithCloseTimeout),
+}
+
+func intParam(option string, o func(int) Option) urlParam {
+	return urlParam{option, true, func(v string) (Option, error) {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, errors.New("not a number")
+		}
+		return o(n), nil
+	}}
+}
+
+func durationParam(option string, o func(time.Duration) Option) urlParam {
+	return urlParam{option, true, func(v string) (Option, error) {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, errors.New("not a duration")
+		}
+		return o(d), nil
+	}}
+}
+
+// paramOfOption names the URL parameter (or URL part) that sets an option,
+// for errors of URL-opened sources and publishers.
+var paramOfOption = map[string]string{"WithStaticCredentials": "credentials (sqs://KEY:SECRET@queue)"}
+
+func init() {
+	for p, up := range urlParams {
+		paramOfOption[up.option] = p
 	}
-)
+}
+
+// byURL marks a configuration as coming from a URL, so that its errors
+// name URL parameters; it comes first among a URL's options.
+func byURL(c *config) error {
+	c.byURL = true
+	return nil
+}
 
 // parseURL reads
 //
@@ -35,14 +98,18 @@ var (
 //	sqs://sqs.eu-west-1.amazonaws.com/123456789012/QUEUE  (a queue URL, https)
 //
 // into the queue and options. Without credentials in the URL the AWS
-// credential chain is used.
-func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) {
+// credential chain is used. A logger in cfg is used as WithLogger would be.
+func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opts []Option, err error) {
 	queue = u.Host
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		queue = "https://" + u.Host + "/" + p
 	}
 	if queue == "" {
 		return "", nil, fmt.Errorf("sqs URL has no queue (use sqs://orders or sqs://sqs.REGION.amazonaws.com/ACCOUNT/orders)")
+	}
+	opts = []Option{byURL}
+	if cfg.Logger != nil {
+		opts = append(opts, WithLogger(cfg.Logger))
 	}
 	if u.User != nil {
 		secret, ok := u.User.Password()
@@ -55,80 +122,42 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 	if err != nil {
 		return "", nil, fmt.Errorf("sqs URL parameters: %w", err)
 	}
+	var known []string
+	for k, p := range urlParams {
+		if source || !p.source {
+			known = append(known, k)
+		}
+	}
+	sort.Strings(known)
 	keys := make([]string, 0, len(query))
 	for k := range query {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		v := query[k][len(query[k])-1]
-		if !clientParams[k] && !(source && sourceParams[k]) {
-			known := []string{"endpoint", "region", "id_attribute"}
-			if source {
-				known = append(known, "dlq", "dead_letter_mode", "wait", "visibility", "receivers", "window", "heartbeat", "max_extension", "close_timeout")
-			}
+		p, ok := urlParams[k]
+		if !ok || (p.source && !source) {
 			return "", nil, fmt.Errorf("sqs URL: unknown parameter %q (known: %s)", redact.Name(k), strings.Join(known, ", "))
 		}
-		var o Option
-		switch k {
-		case "endpoint":
-			o = WithEndpoint(v)
-		case "region":
-			o = WithRegion(v)
-		case "id_attribute":
-			o = WithIDAttribute(v)
-		case "dlq":
-			o = WithDeadLetterQueue(v)
-		case "dead_letter_mode":
-			switch v {
-			case "send":
-				o = WithDeadLetterMode(DeadLetterSend)
-			case "redrive":
-				o = WithDeadLetterMode(DeadLetterRedrive)
-			default:
-				return "", nil, errors.New("sqs URL parameter dead_letter_mode: not send or redrive")
-			}
-		case "heartbeat":
-			b, perr := strconv.ParseBool(v)
-			if perr != nil {
-				return "", nil, errors.New("sqs URL parameter heartbeat: not a boolean")
-			}
-			o = WithHeartbeat(b)
-		case "receivers", "window":
-			n, perr := strconv.Atoi(v)
-			if perr != nil {
-				return "", nil, fmt.Errorf("sqs URL parameter %s: not a number", k)
-			}
-			if k == "receivers" {
-				o = WithReceivers(n)
-			} else {
-				o = WithWindow(n)
-			}
-		case "wait", "visibility", "max_extension", "close_timeout":
-			d, perr := time.ParseDuration(v)
-			if perr != nil {
-				return "", nil, fmt.Errorf("sqs URL parameter %s: not a duration", k)
-			}
-			o = map[string]func(time.Duration) Option{
-				"wait": WithWaitTime, "visibility": WithVisibilityTimeout,
-				"max_extension": WithMaxExtension, "close_timeout": WithCloseTimeout,
-			}[k](d)
+		o, err := p.build(query[k][len(query[k])-1])
+		if err != nil {
+			return "", nil, fmt.Errorf("sqs URL parameter %s: %w", k, err)
 		}
 		opts = append(opts, o)
 	}
 	return queue, opts, nil
 }
 
-func openSourceURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
-	queue, opts, err := parseURL(u, true)
+func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Source, error) {
+	queue, opts, err := parseURL(u, true, cfg)
 	if err != nil {
 		return nil, err
 	}
 	return Open(ctx, queue, opts...)
 }
 
-func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
-	queue, opts, err := parseURL(u, false)
+func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Publisher, error) {
+	queue, opts, err := parseURL(u, false, cfg)
 	if err != nil {
 		return nil, err
 	}

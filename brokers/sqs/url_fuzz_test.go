@@ -1,6 +1,8 @@
 package sqs
 
 import (
+	"github.com/idemq/idemq/core/driver"
+
 	"context"
 	"net/url"
 	"testing"
@@ -32,7 +34,7 @@ func FuzzParseURL(f *testing.F) {
 			if err != nil {
 				return err
 			}
-			_, opts, err := parseURL(u, source)
+			_, opts, err := parseURL(u, source, driver.OpenConfig{})
 			if err != nil {
 				return err
 			}
@@ -48,7 +50,7 @@ func FuzzParseURL(f *testing.F) {
 		if err != nil {
 			return
 		}
-		queue, opts, err := parseURL(u, source)
+		queue, opts, err := parseURL(u, source, driver.OpenConfig{})
 		if err != nil {
 			return
 		}
