@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -186,4 +188,40 @@ func receiveN(t testing.TB, s *Source, n int, timeout time.Duration) []*delivery
 		out = append(out, d.(*delivery))
 	}
 	return out
+}
+
+// needRabbitmqctl skips the test unless rabbitmqctl can manage the broker
+// at url (it must be the local one).
+func needRabbitmqctl(t testing.TB, url string) {
+	t.Helper()
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not in PATH: cannot make the broker close a connection")
+	}
+	if hp, _ := parseAMQP(url); !strings.HasPrefix(hp, "127.0.0.1:") && !strings.HasPrefix(hp, "localhost:") {
+		t.Skip("IDEMQ_AMQP_URL is not the local broker rabbitmqctl manages")
+	}
+}
+
+// closeConnectionNamed makes the broker close (CONNECTION_FORCED) every
+// connection whose connection_name client property is name, and returns
+// how many it closed. Only the test's own connections carry its name.
+func closeConnectionNamed(t testing.TB, name string) int {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		// rabbitmqctl needs the node's Erlang cookie (root here).
+		servicetest.Unavailable(t, "rabbitmqctl list_connections: %v\n%s", err, out)
+	}
+	closed := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, `{"connection_name","`+name+`"}`) {
+			continue
+		}
+		conn, _, _ := strings.Cut(line, "\t")
+		if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", conn, "idemq test").CombinedOutput(); err != nil {
+			t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
+		}
+		closed++
+	}
+	return closed
 }

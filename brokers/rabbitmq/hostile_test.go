@@ -15,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/middleware/tracing"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -24,7 +25,7 @@ import (
 // through the pipeline into SQLite: odd but valid ids are applied once;
 // NUL, invalid UTF-8 and missing ids, eight thousand headers (over a
 // limit) are dead-lettered into the dead-letter queue with the cause in
-// x-idemq-cause; non-string and malformed trace headers do not stop a
+// idemq-cause; non-string and malformed trace headers do not stop a
 // message. An id longer than AMQP's 255-byte short string cannot even be
 // published. Nothing is lost: the queue ends empty, every message applied
 // or parked.
@@ -136,7 +137,7 @@ func TestHostileMessages(t *testing.T) {
 	rs.Close()
 	dead := map[string][]string{}
 	for _, d := range drainQueue(t, url, queue+".dlq") {
-		cause, _ := d.Headers[HeaderCause].(string)
+		cause, _ := d.Headers[driver.CauseHeader].(string)
 		dead[d.MessageId] = append(dead[d.MessageId], cause)
 	}
 	for _, r := range rows {

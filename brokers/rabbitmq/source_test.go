@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/internal/servicetest"
 )
 
 func TestOptionErrorsNameTheField(t *testing.T) {
@@ -319,12 +317,7 @@ func TestCloseUnblocksReceive(t *testing.T) {
 // deliveries are in flight, as an operator or a node restart would.
 func TestBrokerClosesConnection(t *testing.T) {
 	url := amqpURL(t)
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not in PATH: cannot make the broker close a connection")
-	}
-	if hp, _ := parseAMQP(url); !strings.HasPrefix(hp, "127.0.0.1:") && !strings.HasPrefix(hp, "localhost:") {
-		t.Skip("IDEMQ_AMQP_URL is not the local broker rabbitmqctl manages")
-	}
+	needRabbitmqctl(t, url)
 	q := uniqueQueue(t, url)
 	name := "idemq-test-" + q
 	ctx := context.Background()
@@ -335,29 +328,13 @@ func TestBrokerClosesConnection(t *testing.T) {
 	defer src.Close()
 	publishN(t, url, q, "forced", 20)
 	ds := receiveN(t, src, 5, 10*time.Second)
-	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()
-	if err != nil {
-		// rabbitmqctl needs the node's Erlang cookie (root here).
-		servicetest.Unavailable(t, "rabbitmqctl list_connections: %v\n%s", err, out)
-	}
-	closed := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.Contains(line, `{"connection_name","`+name+`"}`) {
-			continue
-		}
-		conn, _, _ := strings.Cut(line, "\t")
-		if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", conn, "idemq test").CombinedOutput(); err != nil {
-			t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
-		}
-		closed++
-	}
-	if closed != 1 {
+	if closed := closeConnectionNamed(t, name); closed != 1 {
 		t.Fatalf("found %d connections named %s", closed, name)
 	}
 	waitUntil(t, 10*time.Second, func() bool { return src.Stats().Reconnects == 1 })
 	for _, d := range ds {
-		if err := d.Ack(ctx); !errors.Is(err, ErrStaleDelivery) {
-			t.Fatalf("Ack after the broker closed the connection = %v, want ErrStaleDelivery", err)
+		if err := d.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+			t.Fatalf("Ack after the broker closed the connection = %v, want core.ErrStaleDelivery", err)
 		}
 	}
 	seen := map[string]bool{}
