@@ -423,8 +423,9 @@ func messageID(idHeader string, r *amqp.Delivery) (string, error) {
 		return x, nil
 	case []byte:
 		return string(x), nil
-	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64:
-		return fmt.Sprint(x), nil
+	}
+	if text, ok := intText(v); ok {
+		return text, nil
 	}
 	return "", fmt.Errorf("rabbitmq: id header %q holds a %T, not a string, byte array or integer", idHeader, v)
 }
@@ -450,31 +451,26 @@ func attempt(r *amqp.Delivery) int {
 	return a
 }
 
+// toInt reads an AMQP integer, or a string holding one.
 func toInt(v any) (int, bool) {
-	switch n := v.(type) {
-	case int:
-		return n, true
-	case int8:
-		return int(n), true
-	case int16:
-		return int(n), true
-	case int32:
-		return int(n), true
-	case int64:
-		return int(n), true
-	case uint8:
-		return int(n), true
-	case uint16:
-		return int(n), true
-	case uint32:
-		return int(n), true
-	case uint64:
-		return int(n), true
-	case string:
-		i, err := strconv.Atoi(n)
-		return i, err == nil
+	text, ok := v.(string)
+	if !ok {
+		text, ok = intText(v)
 	}
-	return 0, false
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(text)
+	return n, err == nil
+}
+
+// intText renders an AMQP integer (any width, signed or not) in decimal.
+func intText(v any) (string, bool) {
+	switch v.(type) {
+	case int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+		return fmt.Sprint(v), true
+	}
+	return "", false
 }
 
 // renderHeaders renders AMQP header values as strings: text and byte

@@ -38,18 +38,35 @@ func uniqueQueue(t testing.TB, url string) string {
 	return q
 }
 
-// queueDepth returns the number of ready messages in queue.
-func queueDepth(t testing.TB, url, queue string) int {
+// testChannel opens a connection of the test's own to url and returns a
+// channel on it; the connection closes when the test ends.
+func testChannel(t testing.TB, url string) *amqp.Channel {
+	t.Helper()
+	ch, done := dialChannel(t, url)
+	t.Cleanup(done)
+	return ch
+}
+
+// dialChannel opens a connection to url and a channel on it, for helpers
+// called often, which close the connection (done) when they return.
+func dialChannel(t testing.TB, url string) (ch *amqp.Channel, done func()) {
 	t.Helper()
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
+	if ch, err = conn.Channel(); err != nil {
+		conn.Close()
 		t.Fatal(err)
 	}
+	return ch, func() { conn.Close() }
+}
+
+// queueDepth returns the number of ready messages in queue.
+func queueDepth(t testing.TB, url, queue string) int {
+	t.Helper()
+	ch, done := dialChannel(t, url)
+	defer done()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		t.Fatalf("inspect %s: %v", queue, err)
@@ -60,15 +77,8 @@ func queueDepth(t testing.TB, url, queue string) int {
 // drainQueue takes every ready message out of queue (auto-ack).
 func drainQueue(t testing.TB, url, queue string) []amqp.Delivery {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch, done := dialChannel(t, url)
+	defer done()
 	var out []amqp.Delivery
 	for {
 		d, ok, err := ch.Get(queue, true)

@@ -50,15 +50,7 @@ func TestIDHeader(t *testing.T) {
 	wantApplied := []string{"hdr-string", "hdr-bytes", "42", "prop-only", "hdr-wins"}
 	wantCauses := []string{`id header "MessageId" holds a bool`, "no id"}
 
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	for _, p := range pubs {
 		if err := ch.PublishWithContext(ctx, "", queue, false, false, p); err != nil {
 			t.Fatal(err)

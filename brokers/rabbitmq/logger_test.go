@@ -41,15 +41,7 @@ func bufferLogger() (*slog.Logger, *logBuffer) {
 // boolean, which the Source warns about when it receives it.
 func publishBadIDHeader(t *testing.T, url, queue string) {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp.Publishing{Headers: amqp.Table{"MessageId": true}}); err != nil {
 		t.Fatal(err)
 	}

@@ -43,9 +43,9 @@ type DeadLetterMode int
 
 const (
 	// DeadLetterRepublish publishes a copy to the dead-letter queue with
-	// the cause in the x-idemq-cause header (mandatory, confirmed), then
-	// acks the original. If the copy cannot be routed, DeadLetter fails and
-	// the message stays unacked: it is never dropped.
+	// the cause in the idemq-cause header (driver.CauseHeader; mandatory,
+	// confirmed), then acks the original. If the copy cannot be routed,
+	// DeadLetter fails and the message stays unacked: it is never dropped.
 	DeadLetterRepublish DeadLetterMode = iota + 1
 	// DeadLetterReject rejects the message without requeue so the broker
 	// moves it through the queue's dead-letter exchange; the broker records

@@ -82,9 +82,8 @@ const confirmChunk = 256
 // Publisher publishes core Messages with publisher confirms: Publish returns
 // only once the broker has taken responsibility for every message. It sets
 // message_id from Message.ID (and, with WithPublisherIDHeader, that
-// header), the headers from Message.Headers and
-// persistent delivery mode. Message.Key is not sent (AMQP has no ordering
-// key). After a connection loss the next Publish reconnects. It is safe for
+// header), the headers from Message.Headers, Message.Key in KeyHeader (AMQP
+// has no ordering key) and persistent delivery mode. After a connection loss the next Publish reconnects. It is safe for
 // concurrent use; calls are serialized.
 type Publisher struct {
 	url string

@@ -89,15 +89,7 @@ func TestMessageFieldsFromAMQP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	err = ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
 		MessageId: "order-42",
@@ -227,15 +219,7 @@ func TestDeadLetterKeepsTheMessageWhenTheDLQIsGone(t *testing.T) {
 	}
 	defer src.Close()
 	publishN(t, url, q, "nodlq", 1)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	if _, err := ch.QueueDelete(q+".dlq", false, false, false); err != nil {
 		t.Fatal(err)
 	}

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/core"
 )
 
@@ -128,15 +126,7 @@ func TestOneURLWithExchange(t *testing.T) {
 
 func declareExchange(t *testing.T, url, name, kind string) {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	if err := ch.ExchangeDeclare(name, kind, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
