@@ -62,6 +62,20 @@ func dialChannel(t testing.TB, url string) (ch *amqp.Channel, done func()) {
 	return ch, func() { conn.Close() }
 }
 
+// openTestSource opens a Source, logging to the test, on a fresh queue of
+// the broker at amqpURL; it closes when the test ends.
+func openTestSource(t testing.TB, opts ...Option) (url, queue string, src *Source) {
+	t.Helper()
+	url = amqpURL(t)
+	queue = uniqueQueue(t, url)
+	src, err := Open(context.Background(), url, queue, append([]Option{WithLogger(testLogger(t))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	return url, queue, src
+}
+
 // queueDepth returns the number of ready messages in queue.
 func queueDepth(t testing.TB, url, queue string) int {
 	t.Helper()

@@ -81,17 +81,11 @@ func TestOpenWithoutDeclareNeedsTheQueues(t *testing.T) {
 }
 
 func TestMessageFieldsFromAMQP(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	ch := testChannel(t, url)
 	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	err = ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
+	err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
 		MessageId: "order-42",
 		Body:      []byte("hello"),
 		Headers: amqp.Table{
@@ -142,14 +136,8 @@ func TestMessageFieldsFromAMQP(t *testing.T) {
 // On a classic queue the broker only flags a redelivery; the Source
 // remembers the attempts of messages it requeued so MaxAttempts works.
 func TestClassicRequeueAttemptsGrow(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	publishN(t, url, q, "grow", 1)
 	for want := 1; want <= 4; want++ {
 		d := receiveN(t, src, 1, 10*time.Second)[0]
@@ -169,14 +157,8 @@ func TestClassicRequeueAttemptsGrow(t *testing.T) {
 }
 
 func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	publishN(t, url, q, "multi", 12)
 	batch := func(ds []*delivery) []driver.Delivery {
 		out := make([]driver.Delivery, len(ds))
@@ -210,21 +192,15 @@ func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
 }
 
 func TestDeadLetterKeepsTheMessageWhenTheDLQIsGone(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	publishN(t, url, q, "nodlq", 1)
 	ch := testChannel(t, url)
 	if _, err := ch.QueueDelete(q+".dlq", false, false, false); err != nil {
 		t.Fatal(err)
 	}
 	d := receiveN(t, src, 1, 10*time.Second)[0]
-	err = d.DeadLetter(ctx, errors.New("poison"))
+	err := d.DeadLetter(ctx, errors.New("poison"))
 	if err == nil || !strings.Contains(err.Error(), "unroutable") {
 		t.Fatalf("DeadLetter without a DLQ = %v, want an unroutable error", err)
 	}
