@@ -193,7 +193,7 @@ func WithRetryQueue(name string) Option {
 // exchange, where no binding is needed. URL parameter: exchange, so one URL
 // serves core.OpenSource and core.OpenPublisher.
 func WithExchange(name string) Option {
-	return setter(nameErr("WithExchange", name), func(c *config) { c.exchange = name })
+	return setter(shortErr("WithExchange", "name", name), func(c *config) { c.exchange = name })
 }
 
 // WithRetryMode chooses how Retry redelivers. Default RetryRequeue.
