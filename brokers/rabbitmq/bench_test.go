@@ -8,8 +8,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/core"
 )
 
@@ -33,15 +31,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 		}
 		s.Close()
 		publishBench(b, amqpU, q, b.N)
-		conn, err := amqp.Dial(amqpU)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			b.Fatal(err)
-		}
+		ch := testChannel(b, amqpU)
 		if err := ch.Qos(400, 0, false); err != nil {
 			b.Fatal(err)
 		}

@@ -8,12 +8,13 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // session is one connection and its consume channel. Every delivery keeps
@@ -65,17 +66,13 @@ func (s *session) settle(tag uint64, op func(ch *amqp.Channel) error) error {
 	defer s.mu.Unlock()
 	if s.isDead || s.ch.IsClosed() {
 		s.src.stale.Add(1)
-		return ErrStaleDelivery
+		return driver.Stale(errChannelClosed)
 	}
 	if _, ok := s.outstanding[tag]; !ok {
-		return ErrAlreadySettled
+		return driver.ErrAlreadySettled
 	}
 	if err := op(s.ch); err != nil {
-		if errors.Is(err, amqp.ErrClosed) {
-			s.src.stale.Add(1)
-			return fmt.Errorf("%w: %v", ErrStaleDelivery, err)
-		}
-		return err
+		return s.staleIfClosed(err, 1)
 	}
 	delete(s.outstanding, tag)
 	return nil
@@ -88,11 +85,7 @@ func (s *session) ackBatch(ds []*delivery) error {
 	defer s.mu.Unlock()
 	if s.isDead || s.ch.IsClosed() {
 		s.src.stale.Add(int64(len(ds)))
-		errs := make([]error, len(ds))
-		for i, d := range ds {
-			errs[i] = d.wrap(ErrStaleDelivery)
-		}
-		return errors.Join(errs...)
+		return wrapEach(ds, driver.Stale(errChannelClosed))
 	}
 	slices.SortFunc(ds, func(a, b *delivery) int {
 		switch {
@@ -142,11 +135,24 @@ func (s *session) ackBatch(ds []*delivery) error {
 	return errors.Join(errs...)
 }
 
+// batchErr is the error of acking ds when the ack failed with err.
 func (s *session) batchErr(ds []*delivery, err error) error {
-	if errors.Is(err, amqp.ErrClosed) {
-		s.src.stale.Add(int64(len(ds)))
-		err = fmt.Errorf("%w: %v", ErrStaleDelivery, err)
+	return wrapEach(ds, s.staleIfClosed(err, len(ds)))
+}
+
+// staleIfClosed turns the error of an operation that found the channel or
+// connection closed into a stale settlement of n deliveries (counted), and
+// returns any other error as it is.
+func (s *session) staleIfClosed(err error, n int) error {
+	if !errors.Is(err, amqp.ErrClosed) {
+		return err
 	}
+	s.src.stale.Add(int64(n))
+	return driver.Stale(fmt.Errorf("%w: %w", errChannelClosed, err))
+}
+
+// wrapEach joins err once per delivery of ds, each naming its delivery.
+func wrapEach(ds []*delivery, err error) error {
 	errs := make([]error, len(ds))
 	for i, d := range ds {
 		errs[i] = d.wrap(err)
@@ -162,13 +168,14 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 	select {
 	case <-s.dead:
 		s.src.stale.Add(1)
-		return ErrStaleDelivery
+		return driver.Stale(errChannelClosed)
 	default:
 	}
 	if s.pub == nil || s.pub.IsClosed() {
 		ch, err := s.conn.Channel()
 		if err != nil {
-			return err
+			// The connection is gone: so is the delivery's channel.
+			return s.staleIfClosed(err, 1)
 		}
 		if err := ch.Confirm(false); err != nil {
 			ch.Close()
@@ -205,11 +212,14 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 
 // delivery is one received message bound to its session.
 type delivery struct {
-	sess    *session
-	tag     uint64
-	raw     amqp.Delivery
-	msg     *core.Message
-	settled atomic.Bool
+	sess *session
+	tag  uint64
+	raw  amqp.Delivery
+	msg  *core.Message
+	id   string // the id as the Source read it, before any IDFunc
+	// idErr says why the id header held no usable id, or is nil.
+	idErr error
+	driver.SettleOnce
 }
 
 // Message returns the received message.
@@ -219,9 +229,10 @@ func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("rabbitmq: message %q (tag %d): %w", d.msg.ID, d.tag, err)
 }
 
+// claim wins the right to settle d once (driver.SettleOnce).
 func (d *delivery) claim() error {
-	if d.settled.Swap(true) {
-		return d.wrap(ErrAlreadySettled)
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
 	}
 	return nil
 }
@@ -234,7 +245,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
 		return d.wrap(err)
 	}
-	d.sess.src.forget(d.raw.MessageId)
+	d.sess.src.forget(d.id)
 	return nil
 }
 
@@ -264,7 +275,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	}
 	nack := func() error {
 		return d.sess.settle(d.tag, func(ch *amqp.Channel) error {
-			src.remember(d.raw.MessageId, d.msg.Attempt)
+			src.remember(d.id, d.msg.Attempt)
 			return ch.Nack(d.tag, false, true)
 		})
 	}
@@ -277,13 +288,13 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	select {
 	case <-d.sess.dead:
 		d.sess.src.stale.Add(1)
-		return d.wrap(ErrStaleDelivery)
+		return d.wrap(driver.Stale(errChannelClosed))
 	default:
 	}
 	src.mu.Lock()
 	defer src.mu.Unlock()
 	if src.closed {
-		return d.wrap(ErrStaleDelivery)
+		return d.wrap(driver.Stale(core.ErrSourceClosed))
 	}
 	src.wg.Add(1)
 	var t *time.Timer
@@ -293,7 +304,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 		delete(src.timers, t)
 		src.mu.Unlock()
 		if err := nack(); err != nil {
-			src.cfg.logger.Warn("idemq rabbitmq: delayed requeue failed; the broker redelivers the message", "queue", src.queue, "message_id", d.msg.ID, "error", err)
+			src.logger().Warn("idemq rabbitmq: delayed requeue failed; the broker redelivers the message", "queue", src.queue, "message_id", d.msg.ID, "error", err)
 		}
 	})
 	src.timers[t] = struct{}{}
@@ -311,16 +322,20 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if cause != nil {
 		text = cause.Error()
 	}
+	if d.idErr != nil && d.msg.ID == "" {
+		// The Consumer only knows the id is missing; say why.
+		text += ": " + d.idErr.Error()
+	}
 	if src.cfg.deadLetterMode == DeadLetterReject {
-		src.cfg.logger.Warn("idemq rabbitmq: dead-lettering", "queue", src.queue, "message_id", d.msg.ID, "cause", text)
+		src.logger().Warn("idemq rabbitmq: dead-lettering", "queue", src.queue, "message_id", d.msg.ID, "cause", text)
 		if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Reject(d.tag, false) }); err != nil {
 			return d.wrap(err)
 		}
-		src.forget(d.raw.MessageId)
+		src.forget(d.id)
 		return nil
 	}
 	p := d.copyPublishing()
-	p.Headers[HeaderCause] = text
+	p.Headers[driver.CauseHeader] = text
 	p.Headers[HeaderSourceQueue] = src.queue
 	p.Headers[HeaderAttempt] = int64(d.msg.Attempt)
 	if err := d.sess.publish(ctx, src.cfg.deadLetterQueue, p); err != nil {
@@ -329,7 +344,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
 		return d.wrap(err)
 	}
-	src.forget(d.raw.MessageId)
+	src.forget(d.id)
 	return nil
 }
 
@@ -361,15 +376,23 @@ func (d *delivery) copyPublishing() amqp.Publishing {
 	}
 }
 
-// toMessage converts an AMQP delivery into the pipeline's Message.
-func toMessage(queue string, r *amqp.Delivery) *core.Message {
+// MetadataRedelivered is the Message.Metadata key of the AMQP redelivered
+// flag ("true" or "false"), which the OpenTelemetry conventions have no
+// attribute for.
+const MetadataRedelivered = "messaging.rabbitmq.message.redelivered_flag"
+
+// toMessage converts an AMQP delivery into the pipeline's Message, its id
+// read per idHeader (see WithIDHeader). The error says why the id header
+// held no usable id (the Message then has none).
+func toMessage(queue, idHeader string, r *amqp.Delivery) (*core.Message, error) {
+	id, idErr := messageID(idHeader, r)
 	exchange := r.Exchange
 	if exchange == "" {
 		exchange = "amq.default"
 	}
 	key, _ := r.Headers[KeyHeader].(string)
 	return &core.Message{
-		ID:      r.MessageId,
+		ID:      id,
 		Body:    r.Body,
 		Key:     key,
 		Headers: renderHeaders(r.Headers),
@@ -377,15 +400,34 @@ func toMessage(queue string, r *amqp.Delivery) *core.Message {
 		System:  "rabbitmq",
 		Attempt: attempt(r),
 		Metadata: map[string]string{
-			"messaging.destination.name":                  exchange,
-			"messaging.rabbitmq.destination.routing_key":  r.RoutingKey,
-			"messaging.rabbitmq.message.delivery_tag":     strconv.FormatUint(r.DeliveryTag, 10),
-			"messaging.message.id":                        r.MessageId,
-			"messaging.message.conversation_id":           r.CorrelationId,
-			"messaging.rabbitmq.message.redelivered_flag": strconv.FormatBool(r.Redelivered),
+			string(semconv.MessagingDestinationNameKey):               exchange,
+			string(semconv.MessagingRabbitMQDestinationRoutingKeyKey): r.RoutingKey,
+			string(semconv.MessagingRabbitMQMessageDeliveryTagKey):    strconv.FormatUint(r.DeliveryTag, 10),
+			string(semconv.MessagingMessageIDKey):                     id,
+			string(semconv.MessagingMessageConversationIDKey):         r.CorrelationId,
+			MetadataRedelivered:                                       strconv.FormatBool(r.Redelivered),
 		},
 		ReceivedAt: time.Now(),
+	}, idErr
+}
+
+// messageID reads the business id: from the idHeader when one is set and
+// the message has it, else from the message_id property.
+func messageID(idHeader string, r *amqp.Delivery) (string, error) {
+	v, ok := r.Headers[idHeader]
+	if idHeader == "" || !ok {
+		return r.MessageId, nil
 	}
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case []byte:
+		return string(x), nil
+	}
+	if text, ok := intText(v); ok {
+		return text, nil
+	}
+	return "", fmt.Errorf("rabbitmq: id header %q holds a %T, not a string, byte array or integer", idHeader, v)
 }
 
 // attempt derives the delivery attempt: 2 when the broker flags a
@@ -409,31 +451,26 @@ func attempt(r *amqp.Delivery) int {
 	return a
 }
 
+// toInt reads an AMQP integer, or a string holding one.
 func toInt(v any) (int, bool) {
-	switch n := v.(type) {
-	case int:
-		return n, true
-	case int8:
-		return int(n), true
-	case int16:
-		return int(n), true
-	case int32:
-		return int(n), true
-	case int64:
-		return int(n), true
-	case uint8:
-		return int(n), true
-	case uint16:
-		return int(n), true
-	case uint32:
-		return int(n), true
-	case uint64:
-		return int(n), true
-	case string:
-		i, err := strconv.Atoi(n)
-		return i, err == nil
+	text, ok := v.(string)
+	if !ok {
+		text, ok = intText(v)
 	}
-	return 0, false
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(text)
+	return n, err == nil
+}
+
+// intText renders an AMQP integer (any width, signed or not) in decimal.
+func intText(v any) (string, bool) {
+	switch v.(type) {
+	case int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+		return fmt.Sprint(v), true
+	}
+	return "", false
 }
 
 // renderHeaders renders AMQP header values as strings: text and byte

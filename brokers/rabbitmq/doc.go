@@ -3,7 +3,12 @@
 //
 // A Source consumes one queue with manual acknowledgements and a QoS
 // prefetch equal to the Consumer's in-flight window. The message id is the
-// AMQP message_id property. Settlement follows the idemq design:
+// AMQP message_id property or, with WithIDHeader (URL parameter id_header),
+// a header for producers that cannot set message_id (amqp-publish,
+// NServiceBus, MassTransit), falling back to message_id when the header is
+// absent. With WithExchange (URL parameter exchange) the queue is bound to
+// the exchange producers publish to, so one URL opens both sides.
+// Settlement follows the idemq design:
 //
 //   - Ack: basic.ack by delivery tag. AckBatch uses one multiple=true ack
 //     only over a run of tags where every lower outstanding tag of the
@@ -14,15 +19,15 @@
 //     published to a retry queue whose per-message TTL dead-letters it back
 //     to the main queue (RetryViaQueue).
 //   - DeadLetter: a copy published to the dead-letter queue with the cause in
-//     the x-idemq-cause header, confirmed, then acked (DeadLetterRepublish),
-//     or basic.reject without requeue into the queue's dead-letter exchange
-//     (DeadLetterReject).
+//     the idemq-cause header (driver.CauseHeader, the same on every broker),
+//     confirmed, then acked (DeadLetterRepublish), or basic.reject without
+//     requeue into the queue's dead-letter exchange (DeadLetterReject).
 //
 // amqp091-go does not reconnect by itself (and its optional channel
 // recovery reuses channel ids, so an old delivery tag could land on a new
 // channel). The Source reconnects with backoff on its own and binds every
 // delivery to the channel it arrived on: settling a delivery whose channel
-// died returns an error wrapping ErrStaleDelivery and sends nothing. The
+// died returns an error wrapping core.ErrStaleDelivery and sends nothing. The
 // broker redelivers such a message, and the dedup store then decides
 // Duplicate if its effect was already committed.
 //

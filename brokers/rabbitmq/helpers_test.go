@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,18 +38,49 @@ func uniqueQueue(t testing.TB, url string) string {
 	return q
 }
 
-// queueDepth returns the number of ready messages in queue.
-func queueDepth(t testing.TB, url, queue string) int {
+// testChannel opens a connection of the test's own to url and returns a
+// channel on it; the connection closes when the test ends.
+func testChannel(t testing.TB, url string) *amqp.Channel {
+	t.Helper()
+	ch, done := dialChannel(t, url)
+	t.Cleanup(done)
+	return ch
+}
+
+// dialChannel opens a connection to url and a channel on it, for helpers
+// called often, which close the connection (done) when they return.
+func dialChannel(t testing.TB, url string) (ch *amqp.Channel, done func()) {
 	t.Helper()
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	if ch, err = conn.Channel(); err != nil {
+		conn.Close()
+		t.Fatal(err)
+	}
+	return ch, func() { conn.Close() }
+}
+
+// openTestSource opens a Source, logging to the test, on a fresh queue of
+// the broker at amqpURL; it closes when the test ends.
+func openTestSource(t testing.TB, opts ...Option) (url, queue string, src *Source) {
+	t.Helper()
+	url = amqpURL(t)
+	queue = uniqueQueue(t, url)
+	src, err := Open(context.Background(), url, queue, append([]Option{WithLogger(testLogger(t))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { src.Close() })
+	return url, queue, src
+}
+
+// queueDepth returns the number of ready messages in queue.
+func queueDepth(t testing.TB, url, queue string) int {
+	t.Helper()
+	ch, done := dialChannel(t, url)
+	defer done()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		t.Fatalf("inspect %s: %v", queue, err)
@@ -58,15 +91,8 @@ func queueDepth(t testing.TB, url, queue string) int {
 // drainQueue takes every ready message out of queue (auto-ack).
 func drainQueue(t testing.TB, url, queue string) []amqp.Delivery {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch, done := dialChannel(t, url)
+	defer done()
 	var out []amqp.Delivery
 	for {
 		d, ok, err := ch.Get(queue, true)
@@ -186,4 +212,40 @@ func receiveN(t testing.TB, s *Source, n int, timeout time.Duration) []*delivery
 		out = append(out, d.(*delivery))
 	}
 	return out
+}
+
+// needRabbitmqctl skips the test unless rabbitmqctl can manage the broker
+// at url (it must be the local one).
+func needRabbitmqctl(t testing.TB, url string) {
+	t.Helper()
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not in PATH: cannot make the broker close a connection")
+	}
+	if hp, _ := parseAMQP(url); !strings.HasPrefix(hp, "127.0.0.1:") && !strings.HasPrefix(hp, "localhost:") {
+		t.Skip("IDEMQ_AMQP_URL is not the local broker rabbitmqctl manages")
+	}
+}
+
+// closeConnectionNamed makes the broker close (CONNECTION_FORCED) every
+// connection whose connection_name client property is name, and returns
+// how many it closed. Only the test's own connections carry its name.
+func closeConnectionNamed(t testing.TB, name string) int {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		// rabbitmqctl needs the node's Erlang cookie (root here).
+		servicetest.Unavailable(t, "rabbitmqctl list_connections: %v\n%s", err, out)
+	}
+	closed := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, `{"connection_name","`+name+`"}`) {
+			continue
+		}
+		conn, _, _ := strings.Cut(line, "\t")
+		if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", conn, "idemq test").CombinedOutput(); err != nil {
+			t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
+		}
+		closed++
+	}
+	return closed
 }

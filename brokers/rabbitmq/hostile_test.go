@@ -15,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/middleware/tracing"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -24,7 +25,7 @@ import (
 // through the pipeline into SQLite: odd but valid ids are applied once;
 // NUL, invalid UTF-8 and missing ids, eight thousand headers (over a
 // limit) are dead-lettered into the dead-letter queue with the cause in
-// x-idemq-cause; non-string and malformed trace headers do not stop a
+// idemq-cause; non-string and malformed trace headers do not stop a
 // message. An id longer than AMQP's 255-byte short string cannot even be
 // published. Nothing is lost: the queue ends empty, every message applied
 // or parked.
@@ -37,15 +38,6 @@ func TestHostileMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "hostile.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-
 	// Eight thousand headers in short keys: the header frame must fit the
 	// broker's frame_max (128 KiB by default), or RabbitMQ closes the
 	// publisher's connection (FRAME_ERROR frame_too_large), and amqp091-go
@@ -75,15 +67,7 @@ func TestHostileMessages(t *testing.T) {
 		{name: "eight thousand headers", pub: p("many-headers", many), cause: "8000 headers, at most 1000"},
 	}
 
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	for _, r := range rows {
 		if err := ch.PublishWithContext(ctx, "", queue, false, false, r.pub); err != nil {
 			t.Fatalf("%s: publish: %v", r.name, err)
@@ -97,46 +81,11 @@ func TestHostileMessages(t *testing.T) {
 	}
 
 	tr := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider()), tracing.WithPropagator(propagation.TraceContext{}), tracing.WithParentFromMessage())
-	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?)`, m.ID)
-		return err
-	}
-	c, err := core.New[*sql.Tx](src, store, handler, core.WithObserver(tr), core.WithName("hostile"), core.WithBatchSize(4),
-		core.WithLogger(testLogger(t)), core.WithLimits(core.Limits{Headers: 1000}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		st := c.Stats()
-		if st.Processed+st.DeadLettered >= int64(len(rows)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stats after 30s: %+v; want %d decisions", st, len(rows))
-		}
-	}
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-
-	applied := map[string]int{}
-	rs, err := store.DB().QueryContext(ctx, `SELECT id FROM effects`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rs.Next() {
-		var id string
-		rs.Scan(&id)
-		applied[id]++
-	}
-	rs.Close()
+	applied := runEffects(t, src, len(rows), core.WithObserver(tr), core.WithName("hostile"), core.WithBatchSize(4),
+		core.WithLimits(core.Limits{Headers: 1000}))
 	dead := map[string][]string{}
 	for _, d := range drainQueue(t, url, queue+".dlq") {
-		cause, _ := d.Headers[HeaderCause].(string)
+		cause, _ := d.Headers[driver.CauseHeader].(string)
 		dead[d.MessageId] = append(dead[d.MessageId], cause)
 	}
 	for _, r := range rows {
@@ -191,15 +140,7 @@ func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	pub := func(id string, h amqp.Table) {
 		if err := ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{MessageId: id, Headers: h, Body: []byte("x")}); err != nil {
 			t.Fatal(err)

@@ -43,9 +43,9 @@ type DeadLetterMode int
 
 const (
 	// DeadLetterRepublish publishes a copy to the dead-letter queue with
-	// the cause in the x-idemq-cause header (mandatory, confirmed), then
-	// acks the original. If the copy cannot be routed, DeadLetter fails and
-	// the message stays unacked: it is never dropped.
+	// the cause in the idemq-cause header (driver.CauseHeader; mandatory,
+	// confirmed), then acks the original. If the copy cannot be routed,
+	// DeadLetter fails and the message stays unacked: it is never dropped.
 	DeadLetterRepublish DeadLetterMode = iota + 1
 	// DeadLetterReject rejects the message without requeue so the broker
 	// moves it through the queue's dead-letter exchange; the broker records
@@ -59,7 +59,16 @@ const (
 // value makes Open fail with an error naming the option.
 type Option func(*config) error
 
+// connConfig is what a Source and a Publisher both configure.
+type connConfig struct {
+	connName string
+	dial     amqp.Config
+	dialSet  bool
+	idHeader string // "" reads and writes the id in message_id only
+}
+
 type config struct {
+	connConfig
 	prefetch        int
 	declare         bool
 	queueType       QueueType
@@ -68,17 +77,16 @@ type config struct {
 	retryMode       RetryMode
 	deadLetterMode  DeadLetterMode
 	consumerTag     string
-	connName        string
+	exchange        string
 	backoffMin      time.Duration
 	backoffMax      time.Duration
-	logger          *slog.Logger
-	dial            amqp.Config
-	dialSet         bool
+	logger          *slog.Logger // nil: SetLogger's, else slog.Default()
 	deliveryLimit   int
 }
 
 func defaultConfig(queue string) config {
 	return config{
+		connConfig:      connConfig{connName: "idemq"},
 		prefetch:        100,
 		declare:         true,
 		queueType:       Classic,
@@ -86,46 +94,61 @@ func defaultConfig(queue string) config {
 		retryQueue:      queue + ".retry",
 		retryMode:       RetryRequeue,
 		deadLetterMode:  DeadLetterRepublish,
-		connName:        "idemq",
 		backoffMin:      100 * time.Millisecond,
 		backoffMax:      10 * time.Second,
-		logger:          slog.Default(),
 	}
+}
+
+// setter returns an option that fails with err, when the value it was
+// given is invalid (err != nil), and otherwise applies set.
+func setter[C any](err error, set func(*C)) func(*C) error {
+	return func(c *C) error {
+		if err != nil {
+			return err
+		}
+		set(c)
+		return nil
+	}
+}
+
+// invalid is the error of option opt given a bad value (nil when bad is
+// false); the message says why.
+func invalid(bad bool, opt, format string, args ...any) error {
+	if !bad {
+		return nil
+	}
+	return fmt.Errorf("rabbitmq: %s: %s", opt, fmt.Sprintf(format, args...))
+}
+
+// nameErr checks a queue or exchange name given to option opt.
+func nameErr(opt, name string) error {
+	if err := checkName(name); err != nil {
+		return fmt.Errorf("rabbitmq: %s: %w", opt, err)
+	}
+	return nil
 }
 
 // WithPrefetch sets the QoS prefetch count used until the Consumer calls
 // SetWindow (which replaces it). Default 100. Must be 1..65535.
 func WithPrefetch(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > 65535 {
-			return fmt.Errorf("rabbitmq: WithPrefetch: %d is outside 1..65535", n)
-		}
-		c.prefetch = n
-		return nil
-	}
+	return setter(invalid(n < 1 || n > 65535, "WithPrefetch", "%d is outside 1..65535", n),
+		func(c *config) { c.prefetch = n })
 }
 
 // WithDeclare chooses whether Open declares the topology: the queue
 // (durable, with the dead-letter queue as its dead-letter target through the
-// default exchange), the dead-letter queue and, with RetryViaQueue, the
-// retry queue. Default true. Pass false when operators own the topology;
-// the queues must then exist.
+// default exchange), the dead-letter queue, with RetryViaQueue the retry
+// queue and, with WithExchange, the exchange and the queue's binding to it.
+// Default true. Pass false when operators own the topology; the queues must
+// then exist.
 func WithDeclare(declare bool) Option {
-	return func(c *config) error {
-		c.declare = declare
-		return nil
-	}
+	return setter(nil, func(c *config) { c.declare = declare })
 }
 
 // WithQueueType sets the type of the queues Open declares. Default Classic.
 func WithQueueType(t QueueType) Option {
-	return func(c *config) error {
-		if t != Classic && t != Quorum {
-			return fmt.Errorf("rabbitmq: WithQueueType: unknown queue type %q (want %q or %q)", t, Classic, Quorum)
-		}
-		c.queueType = t
-		return nil
-	}
+	return setter(invalid(t != Classic && t != Quorum, "WithQueueType", "unknown queue type %q (want %q or %q)", t, Classic, Quorum),
+		func(c *config) { c.queueType = t })
 }
 
 // WithDeliveryLimit makes the broker itself dead-letter a message (into the
@@ -146,105 +169,90 @@ func WithQueueType(t QueueType) Option {
 // An existing queue declared without it must be re-created (or given the
 // limit by a policy, with WithDeclare(false)).
 func WithDeliveryLimit(n int) Option {
-	return func(c *config) error {
-		if n < 0 {
-			return fmt.Errorf("rabbitmq: WithDeliveryLimit: %d is negative", n)
-		}
-		c.deliveryLimit = n
-		return nil
-	}
+	return setter(invalid(n < 0, "WithDeliveryLimit", "%d is negative", n),
+		func(c *config) { c.deliveryLimit = n })
 }
 
 // WithDeadLetterQueue names the dead-letter queue. Default "<queue>.dlq".
 func WithDeadLetterQueue(name string) Option {
-	return func(c *config) error {
-		if err := checkName(name); err != nil {
-			return fmt.Errorf("rabbitmq: WithDeadLetterQueue: %w", err)
-		}
-		c.deadLetterQueue = name
-		return nil
-	}
+	return setter(nameErr("WithDeadLetterQueue", name), func(c *config) { c.deadLetterQueue = name })
 }
 
 // WithRetryQueue names the retry queue used by RetryViaQueue. Default
 // "<queue>.retry".
 func WithRetryQueue(name string) Option {
-	return func(c *config) error {
-		if err := checkName(name); err != nil {
-			return fmt.Errorf("rabbitmq: WithRetryQueue: %w", err)
-		}
-		c.retryQueue = name
-		return nil
-	}
+	return setter(nameErr("WithRetryQueue", name), func(c *config) { c.retryQueue = name })
+}
+
+// WithExchange names the exchange producers publish the queue's messages
+// to, with the queue's name as routing key (what a Publisher opened with
+// WithPublishExchange and WithRoutingKey(queue) sends). With WithDeclare
+// (the default) Open declares it as a durable direct exchange unless it
+// exists (an existing exchange of any type is kept) and binds the queue to
+// it with the queue's name as binding key. Default "": the default
+// exchange, where no binding is needed. URL parameter: exchange, so one URL
+// serves core.OpenSource and core.OpenPublisher.
+func WithExchange(name string) Option {
+	return setter(shortErr("WithExchange", "name", name), func(c *config) { c.exchange = name })
 }
 
 // WithRetryMode chooses how Retry redelivers. Default RetryRequeue.
 func WithRetryMode(m RetryMode) Option {
-	return func(c *config) error {
-		if m != RetryRequeue && m != RetryViaQueue {
-			return fmt.Errorf("rabbitmq: WithRetryMode: unknown mode %d", m)
-		}
-		c.retryMode = m
-		return nil
-	}
+	return setter(invalid(m != RetryRequeue && m != RetryViaQueue, "WithRetryMode", "unknown mode %d", m),
+		func(c *config) { c.retryMode = m })
 }
 
 // WithDeadLetterMode chooses how DeadLetter parks a message. Default
 // DeadLetterRepublish.
 func WithDeadLetterMode(m DeadLetterMode) Option {
-	return func(c *config) error {
-		if m != DeadLetterRepublish && m != DeadLetterReject {
-			return fmt.Errorf("rabbitmq: WithDeadLetterMode: unknown mode %d", m)
-		}
-		c.deadLetterMode = m
-		return nil
-	}
+	return setter(invalid(m != DeadLetterRepublish && m != DeadLetterReject, "WithDeadLetterMode", "unknown mode %d", m),
+		func(c *config) { c.deadLetterMode = m })
 }
 
 // WithConsumerTag sets the AMQP consumer tag. Default: a unique tag chosen
 // by amqp091-go.
 func WithConsumerTag(tag string) Option {
-	return func(c *config) error {
-		c.consumerTag = tag
-		return nil
-	}
+	return setter(nil, func(c *config) { c.consumerTag = tag })
 }
 
 // WithConnectionName sets the connection_name client property shown by
 // rabbitmqctl and the management UI. Default "idemq".
 func WithConnectionName(name string) Option {
-	return func(c *config) error {
-		if name == "" {
-			return errors.New("rabbitmq: WithConnectionName: empty name")
-		}
-		c.connName = name
-		return nil
-	}
+	return setter(invalid(name == "", "WithConnectionName", "empty name"),
+		func(c *config) { c.connName = name })
+}
+
+// WithIDHeader names an AMQP header that holds the business id, for
+// producers that cannot set the message_id property: amqp-tools'
+// amqp-publish, NServiceBus ("NServiceBus.MessageId"), MassTransit
+// ("MessageId"). The Source reads the id from that header first and falls
+// back to the message_id property when the header is absent, so producers
+// of either kind can share the queue. A string or byte-array value is the
+// id as it is and an integer is rendered in decimal; a header of any other
+// type (a boolean, float, decimal, timestamp, table or array) is not an id:
+// the message gets no id, the Consumer dead-letters it, and the cause names
+// the header and its type. Default "": the id is the message_id property
+// only. URL parameter: id_header (for the Publisher too, which then writes
+// the id in the header as well as in message_id).
+func WithIDHeader(name string) Option {
+	return setter(invalid(name == "", "WithIDHeader", "empty header name"),
+		func(c *config) { c.idHeader = name })
 }
 
 // WithReconnectBackoff sets the bounds of the exponential backoff between
 // reconnect attempts. Default 100ms doubling up to 10s, each wait spread
-// by ±20%.
+// by ±20% (and never above max).
 func WithReconnectBackoff(min, max time.Duration) Option {
-	return func(c *config) error {
-		if min <= 0 || max < min {
-			return fmt.Errorf("rabbitmq: WithReconnectBackoff: need 0 < min <= max, got %v, %v", min, max)
-		}
-		c.backoffMin, c.backoffMax = min, max
-		return nil
-	}
+	return setter(invalid(min <= 0 || max < min, "WithReconnectBackoff", "need 0 < min <= max, got %v, %v", min, max),
+		func(c *config) { c.backoffMin, c.backoffMax = min, max })
 }
 
-// WithLogger sets the logger for reconnects and settlement trouble.
-// Default slog.Default().
+// WithLogger sets the logger for reconnects and settlement trouble. It wins
+// over the Consumer's logger (SetLogger) and the one core.OpenSource is
+// given (core.WithAdapterLogger). Without any of them the Source logs to
+// slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return errors.New("rabbitmq: WithLogger: nil logger")
-		}
-		c.logger = l
-		return nil
-	}
+	return setter(invalid(l == nil, "WithLogger", "nil logger"), func(c *config) { c.logger = l })
 }
 
 // WithDialConfig sets the amqp091-go connection config (TLS, heartbeat,
@@ -252,14 +260,8 @@ func WithLogger(l *slog.Logger) Option {
 // must be nil: the Source reconnects by itself, and amqp091-go's channel
 // recovery would let an old delivery tag reach a new channel.
 func WithDialConfig(cfg amqp.Config) Option {
-	return func(c *config) error {
-		if cfg.Recovery != nil {
-			return errors.New("rabbitmq: WithDialConfig: Recovery must be nil (the Source reconnects itself)")
-		}
-		c.dial = cfg
-		c.dialSet = true
-		return nil
-	}
+	return setter(invalid(cfg.Recovery != nil, "WithDialConfig", "Recovery must be nil (the Source reconnects itself)"),
+		func(c *config) { c.dial, c.dialSet = cfg, true })
 }
 
 // checkName validates a queue name: AMQP short strings are at most 255

@@ -21,70 +21,57 @@ import (
 type PublisherOption func(*pubConfig) error
 
 type pubConfig struct {
+	connConfig
 	exchange   string
 	routingKey string
 	mandatory  bool
-	connName   string
-	dial       amqp.Config
-	dialSet    bool
+}
+
+// shortErr checks an AMQP short string (an exchange name or routing key,
+// at most 255 bytes) given to option opt.
+func shortErr(opt, what, v string) error {
+	return invalid(len(v) > 255, opt, "%s of %d bytes is longer than 255", what, len(v))
 }
 
 // WithPublishExchange sets the exchange messages are published to.
 // Default "" (the default exchange, where the routing key is a queue name).
 func WithPublishExchange(name string) PublisherOption {
-	return func(c *pubConfig) error {
-		if len(name) > 255 {
-			return fmt.Errorf("rabbitmq: WithPublishExchange: name of %d bytes is longer than 255", len(name))
-		}
-		c.exchange = name
-		return nil
-	}
+	return setter(shortErr("WithPublishExchange", "name", name), func(c *pubConfig) { c.exchange = name })
 }
 
 // WithRoutingKey sets the routing key Publish uses when its destination
 // is "": on the default exchange, the queue's name. Default "".
 func WithRoutingKey(key string) PublisherOption {
-	return func(c *pubConfig) error {
-		if len(key) > 255 {
-			return fmt.Errorf("rabbitmq: WithRoutingKey: key of %d bytes is longer than 255", len(key))
-		}
-		c.routingKey = key
-		return nil
-	}
+	return setter(shortErr("WithRoutingKey", "key", key), func(c *pubConfig) { c.routingKey = key })
 }
 
 // WithMandatory sets the mandatory flag: a message no queue receives is
 // returned and Publish fails instead of the broker dropping it. Default
 // true.
 func WithMandatory(mandatory bool) PublisherOption {
-	return func(c *pubConfig) error {
-		c.mandatory = mandatory
-		return nil
-	}
+	return setter(nil, func(c *pubConfig) { c.mandatory = mandatory })
 }
 
 // WithPublisherConnectionName sets the connection_name client property.
 // Default "idemq-publisher".
 func WithPublisherConnectionName(name string) PublisherOption {
-	return func(c *pubConfig) error {
-		if name == "" {
-			return errors.New("rabbitmq: WithPublisherConnectionName: empty name")
-		}
-		c.connName = name
-		return nil
-	}
+	return setter(invalid(name == "", "WithPublisherConnectionName", "empty name"),
+		func(c *pubConfig) { c.connName = name })
+}
+
+// WithPublisherIDHeader makes Publish write each message's id in the named
+// header as well as in the message_id property, for consumers that read it
+// from a header (see WithIDHeader). Default "": message_id only.
+func WithPublisherIDHeader(name string) PublisherOption {
+	return setter(invalid(name == "", "WithPublisherIDHeader", "empty header name"),
+		func(c *pubConfig) { c.idHeader = name })
 }
 
 // WithPublisherDialConfig sets the amqp091-go connection config. Default:
 // amqp091-go's defaults. Its Recovery field must be nil.
 func WithPublisherDialConfig(cfg amqp.Config) PublisherOption {
-	return func(c *pubConfig) error {
-		if cfg.Recovery != nil {
-			return errors.New("rabbitmq: WithPublisherDialConfig: Recovery must be nil")
-		}
-		c.dial, c.dialSet = cfg, true
-		return nil
-	}
+	return setter(invalid(cfg.Recovery != nil, "WithPublisherDialConfig", "Recovery must be nil"),
+		func(c *pubConfig) { c.dial, c.dialSet = cfg, true })
 }
 
 // confirmChunk bounds the messages awaiting confirms at once, and so the
@@ -94,9 +81,9 @@ const confirmChunk = 256
 
 // Publisher publishes core Messages with publisher confirms: Publish returns
 // only once the broker has taken responsibility for every message. It sets
-// message_id from Message.ID, the headers from Message.Headers and
-// persistent delivery mode. Message.Key is not sent (AMQP has no ordering
-// key). After a connection loss the next Publish reconnects. It is safe for
+// message_id from Message.ID (and, with WithPublisherIDHeader, that
+// header), the headers from Message.Headers, Message.Key in KeyHeader (AMQP
+// has no ordering key) and persistent delivery mode. After a connection loss the next Publish reconnects. It is safe for
 // concurrent use; calls are serialized.
 type Publisher struct {
 	url string
@@ -111,7 +98,7 @@ type Publisher struct {
 
 // NewPublisher connects to the broker at url and opens a confirm channel.
 func NewPublisher(ctx context.Context, url string, opts ...PublisherOption) (*Publisher, error) {
-	cfg := pubConfig{mandatory: true, connName: "idemq-publisher"}
+	cfg := pubConfig{mandatory: true, connConfig: connConfig{connName: "idemq-publisher"}}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
@@ -133,7 +120,7 @@ func (p *Publisher) connect(ctx context.Context) error {
 		p.conn.Close()
 		p.conn, p.ch = nil, nil
 	}
-	conn, err := dialContext(ctx, p.url, p.cfg.dial, p.cfg.dialSet, p.cfg.connName)
+	conn, err := dialContext(ctx, p.url, p.cfg.connConfig)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: publisher connect: %w", err)
 	}
@@ -207,6 +194,9 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*core.M
 		}
 		if m.Key != "" {
 			h[KeyHeader] = m.Key
+		}
+		if p.cfg.idHeader != "" && m.ID != "" {
+			h[p.cfg.idHeader] = m.ID
 		}
 		c, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.exchange, key, p.cfg.mandatory, false, amqp.Publishing{
 			MessageId:    m.ID,

@@ -105,18 +105,18 @@ func TestReconnectNeverSettlesOldTagsOnNewChannel(t *testing.T) {
 		for _, d := range ds[4:7] {
 			batch = append(batch, d)
 		}
-		if err := src.AckBatch(ctx, batch); !errors.Is(err, ErrStaleDelivery) {
-			t.Fatalf("AckBatch of stale deliveries = %v, want ErrStaleDelivery", err)
+		if err := src.AckBatch(ctx, batch); !errors.Is(err, core.ErrStaleDelivery) {
+			t.Fatalf("AckBatch of stale deliveries = %v, want core.ErrStaleDelivery", err)
 		}
 		staleRefused += 3
-		if err := ds[7].Ack(ctx); !errors.Is(err, ErrStaleDelivery) {
-			t.Fatalf("Ack of a stale delivery = %v, want ErrStaleDelivery", err)
+		if err := ds[7].Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+			t.Fatalf("Ack of a stale delivery = %v, want core.ErrStaleDelivery", err)
 		}
-		if err := ds[8].Retry(ctx, 0); !errors.Is(err, ErrStaleDelivery) {
-			t.Fatalf("Retry of a stale delivery = %v, want ErrStaleDelivery", err)
+		if err := ds[8].Retry(ctx, 0); !errors.Is(err, core.ErrStaleDelivery) {
+			t.Fatalf("Retry of a stale delivery = %v, want core.ErrStaleDelivery", err)
 		}
-		if err := ds[9].DeadLetter(ctx, errors.New("x")); !errors.Is(err, ErrStaleDelivery) {
-			t.Fatalf("DeadLetter of a stale delivery = %v, want ErrStaleDelivery", err)
+		if err := ds[9].DeadLetter(ctx, errors.New("x")); !errors.Is(err, core.ErrStaleDelivery) {
+			t.Fatalf("DeadLetter of a stale delivery = %v, want core.ErrStaleDelivery", err)
 		}
 		staleRefused += 3
 	}

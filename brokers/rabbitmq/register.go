@@ -8,7 +8,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
@@ -16,30 +15,34 @@ func init() {
 	driver.RegisterBroker("amqps", openSourceURL, openPublisherURL)
 }
 
-func openSourceURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
-	return OpenURL(ctx, u.String())
+// openSourceURL opens amqp://…?queue=NAME[&…] (see OpenURL) for consuming,
+// logging to cfg.Logger when it is given.
+func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Source, error) {
+	var opts []Option
+	if cfg.Logger != nil {
+		opts = append(opts, WithLogger(cfg.Logger))
+	}
+	return OpenURL(ctx, u.String(), opts...)
 }
 
-// openPublisherURL opens amqp://…?queue=NAME[&exchange=NAME] for
-// publishing: messages go to exchange (default: the default exchange) with
-// routing key queue. Consumer-only parameters are accepted and ignored, so
-// one URL serves both sides.
+// openPublisherURL opens amqp://…?queue=NAME[&exchange=NAME][&id_header=NAME]
+// for publishing: messages go to exchange (default: the default exchange)
+// with routing key queue, their id also in the id_header when one is named.
+// The URL is checked as OpenURL checks it, and the other consumer
+// parameters are accepted and ignored, so one URL serves both sides. The
+// Publisher does not log, so cfg.Logger has nothing to reach.
 func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
-	q, err := redact.ParseQuery(u.RawQuery)
-	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: url parameters: %w", err)
-	}
-	exchange := q.Get("exchange")
-	q.Del("exchange")
-	rest := *u
-	rest.RawQuery = q.Encode()
-	amqpURL, queue, _, err := parseSourceURL(rest.String())
+	amqpURL, queue, urlOpts, err := parseSourceURL(u.String())
 	if err != nil {
 		return nil, err
 	}
-	opts := []PublisherOption{WithRoutingKey(queue)}
-	if exchange != "" {
-		opts = append(opts, WithPublishExchange(exchange))
+	cfg, err := sourceConfig(amqpURL, queue, urlOpts)
+	if err != nil {
+		return nil, err
+	}
+	opts := []PublisherOption{WithRoutingKey(queue), WithPublishExchange(cfg.exchange)}
+	if cfg.idHeader != "" {
+		opts = append(opts, WithPublisherIDHeader(cfg.idHeader))
 	}
 	p, err := NewPublisher(ctx, amqpURL, opts...)
 	if err != nil {

@@ -1,10 +1,11 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -18,19 +19,13 @@ import (
 	"github.com/idemq/idemq/core"
 )
 
-// ErrStaleDelivery is wrapped by the error of a settlement whose delivery
-// arrived on a channel that has since closed. Its delivery tag died with the
-// channel, so nothing is sent: the broker redelivers the message, and the
-// dedup store decides Duplicate if its effect was already committed.
-var ErrStaleDelivery = fmt.Errorf("rabbitmq: the delivery's channel is closed: %w", core.ErrStaleDelivery)
+// errChannelClosed is the reason of a stale settlement: the delivery's
+// channel closed, and its delivery tag died with it, so nothing is sent.
+var errChannelClosed = errors.New("rabbitmq: the delivery's channel is closed")
 
-// ErrAlreadySettled is returned when a delivery is settled a second time.
-var ErrAlreadySettled = errors.New("rabbitmq: delivery already settled")
-
-// Header names the adapter writes on copies it publishes.
+// Header names the adapter writes on copies it publishes (the dead-letter
+// cause goes in driver.CauseHeader).
 const (
-	// HeaderCause holds the dead-letter cause on a DeadLetterRepublish copy.
-	HeaderCause = "x-idemq-cause"
 	// HeaderSourceQueue holds the queue the dead-lettered message came from.
 	HeaderSourceQueue = "x-idemq-source-queue"
 	// HeaderAttempt holds the attempt of the next delivery of a copy
@@ -67,6 +62,10 @@ type Source struct {
 	errs chan error     // connection trouble reported to Receive, never blocks the loop
 	wg   sync.WaitGroup
 
+	// log is the logger in use: cfg.logger when given, else the
+	// Consumer's (SetLogger), else slog.Default().
+	log atomic.Pointer[slog.Logger]
+
 	reconnects atomic.Int64
 	// isolate is set when the connection died because the client could
 	// not parse a frame (amqp091-go refuses a message with more than 8192
@@ -88,7 +87,7 @@ type Stats struct {
 	// channel loss.
 	Reconnects int64
 	// StaleSettlements counts settlements refused because the delivery's
-	// channel had closed (ErrStaleDelivery).
+	// channel had closed (errors wrapping core.ErrStaleDelivery).
 	StaleSettlements int64
 	// MultipleAcks counts basic.ack calls with multiple=true made by
 	// AckBatch, and MultipleAcked the deliveries they covered.
@@ -141,6 +140,7 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 		out:  make(chan *delivery, outBuffer),
 		errs: make(chan error, 1),
 	}
+	s.log.Store(cmp.Or(cfg.logger, slog.Default()))
 	conn, err := s.dialAndDeclare(ctx)
 	if err != nil {
 		return nil, err
@@ -163,6 +163,17 @@ func (s *Source) Stats() Stats {
 		Isolations:       s.isolations.Load(),
 	}
 }
+
+// SetLogger implements driver.LoggerSetter: the Consumer hands over its
+// logger, which the Source uses unless WithLogger gave one.
+func (s *Source) SetLogger(l *slog.Logger) {
+	if s.cfg.logger == nil && l != nil {
+		s.log.Store(l)
+	}
+}
+
+// logger returns the logger in use.
+func (s *Source) logger() *slog.Logger { return s.log.Load() }
 
 // SetWindow sets the QoS prefetch to the Consumer's in-flight window, so the
 // broker never hands over more unacked messages than the Consumer holds.
@@ -222,7 +233,8 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 
 // Close stops consuming and closes the connection. Deliveries not yet
 // settled (including pending RetryRequeue delays) are requeued by the
-// broker; settling them afterwards returns ErrStaleDelivery.
+// broker; settling them afterwards returns an error wrapping
+// core.ErrStaleDelivery.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -255,13 +267,14 @@ func (s *Source) Close() error {
 
 // dial opens a connection, giving up when ctx is done.
 func (s *Source) dial(ctx context.Context) (*amqp.Connection, error) {
-	return dialContext(ctx, s.url, s.cfg.dial, s.cfg.dialSet, s.cfg.connName)
+	return dialContext(ctx, s.url, s.cfg.connConfig)
 }
 
 // dialContext runs amqp.DialConfig, which takes no context, so that ctx
 // can abandon it; a connection that arrives too late is closed.
-func dialContext(ctx context.Context, url string, cfg amqp.Config, set bool, name string) (*amqp.Connection, error) {
-	if !set {
+func dialContext(ctx context.Context, url string, cc connConfig) (*amqp.Connection, error) {
+	cfg, name := cc.dial, cc.connName
+	if !cc.dialSet {
 		cfg = amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"}
 	}
 	if cfg.Properties == nil {
@@ -336,21 +349,26 @@ func (s *Source) run() {
 	conn := s.initial
 	s.initial = nil
 	s.mu.Unlock()
-	backoff := s.cfg.backoffMin
+	backoff := driver.NewBackoff(s.cfg.backoffMin, s.cfg.backoffMax)
+	// failed logs and reports err and waits out the backoff; false when
+	// the Source closed meanwhile.
+	failed := func(what string, err error) bool {
+		if s.ctx.Err() != nil {
+			return false
+		}
+		wait := backoff.Next()
+		s.logger().Warn("idemq rabbitmq: "+what+" failed", "queue", s.queue, "error", err, "retry_in", wait)
+		s.report(err)
+		return driver.Sleep(s.ctx, wait)
+	}
 	lost := false
 	for s.ctx.Err() == nil {
 		if conn == nil {
 			c, err := s.dialAndDeclare(s.ctx)
 			if err != nil {
-				if s.ctx.Err() != nil {
+				if !failed("reconnect", err) {
 					return
 				}
-				s.cfg.logger.Warn("idemq rabbitmq: reconnect failed", "queue", s.queue, "error", err, "retry_in", backoff)
-				s.report(err)
-				if !sleep(s.ctx, jitter(backoff)) {
-					return
-				}
-				backoff = min(backoff*2, s.cfg.backoffMax)
 				continue
 			}
 			conn = c
@@ -359,22 +377,16 @@ func (s *Source) run() {
 		if err != nil {
 			conn.Close()
 			conn = nil
-			if s.ctx.Err() != nil {
+			if !failed("consume", err) {
 				return
 			}
-			s.cfg.logger.Warn("idemq rabbitmq: consume failed", "queue", s.queue, "error", err, "retry_in", backoff)
-			s.report(err)
-			if !sleep(s.ctx, jitter(backoff)) {
-				return
-			}
-			backoff = min(backoff*2, s.cfg.backoffMax)
 			continue
 		}
 		if lost {
 			s.reconnects.Add(1)
-			s.cfg.logger.Info("idemq rabbitmq: reconnected", "queue", s.queue, "reconnects", s.reconnects.Load())
+			s.logger().Info("idemq rabbitmq: reconnected", "queue", s.queue, "reconnects", s.reconnects.Load())
 		}
-		backoff = s.cfg.backoffMin
+		backoff.Reset()
 		select { // an error reported before this session is no longer news
 		case <-s.errs:
 		default:
@@ -392,7 +404,7 @@ func (s *Source) run() {
 			return
 		}
 		lost = true
-		s.cfg.logger.Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.queue, "reason", reason)
+		s.logger().Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.queue, "reason", reason)
 	}
 }
 
@@ -516,12 +528,7 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			if !sess.register(raw.DeliveryTag) {
 				return "channel closed"
 			}
-			d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw, msg: toMessage(s.queue, &raw)}
-			if raw.Redelivered {
-				if n := s.requeued(raw.MessageId); n+1 > d.msg.Attempt {
-					d.msg.Attempt = n + 1
-				}
-			}
+			d := s.newDelivery(sess, raw)
 			select {
 			case s.out <- d:
 			case <-s.ctx.Done():
@@ -532,6 +539,21 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			}
 		}
 	}
+}
+
+// newDelivery converts raw, received on sess, into a delivery.
+func (s *Source) newDelivery(sess *session, raw amqp.Delivery) *delivery {
+	m, idErr := toMessage(s.queue, s.cfg.idHeader, &raw)
+	d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw, msg: m, id: m.ID, idErr: idErr}
+	if idErr != nil {
+		s.logger().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.queue, "delivery_tag", raw.DeliveryTag, "error", idErr)
+	}
+	if raw.Redelivered {
+		if n := s.requeued(d.id); n+1 > m.Attempt {
+			m.Attempt = n + 1
+		}
+	}
+	return d
 }
 
 // unparseable tells a connection the client dropped because it could not
@@ -567,29 +589,11 @@ func closeReason(e *amqp.Error) string {
 	return e.Error()
 }
 
-// jitter spreads d by ±20%, so consumers that lost the same broker do not
-// all come back at the same instant.
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
-}
-
-// sleep waits d or until ctx is done; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // AckBatch acknowledges deliveries of this Source. Per channel it sends one
 // basic.ack with multiple=true for the longest run of the batch's lowest
 // tags below which no other delivery is outstanding, and single acks for
 // the rest, because a multiple ack also acknowledges tags still in flight.
-// Deliveries whose channel closed are not acked (ErrStaleDelivery); the
+// Deliveries whose channel closed are not acked (core.ErrStaleDelivery); the
 // returned error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	bySess := make(map[*session][]*delivery)
@@ -601,8 +605,8 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 			errs = append(errs, fmt.Errorf("rabbitmq: AckBatch: delivery %T is not from this source", cd))
 			continue
 		}
-		if d.settled.Swap(true) {
-			errs = append(errs, d.wrap(ErrAlreadySettled))
+		if err := d.Claim(); err != nil {
+			errs = append(errs, d.wrap(err))
 			continue
 		}
 		if _, ok := bySess[d.sess]; !ok {
@@ -615,7 +619,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 			errs = append(errs, err)
 		}
 		for _, d := range bySess[sess] {
-			s.forget(d.raw.MessageId)
+			s.forget(d.id)
 		}
 	}
 	return errors.Join(errs...)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/internal/servicetest"
 )
 
 func TestOptionErrorsNameTheField(t *testing.T) {
@@ -83,25 +81,11 @@ func TestOpenWithoutDeclareNeedsTheQueues(t *testing.T) {
 }
 
 func TestMessageFieldsFromAMQP(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	err = ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
+	err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
 		MessageId: "order-42",
 		Body:      []byte("hello"),
 		Headers: amqp.Table{
@@ -152,14 +136,8 @@ func TestMessageFieldsFromAMQP(t *testing.T) {
 // On a classic queue the broker only flags a redelivery; the Source
 // remembers the attempts of messages it requeued so MaxAttempts works.
 func TestClassicRequeueAttemptsGrow(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	publishN(t, url, q, "grow", 1)
 	for want := 1; want <= 4; want++ {
 		d := receiveN(t, src, 1, 10*time.Second)[0]
@@ -179,14 +157,8 @@ func TestClassicRequeueAttemptsGrow(t *testing.T) {
 }
 
 func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	publishN(t, url, q, "multi", 12)
 	batch := func(ds []*delivery) []driver.Delivery {
 		out := make([]driver.Delivery, len(ds))
@@ -220,29 +192,15 @@ func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
 }
 
 func TestDeadLetterKeepsTheMessageWhenTheDLQIsGone(t *testing.T) {
-	url := amqpURL(t)
-	q := uniqueQueue(t, url)
+	url, q, src := openTestSource(t)
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	publishN(t, url, q, "nodlq", 1)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testChannel(t, url)
 	if _, err := ch.QueueDelete(q+".dlq", false, false, false); err != nil {
 		t.Fatal(err)
 	}
 	d := receiveN(t, src, 1, 10*time.Second)[0]
-	err = d.DeadLetter(ctx, errors.New("poison"))
+	err := d.DeadLetter(ctx, errors.New("poison"))
 	if err == nil || !strings.Contains(err.Error(), "unroutable") {
 		t.Fatalf("DeadLetter without a DLQ = %v, want an unroutable error", err)
 	}
@@ -319,12 +277,7 @@ func TestCloseUnblocksReceive(t *testing.T) {
 // deliveries are in flight, as an operator or a node restart would.
 func TestBrokerClosesConnection(t *testing.T) {
 	url := amqpURL(t)
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not in PATH: cannot make the broker close a connection")
-	}
-	if hp, _ := parseAMQP(url); !strings.HasPrefix(hp, "127.0.0.1:") && !strings.HasPrefix(hp, "localhost:") {
-		t.Skip("IDEMQ_AMQP_URL is not the local broker rabbitmqctl manages")
-	}
+	needRabbitmqctl(t, url)
 	q := uniqueQueue(t, url)
 	name := "idemq-test-" + q
 	ctx := context.Background()
@@ -335,29 +288,13 @@ func TestBrokerClosesConnection(t *testing.T) {
 	defer src.Close()
 	publishN(t, url, q, "forced", 20)
 	ds := receiveN(t, src, 5, 10*time.Second)
-	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()
-	if err != nil {
-		// rabbitmqctl needs the node's Erlang cookie (root here).
-		servicetest.Unavailable(t, "rabbitmqctl list_connections: %v\n%s", err, out)
-	}
-	closed := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.Contains(line, `{"connection_name","`+name+`"}`) {
-			continue
-		}
-		conn, _, _ := strings.Cut(line, "\t")
-		if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", conn, "idemq test").CombinedOutput(); err != nil {
-			t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
-		}
-		closed++
-	}
-	if closed != 1 {
+	if closed := closeConnectionNamed(t, name); closed != 1 {
 		t.Fatalf("found %d connections named %s", closed, name)
 	}
 	waitUntil(t, 10*time.Second, func() bool { return src.Stats().Reconnects == 1 })
 	for _, d := range ds {
-		if err := d.Ack(ctx); !errors.Is(err, ErrStaleDelivery) {
-			t.Fatalf("Ack after the broker closed the connection = %v, want ErrStaleDelivery", err)
+		if err := d.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+			t.Fatalf("Ack after the broker closed the connection = %v, want core.ErrStaleDelivery", err)
 		}
 	}
 	seen := map[string]bool{}

@@ -12,7 +12,8 @@ import (
 //
 // The main queue dead-letters through the default exchange straight to the
 // dead-letter queue, and the retry queue dead-letters back to the main
-// queue, so no exchange needs declaring or binding.
+// queue, so no exchange needs declaring or binding but the one producers
+// publish to when WithExchange names one.
 func declare(conn *amqp.Connection, queue string, cfg config) error {
 	ch, err := conn.Channel()
 	if err != nil {
@@ -30,6 +31,11 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 		for _, n := range names {
 			if _, err := ch.QueueDeclarePassive(n, true, false, false, false, nil); err != nil {
 				return fmt.Errorf("rabbitmq: queue %q must exist when WithDeclare(false): %w", n, err)
+			}
+		}
+		if cfg.exchange != "" {
+			if err := ch.ExchangeDeclarePassive(cfg.exchange, "direct", true, false, false, false, nil); err != nil {
+				return fmt.Errorf("rabbitmq: exchange %q must exist when WithDeclare(false): %w", cfg.exchange, err)
 			}
 		}
 		return nil
@@ -58,6 +64,31 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 		})); err != nil {
 			return fmt.Errorf("rabbitmq: declare retry queue %q: %w", cfg.retryQueue, err)
 		}
+	}
+	if cfg.exchange != "" {
+		return bindExchange(conn, ch, queue, cfg.exchange)
+	}
+	return nil
+}
+
+// bindExchange declares exchange as a durable direct exchange unless it
+// exists (whatever its type: declaring it again with another type would
+// fail) and binds queue to it with the queue's name as key, the routing key
+// a Publisher opened by the same URL sends with.
+func bindExchange(conn *amqp.Connection, ch *amqp.Channel, queue, exchange string) error {
+	probe, err := conn.Channel() // a failed passive declare closes its channel
+	if err != nil {
+		return fmt.Errorf("rabbitmq: open channel: %w", err)
+	}
+	if err := probe.ExchangeDeclarePassive(exchange, "direct", true, false, false, false, nil); err != nil {
+		if err := ch.ExchangeDeclare(exchange, "direct", true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: declare exchange %q: %w", exchange, err)
+		}
+	} else {
+		probe.Close()
+	}
+	if err := ch.QueueBind(queue, queue, exchange, false, nil); err != nil {
+		return fmt.Errorf("rabbitmq: bind queue %q to exchange %q: %w", queue, exchange, err)
 	}
 	return nil
 }

@@ -27,6 +27,8 @@ import (
 //	delivery_limit   0.. (quorum queues)                   (WithDeliveryLimit)
 //	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
 //	connection_name  the client connection name            (WithConnectionName)
+//	exchange         the exchange producers publish to     (WithExchange)
+//	id_header        the header holding the business id    (WithIDHeader)
 //
 // RabbitMQ's own URI parameters (heartbeat, connection_timeout,
 // channel_max, auth_mechanism, and for amqps:// the TLS files cacertfile,
@@ -50,6 +52,58 @@ var amqpParams = map[string]bool{
 	"certfile": true, "keyfile": true, "cacertfile": true, "server_name_indication": true,
 }
 
+// urlParams maps each idemq URL parameter (but queue) to the option its
+// value asks for.
+var urlParams = map[string]func(v string) (Option, error){
+	"queue_type": func(v string) (Option, error) { return WithQueueType(QueueType(v)), nil },
+	"retry": oneOf(map[string]Option{
+		"requeue": WithRetryMode(RetryRequeue), "queue": WithRetryMode(RetryViaQueue),
+	}, "not requeue or queue"),
+	"dead_letter": oneOf(map[string]Option{
+		"republish": WithDeadLetterMode(DeadLetterRepublish), "reject": WithDeadLetterMode(DeadLetterReject),
+	}, "not republish or reject"),
+	"declare": func(v string) (Option, error) {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, errors.New("not a boolean")
+		}
+		return WithDeclare(b), nil
+	},
+	"prefetch":          number(WithPrefetch),
+	"delivery_limit":    number(WithDeliveryLimit),
+	"dead_letter_queue": text(WithDeadLetterQueue),
+	"retry_queue":       text(WithRetryQueue),
+	"connection_name":   text(WithConnectionName),
+	"exchange":          text(WithExchange),
+	"id_header":         text(WithIDHeader),
+}
+
+// oneOf reads a parameter whose values are the keys of opts.
+func oneOf(opts map[string]Option, bad string) func(string) (Option, error) {
+	return func(v string) (Option, error) {
+		if o, ok := opts[v]; ok {
+			return o, nil
+		}
+		return nil, errors.New(bad)
+	}
+}
+
+// number reads an integer parameter; the option checks its range.
+func number(opt func(int) Option) func(string) (Option, error) {
+	return func(v string) (Option, error) {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, errors.New("not a number")
+		}
+		return opt(n), nil
+	}
+}
+
+// text reads a parameter whose value the option takes as it is.
+func text(opt func(string) Option) func(string) (Option, error) {
+	return func(v string) (Option, error) { return opt(v), nil }
+}
+
 // parseSourceURL splits rawURL into the URL for amqp091-go, the queue and
 // the options its idemq parameters ask for.
 func parseSourceURL(rawURL string) (string, string, []Option, error) {
@@ -71,59 +125,20 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 		if len(vs) != 1 && !amqpParams[k] {
 			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: given %d times", redact.Name(k), len(vs))
 		}
-		v := vs[0]
-		switch k {
-		case "queue":
-			queue = v
-		case "queue_type":
-			opts = append(opts, WithQueueType(QueueType(v)))
-		case "retry":
-			switch v {
-			case "requeue":
-				opts = append(opts, WithRetryMode(RetryRequeue))
-			case "queue":
-				opts = append(opts, WithRetryMode(RetryViaQueue))
-			default:
-				return "", "", nil, errors.New("rabbitmq: url parameter retry: not requeue or queue")
-			}
-		case "dead_letter":
-			switch v {
-			case "republish":
-				opts = append(opts, WithDeadLetterMode(DeadLetterRepublish))
-			case "reject":
-				opts = append(opts, WithDeadLetterMode(DeadLetterReject))
-			default:
-				return "", "", nil, errors.New("rabbitmq: url parameter dead_letter: not republish or reject")
-			}
-		case "declare":
-			b, err := strconv.ParseBool(v)
+		param, known := urlParams[k]
+		switch {
+		case k == "queue":
+			queue = vs[0]
+		case known:
+			o, err := param(vs[0])
 			if err != nil {
-				return "", "", nil, errors.New("rabbitmq: url parameter declare: not a boolean")
+				return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: %w", k, err)
 			}
-			opts = append(opts, WithDeclare(b))
-		case "prefetch":
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return "", "", nil, errors.New("rabbitmq: url parameter prefetch: not a number")
-			}
-			opts = append(opts, WithPrefetch(n))
-		case "delivery_limit":
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return "", "", nil, errors.New("rabbitmq: url parameter delivery_limit: not a number")
-			}
-			opts = append(opts, WithDeliveryLimit(n))
-		case "dead_letter_queue":
-			opts = append(opts, WithDeadLetterQueue(v))
-		case "retry_queue":
-			opts = append(opts, WithRetryQueue(v))
-		case "connection_name":
-			opts = append(opts, WithConnectionName(v))
-		default:
-			if !amqpParams[k] {
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: unknown", redact.Name(k))
-			}
+			opts = append(opts, o)
+		case amqpParams[k]:
 			keep[k] = vs
+		default:
+			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: unknown", redact.Name(k))
 		}
 	}
 	if queue == "" {

@@ -79,7 +79,7 @@ func FuzzToMessage(f *testing.F) {
 			HeaderAttempt:      s,
 		}
 		d := &amqp.Delivery{MessageId: id, Headers: h, Body: b, Redelivered: redelivered}
-		m := toMessage("q", d)
+		m, _ := toMessage("q", "", d)
 		if m.ID != id {
 			t.Fatalf("id %q became %q", id, m.ID)
 		}

@@ -5,10 +5,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/core"
 )
 
 func TestParseSourceURL(t *testing.T) {
-	u, q, opts, err := parseSourceURL("amqp://guest:guest@127.0.0.1:5672/vh?queue=payments&queue_type=quorum&retry=queue&dead_letter=reject&declare=false&prefetch=50&dead_letter_queue=p.dead&retry_queue=p.later&connection_name=svc&heartbeat=5")
+	u, q, opts, err := parseSourceURL("amqp://guest:guest@127.0.0.1:5672/vh?queue=payments&queue_type=quorum&retry=queue&dead_letter=reject&declare=false&prefetch=50&dead_letter_queue=p.dead&retry_queue=p.later&connection_name=svc&exchange=payments.in&id_header=MessageId&heartbeat=5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +27,8 @@ func TestParseSourceURL(t *testing.T) {
 		}
 	}
 	if cfg.queueType != Quorum || cfg.retryMode != RetryViaQueue || cfg.deadLetterMode != DeadLetterReject ||
-		cfg.declare || cfg.prefetch != 50 || cfg.deadLetterQueue != "p.dead" || cfg.retryQueue != "p.later" || cfg.connName != "svc" {
+		cfg.declare || cfg.prefetch != 50 || cfg.deadLetterQueue != "p.dead" || cfg.retryQueue != "p.later" || cfg.connName != "svc" ||
+		cfg.exchange != "payments.in" || cfg.idHeader != "MessageId" {
 		t.Errorf("config from URL = %+v", cfg)
 	}
 	for raw, want := range map[string]string{
@@ -65,5 +68,66 @@ func TestOpenURLConsumes(t *testing.T) {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// One URL with exchange= opens both sides: the Source declares the exchange
+// and binds its queue to it with the queue's name, the Publisher sends
+// there with that routing key. An exchange that exists with another type
+// (topic) is kept, and bound to all the same.
+func TestOneURLWithExchange(t *testing.T) {
+	url := amqpURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, kind := range []string{"", "topic"} {
+		q := uniqueQueue(t, url)
+		exchange := q + "-exchange"
+		t.Cleanup(func() { deleteExchangeIfUnused(url, exchange) })
+		if kind != "" {
+			declareExchange(t, url, exchange, kind)
+		}
+		u := strings.TrimSuffix(url, "/") + "/?queue=" + q + "&exchange=" + exchange
+		src, err := core.OpenSource(ctx, u)
+		if err != nil {
+			t.Fatalf("OpenSource with exchange (pre-declared %q): %v", kind, err)
+		}
+		defer src.Close()
+		pub, err := core.OpenPublisher(ctx, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		if err := pub.Publish(ctx, "", &core.Message{ID: "via-" + exchange, Body: []byte("x")}); err != nil {
+			t.Fatalf("Publish to exchange (pre-declared %q): %v", kind, err)
+		}
+		d, err := src.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if m := d.Message(); m.ID != "via-"+exchange || m.Metadata["messaging.destination.name"] != exchange {
+			t.Errorf("received %q from %q, want via-%s from the exchange", m.ID, m.Metadata["messaging.destination.name"], exchange)
+		}
+	}
+	// With declare=false the exchange must exist.
+	q := uniqueQueue(t, url)
+	if src, err := OpenURL(ctx, url+"?queue="+q+"&exchange="+q+"-missing"); err != nil {
+		t.Fatal(err)
+	} else {
+		src.Close()
+		deleteExchangeIfUnused(url, q+"-missing")
+	}
+	if _, err := OpenURL(ctx, url+"?queue="+q+"&declare=false&exchange="+q+"-absent"); err == nil || !strings.Contains(err.Error(), "exchange") {
+		t.Errorf("declare=false with an absent exchange: %v, want an error naming the exchange", err)
+	}
+}
+
+func declareExchange(t *testing.T, url, name, kind string) {
+	t.Helper()
+	ch := testChannel(t, url)
+	if err := ch.ExchangeDeclare(name, kind, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,0 +1,154 @@
+package rabbitmq
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/core"
+)
+
+// logBuffer is a logger's output, safe to read while the logger writes.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func bufferLogger() (*slog.Logger, *logBuffer) {
+	b := &logBuffer{}
+	return slog.New(slog.NewTextHandler(b, nil)), b
+}
+
+// publishBadIDHeader publishes one message whose MessageId header is a
+// boolean, which the Source warns about when it receives it.
+func publishBadIDHeader(t *testing.T, url, queue string) {
+	t.Helper()
+	ch := testChannel(t, url)
+	if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp.Publishing{Headers: amqp.Table{"MessageId": true}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const badIDWarning = "message without a usable id"
+
+// A Source opened by URL with core.WithAdapterLogger logs its warnings
+// there, not to slog.Default().
+func TestOpenSourceWithAdapterLogger(t *testing.T) {
+	url := amqpURL(t)
+	queue := uniqueQueue(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, logs := bufferLogger()
+	src, err := core.OpenSource(ctx, strings.TrimSuffix(url, "/")+"/?queue="+queue+"&id_header=MessageId", core.WithAdapterLogger(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	// The Consumer's logger must not replace the one given at open.
+	src.(*Source).SetLogger(testLogger(t))
+	publishBadIDHeader(t, url, queue)
+	d, err := src.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Ack(ctx)
+	if !strings.Contains(logs.String(), badIDWarning) {
+		t.Errorf("the adapter logger got %q, want the warning %q", logs.String(), badIDWarning)
+	}
+}
+
+// Without a logger of its own, the Source logs to the Consumer's
+// (core.WithLogger), which the Consumer hands over with SetLogger.
+func TestConsumerLoggerReachesSource(t *testing.T) {
+	url := amqpURL(t)
+	queue := uniqueQueue(t, url)
+	src, err := Open(context.Background(), url, queue, WithIDHeader("MessageId"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, logs := bufferLogger()
+	publishBadIDHeader(t, url, queue)
+	runEffects(t, src, 1, core.WithLogger(l))
+	if !strings.Contains(logs.String(), badIDWarning) {
+		t.Errorf("the Consumer's logger got %q, want the adapter's warning %q", logs.String(), badIDWarning)
+	}
+}
+
+// reconnectWaits returns the retry_in of every "reconnect failed" warning
+// logged so far, in order.
+func reconnectWaits(t *testing.T, logs *logBuffer) []time.Duration {
+	t.Helper()
+	var waits []time.Duration
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var rec struct {
+			Msg     string `json:"msg"`
+			RetryIn int64  `json:"retry_in"`
+		}
+		if line == "" || json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "idemq rabbitmq: reconnect failed" {
+			continue
+		}
+		waits = append(waits, time.Duration(rec.RetryIn))
+	}
+	return waits
+}
+
+// While the broker is unreachable the waits between reconnect attempts
+// start at WithReconnectBackoff's min, double, and never exceed its max,
+// jitter included; a successful reconnect starts them at min again.
+func TestReconnectBackoffBoundsAndReset(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	p := newProxy(t, mustHostPort(t, url))
+	ctx := context.Background()
+	b := &logBuffer{}
+	const lo, hi = 20 * time.Millisecond, 80 * time.Millisecond
+	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(slog.New(slog.NewJSONHandler(b, nil))), WithReconnectBackoff(lo, hi))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	publishN(t, url, q, "backoff", 1)
+	if err := receiveN(t, src, 1, 10*time.Second)[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.setDown(true)
+	p.cut()
+	waitUntil(t, 10*time.Second, func() bool { return len(reconnectWaits(t, b)) >= 5 })
+	waits := reconnectWaits(t, b)
+	for i, w := range waits {
+		if w < lo*8/10 || w > hi {
+			t.Errorf("wait %d is %v, outside [%v, %v]", i+1, w, lo*8/10, hi)
+		}
+	}
+	if waits[0] > lo*12/10 || waits[4] < hi*8/10 {
+		t.Errorf("waits %v do not start near %v and grow to near %v", waits, lo, hi)
+	}
+	p.setDown(false)
+	waitUntil(t, 10*time.Second, func() bool { return src.Stats().Reconnects == 1 })
+	before := len(reconnectWaits(t, b))
+	p.setDown(true)
+	p.cut()
+	waitUntil(t, 10*time.Second, func() bool { return len(reconnectWaits(t, b)) > before })
+	if w := reconnectWaits(t, b)[before]; w > lo*12/10 {
+		t.Errorf("first wait after a successful reconnect is %v, want about %v (reset)", w, lo)
+	}
+}
