@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"database/sql"
+	"github.com/idemq/idemq/internal/servicetest"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -69,6 +70,8 @@ func TestIDHeader(t *testing.T) {
 		}
 		pubs = append(pubs, amqp.Publishing{}, amqp.Publishing{})
 		wantApplied = append(wantApplied, "from-amqp-publish")
+	} else if servicetest.Required() {
+		t.Fatalf("amqp-publish not in PATH (apt-get install amqp-tools), and %s=1 requires it", servicetest.RequireEnv)
 	} else {
 		t.Log("amqp-publish not in PATH (apt-get install amqp-tools): only amqp091-go publishes here")
 	}
