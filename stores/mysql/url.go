@@ -3,15 +3,14 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
 // The scheme core.OpenStore[*sql.Tx] opens with this package imported.
@@ -39,44 +38,24 @@ func parseURL(u *url.URL) (string, []Option, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("mysql URL parameters: %w", err)
 	}
-	var opts []Option
-	if q.Has("table") {
-		opts = append(opts, WithTable(q.Get("table")))
-		q.Del("table")
-	}
-	if q.Has("retention") {
-		v := q.Get("retention")
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return "", nil, errors.New("mysql URL parameter retention: not a duration like 168h")
-		}
-		opts = append(opts, WithRetention(d))
-		q.Del("retention")
-	}
-	if q.Has("isolation") {
-		levels := map[string]sql.IsolationLevel{
-			"read-committed":  sql.LevelReadCommitted,
-			"repeatable-read": sql.LevelRepeatableRead,
-			"serializable":    sql.LevelSerializable,
-		}
-		v := q.Get("isolation")
-		level, ok := levels[v]
-		if !ok {
-			return "", nil, errors.New("mysql URL parameter isolation: not read-committed, repeatable-read or serializable")
-		}
-		opts = append(opts, WithIsolation(level))
-		q.Del("isolation")
-	}
-	if q.Has("migrate") {
-		v := q.Get("migrate")
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return "", nil, errors.New("mysql URL parameter migrate: not true or false")
-		}
-		opts = append(opts, WithMigrate(on))
-		q.Del("migrate")
+	opts, err := urlParams.Take(q)
+	if err != nil {
+		return "", nil, err
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()
 	return rest.String(), opts, nil
+}
+
+// urlParams are the store's options a mysql:// URL sets.
+var urlParams = sqlstore.URLParams[Option]{
+	Store:     "mysql",
+	Strings:   map[string]func(string) Option{"table": WithTable},
+	Durations: map[string]func(time.Duration) Option{"retention": WithRetention},
+	Bools:     map[string]func(bool) Option{"migrate": WithMigrate},
+	Choices: map[string]map[string]Option{"isolation": {
+		"read-committed":  WithIsolation(sql.LevelReadCommitted),
+		"repeatable-read": WithIsolation(sql.LevelRepeatableRead),
+		"serializable":    WithIsolation(sql.LevelSerializable),
+	}},
 }

@@ -2,15 +2,14 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
 // The schemes core.OpenStore[pgx.Tx] opens with this package imported.
@@ -40,37 +39,19 @@ func parseURL(u *url.URL) (string, []Option, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("postgres URL parameters: %w", err)
 	}
-	var opts []Option
-	for _, k := range []string{"table", "retention", "partitions"} {
-		if !q.Has(k) {
-			continue
-		}
-		v := q.Get(k)
-		q.Del(k)
-		if k == "table" {
-			opts = append(opts, WithTable(v))
-			continue
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return "", nil, fmt.Errorf("postgres URL parameter %s: not a duration like 168h", k)
-		}
-		if k == "retention" {
-			opts = append(opts, WithRetention(d))
-		} else {
-			opts = append(opts, WithPartitions(d))
-		}
-	}
-	if q.Has("migrate") {
-		v := q.Get("migrate")
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return "", nil, errors.New("postgres URL parameter migrate: not true or false")
-		}
-		opts = append(opts, WithMigrate(on))
-		q.Del("migrate")
+	opts, err := urlParams.Take(q)
+	if err != nil {
+		return "", nil, err
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()
 	return rest.String(), opts, nil
+}
+
+// urlParams are the store's options a postgres:// URL sets.
+var urlParams = sqlstore.URLParams[Option]{
+	Store:     "postgres",
+	Strings:   map[string]func(string) Option{"table": WithTable},
+	Durations: map[string]func(time.Duration) Option{"retention": WithRetention, "partitions": WithPartitions},
+	Bools:     map[string]func(bool) Option{"migrate": WithMigrate},
 }

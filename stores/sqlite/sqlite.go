@@ -35,14 +35,10 @@ import (
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
-
-// timeFormat stores processed_at as fixed-width UTC text, so that text order
-// is time order (Prune compares strings) and operators can read it; SQLite's
-// date functions understand it.
-const timeFormat = "2006-01-02 15:04:05.000000"
 
 // claimChunk bounds the rows of one INSERT: 2 + 2*400 parameters stays under
 // SQLITE_MAX_VARIABLE_NUMBER even on builds that keep the historic 999.
@@ -125,7 +121,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 }
 
 func newStore(db *sql.DB, cfg config) *Store {
-	t := cfg.table // validated: safe to splice into SQL
+	t := cfg.Table // validated: safe to splice into SQL
 	return &Store{db: db, cfg: cfg, q: queries{
 		migrate: []string{
 			`CREATE TABLE IF NOT EXISTS ` + t + ` (
@@ -148,27 +144,17 @@ func newStore(db *sql.DB, cfg config) *Store {
 func (s *Store) DB() *sql.DB { return s.db }
 
 // Table returns the dedup table's name.
-func (s *Store) Table() string { return s.cfg.table }
+func (s *Store) Table() string { return s.cfg.Table }
 
 // Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.retention }
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }
+
+// As implements core.Store: a **sql.DB target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
 
 // Close closes the database if Open opened it; a handle given to New is
 // left to its owner.
-// As implements core.Store: a **sql.DB target gets the store's pool, and
-// **Store the store itself.
-func (s *Store) As(target any) bool {
-	switch t := target.(type) {
-	case **sql.DB:
-		*t = s.db
-		return true
-	case **Store:
-		*t = s
-		return true
-	}
-	return false
-}
-
 func (s *Store) Close() error {
 	if !s.owned {
 		return nil
@@ -181,16 +167,16 @@ func (s *Store) Close() error {
 func (s *Store) Migrate(ctx context.Context) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqlite: migrate %s: %w", s.cfg.table, err)
+		return s.cfg.Wrap("migrate", err)
 	}
 	defer tx.Rollback()
 	for _, stmt := range s.q.migrate {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlite: migrate %s: %w", s.cfg.table, err)
+			return s.cfg.Wrap("migrate", err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlite: migrate %s: commit: %w", s.cfg.table, err)
+		return s.cfg.Wrap("migrate", fmt.Errorf("commit: %w", err))
 	}
 	return nil
 }
@@ -200,18 +186,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 // returns how many it deleted. Call it again until it returns less than
 // limit.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("sqlite: Prune: limit must be positive, got %d", limit)
+	if err := s.cfg.CheckLimit(limit); err != nil {
+		return 0, err
 	}
-	res, err := s.db.ExecContext(ctx, s.q.prune, formatTime(before), limit)
+	n, err := sqlstore.ExecCount(ctx, s.db, s.q.prune, sqlstore.FormatTime(before), limit)
 	if err != nil {
-		return 0, fmt.Errorf("sqlite: prune %s: %w", s.cfg.table, err)
+		return 0, s.cfg.Wrap("prune", err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("sqlite: prune %s: %w", s.cfg.table, err)
-	}
-	return int(n), nil
+	return n, nil
 }
 
 // RunPruner deletes claims older than Retention every interval, in batches
@@ -219,7 +201,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 // short, and logs how many it removed. It returns ctx's error when ctx is
 // done; a failed round is logged and retried at the next tick.
 func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
-	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
+	return s.cfg.RunPruner(ctx, s, every, batch, logger)
 }
 
 // Begin starts a transaction. With a handle from Open it takes the write
@@ -230,16 +212,15 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
 	}
-	return &Txn{tx: tx, s: s}, nil
+	return &Txn{tx: tx, s: s, end: sqlstore.Tx{Store: "sqlite", SQL: tx}}, nil
 }
-
-func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
-	tx *sql.Tx
-	s  *Store
+	tx  *sql.Tx
+	s   *Store
+	end sqlstore.Tx // savepoints, commit and rollback
 }
 
 var _ driver.Txn[*sql.Tx] = (*Txn)(nil)
@@ -260,12 +241,12 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	if len(claims) == 0 {
 		return results, nil
 	}
-	now := formatTime(t.s.cfg.now())
+	now := sqlstore.FormatTime(t.s.cfg.Now())
 	won := make(map[string]bool, len(claims))
 	for start := 0; start < len(claims); start += claimChunk {
 		chunk := claims[start:min(start+claimChunk, len(claims))]
 		var b strings.Builder
-		b.WriteString("INSERT INTO " + t.s.cfg.table + " (consumer, processed_at, message_id, fingerprint) VALUES ")
+		b.WriteString("INSERT INTO " + t.s.cfg.Table + " (consumer, processed_at, message_id, fingerprint) VALUES ")
 		args := make([]any, 0, 2+2*len(chunk))
 		args = append(args, consumer, now)
 		for i, c := range chunk {
@@ -295,7 +276,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	for start := 0; start < len(lost); start += 2 * claimChunk {
 		chunk := lost[start:min(start+2*claimChunk, len(lost))]
 		var b strings.Builder
-		b.WriteString("SELECT message_id, fingerprint FROM " + t.s.cfg.table + " WHERE consumer = ?1 AND message_id IN (")
+		b.WriteString("SELECT message_id, fingerprint FROM " + t.s.cfg.Table + " WHERE consumer = ?1 AND message_id IN (")
 		args := make([]any, 0, 1+len(chunk))
 		args = append(args, consumer)
 		for i, id := range chunk {
@@ -384,47 +365,19 @@ func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error 
 }
 
 // Savepoint marks a point RollbackToSavepoint returns to.
-func (t *Txn) Savepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: savepoint: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Savepoint(ctx context.Context) error { return t.end.Savepoint(ctx) }
 
 // RollbackToSavepoint undoes everything since Savepoint and removes the
 // savepoint (ROLLBACK TO keeps it on SQLite's stack; releasing it keeps the
 // stack from growing across a batch).
-func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: rollback to savepoint: %w", err)
-	}
-	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: release savepoint after rollback: %w", err)
-	}
-	return nil
-}
+func (t *Txn) RollbackToSavepoint(ctx context.Context) error { return t.end.RollbackToSavepoint(ctx) }
 
 // ReleaseSavepoint keeps everything since Savepoint.
-func (t *Txn) ReleaseSavepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: release savepoint: %w", err)
-	}
-	return nil
-}
+func (t *Txn) ReleaseSavepoint(ctx context.Context) error { return t.end.ReleaseSavepoint(ctx) }
 
 // Commit commits the claims and the handler's effects together.
-func (t *Txn) Commit(ctx context.Context) error {
-	if err := t.tx.Commit(); err != nil {
-		return fmt.Errorf("sqlite: commit: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Commit(ctx context.Context) error { return t.end.Commit(ctx) }
 
 // Rollback aborts the transaction; after Commit (failed or not) it does
 // nothing and returns nil.
-func (t *Txn) Rollback(ctx context.Context) error {
-	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-		return fmt.Errorf("sqlite: rollback: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Rollback(ctx context.Context) error { return t.end.Rollback(ctx) }
