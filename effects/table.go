@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -34,7 +35,7 @@ type Option func(*Table) error
 // "idemq_effects".
 func WithTable(name string) Option {
 	return func(t *Table) error {
-		if err := validateIdentifier(name); err != nil {
+		if err := sqlident.Check(name); err != nil {
 			return fmt.Errorf("effects: WithTable: %w", err)
 		}
 		t.name = name
@@ -295,23 +296,4 @@ func (q sqlQ) queryBytes(ctx context.Context, s string, args ...any) ([]byte, bo
 		return nil, false, nil
 	}
 	return b, err == nil, err
-}
-
-// validateIdentifier accepts ASCII letters, digits and underscores, not
-// starting with a digit, at most 63 characters: the name is spliced into
-// SQL text.
-func validateIdentifier(name string) error {
-	if name == "" || len(name) > 63 {
-		return fmt.Errorf("table name of %d characters: 1 to 63 are allowed", len(name))
-	}
-	for i := 0; i < len(name); i++ {
-		ch := name[i]
-		switch {
-		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
-		case ch >= '0' && ch <= '9' && i > 0:
-		default:
-			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
-		}
-	}
-	return nil
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -51,7 +52,7 @@ type Option func(*config)
 // has the same name.
 func WithTable(name string) Option {
 	return func(c *config) {
-		if err := validateIdentifier(name); err != nil {
+		if err := sqlident.Check(name); err != nil {
 			c.errs = append(c.errs, fmt.Errorf("pgoutbox: WithTable: %w", err))
 			return
 		}
@@ -312,48 +313,18 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 		tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	if room := limit - len(c.rows); room > 0 {
-		// The rows that follow each claimed head: no other relay can
-		// claim them while this transaction holds the head's lock.
-		heads := map[string]int64{}
-		var keys []string
-		seqs := make([]int64, len(c.rows))
-		for i, r := range c.rows {
-			seqs[i] = r.Seq
-			if r.Key != "" {
-				heads[r.Key] = r.Seq
-				keys = append(keys, r.Key)
-			}
+	c.rows, err = outbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+		q, err := tx.Query(ctx, s.runSQL, keys, seqs, room)
+		if err != nil {
+			return nil, err
 		}
-		if len(keys) > 0 {
-			q, err := tx.Query(ctx, s.runSQL, keys, seqs, room)
-			var run []*outbox.Row
-			if err == nil {
-				run, err = scanRows(q)
-			}
-			if err != nil {
-				tx.Rollback(context.WithoutCancel(ctx))
-				return nil, err
-			}
-			for _, r := range run {
-				if r.Seq > heads[r.Key] {
-					c.rows = append(c.rows, r)
-				}
-			}
-			slices.SortFunc(c.rows, func(a, b *outbox.Row) int { return cmpInt64(a.Seq, b.Seq) })
-		}
+		return scanRows(q)
+	})
+	if err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
 	}
 	return c, nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 type claimed struct {
@@ -424,27 +395,4 @@ func (s *Store) Listen(ctx context.Context, wake func()) error {
 		}
 		wake()
 	}
-}
-
-const maxIdentifierLength = 63
-
-// validateIdentifier accepts ASCII letters, digits and underscores, not
-// starting with a digit, at most 63 characters (Postgres' limit).
-func validateIdentifier(name string) error {
-	if name == "" {
-		return errors.New("empty table name")
-	}
-	if len(name) > maxIdentifierLength {
-		return fmt.Errorf("table name is %d characters long, at most %d allowed", len(name), maxIdentifierLength)
-	}
-	for i := 0; i < len(name); i++ {
-		ch := name[i]
-		switch {
-		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
-		case ch >= '0' && ch <= '9' && i > 0:
-		default:
-			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
-		}
-	}
-	return nil
 }
