@@ -124,15 +124,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("mysql: Open: %w", err)
 	}
-	s := &Store{db: db, owned: true, cfg: cfg}
-	if cfg.NoMigrate {
-		return s, nil
-	}
-	if err := s.Migrate(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return s, nil
+	return sqlstore.Migrated(ctx, &cfg.Config, &Store{db: db, owned: true, cfg: cfg}, func() { db.Close() })
 }
 
 // ParseDSN reads a go-sql-driver DSN or a mysql:// URL into the driver's
@@ -551,22 +543,11 @@ func scanClaimed(rows *sql.Rows, got map[string]claimedRow) error {
 // concurrent inserts); the locking one is for rows the plain read could
 // not see.
 func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locking bool, got map[string]claimedRow) error {
-	var b strings.Builder
-	b.WriteString("SELECT message_id, fingerprint, claim_token FROM " + t.s.cfg.Table + " WHERE consumer = ? AND message_id IN (")
-	args := make([]any, 0, 1+len(ids))
-	args = append(args, consumer)
-	for j, id := range ids {
-		if j > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('?')
-		args = append(args, id)
-	}
-	b.WriteByte(')')
+	q, args := t.end.InIDs("SELECT message_id, fingerprint, claim_token FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids)
 	if locking {
-		b.WriteString(" FOR UPDATE")
+		q += " FOR UPDATE"
 	}
-	rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+	rows, err := t.tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}
@@ -576,25 +557,7 @@ func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locki
 // Unclaim deletes this consumer's claims of ids, for messages whose handler
 // failed inside a batch transaction.
 func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
-	for start := 0; start < len(ids); start += claimChunk {
-		chunk := ids[start:min(start+claimChunk, len(ids))]
-		var b strings.Builder
-		b.WriteString("DELETE FROM " + t.s.cfg.Table + " WHERE consumer = ? AND message_id IN (")
-		args := make([]any, 0, 1+len(chunk))
-		args = append(args, consumer)
-		for j, id := range chunk {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteByte('?')
-			args = append(args, id)
-		}
-		b.WriteByte(')')
-		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
-			return fmt.Errorf("mysql: unclaim %d ids for %q: %w", len(chunk), consumer, err)
-		}
-	}
-	return nil
+	return t.end.Unclaim(ctx, "DELETE FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids, claimChunk)
 }
 
 // Savepoint marks a point RollbackToSavepoint returns to.

@@ -1,15 +1,12 @@
 package mysql
 
 import (
-	"context"
 	"database/sql"
-	"fmt"
 	"net/url"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
@@ -22,30 +19,12 @@ func init() { driver.RegisterStore("mysql", openURL) }
 // goes to the driver (tls, timeout, …). tls=true, skip-verify, preferred,
 // or the name of a config registered with RegisterTLSCA or the driver's
 // RegisterTLSConfig.
-func openURL(ctx context.Context, u *url.URL) (any, error) {
-	conn, opts, err := parseURL(u)
-	if err != nil {
-		return nil, err
-	}
-	return Open(ctx, conn, opts...)
-}
+var openURL = sqlstore.Opener(parseURL, Open)
 
 // parseURL splits a mysql:// URL into the store's options and the URL the
 // driver gets (the rest), without connecting, so the parser can be fuzzed
 // alone.
-func parseURL(u *url.URL) (string, []Option, error) {
-	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
-	if err != nil {
-		return "", nil, fmt.Errorf("mysql URL parameters: %w", err)
-	}
-	opts, err := urlParams.Take(q)
-	if err != nil {
-		return "", nil, err
-	}
-	rest := *u
-	rest.RawQuery = q.Encode()
-	return rest.String(), opts, nil
-}
+func parseURL(u *url.URL) (string, []Option, error) { return urlParams.Split(u) }
 
 // urlParams are the store's options a mysql:// URL sets.
 var urlParams = sqlstore.URLParams[Option]{

@@ -143,14 +143,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	}
 	s := newStore(pool, cfg)
 	s.owned = true
-	if cfg.NoMigrate {
-		return s, nil
-	}
-	if err := s.Migrate(ctx); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return s, nil
+	return sqlstore.Migrated(ctx, &cfg.Config, s, pool.Close)
 }
 
 // New wraps an existing pool, so a service shares one pool between its own

@@ -29,6 +29,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -98,11 +99,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	s := newStore(db, cfg)
 	s.owned = true
-	if err := s.Migrate(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return s, nil
+	return sqlstore.Migrated(ctx, &cfg.Config, s, func() { db.Close() })
 }
 
 // New wraps an existing database handle opened with the "sqlite" driver.
@@ -212,7 +209,7 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
 	}
-	return &Txn{tx: tx, s: s, end: sqlstore.Tx{Store: "sqlite", SQL: tx}}, nil
+	return &Txn{tx: tx, s: s, end: sqlstore.Tx{Store: "sqlite", SQL: tx, Numbered: true}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements
@@ -273,21 +270,9 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		return results, nil
 	}
 	stored := make(map[string]string, len(lost))
-	for start := 0; start < len(lost); start += 2 * claimChunk {
-		chunk := lost[start:min(start+2*claimChunk, len(lost))]
-		var b strings.Builder
-		b.WriteString("SELECT message_id, fingerprint FROM " + t.s.cfg.Table + " WHERE consumer = ?1 AND message_id IN (")
-		args := make([]any, 0, 1+len(chunk))
-		args = append(args, consumer)
-		for i, id := range chunk {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, "?%d", 2+i)
-			args = append(args, id)
-		}
-		b.WriteByte(')')
-		rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+	for chunk := range slices.Chunk(lost, 2*claimChunk) {
+		q, args := t.end.InIDs("SELECT message_id, fingerprint FROM "+t.s.cfg.Table+" WHERE consumer = ?1 AND message_id IN ", consumer, chunk)
+		rows, err := t.tx.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
 		}
@@ -343,25 +328,7 @@ func collectIDs(ctx context.Context, tx *sql.Tx, query string, args []any, f fun
 // Unclaim deletes this consumer's claims of ids, for messages whose handler
 // failed inside a batch transaction.
 func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
-	for start := 0; start < len(ids); start += 2 * claimChunk {
-		chunk := ids[start:min(start+2*claimChunk, len(ids))]
-		var b strings.Builder
-		b.WriteString(t.s.q.unclaim + "(")
-		args := make([]any, 0, 1+len(chunk))
-		args = append(args, consumer)
-		for i, id := range chunk {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, "?%d", 2+i)
-			args = append(args, id)
-		}
-		b.WriteByte(')')
-		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
-			return fmt.Errorf("sqlite: unclaim: %w", err)
-		}
-	}
-	return nil
+	return t.end.Unclaim(ctx, t.s.q.unclaim, consumer, ids, 2*claimChunk)
 }
 
 // Savepoint marks a point RollbackToSavepoint returns to.

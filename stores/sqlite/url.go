@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"context"
 	"fmt"
 	"net/url"
 	"time"
@@ -17,13 +16,7 @@ func init() { driver.RegisterStore("sqlite", openURL) }
 // openURL opens "sqlite://PATH?table=NAME&retention=DURATION&busy_timeout=DURATION":
 // sqlite://app.db is app.db in the working directory, sqlite:///var/lib/app.db
 // an absolute path. Unknown parameters are refused, naming them.
-func openURL(ctx context.Context, u *url.URL) (any, error) {
-	path, opts, err := parseURL(u)
-	if err != nil {
-		return nil, err
-	}
-	return Open(ctx, path, opts...)
-}
+var openURL = sqlstore.Opener(parseURL, Open)
 
 // parseURL reads the file path and options of a sqlite:// URL, touching no
 // file, so the parser can be fuzzed alone.

@@ -116,3 +116,17 @@ func (c *Config) CheckLimit(limit int) error {
 func (c *Config) RunPruner(ctx context.Context, p driver.Pruner, every time.Duration, batch int, logger *slog.Logger) error {
 	return driver.RunPruner(ctx, p, driver.PruneSchedule{Every: every, Batch: batch, Retention: c.Retention, Now: c.Now, Logger: logger, Table: c.Table})
 }
+
+// Migrated ends a store's Open: unless NoMigrate is set it runs s's
+// Migrate, and when that fails closes the handle Open opened (with
+// closeHandle) and returns the error.
+func Migrated[S driver.Migrator](ctx context.Context, c *Config, s S, closeHandle func()) (S, error) {
+	if !c.NoMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			closeHandle()
+			var none S
+			return none, err
+		}
+	}
+	return s, nil
+}

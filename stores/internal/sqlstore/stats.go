@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
@@ -16,37 +17,45 @@ const TimeFormat = "2006-01-02 15:04:05.000000"
 // FormatTime writes t in TimeFormat, in UTC.
 func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
 
-// ConsumerStats runs query, which returns per consumer: the consumer, its
-// claim count, and its oldest and newest processed_at as TimeFormat text.
-// It returns the rows and the claims in all.
-func ConsumerStats(ctx context.Context, db *sql.DB, query string) ([]driver.ConsumerStats, int64, error) {
-	rows, err := db.QueryContext(ctx, query)
+// Inspect is a database/sql store's Inspect. statsSQL returns per
+// consumer: the consumer, its claim count, and its oldest and newest
+// processed_at as TimeFormat text. sizeSQL takes the table's name and
+// returns the bytes it takes; when sizeOptional is set a failing sizeSQL
+// leaves the size unknown (0) instead of failing.
+func (c *Config) Inspect(ctx context.Context, db *sql.DB, statsSQL, sizeSQL string, sizeOptional bool) (driver.TableStats, error) {
+	st := driver.TableStats{Table: c.Table}
+	rows, err := db.QueryContext(ctx, statsSQL)
 	if err != nil {
-		return nil, 0, err
+		return st, c.Wrap("inspect", err)
 	}
 	defer rows.Close()
-	var (
-		out   []driver.ConsumerStats
-		total int64
-	)
 	for rows.Next() {
-		var c driver.ConsumerStats
+		var cs driver.ConsumerStats
 		var consumer []byte // VARBINARY on MySQL; TEXT converts
 		var oldest, newest string
-		if err := rows.Scan(&consumer, &c.Rows, &oldest, &newest); err != nil {
-			return nil, 0, err
+		if err := rows.Scan(&consumer, &cs.Rows, &oldest, &newest); err != nil {
+			return st, c.Wrap("inspect", err)
 		}
-		c.Consumer = string(consumer)
-		if c.Oldest, err = time.ParseInLocation(TimeFormat, oldest, time.UTC); err != nil {
-			return nil, 0, err
+		cs.Consumer = string(consumer)
+		if cs.Oldest, err = time.ParseInLocation(TimeFormat, oldest, time.UTC); err != nil {
+			return st, c.Wrap("inspect", err)
 		}
-		if c.Newest, err = time.ParseInLocation(TimeFormat, newest, time.UTC); err != nil {
-			return nil, 0, err
+		if cs.Newest, err = time.ParseInLocation(TimeFormat, newest, time.UTC); err != nil {
+			return st, c.Wrap("inspect", err)
 		}
-		out = append(out, c)
-		total += c.Rows
+		st.Consumers = append(st.Consumers, cs)
+		st.Rows += cs.Rows
 	}
-	return out, total, rows.Err()
+	if err := rows.Err(); err != nil {
+		return st, c.Wrap("inspect", err)
+	}
+	var size sql.NullInt64
+	err = db.QueryRowContext(ctx, sizeSQL, c.Table).Scan(&size)
+	if err != nil && !sizeOptional && !errors.Is(err, sql.ErrNoRows) {
+		return st, c.Wrap("inspect", err)
+	}
+	st.SizeBytes = size.Int64
+	return st, nil
 }
 
 // ExecCount runs a statement on db and returns how many rows it changed.

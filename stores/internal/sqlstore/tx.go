@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 )
 
 // The savepoint a batch transaction sets before each message's handler:
@@ -30,6 +32,44 @@ type Tx struct {
 	// the server has rolled the transaction back already; nil when the
 	// driver has none.
 	Gone func(error) bool
+	// Numbered says the driver takes numbered placeholders (?1, ?2: the
+	// consumer is ?1 in every statement); otherwise they are plain ?.
+	Numbered bool
+}
+
+// InIDs returns prefix followed by a parenthesised placeholder per id, and
+// the statement's arguments: consumer, then ids.
+func (t *Tx) InIDs(prefix, consumer string, ids []string) (string, []any) {
+	var b strings.Builder
+	b.WriteString(prefix + "(")
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, consumer)
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if t.Numbered {
+			fmt.Fprintf(&b, "?%d", 2+i)
+		} else {
+			b.WriteByte('?')
+		}
+		args = append(args, id)
+	}
+	b.WriteByte(')')
+	return b.String(), args
+}
+
+// Unclaim deletes consumer's claims of ids, chunk ids per statement;
+// prefix is the statement up to the list of ids ("DELETE FROM t WHERE
+// consumer = ? AND message_id IN ").
+func (t *Tx) Unclaim(ctx context.Context, prefix, consumer string, ids []string, chunk int) error {
+	for part := range slices.Chunk(ids, chunk) {
+		q, args := t.InIDs(prefix, consumer, part)
+		if _, err := t.SQL.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("%s: unclaim %d ids for %q: %w", t.Store, len(part), consumer, err)
+		}
+	}
+	return nil
 }
 
 func (t *Tx) exec(ctx context.Context, what string, stmts ...string) error {

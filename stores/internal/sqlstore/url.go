@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net/url"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // URLParams names the query parameters of a store's URL that are the
@@ -67,4 +70,32 @@ func oneOf(words []string) string {
 		return strings.Join(words, "")
 	}
 	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}
+
+// Split splits u into the store's options and the URL the driver gets:
+// u without them.
+func (p URLParams[O]) Split(u *url.URL) (string, []O, error) {
+	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+	if err != nil {
+		return "", nil, fmt.Errorf("%s URL parameters: %w", p.Store, err)
+	}
+	opts, err := p.Take(q)
+	if err != nil {
+		return "", nil, err
+	}
+	rest := *u
+	rest.RawQuery = q.Encode()
+	return rest.String(), opts, nil
+}
+
+// Opener is what a store registers with driver.RegisterStore: it reads the
+// URL with parse, without connecting, then opens the store with open.
+func Opener[O, S any](parse func(*url.URL) (string, []O, error), open func(context.Context, string, ...O) (S, error)) func(context.Context, *url.URL) (any, error) {
+	return func(ctx context.Context, u *url.URL) (any, error) {
+		conn, opts, err := parse(u)
+		if err != nil {
+			return nil, err
+		}
+		return open(ctx, conn, opts...)
+	}
 }
