@@ -99,3 +99,9 @@ func WithMigrate(on bool) Option {
 func buildConfig(opts []Option) (config, error) {
 	return sqlstore.Build(config{Config: sqlstore.NewConfig("mysql")}, opts)
 }
+
+// Table returns the dedup table's name (WithTable).
+func (s *Store) Table() string { return s.cfg.Table }
+
+// Retention returns how long claims are kept (WithRetention).
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }

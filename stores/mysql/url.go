@@ -11,15 +11,13 @@ import (
 )
 
 // The scheme core.OpenStore[*sql.Tx] opens with this package imported.
-func init() { driver.RegisterStore("mysql", openURL) }
-
-// openURL opens "mysql://user:pass@host:3306/db?table=NAME&retention=168h&isolation=read-committed&…":
+// The store opens "mysql://user:pass@host:3306/db?table=NAME&retention=168h&isolation=read-committed&…":
 // table, retention, isolation (read-committed, repeatable-read,
 // serializable) and migrate are the store's options; every other parameter
 // goes to the driver (tls, timeout, …). tls=true, skip-verify, preferred,
 // or the name of a config registered with RegisterTLSCA or the driver's
 // RegisterTLSConfig.
-var openURL = sqlstore.Opener(parseURL, Open)
+func init() { driver.RegisterStore("mysql", sqlstore.Opener(parseURL, Open)) }
 
 // parseURL splits a mysql:// URL into the store's options and the URL the
 // driver gets (the rest), without connecting, so the parser can be fuzzed

@@ -32,18 +32,9 @@ func newPartitionedStore(pool *pgxpool.Pool, cfg config, lockKey int64) *Store {
 	t := cfg.Table
 	return &Store{pool: pool, cfg: cfg, parts: partitions{known: map[int64]bool{}}, q: queries{
 		lockKey: lockKey,
-		migrate: []string{
-			// The primary key must hold the partition column; uniqueness of
-			// (consumer, message_id) is kept by the advisory locks of Claim.
-			`CREATE TABLE IF NOT EXISTS ` + t + ` (
-	consumer     TEXT        NOT NULL,
-	message_id   TEXT        NOT NULL,
-	fingerprint  TEXT        NOT NULL DEFAULT '',
-	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, message_id, processed_at)
-) PARTITION BY RANGE (processed_at)`,
-			`CREATE INDEX IF NOT EXISTS ` + indexName(t, "processed_at") + ` ON ` + t + ` (processed_at)`,
-		},
+		// The primary key must hold the partition column; uniqueness of
+		// (consumer, message_id) is kept by the advisory locks of Claim.
+		migrate: migrateSQL(t, "consumer, message_id, processed_at", " PARTITION BY RANGE (processed_at)"),
 		// One lock per id, taken in key order so that claimers of
 		// overlapping batches cannot deadlock on each other. The key
 		// prefixes the consumer with its length, so (consumer, id) pairs

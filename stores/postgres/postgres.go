@@ -168,16 +168,7 @@ func newStore(pool *pgxpool.Pool, cfg config) *Store {
 	}
 	return &Store{pool: pool, cfg: cfg, q: queries{
 		lockKey: int64(h.Sum64()),
-		migrate: []string{
-			`CREATE TABLE IF NOT EXISTS ` + t + ` (
-	consumer     TEXT        NOT NULL,
-	message_id   TEXT        NOT NULL,
-	fingerprint  TEXT        NOT NULL DEFAULT '',
-	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, message_id)
-)`,
-			`CREATE INDEX IF NOT EXISTS ` + indexName(t, "processed_at") + ` ON ` + t + ` (processed_at)`,
-		},
+		migrate: migrateSQL(t, "consumer, message_id", ""),
 		// ORDER BY ord: rows are inserted, and their key locks taken, in the
 		// order Claim sorted them, so two batches that share ids lock them
 		// in the same order instead of deadlocking.
@@ -239,6 +230,21 @@ SELECT count(*), max(processed_at) FROM gone`,
 	}}
 }
 
+// migrateSQL creates the dedup table t, with primary key key and then
+// after (a partitioning clause), and its processed_at index.
+func migrateSQL(t, key, after string) []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	consumer     TEXT        NOT NULL,
+	message_id   TEXT        NOT NULL,
+	fingerprint  TEXT        NOT NULL DEFAULT '',
+	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	PRIMARY KEY (` + key + `)
+)` + after,
+		`CREATE INDEX IF NOT EXISTS ` + indexName(t, "processed_at") + ` ON ` + t + ` (processed_at)`,
+	}
+}
+
 // indexName derives a schema-unique index name that fits Postgres' 63-byte
 // limit (a longer one would be truncated and could collide with another
 // table's index).
@@ -255,12 +261,6 @@ func indexName(table, what string) string {
 
 // Pool returns the connection pool, for business queries outside a claim.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
-
-// Table returns the dedup table's name.
-func (s *Store) Table() string { return s.cfg.Table }
-
-// Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 
 // As implements core.Store: a **pgxpool.Pool target gets the store's pool, and
 // **Store the store itself.

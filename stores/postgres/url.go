@@ -10,17 +10,16 @@ import (
 )
 
 // The schemes core.OpenStore[pgx.Tx] opens with this package imported.
-func init() {
-	driver.RegisterStore("postgres", openURL)
-	driver.RegisterStore("postgresql", openURL)
-}
-
-// openURL opens "postgres://user:pass@host:5432/db?table=NAME&retention=168h&partitions=24h&sslmode=…":
+// The store opens "postgres://user:pass@host:5432/db?table=NAME&retention=168h&partitions=24h&sslmode=…":
 // table, retention, partitions and migrate are the store's options
 // (WithTable, WithRetention, WithPartitions, WithMigrate); every other
 // parameter goes to pgxpool (sslmode up to verify-full, sslrootcert,
 // sslcert, sslkey, sslpassword, sslsni, pool_max_conns, application_name, …).
-var openURL = sqlstore.Opener(parseURL, Open)
+func init() {
+	openURL := sqlstore.Opener(parseURL, Open)
+	driver.RegisterStore("postgres", openURL)
+	driver.RegisterStore("postgresql", openURL)
+}
 
 // parseURL splits a postgres:// URL into the store's options and the URL the
 // driver gets (the rest), without connecting, so the parser can be fuzzed

@@ -72,3 +72,9 @@ func ValidateIdentifier(name string) error { return sqlident.Check(name) }
 func buildConfig(opts []Option) (config, error) {
 	return sqlstore.Build(config{Config: sqlstore.NewConfig("sqlite"), busyTimeout: DefaultBusyTimeout}, opts)
 }
+
+// Table returns the dedup table's name (WithTable).
+func (s *Store) Table() string { return s.cfg.Table }
+
+// Retention returns how long claims are kept (WithRetention).
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }

@@ -140,24 +140,13 @@ func newStore(db *sql.DB, cfg config) *Store {
 // queries outside a claim.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// Table returns the dedup table's name.
-func (s *Store) Table() string { return s.cfg.Table }
-
-// Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.Retention }
-
 // As implements core.Store: a **sql.DB target gets the store's pool, and
 // **Store the store itself.
 func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
 
 // Close closes the database if Open opened it; a handle given to New is
 // left to its owner.
-func (s *Store) Close() error {
-	if !s.owned {
-		return nil
-	}
-	return s.db.Close()
-}
+func (s *Store) Close() error { return sqlstore.CloseOwned(s.db, s.owned) }
 
 // Migrate creates the dedup table and its processed_at index if they do not
 // exist. It is idempotent.

@@ -11,12 +11,11 @@ import (
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
-func init() { driver.RegisterStore("sqlite", openURL) }
-
-// openURL opens "sqlite://PATH?table=NAME&retention=DURATION&busy_timeout=DURATION":
+// The scheme core.OpenStore[*sql.Tx] opens with this package imported.
+// The store opens "sqlite://PATH?table=NAME&retention=DURATION&busy_timeout=DURATION":
 // sqlite://app.db is app.db in the working directory, sqlite:///var/lib/app.db
 // an absolute path. Unknown parameters are refused, naming them.
-var openURL = sqlstore.Opener(parseURL, Open)
+func init() { driver.RegisterStore("sqlite", sqlstore.Opener(parseURL, Open)) }
 
 // parseURL reads the file path and options of a sqlite:// URL, touching no
 // file, so the parser can be fuzzed alone.

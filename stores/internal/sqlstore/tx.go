@@ -130,3 +130,12 @@ func As[H, S any](target any, h H, s S) bool {
 	}
 	return false
 }
+
+// CloseOwned is a database/sql store's Close: it closes db only when the
+// store opened it (owned); a handle given to New is left to its owner.
+func CloseOwned(db *sql.DB, owned bool) error {
+	if !owned {
+		return nil
+	}
+	return db.Close()
+}
