@@ -266,12 +266,7 @@ func (q pgxQ) execCount(ctx context.Context, s string, args ...any) (int64, erro
 }
 
 func (q pgxQ) queryBytes(ctx context.Context, s string, args ...any) ([]byte, bool, error) {
-	var b []byte
-	err := q.db.QueryRow(ctx, s, args...).Scan(&b)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, nil
-	}
-	return b, err == nil, err
+	return scanBytes(q.db.QueryRow(ctx, s, args...), pgx.ErrNoRows)
 }
 
 type sqlQ struct{ db sqlDB }
@@ -290,9 +285,15 @@ func (q sqlQ) execCount(ctx context.Context, s string, args ...any) (int64, erro
 }
 
 func (q sqlQ) queryBytes(ctx context.Context, s string, args ...any) ([]byte, bool, error) {
+	return scanBytes(q.db.QueryRowContext(ctx, s, args...), sql.ErrNoRows)
+}
+
+// scanBytes reads row's one column, and whether there was a row: noRows is
+// the driver's error for none.
+func scanBytes(row interface{ Scan(...any) error }, noRows error) ([]byte, bool, error) {
 	var b []byte
-	err := q.db.QueryRowContext(ctx, s, args...).Scan(&b)
-	if errors.Is(err, sql.ErrNoRows) {
+	err := row.Scan(&b)
+	if errors.Is(err, noRows) {
 		return nil, false, nil
 	}
 	return b, err == nil, err

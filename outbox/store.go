@@ -1,9 +1,7 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
-	"slices"
 	"time"
 )
 
@@ -46,42 +44,4 @@ type Claimed interface {
 // error that made it give up.
 type Notifier interface {
 	Listen(ctx context.Context, wake func()) error
-}
-
-// AppendRuns is the second half of a Store's Claim: it adds to heads, the
-// rows the claim locked (in Seq order), the pending rows of the same keys
-// that follow them, so that up to limit rows go out in one batch, and
-// returns all of them in Seq order. No other relay can claim those rows
-// while this claim holds their head's lock. run returns at most room
-// pending rows of keys whose seq is not in seqs, in Seq order; it is not
-// called when no head has a key or no room is left.
-func AppendRuns(heads []*Row, limit int, run func(keys []string, seqs []int64, room int) ([]*Row, error)) ([]*Row, error) {
-	room := limit - len(heads)
-	if room <= 0 {
-		return heads, nil
-	}
-	byKey := map[string]int64{}
-	var keys []string
-	seqs := make([]int64, len(heads))
-	for i, r := range heads {
-		seqs[i] = r.Seq
-		if r.Key != "" {
-			byKey[r.Key] = r.Seq
-			keys = append(keys, r.Key)
-		}
-	}
-	if len(keys) == 0 {
-		return heads, nil
-	}
-	more, err := run(keys, seqs, room)
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range more {
-		if r.Seq > byKey[r.Key] {
-			heads = append(heads, r)
-		}
-	}
-	slices.SortFunc(heads, func(a, b *Row) int { return cmp.Compare(a.Seq, b.Seq) })
-	return heads, nil
 }

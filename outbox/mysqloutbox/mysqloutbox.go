@@ -19,13 +19,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not given.
@@ -107,31 +107,19 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message)
 	if len(msgs) == 0 {
 		return nil
 	}
-	var buckets []int
-	args := make([]any, 0, 5*len(msgs))
-	for i, m := range msgs {
-		h, err := outbox.Prepare(ctx, m)
-		if err != nil {
-			return fmt.Errorf("mysqloutbox: Write: msgs[%d]: %w", i, err)
-		}
-		js, err := json.Marshal(h)
-		if err != nil {
-			return fmt.Errorf("mysqloutbox: Write: msgs[%d] headers: %w", i, err)
-		}
-		var key any
-		if m.Key != "" {
-			key = m.Key
-			buckets = append(buckets, bucket(m.Key))
-		}
-		body := m.Body
-		if body == nil {
-			body = []byte{}
-		}
-		args = append(args, m.ID, m.Destination, key, string(js), body)
+	ready, err := sqloutbox.Prepare(ctx, "mysqloutbox", msgs)
+	if err != nil {
+		return err
 	}
-	if len(buckets) > 0 {
-		slices.Sort(buckets)
-		buckets = slices.Compact(buckets)
+	args := make([]any, 0, 5*len(ready))
+	for _, r := range ready {
+		var key any
+		if r.Key != "" {
+			key = r.Key
+		}
+		args = append(args, r.ID, r.Destination, key, r.Headers, r.Body)
+	}
+	if buckets := sqloutbox.LockKeys(ready, bucket); len(buckets) > 0 {
 		q := fmt.Sprintf("SELECT bucket FROM %s WHERE bucket IN (%s) ORDER BY bucket FOR UPDATE", o.locks(), placeholders(len(buckets)))
 		rows, err := tx.QueryContext(ctx, q, anys(buckets)...)
 		if err != nil {
@@ -325,7 +313,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 	if len(c.rows) == 0 {
 		return abort(nil)
 	}
-	c.rows, err = outbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
 		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
 			s.cols, s.table, placeholders(len(keys)), placeholders(len(seqs)))
 		rows, err := tx.QueryContext(ctx, q, append(append(anys(keys), anys(seqs)...), room)...)

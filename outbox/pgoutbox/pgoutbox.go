@@ -19,11 +19,9 @@ package pgoutbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +30,7 @@ import (
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not given.
@@ -139,30 +138,17 @@ func (o *Outbox) Write(ctx context.Context, tx pgx.Tx, msgs ...*outbox.Message) 
 	if len(msgs) == 0 {
 		return nil
 	}
-	n := len(msgs)
+	ready, err := sqloutbox.Prepare(ctx, "pgoutbox", msgs)
+	if err != nil {
+		return err
+	}
+	n := len(ready)
 	ids, dests, keys, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	bodies := make([][]byte, n)
-	var locks []int32
-	for i, m := range msgs {
-		h, err := outbox.Prepare(ctx, m)
-		if err != nil {
-			return fmt.Errorf("pgoutbox: Write: msgs[%d]: %w", i, err)
-		}
-		js, err := json.Marshal(h)
-		if err != nil {
-			return fmt.Errorf("pgoutbox: Write: msgs[%d] headers: %w", i, err)
-		}
-		ids[i], dests[i], keys[i], headers[i] = m.ID, m.Destination, m.Key, string(js)
-		bodies[i] = m.Body
-		if bodies[i] == nil {
-			bodies[i] = []byte{}
-		}
-		if m.Key != "" {
-			locks = append(locks, keyHash(m.Key))
-		}
+	for i, r := range ready {
+		ids[i], dests[i], keys[i], headers[i], bodies[i] = r.ID, r.Destination, r.Key, r.Headers, r.Body
 	}
-	slices.Sort(locks)
-	locks = slices.Compact(locks)
+	locks := sqloutbox.LockKeys(ready, keyHash)
 
 	b := &pgx.Batch{}
 	if len(locks) > 0 {
@@ -313,7 +299,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 		tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	c.rows, err = outbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
 		q, err := tx.Query(ctx, s.runSQL, keys, seqs, room)
 		if err != nil {
 			return nil, err

@@ -96,6 +96,7 @@ var (
 	_ driver.Retentioner  = (*Store)(nil)
 	_ driver.Migrator     = (*Store)(nil)
 	_ io.Closer           = (*Store)(nil)
+	_ driver.Txn[*sql.Tx] = (*Txn)(nil)
 )
 
 // Open connects to the server at dsn and runs Migrate. dsn is either a
@@ -387,22 +388,19 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql: begin: %w", err)
 	}
-	return &Txn{tx: tx, s: s, mode: mode, end: sqlstore.Tx{Store: "mysql", SQL: tx, Gone: connGone}}, nil
+	return &Txn{s: s, mode: mode, end: sqlstore.Tx{Store: "mysql", SQL: tx, Gone: connGone}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
-	tx   *sql.Tx
 	s    *Store
 	mode ClaimMode
 	end  sqlstore.Tx // savepoints, commit and rollback
 }
 
-var _ driver.Txn[*sql.Tx] = (*Txn)(nil)
-
 // Tx returns the transaction for the handler's business effect.
-func (t *Txn) Tx() *sql.Tx { return t.tx }
+func (t *Txn) Tx() *sql.Tx { return t.end.SQL }
 
 // Claim claims every id for consumer with one multi-row INSERT … ON
 // DUPLICATE KEY UPDATE per 1000 claims, in id order (so batches sharing ids
@@ -454,7 +452,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		b.WriteString(" ON DUPLICATE KEY UPDATE message_id = message_id")
 		if t.mode == ClaimReturning {
 			b.WriteString(" RETURNING message_id, fingerprint, claim_token")
-			rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+			rows, err := t.end.SQL.QueryContext(ctx, b.String(), args...)
 			if err != nil {
 				return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 			}
@@ -463,7 +461,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 			}
 			continue
 		}
-		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
+		if _, err := t.end.SQL.ExecContext(ctx, b.String(), args...); err != nil {
 			return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 		}
 		chunkIDs := make([]string, len(chunk))
@@ -536,7 +534,7 @@ func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locki
 	if locking {
 		q += " FOR UPDATE"
 	}
-	rows, err := t.tx.QueryContext(ctx, q, args...)
+	rows, err := t.end.SQL.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,7 @@ var (
 	_ driver.Retentioner  = (*Store)(nil)
 	_ driver.Migrator     = (*Store)(nil)
 	_ io.Closer           = (*Store)(nil)
+	_ driver.Txn[*sql.Tx] = (*Txn)(nil)
 )
 
 type queries struct {
@@ -198,21 +199,18 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
 	}
-	return &Txn{tx: tx, s: s, end: sqlstore.Tx{Store: "sqlite", SQL: tx, Numbered: true}}, nil
+	return &Txn{s: s, end: sqlstore.Tx{Store: "sqlite", SQL: tx, Numbered: true}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
-	tx  *sql.Tx
 	s   *Store
 	end sqlstore.Tx // savepoints, commit and rollback
 }
 
-var _ driver.Txn[*sql.Tx] = (*Txn)(nil)
-
 // Tx returns the transaction for the handler's business effect.
-func (t *Txn) Tx() *sql.Tx { return t.tx }
+func (t *Txn) Tx() *sql.Tx { return t.end.SQL }
 
 // Claim inserts (consumer, id) for every claim in one multi-row INSERT … ON
 // CONFLICT DO NOTHING RETURNING statement (split every 400 claims for
@@ -243,7 +241,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 			args = append(args, c.ID, c.Fingerprint)
 		}
 		b.WriteString(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id")
-		if err := collectIDs(ctx, t.tx, b.String(), args, func(id string) { won[id] = true }); err != nil {
+		if err := collectIDs(ctx, t.end.SQL, b.String(), args, func(id string) { won[id] = true }); err != nil {
 			return nil, fmt.Errorf("sqlite: claim: %w", err)
 		}
 	}
@@ -261,7 +259,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	stored := make(map[string]string, len(lost))
 	for chunk := range slices.Chunk(lost, 2*claimChunk) {
 		q, args := t.end.InIDs("SELECT message_id, fingerprint FROM "+t.s.cfg.Table+" WHERE consumer = ?1 AND message_id IN ", consumer, chunk)
-		rows, err := t.tx.QueryContext(ctx, q, args...)
+		rows, err := t.end.SQL.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
 		}
