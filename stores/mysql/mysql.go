@@ -42,7 +42,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -91,12 +90,8 @@ type Store struct {
 }
 
 var (
-	_ core.Store[*sql.Tx] = (*Store)(nil)
-	_ driver.Pruner       = (*Store)(nil)
-	_ driver.Retentioner  = (*Store)(nil)
-	_ driver.Migrator     = (*Store)(nil)
-	_ io.Closer           = (*Store)(nil)
-	_ driver.Txn[*sql.Tx] = (*Txn)(nil)
+	_ sqlstore.Store[*sql.Tx] = (*Store)(nil)
+	_ sqlstore.Txn[*sql.Tx]   = (*Txn)(nil)
 )
 
 // Open connects to the server at dsn and runs Migrate. dsn is either a

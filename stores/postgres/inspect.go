@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var _ driver.Inspector = (*Store)(nil)
-
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, and the table's size on
 // disk with its indexes (summed over partitions for a table made

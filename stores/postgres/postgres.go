@@ -38,7 +38,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -48,7 +47,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
@@ -107,11 +105,8 @@ func (c *pruneCursor) moved(before time.Time, newest pgtype.Timestamptz) {
 }
 
 var (
-	_ core.Store[pgx.Tx] = (*Store)(nil)
-	_ driver.Pruner      = (*Store)(nil)
-	_ driver.Retentioner = (*Store)(nil)
-	_ driver.Migrator    = (*Store)(nil)
-	_ io.Closer          = (*Store)(nil)
+	_ sqlstore.Store[pgx.Tx] = (*Store)(nil)
+	_ sqlstore.Txn[pgx.Tx]   = (*Txn)(nil)
 )
 
 type queries struct {
@@ -391,10 +386,7 @@ type Txn struct {
 	handle *queuingTx
 }
 
-var (
-	_ driver.Txn[pgx.Tx] = (*Txn)(nil)
-	_ driver.Flusher     = (*Txn)(nil)
-)
+var _ driver.Flusher = (*Txn)(nil)
 
 // Tx returns the transaction for the handler's business effect. It is a
 // pgx.Tx that also takes statements queued with Queue. The transaction

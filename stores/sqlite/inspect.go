@@ -6,8 +6,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-var _ driver.Inspector = (*Store)(nil)
-
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, and the bytes the table and
 // its indexes take in the database file (from the dbstat table; 0 when the

@@ -26,7 +26,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/url"
 	"slices"
@@ -35,7 +34,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -56,12 +54,8 @@ type Store struct {
 }
 
 var (
-	_ core.Store[*sql.Tx] = (*Store)(nil)
-	_ driver.Pruner       = (*Store)(nil)
-	_ driver.Retentioner  = (*Store)(nil)
-	_ driver.Migrator     = (*Store)(nil)
-	_ io.Closer           = (*Store)(nil)
-	_ driver.Txn[*sql.Tx] = (*Txn)(nil)
+	_ sqlstore.Store[*sql.Tx] = (*Store)(nil)
+	_ sqlstore.Txn[*sql.Tx]   = (*Txn)(nil)
 )
 
 type queries struct {
