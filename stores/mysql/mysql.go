@@ -38,7 +38,6 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -51,9 +50,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
@@ -560,9 +558,3 @@ func (t *Txn) Commit(ctx context.Context) error { return t.end.Commit(ctx) }
 // nothing and returns nil. When the connection is gone the server has
 // already rolled the transaction back, and Rollback returns nil too.
 func (t *Txn) Rollback(ctx context.Context) error { return t.end.Rollback(ctx) }
-
-// connGone reports the errors of a connection that is gone, whose
-// transaction the server has rolled back.
-func connGone(err error) bool {
-	return errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrConnDone)
-}

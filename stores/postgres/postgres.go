@@ -46,7 +46,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 	"github.com/jackc/pgx/v5"

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 

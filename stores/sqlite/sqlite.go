@@ -33,7 +33,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver

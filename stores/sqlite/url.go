@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
