@@ -118,7 +118,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("mysql: Open: %w", err)
 	}
-	return sqlstore.Migrated(ctx, &cfg.Config, &Store{db: db, owned: true, cfg: cfg}, func() { db.Close() })
+	s := newStore(db, cfg)
+	s.owned = true
+	return sqlstore.Migrated(ctx, &cfg.Config, s, func() { db.Close() })
 }
 
 // ParseDSN reads a go-sql-driver DSN or a mysql:// URL into the driver's
@@ -243,15 +245,10 @@ func driverDSNError(dsn string, err error) error {
 // does not migrate: call Migrate. interpolateParams=true in its DSN saves
 // two round trips per statement.
 func New(db *sql.DB, opts ...Option) (*Store, error) {
-	if db == nil {
-		return nil, errors.New("mysql: New: nil *sql.DB")
-	}
-	cfg, err := buildConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return &Store{db: db, cfg: cfg}, nil
+	return sqlstore.New("mysql", "*sql.DB", db, opts, buildConfig, newStore)
 }
+
+func newStore(db *sql.DB, cfg config) *Store { return &Store{db: db, cfg: cfg} }
 
 // DB returns the database handle, for business queries outside a claim.
 func (s *Store) DB() *sql.DB { return s.db }

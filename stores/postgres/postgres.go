@@ -143,14 +143,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 // New wraps an existing pool, so a service shares one pool between its own
 // queries and the store. It does not migrate: call Migrate.
 func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
-	if pool == nil {
-		return nil, errors.New("postgres: New: nil pool")
-	}
-	cfg, err := buildConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return newStore(pool, cfg), nil
+	return sqlstore.New("postgres", "pool", pool, opts, buildConfig, newStore)
 }
 
 func newStore(pool *pgxpool.Pool, cfg config) *Store {

@@ -101,14 +101,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 // for each other instead of failing with SQLITE_BUSY, the handle should be
 // opened with a busy_timeout and _txlock=immediate, as Open does.
 func New(db *sql.DB, opts ...Option) (*Store, error) {
-	if db == nil {
-		return nil, errors.New("sqlite: New: nil *sql.DB")
-	}
-	cfg, err := buildConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return newStore(db, cfg), nil
+	return sqlstore.New("sqlite", "*sql.DB", db, opts, buildConfig, newStore)
 }
 
 func newStore(db *sql.DB, cfg config) *Store {

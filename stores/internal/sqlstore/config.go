@@ -130,3 +130,19 @@ func Migrated[S driver.Migrator](ctx context.Context, c *Config, s S, closeHandl
 	}
 	return s, nil
 }
+
+// New is every store's New: it refuses a nil handle h (what names its
+// type in the error), builds the config from opts with build, and returns
+// newStore on h with it.
+func New[H comparable, O, C, S any](store, what string, h H, opts []O, build func([]O) (C, error), newStore func(H, C) S) (S, error) {
+	var none S
+	var nilHandle H
+	if h == nilHandle {
+		return none, fmt.Errorf("%s: New: nil %s", store, what)
+	}
+	cfg, err := build(opts)
+	if err != nil {
+		return none, err
+	}
+	return newStore(h, cfg), nil
+}
