@@ -425,8 +425,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	token := rand.Int64N(1<<63-1) + 1 // never the column default 0
 	now := sqlstore.FormatTime(t.s.cfg.Now())
 	got := make(map[string]claimedRow, len(claims))
-	for start := 0; start < len(order); start += claimChunk {
-		chunk := order[start:min(start+claimChunk, len(order))]
+	for chunk := range slices.Chunk(order, claimChunk) {
 		var b strings.Builder
 		b.WriteString("INSERT INTO " + t.s.cfg.Table + " (consumer, message_id, fingerprint, processed_at, claim_token) VALUES ")
 		args := make([]any, 0, 5*len(chunk))

@@ -213,8 +213,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	}
 	now := sqlstore.FormatTime(t.s.cfg.Now())
 	won := make(map[string]bool, len(claims))
-	for start := 0; start < len(claims); start += claimChunk {
-		chunk := claims[start:min(start+claimChunk, len(claims))]
+	for chunk := range slices.Chunk(claims, claimChunk) {
 		var b strings.Builder
 		b.WriteString("INSERT INTO " + t.s.cfg.Table + " (consumer, processed_at, message_id, fingerprint) VALUES ")
 		args := make([]any, 0, 2+2*len(chunk))
