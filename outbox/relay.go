@@ -18,8 +18,9 @@ import (
 )
 
 // firstBackoff is about the first wait after a failed claim or a lost
-// listener connection (or the poll interval, if shorter); it doubles, with
-// jitter, up to the maximum backoff (driver.Backoff).
+// listener connection (or the poll interval or the maximum backoff, if
+// shorter); it doubles, with jitter, up to the maximum backoff
+// (driver.Backoff), which no wait exceeds.
 const firstBackoff = 100 * time.Millisecond
 
 // finishTimeout bounds marking rows sent after the broker confirmed them;
@@ -139,7 +140,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.prune(ctx) }()
 	}
 
-	backoff := driver.NewBackoff(min(r.cfg.poll, firstBackoff), r.cfg.maxBackoff)
+	backoff := driver.NewBackoff(min(r.cfg.poll, firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
 	for {
 		n, err := r.RunOnce(ctx)
 		if ctx.Err() != nil {
@@ -269,7 +270,7 @@ func byDestination(rows []*Row) []destGroup {
 // listen keeps the store's notification listener running until ctx is
 // done, reconnecting with a backoff; polling covers the gaps.
 func (r *Relay) listen(ctx context.Context, n Notifier) {
-	backoff := driver.NewBackoff(firstBackoff, r.cfg.maxBackoff)
+	backoff := driver.NewBackoff(min(firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
 	for {
 		start := time.Now()
 		err := n.Listen(ctx, r.Wake)
