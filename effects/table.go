@@ -114,7 +114,7 @@ func (t *Table) Migrate(ctx context.Context, db any) error {
 	if err != nil {
 		return err
 	}
-	if err := q.exec(ctx, stmt); err != nil {
+	if _, err := q.exec(ctx, stmt); err != nil {
 		return fmt.Errorf("effects: Migrate %s: %w", t.name, err)
 	}
 	return nil
@@ -172,7 +172,7 @@ func (t *Table) Remember(ctx context.Context, db any, consumer, messageID, purpo
 		// errors other than the duplicate key.
 		ins = `INSERT INTO ` + t.name + ` (consumer, message_id, purpose, result) VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE consumer = consumer`
 	}
-	if err := q.exec(ctx, ins, consumer, messageID, purpose, res); err != nil {
+	if _, err := q.exec(ctx, ins, consumer, messageID, purpose, res); err != nil {
 		return nil, fmt.Errorf("effects: recording the result of %s for %s: %w", purpose, messageID, err)
 	}
 	// Another run may have recorded first: everyone returns the first.
@@ -214,7 +214,7 @@ func (t *Table) Prune(ctx context.Context, db any, before time.Time, limit int) 
 	} else {
 		stmt = `DELETE FROM ` + t.name + ` WHERE recorded_at < ? ORDER BY recorded_at LIMIT ?`
 	}
-	n, err := q.execCount(ctx, stmt, before, limit)
+	n, err := q.exec(ctx, stmt, before, limit)
 	if err != nil {
 		return 0, fmt.Errorf("effects: Prune %s: %w", t.name, err)
 	}
@@ -223,8 +223,7 @@ func (t *Table) Prune(ctx context.Context, db any, before time.Time, limit int) 
 
 // querier hides the two driver APIs.
 type querier interface {
-	exec(ctx context.Context, sql string, args ...any) error
-	execCount(ctx context.Context, sql string, args ...any) (int64, error)
+	exec(ctx context.Context, sql string, args ...any) (int64, error) // rows affected
 	queryBytes(ctx context.Context, sql string, args ...any) ([]byte, bool, error)
 }
 
@@ -255,12 +254,7 @@ func (t *Table) querier(db any) (querier, error) {
 
 type pgxQ struct{ db pgxDB }
 
-func (q pgxQ) exec(ctx context.Context, s string, args ...any) error {
-	_, err := q.db.Exec(ctx, s, args...)
-	return err
-}
-
-func (q pgxQ) execCount(ctx context.Context, s string, args ...any) (int64, error) {
+func (q pgxQ) exec(ctx context.Context, s string, args ...any) (int64, error) {
 	tag, err := q.db.Exec(ctx, s, args...)
 	return tag.RowsAffected(), err
 }
@@ -271,12 +265,7 @@ func (q pgxQ) queryBytes(ctx context.Context, s string, args ...any) ([]byte, bo
 
 type sqlQ struct{ db sqlDB }
 
-func (q sqlQ) exec(ctx context.Context, s string, args ...any) error {
-	_, err := q.db.ExecContext(ctx, s, args...)
-	return err
-}
-
-func (q sqlQ) execCount(ctx context.Context, s string, args ...any) (int64, error) {
+func (q sqlQ) exec(ctx context.Context, s string, args ...any) (int64, error) {
 	r, err := q.db.ExecContext(ctx, s, args...)
 	if err != nil {
 		return 0, err
