@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -34,7 +35,7 @@ type Option func(*Table) error
 // "idemq_effects".
 func WithTable(name string) Option {
 	return func(t *Table) error {
-		if err := validateIdentifier(name); err != nil {
+		if err := sqlident.Check(name); err != nil {
 			return fmt.Errorf("effects: WithTable: %w", err)
 		}
 		t.name = name
@@ -113,7 +114,7 @@ func (t *Table) Migrate(ctx context.Context, db any) error {
 	if err != nil {
 		return err
 	}
-	if err := q.exec(ctx, stmt); err != nil {
+	if _, err := q.exec(ctx, stmt); err != nil {
 		return fmt.Errorf("effects: Migrate %s: %w", t.name, err)
 	}
 	return nil
@@ -171,7 +172,7 @@ func (t *Table) Remember(ctx context.Context, db any, consumer, messageID, purpo
 		// errors other than the duplicate key.
 		ins = `INSERT INTO ` + t.name + ` (consumer, message_id, purpose, result) VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE consumer = consumer`
 	}
-	if err := q.exec(ctx, ins, consumer, messageID, purpose, res); err != nil {
+	if _, err := q.exec(ctx, ins, consumer, messageID, purpose, res); err != nil {
 		return nil, fmt.Errorf("effects: recording the result of %s for %s: %w", purpose, messageID, err)
 	}
 	// Another run may have recorded first: everyone returns the first.
@@ -213,7 +214,7 @@ func (t *Table) Prune(ctx context.Context, db any, before time.Time, limit int) 
 	} else {
 		stmt = `DELETE FROM ` + t.name + ` WHERE recorded_at < ? ORDER BY recorded_at LIMIT ?`
 	}
-	n, err := q.execCount(ctx, stmt, before, limit)
+	n, err := q.exec(ctx, stmt, before, limit)
 	if err != nil {
 		return 0, fmt.Errorf("effects: Prune %s: %w", t.name, err)
 	}
@@ -222,8 +223,7 @@ func (t *Table) Prune(ctx context.Context, db any, before time.Time, limit int) 
 
 // querier hides the two driver APIs.
 type querier interface {
-	exec(ctx context.Context, sql string, args ...any) error
-	execCount(ctx context.Context, sql string, args ...any) (int64, error)
+	exec(ctx context.Context, sql string, args ...any) (int64, error) // rows affected
 	queryBytes(ctx context.Context, sql string, args ...any) ([]byte, bool, error)
 }
 
@@ -254,33 +254,18 @@ func (t *Table) querier(db any) (querier, error) {
 
 type pgxQ struct{ db pgxDB }
 
-func (q pgxQ) exec(ctx context.Context, s string, args ...any) error {
-	_, err := q.db.Exec(ctx, s, args...)
-	return err
-}
-
-func (q pgxQ) execCount(ctx context.Context, s string, args ...any) (int64, error) {
+func (q pgxQ) exec(ctx context.Context, s string, args ...any) (int64, error) {
 	tag, err := q.db.Exec(ctx, s, args...)
 	return tag.RowsAffected(), err
 }
 
 func (q pgxQ) queryBytes(ctx context.Context, s string, args ...any) ([]byte, bool, error) {
-	var b []byte
-	err := q.db.QueryRow(ctx, s, args...).Scan(&b)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, nil
-	}
-	return b, err == nil, err
+	return scanBytes(q.db.QueryRow(ctx, s, args...), pgx.ErrNoRows)
 }
 
 type sqlQ struct{ db sqlDB }
 
-func (q sqlQ) exec(ctx context.Context, s string, args ...any) error {
-	_, err := q.db.ExecContext(ctx, s, args...)
-	return err
-}
-
-func (q sqlQ) execCount(ctx context.Context, s string, args ...any) (int64, error) {
+func (q sqlQ) exec(ctx context.Context, s string, args ...any) (int64, error) {
 	r, err := q.db.ExecContext(ctx, s, args...)
 	if err != nil {
 		return 0, err
@@ -289,29 +274,16 @@ func (q sqlQ) execCount(ctx context.Context, s string, args ...any) (int64, erro
 }
 
 func (q sqlQ) queryBytes(ctx context.Context, s string, args ...any) ([]byte, bool, error) {
+	return scanBytes(q.db.QueryRowContext(ctx, s, args...), sql.ErrNoRows)
+}
+
+// scanBytes reads row's one column, and whether there was a row: noRows is
+// the driver's error for none.
+func scanBytes(row interface{ Scan(...any) error }, noRows error) ([]byte, bool, error) {
 	var b []byte
-	err := q.db.QueryRowContext(ctx, s, args...).Scan(&b)
-	if errors.Is(err, sql.ErrNoRows) {
+	err := row.Scan(&b)
+	if errors.Is(err, noRows) {
 		return nil, false, nil
 	}
 	return b, err == nil, err
-}
-
-// validateIdentifier accepts ASCII letters, digits and underscores, not
-// starting with a digit, at most 63 characters: the name is spliced into
-// SQL text.
-func validateIdentifier(name string) error {
-	if name == "" || len(name) > 63 {
-		return fmt.Errorf("table name of %d characters: 1 to 63 are allowed", len(name))
-	}
-	for i := 0; i < len(name); i++ {
-		ch := name[i]
-		switch {
-		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
-		case ch >= '0' && ch <= '9' && i > 0:
-		default:
-			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
-		}
-	}
-	return nil
 }

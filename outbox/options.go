@@ -92,13 +92,7 @@ func WithWindow(n int) Option {
 // rows again when no notification woke it (the fallback when LISTEN/NOTIFY
 // is off, unavailable, or a notification was lost). Default 1s.
 func WithPollInterval(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.fail("WithPollInterval", "must be positive, got %v", d)
-			return
-		}
-		c.poll = d
-	}
+	return positive("WithPollInterval", d, func(c *config) *time.Duration { return &c.poll })
 }
 
 // WithRetention sets how long sent rows are kept (for audits and
@@ -134,15 +128,10 @@ func WithPruneInterval(every time.Duration, batch int) Option {
 
 // WithMaxBackoff caps how long a relay waits after a failed batch (a
 // claim the database refused, a failed publish) before it claims again;
-// the wait doubles from the poll interval up to it. Default 30s.
+// the wait doubles (with jitter) from the poll interval up to it.
+// Default 30s.
 func WithMaxBackoff(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.fail("WithMaxBackoff", "must be positive, got %v", d)
-			return
-		}
-		c.maxBackoff = d
-	}
+	return positive("WithMaxBackoff", d, func(c *config) *time.Duration { return &c.maxBackoff })
 }
 
 // WithRetryBackoff sets how long rows whose publish failed are left alone:
@@ -164,13 +153,7 @@ func WithRetryBackoff(min, max time.Duration) Option {
 // while the broker confirms, so a hung broker must not hold them forever;
 // a timed-out publish counts as failed. Default 30s.
 func WithPublishTimeout(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.fail("WithPublishTimeout", "must be positive, got %v", d)
-			return
-		}
-		c.publishTimeout = d
-	}
+	return positive("WithPublishTimeout", d, func(c *config) *time.Duration { return &c.publishTimeout })
 }
 
 // WithNotify turns waiting for the store's notifications (Postgres
@@ -203,6 +186,18 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 			return
 		}
 		c.meter = mp
+	}
+}
+
+// positive is an option that sets the duration at field to d, which must
+// be positive; name is the option named in its error.
+func positive(name string, d time.Duration, field func(*config) *time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail(name, "must be positive, got %v", d)
+			return
+		}
+		*field(c) = d
 	}
 }
 

@@ -2,7 +2,11 @@ package outbox
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,5 +125,36 @@ func TestRetryDelayGrows(t *testing.T) {
 	}
 	if d := r.retryDelay(1000); d != 10*time.Second {
 		t.Errorf("retryDelay(1000) = %v", d)
+	}
+}
+
+// failingStore refuses every claim, counting them.
+type failingStore struct{ claims atomic.Int64 }
+
+func (s *failingStore) Claim(context.Context, int, int) (Claimed, error) {
+	s.claims.Add(1)
+	return nil, errors.New("database down")
+}
+func (s *failingStore) Pending(context.Context) (int64, time.Duration, error) { return 0, 0, nil }
+func (s *failingStore) Prune(context.Context, time.Time, int) (int, error)    { return 0, nil }
+
+// TestRunBackoffCappedByMaxBackoff: after failed claims the relay waits
+// at most WithMaxBackoff, even when that is below the first backoff.
+func TestRunBackoffCappedByMaxBackoff(t *testing.T) {
+	st := &failingStore{}
+	r, err := NewRelay(st, PublisherFunc(func(context.Context, string, ...*core.Message) error { return nil }),
+		WithMaxBackoff(10*time.Millisecond), WithPollInterval(time.Hour), WithRetention(0),
+		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Uncapped doubling from 100ms would claim 3 times in 300ms.
+	if n := st.claims.Load(); n < 10 {
+		t.Fatalf("%d claims in 300ms with a 10ms maximum backoff", n)
 	}
 }

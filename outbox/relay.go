@@ -14,11 +14,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
-// firstBackoff is the first wait after a failed claim or a lost listener
-// connection (or the poll interval, if shorter); it doubles up to the
-// maximum backoff.
+// firstBackoff is about the first wait after a failed claim or a lost
+// listener connection (or the poll interval or the maximum backoff, if
+// shorter); it doubles, with jitter, up to the maximum backoff
+// (driver.Backoff), which no wait exceeds.
 const firstBackoff = 100 * time.Millisecond
 
 // finishTimeout bounds marking rows sent after the broker confirmed them;
@@ -138,41 +140,32 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.prune(ctx) }()
 	}
 
-	first := min(r.cfg.poll, firstBackoff)
-	backoff := first
+	backoff := driver.NewBackoff(min(r.cfg.poll, firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
 	for {
 		n, err := r.RunOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := r.cfg.poll
-		switch {
-		case err != nil:
-			r.cfg.logger.Warn("outbox: relay batch failed; rows stay pending", "relay", r.cfg.name, "published", n, "error", err, "retry_in", backoff)
-			wait = backoff
-			backoff = min(2*backoff, r.cfg.maxBackoff)
-		case n > 0:
-			backoff = first
-			continue // more may be pending: no wait
-		default:
-			backoff = first
+		if err != nil {
+			wait := backoff.Next()
+			r.cfg.logger.Warn("outbox: relay batch failed; rows stay pending", "relay", r.cfg.name, "published", n, "error", err, "retry_in", wait)
+			// A notification does not cut the backoff short: the broker
+			// is probably still down.
+			if !driver.Sleep(ctx, wait) {
+				return nil
+			}
+			continue
 		}
-		t := time.NewTimer(wait)
+		backoff.Reset()
+		if n > 0 {
+			continue // more may be pending: no wait
+		}
+		t := time.NewTimer(r.cfg.poll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
 		case <-r.wake:
-			if err != nil {
-				// After a failure, a notification does not cut the
-				// backoff short: the broker is probably still down.
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return nil
-				case <-t.C:
-				}
-			}
 		case <-t.C:
 		}
 		t.Stop()
@@ -277,7 +270,7 @@ func byDestination(rows []*Row) []destGroup {
 // listen keeps the store's notification listener running until ctx is
 // done, reconnecting with a backoff; polling covers the gaps.
 func (r *Relay) listen(ctx context.Context, n Notifier) {
-	backoff := firstBackoff
+	backoff := driver.NewBackoff(min(firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
 	for {
 		start := time.Now()
 		err := n.Listen(ctx, r.Wake)
@@ -285,17 +278,13 @@ func (r *Relay) listen(ctx context.Context, n Notifier) {
 			return
 		}
 		if time.Since(start) > time.Minute {
-			backoff = firstBackoff // it had recovered
+			backoff.Reset() // it had recovered
 		}
-		r.cfg.logger.Warn("outbox: notification listener stopped; polling meanwhile", "relay", r.cfg.name, "error", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		wait := backoff.Next()
+		r.cfg.logger.Warn("outbox: notification listener stopped; polling meanwhile", "relay", r.cfg.name, "error", err, "retry_in", wait)
+		if !driver.Sleep(ctx, wait) {
 			return
-		case <-t.C:
 		}
-		backoff = min(2*backoff, r.cfg.maxBackoff)
 	}
 }
 

@@ -19,16 +19,21 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not given.
 const DefaultTable = "outbox"
+
+// maxTableLength is the longest outbox table name: MySQL's 64-character
+// limit less the "_locks" of the lock table's name.
+const maxTableLength = 64 - len("_locks")
 
 // LockBuckets is how many lock rows the writers' per-key locks hash onto.
 // Two keys sharing a bucket only make their writers wait for each other.
@@ -43,7 +48,7 @@ type Option func(*Outbox) error
 // starting with a digit. Default "outbox".
 func WithTable(name string) Option {
 	return func(o *Outbox) error {
-		if err := validateIdentifier(name); err != nil {
+		if err := sqlident.CheckMax(name, maxTableLength); err != nil {
 			return fmt.Errorf("mysqloutbox: WithTable: %w", err)
 		}
 		o.table = name
@@ -102,31 +107,19 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message)
 	if len(msgs) == 0 {
 		return nil
 	}
-	var buckets []int
-	args := make([]any, 0, 5*len(msgs))
-	for i, m := range msgs {
-		h, err := outbox.Prepare(ctx, m)
-		if err != nil {
-			return fmt.Errorf("mysqloutbox: Write: msgs[%d]: %w", i, err)
-		}
-		js, err := json.Marshal(h)
-		if err != nil {
-			return fmt.Errorf("mysqloutbox: Write: msgs[%d] headers: %w", i, err)
-		}
-		var key any
-		if m.Key != "" {
-			key = m.Key
-			buckets = append(buckets, bucket(m.Key))
-		}
-		body := m.Body
-		if body == nil {
-			body = []byte{}
-		}
-		args = append(args, m.ID, m.Destination, key, string(js), body)
+	ready, err := sqloutbox.Prepare(ctx, "mysqloutbox", msgs)
+	if err != nil {
+		return err
 	}
-	if len(buckets) > 0 {
-		slices.Sort(buckets)
-		buckets = slices.Compact(buckets)
+	args := make([]any, 0, 5*len(ready))
+	for _, r := range ready {
+		var key any
+		if r.Key != "" {
+			key = r.Key
+		}
+		args = append(args, r.ID, r.Destination, key, r.Headers, r.Body)
+	}
+	if buckets := sqloutbox.LockKeys(ready, bucket); len(buckets) > 0 {
 		q := fmt.Sprintf("SELECT bucket FROM %s WHERE bucket IN (%s) ORDER BY bucket FOR UPDATE", o.locks(), placeholders(len(buckets)))
 		rows, err := tx.QueryContext(ctx, q, anys(buckets)...)
 		if err != nil {
@@ -320,45 +313,17 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 	if len(c.rows) == 0 {
 		return abort(nil)
 	}
-	if room := limit - len(c.rows); room > 0 {
-		// The rows that follow each claimed head: no other relay can
-		// claim them while this transaction holds the head's lock.
-		byKey := map[string]int64{}
-		var keys []any
-		seqs := make([]any, len(c.rows))
-		for i, r := range c.rows {
-			seqs[i] = r.Seq
-			if r.Key != "" {
-				byKey[r.Key] = r.Seq
-				keys = append(keys, r.Key)
-			}
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
+			s.cols, s.table, placeholders(len(keys)), placeholders(len(seqs)))
+		rows, err := tx.QueryContext(ctx, q, append(append(anys(keys), anys(seqs)...), room)...)
+		if err != nil {
+			return nil, err
 		}
-		if len(keys) > 0 {
-			q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
-				s.cols, s.table, placeholders(len(keys)), placeholders(len(seqs)))
-			rows, err := tx.QueryContext(ctx, q, append(append(keys, seqs...), room)...)
-			if err != nil {
-				return abort(err)
-			}
-			run, err := scanRows(rows)
-			if err != nil {
-				return abort(err)
-			}
-			for _, r := range run {
-				if r.Seq > byKey[r.Key] {
-					c.rows = append(c.rows, r)
-				}
-			}
-			slices.SortFunc(c.rows, func(a, b *outbox.Row) int {
-				switch {
-				case a.Seq < b.Seq:
-					return -1
-				case a.Seq > b.Seq:
-					return 1
-				}
-				return 0
-			})
-		}
+		return scanRows(rows)
+	})
+	if err != nil {
+		return abort(err)
 	}
 	return c, nil
 }
@@ -415,22 +380,4 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
-}
-
-// validateIdentifier accepts ASCII letters, digits and underscores, not
-// starting with a digit, at most 58 characters (64 minus "_locks").
-func validateIdentifier(name string) error {
-	if name == "" || len(name) > 58 {
-		return fmt.Errorf("table name of %d characters: 1 to 58 are allowed", len(name))
-	}
-	for i := 0; i < len(name); i++ {
-		ch := name[i]
-		switch {
-		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
-		case ch >= '0' && ch <= '9' && i > 0:
-		default:
-			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
-		}
-	}
-	return nil
 }

@@ -19,18 +19,18 @@ package pgoutbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not given.
@@ -51,7 +51,7 @@ type Option func(*config)
 // has the same name.
 func WithTable(name string) Option {
 	return func(c *config) {
-		if err := validateIdentifier(name); err != nil {
+		if err := sqlident.Check(name); err != nil {
 			c.errs = append(c.errs, fmt.Errorf("pgoutbox: WithTable: %w", err))
 			return
 		}
@@ -138,30 +138,17 @@ func (o *Outbox) Write(ctx context.Context, tx pgx.Tx, msgs ...*outbox.Message) 
 	if len(msgs) == 0 {
 		return nil
 	}
-	n := len(msgs)
+	ready, err := sqloutbox.Prepare(ctx, "pgoutbox", msgs)
+	if err != nil {
+		return err
+	}
+	n := len(ready)
 	ids, dests, keys, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	bodies := make([][]byte, n)
-	var locks []int32
-	for i, m := range msgs {
-		h, err := outbox.Prepare(ctx, m)
-		if err != nil {
-			return fmt.Errorf("pgoutbox: Write: msgs[%d]: %w", i, err)
-		}
-		js, err := json.Marshal(h)
-		if err != nil {
-			return fmt.Errorf("pgoutbox: Write: msgs[%d] headers: %w", i, err)
-		}
-		ids[i], dests[i], keys[i], headers[i] = m.ID, m.Destination, m.Key, string(js)
-		bodies[i] = m.Body
-		if bodies[i] == nil {
-			bodies[i] = []byte{}
-		}
-		if m.Key != "" {
-			locks = append(locks, keyHash(m.Key))
-		}
+	for i, r := range ready {
+		ids[i], dests[i], keys[i], headers[i], bodies[i] = r.ID, r.Destination, r.Key, r.Headers, r.Body
 	}
-	slices.Sort(locks)
-	locks = slices.Compact(locks)
+	locks := sqloutbox.LockKeys(ready, keyHash)
 
 	b := &pgx.Batch{}
 	if len(locks) > 0 {
@@ -312,48 +299,18 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 		tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	if room := limit - len(c.rows); room > 0 {
-		// The rows that follow each claimed head: no other relay can
-		// claim them while this transaction holds the head's lock.
-		heads := map[string]int64{}
-		var keys []string
-		seqs := make([]int64, len(c.rows))
-		for i, r := range c.rows {
-			seqs[i] = r.Seq
-			if r.Key != "" {
-				heads[r.Key] = r.Seq
-				keys = append(keys, r.Key)
-			}
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+		q, err := tx.Query(ctx, s.runSQL, keys, seqs, room)
+		if err != nil {
+			return nil, err
 		}
-		if len(keys) > 0 {
-			q, err := tx.Query(ctx, s.runSQL, keys, seqs, room)
-			var run []*outbox.Row
-			if err == nil {
-				run, err = scanRows(q)
-			}
-			if err != nil {
-				tx.Rollback(context.WithoutCancel(ctx))
-				return nil, err
-			}
-			for _, r := range run {
-				if r.Seq > heads[r.Key] {
-					c.rows = append(c.rows, r)
-				}
-			}
-			slices.SortFunc(c.rows, func(a, b *outbox.Row) int { return cmpInt64(a.Seq, b.Seq) })
-		}
+		return scanRows(q)
+	})
+	if err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
 	}
 	return c, nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 type claimed struct {
@@ -424,27 +381,4 @@ func (s *Store) Listen(ctx context.Context, wake func()) error {
 		}
 		wake()
 	}
-}
-
-const maxIdentifierLength = 63
-
-// validateIdentifier accepts ASCII letters, digits and underscores, not
-// starting with a digit, at most 63 characters (Postgres' limit).
-func validateIdentifier(name string) error {
-	if name == "" {
-		return errors.New("empty table name")
-	}
-	if len(name) > maxIdentifierLength {
-		return fmt.Errorf("table name is %d characters long, at most %d allowed", len(name), maxIdentifierLength)
-	}
-	for i := 0; i < len(name); i++ {
-		ch := name[i]
-		switch {
-		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
-		case ch >= '0' && ch <= '9' && i > 0:
-		default:
-			return errors.New("table name: only letters, digits and underscores, not starting with a digit")
-		}
-	}
-	return nil
 }

@@ -1,12 +1,11 @@
 package mysql
 
 import (
-	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"io"
-	"net"
+
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 )
@@ -43,10 +42,11 @@ func IsTransient(err error) bool {
 		}
 		return false
 	}
-	if errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	var netErr net.Error
-	return errors.As(err, &netErr)
+	return connGone(err) || sqlstore.ConnLost(err)
+}
+
+// connGone reports the errors of a connection that is gone, whose
+// transaction the server has rolled back.
+func connGone(err error) bool {
+	return errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone)
 }

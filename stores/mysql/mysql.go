@@ -38,11 +38,9 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -52,10 +50,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 )
@@ -72,10 +70,6 @@ const (
 	// MaxFingerprintBytes is the longest fingerprint, in bytes.
 	MaxFingerprintBytes = 128
 )
-
-// timeFormat is how processed_at is sent: UTC text, independent of the
-// driver's loc and parseTime settings.
-const timeFormat = "2006-01-02 15:04:05.000000"
 
 // claimChunk bounds the rows of one INSERT so a batch stays far below the
 // 65535 placeholders of a prepared statement and max_allowed_packet.
@@ -94,11 +88,8 @@ type Store struct {
 }
 
 var (
-	_ core.Store[*sql.Tx] = (*Store)(nil)
-	_ driver.Pruner       = (*Store)(nil)
-	_ driver.Retentioner  = (*Store)(nil)
-	_ driver.Migrator     = (*Store)(nil)
-	_ io.Closer           = (*Store)(nil)
+	_ sqlstore.Store[*sql.Tx] = (*Store)(nil)
+	_ sqlstore.Txn[*sql.Tx]   = (*Txn)(nil)
 )
 
 // Open connects to the server at dsn and runs Migrate. dsn is either a
@@ -127,15 +118,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("mysql: Open: %w", err)
 	}
-	s := &Store{db: db, owned: true, cfg: cfg}
-	if cfg.noMigrate {
-		return s, nil
-	}
-	if err := s.Migrate(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return s, nil
+	s := newStore(db, cfg)
+	s.owned = true
+	return sqlstore.Migrated(ctx, &cfg.Config, s, func() { db.Close() })
 }
 
 // ParseDSN reads a go-sql-driver DSN or a mysql:// URL into the driver's
@@ -260,61 +245,35 @@ func driverDSNError(dsn string, err error) error {
 // does not migrate: call Migrate. interpolateParams=true in its DSN saves
 // two round trips per statement.
 func New(db *sql.DB, opts ...Option) (*Store, error) {
-	if db == nil {
-		return nil, errors.New("mysql: New: nil *sql.DB")
-	}
-	cfg, err := buildConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return &Store{db: db, cfg: cfg}, nil
+	return sqlstore.New("mysql", "*sql.DB", db, opts, buildConfig, newStore)
 }
+
+func newStore(db *sql.DB, cfg config) *Store { return &Store{db: db, cfg: cfg} }
 
 // DB returns the database handle, for business queries outside a claim.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// Table returns the dedup table's name.
-func (s *Store) Table() string { return s.cfg.table }
-
-// Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.retention }
+// As implements core.Store: a **sql.DB target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
 
 // Close closes the database handle if Open opened it; a handle given to New
 // is left to its owner.
-// As implements core.Store: a **sql.DB target gets the store's pool, and
-// **Store the store itself.
-func (s *Store) As(target any) bool {
-	switch t := target.(type) {
-	case **sql.DB:
-		*t = s.db
-		return true
-	case **Store:
-		*t = s
-		return true
-	}
-	return false
-}
-
-func (s *Store) Close() error {
-	if !s.owned {
-		return nil
-	}
-	return s.db.Close()
-}
+func (s *Store) Close() error { return sqlstore.CloseOwned(s.db, s.owned) }
 
 // Migrate creates the dedup table if it does not exist. It is idempotent
 // and safe when several processes run it at once: they serialise on a
 // named lock (GET_LOCK), and CREATE TABLE IF NOT EXISTS creates the table
 // and its index in one statement.
 func (s *Store) Migrate(ctx context.Context) error {
-	wrap := func(err error) error { return fmt.Errorf("mysql: migrate %s: %w", s.cfg.table, err) }
+	wrap := func(err error) error { return s.cfg.Wrap("migrate", err) }
 	conn, err := s.db.Conn(ctx) // GET_LOCK belongs to one session
 	if err != nil {
 		return wrap(err)
 	}
 	defer conn.Close()
 	h := fnv.New64a()
-	h.Write([]byte(s.cfg.table))
+	h.Write([]byte(s.cfg.Table))
 	lock := fmt.Sprintf("idemq.migrate.%016x", h.Sum64())
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 30)`, lock).Scan(&got); err != nil {
@@ -324,7 +283,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return wrap(fmt.Errorf("could not take migration lock %s within 30s", lock))
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(?)`, lock)
-	t := s.cfg.table
+	t := s.cfg.Table
 	_, err = conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
 	consumer     VARBINARY(255)  NOT NULL,
 	message_id   VARBINARY(1024) NOT NULL,
@@ -345,19 +304,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 // returns how many it deleted. Call it again until it returns less than
 // limit.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("mysql: Prune: limit must be positive, got %d", limit)
+	if err := s.cfg.CheckLimit(limit); err != nil {
+		return 0, err
 	}
-	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.cfg.table+
-		` WHERE processed_at < ? ORDER BY processed_at LIMIT `+strconv.Itoa(limit), formatTime(before))
+	n, err := sqlstore.ExecCount(ctx, s.db, `DELETE FROM `+s.cfg.Table+
+		` WHERE processed_at < ? ORDER BY processed_at LIMIT `+strconv.Itoa(limit), sqlstore.FormatTime(before))
 	if err != nil {
-		return 0, fmt.Errorf("mysql: prune %s: %w", s.cfg.table, err)
+		return 0, s.cfg.Wrap("prune", err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("mysql: prune %s: %w", s.cfg.table, err)
-	}
-	return int(n), nil
+	return n, nil
 }
 
 // RunPruner deletes claims older than Retention every interval, in batches
@@ -365,7 +320,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 // short, and logs how many it removed. It returns ctx's error when ctx is
 // done; a failed round is logged and retried at the next tick.
 func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
-	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
+	return s.cfg.RunPruner(ctx, s, every, batch, logger)
 }
 
 // claimMode resolves ClaimAuto once, from the server's version.
@@ -423,23 +378,19 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql: begin: %w", err)
 	}
-	return &Txn{tx: tx, s: s, mode: mode}, nil
+	return &Txn{s: s, mode: mode, end: sqlstore.Tx{Store: "mysql", SQL: tx, Gone: connGone}}, nil
 }
-
-func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
-	tx   *sql.Tx
 	s    *Store
 	mode ClaimMode
+	end  sqlstore.Tx // savepoints, commit and rollback
 }
 
-var _ driver.Txn[*sql.Tx] = (*Txn)(nil)
-
 // Tx returns the transaction for the handler's business effect.
-func (t *Txn) Tx() *sql.Tx { return t.tx }
+func (t *Txn) Tx() *sql.Tx { return t.end.SQL }
 
 // Claim claims every id for consumer with one multi-row INSERT … ON
 // DUPLICATE KEY UPDATE per 1000 claims, in id order (so batches sharing ids
@@ -472,12 +423,11 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(claims[a].ID, claims[b].ID) })
 	token := rand.Int64N(1<<63-1) + 1 // never the column default 0
-	now := formatTime(t.s.cfg.now())
+	now := sqlstore.FormatTime(t.s.cfg.Now())
 	got := make(map[string]claimedRow, len(claims))
-	for start := 0; start < len(order); start += claimChunk {
-		chunk := order[start:min(start+claimChunk, len(order))]
+	for chunk := range slices.Chunk(order, claimChunk) {
 		var b strings.Builder
-		b.WriteString("INSERT INTO " + t.s.cfg.table + " (consumer, message_id, fingerprint, processed_at, claim_token) VALUES ")
+		b.WriteString("INSERT INTO " + t.s.cfg.Table + " (consumer, message_id, fingerprint, processed_at, claim_token) VALUES ")
 		args := make([]any, 0, 5*len(chunk))
 		for j, i := range chunk {
 			if j > 0 {
@@ -491,7 +441,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		b.WriteString(" ON DUPLICATE KEY UPDATE message_id = message_id")
 		if t.mode == ClaimReturning {
 			b.WriteString(" RETURNING message_id, fingerprint, claim_token")
-			rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+			rows, err := t.end.SQL.QueryContext(ctx, b.String(), args...)
 			if err != nil {
 				return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 			}
@@ -500,7 +450,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 			}
 			continue
 		}
-		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
+		if _, err := t.end.SQL.ExecContext(ctx, b.String(), args...); err != nil {
 			return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 		}
 		chunkIDs := make([]string, len(chunk))
@@ -569,22 +519,11 @@ func scanClaimed(rows *sql.Rows, got map[string]claimedRow) error {
 // concurrent inserts); the locking one is for rows the plain read could
 // not see.
 func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locking bool, got map[string]claimedRow) error {
-	var b strings.Builder
-	b.WriteString("SELECT message_id, fingerprint, claim_token FROM " + t.s.cfg.table + " WHERE consumer = ? AND message_id IN (")
-	args := make([]any, 0, 1+len(ids))
-	args = append(args, consumer)
-	for j, id := range ids {
-		if j > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('?')
-		args = append(args, id)
-	}
-	b.WriteByte(')')
+	q, args := t.end.InIDs("SELECT message_id, fingerprint, claim_token FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids)
 	if locking {
-		b.WriteString(" FOR UPDATE")
+		q += " FOR UPDATE"
 	}
-	rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+	rows, err := t.end.SQL.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}
@@ -594,74 +533,24 @@ func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locki
 // Unclaim deletes this consumer's claims of ids, for messages whose handler
 // failed inside a batch transaction.
 func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
-	for start := 0; start < len(ids); start += claimChunk {
-		chunk := ids[start:min(start+claimChunk, len(ids))]
-		var b strings.Builder
-		b.WriteString("DELETE FROM " + t.s.cfg.table + " WHERE consumer = ? AND message_id IN (")
-		args := make([]any, 0, 1+len(chunk))
-		args = append(args, consumer)
-		for j, id := range chunk {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteByte('?')
-			args = append(args, id)
-		}
-		b.WriteByte(')')
-		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
-			return fmt.Errorf("mysql: unclaim %d ids for %q: %w", len(chunk), consumer, err)
-		}
-	}
-	return nil
+	return t.end.Unclaim(ctx, "DELETE FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids, claimChunk)
 }
 
 // Savepoint marks a point RollbackToSavepoint returns to.
-func (t *Txn) Savepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("mysql: savepoint: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Savepoint(ctx context.Context) error { return t.end.Savepoint(ctx) }
 
 // RollbackToSavepoint undoes everything since Savepoint and removes the
 // savepoint (ROLLBACK TO keeps it). Row locks taken since the savepoint
 // stay until the transaction ends, as InnoDB does.
-func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("mysql: rollback to savepoint: %w", err)
-	}
-	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("mysql: release savepoint after rollback: %w", err)
-	}
-	return nil
-}
+func (t *Txn) RollbackToSavepoint(ctx context.Context) error { return t.end.RollbackToSavepoint(ctx) }
 
 // ReleaseSavepoint keeps everything since Savepoint.
-func (t *Txn) ReleaseSavepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("mysql: release savepoint: %w", err)
-	}
-	return nil
-}
+func (t *Txn) ReleaseSavepoint(ctx context.Context) error { return t.end.ReleaseSavepoint(ctx) }
 
 // Commit commits the claims and the handler's effects together.
-func (t *Txn) Commit(ctx context.Context) error {
-	if err := t.tx.Commit(); err != nil {
-		return fmt.Errorf("mysql: commit: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Commit(ctx context.Context) error { return t.end.Commit(ctx) }
 
 // Rollback aborts the transaction; after Commit (failed or not) it does
 // nothing and returns nil. When the connection is gone the server has
 // already rolled the transaction back, and Rollback returns nil too.
-func (t *Txn) Rollback(ctx context.Context) error {
-	err := t.tx.Rollback()
-	if err == nil || errors.Is(err, sql.ErrTxDone) {
-		return nil
-	}
-	if errors.Is(err, mysqldrv.ErrInvalidConn) || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
-		return nil
-	}
-	return fmt.Errorf("mysql: rollback: %w", err)
-}
+func (t *Txn) Rollback(ctx context.Context) error { return t.end.Rollback(ctx) }

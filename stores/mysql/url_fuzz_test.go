@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/redact/redacttest"
+	"github.com/idemq/idemq/internal/sqlident"
 )
 
 // FuzzParseURL: the mysql:// parser never panics, never quotes the
@@ -44,8 +45,8 @@ func FuzzParseURL(f *testing.F) {
 				t.Fatalf("store parameter %s passed on to the driver: %q", k, conn)
 			}
 		}
-		if cfg, err := buildConfig(opts); err == nil && validateIdentifier(cfg.table) != nil {
-			t.Fatalf("table %q accepted", cfg.table)
+		if cfg, err := buildConfig(opts); err == nil && sqlident.Check(cfg.Table) != nil {
+			t.Fatalf("table %q accepted", cfg.Table)
 		}
 	})
 }

@@ -1,12 +1,10 @@
 package postgres
 
 import (
-	"context"
 	"errors"
-	"io"
-	"net"
 	"strings"
 
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -31,14 +29,7 @@ func IsTransient(err error) bool {
 		}
 		return strings.HasPrefix(pgErr.Code, "08")
 	}
-	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
-		return true
-	}
 	var connectErr *pgconn.ConnectError
-	if errors.As(err, &connectErr) {
-		return true
-	}
-	var netErr net.Error
-	return errors.As(err, &netErr)
+	return errors.Is(err, pgconn.ErrConnClosed) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
+		errors.As(err, &connectErr) || sqlstore.ConnLost(err)
 }

@@ -2,14 +2,11 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/jackc/pgx/v5"
 )
-
-var _ driver.Inspector = (*Store)(nil)
 
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, and the table's size on
@@ -17,10 +14,10 @@ var _ driver.Inspector = (*Store)(nil)
 // WithPartitions). It counts every row, so on a very large table it takes
 // as long as a sequential scan; it takes no locks that block claims.
 func (s *Store) Inspect(ctx context.Context) (driver.TableStats, error) {
-	st := driver.TableStats{Table: s.cfg.table}
-	wrap := func(err error) error { return fmt.Errorf("postgres: inspect %s: %w", s.cfg.table, err) }
+	st := driver.TableStats{Table: s.cfg.Table}
+	wrap := func(err error) error { return s.cfg.Wrap("inspect", err) }
 	rows, err := s.pool.Query(ctx, `SELECT consumer, count(*), min(processed_at), max(processed_at)
-FROM `+s.cfg.table+` GROUP BY consumer ORDER BY consumer`)
+FROM `+s.cfg.Table+` GROUP BY consumer ORDER BY consumer`)
 	if err != nil {
 		return st, wrap(err)
 	}
@@ -37,7 +34,7 @@ FROM `+s.cfg.table+` GROUP BY consumer ORDER BY consumer`)
 	// (pg_partition_tree lists none for a plain table).
 	if err := s.pool.QueryRow(ctx, `SELECT (pg_total_relation_size($1::regclass) + COALESCE(
 	(SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass) WHERE relid <> $1::regclass), 0))::bigint`,
-		s.cfg.table).Scan(&st.SizeBytes); err != nil {
+		s.cfg.Table).Scan(&st.SizeBytes); err != nil {
 		return st, wrap(err)
 	}
 	return st, nil

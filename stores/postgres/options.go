@@ -1,18 +1,18 @@
 package postgres
 
 import (
-	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
 // Defaults of the options below.
 const (
 	// DefaultTable is the dedup table's name when WithTable is not given.
-	DefaultTable = "processed_messages"
+	DefaultTable = sqlstore.DefaultTable
 	// DefaultRetention is how long claims are kept when WithRetention is
 	// not given: seven days.
-	DefaultRetention = 7 * 24 * time.Hour
+	DefaultRetention = sqlstore.DefaultRetention
 )
 
 // Option configures a Store. Options are checked by Open and New, which
@@ -20,62 +20,24 @@ const (
 type Option func(*config)
 
 type config struct {
-	table     string
-	retention time.Duration
-	now       func() time.Time
-	period    time.Duration // partition period; 0: not partitioned
-	noMigrate bool          // WithMigrate(false)
-	errs      []error
-}
-
-func buildConfig(opts []Option) (config, error) {
-	c := config{table: DefaultTable, retention: DefaultRetention, now: time.Now}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	return c, errors.Join(c.errs...)
+	sqlstore.Config
+	period time.Duration // partition period; 0: not partitioned
 }
 
 // WithTable sets the dedup table's name. Default: "processed_messages". The
 // name must be an SQL identifier: ASCII letters, digits and underscores, not
 // starting with a digit, at most 63 characters. It is resolved through the
 // connection's search_path.
-func WithTable(name string) Option {
-	return func(c *config) {
-		if err := validateIdentifier(name); err != nil {
-			c.errs = append(c.errs, fmt.Errorf("postgres: WithTable: %w", err))
-			return
-		}
-		c.table = name
-	}
-}
+func WithTable(name string) Option { return func(c *config) { c.SetTable(name) } }
 
 // WithRetention sets how long claims are kept before pruning may delete
 // them (reported by Retention, compared by the Consumer with the broker's
 // redelivery horizon). Default: 7 days. Must be positive.
-func WithRetention(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.errs = append(c.errs, fmt.Errorf("postgres: WithRetention: must be positive, got %v", d))
-			return
-		}
-		c.retention = d
-	}
-}
+func WithRetention(d time.Duration) Option { return func(c *config) { c.SetRetention(d) } }
 
 // WithClock sets the clock that stamps processed_at on each claim, so tests
 // can age rows. Default: time.Now. Must not be nil.
-func WithClock(now func() time.Time) Option {
-	return func(c *config) {
-		if now == nil {
-			c.errs = append(c.errs, errors.New("postgres: WithClock: nil clock"))
-			return
-		}
-		c.now = now
-	}
-}
+func WithClock(now func() time.Time) Option { return func(c *config) { c.SetClock(now) } }
 
 // WithPartitions makes the dedup table range-partitioned on processed_at,
 // one partition per period (aligned to the Unix epoch in UTC, e.g. 24h
@@ -99,38 +61,11 @@ func WithClock(now func() time.Time) Option {
 func WithPartitions(period time.Duration) Option {
 	return func(c *config) {
 		if period < time.Minute || period%time.Minute != 0 {
-			c.errs = append(c.errs, fmt.Errorf("postgres: WithPartitions: period must be a positive whole number of minutes, got %v", period))
+			c.Fail("WithPartitions", "period must be a positive whole number of minutes, got %v", period)
 			return
 		}
 		c.period = period
 	}
-}
-
-const maxIdentifierLength = 63
-
-// validateIdentifier accepts ASCII letters, digits and underscores, not
-// starting with a digit, 1 to 63 characters: table names are spliced into
-// SQL text, so nothing that could need quoting is allowed.
-func validateIdentifier(name string) error {
-	if name == "" {
-		return errors.New("empty table name")
-	}
-	if len(name) > maxIdentifierLength {
-		return fmt.Errorf("table name is %d characters long, at most %d allowed", len(name), maxIdentifierLength)
-	}
-	for i := 0; i < len(name); i++ {
-		ch := name[i]
-		switch {
-		case ch == '_', ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z':
-		case ch >= '0' && ch <= '9':
-			if i == 0 {
-				return errors.New("table name starts with a digit")
-			}
-		default:
-			return fmt.Errorf("table name holds %q: only letters, digits and underscores are allowed", ch)
-		}
-	}
-	return nil
 }
 
 // WithMigrate says whether Open creates the dedup table (Migrate) before
@@ -140,5 +75,15 @@ func validateIdentifier(name string) error {
 // CREATE TABLE IF NOT EXISTS of Migrate needs the CREATE privilege even
 // when the table exists. URL parameter: migrate=false.
 func WithMigrate(on bool) Option {
-	return func(c *config) { c.noMigrate = !on }
+	return func(c *config) { c.SetMigrate(on) }
 }
+
+func buildConfig(opts []Option) (config, error) {
+	return sqlstore.Build(config{Config: sqlstore.NewConfig("postgres")}, opts)
+}
+
+// Table returns the dedup table's name (WithTable).
+func (s *Store) Table() string { return s.cfg.Table }
+
+// Retention returns how long claims are kept (WithRetention).
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }

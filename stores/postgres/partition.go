@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/sqlident"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,21 +29,12 @@ type partitions struct {
 const partitionsAhead = 2
 
 func newPartitionedStore(pool *pgxpool.Pool, cfg config, lockKey int64) *Store {
-	t := cfg.table
+	t := cfg.Table
 	return &Store{pool: pool, cfg: cfg, parts: partitions{known: map[int64]bool{}}, q: queries{
 		lockKey: lockKey,
-		migrate: []string{
-			// The primary key must hold the partition column; uniqueness of
-			// (consumer, message_id) is kept by the advisory locks of Claim.
-			`CREATE TABLE IF NOT EXISTS ` + t + ` (
-	consumer     TEXT        NOT NULL,
-	message_id   TEXT        NOT NULL,
-	fingerprint  TEXT        NOT NULL DEFAULT '',
-	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, message_id, processed_at)
-) PARTITION BY RANGE (processed_at)`,
-			`CREATE INDEX IF NOT EXISTS ` + indexName(t, "processed_at") + ` ON ` + t + ` (processed_at)`,
-		},
+		// The primary key must hold the partition column; uniqueness of
+		// (consumer, message_id) is kept by the advisory locks of Claim.
+		migrate: migrateSQL(t, "consumer, message_id, processed_at", " PARTITION BY RANGE (processed_at)"),
 		// One lock per id, taken in key order so that claimers of
 		// overlapping batches cannot deadlock on each other. The key
 		// prefixes the consumer with its length, so (consumer, id) pairs
@@ -100,7 +92,7 @@ func (t *Txn) claimPartitioned(ctx context.Context, consumer string, claims []dr
 	if _, err := t.tx.Exec(ctx, t.s.q.lockIDs, consumer, ids); err != nil {
 		return nil, fmt.Errorf("postgres: claim: lock %d ids for %q: %w", len(ids), consumer, err)
 	}
-	rows, err := t.tx.Query(ctx, t.s.q.claim, customPlan, consumer, ids, fps, t.s.cfg.now())
+	rows, err := t.tx.Query(ctx, t.s.q.claim, customPlan, consumer, ids, fps, t.s.cfg.Now())
 	if err != nil {
 		return nil, fmt.Errorf("postgres: claim %d ids for %q: %w", len(ids), consumer, err)
 	}
@@ -148,12 +140,12 @@ func (s *Store) periodStart(at time.Time) time.Time {
 // the 63-byte identifier limit.
 func (s *Store) partitionName(start time.Time) string {
 	suffix := "_p" + start.UTC().Format("20060102t1504")
-	prefix := s.cfg.table
-	if len(prefix)+len(suffix) > maxIdentifierLength {
+	prefix := s.cfg.Table
+	if len(prefix)+len(suffix) > sqlident.MaxLength {
 		h := fnv.New32a()
 		h.Write([]byte(prefix))
 		tag := fmt.Sprintf("_%08x", h.Sum32())
-		prefix = prefix[:maxIdentifierLength-len(suffix)-len(tag)] + tag
+		prefix = prefix[:sqlident.MaxLength-len(suffix)-len(tag)] + tag
 	}
 	return prefix + suffix
 }
@@ -184,7 +176,7 @@ func (s *Store) ensurePartitions(ctx context.Context, at time.Time) error {
 		for _, start := range need {
 			end := start.Add(s.cfg.period)
 			stmt := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
-				s.partitionName(start), s.cfg.table, start.Format(time.RFC3339), end.Format(time.RFC3339))
+				s.partitionName(start), s.cfg.Table, start.Format(time.RFC3339), end.Format(time.RFC3339))
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return err
 			}
@@ -192,7 +184,7 @@ func (s *Store) ensurePartitions(ctx context.Context, at time.Time) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("postgres: create partitions of %s: %w", s.cfg.table, err)
+		return fmt.Errorf("postgres: create partitions of %s: %w", s.cfg.Table, err)
 	}
 	s.parts.mu.Lock()
 	for _, start := range need {
@@ -218,11 +210,11 @@ func (s *Store) Partitions(ctx context.Context) ([]Partition, error) {
 	var out []Partition
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		out, err = listPartitions(ctx, tx, s.cfg.table)
+		out, err = listPartitions(ctx, tx, s.cfg.Table)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("postgres: partitions of %s: %w", s.cfg.table, err)
+		return nil, fmt.Errorf("postgres: partitions of %s: %w", s.cfg.Table, err)
 	}
 	return out, nil
 }
@@ -284,7 +276,7 @@ func (s *Store) DropPartitions(ctx context.Context, before time.Time) (int, erro
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
 			return err
 		}
-		parts, err := listPartitions(ctx, tx, s.cfg.table)
+		parts, err := listPartitions(ctx, tx, s.cfg.Table)
 		if err != nil {
 			return err
 		}
@@ -302,7 +294,7 @@ func (s *Store) DropPartitions(ctx context.Context, before time.Time) (int, erro
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("postgres: drop partitions of %s: %w", s.cfg.table, err)
+		return 0, fmt.Errorf("postgres: drop partitions of %s: %w", s.cfg.Table, err)
 	}
 	s.parts.mu.Lock()
 	for start := range s.parts.known {
@@ -325,17 +317,17 @@ func (s *Store) runPartitionUpkeep(ctx context.Context, every time.Duration, log
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		now := s.cfg.now()
+		now := s.cfg.Now()
 		if err := s.ensurePartitions(ctx, now); err != nil && ctx.Err() == nil {
-			logger.WarnContext(ctx, "idemq: creating partitions failed", "table", s.cfg.table, "err", err)
+			logger.WarnContext(ctx, "idemq: creating partitions failed", "table", s.cfg.Table, "err", err)
 		}
-		cut := now.Add(-s.cfg.retention)
+		cut := now.Add(-s.cfg.Retention)
 		n, err := s.DropPartitions(ctx, cut)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			logger.WarnContext(ctx, "idemq: dropping partitions failed", "table", s.cfg.table, "err", err)
+			logger.WarnContext(ctx, "idemq: dropping partitions failed", "table", s.cfg.Table, "err", err)
 		case n > 0:
-			logger.InfoContext(ctx, "idemq: dropped partitions", "table", s.cfg.table, "partitions", n, "before", cut)
+			logger.InfoContext(ctx, "idemq: dropped partitions", "table", s.cfg.Table, "partitions", n, "before", cut)
 		}
 		select {
 		case <-ctx.Done():

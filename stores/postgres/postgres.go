@@ -38,7 +38,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -47,8 +46,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/sqlident"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -105,11 +104,8 @@ func (c *pruneCursor) moved(before time.Time, newest pgtype.Timestamptz) {
 }
 
 var (
-	_ core.Store[pgx.Tx] = (*Store)(nil)
-	_ driver.Pruner      = (*Store)(nil)
-	_ driver.Retentioner = (*Store)(nil)
-	_ driver.Migrator    = (*Store)(nil)
-	_ io.Closer          = (*Store)(nil)
+	_ sqlstore.Store[pgx.Tx] = (*Store)(nil)
+	_ sqlstore.Txn[pgx.Tx]   = (*Txn)(nil)
 )
 
 type queries struct {
@@ -141,31 +137,17 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	}
 	s := newStore(pool, cfg)
 	s.owned = true
-	if cfg.noMigrate {
-		return s, nil
-	}
-	if err := s.Migrate(ctx); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return s, nil
+	return sqlstore.Migrated(ctx, &cfg.Config, s, pool.Close)
 }
 
 // New wraps an existing pool, so a service shares one pool between its own
 // queries and the store. It does not migrate: call Migrate.
 func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
-	if pool == nil {
-		return nil, errors.New("postgres: New: nil pool")
-	}
-	cfg, err := buildConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return newStore(pool, cfg), nil
+	return sqlstore.New("postgres", "pool", pool, opts, buildConfig, newStore)
 }
 
 func newStore(pool *pgxpool.Pool, cfg config) *Store {
-	t := cfg.table // validated: safe to splice into SQL
+	t := cfg.Table // validated: safe to splice into SQL
 	h := fnv.New64a()
 	h.Write([]byte("idemq.migrate." + t))
 	if cfg.period > 0 {
@@ -173,16 +155,7 @@ func newStore(pool *pgxpool.Pool, cfg config) *Store {
 	}
 	return &Store{pool: pool, cfg: cfg, q: queries{
 		lockKey: int64(h.Sum64()),
-		migrate: []string{
-			`CREATE TABLE IF NOT EXISTS ` + t + ` (
-	consumer     TEXT        NOT NULL,
-	message_id   TEXT        NOT NULL,
-	fingerprint  TEXT        NOT NULL DEFAULT '',
-	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, message_id)
-)`,
-			`CREATE INDEX IF NOT EXISTS ` + indexName(t, "processed_at") + ` ON ` + t + ` (processed_at)`,
-		},
+		migrate: migrateSQL(t, "consumer, message_id", ""),
 		// ORDER BY ord: rows are inserted, and their key locks taken, in the
 		// order Claim sorted them, so two batches that share ids lock them
 		// in the same order instead of deadlocking.
@@ -244,46 +217,45 @@ SELECT count(*), max(processed_at) FROM gone`,
 	}}
 }
 
+// migrateSQL creates the dedup table t, with primary key key and then
+// after (a partitioning clause), and its processed_at index.
+func migrateSQL(t, key, after string) []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	consumer     TEXT        NOT NULL,
+	message_id   TEXT        NOT NULL,
+	fingerprint  TEXT        NOT NULL DEFAULT '',
+	processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	PRIMARY KEY (` + key + `)
+)` + after,
+		`CREATE INDEX IF NOT EXISTS ` + indexName(t, "processed_at") + ` ON ` + t + ` (processed_at)`,
+	}
+}
+
 // indexName derives a schema-unique index name that fits Postgres' 63-byte
 // limit (a longer one would be truncated and could collide with another
 // table's index).
 func indexName(table, what string) string {
 	name := table + "_" + what + "_idx"
-	if len(name) <= maxIdentifierLength {
+	if len(name) <= sqlident.MaxLength {
 		return name
 	}
 	h := fnv.New32a()
 	h.Write([]byte(name))
 	suffix := fmt.Sprintf("_%08x_idx", h.Sum32())
-	return table[:maxIdentifierLength-len(suffix)] + suffix
+	return table[:sqlident.MaxLength-len(suffix)] + suffix
 }
 
 // Pool returns the connection pool, for business queries outside a claim.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Table returns the dedup table's name.
-func (s *Store) Table() string { return s.cfg.table }
-
-// Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.retention }
+// As implements core.Store: a **pgxpool.Pool target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool { return sqlstore.As(target, s.pool, s) }
 
 // Close closes the pool if Open created it; a pool given to New is left to
 // its owner. It returns nil; the error is there so that every store is an
 // io.Closer.
-// As implements core.Store: a **pgxpool.Pool target gets the store's pool, and
-// **Store the store itself.
-func (s *Store) As(target any) bool {
-	switch t := target.(type) {
-	case **pgxpool.Pool:
-		*t = s.pool
-		return true
-	case **Store:
-		*t = s
-		return true
-	}
-	return false
-}
-
 func (s *Store) Close() error {
 	if s.owned {
 		s.pool.Close()
@@ -309,7 +281,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		// A table made in the other mode would silently lose either the
 		// unique key or the partition drops: refuse it.
 		var kind string
-		if err := tx.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, s.cfg.table).Scan(&kind); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, s.cfg.Table).Scan(&kind); err != nil {
 			return err
 		}
 		if partitioned := s.cfg.period > 0; partitioned != (kind == "p") {
@@ -318,10 +290,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("postgres: migrate %s: %w", s.cfg.table, err)
+		return s.cfg.Wrap("migrate", err)
 	}
 	if s.cfg.period > 0 {
-		return s.ensurePartitions(ctx, s.cfg.now())
+		return s.ensurePartitions(ctx, s.cfg.Now())
 	}
 	return nil
 }
@@ -334,15 +306,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 // before it. Rows a live transaction holds are skipped until a call with
 // another time (the next round).
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("postgres: Prune: limit must be positive, got %d", limit)
+	if err := s.cfg.CheckLimit(limit); err != nil {
+		return 0, err
 	}
 	var (
 		n      int
 		newest pgtype.Timestamptz
 	)
 	if err := s.pool.QueryRow(ctx, s.q.prune, before, limit, s.prune.start(before)).Scan(&n, &newest); err != nil {
-		return 0, fmt.Errorf("postgres: prune %s: %w", s.cfg.table, err)
+		return 0, s.cfg.Wrap("prune", err)
 	}
 	s.prune.moved(before, newest)
 	return n, nil
@@ -360,13 +332,13 @@ func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, l
 	if s.cfg.period > 0 {
 		return s.runPartitionUpkeep(ctx, every, logger)
 	}
-	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
+	return s.cfg.RunPruner(ctx, s, every, batch, logger)
 }
 
 // Begin starts a READ COMMITTED transaction (the pool's default).
 func (s *Store) Begin(ctx context.Context) (driver.Txn[pgx.Tx], error) {
 	if s.cfg.period > 0 {
-		if err := s.ensurePartitions(ctx, s.cfg.now()); err != nil {
+		if err := s.ensurePartitions(ctx, s.cfg.Now()); err != nil {
 			return nil, err
 		}
 	}
@@ -406,10 +378,7 @@ type Txn struct {
 	handle *queuingTx
 }
 
-var (
-	_ driver.Txn[pgx.Tx] = (*Txn)(nil)
-	_ driver.Flusher     = (*Txn)(nil)
-)
+var _ driver.Flusher = (*Txn)(nil)
 
 // Tx returns the transaction for the handler's business effect. It is a
 // pgx.Tx that also takes statements queued with Queue. The transaction
@@ -455,7 +424,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	if !slices.IsSortedFunc(pending, byID) {
 		slices.SortFunc(pending, byID)
 	}
-	now := t.s.cfg.now()
+	now := t.s.cfg.Now()
 	if !t.s.plainClaims.Load() {
 		fresh := t.tx == nil
 		err := t.claimLocked(ctx, consumer, claims, pending, now, results)
@@ -669,13 +638,7 @@ func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error 
 
 // Savepoint marks a point RollbackToSavepoint returns to.
 func (t *Txn) Savepoint(ctx context.Context) error {
-	if err := t.begin(ctx); err != nil {
-		return err
-	}
-	if _, err := t.tx.Exec(ctx, "SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("postgres: savepoint: %w", err)
-	}
-	return nil
+	return t.exec(ctx, "savepoint", sqlstore.SavepointSQL)
 }
 
 // RollbackToSavepoint undoes everything since Savepoint, including an error
@@ -684,22 +647,22 @@ func (t *Txn) Savepoint(ctx context.Context) error {
 func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
 	t.handle.discard() // the failed handler's queued statements go too
 	// One round trip: without arguments pgx sends both in one simple query.
-	if err := t.begin(ctx); err != nil {
-		return err
-	}
-	if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idemq_sp; RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("postgres: rollback to savepoint: %w", err)
-	}
-	return nil
+	return t.exec(ctx, "rollback to savepoint", sqlstore.RollbackToSQL+"; "+sqlstore.ReleaseSQL)
 }
 
 // ReleaseSavepoint keeps everything since Savepoint.
 func (t *Txn) ReleaseSavepoint(ctx context.Context) error {
+	return t.exec(ctx, "release savepoint", sqlstore.ReleaseSQL)
+}
+
+// exec runs a savepoint statement, beginning the transaction if no claim
+// did yet.
+func (t *Txn) exec(ctx context.Context, what, stmt string) error {
 	if err := t.begin(ctx); err != nil {
 		return err
 	}
-	if _, err := t.tx.Exec(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("postgres: release savepoint: %w", err)
+	if _, err := t.tx.Exec(ctx, stmt); err != nil {
+		return fmt.Errorf("postgres: %s: %w", what, err)
 	}
 	return nil
 }

@@ -26,23 +26,17 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
-
-// timeFormat stores processed_at as fixed-width UTC text, so that text order
-// is time order (Prune compares strings) and operators can read it; SQLite's
-// date functions understand it.
-const timeFormat = "2006-01-02 15:04:05.000000"
 
 // claimChunk bounds the rows of one INSERT: 2 + 2*400 parameters stays under
 // SQLITE_MAX_VARIABLE_NUMBER even on builds that keep the historic 999.
@@ -59,11 +53,8 @@ type Store struct {
 }
 
 var (
-	_ core.Store[*sql.Tx] = (*Store)(nil)
-	_ driver.Pruner       = (*Store)(nil)
-	_ driver.Retentioner  = (*Store)(nil)
-	_ driver.Migrator     = (*Store)(nil)
-	_ io.Closer           = (*Store)(nil)
+	_ sqlstore.Store[*sql.Tx] = (*Store)(nil)
+	_ sqlstore.Txn[*sql.Tx]   = (*Txn)(nil)
 )
 
 type queries struct {
@@ -102,11 +93,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	s := newStore(db, cfg)
 	s.owned = true
-	if err := s.Migrate(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return s, nil
+	return sqlstore.Migrated(ctx, &cfg.Config, s, func() { db.Close() })
 }
 
 // New wraps an existing database handle opened with the "sqlite" driver.
@@ -114,18 +101,11 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 // for each other instead of failing with SQLITE_BUSY, the handle should be
 // opened with a busy_timeout and _txlock=immediate, as Open does.
 func New(db *sql.DB, opts ...Option) (*Store, error) {
-	if db == nil {
-		return nil, errors.New("sqlite: New: nil *sql.DB")
-	}
-	cfg, err := buildConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return newStore(db, cfg), nil
+	return sqlstore.New("sqlite", "*sql.DB", db, opts, buildConfig, newStore)
 }
 
 func newStore(db *sql.DB, cfg config) *Store {
-	t := cfg.table // validated: safe to splice into SQL
+	t := cfg.Table // validated: safe to splice into SQL
 	return &Store{db: db, cfg: cfg, q: queries{
 		migrate: []string{
 			`CREATE TABLE IF NOT EXISTS ` + t + ` (
@@ -147,50 +127,29 @@ func newStore(db *sql.DB, cfg config) *Store {
 // queries outside a claim.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// Table returns the dedup table's name.
-func (s *Store) Table() string { return s.cfg.table }
-
-// Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.retention }
+// As implements core.Store: a **sql.DB target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
 
 // Close closes the database if Open opened it; a handle given to New is
 // left to its owner.
-// As implements core.Store: a **sql.DB target gets the store's pool, and
-// **Store the store itself.
-func (s *Store) As(target any) bool {
-	switch t := target.(type) {
-	case **sql.DB:
-		*t = s.db
-		return true
-	case **Store:
-		*t = s
-		return true
-	}
-	return false
-}
-
-func (s *Store) Close() error {
-	if !s.owned {
-		return nil
-	}
-	return s.db.Close()
-}
+func (s *Store) Close() error { return sqlstore.CloseOwned(s.db, s.owned) }
 
 // Migrate creates the dedup table and its processed_at index if they do not
 // exist. It is idempotent.
 func (s *Store) Migrate(ctx context.Context) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqlite: migrate %s: %w", s.cfg.table, err)
+		return s.cfg.Wrap("migrate", err)
 	}
 	defer tx.Rollback()
 	for _, stmt := range s.q.migrate {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlite: migrate %s: %w", s.cfg.table, err)
+			return s.cfg.Wrap("migrate", err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlite: migrate %s: commit: %w", s.cfg.table, err)
+		return s.cfg.Wrap("migrate", fmt.Errorf("commit: %w", err))
 	}
 	return nil
 }
@@ -200,18 +159,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 // returns how many it deleted. Call it again until it returns less than
 // limit.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("sqlite: Prune: limit must be positive, got %d", limit)
+	if err := s.cfg.CheckLimit(limit); err != nil {
+		return 0, err
 	}
-	res, err := s.db.ExecContext(ctx, s.q.prune, formatTime(before), limit)
+	n, err := sqlstore.ExecCount(ctx, s.db, s.q.prune, sqlstore.FormatTime(before), limit)
 	if err != nil {
-		return 0, fmt.Errorf("sqlite: prune %s: %w", s.cfg.table, err)
+		return 0, s.cfg.Wrap("prune", err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("sqlite: prune %s: %w", s.cfg.table, err)
-	}
-	return int(n), nil
+	return n, nil
 }
 
 // RunPruner deletes claims older than Retention every interval, in batches
@@ -219,7 +174,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 // short, and logs how many it removed. It returns ctx's error when ctx is
 // done; a failed round is logged and retried at the next tick.
 func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
-	return runPruner(ctx, s, s.cfg.now, s.cfg.retention, s.cfg.table, every, batch, logger)
+	return s.cfg.RunPruner(ctx, s, every, batch, logger)
 }
 
 // Begin starts a transaction. With a handle from Open it takes the write
@@ -230,22 +185,18 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
 	}
-	return &Txn{tx: tx, s: s}, nil
+	return &Txn{s: s, end: sqlstore.Tx{Store: "sqlite", SQL: tx, Numbered: true}}, nil
 }
-
-func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
-	tx *sql.Tx
-	s  *Store
+	s   *Store
+	end sqlstore.Tx // savepoints, commit and rollback
 }
 
-var _ driver.Txn[*sql.Tx] = (*Txn)(nil)
-
 // Tx returns the transaction for the handler's business effect.
-func (t *Txn) Tx() *sql.Tx { return t.tx }
+func (t *Txn) Tx() *sql.Tx { return t.end.SQL }
 
 // Claim inserts (consumer, id) for every claim in one multi-row INSERT … ON
 // CONFLICT DO NOTHING RETURNING statement (split every 400 claims for
@@ -260,12 +211,11 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	if len(claims) == 0 {
 		return results, nil
 	}
-	now := formatTime(t.s.cfg.now())
+	now := sqlstore.FormatTime(t.s.cfg.Now())
 	won := make(map[string]bool, len(claims))
-	for start := 0; start < len(claims); start += claimChunk {
-		chunk := claims[start:min(start+claimChunk, len(claims))]
+	for chunk := range slices.Chunk(claims, claimChunk) {
 		var b strings.Builder
-		b.WriteString("INSERT INTO " + t.s.cfg.table + " (consumer, processed_at, message_id, fingerprint) VALUES ")
+		b.WriteString("INSERT INTO " + t.s.cfg.Table + " (consumer, processed_at, message_id, fingerprint) VALUES ")
 		args := make([]any, 0, 2+2*len(chunk))
 		args = append(args, consumer, now)
 		for i, c := range chunk {
@@ -276,7 +226,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 			args = append(args, c.ID, c.Fingerprint)
 		}
 		b.WriteString(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id")
-		if err := collectIDs(ctx, t.tx, b.String(), args, func(id string) { won[id] = true }); err != nil {
+		if err := collectIDs(ctx, t.end.SQL, b.String(), args, func(id string) { won[id] = true }); err != nil {
 			return nil, fmt.Errorf("sqlite: claim: %w", err)
 		}
 	}
@@ -292,21 +242,9 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		return results, nil
 	}
 	stored := make(map[string]string, len(lost))
-	for start := 0; start < len(lost); start += 2 * claimChunk {
-		chunk := lost[start:min(start+2*claimChunk, len(lost))]
-		var b strings.Builder
-		b.WriteString("SELECT message_id, fingerprint FROM " + t.s.cfg.table + " WHERE consumer = ?1 AND message_id IN (")
-		args := make([]any, 0, 1+len(chunk))
-		args = append(args, consumer)
-		for i, id := range chunk {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, "?%d", 2+i)
-			args = append(args, id)
-		}
-		b.WriteByte(')')
-		rows, err := t.tx.QueryContext(ctx, b.String(), args...)
+	for chunk := range slices.Chunk(lost, 2*claimChunk) {
+		q, args := t.end.InIDs("SELECT message_id, fingerprint FROM "+t.s.cfg.Table+" WHERE consumer = ?1 AND message_id IN ", consumer, chunk)
+		rows, err := t.end.SQL.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
 		}
@@ -362,69 +300,23 @@ func collectIDs(ctx context.Context, tx *sql.Tx, query string, args []any, f fun
 // Unclaim deletes this consumer's claims of ids, for messages whose handler
 // failed inside a batch transaction.
 func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
-	for start := 0; start < len(ids); start += 2 * claimChunk {
-		chunk := ids[start:min(start+2*claimChunk, len(ids))]
-		var b strings.Builder
-		b.WriteString(t.s.q.unclaim + "(")
-		args := make([]any, 0, 1+len(chunk))
-		args = append(args, consumer)
-		for i, id := range chunk {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, "?%d", 2+i)
-			args = append(args, id)
-		}
-		b.WriteByte(')')
-		if _, err := t.tx.ExecContext(ctx, b.String(), args...); err != nil {
-			return fmt.Errorf("sqlite: unclaim: %w", err)
-		}
-	}
-	return nil
+	return t.end.Unclaim(ctx, t.s.q.unclaim, consumer, ids, 2*claimChunk)
 }
 
 // Savepoint marks a point RollbackToSavepoint returns to.
-func (t *Txn) Savepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: savepoint: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Savepoint(ctx context.Context) error { return t.end.Savepoint(ctx) }
 
 // RollbackToSavepoint undoes everything since Savepoint and removes the
 // savepoint (ROLLBACK TO keeps it on SQLite's stack; releasing it keeps the
 // stack from growing across a batch).
-func (t *Txn) RollbackToSavepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: rollback to savepoint: %w", err)
-	}
-	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: release savepoint after rollback: %w", err)
-	}
-	return nil
-}
+func (t *Txn) RollbackToSavepoint(ctx context.Context) error { return t.end.RollbackToSavepoint(ctx) }
 
 // ReleaseSavepoint keeps everything since Savepoint.
-func (t *Txn) ReleaseSavepoint(ctx context.Context) error {
-	if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_sp"); err != nil {
-		return fmt.Errorf("sqlite: release savepoint: %w", err)
-	}
-	return nil
-}
+func (t *Txn) ReleaseSavepoint(ctx context.Context) error { return t.end.ReleaseSavepoint(ctx) }
 
 // Commit commits the claims and the handler's effects together.
-func (t *Txn) Commit(ctx context.Context) error {
-	if err := t.tx.Commit(); err != nil {
-		return fmt.Errorf("sqlite: commit: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Commit(ctx context.Context) error { return t.end.Commit(ctx) }
 
 // Rollback aborts the transaction; after Commit (failed or not) it does
 // nothing and returns nil.
-func (t *Txn) Rollback(ctx context.Context) error {
-	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-		return fmt.Errorf("sqlite: rollback: %w", err)
-	}
-	return nil
-}
+func (t *Txn) Rollback(ctx context.Context) error { return t.end.Rollback(ctx) }

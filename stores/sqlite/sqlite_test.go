@@ -21,6 +21,36 @@ import (
 const effectsDDL = `CREATE TABLE IF NOT EXISTS effects (k TEXT NOT NULL)`
 
 func TestConformance(t *testing.T) {
+	conformance(t, func(s *sqlite.Store) core.Store[*sql.Tx] { return s })
+}
+
+// bareStore is a store with only what core.Store requires: it hides the
+// sqlite store's Prune and Migrate, which core treats as optional.
+type bareStore struct{ s *sqlite.Store }
+
+func (b bareStore) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) { return b.s.Begin(ctx) }
+func (b bareStore) Close() error                                           { return b.s.Close() }
+func (b bareStore) As(target any) bool                                     { return b.s.As(target) }
+
+// TestConformanceWithoutOptionalInterfaces: a store that implements
+// neither driver.Pruner nor driver.Migrator runs the suite; the cases that
+// need them are skipped, the rest must pass.
+func TestConformanceWithoutOptionalInterfaces(t *testing.T) {
+	conformance(t, func(s *sqlite.Store) core.Store[*sql.Tx] {
+		var st core.Store[*sql.Tx] = bareStore{s}
+		if _, ok := st.(driver.Pruner); ok {
+			t.Fatal("bareStore implements driver.Pruner")
+		}
+		if _, ok := st.(driver.Migrator); ok {
+			t.Fatal("bareStore implements driver.Migrator")
+		}
+		return st
+	})
+}
+
+// conformance runs storetest on sqlite stores that wrap turns into the
+// store under test.
+func conformance(t *testing.T, wrap func(*sqlite.Store) core.Store[*sql.Tx]) {
 	// One database file for all subtests, as a service would have: each
 	// subtest uses its own dedup table, all share the effects table.
 	path := filepath.Join(t.TempDir(), "conformance.db")
@@ -43,7 +73,7 @@ func TestConformance(t *testing.T) {
 				_, _ = s.DB().Exec(`DROP TABLE IF EXISTS ` + cfg.Table)
 				s.Close()
 			})
-			return s, nil
+			return wrap(s), nil
 		},
 		Effect: func(ctx context.Context, tx *sql.Tx, key string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects (k) VALUES (?)`, key)

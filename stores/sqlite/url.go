@@ -1,28 +1,20 @@
 package sqlite
 
 import (
-	"context"
 	"fmt"
 	"net/url"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
-func init() { driver.RegisterStore("sqlite", openURL) }
-
-// openURL opens "sqlite://PATH?table=NAME&retention=DURATION&busy_timeout=DURATION":
+// The scheme core.OpenStore[*sql.Tx] opens with this package imported.
+// The store opens "sqlite://PATH?table=NAME&retention=DURATION&busy_timeout=DURATION":
 // sqlite://app.db is app.db in the working directory, sqlite:///var/lib/app.db
 // an absolute path. Unknown parameters are refused, naming them.
-func openURL(ctx context.Context, u *url.URL) (any, error) {
-	path, opts, err := parseURL(u)
-	if err != nil {
-		return nil, err
-	}
-	return Open(ctx, path, opts...)
-}
+func init() { driver.RegisterStore("sqlite", sqlstore.Opener(parseURL, Open)) }
 
 // parseURL reads the file path and options of a sqlite:// URL, touching no
 // file, so the parser can be fuzzed alone.
@@ -38,25 +30,22 @@ func parseURL(u *url.URL) (string, []Option, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("sqlite URL parameters: %w", err)
 	}
-	var opts []Option
 	for k, vs := range query {
-		v := vs[len(vs)-1]
-		switch k {
-		case "table":
-			opts = append(opts, WithTable(v))
-		case "retention", "busy_timeout":
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return "", nil, fmt.Errorf("sqlite URL parameter %s: not a duration like 168h", k)
-			}
-			if k == "retention" {
-				opts = append(opts, WithRetention(d))
-			} else {
-				opts = append(opts, WithBusyTimeout(d))
-			}
-		default:
-			return "", nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", redact.Name(k))
-		}
+		query[k] = vs[len(vs)-1:] // the last value counts
+	}
+	opts, err := urlParams.Take(query)
+	if err != nil {
+		return "", nil, err
+	}
+	for k := range query {
+		return "", nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", redact.Name(k))
 	}
 	return path, opts, nil
+}
+
+// urlParams are the store's options a sqlite:// URL sets.
+var urlParams = sqlstore.URLParams[Option]{
+	Store:     "sqlite",
+	Strings:   map[string]func(string) Option{"table": WithTable},
+	Durations: map[string]func(time.Duration) Option{"retention": WithRetention, "busy_timeout": WithBusyTimeout},
 }

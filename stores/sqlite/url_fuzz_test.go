@@ -43,8 +43,8 @@ func FuzzParseURL(f *testing.F) {
 			t.Fatalf("accepted %q without a path", raw)
 		}
 		if cfg, err := buildConfig(opts); err == nil {
-			if ValidateIdentifier(cfg.table) != nil {
-				t.Fatalf("table %q accepted", cfg.table)
+			if ValidateIdentifier(cfg.Table) != nil {
+				t.Fatalf("table %q accepted", cfg.Table)
 			}
 		}
 	})

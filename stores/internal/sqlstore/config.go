@@ -1,0 +1,148 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/sqlident"
+)
+
+// Defaults every store shares.
+const (
+	// DefaultTable is the dedup table's name when WithTable is not given.
+	DefaultTable = "processed_messages"
+	// DefaultRetention is how long claims are kept when WithRetention is
+	// not given: seven days, longer than any broker's usual redelivery
+	// horizon.
+	DefaultRetention = 7 * 24 * time.Hour
+)
+
+// Config is the part of a store's configuration every store has. A store's
+// own config embeds it, and its option functions call the setters, so the
+// validation and the error wording are the same in every store.
+type Config struct {
+	// Store is the store's name ("postgres"), the prefix of its errors.
+	Store string
+	// Table is the dedup table's name, checked by SetTable: safe to splice
+	// into SQL.
+	Table string
+	// Retention is how long claims are kept.
+	Retention time.Duration
+	// Now stamps processed_at on claims.
+	Now func() time.Time
+	// NoMigrate is WithMigrate(false): Open does not create the table.
+	NoMigrate bool
+	// Errs collects the invalid options' errors; Err joins them.
+	Errs []error
+}
+
+// NewConfig returns the defaults of the store named store.
+func NewConfig(store string) Config {
+	return Config{Store: store, Table: DefaultTable, Retention: DefaultRetention, Now: time.Now}
+}
+
+// Build runs the non-nil opts, in order, on c, a store's config with its
+// defaults, and returns it with the invalid options' errors joined.
+func Build[C any, P interface {
+	*C
+	Err() error
+}, O ~func(*C)](c C, opts []O) (C, error) {
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c, P(&c).Err()
+}
+
+// Fail records that option got an invalid value: "store: option: reason".
+func (c *Config) Fail(option, format string, args ...any) {
+	c.Errs = append(c.Errs, fmt.Errorf("%s: %s: %s", c.Store, option, fmt.Sprintf(format, args...)))
+}
+
+// Err returns the invalid options' errors joined, or nil.
+func (c *Config) Err() error { return errors.Join(c.Errs...) }
+
+// SetTable is WithTable: name must pass sqlident.Check.
+func (c *Config) SetTable(name string) {
+	if err := sqlident.Check(name); err != nil {
+		c.Errs = append(c.Errs, fmt.Errorf("%s: WithTable: %w", c.Store, err))
+		return
+	}
+	c.Table = name
+}
+
+// SetRetention is WithRetention: d must be positive.
+func (c *Config) SetRetention(d time.Duration) {
+	if d <= 0 {
+		c.Fail("WithRetention", "must be positive, got %v", d)
+		return
+	}
+	c.Retention = d
+}
+
+// SetClock is WithClock: now must not be nil.
+func (c *Config) SetClock(now func() time.Time) {
+	if now == nil {
+		c.Fail("WithClock", "nil clock")
+		return
+	}
+	c.Now = now
+}
+
+// SetMigrate is WithMigrate: whether Open creates the table.
+func (c *Config) SetMigrate(on bool) { c.NoMigrate = !on }
+
+// Wrap prefixes err with the store, the operation and the table:
+// "mysql: prune processed_messages: …".
+func (c *Config) Wrap(op string, err error) error {
+	return fmt.Errorf("%s: %s %s: %w", c.Store, op, c.Table, err)
+}
+
+// CheckLimit is the check of a Prune call's limit, which must be positive.
+func (c *Config) CheckLimit(limit int) error {
+	if limit <= 0 {
+		return fmt.Errorf("%s: Prune: limit must be positive, got %d", c.Store, limit)
+	}
+	return nil
+}
+
+// RunPruner is a store's RunPruner: driver.RunPruner on p with the store's
+// clock, retention and table.
+func (c *Config) RunPruner(ctx context.Context, p driver.Pruner, every time.Duration, batch int, logger *slog.Logger) error {
+	return driver.RunPruner(ctx, p, driver.PruneSchedule{Every: every, Batch: batch, Retention: c.Retention, Now: c.Now, Logger: logger, Table: c.Table})
+}
+
+// Migrated ends a store's Open: unless NoMigrate is set it runs s's
+// Migrate, and when that fails closes the handle Open opened (with
+// closeHandle) and returns the error.
+func Migrated[S driver.Migrator](ctx context.Context, c *Config, s S, closeHandle func()) (S, error) {
+	if !c.NoMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			closeHandle()
+			var none S
+			return none, err
+		}
+	}
+	return s, nil
+}
+
+// New is every store's New: it refuses a nil handle h (what names its
+// type in the error), builds the config from opts with build, and returns
+// newStore on h with it.
+func New[H comparable, O, C, S any](store, what string, h H, opts []O, build func([]O) (C, error), newStore func(H, C) S) (S, error) {
+	var none S
+	var nilHandle H
+	if h == nilHandle {
+		return none, fmt.Errorf("%s: New: nil %s", store, what)
+	}
+	cfg, err := build(opts)
+	if err != nil {
+		return none, err
+	}
+	return newStore(h, cfg), nil
+}

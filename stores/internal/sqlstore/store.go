@@ -1,0 +1,26 @@
+package sqlstore
+
+import (
+	"io"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+// Store is what every SQL dedup store implements, the optional interfaces
+// core looks for included. Each store asserts it at compile time, so none
+// drifts from the others.
+type Store[Tx any] interface {
+	driver.Store[Tx]
+	driver.Pruner
+	driver.Retentioner
+	driver.Migrator
+	driver.Inspector
+	io.Closer
+}
+
+// Txn is what every SQL store's transaction implements: claims and
+// savepoints.
+type Txn[Tx any] interface {
+	driver.Txn[Tx]
+	driver.Savepointer
+}

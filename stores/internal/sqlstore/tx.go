@@ -1,0 +1,141 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// The savepoint a batch transaction sets before each message's handler:
+// one name, since the Consumer keeps at most one alive at a time.
+const (
+	// SavepointSQL sets the savepoint.
+	SavepointSQL = "SAVEPOINT idemq_sp"
+	// RollbackToSQL undoes everything since the savepoint (and keeps it).
+	RollbackToSQL = "ROLLBACK TO SAVEPOINT idemq_sp"
+	// ReleaseSQL removes the savepoint, keeping its effects.
+	ReleaseSQL = "RELEASE SAVEPOINT idemq_sp"
+)
+
+// Tx is the database/sql side of a dedup transaction that mysql and sqlite
+// share: its savepoint, commit and rollback. Like *sql.Tx it is used by one
+// goroutine at a time.
+type Tx struct {
+	// Store prefixes errors ("mysql: commit: …").
+	Store string
+	// SQL is the transaction.
+	SQL *sql.Tx
+	// Gone reports a rollback error that means the connection is gone, so
+	// the server has rolled the transaction back already; nil when the
+	// driver has none.
+	Gone func(error) bool
+	// Numbered says the driver takes numbered placeholders (?1, ?2: the
+	// consumer is ?1 in every statement); otherwise they are plain ?.
+	Numbered bool
+}
+
+// InIDs returns prefix followed by a parenthesised placeholder per id, and
+// the statement's arguments: consumer, then ids.
+func (t *Tx) InIDs(prefix, consumer string, ids []string) (string, []any) {
+	var b strings.Builder
+	b.WriteString(prefix + "(")
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, consumer)
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if t.Numbered {
+			fmt.Fprintf(&b, "?%d", 2+i)
+		} else {
+			b.WriteByte('?')
+		}
+		args = append(args, id)
+	}
+	b.WriteByte(')')
+	return b.String(), args
+}
+
+// Unclaim deletes consumer's claims of ids, chunk ids per statement;
+// prefix is the statement up to the list of ids ("DELETE FROM t WHERE
+// consumer = ? AND message_id IN ").
+func (t *Tx) Unclaim(ctx context.Context, prefix, consumer string, ids []string, chunk int) error {
+	for part := range slices.Chunk(ids, chunk) {
+		q, args := t.InIDs(prefix, consumer, part)
+		if _, err := t.SQL.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("%s: unclaim %d ids for %q: %w", t.Store, len(part), consumer, err)
+		}
+	}
+	return nil
+}
+
+func (t *Tx) exec(ctx context.Context, what string, stmts ...string) error {
+	for _, s := range stmts {
+		if _, err := t.SQL.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("%s: %s: %w", t.Store, what, err)
+		}
+	}
+	return nil
+}
+
+// Savepoint sets the savepoint RollbackToSavepoint returns to.
+func (t *Tx) Savepoint(ctx context.Context) error { return t.exec(ctx, "savepoint", SavepointSQL) }
+
+// RollbackToSavepoint undoes everything since Savepoint and removes the
+// savepoint (ROLLBACK TO keeps it; releasing it keeps the savepoint stack
+// from growing across a batch).
+func (t *Tx) RollbackToSavepoint(ctx context.Context) error {
+	if err := t.exec(ctx, "rollback to savepoint", RollbackToSQL); err != nil {
+		return err
+	}
+	return t.exec(ctx, "release savepoint after rollback", ReleaseSQL)
+}
+
+// ReleaseSavepoint keeps everything since Savepoint.
+func (t *Tx) ReleaseSavepoint(ctx context.Context) error {
+	return t.exec(ctx, "release savepoint", ReleaseSQL)
+}
+
+// Commit commits the transaction.
+func (t *Tx) Commit(context.Context) error {
+	if err := t.SQL.Commit(); err != nil {
+		return fmt.Errorf("%s: commit: %w", t.Store, err)
+	}
+	return nil
+}
+
+// Rollback aborts the transaction; after Commit (failed or not), or when
+// Gone says the connection is gone, it does nothing and returns nil.
+func (t *Tx) Rollback(context.Context) error {
+	err := t.SQL.Rollback()
+	if err == nil || errors.Is(err, sql.ErrTxDone) || t.Gone != nil && t.Gone(err) {
+		return nil
+	}
+	return fmt.Errorf("%s: rollback: %w", t.Store, err)
+}
+
+// As is a store's As method: a *H target gets h (the store's pool or
+// handle), a *S target the store s.
+func As[H, S any](target any, h H, s S) bool {
+	switch t := target.(type) {
+	case *H:
+		*t = h
+		return true
+	case *S:
+		*t = s
+		return true
+	}
+	return false
+}
+
+// CloseOwned is a database/sql store's Close: it closes db only when the
+// store opened it (owned); a handle given to New is left to its owner.
+func CloseOwned(db *sql.DB, owned bool) error {
+	if !owned {
+		return nil
+	}
+	return db.Close()
+}
