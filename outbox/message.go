@@ -38,7 +38,9 @@ type Message struct {
 	// passed on as core.Message.Key (Kafka key, SQS MessageGroupId).
 	Key string
 	// Headers are sent as message headers. Write adds the trace context
-	// of its ctx (W3C traceparent with the default propagator).
+	// of its ctx through OpenTelemetry's global propagator, which sends
+	// nothing until one is installed: tracing.InstallPropagator installs
+	// W3C traceparent and baggage.
 	Headers map[string]string
 	// Body is the payload.
 	Body []byte
