@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
@@ -26,18 +27,13 @@ type Publisher struct {
 // WithLogger, and ignores the consumer options. It does not connect until
 // the first Publish.
 func NewPublisher(target string, opts ...Option) (*Publisher, error) {
-	cfg := defaultConfig()
-	urlOpts, err := parseTarget(target, &cfg)
+	cfg, err := newConfig(target, opts)
 	if err != nil {
 		return nil, err
 	}
-	for _, o := range append(append([]Option{}, opts...), urlOpts...) {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	logger := cfg.logger
+	if logger == nil {
+		logger = slog.Default()
 	}
 	return &Publisher{cfg: cfg, w: &kafkago.Writer{
 		Addr: kafkago.TCP(cfg.brokers...),
@@ -48,7 +44,7 @@ func NewPublisher(target string, opts ...Option) (*Publisher, error) {
 		BatchTimeout: cfg.batchTimeout,
 		BatchSize:    1000,
 		Transport:    transport(cfg.dialer),
-		ErrorLogger:  kafkaLogger{cfg.logger},
+		ErrorLogger:  kafkaLogger{logger},
 	}}, nil
 }
 
