@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -148,6 +149,19 @@ func (c *config) name(option, param string) string {
 	return option
 }
 
+// explain adds what to check to the broker errors whose own text does not
+// say it: a broker that refuses SASL credentials may just close the
+// connection. It never quotes a credential.
+func (c *config) explain(err error) error {
+	switch {
+	case errors.Is(err, kafkago.SASLAuthenticationFailed), errors.Is(err, kafkago.UnsupportedSASLMechanism), errors.Is(err, kafkago.IllegalSASLState):
+		return fmt.Errorf("%w (check the SASL mechanism, user name and password)", err)
+	case c.dialer != nil && c.dialer.SASLMechanism != nil && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
+		return fmt.Errorf("%w (the broker closed the connection; with SASL that is how it refuses a wrong mechanism, user name or password)", err)
+	}
+	return err
+}
+
 func optErr(name, format string, args ...any) error {
 	return fmt.Errorf("kafka: option %s: %s", name, fmt.Sprintf(format, args...))
 }
@@ -178,8 +192,14 @@ func within[T int | time.Duration](lo, hi T) func(T) error {
 
 // notNil refuses a nil pointer or interface.
 func notNil[T any](v T) error {
-	if any(v) == nil || reflect.ValueOf(v).IsNil() {
+	if any(v) == nil {
 		return errors.New("nil")
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		if rv.IsNil() {
+			return errors.New("nil")
+		}
 	}
 	return nil
 }

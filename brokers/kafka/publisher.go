@@ -92,7 +92,7 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Mes
 		if errors.As(err, &werrs) {
 			return fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, werrs.Count(), len(msgs), err)
 		}
-		return fmt.Errorf("kafka: Publish to %q: %w", topic, err)
+		return fmt.Errorf("kafka: Publish to %q: %w", topic, p.cfg.explain(err))
 	}
 	return nil
 }

@@ -149,7 +149,7 @@ func (s *Source) ensureTopics(ctx context.Context) error {
 	want := append(s.topics(), s.cfg.deadLetterTopic)
 	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: want})
 	if err != nil {
-		return fmt.Errorf("kafka: brokers %v: %w", s.cfg.brokers, explain(err))
+		return fmt.Errorf("kafka: brokers %v: %w", s.cfg.brokers, s.cfg.explain(err))
 	}
 	found := map[string]kafkago.Topic{}
 	for _, t := range md.Topics {
@@ -187,22 +187,13 @@ func (s *Source) ensureTopics(ctx context.Context) error {
 			if tc.Topic == s.cfg.retryTopic {
 				setting = s.cfg.name("WithRetryTopic", "retry_topic")
 			}
-			return fmt.Errorf("kafka: %s: topic %q does not exist and the cluster refused to create it: %w; create it or name an existing topic", setting, tc.Topic, explain(cerr))
+			return fmt.Errorf("kafka: %s: topic %q does not exist and the cluster refused to create it: %w; create it or name an existing topic", setting, tc.Topic, s.cfg.explain(cerr))
 		}
 		if cerr == nil {
 			s.log().Info("idemq kafka: created a missing topic", "topic", tc.Topic, "partitions", tc.NumPartitions, "replication_factor", tc.ReplicationFactor)
 		}
 	}
 	return nil
-}
-
-// explain adds what to check to the broker errors whose own text does not
-// say it. It never quotes a credential.
-func explain(err error) error {
-	if errors.Is(err, kafkago.SASLAuthenticationFailed) || errors.Is(err, kafkago.UnsupportedSASLMechanism) || errors.Is(err, kafkago.IllegalSASLState) {
-		return fmt.Errorf("%w (check the SASL mechanism, user name and password)", err)
-	}
-	return err
 }
 
 // log is the logger the Source logs to.
