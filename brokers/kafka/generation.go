@@ -504,9 +504,7 @@ func (s *Source) commit(g *generation, log interface{ Warn(string, ...any) }) {
 	if len(sent) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := s.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+	resp, err := bounded(s.client.OffsetCommit, &kafkago.OffsetCommitRequest{
 		GroupID:      s.cfg.group,
 		GenerationID: int(g.kgen.ID),
 		MemberID:     g.kgen.MemberID,
@@ -557,9 +555,7 @@ func (s *Source) loadProgress(g *generation, log interface{ Warn(string, ...any)
 	if len(g.parts) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := s.client.OffsetFetch(ctx, req)
+	resp, err := bounded(s.client.OffsetFetch, req)
 	if err == nil && resp.Error != nil {
 		err = resp.Error
 	}
@@ -584,6 +580,14 @@ func (s *Source) loadProgress(g *generation, log interface{ Warn(string, ...any)
 	}
 }
 
+// bounded sends req with call, giving the broker 10 seconds: the group's
+// own calls run outside any caller's context.
+func bounded[Req, Resp any](call func(context.Context, Req) (Resp, error), req Req) (Resp, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return call(ctx, req)
+}
+
 func (s *Source) attemptKey(p *partition) partKey {
 	return partKey{brokers: s.bkey, group: s.cfg.group, topic: p.topic, partition: p.id}
 }
@@ -603,9 +607,7 @@ func (s *Source) resolveStart(g *generation, log interface{ Warn(string, ...any)
 	if len(req.Topics) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := s.client.ListOffsets(ctx, req)
+	resp, err := bounded(s.client.ListOffsets, req)
 	if err != nil {
 		log.Warn("idemq kafka: resolving start offsets failed; fetching from the relative start", "error", err)
 		return
