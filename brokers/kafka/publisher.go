@@ -23,8 +23,9 @@ type Publisher struct {
 
 // NewPublisher returns a Publisher for the brokers in target (a kafka://
 // URL, whose path, if any, becomes the default topic, or a broker list).
-// It applies WithTopic, WithIDHeader, WithDialer, WithBatchTimeout and
-// WithLogger, and ignores the consumer options. It does not connect until
+// It applies WithTopic, WithIDHeader, WithDialer, WithTLS, WithSASL (and
+// the URL's tls, ca_file, cert_file, key_file and sasl parameters),
+// WithBatchTimeout and WithLogger, and ignores the consumer options. It does not connect until
 // the first Publish.
 func NewPublisher(target string, opts ...Option) (*Publisher, error) {
 	cfg, err := newConfig(target, opts)

@@ -99,12 +99,20 @@ type Stats struct {
 //	revoke_timeout      a duration                      (WithRevokeTimeout)
 //	session_timeout, heartbeat_interval, rebalance_timeout
 //	                    durations                       (WithGroupTimeouts)
+//	tls                 true: connect with TLS          (WithTLS)
+//	ca_file             PEM CA to verify the brokers (default: system roots)
+//	cert_file, key_file PEM client certificate and key, for mutual TLS
+//	sasl                plain | scram-sha-256 | scram-sha-512, with the
+//	                    URL's user name and password    (WithSASL)
 //
-// Any other parameter is an error naming it. The URL's topic, group and
-// parameters are applied after opts, so the deployment's URL wins over
-// defaults set in code. Open checks that the topic exists; the group is
-// joined at the first Receive, after the Consumer had its chance to call
-// SetWindow.
+// ca_file, cert_file and key_file need tls=true; a user name or password
+// needs sasl=, and sasl= needs both (kafka://user:password@host:port/...;
+// percent-encode special characters). Any other parameter is an error
+// naming it. The URL's topic, group and parameters are applied after opts,
+// so the deployment's URL wins over defaults set in code. Open checks that the topic exists and creates a
+// missing dead-letter or retry topic (or fails naming the setting, see
+// WithDeadLetterTopic); the group is joined at the first Receive, after the
+// Consumer had its chance to call SetWindow.
 func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
 	cfg, err := newConfig(target, opts)
 	if err != nil {
