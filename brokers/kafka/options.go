@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/url"
 	"os"
@@ -190,6 +189,16 @@ func within[T int | time.Duration](lo, hi T) func(T) error {
 	}
 }
 
+// atLeast accepts values from lo up.
+func atLeast[T int | time.Duration](lo T) func(T) error {
+	return func(v T) error {
+		if v < lo {
+			return fmt.Errorf("%v is below %v", v, lo)
+		}
+		return nil
+	}
+}
+
 // notNil refuses a nil pointer or interface.
 func notNil[T any](v T) error {
 	if any(v) == nil {
@@ -280,7 +289,7 @@ func WithCommit(interval time.Duration, count int) Option {
 // Duplicate if it was committed). Default 10s. It must be shorter than the
 // rebalance timeout.
 func WithRevokeTimeout(d time.Duration) Option {
-	return set("WithRevokeTimeout", d, within(0, time.Duration(math.MaxInt64)), func(c *config) *time.Duration { return &c.revokeTimeout })
+	return set("WithRevokeTimeout", d, atLeast(time.Duration(0)), func(c *config) *time.Duration { return &c.revokeTimeout })
 }
 
 // WithGroupTimeouts sets the consumer group's session timeout (how long
@@ -305,7 +314,7 @@ func WithGroupTimeouts(session, heartbeat, rebalance time.Duration) Option {
 // WithJoinBackoff sets how long the group waits before joining again after
 // a failed join. Default 1s.
 func WithJoinBackoff(d time.Duration) Option {
-	return set("WithJoinBackoff", d, within(time.Nanosecond, time.Duration(math.MaxInt64)), func(c *config) *time.Duration { return &c.joinBackoff })
+	return set("WithJoinBackoff", d, atLeast(time.Nanosecond), func(c *config) *time.Duration { return &c.joinBackoff })
 }
 
 // WithStartOffset sets where a partition without a committed offset

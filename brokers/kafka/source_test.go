@@ -409,6 +409,16 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithBatchTimeout(0)}, "WithBatchTimeout"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("")}, "WithGroup"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithGroupBalancers()}, "WithGroupBalancers"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithTLS(nil)}, "WithTLS"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithSASL(nil)}, "WithSASL"},
+		{"kafka://u:pw@h:1/t?group=g", nil, "sasl parameter"},
+		{"kafka://h:1/t?group=g&sasl=plain", nil, "url parameter sasl: needs a user name and password"},
+		{"kafka://u@h:1/t?group=g&sasl=plain", nil, "url parameter sasl: needs a user name and password"},
+		{"kafka://u:pw@h:1/t?group=g&sasl=gssapi", nil, "url parameter sasl: not plain"},
+		{"kafka://h:1/t?group=g&tls=maybe", nil, "url parameter tls"},
+		{"kafka://h:1/t?group=g&ca_file=/x.pem", nil, "url parameter ca_file: needs tls=true"},
+		{"kafka://h:1/t?group=g&tls=true&ca_file=/no/such.pem", nil, "url parameter ca_file"},
+		{"kafka://h:1/t?group=g&tls=true&cert_file=/x.pem", nil, "cert_file and key_file"},
 	}
 	for _, c := range cases {
 		_, err := Open(ctx, c.target, c.opts...)
