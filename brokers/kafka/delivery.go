@@ -139,6 +139,9 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	msg := d.copyTo(topic, extra)
 	var err error
 	for try, pace := 1, copyBackoff(); ; try++ {
+		if try > 1 && !pace.Wait(ctx) {
+			break
+		}
 		s.mu.Lock()
 		if stale := s.staleness(d); stale != nil {
 			_ = s.settleLocked(d, nil)
@@ -146,9 +149,6 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 			return d.wrap(stale)
 		}
 		s.mu.Unlock()
-		if try > 1 && !pace.Wait(ctx) {
-			break
-		}
 		if err = s.dlqWriter().WriteMessages(ctx, msg); err == nil || try == copyAttempts || ctx.Err() != nil {
 			break
 		}

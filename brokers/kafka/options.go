@@ -489,7 +489,9 @@ func parseTarget(target string, c *config) ([]Option, error) {
 			if errors.As(err, &ae) {
 				err = errors.New(ae.Err)
 			}
-			return nil, fmt.Errorf("kafka: brokers: %q: %w", h, err)
+			// A broker list may hold pieces of a mistyped URL: quote it
+			// with anything that looks like a secret masked.
+			return nil, fmt.Errorf("kafka: brokers: %q: %w", redact.URL(h), err)
 		}
 		c.brokers = append(c.brokers, h)
 	}

@@ -109,10 +109,12 @@ type Stats struct {
 // needs sasl=, and sasl= needs both (kafka://user:password@host:port/...;
 // percent-encode special characters). Any other parameter is an error
 // naming it. The URL's topic, group and parameters are applied after opts,
-// so the deployment's URL wins over defaults set in code. Open checks that the topic exists and creates a
-// missing dead-letter or retry topic (or fails naming the setting, see
-// WithDeadLetterTopic); the group is joined at the first Receive, after the
-// Consumer had its chance to call SetWindow.
+// so the deployment's URL wins over defaults set in code.
+//
+// Open checks that the topic exists and creates a missing dead-letter or
+// retry topic (or fails naming the setting, see WithDeadLetterTopic); the
+// group is joined at the first Receive, after the Consumer had its chance
+// to call SetWindow.
 func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
 	cfg, err := newConfig(target, opts)
 	if err != nil {
