@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os/exec"
 	"strings"
 	"sync"
@@ -19,9 +20,11 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	_ "github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/internal/tlstest"
 	"github.com/idemq/idemq/middleware/logging"
 	"github.com/idemq/idemq/middleware/tracing"
@@ -287,6 +290,59 @@ func TestSecretsNeverLeave(t *testing.T) {
 			err = p.Publish(short, "", &core.Message{ID: "x", Body: []byte("x")})
 			p.Close()
 		}
+		return err
+	})
+	// Kafka over TLS with SCRAM, opened by URLs carrying the password: a
+	// round trip, then a wrong password and an unreachable broker.
+	kcerts := tlstest.Certs(t, "")
+	kafkaAddr := servicetest.StartKfake(t, "-auto-create=false", "-topics", "idemq-sec:1",
+		"-tls-cert", kcerts.ServerCert, "-tls-key", kcerts.ServerKey, "-sasl", "SCRAM-SHA-256:idemq:"+saslPass)
+	kafkaURL := func(pass, addr string) string {
+		return fmt.Sprintf("kafka://idemq:%s@%s/idemq-sec?group=sec&tls=true&ca_file=%s&sasl=scram-sha-256",
+			url.QueryEscape(pass), addr, url.QueryEscape(kcerts.CA))
+	}
+	kpub, err := core.OpenPublisher(short, kafkaURL(saslPass, kafkaAddr))
+	if err != nil {
+		t.Fatalf("kafka publisher: %v", err)
+	}
+	if err := kpub.Publish(short, "", &core.Message{ID: "k-1", Body: []byte("k")}); err != nil {
+		t.Fatalf("kafka publish: %v", err)
+	}
+	kpub.Close()
+	ksrc, err := core.OpenSource(short, kafkaURL(saslPass, kafkaAddr))
+	if err != nil {
+		t.Fatalf("kafka source: %v", err)
+	}
+	kd, err := ksrc.Receive(short)
+	if err != nil {
+		t.Fatalf("kafka receive: %v", err)
+	}
+	if err := kd.DeadLetter(short, errors.New("parked by the secrets test")); err != nil {
+		t.Errorf("kafka dead letter: %v", err)
+	}
+	ksrc.Close()
+	kafkaPublish := func(u string) error {
+		ctx, cancel := context.WithTimeout(short, 5*time.Second)
+		defer cancel()
+		p, err := core.OpenPublisher(ctx, u)
+		if err == nil {
+			err = p.Publish(ctx, "", &core.Message{ID: "x", Body: []byte("x")})
+			p.Close()
+		}
+		return err
+	}
+	bad("kafka wrong password", func() error {
+		_, err := core.OpenSource(short, kafkaURL(saslPass+"x", kafkaAddr))
+		return err
+	})
+	bad("kafka publisher wrong password", func() error { return kafkaPublish(kafkaURL(saslPass+"x", kafkaAddr)) })
+	bad("kafka unreachable", func() error {
+		_, err := core.OpenSource(short, kafkaURL(saslPass, "127.0.0.1:1"))
+		return err
+	})
+	bad("kafka publisher unreachable", func() error { return kafkaPublish(kafkaURL(saslPass, "127.0.0.1:1")) })
+	bad("kafka password without sasl", func() error {
+		_, err := core.OpenSource(short, strings.Replace(kafkaURL(saslPass, kafkaAddr), "&sasl=scram-sha-256", "", 1))
 		return err
 	})
 	bad("unknown scheme with a secret parameter", func() error {

@@ -4,19 +4,19 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // Header names the adapter writes on the copies it produces to the
-// dead-letter and retry topics.
+// dead-letter and retry topics. The dead-letter cause goes under
+// driver.CauseHeader ("idemq-cause"), as on every broker.
 const (
-	// HeaderCause holds the dead-letter cause.
-	HeaderCause = "idemq-cause"
 	// HeaderOriginalTopic, HeaderOriginalPartition and HeaderOriginalOffset
 	// hold where the dead-lettered (or retried) message was read from.
 	HeaderOriginalTopic     = "idemq-original-topic"
@@ -36,13 +36,20 @@ const (
 // when producing its dead letter or retry copy failed.
 const dlqRetryDelay = time.Second
 
+// copyAttempts bounds the writes of one dead letter or retry copy within a
+// settlement, paced by copyBackoff; then the settlement gives up and the
+// message is handed out again.
+const copyAttempts = 4
+
+func copyBackoff() *driver.Backoff { return driver.NewBackoff(100*time.Millisecond, time.Second) }
+
 // delivery is one handed-out message of a generation.
 type delivery struct {
-	src     *Source
-	e       *entry
-	gen     *generation
-	msg     *core.Message
-	settled atomic.Bool
+	src *Source
+	e   *entry
+	gen *generation
+	msg *core.Message
+	driver.SettleOnce
 }
 
 // Message returns the received message.
@@ -55,8 +62,8 @@ func (d *delivery) wrap(err error) error {
 // Ack marks the message done. Its offset is committed with the next batched
 // commit once every earlier message of the partition is decided too.
 func (d *delivery) Ack(ctx context.Context) error {
-	if d.settled.Swap(true) {
-		return d.wrap(ErrAlreadySettled)
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
 	}
 	s := d.src
 	s.mu.Lock()
@@ -73,8 +80,8 @@ func (d *delivery) Ack(ctx context.Context) error {
 // WithRetryTopic it produces a copy to the retry topic instead, waits for
 // the write, and marks the original done.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
-	if d.settled.Swap(true) {
-		return d.wrap(ErrAlreadySettled)
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
 	}
 	s := d.src
 	if s.cfg.retryTopic == "" {
@@ -94,43 +101,78 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	return d.produceThenDone(ctx, s.cfg.retryTopic, h)
 }
 
-// DeadLetter produces the message to the dead-letter topic with its cause,
-// original topic, partition, offset and attempt in headers, waits until
-// every in-sync replica has it (RequireAll), then marks the original done.
-// If the write fails the message is not dropped: it is handed out again
-// after a second and decided again.
+// DeadLetter produces the message to the dead-letter topic with its cause
+// (driver.CauseHeader), original topic, partition, offset and attempt in
+// headers, waits until every in-sync replica has it (RequireAll), then
+// marks the original done. A failed write is tried again a few times with
+// backoff within the call; if it still fails (the topic was deleted, the
+// cluster refuses writes) DeadLetter returns the error and the message is
+// not dropped: it stays undecided, so its offset is not committed, and it
+// is handed out again after a second and decided again. Meanwhile later
+// messages of its key (OrderPerKey) or partition (OrderPerPartition) wait
+// behind it, as behind any retried message; other keys and partitions go
+// on. After a restart or a rebalance the next owner gets it again from the
+// committed offset.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
-	if d.settled.Swap(true) {
-		return d.wrap(ErrAlreadySettled)
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
 	}
 	text := "unknown"
 	if cause != nil {
 		text = cause.Error()
 	}
 	h := map[string]string{
-		HeaderCause:   text,
-		HeaderAttempt: strconv.Itoa(d.msg.Attempt),
-		HeaderGroup:   d.src.cfg.group,
+		driver.CauseHeader: text,
+		HeaderAttempt:      strconv.Itoa(d.msg.Attempt),
+		HeaderGroup:        d.src.cfg.group,
 	}
 	return d.produceThenDone(ctx, d.src.cfg.deadLetterTopic, h)
 }
 
 // produceThenDone writes a copy of the message with extra headers to
-// topic, then marks the original done; on a failed write it retries the
-// original in place.
+// topic, then marks the original done. A failed write is tried again
+// copyAttempts times in all; then the original is retried in place and the
+// error returned. A delivery found stale sends nothing (the next owner
+// decides the message again; a copy now would be a second one).
 func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[string]string) error {
 	s := d.src
-	s.mu.Lock()
-	stale := d.gen.dead || s.closed
-	if stale {
-		// The next owner decides the message again; a copy now would be
-		// a second one.
-		_ = s.settleLocked(d, nil)
+	msg := d.copyTo(topic, extra)
+	var err error
+	for try, pace := 1, copyBackoff(); ; try++ {
+		if try > 1 && !pace.Wait(ctx) {
+			break
+		}
+		s.mu.Lock()
+		if stale := s.staleness(d); stale != nil {
+			_ = s.settleLocked(d, nil)
+			s.mu.Unlock()
+			return d.wrap(stale)
+		}
 		s.mu.Unlock()
-		return d.wrap(ErrStaleDelivery)
+		if err = s.dlqWriter().WriteMessages(ctx, msg); err == nil || try == copyAttempts || ctx.Err() != nil {
+			break
+		}
 	}
-	s.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		delay := dlqRetryDelay
+		if serr := s.settleLocked(d, &delay); serr != nil {
+			return d.wrap(fmt.Errorf("producing to %q: %w (and %w)", topic, err, serr))
+		}
+		s.log().Warn("idemq kafka: producing a copy failed; the message stays undecided and is handed out again", "topic", topic, "message_id", d.msg.ID, "attempts", copyAttempts, "error", err)
+		return d.wrap(fmt.Errorf("producing to %q: %w", topic, err))
+	}
+	if err := s.settleLocked(d, nil); err != nil {
+		return d.wrap(fmt.Errorf("copy produced to %q, but: %w", topic, err))
+	}
+	return nil
+}
 
+// copyTo builds the copy of the message for topic: its key, value, time
+// and headers, with extra and where it was read from (a retry copy keeps
+// pointing at where the message first was).
+func (d *delivery) copyTo(topic string, extra map[string]string) kafkago.Message {
 	raw := d.e.msg
 	headers := make([]kafkago.Header, 0, len(raw.Headers)+len(extra)+3)
 	for _, h := range raw.Headers {
@@ -141,7 +183,6 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	}
 	origTopic, origPart, origOff := raw.Topic, strconv.Itoa(raw.Partition), strconv.FormatInt(raw.Offset, 10)
 	if d.e.p.retry {
-		// A retry copy keeps pointing at where the message first was.
 		for _, h := range raw.Headers {
 			switch h.Key {
 			case HeaderOriginalTopic:
@@ -159,27 +200,7 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	for _, k := range sortedKeys(extra) {
 		headers = append(headers, kafkago.Header{Key: k, Value: []byte(extra[k])})
 	}
-	err := s.dlqWriter().WriteMessages(ctx, kafkago.Message{
-		Topic:   topic,
-		Key:     raw.Key,
-		Value:   raw.Value,
-		Headers: headers,
-		Time:    raw.Time,
-	})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		delay := dlqRetryDelay
-		if serr := s.settleLocked(d, &delay); serr != nil {
-			return d.wrap(fmt.Errorf("producing to %q: %w (and %w)", topic, err, serr))
-		}
-		s.cfg.logger.Warn("idemq kafka: producing a copy failed; the message is handed out again", "topic", topic, "message_id", d.msg.ID, "error", err)
-		return d.wrap(fmt.Errorf("producing to %q: %w", topic, err))
-	}
-	if err := s.settleLocked(d, nil); err != nil {
-		return d.wrap(fmt.Errorf("copy produced to %q, but: %w", topic, err))
-	}
-	return nil
+	return kafkago.Message{Topic: topic, Key: raw.Key, Value: raw.Value, Headers: headers, Time: raw.Time}
 }
 
 func isCoordinate(k string) bool {
@@ -227,11 +248,11 @@ func (s *Source) toMessage(e *entry, attempt int) *core.Message {
 		System:  "kafka",
 		Attempt: attempt,
 		Metadata: map[string]string{
-			"messaging.destination.name":         e.p.topic,
-			"messaging.destination.partition.id": e.p.idText,
-			"messaging.kafka.offset":             strconv.FormatInt(m.Offset, 10),
-			"messaging.kafka.message.key":        key,
-			"messaging.consumer.group.name":      s.cfg.group,
+			string(semconv.MessagingDestinationNameKey):        e.p.topic,
+			string(semconv.MessagingDestinationPartitionIDKey): e.p.idText,
+			string(semconv.MessagingKafkaOffsetKey):            strconv.FormatInt(m.Offset, 10),
+			string(semconv.MessagingKafkaMessageKeyKey):        key,
+			string(semconv.MessagingConsumerGroupNameKey):      s.cfg.group,
 		},
 		ReceivedAt: time.Now(),
 	}

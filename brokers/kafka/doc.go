@@ -28,32 +28,59 @@
 //     With WithRetryTopic, a copy goes to a retry topic that the Source also
 //     consumes, and the original is marked done.
 //   - DeadLetter produces the message to "<topic>.dlq" (WithDeadLetterTopic)
-//     with the cause and the original topic, partition and offset in
-//     headers (HeaderCause, HeaderOriginalTopic, ...), waits for the write
-//     (acks=all), then marks it done. If the write fails the message is
-//     handed out again, never dropped.
+//     with the cause under driver.CauseHeader ("idemq-cause", the same on
+//     every broker) and the original topic, partition and offset in
+//     headers (HeaderOriginalTopic, ...), waits for the write (acks=all),
+//     then marks it done. A failed write is tried a few times with backoff
+//     within the call; then DeadLetter returns the error and the message
+//     stays undecided: it is handed out again a second later (its key, or
+//     its partition under OrderPerPartition, waits behind it; other keys
+//     and partitions go on), its offset is not committed, and a restart
+//     or the next owner gets it again. It is never dropped.
+//
+// Dead-letter and retry topics: Open checks that they exist. A missing one
+// is created with the consumed topic's partition count and replication
+// factor (Kafka's CreateTopics; the principal needs the Create permission
+// on the cluster or the topic). When the cluster refuses, Open fails with
+// an error naming the setting (dead_letter_topic / retry_topic in a URL,
+// WithDeadLetterTopic / WithRetryTopic in code), rather than every dead
+// letter failing later.
 //
 // Rebalances: when the group rebalances, the Source stops handing out
 // messages of the revoked generation, gives deliveries in flight
 // WithRevokeTimeout (default 10s) to settle, commits what is decided and
 // releases the partitions. It keeps heartbeating meanwhile (kafka-go stops
 // when the generation ends), so a wait longer than the session timeout does
-// not get the member evicted. A settlement that arrives later fails with
-// ErrStaleDelivery; the new owner gets the message again from the
-// committed offset and the dedup store decides Duplicate if its effect was
+// not get the member evicted. A settlement that arrives later (or after
+// Close) sends nothing and returns an error wrapping core.ErrStaleDelivery
+// (driver.Stale); the new owner gets the message again from the committed
+// offset and the dedup store decides Duplicate if its effect was
 // committed — the design working, not a fault.
 //
 // Messages: the id comes from the "message-id" header (WithIDHeader; the
 // CloudEvents Kafka binding's "ce_id" is a common alternative;
 // core.WithIDFunc derives it otherwise). Key is the Kafka key; Headers are
 // the Kafka headers as strings (trace context travels there); Source is
-// the topic; System is "kafka"; Metadata carries
-// "messaging.destination.partition.id", "messaging.kafka.offset",
-// "messaging.kafka.message.key", "messaging.destination.name" and
-// "messaging.consumer.group.name" for tracing. Kafka keeps no delivery
+// the topic; System is "kafka"; Metadata carries the OpenTelemetry
+// semantic-convention keys "messaging.destination.partition.id",
+// "messaging.kafka.offset", "messaging.kafka.message.key",
+// "messaging.destination.name" and "messaging.consumer.group.name" for
+// tracing. Kafka keeps no delivery
 // count, so Attempt comes from a counter kept in this process, raised for
 // messages another process handed out before its last commit (from the
 // commit metadata).
+//
+// Security: WithTLS and WithSASL (kafka-go's sasl/plain and sasl/scram
+// mechanisms), or in a URL tls=true, ca_file, cert_file, key_file and
+// sasl=plain|scram-sha-256|scram-sha-512 with the URL's user name and
+// password, apply to every connection of the Source (group, fetches,
+// commits, dead-letter and retry writers) and of the Publisher. Errors and
+// logs never quote the password.
+//
+// Logging: a Source logs rebalances, commit failures and failed dead-letter
+// writes to the logger of WithLogger (or core.WithAdapterLogger when
+// opened by URL); without one, to the Consumer's logger (SetLogger), and
+// to slog.Default() until then.
 //
 // Importing the package registers the kafka:// scheme with
 // core.OpenSource and core.OpenPublisher (see Open for the URL's

@@ -438,7 +438,7 @@ func (d *heldDelivery) Ack(ctx context.Context) error {
 		<-d.h.release
 	}
 	err := d.Delivery.Ack(ctx)
-	if errors.Is(err, ErrStaleDelivery) {
+	if errors.Is(err, core.ErrStaleDelivery) {
 		d.h.stale.Add(1)
 	}
 	return err
@@ -543,7 +543,7 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 			t.Errorf("dead letter %q is not a published message", id)
 			continue
 		}
-		cause := dl.headers[HeaderCause]
+		cause := dl.headers[driver.CauseHeader]
 		switch {
 		case strings.HasSuffix(id, "7") && !strings.Contains(cause, "invalid amount in "+id):
 			t.Errorf("%s: cause %q", id, cause)

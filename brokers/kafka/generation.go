@@ -10,6 +10,8 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // generation is this member's share of one consumer group generation: the
@@ -103,7 +105,7 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 // deliveries get the revoke timeout to settle (none on Close), the decided
 // prefix is committed, and the partitions are released.
 func (s *Source) runGeneration(ctx context.Context, g *generation) {
-	log := s.cfg.logger.With("group", s.cfg.group, "generation", g.kgen.ID)
+	log := s.log().With("group", s.cfg.group, "generation", g.kgen.ID)
 	s.loadProgress(g, log)
 	s.resolveStart(g, log)
 	log.Info("idemq kafka: partitions assigned", "partitions", describe(g.parts))
@@ -125,7 +127,7 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 			MaxBytes:      1 << 20,
 			MaxWait:       s.cfg.fetchMaxWait,
 			QueueCapacity: min(s.cfg.partitionBuffer, 100),
-			ErrorLogger:   kafkaLogger{s.cfg.logger},
+			ErrorLogger:   kafkaLogger{s.log()},
 		})
 		if err := r.SetOffset(p.next); err != nil {
 			log.Warn("idemq kafka: setting the fetch offset", "topic", p.topic, "partition", p.id, "error", err)
@@ -257,7 +259,7 @@ func resumeFetchAt(buffer int) int { return max(1, buffer-buffer/4) }
 // partition holds WithPartitionBuffer messages until it is down to
 // resumeFetchAt of them.
 func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
-	backoff := 50 * time.Millisecond
+	backoff := driver.NewBackoff(50*time.Millisecond, 5*time.Second)
 	for {
 		s.mu.Lock()
 		if len(p.entries) >= s.cfg.partitionBuffer {
@@ -280,16 +282,13 @@ func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 			if ctx.Err() != nil {
 				return
 			}
-			s.cfg.logger.Warn("idemq kafka: fetch failed", "topic", p.topic, "partition", p.id, "error", err)
-			select {
-			case <-ctx.Done():
+			s.log().Warn("idemq kafka: fetch failed", "topic", p.topic, "partition", p.id, "error", err)
+			if !backoff.Wait(ctx) {
 				return
-			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
-		backoff = 50 * time.Millisecond
+		backoff.Reset()
 		e := &entry{p: p, msg: m}
 		if p.retry {
 			e.notBefore, e.baseTry = retryHeaders(m.Headers)
@@ -383,13 +382,26 @@ func (s *Source) settleLocked(d *delivery, requeue *time.Duration) error {
 	return s.settleQuietly(d, requeue)
 }
 
+// staleness returns the error of a settlement of d that must send nothing
+// (its partition was revoked or the Source closed), nil while d is live.
+// s.mu is held.
+func (s *Source) staleness(d *delivery) error {
+	switch {
+	case d.gen.dead:
+		return driver.Stale(errRevoked)
+	case s.closed:
+		return driver.Stale(errClosed)
+	}
+	return nil
+}
+
 // settleQuietly is settleLocked without the wake-up, for a batch that
 // wakes the waiters once.
 func (s *Source) settleQuietly(d *delivery, requeue *time.Duration) error {
-	if d.gen.dead || s.closed {
+	if err := s.staleness(d); err != nil {
 		s.release(d, false)
 		s.stale.Add(1)
-		return ErrStaleDelivery
+		return err
 	}
 	e := d.e
 	p := e.p
@@ -492,9 +504,7 @@ func (s *Source) commit(g *generation, log interface{ Warn(string, ...any) }) {
 	if len(sent) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := s.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+	resp, err := bounded(s.client.OffsetCommit, &kafkago.OffsetCommitRequest{
 		GroupID:      s.cfg.group,
 		GenerationID: int(g.kgen.ID),
 		MemberID:     g.kgen.MemberID,
@@ -545,9 +555,7 @@ func (s *Source) loadProgress(g *generation, log interface{ Warn(string, ...any)
 	if len(g.parts) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := s.client.OffsetFetch(ctx, req)
+	resp, err := bounded(s.client.OffsetFetch, req)
 	if err == nil && resp.Error != nil {
 		err = resp.Error
 	}
@@ -572,6 +580,14 @@ func (s *Source) loadProgress(g *generation, log interface{ Warn(string, ...any)
 	}
 }
 
+// bounded sends req with call, giving the broker 10 seconds: the group's
+// own calls run outside any caller's context.
+func bounded[Req, Resp any](call func(context.Context, Req) (Resp, error), req Req) (Resp, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return call(ctx, req)
+}
+
 func (s *Source) attemptKey(p *partition) partKey {
 	return partKey{brokers: s.bkey, group: s.cfg.group, topic: p.topic, partition: p.id}
 }
@@ -591,9 +607,7 @@ func (s *Source) resolveStart(g *generation, log interface{ Warn(string, ...any)
 	if len(req.Topics) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := s.client.ListOffsets(ctx, req)
+	resp, err := bounded(s.client.ListOffsets, req)
 	if err != nil {
 		log.Warn("idemq kafka: resolving start offsets failed; fetching from the relative start", "error", err)
 		return

@@ -64,7 +64,7 @@ func createTopics(t testing.TB, bs string, partitions int, names ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := &kafkago.Client{Addr: kafkago.TCP(strings.Split(bs, ",")...)}
+	c := adminClient(bs)
 	var cfgs []kafkago.TopicConfig
 	for _, n := range names {
 		cfgs = append(cfgs, kafkago.TopicConfig{Topic: n, NumPartitions: partitions, ReplicationFactor: 1})
@@ -117,7 +117,7 @@ func readAll(t testing.TB, bs, topic string, n int) []record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := &kafkago.Client{Addr: kafkago.TCP(strings.Split(bs, ",")...)}
+	c := adminClient(bs)
 	var out []record
 	for p := 0; p < n; p++ {
 		offset := int64(0)
@@ -214,4 +214,11 @@ func (c *cutter) kill() {
 		conn.Close()
 	}
 	c.conns = nil
+}
+
+// adminClient is a kafka-go client for bs with a transport of its own:
+// clients without one share kafka-go's DefaultTransport, whose metadata
+// cache (6s) would hide a topic that the Source created meanwhile.
+func adminClient(bs string) *kafkago.Client {
+	return &kafkago.Client{Addr: kafkago.TCP(strings.Split(bs, ",")...), Transport: &kafkago.Transport{}}
 }

@@ -1,16 +1,24 @@
 package kafka
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -72,9 +80,12 @@ type config struct {
 	partitionBuffer   int
 	fetchMaxWait      time.Duration
 	dialer            *kafkago.Dialer
+	tls               *tls.Config
+	sasl              sasl.Mechanism
 	balancers         []kafkago.GroupBalancer
-	logger            *slog.Logger
+	logger            *slog.Logger // nil: slog.Default(), or what SetLogger gives
 	batchTimeout      time.Duration
+	fromURL           bool // target was a kafka:// URL: errors name its parameters
 }
 
 func defaultConfig() config {
@@ -91,13 +102,115 @@ func defaultConfig() config {
 		startOffset:       kafkago.FirstOffset,
 		partitionBuffer:   1000,
 		fetchMaxWait:      500 * time.Millisecond,
-		logger:            slog.Default(),
 		batchTimeout:      2 * time.Millisecond,
 	}
 }
 
+// newConfig reads target (see parseTarget), then applies opts and, after
+// them, what the URL says, and settles the dialer's TLS and SASL.
+func newConfig(target string, opts []Option) (config, error) {
+	cfg := defaultConfig()
+	urlOpts, err := parseTarget(target, &cfg)
+	if err != nil {
+		return cfg, err
+	}
+	for _, o := range append(append([]Option{}, opts...), urlOpts...) {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.tls != nil || cfg.sasl != nil {
+		// A copy: the caller's dialer (or kafka-go's default) stays as it is.
+		d := kafkago.Dialer{Timeout: 10 * time.Second, DualStack: true}
+		if cfg.dialer != nil {
+			d = *cfg.dialer
+		}
+		if cfg.tls != nil {
+			d.TLS = cfg.tls
+		}
+		if cfg.sasl != nil {
+			d.SASLMechanism = cfg.sasl
+		}
+		cfg.dialer = &d
+	}
+	return cfg, nil
+}
+
+// name is the option's name, or the URL parameter's when the target was a
+// kafka:// URL, for errors about a setting.
+func (c *config) name(option, param string) string {
+	if c.fromURL {
+		return param
+	}
+	return option
+}
+
+// explain adds what to check to the broker errors whose own text does not
+// say it: a broker that refuses SASL credentials may just close the
+// connection. It never quotes a credential.
+func (c *config) explain(err error) error {
+	switch {
+	case errors.Is(err, kafkago.SASLAuthenticationFailed), errors.Is(err, kafkago.UnsupportedSASLMechanism), errors.Is(err, kafkago.IllegalSASLState):
+		return fmt.Errorf("%w (check the SASL mechanism, user name and password)", err)
+	case c.dialer != nil && c.dialer.SASLMechanism != nil && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
+		return fmt.Errorf("%w (the broker closed the connection; with SASL that is how it refuses a wrong mechanism, user name or password)", err)
+	}
+	return err
+}
+
 func optErr(name, format string, args ...any) error {
 	return fmt.Errorf("kafka: option %s: %s", name, fmt.Sprintf(format, args...))
+}
+
+// set returns the Option that stores v in the field dst points at once
+// check (nil: anything goes) accepts it; a refusal names the option.
+func set[T any](option string, v T, check func(T) error, dst func(*config) *T) Option {
+	return func(c *config) error {
+		if check != nil {
+			if err := check(v); err != nil {
+				return optErr(option, "%v", err)
+			}
+		}
+		*dst(c) = v
+		return nil
+	}
+}
+
+// within accepts values in lo..hi.
+func within[T int | time.Duration](lo, hi T) func(T) error {
+	return func(v T) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("%v is outside %v..%v", v, lo, hi)
+		}
+		return nil
+	}
+}
+
+// atLeast accepts values from lo up.
+func atLeast[T int | time.Duration](lo T) func(T) error {
+	return func(v T) error {
+		if v < lo {
+			return fmt.Errorf("%v is below %v", v, lo)
+		}
+		return nil
+	}
+}
+
+// notNil refuses a nil pointer or interface.
+func notNil[T any](v T) error {
+	if any(v) == nil {
+		return errors.New("nil")
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		if rv.IsNil() {
+			return errors.New("nil")
+		}
+	}
+	return nil
 }
 
 // DefaultIDHeader is the header the business id is read from (and written
@@ -108,13 +221,7 @@ const DefaultIDHeader = "message-id"
 // Publish uses when given ""). Default: the path of a kafka:// URL.
 // Required for a Source.
 func WithTopic(topic string) Option {
-	return func(c *config) error {
-		if err := checkTopic(topic); err != nil {
-			return optErr("WithTopic", "%v", err)
-		}
-		c.topic = topic
-		return nil
-	}
+	return set("WithTopic", topic, checkTopic, func(c *config) *string { return &c.topic })
 }
 
 // WithGroup sets the consumer group id. Default: the "group" query
@@ -122,13 +229,12 @@ func WithTopic(topic string) Option {
 // the idemq consumer name (core.WithName), though using the same string
 // for both is natural.
 func WithGroup(group string) Option {
-	return func(c *config) error {
-		if group == "" || len(group) > 255 {
-			return optErr("WithGroup", "group id must be 1..255 bytes, got %d", len(group))
+	return set("WithGroup", group, func(g string) error {
+		if g == "" || len(g) > 255 {
+			return fmt.Errorf("group id must be 1..255 bytes, got %d", len(g))
 		}
-		c.group = group
 		return nil
-	}
+	}, func(c *config) *string { return &c.group })
 }
 
 // WithIDHeader names the Kafka header that holds the business id. Default
@@ -136,25 +242,23 @@ func WithGroup(group string) Option {
 // event id in "ce_id": WithIDHeader("ce_id") reads it from there. For ids
 // that need more than one header, use core.WithIDFunc.
 func WithIDHeader(name string) Option {
-	return func(c *config) error {
-		if name == "" {
-			return optErr("WithIDHeader", "empty header name")
+	return set("WithIDHeader", name, func(n string) error {
+		if n == "" {
+			return errors.New("empty header name")
 		}
-		c.idHeader = name
 		return nil
-	}
+	}, func(c *config) *string { return &c.idHeader })
 }
 
 // WithOrdering sets which messages of a partition may be in flight
 // together. Default OrderPerKey.
 func WithOrdering(o Ordering) Option {
-	return func(c *config) error {
+	return set("WithOrdering", o, func(o Ordering) error {
 		if o != OrderPerKey && o != OrderPerPartition && o != OrderNone {
-			return optErr("WithOrdering", "unknown ordering %d", int(o))
+			return fmt.Errorf("unknown ordering %d", int(o))
 		}
-		c.ordering = o
 		return nil
-	}
+	}, func(c *config) *Ordering { return &c.ordering })
 }
 
 // WithCommit sets how offset commits are batched: the decided prefix of
@@ -166,8 +270,8 @@ func WithOrdering(o Ordering) Option {
 // against redelivered duplicates after a crash, never correctness.
 func WithCommit(interval time.Duration, count int) Option {
 	return func(c *config) error {
-		if interval < time.Millisecond || interval > time.Hour {
-			return optErr("WithCommit", "interval %v is outside 1ms..1h", interval)
+		if err := within(time.Millisecond, time.Hour)(interval); err != nil {
+			return optErr("WithCommit", "interval %v", err)
 		}
 		if count < 1 {
 			return optErr("WithCommit", "count %d must be at least 1", count)
@@ -180,17 +284,12 @@ func WithCommit(interval time.Duration, count int) Option {
 // WithRevokeTimeout bounds how long, when a rebalance revokes this
 // member's partitions, deliveries already handed out may take to be
 // settled before the decided prefix is committed and the partitions are
-// released. Settling them later returns ErrStaleDelivery (the new owner
-// gets the message again and decides Duplicate if it was committed).
-// Default 10s. It must be shorter than the rebalance timeout.
+// released. Settling them later returns an error wrapping
+// core.ErrStaleDelivery (the new owner gets the message again and decides
+// Duplicate if it was committed). Default 10s. It must be shorter than the
+// rebalance timeout.
 func WithRevokeTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 {
-			return optErr("WithRevokeTimeout", "%v is negative", d)
-		}
-		c.revokeTimeout = d
-		return nil
-	}
+	return set("WithRevokeTimeout", d, atLeast(time.Duration(0)), func(c *config) *time.Duration { return &c.revokeTimeout })
 }
 
 // WithGroupTimeouts sets the consumer group's session timeout (how long
@@ -215,40 +314,29 @@ func WithGroupTimeouts(session, heartbeat, rebalance time.Duration) Option {
 // WithJoinBackoff sets how long the group waits before joining again after
 // a failed join. Default 1s.
 func WithJoinBackoff(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return optErr("WithJoinBackoff", "%v must be positive", d)
-		}
-		c.joinBackoff = d
-		return nil
-	}
+	return set("WithJoinBackoff", d, atLeast(time.Nanosecond), func(c *config) *time.Duration { return &c.joinBackoff })
 }
 
 // WithStartOffset sets where a partition without a committed offset
 // starts: kafka-go's FirstOffset (the default: nothing published before
 // the group first joined is skipped) or LastOffset.
 func WithStartOffset(offset int64) Option {
-	return func(c *config) error {
-		if offset != kafkago.FirstOffset && offset != kafkago.LastOffset {
-			return optErr("WithStartOffset", "%d is neither FirstOffset (-2) nor LastOffset (-1)", offset)
+	return set("WithStartOffset", offset, func(o int64) error {
+		if o != kafkago.FirstOffset && o != kafkago.LastOffset {
+			return fmt.Errorf("%d is neither FirstOffset (-2) nor LastOffset (-1)", o)
 		}
-		c.startOffset = offset
 		return nil
-	}
+	}, func(c *config) *int64 { return &c.startOffset })
 }
 
 // WithDeadLetterTopic names the topic DeadLetter produces to. Default
-// "<topic>.dlq". The topic must exist unless the cluster creates topics on
-// first use; while it cannot be written, dead-lettered messages are
-// retried in place and never dropped.
+// "<topic>.dlq". Open makes sure it exists: it creates a missing one with
+// the consumed topic's partition count and replication factor, and fails
+// (naming this option, or the URL's dead_letter_topic) when the cluster
+// refuses to create it. See DeadLetter for what happens when it cannot be
+// written later.
 func WithDeadLetterTopic(topic string) Option {
-	return func(c *config) error {
-		if err := checkTopic(topic); err != nil {
-			return optErr("WithDeadLetterTopic", "%v", err)
-		}
-		c.deadLetterTopic = topic
-		return nil
-	}
+	return set("WithDeadLetterTopic", topic, checkTopic, func(c *config) *string { return &c.deadLetterTopic })
 }
 
 // WithRetryTopic makes Retry produce a copy of the message to topic (with
@@ -257,86 +345,79 @@ func WithDeadLetterTopic(topic string) Option {
 // Source then also consumes topic in the same group and holds each copy
 // until its time. Use it when one failing message must not hold up its
 // partition's committed offset. A retried message then no longer holds up
-// later messages of its key: per-key order is given up for it. Default:
-// retry in place.
+// later messages of its key: per-key order is given up for it. Open
+// creates a missing retry topic as it does the dead-letter topic (and
+// fails naming this option, or the URL's retry_topic, when the cluster
+// refuses). Default: retry in place.
 func WithRetryTopic(topic string) Option {
-	return func(c *config) error {
-		if err := checkTopic(topic); err != nil {
-			return optErr("WithRetryTopic", "%v", err)
-		}
-		c.retryTopic = topic
-		return nil
-	}
+	return set("WithRetryTopic", topic, checkTopic, func(c *config) *string { return &c.retryTopic })
 }
 
 // WithPartitionBuffer bounds the messages of one partition held between
 // fetch and commit (waiting, in flight, or decided behind an undecided
 // one): fetching from a partition pauses at the bound. Default 1000.
 func WithPartitionBuffer(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > 1_000_000 {
-			return optErr("WithPartitionBuffer", "%d is outside 1..1000000", n)
-		}
-		c.partitionBuffer = n
-		return nil
-	}
+	return set("WithPartitionBuffer", n, within(1, 1_000_000), func(c *config) *int { return &c.partitionBuffer })
 }
 
 // WithDialer sets the kafka-go dialer for every connection (TLS, SASL,
 // client id, timeouts, a custom DialFunc). Default kafka-go's
 // DefaultDialer. The DLQ, retry-topic and Publisher writers use its TLS,
-// SASL, client id and DialFunc too.
+// SASL, client id and DialFunc too. WithTLS and WithSASL, in any order,
+// override the dialer's TLS and SASL settings.
 func WithDialer(d *kafkago.Dialer) Option {
-	return func(c *config) error {
-		if d == nil {
-			return optErr("WithDialer", "nil dialer")
-		}
-		c.dialer = d
-		return nil
-	}
+	return set("WithDialer", d, notNil, func(c *config) **kafkago.Dialer { return &c.dialer })
+}
+
+// WithTLS makes every connection (the group, fetches, commits, the DLQ,
+// retry-topic and Publisher writers) use TLS with cfg: its RootCAs verify
+// the brokers (nil: the system's roots), its Certificates are the client
+// certificate for mutual TLS. An empty ServerName is taken from the broker
+// address. The kafka:// URL's tls=true, ca_file, cert_file and key_file
+// parameters build one. Default: plaintext.
+func WithTLS(cfg *tls.Config) Option {
+	return set("WithTLS", cfg, notNil, func(c *config) **tls.Config { return &c.tls })
+}
+
+// WithSASL authenticates every connection with m: kafka-go's
+// sasl/plain.Mechanism or a sasl/scram mechanism (SCRAM-SHA-256 or -512).
+// The kafka:// URL's sasl=plain|scram-sha-256|scram-sha-512 parameter
+// builds one from the URL's user name and password. PLAIN sends the
+// password as it is: use it over TLS only. Default: no authentication.
+func WithSASL(m sasl.Mechanism) Option {
+	return set("WithSASL", m, notNil, func(c *config) *sasl.Mechanism { return &c.sasl })
 }
 
 // WithGroupBalancers sets the partition assignment strategies offered to
 // the group, in order of preference (every member must offer the one
 // chosen). Default kafka-go's: range, then round robin.
 func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
-	return func(c *config) error {
+	return set("WithGroupBalancers", bs, func(bs []kafkago.GroupBalancer) error {
 		if len(bs) == 0 {
-			return optErr("WithGroupBalancers", "no balancer given")
+			return errors.New("no balancer given")
 		}
 		for i, b := range bs {
 			if b == nil {
-				return optErr("WithGroupBalancers", "balancer %d is nil", i)
+				return fmt.Errorf("balancer %d is nil", i)
 			}
 		}
-		c.balancers = bs
 		return nil
-	}
+	}, func(c *config) *[]kafkago.GroupBalancer { return &c.balancers })
 }
 
 // WithLogger sets the logger for rebalances, commit failures and fetch
-// trouble. Default slog.Default().
+// trouble. It wins over the logger a Consumer offers its Source
+// (SetLogger) and over core.WithAdapterLogger. Until one of them is
+// given, the Source and the Publisher log to slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return optErr("WithLogger", "nil logger")
-		}
-		c.logger = l
-		return nil
-	}
+	return set("WithLogger", l, notNil, func(c *config) **slog.Logger { return &c.logger })
 }
 
 // WithBatchTimeout sets how long the Publisher's (and the DLQ's) writer
 // waits to fill a batch before sending it. Default 2ms; kafka-go's own
 // default of 1s would delay every small synchronous write by a second.
 func WithBatchTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 || d > time.Minute {
-			return optErr("WithBatchTimeout", "%v is outside (0, 1m]", d)
-		}
-		c.batchTimeout = d
-		return nil
-	}
+	return set("WithBatchTimeout", d, within(time.Nanosecond, time.Minute), func(c *config) *time.Duration { return &c.batchTimeout })
 }
 
 // checkTopic applies Kafka's topic name rules.
@@ -376,10 +457,7 @@ func parseTarget(target string, c *config) ([]Option, error) {
 		if u.Scheme != "kafka" {
 			return nil, fmt.Errorf("kafka: url: scheme %q, want kafka://", u.Scheme)
 		}
-		if u.User != nil {
-			// Not used, so not silently ignored either.
-			return nil, errors.New("kafka: url: a user name or password is not read from the URL; set SASL with WithDialer")
-		}
+		c.fromURL = true
 		hosts = u.Host
 		if topic := strings.Trim(u.Path, "/"); topic != "" {
 			if err := checkTopic(topic); err != nil {
@@ -391,7 +469,7 @@ func parseTarget(target string, c *config) ([]Option, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kafka: url parameters: %w", err)
 		}
-		qopts, err := queryOptions(q)
+		qopts, err := queryOptions(q, u.User)
 		if err != nil {
 			return nil, err
 		}
@@ -411,7 +489,9 @@ func parseTarget(target string, c *config) ([]Option, error) {
 			if errors.As(err, &ae) {
 				err = errors.New(ae.Err)
 			}
-			return nil, fmt.Errorf("kafka: brokers: %q: %w", h, err)
+			// A broker list may hold pieces of a mistyped URL: quote it
+			// with anything that looks like a secret masked.
+			return nil, fmt.Errorf("kafka: brokers: %q: %w", redact.URL(h), err)
 		}
 		c.brokers = append(c.brokers, h)
 	}
@@ -421,15 +501,28 @@ func parseTarget(target string, c *config) ([]Option, error) {
 	return opts, nil
 }
 
-func queryOptions(q url.Values) ([]Option, error) {
+// queryOptions turns a kafka:// URL's parameters (and its user name and
+// password, which only sasl= reads) into options.
+func queryOptions(q url.Values, user *url.Userinfo) ([]Option, error) {
 	var opts []Option
 	interval, count := time.Duration(0), 0
+	var session, heartbeat, rebalance *time.Duration
+	var sec security
 	for k, vs := range q {
 		if len(vs) != 1 {
 			return nil, fmt.Errorf("kafka: url parameter %s: given %d times", redact.Name(k), len(vs))
 		}
 		v := vs[0]
 		bad := func(want string) error { return fmt.Errorf("kafka: url parameter %s: not %s", k, want) }
+		dur := func(dst *time.Duration) error {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return bad("a duration")
+			}
+			*dst = d
+			return nil
+		}
+		var err error
 		switch k {
 		case "group":
 			opts = append(opts, WithGroup(v))
@@ -446,53 +539,59 @@ func queryOptions(q url.Values) ([]Option, error) {
 		case "retry_topic":
 			opts = append(opts, WithRetryTopic(v))
 		case "start":
-			switch v {
-			case "first":
-				opts = append(opts, WithStartOffset(kafkago.FirstOffset))
-			case "last":
-				opts = append(opts, WithStartOffset(kafkago.LastOffset))
-			default:
+			o, ok := map[string]int64{"first": kafkago.FirstOffset, "last": kafkago.LastOffset}[v]
+			if !ok {
 				return nil, bad("first or last")
 			}
+			opts = append(opts, WithStartOffset(o))
 		case "commit_interval":
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return nil, bad("a duration")
-			}
-			interval = d
+			err = dur(&interval)
 		case "commit_count":
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return nil, bad("a number")
+			if count, err = strconv.Atoi(v); err != nil {
+				err = bad("a number")
 			}
-			count = n
 		case "revoke_timeout":
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return nil, bad("a duration")
-			}
+			var d time.Duration
+			err = dur(&d)
 			opts = append(opts, WithRevokeTimeout(d))
-		case "session_timeout", "heartbeat_interval", "rebalance_timeout":
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return nil, bad("a duration")
+		case "session_timeout":
+			session = new(time.Duration)
+			err = dur(session)
+		case "heartbeat_interval":
+			heartbeat = new(time.Duration)
+			err = dur(heartbeat)
+		case "rebalance_timeout":
+			rebalance = new(time.Duration)
+			err = dur(rebalance)
+		case "tls":
+			if sec.tls, err = strconv.ParseBool(v); err != nil {
+				err = bad("true or false")
 			}
-			key := k
-			opts = append(opts, func(c *config) error {
-				session, heartbeat, rebalance := c.sessionTimeout, c.heartbeatInterval, c.rebalanceTimeout
-				switch key {
-				case "session_timeout":
-					session = d
-				case "heartbeat_interval":
-					heartbeat = d
-				default:
-					rebalance = d
-				}
-				return WithGroupTimeouts(session, heartbeat, rebalance)(c)
-			})
+		case "ca_file":
+			sec.caFile = v
+		case "cert_file":
+			sec.certFile = v
+		case "key_file":
+			sec.keyFile = v
+		case "sasl":
+			sec.mechanism = v
 		default:
 			return nil, fmt.Errorf("kafka: url parameter %s: unknown", redact.Name(k))
 		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if session != nil || heartbeat != nil || rebalance != nil {
+		opts = append(opts, func(c *config) error {
+			s, h, r := c.sessionTimeout, c.heartbeatInterval, c.rebalanceTimeout
+			for _, p := range []struct{ from, to *time.Duration }{{session, &s}, {heartbeat, &h}, {rebalance, &r}} {
+				if p.from != nil {
+					*p.to = *p.from
+				}
+			}
+			return WithGroupTimeouts(s, h, r)(c)
+		})
 	}
 	if interval != 0 || count != 0 {
 		opts = append(opts, func(c *config) error {
@@ -506,5 +605,94 @@ func queryOptions(q url.Values) ([]Option, error) {
 			return WithCommit(i, n)(c)
 		})
 	}
-	return opts, nil
+	secOpts, err := sec.options(user)
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, secOpts...), nil
+}
+
+// security is what a kafka:// URL says about TLS and SASL.
+type security struct {
+	tls                       bool
+	caFile, certFile, keyFile string
+	mechanism                 string
+}
+
+// options builds WithTLS and WithSASL from the URL's parameters and user
+// info. Errors name the parameter and never quote the password.
+func (s security) options(user *url.Userinfo) ([]Option, error) {
+	var opts []Option
+	if !s.tls {
+		for _, p := range []struct{ name, v string }{{"ca_file", s.caFile}, {"cert_file", s.certFile}, {"key_file", s.keyFile}} {
+			if p.v != "" {
+				return nil, fmt.Errorf("kafka: url parameter %s: needs tls=true", p.name)
+			}
+		}
+	} else {
+		tc, err := tlsConfig(s.caFile, s.certFile, s.keyFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, WithTLS(tc))
+	}
+	if s.mechanism == "" {
+		if user != nil {
+			// Not used, so not silently ignored either.
+			return nil, errors.New("kafka: url: a user name or password is only read with the sasl parameter (sasl=plain, scram-sha-256 or scram-sha-512)")
+		}
+		return opts, nil
+	}
+	name := user.Username() // nil-safe, as is Password
+	pass, hasPass := user.Password()
+	if name == "" || !hasPass {
+		return nil, errors.New("kafka: url parameter sasl: needs a user name and password in the URL (kafka://user:password@host:port/topic)")
+	}
+	var m sasl.Mechanism
+	switch strings.ToLower(s.mechanism) {
+	case "plain":
+		m = plain.Mechanism{Username: name, Password: pass}
+	case "scram-sha-256", "scram-sha-512":
+		algo := scram.SHA256
+		if strings.HasSuffix(s.mechanism, "512") {
+			algo = scram.SHA512
+		}
+		sm, err := scram.Mechanism(algo, name, pass)
+		if err != nil {
+			// scram's errors are about the names (SASLprep), not the secret's value.
+			return nil, errors.New("kafka: url parameter sasl: the user name or password is not valid for SCRAM (SASLprep)")
+		}
+		m = sm
+	default:
+		return nil, errors.New("kafka: url parameter sasl: not plain, scram-sha-256 or scram-sha-512")
+	}
+	return append(opts, WithSASL(m)), nil
+}
+
+// tlsConfig builds the TLS configuration of tls=true: caFile ("" for the
+// system's roots) verifies the brokers, certFile and keyFile (both or
+// neither) are the client certificate.
+func tlsConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: url parameter ca_file: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kafka: url parameter ca_file: %s holds no PEM certificate", caFile)
+		}
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("kafka: url parameters cert_file and key_file: give both or neither")
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: url parameters cert_file, key_file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
 }

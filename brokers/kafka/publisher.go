@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
@@ -22,22 +23,18 @@ type Publisher struct {
 
 // NewPublisher returns a Publisher for the brokers in target (a kafka://
 // URL, whose path, if any, becomes the default topic, or a broker list).
-// It applies WithTopic, WithIDHeader, WithDialer, WithBatchTimeout and
-// WithLogger, and ignores the consumer options. It does not connect until
+// It applies WithTopic, WithIDHeader, WithDialer, WithTLS, WithSASL (and
+// the URL's tls, ca_file, cert_file, key_file and sasl parameters),
+// WithBatchTimeout and WithLogger, and ignores the consumer options. It does not connect until
 // the first Publish.
 func NewPublisher(target string, opts ...Option) (*Publisher, error) {
-	cfg := defaultConfig()
-	urlOpts, err := parseTarget(target, &cfg)
+	cfg, err := newConfig(target, opts)
 	if err != nil {
 		return nil, err
 	}
-	for _, o := range append(append([]Option{}, opts...), urlOpts...) {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	logger := cfg.logger
+	if logger == nil {
+		logger = slog.Default()
 	}
 	return &Publisher{cfg: cfg, w: &kafkago.Writer{
 		Addr: kafkago.TCP(cfg.brokers...),
@@ -48,7 +45,7 @@ func NewPublisher(target string, opts ...Option) (*Publisher, error) {
 		BatchTimeout: cfg.batchTimeout,
 		BatchSize:    1000,
 		Transport:    transport(cfg.dialer),
-		ErrorLogger:  kafkaLogger{cfg.logger},
+		ErrorLogger:  kafkaLogger{logger},
 	}}, nil
 }
 
@@ -96,7 +93,7 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Mes
 		if errors.As(err, &werrs) {
 			return fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, werrs.Count(), len(msgs), err)
 		}
-		return fmt.Errorf("kafka: Publish to %q: %w", topic, err)
+		return fmt.Errorf("kafka: Publish to %q: %w", topic, p.cfg.explain(err))
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"slices"
@@ -20,23 +21,21 @@ import (
 	"github.com/idemq/idemq/core"
 )
 
-// ErrStaleDelivery is wrapped by the error of a settlement whose partition
-// was revoked (a rebalance handed it to another member, or the Source was
-// closed) before the settlement arrived. Nothing is marked: the partition's
-// next owner gets the message again from the committed offset, and the
-// dedup store decides Duplicate if its effect was already committed.
-// It wraps core.ErrStaleDelivery, so the Consumer counts it in
-// Stats.Stale rather than as a settlement failure.
-var ErrStaleDelivery = fmt.Errorf("kafka: the delivery's partition was revoked: %w", core.ErrStaleDelivery)
-
-// ErrAlreadySettled is returned when a delivery is settled a second time.
-var ErrAlreadySettled = errors.New("kafka: delivery already settled")
+// The reasons a settlement is stale (driver.Stale): it sends nothing, and
+// the partition's next owner gets the message again from the committed
+// offset (the dedup store decides Duplicate if its effect was committed).
+var (
+	errRevoked = errors.New("kafka: the delivery's partition was revoked by a rebalance")
+	errClosed  = errors.New("kafka: the source was closed")
+)
 
 // Source consumes one topic in a consumer group. It implements
-// core.Source, driver.BatchSettler, driver.WindowSetter and
-// driver.RedeliveryHorizoner, and is safe for concurrent use.
+// core.Source, driver.BatchSettler, driver.WindowSetter,
+// driver.RedeliveryHorizoner and driver.LoggerSetter, and is safe for
+// concurrent use.
 type Source struct {
 	cfg    config
+	logger atomic.Pointer[slog.Logger] // nil: slog.Default()
 	client *kafkago.Client
 	bkey   string // the broker list, keying the in-process attempt counter
 
@@ -74,7 +73,8 @@ type Stats struct {
 	Generations int64
 	// Commits counts successful offset commits; CommitErrors failed ones.
 	Commits, CommitErrors int64
-	// StaleSettlements counts settlements refused with ErrStaleDelivery.
+	// StaleSettlements counts settlements refused as stale (an error
+	// wrapping core.ErrStaleDelivery).
 	StaleSettlements int64
 	// Skipped counts fetched messages not handed out because the commit
 	// metadata of an earlier owner says they were already decided.
@@ -99,25 +99,26 @@ type Stats struct {
 //	revoke_timeout      a duration                      (WithRevokeTimeout)
 //	session_timeout, heartbeat_interval, rebalance_timeout
 //	                    durations                       (WithGroupTimeouts)
+//	tls                 true: connect with TLS          (WithTLS)
+//	ca_file             PEM CA to verify the brokers (default: system roots)
+//	cert_file, key_file PEM client certificate and key, for mutual TLS
+//	sasl                plain | scram-sha-256 | scram-sha-512, with the
+//	                    URL's user name and password    (WithSASL)
 //
-// Any other parameter is an error naming it. The URL's topic, group and
-// parameters are applied after opts, so the deployment's URL wins over
-// defaults set in code. Open checks that the topic exists; the group is
-// joined at the first Receive, after the Consumer had its chance to call
-// SetWindow.
+// ca_file, cert_file and key_file need tls=true; a user name or password
+// needs sasl=, and sasl= needs both (kafka://user:password@host:port/...;
+// percent-encode special characters). Any other parameter is an error
+// naming it. The URL's topic, group and parameters are applied after opts,
+// so the deployment's URL wins over defaults set in code.
+//
+// Open checks that the topic exists and creates a missing dead-letter or
+// retry topic (or fails naming the setting, see WithDeadLetterTopic); the
+// group is joined at the first Receive, after the Consumer had its chance
+// to call SetWindow.
 func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
-	cfg := defaultConfig()
-	urlOpts, err := parseTarget(target, &cfg)
+	cfg, err := newConfig(target, opts)
 	if err != nil {
 		return nil, err
-	}
-	for _, o := range append(append([]Option{}, opts...), urlOpts...) {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
 	}
 	if cfg.topic == "" {
 		return nil, errors.New("kafka: topic: none given (WithTopic or the kafka:// URL path)")
@@ -141,42 +142,85 @@ func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
 		changed: make(chan struct{}),
 		errs:    make(chan error, 1),
 	}
-	if err := s.checkTopics(ctx); err != nil {
+	s.logger.Store(cfg.logger)
+	if err := s.ensureTopics(ctx); err != nil {
 		return nil, err
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
 
-// checkTopics makes sure the consumed topic (and the retry topic) exist,
-// and warns when the dead-letter topic does not (it may be created on
-// first use; if not, dead letters wait in place until it exists).
-func (s *Source) checkTopics(ctx context.Context) error {
-	topics := s.topics()
-	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: append(append([]string{}, topics...), s.cfg.deadLetterTopic)})
+// ensureTopics makes sure the consumed topic exists, and that the
+// dead-letter topic and the retry topic (if any) exist too: a missing one
+// is created with the consumed topic's partition count and replication
+// factor. When the cluster refuses to create it, Open fails naming the
+// setting, rather than every dead letter (or retry) failing later.
+func (s *Source) ensureTopics(ctx context.Context) error {
+	want := append(s.topics(), s.cfg.deadLetterTopic)
+	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: want})
 	if err != nil {
-		return fmt.Errorf("kafka: brokers %v: %w", s.cfg.brokers, err)
+		return fmt.Errorf("kafka: brokers %v: %w", s.cfg.brokers, s.cfg.explain(err))
 	}
+	found := map[string]kafkago.Topic{}
 	for _, t := range md.Topics {
-		if t.Name == s.cfg.deadLetterTopic && (t.Error != nil || len(t.Partitions) == 0) {
-			s.cfg.logger.Warn("idemq kafka: the dead-letter topic does not exist; dead letters will wait in place until it can be written", "topic", s.cfg.deadLetterTopic)
+		if t.Error == nil && len(t.Partitions) > 0 {
+			found[t.Name] = t
+		} else if t.Name == s.cfg.topic && t.Error != nil {
+			return fmt.Errorf("kafka: topic %q: %w", t.Name, t.Error)
 		}
 	}
-	for _, want := range topics {
-		found := false
-		for _, t := range md.Topics {
-			if t.Name == want {
-				if t.Error != nil {
-					return fmt.Errorf("kafka: topic %q: %w", want, t.Error)
-				}
-				found = len(t.Partitions) > 0
-			}
+	src, ok := found[s.cfg.topic]
+	if !ok {
+		return fmt.Errorf("kafka: topic %q does not exist", s.cfg.topic)
+	}
+	var create []kafkago.TopicConfig
+	for _, name := range want[1:] {
+		if _, ok := found[name]; !ok {
+			create = append(create, kafkago.TopicConfig{
+				Topic:             name,
+				NumPartitions:     len(src.Partitions),
+				ReplicationFactor: max(1, len(src.Partitions[0].Replicas)),
+			})
 		}
-		if !found {
-			return fmt.Errorf("kafka: topic %q does not exist", want)
+	}
+	if len(create) == 0 {
+		return nil
+	}
+	resp, err := s.client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: create})
+	for _, tc := range create {
+		cerr := err
+		if cerr == nil {
+			cerr = resp.Errors[tc.Topic]
+		}
+		if cerr != nil && !errors.Is(cerr, kafkago.TopicAlreadyExists) {
+			setting := s.cfg.name("WithDeadLetterTopic", "dead_letter_topic")
+			if tc.Topic == s.cfg.retryTopic {
+				setting = s.cfg.name("WithRetryTopic", "retry_topic")
+			}
+			return fmt.Errorf("kafka: %s: topic %q does not exist and the cluster refused to create it: %w; create it or name an existing topic", setting, tc.Topic, s.cfg.explain(cerr))
+		}
+		if cerr == nil {
+			s.log().Info("idemq kafka: created a missing topic", "topic", tc.Topic, "partitions", tc.NumPartitions, "replication_factor", tc.ReplicationFactor)
 		}
 	}
 	return nil
+}
+
+// log is the logger the Source logs to.
+func (s *Source) log() *slog.Logger {
+	if l := s.logger.Load(); l != nil {
+		return l
+	}
+	return slog.Default()
+}
+
+// SetLogger makes the Source log to l (the Consumer's logger), unless it
+// was given a logger of its own (WithLogger, core.WithAdapterLogger). The
+// Consumer calls it before the first Receive.
+func (s *Source) SetLogger(l *slog.Logger) {
+	if l != nil && s.cfg.logger == nil {
+		s.logger.Store(l)
+	}
 }
 
 func (s *Source) topics() []string {
@@ -232,7 +276,7 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 		}},
 	})
 	if err != nil {
-		s.cfg.logger.Debug("idemq kafka: reading retention.ms", "topic", s.cfg.topic, "error", err)
+		s.log().Debug("idemq kafka: reading retention.ms", "topic", s.cfg.topic, "error", err)
 		return 0, false
 	}
 	for _, r := range resp.Resources {
@@ -307,7 +351,7 @@ func (s *Source) start() error {
 		RebalanceTimeout:  s.cfg.rebalanceTimeout,
 		JoinGroupBackoff:  s.cfg.joinBackoff,
 		StartOffset:       s.cfg.startOffset,
-		ErrorLogger:       kafkaLogger{s.cfg.logger},
+		ErrorLogger:       kafkaLogger{s.log()},
 	})
 	if err != nil {
 		return fmt.Errorf("kafka: consumer group: %w", err)
@@ -333,7 +377,7 @@ func (s *Source) run(cg *kafkago.ConsumerGroup) {
 			// A misconfiguration fails every join: log it once in a while,
 			// not on every retry.
 			if err.Error() != lastErr || time.Since(lastLog) > 30*time.Second {
-				s.cfg.logger.Warn("idemq kafka: joining the group failed; kafka-go retries", "group", s.cfg.group, "error", err)
+				s.log().Warn("idemq kafka: joining the group failed; kafka-go retries", "group", s.cfg.group, "error", err)
 				lastErr, lastLog = err.Error(), time.Now()
 			}
 			// Rebalances fail a join or two as a matter of course; only
@@ -412,8 +456,9 @@ func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
 // Close leaves the group: it stops handing out messages, commits every
 // partition's decided prefix, and releases the partitions, without waiting
 // for deliveries still in flight (the Consumer settles before it closes
-// its Source). Settling a delivery afterwards returns ErrStaleDelivery;
-// the next owner gets those messages again.
+// its Source). Settling a delivery afterwards returns an error wrapping
+// core.ErrStaleDelivery and sends nothing; the next owner gets those
+// messages again.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -444,7 +489,7 @@ func (s *Source) Close() error {
 
 // AckBatch marks deliveries of this Source done, under one lock; the
 // offsets are committed with the next batched commit. Deliveries whose
-// partition was revoked are refused with ErrStaleDelivery; the returned
+// partition was revoked are refused as stale (core.ErrStaleDelivery); the returned
 // error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	var errs []error
@@ -457,8 +502,8 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 			errs = append(errs, fmt.Errorf("kafka: AckBatch: delivery %T is not from this source", cd))
 			continue
 		}
-		if d.settled.Swap(true) {
-			errs = append(errs, d.wrap(ErrAlreadySettled))
+		if err := d.Claim(); err != nil {
+			errs = append(errs, d.wrap(err))
 			continue
 		}
 		if err := s.settleQuietly(d, nil); err != nil {
@@ -498,9 +543,9 @@ func (s *Source) dlqWriter() *kafkago.Writer {
 			Balancer:     &kafkago.Murmur2Balancer{},
 			RequiredAcks: kafkago.RequireAll,
 			BatchTimeout: s.cfg.batchTimeout,
-			MaxAttempts:  3,
+			MaxAttempts:  1, // produceThenDone retries, with backoff and a bound
 			Transport:    transport(s.cfg.dialer),
-			ErrorLogger:  kafkaLogger{s.cfg.logger},
+			ErrorLogger:  kafkaLogger{s.log()},
 		}
 	})
 	return s.writer

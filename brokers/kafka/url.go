@@ -16,12 +16,12 @@ import (
 //	kafka://127.0.0.1:9092/payments?group=billing
 func init() { driver.RegisterBroker("kafka", openSourceURL, openPublisherURL) }
 
-func openSourceURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
-	return Open(ctx, u.String())
+func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Source, error) {
+	return Open(ctx, u.String(), loggerOption(cfg))
 }
 
-func openPublisherURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
-	p, err := NewPublisher(u.String())
+func openPublisherURL(_ context.Context, u *url.URL, cfg driver.OpenConfig) (core.Publisher, error) {
+	p, err := NewPublisher(u.String(), loggerOption(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -30,4 +30,13 @@ func openPublisherURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.
 		return nil, errors.New("kafka: url: no topic to publish to (kafka://host:port/topic)")
 	}
 	return p, nil
+}
+
+// loggerOption is WithLogger of the service's adapter logger, nil (no
+// option) when it gave none.
+func loggerOption(cfg driver.OpenConfig) Option {
+	if cfg.Logger == nil {
+		return nil
+	}
+	return WithLogger(cfg.Logger)
 }

@@ -18,6 +18,8 @@ func FuzzParseURL(f *testing.F) {
 		"kafka://b1:9092,b2:9092/t?group=g&id_header=message-id&ordering=key&commit_interval=1s&commit_count=100",
 		"b1:9092, b2:9092", "kafka://u:s3cretpw@b1:9092/t?group=g", "kafka://u:s3cretpw@b1:bad/t",
 		"kafka://b1:9092/a/b?group=g", "kafka://b1:9092/t?group=g&group=h", "kafka://:9092/t", "",
+		"kafka://u:s3cretpw@b1:9092/t?group=g&sasl=scram-sha-512", "kafka://u:s3cret%3Apw@b1:9092/t?sasl=plain&tls=true",
+		"kafka://u:s3cretpw@b1:9092/t?sasl=plain&tls=true&ca_file=/nonexistent", "kafka://u@b1:9092/t?sasl=scram-sha-256",
 	} {
 		f.Add(s)
 	}
