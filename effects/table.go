@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -70,13 +71,8 @@ func NewTable(d Dialect, opts ...Option) (*Table, error) {
 		return nil, fmt.Errorf("effects: NewTable: unknown dialect %d (use effects.Postgres or effects.MySQL)", d)
 	}
 	t := &Table{dialect: d, name: DefaultTable}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(t); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(t, opts...); err != nil {
+		return nil, err
 	}
 	return t, nil
 }

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -114,13 +114,8 @@ func newConfig(target string, opts []Option) (config, error) {
 	if err != nil {
 		return cfg, err
 	}
-	for _, o := range append(append([]Option{}, opts...), urlOpts...) {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return cfg, err
-		}
+	if err := option.Apply(&cfg, append(append([]Option{}, opts...), urlOpts...)...); err != nil {
+		return cfg, err
 	}
 	if cfg.tls != nil || cfg.sasl != nil {
 		// A copy: the caller's dialer (or kafka-go's default) stays as it is.
@@ -162,55 +157,27 @@ func (c *config) explain(err error) error {
 }
 
 func optErr(name, format string, args ...any) error {
-	return fmt.Errorf("kafka: option %s: %s", name, fmt.Sprintf(format, args...))
+	return option.Errorf("kafka", name, format, args...)
 }
 
 // set returns the Option that stores v in the field dst points at once
 // check (nil: anything goes) accepts it; a refusal names the option.
-func set[T any](option string, v T, check func(T) error, dst func(*config) *T) Option {
-	return func(c *config) error {
-		if check != nil {
-			if err := check(v); err != nil {
-				return optErr(option, "%v", err)
-			}
-		}
-		*dst(c) = v
-		return nil
+func set[T any](name string, v T, check func(T) error, dst func(*config) *T) Option {
+	var err error
+	if check != nil {
+		err = check(v)
 	}
+	return option.Set("kafka", name, err, func(c *config) { *dst(c) = v })
 }
 
 // within accepts values in lo..hi.
 func within[T int | time.Duration](lo, hi T) func(T) error {
-	return func(v T) error {
-		if v < lo || v > hi {
-			return fmt.Errorf("%v is outside %v..%v", v, lo, hi)
-		}
-		return nil
-	}
+	return func(v T) error { return option.Range(v, lo, hi) }
 }
 
 // atLeast accepts values from lo up.
 func atLeast[T int | time.Duration](lo T) func(T) error {
-	return func(v T) error {
-		if v < lo {
-			return fmt.Errorf("%v is below %v", v, lo)
-		}
-		return nil
-	}
-}
-
-// notNil refuses a nil pointer or interface.
-func notNil[T any](v T) error {
-	if any(v) == nil {
-		return errors.New("nil")
-	}
-	switch rv := reflect.ValueOf(v); rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		if rv.IsNil() {
-			return errors.New("nil")
-		}
-	}
-	return nil
+	return func(v T) error { return option.AtLeast(v, lo) }
 }
 
 // DefaultIDHeader is the header the business id is read from (and written
@@ -366,7 +333,7 @@ func WithPartitionBuffer(n int) Option {
 // SASL, client id and DialFunc too. WithTLS and WithSASL, in any order,
 // override the dialer's TLS and SASL settings.
 func WithDialer(d *kafkago.Dialer) Option {
-	return set("WithDialer", d, notNil, func(c *config) **kafkago.Dialer { return &c.dialer })
+	return set("WithDialer", d, option.Present, func(c *config) **kafkago.Dialer { return &c.dialer })
 }
 
 // WithTLS makes every connection (the group, fetches, commits, the DLQ,
@@ -376,7 +343,7 @@ func WithDialer(d *kafkago.Dialer) Option {
 // address. The kafka:// URL's tls=true, ca_file, cert_file and key_file
 // parameters build one. Default: plaintext.
 func WithTLS(cfg *tls.Config) Option {
-	return set("WithTLS", cfg, notNil, func(c *config) **tls.Config { return &c.tls })
+	return set("WithTLS", cfg, option.Present, func(c *config) **tls.Config { return &c.tls })
 }
 
 // WithSASL authenticates every connection with m: kafka-go's
@@ -385,7 +352,7 @@ func WithTLS(cfg *tls.Config) Option {
 // builds one from the URL's user name and password. PLAIN sends the
 // password as it is: use it over TLS only. Default: no authentication.
 func WithSASL(m sasl.Mechanism) Option {
-	return set("WithSASL", m, notNil, func(c *config) *sasl.Mechanism { return &c.sasl })
+	return set("WithSASL", m, option.Present, func(c *config) *sasl.Mechanism { return &c.sasl })
 }
 
 // WithGroupBalancers sets the partition assignment strategies offered to
@@ -410,7 +377,7 @@ func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
 // (SetLogger) and over core.WithAdapterLogger. Until one of them is
 // given, the Source and the Publisher log to slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return set("WithLogger", l, notNil, func(c *config) **slog.Logger { return &c.logger })
+	return set("WithLogger", l, option.Present, func(c *config) **slog.Logger { return &c.logger })
 }
 
 // WithBatchTimeout sets how long the Publisher's (and the DLQ's) writer

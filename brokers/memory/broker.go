@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/option"
 )
 
 // System is the value of core.Message.System for messages of this broker.
@@ -144,13 +145,8 @@ type Broker struct {
 // field when an option is invalid.
 func NewBroker(opts ...Option) (*Broker, error) {
 	cfg := config{seed: DefaultSeed, visibility: DefaultVisibilityTimeout}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return nil, err
 	}
 	b := &Broker{cfg: cfg, done: make(chan struct{}), queues: map[string]*queue{}}
 	b.faults.Store(&cfg.faults)
@@ -244,13 +240,8 @@ func withTraceContext(ctx context.Context, msgs []*core.Message) []*core.Message
 // queue if needed. Several subscriptions may share one queue.
 func (b *Broker) Subscribe(queue string, opts ...SubscribeOption) (*Subscription, error) {
 	var sc subConfig
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&sc); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&sc, opts...); err != nil {
+		return nil, err
 	}
 	q, err := b.queue(queue, true)
 	if err != nil {

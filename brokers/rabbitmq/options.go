@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/option"
 )
 
 // QueueType is the kind of queue the Source declares.
@@ -99,18 +101,6 @@ func defaultConfig(queue string) config {
 	}
 }
 
-// setter returns an option that fails with err, when the value it was
-// given is invalid (err != nil), and otherwise applies set.
-func setter[C any](err error, set func(*C)) func(*C) error {
-	return func(c *C) error {
-		if err != nil {
-			return err
-		}
-		set(c)
-		return nil
-	}
-}
-
 // invalid is the error of option opt given a bad value (nil when bad is
 // false); the message says why.
 func invalid(bad bool, opt, format string, args ...any) error {
@@ -131,7 +121,7 @@ func nameErr(opt, name string) error {
 // WithPrefetch sets the QoS prefetch count used until the Consumer calls
 // SetWindow (which replaces it). Default 100. Must be 1..65535.
 func WithPrefetch(n int) Option {
-	return setter(invalid(n < 1 || n > 65535, "WithPrefetch", "%d is outside 1..65535", n),
+	return option.Check(invalid(n < 1 || n > 65535, "WithPrefetch", "%d is outside 1..65535", n),
 		func(c *config) { c.prefetch = n })
 }
 
@@ -142,12 +132,12 @@ func WithPrefetch(n int) Option {
 // Default true. Pass false when operators own the topology; the queues must
 // then exist.
 func WithDeclare(declare bool) Option {
-	return setter(nil, func(c *config) { c.declare = declare })
+	return option.Check(nil, func(c *config) { c.declare = declare })
 }
 
 // WithQueueType sets the type of the queues Open declares. Default Classic.
 func WithQueueType(t QueueType) Option {
-	return setter(invalid(t != Classic && t != Quorum, "WithQueueType", "unknown queue type %q (want %q or %q)", t, Classic, Quorum),
+	return option.Check(invalid(t != Classic && t != Quorum, "WithQueueType", "unknown queue type %q (want %q or %q)", t, Classic, Quorum),
 		func(c *config) { c.queueType = t })
 }
 
@@ -169,19 +159,19 @@ func WithQueueType(t QueueType) Option {
 // An existing queue declared without it must be re-created (or given the
 // limit by a policy, with WithDeclare(false)).
 func WithDeliveryLimit(n int) Option {
-	return setter(invalid(n < 0, "WithDeliveryLimit", "%d is negative", n),
+	return option.Check(invalid(n < 0, "WithDeliveryLimit", "%d is negative", n),
 		func(c *config) { c.deliveryLimit = n })
 }
 
 // WithDeadLetterQueue names the dead-letter queue. Default "<queue>.dlq".
 func WithDeadLetterQueue(name string) Option {
-	return setter(nameErr("WithDeadLetterQueue", name), func(c *config) { c.deadLetterQueue = name })
+	return option.Check(nameErr("WithDeadLetterQueue", name), func(c *config) { c.deadLetterQueue = name })
 }
 
 // WithRetryQueue names the retry queue used by RetryViaQueue. Default
 // "<queue>.retry".
 func WithRetryQueue(name string) Option {
-	return setter(nameErr("WithRetryQueue", name), func(c *config) { c.retryQueue = name })
+	return option.Check(nameErr("WithRetryQueue", name), func(c *config) { c.retryQueue = name })
 }
 
 // WithExchange names the exchange producers publish the queue's messages
@@ -193,32 +183,32 @@ func WithRetryQueue(name string) Option {
 // exchange, where no binding is needed. URL parameter: exchange, so one URL
 // serves core.OpenSource and core.OpenPublisher.
 func WithExchange(name string) Option {
-	return setter(shortErr("WithExchange", "name", name), func(c *config) { c.exchange = name })
+	return option.Check(shortErr("WithExchange", "name", name), func(c *config) { c.exchange = name })
 }
 
 // WithRetryMode chooses how Retry redelivers. Default RetryRequeue.
 func WithRetryMode(m RetryMode) Option {
-	return setter(invalid(m != RetryRequeue && m != RetryViaQueue, "WithRetryMode", "unknown mode %d", m),
+	return option.Check(invalid(m != RetryRequeue && m != RetryViaQueue, "WithRetryMode", "unknown mode %d", m),
 		func(c *config) { c.retryMode = m })
 }
 
 // WithDeadLetterMode chooses how DeadLetter parks a message. Default
 // DeadLetterRepublish.
 func WithDeadLetterMode(m DeadLetterMode) Option {
-	return setter(invalid(m != DeadLetterRepublish && m != DeadLetterReject, "WithDeadLetterMode", "unknown mode %d", m),
+	return option.Check(invalid(m != DeadLetterRepublish && m != DeadLetterReject, "WithDeadLetterMode", "unknown mode %d", m),
 		func(c *config) { c.deadLetterMode = m })
 }
 
 // WithConsumerTag sets the AMQP consumer tag. Default: a unique tag chosen
 // by amqp091-go.
 func WithConsumerTag(tag string) Option {
-	return setter(nil, func(c *config) { c.consumerTag = tag })
+	return option.Check(nil, func(c *config) { c.consumerTag = tag })
 }
 
 // WithConnectionName sets the connection_name client property shown by
 // rabbitmqctl and the management UI. Default "idemq".
 func WithConnectionName(name string) Option {
-	return setter(invalid(name == "", "WithConnectionName", "empty name"),
+	return option.Check(invalid(name == "", "WithConnectionName", "empty name"),
 		func(c *config) { c.connName = name })
 }
 
@@ -235,7 +225,7 @@ func WithConnectionName(name string) Option {
 // only. URL parameter: id_header (for the Publisher too, which then writes
 // the id in the header as well as in message_id).
 func WithIDHeader(name string) Option {
-	return setter(invalid(name == "", "WithIDHeader", "empty header name"),
+	return option.Check(invalid(name == "", "WithIDHeader", "empty header name"),
 		func(c *config) { c.idHeader = name })
 }
 
@@ -243,7 +233,7 @@ func WithIDHeader(name string) Option {
 // reconnect attempts. Default 100ms doubling up to 10s, each wait spread
 // by ±20% (and never above max).
 func WithReconnectBackoff(min, max time.Duration) Option {
-	return setter(invalid(min <= 0 || max < min, "WithReconnectBackoff", "need 0 < min <= max, got %v, %v", min, max),
+	return option.Check(invalid(min <= 0 || max < min, "WithReconnectBackoff", "need 0 < min <= max, got %v, %v", min, max),
 		func(c *config) { c.backoffMin, c.backoffMax = min, max })
 }
 
@@ -252,7 +242,7 @@ func WithReconnectBackoff(min, max time.Duration) Option {
 // given (core.WithAdapterLogger). Without any of them the Source logs to
 // slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return setter(invalid(l == nil, "WithLogger", "nil logger"), func(c *config) { c.logger = l })
+	return option.Check(invalid(l == nil, "WithLogger", "nil logger"), func(c *config) { c.logger = l })
 }
 
 // WithDialConfig sets the amqp091-go connection config (TLS, heartbeat,
@@ -260,7 +250,7 @@ func WithLogger(l *slog.Logger) Option {
 // must be nil: the Source reconnects by itself, and amqp091-go's channel
 // recovery would let an old delivery tag reach a new channel.
 func WithDialConfig(cfg amqp.Config) Option {
-	return setter(invalid(cfg.Recovery != nil, "WithDialConfig", "Recovery must be nil (the Source reconnects itself)"),
+	return option.Check(invalid(cfg.Recovery != nil, "WithDialConfig", "Recovery must be nil (the Source reconnects itself)"),
 		func(c *config) { c.dial, c.dialSet = cfg, true })
 }
 

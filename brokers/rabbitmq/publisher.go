@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/option"
 )
 
 // PublisherOption configures a Publisher. An invalid value makes
@@ -36,26 +37,26 @@ func shortErr(opt, what, v string) error {
 // WithPublishExchange sets the exchange messages are published to.
 // Default "" (the default exchange, where the routing key is a queue name).
 func WithPublishExchange(name string) PublisherOption {
-	return setter(shortErr("WithPublishExchange", "name", name), func(c *pubConfig) { c.exchange = name })
+	return option.Check(shortErr("WithPublishExchange", "name", name), func(c *pubConfig) { c.exchange = name })
 }
 
 // WithRoutingKey sets the routing key Publish uses when its destination
 // is "": on the default exchange, the queue's name. Default "".
 func WithRoutingKey(key string) PublisherOption {
-	return setter(shortErr("WithRoutingKey", "key", key), func(c *pubConfig) { c.routingKey = key })
+	return option.Check(shortErr("WithRoutingKey", "key", key), func(c *pubConfig) { c.routingKey = key })
 }
 
 // WithMandatory sets the mandatory flag: a message no queue receives is
 // returned and Publish fails instead of the broker dropping it. Default
 // true.
 func WithMandatory(mandatory bool) PublisherOption {
-	return setter(nil, func(c *pubConfig) { c.mandatory = mandatory })
+	return option.Check(nil, func(c *pubConfig) { c.mandatory = mandatory })
 }
 
 // WithPublisherConnectionName sets the connection_name client property.
 // Default "idemq-publisher".
 func WithPublisherConnectionName(name string) PublisherOption {
-	return setter(invalid(name == "", "WithPublisherConnectionName", "empty name"),
+	return option.Check(invalid(name == "", "WithPublisherConnectionName", "empty name"),
 		func(c *pubConfig) { c.connName = name })
 }
 
@@ -63,14 +64,14 @@ func WithPublisherConnectionName(name string) PublisherOption {
 // header as well as in the message_id property, for consumers that read it
 // from a header (see WithIDHeader). Default "": message_id only.
 func WithPublisherIDHeader(name string) PublisherOption {
-	return setter(invalid(name == "", "WithPublisherIDHeader", "empty header name"),
+	return option.Check(invalid(name == "", "WithPublisherIDHeader", "empty header name"),
 		func(c *pubConfig) { c.idHeader = name })
 }
 
 // WithPublisherDialConfig sets the amqp091-go connection config. Default:
 // amqp091-go's defaults. Its Recovery field must be nil.
 func WithPublisherDialConfig(cfg amqp.Config) PublisherOption {
-	return setter(invalid(cfg.Recovery != nil, "WithPublisherDialConfig", "Recovery must be nil"),
+	return option.Check(invalid(cfg.Recovery != nil, "WithPublisherDialConfig", "Recovery must be nil"),
 		func(c *pubConfig) { c.dial, c.dialSet = cfg, true })
 }
 
@@ -99,10 +100,8 @@ type Publisher struct {
 // NewPublisher connects to the broker at url and opens a confirm channel.
 func NewPublisher(ctx context.Context, url string, opts ...PublisherOption) (*Publisher, error) {
 	cfg := pubConfig{mandatory: true, connConfig: connConfig{connName: "idemq-publisher"}}
-	for _, o := range opts {
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return nil, err
 	}
 	if _, err := amqp.ParseURI(url); err != nil {
 		return nil, urlError(url, err)

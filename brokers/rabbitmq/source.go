@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/option"
 )
 
 // errChannelClosed is the reason of a stale settlement: the delivery's
@@ -104,10 +105,8 @@ func sourceConfig(url, queue string, opts []Option) (config, error) {
 		return config{}, fmt.Errorf("rabbitmq: queue: %w", err)
 	}
 	cfg := defaultConfig(queue)
-	for _, o := range opts {
-		if err := o(&cfg); err != nil {
-			return config{}, err
-		}
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return config{}, err
 	}
 	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
 		return config{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -129,13 +130,8 @@ const (
 // share.
 func setup(ctx context.Context, what, queueURLOrName string, opts []Option) (config, *awssqs.Client, *queueInfo, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return cfg, nil, nil, err
-		}
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return cfg, nil, nil, err
 	}
 	if queueURLOrName == "" {
 		return cfg, nil, nil, fmt.Errorf("sqs: %s: empty queue URL or name", what)

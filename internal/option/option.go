@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"reflect"
 )
 
 // Apply applies opts to cfg in order, skipping nil options, and returns the
@@ -28,9 +29,19 @@ func Apply[C any, O ~func(*C) error](cfg *C, opts ...O) error {
 // "pkg: option name: err" when err (the value's check) is not nil, and
 // otherwise calls set.
 func Set[C any](pkg, name string, err error, set func(*C)) func(*C) error {
+	if err != nil {
+		err = Errorf(pkg, name, "%v", err)
+	}
+	return Check(err, set)
+}
+
+// Check returns an option that, applied, fails with err as it is when err
+// is not nil (the value was refused when the option was made), and
+// otherwise calls set.
+func Check[C any](err error, set func(*C)) func(*C) error {
 	return func(c *C) error {
 		if err != nil {
-			return Errorf(pkg, name, "%v", err)
+			return err
 		}
 		set(c)
 		return nil
@@ -63,6 +74,21 @@ func Positive[T cmp.Ordered](v T) error {
 	var zero T
 	if v <= zero {
 		return fmt.Errorf("%v must be positive", v)
+	}
+	return nil
+}
+
+// Present checks that v is not nil: a nil interface, or a nil pointer,
+// map, slice, func or channel, is refused.
+func Present[T any](v T) error {
+	if any(v) == nil {
+		return errors.New("nil")
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		if rv.IsNil() {
+			return errors.New("nil")
+		}
 	}
 	return nil
 }
