@@ -794,16 +794,18 @@ func TestWaitIdle(t *testing.T) {
 				continue
 			}
 			time.Sleep(time.Millisecond)
-			d.Ack(context.Background())
+			// Counted before the ack: WaitIdle may return as soon as the
+			// last ack lands, before Ack returns here.
 			acked.Add(1)
+			d.Ack(context.Background())
 		}
 		for {
 			d, err := s.Receive(context.Background())
 			if err != nil {
 				return
 			}
-			d.Ack(context.Background())
 			acked.Add(1)
+			d.Ack(context.Background())
 		}
 	}()
 	if err := b.WaitIdle(context.Background(), "q"); err != nil {
