@@ -21,9 +21,10 @@ type Delivery struct {
 	seq uint64
 	msg core.Message
 
+	settled driver.SettleOnce // the consumer called a settlement (its window slot is free)
+
 	// guarded by the queue's mutex
-	settled bool  // the consumer called a settlement (its window slot is free)
-	lease   hnode // the lease deadline
+	lease hnode // the lease deadline
 }
 
 var _ driver.Delivery = (*Delivery)(nil)
@@ -46,7 +47,7 @@ func (d *Delivery) lockForSettle(ctx context.Context) (*queue, error) {
 		q.mu.Unlock()
 		return nil, driver.Stale(err)
 	}
-	if d.settled {
+	if d.settled.Settled() {
 		q.mu.Unlock()
 		return nil, driver.ErrAlreadySettled
 	}
@@ -56,7 +57,7 @@ func (d *Delivery) lockForSettle(ctx context.Context) (*queue, error) {
 // markSettledLocked records the consumer's settlement and reports whether
 // the lease is still current; a stale one is counted and refused.
 func (d *Delivery) markSettledLocked() error {
-	d.settled = true
+	_ = d.settled.Claim() // under the queue's lock, after lockForSettle checked it
 	d.sub.releaseSlotLocked()
 	if !d.live() {
 		d.sub.q.stats.StaleSettlements++

@@ -236,7 +236,7 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error
 	}
 	if f.CrashOnAck > 0 {
 		for _, d := range own {
-			if !d.settled && d.live() && q.ackRng.Float64() < f.CrashOnAck {
+			if !d.settled.Settled() && d.live() && q.ackRng.Float64() < f.CrashOnAck {
 				s.shutdownLocked(subCrashed)
 				return ErrCrashed
 			}
@@ -244,7 +244,7 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error
 	}
 	var errs []error
 	for i, d := range own {
-		if d.settled {
+		if d.settled.Settled() {
 			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, driver.ErrAlreadySettled))
 			continue
 		}
