@@ -236,6 +236,19 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		}
 		return nil
 	}
+	// SQS accepts a delete with a receipt handle that a later receive
+	// replaced, and keeps the message: the copy would be parked while the
+	// message is decided again. A visibility change, which SQS does refuse
+	// for such a handle, proves the handle before anything is sent, and
+	// keeps the message leased while it is copied.
+	if _, err := s.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+		QueueUrl:          aws.String(s.q.url),
+		ReceiptHandle:     aws.String(d.receipt),
+		VisibilityTimeout: int32(max(s.vis, time.Second) / time.Second),
+	}); err != nil {
+		s.finish(d, outcomeReturned)
+		return d.wrap(staleIfGone(fmt.Errorf("dead-letter (checking the receipt handle; nothing was sent): %w", err)))
+	}
 	if err := s.sendToDLQ(ctx, d, text); err != nil {
 		s.finish(d, outcomeReturned)
 		return d.wrap(fmt.Errorf("dead-letter to %q (the message stays in the queue): %w", s.dlq.name, err))

@@ -341,3 +341,31 @@ func TestRedriveCountsDeadLetteredOnce(t *testing.T) {
 		t.Errorf("DeadLettered = %d for one parked message, want 1", n)
 	}
 }
+
+// TestStaleDeadLetterParksNoCopy: a delivery whose receipt handle a later
+// receive replaced is dead-lettered. SQS would accept the delete with the
+// old handle and keep the message, so a copy sent first would be parked
+// while the message is decided again; the adapter proves the handle first
+// and sends nothing.
+func TestStaleDeadLetterParksNoCopy(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 30, 0)
+	m := msgs("stale-dl", 1)[0]
+	publish(t, ep, q, m)
+	s := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false), WithWindow(2))
+	d := receiveOne(t, s, 10*time.Second).(*delivery)
+	redo := receiveAfterRelease(t, s, d)
+	d.src.mu.Lock()
+	d.deadline, d.gone = time.Now().Add(time.Hour), nil // only SQS's answer tells
+	d.src.mu.Unlock()
+	if err := d.DeadLetter(context.Background(), errors.New("poison")); !errors.Is(err, core.ErrStaleDelivery) {
+		t.Errorf("DeadLetter with a receipt handle SQS replaced: %v, want an error wrapping core.ErrStaleDelivery", err)
+	}
+	if n := len(drain(t, ep, dlq.url)); n != 0 {
+		t.Errorf("%d copies parked by a stale dead letter", n)
+	}
+	if err := redo.Ack(context.Background()); err != nil {
+		t.Fatalf("the current delivery's Ack: %v", err)
+	}
+}
