@@ -196,6 +196,7 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	}
 
 	recvErr := c.receiveLoop(ctx)
+	deadline := time.Now().Add(c.cfg.shutdownTimeout)
 
 	// Drain: messages already received finish, within the deadline.
 	drained := make(chan struct{})
@@ -213,11 +214,31 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	close(c.settleQuit)
 	workers.Wait()
 	c.settlers.Wait() // inflight drained, so all is settled
-	closeErr := c.src.Close()
-	if closeErr != nil && !errors.Is(closeErr, ErrSourceClosed) {
-		c.log.Warn("idemq: closing source", "err", closeErr)
-	}
+	c.closeSource(deadline)
 	return recvErr
+}
+
+// closeSource closes the source, waiting for it until deadline (or a
+// moment, when the drain used the whole bound): a
+// source can block in Close (a Kafka group join waits out a dead member's
+// session), and shutdown must end within the shutdown timeout whatever the
+// broker does. Everything decided is settled by then; a Close left to finish
+// in the background only leaves the broker to redeliver what it held.
+func (c *Consumer[Tx]) closeSource(deadline time.Time) {
+	closed := make(chan error, 1)
+	go func() { closed <- c.src.Close() }()
+	// What is left of the bound, but a moment at least: a drain that took
+	// it all still lets a quick Close requeue and commit what it holds.
+	t := time.NewTimer(max(time.Until(deadline), min(time.Second, c.cfg.shutdownTimeout)))
+	defer t.Stop()
+	select {
+	case err := <-closed:
+		if err != nil && !errors.Is(err, ErrSourceClosed) {
+			c.log.Warn("idemq: closing source", "err", err)
+		}
+	case <-t.C:
+		c.log.Warn("idemq: the source did not close within the shutdown timeout; Run returns and leaves it closing", "timeout", c.cfg.shutdownTimeout)
+	}
 }
 
 func (c *Consumer[Tx]) checkRetention(ctx context.Context) {

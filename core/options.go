@@ -176,7 +176,11 @@ func WithLimits(l Limits) Option {
 // WithShutdownTimeout bounds graceful shutdown: after Run's context is
 // cancelled, messages already received have this long to finish; then
 // their transactions are cancelled (rolled back) and they are left
-// unacknowledged for the broker to redeliver. Default 30s.
+// unacknowledged for the broker to redeliver. Closing the source gets what
+// is left of the bound (at least a second, or the whole bound if shorter):
+// Run returns then even if the source's Close still blocks, as a Kafka
+// group join waiting out a dead member does (the Close goes on in the
+// background). Default 30s.
 func WithShutdownTimeout(d time.Duration) Option {
 	return set("WithShutdownTimeout", option.Positive(d), func(c *config) { c.shutdownTimeout = d })
 }

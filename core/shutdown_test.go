@@ -218,3 +218,49 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	}
 	e.assertExactlyOnce(want)
 }
+
+// hangingClose is a source whose Close blocks until released, as a Kafka
+// source's does while its group join waits out a dead member's session.
+type hangingClose struct {
+	*memory.Subscription
+	release chan struct{}
+}
+
+func (h *hangingClose) Close() error {
+	<-h.release
+	return h.Subscription.Close()
+}
+
+// Shutdown ends within the shutdown timeout even when the source's Close
+// blocks: everything decided was settled before, and Run returns.
+func TestShutdownDoesNotWaitForABlockedClose(t *testing.T) {
+	e := newEnv(t)
+	e.publish("a", "b")
+	sub, err := e.broker.Subscribe(e.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &hangingClose{Subscription: sub, release: make(chan struct{})}
+	defer close(src.release)
+	c, err := core.New[*sql.Tx](src, e.store, applyEffect, core.WithName("test"), core.WithLogger(quietLogger()),
+		core.WithShutdownTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for c.Stats().Processed < 2 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second): // 100× the shutdown timeout: it hangs
+		t.Fatal("Run did not return while the source's Close blocked")
+	}
+	e.assertExactlyOnce([]string{"a", "b"})
+}

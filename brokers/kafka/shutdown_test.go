@@ -1,0 +1,84 @@
+package kafka
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// A Consumer asked to stop while its source is joining a group that waits
+// for a dead member (a process killed without leaving) stops within its
+// shutdown timeout, not once the dead member's session has run out.
+func TestShutdownDuringAGroupJoinWaitingForADeadMember(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	group := "idemq-test-" + randomHex(4)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// The dead member: it joins with a long session and rebalance timeout,
+	// then neither heartbeats nor leaves, as a SIGKILLed consumer.
+	c := adminClient(bs)
+	join := &kafkago.JoinGroupRequest{GroupID: group, SessionTimeout: 30 * time.Second, RebalanceTimeout: 30 * time.Second,
+		ProtocolType: "consumer", Protocols: []kafkago.GroupProtocol{{Name: "range", Metadata: kafkago.GroupProtocolSubscription{Topics: []string{topic}}}}}
+	resp, err := c.JoinGroup(ctx, join)
+	if err == nil && errors.Is(resp.Error, kafkago.MemberIDRequired) {
+		join.MemberID = resp.MemberID
+		resp, err = c.JoinGroup(ctx, join)
+	}
+	if err != nil || resp.Error != nil {
+		t.Fatalf("the dead member's join: %v, %v", err, resp.Error)
+	}
+	if _, err := c.SyncGroup(ctx, &kafkago.SyncGroupRequest{GroupID: group, GenerationID: resp.GenerationID, MemberID: resp.MemberID,
+		ProtocolType: "consumer", ProtocolName: "range",
+		Assignments: []kafkago.SyncGroupRequestAssignment{{MemberID: resp.MemberID,
+			Assignment: kafkago.GroupProtocolAssignment{AssignedPartitions: map[string][]int{topic: {0}}}}}}); err != nil {
+		t.Fatalf("the dead member's sync: %v", err)
+	}
+
+	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idemq.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	// The source's Close goes on after the test: it must not log to t.
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	src, err := Open(context.Background(), bs, append(fastGroup(t), WithTopic(topic), WithGroup(group), WithLogger(quiet),
+		// A rebalance may wait this long for members to rejoin.
+		WithGroupTimeouts(2*time.Second, 50*time.Millisecond, 30*time.Second))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := core.New[*sql.Tx](src, store, func(context.Context, *sql.Tx, *core.Message) error { return nil },
+		core.WithName("test"), core.WithLogger(quiet), core.WithShutdownTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(runCtx) }()
+	// The source's join now waits for the dead member to rejoin.
+	time.Sleep(2 * time.Second)
+	if src.generations.Load() != 0 {
+		t.Fatalf("the source joined a generation: the dead member did not hold the join up")
+	}
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second): // half the dead member's 30s: the join was waited out
+		t.Fatal("Run did not return while the group join waited for the dead member")
+	}
+}
