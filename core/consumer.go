@@ -312,6 +312,9 @@ func (c *Consumer[Tx]) admit(d driver.Delivery) {
 	stage := "id"
 	if err == nil {
 		err = c.validateID(m.ID)
+		if ie, ok := d.(driver.IDErrorer); ok && m.ID == "" && ie.IDError() != nil {
+			err = fmt.Errorf("%w: %v", ErrMissingID, ie.IDError())
+		}
 	}
 	if err == nil {
 		stage, err = "limits", c.checkLimits(m)

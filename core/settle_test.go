@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,5 +140,54 @@ func TestDeadLetteredCountsParkedMessagesOnce(t *testing.T) {
 	}
 	if st.DeadLettered != 1 || st.SettleErrors != 3 {
 		t.Fatalf("Stats: DeadLettered %d, SettleErrors %d; want 1 parked after 3 failed parks", st.DeadLettered, st.SettleErrors)
+	}
+}
+
+// unreadableIDSource hands out deliveries whose adapter could not use the
+// id it found (driver.IDErrorer), as a header of the wrong type.
+type unreadableIDSource struct{ *memory.Subscription }
+
+func (s unreadableIDSource) Receive(ctx context.Context) (driver.Delivery, error) {
+	d, err := s.Subscription.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := *d.Message()
+	m.ID = ""
+	return unreadableID{Delivery: d, m: &m}, nil
+}
+
+type unreadableID struct {
+	driver.Delivery
+	m *core.Message
+}
+
+func (d unreadableID) Message() *core.Message { return d.m }
+func (d unreadableID) IDError() error         { return errors.New(`id header "MessageId" holds a bool`) }
+
+// The adapter's reason for an unusable id is the dead letter's cause.
+func TestDeadLetterCauseSaysWhyTheIDWasUnusable(t *testing.T) {
+	e := newEnv(t)
+	e.publish("x")
+	sub, err := e.broker.Subscribe(e.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := core.New[*sql.Tx](unreadableIDSource{sub}, e.store, applyEffect, core.WithName("test"), core.WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for len(e.broker.DeadLetters(e.queue)) == 0 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	dls := e.broker.DeadLetters(e.queue)
+	if len(dls) != 1 || !errors.Is(dls[0].Cause, core.ErrMissingID) || !strings.Contains(dls[0].Cause.Error(), `holds a bool`) {
+		t.Fatalf("dead letters %v: want one whose cause is ErrMissingID with the adapter's reason", dls)
 	}
 }

@@ -229,6 +229,9 @@ func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("rabbitmq: message %q (tag %d): %w", d.msg.ID, d.tag, err)
 }
 
+// IDError says why the id header held no usable id (driver.IDErrorer).
+func (d *delivery) IDError() error { return d.idErr }
+
 // claim wins the right to settle d once (driver.SettleOnce).
 func (d *delivery) claim() error {
 	if err := d.Claim(); err != nil {
@@ -321,10 +324,6 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	text := "unknown"
 	if cause != nil {
 		text = cause.Error()
-	}
-	if d.idErr != nil && d.msg.ID == "" {
-		// The Consumer only knows the id is missing; say why.
-		text += ": " + d.idErr.Error()
 	}
 	if src.cfg.deadLetterMode == DeadLetterReject {
 		src.logger().Warn("idemq rabbitmq: dead-lettering", "queue", src.queue, "message_id", d.msg.ID, "cause", text)

@@ -78,6 +78,14 @@ type Source interface {
 	Close() error
 }
 
+// IDErrorer is implemented by deliveries whose adapter found the id where
+// it reads it but could not use it (a header of the wrong type, say). The
+// message then has no ID; the Consumer dead-letters it with ErrMissingID
+// and this error as the cause, so the operator reads why.
+type IDErrorer interface {
+	IDError() error
+}
+
 // BatchSettler is implemented by sources that can acknowledge several
 // deliveries in one call (AMQP multiple ack, SQS DeleteMessageBatch). The
 // Consumer uses it for the Acks of one batch; deliveries it is given came
