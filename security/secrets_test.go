@@ -1,7 +1,6 @@
 package security
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -32,25 +31,6 @@ import (
 	"github.com/idemq/idemq/stores/postgres"
 )
 
-// syncBuffer is a log sink shared by the consumer, the adapters and the
-// middleware, which write from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSecretsNeverLeave runs a full consume — RabbitMQ with a user whose
 // password is really checked, a private PostgreSQL over verified TLS with
 // a scram password — opened by URLs carrying those credentials, through
@@ -76,7 +56,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 	saslPass := "saslS3cret-" + randHex(6)
 	secrets := []string{rmqPass, pgPass, sqsSecret, myPass, saslPass}
 
-	logs := &syncBuffer{}
+	logs := &servicetest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	prev := slog.Default()
 	slog.SetDefault(logger) // adapters opened by URL log to the default logger

@@ -212,14 +212,14 @@ func TestGroupMemberKilledMidStreamEffectsOnce(t *testing.T) {
 	a := startConsumer(t, srcA, e, nil, opts...)
 	b := startConsumer(t, srcB, e, nil, opts...)
 
-	waitUntil(t, 60*time.Second, "consumer A to be mid-stream", func() bool {
+	servicetest.WaitFor(t, 60*time.Second, "consumer A to be mid-stream", func() bool {
 		return a.c.Stats().Processed >= int64(unique/5)
 	})
 	killA.kill() // kill -9: no commit, no leave; the broker notices by itself
 	a.stop()
 	t.Logf("killed A after %d processed (stats %+v)", a.c.Stats().Processed, a.c.Stats())
 
-	waitUntil(t, 90*time.Second, "every message committed by the group", func() bool {
+	servicetest.WaitFor(t, 90*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
 	elapsed := time.Since(start)
@@ -298,7 +298,7 @@ func TestRebalanceMidBatch(t *testing.T) {
 	}
 	srcB := openSource(t, bs, topic, group)
 	b := startConsumer(t, srcB, e, slow, opts...)
-	waitUntil(t, 60*time.Second, "every message committed by the group", func() bool {
+	servicetest.WaitFor(t, 60*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
 	b.shutdown(t)
@@ -368,7 +368,7 @@ func TestRevokeTimeoutPassesWithTransactionOpen(t *testing.T) {
 	// Cleanups run last-in first-out: release A's handler before A's
 	// consumer is shut down, even when the test fails.
 	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
-	waitUntil(t, 20*time.Second, "A's batch to be open", func() bool { return aCalls.Load() == 1 })
+	servicetest.WaitFor(t, 20*time.Second, "A's batch to be open", func() bool { return aCalls.Load() == 1 })
 
 	// B joins: the rebalance revokes A's partitions while the batch is
 	// open, past A's revoke timeout.
@@ -378,7 +378,7 @@ func TestRevokeTimeoutPassesWithTransactionOpen(t *testing.T) {
 		bCalls.Add(1)
 		return e.apply(ctx, tx, m)
 	}, core.WithWindow(2*n))
-	waitUntil(t, 20*time.Second, "B to receive the messages A still holds", func() bool {
+	servicetest.WaitFor(t, 20*time.Second, "B to receive the messages A still holds", func() bool {
 		return b.c.Stats().Received >= 1
 	})
 	time.Sleep(200 * time.Millisecond) // B's claim is now waiting on A's row locks
@@ -386,10 +386,10 @@ func TestRevokeTimeoutPassesWithTransactionOpen(t *testing.T) {
 		t.Fatalf("B's handler ran %d times while A held the claims", got)
 	}
 	releaseOnce.Do(func() { close(release) })
-	waitUntil(t, 20*time.Second, "B to decide the redeliveries", func() bool {
+	servicetest.WaitFor(t, 20*time.Second, "B to decide the redeliveries", func() bool {
 		return b.c.Stats().Processed+b.c.Stats().Duplicates >= int64(n)
 	})
-	waitUntil(t, 20*time.Second, "every message committed by the group", func() bool {
+	servicetest.WaitFor(t, 20*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, 2)
 	})
 	b.shutdown(t)
@@ -464,16 +464,16 @@ func TestCommittedButUnmarkedIsDuplicateAfterRebalance(t *testing.T) {
 	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(200*time.Millisecond))
 	hold := &holdAcks{Source: srcA, release: make(chan struct{})}
 	a := startConsumer(t, hold, e, h, core.WithWindow(2*n))
-	waitUntil(t, 20*time.Second, "A to commit every effect and hold the acks", func() bool { return hold.held.Load() == n })
+	servicetest.WaitFor(t, 20*time.Second, "A to commit every effect and hold the acks", func() bool { return hold.held.Load() == n })
 
 	// B joins: a rebalance revokes A's partitions while its acks are held.
 	b := startConsumer(t, openSource(t, bs, topic, group), e, h, core.WithWindow(2*n))
-	waitUntil(t, 20*time.Second, "the rebalance", func() bool { return srcA.Stats().Generations >= 2 })
+	servicetest.WaitFor(t, 20*time.Second, "the rebalance", func() bool { return srcA.Stats().Generations >= 2 })
 	close(hold.release)
-	waitUntil(t, 20*time.Second, "every redelivery decided", func() bool {
+	servicetest.WaitFor(t, 20*time.Second, "every redelivery decided", func() bool {
 		return a.c.Stats().Duplicates+b.c.Stats().Duplicates >= n
 	})
-	waitUntil(t, 20*time.Second, "every message committed by the group", func() bool {
+	servicetest.WaitFor(t, 20*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
 	b.shutdown(t)
@@ -524,7 +524,7 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 		return nil
 	}
 	c := startConsumer(t, openSource(t, bs, topic, group), e, h, core.WithMaxAttempts(3), core.WithBatchSize(5), core.WithWindow(20))
-	waitUntil(t, 30*time.Second, "every message committed by the group", func() bool {
+	servicetest.WaitFor(t, 30*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
 	c.shutdown(t)
@@ -609,7 +609,7 @@ func TestPerKeyOrderThroughThePipeline(t *testing.T) {
 	}
 	c := startConsumer(t, openSource(t, bs, topic, group), e, h,
 		core.WithBatchSize(8), core.WithConcurrency(3), core.WithWindow(48), core.WithBackoff(core.ConstantBackoff(30*time.Millisecond)))
-	waitUntil(t, 60*time.Second, "every message committed by the group", func() bool {
+	servicetest.WaitFor(t, 60*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
 	c.shutdown(t)
@@ -704,10 +704,10 @@ func TestRevokeWaitLongerThanSession(t *testing.T) {
 		}
 		return nil
 	}, core.WithBatchSize(5), core.WithWindow(20))
-	waitUntil(t, 20*time.Second, "A to hold message hb-0010", held.Load)
+	servicetest.WaitFor(t, 20*time.Second, "A to hold message hb-0010", held.Load)
 	srcB := openSource(t, bs, topic, group, timeouts...)
 	b := startConsumer(t, srcB, e, nil, core.WithWindow(20))
-	waitUntil(t, 30*time.Second, "every message committed by the group", func() bool {
+	servicetest.WaitFor(t, 30*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, 2)
 	})
 	b.shutdown(t)

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // receiveN receives n deliveries or fails the test after timeout.
@@ -252,26 +253,15 @@ func TestRetryTopic(t *testing.T) {
 		t.Errorf("copy's original offset header %q, want %d", got, retried.e.msg.Offset)
 	}
 	// The original was marked done: the main topic commits past it.
-	waitUntil(t, 5*time.Second, "the main topic committed past the retried message", func() bool {
+	servicetest.WaitFor(t, 5*time.Second, "the main topic committed past the retried message", func() bool {
 		return committed(t, bs, group, topic, 1)[0] == 3
 	})
 	if err := again.Ack(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, "the retry topic committed", func() bool {
+	servicetest.WaitFor(t, 5*time.Second, "the retry topic committed", func() bool {
 		return committed(t, bs, group, topic+".retry", 1)[0] == 1
 	})
-}
-
-func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // A dead-letter write that fails keeps the message: it comes back. (Open
@@ -558,7 +548,7 @@ func TestStartAtLastOffsetIsPinned(t *testing.T) {
 	publishN(t, bs, topic, "old", 2, nil)
 	s := openSource(t, bs, topic, group, WithStartOffset(kafkago.LastOffset))
 	expectNothing(t, s, 300*time.Millisecond) // joins, skips the old ones
-	waitUntil(t, 5*time.Second, "the start position committed", func() bool {
+	servicetest.WaitFor(t, 5*time.Second, "the start position committed", func() bool {
 		return committed(t, bs, group, topic, 1)[0] == 2
 	})
 	s.Close()

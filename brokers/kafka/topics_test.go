@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,40 +15,12 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
-// logBuffer is a log sink written from several goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
-
-// waitFor polls cond until it holds, failing the test after a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// bufferLogger logs as text to b.
+func bufferLogger(b *servicetest.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // partitionsOf returns how many partitions topic has (0: it does not exist).
 func partitionsOf(t *testing.T, bs, topic string) int {
@@ -82,7 +52,7 @@ func deleteTopic(t *testing.T, bs, topic string) {
 	if err != nil {
 		t.Fatalf("delete %s: %v", topic, err)
 	}
-	waitFor(t, "the deleted topic to be gone", func() bool { return partitionsOf(t, bs, topic) == 0 })
+	servicetest.WaitFor(t, time.Minute, "the deleted topic to be gone", func() bool { return partitionsOf(t, bs, topic) == 0 })
 }
 
 // A missing dead-letter topic (and a missing retry topic) is created at
@@ -172,10 +142,10 @@ func TestDeadLetterToDeletedTopicIsRedeliveredNotDropped(t *testing.T) {
 	bs := brokers(t)
 	topic := newTopic(t, bs, 1)
 	msgs := publishN(t, bs, topic, "gone", 2, func(i int) string { return fmt.Sprintf("key-%d", i) })
-	logs := &logBuffer{}
+	logs := &servicetest.Buffer{}
 	ctx := context.Background()
 	u := fmt.Sprintf("kafka://%s/%s?group=g-%s&session_timeout=2s&heartbeat_interval=50ms&rebalance_timeout=4s&revoke_timeout=2s", bs, topic, randomHex(4))
-	cs, err := core.OpenSource(ctx, u, core.WithAdapterLogger(logs.logger()))
+	cs, err := core.OpenSource(ctx, u, core.WithAdapterLogger(bufferLogger(logs)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,17 +199,17 @@ func TestConsumerLoggerReachesAdapterWarnings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	logs := &logBuffer{}
+	logs := &servicetest.Buffer{}
 	c, err := core.New[*sql.Tx](s, store, func(context.Context, *sql.Tx, *core.Message) error {
 		return core.Permanent(errors.New("poison"))
-	}, core.WithName("logger-test"), core.WithLogger(logs.logger()))
+	}, core.WithName("logger-test"), core.WithLogger(bufferLogger(logs)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	waitFor(t, "the adapter's warning in the Consumer's log", func() bool {
+	servicetest.WaitFor(t, time.Minute, "the adapter's warning in the Consumer's log", func() bool {
 		return strings.Contains(logs.String(), "idemq kafka: producing a copy failed")
 	})
 	stop()

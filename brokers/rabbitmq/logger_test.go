@@ -1,40 +1,21 @@
 package rabbitmq
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
-// logBuffer is a logger's output, safe to read while the logger writes.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func bufferLogger() (*slog.Logger, *logBuffer) {
-	b := &logBuffer{}
+func bufferLogger() (*slog.Logger, *servicetest.Buffer) {
+	b := &servicetest.Buffer{}
 	return slog.New(slog.NewTextHandler(b, nil)), b
 }
 
@@ -95,7 +76,7 @@ func TestConsumerLoggerReachesSource(t *testing.T) {
 
 // reconnectWaits returns the retry_in of every "reconnect failed" warning
 // logged so far, in order.
-func reconnectWaits(t *testing.T, logs *logBuffer) []time.Duration {
+func reconnectWaits(t *testing.T, logs *servicetest.Buffer) []time.Duration {
 	t.Helper()
 	var waits []time.Duration
 	for _, line := range strings.Split(logs.String(), "\n") {
@@ -119,7 +100,7 @@ func TestReconnectBackoffBoundsAndReset(t *testing.T) {
 	q := uniqueQueue(t, url)
 	p := newProxy(t, mustHostPort(t, url))
 	ctx := context.Background()
-	b := &logBuffer{}
+	b := &servicetest.Buffer{}
 	const lo, hi = 20 * time.Millisecond, 80 * time.Millisecond
 	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(slog.New(slog.NewJSONHandler(b, nil))), WithReconnectBackoff(lo, hi))
 	if err != nil {

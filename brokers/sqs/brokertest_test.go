@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // harness runs the conformance suite with the given Source options; every
@@ -101,7 +102,7 @@ func lapseVisibility(t *testing.T, src core.Source) {
 		last = maxTime(last, d.deadline)
 	}
 	s.mu.Unlock()
-	waitFor(t, s.vis+10*time.Second, "the visibility to lapse", func() bool { return time.Now().After(last) })
+	servicetest.WaitFor(t, s.vis+10*time.Second, "the visibility to lapse", func() bool { return time.Now().After(last) })
 }
 
 func maxTime(a, b time.Time) time.Time {

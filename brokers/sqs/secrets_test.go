@@ -1,7 +1,6 @@
 package sqs
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -18,27 +17,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/middleware/logging"
 	"github.com/idemq/idemq/middleware/tracing"
 	_ "github.com/idemq/idemq/stores/sqlite"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestSecretKeyNeverLeaves consumes through sqs:// URLs that carry a
 // static access key and secret (opened by core, as a deployment would),
@@ -49,7 +32,7 @@ func TestSecretKeyNeverLeaves(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, false, 30, 0)
 	secret := "awsS3cret" + randomHex(8)
-	logs := &syncBuffer{}
+	logs := &servicetest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	prev := slog.Default()
 	slog.SetDefault(logger)

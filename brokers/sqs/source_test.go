@@ -24,6 +24,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -322,10 +323,10 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	}
 	s1 := open(t, ep, q, WithDeadLetterQueue(q.name))
 	a := runConsumer(t, s1, st.Store, slow)
-	waitFor(t, 10*time.Second, "the slow handler to start", func() bool { return calls.Load() == 1 })
+	servicetest.WaitFor(t, 10*time.Second, "the slow handler to start", func() bool { return calls.Load() == 1 })
 	s2 := open(t, ep, q, WithDeadLetterQueue(q.name))
 	b := runConsumer(t, s2, st.Store, slow)
-	waitFor(t, 20*time.Second, "the message to be processed", func() bool { return a.c.Stats().Processed == 1 })
+	servicetest.WaitFor(t, 20*time.Second, "the message to be processed", func() bool { return a.c.Stats().Processed == 1 })
 	time.Sleep(2500 * time.Millisecond) // one more visibility timeout: nothing may come back
 	if n := calls.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
@@ -418,7 +419,7 @@ func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
 		s := open(t, ep, q, WithDeadLetterQueue(q.name), WithHeartbeat(false))
 		runs = append(runs, runConsumer(t, s, core.Store[pgx.Tx](store), h, core.WithObserver(record)))
 	}
-	waitFor(t, 20*time.Second, "one Processed and one Duplicate", func() bool {
+	servicetest.WaitFor(t, 20*time.Second, "one Processed and one Duplicate", func() bool {
 		var p, d int64
 		for _, r := range runs {
 			p += r.c.Stats().Processed
@@ -493,7 +494,7 @@ func TestRedriveToDeadLetterQueueAfterMaxReceives(t *testing.T) {
 			s := open(t, ep, q, opts...)
 			r := runConsumer(t, s, st.Store, h, core.WithMaxAttempts(100), core.WithBackoff(core.ConstantBackoff(0)))
 			var parked []string
-			waitFor(t, 20*time.Second, "the message in the DLQ", func() bool {
+			servicetest.WaitFor(t, 20*time.Second, "the message in the DLQ", func() bool {
 				for _, dm := range drain(t, ep, dlq.url) {
 					parked = append(parked, attr(dm, DefaultIDAttribute))
 				}
@@ -552,7 +553,7 @@ func TestFIFOOrderPerGroup(t *testing.T) {
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.url))
 	r := runConsumer(t, s, st.Store, h, core.WithBatchSize(5), core.WithConcurrency(3), core.WithWindow(30),
 		core.WithBackoff(core.ConstantBackoff(0)))
-	waitFor(t, 30*time.Second, "every message processed", func() bool { return r.c.Stats().Processed == groups*per })
+	servicetest.WaitFor(t, 30*time.Second, "every message processed", func() bool { return r.c.Stats().Processed == groups*per })
 	r.shutdown(t)
 	if !failed.Load() {
 		t.Fatal("the failing message never ran")
@@ -668,17 +669,6 @@ func (r *running[Tx]) shutdown(t testing.TB) {
 			t.Error("Run did not return within 40s of cancellation")
 		}
 	})
-}
-
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // TestFIFOHoldBackAndRelease drives the per-group hold-back directly. AWS
@@ -832,7 +822,7 @@ func TestSettlementFailuresAreReported(t *testing.T) {
 	if _, err := cl.DeleteMessage(context.Background(), &awssqs.DeleteMessageInput{QueueUrl: aws.String(q.url), ReceiptHandle: aws.String(gone.receipt)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the heartbeat to give up on the deleted message", func() bool {
+	servicetest.WaitFor(t, 10*time.Second, "the heartbeat to give up on the deleted message", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return gone.hbFailed
@@ -883,7 +873,7 @@ func TestFIFODeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	var parked []types.Message
-	waitFor(t, 5*time.Second, "the dead letter", func() bool {
+	servicetest.WaitFor(t, 5*time.Second, "the dead letter", func() bool {
 		parked = append(parked, drain(t, ep, dlq.url)...)
 		return len(parked) > 0
 	})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // TestConsumerCountsStaleSettlements runs a handler past the heartbeat's
@@ -43,11 +44,11 @@ func TestConsumerCountsStaleSettlements(t *testing.T) {
 		return st.apply(ctx, tx, m)
 	}
 	r := runConsumer(t, s, st.Store, h, core.WithConcurrency(2))
-	waitFor(t, 20*time.Second, "a processed and a duplicate decision", func() bool {
+	servicetest.WaitFor(t, 20*time.Second, "a processed and a duplicate decision", func() bool {
 		cs := r.c.Stats()
 		return cs.Processed == 1 && cs.Duplicates >= 1
 	})
-	waitFor(t, 10*time.Second, "the stale Ack to be counted", func() bool { return r.c.Stats().Stale >= 1 })
+	servicetest.WaitFor(t, 10*time.Second, "the stale Ack to be counted", func() bool { return r.c.Stats().Stale >= 1 })
 	r.shutdown(t)
 	cs := r.c.Stats()
 	if cs.SettleErrors != 0 {
@@ -274,7 +275,7 @@ func TestWarningsReachTheGivenLogger(t *testing.T) {
 
 	t.Run("adapter logger by URL", func(t *testing.T) {
 		q := newQueue(t, ep, "", nil)
-		var buf syncBuffer
+		var buf servicetest.Buffer
 		l := slog.New(slog.NewTextHandler(&buf, nil))
 		src, err := core.OpenSource(context.Background(),
 			fmt.Sprintf("sqs://test:test@%s?region=us-east-1&endpoint=%s&dlq=%s&wait=1s", q.name, url.QueryEscape(ep), q.name),
@@ -295,12 +296,12 @@ func TestWarningsReachTheGivenLogger(t *testing.T) {
 		if _, err := src.Receive(ctx); err == nil {
 			t.Fatal("Receive from a deleted queue succeeded")
 		}
-		waitFor(t, 10*time.Second, "the warning in the adapter logger", func() bool { return strings.Contains(buf.String(), warning) })
+		servicetest.WaitFor(t, 10*time.Second, "the warning in the adapter logger", func() bool { return strings.Contains(buf.String(), warning) })
 	})
 
 	t.Run("consumer logger", func(t *testing.T) {
 		q := newQueue(t, ep, "", nil)
-		var buf syncBuffer
+		var buf servicetest.Buffer
 		l := slog.New(slog.NewTextHandler(&buf, nil))
 		s, err := Open(context.Background(), q.url, append(clientOpts(ep), WithDeadLetterQueue(q.name), WithWaitTime(time.Second))...)
 		if err != nil {
@@ -309,7 +310,7 @@ func TestWarningsReachTheGivenLogger(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		r := runConsumer(t, s, sqliteStore(t).Store, func(context.Context, *sql.Tx, *core.Message) error { return nil }, core.WithLogger(l))
 		deleteQueue(q)
-		waitFor(t, 10*time.Second, "the warning in the consumer's logger", func() bool { return strings.Contains(buf.String(), warning) })
+		servicetest.WaitFor(t, 10*time.Second, "the warning in the consumer's logger", func() bool { return strings.Contains(buf.String(), warning) })
 		r.shutdown(t)
 	})
 }
@@ -333,7 +334,7 @@ func TestRedriveCountsDeadLetteredOnce(t *testing.T) {
 		}
 	}
 	var parked []types.Message
-	waitFor(t, 15*time.Second, "SQS to move the message to the dead-letter queue", func() bool {
+	servicetest.WaitFor(t, 15*time.Second, "SQS to move the message to the dead-letter queue", func() bool {
 		parked = append(parked, drain(t, ep, dlq.url)...)
 		return len(parked) == 1
 	})

@@ -1,35 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/internal/servicetest"
 )
-
-// syncBuffer is a bytes.Buffer a child process writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // rabbitConnections lists the client-provided names of the broker's
 // connections.
@@ -74,7 +54,7 @@ func TestLogLevelReachesAdapterWarnings(t *testing.T) {
 		t.Run(c.level, func(t *testing.T) {
 			q := amqpQueue(t, u)
 			name := "idemq-payments-" + randomHex(4)
-			var stderr syncBuffer
+			var stderr servicetest.Buffer
 			cmd := exec.Command(bin, "--broker", u+"?queue="+q+"&connection_name="+name,
 				"--store", "sqlite://"+filepath.Join(t.TempDir(), "ledger.db"), "--log-level", c.level)
 			cmd.Stderr = &stderr
@@ -86,14 +66,14 @@ func TestLogLevelReachesAdapterWarnings(t *testing.T) {
 				cmd.Wait()
 			}()
 			var first string
-			waitUntil(t, 30*time.Second, "the service connected", func() bool {
+			servicetest.WaitFor(t, 30*time.Second, "the service connected", func() bool {
 				first = rabbitConnection(t, name)
 				return first != ""
 			})
 			if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", first, "idemq payments test").CombinedOutput(); err != nil {
 				t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
 			}
-			waitUntil(t, 30*time.Second, "the service reconnected", func() bool {
+			servicetest.WaitFor(t, 30*time.Second, "the service reconnected", func() bool {
 				again := rabbitConnection(t, name)
 				return again != "" && again != first
 			})
@@ -115,17 +95,5 @@ func TestLogLevelReachesAdapterWarnings(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// waitUntil polls cond until it holds, failing the test after d.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -53,7 +53,7 @@ type child struct {
 	cmd    *exec.Cmd
 	in     io.WriteCloser
 	done   chan struct{}
-	stderr *lockedBuilder
+	stderr *Buffer
 	stop   sync.Once
 }
 
@@ -70,7 +70,7 @@ func startChild(name string, cmd *exec.Cmd, prefix string, deadline <-chan time.
 	if err != nil {
 		return nil, "", err
 	}
-	c := &child{name: name, cmd: cmd, in: in, done: make(chan struct{}), stderr: &lockedBuilder{}}
+	c := &child{name: name, cmd: cmd, in: in, done: make(chan struct{}), stderr: &Buffer{}}
 	cmd.Stderr = c.stderr
 	if err := cmd.Start(); err != nil {
 		return nil, "", err
@@ -119,20 +119,22 @@ func (c *child) Stop() {
 	})
 }
 
-// lockedBuilder collects a child's standard error, written by exec's
-// copying goroutine and read by the caller.
-type lockedBuilder struct {
+// Buffer collects what one goroutine writes while another reads it: a
+// child's standard error, written by exec's copying goroutine, or a
+// logger's output written by an adapter's goroutines. The zero value is
+// empty and ready.
+type Buffer struct {
 	mu sync.Mutex
 	b  strings.Builder
 }
 
-func (l *lockedBuilder) Write(p []byte) (int, error) {
+func (l *Buffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuilder) String() string {
+func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()

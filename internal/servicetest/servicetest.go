@@ -204,3 +204,16 @@ func ParseMySQL(s string) (*mysqldrv.Config, error) {
 	cfg.Passwd, _ = u.User.Password()
 	return cfg, nil
 }
+
+// WaitFor polls cond until it holds, failing t after timeout with what it
+// waited for.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
