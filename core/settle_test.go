@@ -79,47 +79,30 @@ func TestStalledSettlementDoesNotHoldUpOthers(t *testing.T) {
 	}
 }
 
-// parkFailingSource fails the first fails DeadLetter settlements, as a
-// broker whose dead-letter queue is briefly unreachable does.
-type parkFailingSource struct {
+// wrappedSource is a memory subscription whose deliveries pass through
+// wrap, for tests that change one thing about an adapter.
+type wrappedSource struct {
 	*memory.Subscription
-	fails atomic.Int64
+	wrap func(driver.Delivery) driver.Delivery
 }
 
-func (s *parkFailingSource) Receive(ctx context.Context) (driver.Delivery, error) {
+func (s wrappedSource) Receive(ctx context.Context) (driver.Delivery, error) {
 	d, err := s.Subscription.Receive(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &parkFailingDelivery{Delivery: d, s: s}, nil
+	return s.wrap(d), nil
 }
 
-type parkFailingDelivery struct {
-	driver.Delivery
-	s *parkFailingSource
-}
-
-func (d *parkFailingDelivery) DeadLetter(ctx context.Context, cause error) error {
-	if d.s.fails.Add(-1) >= 0 {
-		// Left unsettled: the lease runs out and the message comes back.
-		return errors.New("dead-letter queue unreachable")
-	}
-	return d.Delivery.DeadLetter(ctx, cause)
-}
-
-// A message counts as dead-lettered once it is parked, not once per failed
-// attempt to park it.
-func TestDeadLetteredCountsParkedMessagesOnce(t *testing.T) {
-	e := newEnv(t, memory.WithVisibilityTimeout(100*time.Millisecond))
-	e.publish("poison")
+// runUntilParked runs a Consumer of e's queue through wrap until a message
+// is dead-lettered, and returns its stats.
+func runUntilParked(t *testing.T, e *env, wrap func(driver.Delivery) driver.Delivery, h core.Handler[*sql.Tx]) core.Stats {
+	t.Helper()
 	sub, err := e.broker.Subscribe(e.queue)
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := &parkFailingSource{Subscription: sub}
-	src.fails.Store(3)
-	poison := func(context.Context, *sql.Tx, *core.Message) error { return core.Permanent(errors.New("bad payload")) }
-	c, err := core.New[*sql.Tx](src, e.store, poison, core.WithName("test"), core.WithLogger(quietLogger()))
+	c, err := core.New[*sql.Tx](wrappedSource{sub, wrap}, e.store, h, core.WithName("test"), core.WithLogger(quietLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +117,33 @@ func TestDeadLetteredCountsParkedMessagesOnce(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	st := c.Stats()
+	return c.Stats()
+}
+
+// parkFailing fails the first fails DeadLetter settlements, as a broker
+// whose dead-letter queue is briefly unreachable does.
+type parkFailing struct {
+	driver.Delivery
+	fails *atomic.Int64
+}
+
+func (d parkFailing) DeadLetter(ctx context.Context, cause error) error {
+	if d.fails.Add(-1) >= 0 {
+		// Left unsettled: the lease runs out and the message comes back.
+		return errors.New("dead-letter queue unreachable")
+	}
+	return d.Delivery.DeadLetter(ctx, cause)
+}
+
+// A message counts as dead-lettered once it is parked, not once per failed
+// attempt to park it.
+func TestDeadLetteredCountsParkedMessagesOnce(t *testing.T) {
+	e := newEnv(t, memory.WithVisibilityTimeout(100*time.Millisecond))
+	e.publish("poison")
+	var fails atomic.Int64
+	fails.Store(3)
+	poison := func(context.Context, *sql.Tx, *core.Message) error { return core.Permanent(errors.New("bad payload")) }
+	st := runUntilParked(t, e, func(d driver.Delivery) driver.Delivery { return parkFailing{d, &fails} }, poison)
 	if n := len(e.broker.DeadLetters(e.queue)); n != 1 {
 		t.Fatalf("%d messages parked, want 1", n)
 	}
@@ -143,20 +152,8 @@ func TestDeadLetteredCountsParkedMessagesOnce(t *testing.T) {
 	}
 }
 
-// unreadableIDSource hands out deliveries whose adapter could not use the
-// id it found (driver.IDErrorer), as a header of the wrong type.
-type unreadableIDSource struct{ *memory.Subscription }
-
-func (s unreadableIDSource) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := s.Subscription.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	m := *d.Message()
-	m.ID = ""
-	return unreadableID{Delivery: d, m: &m}, nil
-}
-
+// unreadableID is a delivery whose adapter could not use the id it found
+// (driver.IDErrorer), as a header of the wrong type.
 type unreadableID struct {
 	driver.Delivery
 	m *core.Message
@@ -169,23 +166,11 @@ func (d unreadableID) IDError() error         { return errors.New(`id header "Me
 func TestDeadLetterCauseSaysWhyTheIDWasUnusable(t *testing.T) {
 	e := newEnv(t)
 	e.publish("x")
-	sub, err := e.broker.Subscribe(e.queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := core.New[*sql.Tx](unreadableIDSource{sub}, e.store, applyEffect, core.WithName("test"), core.WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	for len(e.broker.DeadLetters(e.queue)) == 0 && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	<-done
+	runUntilParked(t, e, func(d driver.Delivery) driver.Delivery {
+		m := *d.Message()
+		m.ID = ""
+		return unreadableID{d, &m}
+	}, applyEffect)
 	dls := e.broker.DeadLetters(e.queue)
 	if len(dls) != 1 || !errors.Is(dls[0].Cause, core.ErrMissingID) || !strings.Contains(dls[0].Cause.Error(), `holds a bool`) {
 		t.Fatalf("dead letters %v: want one whose cause is ErrMissingID with the adapter's reason", dls)
