@@ -312,8 +312,8 @@ func (c *Consumer[Tx]) admit(d driver.Delivery) {
 	stage := "id"
 	if err == nil {
 		err = c.validateID(m.ID)
-		if ie, ok := d.(driver.IDErrorer); ok && m.ID == "" && ie.IDError() != nil {
-			err = fmt.Errorf("%w: %v", ErrMissingID, ie.IDError())
+		if err != nil && m.ID == "" {
+			err = missingIDCause(d, err)
 		}
 	}
 	if err == nil {
@@ -458,6 +458,17 @@ func (c *Consumer[Tx]) settleBatch(acks []driver.Delivery, others []settleReq) {
 		}
 		c.log.Warn("idemq: batch ack failed; the broker will redeliver and the store will decide Duplicate", "messages", len(acks), "err", err)
 	}
+}
+
+// missingIDCause is err, or the adapter's reason why the id it found was
+// unusable (driver.IDErrorer) as ErrMissingID's cause.
+func missingIDCause(d driver.Delivery, err error) error {
+	if ie, ok := d.(driver.IDErrorer); ok {
+		if reason := ie.IDError(); reason != nil {
+			return fmt.Errorf("%w: %v", ErrMissingID, reason)
+		}
+	}
+	return err
 }
 
 func (c *Consumer[Tx]) validateID(id string) error {
