@@ -71,10 +71,16 @@ type Source struct {
 	// isolate is set when the connection died because the client could
 	// not parse a frame (amqp091-go refuses a message with more than 8192
 	// headers and drops the connection): the next session consumes one
-	// message at a time until a message parses, so the messages behind the
-	// unparseable one are not returned with it on every drop (and, with a
-	// delivery limit, parked with it).
+	// message at a time until the unparseable one is behind it, so the
+	// messages behind it are not returned with it on every drop (and, with
+	// a delivery limit, parked with it). The drop returned at most a window
+	// of messages, each flagged redelivered, ahead of any never delivered:
+	// a message that parses and was never delivered, or a window's worth
+	// that parsed, means the unparseable one is gone.
 	isolate atomic.Bool
+	// isolatedParsed counts the redelivered messages that parsed while
+	// isolated. Only the run goroutine uses it.
+	isolatedParsed int
 	// isolations counts sessions started that way.
 	isolations    atomic.Int64
 	stale         atomic.Int64
@@ -503,6 +509,7 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 		case e := <-sess.closed:
 			if unparseable(e) {
 				s.isolate.Store(true)
+				s.isolatedParsed = 0
 			}
 			return closeReason(e)
 		case raw, ok := <-deliveries:
@@ -511,13 +518,13 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 				// closed): a fresh session re-checks the topology.
 				return "consumer cancelled or channel closed"
 			}
-			if s.isolate.CompareAndSwap(true, false) {
-				// A message parsed at the head of the queue, so the
-				// unparseable one is gone. A consumer's prefetch is fixed
-				// when it starts: start one with the full window, then
-				// cancel the one-at-a-time consumer, which holds only this
-				// message (its next comes after an ack), so delivery tags
-				// stay in order.
+			if s.isolate.Load() && s.passedUnparseable(raw.Redelivered) {
+				s.isolate.Store(false)
+				// The unparseable message is gone. A consumer's prefetch
+				// is fixed when it starts: start one with the full window,
+				// then cancel the one-at-a-time consumer, which holds only
+				// this message (its next comes after an ack), so delivery
+				// tags stay in order.
 				next, err := s.unisolate(sess)
 				if err != nil {
 					return "leaving one-at-a-time consumption: " + err.Error()
@@ -553,6 +560,20 @@ func (s *Source) newDelivery(sess *session, raw amqp.Delivery) *delivery {
 		}
 	}
 	return d
+}
+
+// passedUnparseable tells, for a message that parsed while isolated,
+// whether the unparseable message is behind it: it was never delivered, or
+// a window of returned messages parsed.
+func (s *Source) passedUnparseable(redelivered bool) bool {
+	if !redelivered {
+		return true
+	}
+	s.isolatedParsed++
+	s.mu.Lock()
+	window := s.window
+	s.mu.Unlock()
+	return s.isolatedParsed >= window
 }
 
 // unparseable tells a connection the client dropped because it could not
