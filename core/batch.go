@@ -53,9 +53,21 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 		all[i] = i
 	}
 	groups := [][]int{all}
+	reruns := 0
 	for len(groups) > 0 {
 		g := groups[0]
-		groups = append(groups[1:], c.runTxn(items, g, outs)...)
+		more, serr := c.runTxn(items, g, outs)
+		if serr != nil && c.procCtx.Err() == nil {
+			again, stopping := c.awaitStore(serr, &reruns)
+			if stopping {
+				c.storeShutdown(items, g, outs, serr)
+			}
+			if again {
+				c.stats.storeRetries.Add(int64(len(g)))
+				continue // the same group, in a new transaction
+			}
+		}
+		groups = append(groups[1:], more...)
 	}
 	return outs
 }
@@ -63,20 +75,28 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 // runTxn decides the items at indices g in one transaction, writing their
 // outcomes into outs. It returns groups of indices to decide again in new
 // transactions; every such group is smaller than g, so decideBatch ends.
-func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][]int) {
+// When a step of the store's own failed (begin, claim, commit) it also
+// returns that failure: the outcomes in outs are then Retry, and the caller
+// may run g again instead.
+func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][]int, serr *storeError) {
 	ctx := c.procCtx
-	fail := func(stage string, err error) {
+	if c.cfg.txnTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.txnTimeout)
+		defer cancel()
+	}
+	fail := func(stage string, err error) *storeError {
 		for _, i := range g {
 			outs[i] = c.storeFailure(items[i].m, stage, err)
 		}
+		return asStoreError(stage, err)
 	}
 	all := c.stageOf(items, g)
 	sctx, run := c.startStage(ctx, "begin", all)
 	txn, err := c.store.Begin(sctx)
 	c.endStage(sctx, run, err)
 	if err != nil {
-		fail("begin", err)
-		return nil
+		return nil, fail("begin", err)
 	}
 	// From here every path ends the transaction; Rollback after Commit is
 	// a no-op by the Txn contract.
@@ -97,8 +117,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	}
 	c.endStage(sctx, run, err)
 	if err != nil {
-		fail("claim", err)
-		return nil
+		return nil, fail("claim", err)
 	}
 	result := make([]driver.ClaimResult, len(items)) // by index into items
 	for k, i := range order {
@@ -118,7 +137,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		}
 	}
 	if len(won) == 0 {
-		return nil
+		return nil, nil
 	}
 
 	var applied int
@@ -136,7 +155,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		herr := handler(hctx, msgs)
 		c.endStage(hctx, run, herr)
 		if herr != nil {
-			return c.failedTogether(items, won, outs, herr)
+			return c.failedTogether(items, won, outs, herr), asHandlerError(herr)
 		}
 		for _, i := range won {
 			outs[i] = Outcome{Decision: Processed}
@@ -146,7 +165,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		applied, broken, rerun = c.runHandlers(ctx, txn, items, won, outs)
 		c.endStage(hctx, run, broken)
 		if rerun != nil {
-			return rerun
+			return rerun, c.handlerTrouble(items, won, outs)
 		}
 	}
 
@@ -156,7 +175,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		ferr := f.Flush(sctx)
 		c.endStage(sctx, run, ferr)
 		if ferr != nil {
-			return c.failedTogether(items, won, outs, ferr)
+			return c.failedTogether(items, won, outs, ferr), asHandlerError(ferr)
 		}
 	}
 
@@ -164,7 +183,10 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		if broken != nil {
 			c.undoProcessed(items, won, outs, "savepoint", broken)
 		}
-		return nil // the deferred Rollback undoes everything
+		if broken != nil {
+			return nil, asStoreError("savepoint", broken)
+		}
+		return nil, c.handlerTrouble(items, won, outs) // the deferred Rollback undoes everything
 	}
 	sctx, run = c.startStage(ctx, "commit", applying)
 	err = txn.Commit(sctx)
@@ -173,8 +195,9 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		// If the commit did land after all, the redelivery loses its
 		// claim and is acknowledged as a Duplicate: retrying is safe.
 		c.undoProcessed(items, won, outs, "commit", err)
+		return nil, asStoreError("commit", err)
 	}
-	return nil
+	return nil, nil
 }
 
 // runHandlers runs the per-message handler for each claim won. Under
@@ -207,7 +230,11 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], item
 			}
 		}
 		one[0] = it.m
-		herr := handler(it.ctx, one)
+		hctx := it.ctx
+		if c.cfg.txnTimeout > 0 {
+			hctx = txnContext{Context: ctx, values: it.ctx}
+		}
+		herr := handler(hctx, one)
 		if herr == nil && useSavepoints {
 			// Queued statements must run inside the message's savepoint
 			// for a failure to be pinned on it.

@@ -37,6 +37,8 @@ type Consumer[Tx any] struct {
 	settlers   sync.WaitGroup
 
 	procCtx    context.Context // cancelled when the shutdown deadline passes
+	stopping   context.Context // Run's: done when shutdown begins
+	outage     outage
 	procCancel context.CancelFunc
 	inflight   sync.WaitGroup
 	started    atomic.Bool
@@ -47,7 +49,7 @@ type Consumer[Tx any] struct {
 }
 
 type counters struct {
-	received, processed, duplicates, retried, deadLettered, settleErrors, stale, unsettled atomic.Int64
+	received, processed, duplicates, retried, deadLettered, settleErrors, stale, unsettled, storeOutages, storeRetries atomic.Int64
 }
 
 // Stats are a Consumer's running counts of decisions.
@@ -60,6 +62,8 @@ type Stats struct {
 	SettleErrors int64 // settlements that failed for another reason than a stale delivery
 	Stale        int64 // settlements refused because the delivery went stale (ErrStaleDelivery)
 	Unsettled    int64 // left for redelivery at shutdown
+	StoreOutages int64 // times the store stopped answering and the Consumer paused until it did
+	StoreRetries int64 // messages whose transaction ran again in place after a store step failed (no delivery spent)
 }
 
 // item is one message on its way through a batch: from receiveLoop to a
@@ -161,6 +165,8 @@ func (c *Consumer[Tx]) Stats() Stats {
 		SettleErrors: c.stats.settleErrors.Load(),
 		Stale:        c.stats.stale.Load(),
 		Unsettled:    c.stats.unsettled.Load(),
+		StoreOutages: c.stats.storeOutages.Load(),
+		StoreRetries: c.stats.storeRetries.Load(),
 	}
 }
 
@@ -184,6 +190,7 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	}
 	c.checkRetention(ctx)
 
+	c.stopping = ctx
 	c.procCtx, c.procCancel = context.WithCancel(context.WithValue(context.WithoutCancel(ctx), consumerKey{}, c.cfg.name))
 	defer c.procCancel()
 
@@ -268,6 +275,10 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 		select {
 		case c.slots <- struct{}{}:
 		case <-ctx.Done():
+			return nil
+		}
+		if !c.waitStore(ctx) {
+			<-c.slots
 			return nil
 		}
 		d, err := c.src.Receive(ctx)

@@ -25,6 +25,10 @@ type config struct {
 	limits          Limits
 	shutdownTimeout time.Duration
 	settleTimeout   time.Duration
+	txnTimeout      time.Duration
+	probeFirst      time.Duration
+	probeMax        time.Duration
+	probeTimeout    time.Duration
 	logger          *slog.Logger
 	observers       []Observer
 	stageObservers  []StageObserver
@@ -65,6 +69,10 @@ func defaultConfig() config {
 		limits:          Limits{IDBytes: 255},
 		shutdownTimeout: 30 * time.Second,
 		settleTimeout:   10 * time.Second,
+		txnTimeout:      time.Minute,
+		probeFirst:      100 * time.Millisecond,
+		probeMax:        5 * time.Second,
+		probeTimeout:    5 * time.Second,
 		fingerprint:     Fingerprint,
 		mismatch:        DeadLetter,
 	}
@@ -183,6 +191,39 @@ func WithLimits(l Limits) Option {
 // background). Default 30s.
 func WithShutdownTimeout(d time.Duration) Option {
 	return set("WithShutdownTimeout", option.Positive(d), func(c *config) { c.shutdownTimeout = d })
+}
+
+// WithTransactionTimeout bounds one dedup transaction, its handlers
+// included: when it passes, the handlers' context is done, the transaction
+// rolls back and its messages are decided again (after a probe of the
+// store, see WithStoreProbe). It is what frees a worker whose database
+// connection went half-open (the peer gone without a reset, every packet
+// swallowed), which would otherwise wait on it for as long as the
+// operating system keeps the socket. Default 1m; 0 disables it. Handlers
+// that call slow services inside the transaction need a bound above their
+// slowest call.
+func WithTransactionTimeout(d time.Duration) Option {
+	return set("WithTransactionTimeout", option.AtLeast(d, 0), func(c *config) { c.txnTimeout = d })
+}
+
+// WithStoreProbe sets how the Consumer waits out a store that does not
+// answer. When a transaction fails at a step of the store's own (begin,
+// claim, commit) or a handler fails, the Consumer opens and rolls back a
+// probe transaction; if that fails too, it pauses: it takes no new
+// deliveries and holds those it has (spending none of the broker's
+// delivery count, so an outage parks nothing under an SQS maxReceiveCount
+// or a quorum queue's delivery-limit), and probes again after first, then
+// after waits doubling up to max (±20% jitter), each probe bounded by 5s.
+// When a probe succeeds, the held transactions run again at once. Default
+// 100ms, 5s: a store back after an outage is used again within about 5s.
+func WithStoreProbe(first, max time.Duration) Option {
+	var check error
+	if first <= 0 || max < first {
+		check = fmt.Errorf("need 0 < first <= max, got %v, %v", first, max)
+	}
+	return set("WithStoreProbe", check, func(c *config) {
+		c.probeFirst, c.probeMax = first, max
+	})
 }
 
 // WithLogger sets the logger for reconnects, settlement failures and

@@ -141,15 +141,19 @@ func (t *faultyTxn) Commit(ctx context.Context) error {
 }
 
 // Invariant 2: nothing is acked unless its commit succeeded; a commit whose
-// outcome is unknown is retried and the store decides Duplicate.
+// outcome is unknown is retried and the store decides Duplicate. The store
+// answers probes here, so the first two failures of a transaction run it
+// again in place (wantRerun, no delivery spent); a third is handed back to
+// the broker (wantRetry).
 func TestAckOnlyAfterCommit(t *testing.T) {
 	for _, tc := range []struct {
-		name               string
-		before, after      int32
-		wantDup, wantRetry int64
+		name                          string
+		before, after                 int32
+		wantDup, wantRerun, wantRetry int64
 	}{
-		{"commit-fails", 2, 0, 0, 2},
-		{"commit-lands-but-errors", 0, 1, 1, 1},
+		{"commit-fails", 2, 0, 0, 2, 0},
+		{"commit-fails-past-the-reruns", 3, 0, 0, 2, 1},
+		{"commit-lands-but-errors", 0, 1, 1, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -176,7 +180,7 @@ func TestAckOnlyAfterCommit(t *testing.T) {
 			cancel()
 			<-done
 			st := c.Stats()
-			if st.Retried != tc.wantRetry || st.Duplicates != tc.wantDup || st.Processed != 1-tc.wantDup {
+			if st.Retried != tc.wantRetry || st.StoreRetries != tc.wantRerun || st.Duplicates != tc.wantDup || st.Processed != 1-tc.wantDup || st.StoreOutages != 0 {
 				t.Errorf("stats %+v", st)
 			}
 			bs := e.broker.Stats(e.queue)

@@ -1,0 +1,195 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+// A store that stops answering must not turn every message in flight into
+// a Retry: each Retry spends one of the broker's deliveries (SQS
+// maxReceiveCount, a quorum queue's delivery-limit), so a short database
+// outage would park healthy messages, and the retries hammer the database
+// as it comes back. Instead the worker whose transaction failed at a store
+// step probes the store; if it does not answer, the Consumer pauses: the
+// receive loop takes no new deliveries, the workers hold what they have,
+// and one prober opens and rolls back a transaction with backoff until the
+// store answers. Then the held transactions run again, spending nothing.
+
+// storeError is a transaction that failed at a step of the store's own
+// (begin, claim, commit), not in a handler.
+type storeError struct {
+	stage string
+	err   error
+	// handler is set when a handler (or its flush) failed: that is the
+	// store's trouble only if the store does not answer a probe either.
+	handler bool
+}
+
+// quickReruns bounds the immediate re-runs of a transaction that failed
+// while the store answers probes (a connection dropped from the pool, a
+// deadlock, a serialization failure): after that many, the messages are
+// decided Retry and the broker redelivers them, so an error that repeats
+// whenever the transaction runs cannot hold a worker forever.
+const quickReruns = 2
+
+// outage is the Consumer's view of its store's health.
+type outage struct {
+	mu sync.Mutex
+	// up is closed when a store that stopped answering answers again; nil
+	// while it answers.
+	up    chan struct{}
+	began time.Time
+	// paused is up, for the receive loop to read without the mutex.
+	paused atomic.Pointer[chan struct{}]
+}
+
+// waitStore blocks the receive loop while the store is unreachable. It
+// reports false when ctx ended first.
+func (c *Consumer[Tx]) waitStore(ctx context.Context) bool {
+	p := c.outage.paused.Load()
+	if p == nil {
+		return true
+	}
+	select {
+	case <-*p:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// awaitStore is called by a worker whose transaction failed at a store
+// step. It reports whether to run the transaction again now: after the
+// store was unreachable and answers again, always; when the store answers
+// the first probe, for the first quickReruns failures of a batch (counted
+// in reruns). It reports false at shutdown (stopping is true then) and when
+// the messages should be handed back to the broker instead.
+func (c *Consumer[Tx]) awaitStore(serr *storeError, reruns *int) (again, stopping bool) {
+	o := &c.outage
+	o.mu.Lock()
+	if o.up == nil {
+		perr := c.probe()
+		if perr == nil {
+			o.mu.Unlock()
+			if !serr.handler && *reruns < quickReruns {
+				*reruns++
+				return true, false
+			}
+			return false, false
+		}
+		up := make(chan struct{})
+		o.up, o.began = up, time.Now()
+		o.paused.Store(&up)
+		c.stats.storeOutages.Add(1)
+		c.log.Warn("idemq: the store does not answer; pausing deliveries until it does",
+			"stage", serr.stage, "err", serr.err, "probe_err", perr)
+		go c.probeUntilUp(o.up)
+	}
+	up := o.up
+	o.mu.Unlock()
+	select {
+	case <-up:
+		*reruns = 0
+		return true, false
+	case <-c.procCtx.Done():
+		return false, true
+	case <-c.stopping.Done():
+		return false, true
+	}
+}
+
+// probeUntilUp probes the store with backoff until it answers, then lifts
+// the pause by closing up; it gives up when the Consumer stops.
+func (c *Consumer[Tx]) probeUntilUp(up chan struct{}) {
+	o := &c.outage
+	bo := driver.NewBackoff(c.cfg.probeFirst, c.cfg.probeMax)
+	probes := 1
+	for {
+		if !driver.Sleep(c.stopping, bo.Next()) {
+			return
+		}
+		probes++
+		if err := c.probe(); err != nil {
+			c.log.Debug("idemq: the store still does not answer", "err", err, "probes", probes)
+			continue
+		}
+		o.mu.Lock()
+		c.log.Info("idemq: the store answers again; resuming deliveries",
+			"outage", time.Since(o.began).Round(time.Millisecond), "probes", probes)
+		o.up = nil
+		o.paused.Store(nil)
+		close(up)
+		o.mu.Unlock()
+		return
+	}
+}
+
+// probe opens a transaction and rolls it back: the store answers when it
+// can do the first step of every decision.
+func (c *Consumer[Tx]) probe() error {
+	ctx, cancel := context.WithTimeout(c.procCtx, c.cfg.probeTimeout)
+	defer cancel()
+	txn, err := c.store.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	return txn.Rollback(ctx)
+}
+
+// storeShutdown decides the messages at indices g, held while the store
+// did not answer, at shutdown: left unsettled for the broker to redeliver,
+// spending nothing.
+func (c *Consumer[Tx]) storeShutdown(items []*item, g []int, outs []Outcome, serr *storeError) {
+	for _, i := range g {
+		outs[i] = Outcome{Decision: Retry, Err: &DecisionError{MessageID: items[i].m.ID, Stage: serr.stage,
+			Err: fmt.Errorf("%w: the store did not answer: %v", ErrShutdown, serr.err)}}
+	}
+}
+
+// asStoreError reports a store step's transient failure as a *storeError.
+func asStoreError(stage string, err error) *storeError {
+	if err == nil || IsPermanent(err) || errors.Is(err, ErrShutdown) {
+		return nil
+	}
+	return &storeError{stage: stage, err: err}
+}
+
+// asHandlerError reports a handler's transient failure as a *storeError
+// to check the store against.
+func asHandlerError(err error) *storeError {
+	if s := asStoreError("handler", err); s != nil {
+		s.handler = true
+		return s
+	}
+	return nil
+}
+
+// handlerTrouble returns the first transient handler failure among the
+// outcomes of won, as a *storeError to check the store against.
+func (c *Consumer[Tx]) handlerTrouble(items []*item, won []int, outs []Outcome) *storeError {
+	for _, i := range won {
+		if o := outs[i]; o.Decision == Retry && o.Err != nil {
+			var de *DecisionError
+			if errors.As(o.Err, &de) && de.Stage == "handler" {
+				return asHandlerError(de.Err)
+			}
+		}
+	}
+	return nil
+}
+
+// txnContext is a handler's context: the transaction's deadline and
+// cancellation with the values (trace spans, consumer name) of the
+// message's own context.
+type txnContext struct {
+	context.Context // the transaction's
+	values          context.Context
+}
+
+func (t txnContext) Value(key any) any { return t.values.Value(key) }
