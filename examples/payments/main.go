@@ -65,7 +65,7 @@ import (
 type settings struct {
 	broker, store, consumer, tables string
 	batch, concurrency              int
-	shutdown                        time.Duration
+	shutdown, txnTimeout            time.Duration
 	logLevel                        slog.Level
 	publish                         int
 	duplicates                      float64
@@ -119,6 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.IntVar(&s.batch, "batch", 1, "messages per transaction (1: one transaction per message)")
 	fs.IntVar(&s.concurrency, "concurrency", 1, "batches processed at once, each in its own transaction")
 	fs.DurationVar(&s.shutdown, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight messages may take before they are rolled back and left unacked")
+	fs.DurationVar(&s.txnTimeout, "txn-timeout", time.Minute, "bound on one transaction, its handler included: a database connection that went half-open is given up after it")
 	fs.StringVar(&level, "log-level", level, "debug, info, warn or error; each decision is logged at info (duplicate: info, retry: warn, dead letter: error)")
 	fs.IntVar(&s.publish, "publish", 0, "publish N test messages (duplicates included) to --broker and exit, instead of consuming")
 	fs.Float64Var(&s.duplicates, "duplicates", 0.2, "with --publish: fraction of the N messages that repeat an earlier message (same id, same body)")
@@ -238,6 +239,7 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 		core.WithBatchSize(s.batch),
 		core.WithConcurrency(s.concurrency),
 		core.WithShutdownTimeout(s.shutdown),
+		core.WithTransactionTimeout(s.txnTimeout),
 		core.WithLogger(logger),
 		core.WithObserver(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))))
 	if err != nil {
@@ -247,7 +249,8 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 	err = c.Run(ctx)
 	st := c.Stats()
 	logger.Info("payments: stopped", "received", st.Received, "processed", st.Processed, "duplicates", st.Duplicates,
-		"retried", st.Retried, "dead_lettered", st.DeadLettered, "unsettled", st.Unsettled)
+		"retried", st.Retried, "dead_lettered", st.DeadLettered, "unsettled", st.Unsettled,
+		"store_outages", st.StoreOutages, "store_retries", st.StoreRetries)
 	return err
 }
 

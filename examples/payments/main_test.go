@@ -407,7 +407,31 @@ func runKillAndRestart(t *testing.T, r killRun) {
 		t.Errorf("last run's log has no stop line:\n%s", tail(logPath))
 	}
 
-	ids, balances, err := r.ledger.contents(ctx)
+	checkLedger(t, r.ledger, unique, want)
+	if r.settled != nil {
+		r.settled(t)
+	}
+	// Redelivered messages decided Duplicate are the kills that fell
+	// between a commit and its ack: informative, as kills land at random.
+	redelivered := 0
+	for i := 0; i <= r.kills; i++ {
+		b, _ := os.ReadFile(filepath.Join(logs, fmt.Sprintf("run-%d.log", i)))
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "decision=duplicate") && !strings.Contains(line, "attempt=1 ") {
+				redelivered++
+			}
+		}
+	}
+	t.Logf("%d redeliveries decided Duplicate", redelivered)
+}
+
+// checkLedger checks that the ledger holds exactly one row per unique id
+// and every balance is want's, and returns how many ids are missing from it
+// (lost) and how many have more than one row (doubled).
+func checkLedger(t *testing.T, l ledgerDB, unique []sent, want map[string]int64) (lost, doubled int) {
+	t.Helper()
+	ctx := context.Background()
+	ids, balances, err := l.contents(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,10 +439,10 @@ func runKillAndRestart(t *testing.T, r killRun) {
 	for _, id := range ids {
 		count[id]++
 	}
-	var doubled, missing []string
+	var doubledIDs, missing []string
 	for id, n := range count {
 		if n > 1 {
-			doubled = append(doubled, fmt.Sprintf("%s×%d", id, n))
+			doubledIDs = append(doubledIDs, fmt.Sprintf("%s×%d", id, n))
 		}
 	}
 	for _, p := range unique {
@@ -426,11 +450,11 @@ func runKillAndRestart(t *testing.T, r killRun) {
 			missing = append(missing, p.id)
 		}
 	}
-	sort.Strings(doubled)
+	sort.Strings(doubledIDs)
 	sort.Strings(missing)
-	if len(ids) != len(unique) || len(doubled) > 0 || len(missing) > 0 {
+	if len(ids) != len(unique) || len(doubledIDs) > 0 || len(missing) > 0 {
 		t.Errorf("ledger: %d rows for %d unique ids; %d ids charged more than once %v; %d ids missing %v",
-			len(ids), len(unique), len(doubled), head(doubled), len(missing), head(missing))
+			len(ids), len(unique), len(doubledIDs), head(doubledIDs), len(missing), head(missing))
 	}
 	wrong := 0
 	for a, v := range want {
@@ -447,21 +471,8 @@ func runKillAndRestart(t *testing.T, r killRun) {
 	if wrong > 0 {
 		t.Errorf("%d of %d balances wrong", wrong, len(want))
 	}
-	if r.settled != nil {
-		r.settled(t)
-	}
-	// Redelivered messages decided Duplicate are the kills that fell
-	// between a commit and its ack: informative, as kills land at random.
-	redelivered := 0
-	for i := 0; i <= r.kills; i++ {
-		b, _ := os.ReadFile(filepath.Join(logs, fmt.Sprintf("run-%d.log", i)))
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, "decision=duplicate") && !strings.Contains(line, "attempt=1 ") {
-				redelivered++
-			}
-		}
-	}
-	t.Logf("ledger: %d rows, %d unique ids, %d balances checked; %d redeliveries decided Duplicate", len(ids), len(unique), len(want), redelivered)
+	t.Logf("ledger: %d rows, %d unique ids, %d balances checked", len(ids), len(unique), len(want))
+	return len(missing), len(doubledIDs)
 }
 
 func head(s []string) []string { return s[:min(len(s), 5)] }
