@@ -406,7 +406,19 @@ const maxReclaims = 3
 // RETURNING statement. Ids that were not inserted are read back in one more
 // statement to tell ClaimDuplicate from ClaimMismatch (both fingerprints
 // non-empty and different).
-func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
+//
+// A claim refused because the server takes no writes (SQLSTATE 25006: a
+// standby, or a former primary still read-only after a failover) closes
+// the transaction's connection: the pool opens a new one in its place,
+// which a URL with target_session_attrs=read-write leads to the server
+// that now takes writes, instead of handing the same read-only connection
+// out again for every retry.
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) (_ []driver.ClaimResult, err error) {
+	defer func() {
+		if err != nil {
+			t.dropIfReadOnly(ctx, err)
+		}
+	}()
 	if consumer == "" {
 		return nil, errors.New("postgres: Claim: empty consumer")
 	}
@@ -491,6 +503,23 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		}
 	}
 	return results, nil
+}
+
+// dropIfReadOnly closes the transaction's connection when err is a
+// read_only_sql_transaction error (25006). Rollback then finds the
+// connection closed (the server rolls back a closed connection's
+// transaction) and the pool discards it.
+func (t *Txn) dropIfReadOnly(ctx context.Context, err error) {
+	var pe *pgconn.PgError
+	if t.tx == nil || !errors.As(err, &pe) || pe.Code != readOnlyTransaction {
+		return
+	}
+	if _, failed := t.tx.(failedTx); failed {
+		return
+	}
+	if c := t.tx.Conn(); c != nil {
+		c.Close(ctx)
+	}
 }
 
 // collect runs a query returning message_id and optionally a fingerprint,
