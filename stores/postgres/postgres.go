@@ -30,7 +30,35 @@
 // Old claims go with Prune (bounded DELETEs that skip locked rows) or
 // RunPruner; at scale WithPartitions makes pruning drop whole partitions.
 // IsTransient tells the errors worth a retry (deadlock, serialization
-// failure, lost connection, server shutdown) from the rest.
+// failure, lost connection, server shutdown, a write refused by a
+// read-only server) from the rest.
+//
+// # Failover and replication
+//
+// A URL may name a primary and its standbys, as pgx reads it, with
+// target_session_attrs=read-write so that connections go only to the
+// server that takes writes:
+//
+//	postgres://app@db1:5432,db2:5432/payments?target_session_attrs=read-write
+//
+// When the primary fails and a standby is promoted, the pool drops the
+// broken connections and opens new ones on the new primary; a claim that
+// reaches a server still read-only (SQLSTATE 25006) closes its connection
+// too. The errors of the switch (refused or reset connections, 57P01,
+// 25006, no server taking writes yet) are transient: the Consumer retries, and a
+// message whose commit landed but whose answer was lost in the switch is
+// decided Duplicate on its redelivery. The Consumer recovers by itself.
+//
+// What the store cannot see is a commit that the old primary acknowledged
+// and never sent to the standby. With asynchronous replication (the
+// PostgreSQL default) a failover can lose the last commits: their
+// messages were acknowledged to the broker, and their claims and effects
+// are gone with the old primary; no redelivery comes. Synchronous
+// replication makes "nothing lost" hold across a failover: on the primary
+// set synchronous_standby_names (for example '*', or FIRST 1 (s1, s2))
+// and synchronous_commit=on (or remote_apply), so that a commit returns
+// only once a standby has flushed it, and promote only a synchronous
+// standby. Commits then wait while no synchronous standby is connected.
 package postgres
 
 import (
