@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"strings"
 
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
@@ -20,15 +21,19 @@ const (
 	errConnKilled       = 1927 // ER_CONNECTION_KILLED (MariaDB)
 	errGoneAway         = 2006 // CR_SERVER_GONE_ERROR
 	errLost             = 2013 // CR_SERVER_LOST
+	errOptionPrevents   = 1290 // ER_OPTION_PREVENTS_STATEMENT: transient for --read-only only
+	errReadOnlyMode     = 1836 // ER_READ_ONLY_MODE
 )
 
 // IsTransient reports whether err is worth retrying with a new
 // transaction: a deadlock (1213), a lock wait timeout (1205), a killed or
 // interrupted connection or query (1927, 1317), a server shutting down or
-// gone (1053, 2006, 2013), too many connections (1040), or a connection
-// lost on the client side (invalid connection, bad connection, EOF,
-// network error, deadline). Other server errors, including a duplicate key
-// (1062) in a business effect, are not transient.
+// gone (1053, 2006, 2013), too many connections (1040), a write refused by
+// a read-only server (1290 naming the read-only option, 1836: a replica,
+// or a primary demoted in a failover), or a connection lost on the client
+// side (invalid connection, bad connection, EOF, network error, deadline).
+// Other server errors, including a duplicate key (1062) in a business
+// effect, are not transient.
 func IsTransient(err error) bool {
 	if err == nil {
 		return false
@@ -37,8 +42,12 @@ func IsTransient(err error) bool {
 	if errors.As(err, &me) {
 		switch me.Number {
 		case errDeadlock, errLockWaitTimeout, errConnKilled, errQueryInterrupted,
-			errServerShutdown, errGoneAway, errLost, errTooManyConns:
+			errServerShutdown, errGoneAway, errLost, errTooManyConns, errReadOnlyMode:
 			return true
+		case errOptionPrevents:
+			// Other options (secure_file_priv, …) refuse a statement
+			// for good.
+			return strings.Contains(me.Message, "read-only") || strings.Contains(me.Message, "read_only")
 		}
 		return false
 	}

@@ -32,7 +32,16 @@
 //
 // Old claims go with Prune (DELETE … ORDER BY processed_at LIMIT n) or
 // RunPruner. IsTransient tells the errors worth a retry (deadlock 1213,
-// lock wait timeout 1205, killed or lost connection) from the rest.
+// lock wait timeout 1205, killed or lost connection, a server restarting,
+// a write refused by a read-only server 1290) from the rest: while a
+// server restarts, or a failover makes another one the primary, the
+// Consumer retries, database/sql reconnects, and a message whose commit
+// landed but whose answer was lost is decided Duplicate on its
+// redelivery. As with PostgreSQL, a commit the old primary acknowledged
+// and never replicated is gone after a failover, unseen: semi-synchronous
+// replication waiting AFTER_SYNC (rpl_semi_sync_master_enabled, with a
+// rpl_semi_sync_master_timeout long enough never to fall back to
+// asynchronous) is what keeps it.
 package mysql
 
 import (

@@ -3,12 +3,6 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,85 +12,6 @@ import (
 	"github.com/idemq/idemq/stores/mysql"
 )
 
-// privateMariaDB starts a throw-away MariaDB server of its own (the shared
-// one must not be restarted under other tests) and returns its DSN and a
-// function that restarts it. Without the server binaries the test skips,
-// or fails when IDEMQ_REQUIRE_SERVICES=1.
-func privateMariaDB(t *testing.T) (string, func()) {
-	t.Helper()
-	install, err1 := exec.LookPath("mariadb-install-db")
-	server := "/usr/sbin/mariadbd"
-	_, err2 := os.Stat(server)
-	if err1 != nil || err2 != nil {
-		servicetest.Unavailable(t, "no MariaDB server binaries (mariadb-install-db, /usr/sbin/mariadbd) to start a private server")
-	}
-	dir, err := os.MkdirTemp("", "idemq-my-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	data := filepath.Join(dir, "data")
-	user := "--user=" + os.Getenv("USER")
-	if os.Geteuid() == 0 {
-		user = "--user=root"
-	}
-	if out, err := exec.Command(install, "--no-defaults", "--datadir="+data, "--auth-root-authentication-method=normal",
-		"--skip-test-db", user).CombinedOutput(); err != nil {
-		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dsn := fmt.Sprintf("root:@tcp(127.0.0.1:%d)/mysql?timeout=2s", port)
-	var cmd *exec.Cmd
-	start := func() {
-		t.Helper()
-		logf, err := os.OpenFile(filepath.Join(dir, "err.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer logf.Close()
-		cmd = exec.Command(server, "--no-defaults", "--datadir="+data, fmt.Sprintf("--port=%d", port),
-			"--socket="+filepath.Join(dir, "sock"), "--bind-address=127.0.0.1", user,
-			"--innodb-buffer-pool-size=16M", "--skip-log-bin")
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		db, err := sql.Open("mysql", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			if err := db.Ping(); err == nil {
-				return
-			} else if time.Now().After(deadline) {
-				log, _ := os.ReadFile(filepath.Join(dir, "err.log"))
-				t.Fatalf("private MariaDB did not start: %v\n%s", err, log)
-			}
-		}
-	}
-	stop := func() {
-		// SIGTERM is a clean shutdown: open transactions are rolled back.
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	}
-	start()
-	t.Cleanup(stop)
-	return dsn, func() { stop(); start() }
-}
-
 // TestServerRestartBetweenClaimAndCommit restarts the server after a
 // transaction claimed an id and applied its effect: the commit fails with
 // a transient error, neither the claim nor the effect survives, and the
@@ -105,7 +20,8 @@ func TestServerRestartBetweenClaimAndCommit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a private MariaDB server; not in -short")
 	}
-	dsn, restart := privateMariaDB(t)
+	srv := servicetest.StartMariaDB(t)
+	dsn, restart := srv.DSN, srv.Restart
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s, err := mysql.Open(ctx, dsn)

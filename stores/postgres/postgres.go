@@ -30,7 +30,35 @@
 // Old claims go with Prune (bounded DELETEs that skip locked rows) or
 // RunPruner; at scale WithPartitions makes pruning drop whole partitions.
 // IsTransient tells the errors worth a retry (deadlock, serialization
-// failure, lost connection, server shutdown) from the rest.
+// failure, lost connection, server shutdown, a write refused by a
+// read-only server) from the rest.
+//
+// # Failover and replication
+//
+// A URL may name a primary and its standbys, as pgx reads it, with
+// target_session_attrs=read-write so that connections go only to the
+// server that takes writes:
+//
+//	postgres://app@db1:5432,db2:5432/payments?target_session_attrs=read-write
+//
+// When the primary fails and a standby is promoted, the pool drops the
+// broken connections and opens new ones on the new primary; a claim that
+// reaches a server still read-only (SQLSTATE 25006) closes its connection
+// too. The errors of the switch (refused or reset connections, 57P01,
+// 25006, no server taking writes yet) are transient: the Consumer retries, and a
+// message whose commit landed but whose answer was lost in the switch is
+// decided Duplicate on its redelivery. The Consumer recovers by itself.
+//
+// What the store cannot see is a commit that the old primary acknowledged
+// and never sent to the standby. With asynchronous replication (the
+// PostgreSQL default) a failover can lose the last commits: their
+// messages were acknowledged to the broker, and their claims and effects
+// are gone with the old primary; no redelivery comes. Synchronous
+// replication makes "nothing lost" hold across a failover: on the primary
+// set synchronous_standby_names (for example '*', or FIRST 1 (s1, s2))
+// and synchronous_commit=on (or remote_apply), so that a commit returns
+// only once a standby has flushed it, and promote only a synchronous
+// standby. Commits then wait while no synchronous standby is connected.
 package postgres
 
 import (
@@ -406,7 +434,19 @@ const maxReclaims = 3
 // RETURNING statement. Ids that were not inserted are read back in one more
 // statement to tell ClaimDuplicate from ClaimMismatch (both fingerprints
 // non-empty and different).
-func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
+//
+// A claim refused because the server takes no writes (SQLSTATE 25006: a
+// standby, or a former primary still read-only after a failover) closes
+// the transaction's connection: the pool opens a new one in its place,
+// which a URL with target_session_attrs=read-write leads to the server
+// that now takes writes, instead of handing the same read-only connection
+// out again for every retry.
+func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) (_ []driver.ClaimResult, err error) {
+	defer func() {
+		if err != nil {
+			t.dropIfReadOnly(ctx, err)
+		}
+	}()
 	if consumer == "" {
 		return nil, errors.New("postgres: Claim: empty consumer")
 	}
@@ -491,6 +531,23 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		}
 	}
 	return results, nil
+}
+
+// dropIfReadOnly closes the transaction's connection when err is a
+// read_only_sql_transaction error (25006). Rollback then finds the
+// connection closed (the server rolls back a closed connection's
+// transaction) and the pool discards it.
+func (t *Txn) dropIfReadOnly(ctx context.Context, err error) {
+	var pe *pgconn.PgError
+	if t.tx == nil || !errors.As(err, &pe) || pe.Code != readOnlyTransaction {
+		return
+	}
+	if _, failed := t.tx.(failedTx); failed {
+		return
+	}
+	if c := t.tx.Conn(); c != nil {
+		c.Close(ctx)
+	}
 }
 
 // collect runs a query returning message_id and optionally a fingerprint,

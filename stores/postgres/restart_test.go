@@ -2,13 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -20,66 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// privatePostgres starts a throw-away PostgreSQL server of its own (the
-// shared one must not be restarted under other tests) and returns its URL
-// and a function that restarts it. Without the server binaries the test
-// skips, or fails when IDEMQ_REQUIRE_SERVICES=1.
-func privatePostgres(t *testing.T) (string, func()) {
-	t.Helper()
-	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_ctl")
-	if len(bins) == 0 {
-		servicetest.Unavailable(t, "no PostgreSQL server binaries (/usr/lib/postgresql/*/bin) to start a private server")
-	}
-	bin := filepath.Dir(bins[len(bins)-1])
-	dir, err := os.MkdirTemp("", "idemq-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	// PostgreSQL refuses to run as root: run it as the postgres user.
-	run := func(name string, args ...string) {
-		t.Helper()
-		cmd := exec.Command(filepath.Join(bin, name), args...)
-		if os.Geteuid() == 0 {
-			cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(bin, name)}, args...)...)
-		}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-	}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("running as root without a postgres user: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	data := filepath.Join(dir, "data")
-	run("initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", port, dir)
-	logFile := filepath.Join(dir, "log")
-	run("pg_ctl", "-D", data, "-o", opts, "-l", logFile, "-w", "start")
-	t.Cleanup(func() {
-		cmd := exec.Command(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
-		if os.Geteuid() == 0 {
-			cmd = exec.Command("runuser", "-u", "postgres", "--", filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
-		}
-		cmd.Run()
-	})
-	restart := func() { run("pg_ctl", "-D", data, "-o", opts, "-l", logFile, "-m", "fast", "-w", "restart") }
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", port), restart
-}
-
 // TestServerRestartBetweenClaimAndCommit restarts the server after a
 // transaction claimed an id and applied its effect: the commit fails with
 // a transient error, neither the claim nor the effect survives, and the
@@ -88,7 +21,8 @@ func TestServerRestartBetweenClaimAndCommit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a private PostgreSQL server; not in -short")
 	}
-	url, restart := privatePostgres(t)
+	srv := servicetest.StartPostgres(t)
+	url, restart := srv.URL, srv.Restart
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, url)

@@ -13,7 +13,13 @@ import (
 // table, retention, partitions and migrate are the store's options
 // (WithTable, WithRetention, WithPartitions, WithMigrate); every other
 // parameter goes to pgxpool (sslmode up to verify-full, sslrootcert,
-// sslcert, sslkey, sslpassword, sslsni, pool_max_conns, application_name, …).
+// sslcert, sslkey, sslpassword, sslsni, pool_max_conns, application_name,
+// target_session_attrs, connect_timeout, …). Several hosts, as in
+// "postgres://user@db1:5432,db2:5432/db?target_session_attrs=read-write",
+// pass to pgx too, which connects to the first that takes writes (see the
+// package documentation on failover). Through core.OpenStore the URL is
+// read by net/url first, which refuses several bracketed IPv6 hosts
+// ("[::1]:5432,[::1]:5433"): give host names, or call Open.
 func init() {
 	openURL := sqlstore.Opener(parseURL, Open)
 	driver.RegisterStore("postgres", openURL)
