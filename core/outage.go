@@ -18,8 +18,8 @@ import (
 // as it comes back. Instead the worker whose transaction failed at a store
 // step probes the store; if it does not answer, the Consumer pauses: the
 // receive loop takes no new deliveries, the workers hold what they have,
-// and one prober opens and rolls back a transaction with backoff until the
-// store answers. Then the held transactions run again, spending nothing.
+// and one prober pings the store (or opens and rolls back a transaction)
+// with backoff until it answers. Then the held transactions run again, spending nothing.
 
 // storeError is a transaction that failed at a step of the store's own
 // (begin, claim, commit), not in a handler.
@@ -130,11 +130,14 @@ func (c *Consumer[Tx]) probeUntilUp(up chan struct{}) {
 	}
 }
 
-// probe opens a transaction and rolls it back: the store answers when it
-// can do the first step of every decision.
+// probe checks that the store answers: Ping where the store has it,
+// otherwise a transaction opened and rolled back.
 func (c *Consumer[Tx]) probe() error {
 	ctx, cancel := context.WithTimeout(c.procCtx, c.cfg.probeTimeout)
 	defer cancel()
+	if p, ok := c.store.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
 	txn, err := c.store.Begin(ctx)
 	if err != nil {
 		return err

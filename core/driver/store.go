@@ -159,6 +159,16 @@ type Inspector interface {
 	Inspect(ctx context.Context) (TableStats, error)
 }
 
+// Pinger is implemented by stores that can check they answer with one
+// round trip to the database. The Consumer pings a store whose transaction
+// failed, to tell an outage (pause until it answers) from one failed
+// transaction; a store without Ping is probed by opening and rolling back a
+// transaction, which proves nothing for a store that opens its
+// transactions lazily, with the first statement.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Flusher is implemented by transactions that queue statements to send in
 // one round trip (Postgres: statements queued by handlers into a pgx.Batch).
 // The Consumer calls Flush after the handlers of a batch and before Commit.

@@ -266,6 +266,9 @@ func (s *Store) DB() *sql.DB { return s.db }
 // **Store the store itself.
 func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
 
+// Ping checks that the database answers, with one round trip.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
 // Close closes the database handle if Open opened it; a handle given to New
 // is left to its owner.
 func (s *Store) Close() error { return sqlstore.CloseOwned(s.db, s.owned) }

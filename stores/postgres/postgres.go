@@ -281,6 +281,10 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // **Store the store itself.
 func (s *Store) As(target any) bool { return sqlstore.As(target, s.pool, s) }
 
+// Ping checks that the database answers, with one round trip on a pooled
+// connection.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
 // Close closes the pool if Open created it; a pool given to New is left to
 // its owner. It returns nil; the error is there so that every store is an
 // io.Closer.

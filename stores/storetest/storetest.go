@@ -97,6 +97,22 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	t.Run("MigrateTwice", s.migrateTwice)
 	t.Run("OddIDs", s.oddIDs)
 	t.Run("ConcurrentBatches", s.concurrentBatches)
+	t.Run("Ping", s.ping)
+}
+
+// ping: a store that implements driver.Pinger answers it, and still takes
+// claims after it.
+func (s suite[Tx]) ping(t *testing.T) {
+	st, _ := s.open(t)
+	ctx := s.ctx(t)
+	p, ok := st.(driver.Pinger)
+	if !ok {
+		t.Skipf("store %T does not implement driver.Pinger (optional): the Consumer probes it with a transaction", st)
+	}
+	if err := p.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	s.claimCommit(t, ctx, st, "c", claims("after-ping"), UniqueName("k_"))
 }
 
 type suite[Tx any] struct{ h Harness[Tx] }

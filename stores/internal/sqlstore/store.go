@@ -15,6 +15,7 @@ type Store[Tx any] interface {
 	driver.Retentioner
 	driver.Migrator
 	driver.Inspector
+	driver.Pinger
 	io.Closer
 }
 
