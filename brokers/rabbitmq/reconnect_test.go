@@ -445,6 +445,12 @@ func TestMultiNodeURLFailover(t *testing.T) {
 		}
 		pub.Close()
 	}
+	// The same through core's URL openers, as a deployment configures it.
+	cpub, err := core.OpenPublisher(ctx, multi+"?queue="+q)
+	if err != nil {
+		t.Fatalf("core.OpenPublisher with node 1 of 2 down: %v", err)
+	}
+	cpub.Close()
 	src, err := Open(ctx, multi, q, WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatalf("Open with node 1 of 2 down: %v", err)

@@ -28,6 +28,9 @@ import (
 // quorum queue (queue_type=quorum, with a delivery_limit): a classic queue
 // lives on one node and is gone while that node is down. An empty entry in
 // the node list or a port that is not a number is an error naming it.
+// core.OpenSource and core.OpenPublisher check the URL with net/url before
+// it reaches this package, which takes such a list when every node names
+// its port (h1:5672,h2:5672) and none is an IPv6 literal.
 //
 // Parameters (each maps to the option of the same meaning):
 //
