@@ -31,6 +31,30 @@
 // broker redelivers such a message, and the dedup store then decides
 // Duplicate if its effect was already committed.
 //
+// # Clusters
+//
+// A URL names one node, or the nodes of a cluster as a comma-separated
+// host:port list where the host goes, for amqp:// and amqps:// alike:
+//
+//	amqp://user:pass@h1:5672,h2:5672,h3:5672/vhost?queue=payments&queue_type=quorum&delivery_limit=5
+//
+// Each node gets the same user, password, vhost and parameters (with
+// amqps:// each node's certificate is checked against its own host name).
+// A Source or Publisher connects first to a node picked at random, so that
+// many clients spread over the cluster; when a dial fails it tries the
+// next node of the list at once, and after a connection loss it starts
+// with the node after the one it lost. Only when every node failed in turn
+// does the Source wait out its reconnect backoff (WithReconnectBackoff:
+// 100ms doubling up to 2s, starting over once it consumes again). An empty
+// entry in the list or a port that is not a number fails Open, naming the
+// entry; passwords never appear in errors or logs.
+//
+// Use quorum queues on a cluster (queue_type=quorum, WithQueueType(Quorum)),
+// with a delivery limit (delivery_limit=, WithDeliveryLimit): a quorum queue
+// is replicated and keeps working while a minority of its nodes is down,
+// whereas a classic queue lives on one node and is gone while that node
+// is down.
+//
 // A Publisher publishes core Messages with publisher confirms, for tests,
 // examples and the outbox relay.
 package rabbitmq

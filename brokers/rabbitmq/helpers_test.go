@@ -126,7 +126,16 @@ type proxy struct {
 	conns  []net.Conn
 	cuts   int
 	down   bool // refuse new connections, as a broker that is down
-	wg     sync.WaitGroup
+	// refused holds when each connection was refused while down.
+	refused []time.Time
+	wg      sync.WaitGroup
+}
+
+// refusals returns when each connection was refused while down.
+func (p *proxy) refusals() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]time.Time(nil), p.refused...)
 }
 
 // setDown makes the proxy refuse (accept and close) new connections.
@@ -164,6 +173,9 @@ func (p *proxy) accept() {
 		}
 		p.mu.Lock()
 		down := p.down
+		if down {
+			p.refused = append(p.refused, time.Now())
+		}
 		p.mu.Unlock()
 		if down {
 			c.Close()

@@ -97,7 +97,7 @@ func defaultConfig(queue string) config {
 		retryMode:       RetryRequeue,
 		deadLetterMode:  DeadLetterRepublish,
 		backoffMin:      100 * time.Millisecond,
-		backoffMax:      10 * time.Second,
+		backoffMax:      2 * time.Second,
 	}
 }
 
@@ -230,8 +230,17 @@ func WithIDHeader(name string) Option {
 }
 
 // WithReconnectBackoff sets the bounds of the exponential backoff between
-// reconnect attempts. Default 100ms doubling up to 10s, each wait spread
-// by ±20% (and never above max).
+// reconnect rounds. Default 100ms doubling up to 2s, each wait spread by
+// ±20% (and never above max).
+//
+// A lost connection is redialled at once, to the next node of the URL; a
+// round is one dial of every node (and, once one answers, the declare and
+// consume), and only a round that fails waits, 100ms, 200ms, 400ms, … up
+// to max. The backoff starts over as soon as a session consumes again, so
+// a later outage begins with quick retries. The low default cap keeps a
+// broker (or a cluster node) that comes back from waiting more than about
+// 2s for its consumers; raise it for many consumers of a broker that is
+// slow to come back.
 func WithReconnectBackoff(min, max time.Duration) Option {
 	return option.Check(invalid(min <= 0 || max < min, "WithReconnectBackoff", "need 0 < min <= max, got %v, %v", min, max),
 		func(c *config) { c.backoffMin, c.backoffMax = min, max })

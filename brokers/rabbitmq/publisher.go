@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -87,8 +88,9 @@ const confirmChunk = 256
 // has no ordering key) and persistent delivery mode. After a connection loss the next Publish reconnects. It is safe for
 // concurrent use; calls are serialized.
 type Publisher struct {
-	url string
-	cfg pubConfig
+	nodes nodes
+	cfg   pubConfig
+	next  int // the node the next connect tries first
 
 	mu      sync.Mutex
 	closed  bool
@@ -98,15 +100,21 @@ type Publisher struct {
 }
 
 // NewPublisher connects to the broker at url and opens a confirm channel.
+// The url names one node or, comma-separated, the nodes of a cluster, as
+// for Open: the first connection goes to a node picked at random, a failed
+// dial tries the next node in the list at once, and after a connection
+// loss the next Publish reconnects starting with the node after the one
+// it lost (each Publish tries every node once before it fails).
 func NewPublisher(ctx context.Context, url string, opts ...PublisherOption) (*Publisher, error) {
 	cfg := pubConfig{mandatory: true, connConfig: connConfig{connName: "idemq-publisher"}}
 	if err := option.Apply(&cfg, opts...); err != nil {
 		return nil, err
 	}
-	if _, err := amqp.ParseURI(url); err != nil {
-		return nil, urlError(url, err)
+	ns, err := parseNodes(url)
+	if err != nil {
+		return nil, err
 	}
-	p := &Publisher{url: url, cfg: cfg}
+	p := &Publisher{nodes: ns, cfg: cfg, next: rand.IntN(len(ns.urls))}
 	if err := p.connect(ctx); err != nil {
 		return nil, err
 	}
@@ -119,7 +127,8 @@ func (p *Publisher) connect(ctx context.Context) error {
 		p.conn.Close()
 		p.conn, p.ch = nil, nil
 	}
-	conn, err := dialContext(ctx, p.url, p.cfg.connConfig)
+	conn, next, err := dialNodes(ctx, p.nodes, p.next, p.cfg.connConfig)
+	p.next = next
 	if err != nil {
 		return fmt.Errorf("rabbitmq: publisher connect: %w", err)
 	}

@@ -345,3 +345,147 @@ func TestReconnectWhileBrokerIsDown(t *testing.T) {
 	}
 	t.Logf("%d connection errors reported while down", reported)
 }
+
+// TestReconnectPromptAfterOutage keeps the broker unreachable for a few
+// seconds, twice, with the default reconnect backoff: no wait between
+// reconnect rounds exceeds the default cap (2s), so consumption resumes
+// within about one cap of the broker being back, and the backoff starts
+// over after the reconnect, so the second outage is retried quickly again.
+func TestReconnectPromptAfterOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 5s outage skipped with -short")
+	}
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	p := newProxy(t, mustHostPort(t, url))
+	ctx := context.Background()
+	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	const cap = 2 * time.Second // defaultConfig's backoffMax
+	if c := defaultConfig(q); c.backoffMax != cap {
+		t.Fatalf("default reconnect cap %v, this test assumes %v", c.backoffMax, cap)
+	}
+	publishN(t, url, q, "prompt", 20)
+	if err := receiveN(t, src, 1, 10*time.Second)[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	outage := func(n int, d time.Duration) (refused []time.Time, recovery time.Duration) {
+		t.Helper()
+		p.setDown(true)
+		p.cut()
+		from := len(p.refusals())
+		waitUntil(t, 5*time.Second, func() bool {
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			return src.sess == nil
+		})
+		time.Sleep(d)
+		p.setDown(false)
+		back := time.Now()
+		refused = p.refusals()[from:]
+		// Deliveries handed out before the cut was noticed are stale;
+		// wait for one that settles.
+		for {
+			dl := receiveN(t, src, 1, 30*time.Second)[0]
+			if err := dl.Ack(ctx); err == nil {
+				break
+			}
+		}
+		recovery = time.Since(back)
+		if got := src.Stats().Reconnects; got != int64(n) {
+			t.Errorf("Reconnects = %d after outage %d", got, n)
+		}
+		return refused, recovery
+	}
+	gaps := func(ts []time.Time) []time.Duration {
+		var g []time.Duration
+		for i := 1; i < len(ts); i++ {
+			g = append(g, ts[i].Sub(ts[i-1]).Round(time.Millisecond))
+		}
+		return g
+	}
+	refused, recovery := outage(1, 5*time.Second)
+	t.Logf("outage 1 (5s): %d refused dials, gaps %v; consuming again %v after the broker was back", len(refused), gaps(refused), recovery.Round(time.Millisecond))
+	if len(refused) < 4 {
+		t.Fatalf("%d dials during a 5s outage, want the quick first retries", len(refused))
+	}
+	for _, g := range gaps(refused) {
+		// ±20% jitter never exceeds the cap; the slack is for scheduling.
+		if g > cap+time.Second {
+			t.Errorf("a reconnect round waited %v, above the %v cap", g, cap)
+		}
+	}
+	refused, recovery = outage(2, 3*time.Second)
+	t.Logf("outage 2 (3s): %d refused dials, gaps %v; consuming again %v after the broker was back", len(refused), gaps(refused), recovery.Round(time.Millisecond))
+	// Had the backoff not started over, the first retries would wait the
+	// cap; started over, they come after 100ms, 200ms, ….
+	if len(refused) < 3 || refused[2].Sub(refused[0]) > cap {
+		t.Errorf("after a reconnect the backoff did not start over: refused dials %v apart", gaps(refused))
+	}
+}
+
+// TestMultiNodeURLFailover runs a Source and a Publisher on a two-node URL
+// whose nodes are proxies of the one broker: with the first node down both
+// open on the second, whichever node they try first, and when the second
+// goes down and the first comes back the Source reconnects to the first.
+func TestMultiNodeURLFailover(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	a, b := newProxy(t, mustHostPort(t, url)), newProxy(t, mustHostPort(t, url))
+	multi := strings.Replace(proxiedURL(t, url, a), a.addr(), a.addr()+","+b.addr(), 1)
+	ctx := context.Background()
+	a.setDown(true)
+	for range 4 { // the first node is picked at random
+		pub, err := NewPublisher(ctx, multi, WithRoutingKey(q))
+		if err != nil {
+			t.Fatalf("NewPublisher with node 1 of 2 down: %v", err)
+		}
+		pub.Close()
+	}
+	// The same through core's URL openers, as a deployment configures it.
+	cpub, err := core.OpenPublisher(ctx, multi+"?queue="+q)
+	if err != nil {
+		t.Fatalf("core.OpenPublisher with node 1 of 2 down: %v", err)
+	}
+	cpub.Close()
+	src, err := Open(ctx, multi, q, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatalf("Open with node 1 of 2 down: %v", err)
+	}
+	defer src.Close()
+	node := func() string {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		if src.sess == nil {
+			return ""
+		}
+		return src.sess.conn.RemoteAddr().String()
+	}
+	publishN(t, url, q, "multi", 10)
+	if err := receiveN(t, src, 1, 10*time.Second)[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := node(); got != b.addr() {
+		t.Fatalf("Source on %q, want node 2 %s (node 1 is down)", got, b.addr())
+	}
+	a.setDown(false)
+	b.setDown(true)
+	b.cut()
+	waitUntil(t, 10*time.Second, func() bool { return node() == a.addr() })
+	got := map[string]bool{}
+	for len(got) < 9 {
+		d := receiveN(t, src, 1, 10*time.Second)[0]
+		if d.Ack(ctx) == nil {
+			got[d.msg.ID] = true
+		}
+	}
+	if n := src.Stats().Reconnects; n != 1 {
+		t.Errorf("Reconnects = %d, want 1", n)
+	}
+	if n := len(b.refusals()); n != 0 {
+		t.Errorf("node 2 was dialled %d times while down: the Source should have moved to node 1 at once", n)
+	}
+}

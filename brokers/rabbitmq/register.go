@@ -36,7 +36,7 @@ func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (cor
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := sourceConfig(amqpURL, queue, urlOpts)
+	cfg, _, err := sourceConfig(amqpURL, queue, urlOpts)
 	if err != nil {
 		return nil, err
 	}

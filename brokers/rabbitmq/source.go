@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -37,9 +38,13 @@ const (
 // Source consumes one RabbitMQ queue. It implements core.Source,
 // driver.BatchSettler and driver.WindowSetter. It is safe for concurrent use.
 type Source struct {
-	url   string
+	nodes nodes
 	queue string
 	cfg   config
+
+	// next is the index of the node the next dial tries first. Open and
+	// then run (one at a time) use it.
+	next int
 
 	ctx    context.Context // cancelled by Close; bounds dials and backoff sleeps
 	cancel context.CancelFunc
@@ -105,35 +110,66 @@ type Stats struct {
 	Isolations int64
 }
 
-// sourceConfig checks what Open is given before it dials.
-func sourceConfig(url, queue string, opts []Option) (config, error) {
+// sourceConfig checks what Open is given before it dials, and splits
+// url into its nodes.
+func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
 	if err := checkName(queue); err != nil {
-		return config{}, fmt.Errorf("rabbitmq: queue: %w", err)
+		return config{}, nodes{}, fmt.Errorf("rabbitmq: queue: %w", err)
 	}
 	cfg := defaultConfig(queue)
 	if err := option.Apply(&cfg, opts...); err != nil {
-		return config{}, err
+		return config{}, nodes{}, err
 	}
 	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
-		return config{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
+		return config{}, nodes{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
 	}
-	if _, err := amqp.ParseURI(url); err != nil {
-		return config{}, urlError(url, err)
+	ns, err := parseNodes(url)
+	if err != nil {
+		return config{}, nodes{}, err
 	}
-	return cfg, nil
+	return cfg, ns, nil
 }
 
-// Open connects to the broker at url (amqp://user:pass@host:port/vhost),
+// parseNodes splits url into its nodes and checks each node's URL as
+// amqp091-go will read it.
+func parseNodes(url string) (nodes, error) {
+	ns, err := splitNodes(url)
+	if err != nil {
+		return nodes{}, err
+	}
+	for _, u := range ns.urls {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return nodes{}, urlError(u, err)
+		}
+	}
+	return ns, nil
+}
+
+// Open connects to the broker at url and returns a Source for queue. It
 // declares the topology unless WithDeclare(false) is given (then it checks
-// that the queues exist), and returns a Source for queue. Consumption starts
-// at the first Receive, after the Consumer had its chance to call SetWindow.
+// that the queues exist). Consumption starts at the first Receive, after
+// the Consumer had its chance to call SetWindow.
+//
+// The url is amqp://user:pass@host:port/vhost, or for a cluster a
+// comma-separated list of nodes in place of host:port:
+//
+//	amqp://user:pass@h1:5672,h2:5672,h3:5672/vhost
+//
+// (amqps:// alike), where each node gets the same user, password, vhost
+// and parameters. The first connection goes to a node picked at random,
+// so that many consumers spread over the cluster; a failed dial tries the
+// next node in the list at once, and only when every node failed in turn
+// does the Source wait out its reconnect backoff (WithReconnectBackoff)
+// before another round. After a connection loss the Source reconnects
+// starting with the node after the one it lost, as that one may be down.
 func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, error) {
-	cfg, err := sourceConfig(url, queue, opts)
+	cfg, ns, err := sourceConfig(url, queue, opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &Source{
-		url:      url,
+		nodes:    ns,
+		next:     rand.IntN(len(ns.urls)),
 		queue:    queue,
 		cfg:      cfg,
 		window:   cfg.prefetch,
@@ -270,9 +306,39 @@ func (s *Source) Close() error {
 	return err
 }
 
-// dial opens a connection, giving up when ctx is done.
+// dial opens a connection to one of the nodes, trying each once in turn
+// from s.next, and leaves s.next at the node after the one it reached.
+// It gives up when ctx is done.
 func (s *Source) dial(ctx context.Context) (*amqp.Connection, error) {
-	return dialContext(ctx, s.url, s.cfg.connConfig)
+	conn, next, err := dialNodes(ctx, s.nodes, s.next, s.cfg.connConfig)
+	s.next = next
+	return conn, err
+}
+
+// dialNodes tries each node once, from node first on, and returns the
+// first connection made and the index of the node after it; when every
+// node failed, the error joins each node's, and the index is first's.
+func dialNodes(ctx context.Context, ns nodes, first int, cc connConfig) (*amqp.Connection, int, error) {
+	n := len(ns.urls)
+	var errs []error
+	for k := range n {
+		i := (first + k) % n
+		conn, err := dialContext(ctx, ns.urls[i], cc)
+		if err == nil {
+			return conn, (i + 1) % n, nil
+		}
+		if msg := core.RedactError(err, ns.urls[i]); msg != err.Error() {
+			err = errors.New(msg)
+		}
+		if n > 1 {
+			err = fmt.Errorf("node %s: %w", ns.host(i), err)
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, first, errors.Join(errs...)
 }
 
 // dialContext runs amqp.DialConfig, which takes no context, so that ctx
@@ -346,8 +412,10 @@ func (s *Source) dialAndDeclare(ctx context.Context) (*amqp.Connection, error) {
 }
 
 // run owns the connection: it starts a session, pumps its deliveries to
-// Receive, and when the connection or channel dies reconnects with
-// exponential backoff until Close.
+// Receive, and when the connection or channel dies reconnects until Close:
+// at once, to the next node, and after a round in which no node could be
+// reached or the session not started, after a backoff that starts over
+// once a session runs again.
 func (s *Source) run() {
 	defer s.wg.Done()
 	s.mu.Lock()
@@ -387,9 +455,10 @@ func (s *Source) run() {
 			}
 			continue
 		}
+		node := s.nodes.host((s.next + len(s.nodes.urls) - 1) % len(s.nodes.urls))
 		if lost {
 			s.reconnects.Add(1)
-			s.logger().Info("idemq rabbitmq: reconnected", "queue", s.queue, "reconnects", s.reconnects.Load())
+			s.logger().Info("idemq rabbitmq: reconnected", "queue", s.queue, "node", node, "reconnects", s.reconnects.Load())
 		}
 		backoff.Reset()
 		select { // an error reported before this session is no longer news
@@ -409,7 +478,7 @@ func (s *Source) run() {
 			return
 		}
 		lost = true
-		s.logger().Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.queue, "reason", reason)
+		s.logger().Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.queue, "node", node, "reason", reason)
 	}
 }
 

@@ -19,7 +19,8 @@ func FuzzParseSourceURL(f *testing.F) {
 		"amqp://guest:guest@127.0.0.1:5672/?queue=payments",
 		"amqps://u:p%40ss@mq.example.com/vh?queue=q&queue_type=quorum&delivery_limit=5&cacertfile=/ca.pem&certfile=/c.pem&keyfile=/k.pem&server_name_indication=mq",
 		"amqp://u:secret@h/?queue=q&retry=queue&dead_letter=reject&declare=false&prefetch=10&connection_name=c",
-		"amqp://u:secret@h:notaport/?queue=q", "amqp://h/?queue=q&queue=r", "amqp://h/?queue=q&bogus=1", "http://h/?queue=q",
+		"amqp://u:secret@h:notaport/?queue=q", "amqp://u:secret@h1:5672,h2,[::1]:5674/vh?queue=q&heartbeat=3",
+		"amqp://u:se,cr/et@h1,h2/?queue=q", "amqp://u:secret@h1:5672,,h2/?queue=q", "amqp://h/?queue=q&queue=r", "amqp://h/?queue=q&bogus=1", "http://h/?queue=q",
 	} {
 		f.Add(s)
 	}
@@ -29,7 +30,7 @@ func FuzzParseSourceURL(f *testing.F) {
 			if err != nil {
 				return err
 			}
-			_, err = sourceConfig(amqpURL, queue, opts)
+			_, _, err = sourceConfig(amqpURL, queue, opts)
 			return err
 		})
 		amqpURL, queue, _, err := parseSourceURL(raw)
@@ -39,7 +40,11 @@ func FuzzParseSourceURL(f *testing.F) {
 		if queue == "" {
 			t.Fatalf("accepted %q without a queue", raw)
 		}
-		u, err := url.Parse(amqpURL)
+		ns, err := splitNodes(amqpURL)
+		if err != nil {
+			t.Fatalf("amqp URL %q of %q does not split into nodes: %v", amqpURL, raw, err)
+		}
+		u, err := url.Parse(ns.urls[0])
 		if err != nil {
 			t.Fatalf("amqp URL %q of %q does not parse: %v", amqpURL, raw, err)
 		}
@@ -48,7 +53,8 @@ func FuzzParseSourceURL(f *testing.F) {
 				t.Fatalf("idemq parameter %s passed on to amqp091-go: %q", k, amqpURL)
 			}
 		}
-		in, _ := url.Parse(raw)
+		rawNodes, _ := splitNodes(raw)
+		in, _ := url.Parse(rawNodes.urls[0])
 		if in.User.String() != u.User.String() {
 			t.Fatalf("credentials changed: %q → %q", in.User, u.User)
 		}

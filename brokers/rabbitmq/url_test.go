@@ -131,3 +131,43 @@ func declareExchange(t *testing.T, url, name, kind string) {
 		t.Fatal(err)
 	}
 }
+
+func TestMultiNodeURL(t *testing.T) {
+	ns, err := splitNodes("amqps://u:p%2Cw@h1:5671,h2,[::1]:5673/vh?heartbeat=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"amqps://u:p%2Cw@h1:5671/vh?heartbeat=5", "amqps://u:p%2Cw@h2/vh?heartbeat=5", "amqps://u:p%2Cw@[::1]:5673/vh?heartbeat=5"}
+	if strings.Join(ns.urls, " ") != strings.Join(want, " ") {
+		t.Errorf("node urls = %q, want %q", ns.urls, want)
+	}
+	// idemq parameters go, the host list stays.
+	u, q, _, err := parseSourceURL("amqp://guest:guest@127.0.0.1:5672,127.0.0.1:5673/vh?queue=payments&queue_type=quorum&heartbeat=5")
+	if err != nil || q != "payments" || u != "amqp://guest:guest@127.0.0.1:5672,127.0.0.1:5673/vh?heartbeat=5" {
+		t.Errorf("parseSourceURL = %q, %q, %v", u, q, err)
+	}
+	for raw, want := range map[string]string{
+		"amqp://u:secret@h1:5672,,h3/?queue=q":       "node 2 of 3: empty host",
+		"amqp://u:secret@h1:5672,h2:56x2/?queue=q":   `node 2 of 2: "h2:56x2": port "56x2" is not a number`,
+		"amqp://u:secret@h1:5672,h2:99999/?queue=q":  `port "99999" is not a number in 1..65535`,
+		"amqp://u:secret@h1:5672,:5673/?queue=q":     `node 2 of 2: ":5673": empty host`,
+		"amqp://u:secret@h1:5672,h2:/?queue=q":       `"h2:": port "" is not a number`,
+		"amqp://u:sec,ret/x@h1:5672,h2/?queue=q":     "node 1 of 2: not a host:port (not shown",
+		"amqps://u:secret@h1:5672,[::1/?queue=q":     `no ']'`,
+		"amqp://u:secret@h1:5672,h2:5673/?queue=q&x": "x",
+	} {
+		_, err := OpenURL(context.Background(), raw)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("OpenURL(%q) = %v, want an error with %q", raw, err, want)
+			continue
+		}
+		for _, secret := range []string{"secret", "sec,ret"} {
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("OpenURL(%q) error shows the password: %v", raw, err)
+			}
+		}
+	}
+	if _, err := NewPublisher(context.Background(), "amqp://u:secret@h1,,h2/"); err == nil || !strings.Contains(err.Error(), "empty host") {
+		t.Errorf("NewPublisher with an empty node: %v", err)
+	}
+}
