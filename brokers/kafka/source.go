@@ -515,8 +515,14 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 
 // transport builds the kafka-go Transport (for the Client and writers)
 // from the dialer's TLS, SASL, client id and DialFunc.
+//
+// Its metadata is refreshed at least every metadataTTL: kafka-go refreshes
+// it only on that timer, not when a broker answers NOT_LEADER_FOR_PARTITION,
+// so after a leader moved its writers retry against the former leader
+// until the refresh (with kafka-go's default of 6s, a Publish took seconds
+// and sometimes failed; TestFaultPublisherFollowsLeaderMoves).
 func transport(d *kafkago.Dialer) *kafkago.Transport {
-	t := &kafkago.Transport{DialTimeout: 10 * time.Second}
+	t := &kafkago.Transport{DialTimeout: 10 * time.Second, MetadataTTL: metadataTTL}
 	if d == nil {
 		return t
 	}
@@ -534,6 +540,11 @@ func transport(d *kafkago.Dialer) *kafkago.Transport {
 	}
 	return t
 }
+
+// metadataTTL bounds how long a Transport's writers keep sending to a
+// broker that is no longer a partition's leader: one metadata request a
+// second per Publisher or Source (at a random moment within the second).
+const metadataTTL = time.Second
 
 // dlqWriter returns the writer for dead letters and retry copies.
 func (s *Source) dlqWriter() *kafkago.Writer {

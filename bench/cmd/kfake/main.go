@@ -36,6 +36,34 @@
 //	-watch-stdin false        exit when standard input closes, so that a
 //	                          parent process holding the pipe takes kfake
 //	                          with it when it ends
+//	-control ""               loopback host:port of a control listener
+//	                          (port 0: a free port; "": none), see below
+//
+// Cluster controls: with -control, kfake also accepts plain TCP connections
+// on that address and reads commands from them, one a line, answering each
+// with one line: "ok", "ok VALUE", or "error: WHY". They drive the faults a
+// real cluster has, while clients are connected:
+//
+//	move TOPIC PARTITION BROKER  make broker BROKER (a node id, 0..brokers-1
+//	                             at start) the partition's leader; clients
+//	                             get NOT_LEADER_FOR_PARTITION from the old one
+//	shuffle                      elect a random leader for every partition
+//	remove BROKER                take the broker away: it stops listening, its
+//	                             open connections are cut, and its partitions
+//	                             get new leaders among the others (the last
+//	                             broker cannot be removed)
+//	add BROKER                   bring a removed broker back, with its node id
+//	                             and its former port (a new broker gets a free
+//	                             port); leaders are shuffled. Answers
+//	                             "ok HOST:PORT"
+//	leader TOPIC PARTITION       answers "ok BROKER", the partition's leader
+//	coordinator GROUP            answers "ok BROKER", the group's coordinator
+//	brokers                      answers "ok 0=HOST:PORT,1=HOST:PORT,…", the
+//	                             brokers in the cluster now
+//
+// For example, with -control 127.0.0.1:9190: printf 'remove 1\n' | nc
+// 127.0.0.1 9190. The control's address is in the first line kfake prints,
+// as "control on HOST:PORT".
 //
 // Then point anything at it by URL, for example:
 //
@@ -84,6 +112,7 @@ type settings struct {
 	tlsKey     string
 	users      []saslUser
 	watchStdin bool
+	control    string
 }
 
 // saslUser is one -sasl value.
@@ -105,8 +134,18 @@ func run(args []string, stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	defer c.Close()
-	fmt.Fprintf(stdout, "kfake: serving Kafka on %s (development aid: in memory, not a production broker); Ctrl-C stops it\n",
-		strings.Join(c.ListenAddrs(), ","))
+	addrs := c.ListenAddrs()
+	control := ""
+	if s.control != "" {
+		ctl, err := newController(c, s.control, addrs)
+		if err != nil {
+			return err
+		}
+		defer ctl.Close()
+		control = "; control on " + ctl.ln.Addr().String()
+	}
+	fmt.Fprintf(stdout, "kfake: serving Kafka on %s (development aid: in memory, not a production broker%s); Ctrl-C stops it\n",
+		strings.Join(addrs, ","), control)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -145,6 +184,7 @@ func parseFlags(args []string) (*settings, error) {
 		return nil
 	})
 	watch := fs.Bool("watch-stdin", false, "exit when standard input closes (for a parent process that holds the pipe)")
+	control := fs.String("control", "", "loopback host:port of a listener for cluster control commands (move, shuffle, remove, add, …; port 0: a free port; default none)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -154,7 +194,7 @@ func parseFlags(args []string) (*settings, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	host, port, err := loopback(*addr)
+	host, port, err := loopback("-addr", *addr)
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +210,11 @@ func parseFlags(args []string) (*settings, error) {
 	case (*tlsCert == "") != (*tlsKey == ""):
 		return nil, errors.New("-tls-cert and -tls-key go together")
 	}
+	if *control != "" {
+		if _, _, err := loopback("-control", *control); err != nil {
+			return nil, err
+		}
+	}
 	specs, err := parseTopics(*topics)
 	if err != nil {
 		return nil, err
@@ -177,23 +222,24 @@ func parseFlags(args []string) (*settings, error) {
 	return &settings{
 		host: host, port: port, brokers: *brokers, topics: specs, autoCreate: *auto, partitions: *parts,
 		minSession: *minSession, tlsCert: *tlsCert, tlsKey: *tlsKey, users: users, watchStdin: *watch,
+		control: *control,
 	}, nil
 }
 
-// loopback splits addr, which must be on a loopback address: kfake is a
-// development aid.
-func loopback(addr string) (host string, port int, err error) {
+// loopback splits addr, the value of flag, which must be on a loopback
+// address: kfake is a development aid.
+func loopback(flag, addr string) (host string, port int, err error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", 0, fmt.Errorf("-addr %q: %w", addr, err)
+		return "", 0, fmt.Errorf("%s %q: %w", flag, addr, err)
 	}
 	ip := net.ParseIP(host)
 	if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return "", 0, fmt.Errorf("-addr %q: host must be a loopback address (this is a development aid)", addr)
+		return "", 0, fmt.Errorf("%s %q: host must be a loopback address (this is a development aid)", flag, addr)
 	}
 	port, err = strconv.Atoi(portStr)
 	if err != nil || port < 0 || port > 65535 {
-		return "", 0, fmt.Errorf("-addr %q: bad port", addr)
+		return "", 0, fmt.Errorf("%s %q: bad port", flag, addr)
 	}
 	return host, port, nil
 }
@@ -205,12 +251,19 @@ func (s *settings) options() ([]kfake.Opt, error) {
 		kfake.DefaultNumPartitions(s.partitions),
 		kfake.GroupMinSessionTimeout(s.minSession),
 		// kfake asks for 127.0.0.1:<port>; listen on -addr's host instead.
+		// The listener cuts the connections it accepted when it closes,
+		// as when a broker's process goes away: kfake closes it when a
+		// broker is removed.
 		kfake.ListenFn(func(network, address string) (net.Listener, error) {
 			_, port, err := net.SplitHostPort(address)
 			if err != nil {
 				return nil, err
 			}
-			return net.Listen(network, net.JoinHostPort(s.host, port))
+			ln, err := net.Listen(network, net.JoinHostPort(s.host, port))
+			if err != nil {
+				return nil, err
+			}
+			return &cuttingListener{Listener: ln, conns: map[net.Conn]bool{}}, nil
 		}),
 	}
 	if s.port != 0 {
