@@ -13,7 +13,6 @@ package main
 //	go test -race -tags faults -run '^TestFault' ./examples/payments/
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -34,7 +33,8 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/idemq/idemq/internal/servicetest"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/netfault"
 )
 
 // faultRun is one scenario.
@@ -45,9 +45,12 @@ type faultRun struct {
 	// faults.
 	publish, broker, store, tables string
 	ledger                         ledgerDB
-	messages                       int
-	batch, concurrency             int
-	flags                          []string // more service flags
+	// messages are published in all (20% of them duplicates): a quarter
+	// before the service starts, then rate a second while the faults run,
+	// then what is left.
+	messages, rate     int
+	batch, concurrency int
+	flags              []string // more service flags
 	// faults runs the schedule while the service consumes; it returns once
 	// the last fault is lifted.
 	faults func(t *testing.T, f *faulted)
@@ -60,25 +63,21 @@ type faultRun struct {
 type faulted struct {
 	t          *testing.T
 	rows       func() int
-	total      int
 	began      time.Time
 	recoveries []time.Duration
 }
 
-// after waits until the ledger holds frac of the unique ids, so that each
-// fault lands mid-stream.
-func (f *faulted) after(frac float64) {
+// flowing waits until the service is charging: the fault that follows
+// lands mid-stream.
+func (f *faulted) flowing() {
 	f.t.Helper()
-	target := int(frac * float64(f.total))
+	from := f.rows()
 	deadline := time.Now().Add(3 * time.Minute)
-	for f.rows() < target {
+	for f.rows() < from+20 {
 		if time.Now().After(deadline) {
-			f.t.Fatalf("the ledger did not reach %d of %d rows in 3m (at %d)", target, f.total, f.rows())
+			f.t.Fatalf("no charges for 3m before a fault (%d ledger rows)", f.rows())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := f.rows(); n >= f.total {
-		f.t.Fatalf("everything was consumed before the fault (%d rows): make the run bigger", n)
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -91,42 +90,73 @@ func (f *faulted) hold(what string, d time.Duration) {
 
 // lifted records that a fault was just lifted and waits for the next
 // committed effect: the service recovered by itself. The wait is the
-// fault's recovery time.
+// fault's recovery time (traffic keeps coming, so there is always a next
+// one).
 func (f *faulted) lifted(what string) {
 	f.t.Helper()
 	at, from := time.Now(), f.rows()
-	for f.rows() == from && from < f.total {
+	for f.rows() == from {
 		if time.Since(at) > 3*time.Minute {
-			f.t.Fatalf("%s lifted: no progress in 3m (%d of %d rows); the service did not recover by itself", what, from, f.total)
+			f.t.Fatalf("%s lifted: no charge in 3m (%d ledger rows); the service did not recover by itself", what, from)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 	r := time.Since(at)
 	f.recoveries = append(f.recoveries, r)
 	f.t.Logf("%s lifted: next charge after %v", what, r.Round(time.Millisecond))
 }
 
+// feed is what a scenario published: chunks of payments with seeds of
+// their own (so their ids differ), 20% duplicates within each.
+type feed struct {
+	t      *testing.T
+	pub    core.Publisher
+	seed   uint64
+	chunks uint64
+	sent   int
+	unique []sent
+}
+
+// add publishes n more messages.
+func (fd *feed) add(n int) {
+	fd.t.Helper()
+	if n <= 0 {
+		return
+	}
+	sends, unique := traffic(fd.seed+fd.chunks, n, 0.2, 50)
+	fd.chunks++
+	if err := publishSends(context.Background(), fd.pub, sends); err != nil {
+		fd.t.Errorf("publishing %d payments: %v", n, err)
+		return
+	}
+	fd.sent += n
+	fd.unique = append(fd.unique, unique...)
+}
+
 var stopLine = regexp.MustCompile(`msg="payments: stopped" (.*)`)
 
-// runFaulted publishes r.messages payments (20% duplicates), consumes them
-// with one service process under r.faults, stops it with SIGTERM, and
-// checks the outcome.
+// runFaulted publishes r.messages payments, consumes them with one
+// service process under r.faults (never restarted), stops it with
+// SIGTERM, and checks the outcome.
 func runFaulted(t *testing.T, r faultRun) {
 	bin := serviceBinary(t)
 	began := time.Now()
-	seed := uint64(time.Now().UnixNano() % (1 << 30))
-	const dup = 0.2
-	_, unique := traffic(seed, r.messages, dup, 50)
-	want := map[string]int64{}
-	for _, p := range unique {
-		want[p.Account] += p.AmountCents
-	}
-	out, err := exec.Command(bin, "--broker", r.publish, "--publish", fmt.Sprint(r.messages),
-		"--duplicates", fmt.Sprint(dup), "--seed", fmt.Sprint(seed)).CombinedOutput()
+	ctx := context.Background()
+	// Opening the source declares what the broker needs before anything is
+	// published.
+	src, err := core.OpenSource(ctx, r.publish)
 	if err != nil {
-		t.Fatalf("publish: %v\n%s", err, out)
+		t.Fatalf("opening %s: %v", core.Redact(r.publish), err)
 	}
-	t.Logf("seed %d: %s (%v)", seed, bytes.TrimSpace(out), time.Since(began).Round(time.Millisecond))
+	src.Close()
+	pub, err := core.OpenPublisher(ctx, publisherURL(r.publish))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	fd := &feed{t: t, pub: pub, seed: uint64(time.Now().UnixNano() % (1 << 30))}
+	fd.add(r.messages / 4)
+	t.Logf("seed %d: %d payments published before the start", fd.seed, fd.sent)
 
 	logPath := filepath.Join(t.TempDir(), "service.log")
 	lf, err := os.Create(logPath)
@@ -134,7 +164,7 @@ func runFaulted(t *testing.T, r faultRun) {
 		t.Fatal(err)
 	}
 	args := append([]string{"--broker", r.broker, "--store", r.store, "--tables", r.tables, "--consumer", "payments",
-		"--batch", fmt.Sprint(r.batch), "--concurrency", fmt.Sprint(r.concurrency), "--log-level", "warn"}, r.flags...)
+		"--batch", fmt.Sprint(r.batch), "--concurrency", fmt.Sprint(r.concurrency), "--log-level", "info"}, r.flags...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
@@ -153,10 +183,10 @@ func runFaulted(t *testing.T, r faultRun) {
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		return strings.Join(lines[max(0, len(lines)-25):], "\n")
 	}
-	ctx := context.Background()
 	rows := func() int {
 		select {
 		case err := <-exited:
+			exited <- err
 			t.Fatalf("the service ended by itself (%v) under the faults:\n%s", err, tail())
 		default:
 		}
@@ -166,17 +196,42 @@ func runFaulted(t *testing.T, r faultRun) {
 		}
 		return n
 	}
-	f := &faulted{t: t, rows: rows, total: len(unique), began: began}
+
+	// The feed: rate payments a second while the faults run.
+	stopFeed := make(chan struct{})
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for fd.sent < r.messages {
+			select {
+			case <-stopFeed:
+				return
+			case <-tick.C:
+			}
+			fd.add(min(r.rate/4, r.messages-fd.sent))
+		}
+	}()
+	f := &faulted{t: t, rows: rows, began: began}
 	r.faults(t, f)
+	close(stopFeed)
+	<-fed
+	fd.add(r.messages - fd.sent)
+	want := map[string]int64{}
+	for _, p := range fd.unique {
+		want[p.Account] += p.AmountCents
+	}
+	t.Logf("%d payments published, %d unique", fd.sent, len(fd.unique))
 
 	deadline := time.Now().Add(5 * time.Minute)
-	for rows() < len(unique) {
+	for rows() < len(fd.unique) {
 		if time.Now().After(deadline) {
-			t.Fatalf("after the faults, %d of %d unique ids in the ledger in 5m:\n%s", rows(), len(unique), tail())
+			t.Fatalf("after the faults, %d of %d unique ids in the ledger in 5m:\n%s", rows(), len(fd.unique), tail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("all %d unique ids in the ledger at %v", len(unique), time.Since(began).Round(time.Millisecond))
+	t.Logf("all %d unique ids in the ledger at %v", len(fd.unique), time.Since(began).Round(time.Millisecond))
 	time.Sleep(time.Second) // a late double charge gets its chance to land
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -202,7 +257,7 @@ func runFaulted(t *testing.T, r faultRun) {
 	if stats["dead_lettered"] != "0" {
 		t.Errorf("the service parked %s messages: every payment is valid", stats["dead_lettered"])
 	}
-	lost, doubled := checkLedger(t, r.ledger, unique, want)
+	lost, doubled := checkLedger(t, r.ledger, fd.unique, want)
 	if r.settled != nil {
 		r.settled(t)
 	}
@@ -211,7 +266,7 @@ func runFaulted(t *testing.T, r faultRun) {
 		worst = max(worst, d)
 	}
 	t.Logf("FAULT-MATRIX | %s | %s | %s | messages=%d lost=%d doubled=%d recovery=%v retried=%s store_outages=%s store_retries=%s total=%v",
-		r.scenario, r.brokerName, r.storeName, r.messages, lost, doubled, worst.Round(10*time.Millisecond),
+		r.scenario, r.brokerName, r.storeName, fd.sent, lost, doubled, worst.Round(10*time.Millisecond),
 		stats["retried"], stats["store_outages"], stats["store_retries"], time.Since(began).Round(time.Second))
 }
 
@@ -259,16 +314,16 @@ func outage(f *faulted, p *toxiclient.Proxy, what string, d time.Duration) {
 func TestFaultDatabaseOutageQuorumQueue(t *testing.T) {
 	amqpU := amqpURL(t)
 	store, prefix, l := postgresStore(t)
-	tp := servicetest.StartToxiproxy(t)
+	tp := netfault.Start(t)
 	pg := tp.Proxy(t, "postgres", hostPort(t, store, "5432"))
 	q := amqpQueue(t, amqpU)
 	broker := withQuery(amqpU, "queue", q, "queue_type", "quorum", "delivery_limit", "5")
 	runFaulted(t, faultRun{
 		scenario: "database down 30s", brokerName: "rabbitmq (quorum, delivery_limit=5)", storeName: "postgres",
 		publish: broker, broker: broker, store: proxiedURL(t, store, pg), tables: prefix, ledger: l,
-		messages: 10000, batch: 20, concurrency: 2,
+		messages: 20000, rate: 300, batch: 20, concurrency: 2,
 		faults: func(t *testing.T, f *faulted) {
-			f.after(0.2)
+			f.flowing()
 			outage(f, pg, "postgres", 30*time.Second)
 		},
 		settled: func(t *testing.T) {
@@ -286,7 +341,7 @@ func TestFaultDatabaseOutageQuorumQueue(t *testing.T) {
 func TestFaultDatabaseOutageSQSRedrive(t *testing.T) {
 	endpoint := sqsEndpoint(t)
 	store, prefix, l := postgresStore(t)
-	tp := servicetest.StartToxiproxy(t)
+	tp := netfault.Start(t)
 	pg := tp.Proxy(t, "postgres", hostPort(t, store, "5432"))
 	queue, dlq := sqsQueues(t, endpoint)
 	cl := sqsClient(endpoint)
@@ -297,9 +352,9 @@ func TestFaultDatabaseOutageSQSRedrive(t *testing.T) {
 	runFaulted(t, faultRun{
 		scenario: "database down 30s", brokerName: "sqs (fauxqs, redrive maxReceiveCount=5)", storeName: "postgres",
 		publish: broker, broker: broker, store: proxiedURL(t, store, pg), tables: prefix, ledger: l,
-		messages: 5000, batch: 10, concurrency: 2,
+		messages: 6000, rate: 100, batch: 10, concurrency: 2,
 		faults: func(t *testing.T, f *faulted) {
-			f.after(0.2)
+			f.flowing()
 			outage(f, pg, "postgres", 30*time.Second)
 		},
 		settled: func(t *testing.T) {
@@ -367,4 +422,110 @@ func sqsDepth(t *testing.T, cl *awssqs.Client, name string) int {
 		n += v
 	}
 	return n
+}
+
+// spell is one network fault, held for a while.
+type spell struct {
+	name, toxic string
+	attrs       toxiclient.Attributes
+	hold        time.Duration
+}
+
+// spells are the network faults each path goes through in turn.
+var spells = []spell{
+	{"latency 150±100ms", "latency", toxiclient.Attributes{"latency": 150, "jitter": 100}, 4 * time.Second},
+	{"a 16 KB/s link", "bandwidth", toxiclient.Attributes{"rate": 16}, 4 * time.Second},
+	{"connections reset", "reset_peer", toxiclient.Attributes{"timeout": 200}, 2 * time.Second},
+	{"half-open (data swallowed)", "timeout", toxiclient.Attributes{"timeout": 0}, 8 * time.Second},
+}
+
+// flaky puts every spell in turn on one direction of p (stream
+// "downstream": what the service receives; "upstream": what it sends),
+// each once charges flow, and waits after each for the next charge.
+func flaky(f *faulted, p *toxiclient.Proxy, path, stream string) {
+	f.t.Helper()
+	for _, s := range spells {
+		f.flowing()
+		what := fmt.Sprintf("%s: %s", path, s.name)
+		if _, err := p.AddToxic(s.toxic, s.toxic, stream, 1, s.attrs); err != nil {
+			f.t.Fatalf("%s: %v", what, err)
+		}
+		f.hold(what, s.hold)
+		if err := p.RemoveToxic(s.toxic); err != nil {
+			f.t.Fatalf("%s: removing the toxic: %v", what, err)
+		}
+		f.lifted(what)
+	}
+}
+
+// The network between the service and RabbitMQ, then Postgres, delays,
+// throttles, resets and swallows traffic in turn: on the consume path
+// (deliveries), the ack path (acks and heartbeats to the broker) and the
+// database path.
+func TestFaultFlakyNetworkRabbitMQPostgres(t *testing.T) {
+	amqpU := amqpURL(t)
+	store, prefix, l := postgresStore(t)
+	tp := netfault.Start(t)
+	pg := tp.Proxy(t, "postgres", hostPort(t, store, "5432"))
+	mq := tp.Proxy(t, "rabbitmq", hostPort(t, amqpU, "5672"))
+	q := amqpQueue(t, amqpU)
+	// A short heartbeat: a half-open connection is found in seconds.
+	params := []string{"queue", q, "queue_type", "quorum", "delivery_limit", "5"}
+	runFaulted(t, faultRun{
+		scenario: "flaky network: latency, 16 KB/s, resets, half-open; consume, ack and DB paths in turn",
+		brokerName: "rabbitmq (quorum, delivery_limit=5, heartbeat=2s)", storeName: "postgres",
+		publish: withQuery(amqpU, params...), broker: withQuery(proxiedURL(t, amqpU, mq), append(params, "heartbeat", "2")...),
+		store: proxiedURL(t, store, pg), tables: prefix, ledger: l,
+		messages: 20000, rate: 200, batch: 20, concurrency: 2,
+		flags: []string{"--txn-timeout", "3s"},
+		faults: func(t *testing.T, f *faulted) {
+			flaky(f, mq, "consume path", "downstream")
+			flaky(f, mq, "ack path", "upstream")
+			flaky(f, pg, "database path", "downstream")
+		},
+		settled: func(t *testing.T) {
+			for _, name := range []string{q, q + ".dlq"} {
+				if n := amqpDepth(t, amqpU, name); n != 0 {
+					t.Errorf("queue %s holds %d messages after the graceful stop", name, n)
+				}
+			}
+		},
+	})
+}
+
+// The same faults between the service and the SQS emulator, then MariaDB.
+func TestFaultFlakyNetworkSQSMariaDB(t *testing.T) {
+	endpoint := sqsEndpoint(t)
+	store, prefix, l := mysqlStore(t)
+	tp := netfault.Start(t)
+	db := tp.Proxy(t, "mariadb", hostPort(t, store, "3306"))
+	sq := tp.Proxy(t, "sqs", hostPort(t, endpoint, "80"))
+	queue, dlq := sqsQueues(t, endpoint)
+	cl := sqsClient(endpoint)
+	redrive(t, cl, queue, dlq, 5)
+	sqsURL := func(ep string) string {
+		return "sqs://test:test@" + queue + "?" + url.Values{
+			"endpoint": {ep}, "region": {"us-east-1"}, "dead_letter_mode": {"redrive"}, "visibility": {"10s"}, "wait": {"1s"},
+		}.Encode()
+	}
+	runFaulted(t, faultRun{
+		scenario: "flaky network: latency, 16 KB/s, resets, half-open; consume, ack and DB paths in turn",
+		brokerName: "sqs (fauxqs, redrive maxReceiveCount=5)", storeName: "mariadb",
+		publish: sqsURL(endpoint), broker: sqsURL(proxiedURL(t, endpoint, sq)),
+		store: proxiedURL(t, store, db), tables: prefix, ledger: l,
+		messages: 8000, rate: 100, batch: 10, concurrency: 2,
+		flags: []string{"--txn-timeout", "3s"},
+		faults: func(t *testing.T, f *faulted) {
+			flaky(f, sq, "consume path", "downstream")
+			flaky(f, sq, "ack path", "upstream")
+			flaky(f, db, "database path", "downstream")
+		},
+		settled: func(t *testing.T) {
+			for _, name := range []string{queue, dlq} {
+				if n := sqsDepth(t, cl, name); n != 0 {
+					t.Errorf("SQS queue %s holds %d messages after the graceful stop", name, n)
+				}
+			}
+		},
+	})
 }

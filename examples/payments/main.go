@@ -271,6 +271,16 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 	}
 	defer pub.Close()
 	sends, unique := traffic(s.seed, s.publish, s.duplicates, s.accounts)
+	if err := publishSends(ctx, pub, sends); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "published %d messages to %s: %d unique payments, %d duplicates (seed %d)\n",
+		len(sends), core.Redact(s.broker), len(unique), len(sends)-len(unique), s.seed)
+	return nil
+}
+
+// publishSends publishes payments in order, 500 to a call.
+func publishSends(ctx context.Context, pub core.Publisher, sends []sent) error {
 	const chunk = 500
 	for start := 0; start < len(sends); start += chunk {
 		end := min(start+chunk, len(sends))
@@ -283,8 +293,6 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 			return fmt.Errorf("publishing messages %d to %d: %w", start, end-1, err)
 		}
 	}
-	fmt.Fprintf(out, "published %d messages to %s: %d unique payments, %d duplicates (seed %d)\n",
-		len(sends), core.Redact(s.broker), len(unique), len(sends)-len(unique), s.seed)
 	return nil
 }
 

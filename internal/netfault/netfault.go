@@ -1,4 +1,9 @@
-package servicetest
+// Package netfault puts faults between a test's client and a real service
+// on loopback: a Toxiproxy server in the test's own process, whose proxies
+// delay, throttle, cut or swallow the traffic (toxics) while the client
+// uses them. It is a package of its own so that only the tests that inject
+// network faults carry Toxiproxy's modules.
+package netfault
 
 import (
 	"net"
@@ -9,6 +14,8 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	toxiclient "github.com/Shopify/toxiproxy/v2/client"
 	"github.com/rs/zerolog"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // Toxiproxy is a Toxiproxy server running in the test's own process: TCP
@@ -19,9 +26,9 @@ type Toxiproxy struct {
 	client *toxiclient.Client
 }
 
-// StartToxiproxy starts a Toxiproxy server with its API on a free loopback
+// Start starts a Toxiproxy server with its API on a free loopback
 // port, shut down when t ends.
-func StartToxiproxy(t testing.TB) *Toxiproxy {
+func Start(t testing.TB) *Toxiproxy {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -35,7 +42,7 @@ func StartToxiproxy(t testing.TB) *Toxiproxy {
 		srv.Collection.Clear()
 		srv.Shutdown()
 	})
-	WaitFor(t, 10*time.Second, "the Toxiproxy API on "+addr, func() bool {
+	servicetest.WaitFor(t, 10*time.Second, "the Toxiproxy API on "+addr, func() bool {
 		resp, err := http.Get("http://" + addr + "/version")
 		if err != nil {
 			return false
