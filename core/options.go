@@ -71,7 +71,7 @@ func defaultConfig() config {
 		settleTimeout:   10 * time.Second,
 		txnTimeout:      time.Minute,
 		probeFirst:      100 * time.Millisecond,
-		probeMax:        5 * time.Second,
+		probeMax:        2 * time.Second,
 		probeTimeout:    5 * time.Second,
 		fingerprint:     Fingerprint,
 		mismatch:        DeadLetter,
@@ -215,7 +215,7 @@ func WithTransactionTimeout(d time.Duration) Option {
 // or a quorum queue's delivery-limit), and probes again after first, then
 // after waits doubling up to max (±20% jitter), each probe bounded by 5s.
 // When a probe succeeds, the held transactions run again at once. Default
-// 100ms, 5s: a store back after an outage is used again within about 5s.
+// 100ms, 2s: a store back after an outage is used again within about 2s.
 func WithStoreProbe(first, max time.Duration) Option {
 	var check error
 	if first <= 0 || max < first {
