@@ -2,11 +2,13 @@ package rabbitmq
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 func TestParseSourceURL(t *testing.T) {
@@ -169,5 +171,45 @@ func TestMultiNodeURL(t *testing.T) {
 	}
 	if _, err := NewPublisher(context.Background(), "amqp://u:secret@h1,,h2/"); err == nil || !strings.Contains(err.Error(), "empty host") {
 		t.Errorf("NewPublisher with an empty node: %v", err)
+	}
+}
+
+// A node list through core.OpenSource and core.OpenPublisher, with an IPv6
+// literal and a node without a port before the last (forms net/url alone
+// refuses): the dead nodes are skipped and the live one used.
+func TestCoreOpensNodeList(t *testing.T) {
+	live := servicetest.RabbitMQURL(t)
+	u, err := url.Parse(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hp := u.Host
+	if u.Port() == "" {
+		hp += ":5672"
+	}
+	u.Host = "[::1]:1,127.0.0.1:1," + hp
+	q := uniqueQueue(t, live)
+	ctx := context.Background()
+	src, err := core.OpenSource(ctx, u.String()+"?queue="+q)
+	if err != nil {
+		t.Fatalf("core.OpenSource with a node list: %v", err)
+	}
+	defer src.Close()
+	pub, err := core.OpenPublisher(ctx, u.String()+"?queue="+q)
+	if err != nil {
+		t.Fatalf("core.OpenPublisher with a node list: %v", err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(ctx, q, &core.Message{ID: "n1", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	d, err := src.Receive(rctx)
+	if err != nil || d.Message().ID != "n1" {
+		t.Fatalf("receive through the node list: %v", err)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -335,8 +335,40 @@ func querySpans(raw string, from int) []span {
 func ParseURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
+		u, err = parseHostList(raw, err)
+	}
+	if err != nil {
 		return nil, errors.New("invalid URL: " + reason(err) + "; percent-encode '@', ':', '/', '?', '#' and '%' in a user name or password")
 	}
+	return u, nil
+}
+
+// parseHostList parses a URL whose authority names several hosts
+// (scheme://user@h1:5672,h2,[::1]:5673/…, the form of a cluster or a
+// primary with standbys), which net/url refuses when a host other than the
+// last has a port or is an IPv6 literal: the host list is set aside, the
+// rest parsed, and the list kept as the URL's Host for the adapter to split.
+// Any other URL gets perr back.
+func parseHostList(raw string, perr error) (*url.URL, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil, perr
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	authority := rest[:end]
+	at := strings.LastIndex(authority, "@")
+	hosts := authority[at+1:]
+	if !strings.Contains(hosts, ",") {
+		return nil, perr
+	}
+	u, err := url.Parse(scheme + "://" + authority[:at+1] + "hosts" + rest[end:])
+	if err != nil {
+		return nil, perr
+	}
+	u.Host = hosts
 	return u, nil
 }
 

@@ -80,3 +80,32 @@ func TestParseErrorsQuoteNothing(t *testing.T) {
 		t.Errorf("ParseQuery error %v", err)
 	}
 }
+
+// A host list (a cluster's nodes, a primary and its standbys) parses with
+// the whole list as Host, in the forms net/url alone refuses (each host is
+// the adapter's to check); a URL bad elsewhere still fails.
+func TestParseURLHostList(t *testing.T) {
+	for raw, host := range map[string]string{
+		"amqp://u:p%40ss@h1:5672,h2,[::1]:5673/vh?queue=q":    "h1:5672,h2,[::1]:5673",
+		"postgres://app@[::1]:5432,[::1]:5433/db?x=1":         "[::1]:5432,[::1]:5433",
+		"postgres://db1:5432,db2/db":                          "db1:5432,db2",
+		"amqp://guest:guest@127.0.0.1:5672,127.0.0.1:5673/vh": "127.0.0.1:5672,127.0.0.1:5673",
+	} {
+		u, err := ParseURL(raw)
+		if err != nil {
+			t.Errorf("ParseURL(%q): %v", raw, err)
+			continue
+		}
+		if u.Host != host {
+			t.Errorf("ParseURL(%q).Host = %q, want %q", raw, u.Host, host)
+		}
+		if u.String() != raw {
+			t.Errorf("ParseURL(%q).String() = %q", raw, u.String())
+		}
+	}
+	for _, raw := range []string{"amqp://h1:5672,h2/%zz", "amqp://u:p@h1:5672,h2/?q=%zz#%zz"} {
+		if _, err := ParseURL(raw); err == nil {
+			t.Errorf("ParseURL(%q) succeeded", raw)
+		}
+	}
+}

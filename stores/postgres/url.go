@@ -17,9 +17,8 @@ import (
 // target_session_attrs, connect_timeout, …). Several hosts, as in
 // "postgres://user@db1:5432,db2:5432/db?target_session_attrs=read-write",
 // pass to pgx too, which connects to the first that takes writes (see the
-// package documentation on failover). Through core.OpenStore the URL is
-// read by net/url first, which refuses several bracketed IPv6 hosts
-// ("[::1]:5432,[::1]:5433"): give host names, or call Open.
+// package documentation on failover); the list may hold IPv6 literals
+// ("[::1]:5432,[::1]:5433") and hosts without a port.
 func init() {
 	openURL := sqlstore.Opener(parseURL, Open)
 	driver.RegisterStore("postgres", openURL)

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -68,5 +69,34 @@ func TestOpenStoreByURL(t *testing.T) {
 	// A handler type that does not match is refused before any use.
 	if _, err := core.OpenStore[*sql.Tx](ctx, url); err == nil {
 		t.Error("postgres store opened for *sql.Tx handlers")
+	}
+}
+
+// A host list through core.OpenStore, with an IPv6 literal and a host
+// without a port before the last (forms net/url alone refuses): pgx tries
+// each in turn and the store works on the one that takes writes.
+func TestOpenStoreByHostList(t *testing.T) {
+	base, err := url.Parse(postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := base.Port()
+	if port == "" {
+		port = "5432"
+	}
+	// Nothing listens on port 1; pgx moves on to the next host.
+	list := "[::1]:1,127.0.0.1:1," + base.Hostname() + ":" + port
+	raw := strings.Replace(base.String(), base.Host, list, 1)
+	sep := "?"
+	if strings.Contains(raw, "?") {
+		sep = "&"
+	}
+	st, err := core.OpenStore[pgx.Tx](context.Background(), raw+sep+"target_session_attrs=read-write&connect_timeout=5&table="+storetest.UniqueName("idemq_hosts_"))
+	if err != nil {
+		t.Fatalf("OpenStore with host list %s: %v", list, err)
+	}
+	defer st.(interface{ Close() error }).Close()
+	if err := st.(driver.Pinger).Ping(context.Background()); err != nil {
+		t.Fatalf("Ping through the host list: %v", err)
 	}
 }
