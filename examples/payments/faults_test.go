@@ -27,7 +27,6 @@ import (
 	"testing"
 	"time"
 
-	toxiclient "github.com/Shopify/toxiproxy/v2/client"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -35,6 +34,7 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/netfault"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // faultRun is one scenario.
@@ -113,11 +113,14 @@ type feed struct {
 	pub    core.Publisher
 	seed   uint64
 	chunks uint64
-	sent   int
-	unique []sent
+	sent    int
+	unique  []sent
+	retries int // publishes repeated after an error
 }
 
-// add publishes n more messages.
+// add publishes n more messages. A publish that fails (through a fault)
+// is repeated, whole, as a producer would: what already landed is then
+// published twice, which the consumer must apply once.
 func (fd *feed) add(n int) {
 	fd.t.Helper()
 	if n <= 0 {
@@ -125,9 +128,19 @@ func (fd *feed) add(n int) {
 	}
 	sends, unique := traffic(fd.seed+fd.chunks, n, 0.2, 50)
 	fd.chunks++
-	if err := publishSends(context.Background(), fd.pub, sends); err != nil {
-		fd.t.Errorf("publishing %d payments: %v", n, err)
-		return
+	for began := time.Now(); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := publishSends(ctx, fd.pub, sends)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(began) > 3*time.Minute {
+			fd.t.Errorf("publishing %d payments: %v", n, err)
+			return
+		}
+		fd.retries++
+		time.Sleep(500 * time.Millisecond)
 	}
 	fd.sent += n
 	fd.unique = append(fd.unique, unique...)
@@ -222,7 +235,7 @@ func runFaulted(t *testing.T, r faultRun) {
 	for _, p := range fd.unique {
 		want[p.Account] += p.AmountCents
 	}
-	t.Logf("%d payments published, %d unique", fd.sent, len(fd.unique))
+	t.Logf("%d payments published, %d unique; %d publishes repeated after an error", fd.sent, len(fd.unique), fd.retries)
 
 	deadline := time.Now().Add(5 * time.Minute)
 	for rows() < len(fd.unique) {
@@ -271,7 +284,7 @@ func runFaulted(t *testing.T, r faultRun) {
 }
 
 // proxiedURL returns raw with its host:port replaced by p's.
-func proxiedURL(t *testing.T, raw string, p *toxiclient.Proxy) string {
+func proxiedURL(t *testing.T, raw string, p *netfault.Proxy) string {
 	t.Helper()
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -295,7 +308,7 @@ func hostPort(t *testing.T, raw, def string) string {
 }
 
 // outage takes the link down (connections refused, open ones cut) for d.
-func outage(f *faulted, p *toxiclient.Proxy, what string, d time.Duration) {
+func outage(f *faulted, p *netfault.Proxy, what string, d time.Duration) {
 	f.t.Helper()
 	if err := p.Disable(); err != nil {
 		f.t.Fatal(err)
@@ -427,27 +440,27 @@ func sqsDepth(t *testing.T, cl *awssqs.Client, name string) int {
 // spell is one network fault, held for a while.
 type spell struct {
 	name, toxic string
-	attrs       toxiclient.Attributes
+	attrs       netfault.Attributes
 	hold        time.Duration
 }
 
 // spells are the network faults each path goes through in turn.
 var spells = []spell{
-	{"latency 150±100ms", "latency", toxiclient.Attributes{"latency": 150, "jitter": 100}, 4 * time.Second},
-	{"a 16 KB/s link", "bandwidth", toxiclient.Attributes{"rate": 16}, 4 * time.Second},
-	{"connections reset", "reset_peer", toxiclient.Attributes{"timeout": 200}, 2 * time.Second},
-	{"half-open (data swallowed)", "timeout", toxiclient.Attributes{"timeout": 0}, 8 * time.Second},
+	{"latency 150±100ms", "latency", netfault.Attributes{"latency": 150, "jitter": 100}, 4 * time.Second},
+	{"a 16 KB/s link", "bandwidth", netfault.Attributes{"rate": 16}, 4 * time.Second},
+	{"connections reset", "reset_peer", netfault.Attributes{"timeout": 200}, 2 * time.Second},
+	{"half-open (data swallowed)", "timeout", netfault.Attributes{"timeout": 0}, 8 * time.Second},
 }
 
 // flaky puts every spell in turn on one direction of p (stream
 // "downstream": what the service receives; "upstream": what it sends),
 // each once charges flow, and waits after each for the next charge.
-func flaky(f *faulted, p *toxiclient.Proxy, path, stream string) {
+func flaky(f *faulted, p *netfault.Proxy, path, stream string) {
 	f.t.Helper()
 	for _, s := range spells {
 		f.flowing()
 		what := fmt.Sprintf("%s: %s", path, s.name)
-		if _, err := p.AddToxic(s.toxic, s.toxic, stream, 1, s.attrs); err != nil {
+		if err := p.AddToxic(s.toxic, s.toxic, stream, s.attrs); err != nil {
 			f.t.Fatalf("%s: %v", what, err)
 		}
 		f.hold(what, s.hold)
@@ -528,4 +541,43 @@ func TestFaultFlakyNetworkSQSMariaDB(t *testing.T) {
 			}
 		},
 	})
+}
+
+// The same faults between the service and Kafka (kfake, advertising the
+// proxy's address so that every connection goes through it), then
+// Postgres. The feed publishes through the faults too, repeating what
+// failed.
+func TestFaultFlakyNetworkKafkaPostgres(t *testing.T) {
+	store, prefix, l := postgresStore(t)
+	tp := netfault.Start(t)
+	pg := tp.Proxy(t, "postgres", hostPort(t, store, "5432"))
+	kport, pport := freePort(t), freePort(t)
+	kf := tp.ProxyAt(t, "kafka", "127.0.0.1:"+pport, "127.0.0.1:"+kport)
+	topic := "payments-" + randomHex(4)
+	addrs := servicetest.StartKfake(t, "-addr", "127.0.0.1:"+kport, "-advertise", kf.Listen, "-brokers", "1",
+		"-auto-create=false", "-topics", topic+":3,"+topic+".dlq:1")
+	broker := "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3) + "&session_timeout=6s&heartbeat_interval=1s"
+	runFaulted(t, faultRun{
+		scenario:   "flaky network: latency, 16 KB/s, resets, half-open; consume, ack and DB paths in turn",
+		brokerName: "kafka (kfake, acks=all)", storeName: "postgres",
+		publish: broker, broker: broker, store: proxiedURL(t, store, pg), tables: prefix, ledger: l,
+		messages: 20000, rate: 200, batch: 20, concurrency: 2,
+		flags: []string{"--txn-timeout", "3s"},
+		faults: func(t *testing.T, f *faulted) {
+			flaky(f, kf, "consume path", "downstream")
+			flaky(f, kf, "ack path", "upstream")
+			flaky(f, pg, "database path", "downstream")
+		},
+	})
+}
+
+// freePort returns a loopback port nothing listens on (now).
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
 }

@@ -2,17 +2,12 @@ package servicetest
 
 import (
 	"bufio"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -108,69 +103,14 @@ func NewKfake(args ...string) (*Kfake, error) {
 	return k, nil
 }
 
-var kfakeBuild struct {
-	once sync.Once
-	bin  string
-	err  error
-}
-
 // kfakeBinary builds bench/cmd/kfake once per process and returns the
 // binary's path.
 func kfakeBinary() (string, error) {
-	kfakeBuild.once.Do(func() { kfakeBuild.bin, kfakeBuild.err = buildKfake() })
-	return kfakeBuild.bin, kfakeBuild.err
-}
-
-func buildKfake() (string, error) {
-	src, err := kfakeSource()
-	if err != nil {
-		return "", err
-	}
-	goCmd, err := exec.LookPath("go")
+	bin, err := BenchBinary("kfake", "./cmd/kfake")
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrNoKfake, err)
 	}
-	base, err := os.UserCacheDir()
-	if err != nil {
-		base = os.TempDir()
-	}
-	sum := sha256.Sum256([]byte(src))
-	dir := filepath.Join(base, "idemq-servicetest", fmt.Sprintf("kfake-%x", sum[:6]))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "kfake")
-	if runtime.GOOS == "windows" {
-		bin += ".exe"
-	}
-	cmd := exec.Command(goCmd, "build", "-o", bin, ".")
-	cmd.Dir = src
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build -o %s . in %s: %v\n%s", bin, src, err, out)
-	}
 	return bin, nil
-}
-
-// kfakeSource finds the bench/cmd/kfake directory of this checkout: beside
-// this file's module root, or else beside the module root `go env GOMOD`
-// names (when file names are trimmed from the binary).
-func kfakeSource() (string, error) {
-	var roots []string
-	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		roots = append(roots, filepath.Join(filepath.Dir(file), "..", ".."))
-	}
-	if out, err := exec.Command("go", "env", "GOMOD").Output(); err == nil {
-		if mod := strings.TrimSpace(string(out)); mod != "" && mod != os.DevNull {
-			roots = append(roots, filepath.Dir(mod))
-		}
-	}
-	for _, root := range roots {
-		dir := filepath.Join(root, "bench", "cmd", "kfake")
-		if _, err := os.Stat(filepath.Join(dir, "main.go")); err == nil {
-			return filepath.Abs(dir)
-		}
-	}
-	return "", fmt.Errorf("%w: no bench/cmd/kfake beside the module root (looked in %s)", ErrNoKfake, strings.Join(roots, ", "))
 }
 
 // KfakeControlTimeout bounds one control command of a Kfake, from dialing

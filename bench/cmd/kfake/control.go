@@ -218,9 +218,18 @@ func number(what, s string) (int32, error) {
 // connections already open.
 type cuttingListener struct {
 	net.Listener
-	mu     sync.Mutex
-	conns  map[net.Conn]bool
-	closed bool
+	advertised net.Addr // reported by Addr instead of the real one, when set
+	mu         sync.Mutex
+	conns      map[net.Conn]bool
+	closed     bool
+}
+
+// Addr returns the address clients are told: the advertised one if any.
+func (l *cuttingListener) Addr() net.Addr {
+	if l.advertised != nil {
+		return l.advertised
+	}
+	return l.Listener.Addr()
 }
 
 func (l *cuttingListener) Accept() (net.Conn, error) {

@@ -38,6 +38,10 @@
 //	                          with it when it ends
 //	-control ""               loopback host:port of a control listener
 //	                          (port 0: a free port; "": none), see below
+//	-advertise ""             loopback host:port per broker, comma-separated:
+//	                          the addresses the brokers give clients in
+//	                          metadata instead of their own, for a proxy in
+//	                          front of each (needs a fixed -addr port)
 //
 // Cluster controls: with -control, kfake also accepts plain TCP connections
 // on that address and reads commands from them, one a line, answering each
@@ -113,6 +117,7 @@ type settings struct {
 	users      []saslUser
 	watchStdin bool
 	control    string
+	advertise  []*net.TCPAddr // by broker, or nil
 }
 
 // saslUser is one -sasl value.
@@ -184,6 +189,7 @@ func parseFlags(args []string) (*settings, error) {
 		return nil
 	})
 	watch := fs.Bool("watch-stdin", false, "exit when standard input closes (for a parent process that holds the pipe)")
+	advertise := fs.String("advertise", "", "loopback host:port per broker, comma-separated, given to clients in metadata instead of the brokers' own (for a proxy in front of each; needs a fixed -addr port)")
 	control := fs.String("control", "", "loopback host:port of a listener for cluster control commands (move, shuffle, remove, add, …; port 0: a free port; default none)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -219,7 +225,24 @@ func parseFlags(args []string) (*settings, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &settings{
+	var adv []*net.TCPAddr
+	if *advertise != "" {
+		list := strings.Split(*advertise, ",")
+		if port == 0 || len(list) != *brokers {
+			return nil, fmt.Errorf("-advertise: give one address per broker (%d) and a fixed -addr port", *brokers)
+		}
+		for _, a := range list {
+			if _, _, err := loopback("-advertise", a); err != nil {
+				return nil, err
+			}
+			ta, err := net.ResolveTCPAddr("tcp", a)
+			if err != nil {
+				return nil, fmt.Errorf("-advertise %q: %w", a, err)
+			}
+			adv = append(adv, ta)
+		}
+	}
+	return &settings{advertise: adv,
 		host: host, port: port, brokers: *brokers, topics: specs, autoCreate: *auto, partitions: *parts,
 		minSession: *minSession, tlsCert: *tlsCert, tlsKey: *tlsKey, users: users, watchStdin: *watch,
 		control: *control,
@@ -263,7 +286,12 @@ func (s *settings) options() ([]kfake.Opt, error) {
 			if err != nil {
 				return nil, err
 			}
-			return &cuttingListener{Listener: ln, conns: map[net.Conn]bool{}}, nil
+			cl := &cuttingListener{Listener: ln, conns: map[net.Conn]bool{}}
+			if p, _ := strconv.Atoi(port); s.advertise != nil && p >= s.port && p-s.port < len(s.advertise) {
+				// kfake gives clients its listener's address.
+				cl.advertised = s.advertise[p-s.port]
+			}
+			return cl, nil
 		}),
 	}
 	if s.port != 0 {
