@@ -109,10 +109,10 @@ func (f *faulted) lifted(what string) {
 // feed is what a scenario published: chunks of payments with seeds of
 // their own (so their ids differ), 20% duplicates within each.
 type feed struct {
-	t      *testing.T
-	pub    core.Publisher
-	seed   uint64
-	chunks uint64
+	t       *testing.T
+	pub     core.Publisher
+	seed    uint64
+	chunks  uint64
 	sent    int
 	unique  []sent
 	retries int // publishes repeated after an error
@@ -485,7 +485,7 @@ func TestFaultFlakyNetworkRabbitMQPostgres(t *testing.T) {
 	// A short heartbeat: a half-open connection is found in seconds.
 	params := []string{"queue", q, "queue_type", "quorum", "delivery_limit", "5"}
 	runFaulted(t, faultRun{
-		scenario: "flaky network: latency, 16 KB/s, resets, half-open; consume, ack and DB paths in turn",
+		scenario:   "flaky network: latency, 16 KB/s, resets, half-open; consume, ack and DB paths in turn",
 		brokerName: "rabbitmq (quorum, delivery_limit=5, heartbeat=2s)", storeName: "postgres",
 		publish: withQuery(amqpU, params...), broker: withQuery(proxiedURL(t, amqpU, mq), append(params, "heartbeat", "2")...),
 		store: proxiedURL(t, store, pg), tables: prefix, ledger: l,
@@ -522,7 +522,7 @@ func TestFaultFlakyNetworkSQSMariaDB(t *testing.T) {
 		}.Encode()
 	}
 	runFaulted(t, faultRun{
-		scenario: "flaky network: latency, 16 KB/s, resets, half-open; consume, ack and DB paths in turn",
+		scenario:   "flaky network: latency, 16 KB/s, resets, half-open; consume, ack and DB paths in turn",
 		brokerName: "sqs (fauxqs, redrive maxReceiveCount=5)", storeName: "mariadb",
 		publish: sqsURL(endpoint), broker: sqsURL(proxiedURL(t, endpoint, sq)),
 		store: proxiedURL(t, store, db), tables: prefix, ledger: l,
