@@ -34,6 +34,27 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+// -advertise: the brokers give clients the given addresses (a proxy's).
+func TestAdvertise(t *testing.T) {
+	s, err := parseFlags([]string{"-addr", "127.0.0.1:0", "-brokers", "1"})
+	if err != nil || s.advertise != nil {
+		t.Fatalf("no -advertise: %v, %v", s, err)
+	}
+	s, err = parseFlags([]string{"-addr", "127.0.0.1:9092", "-brokers", "2", "-advertise", "127.0.0.1:19092,127.0.0.1:19093"})
+	if err != nil || len(s.advertise) != 2 || s.advertise[1].String() != "127.0.0.1:19093" {
+		t.Fatalf("-advertise: %+v, %v", s, err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &cuttingListener{Listener: l, conns: map[net.Conn]bool{}, advertised: s.advertise[0]}
+	defer cl.Close()
+	if cl.Addr().String() != "127.0.0.1:19092" {
+		t.Errorf("a broker's listener reports %s, want the advertised address", cl.Addr())
+	}
+}
+
 func TestParseFlagsErrors(t *testing.T) {
 	const secret = "Hidden-S3cret"
 	for _, c := range []struct {
@@ -52,6 +73,9 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"-sasl", "GSSAPI:u:" + secret}, "mechanism must be"},
 		{[]string{"-sasl", "PLAIN:" + secret}, "MECHANISM:USER:PASSWORD"},
 		{[]string{"extra"}, "unexpected argument"},
+		{[]string{"-addr", "127.0.0.1:0", "-advertise", "127.0.0.1:9000"}, "fixed -addr port"},
+		{[]string{"-addr", "127.0.0.1:9092", "-brokers", "2", "-advertise", "127.0.0.1:9000"}, "one address per broker"},
+		{[]string{"-addr", "127.0.0.1:9092", "-advertise", "10.0.0.1:9000"}, "-advertise \"10.0.0.1:9000\": host must be a loopback"},
 	} {
 		_, err := parseFlags(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
