@@ -88,7 +88,10 @@
 //
 // A Publisher produces core Messages on a kafka-go Writer with
 // RequiredAcks RequireAll, setting the id header and injecting the trace
-// context of the context into the headers.
+// context of the context into the headers. Partition leaders are looked up
+// again every second (kafka-go's default is every 6s, and a "not leader"
+// answer does not refresh them): after a leader moves, writes find the new
+// one within about a second.
 //
 // For development and tests without Docker, bench/cmd/kfake (its own module) serves an in-memory
 // Kafka (github.com/twmb/franz-go/pkg/kfake) on a loopback port.
