@@ -551,7 +551,7 @@ func TestFaultFlakyNetworkKafkaPostgres(t *testing.T) {
 	store, prefix, l := postgresStore(t)
 	tp := netfault.Start(t)
 	pg := tp.Proxy(t, "postgres", hostPort(t, store, "5432"))
-	kport, pport := freePort(t), freePort(t)
+	kport, pport := fmt.Sprint(servicetest.FreePort(t)), fmt.Sprint(servicetest.FreePort(t))
 	kf := tp.ProxyAt(t, "kafka", "127.0.0.1:"+pport, "127.0.0.1:"+kport)
 	topic := "payments-" + randomHex(4)
 	addrs := servicetest.StartKfake(t, "-addr", "127.0.0.1:"+kport, "-advertise", kf.Listen, "-brokers", "1",
@@ -569,15 +569,4 @@ func TestFaultFlakyNetworkKafkaPostgres(t *testing.T) {
 			flaky(f, pg, "database path", "downstream")
 		},
 	})
-}
-
-// freePort returns a loopback port nothing listens on (now).
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
 }

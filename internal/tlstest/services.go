@@ -22,17 +22,6 @@ func unavailable(t testing.TB, format string, args ...any) {
 	servicetest.Unavailable(t, format, args...)
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // Certs generates a fresh set of certificates in a new directory that the
 // named system user (a server's own user, such as "postgres" or
 // "rabbitmq") can read, and removes it when the test ends. With an empty
@@ -81,7 +70,7 @@ func RabbitMQListener(t testing.TB, f *Files, requireClientCert bool) int {
 	if err != nil {
 		unavailable(t, "rabbitmqctl not found: a RabbitMQ TLS listener is added to the local node with it")
 	}
-	port := FreePort(t)
+	port := servicetest.FreePort(t)
 	opts := fmt.Sprintf(`[{cacertfile,%q},{certfile,%q},{keyfile,%q},{verify,verify_peer},{fail_if_no_peer_cert,%t}]`,
 		f.CA, f.ServerCert, f.ServerKey, requireClientCert)
 	start := fmt.Sprintf(`rabbit_networking:start_ssl_listener({"127.0.0.1", %d}, %s, 1).`, port, opts)
@@ -162,7 +151,7 @@ func Postgres(t testing.TB, f *Files) int {
 			t.Fatalf("chown pg_hba.conf: %v: %s", err, out)
 		}
 	}
-	port := FreePort(t)
+	port := servicetest.FreePort(t)
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1,127.0.0.2 -c fsync=off -c ssl=on -c ssl_cert_file=%s -c ssl_key_file=%s -c ssl_ca_file=%s",
 		port, f.Dir, f.ServerCert, f.ServerKey, f.CA)
 	run("pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(f.Dir, "pg.log"), "-w", "start")
@@ -197,7 +186,7 @@ func MariaDB(t testing.TB, f *Files) int {
 	if out, err := exec.Command(install, args...).CombinedOutput(); err != nil {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
-	port := FreePort(t)
+	port := servicetest.FreePort(t)
 	sock := filepath.Join(f.Dir, "my.sock")
 	srv := exec.Command(mariadbd, "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(port),
 		"--bind-address=127.0.0.1", "--socket="+sock, "--require-secure-transport=ON",
