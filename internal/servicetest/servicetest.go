@@ -13,7 +13,14 @@
 // other service plumbing the tests repeated: StartFauxqs runs the SQS
 // emulator, StartKfake (and NewKfake, for code without a testing.TB)
 // builds and runs bench/cmd/kfake, an in-memory Kafka, in a process of its
-// own, DeleteQueuesAtCleanup removes a test's RabbitMQ queues.
+// own (with cluster controls: MoveLeader, RemoveBroker, …),
+// DeleteQueuesAtCleanup removes a test's RabbitMQ queues, and BenchBinary
+// builds a server the bench module holds. For the fault tests it starts
+// private servers from the installed binaries, on free loopback ports and
+// in temporary directories, never touching the machine's own:
+// StartRabbitCluster (a RabbitMQ cluster whose nodes stop and start),
+// StartPostgres and StartPostgresPair (a primary with a streaming standby
+// to promote), StartMariaDB; StartProxy cuts a connection's next answer.
 //
 // It is an ordinary package so that test files of every package in the
 // module can share it; being internal, nothing outside the module can.
