@@ -8,6 +8,13 @@
 // running the handler. Every message ends in exactly one of four decisions:
 // Processed, Duplicate, Retry or DeadLetter.
 //
+// A store that stops answering does not turn the messages in flight into
+// Retries, which would spend the broker's delivery count (and park healthy
+// messages under a delivery limit): the Consumer pauses, holding them and
+// taking no new ones, pings the store with backoff, and runs the held
+// transactions again when it answers (WithStoreProbe,
+// WithTransactionTimeout).
+//
 // core imports no broker client and no database driver: handlers depend on
 // the store's transaction type only, so switching brokers touches no handler.
 package core
