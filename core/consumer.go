@@ -175,7 +175,10 @@ func (c *Consumer[Tx]) Stats() Stats {
 // finish within the shutdown timeout (then rolls back what is left and
 // leaves it unacknowledged), settles everything decided, closes the source
 // and returns nil. If the source closes by itself, Run drains the same way
-// and returns an error wrapping ErrSourceClosed. Run may be called once.
+// and returns an error wrapping ErrSourceClosed. With WithStrictRetention,
+// a store that keeps claims for less than the broker's redelivery horizon
+// makes Run close the source and return an error at once. Run may be
+// called once.
 func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("idemq: Consumer.Run called twice")
@@ -188,7 +191,10 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 			return fmt.Errorf("idemq: setting the source's window to %d: %w", c.cfg.window, err)
 		}
 	}
-	c.checkRetention(ctx)
+	if err := c.checkRetention(ctx); err != nil {
+		c.src.Close()
+		return err
+	}
 
 	c.stopping = ctx
 	c.procCtx, c.procCancel = context.WithCancel(context.WithValue(context.WithoutCancel(ctx), consumerKey{}, c.cfg.name))
@@ -248,23 +254,39 @@ func (c *Consumer[Tx]) closeSource(deadline time.Time) {
 	}
 }
 
-func (c *Consumer[Tx]) checkRetention(ctx context.Context) {
+// checkRetention compares the store's retention with the broker's
+// redelivery horizon: a claim pruned before the broker stops redelivering
+// its message lets that message be applied twice. It warns, or with
+// WithStrictRetention returns an error naming both durations.
+func (c *Consumer[Tx]) checkRetention(ctx context.Context) error {
 	hz, ok := c.src.(driver.RedeliveryHorizoner)
 	if !ok {
-		return
+		return nil
 	}
 	rt, ok := c.store.(driver.Retentioner)
 	if !ok {
-		return
+		return nil
 	}
 	horizon, known := hz.RedeliveryHorizon(ctx)
 	if !known {
-		return
+		return nil
 	}
-	if retention := rt.Retention(); retention > 0 && retention < horizon {
-		c.log.Warn("idemq: store retention is shorter than the broker's redelivery horizon: a message redelivered after its claim is pruned would be applied twice",
-			"retention", retention, "redelivery_horizon", horizon)
+	retention := rt.Retention()
+	if retention <= 0 || retention >= horizon {
+		return nil
 	}
+	shown := horizon.String()
+	if horizon == driver.Unbounded {
+		shown = "unbounded (the broker keeps messages until they are consumed)"
+	}
+	const why = "a message redelivered after its claim is pruned would be applied twice"
+	if c.cfg.strictRetention {
+		return fmt.Errorf("idemq: consumer %s: the store keeps claims for %v, less than the broker's redelivery horizon, %s: %s; keep claims longer than the horizon, or bound the broker's (WithStrictRetention)",
+			c.cfg.name, retention, shown, why)
+	}
+	c.log.Warn("idemq: store retention is shorter than the broker's redelivery horizon: "+why,
+		"retention", retention, "redelivery_horizon", shown)
+	return nil
 }
 
 // receiveLoop takes a window slot, then a delivery, until ctx ends or the

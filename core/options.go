@@ -36,6 +36,7 @@ type config struct {
 	fingerprint     func([]byte) string
 	mismatch        Decision
 	isolation       Isolation
+	strictRetention bool
 }
 
 // Isolation says how a batch keeps a failed message's effects and claim
@@ -224,6 +225,16 @@ func WithStoreProbe(first, max time.Duration) Option {
 	return set("WithStoreProbe", check, func(c *config) {
 		c.probeFirst, c.probeMax = first, max
 	})
+}
+
+// WithStrictRetention makes Run refuse to start, with an error naming both
+// durations, when the store keeps claims for less time than the broker can
+// redeliver a message (its redelivery horizon: SQS message retention,
+// Kafka topic retention, unbounded for a RabbitMQ queue), instead of only
+// warning. A message redelivered after its claim was pruned would be
+// applied twice. Default off: a warning at start-up.
+func WithStrictRetention() Option {
+	return func(c *config) error { c.strictRetention = true; return nil }
 }
 
 // WithLogger sets the logger for reconnects, settlement failures and

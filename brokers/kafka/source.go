@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -292,7 +291,7 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 				return 0, false
 			}
 			if ms < 0 {
-				return time.Duration(math.MaxInt64), true
+				return driver.Unbounded, true
 			}
 			return time.Duration(ms) * time.Millisecond, true
 		}

@@ -36,7 +36,8 @@ const (
 )
 
 // Source consumes one RabbitMQ queue. It implements core.Source,
-// driver.BatchSettler and driver.WindowSetter. It is safe for concurrent use.
+// driver.BatchSettler, driver.WindowSetter and driver.RedeliveryHorizoner.
+// It is safe for concurrent use.
 type Source struct {
 	nodes nodes
 	queue string
@@ -193,6 +194,16 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 
 // Queue returns the name of the consumed queue.
 func (s *Source) Queue() string { return s.queue }
+
+// RedeliveryHorizon implements driver.RedeliveryHorizoner: unbounded. A
+// RabbitMQ queue, and the dead-letter queue a parked message can be
+// redriven from, keep a message until it is consumed (a TTL set by a
+// server-side policy is not visible to a client), so a store that prunes
+// claims can meet a redelivery of a message whose claim is gone: the
+// Consumer warns, or refuses to start with core.WithStrictRetention.
+func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
+	return driver.Unbounded, true
+}
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {

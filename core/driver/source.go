@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"time"
 )
 
@@ -115,12 +116,19 @@ type LoggerSetter interface {
 // RedeliveryHorizoner is implemented by sources that know the longest time
 // after which the broker can still redeliver a message (SQS message
 // retention, Kafka topic retention, a dead-letter queue that can be
-// redriven). The Consumer warns at start-up when the store's retention is
-// shorter, because a redelivery after the dedup row was pruned would apply
-// the effect twice.
+// redriven): Unbounded when the broker keeps messages until they are
+// consumed. The Consumer warns at start-up when the store's retention is
+// shorter (or refuses to start, with core.WithStrictRetention), because a
+// redelivery after the dedup row was pruned would apply the effect twice.
+// The bool is false when the horizon is not known.
 type RedeliveryHorizoner interface {
 	RedeliveryHorizon(ctx context.Context) (time.Duration, bool)
 }
+
+// Unbounded is the redelivery horizon of a broker that keeps a message
+// until it is consumed (a RabbitMQ queue without a TTL, a Kafka topic with
+// retention.ms=-1).
+const Unbounded = time.Duration(math.MaxInt64)
 
 // Sentinel errors of the driver contract. core re-exports them.
 var (

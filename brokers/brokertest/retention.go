@@ -1,0 +1,80 @@
+package brokertest
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// RetentionAgainstHorizon checks what a Consumer over a source from open
+// does when its store keeps claims for retention, less than the broker's
+// redelivery horizon (horizon: how the Consumer names it, such as "2h0m0s"
+// or "unbounded"): with core.WithStrictRetention, Run refuses to start
+// with an error naming both durations; without it, Run warns naming both,
+// then consumes.
+func RetentionAgainstHorizon(t *testing.T, open func(t *testing.T) core.Source, retention time.Duration, horizon string) {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "retention.db"), sqlite.WithRetention(retention))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	nothing := func(context.Context, *sql.Tx, *core.Message) error { return nil }
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	c, err := core.New[*sql.Tx](open(t), st, nothing, core.WithName("retention"), core.WithStrictRetention())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), retention.String()) || !strings.Contains(err.Error(), horizon) {
+		t.Errorf("strict: Run = %v, want an error naming the retention %v and the horizon %q", err, retention, horizon)
+	}
+
+	logs := &logLines{}
+	c, err = core.New[*sql.Tx](open(t), st, nothing, core.WithName("retention"),
+		core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	waitFor(t, 30*time.Second, "the retention warning", func() bool {
+		return strings.Contains(logs.String(), "shorter than the broker's redelivery horizon")
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("not strict: Run = %v, want it to run after the warning", err)
+	}
+	if l := logs.String(); !strings.Contains(l, "retention="+retention.String()) || !strings.Contains(l, horizon) {
+		t.Errorf("the warning does not name both durations:\n%s", l)
+	}
+}
+
+// logLines collects what a logger writes, for reading while it writes.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
