@@ -7,6 +7,8 @@
 //
 //	go run ./examples/outbox                                   # memory broker
 //	go run ./examples/outbox -broker 'amqp://guest:guest@127.0.0.1:5672/?queue=orders'
+//	go run ./examples/outbox -broker 'kafka://127.0.0.1:9092/orders?group=billing'
+//	go run ./examples/outbox -broker 'sqs://orders?region=eu-west-1&dlq=orders-dlq'
 //	go run ./examples/outbox --help
 //
 // The payment API is a fake served in-process over real HTTP; it answers a
@@ -26,6 +28,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -34,8 +37,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/memory"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
+	_ "github.com/idemq/idemq/brokers/sqs"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/effects"
 	"github.com/idemq/idemq/middleware/tracing"
@@ -131,6 +136,27 @@ func placeOrder(ctx context.Context, pool *pgxpool.Pool, ob *pgoutbox.Outbox, or
 	return id, err
 }
 
+// publisherURL is the broker URL the relay publishes to: the -broker URL,
+// less what only a consumer takes. sqs:// publishers refuse the source's
+// parameters (dlq, wait, visibility, …), so only the client's are kept;
+// the other brokers' publishers take the consumer's URL as it is.
+func publisherURL(broker string) string {
+	u, err := url.Parse(broker)
+	if err != nil || u.Scheme != "sqs" {
+		return broker // core.OpenPublisher reports a bad URL
+	}
+	q := u.Query()
+	for k := range q {
+		switch k {
+		case "endpoint", "region", "id_attribute":
+		default:
+			q.Del(k)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // paymentAPI is a stand-in for a card processor: it deduplicates on the
 // Idempotency-Key header.
 type paymentAPI struct {
@@ -213,7 +239,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	}
 
 	// The relay: the events' "orders" destination is the broker URL.
-	pub, err := core.OpenPublisher(ctx, s.broker)
+	pub, err := core.OpenPublisher(ctx, publisherURL(s.broker))
 	if err != nil {
 		return false, err
 	}
