@@ -792,9 +792,17 @@ func TestOpenByURL(t *testing.T) {
 			t.Errorf("OpenSource(%s) = %v, want an error about %s", bad.url, err, bad.want)
 		}
 	}
-	_, err = core.OpenPublisher(ctx, base+"&window=3")
+	// The consumer's URL serves the publisher too: the Source's own
+	// parameters are checked and ignored.
+	pub, err = core.OpenPublisher(ctx, base+"&window=3&wait=1s&dlq=x&visibility=5s")
+	if err != nil {
+		t.Errorf("a consumer's URL for a publisher: %v", err)
+	} else {
+		pub.Close()
+	}
+	_, err = core.OpenPublisher(ctx, base+"&window=x")
 	if err == nil || !strings.Contains(err.Error(), "window") {
-		t.Errorf("a consumer parameter on a publisher URL: %v", err)
+		t.Errorf("a bad consumer parameter on a publisher URL: %v", err)
 	}
 	if err == nil || strings.Contains(err.Error(), "test:test") {
 		t.Errorf("the error shows the secret: %v", err)

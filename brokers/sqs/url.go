@@ -20,7 +20,9 @@ func init() { driver.RegisterBroker("sqs", openSourceURL, openPublisherURL) }
 
 // urlParam is one URL parameter understood by core.OpenSource and
 // core.OpenPublisher for sqs:// URLs: the option it sets and how its value
-// is read. Publishers accept only the client ones and id_attribute.
+// is read. A Publisher uses the client ones and id_attribute, and checks
+// but ignores the Source's own, so that one URL serves both sides (as
+// amqp:// and kafka:// URLs do).
 type urlParam struct {
 	option string
 	source bool // Source only
@@ -122,11 +124,9 @@ func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opt
 	if err != nil {
 		return "", nil, fmt.Errorf("sqs URL parameters: %w", err)
 	}
-	var known []string
-	for k, p := range urlParams {
-		if source || !p.source {
-			known = append(known, k)
-		}
+	known := make([]string, 0, len(urlParams))
+	for k := range urlParams {
+		known = append(known, k)
 	}
 	sort.Strings(known)
 	keys := make([]string, 0, len(query))
@@ -136,12 +136,15 @@ func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opt
 	sort.Strings(keys)
 	for _, k := range keys {
 		p, ok := urlParams[k]
-		if !ok || (p.source && !source) {
+		if !ok {
 			return "", nil, fmt.Errorf("sqs URL: unknown parameter %q (known: %s)", redact.Name(k), strings.Join(known, ", "))
 		}
 		o, err := p.build(query[k][len(query[k])-1])
 		if err != nil {
 			return "", nil, fmt.Errorf("sqs URL parameter %s: %w", k, err)
+		}
+		if p.source && !source {
+			continue // the Source's: checked, not used
 		}
 		opts = append(opts, o)
 	}

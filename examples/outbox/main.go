@@ -28,7 +28,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -136,27 +135,6 @@ func placeOrder(ctx context.Context, pool *pgxpool.Pool, ob *pgoutbox.Outbox, or
 	return id, err
 }
 
-// publisherURL is the broker URL the relay publishes to: the -broker URL,
-// less what only a consumer takes. sqs:// publishers refuse the source's
-// parameters (dlq, wait, visibility, …), so only the client's are kept;
-// the other brokers' publishers take the consumer's URL as it is.
-func publisherURL(broker string) string {
-	u, err := url.Parse(broker)
-	if err != nil || u.Scheme != "sqs" {
-		return broker // core.OpenPublisher reports a bad URL
-	}
-	q := u.Query()
-	for k := range q {
-		switch k {
-		case "endpoint", "region", "id_attribute":
-		default:
-			q.Del(k)
-		}
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
 // paymentAPI is a stand-in for a card processor: it deduplicates on the
 // Idempotency-Key header.
 type paymentAPI struct {
@@ -239,7 +217,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	}
 
 	// The relay: the events' "orders" destination is the broker URL.
-	pub, err := core.OpenPublisher(ctx, publisherURL(s.broker))
+	pub, err := core.OpenPublisher(ctx, s.broker)
 	if err != nil {
 		return false, err
 	}

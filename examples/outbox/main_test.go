@@ -178,14 +178,3 @@ func TestExampleSQS(t *testing.T) {
 	}.Encode())
 }
 
-func TestPublisherURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"sqs://k:s@orders?dlq=orders-dlq&endpoint=http%3A%2F%2F127.0.0.1%3A1&region=r&wait=1s": "sqs://k:s@orders?endpoint=http%3A%2F%2F127.0.0.1%3A1&region=r",
-		"amqp://127.0.0.1/?queue=orders":        "amqp://127.0.0.1/?queue=orders",
-		"kafka://127.0.0.1:9092/orders?group=g": "kafka://127.0.0.1:9092/orders?group=g",
-	} {
-		if got := publisherURL(in); got != want {
-			t.Errorf("publisherURL(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -162,7 +162,7 @@ func runFaulted(t *testing.T, r faultRun) {
 		t.Fatalf("opening %s: %v", core.Redact(r.publish), err)
 	}
 	src.Close()
-	pub, err := core.OpenPublisher(ctx, publisherURL(r.publish))
+	pub, err := core.OpenPublisher(ctx, r.publish)
 	if err != nil {
 		t.Fatal(err)
 	}

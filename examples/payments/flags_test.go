@@ -89,19 +89,6 @@ func TestDecode(t *testing.T) {
 	}
 }
 
-func TestPublisherURL(t *testing.T) {
-	got := publisherURL("sqs://k:s@q?endpoint=http://h:1&region=r&dlq=d&visibility=5s&wait=1s")
-	if strings.Contains(got, "dlq") || strings.Contains(got, "visibility") || strings.Contains(got, "wait") ||
-		!strings.Contains(got, "endpoint=") || !strings.Contains(got, "region=r") || !strings.HasPrefix(got, "sqs://k:s@q?") {
-		t.Errorf("publisherURL(sqs) = %s", got)
-	}
-	for _, u := range []string{"amqp://g:g@h/?queue=q&prefetch=5", "kafka://h:1/t?group=g"} {
-		if got := publisherURL(u); got != u {
-			t.Errorf("publisherURL(%s) = %s, want it unchanged", u, got)
-		}
-	}
-}
-
 // TestFailuresExitOneWithoutSecrets runs the built service against
 // services that are not there: it exits 1 and its output never shows the
 // passwords of its URLs.

@@ -265,7 +265,7 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 		return err
 	}
 	src.Close()
-	pub, err := core.OpenPublisher(ctx, publisherURL(s.broker))
+	pub, err := core.OpenPublisher(ctx, s.broker)
 	if err != nil {
 		return err
 	}
@@ -294,30 +294,6 @@ func publishSends(ctx context.Context, pub core.Publisher, sends []sent) error {
 		}
 	}
 	return nil
-}
-
-// sqsConsumerParams are the sqs:// parameters only a consumer takes.
-var sqsConsumerParams = []string{"dlq", "dead_letter_mode", "wait", "visibility", "receivers",
-	"window", "heartbeat", "max_extension", "close_timeout"}
-
-// publisherURL returns the URL to publish to: the broker URL itself, except
-// that consumer-only parameters are dropped from sqs:// URLs, because the
-// SQS publisher refuses them (the amqp:// and kafka:// publishers accept
-// and ignore them, so one URL serves both sides there).
-func publisherURL(broker string) string {
-	u, err := url.Parse(broker)
-	if err != nil || u.Scheme != "sqs" {
-		return broker
-	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return broker
-	}
-	for _, k := range sqsConsumerParams {
-		q.Del(k)
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 // sent is one published payment with its business id.
