@@ -1,8 +1,10 @@
 // Command idemq is the operator's tool for idemq's dedup stores:
 //
-//	idemq migrate --store URL                    create the dedup table
-//	idemq prune   --store URL --older-than 168h  delete old claims in bounded batches
-//	idemq stats   --store URL                    claims per consumer, oldest claim, table size
+//	idemq migrate --store URL                          create the dedup table
+//	idemq prune   --store URL --older-than 168h        delete old claims in bounded batches
+//	idemq stats   --store URL                          claims per consumer, oldest claim, table size
+//	idemq lookup  --store URL --consumer C ID…         whether each id is claimed, when, its fingerprint
+//	idemq forget  --store URL --consumer C --yes ID…   delete those claims, so the messages apply again
 //
 // Measuring a broker and store pair is the benchmark's own command,
 // idemq-bench, in the bench module (cd bench && go run ./cmd/idemq-bench).
@@ -47,6 +49,8 @@ func commands() []command {
 		{"migrate", "create the dedup table of a store (idempotent)", runMigrate},
 		{"prune", "delete claims older than a duration, in bounded batches", runPrune},
 		{"stats", "show claims per consumer, the oldest claim and the table size", runStats},
+		{"lookup", "show whether message ids are claimed, when, and their fingerprints", runLookup},
+		{"forget", "delete the claims of message ids so they apply again (needs --yes)", runForget},
 	}
 }
 

@@ -65,7 +65,7 @@ func randomHex(n int) string {
 
 func TestUsageAndHelp(t *testing.T) {
 	expect(t, exitUsage, nil, "Commands:")
-	r := expect(t, exitOK, []string{"--help"}, "migrate", "prune", "stats", "Exit codes")
+	r := expect(t, exitOK, []string{"--help"}, "migrate", "prune", "stats", "lookup", "forget", "Exit codes")
 	if r.stderr != "" {
 		t.Errorf("--help wrote to stderr: %q", r.stderr)
 	}
@@ -92,6 +92,11 @@ func TestUsageAndHelp(t *testing.T) {
 		{[]string{"prune", "--store", db, "--older-than", "soon"}, "invalid value"},
 		{[]string{"prune", "--store", db, "--older-than", "200h", "--batch", "0"}, "--batch 0"},
 		{[]string{"prune", "--store", db, "--older-than", "1h"}, "shorter than the store's retention 168h"},
+		{[]string{"lookup", "--store", db, "m-1"}, "--consumer is required"},
+		{[]string{"lookup", "--store", db, "--consumer", "c"}, "give at least one message id"},
+		{[]string{"lookup", "--consumer", "c", "m-1"}, "--store is required"},
+		{[]string{"lookup", "--store", db, "--consumer", "c", "m-1", "--nope"}, "flag provided but not defined"},
+		{[]string{"forget", "--store", db, "--consumer", "c", "m-1"}, "pass --yes"},
 	} {
 		r := expect(t, exitUsage, c.args, c.want)
 		if r.stdout != "" {
@@ -259,6 +264,9 @@ func TestExitCodesOfTheBinary(t *testing.T) {
 		{[]string{"prune", "--help"}, 0},
 		{[]string{"prune", "--store", db}, 2},
 		{[]string{"frobnicate"}, 2},
+		{[]string{"lookup", "--store", db, "--consumer", "c", "m-1"}, 0},
+		{[]string{"forget", "--store", db, "--consumer", "c", "m-1"}, 2},
+		{[]string{"forget", "--store", db, "--consumer", "c", "--yes", "m-1"}, 0},
 		{[]string{"stats", "--store", "sqlite:///nonexistent-dir-" + randomHex(4) + "/x.db"}, 1},
 	} {
 		err := exec.Command(bin, c.args...).Run()

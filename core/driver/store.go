@@ -177,3 +177,35 @@ type Pinger interface {
 type Flusher interface {
 	Flush(ctx context.Context) error
 }
+
+// ClaimInfo is what a store holds for one message id of a consumer, as
+// Lookup reports it to operators (idemq lookup).
+type ClaimInfo struct {
+	// ID is the message id looked up.
+	ID string
+	// Claimed reports whether a committed claim of the id exists.
+	Claimed bool
+	// At is when the id was claimed (the dedup table's processed_at);
+	// zero when it is not claimed.
+	At time.Time
+	// Fingerprint is the body fingerprint stored with the claim; empty
+	// when the claim had none or the id is not claimed.
+	Fingerprint string
+}
+
+// Lookuper is implemented by stores that can tell operators whether
+// message ids are claimed. Lookup returns one ClaimInfo per id, in the
+// order of ids, for the claims of consumer committed when it runs; it
+// takes no locks that block claims.
+type Lookuper interface {
+	Lookup(ctx context.Context, consumer string, ids []string) ([]ClaimInfo, error)
+}
+
+// Forgetter is implemented by stores that can delete chosen claims, so
+// that operators can have those messages applied again on purpose
+// (idemq forget). Forget deletes consumer's claims of ids in one
+// transaction and returns how many rows it removed; ids that are not
+// claimed are skipped.
+type Forgetter interface {
+	Forget(ctx context.Context, consumer string, ids []string) (int, error)
+}

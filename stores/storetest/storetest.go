@@ -98,6 +98,87 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	t.Run("OddIDs", s.oddIDs)
 	t.Run("ConcurrentBatches", s.concurrentBatches)
 	t.Run("Ping", s.ping)
+	t.Run("LookupForget", s.lookupForget)
+}
+
+// lookupForget: Lookup reports the claims of one consumer with their time
+// and fingerprint, and the rest unclaimed; Forget removes only the given
+// consumer's given ids, and a forgotten id is won again.
+func (s suite[Tx]) lookupForget(t *testing.T) {
+	st, clock := s.open(t)
+	ctx := s.ctx(t)
+	lk, ok := st.(driver.Lookuper)
+	if !ok {
+		t.Skipf("store %T does not implement driver.Lookuper (optional): no lookup case", st)
+	}
+	fg, ok := st.(driver.Forgetter)
+	if !ok {
+		t.Skipf("store %T does not implement driver.Forgetter (optional): no forget case", st)
+	}
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	clock.Set(at)
+	k := UniqueName("k_")
+	fp := core.Fingerprint([]byte("body"))
+	s.claimCommit(t, ctx, st, "billing", []driver.Claim{{ID: "a", Fingerprint: fp}, {ID: "b"}, {ID: "c"}}, k+"billing")
+	s.claimCommit(t, ctx, st, "audit", claims("a", "b"), k+"audit")
+
+	check := func(what string, got []driver.ClaimInfo, want ...driver.ClaimInfo) {
+		t.Helper()
+		if len(got) != len(want) {
+			t.Fatalf("%s: got %d infos %+v, want %+v", what, len(got), got, want)
+		}
+		for i, w := range want {
+			g := got[i]
+			if g.ID != w.ID || g.Claimed != w.Claimed || g.Fingerprint != w.Fingerprint {
+				t.Fatalf("%s: info %d is %+v, want %+v", what, i, g, w)
+			}
+			if w.Claimed && (g.At.Sub(at) > time.Millisecond || at.Sub(g.At) > time.Millisecond) {
+				t.Fatalf("%s: %s claimed at %v, want %v", what, g.ID, g.At, at)
+			}
+			if !w.Claimed && !g.At.IsZero() {
+				t.Fatalf("%s: unclaimed %s has time %v", what, g.ID, g.At)
+			}
+		}
+	}
+	lookup := func(consumer string, ids ...string) []driver.ClaimInfo {
+		t.Helper()
+		got, err := lk.Lookup(ctx, consumer, ids)
+		if err != nil {
+			t.Fatalf("lookup: %v", err)
+		}
+		return got
+	}
+	yes := func(id, fp string) driver.ClaimInfo { return driver.ClaimInfo{ID: id, Claimed: true, Fingerprint: fp} }
+	no := func(id string) driver.ClaimInfo { return driver.ClaimInfo{ID: id} }
+	check("billing", lookup("billing", "c", "zz", "a", "b"), yes("c", ""), no("zz"), yes("a", fp), yes("b", ""))
+	check("audit", lookup("audit", "a", "c"), yes("a", ""), no("c"))
+	check("unknown consumer", lookup("nobody", "a"), no("a"))
+	check("no ids", lookup("billing"))
+
+	n, err := fg.Forget(ctx, "billing", []string{"a", "zz", "c"})
+	if err != nil || n != 2 {
+		t.Fatalf("forget: %d, %v; want 2", n, err)
+	}
+	if n, err := fg.Forget(ctx, "billing", nil); err != nil || n != 0 {
+		t.Fatalf("forget of no ids: %d, %v; want 0", n, err)
+	}
+	check("billing after forget", lookup("billing", "a", "b", "c"), no("a"), yes("b", ""), no("c"))
+	check("audit after billing's forget", lookup("audit", "a", "b"), yes("a", ""), yes("b", ""))
+	if n, err := fg.Forget(ctx, "billing", []string{"a"}); err != nil || n != 0 {
+		t.Fatalf("forget again: %d, %v; want 0", n, err)
+	}
+	expect(t, "claims after forget", s.claimCommit(t, ctx, st, "billing", claims("a", "b", "c"), k+"billing"),
+		driver.ClaimWon, driver.ClaimDuplicate, driver.ClaimWon)
+	expect(t, "audit's claims after billing's forget", s.claimCommit(t, ctx, st, "audit", claims("a"), k+"audit"), driver.ClaimDuplicate)
+	s.wantEffects(t, k+"billinga", 2)
+	s.wantEffects(t, k+"billingb", 1)
+	s.wantEffects(t, k+"audita", 1)
+	if _, err := lk.Lookup(ctx, "", []string{"a"}); err == nil {
+		t.Error("Lookup with an empty consumer must fail")
+	}
+	if _, err := fg.Forget(ctx, "", []string{"a"}); err == nil {
+		t.Error("Forget with an empty consumer must fail")
+	}
 }
 
 // ping: a store that implements driver.Pinger answers it, and still takes

@@ -4,7 +4,8 @@
 // Open's migrate-or-close tail (Migrated); the pruner loop on the store's
 // clock; the savepoint statements; the database/sql side of a transaction
 // that mysql and sqlite share (Tx: savepoints, commit, rollback, id lists,
-// Unclaim); Inspect's per-consumer statistics; the lost-connection errors
+// Unclaim); Inspect's per-consumer statistics; Lookup and Forget of
+// chosen claims (Claims, InOrder); the lost-connection errors
 // IsTransient retries (ConnLost); and the reading of a store's URL
 // parameters (URLParams, Opener). Driver-specific work (claims, pgx
 // batches, server error codes) stays in each store.

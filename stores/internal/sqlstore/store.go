@@ -16,6 +16,8 @@ type Store[Tx any] interface {
 	driver.Migrator
 	driver.Inspector
 	driver.Pinger
+	driver.Lookuper
+	driver.Forgetter
 	io.Closer
 }
 

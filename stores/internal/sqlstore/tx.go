@@ -40,6 +40,13 @@ type Tx struct {
 // InIDs returns prefix followed by a parenthesised placeholder per id, and
 // the statement's arguments: consumer, then ids.
 func (t *Tx) InIDs(prefix, consumer string, ids []string) (string, []any) {
+	return InIDs(t.Numbered, prefix, consumer, ids)
+}
+
+// InIDs returns prefix followed by a parenthesised placeholder per id, and
+// the statement's arguments: consumer, then ids. With numbered the
+// placeholders are ?2, ?3, … (the consumer is ?1 in prefix), otherwise ?.
+func InIDs(numbered bool, prefix, consumer string, ids []string) (string, []any) {
 	var b strings.Builder
 	b.WriteString(prefix + "(")
 	args := make([]any, 0, 1+len(ids))
@@ -48,7 +55,7 @@ func (t *Tx) InIDs(prefix, consumer string, ids []string) (string, []any) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		if t.Numbered {
+		if numbered {
 			fmt.Fprintf(&b, "?%d", 2+i)
 		} else {
 			b.WriteByte('?')

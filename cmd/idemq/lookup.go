@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/cli"
+)
+
+// parseIDs parses a command's args, flags and message ids mixed in any
+// order (after "--" everything is an id, for ids that start with '-'),
+// and returns the ids. The flags' mistakes and --help are handled as
+// Flags.Parse handles them.
+func parseIDs(f *cli.Flags, args []string) ([]string, error) {
+	var ids []string
+	rest := args
+	for len(rest) > 0 {
+		if err := f.FlagSet.Parse(rest); err != nil {
+			return nil, f.Parse(rest) // the usage error, or --help
+		}
+		left := f.Args()
+		if used := len(rest) - len(left); used > 0 && rest[used-1] == "--" {
+			ids = append(ids, left...)
+			break
+		}
+		if len(left) == 0 {
+			break
+		}
+		ids = append(ids, left[0])
+		rest = left[1:]
+	}
+	if len(args) == 0 {
+		if err := f.Parse(nil); err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
+}
+
+// parseClaimArgs parses the args of lookup and forget: --store, a
+// non-empty --consumer and at least one message id.
+func parseClaimArgs(f *cli.Flags, storeURL func() (string, error), consumer *string, args []string) (string, []string, error) {
+	ids, err := parseIDs(f, args)
+	if err != nil {
+		return "", nil, err
+	}
+	raw, err := storeURL()
+	if err != nil {
+		return "", nil, err
+	}
+	switch {
+	case *consumer == "":
+		return "", nil, cli.Usagef("--consumer is required")
+	case len(ids) == 0:
+		return "", nil, cli.Usagef("give at least one message id")
+	}
+	for _, id := range ids {
+		if id == "" {
+			return "", nil, cli.Usagef("empty message id")
+		}
+	}
+	return raw, ids, nil
+}
+
+const lookupUsage = `Usage: idemq lookup --store URL --consumer NAME [--json] ID...
+
+Shows, for each message id, whether the consumer has claimed it, when
+(RFC 3339, UTC) and the body fingerprint stored with the claim. A claimed
+id's message is not applied again when it is redelivered. Put ids that
+start with '-' after "--".
+`
+
+// claimJSON is one id of lookup --json.
+type claimJSON struct {
+	ID          string
+	Claimed     bool
+	At          string `json:",omitempty"` // RFC 3339, UTC; only when claimed
+	Fingerprint string `json:",omitempty"`
+}
+
+func runLookup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := cli.NewFlags("idemq lookup", lookupUsage, stdout)
+	storeURL := f.StoreFlag()
+	consumer := f.String("consumer", "", "the consumer whose claims to show (required)")
+	asJSON := f.Bool("json", false, "print a JSON array, one object per id")
+	raw, ids, err := parseClaimArgs(f, storeURL, consumer, args)
+	if err != nil {
+		return err
+	}
+	s, lk, err := storeThat[driver.Lookuper](ctx, raw, "look up claims")
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	infos, err := lk.Lookup(ctx, *consumer, ids)
+	if err != nil {
+		return hideSecrets(err, raw)
+	}
+	if *asJSON {
+		out := make([]claimJSON, len(infos))
+		for i, in := range infos {
+			out[i] = claimJSON{ID: in.ID, Claimed: in.Claimed, Fingerprint: in.Fingerprint}
+			if in.Claimed {
+				out[i].At = in.At.UTC().Format(time.RFC3339Nano)
+			}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	claimed := 0
+	for _, in := range infos {
+		if in.Claimed {
+			claimed++
+		}
+	}
+	fmt.Fprintf(stdout, "consumer %s in %s on %s: %d of %d ids claimed\n", *consumer, s.table(), core.Redact(raw), claimed, len(infos))
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCLAIMED\tAT\tFINGERPRINT")
+	for _, in := range infos {
+		if !in.Claimed {
+			fmt.Fprintf(tw, "%s\tno\t-\t-\n", in.ID)
+			continue
+		}
+		fp := in.Fingerprint
+		if fp == "" {
+			fp = "(none)"
+		}
+		fmt.Fprintf(tw, "%s\tyes\t%s\t%s\n", in.ID, in.At.UTC().Format(time.RFC3339), fp)
+	}
+	return tw.Flush()
+}
+
+// listIDs joins the first max ids, saying how many more there are.
+func listIDs(ids []string, max int) string {
+	if len(ids) <= max {
+		return strings.Join(ids, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(ids[:max], ", "), len(ids)-max)
+}
+
+const forgetUsage = `Usage: idemq forget --store URL --consumer NAME --yes ID...
+
+Deletes the consumer's claims of the given message ids, so that those
+messages are applied again when they are delivered or replayed: on purpose,
+for a message whose effect was undone or lost. Without --yes it only says
+what it would do (and exits 2). It prints each id and whether it was
+claimed, and the number of claims removed. Put ids that start with '-'
+after "--".
+
+Forgetting the claim of a message whose effect still stands lets its next
+delivery apply the effect twice.
+`
+
+func runForget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := cli.NewFlags("idemq forget", forgetUsage, stdout)
+	storeURL := f.StoreFlag()
+	consumer := f.String("consumer", "", "the consumer whose claims to delete (required)")
+	yes := f.Bool("yes", false, "delete the claims (required: without it nothing is deleted)")
+	raw, ids, err := parseClaimArgs(f, storeURL, consumer, args)
+	if err != nil {
+		return err
+	}
+	if !*yes {
+		return cli.Usagef("would delete the claims of consumer %s for %d ids (%s) on %s, so their messages apply again: pass --yes to do it",
+			*consumer, len(ids), listIDs(ids, 10), core.Redact(raw))
+	}
+	s, fg, err := storeThat[driver.Forgetter](ctx, raw, "forget claims")
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	// What was there, to report each id; the count Forget returns is
+	// what was removed.
+	var before []driver.ClaimInfo
+	if lk, ok := s.store.(driver.Lookuper); ok {
+		if before, err = lk.Lookup(ctx, *consumer, ids); err != nil {
+			return hideSecrets(err, raw)
+		}
+	}
+	n, err := fg.Forget(ctx, *consumer, ids)
+	if err != nil {
+		return hideSecrets(err, raw)
+	}
+	for i, id := range ids {
+		switch {
+		case before == nil:
+			fmt.Fprintf(stdout, "%s: forgotten if it was claimed\n", id)
+		case before[i].Claimed:
+			fmt.Fprintf(stdout, "%s: forgot the claim of %s\n", id, before[i].At.UTC().Format(time.RFC3339))
+		default:
+			fmt.Fprintf(stdout, "%s: was not claimed\n", id)
+		}
+	}
+	fmt.Fprintf(stdout, "forgot %d claims of consumer %s in %s on %s\n", n, *consumer, s.table(), core.Redact(raw))
+	return nil
+}

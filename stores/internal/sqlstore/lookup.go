@@ -1,0 +1,128 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+// Claims is where a database/sql store's Lookup and Forget find the
+// claims: the handle, the placeholder style and how many ids one
+// statement may list.
+type Claims struct {
+	// DB is the store's handle.
+	DB *sql.DB
+	// Numbered says the driver takes numbered placeholders (?1 is the
+	// consumer), as Tx.Numbered.
+	Numbered bool
+	// Chunk is the most ids one statement lists.
+	Chunk int
+}
+
+// CheckConsumer is the check of a Lookup or Forget call's consumer, which
+// must not be empty.
+func (c *Config) CheckConsumer(op, consumer string) error {
+	if consumer == "" {
+		return fmt.Errorf("%s: %s: empty consumer", c.Store, op)
+	}
+	return nil
+}
+
+// Lookup is a database/sql store's Lookup. prefix is the SELECT up to the
+// list of ids ("SELECT message_id, fingerprint, processed_at FROM t WHERE
+// consumer = ? AND message_id IN "), returning processed_at as TimeFormat
+// text. It returns one ClaimInfo per id, in order.
+func (c *Config) Lookup(ctx context.Context, cl Claims, prefix, consumer string, ids []string) ([]driver.ClaimInfo, error) {
+	if err := c.CheckConsumer("Lookup", consumer); err != nil {
+		return nil, err
+	}
+	found := make(map[string]driver.ClaimInfo, len(ids))
+	for part := range slices.Chunk(ids, cl.Chunk) {
+		q, args := InIDs(cl.Numbered, prefix, consumer, part)
+		if err := scanInfos(ctx, cl.DB, q, args, found); err != nil {
+			return nil, c.Wrap("lookup", err)
+		}
+	}
+	return InOrder(ids, found), nil
+}
+
+// InOrder returns the ClaimInfo of each id from found, in the order of
+// ids; an id found lacks is reported unclaimed.
+func InOrder(ids []string, found map[string]driver.ClaimInfo) []driver.ClaimInfo {
+	out := make([]driver.ClaimInfo, len(ids))
+	for i, id := range ids {
+		if info, ok := found[id]; ok {
+			out[i] = info
+		} else {
+			out[i] = driver.ClaimInfo{ID: id}
+		}
+	}
+	return out
+}
+
+func scanInfos(ctx context.Context, db *sql.DB, q string, args []any, found map[string]driver.ClaimInfo) error {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, fp []byte // VARBINARY on MySQL; TEXT converts
+		var at string
+		if err := rows.Scan(&id, &fp, &at); err != nil {
+			return err
+		}
+		t, err := time.ParseInLocation(TimeFormat, at, time.UTC)
+		if err != nil {
+			return err
+		}
+		found[string(id)] = driver.ClaimInfo{ID: string(id), Claimed: true, At: t, Fingerprint: string(fp)}
+	}
+	return rows.Err()
+}
+
+// Forget is a database/sql store's Forget. prefix is the DELETE up to the
+// list of ids ("DELETE FROM t WHERE consumer = ? AND message_id IN "). It
+// deletes in one transaction, Chunk ids per statement, and returns how
+// many rows it removed.
+func (c *Config) Forget(ctx context.Context, cl Claims, prefix, consumer string, ids []string) (n int, err error) {
+	if err := c.CheckConsumer("Forget", consumer); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tx, err := cl.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, c.Wrap("forget", err)
+	}
+	defer func() {
+		if err != nil {
+			if rb := tx.Rollback(); rb != nil && !errors.Is(rb, sql.ErrTxDone) {
+				err = errors.Join(err, rb)
+			}
+			n = 0
+		}
+	}()
+	for part := range slices.Chunk(ids, cl.Chunk) {
+		q, args := InIDs(cl.Numbered, prefix, consumer, part)
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return 0, c.Wrap("forget", err)
+		}
+		m, err := res.RowsAffected()
+		if err != nil {
+			return 0, c.Wrap("forget", err)
+		}
+		n += int(m)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, c.Wrap("forget", fmt.Errorf("commit: %w", err))
+	}
+	return n, nil
+}

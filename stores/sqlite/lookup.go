@@ -1,0 +1,28 @@
+package sqlite
+
+import (
+	"context"
+
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
+)
+
+// claims is where Lookup and Forget find the claims.
+func (s *Store) claims() sqlstore.Claims {
+	return sqlstore.Claims{DB: s.db, Numbered: true, Chunk: 2 * claimChunk}
+}
+
+// Lookup reports, for each of ids in order, whether consumer has claimed
+// it, when (processed_at) and with which fingerprint (idemq lookup). It
+// reads without taking the write lock.
+func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]driver.ClaimInfo, error) {
+	return s.cfg.Lookup(ctx, s.claims(), `SELECT message_id, fingerprint, processed_at FROM `+s.cfg.Table+
+		` WHERE consumer = ?1 AND message_id IN `, consumer, ids)
+}
+
+// Forget deletes consumer's claims of ids in one transaction, so those
+// messages are applied again when they come (idemq forget), and returns
+// how many claims it removed.
+func (s *Store) Forget(ctx context.Context, consumer string, ids []string) (int, error) {
+	return s.cfg.Forget(ctx, s.claims(), s.q.unclaim, consumer, ids)
+}
