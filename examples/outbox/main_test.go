@@ -177,4 +177,3 @@ func TestExampleSQS(t *testing.T) {
 		"endpoint": {endpoint}, "region": {"us-east-1"}, "dlq": {dlq}, "wait": {"1s"},
 	}.Encode())
 }
-
