@@ -2,7 +2,7 @@
 //
 //	idemq migrate --store URL                          create the dedup table
 //	idemq prune   --store URL --older-than 168h        delete old claims in bounded batches
-//	idemq stats   --store URL                          claims per consumer, oldest claim, table size
+//	idemq stats   --store URL [--broker URL]           claims per consumer, oldest claim, table size; retention against the broker's horizon
 //	idemq lookup  --store URL --consumer C ID…         whether each id is claimed, when, its fingerprint
 //	idemq forget  --store URL --consumer C --yes ID…   delete those claims, so the messages apply again
 //

@@ -17,6 +17,9 @@ import (
 	"golang.org/x/term"
 
 	"github.com/idemq/idemq/core"
+	_ "github.com/idemq/idemq/brokers/kafka"
+	_ "github.com/idemq/idemq/brokers/rabbitmq"
+	_ "github.com/idemq/idemq/brokers/sqs"
 	_ "github.com/idemq/idemq/stores/mysql"
 	_ "github.com/idemq/idemq/stores/postgres"
 	_ "github.com/idemq/idemq/stores/sqlite"
@@ -195,16 +198,24 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-const statsUsage = `Usage: idemq stats --store URL [--json]
+const statsUsage = `Usage: idemq stats --store URL [--broker URL] [--json]
 
 Shows the dedup table: claims per consumer with the oldest and newest claim,
 and the table's size on disk (with its indexes) as the database reports it.
 It counts every row, so on a very large table it takes as long as a scan.
+
+With --broker (a consumer's broker URL), it also compares the store's
+retention with how long that broker can still redeliver a message (SQS: the
+queue's and its dead-letter queue's retention; Kafka: the topic's
+retention.ms; RabbitMQ: unbounded), and says when claims are pruned too
+soon. The broker is opened as the consumer opens it (a RabbitMQ queue is
+declared unless the URL says declare=false).
 `
 
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := cli.NewFlags("idemq stats", statsUsage, stdout)
 	storeURL := f.StoreFlag()
+	brokerURL := f.String("broker", "", "a consumer's broker URL: compare the store's retention with the broker's redelivery horizon")
 	asJSON := f.Bool("json", false, "print the statistics as JSON")
 	raw, err := parseStore(f, storeURL, args)
 	if err != nil {
@@ -219,19 +230,29 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return hideSecrets(err, raw)
 	}
+	var hz *horizonCheck
+	if *brokerURL != "" {
+		if hz, err = checkHorizon(ctx, s, *brokerURL); err != nil {
+			return err
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(struct {
 			Store string
 			driver.TableStats
-		}{core.Redact(raw), st})
+			Horizon *horizonCheck `json:",omitempty"`
+		}{core.Redact(raw), st, hz})
 	}
 	size := "unknown"
 	if st.SizeBytes > 0 {
 		size = formatBytes(st.SizeBytes)
 	}
 	fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, core.Redact(raw), st.Rows, size)
+	if hz != nil {
+		fmt.Fprintln(stdout, hz)
+	}
 	if len(st.Consumers) == 0 {
 		fmt.Fprintln(stdout, "no claims")
 		return nil
@@ -244,6 +265,58 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+// horizonCheck is the store's retention against a broker's redelivery
+// horizon.
+type horizonCheck struct {
+	Broker    string
+	Retention string // the store's, or "unknown"
+	Horizon   string // the broker's, "unbounded", or "unknown"
+	// Short is true when claims are pruned while the broker can still
+	// redeliver their messages.
+	Short bool
+}
+
+func (h *horizonCheck) String() string {
+	verdict := "claims outlive redeliveries"
+	switch {
+	case h.Short:
+		verdict = "TOO SHORT: a message redelivered after its claim is pruned is applied twice (raise the store's retention or bound the broker's)"
+	case h.Retention == "unknown" || h.Horizon == "unknown":
+		verdict = "cannot compare"
+	}
+	return fmt.Sprintf("retention %s, redelivery horizon of %s: %s: %s", h.Retention, h.Broker, h.Horizon, verdict)
+}
+
+// checkHorizon opens the broker at brokerURL as a consumer would and
+// compares its redelivery horizon with the store's retention.
+func checkHorizon(ctx context.Context, s *openedStore, brokerURL string) (*horizonCheck, error) {
+	src, err := driver.OpenSource(ctx, brokerURL, driver.OpenConfig{})
+	if err != nil {
+		return nil, hideSecrets(err, brokerURL)
+	}
+	defer src.Close()
+	h := &horizonCheck{Broker: core.Redact(brokerURL), Retention: "unknown", Horizon: "unknown"}
+	var retention, horizon time.Duration
+	rt, rok := s.store.(driver.Retentioner)
+	if rok {
+		retention = rt.Retention()
+		h.Retention = retention.String()
+	}
+	hz, hok := src.(driver.RedeliveryHorizoner)
+	if hok {
+		horizon, hok = hz.RedeliveryHorizon(ctx)
+	}
+	switch {
+	case !hok:
+	case horizon == driver.Unbounded:
+		h.Horizon = "unbounded"
+	default:
+		h.Horizon = horizon.String()
+	}
+	h.Short = rok && hok && retention > 0 && retention < horizon
+	return h, nil
 }
 
 // age renders a duration the way operators compare it with a retention.

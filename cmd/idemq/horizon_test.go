@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/idemq/idemq/internal/servicetest"
+)
+
+// stats --broker compares the store's retention with the broker's
+// redelivery horizon: a RabbitMQ queue keeps messages until consumed, so
+// any retention is too short; an SQS queue keeping messages 30 minutes is
+// outlived by claims kept an hour.
+func TestStatsAgainstBrokerHorizon(t *testing.T) {
+	storeURL := "sqlite://" + filepath.Join(t.TempDir(), "h.db") + "?retention=1h"
+	expect(t, exitOK, []string{"migrate", "--store", storeURL})
+
+	amqpURL := servicetest.RabbitMQURL(t)
+	q := "idemq-stats-" + randomHex(4)
+	servicetest.DeleteQueuesAtCleanup(t, amqpURL, q)
+	broker := amqpURL + "?queue=" + q
+	expect(t, exitOK, []string{"stats", "--store", storeURL, "--broker", broker},
+		"retention 1h0m0s", "redelivery horizon of", "unbounded", "TOO SHORT")
+	r := expect(t, exitOK, []string{"stats", "--store", storeURL, "--broker", broker, "--json"})
+	var out struct{ Horizon horizonCheck }
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || !out.Horizon.Short || out.Horizon.Horizon != "unbounded" {
+		t.Errorf("--json: %+v, %v\n%s", out, err, r.stdout)
+	}
+	if strings.Contains(r.stdout, "guest:guest") {
+		t.Errorf("the output shows the broker's password:\n%s", r.stdout)
+	}
+
+	f, err := servicetest.StartFauxqs("../../brokers/sqs/internal/fauxqs")
+	if err != nil {
+		servicetest.Unavailable(t, "no SQS emulator: %v", err)
+	}
+	t.Cleanup(f.Stop)
+	cl := awssqs.New(awssqs.Options{Region: "us-east-1", BaseEndpoint: aws.String(f.URL),
+		Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")})
+	name := "idemq-stats-" + randomHex(4)
+	for _, n := range []string{name, name + "-dlq"} {
+		if _, err := cl.CreateQueue(context.Background(), &awssqs.CreateQueueInput{QueueName: aws.String(n),
+			Attributes: map[string]string{"MessageRetentionPeriod": "1800"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sqsURL := "sqs://test:test@" + name + "?" + url.Values{"endpoint": {f.URL}, "region": {"us-east-1"}, "dlq": {name + "-dlq"}}.Encode()
+	expect(t, exitOK, []string{"stats", "--store", storeURL, "--broker", sqsURL},
+		"retention 1h0m0s", "30m0s", "claims outlive redeliveries")
+	expect(t, exitUsage, []string{"stats", "--store", storeURL, "--broker"}, "flag needs an argument")
+	expect(t, exitFailure, []string{"stats", "--store", storeURL, "--broker", "nats://x"}, "no broker registered")
+}
