@@ -16,10 +16,10 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
-	"github.com/idemq/idemq/core"
 	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
+	"github.com/idemq/idemq/core"
 	_ "github.com/idemq/idemq/stores/mysql"
 	_ "github.com/idemq/idemq/stores/postgres"
 	_ "github.com/idemq/idemq/stores/sqlite"
