@@ -17,10 +17,17 @@
 // business transactions that write to the file wait while a relay
 // publishes a batch, so open the handles with a busy_timeout longer than a
 // batch's publish (and, as stores/sqlite does, with _txlock=immediate and
-// journal_mode(WAL)), and keep batches small when publishing is slow. If
+// journal_mode(WAL)), and keep batches small when publishing is slow. A
+// relay that keeps finding full batches claims back to back; others get
+// the lock between its claims when their busy handler's retries find it
+// free, so a second relay on the file is a standby (it takes over when the
+// first stops or backs off after a failure) more than a second worker. If
 // the relay's process dies, SQLite rolls its claim back: the rows stay
 // pending and are published again (the consumers' dedup absorbs the
 // copies).
+//
+// The package does not import the driver: import modernc.org/sqlite (or
+// stores/sqlite, which does) to register "sqlite".
 //
 // Migrate creates the outbox table (default name "outbox"):
 //
