@@ -112,10 +112,19 @@ func TestWriteChunks(t *testing.T) {
 
 // TestClaimIsExclusive holds one relay's claim open: a second relay on
 // another handle of the file waits for it, then claims past the rows the
-// first one marked.
+// first one marked. The handles begin deferred transactions (no
+// _txlock=immediate), so the claim's first write is what takes the lock.
 func TestClaimIsExclusive(t *testing.T) {
 	path := tempPath(t)
-	db1, db2 := openDB(t, path), openDB(t, path)
+	deferred := func() *sql.DB {
+		db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	db1, db2 := deferred(), deferred()
 	o := newOutbox(t, db1)
 	ctx := context.Background()
 	tx, _ := db1.BeginTx(ctx, nil)
