@@ -1,6 +1,7 @@
-// Package sqloutbox holds what the SQL outboxes (pgoutbox, mysqloutbox)
-// share: readying messages for their rows, the per-key write locks, and
-// the step of a claim that adds the rows following each claimed head.
+// Package sqloutbox holds what the SQL outboxes (pgoutbox, mysqloutbox,
+// sqliteoutbox) share: readying messages for their rows, the per-key write
+// locks (SQLite, with one writer at a time, needs none), and the step of a
+// claim that adds the rows following each claimed head.
 package sqloutbox
 
 import (

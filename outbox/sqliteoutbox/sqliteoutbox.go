@@ -1,0 +1,367 @@
+// Package sqliteoutbox is the transactional outbox on SQLite
+// (database/sql with modernc.org/sqlite, pure Go, the driver stores/sqlite
+// uses): Write adds messages inside the caller's *sql.Tx, and the Store
+// behind an outbox.Relay claims them inside a transaction that holds
+// SQLite's write lock. There is no notification: relays poll
+// (outbox.WithPollInterval), and writers in the relay's process can call
+// Relay.Wake after committing.
+//
+// SQLite lets one transaction write at a time, which makes both halves
+// simple. Writers need no per-key locks: a row's seq (INTEGER PRIMARY KEY
+// AUTOINCREMENT) is assigned when it is inserted, inside a write
+// transaction that no other writer runs beside, so rows commit in seq
+// order. A claim's first statement is a write, so its transaction holds
+// the write lock from the start, whatever the handle's _txlock, until
+// Finish or Abort: two relays on the same file claim one after the other,
+// and the second sees the first one's marks. The same lock makes the
+// business transactions that write to the file wait while a relay
+// publishes a batch, so open the handles with a busy_timeout longer than a
+// batch's publish (and, as stores/sqlite does, with _txlock=immediate and
+// journal_mode(WAL)), and keep batches small when publishing is slow. A
+// relay that keeps finding full batches claims back to back; others get
+// the lock between its claims when their busy handler's retries find it
+// free, so a second relay on the file is a standby (it takes over when the
+// first stops or backs off after a failure) more than a second worker. If
+// the relay's process dies, SQLite rolls its claim back: the rows stay
+// pending and are published again (the consumers' dedup absorbs the
+// copies).
+//
+// The package does not import the driver: import modernc.org/sqlite (or
+// stores/sqlite, which does) to register "sqlite".
+//
+// Migrate creates the outbox table (default name "outbox"):
+//
+//	CREATE TABLE outbox (
+//	    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+//	    id           TEXT    NOT NULL,
+//	    destination  TEXT    NOT NULL,
+//	    ordering_key TEXT    NULL,
+//	    headers      TEXT    NOT NULL, -- JSON object
+//	    body         BLOB    NOT NULL,
+//	    created_at   INTEGER NOT NULL, -- Unix microseconds
+//	    sent_at      INTEGER NULL,     -- Unix microseconds; NULL while pending
+//	    attempts     INTEGER NOT NULL DEFAULT 0,
+//	    available_at INTEGER NOT NULL  -- Unix microseconds
+//	);
+//
+// with partial indexes on the pending rows (by seq, and by ordering key
+// and seq) and on the sent rows' sent_at. Times come from the clock of the
+// process that writes them, which for an embedded database is the
+// database's clock.
+package sqliteoutbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/sqlident"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/sqloutbox"
+)
+
+// DefaultTable is the outbox table's name when WithTable is not given.
+const DefaultTable = "outbox"
+
+// writeChunk bounds the rows of one INSERT: 7 parameters a row stays under
+// SQLITE_MAX_VARIABLE_NUMBER even on builds that keep the historic 999.
+const writeChunk = 100
+
+// Option configures an Outbox. An invalid value makes New fail with an
+// error naming the option.
+type Option func(*Outbox) error
+
+// WithTable sets the outbox table's name: ASCII letters, digits and
+// underscores, not starting with a digit, at most sqlident's portable
+// length. Default "outbox".
+func WithTable(name string) Option {
+	return func(o *Outbox) error {
+		if err := sqlident.Check(name); err != nil {
+			return fmt.Errorf("sqliteoutbox: WithTable: %w", err)
+		}
+		o.table = name
+		return nil
+	}
+}
+
+// Outbox is one outbox table: how to write to it and how relays read it.
+type Outbox struct {
+	table string
+}
+
+// New returns an Outbox for the configured table.
+func New(opts ...Option) (*Outbox, error) {
+	o := &Outbox{table: DefaultTable}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(o); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+var defaultOutbox = &Outbox{table: DefaultTable}
+
+// Write adds msgs to the default outbox table ("outbox") inside tx; see
+// Outbox.Write.
+func Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message) error {
+	return defaultOutbox.Write(ctx, tx, msgs...)
+}
+
+// Table returns the outbox table's name.
+func (o *Outbox) Table() string { return o.table }
+
+// Write adds msgs to the outbox inside tx, the caller's business
+// transaction: they are published if and only if tx commits. A message
+// without an ID gets a UUIDv7, set in the Message. The trace context of
+// ctx is stored in the headers.
+//
+// Write takes no lock of its own: SQLite runs one write transaction at a
+// time, so per key rows commit in the order of their sequence numbers.
+// Like any write, it waits busy_timeout for the write lock when another
+// transaction (a relay's claim among them) holds it.
+func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message) error {
+	if tx == nil {
+		return errors.New("sqliteoutbox: Write: nil tx")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	ready, err := sqloutbox.Prepare(ctx, "sqliteoutbox", msgs)
+	if err != nil {
+		return err
+	}
+	now := time.Now().UnixMicro()
+	for len(ready) > 0 {
+		chunk := ready[:min(len(ready), writeChunk)]
+		ready = ready[len(chunk):]
+		args := make([]any, 0, 7*len(chunk))
+		for _, r := range chunk {
+			var key any
+			if r.Key != "" {
+				key = r.Key
+			}
+			args = append(args, r.ID, r.Destination, key, r.Headers, r.Body, now, now)
+		}
+		q := fmt.Sprintf("INSERT INTO %s (id, destination, ordering_key, headers, body, created_at, available_at) VALUES %s",
+			o.table, strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", "))
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("sqliteoutbox: Write into %s: %w", o.table, err)
+		}
+	}
+	return nil
+}
+
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// Migrate creates the outbox table and its indexes if they do not exist.
+// It is safe when several processes run it at once.
+func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
+	t := o.table
+	stmts := []string{
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+	id           TEXT    NOT NULL,
+	destination  TEXT    NOT NULL,
+	ordering_key TEXT    NULL,
+	headers      TEXT    NOT NULL,
+	body         BLOB    NOT NULL,
+	created_at   INTEGER NOT NULL,
+	sent_at      INTEGER NULL,
+	attempts     INTEGER NOT NULL DEFAULT 0,
+	available_at INTEGER NOT NULL
+)`, t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_pending ON %[1]s (seq) WHERE sent_at IS NULL`, t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_pending_key ON %[1]s (ordering_key, seq) WHERE sent_at IS NULL`, t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_sent ON %[1]s (sent_at) WHERE sent_at IS NOT NULL`, t),
+	}
+	for _, s := range stmts {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("sqliteoutbox: Migrate %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// Store returns the relay side of the outbox on db.
+func (o *Outbox) Store(db *sql.DB) *Store {
+	t := o.table
+	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, created_at, attempts"
+	return &Store{db: db, cols: cols, table: t,
+		// A write that changes nothing still takes the write lock: the
+		// claim holds it from here to Finish or Abort.
+		lockSQL: fmt.Sprintf(`UPDATE %s SET attempts = attempts WHERE seq = -1`, t),
+		// A head is a row with no earlier pending row of its key, checked
+		// against the whole table (not the window), so postponed rows can
+		// stay out of the window without letting the row behind them pass.
+		headsSQL: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+WHERE seq IN (
+	SELECT seq FROM %[1]s WHERE sent_at IS NULL AND available_at <= ?1
+	ORDER BY seq LIMIT ?2
+) AND (ordering_key IS NULL OR NOT EXISTS (
+	SELECT 1 FROM %[1]s p WHERE p.ordering_key = %[1]s.ordering_key AND p.sent_at IS NULL AND p.seq < %[1]s.seq))
+ORDER BY seq LIMIT ?3`, t, cols),
+		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(MIN(created_at), 0) FROM %s WHERE sent_at IS NULL`, t),
+		pruneSQL: fmt.Sprintf(`DELETE FROM %[1]s WHERE seq IN (
+	SELECT seq FROM %[1]s WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sent_at LIMIT ?)`, t),
+	}
+}
+
+// NewRelay returns an outbox.Relay that publishes this outbox's rows on db
+// through pub.
+func (o *Outbox) NewRelay(db *sql.DB, pub core.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+	if db == nil {
+		return nil, errors.New("sqliteoutbox: NewRelay: nil db")
+	}
+	return outbox.NewRelay(o.Store(db), pub, opts...)
+}
+
+// Store implements outbox.Store on SQLite.
+type Store struct {
+	db                                      *sql.DB
+	table, cols                             string
+	lockSQL, headsSQL, pendingSQL, pruneSQL string
+}
+
+var _ outbox.Store = (*Store)(nil)
+
+func scanRows(rows *sql.Rows) ([]*outbox.Row, error) {
+	defer rows.Close()
+	var out []*outbox.Row
+	for rows.Next() {
+		r := &outbox.Row{}
+		var headers string
+		var micros int64
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &headers, &r.Body, &micros, &r.Attempts); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal([]byte(headers), &r.Headers); err != nil {
+			return nil, fmt.Errorf("row %d headers: %w", r.Seq, err)
+		}
+		if r.Body == nil {
+			r.Body = []byte{}
+		}
+		r.CreatedAt = time.UnixMicro(micros)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Claim implements outbox.Store. Its transaction writes first, so it waits
+// (busy_timeout) for SQLite's write lock and then holds it until Finish or
+// Abort: no other relay claims meanwhile, and the heads it finds, the rows
+// with no earlier pending row of their key, are all its own.
+func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	abort := func(err error) (outbox.Claimed, error) {
+		tx.Rollback()
+		return nil, err
+	}
+	if _, err := tx.ExecContext(ctx, s.lockSQL); err != nil {
+		return abort(fmt.Errorf("taking the write lock: %w", err))
+	}
+	rows, err := tx.QueryContext(ctx, s.headsSQL, time.Now().UnixMicro(), window, limit)
+	if err != nil {
+		return abort(err)
+	}
+	c := &claimed{s: s, tx: tx}
+	if c.rows, err = scanRows(rows); err != nil {
+		return abort(err)
+	}
+	if len(c.rows) == 0 {
+		return abort(nil)
+	}
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
+			s.cols, s.table, placeholders(len(keys)), placeholders(len(seqs)))
+		rows, err := tx.QueryContext(ctx, q, append(append(anys(keys), anys(seqs)...), room)...)
+		if err != nil {
+			return nil, err
+		}
+		return scanRows(rows)
+	})
+	if err != nil {
+		return abort(err)
+	}
+	return c, nil
+}
+
+type claimed struct {
+	s    *Store
+	tx   *sql.Tx
+	rows []*outbox.Row
+}
+
+func (c *claimed) Rows() []*outbox.Row { return c.rows }
+
+func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
+	now := time.Now().UnixMicro()
+	if len(sent) > 0 {
+		q := fmt.Sprintf("UPDATE %s SET sent_at = ? WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
+		args := append([]any{now}, anys(sent)...)
+		if del {
+			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
+			args = anys(sent)
+		}
+		if _, err := c.tx.ExecContext(ctx, q, args...); err != nil {
+			c.tx.Rollback()
+			return err
+		}
+	}
+	if len(failed) > 0 {
+		q := fmt.Sprintf("UPDATE %s SET attempts = attempts + 1, available_at = ? WHERE seq IN (%s)",
+			c.s.table, placeholders(len(failed)))
+		if _, err := c.tx.ExecContext(ctx, q, append([]any{now + retryAfter.Microseconds()}, anys(failed)...)...); err != nil {
+			c.tx.Rollback()
+			return err
+		}
+	}
+	return c.tx.Commit()
+}
+
+func (c *claimed) Abort(context.Context) error { return c.tx.Rollback() }
+
+// Pending implements outbox.Store. SQLite is embedded: the database clock
+// is this process's clock.
+func (s *Store) Pending(ctx context.Context) (int64, time.Duration, error) {
+	var n, oldest int64
+	if err := s.db.QueryRowContext(ctx, s.pendingSQL).Scan(&n, &oldest); err != nil {
+		return 0, 0, err
+	}
+	if n == 0 {
+		return 0, 0, nil
+	}
+	return n, max(time.Since(time.UnixMicro(oldest)), 0), nil
+}
+
+// Prune implements outbox.Store: it deletes the oldest sent rows whose
+// sent_at is before the given time.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	res, err := s.db.ExecContext(ctx, s.pruneSQL, before.UnixMicro(), limit)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
