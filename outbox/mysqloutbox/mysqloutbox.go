@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"
@@ -64,13 +65,8 @@ type Outbox struct {
 // New returns an Outbox for the configured table.
 func New(opts ...Option) (*Outbox, error) {
 	o := &Outbox{table: DefaultTable}
-	for _, opt := range opts {
-		if opt == nil {
-			continue
-		}
-		if err := opt(o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(o, opts...); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
