@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/idemq/idemq/internal/servicetest"
@@ -38,13 +37,8 @@ func TestStatsAgainstBrokerHorizon(t *testing.T) {
 		t.Errorf("the output shows the broker's password:\n%s", r.stdout)
 	}
 
-	f, err := servicetest.StartFauxqs("../../brokers/sqs/internal/fauxqs")
-	if err != nil {
-		servicetest.Unavailable(t, "no SQS emulator: %v", err)
-	}
-	t.Cleanup(f.Stop)
-	cl := awssqs.New(awssqs.Options{Region: "us-east-1", BaseEndpoint: aws.String(f.URL),
-		Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")})
+	endpoint := servicetest.SQSEndpoint(t)
+	cl := servicetest.SQSClient(endpoint)
 	name := "idemq-stats-" + randomHex(4)
 	for _, n := range []string{name, name + "-dlq"} {
 		if _, err := cl.CreateQueue(context.Background(), &awssqs.CreateQueueInput{QueueName: aws.String(n),
@@ -52,7 +46,7 @@ func TestStatsAgainstBrokerHorizon(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sqsURL := "sqs://test:test@" + name + "?" + url.Values{"endpoint": {f.URL}, "region": {"us-east-1"}, "dlq": {name + "-dlq"}}.Encode()
+	sqsURL := "sqs://test:test@" + name + "?" + url.Values{"endpoint": {endpoint}, "region": {"us-east-1"}, "dlq": {name + "-dlq"}}.Encode()
 	expect(t, exitOK, []string{"stats", "--store", storeURL, "--broker", sqsURL},
 		"retention 1h0m0s", "30m0s", "claims outlive redeliveries")
 	expect(t, exitUsage, []string{"stats", "--store", storeURL, "--broker"}, "flag needs an argument")

@@ -27,8 +27,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -352,12 +350,12 @@ func TestFaultDatabaseOutageQuorumQueue(t *testing.T) {
 // A 30 s database outage under an SQS queue whose redrive policy parks a
 // message after 5 receives parks nothing.
 func TestFaultDatabaseOutageSQSRedrive(t *testing.T) {
-	endpoint := sqsEndpoint(t)
+	endpoint := servicetest.SQSEndpoint(t)
 	store, prefix, l := postgresStore(t)
 	tp := netfault.Start(t)
 	pg := tp.Proxy(t, "postgres", hostPort(t, store, "5432"))
-	queue, dlq := sqsQueues(t, endpoint)
-	cl := sqsClient(endpoint)
+	queue, dlq := servicetest.SQSQueues(t, endpoint, "payments-")
+	cl := servicetest.SQSClient(endpoint)
 	redrive(t, cl, queue, dlq, 5)
 	broker := "sqs://test:test@" + queue + "?" + url.Values{
 		"endpoint": {endpoint}, "region": {"us-east-1"}, "dead_letter_mode": {"redrive"}, "visibility": {"10s"}, "wait": {"1s"},
@@ -377,13 +375,6 @@ func TestFaultDatabaseOutageSQSRedrive(t *testing.T) {
 				}
 			}
 		},
-	})
-}
-
-func sqsClient(endpoint string) *awssqs.Client {
-	return awssqs.New(awssqs.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String(endpoint),
-		Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
 	})
 }
 
@@ -508,13 +499,13 @@ func TestFaultFlakyNetworkRabbitMQPostgres(t *testing.T) {
 
 // The same faults between the service and the SQS emulator, then MariaDB.
 func TestFaultFlakyNetworkSQSMariaDB(t *testing.T) {
-	endpoint := sqsEndpoint(t)
+	endpoint := servicetest.SQSEndpoint(t)
 	store, prefix, l := mysqlStore(t)
 	tp := netfault.Start(t)
 	db := tp.Proxy(t, "mariadb", hostPort(t, store, "3306"))
 	sq := tp.Proxy(t, "sqs", hostPort(t, endpoint, "80"))
-	queue, dlq := sqsQueues(t, endpoint)
-	cl := sqsClient(endpoint)
+	queue, dlq := servicetest.SQSQueues(t, endpoint, "payments-")
+	cl := servicetest.SQSClient(endpoint)
 	redrive(t, cl, queue, dlq, 5)
 	sqsURL := func(ep string) string {
 		return "sqs://test:test@" + queue + "?" + url.Values{
