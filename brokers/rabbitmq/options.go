@@ -84,6 +84,7 @@ type config struct {
 	backoffMax      time.Duration
 	logger          *slog.Logger // nil: SetLogger's, else slog.Default()
 	deliveryLimit   int
+	messageTTL      time.Duration
 }
 
 func defaultConfig(queue string) config {
@@ -161,6 +162,22 @@ func WithQueueType(t QueueType) Option {
 func WithDeliveryLimit(n int) Option {
 	return option.Check(invalid(n < 0, "WithDeliveryLimit", "%d is negative", n),
 		func(c *config) { c.deliveryLimit = n })
+}
+
+// WithMessageTTL keeps a message at most d in the queue and at most d in
+// its dead-letter queue (x-message-ttl on both, whole milliseconds, at
+// least 1ms): a message not consumed within d moves to the dead-letter
+// queue, and one parked there is dropped d later. This bounds how long the
+// broker can redeliver a message to 2 × d, the Source's redelivery horizon,
+// which the Consumer compares with the store's retention (see
+// core.WithStrictRetention); without it the horizon is unbounded. Default
+// none. URL parameter: message_ttl (a Go duration). An existing queue
+// declared without it must be re-created; a TTL given by a policy instead
+// (with WithDeclare(false)) is invisible to the Source, whose horizon then
+// stays unbounded.
+func WithMessageTTL(d time.Duration) Option {
+	return option.Check(invalid(d < time.Millisecond, "WithMessageTTL", "%v is under 1ms", d),
+		func(c *config) { c.messageTTL = d })
 }
 
 // WithDeadLetterQueue names the dead-letter queue. Default "<queue>.dlq".

@@ -195,13 +195,18 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 // Queue returns the name of the consumed queue.
 func (s *Source) Queue() string { return s.queue }
 
-// RedeliveryHorizon implements driver.RedeliveryHorizoner: unbounded. A
+// RedeliveryHorizon implements driver.RedeliveryHorizoner: twice the
+// WithMessageTTL the Source declared its queue and dead-letter queue with
+// (a message waits at most that long in each), or else unbounded. A
 // RabbitMQ queue, and the dead-letter queue a parked message can be
 // redriven from, keep a message until it is consumed (a TTL set by a
 // server-side policy is not visible to a client), so a store that prunes
 // claims can meet a redelivery of a message whose claim is gone: the
 // Consumer warns, or refuses to start with core.WithStrictRetention.
 func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
+	if s.cfg.messageTTL > 0 && s.cfg.declare {
+		return 2 * s.cfg.messageTTL, true
+	}
 	return driver.Unbounded, true
 }
 

@@ -44,7 +44,11 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 		t["x-queue-type"] = string(cfg.queueType)
 		return t
 	}
-	if _, err := ch.QueueDeclare(cfg.deadLetterQueue, true, false, false, false, typed(amqp.Table{})); err != nil {
+	dlqArgs := typed(amqp.Table{})
+	if cfg.messageTTL > 0 {
+		dlqArgs["x-message-ttl"] = cfg.messageTTL.Milliseconds()
+	}
+	if _, err := ch.QueueDeclare(cfg.deadLetterQueue, true, false, false, false, dlqArgs); err != nil {
 		return fmt.Errorf("rabbitmq: declare dead-letter queue %q: %w", cfg.deadLetterQueue, err)
 	}
 	mainArgs := typed(amqp.Table{
@@ -53,6 +57,9 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 	})
 	if cfg.deliveryLimit > 0 {
 		mainArgs["x-delivery-limit"] = int64(cfg.deliveryLimit)
+	}
+	if cfg.messageTTL > 0 {
+		mainArgs["x-message-ttl"] = cfg.messageTTL.Milliseconds()
 	}
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, mainArgs); err != nil {
 		return fmt.Errorf("rabbitmq: declare queue %q: %w", queue, err)

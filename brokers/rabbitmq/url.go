@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"time"
 	"strings"
 
 	"github.com/idemq/idemq/core"
@@ -41,6 +42,7 @@ import (
 //	declare          true | false                          (WithDeclare)
 //	prefetch         1..65535                              (WithPrefetch)
 //	delivery_limit   0.. (quorum queues)                   (WithDeliveryLimit)
+//	message_ttl      a duration, e.g. 168h                 (WithMessageTTL)
 //	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
 //	connection_name  the client connection name            (WithConnectionName)
 //	exchange         the exchange producers publish to     (WithExchange)
@@ -87,6 +89,7 @@ var urlParams = map[string]func(v string) (Option, error){
 	},
 	"prefetch":          number(WithPrefetch),
 	"delivery_limit":    number(WithDeliveryLimit),
+	"message_ttl":       duration(WithMessageTTL),
 	"dead_letter_queue": text(WithDeadLetterQueue),
 	"retry_queue":       text(WithRetryQueue),
 	"connection_name":   text(WithConnectionName),
@@ -112,6 +115,17 @@ func number(opt func(int) Option) func(string) (Option, error) {
 			return nil, errors.New("not a number")
 		}
 		return opt(n), nil
+	}
+}
+
+// duration reads a Go duration parameter; the option checks its range.
+func duration(opt func(time.Duration) Option) func(string) (Option, error) {
+	return func(v string) (Option, error) {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, errors.New("not a duration (like 24h)")
+		}
+		return opt(d), nil
 	}
 }
 
