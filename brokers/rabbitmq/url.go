@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"time"
 	"strings"
+	"time"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"

@@ -207,7 +207,7 @@ It counts every row, so on a very large table it takes as long as a scan.
 With --broker (a consumer's broker URL), it also compares the store's
 retention with how long that broker can still redeliver a message (SQS: the
 queue's and its dead-letter queue's retention; Kafka: the topic's
-retention.ms; RabbitMQ: unbounded), and says when claims are pruned too
+retention.ms; RabbitMQ: twice message_ttl, or unbounded), and says when claims are pruned too
 soon. The broker is opened as the consumer opens it (a RabbitMQ queue is
 declared unless the URL says declare=false).
 `
