@@ -15,7 +15,6 @@ package mysqloutbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -116,8 +115,8 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message)
 		args = append(args, r.ID, r.Destination, key, r.Headers, r.Body)
 	}
 	if buckets := sqloutbox.LockKeys(ready, bucket); len(buckets) > 0 {
-		q := fmt.Sprintf("SELECT bucket FROM %s WHERE bucket IN (%s) ORDER BY bucket FOR UPDATE", o.locks(), placeholders(len(buckets)))
-		rows, err := tx.QueryContext(ctx, q, anys(buckets)...)
+		q := fmt.Sprintf("SELECT bucket FROM %s WHERE bucket IN (%s) ORDER BY bucket FOR UPDATE", o.locks(), sqloutbox.Placeholders(len(buckets)))
+		rows, err := tx.QueryContext(ctx, q, sqloutbox.Anys(buckets)...)
 		if err != nil {
 			return fmt.Errorf("mysqloutbox: Write: locking keys in %s: %w", o.locks(), err)
 		}
@@ -145,18 +144,6 @@ func bucket(key string) int {
 	h := fnv.New32a()
 	h.Write([]byte(key))
 	return int(h.Sum32() % LockBuckets)
-}
-
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
-}
-
-func anys[T any](xs []T) []any {
-	out := make([]any, len(xs))
-	for i, x := range xs {
-		out[i] = x
-	}
-	return out
 }
 
 // Migrate creates the outbox and lock tables if they do not exist and
@@ -242,25 +229,6 @@ type Store struct {
 
 var _ outbox.Store = (*Store)(nil)
 
-func scanRows(rows *sql.Rows) ([]*outbox.Row, error) {
-	defer rows.Close()
-	var out []*outbox.Row
-	for rows.Next() {
-		r := &outbox.Row{}
-		var headers string
-		var micros int64
-		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &headers, &r.Body, &micros, &r.Attempts); err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal([]byte(headers), &r.Headers); err != nil {
-			return nil, fmt.Errorf("row %d headers: %w", r.Seq, err)
-		}
-		r.CreatedAt = time.UnixMicro(micros)
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
 // Claim implements outbox.Store. The heads are found by a plain read, then
 // locked by primary key with SKIP LOCKED and re-checked to be pending: a
 // locking read of the window itself would skip a head held by another relay
@@ -297,27 +265,19 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 		return abort(nil)
 	}
 	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq IN (%s) AND sent_at IS NULL ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED",
-		s.cols, s.table, placeholders(len(heads)))
-	rows, err := tx.QueryContext(ctx, q, append(anys(heads), limit)...)
+		s.cols, s.table, sqloutbox.Placeholders(len(heads)))
+	rows, err := tx.QueryContext(ctx, q, append(sqloutbox.Anys(heads), limit)...)
 	if err != nil {
 		return abort(err)
 	}
 	c := &claimed{s: s, tx: tx}
-	if c.rows, err = scanRows(rows); err != nil {
+	if c.rows, err = sqloutbox.ScanRows(rows); err != nil {
 		return abort(err)
 	}
 	if len(c.rows) == 0 {
 		return abort(nil)
 	}
-	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
-		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
-			s.cols, s.table, placeholders(len(keys)), placeholders(len(seqs)))
-		rows, err := tx.QueryContext(ctx, q, append(append(anys(keys), anys(seqs)...), room)...)
-		if err != nil {
-			return nil, err
-		}
-		return scanRows(rows)
-	})
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, sqloutbox.Runs(ctx, tx, s.cols, s.table))
 	if err != nil {
 		return abort(err)
 	}
@@ -334,19 +294,19 @@ func (c *claimed) Rows() []*outbox.Row { return c.rows }
 
 func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
 	if len(sent) > 0 {
-		q := fmt.Sprintf("UPDATE %s SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
+		q := fmt.Sprintf("UPDATE %s SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
 		if del {
-			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
+			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
 		}
-		if _, err := c.tx.ExecContext(ctx, q, anys(sent)...); err != nil {
+		if _, err := c.tx.ExecContext(ctx, q, sqloutbox.Anys(sent)...); err != nil {
 			c.tx.Rollback()
 			return err
 		}
 	}
 	if len(failed) > 0 {
 		q := fmt.Sprintf("UPDATE %s SET attempts = attempts + 1, available_at = CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE seq IN (%s)",
-			c.s.table, placeholders(len(failed)))
-		if _, err := c.tx.ExecContext(ctx, q, append([]any{retryAfter.Microseconds()}, anys(failed)...)...); err != nil {
+			c.s.table, sqloutbox.Placeholders(len(failed)))
+		if _, err := c.tx.ExecContext(ctx, q, append([]any{retryAfter.Microseconds()}, sqloutbox.Anys(failed)...)...); err != nil {
 			c.tx.Rollback()
 			return err
 		}

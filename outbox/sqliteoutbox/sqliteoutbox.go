@@ -53,7 +53,6 @@ package sqliteoutbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -156,18 +155,6 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message)
 	return nil
 }
 
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
-}
-
-func anys[T any](xs []T) []any {
-	out := make([]any, len(xs))
-	for i, x := range xs {
-		out[i] = x
-	}
-	return out
-}
-
 // Migrate creates the outbox table and its indexes if they do not exist.
 // It is safe when several processes run it at once.
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
@@ -239,28 +226,6 @@ type Store struct {
 
 var _ outbox.Store = (*Store)(nil)
 
-func scanRows(rows *sql.Rows) ([]*outbox.Row, error) {
-	defer rows.Close()
-	var out []*outbox.Row
-	for rows.Next() {
-		r := &outbox.Row{}
-		var headers string
-		var micros int64
-		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &headers, &r.Body, &micros, &r.Attempts); err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal([]byte(headers), &r.Headers); err != nil {
-			return nil, fmt.Errorf("row %d headers: %w", r.Seq, err)
-		}
-		if r.Body == nil {
-			r.Body = []byte{}
-		}
-		r.CreatedAt = time.UnixMicro(micros)
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
 // Claim implements outbox.Store. Its transaction writes first, so it waits
 // (busy_timeout) for SQLite's write lock and then holds it until Finish or
 // Abort: no other relay claims meanwhile, and the heads it finds, the rows
@@ -282,21 +247,13 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 		return abort(err)
 	}
 	c := &claimed{s: s, tx: tx}
-	if c.rows, err = scanRows(rows); err != nil {
+	if c.rows, err = sqloutbox.ScanRows(rows); err != nil {
 		return abort(err)
 	}
 	if len(c.rows) == 0 {
 		return abort(nil)
 	}
-	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
-		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
-			s.cols, s.table, placeholders(len(keys)), placeholders(len(seqs)))
-		rows, err := tx.QueryContext(ctx, q, append(append(anys(keys), anys(seqs)...), room)...)
-		if err != nil {
-			return nil, err
-		}
-		return scanRows(rows)
-	})
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, sqloutbox.Runs(ctx, tx, s.cols, s.table))
 	if err != nil {
 		return abort(err)
 	}
@@ -314,11 +271,11 @@ func (c *claimed) Rows() []*outbox.Row { return c.rows }
 func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
 	now := time.Now().UnixMicro()
 	if len(sent) > 0 {
-		q := fmt.Sprintf("UPDATE %s SET sent_at = ? WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
-		args := append([]any{now}, anys(sent)...)
+		q := fmt.Sprintf("UPDATE %s SET sent_at = ? WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
+		args := append([]any{now}, sqloutbox.Anys(sent)...)
 		if del {
-			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, placeholders(len(sent)))
-			args = anys(sent)
+			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
+			args = sqloutbox.Anys(sent)
 		}
 		if _, err := c.tx.ExecContext(ctx, q, args...); err != nil {
 			c.tx.Rollback()
@@ -327,8 +284,8 @@ func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter t
 	}
 	if len(failed) > 0 {
 		q := fmt.Sprintf("UPDATE %s SET attempts = attempts + 1, available_at = ? WHERE seq IN (%s)",
-			c.s.table, placeholders(len(failed)))
-		if _, err := c.tx.ExecContext(ctx, q, append([]any{now + retryAfter.Microseconds()}, anys(failed)...)...); err != nil {
+			c.s.table, sqloutbox.Placeholders(len(failed)))
+		if _, err := c.tx.ExecContext(ctx, q, append([]any{now + retryAfter.Microseconds()}, sqloutbox.Anys(failed)...)...); err != nil {
 			c.tx.Rollback()
 			return err
 		}

@@ -1,15 +1,20 @@
 // Package sqloutbox holds what the SQL outboxes (pgoutbox, mysqloutbox,
 // sqliteoutbox) share: readying messages for their rows, the per-key write
-// locks (SQLite, with one writer at a time, needs none), and the step of a
-// claim that adds the rows following each claimed head.
+// locks (SQLite, with one writer at a time, needs none), the step of a
+// claim that adds the rows following each claimed head, and for the
+// database/sql ones (mysqloutbox, sqliteoutbox) placeholders and the
+// reading of claimed rows.
 package sqloutbox
 
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/idemq/idemq/outbox"
 )
@@ -96,4 +101,60 @@ func AppendRuns(heads []*outbox.Row, limit int, run func(keys []string, seqs []i
 	}
 	slices.SortFunc(heads, func(a, b *outbox.Row) int { return cmp.Compare(a.Seq, b.Seq) })
 	return heads, nil
+}
+
+// Placeholders is n "?" placeholders, comma-separated, for the outboxes on
+// database/sql drivers that take them (MySQL, SQLite).
+func Placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// Anys converts xs to the []any of a statement's arguments.
+func Anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// ScanRows reads the rows of a database/sql outbox's SELECT of its columns
+// (seq, id, destination, key, headers as JSON text, body, created_at in
+// Unix microseconds, attempts) and closes them. A body is empty, never
+// nil.
+func ScanRows(rows *sql.Rows) ([]*outbox.Row, error) {
+	defer rows.Close()
+	var out []*outbox.Row
+	for rows.Next() {
+		r := &outbox.Row{}
+		var headers string
+		var micros int64
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &headers, &r.Body, &micros, &r.Attempts); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal([]byte(headers), &r.Headers); err != nil {
+			return nil, fmt.Errorf("row %d headers: %w", r.Seq, err)
+		}
+		if r.Body == nil {
+			r.Body = []byte{}
+		}
+		r.CreatedAt = time.UnixMicro(micros)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Runs is AppendRuns' run for a database/sql outbox claiming in tx: the
+// pending rows of keys, in Seq order, that are not among seqs. cols are
+// the columns ScanRows reads.
+func Runs(ctx context.Context, tx *sql.Tx, cols, table string) func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+	return func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
+			cols, table, Placeholders(len(keys)), Placeholders(len(seqs)))
+		rows, err := tx.QueryContext(ctx, q, append(append(Anys(keys), Anys(seqs)...), room)...)
+		if err != nil {
+			return nil, err
+		}
+		return ScanRows(rows)
+	}
 }
