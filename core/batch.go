@@ -231,7 +231,13 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], item
 		}
 		one[0] = it.m
 		hctx := it.ctx
-		if c.cfg.txnTimeout > 0 {
+		switch {
+		case c.cfg.txnTimeout <= 0:
+		case it.ctx == c.procCtx:
+			// No observer added values: the transaction's context, which
+			// derives from procCtx, is the handler's as it is.
+			hctx = ctx
+		default:
 			hctx = txnContext{Context: ctx, values: it.ctx}
 		}
 		herr := handler(hctx, one)

@@ -165,3 +165,26 @@ func TestHandlerFailureWithTheStoreUpIsRetried(t *testing.T) {
 		t.Errorf("broker %+v: want the handler failure handed back once", bs)
 	}
 }
+
+// A handler's context carries the transaction's deadline
+// (WithTransactionTimeout) and the pipeline's values, observed or not.
+func TestHandlersSeeTheTransactionDeadline(t *testing.T) {
+	for _, p := range pipelines {
+		t.Run(p.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.publish("d1", "d2")
+			var bad atomic.Int64
+			h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+				if d, ok := ctx.Deadline(); !ok || time.Until(d) > time.Minute || core.ConsumerName(ctx) != "test" {
+					bad.Add(1)
+				}
+				return applyEffect(ctx, tx, m)
+			}
+			e.runUntilIdle(30*time.Second, h, append([]core.Option{core.WithTransactionTimeout(time.Minute)}, p.opts...)...)
+			e.assertExactlyOnce([]string{"d1", "d2"})
+			if bad.Load() != 0 {
+				t.Errorf("%d handler calls without the transaction's deadline or the consumer's name", bad.Load())
+			}
+		})
+	}
+}
