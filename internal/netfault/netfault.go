@@ -39,12 +39,7 @@ func Start(t testing.TB) *Toxiproxy {
 	if err != nil {
 		servicetest.Unavailable(t, "no Toxiproxy server for the network faults: %v", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
+	port := fmt.Sprint(servicetest.FreePort(t))
 	cmd := exec.Command(bin, "-host", "127.0.0.1", "-port", port)
 	setParentDeath(cmd)
 	var out servicetest.Buffer
