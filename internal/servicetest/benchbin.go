@@ -64,10 +64,16 @@ func buildBench(name, pkg string) (string, error) {
 	return bin, nil
 }
 
-// benchDir finds the bench module of this checkout: beside this file's
-// module root, or else beside the module root `go env GOMOD` names (when
-// file names are trimmed from the binary).
+// benchDir finds the bench module of this checkout.
 func benchDir() (string, error) {
+	return inCheckout(filepath.Join("bench", "go.mod"))
+}
+
+// inCheckout finds the directory holding rel (a file's path from the
+// module root) in this checkout: beside this file's module root, or else
+// beside the module root `go env GOMOD` names (when file names are trimmed
+// from the binary).
+func inCheckout(rel string) (string, error) {
 	var roots []string
 	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
 		roots = append(roots, filepath.Join(filepath.Dir(file), "..", ".."))
@@ -78,10 +84,9 @@ func benchDir() (string, error) {
 		}
 	}
 	for _, root := range roots {
-		dir := filepath.Join(root, "bench")
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Abs(dir)
+		if _, err := os.Stat(filepath.Join(root, rel)); err == nil {
+			return filepath.Abs(filepath.Dir(filepath.Join(root, rel)))
 		}
 	}
-	return "", fmt.Errorf("no bench module beside the module root (looked in %s)", strings.Join(roots, ", "))
+	return "", fmt.Errorf("no %s beside the module root (looked in %s)", rel, strings.Join(roots, ", "))
 }

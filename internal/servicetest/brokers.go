@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,10 +39,11 @@ func SQSEndpoint(t testing.TB) string {
 
 // fauxqsDir is brokers/sqs/internal/fauxqs of this checkout.
 func fauxqsDir() string {
-	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		return filepath.Join(filepath.Dir(file), "..", "..", "brokers", "sqs", "internal", "fauxqs")
+	dir, err := inCheckout(filepath.Join("brokers", "sqs", "internal", "fauxqs", "package.json"))
+	if err != nil {
+		return filepath.Join("brokers", "sqs", "internal", "fauxqs")
 	}
-	return filepath.Join("brokers", "sqs", "internal", "fauxqs")
+	return dir
 }
 
 // SQSClient returns an SQS client of endpoint with the test credentials
