@@ -40,12 +40,10 @@ const quickReruns = 2
 
 // outage is the Consumer's view of its store's health.
 type outage struct {
-	mu sync.Mutex
-	// up is closed when a store that stopped answering answers again; nil
-	// while it answers.
-	up    chan struct{}
+	mu    sync.Mutex // held while a worker decides whether the store is down
 	began time.Time
-	// paused is up, for the receive loop to read without the mutex.
+	// paused is closed when a store that stopped answering answers again;
+	// nil while it answers. The receive loop reads it without the mutex.
 	paused atomic.Pointer[chan struct{}]
 }
 
@@ -73,7 +71,8 @@ func (c *Consumer[Tx]) waitStore(ctx context.Context) bool {
 func (c *Consumer[Tx]) awaitStore(serr *storeError, reruns *int) (again, stopping bool) {
 	o := &c.outage
 	o.mu.Lock()
-	if o.up == nil {
+	up := o.paused.Load()
+	if up == nil {
 		perr := c.probe()
 		if perr == nil {
 			o.mu.Unlock()
@@ -83,18 +82,17 @@ func (c *Consumer[Tx]) awaitStore(serr *storeError, reruns *int) (again, stoppin
 			}
 			return false, false
 		}
-		up := make(chan struct{})
-		o.up, o.began = up, time.Now()
-		o.paused.Store(&up)
+		ch := make(chan struct{})
+		up, o.began = &ch, time.Now()
+		o.paused.Store(up)
 		c.stats.storeOutages.Add(1)
 		c.log.Warn("idemq: the store does not answer; pausing deliveries until it does",
 			"stage", serr.stage, "err", serr.err, "probe_err", perr)
-		go c.probeUntilUp(o.up)
+		go c.probeUntilUp(ch)
 	}
-	up := o.up
 	o.mu.Unlock()
 	select {
-	case <-up:
+	case <-*up:
 		*reruns = 0
 		return true, false
 	case <-c.procCtx.Done():
@@ -122,7 +120,6 @@ func (c *Consumer[Tx]) probeUntilUp(up chan struct{}) {
 		o.mu.Lock()
 		c.log.Info("idemq: the store answers again; resuming deliveries",
 			"outage", time.Since(o.began).Round(time.Millisecond), "probes", probes)
-		o.up = nil
 		o.paused.Store(nil)
 		close(up)
 		o.mu.Unlock()
