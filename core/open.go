@@ -58,6 +58,21 @@ func OpenPublisher(ctx context.Context, rawURL string, opts ...OpenOption) (Publ
 	return driver.OpenPublisher(ctx, rawURL, openConfig(opts))
 }
 
+// DeadLetterQueue is an operator's handle on a consumer's dead letters:
+// Scan, Redrive and Purge, as the idemq command's dlq subcommands use it.
+type DeadLetterQueue = driver.DeadLetterQueue
+
+// Parked is one dead-lettered message, as DeadLetterQueue.Scan reports it.
+type Parked = driver.Parked
+
+// OpenDeadLetters opens the dead-letter queue of the consumer rawURL
+// describes (the URL its source is opened with), so a service can list,
+// redrive and purge its dead letters itself. Errors never contain
+// credentials.
+func OpenDeadLetters(ctx context.Context, rawURL string, opts ...OpenOption) (DeadLetterQueue, error) {
+	return driver.OpenDeadLetters(ctx, rawURL, openConfig(opts))
+}
+
 // OpenStore opens the store registered for rawURL's scheme (postgres://,
 // mysql://, sqlite://, …) and checks that its handlers take transactions of
 // type Tx: pgx.Tx for Postgres, *sql.Tx for MySQL and SQLite. Errors never

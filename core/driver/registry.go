@@ -34,10 +34,11 @@ type StoreOpener func(ctx context.Context, u *url.URL) (any, error)
 
 var registry = struct {
 	sync.RWMutex
-	sources    map[string]SourceOpener
-	publishers map[string]PublisherOpener
-	stores     map[string]StoreOpener
-}{sources: map[string]SourceOpener{}, publishers: map[string]PublisherOpener{}, stores: map[string]StoreOpener{}}
+	sources     map[string]SourceOpener
+	publishers  map[string]PublisherOpener
+	stores      map[string]StoreOpener
+	deadLetters map[string]DeadLettersOpener
+}{sources: map[string]SourceOpener{}, publishers: map[string]PublisherOpener{}, stores: map[string]StoreOpener{}, deadLetters: map[string]DeadLettersOpener{}}
 
 // RegisterBroker makes a broker adapter available to core.OpenSource and
 // core.OpenPublisher under a URL scheme, as database/sql drivers register
@@ -74,12 +75,12 @@ func register[O any](caller, scheme string, openers map[string]O, open O) {
 }
 
 // open looks rawURL's scheme up in openers and opens it; errors name what
-// was opened (kind: broker, publisher, store) and never contain
-// credentials.
+// was opened (kind: broker, publisher, dead-letter queue, store) and never
+// contain credentials.
 func open[O, R any](rawURL, kind string, openers map[string]O, call func(O, *url.URL) (R, error)) (R, *url.URL, error) {
 	var zero R
 	registered := kind
-	if kind == "publisher" {
+	if kind == "publisher" || kind == "dead-letter queue" {
 		registered = "broker"
 	}
 	u, opener, err := lookup(rawURL, registered, openers)
