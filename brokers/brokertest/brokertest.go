@@ -51,6 +51,11 @@ type Harness struct {
 	// record key, an SQS FIFO MessageGroupId); the publisher round trip
 	// then checks it lands and comes back.
 	CarriesKey bool
+	// OperatesDeadLetters is true when the adapter registers a
+	// DeadLetterQueue for its scheme (driver.RegisterDeadLetters); the
+	// suite then lists, redrives and purges parked messages through
+	// core.OpenDeadLetters(Fixture.SourceURL).
+	OperatesDeadLetters bool
 }
 
 // Fixture is one fresh queue of the broker under test.
@@ -149,6 +154,15 @@ func Run(t *testing.T, h Harness) {
 		{"Pipeline/PoisonIsDeadLetteredAfterMaxAttempts", testPipelinePoison},
 		{"Pipeline/CrashBetweenCommitAndAck", testPipelineCrash},
 		{"Pipeline/GracefulShutdownMidStream", testPipelineShutdown},
+	}
+	if h.OperatesDeadLetters {
+		cases = append(cases, []struct {
+			name string
+			f    func(*testing.T, Harness)
+		}{
+			{"DeadLetterQueue/ListRedrivePurge", testDeadLetterQueue},
+			{"Pipeline/RedriveAfterFixAppliesOnce", testPipelineRedrive},
+		}...)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.f(t, h) })
