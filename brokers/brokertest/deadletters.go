@@ -73,7 +73,7 @@ func only(ids ...string) func(*core.Parked) bool {
 }
 
 // testDeadLetterQueue: messages parked by DeadLetter are listed with their
-// id, cause, attempt, destination, time, headers and body, and stay parked
+// id, cause (the broker's own reason where it parks them itself), attempt, destination, time, headers and body, and stay parked
 // while listed; Redrive puts the chosen ones back on the queue without the
 // cause and with the attempt count starting again, and removes only them;
 // Purge deletes the chosen ones.
@@ -102,7 +102,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 	parked := waitParked(t, h, q, all...)
 	for _, m := range msgs {
 		p := parked[m.ID]
-		if !strings.Contains(p.Cause, causes[m.ID]) {
+		if h.RecordsCause && !strings.Contains(p.Cause, causes[m.ID]) || p.Cause == "" {
 			t.Errorf("%s: Cause %q, want it to hold %q", m.ID, p.Cause, causes[m.ID])
 		}
 		if string(p.Body) != string(m.Body) {
@@ -193,7 +193,7 @@ func testPipelineRedrive(t *testing.T, h Harness) {
 	publish(t, h, f, msgs...)
 	parked := waitParked(t, h, q, all...)
 	for id, p := range parked {
-		if !strings.Contains(p.Cause, "bad deploy rejects "+id) {
+		if h.RecordsCause && !strings.Contains(p.Cause, "bad deploy rejects "+id) || p.Cause == "" {
 			t.Errorf("%s: Cause %q does not say why", id, p.Cause)
 		}
 	}
