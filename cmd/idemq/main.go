@@ -5,6 +5,7 @@
 //	idemq stats   --store URL [--broker URL]           claims per consumer, oldest claim, table size; retention against the broker's horizon
 //	idemq lookup  --store URL --consumer C ID…         whether each id is claimed, when, its fingerprint
 //	idemq forget  --store URL --consumer C --yes ID…   delete those claims, so the messages apply again
+//	idemq dlq list|show|redrive|purge --broker URL     a consumer's dead letters: read, send back, delete
 //
 // Measuring a broker and store pair is the benchmark's own command,
 // idemq-bench, in the bench module (cd bench && go run ./cmd/idemq-bench).
@@ -51,6 +52,7 @@ func commands() []command {
 		{"stats", "show claims per consumer, the oldest claim and the table size", runStats},
 		{"lookup", "show whether message ids are claimed, when, and their fingerprints", runLookup},
 		{"forget", "delete the claims of message ids so they apply again (needs --yes)", runForget},
+		{"dlq", "list, show, redrive or purge a consumer's dead letters", runDLQ},
 	}
 }
 

@@ -70,6 +70,9 @@ func TestUsageAndHelp(t *testing.T) {
 		t.Errorf("--help wrote to stderr: %q", r.stderr)
 	}
 	expect(t, exitOK, []string{"help", "prune"}, "Usage: idemq prune", "--older-than")
+	for _, sub := range []string{"list", "show", "redrive", "purge"} {
+		expect(t, exitOK, []string{"dlq", sub, "--help"}, "Usage: idemq dlq "+sub, "-broker")
+	}
 	for _, c := range commands() {
 		r := expect(t, exitOK, []string{c.name, "--help"}, "Usage: idemq "+c.name, "-store")
 		if r.stderr != "" {
@@ -97,6 +100,14 @@ func TestUsageAndHelp(t *testing.T) {
 		{[]string{"lookup", "--consumer", "c", "m-1"}, "--store is required"},
 		{[]string{"lookup", "--store", db, "--consumer", "c", "m-1", "--nope"}, "flag provided but not defined"},
 		{[]string{"forget", "--store", db, "--consumer", "c", "m-1"}, "pass --yes"},
+		{[]string{"dlq"}, "give a subcommand"},
+		{[]string{"dlq", "peek"}, `unknown subcommand "peek"`},
+		{[]string{"dlq", "list"}, "--broker is required"},
+		{[]string{"dlq", "list", "--broker", "not a url"}, "is not a URL"},
+		{[]string{"dlq", "list", "--broker", "amqp://h/?queue=q", "--older-than", "-1h"}, "must be positive"},
+		{[]string{"dlq", "show", "--broker", "amqp://h/?queue=q"}, "exactly one message id"},
+		{[]string{"dlq", "redrive", "--broker", "amqp://h/?queue=q", "--store", db, "--retention", "1h"}, "not both"},
+		{[]string{"dlq", "purge", "--broker", "amqp://h/?queue=q", "--all", "--id", "x", "--yes"}, "not both"},
 	} {
 		r := expect(t, exitUsage, c.args, c.want)
 		if r.stdout != "" {

@@ -1,0 +1,469 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/cli"
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/schollz/progressbar/v3"
+)
+
+const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags]
+
+Reads and operates the dead letters of one consumer: the messages idemq
+parked with their cause. --broker is the consumer's own source URL
+(amqp://…?queue=Q, kafka://…?topic=T&group=G, sqs://…/queue); its
+dead-letter queue or topic is the one the consumer parks to.
+
+  list     the parked messages: id, cause, attempts, origin, age, size
+  show     one message whole (headers and body), every parked copy of ID
+  redrive  put parked messages back on the queue or topic they came from,
+           with their id, key, headers and body (without the cause, and
+           with the attempt count starting again); each leaves the
+           dead-letter queue only after the broker confirmed the publish
+  purge    delete parked messages (needs --yes, and --all or a filter)
+
+A redriven message whose id was applied meanwhile is decided Duplicate, as
+long as its claim exists: redrive refuses messages parked longer ago than
+the store's retention (give --store URL or --retention D) unless --force.
+
+Filters (list, redrive, purge): --id ID (repeatable), --cause TEXT (part of
+the cause), --older-than D, --newer-than D (how long ago it was parked).
+
+Run 'idemq dlq <subcommand> --help' for its flags.
+`
+
+// dlqFilter is the selection flags the dlq subcommands share.
+type dlqFilter struct {
+	ids                  idList
+	cause                string
+	olderThan, newerThan time.Duration
+}
+
+// idList is a repeatable --id flag.
+type idList []string
+
+func (l *idList) String() string { return strings.Join(*l, ",") }
+
+func (l *idList) Set(v string) error {
+	if v == "" {
+		return fmt.Errorf("empty id")
+	}
+	*l = append(*l, v)
+	return nil
+}
+
+func (d *dlqFilter) define(f *cli.Flags) {
+	f.Var(&d.ids, "id", "only the message with this id (repeatable)")
+	f.StringVar(&d.cause, "cause", "", "only messages whose cause holds this text")
+	f.DurationVar(&d.olderThan, "older-than", 0, "only messages parked at least this long ago")
+	f.DurationVar(&d.newerThan, "newer-than", 0, "only messages parked less than this long ago")
+}
+
+// set reports whether any filter was given.
+func (d *dlqFilter) set() bool {
+	return len(d.ids) > 0 || d.cause != "" || d.olderThan > 0 || d.newerThan > 0
+}
+
+func (d *dlqFilter) check() error {
+	if d.olderThan < 0 || d.newerThan < 0 {
+		return cli.Usagef("--older-than and --newer-than must be positive")
+	}
+	return nil
+}
+
+// match reports whether p passes the filters at now.
+func (d *dlqFilter) match(p *driver.Parked, now time.Time) bool {
+	age := now.Sub(p.ParkedAt)
+	switch {
+	case len(d.ids) > 0 && !slices.Contains(d.ids, p.ID),
+		d.cause != "" && !strings.Contains(p.Cause, d.cause),
+		d.olderThan > 0 && age < d.olderThan,
+		d.newerThan > 0 && age >= d.newerThan:
+		return false
+	}
+	return true
+}
+
+// dlqFlags returns a subcommand's flag set with --broker.
+func dlqFlags(sub, usage string, stdout io.Writer) (*cli.Flags, *string) {
+	f := cli.NewFlags("idemq dlq "+sub, usage, stdout)
+	broker := f.String("broker", "", "the consumer's broker URL, as its source is opened (required)")
+	return f, broker
+}
+
+// openDLQ checks --broker and opens its dead-letter queue.
+func openDLQ(ctx context.Context, broker string) (driver.DeadLetterQueue, error) {
+	if broker == "" {
+		return nil, cli.Usagef("--broker is required")
+	}
+	if u, err := redact.ParseURL(broker); err != nil {
+		return nil, cli.Usagef("--broker: %v", err)
+	} else if u.Scheme == "" {
+		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/?topic=T&group=G or sqs://…/queue", redact.URL(broker))
+	}
+	return core.OpenDeadLetters(ctx, broker)
+}
+
+func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	subs := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
+		"list": runDLQList, "show": runDLQShow, "redrive": runDLQRedrive, "purge": runDLQPurge,
+	}
+	if len(args) == 0 {
+		return cli.Usagef("give a subcommand: list, show, redrive or purge")
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, dlqUsage)
+		return cli.ErrHelp
+	}
+	sub, ok := subs[args[0]]
+	if !ok {
+		return cli.Usagef("unknown subcommand %q (list, show, redrive, purge)", args[0])
+	}
+	return sub(ctx, args[1:], stdout, stderr)
+}
+
+// parkedJSON is one parked message in --json output.
+type parkedJSON struct {
+	Ref, ID, Cause      string
+	Attempt             int
+	Origin, Destination string
+	ParkedAt            string // RFC 3339, UTC
+	AgeSeconds          int64
+	Key                 string `json:",omitempty"`
+	BodyBytes           int
+	Headers             map[string]string `json:",omitempty"`
+	Body                string            `json:",omitempty"` // show only: the body as text when it is UTF-8
+	BodyBase64          []byte            `json:",omitempty"` // show only: the body otherwise
+}
+
+func toJSON(p *driver.Parked, now time.Time, whole bool) parkedJSON {
+	j := parkedJSON{
+		Ref: p.Ref, ID: p.ID, Cause: p.Cause, Attempt: p.Attempt, Origin: p.Origin, Destination: p.Destination,
+		ParkedAt: p.ParkedAt.UTC().Format(time.RFC3339Nano), AgeSeconds: int64(now.Sub(p.ParkedAt) / time.Second),
+		Key: p.Key, BodyBytes: len(p.Body),
+	}
+	if whole {
+		j.Headers = p.Headers
+		if utf8.Valid(p.Body) {
+			j.Body = string(p.Body)
+		} else {
+			j.BodyBase64 = p.Body
+		}
+	}
+	return j
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// oneLine shortens s to one line of at most n runes for a table.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+const dlqListUsage = `Usage: idemq dlq list --broker URL [filters] [--json]
+
+Lists the consumer's parked messages, oldest first where the broker keeps an
+order: id, attempts, age, origin, body size and cause. Listing leaves them
+parked.
+`
+
+func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, broker := dlqFlags("list", dlqListUsage, stdout)
+	var flt dlqFilter
+	flt.define(f)
+	asJSON := f.Bool("json", false, "print a JSON array, one object per message")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if err := flt.check(); err != nil {
+		return err
+	}
+	q, err := openDLQ(ctx, *broker)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	now := time.Now()
+	var list []parkedJSON
+	if err := q.Scan(ctx, func(p *driver.Parked) error {
+		if flt.match(p, now) {
+			list = append(list, toJSON(p, now, false))
+		}
+		return nil
+	}); err != nil {
+		return hideSecrets(err, *broker)
+	}
+	if *asJSON {
+		if list == nil {
+			list = []parkedJSON{}
+		}
+		return writeJSON(stdout, list)
+	}
+	fmt.Fprintf(stdout, "%d parked in %s on %s\n", len(list), q.Name(), core.Redact(*broker))
+	if len(list) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tATTEMPTS\tAGE\tORIGIN\tBYTES\tCAUSE")
+	for _, p := range list {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", p.ID, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, oneLine(p.Cause, 100))
+	}
+	return tw.Flush()
+}
+
+const dlqShowUsage = `Usage: idemq dlq show --broker URL [--json] ID
+
+Prints every parked copy of the message ID whole: where it came from, why it
+was parked, its headers and its body. Exits 1 when no copy is parked.
+`
+
+func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, broker := dlqFlags("show", dlqShowUsage, stdout)
+	asJSON := f.Bool("json", false, "print a JSON array of the copies, bodies included")
+	ids, err := parseIDs(f, args)
+	if err != nil {
+		return err
+	}
+	if len(ids) != 1 {
+		return cli.Usagef("give exactly one message id")
+	}
+	q, err := openDLQ(ctx, *broker)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	now := time.Now()
+	var found []*driver.Parked
+	if err := q.Scan(ctx, func(p *driver.Parked) error {
+		if p.ID == ids[0] {
+			found = append(found, p)
+		}
+		return nil
+	}); err != nil {
+		return hideSecrets(err, *broker)
+	}
+	if len(found) == 0 {
+		return fmt.Errorf("%q is not parked in %s", ids[0], q.Name())
+	}
+	if *asJSON {
+		out := make([]parkedJSON, len(found))
+		for i, p := range found {
+			out[i] = toJSON(p, now, true)
+		}
+		return writeJSON(stdout, out)
+	}
+	for i, p := range found {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		fmt.Fprintf(stdout, "id:          %s\nref:         %s\ncause:       %s\nattempts:    %d\norigin:      %s\nredrives to: %s\nparked at:   %s (%s ago)\n",
+			p.ID, p.Ref, p.Cause, p.Attempt, p.Origin, p.Destination, p.ParkedAt.UTC().Format(time.RFC3339), age(now.Sub(p.ParkedAt)))
+		if p.Key != "" {
+			fmt.Fprintf(stdout, "key:         %s\n", p.Key)
+		}
+		fmt.Fprintln(stdout, "headers:")
+		for _, k := range slices.Sorted(maps.Keys(p.Headers)) {
+			fmt.Fprintf(stdout, "  %s: %s\n", k, p.Headers[k])
+		}
+		fmt.Fprintf(stdout, "body (%d bytes):\n", len(p.Body))
+		if utf8.Valid(p.Body) {
+			fmt.Fprintf(stdout, "%s\n", p.Body)
+		} else {
+			fmt.Fprintf(stdout, "%x\n", p.Body)
+		}
+	}
+	return nil
+}
+
+const dlqRedriveUsage = `Usage: idemq dlq redrive --broker URL (--store URL | --retention D | --force) [filters] [--dry-run] [--json]
+
+Puts the parked messages the filters choose (all, without filters) back on
+the queue or topic they came from, with their id, key, headers and body but
+without the cause, so their attempt count starts again. Each leaves the
+dead-letter queue only after the broker confirmed its publish.
+
+A redriven message whose id was applied meanwhile (another copy, a producer's
+retry) is decided Duplicate by the consumer while its claim exists. A message
+parked longer ago than the store's retention may have a twin whose claim was
+pruned, and would then be applied twice: redrive refuses it, says so and
+exits 1, unless --force. The retention comes from --store (the consumer's
+store URL, ?retention= included) or --retention.
+
+Kafka: every consumer group of the topic receives the redriven record.
+`
+
+func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, broker := dlqFlags("redrive", dlqRedriveUsage, stdout)
+	var flt dlqFilter
+	flt.define(f)
+	storeURL := f.String("store", "", "the consumer's store URL, to read its claims' retention")
+	retentionFlag := f.Duration("retention", 0, "the consumer's store retention, when --store is not given")
+	force := f.Bool("force", false, "redrive messages parked longer ago than the retention too")
+	dryRun := f.Bool("dry-run", false, "say what would be redriven and refused, and change nothing")
+	asJSON := f.Bool("json", false, "print the outcome as a JSON object")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if err := flt.check(); err != nil {
+		return err
+	}
+	if *storeURL != "" && *retentionFlag != 0 {
+		return cli.Usagef("give --store or --retention, not both")
+	}
+	if *retentionFlag < 0 {
+		return cli.Usagef("--retention must be positive")
+	}
+	if *storeURL == "" && *retentionFlag == 0 && !*force {
+		return cli.Usagef("give --store URL (or --retention D) so that redrive can refuse messages parked longer ago than the claims are kept, or --force")
+	}
+	q, err := openDLQ(ctx, *broker)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	retention := *retentionFlag
+	if *storeURL != "" {
+		if retention, err = storeRetention(ctx, *storeURL); err != nil {
+			return err
+		}
+	}
+
+	now := time.Now()
+	chosen := map[string]bool{} // by Ref
+	var picked, refused []parkedJSON
+	if err := q.Scan(ctx, func(p *driver.Parked) error {
+		if !flt.match(p, now) {
+			return nil
+		}
+		if retention > 0 && !*force && now.Sub(p.ParkedAt) > retention {
+			refused = append(refused, toJSON(p, now, false))
+			return nil
+		}
+		chosen[p.Ref] = true
+		picked = append(picked, toJSON(p, now, false))
+		return nil
+	}); err != nil {
+		return hideSecrets(err, *broker)
+	}
+	out := struct {
+		DryRun           bool
+		Redriven         int
+		Chosen           []parkedJSON
+		Refused          []parkedJSON
+		RetentionSeconds int64 `json:",omitempty"`
+	}{DryRun: *dryRun, Chosen: picked, Refused: refused, RetentionSeconds: int64(retention / time.Second)}
+	if !*dryRun && len(chosen) > 0 {
+		bar := progressbar.NewOptions(len(chosen), progressbar.OptionSetWriter(stderr),
+			progressbar.OptionSetDescription("redriving"), progressbar.OptionShowCount(),
+			progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
+		n, err := q.Redrive(ctx, func(p *driver.Parked) bool { return chosen[p.Ref] }, func(done int) { _ = bar.Set(done) })
+		_ = bar.Finish()
+		fmt.Fprintln(stderr)
+		out.Redriven = n
+		if err != nil {
+			return fmt.Errorf("redrove %d of %d, then: %w (the rest are still parked)", n, len(chosen), hideSecrets(err, *broker))
+		}
+	}
+	if *asJSON {
+		if err := writeJSON(stdout, out); err != nil {
+			return err
+		}
+	} else {
+		verb, n := "redrove", out.Redriven
+		if *dryRun {
+			verb, n = "would redrive", len(picked)
+		}
+		fmt.Fprintf(stdout, "%s %d from %s on %s\n", verb, n, q.Name(), core.Redact(*broker))
+		for _, p := range picked {
+			fmt.Fprintf(stdout, "  %s -> %s\n", p.ID, p.Destination)
+		}
+	}
+	if len(refused) > 0 {
+		for _, p := range refused {
+			fmt.Fprintf(stderr, "  refused %s, parked %s ago\n", p.ID, age(time.Duration(p.AgeSeconds)*time.Second))
+		}
+		return fmt.Errorf("refused %d messages parked longer ago than the store keeps claims (%v): a copy applied before then may have lost its claim to pruning, and this one would be applied again; redrive them with --force once you know they were not applied", len(refused), retention)
+	}
+	return nil
+}
+
+// storeRetention opens the store at raw and returns how long it keeps
+// claims.
+func storeRetention(ctx context.Context, raw string) (time.Duration, error) {
+	s, rt, err := storeThat[driver.Retentioner](ctx, raw, "tell its retention")
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	return rt.Retention(), nil
+}
+
+const dlqPurgeUsage = `Usage: idemq dlq purge --broker URL (--all | filters) --yes
+
+Deletes the parked messages the filters choose, or every one with --all.
+Without --yes it only says how many it would delete (and exits 2).
+`
+
+func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, broker := dlqFlags("purge", dlqPurgeUsage, stdout)
+	var flt dlqFilter
+	flt.define(f)
+	all := f.Bool("all", false, "delete every parked message")
+	yes := f.Bool("yes", false, "delete (required: without it nothing is deleted)")
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if err := flt.check(); err != nil {
+		return err
+	}
+	if *all == flt.set() {
+		return cli.Usagef("give --all or a filter (--id, --cause, --older-than, --newer-than), not both")
+	}
+	q, err := openDLQ(ctx, *broker)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	now := time.Now()
+	sel := func(p *driver.Parked) bool { return flt.match(p, now) }
+	if !*yes {
+		n := 0
+		if err := q.Scan(ctx, func(p *driver.Parked) error {
+			if sel(p) {
+				n++
+			}
+			return nil
+		}); err != nil {
+			return hideSecrets(err, *broker)
+		}
+		return cli.Usagef("would delete %d parked messages from %s: pass --yes to do it", n, q.Name())
+	}
+	n, err := q.Purge(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("purged %d, then: %w", n, hideSecrets(err, *broker))
+	}
+	fmt.Fprintf(stdout, "purged %d from %s on %s\n", n, q.Name(), core.Redact(*broker))
+	return nil
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
+)
+
+// The dlq commands on each broker, as an operator runs them after a bad
+// deploy: list the parked messages with their causes, show one, redrive one
+// back to the queue (refused when parked longer ago than the claims are
+// kept), purge the rest.
+func TestDLQ(t *testing.T) {
+	for _, b := range []struct {
+		name string
+		urls func(t *testing.T) (source, publisher string)
+	}{
+		{"RabbitMQ", func(t *testing.T) (string, string) {
+			amqp := servicetest.RabbitMQURL(t)
+			q := "idemq-dlqcli-" + randomHex(4)
+			servicetest.DeleteQueuesAtCleanup(t, amqp, q, q+".dlq")
+			return amqp + "?queue=" + q, amqp + "?queue=" + q
+		}},
+		{"Kafka", func(t *testing.T) (string, string) {
+			topic := "idemq-dlqcli-" + randomHex(4)
+			bs := servicetest.KafkaTopics(t, 2, topic)
+			return fmt.Sprintf("kafka://%s/%s?group=cli-%s", bs, topic, randomHex(3)), fmt.Sprintf("kafka://%s/%s", bs, topic)
+		}},
+		{"SQS", func(t *testing.T) (string, string) {
+			ep := servicetest.SQSEndpoint(t)
+			q, dlq := servicetest.SQSQueues(t, ep, "idemq-dlqcli-")
+			u := fmt.Sprintf("sqs://test:test@%s?%s", q, url.Values{"endpoint": {ep}, "region": {"us-east-1"}, "dlq": {dlq}}.Encode())
+			return u, u
+		}},
+	} {
+		t.Run(b.name, func(t *testing.T) {
+			src, pub := b.urls(t)
+			testDLQCommands(t, src, pub)
+		})
+	}
+}
+
+func testDLQCommands(t *testing.T, sourceURL, publisherURL string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	run := randomHex(3)
+	ids := []string{"pay-" + run + "-1", "pay-" + run + "-2", "pay-" + run + "-3"}
+	park(ctx, t, sourceURL, publisherURL, ids)
+
+	var listed []parkedJSON
+	waitFor(t, "three parked messages listed", func() bool {
+		r := expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--json"})
+		listed = nil
+		if err := json.Unmarshal([]byte(r.stdout), &listed); err != nil {
+			t.Fatalf("list --json: %v\n%s", err, r)
+		}
+		return len(listed) == len(ids)
+	})
+	for _, p := range listed {
+		if !slices.Contains(ids, p.ID) || !strings.Contains(p.Cause, "bad deploy: "+p.ID) || p.BodyBytes == 0 || p.Destination == "" {
+			t.Errorf("listed %+v: want one of %v with its cause, body and destination", p, ids)
+		}
+	}
+	r := expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "3 parked", "bad deploy: "+ids[0], "ATTEMPTS")
+	if strings.Contains(r.stdout, "guest:guest") || strings.Contains(r.stdout, "test:test@") {
+		t.Errorf("list shows credentials:\n%s", r)
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--cause", "bad deploy: " + ids[1]}, "1 parked", ids[1])
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--older-than", "1h"}, "0 parked")
+	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, ids[0]}, "cause:", "bad deploy: "+ids[0], `{"amount":1}`, "app-version: 2.0.1")
+	expect(t, exitFailure, []string{"dlq", "show", "--broker", sourceURL, "nope-" + run}, "not parked")
+
+	// Redrive needs to know how long claims are kept, and refuses what
+	// was parked longer ago than that.
+	expect(t, exitUsage, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0]}, "--store URL")
+	expect(t, exitFailure, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--retention", "1ms"}, "refused 1", "--force")
+	expect(t, exitOK, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--retention", "1h", "--dry-run"}, "would redrive 1")
+	store := "sqlite://" + filepath.Join(t.TempDir(), "claims.db") + "?retention=24h"
+	expect(t, exitOK, []string{"migrate", "--store", store})
+	expect(t, exitOK, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--store", store}, "redrove 1", ids[0])
+	back := receiveIDs(ctx, t, sourceURL, 1)
+	if !slices.Equal(back, ids[:1]) {
+		t.Fatalf("after redrive the queue gave %v, want %v", back, ids[:1])
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "2 parked", ids[1], ids[2])
+
+	expect(t, exitUsage, []string{"dlq", "purge", "--broker", sourceURL, "--all"}, "would delete 2", "--yes")
+	expect(t, exitUsage, []string{"dlq", "purge", "--broker", sourceURL, "--yes"}, "--all or a filter")
+	expect(t, exitOK, []string{"dlq", "purge", "--broker", sourceURL, "--all", "--yes"}, "purged 2")
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "0 parked")
+}
+
+// park publishes ids with a body and a header and dead-letters each with
+// the cause "bad deploy: <id>".
+func park(ctx context.Context, t *testing.T, sourceURL, publisherURL string, ids []string) {
+	t.Helper()
+	p, err := core.OpenPublisher(ctx, publisherURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for i, id := range ids {
+		m := &core.Message{ID: id, Body: fmt.Appendf(nil, `{"amount":%d}`, i+1), Headers: map[string]string{"app-version": "2.0.1"}}
+		if err := p.Publish(ctx, "", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := core.OpenSource(ctx, sourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	for range ids {
+		d, err := src.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.DeadLetter(ctx, errors.New("bad deploy: "+d.Message().ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// receiveIDs receives n messages from the queue, acks them and returns
+// their ids.
+func receiveIDs(ctx context.Context, t *testing.T, sourceURL string, n int) []string {
+	t.Helper()
+	src, err := core.OpenSource(ctx, sourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var out []string
+	for len(out) < n {
+		d, err := src.Receive(ctx)
+		if err != nil {
+			t.Fatalf("after %v: %v", out, err)
+		}
+		if c, ok := d.Message().Headers["idemq-cause"]; ok {
+			t.Errorf("the redriven %s still carries its cause %q", d.Message().ID, c)
+		}
+		out = append(out, d.Message().ID)
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	servicetest.WaitFor(t, 30*time.Second, what, cond)
+}
