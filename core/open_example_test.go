@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	_ "github.com/idemq/idemq/brokers/memory" // mem://
 	"github.com/idemq/idemq/core"
@@ -26,4 +27,21 @@ func ExampleOpenSource() {
 	fmt.Println(err)
 	// Output:
 	// idemq: opening broker mem://payments?windw=50: mem URL: unknown parameter "windw" (known: broker, visibility, window)
+}
+
+// A service's own operator endpoint: the messages a deploy dead-lettered
+// for one cause are sent back to the queue they came from, once the fix is
+// out. The URL is the consumer's source URL; its adapter's package is
+// imported, as for OpenSource.
+func ExampleOpenDeadLetters() {
+	ctx := context.Background()
+	q, err := core.OpenDeadLetters(ctx, os.Getenv("PAYMENTS_BROKER_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer q.Close()
+	badDeploy := func(p *core.Parked) bool { return strings.Contains(p.Cause, "unknown currency") }
+	n, err := q.Redrive(ctx, badDeploy, nil)
+	fmt.Printf("redrove %d from %s: %v\n", n, q.Name(), err)
 }
