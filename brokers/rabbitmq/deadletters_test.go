@@ -317,3 +317,18 @@ func TestDeadLettersOpenByURL(t *testing.T) {
 		t.Error("a dead-letter queue that does not exist opened")
 	}
 }
+
+// Every call returns the messages it keeps to the queue, which a quorum
+// queue counts as a delivery: the dead-letter queue the Source declares
+// has no delivery limit (even when the consumer's queue has one), so
+// scanning often loses nothing.
+func TestDeadLettersQuorumScansLoseNothing(t *testing.T) {
+	opts := []Option{WithQueueType(Quorum), WithDeliveryLimit(2)}
+	url, queue, _, ids := parkN(t, 3, "often", opts...)
+	q := openDLQ(t, url, queue, opts...)
+	for i := range 6 {
+		if got := parkedIDs(scanAll(t, q)); !slices.Equal(got, ids) {
+			t.Fatalf("scan %d listed %v, want %v", i+1, got, ids)
+		}
+	}
+}
