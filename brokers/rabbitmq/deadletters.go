@@ -34,10 +34,12 @@ import (
 // returned messages first and counts the return in x-delivery-count, which
 // harms nothing because the dead-letter queue the Source declares has no
 // delivery limit; a policy that gives it one would drop messages that are
-// scanned often). While a call runs, the broker holds every message it
-// took so far unacknowledged on its channel, and the consumer's queue
-// cannot redeliver them meanwhile; the client holds one message at a time.
-// Messages parked after a call began are left to the next call.
+// scanned often). So while a call runs, every parked message it took so
+// far is held unacknowledged on its channel, which the broker keeps in
+// memory until the call ends: a scan of a large dead-letter queue holds
+// all of it there at its end (the client holds one message at a time,
+// and what fn keeps). Messages parked after a call began are left to the
+// next call.
 //
 // A DeadLetters is not safe for concurrent use, and two calls, from this
 // process or another, that run at once each see only the messages the
