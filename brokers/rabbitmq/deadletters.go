@@ -225,7 +225,7 @@ func (q *DeadLetters) browse(ctx context.Context, act actFunc, list func(*driver
 	if cerr := ch.Close(); err == nil && cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
 		err = fmt.Errorf("rabbitmq: closing the channel of %q: %w", q.Name(), cerr)
 	}
-	q.awaitReturned(kept)
+	q.awaitReturned(ctx, kept)
 	return err
 }
 
@@ -233,13 +233,13 @@ func (q *DeadLetters) browse(ctx context.Context, act actFunc, list func(*driver
 // parked to be ready again.
 const returnWait = 5 * time.Second
 
-// awaitReturned waits, at most returnWait, until the dead-letter queue
-// holds at least kept ready messages again. A quorum queue takes back the
-// messages of a closed channel after the close completes: without the
-// wait, a call that follows at once would count too few messages and miss
-// some. Other clients taking messages meanwhile can only make it wait the
-// whole bound.
-func (q *DeadLetters) awaitReturned(kept int) {
+// awaitReturned waits, at most returnWait and while ctx lasts, until the
+// dead-letter queue holds at least kept ready messages again. A quorum
+// queue takes back the messages of a closed channel after the close
+// completes: without the wait, a call that follows at once would count too
+// few messages and miss some. Other clients taking messages meanwhile can
+// only make it wait the whole bound.
+func (q *DeadLetters) awaitReturned(ctx context.Context, kept int) {
 	if kept == 0 || q.conn == nil {
 		return
 	}
@@ -248,9 +248,11 @@ func (q *DeadLetters) awaitReturned(kept int) {
 		return
 	}
 	defer ch.Close()
-	for deadline := time.Now().Add(returnWait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	ctx, cancel := context.WithTimeout(ctx, returnWait)
+	defer cancel()
+	for {
 		st, err := ch.QueueDeclarePassive(q.Name(), true, false, false, false, nil)
-		if err != nil || st.Messages >= kept {
+		if err != nil || st.Messages >= kept || !driver.Sleep(ctx, 10*time.Millisecond) {
 			return
 		}
 	}
