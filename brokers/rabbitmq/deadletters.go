@@ -41,6 +41,11 @@ import (
 // and what fn keeps). Messages parked after a call began are left to the
 // next call.
 //
+// AMQP gives a queued message no lasting id, so Parked.Ref is a digest of
+// the parked copy's properties, headers and body (with "~2", "~3", … for
+// identical copies): the same in every call while the copy stays parked,
+// so a Ref listed by Scan selects that copy in a later Redrive or Purge.
+//
 // A DeadLetters is not safe for concurrent use, and two calls, from this
 // process or another, that run at once each see only the messages the
 // other one does not hold.
