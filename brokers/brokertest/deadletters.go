@@ -108,7 +108,9 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 		if string(p.Body) != string(m.Body) {
 			t.Errorf("%s: Body %q, want %q", m.ID, p.Body, m.Body)
 		}
-		if p.Attempt != 1 {
+		// A broker that parks messages itself may not record the attempt:
+		// 0 says unknown.
+		if p.Attempt != 1 && (h.RecordsCause || p.Attempt != 0) {
 			t.Errorf("%s: Attempt %d, want 1 (parked on its first delivery)", m.ID, p.Attempt)
 		}
 		if p.Ref == "" || p.Destination == "" || p.Origin == "" {

@@ -20,7 +20,8 @@ import (
 // openers; every fixture gets its own queues.
 func harness(recordsCause bool, params string, opts ...Option) brokertest.Harness {
 	return brokertest.Harness{
-		RecordsCause: recordsCause,
+		RecordsCause:        recordsCause,
+		OperatesDeadLetters: true,
 		Open: func(t *testing.T) *brokertest.Fixture {
 			url := amqpURL(t)
 			q := uniqueQueue(t, url)

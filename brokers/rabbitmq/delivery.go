@@ -172,42 +172,64 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 	default:
 	}
 	if s.pub == nil || s.pub.IsClosed() {
-		ch, err := s.conn.Channel()
+		ch, returns, err := confirmChannel(s.conn)
 		if err != nil {
 			// The connection is gone: so is the delivery's channel.
 			return s.staleIfClosed(err, 1)
 		}
-		if err := ch.Confirm(false); err != nil {
-			ch.Close()
-			return err
-		}
-		s.pub = ch
-		s.pubReturns = ch.NotifyReturn(make(chan amqp.Return, 4))
+		s.pub, s.pubReturns = ch, returns
 	}
-	conf, err := s.pub.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, p)
-	if err != nil {
-		return err
-	}
-	acked, err := conf.WaitContext(ctx)
-	if err != nil {
+	reusable, err := publishConfirmed(ctx, s.pub, s.pubReturns, key, p)
+	if !reusable {
 		// A late confirm or return would be matched to the next publish:
 		// start that one on a fresh channel.
 		s.pub.Close()
 		s.pub = nil
-		return err
+	}
+	return err
+}
+
+// confirmChannel opens a channel on conn in confirm mode and returns it
+// with the channel its basic.returns arrive on.
+func confirmChannel(conn *amqp.Connection) (*amqp.Channel, chan amqp.Return, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, nil, err
+	}
+	return ch, ch.NotifyReturn(make(chan amqp.Return, 4)), nil
+}
+
+// publishConfirmed publishes p on ch, a confirm channel (see
+// confirmChannel) with nothing else awaiting a confirm, to the default
+// exchange with routing key key (mandatory), and waits for its confirm. An
+// unroutable message or a nack is an error. reusable is false when the
+// wait was cut short: a late confirm or return of p could then be taken
+// for the next publish's, so ch must not publish again.
+func publishConfirmed(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, key string, p amqp.Publishing) (reusable bool, err error) {
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, p)
+	if err != nil {
+		return true, err
+	}
+	acked, err := conf.WaitContext(ctx)
+	if err != nil {
+		return false, err
 	}
 	// The broker sends basic.return before the confirm, and amqp091-go
 	// hands both over from one reader goroutine, so a return for this
 	// message is already buffered.
 	select {
-	case r := <-s.pubReturns:
-		return fmt.Errorf("unroutable to queue %q: %d %s", key, r.ReplyCode, r.ReplyText)
+	case r := <-returns:
+		return true, fmt.Errorf("unroutable to queue %q: %d %s", key, r.ReplyCode, r.ReplyText)
 	default:
 	}
 	if !acked {
-		return fmt.Errorf("publish to queue %q was not confirmed", key)
+		return true, fmt.Errorf("publish to queue %q was not confirmed", key)
 	}
-	return nil
+	return true, nil
 }
 
 // delivery is one received message bound to its session.
@@ -337,6 +359,8 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	p.Headers[driver.CauseHeader] = text
 	p.Headers[HeaderSourceQueue] = src.queue
 	p.Headers[HeaderAttempt] = int64(d.msg.Attempt)
+	// Taken before the publish, so it is never later than the parking.
+	p.Headers[HeaderParkedAt] = time.Now().UnixMilli()
 	if err := d.sess.publish(ctx, src.cfg.deadLetterQueue, p); err != nil {
 		return d.wrap(fmt.Errorf("dead-letter to %q: %w", src.cfg.deadLetterQueue, err))
 	}
@@ -349,9 +373,12 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 
 // copyPublishing rebuilds the received message as a persistent publishing
 // with its properties and a copy of its headers.
-func (d *delivery) copyPublishing() amqp.Publishing {
-	r := &d.raw
-	h := make(amqp.Table, len(r.Headers)+3)
+func (d *delivery) copyPublishing() amqp.Publishing { return republishing(&d.raw) }
+
+// republishing rebuilds r as a persistent publishing with its properties
+// and a copy of its headers, less the broker's count of its deliveries.
+func republishing(r *amqp.Delivery) amqp.Publishing {
+	h := make(amqp.Table, len(r.Headers)+4)
 	for k, v := range r.Headers {
 		h[k] = v
 	}

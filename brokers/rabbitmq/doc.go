@@ -55,6 +55,25 @@
 // whereas a classic queue lives on one node and is gone while that node
 // is down.
 //
+// # Dead-letter queue
+//
+// DeadLetters (OpenDeadLetters, or core.OpenDeadLetters with the Source's
+// own URL) lets an operator list the messages parked in a consumer's
+// dead-letter queue with their cause, attempt, origin and parking time,
+// publish chosen ones back to the queue they came from once the fault is
+// fixed (without the cause and attempt headers, so they start over as
+// first attempts; the parked copy is removed only after the broker
+// confirmed the publish), and delete chosen ones. A copy the Source
+// republished carries its cause, attempt, origin and parking time in
+// headers (driver.CauseHeader, HeaderAttempt, HeaderSourceQueue,
+// HeaderParkedAt); for one the broker dead-lettered itself
+// (DeadLetterReject, a delivery limit, a TTL) they come from its x-death
+// header, which records no cause and no attempt. AMQP cannot read a
+// message without taking it: each call takes the messages parked when it
+// began with basic.get, acks those it removes and returns the others to
+// the queue, unacknowledged, when it ends, so the broker holds every
+// message of the queue on the call's channel while the call runs.
+//
 // A Publisher publishes core Messages with publisher confirms, for tests,
 // examples and the outbox relay.
 package rabbitmq

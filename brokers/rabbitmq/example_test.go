@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"log"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
@@ -72,4 +73,30 @@ func ExampleOpenURL() {
 		log.Fatal(err)
 	}
 	defer src.Close()
+}
+
+// An operator's endpoint over the payments consumer's dead letters: list
+// them, put back the ones a bad deploy parked, delete the rest.
+func ExampleOpenDeadLetters() {
+	ctx := context.Background()
+	dlq, err := rabbitmq.OpenDeadLetters(ctx, "amqp://guest:guest@127.0.0.1:5672/", "payments")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dlq.Close()
+	err = dlq.Scan(ctx, func(p *core.Parked) error {
+		log.Printf("%s %s parked %v from %s: %s", p.Ref, p.ID, p.ParkedAt, p.Origin, p.Cause)
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	badDeploy := func(p *core.Parked) bool { return strings.Contains(p.Cause, "schema v7") }
+	n, err := dlq.Redrive(ctx, badDeploy, func(done int) { log.Printf("%d redriven", done) })
+	if err != nil {
+		log.Fatalf("redrove %d, then: %v", n, err) // the rest are still parked
+	}
+	if _, err := dlq.Purge(ctx, func(p *core.Parked) bool { return !badDeploy(p) }); err != nil {
+		log.Fatal(err)
+	}
 }

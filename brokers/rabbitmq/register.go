@@ -13,6 +13,8 @@ import (
 func init() {
 	driver.RegisterBroker("amqp", openSourceURL, openPublisherURL)
 	driver.RegisterBroker("amqps", openSourceURL, openPublisherURL)
+	driver.RegisterDeadLetters("amqp", openDeadLettersURL)
+	driver.RegisterDeadLetters("amqps", openDeadLettersURL)
 }
 
 // openSourceURL opens amqp://…?queue=NAME[&…] (see OpenURL) for consuming,

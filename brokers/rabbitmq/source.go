@@ -33,6 +33,9 @@ const (
 	// HeaderAttempt holds the attempt of the next delivery of a copy
 	// published by RetryViaQueue (and the attempt a dead-lettered copy had).
 	HeaderAttempt = "x-idemq-attempt"
+	// HeaderParkedAt holds when DeadLetterRepublish parked the copy, in
+	// Unix milliseconds (an AMQP long), taken just before its publish.
+	HeaderParkedAt = "x-idemq-parked-at"
 )
 
 // Source consumes one RabbitMQ queue. It implements core.Source,
