@@ -104,6 +104,12 @@ func testDLQCommands(t *testing.T, sourceURL, publisherURL string) {
 // the cause "bad deploy: <id>".
 func park(ctx context.Context, t *testing.T, sourceURL, publisherURL string, ids []string) {
 	t.Helper()
+	// The source first: it declares the queue the publisher sends to.
+	src, err := core.OpenSource(ctx, sourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
 	p, err := core.OpenPublisher(ctx, publisherURL)
 	if err != nil {
 		t.Fatal(err)
@@ -115,11 +121,6 @@ func park(ctx context.Context, t *testing.T, sourceURL, publisherURL string, ids
 			t.Fatal(err)
 		}
 	}
-	src, err := core.OpenSource(ctx, sourceURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	for range ids {
 		d, err := src.Receive(ctx)
 		if err != nil {
