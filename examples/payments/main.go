@@ -71,6 +71,7 @@ type settings struct {
 	duplicates                      float64
 	seed                            uint64
 	accounts                        int
+	rejectAbove                     int64
 }
 
 func main() {
@@ -120,6 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.IntVar(&s.concurrency, "concurrency", 1, "batches processed at once, each in its own transaction")
 	fs.DurationVar(&s.shutdown, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight messages may take before they are rolled back and left unacked")
 	fs.DurationVar(&s.txnTimeout, "txn-timeout", time.Minute, "bound on one transaction, its handler included: a database connection that went half-open is given up after it")
+	fs.Int64Var(&s.rejectAbove, "reject-above", 0, "dead-letter payments of more than this many cents, as a limit set by mistake would (0: no limit); the README's incident drill")
 	fs.StringVar(&level, "log-level", level, "debug, info, warn or error; each decision is logged at info (duplicate: info, retry: warn, dead letter: error)")
 	fs.IntVar(&s.publish, "publish", 0, "publish N test messages (duplicates included) to --broker and exit, instead of consuming")
 	fs.Float64Var(&s.duplicates, "duplicates", 0.2, "with --publish: fraction of the N messages that repeat an earlier message (same id, same body)")
@@ -234,7 +236,18 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 	if err != nil {
 		return err
 	}
-	c, err := core.NewBatch(src, b.store, b.charge,
+	charge := b.charge
+	if limit := s.rejectAbove; limit > 0 {
+		charge = func(ctx context.Context, tx Tx, msgs []*core.Message) error {
+			for _, m := range msgs {
+				if p, err := decode(m.Body); err == nil && p.AmountCents > limit {
+					return core.Permanent(fmt.Errorf("payment %s: amount_cents %d above the limit %d", m.ID, p.AmountCents, limit))
+				}
+			}
+			return b.charge(ctx, tx, msgs)
+		}
+	}
+	c, err := core.NewBatch(src, b.store, charge,
 		core.WithName(s.consumer),
 		core.WithBatchSize(s.batch),
 		core.WithConcurrency(s.concurrency),
