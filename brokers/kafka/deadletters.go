@@ -373,16 +373,20 @@ func (q *DeadLetters) handle(ctx context.Context, sel func(*driver.Parked) bool,
 				}
 				return nil
 			}
+			point := l.offset + 1
+			if kept >= 0 {
+				point = kept
+			}
+			r, err := q.plan(p, point, l.offset)
+			if err != nil {
+				return err
+			}
 			if do != nil {
 				if err := do(ctx, l); err != nil {
 					return err
 				}
 			}
-			point := l.offset + 1
-			if kept >= 0 {
-				point = kept
-			}
-			if err := q.commit(ctx, p, point, l.offset); err != nil {
+			if err := q.commit(ctx, p, r); err != nil {
 				return err
 			}
 			n++
@@ -400,7 +404,11 @@ func (q *DeadLetters) handle(ctx context.Context, sel func(*driver.Parked) bool,
 			point = kept
 		}
 		if point > p.committed && point > p.from {
-			if err := q.commit(ctx, p, point, -1); err != nil {
+			r, err := q.plan(p, point, -1)
+			if err == nil {
+				err = q.commit(ctx, p, r)
+			}
+			if err != nil {
 				return n, err
 			}
 		}
@@ -408,9 +416,17 @@ func (q *DeadLetters) handle(ctx context.Context, sel func(*driver.Parked) bool,
 	return n, nil
 }
 
-// commit commits point for p with the handled records above it, done (if
-// not -1) among them.
-func (q *DeadLetters) commit(ctx context.Context, p *dlqPart, point, done int64) error {
+// bookmark is what one offset commit writes for a partition.
+type bookmark struct {
+	point   int64
+	handled []span // above point
+	md      string
+}
+
+// plan works out the commit of point for p with the handled records above
+// it, done (if not -1) among them, before anything is done: a commit that
+// cannot be written fails here.
+func (q *DeadLetters) plan(p *dlqPart, point, done int64) (bookmark, error) {
 	handled := p.handled
 	if done >= 0 {
 		handled = addSpan(handled, done)
@@ -422,12 +438,17 @@ func (q *DeadLetters) commit(ctx context.Context, p *dlqPart, point, done int64)
 	}
 	md, ok := encodeSpans(point, -1, handled, maxDeadLetterMetadata)
 	if !ok {
-		return fmt.Errorf("kafka: dead-letter topic %q partition %d: the records handled out of order above offset %d no longer fit in %d bytes of commit metadata: %w; redrive or purge the oldest ones first", q.cfg.deadLetterTopic, p.id, point, maxDeadLetterMetadata, ErrDeadLettersFragmented)
+		return bookmark{}, fmt.Errorf("%w on partition %d of %q: their ranges above offset %d need more than %d bytes of commit metadata; redrive or purge the oldest ones first", ErrDeadLettersFragmented, p.id, q.cfg.deadLetterTopic, point, maxDeadLetterMetadata)
 	}
+	return bookmark{point: point, handled: dropBelow(handled, point), md: md}, nil
+}
+
+// commit writes r for p in the bookkeeping group.
+func (q *DeadLetters) commit(ctx context.Context, p *dlqPart, r bookmark) error {
 	resp, err := q.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
 		GroupID:      q.group,
 		GenerationID: -1, // a group without members: Kafka takes the commit as it is
-		Topics:       map[string][]kafkago.OffsetCommit{q.cfg.deadLetterTopic: {{Partition: p.id, Offset: point, Metadata: md}}},
+		Topics:       map[string][]kafkago.OffsetCommit{q.cfg.deadLetterTopic: {{Partition: p.id, Offset: r.point, Metadata: r.md}}},
 	})
 	if err == nil {
 		for _, pr := range resp.Topics[q.cfg.deadLetterTopic] {
@@ -440,9 +461,9 @@ func (q *DeadLetters) commit(ctx context.Context, p *dlqPart, point, done int64)
 		err = fmt.Errorf("%w: %w; redrive or purge the oldest ones first", err, ErrDeadLettersFragmented)
 	}
 	if err != nil {
-		return fmt.Errorf("kafka: dead-letter group %q: recording partition %d up to offset %d as handled: %w", q.group, p.id, point, err)
+		return fmt.Errorf("kafka: dead-letter group %q: recording partition %d up to offset %d as handled: %w", q.group, p.id, r.point, err)
 	}
-	p.committed, p.handled = point, dropBelow(handled, point)
+	p.committed, p.handled = r.point, r.handled
 	return nil
 }
 

@@ -222,8 +222,9 @@ func TestDeadLettersLeaveOtherGroupsAlone(t *testing.T) {
 
 // Records handled out of order are kept as ranges in the commit
 // metadata; once they would not fit, Purge stops with
-// ErrDeadLettersFragmented, having recorded what it counted, and handling
-// the oldest ones lets it go on.
+// ErrDeadLettersFragmented, having recorded what it counted, Redrive
+// refuses before producing anything, and handling the oldest ones lets it
+// go on.
 func TestDeadLettersFragmented(t *testing.T) {
 	bs := brokers(t)
 	topic := newTopic(t, bs, 1)
@@ -237,6 +238,14 @@ func TestDeadLettersFragmented(t *testing.T) {
 	t.Logf("%d purged: %v", n, err)
 	if left := scanIDs(t, q); len(left) != len(ids)-n {
 		t.Fatalf("%d left after purging %d of %d", len(left), n, len(ids))
+	}
+	// Redrive checks before it produces: the one it cannot record stays
+	// parked and is not sent.
+	if r, err := q.Redrive(context.Background(), odd, nil); !errors.Is(err, ErrDeadLettersFragmented) || r != 0 {
+		t.Fatalf("Redrive of the next odd one = %d, %v; want 0, ErrDeadLettersFragmented", r, err)
+	}
+	if sent := readAll(t, bs, topic, 1); len(sent) != 0 {
+		t.Fatalf("Redrive sent %d records it could not record as handled", len(sent))
 	}
 	all, err := q.Purge(context.Background(), func(*driver.Parked) bool { return true })
 	if err != nil || all != len(ids)-n {
