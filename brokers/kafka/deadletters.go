@@ -247,11 +247,16 @@ func (q *DeadLetters) load(ctx context.Context) ([]*dlqPart, error) {
 			p.from, p.end = po.FirstOffset, po.LastOffset
 		}
 		for _, fp := range fresp.Topics[topic] {
-			if fp.Partition != p.id || fp.CommittedOffset < 0 {
+			if fp.Partition != p.id {
 				continue
 			}
 			if fp.Error != nil {
 				return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: %w", q.group, p.id, fp.Error)
+			}
+			if fp.CommittedOffset < 0 || fp.CommittedOffset > p.end {
+				// None, or one past the end: the topic was deleted and
+				// created again, and its records are all new.
+				continue
 			}
 			_, spans, err := decodeProgress(fp.CommittedOffset, fp.Metadata)
 			if err != nil {

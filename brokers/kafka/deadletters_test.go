@@ -300,3 +300,16 @@ func TestDeadLettersURL(t *testing.T) {
 		t.Fatalf("parked %v in a missing topic", got)
 	}
 }
+
+func TestAddSpan(t *testing.T) {
+	var spans []span
+	for _, o := range []int64{5, 7, 6, 1, 2, 9, 6} {
+		spans = addSpan(spans, o)
+	}
+	if want := []span{{1, 2}, {5, 3}, {9, 1}}; !slices.Equal(spans, want) {
+		t.Fatalf("spans %v, want %v", spans, want)
+	}
+	if got, want := dropBelow(spans, 6), []span{{6, 2}, {9, 1}}; !slices.Equal(got, want) {
+		t.Fatalf("dropBelow 6: %v, want %v", got, want)
+	}
+}
