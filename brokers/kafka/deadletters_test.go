@@ -70,7 +70,8 @@ func park(t *testing.T, bs, topic, group, prefix string, n int) []string {
 
 // A dead-letter topic larger than one fetch: 250 messages parked by a
 // Source; 100 of them, chosen by id all over the topic, are redriven and
-// come back once each, without the cause and at attempt 1; the other 150
+// come back once each, to the partition they were consumed from, without
+// the cause and at attempt 1; the other 150
 // stay parked, also for a DeadLetters opened afresh; Purge drops them and
 // leaves the bookkeeping group past everything with no ranges left.
 func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
@@ -112,9 +113,11 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 	q := openDLQ(t, bs, topic, group)
 	var all []string
 	refs := map[string]bool{}
+	origins := map[string]string{}
 	if err := q.Scan(ctx, func(p *driver.Parked) error {
 		all = append(all, p.ID)
 		refs[p.Ref] = true
+		origins[p.ID] = p.Origin
 		if p.Cause != "bad deploy" || p.Attempt != 1 || p.Destination != topic || !strings.HasPrefix(p.Origin, topic+"/") || p.Headers["x-test"] != p.ID || p.Key != "k"+p.ID {
 			t.Errorf("parked %+v", p)
 		}
@@ -150,6 +153,9 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 		got[m.ID]++
 		if _, ok := m.Headers[driver.CauseHeader]; ok || m.Attempt != 1 || m.Headers[HeaderGroup] != "" || m.Headers["x-test"] != m.ID || m.Key != "k"+m.ID {
 			t.Errorf("redriven %s: attempt %d, headers %v, key %q", m.ID, m.Attempt, m.Headers, m.Key)
+		}
+		if part := m.Metadata["messaging.destination.partition.id"]; !strings.HasPrefix(origins[m.ID], topic+"/"+part+"/") {
+			t.Errorf("redriven %s to partition %s, consumed from %s", m.ID, part, origins[m.ID])
 		}
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
