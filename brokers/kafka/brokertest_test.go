@@ -20,8 +20,9 @@ import (
 // of four partitions and group.
 func harness(retryTopic bool, opts ...Option) brokertest.Harness {
 	return brokertest.Harness{
-		RecordsCause: true,
-		CarriesKey:   true,
+		RecordsCause:        true,
+		OperatesDeadLetters: true,
+		CarriesKey:          true,
 		Open: func(t *testing.T) *brokertest.Fixture {
 			bs := brokers(t)
 			topic := newTopic(t, bs, 4)

@@ -82,9 +82,23 @@
 // opened by URL); without one, to the Consumer's logger (SetLogger), and
 // to slog.Default() until then.
 //
+// Dead-letter queue: DeadLetters (OpenDeadLetters, or core.OpenDeadLetters
+// with the Source's own URL) lets an operator list a group's dead letters
+// (Scan), produce chosen ones back to the partition they were consumed
+// from without idemq's bookkeeping headers (Redrive; every group of that
+// topic receives them, and those that applied one decide it Duplicate),
+// or drop them (Purge). It reads the dead-letter topic with plain fetches
+// up to the high watermark of the call's start, never as a member of a
+// group, and skips other groups' records (HeaderGroup). Kafka cannot
+// delete single records, so handled ones are recorded in a bookkeeping
+// group ("<group>.dlq-operator", WithDeadLetterGroup): its committed
+// offset passes every handled record below the first one still parked,
+// and the handled records above it are ranges in the commit's metadata,
+// which bounds how many can be handled out of order (see DeadLetters).
+//
 // Importing the package registers the kafka:// scheme with
-// core.OpenSource and core.OpenPublisher (see Open for the URL's
-// parameters).
+// core.OpenSource, core.OpenPublisher and core.OpenDeadLetters (see Open
+// for the URL's parameters).
 //
 // A Publisher produces core Messages on a kafka-go Writer with
 // RequiredAcks RequireAll, setting the id header and injecting the trace

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -131,4 +132,32 @@ func Example_duplicatePublish() {
 	st := c.Stats()
 	fmt.Printf("processed %d, duplicates %d, ledger rows %d\n", st.Processed, st.Duplicates, rows)
 	// Output: processed 1, duplicates 1, ledger rows 1
+}
+
+// An operator's look at the dead letters the "billing" group parked in
+// "payments.dlq", after the fix is deployed: the ones a bad deploy parked
+// go back to "payments" (each consumer group of the topic receives them;
+// those that applied one already decide it Duplicate), and the rest are
+// listed and stay parked.
+func ExampleOpenDeadLetters() {
+	ctx := context.Background()
+	q, err := kafka.OpenDeadLetters(ctx, "kafka://127.0.0.1:9092/payments?group=billing")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer q.Close()
+
+	n, err := q.Redrive(ctx, func(p *core.Parked) bool {
+		return strings.Contains(p.Cause, "schema v7")
+	}, func(done int) { fmt.Printf("\rredriven %d", done) })
+	if err != nil {
+		log.Fatalf("redrove %d, then: %v", n, err)
+	}
+	err = q.Scan(ctx, func(p *core.Parked) error {
+		fmt.Printf("%s %s attempt %d parked %v: %s\n", p.Ref, p.ID, p.Attempt, p.ParkedAt.Format(time.RFC3339), p.Cause)
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
 }

@@ -462,14 +462,7 @@ func (p *partition) progress() []span {
 		out = append(out, span{first, last - first + 1})
 		i = j
 	}
-	for _, sp := range p.skip {
-		if sp.end() <= p.next {
-			continue
-		}
-		start := max(sp.start, p.next)
-		out = append(out, span{start, sp.end() - start})
-	}
-	return out
+	return append(out, dropBelow(p.skip, p.next)...)
 }
 
 // commitPoint is the offset to commit for p: its first undecided message,

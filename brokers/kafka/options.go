@@ -76,6 +76,7 @@ type config struct {
 	joinBackoff       time.Duration
 	startOffset       int64
 	deadLetterTopic   string
+	deadLetterGroup   string
 	retryTopic        string
 	partitionBuffer   int
 	fetchMaxWait      time.Duration
@@ -196,12 +197,15 @@ func WithTopic(topic string) Option {
 // the idemq consumer name (core.WithName), though using the same string
 // for both is natural.
 func WithGroup(group string) Option {
-	return set("WithGroup", group, func(g string) error {
-		if g == "" || len(g) > 255 {
-			return fmt.Errorf("group id must be 1..255 bytes, got %d", len(g))
-		}
-		return nil
-	}, func(c *config) *string { return &c.group })
+	return set("WithGroup", group, checkGroup, func(c *config) *string { return &c.group })
+}
+
+// checkGroup applies Kafka's bound on a group id's length.
+func checkGroup(g string) error {
+	if g == "" || len(g) > 255 {
+		return fmt.Errorf("group id must be 1..255 bytes, got %d", len(g))
+	}
+	return nil
 }
 
 // WithIDHeader names the Kafka header that holds the business id. Default
@@ -304,6 +308,15 @@ func WithStartOffset(offset int64) Option {
 // written later.
 func WithDeadLetterTopic(topic string) Option {
 	return set("WithDeadLetterTopic", topic, checkTopic, func(c *config) *string { return &c.deadLetterTopic })
+}
+
+// WithDeadLetterGroup names the consumer group in which a DeadLetters
+// records which dead letters it redrove or purged (Kafka cannot delete
+// single records). Default "<group>.dlq-operator". Name one when the
+// cluster's ACLs allow only certain group ids, or when the default would be
+// longer than 255 bytes. The Source ignores it.
+func WithDeadLetterGroup(group string) Option {
+	return set("WithDeadLetterGroup", group, checkGroup, func(c *config) *string { return &c.deadLetterGroup })
 }
 
 // WithRetryTopic makes Retry produce a copy of the message to topic (with
@@ -503,6 +516,8 @@ func queryOptions(q url.Values, user *url.Userinfo) ([]Option, error) {
 			opts = append(opts, WithOrdering(o))
 		case "dead_letter_topic":
 			opts = append(opts, WithDeadLetterTopic(v))
+		case "dead_letter_group":
+			opts = append(opts, WithDeadLetterGroup(v))
 		case "retry_topic":
 			opts = append(opts, WithRetryTopic(v))
 		case "start":

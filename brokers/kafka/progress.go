@@ -33,6 +33,14 @@ func (s span) end() int64 { return s.start + s.count }
 // encodeProgress renders high and the decided spans above committed;
 // spans that do not fit are left out (their messages are redelivered).
 func encodeProgress(committed, high int64, spans []span) string {
+	md, _ := encodeSpans(committed, high, spans, maxProgressBytes)
+	return md
+}
+
+// encodeSpans renders high and the spans above committed in at most limit
+// bytes, leaving out the spans that do not fit; it reports whether every
+// span fit.
+func encodeSpans(committed, high int64, spans []span, limit int) (string, bool) {
 	var b strings.Builder
 	b.WriteString(progressPrefix)
 	b.WriteString("h=")
@@ -49,8 +57,8 @@ func encodeProgress(committed, high int64, spans []span) string {
 		}
 		start := max(s.start, committed)
 		item := strconv.FormatInt(start-committed, 36) + "+" + strconv.FormatInt(s.end()-start, 36)
-		if b.Len()+len(item)+1 > maxProgressBytes {
-			break
+		if b.Len()+len(item)+1 > limit {
+			return b.String(), false
 		}
 		if !first {
 			b.WriteByte(',')
@@ -58,7 +66,7 @@ func encodeProgress(committed, high int64, spans []span) string {
 		first = false
 		b.WriteString(item)
 	}
-	return b.String()
+	return b.String(), true
 }
 
 // decodeProgress parses metadata written by encodeProgress for the given
@@ -112,4 +120,17 @@ func covered(spans []span, offset int64) bool {
 		}
 	}
 	return false
+}
+
+// dropBelow cuts spans (sorted) to the offsets from point up.
+func dropBelow(spans []span, point int64) []span {
+	var out []span
+	for _, s := range spans {
+		if s.end() <= point {
+			continue
+		}
+		start := max(s.start, point)
+		out = append(out, span{start, s.end() - start})
+	}
+	return out
 }

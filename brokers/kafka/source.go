@@ -92,6 +92,7 @@ type Stats struct {
 //	id_header           the business id header          (WithIDHeader)
 //	ordering            per-key | per-partition | none  (WithOrdering)
 //	dead_letter_topic   the DLQ topic                   (WithDeadLetterTopic)
+//	dead_letter_group   DeadLetters' bookkeeping group  (WithDeadLetterGroup)
 //	retry_topic         retry via this topic            (WithRetryTopic)
 //	start               first | last                    (WithStartOffset)
 //	commit_interval, commit_count                       (WithCommit)
@@ -115,24 +116,9 @@ type Stats struct {
 // group is joined at the first Receive, after the Consumer had its chance
 // to call SetWindow.
 func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
-	cfg, err := newConfig(target, opts)
+	cfg, err := sourceConfig(target, opts)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.topic == "" {
-		return nil, errors.New("kafka: topic: none given (WithTopic or the kafka:// URL path)")
-	}
-	if cfg.group == "" {
-		return nil, errors.New("kafka: group: none given (WithGroup or ?group= in the kafka:// URL)")
-	}
-	if cfg.deadLetterTopic == "" {
-		cfg.deadLetterTopic = cfg.topic + ".dlq"
-	}
-	if cfg.retryTopic == cfg.topic || cfg.deadLetterTopic == cfg.topic {
-		return nil, errors.New("kafka: WithRetryTopic/WithDeadLetterTopic: must differ from the consumed topic")
-	}
-	if cfg.revokeTimeout >= cfg.rebalanceTimeout {
-		return nil, optErr("WithRevokeTimeout", "%v must be shorter than the rebalance timeout %v (WithGroupTimeouts)", cfg.revokeTimeout, cfg.rebalanceTimeout)
 	}
 	s := &Source{
 		cfg:     cfg,
@@ -147,6 +133,31 @@ func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
+}
+
+// sourceConfig reads and checks a Source's target and options (see Open),
+// filling in the default dead-letter topic. DeadLetters reads the same.
+func sourceConfig(target string, opts []Option) (config, error) {
+	cfg, err := newConfig(target, opts)
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.topic == "" {
+		return cfg, errors.New("kafka: topic: none given (WithTopic or the kafka:// URL path)")
+	}
+	if cfg.group == "" {
+		return cfg, errors.New("kafka: group: none given (WithGroup or ?group= in the kafka:// URL)")
+	}
+	if cfg.deadLetterTopic == "" {
+		cfg.deadLetterTopic = cfg.topic + ".dlq"
+	}
+	if cfg.retryTopic == cfg.topic || cfg.deadLetterTopic == cfg.topic {
+		return cfg, errors.New("kafka: WithRetryTopic/WithDeadLetterTopic: must differ from the consumed topic")
+	}
+	if cfg.revokeTimeout >= cfg.rebalanceTimeout {
+		return cfg, optErr("WithRevokeTimeout", "%v must be shorter than the rebalance timeout %v (WithGroupTimeouts)", cfg.revokeTimeout, cfg.rebalanceTimeout)
+	}
+	return cfg, nil
 }
 
 // ensureTopics makes sure the consumed topic exists, and that the

@@ -423,7 +423,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		t.Error("NewPublisher(\"\") = nil error")
 	}
 	cfg := defaultConfig()
-	uopts, err := parseTarget("kafka://a:1,b:2/payments?group=billing&ordering=none&commit_count=7&start=last&revoke_timeout=3s&id_header=ce_id&dead_letter_topic=dl&retry_topic=rt&session_timeout=8s&heartbeat_interval=1s", &cfg)
+	uopts, err := parseTarget("kafka://a:1,b:2/payments?group=billing&ordering=none&commit_count=7&start=last&revoke_timeout=3s&id_header=ce_id&dead_letter_topic=dl&dead_letter_group=ops&retry_topic=rt&session_timeout=8s&heartbeat_interval=1s", &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +434,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 	}
 	if cfg.topic != "payments" || cfg.group != "billing" || len(cfg.brokers) != 2 || cfg.ordering != OrderNone || cfg.commitCount != 7 ||
 		cfg.commitInterval != time.Second || cfg.startOffset != kafkago.LastOffset || cfg.revokeTimeout != 3*time.Second ||
-		cfg.idHeader != "ce_id" || cfg.deadLetterTopic != "dl" || cfg.retryTopic != "rt" ||
+		cfg.idHeader != "ce_id" || cfg.deadLetterTopic != "dl" || cfg.deadLetterGroup != "ops" || cfg.retryTopic != "rt" ||
 		cfg.sessionTimeout != 8*time.Second || cfg.heartbeatInterval != time.Second || cfg.rebalanceTimeout != 30*time.Second {
 		t.Errorf("parseTarget: %+v", cfg)
 	}

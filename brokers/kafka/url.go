@@ -11,10 +11,14 @@ import (
 )
 
 // Importing this package registers the kafka:// scheme, so that
-// core.OpenSource and core.OpenPublisher open Kafka from configuration:
+// core.OpenSource, core.OpenPublisher and core.OpenDeadLetters open Kafka
+// from configuration:
 //
 //	kafka://127.0.0.1:9092/payments?group=billing
-func init() { driver.RegisterBroker("kafka", openSourceURL, openPublisherURL) }
+func init() {
+	driver.RegisterBroker("kafka", openSourceURL, openPublisherURL)
+	driver.RegisterDeadLetters("kafka", openDeadLettersURL)
+}
 
 func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Source, error) {
 	return Open(ctx, u.String(), loggerOption(cfg))
