@@ -23,7 +23,7 @@ const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags
 
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
-(amqp://…?queue=Q, kafka://…?topic=T&group=G, sqs://…/queue); its
+(amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue); its
 dead-letter queue or topic is the one the consumer parks to.
 
   list     the parked messages: id, cause, attempts, origin, age, size
@@ -111,7 +111,7 @@ func openDLQ(ctx context.Context, broker string) (driver.DeadLetterQueue, error)
 	if u, err := redact.ParseURL(broker); err != nil {
 		return nil, cli.Usagef("--broker: %v", err)
 	} else if u.Scheme == "" {
-		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/?topic=T&group=G or sqs://…/queue", redact.URL(broker))
+		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G or sqs://…/queue", redact.URL(broker))
 	}
 	return core.OpenDeadLetters(ctx, broker)
 }
