@@ -131,7 +131,7 @@ func TestRetryDelayGrows(t *testing.T) {
 // failingStore refuses every claim, counting them.
 type failingStore struct{ claims atomic.Int64 }
 
-func (s *failingStore) Claim(context.Context, int, int) (Claimed, error) {
+func (s *failingStore) Claim(context.Context, int, int, ParkedKeyPolicy) (Claimed, error) {
 	s.claims.Add(1)
 	return nil, errors.New("database down")
 }
