@@ -49,7 +49,7 @@ type Relay struct {
 	pubCounter  metric.Int64Counter
 	errCounter  metric.Int64Counter
 	parkCounter metric.Int64Counter
-	attrs      metric.MeasurementOption
+	attrs       metric.MeasurementOption
 
 	running sync.Mutex
 }
