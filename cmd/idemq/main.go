@@ -1,16 +1,21 @@
-// Command idemq is the operator's tool for idemq's dedup stores:
+// Command idemq is the operator's tool for idemq's dedup stores and
+// outbox tables:
 //
 //	idemq migrate --store URL                          create the dedup table
 //	idemq prune   --store URL --older-than 168h        delete old claims in bounded batches
 //	idemq stats   --store URL [--broker URL]           claims per consumer, oldest claim, table size; retention against the broker's horizon
 //	idemq lookup  --store URL --consumer C ID…         whether each id is claimed, when, its fingerprint
 //	idemq forget  --store URL --consumer C --yes ID…   delete those claims, so the messages apply again
+//	idemq outbox list    --store URL [--key K] [--cause T] [--json]   the outbox's parked rows and their causes
+//	idemq outbox redrive --store URL (--id ROW… | --all) [--dry-run]  make parked rows pending again
+//	idemq outbox purge   --store URL (--id ROW… | --all) --yes        delete parked rows unpublished
+//	idemq outbox stats   --store URL [--json]             pending rows, oldest age, parked rows, keys held back
 //
 // Measuring a broker and store pair is the benchmark's own command,
 // idemq-bench, in the bench module (cd bench && go run ./cmd/idemq-bench).
 //
 // Stores are opened by URL (postgres://…, mysql://…, sqlite://path; ?table=
-// names the dedup table). Credentials in URLs never appear in the output.
+// names the dedup table, or for idemq outbox the outbox table). Credentials in URLs never appear in the output.
 // `idemq <command> --help` describes each command.
 //
 // Exit codes, for scripts: 0 success, 1 failure (the store failed, or
@@ -51,6 +56,7 @@ func commands() []command {
 		{"stats", "show claims per consumer, the oldest claim and the table size", runStats},
 		{"lookup", "show whether message ids are claimed, when, and their fingerprints", runLookup},
 		{"forget", "delete the claims of message ids so they apply again (needs --yes)", runForget},
+		{"outbox", "list, redrive, purge parked outbox rows; outbox backlog (outbox --help)", runOutbox},
 	}
 }
 
