@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -64,7 +65,11 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if !ok {
 		return cli.Usagef("unknown command %q: give list, redrive, purge or stats", args[0])
 	}
-	return run(ctx, args[1:], stdout)
+	err := run(ctx, args[1:], stdout)
+	if errors.As(err, new(cli.UsageError)) {
+		return cli.Usagef("%s: %v (see 'idemq outbox %s --help')", args[0], err, args[0])
+	}
+	return err
 }
 
 // outboxFlags are the flags every outbox command has, and the selection
