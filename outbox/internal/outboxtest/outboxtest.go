@@ -85,12 +85,14 @@ func messages() []*outbox.Message {
 
 // Parking runs the parking tests on tables newEnv creates: HoldKey holds
 // the poisoned key until a redrive publishes it in order, SkipParked lets
-// the key flow and purge deletes the parked row, and a table of the schema
-// before parking (newEnv with old set) parks after Migrate.
+// the key flow and purge deletes the parked row, a table of the schema
+// before parking (newEnv with old set) parks after Migrate, and with
+// HoldKey a redriven row's key stops again at the next parked row.
 func Parking(t *testing.T, newEnv func(t *testing.T, old bool) Env) {
 	t.Run("HoldKey", func(t *testing.T) { holdKey(t, newEnv(t, false)) })
 	t.Run("SkipParked", func(t *testing.T) { skipParked(t, newEnv(t, false)) })
 	t.Run("MigratedTable", func(t *testing.T) { holdKey(t, newEnv(t, true)) })
+	t.Run("HoldKeyBehindLaterParked", func(t *testing.T) { holdBehindLater(t, newEnv(t, false)) })
 }
 
 func setup(t *testing.T, env Env, opts ...outbox.Option) (*outbox.Relay, *Publisher, outbox.Operator) {
@@ -232,5 +234,59 @@ func skipParked(t *testing.T, env Env) {
 	}
 	if st := stats(t, op); st != (outbox.TableStats{}) {
 		t.Fatalf("stats after the purge %+v, want nothing left", st)
+	}
+}
+
+// holdBehindLater parks A and B of one key (SkipParked lets B be tried),
+// writes C, and redrives A alone: with HoldKey, A is published and C
+// waits behind B until B is redriven too.
+func holdBehindLater(t *testing.T, env Env) {
+	ctx := context.Background()
+	op := env.Store.(outbox.Operator)
+	m := func(id, body string) *outbox.Message {
+		return &outbox.Message{ID: id, Key: "k", Destination: "orders", Body: []byte(body)}
+	}
+	if err := env.Write(ctx, m("A", "poison"), m("B", "poison")); err != nil {
+		t.Fatal(err)
+	}
+	pub := &Publisher{}
+	quiet := outbox.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	skip, err := outbox.NewRelay(env.Store, pub, outbox.WithMaxAttempts(1), outbox.WithParkedKey(outbox.SkipParked),
+		outbox.WithRetryBackoff(time.Millisecond, 5*time.Millisecond), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayUntil(t, skip, "A and B parked", func() bool { return skip.Stats().Parked == 2 })
+	if err := env.Write(ctx, m("C", "c")); err != nil {
+		t.Fatal(err)
+	}
+	pub.Fix()
+	parked, err := op.Parked(ctx, outbox.ParkedFilter{})
+	if err != nil || len(parked) != 2 {
+		t.Fatalf("parked %+v, %v", parked, err)
+	}
+	hold, err := outbox.NewRelay(env.Store, pub, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := op.Redrive(ctx, outbox.ParkedFilter{Seqs: []int64{parked[0].Seq}}); n != 1 || err != nil {
+		t.Fatalf("Redrive A = %d, %v", n, err)
+	}
+	relayUntil(t, hold, "A published", func() bool { return len(pub.IDs()) == 1 })
+	for range 3 {
+		hold.RunOnce(ctx)
+	}
+	if ids := pub.IDs(); !slices.Equal(ids, []string{"A"}) {
+		t.Fatalf("published %v, want A alone (C held behind B)", ids)
+	}
+	if st := stats(t, op); st.Parked != 1 || st.HeldKeys != 1 || st.HeldRows != 1 {
+		t.Fatalf("stats %+v, want C held behind B", st)
+	}
+	if n, err := op.Redrive(ctx, outbox.ParkedFilter{Key: "k"}); n != 1 || err != nil {
+		t.Fatalf("Redrive B = %d, %v", n, err)
+	}
+	relayUntil(t, hold, "B and C published", func() bool { return len(pub.IDs()) == 3 })
+	if ids := pub.IDs(); !slices.Equal(ids, []string{"A", "B", "C"}) {
+		t.Fatalf("published %v, want A, B, C", ids)
 	}
 }
