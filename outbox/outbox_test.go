@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -201,7 +202,8 @@ func TestIsolateParksOnlyTheFailingRow(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := NewRelay(st, pub, WithMaxAttempts(3), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	var logs bytes.Buffer
+	r, err := NewRelay(st, pub, WithMaxAttempts(3), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,6 +223,11 @@ func TestIsolateParksOnlyTheFailingRow(t *testing.T) {
 	}
 	if s := r.Stats(); s.Parked != 1 || s.PublishErrors != 2 || s.Published != 1 {
 		t.Fatalf("stats %+v", s)
+	}
+	for _, want := range []string{"row parked", "row=2", "id=bad", "key=k", "destination=d", "attempts=3", `cause="rejected 1"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the parking's log lacks %s:\n%s", want, logs.String())
+		}
 	}
 }
 

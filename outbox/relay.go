@@ -205,7 +205,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// span in the relay's context must not replace it (publishers inject
 	// the context they are given).
 	pubCtx := trace.ContextWithSpanContext(ctx, trace.SpanContext{})
-	var out Outcome
+	var out batch
 	var errs []error
 	for _, g := range byDestination(rows) {
 		err := r.publish(pubCtx, g.dest, g.rows)
@@ -228,20 +228,33 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// not republish a batch the broker confirmed.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if err := c.Finish(fctx, out); err != nil {
+	if err := c.Finish(fctx, out.Outcome); err != nil {
 		// Published but not marked: they are published again later and
 		// the consumers' dedup absorbs the copies.
 		return 0, errors.Join(append(errs, fmt.Errorf("outbox: marking %d published rows sent: %w", len(out.Sent), err))...)
 	}
 	r.published.Add(int64(len(out.Sent)))
 	r.pubCounter.Add(ctx, int64(len(out.Sent)), r.attrs)
-	for _, f := range out.Failed {
-		if f.Park {
-			r.parked.Add(int64(len(f.Seqs)))
-			r.parkCounter.Add(ctx, int64(len(f.Seqs)), r.attrs)
-		}
+	for _, p := range out.parked {
+		r.cfg.logger.Error("outbox: row parked after failed publishes; it waits for an operator (idemq outbox list)",
+			"relay", r.cfg.name, "row", p.row.Seq, "id", p.row.ID, "key", p.row.Key, "destination", p.row.Destination,
+			"attempts", p.row.Attempts+1, "cause", p.cause, "parked_key", r.cfg.parked.String())
 	}
+	r.parked.Add(int64(len(out.parked)))
+	r.parkCounter.Add(ctx, int64(len(out.parked)), r.attrs)
 	return len(out.Sent), errors.Join(errs...)
+}
+
+// batch is what became of a claim's rows: the Outcome for the store, and
+// the rows it parks, to log once the store recorded them.
+type batch struct {
+	Outcome
+	parked []parkedRow
+}
+
+type parkedRow struct {
+	row   *Row
+	cause string
 }
 
 func (r *Relay) publishFailed(ctx context.Context) {
@@ -259,7 +272,7 @@ func (r *Relay) due(row *Row) bool {
 // its own is parked. It stops at the first failure: the broker may be down
 // rather than that row poisoned, so the rest are postponed (none parked)
 // with groupErr as their cause, and rows of a key stay in order.
-func (r *Relay) isolate(ctx context.Context, g destGroup, groupErr error, out *Outcome) {
+func (r *Relay) isolate(ctx context.Context, g destGroup, groupErr error, out *batch) {
 	for i, row := range g.rows {
 		err := r.publish(ctx, g.dest, g.rows[i:i+1])
 		if err == nil {
@@ -275,16 +288,14 @@ func (r *Relay) isolate(ctx context.Context, g destGroup, groupErr error, out *O
 
 // fail adds rows, whose publish failed with err, to out: those due
 // (when park is set) as parked, the others as postponed.
-func (r *Relay) fail(out *Outcome, rows []*Row, err error, park bool) {
+func (r *Relay) fail(out *batch, rows []*Row, err error, park bool) {
 	cause := Cause(err)
 	var parked, postponed []int64
 	attempts := 0
 	for _, row := range rows {
 		if park && r.due(row) {
 			parked = append(parked, row.Seq)
-			r.cfg.logger.Error("outbox: row parked after failed publishes; it waits for an operator (idemq outbox list)",
-				"relay", r.cfg.name, "row", row.Seq, "id", row.ID, "key", row.Key, "destination", row.Destination,
-				"attempts", row.Attempts+1, "cause", cause, "parked_key", r.cfg.parked.String())
+			out.parked = append(out.parked, parkedRow{row, cause})
 			continue
 		}
 		postponed = append(postponed, row.Seq)
