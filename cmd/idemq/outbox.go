@@ -233,6 +233,16 @@ func openOutbox(ctx context.Context, raw, table string) (*openedOutbox, error) {
 	return o, nil
 }
 
+// outboxError is err of a query on the outbox table at raw, without its
+// credentials; a table that predates parking gets a hint.
+func outboxError(err error, raw string) error {
+	err = hideSecrets(err, raw)
+	if strings.Contains(err.Error(), "parked_at") {
+		return fmt.Errorf("%w (a table created before rows could be parked gets its parked_at and last_error columns from the outbox's Migrate, which a relay's service runs)", err)
+	}
+	return err
+}
+
 // parseSelection parses the args of redrive and purge, which need row
 // numbers or --all.
 func parseSelection(f *outboxFlags, all *bool, args []string, verb string) (string, outbox.ParkedFilter, error) {
@@ -308,7 +318,7 @@ func runOutboxList(ctx context.Context, args []string, stdout io.Writer) error {
 	filter.Limit = *limit
 	rows, err := o.Parked(ctx, filter)
 	if err != nil {
-		return hideSecrets(err, raw)
+		return outboxError(err, raw)
 	}
 	if *asJSON {
 		out := make([]parkedJSON, len(rows))
@@ -379,7 +389,7 @@ func runOutboxRedrive(ctx context.Context, args []string, stdout io.Writer) erro
 	if *dry {
 		rows, err := o.Parked(ctx, filter)
 		if err != nil {
-			return hideSecrets(err, raw)
+			return outboxError(err, raw)
 		}
 		seqs := make([]string, len(rows))
 		for i, r := range rows {
@@ -394,7 +404,7 @@ func runOutboxRedrive(ctx context.Context, args []string, stdout io.Writer) erro
 	}
 	n, err := o.Redrive(ctx, filter)
 	if err != nil {
-		return hideSecrets(err, raw)
+		return outboxError(err, raw)
 	}
 	fmt.Fprintf(stdout, "redrove %d of %s in %s: they are pending again\n", n, describe(filter), o.where())
 	return nil
@@ -425,7 +435,7 @@ func runOutboxPurge(ctx context.Context, args []string, stdout io.Writer) error 
 	defer o.close()
 	n, err := o.Purge(ctx, filter)
 	if err != nil {
-		return hideSecrets(err, raw)
+		return outboxError(err, raw)
 	}
 	fmt.Fprintf(stdout, "purged %d of %s in %s\n", n, describe(filter), o.where())
 	return nil
@@ -462,7 +472,7 @@ func runOutboxStats(ctx context.Context, args []string, stdout io.Writer) error 
 	defer o.close()
 	st, err := o.Stats(ctx)
 	if err != nil {
-		return hideSecrets(err, raw)
+		return outboxError(err, raw)
 	}
 	if *asJSON {
 		return writeJSON(stdout, statsJSON{Store: core.Redact(raw), Table: o.table, Pending: st.Pending,

@@ -183,6 +183,12 @@ func TestOutboxSQLite(t *testing.T) {
 	checkOutboxCommands(t, "sqlite://"+path+"?table=events_outbox", "", p1, p2)
 	// --table instead of ?table=.
 	expect(t, exitOK, []string{"outbox", "stats", "--store", "sqlite://" + path, "--table", "events_outbox"}, "pending")
+	// A table that predates parking: a failure with a hint.
+	if _, err := db.Exec(`CREATE TABLE old_outbox (seq INTEGER PRIMARY KEY, id TEXT, destination TEXT, ordering_key TEXT,
+	headers TEXT, body BLOB, created_at INTEGER, sent_at INTEGER, attempts INTEGER, available_at INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, exitFailure, []string{"outbox", "list", "--store", "sqlite://" + path + "?table=old_outbox"}, "parked_at", "Migrate")
 }
 
 // sqlWrite commits msgs through write in one transaction on db.
