@@ -252,8 +252,10 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithMeterProvider sets where the relay's metrics go: the observable
 // gauges idemq.outbox.pending (rows) and idemq.outbox.oldest_pending_age
-// (seconds), and the counters idemq.outbox.published,
-// idemq.outbox.publish_errors and idemq.outbox.parked. Default otel.GetMeterProvider().
+// (seconds), with a store that implements Operator also
+// idemq.outbox.parked_rows and idemq.outbox.held_keys, and the counters
+// idemq.outbox.published, idemq.outbox.publish_errors and
+// idemq.outbox.parked (rows this relay parked). Default otel.GetMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) {
 		if mp == nil {

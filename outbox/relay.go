@@ -442,18 +442,39 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}
+	parked, err := m.Int64ObservableGauge("idemq.outbox.parked_rows", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows parked after too many failed publishes, waiting for an operator."))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	held, err := m.Int64ObservableGauge("idemq.outbox.held_keys", metric.WithUnit("{key}"),
+		metric.WithDescription("Ordering keys with pending rows behind a parked row (held with HoldKey)."))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
 	attrs := metric.WithAttributes(attribute.String("idemq.outbox", r.cfg.name))
+	op, isOp := r.store.(Operator)
 	reg, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
 		defer cancel()
-		n, oldest, err := r.store.Pending(ctx)
+		var st TableStats
+		var err error
+		if isOp {
+			st, err = op.Stats(ctx)
+		} else {
+			st.Pending, st.OldestPending, err = r.store.Pending(ctx)
+		}
 		if err != nil {
 			return fmt.Errorf("outbox: counting pending rows: %w", err)
 		}
-		o.ObserveInt64(pending, n, attrs)
-		o.ObserveFloat64(age, oldest.Seconds(), attrs)
+		o.ObserveInt64(pending, st.Pending, attrs)
+		o.ObserveFloat64(age, st.OldestPending.Seconds(), attrs)
+		if isOp {
+			o.ObserveInt64(parked, st.Parked, attrs)
+			o.ObserveInt64(held, st.HeldKeys, attrs)
+		}
 		return nil
-	}, pending, age)
+	}, pending, age, parked, held)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/outbox"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // Env is an outbox table for one test.
@@ -185,6 +187,9 @@ func holdKey(t *testing.T, env Env) {
 	if st.Pending != 2 || st.Parked != 1 || st.HeldKeys != 1 || st.HeldRows != 2 || st.OldestPending <= 0 {
 		t.Fatalf("stats %+v, want B and C pending and held by A", st)
 	}
+	if parked, held := gauges(t, env.Store); parked != 1 || held != 1 {
+		t.Fatalf("gauges parked_rows %d, held_keys %d; want 1 and 1", parked, held)
+	}
 	if n, err := op.Redrive(ctx, outbox.ParkedFilter{Key: "k2"}); n != 0 || err != nil {
 		t.Fatalf("Redrive of another key = %d, %v", n, err)
 	}
@@ -289,4 +294,48 @@ func holdBehindLater(t *testing.T, env Env) {
 	if ids := pub.IDs(); !slices.Equal(ids, []string{"A", "B", "C"}) {
 		t.Fatalf("published %v, want A, B, C", ids)
 	}
+}
+
+// gauges runs a relay on store until its gauges idemq.outbox.parked_rows
+// and idemq.outbox.held_keys report, and returns them.
+func gauges(t *testing.T, store outbox.Store) (parked, held int64) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	r, err := outbox.NewRelay(store, &Publisher{}, outbox.WithMeterProvider(mp), outbox.WithPollInterval(time.Hour),
+		outbox.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		found := 0
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				g, ok := m.Data.(metricdata.Gauge[int64])
+				if !ok || len(g.DataPoints) == 0 {
+					continue
+				}
+				switch m.Name {
+				case "idemq.outbox.parked_rows":
+					parked, found = g.DataPoints[0].Value, found+1
+				case "idemq.outbox.held_keys":
+					held, found = g.DataPoints[0].Value, found+1
+				}
+			}
+		}
+		if found == 2 {
+			return parked, held
+		}
+	}
+	t.Fatal("the relay never reported the parked_rows and held_keys gauges")
+	return 0, 0
 }

@@ -185,14 +185,18 @@ func Runs(ctx context.Context, tx *sql.Tx, cols, table string, p outbox.ParkedKe
 }
 
 // StatsSQL counts, in table, the parked rows, the keys with pending rows
-// behind a parked row, and those rows.
+// behind a parked row, and those rows. It starts from the parked rows,
+// which are few, not from the pending ones.
 func StatsSQL(table string) string {
 	return fmt.Sprintf(`SELECT
 	(SELECT COUNT(*) FROM %[1]s WHERE sent_at IS NULL AND parked_at IS NOT NULL),
 	COUNT(DISTINCT w.ordering_key), COUNT(w.seq)
-FROM %[1]s w
-WHERE w.sent_at IS NULL AND w.parked_at IS NULL AND w.ordering_key IS NOT NULL AND EXISTS (
-	SELECT 1 FROM %[1]s p WHERE p.ordering_key = w.ordering_key AND p.sent_at IS NULL AND p.parked_at IS NOT NULL AND p.seq < w.seq)`, table)
+FROM (
+	SELECT ordering_key, MIN(seq) AS seq FROM %[1]s
+	WHERE sent_at IS NULL AND parked_at IS NOT NULL AND ordering_key IS NOT NULL
+	GROUP BY ordering_key
+) h
+JOIN %[1]s w ON w.ordering_key = h.ordering_key AND w.seq > h.seq AND w.sent_at IS NULL AND w.parked_at IS NULL`, table)
 }
 
 // Dialect is how an outbox's SQL differs between databases where the
