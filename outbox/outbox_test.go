@@ -241,3 +241,17 @@ func TestCauseIsCutAtACharacter(t *testing.T) {
 		t.Fatalf("cause %q", c)
 	}
 }
+
+// WithMaxAttempts(0) never parks, however often a row failed.
+func TestMaxAttemptsZeroNeverParks(t *testing.T) {
+	st := &oneClaim{rows: []*Row{{Seq: 1, ID: "a", Destination: "d", Attempts: 1000}}}
+	pub := PublisherFunc(func(context.Context, string, ...*core.Message) error { return errors.New("rejected") })
+	r, err := NewRelay(st, pub, WithMaxAttempts(0), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(context.Background())
+	if f := st.outcome.Failed; len(f) != 1 || f[0].Park || f[0].Cause != "rejected" || f[0].RetryAfter != DefaultRetryMax {
+		t.Fatalf("failures %+v, want the row postponed by the longest delay", f)
+	}
+}
