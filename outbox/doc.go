@@ -48,8 +48,27 @@
 // A publish that fails (or times out, WithPublishTimeout) leaves its rows
 // pending and postpones them with a growing delay (WithRetryBackoff), so a
 // broken destination does not hold up the others; rows with the same key
-// wait behind the postponed one. The pending-rows gauges show the backlog
-// and its age.
+// wait behind the postponed one. Each failure's error is recorded with the
+// row. The pending-rows gauges show the backlog and its age.
+//
+// A row that still fails after WithMaxAttempts publishes (default 20,
+// about an hour with the default backoff) is parked: the broker rejects
+// it for good (too large, a destination that does not exist), and
+// retrying it forever would only hide it. A parked row is neither pending
+// nor sent; no relay claims it, it keeps its place in its key and the
+// error of its last publish as its cause, and the relay logs it (row,
+// key, destination, attempts, cause) and counts it (RelayStats.Parked,
+// the idemq.outbox.parked counter). What happens to the rows behind it in
+// its key is WithParkedKey's choice: HoldKey, the default, keeps them
+// waiting, so the key's order holds; SkipParked publishes them, so the
+// key keeps flowing.
+//
+// Parked rows wait for an operator: the stores implement Operator, which
+// lists them (Parked), makes them pending again once the cause is fixed
+// (Redrive: the row is published at once, ahead of the rows held behind
+// it), deletes them unpublished (Purge), and counts the backlog with the
+// keys held back (Stats). The idemq command does the same from a shell:
+// idemq outbox list|redrive|purge|stats --store URL.
 //
 // Messages are core.Messages once published: ID, Key, Headers and Body as
 // written; the trace context of the writing transaction's context is in

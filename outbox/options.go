@@ -21,6 +21,7 @@ const (
 	DefaultPublishTimeout = 30 * time.Second
 	DefaultRetryMin       = time.Second
 	DefaultRetryMax       = 5 * time.Minute
+	DefaultMaxAttempts    = 20
 	DefaultName           = "outbox"
 )
 
@@ -40,6 +41,8 @@ type config struct {
 
 	retryMin, retryMax time.Duration
 	publishTimeout     time.Duration
+	maxAttempts        int
+	parked             ParkedKeyPolicy
 }
 
 // Option configures a Relay. An invalid value makes NewRelay fail with an
@@ -136,9 +139,10 @@ func WithMaxBackoff(d time.Duration) Option {
 
 // WithRetryBackoff sets how long rows whose publish failed are left alone:
 // min after the first failure, doubling with each further one, at most
-// max. Meanwhile the relays publish other rows, so one broken destination
-// does not hold up the rest; rows with the same ordering key as a
-// postponed row wait behind it. Default 1s to 5m.
+// max, until WithMaxAttempts parks them. Meanwhile the relays publish
+// other rows, so one broken destination does not hold up the rest; rows
+// with the same ordering key as a postponed row wait behind it. Default 1s
+// to 5m.
 func WithRetryBackoff(min, max time.Duration) Option {
 	return func(c *config) {
 		if min <= 0 || max < min {
@@ -146,6 +150,77 @@ func WithRetryBackoff(min, max time.Duration) Option {
 			return
 		}
 		c.retryMin, c.retryMax = min, max
+	}
+}
+
+// WithMaxAttempts sets after how many failed publishes a row is parked: it
+// is then neither pending nor sent, no relay claims it, and it keeps its
+// place in its key until an operator redrives or purges it
+// (outbox.Operator, or the idemq outbox command). The error of its last
+// publish is kept as its cause. It is for messages no retry can deliver
+// (rejected as too large, sent to a destination that does not exist),
+// which would otherwise be retried forever.
+//
+// Rows of one destination are published in one call; when such a call
+// fails and one of its rows is due to be parked, the relay publishes the
+// rows one by one, so that only a row that fails alone is parked, and it
+// stops at the first that fails (the rest are retried later).
+//
+// A broker outage makes every row fail too: n must cover the longest
+// outage to ride out. The default, 20, is about an hour of failures with
+// the default retry backoff (1s doubling to 5m). 0 never parks a row;
+// negative is an error.
+func WithMaxAttempts(n int) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.fail("WithMaxAttempts", "must not be negative (0 never parks), got %d", n)
+			return
+		}
+		c.maxAttempts = n
+	}
+}
+
+// ParkedKeyPolicy says what becomes of the rows behind a parked row of the
+// same ordering key.
+type ParkedKeyPolicy int
+
+const (
+	// HoldKey keeps the rows behind a parked row pending and unpublished
+	// until the parked row is redriven or purged: the key's messages still
+	// reach the broker in commit order, the promise the outbox makes.
+	HoldKey ParkedKeyPolicy = iota
+	// SkipParked lets the key's next row be published as if the parked one
+	// were not there: the key's later messages flow, and the parked one,
+	// if redriven, arrives after them.
+	SkipParked
+)
+
+// String returns "hold-key" or "skip-parked".
+func (p ParkedKeyPolicy) String() string {
+	switch p {
+	case HoldKey:
+		return "hold-key"
+	case SkipParked:
+		return "skip-parked"
+	}
+	return fmt.Sprintf("ParkedKeyPolicy(%d)", int(p))
+}
+
+// WithParkedKey sets what a parked row does to the rows behind it in its
+// key (see WithMaxAttempts). The default is HoldKey, because it keeps
+// per-key order: consumers that apply a key's messages in order never see
+// a later message before an earlier one, whatever is parked. The price is
+// availability: a parked row stops its key until an operator acts (the
+// key shows in TableStats.HeldKeys). SkipParked keeps the key's other
+// messages flowing, for keys whose consumers tolerate a gap, or a message
+// arriving late after a redrive.
+func WithParkedKey(p ParkedKeyPolicy) Option {
+	return func(c *config) {
+		if p != HoldKey && p != SkipParked {
+			c.fail("WithParkedKey", "unknown policy %d", int(p))
+			return
+		}
+		c.parked = p
 	}
 }
 
@@ -177,8 +252,10 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithMeterProvider sets where the relay's metrics go: the observable
 // gauges idemq.outbox.pending (rows) and idemq.outbox.oldest_pending_age
-// (seconds), and the counters idemq.outbox.published and
-// idemq.outbox.publish_errors. Default otel.GetMeterProvider().
+// (seconds), with a store that implements Operator also
+// idemq.outbox.parked_rows and idemq.outbox.held_keys, and the counters
+// idemq.outbox.published, idemq.outbox.publish_errors and
+// idemq.outbox.parked (rows this relay parked). Default otel.GetMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) {
 		if mp == nil {
@@ -213,6 +290,8 @@ func buildConfig(opts []Option) (config, error) {
 		retryMin:       DefaultRetryMin,
 		publishTimeout: DefaultPublishTimeout,
 		retryMax:       DefaultRetryMax,
+		maxAttempts:    DefaultMaxAttempts,
+		parked:         HoldKey,
 		notify:         true,
 		logger:         slog.Default(),
 	}

@@ -1,14 +1,19 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel"
@@ -87,7 +92,8 @@ func TestOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.batch != DefaultBatchSize || c.window != DefaultBatchSize*DefaultWindowFactor || c.retention != DefaultRetention || !c.notify || c.publishTimeout != DefaultPublishTimeout {
+	if c.batch != DefaultBatchSize || c.window != DefaultBatchSize*DefaultWindowFactor || c.retention != DefaultRetention || !c.notify || c.publishTimeout != DefaultPublishTimeout ||
+		c.maxAttempts != DefaultMaxAttempts || c.parked != HoldKey {
 		t.Fatalf("defaults %+v", c)
 	}
 	for name, o := range map[string]Option{
@@ -102,6 +108,8 @@ func TestOptions(t *testing.T) {
 		"WithLogger":         WithLogger(nil),
 		"WithMeterProvider":  WithMeterProvider(nil),
 		"WithName":           WithName(""),
+		"WithMaxAttempts":    WithMaxAttempts(-1),
+		"WithParkedKey":      WithParkedKey(ParkedKeyPolicy(7)),
 	} {
 		if _, err := buildConfig([]Option{o}); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s: error %v does not name it", name, err)
@@ -131,7 +139,7 @@ func TestRetryDelayGrows(t *testing.T) {
 // failingStore refuses every claim, counting them.
 type failingStore struct{ claims atomic.Int64 }
 
-func (s *failingStore) Claim(context.Context, int, int) (Claimed, error) {
+func (s *failingStore) Claim(context.Context, int, int, ParkedKeyPolicy) (Claimed, error) {
 	s.claims.Add(1)
 	return nil, errors.New("database down")
 }
@@ -156,5 +164,94 @@ func TestRunBackoffCappedByMaxBackoff(t *testing.T) {
 	// Uncapped doubling from 100ms would claim 3 times in 300ms.
 	if n := st.claims.Load(); n < 10 {
 		t.Fatalf("%d claims in 300ms with a 10ms maximum backoff", n)
+	}
+}
+
+// oneClaim hands out its rows in one claim and keeps the outcome.
+type oneClaim struct {
+	rows    []*Row
+	outcome *Outcome
+}
+
+func (s *oneClaim) Claim(context.Context, int, int, ParkedKeyPolicy) (Claimed, error) { return s, nil }
+func (s *oneClaim) Pending(context.Context) (int64, time.Duration, error)             { return 0, 0, nil }
+func (s *oneClaim) Prune(context.Context, time.Time, int) (int, error)                { return 0, nil }
+func (s *oneClaim) Rows() []*Row                                                      { return s.rows }
+func (s *oneClaim) Abort(context.Context) error                                       { return nil }
+func (s *oneClaim) Finish(_ context.Context, o Outcome) error                         { s.outcome = &o; return nil }
+
+// A failed batch holding rows due to be parked is published row by row:
+// only the row that fails alone is parked, the rows before it are sent,
+// and the rest are postponed with the batch's cause, none parked.
+func TestIsolateParksOnlyTheFailingRow(t *testing.T) {
+	st := &oneClaim{rows: []*Row{
+		{Seq: 1, ID: "ok", Key: "k", Destination: "d", Attempts: 2},
+		{Seq: 2, ID: "bad", Key: "k", Destination: "d", Attempts: 2},
+		{Seq: 3, ID: "after", Key: "k", Destination: "d", Attempts: 2},
+		{Seq: 4, ID: "other", Destination: "d", Attempts: 0},
+	}}
+	var calls [][]string
+	pub := PublisherFunc(func(_ context.Context, _ string, msgs ...*core.Message) error {
+		var ids []string
+		for _, m := range msgs {
+			ids = append(ids, m.ID)
+		}
+		calls = append(calls, ids)
+		if slices.Contains(ids, "bad") {
+			return fmt.Errorf("rejected %d", len(ids))
+		}
+		return nil
+	})
+	var logs bytes.Buffer
+	r, err := NewRelay(st, pub, WithMaxAttempts(3), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(context.Background()); n != 1 || err == nil {
+		t.Fatalf("RunOnce = %d, %v", n, err)
+	}
+	if len(calls) != 3 || len(calls[0]) != 4 || !slices.Equal(calls[1], []string{"ok"}) || !slices.Equal(calls[2], []string{"bad"}) {
+		t.Fatalf("publish calls %v", calls)
+	}
+	o := st.outcome
+	want := []Failure{
+		{Seqs: []int64{2}, Cause: "rejected 1", Park: true},
+		{Seqs: []int64{3, 4}, Cause: "rejected 4", RetryAfter: r.retryDelay(3)},
+	}
+	if !slices.Equal(o.Sent, []int64{1}) || len(o.Failed) != 2 || !reflect.DeepEqual(o.Failed, want) {
+		t.Fatalf("outcome %+v, want sent [1] and failures %+v", o, want)
+	}
+	if s := r.Stats(); s.Parked != 1 || s.PublishErrors != 2 || s.Published != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	for _, want := range []string{"row parked", "row=2", "id=bad", "key=k", "destination=d", "attempts=3", `cause="rejected 1"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the parking's log lacks %s:\n%s", want, logs.String())
+		}
+	}
+}
+
+func TestCauseIsCutAtACharacter(t *testing.T) {
+	long := strings.Repeat("é", MaxCauseLength) // 2 bytes each
+	c := Cause(errors.New(long))
+	if len(c) > MaxCauseLength || !utf8.ValidString(c) || len(c) < MaxCauseLength-1 {
+		t.Fatalf("cause of %d bytes, valid %v", len(c), utf8.ValidString(c))
+	}
+	if c := Cause(errors.New("short")); c != "short" {
+		t.Fatalf("cause %q", c)
+	}
+}
+
+// WithMaxAttempts(0) never parks, however often a row failed.
+func TestMaxAttemptsZeroNeverParks(t *testing.T) {
+	st := &oneClaim{rows: []*Row{{Seq: 1, ID: "a", Destination: "d", Attempts: 1000}}}
+	pub := PublisherFunc(func(context.Context, string, ...*core.Message) error { return errors.New("rejected") })
+	r, err := NewRelay(st, pub, WithMaxAttempts(0), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(context.Background())
+	if f := st.outcome.Failed; len(f) != 1 || f[0].Park || f[0].Cause != "rejected" || f[0].RetryAfter != DefaultRetryMax {
+		t.Fatalf("failures %+v, want the row postponed by the longest delay", f)
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -42,10 +44,12 @@ type Relay struct {
 	failures  atomic.Int64
 	claims    atomic.Int64
 	pruned    atomic.Int64
+	parked    atomic.Int64
 
-	pubCounter metric.Int64Counter
-	errCounter metric.Int64Counter
-	attrs      metric.MeasurementOption
+	pubCounter  metric.Int64Counter
+	errCounter  metric.Int64Counter
+	parkCounter metric.Int64Counter
+	attrs       metric.MeasurementOption
 
 	running sync.Mutex
 }
@@ -54,12 +58,15 @@ type Relay struct {
 type RelayStats struct {
 	// Published counts rows published, confirmed and marked sent.
 	Published int64
-	// PublishErrors counts failed Publish calls (their rows stay pending).
+	// PublishErrors counts failed Publish calls (their rows stay pending,
+	// or are parked).
 	PublishErrors int64
 	// Claims counts claim transactions that held at least one row.
 	Claims int64
 	// Pruned counts sent rows deleted after their retention.
 	Pruned int64
+	// Parked counts rows parked after WithMaxAttempts failed publishes.
+	Parked int64
 }
 
 // NewRelay returns a relay that moves rows of store to pub. It returns an
@@ -89,6 +96,10 @@ func NewRelay(store Store, pub core.Publisher, opts ...Option) (*Relay, error) {
 		metric.WithDescription("Failed publish calls; their rows stay pending and are retried.")); err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}
+	if r.parkCounter, err = m.Int64Counter("idemq.outbox.parked", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows parked after too many failed publishes; they wait for an operator.")); err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
 	return r, nil
 }
 
@@ -99,6 +110,7 @@ func (r *Relay) Stats() RelayStats {
 		PublishErrors: r.failures.Load(),
 		Claims:        r.claims.Load(),
 		Pruned:        r.pruned.Load(),
+		Parked:        r.parked.Load(),
 	}
 }
 
@@ -176,7 +188,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // confirmed. It returns how many rows it published and marked; 0 with a nil
 // error means nothing was pending that no other relay held.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	c, err := r.store.Claim(ctx, r.cfg.batch, r.cfg.window)
+	c, err := r.store.Claim(ctx, r.cfg.batch, r.cfg.window, r.cfg.parked)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}
@@ -193,43 +205,134 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// span in the relay's context must not replace it (publishers inject
 	// the context they are given).
 	pubCtx := trace.ContextWithSpanContext(ctx, trace.SpanContext{})
-	var sent, failed []int64
+	var out batch
 	var errs []error
-	attempts := 0
 	for _, g := range byDestination(rows) {
-		msgs := make([]*core.Message, len(g.rows))
-		for i, row := range g.rows {
-			msgs[i] = row.coreMessage()
-		}
-		if err := r.publish(pubCtx, g.dest, msgs); err != nil {
-			r.failures.Add(1)
-			r.errCounter.Add(ctx, 1, r.attrs)
-			errs = append(errs, fmt.Errorf("outbox: publish %d rows to %q: %w", len(msgs), g.dest, err))
+		err := r.publish(pubCtx, g.dest, g.rows)
+		if err == nil {
 			for _, row := range g.rows {
-				failed = append(failed, row.Seq)
-				attempts = max(attempts, row.Attempts+1)
+				out.Sent = append(out.Sent, row.Seq)
 			}
 			continue
 		}
-		for _, row := range g.rows {
-			sent = append(sent, row.Seq)
+		r.publishFailed(ctx)
+		errs = append(errs, fmt.Errorf("outbox: publish %d rows to %q: %w", len(g.rows), g.dest, err))
+		if len(g.rows) > 1 && slices.ContainsFunc(g.rows, r.due) {
+			r.isolate(pubCtx, g, err, &out)
+			continue
 		}
+		r.fail(&out, g.rows, err, true)
 	}
+	out.Delete = r.cfg.retention == 0
 	// Marking runs even if ctx was cancelled meanwhile: a shutdown need
 	// not republish a batch the broker confirmed.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if err := c.Finish(fctx, sent, failed, r.retryDelay(attempts), r.cfg.retention == 0); err != nil {
+	if err := c.Finish(fctx, out.Outcome); err != nil {
 		// Published but not marked: they are published again later and
 		// the consumers' dedup absorbs the copies.
-		return 0, errors.Join(append(errs, fmt.Errorf("outbox: marking %d published rows sent: %w", len(sent), err))...)
+		return 0, errors.Join(append(errs, fmt.Errorf("outbox: marking %d published rows sent: %w", len(out.Sent), err))...)
 	}
-	r.published.Add(int64(len(sent)))
-	r.pubCounter.Add(ctx, int64(len(sent)), r.attrs)
-	return len(sent), errors.Join(errs...)
+	r.published.Add(int64(len(out.Sent)))
+	r.pubCounter.Add(ctx, int64(len(out.Sent)), r.attrs)
+	for _, p := range out.parked {
+		r.cfg.logger.Error("outbox: row parked after failed publishes; it waits for an operator (idemq outbox list)",
+			"relay", r.cfg.name, "row", p.row.Seq, "id", p.row.ID, "key", p.row.Key, "destination", p.row.Destination,
+			"attempts", p.row.Attempts+1, "cause", p.cause, "parked_key", r.cfg.parked.String())
+	}
+	r.parked.Add(int64(len(out.parked)))
+	r.parkCounter.Add(ctx, int64(len(out.parked)), r.attrs)
+	return len(out.Sent), errors.Join(errs...)
 }
 
-func (r *Relay) publish(ctx context.Context, dest string, msgs []*core.Message) error {
+// batch is what became of a claim's rows: the Outcome for the store, and
+// the rows it parks, to log once the store recorded them.
+type batch struct {
+	Outcome
+	parked []parkedRow
+}
+
+type parkedRow struct {
+	row   *Row
+	cause string
+}
+
+func (r *Relay) publishFailed(ctx context.Context) {
+	r.failures.Add(1)
+	r.errCounter.Add(ctx, 1, r.attrs)
+}
+
+// due reports whether row's next failure parks it.
+func (r *Relay) due(row *Row) bool {
+	return r.cfg.maxAttempts > 0 && row.Attempts+1 >= r.cfg.maxAttempts
+}
+
+// isolate publishes the rows of g, whose publish together failed with
+// groupErr, one at a time in Seq order, so that only a row that fails on
+// its own is parked. It stops at the first failure: the broker may be down
+// rather than that row poisoned, so the rest are postponed (none parked)
+// with groupErr as their cause, and rows of a key stay in order.
+func (r *Relay) isolate(ctx context.Context, g destGroup, groupErr error, out *batch) {
+	for i, row := range g.rows {
+		err := r.publish(ctx, g.dest, g.rows[i:i+1])
+		if err == nil {
+			out.Sent = append(out.Sent, row.Seq)
+			continue
+		}
+		r.publishFailed(ctx)
+		r.fail(out, g.rows[i:i+1], err, true)
+		r.fail(out, g.rows[i+1:], groupErr, false)
+		return
+	}
+}
+
+// fail adds rows, whose publish failed with err, to out: those due
+// (when park is set) as parked, the others as postponed.
+func (r *Relay) fail(out *batch, rows []*Row, err error, park bool) {
+	cause := Cause(err)
+	var parked, postponed []int64
+	attempts := 0
+	for _, row := range rows {
+		if park && r.due(row) {
+			parked = append(parked, row.Seq)
+			out.parked = append(out.parked, parkedRow{row, cause})
+			continue
+		}
+		postponed = append(postponed, row.Seq)
+		attempts = max(attempts, row.Attempts+1)
+	}
+	if len(parked) > 0 {
+		out.Failed = append(out.Failed, Failure{Seqs: parked, Cause: cause, Park: true})
+	}
+	if len(postponed) > 0 {
+		out.Failed = append(out.Failed, Failure{Seqs: postponed, Cause: cause, RetryAfter: r.retryDelay(attempts)})
+	}
+}
+
+// MaxCauseLength is the most bytes of a publish error that a store keeps
+// as a row's cause.
+const MaxCauseLength = 2000
+
+// Cause is the text of err as a store records it: at most MaxCauseLength
+// bytes, cut at a character boundary.
+func Cause(err error) string {
+	s := err.Error()
+	if len(s) <= MaxCauseLength {
+		return s
+	}
+	s = s[:MaxCauseLength]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// publish publishes rows to dest in one call.
+func (r *Relay) publish(ctx context.Context, dest string, rows []*Row) error {
+	msgs := make([]*core.Message, len(rows))
+	for i, row := range rows {
+		msgs[i] = row.coreMessage()
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
 	defer cancel()
 	return r.pub.Publish(ctx, dest, msgs...)
@@ -339,18 +442,39 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}
+	parked, err := m.Int64ObservableGauge("idemq.outbox.parked_rows", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows parked after too many failed publishes, waiting for an operator."))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	held, err := m.Int64ObservableGauge("idemq.outbox.held_keys", metric.WithUnit("{key}"),
+		metric.WithDescription("Ordering keys with pending rows behind a parked row (held with HoldKey)."))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
 	attrs := metric.WithAttributes(attribute.String("idemq.outbox", r.cfg.name))
+	op, isOp := r.store.(Operator)
 	reg, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
 		defer cancel()
-		n, oldest, err := r.store.Pending(ctx)
+		var st TableStats
+		var err error
+		if isOp {
+			st, err = op.Stats(ctx)
+		} else {
+			st.Pending, st.OldestPending, err = r.store.Pending(ctx)
+		}
 		if err != nil {
 			return fmt.Errorf("outbox: counting pending rows: %w", err)
 		}
-		o.ObserveInt64(pending, n, attrs)
-		o.ObserveFloat64(age, oldest.Seconds(), attrs)
+		o.ObserveInt64(pending, st.Pending, attrs)
+		o.ObserveFloat64(age, st.OldestPending.Seconds(), attrs)
+		if isOp {
+			o.ObserveInt64(parked, st.Parked, attrs)
+			o.ObserveInt64(held, st.HeldKeys, attrs)
+		}
 		return nil
-	}, pending, age)
+	}, pending, age, parked, held)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}

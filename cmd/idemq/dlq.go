@@ -172,16 +172,6 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// oneLine shortens s to one line of at most n runes for a table.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	r := []rune(s)
-	return string(r[:n-1]) + "…"
-}
-
 const dlqListUsage = `Usage: idemq dlq list --broker URL [filters] [--json]
 
 Lists the consumer's parked messages, oldest first where the broker keeps an
@@ -228,7 +218,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tATTEMPTS\tAGE\tORIGIN\tBYTES\tCAUSE")
 	for _, p := range list {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", p.ID, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, oneLine(p.Cause, 100))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", p.ID, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, shorten(p.Cause, 100))
 	}
 	return tw.Flush()
 }

@@ -1,4 +1,5 @@
-// Command idemq is the operator's tool for idemq's dedup stores:
+// Command idemq is the operator's tool for idemq's dedup stores and
+// outbox tables:
 //
 //	idemq migrate --store URL                          create the dedup table
 //	idemq prune   --store URL --older-than 168h        delete old claims in bounded batches
@@ -6,12 +7,16 @@
 //	idemq lookup  --store URL --consumer C ID…         whether each id is claimed, when, its fingerprint
 //	idemq forget  --store URL --consumer C --yes ID…   delete those claims, so the messages apply again
 //	idemq dlq list|show|redrive|purge --broker URL     a consumer's dead letters: read, send back, delete
+//	idemq outbox list    --store URL [--key K] [--cause T] [--json]   the outbox's parked rows and their causes
+//	idemq outbox redrive --store URL (--id ROW… | --all) [--dry-run]  make parked rows pending again
+//	idemq outbox purge   --store URL (--id ROW… | --all) --yes        delete parked rows unpublished
+//	idemq outbox stats   --store URL [--json]             pending rows, oldest age, parked rows, keys held back
 //
 // Measuring a broker and store pair is the benchmark's own command,
 // idemq-bench, in the bench module (cd bench && go run ./cmd/idemq-bench).
 //
 // Stores are opened by URL (postgres://…, mysql://…, sqlite://path; ?table=
-// names the dedup table). Credentials in URLs never appear in the output.
+// names the dedup table, or for idemq outbox the outbox table). Credentials in URLs never appear in the output.
 // `idemq <command> --help` describes each command.
 //
 // Exit codes, for scripts: 0 success, 1 failure (the store failed, or
@@ -53,6 +58,7 @@ func commands() []command {
 		{"lookup", "show whether message ids are claimed, when, and their fingerprints", runLookup},
 		{"forget", "delete the claims of message ids so they apply again (needs --yes)", runForget},
 		{"dlq", "list, show, redrive or purge a consumer's dead letters", runDLQ},
+		{"outbox", "list, redrive, purge parked outbox rows; outbox backlog (outbox --help)", runOutbox},
 	}
 }
 
@@ -105,7 +111,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func printUsage(w io.Writer) {
-	fmt.Fprint(w, `idemq: operate idemq dedup stores.
+	fmt.Fprint(w, `idemq: operate idemq's dedup stores, dead letters and outboxes.
 
 Usage: idemq <command> [flags]
 

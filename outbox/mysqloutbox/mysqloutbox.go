@@ -7,7 +7,8 @@
 //
 // Migrate creates two tables: the outbox (default name "outbox"; seq
 // AUTO_INCREMENT primary key, id, destination, ordering_key, headers as
-// JSON text, body, created_at, sent_at, attempts, available_at) and "<outbox>_locks", a fixed set of
+// JSON text, body, created_at, sent_at, attempts, available_at, parked_at,
+// last_error) and "<outbox>_locks", a fixed set of
 // 4096 rows that writers lock per ordering key (FOR UPDATE until commit) so
 // that per key, rows commit in sequence order.
 package mysqloutbox
@@ -20,6 +21,8 @@ import (
 	"hash/fnv"
 	"strings"
 	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/option"
@@ -161,6 +164,8 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 	sent_at      TIMESTAMP(6)   NULL DEFAULT NULL,
 	attempts     INT            NOT NULL DEFAULT 0,
 	available_at TIMESTAMP(6)   NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+	parked_at    TIMESTAMP(6)   NULL DEFAULT NULL,
+	last_error   TEXT           NULL,
 	KEY %[1]s_pending (sent_at, seq),
 	KEY %[1]s_pending_key (ordering_key, sent_at, seq)
 ) ENGINE=InnoDB`, o.table),
@@ -170,6 +175,9 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 		if _, err := db.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("mysqloutbox: Migrate %s: %w", o.table, err)
 		}
+	}
+	if err := o.addParkColumns(ctx, db); err != nil {
+		return fmt.Errorf("mysqloutbox: Migrate %s: adding the parked_at and last_error columns: %w", o.table, err)
 	}
 	var n int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+o.locks()).Scan(&n); err != nil {
@@ -191,24 +199,62 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
+// addParkColumns adds parked_at and last_error to a table created before
+// rows could be parked. MySQL 8 has no ADD COLUMN IF NOT EXISTS: the
+// columns are looked up first, and a concurrent migrator's ALTER that wins
+// the race (error 1060, duplicate column) is no failure.
+func (o *Outbox) addParkColumns(ctx context.Context, db *sql.DB) error {
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.columns
+WHERE table_schema = DATABASE() AND table_name = ? AND column_name IN ('parked_at', 'last_error')`, o.table).Scan(&n); err != nil {
+		return err
+	}
+	if n == 2 {
+		return nil
+	}
+	for _, col := range []string{"parked_at TIMESTAMP(6) NULL DEFAULT NULL", "last_error TEXT NULL"} {
+		_, err := db.ExecContext(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s", o.table, col))
+		var me *mysqldrv.MySQLError
+		if err != nil && !(errors.As(err, &me) && me.Number == 1060) {
+			return err
+		}
+	}
+	return nil
+}
+
+// dialect is MySQL's for the SQL shared with the other outboxes.
+var dialect = sqloutbox.Dialect{
+	Micros: func(col string) string { return "CAST(UNIX_TIMESTAMP(" + col + ") * 1000000 AS SIGNED)" },
+	Length: "LENGTH",
+	Now:    func() (string, []any) { return "CURRENT_TIMESTAMP(6)", nil },
+	After: func(d time.Duration) (string, []any) {
+		return "CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND", []any{d.Microseconds()}
+	},
+}
+
 // Store returns the relay side of the outbox on db.
 func (o *Outbox) Store(db *sql.DB) *Store {
 	t := o.table
-	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, CAST(UNIX_TIMESTAMP(created_at) * 1000000 AS SIGNED), attempts"
-	return &Store{db: db, cols: cols, table: t,
-		// A head is a row with no earlier pending row of its key, checked
-		// against the whole table (not the window), so postponed rows can
-		// stay out of the window without letting the row behind them pass.
-		headsSQL: fmt.Sprintf(`SELECT w.seq FROM (
+	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, " + dialect.Micros("created_at") + ", attempts"
+	s := &Store{db: db, cols: cols, table: t,
+		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)), 0) FROM %s WHERE sent_at IS NULL AND parked_at IS NULL`, t),
+		pruneSQL:   fmt.Sprintf(`DELETE FROM %s WHERE sent_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY sent_at LIMIT ?`, t),
+	}
+	for i, p := range sqloutbox.Policies {
+		// A head is a row with no earlier pending (or, with HoldKey,
+		// parked) row of its key, checked against the whole table (not
+		// the window), so postponed rows can stay out of the window
+		// without letting the row behind them pass.
+		s.headsSQL[i] = fmt.Sprintf(`SELECT w.seq FROM (
 	SELECT seq, ordering_key FROM %[1]s
-	WHERE sent_at IS NULL AND available_at <= CURRENT_TIMESTAMP(6)
+	WHERE sent_at IS NULL AND parked_at IS NULL AND available_at <= CURRENT_TIMESTAMP(6)
 	ORDER BY seq LIMIT ?
 ) w
 WHERE w.ordering_key IS NULL OR NOT EXISTS (
-	SELECT 1 FROM %[1]s p WHERE p.ordering_key = w.ordering_key AND p.sent_at IS NULL AND p.seq < w.seq)`, t),
-		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)), 0) FROM %s WHERE sent_at IS NULL`, t),
-		pruneSQL:   fmt.Sprintf(`DELETE FROM %s WHERE sent_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY sent_at LIMIT ?`, t),
+	SELECT 1 FROM %[1]s p WHERE p.ordering_key = w.ordering_key AND %[2]s AND p.seq < w.seq)`, t, sqloutbox.Earlier(p))
 	}
+	s.Operator = sqloutbox.Operator{DB: db, Table: t, Dialect: dialect, Pending: s.Pending}
+	return s
 }
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on db
@@ -220,20 +266,25 @@ func (o *Outbox) NewRelay(db *sql.DB, pub core.Publisher, opts ...outbox.Option)
 	return outbox.NewRelay(o.Store(db), pub, opts...)
 }
 
-// Store implements outbox.Store on MySQL and MariaDB.
+// Store implements outbox.Store and outbox.Operator on MySQL and MariaDB.
 type Store struct {
-	db                             *sql.DB
-	table, cols                    string
-	headsSQL, pendingSQL, pruneSQL string
+	sqloutbox.Operator
+	db                   *sql.DB
+	table, cols          string
+	headsSQL             [2]string // by outbox.ParkedKeyPolicy
+	pendingSQL, pruneSQL string
 }
 
-var _ outbox.Store = (*Store)(nil)
+var (
+	_ outbox.Store    = (*Store)(nil)
+	_ outbox.Operator = (*Store)(nil)
+)
 
 // Claim implements outbox.Store. The heads are found by a plain read, then
 // locked by primary key with SKIP LOCKED and re-checked to be pending: a
 // locking read of the window itself would skip a head held by another relay
 // and take the row behind it.
-func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, error) {
+func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.ParkedKeyPolicy) (outbox.Claimed, error) {
 	// READ COMMITTED: each statement sees the latest commits, so rows a
 	// relay marked a moment ago are not mistaken for pending.
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -244,7 +295,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 		tx.Rollback()
 		return nil, err
 	}
-	hrows, err := tx.QueryContext(ctx, s.headsSQL, window)
+	hrows, err := tx.QueryContext(ctx, s.headsSQL[parked], window)
 	if err != nil {
 		return abort(err)
 	}
@@ -264,7 +315,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 	if len(heads) == 0 {
 		return abort(nil)
 	}
-	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq IN (%s) AND sent_at IS NULL ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED",
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq IN (%s) AND sent_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED",
 		s.cols, s.table, sqloutbox.Placeholders(len(heads)))
 	rows, err := tx.QueryContext(ctx, q, append(sqloutbox.Anys(heads), limit)...)
 	if err != nil {
@@ -277,7 +328,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 	if len(c.rows) == 0 {
 		return abort(nil)
 	}
-	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, sqloutbox.Runs(ctx, tx, s.cols, s.table))
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, sqloutbox.Runs(ctx, tx, s.cols, s.table, parked))
 	if err != nil {
 		return abort(err)
 	}
@@ -292,26 +343,8 @@ type claimed struct {
 
 func (c *claimed) Rows() []*outbox.Row { return c.rows }
 
-func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
-	if len(sent) > 0 {
-		q := fmt.Sprintf("UPDATE %s SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
-		if del {
-			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
-		}
-		if _, err := c.tx.ExecContext(ctx, q, sqloutbox.Anys(sent)...); err != nil {
-			c.tx.Rollback()
-			return err
-		}
-	}
-	if len(failed) > 0 {
-		q := fmt.Sprintf("UPDATE %s SET attempts = attempts + 1, available_at = CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE seq IN (%s)",
-			c.s.table, sqloutbox.Placeholders(len(failed)))
-		if _, err := c.tx.ExecContext(ctx, q, append([]any{retryAfter.Microseconds()}, sqloutbox.Anys(failed)...)...); err != nil {
-			c.tx.Rollback()
-			return err
-		}
-	}
-	return c.tx.Commit()
+func (c *claimed) Finish(ctx context.Context, o outbox.Outcome) error {
+	return dialect.Finish(ctx, c.tx, c.s.table, o)
 }
 
 func (c *claimed) Abort(context.Context) error { return c.tx.Rollback() }

@@ -15,6 +15,8 @@
 //	sent_at      TIMESTAMPTZ                  -- NULL: pending
 //	attempts     INT         NOT NULL         -- failed publishes so far
 //	available_at TIMESTAMPTZ NOT NULL         -- postponed after a failure until
+//	parked_at    TIMESTAMPTZ                  -- set while parked
+//	last_error   TEXT                         -- the last failed publish's error
 package pgoutbox
 
 import (
@@ -188,8 +190,13 @@ func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
 	sent_at      TIMESTAMPTZ,
 	attempts     INT         NOT NULL DEFAULT 0,
-	available_at TIMESTAMPTZ NOT NULL DEFAULT now()
+	available_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	parked_at    TIMESTAMPTZ,
+	last_error   TEXT
 )`, t),
+		// Tables created before rows could be parked.
+		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS parked_at TIMESTAMPTZ, ADD COLUMN IF NOT EXISTS last_error TEXT`, t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (seq) WHERE sent_at IS NULL AND parked_at IS NOT NULL`, idx("parked"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (seq) WHERE sent_at IS NULL`, idx("pending"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (ordering_key, seq) WHERE sent_at IS NULL AND ordering_key IS NOT NULL`, idx("pending_key"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (sent_at) WHERE sent_at IS NOT NULL`, idx("sent"), t),
@@ -219,13 +226,23 @@ func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 func (o *Outbox) Store(pool *pgxpool.Pool) *Store {
 	t := o.ident
 	cols := `seq, id, destination, coalesce(ordering_key, ''), headers, body, created_at, attempts`
-	return &Store{o: o, pool: pool,
-		// A head is a row with no earlier pending row of its key, checked
-		// against the whole table (not the window), so postponed rows can
-		// stay out of the window without letting the row behind them pass.
-		claimSQL: fmt.Sprintf(`WITH win AS (
+	s := &Store{o: o, pool: pool,
+		markSQL:   fmt.Sprintf(`UPDATE %s SET sent_at = now() WHERE seq = ANY($1::bigint[])`, t),
+		deleteSQL: fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1::bigint[])`, t),
+		postponeSQL: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = $3, available_at = now() + $2::bigint * interval '1 microsecond'
+WHERE seq = ANY($1::bigint[])`, t),
+		parkSQL:    fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = $2, parked_at = now() WHERE seq = ANY($1::bigint[])`, t),
+		pendingSQL: fmt.Sprintf(`SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM %s WHERE sent_at IS NULL AND parked_at IS NULL`, t),
+		pruneSQL:   fmt.Sprintf(`DELETE FROM %[1]s WHERE seq IN (SELECT seq FROM %[1]s WHERE sent_at < $1 ORDER BY sent_at LIMIT $2)`, t),
+	}
+	for i, p := range sqloutbox.Policies {
+		// A head is a row with no earlier pending (or, with HoldKey,
+		// parked) row of its key, checked against the whole table (not
+		// the window), so postponed rows can stay out of the window
+		// without letting the row behind them pass.
+		s.claimSQL[i] = fmt.Sprintf(`WITH win AS (
 	SELECT seq, ordering_key FROM %[1]s
-	WHERE sent_at IS NULL AND available_at <= now()
+	WHERE sent_at IS NULL AND parked_at IS NULL AND available_at <= now()
 	ORDER BY seq LIMIT $1
 )
 SELECT %[2]s FROM %[1]s
@@ -233,20 +250,23 @@ WHERE seq IN (
 	SELECT w.seq FROM win w
 	WHERE w.ordering_key IS NULL OR NOT EXISTS (
 		SELECT 1 FROM %[1]s p
-		WHERE p.ordering_key = w.ordering_key AND p.sent_at IS NULL AND p.seq < w.seq))
-AND sent_at IS NULL
+		WHERE p.ordering_key = w.ordering_key AND %[3]s AND p.seq < w.seq))
+AND sent_at IS NULL AND parked_at IS NULL
 ORDER BY seq LIMIT $2
-FOR UPDATE SKIP LOCKED`, t, cols),
-		runSQL: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
-WHERE ordering_key = ANY($1::text[]) AND sent_at IS NULL AND seq <> ALL($2::bigint[])
-ORDER BY seq LIMIT $3`, t, cols),
-		markSQL:   fmt.Sprintf(`UPDATE %s SET sent_at = now() WHERE seq = ANY($1::bigint[])`, t),
-		deleteSQL: fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1::bigint[])`, t),
-		postponeSQL: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, available_at = now() + $2::bigint * interval '1 microsecond'
-WHERE seq = ANY($1::bigint[])`, t),
-		pendingSQL: fmt.Sprintf(`SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM %s WHERE sent_at IS NULL`, t),
-		pruneSQL:   fmt.Sprintf(`DELETE FROM %[1]s WHERE seq IN (SELECT seq FROM %[1]s WHERE sent_at < $1 ORDER BY sent_at LIMIT $2)`, t),
+FOR UPDATE SKIP LOCKED`, t, cols, sqloutbox.Earlier(p))
+		s.runSQL[i] = fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+WHERE ordering_key = ANY($1::text[]) AND sent_at IS NULL AND parked_at IS NULL AND seq <> ALL($2::bigint[]) AND %[3]s
+ORDER BY seq LIMIT $3`, t, cols, sqloutbox.NotBehindParked(p, t))
 	}
+	return s
+}
+
+// dialect is Postgres's for the SQL shared with the other outboxes.
+var dialect = sqloutbox.Dialect{
+	Postgres: true,
+	Micros:   func(col string) string { return "(extract(epoch FROM " + col + ") * 1000000)::bigint" },
+	Length:   "octet_length",
+	Now:      func() (string, []any) { return "now()", nil },
 }
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on
@@ -258,17 +278,20 @@ func (o *Outbox) NewRelay(pool *pgxpool.Pool, pub core.Publisher, opts ...outbox
 	return outbox.NewRelay(o.Store(pool), pub, opts...)
 }
 
-// Store implements outbox.Store and outbox.Notifier on Postgres.
+// Store implements outbox.Store, outbox.Notifier and outbox.Operator on
+// Postgres.
 type Store struct {
 	o    *Outbox
 	pool *pgxpool.Pool
 
-	claimSQL, runSQL, markSQL, deleteSQL, postponeSQL, pendingSQL, pruneSQL string
+	claimSQL, runSQL                                               [2]string // by outbox.ParkedKeyPolicy
+	markSQL, deleteSQL, postponeSQL, parkSQL, pendingSQL, pruneSQL string
 }
 
 var (
 	_ outbox.Store    = (*Store)(nil)
 	_ outbox.Notifier = (*Store)(nil)
+	_ outbox.Operator = (*Store)(nil)
 )
 
 func scanRows(rows pgx.Rows) ([]*outbox.Row, error) {
@@ -285,13 +308,13 @@ func scanRows(rows pgx.Rows) ([]*outbox.Row, error) {
 }
 
 // Claim implements outbox.Store.
-func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, error) {
+func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.ParkedKeyPolicy) (outbox.Claimed, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	c := &claimed{s: s, tx: tx}
-	q, err := tx.Query(ctx, s.claimSQL, window, limit)
+	q, err := tx.Query(ctx, s.claimSQL[parked], window, limit)
 	if err == nil {
 		c.rows, err = scanRows(q)
 	}
@@ -300,7 +323,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 		return nil, err
 	}
 	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
-		q, err := tx.Query(ctx, s.runSQL, keys, seqs, room)
+		q, err := tx.Query(ctx, s.runSQL[parked], keys, seqs, room)
 		if err != nil {
 			return nil, err
 		}
@@ -321,17 +344,21 @@ type claimed struct {
 
 func (c *claimed) Rows() []*outbox.Row { return c.rows }
 
-func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
+func (c *claimed) Finish(ctx context.Context, o outbox.Outcome) error {
 	b := &pgx.Batch{}
-	if len(sent) > 0 {
+	if len(o.Sent) > 0 {
 		q := c.s.markSQL
-		if del {
+		if o.Delete {
 			q = c.s.deleteSQL
 		}
-		b.Queue(q, sent)
+		b.Queue(q, o.Sent)
 	}
-	if len(failed) > 0 {
-		b.Queue(c.s.postponeSQL, failed, retryAfter.Microseconds())
+	for _, f := range o.Failed {
+		if f.Park {
+			b.Queue(c.s.parkSQL, f.Seqs, f.Cause)
+		} else {
+			b.Queue(c.s.postponeSQL, f.Seqs, f.RetryAfter.Microseconds(), f.Cause)
+		}
 	}
 	if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
 		c.tx.Rollback(context.WithoutCancel(ctx))
@@ -381,4 +408,46 @@ func (s *Store) Listen(ctx context.Context, wake func()) error {
 		}
 		wake()
 	}
+}
+
+// Parked implements outbox.Operator.
+func (s *Store) Parked(ctx context.Context, f outbox.ParkedFilter) ([]outbox.ParkedRow, error) {
+	q, args := dialect.ParkedSQL(s.o.ident, f)
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	return sqloutbox.ScanParked(rows)
+}
+
+// Redrive implements outbox.Operator.
+func (s *Store) Redrive(ctx context.Context, f outbox.ParkedFilter) (int64, error) {
+	q, args := dialect.RedriveSQL(s.o.ident, f)
+	return s.exec(ctx, q, args)
+}
+
+// Purge implements outbox.Operator.
+func (s *Store) Purge(ctx context.Context, f outbox.ParkedFilter) (int64, error) {
+	q, args := dialect.PurgeSQL(s.o.ident, f)
+	return s.exec(ctx, q, args)
+}
+
+func (s *Store) exec(ctx context.Context, q string, args []any) (int64, error) {
+	tag, err := s.pool.Exec(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Stats implements outbox.Operator.
+func (s *Store) Stats(ctx context.Context) (outbox.TableStats, error) {
+	var st outbox.TableStats
+	var err error
+	if st.Pending, st.OldestPending, err = s.Pending(ctx); err != nil {
+		return st, err
+	}
+	err = s.pool.QueryRow(ctx, sqloutbox.StatsSQL(s.o.ident)).Scan(&st.Parked, &st.HeldKeys, &st.HeldRows)
+	return st, err
 }

@@ -41,7 +41,9 @@
 //	    created_at   INTEGER NOT NULL, -- Unix microseconds
 //	    sent_at      INTEGER NULL,     -- Unix microseconds; NULL while pending
 //	    attempts     INTEGER NOT NULL DEFAULT 0,
-//	    available_at INTEGER NOT NULL  -- Unix microseconds
+//	    available_at INTEGER NOT NULL, -- Unix microseconds
+//	    parked_at    INTEGER NULL,     -- Unix microseconds; set while parked
+//	    last_error   TEXT    NULL      -- the last failed publish's error
 //	);
 //
 // with partial indexes on the pending rows (by seq, and by ordering key
@@ -170,7 +172,9 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 	created_at   INTEGER NOT NULL,
 	sent_at      INTEGER NULL,
 	attempts     INTEGER NOT NULL DEFAULT 0,
-	available_at INTEGER NOT NULL
+	available_at INTEGER NOT NULL,
+	parked_at    INTEGER NULL,
+	last_error   TEXT    NULL
 )`, t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_pending ON %[1]s (seq) WHERE sent_at IS NULL`, t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_pending_key ON %[1]s (ordering_key, seq) WHERE sent_at IS NULL`, t),
@@ -181,31 +185,71 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 			return fmt.Errorf("sqliteoutbox: Migrate %s: %w", t, err)
 		}
 	}
+	if err := o.addParkColumns(ctx, db); err != nil {
+		return fmt.Errorf("sqliteoutbox: Migrate %s: adding the parked_at and last_error columns: %w", t, err)
+	}
 	return nil
+}
+
+// addParkColumns adds parked_at and last_error to a table created before
+// rows could be parked. SQLite has no ADD COLUMN IF NOT EXISTS: the
+// columns are looked up first, and a concurrent migrator's ALTER that wins
+// the race ("duplicate column name") is no failure.
+func (o *Outbox) addParkColumns(ctx context.Context, db *sql.DB) error {
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name IN ('parked_at', 'last_error')`, o.table).Scan(&n); err != nil {
+		return err
+	}
+	if n == 2 {
+		return nil
+	}
+	for _, col := range []string{"parked_at INTEGER NULL", "last_error TEXT NULL"} {
+		_, err := db.ExecContext(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s", o.table, col))
+		if err != nil && !strings.Contains(err.Error(), "duplicate column name") {
+			return err
+		}
+	}
+	return nil
+}
+
+// dialect is SQLite's for the SQL shared with the other outboxes: times
+// are Unix microseconds from this process's clock.
+var dialect = sqloutbox.Dialect{
+	Micros: func(col string) string { return col },
+	Length: "LENGTH",
+	Now:    func() (string, []any) { return "?", []any{time.Now().UnixMicro()} },
+	After: func(d time.Duration) (string, []any) {
+		return "?", []any{time.Now().Add(d).UnixMicro()}
+	},
 }
 
 // Store returns the relay side of the outbox on db.
 func (o *Outbox) Store(db *sql.DB) *Store {
 	t := o.table
 	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, created_at, attempts"
-	return &Store{db: db, cols: cols, table: t,
+	s := &Store{db: db, cols: cols, table: t,
 		// A write that changes nothing still takes the write lock: the
 		// claim holds it from here to Finish or Abort.
-		lockSQL: fmt.Sprintf(`UPDATE %s SET attempts = attempts WHERE seq = -1`, t),
-		// A head is a row with no earlier pending row of its key, checked
-		// against the whole table (not the window), so postponed rows can
-		// stay out of the window without letting the row behind them pass.
-		headsSQL: fmt.Sprintf(`SELECT %[2]s FROM %[1]s
-WHERE seq IN (
-	SELECT seq FROM %[1]s WHERE sent_at IS NULL AND available_at <= ?1
-	ORDER BY seq LIMIT ?2
-) AND (ordering_key IS NULL OR NOT EXISTS (
-	SELECT 1 FROM %[1]s p WHERE p.ordering_key = %[1]s.ordering_key AND p.sent_at IS NULL AND p.seq < %[1]s.seq))
-ORDER BY seq LIMIT ?3`, t, cols),
-		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(MIN(created_at), 0) FROM %s WHERE sent_at IS NULL`, t),
+		lockSQL:    fmt.Sprintf(`UPDATE %s SET attempts = attempts WHERE seq = -1`, t),
+		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(MIN(created_at), 0) FROM %s WHERE sent_at IS NULL AND parked_at IS NULL`, t),
 		pruneSQL: fmt.Sprintf(`DELETE FROM %[1]s WHERE seq IN (
 	SELECT seq FROM %[1]s WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sent_at LIMIT ?)`, t),
 	}
+	for i, p := range sqloutbox.Policies {
+		// A head is a row with no earlier pending (or, with HoldKey,
+		// parked) row of its key, checked against the whole table (not
+		// the window), so postponed rows can stay out of the window
+		// without letting the row behind them pass.
+		s.headsSQL[i] = fmt.Sprintf(`SELECT %[2]s FROM %[1]s
+WHERE seq IN (
+	SELECT seq FROM %[1]s WHERE sent_at IS NULL AND parked_at IS NULL AND available_at <= ?1
+	ORDER BY seq LIMIT ?2
+) AND (ordering_key IS NULL OR NOT EXISTS (
+	SELECT 1 FROM %[1]s p WHERE p.ordering_key = %[1]s.ordering_key AND %[3]s AND p.seq < %[1]s.seq))
+ORDER BY seq LIMIT ?3`, t, cols, sqloutbox.Earlier(p))
+	}
+	s.Operator = sqloutbox.Operator{DB: db, Table: t, Dialect: dialect, Pending: s.Pending}
+	return s
 }
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on db
@@ -217,20 +261,25 @@ func (o *Outbox) NewRelay(db *sql.DB, pub core.Publisher, opts ...outbox.Option)
 	return outbox.NewRelay(o.Store(db), pub, opts...)
 }
 
-// Store implements outbox.Store on SQLite.
+// Store implements outbox.Store and outbox.Operator on SQLite.
 type Store struct {
-	db                                      *sql.DB
-	table, cols                             string
-	lockSQL, headsSQL, pendingSQL, pruneSQL string
+	sqloutbox.Operator
+	db                            *sql.DB
+	table, cols                   string
+	headsSQL                      [2]string // by outbox.ParkedKeyPolicy
+	lockSQL, pendingSQL, pruneSQL string
 }
 
-var _ outbox.Store = (*Store)(nil)
+var (
+	_ outbox.Store    = (*Store)(nil)
+	_ outbox.Operator = (*Store)(nil)
+)
 
 // Claim implements outbox.Store. Its transaction writes first, so it waits
 // (busy_timeout) for SQLite's write lock and then holds it until Finish or
 // Abort: no other relay claims meanwhile, and the heads it finds, the rows
 // with no earlier pending row of their key, are all its own.
-func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, error) {
+func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.ParkedKeyPolicy) (outbox.Claimed, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -242,7 +291,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 	if _, err := tx.ExecContext(ctx, s.lockSQL); err != nil {
 		return abort(fmt.Errorf("taking the write lock: %w", err))
 	}
-	rows, err := tx.QueryContext(ctx, s.headsSQL, time.Now().UnixMicro(), window, limit)
+	rows, err := tx.QueryContext(ctx, s.headsSQL[parked], time.Now().UnixMicro(), window, limit)
 	if err != nil {
 		return abort(err)
 	}
@@ -253,7 +302,7 @@ func (s *Store) Claim(ctx context.Context, limit, window int) (outbox.Claimed, e
 	if len(c.rows) == 0 {
 		return abort(nil)
 	}
-	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, sqloutbox.Runs(ctx, tx, s.cols, s.table))
+	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, sqloutbox.Runs(ctx, tx, s.cols, s.table, parked))
 	if err != nil {
 		return abort(err)
 	}
@@ -268,29 +317,8 @@ type claimed struct {
 
 func (c *claimed) Rows() []*outbox.Row { return c.rows }
 
-func (c *claimed) Finish(ctx context.Context, sent, failed []int64, retryAfter time.Duration, del bool) error {
-	now := time.Now().UnixMicro()
-	if len(sent) > 0 {
-		q := fmt.Sprintf("UPDATE %s SET sent_at = ? WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
-		args := append([]any{now}, sqloutbox.Anys(sent)...)
-		if del {
-			q = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", c.s.table, sqloutbox.Placeholders(len(sent)))
-			args = sqloutbox.Anys(sent)
-		}
-		if _, err := c.tx.ExecContext(ctx, q, args...); err != nil {
-			c.tx.Rollback()
-			return err
-		}
-	}
-	if len(failed) > 0 {
-		q := fmt.Sprintf("UPDATE %s SET attempts = attempts + 1, available_at = ? WHERE seq IN (%s)",
-			c.s.table, sqloutbox.Placeholders(len(failed)))
-		if _, err := c.tx.ExecContext(ctx, q, append([]any{now + retryAfter.Microseconds()}, sqloutbox.Anys(failed)...)...); err != nil {
-			c.tx.Rollback()
-			return err
-		}
-	}
-	return c.tx.Commit()
+func (c *claimed) Finish(ctx context.Context, o outbox.Outcome) error {
+	return dialect.Finish(ctx, c.tx, c.s.table, o)
 }
 
 func (c *claimed) Abort(context.Context) error { return c.tx.Rollback() }

@@ -132,7 +132,7 @@ func TestClaimIsExclusive(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	c1, err := o.Store(db1).Claim(ctx, 1, 10)
+	c1, err := o.Store(db1).Claim(ctx, 1, 10, outbox.HoldKey)
 	if err != nil || c1 == nil || len(c1.Rows()) != 1 || c1.Rows()[0].ID != "a" {
 		t.Fatalf("first Claim = %v, %v", c1, err)
 	}
@@ -142,7 +142,7 @@ func TestClaimIsExclusive(t *testing.T) {
 	}
 	second := make(chan result, 1)
 	go func() {
-		c, err := o.Store(db2).Claim(ctx, 10, 10)
+		c, err := o.Store(db2).Claim(ctx, 10, 10, outbox.HoldKey)
 		second <- result{c, err}
 	}()
 	select {
@@ -150,7 +150,7 @@ func TestClaimIsExclusive(t *testing.T) {
 		t.Fatalf("second Claim ran beside the first: %v, %v", r.c, r.err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if err := c1.Finish(ctx, []int64{c1.Rows()[0].Seq}, nil, 0, false); err != nil {
+	if err := c1.Finish(ctx, outbox.Outcome{Sent: []int64{c1.Rows()[0].Seq}}); err != nil {
 		t.Fatal(err)
 	}
 	r := <-second

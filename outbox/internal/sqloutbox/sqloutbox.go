@@ -1,9 +1,10 @@
 // Package sqloutbox holds what the SQL outboxes (pgoutbox, mysqloutbox,
 // sqliteoutbox) share: readying messages for their rows, the per-key write
 // locks (SQLite, with one writer at a time, needs none), the step of a
-// claim that adds the rows following each claimed head, and for the
-// database/sql ones (mysqloutbox, sqliteoutbox) placeholders and the
-// reading of claimed rows.
+// claim that adds the rows following each claimed head, the SQL of parked
+// rows and of the operator's queries, and for the database/sql ones
+// (mysqloutbox, sqliteoutbox) placeholders, the reading of claimed rows,
+// a claim's Finish and the outbox.Operator.
 package sqloutbox
 
 import (
@@ -144,17 +145,240 @@ func ScanRows(rows *sql.Rows) ([]*outbox.Row, error) {
 	return out, rows.Err()
 }
 
-// Runs is AppendRuns' run for a database/sql outbox claiming in tx: the
-// pending rows of keys, in Seq order, that are not among seqs. cols are
-// the columns ScanRows reads.
-func Runs(ctx context.Context, tx *sql.Tx, cols, table string) func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
+// Earlier is the condition on p, an earlier row of the same key, that
+// keeps a row from being its key's head: a pending row, and with HoldKey
+// also a parked one.
+func Earlier(p outbox.ParkedKeyPolicy) string {
+	if p == outbox.SkipParked {
+		return "p.sent_at IS NULL AND p.parked_at IS NULL"
+	}
+	return "p.sent_at IS NULL"
+}
+
+// NotBehindParked is the condition, on a row of table, for a claim's run
+// (the rows following a head) under p: with HoldKey a run stops at a
+// parked row of its key.
+func NotBehindParked(p outbox.ParkedKeyPolicy, table string) string {
+	if p == outbox.SkipParked {
+		return "1 = 1"
+	}
+	return fmt.Sprintf(`NOT EXISTS (SELECT 1 FROM %[1]s b WHERE b.ordering_key = %[1]s.ordering_key AND b.sent_at IS NULL AND b.parked_at IS NOT NULL AND b.seq < %[1]s.seq)`, table)
+}
+
+// Policies lists the parked-key policies, for stores that prepare a claim
+// query for each.
+var Policies = []outbox.ParkedKeyPolicy{outbox.HoldKey, outbox.SkipParked}
+
+// Runs is AppendRuns' run for a database/sql outbox claiming in tx under
+// policy p: the pending rows of keys, in Seq order, that are not among
+// seqs. cols are the columns ScanRows reads.
+func Runs(ctx context.Context, tx *sql.Tx, cols, table string, p outbox.ParkedKeyPolicy) func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
 	return func(keys []string, seqs []int64, room int) ([]*outbox.Row, error) {
-		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND seq NOT IN (%s) ORDER BY seq LIMIT ?",
-			cols, table, Placeholders(len(keys)), Placeholders(len(seqs)))
+		q := fmt.Sprintf("SELECT %s FROM %s WHERE ordering_key IN (%s) AND sent_at IS NULL AND parked_at IS NULL AND seq NOT IN (%s) AND %s ORDER BY seq LIMIT ?",
+			cols, table, Placeholders(len(keys)), Placeholders(len(seqs)), NotBehindParked(p, table))
 		rows, err := tx.QueryContext(ctx, q, append(append(Anys(keys), Anys(seqs)...), room)...)
 		if err != nil {
 			return nil, err
 		}
 		return ScanRows(rows)
 	}
+}
+
+// StatsSQL counts, in table, the parked rows, the keys with pending rows
+// behind a parked row, and those rows. It starts from the parked rows,
+// which are few, not from the pending ones.
+func StatsSQL(table string) string {
+	return fmt.Sprintf(`SELECT
+	(SELECT COUNT(*) FROM %[1]s WHERE sent_at IS NULL AND parked_at IS NOT NULL),
+	COUNT(DISTINCT w.ordering_key), COUNT(w.seq)
+FROM (
+	SELECT ordering_key, MIN(seq) AS seq FROM %[1]s
+	WHERE sent_at IS NULL AND parked_at IS NOT NULL AND ordering_key IS NOT NULL
+	GROUP BY ordering_key
+) h
+JOIN %[1]s w ON w.ordering_key = h.ordering_key AND w.seq > h.seq AND w.sent_at IS NULL AND w.parked_at IS NULL`, table)
+}
+
+// Dialect is how an outbox's SQL differs between databases where the
+// operator's queries and a claim's Finish need it.
+type Dialect struct {
+	// Postgres: $n placeholders and arrays, rather than "?" and lists.
+	Postgres bool
+	// Micros is the SQL of column col as Unix microseconds.
+	Micros func(col string) string
+	// Length is the SQL function giving a BLOB's length in bytes.
+	Length string
+	// Now is the SQL of the current time as the time columns hold it,
+	// with its arguments; After is the time d from now.
+	Now   func() (string, []any)
+	After func(d time.Duration) (string, []any)
+}
+
+// where is the condition selecting the parked rows of f, with its
+// arguments; n is how many arguments precede them.
+func (d Dialect) where(f outbox.ParkedFilter, n int) (string, []any) {
+	conds := []string{"sent_at IS NULL", "parked_at IS NOT NULL"}
+	var args []any
+	param := func(v any) string {
+		args = append(args, v)
+		if d.Postgres {
+			return fmt.Sprintf("$%d", n+len(args))
+		}
+		return "?"
+	}
+	if len(f.Seqs) > 0 {
+		if d.Postgres {
+			conds = append(conds, "seq = ANY("+param(f.Seqs)+"::bigint[])")
+		} else {
+			conds = append(conds, "seq IN ("+Placeholders(len(f.Seqs))+")")
+			args = append(args, Anys(f.Seqs)...)
+		}
+	}
+	if f.Key != "" {
+		conds = append(conds, "ordering_key = "+param(f.Key))
+	}
+	if f.Cause != "" {
+		if d.Postgres {
+			conds = append(conds, "strpos(last_error, "+param(f.Cause)+") > 0")
+		} else {
+			conds = append(conds, "INSTR(last_error, "+param(f.Cause)+") > 0")
+		}
+	}
+	return strings.Join(conds, " AND "), args
+}
+
+// ParkedSQL selects the parked rows of f in table, as ScanParked reads
+// them.
+func (d Dialect) ParkedSQL(table string, f outbox.ParkedFilter) (string, []any) {
+	w, args := d.where(f, 0)
+	q := fmt.Sprintf(`SELECT seq, id, destination, COALESCE(ordering_key, ''), attempts, %s, %s, COALESCE(last_error, ''), %s(body)
+FROM %s WHERE %s ORDER BY seq`, d.Micros("created_at"), d.Micros("parked_at"), d.Length, table, w)
+	if f.Limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", f.Limit)
+	}
+	return q, args
+}
+
+// RedriveSQL makes the parked rows of f in table pending again.
+func (d Dialect) RedriveSQL(table string, f outbox.ParkedFilter) (string, []any) {
+	now, args := d.Now()
+	w, wargs := d.where(f, len(args))
+	return fmt.Sprintf(`UPDATE %s SET parked_at = NULL, last_error = NULL, attempts = 0, available_at = %s WHERE %s`, table, now, w), append(args, wargs...)
+}
+
+// PurgeSQL deletes the parked rows of f in table.
+func (d Dialect) PurgeSQL(table string, f outbox.ParkedFilter) (string, []any) {
+	w, args := d.where(f, 0)
+	return fmt.Sprintf(`DELETE FROM %s WHERE %s`, table, w), args
+}
+
+// Scanner is what ScanParked reads: *sql.Rows or pgx.Rows.
+type Scanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ScanParked reads the rows of a ParkedSQL query; the caller closes them.
+func ScanParked(rows Scanner) ([]outbox.ParkedRow, error) {
+	var out []outbox.ParkedRow
+	for rows.Next() {
+		var r outbox.ParkedRow
+		var created, parked int64
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Destination, &r.Key, &r.Attempts, &created, &parked, &r.Cause, &r.BodySize); err != nil {
+			return nil, err
+		}
+		r.CreatedAt, r.ParkedAt = time.UnixMicro(created), time.UnixMicro(parked)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Finish records o in tx, a database/sql outbox's claim of rows in table,
+// and commits; on an error it rolls back.
+func (d Dialect) Finish(ctx context.Context, tx *sql.Tx, table string, o outbox.Outcome) error {
+	err := d.finish(ctx, tx, table, o)
+	if err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func (d Dialect) finish(ctx context.Context, tx *sql.Tx, table string, o outbox.Outcome) error {
+	if len(o.Sent) > 0 {
+		now, args := d.Now()
+		q := fmt.Sprintf("UPDATE %s SET sent_at = %s WHERE seq IN (%s)", table, now, Placeholders(len(o.Sent)))
+		if o.Delete {
+			q, args = fmt.Sprintf("DELETE FROM %s WHERE seq IN (%s)", table, Placeholders(len(o.Sent))), nil
+		}
+		if _, err := tx.ExecContext(ctx, q, append(args, Anys(o.Sent)...)...); err != nil {
+			return err
+		}
+	}
+	for _, f := range o.Failed {
+		set, args := d.After(f.RetryAfter)
+		set = "available_at = " + set
+		if f.Park {
+			now, nargs := d.Now()
+			set, args = "parked_at = "+now, nargs
+		}
+		q := fmt.Sprintf("UPDATE %s SET attempts = attempts + 1, last_error = ?, %s WHERE seq IN (%s)", table, set, Placeholders(len(f.Seqs)))
+		args = append(append([]any{f.Cause}, args...), Anys(f.Seqs)...)
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Operator implements outbox.Operator for a database/sql outbox.
+type Operator struct {
+	DB      *sql.DB
+	Table   string
+	Dialect Dialect
+	// Pending is the store's Pending.
+	Pending func(ctx context.Context) (int64, time.Duration, error)
+}
+
+// Parked implements outbox.Operator.
+func (o *Operator) Parked(ctx context.Context, f outbox.ParkedFilter) ([]outbox.ParkedRow, error) {
+	q, args := o.Dialect.ParkedSQL(o.Table, f)
+	rows, err := o.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	return ScanParked(rows)
+}
+
+// Redrive implements outbox.Operator.
+func (o *Operator) Redrive(ctx context.Context, f outbox.ParkedFilter) (int64, error) {
+	q, args := o.Dialect.RedriveSQL(o.Table, f)
+	return o.exec(ctx, q, args)
+}
+
+// Purge implements outbox.Operator.
+func (o *Operator) Purge(ctx context.Context, f outbox.ParkedFilter) (int64, error) {
+	q, args := o.Dialect.PurgeSQL(o.Table, f)
+	return o.exec(ctx, q, args)
+}
+
+func (o *Operator) exec(ctx context.Context, q string, args []any) (int64, error) {
+	res, err := o.DB.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Stats implements outbox.Operator.
+func (o *Operator) Stats(ctx context.Context) (outbox.TableStats, error) {
+	var st outbox.TableStats
+	var err error
+	if st.Pending, st.OldestPending, err = o.Pending(ctx); err != nil {
+		return st, err
+	}
+	err = o.DB.QueryRowContext(ctx, StatsSQL(o.Table)).Scan(&st.Parked, &st.HeldKeys, &st.HeldRows)
+	return st, err
 }
