@@ -128,8 +128,8 @@ func (q *DeadLetters) Group() string { return q.group }
 // began, partition by partition, oldest first within a partition, and
 // leaves them parked. Ref is "<partition>/<offset>" in the dead-letter
 // topic, Origin "<topic>/<partition>/<offset>" where the message was
-// consumed, ParkedAt the record's timestamp. An error from fn stops the
-// scan and is returned.
+// consumed, ParkedAt the record's timestamp (DeadLetter stamps the copy
+// when it parks it). An error from fn stops the scan and is returned.
 func (q *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
 	parts, err := q.load(ctx)
 	if err != nil {

@@ -200,7 +200,14 @@ func (d *delivery) copyTo(topic string, extra map[string]string) kafkago.Message
 	for _, k := range sortedKeys(extra) {
 		headers = append(headers, kafkago.Header{Key: k, Value: []byte(extra[k])})
 	}
-	return kafkago.Message{Topic: topic, Key: raw.Key, Value: raw.Value, Headers: headers, Time: raw.Time}
+	// A parked copy is stamped when it was parked: that is when the
+	// operator's list says it was parked, and what the dead-letter topic's
+	// retention counts from. A retry copy keeps the producer's time.
+	at := raw.Time
+	if topic == d.src.cfg.deadLetterTopic {
+		at = time.Now()
+	}
+	return kafkago.Message{Topic: topic, Key: raw.Key, Value: raw.Value, Headers: headers, Time: at}
 }
 
 func isCoordinate(k string) bool {
