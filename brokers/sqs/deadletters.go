@@ -20,8 +20,8 @@ import (
 
 // browseVisibility is how long a DeadLetters call keeps each message it
 // received hidden; a heartbeat extends it every third of that while the
-// call runs.
-const browseVisibility = 30 * time.Second
+// call runs. A variable for tests.
+var browseVisibility = 30 * time.Second
 
 // maxEmptyReceives is how many receives in a row may come back empty
 // before a call concludes the dead-letter queue gives nothing more.
@@ -258,11 +258,15 @@ func (d *DeadLetters) browse(ctx context.Context, each func(*held) error) (*leas
 			continue
 		}
 		empties = 0
+		// All are held before each sees the first, so the heartbeat keeps
+		// them hidden however long each takes.
+		fresh := make([]*types.Message, 0, len(out.Messages))
 		for i := range out.Messages {
-			m := &out.Messages[i]
-			if !l.hold(m) {
-				continue // handed out again: the lease has its new receipt
-			}
+			if m := &out.Messages[i]; l.hold(m) {
+				fresh = append(fresh, m)
+			} // else handed out again: the lease has its new receipt
+		}
+		for _, m := range fresh {
 			got++
 			p, moved := d.parked(m)
 			if err := each(&held{ref: aws.ToString(m.MessageId), raw: m, p: p, moved: moved}); err != nil {
