@@ -55,22 +55,7 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 	if n, err := strconv.Atoi(sys[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil && n > 0 {
 		attempt = n
 	}
-	attrs := unfold(m.MessageAttributes)
-	headers := make(map[string]string, len(attrs))
-	for k, v := range attrs {
-		switch {
-		case v.StringValue != nil:
-			headers[k] = *v.StringValue
-		case v.BinaryValue != nil:
-			headers[k] = string(v.BinaryValue)
-		}
-	}
-	body := []byte(aws.ToString(m.Body))
-	if headers[AttributeEncoding] == "base64" {
-		if dec, err := base64.StdEncoding.DecodeString(string(body)); err == nil {
-			body = dec
-		}
-	}
+	headers, body := decode(m)
 	group := sys[string(types.MessageSystemAttributeNameMessageGroupId)]
 	meta := map[string]string{
 		string(semconv.MessagingDestinationNameKey): s.q.name,
@@ -99,6 +84,28 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 			ReceivedAt: now,
 		},
 	}
+}
+
+// decode returns a received message's headers (its attributes, unfolded,
+// as strings) and its body (decoded when Publisher encoded it).
+func decode(m *types.Message) (map[string]string, []byte) {
+	attrs := unfold(m.MessageAttributes)
+	headers := make(map[string]string, len(attrs))
+	for k, v := range attrs {
+		switch {
+		case v.StringValue != nil:
+			headers[k] = *v.StringValue
+		case v.BinaryValue != nil:
+			headers[k] = string(v.BinaryValue)
+		}
+	}
+	body := []byte(aws.ToString(m.Body))
+	if headers[AttributeEncoding] == "base64" {
+		if dec, err := base64.StdEncoding.DecodeString(string(body)); err == nil {
+			body = dec
+		}
+	}
+	return headers, body
 }
 
 // Message returns the received message.

@@ -35,6 +35,19 @@
 // Source unfolds idemq-attributes on receive, so a message redriven from
 // the dead-letter queue has all its original headers back.
 //
+// OpenDeadLetters (or core.OpenDeadLetters with the consumer's own sqs://
+// URL) gives an operator the dead-letter queue as DeadLetters: Scan lists
+// the parked messages with their cause, attempt, origin and park time,
+// Redrive sends the chosen ones back to the queue they came from without
+// the idemq attributes (so their attempts start again) and deletes them
+// once SQS accepted the send, and Purge deletes the chosen ones. SQS cannot
+// read a message without receiving it, so each call receives the messages
+// parked when it began, keeps them hidden while it runs and makes the rest
+// visible again when it returns. Copies made by DeadLetterSend carry their
+// cause; messages the redrive policy moved are reported as such, and when
+// all of them are redriven SQS is asked to move them back itself
+// (StartMessageMoveTask) where the endpoint supports it.
+//
 // A settlement of a stale delivery sends nothing and returns an error
 // wrapping core.ErrStaleDelivery (the Consumer counts it in Stats.Stale):
 // after Close (ErrClosed), once the visibility timeout lapsed (the
@@ -77,7 +90,7 @@
 // Local emulators need an endpoint and static credentials (WithEndpoint,
 // WithStaticCredentials); otherwise the AWS default configuration and
 // credential chain apply. Importing the package registers the sqs:// URL
-// scheme with core.OpenSource and core.OpenPublisher:
+// scheme with core.OpenSource, core.OpenPublisher and core.OpenDeadLetters:
 //
 //	sqs://orders?region=eu-west-1
 //	sqs://KEY:SECRET@orders?endpoint=http://127.0.0.1:9324&dlq=orders-dlq

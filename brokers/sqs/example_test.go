@@ -5,6 +5,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,4 +85,33 @@ func Example_openByURL() {
 		log.Fatal(err)
 	}
 	defer src.Close()
+}
+
+// List the dead letters of the orders consumer, then put back on its queue
+// the ones a since-fixed bug rejected, and delete the malformed ones.
+func ExampleOpenDeadLetters() {
+	ctx := context.Background()
+	dlq, err := sqs.OpenDeadLetters(ctx, "orders", sqs.WithDeadLetterQueue("orders-dlq"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dlq.Close()
+	err = dlq.Scan(ctx, func(p *core.Parked) error {
+		log.Printf("%s (attempt %d, parked %v): %s", p.ID, p.Attempt, p.ParkedAt, p.Cause)
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	n, err := dlq.Redrive(ctx, func(p *core.Parked) bool {
+		return strings.Contains(p.Cause, "currency not supported")
+	}, func(done int) { log.Printf("%d redriven", done) })
+	if err != nil {
+		log.Fatalf("redrove %d, then: %v", n, err)
+	}
+	purged, err := dlq.Purge(ctx, func(p *core.Parked) bool { return strings.Contains(p.Cause, "malformed") })
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("redriven %d, purged %d", n, purged)
 }

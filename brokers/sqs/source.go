@@ -150,27 +150,13 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 	if cfg.heartbeat && s.hbEvery >= s.vis {
 		return nil, cfg.optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v", s.hbEvery, s.vis)
 	}
-	switch cfg.deadLetterMode {
-	case DeadLetterSend:
-		target := cfg.deadLetterQueue
-		if target == "" && q.redrive != nil {
-			target = queueNameFromARN(q.redrive.targetARN)
-		}
-		if target == "" {
-			return nil, cfg.optErr("WithDeadLetterQueue", "queue %q has no redrive policy, so name the dead-letter queue (or use %s on a queue that has one)",
-				q.name, cfg.spell("WithDeadLetterMode(DeadLetterRedrive)", "dead_letter_mode=redrive"))
-		}
-		dlq, err := resolveQueue(ctx, cl, target)
-		if err != nil {
-			return nil, cfg.optErr("WithDeadLetterQueue", "%v", err)
-		}
-		if dlq.fifo != q.fifo {
-			return nil, cfg.optErr("WithDeadLetterQueue", "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
-		}
-		s.dlq = dlq
-	case DeadLetterRedrive:
-		if q.redrive == nil {
-			return nil, cfg.optErr("WithDeadLetterMode", "%s needs a redrive policy on queue %q", cfg.spell("DeadLetterRedrive", "redrive"), q.name)
+	target, err := deadLetterTarget(&cfg, q)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.deadLetterMode == DeadLetterSend {
+		if s.dlq, err = resolveDeadLetterQueue(ctx, &cfg, cl, q, target); err != nil {
+			return nil, err
 		}
 	}
 	s.logger.Store(cfg.logger)
@@ -302,6 +288,45 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 			return nil, core.ErrSourceClosed
 		}
 	}
+}
+
+// deadLetterTarget returns the dead-letter queue (URL or name) of q under
+// cfg's DeadLetterMode: the WithDeadLetterQueue one or the redrive
+// policy's target for DeadLetterSend, the redrive policy's target for
+// DeadLetterRedrive. It fails when the mode has no queue to park in.
+func deadLetterTarget(cfg *config, q *queueInfo) (string, error) {
+	if cfg.deadLetterMode == DeadLetterRedrive {
+		if q.redrive == nil {
+			return "", cfg.optErr("WithDeadLetterMode", "%s needs a redrive policy on queue %q", cfg.spell("DeadLetterRedrive", "redrive"), q.name)
+		}
+		return queueNameFromARN(q.redrive.targetARN), nil
+	}
+	target := cfg.deadLetterQueue
+	if target == "" && q.redrive != nil {
+		target = queueNameFromARN(q.redrive.targetARN)
+	}
+	if target == "" {
+		return "", cfg.optErr("WithDeadLetterQueue", "queue %q has no redrive policy, so name the dead-letter queue (or use %s on a queue that has one)",
+			q.name, cfg.spell("WithDeadLetterMode(DeadLetterRedrive)", "dead_letter_mode=redrive"))
+	}
+	return target, nil
+}
+
+// resolveDeadLetterQueue reads the dead-letter queue target of q, which
+// must be FIFO exactly when q is.
+func resolveDeadLetterQueue(ctx context.Context, cfg *config, cl *awssqs.Client, q *queueInfo, target string) (*queueInfo, error) {
+	option := "WithDeadLetterQueue"
+	if cfg.deadLetterMode == DeadLetterRedrive {
+		option = "WithDeadLetterMode"
+	}
+	dlq, err := resolveQueue(ctx, cl, target)
+	if err != nil {
+		return nil, cfg.optErr(option, "%v", err)
+	}
+	if dlq.fifo != q.fifo {
+		return nil, cfg.optErr(option, "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
+	}
+	return dlq, nil
 }
 
 // signal wakes one waiter of a capacity-1 channel without blocking.

@@ -16,7 +16,10 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-func init() { driver.RegisterBroker("sqs", openSourceURL, openPublisherURL) }
+func init() {
+	driver.RegisterBroker("sqs", openSourceURL, openPublisherURL)
+	driver.RegisterDeadLetters("sqs", openDeadLettersURL)
+}
 
 // urlParam is one URL parameter understood by core.OpenSource and
 // core.OpenPublisher for sqs:// URLs: the option it sets and how its value

@@ -1,0 +1,378 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+)
+
+// openDLQ opens the dead-letter queue of q's consumer with opts.
+func openDLQ(t *testing.T, ep string, q testQueue, opts ...Option) *DeadLetters {
+	t.Helper()
+	d, err := OpenDeadLetters(context.Background(), q.url, append(clientOpts(ep), append([]Option{WithLogger(testLogger(t))}, opts...)...)...)
+	if err != nil {
+		t.Fatalf("OpenDeadLetters: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// scanIDs returns the ids of the parked messages, failing on one listed
+// twice.
+func scanIDs(t *testing.T, d *DeadLetters) map[string]*driver.Parked {
+	t.Helper()
+	out := map[string]*driver.Parked{}
+	err := d.Scan(context.Background(), func(p *driver.Parked) error {
+		if _, dup := out[p.ID]; dup {
+			return fmt.Errorf("%s listed twice", p.ID)
+		}
+		out[p.ID] = p
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Scan: %v", err)
+	}
+	return out
+}
+
+// parkCopies sends copies of ms to the dead-letter queue as DeadLetterSend
+// makes them (cause, source queue, attempt), ten per SendMessageBatch.
+func parkCopies(t *testing.T, ep string, dlq testQueue, from string, ms []*core.Message) {
+	t.Helper()
+	cl := testClient(ep)
+	str := func(s string) types.MessageAttributeValue {
+		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
+	}
+	for start := 0; start < len(ms); start += 10 {
+		var entries []types.SendMessageBatchRequestEntry
+		for i, m := range ms[start:min(start+10, len(ms))] {
+			entries = append(entries, types.SendMessageBatchRequestEntry{
+				Id:          aws.String(fmt.Sprint(i)),
+				MessageBody: aws.String(string(m.Body)),
+				MessageAttributes: map[string]types.MessageAttributeValue{
+					DefaultIDAttribute:   str(m.ID),
+					driver.CauseHeader:   str("bad deploy " + m.ID),
+					AttributeSourceQueue: str(from),
+					AttributeAttempt:     str("3"),
+				},
+			})
+		}
+		out, err := cl.SendMessageBatch(context.Background(), &awssqs.SendMessageBatchInput{QueueUrl: aws.String(dlq.url), Entries: entries})
+		if err != nil || len(out.Failed) > 0 {
+			t.Fatalf("SendMessageBatch: %v %v", err, out)
+		}
+	}
+}
+
+// TestDeadLettersBeyondOneReceive parks 250 messages, far more than one
+// receive brings: Scan lists each once and leaves them all visible;
+// Redrive puts back exactly the 100 chosen by id, once each, without the
+// dead-letter attributes; Purge deletes the other 150.
+func TestDeadLettersBeyondOneReceive(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
+	ms := msgs("big", 250)
+	parkCopies(t, ep, dlq, q.name, ms)
+	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	if d.Name() != dlq.name {
+		t.Errorf("Name() = %q, want %q", d.Name(), dlq.name)
+	}
+
+	parked := scanIDs(t, d)
+	if len(parked) != len(ms) {
+		t.Fatalf("Scan listed %d, want %d", len(parked), len(ms))
+	}
+	for _, m := range ms {
+		p := parked[m.ID]
+		if p == nil {
+			t.Fatalf("%s not listed", m.ID)
+		}
+		if p.Cause != "bad deploy "+m.ID || p.Attempt != 3 || p.Origin != q.name || p.Destination != q.name || string(p.Body) != string(m.Body) || p.ParkedAt.IsZero() || p.Ref == "" {
+			t.Fatalf("%s listed as %+v", m.ID, p)
+		}
+	}
+	if visible, inflight := queueCounts(t, ep, dlq.url); visible != len(ms) || inflight != 0 {
+		t.Fatalf("after Scan: %d visible, %d in flight; want %d, 0", visible, inflight, len(ms))
+	}
+
+	var chosen []string
+	for i, m := range ms {
+		if i%5 < 2 {
+			chosen = append(chosen, m.ID)
+		}
+	}
+	calls := map[string]int{}
+	last := 0
+	n, err := d.Redrive(context.Background(), func(p *driver.Parked) bool {
+		calls[p.ID]++
+		return slices.Contains(chosen, p.ID)
+	}, func(done int) {
+		if done != last+1 {
+			t.Errorf("progress %d after %d", done, last)
+		}
+		last = done
+	})
+	if err != nil || n != len(chosen) || last != len(chosen) {
+		t.Fatalf("Redrive = %d, %v (progress %d); want %d", n, err, last, len(chosen))
+	}
+	if len(calls) != len(ms) {
+		t.Errorf("sel called for %d messages, want %d", len(calls), len(ms))
+	}
+	for id, c := range calls {
+		if c != 1 {
+			t.Errorf("sel called %d times for %s", c, id)
+		}
+	}
+
+	back := drain(t, ep, q.url)
+	var got []string
+	for _, m := range back {
+		got = append(got, attr(m, DefaultIDAttribute))
+		for _, k := range bookkeeping {
+			if _, ok := m.MessageAttributes[k]; ok {
+				t.Errorf("redriven %s still carries %s", attr(m, DefaultIDAttribute), k)
+			}
+		}
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, chosen) {
+		t.Fatalf("redriven %d messages, want the %d chosen: %v", len(got), len(chosen), got)
+	}
+
+	left := scanIDs(t, d)
+	if len(left) != len(ms)-len(chosen) {
+		t.Fatalf("%d still parked, want %d", len(left), len(ms)-len(chosen))
+	}
+	for _, id := range chosen {
+		if left[id] != nil {
+			t.Errorf("%s redriven but still parked", id)
+		}
+	}
+	if n, err := d.Purge(context.Background(), nil); err != nil || n != len(left) {
+		t.Fatalf("Purge = %d, %v; want %d", n, err, len(left))
+	}
+	if left := scanIDs(t, d); len(left) != 0 {
+		t.Fatalf("%d still parked after Purge", len(left))
+	}
+}
+
+// TestDeadLettersFoldedAttributes parks a message whose attributes do not
+// fit beside the dead-letter ones: Scan shows them unfolded, and Redrive
+// sends the original attributes, unfolded, without the bookkeeping.
+func TestDeadLettersFoldedAttributes(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
+	m := msgs("folded", 1)[0]
+	m.Headers = map[string]string{}
+	for i := range 9 {
+		m.Headers[fmt.Sprintf("h%d", i)] = fmt.Sprintf("v%d", i)
+	}
+	publish(t, ep, q, m)
+	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
+	if err := receiveOne(t, s, 10*time.Second).DeadLetter(context.Background(), errors.New("too many headers")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	p := scanIDs(t, d)[m.ID]
+	if p == nil {
+		t.Fatal("not parked")
+	}
+	for k, v := range m.Headers {
+		if p.Headers[k] != v {
+			t.Errorf("Scan: header %s = %q, want %q", k, p.Headers[k], v)
+		}
+	}
+	if _, folded := p.Headers[AttributeFolded]; folded {
+		t.Error("Scan shows the folded attribute instead of unfolding it")
+	}
+	if p.Cause != "too many headers" || p.Attempt != 1 {
+		t.Errorf("Cause %q Attempt %d", p.Cause, p.Attempt)
+	}
+	if n, err := d.Redrive(context.Background(), nil, nil); err != nil || n != 1 {
+		t.Fatalf("Redrive = %d, %v", n, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := rawReceive(ctx, ep, q.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{DefaultIDAttribute: m.ID}
+	for k, v := range m.Headers {
+		want[k] = v
+	}
+	if fmt.Sprint(raw.Headers) != fmt.Sprint(want) {
+		t.Errorf("redriven attributes %v, want %v", raw.Headers, want)
+	}
+}
+
+// TestDeadLettersFIFO redrives a FIFO message parked by DeadLetterSend
+// within SQS's deduplication window: it comes back with its group, under
+// a new deduplication id (the original's would be dropped).
+func TestDeadLettersFIFO(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
+	m := msgs("fifo", 1)[0]
+	m.Key = "customer-7"
+	publish(t, ep, q, m)
+	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
+	if err := receiveOne(t, s, 10*time.Second).DeadLetter(context.Background(), errors.New("bad")); err != nil {
+		t.Fatal(err)
+	}
+	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	if p := scanIDs(t, d)[m.ID]; p == nil || p.Key != m.Key {
+		t.Fatalf("parked %+v, want key %q", p, m.Key)
+	}
+	if n, err := d.Redrive(context.Background(), nil, nil); err != nil || n != 1 {
+		t.Fatalf("Redrive = %d, %v", n, err)
+	}
+	got := receiveOne(t, s, 10*time.Second).Message()
+	if got.ID != m.ID || got.Key != m.Key || got.Attempt != 1 {
+		t.Errorf("redriven %s key %q attempt %d, want %s %q 1", got.ID, got.Key, got.Attempt, m.ID, m.Key)
+	}
+}
+
+// TestDeadLettersRedrivePolicyFallback redrives every message the redrive
+// policy moved. That is where Redrive asks for a message move task; fauxqs
+// has none, so it falls back to sending and deleting each one, and the
+// result must be the same: all back on the queue, the dead-letter queue
+// empty.
+func TestDeadLettersRedrivePolicyFallback(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 5, 1)
+	ms := msgs("moved", 3)
+	publish(t, ep, q, ms...)
+	cl := testClient(ep)
+	d := openDLQ(t, ep, q, WithDeadLetterMode(DeadLetterRedrive))
+	// Received once and released, then received again: SQS moves them.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(scanIDs(t, d)) < len(ms) {
+		if time.Now().After(deadline) {
+			t.Fatal("SQS did not move the messages")
+		}
+		out, err := cl.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{QueueUrl: aws.String(q.url), MaxNumberOfMessages: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			if _, err := cl.ChangeMessageVisibility(context.Background(), &awssqs.ChangeMessageVisibilityInput{QueueUrl: aws.String(q.url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for id, p := range scanIDs(t, d) {
+		if !strings.Contains(p.Cause, "maxReceiveCount (1)") || p.Attempt != 1 || p.Destination != q.name {
+			t.Errorf("%s: Cause %q Attempt %d Destination %q", id, p.Cause, p.Attempt, p.Destination)
+		}
+	}
+	_, err := d.cl.ListMessageMoveTasks(context.Background(), &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(d.dlq.arn)})
+	if !unsupported(err) {
+		t.Logf("the endpoint supports message move tasks (%v): Redrive uses one", err)
+	}
+	var progress []int
+	n, err := d.Redrive(context.Background(), nil, func(done int) { progress = append(progress, done) })
+	if err != nil || n != len(ms) || !slices.Equal(progress, []int{1, 2, 3}) {
+		t.Fatalf("Redrive = %d, %v (progress %v); want %d", n, err, progress, len(ms))
+	}
+	back := map[string]int{}
+	for _, m := range drain(t, ep, q.url) {
+		back[attr(m, DefaultIDAttribute)]++
+	}
+	for _, m := range ms {
+		if back[m.ID] != 1 {
+			t.Errorf("%s back on the queue %d times, want once (all: %v)", m.ID, back[m.ID], back)
+		}
+	}
+	if left := scanIDs(t, d); len(left) != 0 {
+		t.Errorf("%d still parked", len(left))
+	}
+}
+
+// TestDeadLettersSlowCallStaysHidden keeps the messages a call received
+// hidden while its callback takes longer than their visibility timeout:
+// the heartbeat extends it, and the call still lists each message once.
+func TestDeadLettersSlowCallStaysHidden(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
+	old := browseVisibility
+	browseVisibility = 3 * time.Second
+	t.Cleanup(func() { browseVisibility = old })
+	ms := msgs("slow", 15)
+	parkCopies(t, ep, dlq, q.name, ms)
+	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	seen := map[string]int{}
+	err := d.Scan(context.Background(), func(p *driver.Parked) error {
+		if len(seen) == 0 {
+			time.Sleep(2 * browseVisibility)
+			// A receive finds only the messages the Scan has not received
+			// yet; it makes them visible again at once.
+			cl := testClient(ep)
+			out, err := cl.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{QueueUrl: aws.String(dlq.url), MaxNumberOfMessages: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out.Messages) > len(ms)-10 {
+				t.Errorf("a receive during a slow Scan got %d messages, want at most %d (the other 10 kept hidden)", len(out.Messages), len(ms)-10)
+			}
+			for _, m := range out.Messages {
+				if _, err := cl.ChangeMessageVisibility(context.Background(), &awssqs.ChangeMessageVisibilityInput{QueueUrl: aws.String(dlq.url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		seen[p.ID]++
+		return nil
+	})
+	if err != nil || len(seen) != len(ms) {
+		t.Fatalf("Scan: %v, listed %d of %d", err, len(seen), len(ms))
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("%s listed %d times", id, n)
+		}
+	}
+	if visible, inflight := queueCounts(t, ep, dlq.url); visible != len(ms) || inflight != 0 {
+		t.Errorf("after Scan: %d visible, %d in flight; want %d, 0", visible, inflight, len(ms))
+	}
+}
+
+// TestOpenDeadLettersURL opens the dead-letter queue by the consumer's
+// URL, whose parameters are read and checked as the Source's are.
+func TestOpenDeadLettersURL(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
+	base := fmt.Sprintf("sqs://test:test@%s?region=us-east-1&endpoint=%s", q.name, url.QueryEscape(ep))
+	ctx := context.Background()
+	d, err := core.OpenDeadLetters(ctx, base+"&dlq="+dlq.name+"&wait=1s")
+	if err != nil {
+		t.Fatalf("OpenDeadLetters: %v", err)
+	}
+	d.Close()
+	if d.Name() != dlq.name {
+		t.Errorf("Name() = %q, want %q", d.Name(), dlq.name)
+	}
+	for raw, want := range map[string]string{
+		base + "&dlq=" + dlq.name + "&bogus=1": "bogus",
+		base + "&dlq=" + dlq.name + "&wait=x":  "wait",
+		base:                                   "dlq",
+		base + "&dead_letter_mode=redrive":     "dead_letter_mode",
+	} {
+		if _, err := core.OpenDeadLetters(ctx, raw); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("OpenDeadLetters(…%s): err = %v, want one naming %s", raw[len(base):], err, want)
+		}
+	}
+}
