@@ -117,22 +117,9 @@ func openDLQ(ctx context.Context, broker string) (driver.DeadLetterQueue, error)
 }
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	subs := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"list": runDLQList, "show": runDLQShow, "redrive": runDLQRedrive, "purge": runDLQPurge,
-	}
-	if len(args) == 0 {
-		return cli.Usagef("give a subcommand: list, show, redrive or purge")
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, dlqUsage)
-		return cli.ErrHelp
-	}
-	sub, ok := subs[args[0]]
-	if !ok {
-		return cli.Usagef("unknown subcommand %q (list, show, redrive, purge)", args[0])
-	}
-	return sub(ctx, args[1:], stdout, stderr)
+	return runSubcommand(ctx, "dlq", dlqUsage, []command{
+		{"list", "", runDLQList}, {"show", "", runDLQShow}, {"redrive", "", runDLQRedrive}, {"purge", "", runDLQPurge},
+	}, args, stdout, stderr)
 }
 
 // parkedJSON is one parked message in --json output.

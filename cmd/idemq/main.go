@@ -31,6 +31,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/idemq/idemq/internal/cli"
@@ -108,6 +109,35 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "idemq: unknown command %q\n\n", name)
 	printUsage(stderr)
 	return exitUsage
+}
+
+// runSubcommand runs the subcommand of group that args[0] names, among
+// subs; usage is the group's own --help text. A usage error names the
+// subcommand and where its flags are described.
+func runSubcommand(ctx context.Context, group, usage string, subs []command, args []string, stdout, stderr io.Writer) error {
+	names := make([]string, len(subs))
+	for i, c := range subs {
+		names[i] = c.name
+	}
+	if len(args) == 0 {
+		return cli.Usagef("give a subcommand: %s", strings.Join(names, ", "))
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return cli.ErrHelp
+	}
+	for _, c := range subs {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		if errors.As(err, new(cli.UsageError)) {
+			return cli.Usagef("%s: %v (see 'idemq %s %s --help')", c.name, err, group, c.name)
+		}
+		return err
+	}
+	return cli.Usagef("unknown subcommand %q (%s)", args[0], strings.Join(names, ", "))
 }
 
 func printUsage(w io.Writer) {

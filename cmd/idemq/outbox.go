@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -44,31 +43,17 @@ appear in the output. Run 'idemq outbox <command> --help' for its flags.
 `
 
 // outboxCommands are the subcommands of idemq outbox.
-var outboxCommands = map[string]func(ctx context.Context, args []string, stdout io.Writer) error{
-	"list":    runOutboxList,
-	"redrive": runOutboxRedrive,
-	"purge":   runOutboxPurge,
-	"stats":   runOutboxStats,
+func outboxCommands() []command {
+	return []command{
+		{"list", "", runOutboxList},
+		{"redrive", "", runOutboxRedrive},
+		{"purge", "", runOutboxPurge},
+		{"stats", "", runOutboxStats},
+	}
 }
 
 func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return cli.Usagef("give a command: list, redrive, purge or stats")
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, outboxUsage)
-		return cli.ErrHelp
-	}
-	run, ok := outboxCommands[args[0]]
-	if !ok {
-		return cli.Usagef("unknown command %q: give list, redrive, purge or stats", args[0])
-	}
-	err := run(ctx, args[1:], stdout)
-	if errors.As(err, new(cli.UsageError)) {
-		return cli.Usagef("%s: %v (see 'idemq outbox %s --help')", args[0], err, args[0])
-	}
-	return err
+	return runSubcommand(ctx, "outbox", outboxUsage, outboxCommands(), args, stdout, stderr)
 }
 
 // outboxFlags are the flags every outbox command has, and the selection
@@ -298,7 +283,7 @@ type parkedRowJSON struct {
 	Cause       string
 }
 
-func runOutboxList(ctx context.Context, args []string, stdout io.Writer) error {
+func runOutboxList(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	f := newOutboxFlags("list", outboxListUsage, stdout, true)
 	limit := f.Int("limit", 100, "show at most this many rows (0: all)")
 	asJSON := f.Bool("json", false, "print a JSON array, one object per row")
@@ -366,7 +351,7 @@ redriven row keeps its place in its key: the rows held behind it follow
 it. With --dry-run it only shows what it would redrive.
 `
 
-func runOutboxRedrive(ctx context.Context, args []string, stdout io.Writer) error {
+func runOutboxRedrive(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	f := newOutboxFlags("redrive", outboxRedriveUsage, stdout, true)
 	all := f.Bool("all", false, "redrive every parked row (that --key and --cause select)")
 	dry := f.Bool("dry-run", false, "show what would be redriven, change nothing")
@@ -410,7 +395,7 @@ behind them in their keys move on. Without --yes it deletes nothing (and
 exits 2).
 `
 
-func runOutboxPurge(ctx context.Context, args []string, stdout io.Writer) error {
+func runOutboxPurge(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	f := newOutboxFlags("purge", outboxPurgeUsage, stdout, true)
 	all := f.Bool("all", false, "purge every parked row (that --key and --cause select)")
 	yes := f.Bool("yes", false, "delete the rows (required: without it nothing is deleted)")
@@ -451,7 +436,7 @@ type statsJSON struct {
 	HeldKeys, HeldRows   int64
 }
 
-func runOutboxStats(ctx context.Context, args []string, stdout io.Writer) error {
+func runOutboxStats(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	f := newOutboxFlags("stats", outboxStatsUsage, stdout, false)
 	asJSON := f.Bool("json", false, "print the statistics as JSON")
 	raw, _, err := f.parse(args)

@@ -156,7 +156,7 @@ func checkOutboxCommands(t *testing.T, storeURL, secret string, p1, p2 int64) {
 
 func TestOutboxUsage(t *testing.T) {
 	expect(t, exitOK, []string{"outbox", "--help"}, "Usage: idemq outbox <list|redrive|purge|stats>")
-	expect(t, exitUsage, []string{"outbox"}, "give a command")
+	expect(t, exitUsage, []string{"outbox"}, "give a subcommand")
 	expect(t, exitUsage, []string{"outbox", "stats", "--store", "redis://h/0"}, "postgres://, mysql:// or sqlite://")
 	expect(t, exitUsage, []string{"outbox", "stats", "--store", "sqlite://x.db?table=a", "--table", "b"}, "differ")
 	r := expect(t, exitFailure, []string{"outbox", "stats", "--store", "sqlite://" + filepath.Join(t.TempDir(), "missing.db")})
