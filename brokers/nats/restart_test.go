@@ -1,0 +1,106 @@
+package nats
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+// TestServerRestart restarts a private nats-server twice while a Consumer
+// with the SQLite store works through 2,000 messages, 400 of them second
+// copies of an id: every id's effect is committed exactly once, and the
+// Consumer recovers by itself.
+func TestServerRestart(t *testing.T) {
+	srv := servicetest.StartNATS(t, "")
+	ts := newTestStream(t, srv.URL)
+	ctx := ctxFor(t, 2*time.Minute)
+	const unique, dups = 1600, 400
+	var first, second []*driver.Message
+	for i := range unique {
+		m := &driver.Message{ID: fmt.Sprintf("r-%04d", i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}
+		first = append(first, m)
+		if i%(unique/dups) == 0 {
+			second = append(second, m)
+		}
+	}
+	p, err := NewPublisher(ctx, ts.name, ts.opts(t)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(ctx, "", first...); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	p.Close()
+	// The second copies carry the id in idemq-id, so JetStream keeps them.
+	if err := ts.publishRaw(ctx, IDHeader, second...); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "restart.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.DB().ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	src := openSource(t, ts, WithAckWait(2*time.Second))
+	c, err := core.New[*sql.Tx](src, st, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		time.Sleep(time.Millisecond)
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, m.ID)
+		return err
+	}, core.WithName("restart"), core.WithBatchSize(10), core.WithWindow(50), core.WithConcurrency(2),
+		core.WithBackoff(core.ConstantBackoff(50*time.Millisecond)), core.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+
+	applied := func() int {
+		var n int
+		if err := st.DB().QueryRow(`SELECT count(DISTINCT id) FROM effects`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, at := range []int{unique / 4, unique / 2} {
+		servicetest.WaitFor(t, time.Minute, fmt.Sprintf("%d ids applied", at), func() bool { return applied() >= at })
+		srv.Restart()
+		t.Logf("restarted the server with %d ids applied; stats %+v", applied(), c.Stats())
+	}
+	servicetest.WaitFor(t, time.Minute, "every id applied", func() bool { return applied() == unique })
+	// Let redeliveries of messages whose ack was lost arrive and be decided.
+	time.Sleep(3 * time.Second)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	done <- nil
+	rows, err := st.DB().Query(`SELECT id, count(*) FROM effects GROUP BY id HAVING count(*) <> 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var n int
+		rows.Scan(&id, &n)
+		t.Errorf("%s applied %d times", id, n)
+	}
+	stats := c.Stats()
+	t.Logf("stats %+v", stats)
+	if stats.Processed != unique || stats.Duplicates < dups {
+		t.Errorf("Processed %d, Duplicates %d; want %d and at least %d", stats.Processed, stats.Duplicates, unique, dups)
+	}
+}
