@@ -74,7 +74,7 @@
 // Importing the package registers the nats:// URL scheme with
 // core.OpenSource, core.OpenPublisher and core.OpenDeadLetters:
 //
-//	nats://[user:pass@|token@]host:4222[,host2:4222]/STREAM?consumer=NAME&subject=…
+//	nats://[user:pass@]host:4222[,host2:4222]/STREAM?consumer=NAME&subject=…
 //
 // The path is the stream. Parameters, each refused by name when unknown or
 // when its value is bad:
@@ -90,7 +90,7 @@
 //	window         WithWindow             100 (MaxAckPending; the Consumer sets its own)
 //	dlq_stream     WithDeadLetterStream   <STREAM>_DLQ
 //	dlq_subject    WithDeadLetterSubject  idemq.dlq.<STREAM>.<CONSUMER>
-//	token          nats.Token             none (also nats://TOKEN@host)
+//	token          nats.Token             none
 //	tls            nats.Secure            false; true requires TLS with the system roots
 //	tls_ca         nats.RootCAs           none: a PEM file of CAs to trust (implies TLS)
 //	tls_cert       nats.ClientCert        none: client certificate PEM file, with tls_key
@@ -98,8 +98,9 @@
 //	nkey_seed      nats.NkeyOptionFromSeed none: a file holding a user nkey seed
 //	creds          nats.UserCredentials   none: a .creds file (JWT and seed)
 //
-// User and password come from the URL's user part. Errors never show the
-// password, token or seed.
+// User and password come from the URL's user part; a token goes in the
+// token parameter, never the user part, where logs would show it. Errors
+// never show the password, token or seed.
 //
 // Limits: headers carry one value each as the adapter reads them; Close
 // can give back a message that a pull request in flight brings after it

@@ -131,7 +131,7 @@ func byURL(c *config) error {
 
 // parseURL reads
 //
-//	nats://[user:pass@|token@]host:4222[,host2:4222]/STREAM?consumer=NAME&subject=…
+//	nats://[user:pass@]host:4222[,host2:4222]/STREAM?consumer=NAME&subject=…
 //
 // into the stream and options. A logger in cfg is used as WithLogger
 // would be.
@@ -153,11 +153,13 @@ func parseURL(u *url.URL, cfg driver.OpenConfig) (stream string, opts []Option, 
 	}
 	opts = append(opts, WithServers(servers...))
 	if u.User != nil {
-		if pass, ok := u.User.Password(); ok {
-			opts = append(opts, WithNATSOptions(natsgo.UserInfo(u.User.Username(), pass)))
-		} else {
-			opts = append(opts, WithNATSOptions(natsgo.Token(u.User.Username())))
+		pass, ok := u.User.Password()
+		if !ok {
+			// NATS reads a lone user name as a token, but a URL's user
+			// name shows wherever the URL is logged.
+			return "", nil, errors.New("nats URL has a user name without a password; give a token with the token parameter instead")
 		}
+		opts = append(opts, WithNATSOptions(natsgo.UserInfo(u.User.Username(), pass)))
 	}
 	query, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
