@@ -33,11 +33,11 @@ func credsMode(t *testing.T, dir string) securityMode {
 	stranger, _ := nkeys.CreateAccount()
 	bad := userCreds(t, dir, "bad.creds", stranger)
 	return securityMode{
-		name:   "creds",
+		name: "creds",
 		config: fmt.Sprintf("operator: %s\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: { %s: %s, %s: %s }\n",
 			opJWT, sysPub, accPub, accJWT, sysPub, sysJWT),
-		good:   func(u string) string { return u + "&creds=" + url.QueryEscape(good) },
-		bad:    func(u string) string { return u + "&creds=" + url.QueryEscape(bad) },
+		good: func(u string) string { return u + "&creds=" + url.QueryEscape(good) },
+		bad:  func(u string) string { return u + "&creds=" + url.QueryEscape(bad) },
 	}
 }
 
