@@ -70,16 +70,16 @@ func (l *link) close() {
 }
 
 // stream returns the stream called name, creating it on subject when it
-// is missing and declare is set; what names it in errors.
-func (l *link) stream(ctx context.Context, name, subject, what string, declare bool) (jetstream.Stream, error) {
+// is missing and declare is set; what names it in errors. A dead-letter
+// stream (shared is set) that exists gains subject when declare is set,
+// as each consumer that shares it parks on a subject of its own.
+func (l *link) stream(ctx context.Context, name, subject, what string, declare, shared bool) (jetstream.Stream, error) {
 	st, err := l.js.Stream(ctx, name)
 	switch {
 	case err == nil:
-		if !declare || slices.Contains(st.CachedInfo().Config.Subjects, subject) || what != "dead-letter stream" {
+		if !declare || !shared || slices.Contains(st.CachedInfo().Config.Subjects, subject) {
 			return st, nil
 		}
-		// A dead-letter stream shared by several consumers gains each
-		// one's subject.
 		cfg := st.CachedInfo().Config
 		cfg.Subjects = append(cfg.Subjects, subject)
 		if st, err = l.js.UpdateStream(ctx, cfg); err != nil {

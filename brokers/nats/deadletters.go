@@ -41,7 +41,7 @@ func OpenDeadLetters(ctx context.Context, stream string, opts ...Option) (*DeadL
 	if err != nil {
 		return nil, err
 	}
-	dlq, err := l.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", false)
+	dlq, err := l.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", false, true)
 	if err != nil {
 		l.close()
 		return nil, err

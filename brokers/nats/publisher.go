@@ -43,7 +43,7 @@ func NewPublisher(ctx context.Context, stream string, opts ...Option) (*Publishe
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.stream(ctx, stream, c.subject, "stream", c.declare); err != nil {
+	if _, err := l.stream(ctx, stream, c.subject, "stream", c.declare, false); err != nil {
 		l.close()
 		return nil, err
 	}

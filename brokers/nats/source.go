@@ -71,10 +71,10 @@ func Open(ctx context.Context, stream string, opts ...Option) (*Source, error) {
 // declare finds or creates the streams and the consumer.
 func (s *Source) declare(ctx context.Context) (err error) {
 	c := &s.c
-	if s.st, err = s.link.stream(ctx, s.stream, c.subject, "stream", c.declare); err != nil {
+	if s.st, err = s.link.stream(ctx, s.stream, c.subject, "stream", c.declare, false); err != nil {
 		return err
 	}
-	if s.dlq, err = s.link.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", c.declare); err != nil {
+	if s.dlq, err = s.link.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", c.declare, true); err != nil {
 		return err
 	}
 	if !c.declare {
