@@ -63,6 +63,25 @@ func dial(c *config, log func() *slog.Logger) (*link, error) {
 	return l, nil
 }
 
+// connect resolves opts for stream, dials, and finds the stream the
+// caller works on with find; after an error nothing stays open.
+func connect(ctx context.Context, stream string, needConsumer bool, opts []Option, find func(c *config, l *link) (jetstream.Stream, error)) (config, *link, jetstream.Stream, error) {
+	c, err := resolve(stream, needConsumer, opts)
+	if err != nil {
+		return c, nil, nil, err
+	}
+	l, err := dial(&c, nil)
+	if err != nil {
+		return c, nil, nil, err
+	}
+	st, err := find(&c, l)
+	if err != nil {
+		l.close()
+		return c, nil, nil, err
+	}
+	return c, l, st, nil
+}
+
 func (l *link) close() {
 	if l.own {
 		l.nc.Close()

@@ -33,17 +33,10 @@ type DeadLetters struct {
 // (WithDeadLetterStream, WithDeadLetterSubject). The dead-letter stream
 // must exist: a Source with WithDeclare(true) creates it.
 func OpenDeadLetters(ctx context.Context, stream string, opts ...Option) (*DeadLetters, error) {
-	c, err := resolve(stream, true, opts)
+	c, l, dlq, err := connect(ctx, stream, true, opts, func(c *config, l *link) (jetstream.Stream, error) {
+		return l.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", false, true)
+	})
 	if err != nil {
-		return nil, err
-	}
-	l, err := dial(&c, nil)
-	if err != nil {
-		return nil, err
-	}
-	dlq, err := l.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", false, true)
-	if err != nil {
-		l.close()
 		return nil, err
 	}
 	return &DeadLetters{c: c, link: l, dlq: dlq}, nil

@@ -35,16 +35,10 @@ type Publisher struct {
 // creates the stream on that subject when it is missing, so messages
 // published before any consumer exists are kept.
 func NewPublisher(ctx context.Context, stream string, opts ...Option) (*Publisher, error) {
-	c, err := resolve(stream, false, opts)
+	c, l, _, err := connect(ctx, stream, false, opts, func(c *config, l *link) (jetstream.Stream, error) {
+		return l.stream(ctx, stream, c.subject, "stream", c.declare, false)
+	})
 	if err != nil {
-		return nil, err
-	}
-	l, err := dial(&c, nil)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := l.stream(ctx, stream, c.subject, "stream", c.declare, false); err != nil {
-		l.close()
 		return nil, err
 	}
 	return &Publisher{c: c, link: l}, nil
