@@ -18,7 +18,11 @@
 // use it. A message without an id is dead-lettered by the Consumer.
 // Attempt is the delivery's NumDelivered, Headers are the NATS headers
 // (the first value of each; trace context travels there), Key is the
-// idemq-key header, Source the subject and System "nats".
+// idemq-key header, Source the subject and System "nats". Metadata holds
+// messaging.destination.name (the subject), messaging.consumer.group.name
+// (the consumer), messaging.message.id (Nats-Msg-Id),
+// messaging.nats.stream, messaging.nats.stream_sequence and
+// messaging.nats.consumer_sequence.
 //
 // Settlement:
 //

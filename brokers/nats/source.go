@@ -205,7 +205,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		_ = msg.Nak()
+		_ = msg.NakWithDelay(giveBackDelay)
 		return nil, driver.ErrSourceClosed
 	}
 	s.live[d] = struct{}{}
