@@ -26,15 +26,16 @@ const (
 	IDHeader = "idemq-id"
 	// KeyHeader carries Message.Key.
 	KeyHeader = "idemq-key"
-	// AttemptHeader, OriginHeader, ParkedAtHeader and SubjectHeader are the
-	// bookkeeping headers of a parked copy beside driver.CauseHeader: the
-	// attempt it was parked on, stream/consumer/sequence it was consumed
-	// from, when it was parked (RFC 3339) and the subject Redrive
-	// publishes it to.
-	AttemptHeader  = "idemq-attempt"
-	OriginHeader   = "idemq-origin"
+	// AttemptHeader on a parked copy is the attempt it was parked on.
+	AttemptHeader = "idemq-attempt"
+	// OriginHeader on a parked copy is STREAM/CONSUMER/SEQUENCE of the
+	// original.
+	OriginHeader = "idemq-origin"
+	// ParkedAtHeader on a parked copy is when it was parked (RFC 3339).
 	ParkedAtHeader = "idemq-parked-at"
-	SubjectHeader  = "idemq-subject"
+	// SubjectHeader on a parked copy is the subject the original was
+	// consumed from, where Redrive publishes it.
+	SubjectHeader = "idemq-subject"
 )
 
 // Option configures a Source, Publisher or DeadLetters. Options are applied
@@ -226,7 +227,7 @@ func resolve(stream string, needConsumer bool, opts []Option) (config, error) {
 	if c.dlqStream == "" {
 		c.dlqStream = stream + "_DLQ"
 	}
-	if c.dlqSubject == "" {
+	if c.dlqSubject == "" && c.consumer != "" {
 		c.dlqSubject = "idemq.dlq." + stream + "." + c.consumer
 	}
 	return c, nil
