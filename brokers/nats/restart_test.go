@@ -3,6 +3,7 @@ package nats
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -103,4 +104,44 @@ func TestServerRestart(t *testing.T) {
 	if stats.Processed != unique || stats.Duplicates < dups {
 		t.Errorf("Processed %d, Duplicates %d; want %d and at least %d", stats.Processed, stats.Duplicates, unique, dups)
 	}
+}
+
+// TestSettleAfterReconnect: a server restart by itself leaves deliveries
+// settleable (JetStream keeps the consumer's state; the client
+// reconnects); one whose AckWait passed while the server was down is stale
+// and comes back.
+func TestSettleAfterReconnect(t *testing.T) {
+	srv := servicetest.StartNATS(t, "")
+	ts := newTestStream(t, srv.URL)
+	ctx := ctxFor(t, time.Minute)
+	s := openSource(t, ts, WithAckWait(3*time.Second))
+	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "a", Body: []byte("a")}, &driver.Message{ID: "b", Body: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := receiveOne(t, s, 5*time.Second), receiveOne(t, s, 5*time.Second)
+	srv.Restart()
+	servicetest.WaitFor(t, 10*time.Second, "the source to reconnect", s.link.nc.IsConnected)
+	if err := a.Ack(ctx); err != nil {
+		t.Fatalf("Ack after the reconnect: %v", err)
+	}
+	srv.Stop()
+	time.Sleep(3500 * time.Millisecond) // b's AckWait passes without a heartbeat
+	srv.Start()
+	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+		t.Fatalf("Ack after the AckWait passed offline = %v, want a stale error", err)
+	}
+	// b comes back. So may a: the server keeps a consumer's acks on disk
+	// lazily, and one stopped right after an ack may redeliver the
+	// message, which the dedup store then decides Duplicate.
+	for {
+		again := receiveOne(t, s, 15*time.Second)
+		if err := again.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if again.Message().ID == "b" {
+			break
+		}
+		t.Logf("%q redelivered after the server stopped", again.Message().ID)
+	}
+	expectNothing(t, s, time.Second)
 }

@@ -230,3 +230,28 @@ func TestURL(t *testing.T) {
 	}
 	p.Close()
 }
+
+// TestPublishUnconfirmed: a publish JetStream does not ack (no stream on
+// the subject) is an error naming the message, and wildcards need a
+// destination.
+func TestPublishUnconfirmed(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	p, err := NewPublisher(ctx, ts.name, ts.opts(t)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	err = p.Publish(ctx, "idemq.nowhere."+randomHex(4), &driver.Message{ID: "lost-1", Body: []byte("x")})
+	if err == nil || !strings.Contains(err.Error(), `"lost-1"`) {
+		t.Fatalf("Publish to a subject without a stream = %v", err)
+	}
+	w, err := NewPublisher(ctx, ts.name, ts.opts(t, WithSubject(ts.subject+".>"), WithDeclare(false))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Publish(ctx, "", &driver.Message{ID: "w"}); err == nil || !strings.Contains(err.Error(), "wildcard") {
+		t.Fatalf("Publish to a wildcard = %v", err)
+	}
+}
