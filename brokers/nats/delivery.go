@@ -18,6 +18,10 @@ import (
 // without a heartbeat: JetStream has redelivered the message, or will.
 var errLeaseLapsed = errors.New("nats: the AckWait passed without a heartbeat; JetStream redelivers the message")
 
+// errRedelivered is the reason of a settlement of a delivery whose
+// message the Source received again.
+var errRedelivered = errors.New("nats: JetStream redelivered the message; the newer delivery settles it")
+
 // errSourceClosed is the reason of a settlement after Close gave the
 // delivery back.
 var errSourceClosed = errors.New("nats: the source was closed and gave the delivery back")
@@ -32,6 +36,7 @@ type delivery struct {
 	seq uint64
 
 	deadline time.Time // when JetStream redelivers unless extended
+	gone     error     // why it left the live set unsettled
 	given    bool      // the heartbeat no longer extends it
 }
 
@@ -90,7 +95,8 @@ func (d *delivery) Message() *driver.Message { return &d.m }
 
 // begin claims the right to settle d and takes it out of the live set. It
 // fails with ErrAlreadySettled, or with a stale error when the source was
-// closed or the lease lapsed: then nothing may be sent.
+// closed, the message was received again or the lease lapsed: then
+// nothing may be sent.
 func (d *delivery) begin() error {
 	if err := d.Claim(); err != nil {
 		return err
@@ -98,10 +104,10 @@ func (d *delivery) begin() error {
 	s := d.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.live[d]; !ok {
-		return driver.Stale(errSourceClosed)
+	if s.live[d.seq] != d {
+		return driver.Stale(d.gone)
 	}
-	delete(s.live, d)
+	delete(s.live, d.seq)
 	if time.Now().After(d.deadline) {
 		return driver.Stale(errLeaseLapsed)
 	}
@@ -242,7 +248,7 @@ func (s *Source) heartbeat() {
 		now := time.Now()
 		var due []*delivery
 		s.mu.Lock()
-		for d := range s.live {
+		for _, d := range s.live {
 			if !d.given && now.Before(d.m.ReceivedAt.Add(s.c.maxExtension)) && now.Before(d.deadline) {
 				due = append(due, d)
 			}
@@ -269,7 +275,7 @@ func (s *Source) heartbeat() {
 		}
 		s.mu.Lock()
 		for _, d := range due {
-			if _, ok := s.live[d]; ok && d.deadline.Before(sent.Add(s.ackWait)) {
+			if s.live[d.seq] == d && d.deadline.Before(sent.Add(s.ackWait)) {
 				d.deadline = sent.Add(s.ackWait)
 			}
 		}

@@ -57,10 +57,11 @@
 // wrapping core.ErrStaleDelivery: after Close, which gives unsettled
 // deliveries and the pull buffer back to JetStream (a Nak with a 200ms
 // delay, so that the closed source's pull requests are gone when they are
-// redelivered), and once the AckWait passed without a confirmed heartbeat,
-// when JetStream redelivers the message. A reconnect by itself does not
-// make a delivery stale: JetStream keeps the consumer's state on the
-// server, and acks sent after the reconnect still count.
+// redelivered), once the AckWait passed without a confirmed heartbeat,
+// when JetStream redelivers the message, and once the Source received the
+// message again (the newer delivery settles it). A reconnect by itself
+// does not make a delivery stale: JetStream keeps the consumer's state on
+// the server, and acks sent after the reconnect still count.
 //
 // OpenDeadLetters (or core.OpenDeadLetters with the consumer's own nats://
 // URL) gives an operator the consumer's dead letters: Scan reads them by

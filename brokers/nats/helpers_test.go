@@ -106,7 +106,7 @@ func lapseLeases(t *testing.T, src driver.Source) {
 	s := src.(*Source)
 	var last time.Time
 	s.mu.Lock()
-	for d := range s.live {
+	for _, d := range s.live {
 		d.given = true
 		if d.deadline.After(last) {
 			last = d.deadline

@@ -36,7 +36,7 @@ type Source struct {
 	mu     sync.Mutex
 	it     jetstream.MessagesContext
 	window int
-	live   map[*delivery]struct{}
+	live   map[uint64]*delivery // unsettled, by stream sequence
 	closed bool
 
 	done chan struct{}
@@ -52,7 +52,7 @@ func Open(ctx context.Context, stream string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{c: c, stream: stream, window: c.window, live: map[*delivery]struct{}{}, done: make(chan struct{})}
+	s := &Source{c: c, stream: stream, window: c.window, live: map[uint64]*delivery{}, done: make(chan struct{})}
 	s.logger.Store(c.logger)
 	if s.link, err = dial(&s.c, s.log); err != nil {
 		return nil, err
@@ -208,7 +208,10 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		_ = msg.NakWithDelay(giveBackDelay)
 		return nil, driver.ErrSourceClosed
 	}
-	s.live[d] = struct{}{}
+	if old, ok := s.live[d.seq]; ok {
+		old.gone = errRedelivered
+	}
+	s.live[d.seq] = d
 	s.mu.Unlock()
 	return d, nil
 }
@@ -232,7 +235,10 @@ func (s *Source) Close() error {
 	s.closed = true
 	it := s.it
 	live := s.live
-	s.live = map[*delivery]struct{}{}
+	s.live = map[uint64]*delivery{}
+	for _, d := range live {
+		d.gone = errSourceClosed
+	}
 	s.mu.Unlock()
 	close(s.done)
 	s.wg.Wait()
@@ -252,7 +258,7 @@ func (s *Source) Close() error {
 			back = append(back, m)
 		}
 	}
-	for d := range live {
+	for _, d := range live {
 		back = append(back, d.msg)
 	}
 	for _, m := range back {

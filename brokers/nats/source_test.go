@@ -151,8 +151,8 @@ func TestHeartbeat(t *testing.T) {
 	if again.Message().ID != b.Message().ID || again.Message().Attempt != 2 {
 		t.Fatalf("redelivered %q attempt %d, want %q attempt 2", again.Message().ID, again.Message().Attempt, b.Message().ID)
 	}
-	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
-		t.Fatalf("Ack of the lapsed delivery = %v, want a stale error", err)
+	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, errRedelivered) {
+		t.Fatalf("Ack of the lapsed, redelivered delivery = %v, want a stale error saying it was redelivered", err)
 	}
 	if err := again.Ack(ctx); err != nil {
 		t.Fatal(err)
