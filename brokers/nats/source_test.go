@@ -255,3 +255,33 @@ func TestPublishUnconfirmed(t *testing.T) {
 		t.Fatalf("Publish to a wildcard = %v", err)
 	}
 }
+
+// TestWithConnAndLogger: a Source on the caller's connection leaves it
+// open at Close; the Consumer's logger (SetLogger) is used unless the
+// Source was given one.
+func TestWithConnAndLogger(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	nc, _ := rawJS(t, ts.url)
+	ctx := ctxFor(t, 20*time.Second)
+	s, err := Open(ctx, ts.name, WithConn(nc), WithConsumer("worker"), WithSubject(ts.subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := testLogger(t)
+	s.SetLogger(mine)
+	if s.log() != mine {
+		t.Error("SetLogger was ignored without WithLogger")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if nc.IsClosed() {
+		t.Fatal("Close closed the caller's connection")
+	}
+	given := testLogger(t)
+	s2 := openSource(t, ts, WithLogger(given))
+	s2.SetLogger(mine)
+	if s2.log() != given {
+		t.Error("SetLogger replaced the WithLogger logger")
+	}
+}
