@@ -285,3 +285,29 @@ func TestWithConnAndLogger(t *testing.T) {
 		t.Error("SetLogger replaced the WithLogger logger")
 	}
 }
+
+// TestCloseUnblocksReceive: a Receive waiting for a message returns
+// ErrSourceClosed soon after Close.
+func TestCloseUnblocksReceive(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	s := openSource(t, ts)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Receive(context.Background())
+		errc <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, core.ErrSourceClosed) {
+			t.Fatalf("Receive = %v, want ErrSourceClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Receive still blocked 5s after Close")
+	}
+	t.Logf("Close and Receive returned within %v", time.Since(start))
+}
