@@ -84,30 +84,32 @@
 // The path is the stream. Parameters, each refused by name when unknown or
 // when its value is bad:
 //
-//	parameter      option                 default
-//	consumer       WithConsumer           none; required by the Source and dead letters
-//	subject        WithSubject            the stream's name
-//	declare        WithDeclare            true
-//	id_header      WithIDHeader           Nats-Msg-Id
-//	ack_wait       WithAckWait            30s (a declared consumer's AckWait)
-//	heartbeat      WithHeartbeat          true
-//	max_extension  WithMaxExtension       1h
-//	window         WithWindow             100 (MaxAckPending; the Consumer sets its own)
-//	dlq_stream     WithDeadLetterStream   <STREAM>_DLQ
-//	dlq_subject    WithDeadLetterSubject  idemq.dlq.<STREAM>.<CONSUMER>
-//	token          nats.Token             none
-//	tls            nats.Secure            false; true requires TLS with the system roots
-//	tls_ca         nats.RootCAs           none: a PEM file of CAs to trust (implies TLS)
-//	tls_cert       nats.ClientCert        none: client certificate PEM file, with tls_key
-//	tls_key        nats.ClientCert        none: its key PEM file, with tls_cert
-//	nkey_seed      nats.NkeyOptionFromSeed none: a file holding a user nkey seed
-//	creds          nats.UserCredentials   none: a .creds file (JWT and seed)
+//	parameter      option                   default
+//	consumer       WithConsumer             none; required by the Source and dead letters
+//	subject        WithSubject              the stream's name
+//	declare        WithDeclare              true
+//	id_header      WithIDHeader             Nats-Msg-Id
+//	ack_wait       WithAckWait              30s (a declared consumer's AckWait)
+//	heartbeat      WithHeartbeat            true
+//	max_extension  WithMaxExtension         1h
+//	window         WithWindow               100 (MaxAckPending; the Consumer sets its own)
+//	dlq_stream     WithDeadLetterStream     <STREAM>_DLQ
+//	dlq_subject    WithDeadLetterSubject    idemq.dlq.<STREAM>.<CONSUMER>
+//	token          nats.Token               none
+//	tls            nats.Secure              false; true requires TLS, verified with the system roots
+//	tls_ca         nats.RootCAs             none: a PEM file of CAs to trust (implies TLS)
+//	tls_cert       nats.ClientCert          none: a client certificate PEM file, with tls_key
+//	tls_key        nats.ClientCert          none: its key's PEM file, with tls_cert
+//	nkey_seed      nats.NkeyOptionFromSeed  none: a file holding a user nkey seed
+//	creds          nats.UserCredentials     none: a .creds file (user JWT and seed)
 //
 // User and password come from the URL's user part; a token goes in the
 // token parameter, never the user part, where logs would show it. Errors
 // never show the password, token or seed.
 //
-// Limits: headers carry one value each as the adapter reads them; Close
+// Limits: the streams the adapter declares have no age or size limit
+// (set them on the server; the horizon follows); headers carry one value
+// each as the adapter reads them; Close
 // can give back a message that a pull request in flight brings after it
 // only when that message's AckWait passes; a message that waits in the
 // pull buffer longer than the AckWait is redelivered (and decided
