@@ -108,13 +108,12 @@
 // never show the password, token or seed.
 //
 // Limits: the streams the adapter declares have no age or size limit
-// (set them on the server; the horizon follows); headers carry one value
-// each as the adapter reads them; Close
-// can give back a message that a pull request in flight brings after it
-// only when that message's AckWait passes; a message that waits in the
-// pull buffer longer than the AckWait is redelivered (and decided
-// Duplicate if it was applied); the server must be 2.9 or later
-// (NakWithDelay, next-by-subject message gets).
+// (set them on the server; the horizon follows). Headers carry one value
+// each as the adapter reads them. A message that a pull request in flight
+// brings after Close comes back only when its AckWait passes. A message
+// that waits in the pull buffer longer than the AckWait is redelivered
+// (and decided Duplicate if it was applied). The server must be 2.9 or
+// later (NakWithDelay, next-by-subject message gets).
 //
 // The tests run against a real nats-server with JetStream: IDEMQ_NATS_URL
 // (default nats://127.0.0.1:4222), and private servers started from
