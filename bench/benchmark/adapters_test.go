@@ -170,6 +170,29 @@ func TestRunKafkaPostgres(t *testing.T) {
 	runSmall(t, kafkaURL(t), pgURL, 300, 50, allConfigs)
 }
 
+// TestRunNATSPostgres runs every configuration on the NATS server at
+// IDEMQ_NATS_URL (default the local one, with JetStream) into Postgres.
+func TestRunNATSPostgres(t *testing.T) {
+	natsURL := servicetest.NATSURL(t)
+	pgURL := servicetest.PostgresURL(t)
+	u, err := url.Parse(natsURL)
+	if err != nil {
+		t.Fatalf("IDEMQ_NATS_URL: %v", err)
+	}
+	u.Path = "/idemq-bench-test"
+	rep := runSmall(t, u.String(), pgURL, 300, 50, allConfigs)
+	if !strings.Contains(rep.Machine.Broker, "nats-server") {
+		t.Errorf("broker %q", rep.Machine.Broker)
+	}
+	for _, r := range rep.Results {
+		if r.Name == IdemqB1W5 || r.Name == IdemqBatch {
+			if run := r.Runs[0]; run.Duplicates != 60 {
+				t.Errorf("%s: %d duplicates decided, want the 60 copies published", r.Name, run.Duplicates)
+			}
+		}
+	}
+}
+
 func TestRunSQSPostgres(t *testing.T) {
 	pgURL := servicetest.PostgresURL(t)
 	rep := runSmall(t, sqsURL(t), pgURL, 300, 10, allConfigs)
@@ -186,7 +209,8 @@ func TestConfigSchemes(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{Broker: "nats://127.0.0.1:4222/x", Store: "postgres://h/db"}, "Config.Broker: scheme \"nats\""},
+		{Config{Broker: "mqtt://127.0.0.1:1883/x", Store: "postgres://h/db"}, "Config.Broker: scheme \"mqtt\""},
+		{Config{Broker: "nats://127.0.0.1:4222/x?consumer=c", Store: "postgres://h/db"}, "parameter consumer is set per run"},
 		{Config{Broker: "amqp://h/", Store: "sqlite:///tmp/x.db"}, "Config.Store: scheme \"sqlite\""},
 		{Config{Broker: "sqs://q?endpoint=http://127.0.0.1:1", Store: "mysql://root@h/db", BatchSize: 11}, "Config.BatchSize: 11 is outside 1..10"},
 	} {

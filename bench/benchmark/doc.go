@@ -11,7 +11,9 @@
 // of recent ones to a fresh queue, each a JSON payment
 // {"account": "acc-17", "amount_cents": 1250} with its business id as the
 // AMQP message_id (the message-id header on Kafka, the message-id
-// attribute on SQS); the effect is
+// attribute on SQS, the Nats-Msg-Id header on NATS, where a duplicate copy
+// carries its own Nats-Msg-Id, which JetStream would otherwise drop, and
+// the business id in idemq-id); the effect is
 //
 //	UPDATE accounts SET balance_cents = balance_cents + $amount WHERE account = $account
 //
@@ -27,10 +29,12 @@
 //
 // The broker and the store are independent choices (Config.Broker,
 // Config.Store): RabbitMQ (amqp://), Kafka (kafka://; bench/cmd/kfake serves
-// one in memory) or SQS (sqs://; the fauxqs emulator or AWS) into Postgres
-// (postgres://) or MariaDB/MySQL (mysql://). Each broker writes its own
-// raw-driver consumers (amqp091-go, kafka-go, aws-sdk-go-v2: acks, offset
-// commits, DeleteMessage/DeleteMessageBatch) and each store its own
+// one in memory), SQS (sqs://; the fauxqs emulator or AWS) or NATS
+// JetStream (nats://) into Postgres (postgres://) or MariaDB/MySQL
+// (mysql://). Each broker writes its own raw-driver consumers (amqp091-go,
+// kafka-go, aws-sdk-go-v2, nats.go: acks, offset commits,
+// DeleteMessage/DeleteMessageBatch, AckSync and acks + flush on a durable
+// pull consumer) and each store its own
 // transactions (pgx: ON CONFLICT DO NOTHING claims, UPDATE … FROM unnest;
 // go-sql-driver/mysql: INSERT IGNORE claims, INSERT IGNORE … RETURNING on
 // MariaDB, UPDATE … JOIN), so every combination compares idemq with

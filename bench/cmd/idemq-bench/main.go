@@ -80,7 +80,7 @@ framework), a hand-tuned batch consumer, and idemq at batch size 1 and at
 latency per configuration, the ratios of idemq to the baselines, and the
 machine it ran on. Every run is checked: each unique message applied once.
 
-Each run uses its own queue (topic) and tables and removes them afterwards.
+Each run uses its own queue (topic, stream) and tables and removes them afterwards.
 
 Brokers (--broker):
   amqp://, amqps://  RabbitMQ   amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench
@@ -88,6 +88,7 @@ Brokers (--broker):
                                 (a local cluster: go run ./cmd/kfake -addr 127.0.0.1:9092)
   sqs://             SQS        sqs://KEY:SECRET@idemq-bench?endpoint=http://127.0.0.1:9324&region=us-east-1
                                 (batches of at most 10: --batch defaults to 10)
+  nats://            NATS       nats://127.0.0.1:4222/idemq-bench  (JetStream; the path is the stream)
 Stores (--store):
   postgres://, postgresql://    postgres://postgres@127.0.0.1:5432/test
   mysql://  (MariaDB, MySQL)    mysql://root@127.0.0.1:3306/test
@@ -97,7 +98,7 @@ Exit code 1 if a configuration failed or broke the correctness check.
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := cli.NewFlags("idemq-bench", benchUsage, stdout)
-	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…) (required)")
+	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…, nats://127.0.0.1:4222/idemq-bench) (required)")
 	storeURL := f.StoreFlag()
 	n := f.Int("n", 50_000, "unique messages per run")
 	dups := f.Float64("duplicates", 0.2, "fraction of N published a second time")

@@ -67,7 +67,7 @@ func TestUsageAndHelp(t *testing.T) {
 		{nil, "--store is required"},
 		{[]string{"--store", "postgres://x/y"}, "--broker is required"},
 		{[]string{"--store", "postgres://x/y", "--broker", "amqp://h/?queue=q", "-n", "0"}, "-n 0"},
-		{[]string{"--store", "postgres://x/y", "--broker", "nats://h:4222/t", "-n", "10"}, `Config.Broker: scheme "nats" is not supported`},
+		{[]string{"--store", "postgres://x/y", "--broker", "mqtt://h:1883/t", "-n", "10"}, `Config.Broker: scheme "mqtt" is not supported`},
 		{[]string{"--store", "not a url", "--broker", "amqp://h/?queue=q"}, "is not a URL"},
 		{[]string{"--store", "postgres://x/y", "--broker", "amqp://h/?queue=q", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--nope"}, "flag provided but not defined"},
@@ -84,13 +84,14 @@ func TestUsageAndHelp(t *testing.T) {
 // than SQS allows, is a usage error naming the field, before any
 // connection is tried.
 func TestBenchSchemes(t *testing.T) {
-	expect(t, exitOK, []string{"--help"}, "amqp://", "kafka://", "sqs://", "postgres://", "mysql://", "-broker", "-store")
+	expect(t, exitOK, []string{"--help"}, "amqp://", "kafka://", "sqs://", "nats://", "postgres://", "mysql://", "-broker", "-store")
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--broker", "amqp://h/", "--store", "sqlite:///tmp/x.db"}, `Config.Store: scheme "sqlite" is not supported (postgres, postgresql, mysql)`},
-		{[]string{"--broker", "nats://h:4222/t", "--store", "mysql://root@h/db"}, `Config.Broker: scheme "nats" is not supported (amqp, amqps, kafka, sqs)`},
+		{[]string{"--broker", "mqtt://h:1883/t", "--store", "mysql://root@h/db"}, `Config.Broker: scheme "mqtt" is not supported (amqp, amqps, kafka, sqs, nats)`},
+		{[]string{"--broker", "nats://h:4222/t?subject=x", "--store", "mysql://root@h/db"}, "Config.Broker: the nats:// parameter subject is set per run"},
 		{[]string{"--broker", "sqs://q?endpoint=http://127.0.0.1:1", "--store", "mysql://root@h/db", "--batch", "11"}, "Config.BatchSize: 11 is outside 1..10 (for sqs://)"},
 		{[]string{"--broker", "amqp://h/", "--store", "mysql://root@h/db", "--batch", "0"}, "--batch 0"},
 	} {
