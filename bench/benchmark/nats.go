@@ -456,7 +456,7 @@ func (n *natsBroker) natsBatches(ctx context.Context, e *runEnv, t *tracker, siz
 					return fmt.Errorf("ack: %w", err)
 				}
 			}
-			if err := p.nc.FlushWithContext(ctx); err != nil {
+			if err := p.nc.FlushTimeout(10 * time.Second); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
