@@ -103,8 +103,12 @@ var allConfigs = DefaultConfigs
 func runSmall(t *testing.T, broker, store string, n, batch int, configs []string) *Report {
 	t.Helper()
 	var progress lockedBuffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Cancelled after 3 minutes but without a deadline, as the benchmark
+	// command runs: nats.go's flushes and requests refuse a context
+	// without one.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	defer time.AfterFunc(3*time.Minute, cancel).Stop()
 	rep, err := Run(ctx, Config{
 		Broker: broker, Store: store,
 		N: n, Duplicates: 0.2, Accounts: 50, BatchSize: batch, Repeat: 1,
