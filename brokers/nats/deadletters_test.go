@@ -1,0 +1,78 @@
+package nats
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
+)
+
+// TestSharedDeadLetterStream: two consumers of one stream park in one
+// dead-letter stream on subjects of their own; each one's DeadLetters
+// lists, redrives and purges only its own, and a redriven message reaches
+// every consumer of the subject (the other decides it as it likes: here
+// it acks).
+func TestSharedDeadLetterStream(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 30*time.Second)
+	shared := WithDeadLetterStream(ts.name + "_DLQ")
+	a := openSource(t, ts, WithConsumer("a"), shared)
+	b := openSource(t, ts, WithConsumer("b"), shared)
+	if err := ts.publishRaw(ctx, DefaultIDHeader, &driver.Message{ID: "m1", Body: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Source{a, b} {
+		d := receiveOne(t, s, 5*time.Second)
+		if err := d.DeadLetter(ctx, core.Permanent(context.DeadlineExceeded)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qa, err := OpenDeadLetters(ctx, ts.name, ts.opts(t, WithConsumer("a"), shared)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qa.Close()
+	qb, err := OpenDeadLetters(ctx, ts.name, ts.opts(t, WithConsumer("b"), shared)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qb.Close()
+	count := func(q *DeadLetters) (n int, origin string) {
+		t.Helper()
+		if err := q.Scan(ctx, func(p *driver.Parked) error { n++; origin = p.Origin; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return n, origin
+	}
+	if n, o := count(qa); n != 1 || o != ts.name+"/a/1" {
+		t.Fatalf("a: %d parked from %q", n, o)
+	}
+	if n, o := count(qb); n != 1 || o != ts.name+"/b/1" {
+		t.Fatalf("b: %d parked from %q", n, o)
+	}
+	if n, err := qa.Redrive(ctx, nil, nil); n != 1 || err != nil {
+		t.Fatalf("Redrive a = %d, %v", n, err)
+	}
+	for _, s := range []*Source{a, b} {
+		d := receiveOne(t, s, 5*time.Second)
+		if d.Message().ID != "m1" || d.Message().Attempt != 1 {
+			t.Fatalf("redriven %q attempt %d", d.Message().ID, d.Message().Attempt)
+		}
+		d.Ack(ctx)
+	}
+	if n, _ := count(qa); n != 0 {
+		t.Fatalf("a: %d parked after Redrive", n)
+	}
+	if n, err := qb.Purge(ctx, nil); n != 1 || err != nil {
+		t.Fatalf("Purge b = %d, %v", n, err)
+	}
+	if n, _ := count(qb); n != 0 {
+		t.Fatalf("b: %d parked after Purge", n)
+	}
+	// Without declare, everything exists now: a source opens.
+	c := openSource(t, ts, WithConsumer("a"), shared, WithDeclare(false))
+	expectNothing(t, c, 300*time.Millisecond)
+}

@@ -1,0 +1,284 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+// errLeaseLapsed is the reason of a settlement after the AckWait passed
+// without a heartbeat: JetStream has redelivered the message, or will.
+var errLeaseLapsed = errors.New("nats: the AckWait passed without a heartbeat; JetStream redelivers the message")
+
+// errRedelivered is the reason of a settlement of a delivery whose
+// message the Source received again.
+var errRedelivered = errors.New("nats: JetStream redelivered the message; the newer delivery settles it")
+
+// errSourceClosed is the reason of a settlement after Close gave the
+// delivery back.
+var errSourceClosed = errors.New("nats: the source was closed and gave the delivery back")
+
+// delivery is one received message. Its lease fields are guarded by the
+// Source's mu.
+type delivery struct {
+	driver.SettleOnce
+	s   *Source
+	msg jetstream.Msg
+	m   driver.Message
+	seq uint64
+
+	deadline time.Time // when JetStream redelivers unless extended
+	gone     error     // why it left the live set unsettled
+	given    bool      // the heartbeat no longer extends it
+}
+
+func (s *Source) newDelivery(msg jetstream.Msg) (*delivery, error) {
+	md, err := msg.Metadata()
+	if err != nil {
+		_ = msg.Nak()
+		return nil, fmt.Errorf("nats: a message without JetStream metadata on %s: %w", msg.Subject(), err)
+	}
+	now := time.Now()
+	h := headerMap(msg.Headers())
+	id, ok := h[IDHeader]
+	if !ok {
+		id = h[s.c.idHeader]
+	}
+	seq := strconv.FormatUint(md.Sequence.Stream, 10)
+	return &delivery{
+		s:        s,
+		msg:      msg,
+		seq:      md.Sequence.Stream,
+		deadline: now.Add(s.ackWait),
+		m: driver.Message{
+			ID:      id,
+			Body:    msg.Data(),
+			Headers: h,
+			Key:     h[KeyHeader],
+			Source:  msg.Subject(),
+			System:  "nats",
+			Attempt: int(md.NumDelivered),
+			Metadata: map[string]string{
+				"messaging.destination.name":       msg.Subject(),
+				"messaging.consumer.group.name":    md.Consumer,
+				"messaging.message.id":             h[natsgo.MsgIdHdr],
+				"messaging.nats.stream":            md.Stream,
+				"messaging.nats.stream_sequence":   seq,
+				"messaging.nats.consumer_sequence": strconv.FormatUint(md.Sequence.Consumer, 10),
+			},
+			ReceivedAt: now,
+		},
+	}, nil
+}
+
+// headerMap renders NATS headers as strings, the first value of each.
+func headerMap(h natsgo.Header) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if len(v) > 0 {
+			out[k] = v[0]
+		}
+	}
+	return out
+}
+
+// Message implements driver.Delivery.
+func (d *delivery) Message() *driver.Message { return &d.m }
+
+// begin claims the right to settle d and takes it out of the live set. It
+// fails with ErrAlreadySettled, or with a stale error when the source was
+// closed, the message was received again or the lease lapsed: then
+// nothing may be sent.
+func (d *delivery) begin() error {
+	if err := d.Claim(); err != nil {
+		return err
+	}
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live[d.seq] != d {
+		return driver.Stale(d.gone)
+	}
+	delete(s.live, d.seq)
+	if time.Now().After(d.deadline) {
+		return driver.Stale(errLeaseLapsed)
+	}
+	return nil
+}
+
+// failed wraps the error of a settlement of d; a closed connection means
+// the message comes back, so it is stale.
+func (d *delivery) failed(what string, err error) error {
+	err = fmt.Errorf("nats: %s of %s/%d: %w", what, d.s.stream, d.seq, err)
+	if errors.Is(err, natsgo.ErrConnectionClosed) {
+		return driver.Stale(err)
+	}
+	return err
+}
+
+// Ack implements driver.Delivery. It waits for the server's confirmation
+// (a double ack): a fire-and-forget ack lost with a connection would go
+// unreported, and although the redelivery would be decided Duplicate, the
+// Consumer must learn that the message was not settled.
+func (d *delivery) Ack(ctx context.Context) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	if err := d.msg.DoubleAck(ctx); err != nil {
+		return d.failed("ack", err)
+	}
+	return nil
+}
+
+// Retry implements driver.Delivery with a Nak that asks JetStream to
+// redeliver after delay, then a flush that confirms the server read it.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	var err error
+	if delay > 0 {
+		err = d.msg.NakWithDelay(delay)
+	} else {
+		err = d.msg.Nak()
+	}
+	if err == nil {
+		err = d.s.flush(ctx)
+	}
+	if err != nil {
+		return d.failed("nak", err)
+	}
+	return nil
+}
+
+// DeadLetter implements driver.Delivery: it publishes a copy of the
+// message to the dead-letter subject with the cause, attempt, origin,
+// parking time and original subject in headers, waits for JetStream's
+// publish ack, and only then terminates the message (Term), so it is never
+// dropped: if the publish fails the message is given back (Nak) and comes
+// again. The copy's Nats-Msg-Id is derived from the stream sequence, so a
+// message parked twice (its Term lost) is kept once.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	s := d.s
+	why := "no cause given"
+	if cause != nil {
+		why = cause.Error()
+	}
+	h := natsgo.Header{}
+	for k, v := range d.msg.Headers() {
+		if k != natsgo.MsgIdHdr {
+			h[k] = v
+		}
+	}
+	if d.m.ID != "" {
+		h.Set(IDHeader, d.m.ID)
+	}
+	h.Set(driver.CauseHeader, headerValue(why))
+	h.Set(AttemptHeader, strconv.Itoa(d.m.Attempt))
+	h.Set(OriginHeader, fmt.Sprintf("%s/%s/%d", s.stream, s.c.consumer, d.seq))
+	h.Set(ParkedAtHeader, time.Now().UTC().Format(time.RFC3339Nano))
+	h.Set(SubjectHeader, d.msg.Subject())
+	h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-dlq:%s:%s:%d", s.stream, s.c.consumer, d.seq))
+	pctx, cancel := bounded(ctx)
+	defer cancel()
+	if _, err := s.link.js.PublishMsg(pctx, &natsgo.Msg{Subject: s.c.dlqSubject, Header: h, Data: d.msg.Data()}); err != nil {
+		_ = d.msg.Nak()
+		return d.failed("dead-letter publish to "+s.c.dlqSubject, err)
+	}
+	if err := d.msg.Term(); err != nil {
+		return d.failed("term after parking", err)
+	}
+	if err := s.flush(ctx); err != nil {
+		return d.failed("term after parking", err)
+	}
+	return nil
+}
+
+// headerValue makes s fit a NATS header value: one line.
+func headerValue(s string) string {
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
+}
+
+// bounded gives ctx a deadline if it has none: nats.go's request and
+// flush calls need one.
+func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, 30*time.Second)
+}
+
+// flush waits until the server has read everything sent before.
+func (s *Source) flush(ctx context.Context) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	return s.link.nc.FlushWithContext(ctx)
+}
+
+// heartbeat keeps unsettled deliveries leased: every third of the AckWait
+// it sends InProgress for each, which restarts JetStream's AckWait, then a
+// flush; only a confirmed flush moves the deliveries' deadlines. A
+// delivery held longer than WithMaxExtension since its receipt is no
+// longer extended: JetStream then redelivers it, and the dedup key keeps
+// its effect to one commit.
+func (s *Source) heartbeat() {
+	defer s.wg.Done()
+	every := max(s.ackWait/3, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		var due []*delivery
+		s.mu.Lock()
+		for _, d := range s.live {
+			if !d.given && now.Before(d.m.ReceivedAt.Add(s.c.maxExtension)) && now.Before(d.deadline) {
+				due = append(due, d)
+			}
+		}
+		s.mu.Unlock()
+		if len(due) == 0 {
+			continue
+		}
+		sent := time.Now()
+		var failed error
+		for _, d := range due {
+			if err := d.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+				failed = err
+			}
+		}
+		if failed == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), every)
+			failed = s.link.nc.FlushWithContext(ctx)
+			cancel()
+		}
+		if failed != nil {
+			s.log().Warn("idemq nats: heartbeat failed; trying again next beat", "stream", s.stream, "consumer", s.c.consumer, "messages", len(due), "error", failed)
+			continue
+		}
+		s.mu.Lock()
+		for _, d := range due {
+			if s.live[d.seq] == d && d.deadline.Before(sent.Add(s.ackWait)) {
+				d.deadline = sent.Add(s.ackWait)
+			}
+		}
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,187 @@
+package nats
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
+	"github.com/idemq/idemq/stores/sqlite"
+)
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// rawJS connects to the server at url with nats.go alone; the connection
+// closes when t ends.
+func rawJS(t testing.TB, url string, opts ...natsgo.Option) (*natsgo.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := natsgo.Connect(url, opts...)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// testStream is a fresh stream name on its own subject; the stream and its
+// dead-letter stream are deleted when the test ends.
+type testStream struct {
+	url, name, subject string
+	js                 jetstream.JetStream
+}
+
+func newTestStream(t testing.TB, url string, opts ...natsgo.Option) testStream {
+	t.Helper()
+	id := randomHex(5)
+	ts := testStream{url: url, name: "IDEMQ_" + strings.ToUpper(id), subject: "idemq.test." + id}
+	_, ts.js = rawJS(t, url, opts...)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, s := range []string{ts.name, ts.name + "_DLQ"} {
+			if err := ts.js.DeleteStream(ctx, s); err != nil && !strings.Contains(err.Error(), "not found") {
+				t.Logf("cleanup: deleting stream %s: %v", s, err)
+			}
+		}
+	})
+	return ts
+}
+
+// opts are the options that open the test stream's consumer "worker".
+func (ts testStream) opts(t testing.TB, more ...Option) []Option {
+	return append([]Option{WithServers(ts.url), WithConsumer("worker"), WithSubject(ts.subject), WithLogger(testLogger(t))}, more...)
+}
+
+// publishRaw publishes msgs with nats.go alone, the id in idHeader.
+func (ts testStream) publishRaw(ctx context.Context, idHeader string, msgs ...*driver.Message) error {
+	for _, m := range msgs {
+		h := natsgo.Header{}
+		for k, v := range m.Headers {
+			h.Set(k, v)
+		}
+		if m.ID != "" {
+			h.Set(idHeader, m.ID)
+		}
+		if m.Key != "" {
+			h.Set(KeyHeader, m.Key)
+		}
+		if _, err := ts.js.PublishMsg(ctx, &natsgo.Msg{Subject: ts.subject, Header: h, Data: m.Body}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lapseLeases lets the lease of every delivery src holds lapse: the
+// heartbeat stops extending them, and it returns once their AckWait has
+// passed, so JetStream hands the messages out again and the old deliveries
+// are stale.
+func lapseLeases(t *testing.T, src driver.Source) {
+	s := src.(*Source)
+	var last time.Time
+	s.mu.Lock()
+	for _, d := range s.live {
+		d.given = true
+		if d.deadline.After(last) {
+			last = d.deadline
+		}
+	}
+	s.mu.Unlock()
+	servicetest.WaitFor(t, s.ackWait+10*time.Second, "the AckWait to pass", func() bool { return time.Now().After(last.Add(100 * time.Millisecond)) })
+}
+
+// effects is a SQLite dedup store with a table of committed effects, one
+// row per effect and no unique key, so an effect applied twice counts
+// twice.
+type effects struct{ st *sqlite.Store }
+
+func newEffects(t *testing.T) effects {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "effects.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.DB().Exec(`CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return effects{st}
+}
+
+// apply is the business effect, in the claim's transaction.
+func (e effects) apply(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, m.ID)
+	return err
+}
+
+// counts returns how many times each id's effect was committed.
+func (e effects) counts(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := e.st.DB().Query(`SELECT id, count(*) FROM effects GROUP BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = n
+	}
+	return out
+}
+
+// run runs a Consumer of src with h in the background; stop cancels it
+// and returns Run's error (the test's end stops it too).
+func (e effects) run(t *testing.T, src core.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
+	t.Helper()
+	c, err := core.New(src, e.st, h, append([]core.Option{core.WithLogger(testLogger(t))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
+	t.Cleanup(func() { stop() })
+	return c, stop
+}

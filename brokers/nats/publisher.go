@@ -1,0 +1,118 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+// publishChunk is how many async publishes wait for their acks together:
+// below nats.go's limit of pending async publishes.
+const publishChunk = 1000
+
+// Publisher publishes to JetStream with the business id in Nats-Msg-Id
+// (JetStream drops a second publish of an id within the stream's
+// duplicate window) and in the WithIDHeader header when that is another,
+// the key in idemq-key and the caller's W3C trace context, injected with
+// the global OpenTelemetry propagator. It implements driver.Publisher and
+// is safe for concurrent use.
+type Publisher struct {
+	c    config
+	link *link
+}
+
+// NewPublisher connects for publishing to stream's subject (WithSubject,
+// default the stream's name). With WithDeclare(true), the default, it
+// creates the stream on that subject when it is missing, so messages
+// published before any consumer exists are kept.
+func NewPublisher(ctx context.Context, stream string, opts ...Option) (*Publisher, error) {
+	c, l, _, err := connect(ctx, stream, false, opts, func(c *config, l *link) (jetstream.Stream, error) {
+		return l.stream(ctx, stream, c.subject, "stream", c.declare, false)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher{c: c, link: l}, nil
+}
+
+// Publish implements driver.Publisher: it publishes msgs to destination
+// (a subject), or to the Publisher's subject when destination is "",
+// asynchronously, and returns once JetStream acked every one. A publish
+// JetStream reports as a duplicate counts as acked: the stream has the id.
+func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*driver.Message) error {
+	subj := destination
+	if subj == "" {
+		subj = p.c.subject
+	}
+	if strings.ContainsAny(subj, "*>") {
+		return fmt.Errorf("nats: cannot publish to the wildcard subject %s; give a destination", subj)
+	}
+	var trace propagation.MapCarrier
+	for start := 0; start < len(msgs); start += publishChunk {
+		chunk := msgs[start:min(start+publishChunk, len(msgs))]
+		futures := make([]jetstream.PubAckFuture, 0, len(chunk))
+		for _, m := range chunk {
+			if trace == nil {
+				trace = propagation.MapCarrier{}
+				otel.GetTextMapPropagator().Inject(ctx, trace)
+			}
+			f, err := p.link.js.PublishMsgAsync(p.message(subj, m, trace))
+			if err != nil {
+				return fmt.Errorf("nats: publishing %q to %s: %w", m.ID, subj, err)
+			}
+			futures = append(futures, f)
+		}
+		for i, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				return fmt.Errorf("nats: publishing %q to %s: %w", chunk[i].ID, subj, err)
+			case <-ctx.Done():
+				return fmt.Errorf("nats: waiting for the publish ack of %q: %w", chunk[i].ID, ctx.Err())
+			}
+		}
+	}
+	return nil
+}
+
+// message is m as a NATS message on subj.
+func (p *Publisher) message(subj string, m *driver.Message, trace propagation.MapCarrier) *natsgo.Msg {
+	h := natsgo.Header{}
+	for k, v := range m.Headers {
+		h.Set(k, headerValue(v))
+	}
+	for k, v := range trace {
+		h.Set(k, v)
+	}
+	if m.ID != "" {
+		h.Set(natsgo.MsgIdHdr, m.ID)
+		h.Set(p.c.idHeader, m.ID)
+	}
+	if m.Key != "" {
+		h.Set(KeyHeader, m.Key)
+	}
+	return &natsgo.Msg{Subject: subj, Header: h, Data: m.Body}
+}
+
+// Close implements driver.Publisher: it closes the connection (unless it
+// came from WithConn).
+func (p *Publisher) Close() error {
+	if !p.link.own || p.link.nc.IsClosed() {
+		return nil
+	}
+	err := p.link.nc.FlushTimeout(5 * time.Second)
+	p.link.close()
+	if err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
+		return fmt.Errorf("nats: closing the publisher: %w", err)
+	}
+	return nil
+}

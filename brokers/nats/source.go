@@ -1,0 +1,306 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+// giveBackDelay is how soon JetStream redelivers what Close gives back.
+const giveBackDelay = 200 * time.Millisecond
+
+// Source consumes a JetStream stream through a durable pull consumer with
+// explicit acks. It implements driver.Source, driver.BatchSettler,
+// driver.WindowSetter, driver.RedeliveryHorizoner and driver.LoggerSetter.
+// Receive may be called from several goroutines.
+type Source struct {
+	c        config
+	stream   string
+	link     *link
+	st       jetstream.Stream
+	dlq      jetstream.Stream
+	cons     jetstream.Consumer
+	ackWait  time.Duration
+	declared bool
+
+	logger atomic.Pointer[slog.Logger]
+
+	mu     sync.Mutex
+	it     jetstream.MessagesContext
+	window int
+	live   map[uint64]*delivery // unsettled, by stream sequence
+	closed bool
+
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+// Open opens a Source on stream: it connects, checks (or, with
+// WithDeclare(true), the default, creates) the stream, the dead-letter
+// stream and the durable consumer WithConsumer names, and starts the
+// heartbeat. Messages are received from the first Receive on.
+func Open(ctx context.Context, stream string, opts ...Option) (*Source, error) {
+	c, err := resolve(stream, true, opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{c: c, stream: stream, window: c.window, live: map[uint64]*delivery{}, done: make(chan struct{})}
+	s.logger.Store(c.logger)
+	if s.link, err = dial(&s.c, s.log); err != nil {
+		return nil, err
+	}
+	if err := s.declare(ctx); err != nil {
+		s.link.close()
+		return nil, err
+	}
+	if c.heartbeat {
+		s.wg.Add(1)
+		go s.heartbeat()
+	}
+	return s, nil
+}
+
+// declare finds or creates the streams and the consumer.
+func (s *Source) declare(ctx context.Context) (err error) {
+	c := &s.c
+	if s.st, err = s.link.stream(ctx, s.stream, c.subject, "stream", c.declare, false); err != nil {
+		return err
+	}
+	if s.dlq, err = s.link.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", c.declare, true); err != nil {
+		return err
+	}
+	if !c.declare {
+		if s.cons, err = s.link.js.Consumer(ctx, s.stream, c.consumer); err != nil {
+			if errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("nats: the consumer %s of stream %s does not exist (create it, or let the adapter with declare=true)", c.consumer, s.stream)
+			}
+			return fmt.Errorf("nats: looking up the consumer %s of stream %s: %w", c.consumer, s.stream, err)
+		}
+		s.ackWait = s.cons.CachedInfo().Config.AckWait
+		return nil
+	}
+	s.declared = true
+	s.ackWait = c.ackWait
+	return s.declareConsumer(ctx, s.window)
+}
+
+// declareConsumer creates or updates the durable consumer with window as
+// its MaxAckPending.
+func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
+	s.cons, err = s.link.js.CreateOrUpdateConsumer(ctx, s.stream, jetstream.ConsumerConfig{
+		Durable:       s.c.consumer,
+		FilterSubject: s.c.subject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.c.ackWait,
+		MaxAckPending: window,
+		MaxDeliver:    -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("nats: declaring the consumer %s of stream %s: %w", s.c.consumer, s.stream, err)
+	}
+	return nil
+}
+
+func (s *Source) log() *slog.Logger { return s.logger.Load() }
+
+// SetLogger implements driver.LoggerSetter: the Source logs to l unless
+// WithLogger (or OpenConfig.Logger) chose its logger.
+func (s *Source) SetLogger(l *slog.Logger) {
+	if l != nil && !s.c.loggerSet {
+		s.logger.Store(l)
+	}
+}
+
+// SetWindow implements driver.WindowSetter: the declared consumer's
+// MaxAckPending and the pull buffer become n. A consumer that is not
+// declared keeps its MaxAckPending; only the pull buffer follows n. Call
+// it before the first Receive.
+func (s *Source) SetWindow(n int) error {
+	if n < 1 {
+		return fmt.Errorf("nats: window %d must be positive", n)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.it != nil {
+		return errors.New("nats: SetWindow after the first Receive")
+	}
+	if s.declared && n != s.window {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.declareConsumer(ctx, n); err != nil {
+			return err
+		}
+	}
+	s.window = n
+	return nil
+}
+
+// RedeliveryHorizon implements driver.RedeliveryHorizoner: the stream's
+// MaxAge plus the dead-letter stream's (a parked message can be redriven
+// until it expires there), driver.Unbounded when either keeps messages
+// without an age limit.
+func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
+	var total time.Duration
+	for _, st := range []jetstream.Stream{s.st, s.dlq} {
+		info, err := st.Info(ctx)
+		if err != nil {
+			return 0, false
+		}
+		if info.Config.MaxAge <= 0 {
+			return driver.Unbounded, true
+		}
+		total += info.Config.MaxAge
+	}
+	return total, true
+}
+
+// iterator returns the pull iterator, starting it on the first call.
+func (s *Source) iterator() (jetstream.MessagesContext, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, driver.ErrSourceClosed
+	}
+	if s.it == nil {
+		it, err := s.cons.Messages(jetstream.PullMaxMessages(s.window))
+		if err != nil {
+			return nil, fmt.Errorf("nats: pulling from consumer %s: %w", s.c.consumer, err)
+		}
+		s.it = it
+	}
+	return s.it, nil
+}
+
+// Receive implements driver.Source. Errors other than ErrSourceClosed and
+// ctx's are transient (a missed pull heartbeat during a reconnect, say):
+// the pull goes on.
+func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
+	it, err := s.iterator()
+	if err != nil {
+		return nil, err
+	}
+	msg, err := it.Next(jetstream.NextContext(ctx))
+	if err != nil {
+		if s.isClosed() || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return nil, driver.ErrSourceClosed
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("nats: receiving from consumer %s: %w", s.c.consumer, err)
+	}
+	d, err := s.newDelivery(msg)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = msg.NakWithDelay(giveBackDelay)
+		return nil, driver.ErrSourceClosed
+	}
+	if old, ok := s.live[d.seq]; ok {
+		old.gone = errRedelivered
+	}
+	s.live[d.seq] = d
+	s.mu.Unlock()
+	return d, nil
+}
+
+func (s *Source) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Close implements driver.Source: it stops pulling and gives every
+// unsettled delivery, and every message still in the pull buffer, back to
+// JetStream at once (Nak), so they are redelivered without waiting for the
+// AckWait. Settling those deliveries afterwards returns a stale error.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	it := s.it
+	live := s.live
+	s.live = map[uint64]*delivery{}
+	for _, d := range live {
+		d.gone = errSourceClosed
+	}
+	s.mu.Unlock()
+	close(s.done)
+	s.wg.Wait()
+	// Stop pulling first. A message given back at once could still be
+	// handed to a pull request of this source that the server has not yet
+	// dropped, and wait out its AckWait there: the Nak asks for a short
+	// delay, by which the server has seen the unsubscription.
+	var back []jetstream.Msg
+	if it != nil {
+		it.Drain()
+		_ = s.link.nc.FlushTimeout(time.Second)
+		for {
+			m, err := it.Next(jetstream.NextMaxWait(time.Second))
+			if err != nil {
+				break
+			}
+			back = append(back, m)
+		}
+	}
+	for _, d := range live {
+		back = append(back, d.msg)
+	}
+	for _, m := range back {
+		_ = m.NakWithDelay(giveBackDelay)
+	}
+	err := s.link.nc.FlushTimeout(5 * time.Second)
+	s.link.close()
+	if err != nil && len(back) > 0 {
+		return fmt.Errorf("nats: giving back %d unsettled deliveries on close: %w", len(back), err)
+	}
+	return nil
+}
+
+// AckBatch implements driver.BatchSettler. JetStream has no multiple ack
+// for explicit-ack consumers (AckAll would also take the holes between),
+// so it sends each delivery's ack without waiting and then one flush: the
+// server's answer to it confirms it has read every ack before it, one
+// round trip for the batch instead of one per message. Deliveries settled
+// before or stale are reported in the joined error; the others are acked.
+func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
+	var errs []error
+	sent := 0
+	for _, dd := range ds {
+		d, ok := dd.(*delivery)
+		if !ok || d.s != s {
+			errs = append(errs, fmt.Errorf("nats: AckBatch given a delivery of another source (%T)", dd))
+			continue
+		}
+		if err := d.begin(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := d.msg.Ack(); err != nil {
+			errs = append(errs, d.failed("ack", err))
+			continue
+		}
+		sent++
+	}
+	if sent > 0 {
+		if err := s.flush(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("nats: confirming %d acks: %w", sent, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,313 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
+)
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func openSource(t *testing.T, ts testStream, opts ...Option) *Source {
+	t.Helper()
+	s, err := Open(context.Background(), ts.name, ts.opts(t, opts...)...)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func receiveOne(t *testing.T, s *Source, within time.Duration) driver.Delivery {
+	t.Helper()
+	d, err := s.Receive(ctxFor(t, within))
+	if err != nil {
+		t.Fatalf("Receive: %v", err)
+	}
+	return d
+}
+
+func expectNothing(t *testing.T, s *Source, within time.Duration) {
+	t.Helper()
+	if d, err := s.Receive(ctxFor(t, within)); err == nil {
+		t.Fatalf("unexpected delivery of %q (attempt %d)", d.Message().ID, d.Message().Attempt)
+	}
+}
+
+// TestNatsMsgID is the default id path as a user meets it: a producer
+// publishing with nats.go alone and a Nats-Msg-Id header. JetStream drops
+// the producer's retry within the duplicate window; the Source reads the
+// id; a dead-lettered message redriven within the window is delivered
+// again, with its id, although JetStream has seen that Nats-Msg-Id.
+func TestNatsMsgID(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	s := openSource(t, ts, WithAckWait(5*time.Second))
+	ctx := ctxFor(t, 30*time.Second)
+	id := "order-" + randomHex(4)
+	for i := range 2 { // the producer retries: JetStream keeps one
+		msg := natsgo.NewMsg(ts.subject)
+		msg.Header.Set(natsgo.MsgIdHdr, id)
+		msg.Header.Set("tenant", "acme")
+		msg.Data = []byte(`{"total":42}`)
+		ack, err := ts.js.PublishMsg(ctx, msg)
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		if ack.Duplicate != (i == 1) {
+			t.Fatalf("publish %d: Duplicate = %v", i, ack.Duplicate)
+		}
+	}
+	d := receiveOne(t, s, 5*time.Second)
+	m := d.Message()
+	if m.ID != id || m.Attempt != 1 || m.Headers["tenant"] != "acme" || string(m.Body) != `{"total":42}` || m.Source != ts.subject {
+		t.Fatalf("received %+v", m)
+	}
+	expectNothing(t, s, 300*time.Millisecond)
+	if err := d.DeadLetter(ctx, errors.New("bad deploy")); err != nil {
+		t.Fatalf("DeadLetter: %v", err)
+	}
+
+	q, err := core.OpenDeadLetters(ctx, ts.url+"/"+ts.name+"?consumer=worker&subject="+ts.subject)
+	if err != nil {
+		t.Fatalf("OpenDeadLetters: %v", err)
+	}
+	defer q.Close()
+	var parked []*core.Parked
+	if err := q.Scan(ctx, func(p *core.Parked) error { parked = append(parked, p); return nil }); err != nil {
+		t.Fatalf("Scan: %v", err)
+	}
+	if len(parked) != 1 || parked[0].ID != id || parked[0].Cause != "bad deploy" || parked[0].Destination != ts.subject || parked[0].Attempt != 1 {
+		t.Fatalf("parked %+v", parked)
+	}
+	if n, err := q.Redrive(ctx, nil, nil); n != 1 || err != nil {
+		t.Fatalf("Redrive = %d, %v", n, err)
+	}
+	d = receiveOne(t, s, 5*time.Second)
+	m = d.Message()
+	if m.ID != id || m.Attempt != 1 || m.Headers["tenant"] != "acme" || m.Headers[driver.CauseHeader] != "" {
+		t.Fatalf("redriven %+v", m)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	expectNothing(t, s, 300*time.Millisecond)
+	n := 0
+	if err := q.Scan(ctx, func(*core.Parked) error { n++; return nil }); err != nil || n != 0 {
+		t.Fatalf("after Redrive: %d parked, %v", n, err)
+	}
+}
+
+// TestIDHeader reads the id from a header of the producer's choosing, and
+// the Publisher sets it there and in Nats-Msg-Id.
+func TestIDHeader(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	s := openSource(t, ts, WithIDHeader("order-id"))
+	ctx := ctxFor(t, 20*time.Second)
+	p, err := NewPublisher(ctx, ts.name, ts.opts(t, WithIDHeader("order-id"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Publish(ctx, "", &driver.Message{ID: "o-1", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveOne(t, s, 5*time.Second)
+	if m := d.Message(); m.ID != "o-1" || m.Headers["order-id"] != "o-1" || m.Headers[natsgo.MsgIdHdr] != "o-1" {
+		t.Fatalf("received %+v", m)
+	}
+	d.Ack(ctx)
+}
+
+// TestHeartbeat: a delivery held three AckWaits is not redelivered while
+// the heartbeat keeps its lease, and its Ack succeeds; past
+// WithMaxExtension the lease lapses, JetStream redelivers, and the old
+// delivery is stale.
+func TestHeartbeat(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	s := openSource(t, ts, WithAckWait(600*time.Millisecond), WithMaxExtension(3*time.Second))
+	ctx := ctxFor(t, 30*time.Second)
+	if err := ts.publishRaw(ctx, natsgo.MsgIdHdr, &driver.Message{ID: "a", Body: []byte("a")}, &driver.Message{ID: "b", Body: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := receiveOne(t, s, 5*time.Second), receiveOne(t, s, 5*time.Second)
+	expectNothing(t, s, 1800*time.Millisecond) // three AckWaits
+	if err := a.Ack(ctx); err != nil {
+		t.Fatalf("Ack after three AckWaits: %v", err)
+	}
+	again := receiveOne(t, s, 5*time.Second) // b, past the 3s cap
+	if again.Message().ID != b.Message().ID || again.Message().Attempt != 2 {
+		t.Fatalf("redelivered %q attempt %d, want %q attempt 2", again.Message().ID, again.Message().Attempt, b.Message().ID)
+	}
+	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, errRedelivered) {
+		t.Fatalf("Ack of the lapsed, redelivered delivery = %v, want a stale error saying it was redelivered", err)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRedeliveryHorizon is the stream's MaxAge plus the dead-letter
+// stream's, unbounded without one.
+func TestRedeliveryHorizon(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	s := openSource(t, ts)
+	if h, ok := s.RedeliveryHorizon(ctx); !ok || h != driver.Unbounded {
+		t.Fatalf("horizon %v %v, want unbounded", h, ok)
+	}
+	for name, age := range map[string]time.Duration{ts.name: time.Hour, ts.name + "_DLQ": 24 * time.Hour} {
+		st, err := ts.js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		cfg.MaxAge = age
+		if _, err := ts.js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h, ok := s.RedeliveryHorizon(ctx); !ok || h != 25*time.Hour {
+		t.Fatalf("horizon %v %v, want 25h", h, ok)
+	}
+}
+
+// TestURL: parameters are refused by name, bad values name the parameter,
+// and without declare a missing stream, dead-letter stream or consumer is
+// named.
+func TestURL(t *testing.T) {
+	u := servicetest.NATSURL(t)
+	ts := newTestStream(t, u)
+	ctx := ctxFor(t, 20*time.Second)
+	base := u + "/" + ts.name + "?subject=" + ts.subject
+	for _, c := range []struct{ url, want string }{
+		{base + "&consumer=w&nope=1", `unknown parameter "nope"`},
+		{base + "&consumer=w&window=lots", "parameter window: not a number"},
+		{base + "&consumer=w&window=0", "parameter window: 0 must be positive"},
+		{base + "&consumer=w&ack_wait=soon", "parameter ack_wait: not a duration"},
+		{base + "&consumer=w&declare=maybe", "parameter declare: not a boolean"},
+		{base + "&consumer=a.b", "parameter consumer"},
+		{base + "&consumer=w&dlq_subject=x.*", "parameter dlq_subject"},
+		{base + "&consumer=w&tls_cert=c.pem", "tls_cert and tls_key go together"},
+		{base, "no consumer"},
+		{u + "/?consumer=w", "stream as its path"},
+		{base + "&consumer=w&declare=false", "the stream " + ts.name + " does not exist"},
+	} {
+		s, err := core.OpenSource(ctx, c.url)
+		if err == nil {
+			s.Close()
+			t.Errorf("%s opened", c.url)
+		} else if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want it to say %q", c.url, err, c.want)
+		}
+	}
+	if _, err := ts.js.CreateStream(ctx, jetstream.StreamConfig{Name: ts.name, Subjects: []string{ts.subject}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ url, want string }{
+		{base + "&consumer=w&declare=false", "the dead-letter stream " + ts.name + "_DLQ does not exist"},
+		{base + "&consumer=w&declare=false&dlq_stream=" + ts.name, "the consumer w of stream " + ts.name + " does not exist"},
+	} {
+		if _, err := core.OpenSource(ctx, c.url); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want it to say %q", c.url, err, c.want)
+		}
+	}
+	p, err := core.OpenPublisher(ctx, base)
+	if err != nil {
+		t.Fatalf("a publisher needs no consumer: %v", err)
+	}
+	p.Close()
+}
+
+// TestPublishUnconfirmed: a publish JetStream does not ack (no stream on
+// the subject) is an error naming the message, and wildcards need a
+// destination.
+func TestPublishUnconfirmed(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	p, err := NewPublisher(ctx, ts.name, ts.opts(t)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	err = p.Publish(ctx, "idemq.nowhere."+randomHex(4), &driver.Message{ID: "lost-1", Body: []byte("x")})
+	if err == nil || !strings.Contains(err.Error(), `"lost-1"`) {
+		t.Fatalf("Publish to a subject without a stream = %v", err)
+	}
+	w, err := NewPublisher(ctx, ts.name, ts.opts(t, WithSubject(ts.subject+".>"), WithDeclare(false))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Publish(ctx, "", &driver.Message{ID: "w"}); err == nil || !strings.Contains(err.Error(), "wildcard") {
+		t.Fatalf("Publish to a wildcard = %v", err)
+	}
+}
+
+// TestWithConnAndLogger: a Source on the caller's connection leaves it
+// open at Close; the Consumer's logger (SetLogger) is used unless the
+// Source was given one.
+func TestWithConnAndLogger(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	nc, _ := rawJS(t, ts.url)
+	ctx := ctxFor(t, 20*time.Second)
+	s, err := Open(ctx, ts.name, WithConn(nc), WithConsumer("worker"), WithSubject(ts.subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := testLogger(t)
+	s.SetLogger(mine)
+	if s.log() != mine {
+		t.Error("SetLogger was ignored without WithLogger")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if nc.IsClosed() {
+		t.Fatal("Close closed the caller's connection")
+	}
+	given := testLogger(t)
+	s2 := openSource(t, ts, WithLogger(given))
+	s2.SetLogger(mine)
+	if s2.log() != given {
+		t.Error("SetLogger replaced the WithLogger logger")
+	}
+}
+
+// TestCloseUnblocksReceive: a Receive waiting for a message returns
+// ErrSourceClosed soon after Close.
+func TestCloseUnblocksReceive(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	s := openSource(t, ts)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Receive(context.Background())
+		errc <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, core.ErrSourceClosed) {
+			t.Fatalf("Receive = %v, want ErrSourceClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Receive still blocked 5s after Close")
+	}
+	t.Logf("Close and Receive returned within %v", time.Since(start))
+}
