@@ -23,7 +23,8 @@ const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags
 
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
-(amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue); its
+(amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
+nats://…/STREAM?consumer=C&subject=S); its
 dead-letter queue or topic is the one the consumer parks to.
 
   list     the parked messages: id, cause, attempts, origin, age, size
@@ -111,7 +112,7 @@ func openDLQ(ctx context.Context, broker string) (driver.DeadLetterQueue, error)
 	if u, err := redact.ParseURL(broker); err != nil {
 		return nil, cli.Usagef("--broker: %v", err)
 	} else if u.Scheme == "" {
-		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G or sqs://…/queue", redact.URL(broker))
+		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue or nats://host/STREAM?consumer=C", redact.URL(broker))
 	}
 	return core.OpenDeadLetters(ctx, broker)
 }
@@ -288,7 +289,8 @@ pruned, and would then be applied twice: redrive refuses it, says so and
 exits 1, unless --force. The retention comes from --store (the consumer's
 store URL, ?retention= included) or --retention.
 
-Kafka: every consumer group of the topic receives the redriven record.
+Kafka: every consumer group of the topic receives the redriven record; NATS:
+every consumer of the subject receives the redriven message.
 `
 
 func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) error {

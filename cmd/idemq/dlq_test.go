@@ -42,6 +42,13 @@ func TestDLQ(t *testing.T) {
 			u := fmt.Sprintf("sqs://test:test@%s?%s", q, url.Values{"endpoint": {ep}, "region": {"us-east-1"}, "dlq": {dlq}}.Encode())
 			return u, u
 		}},
+		{"NATS", func(t *testing.T) (string, string) {
+			nu := servicetest.NATSURL(t)
+			stream := "DLQCLI_" + strings.ToUpper(randomHex(4))
+			servicetest.DeleteStreamsAtCleanup(t, nu, stream, stream+"_DLQ")
+			u := nu + "/" + stream + "?consumer=cli&subject=dlqcli." + randomHex(4)
+			return u, u
+		}},
 	} {
 		t.Run(b.name, func(t *testing.T) {
 			src, pub := b.urls(t)

@@ -49,6 +49,12 @@ func TestStatsAgainstBrokerHorizon(t *testing.T) {
 	sqsURL := "sqs://test:test@" + name + "?" + url.Values{"endpoint": {endpoint}, "region": {"us-east-1"}, "dlq": {name + "-dlq"}}.Encode()
 	expect(t, exitOK, []string{"stats", "--store", storeURL, "--broker", sqsURL},
 		"retention 1h0m0s", "30m0s", "claims outlive redeliveries")
+	// A stream without MaxAge keeps messages until they are consumed.
+	nu := servicetest.NATSURL(t)
+	stream := "STATS_" + strings.ToUpper(randomHex(4))
+	servicetest.DeleteStreamsAtCleanup(t, nu, stream, stream+"_DLQ")
+	expect(t, exitOK, []string{"stats", "--store", storeURL, "--broker", nu + "/" + stream + "?consumer=c&subject=stats." + randomHex(4)},
+		"retention 1h0m0s", "unbounded", "TOO SHORT")
 	expect(t, exitUsage, []string{"stats", "--store", storeURL, "--broker"}, "flag needs an argument")
-	expect(t, exitFailure, []string{"stats", "--store", storeURL, "--broker", "nats://x"}, "no broker registered")
+	expect(t, exitFailure, []string{"stats", "--store", storeURL, "--broker", "stomp://x"}, "no broker registered")
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	_ "github.com/idemq/idemq/brokers/kafka"
+	_ "github.com/idemq/idemq/brokers/nats"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
 	"github.com/idemq/idemq/core"

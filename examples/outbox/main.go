@@ -9,6 +9,7 @@
 //	go run ./examples/outbox -broker 'amqp://guest:guest@127.0.0.1:5672/?queue=orders'
 //	go run ./examples/outbox -broker 'kafka://127.0.0.1:9092/orders?group=billing'
 //	go run ./examples/outbox -broker 'sqs://orders?region=eu-west-1&dlq=orders-dlq'
+//	go run ./examples/outbox -broker 'nats://127.0.0.1:4222/ORDERS?consumer=billing&subject=orders'
 //	go run ./examples/outbox --help
 //
 // The payment API is a fake served in-process over real HTTP; it answers a
@@ -38,6 +39,7 @@ import (
 
 	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/memory"
+	_ "github.com/idemq/idemq/brokers/nats"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
 	"github.com/idemq/idemq/core"
@@ -88,7 +90,7 @@ func parseFlags(args []string, errOut io.Writer) (settings, error) {
 	fs := flag.NewFlagSet("outbox", flag.ContinueOnError)
 	fs.SetOutput(errOut)
 	fs.StringVar(&s.postgres, "postgres", pg, "Postgres URL (default from IDEMQ_POSTGRES_URL)")
-	fs.StringVar(&s.broker, "broker", "mem://orders", "broker URL the events go through (mem://QUEUE, amqp://…?queue=QUEUE, kafka://…, sqs://…)")
+	fs.StringVar(&s.broker, "broker", "mem://orders", "broker URL the events go through (mem://QUEUE, amqp://…?queue=QUEUE, kafka://…, sqs://…, nats://…)")
 	fs.IntVar(&s.orders, "n", 300, "orders to place")
 	fs.IntVar(&s.customers, "customers", 10, "customers (the events' ordering key)")
 	fs.IntVar(&s.writers, "writers", 4, "concurrent order writers")

@@ -87,3 +87,12 @@ func TestExampleSQS(t *testing.T) {
 		"endpoint": {endpoint}, "region": {"us-east-1"}, "dlq": {dlq}, "wait": {"1s"},
 	}.Encode())
 }
+
+// The relay publishes with JetStream publish acks (Nats-Msg-Id = the row's
+// id); the consumer is a durable pull consumer on the stream it declares.
+func TestExampleNATS(t *testing.T) {
+	nu := servicetest.NATSURL(t)
+	stream := "OUTBOX_" + strings.ToUpper(unique())
+	servicetest.DeleteStreamsAtCleanup(t, nu, stream, stream+"_DLQ")
+	runExample(t, nu+"/"+stream+"?consumer=billing&subject=orders."+unique())
+}

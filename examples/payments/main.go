@@ -57,6 +57,7 @@ import (
 	// deployment's URLs, not this code, pick them.
 	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/memory"
+	_ "github.com/idemq/idemq/brokers/nats"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
 )
@@ -113,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.SetOutput(stderr)
 	var s settings
 	level := "info"
-	fs.StringVar(&s.broker, "broker", "", "broker URL: amqp://…?queue=Q, kafka://host:port/topic?group=G, sqs://queue?…, mem://queue (required)")
+	fs.StringVar(&s.broker, "broker", "", "broker URL: amqp://…?queue=Q, kafka://host:port/topic?group=G, sqs://queue?…, nats://host:4222/STREAM?consumer=C&subject=S, mem://queue (required)")
 	fs.StringVar(&s.store, "store", "", "store URL: postgres://…, mysql://…, sqlite://path (required; ?table= names the dedup table)")
 	fs.StringVar(&s.consumer, "consumer", "payments", "consumer name: the first half of the dedup key")
 	fs.StringVar(&s.tables, "tables", "", "prefix for the ledger and accounts tables (letters, digits, _)")

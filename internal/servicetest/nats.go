@@ -2,6 +2,7 @@ package servicetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -160,4 +161,29 @@ func (s *NATSServer) Restart() {
 func (s *NATSServer) Log() string {
 	b, _ := os.ReadFile(filepath.Join(s.Dir, "server.log"))
 	return string(b)
+}
+
+// DeleteStreamsAtCleanup deletes the JetStream streams named when the test
+// ends (those that exist), so tests that let an adapter declare streams on
+// the shared server leave nothing behind.
+func DeleteStreamsAtCleanup(t testing.TB, url string, streams ...string) {
+	t.Cleanup(func() {
+		nc, err := natsgo.Connect(url, natsgo.Timeout(Timeout), natsgo.NoReconnect())
+		if err != nil {
+			t.Logf("deleting streams %v: %v", streams, err)
+			return
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+		defer cancel()
+		for _, s := range streams {
+			if err := js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				t.Logf("deleting stream %s: %v", s, err)
+			}
+		}
+	})
 }

@@ -1,6 +1,6 @@
 // Package servicetest is the one place where idemq's integration tests
 // find the real services they run against (Postgres, MariaDB/MySQL,
-// RabbitMQ, …) and decide what to do when one is missing.
+// RabbitMQ, NATS, …) and decide what to do when one is missing.
 //
 // Each service is named by an IDEMQ_<NAME>_URL environment variable that
 // defaults to the local server. When the service cannot be reached the
@@ -8,13 +8,15 @@
 // IDEMQ_REQUIRE_SERVICES=1, which turns the skip into a failure (for CI,
 // where a silently skipped suite would hide a broken service).
 //
-// Beside the lookups (PostgresURL, MySQLURL, RabbitMQURL, URL for any
+// Beside the lookups (PostgresURL, MySQLURL, RabbitMQURL, NATSURL, URL for any
 // other service, Unavailable for a missing binary or tool) it holds the
 // other service plumbing the tests repeated: StartFauxqs runs the SQS
 // emulator, StartKfake (and NewKfake, for code without a testing.TB)
 // builds and runs bench/cmd/kfake, an in-memory Kafka, in a process of its
 // own (with cluster controls: MoveLeader, RemoveBroker, …),
-// DeleteQueuesAtCleanup removes a test's RabbitMQ queues, and BenchBinary
+// DeleteQueuesAtCleanup removes a test's RabbitMQ queues,
+// DeleteStreamsAtCleanup its JetStream streams, StartNATS runs a private
+// nats-server (restarts, security modes), and BenchBinary
 // builds a server the bench module holds. For the fault tests it starts
 // private servers from the installed binaries, on free loopback ports and
 // in temporary directories, never touching the machine's own:
