@@ -24,8 +24,8 @@ const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
 (amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
-nats://…/STREAM?consumer=C&subject=S); its
-dead-letter queue or topic is the one the consumer parks to.
+nats://…/STREAM?consumer=C&subject=S); its dead-letter queue, topic or
+stream is the one the consumer parks to.
 
   list     the parked messages: id, cause, attempts, origin, age, size
   show     one message whole (headers and body), every parked copy of ID

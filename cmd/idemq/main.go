@@ -153,6 +153,7 @@ Commands:
 	fmt.Fprint(w, `
 Stores are given by URL: postgres://user:pass@host:5432/db, mysql://user:pass@host:3306/db,
 sqlite://path/to/app.db; ?table=NAME names the dedup table (default processed_messages).
+Brokers (stats, dlq) by a consumer's source URL: amqp://, kafka://, sqs://, nats://.
 Credentials never appear in the output.
 
 Exit codes: 0 success, 1 failure, 2 usage error.
