@@ -6,8 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,9 +27,7 @@ type MariaDBServer struct {
 	server string
 	dir    string
 	user   string
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	done   chan struct{} // closed when cmd has exited
+	process
 }
 
 // StartMariaDB initialises (mariadb-install-db) and starts a private
@@ -79,14 +75,9 @@ func (s *MariaDBServer) Start() {
 		"--socket="+filepath.Join(s.dir, "sock"), "--bind-address=127.0.0.1", s.user,
 		"--innodb-buffer-pool-size=16M", "--skip-log-bin")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	if err := s.start(cmd); err != nil {
 		s.t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
 	cfg, err := mysqldrv.ParseDSN(s.DSN)
 	if err != nil {
 		s.t.Fatal(err)
@@ -112,20 +103,7 @@ func (s *MariaDBServer) Start() {
 // rolled back), or kills it after 30s. Stopping a stopped server does
 // nothing.
 func (s *MariaDBServer) Stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		<-done
-	}
+	s.stop(30 * time.Second)
 }
 
 // Restart stops the server cleanly and starts it again on the same port.

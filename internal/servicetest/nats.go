@@ -9,8 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -71,9 +69,7 @@ type NATSServer struct {
 
 	t    testing.TB
 	args []string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	process
 }
 
 // StartNATS starts a private nats-server with JetStream. config, if not
@@ -106,14 +102,10 @@ func StartNATS(t testing.TB, config string) *NATSServer {
 func (s *NATSServer) Start() {
 	s.t.Helper()
 	cmd := exec.Command(NATSServerBinary, s.args...)
-	if err := cmd.Start(); err != nil {
+	if err := s.start(cmd); err != nil {
 		s.t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
+	done := s.exited()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), time.Second)
 		if err == nil {
@@ -134,20 +126,7 @@ func (s *NATSServer) Start() {
 // Stop shuts the server down (SIGTERM, then a kill after 20s). Stopping a
 // stopped server does nothing.
 func (s *NATSServer) Stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		<-done
-	}
+	s.stop(20 * time.Second)
 }
 
 // Restart stops the server and starts it again on the same port and store.
