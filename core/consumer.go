@@ -71,7 +71,7 @@ type Stats struct {
 // slot until it is settled.
 type item struct {
 	ctx context.Context // as the observers' StartDecision returned it
-	ob  *observed
+	ob  observed
 	m   *Message
 	fp  string
 	d   driver.Delivery
