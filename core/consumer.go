@@ -71,7 +71,7 @@ type Stats struct {
 // slot until it is settled.
 type item struct {
 	ctx context.Context // as the observers' StartDecision returned it
-	ob  *observed
+	ob  observed
 	m   *Message
 	fp  string
 	d   driver.Delivery
@@ -294,10 +294,18 @@ func (c *Consumer[Tx]) checkRetention(ctx context.Context) error {
 func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 	pace := driver.NewBackoff(50*time.Millisecond, 5*time.Second)
 	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		// A free slot is the common case: take it without a select.
 		select {
 		case c.slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil
+		default:
+			select {
+			case c.slots <- struct{}{}:
+			case <-ctx.Done():
+				return nil
+			}
 		}
 		if !c.waitStore(ctx) {
 			<-c.slots
@@ -401,8 +409,8 @@ func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 		c.settleBatch(acks, others)
 		for range batch {
 			<-c.slots
-			c.inflight.Done()
 		}
+		c.inflight.Add(-len(batch)) // Done for each, at once
 		select {
 		case batch = <-c.settleIdle:
 		case <-quit:

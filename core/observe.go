@@ -66,26 +66,25 @@ func WithObserver(obs ...Observer) Option {
 
 // observed are a message's per-observer contexts when there are several
 // observers: observer i's end method gets the context its start returned.
-type observed struct {
-	ctxs []context.Context
-}
+// A slice and not a struct holding one: one allocation per message, not two.
+type observed []context.Context
 
-func (c *Consumer[Tx]) startDecision(ctx context.Context, m *Message) (context.Context, *observed) {
+func (c *Consumer[Tx]) startDecision(ctx context.Context, m *Message) (context.Context, observed) {
 	switch len(c.cfg.observers) {
 	case 0:
 		return ctx, nil
 	case 1:
 		return c.cfg.observers[0].StartDecision(ctx, m), nil
 	}
-	ob := &observed{ctxs: make([]context.Context, len(c.cfg.observers))}
+	ob := make(observed, len(c.cfg.observers))
 	for i, o := range c.cfg.observers {
 		ctx = o.StartDecision(ctx, m)
-		ob.ctxs[i] = ctx
+		ob[i] = ctx
 	}
 	return ctx, ob
 }
 
-func (c *Consumer[Tx]) endDecision(ctx context.Context, ob *observed, m *Message, out Outcome) {
+func (c *Consumer[Tx]) endDecision(ctx context.Context, ob observed, m *Message, out Outcome) {
 	switch len(c.cfg.observers) {
 	case 0:
 		return
@@ -94,7 +93,7 @@ func (c *Consumer[Tx]) endDecision(ctx context.Context, ob *observed, m *Message
 		return
 	}
 	for i := len(c.cfg.observers) - 1; i >= 0; i-- {
-		c.cfg.observers[i].EndDecision(ob.ctxs[i], m, out)
+		c.cfg.observers[i].EndDecision(ob[i], m, out)
 	}
 }
 

@@ -48,7 +48,8 @@ type delivery struct {
 	src *Source
 	e   *entry
 	gen *generation
-	msg *core.Message
+	msg *core.Message // &m
+	m   core.Message  // held here: one allocation for both
 	driver.SettleOnce
 }
 
@@ -240,13 +241,20 @@ func retryHeaders(hs []kafkago.Header) (time.Time, int) {
 
 // toMessage converts a fetched message into the pipeline's Message.
 func (s *Source) toMessage(e *entry, attempt int) *core.Message {
+	msg := new(core.Message)
+	s.fillMessage(msg, e, attempt)
+	return msg
+}
+
+// fillMessage is toMessage into msg, which the caller allocates.
+func (s *Source) fillMessage(msg *core.Message, e *entry, attempt int) {
 	m := &e.msg
 	headers := make(map[string]string, len(m.Headers))
 	for _, h := range m.Headers {
 		headers[h.Key] = string(h.Value) // the last of repeated keys wins
 	}
 	key := string(m.Key)
-	return &core.Message{
+	*msg = core.Message{
 		ID:      headers[s.cfg.idHeader],
 		Body:    m.Value,
 		Headers: headers,

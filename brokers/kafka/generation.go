@@ -359,7 +359,10 @@ func (s *Source) handOut(e *entry) *delivery {
 	if n == 1 && e.msg.Offset <= p.prevHigh {
 		n = 2 // handed out before, by this or another process
 	}
-	return &delivery{src: s, e: e, gen: p.gen, msg: s.toMessage(e, e.baseTry+n)}
+	d := &delivery{src: s, e: e, gen: p.gen}
+	d.msg = &d.m
+	s.fillMessage(d.msg, e, e.baseTry+n)
+	return d
 }
 
 // release undoes handOut's counts for a settled delivery and frees its

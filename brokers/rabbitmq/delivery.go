@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,24 +88,16 @@ func (s *session) ackBatch(ds []*delivery) error {
 		s.src.stale.Add(int64(len(ds)))
 		return wrapEach(ds, driver.Stale(errChannelClosed))
 	}
-	slices.SortFunc(ds, func(a, b *delivery) int {
-		switch {
-		case a.tag < b.tag:
-			return -1
-		case a.tag > b.tag:
-			return 1
-		}
-		return 0
-	})
-	in := make(map[uint64]struct{}, len(ds))
-	for _, d := range ds {
-		in[d.tag] = struct{}{}
-	}
+	slices.SortFunc(ds, func(a, b *delivery) int { return cmp.Compare(a.tag, b.tag) })
 	// The lowest tag still outstanding outside the batch bounds the run a
-	// multiple ack may cover.
+	// multiple ack may cover. ds is sorted: a binary search tells a tag of
+	// the batch without building a set of them for every batch.
 	limit := uint64(math.MaxUint64)
 	for tag := range s.outstanding {
-		if _, ok := in[tag]; !ok && tag < limit {
+		if tag >= limit {
+			continue
+		}
+		if _, in := slices.BinarySearchFunc(ds, tag, func(d *delivery, t uint64) int { return cmp.Compare(d.tag, t) }); !in {
 			limit = tag
 		}
 	}
@@ -237,7 +230,8 @@ type delivery struct {
 	sess *session
 	tag  uint64
 	raw  amqp.Delivery
-	msg  *core.Message
+	msg  *core.Message // &m
+	m    core.Message
 	id   string // the id as the Source read it, before any IDFunc
 	// idErr says why the id header held no usable id, or is nil.
 	idErr error
@@ -411,13 +405,20 @@ const MetadataRedelivered = "messaging.rabbitmq.message.redelivered_flag"
 // read per idHeader (see WithIDHeader). The error says why the id header
 // held no usable id (the Message then has none).
 func toMessage(queue, idHeader string, r *amqp.Delivery) (*core.Message, error) {
+	m := new(core.Message)
+	return m, fillMessage(m, queue, idHeader, r)
+}
+
+// fillMessage is toMessage into m, which the caller allocates (a delivery
+// holds its Message, one allocation for both).
+func fillMessage(m *core.Message, queue, idHeader string, r *amqp.Delivery) error {
 	id, idErr := messageID(idHeader, r)
 	exchange := r.Exchange
 	if exchange == "" {
 		exchange = "amq.default"
 	}
 	key, _ := r.Headers[KeyHeader].(string)
-	return &core.Message{
+	*m = core.Message{
 		ID:      id,
 		Body:    r.Body,
 		Key:     key,
@@ -434,7 +435,8 @@ func toMessage(queue, idHeader string, r *amqp.Delivery) (*core.Message, error) 
 			MetadataRedelivered:                                       strconv.FormatBool(r.Redelivered),
 		},
 		ReceivedAt: time.Now(),
-	}, idErr
+	}
+	return idErr
 }
 
 // messageID reads the business id: from the idHeader when one is set and
@@ -490,11 +492,29 @@ func toInt(v any) (int, bool) {
 	return n, err == nil
 }
 
-// intText renders an AMQP integer (any width, signed or not) in decimal.
+// intText renders an AMQP integer (any width, signed or not) in decimal,
+// with strconv: fmt.Sprint costs several times as much, on every message
+// that carries a numeric header.
 func intText(v any) (string, bool) {
-	switch v.(type) {
-	case int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
-		return fmt.Sprint(v), true
+	switch x := v.(type) {
+	case int:
+		return strconv.FormatInt(int64(x), 10), true
+	case int8:
+		return strconv.FormatInt(int64(x), 10), true
+	case int16:
+		return strconv.FormatInt(int64(x), 10), true
+	case int32:
+		return strconv.FormatInt(int64(x), 10), true
+	case int64:
+		return strconv.FormatInt(x, 10), true
+	case uint8:
+		return strconv.FormatUint(uint64(x), 10), true
+	case uint16:
+		return strconv.FormatUint(uint64(x), 10), true
+	case uint32:
+		return strconv.FormatUint(uint64(x), 10), true
+	case uint64:
+		return strconv.FormatUint(x, 10), true
 	}
 	return "", false
 }
@@ -514,8 +534,14 @@ func renderHeaders(t amqp.Table) map[string]string {
 			h[k] = x.UTC().Format(time.RFC3339)
 		case nil:
 			h[k] = ""
+		case bool:
+			h[k] = strconv.FormatBool(x)
 		default:
-			h[k] = fmt.Sprint(x)
+			if text, ok := intText(x); ok {
+				h[k] = text
+			} else {
+				h[k] = fmt.Sprint(x)
+			}
 		}
 	}
 	return h

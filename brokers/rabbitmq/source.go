@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -273,6 +274,16 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	}
 	s.mu.Unlock()
 	for {
+		// Under load a delivery is nearly always waiting: take it without
+		// the four-way select below.
+		select {
+		case d := <-s.out:
+			if d.sess.ch.IsClosed() {
+				continue // as below
+			}
+			return d, nil
+		default:
+		}
 		select {
 		case d := <-s.out:
 			if d.sess.ch.IsClosed() {
@@ -538,6 +549,18 @@ func (s *Source) forget(id string) {
 	delete(s.attempts, id)
 }
 
+// forgetAll is forget for each of ds, under one lock: AckBatch's.
+func (s *Source) forgetAll(ds []*delivery) {
+	s.attemptsMu.Lock()
+	defer s.attemptsMu.Unlock()
+	if len(s.attempts) == 0 {
+		return // nothing was requeued: the common case
+	}
+	for _, d := range ds {
+		delete(s.attempts, d.id)
+	}
+}
+
 // report hands err to a waiting Receive without ever blocking.
 func (s *Source) report(err error) {
 	select {
@@ -637,10 +660,13 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 
 // newDelivery converts raw, received on sess, into a delivery.
 func (s *Source) newDelivery(sess *session, raw amqp.Delivery) *delivery {
-	m, idErr := toMessage(s.queue, s.cfg.idHeader, &raw)
-	d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw, msg: m, id: m.ID, idErr: idErr}
-	if idErr != nil {
-		s.logger().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.queue, "delivery_tag", raw.DeliveryTag, "error", idErr)
+	d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw}
+	m := &d.m
+	d.msg = m
+	d.idErr = fillMessage(m, s.queue, s.cfg.idHeader, &d.raw)
+	d.id = m.ID
+	if d.idErr != nil {
+		s.logger().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.queue, "delivery_tag", raw.DeliveryTag, "error", d.idErr)
 	}
 	if raw.Redelivered {
 		if n := s.requeued(d.id); n+1 > m.Attempt {
@@ -704,8 +730,13 @@ func closeReason(e *amqp.Error) string {
 // Deliveries whose channel closed are not acked (core.ErrStaleDelivery); the
 // returned error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	bySess := make(map[*session][]*delivery)
-	var order []*session
+	// Per session, in order of first appearance: nearly always one, so a
+	// slice searched in turn rather than a map.
+	type group struct {
+		sess *session
+		ds   []*delivery
+	}
+	var groups []group
 	var errs []error
 	for _, cd := range ds {
 		d, ok := cd.(*delivery)
@@ -717,18 +748,18 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 			errs = append(errs, d.wrap(err))
 			continue
 		}
-		if _, ok := bySess[d.sess]; !ok {
-			order = append(order, d.sess)
+		i := slices.IndexFunc(groups, func(g group) bool { return g.sess == d.sess })
+		if i < 0 {
+			i = len(groups)
+			groups = append(groups, group{sess: d.sess, ds: make([]*delivery, 0, len(ds))})
 		}
-		bySess[d.sess] = append(bySess[d.sess], d)
+		groups[i].ds = append(groups[i].ds, d)
 	}
-	for _, sess := range order {
-		if err := sess.ackBatch(bySess[sess]); err != nil {
+	for _, g := range groups {
+		if err := g.sess.ackBatch(g.ds); err != nil {
 			errs = append(errs, err)
 		}
-		for _, d := range bySess[sess] {
-			s.forget(d.id)
-		}
+		s.forgetAll(g.ds)
 	}
 	return errors.Join(errs...)
 }

@@ -108,7 +108,7 @@ func New(opts ...Option) *Tracing {
 // producer's span, and returns ctx carrying it.
 func (t *Tracing) StartDecision(ctx context.Context, m *core.Message) context.Context {
 	opts := []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindConsumer),
+		consumerKind,
 		trace.WithAttributes(MessageAttributes(ctx, m)...),
 	}
 	if m.Headers != nil {
@@ -148,6 +148,13 @@ func (t *Tracing) EndDecision(ctx context.Context, _ *core.Message, out core.Out
 
 type stageSpansKey struct{}
 
+// The span kinds as options, made once: made per span, each is one more
+// allocation per message and stage.
+var (
+	consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+	clientKind   = trace.WithSpanKind(trace.SpanKindClient)
+)
+
 // StartStage implements core.StageObserver: for the store's begin, claim,
 // flush and commit it starts a child span of each message's process span,
 // and returns ctx carrying the first, so a database tracer (pgx's, for
@@ -158,7 +165,7 @@ func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context 
 		return ctx
 	}
 	name := "idemq " + s.Name
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(BatchSizeKey.Int(len(s.Contexts)))}
+	opts := []trace.SpanStartOption{clientKind, trace.WithAttributes(BatchSizeKey.Int(len(s.Contexts)))}
 	spans := make([]trace.Span, 0, len(s.Contexts))
 	for _, mctx := range s.Contexts {
 		// A process span that is not recorded (not sampled) gets no

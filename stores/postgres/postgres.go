@@ -578,28 +578,37 @@ func (t *Txn) claimLocked(ctx context.Context, consumer string, claims []driver.
 		return err
 	}
 	defer done()
-	returned := make(map[string]string, len(ids))
-	var id, fp string
-	for rows.Next() {
-		if err := rows.Scan(&id, &fp); err != nil {
-			return err
-		}
-		returned[id] = fp
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
 	for _, i := range pending {
-		switch fp, ok := returned[claims[i].ID]; {
-		case !ok:
-			results[i] = driver.ClaimDuplicate
-		case fp == claims[i].Fingerprint:
-			results[i] = driver.ClaimWon
-		default:
-			results[i] = driver.ClaimMismatch
+		results[i] = driver.ClaimDuplicate // unless the statement returns it
+	}
+	// Each row returned is found among the claims by a binary search of
+	// pending (sorted by id) on its raw bytes: no string, map entry or
+	// decoding per row.
+	for rows.Next() {
+		raw := rows.RawValues()
+		if len(raw) != 2 {
+			return fmt.Errorf("claim returned %d columns, want 2", len(raw))
+		}
+		id, fp := raw[0], raw[1] // valid until the next row
+		j, _ := slices.BinarySearchFunc(pending, id, func(i int, id []byte) int {
+			switch c := claims[i].ID; {
+			case c < string(id):
+				return -1
+			case c > string(id):
+				return 1
+			}
+			return 0
+		})
+		for ; j < len(pending) && claims[pending[j]].ID == string(id); j++ {
+			i := pending[j]
+			if claims[i].Fingerprint == string(fp) {
+				results[i] = driver.ClaimWon
+			} else {
+				results[i] = driver.ClaimMismatch
+			}
 		}
 	}
-	return nil
+	return rows.Err()
 }
 
 // query runs a claim statement as the transaction's first (BEGIN goes in
