@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy on a loopback port in front of a server, whose
@@ -38,6 +39,10 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	t.Cleanup(p.close)
 	return p
 }
+
+// cutGrace is how long the server's side of a cut connection may wait for
+// the server's answer before the proxy closes it too.
+const cutGrace = 2 * time.Second
 
 // LoseNextAnswer arms the proxy: the next bytes any client sends go to the
 // server, and then that client's connection is closed, both ways, without
@@ -81,8 +86,12 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 				// client's side only. The server's side stays open until
 				// its answer comes and finds no client (the other pipe
 				// then closes it): closed at once, the server could see
-				// the connection end before it had read the request.
+				// the connection end before it had read the request. A
+				// server that never answers is cut after cutGrace, so it
+				// rolls back what it holds instead of holding its locks
+				// for the rest of the test.
 				src.Close()
+				time.AfterFunc(cutGrace, func() { dst.Close() })
 				return
 			}
 		}
