@@ -23,6 +23,7 @@ import (
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/outboxtest"
 )
 
 // The driver logs every connection the tests kill on purpose.
@@ -241,20 +242,7 @@ func checkOrder(t testing.TB, msgs []*core.Message, keys, perKey int) {
 
 func waitPending(t testing.TB, s outbox.Store) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		n, _, err := s.Pending(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows pending after 30s", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	outboxtest.WaitDrained(t, s, 30*time.Second)
 }
 
 func TestPerKeyOrderTwoRelays(t *testing.T) {

@@ -3,12 +3,11 @@ package sqliteoutbox
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/outboxtest"
 )
 
 // BenchmarkRelay measures how fast one or two relays drain a backlog of
@@ -26,54 +25,23 @@ func BenchmarkRelay(b *testing.B) {
 }
 
 func benchRelay(b *testing.B, rows, keys, relays int) {
-	ctx := context.Background()
 	path := tempPath(b)
 	db := openDB(b, path)
 	o := newOutbox(b, db)
 	mb, _ := memory.NewBroker()
 	defer mb.Close()
-	body := make([]byte, 200)
-	var total int
-	var elapsed time.Duration
-	for b.Loop() {
-		b.StopTimer()
-		for start := 0; start < rows; start += 500 {
-			msgs := make([]*outbox.Message, 0, 500)
-			for i := start; i < start+500; i++ {
-				m := &outbox.Message{Destination: "bench", Body: body}
-				if keys > 0 {
-					m.Key = fmt.Sprint("k", i%keys)
-				}
-				msgs = append(msgs, m)
-			}
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := o.Write(ctx, tx, msgs...); err != nil {
-				b.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
-				b.Fatal(err)
-			}
+	write := func(ctx context.Context, msgs ...*outbox.Message) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
 		}
-		b.StartTimer()
-		t0 := time.Now()
-		runCtx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		for range relays {
-			r, err := o.NewRelay(openDB(b, path), mb, outbox.WithRetention(0), outbox.WithPollInterval(10*time.Millisecond), outbox.WithLogger(discard()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			wg.Add(1)
-			go func() { defer wg.Done(); r.Run(runCtx) }()
+		if err := o.Write(ctx, tx, msgs...); err != nil {
+			tx.Rollback()
+			return err
 		}
-		waitPending(b, o.Store(db))
-		cancel()
-		wg.Wait()
-		elapsed += time.Since(t0)
-		total += rows
+		return tx.Commit()
 	}
-	b.ReportMetric(float64(total)/elapsed.Seconds(), "msgs/s")
+	outboxtest.BenchRelay(b, rows, keys, relays, o.Store(db), write, func(opts ...outbox.Option) (*outbox.Relay, error) {
+		return o.NewRelay(openDB(b, path), mb, opts...)
+	})
 }

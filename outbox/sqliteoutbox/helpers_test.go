@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/internal/outboxtest"
 )
 
 // dsn opens path as stores/sqlite.Open does: WAL, a busy_timeout, and
@@ -254,18 +255,5 @@ func checkOrder(t testing.TB, msgs []*core.Message, keys, perKey int) {
 
 func waitPending(t testing.TB, s outbox.Store) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		n, _, err := s.Pending(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows pending after 60s", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	outboxtest.WaitDrained(t, s, 60*time.Second)
 }

@@ -339,3 +339,70 @@ func gauges(t *testing.T, store outbox.Store) (parked, held int64) {
 	t.Fatal("the relay never reported the parked_rows and held_keys gauges")
 	return 0, 0
 }
+
+// WaitDrained waits until s has no pending rows, failing t after timeout.
+func WaitDrained(t testing.TB, s outbox.Store, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		n, _, err := s.Pending(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows pending after %v", n, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// BenchRelay measures how fast relays relays (each from newRelay) drain a
+// backlog of rows rows of 200 bytes, with keys ordering keys (none when
+// 0), written beforehand by write outside the timer into store's table.
+// It reports msgs/s.
+func BenchRelay(b *testing.B, rows, keys, relays int, store outbox.Store,
+	write func(ctx context.Context, msgs ...*outbox.Message) error,
+	newRelay func(opts ...outbox.Option) (*outbox.Relay, error)) {
+	ctx := context.Background()
+	body := make([]byte, 200)
+	var total int
+	var elapsed time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		for start := 0; start < rows; start += 500 {
+			msgs := make([]*outbox.Message, 0, 500)
+			for i := start; i < start+500; i++ {
+				m := &outbox.Message{Destination: "bench", Body: body}
+				if keys > 0 {
+					m.Key = fmt.Sprint("k", i%keys)
+				}
+				msgs = append(msgs, m)
+			}
+			if err := write(ctx, msgs...); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		runCtx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for range relays {
+			r, err := newRelay(outbox.WithRetention(0), outbox.WithPollInterval(10*time.Millisecond),
+				outbox.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+			if err != nil {
+				b.Fatal(err)
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); r.Run(runCtx) }()
+		}
+		WaitDrained(b, store, 60*time.Second)
+		cancel()
+		wg.Wait()
+		elapsed += time.Since(t0)
+		total += rows
+	}
+	b.ReportMetric(float64(total)/elapsed.Seconds(), "msgs/s")
+}
