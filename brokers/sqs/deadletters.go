@@ -40,7 +40,8 @@ const maxEmptyReceives = 3
 // it returns. Receiving raises their ApproximateReceiveCount; a consumer
 // of the dead-letter queue sees them only after the call. The call stops
 // after ApproximateNumberOfMessages (read when it began) messages, or
-// after a few empty receives.
+// after a few empty receives (waiting up to the browse visibility when the
+// queue hides messages the call did not get, as after a lost answer).
 //
 // On a FIFO dead-letter queue SQS hands out no more messages of a message
 // group while one of the group's is hidden, so a call sees per group only
@@ -240,8 +241,22 @@ func (d *DeadLetters) browse(ctx context.Context, each func(*held) error) (*leas
 	}
 	parked, _ := strconv.Atoi(a.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)])
 	// Each receive that is not empty brings at least one message: the
-	// bound holds even when SQS hands some out twice.
-	for got, empties, calls := 0, 0, 0; got < parked && empties < maxEmptyReceives && calls < parked+maxEmptyReceives; calls++ {
+	// bound holds even when SQS hands some out twice. A receive whose
+	// answer was lost on the way (the SDK retried it) leaves its messages
+	// hidden for browseVisibility without the lease knowing them: while
+	// some are missing and the queue hides more than the lease holds, the
+	// call waits for them to come back, up to that long.
+	strays := time.Time{}
+	for got, empties, calls := 0, 0, 0; got < parked && calls < parked+maxEmptyReceives; calls++ {
+		if empties >= maxEmptyReceives {
+			if strays.IsZero() {
+				strays = time.Now().Add(browseVisibility + 5*time.Second)
+			}
+			if time.Now().After(strays) || !d.hidesMore(ctx, l) {
+				break
+			}
+			empties, calls = 0, calls-1
+		}
 		out, err := d.cl.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(d.dlq.url),
 			MaxNumberOfMessages:         10,
@@ -275,6 +290,22 @@ func (d *DeadLetters) browse(ctx context.Context, each func(*held) error) (*leas
 		}
 	}
 	return l, nil
+}
+
+// hidesMore reports whether the dead-letter queue hides more messages
+// than l holds, that is whether some were received without l knowing.
+func (d *DeadLetters) hidesMore(ctx context.Context, l *lease) bool {
+	a, err := d.cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(d.dlq.url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessagesNotVisible},
+	})
+	if err != nil {
+		return false
+	}
+	hidden, _ := strconv.Atoi(a.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return hidden > len(l.receipts)
 }
 
 // parked describes a received dead letter, and reports whether the

@@ -350,6 +350,46 @@ func TestDeadLettersSlowCallStaysHidden(t *testing.T) {
 	}
 }
 
+// TestDeadLettersLostReceive hides ten parked messages during a Scan the
+// way a receive whose answer was lost on the way does (received, never
+// seen by the call): the Scan waits for them to come back instead of
+// listing fewer.
+func TestDeadLettersLostReceive(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
+	old := browseVisibility
+	// Longer than the empty receives after which a call would give up.
+	browseVisibility = 2 * maxEmptyReceives * time.Second
+	t.Cleanup(func() { browseVisibility = old })
+	ms := msgs("lost", 25)
+	parkCopies(t, ep, dlq, q.name, ms)
+	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	lost := 0
+	seen := map[string]int{}
+	err := d.Scan(context.Background(), func(p *driver.Parked) error {
+		if len(seen) == 0 {
+			out, err := testClient(ep).ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{QueueUrl: aws.String(dlq.url), MaxNumberOfMessages: 10, VisibilityTimeout: int32(browseVisibility / time.Second)})
+			if err != nil {
+				return err
+			}
+			lost = len(out.Messages)
+		}
+		seen[p.ID]++
+		return nil
+	})
+	if err != nil || lost == 0 {
+		t.Fatalf("Scan: %v; %d hidden by the lost receive", err, lost)
+	}
+	if len(seen) != len(ms) {
+		t.Fatalf("Scan listed %d, want %d (%d were hidden by a lost receive)", len(seen), len(ms), lost)
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("%s listed %d times", id, n)
+		}
+	}
+}
+
 // TestOpenDeadLettersURL opens the dead-letter queue by the consumer's
 // URL, whose parameters are read and checked as the Source's are.
 func TestOpenDeadLettersURL(t *testing.T) {
