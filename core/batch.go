@@ -169,7 +169,15 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		}
 	}
 
-	if f, ok := txn.(driver.Flusher); ok && broken == nil && applied > 0 {
+	if broken != nil {
+		c.undoProcessed(items, won, outs, "savepoint", broken)
+		return nil, asStoreError("savepoint", broken)
+	}
+	if applied == 0 {
+		return nil, c.handlerTrouble(items, won, outs) // the deferred Rollback undoes everything
+	}
+	fc, together := txn.(driver.FlushCommitter)
+	if f, ok := txn.(driver.Flusher); ok && !together {
 		// Statements the handlers queued go now, in one round trip.
 		sctx, run = c.startStage(ctx, "flush", applying)
 		ferr := f.Flush(sctx)
@@ -178,19 +186,17 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 			return c.failedTogether(items, won, outs, ferr), asHandlerError(ferr)
 		}
 	}
-
-	if broken != nil || applied == 0 {
-		if broken != nil {
-			c.undoProcessed(items, won, outs, "savepoint", broken)
-		}
-		if broken != nil {
-			return nil, asStoreError("savepoint", broken)
-		}
-		return nil, c.handlerTrouble(items, won, outs) // the deferred Rollback undoes everything
-	}
 	sctx, run = c.startStage(ctx, "commit", applying)
-	err = txn.Commit(sctx)
+	if together {
+		// The queued statements travel with the COMMIT.
+		err = fc.FlushCommit(sctx)
+	} else {
+		err = txn.Commit(sctx)
+	}
 	c.endStage(sctx, run, err)
+	if fe := (*driver.FlushError)(nil); errors.As(err, &fe) {
+		return c.failedTogether(items, won, outs, fe.Err), asHandlerError(fe.Err)
+	}
 	if err != nil {
 		// If the commit did land after all, the redelivery loses its
 		// claim and is acknowledged as a Duplicate: retrying is safe.

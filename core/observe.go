@@ -20,7 +20,8 @@ type Observer interface {
 
 // StageObserver is implemented by Observers that also want the store
 // stages of each batch's transaction: "begin", "claim", "handlers",
-// "flush" (only for stores that queue statements) and "commit".
+// "flush" (only for stores that queue statements and send them apart
+// from the commit; Postgres sends them with it) and "commit".
 type StageObserver interface {
 	// StartStage returns the context the stage's store call runs under
 	// (for "handlers": a BatchHandler's context).

@@ -160,7 +160,8 @@ func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, opts []
 
 // runIdemq runs an idemq configuration on Postgres: per-message handlers
 // with one UPDATE each (postgres.Queue for IdemqQueue), or a set-based
-// BatchHandler (one UPDATE … FROM unnest per batch).
+// BatchHandler (one UPDATE … FROM unnest per batch, queued with
+// postgres.Queue so that it goes with the COMMIT).
 func (p *pgStore) runIdemq(ctx context.Context, e *runEnv, t *tracker, name string) (*counts, error) {
 	stages := &stageTimer{t: t}
 	opts, shape, conns := idemqOptions(e, t, name, stages)
@@ -196,8 +197,9 @@ FROM (SELECT unnest($1::text[]) AS acc, unnest($2::bigint[]) AS amt) v WHERE a.a
 			if err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, setUpdate, accs, amts)
-			return err
+			// Queued, the UPDATE travels with the COMMIT: two round
+			// trips per batch (BEGIN with the claim, UPDATE with COMMIT).
+			return postgres.Queue(ctx, tx, setUpdate, accs, amts)
 		}
 	}
 	return runConsumer(ctx, e, p.idemqStoreURL(e.dedupTable, conns), opts, stages, h, bh, nil)

@@ -178,6 +178,28 @@ type Flusher interface {
 	Flush(ctx context.Context) error
 }
 
+// FlushCommitter is implemented by transactions that can send the
+// statements still queued and the COMMIT in one round trip. Where the
+// Consumer would call Flush and then Commit, it calls FlushCommit instead.
+// A queued statement's failure comes back as a *FlushError (nothing was
+// committed), which the Consumer decides like a Flush error; any other
+// error is a Commit error.
+type FlushCommitter interface {
+	FlushCommit(ctx context.Context) error
+}
+
+// FlushError is a queued statement's failure reported by FlushCommit: the
+// transaction did not commit.
+type FlushError struct {
+	Err error
+}
+
+// Error returns the statement's error text.
+func (e *FlushError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the statement's error.
+func (e *FlushError) Unwrap() error { return e.Err }
+
 // ClaimInfo is what a store holds for one message id of a consumer, as
 // Lookup reports it to operators (idemq lookup).
 type ClaimInfo struct {

@@ -389,12 +389,27 @@ func (t *Txn) begin(ctx context.Context) error {
 	if t.tx != nil {
 		return nil
 	}
-	tx, err := t.s.pool.Begin(ctx)
+	c, err := t.s.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("postgres: begin: %w", err)
 	}
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		c.Release()
+		return fmt.Errorf("postgres: begin: %w", err)
+	}
+	t.conn = c
 	t.setTx(tx)
 	return nil
+}
+
+// release hands the transaction's connection back to the pool, which
+// closes it unless it is idle outside a transaction.
+func (t *Txn) release() {
+	if t.conn != nil {
+		t.conn.Release()
+		t.conn = nil
+	}
 }
 
 func (t *Txn) setTx(tx pgx.Tx) {
@@ -404,13 +419,23 @@ func (t *Txn) setTx(tx pgx.Tx) {
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[pgx.Tx] and driver.Flusher. It is used by one goroutine at a time.
+//
+// The transaction runs on a connection the Txn holds itself rather than
+// through a pgxpool.Tx, so that FlushCommit can send the queued statements
+// and the COMMIT together and hand the connection back without another
+// round trip.
 type Txn struct {
 	tx     pgx.Tx
+	conn   *pgxpool.Conn // the connection tx runs on, until released
+	done   bool          // committed by FlushCommit: Rollback does nothing
 	s      *Store
 	handle *queuingTx
 }
 
-var _ driver.Flusher = (*Txn)(nil)
+var (
+	_ driver.Flusher        = (*Txn)(nil)
+	_ driver.FlushCommitter = (*Txn)(nil)
+)
 
 // Tx returns the transaction for the handler's business effect. It is a
 // pgx.Tx that also takes statements queued with Queue. The transaction
@@ -483,10 +508,12 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		// DELETE only. Nothing else ran in this transaction: start it
 		// again and claim with the read-back from now on.
 		t.s.plainClaims.Store(true)
-		if rerr := t.tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+		rerr := t.tx.Rollback(ctx)
+		t.release()
+		t.tx, t.handle.Tx = nil, nil
+		if rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
 			return nil, fmt.Errorf("postgres: claim: %w", rerr)
 		}
-		t.tx, t.handle.Tx = nil, nil
 	}
 	for round := 0; len(pending) > 0; round++ {
 		if round == maxReclaims {
@@ -624,13 +651,16 @@ func (t *Txn) query(ctx context.Context, sql string, args ...any) (rows pgx.Rows
 	}
 	// BEGIN and the claim go together: one round trip, as a hand-written
 	// consumer would do it.
+	c, err := t.s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	t.conn = c // Rollback releases it, whatever happens next
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(sql, args...)
-	br := t.s.pool.SendBatch(ctx, b)
-	if tx := br.Tx(); tx != nil {
-		t.setTx(tx) // Rollback releases the connection, whatever happens next
-	}
+	br := c.SendBatch(ctx, b)
+	t.setTx(br.Tx())
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return nil, nil, fmt.Errorf("begin: %w", err)
@@ -740,12 +770,53 @@ func (t *Txn) exec(ctx context.Context, what, stmt string) error {
 // Commit commits the claims and the handler's effects together. A
 // transaction that an error had aborted reports pgx.ErrTxCommitRollback.
 func (t *Txn) Commit(ctx context.Context) error {
-	if t.tx == nil {
-		return nil // nothing was claimed or written
+	if t.tx == nil || t.done {
+		return nil // nothing was claimed or written, or already committed
 	}
+	defer t.release()
 	if err := t.tx.Commit(ctx); err != nil {
 		return fmt.Errorf("postgres: commit: %w", err)
 	}
+	return nil
+}
+
+// FlushCommit sends the statements handlers queued and the COMMIT in one
+// round trip. A queued statement the server refused comes back as a
+// *driver.FlushError (the transaction is aborted; Rollback ends it); a
+// failure of the COMMIT, or of the connection before every answer came,
+// is a commit error: the transaction may have committed.
+func (t *Txn) FlushCommit(ctx context.Context) error {
+	n := t.handle.batch.Len()
+	if n == 0 || t.tx == nil {
+		return t.Commit(ctx)
+	}
+	b := t.handle.batch
+	t.handle.batch = pgx.Batch{}
+	b.Queue("commit")
+	br := t.tx.SendBatch(ctx, &b)
+	for i := range n {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) {
+				return &driver.FlushError{Err: fmt.Errorf("postgres: queued statement %d of %d (%s): %w", i+1, n, shorten(b.QueuedQueries[i].SQL), err)}
+			}
+			return fmt.Errorf("postgres: commit with %d queued statements: %w", n, err)
+		}
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err != nil {
+		return fmt.Errorf("postgres: commit: %w", err)
+	}
+	// pgx's Tx did not see the COMMIT go by: it must not send a ROLLBACK.
+	t.done = true
+	t.release()
 	return nil
 }
 
@@ -754,9 +825,10 @@ func (t *Txn) Commit(ctx context.Context) error {
 // it does nothing and returns nil.
 func (t *Txn) Rollback(ctx context.Context) error {
 	t.handle.discard()
-	if t.tx == nil {
+	if t.tx == nil || t.done {
 		return nil
 	}
+	defer t.release()
 	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		// pgx closes a connection whose rollback failed; the server aborts
 		// the transaction of a closed connection, so it is rolled back.

@@ -2,16 +2,21 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/postgres"
 )
 
@@ -85,5 +90,101 @@ func TestQueuedStatementsThroughThePipeline(t *testing.T) {
 				t.Errorf("a read after Queue saw %d rows of the queued insert, want 1", sawOwnWrite)
 			}
 		})
+	}
+}
+
+// roundTrips counts what a pool sends: single statements and batches, each
+// one round trip.
+type roundTrips struct{ queries, batches atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.queries.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.batches.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// A batch transaction whose handlers queue their statements takes two
+// round trips: BEGIN with the claim, then the statements with the COMMIT.
+// Rollback after it sends nothing and the connection is back in the pool.
+// A queued statement the server refuses comes back as a FlushError and
+// commits nothing.
+func TestFlushCommitRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	cfg.ConnConfig.Tracer = trips
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store := openStore(t, pool)
+	fx := effectsTable(t, pool)
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+fx+` ADD CONSTRAINT not_bad CHECK (k <> 'bad')`); err != nil {
+		t.Fatal(err)
+	}
+
+	run := func(prefix string, ids ...string) error {
+		txn, err := store.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer txn.Rollback(ctx)
+		claims := make([]driver.Claim, len(ids))
+		for i, id := range ids {
+			claims[i] = driver.Claim{ID: prefix + id, Fingerprint: "f"}
+		}
+		if _, err := txn.Claim(ctx, "rt", claims); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if err := postgres.Queue(ctx, txn.Tx(), `INSERT INTO `+fx+` (k) VALUES ($1)`, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return txn.(driver.FlushCommitter).FlushCommit(ctx)
+	}
+	ids := make([]string, 50)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("k%02d", i)
+	}
+	trips.queries.Store(0)
+	trips.batches.Store(0)
+	if err := run("ok-", ids...); err != nil {
+		t.Fatalf("FlushCommit: %v", err)
+	}
+	if q, b := trips.queries.Load(), trips.batches.Load(); q != 0 || b != 2 {
+		t.Errorf("a transaction of 50 queued statements took %d statements and %d batches, want 0 and 2", q, b)
+	}
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d connections still acquired after FlushCommit", n)
+	}
+	var rows, claims int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+fx).Scan(&rows); err != nil || rows != 50 {
+		t.Fatalf("%d effect rows (%v), want 50", rows, err)
+	}
+
+	err = run("bad-", "a", "bad", "c")
+	var fe *driver.FlushError
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "not_bad") {
+		t.Fatalf("FlushCommit with a refused statement = %v, want a FlushError naming the constraint", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+fx).Scan(&rows); err != nil || rows != 50 {
+		t.Errorf("%d effect rows after the refused batch (%v), want still 50", rows, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+store.Table()+` WHERE message_id LIKE 'bad-%'`).Scan(&claims); err != nil || claims != 0 {
+		t.Errorf("%d claims of the refused batch (%v), want 0", claims, err)
+	}
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d connections still acquired after the refused batch's rollback", n)
 	}
 }
