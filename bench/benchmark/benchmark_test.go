@@ -75,12 +75,19 @@ func TestRunSmall(t *testing.T) {
 			t.Errorf("%s failed: %s", r.Name, r.Failed)
 			continue
 		}
-		if len(r.Runs) != 1 || r.MsgsPerSec.Median <= 0 || r.P99 <= 0 || r.P50 > r.P99 {
+		if len(r.Runs) != 1 || r.MsgsPerSec.Median <= 0 || r.P99 <= 0 || r.P50 > r.P99 || r.UserCPU <= 0 {
 			t.Errorf("%s: incomplete figures: %+v", r.Name, r)
 		}
 		if !strings.Contains(table.String(), r.Name) {
 			t.Errorf("table lacks %s", r.Name)
 		}
+	}
+	cpuRatio := false
+	for _, x := range rep.Ratios {
+		cpuRatio = cpuRatio || (x.Metric == "user CPU/msg" && x.Name == IdemqBatch+" / "+HandBatch && x.Value > 0)
+	}
+	if !cpuRatio {
+		t.Errorf("no user CPU ratio of %s to %s: %+v", IdemqBatch, HandBatch, rep.Ratios)
 	}
 	var js bytes.Buffer
 	if err := rep.WriteJSON(&js); err != nil {

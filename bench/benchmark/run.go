@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/idemq/idemq/core"
@@ -177,6 +178,9 @@ func (r RunResult) line() string {
 	if r.Stages != nil {
 		st = fmt.Sprintf("; in store stages: begin %.2fs, claim %.2fs, commit %.2fs", r.Stages["begin"].Seconds(), r.Stages["claim"].Seconds(), r.Stages["commit"].Seconds())
 	}
+	if r.UserCPU > 0 {
+		tput += fmt.Sprintf(", process CPU per delivery %s user + %s system", fmtCPU(r.UserCPU), fmtCPU(r.SysCPU))
+	}
 	return fmt.Sprintf("%s; paced p50 %s p99 %s; peak RSS %s; processed %d, duplicates %d, retried %d, dead-lettered %d, transactions %d%s",
 		tput, fmtLatency(r.P50), fmtLatency(r.P99), fmtBytes(r.PeakRSS), r.Processed, r.Duplicates, r.Retried, r.DeadLettered, r.Batches, st)
 }
@@ -244,6 +248,7 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	}
 	done := make(chan outcome, 1)
 	failed := make(chan error, 1)
+	cpu0 := processCPU()
 	start := time.Now()
 	go func() {
 		var c *counts
@@ -281,6 +286,10 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 		return fail("backlog: %v (consumer: %v)", err, o.err)
 	}
 	res.Deliveries = e.w.deliveries
+	if cpu1 := processCPU(); res.Deliveries > 0 {
+		res.UserCPU = (cpu1[0] - cpu0[0]) / time.Duration(res.Deliveries)
+		res.SysCPU = (cpu1[1] - cpu0[1]) / time.Duration(res.Deliveries)
+	}
 	res.Seconds = time.Duration(t.backlogAt.Load() - start.UnixNano()).Seconds()
 	if f := t.firstAt.Load(); f > 0 && res.Deliveries > 0 {
 		res.FirstDecision = time.Duration(f - start.UnixNano())
@@ -409,4 +418,14 @@ func loadAvg() [3]float64 {
 		l[i], _ = strconv.ParseFloat(f[i], 64)
 	}
 	return l
+}
+
+// processCPU returns the process's user and system CPU time so far (zero
+// where getrusage is not available).
+func processCPU() [2]time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return [2]time.Duration{}
+	}
+	return [2]time.Duration{time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())}
 }
