@@ -330,7 +330,9 @@ func fmtLatency(d time.Duration) string {
 }
 
 // fmtCPU formats a CPU time per delivery in microseconds.
-func fmtCPU(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond)) }
+func fmtCPU(d time.Duration) string {
+	return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond))
+}
 
 func fmtBytes(n int64) string {
 	if n <= 0 {
