@@ -56,8 +56,9 @@ const (
 	// when the handler returns nil, nacked when it fails. A subscription
 	// passes on one message at a time, so concurrency comes from the
 	// number of handlers. It runs with prefetch 100 and 8 handlers, the best
-	// of a sweep over prefetch 100/400/800 × handlers 1/8/16/32
-	// (results/watermill-sweep.txt).
+	// of a sweep over prefetch 100/400/800 × handlers 1/8/16/32 measured
+	// against seed-p100-w8 in the same run (results/watermill-sweep.txt):
+	// about as fast as that baseline (1 handler reaches at most half of it).
 	Watermill = "watermill"
 
 	// MemoryScenario measures the idemq batch consumer's peak RSS with

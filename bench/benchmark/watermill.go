@@ -45,6 +45,7 @@ type watermillBroker interface {
 // (PRECONDITION_FAILED). It only checks passively that the queue exists.
 type existingQueue struct{}
 
+// BuildTopology checks that the queue exists, declaring it passively.
 func (existingQueue) BuildTopology(ch *amqp.Channel, p wamqp.BuildTopologyParams, _ wamqp.Config, _ watermill.LoggerAdapter) error {
 	if _, err := ch.QueueDeclarePassive(p.QueueName, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("queue %s: %w", p.QueueName, err)
@@ -52,6 +53,8 @@ func (existingQueue) BuildTopology(ch *amqp.Channel, p wamqp.BuildTopologyParams
 	return nil
 }
 
+// ExchangeDeclare declares nothing: the run's queue is on the default
+// exchange.
 func (existingQueue) ExchangeDeclare(*amqp.Channel, string, wamqp.Config) error { return nil }
 
 // deliveryMarshaler turns the benchmark's deliveries into Watermill
@@ -61,10 +64,12 @@ func (existingQueue) ExchangeDeclare(*amqp.Channel, string, wamqp.Config) error 
 // headers that are not strings, such as the publish time.)
 type deliveryMarshaler struct{}
 
+// Marshal fails: the benchmark publishes with amqp091-go.
 func (deliveryMarshaler) Marshal(*message.Message) (amqp.Publishing, error) {
 	return amqp.Publishing{}, errors.New("the benchmark does not publish through Watermill")
 }
 
+// Unmarshal makes a Watermill message of a delivery.
 func (deliveryMarshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	m := message.NewMessage(d.MessageId, d.Body)
 	if ts := headerNanos(d.Headers); ts > 0 {
