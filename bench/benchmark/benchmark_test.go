@@ -163,3 +163,60 @@ func TestScenariosSmall(t *testing.T) {
 		t.Errorf("memory/1m has no peak RSS")
 	}
 }
+
+// TestRunWatermill runs the Watermill configuration on a small workload
+// from RabbitMQ into Postgres and checks it passes the exactly-once check
+// with every unique message applied once and every copy decided a
+// duplicate.
+func TestRunWatermill(t *testing.T) {
+	amqpURL := serviceURL(t, "IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	u, _ := url.Parse(amqpURL)
+	q := u.Query()
+	q.Set("queue", "idemq-bench-test")
+	u.RawQuery = q.Encode()
+
+	var progress lockedBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		Broker: u.String(), Store: pgURL,
+		N: 1000, Duplicates: 0.2, Accounts: 50, Repeat: 1,
+		LatencyRate: 500, LatencyMessages: 50,
+		Configs: []string{Watermill}, Progress: &progress,
+	})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 1 || rep.Results[0].Name != Watermill {
+		t.Fatalf("results %+v, want one for %s", rep.Results, Watermill)
+	}
+	r := rep.Results[0]
+	if r.Failed != "" {
+		t.Fatalf("%s failed: %s", r.Name, r.Failed)
+	}
+	run := r.Runs[0]
+	if run.Processed != 1000+50 || run.Duplicates != 200 {
+		t.Errorf("processed %d, duplicates %d; want 1050 (each unique message applied once) and 200", run.Processed, run.Duplicates)
+	}
+	if r.MsgsPerSec.Median <= 0 || r.P99 <= 0 {
+		t.Errorf("incomplete figures: %+v", r)
+	}
+}
+
+// TestWatermillRabbitMQOnly checks that the Watermill configuration fails,
+// naming the broker, on a broker other than RabbitMQ.
+func TestWatermillRabbitMQOnly(t *testing.T) {
+	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	rep, err := Run(context.Background(), Config{
+		Broker: kafkaURL(t), Store: pgURL, N: 10, Repeat: 1, LatencyMessages: 1,
+		Configs: []string{Watermill},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := rep.Results[0].Failed; !strings.Contains(f, "RabbitMQ only") || !strings.Contains(f, "Kafka") {
+		t.Errorf("failure %q, want one naming RabbitMQ and Kafka", f)
+	}
+}

@@ -49,6 +49,17 @@ const (
 	// IdemqBatchSampled is IdemqBatchObserved with 10% of traces sampled
 	// (TraceIDRatioBased), as busy services run.
 	IdemqBatchSampled = "idemq-batch-sampled"
+	// Watermill is the seed pattern on Watermill (v1.4.7, with
+	// watermill-amqp v3.0.2), RabbitMQ only: a message.Router whose
+	// handlers each subscribe to the run's queue on their own channel and
+	// run one store transaction per message (claim, UPDATE, COMMIT), acked
+	// when the handler returns nil, nacked when it fails. A subscription
+	// passes on one message at a time, so concurrency comes from the
+	// number of handlers. It runs with prefetch 100 and 8 handlers, the best
+	// of a sweep over prefetch 100/400/800 × handlers 1/8/16/32 measured
+	// against seed-p100-w8 in the same run (results/watermill-sweep.txt):
+	// about as fast as that baseline (1 handler reaches at most half of it).
+	Watermill = "watermill"
 
 	// MemoryScenario measures the idemq batch consumer's peak RSS with
 	// 10,000 and then 1,000,000 messages queued.
@@ -72,6 +83,10 @@ var Scenarios = []string{MemoryScenario, GrowthScenario}
 // ObservedConfigs are the observed variants of IdemqBatch, run only when
 // named.
 var ObservedConfigs = []string{IdemqBatchObserved, IdemqBatchSampled}
+
+// FrameworkConfigs are the configurations that run another framework's
+// consumer on the same data and effect, run only when named.
+var FrameworkConfigs = []string{Watermill}
 
 // Config says what Run measures. Zero values take the defaults given on
 // each field.
@@ -119,7 +134,7 @@ type Config struct {
 	// of them. Default 3.
 	Repeat int
 	// Configs names the configurations to run (see DefaultConfigs,
-	// ObservedConfigs and Scenarios). Default DefaultConfigs.
+	// ObservedConfigs, FrameworkConfigs and Scenarios). Default DefaultConfigs.
 	Configs []string
 	// LatencyRate is the rate, in messages per second, of the paced phase
 	// that follows each run's backlog: its messages carry their publish
@@ -249,8 +264,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]bool{}
 	for _, name := range c.Configs {
-		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) && !slices.Contains(ObservedConfigs, name) {
-			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(slices.Concat(DefaultConfigs, ObservedConfigs, Scenarios), ", "))
+		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) && !slices.Contains(ObservedConfigs, name) && !slices.Contains(FrameworkConfigs, name) {
+			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(slices.Concat(DefaultConfigs, ObservedConfigs, FrameworkConfigs, Scenarios), ", "))
 		}
 		if seen[name] {
 			return c, fmt.Errorf("benchmark: Config.Configs: %q given twice", name)
@@ -287,6 +302,8 @@ func Describe(name string) string {
 		return "idemq-batch with tracing (every span) and metrics observers on the OTel SDK"
 	case IdemqBatchSampled:
 		return "idemq-batch with tracing (10% of traces) and metrics observers on the OTel SDK"
+	case Watermill:
+		return fmt.Sprintf("seed pattern on Watermill (Router + watermill-amqp): 1 tx per message, prefetch %d, %d handlers", watermillPrefetch, watermillHandlers)
 	case MemoryScenario:
 		return "idemq batch: peak RSS with 10k vs 1M messages queued"
 	case GrowthScenario:

@@ -47,6 +47,10 @@
 // (WriteJSON) and as a bar chart (WritePNG). The idemq-bench command
 // (bench/cmd/idemq-bench) is a thin front end to Run.
 //
+// Watermill runs the seed pattern on another framework, Watermill's
+// message.Router with a watermill-amqp subscriber (RabbitMQ only), and
+// runs only when named in Config.Configs.
+//
 // The scenarios MemoryScenario and GrowthScenario are slow and run only
 // when named in Config.Configs. MemoryScenario
 // compares peak RSS with 10,000 and 1,000,000 messages queued.

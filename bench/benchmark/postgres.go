@@ -28,7 +28,7 @@ func newPostgres(ctx context.Context, u *url.URL) (*pgStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("benchmark: Config.Store: %s", core.RedactError(err, u.String()))
 	}
-	pcfg.MaxConns = max(pcfg.MaxConns, 12) // 8 seed workers, plus setup and checks
+	pcfg.MaxConns = max(pcfg.MaxConns, 36) // 8 seed workers or up to 32 Watermill handlers, plus setup and checks (opened as needed)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err == nil {
 		err = pool.Ping(ctx)

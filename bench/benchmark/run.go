@@ -120,7 +120,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	var plain []string
 	for _, name := range cfg.Configs {
-		if slices.Contains(DefaultConfigs, name) || slices.Contains(ObservedConfigs, name) {
+		if slices.Contains(DefaultConfigs, name) || slices.Contains(ObservedConfigs, name) || slices.Contains(FrameworkConfigs, name) {
 			plain = append(plain, name)
 			rep.Results = append(rep.Results, &Result{Name: name, Description: s.describe(name), Baseline: !strings.HasPrefix(name, "idemq")})
 		}
@@ -222,6 +222,9 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 		s.store.drop(cctx, e)
 	}()
 
+	if _, ok := s.broker.(watermillBroker); name == Watermill && !ok {
+		return fail("%s runs on RabbitMQ only (watermill-amqp), not on %s", Watermill, s.broker.kind())
+	}
 	idemq := strings.HasPrefix(name, "idemq") || strings.Contains(name, "/")
 	if err := s.store.setup(ctx, e, !idemq && !e.keepDedup); err != nil {
 		return fail("setup: %v", err)
@@ -262,6 +265,8 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 			c, err = s.broker.handBatch(cctx, e, t, s.cfg.BatchSize, s.cfg.BatchWorkers)
 		case RawAck:
 			c, err = s.broker.rawAck(cctx, e, t, s.cfg.BatchSize)
+		case Watermill:
+			c, err = s.broker.(watermillBroker).watermill(cctx, e, t, watermillPrefetch, watermillHandlers)
 		default:
 			c, err = s.store.runIdemq(cctx, e, t, name)
 		}
