@@ -230,6 +230,8 @@ func (rep *Report) addRatios() {
 	tput(IdemqB1W5, SeedP5, "≥ 1.00", 1)
 	tput(IdemqB1W100C8, SeedP100W8, "≥ 1.00", 1)
 	tput(IdemqBatch, RawAck, "≥ 0.75", 0.75)
+	tput(IdemqBatch, Watermill, "≥ 8", 8)
+	tput(Watermill, SeedP100W8, "(peer)", 0)
 	tput(HandBatch, RawAck, "(ceiling)", 0)
 	if a, b := rep.result(IdemqBatch), rep.result(HandBatch); a != nil && b != nil && a.Failed == "" && b.Failed == "" && a.UserCPU > 0 && b.UserCPU > 0 {
 		v := float64(a.UserCPU) / float64(b.UserCPU)
@@ -290,7 +292,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			if !x.Met {
 				verdict = "MISSED"
 			}
-			if x.Target == "(ceiling)" {
+			if x.Target == "(ceiling)" || x.Target == "(peer)" {
 				verdict = ""
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%.2f\ttarget %s\t%s\n", x.Name, x.Metric, x.Value, x.Target, verdict)
