@@ -37,13 +37,21 @@ func serviceURL(t *testing.T, env, def string) string {
 	return u
 }
 
-func TestRunSmall(t *testing.T) {
+// rabbitPostgresURLs returns the RabbitMQ URL (with the test's queue) and
+// the Postgres URL the RabbitMQ → Postgres tests run on.
+func rabbitPostgresURLs(t *testing.T) (*url.URL, string) {
+	t.Helper()
 	amqpURL := serviceURL(t, "IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
 	u, _ := url.Parse(amqpURL)
 	q := u.Query()
 	q.Set("queue", "idemq-bench-test")
 	u.RawQuery = q.Encode()
+	return u, pgURL
+}
+
+func TestRunSmall(t *testing.T) {
+	u, pgURL := rabbitPostgresURLs(t)
 
 	var progress bytes.Buffer
 	configs := []string{SeedP5, HandBatch, RawAck, IdemqB1W5, IdemqQueue, IdemqBatch}
@@ -169,12 +177,7 @@ func TestScenariosSmall(t *testing.T) {
 // with every unique message applied once and every copy decided a
 // duplicate.
 func TestRunWatermill(t *testing.T) {
-	amqpURL := serviceURL(t, "IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
-	u, _ := url.Parse(amqpURL)
-	q := u.Query()
-	q.Set("queue", "idemq-bench-test")
-	u.RawQuery = q.Encode()
+	u, pgURL := rabbitPostgresURLs(t)
 
 	var progress lockedBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
