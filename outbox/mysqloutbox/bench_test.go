@@ -1,7 +1,6 @@
 package mysqloutbox
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -29,18 +28,7 @@ func benchRelay(b *testing.B, url string, rows, keys, relays int) {
 	o := newOutbox(b, db)
 	mb, _ := memory.NewBroker()
 	defer mb.Close()
-	write := func(ctx context.Context, msgs ...*outbox.Message) error {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if err := o.Write(ctx, tx, msgs...); err != nil {
-			tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	}
-	outboxtest.BenchRelay(b, rows, keys, relays, o.Store(db), write, func(opts ...outbox.Option) (*outbox.Relay, error) {
+	outboxtest.BenchRelay(b, rows, keys, relays, o.Store(db), outboxtest.TxWrite(db, o.Write), func(opts ...outbox.Option) (*outbox.Relay, error) {
 		return o.NewRelay(openDB(b, url), mb, opts...)
 	})
 }

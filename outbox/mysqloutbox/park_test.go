@@ -2,11 +2,9 @@ package mysqloutbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"testing"
 
-	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/outboxtest"
 )
 
@@ -45,21 +43,6 @@ func TestParking(t *testing.T) {
 		} else {
 			o = newOutbox(t, db)
 		}
-		return outboxtest.Env{Store: o.Store(db), Write: writeFunc(db, o)}
+		return outboxtest.Env{Store: o.Store(db), Write: outboxtest.TxWrite(db, o.Write)}
 	})
-}
-
-// writeFunc commits messages to o in one transaction on db.
-func writeFunc(db *sql.DB, o *Outbox) func(ctx context.Context, msgs ...*outbox.Message) error {
-	return func(ctx context.Context, msgs ...*outbox.Message) error {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback()
-		if err := o.Write(ctx, tx, msgs...); err != nil {
-			return err
-		}
-		return tx.Commit()
-	}
 }

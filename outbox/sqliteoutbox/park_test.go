@@ -1,11 +1,9 @@
 package sqliteoutbox
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
-	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/outboxtest"
 )
 
@@ -32,16 +30,6 @@ func TestParking(t *testing.T) {
 			}
 		}
 		o := newOutbox(t, db)
-		return outboxtest.Env{Store: o.Store(db), Write: func(ctx context.Context, msgs ...*outbox.Message) error {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			if err := o.Write(ctx, tx, msgs...); err != nil {
-				return err
-			}
-			return tx.Commit()
-		}}
+		return outboxtest.Env{Store: o.Store(db), Write: outboxtest.TxWrite(db, o.Write)}
 	})
 }

@@ -5,6 +5,7 @@ package outboxtest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -405,4 +406,20 @@ func BenchRelay(b *testing.B, rows, keys, relays int, store outbox.Store,
 		total += rows
 	}
 	b.ReportMetric(float64(total)/elapsed.Seconds(), "msgs/s")
+}
+
+// TxWrite returns a write function that commits messages with write (an
+// outbox's Write) in one transaction on db.
+func TxWrite(db *sql.DB, write func(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message) error) func(ctx context.Context, msgs ...*outbox.Message) error {
+	return func(ctx context.Context, msgs ...*outbox.Message) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if err := write(ctx, tx, msgs...); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
 }
