@@ -213,6 +213,11 @@ type ClaimInfo struct {
 	// Fingerprint is the body fingerprint stored with the claim; empty
 	// when the claim had none or the id is not claimed.
 	Fingerprint string
+	// LeaseUntil is when the lease on an id in progress expires (a leased
+	// claim, see Leaser); zero when the id has no lease.
+	LeaseUntil time.Time
+	// LeaseToken is the fencing token of that lease.
+	LeaseToken int64
 }
 
 // Lookuper is implemented by stores that can tell operators whether
