@@ -33,6 +33,7 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	}
 
 	outs := c.decideBatch(primaries)
+	c.endLeases(primaries, outs)
 	batch := make([]settlement, 0, len(items))
 	for i, it := range primaries {
 		batch = append(batch, settlement{it: it, out: outs[i]})
@@ -136,6 +137,14 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 			outs[i] = c.storeFailure(items[i].m, "claim", fmt.Errorf("unknown claim result %d", r))
 		}
 	}
+	if c.leased != nil && len(won) > 0 {
+		sctx, run = c.startStage(ctx, "fence", c.stageOf(items, won))
+		won, err = c.fence(sctx, txn, items, won, outs)
+		c.endStage(sctx, run, err)
+		if err != nil {
+			return nil, fail("fence", err)
+		}
+	}
 	if len(won) == 0 {
 		return nil, nil
 	}
@@ -211,7 +220,11 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 // to it and deletes the claim; under IsolateReplay the first failure ends
 // the transaction and the others are returned to run again without it.
 func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) (applied int, broken error, rerun [][]int) {
+	var cur *item // the item whose handler runs, for a leased Consumer's complete
 	handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, msgs []*Message) error {
+		if c.complete != nil {
+			return c.complete(hctx, txn.Tx(), cur)
+		}
 		return c.handler(hctx, txn.Tx(), msgs[0])
 	})
 	one := make([]*Message, 1) // handed to each call in turn: valid only during it
@@ -235,7 +248,7 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], item
 				continue
 			}
 		}
-		one[0] = it.m
+		one[0], cur = it.m, it
 		hctx := it.ctx
 		switch {
 		case c.cfg.txnTimeout <= 0:

@@ -25,7 +25,12 @@ type Consumer[Tx any] struct {
 	handler Handler[Tx]
 	// batchHandler replaces handler for consumers made by NewBatch.
 	batchHandler BatchHandler[Tx]
-	log          *slog.Logger
+	// leased and complete are set by NewLeased: messages take a lease and
+	// their External call before the completion transaction, which runs
+	// complete instead of handler.
+	leased   *leasing
+	complete func(ctx context.Context, tx Tx, it *item) error
+	log      *slog.Logger
 
 	slots chan struct{} // in-flight window
 	items chan *item    // messages to claim, in receive order, waiting for a worker
@@ -75,6 +80,9 @@ type item struct {
 	m   *Message
 	fp  string
 	d   driver.Delivery
+	// lease is the message's lease under a leased Consumer, from the
+	// moment it is won.
+	lease *leaseHold
 }
 
 type consumerKey struct{}
@@ -199,6 +207,13 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	c.stopping = ctx
 	c.procCtx, c.procCancel = context.WithCancel(context.WithValue(context.WithoutCancel(ctx), consumerKey{}, c.cfg.name))
 	defer c.procCancel()
+
+	if c.leased != nil {
+		rctx, stopRenew := context.WithCancel(c.procCtx)
+		renewed := make(chan struct{})
+		go func() { defer close(renewed); c.renewLoop(rctx) }()
+		defer func() { stopRenew(); <-renewed }()
+	}
 
 	var workers sync.WaitGroup
 	quit := make(chan struct{})
@@ -367,6 +382,12 @@ func (c *Consumer[Tx]) admit(d driver.Delivery) {
 	}
 	if c.cfg.fingerprint != nil {
 		it.fp = c.cfg.fingerprint(m.Body)
+	}
+	if c.leased != nil {
+		// The External call may take long: each message in flight runs
+		// its own steps, up to the window.
+		go c.runLeased(it)
+		return
 	}
 	c.items <- it // capacity window: never blocks
 }

@@ -109,8 +109,11 @@ func IsPermanent(err error) bool {
 // the message and the stage that failed.
 type DecisionError struct {
 	MessageID string
-	Stage     string // "id", "limits", "begin", "claim", "handler", "commit", "fingerprint", "shutdown"
-	Err       error
+	// Stage is "id", "limits", "begin", "claim", "handler", "commit",
+	// "fingerprint" or "shutdown"; under NewLeased also "lease",
+	// "external" and "fence".
+	Stage string
+	Err   error
 }
 
 func (e *DecisionError) Error() string {

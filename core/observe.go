@@ -21,7 +21,11 @@ type Observer interface {
 // StageObserver is implemented by Observers that also want the store
 // stages of each batch's transaction: "begin", "claim", "handlers",
 // "flush" (only for stores that queue statements and send them apart
-// from the commit; Postgres sends them with it) and "commit".
+// from the commit; Postgres sends them with it) and "commit". A leased
+// Consumer (NewLeased) adds, per message, "lease" (the short transaction
+// that claims it in progress), "external" (its External call) and
+// "release" (giving its lease up after a failure), and per completion
+// transaction "fence" between "claim" and "handlers".
 type StageObserver interface {
 	// StartStage returns the context the stage's store call runs under
 	// (for "handlers": a BatchHandler's context).
@@ -34,7 +38,9 @@ type StageObserver interface {
 // Stage is one store stage of a batch's transaction, as a StageObserver
 // sees it.
 type Stage struct {
-	// Name is "begin", "claim", "handlers", "flush" or "commit".
+	// Name is "begin", "claim", "fence", "handlers", "flush" or "commit",
+	// or for one message of a leased Consumer "lease", "external" or
+	// "release".
 	Name string
 	// Messages are the messages the transaction decides (for "handlers"
 	// and later stages: those whose claim won), and Contexts their

@@ -1,0 +1,357 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+// LeasedHandler is the two steps of a message whose effect is a slow call
+// outside the database (a card charge through a payment API), for
+// NewLeased.
+//
+// External makes the call, outside any database transaction, while the
+// message's claim is held in progress under a lease. It may run more than
+// once for a message (after a crash, a lease taken over, a transient
+// error), so it must send an idempotency key that is the same on every
+// run: effects.Keyer.ForMessage(ctx, m, "charge") derives it from the
+// consumer, the message id and the purpose, and effects.Transport sends it.
+// Its error decides as a Handler's does: Permanent → DeadLetter, anything
+// else → Retry (DeadLetter after MaxAttempts); either way the lease is
+// released first.
+//
+// Complete applies the local effect with External's result inside the
+// completion transaction, which also records the claim as done; it runs
+// only while the message's lease is still this consumer's.
+type LeasedHandler[Tx, R any] struct {
+	External func(ctx context.Context, m *Message) (R, error)
+	Complete func(ctx context.Context, tx Tx, m *Message, result R) error
+	// Lease is how long a claim in progress stays this consumer's without
+	// a renewal. The Consumer renews it every third of that while External
+	// runs and until the completion commits; a consumer that crashed or
+	// hangs loses it after Lease, and the next delivery of the message
+	// takes it over. Default 30s.
+	Lease time.Duration
+	// MaxLease bounds one External call: its context is cancelled after
+	// MaxLease, the lease is released and the message retried, so a hung
+	// provider holds a message no longer. Default 10m.
+	MaxLease time.Duration
+}
+
+// Default lease settings of a LeasedHandler.
+const (
+	DefaultLease    = 30 * time.Second
+	DefaultMaxLease = 10 * time.Minute
+)
+
+var (
+	// ErrLeaseBusy: another consumer holds the message's claim in progress
+	// and its lease is live; the message is redelivered later and then
+	// decided Duplicate once that consumer completed it.
+	ErrLeaseBusy = errors.New("idemq: the message's claim is in progress under another consumer's lease")
+	// ErrLeaseLost: the lease expired and another consumer took it over
+	// before this one completed; this one completes nothing, and the
+	// redelivery is decided by the claim the other commits.
+	ErrLeaseLost = errors.New("idemq: the lease was taken over by another consumer")
+)
+
+// NewLeased builds a Consumer whose messages are decided in steps, so a
+// slow external effect holds no database transaction or connection: a
+// short transaction claims the message's id in progress under a lease
+// with a fencing token; h.External runs outside any transaction while the
+// lease is renewed (the broker's own lease is kept by the adapter for
+// every unsettled delivery); then one transaction runs h.Complete, records
+// the claim as done if the token still holds the lease, and commits; then
+// the message is acknowledged. A copy that arrives while the lease is live
+// is retried later, never applied; after the completion it is a Duplicate.
+//
+// The store must implement driver.Leaser and its transactions
+// driver.Fencer (the Postgres, MySQL/MariaDB and SQLite stores do). Options
+// as for New; WithBatchSize and WithConcurrency apply to the completion
+// transactions, and the window (WithWindow) bounds the External calls in
+// flight.
+func NewLeased[Tx, R any](src Source, store Store[Tx], h LeasedHandler[Tx, R], opts ...Option) (*Consumer[Tx], error) {
+	if h.External == nil || h.Complete == nil {
+		return nil, errors.New("idemq: NewLeased: LeasedHandler.External and Complete are required")
+	}
+	if h.Lease < 0 || h.MaxLease < 0 {
+		return nil, fmt.Errorf("idemq: NewLeased: Lease %v and MaxLease %v must not be negative", h.Lease, h.MaxLease)
+	}
+	if h.Lease == 0 {
+		h.Lease = DefaultLease
+	}
+	if h.MaxLease == 0 {
+		h.MaxLease = DefaultMaxLease
+	}
+	if h.Lease < 30*time.Millisecond {
+		return nil, fmt.Errorf("idemq: NewLeased: Lease %v is too short to renew (at least 30ms)", h.Lease)
+	}
+	ls, ok := store.(driver.Leaser)
+	if !ok {
+		return nil, fmt.Errorf("idemq: NewLeased: the store %T cannot hold leased claims (driver.Leaser)", store)
+	}
+	c, err := newConsumer[Tx](src, store, func(context.Context, Tx, *Message) error {
+		return errors.New("idemq: leased consumer's handler called directly")
+	}, nil, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.leased = &leasing{
+		store:    ls,
+		ttl:      h.Lease,
+		max:      h.MaxLease,
+		held:     make(map[*leaseHold]struct{}),
+		external: func(ctx context.Context, m *Message) (any, error) { return h.External(ctx, m) },
+	}
+	c.complete = func(ctx context.Context, tx Tx, it *item) error {
+		r, _ := it.lease.result.(R)
+		return h.Complete(ctx, tx, it.m, r)
+	}
+	return c, nil
+}
+
+// leasing is a leased Consumer's state apart from its transaction type.
+type leasing struct {
+	store    driver.Leaser
+	ttl, max time.Duration
+	external func(ctx context.Context, m *Message) (any, error)
+
+	mu   sync.Mutex
+	held map[*leaseHold]struct{} // renewed until their message is decided
+}
+
+// leaseHold is one message's lease, from Acquire to its decision.
+type leaseHold struct {
+	ref driver.LeaseRef
+	// until is when renewals stop (MaxLease after the External call
+	// began): a call that ignores its cancelled context loses its lease
+	// to the next delivery then, and its fence fails.
+	until  time.Time
+	result any
+	lost   atomic.Bool
+	cancel context.CancelFunc // External's context
+}
+
+func (l *leasing) hold(h *leaseHold) {
+	l.mu.Lock()
+	l.held[h] = struct{}{}
+	l.mu.Unlock()
+}
+
+func (l *leasing) drop(h *leaseHold) {
+	l.mu.Lock()
+	delete(l.held, h)
+	l.mu.Unlock()
+}
+
+// renewLoop renews every lease held, every third of the lease, until ctx
+// ends. A lease found taken over is marked lost and its External call
+// cancelled: it could no longer complete.
+func (c *Consumer[Tx]) renewLoop(ctx context.Context) {
+	l := c.leased
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		holds := make([]*leaseHold, 0, len(l.held))
+		refs := make([]driver.LeaseRef, 0, len(l.held))
+		now := time.Now()
+		for h := range l.held {
+			if now.After(h.until) {
+				continue
+			}
+			holds = append(holds, h)
+			refs = append(refs, h.ref)
+		}
+		l.mu.Unlock()
+		if len(refs) == 0 {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.ttl/3)
+		still, err := l.store.Renew(rctx, c.cfg.name, refs, l.ttl)
+		cancel()
+		if err == nil && len(still) != len(refs) {
+			err = fmt.Errorf("store renewed %d of %d leases", len(still), len(refs))
+		}
+		if err != nil {
+			// The next tick tries again; a lease that expires meanwhile is
+			// only taken over if its message is redelivered elsewhere, and
+			// then the fence stops this consumer from completing it.
+			c.log.Warn("idemq: renewing leases failed", "leases", len(refs), "err", err)
+			continue
+		}
+		for i, ok := range still {
+			if !ok && holds[i].lost.CompareAndSwap(false, true) {
+				holds[i].cancel()
+				c.log.Warn("idemq: a lease was taken over while its external step ran", "id", shortID(refs[i].ID))
+			}
+		}
+	}
+}
+
+// runLeased takes one admitted message through the lease and its External
+// call, then queues it for a completion transaction, or decides it.
+func (c *Consumer[Tx]) runLeased(it *item) {
+	l := c.leased
+	out, ok := c.acquireLease(it)
+	if !ok {
+		c.settleAsync([]settlement{{it: it, out: out}})
+		return
+	}
+	h := it.lease
+	ectx, cancel := context.WithTimeout(it.ctx, l.max)
+	h.cancel, h.until = cancel, time.Now().Add(l.max)
+	l.hold(h)
+	one := []*Message{it.m}
+	external := chainHandler(c.cfg.handlerMW, func(ctx context.Context, msgs []*Message) error {
+		r, err := l.external(ctx, msgs[0])
+		h.result = r
+		return err
+	})
+	sctx, run := c.startStage(ectx, "external", c.stageOf([]*item{it}, []int{0}))
+	err := external(sctx, one)
+	c.endStage(sctx, run, err)
+	cancel()
+	switch {
+	case h.lost.Load():
+		l.drop(h)
+		out = c.leaseLost(it.m)
+	case err != nil:
+		l.drop(h)
+		if errors.Is(err, context.DeadlineExceeded) && ectx.Err() != nil && c.procCtx.Err() == nil {
+			err = fmt.Errorf("the external step ran past MaxLease %v: %w", l.max, err)
+		}
+		c.releaseLease(it)
+		out = c.handlerFailure(it.m, err)
+		if de, ok := out.Err.(*DecisionError); ok {
+			de.Stage = "external"
+		}
+	default:
+		c.items <- it // capacity window: never blocks
+		return
+	}
+	c.settleAsync([]settlement{{it: it, out: out}})
+}
+
+// acquireLease claims it's id in progress. ok means the lease is won and
+// it.lease set; otherwise out decides the message.
+func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
+	l := c.leased
+	sctx, run := c.startStage(it.ctx, "lease", c.stageOf([]*item{it}, []int{0}))
+	lease, err := l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.ttl)
+	c.endStage(sctx, run, err)
+	if err != nil {
+		return c.storeFailure(it.m, "lease", err), false
+	}
+	switch lease.Result {
+	case driver.LeaseWon:
+		it.lease = &leaseHold{ref: driver.LeaseRef{ID: it.m.ID, Token: lease.Token}}
+		return Outcome{}, true
+	case driver.LeaseDone:
+		return Outcome{Decision: Duplicate}, false
+	case driver.LeaseMismatch:
+		return c.mismatchOutcome(it.m), false
+	case driver.LeaseBusy:
+		if c.procCtx.Err() != nil {
+			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: fmt.Errorf("%w: %v", ErrShutdown, ErrLeaseBusy)}}, false
+		}
+		// Never dead-lettered for waiting: the holder completes or its
+		// lease expires, and either ends the wait, so it is no longer
+		// than until the lease expires.
+		delay := c.cfg.backoff.Delay(it.m.Attempt)
+		if left := time.Until(lease.Until); left > 0 && left < delay {
+			delay = left
+		}
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: ErrLeaseBusy}, Delay: delay}, false
+	}
+	return c.storeFailure(it.m, "lease", fmt.Errorf("unknown lease result %d", lease.Result)), false
+}
+
+// releaseLease gives up it's lease, so the message's next delivery takes
+// it at once instead of waiting for it to expire. A failure only delays
+// that delivery.
+func (c *Consumer[Tx]) releaseLease(it *item) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(it.ctx), c.cfg.settleTimeout)
+	defer cancel()
+	sctx, run := c.startStage(ctx, "release", c.stageOf([]*item{it}, []int{0}))
+	err := c.leased.store.Release(sctx, c.cfg.name, it.lease.ref)
+	c.endStage(sctx, run, err)
+	if err != nil {
+		c.log.Warn("idemq: releasing a lease failed; the message waits for it to expire", "id", shortID(it.m.ID), "err", err)
+	}
+}
+
+// leaseLost decides a message whose lease was taken over: Retry, never
+// counted towards MaxAttempts.
+func (c *Consumer[Tx]) leaseLost(m *Message) Outcome {
+	if c.procCtx.Err() != nil {
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "lease", Err: fmt.Errorf("%w: %v", ErrShutdown, ErrLeaseLost)}}
+	}
+	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "lease", Err: ErrLeaseLost}, Delay: c.cfg.backoff.Delay(m.Attempt)}
+}
+
+// fence ends, inside txn, the leases of the won items that hold one, and
+// takes out of won those whose lease was taken over: their claims are
+// deleted and they are decided Retry.
+func (c *Consumer[Tx]) fence(ctx context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) ([]int, error) {
+	f, ok := txn.(driver.Fencer)
+	if !ok {
+		return nil, fmt.Errorf("the store's transactions (%T) cannot fence leases (driver.Fencer)", txn)
+	}
+	refs := make([]driver.LeaseRef, len(won))
+	for k, i := range won {
+		refs[k] = items[i].lease.ref
+	}
+	held, err := f.Fence(ctx, c.cfg.name, refs)
+	if err == nil && len(held) != len(refs) {
+		err = fmt.Errorf("store fenced %d of %d leases", len(held), len(refs))
+	}
+	if err != nil {
+		return nil, err
+	}
+	keep := won[:0:0]
+	var lost []string
+	for k, i := range won {
+		if held[k] {
+			keep = append(keep, i)
+			continue
+		}
+		items[i].lease.lost.Store(true)
+		outs[i] = c.leaseLost(items[i].m)
+		lost = append(lost, items[i].m.ID)
+	}
+	if len(lost) > 0 {
+		if err := txn.Unclaim(ctx, c.cfg.name, lost); err != nil {
+			return nil, err
+		}
+	}
+	return keep, nil
+}
+
+// endLeases stops renewing the leases of a decided batch, and releases
+// those of messages that were not completed and whose lease is still
+// theirs, so their redeliveries need not wait for it to expire.
+func (c *Consumer[Tx]) endLeases(items []*item, outs []Outcome) {
+	if c.leased == nil {
+		return
+	}
+	for i, it := range items {
+		if it.lease == nil {
+			continue
+		}
+		c.leased.drop(it.lease)
+		if d := outs[i].Decision; d != Processed && d != Duplicate && !it.lease.lost.Load() {
+			c.releaseLease(it)
+		}
+	}
+}
