@@ -154,6 +154,9 @@ func Run(t *testing.T, h Harness) {
 		{"Pipeline/PoisonIsDeadLetteredAfterMaxAttempts", testPipelinePoison},
 		{"Pipeline/CrashBetweenCommitAndAck", testPipelineCrash},
 		{"Pipeline/GracefulShutdownMidStream", testPipelineShutdown},
+		{"Leased/DuplicatesCallOutOnce", testLeasedDuplicates},
+		{"Leased/PermanentErrorDeadLetters", testLeasedPermanent},
+		{"Leased/HungHolderIsTakenOver", testLeasedTakeOver},
 	}
 	if h.OperatesDeadLetters {
 		cases = append(cases, deadLetterCases...)

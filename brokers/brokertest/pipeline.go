@@ -80,15 +80,24 @@ type running struct {
 
 func runConsumer(t *testing.T, src core.Source, e *effects, h core.Handler[*sql.Tx], opts ...core.Option) *running {
 	t.Helper()
-	base := []core.Option{
-		core.WithName("brokertest"),
-		core.WithBackoff(core.ConstantBackoff(50 * time.Millisecond)),
-		core.WithShutdownTimeout(5 * time.Second),
-	}
-	c, err := core.New[*sql.Tx](src, e.store, h, append(base, opts...)...)
+	c, err := core.New[*sql.Tx](src, e.store, h, pipelineOptions(opts)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
 	}
+	return start(t, c)
+}
+
+// pipelineOptions are the suite's Consumer options, then opts.
+func pipelineOptions(opts []core.Option) []core.Option {
+	return append([]core.Option{
+		core.WithName("brokertest"),
+		core.WithBackoff(core.ConstantBackoff(50 * time.Millisecond)),
+		core.WithShutdownTimeout(5 * time.Second),
+	}, opts...)
+}
+
+// start runs c in the background until the test ends.
+func start(t *testing.T, c *core.Consumer[*sql.Tx]) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{c: c, stop: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()

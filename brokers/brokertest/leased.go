@@ -1,0 +1,194 @@
+package brokertest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core"
+)
+
+// The leased cases run core.NewLeased over the adapter: the External step
+// stands for a payment API and counts its calls per id; Complete applies
+// the effect row.
+
+// externalCalls counts External calls per id.
+type externalCalls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *externalCalls) add(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[id]++
+	return c.n[id]
+}
+
+func (c *externalCalls) of(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[id]
+}
+
+// runLeased starts a leased consumer whose Complete applies e's effect.
+func runLeased(t *testing.T, src core.Source, e *effects, external func(ctx context.Context, m *core.Message) (string, error), lease, maxLease time.Duration, opts ...core.Option) *running {
+	t.Helper()
+	c, err := core.NewLeased(src, e.store, core.LeasedHandler[*sql.Tx, string]{
+		External: external,
+		Complete: func(ctx context.Context, tx *sql.Tx, m *core.Message, _ string) error { return e.apply(ctx, tx, m) },
+		Lease:    lease,
+		MaxLease: maxLease,
+	}, pipelineOptions(opts)...)
+	if err != nil {
+		t.Fatalf("core.NewLeased: %v", err)
+	}
+	return start(t, c)
+}
+
+// wantOnce checks that every message's effect was committed exactly once.
+func wantOnce(t *testing.T, e *effects, msgs []*core.Message) {
+	t.Helper()
+	counts := e.counts(t)
+	for _, m := range msgs {
+		if counts[m.ID] != 1 {
+			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
+		}
+	}
+	if len(counts) != len(msgs) {
+		t.Errorf("effects for %d ids, want %d", len(counts), len(msgs))
+	}
+}
+
+// Copies of each id race across two leased consumers while the External
+// call is slow: each id calls out once and applies once.
+func testLeasedDuplicates(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	const unique, copies = 15, 3
+	msgs := messages("leased", unique)
+	var all []*core.Message
+	for range copies {
+		all = append(all, msgs...)
+	}
+	publish(t, h, f, all...)
+	var calls externalCalls
+	external := func(ctx context.Context, m *core.Message) (string, error) {
+		calls.add(m.ID)
+		time.Sleep(30 * time.Millisecond)
+		return "charged", nil
+	}
+	r1 := runLeased(t, source(t, f), e, external, 0, 0, core.WithWindow(10), core.WithBatchSize(5))
+	r2 := runLeased(t, source(t, f), e, external, 0, 0, core.WithWindow(4))
+	total := int64(unique * copies)
+	waitFor(t, 3*h.ReceiveTimeout, fmt.Sprintf("%d deliveries decided", total), func() bool {
+		a, b := r1.c.Stats(), r2.c.Stats()
+		return a.Processed+a.Duplicates+b.Processed+b.Duplicates >= total
+	})
+	for _, r := range []*running{r1, r2} {
+		if err := r.shutdown(t); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+	a, b := r1.c.Stats(), r2.c.Stats()
+	t.Logf("consumer stats: %+v / %+v", a, b)
+	if p := a.Processed + b.Processed; p != unique {
+		t.Errorf("Processed = %d, want %d", p, unique)
+	}
+	wantOnce(t, e, msgs)
+	for _, m := range msgs {
+		if n := calls.of(m.ID); n != 1 {
+			t.Errorf("%s: External called %d times, want once", m.ID, n)
+		}
+	}
+	expectQuiet(t, h, source(t, f))
+}
+
+// A permanent External error parks the message with its cause; the rest
+// complete.
+func testLeasedPermanent(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	msgs := messages("declined", 4)
+	publish(t, h, f, msgs...)
+	bad := msgs[1].ID
+	r := runLeased(t, source(t, f), e, func(ctx context.Context, m *core.Message) (string, error) {
+		if m.ID == bad {
+			return "", core.Permanent(errors.New("card declined"))
+		}
+		return "charged", nil
+	}, 0, 0)
+	waitFor(t, h.ReceiveTimeout, "3 processed and 1 dead-lettered", func() bool {
+		st := r.c.Stats()
+		return st.Processed == 3 && st.DeadLettered == 1
+	})
+	if err := r.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	dl := waitDeadLetters(t, h, f, bad)[bad]
+	if h.RecordsCause && !strings.Contains(dl.Cause, "card declined") {
+		t.Errorf("parked cause %q does not say why", dl.Cause)
+	}
+	wantOnce(t, e, append(msgs[:1:1], msgs[2:]...))
+}
+
+// The consumer dies while one External call hangs: the broker redelivers
+// its messages to a second consumer, which waits out the lease, takes it
+// over, calls out again with the same message and completes; when the hung
+// call returns at last, nothing is applied twice.
+func testLeasedTakeOver(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	e := newEffects(t)
+	msgs := messages("hung", 6)
+	publish(t, h, f, msgs...)
+	var calls externalCalls
+	src1 := source(t, f)
+	hung := make(chan string, 1)
+	wake := make(chan struct{})
+	var once sync.Once
+	r1 := runLeased(t, src1, e, func(ctx context.Context, m *core.Message) (string, error) {
+		calls.add(m.ID)
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			hung <- m.ID
+			_ = src1.Close() // the process dies; its call hangs on
+			<-wake
+		}
+		return "charged", nil
+	}, 200*time.Millisecond, 400*time.Millisecond, core.WithWindow(3))
+	var hungID string
+	select {
+	case hungID = <-hung:
+	case <-time.After(h.ReceiveTimeout):
+		t.Fatal("no External call started")
+	}
+	r2 := runLeased(t, source(t, f), e, func(ctx context.Context, m *core.Message) (string, error) {
+		calls.add(m.ID)
+		return "charged", nil
+	}, 200*time.Millisecond, 400*time.Millisecond, core.WithWindow(3))
+	waitFor(t, 3*h.ReceiveTimeout, "the hung message taken over and completed", func() bool {
+		return e.counts(t)[hungID] == 1
+	})
+	close(wake)
+	waitFor(t, 3*h.ReceiveTimeout, "every message applied", func() bool {
+		return len(e.counts(t)) == len(msgs)
+	})
+	r1.shutdown(t)
+	if err := r2.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := calls.of(hungID); n != 2 {
+		t.Errorf("the hung message's External ran %d times, want 2 (the hung call and the takeover)", n)
+	}
+	wantOnce(t, e, msgs)
+	expectQuiet(t, h, source(t, f))
+}
