@@ -32,7 +32,10 @@ import (
 type backend[Tx any] struct {
 	store  core.Store[Tx]
 	charge core.BatchHandler[Tx]
-	close  func()
+	// book is the leased mode's completion (--provider): one payment the
+	// provider charged, booked with its charge id.
+	book  func(ctx context.Context, tx Tx, m *core.Message, chargeID string) error
+	close func()
 }
 
 // tableNames returns the ledger and accounts tables for a --tables prefix.
@@ -69,6 +72,7 @@ CREATE TABLE IF NOT EXISTS `+ledger+` (
 	account      TEXT        NOT NULL,
 	amount_cents BIGINT      NOT NULL,
 	message_id   TEXT        NOT NULL,  -- deliberately not unique: idemq is the only guard
+	charge_id    TEXT,                  -- the provider's, in the leased mode (--provider)
 	booked_at    TIMESTAMPTZ NOT NULL DEFAULT now()
 )`)
 		return err
@@ -92,7 +96,20 @@ ON CONFLICT (account) DO UPDATE SET balance_cents = `+accounts+`.balance_cents +
 			b.totals.accounts, b.totals.cents)
 		return err
 	}
-	return &backend[pgx.Tx]{store: store, charge: charge, close: closeStore}, nil
+	book := func(ctx context.Context, tx pgx.Tx, m *core.Message, chargeID string) error {
+		p, err := decode(m.Body)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (account, amount_cents, message_id, charge_id) VALUES ($1, $2, $3, $4)`,
+			p.Account, p.AmountCents, m.ID, chargeID); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+accounts+` (account, balance_cents) VALUES ($1, $2)
+ON CONFLICT (account) DO UPDATE SET balance_cents = `+accounts+`.balance_cents + EXCLUDED.balance_cents`, p.Account, p.AmountCents)
+		return err
+	}
+	return &backend[pgx.Tx]{store: store, charge: charge, book: book, close: closeStore}, nil
 }
 
 // openSQL opens a database/sql store (MySQL/MariaDB or SQLite), creates
@@ -112,7 +129,7 @@ func openSQL(ctx context.Context, s settings, d dialect) (*backend[*sql.Tx], err
 	ddl := []string{
 		`CREATE TABLE IF NOT EXISTS ` + accounts + ` (account TEXT PRIMARY KEY, balance_cents INTEGER NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS ` + ledger + ` (entry INTEGER PRIMARY KEY AUTOINCREMENT,
-	account TEXT NOT NULL, amount_cents INTEGER NOT NULL, message_id TEXT NOT NULL,
+	account TEXT NOT NULL, amount_cents INTEGER NOT NULL, message_id TEXT NOT NULL, charge_id TEXT,
 	booked_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`,
 	}
 	// %s: the VALUES rows, sorted by account.
@@ -122,7 +139,7 @@ ON CONFLICT (account) DO UPDATE SET balance_cents = balance_cents + excluded.bal
 		ddl = []string{
 			`CREATE TABLE IF NOT EXISTS ` + accounts + ` (account VARCHAR(255) PRIMARY KEY, balance_cents BIGINT NOT NULL) ENGINE=InnoDB`,
 			`CREATE TABLE IF NOT EXISTS ` + ledger + ` (entry BIGINT AUTO_INCREMENT PRIMARY KEY,
-	account VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL, message_id VARCHAR(255) NOT NULL,
+	account VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL, message_id VARCHAR(255) NOT NULL, charge_id VARCHAR(255),
 	booked_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (message_id)) ENGINE=InnoDB`,
 		}
 		upsert = `INSERT INTO ` + accounts + ` (account, balance_cents) VALUES %s
@@ -154,7 +171,19 @@ ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)`
 		_, err = tx.ExecContext(ctx, fmt.Sprintf(upsert, placeholders(len(b.totals.accounts), "(?, ?)")), args...)
 		return err
 	}
-	return &backend[*sql.Tx]{store: store, charge: charge, close: closeStore}, nil
+	book := func(ctx context.Context, tx *sql.Tx, m *core.Message, chargeID string) error {
+		p, err := decode(m.Body)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+ledger+` (account, amount_cents, message_id, charge_id) VALUES (?, ?, ?, ?)`,
+			p.Account, p.AmountCents, m.ID, chargeID); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, fmt.Sprintf(upsert, "(?, ?)"), p.Account, p.AmountCents)
+		return err
+	}
+	return &backend[*sql.Tx]{store: store, charge: charge, book: book, close: closeStore}, nil
 }
 
 // batch is a batch of payments in columns, with the per-account totals

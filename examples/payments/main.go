@@ -22,6 +22,16 @@
 // not acknowledged and the claim turns what was already committed into a
 // Duplicate.
 //
+// With --provider the service charges each payment through a payment
+// provider's HTTP API before booking it (the leased mode, core.NewLeased):
+// the charge runs outside any transaction under a leased claim, with an
+// Idempotency-Key derived from the message id and $PAYMENTS_KEY_SECRET, so
+// a slow provider holds no database connection and a charge repeated after
+// a crash is answered with the first one. Up to --window charges run at
+// once.
+//
+//	PAYMENTS_KEY_SECRET=… go run ./examples/payments --broker URL --store URL --provider https://pay.example/v1
+//
 //	go run ./examples/payments --broker URL --store URL --publish 20000 --duplicates 0.2 --seed 7
 //
 // publishes test traffic to the same broker URL instead (deterministic
@@ -73,6 +83,9 @@ type settings struct {
 	seed                            uint64
 	accounts                        int
 	rejectAbove                     int64
+	provider                        string
+	lease                           time.Duration
+	window                          int
 }
 
 func main() {
@@ -123,6 +136,9 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.DurationVar(&s.shutdown, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight messages may take before they are rolled back and left unacked")
 	fs.DurationVar(&s.txnTimeout, "txn-timeout", time.Minute, "bound on one transaction, its handler included: a database connection that went half-open is given up after it")
 	fs.Int64Var(&s.rejectAbove, "reject-above", 0, "dead-letter payments of more than this many cents, as a limit set by mistake would (0: no limit); the README's incident drill")
+	fs.StringVar(&s.provider, "provider", "", "payment provider URL: charge each payment through its HTTP API (POST /charges with an Idempotency-Key from $"+keySecretEnv+") outside any transaction, under a leased claim, then book it (the leased mode)")
+	fs.DurationVar(&s.lease, "lease", 30*time.Second, "with --provider: how long a payment's claim in progress stays this process's without renewal; a crashed process's payments are taken over after it")
+	fs.IntVar(&s.window, "window", 500, "with --provider: payments in flight at once (charges running concurrently)")
 	fs.StringVar(&level, "log-level", level, "debug, info, warn or error; each decision is logged at info (duplicate: info, retry: warn, dead letter: error)")
 	fs.IntVar(&s.publish, "publish", 0, "publish N test messages (duplicates included) to --broker and exit, instead of consuming")
 	fs.Float64Var(&s.duplicates, "duplicates", 0.2, "with --publish: fraction of the N messages that repeat an earlier message (same id, same body)")
@@ -169,6 +185,17 @@ Flags:
 		return s, fmt.Errorf("--duplicates: %v is not a fraction in [0, 1)", s.duplicates)
 	case s.accounts < 1:
 		return s, fmt.Errorf("--accounts: %d must be at least 1", s.accounts)
+	case s.provider == "" && (flagSet(fs, "lease") || flagSet(fs, "window")):
+		return s, errNoProvider
+	case s.lease < 100*time.Millisecond:
+		return s, fmt.Errorf("--lease: %v must be at least 100ms", s.lease)
+	case s.window < 1:
+		return s, fmt.Errorf("--window: %d must be at least 1", s.window)
+	}
+	if s.provider != "" {
+		if u, err := url.Parse(s.provider); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return s, fmt.Errorf("--provider: %q is not an http:// or https:// URL", s.provider)
+		}
 	}
 	if s.store != "" {
 		if _, err := dialectOf(s.store); err != nil {
@@ -176,6 +203,13 @@ Flags:
 		}
 	}
 	return s, nil
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // payment is a message body.
@@ -248,14 +282,38 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 			return b.charge(ctx, tx, msgs)
 		}
 	}
-	c, err := core.NewBatch(src, b.store, charge,
+	opts := []core.Option{
 		core.WithName(s.consumer),
 		core.WithBatchSize(s.batch),
 		core.WithConcurrency(s.concurrency),
 		core.WithShutdownTimeout(s.shutdown),
 		core.WithTransactionTimeout(s.txnTimeout),
 		core.WithLogger(logger),
-		core.WithObserver(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))))
+		core.WithObserver(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))),
+	}
+	kill, err := newKiller()
+	if err != nil {
+		src.Close()
+		return err
+	}
+	if kill != nil {
+		opts = append(opts, core.WithObserver(kill))
+	}
+	var c *core.Consumer[Tx]
+	if s.provider != "" {
+		// The leased mode: the charge is an HTTP call that holds no
+		// transaction; the booking commits with the claim after it.
+		var p *provider
+		if p, err = newProvider(s.provider); err == nil {
+			c, err = core.NewLeased(src, b.store, core.LeasedHandler[Tx, string]{
+				External: p.charge,
+				Complete: b.book,
+				Lease:    s.lease,
+			}, append(opts, core.WithWindow(max(s.window, s.batch)))...)
+		}
+	} else {
+		c, err = core.NewBatch(src, b.store, charge, opts...)
+	}
 	if err != nil {
 		src.Close()
 		return err
