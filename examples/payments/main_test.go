@@ -244,7 +244,7 @@ func postgresStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
 	dedup := prefix + "processed"
 	ledger, accounts := tableNames(prefix)
 	t.Cleanup(func() {
-		conn.Exec(context.Background(), `DROP TABLE IF EXISTS `+ledger+`, `+accounts+`, `+dedup)
+		conn.Exec(context.Background(), `DROP TABLE IF EXISTS `+ledger+`, `+accounts+`, `+dedup+`, `+dedup+`_leases`)
 		conn.Close(context.Background())
 	})
 	return withQuery(u, "table", dedup), prefix, &pgLedger{conn: conn, ledger: ledger, account: accounts}
@@ -266,7 +266,7 @@ func mysqlStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
 	dedup := prefix + "processed"
 	ledger, accounts := tableNames(prefix)
 	t.Cleanup(func() {
-		db.Exec(`DROP TABLE IF EXISTS ` + ledger + `, ` + accounts + `, ` + dedup)
+		db.Exec(`DROP TABLE IF EXISTS ` + ledger + `, ` + accounts + `, ` + dedup + `, ` + dedup + `_leases`)
 		db.Close()
 	})
 	u := &url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName}
@@ -294,6 +294,20 @@ type killRun struct {
 	// settled, if set, is checked after the graceful stop: the broker holds
 	// no message any more.
 	settled func(t *testing.T)
+	// args and env, if set, are added to run i's command line and
+	// environment.
+	args []string
+	env  func(i int) []string
+	// kill, if set, arranges for run i to die of SIGKILL, instead of a
+	// SIGKILL from the test at a random moment; the test calls the func
+	// it returns once the run has died.
+	kill func(i int, cmd *exec.Cmd) (died func())
+}
+
+// killResult is what a kill-and-restart run leaves for further checks.
+type killResult struct {
+	unique []sent // the unique payments published
+	logs   string // the directory of run-<i>.log
 }
 
 // runKillAndRestart publishes traffic with the service, consumes it with
@@ -301,7 +315,7 @@ type killRun struct {
 // restarted each time, stops the last one with SIGTERM, and checks that
 // the ledger holds exactly one row per unique id and every balance is the
 // sum of its unique payments.
-func runKillAndRestart(t *testing.T, r killRun) {
+func runKillAndRestart(t *testing.T, r killRun) killResult {
 	began := time.Now()
 	bin := serviceBinary(t)
 	t.Logf("service built in %v", time.Since(began).Round(time.Millisecond))
@@ -331,8 +345,11 @@ func runKillAndRestart(t *testing.T, r killRun) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, "--broker", r.broker, "--store", r.store, "--tables", r.tables,
-			"--consumer", "payments", "--batch", fmt.Sprint(r.batch), "--concurrency", fmt.Sprint(r.concurrency))
+		cmd := exec.Command(bin, append([]string{"--broker", r.broker, "--store", r.store, "--tables", r.tables,
+			"--consumer", "payments", "--batch", fmt.Sprint(r.batch), "--concurrency", fmt.Sprint(r.concurrency)}, r.args...)...)
+		if r.env != nil {
+			cmd.Env = append(os.Environ(), r.env(i)...)
+		}
 		cmd.Stdout, cmd.Stderr = f, f
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -359,16 +376,22 @@ func runKillAndRestart(t *testing.T, r killRun) {
 	prev := 0
 	for i := range r.kills {
 		cmd, logPath := start(i)
-		step := 1 + rng.IntN(max(1, len(unique)/(r.kills+1)))
-		deadline := time.Now().Add(60 * time.Second)
-		for rows() < prev+step && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond)
-		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatalf("kill %d: %v", i, err)
+		died := func() {}
+		if r.kill != nil {
+			died = r.kill(i, cmd)
+		} else {
+			step := 1 + rng.IntN(max(1, len(unique)/(r.kills+1)))
+			deadline := time.Now().Add(60 * time.Second)
+			for rows() < prev+step && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond)
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatalf("kill %d: %v", i, err)
+			}
 		}
 		err := cmd.Wait()
+		died()
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 			t.Fatalf("run %d ended by itself (%v) before it was killed:\n%s", i, err, tail(logPath))
@@ -423,6 +446,7 @@ func runKillAndRestart(t *testing.T, r killRun) {
 		}
 	}
 	t.Logf("%d redeliveries decided Duplicate", redelivered)
+	return killResult{unique: unique, logs: logs}
 }
 
 // checkLedger checks that the ledger holds exactly one row per unique id
