@@ -247,11 +247,30 @@ func (c *Consumer[Tx]) runLeased(it *item) {
 // it.lease set; otherwise out decides the message.
 func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
 	l := c.leased
-	sctx, run := c.startStage(it.ctx, "lease", c.stageOf([]*item{it}, []int{0}))
-	lease, err := l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.ttl)
-	c.endStage(sctx, run, err)
-	if err != nil {
-		return c.storeFailure(it.m, "lease", err), false
+	var lease driver.Lease
+	for reruns := 0; ; {
+		sctx, run := c.startStage(it.ctx, "lease", c.stageOf([]*item{it}, []int{0}))
+		var err error
+		lease, err = l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.ttl)
+		c.endStage(sctx, run, err)
+		if err == nil {
+			break
+		}
+		// As for a batch's transaction: an outage pauses the Consumer
+		// instead of spending a delivery on every message in flight.
+		serr := asStoreError("lease", err)
+		if serr == nil || c.procCtx.Err() != nil {
+			return c.storeFailure(it.m, "lease", err), false
+		}
+		again, stopping := c.awaitStore(serr, &reruns)
+		if stopping {
+			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease",
+				Err: fmt.Errorf("%w: the store did not answer: %v", ErrShutdown, err)}}, false
+		}
+		if !again {
+			return c.storeFailure(it.m, "lease", err), false
+		}
+		c.stats.storeRetries.Add(1)
 	}
 	switch lease.Result {
 	case driver.LeaseWon:

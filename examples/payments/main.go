@@ -291,7 +291,7 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 		core.WithLogger(logger),
 		core.WithObserver(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))),
 	}
-	kill, err := newKiller()
+	kill, err := newKiller(logger)
 	if err != nil {
 		src.Close()
 		return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -98,12 +99,13 @@ const killEnv = "PAYMENTS_KILL_AT"
 // killer is the StageObserver that kills the process at the point killEnv
 // names.
 type killer struct {
+	log   *slog.Logger
 	stage string
 	at    int64
 	seen  atomic.Int64
 }
 
-func newKiller() (*killer, error) {
+func newKiller(log *slog.Logger) (*killer, error) {
 	v := os.Getenv(killEnv)
 	if v == "" {
 		return nil, nil
@@ -113,7 +115,7 @@ func newKiller() (*killer, error) {
 	if !ok || err != nil || at < 1 || (stage != "lease" && stage != "external" && stage != "commit") {
 		return nil, fmt.Errorf("%s=%q: want lease|external|commit:N", killEnv, v)
 	}
-	return &killer{stage: stage, at: at}, nil
+	return &killer{log: log, stage: stage, at: at}, nil
 }
 
 func (k *killer) StartDecision(ctx context.Context, _ *core.Message) context.Context { return ctx }
@@ -123,6 +125,7 @@ func (k *killer) StartStage(ctx context.Context, _ core.Stage) context.Context  
 // EndStage kills the process at the chosen point.
 func (k *killer) EndStage(_ context.Context, s core.Stage, err error) {
 	if err == nil && s.Name == k.stage && k.seen.Add(int64(len(s.Messages))) >= k.at {
+		k.log.Warn("payments: killing the process with SIGKILL", "after_stage", k.stage, "messages", k.seen.Load())
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way: nothing more happens here
 	}
