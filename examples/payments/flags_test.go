@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/core"
 )
@@ -37,10 +38,17 @@ func TestParseFlags(t *testing.T) {
 		{append(ok, "--log-level", "loud"), "--log-level"},
 		{append(ok, "extra"), "unexpected argument"},
 		{[]string{"--broker", "mem://q", "--store", "oracle://db"}, "--store"},
+		{append(ok, "--lease", "5s"), "--provider"},
+		{append(ok, "--provider", "ftp://pay"), "--provider"},
+		{append(ok, "--provider", "http://pay", "--lease", "1ms"), "--lease"},
+		{append(ok, "--provider", "http://pay", "--window", "0"), "--window"},
 	} {
 		if _, err := parseFlags(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("parseFlags(%q): %v, want an error naming %s", c.args, err, c.want)
 		}
+	}
+	if s, err := parseFlags(append(ok, "--provider", "http://127.0.0.1:8080/v1", "--lease", "2s"), io.Discard); err != nil || s.lease != 2*time.Second || s.window != 500 {
+		t.Errorf("the leased mode's flags: %+v, %v", s, err)
 	}
 	// --publish needs no store.
 	if _, err := parseFlags([]string{"--broker", "mem://q", "--publish", "10"}, io.Discard); err != nil {
@@ -113,5 +121,18 @@ func TestFailuresExitOneWithoutSecrets(t *testing.T) {
 		if !strings.Contains(string(out), "xxxxx") {
 			t.Errorf("payments %q: the output names no (redacted) URL:\n%s", args, out)
 		}
+	}
+}
+
+// The leased mode refuses to start without a key secret, naming the
+// variable: a key derived from no secret could be guessed.
+func TestLeasedModeNeedsKeySecret(t *testing.T) {
+	db := "sqlite://" + filepath.Join(t.TempDir(), "x.db")
+	cmd := exec.Command(serviceBinary(t), "--broker", "mem://q", "--store", db, "--provider", "http://127.0.0.1:1")
+	cmd.Env = append(cmd.Environ(), keySecretEnv+"=short")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), keySecretEnv) {
+		t.Errorf("%v, want exit code 1 naming %s:\n%s", err, keySecretEnv, out)
 	}
 }
