@@ -15,6 +15,13 @@
 // transactions again when it answers (WithStoreProbe,
 // WithTransactionTimeout).
 //
+// An effect outside the database that is slow or can hang (a payment API)
+// would hold the transaction and its connection for the whole call.
+// NewLeased decides such messages in steps instead: a short transaction
+// claims the id in progress under a lease with a fencing token, the call
+// runs outside any transaction while the lease is renewed, and one
+// transaction completes the claim if the token still holds it.
+//
 // core imports no broker client and no database driver: handlers depend on
 // the store's transaction type only, so switching brokers touches no handler.
 package core

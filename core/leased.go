@@ -39,7 +39,11 @@ type LeasedHandler[Tx, R any] struct {
 	Lease time.Duration
 	// MaxLease bounds one External call: its context is cancelled after
 	// MaxLease, the lease is released and the message retried, so a hung
-	// provider holds a message no longer. Default 10m.
+	// provider holds a message no longer; a call that ignores its context
+	// is no longer renewed and loses its lease to the next delivery. Keep
+	// it under the broker's own cap on an unsettled delivery (RabbitMQ's
+	// consumer_timeout, 30m by default; the SQS and NATS adapters'
+	// max_extension, 1h). Default 10m.
 	MaxLease time.Duration
 }
 
