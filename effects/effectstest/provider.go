@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -226,7 +227,8 @@ func (p *Provider) Unhang() {
 // request's handler goroutine, and the key stays in use (409 to other
 // requests) while it runs, so a test can act while a charge is in flight:
 // cancel the client's context, stop a consumer, kill a process. The
-// request answers when f returns, unless the client has gone by then.
+// request answers when f returns (after any SetDelay or Hang), unless the
+// client has gone by then. Close waits for f: it must return.
 func (p *Provider) OnCharge(f func(Charge)) {
 	p.mu.Lock()
 	p.onCharge = f
@@ -253,35 +255,26 @@ func (p *Provider) ChargesFor(key string) int {
 
 // Requests returns the number of POST /charges requests received, whatever
 // their answer.
-func (p *Provider) Requests() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.requests
-}
+func (p *Provider) Requests() int { return p.count(&p.requests) }
 
 // Replays returns the number of requests answered with a replay of their
 // key's first answer.
-func (p *Provider) Replays() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.replays
-}
+func (p *Provider) Replays() int { return p.count(&p.replays) }
 
 // Conflicts returns the number of requests answered 409 because their
 // key's first request was still being processed.
-func (p *Provider) Conflicts() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.conflicts
-}
+func (p *Provider) Conflicts() int { return p.count(&p.conflicts) }
 
 // Mismatches returns the number of requests answered 422 because their
 // body differed from their key's first request: a client bug, such as a
 // timestamp in the body or a key reused for another purpose.
-func (p *Provider) Mismatches() int {
+func (p *Provider) Mismatches() int { return p.count(&p.mismatches) }
+
+// count returns *n, a counter of p, read under p.mu.
+func (p *Provider) count(n *int) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.mismatches
+	return *n
 }
 
 // ChargesByAccount returns the sum of amount_cents of the charges made,
@@ -290,11 +283,7 @@ func (p *Provider) Mismatches() int {
 func (p *Provider) ChargesByAccount() map[string]int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m := make(map[string]int64, len(p.byAccount))
-	for a, n := range p.byAccount {
-		m[a] = n
-	}
-	return m
+	return maps.Clone(p.byAccount)
 }
 
 // Keys returns the idempotency keys that made a charge, in the order of
