@@ -25,6 +25,15 @@ const (
 	errReadOnlyMode     = 1836 // ER_READ_ONLY_MODE
 )
 
+// errDupEntry is ER_DUP_ENTRY: an INSERT ran into an existing key.
+const errDupEntry = 1062
+
+// duplicateKey reports a duplicate-key error (1062).
+func duplicateKey(err error) bool {
+	var me *mysqldrv.MySQLError
+	return errors.As(err, &me) && me.Number == errDupEntry
+}
+
 // IsTransient reports whether err is worth retrying with a new
 // transaction: a deadlock (1213), a lock wait timeout (1205), a killed or
 // interrupted connection or query (1927, 1317), a server shutting down or

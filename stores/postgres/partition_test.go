@@ -27,12 +27,13 @@ func TestPartitionedConformance(t *testing.T) {
 				return nil, err
 			}
 			// Cleanup before Migrate: a failed Migrate may have made the table.
-			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table) })
+			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table+`, `+cfg.Table+`_leases`) })
 			if err := s.Migrate(context.Background()); err != nil {
 				return nil, err
 			}
 			return s, nil
 		},
+		Leaser: true,
 		Effect: func(ctx context.Context, tx pgx.Tx, key string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, key)
 			return err

@@ -63,7 +63,7 @@ func openStore(t testing.TB, pool *pgxpool.Pool, opts ...postgres.Option) *postg
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table) })
+	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`) })
 	return s
 }
 
@@ -79,9 +79,10 @@ func TestConformance(t *testing.T) {
 			if err := s.Migrate(context.Background()); err != nil {
 				return nil, err
 			}
-			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table) })
+			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table+`, `+cfg.Table+`_leases`) })
 			return s, nil
 		},
+		Leaser: true,
 		Effect: func(ctx context.Context, tx pgx.Tx, key string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, key)
 			return err
