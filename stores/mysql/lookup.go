@@ -14,7 +14,7 @@ import (
 // committed while it waited.
 func (s *Store) claims() sqlstore.Claims {
 	return sqlstore.Claims{DB: s.db, Chunk: claimChunk,
-		LeaseTx: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, Lock: " FOR UPDATE", TimeText: timeText, Taken: duplicateKey}
+		LeaseTx: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, Lock: " FOR UPDATE", TimeText: timeText, Taken: duplicateKey, NoLeases: noLeases}
 }
 
 // timeText reads a DATETIME(6) column written as UTC text back as text, so

@@ -356,7 +356,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	}
 	m, err := sqlstore.ExecCount(ctx, s.db, `DELETE FROM `+lt+` WHERE lease_until < ? ORDER BY lease_until LIMIT `+strconv.Itoa(limit-n),
 		sqlstore.FormatTime(s.cfg.LeaseCut(before)))
-	if err != nil {
+	if err := s.claims().SkipNoLeases(err); err != nil {
 		return n, s.cfg.Wrap("prune", err)
 	}
 	return n + m, nil

@@ -96,6 +96,11 @@ func TestConformance(t *testing.T) {
 					return s, nil
 				},
 				Leaser: true,
+				DropLeaseTable: func(t *testing.T, table string) {
+					if _, err := db.Exec(`DROP TABLE ` + table + `_leases`); err != nil {
+						t.Fatal(err)
+					}
+				},
 				Effect: func(ctx context.Context, tx *sql.Tx, key string) error {
 					_, err := tx.ExecContext(ctx, `INSERT INTO `+fx+` (k) VALUES (?)`, key)
 					return err

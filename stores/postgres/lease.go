@@ -204,7 +204,8 @@ func heldOf(rows pgx.Rows, err error, refs []driver.LeaseRef) ([]bool, error) {
 }
 
 // pruneLeases deletes at most limit leases that expired before the given
-// time and before now, oldest first, skipping rows a transaction holds.
+// time and before now, oldest first, skipping rows a transaction holds,
+// and none when the lease table is missing or not the role's (noLeases).
 func (s *Store) pruneLeases(ctx context.Context, before time.Time, limit int) (int, error) {
 	lt, err := s.cfg.LeaseTable()
 	if err != nil {
@@ -213,13 +214,17 @@ func (s *Store) pruneLeases(ctx context.Context, before time.Time, limit int) (i
 	tag, err := s.pool.Exec(ctx, `DELETE FROM `+lt+` WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM `+lt+` WHERE lease_until < $1 ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED))`,
 		s.cfg.LeaseCut(before), limit)
+	if noLeases(err) {
+		return 0, nil
+	}
 	if err != nil {
 		return 0, s.cfg.Wrap("prune", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// lookupLeases adds the leases of ids to found (LeaseUntil, LeaseToken).
+// lookupLeases adds the leases of ids to found (LeaseUntil, LeaseToken),
+// none when the lease table is missing or not the role's (noLeases).
 func (s *Store) lookupLeases(ctx context.Context, consumer string, ids []string, found map[string]driver.ClaimInfo) error {
 	lt, err := s.cfg.LeaseTable()
 	if err != nil {
@@ -227,20 +232,37 @@ func (s *Store) lookupLeases(ctx context.Context, consumer string, ids []string,
 	}
 	rows, err := s.pool.Query(ctx, `SELECT message_id, token, lease_until FROM `+lt+` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		customPlan, consumer, ids)
-	if err != nil {
-		return err
+	if err == nil {
+		var id string
+		var token int64
+		var until pgtype.Timestamptz
+		_, err = pgx.ForEachRow(rows, []any{&id, &token, &until}, func() error {
+			info, ok := found[id]
+			if !ok {
+				info = driver.ClaimInfo{ID: id}
+			}
+			info.LeaseUntil, info.LeaseToken = until.Time.UTC(), token
+			found[id] = info
+			return nil
+		})
 	}
-	var id string
-	var token int64
-	var until pgtype.Timestamptz
-	_, err = pgx.ForEachRow(rows, []any{&id, &token, &until}, func() error {
-		info, ok := found[id]
-		if !ok {
-			info = driver.ClaimInfo{ID: id}
-		}
-		info.LeaseUntil, info.LeaseToken = until.Time.UTC(), token
-		found[id] = info
+	if noLeases(err) {
 		return nil
-	})
+	}
 	return err
+}
+
+// forgetLeases deletes consumer's leases of ids, none when the lease table
+// is missing or not the role's (noLeases). It runs as a statement of its
+// own, so that such an error cannot abort the claims' DELETE.
+func (s *Store) forgetLeases(ctx context.Context, consumer string, ids []string) error {
+	lt, err := s.cfg.LeaseTable()
+	if err != nil {
+		return nil // no lease table: no leases
+	}
+	_, err = s.pool.Exec(ctx, `DELETE FROM `+lt+` WHERE consumer = $1 AND message_id = ANY($2::text[])`, customPlan, consumer, ids)
+	if err != nil && !noLeases(err) {
+		return s.cfg.Wrap("forget", err)
+	}
+	return nil
 }

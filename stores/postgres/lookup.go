@@ -42,9 +42,9 @@ WHERE consumer = $1 AND message_id = ANY($2::text[]) ORDER BY message_id, proces
 	return sqlstore.InOrder(ids, found), nil
 }
 
-// Forget deletes consumer's claims and leases of ids in one statement, so
-// those messages are applied again when they come (idemq forget), and
-// returns how many claims it removed. On a table made WithPartitions it
+// Forget deletes consumer's leases of ids, then their claims in one
+// statement, so those messages are applied again when they come (idemq
+// forget), and returns how many claims it removed. On a table made WithPartitions it
 // deletes from every partition.
 func (s *Store) Forget(ctx context.Context, consumer string, ids []string) (int, error) {
 	if err := s.cfg.CheckConsumer("Forget", consumer); err != nil {
@@ -53,11 +53,10 @@ func (s *Store) Forget(ctx context.Context, consumer string, ids []string) (int,
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	forget := s.q.unclaim
-	if lt, err := s.cfg.LeaseTable(); err == nil {
-		forget = `WITH leases AS (DELETE FROM ` + lt + ` WHERE consumer = $1 AND message_id = ANY($2::text[])) ` + forget
+	if err := s.forgetLeases(ctx, consumer, ids); err != nil {
+		return 0, err
 	}
-	tag, err := s.pool.Exec(ctx, forget, customPlan, consumer, ids)
+	tag, err := s.pool.Exec(ctx, s.q.unclaim, customPlan, consumer, ids)
 	if err != nil {
 		return 0, s.cfg.Wrap("forget", err)
 	}

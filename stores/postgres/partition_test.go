@@ -33,7 +33,8 @@ func TestPartitionedConformance(t *testing.T) {
 			}
 			return s, nil
 		},
-		Leaser: true,
+		Leaser:         true,
+		DropLeaseTable: func(t *testing.T, table string) { dropLeaseTable(t, pool, table) },
 		Effect: func(ctx context.Context, tx pgx.Tx, key string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, key)
 			return err

@@ -12,7 +12,7 @@ import (
 // Open configures the handle), so the rows they read need no lock of
 // their own.
 func (s *Store) claims() sqlstore.Claims {
-	return sqlstore.Claims{DB: s.db, Numbered: true, Chunk: 2 * claimChunk}
+	return sqlstore.Claims{DB: s.db, Numbered: true, Chunk: 2 * claimChunk, NoLeases: noSuchTable}
 }
 
 // Lookup reports, for each of ids in order, whether consumer has claimed

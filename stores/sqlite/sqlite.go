@@ -203,7 +203,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	}
 	m, err := sqlstore.ExecCount(ctx, s.db, `DELETE FROM `+lt+` WHERE rowid IN (SELECT rowid FROM `+lt+
 		` WHERE lease_until < ?1 ORDER BY lease_until LIMIT ?2)`, sqlstore.FormatTime(s.cfg.LeaseCut(before)), limit-n)
-	if err != nil {
+	if err := s.claims().SkipNoLeases(err); err != nil {
 		return n, s.cfg.Wrap("prune", err)
 	}
 	return n + m, nil

@@ -77,6 +77,11 @@ func conformance(t *testing.T, leaser bool, wrap func(*sqlite.Store) core.Store[
 			return wrap(s), nil
 		},
 		Leaser: leaser,
+		DropLeaseTable: func(t *testing.T, table string) {
+			if _, err := base.DB().Exec(`DROP TABLE ` + table + `_leases`); err != nil {
+				t.Fatal(err)
+			}
+		},
 		Effect: func(ctx context.Context, tx *sql.Tx, key string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects (k) VALUES (?)`, key)
 			return err

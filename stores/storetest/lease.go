@@ -24,6 +24,7 @@ func (s suite[Tx]) leases(t *testing.T) {
 	t.Run("AcquireWaitsForFence", s.leaseWaitsForFence)
 	t.Run("MigrateTwice", s.leaseMigrateTwice)
 	t.Run("TableTooLong", s.leaseTableTooLong)
+	t.Run("WithoutLeaseTable", s.withoutLeaseTable)
 }
 
 // leaser returns st as a driver.Leaser: a store the Harness says leases
@@ -107,14 +108,21 @@ func fence[Tx any](t *testing.T, ctx context.Context, txn driver.Txn[Tx], refs .
 	return fmt.Sprint(held)
 }
 
+// must returns st as an I, an optional interface that every Leaser store
+// implements.
+func must[I any](t *testing.T, st any) I {
+	t.Helper()
+	i, ok := st.(I)
+	if !ok {
+		t.Fatalf("Leaser store %T does not implement %T", st, (*I)(nil))
+	}
+	return i
+}
+
 // leaseInfo looks id up for consumer c.
 func (s suite[Tx]) leaseInfo(t *testing.T, ctx context.Context, st core.Store[Tx], id string) driver.ClaimInfo {
 	t.Helper()
-	lk, ok := st.(driver.Lookuper)
-	if !ok {
-		t.Fatalf("Leaser store %T does not implement driver.Lookuper", st)
-	}
-	infos, err := lk.Lookup(ctx, "c", []string{id})
+	infos, err := must[driver.Lookuper](t, st).Lookup(ctx, "c", []string{id})
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("lookup %s: %v, %v", id, infos, err)
 	}
@@ -249,10 +257,7 @@ func (s suite[Tx]) leaseRelease(t *testing.T) {
 func (s suite[Tx]) leasePrune(t *testing.T) {
 	st, l, clock, base := s.openLeaser(t)
 	ctx := s.ctx(t)
-	pr, ok := st.(driver.Pruner)
-	if !ok {
-		t.Fatalf("Leaser store %T does not implement driver.Pruner", st)
-	}
+	pr := must[driver.Pruner](t, st)
 	clock.Set(base.Add(-2 * time.Hour))
 	acquire(t, ctx, l, "old", "", time.Second)
 	clock.Set(base)
@@ -361,10 +366,7 @@ func (s suite[Tx]) leaseWaitsForFence(t *testing.T) {
 func (s suite[Tx]) leaseMigrateTwice(t *testing.T) {
 	st, l, _, _ := s.openLeaser(t)
 	ctx := s.ctx(t)
-	m, ok := st.(driver.Migrator)
-	if !ok {
-		t.Fatalf("Leaser store %T does not implement driver.Migrator", st)
-	}
+	m := must[driver.Migrator](t, st)
 	before := acquire(t, ctx, l, "before", "", time.Hour)
 	for i := range 2 {
 		if err := m.Migrate(ctx); err != nil {
@@ -405,5 +407,36 @@ func (s suite[Tx]) leaseTableTooLong(t *testing.T) {
 		if err != nil || lease.Result != driver.LeaseWon {
 			t.Fatalf("acquire on a %d-character table: %+v, %v", n, lease, err)
 		}
+	}
+}
+
+// withoutLeaseTable: a store whose lease table is gone (Migrate has not
+// run since leases came) claims, prunes, looks up and forgets as before;
+// only Acquire fails.
+func (s suite[Tx]) withoutLeaseTable(t *testing.T) {
+	if s.h.DropLeaseTable == nil {
+		t.Skip("Harness.DropLeaseTable is not set")
+	}
+	table := UniqueName("idemq_st_")
+	clock := NewClock(time.Now())
+	st, err := s.h.Open(t, Config{Table: table, Now: clock.Now})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	l := s.leaser(t, st)
+	s.h.DropLeaseTable(t, table)
+	ctx := s.ctx(t)
+	s.claimCommit(t, ctx, st, "c", claims("a", "b"), UniqueName("k_"))
+	if info := s.leaseInfo(t, ctx, st, "a"); !info.Claimed {
+		t.Fatalf("lookup: %+v", info)
+	}
+	if n, err := must[driver.Forgetter](t, st).Forget(ctx, "c", []string{"a"}); err != nil || n != 1 {
+		t.Fatalf("forget: %d, %v", n, err)
+	}
+	if n, err := must[driver.Pruner](t, st).Prune(ctx, clock.Now().Add(time.Hour), 100); err != nil || n != 1 {
+		t.Fatalf("prune: %d, %v", n, err)
+	}
+	if lease, err := l.Acquire(ctx, "c", driver.Claim{ID: "x"}, time.Hour); err == nil {
+		t.Fatalf("acquire without a lease table: %+v", lease)
 	}
 }

@@ -67,6 +67,11 @@ type Harness[Tx any] struct {
 	// transactions driver.Fencer): the Leases cases then fail, rather
 	// than skip, on a store that does not.
 	Leaser bool
+	// DropLeaseTable drops the lease table of the dedup table named
+	// table, as on a database Migrate has not run on since leases came:
+	// the WithoutLeaseTable case, run when it is set, checks that claims,
+	// Prune, Lookup and Forget still work there.
+	DropLeaseTable func(t *testing.T, table string)
 	// Retryable tells the errors the ConcurrentBatches subtest retries
 	// with a new transaction (deadlocks, lock timeouts), as the Consumer
 	// would. Default: none; any error fails the test.

@@ -258,7 +258,7 @@ func (c *Config) Release(ctx context.Context, cl Claims, consumer string, ref dr
 }
 
 // lookupLeases adds the leases of ids to found (LeaseUntil, LeaseToken),
-// when the store has a lease table.
+// when the store has a lease table it may read.
 func (c *Config) lookupLeases(ctx context.Context, cl Claims, consumer string, ids []string, found map[string]driver.ClaimInfo) error {
 	lt, err := c.LeaseTable()
 	if err != nil {
@@ -268,7 +268,7 @@ func (c *Config) lookupLeases(ctx context.Context, cl Claims, consumer string, i
 		q, args := InIDs(false, `SELECT message_id, token, `+cl.timeText("lease_until")+` FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
 		rows, err := cl.DB.QueryContext(ctx, q, args...)
 		if err != nil {
-			return err
+			return cl.SkipNoLeases(err)
 		}
 		for rows.Next() {
 			var id []byte // VARBINARY on MySQL; TEXT converts

@@ -38,6 +38,19 @@ type Claims struct {
 	// Taken reports an INSERT's duplicate-key error, for a lease row that
 	// a concurrent Acquire inserted first; nil where that cannot happen.
 	Taken func(error) bool
+	// NoLeases reports an error that says the lease table is not there
+	// (Migrate has not run since leases came) or not the role's to use:
+	// Prune, Lookup and Forget then pass the leases by, so a store that
+	// never leases keeps working.
+	NoLeases func(error) bool
+}
+
+// SkipNoLeases returns nil for an error of cl.NoLeases, err otherwise.
+func (cl Claims) SkipNoLeases(err error) error {
+	if err != nil && cl.NoLeases != nil && cl.NoLeases(err) {
+		return nil
+	}
+	return err
 }
 
 // CheckConsumer is the check of a Lookup or Forget call's consumer, which
@@ -144,7 +157,7 @@ func (c *Config) Forget(ctx context.Context, cl Claims, prefix, consumer string,
 	if lt, err := c.LeaseTable(); err == nil {
 		for part := range slices.Chunk(ids, cl.Chunk) {
 			q, args := InIDs(false, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
-			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			if _, err := tx.ExecContext(ctx, q, args...); cl.SkipNoLeases(err) != nil {
 				return 0, c.Wrap("forget", err)
 			}
 		}
