@@ -374,12 +374,13 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 // short, and logs how many it removed. It returns ctx's error when ctx is
 // done; a failed round is logged and retried at the next tick.
 //
-// On a table made WithPartitions it deletes no rows: each tick it creates
-// the coming partitions and drops those that ended before now minus
-// Retention (batch is then unused).
+// On a table made WithPartitions it deletes no claims: each tick it
+// creates the coming partitions and drops those that ended before now
+// minus Retention, and deletes the leases that expired before then, batch
+// rows at a time.
 func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
 	if s.cfg.period > 0 {
-		return s.runPartitionUpkeep(ctx, every, logger)
+		return s.runPartitionUpkeep(ctx, every, batch, logger)
 	}
 	return s.cfg.RunPruner(ctx, s, every, batch, logger)
 }
