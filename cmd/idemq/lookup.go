@@ -72,9 +72,12 @@ func parseClaimArgs(f *cli.Flags, storeURL func() (string, error), consumer *str
 const lookupUsage = `Usage: idemq lookup --store URL --consumer NAME [--json] ID...
 
 Shows, for each message id, whether the consumer has claimed it, when
-(RFC 3339, UTC) and the body fingerprint stored with the claim. A claimed
-id's message is not applied again when it is redelivered. Put ids that
-start with '-' after "--".
+(RFC 3339, UTC) and the body fingerprint stored with the claim, and the
+lease of a message in progress (a leased consumer is applying it): until
+when, by the store's clock, and its fencing token. A claimed id's message
+is not applied again when it is redelivered; one in progress is not
+applied by another consumer before its lease expires. Put ids that start
+with '-' after "--".
 `
 
 // claimJSON is one id of lookup --json.
@@ -83,6 +86,8 @@ type claimJSON struct {
 	Claimed     bool
 	At          string `json:",omitempty"` // RFC 3339, UTC; only when claimed
 	Fingerprint string `json:",omitempty"`
+	LeaseUntil  string `json:",omitempty"` // RFC 3339, UTC; only while a lease exists
+	LeaseToken  int64  `json:",omitempty"`
 }
 
 func runLookup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -110,30 +115,44 @@ func runLookup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			if in.Claimed {
 				out[i].At = in.At.UTC().Format(time.RFC3339Nano)
 			}
+			if !in.LeaseUntil.IsZero() {
+				out[i].LeaseUntil, out[i].LeaseToken = in.LeaseUntil.UTC().Format(time.RFC3339Nano), in.LeaseToken
+			}
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)
 	}
-	claimed := 0
+	claimed, leased := 0, 0
 	for _, in := range infos {
 		if in.Claimed {
 			claimed++
 		}
+		if !in.LeaseUntil.IsZero() {
+			leased++
+		}
 	}
-	fmt.Fprintf(stdout, "consumer %s in %s on %s: %d of %d ids claimed\n", *consumer, s.table(), core.Redact(raw), claimed, len(infos))
+	fmt.Fprintf(stdout, "consumer %s in %s on %s: %d of %d ids claimed", *consumer, s.table(), core.Redact(raw), claimed, len(infos))
+	if leased > 0 {
+		fmt.Fprintf(stdout, ", %d in progress", leased)
+	}
+	fmt.Fprintln(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCLAIMED\tAT\tFINGERPRINT")
+	fmt.Fprintln(tw, "ID\tCLAIMED\tAT\tFINGERPRINT\tLEASE")
 	for _, in := range infos {
+		lease := "-"
+		if !in.LeaseUntil.IsZero() {
+			lease = fmt.Sprintf("in progress until %s, token %d", in.LeaseUntil.UTC().Format(time.RFC3339), in.LeaseToken)
+		}
 		if !in.Claimed {
-			fmt.Fprintf(tw, "%s\tno\t-\t-\n", in.ID)
+			fmt.Fprintf(tw, "%s\tno\t-\t-\t%s\n", in.ID, lease)
 			continue
 		}
 		fp := in.Fingerprint
 		if fp == "" {
 			fp = "(none)"
 		}
-		fmt.Fprintf(tw, "%s\tyes\t%s\t%s\n", in.ID, in.At.UTC().Format(time.RFC3339), fp)
+		fmt.Fprintf(tw, "%s\tyes\t%s\t%s\t%s\n", in.ID, in.At.UTC().Format(time.RFC3339), fp, lease)
 	}
 	return tw.Flush()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -45,10 +46,15 @@ func claimAll[Tx any](t *testing.T, s core.Store[Tx], consumer string, claims []
 }
 
 // checkLookupForget runs lookup and forget on the store at storeURL, whose
-// table seed fills through the store's own package, and checks that the
-// output never shows secret.
-func checkLookupForget(t *testing.T, storeURL, secret string, seed func(consumer string, claims []driver.Claim)) {
+// table it fills through the store's own package (a store from open), and
+// checks that the output never shows secret.
+func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func() core.Store[Tx]) {
 	t.Helper()
+	seed := func(consumer string, claims []driver.Claim) {
+		s := open()
+		defer s.Close()
+		claimAll(t, s, consumer, claims)
+	}
 	at := time.Now().UTC()
 	fp := core.Fingerprint([]byte("the body"))
 	seed("billing", []driver.Claim{{ID: "m-1", Fingerprint: fp}, {ID: "m-2"}, {ID: "-dash"}})
@@ -95,6 +101,36 @@ func checkLookupForget(t *testing.T, storeURL, secret string, seed func(consumer
 		t.Fatalf("lookup --json: m-1 claimed at %q (%v), want about %v", infos[0].At, err, at)
 	}
 
+	// A message in progress shows its lease.
+	s := open()
+	lease, err := s.(driver.Leaser).Acquire(context.Background(), "billing", driver.Claim{ID: "m-4"}, time.Hour)
+	s.Close()
+	if err != nil || lease.Result != driver.LeaseWon {
+		t.Fatalf("acquire m-4: %+v, %v", lease, err)
+	}
+	token := fmt.Sprintf("token %d", lease.Token)
+	r = keep(expect(t, exitOK, []string{"lookup", "--store", storeURL, "--consumer", "billing", "m-4", "m-2"},
+		"1 of 2 ids claimed, 1 in progress", "LEASE", "in progress until "+lease.Until.UTC().Format(time.RFC3339)+", "+token))
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 4 || !strings.HasSuffix(lines[2], token) || !strings.HasSuffix(lines[3], " -") {
+		t.Fatalf("lookup of a lease: want the lease on m-4's row only\n%s", r)
+	}
+	r = keep(expect(t, exitOK, []string{"lookup", "--store", storeURL, "--consumer", "billing", "--json", "m-4", "m-2"}))
+	var leases []struct {
+		ID         string
+		Claimed    bool
+		LeaseUntil string
+		LeaseToken int64
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &leases); err != nil {
+		t.Fatalf("lookup --json: %v\n%s", err, r)
+	}
+	if len(leases) != 2 || leases[0].Claimed || leases[0].LeaseToken != lease.Token || leases[1].LeaseUntil != "" || leases[1].LeaseToken != 0 {
+		t.Fatalf("lookup --json of a lease: %+v", leases)
+	}
+	if until, err := time.Parse(time.RFC3339Nano, leases[0].LeaseUntil); err != nil || until.Sub(lease.Until).Abs() > time.Millisecond {
+		t.Fatalf("lookup --json: lease until %q (%v), want %v", leases[0].LeaseUntil, err, lease.Until)
+	}
+
 	// Without --yes: a usage error saying what it would do, and nothing
 	// deleted.
 	r = keep(expect(t, exitUsage, []string{"forget", "--store", storeURL, "--consumer", "billing", "m-1", "m-3"},
@@ -137,13 +173,12 @@ func checkLookupForget(t *testing.T, storeURL, secret string, seed func(consumer
 
 func TestLookupForgetSQLite(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lf.db")
-	checkLookupForget(t, "sqlite://"+path+"?table=claims", "", func(consumer string, claims []driver.Claim) {
+	checkLookupForget(t, "sqlite://"+path+"?table=claims", "", func() core.Store[*sql.Tx] {
 		s, err := sqlite.Open(context.Background(), path, sqlite.WithTable("claims"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Close()
-		claimAll(t, s, consumer, claims)
+		return s
 	})
 }
 
@@ -170,17 +205,16 @@ func TestLookupForgetPostgres(t *testing.T) {
 			}
 			t.Cleanup(func() {
 				if conn, err := pgx.Connect(ctx, base); err == nil {
-					conn.Exec(ctx, `DROP TABLE IF EXISTS `+table+` CASCADE`)
+					conn.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_leases CASCADE`)
 					conn.Close(ctx)
 				}
 			})
-			checkLookupForget(t, storeURL, secret, func(consumer string, claims []driver.Claim) {
+			checkLookupForget(t, storeURL, secret, func() core.Store[pgx.Tx] {
 				s, err := postgres.Open(ctx, base, opts...)
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer s.Close()
-				claimAll(t, s, consumer, claims)
+				return s
 			})
 		})
 	}
@@ -196,7 +230,7 @@ func TestLookupForgetMySQL(t *testing.T) {
 	ctx := context.Background()
 	t.Cleanup(func() {
 		if db, err := sql.Open("mysql", cfg.FormatDSN()); err == nil {
-			db.Exec(`DROP TABLE IF EXISTS ` + table)
+			db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + table + `_leases`)
 			db.Close()
 		}
 	})
@@ -206,12 +240,11 @@ func TestLookupForgetMySQL(t *testing.T) {
 	}
 	u := url.URL{Scheme: "mysql", User: user, Host: cfg.Addr, Path: "/" + cfg.DBName, RawQuery: "table=" + table}
 	// The server's password, if any, must not show either.
-	checkLookupForget(t, u.String(), cfg.Passwd, func(consumer string, claims []driver.Claim) {
+	checkLookupForget(t, u.String(), cfg.Passwd, func() core.Store[*sql.Tx] {
 		s, err := mysql.Open(ctx, cfg.FormatDSN(), mysql.WithTable(table))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Close()
-		claimAll(t, s, consumer, claims)
+		return s
 	})
 }

@@ -25,6 +25,29 @@ const (
 	errReadOnlyMode     = 1836 // ER_READ_ONLY_MODE
 )
 
+// errDupEntry is ER_DUP_ENTRY: an INSERT ran into an existing key.
+const errDupEntry = 1062
+
+// Server error numbers of a lease table that is not there, or not the
+// user's to use (noLeases).
+const (
+	errNoSuchTable       = 1146 // ER_NO_SUCH_TABLE
+	errTableAccessDenied = 1142 // ER_TABLEACCESS_DENIED_ERROR
+)
+
+// noLeases reports an error that says the lease table is not there or
+// not the user's to use (sqlstore.Claims.NoLeases).
+func noLeases(err error) bool {
+	var me *mysqldrv.MySQLError
+	return errors.As(err, &me) && (me.Number == errNoSuchTable || me.Number == errTableAccessDenied)
+}
+
+// duplicateKey reports a duplicate-key error (1062).
+func duplicateKey(err error) bool {
+	var me *mysqldrv.MySQLError
+	return errors.As(err, &me) && me.Number == errDupEntry
+}
+
 // IsTransient reports whether err is worth retrying with a new
 // transaction: a deadlock (1213), a lock wait timeout (1205), a killed or
 // interrupted connection or query (1927, 1317), a server shutting down or

@@ -30,6 +30,11 @@
 //	    KEY idemq_processed_at (processed_at)
 //	) ENGINE=InnoDB;
 //
+// and, for leased claims in progress (Acquire), processed_messages_leases:
+// consumer, message_id and fingerprint as above, token BIGINT, acquired_at
+// and lease_until DATETIME(6) (UTC), PRIMARY KEY (consumer, message_id),
+// KEY idemq_lease_until (lease_until).
+//
 // Old claims go with Prune (DELETE … ORDER BY processed_at LIMIT n) or
 // RunPruner. IsTransient tells the errors worth a retry (deadlock 1213,
 // lock wait timeout 1205, killed or lost connection, a server restarting,
@@ -273,10 +278,12 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // is left to its owner.
 func (s *Store) Close() error { return sqlstore.CloseOwned(s.db, s.owned) }
 
-// Migrate creates the dedup table if it does not exist. It is idempotent
-// and safe when several processes run it at once: they serialise on a
-// named lock (GET_LOCK), and CREATE TABLE IF NOT EXISTS creates the table
-// and its index in one statement.
+// Migrate creates the dedup table and the lease table next to it (see
+// Acquire) if they do not exist. It is idempotent and safe when several
+// processes run it at once: they serialise on a named lock (GET_LOCK), and
+// CREATE TABLE IF NOT EXISTS creates each table and its index in one
+// statement. A table name too long for its lease table (more than 56
+// characters) gets no lease table; Acquire then fails naming WithTable.
 func (s *Store) Migrate(ctx context.Context) error {
 	wrap := func(err error) error { return s.cfg.Wrap("migrate", err) }
 	conn, err := s.db.Conn(ctx) // GET_LOCK belongs to one session
@@ -308,13 +315,32 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return wrap(err)
 	}
+	lt, err := s.cfg.LeaseTable()
+	if err != nil {
+		return nil // a name too long to lease with: Acquire says so
+	}
+	_, err = conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+lt+` (
+	consumer    VARBINARY(255)  NOT NULL,
+	message_id  VARBINARY(1024) NOT NULL,
+	token       BIGINT          NOT NULL,
+	fingerprint VARBINARY(128)  NOT NULL DEFAULT '',
+	acquired_at DATETIME(6)     NOT NULL,
+	lease_until DATETIME(6)     NOT NULL,
+	PRIMARY KEY (consumer, message_id),
+	KEY idemq_lease_until (lease_until)
+) ENGINE=InnoDB`)
+	if err != nil {
+		return wrap(err)
+	}
 	return nil
 }
 
 // Prune deletes at most limit claims recorded before the given time (rows
 // at or after it are kept), oldest first, in one short statement, and
 // returns how many it deleted. Call it again until it returns less than
-// limit.
+// limit. Once no such claim is left, it deletes, within the same limit,
+// the leases that expired before the given time and before now: never a
+// live lease, whatever the time given.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.cfg.CheckLimit(limit); err != nil {
 		return 0, err
@@ -324,7 +350,16 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	if err != nil {
 		return 0, s.cfg.Wrap("prune", err)
 	}
-	return n, nil
+	lt, err := s.cfg.LeaseTable()
+	if n == limit || err != nil {
+		return n, nil
+	}
+	m, err := sqlstore.ExecCount(ctx, s.db, `DELETE FROM `+lt+` WHERE lease_until < ? ORDER BY lease_until LIMIT `+strconv.Itoa(limit-n),
+		sqlstore.FormatTime(s.cfg.LeaseCut(before)))
+	if err := s.claims().SkipNoLeases(err); err != nil {
+		return n, s.cfg.Wrap("prune", err)
+	}
+	return n + m, nil
 }
 
 // RunPruner deletes claims older than Retention every interval, in batches
@@ -411,19 +446,8 @@ func (t *Txn) Tx() *sql.Tx { return t.end.SQL }
 // (ClaimWon); the others were there already and are ClaimDuplicate, or
 // ClaimMismatch when both fingerprints are non-empty and differ.
 func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
-	if consumer == "" {
-		return nil, errors.New("mysql: Claim: empty consumer")
-	}
-	if len(consumer) > MaxConsumerBytes {
-		return nil, fmt.Errorf("mysql: Claim: consumer is %d bytes, at most %d", len(consumer), MaxConsumerBytes)
-	}
-	for _, c := range claims {
-		if len(c.ID) > MaxIDBytes {
-			return nil, fmt.Errorf("mysql: Claim: id %.40q… is %d bytes, at most %d: %w", c.ID, len(c.ID), MaxIDBytes, core.ErrInvalidID)
-		}
-		if len(c.Fingerprint) > MaxFingerprintBytes {
-			return nil, fmt.Errorf("mysql: Claim: fingerprint of %q is %d bytes, at most %d", c.ID, len(c.Fingerprint), MaxFingerprintBytes)
-		}
+	if err := checkClaims("Claim", consumer, claims); err != nil {
+		return nil, err
 	}
 	results := make([]driver.ClaimResult, len(claims))
 	if len(claims) == 0 {
@@ -500,6 +524,25 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		}
 	}
 	return results, nil
+}
+
+// checkClaims checks the column limits of the claims of a call op.
+func checkClaims(op, consumer string, claims []driver.Claim) error {
+	if consumer == "" {
+		return fmt.Errorf("mysql: %s: empty consumer", op)
+	}
+	if len(consumer) > MaxConsumerBytes {
+		return fmt.Errorf("mysql: %s: consumer is %d bytes, at most %d", op, len(consumer), MaxConsumerBytes)
+	}
+	for _, c := range claims {
+		if len(c.ID) > MaxIDBytes {
+			return fmt.Errorf("mysql: %s: id %.40q… is %d bytes, at most %d: %w", op, c.ID, len(c.ID), MaxIDBytes, core.ErrInvalidID)
+		}
+		if len(c.Fingerprint) > MaxFingerprintBytes {
+			return fmt.Errorf("mysql: %s: fingerprint of %q is %d bytes, at most %d", op, c.ID, len(c.Fingerprint), MaxFingerprintBytes)
+		}
+	}
+	return nil
 }
 
 // claimedRow is a claimed id's stored fingerprint and claim token.

@@ -68,7 +68,7 @@ func openStore(t testing.TB, db *sql.DB, opts ...mysql.Option) *mysql.Store {
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	t.Cleanup(func() { db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + table + `_leases`) })
 	return s
 }
 
@@ -92,8 +92,14 @@ func TestConformance(t *testing.T) {
 					if err := s.Migrate(context.Background()); err != nil {
 						return nil, err
 					}
-					t.Cleanup(func() { db.Exec(`DROP TABLE IF EXISTS ` + cfg.Table) })
+					t.Cleanup(func() { db.Exec(`DROP TABLE IF EXISTS ` + cfg.Table + `, ` + cfg.Table + `_leases`) })
 					return s, nil
+				},
+				Leaser: true,
+				DropLeaseTable: func(t *testing.T, table string) {
+					if _, err := db.Exec(`DROP TABLE ` + table + `_leases`); err != nil {
+						t.Fatal(err)
+					}
 				},
 				Effect: func(ctx context.Context, tx *sql.Tx, key string) error {
 					_, err := tx.ExecContext(ctx, `INSERT INTO `+fx+` (k) VALUES (?)`, key)

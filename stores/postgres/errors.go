@@ -42,3 +42,12 @@ func IsTransient(err error) bool {
 	return errors.Is(err, pgconn.ErrConnClosed) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
 		errors.As(err, &connectErr) || sqlstore.ConnLost(err)
 }
+
+// noLeases reports an error that says the lease table is not there
+// (42P01: Migrate has not run since leases came) or not the role's to use
+// (42501: granted only the dedup table). Prune, Lookup and Forget then
+// pass the leases by, so a store that never leases keeps working.
+func noLeases(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42501")
+}

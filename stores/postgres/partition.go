@@ -306,8 +306,9 @@ func (s *Store) DropPartitions(ctx context.Context, before time.Time) (int, erro
 	return dropped, nil
 }
 
-// runPartitionUpkeep is RunPruner for a partitioned table.
-func (s *Store) runPartitionUpkeep(ctx context.Context, every time.Duration, logger *slog.Logger) error {
+// runPartitionUpkeep is RunPruner for a partitioned table: it also
+// deletes the leases that expired before the cut, batch rows a statement.
+func (s *Store) runPartitionUpkeep(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
 	if every <= 0 {
 		return fmt.Errorf("RunPruner: every must be positive, got %v", every)
 	}
@@ -329,10 +330,34 @@ func (s *Store) runPartitionUpkeep(ctx context.Context, every time.Duration, log
 		case n > 0:
 			logger.InfoContext(ctx, "idemq: dropped partitions", "table", s.cfg.Table, "partitions", n, "before", cut)
 		}
+		s.pruneExpiredLeases(ctx, cut, batch, logger)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick.C:
 		}
+	}
+}
+
+// pruneExpiredLeases deletes the leases that expired before cut, batch
+// rows a statement until a statement comes back short, and logs how many
+// it removed or why it stopped.
+func (s *Store) pruneExpiredLeases(ctx context.Context, cut time.Time, batch int, logger *slog.Logger) {
+	total := 0
+	for batch > 0 {
+		n, err := s.pruneLeases(ctx, cut, batch)
+		if err != nil {
+			if ctx.Err() == nil {
+				logger.WarnContext(ctx, "idemq: pruning expired leases failed", "table", s.cfg.Table, "err", err)
+			}
+			break
+		}
+		total += n
+		if n < batch {
+			break
+		}
+	}
+	if total > 0 {
+		logger.InfoContext(ctx, "idemq: pruned expired leases", "table", s.cfg.Table, "rows", total, "before", cut)
 	}
 }

@@ -27,12 +27,14 @@ func TestPartitionedConformance(t *testing.T) {
 				return nil, err
 			}
 			// Cleanup before Migrate: a failed Migrate may have made the table.
-			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table) })
+			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table+`, `+cfg.Table+`_leases`) })
 			if err := s.Migrate(context.Background()); err != nil {
 				return nil, err
 			}
 			return s, nil
 		},
+		Leaser:         true,
+		DropLeaseTable: func(t *testing.T, table string) { dropLeaseTable(t, pool, table) },
 		Effect: func(ctx context.Context, tx pgx.Tx, key string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, key)
 			return err
@@ -105,7 +107,23 @@ func TestDropPartitions(t *testing.T) {
 		t.Fatalf("b after drop: %v, want duplicate", r)
 	}
 
-	clock.Set(t0.Add(5*time.Hour + 30*time.Minute))
+	// A lease that expired before the cut goes with the partitions; a live
+	// one stays.
+	acquireAt := func(at time.Time, id string) {
+		t.Helper()
+		clock.Set(at)
+		if l, err := s.Acquire(ctx, "c", driver.Claim{ID: id}, time.Hour); err != nil || l.Result != driver.LeaseWon {
+			t.Fatalf("acquire %s: %+v, %v", id, l, err)
+		}
+	}
+	acquireAt(t0, "expired")
+	acquireAt(t0.Add(5*time.Hour+30*time.Minute), "live")
+	leases := func() string {
+		var ids string
+		pool.QueryRow(ctx, `SELECT coalesce(string_agg(message_id, ','), '') FROM `+s.Table()+`_leases`).Scan(&ids)
+		return ids
+	}
+
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.RunPruner(pctx, time.Hour, 100, nil) }()
@@ -116,7 +134,7 @@ func TestDropPartitions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(parts) > 0 && parts[0].Start.Equal(t0.Add(4*time.Hour)) {
+		if len(parts) > 0 && parts[0].Start.Equal(t0.Add(4*time.Hour)) && leases() == "live" {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -127,6 +145,9 @@ func TestDropPartitions(t *testing.T) {
 	// holding the cut, the current one (5h) and two ahead remain.
 	if len(parts) != 4 || !parts[0].Start.Equal(t0.Add(4*time.Hour)) || !parts[3].End.Equal(t0.Add(8*time.Hour)) {
 		t.Fatalf("partitions after RunPruner: %+v", parts)
+	}
+	if got := leases(); got != "live" {
+		t.Fatalf("leases after RunPruner: %q, want only live", got)
 	}
 	if r := claimAt(clock.Now(), "c"); r != driver.ClaimWon {
 		t.Fatalf("c after its partition was dropped: %v, want won", r)

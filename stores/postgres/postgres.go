@@ -27,6 +27,11 @@
 //	);
 //	CREATE INDEX processed_messages_processed_at_idx ON processed_messages (processed_at);
 //
+// and, for leased claims in progress (Acquire), processed_messages_leases:
+// consumer, message_id, token BIGINT, fingerprint, acquired_at and
+// lease_until TIMESTAMPTZ, PRIMARY KEY (consumer, message_id), an index on
+// lease_until.
+//
 // Old claims go with Prune (bounded DELETEs that skip locked rows) or
 // RunPruner; at scale WithPartitions makes pruning drop whole partitions.
 // IsTransient tells the errors worth a retry (deadlock, serialization
@@ -295,8 +300,10 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Migrate creates the dedup table and its processed_at index if they do not
-// exist. It is idempotent and safe when several processes run it at once: a
+// Migrate creates the dedup table and its processed_at index, and the
+// lease table next to it (see Acquire), if they do not exist. A table name
+// too long for its lease table (more than 56 characters) gets no lease
+// table; Acquire then fails naming WithTable. It is idempotent and safe when several processes run it at once: a
 // transaction-scoped advisory lock on the table's name serialises them
 // (concurrent CREATE TABLE IF NOT EXISTS alone can fail on pg_type's unique
 // index).
@@ -305,7 +312,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.q.lockKey); err != nil {
 			return err
 		}
-		for _, stmt := range s.q.migrate {
+		stmts := s.q.migrate
+		if lt, err := s.cfg.LeaseTable(); err == nil {
+			stmts = append(slices.Clip(stmts), leaseDDL(lt)...)
+		}
+		for _, stmt := range stmts {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return err
 			}
@@ -336,7 +347,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 // returns less than limit: each call starts where the last one with that
 // time stopped, so a round costs the rows it deletes, not the rows deleted
 // before it. Rows a live transaction holds are skipped until a call with
-// another time (the next round).
+// another time (the next round). Once no such claim is left, it deletes,
+// within the same limit, the leases that expired before the given time
+// and before now: never a live lease, whatever the time given.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.cfg.CheckLimit(limit); err != nil {
 		return 0, err
@@ -349,7 +362,11 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 		return 0, s.cfg.Wrap("prune", err)
 	}
 	s.prune.moved(before, newest)
-	return n, nil
+	if n == limit {
+		return n, nil
+	}
+	m, err := s.pruneLeases(ctx, before, limit-n)
+	return n + m, err
 }
 
 // RunPruner deletes claims older than Retention every interval, in batches
@@ -357,12 +374,13 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 // short, and logs how many it removed. It returns ctx's error when ctx is
 // done; a failed round is logged and retried at the next tick.
 //
-// On a table made WithPartitions it deletes no rows: each tick it creates
-// the coming partitions and drops those that ended before now minus
-// Retention (batch is then unused).
+// On a table made WithPartitions it deletes no claims: each tick it
+// creates the coming partitions and drops those that ended before now
+// minus Retention, and deletes the leases that expired before then, batch
+// rows at a time.
 func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
 	if s.cfg.period > 0 {
-		return s.runPartitionUpkeep(ctx, every, logger)
+		return s.runPartitionUpkeep(ctx, every, batch, logger)
 	}
 	return s.cfg.RunPruner(ctx, s, every, batch, logger)
 }

@@ -63,7 +63,7 @@ func openStore(t testing.TB, pool *pgxpool.Pool, opts ...postgres.Option) *postg
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table) })
+	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`) })
 	return s
 }
 
@@ -79,9 +79,11 @@ func TestConformance(t *testing.T) {
 			if err := s.Migrate(context.Background()); err != nil {
 				return nil, err
 			}
-			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table) })
+			t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+cfg.Table+`, `+cfg.Table+`_leases`) })
 			return s, nil
 		},
+		Leaser:         true,
+		DropLeaseTable: func(t *testing.T, table string) { dropLeaseTable(t, pool, table) },
 		Effect: func(ctx context.Context, tx pgx.Tx, key string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+fx+` (k) VALUES ($1)`, key)
 			return err
@@ -445,5 +447,13 @@ func TestIsTransientRejects(t *testing.T) {
 	}
 	if !postgres.IsTransient(context.DeadlineExceeded) {
 		t.Error("deadline not transient")
+	}
+}
+
+// dropLeaseTable drops the lease table of the dedup table named table.
+func dropLeaseTable(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `DROP TABLE `+table+`_leases`); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"errors"
+	"strings"
 
 	msqlite "modernc.org/sqlite"
 )
@@ -30,4 +31,12 @@ func IsTransient(err error) bool {
 		return false
 	}
 	return errors.Is(err, context.DeadlineExceeded)
+}
+
+// noSuchTable reports an error that says the lease table is not there
+// (sqlstore.Claims.NoLeases): Migrate has not run since leases came.
+// SQLite gives it no code of its own, only SQLITE_ERROR and the message.
+func noSuchTable(err error) bool {
+	var se *msqlite.Error
+	return errors.As(err, &se) && strings.Contains(se.Error(), "no such table")
 }

@@ -19,6 +19,11 @@
 //	    PRIMARY KEY (consumer, message_id)
 //	);
 //	CREATE INDEX processed_messages_processed_at_idx ON processed_messages (processed_at);
+//
+// and, for leased claims in progress (Acquire), processed_messages_leases:
+// consumer, message_id, token INTEGER, fingerprint, acquired_at and
+// lease_until (TEXT, UTC as processed_at), PRIMARY KEY (consumer,
+// message_id), an index on lease_until.
 package sqlite
 
 import (
@@ -58,9 +63,10 @@ var (
 )
 
 type queries struct {
-	migrate []string
-	unclaim string
-	prune   string
+	migrate       []string
+	migrateLeases func(leaseTable string) []string
+	unclaim       string
+	prune         string
 }
 
 // Open opens (creating if needed) the SQLite database file at path in WAL
@@ -117,6 +123,20 @@ func newStore(db *sql.DB, cfg config) *Store {
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_processed_at_idx ON ` + t + ` (processed_at)`,
 		},
+		// A name too long to lease with gets no lease table: Acquire says so.
+		migrateLeases: func(lt string) []string {
+			return []string{`CREATE TABLE IF NOT EXISTS ` + lt + ` (
+	consumer    TEXT    NOT NULL,
+	message_id  TEXT    NOT NULL,
+	token       INTEGER NOT NULL,
+	fingerprint TEXT    NOT NULL DEFAULT '',
+	acquired_at TEXT    NOT NULL,
+	lease_until TEXT    NOT NULL,
+	PRIMARY KEY (consumer, message_id)
+)`,
+				`CREATE INDEX IF NOT EXISTS ` + lt + `_lease_until_idx ON ` + lt + ` (lease_until)`,
+			}
+		},
 		unclaim: `DELETE FROM ` + t + ` WHERE consumer = ?1 AND message_id IN `,
 		prune: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t +
 			` WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)`,
@@ -138,15 +158,21 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // left to its owner.
 func (s *Store) Close() error { return sqlstore.CloseOwned(s.db, s.owned) }
 
-// Migrate creates the dedup table and its processed_at index if they do not
-// exist. It is idempotent.
+// Migrate creates the dedup table and its processed_at index, and the
+// lease table next to it (see Acquire), if they do not exist. It is
+// idempotent. A table name too long for its lease table (more than 56
+// characters) gets no lease table; Acquire then fails naming WithTable.
 func (s *Store) Migrate(ctx context.Context) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return s.cfg.Wrap("migrate", err)
 	}
 	defer tx.Rollback()
-	for _, stmt := range s.q.migrate {
+	stmts := s.q.migrate
+	if lt, err := s.cfg.LeaseTable(); err == nil {
+		stmts = append(slices.Clip(stmts), s.q.migrateLeases(lt)...)
+	}
+	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return s.cfg.Wrap("migrate", err)
 		}
@@ -160,7 +186,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 // Prune deletes at most limit claims recorded before the given time (rows
 // at or after it are kept), oldest first, in one short transaction, and
 // returns how many it deleted. Call it again until it returns less than
-// limit.
+// limit. Once no such claim is left, it deletes, within the same limit,
+// the leases that expired before the given time and before now: never a
+// live lease, whatever the time given.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.cfg.CheckLimit(limit); err != nil {
 		return 0, err
@@ -169,7 +197,16 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	if err != nil {
 		return 0, s.cfg.Wrap("prune", err)
 	}
-	return n, nil
+	lt, err := s.cfg.LeaseTable()
+	if n == limit || err != nil {
+		return n, nil
+	}
+	m, err := sqlstore.ExecCount(ctx, s.db, `DELETE FROM `+lt+` WHERE rowid IN (SELECT rowid FROM `+lt+
+		` WHERE lease_until < ?1 ORDER BY lease_until LIMIT ?2)`, sqlstore.FormatTime(s.cfg.LeaseCut(before)), limit-n)
+	if err := s.claims().SkipNoLeases(err); err != nil {
+		return n, s.cfg.Wrap("prune", err)
+	}
+	return n + m, nil
 }
 
 // RunPruner deletes claims older than Retention every interval, in batches

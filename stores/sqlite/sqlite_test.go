@@ -21,7 +21,7 @@ import (
 const effectsDDL = `CREATE TABLE IF NOT EXISTS effects (k TEXT NOT NULL)`
 
 func TestConformance(t *testing.T) {
-	conformance(t, func(s *sqlite.Store) core.Store[*sql.Tx] { return s })
+	conformance(t, true, func(s *sqlite.Store) core.Store[*sql.Tx] { return s })
 }
 
 // bareStore is a store with only what core.Store requires: it hides the
@@ -36,7 +36,7 @@ func (b bareStore) As(target any) bool                                     { ret
 // neither driver.Pruner nor driver.Migrator runs the suite; the cases that
 // need them are skipped, the rest must pass.
 func TestConformanceWithoutOptionalInterfaces(t *testing.T) {
-	conformance(t, func(s *sqlite.Store) core.Store[*sql.Tx] {
+	conformance(t, false, func(s *sqlite.Store) core.Store[*sql.Tx] {
 		var st core.Store[*sql.Tx] = bareStore{s}
 		if _, ok := st.(driver.Pruner); ok {
 			t.Fatal("bareStore implements driver.Pruner")
@@ -49,8 +49,8 @@ func TestConformanceWithoutOptionalInterfaces(t *testing.T) {
 }
 
 // conformance runs storetest on sqlite stores that wrap turns into the
-// store under test.
-func conformance(t *testing.T, wrap func(*sqlite.Store) core.Store[*sql.Tx]) {
+// store under test; leaser says that store leases.
+func conformance(t *testing.T, leaser bool, wrap func(*sqlite.Store) core.Store[*sql.Tx]) {
 	// One database file for all subtests, as a service would have: each
 	// subtest uses its own dedup table, all share the effects table.
 	path := filepath.Join(t.TempDir(), "conformance.db")
@@ -71,9 +71,16 @@ func conformance(t *testing.T, wrap func(*sqlite.Store) core.Store[*sql.Tx]) {
 			}
 			t.Cleanup(func() {
 				_, _ = s.DB().Exec(`DROP TABLE IF EXISTS ` + cfg.Table)
+				_, _ = s.DB().Exec(`DROP TABLE IF EXISTS ` + cfg.Table + `_leases`)
 				s.Close()
 			})
 			return wrap(s), nil
+		},
+		Leaser: leaser,
+		DropLeaseTable: func(t *testing.T, table string) {
+			if _, err := base.DB().Exec(`DROP TABLE ` + table + `_leases`); err != nil {
+				t.Fatal(err)
+			}
 		},
 		Effect: func(ctx context.Context, tx *sql.Tx, key string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects (k) VALUES (?)`, key)

@@ -42,7 +42,8 @@ type Config struct {
 type Harness[Tx any] struct {
 	// Open returns a migrated store on cfg.Table using cfg.Now as its
 	// clock; an invalid table name must return an error. It should drop
-	// the table with t.Cleanup. The Prune and MigrateTwice cases run when
+	// the table and its lease table (cfg.Table + "_leases") with
+	// t.Cleanup. The Prune and MigrateTwice cases run when
 	// the store implements driver.Pruner and driver.Migrator, which are
 	// optional, and are skipped otherwise.
 	Open func(t *testing.T, cfg Config) (core.Store[Tx], error)
@@ -62,6 +63,15 @@ type Harness[Tx any] struct {
 	// Timeout bounds every wait of the suite, so a store that deadlocks
 	// fails instead of hanging. Default: 15s.
 	Timeout time.Duration
+	// Leaser says the store implements driver.Leaser (and its
+	// transactions driver.Fencer): the Leases cases then fail, rather
+	// than skip, on a store that does not.
+	Leaser bool
+	// DropLeaseTable drops the lease table of the dedup table named
+	// table, as on a database Migrate has not run on since leases came:
+	// the WithoutLeaseTable case, run when it is set, checks that claims,
+	// Prune, Lookup and Forget still work there.
+	DropLeaseTable func(t *testing.T, table string)
 	// Retryable tells the errors the ConcurrentBatches subtest retries
 	// with a new transaction (deadlocks, lock timeouts), as the Consumer
 	// would. Default: none; any error fails the test.
@@ -99,6 +109,7 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	t.Run("ConcurrentBatches", s.concurrentBatches)
 	t.Run("Ping", s.ping)
 	t.Run("LookupForget", s.lookupForget)
+	t.Run("Leases", s.leases)
 }
 
 // lookupForget: Lookup reports the claims of one consumer with their time

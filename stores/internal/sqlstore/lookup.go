@@ -12,8 +12,10 @@ import (
 )
 
 // Claims is where a database/sql store's Lookup and Forget find the
-// claims: the handle, the placeholder style and how many ids one
-// statement may list.
+// claims, and its lease methods the leases: the handle, the placeholder
+// style, how many ids one statement may list, and how the store's SQL
+// differs. The lease statements use plain ? placeholders, which every
+// driver takes.
 type Claims struct {
 	// DB is the store's handle.
 	DB *sql.DB
@@ -22,6 +24,33 @@ type Claims struct {
 	Numbered bool
 	// Chunk is the most ids one statement lists.
 	Chunk int
+	// LeaseTx are the options of the lease methods' own transactions
+	// (MySQL: READ COMMITTED, so that each read after a lock sees the
+	// latest commit).
+	LeaseTx *sql.TxOptions
+	// Lock ends a SELECT of lease rows that must lock them (" FOR
+	// UPDATE"); empty where every transaction holds the write lock
+	// (SQLite).
+	Lock string
+	// TimeText reads a time column as TimeFormat text; nil where the
+	// column holds that text.
+	TimeText func(col string) string
+	// Taken reports an INSERT's duplicate-key error, for a lease row that
+	// a concurrent Acquire inserted first; nil where that cannot happen.
+	Taken func(error) bool
+	// NoLeases reports an error that says the lease table is not there
+	// (Migrate has not run since leases came) or not the role's to use:
+	// Prune, Lookup and Forget then pass the leases by, so a store that
+	// never leases keeps working.
+	NoLeases func(error) bool
+}
+
+// SkipNoLeases returns nil for an error of cl.NoLeases, err otherwise.
+func (cl Claims) SkipNoLeases(err error) error {
+	if err != nil && cl.NoLeases != nil && cl.NoLeases(err) {
+		return nil
+	}
+	return err
 }
 
 // CheckConsumer is the check of a Lookup or Forget call's consumer, which
@@ -36,7 +65,8 @@ func (c *Config) CheckConsumer(op, consumer string) error {
 // Lookup is a database/sql store's Lookup. prefix is the SELECT up to the
 // list of ids ("SELECT message_id, fingerprint, processed_at FROM t WHERE
 // consumer = ? AND message_id IN "), returning processed_at as TimeFormat
-// text. It returns one ClaimInfo per id, in order.
+// text. It returns one ClaimInfo per id, in order, with the lease of each
+// id that has one.
 func (c *Config) Lookup(ctx context.Context, cl Claims, prefix, consumer string, ids []string) ([]driver.ClaimInfo, error) {
 	if err := c.CheckConsumer("Lookup", consumer); err != nil {
 		return nil, err
@@ -47,6 +77,9 @@ func (c *Config) Lookup(ctx context.Context, cl Claims, prefix, consumer string,
 		if err := scanInfos(ctx, cl.DB, q, args, found); err != nil {
 			return nil, c.Wrap("lookup", err)
 		}
+	}
+	if err := c.lookupLeases(ctx, cl, consumer, ids, found); err != nil {
+		return nil, c.Wrap("lookup", err)
 	}
 	return InOrder(ids, found), nil
 }
@@ -88,8 +121,8 @@ func scanInfos(ctx context.Context, db *sql.DB, q string, args []any, found map[
 
 // Forget is a database/sql store's Forget. prefix is the DELETE up to the
 // list of ids ("DELETE FROM t WHERE consumer = ? AND message_id IN "). It
-// deletes in one transaction, Chunk ids per statement, and returns how
-// many rows it removed.
+// deletes in one transaction, Chunk ids per statement, the ids' leases
+// too, and returns how many claims it removed.
 func (c *Config) Forget(ctx context.Context, cl Claims, prefix, consumer string, ids []string) (n int, err error) {
 	if err := c.CheckConsumer("Forget", consumer); err != nil {
 		return 0, err
@@ -120,6 +153,14 @@ func (c *Config) Forget(ctx context.Context, cl Claims, prefix, consumer string,
 			return 0, c.Wrap("forget", err)
 		}
 		n += int(m)
+	}
+	if lt, err := c.LeaseTable(); err == nil {
+		for part := range slices.Chunk(ids, cl.Chunk) {
+			q, args := InIDs(false, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
+			if _, err := tx.ExecContext(ctx, q, args...); cl.SkipNoLeases(err) != nil {
+				return 0, c.Wrap("forget", err)
+			}
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, c.Wrap("forget", fmt.Errorf("commit: %w", err))

@@ -18,12 +18,14 @@ type Store[Tx any] interface {
 	driver.Pinger
 	driver.Lookuper
 	driver.Forgetter
+	driver.Leaser
 	io.Closer
 }
 
-// Txn is what every SQL store's transaction implements: claims and
-// savepoints.
+// Txn is what every SQL store's transaction implements: claims,
+// savepoints and fencing of leases.
 type Txn[Tx any] interface {
 	driver.Txn[Tx]
 	driver.Savepointer
+	driver.Fencer
 }
