@@ -83,15 +83,7 @@ func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func(
 
 	// --json, flags after the ids.
 	r = keep(expect(t, exitOK, []string{"lookup", "--store", storeURL, "m-1", "m-3", "--consumer", "billing", "--json"}))
-	var infos []struct {
-		ID          string
-		Claimed     bool
-		At          string
-		Fingerprint string
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &infos); err != nil {
-		t.Fatalf("lookup --json: %v\n%s", err, r)
-	}
+	infos := lookupJSON(t, r)
 	if len(infos) != 2 || infos[0].ID != "m-1" || !infos[0].Claimed || infos[0].Fingerprint != fp ||
 		infos[1].ID != "m-3" || infos[1].Claimed || infos[1].At != "" || infos[1].Fingerprint != "" {
 		t.Fatalf("lookup --json: %+v", infos)
@@ -115,15 +107,7 @@ func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func(
 		t.Fatalf("lookup of a lease: want the lease on m-4's row only\n%s", r)
 	}
 	r = keep(expect(t, exitOK, []string{"lookup", "--store", storeURL, "--consumer", "billing", "--json", "m-4", "m-2"}))
-	var leases []struct {
-		ID         string
-		Claimed    bool
-		LeaseUntil string
-		LeaseToken int64
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &leases); err != nil {
-		t.Fatalf("lookup --json: %v\n%s", err, r)
-	}
+	leases := lookupJSON(t, r)
 	if len(leases) != 2 || leases[0].Claimed || leases[0].LeaseToken != lease.Token || leases[1].LeaseUntil != "" || leases[1].LeaseToken != 0 {
 		t.Fatalf("lookup --json of a lease: %+v", leases)
 	}
@@ -143,9 +127,7 @@ func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func(
 	r = keep(expect(t, exitOK, []string{"forget", "--store", storeURL, "--consumer", "billing", "--yes", "m-1", "m-3", "--", "-dash"},
 		"m-1: forgot the claim of "+day, "m-3: was not claimed", "-dash: forgot the claim", "forgot 2 claims of consumer billing"))
 	r = keep(expect(t, exitOK, []string{"lookup", "--store", storeURL, "--consumer", "billing", "--json", "m-1", "m-2", "--", "-dash"}))
-	if err := json.Unmarshal([]byte(r.stdout), &infos); err != nil {
-		t.Fatalf("lookup --json: %v\n%s", err, r)
-	}
+	infos = lookupJSON(t, r)
 	if len(infos) != 3 || infos[0].Claimed || !infos[1].Claimed || infos[2].Claimed {
 		t.Fatalf("lookup after forget: %+v", infos)
 	}
@@ -169,6 +151,16 @@ func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func(
 			t.Errorf("output shows the password:\n%s", r)
 		}
 	}
+}
+
+// lookupJSON reads the output of lookup --json.
+func lookupJSON(t *testing.T, r result) []claimJSON {
+	t.Helper()
+	var infos []claimJSON
+	if err := json.Unmarshal([]byte(r.stdout), &infos); err != nil {
+		t.Fatalf("lookup --json: %v\n%s", err, r)
+	}
+	return infos
 }
 
 func TestLookupForgetSQLite(t *testing.T) {

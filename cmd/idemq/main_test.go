@@ -222,7 +222,7 @@ func TestPostgres(t *testing.T) {
 	ctx := context.Background()
 	t.Cleanup(func() {
 		if conn, err := pgx.Connect(ctx, base); err == nil {
-			conn.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+			conn.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`)
 			conn.Close(ctx)
 		}
 	})

@@ -7,11 +7,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-var (
-	_ driver.Leaser = (*Store)(nil)
-	_ driver.Fencer = (*Txn)(nil)
-)
-
 // Acquire claims claim.ID for consumer as in progress until ttl from now
 // (driver.Leaser), in a READ COMMITTED transaction of its own: SELECT …
 // FOR UPDATE of the lease row, then an INSERT of a new row (a duplicate

@@ -90,8 +90,9 @@ const (
 const claimChunk = 1000
 
 // Store is the MySQL/MariaDB dedup store. It implements
-// core.Store[*sql.Tx], driver.Pruner, driver.Retentioner and driver.Migrator, and
-// is safe for concurrent use.
+// core.Store[*sql.Tx], driver.Pruner, driver.Retentioner, driver.Migrator
+// and driver.Leaser (leased claims, see Acquire), and is safe for
+// concurrent use.
 type Store struct {
 	db    *sql.DB
 	owned bool

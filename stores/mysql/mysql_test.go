@@ -152,7 +152,7 @@ func TestOpen(t *testing.T) {
 		if s.Retention() != time.Hour {
 			t.Fatalf("retention %v", s.Retention())
 		}
-		s.DB().Exec(`DROP TABLE ` + table)
+		s.DB().Exec(`DROP TABLE ` + table + `, ` + table + `_leases`)
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -212,7 +212,7 @@ func TestConcurrentMigrate(t *testing.T) {
 	ctx := context.Background()
 	table := storetest.UniqueName("idemq_mig_")
 	db := testDB(t)
-	defer db.Exec(`DROP TABLE IF EXISTS ` + table)
+	defer db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + table + `_leases`)
 	const procs = 4
 	var wg sync.WaitGroup
 	errs := make(chan error, procs)

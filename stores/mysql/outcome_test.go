@@ -35,7 +35,7 @@ func TestCommitOutcomeLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := sql.OpenDB(conn)
-	defer db.Close()
+	t.Cleanup(func() { db.Close() }) // after openStore's cleanup, which drops the tables through it
 	s := openStore(t, db)
 	fx := effectsTable(t, direct)
 	ctx := context.Background()

@@ -28,7 +28,7 @@ func TestOpenStoreByURL(t *testing.T) {
 	}
 	s := st.(*mysql.Store)
 	defer s.Close()
-	defer s.DB().Exec(`DROP TABLE IF EXISTS ` + table)
+	defer s.DB().Exec(`DROP TABLE IF EXISTS ` + table + `, ` + table + `_leases`)
 	if s.Table() != table || s.Retention().Hours() != 3 {
 		t.Fatalf("URL options not applied: table %q retention %v", s.Table(), s.Retention())
 	}

@@ -13,11 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-var (
-	_ driver.Leaser = (*Store)(nil)
-	_ driver.Fencer = (*Txn)(nil)
-)
-
 // leaseDDL creates the lease table lt and its lease_until index: the
 // dedup table's column types, not partitioned in either mode (leases are
 // few and short-lived).

@@ -35,7 +35,7 @@ func TestCommitOutcomeLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close) // after openStore's cleanup, which drops the tables through it
 	s := openStore(t, pool)
 	fx := effectsTable(t, direct)
 

@@ -88,8 +88,8 @@ import (
 )
 
 // Store is the PostgreSQL dedup store. It implements core.Store[pgx.Tx],
-// driver.Pruner, driver.Retentioner and driver.Migrator, and is safe for
-// concurrent use.
+// driver.Pruner, driver.Retentioner, driver.Migrator and driver.Leaser
+// (leased claims, see Acquire), and is safe for concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
 	owned bool

@@ -113,7 +113,7 @@ func TestOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+table)
+	defer s.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`)
 	if s.Retention() != time.Hour || s.Table() != table {
 		t.Fatalf("retention %v table %q", s.Retention(), s.Table())
 	}
@@ -175,7 +175,7 @@ func TestConcurrentMigrate(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	pool := testPool(t)
-	defer pool.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+	defer pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`)
 	for err := range errs {
 		t.Errorf("concurrent migrate: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
 	"github.com/jackc/pgx/v5"
 )
@@ -32,7 +33,7 @@ func TestOpenStoreByURL(t *testing.T) {
 	}
 	defer st.(interface{ Close() error }).Close()
 	pool := testPool(t)
-	defer pool.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+	defer pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`)
 	if r, ok := st.(driver.Retentioner); !ok || r.Retention().Hours() != 2 {
 		t.Fatalf("retention from the URL not applied: %v", st)
 	}
@@ -91,11 +92,13 @@ func TestOpenStoreByHostList(t *testing.T) {
 	if strings.Contains(raw, "?") {
 		sep = "&"
 	}
-	st, err := core.OpenStore[pgx.Tx](context.Background(), raw+sep+"target_session_attrs=read-write&connect_timeout=5&table="+storetest.UniqueName("idemq_hosts_"))
+	table := storetest.UniqueName("idemq_hosts_")
+	st, err := core.OpenStore[pgx.Tx](context.Background(), raw+sep+"target_session_attrs=read-write&connect_timeout=5&table="+table)
 	if err != nil {
 		t.Fatalf("OpenStore with host list %s: %v", list, err)
 	}
 	defer st.(interface{ Close() error }).Close()
+	defer st.(*postgres.Store).Pool().Exec(context.Background(), `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`)
 	if err := st.(driver.Pinger).Ping(context.Background()); err != nil {
 		t.Fatalf("Ping through the host list: %v", err)
 	}

@@ -7,11 +7,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-var (
-	_ driver.Leaser = (*Store)(nil)
-	_ driver.Fencer = (*Txn)(nil)
-)
-
 // Acquire claims claim.ID for consumer as in progress until ttl from now
 // (driver.Leaser), in a transaction of its own, which holds the write lock
 // from BEGIN (as every transaction of a handle from Open): a SELECT of the

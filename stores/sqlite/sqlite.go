@@ -48,8 +48,8 @@ import (
 const claimChunk = 400
 
 // Store is the SQLite dedup store. It implements core.Store[*sql.Tx],
-// driver.Pruner, driver.Retentioner and driver.Migrator. It is safe for
-// concurrent use.
+// driver.Pruner, driver.Retentioner, driver.Migrator and driver.Leaser
+// (leased claims, see Acquire). It is safe for concurrent use.
 type Store struct {
 	db    *sql.DB
 	owned bool // Close closes db only when Open created it

@@ -23,9 +23,9 @@ const LeaseSuffix = "_leases"
 // a store that never leases keeps working with such a name.
 func (c *Config) LeaseTable() (string, error) {
 	name := c.Table + LeaseSuffix
-	if err := sqlident.Check(name); err != nil {
-		return "", fmt.Errorf("%s: WithTable: table name is %d characters long, at most %d allowed for leasing (its lease table adds %q): %w",
-			c.Store, len(c.Table), sqlident.MaxLength-len(LeaseSuffix), LeaseSuffix, err)
+	if sqlident.Check(name) != nil { // c.Table passed it: only the length can fail
+		return "", fmt.Errorf("%s: WithTable: table name is %d characters long, at most %d allowed for leasing (its lease table adds %s)",
+			c.Store, len(c.Table), sqlident.MaxLength-len(LeaseSuffix), LeaseSuffix)
 	}
 	return name, nil
 }
