@@ -248,56 +248,77 @@ func (c *Consumer[Tx]) runLeased(it *item) {
 }
 
 // acquireLease claims it's id in progress. ok means the lease is won and
-// it.lease set; otherwise out decides the message.
+// it.lease set; otherwise out decides the message. A copy that finds the
+// id's lease live waits here, asking again, until the holder completed
+// (Duplicate) or its lease expired (taken over), for up to one lease: a
+// Retry instead would spend one of the broker's deliveries, and a delivery
+// limit, on every look.
 func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
+	waitUntil := time.Now().Add(c.leased.ttl)
+	poll := 50 * time.Millisecond
+	for {
+		lease, failed := c.tryAcquire(it)
+		if failed != nil {
+			return *failed, false
+		}
+		switch lease.Result {
+		case driver.LeaseWon:
+			it.lease = &leaseHold{ref: driver.LeaseRef{ID: it.m.ID, Token: lease.Token}}
+			return Outcome{}, true
+		case driver.LeaseDone:
+			return Outcome{Decision: Duplicate}, false
+		case driver.LeaseMismatch:
+			return c.mismatchOutcome(it.m), false
+		case driver.LeaseBusy:
+		default:
+			return c.storeFailure(it.m, "lease", fmt.Errorf("unknown lease result %d", lease.Result)), false
+		}
+		// Ask again when the lease would expire, or sooner: the holder
+		// may complete any moment.
+		wait := min(poll, max(time.Until(lease.Until)+5*time.Millisecond, time.Millisecond))
+		poll = min(2*poll, time.Second)
+		if time.Now().Add(wait).After(waitUntil) {
+			// Never dead-lettered for waiting: the holder completes or
+			// its lease expires, and either ends the wait.
+			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: ErrLeaseBusy},
+				Delay: min(c.cfg.backoff.Delay(it.m.Attempt), max(time.Until(lease.Until), 0))}, false
+		}
+		if !driver.Sleep(c.stopping, wait) || c.procCtx.Err() != nil {
+			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: fmt.Errorf("%w: %v", ErrShutdown, ErrLeaseBusy)}}, false
+		}
+	}
+}
+
+// tryAcquire asks the store for it's lease once, or, while the store does
+// not answer, as often as the Consumer's outage handling runs it again. A
+// non-nil outcome decides the message.
+func (c *Consumer[Tx]) tryAcquire(it *item) (driver.Lease, *Outcome) {
 	l := c.leased
-	var lease driver.Lease
 	for reruns := 0; ; {
 		sctx, run := c.startStage(it.ctx, "lease", c.stageOf([]*item{it}, []int{0}))
-		var err error
-		lease, err = l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.ttl)
+		lease, err := l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.ttl)
 		c.endStage(sctx, run, err)
 		if err == nil {
-			break
+			return lease, nil
 		}
 		// As for a batch's transaction: an outage pauses the Consumer
 		// instead of spending a delivery on every message in flight.
 		serr := asStoreError("lease", err)
 		if serr == nil || c.procCtx.Err() != nil {
-			return c.storeFailure(it.m, "lease", err), false
+			out := c.storeFailure(it.m, "lease", err)
+			return lease, &out
 		}
 		again, stopping := c.awaitStore(serr, &reruns)
 		if stopping {
-			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease",
-				Err: fmt.Errorf("%w: the store did not answer: %v", ErrShutdown, err)}}, false
+			return lease, &Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease",
+				Err: fmt.Errorf("%w: the store did not answer: %v", ErrShutdown, err)}}
 		}
 		if !again {
-			return c.storeFailure(it.m, "lease", err), false
+			out := c.storeFailure(it.m, "lease", err)
+			return lease, &out
 		}
 		c.stats.storeRetries.Add(1)
 	}
-	switch lease.Result {
-	case driver.LeaseWon:
-		it.lease = &leaseHold{ref: driver.LeaseRef{ID: it.m.ID, Token: lease.Token}}
-		return Outcome{}, true
-	case driver.LeaseDone:
-		return Outcome{Decision: Duplicate}, false
-	case driver.LeaseMismatch:
-		return c.mismatchOutcome(it.m), false
-	case driver.LeaseBusy:
-		if c.procCtx.Err() != nil {
-			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: fmt.Errorf("%w: %v", ErrShutdown, ErrLeaseBusy)}}, false
-		}
-		// Never dead-lettered for waiting: the holder completes or its
-		// lease expires, and either ends the wait, so it is no longer
-		// than until the lease expires.
-		delay := c.cfg.backoff.Delay(it.m.Attempt)
-		if left := time.Until(lease.Until); left > 0 && left < delay {
-			delay = left
-		}
-		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: ErrLeaseBusy}, Delay: delay}, false
-	}
-	return c.storeFailure(it.m, "lease", fmt.Errorf("unknown lease result %d", lease.Result)), false
 }
 
 // releaseLease gives up it's lease, so the message's next delivery takes

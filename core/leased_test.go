@@ -15,6 +15,8 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/effects"
+	"github.com/idemq/idemq/effects/effectstest"
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -102,15 +104,24 @@ func TestLeasedExactlyOnceOutsideTransactions(t *testing.T) {
 	e.publish(unique...)
 	e.publish(unique[:60]...) // copies, after their originals
 	var c calls
-	var running, peak atomic.Int64
+	// The first calls wait for each other: were each holding the one
+	// connection in a transaction, they could never all be running.
+	const together = 16
+	var arrived atomic.Int64
+	allIn := make(chan struct{})
 	h := core.LeasedHandler[*sql.Tx, string]{
 		External: func(ctx context.Context, m *core.Message) (string, error) {
-			n := running.Add(1)
-			defer running.Add(-1)
-			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-			}
 			c.add(m.ID)
-			time.Sleep(20 * time.Millisecond)
+			if n := arrived.Add(1); n == together {
+				close(allIn)
+			} else if n < together {
+				select {
+				case <-allIn:
+				case <-time.After(20 * time.Second):
+					t.Errorf("only %d External calls ran at once over one database connection; want %d", arrived.Load(), together)
+				}
+			}
+			time.Sleep(time.Millisecond)
 			return "charge-" + m.ID, nil
 		},
 		Complete: completeEffect,
@@ -124,9 +135,6 @@ func TestLeasedExactlyOnceOutsideTransactions(t *testing.T) {
 		if n := c.of(id); n != 1 {
 			t.Errorf("External called %d times for %s, want once", n, id)
 		}
-	}
-	if p := peak.Load(); p < 8 {
-		t.Errorf("at most %d External calls ran at once over one database connection; want many (they must hold no transaction)", p)
 	}
 	var body string
 	if err := e.store.DB().QueryRow(`SELECT body FROM effects WHERE message_id = ?`, unique[7]).Scan(&body); err != nil || body != "charge-"+unique[7] {
@@ -149,8 +157,9 @@ func (e *env) assertNoLeases(ids ...string) {
 	}
 }
 
-// A copy that arrives while the original's External call runs is retried
-// (ErrLeaseBusy), never applied and never acknowledged as a duplicate;
+// A copy that arrives while the original's External call runs waits for
+// the lease, asking again, and after one lease without an end is retried
+// (ErrLeaseBusy): never applied and never acknowledged as a duplicate;
 // once the original completed it is a Duplicate.
 func TestLeasedCopyWhileInProgressRetries(t *testing.T) {
 	e := newEnv(t)
@@ -172,8 +181,10 @@ func TestLeasedCopyWhileInProgressRetries(t *testing.T) {
 			return "charged", nil
 		},
 		Complete: completeEffect,
+		Lease:    100 * time.Millisecond,
 	}
-	res := e.drainLeased(h, core.WithObserver(o.observer()), core.WithWindow(4))
+	var asked atomic.Int64
+	res := e.drainLeased(h, core.WithObserver(o.observer(), stageCounter("lease", &asked)), core.WithWindow(4))
 	e.assertExactlyOnce([]string{"a"})
 	if n := c.of("a"); n != 1 {
 		t.Errorf("External called %d times, want once", n)
@@ -194,7 +205,27 @@ func TestLeasedCopyWhileInProgressRetries(t *testing.T) {
 	if busy == 0 || dup != 1 || processed != 1 {
 		t.Errorf("busy retries %d, duplicates %d, processed %d; want ≥1, 1, 1 (stats %+v)", busy, dup, processed, res.Stats)
 	}
+	if n := asked.Load(); n < int64(busy)+3 {
+		t.Errorf("%d lease requests for 2 copies and %d busy retries: the copy did not ask again while it waited", n, busy)
+	}
 }
+
+// stageCounter counts the ends of the stage name.
+func stageCounter(name string, n *atomic.Int64) core.Observer {
+	return stageFunc(func(s core.Stage) {
+		if s.Name == name {
+			n.Add(1)
+		}
+	})
+}
+
+// stageFunc is a StageObserver told of each stage's end.
+type stageFunc func(core.Stage)
+
+func (stageFunc) StartDecision(ctx context.Context, _ *core.Message) context.Context { return ctx }
+func (stageFunc) EndDecision(context.Context, *core.Message, core.Outcome)           {}
+func (stageFunc) StartStage(ctx context.Context, _ core.Stage) context.Context       { return ctx }
+func (f stageFunc) EndStage(_ context.Context, s core.Stage, _ error)                { f(s) }
 
 // A permanent External error dead-letters the message with its cause and
 // releases the lease; Complete never runs. A transient error is retried and
@@ -456,4 +487,156 @@ func ExampleNewLeased() {
 	st := c.Stats()
 	fmt.Printf("charge %s, processed: %d, duplicates: %d\n", chargeID, st.Processed, st.Duplicates)
 	// Output: charge ch_1, processed: 1, duplicates: 1
+}
+
+// payer charges through a fake payment provider over HTTP, with the
+// message's idempotency key, as a service's External would.
+type payer struct {
+	prov  *effectstest.Provider
+	keyer *effects.Keyer
+}
+
+func newPayer(t *testing.T) *payer {
+	t.Helper()
+	prov := effectstest.NewProvider()
+	t.Cleanup(prov.Close)
+	keyer, err := effects.NewKeyer([]byte("core-leased-tests-secret-0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &payer{prov: prov, keyer: keyer}
+}
+
+// charge is an External step: the body is the payment.
+func (p *payer) charge(ctx context.Context, m *core.Message) (string, error) {
+	ch, err := effectstest.PostCharge(p.keyer.ForMessage(ctx, m, "charge"), nil, p.prov.URL(),
+		map[string]any{"account": "acc-" + m.ID, "amount_cents": len(m.Body)})
+	return ch.ID, err
+}
+
+// Over HTTP: a provider that answers 500 and then 200 charges once; one
+// that refuses the card dead-letters the message with the cause.
+func TestLeasedProviderFailsThenAnswers(t *testing.T) {
+	e := newEnv(t)
+	p := newPayer(t)
+	p.prov.FailNext(1, 500)
+	e.publish("flaky")
+	e.drainLeased(core.LeasedHandler[*sql.Tx, string]{External: p.charge, Complete: completeEffect})
+	e.assertExactlyOnce([]string{"flaky"})
+	if p.prov.Charges() != 1 || p.prov.Requests() != 2 {
+		t.Errorf("provider: %d charges in %d requests; want 1 in 2", p.prov.Charges(), p.prov.Requests())
+	}
+	p.prov.FailNext(1, 402)
+	e.publish("declined")
+	e.drainLeased(core.LeasedHandler[*sql.Tx, string]{External: p.charge, Complete: completeEffect})
+	dl := e.broker.DeadLetters(e.queue)
+	if len(dl) != 1 || dl[0].Message.ID != "declined" || !strings.Contains(dl[0].Cause.Error(), "402") {
+		t.Fatalf("dead letters %+v; want declined, parked with the provider's 402", dl)
+	}
+	e.assertNoLeases("flaky", "declined")
+}
+
+// Over HTTP: two consumers racing on six copies of one id make one
+// request, and the provider charges once.
+func TestLeasedRacingConsumersChargeOnce(t *testing.T) {
+	e := newEnv(t)
+	p := newPayer(t)
+	p.prov.SetDelay(50 * time.Millisecond)
+	for range 6 {
+		e.publish("race")
+	}
+	h := core.LeasedHandler[*sql.Tx, string]{External: p.charge, Complete: completeEffect}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 2 {
+		sub, err := e.broker.Subscribe(e.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := core.NewLeased(sub, e.store, h, core.WithName("test"), core.WithLogger(quietLogger()), fastBackoff)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); cons.Run(runCtx) }()
+	}
+	if err := e.broker.WaitIdle(ctx, e.queue); err != nil {
+		t.Fatalf("the copies were not all decided within 30s: %v", err)
+	}
+	stop()
+	wg.Wait()
+	e.assertExactlyOnce([]string{"race"})
+	if p.prov.Charges() != 1 || p.prov.Requests() != 1 {
+		t.Errorf("provider: %d charges in %d requests; want 1 in 1 (a copy must wait for the lease, not call)", p.prov.Charges(), p.prov.Requests())
+	}
+}
+
+// Over HTTP: the provider hangs, and the consumer whose call hangs dies
+// (its source closes, its client ignores its context). Its lease expires
+// while the provider still hangs; a second consumer takes it over and
+// calls with the same key, is told the key is in use (409) until the
+// provider answers the first call, then gets the first charge replayed and
+// completes. One charge, one effect, and the dead consumer completes
+// nothing.
+func TestLeasedLeaseExpiresWhileProviderHangs(t *testing.T) {
+	e := newEnv(t, memory.WithVisibilityTimeout(300*time.Millisecond))
+	p := newPayer(t)
+	e.publish("hung")
+	p.prov.Hang()
+	lease := core.LeasedHandler[*sql.Tx, string]{Complete: completeEffect, Lease: 150 * time.Millisecond, MaxLease: 300 * time.Millisecond}
+	start := func(external func(context.Context, *core.Message) (string, error), obs core.Observer) (*core.Consumer[*sql.Tx], func()) {
+		sub, err := e.broker.Subscribe(e.queue, memory.WithWindow(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := lease
+		h.External = external
+		cons, err := core.NewLeased(sub, e.store, h, core.WithName("test"), core.WithLogger(quietLogger()), fastBackoff,
+			core.WithWindow(1), core.WithObserver(obs, core.DecisionFunc(func(_ context.Context, m *core.Message, out core.Outcome) {
+				t.Logf("%s %v %v %v", time.Now().Format("05.000"), m.Attempt, out.Decision, out.Err)
+			})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); cons.Run(ctx) }()
+		return cons, func() { cancel(); <-done }
+	}
+	var deadOut outcomes
+	calling := make(chan struct{})
+	_, stopDead := start(func(ctx context.Context, m *core.Message) (string, error) {
+		close(calling)
+		return p.charge(context.WithoutCancel(ctx), m) // hangs with the provider
+	}, deadOut.observer())
+	<-calling
+	var o outcomes
+	second, stopSecond := start(p.charge, o.observer())
+	// The second consumer waits out the lease, takes it over and is told
+	// 409 while the first request hangs.
+	deadline := time.Now().Add(20 * time.Second)
+	for p.prov.Conflicts() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if p.prov.Conflicts() == 0 {
+		t.Fatal("the second consumer never called the hanging provider with the same key")
+	}
+	p.prov.Unhang()
+	for second.Stats().Processed < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopSecond()
+	stopDead()
+	e.assertExactlyOnce([]string{"hung"})
+	if p.prov.Charges() != 1 || p.prov.Replays() < 1 {
+		t.Errorf("provider: %d charges, %d replays; want 1 charge, the takeover's answer replayed", p.prov.Charges(), p.prov.Replays())
+	}
+	for _, out := range deadOut.of("hung") {
+		if out.Decision == core.Processed {
+			t.Errorf("the consumer whose lease expired completed the message")
+		}
+	}
+	e.assertNoLeases("hung")
 }
