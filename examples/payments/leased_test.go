@@ -122,3 +122,21 @@ func TestLeasedKillPointsRabbitMQPostgres(t *testing.T) {
 		},
 	})
 }
+
+// The same on MariaDB: the lease table's row locks and the completion's
+// fence under InnoDB.
+func TestLeasedKillPointsRabbitMQMariaDB(t *testing.T) {
+	t.Parallel()
+	amqpU := amqpURL(t)
+	store, prefix, l := mysqlStore(t)
+	q := amqpQueue(t, amqpU)
+	runLeasedKills(t, killRun{
+		broker: withQuery(amqpU, "queue", q), store: store, tables: prefix, ledger: l,
+		messages: 10000, duplicates: 0.2, batch: 20, concurrency: 1,
+		settled: func(t *testing.T) {
+			if n := amqpDepth(t, amqpU, q); n != 0 {
+				t.Errorf("queue %s still holds %d messages after the graceful stop", q, n)
+			}
+		},
+	})
+}
