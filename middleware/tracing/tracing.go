@@ -156,7 +156,8 @@ var (
 )
 
 // StartStage implements core.StageObserver: for the store's begin, claim,
-// flush and commit it starts a child span of each message's process span,
+// flush and commit (and a leased Consumer's lease, external, fence and
+// release) it starts a child span of each message's process span,
 // and returns ctx carrying the first, so a database tracer (pgx's, for
 // one) parents the statements under it. The handlers stage gets no span:
 // the handler's own spans are children of the process span.

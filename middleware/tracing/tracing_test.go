@@ -232,3 +232,64 @@ func TestMalformedTraceHeadersAreIgnored(t *testing.T) {
 		t.Errorf("spans %d, want 1 without links", len(rec.Ended()))
 	}
 }
+
+// A leased consumer's steps are spans under the message's process span:
+// the lease, the External call (whose own client spans are its children),
+// the fence and the completion's commit.
+func TestLeasedStagesAreTraced(t *testing.T) {
+	ctx := context.Background()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(ctx)
+	b, err := memory.NewBroker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Publish(ctx, "q", &core.Message{ID: "pay-1", Body: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	tr := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop))
+	h := core.LeasedHandler[*sql.Tx, string]{
+		External: func(ctx context.Context, m *core.Message) (string, error) {
+			_, span := tp.Tracer("http").Start(ctx, "POST /charges", trace.WithSpanKind(trace.SpanKindClient))
+			span.End()
+			return "ch_1", nil
+		},
+		Complete: func(context.Context, *sql.Tx, *core.Message, string) error { return nil },
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.NewLeased(sub, store, h, core.WithObserver(tr), core.WithName("billing"),
+			core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		byName[s.Name()] = s
+	}
+	process := byName["process q"]
+	if process == nil {
+		t.Fatal("no process span")
+	}
+	for _, name := range []string{"idemq lease", "idemq external", "idemq fence", "idemq commit"} {
+		s := byName[name]
+		if s == nil {
+			t.Errorf("no %q span", name)
+			continue
+		}
+		if s.Parent().SpanID() != process.SpanContext().SpanID() {
+			t.Errorf("%s is not a child of the process span", name)
+		}
+	}
+	if call, ext := byName["POST /charges"], byName["idemq external"]; call == nil || ext == nil || call.Parent().SpanID() != ext.SpanContext().SpanID() {
+		t.Error("the External call's own span is not a child of the idemq external span")
+	}
+}
