@@ -297,7 +297,7 @@ func (m *mysqlStore) runIdemq(ctx context.Context, e *runEnv, t *tracker, name s
 			return err
 		}
 	}
-	return runConsumer(ctx, e, m.idemqStoreURL(e.dedupTable, conns), opts, stages, h, bh, func(store any) {
+	return runConsumer(ctx, e, m.idemqStoreURL(e.dedupTable, conns), stages, handlers(opts, h, bh), func(store any) {
 		// The mysql:// URL has no pool size: keep as many idle
 		// connections as the configuration runs transactions at once,
 		// as the baselines do, through the store's handle.
