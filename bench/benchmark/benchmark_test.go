@@ -50,6 +50,25 @@ func rabbitPostgresURLs(t *testing.T) (*url.URL, string) {
 	return u, pgURL
 }
 
+// runRabbitPostgres runs cfg from RabbitMQ into Postgres (the URLs of
+// rabbitPostgresURLs) within 3 minutes, logs its progress, and fails the
+// test when Run fails.
+func runRabbitPostgres(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	u, pgURL := rabbitPostgresURLs(t)
+	cfg.Broker, cfg.Store = u.String(), pgURL
+	var progress lockedBuffer
+	cfg.Progress = &progress
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 func TestRunSmall(t *testing.T) {
 	u, pgURL := rabbitPostgresURLs(t)
 
@@ -177,21 +196,11 @@ func TestScenariosSmall(t *testing.T) {
 // with every unique message applied once and every copy decided a
 // duplicate.
 func TestRunWatermill(t *testing.T) {
-	u, pgURL := rabbitPostgresURLs(t)
-
-	var progress lockedBuffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, Config{
-		Broker: u.String(), Store: pgURL,
+	rep := runRabbitPostgres(t, Config{
 		N: 1000, Duplicates: 0.2, Accounts: 50, Repeat: 1,
 		LatencyRate: 500, LatencyMessages: 50,
-		Configs: []string{Watermill}, Progress: &progress,
+		Configs: []string{Watermill},
 	})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(rep.Results) != 1 || rep.Results[0].Name != Watermill {
 		t.Fatalf("results %+v, want one for %s", rep.Results, Watermill)
 	}
@@ -235,21 +244,11 @@ func TestWatermillRabbitMQOnly(t *testing.T) {
 // bursts (a window's worth of messages at once) that may fill the pool
 // for a moment too.
 func TestLeasedScenarioSmall(t *testing.T) {
-	u, pgURL := rabbitPostgresURLs(t)
-
-	var progress lockedBuffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, Config{
-		Broker: u.String(), Store: pgURL,
+	rep := runRabbitPostgres(t, Config{
 		N: 200, Duplicates: 0.2, Accounts: 20, Repeat: 1,
 		ProviderDelay: 100 * time.Millisecond, Pool: 10,
-		Configs: []string{LeasedScenario}, Progress: &progress,
+		Configs: []string{LeasedScenario},
 	})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
 	var table bytes.Buffer
 	rep.WriteTable(&table)
 	t.Log("\n" + table.String())
