@@ -357,11 +357,16 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		tw.Flush()
 	}
 	m, p := rep.Machine, rep.Params
-	fmt.Fprintf(&b, "\n%d deliveries per run (%d unique, %.0f%% duplicates), %d accounts, batch %d × %d worker(s), %d run(s) each, latency paced at %d msg/s × %d\n",
-		p.Deliveries, p.N, p.Duplicates*100, p.Accounts, p.BatchSize, p.BatchWorkers, p.Repeat, p.LatencyRate, p.LatencyMessages)
+	b.WriteString("\n")
+	// The shared workload's line, unless the leased scenario, which has a
+	// workload of its own, ran alone.
+	if len(p.Configs) != 1 || p.Configs[0] != LeasedScenario {
+		fmt.Fprintf(&b, "%d deliveries per run (%d unique, %.0f%% duplicates), %d accounts, batch %d × %d worker(s), %d run(s) each, latency paced at %d msg/s × %d\n",
+			p.Deliveries, p.N, p.Duplicates*100, p.Accounts, p.BatchSize, p.BatchWorkers, p.Repeat, p.LatencyRate, p.LatencyMessages)
+	}
 	if rep.result(leasedInTx) != nil {
-		fmt.Fprintf(&b, "%s: %d unique + %d duplicates a run, provider answering each charge in %s, Postgres pool %d, window %d, completion batch %d × %d; open transactions sampled every %s from pg_stat_activity (the consumer's sessions only; tx time/msg is their time integral per delivery)\n",
-			LeasedScenario, p.LeasedN, p.LeasedDuplicates, p.ProviderDelay, p.Pool, leasedWindow, leasedBatch, leasedWorkers, sampleEvery)
+		fmt.Fprintf(&b, "%s: %d unique + %d duplicates a run, %d accounts, %d run(s) each; provider answering each charge in %s, Postgres pool %d, window %d, completion batch %d × %d; open transactions sampled every %s from pg_stat_activity (the consumer's sessions only; tx time/msg is their time integral per delivery)\n",
+			LeasedScenario, p.LeasedN, p.LeasedDuplicates, p.Accounts, p.Repeat, p.ProviderDelay, p.Pool, leasedWindow, leasedBatch, leasedWorkers, sampleEvery)
 	}
 	fmt.Fprintf(&b, "%s/%s, %d CPUs, %s; %s; %s\n", m.GOOS, m.GOARCH, m.NumCPU, m.GoVersion, m.Database, m.Broker)
 	fmt.Fprintf(&b, "load average %.2f %.2f %.2f at start, %.2f %.2f %.2f at end; %s in %s\n",
