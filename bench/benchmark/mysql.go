@@ -124,7 +124,8 @@ func (m *mysqlStore) setup(ctx context.Context, e *runEnv, dedup bool) error {
 func (m *mysqlStore) drop(ctx context.Context, e *runEnv) {
 	m.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+e.accountsTable)
 	if !e.keepDedup {
-		m.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+e.dedupTable)
+		// With the lease table the store's Migrate makes beside it.
+		m.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+e.dedupTable+`, `+e.dedupTable+`_leases`)
 	}
 }
 

@@ -289,6 +289,8 @@ FROM generate_series(1, %d) g`, table, rows),
 	return nil
 }
 
+// dropTable drops a dedup table and the lease table the store's Migrate
+// made beside it.
 func (p *pgStore) dropTable(ctx context.Context, table string) {
-	p.pool.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+	p.pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`)
 }
