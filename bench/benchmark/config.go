@@ -79,10 +79,11 @@ const (
 	// (core.New, the call made inside the dedup transaction, as many
 	// workers as connections), against "leased" (core.NewLeased, the call
 	// made outside any transaction under a leased claim, window 500). It
-	// reports msgs/s (target: leased ≥ 10 × in-transaction) and the peak
-	// number of database transactions open at once, sampled from
-	// pg_stat_activity. Not in the default set: the in-transaction run
-	// lasts about N × ProviderDelay / Pool.
+	// reports msgs/s (target: leased ≥ 10 × in-transaction) and the
+	// database transactions the consumer holds open, sampled from
+	// pg_stat_activity: the most at once, and their time per delivery.
+	// Not in the default set: the in-transaction run lasts about
+	// N × ProviderDelay / Pool.
 	LeasedScenario = "leased"
 )
 
