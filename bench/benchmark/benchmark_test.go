@@ -50,6 +50,25 @@ func rabbitPostgresURLs(t *testing.T) (*url.URL, string) {
 	return u, pgURL
 }
 
+// runRabbitPostgres runs cfg from RabbitMQ into Postgres (the URLs of
+// rabbitPostgresURLs) within 3 minutes, logs its progress, and fails the
+// test when Run fails.
+func runRabbitPostgres(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	u, pgURL := rabbitPostgresURLs(t)
+	cfg.Broker, cfg.Store = u.String(), pgURL
+	var progress lockedBuffer
+	cfg.Progress = &progress
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 func TestRunSmall(t *testing.T) {
 	u, pgURL := rabbitPostgresURLs(t)
 
@@ -177,21 +196,11 @@ func TestScenariosSmall(t *testing.T) {
 // with every unique message applied once and every copy decided a
 // duplicate.
 func TestRunWatermill(t *testing.T) {
-	u, pgURL := rabbitPostgresURLs(t)
-
-	var progress lockedBuffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, Config{
-		Broker: u.String(), Store: pgURL,
+	rep := runRabbitPostgres(t, Config{
 		N: 1000, Duplicates: 0.2, Accounts: 50, Repeat: 1,
 		LatencyRate: 500, LatencyMessages: 50,
-		Configs: []string{Watermill}, Progress: &progress,
+		Configs: []string{Watermill},
 	})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(rep.Results) != 1 || rep.Results[0].Name != Watermill {
 		t.Fatalf("results %+v, want one for %s", rep.Results, Watermill)
 	}
@@ -221,5 +230,63 @@ func TestWatermillRabbitMQOnly(t *testing.T) {
 	}
 	if f := rep.Results[0].Failed; !strings.Contains(f, "RabbitMQ only") || !strings.Contains(f, "Kafka") {
 		t.Errorf("failure %q, want one naming RabbitMQ and Kafka", f)
+	}
+}
+
+// TestLeasedScenarioSmall runs the leased scenario shrunk (200 messages, a
+// provider answering in 100ms: 2s for the in-transaction run, so that the
+// leased run's start-up weighs little) and checks that both runs pass the
+// exactly-once check (ledger and provider), that the leased run is the
+// faster, and that it cost less transaction time per message than the
+// in-transaction run, whose every transaction lasts a provider call. Its
+// peak of open transactions is only checked not to pass the
+// in-transaction's: the leased run's short lease transactions come in
+// bursts (a window's worth of messages at once) that may fill the pool
+// for a moment too.
+func TestLeasedScenarioSmall(t *testing.T) {
+	rep := runRabbitPostgres(t, Config{
+		N: 200, Duplicates: 0.2, Accounts: 20, Repeat: 1,
+		ProviderDelay: 100 * time.Millisecond, Pool: 10,
+		Configs: []string{LeasedScenario},
+	})
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	t.Log("\n" + table.String())
+	if len(rep.Results) != 2 || rep.Results[0].Name != leasedInTx || rep.Results[1].Name != leasedLeased {
+		t.Fatalf("results %+v, want %s and %s", rep.Results, leasedInTx, leasedLeased)
+	}
+	inTx, leased := rep.Results[0], rep.Results[1]
+	for _, r := range rep.Results {
+		if r.Failed != "" {
+			t.Fatalf("%s failed: %s", r.Name, r.Failed)
+		}
+		run := r.Runs[0]
+		if run.Deliveries != 240 || run.MsgsPerSec <= 0 || run.Samples == 0 || run.PeakOpenTx < 1 || run.PeakPoolConns < 1 {
+			t.Errorf("%s: incomplete figures: %+v", r.Name, run)
+		}
+		if run.PeakPoolConns > 10 || run.PeakOpenTx > 10 {
+			t.Errorf("%s: %d connections acquired, %d transactions open at the peak: more than the pool of 10", r.Name, run.PeakPoolConns, run.PeakOpenTx)
+		}
+	}
+	if leased.MsgsPerSec.Median <= inTx.MsgsPerSec.Median {
+		t.Errorf("leased %.0f msgs/s, in-transaction %.0f: want the leased run faster", leased.MsgsPerSec.Median, inTx.MsgsPerSec.Median)
+	}
+	if leased.PeakOpenTx > inTx.PeakOpenTx {
+		t.Errorf("peak open transactions: leased %d, in-transaction %d: want no more under leases", leased.PeakOpenTx, inTx.PeakOpenTx)
+	}
+	if leased.TxTimePerMsg <= 0 || 2*leased.TxTimePerMsg >= inTx.TxTimePerMsg {
+		t.Errorf("transaction time per message: leased %v, in-transaction %v: want under half under leases", leased.TxTimePerMsg, inTx.TxTimePerMsg)
+	}
+	ratio := false
+	for _, x := range rep.Ratios {
+		ratio = ratio || (x.Name == leasedLeased+" / "+leasedInTx && x.Target == "≥ 10" && x.Value > 1)
+	}
+	if !ratio {
+		t.Errorf("no ratio of %s to %s: %+v", leasedLeased, leasedInTx, rep.Ratios)
+	}
+	for _, col := range []string{"open tx peak", "tx time/msg", "pool conns peak", "provider answering each charge in 100ms"} {
+		if !strings.Contains(table.String(), col) {
+			t.Errorf("table lacks %q", col)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemq/idemq/core/driver"
 )
@@ -71,6 +72,19 @@ const (
 	// quiet figure (target 5). Not in the default set: filling takes
 	// minutes.
 	GrowthScenario = "growth"
+	// LeasedScenario compares, on Postgres, two consumers whose effect is
+	// a slow external call (a fake payment provider answering every charge
+	// after Config.ProviderDelay, idempotency key sent) followed by a
+	// ledger row, with a pool of Config.Pool connections: "in-transaction"
+	// (core.New, the call made inside the dedup transaction, as many
+	// workers as connections), against "leased" (core.NewLeased, the call
+	// made outside any transaction under a leased claim, window 500). It
+	// reports msgs/s (target: leased ≥ 10 × in-transaction) and the
+	// database transactions the consumer holds open, sampled from
+	// pg_stat_activity: the most at once, and their time per delivery.
+	// Not in the default set: the in-transaction run lasts about
+	// N × ProviderDelay / Pool.
+	LeasedScenario = "leased"
 )
 
 // DefaultConfigs are the configurations Run runs when Config.Configs is
@@ -78,7 +92,7 @@ const (
 var DefaultConfigs = []string{SeedP5, SeedP100W8, HandBatch, RawAck, IdemqB1W5, IdemqB1W100C8, IdemqQueue, IdemqBatch}
 
 // Scenarios are the slow configurations run only when named.
-var Scenarios = []string{MemoryScenario, GrowthScenario}
+var Scenarios = []string{MemoryScenario, GrowthScenario, LeasedScenario}
 
 // ObservedConfigs are the observed variants of IdemqBatch, run only when
 // named.
@@ -111,7 +125,9 @@ type Config struct {
 	// uses its own accounts and dedup tables and drops them afterwards.
 	// Required.
 	Store string
-	// N is the number of unique messages per run. Default 50,000.
+	// N is the number of unique messages per run. Default 50,000, and
+	// 3,000 for LeasedScenario (its in-transaction run passes about
+	// Pool / ProviderDelay msgs/s: 90 s at the defaults).
 	N int
 	// Duplicates is the fraction of N published a second time, each a
 	// copy of a recently published message. Default 0.2 (60,000
@@ -156,9 +172,22 @@ type Config struct {
 	// PruneDuty is the fraction of the prune's time spent deleting
 	// (driver.PruneSchedule.Duty). Default driver.DefaultPruneDuty.
 	PruneDuty float64
+	// ProviderDelay is how long the fake payment provider of
+	// LeasedScenario takes to answer each charge. Default 300ms.
+	ProviderDelay time.Duration
+	// Pool is the size of LeasedScenario's Postgres pool (pool_max_conns),
+	// unless Store sets its own pool_max_conns. Default 10.
+	Pool int
 	// Progress receives progress lines; nil is quiet.
 	Progress io.Writer
+
+	// leasedN is N for LeasedScenario: N when it was given, else
+	// defaultLeasedN.
+	leasedN int
 }
+
+// defaultLeasedN is LeasedScenario's N when Config.N is not given.
+const defaultLeasedN = 3000
 
 // withDefaults fills in defaults and checks every field, naming the field
 // in the error.
@@ -187,8 +216,9 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		return c, fmt.Errorf("benchmark: Config.Store: scheme %q is not supported (%s)", su.Scheme, StoreSchemes)
 	}
+	c.leasedN = c.N
 	if c.N == 0 {
-		c.N = 50_000
+		c.N, c.leasedN = 50_000, defaultLeasedN
 	}
 	if c.N < 1 || c.N > 100_000_000 {
 		return c, fmt.Errorf("benchmark: Config.N: %d is outside 1..100000000", c.N)
@@ -259,6 +289,18 @@ func (c Config) withDefaults() (Config, error) {
 	if !(c.PruneDuty > 0 && c.PruneDuty <= 1) {
 		return c, fmt.Errorf("benchmark: Config.PruneDuty: %v is outside (0, 1]", c.PruneDuty)
 	}
+	if c.ProviderDelay == 0 {
+		c.ProviderDelay = 300 * time.Millisecond
+	}
+	if c.ProviderDelay < 0 || c.ProviderDelay > time.Minute {
+		return c, fmt.Errorf("benchmark: Config.ProviderDelay: %v is outside 0..1m", c.ProviderDelay)
+	}
+	if c.Pool == 0 {
+		c.Pool = 10
+	}
+	if c.Pool < 1 || c.Pool > 1000 {
+		return c, fmt.Errorf("benchmark: Config.Pool: %d is outside 1..1000", c.Pool)
+	}
 	if len(c.Configs) == 0 {
 		c.Configs = slices.Clone(DefaultConfigs)
 	}
@@ -276,7 +318,11 @@ func (c Config) withDefaults() (Config, error) {
 }
 
 // duplicates is the number of extra (duplicate) deliveries per run.
-func (c Config) duplicates() int { return int(float64(c.N)*c.Duplicates + 0.5) }
+func (c Config) duplicates() int { return c.duplicatesOf(c.N) }
+
+// duplicatesOf is the number of extra deliveries of a run of n unique
+// messages.
+func (c Config) duplicatesOf(n int) int { return int(float64(n)*c.Duplicates + 0.5) }
 
 // Describe returns a one-line description of a configuration name, for
 // help texts and the report.
@@ -308,6 +354,8 @@ func Describe(name string) string {
 		return "idemq batch: peak RSS with 10k vs 1M messages queued"
 	case GrowthScenario:
 		return "idemq batch: 10M rows in the dedup table vs empty; p99 while pruning them"
+	case LeasedScenario:
+		return "a slow provider call per message: inside the dedup transaction (core.New) vs outside it under a lease (core.NewLeased)"
 	}
 	return ""
 }

@@ -51,12 +51,21 @@
 // message.Router with a watermill-amqp subscriber (RabbitMQ only), and
 // runs only when named in Config.Configs.
 //
-// The scenarios MemoryScenario and GrowthScenario are slow and run only
-// when named in Config.Configs. MemoryScenario
+// The scenarios MemoryScenario, GrowthScenario and LeasedScenario are slow
+// and run only when named in Config.Configs. MemoryScenario
 // compares peak RSS with 10,000 and 1,000,000 messages queued.
 // GrowthScenario fills a dedup table with Config.GrowthRows old rows,
 // compares idemq batch throughput on it with an empty table, then holds
 // the paced p99 while driver.PruneSchedule.Round deletes those rows
 // (Config.PruneBatch a statement, Config.PruneDuty of the time) against
 // the p99 of a paced phase as long with nothing else running.
+// LeasedScenario (Postgres only) gives each message a slow external
+// effect, a charge through a fake payment provider that answers after
+// Config.ProviderDelay (with the idempotency key of effects.Keyer), then
+// a ledger row, and runs it twice on a pool of Config.Pool connections:
+// inside the dedup transaction (core.New) and outside any transaction under
+// a lease (core.NewLeased, window 500). Besides msgs/s it samples
+// pg_stat_activity every 5ms for the transactions the consumer holds open;
+// its check counts ledger rows and the provider's charges, one per unique
+// id.
 package benchmark

@@ -26,6 +26,8 @@ import (
 type stageTimer struct {
 	t                    *tracker
 	begin, claim, commit atomic.Int64
+	// lease and external are a leased Consumer's per-message stages.
+	lease, external atomic.Int64
 }
 
 // StartDecision implements core.Observer; decisions are recorded by
@@ -56,6 +58,10 @@ func (o *stageTimer) EndStage(ctx context.Context, s core.Stage, _ error) {
 		sum = &o.begin
 	case "claim":
 		sum = &o.claim
+	case "lease":
+		sum = &o.lease
+	case "external":
+		sum = &o.external
 	default:
 		return
 	}
@@ -114,10 +120,24 @@ func idemqOptions(e *runEnv, _ *tracker, name string, stages *stageTimer) ([]cor
 	return append(opts, core.WithBatchSize(b), core.WithConcurrency(w)), shapeBatch, w + 2
 }
 
-// runConsumer runs core.Consumer over e's queue with the store at storeURL
-// and the handler h (or the batch handler bh) until ctx ends, and returns
-// its counts. tune, if not nil, sees the store before the consumer starts.
-func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, opts []core.Option, stages *stageTimer, h core.Handler[T], bh core.BatchHandler[T], tune func(store any)) (*counts, error) {
+// consumerFor builds the Consumer a configuration runs over src and store.
+type consumerFor[T any] func(src core.Source, store core.Store[T]) (*core.Consumer[T], error)
+
+// handlers is the consumerFor of the per-message handler h (core.New) or,
+// when bh is set, of the batch handler bh (core.NewBatch), with opts.
+func handlers[T any](opts []core.Option, h core.Handler[T], bh core.BatchHandler[T]) consumerFor[T] {
+	return func(src core.Source, store core.Store[T]) (*core.Consumer[T], error) {
+		if bh != nil {
+			return core.NewBatch(src, store, bh, opts...)
+		}
+		return core.New(src, store, h, opts...)
+	}
+}
+
+// runConsumer runs the Consumer that build makes over e's queue and the
+// store at storeURL until ctx ends, and returns its counts. tune, if not
+// nil, sees the store before the consumer starts.
+func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, stages *stageTimer, build consumerFor[T], tune func(store any)) (*counts, error) {
 	store, err := core.OpenStore[T](ctx, storeURL)
 	if err != nil {
 		return nil, err
@@ -133,12 +153,7 @@ func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, opts []
 		return nil, err
 	}
 	src := &recordingSource{Source: rawSrc, t: stages.t}
-	var c *core.Consumer[T]
-	if bh != nil {
-		c, err = core.NewBatch(src, store, bh, opts...)
-	} else {
-		c, err = core.New(src, store, h, opts...)
-	}
+	c, err := build(src, store)
 	if err != nil {
 		src.Close()
 		return nil, err
@@ -154,6 +169,12 @@ func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, opts []
 		"begin":  time.Duration(stages.begin.Load()),
 		"claim":  time.Duration(stages.claim.Load()),
 		"commit": time.Duration(stages.commit.Load()),
+	}
+	// A leased Consumer's own stages, where it ran any.
+	for name, sum := range map[string]*atomic.Int64{"lease": &stages.lease, "external": &stages.external} {
+		if d := time.Duration(sum.Load()); d > 0 {
+			n.stages[name] = d
+		}
 	}
 	return &n, err
 }
@@ -202,7 +223,7 @@ FROM (SELECT unnest($1::text[]) AS acc, unnest($2::bigint[]) AS amt) v WHERE a.a
 			return postgres.Queue(ctx, tx, setUpdate, accs, amts)
 		}
 	}
-	return runConsumer(ctx, e, p.idemqStoreURL(e.dedupTable, conns), opts, stages, h, bh, nil)
+	return runConsumer(ctx, e, p.idemqStoreURL(e.dedupTable, conns), stages, handlers(opts, h, bh), nil)
 }
 
 // coreSums sums a batch's payments per account, accounts sorted.

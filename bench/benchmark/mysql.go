@@ -124,7 +124,8 @@ func (m *mysqlStore) setup(ctx context.Context, e *runEnv, dedup bool) error {
 func (m *mysqlStore) drop(ctx context.Context, e *runEnv) {
 	m.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+e.accountsTable)
 	if !e.keepDedup {
-		m.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+e.dedupTable)
+		// With the lease table the store's Migrate makes beside it.
+		m.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+e.dedupTable+`, `+e.dedupTable+`_leases`)
 	}
 }
 
@@ -297,7 +298,7 @@ func (m *mysqlStore) runIdemq(ctx context.Context, e *runEnv, t *tracker, name s
 			return err
 		}
 	}
-	return runConsumer(ctx, e, m.idemqStoreURL(e.dedupTable, conns), opts, stages, h, bh, func(store any) {
+	return runConsumer(ctx, e, m.idemqStoreURL(e.dedupTable, conns), stages, handlers(opts, h, bh), func(store any) {
 		// The mysql:// URL has no pool size: keep as many idle
 		// connections as the configuration runs transactions at once,
 		// as the baselines do, through the store's handle.

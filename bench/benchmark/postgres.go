@@ -105,10 +105,13 @@ func (p *pgStore) setup(ctx context.Context, e *runEnv, dedup bool) error {
 }
 
 func (p *pgStore) drop(ctx context.Context, e *runEnv) {
-	p.pool.Exec(ctx, `DROP TABLE IF EXISTS `+e.accountsTable)
+	tables := []string{e.accountsTable, e.ledgerTable}
 	if !e.keepDedup {
-		p.pool.Exec(ctx, `DROP TABLE IF EXISTS `+e.dedupTable)
+		// The store keeps leased claims in a table of their own beside
+		// the dedup table.
+		tables = append(tables, e.dedupTable, e.dedupTable+"_leases")
 	}
+	p.pool.Exec(ctx, `DROP TABLE IF EXISTS `+strings.Join(tables, ", "))
 }
 
 // seedTx is the seed article's transaction (seeds/003): claim with
@@ -286,6 +289,8 @@ FROM generate_series(1, %d) g`, table, rows),
 	return nil
 }
 
+// dropTable drops a dedup table and the lease table the store's Migrate
+// made beside it.
 func (p *pgStore) dropTable(ctx context.Context, table string) {
-	p.pool.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+	p.pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_leases`)
 }

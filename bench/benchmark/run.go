@@ -28,6 +28,9 @@ type runEnv struct {
 	w      *workload
 
 	queue, accountsTable, dedupTable, consumer string
+	// ledgerTable is the leased scenario's ledger (one row per charge),
+	// made by its runs' setup and dropped with the others.
+	ledgerTable string
 	// The dedup table is made by the run (baselines) or by the idemq
 	// store's Migrate; either way it is dropped after the run unless
 	// keepDedup is set (the growth scenario's prefilled table).
@@ -113,6 +116,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Deliveries: cfg.N + cfg.duplicates(), Accounts: cfg.Accounts, BatchSize: cfg.BatchSize, BatchWorkers: cfg.BatchWorkers,
 		Repeat: cfg.Repeat, LatencyRate: cfg.LatencyRate, LatencyMessages: cfg.LatencyMessages, Configs: cfg.Configs,
 	}
+	if slices.Contains(cfg.Configs, LeasedScenario) {
+		rep.Params.LeasedN, rep.Params.LeasedDuplicates = cfg.leasedN, cfg.duplicatesOf(cfg.leasedN)
+		rep.Params.ProviderDelay, rep.Params.Pool = cfg.ProviderDelay, cfg.Pool
+	}
 	defer func() {
 		rep.Finished = time.Now()
 		rep.Machine.LoadEnd = loadAvg()
@@ -148,6 +155,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			err = s.memoryScenario(ctx, rep)
 		case GrowthScenario:
 			err = s.growthScenario(ctx, rep)
+		case LeasedScenario:
+			err = s.leasedScenario(ctx, rep)
 		}
 		if err != nil && ctx.Err() != nil {
 			rep.finishAll()
@@ -177,6 +186,9 @@ func (r RunResult) line() string {
 	st := ""
 	if r.Stages != nil {
 		st = fmt.Sprintf("; in store stages: begin %.2fs, claim %.2fs, commit %.2fs", r.Stages["begin"].Seconds(), r.Stages["claim"].Seconds(), r.Stages["commit"].Seconds())
+		if l, ok := r.Stages["lease"]; ok {
+			st += fmt.Sprintf(", lease %.2fs, external %.2fs", l.Seconds(), r.Stages["external"].Seconds())
+		}
 	}
 	if r.UserCPU > 0 {
 		tput += fmt.Sprintf(", process CPU per delivery %s user + %s system", fmtCPU(r.UserCPU), fmtCPU(r.SysCPU))
@@ -193,6 +205,13 @@ type runSpec struct {
 	// whilePaced, when set, runs during the paced phase; the paced phase
 	// then lasts until it returns (at most paced messages).
 	whilePaced func(ctx context.Context) error
+	// setup, when set, runs after the store's setup (the leased
+	// scenario's ledger); consume, when set, runs in place of the
+	// configuration's consumer until ctx ends; check, when set, is the
+	// correctness check in place of the store's.
+	setup   func(ctx context.Context, e *runEnv) error
+	consume func(ctx context.Context, e *runEnv, t *tracker) (*counts, error)
+	check   func(ctx context.Context, e *runEnv, paced int) error
 }
 
 // runOne runs one configuration once: fresh queue and tables, backlog
@@ -206,7 +225,12 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 		queue:         s.broker.baseQueue() + "-" + suffix,
 		accountsTable: "bench_accounts_" + suffix,
 		dedupTable:    "bench_processed_" + suffix,
+		ledgerTable:   "bench_ledger_" + suffix,
 		consumer:      "bench-" + name + "-" + suffix,
+	}
+	check := s.store.check
+	if spec.check != nil {
+		check = spec.check
 	}
 	if spec.dedupTable != "" {
 		e.dedupTable, e.keepDedup = spec.dedupTable, true
@@ -228,6 +252,11 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	idemq := strings.HasPrefix(name, "idemq") || strings.Contains(name, "/")
 	if err := s.store.setup(ctx, e, !idemq && !e.keepDedup); err != nil {
 		return fail("setup: %v", err)
+	}
+	if spec.setup != nil {
+		if err := spec.setup(ctx, e); err != nil {
+			return fail("setup: %v", err)
+		}
 	}
 	if err := s.broker.declare(ctx, e.queue); err != nil {
 		return fail("declaring the queue: %v", core.RedactError(err, s.cfg.Broker))
@@ -256,16 +285,18 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	go func() {
 		var c *counts
 		var err error
-		switch name {
-		case SeedP5:
+		switch {
+		case spec.consume != nil:
+			c, err = spec.consume(cctx, e, t)
+		case name == SeedP5:
 			c, err = s.broker.seed(cctx, e, t, 5, 1)
-		case SeedP100W8:
+		case name == SeedP100W8:
 			c, err = s.broker.seed(cctx, e, t, 100, 8)
-		case HandBatch:
+		case name == HandBatch:
 			c, err = s.broker.handBatch(cctx, e, t, s.cfg.BatchSize, s.cfg.BatchWorkers)
-		case RawAck:
+		case name == RawAck:
 			c, err = s.broker.rawAck(cctx, e, t, s.cfg.BatchSize)
-		case Watermill:
+		case name == Watermill:
 			c, err = s.broker.(watermillBroker).watermill(cctx, e, t, watermillPrefetch, watermillHandlers)
 		default:
 			c, err = s.store.runIdemq(cctx, e, t, name)
@@ -341,7 +372,7 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 		// flight. Let the consumer finish it before stopping it; the check
 		// after the stop is the one that counts.
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			if s.store.check(ctx, e, sent) == nil {
+			if check(ctx, e, sent) == nil {
 				break
 			}
 		}
@@ -362,7 +393,7 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	t.mu.Unlock()
 
 	if name != RawAck {
-		if err := s.store.check(ctx, e, sent); err != nil {
+		if err := check(ctx, e, sent); err != nil {
 			return fail("correctness: %v", err)
 		}
 	}

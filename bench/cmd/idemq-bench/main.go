@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/cli"
@@ -100,7 +101,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f := cli.NewFlags("idemq-bench", benchUsage, stdout)
 	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…, nats://127.0.0.1:4222/idemq-bench) (required)")
 	storeURL := f.StoreFlag()
-	n := f.Int("n", 50_000, "unique messages per run")
+	n := f.Int("n", 0, "unique messages per run (default 50000; 3000 for the leased scenario)")
 	dups := f.Float64("duplicates", 0.2, "fraction of N published a second time")
 	accounts := f.Int("accounts", 1000, "accounts the payments spread over")
 	batch := f.Int("batch", 0, "batch size of the batch-mode configurations (idemq and hand-tuned) (default 200; 10, the most, for sqs://)")
@@ -111,6 +112,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	latencyN := f.Int("latency-messages", 1000, "messages in the paced phase")
 	pruneBatch := f.Int("prune-batch", 1000, "rows per DELETE while the growth scenario prunes")
 	pruneDuty := f.Float64("prune-duty", driver.DefaultPruneDuty, "fraction of the growth scenario's prune time spent deleting (resting the rest)")
+	providerDelay := f.Duration("provider-delay", 300*time.Millisecond, "how long the leased scenario's fake payment provider takes to answer each charge")
+	pool := f.Int("pool", 10, "the leased scenario's Postgres pool size (pool_max_conns), unless --store sets one")
 	jsonOut := f.String("json", "", "also write the full report as JSON to this file")
 	pngOut := f.String("png", "", "also write a chart of the results to this PNG file")
 	cpuProfile := f.String("cpuprofile", "", "write a CPU profile of the whole run (baselines included: narrow it with --configs) to this file, for go tool pprof")
@@ -125,7 +128,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case *broker == "":
 		return cli.Usagef("--broker is required")
-	case *n < 1:
+	case *n < 0 || isFlagSet(f, "n") && *n < 1:
 		return cli.Usagef("-n %d: must be at least 1", *n)
 	case !(*dups >= 0 && *dups <= 10):
 		return cli.Usagef("--duplicates %v: must be from 0 to 10", *dups)
@@ -139,11 +142,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return cli.Usagef("--prune-batch %d: must be at least 1", *pruneBatch)
 	case !(*pruneDuty > 0 && *pruneDuty <= 1):
 		return cli.Usagef("--prune-duty %v: must be above 0 and at most 1", *pruneDuty)
+	case *providerDelay <= 0:
+		return cli.Usagef("--provider-delay %v: must be above 0", *providerDelay)
+	case *pool < 1:
+		return cli.Usagef("--pool %d: must be at least 1", *pool)
 	}
 	cfg := benchmark.Config{
 		Broker: *broker, Store: raw, N: *n, Duplicates: *dups, Accounts: *accounts,
 		BatchSize: *batch, BatchWorkers: *workers, Repeat: *repeat,
 		LatencyRate: *rate, LatencyMessages: *latencyN, PruneBatch: *pruneBatch, PruneDuty: *pruneDuty,
+		ProviderDelay: *providerDelay, Pool: *pool,
 	}
 	if *dups == 0 {
 		cfg.Duplicates = -1 // the benchmark's "none" (its zero value means the default)
