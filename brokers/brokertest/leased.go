@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -88,19 +87,7 @@ func testLeasedDuplicates(t *testing.T, h Harness) {
 	}
 	r1 := runLeased(t, source(t, f), e, external, 0, 0, core.WithWindow(10), core.WithBatchSize(5))
 	r2 := runLeased(t, source(t, f), e, external, 0, 0, core.WithWindow(4))
-	total := int64(unique * copies)
-	waitFor(t, 3*h.ReceiveTimeout, fmt.Sprintf("%d deliveries decided", total), func() bool {
-		a, b := r1.c.Stats(), r2.c.Stats()
-		return a.Processed+a.Duplicates+b.Processed+b.Duplicates >= total
-	})
-	for _, r := range []*running{r1, r2} {
-		if err := r.shutdown(t); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	}
-	a, b := r1.c.Stats(), r2.c.Stats()
-	t.Logf("consumer stats: %+v / %+v", a, b)
-	if p := a.Processed + b.Processed; p != unique {
+	if p, _ := decideAll(t, 3*h.ReceiveTimeout, unique*copies, r1, r2); p != unique {
 		t.Errorf("Processed = %d, want %d", p, unique)
 	}
 	wantOnce(t, e, msgs)

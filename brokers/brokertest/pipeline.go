@@ -118,6 +118,30 @@ func (r *running) shutdown(t *testing.T) error {
 	}
 }
 
+// decideAll waits until the consumers decided total deliveries between
+// them, stops them, and returns their Processed and Duplicates summed.
+func decideAll(t *testing.T, timeout time.Duration, total int64, rs ...*running) (processed, duplicates int64) {
+	t.Helper()
+	waitFor(t, timeout, fmt.Sprintf("%d deliveries decided", total), func() bool {
+		var n int64
+		for _, r := range rs {
+			st := r.c.Stats()
+			n += st.Processed + st.Duplicates
+		}
+		return n >= total
+	})
+	for _, r := range rs {
+		if err := r.shutdown(t); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		st := r.c.Stats()
+		t.Logf("consumer stats: %+v", st)
+		processed += st.Processed
+		duplicates += st.Duplicates
+	}
+	return processed, duplicates
+}
+
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -187,21 +211,11 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 	r1 := runConsumer(t, source(t, f), e, h1, core.WithBatchSize(5), core.WithWindow(10), core.WithLinger(5*time.Millisecond))
 	r2 := runConsumer(t, source(t, f), e, h1, core.WithConcurrency(2), core.WithWindow(4))
 	total := int64(unique * copies)
-	waitFor(t, 2*h.ReceiveTimeout, fmt.Sprintf("%d deliveries decided", total), func() bool {
-		a, b := r1.c.Stats(), r2.c.Stats()
-		return a.Processed+a.Duplicates+b.Processed+b.Duplicates >= total
-	})
-	for _, r := range []*running{r1, r2} {
-		if err := r.shutdown(t); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	}
-	a, b := r1.c.Stats(), r2.c.Stats()
-	t.Logf("consumer stats: %+v / %+v", a, b)
-	if p := a.Processed + b.Processed; p != unique {
+	p, d := decideAll(t, 2*h.ReceiveTimeout, total, r1, r2)
+	if p != unique {
 		t.Errorf("Processed = %d, want %d", p, unique)
 	}
-	if d := a.Duplicates + b.Duplicates; d != total-unique {
+	if d != total-unique {
 		t.Errorf("Duplicates = %d, want %d", d, total-unique)
 	}
 	counts := e.counts(t)

@@ -109,34 +109,16 @@ func runLeasedKills(t *testing.T, r killRun) {
 // 20% duplicates, one charge and one ledger row per payment.
 func TestLeasedKillPointsRabbitMQPostgres(t *testing.T) {
 	t.Parallel()
-	amqpU := amqpURL(t)
 	store, prefix, l := postgresStore(t)
-	q := amqpQueue(t, amqpU)
-	runLeasedKills(t, killRun{
-		broker: withQuery(amqpU, "queue", q), store: store, tables: prefix, ledger: l,
-		messages: 10000, duplicates: 0.2, batch: 20, concurrency: 1,
-		settled: func(t *testing.T) {
-			if n := amqpDepth(t, amqpU, q); n != 0 {
-				t.Errorf("queue %s still holds %d messages after the graceful stop", q, n)
-			}
-		},
-	})
+	runLeasedKills(t, onRabbitMQ(t, killRun{store: store, tables: prefix, ledger: l,
+		messages: 10000, duplicates: 0.2, batch: 20, concurrency: 1}))
 }
 
 // The same on MariaDB: the lease table's row locks and the completion's
 // fence under InnoDB.
 func TestLeasedKillPointsRabbitMQMariaDB(t *testing.T) {
 	t.Parallel()
-	amqpU := amqpURL(t)
 	store, prefix, l := mysqlStore(t)
-	q := amqpQueue(t, amqpU)
-	runLeasedKills(t, killRun{
-		broker: withQuery(amqpU, "queue", q), store: store, tables: prefix, ledger: l,
-		messages: 10000, duplicates: 0.2, batch: 20, concurrency: 1,
-		settled: func(t *testing.T) {
-			if n := amqpDepth(t, amqpU, q); n != 0 {
-				t.Errorf("queue %s still holds %d messages after the graceful stop", q, n)
-			}
-		},
-	})
+	runLeasedKills(t, onRabbitMQ(t, killRun{store: store, tables: prefix, ledger: l,
+		messages: 10000, duplicates: 0.2, batch: 20, concurrency: 1}))
 }

@@ -516,34 +516,30 @@ func killMessages(t *testing.T) int {
 
 func TestKillAndRestartRabbitMQPostgres(t *testing.T) {
 	t.Parallel()
-	amqpU := amqpURL(t)
 	store, prefix, l := postgresStore(t)
-	q := amqpQueue(t, amqpU)
-	runKillAndRestart(t, killRun{
-		broker: withQuery(amqpU, "queue", q), store: store, tables: prefix, ledger: l,
-		messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
-		settled: func(t *testing.T) {
-			if n := amqpDepth(t, amqpU, q); n != 0 {
-				t.Errorf("queue %s still holds %d messages after the graceful stop", q, n)
-			}
-		},
-	})
+	runKillAndRestart(t, onRabbitMQ(t, killRun{store: store, tables: prefix, ledger: l,
+		messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2}))
 }
 
 func TestKillAndRestartRabbitMQMariaDB(t *testing.T) {
 	t.Parallel()
-	amqpU := amqpURL(t)
 	store, prefix, l := mysqlStore(t)
+	runKillAndRestart(t, onRabbitMQ(t, killRun{store: store, tables: prefix, ledger: l,
+		messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2}))
+}
+
+// onRabbitMQ points r at a fresh queue on IDEMQ_AMQP_URL and checks, after
+// the graceful stop, that the queue holds nothing.
+func onRabbitMQ(t *testing.T, r killRun) killRun {
+	amqpU := amqpURL(t)
 	q := amqpQueue(t, amqpU)
-	runKillAndRestart(t, killRun{
-		broker: withQuery(amqpU, "queue", q), store: store, tables: prefix, ledger: l,
-		messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
-		settled: func(t *testing.T) {
-			if n := amqpDepth(t, amqpU, q); n != 0 {
-				t.Errorf("queue %s still holds %d messages after the graceful stop", q, n)
-			}
-		},
-	})
+	r.broker = withQuery(amqpU, "queue", q)
+	r.settled = func(t *testing.T) {
+		if n := amqpDepth(t, amqpU, q); n != 0 {
+			t.Errorf("queue %s still holds %d messages after the graceful stop", q, n)
+		}
+	}
+	return r
 }
 
 // The published messages carry W3C trace context: the service installs the
