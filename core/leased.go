@@ -79,6 +79,11 @@ var (
 // as for New; WithBatchSize and WithConcurrency apply to the completion
 // transactions, and the window (WithWindow) bounds the External calls in
 // flight.
+//
+// Run every consumer of one WithName the same way, leased or not: a
+// Consumer built by New or NewBatch claims ids without looking at leases,
+// so under a name that a leased Consumer also uses it could apply a
+// message whose External call is in progress.
 func NewLeased[Tx, R any](src Source, store Store[Tx], h LeasedHandler[Tx, R], opts ...Option) (*Consumer[Tx], error) {
 	if h.External == nil || h.Complete == nil {
 		return nil, errors.New("idemq: NewLeased: LeasedHandler.External and Complete are required")
