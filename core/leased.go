@@ -29,7 +29,10 @@ import (
 // completion transaction, which also records the claim as done; it runs
 // only while the message's lease is still this consumer's.
 type LeasedHandler[Tx, R any] struct {
+	// External makes the external call and returns its result. Required.
 	External func(ctx context.Context, m *Message) (R, error)
+	// Complete applies the local effect with External's result in the
+	// completion transaction tx. Required.
 	Complete func(ctx context.Context, tx Tx, m *Message, result R) error
 	// Lease is how long a claim in progress stays this consumer's without
 	// a renewal. The Consumer renews it every third of that while External
