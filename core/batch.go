@@ -317,17 +317,24 @@ func (c *Consumer[Tx]) storeFailure(m *Message, stage string, err error) Outcome
 
 // handlerFailure decides a message whose handler returned err.
 func (c *Consumer[Tx]) handlerFailure(m *Message, err error) Outcome {
+	return c.userFailure(m, "handler", err)
+}
+
+// userFailure decides a message whose user code (its handler, or a leased
+// Consumer's External step) failed at stage with err: DeadLetter when err
+// is permanent or the attempts are used up, Retry otherwise.
+func (c *Consumer[Tx]) userFailure(m *Message, stage string, err error) Outcome {
 	if c.procCtx.Err() != nil && !IsPermanent(err) {
-		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "handler", Err: fmt.Errorf("%w: %v", ErrShutdown, err)}}
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: fmt.Errorf("%w: %v", ErrShutdown, err)}}
 	}
 	if IsPermanent(err) {
-		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "handler", Err: err}}
+		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: err}}
 	}
 	if m.Attempt >= c.cfg.maxAttempts {
-		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "handler",
+		return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: stage,
 			Err: fmt.Errorf("%w (%d of %d): %w", ErrMaxAttempts, m.Attempt, c.cfg.maxAttempts, err)}}
 	}
-	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "handler", Err: err}, Delay: c.cfg.backoff.Delay(m.Attempt)}
+	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: err}, Delay: c.cfg.backoff.Delay(m.Attempt)}
 }
 
 func (c *Consumer[Tx]) mismatchOutcome(m *Message) Outcome {

@@ -230,24 +230,21 @@ func (c *Consumer[Tx]) runLeased(it *item) {
 		h.result = r
 		return err
 	})
-	sctx, run := c.startStage(ectx, "external", c.stageOf([]*item{it}, []int{0}))
+	sctx, run := c.startStage(ectx, "external", c.stageOfItem(it))
 	err := external(sctx, one)
 	c.endStage(sctx, run, err)
 	cancel()
 	switch {
 	case h.lost.Load():
 		l.drop(h)
-		out = c.leaseLost(it.m)
+		out = c.storeFailure(it.m, "lease", ErrLeaseLost)
 	case err != nil:
 		l.drop(h)
 		if errors.Is(err, context.DeadlineExceeded) && ectx.Err() != nil && c.procCtx.Err() == nil {
 			err = fmt.Errorf("the external step ran past MaxLease %v: %w", l.max, err)
 		}
 		c.releaseLease(it)
-		out = c.handlerFailure(it.m, err)
-		if de, ok := out.Err.(*DecisionError); ok {
-			de.Stage = "external"
-		}
+		out = c.userFailure(it.m, "external", err)
 	default:
 		c.items <- it // capacity window: never blocks
 		return
@@ -303,7 +300,7 @@ func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
 func (c *Consumer[Tx]) tryAcquire(it *item) (driver.Lease, *Outcome) {
 	l := c.leased
 	for reruns := 0; ; {
-		sctx, run := c.startStage(it.ctx, "lease", c.stageOf([]*item{it}, []int{0}))
+		sctx, run := c.startStage(it.ctx, "lease", c.stageOfItem(it))
 		lease, err := l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.ttl)
 		c.endStage(sctx, run, err)
 		if err == nil {
@@ -335,21 +332,12 @@ func (c *Consumer[Tx]) tryAcquire(it *item) (driver.Lease, *Outcome) {
 func (c *Consumer[Tx]) releaseLease(it *item) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(it.ctx), c.cfg.settleTimeout)
 	defer cancel()
-	sctx, run := c.startStage(ctx, "release", c.stageOf([]*item{it}, []int{0}))
+	sctx, run := c.startStage(ctx, "release", c.stageOfItem(it))
 	err := c.leased.store.Release(sctx, c.cfg.name, it.lease.ref)
 	c.endStage(sctx, run, err)
 	if err != nil {
 		c.log.Warn("idemq: releasing a lease failed; the message waits for it to expire", "id", shortID(it.m.ID), "err", err)
 	}
-}
-
-// leaseLost decides a message whose lease was taken over: Retry, never
-// counted towards MaxAttempts.
-func (c *Consumer[Tx]) leaseLost(m *Message) Outcome {
-	if c.procCtx.Err() != nil {
-		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "lease", Err: fmt.Errorf("%w: %v", ErrShutdown, ErrLeaseLost)}}
-	}
-	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: "lease", Err: ErrLeaseLost}, Delay: c.cfg.backoff.Delay(m.Attempt)}
 }
 
 // fence ends, inside txn, the leases of the won items that hold one, and
@@ -379,7 +367,7 @@ func (c *Consumer[Tx]) fence(ctx context.Context, txn driver.Txn[Tx], items []*i
 			continue
 		}
 		items[i].lease.lost.Store(true)
-		outs[i] = c.leaseLost(items[i].m)
+		outs[i] = c.storeFailure(items[i].m, "lease", ErrLeaseLost)
 		lost = append(lost, items[i].m.ID)
 	}
 	if len(lost) > 0 {
@@ -406,4 +394,9 @@ func (c *Consumer[Tx]) endLeases(items []*item, outs []Outcome) {
 			c.releaseLease(it)
 		}
 	}
+}
+
+// stageOfItem is stageOf for one message's own stages.
+func (c *Consumer[Tx]) stageOfItem(it *item) Stage {
+	return c.stageOf([]*item{it}, []int{0})
 }
