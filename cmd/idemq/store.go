@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -199,7 +200,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-const statsUsage = `Usage: idemq stats --store URL [--broker URL] [--json]
+const statsUsage = `Usage: idemq stats --store URL [--broker [CONSUMER=]URL ...] [--json]
 
 Shows the dedup table: claims per consumer with the oldest and newest claim,
 and the table's size on disk (with its indexes) as the database reports it.
@@ -208,19 +209,36 @@ It counts every row, so on a very large table it takes as long as a scan.
 With --broker (a consumer's broker URL), it also compares the store's
 retention with how long that broker can still redeliver a message (SQS: the
 queue's and its dead-letter queue's retention; Kafka: the topic's
-retention.ms; RabbitMQ: twice message_ttl, or unbounded), and says when claims are pruned too
-soon. The broker is opened as the consumer opens it (a RabbitMQ queue is
-declared unless the URL says declare=false).
+retention.ms; NATS: the stream's and its dead-letter stream's MaxAge;
+RabbitMQ: twice message_ttl, or unbounded), and says when claims are pruned
+too soon. Repeat --broker once per consumer, each as CONSUMER=URL, to see
+the comparison beside that consumer's claims. The broker is opened as the
+consumer opens it (a RabbitMQ queue is declared unless the URL says
+declare=false).
 `
 
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := cli.NewFlags("idemq stats", statsUsage, stdout)
 	storeURL := f.StoreFlag()
-	brokerURL := f.String("broker", "", "a consumer's broker URL: compare the store's retention with the broker's redelivery horizon")
+	// Collected raw and checked after parsing: the flag package's own
+	// errors quote the value, which may hold a password.
+	var rawBrokers []string
+	f.Func("broker", "a consumer's broker `URL`, or CONSUMER=URL: compare the store's retention with the broker's redelivery horizon (repeatable)", func(v string) error {
+		rawBrokers = append(rawBrokers, v)
+		return nil
+	})
 	asJSON := f.Bool("json", false, "print the statistics as JSON")
 	raw, err := parseStore(f, storeURL, args)
 	if err != nil {
 		return err
+	}
+	brokers := make([]brokerArg, 0, len(rawBrokers))
+	for _, v := range rawBrokers {
+		b, ok := parseBrokerArg(v)
+		if !ok {
+			return cli.Usagef("--broker %s: want CONSUMER=URL or URL", core.Redact(v))
+		}
+		brokers = append(brokers, b)
 	}
 	s, in, err := storeThat[driver.Inspector](ctx, raw, "describe its table")
 	if err != nil {
@@ -231,11 +249,14 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return hideSecrets(err, raw)
 	}
-	var hz *horizonCheck
-	if *brokerURL != "" {
-		if hz, err = checkHorizon(ctx, s, *brokerURL); err != nil {
+	var hzs []*horizonCheck
+	for _, b := range brokers {
+		hz, err := checkHorizon(ctx, s, b.url)
+		if err != nil {
 			return err
 		}
+		hz.Consumer = b.consumer
+		hzs = append(hzs, hz)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -243,15 +264,19 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return enc.Encode(struct {
 			Store string
 			driver.TableStats
-			Horizon *horizonCheck `json:",omitempty"`
-		}{core.Redact(raw), st, hz})
+			Horizons []*horizonCheck `json:",omitempty"`
+		}{core.Redact(raw), st, hzs})
 	}
 	size := "unknown"
 	if st.SizeBytes > 0 {
 		size = formatBytes(st.SizeBytes)
 	}
 	fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, core.Redact(raw), st.Rows, size)
-	if hz != nil {
+	for _, hz := range hzs {
+		if hz.Consumer != "" && !hasConsumer(st.Consumers, hz.Consumer) {
+			fmt.Fprintf(stdout, "%s (no claims yet)\n", hz)
+			continue
+		}
 		fmt.Fprintln(stdout, hz)
 	}
 	if len(st.Consumers) == 0 {
@@ -260,23 +285,75 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tCLAIMS\tOLDEST\tAGE\tNEWEST")
+	named := map[string]*horizonCheck{}
+	for _, hz := range hzs {
+		if hz.Consumer != "" {
+			named[hz.Consumer] = hz
+		}
+	}
+	head := "CONSUMER\tCLAIMS\tOLDEST\tAGE\tNEWEST"
+	if len(named) > 0 {
+		head += "\tHORIZON"
+	}
+	fmt.Fprintln(tw, head)
 	for _, c := range st.Consumers {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", c.Consumer, c.Rows, c.Oldest.UTC().Format(time.RFC3339),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", c.Consumer, c.Rows, c.Oldest.UTC().Format(time.RFC3339),
 			age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339))
+		if len(named) > 0 {
+			fmt.Fprintf(tw, "\t%s", named[c.Consumer].cell())
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
+}
+
+// brokerArg is one --broker: a source URL, and the consumer reading it
+// when the operator named one.
+type brokerArg struct{ consumer, url string }
+
+// parseBrokerArg splits CONSUMER=URL. A bare URL has no consumer: its first
+// '=' comes after the scheme's "://".
+func parseBrokerArg(v string) (brokerArg, bool) {
+	eq, scheme := strings.Index(v, "="), strings.Index(v, "://")
+	if eq < 0 || (scheme >= 0 && scheme < eq) {
+		return brokerArg{url: v}, v != ""
+	}
+	b := brokerArg{consumer: v[:eq], url: v[eq+1:]}
+	return b, b.consumer != "" && b.url != ""
+}
+
+func hasConsumer(cs []driver.ConsumerStats, name string) bool {
+	for _, c := range cs {
+		if c.Consumer == name {
+			return true
+		}
+	}
+	return false
 }
 
 // horizonCheck is the store's retention against a broker's redelivery
 // horizon.
 type horizonCheck struct {
+	Consumer  string `json:",omitempty"` // as the operator named it
 	Broker    string
 	Retention string // the store's, or "unknown"
 	Horizon   string // the broker's, "unbounded", or "unknown"
 	// Short is true when claims are pruned while the broker can still
 	// redeliver their messages.
 	Short bool
+}
+
+// cell is the check in a consumer's row of the stats table.
+func (h *horizonCheck) cell() string {
+	switch {
+	case h == nil:
+		return "-"
+	case h.Short:
+		return h.Horizon + " TOO SHORT"
+	case h.Retention == "unknown" || h.Horizon == "unknown":
+		return h.Horizon + " (cannot compare)"
+	}
+	return h.Horizon + " ok"
 }
 
 func (h *horizonCheck) String() string {
@@ -287,7 +364,11 @@ func (h *horizonCheck) String() string {
 	case h.Retention == "unknown" || h.Horizon == "unknown":
 		verdict = "cannot compare"
 	}
-	return fmt.Sprintf("retention %s, redelivery horizon of %s: %s: %s", h.Retention, h.Broker, h.Horizon, verdict)
+	line := fmt.Sprintf("retention %s, redelivery horizon of %s: %s: %s", h.Retention, h.Broker, h.Horizon, verdict)
+	if h.Consumer != "" {
+		line = "consumer " + h.Consumer + ": " + line
+	}
+	return line
 }
 
 // checkHorizon opens the broker at brokerURL as a consumer would and
