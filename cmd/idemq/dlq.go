@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
 )
 
 const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags]
@@ -286,7 +288,8 @@ A redriven message whose id was applied meanwhile (another copy, a producer's
 retry) is decided Duplicate by the consumer while its claim exists. A message
 parked longer ago than the store's retention may have a twin whose claim was
 pruned, and would then be applied twice: redrive refuses it, says so and
-exits 1, unless --force. The retention comes from --store (the consumer's
+exits 1, unless --force (a --dry-run says what it would refuse, and exits 1
+as the redrive would). The retention comes from --store (the consumer's
 store URL, ?retention= included) or --retention.
 
 Kafka: every consumer group of the topic receives the redriven record; NATS:
@@ -302,6 +305,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 	force := f.Bool("force", false, "redrive messages parked longer ago than the retention too")
 	dryRun := f.Bool("dry-run", false, "say what would be redriven and refused, and change nothing")
 	asJSON := f.Bool("json", false, "print the outcome as a JSON object")
+	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal)")
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -354,12 +358,19 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 		RetentionSeconds int64 `json:",omitempty"`
 	}{DryRun: *dryRun, Chosen: picked, Refused: refused, RetentionSeconds: int64(retention / time.Second)}
 	if !*dryRun && len(chosen) > 0 {
-		bar := progressbar.NewOptions(len(chosen), progressbar.OptionSetWriter(stderr),
-			progressbar.OptionSetDescription("redriving"), progressbar.OptionShowCount(),
-			progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
-		n, err := q.Redrive(ctx, func(p *driver.Parked) bool { return chosen[p.Ref] }, func(done int) { _ = bar.Set(done) })
-		_ = bar.Finish()
-		fmt.Fprintln(stderr)
+		var bar *progressbar.ProgressBar
+		onDone := func(int) {}
+		if *progress {
+			bar = progressbar.NewOptions(len(chosen), progressbar.OptionSetWriter(stderr),
+				progressbar.OptionSetDescription("redriving"), progressbar.OptionShowCount(),
+				progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
+			onDone = func(done int) { _ = bar.Set(done) }
+		}
+		n, err := q.Redrive(ctx, func(p *driver.Parked) bool { return chosen[p.Ref] }, onDone)
+		if bar != nil {
+			_ = bar.Finish()
+			fmt.Fprintln(stderr)
+		}
 		out.Redriven = n
 		if err != nil {
 			return fmt.Errorf("redrove %d of %d, then: %w (the rest are still parked)", n, len(chosen), hideSecrets(err, *broker))
@@ -380,10 +391,14 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 	if len(refused) > 0 {
-		for _, p := range refused {
-			fmt.Fprintf(stderr, "  refused %s, parked %s ago\n", p.ID, age(time.Duration(p.AgeSeconds)*time.Second))
+		verb := "refused"
+		if *dryRun {
+			verb = "would refuse"
 		}
-		return fmt.Errorf("refused %d messages parked longer ago than the store keeps claims (%v): a copy applied before then may have lost its claim to pruning, and this one would be applied again; redrive them with --force once you know they were not applied", len(refused), retention)
+		for _, p := range refused {
+			fmt.Fprintf(stderr, "  %s %s, parked %s ago\n", verb, p.ID, age(time.Duration(p.AgeSeconds)*time.Second))
+		}
+		return fmt.Errorf("%s %d messages parked longer ago than the store keeps claims (%v): a copy applied before then may have lost its claim to pruning, and this one would be applied again; redrive them with --force once you know they were not applied", verb, len(refused), retention)
 	}
 	return nil
 }

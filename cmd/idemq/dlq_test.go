@@ -84,6 +84,11 @@ func testDLQCommands(t *testing.T, sourceURL, publisherURL string) {
 	}
 	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--cause", "bad deploy: " + ids[1]}, "1 parked", ids[1])
 	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--older-than", "1h"}, "0 parked")
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--newer-than", "1h"}, "3 parked")
+	r = expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--id", ids[0], "--id", ids[2]}, "2 parked", ids[0], ids[2])
+	if strings.Contains(r.stdout, ids[1]) {
+		t.Errorf("list --id %s --id %s lists %s:\n%s", ids[0], ids[2], ids[1], r)
+	}
 	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, ids[0]}, "cause:", "bad deploy: "+ids[0], `{"amount":1}`, "app-version: 2.0.1")
 	expect(t, exitFailure, []string{"dlq", "show", "--broker", sourceURL, "nope-" + run}, "not parked")
 
@@ -91,19 +96,32 @@ func testDLQCommands(t *testing.T, sourceURL, publisherURL string) {
 	// was parked longer ago than that.
 	expect(t, exitUsage, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0]}, "--store URL")
 	expect(t, exitFailure, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--retention", "1ms"}, "refused 1", "--force")
+	expect(t, exitFailure, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--retention", "1ms", "--dry-run"}, "would refuse 1")
 	expect(t, exitOK, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--retention", "1h", "--dry-run"}, "would redrive 1")
 	store := "sqlite://" + filepath.Join(t.TempDir(), "claims.db") + "?retention=24h"
 	expect(t, exitOK, []string{"migrate", "--store", store})
-	expect(t, exitOK, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--store", store}, "redrove 1", ids[0])
+	r = expect(t, exitOK, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[0], "--store", store}, "redrove 1", ids[0])
+	if strings.Contains(r.stderr, "redriving") {
+		t.Errorf("redrive draws a progress bar on a stderr that is no terminal:\n%s", r)
+	}
 	back := receiveIDs(ctx, t, sourceURL, 1)
 	if !slices.Equal(back, ids[:1]) {
 		t.Fatalf("after redrive the queue gave %v, want %v", back, ids[:1])
 	}
 	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "2 parked", ids[1], ids[2])
+	// --force redrives what the retention would refuse.
+	r = expect(t, exitOK, []string{"dlq", "redrive", "--broker", sourceURL, "--id", ids[1], "--retention", "1ms", "--force", "--progress"}, "redrove 1", ids[1])
+	if !strings.Contains(r.stderr, "redriving 100%") || !strings.Contains(r.stderr, "(1/1)") {
+		t.Errorf("redrive --progress draws no finished bar on stderr:\n%s", r)
+	}
+	if back := receiveIDs(ctx, t, sourceURL, 1); !slices.Equal(back, ids[1:2]) {
+		t.Fatalf("after redrive --force the queue gave %v, want %v", back, ids[1:2])
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "1 parked", ids[2])
 
-	expect(t, exitUsage, []string{"dlq", "purge", "--broker", sourceURL, "--all"}, "would delete 2", "--yes")
+	expect(t, exitUsage, []string{"dlq", "purge", "--broker", sourceURL, "--all"}, "would delete 1", "--yes")
 	expect(t, exitUsage, []string{"dlq", "purge", "--broker", sourceURL, "--yes"}, "--all or a filter")
-	expect(t, exitOK, []string{"dlq", "purge", "--broker", sourceURL, "--all", "--yes"}, "purged 2")
+	expect(t, exitOK, []string{"dlq", "purge", "--broker", sourceURL, "--all", "--yes"}, "purged 1")
 	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "0 parked")
 }
 

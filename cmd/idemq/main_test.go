@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
+	"github.com/idemq/idemq/outbox/sqliteoutbox"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -266,6 +268,24 @@ func TestExitCodesOfTheBinary(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	db := "sqlite://" + filepath.Join(t.TempDir(), "x.db")
+	amqp := servicetest.RabbitMQURL(t)
+	q := "idemq-exit-" + randomHex(4)
+	servicetest.DeleteQueuesAtCleanup(t, amqp, q, q+".dlq")
+	broker := amqp + "?queue=" + q
+	outboxPath := filepath.Join(t.TempDir(), "outbox.db")
+	odb, err := sql.Open("sqlite", outboxPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := sqliteoutbox.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Migrate(context.Background(), odb); err != nil {
+		t.Fatal(err)
+	}
+	odb.Close()
+	outboxDB := "sqlite://" + outboxPath
 	for _, c := range []struct {
 		args []string
 		code int
@@ -279,6 +299,21 @@ func TestExitCodesOfTheBinary(t *testing.T) {
 		{[]string{"forget", "--store", db, "--consumer", "c", "m-1"}, 2},
 		{[]string{"forget", "--store", db, "--consumer", "c", "--yes", "m-1"}, 0},
 		{[]string{"stats", "--store", "sqlite:///nonexistent-dir-" + randomHex(4) + "/x.db"}, 1},
+		{[]string{"dlq", "list", "--broker", broker}, 1}, // no such dead-letter queue yet
+		{[]string{"stats", "--store", db, "--broker", broker}, 0}, // declares the queues, as the consumer would
+		{[]string{"dlq", "list", "--broker", broker}, 0},
+		{[]string{"dlq", "show", "--broker", broker, "m-1"}, 1},
+		{[]string{"dlq", "purge", "--broker", broker, "--all"}, 2},
+		{[]string{"dlq", "purge", "--broker", broker, "--all", "--yes"}, 0},
+		{[]string{"dlq", "redrive", "--broker", broker}, 2},
+		{[]string{"dlq", "redrive", "--broker", broker, "--retention", "1h"}, 0},
+		{[]string{"dlq", "list", "--broker", "stomp://x"}, 1},
+		{[]string{"outbox", "stats", "--store", outboxDB}, 0},
+		{[]string{"outbox", "list", "--store", outboxDB, "--json"}, 0},
+		{[]string{"outbox", "purge", "--store", outboxDB, "--all"}, 2},
+		{[]string{"outbox", "purge", "--store", outboxDB, "--all", "--yes"}, 0},
+		{[]string{"outbox", "stats", "--store", "sqlite:///nonexistent-dir-" + randomHex(4) + "/x.db"}, 1},
+		{[]string{"outbox", "frobnicate"}, 2},
 	} {
 		err := exec.Command(bin, c.args...).Run()
 		code := 0
