@@ -2,9 +2,13 @@
 // publishes payment messages to the in-process memory broker with duplicate
 // publishes, lost acks, crashes between commit and ack and failing handlers,
 // consumes them into account balances in SQLite, and checks that every
-// balance is exactly what the unique payments add up to.
+// balance is exactly what the unique payments add up to. With -outbox it
+// shows the producing side too: payment requests and their messages commit
+// together in the producer's SQLite file (outbox/sqliteoutbox), and a relay
+// whose confirms get lost publishes them, copies included.
 //
 //	go run ./examples/quickstart            # batch sizes 1 and 100
+//	go run ./examples/quickstart -outbox    # produced through the SQLite outbox
 //	go run ./examples/quickstart --help     # all flags
 //
 // It exits 1 if any invariant is broken (an effect applied twice, a message
@@ -50,6 +54,8 @@ type settings struct {
 	store         string
 	keep          bool
 	progress      bool
+	outbox        bool
+	loseConfirms  float64
 }
 
 func main() {
@@ -88,6 +94,8 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.dir, "dir", "", "directory for the SQLite files (default: a temporary directory, removed afterwards)")
 	fs.StringVar(&s.store, "store", "", "store URL: postgres://…, mysql://… or sqlite://path (default: a fresh SQLite file per run); each run gets its own tables and consumer name")
 	fs.BoolVar(&s.keep, "keep-tables", false, "keep each run's accounts and ledger tables on a --store database")
+	fs.BoolVar(&s.outbox, "outbox", false, "produce through a transactional outbox: payment requests and their messages commit together in the producer's SQLite file, and a relay publishes them")
+	fs.Float64Var(&s.loseConfirms, "lose-confirms", 0.05, "with -outbox: fraction of the relay's publishes whose confirm is lost (the relay publishes those messages again)")
 	fs.BoolVar(&s.progress, "progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: quickstart [flags]\n\nPublishes payments with injected faults to the in-process broker, consumes them\nexactly once into SQLite balances, and checks every balance.\n\nFlags:\n")
@@ -106,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 		}
 		s.batchSizes = append(s.batchSizes, n)
 	}
-	for name, p := range map[string]float64{"-duplicates": s.duplicates, "-lose-acks": s.loseAcks, "-crashes": s.crashes, "-handler-errors": s.handlerErrors} {
+	for name, p := range map[string]float64{"-duplicates": s.duplicates, "-lose-acks": s.loseAcks, "-crashes": s.crashes, "-handler-errors": s.handlerErrors, "-lose-confirms": s.loseConfirms} {
 		if !(p >= 0 && p <= 1) {
 			return s, fmt.Errorf("%s: %v is not a fraction in [0, 1]", name, p)
 		}
@@ -131,6 +139,7 @@ type result struct {
 	retried, deadLettered, crashes, settleErrors   int64
 	wall                                           time.Duration
 	ledgerRows, doubleApplied, wrongBalances, lost int
+	producer                                       *producerResult
 }
 
 func (r result) ok() bool {
@@ -146,14 +155,19 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 		}
 		defer os.RemoveAll(tmp)
 		dir = tmp
+		s.dir = dir
 	}
 	payments := makePayments(s)
 	where := "SQLite"
 	if s.store != "" {
 		where = core.Redact(s.store)
 	}
-	fmt.Fprintf(out, "idemq quickstart into %s: %d payments over %d accounts; faults: %.0f%% duplicate publishes, %.1f%% lost acks, %.1f%% crashes between commit and ack, %.1f%% failing handlers (seed %d)\n\n",
-		where, s.messages, s.accounts, 100*s.duplicates, 100*s.loseAcks, 100*s.crashes, 100*s.handlerErrors, s.seed)
+	from := ""
+	if s.outbox {
+		from = fmt.Sprintf(", produced through an SQLite outbox (%.0f%% of relay publishes lose their confirm)", 100*s.loseConfirms)
+	}
+	fmt.Fprintf(out, "idemq quickstart into %s: %d payments over %d accounts%s; faults: %.0f%% duplicate publishes, %.1f%% lost acks, %.1f%% crashes between commit and ack, %.1f%% failing handlers (seed %d)\n\n",
+		where, s.messages, s.accounts, from, 100*s.duplicates, 100*s.loseAcks, 100*s.crashes, 100*s.handlerErrors, s.seed)
 	var results []result
 	for _, b := range s.batchSizes {
 		r, err := runStore(ctx, s, b, payments, storeURL(s, dir, b))
@@ -230,13 +244,21 @@ func runOnce[Tx any](ctx context.Context, s settings, batch int, payments []paym
 	}
 	defer broker.Close()
 	const queue = "payments"
-	msgs := make([]*core.Message, len(payments))
-	for i, p := range payments {
-		body, _ := json.Marshal(p)
-		msgs[i] = &core.Message{ID: p.ID, Body: body}
-	}
-	if err := broker.Publish(ctx, queue, msgs...); err != nil {
-		return r, err
+	if s.outbox {
+		pr, err := produce(ctx, s, s.dir, batch, payments, queue, broker)
+		if err != nil {
+			return r, fmt.Errorf("outbox: %w", err)
+		}
+		r.producer = &pr
+	} else {
+		msgs := make([]*core.Message, len(payments))
+		for i, p := range payments {
+			body, _ := json.Marshal(p)
+			msgs[i] = &core.Message{ID: p.ID, Body: body}
+		}
+		if err := broker.Publish(ctx, queue, msgs...); err != nil {
+			return r, err
+		}
 	}
 	if err := broker.SetFaults(memory.Faults{LoseAck: s.loseAcks, CrashOnAck: s.crashes}); err != nil {
 		return r, err
@@ -331,6 +353,11 @@ func printTable(out io.Writer, rs []result) {
 		return func(r result) string { return strconv.FormatInt(f(r), 10) }
 	}
 	row("batch size", i(func(r result) int64 { return int64(r.batch) }))
+	if rs[0].producer != nil {
+		row("outbox rows written", i(func(r result) int64 { return r.producer.rows }))
+		row("relayed (confirmed, marked sent)", i(func(r result) int64 { return r.producer.relayed }))
+		row("relay publishes, confirm lost", i(func(r result) int64 { return r.producer.confirmsLost }))
+	}
 	row("published (with duplicates)", i(func(r result) int64 { return r.published }))
 	row("received", i(func(r result) int64 { return r.received }))
 	row("processed", i(func(r result) int64 { return r.processed }))

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,12 +41,52 @@ func TestQuickstartKeepsEveryInvariant(t *testing.T) {
 	}
 }
 
+// With -outbox the payments are produced through the SQLite outbox, and a
+// relay whose confirms get lost publishes copies: the consumer still
+// applies each payment once.
+func TestQuickstartThroughTheOutbox(t *testing.T) {
+	s, err := parseFlags([]string{"-n", "1500", "-batch", "20", "-outbox", "-lose-confirms", "0.3", "-visibility", "300ms", "-progress=false"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	ok, err := run(context.Background(), s, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok || !strings.Contains(out.String(), "OK: every account balance equals the expected one") {
+		t.Fatalf("quickstart -outbox failed:\n%s", out.String())
+	}
+	row := func(label string) []int {
+		m := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(label) + `((?:\s+\d+)+)\s*$`).FindStringSubmatch(out.String())
+		if m == nil {
+			t.Fatalf("table lacks %q:\n%s", label, out.String())
+		}
+		var ns []int
+		for _, f := range strings.Fields(m[1]) {
+			n, _ := strconv.Atoi(f)
+			ns = append(ns, n)
+		}
+		return ns
+	}
+	written, relayed, lost, published := row("outbox rows written"), row("relayed (confirmed, marked sent)"), row("relay publishes, confirm lost"), row("published (with duplicates)")
+	for i := range written {
+		if written[i] != 1500 || relayed[i] != 1500 {
+			t.Errorf("run %d: %d outbox rows written, %d relayed; want 1500 each", i, written[i], relayed[i])
+		}
+		// Each lost confirm sent its batch again: copies the consumer saw.
+		if lost[i] == 0 || published[i] <= 1500 {
+			t.Errorf("run %d: %d lost confirms and %d published: the relay's copies never reached the broker", i, lost[i], published[i])
+		}
+	}
+}
+
 func TestQuickstartFlags(t *testing.T) {
 	var help bytes.Buffer
 	if _, err := parseFlags([]string{"--help"}, &help); !errors.Is(err, flag.ErrHelp) || !strings.Contains(help.String(), "-batch") {
 		t.Errorf("--help: %v\n%s", err, help.String())
 	}
-	for _, bad := range [][]string{{"-batch", "0"}, {"-duplicates", "1.5"}, {"-n", "0"}, {"extra"}} {
+	for _, bad := range [][]string{{"-batch", "0"}, {"-duplicates", "1.5"}, {"-lose-confirms", "-0.1"}, {"-n", "0"}, {"extra"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("flags %v accepted", bad)
 		}
