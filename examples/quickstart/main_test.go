@@ -22,18 +22,7 @@ import (
 // The quickstart is the project's main job: it must stay correct under its
 // own fault injection, at both batch sizes.
 func TestQuickstartKeepsEveryInvariant(t *testing.T) {
-	s, err := parseFlags([]string{"-n", "1500", "-batch", "1,50", "-crashes", "0.01", "-lose-acks", "0.02", "-visibility", "300ms", "-progress=false"}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	ok, err := run(context.Background(), s, &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !ok || !strings.Contains(out.String(), "OK: every account balance equals the expected one") {
-		t.Fatalf("quickstart failed:\n%s", out.String())
-	}
+	out := runOK(t, "-n", "1500", "-batch", "1,50", "-crashes", "0.01", "-lose-acks", "0.02", "-visibility", "300ms", "-progress=false")
 	for _, row := range []string{"ids applied twice", "wrong balances", "lost messages", "msgs/s"} {
 		if !strings.Contains(out.String(), row) {
 			t.Errorf("table lacks %q:\n%s", row, out.String())
@@ -45,18 +34,7 @@ func TestQuickstartKeepsEveryInvariant(t *testing.T) {
 // relay whose confirms get lost publishes copies: the consumer still
 // applies each payment once.
 func TestQuickstartThroughTheOutbox(t *testing.T) {
-	s, err := parseFlags([]string{"-n", "1500", "-batch", "20", "-outbox", "-lose-confirms", "0.3", "-visibility", "300ms", "-progress=false"}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	ok, err := run(context.Background(), s, &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !ok || !strings.Contains(out.String(), "OK: every account balance equals the expected one") {
-		t.Fatalf("quickstart -outbox failed:\n%s", out.String())
-	}
+	out := runOK(t, "-n", "1500", "-batch", "20", "-outbox", "-lose-confirms", "0.3", "-visibility", "300ms", "-progress=false")
 	row := func(label string) []int {
 		m := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(label) + `((?:\s+\d+)+)\s*$`).FindStringSubmatch(out.String())
 		if m == nil {
@@ -79,6 +57,25 @@ func TestQuickstartThroughTheOutbox(t *testing.T) {
 			t.Errorf("run %d: %d lost confirms and %d published: the relay's copies never reached the broker", i, lost[i], published[i])
 		}
 	}
+}
+
+// runOK runs the quickstart with args and fails the test unless every
+// invariant held; it returns the output.
+func runOK(t *testing.T, args ...string) *bytes.Buffer {
+	t.Helper()
+	s, err := parseFlags(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	ok, err := run(context.Background(), s, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok || !strings.Contains(out.String(), "OK: every account balance equals the expected one") {
+		t.Fatalf("quickstart %v failed:\n%s", args, out.String())
+	}
+	return &out
 }
 
 func TestQuickstartFlags(t *testing.T) {
