@@ -94,7 +94,10 @@ func (p *Publisher) Client() *awssqs.Client { return p.cl }
 // fails for a reason of its own are sent again; an entry it refuses as
 // invalid (a sender fault) fails the call at once, naming the message.
 // When Publish fails some messages may have been sent: retry the call and
-// let the consumer's dedup drop the copies.
+// let the consumer's dedup drop the copies. Its error is marked
+// core.Permanent when no retry can succeed: an entry refused as the
+// sender's fault, a message SQS cannot take (an empty body, too many
+// attributes, no key for a FIFO queue), or a queue that does not exist.
 func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
 	p.mu.Lock()
 	closed := p.closed
@@ -104,14 +107,15 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Mes
 	}
 	q, err := p.queue(ctx, queue)
 	if err != nil {
-		return fmt.Errorf("sqs: publish: %w", err)
+		return permanentIf(missingQueue(err), fmt.Errorf("sqs: publish: %w", err))
 	}
 	entries := make([]types.SendMessageBatchRequestEntry, 0, len(msgs))
 	sizes := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		e, size, err := p.entry(ctx, q, m)
 		if err != nil {
-			return fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err)
+			// SQS would refuse the message every time.
+			return core.Permanent(fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err))
 		}
 		entries = append(entries, e)
 		sizes = append(sizes, size)
@@ -190,7 +194,7 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 		}
 		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: batch})
 		if err != nil {
-			return fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err)
+			return permanentIf(missingQueue(err), fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err))
 		}
 		var again []int
 		var last error
@@ -201,7 +205,9 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 			}
 			fe := fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, q.name, aws.ToString(f.Code), aws.ToString(f.Message))
 			if f.SenderFault {
-				return fe
+				// SQS refuses the entry itself (too large for the queue,
+				// characters it does not take): it would every time.
+				return core.Permanent(fe)
 			}
 			again = append(again, i)
 			last = fe
@@ -217,6 +223,21 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 		}
 		pending = again
 	}
+}
+
+// missingQueue reports whether err is SQS's answer that the queue does
+// not exist.
+func missingQueue(err error) bool {
+	var nq *types.QueueDoesNotExist
+	return errors.As(err, &nq)
+}
+
+// permanentIf returns err, marked core.Permanent when permanent is set.
+func permanentIf(permanent bool, err error) error {
+	if permanent {
+		return core.Permanent(err)
+	}
+	return err
 }
 
 // Close marks the publisher closed; Publish fails afterwards. The SQS
