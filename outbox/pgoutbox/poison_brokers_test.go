@@ -272,3 +272,46 @@ func sqsDrain(t *testing.T, cl *awssqs.Client, queue string) []string {
 	}
 	return ids
 }
+
+// TestPoisonRowSQSTooLarge: the poison row is over the queue's
+// MaximumMessageSize; the fix raises the limit. The rows of a claim go in
+// one publish call, which the publisher refuses before sending any of
+// them (SendMessageBatch would take the others and refuse the poison
+// alone, and the relay would publish them again).
+func TestPoisonRowSQSTooLarge(t *testing.T) {
+	newEnv := poisonEnv(t)
+	endpoint := servicetest.SQSEndpoint(t)
+	cl := servicetest.SQSClient(endpoint)
+	outboxtest.PoisonBroker(t, newEnv, func(t *testing.T) outboxtest.Broker {
+		ctx := context.Background()
+		queue, _ := servicetest.SQSQueues(t, endpoint, "idemq-outbox-poison-")
+		u, err := cl.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(queue)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		setLimit := func(t *testing.T, n int) {
+			if _, err := cl.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: u.QueueUrl,
+				Attributes: map[string]string{"MaximumMessageSize": strconv.Itoa(n)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setLimit(t, 1024)
+		pub, err := core.OpenPublisher(ctx, "sqs://test:test@"+queue+"?"+url.Values{"endpoint": {endpoint}, "region": {"us-east-1"}}.Encode())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		received := map[string][]string{}
+		return outboxtest.Broker{
+			Publisher: pub,
+			Dest:      queue,
+			Poison:    outbox.Message{Body: []byte(strings.Repeat("p", 2048))},
+			Rejection: "MaximumMessageSize",
+			Fix:       func(t *testing.T) { setLimit(t, 1<<20) },
+			Received: func(t *testing.T, dest string) []string {
+				received[dest] = append(received[dest], sqsDrain(t, cl, dest)...)
+				return received[dest]
+			},
+		}
+	})
+}
