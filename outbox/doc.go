@@ -54,8 +54,11 @@
 // A row that still fails after WithMaxAttempts publishes (default 20,
 // about an hour with the default backoff) is parked: the broker rejects
 // it for good (too large, a destination that does not exist), and
-// retrying it forever would only hide it. A parked row is neither pending
-// nor sent; no relay claims it, it keeps its place in its key and the
+// retrying it forever would only hide it. A row whose publish alone fails
+// with an error the publisher marked permanent (core.Permanent: the
+// broker's answer leaves no doubt) is parked at once (see
+// WithMaxAttempts). A parked row is neither pending nor sent; no relay
+// claims it, it keeps its place in its key and the
 // error of its last publish as its cause, and the relay logs it (row,
 // key, destination, attempts, cause) and counts it (RelayStats.Parked,
 // the idemq.outbox.parked counter). What happens to the rows behind it in

@@ -170,6 +170,17 @@ func WithRetryBackoff(min, max time.Duration) Option {
 // outage to ride out. The default, 20, is about an hour of failures with
 // the default retry backoff (1s doubling to 5m). 0 never parks a row;
 // negative is an error.
+//
+// A row whose publish fails alone with an error the publisher marked
+// permanent (core.Permanent, core.IsPermanent) is parked at that first
+// failure: the broker's answer says no retry can deliver it. A call of
+// several rows that fails so is first published row by row, as above.
+// The rabbitmq, kafka and sqs publishers mark the answers that leave no
+// doubt: a mandatory message returned unroutable (312 NO_ROUTE: no queue
+// is bound for its routing key), records refused as too large
+// (MESSAGE_TOO_LARGE), a queue that does not exist, and a message SQS
+// refuses as the sender's fault (too large for the queue, characters SQS
+// does not take). With n = 0 no row is parked, permanent or not.
 func WithMaxAttempts(n int) Option {
 	return func(c *config) {
 		if n < 0 {

@@ -65,7 +65,8 @@ type RelayStats struct {
 	Claims int64
 	// Pruned counts sent rows deleted after their retention.
 	Pruned int64
-	// Parked counts rows parked after WithMaxAttempts failed publishes.
+	// Parked counts rows parked after WithMaxAttempts failed publishes, or
+	// at the first failure marked permanent.
 	Parked int64
 }
 
@@ -217,7 +218,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		r.publishFailed(ctx)
 		errs = append(errs, fmt.Errorf("outbox: publish %d rows to %q: %w", len(g.rows), g.dest, err))
-		if len(g.rows) > 1 && slices.ContainsFunc(g.rows, r.due) {
+		if len(g.rows) > 1 && (r.parksAtOnce(err) || slices.ContainsFunc(g.rows, r.due)) {
 			r.isolate(pubCtx, g, err, &out)
 			continue
 		}
@@ -267,11 +268,18 @@ func (r *Relay) due(row *Row) bool {
 	return r.cfg.maxAttempts > 0 && row.Attempts+1 >= r.cfg.maxAttempts
 }
 
+// parksAtOnce reports whether a publish that failed with err parks its
+// row at once: the publisher marked err permanent (core.Permanent) and
+// parking is on.
+func (r *Relay) parksAtOnce(err error) bool {
+	return r.cfg.maxAttempts > 0 && core.IsPermanent(err)
+}
+
 // isolate publishes the rows of g, whose publish together failed with
 // groupErr, one at a time in Seq order, so that only a row that fails on
 // its own is parked. It stops at the first failure: the broker may be down
-// rather than that row poisoned, so the rest are postponed (none parked)
-// with groupErr as their cause, and rows of a key stay in order.
+// rather than that row poisoned, and rows of a key stay in order, so the
+// rest are postponed (none parked) with groupErr as their cause.
 func (r *Relay) isolate(ctx context.Context, g destGroup, groupErr error, out *batch) {
 	for i, row := range g.rows {
 		err := r.publish(ctx, g.dest, g.rows[i:i+1])
@@ -286,14 +294,16 @@ func (r *Relay) isolate(ctx context.Context, g destGroup, groupErr error, out *b
 	}
 }
 
-// fail adds rows, whose publish failed with err, to out: those due
-// (when park is set) as parked, the others as postponed.
+// fail adds rows, whose publish failed with err, to out: when park is
+// set, those due, or all of them when err parks at once, as parked; the
+// others as postponed.
 func (r *Relay) fail(out *batch, rows []*Row, err error, park bool) {
 	cause := Cause(err)
+	now := park && r.parksAtOnce(err)
 	var parked, postponed []int64
 	attempts := 0
 	for _, row := range rows {
-		if park && r.due(row) {
+		if park && (now || r.due(row)) {
 			parked = append(parked, row.Seq)
 			out.parked = append(out.parked, parkedRow{row, cause})
 			continue

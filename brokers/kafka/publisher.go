@@ -54,7 +54,10 @@ func NewPublisher(target string, opts ...Option) (*Publisher, error) {
 // default; none when ID is empty), Key to the Kafka key, Headers to Kafka
 // headers, and the trace context of ctx is injected into the headers with
 // the global OpenTelemetry propagator. Messages with the same key keep
-// their order.
+// their order. A call that fails only because records are too large
+// (MESSAGE_TOO_LARGE: over the topic's max.message.bytes or the writer's
+// batch bytes) fails with an error marked core.Permanent: the same records
+// fail the same way, though fewer at a time may pass.
 func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Message) error {
 	if topic == "" {
 		topic = p.cfg.topic
@@ -91,11 +94,37 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Mes
 	if err := p.w.WriteMessages(ctx, out...); err != nil {
 		var werrs kafkago.WriteErrors
 		if errors.As(err, &werrs) {
-			return fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, werrs.Count(), len(msgs), err)
+			err = fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, werrs.Count(), len(msgs), err)
+		} else {
+			err = fmt.Errorf("kafka: Publish to %q: %w", topic, p.cfg.explain(err))
 		}
-		return fmt.Errorf("kafka: Publish to %q: %w", topic, p.cfg.explain(err))
+		if tooLarge(werrs, err) {
+			return core.Permanent(err)
+		}
+		return err
 	}
 	return nil
+}
+
+// tooLarge reports whether a write failed only because records were too
+// large: every failed message of werrs (when the writer returned them),
+// or else err, is MESSAGE_TOO_LARGE, the broker's answer or the writer's
+// own refusal of a message over its batch bytes.
+func tooLarge(werrs kafkago.WriteErrors, err error) bool {
+	if werrs == nil {
+		return errors.Is(err, kafkago.MessageSizeTooLarge)
+	}
+	failed := false
+	for _, e := range werrs {
+		if e == nil {
+			continue
+		}
+		if !errors.Is(e, kafkago.MessageSizeTooLarge) {
+			return false
+		}
+		failed = true
+	}
+	return failed
 }
 
 // Close flushes and closes the writer.

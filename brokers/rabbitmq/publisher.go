@@ -154,7 +154,10 @@ const KeyHeader = "idemq-key"
 // confirms. It fails if any message is
 // nacked or, with mandatory on, unroutable; some messages may then have been
 // published, so callers retry the whole call and rely on the consumer's
-// dedup.
+// dedup. An unroutable message returned with 312 NO_ROUTE (no queue is
+// bound for the key, as when the queue does not exist) fails the call with
+// an error marked core.Permanent: it fails the same way until a queue is
+// declared or bound.
 func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*core.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -244,7 +247,13 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*core.M
 		}
 	}
 	if returned > 0 {
-		return fmt.Errorf("rabbitmq: %d of %d messages unroutable with key %q: %d %s", returned, len(msgs), key, first.ReplyCode, first.ReplyText)
+		err := fmt.Errorf("rabbitmq: %d of %d messages unroutable with key %q: %d %s", returned, len(msgs), key, first.ReplyCode, first.ReplyText)
+		if first.ReplyCode == amqp.NoRoute {
+			// No queue is bound for the key: sending again fails the same
+			// way until someone declares or binds one.
+			return core.Permanent(err)
+		}
+		return err
 	}
 	if nacked > 0 {
 		return fmt.Errorf("rabbitmq: %d of %d messages not confirmed by the broker", nacked, len(msgs))

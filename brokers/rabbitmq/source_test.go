@@ -212,6 +212,28 @@ func TestDeadLetterKeepsTheMessageWhenTheDLQIsGone(t *testing.T) {
 	}
 }
 
+// TestPublisherNackIsNotPermanent: a message the broker nacks (a full
+// queue that rejects publishes) fails Publish with an error not marked
+// permanent: the queue may drain.
+func TestPublisherNackIsNotPermanent(t *testing.T) {
+	url := amqpURL(t)
+	ctx := context.Background()
+	q := uniqueQueue(t, url)
+	if _, err := testChannel(t, url).QueueDeclare(q, true, false, false, false,
+		amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := NewPublisher(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	err = pub.Publish(ctx, q, &core.Message{ID: "a", Body: []byte("x")})
+	if err == nil || !strings.Contains(err.Error(), "not confirmed") || core.IsPermanent(err) {
+		t.Fatalf("Publish to a full queue = %v, want a nack not marked permanent", err)
+	}
+}
+
 func TestPublisherReportsUnroutable(t *testing.T) {
 	url := amqpURL(t)
 	ctx := context.Background()
@@ -221,8 +243,8 @@ func TestPublisherReportsUnroutable(t *testing.T) {
 	}
 	defer pub.Close()
 	err = pub.Publish(ctx, "idemq-no-such-queue-"+fmt.Sprint(time.Now().UnixNano()), &core.Message{ID: "a", Body: []byte("x")})
-	if err == nil || !strings.Contains(err.Error(), "unroutable") {
-		t.Fatalf("Publish to a missing queue = %v, want unroutable", err)
+	if err == nil || !strings.Contains(err.Error(), "unroutable") || !strings.Contains(err.Error(), "NO_ROUTE") || !core.IsPermanent(err) {
+		t.Fatalf("Publish to a missing queue = %v, want unroutable (NO_ROUTE), marked permanent", err)
 	}
 	// The publisher stays usable.
 	q := uniqueQueue(t, url)

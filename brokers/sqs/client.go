@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -72,6 +73,10 @@ type queueInfo struct {
 	visibility time.Duration
 	retention  time.Duration
 	redrive    *redrivePolicy
+	// maxSize is the queue's MaximumMessageSize in bytes as last read (0:
+	// unknown); Publisher.oversized reads it again before it refuses a
+	// message.
+	maxSize atomic.Int64
 }
 
 type redrivePolicy struct {
@@ -136,7 +141,18 @@ func resolveQueue(ctx context.Context, cl *awssqs.Client, urlOrName string) (*qu
 		}
 		q.redrive = rp
 	}
+	q.maxSize.Store(maxMessageSize(a))
 	return q, nil
+}
+
+// maxMessageSize is the MaximumMessageSize among queue attributes a, 0
+// when missing or unreadable.
+func maxMessageSize(a map[string]string) int64 {
+	n, err := strconv.ParseInt(a[string(types.QueueAttributeNameMaximumMessageSize)], 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }
 
 // parseRedrivePolicy reads {"deadLetterTargetArn":"…","maxReceiveCount":5};

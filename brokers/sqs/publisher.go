@@ -94,7 +94,13 @@ func (p *Publisher) Client() *awssqs.Client { return p.cl }
 // fails for a reason of its own are sent again; an entry it refuses as
 // invalid (a sender fault) fails the call at once, naming the message.
 // When Publish fails some messages may have been sent: retry the call and
-// let the consumer's dedup drop the copies.
+// let the consumer's dedup drop the copies. A message over the queue's
+// MaximumMessageSize (body and attributes, as SQS counts them; the
+// attribute is read again before a message is refused) fails the call
+// before any message is sent. Its error is marked core.Permanent when no
+// retry can succeed: a message over that size, an entry refused as the
+// sender's fault, a message SQS cannot take (an empty body, too many
+// attributes, no key for a FIFO queue), or a queue that does not exist.
 func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
 	p.mu.Lock()
 	closed := p.closed
@@ -104,17 +110,26 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Mes
 	}
 	q, err := p.queue(ctx, queue)
 	if err != nil {
-		return fmt.Errorf("sqs: publish: %w", err)
+		return permanentIf(missingQueue(err), fmt.Errorf("sqs: publish: %w", err))
 	}
 	entries := make([]types.SendMessageBatchRequestEntry, 0, len(msgs))
 	sizes := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		e, size, err := p.entry(ctx, q, m)
 		if err != nil {
-			return fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err)
+			// SQS would refuse the message every time.
+			return core.Permanent(fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err))
 		}
 		entries = append(entries, e)
 		sizes = append(sizes, size)
+	}
+	if i, limit, err := p.oversized(ctx, q, sizes); err != nil {
+		return fmt.Errorf("sqs: publish: %w", err)
+	} else if i >= 0 {
+		// Refused before anything is sent: SendMessageBatch would take
+		// the others and refuse this one alone.
+		return core.Permanent(fmt.Errorf("sqs: publish message %d (%q): %d bytes (body and attributes), over the MaximumMessageSize of %s (%d bytes)",
+			i, msgs[i].ID, sizes[i], q.name, limit))
 	}
 	for start := 0; start < len(entries); {
 		end, bytes := start, 0
@@ -190,7 +205,7 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 		}
 		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: batch})
 		if err != nil {
-			return fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err)
+			return permanentIf(missingQueue(err), fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err))
 		}
 		var again []int
 		var last error
@@ -201,7 +216,9 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 			}
 			fe := fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, q.name, aws.ToString(f.Code), aws.ToString(f.Message))
 			if f.SenderFault {
-				return fe
+				// SQS refuses the entry itself (too large for the queue,
+				// characters it does not take): it would every time.
+				return core.Permanent(fe)
 			}
 			again = append(again, i)
 			last = fe
@@ -217,6 +234,52 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 		}
 		pending = again
 	}
+}
+
+// oversized returns the index of the first of sizes over q's
+// MaximumMessageSize, and that limit, or -1 when none is. Before it finds
+// one over, it reads the attribute again: the limit may have been raised
+// since it was read.
+func (p *Publisher) oversized(ctx context.Context, q *queueInfo, sizes []int) (int, int64, error) {
+	over := func(limit int64) int {
+		if limit <= 0 {
+			return -1
+		}
+		for i, s := range sizes {
+			if int64(s) > limit {
+				return i
+			}
+		}
+		return -1
+	}
+	if over(q.maxSize.Load()) < 0 {
+		return -1, 0, nil
+	}
+	out, err := p.cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(q.url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameMaximumMessageSize},
+	})
+	if err != nil {
+		return -1, 0, permanentIf(missingQueue(err), fmt.Errorf("queue %q: reading MaximumMessageSize: %w", q.name, err))
+	}
+	limit := maxMessageSize(out.Attributes)
+	q.maxSize.Store(limit)
+	return over(limit), limit, nil
+}
+
+// missingQueue reports whether err is SQS's answer that the queue does
+// not exist.
+func missingQueue(err error) bool {
+	var nq *types.QueueDoesNotExist
+	return errors.As(err, &nq)
+}
+
+// permanentIf returns err, marked core.Permanent when permanent is set.
+func permanentIf(permanent bool, err error) error {
+	if permanent {
+		return core.Permanent(err)
+	}
+	return err
 }
 
 // Close marks the publisher closed; Publish fails afterwards. The SQS

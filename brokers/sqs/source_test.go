@@ -266,12 +266,72 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 	}
 	for _, c := range cases {
 		err := publisher(t, ep, c.q).Publish(ctx, "", c.m)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("Publish %+v: err = %v, want one about %q", c.m, err, c.want)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !core.IsPermanent(err) {
+			t.Errorf("Publish %+v: err = %v, want one about %q marked permanent", c.m, err, c.want)
 		}
 	}
 	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
 		t.Errorf("refused messages reached the queue: %d", vis+inflight)
+	}
+}
+
+// TestPublisherPermanentAnswers: what SQS refuses for good fails Publish
+// with an error marked permanent: a message over the queue's
+// MaximumMessageSize (refused before anything is sent, or by SQS as a
+// sender fault when the limit was lowered after the Publisher read it), a
+// queue name that does not exist, and a queue deleted after the Publisher
+// resolved it. A raised limit is seen at once.
+func TestPublisherPermanentAnswers(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	ctx := context.Background()
+	q := newQueue(t, ep, "", map[string]string{"MaximumMessageSize": "1024"})
+	limit := func(n string) {
+		if _, err := testClient(ep).SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: aws.String(q.url),
+			Attributes: map[string]string{"MaximumMessageSize": n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := publisher(t, ep, q)
+	small := &core.Message{ID: "small", Body: []byte("fits")}
+	large := &core.Message{ID: "large", Body: []byte(strings.Repeat("x", 2048))}
+	err := pub.Publish(ctx, "", small, large)
+	if err == nil || !strings.Contains(err.Error(), "MaximumMessageSize") || !strings.Contains(err.Error(), `"large"`) || !core.IsPermanent(err) {
+		t.Fatalf("Publish over MaximumMessageSize = %v, want an error naming the message and the limit, marked permanent", err)
+	}
+	if got := drain(t, ep, q.url); len(got) != 0 {
+		t.Fatalf("the queue holds %d messages after a refused call, want none", len(got))
+	}
+	limit("4096")
+	if err := pub.Publish(ctx, "", small, large); err != nil {
+		t.Fatalf("Publish after the limit was raised: %v", err)
+	}
+	if got := drain(t, ep, q.url); len(got) != 2 {
+		t.Fatalf("the queue holds %d messages, want 2", len(got))
+	}
+	limit("1024") // the Publisher still knows 4096: SQS refuses the entry
+	err = pub.Publish(ctx, "", small, large)
+	if err == nil || !strings.Contains(err.Error(), "InvalidParameterValue") || !strings.Contains(err.Error(), `"large"`) || !core.IsPermanent(err) {
+		t.Fatalf("Publish over a lowered MaximumMessageSize = %v, want SQS's InvalidParameterValue naming the message, marked permanent", err)
+	}
+	// SendMessageBatch takes the entries it can: the small one went.
+	if got := drain(t, ep, q.url); len(got) != 1 || aws.ToString(got[0].Body) != "fits" {
+		t.Fatalf("the queue holds %d messages, want the small one alone", len(got))
+	}
+
+	err = pub.Publish(ctx, "idemq-no-such-queue-"+randomHex(6), small)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") || !core.IsPermanent(err) {
+		t.Fatalf("Publish to a missing queue = %v, want QueueDoesNotExist marked permanent", err)
+	}
+
+	gone := newQueue(t, ep, "", nil)
+	pub2 := publisher(t, ep, gone)
+	if _, err := testClient(ep).DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(gone.url)}); err != nil {
+		t.Fatal(err)
+	}
+	err = pub2.Publish(ctx, "", small)
+	if err == nil || !strings.Contains(err.Error(), "SendMessageBatch") || !core.IsPermanent(err) {
+		t.Fatalf("Publish to a deleted queue = %v, want SendMessageBatch's QueueDoesNotExist marked permanent", err)
 	}
 }
 

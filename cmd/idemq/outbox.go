@@ -28,7 +28,8 @@ const outboxUsage = `Usage: idemq outbox <list|redrive|purge|stats> --store URL 
 
 Operates a transactional outbox table (outbox/pgoutbox, mysqloutbox,
 sqliteoutbox). A row whose publish failed too often (the relay's
-WithMaxAttempts) is parked with the error of its last publish, its cause:
+WithMaxAttempts), or once with an answer the broker's publisher marks
+permanent, is parked with the error of its last publish, its cause:
 no relay publishes it, and with the relay's default (HoldKey) the later
 rows of its ordering key wait behind it.
 

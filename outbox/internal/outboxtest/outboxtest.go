@@ -37,6 +37,10 @@ var ErrTooLarge = errors.New("message too large for the broker")
 // body is "poison" (the whole publish call fails, as a broker's batch
 // does) until Fix.
 type Publisher struct {
+	// Permanent marks the rejection core.Permanent, as a broker's answer
+	// that no retry can change.
+	Permanent bool
+
 	mu    sync.Mutex
 	ids   []string
 	fixed bool
@@ -48,7 +52,11 @@ func (p *Publisher) Publish(_ context.Context, dest string, msgs ...*core.Messag
 	defer p.mu.Unlock()
 	for _, m := range msgs {
 		if string(m.Body) == "poison" && !p.fixed {
-			return fmt.Errorf("publish to %s: %w", dest, ErrTooLarge)
+			err := fmt.Errorf("publish to %s: %w", dest, ErrTooLarge)
+			if p.Permanent {
+				err = core.Permanent(err)
+			}
+			return err
 		}
 	}
 	for _, m := range msgs {
@@ -90,12 +98,14 @@ func messages() []*outbox.Message {
 // the poisoned key until a redrive publishes it in order, SkipParked lets
 // the key flow and purge deletes the parked row, a table of the schema
 // before parking (newEnv with old set) parks after Migrate, and with
-// HoldKey a redriven row's key stops again at the next parked row.
+// HoldKey a redriven row's key stops again at the next parked row; a
+// rejection marked permanent parks at once, unless WithMaxAttempts is 0.
 func Parking(t *testing.T, newEnv func(t *testing.T, old bool) Env) {
 	t.Run("HoldKey", func(t *testing.T) { holdKey(t, newEnv(t, false)) })
 	t.Run("SkipParked", func(t *testing.T) { skipParked(t, newEnv(t, false)) })
 	t.Run("MigratedTable", func(t *testing.T) { holdKey(t, newEnv(t, true)) })
 	t.Run("HoldKeyBehindLaterParked", func(t *testing.T) { holdBehindLater(t, newEnv(t, false)) })
+	t.Run("PermanentParksAtOnce", func(t *testing.T) { permanent(t, newEnv(t, false), newEnv(t, false)) })
 }
 
 func setup(t *testing.T, env Env, opts ...outbox.Option) (*outbox.Relay, *Publisher, outbox.Operator) {
@@ -130,8 +140,9 @@ func relayUntil(t *testing.T, r *outbox.Relay, what string, done func() bool) {
 	}
 }
 
-// checkParkedA checks that A alone is parked, with its cause.
-func checkParkedA(t *testing.T, op outbox.Operator) outbox.ParkedRow {
+// checkParkedA checks that A alone is parked after attempts failed
+// publishes, with its cause.
+func checkParkedA(t *testing.T, op outbox.Operator, attempts int) outbox.ParkedRow {
 	t.Helper()
 	parked, err := op.Parked(context.Background(), outbox.ParkedFilter{})
 	if err != nil {
@@ -141,7 +152,7 @@ func checkParkedA(t *testing.T, op outbox.Operator) outbox.ParkedRow {
 		t.Fatalf("parked %+v, want A alone", parked)
 	}
 	p := parked[0]
-	if p.ID != "A" || p.Key != "k1" || p.Destination != "orders" || p.Attempts != maxAttempts ||
+	if p.ID != "A" || p.Key != "k1" || p.Destination != "orders" || p.Attempts != attempts ||
 		!strings.Contains(p.Cause, ErrTooLarge.Error()) || p.BodySize != int64(len("poison")) ||
 		time.Since(p.ParkedAt).Abs() > time.Minute || p.ParkedAt.Before(p.CreatedAt) {
 		t.Fatalf("parked row %+v", p)
@@ -183,7 +194,7 @@ func holdKey(t *testing.T, env Env) {
 	if ids := pub.IDs(); !slices.Equal(ids, []string{"D", "E"}) {
 		t.Fatalf("published %v, want D and E (B and C held behind A)", ids)
 	}
-	a := checkParkedA(t, op)
+	a := checkParkedA(t, op, maxAttempts)
 	st := stats(t, op)
 	if st.Pending != 2 || st.Parked != 1 || st.HeldKeys != 1 || st.HeldRows != 2 || st.OldestPending <= 0 {
 		t.Fatalf("stats %+v, want B and C pending and held by A", st)
@@ -221,7 +232,7 @@ func skipParked(t *testing.T, env Env) {
 	if !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"B", "C", "D", "E"}) || slices.Index(ids, "B") > slices.Index(ids, "C") {
 		t.Fatalf("published %v, want B, C (in order), D and E", ids)
 	}
-	a := checkParkedA(t, op)
+	a := checkParkedA(t, op, maxAttempts)
 	if st := stats(t, op); st.Pending != 0 || st.Parked != 1 || st.HeldKeys != 0 || st.HeldRows != 0 {
 		t.Fatalf("stats %+v, want A parked, nothing held", st)
 	}
@@ -240,6 +251,30 @@ func skipParked(t *testing.T, env Env) {
 	}
 	if st := stats(t, op); st != (outbox.TableStats{}) {
 		t.Fatalf("stats after the purge %+v, want nothing left", st)
+	}
+}
+
+// permanent checks that a rejection marked permanent parks A at its first
+// failure, however many attempts WithMaxAttempts allows, and that the
+// rows of its publish call (published one by one first) follow as they
+// would: D and E are published, B and C held. With WithMaxAttempts(0), on
+// never, nothing is parked.
+func permanent(t *testing.T, env, never Env) {
+	r, pub, op := setup(t, env, outbox.WithMaxAttempts(100))
+	pub.Permanent = true
+	relayUntil(t, r, "A parked, D and E published", func() bool {
+		return r.Stats().Parked == 1 && len(pub.IDs()) == 2
+	})
+	checkParkedA(t, op, 1)
+	if ids := pub.IDs(); !slices.Equal(ids, []string{"D", "E"}) {
+		t.Fatalf("published %v, want D and E (B and C held behind A)", ids)
+	}
+
+	r, pub, op = setup(t, never, outbox.WithMaxAttempts(0))
+	pub.Permanent = true
+	relayUntil(t, r, "A failed 5 times", func() bool { return r.Stats().PublishErrors >= 5 })
+	if st := stats(t, op); r.Stats().Parked != 0 || st.Parked != 0 || st.Pending != 5 {
+		t.Fatalf("stats %+v (relay %+v) with WithMaxAttempts(0), want nothing parked, all 5 pending", st, r.Stats())
 	}
 }
 

@@ -1,0 +1,63 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/core"
+)
+
+// TestPublisherTooLargeIsPermanent: records over the topic's
+// max.message.bytes, refused by the broker (MESSAGE_TOO_LARGE), and a
+// record over the writer's batch bytes, refused before it is sent, fail
+// Publish with an error marked permanent; the broker takes none of a
+// refused call's records, and a record that fits still goes through.
+func TestPublisherTooLargeIsPermanent(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := adminClient(bs).AlterConfigs(ctx, &kafkago.AlterConfigsRequest{Resources: []kafkago.AlterConfigRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
+		Configs: []kafkago.AlterConfigRequestConfig{{Name: "max.message.bytes", Value: "4096"}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range resp.Errors {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub, err := NewPublisher(bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	small := &core.Message{ID: "small", Key: "k", Body: []byte("fits")}
+	large := &core.Message{ID: "large", Key: "k", Body: bytes.Repeat([]byte("x"), 8192)}
+	for _, msgs := range [][]*core.Message{{small, large}, {large}} {
+		err := pub.Publish(ctx, topic, msgs...)
+		if err == nil || !strings.Contains(err.Error(), "Message Size Too Large") || !core.IsPermanent(err) {
+			t.Fatalf("Publish of %d records with one over max.message.bytes = %v, want MESSAGE_TOO_LARGE marked permanent", len(msgs), err)
+		}
+	}
+	huge := &core.Message{ID: "huge", Body: bytes.Repeat([]byte("x"), 2<<20)}
+	if err := pub.Publish(ctx, topic, huge); err == nil || !core.IsPermanent(err) {
+		t.Fatalf("Publish of a record over the writer's batch bytes = %v, want an error marked permanent", err)
+	}
+	if got := readAll(t, bs, topic, 1); len(got) != 0 {
+		t.Fatalf("topic holds %d records after refused publishes, want none", len(got))
+	}
+	if err := pub.Publish(ctx, topic, small); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, bs, topic, 1); len(got) != 1 || got[0].headers[DefaultIDHeader] != "small" {
+		t.Fatalf("topic holds %+v, want the small record alone", got)
+	}
+}
