@@ -97,6 +97,10 @@ type ParkedFilter struct {
 	Key string
 	// Cause, when not empty, selects only rows whose cause contains it.
 	Cause string
+	// ParkedBefore, when not zero, selects only rows parked before it.
+	ParkedBefore time.Time
+	// ParkedAfter, when not zero, selects only rows parked after it.
+	ParkedAfter time.Time
 	// Limit, when positive, bounds how many rows Parked returns (Redrive
 	// and Purge ignore it).
 	Limit int

@@ -299,7 +299,7 @@ func TestExitCodesOfTheBinary(t *testing.T) {
 		{[]string{"forget", "--store", db, "--consumer", "c", "m-1"}, 2},
 		{[]string{"forget", "--store", db, "--consumer", "c", "--yes", "m-1"}, 0},
 		{[]string{"stats", "--store", "sqlite:///nonexistent-dir-" + randomHex(4) + "/x.db"}, 1},
-		{[]string{"dlq", "list", "--broker", broker}, 1}, // no such dead-letter queue yet
+		{[]string{"dlq", "list", "--broker", broker}, 1},          // no such dead-letter queue yet
 		{[]string{"stats", "--store", db, "--broker", broker}, 0}, // declares the queues, as the consumer would
 		{[]string{"dlq", "list", "--broker", broker}, 0},
 		{[]string{"dlq", "show", "--broker", broker, "m-1"}, 1},

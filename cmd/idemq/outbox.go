@@ -66,6 +66,8 @@ type outboxFlags struct {
 	ids      rowList
 	key      *string
 	cause    *string
+	older    *time.Duration
+	newer    *time.Duration
 }
 
 func newOutboxFlags(name, usage string, stdout io.Writer, selects bool) *outboxFlags {
@@ -76,6 +78,8 @@ func newOutboxFlags(name, usage string, stdout io.Writer, selects bool) *outboxF
 		f.Var(&f.ids, "id", "a parked row's number (ROW in list), repeatable or comma-separated; row numbers may also follow the flags")
 		f.key = f.String("key", "", "only rows of this ordering key")
 		f.cause = f.String("cause", "", "only rows whose cause contains this text")
+		f.older = f.Duration("older-than", 0, "only rows parked longer ago than this (for example 1h)")
+		f.newer = f.Duration("newer-than", 0, "only rows parked less long ago than this")
 	}
 	return f
 }
@@ -105,7 +109,17 @@ func (f *outboxFlags) parse(args []string) (string, outbox.ParkedFilter, error) 
 		}
 	}
 	if f.key != nil {
+		if *f.older < 0 || *f.newer < 0 {
+			return "", filter, cli.Usagef("--older-than and --newer-than must be positive")
+		}
 		filter = outbox.ParkedFilter{Seqs: f.ids, Key: *f.key, Cause: *f.cause}
+		now := time.Now()
+		if *f.older > 0 {
+			filter.ParkedBefore = now.Add(-*f.older)
+		}
+		if *f.newer > 0 {
+			filter.ParkedAfter = now.Add(-*f.newer)
+		}
 	}
 	return raw, filter, nil
 }
@@ -237,7 +251,7 @@ func parseSelection(f *outboxFlags, all *bool, args []string, verb string) (stri
 	}
 	switch {
 	case len(filter.Seqs) == 0 && !*all:
-		return "", filter, cli.Usagef("give the rows to %s (--id ROW…), or --all (narrowed by --key and --cause)", verb)
+		return "", filter, cli.Usagef("give the rows to %s (--id ROW…), or --all (narrowed by --key, --cause, --older-than and --newer-than)", verb)
 	case len(filter.Seqs) > 0 && *all:
 		return "", filter, cli.Usagef("give either --id or --all, not both")
 	}
@@ -257,13 +271,19 @@ func describe(filter outbox.ParkedFilter) string {
 	if filter.Key != "" {
 		what += fmt.Sprintf(" of key %q", filter.Key)
 	}
+	if !filter.ParkedBefore.IsZero() {
+		what += " parked before " + filter.ParkedBefore.UTC().Format(time.RFC3339)
+	}
+	if !filter.ParkedAfter.IsZero() {
+		what += " parked after " + filter.ParkedAfter.UTC().Format(time.RFC3339)
+	}
 	if filter.Cause != "" {
 		what += fmt.Sprintf(" whose cause contains %q", filter.Cause)
 	}
 	return what
 }
 
-const outboxListUsage = `Usage: idemq outbox list --store URL [--id ROW…] [--key KEY] [--cause TEXT] [--limit N] [--json]
+const outboxListUsage = `Usage: idemq outbox list --store URL [--id ROW…] [--key KEY] [--cause TEXT] [--older-than D] [--newer-than D] [--limit N] [--json]
 
 Shows the parked rows, oldest first: the row number (what redrive and
 purge take), the message id, ordering key, destination, failed attempts,
@@ -343,7 +363,7 @@ func shorten(s string, n int) string {
 	return s
 }
 
-const outboxRedriveUsage = `Usage: idemq outbox redrive --store URL (--id ROW… | --all [--key KEY] [--cause TEXT]) [--dry-run]
+const outboxRedriveUsage = `Usage: idemq outbox redrive --store URL (--id ROW… | --all [--key KEY] [--cause TEXT] [--older-than D] [--newer-than D]) [--dry-run]
 
 Makes parked rows pending again, to be published at once: their failed
 attempts start from zero and their cause is cleared. Fix what made them
@@ -389,7 +409,7 @@ func runOutboxRedrive(ctx context.Context, args []string, stdout, _ io.Writer) e
 	return nil
 }
 
-const outboxPurgeUsage = `Usage: idemq outbox purge --store URL (--id ROW… | --all [--key KEY] [--cause TEXT]) --yes
+const outboxPurgeUsage = `Usage: idemq outbox purge --store URL (--id ROW… | --all [--key KEY] [--cause TEXT] [--older-than D] [--newer-than D]) --yes
 
 Deletes parked rows: their messages are never published. The rows held
 behind them in their keys move on. Without --yes it deletes nothing (and

@@ -106,6 +106,17 @@ func checkOutboxCommands(t *testing.T, storeURL, secret string, p1, p2 int64) {
 	if rows := list("--cause", "no such cause"); len(rows) != 0 {
 		t.Fatalf("list --cause with no match: %+v", rows)
 	}
+	// Both rows were parked before this list ran, and within the hour.
+	for _, c := range []struct {
+		args []string
+		want int
+	}{{[]string{"--older-than", "1h"}, 0}, {[]string{"--older-than", "1ms"}, 2}, {[]string{"--newer-than", "1h"}, 2},
+		{[]string{"--newer-than", "1ms"}, 0}, {[]string{"--older-than", "1ms", "--newer-than", "1h", "--key", "k1"}, 1}} {
+		if rows := list(c.args...); len(rows) != c.want {
+			t.Fatalf("list %v: %d rows, want %d: %+v", c.args, len(rows), c.want, rows)
+		}
+	}
+	keep(expect(t, exitUsage, []string{"outbox", "list", "--store", storeURL, "--older-than", "-1h"}, "must be positive"))
 	keep(expect(t, exitOK, []string{"outbox", "stats", "--store", storeURL}, "pending", "parked", "keys held back  1 (1 pending rows"))
 	if st := stats(); st.Pending != 1 || st.Parked != 2 || st.HeldKeys != 1 || st.HeldRows != 1 || st.OldestPendingSeconds <= 0 {
 		t.Fatalf("stats --json: %+v", st)
@@ -140,6 +151,7 @@ func checkOutboxCommands(t *testing.T, storeURL, secret string, p1, p2 int64) {
 		t.Fatalf("stats after redriving P1: %+v", st)
 	}
 	keep(expect(t, exitOK, []string{"outbox", "purge", "--store", storeURL, "--all", "--key", "k1", "--yes"}, "purged 0 of all parked rows of key"))
+	keep(expect(t, exitOK, []string{"outbox", "purge", "--store", storeURL, "--all", "--older-than", "1h", "--yes"}, "purged 0 of all parked rows parked before"))
 	keep(expect(t, exitOK, []string{"outbox", "purge", "--store", storeURL, "--all", "--yes"}, "purged 1 of all parked rows"))
 	if st := stats(); st.Pending != 2 || st.Parked != 0 {
 		t.Fatalf("stats after the purge: %+v", st)

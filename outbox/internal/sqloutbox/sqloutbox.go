@@ -244,6 +244,12 @@ func (d Dialect) where(f outbox.ParkedFilter, n int) (string, []any) {
 			conds = append(conds, "INSTR(last_error, "+param(f.Cause)+") > 0")
 		}
 	}
+	if !f.ParkedBefore.IsZero() {
+		conds = append(conds, d.Micros("parked_at")+" < "+param(f.ParkedBefore.UnixMicro()))
+	}
+	if !f.ParkedAfter.IsZero() {
+		conds = append(conds, d.Micros("parked_at")+" > "+param(f.ParkedAfter.UnixMicro()))
+	}
 	return strings.Join(conds, " AND "), args
 }
 
