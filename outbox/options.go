@@ -198,7 +198,10 @@ type ParkedKeyPolicy int
 const (
 	// HoldKey keeps the rows behind a parked row pending and unpublished
 	// until the parked row is redriven or purged: the key's messages still
-	// reach the broker in commit order, the promise the outbox makes.
+	// reach the broker in commit order, the promise the outbox makes. As
+	// that promise holds per destination, a later row of the key bound
+	// elsewhere and claimed in the same batch as the row being parked may
+	// be published in that batch; from the next claim on, the key waits.
 	HoldKey ParkedKeyPolicy = iota
 	// SkipParked lets the key's next row be published as if the parked one
 	// were not there: the key's later messages flow, and the parked one,
