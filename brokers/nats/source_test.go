@@ -110,25 +110,53 @@ func TestNatsMsgID(t *testing.T) {
 	}
 }
 
-// TestIDHeader reads the id from a header of the producer's choosing, and
-// the Publisher sets it there and in Nats-Msg-Id.
+// TestIDHeader reads the id from a header of the producer's choosing, not
+// from Nats-Msg-Id: a message published with nats.go alone carries
+// different values in the two, and one with Nats-Msg-Id only has no id.
+// The Publisher sets the id in both.
 func TestIDHeader(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
 	s := openSource(t, ts, WithIDHeader("order-id"))
 	ctx := ctxFor(t, 20*time.Second)
+	own := func(msgID string, h map[string]string) {
+		t.Helper()
+		m := &driver.Message{ID: msgID, Headers: h, Body: []byte(msgID)}
+		if err := ts.publishRaw(ctx, natsgo.MsgIdHdr, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own("nats-1", map[string]string{"order-id": "o-1"})
+	own("nats-2", nil)
+	d := receiveOne(t, s, 5*time.Second)
+	if m := d.Message(); m.ID != "o-1" || m.Headers["order-id"] != "o-1" || m.Headers[natsgo.MsgIdHdr] != "nats-1" || m.Metadata["messaging.message.id"] != "nats-1" {
+		t.Fatalf("received %+v, want the id o-1 from order-id", m)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d = receiveOne(t, s, 5*time.Second)
+	if m := d.Message(); m.ID != "" || m.Headers[natsgo.MsgIdHdr] != "nats-2" {
+		t.Fatalf("received %+v, want no id (no order-id header)", m)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	p, err := NewPublisher(ctx, ts.name, ts.opts(t, WithIDHeader("order-id"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if err := p.Publish(ctx, "", &driver.Message{ID: "o-1", Body: []byte("x")}); err != nil {
+	if err := p.Publish(ctx, "", &driver.Message{ID: "o-3", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	d := receiveOne(t, s, 5*time.Second)
-	if m := d.Message(); m.ID != "o-1" || m.Headers["order-id"] != "o-1" || m.Headers[natsgo.MsgIdHdr] != "o-1" {
+	d = receiveOne(t, s, 5*time.Second)
+	if m := d.Message(); m.ID != "o-3" || m.Headers["order-id"] != "o-3" || m.Headers[natsgo.MsgIdHdr] != "o-3" {
 		t.Fatalf("received %+v", m)
 	}
-	d.Ack(ctx)
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestHeartbeat: a delivery held three AckWaits is not redelivered while

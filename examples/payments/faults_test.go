@@ -128,7 +128,7 @@ func (fd *feed) add(n int) {
 	fd.chunks++
 	for began := time.Now(); ; {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := publishSends(ctx, fd.pub, sends)
+		err := publishSends(ctx, fd.pub, sends, false)
 		cancel()
 		if err == nil {
 			break

@@ -67,7 +67,7 @@ import (
 	// deployment's URLs, not this code, pick them.
 	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/memory"
-	_ "github.com/idemq/idemq/brokers/nats"
+	natsbroker "github.com/idemq/idemq/brokers/nats"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
 )
@@ -343,7 +343,7 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 	}
 	defer pub.Close()
 	sends, unique := traffic(s.seed, s.publish, s.duplicates, s.accounts)
-	if err := publishSends(ctx, pub, sends); err != nil {
+	if err := publishSends(ctx, pub, sends, natsBroker(s.broker)); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "published %d messages to %s: %d unique payments, %d duplicates (seed %d)\n",
@@ -351,21 +351,39 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 	return nil
 }
 
-// publishSends publishes payments in order, 500 to a call.
-func publishSends(ctx context.Context, pub core.Publisher, sends []sent) error {
+// publishSends publishes payments in order, 500 to a call. With copyIDs
+// (NATS) a repeat of an earlier payment carries a message id of its own
+// (ID/dup-POSITION) and the business id in the idemq-id header, which the
+// NATS source reads first: JetStream drops a publish whose Nats-Msg-Id it
+// saw within the stream's duplicate window (2 minutes), so a repeat with
+// the original's id would never reach a consumer, unlike a producer's
+// retry sent after that window.
+func publishSends(ctx context.Context, pub core.Publisher, sends []sent, copyIDs bool) error {
 	const chunk = 500
+	seen := map[string]bool{}
 	for start := 0; start < len(sends); start += chunk {
 		end := min(start+chunk, len(sends))
 		msgs := make([]*core.Message, 0, end-start)
-		for _, p := range sends[start:end] {
+		for i, p := range sends[start:end] {
 			body, _ := json.Marshal(p.payment)
-			msgs = append(msgs, &core.Message{ID: p.id, Body: body, Key: p.Account})
+			m := &core.Message{ID: p.id, Body: body, Key: p.Account}
+			if copyIDs && seen[p.id] {
+				m.ID = fmt.Sprintf("%s/dup-%d", p.id, start+i)
+				m.Headers = map[string]string{natsbroker.IDHeader: p.id}
+			}
+			seen[p.id] = true
+			msgs = append(msgs, m)
 		}
 		if err := pub.Publish(ctx, "", msgs...); err != nil {
 			return fmt.Errorf("publishing messages %d to %d: %w", start, end-1, err)
 		}
 	}
 	return nil
+}
+
+// natsBroker tells whether brokerURL is a NATS JetStream stream.
+func natsBroker(brokerURL string) bool {
+	return strings.HasPrefix(strings.ToLower(brokerURL), "nats://")
 }
 
 // sent is one published payment with its business id.

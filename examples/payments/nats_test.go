@@ -1,8 +1,16 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -11,14 +19,70 @@ import (
 // consumes a JetStream stream. The killed consumer's unacked messages come
 // back once their AckWait passes (5s here), so each restart
 // resumes from the durable consumer's state on the server.
+//
+// The duplicate copies are published with a Nats-Msg-Id of their own and
+// the business id in idemq-id (as a producer's retry after the duplicate
+// window would reach the stream), so the stream holds every one of them
+// and each is decided Duplicate before it is acked.
 func TestKillAndRestartNATSPostgres(t *testing.T) {
 	t.Parallel()
 	nu := servicetest.NATSURL(t)
 	store, prefix, l := postgresStore(t)
 	stream := "PAYMENTS_" + strings.ToUpper(randomHex(4))
 	servicetest.DeleteStreamsAtCleanup(t, nu, stream, stream+"_DLQ")
-	runKillAndRestart(t, killRun{
+	messages, kills := killMessages(t), 3
+	res := runKillAndRestart(t, killRun{
 		broker: nu + "/" + stream + "?consumer=payments&ack_wait=5s&subject=" + strings.ToLower(stream),
-		store:  store, tables: prefix, ledger: l, messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
+		store:  store, tables: prefix, ledger: l, messages: messages, duplicates: 0.2, kills: kills, batch: 20, concurrency: 2,
+		settled: func(t *testing.T) { natsSettled(t, nu, stream, messages) },
 	})
+	// Every copy is a stream message of its own, acked (natsSettled) only
+	// after its decision's log line: each was decided Duplicate at least
+	// once, besides the redeliveries of the killed runs.
+	copies := messages - len(res.unique)
+	duplicates := 0
+	for i := 0; i <= kills; i++ {
+		b, err := os.ReadFile(filepath.Join(res.logs, fmt.Sprintf("run-%d.log", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		duplicates += strings.Count(string(b), "decision=duplicate")
+	}
+	t.Logf("%d duplicate decisions for %d copies", duplicates, copies)
+	if copies == 0 || duplicates < copies {
+		t.Errorf("%d duplicate decisions for %d duplicate copies published: copies did not reach the consumer", duplicates, copies)
+	}
+}
+
+// natsSettled checks that stream holds all the messages published to it,
+// copies included, and that the payments consumer has none left to
+// deliver or waiting for an ack.
+func natsSettled(t *testing.T, natsURL, stream string, messages int) {
+	t.Helper()
+	nc, err := natsgo.Connect(natsURL, natsgo.Timeout(servicetest.Timeout), natsgo.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().State.Msgs; got != uint64(messages) {
+		t.Errorf("stream %s holds %d messages, want %d (originals and copies)", stream, got, messages)
+	}
+	c, err := s.Consumer(ctx, "payments")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci := c.CachedInfo()
+	if ci.NumPending != 0 || ci.NumAckPending != 0 {
+		t.Errorf("consumer payments: %d messages pending, %d unacked after the graceful stop", ci.NumPending, ci.NumAckPending)
+	}
 }
