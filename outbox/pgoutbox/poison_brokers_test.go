@@ -208,15 +208,7 @@ func TestPoisonRowSQS(t *testing.T) {
 		ctx := context.Background()
 		queue, _ := servicetest.SQSQueues(t, endpoint, "idemq-outbox-poison-")
 		missing := queue + "-missing"
-		pub, err := core.OpenPublisher(ctx, "sqs://test:test@"+queue+"?"+url.Values{"endpoint": {endpoint}, "region": {"us-east-1"}}.Encode())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pub.Close() })
-		received := map[string][]string{}
-		return outboxtest.Broker{
-			Publisher: pub,
-			Dest:      queue,
+		return sqsBroker(t, endpoint, cl, queue, outboxtest.Broker{
 			Poison:    outbox.Message{Destination: missing, Body: []byte("poison")},
 			Rejection: "does not exist",
 			Options:   []outbox.Option{oneRowClaims},
@@ -227,12 +219,25 @@ func TestPoisonRowSQS(t *testing.T) {
 				}
 				t.Cleanup(func() { cl.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: out.QueueUrl}) })
 			},
-			Received: func(t *testing.T, dest string) []string {
-				received[dest] = append(received[dest], sqsDrain(t, cl, dest)...)
-				return received[dest]
-			},
-		}
+		})
 	})
+}
+
+// sqsBroker completes b, a poison case on queue: a publisher opened by URL
+// as a service would, and what each queue received, drained as it goes.
+func sqsBroker(t *testing.T, endpoint string, cl *awssqs.Client, queue string, b outboxtest.Broker) outboxtest.Broker {
+	pub, err := core.OpenPublisher(context.Background(), "sqs://test:test@"+queue+"?"+url.Values{"endpoint": {endpoint}, "region": {"us-east-1"}}.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	received := map[string][]string{}
+	b.Publisher, b.Dest = pub, queue
+	b.Received = func(t *testing.T, dest string) []string {
+		received[dest] = append(received[dest], sqsDrain(t, cl, dest)...)
+		return received[dest]
+	}
+	return b
 }
 
 // sqsDrain receives and deletes every message in queue and returns their
@@ -296,22 +301,10 @@ func TestPoisonRowSQSTooLarge(t *testing.T) {
 			}
 		}
 		setLimit(t, 1024)
-		pub, err := core.OpenPublisher(ctx, "sqs://test:test@"+queue+"?"+url.Values{"endpoint": {endpoint}, "region": {"us-east-1"}}.Encode())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pub.Close() })
-		received := map[string][]string{}
-		return outboxtest.Broker{
-			Publisher: pub,
-			Dest:      queue,
+		return sqsBroker(t, endpoint, cl, queue, outboxtest.Broker{
 			Poison:    outbox.Message{Body: []byte(strings.Repeat("p", 2048))},
 			Rejection: "MaximumMessageSize",
 			Fix:       func(t *testing.T) { setLimit(t, 1<<20) },
-			Received: func(t *testing.T, dest string) []string {
-				received[dest] = append(received[dest], sqsDrain(t, cl, dest)...)
-				return received[dest]
-			},
-		}
+		})
 	})
 }
