@@ -100,7 +100,8 @@ func (p *Publisher) Client() *awssqs.Client { return p.cl }
 // before any message is sent. Its error is marked core.Permanent when no
 // retry can succeed: a message over that size, an entry refused as the
 // sender's fault, a message SQS cannot take (an empty body, too many
-// attributes, no key for a FIFO queue), or a queue that does not exist.
+// attributes, no key for a FIFO queue or one that is no valid group id), or
+// a queue that does not exist.
 func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
 	p.mu.Lock()
 	closed := p.closed
@@ -183,10 +184,28 @@ func (p *Publisher) entry(ctx context.Context, q *queueInfo, m *core.Message) (t
 		if m.Key == "" {
 			return e, 0, errors.New("FIFO queue needs a message group id: set Message.Key")
 		}
+		if err := checkGroupID(m.Key); err != nil {
+			return e, 0, err
+		}
 		e.MessageGroupId = aws.String(m.Key)
 		e.MessageDeduplicationId = aws.String(deduplicationID(m.ID, m.Body))
 	}
 	return e, size, nil
+}
+
+// checkGroupID refuses a message group id SQS would refuse as the
+// sender's fault, before anything of the call is sent: SendMessageBatch
+// would take the call's other entries and refuse this one alone.
+func checkGroupID(key string) error {
+	if len(key) > 128 {
+		return fmt.Errorf("message group id (Message.Key) is %d bytes; SQS takes at most 128", len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < '!' || c > '~' {
+			return fmt.Errorf("message group id (Message.Key) has byte %d = %q; SQS takes letters, digits and ASCII punctuation", i, c)
+		}
+	}
+	return nil
 }
 
 // sendChunk sends up to ten entries, retrying the ones SQS fails on its

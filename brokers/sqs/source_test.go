@@ -263,6 +263,8 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 		{q, &core.Message{ID: "a", Body: nil}, "empty body"},
 		{q, &core.Message{ID: "a", Body: []byte("x"), Headers: map[string]string{"bad key": "v"}}, "bad key"},
 		{fifo, &core.Message{ID: "a", Body: []byte("x")}, "group id"},
+		{fifo, &core.Message{ID: "a", Body: []byte("x"), Key: strings.Repeat("k", 129)}, "at most 128"},
+		{fifo, &core.Message{ID: "a", Body: []byte("x"), Key: "customer 9"}, "ASCII punctuation"},
 	}
 	for _, c := range cases {
 		err := publisher(t, ep, c.q).Publish(ctx, "", c.m)
@@ -272,6 +274,19 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 	}
 	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
 		t.Errorf("refused messages reached the queue: %d", vis+inflight)
+	}
+	// A bad group id fails the whole call before any of it is sent.
+	err := publisher(t, ep, fifo).Publish(ctx, "", &core.Message{ID: "ok", Body: []byte("x"), Key: "c-1"},
+		&core.Message{ID: "bad", Body: []byte("x"), Key: "c 2"})
+	if err == nil || !core.IsPermanent(err) || !strings.Contains(err.Error(), `"bad"`) {
+		t.Errorf("Publish with one bad group id = %v, want a permanent error naming it", err)
+	}
+	if vis, inflight := queueCounts(t, ep, fifo.url); vis+inflight != 0 {
+		t.Errorf("a call refused for one bad group id sent %d messages", vis+inflight)
+	}
+	// Every punctuation character is a valid group id.
+	if err := publisher(t, ep, fifo).Publish(ctx, "", &core.Message{ID: "p", Body: []byte("x"), Key: "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"}); err != nil {
+		t.Errorf("Publish with punctuation in the group id: %v", err)
 	}
 }
 
