@@ -9,10 +9,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
+	"github.com/idemq/idemq/outbox"
 )
 
 // postgresURL returns IDEMQ_POSTGRES_URL (default the local server);
@@ -106,3 +108,11 @@ func count(t testing.TB, pool *pgxpool.Pool, q string, args ...any) int {
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// txWrite returns a function that commits msgs through o in one
+// transaction on pool, as a service's business transaction would.
+func txWrite(pool *pgxpool.Pool, o *Outbox) func(context.Context, ...*outbox.Message) error {
+	return func(ctx context.Context, msgs ...*outbox.Message) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return o.Write(ctx, tx, msgs...) })
+	}
+}

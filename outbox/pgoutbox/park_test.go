@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/outboxtest"
 )
 
@@ -43,16 +42,6 @@ func TestParking(t *testing.T) {
 		} else {
 			o = newOutbox(t, pool)
 		}
-		return outboxtest.Env{Store: o.Store(pool), Write: func(ctx context.Context, msgs ...*outbox.Message) error {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback(ctx)
-			if err := o.Write(ctx, tx, msgs...); err != nil {
-				return err
-			}
-			return tx.Commit(ctx)
-		}}
+		return outboxtest.Env{Store: o.Store(pool), Write: txWrite(pool, o)}
 	})
 }

@@ -29,17 +29,7 @@ func poisonEnv(t *testing.T) func(t *testing.T) outboxtest.Env {
 	pool := newPool(t, postgresURL(t), "idemq_outbox_poison")
 	return func(t *testing.T) outboxtest.Env {
 		o := newOutbox(t, pool)
-		return outboxtest.Env{Store: o.Store(pool), Write: func(ctx context.Context, msgs ...*outbox.Message) error {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback(ctx)
-			if err := o.Write(ctx, tx, msgs...); err != nil {
-				return err
-			}
-			return tx.Commit(ctx)
-		}}
+		return outboxtest.Env{Store: o.Store(pool), Write: txWrite(pool, o)}
 	}
 }
 
