@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -273,7 +274,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, core.Redact(raw), st.Rows, size)
 	for _, hz := range hzs {
-		if hz.Consumer != "" && !hasConsumer(st.Consumers, hz.Consumer) {
+		if hz.Consumer != "" && !slices.ContainsFunc(st.Consumers, func(c driver.ConsumerStats) bool { return c.Consumer == hz.Consumer }) {
 			fmt.Fprintf(stdout, "%s (no claims yet)\n", hz)
 			continue
 		}
@@ -320,15 +321,6 @@ func parseBrokerArg(v string) (brokerArg, bool) {
 	}
 	b := brokerArg{consumer: v[:eq], url: v[eq+1:]}
 	return b, b.consumer != "" && b.url != ""
-}
-
-func hasConsumer(cs []driver.ConsumerStats, name string) bool {
-	for _, c := range cs {
-		if c.Consumer == name {
-			return true
-		}
-	}
-	return false
 }
 
 // horizonCheck is the store's retention against a broker's redelivery
