@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -113,6 +114,40 @@ func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func(
 	}
 	if until, err := time.Parse(time.RFC3339Nano, leases[0].LeaseUntil); err != nil || until.Sub(lease.Until).Abs() > time.Millisecond {
 		t.Fatalf("lookup --json: lease until %q (%v), want %v", leases[0].LeaseUntil, err, lease.Until)
+	}
+
+	// stats shows each consumer's claims in progress, the expired ones
+	// too, and a consumer that has leases but no claims yet.
+	s = open()
+	mail, err := s.(driver.Leaser).Acquire(context.Background(), "mailer", driver.Claim{ID: "mail-1"}, time.Millisecond)
+	s.Close()
+	if err != nil || mail.Result != driver.LeaseWon {
+		t.Fatalf("acquire mail-1: %+v, %v", mail, err)
+	}
+	time.Sleep(50 * time.Millisecond) // mail-1's lease runs out
+	r = keep(expect(t, exitOK, []string{"stats", "--store", storeURL}, "IN PROGRESS"))
+	rows := map[string]string{}
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			rows[f[0]] = strings.Join(f, " ")
+		}
+	}
+	for consumer, want := range map[string]string{"billing": " 1 (0 expired)", "audit": " 0 (0 expired)", "mailer": "mailer 0 - - - 1 (1 expired)"} {
+		if !strings.HasSuffix(rows[consumer], want) {
+			t.Errorf("stats: the row of %s does not end in %q\n%s", consumer, want, r)
+		}
+	}
+	r = keep(expect(t, exitOK, []string{"stats", "--store", storeURL, "--json"}))
+	var st driver.TableStats
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, r)
+	}
+	got := map[string][2]int64{}
+	for _, c := range st.Consumers {
+		got[c.Consumer] = [2]int64{c.Leases, c.ExpiredLeases}
+	}
+	if want := map[string][2]int64{"audit": {0, 0}, "billing": {1, 0}, "mailer": {1, 1}}; !maps.Equal(got, want) {
+		t.Errorf("stats --json: leases (held, expired) by consumer %v, want %v", got, want)
 	}
 
 	// Without --yes: a usage error saying what it would do, and nothing

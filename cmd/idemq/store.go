@@ -204,7 +204,9 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 const statsUsage = `Usage: idemq stats --store URL [--broker [CONSUMER=]URL ...] [--json]
 
 Shows the dedup table: claims per consumer with the oldest and newest claim,
-and the table's size on disk (with its indexes) as the database reports it.
+the claims in progress of leased consumers (IN PROGRESS: leases held, and how
+many of them expired, whose messages the next delivery takes over), and the
+table's size on disk (with its indexes) as the database reports it.
 It counts every row, so on a very large table it takes as long as a scan.
 
 With --broker (a consumer's broker URL), it also compares the store's
@@ -292,14 +294,24 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			named[hz.Consumer] = hz
 		}
 	}
+	leased := slices.ContainsFunc(st.Consumers, func(c driver.ConsumerStats) bool { return c.Leases > 0 })
 	head := "CONSUMER\tCLAIMS\tOLDEST\tAGE\tNEWEST"
+	if leased {
+		head += "\tIN PROGRESS"
+	}
 	if len(named) > 0 {
 		head += "\tHORIZON"
 	}
 	fmt.Fprintln(tw, head)
 	for _, c := range st.Consumers {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", c.Consumer, c.Rows, c.Oldest.UTC().Format(time.RFC3339),
-			age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339))
+		oldest, ago, newest := "-", "-", "-"
+		if !c.Oldest.IsZero() {
+			oldest, ago, newest = c.Oldest.UTC().Format(time.RFC3339), age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", c.Consumer, c.Rows, oldest, ago, newest)
+		if leased {
+			fmt.Fprintf(tw, "\t%d (%d expired)", c.Leases, c.ExpiredLeases)
+		}
 		if len(named) > 0 {
 			fmt.Fprintf(tw, "\t%s", named[c.Consumer].cell())
 		}

@@ -151,7 +151,12 @@ type TableStats struct {
 type ConsumerStats struct {
 	Consumer       string
 	Rows           int64
-	Oldest, Newest time.Time
+	Oldest, Newest time.Time // zero when the consumer has leases only
+	// Leases counts the consumer's claims in progress (leased, not yet
+	// completed or released), and ExpiredLeases those of them whose lease
+	// ran out: a holder that died, or a call outliving its lease, whose
+	// message the next delivery takes over.
+	Leases, ExpiredLeases int64
 }
 
 // Inspector is implemented by stores that can describe their dedup table.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
@@ -66,4 +68,45 @@ func ExecCount(ctx context.Context, db *sql.DB, query string, args ...any) (int,
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
+}
+
+// AddLeases adds n leases of consumer to st, expired of them run out. A
+// consumer with leases but no claims is added, and the consumers sorted
+// by name again.
+func AddLeases(st *driver.TableStats, consumer string, n, expired int64) {
+	i := slices.IndexFunc(st.Consumers, func(c driver.ConsumerStats) bool { return c.Consumer == consumer })
+	if i < 0 {
+		st.Consumers = append(st.Consumers, driver.ConsumerStats{Consumer: consumer, Leases: n, ExpiredLeases: expired})
+		slices.SortStableFunc(st.Consumers, func(a, b driver.ConsumerStats) int { return strings.Compare(a.Consumer, b.Consumer) })
+		return
+	}
+	st.Consumers[i].Leases += n
+	st.Consumers[i].ExpiredLeases += expired
+}
+
+// InspectLeases adds the leases per consumer to st, none when the store
+// has no lease table it may read.
+func (c *Config) InspectLeases(ctx context.Context, cl Claims, st *driver.TableStats) error {
+	lt, err := c.LeaseTable()
+	if err != nil {
+		return nil // no lease table: no leases
+	}
+	rows, err := cl.DB.QueryContext(ctx, `SELECT consumer, COUNT(*), SUM(CASE WHEN lease_until < ? THEN 1 ELSE 0 END) FROM `+lt+` GROUP BY consumer`,
+		FormatTime(c.Now()))
+	if err != nil {
+		return cl.SkipNoLeases(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var consumer []byte // VARBINARY on MySQL; TEXT converts
+		var n, expired int64
+		if err := rows.Scan(&consumer, &n, &expired); err != nil {
+			return c.Wrap("inspect", err)
+		}
+		AddLeases(st, string(consumer), n, expired)
+	}
+	if err := rows.Err(); err != nil {
+		return c.Wrap("inspect", err)
+	}
+	return nil
 }
