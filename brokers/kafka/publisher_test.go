@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
-
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // TestPublisherTooLargeIsPermanent: records over the topic's
@@ -22,18 +21,7 @@ func TestPublisherTooLargeIsPermanent(t *testing.T) {
 	topic := newTopic(t, bs, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := adminClient(bs).AlterConfigs(ctx, &kafkago.AlterConfigsRequest{Resources: []kafkago.AlterConfigRequestResource{{
-		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
-		Configs: []kafkago.AlterConfigRequestConfig{{Name: "max.message.bytes", Value: "4096"}},
-	}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, err := range resp.Errors {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	servicetest.SetTopicConfig(t, bs, topic, "max.message.bytes", "4096")
 	pub, err := NewPublisher(bs)
 	if err != nil {
 		t.Fatal(err)

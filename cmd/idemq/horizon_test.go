@@ -7,11 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/sqlite"
@@ -64,7 +62,7 @@ func TestStatsAgainstBrokerHorizon(t *testing.T) {
 	// One --broker per consumer: the verdict stands in that consumer's row.
 	topic := "idemq-stats-" + randomHex(4)
 	bs := servicetest.KafkaTopics(t, 1, topic)
-	setTopicRetention(t, bs, topic, "1800000")
+	servicetest.SetTopicConfig(t, bs, topic, "retention.ms", "1800000")
 	kafkaURL := "kafka://" + bs + "/" + topic + "?group=stats-" + randomHex(3)
 	ctx := context.Background()
 	s, err := sqlite.Open(ctx, path)
@@ -104,28 +102,4 @@ func TestStatsAgainstBrokerHorizon(t *testing.T) {
 		t.Errorf("a refused --broker shows its password:\n%s", r)
 	}
 	expect(t, exitFailure, []string{"stats", "--store", storeURL, "--broker", "stomp://x"}, "no broker registered")
-}
-
-// setTopicRetention sets a topic's retention.ms, as an operator would.
-func setTopicRetention(t *testing.T, brokers, topic, ms string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cl := &kafkago.Client{Addr: kafkago.TCP(strings.Split(brokers, ",")...)}
-	resp, err := cl.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{
-		Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
-			ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
-			Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{
-				Name: "retention.ms", Value: ms, ConfigOperation: kafkago.ConfigOperationSet,
-			}},
-		}},
-	})
-	if err != nil {
-		t.Fatalf("setting retention.ms: %v", err)
-	}
-	for _, r := range resp.Resources {
-		if r.Error != nil {
-			t.Fatalf("setting retention.ms: %v", r.Error)
-		}
-	}
 }

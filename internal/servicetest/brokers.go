@@ -124,6 +124,34 @@ func KafkaTopics(t testing.TB, partitions int, topics ...string) string {
 	return hosts
 }
 
+// SetTopicConfig sets a topic's config entry name to value on the Kafka
+// brokers (a comma-separated list), as an operator's kafka-configs would,
+// leaving its other entries as they are.
+func SetTopicConfig(t testing.TB, brokers, topic, name, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl := &kafkago.Client{Addr: kafkago.TCP(strings.Split(brokers, ",")...)}
+	resp, err := cl.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{
+		Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
+			ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
+			Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{
+				Name: name, Value: value, ConfigOperation: kafkago.ConfigOperationSet,
+			}},
+		}},
+	})
+	if err == nil {
+		for _, r := range resp.Resources {
+			if r.Error != nil {
+				err = r.Error
+			}
+		}
+	}
+	if err != nil {
+		t.Fatalf("setting %s of topic %s: %v", name, topic, err)
+	}
+}
+
 // randomSuffix is 8 random hex digits: names of a test's own.
 func randomSuffix() string {
 	b := make([]byte, 4)

@@ -110,21 +110,8 @@ func TestPoisonRowKafka(t *testing.T) {
 	outboxtest.PoisonBroker(t, newEnv, func(t *testing.T) outboxtest.Broker {
 		topic := "idemq-outbox-poison-" + suffix()
 		addr := servicetest.KafkaTopics(t, 1, topic)
-		hosts := strings.Split(addr, ",")
-		cl := &kafkago.Client{Addr: kafkago.TCP(hosts...), Timeout: 10 * time.Second}
 		setLimit := func(t *testing.T, n int) {
-			resp, err := cl.AlterConfigs(context.Background(), &kafkago.AlterConfigsRequest{Resources: []kafkago.AlterConfigRequestResource{{
-				ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
-				Configs: []kafkago.AlterConfigRequestConfig{{Name: "max.message.bytes", Value: strconv.Itoa(n)}},
-			}}})
-			if err != nil {
-				t.Fatalf("max.message.bytes of %s: %v", topic, err)
-			}
-			for _, err := range resp.Errors {
-				if err != nil {
-					t.Fatalf("max.message.bytes of %s: %v", topic, err)
-				}
-			}
+			servicetest.SetTopicConfig(t, addr, topic, "max.message.bytes", strconv.Itoa(n))
 		}
 		setLimit(t, 4096)
 		pub, err := kafka.NewPublisher(addr)
@@ -140,7 +127,7 @@ func TestPoisonRowKafka(t *testing.T) {
 			Ordered:   true,
 			Fix:       func(t *testing.T) { setLimit(t, 1<<20) },
 			Received: func(t *testing.T, dest string) []string {
-				return kafkaIDs(t, hosts[0], dest)
+				return kafkaIDs(t, strings.Split(addr, ",")[0], dest)
 			},
 		}
 	})
