@@ -31,8 +31,8 @@ type producerResult struct {
 // relay publishes it again: one more copy for the consumer's dedup.
 func produce(ctx context.Context, s settings, dir string, batch int, payments []payment, queue string, pub core.Publisher) (producerResult, error) {
 	var r producerResult
-	db, err := sql.Open("sqlite", filepath.Join(dir, fmt.Sprintf("producer-batch%d.db", batch))+
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	path := filepath.Join(dir, fmt.Sprintf("producer-batch%d.db", batch))
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 	if err != nil {
 		return r, err
 	}
@@ -66,14 +66,14 @@ func produce(ctx context.Context, s settings, dir string, batch int, payments []
 		if _, err := relay.RunOnce(ctx); err != nil && !errors.Is(err, errConfirmLost) {
 			return r, err
 		}
-		var pending, parked int
-		if err := db.QueryRowContext(ctx, `SELECT count(*), count(parked_at) FROM outbox WHERE sent_at IS NULL`).Scan(&pending, &parked); err != nil {
+		st, err := ob.Store(db).Stats(ctx)
+		if err != nil {
 			return r, err
 		}
-		if parked > 0 {
-			return r, fmt.Errorf("%d outbox rows parked: see idemq outbox list --store sqlite://%s", parked, filepath.Join(dir, fmt.Sprintf("producer-batch%d.db", batch)))
+		if st.Parked > 0 {
+			return r, fmt.Errorf("%d outbox rows parked: see idemq outbox list --store sqlite://%s", st.Parked, path)
 		}
-		if pending == 0 {
+		if st.Pending == 0 {
 			break
 		}
 		time.Sleep(time.Millisecond) // the rows whose confirm was lost wait out their backoff
