@@ -336,8 +336,9 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 	before := pubNode()
 	c.Stop(before)
 	// A Publish may fail while the Publisher learns that its connection
-	// died; the caller retries the call (the consumer's dedup absorbs a
-	// copy published twice).
+	// died, or is nacked while the quorum queue elects a new leader; the
+	// caller retries the call after a pause, as a producer would (the
+	// consumer's dedup absorbs a copy published twice).
 	attempts := 0
 	for {
 		attempts++
@@ -346,9 +347,10 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 			break
 		}
 		t.Logf("publish attempt %d after the stop: %v", attempts, err)
-		if attempts == 5 {
+		if attempts == 30 {
 			t.Fatalf("Publish still fails after %d attempts", attempts)
 		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	after := pubNode()
 	t.Logf("Publisher moved from node %d to node %d (%d attempts)", before, after, attempts)
