@@ -2,12 +2,13 @@ package core
 
 import (
 	"context"
-	"github.com/idemq/idemq/core/driver"
 	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // BenchmarkFrameworkCost measures what the Consumer itself costs per
@@ -79,7 +80,7 @@ type benchSource struct {
 func newBenchSource(n int) *benchSource {
 	s := &benchSource{ds: make(chan driver.Delivery, n), n: int64(n)}
 	for i := range n {
-		s.ds <- &benchDelivery{s: s, m: &Message{
+		s.ds <- &benchDelivery{s: s, m: &driver.Message{
 			ID:      "msg-" + strconv.Itoa(i),
 			Body:    []byte(`{"account":"acc-0001","amount_cents":1234}`),
 			Headers: map[string]string{"idemq-ts": "1"},
@@ -112,10 +113,10 @@ func (s *benchSource) add(n int64) {
 
 type benchDelivery struct {
 	s *benchSource
-	m *Message
+	m *driver.Message
 }
 
-func (d *benchDelivery) Message() *Message                          { return d.m }
+func (d *benchDelivery) Message() *driver.Message                   { return d.m }
 func (d *benchDelivery) Ack(context.Context) error                  { d.s.add(1); return nil }
 func (d *benchDelivery) Retry(context.Context, time.Duration) error { return nil }
 func (d *benchDelivery) DeadLetter(context.Context, error) error    { return nil }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemq/idemq/internal/retry"
 	"log/slog"
 	"strings"
 	"sync"
@@ -19,18 +20,13 @@ import (
 // in a transaction → handler in the same transaction → commit → settle.
 // Create it with New and start it with Run.
 type Consumer[Tx any] struct {
-	cfg     config
-	src     Source
-	store   Store[Tx]
-	handler Handler[Tx]
-	// batchHandler replaces handler for consumers made by NewBatch.
-	batchHandler BatchHandler[Tx]
-	// leased and complete are set by NewLeased: messages take a lease and
-	// their External call before the completion transaction, which runs
-	// complete instead of handler.
-	leased   *leasing
-	complete func(ctx context.Context, tx Tx, it *item) error
-	log      *slog.Logger
+	cfg   config
+	src   driver.Source
+	store driver.Store[Tx]
+	// kind is the handler kind the constructor chose: per message (New),
+	// per batch (NewBatch) or leased (NewLeased).
+	kind kind[Tx]
+	log  *slog.Logger
 
 	slots chan struct{} // in-flight window
 	items chan *item    // messages to claim, in receive order, waiting for a worker
@@ -101,36 +97,53 @@ func ContextWithConsumerName(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, consumerKey{}, name)
 }
 
-// New builds a Consumer that runs h for each message whose claim won. It
-// fails, naming the option, when an option is invalid or WithName is
-// missing.
-func New[Tx any](src Source, store Store[Tx], h Handler[Tx], opts ...Option) (*Consumer[Tx], error) {
+// New builds a Consumer that runs h for each message whose claim won, in
+// the message's dedup transaction. src is a broker adapter (OpenSource, or
+// an adapter's constructor) and store a dedup store (OpenStore, or a
+// store's constructor). It fails, naming the option, when an option is
+// invalid or WithName is missing.
+func New[Tx any](src driver.Source, store driver.Store[Tx], h Handler[Tx], opts ...Option) (*Consumer[Tx], error) {
 	if h == nil {
 		return nil, errors.New("idemq: New: nil Handler")
 	}
-	return newConsumer(src, store, h, nil, opts)
+	c, err := newConsumer("New", src, store, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.kind = &perMessage[Tx]{c: c, h: h}
+	return c, nil
 }
 
 // NewBatch builds a Consumer that runs h once per batch, with every message
 // of the batch whose claim won, for set-based effects. Options as for New;
 // WithBatchSize decides how many messages h may get.
-func NewBatch[Tx any](src Source, store Store[Tx], h BatchHandler[Tx], opts ...Option) (*Consumer[Tx], error) {
+func NewBatch[Tx any](src driver.Source, store driver.Store[Tx], h BatchHandler[Tx], opts ...Option) (*Consumer[Tx], error) {
 	if h == nil {
 		return nil, errors.New("idemq: NewBatch: nil BatchHandler")
 	}
-	return newConsumer(src, store, nil, h, opts)
+	c, err := newConsumer("NewBatch", src, store, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.kind = &batchKind[Tx]{c: c, h: h}
+	return c, nil
 }
 
-func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHandler[Tx], opts []Option) (*Consumer[Tx], error) {
+// newConsumer builds the pipeline every kind shares; the constructor named
+// ctor sets the kind.
+func newConsumer[Tx any](ctor string, src driver.Source, store driver.Store[Tx], opts []Option) (*Consumer[Tx], error) {
 	if src == nil {
-		return nil, errors.New("idemq: New: nil Source")
+		return nil, errors.New("idemq: " + ctor + ": nil Source")
 	}
 	if store == nil {
-		return nil, errors.New("idemq: New: nil Store")
+		return nil, errors.New("idemq: " + ctor + ": nil Store")
 	}
 	cfg := defaultConfig()
 	if err := option.Apply(&cfg, opts...); err != nil {
 		return nil, err
+	}
+	if len(cfg.externalMW) > 0 && ctor != "NewLeased" {
+		return nil, optErr("WithExternalMiddleware", "only a leased consumer (NewLeased) has an External call; %s's handler runs inside the transaction: use WithHandlerMiddleware", ctor)
 	}
 	if cfg.name == "" {
 		return nil, errors.New("idemq: option WithName is required: it names the consumer in the dedup key")
@@ -145,13 +158,11 @@ func newConsumer[Tx any](src Source, store Store[Tx], h Handler[Tx], bh BatchHan
 		cfg.logger = slog.Default()
 	}
 	c := &Consumer[Tx]{
-		cfg:          cfg,
-		src:          src,
-		store:        store,
-		handler:      h,
-		batchHandler: bh,
-		log:          cfg.logger.With("consumer", cfg.name),
-		slots:        make(chan struct{}, cfg.window),
+		cfg:   cfg,
+		src:   src,
+		store: store,
+		log:   cfg.logger.With("consumer", cfg.name),
+		slots: make(chan struct{}, cfg.window),
 		// Each queued item holds a window slot, so sends never block.
 		items:      make(chan *item, cfg.window),
 		settleIdle: make(chan []settlement),
@@ -208,12 +219,10 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	c.procCtx, c.procCancel = context.WithCancel(context.WithValue(context.WithoutCancel(ctx), consumerKey{}, c.cfg.name))
 	defer c.procCancel()
 
-	if c.leased != nil {
-		rctx, stopRenew := context.WithCancel(c.procCtx)
-		renewed := make(chan struct{})
-		go func() { defer close(renewed); c.renewLoop(rctx) }()
-		defer func() { stopRenew(); <-renewed }()
-	}
+	bctx, stopBackground := context.WithCancel(c.procCtx)
+	background := make(chan struct{})
+	go func() { defer close(background); c.kind.background(bctx) }()
+	defer func() { stopBackground(); <-background }()
 
 	var workers sync.WaitGroup
 	quit := make(chan struct{})
@@ -307,7 +316,7 @@ func (c *Consumer[Tx]) checkRetention(ctx context.Context) error {
 // receiveLoop takes a window slot, then a delivery, until ctx ends or the
 // source closes.
 func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
-	pace := driver.NewBackoff(50*time.Millisecond, 5*time.Second)
+	pace := retry.New(50*time.Millisecond, 5*time.Second)
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -337,7 +346,7 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 			}
 			delay := pace.Next()
 			c.log.Warn("idemq: receive failed; trying again", "err", err, "in", delay)
-			if !driver.Sleep(ctx, delay) {
+			if !retry.Sleep(ctx, delay) {
 				return nil
 			}
 			continue
@@ -353,7 +362,7 @@ func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
 // its id is missing or invalid, decides it at once: no goroutine, no
 // hand-off. It owns a window slot until its settlement releases it.
 func (c *Consumer[Tx]) admit(d driver.Delivery) {
-	m := d.Message()
+	m := (*Message)(d.Message())
 	var err error
 	if c.cfg.idFunc != nil {
 		id, ierr := c.cfg.idFunc(m)
@@ -365,7 +374,7 @@ func (c *Consumer[Tx]) admit(d driver.Delivery) {
 	}
 	it := &item{ctx: c.procCtx, m: m, d: d}
 	it.ctx, it.ob = c.startDecision(it.ctx, m)
-	stage := "id"
+	stage := StageID
 	if err == nil {
 		err = c.validateID(m.ID)
 		if err != nil && m.ID == "" {
@@ -373,7 +382,7 @@ func (c *Consumer[Tx]) admit(d driver.Delivery) {
 		}
 	}
 	if err == nil {
-		stage, err = "limits", c.checkLimits(m)
+		stage, err = StageLimits, c.checkLimits(m)
 	}
 	if err != nil {
 		out := Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: err}}
@@ -383,13 +392,7 @@ func (c *Consumer[Tx]) admit(d driver.Delivery) {
 	if c.cfg.fingerprint != nil {
 		it.fp = c.cfg.fingerprint(m.Body)
 	}
-	if c.leased != nil {
-		// The External call may take long: each message in flight runs
-		// its own steps, up to the window.
-		go c.runLeased(it)
-		return
-	}
-	c.items <- it // capacity window: never blocks
+	c.kind.admit(it)
 }
 
 // settlement is one decided message.

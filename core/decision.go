@@ -61,7 +61,7 @@ var (
 	ErrMissingID = errors.New("idemq: message has no id")
 	// ErrInvalidID: the id is longer than the configured maximum, or holds
 	// a NUL byte or invalid UTF-8.
-	ErrInvalidID = errors.New("idemq: message id is invalid")
+	ErrInvalidID = driver.ErrInvalidID
 	// ErrTooLarge: the message's body or header count is over its
 	// Limits.
 	ErrTooLarge = errors.New("idemq: message over its limits")
@@ -84,35 +84,26 @@ var (
 	ErrShutdown = errors.New("idemq: shutting down")
 )
 
-type permanentError struct{ err error }
-
-func (p permanentError) Error() string { return "permanent: " + p.err.Error() }
-func (p permanentError) Unwrap() error { return p.err }
-
 // Permanent marks err as permanent: the message is dead-lettered at once
-// instead of retried. Permanent(nil) is nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return permanentError{err}
-}
+// instead of retried. Permanent(nil) is nil. It is driver.Permanent, so a
+// broker's or store's permanent errors are recognised too.
+func Permanent(err error) error { return driver.Permanent(err) }
 
 // IsPermanent reports whether err, or an error it wraps, was marked with
 // Permanent.
-func IsPermanent(err error) bool {
-	var p permanentError
-	return errors.As(err, &p)
-}
+func IsPermanent(err error) bool { return driver.IsPermanent(err) }
 
 // DecisionError is the error a Retry or DeadLetter settles with: it names
 // the message and the stage that failed.
 type DecisionError struct {
 	MessageID string
-	// Stage is "id", "limits", "begin", "claim", "handler", "commit",
-	// "fingerprint" or "shutdown"; under NewLeased also "lease",
-	// "external" and "fence".
-	Stage string
+	// Stage is where the decision was made (see StageName): StageID,
+	// StageLimits, StageBegin, StageClaim, StageFingerprint, StageHandler,
+	// StageSavepoint, StageFlush, StageCommit or StageBatch; under
+	// NewLeased also StageLease, StageExternal and StageFence. A message
+	// left for redelivery at shutdown keeps the stage it was at, with
+	// ErrShutdown in Err.
+	Stage StageName
 	Err   error
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,23 +20,37 @@ import (
 // one of them twice.
 func ExampleNew() {
 	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "idemq-example")
+	dir, err := os.MkdirTemp("", "idemq-example")
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer os.RemoveAll(dir)
 
 	store, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"))
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer store.Close()
-	store.DB().ExecContext(ctx, `CREATE TABLE ledger (message_id TEXT, amount INTEGER)`)
+	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE ledger (message_id TEXT, amount INTEGER)`); err != nil {
+		log.Fatal(err)
+	}
 
-	broker, _ := memory.NewBroker()
+	broker, err := memory.NewBroker()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer broker.Close()
-	broker.Publish(ctx, "payments",
+	err = core.NewPublisher(broker).Publish(ctx, "payments",
 		&core.Message{ID: "pay-1", Body: []byte("1250")},
 		&core.Message{ID: "pay-2", Body: []byte("300")},
 		&core.Message{ID: "pay-1", Body: []byte("1250")}) // a redelivered duplicate
-	sub, _ := broker.Subscribe("payments")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sub, err := broker.Subscribe("payments")
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	charge := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO ledger VALUES (?, ?)`, m.ID, string(m.Body))
@@ -45,17 +60,23 @@ func ExampleNew() {
 		core.WithName("payments"),
 		core.WithHandlerMiddleware(recovery.New(nil), timeout.New(5*time.Second)))
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error)
 	go func() { done <- c.Run(runCtx) }()
-	broker.WaitIdle(ctx, "payments")
+	if err := broker.WaitIdle(ctx, "payments"); err != nil {
+		log.Fatal(err)
+	}
 	stop()
-	<-done
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
 
 	var rows int
-	store.DB().QueryRowContext(ctx, `SELECT count(*) FROM ledger`).Scan(&rows)
+	if err := store.DB().QueryRowContext(ctx, `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {
+		log.Fatal(err)
+	}
 	st := c.Stats()
 	fmt.Printf("ledger rows: %d, processed: %d, duplicates: %d\n", rows, st.Processed, st.Duplicates)
 	// Output: ledger rows: 2, processed: 2, duplicates: 1

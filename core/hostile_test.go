@@ -94,13 +94,13 @@ func TestHostileMessages(t *testing.T) {
 			runtime.ReadMemStats(&before)
 
 			for _, r := range rows {
-				if err := e.broker.Publish(context.Background(), e.queue, r.msg); err != nil {
+				if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, r.msg); err != nil {
 					t.Fatalf("%s: publish: %v", r.name, err)
 				}
 			}
 			// A fingerprint mismatch: the same id, first with one body,
 			// then another.
-			e.broker.Publish(context.Background(), e.queue, &core.Message{ID: "fp", Body: []byte(`{"amount":1}`)})
+			core.NewPublisher(e.broker).Publish(context.Background(), e.queue, &core.Message{ID: "fp", Body: []byte(`{"amount":1}`)})
 
 			rec := tracetest.NewSpanRecorder()
 			tr := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))),
@@ -111,7 +111,7 @@ func TestHostileMessages(t *testing.T) {
 			opts := []core.Option{core.WithBatchSize(batch), core.WithObserver(tr, logging.New(logger)),
 				core.WithLimits(core.Limits{BodyBytes: 64 << 10, Headers: 1000})}
 			res := e.runUntilIdle(time.Minute, decodeEffect, opts...)
-			e.broker.Publish(context.Background(), e.queue, &core.Message{ID: "fp", Body: []byte(`{"amount":1000}`)})
+			core.NewPublisher(e.broker).Publish(context.Background(), e.queue, &core.Message{ID: "fp", Body: []byte(`{"amount":1000}`)})
 			res2 := e.runUntilIdle(time.Minute, decodeEffect, opts...)
 
 			var applied []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemq/idemq/internal/retry"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,13 +82,15 @@ var (
 // driver.Fencer (the Postgres, MySQL/MariaDB and SQLite stores do). Options
 // as for New; WithBatchSize and WithConcurrency apply to the completion
 // transactions, and the window (WithWindow) bounds the External calls in
-// flight.
+// flight. Handler middleware (WithHandlerMiddleware) wraps Complete, inside
+// the completion transaction; external middleware (WithExternalMiddleware)
+// wraps External.
 //
 // Run every consumer of one WithName the same way, leased or not: a
 // Consumer built by New or NewBatch claims ids without looking at leases,
 // so under a name that a leased Consumer also uses it could apply a
 // message whose External call is in progress.
-func NewLeased[Tx, R any](src Source, store Store[Tx], h LeasedHandler[Tx, R], opts ...Option) (*Consumer[Tx], error) {
+func NewLeased[Tx, R any](src driver.Source, store driver.Store[Tx], h LeasedHandler[Tx, R], opts ...Option) (*Consumer[Tx], error) {
 	if h.External == nil || h.Complete == nil {
 		return nil, errors.New("idemq: NewLeased: LeasedHandler.External and Complete are required")
 	}
@@ -107,31 +110,20 @@ func NewLeased[Tx, R any](src Source, store Store[Tx], h LeasedHandler[Tx, R], o
 	if !ok {
 		return nil, fmt.Errorf("idemq: NewLeased: the store %T cannot hold leased claims (driver.Leaser)", store)
 	}
-	c, err := newConsumer[Tx](src, store, func(context.Context, Tx, *Message) error {
-		return errors.New("idemq: leased consumer's handler called directly")
-	}, nil, opts)
+	c, err := newConsumer("NewLeased", src, store, opts)
 	if err != nil {
 		return nil, err
 	}
-	c.leased = &leasing{
-		store:    ls,
-		ttl:      h.Lease,
-		max:      h.MaxLease,
-		held:     make(map[*leaseHold]struct{}),
-		external: func(ctx context.Context, m *Message) (any, error) { return h.External(ctx, m) },
-	}
-	c.complete = func(ctx context.Context, tx Tx, it *item) error {
-		r, _ := it.lease.result.(R)
-		return h.Complete(ctx, tx, it.m, r)
-	}
+	c.kind = &leased[Tx, R]{c: c, h: h, store: ls, held: make(map[*leaseHold]struct{})}
 	return c, nil
 }
 
-// leasing is a leased Consumer's state apart from its transaction type.
-type leasing struct {
-	store    driver.Leaser
-	ttl, max time.Duration
-	external func(ctx context.Context, m *Message) (any, error)
+// leased is NewLeased's kind: a lease and an External call per message
+// before its completion transaction.
+type leased[Tx, R any] struct {
+	c     *Consumer[Tx]
+	h     LeasedHandler[Tx, R]
+	store driver.Leaser
 
 	mu   sync.Mutex
 	held map[*leaseHold]struct{} // renewed until their message is decided
@@ -149,24 +141,24 @@ type leaseHold struct {
 	cancel context.CancelFunc // External's context
 }
 
-func (l *leasing) hold(h *leaseHold) {
+func (l *leased[Tx, R]) hold(h *leaseHold) {
 	l.mu.Lock()
 	l.held[h] = struct{}{}
 	l.mu.Unlock()
 }
 
-func (l *leasing) drop(h *leaseHold) {
+func (l *leased[Tx, R]) drop(h *leaseHold) {
 	l.mu.Lock()
 	delete(l.held, h)
 	l.mu.Unlock()
 }
 
-// renewLoop renews every lease held, every third of the lease, until ctx
+// background renews every lease held, every third of the lease, until ctx
 // ends. A lease found taken over is marked lost and its External call
 // cancelled: it could no longer complete.
-func (c *Consumer[Tx]) renewLoop(ctx context.Context) {
-	l := c.leased
-	t := time.NewTicker(l.ttl / 3)
+func (l *leased[Tx, R]) background(ctx context.Context) {
+	c := l.c
+	t := time.NewTicker(l.h.Lease / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -189,8 +181,8 @@ func (c *Consumer[Tx]) renewLoop(ctx context.Context) {
 		if len(refs) == 0 {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, l.ttl/3)
-		still, err := l.store.Renew(rctx, c.cfg.name, refs, l.ttl)
+		rctx, cancel := context.WithTimeout(ctx, l.h.Lease/3)
+		still, err := l.store.Renew(rctx, c.cfg.name, refs, l.h.Lease)
 		cancel()
 		if err == nil && len(still) != len(refs) {
 			err = fmt.Errorf("store renewed %d of %d leases", len(still), len(refs))
@@ -211,45 +203,57 @@ func (c *Consumer[Tx]) renewLoop(ctx context.Context) {
 	}
 }
 
-// runLeased takes one admitted message through the lease and its External
-// call, then queues it for a completion transaction, or decides it.
-func (c *Consumer[Tx]) runLeased(it *item) {
-	l := c.leased
-	out, ok := c.acquireLease(it)
+// admit takes one admitted message through the lease and its External
+// call, then queues it for a completion transaction, or decides it. The
+// External call may take long: each message in flight runs its own steps,
+// in a goroutine of its own, up to the window.
+func (l *leased[Tx, R]) admit(it *item) { go l.run(it) }
+
+func (l *leased[Tx, R]) run(it *item) {
+	c := l.c
+	out, ok := l.acquire(it)
 	if !ok {
 		c.settleAsync([]settlement{{it: it, out: out}})
 		return
 	}
 	h := it.lease
-	ectx, cancel := context.WithTimeout(it.ctx, l.max)
-	h.cancel, h.until = cancel, time.Now().Add(l.max)
+	ectx, cancel := context.WithTimeout(it.ctx, l.h.MaxLease)
+	h.cancel, h.until = cancel, time.Now().Add(l.h.MaxLease)
 	l.hold(h)
-	one := []*Message{it.m}
-	external := chainHandler(c.cfg.handlerMW, func(ctx context.Context, msgs []*Message) error {
-		r, err := l.external(ctx, msgs[0])
+	external := chain(c.cfg.externalMW, func(ctx context.Context, m *Message) error {
+		r, err := l.h.External(ctx, m)
 		h.result = r
 		return err
 	})
-	sctx, run := c.startStage(ectx, "external", c.stageOfItem(it))
-	err := external(sctx, one)
+	sctx, run := c.startStage(ectx, StageExternal, l.stageOf(it))
+	err := external(sctx, it.m)
 	c.endStage(sctx, run, err)
 	cancel()
 	switch {
 	case h.lost.Load():
 		l.drop(h)
-		out = c.storeFailure(it.m, "lease", ErrLeaseLost)
+		out = c.storeFailure(it.m, StageLease, ErrLeaseLost)
 	case err != nil:
 		l.drop(h)
 		if errors.Is(err, context.DeadlineExceeded) && ectx.Err() != nil && c.procCtx.Err() == nil {
-			err = fmt.Errorf("the external step ran past MaxLease %v: %w", l.max, err)
+			err = fmt.Errorf("the external step ran past MaxLease %v: %w", l.h.MaxLease, err)
 		}
-		c.releaseLease(it)
-		out = c.userFailure(it.m, "external", err)
+		l.release(it)
+		out = c.userFailure(it.m, StageExternal, err)
 	default:
 		c.items <- it // capacity window: never blocks
 		return
 	}
 	c.settleAsync([]settlement{{it: it, out: out}})
+}
+
+// apply runs Complete, under the handler middleware, for each message whose
+// lease held, in the completion transaction.
+func (l *leased[Tx, R]) apply(ctx, _ context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) applyResult {
+	return l.c.applyEach(ctx, txn, items, won, outs, func(ctx context.Context, tx Tx, it *item) error {
+		r, _ := it.lease.result.(R)
+		return l.h.Complete(ctx, tx, it.m, r)
+	})
 }
 
 // acquireLease claims it's id in progress. ok means the lease is won and
@@ -258,11 +262,12 @@ func (c *Consumer[Tx]) runLeased(it *item) {
 // (Duplicate) or its lease expired (taken over), for up to one lease: a
 // Retry instead would spend one of the broker's deliveries, and a delivery
 // limit, on every look.
-func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
-	waitUntil := time.Now().Add(c.leased.ttl)
+func (l *leased[Tx, R]) acquire(it *item) (out Outcome, ok bool) {
+	c := l.c
+	waitUntil := time.Now().Add(l.h.Lease)
 	poll := 50 * time.Millisecond
 	for {
-		lease, failed := c.tryAcquire(it)
+		lease, failed := l.tryAcquire(it)
 		if failed != nil {
 			return *failed, false
 		}
@@ -276,7 +281,7 @@ func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
 			return c.mismatchOutcome(it.m), false
 		case driver.LeaseBusy:
 		default:
-			return c.storeFailure(it.m, "lease", fmt.Errorf("unknown lease result %d", lease.Result)), false
+			return c.storeFailure(it.m, StageLease, fmt.Errorf("unknown lease result %d", lease.Result)), false
 		}
 		// Ask again when the lease would expire, or sooner: the holder
 		// may complete any moment.
@@ -285,11 +290,11 @@ func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
 		if time.Now().Add(wait).After(waitUntil) {
 			// Never dead-lettered for waiting: the holder completes or
 			// its lease expires, and either ends the wait.
-			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: ErrLeaseBusy},
+			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: StageLease, Err: ErrLeaseBusy},
 				Delay: min(c.cfg.backoff.Delay(it.m.Attempt), max(time.Until(lease.Until), 0))}, false
 		}
-		if !driver.Sleep(c.stopping, wait) || c.procCtx.Err() != nil {
-			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease", Err: fmt.Errorf("%w: %v", ErrShutdown, ErrLeaseBusy)}}, false
+		if !retry.Sleep(c.stopping, wait) || c.procCtx.Err() != nil {
+			return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: StageLease, Err: fmt.Errorf("%w: %v", ErrShutdown, ErrLeaseBusy)}}, false
 		}
 	}
 }
@@ -297,53 +302,57 @@ func (c *Consumer[Tx]) acquireLease(it *item) (out Outcome, ok bool) {
 // tryAcquire asks the store for it's lease once, or, while the store does
 // not answer, as often as the Consumer's outage handling runs it again. A
 // non-nil outcome decides the message.
-func (c *Consumer[Tx]) tryAcquire(it *item) (driver.Lease, *Outcome) {
-	l := c.leased
+func (l *leased[Tx, R]) tryAcquire(it *item) (driver.Lease, *Outcome) {
+	c := l.c
 	for reruns := 0; ; {
-		sctx, run := c.startStage(it.ctx, "lease", c.stageOfItem(it))
-		lease, err := l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.ttl)
+		sctx, run := c.startStage(it.ctx, StageLease, l.stageOf(it))
+		lease, err := l.store.Acquire(sctx, c.cfg.name, driver.Claim{ID: it.m.ID, Fingerprint: it.fp}, l.h.Lease)
 		c.endStage(sctx, run, err)
 		if err == nil {
 			return lease, nil
 		}
 		// As for a batch's transaction: an outage pauses the Consumer
 		// instead of spending a delivery on every message in flight.
-		serr := asStoreError("lease", err)
+		serr := asStoreError(StageLease, err)
 		if serr == nil || c.procCtx.Err() != nil {
-			out := c.storeFailure(it.m, "lease", err)
+			out := c.storeFailure(it.m, StageLease, err)
 			return lease, &out
 		}
 		again, stopping := c.awaitStore(serr, &reruns)
 		if stopping {
-			return lease, &Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: "lease",
+			return lease, &Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: StageLease,
 				Err: fmt.Errorf("%w: the store did not answer: %v", ErrShutdown, err)}}
 		}
 		if !again {
-			out := c.storeFailure(it.m, "lease", err)
+			out := c.storeFailure(it.m, StageLease, err)
 			return lease, &out
 		}
 		c.stats.storeRetries.Add(1)
 	}
 }
 
-// releaseLease gives up it's lease, so the message's next delivery takes
+// release gives up it's lease, so the message's next delivery takes
 // it at once instead of waiting for it to expire. A failure only delays
 // that delivery.
-func (c *Consumer[Tx]) releaseLease(it *item) {
+func (l *leased[Tx, R]) release(it *item) {
+	c := l.c
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(it.ctx), c.cfg.settleTimeout)
 	defer cancel()
-	sctx, run := c.startStage(ctx, "release", c.stageOfItem(it))
-	err := c.leased.store.Release(sctx, c.cfg.name, it.lease.ref)
+	sctx, run := c.startStage(ctx, StageRelease, l.stageOf(it))
+	err := l.store.Release(sctx, c.cfg.name, it.lease.ref)
 	c.endStage(sctx, run, err)
 	if err != nil {
 		c.log.Warn("idemq: releasing a lease failed; the message waits for it to expire", "id", shortID(it.m.ID), "err", err)
 	}
 }
 
-// fence ends, inside txn, the leases of the won items that hold one, and
-// takes out of won those whose lease was taken over: their claims are
-// deleted and they are decided Retry.
-func (c *Consumer[Tx]) fence(ctx context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) ([]int, error) {
+// fence ends, inside txn, the leases of the won items, and takes out of
+// won those whose lease was taken over: their claims are deleted and they
+// are decided Retry.
+func (l *leased[Tx, R]) fence(ctx context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) (_ []int, err error) {
+	c := l.c
+	ctx, run := c.startStage(ctx, StageFence, c.stageOf(items, won))
+	defer func() { c.endStage(ctx, run, err) }()
 	f, ok := txn.(driver.Fencer)
 	if !ok {
 		return nil, fmt.Errorf("the store's transactions (%T) cannot fence leases (driver.Fencer)", txn)
@@ -367,7 +376,7 @@ func (c *Consumer[Tx]) fence(ctx context.Context, txn driver.Txn[Tx], items []*i
 			continue
 		}
 		items[i].lease.lost.Store(true)
-		outs[i] = c.storeFailure(items[i].m, "lease", ErrLeaseLost)
+		outs[i] = c.storeFailure(items[i].m, StageLease, ErrLeaseLost)
 		lost = append(lost, items[i].m.ID)
 	}
 	if len(lost) > 0 {
@@ -378,25 +387,22 @@ func (c *Consumer[Tx]) fence(ctx context.Context, txn driver.Txn[Tx], items []*i
 	return keep, nil
 }
 
-// endLeases stops renewing the leases of a decided batch, and releases
+// decided stops renewing the leases of a decided batch, and releases
 // those of messages that were not completed and whose lease is still
 // theirs, so their redeliveries need not wait for it to expire.
-func (c *Consumer[Tx]) endLeases(items []*item, outs []Outcome) {
-	if c.leased == nil {
-		return
-	}
+func (l *leased[Tx, R]) decided(items []*item, outs []Outcome) {
 	for i, it := range items {
 		if it.lease == nil {
 			continue
 		}
-		c.leased.drop(it.lease)
+		l.drop(it.lease)
 		if d := outs[i].Decision; d != Processed && d != Duplicate && !it.lease.lost.Load() {
-			c.releaseLease(it)
+			l.release(it)
 		}
 	}
 }
 
-// stageOfItem is stageOf for one message's own stages.
-func (c *Consumer[Tx]) stageOfItem(it *item) Stage {
-	return c.stageOf([]*item{it}, []int{0})
+// stageOf is the Stage of one message's own stages.
+func (l *leased[Tx, R]) stageOf(it *item) Stage {
+	return l.c.stageOf([]*item{it}, []int{0})
 }

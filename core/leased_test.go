@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/drain"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
@@ -80,11 +84,11 @@ func (o *outcomes) of(id string) []core.Outcome {
 	return append([]core.Outcome(nil), o.all[id]...)
 }
 
-func (e *env) drainLeased(h core.LeasedHandler[*sql.Tx, string], opts ...core.Option) memory.DrainResult {
+func (e *env) drainLeased(h core.LeasedHandler[*sql.Tx, string], opts ...core.Option) drain.Result {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.NewLeased(sub, e.store, h, append([]core.Option{core.WithName("test"), core.WithLogger(quietLogger()), fastBackoff}, opts...)...)
 	})
 	if err != nil {
@@ -254,7 +258,7 @@ func TestLeasedCopyWhileInProgressRetries(t *testing.T) {
 }
 
 // stageCounter counts the ends of the stage name.
-func stageCounter(name string, n *atomic.Int64) core.Observer {
+func stageCounter(name core.StageName, n *atomic.Int64) core.Observer {
 	return stageFunc(func(s core.Stage) {
 		if s.Name == name {
 			n.Add(1)
@@ -437,7 +441,7 @@ func TestNewLeasedValidates(t *testing.T) {
 }
 
 // noLeases hides a store's Leaser.
-type noLeases struct{ core.Store[*sql.Tx] }
+type noLeases struct{ driver.Store[*sql.Tx] }
 
 // A payment whose charge is an HTTP call to a slow provider: the call
 // runs outside any transaction under a lease, and the ledger row commits
@@ -451,14 +455,25 @@ func ExampleNewLeased() {
 		panic(err)
 	}
 	defer store.Close()
-	store.DB().ExecContext(ctx, `CREATE TABLE ledger (message_id TEXT, charge_id TEXT)`)
+	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE ledger (message_id TEXT, charge_id TEXT)`); err != nil {
+		log.Fatal(err)
+	}
 
-	broker, _ := memory.NewBroker()
+	broker, err := memory.NewBroker()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer broker.Close()
-	broker.Publish(ctx, "payments",
+	err = core.NewPublisher(broker).Publish(ctx, "payments",
 		&core.Message{ID: "pay-1", Body: []byte(`{"amount_cents": 1250}`)},
 		&core.Message{ID: "pay-1", Body: []byte(`{"amount_cents": 1250}`)}) // a duplicate
-	sub, _ := broker.Subscribe("payments")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sub, err := broker.Subscribe("payments")
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	// charge stands for a payment API client that sends the idempotency
 	// key its context carries: effects.Keyer.ForMessage puts it there and

@@ -19,16 +19,17 @@ type Observer interface {
 }
 
 // StageObserver is implemented by Observers that also want the store
-// stages of each batch's transaction: "begin", "claim", "handlers",
-// "flush" (only for stores that queue statements and send them apart
-// from the commit; Postgres sends them with it) and "commit". A leased
-// Consumer (NewLeased) adds, per message, "lease" (the short transaction
-// that claims it in progress), "external" (its External call) and
-// "release" (giving its lease up after a failure), and per completion
-// transaction "fence" between "claim" and "handlers".
+// stages of each batch's transaction: StageBegin, StageClaim,
+// StageHandlers, StageFlush (only for stores that queue statements and
+// send them apart from the commit; Postgres sends them with it) and
+// StageCommit. A leased Consumer (NewLeased) adds, per message, StageLease
+// (the short transaction that claims it in progress), StageExternal (its
+// External call) and StageRelease (giving its lease up after a failure),
+// and per completion transaction StageFence between StageClaim and
+// StageHandlers.
 type StageObserver interface {
 	// StartStage returns the context the stage's store call runs under
-	// (for "handlers": a BatchHandler's context).
+	// (for StageHandlers: a BatchHandler's context).
 	StartStage(ctx context.Context, s Stage) context.Context
 	// EndStage gets the context StartStage returned and the stage's
 	// error.
@@ -38,11 +39,11 @@ type StageObserver interface {
 // Stage is one store stage of a batch's transaction, as a StageObserver
 // sees it.
 type Stage struct {
-	// Name is "begin", "claim", "fence", "handlers", "flush" or "commit",
-	// or for one message of a leased Consumer "lease", "external" or
-	// "release".
-	Name string
-	// Messages are the messages the transaction decides (for "handlers"
+	// Name is StageBegin, StageClaim, StageFence, StageHandlers, StageFlush
+	// or StageCommit, or for one message of a leased Consumer StageLease,
+	// StageExternal or StageRelease.
+	Name StageName
+	// Messages are the messages the transaction decides (for StageHandlers
 	// and later stages: those whose claim won), and Contexts their
 	// contexts as StartDecision returned them, index for index. The
 	// stages of one transaction share them: read, never modify.
@@ -128,7 +129,7 @@ func (c *Consumer[Tx]) stageOf(items []*item, idx []int) Stage {
 // startStage tells the stage observers that stage s, named name, begins
 // and returns the context its store call runs under. With no stage
 // observer it returns ctx and allocates nothing.
-func (c *Consumer[Tx]) startStage(ctx context.Context, name string, s Stage) (context.Context, *stageRun) {
+func (c *Consumer[Tx]) startStage(ctx context.Context, name StageName, s Stage) (context.Context, *stageRun) {
 	if len(c.cfg.stageObservers) == 0 {
 		return ctx, nil
 	}
@@ -168,3 +169,32 @@ func (f DecisionFunc) StartDecision(ctx context.Context, _ *Message) context.Con
 
 // EndDecision implements Observer by calling f.
 func (f DecisionFunc) EndDecision(ctx context.Context, m *Message, out Outcome) { f(ctx, m, out) }
+
+// StageName names a step of a message's decision: the stages a
+// StageObserver sees, and the Stage of a DecisionError, which says where a
+// Retry or DeadLetter came from.
+type StageName string
+
+// The stages. Observers see those of a transaction (StageBegin to
+// StageCommit) and of a leased message (StageLease, StageExternal,
+// StageRelease); a DecisionError names the one that failed, or one of
+// those a message is decided at before or beside any transaction
+// (StageID, StageLimits, StageFingerprint, StageHandler, StageSavepoint,
+// StageBatch).
+const (
+	StageID          StageName = "id"          // the message's id is missing or invalid
+	StageLimits      StageName = "limits"      // the message is over its Limits
+	StageBegin       StageName = "begin"       // the transaction begins
+	StageClaim       StageName = "claim"       // the ids are claimed
+	StageFingerprint StageName = "fingerprint" // the id was claimed with another body
+	StageFence       StageName = "fence"       // a leased batch's leases are ended
+	StageHandlers    StageName = "handlers"    // the handlers of a transaction run
+	StageHandler     StageName = "handler"     // one message's handler failed
+	StageSavepoint   StageName = "savepoint"   // a savepoint failed (IsolateSavepoints)
+	StageFlush       StageName = "flush"       // queued statements are sent
+	StageCommit      StageName = "commit"      // the transaction commits
+	StageBatch       StageName = "batch"       // an earlier copy in the same batch was not applied
+	StageLease       StageName = "lease"       // a leased message's claim is taken in progress
+	StageExternal    StageName = "external"    // a leased message's External call runs
+	StageRelease     StageName = "release"     // a failed leased message's lease is given up
+)

@@ -4,27 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"reflect"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/registry"
 )
-
-// Message is one received message as handlers and observers see it,
-// whatever broker it came from.
-type Message = driver.Message
-
-// Source is a broker's stream of deliveries, as OpenSource or an adapter's
-// constructor returns it; the Consumer takes it.
-type Source = driver.Source
-
-// Store is a dedup store, as OpenStore or a store's constructor returns it:
-// the Consumer takes it, Close releases it, and As hands out its pool.
-type Store[Tx any] = driver.Store[Tx]
-
-// Publisher sends messages to a broker with their ids and trace context;
-// Publish with destination "" sends to the destination it was opened for.
-type Publisher = driver.Publisher
 
 // OpenOption configures what OpenSource and OpenPublisher open, beside the
 // URL.
@@ -47,45 +33,34 @@ func openConfig(opts []OpenOption) driver.OpenConfig {
 }
 
 // OpenSource opens the broker adapter registered for rawURL's scheme
-// (amqp://, kafka://, sqs://, mem://, …). Errors never contain credentials.
-func OpenSource(ctx context.Context, rawURL string, opts ...OpenOption) (Source, error) {
-	return driver.OpenSource(ctx, rawURL, openConfig(opts))
-}
-
-// OpenPublisher opens a publisher for rawURL's broker and destination.
+// (amqp://, kafka://, sqs://, nats://, mem://, …; import the adapter's
+// package to register it). The Consumer takes the source; Run closes it.
 // Errors never contain credentials.
-func OpenPublisher(ctx context.Context, rawURL string, opts ...OpenOption) (Publisher, error) {
-	return driver.OpenPublisher(ctx, rawURL, openConfig(opts))
-}
-
-// DeadLetterQueue is an operator's handle on a consumer's dead letters:
-// Scan, Redrive and Purge, as the idemq command's dlq subcommands use it.
-type DeadLetterQueue = driver.DeadLetterQueue
-
-// Parked is one dead-lettered message, as DeadLetterQueue.Scan reports it.
-type Parked = driver.Parked
-
-// OpenDeadLetters opens the dead-letter queue of the consumer rawURL
-// describes (the URL its source is opened with), so a service can list,
-// redrive and purge its dead letters itself. Errors never contain
-// credentials.
-func OpenDeadLetters(ctx context.Context, rawURL string, opts ...OpenOption) (DeadLetterQueue, error) {
-	return driver.OpenDeadLetters(ctx, rawURL, openConfig(opts))
+func OpenSource(ctx context.Context, rawURL string, opts ...OpenOption) (driver.Source, error) {
+	cfg := openConfig(opts)
+	src, _, err := registry.Open(registry.Sources, rawURL, "broker", func(o any, u *url.URL) (driver.Source, error) {
+		return o.(driver.SourceOpener)(ctx, u, cfg)
+	})
+	return src, err
 }
 
 // OpenStore opens the store registered for rawURL's scheme (postgres://,
 // mysql://, sqlite://, …) and checks that its handlers take transactions of
-// type Tx: pgx.Tx for Postgres, *sql.Tx for MySQL and SQLite. Errors never
-// contain credentials.
-func OpenStore[Tx any](ctx context.Context, rawURL string) (Store[Tx], error) {
-	s, err := driver.OpenStore(ctx, rawURL)
+// type Tx: pgx.Tx for Postgres, *sql.Tx for MySQL and SQLite. The store's
+// Close releases it and As hands out its pool. Errors never contain
+// credentials.
+func OpenStore[Tx any](ctx context.Context, rawURL string) (driver.Store[Tx], error) {
+	s, u, err := registry.Open(registry.Stores, rawURL, "store", func(o any, u *url.URL) (any, error) {
+		return o.(driver.StoreOpener)(ctx, u)
+	})
 	if err != nil {
 		return nil, err
 	}
-	store, ok := s.(Store[Tx])
+	store, ok := s.(driver.Store[Tx])
 	if !ok {
-		s.Close()
-		u, _ := redact.ParseURL(rawURL)
+		if c, ok := s.(interface{ Close() error }); ok {
+			c.Close()
+		}
 		return nil, fmt.Errorf("idemq: store %s:// gives handlers a %s, not a %s", u.Scheme, txTypeOf(s), reflect.TypeFor[Tx]())
 	}
 	return store, nil
@@ -102,6 +77,50 @@ func txTypeOf(s any) string {
 	}
 	return "different transaction type"
 }
+
+// Publisher sends messages to a broker, each with its business id where
+// the broker carries it and the caller's trace context in its headers.
+type Publisher struct {
+	p driver.Publisher
+}
+
+// OpenPublisher opens a publisher for rawURL's broker and destination (the
+// URL a source of the same queue or topic is opened with). Errors never
+// contain credentials.
+func OpenPublisher(ctx context.Context, rawURL string, opts ...OpenOption) (*Publisher, error) {
+	cfg := openConfig(opts)
+	p, _, err := registry.Open(registry.Publishers, rawURL, "publisher", func(o any, u *url.URL) (driver.Publisher, error) {
+		return o.(driver.PublisherOpener)(ctx, u, cfg)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher{p: p}, nil
+}
+
+// NewPublisher wraps a broker adapter's publisher (rabbitmq.NewPublisher,
+// kafka.NewPublisher, …).
+func NewPublisher(p driver.Publisher) *Publisher { return &Publisher{p: p} }
+
+// Publish sends msgs to destination (a queue, topic, subject or routing key
+// in the broker's terms) or, when destination is "", to the destination
+// the Publisher was opened for. It returns only after the broker confirmed
+// every message. An error marked Permanent is one no retry can change (no
+// queue bound, a message too large).
+func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*Message) error {
+	dm := make([]*driver.Message, len(msgs))
+	for i, m := range msgs {
+		dm[i] = (*driver.Message)(m)
+	}
+	return p.p.Publish(ctx, destination, dm...)
+}
+
+// Close releases the Publisher's connections.
+func (p *Publisher) Close() error { return p.p.Close() }
+
+// Driver returns the adapter's publisher, for what works in the driver's
+// terms: the outbox relay (outbox.NewRelay) takes it.
+func (p *Publisher) Driver() driver.Publisher { return p.p }
 
 // Redact returns rawURL with its password and any secret-looking query
 // parameter (password, secret, token, key, sasl…) replaced by "xxxxx", for

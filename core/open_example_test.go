@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/idemq/idemq/admin"
 	_ "github.com/idemq/idemq/brokers/memory" // mem://
 	"github.com/idemq/idemq/core"
 )
@@ -35,13 +36,13 @@ func ExampleOpenSource() {
 // imported, as for OpenSource.
 func ExampleOpenDeadLetters() {
 	ctx := context.Background()
-	q, err := core.OpenDeadLetters(ctx, os.Getenv("PAYMENTS_BROKER_URL"))
+	q, err := admin.OpenDeadLetters(ctx, os.Getenv("PAYMENTS_BROKER_URL"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer q.Close()
-	badDeploy := func(p *core.Parked) bool { return strings.Contains(p.Cause, "unknown currency") }
+	badDeploy := func(p *admin.Parked) bool { return strings.Contains(p.Cause, "unknown currency") }
 	n, err := q.Redrive(ctx, badDeploy, nil)
 	fmt.Printf("redrove %d from %s: %v\n", n, q.Name(), err)
 }

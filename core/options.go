@@ -33,6 +33,7 @@ type config struct {
 	observers       []Observer
 	stageObservers  []StageObserver
 	handlerMW       []HandlerMiddleware
+	externalMW      []ExternalMiddleware
 	fingerprint     func([]byte) string
 	mismatch        Decision
 	isolation       Isolation
@@ -47,8 +48,7 @@ const (
 	// IsolateReplay runs the handlers of a batch with no savepoints. When
 	// one fails, the whole transaction rolls back and the batch runs again
 	// in a new one without the failed message. Nothing extra is sent while
-	// handlers succeed, which is what batch throughput needs (measured on
-	// Postgres at batch 200: about 4.5× IsolateSavepoints); the price is
+	// handlers succeed, which is what batch throughput needs; the price is
 	// that on a failure the other handlers run again (their first run was
 	// rolled back and left no trace). Handlers must keep every effect in
 	// the transaction, as they must anyway for redeliveries. Default.
@@ -104,17 +104,18 @@ func WithConcurrency(n int) Option {
 
 // WithWindow caps the messages received but not yet settled: memory stays
 // bounded by it whatever the queue depth, and adapters use it as their
-// prefetch. Default 4 × batch size × concurrency, at least 8: the broker
-// keeps sending while a batch is decided and its acks travel back, so the
-// next batch is full when the worker is free (at 2 × batch size the
-// RabbitMQ → Postgres benchmark ran ~10% slower, credit-bound).
+// prefetch. Under NewLeased it also bounds the External calls in flight.
+// Default 4 × batch size × concurrency, at least 8: the broker keeps
+// sending while a batch is decided and its acks travel back, so the next
+// batch is full when the worker is free.
 func WithWindow(n int) Option {
 	return set("WithWindow", option.AtLeast(n, 1), func(c *config) { c.window = n })
 }
 
 // WithBatchSize sets how many messages at most share one transaction: one
-// multi-row claim, a savepoint per message, one commit, one batch ack.
-// Default 1, which is exactly the one-transaction-per-message pattern.
+// multi-row claim, the handlers (WithIsolation says how a failing one is
+// kept from the others), one commit, one batch ack. Default 1, which is
+// exactly the one-transaction-per-message pattern.
 func WithBatchSize(n int) Option {
 	return set("WithBatchSize", option.Range(n, 1, 10000), func(c *config) { c.batchSize = n })
 }
@@ -244,9 +245,10 @@ func WithLogger(l *slog.Logger) Option {
 	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger = l })
 }
 
-// WithHandlerMiddleware appends middleware around the handler inside the
-// transaction, a Handler's or a BatchHandler's; the first given is the
-// outermost.
+// WithHandlerMiddleware appends middleware around what runs inside the
+// transaction: a Handler, a BatchHandler, or a leased consumer's
+// Complete. It never wraps a leased consumer's External call (see
+// WithExternalMiddleware). The first given is the outermost.
 func WithHandlerMiddleware(mws ...HandlerMiddleware) Option {
 	return func(c *config) error {
 		for i, mw := range mws {
@@ -255,6 +257,21 @@ func WithHandlerMiddleware(mws ...HandlerMiddleware) Option {
 			}
 		}
 		c.handlerMW = append(c.handlerMW, mws...)
+		return nil
+	}
+}
+
+// WithExternalMiddleware appends middleware around a leased consumer's
+// External call, which runs outside any transaction (NewLeased); the first
+// given is the outermost. New and NewBatch refuse it.
+func WithExternalMiddleware(mws ...ExternalMiddleware) Option {
+	return func(c *config) error {
+		for i, mw := range mws {
+			if mw == nil {
+				return optErr("WithExternalMiddleware", "middleware %d is nil", i)
+			}
+		}
+		c.externalMW = append(c.externalMW, mws...)
 		return nil
 	}
 }

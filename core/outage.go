@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemq/idemq/internal/retry"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +25,7 @@ import (
 // storeError is a transaction that failed at a step of the store's own
 // (begin, claim, commit), not in a handler.
 type storeError struct {
-	stage string
+	stage StageName
 	err   error
 	// handler is set when a handler (or its flush) failed: that is the
 	// store's trouble only if the store does not answer a probe either.
@@ -106,10 +107,10 @@ func (c *Consumer[Tx]) awaitStore(serr *storeError, reruns *int) (again, stoppin
 // the pause by closing up; it gives up when the Consumer stops.
 func (c *Consumer[Tx]) probeUntilUp(up chan struct{}) {
 	o := &c.outage
-	bo := driver.NewBackoff(c.cfg.probeFirst, c.cfg.probeMax)
+	bo := retry.New(c.cfg.probeFirst, c.cfg.probeMax)
 	probes := 1
 	for {
-		if !driver.Sleep(c.stopping, bo.Next()) {
+		if !retry.Sleep(c.stopping, bo.Next()) {
 			return
 		}
 		probes++
@@ -153,7 +154,7 @@ func (c *Consumer[Tx]) storeShutdown(items []*item, g []int, outs []Outcome, ser
 }
 
 // asStoreError reports a store step's transient failure as a *storeError.
-func asStoreError(stage string, err error) *storeError {
+func asStoreError(stage StageName, err error) *storeError {
 	if err == nil || IsPermanent(err) || errors.Is(err, ErrShutdown) {
 		return nil
 	}
@@ -163,7 +164,7 @@ func asStoreError(stage string, err error) *storeError {
 // asHandlerError reports a handler's transient failure as a *storeError
 // to check the store against.
 func asHandlerError(err error) *storeError {
-	if s := asStoreError("handler", err); s != nil {
+	if s := asStoreError(StageHandler, err); s != nil {
 		s.handler = true
 		return s
 	}
@@ -176,7 +177,7 @@ func (c *Consumer[Tx]) handlerTrouble(items []*item, won []int, outs []Outcome) 
 	for _, i := range won {
 		if o := outs[i]; o.Decision == Retry && o.Err != nil {
 			var de *DecisionError
-			if errors.As(o.Err, &de) && de.Stage == "handler" {
+			if errors.As(o.Err, &de) && de.Stage == StageHandler {
 				return asHandlerError(de.Err)
 			}
 		}

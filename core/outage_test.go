@@ -17,7 +17,7 @@ import (
 // transaction, as a database that stopped answering does. It counts the
 // transactions asked for.
 type downStore struct {
-	core.Store[*sql.Tx]
+	driver.Store[*sql.Tx]
 	down   atomic.Bool
 	begins atomic.Int64
 }

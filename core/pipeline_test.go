@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/middleware/recovery"
@@ -65,7 +67,7 @@ func (e *env) publish(ids ...string) {
 	for i, id := range ids {
 		msgs[i] = &core.Message{ID: id, Body: []byte("body-" + id)}
 	}
-	if err := e.broker.Publish(context.Background(), e.queue, msgs...); err != nil {
+	if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, msgs...); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -117,11 +119,11 @@ func (e *env) assertExactlyOnce(want []string) {
 // runUntilIdle runs consumers (a new one after each simulated crash) until
 // the queue has nothing ready, delayed or in flight. It fails the test after
 // timeout.
-func (e *env) runUntilIdle(timeout time.Duration, h core.Handler[*sql.Tx], opts ...core.Option) memory.DrainResult {
+func (e *env) runUntilIdle(timeout time.Duration, h core.Handler[*sql.Tx], opts ...core.Option) drain.Result {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	res, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](sub, e.store, h, append([]core.Option{core.WithName("test"), core.WithLogger(quietLogger())}, opts...)...)
 	})
 	if err != nil {
@@ -434,7 +436,7 @@ func TestBatchHandler(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(50),
 			core.WithLinger(100*time.Millisecond), core.WithLogger(quietLogger()))
 	})
@@ -536,7 +538,7 @@ func testBadIDs(t *testing.T, watch bool) {
 		{ID: "nul\x00byte", Body: []byte("nul")},
 		{ID: string([]byte{0xff, 0xfe, 'a'}), Body: []byte("utf8")},
 	}
-	if err := e.broker.Publish(context.Background(), e.queue, bad...); err != nil {
+	if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, bad...); err != nil {
 		t.Fatal(err)
 	}
 	e.publish("good")
@@ -589,7 +591,7 @@ func TestIDFunc(t *testing.T) {
 		{Headers: map[string]string{"biz-id": "order-1"}, Body: []byte("a")},
 		{Body: []byte("headerless")},
 	}
-	if err := e.broker.Publish(context.Background(), e.queue, msgs...); err != nil {
+	if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, msgs...); err != nil {
 		t.Fatal(err)
 	}
 	idf := func(m *core.Message) (string, error) {
@@ -618,7 +620,7 @@ func TestFingerprintMismatch(t *testing.T) {
 			e.publish("same")
 			e.runUntilIdle(30*time.Second, applyEffect, core.WithMismatchDecision(policy))
 			// Once in a later delivery, once twice within one batch.
-			if err := e.broker.Publish(context.Background(), e.queue,
+			if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue,
 				&core.Message{ID: "same", Body: []byte("other body")},
 				&core.Message{ID: "x", Body: []byte("1")}, &core.Message{ID: "x", Body: []byte("2")}); err != nil {
 				t.Fatal(err)
@@ -667,7 +669,7 @@ func TestPanickingHandlerIsRetried(t *testing.T) {
 func TestObserversSeeEveryDecision(t *testing.T) {
 	e := newEnv(t)
 	e.publish("a", "a", "b")
-	if err := e.broker.Publish(context.Background(), e.queue, &core.Message{Body: []byte("no id")}); err != nil {
+	if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, &core.Message{Body: []byte("no id")}); err != nil {
 		t.Fatal(err)
 	}
 	type outerKey struct{}
@@ -715,7 +717,7 @@ func TestStagesAreObserved(t *testing.T) {
 	obs := &stageCtx{recorder: &recorder{name: "obs", ctxKey: key{}}}
 	var sawStageCtx atomic.Int32
 	bh := func(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
-		if ctx.Value(stageKey{}) == "handlers" {
+		if ctx.Value(stageKey{}) == core.StageHandlers {
 			sawStageCtx.Add(1)
 		}
 		for _, m := range msgs {
@@ -727,7 +729,7 @@ func TestStagesAreObserved(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	if _, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(10),
 			core.WithLinger(200*time.Millisecond), core.WithLogger(quietLogger()), core.WithObserver(obs))
 	}); err != nil {
@@ -736,7 +738,7 @@ func TestStagesAreObserved(t *testing.T) {
 	e.assertExactlyOnce(want)
 	var names []string
 	for _, s := range obs.stages {
-		names = append(names, s.Name)
+		names = append(names, string(s.Name))
 		if len(s.Messages) != 10 || len(s.Contexts) != 10 {
 			t.Errorf("stage %s: %d messages, %d contexts, want 10", s.Name, len(s.Messages), len(s.Contexts))
 			continue
@@ -786,7 +788,7 @@ func TestBatchHandlerPanicIsRecovered(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(8),
 			core.WithLinger(200*time.Millisecond), core.WithLogger(quietLogger()),
 			core.WithHandlerMiddleware(recovery.New(quietLogger())))

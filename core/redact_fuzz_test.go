@@ -147,8 +147,10 @@ func registerQuotingDriver() {
 			return fmt.Errorf("dial %s: refused (user %s, password %s, query %s)", u, u.User.Username(), pw, u.Query())
 		}
 		driver.RegisterBroker("fuzzq",
-			func(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) { return nil, quote(u) },
-			func(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) { return nil, quote(u) })
+			func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) { return nil, quote(u) },
+			func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+				return nil, quote(u)
+			})
 		driver.RegisterStore("fuzzq", func(_ context.Context, u *url.URL) (any, error) { return nil, quote(u) })
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/brokers/memory"
@@ -63,7 +65,7 @@ func TestStalledSettlementDoesNotHoldUpOthers(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			start := time.Now()
-			_, err := memory.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+			_, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 				src.Subscription = sub
 				return core.New[*sql.Tx](src, e.store, applyEffect, append([]core.Option{
 					core.WithName("test"), core.WithLogger(quietLogger()), core.WithWindow(len(want)), core.WithConcurrency(4)}, pl.opts...)...)
@@ -156,11 +158,11 @@ func TestDeadLetteredCountsParkedMessagesOnce(t *testing.T) {
 // (driver.IDErrorer), as a header of the wrong type.
 type unreadableID struct {
 	driver.Delivery
-	m *core.Message
+	m *driver.Message
 }
 
-func (d unreadableID) Message() *core.Message { return d.m }
-func (d unreadableID) IDError() error         { return errors.New(`id header "MessageId" holds a bool`) }
+func (d unreadableID) Message() *driver.Message { return d.m }
+func (d unreadableID) IDError() error           { return errors.New(`id header "MessageId" holds a bool`) }
 
 // The adapter's reason for an unusable id is the dead letter's cause.
 func TestDeadLetterCauseSaysWhyTheIDWasUnusable(t *testing.T) {

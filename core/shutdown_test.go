@@ -109,7 +109,7 @@ func TestShutdownDeadlineRollsBackAndLeavesUnacked(t *testing.T) {
 // commit (nothing lands) or after it (the commit landed but the caller sees
 // an error, as when the connection drops on the way back).
 type faultyStore struct {
-	core.Store[*sql.Tx]
+	driver.Store[*sql.Tx]
 	failBefore, failAfter atomic.Int32 // how many commits to fail
 }
 

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -204,7 +206,7 @@ func TestRememberInConsumer(t *testing.T) {
 			defer b.Close()
 			const orders = 5
 			for i := range orders {
-				b.Publish(ctx, "orders", &core.Message{ID: fmt.Sprint("order-", i), Body: []byte("{}")})
+				core.NewPublisher(b).Publish(ctx, "orders", &core.Message{ID: fmt.Sprint("order-", i), Body: []byte("{}")})
 			}
 			var attempts sync.Map
 			var wrongKey atomic.Int64
@@ -228,7 +230,7 @@ func TestRememberInConsumer(t *testing.T) {
 				}
 				return nil
 			}
-			res, err := memory.Drain(ctx, b, "orders", func(s *memory.Subscription) (*core.Consumer[pgx.Tx], error) {
+			res, err := drain.Drain(ctx, b, "orders", func(s *memory.Subscription) (*core.Consumer[pgx.Tx], error) {
 				return core.New[pgx.Tx](s, store, handler, core.WithName("billing"),
 					core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 			})

@@ -75,7 +75,7 @@
 //
 // Messages are core.Messages once published: ID, Key, Headers and Body as
 // written; the trace context of the writing transaction's context is in
-// the headers. The relay publishes through a core.Publisher, the one shape
+// the headers. The relay publishes through a driver.Publisher, the one shape
 // every broker's publisher has: rabbitmq.Publisher (destination: routing
 // key), kafka.Publisher (topic), sqs.Publisher (queue name or URL) and
 // memory.Broker take the row's destination as it is; Destinations maps

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	_ "github.com/idemq/idemq/brokers/memory" // registers mem://
+	"github.com/idemq/idemq/core/driver"
 
 	"context"
 	"log"
@@ -22,6 +23,6 @@ func ExampleDestinations() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	pub := outbox.Destinations(map[string]core.Publisher{"orders": orders, "emails": emails})
+	pub := outbox.Destinations(map[string]driver.Publisher{"orders": orders.Driver(), "emails": emails.Driver()})
 	_ = pub // pass to pgoutbox.Outbox.NewRelay or mysqloutbox.Outbox.NewRelay
 }

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // MaxIDLength is the longest message id Write accepts, in bytes; the id
@@ -35,7 +35,7 @@ type Message struct {
 	Destination string
 	// Key is the ordering key: messages with the same key are published in
 	// commit order. Empty: no ordering with other messages. It is also
-	// passed on as core.Message.Key (Kafka key, SQS MessageGroupId).
+	// passed on as driver.Message.Key (Kafka key, SQS MessageGroupId).
 	Key string
 	// Headers are sent as message headers. Write adds the trace context
 	// of its ctx through OpenTelemetry's global propagator, which sends
@@ -95,31 +95,31 @@ type Row struct {
 }
 
 // coreMessage is the message the relay publishes for r.
-func (r *Row) coreMessage() *core.Message {
-	return &core.Message{ID: r.ID, Key: r.Key, Headers: r.Headers, Body: r.Body}
+func (r *Row) coreMessage() *driver.Message {
+	return &driver.Message{ID: r.ID, Key: r.Key, Headers: r.Headers, Body: r.Body}
 }
 
-// PublisherFunc adapts a function to a core.Publisher for the relay; its
+// PublisherFunc adapts a function to a driver.Publisher for the relay; its
 // Close does nothing.
-type PublisherFunc func(ctx context.Context, destination string, msgs ...*core.Message) error
+type PublisherFunc func(ctx context.Context, destination string, msgs ...*driver.Message) error
 
 // Publish calls f.
-func (f PublisherFunc) Publish(ctx context.Context, destination string, msgs ...*core.Message) error {
+func (f PublisherFunc) Publish(ctx context.Context, destination string, msgs ...*driver.Message) error {
 	return f(ctx, destination, msgs...)
 }
 
-// Close implements core.Publisher; it does nothing.
+// Close implements driver.Publisher; it does nothing.
 func (f PublisherFunc) Close() error { return nil }
 
-// Destinations returns a core.Publisher that sends each destination's
+// Destinations returns a driver.Publisher that sends each destination's
 // messages through its own publisher, to that publisher's default
 // destination: for publishers opened by URL (core.OpenPublisher), one per
 // destination. A destination missing from the map fails the publish (the
 // rows stay pending and are retried), naming it. Its Close does nothing:
 // the publishers stay the caller's to close.
-func Destinations(pubs map[string]core.Publisher) core.Publisher {
+func Destinations(pubs map[string]driver.Publisher) driver.Publisher {
 	pubs = maps.Clone(pubs)
-	return PublisherFunc(func(ctx context.Context, destination string, msgs ...*core.Message) error {
+	return PublisherFunc(func(ctx context.Context, destination string, msgs ...*driver.Message) error {
 		p, ok := pubs[destination]
 		if !ok {
 			return fmt.Errorf("outbox: no publisher for destination %q", destination)

@@ -21,7 +21,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemq/idemq/brokers/memory"
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 func TestPrepare(t *testing.T) {
@@ -63,18 +63,18 @@ func TestPrepare(t *testing.T) {
 func TestDestinations(t *testing.T) {
 	b, _ := memory.NewBroker()
 	defer b.Close()
-	p := Destinations(map[string]core.Publisher{"orders": b.Publisher("q-orders"), "mail": b.Publisher("q-mail")})
+	p := Destinations(map[string]driver.Publisher{"orders": b.Publisher("q-orders"), "mail": b.Publisher("q-mail")})
 	ctx := context.Background()
-	if err := p.Publish(ctx, "orders", &core.Message{ID: "1"}, &core.Message{ID: "2"}); err != nil {
+	if err := p.Publish(ctx, "orders", &driver.Message{ID: "1"}, &driver.Message{ID: "2"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Publish(ctx, "mail", &core.Message{ID: "3"}); err != nil {
+	if err := p.Publish(ctx, "mail", &driver.Message{ID: "3"}); err != nil {
 		t.Fatal(err)
 	}
 	if b.Len("q-orders") != 2 || b.Len("q-mail") != 1 {
 		t.Fatalf("queues hold %d and %d", b.Len("q-orders"), b.Len("q-mail"))
 	}
-	if err := p.Publish(ctx, "billing", &core.Message{ID: "4"}); err == nil || !strings.Contains(err.Error(), `"billing"`) {
+	if err := p.Publish(ctx, "billing", &driver.Message{ID: "4"}); err == nil || !strings.Contains(err.Error(), `"billing"`) {
 		t.Fatalf("unknown destination: %v", err)
 	}
 }
@@ -150,7 +150,7 @@ func (s *failingStore) Prune(context.Context, time.Time, int) (int, error)    { 
 // at most WithMaxBackoff, even when that is below the first backoff.
 func TestRunBackoffCappedByMaxBackoff(t *testing.T) {
 	st := &failingStore{}
-	r, err := NewRelay(st, PublisherFunc(func(context.Context, string, ...*core.Message) error { return nil }),
+	r, err := NewRelay(st, PublisherFunc(func(context.Context, string, ...*driver.Message) error { return nil }),
 		WithMaxBackoff(10*time.Millisecond), WithPollInterval(time.Hour), WithRetention(0),
 		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
@@ -191,7 +191,7 @@ func TestIsolateParksOnlyTheFailingRow(t *testing.T) {
 		{Seq: 4, ID: "other", Destination: "d", Attempts: 0},
 	}}
 	var calls [][]string
-	pub := PublisherFunc(func(_ context.Context, _ string, msgs ...*core.Message) error {
+	pub := PublisherFunc(func(_ context.Context, _ string, msgs ...*driver.Message) error {
 		var ids []string
 		for _, m := range msgs {
 			ids = append(ids, m.ID)
@@ -245,7 +245,7 @@ func TestCauseIsCutAtACharacter(t *testing.T) {
 // WithMaxAttempts(0) never parks, however often a row failed.
 func TestMaxAttemptsZeroNeverParks(t *testing.T) {
 	st := &oneClaim{rows: []*Row{{Seq: 1, ID: "a", Destination: "d", Attempts: 1000}}}
-	pub := PublisherFunc(func(context.Context, string, ...*core.Message) error { return errors.New("rejected") })
+	pub := PublisherFunc(func(context.Context, string, ...*driver.Message) error { return errors.New("rejected") })
 	r, err := NewRelay(st, pub, WithMaxAttempts(0), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)

@@ -10,19 +10,20 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
 // firstBackoff is about the first wait after a failed claim or a lost
 // listener connection (or the poll interval or the maximum backoff, if
 // shorter); it doubles, with jitter, up to the maximum backoff
-// (driver.Backoff), which no wait exceeds.
+// (retry.Backoff), which no wait exceeds.
 const firstBackoff = 100 * time.Millisecond
 
 // finishTimeout bounds marking rows sent after the broker confirmed them;
@@ -36,7 +37,7 @@ const finishTimeout = 10 * time.Second
 // documentation). Its methods are safe for concurrent use.
 type Relay struct {
 	store Store
-	pub   core.Publisher
+	pub   driver.Publisher
 	cfg   config
 	wake  chan struct{}
 
@@ -72,7 +73,7 @@ type RelayStats struct {
 
 // NewRelay returns a relay that moves rows of store to pub. It returns an
 // error naming the option when one is invalid.
-func NewRelay(store Store, pub core.Publisher, opts ...Option) (*Relay, error) {
+func NewRelay(store Store, pub driver.Publisher, opts ...Option) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("outbox: NewRelay: nil store")
 	}
@@ -153,7 +154,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.prune(ctx) }()
 	}
 
-	backoff := driver.NewBackoff(min(r.cfg.poll, firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
+	backoff := retry.New(min(r.cfg.poll, firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
 	for {
 		n, err := r.RunOnce(ctx)
 		if ctx.Err() != nil {
@@ -164,7 +165,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.cfg.logger.Warn("outbox: relay batch failed; rows stay pending", "relay", r.cfg.name, "published", n, "error", err, "retry_in", wait)
 			// A notification does not cut the backoff short: the broker
 			// is probably still down.
-			if !driver.Sleep(ctx, wait) {
+			if !retry.Sleep(ctx, wait) {
 				return nil
 			}
 			continue
@@ -269,10 +270,10 @@ func (r *Relay) due(row *Row) bool {
 }
 
 // parksAtOnce reports whether a publish that failed with err parks its
-// row at once: the publisher marked err permanent (core.Permanent) and
+// row at once: the publisher marked err permanent (driver.Permanent) and
 // parking is on.
 func (r *Relay) parksAtOnce(err error) bool {
-	return r.cfg.maxAttempts > 0 && core.IsPermanent(err)
+	return r.cfg.maxAttempts > 0 && driver.IsPermanent(err)
 }
 
 // isolate publishes the rows of g, whose publish together failed with
@@ -339,7 +340,7 @@ func Cause(err error) string {
 
 // publish publishes rows to dest in one call.
 func (r *Relay) publish(ctx context.Context, dest string, rows []*Row) error {
-	msgs := make([]*core.Message, len(rows))
+	msgs := make([]*driver.Message, len(rows))
 	for i, row := range rows {
 		msgs[i] = row.coreMessage()
 	}
@@ -383,7 +384,7 @@ func byDestination(rows []*Row) []destGroup {
 // listen keeps the store's notification listener running until ctx is
 // done, reconnecting with a backoff; polling covers the gaps.
 func (r *Relay) listen(ctx context.Context, n Notifier) {
-	backoff := driver.NewBackoff(min(firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
+	backoff := retry.New(min(firstBackoff, r.cfg.maxBackoff), r.cfg.maxBackoff)
 	for {
 		start := time.Now()
 		err := n.Listen(ctx, r.Wake)
@@ -395,7 +396,7 @@ func (r *Relay) listen(ctx context.Context, n Notifier) {
 		}
 		wait := backoff.Next()
 		r.cfg.logger.Warn("outbox: notification listener stopped; polling meanwhile", "relay", r.cfg.name, "error", err, "retry_in", wait)
-		if !driver.Sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return
 		}
 	}

@@ -63,7 +63,7 @@ func TestSASLOverTLS(t *testing.T) {
 			}
 			defer pub.Close()
 			id := "sasl-" + mech.Name()
-			if err := pub.Publish(ctx, "", &core.Message{ID: id, Body: []byte("over TLS and SASL")}); err != nil {
+			if err := core.NewPublisher(pub).Publish(ctx, "", &core.Message{ID: id, Body: []byte("over TLS and SASL")}); err != nil {
 				t.Fatalf("publish: %v", err)
 			}
 			src, err := kafka.Open(ctx, addr, kafka.WithTopic(topic), kafka.WithGroup("g-"+mech.Name()), kafka.WithDialer(d),

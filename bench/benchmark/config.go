@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 )
 
 // Names of the configurations Run knows. Baselines are written by hand on
@@ -165,12 +165,12 @@ type Config struct {
 	// table before measuring. Default 10,000,000.
 	GrowthRows int
 	// PruneBatch is the rows per Prune call while GrowthScenario prunes
-	// those rows (one driver.PruneSchedule round, as a service's
-	// driver.RunPruner does).
+	// those rows (one admin.Prune round, as a service's
+	// a store's RunPruner does).
 	// Default 1,000, the batch of idemq prune.
 	PruneBatch int
 	// PruneDuty is the fraction of the prune's time spent deleting
-	// (driver.PruneSchedule.Duty). Default driver.DefaultPruneDuty.
+	// (admin.PruneOptions.Duty). Default admin.DefaultPruneDuty.
 	PruneDuty float64
 	// ProviderDelay is how long the fake payment provider of
 	// LeasedScenario takes to answer each charge. Default 300ms.
@@ -284,7 +284,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.PruneBatch: %d is outside 1..1000000", c.PruneBatch)
 	}
 	if c.PruneDuty == 0 {
-		c.PruneDuty = driver.DefaultPruneDuty
+		c.PruneDuty = admin.DefaultPruneDuty
 	}
 	if !(c.PruneDuty > 0 && c.PruneDuty <= 1) {
 		return c, fmt.Errorf("benchmark: Config.PruneDuty: %v is outside (0, 1]", c.PruneDuty)

@@ -56,7 +56,7 @@
 // compares peak RSS with 10,000 and 1,000,000 messages queued.
 // GrowthScenario fills a dedup table with Config.GrowthRows old rows,
 // compares idemq batch throughput on it with an empty table, then holds
-// the paced p99 while driver.PruneSchedule.Round deletes those rows
+// the paced p99 while admin.Prune deletes those rows
 // (Config.PruneBatch a statement, Config.PruneDuty of the time) against
 // the p99 of a paced phase as long with nothing else running.
 // LeasedScenario (Postgres only) gives each message a slow external

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/middleware/metrics"
 	"github.com/idemq/idemq/middleware/tracing"
 	"github.com/idemq/idemq/stores/postgres"
@@ -121,12 +122,12 @@ func idemqOptions(e *runEnv, _ *tracker, name string, stages *stageTimer) ([]cor
 }
 
 // consumerFor builds the Consumer a configuration runs over src and store.
-type consumerFor[T any] func(src core.Source, store core.Store[T]) (*core.Consumer[T], error)
+type consumerFor[T any] func(src driver.Source, store driver.Store[T]) (*core.Consumer[T], error)
 
 // handlers is the consumerFor of the per-message handler h (core.New) or,
 // when bh is set, of the batch handler bh (core.NewBatch), with opts.
 func handlers[T any](opts []core.Option, h core.Handler[T], bh core.BatchHandler[T]) consumerFor[T] {
-	return func(src core.Source, store core.Store[T]) (*core.Consumer[T], error) {
+	return func(src driver.Source, store driver.Store[T]) (*core.Consumer[T], error) {
 		if bh != nil {
 			return core.NewBatch(src, store, bh, opts...)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/effects"
 	"github.com/idemq/idemq/effects/effectstest"
 	"github.com/idemq/idemq/stores/postgres"
@@ -158,7 +159,7 @@ func (p *pgStore) runLeased(ctx context.Context, e *runEnv, t *tracker, name str
 		}, nil)
 	} else {
 		opts = append(opts, core.WithWindow(leasedWindow), core.WithBatchSize(leasedBatch), core.WithConcurrency(leasedWorkers))
-		build = func(src core.Source, store core.Store[pgx.Tx]) (*core.Consumer[pgx.Tx], error) {
+		build = func(src driver.Source, store driver.Store[pgx.Tx]) (*core.Consumer[pgx.Tx], error) {
 			return core.NewLeased(src, store, core.LeasedHandler[pgx.Tx, string]{External: cl.charge, Complete: book}, opts...)
 		}
 	}

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
-	"github.com/idemq/idemq/core"
 )
 
 // recordingSource records each message's decision when idemq settles it:
@@ -15,7 +13,7 @@ import (
 // ack. Recording there instead of in an observer keeps the bare idemq
 // configurations free of any observer, as a service without tracing is.
 type recordingSource struct {
-	core.Source
+	driver.Source
 	t *tracker
 }
 

@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 
 	"github.com/jackc/pgx/v5"
 
@@ -48,7 +48,7 @@ var quietPaced = 60 * time.Second
 // growthScenario compares idemq batch throughput on an empty dedup table
 // with the same on a table already holding Config.GrowthRows old rows (of
 // another consumer, 30 days old), then measures the paced p99 while those
-// rows are pruned the way driver.RunPruner does it (Config.PruneBatch rows a
+// rows are pruned the way a store's RunPruner does it (Config.PruneBatch rows a
 // statement, resting between statements) against the p99 of a paced phase
 // as long on the full table with nothing else running.
 func (s *session) growthScenario(ctx context.Context, rep *Report) error {
@@ -62,7 +62,7 @@ func (s *session) growthScenario(ctx context.Context, rep *Report) error {
 	empty := &Result{Name: GrowthScenario + "/empty", Description: "idemq batch on an empty dedup table"}
 	full := &Result{Name: GrowthScenario + "/full", Description: fmt.Sprintf("idemq batch with %d rows already in the dedup table", rows)}
 	quiet := &Result{Name: GrowthScenario + "/quiet", Description: fmt.Sprintf("paced latency for %s on the full table, nothing else running", quietPaced)}
-	prune := &Result{Name: GrowthScenario + "/prune", Description: fmt.Sprintf("paced latency while a driver.PruneSchedule round deletes those %d rows (batches of %d, duty %.2f)", rows, s.cfg.PruneBatch, s.cfg.PruneDuty)}
+	prune := &Result{Name: GrowthScenario + "/prune", Description: fmt.Sprintf("paced latency while a admin.Prune round deletes those %d rows (batches of %d, duty %.2f)", rows, s.cfg.PruneBatch, s.cfg.PruneDuty)}
 	rep.Results = append(rep.Results, empty, full, quiet, prune)
 	spec := runSpec{n: s.cfg.N, dups: s.cfg.duplicates(), paced: s.cfg.LatencyMessages}
 
@@ -117,14 +117,13 @@ func (s *session) growthScenario(ctx context.Context, rep *Report) error {
 		if c, ok := store.(io.Closer); ok {
 			defer c.Close()
 		}
-		p, ok := store.(driver.Pruner)
+		p, ok := store.(admin.Pruner)
 		if !ok {
-			return errors.New("the store does not implement driver.Pruner")
+			return errors.New("the store does not implement admin.Pruner")
 		}
 		t0 := time.Now()
-		// The way a service prunes: one of driver.RunPruner's rounds.
-		sched := driver.PruneSchedule{Batch: s.cfg.PruneBatch, Duty: s.cfg.PruneDuty}
-		n, err := sched.Round(ctx, p, time.Now().Add(-24*time.Hour))
+		// The way a service prunes: one of its RunPruner's rounds.
+		n, err := admin.Prune(ctx, p, time.Now().Add(-24*time.Hour), admin.PruneOptions{Batch: s.cfg.PruneBatch, Duty: s.cfg.PruneDuty})
 		pruned, pruneTime = n, time.Since(t0)
 		return err
 	}

@@ -45,8 +45,8 @@ func testStaleAfterReconnect(t *testing.T, h Harness) {
 	}
 	for i, st := range settles {
 		err := st.do(ds[i])
-		if !errors.Is(err, core.ErrStaleDelivery) {
-			t.Errorf("%s of %q received before the reconnect: err %v, want one wrapping core.ErrStaleDelivery", st.what, ds[i].Message().ID, err)
+		if !errors.Is(err, driver.ErrStaleDelivery) {
+			t.Errorf("%s of %q received before the reconnect: err %v, want one wrapping driver.ErrStaleDelivery", st.what, ds[i].Message().ID, err)
 		}
 	}
 	// Nothing was sent: every message comes back, and none was parked.
@@ -108,7 +108,7 @@ func testPublisherRoundTrip(t *testing.T, h Harness) {
 	ackAll(t, ds)
 }
 
-func checkLanded(t *testing.T, h Harness, where string, want *core.Message, id, key string, headers map[string]string, body []byte, tid trace.TraceID) {
+func checkLanded(t *testing.T, h Harness, where string, want *driver.Message, id, key string, headers map[string]string, body []byte, tid trace.TraceID) {
 	t.Helper()
 	if id != want.ID {
 		t.Errorf("%s: id %q, want %q", where, id, want.ID)

@@ -52,9 +52,9 @@ type Harness struct {
 	// then checks it lands and comes back.
 	CarriesKey bool
 	// OperatesDeadLetters is true when the adapter registers a
-	// DeadLetterQueue for its scheme (driver.RegisterDeadLetters); the
+	// DeadLetterQueue for its scheme (admin.RegisterDeadLetters); the
 	// suite then lists, redrives and purges parked messages through
-	// core.OpenDeadLetters(Fixture.SourceURL).
+	// admin.OpenDeadLetters(Fixture.SourceURL).
 	OperatesDeadLetters bool
 }
 
@@ -63,10 +63,10 @@ type Fixture struct {
 	// Publish publishes msgs to the queue and returns once the broker has
 	// them (publisher confirms or the equivalent). Messages with an empty
 	// ID must be published without an id. Required.
-	Publish func(ctx context.Context, msgs ...*core.Message) error
+	Publish func(ctx context.Context, msgs ...*driver.Message) error
 	// NewSource opens a new consumer of the queue. The suite closes it.
 	// Required.
-	NewSource func(t *testing.T) core.Source
+	NewSource func(t *testing.T) driver.Source
 	// DeadLetters returns messages parked by DeadLetter so far. It may
 	// consume them: the suite merges successive results. Required.
 	DeadLetters func(ctx context.Context) ([]DeadLetter, error)
@@ -76,10 +76,10 @@ type Fixture struct {
 	// are revoked and assigned again (Kafka), its leases or visibility
 	// expire (SQS, memory). Deliveries received before it are then stale.
 	// Required.
-	Reconnect func(t *testing.T, src core.Source)
+	Reconnect func(t *testing.T, src driver.Source)
 	// NewPublisher opens the adapter's own Publisher for the queue (Publish
 	// with destination "" sends to it). The suite closes it. Required.
-	NewPublisher func(t *testing.T) core.Publisher
+	NewPublisher func(t *testing.T) driver.Publisher
 	// Raw takes the next message off the queue with the broker's own
 	// client, bypassing the adapter's Source, and reports what the broker
 	// carries where: the id in the broker's own id field (AMQP message_id,
@@ -202,7 +202,7 @@ func (h Harness) fixture(t *testing.T) *Fixture {
 }
 
 // source opens a source that is closed when the test ends.
-func source(t *testing.T, f *Fixture) core.Source {
+func source(t *testing.T, f *Fixture) driver.Source {
 	t.Helper()
 	s := f.NewSource(t)
 	t.Cleanup(func() { _ = s.Close() })
@@ -224,11 +224,11 @@ func randomHex(n int) string {
 }
 
 // messages returns n messages with distinct ids, bodies and a header.
-func messages(prefix string, n int) []*core.Message {
+func messages(prefix string, n int) []*driver.Message {
 	run := randomHex(4)
-	out := make([]*core.Message, n)
+	out := make([]*driver.Message, n)
 	for i := range out {
-		out[i] = &core.Message{
+		out[i] = &driver.Message{
 			ID:      fmt.Sprintf("%s-%s-%03d", prefix, run, i),
 			Body:    fmt.Appendf(nil, `{"n":%d}`, i),
 			Headers: map[string]string{"idemq-test": fmt.Sprintf("h%d", i)},
@@ -237,7 +237,7 @@ func messages(prefix string, n int) []*core.Message {
 	return out
 }
 
-func publish(t *testing.T, h Harness, f *Fixture, msgs ...*core.Message) {
+func publish(t *testing.T, h Harness, f *Fixture, msgs ...*driver.Message) {
 	t.Helper()
 	if err := f.Publish(ctxFor(t, h.ReceiveTimeout), msgs...); err != nil {
 		t.Fatalf("publish: %v", err)
@@ -246,7 +246,7 @@ func publish(t *testing.T, h Harness, f *Fixture, msgs ...*core.Message) {
 
 // receive receives n deliveries within the harness' timeout. Transient
 // errors are retried, as the Consumer does.
-func receive(t *testing.T, h Harness, s core.Source, n int) []driver.Delivery {
+func receive(t *testing.T, h Harness, s driver.Source, n int) []driver.Delivery {
 	t.Helper()
 	ctx := ctxFor(t, h.ReceiveTimeout)
 	out := make([]driver.Delivery, 0, n)
@@ -256,7 +256,7 @@ func receive(t *testing.T, h Harness, s core.Source, n int) []driver.Delivery {
 			if ctx.Err() != nil {
 				t.Fatalf("received %d of %d deliveries within %v", len(out), n, h.ReceiveTimeout)
 			}
-			if errors.Is(err, core.ErrSourceClosed) {
+			if errors.Is(err, driver.ErrSourceClosed) {
 				t.Fatalf("source closed after %d of %d deliveries: %v", len(out), n, err)
 			}
 			t.Logf("receive (retrying): %v", err)
@@ -269,7 +269,7 @@ func receive(t *testing.T, h Harness, s core.Source, n int) []driver.Delivery {
 }
 
 // expectQuiet fails if s delivers anything within the quiet period.
-func expectQuiet(t *testing.T, h Harness, s core.Source) {
+func expectQuiet(t *testing.T, h Harness, s driver.Source) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), h.Quiet)
 	defer cancel()
@@ -282,7 +282,7 @@ func expectQuiet(t *testing.T, h Harness, s core.Source) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, core.ErrSourceClosed) {
+		if errors.Is(err, driver.ErrSourceClosed) {
 			t.Fatalf("source closed while waiting for quiet: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -298,7 +298,7 @@ func ids(ds []driver.Delivery) []string {
 	return out
 }
 
-func msgIDs(ms []*core.Message) []string {
+func msgIDs(ms []*driver.Message) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
 		out[i] = m.ID
@@ -361,7 +361,7 @@ func testPublishConsume(t *testing.T, h Harness) {
 	publish(t, h, f, msgs...)
 	s := source(t, f)
 	ds := receive(t, h, s, len(msgs))
-	byID := map[string]*core.Message{}
+	byID := map[string]*driver.Message{}
 	for _, m := range msgs {
 		byID[m.ID] = m
 	}
@@ -513,7 +513,7 @@ func testConcurrentConsumers(t *testing.T, h Harness) {
 	const n = 30
 	msgs := messages("conc", n)
 	publish(t, h, f, msgs...)
-	srcs := []core.Source{source(t, f), source(t, f)}
+	srcs := []driver.Source{source(t, f), source(t, f)}
 	windowed := true
 	for _, s := range srcs {
 		if ws, ok := s.(driver.WindowSetter); ok {
@@ -588,8 +588,8 @@ func testGracefulClose(t *testing.T, h Harness) {
 	if err := s1.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
-	if _, err := s1.Receive(context.Background()); !errors.Is(err, core.ErrSourceClosed) {
-		t.Errorf("Receive after Close = %v, want core.ErrSourceClosed", err)
+	if _, err := s1.Receive(context.Background()); !errors.Is(err, driver.ErrSourceClosed) {
+		t.Errorf("Receive after Close = %v, want driver.ErrSourceClosed", err)
 	}
 	if err := s1.Close(); err != nil {
 		t.Errorf("second Close = %v, want nil", err)

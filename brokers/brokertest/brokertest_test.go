@@ -17,7 +17,6 @@ import (
 
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/memory"
-	"github.com/idemq/idemq/core"
 )
 
 // The suite must be able to fail. Each case runs the suite (the cases that
@@ -93,14 +92,14 @@ func TestBrokenAdapter(t *testing.T) {
 			return &brokertest.Fixture{
 				SourceURL:    url,
 				PublisherURL: url,
-				NewPublisher: func(t *testing.T) core.Publisher {
+				NewPublisher: func(t *testing.T) driver.Publisher {
 					p := b.Publisher(queue)
 					if mode == "publisher-drops-trace-context" {
 						return untracedPublisher{p}
 					}
 					return p
 				},
-				Reconnect: func(t *testing.T, src core.Source) { src.(*broken).ExpireLeases() },
+				Reconnect: func(t *testing.T, src driver.Source) { src.(*broken).ExpireLeases() },
 				Raw: func(ctx context.Context) (brokertest.RawMessage, error) {
 					s, err := b.Subscribe(queue)
 					if err != nil {
@@ -114,10 +113,10 @@ func TestBrokenAdapter(t *testing.T) {
 					m := d.Message()
 					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, d.Ack(ctx)
 				},
-				Publish: func(ctx context.Context, msgs ...*core.Message) error {
+				Publish: func(ctx context.Context, msgs ...*driver.Message) error {
 					return b.Publish(ctx, queue, msgs...)
 				},
-				NewSource: func(t *testing.T) core.Source {
+				NewSource: func(t *testing.T) driver.Source {
 					s, err := b.Subscribe(queue)
 					if err != nil {
 						t.Fatal(err)
@@ -138,9 +137,9 @@ func TestBrokenAdapter(t *testing.T) {
 
 // untracedPublisher forgets the caller's context, and with it the trace
 // context a publisher must carry.
-type untracedPublisher struct{ core.Publisher }
+type untracedPublisher struct{ driver.Publisher }
 
-func (p untracedPublisher) Publish(_ context.Context, dest string, msgs ...*core.Message) error {
+func (p untracedPublisher) Publish(_ context.Context, dest string, msgs ...*driver.Message) error {
 	return p.Publisher.Publish(context.Background(), dest, msgs...)
 }
 
@@ -152,14 +151,14 @@ func init() {
 		return b, strings.Trim(u.Host+u.Path, "/"), err
 	}
 	driver.RegisterBroker("brokenmem",
-		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
+		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {
 			b, q, err := open(u)
 			if err != nil {
 				return nil, err
 			}
 			return b.Subscribe(q)
 		},
-		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
+		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
 			b, q, err := open(u)
 			if err != nil {
 				return nil, err
@@ -182,7 +181,7 @@ type broken struct {
 type brokenDelivery struct {
 	driver.Delivery
 	src  *broken
-	msg  *core.Message
+	msg  *driver.Message
 	copy bool
 }
 
@@ -253,7 +252,7 @@ func (b *broken) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	return b.Subscription.AckBatch(ctx, inner)
 }
 
-func (d *brokenDelivery) Message() *core.Message { return d.msg }
+func (d *brokenDelivery) Message() *driver.Message { return d.msg }
 
 func (d *brokenDelivery) Ack(ctx context.Context) error {
 	d.src.forget(d)
@@ -263,7 +262,7 @@ func (d *brokenDelivery) Ack(ctx context.Context) error {
 	case d.src.mode == "ack-is-a-lie":
 		return nil
 	case d.src.mode == "stale-ack-succeeds":
-		if err := d.Delivery.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+		if err := d.Delivery.Ack(ctx); !errors.Is(err, driver.ErrStaleDelivery) {
 			return err
 		}
 		return nil // pretends a stale ack reached the broker

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
@@ -21,11 +22,11 @@ import (
 // fixture's SourceURL.
 
 // openDLQ opens the fixture's dead-letter queue, closed when the test ends.
-func openDLQ(t *testing.T, f *Fixture) core.DeadLetterQueue {
+func openDLQ(t *testing.T, f *Fixture) admin.DeadLetterQueue {
 	t.Helper()
-	q, err := core.OpenDeadLetters(context.Background(), f.SourceURL)
+	q, err := admin.OpenDeadLetters(context.Background(), f.SourceURL)
 	if err != nil {
-		t.Fatalf("core.OpenDeadLetters: %v", err)
+		t.Fatalf("admin.OpenDeadLetters: %v", err)
 	}
 	t.Cleanup(func() { _ = q.Close() })
 	if q.Name() == "" {
@@ -35,10 +36,10 @@ func openDLQ(t *testing.T, f *Fixture) core.DeadLetterQueue {
 }
 
 // scan returns the parked messages by id (one copy per id is expected).
-func scan(t *testing.T, h Harness, q core.DeadLetterQueue) map[string]*core.Parked {
+func scan(t *testing.T, h Harness, q admin.DeadLetterQueue) map[string]*admin.Parked {
 	t.Helper()
-	out := map[string]*core.Parked{}
-	err := q.Scan(ctxFor(t, h.ReceiveTimeout), func(p *core.Parked) error {
+	out := map[string]*admin.Parked{}
+	err := q.Scan(ctxFor(t, h.ReceiveTimeout), func(p *admin.Parked) error {
 		if _, dup := out[p.ID]; dup {
 			return fmt.Errorf("%q listed twice", p.ID)
 		}
@@ -53,7 +54,7 @@ func scan(t *testing.T, h Harness, q core.DeadLetterQueue) map[string]*core.Park
 
 // waitParked scans until exactly the ids in want are parked (parking may
 // land a little after DeadLetter returned on some brokers).
-func waitParked(t *testing.T, h Harness, q core.DeadLetterQueue, want ...string) map[string]*core.Parked {
+func waitParked(t *testing.T, h Harness, q admin.DeadLetterQueue, want ...string) map[string]*admin.Parked {
 	t.Helper()
 	deadline := time.Now().Add(h.ReceiveTimeout)
 	for {
@@ -68,8 +69,8 @@ func waitParked(t *testing.T, h Harness, q core.DeadLetterQueue, want ...string)
 }
 
 // only selects the parked messages with one of ids.
-func only(ids ...string) func(*core.Parked) bool {
-	return func(p *core.Parked) bool { return slices.Contains(ids, p.ID) }
+func only(ids ...string) func(*admin.Parked) bool {
+	return func(p *admin.Parked) bool { return slices.Contains(ids, p.ID) }
 }
 
 // testDeadLetterQueue: messages parked by DeadLetter are listed with their
@@ -169,7 +170,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 		t.Fatalf("Purge %s = %d, %v; want 1, nil", all[2], n, err)
 	}
 	waitParked(t, h, q, all[3])
-	if n, err := q.Purge(ctxFor(t, h.ReceiveTimeout), func(*core.Parked) bool { return true }); err != nil || n != 1 {
+	if n, err := q.Purge(ctxFor(t, h.ReceiveTimeout), func(*admin.Parked) bool { return true }); err != nil || n != 1 {
 		t.Fatalf("Purge all = %d, %v; want 1, nil", n, err)
 	}
 	waitParked(t, h, q)

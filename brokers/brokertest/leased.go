@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // The leased cases run core.NewLeased over the adapter: the External step
@@ -39,7 +40,7 @@ func (c *externalCalls) of(id string) int {
 }
 
 // runLeased starts a leased consumer whose Complete applies e's effect.
-func runLeased(t *testing.T, src core.Source, e *effects, external func(ctx context.Context, m *core.Message) (string, error), lease, maxLease time.Duration, opts ...core.Option) *running {
+func runLeased(t *testing.T, src driver.Source, e *effects, external func(ctx context.Context, m *core.Message) (string, error), lease, maxLease time.Duration, opts ...core.Option) *running {
 	t.Helper()
 	c, err := core.NewLeased(src, e.store, core.LeasedHandler[*sql.Tx, string]{
 		External: external,
@@ -54,7 +55,7 @@ func runLeased(t *testing.T, src core.Source, e *effects, external func(ctx cont
 }
 
 // wantOnce checks that every message's effect was committed exactly once.
-func wantOnce(t *testing.T, e *effects, msgs []*core.Message) {
+func wantOnce(t *testing.T, e *effects, msgs []*driver.Message) {
 	t.Helper()
 	counts := e.counts(t)
 	for _, m := range msgs {
@@ -74,7 +75,7 @@ func testLeasedDuplicates(t *testing.T, h Harness) {
 	e := newEffects(t)
 	const unique, copies = 15, 3
 	msgs := messages("leased", unique)
-	var all []*core.Message
+	var all []*driver.Message
 	for range copies {
 		all = append(all, msgs...)
 	}

@@ -78,7 +78,7 @@ type running struct {
 	done chan error
 }
 
-func runConsumer(t *testing.T, src core.Source, e *effects, h core.Handler[*sql.Tx], opts ...core.Option) *running {
+func runConsumer(t *testing.T, src driver.Source, e *effects, h core.Handler[*sql.Tx], opts ...core.Option) *running {
 	t.Helper()
 	c, err := core.New[*sql.Tx](src, e.store, h, pipelineOptions(opts)...)
 	if err != nil {
@@ -158,7 +158,7 @@ func testPipelineMissingID(t *testing.T, h Harness) {
 	f := h.fixture(t)
 	e := newEffects(t)
 	msgs := messages("noid", 2)
-	noID := &core.Message{Body: []byte("no-id-" + randomHex(4))}
+	noID := &driver.Message{Body: []byte("no-id-" + randomHex(4))}
 	publish(t, h, f, msgs[0], noID, msgs[1])
 	var handled sync.Map
 	r := runConsumer(t, source(t, f), e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
@@ -200,7 +200,7 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 	const unique, copies = 20, 3
 	msgs := messages("dup", unique)
 	// Every id published three times, the copies spread through the queue.
-	var all []*core.Message
+	var all []*driver.Message
 	for range copies {
 		all = append(all, msgs...)
 	}
@@ -272,7 +272,7 @@ func testPipelineRetry(t *testing.T, h Harness) {
 // source instead of acknowledging: the consumer committed, then died
 // before the ack reached the broker.
 type crashingSource struct {
-	core.Source
+	driver.Source
 	crashAt int64
 	acks    atomic.Int64
 	acked   atomic.Int64
@@ -325,8 +325,8 @@ func testPipelineCrash(t *testing.T, h Harness) {
 	select {
 	case err := <-r1.done:
 		r1.done <- err
-		if !errors.Is(err, core.ErrSourceClosed) {
-			t.Fatalf("Run after the crash = %v, want an error wrapping core.ErrSourceClosed", err)
+		if !errors.Is(err, driver.ErrSourceClosed) {
+			t.Fatalf("Run after the crash = %v, want an error wrapping driver.ErrSourceClosed", err)
 		}
 	case <-time.After(h.ReceiveTimeout):
 		t.Fatal("the consumer did not stop after its source crashed")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -20,7 +21,7 @@ import (
 // or "unbounded"): with core.WithStrictRetention, Run refuses to start
 // with an error naming both durations; without it, Run warns naming both,
 // then consumes.
-func RetentionAgainstHorizon(t *testing.T, open func(t *testing.T) core.Source, retention time.Duration, horizon string) {
+func RetentionAgainstHorizon(t *testing.T, open func(t *testing.T) driver.Source, retention time.Duration, horizon string) {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "retention.db"), sqlite.WithRetention(retention))
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -40,10 +39,10 @@ func harness(retryTopic bool, opts ...Option) brokertest.Harness {
 			}
 			t.Cleanup(func() { pub.Close() })
 			return &brokertest.Fixture{
-				Publish: func(ctx context.Context, msgs ...*core.Message) error {
+				Publish: func(ctx context.Context, msgs ...*driver.Message) error {
 					return pub.Publish(ctx, topic, msgs...)
 				},
-				NewSource: func(t *testing.T) core.Source {
+				NewSource: func(t *testing.T) driver.Source {
 					all := append(fastGroup(t), WithTopic(topic), WithGroup(group))
 					s, err := Open(context.Background(), bs, append(all, opts...)...)
 					if err != nil {
@@ -58,8 +57,8 @@ func harness(retryTopic bool, opts ...Option) brokertest.Harness {
 					}
 					return out, nil
 				},
-				Reconnect: func(t *testing.T, src core.Source) { forceRebalance(t, bs, src.(*Source)) },
-				NewPublisher: func(t *testing.T) core.Publisher {
+				Reconnect: func(t *testing.T, src driver.Source) { forceRebalance(t, bs, src.(*Source)) },
+				NewPublisher: func(t *testing.T) driver.Publisher {
 					p, err := NewPublisher(bs, WithTopic(topic))
 					if err != nil {
 						t.Fatalf("NewPublisher: %v", err)

@@ -108,11 +108,11 @@ func (e *faultEffects) flowing(ctx context.Context, since time.Time) (map[int]bo
 // every id it attempted is in the topic.
 type faultStream struct {
 	mu        sync.Mutex
-	sent      []*core.Message // unique payments, in order of first publish
-	publishes int             // messages published, duplicates and resends included
-	resends   int             // Publish calls repeated after an error
-	failures  []string        // the first few Publish errors
-	calls     []publishCall   // every successful Publish call
+	sent      []*driver.Message // unique payments, in order of first publish
+	publishes int               // messages published, duplicates and resends included
+	resends   int               // Publish calls repeated after an error
+	failures  []string          // the first few Publish errors
+	calls     []publishCall     // every successful Publish call
 }
 
 // publishCall is when one Publish call began and returned.
@@ -155,7 +155,7 @@ func (s *faultStream) run(t *testing.T, bs, topic string, chunk int, interval ti
 		default:
 		}
 		<-tick.C
-		msgs := make([]*core.Message, chunk)
+		msgs := make([]*driver.Message, chunk)
 		s.mu.Lock()
 		for i := range msgs {
 			if len(s.sent) > 0 && rand.IntN(5) == 0 {
@@ -164,7 +164,7 @@ func (s *faultStream) run(t *testing.T, bs, topic string, chunk int, interval ti
 			}
 			n := len(s.sent)
 			body, _ := json.Marshal(faultPayment{Account: fmt.Sprintf("acct-%03d", n%faultAccounts), Amount: int64(100 + n%9901)})
-			m := &core.Message{ID: fmt.Sprintf("pay-%06d", n), Key: fmt.Sprintf("acct-%03d", n%faultAccounts), Body: body}
+			m := &driver.Message{ID: fmt.Sprintf("pay-%06d", n), Key: fmt.Sprintf("acct-%03d", n%faultAccounts), Body: body}
 			s.sent = append(s.sent, m)
 			msgs[i] = m
 		}
@@ -172,7 +172,7 @@ func (s *faultStream) run(t *testing.T, bs, topic string, chunk int, interval ti
 		for attempt := 0; ; attempt++ {
 			// Headers are the publish's own: a resent payment keeps its
 			// id, key and body, and gets the time of this publish.
-			out := make([]*core.Message, len(msgs))
+			out := make([]*driver.Message, len(msgs))
 			now := strconv.FormatInt(time.Now().UnixNano(), 10)
 			for i, m := range msgs {
 				c := *m
@@ -584,7 +584,7 @@ func TestFaultPublisherFollowsLeaderMoves(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		start := time.Now()
-		if err := pub.Publish(ctx, topic, &core.Message{ID: fmt.Sprintf("m-%d", n), Body: []byte("x")}); err != nil {
+		if err := pub.Publish(ctx, topic, &driver.Message{ID: fmt.Sprintf("m-%d", n), Body: []byte("x")}); err != nil {
 			t.Errorf("Publish %d: %v", n, err)
 		}
 		return time.Since(start)

@@ -13,6 +13,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -29,7 +30,7 @@ var ErrDeadLettersFragmented = errors.New("kafka: too many dead letters handled 
 const maxDeadLetterMetadata = 4096
 
 // DeadLetters is the operator's handle on the dead letters one consumer
-// group parked in its dead-letter topic (see driver.DeadLetterQueue): Scan
+// group parked in its dead-letter topic (see admin.DeadLetterQueue): Scan
 // lists them, Redrive produces them back to the topic they were consumed
 // from, Purge drops them.
 //
@@ -81,7 +82,7 @@ type DeadLetters struct {
 	writer *kafkago.Writer
 }
 
-var _ driver.DeadLetterQueue = (*DeadLetters)(nil)
+var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
 
 // OpenDeadLetters opens the dead letters of the consumer group a Source
 // with the same target and options consumes with: a kafka:// URL or a
@@ -114,7 +115,7 @@ func OpenDeadLetters(ctx context.Context, target string, opts ...Option) (*DeadL
 	return q, nil
 }
 
-func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetterQueue, error) {
+func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
 	return OpenDeadLetters(ctx, u.String(), loggerOption(cfg))
 }
 
@@ -130,7 +131,7 @@ func (q *DeadLetters) Group() string { return q.group }
 // topic, Origin "<topic>/<partition>/<offset>" where the message was
 // consumed, ParkedAt the record's timestamp (DeadLetter stamps the copy
 // when it parks it). An error from fn stops the scan and is returned.
-func (q *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
+func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
 	parts, err := q.load(ctx)
 	if err != nil {
 		return err
@@ -147,15 +148,15 @@ func (q *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) e
 // the topic it was consumed from, without idemq's bookkeeping headers (so
 // its attempt count starts again), and records it as handled once the
 // write is acknowledged by every in-sync replica. See
-// driver.DeadLetterQueue and DeadLetters.
-func (q *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool, progress func(done int)) (int, error) {
+// admin.DeadLetterQueue and DeadLetters.
+func (q *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
 	return q.handle(ctx, sel, progress, q.redrive)
 }
 
 // Purge records each dead letter sel chooses as handled, so that no later
 // call lists it, and returns how many. The records stay in the topic until
 // its retention removes them.
-func (q *DeadLetters) Purge(ctx context.Context, sel func(*driver.Parked) bool) (int, error) {
+func (q *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
 	return q.handle(ctx, sel, nil, nil)
 }
 
@@ -187,7 +188,7 @@ type dlqPart struct {
 // letter is one of the group's dead letters read by a call.
 type letter struct {
 	offset  int64
-	parked  *driver.Parked
+	parked  *admin.Parked
 	key     []byte
 	value   []byte
 	headers []kafkago.Header
@@ -346,7 +347,7 @@ func (q *DeadLetters) letter(partition int, r *kafkago.Record) (*letter, error) 
 	if t := h[HeaderOriginalTopic]; t != "" {
 		origin = t + "/" + h[HeaderOriginalPartition] + "/" + h[HeaderOriginalOffset]
 	}
-	l.parked = &driver.Parked{
+	l.parked = &admin.Parked{
 		Ref:         strconv.Itoa(partition) + "/" + strconv.FormatInt(r.Offset, 10),
 		ID:          h[q.cfg.idHeader],
 		Cause:       h[driver.CauseHeader],
@@ -363,7 +364,7 @@ func (q *DeadLetters) letter(partition int, r *kafkago.Record) (*letter, error) 
 
 // handle runs Redrive (do is redrive) or Purge (do is nil): each chosen
 // dead letter is done, then committed as handled.
-func (q *DeadLetters) handle(ctx context.Context, sel func(*driver.Parked) bool, progress func(int), do func(context.Context, *letter) error) (int, error) {
+func (q *DeadLetters) handle(ctx context.Context, sel func(*admin.Parked) bool, progress func(int), do func(context.Context, *letter) error) (int, error) {
 	parts, err := q.load(ctx)
 	if err != nil {
 		return 0, err

@@ -12,7 +12,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -29,10 +29,10 @@ func openDLQ(t *testing.T, bs, topic, group string, opts ...Option) *DeadLetters
 }
 
 // scanIDs lists the ids q has parked, in scan order.
-func scanIDs(t *testing.T, q driver.DeadLetterQueue) []string {
+func scanIDs(t *testing.T, q admin.DeadLetterQueue) []string {
 	t.Helper()
 	var out []string
-	if err := q.Scan(context.Background(), func(p *driver.Parked) error {
+	if err := q.Scan(context.Background(), func(p *admin.Parked) error {
 		out = append(out, p.ID)
 		return nil
 	}); err != nil {
@@ -86,10 +86,10 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	var msgs []*core.Message
+	var msgs []*driver.Message
 	for i := range total {
 		id := fmt.Sprintf("m-%03d", i)
-		msgs = append(msgs, &core.Message{ID: id, Key: "k" + id, Body: []byte("body " + id), Headers: map[string]string{"x-test": id}})
+		msgs = append(msgs, &driver.Message{ID: id, Key: "k" + id, Body: []byte("body " + id), Headers: map[string]string{"x-test": id}})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -114,7 +114,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 	var all []string
 	refs := map[string]bool{}
 	origins := map[string]string{}
-	if err := q.Scan(ctx, func(p *driver.Parked) error {
+	if err := q.Scan(ctx, func(p *admin.Parked) error {
 		all = append(all, p.ID)
 		refs[p.Ref] = true
 		origins[p.ID] = p.Origin
@@ -136,7 +136,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 		}
 	}
 	var progress []int
-	sel := func(p *driver.Parked) bool { return slices.Contains(back, p.ID) }
+	sel := func(p *admin.Parked) bool { return slices.Contains(back, p.ID) }
 	n, err := q.Redrive(ctx, sel, func(done int) { progress = append(progress, done) })
 	if err != nil || n != len(back) || len(progress) != len(back) || progress[len(progress)-1] != len(back) {
 		t.Fatalf("Redrive = %d, %v (progress %d calls); want %d", n, err, len(progress), len(back))
@@ -179,7 +179,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 			t.Fatalf("left parked %d, want the %d unchosen", len(left), len(rest))
 		}
 	}
-	if n, err := q.Purge(ctx, func(*driver.Parked) bool { return true }); err != nil || n != len(rest) {
+	if n, err := q.Purge(ctx, func(*admin.Parked) bool { return true }); err != nil || n != len(rest) {
 		t.Fatalf("Purge = %d, %v; want %d", n, err, len(rest))
 	}
 	if left := scanIDs(t, q); len(left) != 0 {
@@ -208,7 +208,7 @@ func TestDeadLettersLeaveOtherGroupsAlone(t *testing.T) {
 	if got := scanIDs(t, qa); !slices.Equal(got, a) {
 		t.Fatalf("billing's dead letters %v, want %v", got, a)
 	}
-	if n, err := qa.Purge(context.Background(), func(p *driver.Parked) bool { return p.ID != "c-0001" }); err != nil || n != 4 {
+	if n, err := qa.Purge(context.Background(), func(p *admin.Parked) bool { return p.ID != "c-0001" }); err != nil || n != 4 {
 		t.Fatalf("Purge = %d, %v; want 4", n, err)
 	}
 	if got := scanIDs(t, qa); !slices.Equal(got, []string{"c-0001"}) {
@@ -236,7 +236,7 @@ func TestDeadLettersFragmented(t *testing.T) {
 	topic := newTopic(t, bs, 1)
 	ids := park(t, bs, topic, "g", "m", 3000)
 	q := openDLQ(t, bs, topic, "g")
-	odd := func(p *driver.Parked) bool { n, _ := strconv.Atoi(p.ID[2:]); return n%2 == 1 }
+	odd := func(p *admin.Parked) bool { n, _ := strconv.Atoi(p.ID[2:]); return n%2 == 1 }
 	n, err := q.Purge(context.Background(), odd)
 	if !errors.Is(err, ErrDeadLettersFragmented) || n == 0 || n >= 1500 {
 		t.Fatalf("Purge of every other one = %d, %v; want some, then ErrDeadLettersFragmented", n, err)
@@ -253,7 +253,7 @@ func TestDeadLettersFragmented(t *testing.T) {
 	if sent := readAll(t, bs, topic, 1); len(sent) != 0 {
 		t.Fatalf("Redrive sent %d records it could not record as handled", len(sent))
 	}
-	all, err := q.Purge(context.Background(), func(*driver.Parked) bool { return true })
+	all, err := q.Purge(context.Background(), func(*admin.Parked) bool { return true })
 	if err != nil || all != len(ids)-n {
 		t.Fatalf("Purge of the rest = %d, %v; want %d", all, err, len(ids)-n)
 	}
@@ -268,10 +268,10 @@ func TestDeadLettersBoundedWhileParking(t *testing.T) {
 	q := openDLQ(t, bs, topic, "g")
 	calls := 0
 	more := func() { calls++; park(t, bs, topic, "g", fmt.Sprintf("new%d", calls), 1) }
-	if err := q.Scan(context.Background(), func(*driver.Parked) error { more(); return nil }); err != nil || calls != 5 {
+	if err := q.Scan(context.Background(), func(*admin.Parked) error { more(); return nil }); err != nil || calls != 5 {
 		t.Fatalf("Scan: %d calls, %v; want 5", calls, err)
 	}
-	n, err := q.Purge(context.Background(), func(p *driver.Parked) bool { more(); return strings.HasPrefix(p.ID, "old") })
+	n, err := q.Purge(context.Background(), func(p *admin.Parked) bool { more(); return strings.HasPrefix(p.ID, "old") })
 	if err != nil || n != 5 || calls != 15 {
 		t.Fatalf("Purge = %d, %v, sel called %d times; want 5, nil, 10", n, err, calls-5)
 	}
@@ -285,14 +285,14 @@ func TestDeadLettersBoundedWhileParking(t *testing.T) {
 func TestDeadLettersURL(t *testing.T) {
 	bs := brokers(t)
 	topic := newTopic(t, bs, 1)
-	_, err := core.OpenDeadLetters(context.Background(), fmt.Sprintf("kafka://%s/%s?group=g&bogus=1", bs, topic))
+	_, err := admin.OpenDeadLetters(context.Background(), fmt.Sprintf("kafka://%s/%s?group=g&bogus=1", bs, topic))
 	if err == nil || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("unknown parameter: %v", err)
 	}
-	if _, err := core.OpenDeadLetters(context.Background(), fmt.Sprintf("kafka://%s/%s", bs, topic)); err == nil || !strings.Contains(err.Error(), "group") {
+	if _, err := admin.OpenDeadLetters(context.Background(), fmt.Sprintf("kafka://%s/%s", bs, topic)); err == nil || !strings.Contains(err.Error(), "group") {
 		t.Fatalf("no group: %v", err)
 	}
-	dq, err := core.OpenDeadLetters(context.Background(), fmt.Sprintf("kafka://%s/%s?group=g&dead_letter_group=ops", bs, topic))
+	dq, err := admin.OpenDeadLetters(context.Background(), fmt.Sprintf("kafka://%s/%s?group=g&dead_letter_group=ops", bs, topic))
 	if err != nil {
 		t.Fatal(err)
 	}

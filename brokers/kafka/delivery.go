@@ -6,10 +6,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	kafkago "github.com/segmentio/kafka-go"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -41,20 +42,20 @@ const dlqRetryDelay = time.Second
 // message is handed out again.
 const copyAttempts = 4
 
-func copyBackoff() *driver.Backoff { return driver.NewBackoff(100*time.Millisecond, time.Second) }
+func copyBackoff() *retry.Backoff { return retry.New(100*time.Millisecond, time.Second) }
 
 // delivery is one handed-out message of a generation.
 type delivery struct {
 	src *Source
 	e   *entry
 	gen *generation
-	msg *core.Message // &m
-	m   core.Message  // held here: one allocation for both
+	msg *driver.Message // &m
+	m   driver.Message  // held here: one allocation for both
 	driver.SettleOnce
 }
 
 // Message returns the received message.
-func (d *delivery) Message() *core.Message { return d.msg }
+func (d *delivery) Message() *driver.Message { return d.msg }
 
 func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("kafka: message %q (%s/%d@%d): %w", d.msg.ID, d.e.msg.Topic, d.e.msg.Partition, d.e.msg.Offset, err)
@@ -240,21 +241,21 @@ func retryHeaders(hs []kafkago.Header) (time.Time, int) {
 }
 
 // toMessage converts a fetched message into the pipeline's Message.
-func (s *Source) toMessage(e *entry, attempt int) *core.Message {
-	msg := new(core.Message)
+func (s *Source) toMessage(e *entry, attempt int) *driver.Message {
+	msg := new(driver.Message)
 	s.fillMessage(msg, e, attempt)
 	return msg
 }
 
 // fillMessage is toMessage into msg, which the caller allocates.
-func (s *Source) fillMessage(msg *core.Message, e *entry, attempt int) {
+func (s *Source) fillMessage(msg *driver.Message, e *entry, attempt int) {
 	m := &e.msg
 	headers := make(map[string]string, len(m.Headers))
 	for _, h := range m.Headers {
 		headers[h.Key] = string(h.Value) // the last of repeated keys wins
 	}
 	key := string(m.Key)
-	*msg = core.Message{
+	*msg = driver.Message{
 		ID:      headers[s.cfg.idHeader],
 		Body:    m.Value,
 		Headers: headers,

@@ -82,7 +82,7 @@
 // opened by URL); without one, to the Consumer's logger (SetLogger), and
 // to slog.Default() until then.
 //
-// Dead-letter queue: DeadLetters (OpenDeadLetters, or core.OpenDeadLetters
+// Dead-letter queue: DeadLetters (OpenDeadLetters, or admin.OpenDeadLetters
 // with the Source's own URL) lets an operator list a group's dead letters
 // (Scan), produce chosen ones back to the partition they were consumed
 // from without idemq's bookkeeping headers (Redrive; every group of that
@@ -97,7 +97,7 @@
 // which bounds how many can be handled out of order (see DeadLetters).
 //
 // Importing the package registers the kafka:// scheme with
-// core.OpenSource, core.OpenPublisher and core.OpenDeadLetters (see Open
+// core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters (see Open
 // for the URL's parameters).
 //
 // A Publisher produces core Messages on a kafka-go Writer with

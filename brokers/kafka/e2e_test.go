@@ -95,7 +95,7 @@ type consumer struct {
 	done chan error
 }
 
-func startConsumer(t testing.TB, src core.Source, e *pgEffects, h core.Handler[pgx.Tx], opts ...core.Option) *consumer {
+func startConsumer(t testing.TB, src driver.Source, e *pgEffects, h core.Handler[pgx.Tx], opts ...core.Option) *consumer {
 	t.Helper()
 	if h == nil {
 		h = e.apply
@@ -182,9 +182,9 @@ func TestGroupMemberKilledMidStreamEffectsOnce(t *testing.T) {
 
 	// Duplicates are producer resends: same id, key and body, published
 	// later in the stream.
-	msgs := make([]*core.Message, 0, total)
+	msgs := make([]*driver.Message, 0, total)
 	for i := range unique {
-		msgs = append(msgs, &core.Message{ID: fmt.Sprintf("pay-%06d", i), Key: fmt.Sprintf("acct-%03d", i%97), Body: fmt.Appendf(nil, `{"n":%d}`, i)})
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("pay-%06d", i), Key: fmt.Sprintf("acct-%03d", i%97), Body: fmt.Appendf(nil, `{"n":%d}`, i)})
 	}
 	for len(msgs) < total {
 		orig := msgs[rand.IntN(unique)]

@@ -15,8 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/sqlite"
 )
@@ -68,8 +70,8 @@ func ExampleNewPublisher() {
 	}
 	defer pub.Close()
 	err = pub.Publish(ctx, "payments",
-		&core.Message{ID: "payment-1001", Key: "acct-7", Body: []byte(`{"amount":42}`)},
-		&core.Message{ID: "payment-1002", Key: "acct-7", Body: []byte(`{"amount":7}`)})
+		&driver.Message{ID: "payment-1001", Key: "acct-7", Body: []byte(`{"amount":42}`)},
+		&driver.Message{ID: "payment-1002", Key: "acct-7", Body: []byte(`{"amount":7}`)})
 	if err != nil {
 		log.Fatal(err) // retry the call: the consumer's dedup absorbs copies
 	}
@@ -90,7 +92,7 @@ func Example_duplicatePublish() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-	payment := &core.Message{ID: "payment-1001", Key: "acct-7", Body: []byte(`{"amount":42}`)}
+	payment := &driver.Message{ID: "payment-1001", Key: "acct-7", Body: []byte(`{"amount":42}`)}
 	if err := pub.Publish(ctx, topic, payment, payment); err != nil { // a producer retry
 		log.Fatal(err)
 	}
@@ -147,13 +149,13 @@ func ExampleOpenDeadLetters() {
 	}
 	defer q.Close()
 
-	n, err := q.Redrive(ctx, func(p *core.Parked) bool {
+	n, err := q.Redrive(ctx, func(p *admin.Parked) bool {
 		return strings.Contains(p.Cause, "schema v7")
 	}, func(done int) { fmt.Printf("\rredriven %d", done) })
 	if err != nil {
 		log.Fatalf("redrove %d, then: %v", n, err)
 	}
-	err = q.Scan(ctx, func(p *core.Parked) error {
+	err = q.Scan(ctx, func(p *admin.Parked) error {
 		fmt.Printf("%s %s attempt %d parked %v: %s\n", p.Ref, p.ID, p.Attempt, p.ParkedAt.Format(time.RFC3339), p.Cause)
 		return nil
 	})

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/core/driver"
@@ -259,7 +261,7 @@ func resumeFetchAt(buffer int) int { return max(1, buffer-buffer/4) }
 // partition holds WithPartitionBuffer messages until it is down to
 // resumeFetchAt of them.
 func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
-	backoff := driver.NewBackoff(50*time.Millisecond, 5*time.Second)
+	backoff := retry.New(50*time.Millisecond, 5*time.Second)
 	for {
 		s.mu.Lock()
 		if len(p.entries) >= s.cfg.partitionBuffer {

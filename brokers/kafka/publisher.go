@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // Publisher produces core Messages to Kafka with RequiredAcks RequireAll:
@@ -56,9 +56,9 @@ func NewPublisher(target string, opts ...Option) (*Publisher, error) {
 // the global OpenTelemetry propagator. Messages with the same key keep
 // their order. A call that fails only because records are too large
 // (MESSAGE_TOO_LARGE: over the topic's max.message.bytes or the writer's
-// batch bytes) fails with an error marked core.Permanent: the same records
+// batch bytes) fails with an error marked driver.Permanent: the same records
 // fail the same way, though fewer at a time may pass.
-func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Message) error {
+func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.Message) error {
 	if topic == "" {
 		topic = p.cfg.topic
 	}
@@ -99,7 +99,7 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*core.Mes
 			err = fmt.Errorf("kafka: Publish to %q: %w", topic, p.cfg.explain(err))
 		}
 		if tooLarge(werrs, err) {
-			return core.Permanent(err)
+			return driver.Permanent(err)
 		}
 		return err
 	}

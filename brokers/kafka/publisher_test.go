@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -27,15 +28,15 @@ func TestPublisherTooLargeIsPermanent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	small := &core.Message{ID: "small", Key: "k", Body: []byte("fits")}
-	large := &core.Message{ID: "large", Key: "k", Body: bytes.Repeat([]byte("x"), 8192)}
-	for _, msgs := range [][]*core.Message{{small, large}, {large}} {
+	small := &driver.Message{ID: "small", Key: "k", Body: []byte("fits")}
+	large := &driver.Message{ID: "large", Key: "k", Body: bytes.Repeat([]byte("x"), 8192)}
+	for _, msgs := range [][]*driver.Message{{small, large}, {large}} {
 		err := pub.Publish(ctx, topic, msgs...)
 		if err == nil || !strings.Contains(err.Error(), "Message Size Too Large") || !core.IsPermanent(err) {
 			t.Fatalf("Publish of %d records with one over max.message.bytes = %v, want MESSAGE_TOO_LARGE marked permanent", len(msgs), err)
 		}
 	}
-	huge := &core.Message{ID: "huge", Body: bytes.Repeat([]byte("x"), 2<<20)}
+	huge := &driver.Message{ID: "huge", Body: bytes.Repeat([]byte("x"), 2<<20)}
 	if err := pub.Publish(ctx, topic, huge); err == nil || !core.IsPermanent(err) {
 		t.Fatalf("Publish of a record over the writer's batch bytes = %v, want an error marked permanent", err)
 	}

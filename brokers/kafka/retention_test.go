@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -17,7 +17,7 @@ func TestRetentionAgainstTopicRetention(t *testing.T) {
 	bs := brokers(t)
 	topic := newTopic(t, bs, 1)
 	servicetest.SetTopicConfig(t, bs, topic, "retention.ms", "7200000")
-	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) core.Source {
+	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
 		s, err := Open(context.Background(), "kafka://"+bs+"/"+topic+"?group=retention-"+randomHex(3), fastGroup(t)...)
 		if err != nil {
 			t.Fatal(err)

@@ -67,12 +67,12 @@ func caConfig(t *testing.T, caFile string) *tls.Config {
 // roundTrip publishes one message with pub and receives it with src, and
 // dead-letters it (a write to the dead-letter topic Open created, through
 // the same TLS and SASL).
-func roundTrip(t *testing.T, pub core.Publisher, src core.Source) {
+func roundTrip(t *testing.T, pub driver.Publisher, src driver.Source) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	id := "sec-" + randomHex(4)
-	if err := pub.Publish(ctx, "", &core.Message{ID: id, Body: []byte("b")}); err != nil {
+	if err := pub.Publish(ctx, "", &driver.Message{ID: id, Body: []byte("b")}); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 	var d driver.Delivery
@@ -126,7 +126,7 @@ func TestSecurityFromURL(t *testing.T) {
 				t.Fatalf("OpenPublisher: %v", err)
 			}
 			defer pub.Close()
-			roundTrip(t, pub, src)
+			roundTrip(t, pub.Driver(), src)
 		})
 	}
 
@@ -207,7 +207,7 @@ func TestSecurityOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bp.Close()
-	if err := bp.Publish(ctx, "", &core.Message{ID: "x", Body: []byte("x")}); err == nil || !strings.Contains(err.Error(), "SASL") {
+	if err := bp.Publish(ctx, "", &driver.Message{ID: "x", Body: []byte("x")}); err == nil || !strings.Contains(err.Error(), "SASL") {
 		t.Errorf("Publish with a wrong password: %v, want a SASL authentication error", err)
 	}
 	if _, err := Open(ctx, bs, append(bad, WithGroup("g"))...); err == nil || !strings.Contains(err.Error(), "SASL") {

@@ -16,8 +16,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 
 	kafkago "github.com/segmentio/kafka-go"
-
-	"github.com/idemq/idemq/core"
 )
 
 // The reasons a settlement is stale (driver.Stale): it sends nothing, and
@@ -29,7 +27,7 @@ var (
 )
 
 // Source consumes one topic in a consumer group. It implements
-// core.Source, driver.BatchSettler, driver.WindowSetter,
+// driver.Source, driver.BatchSettler, driver.WindowSetter,
 // driver.RedeliveryHorizoner and driver.LoggerSetter, and is safe for
 // concurrent use.
 type Source struct {
@@ -73,7 +71,7 @@ type Stats struct {
 	// Commits counts successful offset commits; CommitErrors failed ones.
 	Commits, CommitErrors int64
 	// StaleSettlements counts settlements refused as stale (an error
-	// wrapping core.ErrStaleDelivery).
+	// wrapping driver.ErrStaleDelivery).
 	StaleSettlements int64
 	// Skipped counts fetched messages not handed out because the commit
 	// metadata of an earlier owner says they were already decided.
@@ -311,7 +309,7 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 }
 
 // Receive returns the next delivery. It blocks until one is available, ctx
-// is done, or the Source is closed (core.ErrSourceClosed). While the group
+// is done, or the Source is closed (driver.ErrSourceClosed). While the group
 // cannot be joined it may return the error to report trouble; calling
 // Receive again is always safe.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
@@ -319,7 +317,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, core.ErrSourceClosed
+			return nil, driver.ErrSourceClosed
 		}
 		if !s.started {
 			if err := s.start(); err != nil {
@@ -343,7 +341,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-s.ctx.Done():
-			return nil, core.ErrSourceClosed
+			return nil, driver.ErrSourceClosed
 		}
 	}
 }
@@ -467,7 +465,7 @@ func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
 // partition's decided prefix, and releases the partitions, without waiting
 // for deliveries still in flight (the Consumer settles before it closes
 // its Source). Settling a delivery afterwards returns an error wrapping
-// core.ErrStaleDelivery and sends nothing; the next owner gets those
+// driver.ErrStaleDelivery and sends nothing; the next owner gets those
 // messages again.
 func (s *Source) Close() error {
 	s.mu.Lock()
@@ -499,7 +497,7 @@ func (s *Source) Close() error {
 
 // AckBatch marks deliveries of this Source done, under one lock; the
 // offsets are committed with the next batched commit. Deliveries whose
-// partition was revoked are refused as stale (core.ErrStaleDelivery); the returned
+// partition was revoked are refused as stale (driver.ErrStaleDelivery); the returned
 // error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	var errs []error

@@ -78,16 +78,16 @@ func committed(t testing.TB, bs, group, topic string, n int) []int64 {
 	return out
 }
 
-func publishN(t testing.TB, bs, topic, prefix string, n int, key func(i int) string) []*core.Message {
+func publishN(t testing.TB, bs, topic, prefix string, n int, key func(i int) string) []*driver.Message {
 	t.Helper()
 	pub, err := NewPublisher(bs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	msgs := make([]*core.Message, n)
+	msgs := make([]*driver.Message, n)
 	for i := range msgs {
-		msgs[i] = &core.Message{ID: fmt.Sprintf("%s-%04d", prefix, i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}
+		msgs[i] = &driver.Message{ID: fmt.Sprintf("%s-%04d", prefix, i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}
 		if key != nil {
 			msgs[i].Key = key(i)
 		}
@@ -303,8 +303,8 @@ func TestMessageFields(t *testing.T) {
 	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
 	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
 	if err := pub.Publish(ctx, topic,
-		&core.Message{ID: "id-1", Key: "acct-7", Body: []byte("b1"), Headers: map[string]string{"ce_id": "ce-1", "x": "y"}},
-		&core.Message{Key: "acct-7", Body: []byte("b2"), Headers: map[string]string{"ce_id": "ce-2"}}); err != nil {
+		&driver.Message{ID: "id-1", Key: "acct-7", Body: []byte("b1"), Headers: map[string]string{"ce_id": "ce-1", "x": "y"}},
+		&driver.Message{Key: "acct-7", Body: []byte("b2"), Headers: map[string]string{"ce_id": "ce-2"}}); err != nil {
 		t.Fatal(err)
 	}
 	group := "g-" + randomHex(4)

@@ -101,19 +101,19 @@ func TestOpenRefusesUncreatableTopicsNamingTheSetting(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name string
-		open func() (core.Source, error)
+		open func() (driver.Source, error)
 		want string
 	}{
-		{"dead-letter topic, options", func() (core.Source, error) {
+		{"dead-letter topic, options", func() (driver.Source, error) {
 			return Open(ctx, bs, WithTopic(topic), WithGroup(group))
 		}, "WithDeadLetterTopic"},
-		{"dead-letter topic, URL", func() (core.Source, error) {
+		{"dead-letter topic, URL", func() (driver.Source, error) {
 			return core.OpenSource(ctx, fmt.Sprintf("kafka://%s/%s?group=%s", bs, topic, group))
 		}, "dead_letter_topic"},
-		{"retry topic, options", func() (core.Source, error) {
+		{"retry topic, options", func() (driver.Source, error) {
 			return Open(ctx, bs, WithTopic(topic), WithGroup(group), WithDeadLetterTopic(topic+"_dlq"), WithRetryTopic(topic+".retry"))
 		}, "WithRetryTopic"},
-		{"retry topic, URL", func() (core.Source, error) {
+		{"retry topic, URL", func() (driver.Source, error) {
 			return core.OpenSource(ctx, fmt.Sprintf("kafka://%s/%s?group=%s&dead_letter_topic=%s_dlq&retry_topic=%s.retry", bs, topic, group, topic, topic))
 		}, "retry_topic"},
 	}

@@ -7,24 +7,24 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/admin"
 )
 
 // Importing this package registers the kafka:// scheme, so that
-// core.OpenSource, core.OpenPublisher and core.OpenDeadLetters open Kafka
+// core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters open Kafka
 // from configuration:
 //
 //	kafka://127.0.0.1:9092/payments?group=billing
 func init() {
 	driver.RegisterBroker("kafka", openSourceURL, openPublisherURL)
-	driver.RegisterDeadLetters("kafka", openDeadLettersURL)
+	admin.RegisterDeadLetters("kafka", openDeadLettersURL)
 }
 
-func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Source, error) {
+func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 	return Open(ctx, u.String(), loggerOption(cfg))
 }
 
-func openPublisherURL(_ context.Context, u *url.URL, cfg driver.OpenConfig) (core.Publisher, error) {
+func openPublisherURL(_ context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
 	p, err := NewPublisher(u.String(), loggerOption(cfg))
 	if err != nil {
 		return nil, err

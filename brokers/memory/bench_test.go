@@ -9,7 +9,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/brokers/memory"
-	"github.com/idemq/idemq/core"
 )
 
 // BenchmarkPublishReceiveAck measures the broker alone: one op is one
@@ -33,9 +32,9 @@ func BenchmarkPublishReceiveAck(b *testing.B) {
 			}
 			defer br.Close()
 			ctx := context.Background()
-			msgs := make([]*core.Message, 100)
+			msgs := make([]*driver.Message, 100)
 			for i := range msgs {
-				msgs[i] = &core.Message{ID: "id-" + strconv.Itoa(i), Body: make([]byte, 128)}
+				msgs[i] = &driver.Message{ID: "id-" + strconv.Itoa(i), Body: make([]byte, 128)}
 			}
 			per := b.N / bc.subs
 			var wg sync.WaitGroup

@@ -15,12 +15,11 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 )
 
-// System is the value of core.Message.System for messages of this broker.
+// System is the value of driver.Message.System for messages of this broker.
 const System = "memory"
 
 // DefaultVisibilityTimeout is how long a delivery stays leased to its
@@ -32,24 +31,24 @@ const DefaultVisibilityTimeout = 30 * time.Second
 const DefaultSeed uint64 = 1
 
 // Errors returned by the broker. Test with errors.Is. ErrCrashed,
-// ErrSubscriptionClosed and ErrBrokerClosed wrap core.ErrSourceClosed, so the
+// ErrSubscriptionClosed and ErrBrokerClosed wrap driver.ErrSourceClosed, so the
 // Consumer stops when Receive returns them; a settlement that gets one of
-// them also wraps core.ErrStaleDelivery (the message is redelivered). A
+// them also wraps driver.ErrStaleDelivery (the message is redelivered). A
 // second settlement of a delivery returns driver.ErrAlreadySettled.
 var (
 	// ErrCrashed is returned by Receive and by every settlement of a
 	// subscription after it crashed (Subscription.Crash or the CrashOnAck
 	// fault).
-	ErrCrashed = fmt.Errorf("memory: subscription crashed: %w", core.ErrSourceClosed)
+	ErrCrashed = fmt.Errorf("memory: subscription crashed: %w", driver.ErrSourceClosed)
 	// ErrSubscriptionClosed is returned by Receive and by settlements
 	// after Subscription.Close.
-	ErrSubscriptionClosed = fmt.Errorf("memory: subscription closed: %w", core.ErrSourceClosed)
+	ErrSubscriptionClosed = fmt.Errorf("memory: subscription closed: %w", driver.ErrSourceClosed)
 	// ErrBrokerClosed is returned by every operation after Broker.Close.
-	ErrBrokerClosed = fmt.Errorf("memory: broker closed: %w", core.ErrSourceClosed)
+	ErrBrokerClosed = fmt.Errorf("memory: broker closed: %w", driver.ErrSourceClosed)
 	// ErrLeaseExpired is returned when a delivery is settled after its
 	// lease ended (visibility timeout, Subscription.ExpireLeases): the
 	// message may have been redelivered, and the settlement is ignored. It
-	// wraps core.ErrStaleDelivery.
+	// wraps driver.ErrStaleDelivery.
 	ErrLeaseExpired = driver.Stale(errors.New("memory: delivery lease expired"))
 	// ErrForeignDelivery is returned by AckBatch for a delivery that was
 	// not received from the same subscription.
@@ -198,7 +197,7 @@ func (b *Broker) queue(name string, create bool) (*queue, error) {
 // Messages without an ID are delivered like any other: judging them is the
 // consumer's job. With the DuplicatePublish fault some messages are
 // enqueued twice in a row.
-func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
+func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*driver.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -218,12 +217,12 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*core.Messag
 // copies of their headers by the global propagator, as every idemq
 // publisher does, so a producer's trace reaches the consumer. Without a
 // span in ctx the messages are returned unchanged.
-func withTraceContext(ctx context.Context, msgs []*core.Message) []*core.Message {
+func withTraceContext(ctx context.Context, msgs []*driver.Message) []*driver.Message {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return msgs
 	}
 	prop := otel.GetTextMapPropagator()
-	out := make([]*core.Message, len(msgs))
+	out := make([]*driver.Message, len(msgs))
 	for i, m := range msgs {
 		c := *m
 		c.Headers = maps.Clone(m.Headers)
@@ -360,7 +359,7 @@ func (b *Broker) Close() error {
 type DeadLetter struct {
 	// Message is the message as last delivered; Attempt is how many times
 	// it was delivered.
-	Message core.Message
+	Message driver.Message
 	// Cause is the error given to DeadLetter.
 	Cause error
 	// At is when it was parked.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/memory"
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // TestConformance runs the shared broker suite (adapter contract and the
@@ -33,8 +33,8 @@ func TestConformance(t *testing.T) {
 			return &brokertest.Fixture{
 				SourceURL:    url,
 				PublisherURL: url,
-				NewPublisher: func(t *testing.T) core.Publisher { return b.Publisher(queue) },
-				Reconnect:    func(t *testing.T, src core.Source) { src.(*memory.Subscription).ExpireLeases() },
+				NewPublisher: func(t *testing.T) driver.Publisher { return b.Publisher(queue) },
+				Reconnect:    func(t *testing.T, src driver.Source) { src.(*memory.Subscription).ExpireLeases() },
 				Raw: func(ctx context.Context) (brokertest.RawMessage, error) {
 					// The broker is its own client: a plain subscription.
 					s, err := b.Subscribe(queue)
@@ -49,10 +49,10 @@ func TestConformance(t *testing.T) {
 					m := d.Message()
 					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, d.Ack(ctx)
 				},
-				Publish: func(ctx context.Context, msgs ...*core.Message) error {
+				Publish: func(ctx context.Context, msgs ...*driver.Message) error {
 					return b.Publish(ctx, queue, msgs...)
 				},
-				NewSource: func(t *testing.T) core.Source {
+				NewSource: func(t *testing.T) driver.Source {
 					s, err := b.Subscribe(queue)
 					if err != nil {
 						t.Fatalf("Subscribe: %v", err)

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
-	"github.com/idemq/idemq/core"
 )
 
 // Delivery is one received message: a lease on it until the visibility
@@ -19,7 +17,7 @@ type Delivery struct {
 	sub *Subscription
 	e   *entry
 	seq uint64
-	msg core.Message
+	msg driver.Message
 
 	settled driver.SettleOnce // the consumer called a settlement (its window slot is free)
 
@@ -33,7 +31,7 @@ func (d *Delivery) node() *hnode { return &d.lease }
 
 // Message returns the delivered message. It is the delivery's own copy:
 // changing it (an IDFunc setting ID) changes no other delivery.
-func (d *Delivery) Message() *core.Message { return &d.msg }
+func (d *Delivery) Message() *driver.Message { return &d.msg }
 
 // lockForSettle locks the queue and checks that d can be settled. On
 // success the queue stays locked and the caller must unlock it.

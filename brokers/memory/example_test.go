@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // A broker with a seeded fault plan: publish, receive, settle, and wait for
@@ -27,8 +28,8 @@ func Example() {
 	defer sub.Close()
 
 	_ = b.Publish(ctx, "payments",
-		&core.Message{ID: "pay-1", Body: []byte(`{"amount":10}`)},
-		&core.Message{ID: "pay-2", Body: []byte(`{"amount":-1}`)},
+		&driver.Message{ID: "pay-1", Body: []byte(`{"amount":10}`)},
+		&driver.Message{ID: "pay-2", Body: []byte(`{"amount":-1}`)},
 	)
 	for b.Len("payments") > 0 {
 		d, err := sub.Receive(ctx)
@@ -67,7 +68,7 @@ func ExampleBroker_SetFaults() {
 	defer b.Close()
 	ctx := context.Background()
 	sub, _ := b.Subscribe("q")
-	_ = b.Publish(ctx, "q", &core.Message{ID: "a"})
+	_ = b.Publish(ctx, "q", &driver.Message{ID: "a"})
 
 	_ = b.SetFaults(memory.Faults{LoseAck: 1})
 	d, _ := sub.Receive(ctx)
@@ -90,7 +91,7 @@ func ExampleSubscription_Crash() {
 	b, _ := memory.NewBroker()
 	defer b.Close()
 	ctx := context.Background()
-	_ = b.Publish(ctx, "q", &core.Message{ID: "a"})
+	_ = b.Publish(ctx, "q", &driver.Message{ID: "a"})
 
 	first, _ := b.Subscribe("q")
 	d, _ := first.Receive(ctx)

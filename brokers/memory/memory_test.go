@@ -41,9 +41,9 @@ func subscribe(t testing.TB, b *memory.Broker, queue string, opts ...memory.Subs
 
 func publish(t testing.TB, b *memory.Broker, queue string, ids ...string) {
 	t.Helper()
-	msgs := make([]*core.Message, len(ids))
+	msgs := make([]*driver.Message, len(ids))
 	for i, id := range ids {
-		msgs[i] = &core.Message{ID: id, Body: []byte("body-" + id), Headers: map[string]string{"h": id}, Key: "k-" + id}
+		msgs[i] = &driver.Message{ID: id, Body: []byte("body-" + id), Headers: map[string]string{"h": id}, Key: "k-" + id}
 	}
 	if err := b.Publish(context.Background(), queue, msgs...); err != nil {
 		t.Fatalf("Publish: %v", err)
@@ -131,7 +131,7 @@ func TestAckRemovesMessage(t *testing.T) {
 func TestPublishCopiesMessage(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
-	m := &core.Message{ID: "a", Body: []byte("xyz"), Headers: map[string]string{"h": "1"}}
+	m := &driver.Message{ID: "a", Body: []byte("xyz"), Headers: map[string]string{"h": "1"}}
 	if err := b.Publish(context.Background(), "q", m); err != nil {
 		t.Fatal(err)
 	}
@@ -991,7 +991,7 @@ func TestBrokerCloseStopsEverything(t *testing.T) {
 	if err := d.Ack(context.Background()); !errors.Is(err, memory.ErrBrokerClosed) {
 		t.Fatalf("Ack after Close = %v", err)
 	}
-	if err := b.Publish(context.Background(), "q", &core.Message{ID: "x"}); !errors.Is(err, memory.ErrBrokerClosed) {
+	if err := b.Publish(context.Background(), "q", &driver.Message{ID: "x"}); !errors.Is(err, memory.ErrBrokerClosed) {
 		t.Fatalf("Publish after Close = %v", err)
 	}
 	if _, err := b.Subscribe("q"); !errors.Is(err, memory.ErrBrokerClosed) {

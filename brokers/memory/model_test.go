@@ -14,7 +14,6 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/idemq/idemq/brokers/memory"
-	"github.com/idemq/idemq/core"
 )
 
 // The model test drives the broker with random operations (publish,
@@ -138,10 +137,10 @@ func TestModel(t *testing.T) {
 		t.Repeat(map[string]func(*rapid.T){
 			"publish": func(t *rapid.T) {
 				n := rapid.IntRange(1, 5).Draw(t, "n")
-				msgs := make([]*core.Message, n)
+				msgs := make([]*driver.Message, n)
 				for i := range msgs {
 					m.nextID++
-					msgs[i] = &core.Message{ID: fmt.Sprint("id", m.nextID)}
+					msgs[i] = &driver.Message{ID: fmt.Sprint("id", m.nextID)}
 					e := &mEntry{seq: strconv.Itoa(len(m.all) + 1)}
 					m.all = append(m.all, e)
 					m.ready = append(m.ready, e)

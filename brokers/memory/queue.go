@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 type entryState uint8
@@ -27,7 +27,7 @@ const (
 // letter.
 type entry struct {
 	seq        uint64 // publish sequence, for metadata and tests
-	msg        core.Message
+	msg        driver.Message
 	deliveries int
 	state      entryState
 	lease      *Delivery // the current lease while in flight
@@ -74,7 +74,7 @@ type queue struct {
 	stats    Stats
 }
 
-func cloneMessage(m core.Message) core.Message {
+func cloneMessage(m driver.Message) driver.Message {
 	m.Body = bytes.Clone(m.Body)
 	m.Headers = maps.Clone(m.Headers)
 	m.Metadata = maps.Clone(m.Metadata)
@@ -83,7 +83,7 @@ func cloneMessage(m core.Message) core.Message {
 
 func (q *queue) lenLocked() int { return q.ready.len() + q.delayed.len() + q.inFlight }
 
-func (q *queue) publish(msgs []*core.Message, dup float64) error {
+func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -99,7 +99,7 @@ func (q *queue) publish(msgs []*core.Message, dup float64) error {
 		body, hdr := bytes.Clone(m.Body), maps.Clone(m.Headers)
 		for range copies {
 			q.pubSeq++
-			e := &entry{seq: q.pubSeq, msg: core.Message{ID: m.ID, Body: body, Headers: hdr, Key: m.Key}}
+			e := &entry{seq: q.pubSeq, msg: driver.Message{ID: m.ID, Body: body, Headers: hdr, Key: m.Key}}
 			e.delay.idx = -1
 			q.ready.pushBack(e)
 			q.stats.Published++
@@ -156,7 +156,7 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *Delivery {
 	q.inFlight++
 	q.delSeq++
 	d := &Delivery{sub: s, e: e, seq: q.delSeq}
-	d.msg = core.Message{
+	d.msg = driver.Message{
 		ID:      e.msg.ID,
 		Body:    bytes.Clone(e.msg.Body),
 		Headers: maps.Clone(e.msg.Headers),

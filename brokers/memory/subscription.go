@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	"github.com/idemq/idemq/core/driver"
-
-	"github.com/idemq/idemq/core"
 )
 
 // Metadata keys set on every delivered message.
@@ -54,7 +52,7 @@ const (
 	subBrokerClosed
 )
 
-// Subscription receives from one queue. It implements core.Source,
+// Subscription receives from one queue. It implements driver.Source,
 // driver.BatchSettler and driver.WindowSetter. Its methods are safe for
 // concurrent use, and Receive may be called from several goroutines.
 type Subscription struct {
@@ -71,7 +69,7 @@ type Subscription struct {
 }
 
 var (
-	_ core.Source         = (*Subscription)(nil)
+	_ driver.Source       = (*Subscription)(nil)
 	_ driver.BatchSettler = (*Subscription)(nil)
 	_ driver.WindowSetter = (*Subscription)(nil)
 )
@@ -120,7 +118,7 @@ func (s *Subscription) wakeWindowLocked(n int) { wake(&s.windowWaiters, n) }
 
 // Receive returns the next ready message of the queue, blocking while none
 // is ready or the window is full. It returns ctx.Err() when ctx is done, and
-// an error wrapping core.ErrSourceClosed once the subscription is closed
+// an error wrapping driver.ErrSourceClosed once the subscription is closed
 // (ErrSubscriptionClosed), crashed (ErrCrashed) or the broker closed
 // (ErrBrokerClosed). Blocked receivers are woken one per ready message, in
 // the order they started waiting.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -77,7 +76,7 @@ func parseURL(u *url.URL) (b *Broker, queue string, subOpts []SubscribeOption, e
 	return b, queue, subOpts, err
 }
 
-func openSourceURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Source, error) {
+func openSourceURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {
 	b, queue, subOpts, err := parseURL(u)
 	if err != nil {
 		return nil, err
@@ -92,22 +91,22 @@ type Publisher struct {
 	queue string
 }
 
-// Publisher returns a core.Publisher whose default destination is queue.
+// Publisher returns a driver.Publisher whose default destination is queue.
 func (b *Broker) Publisher(queue string) *Publisher { return &Publisher{b: b, queue: queue} }
 
-// Publish implements core.Publisher: it publishes to queue, or to the
+// Publish implements driver.Publisher: it publishes to queue, or to the
 // default queue when queue is "".
-func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
+func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*driver.Message) error {
 	if queue == "" {
 		queue = p.queue
 	}
 	return p.b.Publish(ctx, queue, msgs...)
 }
 
-// Close implements core.Publisher; the broker stays open.
+// Close implements driver.Publisher; the broker stays open.
 func (p *Publisher) Close() error { return nil }
 
-func openPublisherURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
+func openPublisherURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
 	b, queue, subOpts, err := parseURL(u)
 	if err != nil {
 		return nil, err

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -41,10 +40,10 @@ func harness() brokertest.Harness {
 			s.Close()
 			base := u + "/" + ts.name + "?consumer=worker&subject=" + url.QueryEscape(ts.subject)
 			return &brokertest.Fixture{
-				Publish: func(ctx context.Context, msgs ...*core.Message) error {
+				Publish: func(ctx context.Context, msgs ...*driver.Message) error {
 					return ts.publishRaw(ctx, IDHeader, msgs...)
 				},
-				NewSource: func(t *testing.T) core.Source {
+				NewSource: func(t *testing.T) driver.Source {
 					s, err := Open(context.Background(), ts.name, opts...)
 					if err != nil {
 						t.Fatalf("Open: %v", err)
@@ -55,7 +54,7 @@ func harness() brokertest.Harness {
 					return rawDeadLetters(ctx, ts)
 				},
 				Reconnect: lapseLeases,
-				NewPublisher: func(t *testing.T) core.Publisher {
+				NewPublisher: func(t *testing.T) driver.Publisher {
 					p, err := NewPublisher(context.Background(), ts.name, opts...)
 					if err != nil {
 						t.Fatalf("NewPublisher: %v", err)

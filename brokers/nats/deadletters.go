@@ -10,6 +10,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -19,7 +20,7 @@ var bookkeeping = []string{driver.CauseHeader, AttemptHeader, OriginHeader, Park
 
 // DeadLetters is an operator's handle on one consumer's dead letters: the
 // messages on its dead-letter subject in the dead-letter stream. It
-// implements driver.DeadLetterQueue. Scan reads them by sequence (direct
+// implements admin.DeadLetterQueue. Scan reads them by sequence (direct
 // gets, never a consumer), so listing leaves them parked; Redrive and Purge
 // delete them by sequence.
 type DeadLetters struct {
@@ -42,24 +43,24 @@ func OpenDeadLetters(ctx context.Context, stream string, opts ...Option) (*DeadL
 	return &DeadLetters{c: c, link: l, dlq: dlq}, nil
 }
 
-// Name implements driver.DeadLetterQueue: the dead-letter stream and
+// Name implements admin.DeadLetterQueue: the dead-letter stream and
 // subject, as STREAM/SUBJECT.
 func (q *DeadLetters) Name() string { return q.c.dlqStream + "/" + q.c.dlqSubject }
 
-// Close implements driver.DeadLetterQueue.
+// Close implements admin.DeadLetterQueue.
 func (q *DeadLetters) Close() error {
 	q.link.close()
 	return nil
 }
 
-// Scan implements driver.DeadLetterQueue, oldest first.
-func (q *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
-	return q.each(ctx, func(_ uint64, p *driver.Parked) error { return fn(p) })
+// Scan implements admin.DeadLetterQueue, oldest first.
+func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
+	return q.each(ctx, func(_ uint64, p *admin.Parked) error { return fn(p) })
 }
 
 // each calls fn with each parked message from the first sequence to the
 // last one at the call's start.
-func (q *DeadLetters) each(ctx context.Context, fn func(seq uint64, p *driver.Parked) error) error {
+func (q *DeadLetters) each(ctx context.Context, fn func(seq uint64, p *admin.Parked) error) error {
 	info, err := q.dlq.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("nats: dead-letter stream %s: %w", q.c.dlqStream, err)
@@ -85,10 +86,10 @@ func (q *DeadLetters) each(ctx context.Context, fn func(seq uint64, p *driver.Pa
 }
 
 // parked reads a parked copy.
-func parked(raw *jetstream.RawStreamMsg) *driver.Parked {
+func parked(raw *jetstream.RawStreamMsg) *admin.Parked {
 	h := headerMap(raw.Header)
 	delete(h, natsgo.MsgIdHdr) // the parking's own dedup id
-	p := &driver.Parked{
+	p := &admin.Parked{
 		Ref:         strconv.FormatUint(raw.Sequence, 10),
 		ID:          h[IDHeader],
 		Cause:       h[driver.CauseHeader],
@@ -106,7 +107,7 @@ func parked(raw *jetstream.RawStreamMsg) *driver.Parked {
 	return p
 }
 
-// Redrive implements driver.DeadLetterQueue. The copy goes to the subject
+// Redrive implements admin.DeadLetterQueue. The copy goes to the subject
 // the message was consumed from, with its headers minus the bookkeeping
 // ones, and its business id in idemq-id, which the Source reads before the
 // id header: JetStream would drop a publish with the original Nats-Msg-Id
@@ -115,13 +116,13 @@ func parked(raw *jetstream.RawStreamMsg) *driver.Parked {
 // repeated after a failed delete is then dropped as a duplicate). Every
 // consumer of that subject gets the copy again; those that applied it
 // decide it Duplicate.
-func (q *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool, progress func(done int)) (int, error) {
+func (q *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
 	type chosen struct {
 		seq uint64
-		p   *driver.Parked
+		p   *admin.Parked
 	}
 	var all []chosen
-	err := q.each(ctx, func(seq uint64, p *driver.Parked) error {
+	err := q.each(ctx, func(seq uint64, p *admin.Parked) error {
 		if sel == nil || sel(p) {
 			all = append(all, chosen{seq, p})
 		}
@@ -158,10 +159,10 @@ func (q *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool
 	return len(all), nil
 }
 
-// Purge implements driver.DeadLetterQueue.
-func (q *DeadLetters) Purge(ctx context.Context, sel func(*driver.Parked) bool) (int, error) {
+// Purge implements admin.DeadLetterQueue.
+func (q *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
 	n := 0
-	err := q.each(ctx, func(seq uint64, p *driver.Parked) error {
+	err := q.each(ctx, func(seq uint64, p *admin.Parked) error {
 		if sel != nil && !sel(p) {
 			return nil
 		}

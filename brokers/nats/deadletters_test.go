@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -42,7 +43,7 @@ func TestSharedDeadLetterStream(t *testing.T) {
 	defer qb.Close()
 	count := func(q *DeadLetters) (n int, origin string) {
 		t.Helper()
-		if err := q.Scan(ctx, func(p *driver.Parked) error { n++; origin = p.Origin; return nil }); err != nil {
+		if err := q.Scan(ctx, func(p *admin.Parked) error { n++; origin = p.Origin; return nil }); err != nil {
 			t.Fatal(err)
 		}
 		return n, origin

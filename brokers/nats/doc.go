@@ -63,7 +63,7 @@
 // does not make a delivery stale: JetStream keeps the consumer's state on
 // the server, and acks sent after the reconnect still count.
 //
-// OpenDeadLetters (or core.OpenDeadLetters with the consumer's own nats://
+// OpenDeadLetters (or admin.OpenDeadLetters with the consumer's own nats://
 // URL) gives an operator the consumer's dead letters: Scan reads them by
 // stream sequence (direct gets, never a consumer, so listing leaves them
 // parked), Ref is the dead-letter stream sequence, Redrive publishes the
@@ -77,7 +77,7 @@
 // that applied it decide it Duplicate.
 //
 // Importing the package registers the nats:// URL scheme with
-// core.OpenSource, core.OpenPublisher and core.OpenDeadLetters:
+// core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters:
 //
 //	nats://[user:pass@]host:4222[,host2:4222]/STREAM?consumer=NAME&subject=…
 //

@@ -13,6 +13,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -58,13 +59,13 @@ func TestEndToEnd(t *testing.T) {
 		return st.Processed == 19 && st.Duplicates == 1 && st.DeadLettered == 1
 	})
 
-	q, err := core.OpenDeadLetters(ctx, srcURL)
+	q, err := admin.OpenDeadLetters(ctx, srcURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer q.Close()
-	var parked []*core.Parked
-	q.Scan(ctx, func(p *core.Parked) error { parked = append(parked, p); return nil })
+	var parked []*admin.Parked
+	q.Scan(ctx, func(p *admin.Parked) error { parked = append(parked, p); return nil })
 	if len(parked) != 1 || parked[0].ID != "order-13" || parked[0].Attempt != 3 || !strings.Contains(parked[0].Cause, "cannot price order 13") {
 		t.Fatalf("parked %+v", parked)
 	}

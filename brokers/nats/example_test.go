@@ -12,8 +12,10 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -73,7 +75,7 @@ func ExampleNewPublisher() {
 		log.Fatal(err)
 	}
 	defer p.Close()
-	err = p.Publish(ctx, "", &core.Message{ID: "order-1042", Key: "customer-7", Body: []byte(`{"total":42}`)})
+	err = p.Publish(ctx, "", &driver.Message{ID: "order-1042", Key: "customer-7", Body: []byte(`{"total":42}`)})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -101,19 +103,19 @@ func ExampleNewPublisher_plainNATS() {
 // their subject; the consumer decides any already applied Duplicate.
 func ExampleOpenDeadLetters() {
 	ctx := context.Background()
-	q, err := core.OpenDeadLetters(ctx, "nats://127.0.0.1:4222/ORDERS?consumer=billing&subject=orders.created")
+	q, err := admin.OpenDeadLetters(ctx, "nats://127.0.0.1:4222/ORDERS?consumer=billing&subject=orders.created")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer q.Close()
-	err = q.Scan(ctx, func(p *core.Parked) error {
+	err = q.Scan(ctx, func(p *admin.Parked) error {
 		fmt.Println(p.Ref, p.ID, p.Attempt, p.Cause)
 		return nil
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	n, err := q.Redrive(ctx, func(p *core.Parked) bool { return p.Cause != "" }, nil)
+	n, err := q.Redrive(ctx, func(p *admin.Parked) bool { return p.Cause != "" }, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

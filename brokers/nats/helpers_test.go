@@ -167,7 +167,7 @@ func (e effects) counts(t *testing.T) map[string]int {
 
 // run runs a Consumer of src with h in the background; stop cancels it
 // and returns Run's error (the test's end stops it too).
-func (e effects) run(t *testing.T, src core.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
+func (e effects) run(t *testing.T, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
 	t.Helper()
 	c, err := core.New(src, e.st, h, append([]core.Option{core.WithLogger(testLogger(t))}, opts...)...)
 	if err != nil {

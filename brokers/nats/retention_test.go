@@ -7,7 +7,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -17,7 +16,7 @@ import (
 // start when strict.
 func TestRetentionAgainstUnboundedHorizon(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
-	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) core.Source {
+	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
 		return openSource(t, ts)
 	}, 48*time.Hour, "unbounded")
 }
@@ -39,7 +38,7 @@ func TestRetentionAgainstMaxAge(t *testing.T) {
 	}
 	declare(ts.name, ts.subject, time.Hour)
 	declare(ts.name+"_DLQ", "idemq.dlq."+ts.name+".worker", 2*time.Hour)
-	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) core.Source {
+	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
 		return openSource(t, ts)
 	}, 150*time.Minute, "3h0m0s")
 

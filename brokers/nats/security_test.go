@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/internal/tlstest"
@@ -132,7 +133,7 @@ func TestSecurity(t *testing.T) {
 			if err := d.Ack(ctx); err != nil {
 				t.Fatal(err)
 			}
-			q, err := core.OpenDeadLetters(context.Background(), m.good(base))
+			q, err := admin.OpenDeadLetters(context.Background(), m.good(base))
 			if err != nil {
 				t.Fatalf("OpenDeadLetters: %v", err)
 			}

@@ -10,6 +10,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -80,13 +81,13 @@ func TestNatsMsgID(t *testing.T) {
 		t.Fatalf("DeadLetter: %v", err)
 	}
 
-	q, err := core.OpenDeadLetters(ctx, ts.url+"/"+ts.name+"?consumer=worker&subject="+ts.subject)
+	q, err := admin.OpenDeadLetters(ctx, ts.url+"/"+ts.name+"?consumer=worker&subject="+ts.subject)
 	if err != nil {
 		t.Fatalf("OpenDeadLetters: %v", err)
 	}
 	defer q.Close()
-	var parked []*core.Parked
-	if err := q.Scan(ctx, func(p *core.Parked) error { parked = append(parked, p); return nil }); err != nil {
+	var parked []*admin.Parked
+	if err := q.Scan(ctx, func(p *admin.Parked) error { parked = append(parked, p); return nil }); err != nil {
 		t.Fatalf("Scan: %v", err)
 	}
 	if len(parked) != 1 || parked[0].ID != id || parked[0].Cause != "bad deploy" || parked[0].Destination != ts.subject || parked[0].Attempt != 1 {
@@ -105,7 +106,7 @@ func TestNatsMsgID(t *testing.T) {
 	}
 	expectNothing(t, s, 300*time.Millisecond)
 	n := 0
-	if err := q.Scan(ctx, func(*core.Parked) error { n++; return nil }); err != nil || n != 0 {
+	if err := q.Scan(ctx, func(*admin.Parked) error { n++; return nil }); err != nil || n != 0 {
 		t.Fatalf("after Redrive: %d parked, %v", n, err)
 	}
 }

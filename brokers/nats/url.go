@@ -12,13 +12,14 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
 	driver.RegisterBroker("nats", openSourceURL, openPublisherURL)
-	driver.RegisterDeadLetters("nats", openDeadLettersURL)
+	admin.RegisterDeadLetters("nats", openDeadLettersURL)
 }
 
 // urlParam is one URL parameter of nats:// URLs: the option it sets and
@@ -214,7 +215,7 @@ func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (d
 	return NewPublisher(ctx, stream, opts...)
 }
 
-func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetterQueue, error) {
+func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
 	stream, opts, err := parseURL(u, cfg)
 	if err != nil {
 		return nil, err

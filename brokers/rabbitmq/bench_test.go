@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-
-	"github.com/idemq/idemq/core"
 )
 
 // The end-to-end RabbitMQ → Postgres comparison (the seed-style consumer on
@@ -96,9 +94,9 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 }
 
 func publishBench(b *testing.B, amqpU, q string, n int) {
-	msgs := make([]*core.Message, n)
+	msgs := make([]*driver.Message, n)
 	for i := range msgs {
-		msgs[i] = &core.Message{ID: fmt.Sprintf("raw-%07d", i), Body: []byte(`{"n":1}`)}
+		msgs[i] = &driver.Message{ID: fmt.Sprintf("raw-%07d", i), Body: []byte(`{"n":1}`)}
 	}
 	pub, err := NewPublisher(context.Background(), amqpU)
 	if err != nil {

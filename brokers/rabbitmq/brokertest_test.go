@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -55,10 +56,10 @@ func harness(recordsCause bool, params string, opts ...Option) brokertest.Harnes
 			var sources atomic.Int64
 			srcURL := strings.TrimSuffix(url, "/") + "/?queue=" + q + params
 			return &brokertest.Fixture{
-				Publish: func(ctx context.Context, msgs ...*core.Message) error {
+				Publish: func(ctx context.Context, msgs ...*driver.Message) error {
 					return pub.Publish(ctx, "", msgs...)
 				},
-				NewSource: func(t *testing.T) core.Source {
+				NewSource: func(t *testing.T) driver.Source {
 					// A connection name of its own, for Reconnect.
 					name := WithConnectionName(fmt.Sprintf("idemq-bt-%s-%d", q, sources.Add(1)))
 					s, err := Open(ctx, url, q, append(all, name)...)
@@ -75,7 +76,7 @@ func harness(recordsCause bool, params string, opts ...Option) brokertest.Harnes
 					}
 					return out, nil
 				},
-				Reconnect: func(t *testing.T, src core.Source) {
+				Reconnect: func(t *testing.T, src driver.Source) {
 					needRabbitmqctl(t, url)
 					s := src.(*Source)
 					before := s.Stats().Reconnects
@@ -84,7 +85,7 @@ func harness(recordsCause bool, params string, opts ...Option) brokertest.Harnes
 					}
 					waitUntil(t, 10*time.Second, func() bool { return s.Stats().Reconnects > before })
 				},
-				NewPublisher: func(t *testing.T) core.Publisher { return newPub(t) },
+				NewPublisher: func(t *testing.T) driver.Publisher { return newPub(t) },
 				Raw: func(ctx context.Context) (brokertest.RawMessage, error) {
 					d, err := getOne(ctx, url, q)
 					if err != nil {
@@ -116,7 +117,7 @@ func getOne(ctx context.Context, url, queue string) (amqp.Delivery, error) {
 		if err != nil || ok {
 			return d, err
 		}
-		if !driver.Sleep(ctx, 20*time.Millisecond) {
+		if !retry.Sleep(ctx, 20*time.Millisecond) {
 			return amqp.Delivery{}, ctx.Err()
 		}
 	}

@@ -14,11 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/retry"
+
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 )
@@ -98,12 +100,12 @@ func clusterNodeLoss(t *testing.T, c *servicetest.RabbitCluster, pgURL string) {
 	defer src.Close()
 
 	const unique, accounts = 5000, 17
-	msgs := make([]*core.Message, 0, unique*6/5)
+	msgs := make([]*driver.Message, 0, unique*6/5)
 	want := map[string]int64{}
 	for i := range unique {
 		acct, amount := fmt.Sprintf("acct-%02d", i%accounts), int64(1+mrand.IntN(1000))
 		want[acct] += amount
-		msgs = append(msgs, &core.Message{ID: fmt.Sprintf("order-%05d", i), Body: fmt.Appendf(nil, "%s %d", acct, amount)})
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("order-%05d", i), Body: fmt.Appendf(nil, "%s %d", acct, amount)})
 	}
 	for _, i := range mrand.Perm(unique)[:unique/5] {
 		msgs = append(msgs, msgs[i])
@@ -128,7 +130,7 @@ func clusterNodeLoss(t *testing.T, c *servicetest.RabbitCluster, pgURL string) {
 		if _, err := fmt.Sscan(string(m.Body), &acct, &amount); err != nil {
 			return core.Permanent(err)
 		}
-		if !driver.Sleep(ctx, 8*time.Millisecond) {
+		if !retry.Sleep(ctx, 8*time.Millisecond) {
 			return ctx.Err()
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (id, account, amount) VALUES ($1, $2, $3)`, m.ID, acct, amount)
@@ -323,10 +325,10 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 		}
 		return c.Index(pub.conn.RemoteAddr().String())
 	}
-	batch := func(from, n int) []*core.Message {
-		ms := make([]*core.Message, n)
+	batch := func(from, n int) []*driver.Message {
+		ms := make([]*driver.Message, n)
 		for i := range ms {
-			ms[i] = &core.Message{ID: fmt.Sprintf("pub-%04d", from+i), Body: []byte("x")}
+			ms[i] = &driver.Message{ID: fmt.Sprintf("pub-%04d", from+i), Body: []byte("x")}
 		}
 		return ms
 	}

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/internal/retry"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core/driver"
@@ -22,8 +25,8 @@ import (
 // DeadLetters is an operator's handle on the dead-letter queue of one
 // consumer's queue: it lists the parked messages (Scan), publishes chosen
 // ones back to the queue they came from (Redrive) and deletes chosen ones
-// (Purge). It implements driver.DeadLetterQueue and is what
-// core.OpenDeadLetters returns for an amqp:// or amqps:// URL.
+// (Purge). It implements admin.DeadLetterQueue and is what
+// admin.OpenDeadLetters returns for an amqp:// or amqps:// URL.
 //
 // AMQP cannot read a message without taking it, so each call takes the
 // messages ready in the dead-letter queue when it begins, one by one with
@@ -57,7 +60,7 @@ type DeadLetters struct {
 	conn  *amqp.Connection
 }
 
-var _ driver.DeadLetterQueue = (*DeadLetters)(nil)
+var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
 
 // OpenDeadLetters connects to the broker at url and returns the
 // dead-letter queue of the consumer of queue: the one WithDeadLetterQueue
@@ -92,7 +95,7 @@ func OpenDeadLetters(ctx context.Context, url, queue string, opts ...Option) (*D
 // openDeadLettersURL opens the dead-letter queue of the consumer an
 // amqp://…?queue=NAME[&…] URL describes (see OpenURL: the same parameters,
 // checked the same way).
-func openDeadLettersURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.DeadLetterQueue, error) {
+func openDeadLettersURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (admin.DeadLetterQueue, error) {
 	amqpURL, queue, urlOpts, err := parseSourceURL(u.String())
 	if err != nil {
 		return nil, err
@@ -110,8 +113,8 @@ func (q *DeadLetters) Name() string { return q.cfg.deadLetterQueue }
 // Scan calls fn with each message parked when it began, in queue order,
 // and leaves them all parked. An error from fn stops the scan and is
 // returned. See DeadLetters for what the broker holds while it runs.
-func (q *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
-	return q.browse(ctx, func(*browser, *amqp.Delivery, *driver.Parked) (bool, error) { return false, nil }, fn)
+func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
+	return q.browse(ctx, func(*browser, *amqp.Delivery, *admin.Parked) (bool, error) { return false, nil }, fn)
 }
 
 // Redrive publishes each message parked when it began that sel chooses to
@@ -124,9 +127,9 @@ func (q *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) e
 // nil, is called after each message redriven. It returns the number
 // redriven; after an error (an unroutable destination among them) the rest
 // are still parked.
-func (q *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool, progress func(done int)) (int, error) {
+func (q *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
 	done := 0
-	err := q.browse(ctx, func(b *browser, d *amqp.Delivery, p *driver.Parked) (bool, error) {
+	err := q.browse(ctx, func(b *browser, d *amqp.Delivery, p *admin.Parked) (bool, error) {
 		if !sel(p) {
 			return false, nil
 		}
@@ -147,9 +150,9 @@ func (q *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool
 
 // Purge deletes (acks) each message parked when it began that sel chooses
 // and returns how many.
-func (q *DeadLetters) Purge(ctx context.Context, sel func(*driver.Parked) bool) (int, error) {
+func (q *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
 	done := 0
-	err := q.browse(ctx, func(b *browser, d *amqp.Delivery, p *driver.Parked) (bool, error) {
+	err := q.browse(ctx, func(b *browser, d *amqp.Delivery, p *admin.Parked) (bool, error) {
 		if !sel(p) {
 			return false, nil
 		}
@@ -205,14 +208,14 @@ func (b *browser) publish(ctx context.Context, queue string, p amqp.Publishing) 
 
 // actFunc is what a call does with one message d it took, read as p; it
 // says whether it acked (removed) d.
-type actFunc func(b *browser, d *amqp.Delivery, p *driver.Parked) (acked bool, err error)
+type actFunc func(b *browser, d *amqp.Delivery, p *admin.Parked) (acked bool, err error)
 
 // browse takes, one at a time, as many messages as the dead-letter queue
 // held ready when it began (fewer if it runs out), and calls act with each
 // (and then list, if not nil); an error from either ends the call. The
 // messages act does not ack go back to the queue when the channel closes
 // at the end.
-func (q *DeadLetters) browse(ctx context.Context, act actFunc, list func(*driver.Parked) error) error {
+func (q *DeadLetters) browse(ctx context.Context, act actFunc, list func(*admin.Parked) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -257,7 +260,7 @@ func (q *DeadLetters) awaitReturned(ctx context.Context, kept int) {
 	defer cancel()
 	for {
 		st, err := ch.QueueDeclarePassive(q.Name(), true, false, false, false, nil)
-		if err != nil || st.Messages >= kept || !driver.Sleep(ctx, 10*time.Millisecond) {
+		if err != nil || st.Messages >= kept || !retry.Sleep(ctx, 10*time.Millisecond) {
 			return
 		}
 	}
@@ -265,7 +268,7 @@ func (q *DeadLetters) awaitReturned(ctx context.Context, kept int) {
 
 // take is browse's loop on b. kept counts the messages it took and did
 // not ack.
-func (q *DeadLetters) take(ctx context.Context, b *browser, act actFunc, list func(*driver.Parked) error) (kept int, err error) {
+func (q *DeadLetters) take(ctx context.Context, b *browser, act actFunc, list func(*admin.Parked) error) (kept int, err error) {
 	st, err := b.ch.QueueDeclarePassive(q.Name(), true, false, false, false, nil)
 	if err != nil {
 		return 0, fmt.Errorf("rabbitmq: dead-letter queue %q: %w", q.Name(), err)
@@ -302,10 +305,10 @@ func (q *DeadLetters) take(ctx context.Context, b *browser, act actFunc, list fu
 
 // parked reads d as an operator sees it. seen counts the refs given so
 // far in this call, to tell identical copies apart.
-func (q *DeadLetters) parked(d *amqp.Delivery, seen map[string]int) *driver.Parked {
+func (q *DeadLetters) parked(d *amqp.Delivery, seen map[string]int) *admin.Parked {
 	id, _ := messageID(q.cfg.idHeader, d)
 	key, _ := d.Headers[KeyHeader].(string)
-	p := &driver.Parked{
+	p := &admin.Parked{
 		ID:      id,
 		Key:     key,
 		Headers: renderHeaders(d.Headers),

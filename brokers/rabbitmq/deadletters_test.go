@@ -13,7 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -43,10 +43,10 @@ func parkN(t *testing.T, n int, prefix string, opts ...Option) (string, string, 
 	}
 	defer pub.Close()
 	ids := make([]string, n)
-	msgs := make([]*core.Message, n)
+	msgs := make([]*driver.Message, n)
 	for i := range n {
 		ids[i] = fmt.Sprintf("%s-%03d", prefix, i)
-		msgs[i] = &core.Message{ID: ids[i], Body: []byte("body of " + ids[i]), Key: "k" + ids[i], Headers: map[string]string{"h": ids[i]}}
+		msgs[i] = &driver.Message{ID: ids[i], Body: []byte("body of " + ids[i]), Key: "k" + ids[i], Headers: map[string]string{"h": ids[i]}}
 	}
 	if err := pub.Publish(ctx, "", msgs...); err != nil {
 		t.Fatal(err)
@@ -74,17 +74,17 @@ func openDLQ(t *testing.T, url, queue string, opts ...Option) *DeadLetters {
 }
 
 // scanAll returns every parked message, in the order Scan gave them.
-func scanAll(t *testing.T, q *DeadLetters) []*driver.Parked {
+func scanAll(t *testing.T, q *DeadLetters) []*admin.Parked {
 	t.Helper()
-	var out []*driver.Parked
-	if err := q.Scan(context.Background(), func(p *driver.Parked) error { out = append(out, p); return nil }); err != nil {
+	var out []*admin.Parked
+	if err := q.Scan(context.Background(), func(p *admin.Parked) error { out = append(out, p); return nil }); err != nil {
 		t.Fatalf("Scan: %v", err)
 	}
 	return out
 }
 
 // parkedIDs returns the sorted ids of ps.
-func parkedIDs(ps []*driver.Parked) []string {
+func parkedIDs(ps []*admin.Parked) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
 		out[i] = p.ID
@@ -130,7 +130,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 				chosen[ids[i]], chosen[ids[i+1]] = true, true
 			}
 			calls := 0
-			n, err := q.Redrive(context.Background(), func(p *driver.Parked) bool { calls++; return chosen[p.ID] }, nil)
+			n, err := q.Redrive(context.Background(), func(p *admin.Parked) bool { calls++; return chosen[p.ID] }, nil)
 			if err != nil || n != 100 {
 				t.Fatalf("Redrive = %d, %v; want 100, nil", n, err)
 			}
@@ -184,7 +184,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 				}
 			}
 
-			n, err = q.Purge(context.Background(), func(*driver.Parked) bool { return true })
+			n, err = q.Purge(context.Background(), func(*admin.Parked) bool { return true })
 			if err != nil || n != 150 {
 				t.Fatalf("Purge = %d, %v; want 150, nil", n, err)
 			}
@@ -238,7 +238,7 @@ func TestDeadLettersRedriveUnroutable(t *testing.T) {
 	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	n, err := q.Redrive(context.Background(), func(*driver.Parked) bool { return true }, nil)
+	n, err := q.Redrive(context.Background(), func(*admin.Parked) bool { return true }, nil)
 	if n != 0 || err == nil || !strings.Contains(err.Error(), "unroutable") {
 		t.Fatalf("Redrive = %d, %v; want 0 and an unroutable error", n, err)
 	}
@@ -268,11 +268,11 @@ func TestDeadLettersBoundedWhileParking(t *testing.T) {
 	defer cancel()
 	time.Sleep(50 * time.Millisecond)
 	seen := 0
-	if err := q.Scan(context.Background(), func(*driver.Parked) error { seen++; return nil }); err != nil || seen < 20 {
+	if err := q.Scan(context.Background(), func(*admin.Parked) error { seen++; return nil }); err != nil || seen < 20 {
 		t.Fatalf("Scan saw %d, %v; want at least 20, nil", seen, err)
 	}
 	calls := 0
-	n, err := q.Purge(context.Background(), func(p *driver.Parked) bool { calls++; return strings.HasPrefix(p.ID, "bounded-") })
+	n, err := q.Purge(context.Background(), func(p *admin.Parked) bool { calls++; return strings.HasPrefix(p.ID, "bounded-") })
 	if err != nil || n != 20 || calls < 20 {
 		t.Fatalf("Purge = %d, %v after %d calls; want 20, nil", n, err, calls)
 	}
@@ -295,25 +295,25 @@ func TestDeadLettersOpenByURL(t *testing.T) {
 	// A cluster's node list, one node of which is down.
 	nodesURL := strings.Replace(strings.TrimSuffix(url, "/"), hp, "127.0.0.1:1,"+hp, 1)
 	raw := nodesURL + "/?queue=" + queue + "&dead_letter_queue=" + dlq
-	q, err := core.OpenDeadLetters(context.Background(), raw)
+	q, err := admin.OpenDeadLetters(context.Background(), raw)
 	if err != nil {
-		t.Fatalf("core.OpenDeadLetters: %v", err)
+		t.Fatalf("admin.OpenDeadLetters: %v", err)
 	}
 	defer q.Close()
 	if q.Name() != dlq {
 		t.Errorf("Name() = %q", q.Name())
 	}
 	var got []string
-	if err := q.Scan(context.Background(), func(p *driver.Parked) error { got = append(got, p.ID); return nil }); err != nil {
+	if err := q.Scan(context.Background(), func(p *admin.Parked) error { got = append(got, p.ID); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if slices.Sort(got); !slices.Equal(got, ids) {
 		t.Errorf("Scan by URL listed %v, want %v", got, ids)
 	}
-	if _, err := core.OpenDeadLetters(context.Background(), raw+"&bogus_param=1"); err == nil || !strings.Contains(err.Error(), "bogus_param") {
+	if _, err := admin.OpenDeadLetters(context.Background(), raw+"&bogus_param=1"); err == nil || !strings.Contains(err.Error(), "bogus_param") {
 		t.Errorf("unknown parameter: err %v, want one naming bogus_param", err)
 	}
-	if _, err := core.OpenDeadLetters(context.Background(), strings.TrimSuffix(url, "/")+"/?queue="+queue+"&dead_letter_queue=idemq-no-such-dlq"); err == nil {
+	if _, err := admin.OpenDeadLetters(context.Background(), strings.TrimSuffix(url, "/")+"/?queue="+queue+"&dead_letter_queue=idemq-no-such-dlq"); err == nil {
 		t.Error("a dead-letter queue that does not exist opened")
 	}
 }

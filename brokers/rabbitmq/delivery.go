@@ -14,7 +14,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -230,8 +229,8 @@ type delivery struct {
 	sess *session
 	tag  uint64
 	raw  amqp.Delivery
-	msg  *core.Message // &m
-	m    core.Message
+	msg  *driver.Message // &m
+	m    driver.Message
 	id   string // the id as the Source read it, before any IDFunc
 	// idErr says why the id header held no usable id, or is nil.
 	idErr error
@@ -239,7 +238,7 @@ type delivery struct {
 }
 
 // Message returns the received message.
-func (d *delivery) Message() *core.Message { return d.msg }
+func (d *delivery) Message() *driver.Message { return d.msg }
 
 func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("rabbitmq: message %q (tag %d): %w", d.msg.ID, d.tag, err)
@@ -313,7 +312,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	src.mu.Lock()
 	defer src.mu.Unlock()
 	if src.closed {
-		return d.wrap(driver.Stale(core.ErrSourceClosed))
+		return d.wrap(driver.Stale(driver.ErrSourceClosed))
 	}
 	src.wg.Add(1)
 	var t *time.Timer
@@ -404,21 +403,21 @@ const MetadataRedelivered = "messaging.rabbitmq.message.redelivered_flag"
 // toMessage converts an AMQP delivery into the pipeline's Message, its id
 // read per idHeader (see WithIDHeader). The error says why the id header
 // held no usable id (the Message then has none).
-func toMessage(queue, idHeader string, r *amqp.Delivery) (*core.Message, error) {
-	m := new(core.Message)
+func toMessage(queue, idHeader string, r *amqp.Delivery) (*driver.Message, error) {
+	m := new(driver.Message)
 	return m, fillMessage(m, queue, idHeader, r)
 }
 
 // fillMessage is toMessage into m, which the caller allocates (a delivery
 // holds its Message, one allocation for both).
-func fillMessage(m *core.Message, queue, idHeader string, r *amqp.Delivery) error {
+func fillMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) error {
 	id, idErr := messageID(idHeader, r)
 	exchange := r.Exchange
 	if exchange == "" {
 		exchange = "amq.default"
 	}
 	key, _ := r.Headers[KeyHeader].(string)
-	*m = core.Message{
+	*m = driver.Message{
 		ID:      id,
 		Body:    r.Body,
 		Key:     key,

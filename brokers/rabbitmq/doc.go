@@ -57,7 +57,7 @@
 //
 // # Dead-letter queue
 //
-// DeadLetters (OpenDeadLetters, or core.OpenDeadLetters with the Source's
+// DeadLetters (OpenDeadLetters, or admin.OpenDeadLetters with the Source's
 // own URL) lets an operator list the messages parked in a consumer's
 // dead-letter queue with their cause, attempt, origin and parking time,
 // publish chosen ones back to the queue they came from once the fault is

@@ -113,9 +113,9 @@ func TestEndToEndPostgres(t *testing.T) {
 	}
 	s0.Close()
 	const unique = 20000
-	msgs := make([]*core.Message, 0, unique*6/5)
+	msgs := make([]*driver.Message, 0, unique*6/5)
 	for i := range unique {
-		msgs = append(msgs, &core.Message{ID: fmt.Sprintf("order-%05d", i), Body: fmt.Appendf(nil, `{"order":%d}`, i)})
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("order-%05d", i), Body: fmt.Appendf(nil, `{"order":%d}`, i)})
 	}
 	for _, i := range rand.Perm(unique)[:unique/5] {
 		msgs = append(msgs, msgs[i])

@@ -8,8 +8,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -57,8 +59,8 @@ func ExamplePublisher() {
 	}
 	defer pub.Close()
 	err = pub.Publish(ctx, "payments",
-		&core.Message{ID: "payment-1001", Body: []byte(`{"amount":42}`), Headers: map[string]string{"traceparent": "00-…"}},
-		&core.Message{ID: "payment-1002", Body: []byte(`{"amount":7}`)})
+		&driver.Message{ID: "payment-1001", Body: []byte(`{"amount":42}`), Headers: map[string]string{"traceparent": "00-…"}},
+		&driver.Message{ID: "payment-1002", Body: []byte(`{"amount":7}`)})
 	if err != nil {
 		log.Fatal(err) // retry the call: the consumer's dedup absorbs copies
 	}
@@ -84,19 +86,19 @@ func ExampleOpenDeadLetters() {
 		log.Fatal(err)
 	}
 	defer dlq.Close()
-	err = dlq.Scan(ctx, func(p *core.Parked) error {
+	err = dlq.Scan(ctx, func(p *admin.Parked) error {
 		log.Printf("%s %s parked %v from %s: %s", p.Ref, p.ID, p.ParkedAt, p.Origin, p.Cause)
 		return nil
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	badDeploy := func(p *core.Parked) bool { return strings.Contains(p.Cause, "schema v7") }
+	badDeploy := func(p *admin.Parked) bool { return strings.Contains(p.Cause, "schema v7") }
 	n, err := dlq.Redrive(ctx, badDeploy, func(done int) { log.Printf("%d redriven", done) })
 	if err != nil {
 		log.Fatalf("redrove %d, then: %v", n, err) // the rest are still parked
 	}
-	if _, err := dlq.Purge(ctx, func(p *core.Parked) bool { return !badDeploy(p) }); err != nil {
+	if _, err := dlq.Purge(ctx, func(p *admin.Parked) bool { return !badDeploy(p) }); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -3,12 +3,13 @@ package rabbitmq
 import (
 	"context"
 	"database/sql"
-	"github.com/idemq/idemq/internal/servicetest"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/servicetest"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -107,7 +108,7 @@ func TestIDHeader(t *testing.T) {
 // runEffects runs a Consumer of src with the SQLite store, its handler
 // recording each message's id as an effect, until n messages are decided;
 // it returns how often each id was applied.
-func runEffects(t *testing.T, src core.Source, n int, opts ...core.Option) map[string]int {
+func runEffects(t *testing.T, src driver.Source, n int, opts ...core.Option) map[string]int {
 	t.Helper()
 	ctx := context.Background()
 	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "effects.db"))

@@ -14,7 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 )
 
@@ -156,9 +156,9 @@ const KeyHeader = "idemq-key"
 // published, so callers retry the whole call and rely on the consumer's
 // dedup. An unroutable message returned with 312 NO_ROUTE (no queue is
 // bound for the key, as when the queue does not exist) fails the call with
-// an error marked core.Permanent: it fails the same way until a queue is
+// an error marked driver.Permanent: it fails the same way until a queue is
 // declared or bound.
-func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*core.Message) error {
+func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -185,7 +185,7 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*core.Messa
 	return nil
 }
 
-func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*core.Message) error {
+func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*driver.Message) error {
 	confs := make([]*amqp.DeferredConfirmation, 0, len(msgs))
 	now := time.Now()
 	// The caller's trace context travels in the headers, so the
@@ -251,7 +251,7 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*core.M
 		if first.ReplyCode == amqp.NoRoute {
 			// No queue is bound for the key: sending again fails the same
 			// way until someone declares or binds one.
-			return core.Permanent(err)
+			return driver.Permanent(err)
 		}
 		return err
 	}

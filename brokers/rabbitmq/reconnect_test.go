@@ -44,16 +44,16 @@ func parseAMQP(url string) (string, error) {
 	return rest, nil
 }
 
-func publishN(t *testing.T, url, queue, prefix string, n int) []*core.Message {
+func publishN(t *testing.T, url, queue, prefix string, n int) []*driver.Message {
 	t.Helper()
 	pub, err := NewPublisher(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	msgs := make([]*core.Message, n)
+	msgs := make([]*driver.Message, n)
 	for i := range msgs {
-		msgs[i] = &core.Message{ID: fmt.Sprintf("%s-%04d", prefix, i), Body: fmt.Appendf(nil, "body %d", i)}
+		msgs[i] = &driver.Message{ID: fmt.Sprintf("%s-%04d", prefix, i), Body: fmt.Appendf(nil, "body %d", i)}
 	}
 	if err := pub.Publish(context.Background(), queue, msgs...); err != nil {
 		t.Fatal(err)

@@ -7,19 +7,19 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/admin"
 )
 
 func init() {
 	driver.RegisterBroker("amqp", openSourceURL, openPublisherURL)
 	driver.RegisterBroker("amqps", openSourceURL, openPublisherURL)
-	driver.RegisterDeadLetters("amqp", openDeadLettersURL)
-	driver.RegisterDeadLetters("amqps", openDeadLettersURL)
+	admin.RegisterDeadLetters("amqp", openDeadLettersURL)
+	admin.RegisterDeadLetters("amqps", openDeadLettersURL)
 }
 
 // openSourceURL opens amqp://…?queue=NAME[&…] (see OpenURL) for consuming,
 // logging to cfg.Logger when it is given.
-func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Source, error) {
+func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 	var opts []Option
 	if cfg.Logger != nil {
 		opts = append(opts, WithLogger(cfg.Logger))
@@ -33,7 +33,7 @@ func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core
 // The URL is checked as OpenURL checks it, and the other consumer
 // parameters are accepted and ignored, so one URL serves both sides. The
 // Publisher does not log, so cfg.Logger has nothing to reach.
-func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (core.Publisher, error) {
+func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
 	amqpURL, queue, urlOpts, err := parseSourceURL(u.String())
 	if err != nil {
 		return nil, err

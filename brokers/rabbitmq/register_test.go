@@ -60,7 +60,8 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	ctp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	tr := tracing.New(tracing.WithTracerProvider(ctp), tracing.WithPropagator(propagation.TraceContext{}))
-	tr.EndDecision(tr.StartDecision(ctx, m), m, core.Outcome{Decision: core.Processed})
+	cm := (*core.Message)(m)
+	tr.EndDecision(tr.StartDecision(ctx, cm), cm, core.Outcome{Decision: core.Processed})
 	if ended := rec.Ended(); len(ended) != 1 || len(ended[0].Links()) != 1 || ended[0].Links()[0].SpanContext.SpanID() != span.SpanContext().SpanID() {
 		t.Errorf("consumer span does not link to the producer span")
 	} else if v := attrValue(ended[0], "messaging.system"); v != "rabbitmq" {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -16,7 +15,7 @@ import (
 func TestRetentionAgainstUnboundedHorizon(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
-	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) core.Source {
+	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
 		s, err := Open(context.Background(), url, q)
 		if err != nil {
 			t.Fatal(err)
@@ -31,7 +30,7 @@ func TestRetentionAgainstUnboundedHorizon(t *testing.T) {
 func TestRetentionAgainstMessageTTL(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
-	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) core.Source {
+	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
 		s, err := OpenURL(context.Background(), url+"?queue="+q+"&queue_type=quorum&message_ttl=1h")
 		if err != nil {
 			t.Fatal(err)

@@ -14,12 +14,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	"github.com/idemq/idemq/core/driver"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // errChannelClosed is the reason of a stale settlement: the delivery's
@@ -39,7 +41,7 @@ const (
 	HeaderParkedAt = "x-idemq-parked-at"
 )
 
-// Source consumes one RabbitMQ queue. It implements core.Source,
+// Source consumes one RabbitMQ queue. It implements driver.Source,
 // driver.BatchSettler, driver.WindowSetter and driver.RedeliveryHorizoner.
 // It is safe for concurrent use.
 type Source struct {
@@ -104,7 +106,7 @@ type Stats struct {
 	// channel loss.
 	Reconnects int64
 	// StaleSettlements counts settlements refused because the delivery's
-	// channel had closed (errors wrapping core.ErrStaleDelivery).
+	// channel had closed (errors wrapping driver.ErrStaleDelivery).
 	StaleSettlements int64
 	// MultipleAcks counts basic.ack calls with multiple=true made by
 	// AckBatch, and MultipleAcked the deliveries they covered.
@@ -258,14 +260,14 @@ func (s *Source) SetWindow(n int) error {
 }
 
 // Receive returns the next delivery. It blocks until one arrives, ctx is
-// done, or the Source is closed (core.ErrSourceClosed). While the connection
+// done, or the Source is closed (driver.ErrSourceClosed). While the connection
 // is down it keeps reconnecting in the background and may return the
 // connection error to report trouble; calling Receive again is always safe.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, core.ErrSourceClosed
+		return nil, driver.ErrSourceClosed
 	}
 	if !s.started {
 		s.started = true
@@ -297,7 +299,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-s.ctx.Done():
-			return nil, core.ErrSourceClosed
+			return nil, driver.ErrSourceClosed
 		}
 	}
 }
@@ -305,7 +307,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 // Close stops consuming and closes the connection. Deliveries not yet
 // settled (including pending RetryRequeue delays) are requeued by the
 // broker; settling them afterwards returns an error wrapping
-// core.ErrStaleDelivery.
+// driver.ErrStaleDelivery.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -357,7 +359,7 @@ func dialNodes(ctx context.Context, ns nodes, first int, cc connConfig) (*amqp.C
 		if err == nil {
 			return conn, (i + 1) % n, nil
 		}
-		if msg := core.RedactError(err, ns.urls[i]); msg != err.Error() {
+		if msg := redact.Error(err, ns.urls[i]); msg != err.Error() {
 			err = errors.New(msg)
 		}
 		if n > 1 {
@@ -452,7 +454,7 @@ func (s *Source) run() {
 	conn := s.initial
 	s.initial = nil
 	s.mu.Unlock()
-	backoff := driver.NewBackoff(s.cfg.backoffMin, s.cfg.backoffMax)
+	backoff := retry.New(s.cfg.backoffMin, s.cfg.backoffMax)
 	// failed logs and reports err and waits out the backoff; false when
 	// the Source closed meanwhile.
 	failed := func(what string, err error) bool {
@@ -462,7 +464,7 @@ func (s *Source) run() {
 		wait := backoff.Next()
 		s.logger().Warn("idemq rabbitmq: "+what+" failed", "queue", s.queue, "error", err, "retry_in", wait)
 		s.report(err)
-		return driver.Sleep(s.ctx, wait)
+		return retry.Sleep(s.ctx, wait)
 	}
 	lost := false
 	for s.ctx.Err() == nil {
@@ -727,7 +729,7 @@ func closeReason(e *amqp.Error) string {
 // basic.ack with multiple=true for the longest run of the batch's lowest
 // tags below which no other delivery is outstanding, and single acks for
 // the rest, because a multiple ack also acknowledges tags still in flight.
-// Deliveries whose channel closed are not acked (core.ErrStaleDelivery); the
+// Deliveries whose channel closed are not acked (driver.ErrStaleDelivery); the
 // returned error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	// Per session, in order of first appearance: nearly always one, so a

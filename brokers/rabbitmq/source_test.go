@@ -228,7 +228,7 @@ func TestPublisherNackIsNotPermanent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	err = pub.Publish(ctx, q, &core.Message{ID: "a", Body: []byte("x")})
+	err = pub.Publish(ctx, q, &driver.Message{ID: "a", Body: []byte("x")})
 	if err == nil || !strings.Contains(err.Error(), "not confirmed") || core.IsPermanent(err) {
 		t.Fatalf("Publish to a full queue = %v, want a nack not marked permanent", err)
 	}
@@ -242,7 +242,7 @@ func TestPublisherReportsUnroutable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	err = pub.Publish(ctx, "idemq-no-such-queue-"+fmt.Sprint(time.Now().UnixNano()), &core.Message{ID: "a", Body: []byte("x")})
+	err = pub.Publish(ctx, "idemq-no-such-queue-"+fmt.Sprint(time.Now().UnixNano()), &driver.Message{ID: "a", Body: []byte("x")})
 	if err == nil || !strings.Contains(err.Error(), "unroutable") || !strings.Contains(err.Error(), "NO_ROUTE") || !core.IsPermanent(err) {
 		t.Fatalf("Publish to a missing queue = %v, want unroutable (NO_ROUTE), marked permanent", err)
 	}
@@ -253,7 +253,7 @@ func TestPublisherReportsUnroutable(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	if err := pub.Publish(ctx, q, &core.Message{ID: "b", Body: []byte("y")}); err != nil {
+	if err := pub.Publish(ctx, q, &driver.Message{ID: "b", Body: []byte("y")}); err != nil {
 		t.Fatalf("Publish after an unroutable one: %v", err)
 	}
 	got := drainQueue(t, url, q)
@@ -263,7 +263,7 @@ func TestPublisherReportsUnroutable(t *testing.T) {
 	if err := pub.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish(ctx, q, &core.Message{ID: "c"}); err == nil {
+	if err := pub.Publish(ctx, q, &driver.Message{ID: "c"}); err == nil {
 		t.Error("Publish after Close returned nil")
 	}
 }

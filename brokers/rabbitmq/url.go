@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -194,7 +193,7 @@ func urlError(rawURL string, err error) error {
 	if _, perr := redact.ParseURL(rawURL); perr != nil {
 		return fmt.Errorf("rabbitmq: url: %w", perr)
 	}
-	return fmt.Errorf("rabbitmq: url %s: %s", core.Redact(rawURL), core.RedactError(err, rawURL))
+	return fmt.Errorf("rabbitmq: url %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
 }
 
 // nodes is the parsed form of a URL that may name several nodes of a

@@ -14,7 +14,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -54,8 +53,8 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 			t.Cleanup(func() { pub.Close() })
 			base := fmt.Sprintf("sqs://test:test@%s?region=us-east-1&endpoint=%s", q.name, url.QueryEscape(ep))
 			return &brokertest.Fixture{
-				Publish: func(ctx context.Context, msgs ...*core.Message) error { return pub.Publish(ctx, "", msgs...) },
-				NewSource: func(t *testing.T) core.Source {
+				Publish: func(ctx context.Context, msgs ...*driver.Message) error { return pub.Publish(ctx, "", msgs...) },
+				NewSource: func(t *testing.T) driver.Source {
 					s, err := Open(context.Background(), q.url, all...)
 					if err != nil {
 						t.Fatalf("Open: %v", err)
@@ -74,7 +73,7 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 					return out, nil
 				},
 				Reconnect: lapseVisibility,
-				NewPublisher: func(t *testing.T) core.Publisher {
+				NewPublisher: func(t *testing.T) driver.Publisher {
 					p, err := NewPublisher(context.Background(), q.url, clientOpts(ep)...)
 					if err != nil {
 						t.Fatalf("NewPublisher: %v", err)
@@ -94,7 +93,7 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 // stops extending them, and it returns once their visibility timeout has
 // passed, so SQS hands the messages out again (to src, whose receivers
 // keep polling) and the old deliveries are stale.
-func lapseVisibility(t *testing.T, src core.Source) {
+func lapseVisibility(t *testing.T, src driver.Source) {
 	s := src.(*Source)
 	var last time.Time
 	s.mu.Lock()

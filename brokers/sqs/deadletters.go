@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/internal/retry"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -28,7 +31,7 @@ var browseVisibility = 30 * time.Second
 const maxEmptyReceives = 3
 
 // DeadLetters is the operator's handle on the dead-letter queue of one
-// consumer's queue (driver.DeadLetterQueue): it lists, redrives and purges
+// consumer's queue (admin.DeadLetterQueue): it lists, redrives and purges
 // the messages parked there, whether the adapter copied them
 // (DeadLetterSend) or the queue's redrive policy moved them
 // (DeadLetterRedrive). It is not safe for concurrent use.
@@ -56,7 +59,7 @@ type DeadLetters struct {
 	closed bool
 }
 
-var _ driver.DeadLetterQueue = (*DeadLetters)(nil)
+var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
 
 // OpenDeadLetters returns the dead-letter queue of the consumer of
 // queueURLOrName, which Open would open with the same options: the queue
@@ -79,7 +82,7 @@ func OpenDeadLetters(ctx context.Context, queueURLOrName string, opts ...Option)
 	return &DeadLetters{cl: cl, cfg: cfg, q: q, dlq: dlq, dests: map[string]*queueInfo{q.name: q}}, nil
 }
 
-func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetterQueue, error) {
+func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
 	queue, opts, err := parseURL(u, true, cfg)
 	if err != nil {
 		return nil, err
@@ -111,7 +114,7 @@ func (d *DeadLetters) Close() error {
 // maxReceiveCount for a message moved from the consumer's own queue (its
 // last receive by a consumer). ParkedAt is the copy's SentTimestamp, or
 // for a moved message its original SentTimestamp (earlier than the move).
-func (d *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
+func (d *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
 	l, err := d.browse(ctx, func(h *held) error { return fn(h.p) })
 	return errors.Join(err, l.release())
 }
@@ -132,7 +135,7 @@ func (d *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) e
 // parked while it runs) and waits for the task, calling progress as its
 // count of moved messages grows. Where the endpoint does not support move
 // tasks (fauxqs, for one), it sends and deletes them one by one as above.
-func (d *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool, progress func(done int)) (int, error) {
+func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
 	var chosen []*held
 	seen := 0
 	l, err := d.browse(ctx, func(h *held) error {
@@ -169,7 +172,7 @@ func (d *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool
 // Purge deletes the messages sel chooses (every one when sel is nil) from
 // the dead-letter queue, ten per DeleteMessageBatch, and returns how many
 // SQS deleted.
-func (d *DeadLetters) Purge(ctx context.Context, sel func(*driver.Parked) bool) (int, error) {
+func (d *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
 	var chosen []string
 	l, err := d.browse(ctx, func(h *held) error {
 		if sel == nil || sel(h.p) {
@@ -210,7 +213,7 @@ func (d *DeadLetters) Purge(ctx context.Context, sel func(*driver.Parked) bool) 
 type held struct {
 	ref   string // the SQS MessageId
 	raw   *types.Message
-	p     *driver.Parked
+	p     *admin.Parked
 	moved bool // moved by the redrive policy rather than copied
 }
 
@@ -310,10 +313,10 @@ func (d *DeadLetters) hidesMore(ctx context.Context, l *lease) bool {
 
 // parked describes a received dead letter, and reports whether the
 // redrive policy moved it (it has no idemq-cause).
-func (d *DeadLetters) parked(m *types.Message) (*driver.Parked, bool) {
+func (d *DeadLetters) parked(m *types.Message) (*admin.Parked, bool) {
 	headers, body := decode(m)
 	sys := m.Attributes
-	p := &driver.Parked{
+	p := &admin.Parked{
 		Ref:     aws.ToString(m.MessageId),
 		ID:      headers[d.cfg.idAttribute],
 		Key:     sys[string(types.MessageSystemAttributeNameMessageGroupId)],
@@ -447,7 +450,7 @@ func (d *DeadLetters) moveTask(ctx context.Context, l *lease, progress func(int)
 				return int(reported), fmt.Errorf("sqs: redrive %s: move task %s: %s", d.dlq.name, aws.ToString(t.Status), aws.ToString(t.FailureReason))
 			}
 		}
-		if !driver.Sleep(ctx, time.Second) {
+		if !retry.Sleep(ctx, time.Second) {
 			return int(reported), ctx.Err()
 		}
 	}

@@ -14,7 +14,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -31,10 +31,10 @@ func openDLQ(t *testing.T, ep string, q testQueue, opts ...Option) *DeadLetters 
 
 // scanIDs returns the ids of the parked messages, failing on one listed
 // twice.
-func scanIDs(t *testing.T, d *DeadLetters) map[string]*driver.Parked {
+func scanIDs(t *testing.T, d *DeadLetters) map[string]*admin.Parked {
 	t.Helper()
-	out := map[string]*driver.Parked{}
-	err := d.Scan(context.Background(), func(p *driver.Parked) error {
+	out := map[string]*admin.Parked{}
+	err := d.Scan(context.Background(), func(p *admin.Parked) error {
 		if _, dup := out[p.ID]; dup {
 			return fmt.Errorf("%s listed twice", p.ID)
 		}
@@ -49,7 +49,7 @@ func scanIDs(t *testing.T, d *DeadLetters) map[string]*driver.Parked {
 
 // parkCopies sends copies of ms to the dead-letter queue as DeadLetterSend
 // makes them (cause, source queue, attempt), ten per SendMessageBatch.
-func parkCopies(t *testing.T, ep string, dlq testQueue, from string, ms []*core.Message) {
+func parkCopies(t *testing.T, ep string, dlq testQueue, from string, ms []*driver.Message) {
 	t.Helper()
 	cl := testClient(ep)
 	str := func(s string) types.MessageAttributeValue {
@@ -115,7 +115,7 @@ func TestDeadLettersBeyondOneReceive(t *testing.T) {
 	}
 	calls := map[string]int{}
 	last := 0
-	n, err := d.Redrive(context.Background(), func(p *driver.Parked) bool {
+	n, err := d.Redrive(context.Background(), func(p *admin.Parked) bool {
 		calls[p.ID]++
 		return slices.Contains(chosen, p.ID)
 	}, func(done int) {
@@ -315,7 +315,7 @@ func TestDeadLettersSlowCallStaysHidden(t *testing.T) {
 	parkCopies(t, ep, dlq, q.name, ms)
 	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
 	seen := map[string]int{}
-	err := d.Scan(context.Background(), func(p *driver.Parked) error {
+	err := d.Scan(context.Background(), func(p *admin.Parked) error {
 		if len(seen) == 0 {
 			time.Sleep(2 * browseVisibility)
 			// A receive finds only the messages the Scan has not received
@@ -366,7 +366,7 @@ func TestDeadLettersLostReceive(t *testing.T) {
 	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
 	lost := 0
 	seen := map[string]int{}
-	err := d.Scan(context.Background(), func(p *driver.Parked) error {
+	err := d.Scan(context.Background(), func(p *admin.Parked) error {
 		if len(seen) == 0 {
 			out, err := testClient(ep).ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{QueueUrl: aws.String(dlq.url), MaxNumberOfMessages: 10, VisibilityTimeout: int32(browseVisibility / time.Second)})
 			if err != nil {
@@ -397,7 +397,7 @@ func TestOpenDeadLettersURL(t *testing.T) {
 	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
 	base := fmt.Sprintf("sqs://test:test@%s?region=us-east-1&endpoint=%s", q.name, url.QueryEscape(ep))
 	ctx := context.Background()
-	d, err := core.OpenDeadLetters(ctx, base+"&dlq="+dlq.name+"&wait=1s")
+	d, err := admin.OpenDeadLetters(ctx, base+"&dlq="+dlq.name+"&wait=1s")
 	if err != nil {
 		t.Fatalf("OpenDeadLetters: %v", err)
 	}
@@ -411,7 +411,7 @@ func TestOpenDeadLettersURL(t *testing.T) {
 		base:                                   "dlq",
 		base + "&dead_letter_mode=redrive":     "dead_letter_mode",
 	} {
-		if _, err := core.OpenDeadLetters(ctx, raw); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := admin.OpenDeadLetters(ctx, raw); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("OpenDeadLetters(…%s): err = %v, want one naming %s", raw[len(base):], err, want)
 		}
 	}

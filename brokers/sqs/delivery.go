@@ -10,12 +10,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -35,7 +36,7 @@ const MetadataMessageGroupID = "messaging.aws_sqs.message_group_id"
 type delivery struct {
 	driver.SettleOnce
 	src        *Source
-	msg        *core.Message
+	msg        *driver.Message
 	raw        *types.Message
 	receipt    string
 	group      string
@@ -72,7 +73,7 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 		group:      group,
 		receivedAt: now,
 		deadline:   now.Add(s.vis),
-		msg: &core.Message{
+		msg: &driver.Message{
 			ID:         headers[s.cfg.idAttribute],
 			Body:       body,
 			Headers:    headers,
@@ -109,7 +110,7 @@ func decode(m *types.Message) (map[string]string, []byte) {
 }
 
 // Message returns the received message.
-func (d *delivery) Message() *core.Message { return d.msg }
+func (d *delivery) Message() *driver.Message { return d.msg }
 
 func (d *delivery) msgID() string { return aws.ToString(d.raw.MessageId) }
 
@@ -120,7 +121,7 @@ func (d *delivery) wrap(err error) error {
 // claim moves the delivery from live to settling, once. A delivery that is
 // stale — taken back by Close, its visibility lapsed (as far as the Source
 // knows) or its receipt handle refused by SQS — is not settled: claim
-// returns an error wrapping core.ErrStaleDelivery, and the caller sends
+// returns an error wrapping driver.ErrStaleDelivery, and the caller sends
 // nothing, since SQS redelivers the message (or already did).
 func (d *delivery) claim() error {
 	if err := d.Claim(); err != nil {
@@ -439,12 +440,12 @@ func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
 // again (in a later chunk) up to WithSettleRetries times with a doubling
 // pause, unless it failed for good; a failed call fails its whole chunk,
 // which is retried the same way. It returns the last error of every
-// delivery that never succeeded (wrapping core.ErrStaleDelivery where SQS
+// delivery that never succeeded (wrapping driver.ErrStaleDelivery where SQS
 // refused the receipt handle).
 func (s *Source) batchCall(ctx context.Context, ds []*delivery, call func(context.Context, []*delivery) (map[int]entryErr, error)) map[*delivery]error {
 	failed := map[*delivery]error{}
 	pending := ds
-	pause := driver.NewBackoff(settlePause, settlePause<<maxSettleRetries)
+	pause := retry.New(settlePause, settlePause<<maxSettleRetries)
 	for try := 0; len(pending) > 0; try++ {
 		var again []*delivery
 		for start := 0; start < len(pending); start += 10 {

@@ -35,7 +35,7 @@
 // Source unfolds idemq-attributes on receive, so a message redriven from
 // the dead-letter queue has all its original headers back.
 //
-// OpenDeadLetters (or core.OpenDeadLetters with the consumer's own sqs://
+// OpenDeadLetters (or admin.OpenDeadLetters with the consumer's own sqs://
 // URL) gives an operator the dead-letter queue as DeadLetters: Scan lists
 // the parked messages with their cause, attempt, origin and park time,
 // Redrive sends the chosen ones back to the queue they came from without
@@ -90,7 +90,7 @@
 // Local emulators need an endpoint and static credentials (WithEndpoint,
 // WithStaticCredentials); otherwise the AWS default configuration and
 // credential chain apply. Importing the package registers the sqs:// URL
-// scheme with core.OpenSource, core.OpenPublisher and core.OpenDeadLetters:
+// scheme with core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters:
 //
 //	sqs://orders?region=eu-west-1
 //	sqs://KEY:SECRET@orders?endpoint=http://127.0.0.1:9324&dlq=orders-dlq

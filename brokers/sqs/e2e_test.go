@@ -113,9 +113,9 @@ func TestEndToEndPostgres(t *testing.T) {
 	}
 	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+effects+`, `+dedup) })
 
-	all := make([]*core.Message, 0, unique*6/5)
+	all := make([]*driver.Message, 0, unique*6/5)
 	for i := range unique {
-		all = append(all, &core.Message{ID: fmt.Sprintf("order-%06d", i), Body: fmt.Appendf(nil, `{"order":%d}`, i)})
+		all = append(all, &driver.Message{ID: fmt.Sprintf("order-%06d", i), Body: fmt.Appendf(nil, `{"order":%d}`, i)})
 	}
 	for _, i := range rand.Perm(unique)[:unique/5] {
 		all = append(all, all[i])
@@ -154,7 +154,7 @@ func TestEndToEndPostgres(t *testing.T) {
 				if life == 0 {
 					src.crashAt = int64(20 + 15*i)
 				}
-				c, err := core.New(core.Source(src), core.Store[pgx.Tx](store), handler,
+				c, err := core.New(driver.Source(src), driver.Store[pgx.Tx](store), handler,
 					append([]core.Option{core.WithName("sqs-e2e"), core.WithLogger(testLogger(t)), core.WithShutdownTimeout(10 * time.Second)}, shape...)...)
 				if err != nil {
 					errs <- err

@@ -10,8 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/sqs"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/postgres"
 )
 
@@ -69,8 +71,8 @@ func ExampleNewPublisher() {
 	}
 	defer pub.Close()
 	err = pub.Publish(ctx, "",
-		&core.Message{ID: "order-1001", Key: "customer-7", Body: []byte(`{"total":42}`)},
-		&core.Message{ID: "order-1002", Key: "customer-7", Body: []byte(`{"total":17}`)},
+		&driver.Message{ID: "order-1001", Key: "customer-7", Body: []byte(`{"total":42}`)},
+		&driver.Message{ID: "order-1002", Key: "customer-7", Body: []byte(`{"total":17}`)},
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -96,20 +98,20 @@ func ExampleOpenDeadLetters() {
 		log.Fatal(err)
 	}
 	defer dlq.Close()
-	err = dlq.Scan(ctx, func(p *core.Parked) error {
+	err = dlq.Scan(ctx, func(p *admin.Parked) error {
 		log.Printf("%s (attempt %d, parked %v): %s", p.ID, p.Attempt, p.ParkedAt, p.Cause)
 		return nil
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	n, err := dlq.Redrive(ctx, func(p *core.Parked) bool {
+	n, err := dlq.Redrive(ctx, func(p *admin.Parked) bool {
 		return strings.Contains(p.Cause, "currency not supported")
 	}, func(done int) { log.Printf("%d redriven", done) })
 	if err != nil {
 		log.Fatalf("redrove %d, then: %v", n, err)
 	}
-	purged, err := dlq.Purge(ctx, func(p *core.Parked) bool { return strings.Contains(p.Cause, "malformed") })
+	purged, err := dlq.Purge(ctx, func(p *admin.Parked) bool { return strings.Contains(p.Cause, "malformed") })
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -11,13 +11,14 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -45,7 +46,7 @@ type Publisher struct {
 	others  map[string]*queueInfo // other queues published to, by URL or name
 }
 
-var _ core.Publisher = (*Publisher)(nil)
+var _ driver.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher for the queue given by URL or name. Of
 // the options, the client options, WithIDAttribute and WithSettleRetries
@@ -97,12 +98,12 @@ func (p *Publisher) Client() *awssqs.Client { return p.cl }
 // let the consumer's dedup drop the copies. A message over the queue's
 // MaximumMessageSize (body and attributes, as SQS counts them; the
 // attribute is read again before a message is refused) fails the call
-// before any message is sent. Its error is marked core.Permanent when no
+// before any message is sent. Its error is marked driver.Permanent when no
 // retry can succeed: a message over that size, an entry refused as the
 // sender's fault, a message SQS cannot take (an empty body, too many
 // attributes, no key for a FIFO queue or one that is no valid group id), or
 // a queue that does not exist.
-func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Message) error {
+func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*driver.Message) error {
 	p.mu.Lock()
 	closed := p.closed
 	p.mu.Unlock()
@@ -119,7 +120,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Mes
 		e, size, err := p.entry(ctx, q, m)
 		if err != nil {
 			// SQS would refuse the message every time.
-			return core.Permanent(fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err))
+			return driver.Permanent(fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err))
 		}
 		entries = append(entries, e)
 		sizes = append(sizes, size)
@@ -129,7 +130,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Mes
 	} else if i >= 0 {
 		// Refused before anything is sent: SendMessageBatch would take
 		// the others and refuse this one alone.
-		return core.Permanent(fmt.Errorf("sqs: publish message %d (%q): %d bytes (body and attributes), over the MaximumMessageSize of %s (%d bytes)",
+		return driver.Permanent(fmt.Errorf("sqs: publish message %d (%q): %d bytes (body and attributes), over the MaximumMessageSize of %s (%d bytes)",
 			i, msgs[i].ID, sizes[i], q.name, limit))
 	}
 	for start := 0; start < len(entries); {
@@ -147,7 +148,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*core.Mes
 }
 
 // entry builds one batch entry and its size as SQS counts it.
-func (p *Publisher) entry(ctx context.Context, q *queueInfo, m *core.Message) (types.SendMessageBatchRequestEntry, int, error) {
+func (p *Publisher) entry(ctx context.Context, q *queueInfo, m *driver.Message) (types.SendMessageBatchRequestEntry, int, error) {
 	h := make(map[string]string, len(m.Headers)+4)
 	for k, v := range m.Headers {
 		h[k] = v
@@ -210,12 +211,12 @@ func checkGroupID(key string) error {
 
 // sendChunk sends up to ten entries, retrying the ones SQS fails on its
 // side.
-func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types.SendMessageBatchRequestEntry, msgs []*core.Message) error {
+func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types.SendMessageBatchRequestEntry, msgs []*driver.Message) error {
 	pending := make([]int, len(entries))
 	for i := range pending {
 		pending[i] = i
 	}
-	pause := driver.NewBackoff(settlePause, settlePause<<maxSettleRetries)
+	pause := retry.New(settlePause, settlePause<<maxSettleRetries)
 	for try := 0; ; try++ {
 		batch := make([]types.SendMessageBatchRequestEntry, len(pending))
 		for k, i := range pending {
@@ -237,7 +238,7 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 			if f.SenderFault {
 				// SQS refuses the entry itself (too large for the queue,
 				// characters it does not take): it would every time.
-				return core.Permanent(fe)
+				return driver.Permanent(fe)
 			}
 			again = append(again, i)
 			last = fe
@@ -293,10 +294,10 @@ func missingQueue(err error) bool {
 	return errors.As(err, &nq)
 }
 
-// permanentIf returns err, marked core.Permanent when permanent is set.
+// permanentIf returns err, marked driver.Permanent when permanent is set.
 func permanentIf(permanent bool, err error) error {
 	if permanent {
-		return core.Permanent(err)
+		return driver.Permanent(err)
 	}
 	return err
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/brokers/brokertest"
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // The horizon of an SQS queue is the longer of its and its dead-letter
@@ -16,7 +16,7 @@ func TestRetentionAgainstQueueRetention(t *testing.T) {
 	ep := sqsEndpoint(t)
 	dlq := newQueue(t, ep, "-dlq", map[string]string{"MessageRetentionPeriod": "10800"})
 	q := newQueue(t, ep, "", map[string]string{"MessageRetentionPeriod": "7200"})
-	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) core.Source {
+	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
 		s, err := Open(context.Background(), q.url, append(clientOpts(ep), WithDeadLetterQueue(dlq.name), WithWaitTime(time.Second))...)
 		if err != nil {
 			t.Fatal(err)

@@ -9,11 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq/internal/retry"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -38,11 +39,11 @@ const (
 // ErrClosed is wrapped by the error of a settlement attempted after the
 // Source was closed: Close handed the message back to SQS (or left it to
 // its visibility timeout), so nothing is sent and SQS redelivers it. It
-// wraps core.ErrStaleDelivery, as every stale settlement's error does.
+// wraps driver.ErrStaleDelivery, as every stale settlement's error does.
 var ErrClosed = driver.Stale(errors.New("sqs: source closed; SQS will redeliver the message"))
 
 // Source consumes one SQS queue (standard or FIFO). It implements
-// core.Source, driver.BatchSettler, driver.WindowSetter and
+// driver.Source, driver.BatchSettler, driver.WindowSetter and
 // driver.RedeliveryHorizoner, and is safe for concurrent use.
 type Source struct {
 	cl       *awssqs.Client
@@ -108,7 +109,7 @@ type Stats struct {
 }
 
 var (
-	_ core.Source                = (*Source)(nil)
+	_ driver.Source              = (*Source)(nil)
 	_ driver.BatchSettler        = (*Source)(nil)
 	_ driver.WindowSetter        = (*Source)(nil)
 	_ driver.RedeliveryHorizoner = (*Source)(nil)
@@ -234,14 +235,14 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 }
 
 // Receive returns the next delivery. It blocks until one arrives, ctx is
-// done, or the Source is closed (core.ErrSourceClosed). A failing
+// done, or the Source is closed (driver.ErrSourceClosed). A failing
 // ReceiveMessage call is returned as an error to report it; the receivers
 // keep polling, so calling Receive again is always safe.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, core.ErrSourceClosed
+		return nil, driver.ErrSourceClosed
 	}
 	if !s.started {
 		s.started = true
@@ -264,7 +265,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, core.ErrSourceClosed
+			return nil, driver.ErrSourceClosed
 		}
 		if len(s.ready) > 0 {
 			d := s.ready[0]
@@ -285,7 +286,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-s.ctx.Done():
-			return nil, core.ErrSourceClosed
+			return nil, driver.ErrSourceClosed
 		}
 	}
 }
@@ -390,7 +391,7 @@ func (s *Source) unreserve(n int) {
 // room for, until Close.
 func (s *Source) receiver() {
 	defer s.wg.Done()
-	pause := driver.NewBackoff(s.cfg.receiveErrorPause, 5*time.Second)
+	pause := retry.New(s.cfg.receiveErrorPause, 5*time.Second)
 	for {
 		n, ok := s.reserve(10)
 		if !ok {
@@ -416,7 +417,7 @@ func (s *Source) receiver() {
 			case s.errs <- fmt.Errorf("sqs: receive from %s: %w", s.q.name, err):
 			default:
 			}
-			if !driver.Sleep(s.ctx, wait) {
+			if !retry.Sleep(s.ctx, wait) {
 				return
 			}
 			continue
@@ -545,7 +546,7 @@ func (s *Source) forget(d *delivery) {
 // Close stops receiving and, unless WithReleaseOnClose(false), makes every
 // message still unsettled visible again at once so another consumer gets
 // it. Settling such a message afterwards sends nothing and returns an
-// error wrapping ErrClosed (and core.ErrStaleDelivery).
+// error wrapping ErrClosed (and driver.ErrStaleDelivery).
 //
 // Long polls in progress are left to finish (up to WithCloseTimeout) and
 // what they bring is released too: SQS may still hand messages to a poll

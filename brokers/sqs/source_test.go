@@ -52,18 +52,18 @@ func publisher(t testing.TB, ep string, q testQueue) *Publisher {
 }
 
 // publish sends ms to q with the adapter's Publisher.
-func publish(t testing.TB, ep string, q testQueue, ms ...*core.Message) {
+func publish(t testing.TB, ep string, q testQueue, ms ...*driver.Message) {
 	t.Helper()
 	if err := publisher(t, ep, q).Publish(context.Background(), "", ms...); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func msgs(prefix string, n int) []*core.Message {
+func msgs(prefix string, n int) []*driver.Message {
 	run := randomHex(3)
-	out := make([]*core.Message, n)
+	out := make([]*driver.Message, n)
 	for i := range out {
-		out[i] = &core.Message{ID: fmt.Sprintf("%s-%s-%04d", prefix, run, i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}
+		out[i] = &driver.Message{ID: fmt.Sprintf("%s-%s-%04d", prefix, run, i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}
 	}
 	return out
 }
@@ -200,7 +200,7 @@ func TestMessageFields(t *testing.T) {
 	ctx, span := tp.Tracer("test").Start(context.Background(), "publish")
 	traceID := span.SpanContext().TraceID().String()
 
-	m := &core.Message{ID: "order-" + randomHex(4), Body: []byte{0, 1, 2, 0xff, 'x'}, Headers: map[string]string{"tenant": "acme", "empty": ""}}
+	m := &driver.Message{ID: "order-" + randomHex(4), Body: []byte{0, 1, 2, 0xff, 'x'}, Headers: map[string]string{"tenant": "acme", "empty": ""}}
 	if err := publisher(t, ep, q).Publish(ctx, "", m); err != nil {
 		t.Fatal(err)
 	}
@@ -256,15 +256,15 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 	}
 	cases := []struct {
 		q    testQueue
-		m    *core.Message
+		m    *driver.Message
 		want string
 	}{
-		{q, &core.Message{ID: "a", Body: []byte("x"), Headers: h}, "attributes"},
-		{q, &core.Message{ID: "a", Body: nil}, "empty body"},
-		{q, &core.Message{ID: "a", Body: []byte("x"), Headers: map[string]string{"bad key": "v"}}, "bad key"},
-		{fifo, &core.Message{ID: "a", Body: []byte("x")}, "group id"},
-		{fifo, &core.Message{ID: "a", Body: []byte("x"), Key: strings.Repeat("k", 129)}, "at most 128"},
-		{fifo, &core.Message{ID: "a", Body: []byte("x"), Key: "customer 9"}, "ASCII punctuation"},
+		{q, &driver.Message{ID: "a", Body: []byte("x"), Headers: h}, "attributes"},
+		{q, &driver.Message{ID: "a", Body: nil}, "empty body"},
+		{q, &driver.Message{ID: "a", Body: []byte("x"), Headers: map[string]string{"bad key": "v"}}, "bad key"},
+		{fifo, &driver.Message{ID: "a", Body: []byte("x")}, "group id"},
+		{fifo, &driver.Message{ID: "a", Body: []byte("x"), Key: strings.Repeat("k", 129)}, "at most 128"},
+		{fifo, &driver.Message{ID: "a", Body: []byte("x"), Key: "customer 9"}, "ASCII punctuation"},
 	}
 	for _, c := range cases {
 		err := publisher(t, ep, c.q).Publish(ctx, "", c.m)
@@ -276,8 +276,8 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 		t.Errorf("refused messages reached the queue: %d", vis+inflight)
 	}
 	// A bad group id fails the whole call before any of it is sent.
-	err := publisher(t, ep, fifo).Publish(ctx, "", &core.Message{ID: "ok", Body: []byte("x"), Key: "c-1"},
-		&core.Message{ID: "bad", Body: []byte("x"), Key: "c 2"})
+	err := publisher(t, ep, fifo).Publish(ctx, "", &driver.Message{ID: "ok", Body: []byte("x"), Key: "c-1"},
+		&driver.Message{ID: "bad", Body: []byte("x"), Key: "c 2"})
 	if err == nil || !core.IsPermanent(err) || !strings.Contains(err.Error(), `"bad"`) {
 		t.Errorf("Publish with one bad group id = %v, want a permanent error naming it", err)
 	}
@@ -285,7 +285,7 @@ func TestPublisherRefusesWhatSQSWould(t *testing.T) {
 		t.Errorf("a call refused for one bad group id sent %d messages", vis+inflight)
 	}
 	// Every punctuation character is a valid group id.
-	if err := publisher(t, ep, fifo).Publish(ctx, "", &core.Message{ID: "p", Body: []byte("x"), Key: "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"}); err != nil {
+	if err := publisher(t, ep, fifo).Publish(ctx, "", &driver.Message{ID: "p", Body: []byte("x"), Key: "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"}); err != nil {
 		t.Errorf("Publish with punctuation in the group id: %v", err)
 	}
 }
@@ -308,8 +308,8 @@ func TestPublisherPermanentAnswers(t *testing.T) {
 		}
 	}
 	pub := publisher(t, ep, q)
-	small := &core.Message{ID: "small", Body: []byte("fits")}
-	large := &core.Message{ID: "large", Body: []byte(strings.Repeat("x", 2048))}
+	small := &driver.Message{ID: "small", Body: []byte("fits")}
+	large := &driver.Message{ID: "large", Body: []byte(strings.Repeat("x", 2048))}
 	err := pub.Publish(ctx, "", small, large)
 	if err == nil || !strings.Contains(err.Error(), "MaximumMessageSize") || !strings.Contains(err.Error(), `"large"`) || !core.IsPermanent(err) {
 		t.Fatalf("Publish over MaximumMessageSize = %v, want an error naming the message and the limit, marked permanent", err)
@@ -492,7 +492,7 @@ func TestWithoutHeartbeatRedeliveryIsDuplicate(t *testing.T) {
 	var runs []*running[pgx.Tx]
 	for range 2 {
 		s := open(t, ep, q, WithDeadLetterQueue(q.name), WithHeartbeat(false))
-		runs = append(runs, runConsumer(t, s, core.Store[pgx.Tx](store), h, core.WithObserver(record)))
+		runs = append(runs, runConsumer(t, s, driver.Store[pgx.Tx](store), h, core.WithObserver(record)))
 	}
 	servicetest.WaitFor(t, 20*time.Second, "one Processed and one Duplicate", func() bool {
 		var p, d int64
@@ -599,10 +599,10 @@ func TestFIFOOrderPerGroup(t *testing.T) {
 	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
 	st := sqliteStore(t)
 	const groups, per = 3, 12
-	var all []*core.Message
+	var all []*driver.Message
 	for g := range groups {
 		for i := range per {
-			all = append(all, &core.Message{
+			all = append(all, &driver.Message{
 				ID:   fmt.Sprintf("g%d-%02d", g, i),
 				Key:  fmt.Sprintf("group-%d", g),
 				Body: fmt.Appendf(nil, `{"group":%d,"seq":%d}`, g, i),
@@ -610,7 +610,7 @@ func TestFIFOOrderPerGroup(t *testing.T) {
 		}
 	}
 	// Interleave the groups as a producer would.
-	slices.SortStableFunc(all, func(a, b *core.Message) int { return strings.Compare(a.ID[3:], b.ID[3:]) })
+	slices.SortStableFunc(all, func(a, b *driver.Message) int { return strings.Compare(a.ID[3:], b.ID[3:]) })
 	pub := publisher(t, ep, q)
 	if err := pub.Publish(context.Background(), "", all...); err != nil {
 		t.Fatal(err)
@@ -713,7 +713,7 @@ type running[Tx any] struct {
 	once sync.Once
 }
 
-func runConsumer[Tx any](t testing.TB, src core.Source, store core.Store[Tx], h core.Handler[Tx], opts ...core.Option) *running[Tx] {
+func runConsumer[Tx any](t testing.TB, src driver.Source, store driver.Store[Tx], h core.Handler[Tx], opts ...core.Option) *running[Tx] {
 	t.Helper()
 	base := []core.Option{
 		core.WithName("sqs-test"),
@@ -838,7 +838,7 @@ func TestOpenByURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := msgs("url", 1)[0]
-	if err := pub.Publish(ctx, "", m); err != nil {
+	if err := pub.Driver().Publish(ctx, "", m); err != nil {
 		t.Fatal(err)
 	}
 	src, err := core.OpenSource(ctx, base+"&dlq="+dlq.name+"&wait=1s&window=3&receivers=1&heartbeat=true&max_extension=1m&close_timeout=2s&dead_letter_mode=send")
@@ -945,7 +945,7 @@ func TestFIFODeadLetter(t *testing.T) {
 	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
-	m := &core.Message{ID: "fifo-dl-" + randomHex(4), Key: "customer-9", Body: []byte(`{"x":1}`)}
+	m := &driver.Message{ID: "fifo-dl-" + randomHex(4), Key: "customer-9", Body: []byte(`{"x":1}`)}
 	publish(t, ep, q, m)
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
 	d := receiveOne(t, s, 10*time.Second)

@@ -12,13 +12,13 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
 	driver.RegisterBroker("sqs", openSourceURL, openPublisherURL)
-	driver.RegisterDeadLetters("sqs", openDeadLettersURL)
+	admin.RegisterDeadLetters("sqs", openDeadLettersURL)
 }
 
 // urlParam is one URL parameter understood by core.OpenSource and
@@ -154,7 +154,7 @@ func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opt
 	return queue, opts, nil
 }
 
-func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Source, error) {
+func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 	queue, opts, err := parseURL(u, true, cfg)
 	if err != nil {
 		return nil, err
@@ -162,7 +162,7 @@ func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core
 	return Open(ctx, queue, opts...)
 }
 
-func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (core.Publisher, error) {
+func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
 	queue, opts, err := parseURL(u, false, cfg)
 	if err != nil {
 		return nil, err

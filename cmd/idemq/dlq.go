@@ -13,8 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/schollz/progressbar/v3"
@@ -87,7 +86,7 @@ func (d *dlqFilter) check() error {
 }
 
 // match reports whether p passes the filters at now.
-func (d *dlqFilter) match(p *driver.Parked, now time.Time) bool {
+func (d *dlqFilter) match(p *admin.Parked, now time.Time) bool {
 	age := now.Sub(p.ParkedAt)
 	switch {
 	case len(d.ids) > 0 && !slices.Contains(d.ids, p.ID),
@@ -107,7 +106,7 @@ func dlqFlags(sub, usage string, stdout io.Writer) (*cli.Flags, *string) {
 }
 
 // openDLQ checks --broker and opens its dead-letter queue.
-func openDLQ(ctx context.Context, broker string) (driver.DeadLetterQueue, error) {
+func openDLQ(ctx context.Context, broker string) (admin.DeadLetterQueue, error) {
 	if broker == "" {
 		return nil, cli.Usagef("--broker is required")
 	}
@@ -116,7 +115,7 @@ func openDLQ(ctx context.Context, broker string) (driver.DeadLetterQueue, error)
 	} else if u.Scheme == "" {
 		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue or nats://host/STREAM?consumer=C", redact.URL(broker))
 	}
-	return core.OpenDeadLetters(ctx, broker)
+	return admin.OpenDeadLetters(ctx, broker)
 }
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -139,7 +138,7 @@ type parkedJSON struct {
 	BodyBase64          []byte            `json:",omitempty"` // show only: the body otherwise
 }
 
-func toJSON(p *driver.Parked, now time.Time, whole bool) parkedJSON {
+func toJSON(p *admin.Parked, now time.Time, whole bool) parkedJSON {
 	j := parkedJSON{
 		Ref: p.Ref, ID: p.ID, Cause: p.Cause, Attempt: p.Attempt, Origin: p.Origin, Destination: p.Destination,
 		ParkedAt: p.ParkedAt.UTC().Format(time.RFC3339Nano), AgeSeconds: int64(now.Sub(p.ParkedAt) / time.Second),
@@ -187,7 +186,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer q.Close()
 	now := time.Now()
 	var list []parkedJSON
-	if err := q.Scan(ctx, func(p *driver.Parked) error {
+	if err := q.Scan(ctx, func(p *admin.Parked) error {
 		if flt.match(p, now) {
 			list = append(list, toJSON(p, now, false))
 		}
@@ -201,7 +200,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return writeJSON(stdout, list)
 	}
-	fmt.Fprintf(stdout, "%d parked in %s on %s\n", len(list), q.Name(), core.Redact(*broker))
+	fmt.Fprintf(stdout, "%d parked in %s on %s\n", len(list), q.Name(), redact.URL(*broker))
 	if len(list) == 0 {
 		return nil
 	}
@@ -235,8 +234,8 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer q.Close()
 	now := time.Now()
-	var found []*driver.Parked
-	if err := q.Scan(ctx, func(p *driver.Parked) error {
+	var found []*admin.Parked
+	if err := q.Scan(ctx, func(p *admin.Parked) error {
 		if p.ID == ids[0] {
 			found = append(found, p)
 		}
@@ -336,7 +335,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 	now := time.Now()
 	chosen := map[string]bool{} // by Ref
 	var picked, refused []parkedJSON
-	if err := q.Scan(ctx, func(p *driver.Parked) error {
+	if err := q.Scan(ctx, func(p *admin.Parked) error {
 		if !flt.match(p, now) {
 			return nil
 		}
@@ -366,7 +365,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 				progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
 			onDone = func(done int) { _ = bar.Set(done) }
 		}
-		n, err := q.Redrive(ctx, func(p *driver.Parked) bool { return chosen[p.Ref] }, onDone)
+		n, err := q.Redrive(ctx, func(p *admin.Parked) bool { return chosen[p.Ref] }, onDone)
 		if bar != nil {
 			_ = bar.Finish()
 			fmt.Fprintln(stderr)
@@ -385,7 +384,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if *dryRun {
 			verb, n = "would redrive", len(picked)
 		}
-		fmt.Fprintf(stdout, "%s %d from %s on %s\n", verb, n, q.Name(), core.Redact(*broker))
+		fmt.Fprintf(stdout, "%s %d from %s on %s\n", verb, n, q.Name(), redact.URL(*broker))
 		for _, p := range picked {
 			fmt.Fprintf(stdout, "  %s -> %s\n", p.ID, p.Destination)
 		}
@@ -406,12 +405,16 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 // storeRetention opens the store at raw and returns how long it keeps
 // claims.
 func storeRetention(ctx context.Context, raw string) (time.Duration, error) {
-	s, rt, err := storeThat[driver.Retentioner](ctx, raw, "tell its retention")
+	s, err := openStore(ctx, raw)
 	if err != nil {
 		return 0, err
 	}
 	defer s.Close()
-	return rt.Retention(), nil
+	r, ok := s.Retention()
+	if !ok {
+		return 0, fmt.Errorf("the store at %s cannot tell its retention", redact.URL(raw))
+	}
+	return r, nil
 }
 
 const dlqPurgeUsage = `Usage: idemq dlq purge --broker URL (--all | filters) --yes
@@ -441,10 +444,10 @@ func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	defer q.Close()
 	now := time.Now()
-	sel := func(p *driver.Parked) bool { return flt.match(p, now) }
+	sel := func(p *admin.Parked) bool { return flt.match(p, now) }
 	if !*yes {
 		n := 0
-		if err := q.Scan(ctx, func(p *driver.Parked) error {
+		if err := q.Scan(ctx, func(p *admin.Parked) error {
 			if sel(p) {
 				n++
 			}
@@ -458,6 +461,6 @@ func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("purged %d, then: %w", n, hideSecrets(err, *broker))
 	}
-	fmt.Fprintf(stdout, "purged %d from %s on %s\n", n, q.Name(), core.Redact(*broker))
+	fmt.Fprintf(stdout, "purged %d from %s on %s\n", n, q.Name(), redact.URL(*broker))
 	return nil
 }

@@ -3,15 +3,15 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/cli"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // parseIDs parses a command's args, flags and message ids mixed in any
@@ -99,14 +99,14 @@ func runLookup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	s, lk, err := storeThat[driver.Lookuper](ctx, raw, "look up claims")
+	s, err := openStore(ctx, raw)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	infos, err := lk.Lookup(ctx, *consumer, ids)
+	infos, err := s.Lookup(ctx, *consumer, ids)
 	if err != nil {
-		return hideSecrets(err, raw)
+		return err
 	}
 	if *asJSON {
 		out := make([]claimJSON, len(infos))
@@ -132,7 +132,7 @@ func runLookup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			leased++
 		}
 	}
-	fmt.Fprintf(stdout, "consumer %s in %s on %s: %d of %d ids claimed", *consumer, s.table(), core.Redact(raw), claimed, len(infos))
+	fmt.Fprintf(stdout, "consumer %s in %s on %s: %d of %d ids claimed", *consumer, s.Table(), redact.URL(raw), claimed, len(infos))
 	if leased > 0 {
 		fmt.Fprintf(stdout, ", %d in progress", leased)
 	}
@@ -189,24 +189,25 @@ func runForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if !*yes {
 		return cli.Usagef("would delete the claims of consumer %s for %d ids (%s) on %s, so their messages apply again: pass --yes to do it",
-			*consumer, len(ids), listIDs(ids, 10), core.Redact(raw))
+			*consumer, len(ids), listIDs(ids, 10), redact.URL(raw))
 	}
-	s, fg, err := storeThat[driver.Forgetter](ctx, raw, "forget claims")
+	s, err := openStore(ctx, raw)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	// What was there, to report each id; the count Forget returns is
 	// what was removed.
-	var before []driver.ClaimInfo
-	if lk, ok := s.store.(driver.Lookuper); ok {
-		if before, err = lk.Lookup(ctx, *consumer, ids); err != nil {
-			return hideSecrets(err, raw)
-		}
+	before, err := s.Lookup(ctx, *consumer, ids)
+	if errors.Is(err, errors.ErrUnsupported) {
+		before, err = nil, nil
 	}
-	n, err := fg.Forget(ctx, *consumer, ids)
 	if err != nil {
-		return hideSecrets(err, raw)
+		return err
+	}
+	n, err := s.Forget(ctx, *consumer, ids)
+	if err != nil {
+		return err
 	}
 	for i, id := range ids {
 		switch {
@@ -218,6 +219,6 @@ func runForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			fmt.Fprintf(stdout, "%s: was not claimed\n", id)
 		}
 	}
-	fmt.Fprintf(stdout, "forgot %d claims of consumer %s in %s on %s\n", n, *consumer, s.table(), core.Redact(raw))
+	fmt.Fprintf(stdout, "forgot %d claims of consumer %s in %s on %s\n", n, *consumer, s.Table(), redact.URL(raw))
 	return nil
 }

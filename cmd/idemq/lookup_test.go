@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -24,7 +25,7 @@ import (
 
 // claimAll commits claims for consumer through the store and fails unless
 // every one is won.
-func claimAll[Tx any](t *testing.T, s core.Store[Tx], consumer string, claims []driver.Claim) {
+func claimAll[Tx any](t *testing.T, s driver.Store[Tx], consumer string, claims []driver.Claim) {
 	t.Helper()
 	ctx := context.Background()
 	txn, err := s.Begin(ctx)
@@ -49,7 +50,7 @@ func claimAll[Tx any](t *testing.T, s core.Store[Tx], consumer string, claims []
 // checkLookupForget runs lookup and forget on the store at storeURL, whose
 // table it fills through the store's own package (a store from open), and
 // checks that the output never shows secret.
-func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func() core.Store[Tx]) {
+func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func() driver.Store[Tx]) {
 	t.Helper()
 	seed := func(consumer string, claims []driver.Claim) {
 		s := open()
@@ -138,7 +139,7 @@ func checkLookupForget[Tx any](t *testing.T, storeURL, secret string, open func(
 		}
 	}
 	r = keep(expect(t, exitOK, []string{"stats", "--store", storeURL, "--json"}))
-	var st driver.TableStats
+	var st admin.TableStats
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("stats --json: %v\n%s", err, r)
 	}
@@ -200,7 +201,7 @@ func lookupJSON(t *testing.T, r result) []claimJSON {
 
 func TestLookupForgetSQLite(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lf.db")
-	checkLookupForget(t, "sqlite://"+path+"?table=claims", "", func() core.Store[*sql.Tx] {
+	checkLookupForget(t, "sqlite://"+path+"?table=claims", "", func() driver.Store[*sql.Tx] {
 		s, err := sqlite.Open(context.Background(), path, sqlite.WithTable("claims"))
 		if err != nil {
 			t.Fatal(err)
@@ -236,7 +237,7 @@ func TestLookupForgetPostgres(t *testing.T) {
 					conn.Close(ctx)
 				}
 			})
-			checkLookupForget(t, storeURL, secret, func() core.Store[pgx.Tx] {
+			checkLookupForget(t, storeURL, secret, func() driver.Store[pgx.Tx] {
 				s, err := postgres.Open(ctx, base, opts...)
 				if err != nil {
 					t.Fatal(err)
@@ -267,7 +268,7 @@ func TestLookupForgetMySQL(t *testing.T) {
 	}
 	u := url.URL{Scheme: "mysql", User: user, Host: cfg.Addr, Path: "/" + cfg.DBName, RawQuery: "table=" + table}
 	// The server's password, if any, must not show either.
-	checkLookupForget(t, u.String(), cfg.Passwd, func() core.Store[*sql.Tx] {
+	checkLookupForget(t, u.String(), cfg.Passwd, func() driver.Store[*sql.Tx] {
 		s, err := mysql.Open(ctx, cfg.FormatDSN(), mysql.WithTable(table))
 		if err != nil {
 			t.Fatal(err)

@@ -15,11 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/outbox/sqliteoutbox"
 	"github.com/idemq/idemq/stores/postgres"
@@ -151,7 +151,7 @@ func TestSQLite(t *testing.T) {
 	r = expect(t, exitOK, []string{"stats", "--store", storeURL, "--json"})
 	var st struct {
 		Store string
-		driver.TableStats
+		admin.TableStats
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("stats --json: %v\n%s", err, r.stdout)
@@ -177,7 +177,7 @@ func TestSQLite(t *testing.T) {
 }
 
 // claimN commits n fresh claims for consumer through the store.
-func claimN[Tx any](t *testing.T, s core.Store[Tx], consumer string, n int) {
+func claimN[Tx any](t *testing.T, s driver.Store[Tx], consumer string, n int) {
 	t.Helper()
 	ctx := context.Background()
 	txn, err := s.Begin(ctx)

@@ -2,26 +2,18 @@ package main
 
 import (
 	"context"
-	"database/sql"
+	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	mysqldrv "github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/outbox/mysqloutbox"
-	"github.com/idemq/idemq/outbox/pgoutbox"
-	"github.com/idemq/idemq/outbox/sqliteoutbox"
-	"github.com/idemq/idemq/stores/mysql"
 )
 
 const outboxUsage = `Usage: idemq outbox <list|redrive|purge|stats> --store URL [flags]
@@ -142,94 +134,30 @@ func (l *rowList) Set(s string) error {
 
 // openedOutbox is an outbox table opened by URL.
 type openedOutbox struct {
-	outbox.Operator
-	url, table string
-	close      func()
+	admin.OutboxTable
+	url string
 }
 
 func (o *openedOutbox) where() string {
-	return fmt.Sprintf("outbox table %s on %s", o.table, core.Redact(o.url))
+	return fmt.Sprintf("outbox table %s on %s", o.Table(), redact.URL(o.url))
 }
+
+func (o *openedOutbox) close() { o.Close() }
 
 // openOutbox opens the outbox table at raw: postgres://, postgresql://,
 // mysql:// or sqlite://path, with ?table= or table (the --table flag)
 // naming it.
 func openOutbox(ctx context.Context, raw, table string) (*openedOutbox, error) {
-	u, err := redact.ParseURL(raw)
-	if err != nil {
-		return nil, cli.Usagef("--store: %v", err)
+	t, err := admin.OpenOutbox(ctx, raw, table)
+	switch {
+	case errors.Is(err, admin.ErrBadURL) && strings.Contains(err.Error(), "no outbox registered"):
+		return nil, cli.Usagef("--store %s: the outbox is on postgres://, mysql:// or sqlite://", redact.URL(raw))
+	case errors.Is(err, admin.ErrBadURL):
+		return nil, cli.Usagef("--store: %s", strings.TrimPrefix(err.Error(), "idemq: "+admin.ErrBadURL.Error()+": "))
+	case err != nil:
+		return nil, err
 	}
-	q, err := redact.ParseQuery(u.RawQuery)
-	if err != nil {
-		return nil, cli.Usagef("--store parameters: %v", err)
-	}
-	if t := q.Get("table"); t != "" {
-		if table != "" && table != t {
-			return nil, cli.Usagef("--table %s and the URL's ?table=%s differ", table, t)
-		}
-		table = t
-	}
-	q.Del("table")
-	if table == "" {
-		table = pgoutbox.DefaultTable
-	}
-	rest := *u
-	rest.RawQuery = q.Encode()
-	o := &openedOutbox{url: raw, table: table}
-	switch strings.ToLower(u.Scheme) {
-	case "postgres", "postgresql":
-		ob, err := pgoutbox.New(pgoutbox.WithTable(table))
-		if err != nil {
-			return nil, cli.Usagef("%v", err)
-		}
-		pool, err := pgxpool.New(ctx, rest.String())
-		if err != nil {
-			return nil, hideSecrets(err, raw)
-		}
-		o.Operator, o.close = ob.Store(pool), pool.Close
-	case "mysql":
-		ob, err := mysqloutbox.New(mysqloutbox.WithTable(table))
-		if err != nil {
-			return nil, cli.Usagef("%v", err)
-		}
-		cfg, err := mysql.ParseDSN(rest.String())
-		if err != nil {
-			return nil, hideSecrets(err, raw)
-		}
-		conn, err := mysqldrv.NewConnector(cfg)
-		if err != nil {
-			return nil, hideSecrets(err, raw)
-		}
-		db := sql.OpenDB(conn)
-		o.Operator, o.close = ob.Store(db), func() { db.Close() }
-	case "sqlite":
-		ob, err := sqliteoutbox.New(sqliteoutbox.WithTable(table))
-		if err != nil {
-			return nil, cli.Usagef("%v", err)
-		}
-		path := u.Host + u.Path
-		if u.Opaque != "" {
-			path = u.Opaque
-		}
-		for k := range q {
-			return nil, cli.Usagef("--store: sqlite URL: unknown parameter %q (known: table)", redact.Name(k))
-		}
-		if path == "" || strings.ContainsRune(path, '?') {
-			return nil, cli.Usagef("--store: a sqlite URL is sqlite://path/to/app.db")
-		}
-		// An operator's typo must not create an empty database.
-		if _, err := os.Stat(path); err != nil {
-			return nil, err
-		}
-		db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_txlock=immediate")
-		if err != nil {
-			return nil, err
-		}
-		o.Operator, o.close = ob.Store(db), func() { db.Close() }
-	default:
-		return nil, cli.Usagef("--store %s: the outbox is on postgres://, mysql:// or sqlite://", core.Redact(raw))
-	}
-	return o, nil
+	return &openedOutbox{OutboxTable: t, url: raw}, nil
 }
 
 // outboxError is err of a query on the outbox table at raw, without its
@@ -425,7 +353,7 @@ func runOutboxPurge(ctx context.Context, args []string, stdout, _ io.Writer) err
 		return err
 	}
 	if !*yes {
-		return cli.Usagef("would delete %s on %s, so their messages are never published: pass --yes to do it", describe(filter), core.Redact(raw))
+		return cli.Usagef("would delete %s on %s, so their messages are never published: pass --yes to do it", describe(filter), redact.URL(raw))
 	}
 	o, err := openOutbox(ctx, raw, *f.table)
 	if err != nil {
@@ -474,7 +402,7 @@ func runOutboxStats(ctx context.Context, args []string, stdout, _ io.Writer) err
 		return outboxError(err, raw)
 	}
 	if *asJSON {
-		return writeJSON(stdout, statsJSON{Store: core.Redact(raw), Table: o.table, Pending: st.Pending,
+		return writeJSON(stdout, statsJSON{Store: redact.URL(raw), Table: o.Table(), Pending: st.Pending,
 			OldestPendingSeconds: st.OldestPending.Seconds(), Parked: st.Parked, HeldKeys: st.HeldKeys, HeldRows: st.HeldRows})
 	}
 	fmt.Fprintf(stdout, "%s\n", o.where())

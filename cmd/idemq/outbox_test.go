@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/mysqloutbox"
@@ -35,7 +35,7 @@ func seedParked(t *testing.T, store outbox.Store, write func(ctx context.Context
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := outbox.PublisherFunc(func(_ context.Context, dest string, msgs ...*core.Message) error {
+	pub := outbox.PublisherFunc(func(_ context.Context, dest string, msgs ...*driver.Message) error {
 		for _, m := range msgs {
 			if strings.HasPrefix(string(m.Body), "poison") {
 				return fmt.Errorf("%s: message too large", dest)

@@ -12,8 +12,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/cli"
+	"github.com/idemq/idemq/internal/redact"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
@@ -23,30 +25,20 @@ import (
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
 	"github.com/idemq/idemq/core"
+	_ "github.com/idemq/idemq/outbox/mysqloutbox"
+	_ "github.com/idemq/idemq/outbox/pgoutbox"
+	_ "github.com/idemq/idemq/outbox/sqliteoutbox"
 	_ "github.com/idemq/idemq/stores/mysql"
 	_ "github.com/idemq/idemq/stores/postgres"
 	_ "github.com/idemq/idemq/stores/sqlite"
 )
 
-// openedStore is a store opened by URL, whatever its transaction type, with
-// the operator interfaces it implements.
-type openedStore struct {
-	url   string
-	store driver.Closer
-}
-
 // openStore opens the store registered for rawURL's scheme. Stores of
 // either transaction type are accepted: operator commands never run a
 // handler.
-func openStore(ctx context.Context, rawURL string) (*openedStore, error) {
-	s, err := driver.OpenStore(ctx, rawURL)
-	if err != nil {
-		return nil, hideSecrets(err, rawURL)
-	}
-	return &openedStore{url: rawURL, store: s}, nil
+func openStore(ctx context.Context, rawURL string) (*admin.Store, error) {
+	return admin.OpenStore(ctx, rawURL)
 }
-
-func (o *openedStore) Close() { o.store.Close() }
 
 // parseStore parses a command's args and returns its --store URL.
 func parseStore(f *cli.Flags, storeURL func() (string, error), args []string) (string, error) {
@@ -54,30 +46,6 @@ func parseStore(f *cli.Flags, storeURL func() (string, error), args []string) (s
 		return "", err
 	}
 	return storeURL()
-}
-
-// storeThat opens the store at raw and returns it with the operator
-// interface C the command needs; an error says what the store cannot do.
-func storeThat[C any](ctx context.Context, raw, cannot string) (*openedStore, C, error) {
-	var c C
-	s, err := openStore(ctx, raw)
-	if err != nil {
-		return nil, c, err
-	}
-	c, ok := s.store.(C)
-	if !ok {
-		s.Close()
-		return nil, c, fmt.Errorf("the store at %s cannot %s", core.Redact(raw), cannot)
-	}
-	return s, c, nil
-}
-
-// table is the dedup table's name, if the store tells it.
-func (o *openedStore) table() string {
-	if t, ok := o.store.(interface{ Table() string }); ok {
-		return t.Table()
-	}
-	return "(dedup table)"
 }
 
 // hideSecrets returns err with every credential of rawURL replaced, keeping
@@ -101,15 +69,15 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	s, m, err := storeThat[driver.Migrator](ctx, raw, "migrate itself")
+	s, err := openStore(ctx, raw)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	if err := m.Migrate(ctx); err != nil {
-		return hideSecrets(err, raw)
+	if err := s.Migrate(ctx); err != nil {
+		return err
 	}
-	fmt.Fprintf(stdout, "dedup table %s is ready on %s\n", s.table(), core.Redact(raw))
+	fmt.Fprintf(stdout, "dedup table %s is ready on %s\n", s.Table(), redact.URL(raw))
 	return nil
 }
 
@@ -145,37 +113,25 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case *pause < 0:
 		return cli.Usagef("--pause %v: must not be negative", *pause)
 	}
-	s, p, err := storeThat[driver.Pruner](ctx, raw, "prune")
+	s, err := openStore(ctx, raw)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	if r, ok := s.store.(driver.Retentioner); ok && !*force && *olderThan < r.Retention() {
-		return cli.Usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r.Retention())
+	if r, ok := s.Retention(); ok && !*force && *olderThan < r {
+		return cli.Usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r)
 	}
 	before := time.Now().Add(-*olderThan)
 	var bar *progressbar.ProgressBar
 	if *progress {
-		bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("pruning "+s.table()),
+		bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("pruning "+s.Table()),
 			progressbar.OptionShowCount(), progressbar.OptionSetItsString("claims"), progressbar.OptionShowIts(), progressbar.OptionClearOnFinish())
 	}
 	start := time.Now()
 	total, batches := 0, 0
-	interrupted := func() error {
-		fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.table(), batches)
-		return errors.New("interrupted")
-	}
-	for {
-		if ctx.Err() != nil {
-			return interrupted()
-		}
-		n, err := p.Prune(ctx, before, *batch)
-		if err != nil {
-			if ctx.Err() != nil {
-				return interrupted()
-			}
-			return fmt.Errorf("after pruning %d claims: %w", total, hideSecrets(err, raw))
-		}
+	// Duty 1 with --pause: an operator's prune goes back to back unless
+	// told to spare the database.
+	_, err = s.Prune(ctx, before, admin.PruneOptions{Batch: *batch, Duty: 1, Pause: *pause, Progress: func(n int) {
 		total += n
 		batches++
 		if bar != nil {
@@ -183,21 +139,19 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		} else {
 			fmt.Fprintf(stderr, "batch %d: pruned %d (total %d)\n", batches, n, total)
 		}
-		if n < *batch {
-			break
-		}
-		if *pause > 0 {
-			select {
-			case <-time.After(*pause):
-			case <-ctx.Done():
-			}
-		}
+	}})
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.Table(), batches)
+		return errors.New("interrupted")
+	case err != nil:
+		return fmt.Errorf("after pruning %d claims: %w", total, err)
 	}
 	if bar != nil {
 		bar.Finish()
 	}
 	fmt.Fprintf(stdout, "pruned %d claims recorded before %s from %s in %d batches (%v)\n",
-		total, before.UTC().Format(time.RFC3339), s.table(), batches, time.Since(start).Round(time.Millisecond))
+		total, before.UTC().Format(time.RFC3339), s.Table(), batches, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -239,18 +193,18 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	for _, v := range rawBrokers {
 		b, ok := parseBrokerArg(v)
 		if !ok {
-			return cli.Usagef("--broker %s: want CONSUMER=URL or URL", core.Redact(v))
+			return cli.Usagef("--broker %s: want CONSUMER=URL or URL", redact.URL(v))
 		}
 		brokers = append(brokers, b)
 	}
-	s, in, err := storeThat[driver.Inspector](ctx, raw, "describe its table")
+	s, err := openStore(ctx, raw)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	st, err := in.Inspect(ctx)
+	st, err := s.Stats(ctx)
 	if err != nil {
-		return hideSecrets(err, raw)
+		return err
 	}
 	var hzs []*horizonCheck
 	for _, b := range brokers {
@@ -266,17 +220,17 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		enc.SetIndent("", "  ")
 		return enc.Encode(struct {
 			Store string
-			driver.TableStats
+			admin.TableStats
 			Horizons []*horizonCheck `json:",omitempty"`
-		}{core.Redact(raw), st, hzs})
+		}{redact.URL(raw), st, hzs})
 	}
 	size := "unknown"
 	if st.SizeBytes > 0 {
 		size = formatBytes(st.SizeBytes)
 	}
-	fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, core.Redact(raw), st.Rows, size)
+	fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, redact.URL(raw), st.Rows, size)
 	for _, hz := range hzs {
-		if hz.Consumer != "" && !slices.ContainsFunc(st.Consumers, func(c driver.ConsumerStats) bool { return c.Consumer == hz.Consumer }) {
+		if hz.Consumer != "" && !slices.ContainsFunc(st.Consumers, func(c admin.ConsumerStats) bool { return c.Consumer == hz.Consumer }) {
 			fmt.Fprintf(stdout, "%s (no claims yet)\n", hz)
 			continue
 		}
@@ -294,7 +248,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			named[hz.Consumer] = hz
 		}
 	}
-	leased := slices.ContainsFunc(st.Consumers, func(c driver.ConsumerStats) bool { return c.Leases > 0 })
+	leased := slices.ContainsFunc(st.Consumers, func(c admin.ConsumerStats) bool { return c.Leases > 0 })
 	head := "CONSUMER\tCLAIMS\tOLDEST\tAGE\tNEWEST"
 	if leased {
 		head += "\tIN PROGRESS"
@@ -377,31 +331,22 @@ func (h *horizonCheck) String() string {
 
 // checkHorizon opens the broker at brokerURL as a consumer would and
 // compares its redelivery horizon with the store's retention.
-func checkHorizon(ctx context.Context, s *openedStore, brokerURL string) (*horizonCheck, error) {
-	src, err := driver.OpenSource(ctx, brokerURL, driver.OpenConfig{})
+func checkHorizon(ctx context.Context, s *admin.Store, brokerURL string) (*horizonCheck, error) {
+	hz, err := admin.CheckHorizon(ctx, s, brokerURL)
 	if err != nil {
-		return nil, hideSecrets(err, brokerURL)
+		return nil, err
 	}
-	defer src.Close()
-	h := &horizonCheck{Broker: core.Redact(brokerURL), Retention: "unknown", Horizon: "unknown"}
-	var retention, horizon time.Duration
-	rt, rok := s.store.(driver.Retentioner)
-	if rok {
-		retention = rt.Retention()
-		h.Retention = retention.String()
-	}
-	hz, hok := src.(driver.RedeliveryHorizoner)
-	if hok {
-		horizon, hok = hz.RedeliveryHorizon(ctx)
+	h := &horizonCheck{Broker: hz.Broker, Retention: "unknown", Horizon: "unknown", Short: hz.Short()}
+	if hz.RetentionKnown {
+		h.Retention = hz.Retention.String()
 	}
 	switch {
-	case !hok:
-	case horizon == driver.Unbounded:
+	case !hz.HorizonKnown:
+	case hz.Horizon == driver.Unbounded:
 		h.Horizon = "unbounded"
 	default:
-		h.Horizon = horizon.String()
+		h.Horizon = hz.Horizon.String()
 	}
-	h.Short = rok && hok && retention > 0 && retention < horizon
 	return h, nil
 }
 

@@ -1,11 +1,12 @@
-// Package driver is what a broker adapter or a dedup store implements for
-// idemq, apart from what a service author uses (package core), in the way
-// database/sql/driver stands apart from database/sql: a Source of
-// Deliveries and a Publisher for brokers, a Store of Txns for databases,
-// the optional capabilities the Consumer looks for (BatchSettler,
-// WindowSetter, RedeliveryHorizoner, Savepointer, Flusher, Pruner, …), and
-// the registry that opens drivers by URL. Adapters prove themselves with
-// the conformance suites brokers/brokertest and stores/storetest.
+// Package driver is the contract between idemq and a broker adapter or a
+// dedup store, apart from what a service author uses (package core) and
+// what an operator uses (package admin), in the way database/sql/driver
+// stands apart from database/sql: a Source of Deliveries and a Publisher
+// for brokers, a Store of Txns for databases, the optional capabilities
+// the Consumer looks for (BatchSettler, WindowSetter, RedeliveryHorizoner,
+// Savepointer, Flusher, Leaser, …), and the registration of openers by URL
+// scheme. Adapters import this package, never core; they prove themselves
+// with the conformance suites brokers/brokertest and stores/storetest.
 package driver
 
 import (
@@ -16,25 +17,30 @@ import (
 	"time"
 )
 
-// Message is one received message as the pipeline, observers and handlers
-// see it, whatever broker it came from; core.Message is the same type.
+// Message is one message as an adapter receives or publishes it. The
+// Consumer hands it to handlers as a core.Message, which has the same
+// fields: keep the two in step.
 type Message struct {
-	// ID is the producer's business id: the AMQP message_id property, a
-	// Kafka header, an SQS message attribute, or what an IDFunc derived.
-	// Never a delivery tag, offset or receipt handle.
+	// ID is the producer's business id, where the broker carries it: the
+	// AMQP message_id property (or a header), a Kafka record header, an
+	// SQS message attribute, NATS's Nats-Msg-Id header (or another
+	// header). Never a delivery tag, offset, sequence or receipt handle.
+	// Empty when the message has none: the Consumer dead-letters it.
 	ID string
 	// Body is the payload as received.
 	Body []byte
-	// Headers holds AMQP headers, Kafka headers or SQS message attributes
-	// rendered as strings. Trace context travels here.
+	// Headers holds AMQP headers, Kafka record headers, SQS message
+	// attributes or NATS headers rendered as strings. Trace context travels
+	// here.
 	Headers map[string]string
 	// Key is the ordering key: the Kafka message key or the SQS
 	// MessageGroupId. Empty when the broker has none.
 	Key string
-	// Source is the queue or topic the message was received from.
+	// Source is the queue, topic or NATS subject the message was received
+	// from.
 	Source string
 	// System names the broker in OpenTelemetry terms: "rabbitmq", "kafka",
-	// "aws_sqs", or "memory".
+	// "aws_sqs", "nats", or "memory".
 	System string
 	// Attempt is 1 on the first delivery and grows with each redelivery as
 	// far as the broker lets the adapter know.
@@ -65,8 +71,8 @@ type Delivery interface {
 	DeadLetter(ctx context.Context, cause error) error
 }
 
-// Source is a broker adapter: a stream of Deliveries. core.Source is the
-// same type.
+// Source is a broker adapter: a stream of Deliveries, which the Consumer
+// takes.
 type Source interface {
 	// Receive blocks until a delivery is available, ctx is done, or the
 	// source is closed (ErrSourceClosed). Other errors are treated as
@@ -130,7 +136,8 @@ type RedeliveryHorizoner interface {
 // retention.ms=-1).
 const Unbounded = time.Duration(math.MaxInt64)
 
-// Sentinel errors of the driver contract. core re-exports them.
+// Sentinel errors of the driver contract. core re-exports them for
+// services.
 var (
 	// ErrSourceClosed is returned by Source.Receive after Close.
 	ErrSourceClosed = errors.New("idemq: source closed")
@@ -141,13 +148,17 @@ var (
 	// other settlement failures; the redelivery is decided Duplicate if
 	// the message was committed.
 	ErrStaleDelivery = errors.New("idemq: stale delivery; the broker will redeliver it")
+	// ErrInvalidID is wrapped by errors about an id the store or the
+	// Consumer cannot take: longer than allowed, a NUL byte, invalid
+	// UTF-8.
+	ErrInvalidID = errors.New("idemq: message id is invalid")
 )
 
 // Publisher sends messages, setting each message's business id where its
-// broker carries it (AMQP message_id, the Kafka or SQS message-id header)
-// and the caller's trace context in the headers. It is the one publishing
-// shape: a service's producers, the outbox relay and the tests all use
-// it. core.Publisher is the same type.
+// broker carries it (AMQP message_id, the Kafka or SQS message-id header,
+// Nats-Msg-Id) and the caller's trace context in the headers. The outbox
+// relay publishes through it; services publish through core.Publisher,
+// which wraps it.
 type Publisher interface {
 	// Publish sends msgs to destination (a queue, topic or routing key in
 	// the broker's terms) or, when destination is "", to the destination
@@ -156,4 +167,27 @@ type Publisher interface {
 	Publish(ctx context.Context, destination string, msgs ...*Message) error
 	// Close releases the Publisher's connections.
 	Close() error
+}
+
+type permanentError struct{ err error }
+
+func (p permanentError) Error() string { return "permanent: " + p.err.Error() }
+func (p permanentError) Unwrap() error { return p.err }
+
+// Permanent marks err as permanent: no retry can change it (a handler's
+// bad input, a broker's refusal of a message it will never take). The
+// Consumer dead-letters the message at once, and the outbox relay parks
+// the row. Permanent(nil) is nil. core.Permanent is the same function.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
 }

@@ -8,7 +8,7 @@ import (
 // Store is a dedup store: it opens the transaction that holds both the
 // claim of a message id and the handler's business effect. Tx is the
 // handle handlers receive: pgx.Tx for Postgres, *sql.Tx for MySQL and
-// SQLite. core.Store is the same type.
+// SQLite. The Consumer takes it; core.OpenStore opens one by URL.
 type Store[Tx any] interface {
 	// Begin opens a dedup transaction.
 	Begin(ctx context.Context) (Txn[Tx], error)
@@ -98,24 +98,10 @@ type Savepointer interface {
 	ReleaseSavepoint(ctx context.Context) error
 }
 
-// Pruner is implemented by stores that can delete old claims. Prune removes
-// at most limit claims recorded before the given time, in one short
-// transaction, and returns how many it removed; callers loop until it
-// returns fewer than limit, so no giant DELETE ever holds a long lock.
-type Pruner interface {
-	Prune(ctx context.Context, before time.Time, limit int) (int, error)
-}
-
 // Retentioner is implemented by stores that know how long claims are kept,
 // so the Consumer can compare it with the broker's redelivery horizon.
 type Retentioner interface {
 	Retention() time.Duration
-}
-
-// Migrator is implemented by stores that create their own tables.
-// Migrate is idempotent and safe when several processes run it at once.
-type Migrator interface {
-	Migrate(ctx context.Context) error
 }
 
 // ClassifyStored decides, for an id already claimed with the stored
@@ -132,36 +118,6 @@ func ClassifyStored(claimed, stored string) ClaimResult {
 		return ClaimMismatch
 	}
 	return ClaimDuplicate
-}
-
-// TableStats describes a store's dedup table for operators (idemq stats).
-type TableStats struct {
-	// Table is the dedup table's name.
-	Table string
-	// Rows is the number of claims kept.
-	Rows int64
-	// SizeBytes is the table's size on disk including indexes, as the
-	// database reports it; 0 when it cannot tell.
-	SizeBytes int64
-	// Consumers has one entry per consumer name, sorted by name.
-	Consumers []ConsumerStats
-}
-
-// ConsumerStats are the claims of one consumer.
-type ConsumerStats struct {
-	Consumer       string
-	Rows           int64
-	Oldest, Newest time.Time // zero when the consumer has leases only
-	// Leases counts the consumer's claims in progress (leased, not yet
-	// completed or released), and ExpiredLeases those of them whose lease
-	// ran out: a holder that died, or a call outliving its lease, whose
-	// message the next delivery takes over.
-	Leases, ExpiredLeases int64
-}
-
-// Inspector is implemented by stores that can describe their dedup table.
-type Inspector interface {
-	Inspect(ctx context.Context) (TableStats, error)
 }
 
 // Pinger is implemented by stores that can check they answer with one
@@ -204,40 +160,3 @@ func (e *FlushError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the statement's error.
 func (e *FlushError) Unwrap() error { return e.Err }
-
-// ClaimInfo is what a store holds for one message id of a consumer, as
-// Lookup reports it to operators (idemq lookup).
-type ClaimInfo struct {
-	// ID is the message id looked up.
-	ID string
-	// Claimed reports whether a committed claim of the id exists.
-	Claimed bool
-	// At is when the id was claimed (the dedup table's processed_at);
-	// zero when it is not claimed.
-	At time.Time
-	// Fingerprint is the body fingerprint stored with the claim; empty
-	// when the claim had none or the id is not claimed.
-	Fingerprint string
-	// LeaseUntil is when the lease on an id in progress expires (a leased
-	// claim, see Leaser); zero when the id has no lease.
-	LeaseUntil time.Time
-	// LeaseToken is the fencing token of that lease.
-	LeaseToken int64
-}
-
-// Lookuper is implemented by stores that can tell operators whether
-// message ids are claimed. Lookup returns one ClaimInfo per id, in the
-// order of ids, for the claims of consumer committed when it runs; it
-// takes no locks that block claims.
-type Lookuper interface {
-	Lookup(ctx context.Context, consumer string, ids []string) ([]ClaimInfo, error)
-}
-
-// Forgetter is implemented by stores that can delete chosen claims, so
-// that operators can have those messages applied again on purpose
-// (idemq forget). Forget deletes consumer's claims of ids in one
-// transaction and returns how many rows it removed; ids that are not
-// claimed are skipped.
-type Forgetter interface {
-	Forget(ctx context.Context, consumer string, ids []string) (int, error)
-}

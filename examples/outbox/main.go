@@ -43,6 +43,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/effects"
 	"github.com/idemq/idemq/middleware/tracing"
 	"github.com/idemq/idemq/outbox"
@@ -224,7 +225,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 		return false, err
 	}
 	defer pub.Close()
-	relay, err := ob.NewRelay(pool, outbox.Destinations(map[string]core.Publisher{"orders": pub}), outbox.WithLogger(log))
+	relay, err := ob.NewRelay(pool, outbox.Destinations(map[string]driver.Publisher{"orders": pub.Driver()}), outbox.WithLogger(log))
 	if err != nil {
 		return false, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	_ "github.com/idemq/idemq/stores/mysql"
 	_ "github.com/idemq/idemq/stores/postgres"
 	_ "github.com/idemq/idemq/stores/sqlite"
@@ -30,7 +31,7 @@ import (
 // at batch 20, concurrency 2, 50 accounts, each costing Postgres'
 // deadlock_timeout of 1s).
 type backend[Tx any] struct {
-	store  core.Store[Tx]
+	store  driver.Store[Tx]
 	charge core.BatchHandler[Tx]
 	// book is the leased mode's completion (--provider): one payment the
 	// provider charged, booked with its charge id.

@@ -108,7 +108,7 @@ func (f *faulted) lifted(what string) {
 // their own (so their ids differ), 20% duplicates within each.
 type feed struct {
 	t       *testing.T
-	pub     core.Publisher
+	pub     *core.Publisher
 	seed    uint64
 	chunks  uint64
 	sent    int

@@ -265,7 +265,7 @@ func serve(ctx context.Context, s settings, logger *slog.Logger) error {
 }
 
 // consume is the broker-neutral part: it works for every store through its
-// transaction type Tx and for every broker through core.Source.
+// transaction type Tx and for every broker through driver.Source.
 func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *backend[Tx]) error {
 	src, err := core.OpenSource(ctx, s.broker, core.WithAdapterLogger(logger))
 	if err != nil {
@@ -358,7 +358,7 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 // saw within the stream's duplicate window (2 minutes), so a repeat with
 // the original's id would never reach a consumer, unlike a producer's
 // retry sent after that window.
-func publishSends(ctx context.Context, pub core.Publisher, sends []sent, copyIDs bool) error {
+func publishSends(ctx context.Context, pub *core.Publisher, sends []sent, copyIDs bool) error {
 	const chunk = 500
 	seen := map[string]bool{}
 	for start := 0; start < len(sends); start += chunk {

@@ -124,7 +124,7 @@ func (k *killer) StartStage(ctx context.Context, _ core.Stage) context.Context  
 
 // EndStage kills the process at the chosen point.
 func (k *killer) EndStage(_ context.Context, s core.Stage, err error) {
-	if err == nil && s.Name == k.stage && k.seen.Add(int64(len(s.Messages))) >= k.at {
+	if err == nil && string(s.Name) == k.stage && k.seen.Add(int64(len(s.Messages))) >= k.at {
 		k.log.Warn("payments: killing the process with SIGKILL", "after_stage", k.stage, "messages", k.seen.Load())
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way: nothing more happens here

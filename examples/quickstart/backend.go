@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	_ "github.com/idemq/idemq/stores/mysql"
 	_ "github.com/idemq/idemq/stores/postgres"
 	_ "github.com/idemq/idemq/stores/sqlite"
@@ -21,7 +22,7 @@ import (
 // backend is the business database of one run: the dedup store plus the
 // accounts and ledger tables the handler writes, in the same database.
 type backend[Tx any] struct {
-	store   core.Store[Tx]
+	store   driver.Store[Tx]
 	handler func(ctx context.Context, tx Tx, id string, p payment) error
 	// balances returns account → balance; ledger returns the ledger's row
 	// count, the ids with more than one row, and the distinct ids.

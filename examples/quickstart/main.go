@@ -31,6 +31,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
@@ -256,7 +258,7 @@ func runOnce[Tx any](ctx context.Context, s settings, batch int, payments []paym
 			body, _ := json.Marshal(p)
 			msgs[i] = &core.Message{ID: p.ID, Body: body}
 		}
-		if err := broker.Publish(ctx, queue, msgs...); err != nil {
+		if err := core.NewPublisher(broker).Publish(ctx, queue, msgs...); err != nil {
 			return r, err
 		}
 	}
@@ -285,7 +287,7 @@ func runOnce[Tx any](ctx context.Context, s settings, batch int, payments []paym
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil)) // the table tells the story
 	consumer := "quickstart-" + randomSuffix()               // a fresh dedup key space per run
 	start := time.Now()
-	res, err := memory.Drain(ctx, broker, queue, func(sub *memory.Subscription) (*core.Consumer[Tx], error) {
+	res, err := drain.Drain(ctx, broker, queue, func(sub *memory.Subscription) (*core.Consumer[Tx], error) {
 		return core.New[Tx](sub, be.store, handler,
 			core.WithName(consumer), core.WithBatchSize(batch), core.WithConcurrency(s.concurrency),
 			core.WithBackoff(core.ExponentialBackoff{Initial: 5 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}),

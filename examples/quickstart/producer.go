@@ -13,7 +13,7 @@ import (
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/sqliteoutbox"
 )
@@ -29,7 +29,7 @@ type producerResult struct {
 // messages to the broker. A publish whose confirm is lost (the broker has
 // the message, the relay does not know) leaves the row pending, so the
 // relay publishes it again: one more copy for the consumer's dedup.
-func produce(ctx context.Context, s settings, dir string, batch int, payments []payment, queue string, pub core.Publisher) (producerResult, error) {
+func produce(ctx context.Context, s settings, dir string, batch int, payments []payment, queue string, pub driver.Publisher) (producerResult, error) {
 	var r producerResult
 	path := filepath.Join(dir, fmt.Sprintf("producer-batch%d.db", batch))
 	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
@@ -109,14 +109,14 @@ var errConfirmLost = errors.New("injected fault: the broker's confirm was lost a
 // confirmLoser publishes every message, then reports a seeded fraction of
 // the publishes as failed, as a connection lost before the confirm would.
 type confirmLoser struct {
-	core.Publisher
+	driver.Publisher
 	seed  uint64
 	rate  float64
 	calls atomic.Int64
 	lost  atomic.Int64
 }
 
-func (c *confirmLoser) Publish(ctx context.Context, destination string, msgs ...*core.Message) error {
+func (c *confirmLoser) Publish(ctx context.Context, destination string, msgs ...*driver.Message) error {
 	if err := c.Publisher.Publish(ctx, destination, msgs...); err != nil {
 		return err
 	}

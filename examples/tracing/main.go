@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/propagation"
@@ -76,7 +78,7 @@ func run(ctx context.Context, out io.Writer) error {
 		m.Headers = map[string]string{}
 		otel.GetTextMapPropagator().Inject(pctx, propagation.MapCarrier(m.Headers))
 	}
-	if err := broker.Publish(pctx, "orders", msgs...); err != nil {
+	if err := core.NewPublisher(broker).Publish(pctx, "orders", msgs...); err != nil {
 		return err
 	}
 	span.End()
@@ -88,7 +90,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return nil
 	}
 	tr := tracing.New()
-	_, err = memory.Drain(ctx, broker, "orders", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	_, err = drain.Drain(ctx, broker, "orders", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](sub, store, handler,
 			core.WithName("shipping"), core.WithObserver(tr, logging.New(nil)),
 			core.WithShutdownTimeout(5*time.Second))

@@ -19,6 +19,7 @@ import (
 	mathrand "math/rand/v2"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -43,7 +44,7 @@ type FaultScenario[Tx any] struct {
 	// published a second time (a producer's retry), shuffled in.
 	Unique int
 	// Store is the store the Consumer runs over.
-	Store core.Store[Tx]
+	Store driver.Store[Tx]
 	// Apply inserts e in tx; the handler turns its error into a
 	// core.Permanent one unless IsTransient reports it transient, as a
 	// service's handler does, so a failover error classified wrongly

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -43,7 +45,7 @@ func TestMetricsCountDecisionsExactly(t *testing.T) {
 		msgs = append(msgs, &core.Message{ID: id, Body: body})
 	}
 	msgs = append(msgs, &core.Message{Body: []byte("no id")})
-	if err := b.Publish(ctx, "q", msgs...); err != nil {
+	if err := core.NewPublisher(b).Publish(ctx, "q", msgs...); err != nil {
 		t.Fatal(err)
 	}
 	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
@@ -64,7 +66,7 @@ func TestMetricsCountDecisionsExactly(t *testing.T) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err = memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	_, err = drain.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](sub, store, h, append([]core.Option{core.WithObserver(m)}, core.WithName("billing"), core.WithBatchSize(8),
 			core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))...)
 	})

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -67,12 +69,12 @@ func benchPipeline(b *testing.B, opts []core.Option) {
 	for i := range msgs {
 		msgs[i] = &core.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte(`{"amount":1}`)}
 	}
-	if err := broker.Publish(ctx, "q", msgs...); err != nil {
+	if err := core.NewPublisher(broker).Publish(ctx, "q", msgs...); err != nil {
 		b.Fatal(err)
 	}
 	h := func(context.Context, *sql.Tx, *core.Message) error { return nil }
 	b.ResetTimer()
-	res, err := memory.Drain(ctx, broker, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	res, err := drain.Drain(ctx, broker, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](sub, store, h, append([]core.Option{core.WithName("bench"), core.WithBatchSize(100),
 			core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)...)
 	})

@@ -162,10 +162,10 @@ var (
 // one) parents the statements under it. The handlers stage gets no span:
 // the handler's own spans are children of the process span.
 func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context {
-	if !t.cfg.stageSpans || s.Name == "handlers" || len(s.Contexts) == 0 {
+	if !t.cfg.stageSpans || s.Name == core.StageHandlers || len(s.Contexts) == 0 {
 		return ctx
 	}
-	name := "idemq " + s.Name
+	name := "idemq " + string(s.Name)
 	opts := []trace.SpanStartOption{clientKind, trace.WithAttributes(BatchSizeKey.Int(len(s.Contexts)))}
 	spans := make([]trace.Span, 0, len(s.Contexts))
 	for _, mctx := range s.Contexts {
@@ -192,7 +192,7 @@ func (t *Tracing) EndStage(ctx context.Context, s core.Stage, err error) {
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(semconv.ErrorTypeKey.String(s.Name))
+			span.SetAttributes(semconv.ErrorTypeKey.String(string(s.Name)))
 		}
 		span.End()
 	}
@@ -257,7 +257,7 @@ func system(m *core.Message) string {
 func ErrorType(err error) string {
 	var de *core.DecisionError
 	if errors.As(err, &de) && de.Stage != "" {
-		return de.Stage
+		return string(de.Stage)
 	}
 	return semconv.ErrorTypeOther.Value.AsString()
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -45,7 +47,7 @@ func consumeTraced(t *testing.T, batch int, opts []tracing.Option, msgs ...*core
 	// headers with the global propagator, as every idemq publisher does.
 	otel.SetTextMapPropagator(prop)
 	pctx, producer := tp.Tracer("producer").Start(ctx, "send q", trace.WithSpanKind(trace.SpanKindProducer))
-	if err := b.Publish(pctx, "q", msgs...); err != nil {
+	if err := core.NewPublisher(b).Publish(pctx, "q", msgs...); err != nil {
 		t.Fatal(err)
 	}
 	producer.End()
@@ -63,7 +65,7 @@ func consumeTraced(t *testing.T, batch int, opts []tracing.Option, msgs ...*core
 	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err = memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	_, err = drain.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](sub, store, h, core.WithObserver(tr), core.WithName("billing"), core.WithBatchSize(batch),
 			core.WithLinger(50*time.Millisecond), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	})
@@ -246,7 +248,7 @@ func TestLeasedStagesAreTraced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if err := b.Publish(ctx, "q", &core.Message{ID: "pay-1", Body: []byte("1")}); err != nil {
+	if err := core.NewPublisher(b).Publish(ctx, "q", &core.Message{ID: "pay-1", Body: []byte("1")}); err != nil {
 		t.Fatal(err)
 	}
 	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
@@ -265,7 +267,7 @@ func TestLeasedStagesAreTraced(t *testing.T) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	if _, err := drain.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.NewLeased(sub, store, h, core.WithObserver(tr), core.WithName("billing"),
 			core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	}); err != nil {

@@ -42,7 +42,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	broker, _ := memory.NewBroker() // any core.Publisher: rabbitmq, kafka, sqs, memory
+	broker, _ := memory.NewBroker() // any driver.Publisher: rabbitmq, kafka, sqs, memory
 	relay, err := ob.NewRelay(db, broker, outbox.WithPollInterval(100*time.Millisecond))
 	if err != nil {
 		log.Fatal(err)

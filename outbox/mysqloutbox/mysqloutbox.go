@@ -24,7 +24,7 @@ import (
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
@@ -259,7 +259,7 @@ WHERE w.ordering_key IS NULL OR NOT EXISTS (
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on db
 // through pub.
-func (o *Outbox) NewRelay(db *sql.DB, pub core.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+func (o *Outbox) NewRelay(db *sql.DB, pub driver.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
 	if db == nil {
 		return nil, errors.New("mysqloutbox: NewRelay: nil db")
 	}

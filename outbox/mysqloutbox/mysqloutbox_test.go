@@ -20,7 +20,7 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/outboxtest"
@@ -71,14 +71,14 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 // recorder remembers published messages in publish order, then calls next.
 type recorder struct {
 	mu   sync.Mutex
-	msgs []*core.Message
-	next func(ctx context.Context, dest string, msgs ...*core.Message) error
+	msgs []*driver.Message
+	next func(ctx context.Context, dest string, msgs ...*driver.Message) error
 }
 
-// Close implements core.Publisher.
+// Close implements driver.Publisher.
 func (r *recorder) Close() error { return nil }
 
-func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Message) error {
+func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*driver.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.next != nil {
@@ -90,10 +90,10 @@ func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Messa
 	return nil
 }
 
-func (r *recorder) snapshot() []*core.Message {
+func (r *recorder) snapshot() []*driver.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]*core.Message(nil), r.msgs...)
+	return append([]*driver.Message(nil), r.msgs...)
 }
 
 func count(t testing.TB, db *sql.DB, q string) int {
@@ -217,7 +217,7 @@ func writeOne(ctx context.Context, db *sql.DB, o *Outbox, counters, dest, key st
 	return tx.Commit()
 }
 
-func checkOrder(t testing.TB, msgs []*core.Message, keys, perKey int) {
+func checkOrder(t testing.TB, msgs []*driver.Message, keys, perKey int) {
 	t.Helper()
 	seen := map[string]bool{}
 	last := map[string]int{}
@@ -308,7 +308,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	kills := 0
-	rec := &recorder{next: func(ctx context.Context, _ string, _ ...*core.Message) error {
+	rec := &recorder{next: func(ctx context.Context, _ string, _ ...*driver.Message) error {
 		if kills < 2 {
 			kills++
 			if _, err := admin.Exec("KILL USER '" + user + "'@'%'"); err != nil {
@@ -346,7 +346,7 @@ func TestPublishFailureKeepsRows(t *testing.T) {
 	tx, _ := db.BeginTx(ctx, nil)
 	o.Write(ctx, tx, &outbox.Message{Destination: "d", Body: []byte("a")})
 	tx.Commit()
-	r, _ := o.NewRelay(db, outbox.PublisherFunc(func(context.Context, string, ...*core.Message) error {
+	r, _ := o.NewRelay(db, outbox.PublisherFunc(func(context.Context, string, ...*driver.Message) error {
 		return errors.New("broker unavailable")
 	}), outbox.WithRetention(0), outbox.WithRetryBackoff(200*time.Millisecond, time.Second))
 	if n, err := r.RunOnce(ctx); n != 0 || err == nil {

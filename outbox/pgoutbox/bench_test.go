@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/brokers/rabbitmq"
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -38,7 +38,7 @@ func benchRelay(b *testing.B, url, broker string, rows, keys, relays int) {
 	pool := newPool(b, url, "pgoutbox-bench")
 	o := newOutbox(b, pool, WithNotify(false))
 	dest := "bench-" + suffix()
-	pubs := make([]core.Publisher, relays)
+	pubs := make([]driver.Publisher, relays)
 	switch broker {
 	case "memory":
 		mb, _ := memory.NewBroker()

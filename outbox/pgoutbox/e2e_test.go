@@ -145,7 +145,7 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 	relays := make([]*outbox.Relay, 2)
 	var kills atomic.Int64
 	var pubMu sync.Mutex
-	var published []*core.Message
+	var published []*driver.Message
 	for i := range relays {
 		app := fmt.Sprintf("outbox-relay-%d-%s", i, sfx)
 		pool := newPool(t, pgURL, app)
@@ -155,7 +155,7 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 		}
 		defer pub.Close()
 		batches, myKills := 0, 0
-		killing := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*core.Message) error {
+		killing := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*driver.Message) error {
 			// Serialized so that the record is the broker's order.
 			pubMu.Lock()
 			defer pubMu.Unlock()

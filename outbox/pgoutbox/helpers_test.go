@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/outbox"
 )
@@ -67,15 +67,15 @@ func newOutbox(t testing.TB, pool *pgxpool.Pool, opts ...Option) *Outbox {
 // publish order, then hands it to next (if any).
 type recorder struct {
 	mu   sync.Mutex
-	msgs []*core.Message
+	msgs []*driver.Message
 	dest []string
-	next func(ctx context.Context, dest string, msgs ...*core.Message) error
+	next func(ctx context.Context, dest string, msgs ...*driver.Message) error
 }
 
-// Close implements core.Publisher.
+// Close implements driver.Publisher.
 func (r *recorder) Close() error { return nil }
 
-func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Message) error {
+func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*driver.Message) error {
 	// The lock is held through the publish so that the recorded order is
 	// the order in which publishes happened.
 	r.mu.Lock()
@@ -92,10 +92,10 @@ func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Messa
 	return nil
 }
 
-func (r *recorder) snapshot() []*core.Message {
+func (r *recorder) snapshot() []*driver.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]*core.Message(nil), r.msgs...)
+	return append([]*driver.Message(nil), r.msgs...)
 }
 
 func count(t testing.TB, pool *pgxpool.Pool, q string, args ...any) int {

@@ -9,6 +9,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/kafka" // kafka:// for the relay child
 	_ "github.com/idemq/idemq/brokers/sqs"   // sqs:// for the relay child
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -24,7 +25,7 @@ func TestRelayProcessKilledKafka(t *testing.T) {
 	topic := "idemq-outbox-kill-" + suffix()
 	base := "kafka://" + servicetest.KafkaTopics(t, 3, topic) + "/" + topic
 	group := "kill-" + suffix()
-	runRelayKill(t, relayKill{dest: topic, broker: base, ordered: true, source: func(ctx context.Context) (core.Source, error) {
+	runRelayKill(t, relayKill{dest: topic, broker: base, ordered: true, source: func(ctx context.Context) (driver.Source, error) {
 		return core.OpenSource(ctx, base+"?group="+group+"&session_timeout=6s&heartbeat_interval=1s")
 	}})
 }
@@ -46,7 +47,7 @@ func TestRelayProcessKilledSQS(t *testing.T) {
 	client.Set("dlq", dlq)
 	client.Set("wait", "1s")
 	srcURL := "sqs://test:test@" + queue + "?" + client.Encode()
-	runRelayKill(t, relayKill{dest: queue, broker: pubURL, source: func(ctx context.Context) (core.Source, error) {
+	runRelayKill(t, relayKill{dest: queue, broker: pubURL, source: func(ctx context.Context) (driver.Source, error) {
 		return core.OpenSource(ctx, srcURL)
 	}})
 }

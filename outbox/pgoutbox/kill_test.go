@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/stores/postgres"
 )
@@ -37,9 +38,13 @@ func relayChild(t *testing.T, spec string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pub core.Publisher
+	var pub driver.Publisher
 	if len(f) > 3 {
-		pub, err = core.OpenPublisher(ctx, f[3])
+		var cp *core.Publisher
+		cp, err = core.OpenPublisher(ctx, f[3])
+		if err == nil {
+			pub = cp.Driver()
+		}
 	} else {
 		pub, err = rabbitmq.NewPublisher(ctx, amqpURL(t))
 	}
@@ -47,7 +52,7 @@ func relayChild(t *testing.T, spec string) {
 		t.Fatal(err)
 	}
 	var batches atomic.Int64
-	hanging := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*core.Message) error {
+	hanging := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*driver.Message) error {
 		if err := pub.Publish(ctx, dest, msgs...); err != nil {
 			return err
 		}
@@ -85,7 +90,7 @@ func TestRelayProcessKilled(t *testing.T) {
 	amqpU := amqpURL(t)
 	queue := "idemq-outbox-kill-" + suffix()
 	declareQueue(t, amqpU, queue)
-	runRelayKill(t, relayKill{dest: queue, ordered: true, source: func(ctx context.Context) (core.Source, error) {
+	runRelayKill(t, relayKill{dest: queue, ordered: true, source: func(ctx context.Context) (driver.Source, error) {
 		return rabbitmq.Open(ctx, amqpU, queue, rabbitmq.WithLogger(discard()))
 	}})
 }
@@ -95,7 +100,7 @@ type relayKill struct {
 	dest    string // the rows' destination: queue or topic
 	broker  string // the relay's broker URL; "": RabbitMQ at amqpURL
 	ordered bool   // the broker delivers one key's messages in order
-	source  func(context.Context) (core.Source, error)
+	source  func(context.Context) (driver.Source, error)
 }
 
 // runRelayKill writes 60 rows in one transaction, runs the relay in a

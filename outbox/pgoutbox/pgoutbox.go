@@ -29,7 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"
@@ -271,7 +271,7 @@ var dialect = sqloutbox.Dialect{
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on
 // pool through pub.
-func (o *Outbox) NewRelay(pool *pgxpool.Pool, pub core.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+func (o *Outbox) NewRelay(pool *pgxpool.Pool, pub driver.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
 	if pool == nil {
 		return nil, errors.New("pgoutbox: NewRelay: nil pool")
 	}

@@ -21,7 +21,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -184,7 +184,7 @@ func writeKeyed(t testing.TB, pool *pgxpool.Pool, o *Outbox, counters, dest stri
 
 // checkOrder asserts that msgs hold every number 1..perKey of every key,
 // first occurrences in increasing order (later copies are republishes).
-func checkOrder(t testing.TB, msgs []*core.Message, keys, perKey int) {
+func checkOrder(t testing.TB, msgs []*driver.Message, keys, perKey int) {
 	t.Helper()
 	seen := map[string]bool{}
 	last := map[string]int{}
@@ -284,7 +284,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	}
 	kills := 0
 	rec := &recorder{}
-	rec.next = func(ctx context.Context, dest string, msgs ...*core.Message) error {
+	rec.next = func(ctx context.Context, dest string, msgs ...*driver.Message) error {
 		if kills < 2 {
 			kills++
 			// The relay "dies": its session ends before it can mark.
@@ -339,7 +339,7 @@ func TestPublishFailureKeepsRows(t *testing.T) {
 	write(&outbox.Message{Destination: "down", Key: "k", Body: []byte("1")}, &outbox.Message{Destination: "up", Body: []byte("a")})
 	var down atomic.Bool
 	down.Store(true)
-	rec := &recorder{next: func(_ context.Context, dest string, _ ...*core.Message) error {
+	rec := &recorder{next: func(_ context.Context, dest string, _ ...*driver.Message) error {
 		if dest == "down" && down.Load() {
 			return errors.New("broker unavailable")
 		}
@@ -384,7 +384,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	admin := newPool(t, url, "pgoutbox-admin")
 	o := newOutbox(t, admin)
 	published := make(chan string, 100)
-	rec := &recorder{next: func(_ context.Context, _ string, msgs ...*core.Message) error {
+	rec := &recorder{next: func(_ context.Context, _ string, msgs ...*driver.Message) error {
 		for _, m := range msgs {
 			published <- m.ID
 		}
@@ -492,7 +492,7 @@ func TestRetentionAndMetrics(t *testing.T) {
 	// cannot publish.
 	write(3)
 	pool.Exec(ctx, `UPDATE `+o.ident+` SET created_at = now() - interval '90 seconds' WHERE sent_at IS NULL`)
-	stuck, _ := o.NewRelay(pool, outbox.PublisherFunc(func(context.Context, string, ...*core.Message) error {
+	stuck, _ := o.NewRelay(pool, outbox.PublisherFunc(func(context.Context, string, ...*driver.Message) error {
 		return errors.New("down")
 	}), outbox.WithMeterProvider(mp), outbox.WithPollInterval(time.Hour), outbox.WithLogger(discard()),
 		outbox.WithRetryBackoff(time.Millisecond, time.Millisecond))

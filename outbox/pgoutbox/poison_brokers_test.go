@@ -209,7 +209,7 @@ func sqsBroker(t *testing.T, endpoint string, cl *awssqs.Client, queue string, b
 	}
 	t.Cleanup(func() { pub.Close() })
 	received := map[string][]string{}
-	b.Publisher, b.Dest = pub, queue
+	b.Publisher, b.Dest = pub.Driver(), queue
 	b.Received = func(t *testing.T, dest string) []string {
 		received[dest] = append(received[dest], sqsDrain(t, cl, dest)...)
 		return received[dest]

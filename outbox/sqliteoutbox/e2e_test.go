@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/drain"
+
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/outbox"
@@ -64,11 +67,11 @@ func TestEndToEndMemoryBroker(t *testing.T) {
 	relays := make([]*outbox.Relay, 2)
 	var kills atomic.Int64
 	var pubMu sync.Mutex
-	var published []*core.Message
+	var published []*driver.Message
 	for i := range relays {
 		db, k := openKillable(t, path)
 		batches, myKills := 0, 0
-		pub := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*core.Message) error {
+		pub := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*driver.Message) error {
 			pubMu.Lock()
 			defer pubMu.Unlock()
 			if err := broker.Publish(ctx, dest, msgs...); err != nil {
@@ -131,7 +134,7 @@ func TestEndToEndMemoryBroker(t *testing.T) {
 		return err
 	}
 	broker.SetFaults(memory.Faults{CrashOnAck: 0.01})
-	res, err := memory.Drain(ctx, broker, queue, func(s *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	res, err := drain.Drain(ctx, broker, queue, func(s *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](s, store, handler, core.WithName("e2e"),
 			// A window of one: core.Consumer decides the deliveries of its window
 			// concurrently, so only one at a time keeps the broker's order.

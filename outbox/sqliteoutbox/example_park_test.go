@@ -11,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/sqliteoutbox"
 )
@@ -50,7 +50,7 @@ func Example_parking() {
 	}
 
 	queues := map[string]bool{"orders": true} // "invoices" does not exist yet
-	pub := outbox.PublisherFunc(func(_ context.Context, dest string, msgs ...*core.Message) error {
+	pub := outbox.PublisherFunc(func(_ context.Context, dest string, msgs ...*driver.Message) error {
 		if !queues[dest] {
 			return errors.New("no queue " + dest)
 		}

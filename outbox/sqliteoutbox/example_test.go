@@ -55,7 +55,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	broker, _ := memory.NewBroker() // any core.Publisher: rabbitmq, kafka, sqs, memory
+	broker, _ := memory.NewBroker() // any driver.Publisher: rabbitmq, kafka, sqs, memory
 	defer broker.Close()
 	relay, err := ob.NewRelay(db, broker)
 	if err != nil {

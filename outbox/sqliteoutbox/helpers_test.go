@@ -3,7 +3,7 @@ package sqliteoutbox
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
+	sqldriver "database/sql/driver"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -15,7 +15,7 @@ import (
 
 	_ "modernc.org/sqlite"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/outboxtest"
 )
@@ -44,17 +44,17 @@ func openDB(t testing.TB, path string) *sql.DB {
 // process would: SQLite rolls back the connection's open transaction,
 // releasing the write lock, and the caller gets driver.ErrBadConn.
 type killer struct {
-	drv driver.Driver
+	drv sqldriver.Driver
 	dsn string
 	gen atomic.Int64
 }
 
 type innerConn interface {
-	driver.Conn
-	driver.ConnBeginTx
-	driver.ExecerContext
-	driver.QueryerContext
-	driver.ConnPrepareContext
+	sqldriver.Conn
+	sqldriver.ConnBeginTx
+	sqldriver.ExecerContext
+	sqldriver.QueryerContext
+	sqldriver.ConnPrepareContext
 }
 
 // openKillable opens path through a killer: the relay's handle in the
@@ -73,7 +73,7 @@ func openKillable(t testing.TB, path string) (*sql.DB, *killer) {
 	return db, k
 }
 
-func (k *killer) Connect(context.Context) (driver.Conn, error) {
+func (k *killer) Connect(context.Context) (sqldriver.Conn, error) {
 	gen := k.gen.Load()
 	c, err := k.drv.Open(k.dsn)
 	if err != nil {
@@ -82,7 +82,7 @@ func (k *killer) Connect(context.Context) (driver.Conn, error) {
 	return &kconn{inner: c.(innerConn), k: k, gen: gen}, nil
 }
 
-func (k *killer) Driver() driver.Driver { return k.drv }
+func (k *killer) Driver() sqldriver.Driver { return k.drv }
 
 func (k *killer) kill() { k.gen.Add(1) }
 
@@ -103,14 +103,14 @@ func (c *kconn) dead() error {
 		c.closed = true
 		c.inner.Close()
 	}
-	return driver.ErrBadConn
+	return sqldriver.ErrBadConn
 }
 
-func (c *kconn) Prepare(q string) (driver.Stmt, error) {
+func (c *kconn) Prepare(q string) (sqldriver.Stmt, error) {
 	return c.PrepareContext(context.Background(), q)
 }
 
-func (c *kconn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+func (c *kconn) PrepareContext(ctx context.Context, q string) (sqldriver.Stmt, error) {
 	if err := c.dead(); err != nil {
 		return nil, err
 	}
@@ -125,11 +125,11 @@ func (c *kconn) Close() error {
 	return c.inner.Close()
 }
 
-func (c *kconn) Begin() (driver.Tx, error) {
-	return c.BeginTx(context.Background(), driver.TxOptions{})
+func (c *kconn) Begin() (sqldriver.Tx, error) {
+	return c.BeginTx(context.Background(), sqldriver.TxOptions{})
 }
 
-func (c *kconn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+func (c *kconn) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver.Tx, error) {
 	if err := c.dead(); err != nil {
 		return nil, err
 	}
@@ -140,14 +140,14 @@ func (c *kconn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 	return &ktx{inner: tx, c: c}, nil
 }
 
-func (c *kconn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+func (c *kconn) ExecContext(ctx context.Context, q string, args []sqldriver.NamedValue) (sqldriver.Result, error) {
 	if err := c.dead(); err != nil {
 		return nil, err
 	}
 	return c.inner.ExecContext(ctx, q, args)
 }
 
-func (c *kconn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+func (c *kconn) QueryContext(ctx context.Context, q string, args []sqldriver.NamedValue) (sqldriver.Rows, error) {
 	if err := c.dead(); err != nil {
 		return nil, err
 	}
@@ -159,7 +159,7 @@ func (c *kconn) IsValid() bool { return c.dead() == nil }
 func (c *kconn) ResetSession(context.Context) error { return c.dead() }
 
 type ktx struct {
-	inner driver.Tx
+	inner sqldriver.Tx
 	c     *kconn
 }
 
@@ -194,14 +194,14 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 // recorder remembers published messages in publish order, then calls next.
 type recorder struct {
 	mu   sync.Mutex
-	msgs []*core.Message
-	next func(ctx context.Context, dest string, msgs ...*core.Message) error
+	msgs []*driver.Message
+	next func(ctx context.Context, dest string, msgs ...*driver.Message) error
 }
 
-// Close implements core.Publisher.
+// Close implements driver.Publisher.
 func (r *recorder) Close() error { return nil }
 
-func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Message) error {
+func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*driver.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.next != nil {
@@ -213,10 +213,10 @@ func (r *recorder) Publish(ctx context.Context, dest string, msgs ...*core.Messa
 	return nil
 }
 
-func (r *recorder) snapshot() []*core.Message {
+func (r *recorder) snapshot() []*driver.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]*core.Message(nil), r.msgs...)
+	return append([]*driver.Message(nil), r.msgs...)
 }
 
 func count(t testing.TB, db *sql.DB, q string, args ...any) int {
@@ -230,7 +230,7 @@ func count(t testing.TB, db *sql.DB, q string, args ...any) int {
 
 // checkOrder fails unless msgs hold keys*perKey distinct messages whose
 // bodies count 1, 2, … per key in publish order (copies skipped).
-func checkOrder(t testing.TB, msgs []*core.Message, keys, perKey int) {
+func checkOrder(t testing.TB, msgs []*driver.Message, keys, perKey int) {
 	t.Helper()
 	seen := map[string]bool{}
 	last := map[string]int{}

@@ -60,7 +60,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
@@ -254,7 +254,7 @@ ORDER BY seq LIMIT ?3`, t, cols, sqloutbox.Earlier(p))
 
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on db
 // through pub.
-func (o *Outbox) NewRelay(db *sql.DB, pub core.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
+func (o *Outbox) NewRelay(db *sql.DB, pub driver.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
 	if db == nil {
 		return nil, errors.New("sqliteoutbox: NewRelay: nil db")
 	}

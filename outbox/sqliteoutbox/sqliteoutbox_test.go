@@ -15,7 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -246,7 +246,7 @@ func TestPerKeyOrderTwoRelays(t *testing.T) {
 	const keys, perKey = 8, 50
 	rec := &recorder{}
 	var inFlight atomic.Int32
-	pub := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*core.Message) error {
+	pub := outbox.PublisherFunc(func(ctx context.Context, dest string, msgs ...*driver.Message) error {
 		if inFlight.Add(1) != 1 {
 			t.Error("two relays publish at once")
 		}
@@ -313,7 +313,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	kills := 0
-	rec := &recorder{next: func(ctx context.Context, _ string, _ ...*core.Message) error {
+	rec := &recorder{next: func(ctx context.Context, _ string, _ ...*driver.Message) error {
 		if kills < 2 {
 			kills++
 			k.kill()
@@ -357,7 +357,7 @@ func TestPublishFailureKeepsRows(t *testing.T) {
 	tx, _ := db.BeginTx(ctx, nil)
 	o.Write(ctx, tx, &outbox.Message{Destination: "d", Key: "k", Body: []byte("1")}, &outbox.Message{Destination: "d", Key: "k", Body: []byte("2")})
 	tx.Commit()
-	r, _ := o.NewRelay(db, outbox.PublisherFunc(func(context.Context, string, ...*core.Message) error {
+	r, _ := o.NewRelay(db, outbox.PublisherFunc(func(context.Context, string, ...*driver.Message) error {
 		return errors.New("broker unavailable")
 	}), outbox.WithRetention(0), outbox.WithRetryBackoff(200*time.Millisecond, time.Second))
 	if n, err := r.RunOnce(ctx); n != 0 || err == nil {

@@ -3,7 +3,7 @@ package mysql
 import (
 	"context"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 )
 
 // Inspect describes the dedup table for operators (idemq stats): claims
@@ -12,7 +12,7 @@ import (
 // index size as information_schema reports it (InnoDB's estimate, refreshed
 // by ANALYZE TABLE). It counts every row, so on a very large table it takes
 // as long as an index scan.
-func (s *Store) Inspect(ctx context.Context) (driver.TableStats, error) {
+func (s *Store) Inspect(ctx context.Context) (admin.TableStats, error) {
 	// processed_at is written as UTC text; read it back as text too, so
 	// the driver's parseTime and loc settings do not matter.
 	st, err := s.cfg.Inspect(ctx, s.db, `SELECT consumer, COUNT(*),

@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
@@ -25,7 +25,7 @@ func timeText(col string) string { return `DATE_FORMAT(` + col + `, '%Y-%m-%d %H
 // it, when (processed_at) and with which fingerprint, and the lease of an
 // id in progress (idemq lookup). It is a plain consistent read: it takes
 // no locks that block claims.
-func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]driver.ClaimInfo, error) {
+func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]admin.ClaimInfo, error) {
 	return s.cfg.Lookup(ctx, s.claims(), `SELECT message_id, fingerprint, `+timeText("processed_at")+` FROM `+
 		s.cfg.Table+` WHERE consumer = ? AND message_id IN `, consumer, ids)
 }

@@ -64,7 +64,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
@@ -90,7 +89,7 @@ const (
 const claimChunk = 1000
 
 // Store is the MySQL/MariaDB dedup store. It implements
-// core.Store[*sql.Tx], driver.Pruner, driver.Retentioner, driver.Migrator
+// driver.Store[*sql.Tx], admin.Pruner, driver.Retentioner, admin.Migrator
 // and driver.Leaser (leased claims, see Acquire), and is safe for
 // concurrent use.
 type Store struct {
@@ -268,7 +267,7 @@ func newStore(db *sql.DB, cfg config) *Store { return &Store{db: db, cfg: cfg} }
 // DB returns the database handle, for business queries outside a claim.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// As implements core.Store: a **sql.DB target gets the store's pool, and
+// As implements driver.Store: a **sql.DB target gets the store's pool, and
 // **Store the store itself.
 func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
 
@@ -537,7 +536,7 @@ func checkClaims(op, consumer string, claims []driver.Claim) error {
 	}
 	for _, c := range claims {
 		if len(c.ID) > MaxIDBytes {
-			return fmt.Errorf("mysql: %s: id %.40q… is %d bytes, at most %d: %w", op, c.ID, len(c.ID), MaxIDBytes, core.ErrInvalidID)
+			return fmt.Errorf("mysql: %s: id %.40q… is %d bytes, at most %d: %w", op, c.ID, len(c.ID), MaxIDBytes, driver.ErrInvalidID)
 		}
 		if len(c.Fingerprint) > MaxFingerprintBytes {
 			return fmt.Errorf("mysql: %s: fingerprint of %q is %d bytes, at most %d", op, c.ID, len(c.Fingerprint), MaxFingerprintBytes)

@@ -84,7 +84,7 @@ func TestConformance(t *testing.T) {
 			db := testDB(t)
 			fx := effectsTable(t, db)
 			storetest.Run(t, storetest.Harness[*sql.Tx]{
-				Open: func(t *testing.T, cfg storetest.Config) (core.Store[*sql.Tx], error) {
+				Open: func(t *testing.T, cfg storetest.Config) (driver.Store[*sql.Tx], error) {
 					s, err := mysql.New(db, append([]mysql.Option{mysql.WithTable(cfg.Table), mysql.WithClock(cfg.Now)}, opts...)...)
 					if err != nil {
 						return nil, err

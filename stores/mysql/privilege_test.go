@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/drain"
+
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/mysql"
@@ -87,11 +90,11 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	var msgs []*core.Message
+	var msgs []*driver.Message
 	for i := range 20 {
-		msgs = append(msgs, &core.Message{ID: fmt.Sprintf("lp-%02d", i), Body: []byte("b")})
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("lp-%02d", i), Body: []byte("b")})
 	}
-	msgs = append(msgs, msgs[0], msgs[1], &core.Message{ID: "lp-02", Body: []byte("other body")})
+	msgs = append(msgs, msgs[0], msgs[1], &driver.Message{ID: "lp-02", Body: []byte("other body")})
 	if err := b.Publish(ctx, "q", msgs...); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +103,7 @@ func TestLeastPrivilege(t *testing.T) {
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	res, err := memory.Drain(ctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+	res, err := drain.Drain(ctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](sub, s, handler, core.WithName("lp"), core.WithBatchSize(5),
 			core.WithIsolation(core.IsolateSavepoints), core.WithLogger(quiet))
 	})

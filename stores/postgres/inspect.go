@@ -3,7 +3,7 @@ package postgres
 import (
 	"context"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	"github.com/jackc/pgx/v5"
@@ -15,15 +15,15 @@ import (
 // disk with its indexes (summed over partitions for a table made
 // WithPartitions). It counts every row, so on a very large table it takes
 // as long as a sequential scan; it takes no locks that block claims.
-func (s *Store) Inspect(ctx context.Context) (driver.TableStats, error) {
-	st := driver.TableStats{Table: s.cfg.Table}
+func (s *Store) Inspect(ctx context.Context) (admin.TableStats, error) {
+	st := admin.TableStats{Table: s.cfg.Table}
 	wrap := func(err error) error { return s.cfg.Wrap("inspect", err) }
 	rows, err := s.pool.Query(ctx, `SELECT consumer, count(*), min(processed_at), max(processed_at)
 FROM `+s.cfg.Table+` GROUP BY consumer ORDER BY consumer`)
 	if err != nil {
 		return st, wrap(err)
 	}
-	var c driver.ConsumerStats
+	var c admin.ConsumerStats
 	_, err = pgx.ForEachRow(rows, []any{&c.Consumer, &c.Rows, &c.Oldest, &c.Newest}, func() error {
 		st.Consumers = append(st.Consumers, c)
 		st.Rows += c.Rows
@@ -47,7 +47,7 @@ FROM `+s.cfg.Table+` GROUP BY consumer ORDER BY consumer`)
 
 // inspectLeases adds the leases per consumer to st, none when the lease
 // table is missing or not the role's (noLeases).
-func (s *Store) inspectLeases(ctx context.Context, st *driver.TableStats) error {
+func (s *Store) inspectLeases(ctx context.Context, st *admin.TableStats) error {
 	lt, err := s.cfg.LeaseTable()
 	if err != nil {
 		return nil // no lease table: no leases

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
@@ -220,7 +221,7 @@ func (s *Store) pruneLeases(ctx context.Context, before time.Time, limit int) (i
 
 // lookupLeases adds the leases of ids to found (LeaseUntil, LeaseToken),
 // none when the lease table is missing or not the role's (noLeases).
-func (s *Store) lookupLeases(ctx context.Context, consumer string, ids []string, found map[string]driver.ClaimInfo) error {
+func (s *Store) lookupLeases(ctx context.Context, consumer string, ids []string, found map[string]admin.ClaimInfo) error {
 	lt, err := s.cfg.LeaseTable()
 	if err != nil {
 		return nil // no lease table: no leases
@@ -234,7 +235,7 @@ func (s *Store) lookupLeases(ctx context.Context, consumer string, ids []string,
 		_, err = pgx.ForEachRow(rows, []any{&id, &token, &until}, func() error {
 			info, ok := found[id]
 			if !ok {
-				info = driver.ClaimInfo{ID: id}
+				info = admin.ClaimInfo{ID: id}
 			}
 			info.LeaseUntil, info.LeaseToken = until.Time.UTC(), token
 			found[id] = info

@@ -3,7 +3,7 @@ package postgres
 import (
 	"context"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	"github.com/jackc/pgx/v5"
@@ -14,18 +14,18 @@ import (
 // id in progress (idemq lookup). It takes no locks that block claims. On a table made WithPartitions it
 // looks in every partition; should an id have rows in two, the earliest
 // claim is reported.
-func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]driver.ClaimInfo, error) {
+func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]admin.ClaimInfo, error) {
 	if err := s.cfg.CheckConsumer("Lookup", consumer); err != nil {
 		return nil, err
 	}
-	found := make(map[string]driver.ClaimInfo, len(ids))
+	found := make(map[string]admin.ClaimInfo, len(ids))
 	if len(ids) > 0 {
 		rows, err := s.pool.Query(ctx, `SELECT DISTINCT ON (message_id) message_id, fingerprint, processed_at FROM `+s.cfg.Table+`
 WHERE consumer = $1 AND message_id = ANY($2::text[]) ORDER BY message_id, processed_at`, customPlan, consumer, ids)
 		if err != nil {
 			return nil, s.cfg.Wrap("lookup", err)
 		}
-		var info driver.ClaimInfo
+		var info admin.ClaimInfo
 		_, err = pgx.ForEachRow(rows, []any{&info.ID, &info.Fingerprint, &info.At}, func() error {
 			info.Claimed = true
 			info.At = info.At.UTC()

@@ -8,7 +8,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
 	"github.com/jackc/pgx/v5"
@@ -21,7 +20,7 @@ func TestPartitionedConformance(t *testing.T) {
 	pool := testPool(t)
 	fx := effectsTable(t, pool)
 	storetest.Run(t, storetest.Harness[pgx.Tx]{
-		Open: func(t *testing.T, cfg storetest.Config) (core.Store[pgx.Tx], error) {
+		Open: func(t *testing.T, cfg storetest.Config) (driver.Store[pgx.Tx], error) {
 			s, err := postgres.New(pool, postgres.WithTable(cfg.Table), postgres.WithClock(cfg.Now), postgres.WithPartitions(time.Hour))
 			if err != nil {
 				return nil, err

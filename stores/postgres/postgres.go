@@ -87,8 +87,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Store is the PostgreSQL dedup store. It implements core.Store[pgx.Tx],
-// driver.Pruner, driver.Retentioner, driver.Migrator and driver.Leaser
+// Store is the PostgreSQL dedup store. It implements driver.Store[pgx.Tx],
+// admin.Pruner, driver.Retentioner, admin.Migrator and driver.Leaser
 // (leased claims, see Acquire), and is safe for concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
@@ -282,7 +282,7 @@ func indexName(table, what string) string {
 // Pool returns the connection pool, for business queries outside a claim.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// As implements core.Store: a **pgxpool.Pool target gets the store's pool, and
+// As implements driver.Store: a **pgxpool.Pool target gets the store's pool, and
 // **Store the store itself.
 func (s *Store) As(target any) bool { return sqlstore.As(target, s.pool, s) }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/storetest"
@@ -71,7 +70,7 @@ func TestConformance(t *testing.T) {
 	pool := testPool(t)
 	fx := effectsTable(t, pool)
 	storetest.Run(t, storetest.Harness[pgx.Tx]{
-		Open: func(t *testing.T, cfg storetest.Config) (core.Store[pgx.Tx], error) {
+		Open: func(t *testing.T, cfg storetest.Config) (driver.Store[pgx.Tx], error) {
 			s, err := postgres.New(pool, postgres.WithTable(cfg.Table), postgres.WithClock(cfg.Now))
 			if err != nil {
 				return nil, err

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/jackc/pgx/v5"
@@ -95,11 +97,11 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	var msgs []*core.Message
+	var msgs []*driver.Message
 	for i := range 20 {
-		msgs = append(msgs, &core.Message{ID: fmt.Sprintf("lp-%02d", i), Body: []byte("b")})
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("lp-%02d", i), Body: []byte("b")})
 	}
-	msgs = append(msgs, msgs[0], msgs[1], &core.Message{ID: "lp-02", Body: []byte("other body")})
+	msgs = append(msgs, msgs[0], msgs[1], &driver.Message{ID: "lp-02", Body: []byte("other body")})
 	if err := b.Publish(ctx, "q", msgs...); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +109,7 @@ func TestLeastPrivilege(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (k) VALUES ($1)`, m.ID)
 		return err
 	}
-	res, err := memory.Drain(ctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[pgx.Tx], error) {
+	res, err := drain.Drain(ctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[pgx.Tx], error) {
 		return core.New[pgx.Tx](sub, s, handler, core.WithName("lp"), core.WithBatchSize(5), core.WithLogger(quiet()))
 	})
 	if err != nil {

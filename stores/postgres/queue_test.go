@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/drain"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -40,11 +42,11 @@ func TestQueuedStatementsThroughThePipeline(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			var msgs []*core.Message
+			var msgs []*driver.Message
 			for i := range 60 {
-				msgs = append(msgs, &core.Message{ID: fmt.Sprintf("q-%02d", i), Body: []byte("x")})
+				msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("q-%02d", i), Body: []byte("x")})
 			}
-			msgs = append(msgs, &core.Message{ID: "bad", Body: []byte("x")}, &core.Message{ID: "q-07", Body: []byte("x")})
+			msgs = append(msgs, &driver.Message{ID: "bad", Body: []byte("x")}, &driver.Message{ID: "q-07", Body: []byte("x")})
 			if err := b.Publish(ctx, "q", msgs...); err != nil {
 				t.Fatal(err)
 			}
@@ -65,7 +67,7 @@ func TestQueuedStatementsThroughThePipeline(t *testing.T) {
 			}
 			dctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
-			res, err := memory.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[pgx.Tx], error) {
+			res, err := drain.Drain(dctx, b, "q", func(sub *memory.Subscription) (*core.Consumer[pgx.Tx], error) {
 				return core.New[pgx.Tx](sub, store, h, core.WithName("queue-test"), core.WithBatchSize(50),
 					core.WithLinger(100*time.Millisecond), core.WithIsolation(iso), core.WithMaxAttempts(2),
 					core.WithBackoff(core.ConstantBackoff(time.Millisecond)), core.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))

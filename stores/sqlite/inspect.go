@@ -3,7 +3,7 @@ package sqlite
 import (
 	"context"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 )
 
 // Inspect describes the dedup table for operators (idemq stats): claims
@@ -11,7 +11,7 @@ import (
 // (leases, and how many of them expired), and the bytes the table and
 // its indexes take in the database file (from the dbstat table; 0 when the
 // SQLite build lacks it).
-func (s *Store) Inspect(ctx context.Context) (driver.TableStats, error) {
+func (s *Store) Inspect(ctx context.Context) (admin.TableStats, error) {
 	// dbstat is an optional virtual table: without it the size is unknown
 	// (0), which TableStats allows, rather than an error.
 	st, err := s.cfg.Inspect(ctx, s.db, `SELECT consumer, count(*), min(processed_at), max(processed_at)

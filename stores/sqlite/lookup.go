@@ -3,7 +3,7 @@ package sqlite
 import (
 	"context"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
@@ -18,7 +18,7 @@ func (s *Store) claims() sqlstore.Claims {
 // Lookup reports, for each of ids in order, whether consumer has claimed
 // it, when (processed_at) and with which fingerprint, and the lease of an
 // id in progress (idemq lookup). It reads without taking the write lock.
-func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]driver.ClaimInfo, error) {
+func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]admin.ClaimInfo, error) {
 	return s.cfg.Lookup(ctx, s.claims(), `SELECT message_id, fingerprint, processed_at FROM `+s.cfg.Table+
 		` WHERE consumer = ?1 AND message_id IN `, consumer, ids)
 }

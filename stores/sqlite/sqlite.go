@@ -47,8 +47,8 @@ import (
 // SQLITE_MAX_VARIABLE_NUMBER even on builds that keep the historic 999.
 const claimChunk = 400
 
-// Store is the SQLite dedup store. It implements core.Store[*sql.Tx],
-// driver.Pruner, driver.Retentioner, driver.Migrator and driver.Leaser
+// Store is the SQLite dedup store. It implements driver.Store[*sql.Tx],
+// admin.Pruner, driver.Retentioner, admin.Migrator and driver.Leaser
 // (leased claims, see Acquire). It is safe for concurrent use.
 type Store struct {
 	db    *sql.DB
@@ -147,7 +147,7 @@ func newStore(db *sql.DB, cfg config) *Store {
 // queries outside a claim.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// As implements core.Store: a **sql.DB target gets the store's pool, and
+// As implements driver.Store: a **sql.DB target gets the store's pool, and
 // **Store the store itself.
 func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
 

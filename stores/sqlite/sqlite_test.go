@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/sqlite"
 	"github.com/idemq/idemq/stores/storetest"
 )
@@ -21,10 +21,10 @@ import (
 const effectsDDL = `CREATE TABLE IF NOT EXISTS effects (k TEXT NOT NULL)`
 
 func TestConformance(t *testing.T) {
-	conformance(t, true, func(s *sqlite.Store) core.Store[*sql.Tx] { return s })
+	conformance(t, true, func(s *sqlite.Store) driver.Store[*sql.Tx] { return s })
 }
 
-// bareStore is a store with only what core.Store requires: it hides the
+// bareStore is a store with only what driver.Store requires: it hides the
 // sqlite store's Prune and Migrate, which core treats as optional.
 type bareStore struct{ s *sqlite.Store }
 
@@ -33,16 +33,16 @@ func (b bareStore) Close() error                                           { ret
 func (b bareStore) As(target any) bool                                     { return b.s.As(target) }
 
 // TestConformanceWithoutOptionalInterfaces: a store that implements
-// neither driver.Pruner nor driver.Migrator runs the suite; the cases that
+// neither admin.Pruner nor admin.Migrator runs the suite; the cases that
 // need them are skipped, the rest must pass.
 func TestConformanceWithoutOptionalInterfaces(t *testing.T) {
-	conformance(t, false, func(s *sqlite.Store) core.Store[*sql.Tx] {
-		var st core.Store[*sql.Tx] = bareStore{s}
-		if _, ok := st.(driver.Pruner); ok {
-			t.Fatal("bareStore implements driver.Pruner")
+	conformance(t, false, func(s *sqlite.Store) driver.Store[*sql.Tx] {
+		var st driver.Store[*sql.Tx] = bareStore{s}
+		if _, ok := st.(admin.Pruner); ok {
+			t.Fatal("bareStore implements admin.Pruner")
 		}
-		if _, ok := st.(driver.Migrator); ok {
-			t.Fatal("bareStore implements driver.Migrator")
+		if _, ok := st.(admin.Migrator); ok {
+			t.Fatal("bareStore implements admin.Migrator")
 		}
 		return st
 	})
@@ -50,7 +50,7 @@ func TestConformanceWithoutOptionalInterfaces(t *testing.T) {
 
 // conformance runs storetest on sqlite stores that wrap turns into the
 // store under test; leaser says that store leases.
-func conformance(t *testing.T, leaser bool, wrap func(*sqlite.Store) core.Store[*sql.Tx]) {
+func conformance(t *testing.T, leaser bool, wrap func(*sqlite.Store) driver.Store[*sql.Tx]) {
 	// One database file for all subtests, as a service would have: each
 	// subtest uses its own dedup table, all share the effects table.
 	path := filepath.Join(t.TempDir(), "conformance.db")
@@ -64,7 +64,7 @@ func conformance(t *testing.T, leaser bool, wrap func(*sqlite.Store) core.Store[
 		t.Fatal(err)
 	}
 	storetest.Run(t, storetest.Harness[*sql.Tx]{
-		Open: func(t *testing.T, cfg storetest.Config) (core.Store[*sql.Tx], error) {
+		Open: func(t *testing.T, cfg storetest.Config) (driver.Store[*sql.Tx], error) {
 			s, err := sqlite.Open(ctx, path, sqlite.WithTable(cfg.Table), sqlite.WithClock(cfg.Now))
 			if err != nil {
 				return nil, err

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
@@ -29,7 +30,7 @@ func (s suite[Tx]) leases(t *testing.T) {
 
 // leaser returns st as a driver.Leaser: a store the Harness says leases
 // fails the test when it does not, any other skips it.
-func (s suite[Tx]) leaser(t *testing.T, st core.Store[Tx]) driver.Leaser {
+func (s suite[Tx]) leaser(t *testing.T, st driver.Store[Tx]) driver.Leaser {
 	t.Helper()
 	l, ok := st.(driver.Leaser)
 	switch {
@@ -51,7 +52,7 @@ func (s suite[Tx]) leaser(t *testing.T, st core.Store[Tx]) driver.Leaser {
 
 // openLeaser opens a store whose clock shows a time of its own, to the
 // millisecond (every store keeps that precision).
-func (s suite[Tx]) openLeaser(t *testing.T) (core.Store[Tx], driver.Leaser, *Clock, time.Time) {
+func (s suite[Tx]) openLeaser(t *testing.T) (driver.Store[Tx], driver.Leaser, *Clock, time.Time) {
 	t.Helper()
 	st, clock := s.open(t)
 	base := time.Now().UTC().Truncate(time.Millisecond)
@@ -120,9 +121,9 @@ func must[I any](t *testing.T, st any) I {
 }
 
 // leaseInfo looks id up for consumer c.
-func (s suite[Tx]) leaseInfo(t *testing.T, ctx context.Context, st core.Store[Tx], id string) driver.ClaimInfo {
+func (s suite[Tx]) leaseInfo(t *testing.T, ctx context.Context, st driver.Store[Tx], id string) admin.ClaimInfo {
 	t.Helper()
-	infos, err := must[driver.Lookuper](t, st).Lookup(ctx, "c", []string{id})
+	infos, err := must[admin.Lookuper](t, st).Lookup(ctx, "c", []string{id})
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("lookup %s: %v, %v", id, infos, err)
 	}
@@ -257,7 +258,7 @@ func (s suite[Tx]) leaseRelease(t *testing.T) {
 func (s suite[Tx]) leasePrune(t *testing.T) {
 	st, l, clock, base := s.openLeaser(t)
 	ctx := s.ctx(t)
-	pr := must[driver.Pruner](t, st)
+	pr := must[admin.Pruner](t, st)
 	clock.Set(base.Add(-2 * time.Hour))
 	acquire(t, ctx, l, "old", "", time.Second)
 	clock.Set(base)
@@ -366,7 +367,7 @@ func (s suite[Tx]) leaseWaitsForFence(t *testing.T) {
 func (s suite[Tx]) leaseMigrateTwice(t *testing.T) {
 	st, l, _, _ := s.openLeaser(t)
 	ctx := s.ctx(t)
-	m := must[driver.Migrator](t, st)
+	m := must[admin.Migrator](t, st)
 	before := acquire(t, ctx, l, "before", "", time.Hour)
 	for i := range 2 {
 		if err := m.Migrate(ctx); err != nil {
@@ -430,10 +431,10 @@ func (s suite[Tx]) withoutLeaseTable(t *testing.T) {
 	if info := s.leaseInfo(t, ctx, st, "a"); !info.Claimed {
 		t.Fatalf("lookup: %+v", info)
 	}
-	if n, err := must[driver.Forgetter](t, st).Forget(ctx, "c", []string{"a"}); err != nil || n != 1 {
+	if n, err := must[admin.Forgetter](t, st).Forget(ctx, "c", []string{"a"}); err != nil || n != 1 {
 		t.Fatalf("forget: %d, %v", n, err)
 	}
-	if n, err := must[driver.Pruner](t, st).Prune(ctx, clock.Now().Add(time.Hour), 100); err != nil || n != 1 {
+	if n, err := must[admin.Pruner](t, st).Prune(ctx, clock.Now().Add(time.Hour), 100); err != nil || n != 1 {
 		t.Fatalf("prune: %d, %v", n, err)
 	}
 	if lease, err := l.Acquire(ctx, "c", driver.Claim{ID: "x"}, time.Hour); err == nil {

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/core"
@@ -44,9 +45,9 @@ type Harness[Tx any] struct {
 	// clock; an invalid table name must return an error. It should drop
 	// the table and its lease table (cfg.Table + "_leases") with
 	// t.Cleanup. The Prune and MigrateTwice cases run when
-	// the store implements driver.Pruner and driver.Migrator, which are
+	// the store implements admin.Pruner and admin.Migrator, which are
 	// optional, and are skipped otherwise.
-	Open func(t *testing.T, cfg Config) (core.Store[Tx], error)
+	Open func(t *testing.T, cfg Config) (driver.Store[Tx], error)
 	// Effect applies a business effect under key inside tx (e.g. insert a
 	// row into a test table); CountEffects counts committed effects under
 	// key. Keys are unique per subtest.
@@ -118,13 +119,13 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 func (s suite[Tx]) lookupForget(t *testing.T) {
 	st, clock := s.open(t)
 	ctx := s.ctx(t)
-	lk, ok := st.(driver.Lookuper)
+	lk, ok := st.(admin.Lookuper)
 	if !ok {
-		t.Skipf("store %T does not implement driver.Lookuper (optional): no lookup case", st)
+		t.Skipf("store %T does not implement admin.Lookuper (optional): no lookup case", st)
 	}
-	fg, ok := st.(driver.Forgetter)
+	fg, ok := st.(admin.Forgetter)
 	if !ok {
-		t.Skipf("store %T does not implement driver.Forgetter (optional): no forget case", st)
+		t.Skipf("store %T does not implement admin.Forgetter (optional): no forget case", st)
 	}
 	at := time.Now().UTC().Truncate(time.Millisecond)
 	clock.Set(at)
@@ -133,7 +134,7 @@ func (s suite[Tx]) lookupForget(t *testing.T) {
 	s.claimCommit(t, ctx, st, "billing", []driver.Claim{{ID: "a", Fingerprint: fp}, {ID: "b"}, {ID: "c"}}, k+"billing")
 	s.claimCommit(t, ctx, st, "audit", claims("a", "b"), k+"audit")
 
-	check := func(what string, got []driver.ClaimInfo, want ...driver.ClaimInfo) {
+	check := func(what string, got []admin.ClaimInfo, want ...admin.ClaimInfo) {
 		t.Helper()
 		if len(got) != len(want) {
 			t.Fatalf("%s: got %d infos %+v, want %+v", what, len(got), got, want)
@@ -151,7 +152,7 @@ func (s suite[Tx]) lookupForget(t *testing.T) {
 			}
 		}
 	}
-	lookup := func(consumer string, ids ...string) []driver.ClaimInfo {
+	lookup := func(consumer string, ids ...string) []admin.ClaimInfo {
 		t.Helper()
 		got, err := lk.Lookup(ctx, consumer, ids)
 		if err != nil {
@@ -159,8 +160,8 @@ func (s suite[Tx]) lookupForget(t *testing.T) {
 		}
 		return got
 	}
-	yes := func(id, fp string) driver.ClaimInfo { return driver.ClaimInfo{ID: id, Claimed: true, Fingerprint: fp} }
-	no := func(id string) driver.ClaimInfo { return driver.ClaimInfo{ID: id} }
+	yes := func(id, fp string) admin.ClaimInfo { return admin.ClaimInfo{ID: id, Claimed: true, Fingerprint: fp} }
+	no := func(id string) admin.ClaimInfo { return admin.ClaimInfo{ID: id} }
 	check("billing", lookup("billing", "c", "zz", "a", "b"), yes("c", ""), no("zz"), yes("a", fp), yes("b", ""))
 	check("audit", lookup("audit", "a", "c"), yes("a", ""), no("c"))
 	check("unknown consumer", lookup("nobody", "a"), no("a"))
@@ -243,7 +244,7 @@ func UniqueName(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-func (s suite[Tx]) open(t *testing.T) (core.Store[Tx], *Clock) {
+func (s suite[Tx]) open(t *testing.T) (driver.Store[Tx], *Clock) {
 	t.Helper()
 	clock := NewClock(time.Now())
 	st, err := s.h.Open(t, Config{Table: UniqueName("idemq_st_"), Now: clock.Now})
@@ -259,7 +260,7 @@ func (s suite[Tx]) ctx(t *testing.T) context.Context {
 	return ctx
 }
 
-func begin[Tx any](t *testing.T, ctx context.Context, st core.Store[Tx]) driver.Txn[Tx] {
+func begin[Tx any](t *testing.T, ctx context.Context, st driver.Store[Tx]) driver.Txn[Tx] {
 	t.Helper()
 	txn, err := st.Begin(ctx)
 	if err != nil {
@@ -311,7 +312,7 @@ func commit[Tx any](t *testing.T, ctx context.Context, txn driver.Txn[Tx]) {
 
 // claimCommit claims ids in a fresh transaction, applies an effect for each
 // id it won, commits, and returns the results.
-func (s suite[Tx]) claimCommit(t *testing.T, ctx context.Context, st core.Store[Tx], consumer string, cs []driver.Claim, keyPrefix string) []driver.ClaimResult {
+func (s suite[Tx]) claimCommit(t *testing.T, ctx context.Context, st driver.Store[Tx], consumer string, cs []driver.Claim, keyPrefix string) []driver.ClaimResult {
 	t.Helper()
 	txn := begin(t, ctx, st)
 	res := claim(t, ctx, txn, consumer, cs)
@@ -591,9 +592,9 @@ func (s suite[Tx]) commitThenRollback(t *testing.T) {
 func (s suite[Tx]) prune(t *testing.T) {
 	st, clock := s.open(t)
 	ctx := s.ctx(t)
-	pr, ok := st.(driver.Pruner)
+	pr, ok := st.(admin.Pruner)
 	if !ok {
-		t.Skipf("store %T does not implement driver.Pruner (optional): no prune case", st)
+		t.Skipf("store %T does not implement admin.Pruner (optional): no prune case", st)
 	}
 	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	// old0..old4 at base-5s..base-1s, edge exactly at base, new at base+1s.
@@ -724,9 +725,9 @@ func (s suite[Tx]) consumersIndependent(t *testing.T) {
 func (s suite[Tx]) migrateTwice(t *testing.T) {
 	st, _ := s.open(t)
 	ctx := s.ctx(t)
-	m, ok := st.(driver.Migrator)
+	m, ok := st.(admin.Migrator)
 	if !ok {
-		t.Skipf("store %T does not implement driver.Migrator (optional): no migrate case", st)
+		t.Skipf("store %T does not implement admin.Migrator (optional): no migrate case", st)
 	}
 	k := UniqueName("k_")
 	s.claimCommit(t, ctx, st, "c", claims("before"), k)
@@ -845,7 +846,7 @@ func (s suite[Tx]) concurrentBatches(t *testing.T) {
 	}
 }
 
-func (s suite[Tx]) randomBatch(ctx context.Context, st core.Store[Tx], pick []driver.Claim, r *mrand.Rand, k string) (err error) {
+func (s suite[Tx]) randomBatch(ctx context.Context, st driver.Store[Tx], pick []driver.Claim, r *mrand.Rand, k string) (err error) {
 	txn, err := st.Begin(ctx)
 	if err != nil {
 		return err

@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/cli"
 
 	"github.com/schollz/progressbar/v3"
@@ -111,7 +111,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rate := f.Int("latency-rate", 200, "msg/s of the paced phase that measures p50/p99")
 	latencyN := f.Int("latency-messages", 1000, "messages in the paced phase")
 	pruneBatch := f.Int("prune-batch", 1000, "rows per DELETE while the growth scenario prunes")
-	pruneDuty := f.Float64("prune-duty", driver.DefaultPruneDuty, "fraction of the growth scenario's prune time spent deleting (resting the rest)")
+	pruneDuty := f.Float64("prune-duty", admin.DefaultPruneDuty, "fraction of the growth scenario's prune time spent deleting (resting the rest)")
 	providerDelay := f.Duration("provider-delay", 300*time.Millisecond, "how long the leased scenario's fake payment provider takes to answer each charge")
 	pool := f.Int("pool", 10, "the leased scenario's Postgres pool size (pool_max_conns), unless --store sets one")
 	jsonOut := f.String("json", "", "also write the full report as JSON to this file")

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -37,7 +37,7 @@ var ErrTooLarge = errors.New("message too large for the broker")
 // body is "poison" (the whole publish call fails, as a broker's batch
 // does) until Fix.
 type Publisher struct {
-	// Permanent marks the rejection core.Permanent, as a broker's answer
+	// Permanent marks the rejection driver.Permanent, as a broker's answer
 	// that no retry can change.
 	Permanent bool
 
@@ -46,15 +46,15 @@ type Publisher struct {
 	fixed bool
 }
 
-// Publish implements core.Publisher.
-func (p *Publisher) Publish(_ context.Context, dest string, msgs ...*core.Message) error {
+// Publish implements driver.Publisher.
+func (p *Publisher) Publish(_ context.Context, dest string, msgs ...*driver.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {
 		if string(m.Body) == "poison" && !p.fixed {
 			err := fmt.Errorf("publish to %s: %w", dest, ErrTooLarge)
 			if p.Permanent {
-				err = core.Permanent(err)
+				err = driver.Permanent(err)
 			}
 			return err
 		}
@@ -65,7 +65,7 @@ func (p *Publisher) Publish(_ context.Context, dest string, msgs ...*core.Messag
 	return nil
 }
 
-// Close implements core.Publisher.
+// Close implements driver.Publisher.
 func (p *Publisher) Close() error { return nil }
 
 // Fix makes the poison message publishable.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -17,7 +17,7 @@ import (
 // PoisonBroker.
 type Broker struct {
 	// Publisher is the relay's publisher to the broker.
-	Publisher core.Publisher
+	Publisher driver.Publisher
 	// Dest is a destination that takes the good messages.
 	Dest string
 	// Poison is the message the broker rejects: too large for Dest, or

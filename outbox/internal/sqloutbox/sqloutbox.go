@@ -388,3 +388,18 @@ func (o *Operator) Stats(ctx context.Context) (outbox.TableStats, error) {
 	err = o.DB.QueryRowContext(ctx, StatsSQL(o.Table)).Scan(&st.Parked, &st.HeldKeys, &st.HeldRows)
 	return st, err
 }
+
+// Opened is an outbox table opened by URL for operations
+// (admin.OpenOutbox): its Operator, its name, and what closes the
+// connections the opener made.
+type Opened struct {
+	outbox.Operator
+	Name    string
+	CloseDB func() error
+}
+
+// Table returns the table's name.
+func (o *Opened) Table() string { return o.Name }
+
+// Close closes the connections the opener made.
+func (o *Opened) Close() error { return o.CloseDB() }

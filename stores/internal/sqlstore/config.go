@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/sqlident"
 )
 
@@ -111,16 +111,16 @@ func (c *Config) CheckLimit(limit int) error {
 	return nil
 }
 
-// RunPruner is a store's RunPruner: driver.RunPruner on p with the store's
-// clock, retention and table.
-func (c *Config) RunPruner(ctx context.Context, p driver.Pruner, every time.Duration, batch int, logger *slog.Logger) error {
-	return driver.RunPruner(ctx, p, driver.PruneSchedule{Every: every, Batch: batch, Retention: c.Retention, Now: c.Now, Logger: logger, Table: c.Table})
+// RunPruner is a store's RunPruner: RunPruner on p with the store's clock,
+// retention and table.
+func (c *Config) RunPruner(ctx context.Context, p admin.Pruner, every time.Duration, batch int, logger *slog.Logger) error {
+	return RunPruner(ctx, p, PruneSchedule{Every: every, Batch: batch, Retention: c.Retention, Now: c.Now, Logger: logger, Table: c.Table})
 }
 
 // Migrated ends a store's Open: unless NoMigrate is set it runs s's
 // Migrate, and when that fails closes the handle Open opened (with
 // closeHandle) and returns the error.
-func Migrated[S driver.Migrator](ctx context.Context, c *Config, s S, closeHandle func()) (S, error) {
+func Migrated[S admin.Migrator](ctx context.Context, c *Config, s S, closeHandle func()) (S, error) {
 	if !c.NoMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			closeHandle()

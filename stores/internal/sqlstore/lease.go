@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/sqlident"
 )
@@ -259,7 +260,7 @@ func (c *Config) Release(ctx context.Context, cl Claims, consumer string, ref dr
 
 // lookupLeases adds the leases of ids to found (LeaseUntil, LeaseToken),
 // when the store has a lease table it may read.
-func (c *Config) lookupLeases(ctx context.Context, cl Claims, consumer string, ids []string, found map[string]driver.ClaimInfo) error {
+func (c *Config) lookupLeases(ctx context.Context, cl Claims, consumer string, ids []string, found map[string]admin.ClaimInfo) error {
 	lt, err := c.LeaseTable()
 	if err != nil {
 		return nil // no lease table: no leases
@@ -285,7 +286,7 @@ func (c *Config) lookupLeases(ctx context.Context, cl Claims, consumer string, i
 			}
 			info, ok := found[string(id)]
 			if !ok {
-				info = driver.ClaimInfo{ID: string(id)}
+				info = admin.ClaimInfo{ID: string(id)}
 			}
 			info.LeaseUntil, info.LeaseToken = t, token
 			found[string(id)] = info

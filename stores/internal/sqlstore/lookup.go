@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 )
 
 // Claims is where a database/sql store's Lookup and Forget find the
@@ -67,11 +67,11 @@ func (c *Config) CheckConsumer(op, consumer string) error {
 // consumer = ? AND message_id IN "), returning processed_at as TimeFormat
 // text. It returns one ClaimInfo per id, in order, with the lease of each
 // id that has one.
-func (c *Config) Lookup(ctx context.Context, cl Claims, prefix, consumer string, ids []string) ([]driver.ClaimInfo, error) {
+func (c *Config) Lookup(ctx context.Context, cl Claims, prefix, consumer string, ids []string) ([]admin.ClaimInfo, error) {
 	if err := c.CheckConsumer("Lookup", consumer); err != nil {
 		return nil, err
 	}
-	found := make(map[string]driver.ClaimInfo, len(ids))
+	found := make(map[string]admin.ClaimInfo, len(ids))
 	for part := range slices.Chunk(ids, cl.Chunk) {
 		q, args := InIDs(cl.Numbered, prefix, consumer, part)
 		if err := scanInfos(ctx, cl.DB, q, args, found); err != nil {
@@ -86,19 +86,19 @@ func (c *Config) Lookup(ctx context.Context, cl Claims, prefix, consumer string,
 
 // InOrder returns the ClaimInfo of each id from found, in the order of
 // ids; an id found lacks is reported unclaimed.
-func InOrder(ids []string, found map[string]driver.ClaimInfo) []driver.ClaimInfo {
-	out := make([]driver.ClaimInfo, len(ids))
+func InOrder(ids []string, found map[string]admin.ClaimInfo) []admin.ClaimInfo {
+	out := make([]admin.ClaimInfo, len(ids))
 	for i, id := range ids {
 		if info, ok := found[id]; ok {
 			out[i] = info
 		} else {
-			out[i] = driver.ClaimInfo{ID: id}
+			out[i] = admin.ClaimInfo{ID: id}
 		}
 	}
 	return out
 }
 
-func scanInfos(ctx context.Context, db *sql.DB, q string, args []any, found map[string]driver.ClaimInfo) error {
+func scanInfos(ctx context.Context, db *sql.DB, q string, args []any, found map[string]admin.ClaimInfo) error {
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
@@ -114,7 +114,7 @@ func scanInfos(ctx context.Context, db *sql.DB, q string, args []any, found map[
 		if err != nil {
 			return err
 		}
-		found[string(id)] = driver.ClaimInfo{ID: string(id), Claimed: true, At: t, Fingerprint: string(fp)}
+		found[string(id)] = admin.ClaimInfo{ID: string(id), Claimed: true, At: t, Fingerprint: string(fp)}
 	}
 	return rows.Err()
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/admin"
 )
 
 // TimeFormat is how the database/sql stores write processed_at: fixed-width
@@ -24,15 +24,15 @@ func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
 // processed_at as TimeFormat text. sizeSQL takes the table's name and
 // returns the bytes it takes; when sizeOptional is set a failing sizeSQL
 // leaves the size unknown (0) instead of failing.
-func (c *Config) Inspect(ctx context.Context, db *sql.DB, statsSQL, sizeSQL string, sizeOptional bool) (driver.TableStats, error) {
-	st := driver.TableStats{Table: c.Table}
+func (c *Config) Inspect(ctx context.Context, db *sql.DB, statsSQL, sizeSQL string, sizeOptional bool) (admin.TableStats, error) {
+	st := admin.TableStats{Table: c.Table}
 	rows, err := db.QueryContext(ctx, statsSQL)
 	if err != nil {
 		return st, c.Wrap("inspect", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var cs driver.ConsumerStats
+		var cs admin.ConsumerStats
 		var consumer []byte // VARBINARY on MySQL; TEXT converts
 		var oldest, newest string
 		if err := rows.Scan(&consumer, &cs.Rows, &oldest, &newest); err != nil {
@@ -73,11 +73,11 @@ func ExecCount(ctx context.Context, db *sql.DB, query string, args ...any) (int,
 // AddLeases adds n leases of consumer to st, expired of them run out. A
 // consumer with leases but no claims is added, and the consumers sorted
 // by name again.
-func AddLeases(st *driver.TableStats, consumer string, n, expired int64) {
-	i := slices.IndexFunc(st.Consumers, func(c driver.ConsumerStats) bool { return c.Consumer == consumer })
+func AddLeases(st *admin.TableStats, consumer string, n, expired int64) {
+	i := slices.IndexFunc(st.Consumers, func(c admin.ConsumerStats) bool { return c.Consumer == consumer })
 	if i < 0 {
-		st.Consumers = append(st.Consumers, driver.ConsumerStats{Consumer: consumer, Leases: n, ExpiredLeases: expired})
-		slices.SortStableFunc(st.Consumers, func(a, b driver.ConsumerStats) int { return strings.Compare(a.Consumer, b.Consumer) })
+		st.Consumers = append(st.Consumers, admin.ConsumerStats{Consumer: consumer, Leases: n, ExpiredLeases: expired})
+		slices.SortStableFunc(st.Consumers, func(a, b admin.ConsumerStats) int { return strings.Compare(a.Consumer, b.Consumer) })
 		return
 	}
 	st.Consumers[i].Leases += n
@@ -86,7 +86,7 @@ func AddLeases(st *driver.TableStats, consumer string, n, expired int64) {
 
 // InspectLeases adds the leases per consumer to st, none when the store
 // has no lease table it may read.
-func (c *Config) InspectLeases(ctx context.Context, cl Claims, st *driver.TableStats) error {
+func (c *Config) InspectLeases(ctx context.Context, cl Claims, st *admin.TableStats) error {
 	lt, err := c.LeaseTable()
 	if err != nil {
 		return nil // no lease table: no leases

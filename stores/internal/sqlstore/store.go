@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"io"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -11,13 +12,13 @@ import (
 // drifts from the others.
 type Store[Tx any] interface {
 	driver.Store[Tx]
-	driver.Pruner
+	admin.Pruner
 	driver.Retentioner
-	driver.Migrator
-	driver.Inspector
+	admin.Migrator
+	admin.Inspector
 	driver.Pinger
-	driver.Lookuper
-	driver.Forgetter
+	admin.Lookuper
+	admin.Forgetter
 	driver.Leaser
 	io.Closer
 }

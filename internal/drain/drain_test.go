@@ -1,4 +1,4 @@
-package memory_test
+package drain_test
 
 import (
 	"context"
@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/drain"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
@@ -45,7 +48,7 @@ func TestDrainAppliesEveryEffectOnceThroughFaults(t *testing.T) {
 			logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 			dctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
-			res, err := memory.Drain(dctx, b, "pay", func(s *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+			res, err := drain.Drain(dctx, b, "pay", func(s *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 				return core.New[*sql.Tx](s, store, handler, core.WithName("drain"), core.WithBatchSize(batch),
 					core.WithLogger(logger), core.WithBackoff(core.ConstantBackoff(5*time.Millisecond)))
 			})
@@ -81,4 +84,33 @@ func TestDrainAppliesEveryEffectOnceThroughFaults(t *testing.T) {
 			t.Logf("batch %d: %+v; broker: lost acks %d, crashes %d, redelivered %d", batch, res, st.AcksLost, st.Crashes, st.Redelivered)
 		})
 	}
+}
+
+func newBroker(t testing.TB, opts ...memory.Option) *memory.Broker {
+	t.Helper()
+	b, err := memory.NewBroker(opts...)
+	if err != nil {
+		t.Fatalf("NewBroker: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func publish(t testing.TB, b *memory.Broker, queue string, ids ...string) {
+	t.Helper()
+	msgs := make([]*driver.Message, len(ids))
+	for i, id := range ids {
+		msgs[i] = &driver.Message{ID: id, Body: []byte("body-" + id), Headers: map[string]string{"h": id}, Key: "k-" + id}
+	}
+	if err := b.Publish(context.Background(), queue, msgs...); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+}
+
+func ids(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("m%05d", i)
+	}
+	return out
 }

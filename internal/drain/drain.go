@@ -1,15 +1,19 @@
-package memory
+// Package drain runs a workload on the memory broker to completion through
+// Consumers, replacing those whose subscription crashed: how tests run a
+// memory-broker workload to its end.
+package drain
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
+	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 )
 
-// DrainResult sums what Drain's consumers decided.
-type DrainResult struct {
+// Result sums what Drain's consumers decided.
+type Result struct {
 	core.Stats
 	// Crashes counts consumers that stopped because their subscription
 	// crashed and were replaced.
@@ -23,8 +27,8 @@ type DrainResult struct {
 // orchestrator restarts a dead process. It is how tests, examples and the
 // quickstart run a workload to completion on the memory broker. Publish
 // first: on a queue that is already empty Drain returns at once.
-func Drain[Tx any](ctx context.Context, b *Broker, queue string, newConsumer func(*Subscription) (*core.Consumer[Tx], error)) (DrainResult, error) {
-	var res DrainResult
+func Drain[Tx any](ctx context.Context, b *memory.Broker, queue string, newConsumer func(*memory.Subscription) (*core.Consumer[Tx], error)) (Result, error) {
+	var res Result
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
 	idle := make(chan error, 1)
@@ -63,10 +67,10 @@ func Drain[Tx any](ctx context.Context, b *Broker, queue string, newConsumer fun
 		res.Unsettled += st.Unsettled
 		switch {
 		case finished && idleErr != nil:
-			return res, fmt.Errorf("memory: Drain: queue %q not drained: %w", queue, idleErr)
+			return res, fmt.Errorf("drain: queue %q not drained: %w", queue, idleErr)
 		case finished:
 			return res, runErr
-		case errors.Is(runErr, ErrCrashed):
+		case errors.Is(runErr, memory.ErrCrashed):
 			res.Crashes++
 		case runErr == nil: // ctx was cancelled
 			return res, ctx.Err()

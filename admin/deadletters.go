@@ -1,9 +1,12 @@
-package driver
+package admin
 
 import (
 	"context"
 	"net/url"
 	"time"
+
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/registry"
 )
 
 // Parked is one dead-lettered message as an operator reads it: what the
@@ -70,25 +73,27 @@ type DeadLetterQueue interface {
 
 // DeadLettersOpener opens the dead-letter queue of the consumer a source
 // URL of its scheme describes.
-type DeadLettersOpener func(ctx context.Context, u *url.URL, cfg OpenConfig) (DeadLetterQueue, error)
+type DeadLettersOpener func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (DeadLetterQueue, error)
+
+var deadLetters = &registry.Openers[DeadLettersOpener]{Kind: "broker"}
 
 // RegisterDeadLetters makes a broker adapter's dead-letter queues
 // available to OpenDeadLetters under a URL scheme. Adapters call it from
-// init beside RegisterBroker. It panics if the scheme is registered twice
-// or open is nil.
+// init beside driver.RegisterBroker. It panics if the scheme is registered
+// twice or open is nil.
 func RegisterDeadLetters(scheme string, open DeadLettersOpener) {
-	registry.Lock()
-	defer registry.Unlock()
 	if open == nil {
 		panic("idemq: RegisterDeadLetters " + scheme + ": nil opener")
 	}
-	register("RegisterDeadLetters", scheme, registry.deadLetters, open)
+	deadLetters.Register("RegisterDeadLetters", scheme, open)
 }
 
 // OpenDeadLetters opens the dead-letter queue of the consumer rawURL
-// describes: the same URL the consumer's source is opened with. Errors
-// never contain credentials. Services call core.OpenDeadLetters.
-func OpenDeadLetters(ctx context.Context, rawURL string, cfg OpenConfig) (DeadLetterQueue, error) {
-	q, _, err := open(rawURL, "dead-letter queue", registry.deadLetters, func(o DeadLettersOpener, u *url.URL) (DeadLetterQueue, error) { return o(ctx, u, cfg) })
+// describes: the same URL the consumer's source is opened with
+// (core.OpenSource). Errors never contain credentials.
+func OpenDeadLetters(ctx context.Context, rawURL string) (DeadLetterQueue, error) {
+	q, _, err := registry.Open(deadLetters, rawURL, "dead-letter queue", func(o DeadLettersOpener, u *url.URL) (DeadLetterQueue, error) {
+		return o(ctx, u, driver.OpenConfig{})
+	})
 	return q, err
 }

@@ -33,7 +33,7 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	}
 
 	outs := c.decideBatch(primaries)
-	c.endLeases(primaries, outs)
+	c.kind.decided(primaries, outs)
 	batch := make([]settlement, 0, len(items))
 	for i, it := range primaries {
 		batch = append(batch, settlement{it: it, out: outs[i]})
@@ -86,18 +86,18 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.txnTimeout)
 		defer cancel()
 	}
-	fail := func(stage string, err error) *storeError {
+	fail := func(stage StageName, err error) *storeError {
 		for _, i := range g {
 			outs[i] = c.storeFailure(items[i].m, stage, err)
 		}
 		return asStoreError(stage, err)
 	}
 	all := c.stageOf(items, g)
-	sctx, run := c.startStage(ctx, "begin", all)
+	sctx, run := c.startStage(ctx, StageBegin, all)
 	txn, err := c.store.Begin(sctx)
 	c.endStage(sctx, run, err)
 	if err != nil {
-		return nil, fail("begin", err)
+		return nil, fail(StageBegin, err)
 	}
 	// From here every path ends the transaction; Rollback after Commit is
 	// a no-op by the Txn contract.
@@ -111,14 +111,14 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	for k, i := range order {
 		claims[k] = driver.Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
 	}
-	sctx, run = c.startStage(ctx, "claim", all)
+	sctx, run = c.startStage(ctx, StageClaim, all)
 	sorted, err := txn.Claim(sctx, c.cfg.name, claims)
 	if err == nil && len(sorted) != len(claims) {
 		err = fmt.Errorf("store returned %d claim results for %d claims", len(sorted), len(claims))
 	}
 	c.endStage(sctx, run, err)
 	if err != nil {
-		return nil, fail("claim", err)
+		return nil, fail(StageClaim, err)
 	}
 	result := make([]driver.ClaimResult, len(items)) // by index into items
 	for k, i := range order {
@@ -134,68 +134,44 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		case driver.ClaimMismatch:
 			outs[i] = c.mismatchOutcome(items[i].m)
 		default:
-			outs[i] = c.storeFailure(items[i].m, "claim", fmt.Errorf("unknown claim result %d", r))
+			outs[i] = c.storeFailure(items[i].m, StageClaim, fmt.Errorf("unknown claim result %d", r))
 		}
 	}
-	if c.leased != nil && len(won) > 0 {
-		sctx, run = c.startStage(ctx, "fence", c.stageOf(items, won))
-		won, err = c.fence(sctx, txn, items, won, outs)
-		c.endStage(sctx, run, err)
+	if len(won) > 0 {
+		won, err = c.kind.fence(ctx, txn, items, won, outs)
 		if err != nil {
-			return nil, fail("fence", err)
+			return nil, fail(StageFence, err)
 		}
 	}
 	if len(won) == 0 {
 		return nil, nil
 	}
 
-	var applied int
-	var broken error // the transaction can no longer be trusted
 	applying := c.stageOf(items, won)
-	hctx, run := c.startStage(ctx, "handlers", applying)
-	if c.batchHandler != nil {
-		msgs := make([]*Message, len(won))
-		for k, i := range won {
-			msgs[k] = items[i].m
-		}
-		handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, msgs []*Message) error {
-			return c.batchHandler(hctx, txn.Tx(), msgs)
-		})
-		herr := handler(hctx, msgs)
-		c.endStage(hctx, run, herr)
-		if herr != nil {
-			return c.failedTogether(items, won, outs, herr), asHandlerError(herr)
-		}
-		for _, i := range won {
-			outs[i] = Outcome{Decision: Processed}
-		}
-		applied = len(won)
-	} else {
-		applied, broken, rerun = c.runHandlers(ctx, txn, items, won, outs)
-		c.endStage(hctx, run, broken)
-		if rerun != nil {
-			return rerun, c.handlerTrouble(items, won, outs)
-		}
+	hctx, run := c.startStage(ctx, StageHandlers, applying)
+	res := c.kind.apply(ctx, hctx, txn, items, won, outs)
+	c.endStage(hctx, run, res.stageErr)
+	if res.end {
+		return res.rerun, res.trouble
 	}
-
-	if broken != nil {
-		c.undoProcessed(items, won, outs, "savepoint", broken)
-		return nil, asStoreError("savepoint", broken)
+	if res.broken != nil {
+		c.undoProcessed(items, won, outs, StageSavepoint, res.broken)
+		return nil, asStoreError(StageSavepoint, res.broken)
 	}
-	if applied == 0 {
+	if res.applied == 0 {
 		return nil, c.handlerTrouble(items, won, outs) // the deferred Rollback undoes everything
 	}
 	fc, together := txn.(driver.FlushCommitter)
 	if f, ok := txn.(driver.Flusher); ok && !together {
 		// Statements the handlers queued go now, in one round trip.
-		sctx, run = c.startStage(ctx, "flush", applying)
+		sctx, run := c.startStage(ctx, StageFlush, applying)
 		ferr := f.Flush(sctx)
 		c.endStage(sctx, run, ferr)
 		if ferr != nil {
 			return c.failedTogether(items, won, outs, ferr), asHandlerError(ferr)
 		}
 	}
-	sctx, run = c.startStage(ctx, "commit", applying)
+	sctx, run = c.startStage(ctx, StageCommit, applying)
 	if together {
 		// The queued statements travel with the COMMIT.
 		err = fc.FlushCommit(sctx)
@@ -209,23 +185,54 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	if err != nil {
 		// If the commit did land after all, the redelivery loses its
 		// claim and is acknowledged as a Duplicate: retrying is safe.
-		c.undoProcessed(items, won, outs, "commit", err)
-		return nil, asStoreError("commit", err)
+		c.undoProcessed(items, won, outs, StageCommit, err)
+		return nil, asStoreError(StageCommit, err)
 	}
 	return nil, nil
 }
 
-// runHandlers runs the per-message handler for each claim won. Under
-// IsolateSavepoints each runs under a savepoint, and a failure rolls back
-// to it and deletes the claim; under IsolateReplay the first failure ends
-// the transaction and the others are returned to run again without it.
-func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) (applied int, broken error, rerun [][]int) {
-	var cur *item // the item whose handler runs, for a leased Consumer's complete
-	handler := chainHandler(c.cfg.handlerMW, func(hctx context.Context, msgs []*Message) error {
-		if c.complete != nil {
-			return c.complete(hctx, txn.Tx(), cur)
-		}
-		return c.handler(hctx, txn.Tx(), msgs[0])
+// applyResult is what a kind's apply reports to runTxn.
+type applyResult struct {
+	// applied counts the messages whose handler succeeded.
+	applied int
+	// broken is a failed savepoint step: the transaction can no longer be
+	// trusted.
+	broken error
+	// stageErr is what the StageHandlers stage reports to observers.
+	stageErr error
+	// end means the transaction decides nothing more: runTxn returns rerun
+	// (groups to decide again in new transactions) and trouble (a handler
+	// failure to check the store against).
+	end     bool
+	rerun   [][]int
+	trouble *storeError
+}
+
+// applyBatch runs a BatchHandler's call once for the won claims: nil →
+// all Processed; an error is pinned on one message by deciding each alone.
+func (c *Consumer[Tx]) applyBatch(hctx context.Context, items []*item, won []int, outs []Outcome, call HandlerCall) applyResult {
+	msgs := make([]*Message, len(won))
+	for k, i := range won {
+		msgs[k] = items[i].m
+	}
+	if herr := chain(c.cfg.handlerMW, call)(hctx, msgs); herr != nil {
+		return applyResult{stageErr: herr, end: true, rerun: c.failedTogether(items, won, outs, herr), trouble: asHandlerError(herr)}
+	}
+	for _, i := range won {
+		outs[i] = Outcome{Decision: Processed}
+	}
+	return applyResult{applied: len(won)}
+}
+
+// applyEach runs call, under the handler middleware, for each claim won,
+// one message at a time in arrival order. Under IsolateSavepoints each runs
+// under a savepoint, and a failure rolls back to it and deletes the claim;
+// under IsolateReplay the first failure ends the transaction and the
+// others are returned to run again without it.
+func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome, call func(ctx context.Context, tx Tx, it *item) error) (res applyResult) {
+	var cur *item // the item whose call runs
+	handler := chain(c.cfg.handlerMW, func(hctx context.Context, _ []*Message) error {
+		return call(hctx, txn.Tx(), cur)
 	})
 	one := make([]*Message, 1) // handed to each call in turn: valid only during it
 	sp, hasSavepoints := txn.(driver.Savepointer)
@@ -235,16 +242,21 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], item
 			c.log.Warn("idemq: IsolateSavepoints asked for, but the store's transactions have no savepoints: failed batches are replayed (IsolateReplay)")
 		})
 	}
+	defer func() {
+		if !res.end {
+			res.stageErr = res.broken
+		}
+	}()
 	for k, i := range won {
 		it := items[i]
-		if broken != nil {
-			outs[i] = c.storeFailure(it.m, "savepoint", broken)
+		if res.broken != nil {
+			outs[i] = c.storeFailure(it.m, StageSavepoint, res.broken)
 			continue
 		}
 		if useSavepoints {
 			if err := sp.Savepoint(ctx); err != nil {
-				broken = err
-				outs[i] = c.storeFailure(it.m, "savepoint", err)
+				res.broken = err
+				outs[i] = c.storeFailure(it.m, StageSavepoint, err)
 				continue
 			}
 		}
@@ -270,13 +282,13 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], item
 		if herr == nil {
 			if useSavepoints {
 				if err := sp.ReleaseSavepoint(ctx); err != nil {
-					broken = err
-					outs[i] = c.storeFailure(it.m, "savepoint", err)
+					res.broken = err
+					outs[i] = c.storeFailure(it.m, StageSavepoint, err)
 					continue
 				}
 			}
 			outs[i] = Outcome{Decision: Processed}
-			applied++
+			res.applied++
 			continue
 		}
 		outs[i] = c.handlerFailure(it.m, herr)
@@ -286,25 +298,25 @@ func (c *Consumer[Tx]) runHandlers(ctx context.Context, txn driver.Txn[Tx], item
 			rest := make([]int, 0, len(won)-1)
 			rest = append(rest, won[:k]...)
 			rest = append(rest, won[k+1:]...)
-			return 0, nil, [][]int{rest}
+			return applyResult{end: true, rerun: [][]int{rest}, trouble: c.handlerTrouble(items, won, outs)}
 		}
 		if useSavepoints {
 			// The failed handler's effects and its claim go together.
 			if err := sp.RollbackToSavepoint(ctx); err != nil {
-				broken = err
+				res.broken = err
 				continue
 			}
 			if err := txn.Unclaim(ctx, c.cfg.name, []string{it.m.ID}); err != nil {
-				broken = err
+				res.broken = err
 			}
 		}
 	}
-	return applied, broken, nil
+	return res
 }
 
 // storeFailure decides a message whose transaction failed outside its
 // handler: Retry, without counting towards MaxAttempts.
-func (c *Consumer[Tx]) storeFailure(m *Message, stage string, err error) Outcome {
+func (c *Consumer[Tx]) storeFailure(m *Message, stage StageName, err error) Outcome {
 	if c.procCtx.Err() != nil {
 		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: fmt.Errorf("%w: %v", ErrShutdown, err)}}
 	}
@@ -317,13 +329,13 @@ func (c *Consumer[Tx]) storeFailure(m *Message, stage string, err error) Outcome
 
 // handlerFailure decides a message whose handler returned err.
 func (c *Consumer[Tx]) handlerFailure(m *Message, err error) Outcome {
-	return c.userFailure(m, "handler", err)
+	return c.userFailure(m, StageHandler, err)
 }
 
 // userFailure decides a message whose user code (its handler, or a leased
 // Consumer's External step) failed at stage with err: DeadLetter when err
 // is permanent or the attempts are used up, Retry otherwise.
-func (c *Consumer[Tx]) userFailure(m *Message, stage string, err error) Outcome {
+func (c *Consumer[Tx]) userFailure(m *Message, stage StageName, err error) Outcome {
 	if c.procCtx.Err() != nil && !IsPermanent(err) {
 		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: m.ID, Stage: stage, Err: fmt.Errorf("%w: %v", ErrShutdown, err)}}
 	}
@@ -339,9 +351,9 @@ func (c *Consumer[Tx]) userFailure(m *Message, stage string, err error) Outcome 
 
 func (c *Consumer[Tx]) mismatchOutcome(m *Message) Outcome {
 	if c.cfg.mismatch == Duplicate {
-		return Outcome{Decision: Duplicate, Err: &DecisionError{MessageID: m.ID, Stage: "fingerprint", Err: ErrFingerprintMismatch}}
+		return Outcome{Decision: Duplicate, Err: &DecisionError{MessageID: m.ID, Stage: StageFingerprint, Err: ErrFingerprintMismatch}}
 	}
-	return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: "fingerprint", Err: ErrFingerprintMismatch}}
+	return Outcome{Decision: DeadLetter, Err: &DecisionError{MessageID: m.ID, Stage: StageFingerprint, Err: ErrFingerprintMismatch}}
 }
 
 // followerOutcome decides a message whose id already appeared earlier in
@@ -357,10 +369,10 @@ func (c *Consumer[Tx]) followerOutcome(primary *item, pout Outcome, f *item) Out
 		return pout
 	}
 	if c.procCtx.Err() != nil {
-		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: f.m.ID, Stage: "batch", Err: ErrShutdown}}
+		return Outcome{Decision: Retry, Err: &DecisionError{MessageID: f.m.ID, Stage: StageBatch, Err: ErrShutdown}}
 	}
 	// The first copy was not applied; this one gets its own turn later.
-	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: f.m.ID, Stage: "batch",
+	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: f.m.ID, Stage: StageBatch,
 		Err: fmt.Errorf("an earlier copy in the same batch was not applied: %w", pout.Err)}, Delay: c.cfg.backoff.Delay(f.m.Attempt)}
 }
 
@@ -380,7 +392,7 @@ func (c *Consumer[Tx]) failedTogether(items []*item, won []int, outs []Outcome, 
 
 // undoProcessed turns the Processed outcomes among won into store failures
 // of stage: their transaction did not commit.
-func (c *Consumer[Tx]) undoProcessed(items []*item, won []int, outs []Outcome, stage string, err error) {
+func (c *Consumer[Tx]) undoProcessed(items []*item, won []int, outs []Outcome, stage StageName, err error) {
 	for _, i := range won {
 		if outs[i].Decision == Processed {
 			outs[i] = c.storeFailure(items[i].m, stage, err)

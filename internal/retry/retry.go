@@ -1,4 +1,8 @@
-package driver
+// Package retry paces the loops that retry a transport operation (a
+// reconnect, a receive, a settlement or publish retry, a relay batch), the
+// one backoff helper of the broker adapters, the outbox relay and the
+// Consumer's own loops.
+package retry
 
 import (
 	"context"
@@ -7,21 +11,19 @@ import (
 	"github.com/cenkalti/backoff/v5"
 )
 
-// Backoff paces a loop that retries a transport operation: a reconnect, a
-// receive, a settlement or publish retry, a relay batch. Each Next is the
-// next delay, growing by 2× from the first delay up to max with ±20%
-// jitter; max caps the delay after jitter, so no delay exceeds it. Reset
-// starts over after a success. It is cenkalti/backoff's ExponentialBackOff
-// with that cap. A Backoff is not safe for concurrent use: each loop owns
-// its own.
+// Backoff gives the delays of one retry loop: each Next is the next delay,
+// growing by 2× from the first delay up to max with ±20% jitter; max caps
+// the delay after jitter, so no delay exceeds it. Reset starts over after a
+// success. It is cenkalti/backoff's ExponentialBackOff with that cap. A
+// Backoff is not safe for concurrent use: each loop owns its own.
 type Backoff struct {
 	b   backoff.ExponentialBackOff
 	max time.Duration
 }
 
-// NewBackoff returns a Backoff whose first delay is about first and whose
-// delays never exceed limit (a limit below first is taken as first).
-func NewBackoff(first, limit time.Duration) *Backoff {
+// New returns a Backoff whose first delay is about first and whose delays
+// never exceed limit (a limit below first is taken as first).
+func New(first, limit time.Duration) *Backoff {
 	limit = max(first, limit)
 	b := &Backoff{max: limit, b: backoff.ExponentialBackOff{
 		InitialInterval:     first,

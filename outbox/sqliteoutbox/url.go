@@ -1,0 +1,50 @@
+package sqliteoutbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/outbox/internal/sqloutbox"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+)
+
+// The scheme admin.OpenOutbox opens with this package imported.
+func init() { admin.RegisterOutbox("sqlite", openTable) }
+
+// openTable opens the outbox table named table (DefaultTable when "") in
+// the SQLite database file at u, sqlite://path. The file must exist: an
+// operator's typo must not create an empty database.
+func openTable(ctx context.Context, u *url.URL, table string) (admin.OutboxTable, error) {
+	if table == "" {
+		table = DefaultTable
+	}
+	path := u.Host + u.Path
+	if u.Opaque != "" {
+		path = u.Opaque
+	}
+	for k := range u.Query() {
+		return nil, fmt.Errorf("%w: sqlite URL: unknown parameter %q (known: table)", admin.ErrBadURL, redact.Name(k))
+	}
+	if path == "" || strings.ContainsRune(path, '?') {
+		return nil, fmt.Errorf("%w: a sqlite URL is sqlite://path/to/app.db", admin.ErrBadURL)
+	}
+	ob, err := New(WithTable(table))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", admin.ErrBadURL, err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_txlock=immediate")
+	if err != nil {
+		return nil, err
+	}
+	return &sqloutbox.Opened{Operator: ob.Store(db), Name: table, CloseDB: db.Close}, nil
+}
