@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
-	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -182,7 +181,7 @@ func (s suite[Tx]) leaseFence(t *testing.T) {
 	st, l, clock, base := s.openLeaser(t)
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
-	fp, other := core.Fingerprint([]byte("one")), core.Fingerprint([]byte("two"))
+	fp, other := fingerprint([]byte("one")), fingerprint([]byte("two"))
 	const ttl = time.Minute
 	stale := acquire(t, ctx, l, "m", fp, ttl)
 	clock.Set(base.Add(2 * ttl))

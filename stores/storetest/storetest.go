@@ -14,6 +14,8 @@ package storetest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
@@ -25,8 +27,6 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
-
-	"github.com/idemq/idemq/core"
 )
 
 // Config is what a subtest asks the Harness to open.
@@ -130,7 +130,7 @@ func (s suite[Tx]) lookupForget(t *testing.T) {
 	at := time.Now().UTC().Truncate(time.Millisecond)
 	clock.Set(at)
 	k := UniqueName("k_")
-	fp := core.Fingerprint([]byte("body"))
+	fp := fingerprint([]byte("body"))
 	s.claimCommit(t, ctx, st, "billing", []driver.Claim{{ID: "a", Fingerprint: fp}, {ID: "b"}, {ID: "c"}}, k+"billing")
 	s.claimCommit(t, ctx, st, "audit", claims("a", "b"), k+"audit")
 
@@ -665,7 +665,7 @@ func (s suite[Tx]) fingerprint(t *testing.T) {
 	st, _ := s.open(t)
 	ctx := s.ctx(t)
 	k := UniqueName("k_")
-	fp1, fp2 := core.Fingerprint([]byte("one")), core.Fingerprint([]byte("two"))
+	fp1, fp2 := fingerprint([]byte("one")), fingerprint([]byte("two"))
 	s.claimCommit(t, ctx, st, "c", []driver.Claim{{ID: "x", Fingerprint: fp1}, {ID: "nofp"}}, k)
 	txn := begin(t, ctx, st)
 	res := claim(t, ctx, txn, "c", []driver.Claim{
@@ -941,4 +941,11 @@ func savepoints(txn any) driver.Savepointer {
 		panic(fmt.Sprintf("storetest: %T is no driver.Savepointer", txn))
 	}
 	return sp
+}
+
+// fingerprint stands for a consumer's body fingerprint: what a store keeps
+// beside a claim and compares, 22 characters as the Consumer's default.
+func fingerprint(body []byte) string {
+	sum := sha256.Sum256(body)
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
 }
