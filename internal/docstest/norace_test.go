@@ -1,0 +1,5 @@
+//go:build !race
+
+package docstest
+
+const raceEnabled = false
