@@ -301,15 +301,28 @@ func (c *Consumer[Tx]) checkRetention(ctx context.Context) error {
 	}
 	shown := horizon.String()
 	if horizon == driver.Unbounded {
-		shown = "unbounded (the broker keeps messages until they are consumed)"
+		if c.cfg.unboundedHorizon {
+			c.log.Info("idemq: the broker sets no age limit on the messages it keeps; accepted (WithUnboundedHorizon)", "retention", retention)
+			return nil
+		}
+		shown = "unbounded (the broker sets no age limit on the messages it keeps)"
+	}
+	fix := "keep claims longer than the horizon (the store's retention), or bound the broker's"
+	if h, ok := c.src.(driver.HorizonHinter); ok {
+		if hint := h.HorizonHint(retention); hint != "" {
+			fix += ": " + hint
+		}
+	}
+	if horizon == driver.Unbounded {
+		fix += "; or accept it with WithUnboundedHorizon when messages never wait that long"
 	}
 	const why = "a message redelivered after its claim is pruned would be applied twice"
 	if c.cfg.strictRetention {
-		return fmt.Errorf("idemq: consumer %s: the store keeps claims for %v, less than the broker's redelivery horizon, %s: %s; keep claims longer than the horizon, or bound the broker's (WithStrictRetention)",
-			c.cfg.name, retention, shown, why)
+		return fmt.Errorf("idemq: consumer %s: the store keeps claims for %v, less than the broker's redelivery horizon, %s: %s; %s (WithStrictRetention)",
+			c.cfg.name, retention, shown, why, fix)
 	}
 	c.log.Warn("idemq: store retention is shorter than the broker's redelivery horizon: "+why,
-		"retention", retention, "redelivery_horizon", shown)
+		"retention", retention, "redelivery_horizon", shown, "fix", fix)
 	return nil
 }
 

@@ -38,6 +38,8 @@ type config struct {
 	mismatch        Decision
 	isolation       Isolation
 	strictRetention bool
+	// unboundedHorizon accepts a broker with no age limit.
+	unboundedHorizon bool
 }
 
 // Isolation says how a batch keeps a failed message's effects and claim
@@ -236,6 +238,17 @@ func WithStoreProbe(first, max time.Duration) Option {
 // applied twice. Default off: a warning at start-up.
 func WithStrictRetention() Option {
 	return func(c *config) error { c.strictRetention = true; return nil }
+}
+
+// WithUnboundedHorizon accepts, knowingly, a broker that sets no age limit
+// on the messages it keeps (a RabbitMQ queue without a TTL, a NATS stream
+// without MaxAge, a Kafka topic with retention.ms=-1), for a service whose
+// messages never wait in the broker as long as the store keeps claims: Run
+// then neither warns about such a horizon nor refuses to start under
+// WithStrictRetention. A bounded horizon longer than the store's retention
+// still does. Default off.
+func WithUnboundedHorizon() Option {
+	return func(c *config) error { c.unboundedHorizon = true; return nil }
 }
 
 // WithLogger sets the logger for reconnects, settlement failures and

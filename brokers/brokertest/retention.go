@@ -32,13 +32,42 @@ func RetentionAgainstHorizon(t *testing.T, open func(t *testing.T) driver.Source
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	c, err := core.New[*sql.Tx](open(t), st, nothing, core.WithName("retention"), core.WithStrictRetention())
+	src := open(t)
+	hint := ""
+	if h, ok := src.(driver.HorizonHinter); ok {
+		hint = h.HorizonHint(retention)
+	}
+	c, err := core.New[*sql.Tx](src, st, nothing, core.WithName("retention"), core.WithStrictRetention())
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = c.Run(ctx)
 	if err == nil || !strings.Contains(err.Error(), retention.String()) || !strings.Contains(err.Error(), horizon) {
 		t.Errorf("strict: Run = %v, want an error naming the retention %v and the horizon %q", err, retention, horizon)
+	}
+	if err != nil && !strings.Contains(err.Error(), hint) {
+		t.Errorf("strict: Run = %v, want it to name the fix %q", err, hint)
+	}
+
+	if horizon == "unbounded" {
+		// Accepted knowingly: no refusal, no warning.
+		logs := &logLines{}
+		c, err := core.New[*sql.Tx](open(t), st, nothing, core.WithName("retention"), core.WithStrictRetention(), core.WithUnboundedHorizon(),
+			core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		waitFor(t, 30*time.Second, "the acceptance", func() bool { return strings.Contains(logs.String(), "WithUnboundedHorizon") })
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("WithUnboundedHorizon: Run = %v, want it to run", err)
+		}
+		if strings.Contains(logs.String(), "shorter than the broker's redelivery horizon") {
+			t.Errorf("WithUnboundedHorizon: still warned:\n%s", logs)
+		}
 	}
 
 	logs := &logLines{}

@@ -269,6 +269,13 @@ func (s *Source) SetWindow(n int) error {
 	return nil
 }
 
+// HorizonHint implements driver.HorizonHinter: the topic's retention.ms at
+// most the store's retention.
+func (s *Source) HorizonHint(retention time.Duration) string {
+	return fmt.Sprintf("set topic %s's retention.ms to at most %d: kafka-configs.sh --bootstrap-server HOST:PORT --alter --entity-type topics --entity-name %s --add-config retention.ms=%d",
+		s.cfg.topic, retention.Milliseconds(), s.cfg.topic, retention.Milliseconds())
+}
+
 // RedeliveryHorizon reads the topic's retention.ms: a group whose offsets
 // are lost or reset re-reads everything still retained, so claims must be
 // kept at least that long. Infinite retention (-1) reports the longest

@@ -163,6 +163,17 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 	return total, true
 }
 
+// HorizonHint implements driver.HorizonHinter: a MaxAge of at most half
+// the retention on the stream and on its dead-letter stream.
+func (s *Source) HorizonHint(retention time.Duration) string {
+	age := (retention / 2).Truncate(time.Second)
+	if age <= 0 {
+		age = retention / 2
+	}
+	return fmt.Sprintf("give stream %s and its dead-letter stream %s a MaxAge of at most %v each: nats stream edit %s --max-age=%v; nats stream edit %s --max-age=%v",
+		s.stream, s.c.dlqStream, age, s.stream, age, s.c.dlqStream, age)
+}
+
 // iterator returns the pull iterator, starting it on the first call.
 func (s *Source) iterator() (jetstream.MessagesContext, error) {
 	s.mu.Lock()

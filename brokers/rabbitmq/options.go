@@ -85,6 +85,7 @@ type config struct {
 	logger          *slog.Logger // nil: SetLogger's, else slog.Default()
 	deliveryLimit   int
 	messageTTL      time.Duration
+	policyTTL       time.Duration
 }
 
 func defaultConfig(queue string) config {
@@ -178,6 +179,20 @@ func WithDeliveryLimit(n int) Option {
 func WithMessageTTL(d time.Duration) Option {
 	return option.Check(invalid(d < time.Millisecond, "WithMessageTTL", "%v is under 1ms", d),
 		func(c *config) { c.messageTTL = d })
+}
+
+// WithPolicyTTL tells the Source the message TTL a server policy gives
+// the queue and its dead-letter queue, which a client cannot read: the
+// redelivery horizon is then at most 2 × d. It is how an existing queue,
+// whose arguments cannot change, gets a bounded horizon:
+//
+//	rabbitmqctl set_policy idemq-ttl '^(payments|payments\.dlq)$' '{"message-ttl":259200000}' --apply-to queues
+//
+// then policy_ttl=72h on the URL. Nothing is declared with it. Default
+// none. URL parameter: policy_ttl (a Go duration).
+func WithPolicyTTL(d time.Duration) Option {
+	return option.Check(invalid(d < time.Millisecond, "WithPolicyTTL", "%v is under 1ms", d),
+		func(c *config) { c.policyTTL = d })
 }
 
 // WithDeadLetterQueue names the dead-letter queue. Default "<queue>.dlq".

@@ -64,3 +64,37 @@ func TestMessageTTLMovesToDeadLetterQueue(t *testing.T) {
 		t.Errorf("a bad message_ttl: %v", err)
 	}
 }
+
+// An existing queue keeps its arguments: declaring it again with a TTL
+// fails, and the error says why and what to do; a policy's TTL, which a
+// client cannot read, bounds the horizon once the URL states it.
+func TestExistingQueueTTL(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	s, err := OpenURL(context.Background(), url+"?queue="+q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	_, err = OpenURL(context.Background(), url+"?queue="+q+"&message_ttl=1h")
+	if err == nil || !strings.Contains(err.Error(), "PRECONDITION_FAILED") || !strings.Contains(err.Error(), "exists with other arguments") || !strings.Contains(err.Error(), "policy_ttl=") {
+		t.Fatalf("declaring an existing queue with message_ttl: %v, want PRECONDITION_FAILED with the hint", err)
+	}
+	s, err = OpenURL(context.Background(), url+"?queue="+q+"&policy_ttl=36h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if h, ok := s.RedeliveryHorizon(context.Background()); !ok || h != 72*time.Hour {
+		t.Errorf("policy_ttl=36h: horizon %v, %v; want 72h", h, ok)
+	}
+	hint := s.HorizonHint(48 * time.Hour)
+	for _, want := range []string{"rabbitmqctl set_policy idemq-ttl '^(" + q + "|" + q + "\\.dlq)$'", `{"message-ttl":86400000}`, "policy_ttl=24h0m0s", "message_ttl=24h0m0s"} {
+		if !strings.Contains(hint, want) {
+			t.Errorf("hint %q lacks %q", hint, want)
+		}
+	}
+	if _, err := OpenURL(context.Background(), url+"?queue="+q+"&policy_ttl=soon"); err == nil || !strings.Contains(err.Error(), "policy_ttl") {
+		t.Errorf("a bad policy_ttl: %v", err)
+	}
+}

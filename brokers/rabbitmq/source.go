@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -202,18 +203,42 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 func (s *Source) Queue() string { return s.queue }
 
 // RedeliveryHorizon implements driver.RedeliveryHorizoner: twice the
-// WithMessageTTL the Source declared its queue and dead-letter queue with
-// (a message waits at most that long in each), or else unbounded. A
+// WithMessageTTL the Source declared its queue and dead-letter queue with,
+// or the WithPolicyTTL a policy gives them (a message waits at most that
+// long in each), or else unbounded. A
 // RabbitMQ queue, and the dead-letter queue a parked message can be
 // redriven from, keep a message until it is consumed (a TTL set by a
 // server-side policy is not visible to a client), so a store that prunes
 // claims can meet a redelivery of a message whose claim is gone: the
 // Consumer warns, or refuses to start with core.WithStrictRetention.
 func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
-	if s.cfg.messageTTL > 0 && s.cfg.declare {
-		return 2 * s.cfg.messageTTL, true
+	// Where both a queue argument and a policy set a TTL, RabbitMQ applies
+	// the lower one.
+	ttl := s.cfg.policyTTL
+	if s.cfg.messageTTL > 0 && s.cfg.declare && (ttl == 0 || s.cfg.messageTTL < ttl) {
+		ttl = s.cfg.messageTTL
+	}
+	if ttl > 0 {
+		return 2 * ttl, true
 	}
 	return driver.Unbounded, true
+}
+
+// HorizonHint implements driver.HorizonHinter: a TTL of at most half the
+// retention on the queue and its dead-letter queue, as a URL parameter for
+// a queue the Source declares, or as a policy for one that exists (a
+// declared queue's arguments cannot change: declaring it again with
+// message_ttl fails with PRECONDITION_FAILED).
+func (s *Source) HorizonHint(retention time.Duration) string {
+	ttl := (retention / 2).Truncate(time.Second)
+	if ttl <= 0 {
+		ttl = retention / 2
+	}
+	pattern := "^(" + regexp.QuoteMeta(s.queue) + "|" + regexp.QuoteMeta(s.cfg.deadLetterQueue) + ")$"
+	return fmt.Sprintf("give queue %s and its dead-letter queue %s a message TTL of at most %v: for an existing queue, "+
+		"rabbitmqctl set_policy idemq-ttl '%s' '{\"message-ttl\":%d}' --apply-to queues, then policy_ttl=%v on the URL; "+
+		"for a queue not yet declared, message_ttl=%v on the URL",
+		s.queue, s.cfg.deadLetterQueue, ttl, pattern, ttl.Milliseconds(), ttl, ttl)
 }
 
 // Stats returns the Source's counters.

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"errors"
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -49,7 +50,7 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 		dlqArgs["x-message-ttl"] = cfg.messageTTL.Milliseconds()
 	}
 	if _, err := ch.QueueDeclare(cfg.deadLetterQueue, true, false, false, false, dlqArgs); err != nil {
-		return fmt.Errorf("rabbitmq: declare dead-letter queue %q: %w", cfg.deadLetterQueue, err)
+		return fmt.Errorf("rabbitmq: declare dead-letter queue %q: %w%s", cfg.deadLetterQueue, err, preconditionHint(err))
 	}
 	mainArgs := typed(amqp.Table{
 		"x-dead-letter-exchange":    "",
@@ -62,14 +63,14 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 		mainArgs["x-message-ttl"] = cfg.messageTTL.Milliseconds()
 	}
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, mainArgs); err != nil {
-		return fmt.Errorf("rabbitmq: declare queue %q: %w", queue, err)
+		return fmt.Errorf("rabbitmq: declare queue %q: %w%s", queue, err, preconditionHint(err))
 	}
 	if cfg.retryMode == RetryViaQueue {
 		if _, err := ch.QueueDeclare(cfg.retryQueue, true, false, false, false, typed(amqp.Table{
 			"x-dead-letter-exchange":    "",
 			"x-dead-letter-routing-key": queue,
 		})); err != nil {
-			return fmt.Errorf("rabbitmq: declare retry queue %q: %w", cfg.retryQueue, err)
+			return fmt.Errorf("rabbitmq: declare retry queue %q: %w%s", cfg.retryQueue, err, preconditionHint(err))
 		}
 	}
 	if cfg.exchange != "" {
@@ -98,4 +99,16 @@ func bindExchange(conn *amqp.Connection, ch *amqp.Channel, queue, exchange strin
 		return fmt.Errorf("rabbitmq: bind queue %q to exchange %q: %w", queue, exchange, err)
 	}
 	return nil
+}
+
+// preconditionHint explains a PRECONDITION_FAILED answer to a queue
+// declaration: the queue exists with other arguments, which a declaration
+// cannot change.
+func preconditionHint(err error) string {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return ""
+	}
+	return " (the queue exists with other arguments (type, TTL, dead-lettering), which declaring cannot change: " +
+		"use it as it is with declare=false, set a TTL with a policy and policy_ttl=, or delete the queue and let the Source declare it)"
 }

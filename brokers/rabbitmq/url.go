@@ -42,6 +42,7 @@ import (
 //	prefetch         1..65535                              (WithPrefetch)
 //	delivery_limit   0.. (quorum queues)                   (WithDeliveryLimit)
 //	message_ttl      a duration, e.g. 168h                 (WithMessageTTL)
+//	policy_ttl       a duration, e.g. 72h                  (WithPolicyTTL)
 //	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
 //	connection_name  the client connection name            (WithConnectionName)
 //	exchange         the exchange producers publish to     (WithExchange)
@@ -89,6 +90,7 @@ var urlParams = map[string]func(v string) (Option, error){
 	"prefetch":          number(WithPrefetch),
 	"delivery_limit":    number(WithDeliveryLimit),
 	"message_ttl":       duration(WithMessageTTL),
+	"policy_ttl":        duration(WithPolicyTTL),
 	"dead_letter_queue": text(WithDeadLetterQueue),
 	"retry_queue":       text(WithRetryQueue),
 	"connection_name":   text(WithConnectionName),

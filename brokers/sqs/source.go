@@ -234,6 +234,18 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 	return h, h > 0
 }
 
+// HorizonHint implements driver.HorizonHinter: the queue's (and its
+// dead-letter queue's) MessageRetentionPeriod at most the store's
+// retention.
+func (s *Source) HorizonHint(retention time.Duration) string {
+	secs := int64(retention / time.Second)
+	names := s.q.name
+	if s.dlq != nil {
+		names += " and " + s.dlq.name
+	}
+	return fmt.Sprintf("set MessageRetentionPeriod of %s to at most %d seconds: aws sqs set-queue-attributes --queue-url URL --attributes MessageRetentionPeriod=%d", names, secs, secs)
+}
+
 // Receive returns the next delivery. It blocks until one arrives, ctx is
 // done, or the Source is closed (driver.ErrSourceClosed). A failing
 // ReceiveMessage call is returned as an error to report it; the receivers

@@ -121,14 +121,22 @@ type LoggerSetter interface {
 
 // RedeliveryHorizoner is implemented by sources that know the longest time
 // after which the broker can still redeliver a message (SQS message
-// retention, Kafka topic retention, a dead-letter queue that can be
-// redriven): Unbounded when the broker keeps messages until they are
-// consumed. The Consumer warns at start-up when the store's retention is
+// retention, Kafka topic retention, a stream's MaxAge, a dead-letter queue
+// that can be redriven): Unbounded when the broker sets no age limit on
+// the messages it keeps. The Consumer warns at start-up when the store's retention is
 // shorter (or refuses to start, with core.WithStrictRetention), because a
 // redelivery after the dedup row was pruned would apply the effect twice.
 // The bool is false when the horizon is not known.
 type RedeliveryHorizoner interface {
 	RedeliveryHorizon(ctx context.Context) (time.Duration, bool)
+}
+
+// HorizonHinter is implemented by sources that can say how an operator
+// bounds their redelivery horizon to fit a store's retention, in the
+// broker's own terms (a queue policy, a stream's MaxAge, a topic's
+// retention.ms). The Consumer puts the hint in its retention warning.
+type HorizonHinter interface {
+	HorizonHint(retention time.Duration) string
 }
 
 // Unbounded is the redelivery horizon of a broker that keeps a message
