@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemq/idemq/internal/retry"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/idemq/idemq/internal/retry"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
@@ -538,15 +540,46 @@ func (c *Consumer[Tx]) settleBatch(acks []driver.Delivery, others []settleReq) {
 	}
 }
 
-// missingIDCause is err, or the adapter's reason why the id it found was
-// unusable (driver.IDErrorer) as ErrMissingID's cause.
+// missingIDCause is err, with the adapter's reason (driver.IDErrorer:
+// where it looked, or why what it found was unusable) and, when the
+// message has a header that looks like an id, the URL parameter that
+// reads it.
 func missingIDCause(d driver.Delivery, err error) error {
 	if ie, ok := d.(driver.IDErrorer); ok {
 		if reason := ie.IDError(); reason != nil {
-			return fmt.Errorf("%w: %v", ErrMissingID, reason)
+			err = fmt.Errorf("%w: %v", ErrMissingID, reason)
 		}
 	}
+	m := d.Message()
+	if h := idLikeHeader(m.Headers); h != "" {
+		param := "id_header"
+		if m.System == "aws_sqs" {
+			param = "id_attribute"
+		}
+		err = fmt.Errorf("%w; it has a header %q: if that holds the id, add %s=%s to the source URL", err, h, param, url.QueryEscape(h))
+	}
 	return err
+}
+
+// idLikeHeader returns the first header, in name order, whose name reads
+// as a message id (MessageId, message-id, X-Message-ID, Idempotency-Key,
+// event_id…), or "".
+func idLikeHeader(headers map[string]string) string {
+	var found string
+	for k, v := range headers {
+		if v == "" {
+			continue
+		}
+		n := strings.NewReplacer("-", "", "_", "", ".", "").Replace(strings.ToLower(k))
+		n = strings.TrimPrefix(n, "x")
+		switch n {
+		case "messageid", "msgid", "id", "idempotencykey", "eventid", "deliveryid", "requestid":
+			if found == "" || k < found {
+				found = k
+			}
+		}
+	}
+	return found
 }
 
 func (c *Consumer[Tx]) validateID(id string) error {

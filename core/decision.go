@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
@@ -108,7 +109,12 @@ type DecisionError struct {
 }
 
 func (e *DecisionError) Error() string {
-	return fmt.Sprintf("idemq: message %q: %s: %v", shortID(e.MessageID), e.Stage, e.Err)
+	// One prefix: the cause's own "idemq: " goes.
+	cause := strings.TrimPrefix(e.Err.Error(), "idemq: ")
+	if e.MessageID == "" {
+		return fmt.Sprintf("idemq: message without an id: %s: %s", e.Stage, cause)
+	}
+	return fmt.Sprintf("idemq: message %q: %s: %s", shortID(e.MessageID), e.Stage, cause)
 }
 
 // Unwrap returns the underlying cause.

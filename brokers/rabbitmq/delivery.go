@@ -232,7 +232,8 @@ type delivery struct {
 	msg  *driver.Message // &m
 	m    driver.Message
 	id   string // the id as the Source read it, before any IDFunc
-	// idErr says why the id header held no usable id, or is nil.
+	// idErr says where the id was looked for in vain, or why the id
+	// header held no usable id; nil when the message has an id.
 	idErr error
 	driver.SettleOnce
 }
@@ -439,11 +440,18 @@ func fillMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) er
 }
 
 // messageID reads the business id: from the idHeader when one is set and
-// the message has it, else from the message_id property.
+// the message has it, else from the message_id property. Without either,
+// the error says where it looked.
 func messageID(idHeader string, r *amqp.Delivery) (string, error) {
 	v, ok := r.Headers[idHeader]
 	if idHeader == "" || !ok {
-		return r.MessageId, nil
+		switch {
+		case r.MessageId != "":
+			return r.MessageId, nil
+		case idHeader != "":
+			return "", fmt.Errorf("rabbitmq: no header %q and no message_id property", idHeader)
+		}
+		return "", errors.New("rabbitmq: no message_id property")
 	}
 	switch x := v.(type) {
 	case string:

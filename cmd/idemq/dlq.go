@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -40,15 +41,17 @@ A redriven message whose id was applied meanwhile is decided Duplicate, as
 long as its claim exists: redrive refuses messages parked longer ago than
 the store's retention (give --store URL or --retention D) unless --force.
 
-Filters (list, redrive, purge): --id ID (repeatable), --cause TEXT (part of
-the cause), --older-than D, --newer-than D (how long ago it was parked).
+Filters (list, redrive, purge): --id ID (repeatable), --ref REF (a parked
+copy as list prints it; how to pick a message without an id, repeatable),
+--cause TEXT (part of the cause), --older-than D, --newer-than D (how long
+ago it was parked).
 
 Run 'idemq dlq <subcommand> --help' for its flags.
 `
 
 // dlqFilter is the selection flags the dlq subcommands share.
 type dlqFilter struct {
-	ids                  idList
+	ids, refs            idList
 	cause                string
 	olderThan, newerThan time.Duration
 }
@@ -68,6 +71,7 @@ func (l *idList) Set(v string) error {
 
 func (d *dlqFilter) define(f *cli.Flags) {
 	f.Var(&d.ids, "id", "only the message with this id (repeatable)")
+	f.Var(&d.refs, "ref", "only the parked copy with this ref, as list and show print it: how to pick a message without an id (repeatable)")
 	f.StringVar(&d.cause, "cause", "", "only messages whose cause holds this text")
 	f.DurationVar(&d.olderThan, "older-than", 0, "only messages parked at least this long ago")
 	f.DurationVar(&d.newerThan, "newer-than", 0, "only messages parked less than this long ago")
@@ -75,7 +79,7 @@ func (d *dlqFilter) define(f *cli.Flags) {
 
 // set reports whether any filter was given.
 func (d *dlqFilter) set() bool {
-	return len(d.ids) > 0 || d.cause != "" || d.olderThan > 0 || d.newerThan > 0
+	return len(d.ids) > 0 || len(d.refs) > 0 || d.cause != "" || d.olderThan > 0 || d.newerThan > 0
 }
 
 func (d *dlqFilter) check() error {
@@ -90,6 +94,7 @@ func (d *dlqFilter) match(p *admin.Parked, now time.Time) bool {
 	age := now.Sub(p.ParkedAt)
 	switch {
 	case len(d.ids) > 0 && !slices.Contains(d.ids, p.ID),
+		len(d.refs) > 0 && !slices.Contains(d.refs, p.Ref),
 		d.cause != "" && !strings.Contains(p.Cause, d.cause),
 		d.olderThan > 0 && age < d.olderThan,
 		d.newerThan > 0 && age >= d.newerThan:
@@ -205,28 +210,44 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tATTEMPTS\tAGE\tORIGIN\tBYTES\tCAUSE")
+	fmt.Fprintln(tw, "ID\tREF\tATTEMPTS\tAGE\tORIGIN\tBYTES\tCAUSE")
 	for _, p := range list {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", p.ID, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, shorten(p.Cause, 100))
+		id := p.ID
+		if id == "" {
+			id = "(none)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", id, p.Ref, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, shorten(p.Cause, 100))
 	}
 	return tw.Flush()
 }
 
-const dlqShowUsage = `Usage: idemq dlq show --broker URL [--json] ID
+const dlqShowUsage = `Usage: idemq dlq show --broker URL [--json] (ID | --ref REF)
 
-Prints every parked copy of the message ID whole: where it came from, why it
-was parked, its headers and its body. Exits 1 when no copy is parked.
+Prints every parked copy of the message ID whole, or the one copy REF (as
+list prints it: how to read a message without an id): where it came from,
+why it was parked, its headers and its body. Exits 1 when no copy is
+parked.
 `
 
 func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f, broker := dlqFlags("show", dlqShowUsage, stdout)
 	asJSON := f.Bool("json", false, "print a JSON array of the copies, bodies included")
+	ref := f.String("ref", "", "the parked copy with this ref, as list prints it, instead of an id")
 	ids, err := parseIDs(f, args)
 	if err != nil {
 		return err
 	}
-	if len(ids) != 1 {
-		return cli.Usagef("give exactly one message id")
+	switch {
+	case *ref != "" && len(ids) > 0:
+		return cli.Usagef("give a message id or --ref, not both")
+	case *ref == "" && len(ids) != 1:
+		return cli.Usagef("give exactly one message id, or --ref REF (list prints each copy's ref)")
+	}
+	want := func(p *admin.Parked) bool { return p.Ref == *ref }
+	what := "ref " + *ref
+	if *ref == "" {
+		want = func(p *admin.Parked) bool { return p.ID == ids[0] }
+		what = strconv.Quote(ids[0])
 	}
 	q, err := openDLQ(ctx, *broker)
 	if err != nil {
@@ -236,7 +257,7 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	now := time.Now()
 	var found []*admin.Parked
 	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if p.ID == ids[0] {
+		if want(p) {
 			found = append(found, p)
 		}
 		return nil
@@ -244,7 +265,7 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return hideSecrets(err, *broker)
 	}
 	if len(found) == 0 {
-		return fmt.Errorf("%q is not parked in %s", ids[0], q.Name())
+		return fmt.Errorf("%s is not parked in %s", what, q.Name())
 	}
 	if *asJSON {
 		out := make([]parkedJSON, len(found))

@@ -2,18 +2,23 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
+	"github.com/idemq/idemq/stores/sqlite"
 )
 
 // The dlq commands on each broker, as an operator runs them after a bad
@@ -90,6 +95,16 @@ func testDLQCommands(t *testing.T, sourceURL, publisherURL string) {
 		t.Errorf("list --id %s --id %s lists %s:\n%s", ids[0], ids[2], ids[1], r)
 	}
 	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, ids[0]}, "cause:", "bad deploy: "+ids[0], `{"amount":1}`, "app-version: 2.0.1")
+	// The ref list prints picks one copy, for show and the filters.
+	byRef := listed[1]
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, byRef.Ref)
+	r = expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, "--ref", byRef.Ref}, "ref:         "+byRef.Ref, "bad deploy: "+byRef.ID)
+	if strings.Count(r.stdout, "ref:") != 1 {
+		t.Errorf("show --ref %s shows more than its copy:\n%s", byRef.Ref, r)
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--ref", byRef.Ref}, "1 parked", byRef.ID)
+	expect(t, exitFailure, []string{"dlq", "show", "--broker", sourceURL, "--ref", "no-such-ref"}, "not parked")
+	expect(t, exitUsage, []string{"dlq", "show", "--broker", sourceURL, "--ref", byRef.Ref, ids[0]}, "not both")
 	expect(t, exitFailure, []string{"dlq", "show", "--broker", sourceURL, "nope-" + run}, "not parked")
 
 	// Redrive needs to know how long claims are kept, and refuses what
@@ -186,4 +201,71 @@ func receiveIDs(ctx context.Context, t *testing.T, sourceURL string, n int) []st
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	servicetest.WaitFor(t, 30*time.Second, what, cond)
+}
+
+// A producer that cannot set message_id (amqp-publish, as amqplib or pika
+// users often do) sends its id in a MessageId header: the Consumer parks
+// the message with a cause that says where it looked and which URL
+// parameter reads that header, and the operator reads it by its ref.
+func TestDLQMessageWithoutID(t *testing.T) {
+	if _, err := exec.LookPath("amqp-publish"); err != nil {
+		if servicetest.Required() {
+			t.Fatalf("amqp-publish not in PATH (apt-get install amqp-tools), and %s=1 requires it", servicetest.RequireEnv)
+		}
+		t.Skip("amqp-publish not in PATH (apt-get install amqp-tools)")
+	}
+	amqp := servicetest.RabbitMQURL(t)
+	q := "idemq-noid-" + randomHex(4)
+	servicetest.DeleteQueuesAtCleanup(t, amqp, q, q+".dlq")
+	sourceURL := amqp + "?queue=" + q
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src, err := core.OpenSource(ctx, sourceURL) // declares the queue
+	if err != nil {
+		t.Fatal(err)
+	}
+	// amqp-tools reads the path "/" as the vhost "", amqp091-go as "/".
+	out, err := exec.CommandContext(ctx, "amqp-publish", "--url="+strings.TrimSuffix(amqp, "/"), "-r", q,
+		"-H", "MessageId: order-7", "-b", `{"order":7}`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("amqp-publish: %v\n%s", err, out)
+	}
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "claims.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	var applied atomic.Int64
+	c, err := core.New(src, store, func(context.Context, *sql.Tx, *core.Message) error { applied.Add(1); return nil },
+		core.WithName("orders"), core.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	waitFor(t, "the message parked", func() bool { return c.Stats().DeadLettered == 1 })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if applied.Load() != 0 {
+		t.Fatalf("a message without an id was applied %d times", applied.Load())
+	}
+	var listed []parkedJSON
+	r := expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--json"})
+	if err := json.Unmarshal([]byte(r.stdout), &listed); err != nil || len(listed) != 1 {
+		t.Fatalf("list --json: %v, %d parked\n%s", err, len(listed), r)
+	}
+	p := listed[0]
+	for _, want := range []string{"idemq: message without an id: id: message has no id", "no message_id property", `header "MessageId"`, "id_header=MessageId"} {
+		if !strings.Contains(p.Cause, want) {
+			t.Errorf("cause %q lacks %q", p.Cause, want)
+		}
+	}
+	if strings.Count(p.Cause, "idemq:") != 1 {
+		t.Errorf("cause %q: want one idemq: prefix", p.Cause)
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "(none)", p.Ref)
+	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, "--ref", p.Ref}, "MessageId: order-7", `{"order":7}`, "id_header=MessageId")
 }
