@@ -3,7 +3,6 @@ package core
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
@@ -55,23 +54,24 @@ type Outcome struct {
 	Delay time.Duration
 }
 
-// Sentinel errors for the causes the pipeline itself records. Test with
-// errors.Is.
+// Sentinel errors for the causes the pipeline itself records, always
+// inside a DecisionError, whose text carries the "idemq:" prefix. Test
+// with errors.Is.
 var (
 	// ErrMissingID: the message has no business id.
-	ErrMissingID = errors.New("idemq: message has no id")
+	ErrMissingID = errors.New("message has no id")
 	// ErrInvalidID: the id is longer than the configured maximum, or holds
 	// a NUL byte or invalid UTF-8.
 	ErrInvalidID = driver.ErrInvalidID
 	// ErrTooLarge: the message's body or header count is over its
 	// Limits.
-	ErrTooLarge = errors.New("idemq: message over its limits")
+	ErrTooLarge = errors.New("message over its limits")
 	// ErrFingerprintMismatch: the id was already processed with a
 	// different body.
-	ErrFingerprintMismatch = errors.New("idemq: message id reused with a different body")
+	ErrFingerprintMismatch = errors.New("message id reused with a different body")
 	// ErrMaxAttempts: a transient error persisted through MaxAttempts
 	// deliveries.
-	ErrMaxAttempts = errors.New("idemq: too many attempts")
+	ErrMaxAttempts = errors.New("too many attempts")
 	// ErrSourceClosed is returned by Source.Receive after Close, and
 	// wrapped by Run's error when the source closed by itself.
 	ErrSourceClosed = driver.ErrSourceClosed
@@ -82,7 +82,7 @@ var (
 	// ErrShutdown: the message was still being processed when the
 	// shutdown deadline passed; it was rolled back and left for
 	// redelivery.
-	ErrShutdown = errors.New("idemq: shutting down")
+	ErrShutdown = errors.New("shutting down")
 )
 
 // Permanent marks err as permanent: the message is dead-lettered at once
@@ -109,12 +109,10 @@ type DecisionError struct {
 }
 
 func (e *DecisionError) Error() string {
-	// One prefix: the cause's own "idemq: " goes.
-	cause := strings.TrimPrefix(e.Err.Error(), "idemq: ")
 	if e.MessageID == "" {
-		return fmt.Sprintf("idemq: message without an id: %s: %s", e.Stage, cause)
+		return fmt.Sprintf("idemq: message without an id: %s: %v", e.Stage, e.Err)
 	}
-	return fmt.Sprintf("idemq: message %q: %s: %s", shortID(e.MessageID), e.Stage, cause)
+	return fmt.Sprintf("idemq: message %q: %s: %v", shortID(e.MessageID), e.Stage, e.Err)
 }
 
 // Unwrap returns the underlying cause.

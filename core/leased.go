@@ -61,11 +61,11 @@ var (
 	// ErrLeaseBusy: another consumer holds the message's claim in progress
 	// and its lease is live; the message is redelivered later and then
 	// decided Duplicate once that consumer completed it.
-	ErrLeaseBusy = errors.New("idemq: the message's claim is in progress under another consumer's lease")
+	ErrLeaseBusy = errors.New("the message's claim is in progress under another consumer's lease")
 	// ErrLeaseLost: the lease expired and another consumer took it over
 	// before this one completed; this one completes nothing, and the
 	// redelivery is decided by the claim the other commits.
-	ErrLeaseLost = errors.New("idemq: the lease was taken over by another consumer")
+	ErrLeaseLost = errors.New("the lease was taken over by another consumer")
 )
 
 // NewLeased builds a Consumer whose messages are decided in steps, so a

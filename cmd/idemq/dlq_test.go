@@ -258,7 +258,7 @@ func TestDLQMessageWithoutID(t *testing.T) {
 		t.Fatalf("list --json: %v, %d parked\n%s", err, len(listed), r)
 	}
 	p := listed[0]
-	for _, want := range []string{"idemq: message without an id: id: message has no id", "no message_id property", `header "MessageId"`, "id_header=MessageId"} {
+	for _, want := range []string{"idemq: message without an id: id: message has no id: rabbitmq: no message_id property", "no message_id property", `header "MessageId"`, "id_header=MessageId"} {
 		if !strings.Contains(p.Cause, want) {
 			t.Errorf("cause %q lacks %q", p.Cause, want)
 		}

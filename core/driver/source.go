@@ -159,7 +159,7 @@ var (
 	// ErrInvalidID is wrapped by errors about an id the store or the
 	// Consumer cannot take: longer than allowed, a NUL byte, invalid
 	// UTF-8.
-	ErrInvalidID = errors.New("idemq: message id is invalid")
+	ErrInvalidID = errors.New("message id is invalid")
 )
 
 // Publisher sends messages, setting each message's business id where its
