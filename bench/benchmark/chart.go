@@ -12,7 +12,7 @@ import (
 
 // WritePNG draws the throughput of each configuration that has one (median
 // msgs/s, with the min–max range as an error bar) as a bar chart and saves
-// it as a PNG at path, for the README. Baselines are grey, idemq
+// it as a PNG at path, for docs/performance.md. Baselines are grey, idemq
 // configurations blue; failed configurations are left out.
 func (rep *Report) WritePNG(path string) error {
 	var names []string

@@ -434,8 +434,7 @@ func (s *Source) report(err error) {
 
 // broadcast wakes everyone waiting on s.changed. s.mu is held. Nobody
 // waiting, it costs nothing: it runs for every message fetched and every
-// settlement, and a close and a new channel each time were a tenth of a
-// batch consumer's scheduling delay.
+// settlement, too often for a close and a new channel each time.
 func (s *Source) broadcast() {
 	if !s.watched {
 		return
@@ -534,8 +533,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 // Its metadata is refreshed at least every metadataTTL: kafka-go refreshes
 // it only on that timer, not when a broker answers NOT_LEADER_FOR_PARTITION,
 // so after a leader moved its writers retry against the former leader
-// until the refresh (with kafka-go's default of 6s, a Publish took seconds
-// and sometimes failed; TestFaultPublisherFollowsLeaderMoves).
+// until the refresh: a short TTL keeps a Publish from waiting that long.
 func transport(d *kafkago.Dialer) *kafkago.Transport {
 	t := &kafkago.Transport{DialTimeout: 10 * time.Second, MetadataTTL: metadataTTL}
 	if d == nil {

@@ -58,7 +58,7 @@ func TestServerRestart(t *testing.T) {
 		before := applied()
 		t.Logf("restarted the server with %d ids applied; stats %+v", before, c.Stats())
 		servicetest.WaitFor(t, time.Minute, "an effect after the restart", func() bool { return applied() > before })
-		// Recovery as the README's fault matrix counts it: from the stop to
+		// Recovery as the fault matrix (docs/production.md) counts it: from the stop to
 		// the next committed effect.
 		t.Logf("recovery: %v from the stop to the next committed effect", time.Since(stopped).Round(10*time.Millisecond))
 	}

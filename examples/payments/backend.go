@@ -27,9 +27,8 @@ import (
 // INSERT and one balance upsert with the accounts in sorted order, so that
 // concurrent batches (--concurrency) lock account rows in the same order
 // and cannot deadlock. A per-message handler updating balances in arrival
-// order deadlocks under concurrency (measured: one retry per ~70 messages
-// at batch 20, concurrency 2, 50 accounts, each costing Postgres'
-// deadlock_timeout of 1s).
+// order deadlocks under concurrency, each deadlock costing Postgres'
+// deadlock_timeout (1s by default) and a retry.
 type backend[Tx any] struct {
 	store  driver.Store[Tx]
 	charge core.BatchHandler[Tx]

@@ -135,7 +135,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.IntVar(&s.concurrency, "concurrency", 1, "batches processed at once, each in its own transaction")
 	fs.DurationVar(&s.shutdown, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight messages may take before they are rolled back and left unacked")
 	fs.DurationVar(&s.txnTimeout, "txn-timeout", time.Minute, "bound on one transaction, its handler included: a database connection that went half-open is given up after it")
-	fs.Int64Var(&s.rejectAbove, "reject-above", 0, "dead-letter payments of more than this many cents, as a limit set by mistake would (0: no limit); the README's incident drill")
+	fs.Int64Var(&s.rejectAbove, "reject-above", 0, "dead-letter payments of more than this many cents, as a limit set by mistake would (0: no limit); the incident drill in docs/operating.md")
 	fs.StringVar(&s.provider, "provider", "", "payment provider URL: charge each payment through its HTTP API (POST /charges with an Idempotency-Key from $"+keySecretEnv+") outside any transaction, under a leased claim, then book it (the leased mode)")
 	fs.DurationVar(&s.lease, "lease", 30*time.Second, "with --provider: how long a payment's claim in progress stays this process's without renewal; a crashed process's payments are taken over after it")
 	fs.IntVar(&s.window, "window", 500, "with --provider: payments in flight at once (charges running concurrently)")

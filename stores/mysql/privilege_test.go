@@ -20,14 +20,14 @@ import (
 	"github.com/idemq/idemq/stores/storetest"
 )
 
-// leastPrivilegeGrants are the README's grants for a consumer's user on
+// leastPrivilegeGrants are the grants in docs/stores.md (least privilege) for a consumer's user on
 // the dedup table: claims are INSERT … ON DUPLICATE KEY UPDATE (a no-op
 // update that tells a duplicate from other errors without INSERT IGNORE),
 // so MySQL wants UPDATE as well.
 const leastPrivilegeGrants = "SELECT, INSERT, UPDATE, DELETE"
 
 // TestLeastPrivilege runs Migrate as the owner (root), then a consumer as
-// a user with only the README's grants on the dedup table (no CREATE,
+// a user with only the grants in docs/stores.md (least privilege) on the dedup table (no CREATE,
 // ALTER, DROP): opening with migrate=false, claims, duplicates, a
 // fingerprint mismatch, Prune and Inspect work; Migrate and DDL are
 // refused.

@@ -23,12 +23,12 @@ import (
 	"github.com/idemq/idemq/stores/storetest"
 )
 
-// leastPrivilegeGrants are the README's grants for a consumer's role on
+// leastPrivilegeGrants are the grants in docs/stores.md (least privilege) for a consumer's role on
 // the dedup table; Migrate ran as the owner. Pruning needs UPDATE too.
 const leastPrivilegeGrants = "SELECT, INSERT, DELETE"
 
 // TestLeastPrivilege runs Migrate as the owner, then a consumer as a role
-// with only the README's grants (no DDL, no schema CREATE): opening with
+// with only the grants in docs/stores.md (least privilege) (no DDL, no schema CREATE): opening with
 // migrate=false, claims, duplicates, a fingerprint mismatch and Inspect
 // work; Prune works once UPDATE is granted too; Migrate and any DDL are
 // refused.
