@@ -108,6 +108,7 @@ type DecisionError struct {
 	Err   error
 }
 
+// Error names the message (or says it had no id), the stage and the cause.
 func (e *DecisionError) Error() string {
 	if e.MessageID == "" {
 		return fmt.Sprintf("idemq: message without an id: %s: %v", e.Stage, e.Err)

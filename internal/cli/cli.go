@@ -20,6 +20,7 @@ var ErrHelp = errors.New("help requested")
 // UsageError is a mistake in the command line: the command exits 2.
 type UsageError struct{ err error }
 
+// Error returns the mistake's text.
 func (u UsageError) Error() string { return u.err.Error() }
 
 // Unwrap returns the mistake.

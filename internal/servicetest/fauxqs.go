@@ -128,12 +128,14 @@ type Buffer struct {
 	b  strings.Builder
 }
 
+// Write appends p.
 func (l *Buffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
+// String returns what was written so far.
 func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()

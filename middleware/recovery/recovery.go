@@ -20,6 +20,7 @@ type PanicError struct {
 	Stack []byte // the goroutine's stack at the panic
 }
 
+// Error says the step panicked, with what.
 func (p *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", p.Value) }
 
 // New returns handler middleware (core.WithHandlerMiddleware) that

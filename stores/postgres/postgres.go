@@ -714,6 +714,8 @@ func (t *Txn) claimRound(ctx context.Context, consumer string, ids, fps []string
 	return won, seen, rows.Err()
 }
 
+// collect runs a query returning message_id and optionally a fingerprint,
+// as a map from id to fingerprint.
 func (t *Txn) collect(ctx context.Context, query string, args ...any) (map[string]string, error) {
 	rows, err := t.tx.Query(ctx, query, args...)
 	if err != nil {
