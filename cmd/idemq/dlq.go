@@ -278,8 +278,12 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if i > 0 {
 			fmt.Fprintln(stdout)
 		}
+		id := p.ID
+		if id == "" {
+			id = "(none)"
+		}
 		fmt.Fprintf(stdout, "id:          %s\nref:         %s\ncause:       %s\nattempts:    %d\norigin:      %s\nredrives to: %s\nparked at:   %s (%s ago)\n",
-			p.ID, p.Ref, p.Cause, p.Attempt, p.Origin, p.Destination, p.ParkedAt.UTC().Format(time.RFC3339), age(now.Sub(p.ParkedAt)))
+			id, p.Ref, p.Cause, p.Attempt, p.Origin, p.Destination, p.ParkedAt.UTC().Format(time.RFC3339), age(now.Sub(p.ParkedAt)))
 		if p.Key != "" {
 			fmt.Fprintf(stdout, "key:         %s\n", p.Key)
 		}

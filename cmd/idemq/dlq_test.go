@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -267,5 +268,36 @@ func TestDLQMessageWithoutID(t *testing.T) {
 		t.Errorf("cause %q: want one idemq: prefix", p.Cause)
 	}
 	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "(none)", p.Ref)
-	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, "--ref", p.Ref}, "MessageId: order-7", `{"order":7}`, "id_header=MessageId")
+	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, "--ref", p.Ref}, "id:          (none)", "MessageId: order-7", `{"order":7}`, "id_header=MessageId")
+
+	// The fix the cause names: the consumer reads the header, and the
+	// redriven message is applied once, under its id.
+	fixed := sourceURL + "&id_header=MessageId"
+	expect(t, exitOK, []string{"dlq", "redrive", "--broker", fixed, "--ref", p.Ref, "--retention", "1h"}, "redrove 1")
+	src, err = core.OpenSource(ctx, fixed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var mu sync.Mutex
+	c, err = core.New(src, store, func(_ context.Context, _ *sql.Tx, m *core.Message) error {
+		mu.Lock()
+		got = append(got, m.ID)
+		mu.Unlock()
+		return nil
+	}, core.WithName("orders"), core.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop = context.WithCancel(ctx)
+	go func() { done <- c.Run(runCtx) }()
+	waitFor(t, "the redriven message applied", func() bool { return c.Stats().Processed == 1 })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []string{"order-7"}) {
+		t.Errorf("applied %v, want order-7 once", got)
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, "0 parked")
 }
