@@ -28,6 +28,10 @@ type Horizon struct {
 	HorizonKnown bool
 }
 
+// Unbounded reports whether the broker is known to set no age limit on
+// the messages it keeps.
+func (h Horizon) Unbounded() bool { return h.HorizonKnown && h.Horizon == driver.Unbounded }
+
 // Short reports whether both are known and claims are pruned while the
 // broker can still redeliver their messages.
 func (h Horizon) Short() bool {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
-	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
 
@@ -24,7 +23,6 @@ import (
 	_ "github.com/idemq/idemq/brokers/nats"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
-	"github.com/idemq/idemq/core"
 	_ "github.com/idemq/idemq/outbox/mysqloutbox"
 	_ "github.com/idemq/idemq/outbox/pgoutbox"
 	_ "github.com/idemq/idemq/outbox/sqliteoutbox"
@@ -54,7 +52,7 @@ func hideSecrets(err error, rawURL string) error {
 	if err == nil {
 		return nil
 	}
-	return errors.New(core.RedactError(err, rawURL))
+	return errors.New(redact.Error(err, rawURL))
 }
 
 const migrateUsage = `Usage: idemq migrate --store URL
@@ -342,7 +340,7 @@ func checkHorizon(ctx context.Context, s *admin.Store, brokerURL string) (*horiz
 	}
 	switch {
 	case !hz.HorizonKnown:
-	case hz.Horizon == driver.Unbounded:
+	case hz.Unbounded():
 		h.Horizon = "unbounded"
 	default:
 		h.Horizon = hz.Horizon.String()
