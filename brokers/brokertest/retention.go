@@ -51,44 +51,42 @@ func RetentionAgainstHorizon(t *testing.T, open func(t *testing.T) driver.Source
 
 	if horizon == "unbounded" {
 		// Accepted knowingly: no refusal, no warning.
-		logs := &logLines{}
-		c, err := core.New[*sql.Tx](open(t), st, nothing, core.WithName("retention"), core.WithStrictRetention(), core.WithUnboundedHorizon(),
-			core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+		logs, err := runUntilLogged(ctx, t, open(t), st, "WithUnboundedHorizon", core.WithStrictRetention(), core.WithUnboundedHorizon())
 		if err != nil {
-			t.Fatal(err)
-		}
-		runCtx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		waitFor(t, 30*time.Second, "the acceptance", func() bool { return strings.Contains(logs.String(), "WithUnboundedHorizon") })
-		stop()
-		if err := <-done; err != nil {
 			t.Errorf("WithUnboundedHorizon: Run = %v, want it to run", err)
 		}
-		if strings.Contains(logs.String(), "shorter than the broker's redelivery horizon") {
+		if strings.Contains(logs, "shorter than the broker's redelivery horizon") {
 			t.Errorf("WithUnboundedHorizon: still warned:\n%s", logs)
 		}
 	}
 
+	l, err := runUntilLogged(ctx, t, open(t), st, "shorter than the broker's redelivery horizon")
+	if err != nil {
+		t.Errorf("not strict: Run = %v, want it to run after the warning", err)
+	}
+	if !strings.Contains(l, "retention="+retention.String()) || !strings.Contains(l, horizon) {
+		t.Errorf("the warning does not name both durations:\n%s", l)
+	}
+}
+
+// runUntilLogged runs a Consumer of src on st until its log holds want,
+// then stops it, and returns the log and Run's error.
+func runUntilLogged(ctx context.Context, t *testing.T, src driver.Source, st driver.Store[*sql.Tx], want string, opts ...core.Option) (string, error) {
+	t.Helper()
 	logs := &logLines{}
-	c, err = core.New[*sql.Tx](open(t), st, nothing, core.WithName("retention"),
-		core.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	nothing := func(context.Context, *sql.Tx, *core.Message) error { return nil }
+	c, err := core.New[*sql.Tx](src, st, nothing, append([]core.Option{core.WithName("retention"),
+		core.WithLogger(slog.New(slog.NewTextHandler(logs, nil)))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
-	waitFor(t, 30*time.Second, "the retention warning", func() bool {
-		return strings.Contains(logs.String(), "shorter than the broker's redelivery horizon")
-	})
+	waitFor(t, 30*time.Second, want, func() bool { return strings.Contains(logs.String(), want) })
 	stop()
-	if err := <-done; err != nil {
-		t.Errorf("not strict: Run = %v, want it to run after the warning", err)
-	}
-	if l := logs.String(); !strings.Contains(l, "retention="+retention.String()) || !strings.Contains(l, horizon) {
-		t.Errorf("the warning does not name both durations:\n%s", l)
-	}
+	err = <-done
+	return logs.String(), err
 }
 
 // logLines collects what a logger writes, for reading while it writes.
