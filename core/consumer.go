@@ -112,7 +112,7 @@ func New[Tx any](src driver.Source, store driver.Store[Tx], h Handler[Tx], opts 
 	if err != nil {
 		return nil, err
 	}
-	c.kind = &perMessage[Tx]{c: c, h: h}
+	c.kind = &perMessage[Tx]{c: c, h: h, call: func(ctx context.Context, tx Tx, it *item) error { return h(ctx, tx, it.m) }}
 	return c, nil
 }
 

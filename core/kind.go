@@ -32,6 +32,8 @@ type kind[Tx any] interface {
 type perMessage[Tx any] struct {
 	c *Consumer[Tx]
 	h Handler[Tx]
+	// call is h for applyEach, made once by New.
+	call func(ctx context.Context, tx Tx, it *item) error
 }
 
 func (k *perMessage[Tx]) background(context.Context) {}
@@ -45,9 +47,7 @@ func (k *perMessage[Tx]) fence(_ context.Context, _ driver.Txn[Tx], _ []*item, w
 }
 
 func (k *perMessage[Tx]) apply(ctx, _ context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) applyResult {
-	return k.c.applyEach(ctx, txn, items, won, outs, func(ctx context.Context, tx Tx, it *item) error {
-		return k.h(ctx, tx, it.m)
-	})
+	return k.c.applyEach(ctx, txn, items, won, outs, k.call)
 }
 
 func (k *perMessage[Tx]) decided([]*item, []Outcome) {}

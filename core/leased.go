@@ -114,7 +114,12 @@ func NewLeased[Tx, R any](src driver.Source, store driver.Store[Tx], h LeasedHan
 	if err != nil {
 		return nil, err
 	}
-	c.kind = &leased[Tx, R]{c: c, h: h, store: ls, held: make(map[*leaseHold]struct{})}
+	l := &leased[Tx, R]{c: c, h: h, store: ls, held: make(map[*leaseHold]struct{})}
+	l.complete = func(ctx context.Context, tx Tx, it *item) error {
+		r, _ := it.lease.result.(R)
+		return h.Complete(ctx, tx, it.m, r)
+	}
+	c.kind = l
 	return c, nil
 }
 
@@ -124,6 +129,9 @@ type leased[Tx, R any] struct {
 	c     *Consumer[Tx]
 	h     LeasedHandler[Tx, R]
 	store driver.Leaser
+
+	// complete is h.Complete for applyEach, made once by NewLeased.
+	complete func(ctx context.Context, tx Tx, it *item) error
 
 	mu   sync.Mutex
 	held map[*leaseHold]struct{} // renewed until their message is decided
@@ -250,10 +258,7 @@ func (l *leased[Tx, R]) run(it *item) {
 // apply runs Complete, under the handler middleware, for each message whose
 // lease held, in the completion transaction.
 func (l *leased[Tx, R]) apply(ctx, _ context.Context, txn driver.Txn[Tx], items []*item, won []int, outs []Outcome) applyResult {
-	return l.c.applyEach(ctx, txn, items, won, outs, func(ctx context.Context, tx Tx, it *item) error {
-		r, _ := it.lease.result.(R)
-		return l.h.Complete(ctx, tx, it.m, r)
-	})
+	return l.c.applyEach(ctx, txn, items, won, outs, l.complete)
 }
 
 // acquireLease claims it's id in progress. ok means the lease is won and

@@ -242,11 +242,6 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 			c.log.Warn("idemq: IsolateSavepoints asked for, but the store's transactions have no savepoints: failed batches are replayed (IsolateReplay)")
 		})
 	}
-	defer func() {
-		if !res.end {
-			res.stageErr = res.broken
-		}
-	}()
 	for k, i := range won {
 		it := items[i]
 		if res.broken != nil {
@@ -311,6 +306,7 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 			}
 		}
 	}
+	res.stageErr = res.broken
 	return res
 }
 
