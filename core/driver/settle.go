@@ -6,11 +6,25 @@ import (
 	"sync/atomic"
 )
 
-// CauseHeader is the header (an AMQP header, a Kafka record header, an SQS
-// message attribute) under which every adapter parks a dead-lettered
-// message's cause, so operators and tools read it in one place whatever the
-// broker.
-const CauseHeader = "idemq-cause"
+// The dead-letter bookkeeping headers (AMQP headers, Kafka record headers,
+// SQS message attributes, NATS headers, Redis stream fields): every adapter
+// parks a dead-lettered message's cause under CauseHeader, so operators
+// and tools read it in one place whatever the broker, and an adapter
+// written now records the rest under these names too.
+const (
+	// CauseHeader holds why the message was parked.
+	CauseHeader = "idemq-cause"
+	// AttemptHeader holds the delivery attempt it was parked at.
+	AttemptHeader = "idemq-attempt"
+	// OriginHeader holds where it was consumed, in the broker's terms
+	// (stream/consumer/sequence, topic/partition/offset, queue).
+	OriginHeader = "idemq-origin"
+	// ParkedAtHeader holds when it was parked, RFC 3339 in UTC.
+	ParkedAtHeader = "idemq-parked-at"
+	// DestinationHeader holds where a redrive publishes it: the queue,
+	// topic, subject or stream it was consumed from.
+	DestinationHeader = "idemq-destination"
+)
 
 // ErrAlreadySettled is returned by a Delivery's Ack, Retry or DeadLetter,
 // and by BatchSettler.AckBatch, for a delivery that was settled before:

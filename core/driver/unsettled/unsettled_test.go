@@ -1,0 +1,91 @@
+package unsettled
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/core/driver"
+)
+
+func TestSettleOnceAndStaleness(t *testing.T) {
+	s := New[int, string](time.Hour, 0)
+	a := s.Add(1, "a")
+	if err := s.Settle(a); err != nil {
+		t.Fatalf("first settlement: %v", err)
+	}
+	if err := s.Settle(a); !errors.Is(err, driver.ErrAlreadySettled) {
+		t.Fatalf("second settlement: %v, want ErrAlreadySettled", err)
+	}
+	old := s.Add(2, "old")
+	newer := s.Add(2, "new")
+	if err := s.Settle(old); !errors.Is(err, driver.ErrStaleDelivery) || !errors.Is(err, ErrRedelivered) {
+		t.Fatalf("superseded: %v, want stale ErrRedelivered", err)
+	}
+	if err := s.Settle(newer); err != nil {
+		t.Fatalf("the newer delivery: %v", err)
+	}
+	c := s.Add(3, "c")
+	if got := s.Close(); len(got) != 1 || got[0] != c {
+		t.Fatalf("Close returned %v, want the one unsettled", got)
+	}
+	if err := s.Settle(c); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v, want stale ErrClosed", err)
+	}
+	if s.Add(4, "late") != nil {
+		t.Fatal("Add after Close recorded a delivery")
+	}
+}
+
+func TestLeaseLapsesUnlessExtendedUpToTheMaximum(t *testing.T) {
+	s := New[int, string](50*time.Millisecond, 150*time.Millisecond)
+	lapsing := s.Add(1, "x")
+	kept := s.Add(2, "y")
+	if due := s.Due(time.Now(), time.Hour); len(due) != 2 {
+		t.Fatalf("due %d, want 2", len(due))
+	}
+	s.GiveUp(lapsing)
+	for range 5 {
+		time.Sleep(30 * time.Millisecond)
+		due := s.Due(time.Now(), 40*time.Millisecond)
+		for _, e := range due {
+			if e == lapsing {
+				t.Fatal("a delivery given up is still due")
+			}
+		}
+		s.Extended(due, time.Now())
+	}
+	if err := s.Settle(lapsing); !errors.Is(err, ErrLeaseLapsed) {
+		t.Errorf("given up: %v, want stale ErrLeaseLapsed", err)
+	}
+	if l := s.Lapses(kept); l.After(kept.Received.Add(150 * time.Millisecond)) {
+		t.Errorf("extended to %v past the maximum extension", l.Sub(kept.Received))
+	}
+	time.Sleep(time.Until(s.Lapses(kept)) + 5*time.Millisecond)
+	if due := s.Due(time.Now(), time.Hour); len(due) != 0 {
+		t.Errorf("a delivery past its maximum extension is still due")
+	}
+	if err := s.Settle(kept); !errors.Is(err, ErrLeaseLapsed) {
+		t.Errorf("past the maximum: %v, want stale ErrLeaseLapsed", err)
+	}
+}
+
+func TestLoggerGivenWinsOverTheConsumers(t *testing.T) {
+	var g Logger
+	if g.Log() != slog.Default() {
+		t.Fatal("the zero Logger does not log to slog.Default()")
+	}
+	consumer := slog.New(slog.DiscardHandler)
+	g.SetLogger(consumer)
+	if g.Log() != consumer {
+		t.Fatal("SetLogger was not taken")
+	}
+	var h Logger
+	given := slog.New(slog.DiscardHandler)
+	h.Init(given)
+	h.SetLogger(consumer)
+	if h.Log() != given {
+		t.Fatal("SetLogger replaced the logger given at construction")
+	}
+}
