@@ -7,6 +7,7 @@ package registry
 import (
 	"fmt"
 	"net/url"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -40,13 +41,19 @@ func (r *Openers[O]) Register(caller, scheme string, open O) {
 // lookup parses rawURL and finds the opener of its scheme.
 func (r *Openers[O]) lookup(rawURL string) (*url.URL, O, error) {
 	var zero O
+	if strings.TrimSpace(rawURL) == "" {
+		return nil, zero, fmt.Errorf("idemq: the %s URL is empty (registered schemes: %s)", r.Kind, strings.Join(r.Schemes(), ", "))
+	}
+	if hint := dsnHint(rawURL); hint != "" {
+		return nil, zero, fmt.Errorf("idemq: the %s URL is a database driver's DSN, not a URL: %s", r.Kind, hint)
+	}
 	u, err := redact.ParseURL(rawURL)
 	if err != nil {
 		// A malformed URL is not shown: no rule knows where its password ends.
 		return nil, zero, fmt.Errorf("idemq: %w", err)
 	}
 	if u.Scheme == "" {
-		return nil, zero, fmt.Errorf("idemq: URL %s has no scheme (like amqp://, kafka://, sqs://, nats://, mem://, postgres://, mysql://, sqlite://)", redact.URL(rawURL))
+		return nil, zero, fmt.Errorf("idemq: URL %s has no scheme (registered: %s)", redact.URL(rawURL), strings.Join(r.Schemes(), ", "))
 	}
 	open, ok := r.Get(u.Scheme)
 	if !ok {
@@ -99,4 +106,45 @@ func (r *Openers[O]) Schemes() []string {
 	}
 	sort.Strings(known)
 	return known
+}
+
+// mysqlDSN matches go-sql-driver's DSN form: [user[:password]@]net(addr)/db.
+var mysqlDSN = regexp.MustCompile(`^(?:([^:@/]*)(?::[^@]*)?@)?(tcp|unix)\(([^)]*)\)/([^?]*)(\?.*)?$`)
+
+// dsnHint returns the URL to write for a DSN in a database driver's own
+// form (go-sql-driver's user:pw@tcp(host:3306)/db, libpq's host=… dbname=…),
+// without its password, or "".
+func dsnHint(raw string) string {
+	if m := mysqlDSN.FindStringSubmatch(raw); m != nil {
+		user := ""
+		if m[1] != "" {
+			user = m[1] + ":PASSWORD@"
+		}
+		addr := m[3]
+		if m[2] == "unix" {
+			return "write mysql://" + user + "localhost/" + m[4] + " (a Unix socket needs the store's own constructor, mysql.Open with the DSN)"
+		}
+		return "write mysql://" + user + addr + "/" + m[4]
+	}
+	if strings.Contains(raw, "=") && !strings.Contains(raw, "://") {
+		fields := strings.Fields(raw)
+		kv := map[string]string{}
+		for _, f := range fields {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				kv[k] = v
+			}
+		}
+		if _, ok := kv["dbname"]; ok || kv["host"] != "" {
+			host, port := kv["host"], kv["port"]
+			if port != "" {
+				host += ":" + port
+			}
+			user := ""
+			if kv["user"] != "" {
+				user = kv["user"] + ":PASSWORD@"
+			}
+			return "write postgres://" + user + host + "/" + kv["dbname"]
+		}
+	}
+	return ""
 }

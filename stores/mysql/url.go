@@ -3,17 +3,19 @@ package mysql
 import (
 	"database/sql"
 	"net/url"
-	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
 
 // The scheme core.OpenStore[*sql.Tx] opens with this package imported.
 // The store opens "mysql://user:pass@host:3306/db?table=NAME&retention=168h&isolation=read-committed&…":
 // table, retention, isolation (read-committed, repeatable-read,
-// serializable) and migrate are the store's options; every other parameter
-// goes to the driver (tls, timeout, …). tls=true, skip-verify, preferred,
+// serializable) and migrate are the store's options; go-sql-driver's own
+// parameters go to the driver (tls, timeout, parseTime, …), a session
+// system variable written as mysql.NAME (mysql.time_zone='+00:00'), and a
+// parameter none of these name is refused, named. tls=true, skip-verify, preferred,
 // or the name of a config registered with RegisterTLSCA or the driver's
 // RegisterTLSConfig.
 func init() { driver.RegisterStore("mysql", sqlstore.Opener(parseURL, Open)) }
@@ -25,13 +27,24 @@ func parseURL(u *url.URL) (string, []Option, error) { return urlParams.Split(u) 
 
 // urlParams are the store's options a mysql:// URL sets.
 var urlParams = sqlstore.URLParams[Option]{
-	Store:     "mysql",
-	Strings:   map[string]func(string) Option{"table": WithTable},
-	Durations: map[string]func(time.Duration) Option{"retention": WithRetention},
-	Bools:     map[string]func(bool) Option{"migrate": WithMigrate},
-	Choices: map[string]map[string]Option{"isolation": {
-		"read-committed":  WithIsolation(sql.LevelReadCommitted),
-		"repeatable-read": WithIsolation(sql.LevelRepeatableRead),
-		"serializable":    WithIsolation(sql.LevelSerializable),
+	Table: urlparam.Table[Option]{Scheme: "mysql", Params: map[string]urlparam.Param[Option]{
+		"table":     urlparam.Text("WithTable", WithTable),
+		"retention": urlparam.Duration("WithRetention", WithRetention),
+		"migrate":   urlparam.Bool("WithMigrate", WithMigrate),
+		"isolation": urlparam.Choice("WithIsolation", map[string]Option{
+			"read-committed":  WithIsolation(sql.LevelReadCommitted),
+			"repeatable-read": WithIsolation(sql.LevelRepeatableRead),
+			"serializable":    WithIsolation(sql.LevelSerializable),
+		}),
 	}},
+	Driver: []string{
+		"tls", "ssl-ca", "ssl-cert", "ssl-key", "ssl-server-name",
+		"timeout", "readTimeout", "writeTimeout", "charset", "collation", "loc", "parseTime",
+		"timeTruncate", "maxAllowedPacket", "interpolateParams", "multiStatements", "rejectReadOnly",
+		"serverPubKey", "clientFoundRows", "columnsWithAlias", "checkConnLiveness", "compress",
+		"connectionAttributes", "allowAllFiles", "allowCleartextPasswords", "allowFallbackToPlaintext",
+		"allowNativePasswords", "allowOldPasswords",
+	},
+	Prefix:    "mysql.",
+	PrefixFor: "a session system variable (mysql.time_zone='+00:00')",
 }

@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"testing"
 
 	"github.com/idemq/idemq/core/driver"
@@ -63,5 +64,25 @@ func TestOpenStoreByURL(t *testing.T) {
 		if _, err := core.OpenStore[*sql.Tx](ctx, bad); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
+	}
+	// A typo is refused at start-up, named (it was a SQL syntax error
+	// naming nothing); a system variable passes when written as such.
+	_, err = core.OpenStore[*sql.Tx](ctx, base+"&isolaton=read-committed")
+	if err == nil || !strings.Contains(err.Error(), `unknown parameter "isolaton" (did you mean isolation?)`) {
+		t.Errorf("isolaton=read-committed: %v, want it refused, named, with a suggestion", err)
+	}
+	st2, err := core.OpenStore[*sql.Tx](ctx, base+"&table="+table+"&mysql.time_zone=%27%2B07:00%27")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	var tz string
+	if err := st2.(*mysql.Store).DB().QueryRow(`SELECT @@session.time_zone`).Scan(&tz); err != nil || tz != "+07:00" {
+		t.Errorf("mysql.time_zone not passed as time_zone: %q %v", tz, err)
+	}
+	// The driver's own DSN form gets the URL to write.
+	_, err = core.OpenStore[*sql.Tx](ctx, cfg.User+":"+cfg.Passwd+"@tcp("+cfg.Addr+")/"+cfg.DBName)
+	if err == nil || !strings.Contains(err.Error(), "write mysql://"+cfg.User+":PASSWORD@"+cfg.Addr+"/"+cfg.DBName) {
+		t.Errorf("a go-sql-driver DSN: %v, want the URL to write", err)
 	}
 }

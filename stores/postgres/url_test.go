@@ -71,6 +71,26 @@ func TestOpenStoreByURL(t *testing.T) {
 	if _, err := core.OpenStore[*sql.Tx](ctx, url); err == nil {
 		t.Error("postgres store opened for *sql.Tx handlers")
 	}
+	// A typo is refused at start-up, named, never sent to the server; a
+	// server parameter passes when written as such.
+	_, err = core.OpenStore[pgx.Tx](ctx, base+sep+"retension=24h")
+	if err == nil || !strings.Contains(err.Error(), `unknown parameter "retension" (did you mean retention?)`) || strings.Contains(err.Error(), "unrecognized configuration") {
+		t.Errorf("retension=24h: %v, want it refused, named, with a suggestion", err)
+	}
+	st2, err := core.OpenStore[pgx.Tx](ctx, base+sep+"table="+table+"&pgx.timezone=Asia/Jakarta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	txn2, err := st2.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn2.Rollback(ctx)
+	var tz string
+	if err := txn2.Tx().QueryRow(ctx, `SELECT current_setting('TimeZone')`).Scan(&tz); err != nil || tz != "Asia/Jakarta" {
+		t.Errorf("pgx.timezone not passed as timezone: %q %v", tz, err)
+	}
 }
 
 // A host list through core.OpenStore, with an IPv6 literal and a host

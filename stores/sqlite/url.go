@@ -3,9 +3,9 @@ package sqlite
 import (
 	"fmt"
 	"net/url"
-	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
@@ -33,19 +33,16 @@ func parseURL(u *url.URL) (string, []Option, error) {
 	for k, vs := range query {
 		query[k] = vs[len(vs)-1:] // the last value counts
 	}
-	opts, err := urlParams.Take(query)
+	opts, err := urlParams.Read(query)
 	if err != nil {
 		return "", nil, err
-	}
-	for k := range query {
-		return "", nil, fmt.Errorf("sqlite URL: unknown parameter %q (known: table, retention, busy_timeout)", redact.Name(k))
 	}
 	return path, opts, nil
 }
 
 // urlParams are the store's options a sqlite:// URL sets.
-var urlParams = sqlstore.URLParams[Option]{
-	Store:     "sqlite",
-	Strings:   map[string]func(string) Option{"table": WithTable},
-	Durations: map[string]func(time.Duration) Option{"retention": WithRetention, "busy_timeout": WithBusyTimeout},
-}
+var urlParams = urlparam.Table[Option]{Scheme: "sqlite", Params: map[string]urlparam.Param[Option]{
+	"table":        urlparam.Text("WithTable", WithTable),
+	"retention":    urlparam.Duration("WithRetention", WithRetention),
+	"busy_timeout": urlparam.Duration("WithBusyTimeout", WithBusyTimeout),
+}}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/core/driver/urlparam"
 )
 
 type testConfig struct {
@@ -36,33 +38,39 @@ func TestBuild(t *testing.T) {
 	}
 }
 
-func TestURLParamsTake(t *testing.T) {
+func TestURLParamsSplit(t *testing.T) {
 	p := URLParams[string]{
-		Store:     "st",
-		Strings:   map[string]func(string) string{"table": func(v string) string { return "table=" + v }},
-		Durations: map[string]func(time.Duration) string{"retention": func(d time.Duration) string { return "retention=" + d.String() }},
-		Bools:     map[string]func(bool) string{"migrate": func(b bool) string { return "migrate=" + map[bool]string{true: "y", false: "n"}[b] }},
-		Choices:   map[string]map[string]string{"level": {"low": "level=low", "high": "level=high"}},
+		Table: urlparam.Table[string]{Scheme: "st", Params: map[string]urlparam.Param[string]{
+			"table":     urlparam.Text("WithTable", func(v string) string { return "table=" + v }),
+			"retention": urlparam.Duration("WithRetention", func(d time.Duration) string { return "retention=" + d.String() }),
+			"migrate":   urlparam.Bool("WithMigrate", func(b bool) string { return "migrate=" + map[bool]string{true: "y", false: "n"}[b] }),
+			"level":     urlparam.Choice("WithLevel", map[string]string{"low": "level=low", "high": "level=high"}),
+		}},
+		Driver:    []string{"sslmode"},
+		Prefix:    "drv.",
+		PrefixFor: "a server parameter",
 	}
-	q := url.Values{"table": {"t", "u"}, "retention": {"2h"}, "migrate": {"false"}, "level": {"high"}, "other": {"x"}}
-	opts, err := p.Take(q)
+	u, _ := url.Parse("st://u:pw@h/db?table=t&table=u&retention=2h&migrate=false&level=high&sslmode=disable&drv.timezone=UTC")
+	rest, opts, err := p.Split(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(opts, " "); got != "level=high migrate=n retention=2h0m0s table=t" {
 		t.Errorf("options %q", got)
 	}
-	if len(q) != 1 || q.Get("other") != "x" {
-		t.Errorf("left %v, want only other", q)
+	if rest != "st://u:pw@h/db?sslmode=disable&timezone=UTC" {
+		t.Errorf("the driver gets %q, want sslmode and the unprefixed timezone only", rest)
 	}
 	for raw, want := range map[string]string{
-		"retention=s3cret": "st URL parameter retention: not a duration like 168h",
-		"migrate=s3cret":   "st URL parameter migrate: not true or false",
+		"retention=s3cret": "st URL parameter retention: not a duration",
+		"migrate=s3cret":   "st URL parameter migrate: not a boolean",
 		"level=s3cret":     "st URL parameter level: not high or low",
+		"retension=24h":    `st URL: unknown parameter "retension" (did you mean retention?)`,
+		"isolaton=x":       "a server parameter goes as drv.NAME=value",
 	} {
-		q, _ := url.ParseQuery(raw)
-		if _, err := p.Take(q); err == nil || err.Error() != want {
-			t.Errorf("%s: %v, want %q", raw, err, want)
+		u, _ := url.Parse("st://h/db?" + raw)
+		if _, _, err := p.Split(u); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: %v, want %q without the value", raw, err, want)
 		}
 	}
 }

@@ -6,85 +6,58 @@ import (
 	"maps"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// URLParams names the query parameters of a store's URL that are the
-// store's options (the rest go to the driver, or are refused), and the
-// option each value gives.
+// URLParams reads a store's URL: the store's own parameters (Table), the
+// database driver's that pass to it as they are (Driver), and any other
+// the driver takes when written with Prefix ("pgx.timezone=UTC" passes
+// "timezone=UTC"): a parameter none of these name is refused, named, with
+// the nearest known name, so a typo fails at start-up instead of reaching
+// the database.
 type URLParams[O any] struct {
-	// Store prefixes errors: "mysql URL parameter retention: …".
-	Store string
-	// Strings take the value as it is (table).
-	Strings map[string]func(string) O
-	// Durations take a time.ParseDuration value (retention, …).
-	Durations map[string]func(time.Duration) O
-	// Bools take a strconv.ParseBool value (migrate).
-	Bools map[string]func(bool) O
-	// Choices take one of a fixed set of words (isolation).
-	Choices map[string]map[string]O
-}
-
-// Take removes the parameters p names from q and returns the options they
-// give, in the order of their names. A repeated parameter's first value
-// counts. Errors name the parameter and never quote its value.
-func (p URLParams[O]) Take(q url.Values) ([]O, error) {
-	var opts []O
-	for _, k := range slices.Sorted(maps.Keys(q)) {
-		v := q.Get(k)
-		var o O
-		if f, ok := p.Strings[k]; ok {
-			o = f(v)
-		} else if f, ok := p.Durations[k]; ok {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return nil, fmt.Errorf("%s URL parameter %s: not a duration like 168h", p.Store, k)
-			}
-			o = f(d)
-		} else if f, ok := p.Bools[k]; ok {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return nil, fmt.Errorf("%s URL parameter %s: not true or false", p.Store, k)
-			}
-			o = f(b)
-		} else if words, ok := p.Choices[k]; ok {
-			if o, ok = words[v]; !ok {
-				return nil, fmt.Errorf("%s URL parameter %s: not %s", p.Store, k, oneOf(slices.Sorted(maps.Keys(words))))
-			}
-		} else {
-			continue
-		}
-		opts = append(opts, o)
-		q.Del(k)
-	}
-	return opts, nil
-}
-
-// oneOf writes words as "a, b or c".
-func oneOf(words []string) string {
-	if len(words) < 2 {
-		return strings.Join(words, "")
-	}
-	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+	urlparam.Table[O]
+	// Driver are the driver's parameters that pass as they are.
+	Driver []string
+	// Prefix marks any other parameter for the driver; "" passes none.
+	Prefix string
+	// PrefixFor says what a prefixed parameter is for, in the error of an
+	// unknown one: "a server runtime parameter".
+	PrefixFor string
 }
 
 // Split splits u into the store's options and the URL the driver gets:
-// u without them.
+// u without them, and with the prefix taken off the prefixed parameters.
+// Of a repeated parameter of the store, the first value counts.
 func (p URLParams[O]) Split(u *url.URL) (string, []O, error) {
 	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 	if err != nil {
-		return "", nil, fmt.Errorf("%s URL parameters: %w", p.Store, err)
+		return "", nil, fmt.Errorf("%s URL parameters: %w", p.Scheme, err)
 	}
 	opts, err := p.Take(q)
 	if err != nil {
 		return "", nil, err
 	}
+	pass := url.Values{}
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		switch name, prefixed := strings.CutPrefix(k, p.Prefix); {
+		case slices.Contains(p.Driver, k):
+			pass[k] = q[k]
+		case p.Prefix != "" && prefixed && name != "":
+			pass[name] = q[k]
+		default:
+			err := p.Unknown(k, p.Driver...)
+			if p.Prefix != "" {
+				err = fmt.Errorf("%w; %s goes as %sNAME=value", err, p.PrefixFor, p.Prefix)
+			}
+			return "", nil, err
+		}
+	}
 	rest := *u
-	rest.RawQuery = q.Encode()
+	rest.RawQuery = pass.Encode()
 	return rest.String(), opts, nil
 }
 
