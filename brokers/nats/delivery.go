@@ -12,32 +12,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
 )
-
-// errLeaseLapsed is the reason of a settlement after the AckWait passed
-// without a heartbeat: JetStream has redelivered the message, or will.
-var errLeaseLapsed = errors.New("nats: the AckWait passed without a heartbeat; JetStream redelivers the message")
 
 // errRedelivered is the reason of a settlement of a delivery whose
 // message the Source received again.
-var errRedelivered = errors.New("nats: JetStream redelivered the message; the newer delivery settles it")
+var errRedelivered = unsettled.ErrRedelivered
 
-// errSourceClosed is the reason of a settlement after Close gave the
-// delivery back.
-var errSourceClosed = errors.New("nats: the source was closed and gave the delivery back")
-
-// delivery is one received message. Its lease fields are guarded by the
-// Source's mu.
+// delivery is one received message.
 type delivery struct {
-	driver.SettleOnce
-	s   *Source
-	msg jetstream.Msg
-	m   driver.Message
-	seq uint64
-
-	deadline time.Time // when JetStream redelivers unless extended
-	gone     error     // why it left the live set unsettled
-	given    bool      // the heartbeat no longer extends it
+	e *unsettled.Entry[uint64, jetstream.Msg]
+	s *Source
+	m driver.Message
 }
 
 func (s *Source) newDelivery(msg jetstream.Msg) (*delivery, error) {
@@ -54,10 +40,7 @@ func (s *Source) newDelivery(msg jetstream.Msg) (*delivery, error) {
 	}
 	seq := strconv.FormatUint(md.Sequence.Stream, 10)
 	return &delivery{
-		s:        s,
-		msg:      msg,
-		seq:      md.Sequence.Stream,
-		deadline: now.Add(s.ackWait),
+		s: s,
 		m: driver.Message{
 			ID:      id,
 			Body:    msg.Data(),
@@ -97,27 +80,15 @@ func (d *delivery) Message() *driver.Message { return &d.m }
 // fails with ErrAlreadySettled, or with a stale error when the source was
 // closed, the message was received again or the lease lapsed: then
 // nothing may be sent.
-func (d *delivery) begin() error {
-	if err := d.Claim(); err != nil {
-		return err
-	}
-	s := d.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.live[d.seq] != d {
-		return driver.Stale(d.gone)
-	}
-	delete(s.live, d.seq)
-	if time.Now().After(d.deadline) {
-		return driver.Stale(errLeaseLapsed)
-	}
-	return nil
-}
+func (d *delivery) begin() error { return d.s.live.Settle(d.e) }
+
+// msg is the JetStream message d delivers.
+func (d *delivery) msg() jetstream.Msg { return d.e.D }
 
 // failed wraps the error of a settlement of d; a closed connection means
 // the message comes back, so it is stale.
 func (d *delivery) failed(what string, err error) error {
-	err = fmt.Errorf("nats: %s of %s/%d: %w", what, d.s.stream, d.seq, err)
+	err = fmt.Errorf("nats: %s of %s/%d: %w", what, d.s.stream, d.e.Key, err)
 	if errors.Is(err, natsgo.ErrConnectionClosed) {
 		return driver.Stale(err)
 	}
@@ -134,7 +105,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	}
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	if err := d.msg.DoubleAck(ctx); err != nil {
+	if err := d.msg().DoubleAck(ctx); err != nil {
 		return d.failed("ack", err)
 	}
 	return nil
@@ -148,9 +119,9 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	}
 	var err error
 	if delay > 0 {
-		err = d.msg.NakWithDelay(delay)
+		err = d.msg().NakWithDelay(delay)
 	} else {
-		err = d.msg.Nak()
+		err = d.msg().Nak()
 	}
 	if err == nil {
 		err = d.s.flush(ctx)
@@ -178,7 +149,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		why = cause.Error()
 	}
 	h := natsgo.Header{}
-	for k, v := range d.msg.Headers() {
+	for k, v := range d.msg().Headers() {
 		if k != natsgo.MsgIdHdr {
 			h[k] = v
 		}
@@ -188,17 +159,17 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	}
 	h.Set(driver.CauseHeader, headerValue(why))
 	h.Set(AttemptHeader, strconv.Itoa(d.m.Attempt))
-	h.Set(OriginHeader, fmt.Sprintf("%s/%s/%d", s.stream, s.c.consumer, d.seq))
+	h.Set(OriginHeader, fmt.Sprintf("%s/%s/%d", s.stream, s.c.consumer, d.e.Key))
 	h.Set(ParkedAtHeader, time.Now().UTC().Format(time.RFC3339Nano))
-	h.Set(SubjectHeader, d.msg.Subject())
-	h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-dlq:%s:%s:%d", s.stream, s.c.consumer, d.seq))
+	h.Set(SubjectHeader, d.msg().Subject())
+	h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-dlq:%s:%s:%d", s.stream, s.c.consumer, d.e.Key))
 	pctx, cancel := bounded(ctx)
 	defer cancel()
-	if _, err := s.link.js.PublishMsg(pctx, &natsgo.Msg{Subject: s.c.dlqSubject, Header: h, Data: d.msg.Data()}); err != nil {
-		_ = d.msg.Nak()
+	if _, err := s.link.js.PublishMsg(pctx, &natsgo.Msg{Subject: s.c.dlqSubject, Header: h, Data: d.msg().Data()}); err != nil {
+		_ = d.msg().Nak()
 		return d.failed("dead-letter publish to "+s.c.dlqSubject, err)
 	}
-	if err := d.msg.Term(); err != nil {
+	if err := d.msg().Term(); err != nil {
 		return d.failed("term after parking", err)
 	}
 	if err := s.flush(ctx); err != nil {
@@ -228,57 +199,32 @@ func (s *Source) flush(ctx context.Context) error {
 	return s.link.nc.FlushWithContext(ctx)
 }
 
-// heartbeat keeps unsettled deliveries leased: every third of the AckWait
-// it sends InProgress for each, which restarts JetStream's AckWait, then a
+// beat keeps unsettled deliveries leased: every third of the AckWait it
+// sends InProgress for each, which restarts JetStream's AckWait, then a
 // flush; only a confirmed flush moves the deliveries' deadlines. A
 // delivery held longer than WithMaxExtension since its receipt is no
 // longer extended: JetStream then redelivers it, and the dedup key keeps
 // its effect to one commit.
-func (s *Source) heartbeat() {
-	defer s.wg.Done()
-	every := max(s.ackWait/3, 10*time.Millisecond)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.done:
-			return
-		case <-t.C:
-		}
-		now := time.Now()
-		var due []*delivery
-		s.mu.Lock()
-		for _, d := range s.live {
-			if !d.given && now.Before(d.m.ReceivedAt.Add(s.c.maxExtension)) && now.Before(d.deadline) {
-				due = append(due, d)
-			}
-		}
-		s.mu.Unlock()
-		if len(due) == 0 {
-			continue
-		}
-		sent := time.Now()
-		var failed error
-		for _, d := range due {
-			if err := d.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-				failed = err
-			}
-		}
-		if failed == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), every)
-			failed = s.link.nc.FlushWithContext(ctx)
-			cancel()
-		}
-		if failed != nil {
-			s.log().Warn("idemq nats: heartbeat failed; trying again next beat", "stream", s.stream, "consumer", s.c.consumer, "messages", len(due), "error", failed)
-			continue
-		}
-		s.mu.Lock()
-		for _, d := range due {
-			if s.live[d.seq] == d && d.deadline.Before(sent.Add(s.ackWait)) {
-				d.deadline = sent.Add(s.ackWait)
-			}
-		}
-		s.mu.Unlock()
+func (s *Source) beat(time.Time) {
+	due := s.live.Due(time.Now(), s.ackWait)
+	if len(due) == 0 {
+		return
 	}
+	sent := time.Now()
+	var failed error
+	for _, e := range due {
+		if err := e.D.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			failed = err
+		}
+	}
+	if failed == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.ackWait/3)
+		failed = s.link.nc.FlushWithContext(ctx)
+		cancel()
+	}
+	if failed != nil {
+		s.log().Warn("idemq nats: heartbeat failed; trying again next beat", "stream", s.stream, "consumer", s.c.consumer, "messages", len(due), "error", failed)
+		return
+	}
+	s.live.Extended(due, sent)
 }

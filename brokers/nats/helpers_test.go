@@ -110,14 +110,12 @@ func (ts testStream) publishRaw(ctx context.Context, idHeader string, msgs ...*d
 func lapseLeases(t *testing.T, src driver.Source) {
 	s := src.(*Source)
 	var last time.Time
-	s.mu.Lock()
-	for _, d := range s.live {
-		d.given = true
-		if d.deadline.After(last) {
-			last = d.deadline
+	for _, e := range s.live.All() {
+		s.live.GiveUp(e)
+		if l := s.live.Lapses(e); l.After(last) {
+			last = l
 		}
 	}
-	s.mu.Unlock()
 	servicetest.WaitFor(t, s.ackWait+10*time.Second, "the AckWait to pass", func() bool { return time.Now().After(last.Add(100 * time.Millisecond)) })
 }
 

@@ -57,8 +57,7 @@ type config struct {
 	window       int
 	dlqStream    string
 	dlqSubject   string
-	logger       *slog.Logger
-	loggerSet    bool
+	logger       *slog.Logger // nil: the Consumer's, or slog.Default()
 	byURL        bool
 }
 
@@ -71,7 +70,6 @@ func defaultConfig() config {
 		heartbeat:    true,
 		maxExtension: time.Hour,
 		window:       100,
-		logger:       slog.Default(),
 	}
 }
 
@@ -80,7 +78,7 @@ func defaultConfig() config {
 func set(name string, err error, f func(*config)) Option {
 	return func(c *config) error {
 		if err != nil {
-			if p, ok := paramOfOption[name]; ok && c.byURL {
+			if p, ok := urlParams.NameOf(name); ok && c.byURL {
 				return fmt.Errorf("nats URL parameter %s: %v", p, err)
 			}
 			return option.Errorf("nats", name, "%v", err)
@@ -206,7 +204,7 @@ func WithDeadLetterSubject(v string) Option {
 // heartbeats. Default slog.Default(), or the Consumer's logger
 // (driver.LoggerSetter) when none is set.
 func WithLogger(l *slog.Logger) Option {
-	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger, c.loggerSet = l, true })
+	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger = l })
 }
 
 // resolve applies opts for stream and fills the defaults that depend on it.

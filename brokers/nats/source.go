@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
 // giveBackDelay is how soon JetStream redelivers what Close gives back.
@@ -31,15 +31,15 @@ type Source struct {
 	ackWait  time.Duration
 	declared bool
 
-	logger atomic.Pointer[slog.Logger]
+	logs unsettled.Logger
+	live *unsettled.Set[uint64, jetstream.Msg] // by stream sequence
 
 	mu     sync.Mutex
 	it     jetstream.MessagesContext
 	window int
-	live   map[uint64]*delivery // unsettled, by stream sequence
 	closed bool
 
-	done chan struct{}
+	stop context.CancelFunc // ends the heartbeat
 	wg   sync.WaitGroup
 }
 
@@ -52,8 +52,8 @@ func Open(ctx context.Context, stream string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{c: c, stream: stream, window: c.window, live: map[uint64]*delivery{}, done: make(chan struct{})}
-	s.logger.Store(c.logger)
+	s := &Source{c: c, stream: stream, window: c.window, stop: func() {}}
+	s.logs.Init(c.logger)
 	if s.link, err = dial(&s.c, s.log); err != nil {
 		return nil, err
 	}
@@ -61,9 +61,15 @@ func Open(ctx context.Context, stream string, opts ...Option) (*Source, error) {
 		s.link.close()
 		return nil, err
 	}
+	s.live = unsettled.New[uint64, jetstream.Msg](s.ackWait, c.maxExtension)
 	if c.heartbeat {
+		var hctx context.Context
+		hctx, s.stop = context.WithCancel(context.Background())
 		s.wg.Add(1)
-		go s.heartbeat()
+		go func() {
+			defer s.wg.Done()
+			unsettled.Heartbeat(hctx, max(s.ackWait/3, 10*time.Millisecond), s.beat)
+		}()
 	}
 	return s, nil
 }
@@ -110,15 +116,11 @@ func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
 	return nil
 }
 
-func (s *Source) log() *slog.Logger { return s.logger.Load() }
+func (s *Source) log() *slog.Logger { return s.logs.Log() }
 
 // SetLogger implements driver.LoggerSetter: the Source logs to l unless
 // WithLogger (or OpenConfig.Logger) chose its logger.
-func (s *Source) SetLogger(l *slog.Logger) {
-	if l != nil && !s.c.loggerSet {
-		s.logger.Store(l)
-	}
-}
+func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 // SetWindow implements driver.WindowSetter: the declared consumer's
 // MaxAckPending and the pull buffer become n. A consumer that is not
@@ -213,17 +215,11 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	md, _ := msg.Metadata() // newDelivery read it
+	if d.e = s.live.Add(md.Sequence.Stream, msg); d.e == nil {
 		_ = msg.NakWithDelay(giveBackDelay)
 		return nil, driver.ErrSourceClosed
 	}
-	if old, ok := s.live[d.seq]; ok {
-		old.gone = errRedelivered
-	}
-	s.live[d.seq] = d
-	s.mu.Unlock()
 	return d, nil
 }
 
@@ -245,13 +241,9 @@ func (s *Source) Close() error {
 	}
 	s.closed = true
 	it := s.it
-	live := s.live
-	s.live = map[uint64]*delivery{}
-	for _, d := range live {
-		d.gone = errSourceClosed
-	}
 	s.mu.Unlock()
-	close(s.done)
+	live := s.live.Close()
+	s.stop()
 	s.wg.Wait()
 	// Stop pulling first. A message given back at once could still be
 	// handed to a pull request of this source that the server has not yet
@@ -269,8 +261,8 @@ func (s *Source) Close() error {
 			back = append(back, m)
 		}
 	}
-	for _, d := range live {
-		back = append(back, d.msg)
+	for _, e := range live {
+		back = append(back, e.D)
 	}
 	for _, m := range back {
 		_ = m.NakWithDelay(giveBackDelay)
@@ -302,7 +294,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := d.msg.Ack(); err != nil {
+		if err := d.msg().Ack(); err != nil {
 			errs = append(errs, d.failed("ack", err))
 			continue
 		}

@@ -5,15 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"sort"
-	"strconv"
 	"strings"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -22,81 +20,50 @@ func init() {
 	admin.RegisterDeadLetters("nats", openDeadLettersURL)
 }
 
-// urlParam is one URL parameter of nats:// URLs: the option it sets and
-// how its value is read. Every side checks every parameter, so one URL
-// serves the Source, the Publisher and DeadLetters.
-type urlParam struct {
-	option string
-	build  func(v string) (Option, error)
-}
+// urlParams are the parameters of nats:// URLs. Every side checks every
+// parameter, so one URL serves the Source, the Publisher and DeadLetters.
+// init fills it: the options' errors name its parameters.
+var urlParams urlparam.Table[Option]
 
-var urlParams = map[string]urlParam{
-	"consumer":      {"WithConsumer", func(v string) (Option, error) { return WithConsumer(v), nil }},
-	"subject":       {"WithSubject", func(v string) (Option, error) { return WithSubject(v), nil }},
-	"declare":       boolParam("WithDeclare", WithDeclare),
-	"id_header":     {"WithIDHeader", func(v string) (Option, error) { return WithIDHeader(v), nil }},
-	"ack_wait":      durationParam("WithAckWait", WithAckWait),
-	"heartbeat":     boolParam("WithHeartbeat", WithHeartbeat),
-	"max_extension": durationParam("WithMaxExtension", WithMaxExtension),
-	"window": {"WithWindow", func(v string) (Option, error) {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, errors.New("not a number")
-		}
-		return WithWindow(n), nil
-	}},
-	"dlq_stream":  {"WithDeadLetterStream", func(v string) (Option, error) { return WithDeadLetterStream(v), nil }},
-	"dlq_subject": {"WithDeadLetterSubject", func(v string) (Option, error) { return WithDeadLetterSubject(v), nil }},
-	"token": {"", func(v string) (Option, error) {
-		return WithNATSOptions(natsgo.Token(v)), nil
-	}},
-	"tls": {"", func(v string) (Option, error) {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, errors.New("not a boolean")
-		}
-		if !b {
-			return nil, nil
-		}
-		return WithNATSOptions(natsgo.Secure()), nil
-	}},
-	"tls_ca":   fileParam(func(f string) (natsgo.Option, error) { return natsgo.RootCAs(f), nil }),
-	"tls_cert": fileParam(nil), // read with tls_key
-	"tls_key":  fileParam(nil),
-	"nkey_seed": fileParam(func(f string) (natsgo.Option, error) {
-		o, err := natsgo.NkeyOptionFromSeed(f)
-		if err != nil {
-			return nil, errors.New("cannot read an nkey seed from the file")
-		}
-		return o, nil
-	}),
-	"creds": fileParam(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
-}
+func init() { urlParams = urlparam.Table[Option]{Scheme: "nats", Params: params()} }
 
-func boolParam(option string, o func(bool) Option) urlParam {
-	return urlParam{option, func(v string) (Option, error) {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, errors.New("not a boolean")
-		}
-		return o(b), nil
-	}}
-}
-
-func durationParam(option string, o func(time.Duration) Option) urlParam {
-	return urlParam{option, func(v string) (Option, error) {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return nil, errors.New("not a duration")
-		}
-		return o(d), nil
-	}}
+func params() map[string]urlparam.Param[Option] {
+	return map[string]urlparam.Param[Option]{
+		"consumer":      urlparam.Text("WithConsumer", WithConsumer),
+		"subject":       urlparam.Text("WithSubject", WithSubject),
+		"declare":       urlparam.Bool("WithDeclare", WithDeclare),
+		"id_header":     urlparam.Text("WithIDHeader", WithIDHeader),
+		"ack_wait":      urlparam.Duration("WithAckWait", WithAckWait),
+		"heartbeat":     urlparam.Bool("WithHeartbeat", WithHeartbeat),
+		"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
+		"window":        urlparam.Int("WithWindow", WithWindow),
+		"dlq_stream":    urlparam.Text("WithDeadLetterStream", WithDeadLetterStream),
+		"dlq_subject":   urlparam.Text("WithDeadLetterSubject", WithDeadLetterSubject),
+		"token":         urlparam.Text("", func(v string) Option { return WithNATSOptions(natsgo.Token(v)) }),
+		"tls": urlparam.Bool("", func(b bool) Option {
+			if !b {
+				return nil
+			}
+			return WithNATSOptions(natsgo.Secure())
+		}),
+		"tls_ca":   fileParam(func(f string) (natsgo.Option, error) { return natsgo.RootCAs(f), nil }),
+		"tls_cert": fileParam(nil), // read with tls_key
+		"tls_key":  fileParam(nil),
+		"nkey_seed": fileParam(func(f string) (natsgo.Option, error) {
+			o, err := natsgo.NkeyOptionFromSeed(f)
+			if err != nil {
+				return nil, errors.New("cannot read an nkey seed from the file")
+			}
+			return o, nil
+		}),
+		"creds": fileParam(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
+	}
 }
 
 // fileParam is a parameter naming a file that build turns into a
 // connection option (nil build: read together with another parameter).
-func fileParam(build func(file string) (natsgo.Option, error)) urlParam {
-	return urlParam{"", func(v string) (Option, error) {
+func fileParam(build func(file string) (natsgo.Option, error)) urlparam.Param[Option] {
+	return urlparam.Param[Option]{Read: func(v string) ([]Option, error) {
 		if v == "" {
 			return nil, errors.New("no file named")
 		}
@@ -107,20 +74,8 @@ func fileParam(build func(file string) (natsgo.Option, error)) urlParam {
 		if err != nil {
 			return nil, err
 		}
-		return WithNATSOptions(o), nil
+		return []Option{WithNATSOptions(o)}, nil
 	}}
-}
-
-// paramOfOption names the URL parameter that sets an option, for errors
-// of URL-opened sources and publishers.
-var paramOfOption = map[string]string{}
-
-func init() {
-	for p, up := range urlParams {
-		if up.option != "" {
-			paramOfOption[up.option] = p
-		}
-	}
 }
 
 // byURL marks a configuration as coming from a URL, so that its errors
@@ -166,29 +121,11 @@ func parseURL(u *url.URL, cfg driver.OpenConfig) (stream string, opts []Option, 
 	if err != nil {
 		return "", nil, fmt.Errorf("nats URL parameters: %w", err)
 	}
-	known := make([]string, 0, len(urlParams))
-	for k := range urlParams {
-		known = append(known, k)
+	read, err := urlParams.Read(query)
+	if err != nil {
+		return "", nil, err
 	}
-	sort.Strings(known)
-	keys := make([]string, 0, len(query))
-	for k := range query {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		p, ok := urlParams[k]
-		if !ok {
-			return "", nil, fmt.Errorf("nats URL: unknown parameter %q (known: %s)", redact.Name(k), strings.Join(known, ", "))
-		}
-		o, err := p.build(query.Get(k))
-		if err != nil {
-			return "", nil, fmt.Errorf("nats URL parameter %s: %w", k, err)
-		}
-		if o != nil {
-			opts = append(opts, o)
-		}
-	}
+	opts = append(opts, read...)
 	cert, key := query.Get("tls_cert"), query.Get("tls_key")
 	if (cert == "") != (key == "") {
 		return "", nil, errors.New("nats URL parameters tls_cert and tls_key go together")

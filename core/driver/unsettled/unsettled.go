@@ -238,3 +238,14 @@ func (g *Logger) Log() *slog.Logger {
 	}
 	return slog.Default()
 }
+
+// All returns the unsettled deliveries, in no order.
+func (s *Set[K, D]) All() []*Entry[K, D] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Entry[K, D], 0, len(s.live))
+	for _, e := range s.live {
+		out = append(out, e)
+	}
+	return out
+}

@@ -232,3 +232,14 @@ func distance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// NameOf returns the parameter that sets the Go option named option, for a
+// constructor that words its errors in the URL's terms.
+func (t Table[O]) NameOf(option string) (string, bool) {
+	for name, p := range t.Params {
+		if p.Option == option && option != "" {
+			return name, true
+		}
+	}
+	return "", false
+}
