@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -70,70 +72,27 @@ var amqpParams = map[string]bool{
 	"certfile": true, "keyfile": true, "cacertfile": true, "server_name_indication": true,
 }
 
-// urlParams maps each idemq URL parameter (but queue) to the option its
-// value asks for.
-var urlParams = map[string]func(v string) (Option, error){
-	"queue_type": func(v string) (Option, error) { return WithQueueType(QueueType(v)), nil },
-	"retry": oneOf(map[string]Option{
+// urlParams are the idemq URL parameters but queue. The options name
+// themselves in their errors, whether opened by URL or from code.
+var urlParams = urlparam.Table[Option]{Scheme: "rabbitmq", Params: map[string]urlparam.Param[Option]{
+	"queue_type": urlparam.Text("WithQueueType", func(v string) Option { return WithQueueType(QueueType(v)) }),
+	"retry": urlparam.Choice("WithRetryMode", map[string]Option{
 		"requeue": WithRetryMode(RetryRequeue), "queue": WithRetryMode(RetryViaQueue),
-	}, "not requeue or queue"),
-	"dead_letter": oneOf(map[string]Option{
+	}),
+	"dead_letter": urlparam.Choice("WithDeadLetterMode", map[string]Option{
 		"republish": WithDeadLetterMode(DeadLetterRepublish), "reject": WithDeadLetterMode(DeadLetterReject),
-	}, "not republish or reject"),
-	"declare": func(v string) (Option, error) {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, errors.New("not a boolean")
-		}
-		return WithDeclare(b), nil
-	},
-	"prefetch":          number(WithPrefetch),
-	"delivery_limit":    number(WithDeliveryLimit),
-	"message_ttl":       duration(WithMessageTTL),
-	"policy_ttl":        duration(WithPolicyTTL),
-	"dead_letter_queue": text(WithDeadLetterQueue),
-	"retry_queue":       text(WithRetryQueue),
-	"connection_name":   text(WithConnectionName),
-	"exchange":          text(WithExchange),
-	"id_header":         text(WithIDHeader),
-}
-
-// oneOf reads a parameter whose values are the keys of opts.
-func oneOf(opts map[string]Option, bad string) func(string) (Option, error) {
-	return func(v string) (Option, error) {
-		if o, ok := opts[v]; ok {
-			return o, nil
-		}
-		return nil, errors.New(bad)
-	}
-}
-
-// number reads an integer parameter; the option checks its range.
-func number(opt func(int) Option) func(string) (Option, error) {
-	return func(v string) (Option, error) {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, errors.New("not a number")
-		}
-		return opt(n), nil
-	}
-}
-
-// duration reads a Go duration parameter; the option checks its range.
-func duration(opt func(time.Duration) Option) func(string) (Option, error) {
-	return func(v string) (Option, error) {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return nil, errors.New("not a duration (like 24h)")
-		}
-		return opt(d), nil
-	}
-}
-
-// text reads a parameter whose value the option takes as it is.
-func text(opt func(string) Option) func(string) (Option, error) {
-	return func(v string) (Option, error) { return opt(v), nil }
-}
+	}),
+	"declare":           urlparam.Bool("WithDeclare", WithDeclare),
+	"prefetch":          urlparam.Int("WithPrefetch", WithPrefetch),
+	"delivery_limit":    urlparam.Int("WithDeliveryLimit", WithDeliveryLimit),
+	"message_ttl":       urlparam.Duration("WithMessageTTL", WithMessageTTL),
+	"policy_ttl":        urlparam.Duration("WithPolicyTTL", WithPolicyTTL),
+	"dead_letter_queue": urlparam.Text("WithDeadLetterQueue", WithDeadLetterQueue),
+	"retry_queue":       urlparam.Text("WithRetryQueue", WithRetryQueue),
+	"connection_name":   urlparam.Text("WithConnectionName", WithConnectionName),
+	"exchange":          urlparam.Text("WithExchange", WithExchange),
+	"id_header":         urlparam.Text("WithIDHeader", WithIDHeader),
+}}
 
 // parseSourceURL splits rawURL into the URL for amqp091-go, the queue and
 // the options its idemq parameters ask for.
@@ -155,29 +114,23 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 	if err != nil {
 		return "", "", nil, fmt.Errorf("rabbitmq: url parameters: %w", err)
 	}
-	keep := url.Values{}
-	var opts []Option
-	queue := ""
 	for k, vs := range q {
 		if len(vs) != 1 && !amqpParams[k] {
 			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: given %d times", redact.Name(k), len(vs))
 		}
-		param, known := urlParams[k]
-		switch {
-		case k == "queue":
-			queue = vs[0]
-		case known:
-			o, err := param(vs[0])
-			if err != nil {
-				return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: %w", k, err)
-			}
-			opts = append(opts, o)
-		case amqpParams[k]:
-			keep[k] = vs
-		default:
-			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: unknown", redact.Name(k))
+	}
+	queue := q.Get("queue")
+	q.Del("queue")
+	opts, err := urlParams.Take(q)
+	if err != nil {
+		return "", "", nil, err
+	}
+	for k := range q {
+		if !amqpParams[k] {
+			return "", "", nil, urlParams.Unknown(k, append([]string{"queue"}, slices.Collect(maps.Keys(amqpParams))...)...)
 		}
 	}
+	keep := q
 	if queue == "" {
 		return "", "", nil, fmt.Errorf("rabbitmq: url parameter queue: required")
 	}

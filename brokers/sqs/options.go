@@ -94,7 +94,7 @@ func defaultConfig() config {
 // parameter of a source or publisher opened by URL, else the option name.
 func (c *config) optErr(option, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
-	if p, ok := paramOfOption[option]; ok && c.byURL {
+	if p, ok := paramOf(option); ok && c.byURL {
 		return fmt.Errorf("sqs URL parameter %s: %s", p, msg)
 	}
 	return fmt.Errorf("sqs: option %s: %s", option, msg)

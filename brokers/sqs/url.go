@@ -2,15 +2,13 @@ package sqs
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"net/url"
-	"sort"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/urlparam"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/redact"
@@ -21,72 +19,41 @@ func init() {
 	admin.RegisterDeadLetters("sqs", openDeadLettersURL)
 }
 
-// urlParam is one URL parameter understood by core.OpenSource and
-// core.OpenPublisher for sqs:// URLs: the option it sets and how its value
-// is read. A Publisher uses the client ones and id_attribute, and checks
-// but ignores the Source's own, so that one URL serves both sides (as
-// amqp:// and kafka:// URLs do).
-type urlParam struct {
-	option string
-	source bool // Source only
-	build  func(v string) (Option, error)
-}
-
-var urlParams = map[string]urlParam{
-	"endpoint":     {"WithEndpoint", false, func(v string) (Option, error) { return WithEndpoint(v), nil }},
-	"region":       {"WithRegion", false, func(v string) (Option, error) { return WithRegion(v), nil }},
-	"id_attribute": {"WithIDAttribute", false, func(v string) (Option, error) { return WithIDAttribute(v), nil }},
-	"dlq":          {"WithDeadLetterQueue", true, func(v string) (Option, error) { return WithDeadLetterQueue(v), nil }},
-	"dead_letter_mode": {"WithDeadLetterMode", true, func(v string) (Option, error) {
-		m, ok := map[string]DeadLetterMode{"send": DeadLetterSend, "redrive": DeadLetterRedrive}[v]
-		if !ok {
-			return nil, errors.New("not send or redrive")
-		}
-		return WithDeadLetterMode(m), nil
-	}},
-	"heartbeat": {"WithHeartbeat", true, func(v string) (Option, error) {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, errors.New("not a boolean")
-		}
-		return WithHeartbeat(b), nil
-	}},
-	"receivers":     intParam("WithReceivers", WithReceivers),
-	"window":        intParam("WithWindow", WithWindow),
-	"wait":          durationParam("WithWaitTime", WithWaitTime),
-	"visibility":    durationParam("WithVisibilityTimeout", WithVisibilityTimeout),
-	"max_extension": durationParam("WithMaxExtension", WithMaxExtension),
-	"close_timeout": durationParam("WithCloseTimeout", WithCloseTimeout),
-}
-
-func intParam(option string, o func(int) Option) urlParam {
-	return urlParam{option, true, func(v string) (Option, error) {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, errors.New("not a number")
-		}
-		return o(n), nil
-	}}
-}
-
-func durationParam(option string, o func(time.Duration) Option) urlParam {
-	return urlParam{option, true, func(v string) (Option, error) {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return nil, errors.New("not a duration")
-		}
-		return o(d), nil
-	}}
-}
-
-// paramOfOption names the URL parameter (or URL part) that sets an option,
-// for errors of URL-opened sources and publishers.
-var paramOfOption = map[string]string{"WithStaticCredentials": "credentials (sqs://KEY:SECRET@queue)"}
+// urlParams are the parameters of sqs:// URLs. A Publisher uses the
+// client ones and id_attribute (clientParams), and checks but ignores the
+// Source's own, so that one URL serves both sides (as amqp:// and kafka://
+// URLs do). init fills them: the options' errors name their parameters.
+var urlParams, clientParams urlparam.Table[Option]
 
 func init() {
-	for p, up := range urlParams {
-		paramOfOption[up.option] = p
+	client := map[string]urlparam.Param[Option]{
+		"endpoint":     urlparam.Text("WithEndpoint", WithEndpoint),
+		"region":       urlparam.Text("WithRegion", WithRegion),
+		"id_attribute": urlparam.Text("WithIDAttribute", WithIDAttribute),
 	}
+	all := map[string]urlparam.Param[Option]{
+		"dlq":              urlparam.Text("WithDeadLetterQueue", WithDeadLetterQueue),
+		"dead_letter_mode": urlparam.Choice("WithDeadLetterMode", map[string]Option{"send": WithDeadLetterMode(DeadLetterSend), "redrive": WithDeadLetterMode(DeadLetterRedrive)}),
+		"heartbeat":        urlparam.Bool("WithHeartbeat", WithHeartbeat),
+		"receivers":        urlparam.Int("WithReceivers", WithReceivers),
+		"window":           urlparam.Int("WithWindow", WithWindow),
+		"wait":             urlparam.Duration("WithWaitTime", WithWaitTime),
+		"visibility":       urlparam.Duration("WithVisibilityTimeout", WithVisibilityTimeout),
+		"max_extension":    urlparam.Duration("WithMaxExtension", WithMaxExtension),
+		"close_timeout":    urlparam.Duration("WithCloseTimeout", WithCloseTimeout),
+	}
+	maps.Copy(all, client)
+	urlParams = urlparam.Table[Option]{Scheme: "sqs", Params: all}
+	clientParams = urlparam.Table[Option]{Scheme: "sqs", Params: client}
+}
+
+// paramOf names the URL parameter (or URL part) that sets an option, for
+// errors of URL-opened sources and publishers.
+func paramOf(option string) (string, bool) {
+	if option == "WithStaticCredentials" {
+		return "credentials (sqs://KEY:SECRET@queue)", true
+	}
+	return urlParams.NameOf(option)
 }
 
 // byURL marks a configuration as coming from a URL, so that its errors
@@ -127,30 +94,17 @@ func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opt
 	if err != nil {
 		return "", nil, fmt.Errorf("sqs URL parameters: %w", err)
 	}
-	known := make([]string, 0, len(urlParams))
-	for k := range urlParams {
-		known = append(known, k)
+	for k, vs := range query {
+		query[k] = vs[len(vs)-1:] // the last value counts
 	}
-	sort.Strings(known)
-	keys := make([]string, 0, len(query))
-	for k := range query {
-		keys = append(keys, k)
+	all, err := urlParams.Read(query) // every parameter is checked
+	if err != nil {
+		return "", nil, err
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		p, ok := urlParams[k]
-		if !ok {
-			return "", nil, fmt.Errorf("sqs URL: unknown parameter %q (known: %s)", redact.Name(k), strings.Join(known, ", "))
-		}
-		o, err := p.build(query[k][len(query[k])-1])
-		if err != nil {
-			return "", nil, fmt.Errorf("sqs URL parameter %s: %w", k, err)
-		}
-		if p.source && !source {
-			continue // the Source's: checked, not used
-		}
-		opts = append(opts, o)
+	if !source {
+		all, _ = clientParams.Take(query) // the Source's own are not used
 	}
+	opts = append(opts, all...)
 	return queue, opts, nil
 }
 
