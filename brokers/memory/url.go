@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/urlparam"
 
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -39,41 +39,48 @@ func Named(name string, opts ...Option) (*Broker, error) {
 	return b, nil
 }
 
-// parseURL reads mem://QUEUE?broker=NAME&visibility=DURATION&window=N.
+// memURL is what a mem:// URL's parameters say.
+type memURL struct {
+	name    string
+	bopts   []Option
+	subOpts []SubscribeOption
+}
+
+// urlParams are the parameters of mem:// URLs.
+var urlParams = urlparam.Table[func(*memURL)]{Scheme: "mem", Params: map[string]urlparam.Param[func(*memURL)]{
+	"broker": urlparam.Text("", func(v string) func(*memURL) { return func(m *memURL) { m.name = v } }),
+	"visibility": urlparam.Duration("WithVisibilityTimeout", func(d time.Duration) func(*memURL) {
+		return func(m *memURL) { m.bopts = append(m.bopts, WithVisibilityTimeout(d)) }
+	}),
+	"window": urlparam.Int("WithWindow", func(n int) func(*memURL) {
+		return func(m *memURL) { m.subOpts = append(m.subOpts, WithWindow(n)) }
+	}),
+}}
+
+// parseURL reads mem://QUEUE?broker=NAME&visibility=DURATION&window=N; of
+// a repeated parameter, the last value counts.
 func parseURL(u *url.URL) (b *Broker, queue string, subOpts []SubscribeOption, err error) {
 	queue = strings.Trim(u.Host+u.Path, "/")
 	if queue == "" {
 		return nil, "", nil, fmt.Errorf("mem URL has no queue name (use mem://payments)")
 	}
-	name := "default"
-	var bopts []Option
 	query, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("mem URL parameters: %w", err)
 	}
 	for k, vs := range query {
-		v := vs[len(vs)-1]
-		switch k {
-		case "broker":
-			name = v
-		case "visibility":
-			d, perr := time.ParseDuration(v)
-			if perr != nil {
-				return nil, "", nil, errors.New("mem URL parameter visibility: not a duration")
-			}
-			bopts = append(bopts, WithVisibilityTimeout(d))
-		case "window":
-			var n int
-			if _, perr := fmt.Sscan(v, &n); perr != nil {
-				return nil, "", nil, errors.New("mem URL parameter window: not a number")
-			}
-			subOpts = append(subOpts, WithWindow(n))
-		default:
-			return nil, "", nil, fmt.Errorf("mem URL: unknown parameter %q (known: broker, visibility, window)", redact.Name(k))
-		}
+		query[k] = vs[len(vs)-1:]
 	}
-	b, err = Named(name, bopts...)
-	return b, queue, subOpts, err
+	sets, err := urlParams.Read(query)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	m := memURL{name: "default"}
+	for _, set := range sets {
+		set(&m)
+	}
+	b, err = Named(m.name, m.bopts...)
+	return b, queue, m.subOpts, err
 }
 
 func openSourceURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {
