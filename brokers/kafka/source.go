@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
 
 	kafkago "github.com/segmentio/kafka-go"
 )
@@ -32,7 +33,7 @@ var (
 // concurrent use.
 type Source struct {
 	cfg    config
-	logger atomic.Pointer[slog.Logger] // nil: slog.Default()
+	logs   unsettled.Logger
 	client *kafkago.Client
 	bkey   string // the broker list, keying the in-process attempt counter
 
@@ -125,7 +126,7 @@ func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
 		changed: make(chan struct{}),
 		errs:    make(chan error, 1),
 	}
-	s.logger.Store(cfg.logger)
+	s.logs.Init(cfg.logger)
 	if err := s.ensureTopics(ctx); err != nil {
 		return nil, err
 	}
@@ -215,21 +216,12 @@ func (s *Source) ensureTopics(ctx context.Context) error {
 }
 
 // log is the logger the Source logs to.
-func (s *Source) log() *slog.Logger {
-	if l := s.logger.Load(); l != nil {
-		return l
-	}
-	return slog.Default()
-}
+func (s *Source) log() *slog.Logger { return s.logs.Log() }
 
 // SetLogger makes the Source log to l (the Consumer's logger), unless it
 // was given a logger of its own (WithLogger, core.WithAdapterLogger). The
 // Consumer calls it before the first Receive.
-func (s *Source) SetLogger(l *slog.Logger) {
-	if l != nil && s.cfg.logger == nil {
-		s.logger.Store(l)
-	}
-}
+func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 func (s *Source) topics() []string {
 	if s.cfg.retryTopic != "" {

@@ -1,7 +1,6 @@
 package rabbitmq
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"github.com/idemq/idemq/internal/retry"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -78,7 +78,7 @@ type Source struct {
 
 	// log is the logger in use: cfg.logger when given, else the
 	// Consumer's (SetLogger), else slog.Default().
-	log atomic.Pointer[slog.Logger]
+	logs unsettled.Logger
 
 	reconnects atomic.Int64
 	// isolate is set when the connection died because the client could
@@ -189,7 +189,7 @@ func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, erro
 		out:  make(chan *delivery, outBuffer),
 		errs: make(chan error, 1),
 	}
-	s.log.Store(cmp.Or(cfg.logger, slog.Default()))
+	s.logs.Init(cfg.logger)
 	conn, err := s.dialAndDeclare(ctx)
 	if err != nil {
 		return nil, err
@@ -254,14 +254,10 @@ func (s *Source) Stats() Stats {
 
 // SetLogger implements driver.LoggerSetter: the Consumer hands over its
 // logger, which the Source uses unless WithLogger gave one.
-func (s *Source) SetLogger(l *slog.Logger) {
-	if s.cfg.logger == nil && l != nil {
-		s.log.Store(l)
-	}
-}
+func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 // logger returns the logger in use.
-func (s *Source) logger() *slog.Logger { return s.log.Load() }
+func (s *Source) logger() *slog.Logger { return s.logs.Log() }
 
 // SetWindow sets the QoS prefetch to the Consumer's in-flight window, so the
 // broker never hands over more unacked messages than the Consumer holds.

@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
 // DefaultIDAttribute is the message attribute that carries the producer's
@@ -62,7 +63,7 @@ type Source struct {
 	deleting atomic.Bool   // deleters run: Ack may hand over to them
 	avail    chan struct{} // signalled when ready grows
 	space    chan struct{} // signalled when held shrinks
-	logger   atomic.Pointer[slog.Logger]
+	logs     unsettled.Logger
 
 	mu      sync.Mutex
 	window  int
@@ -160,7 +161,9 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 			return nil, err
 		}
 	}
-	s.logger.Store(cfg.logger)
+	if cfg.loggerSet {
+		s.logs.Init(cfg.logger)
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.pollCtx, s.pollStop = context.WithCancel(context.Background())
 	return s, nil
@@ -169,13 +172,9 @@ func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, 
 // SetLogger sets the logger of the Source's warnings, unless WithLogger
 // (or the logger given to core.OpenSource) chose one; the Consumer calls it
 // with its own logger before the first Receive (driver.LoggerSetter).
-func (s *Source) SetLogger(l *slog.Logger) {
-	if l != nil && !s.cfg.loggerSet {
-		s.logger.Store(l)
-	}
-}
+func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
-func (s *Source) log() *slog.Logger { return s.logger.Load() }
+func (s *Source) log() *slog.Logger { return s.logs.Log() }
 
 // Client returns the SQS client, an escape hatch for what the adapter does
 // not cover.
