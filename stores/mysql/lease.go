@@ -39,5 +39,5 @@ func (s *Store) Release(ctx context.Context, consumer string, lease driver.Lease
 // (portable to MySQL 8, which has no DELETE … RETURNING). The rows stay
 // locked until the transaction ends.
 func (t *Txn) Fence(ctx context.Context, consumer string, leases []driver.LeaseRef) ([]bool, error) {
-	return t.s.cfg.Fence(ctx, t.end.SQL, t.s.claims(), consumer, leases)
+	return t.s.cfg.Fence(ctx, t.End.SQL, t.s.claims(), consumer, leases)
 }

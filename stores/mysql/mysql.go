@@ -425,19 +425,16 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql: begin: %w", err)
 	}
-	return &Txn{s: s, mode: mode, end: sqlstore.Tx{Store: "mysql", SQL: tx, Gone: connGone}}, nil
+	return &Txn{s: s, mode: mode, End: sqlstore.End{Store: "mysql", SQL: tx, Gone: connGone}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
-	s    *Store
-	mode ClaimMode
-	end  sqlstore.Tx // savepoints, commit and rollback
+	s            *Store
+	mode         ClaimMode
+	sqlstore.End // the handler's *sql.Tx, savepoints, commit and rollback
 }
-
-// Tx returns the transaction for the handler's business effect.
-func (t *Txn) Tx() *sql.Tx { return t.end.SQL }
 
 // Claim claims every id for consumer with one multi-row INSERT … ON
 // DUPLICATE KEY UPDATE per 1000 claims, in id order (so batches sharing ids
@@ -477,7 +474,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 		b.WriteString(" ON DUPLICATE KEY UPDATE message_id = message_id")
 		if t.mode == ClaimReturning {
 			b.WriteString(" RETURNING message_id, fingerprint, claim_token")
-			rows, err := t.end.SQL.QueryContext(ctx, b.String(), args...)
+			rows, err := t.End.SQL.QueryContext(ctx, b.String(), args...)
 			if err != nil {
 				return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 			}
@@ -486,7 +483,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 			}
 			continue
 		}
-		if _, err := t.end.SQL.ExecContext(ctx, b.String(), args...); err != nil {
+		if _, err := t.End.SQL.ExecContext(ctx, b.String(), args...); err != nil {
 			return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
 		}
 		chunkIDs := make([]string, len(chunk))
@@ -574,11 +571,11 @@ func scanClaimed(rows *sql.Rows, got map[string]claimedRow) error {
 // concurrent inserts); the locking one is for rows the plain read could
 // not see.
 func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locking bool, got map[string]claimedRow) error {
-	q, args := t.end.InIDs("SELECT message_id, fingerprint, claim_token FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids)
+	q, args := t.End.InIDs("SELECT message_id, fingerprint, claim_token FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids)
 	if locking {
 		q += " FOR UPDATE"
 	}
-	rows, err := t.end.SQL.QueryContext(ctx, q, args...)
+	rows, err := t.End.SQL.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}
@@ -588,24 +585,5 @@ func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locki
 // Unclaim deletes this consumer's claims of ids, for messages whose handler
 // failed inside a batch transaction.
 func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
-	return t.end.Unclaim(ctx, "DELETE FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids, claimChunk)
+	return t.End.Unclaim(ctx, "DELETE FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids, claimChunk)
 }
-
-// Savepoint marks a point RollbackToSavepoint returns to.
-func (t *Txn) Savepoint(ctx context.Context) error { return t.end.Savepoint(ctx) }
-
-// RollbackToSavepoint undoes everything since Savepoint and removes the
-// savepoint (ROLLBACK TO keeps it). Row locks taken since the savepoint
-// stay until the transaction ends, as InnoDB does.
-func (t *Txn) RollbackToSavepoint(ctx context.Context) error { return t.end.RollbackToSavepoint(ctx) }
-
-// ReleaseSavepoint keeps everything since Savepoint.
-func (t *Txn) ReleaseSavepoint(ctx context.Context) error { return t.end.ReleaseSavepoint(ctx) }
-
-// Commit commits the claims and the handler's effects together.
-func (t *Txn) Commit(ctx context.Context) error { return t.end.Commit(ctx) }
-
-// Rollback aborts the transaction; after Commit (failed or not) it does
-// nothing and returns nil. When the connection is gone the server has
-// already rolled the transaction back, and Rollback returns nil too.
-func (t *Txn) Rollback(ctx context.Context) error { return t.end.Rollback(ctx) }

@@ -36,5 +36,5 @@ func (s *Store) Release(ctx context.Context, consumer string, lease driver.Lease
 // Fence ends the leases in this transaction (driver.Fencer): it deletes
 // the lease rows whose token still matches, and reports which did.
 func (t *Txn) Fence(ctx context.Context, consumer string, leases []driver.LeaseRef) ([]bool, error) {
-	return t.s.cfg.Fence(ctx, t.end.SQL, t.s.claims(), consumer, leases)
+	return t.s.cfg.Fence(ctx, t.End.SQL, t.s.claims(), consumer, leases)
 }

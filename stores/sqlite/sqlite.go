@@ -225,18 +225,15 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
 	}
-	return &Txn{s: s, end: sqlstore.Tx{Store: "sqlite", SQL: tx, Numbered: true}}, nil
+	return &Txn{s: s, End: sqlstore.End{Store: "sqlite", SQL: tx, Numbered: true}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements
 // driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
 type Txn struct {
-	s   *Store
-	end sqlstore.Tx // savepoints, commit and rollback
+	s            *Store
+	sqlstore.End // the handler's *sql.Tx, savepoints, commit and rollback
 }
-
-// Tx returns the transaction for the handler's business effect.
-func (t *Txn) Tx() *sql.Tx { return t.end.SQL }
 
 // Claim inserts (consumer, id) for every claim in one multi-row INSERT … ON
 // CONFLICT DO NOTHING RETURNING statement (split every 400 claims for
@@ -266,7 +263,7 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 			args = append(args, c.ID, c.Fingerprint)
 		}
 		b.WriteString(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id")
-		if err := collectIDs(ctx, t.end.SQL, b.String(), args, func(id string) { won[id] = true }); err != nil {
+		if err := collectIDs(ctx, t.End.SQL, b.String(), args, func(id string) { won[id] = true }); err != nil {
 			return nil, fmt.Errorf("sqlite: claim: %w", err)
 		}
 	}
@@ -283,8 +280,8 @@ func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	}
 	stored := make(map[string]string, len(lost))
 	for chunk := range slices.Chunk(lost, 2*claimChunk) {
-		q, args := t.end.InIDs("SELECT message_id, fingerprint FROM "+t.s.cfg.Table+" WHERE consumer = ?1 AND message_id IN ", consumer, chunk)
-		rows, err := t.end.SQL.QueryContext(ctx, q, args...)
+		q, args := t.End.InIDs("SELECT message_id, fingerprint FROM "+t.s.cfg.Table+" WHERE consumer = ?1 AND message_id IN ", consumer, chunk)
+		rows, err := t.End.SQL.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: claim: read fingerprints: %w", err)
 		}
@@ -340,23 +337,5 @@ func collectIDs(ctx context.Context, tx *sql.Tx, query string, args []any, f fun
 // Unclaim deletes this consumer's claims of ids, for messages whose handler
 // failed inside a batch transaction.
 func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
-	return t.end.Unclaim(ctx, t.s.q.unclaim, consumer, ids, 2*claimChunk)
+	return t.End.Unclaim(ctx, t.s.q.unclaim, consumer, ids, 2*claimChunk)
 }
-
-// Savepoint marks a point RollbackToSavepoint returns to.
-func (t *Txn) Savepoint(ctx context.Context) error { return t.end.Savepoint(ctx) }
-
-// RollbackToSavepoint undoes everything since Savepoint and removes the
-// savepoint (ROLLBACK TO keeps it on SQLite's stack; releasing it keeps the
-// stack from growing across a batch).
-func (t *Txn) RollbackToSavepoint(ctx context.Context) error { return t.end.RollbackToSavepoint(ctx) }
-
-// ReleaseSavepoint keeps everything since Savepoint.
-func (t *Txn) ReleaseSavepoint(ctx context.Context) error { return t.end.ReleaseSavepoint(ctx) }
-
-// Commit commits the claims and the handler's effects together.
-func (t *Txn) Commit(ctx context.Context) error { return t.end.Commit(ctx) }
-
-// Rollback aborts the transaction; after Commit (failed or not) it does
-// nothing and returns nil.
-func (t *Txn) Rollback(ctx context.Context) error { return t.end.Rollback(ctx) }

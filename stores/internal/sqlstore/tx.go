@@ -20,10 +20,11 @@ const (
 	ReleaseSQL = "RELEASE SAVEPOINT idemq_sp"
 )
 
-// Tx is the database/sql side of a dedup transaction that mysql and sqlite
-// share: its savepoint, commit and rollback. Like *sql.Tx it is used by one
-// goroutine at a time.
-type Tx struct {
+// End is the database/sql side of a dedup transaction that mysql and
+// sqlite share: the handler's *sql.Tx, savepoints, commit and rollback.
+// Their Txn types embed it, so these are their methods. Like *sql.Tx it is
+// used by one goroutine at a time.
+type End struct {
 	// Store prefixes errors ("mysql: commit: …").
 	Store string
 	// SQL is the transaction.
@@ -39,7 +40,7 @@ type Tx struct {
 
 // InIDs returns prefix followed by a parenthesised placeholder per id, and
 // the statement's arguments: consumer, then ids.
-func (t *Tx) InIDs(prefix, consumer string, ids []string) (string, []any) {
+func (t *End) InIDs(prefix, consumer string, ids []string) (string, []any) {
 	return InIDs(t.Numbered, prefix, consumer, ids)
 }
 
@@ -69,7 +70,7 @@ func InIDs(numbered bool, prefix, consumer string, ids []string) (string, []any)
 // Unclaim deletes consumer's claims of ids, chunk ids per statement;
 // prefix is the statement up to the list of ids ("DELETE FROM t WHERE
 // consumer = ? AND message_id IN ").
-func (t *Tx) Unclaim(ctx context.Context, prefix, consumer string, ids []string, chunk int) error {
+func (t *End) Unclaim(ctx context.Context, prefix, consumer string, ids []string, chunk int) error {
 	for part := range slices.Chunk(ids, chunk) {
 		q, args := t.InIDs(prefix, consumer, part)
 		if _, err := t.SQL.ExecContext(ctx, q, args...); err != nil {
@@ -79,7 +80,7 @@ func (t *Tx) Unclaim(ctx context.Context, prefix, consumer string, ids []string,
 	return nil
 }
 
-func (t *Tx) exec(ctx context.Context, what string, stmts ...string) error {
+func (t *End) exec(ctx context.Context, what string, stmts ...string) error {
 	for _, s := range stmts {
 		if _, err := t.SQL.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("%s: %s: %w", t.Store, what, err)
@@ -89,12 +90,13 @@ func (t *Tx) exec(ctx context.Context, what string, stmts ...string) error {
 }
 
 // Savepoint sets the savepoint RollbackToSavepoint returns to.
-func (t *Tx) Savepoint(ctx context.Context) error { return t.exec(ctx, "savepoint", SavepointSQL) }
+func (t *End) Savepoint(ctx context.Context) error { return t.exec(ctx, "savepoint", SavepointSQL) }
 
 // RollbackToSavepoint undoes everything since Savepoint and removes the
 // savepoint (ROLLBACK TO keeps it; releasing it keeps the savepoint stack
-// from growing across a batch).
-func (t *Tx) RollbackToSavepoint(ctx context.Context) error {
+// from growing across a batch). Row locks taken since the savepoint stay
+// until the transaction ends, as InnoDB does.
+func (t *End) RollbackToSavepoint(ctx context.Context) error {
 	if err := t.exec(ctx, "rollback to savepoint", RollbackToSQL); err != nil {
 		return err
 	}
@@ -102,12 +104,15 @@ func (t *Tx) RollbackToSavepoint(ctx context.Context) error {
 }
 
 // ReleaseSavepoint keeps everything since Savepoint.
-func (t *Tx) ReleaseSavepoint(ctx context.Context) error {
+func (t *End) ReleaseSavepoint(ctx context.Context) error {
 	return t.exec(ctx, "release savepoint", ReleaseSQL)
 }
 
-// Commit commits the transaction.
-func (t *Tx) Commit(context.Context) error {
+// Tx returns the transaction for the handler's business effect.
+func (t *End) Tx() *sql.Tx { return t.SQL }
+
+// Commit commits the claims and the handler's effects together.
+func (t *End) Commit(context.Context) error {
 	if err := t.SQL.Commit(); err != nil {
 		return fmt.Errorf("%s: commit: %w", t.Store, err)
 	}
@@ -116,7 +121,7 @@ func (t *Tx) Commit(context.Context) error {
 
 // Rollback aborts the transaction; after Commit (failed or not), or when
 // Gone says the connection is gone, it does nothing and returns nil.
-func (t *Tx) Rollback(context.Context) error {
+func (t *End) Rollback(context.Context) error {
 	err := t.SQL.Rollback()
 	if err == nil || errors.Is(err, sql.ErrTxDone) || t.Gone != nil && t.Gone(err) {
 		return nil
