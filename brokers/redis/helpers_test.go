@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -249,7 +248,7 @@ func (e effects) counts(t *testing.T) map[string]int {
 // returns Run's error (the test's end stops it too).
 func (e effects) run(t *testing.T, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
 	t.Helper()
-	c, err := core.New(src, e.st, h, append([]core.Option{core.WithLogger(testLogger(t)), core.WithBackoff(core.ConstantBackoff(50 * time.Millisecond))}, opts...)...)
+	c, err := core.New(src, e.st, h, append([]core.Option{core.WithName("redis-test"), core.WithLogger(testLogger(t)), core.WithBackoff(core.ConstantBackoff(50 * time.Millisecond))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,18 +280,25 @@ type server struct {
 }
 
 // startRedis starts a private server with an append-only file fsynced at
-// every write, and extra arguments (extra's --port replaces the plain
-// port, for TLS).
+// every write, and extra arguments.
 func startRedis(t testing.TB, extra ...string) *server {
+	t.Helper()
+	s := newRedis(t, "--port", extra...)
+	s.start()
+	return s
+}
+
+// newRedis prepares a private server listening on a free port given to
+// portFlag (--port, or --tls-port beside --port 0).
+func newRedis(t testing.TB, portFlag string, extra ...string) *server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		servicetest.Unavailable(t, "no redis-server to start a private Redis server: %v", err)
 	}
 	s := &server{t: t, dir: t.TempDir(), port: servicetest.FreePort(t)}
-	s.args = append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+	s.args = append([]string{portFlag, strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
 		"--appendfsync", "always", "--dir", s.dir, "--logfile", filepath.Join(s.dir, "redis.log")}, extra...)
 	t.Cleanup(func() { s.stop(syscall.SIGTERM) })
-	s.start()
 	return s
 }
 
@@ -355,5 +361,3 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	t.Helper()
 	servicetest.WaitFor(t, timeout, what, cond)
 }
-
-var _ = fmt.Sprintf

@@ -1,0 +1,66 @@
+package redis
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+)
+
+// URLs are read into an address, a stream and options; a wrong one fails
+// naming the parameter, never quoting a value or the password.
+func TestParseURL(t *testing.T) {
+	u, _ := url.Parse("redis://alice:pw@cache.local/orders:v1?group=billing&consumer=b1&start=$&id_field=order_id&min_idle=5s&max_extension=10m&window=7&poll=20ms&dlq=orders:parked&max_age=48h&db=2")
+	addr, stream, opts, err := parseURL(u, driver.OpenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := resolve(stream, true, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addr != "cache.local:6379" || stream != "orders:v1" || c.user != "alice" || c.pass != "pw" || c.group != "billing" || c.consumer != "b1" ||
+		c.start != "$" || c.idField != "order_id" || c.minIdle.String() != "5s" || c.maxExtension.String() != "10m0s" || c.window != 7 ||
+		c.poll.String() != "20ms" || c.dlq != "orders:parked" || c.maxAge.String() != "48h0m0s" || c.db != 2 || c.tls != nil {
+		t.Errorf("parsed %s %s %+v", addr, stream, c)
+	}
+	for raw, want := range map[string]string{
+		"redis://h/s?group=g&min_idel=1s":          `unknown parameter "min_idel" (did you mean min_idle?)`,
+		"redis://h/s?group=g&min_idle=s3cr3t":      "redis URL parameter min_idle: not a duration",
+		"redis://h/s?group=g&start=s3cr3t":         "redis URL parameter start: not $ or 0",
+		"redis://h/s?group=g&tls_ca=/s3cr3t":       "need a rediss:// URL",
+		"rediss://h/s?group=g&tls_cert=/s3cr3t":    "tls_cert and tls_key go together",
+		"rediss://h/s?group=g&tls_ca=/nonexistent": "redis URL parameter tls_ca",
+		"redis://h?group=g":                        "the stream as its path",
+	} {
+		u, _ := url.Parse(raw)
+		_, _, _, err := parseURL(u, driver.OpenConfig{})
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("%s: %v, want %q and no value", raw, err, want)
+		}
+	}
+}
+
+// Option errors of a source opened by URL name the URL parameter; the
+// checks that span options name both; the password never shows.
+func TestOpenByURLErrors(t *testing.T) {
+	ctx := context.Background()
+	for raw, want := range map[string]string{
+		"redis://h/s?min_idle=1s":                  "a consumer group is required",
+		"redis://h/s?group=g&window=0":             "redis URL parameter window",
+		"redis://h/s?group=g&max_len=9&max_age=1h": "max_len (WithMaxLen) and max_age (WithMaxAge) exclude each other",
+		"redis://h/s?group=g&dlq=s":                "the dead-letter stream is the stream itself",
+		"redis://u:s3cr3t@127.0.0.1:1/s?group=g":   "connecting to 127.0.0.1:1",
+	} {
+		src, err := core.OpenSource(ctx, raw)
+		if err == nil {
+			src.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("%s: %v, want %q", raw, err, want)
+		}
+	}
+}
