@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,27 +16,20 @@ import (
 	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
-// errGone is the reason of a settlement of an entry the heartbeat found no
-// longer pending: another consumer settled it, or it was deleted.
-var errGone = errors.New("redis: the entry is no longer pending: another consumer settled it, or it was deleted from the stream")
-
 type entry = unsettled.Entry[string, *driver.Message]
 
-// Source consumes a stream through a consumer group with explicit acks.
-// It implements driver.Source, driver.BatchSettler, driver.WindowSetter,
-// driver.LoggerSetter, driver.RedeliveryHorizoner and
-// driver.HorizonHinter. Receive may be called from several goroutines.
+// Source consumes a stream in a consumer group. It implements driver's
+// Source, BatchSettler, WindowSetter, LoggerSetter, RedeliveryHorizoner
+// and HorizonHinter. Receive may be called from several goroutines.
 type Source struct {
 	*link
-	stream string
-	set    *unsettled.Set[string, *driver.Message]
-	log    unsettled.Logger
-	fetch  chan struct{} // held by the one goroutine fetching
-	room   chan struct{} // a settlement made room in the window
-	done   chan struct{} // closed by Close
-	stopHB context.CancelFunc
-	hbDone chan struct{}
-
+	set     *unsettled.Set[string, *driver.Message]
+	log     unsettled.Logger
+	fetch   sync.Mutex    // held while fetching
+	room    chan struct{} // a settlement made room in the window
+	done    chan struct{} // closed by Close
+	stopHB  context.CancelFunc
+	hb      sync.WaitGroup
 	mu      sync.Mutex
 	buf     []*entry // fetched, not yet handed out
 	window  int
@@ -44,34 +38,29 @@ type Source struct {
 	closed  bool
 }
 
-// Open opens a Source on stream at addr (host:port): it connects, creates
-// the group WithGroup names (MKSTREAM, from WithStart) unless it exists,
-// and starts the heartbeat. Entries are read from the first Receive on.
+// Open opens a Source on stream at addr (host:port), creating the group
+// (MKSTREAM, from WithStart) unless it exists, and starts the heartbeat.
 func Open(ctx context.Context, addr, stream string, opts ...Option) (*Source, error) {
 	l, err := connect(ctx, addr, stream, true, opts)
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{link: l, stream: stream, window: l.c.window, cursor: "0-0", fetch: make(chan struct{}, 1),
-		room: make(chan struct{}, 1), done: make(chan struct{}), hbDone: make(chan struct{})}
-	// The lease is a tenth shorter than min_idle: the server's idle time
-	// starts before the reply reaches the Source.
-	s.set = unsettled.New[string, *driver.Message](l.c.minIdle*9/10, l.c.maxExtension)
+	s := &Source{link: l, window: l.c.window, cursor: "0-0", room: make(chan struct{}, 1), done: make(chan struct{}),
+		// A tenth short of min_idle: the server's idle time starts before the reply arrives.
+		set: unsettled.New[string, *driver.Message](l.c.minIdle*9/10, l.c.maxExtension)}
 	s.log.Init(l.c.logger)
 	if err := s.declare(ctx); err != nil {
-		l.close()
+		l.rdb.Close()
 		return nil, err
 	}
-	hb, cancel := context.WithCancel(context.Background())
-	s.stopHB = cancel
-	go func() {
-		defer close(s.hbDone)
-		unsettled.Heartbeat(hb, l.c.minIdle/3, s.beat)
-	}()
+	hb, stop := context.WithCancel(context.Background())
+	s.stopHB = stop
+	s.hb.Go(func() { unsettled.Heartbeat(hb, l.c.minIdle/3, s.beat) })
 	return s, nil
 }
 
-// declare creates the group, and checks the dead-letter key is a stream.
+// declare creates the group and checks the dead-letter key is a stream:
+// DeadLetter's EXEC would run its XACK after a refused XADD.
 func (s *Source) declare(ctx context.Context) error {
 	err := s.rdb.XGroupCreateMkStream(ctx, s.stream, s.c.group, s.c.start).Err()
 	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
@@ -86,8 +75,7 @@ func (s *Source) declare(ctx context.Context) error {
 // SetLogger implements driver.LoggerSetter.
 func (s *Source) SetLogger(l *slog.Logger) { s.log.SetLogger(l) }
 
-// SetWindow implements driver.WindowSetter: at most n entries are held
-// unsettled, from the next read on.
+// SetWindow implements driver.WindowSetter.
 func (s *Source) SetWindow(n int) error {
 	if n < 1 {
 		return fmt.Errorf("redis: window %d must be positive", n)
@@ -98,11 +86,10 @@ func (s *Source) SetWindow(n int) error {
 	return nil
 }
 
-// RedeliveryHorizon implements driver.RedeliveryHorizoner. Redis keeps an
-// entry until it is trimmed, and trims only when an XADD asks: the horizon
-// is twice WithMaxAge (the stream and the dead-letter stream) when the
-// adapter trims by age, and driver.Unbounded otherwise, WithMaxLen
-// included: a count bounds no age.
+// RedeliveryHorizon implements driver.RedeliveryHorizoner: Redis keeps an
+// entry until an XADD trims it, so the horizon is twice WithMaxAge (stream
+// and dead-letter stream), and driver.Unbounded without it (WithMaxLen
+// bounds no age).
 func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 	if s.c.maxAge > 0 {
 		return 2 * s.c.maxAge, true
@@ -110,71 +97,56 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 	return driver.Unbounded, true
 }
 
-// HorizonHint implements driver.HorizonHinter: trim by age, at most half
-// the retention, on every side.
+// HorizonHint implements driver.HorizonHinter.
 func (s *Source) HorizonHint(retention time.Duration) string {
-	age := max((retention / 2).Truncate(time.Second), time.Second)
-	return fmt.Sprintf("trim stream %s and its dead-letter stream %s by age: add max_age=%v to the URL of every publisher, source and dead-letter tool of the stream", s.stream, s.c.dlq, age)
+	return fmt.Sprintf("trim stream %s and its dead-letter stream %s by age: add max_age=%v to the URL of every publisher, source and dead-letter tool of the stream",
+		s.stream, s.c.dlq, max((retention/2).Truncate(time.Second), time.Second))
 }
 
-// Receive implements driver.Source. Entries idle for min_idle (retried,
-// given back, or held by a consumer that died) are reclaimed before new
-// ones are read. Errors other than ErrSourceClosed and ctx's are
-// transient.
+// Receive implements driver.Source: entries idle for min_idle (retried,
+// given back, or of a consumer that died) come before new ones.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	for {
-		select {
-		case s.fetch <- struct{}{}:
-		case <-s.done:
-			return nil, driver.ErrSourceClosed
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+		s.fetch.Lock()
 		d, err := s.next(ctx)
-		<-s.fetch
+		s.fetch.Unlock()
 		if d != nil || err != nil {
 			return d, err
 		}
 	}
 }
 
-// next hands out a fetched entry, fetching when there is none; nil, nil
-// when it found nothing to hand out.
+// next hands out a fetched entry, or fetches; nil, nil: nothing yet.
 func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
-	if s.isClosed() {
-		return nil, driver.ErrSourceClosed
-	}
-	if d := s.pop(); d != nil {
-		return d, nil
-	}
 	s.mu.Lock()
-	room, claimAt := s.window-s.set.Len(), s.claimAt
+	closed, room, claimAt := s.closed, s.window-s.set.Len(), s.claimAt
 	s.mu.Unlock()
-	if room <= 0 {
+	switch d := s.pop(); {
+	case closed:
+		return nil, driver.ErrSourceClosed
+	case d != nil:
+		return d, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	}
+	var err error
+	switch now := time.Now(); {
+	case room <= 0:
 		select {
 		case <-s.room:
 		case <-s.done:
 		case <-ctx.Done():
 		case <-time.After(s.c.poll):
 		}
-		return nil, nil
-	}
-	var err error
-	if now := time.Now(); !now.Before(claimAt) {
+	case !now.Before(claimAt):
 		err = s.claim(ctx, room)
-	} else {
+	default:
 		err = s.read(ctx, room, min(s.c.poll, claimAt.Sub(now)))
 	}
 	if d := s.pop(); d != nil {
 		return d, nil
 	}
-	if s.isClosed() {
-		return nil, driver.ErrSourceClosed
-	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	if err != nil && strings.HasPrefix(err.Error(), "NOGROUP") {
+	if err != nil && strings.Contains(err.Error(), "NOGROUP") {
 		err = errors.Join(err, s.declare(ctx)) // the server lost the stream
 	}
 	return nil, err
@@ -183,43 +155,29 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 func (s *Source) pop() driver.Delivery {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.buf) == 0 || s.closed {
+	if len(s.buf) == 0 {
 		return nil
 	}
 	e := s.buf[0]
 	s.buf = s.buf[1:]
-	return &delivery{s: s, e: e}
+	return &delivery{s, e}
 }
 
-func (s *Source) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
-// claim reclaims up to n entries idle for min_idle (XAUTOCLAIM) and reads
-// their delivery counts (XPENDING), the attempts. Entries deleted from the
-// stream while pending are acknowledged, never reclaimed.
+// claim reclaims up to n idle entries, their attempts the delivery counts,
+// and acknowledges those deleted from the stream while pending.
 func (s *Source) claim(ctx context.Context, n int) error {
 	msgs, next, deleted, err := s.rdb.XAutoClaimWithDeleted(ctx, &goredis.XAutoClaimArgs{
-		Stream: s.stream, Group: s.c.group, Consumer: s.c.consumer, MinIdle: s.c.minIdle, Start: s.cursor, Count: int64(n),
-	}).Result()
-	if err != nil {
-		s.mu.Lock()
-		s.claimAt = time.Now().Add(s.c.poll)
-		s.mu.Unlock()
-		return fmt.Errorf("redis: reclaiming idle entries of %s: %w", s.stream, err)
-	}
+		Stream: s.stream, Group: s.c.group, Consumer: s.c.consumer, MinIdle: s.c.minIdle, Start: s.cursor, Count: int64(n)}).Result()
 	s.mu.Lock()
-	s.cursor = next
-	if len(msgs) == 0 || next == "0-0" { // go on at once only while claiming
+	if err == nil {
+		s.cursor = next
+	}
+	if err != nil || len(msgs) == 0 || next == "0-0" { // on at once only while claiming
 		s.claimAt = time.Now().Add(s.c.poll)
 	}
 	s.mu.Unlock()
-	for _, m := range msgs {
-		if m.Values == nil { // a deleted entry, as Redis 6.2 reports it
-			deleted = append(deleted, m.ID)
-		}
+	if err != nil {
+		return fmt.Errorf("redis: reclaiming idle entries of %s: %w", s.stream, err)
 	}
 	if len(deleted) > 0 {
 		s.log.Log().Warn("idemq redis: entries deleted from the stream while pending; acknowledging them", "stream", s.stream, "group", s.c.group, "ids", deleted)
@@ -228,34 +186,29 @@ func (s *Source) claim(ctx context.Context, n int) error {
 		}
 	}
 	pipe := s.rdb.Pipeline()
-	counts := make([]*goredis.XPendingExtCmd, len(msgs))
-	for i, m := range msgs {
-		counts[i] = pipe.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: s.stream, Group: s.c.group, Start: m.ID, End: m.ID, Count: 1})
+	for _, m := range msgs {
+		pipe.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: s.stream, Group: s.c.group, Start: m.ID, End: m.ID, Count: 1})
 	}
-	if _, err := pipe.Exec(ctx); err != nil && len(msgs) > 0 {
-		// Not handed out, the entries come back after min_idle.
+	counts, err := pipe.Exec(ctx)
+	if err != nil { // not handed out, they come back after min_idle
 		return fmt.Errorf("redis: reading the delivery counts of reclaimed entries of %s: %w", s.stream, err)
 	}
-	var added []goredis.XMessage
-	var attempts []int
-	for i, m := range msgs {
-		if p := counts[i].Val(); m.Values != nil && len(p) == 1 {
-			added, attempts = append(added, m), append(attempts, int(p[0].RetryCount))
+	attempts := make([]int, len(msgs))
+	for i, c := range counts {
+		attempts[i] = 2 // no longer pending: moot
+		if p := c.(*goredis.XPendingExtCmd).Val(); len(p) == 1 {
+			attempts[i] = int(p[0].RetryCount)
 		}
 	}
-	s.add(added, attempts)
+	s.add(msgs, attempts)
 	return nil
 }
 
 // read reads up to n new entries (XREADGROUP >), blocking up to block.
 func (s *Source) read(ctx context.Context, n int, block time.Duration) error {
 	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
-		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, ">"}, Count: int64(n), Block: max(block, time.Millisecond),
-	}).Result()
-	if errors.Is(err, goredis.Nil) {
-		return nil
-	}
-	if err != nil {
+		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, ">"}, Count: int64(n), Block: max(block, time.Millisecond)}).Result()
+	if err != nil && !errors.Is(err, goredis.Nil) {
 		return fmt.Errorf("redis: reading %s as %s/%s: %w", s.stream, s.c.group, s.c.consumer, err)
 	}
 	for _, st := range res {
@@ -264,129 +217,84 @@ func (s *Source) read(ctx context.Context, n int, block time.Duration) error {
 	return nil
 }
 
-// add records fetched entries (attempt 1 unless attempts says) and
-// buffers them; after Close it gives them back.
+// add buffers fetched entries (attempt 1 unless attempts says), or after
+// Close gives them back.
 func (s *Source) add(msgs []goredis.XMessage, attempts []int) {
-	var back []string
-	for i, xm := range msgs {
-		m, _ := message(s.c.idField, xm.Values)
+	var back []*entry
+	for i, x := range msgs {
+		m := message(s.c.idField, x.Values)
 		m.Source, m.System, m.Attempt, m.ReceivedAt = s.stream, "redis", 1, time.Now()
 		if attempts != nil {
 			m.Attempt = attempts[i]
 		}
-		m.Metadata = map[string]string{
-			"messaging.destination.name":    s.stream,
-			"messaging.consumer.group.name": s.c.group,
-			"messaging.redis.entry_id":      xm.ID,
-		}
-		e := s.set.Add(xm.ID, &m)
-		if e == nil {
-			back = append(back, xm.ID)
-			continue
-		}
+		m.Metadata = map[string]string{"messaging.destination.name": s.stream, "messaging.consumer.group.name": s.c.group, "messaging.redis.entry_id": x.ID}
 		s.mu.Lock()
-		s.buf = append(s.buf, e)
+		if e := s.set.Add(x.ID, &m); e != nil {
+			s.buf = append(s.buf, e)
+		} else {
+			back = append(back, &entry{Key: x.ID})
+		}
 		s.mu.Unlock()
 	}
-	if len(back) > 0 {
-		s.giveBack(back)
-	}
+	_ = s.giveBack(back) // failed, they come back after min_idle
 }
 
-// touch sets the idle time of the entries ids to idle, claiming them for
-// this consumer without raising their delivery counts (XCLAIM … JUSTID),
-// and returns the ids still pending.
-func (s *Source) touch(ctx context.Context, idle time.Duration, ids ...string) ([]string, error) {
+// touch sets the entries' idle time, keeping their delivery counts.
+func (s *Source) touch(ctx context.Context, idle time.Duration, es ...*entry) error {
 	args := []any{"xclaim", s.stream, s.c.group, s.c.consumer, 0}
-	for _, id := range ids {
-		args = append(args, id)
+	for _, e := range es {
+		args = append(args, e.Key)
 	}
-	return s.rdb.Do(ctx, append(args, "idle", idle.Milliseconds(), "justid")...).StringSlice()
+	return s.rdb.Do(ctx, append(args, "idle", idle.Milliseconds(), "justid")...).Err()
 }
 
-// giveBack makes entries idle for min_idle, so the group's next
-// XAUTOCLAIM takes them at once.
-func (s *Source) giveBack(ids []string) {
+// giveBack makes entries idle for min_idle: the group reclaims them.
+func (s *Source) giveBack(es []*entry) error {
+	if len(es) == 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.touch(ctx, s.c.minIdle, ids...); err != nil {
-		s.log.Log().Warn("idemq redis: giving entries back failed; they come back after min_idle", "stream", s.stream, "entries", len(ids), "error", err)
-	}
+	return s.touch(ctx, s.c.minIdle, es...)
 }
 
-// beat keeps the unsettled entries leased: their idle times go back to
-// zero (XCLAIM to this consumer, min-idle 0, JUSTID) every third of
-// min_idle, up to WithMaxExtension after their receipt.
+// beat keeps the unsettled entries leased, up to WithMaxExtension.
 func (s *Source) beat(now time.Time) {
-	due := s.set.Due(now, s.c.minIdle)
+	due, sent := s.set.Due(now, s.c.minIdle), time.Now()
 	if len(due) == 0 {
 		return
 	}
-	ids := make([]string, len(due))
-	for i, e := range due {
-		ids[i] = e.Key
-	}
-	sent := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.minIdle/3)
-	kept, err := s.touch(ctx, 0, ids...)
-	cancel()
-	if err != nil {
-		s.log.Log().Warn("idemq redis: heartbeat failed; trying again next beat", "stream", s.stream, "entries", len(ids), "error", err)
+	defer cancel()
+	if err := s.touch(ctx, 0, due...); err != nil {
+		s.log.Log().Warn("idemq redis: heartbeat failed; trying again next beat", "stream", s.stream, "entries", len(due), "error", err)
 		return
 	}
-	pending := make(map[string]bool, len(kept))
-	for _, id := range kept {
-		pending[id] = true
-	}
-	var ext []*entry
-	for _, e := range due {
-		if pending[e.Key] {
-			ext = append(ext, e)
-		} else {
-			s.set.Drop(e, errGone)
-		}
-	}
-	s.set.Extended(ext, sent)
+	s.set.Extended(due, sent)
 }
 
-// Close implements driver.Source: it stops reading and the heartbeat and
-// gives every unsettled entry back (idle for min_idle, so the group
-// reclaims them at once). Settling those deliveries afterwards returns a
-// stale error.
+// Close implements driver.Source: it gives every unsettled entry back at
+// once; settling one afterwards returns a stale error.
 func (s *Source) Close() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	closed := s.closed
+	s.closed, s.buf = true, nil
+	s.mu.Unlock()
+	if closed {
 		return nil
 	}
-	s.closed = true
-	s.buf = nil
-	s.mu.Unlock()
 	close(s.done)
-	s.fetch <- struct{}{} // wait for a read under way; never released
+	s.fetch.Lock() // waits for a read under way
+	s.fetch.Unlock()
 	s.stopHB()
-	<-s.hbDone
-	var ids []string
-	for _, e := range s.set.Close() {
-		ids = append(ids, e.Key)
-	}
-	var err error
-	if len(ids) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err = s.touch(ctx, s.c.minIdle, ids...)
-		cancel()
-	}
-	if cerr := s.close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("redis: closing the source of %s (%d entries to give back): %w", s.stream, len(ids), err)
+	s.hb.Wait()
+	if err := errors.Join(s.giveBack(s.set.Close()), s.rdb.Close()); err != nil {
+		return fmt.Errorf("redis: closing the source of %s (giving entries back): %w", s.stream, err)
 	}
 	return nil
 }
 
-// settle claims e's settlement (driver.ErrAlreadySettled, or a stale error:
-// then nothing may be sent) and tells a waiting Receive there is room.
+// settle claims e's settlement (nil: send it) and wakes Receive.
 func (s *Source) settle(e *entry) error {
 	err := s.set.Settle(e)
 	select {
@@ -396,23 +304,19 @@ func (s *Source) settle(e *entry) error {
 	return err
 }
 
-// AckBatch implements driver.BatchSettler with one XACK for the batch.
-// Deliveries settled before, stale or of another source are reported in
-// the joined error; the others are acked.
+// AckBatch implements driver.BatchSettler with one XACK; the joined error
+// names the deliveries settled before, stale or of another source.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	var errs []error
 	var ids []string
 	for _, dd := range ds {
-		d, ok := dd.(*delivery)
-		if !ok || d.s != s {
+		if d, ok := dd.(*delivery); !ok || d.s != s {
 			errs = append(errs, fmt.Errorf("redis: AckBatch given a delivery of another source (%T)", dd))
-			continue
-		}
-		if err := s.settle(d.e); err != nil {
+		} else if err := s.settle(d.e); err != nil {
 			errs = append(errs, err)
-			continue
+		} else {
+			ids = append(ids, d.e.Key)
 		}
-		ids = append(ids, d.e.Key)
 	}
 	if len(ids) > 0 {
 		if err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err(); err != nil {
@@ -420,4 +324,60 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// delivery is one entry handed out by a Source.
+type delivery struct {
+	s *Source
+	e *entry
+}
+
+// Message implements driver.Delivery.
+func (d *delivery) Message() *driver.Message { return d.e.D }
+
+// IDError implements driver.IDErrorer: where the id was looked for in
+// vain.
+func (d *delivery) IDError() error {
+	return fmt.Errorf("redis: entry %s of %s has no %s field, or an empty one (id_field= names the field that holds the id)", d.e.Key, d.s.stream, d.s.c.idField)
+}
+
+// settle settles d by send, unless settled before or stale.
+func (d *delivery) settle(what string, send func() error) error {
+	if err := d.s.settle(d.e); err != nil {
+		return err
+	}
+	if err := send(); err != nil {
+		return fmt.Errorf("redis: %s of entry %s of %s: %w", what, d.e.Key, d.s.stream, err)
+	}
+	return nil
+}
+
+// Ack implements driver.Delivery with XACK.
+func (d *delivery) Ack(ctx context.Context) error {
+	return d.settle("ack", func() error { return d.s.rdb.XAck(ctx, d.s.stream, d.s.c.group, d.e.Key).Err() })
+}
+
+// Retry implements driver.Delivery: the entry stays pending, to reach
+// min_idle after delay (at most min_idle) and be reclaimed.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
+	return d.settle("retry", func() error { return d.s.touch(ctx, max(d.s.c.minIdle-delay, 0), d.e) })
+}
+
+// DeadLetter implements driver.Delivery: one MULTI/EXEC adds the message
+// and the bookkeeping fields to the dead-letter stream and acknowledges
+// the entry.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	s, m, why := d.s, d.e.D, "no cause given"
+	if cause != nil {
+		why = cause.Error()
+	}
+	return d.settle("dead-letter to "+s.c.dlq, func() error {
+		tx := s.rdb.TxPipeline()
+		s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body),
+			driver.CauseHeader, why, driver.AttemptHeader, strconv.Itoa(m.Attempt), driver.OriginHeader, s.stream+"/"+s.c.group+"/"+d.e.Key,
+			driver.ParkedAtHeader, time.Now().UTC().Format(time.RFC3339Nano), driver.DestinationHeader, s.stream))
+		tx.XAck(ctx, s.stream, s.c.group, d.e.Key)
+		_, err := tx.Exec(ctx)
+		return err
+	})
 }

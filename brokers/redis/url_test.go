@@ -13,7 +13,7 @@ import (
 // URLs are read into an address, a stream and options; a wrong one fails
 // naming the parameter, never quoting a value or the password.
 func TestParseURL(t *testing.T) {
-	u, _ := url.Parse("redis://alice:pw@cache.local/orders:v1?group=billing&consumer=b1&start=$&id_field=order_id&min_idle=5s&max_extension=10m&window=7&poll=20ms&dlq=orders:parked&max_age=48h&db=2")
+	u, _ := url.Parse("redis://alice:pw@cache.local/orders:v1?group=billing&consumer=b1&start=$&id_field=order_id&min_idle=5s&max_extension=10m&window=7&poll=20ms&dlq=orders:parked&max_age=48h")
 	addr, stream, opts, err := parseURL(u, driver.OpenConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -24,13 +24,13 @@ func TestParseURL(t *testing.T) {
 	}
 	if addr != "cache.local:6379" || stream != "orders:v1" || c.user != "alice" || c.pass != "pw" || c.group != "billing" || c.consumer != "b1" ||
 		c.start != "$" || c.idField != "order_id" || c.minIdle.String() != "5s" || c.maxExtension.String() != "10m0s" || c.window != 7 ||
-		c.poll.String() != "20ms" || c.dlq != "orders:parked" || c.maxAge.String() != "48h0m0s" || c.db != 2 || c.tls != nil {
+		c.poll.String() != "20ms" || c.dlq != "orders:parked" || c.maxAge.String() != "48h0m0s" || c.tls != nil {
 		t.Errorf("parsed %s %s %+v", addr, stream, c)
 	}
 	for raw, want := range map[string]string{
 		"redis://h/s?group=g&min_idel=1s":          `unknown parameter "min_idel" (did you mean min_idle?)`,
 		"redis://h/s?group=g&min_idle=s3cr3t":      "redis URL parameter min_idle: not a duration",
-		"redis://h/s?group=g&start=s3cr3t":         "redis URL parameter start: not $ or 0",
+		"redis://h/s?group=g&start=":               "redis URL parameter start: empty",
 		"redis://h/s?group=g&tls_ca=/s3cr3t":       "need a rediss:// URL",
 		"rediss://h/s?group=g&tls_cert=/s3cr3t":    "tls_cert and tls_key go together",
 		"rediss://h/s?group=g&tls_ca=/nonexistent": "redis URL parameter tls_ca",
