@@ -22,6 +22,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/nats"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
+	_ "github.com/idemq/idemq/brokers/redis"
 	_ "github.com/idemq/idemq/brokers/sqs"
 	_ "github.com/idemq/idemq/outbox/mysqloutbox"
 	_ "github.com/idemq/idemq/outbox/pgoutbox"
