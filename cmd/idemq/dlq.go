@@ -26,7 +26,8 @@ const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
 (amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
-nats://…/STREAM?consumer=C&subject=S); its dead-letter queue, topic or
+nats://…/STREAM?consumer=C&subject=S, redis://…/STREAM?group=G); its
+dead-letter queue, topic or
 stream is the one the consumer parks to.
 
   list     the parked messages: id, cause, attempts, origin, age, size
@@ -118,7 +119,7 @@ func openDLQ(ctx context.Context, broker string) (admin.DeadLetterQueue, error) 
 	if u, err := redact.ParseURL(broker); err != nil {
 		return nil, cli.Usagef("--broker: %v", err)
 	} else if u.Scheme == "" {
-		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue or nats://host/STREAM?consumer=C", redact.URL(broker))
+		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, nats://host/STREAM?consumer=C or redis://host:6379/STREAM?group=G", redact.URL(broker))
 	}
 	return admin.OpenDeadLetters(ctx, broker)
 }
