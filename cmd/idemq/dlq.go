@@ -27,8 +27,7 @@ Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
 (amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
 nats://…/STREAM?consumer=C&subject=S, redis://…/STREAM?group=G); its
-dead-letter queue, topic or
-stream is the one the consumer parks to.
+dead-letter queue, topic or stream is the one the consumer parks to.
 
   list     the parked messages: id, cause, attempts, origin, age, size
   show     one message whole (headers and body), every parked copy of ID
