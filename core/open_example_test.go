@@ -27,7 +27,7 @@ func ExampleOpenSource() {
 	_, err = core.OpenSource(context.Background(), "mem://payments?windw=50")
 	fmt.Println(err)
 	// Output:
-	// idemq: opening broker mem://payments?windw=50: mem URL: unknown parameter "windw" (known: broker, visibility, window)
+	// idemq: opening broker mem://payments?windw=50: mem URL: unknown parameter "windw" (did you mean window?); known: broker, visibility, window
 }
 
 // A service's own operator endpoint: the messages a deploy dead-lettered
