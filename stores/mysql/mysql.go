@@ -90,9 +90,19 @@ const claimChunk = 1000
 
 // Store is the MySQL/MariaDB dedup store. It implements
 // driver.Store[*sql.Tx], admin.Pruner, driver.Retentioner, admin.Migrator
-// and driver.Leaser (leased claims, see Acquire), and is safe for
-// concurrent use.
+// and driver.Leaser (leased claims: Acquire, Renew, Release), and is safe
+// for concurrent use.
+//
+// The lease methods run in READ COMMITTED transactions of their own:
+// SELECT … FOR UPDATE of the lease row, then an INSERT of a new row (a
+// duplicate key means a concurrent Acquire inserted it first: it is read
+// again) or, for an expired row, an UPDATE with the next token; then, with
+// the row locked, a look-up of the dedup table, whose completed claim
+// wins. Fence locks the rows with SELECT … FOR UPDATE and deletes those
+// whose token still matches (portable to MySQL 8, which has no DELETE …
+// RETURNING).
 type Store struct {
+	sqlstore.Leaser
 	db    *sql.DB
 	owned bool
 	cfg   config
@@ -262,7 +272,11 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 	return sqlstore.New("mysql", "*sql.DB", db, opts, buildConfig, newStore)
 }
 
-func newStore(db *sql.DB, cfg config) *Store { return &Store{db: db, cfg: cfg} }
+func newStore(db *sql.DB, cfg config) *Store {
+	s := &Store{db: db, cfg: cfg}
+	s.Leaser = sqlstore.Leaser{Cfg: &s.cfg.Config, Claims: s.claims()}
+	return s
+}
 
 // DB returns the database handle, for business queries outside a claim.
 func (s *Store) DB() *sql.DB { return s.db }
@@ -425,7 +439,7 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql: begin: %w", err)
 	}
-	return &Txn{s: s, mode: mode, End: sqlstore.End{Store: "mysql", SQL: tx, Gone: connGone}}, nil
+	return &Txn{s: s, mode: mode, End: sqlstore.End{Store: "mysql", SQL: tx, Gone: connGone, Leases: &s.Leaser}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements

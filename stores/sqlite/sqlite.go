@@ -49,8 +49,16 @@ const claimChunk = 400
 
 // Store is the SQLite dedup store. It implements driver.Store[*sql.Tx],
 // admin.Pruner, driver.Retentioner, admin.Migrator and driver.Leaser
-// (leased claims, see Acquire). It is safe for concurrent use.
+// (leased claims: Acquire, Renew, Release). It is safe for concurrent use.
+//
+// Every transaction of a handle from Open takes the write lock at BEGIN,
+// the lease methods' own included: Acquire reads the lease row, inserts a
+// new one or takes an expired one over with the next token, then reads
+// the dedup table, whose completed claim wins. A completion transaction
+// that fenced a lease holds the write lock until it ends, so Acquire waits
+// for it (up to busy_timeout) and then finds its claim.
 type Store struct {
+	sqlstore.Leaser
 	db    *sql.DB
 	owned bool // Close closes db only when Open created it
 	cfg   config
@@ -112,7 +120,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 
 func newStore(db *sql.DB, cfg config) *Store {
 	t := cfg.Table // validated: safe to splice into SQL
-	return &Store{db: db, cfg: cfg, q: queries{
+	s := &Store{db: db, cfg: cfg, q: queries{
 		migrate: []string{
 			`CREATE TABLE IF NOT EXISTS ` + t + ` (
 	consumer     TEXT NOT NULL,
@@ -141,6 +149,8 @@ func newStore(db *sql.DB, cfg config) *Store {
 		prune: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t +
 			` WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)`,
 	}}
+	s.Leaser = sqlstore.Leaser{Cfg: &s.cfg.Config, Claims: s.claims()}
+	return s
 }
 
 // DB returns the underlying database handle, for business tables and
@@ -225,7 +235,7 @@ func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
 	}
-	return &Txn{s: s, End: sqlstore.End{Store: "sqlite", SQL: tx, Numbered: true}}, nil
+	return &Txn{s: s, End: sqlstore.End{Store: "sqlite", SQL: tx, Numbered: true, Leases: &s.Leaser}}, nil
 }
 
 // Txn is one open dedup transaction of a Store; it implements

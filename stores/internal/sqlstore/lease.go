@@ -308,3 +308,31 @@ func (cl Claims) timeText(col string) string {
 	}
 	return cl.TimeText(col)
 }
+
+// Leaser is the lease half of a database/sql store (driver.Leaser), which
+// mysql and sqlite embed: each method runs in a short transaction of its
+// own on Claims (see Config.Acquire, Renew and Release for the steps).
+type Leaser struct {
+	Cfg    *Config
+	Claims Claims
+}
+
+// Acquire claims claim.ID for consumer as in progress until ttl from now
+// (driver.Leaser): LeaseWon with a new token, taking over an expired lease;
+// LeaseBusy while another's is live; LeaseDone or LeaseMismatch when the
+// claim was completed. The lease table is the dedup table's name followed
+// by _leases; Migrate creates it.
+func (l *Leaser) Acquire(ctx context.Context, consumer string, claim driver.Claim, ttl time.Duration) (driver.Lease, error) {
+	return l.Cfg.Acquire(ctx, l.Claims, consumer, claim, ttl)
+}
+
+// Renew moves the expiry of the leases whose tokens still hold them to ttl
+// from now and reports, ref for ref, which are still held (driver.Leaser).
+func (l *Leaser) Renew(ctx context.Context, consumer string, leases []driver.LeaseRef, ttl time.Duration) ([]bool, error) {
+	return l.Cfg.Renew(ctx, l.Claims, consumer, leases, ttl)
+}
+
+// Release deletes the lease if its token still holds it (driver.Leaser).
+func (l *Leaser) Release(ctx context.Context, consumer string, lease driver.LeaseRef) error {
+	return l.Cfg.Release(ctx, l.Claims, consumer, lease)
+}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // The savepoint a batch transaction sets before each message's handler:
@@ -36,6 +38,17 @@ type End struct {
 	// Numbered says the driver takes numbered placeholders (?1, ?2: the
 	// consumer is ?1 in every statement); otherwise they are plain ?.
 	Numbered bool
+	// Leases are the store's, for Fence.
+	Leases *Leaser
+}
+
+// Fence ends the leases in this transaction (driver.Fencer): it locks
+// their rows (or holds the write lock already), deletes those whose token
+// still matches, and reports ref for ref which did. The rows stay locked
+// until the transaction ends, so a concurrent Acquire waits and then finds
+// the completed claim.
+func (t *End) Fence(ctx context.Context, consumer string, leases []driver.LeaseRef) ([]bool, error) {
+	return t.Leases.Cfg.Fence(ctx, t.SQL, t.Leases.Claims, consumer, leases)
 }
 
 // InIDs returns prefix followed by a parenthesised placeholder per id, and
