@@ -2,12 +2,12 @@ package pgoutbox
 
 import (
 	"context"
-	"fmt"
 	"net/url"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 )
 
@@ -20,16 +20,12 @@ func init() {
 // openTable opens the outbox table named table (DefaultTable when "") in
 // the database at u, a pgx connection string.
 func openTable(ctx context.Context, u *url.URL, table string) (admin.OutboxTable, error) {
-	if table == "" {
-		table = DefaultTable
-	}
-	ob, err := New(WithTable(table))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", admin.ErrBadURL, err)
-	}
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		return nil, err
-	}
-	return &sqloutbox.Opened{Operator: ob.Store(pool), Name: table, CloseDB: func() error { pool.Close(); return nil }}, nil
+	return sqloutbox.OpenTable(table, DefaultTable, func(t string) (*Outbox, error) { return New(WithTable(t)) },
+		func(ob *Outbox) (outbox.Operator, func() error, error) {
+			pool, err := pgxpool.New(ctx, u.String())
+			if err != nil {
+				return nil, nil, err
+			}
+			return ob.Store(pool), func() error { pool.Close(); return nil }, nil
+		})
 }

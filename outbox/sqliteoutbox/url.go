@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
@@ -22,9 +23,6 @@ func init() { admin.RegisterOutbox("sqlite", openTable) }
 // the SQLite database file at u, sqlite://path. The file must exist: an
 // operator's typo must not create an empty database.
 func openTable(ctx context.Context, u *url.URL, table string) (admin.OutboxTable, error) {
-	if table == "" {
-		table = DefaultTable
-	}
 	path := u.Host + u.Path
 	if u.Opaque != "" {
 		path = u.Opaque
@@ -35,16 +33,15 @@ func openTable(ctx context.Context, u *url.URL, table string) (admin.OutboxTable
 	if path == "" || strings.ContainsRune(path, '?') {
 		return nil, fmt.Errorf("%w: a sqlite URL is sqlite://path/to/app.db", admin.ErrBadURL)
 	}
-	ob, err := New(WithTable(table))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", admin.ErrBadURL, err)
-	}
-	if _, err := os.Stat(path); err != nil {
-		return nil, err
-	}
-	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_txlock=immediate")
-	if err != nil {
-		return nil, err
-	}
-	return &sqloutbox.Opened{Operator: ob.Store(db), Name: table, CloseDB: db.Close}, nil
+	return sqloutbox.OpenTable(table, DefaultTable, func(t string) (*Outbox, error) { return New(WithTable(t)) },
+		func(ob *Outbox) (outbox.Operator, func() error, error) {
+			if _, err := os.Stat(path); err != nil {
+				return nil, nil, err
+			}
+			db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_txlock=immediate")
+			if err != nil {
+				return nil, nil, err
+			}
+			return ob.Store(db), db.Close, nil
+		})
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -403,3 +404,22 @@ func (o *Opened) Table() string { return o.Name }
 
 // Close closes the connections the opener made.
 func (o *Opened) Close() error { return o.CloseDB() }
+
+// OpenTable is an outbox package's admin.OutboxOpener: it names the table
+// (def when table is ""), refuses a bad name as admin.ErrBadURL, and opens
+// the table's Operator with open, which returns it and what closes its
+// connections.
+func OpenTable[O any](table, def string, newOutbox func(table string) (O, error), open func(O) (outbox.Operator, func() error, error)) (admin.OutboxTable, error) {
+	if table == "" {
+		table = def
+	}
+	ob, err := newOutbox(table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", admin.ErrBadURL, err)
+	}
+	op, closeDB, err := open(ob)
+	if err != nil {
+		return nil, err
+	}
+	return &Opened{Operator: op, Name: table, CloseDB: closeDB}, nil
+}
