@@ -109,6 +109,8 @@ func TestFailuresExitOneWithoutSecrets(t *testing.T) {
 		{"--broker", "amqp://app:" + secret + "@127.0.0.1:1/?queue=q", "--store", db},
 		{"--broker", "amqp://app:" + secret + "@127.0.0.1:1/?queue=q", "--publish", "10"},
 		{"--broker", "nats://app:" + secret + "@127.0.0.1:1/q", "--store", db},
+		{"--broker", "redis://app:" + secret + "@127.0.0.1:1/q?group=payments", "--store", db},
+		{"--broker", "redis://app:" + secret + "@127.0.0.1:1/q?group=payments", "--publish", "10"},
 	} {
 		out, err := exec.Command(bin, args...).CombinedOutput()
 		var exit *exec.ExitError

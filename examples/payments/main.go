@@ -1,17 +1,19 @@
 // Command payments is idemq's reference service: a payment consumer a team
 // can copy. The broker and the store are chosen by URL at start-up, so the
-// same binary serves RabbitMQ, Kafka, SQS (or the in-process mem://) into
-// PostgreSQL, MySQL/MariaDB or SQLite, and its handlers never mention a
-// broker.
+// same binary serves RabbitMQ, Kafka, SQS, NATS JetStream, Redis Streams
+// (or the in-process mem://) into PostgreSQL, MySQL/MariaDB or SQLite, and
+// its handlers never mention a broker.
 //
 //	go run ./examples/payments --broker 'amqp://guest:guest@localhost:5672/?queue=payments' \
 //	    --store 'postgres://postgres@localhost:5432/test'
 //	go run ./examples/payments --broker 'kafka://localhost:9092/payments?group=payments' --store …
 //	go run ./examples/payments --broker 'sqs://payments?endpoint=http://localhost:9324&region=us-east-1' --store …
+//	go run ./examples/payments --broker 'redis://localhost:6379/payments?group=payments' --store …
 //
 // Each message's body is JSON like {"account": "acc-17", "amount_cents": 1250};
 // its id is the producer's business id (the AMQP message_id property, the
-// Kafka header or SQS message attribute "message-id"). In one transaction
+// Kafka header or SQS message attribute "message-id", the Nats-Msg-Id
+// header or idemq-id, the idemq-id field of a Redis entry). In one transaction
 // per message (or per batch, --batch) the service claims the id, inserts a
 // row into ledger(account, amount_cents, message_id) — a table with no
 // unique constraint, so only idemq stands between a duplicate and a double
@@ -69,6 +71,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/memory"
 	natsbroker "github.com/idemq/idemq/brokers/nats"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
+	_ "github.com/idemq/idemq/brokers/redis"
 	_ "github.com/idemq/idemq/brokers/sqs"
 )
 
@@ -127,7 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.SetOutput(stderr)
 	var s settings
 	level := "info"
-	fs.StringVar(&s.broker, "broker", "", "broker URL: amqp://…?queue=Q, kafka://host:port/topic?group=G, sqs://queue?…, nats://host:4222/STREAM?consumer=C&subject=S, mem://queue (required)")
+	fs.StringVar(&s.broker, "broker", "", "broker URL: amqp://…?queue=Q, kafka://host:port/topic?group=G, sqs://queue?…, nats://host:4222/STREAM?consumer=C&subject=S, redis://host:6379/STREAM?group=G, mem://queue (required)")
 	fs.StringVar(&s.store, "store", "", "store URL: postgres://…, mysql://…, sqlite://path (required; ?table= names the dedup table)")
 	fs.StringVar(&s.consumer, "consumer", "payments", "consumer name: the first half of the dedup key")
 	fs.StringVar(&s.tables, "tables", "", "prefix for the ledger and accounts tables (letters, digits, _)")
@@ -330,8 +333,9 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 // ones, to the broker URL.
 func publish(ctx context.Context, s settings, out io.Writer) error {
 	// Opening the consumer side first declares what the broker needs (the
-	// RabbitMQ queue; Kafka and SQS check that the topic or queue exists),
-	// so no published message is unroutable.
+	// RabbitMQ queue, the Redis stream's consumer group; Kafka and SQS
+	// check that the topic or queue exists), so no published message is
+	// unroutable.
 	src, err := core.OpenSource(ctx, s.broker)
 	if err != nil {
 		return err
@@ -357,7 +361,9 @@ func publish(ctx context.Context, s settings, out io.Writer) error {
 // NATS source reads first: JetStream drops a publish whose Nats-Msg-Id it
 // saw within the stream's duplicate window (2 minutes), so a repeat with
 // the original's id would never reach a consumer, unlike a producer's
-// retry sent after that window.
+// retry sent after that window. Redis keeps every XADD, so a repeat there
+// is an entry of its own with the original's id, as a producer's retry
+// would be.
 func publishSends(ctx context.Context, pub *core.Publisher, sends []sent, copyIDs bool) error {
 	const chunk = 500
 	seen := map[string]bool{}

@@ -294,6 +294,11 @@ type killRun struct {
 	// settled, if set, is checked after the graceful stop: the broker holds
 	// no message any more.
 	settled func(t *testing.T)
+	// drained, if set, reports whether the broker has nothing left to
+	// deliver or awaiting an ack; the last run is stopped once it holds as
+	// well as the ledger is complete (what a killed run held comes back
+	// only after its lease, possibly after the ledger is complete).
+	drained func() bool
 	// args and env, if set, are added to run i's command line and
 	// environment.
 	args []string
@@ -411,6 +416,12 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("last run: all %d unique ids in the ledger at %v", len(unique), time.Since(began).Round(time.Millisecond))
+	if r.drained != nil {
+		for !r.drained() && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("last run: the broker drained at %v", time.Since(began).Round(time.Millisecond))
+	}
 	time.Sleep(time.Second) // give a late double charge the chance to land
 	cmd.Process.Signal(syscall.SIGTERM)
 	exited := make(chan error, 1)
@@ -447,6 +458,27 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 	}
 	t.Logf("%d redeliveries decided Duplicate", redelivered)
 	return killResult{unique: unique, logs: logs}
+}
+
+// checkCopiesDecided checks, for a broker that keeps every duplicate copy
+// published as a message of its own, that the runs' logs hold at least one
+// Duplicate decision per copy, besides the redeliveries of the killed
+// runs: the copies reached the consumer and were decided, not lost.
+func checkCopiesDecided(t *testing.T, res killResult, messages, kills int) {
+	t.Helper()
+	copies := messages - len(res.unique)
+	duplicates := 0
+	for i := 0; i <= kills; i++ {
+		b, err := os.ReadFile(filepath.Join(res.logs, fmt.Sprintf("run-%d.log", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		duplicates += strings.Count(string(b), "decision=duplicate")
+	}
+	t.Logf("%d duplicate decisions for %d copies", duplicates, copies)
+	if copies == 0 || duplicates < copies {
+		t.Errorf("%d duplicate decisions for %d duplicate copies published: copies did not reach the consumer", duplicates, copies)
+	}
 }
 
 // checkLedger checks that the ledger holds exactly one row per unique id

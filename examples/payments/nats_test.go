@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -37,21 +34,8 @@ func TestKillAndRestartNATSPostgres(t *testing.T) {
 		settled: func(t *testing.T) { natsSettled(t, nu, stream, messages) },
 	})
 	// Every copy is a stream message of its own, acked (natsSettled) only
-	// after its decision's log line: each was decided Duplicate at least
-	// once, besides the redeliveries of the killed runs.
-	copies := messages - len(res.unique)
-	duplicates := 0
-	for i := 0; i <= kills; i++ {
-		b, err := os.ReadFile(filepath.Join(res.logs, fmt.Sprintf("run-%d.log", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		duplicates += strings.Count(string(b), "decision=duplicate")
-	}
-	t.Logf("%d duplicate decisions for %d copies", duplicates, copies)
-	if copies == 0 || duplicates < copies {
-		t.Errorf("%d duplicate decisions for %d duplicate copies published: copies did not reach the consumer", duplicates, copies)
-	}
+	// after its decision's log line.
+	checkCopiesDecided(t, res, messages, kills)
 }
 
 // natsSettled checks that stream holds all the messages published to it,
