@@ -498,20 +498,19 @@ func (s *Source) Close() error {
 // partition was revoked are refused as stale (driver.ErrStaleDelivery); the returned
 // error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	var errs []error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.broadcast() // once for the batch
-	for _, cd := range ds {
+	own, errs := unsettled.Take("kafka", ds, func(cd driver.Delivery) (*delivery, bool) {
 		d, ok := cd.(*delivery)
-		if !ok || d.src != s {
-			errs = append(errs, fmt.Errorf("kafka: AckBatch: delivery %T is not from this source", cd))
-			continue
-		}
+		return d, ok && d.src == s
+	}, func(d *delivery) error {
 		if err := d.Claim(); err != nil {
-			errs = append(errs, d.wrap(err))
-			continue
+			return d.wrap(err)
 		}
+		return nil
+	})
+	for _, d := range own {
 		if err := s.settleQuietly(d, nil); err != nil {
 			errs = append(errs, d.wrap(err))
 		}

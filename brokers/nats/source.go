@@ -223,6 +223,12 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	return d, nil
 }
 
+// mine returns dd as a delivery of s.
+func (s *Source) mine(dd driver.Delivery) (*delivery, bool) {
+	d, ok := dd.(*delivery)
+	return d, ok && d.s == s
+}
+
 func (s *Source) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -282,18 +288,9 @@ func (s *Source) Close() error {
 // round trip for the batch instead of one per message. Deliveries settled
 // before or stale are reported in the joined error; the others are acked.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	var errs []error
+	own, errs := unsettled.Take("nats", ds, s.mine, (*delivery).begin)
 	sent := 0
-	for _, dd := range ds {
-		d, ok := dd.(*delivery)
-		if !ok || d.s != s {
-			errs = append(errs, fmt.Errorf("nats: AckBatch given a delivery of another source (%T)", dd))
-			continue
-		}
-		if err := d.begin(); err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	for _, d := range own {
 		if err := d.msg().Ack(); err != nil {
 			errs = append(errs, d.failed("ack", err))
 			continue

@@ -760,17 +760,16 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 		ds   []*delivery
 	}
 	var groups []group
-	var errs []error
-	for _, cd := range ds {
+	own, errs := unsettled.Take("rabbitmq", ds, func(cd driver.Delivery) (*delivery, bool) {
 		d, ok := cd.(*delivery)
-		if !ok || d.sess.src != s {
-			errs = append(errs, fmt.Errorf("rabbitmq: AckBatch: delivery %T is not from this source", cd))
-			continue
-		}
+		return d, ok && d.sess.src == s
+	}, func(d *delivery) error {
 		if err := d.Claim(); err != nil {
-			errs = append(errs, d.wrap(err))
-			continue
+			return d.wrap(err)
 		}
+		return nil
+	})
+	for _, d := range own {
 		i := slices.IndexFunc(groups, func(g group) bool { return g.sess == d.sess })
 		if i < 0 {
 			i = len(groups)

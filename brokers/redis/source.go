@@ -307,16 +307,13 @@ func (s *Source) settle(e *entry) error {
 // AckBatch implements driver.BatchSettler with one XACK; the joined error
 // names the deliveries settled before, stale or of another source.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	var errs []error
-	var ids []string
-	for _, dd := range ds {
-		if d, ok := dd.(*delivery); !ok || d.s != s {
-			errs = append(errs, fmt.Errorf("redis: AckBatch given a delivery of another source (%T)", dd))
-		} else if err := s.settle(d.e); err != nil {
-			errs = append(errs, err)
-		} else {
-			ids = append(ids, d.e.Key)
-		}
+	own, errs := unsettled.Take("redis", ds, func(dd driver.Delivery) (*delivery, bool) {
+		d, ok := dd.(*delivery)
+		return d, ok && d.s == s
+	}, func(d *delivery) error { return s.settle(d.e) })
+	ids := make([]string, len(own))
+	for i, d := range own {
+		ids[i] = d.e.Key
 	}
 	if len(ids) > 0 {
 		if err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err(); err != nil {

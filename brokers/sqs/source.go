@@ -621,20 +621,10 @@ func (s *Source) Close() error {
 // deleted, and SQS redelivers those (the dedup store then decides
 // Duplicate).
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	var errs []error
-	own := make([]*delivery, 0, len(ds))
-	for _, cd := range ds {
+	own, errs := unsettled.Take("sqs", ds, func(cd driver.Delivery) (*delivery, bool) {
 		d, ok := cd.(*delivery)
-		if !ok || d.src != s {
-			errs = append(errs, fmt.Errorf("sqs: AckBatch: delivery %T is not from this source", cd))
-			continue
-		}
-		if err := d.claim(); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		own = append(own, d)
-	}
+		return d, ok && d.src == s
+	}, (*delivery).claim)
 	if len(own) > 0 {
 		failed := s.deleteBatch(ctx, own)
 		for _, d := range own {

@@ -11,6 +11,7 @@ package unsettled
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -248,4 +249,28 @@ func (s *Set[K, D]) All() []*Entry[K, D] {
 		out = append(out, e)
 	}
 	return out
+}
+
+// Take sorts the deliveries a BatchSettler's AckBatch is given: mine
+// recognises a delivery of this source, claim claims the right to settle
+// it (Set.Settle, or an adapter's own guard). It returns the deliveries to
+// acknowledge, and the errors of the others: of another source, settled
+// before, or stale.
+func Take[D any](scheme string, ds []driver.Delivery, mine func(driver.Delivery) (D, bool), claim func(D) error) ([]D, []error) {
+	own := make([]D, 0, len(ds))
+	var errs []error
+	for _, dd := range ds {
+		d, ok := mine(dd)
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s: AckBatch: delivery %T is not from this source", scheme, dd))
+		default:
+			if err := claim(d); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			own = append(own, d)
+		}
+	}
+	return own, errs
 }
