@@ -89,3 +89,32 @@ func TestLoggerGivenWinsOverTheConsumers(t *testing.T) {
 		t.Fatal("SetLogger replaced the logger given at construction")
 	}
 }
+
+// fakeDelivery is a delivery of some source.
+type fakeDelivery struct {
+	driver.Delivery
+	src int
+	e   *Entry[int, string]
+}
+
+func TestTakeSortsABatch(t *testing.T) {
+	s := New[int, string](time.Hour, 0)
+	mine := func(dd driver.Delivery) (*fakeDelivery, bool) {
+		d, ok := dd.(*fakeDelivery)
+		return d, ok && d.src == 1
+	}
+	settle := func(d *fakeDelivery) error { return s.Settle(d.e) }
+	a := &fakeDelivery{src: 1, e: s.Add(1, "a")}
+	b := &fakeDelivery{src: 1, e: s.Add(2, "b")}
+	other := &fakeDelivery{src: 2, e: s.Add(3, "c")}
+	if err := s.Settle(b.e); err != nil {
+		t.Fatal(err)
+	}
+	own, errs := Take("x", []driver.Delivery{a, b, other}, mine, settle)
+	if len(own) != 1 || own[0] != a {
+		t.Fatalf("took %v, want a alone", own)
+	}
+	if len(errs) != 2 || !errors.Is(errs[0], driver.ErrAlreadySettled) || errs[1].Error() != "x: AckBatch: delivery *unsettled.fakeDelivery is not from this source" {
+		t.Fatalf("errors %v", errs)
+	}
+}
