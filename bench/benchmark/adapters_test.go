@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemq/idemq/internal/servicetest"
@@ -197,6 +198,38 @@ func TestRunNATSPostgres(t *testing.T) {
 	}
 }
 
+// TestRunRedisPostgres runs every configuration on the Redis server at
+// IDEMQ_REDIS_URL (default the local one) into Postgres; each run's stream
+// is deleted with its dead-letter stream afterwards.
+func TestRunRedisPostgres(t *testing.T) {
+	redisURL := servicetest.URL(t, "IDEMQ_REDIS_URL", "redis://127.0.0.1:6379", func(ctx context.Context, u string) error {
+		o, err := goredis.ParseURL(u)
+		if err != nil {
+			return err
+		}
+		c := goredis.NewClient(o)
+		defer c.Close()
+		return c.Ping(ctx).Err()
+	})
+	pgURL := servicetest.PostgresURL(t)
+	u, err := url.Parse(redisURL)
+	if err != nil {
+		t.Fatalf("IDEMQ_REDIS_URL: %v", err)
+	}
+	u.Path = "/idemq-bench-test"
+	rep := runSmall(t, u.String(), pgURL, 300, 50, allConfigs)
+	if !strings.Contains(rep.Machine.Broker, "redis-server") {
+		t.Errorf("broker %q", rep.Machine.Broker)
+	}
+	for _, r := range rep.Results {
+		if r.Name == IdemqB1W5 || r.Name == IdemqBatch || r.Name == HandBatch || r.Name == SeedP5 {
+			if run := r.Runs[0]; run.Duplicates != 60 {
+				t.Errorf("%s: %d duplicates decided, want the 60 copies published", r.Name, run.Duplicates)
+			}
+		}
+	}
+}
+
 func TestRunSQSPostgres(t *testing.T) {
 	pgURL := servicetest.PostgresURL(t)
 	rep := runSmall(t, sqsURL(t), pgURL, 300, 10, allConfigs)
@@ -215,6 +248,8 @@ func TestConfigSchemes(t *testing.T) {
 	}{
 		{Config{Broker: "mqtt://127.0.0.1:1883/x", Store: "postgres://h/db"}, "Config.Broker: scheme \"mqtt\""},
 		{Config{Broker: "nats://127.0.0.1:4222/x?consumer=c", Store: "postgres://h/db"}, "parameter consumer is set per run"},
+		{Config{Broker: "redis://127.0.0.1:6379/x?group=g", Store: "postgres://h/db"}, "parameter group is set per run"},
+		{Config{Broker: "rediss://127.0.0.1:6379/x?id_field=order_id", Store: "postgres://h/db"}, "parameter id_field is set per run"},
 		{Config{Broker: "amqp://h/", Store: "sqlite:///tmp/x.db"}, "Config.Store: scheme \"sqlite\""},
 		{Config{Broker: "sqs://q?endpoint=http://127.0.0.1:1", Store: "mysql://root@h/db", BatchSize: 11}, "Config.BatchSize: 11 is outside 1..10"},
 	} {

@@ -111,6 +111,7 @@ type Config struct {
 	//	kafka://127.0.0.1:9092/bench?partitions=8        Kafka (e.g. bench/cmd/kfake)
 	//	sqs://KEY:SECRET@bench?endpoint=http://127.0.0.1:9324&region=us-east-1
 	//	nats://127.0.0.1:4222/bench                      NATS JetStream
+	//	redis://127.0.0.1:6379/bench                     Redis Streams (rediss:// with TLS)
 	//
 	// Each run uses its own queue (topic, stream) named after the URL's
 	// (default "idemq-bench") plus a random suffix, and deletes it
@@ -118,7 +119,9 @@ type Config struct {
 	// Kafka's partitions parameter (the run's topic's partitions, default
 	// 8), which only the benchmark reads; a nats:// URL leaves out the
 	// parameters the benchmark sets per run (consumer, subject, declare,
-	// dlq_stream, dlq_subject) and id_header. Required.
+	// dlq_stream, dlq_subject) and id_header, and a redis:// URL those it
+	// sets per run or reads itself (group, start, dlq, id_field, id_header).
+	// Required.
 	Broker string
 	// Store is the database URL, e.g. postgres://postgres@127.0.0.1/test
 	// or mysql://root@127.0.0.1:3306/test (see StoreSchemes). Each run
@@ -203,7 +206,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.Broker: not a URL")
 	}
 	switch bu.Scheme {
-	case "amqp", "amqps", "kafka", "sqs", "nats":
+	case "amqp", "amqps", "kafka", "sqs", "nats", "redis", "rediss":
 	default:
 		return c, fmt.Errorf("benchmark: Config.Broker: scheme %q is not supported (%s)", bu.Scheme, BrokerSchemes)
 	}

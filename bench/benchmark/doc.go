@@ -13,7 +13,8 @@
 // AMQP message_id (the message-id header on Kafka, the message-id
 // attribute on SQS, the Nats-Msg-Id header on NATS, where a duplicate copy
 // carries its own Nats-Msg-Id, which JetStream would otherwise drop, and
-// the business id in idemq-id); the effect is
+// the business id in idemq-id, the idemq-id field of a Redis entry, a
+// duplicate copy being an entry of its own); the effect is
 //
 //	UPDATE accounts SET balance_cents = balance_cents + $amount WHERE account = $account
 //
@@ -29,13 +30,14 @@
 //
 // The broker and the store are independent choices (Config.Broker,
 // Config.Store): RabbitMQ (amqp://), Kafka (kafka://; bench/cmd/kfake serves
-// one in memory), SQS (sqs://; the fauxqs emulator or AWS) or NATS
-// JetStream (nats://) into Postgres (postgres://) or MariaDB/MySQL
-// (mysql://). Each broker writes its own raw-driver consumers (amqp091-go,
-// kafka-go, aws-sdk-go-v2, nats.go: acks, offset commits,
-// DeleteMessage/DeleteMessageBatch, AckSync and acks + flush on a durable
-// pull consumer) and each store its own
-// transactions (pgx: ON CONFLICT DO NOTHING claims, UPDATE … FROM unnest;
+// one in memory), SQS (sqs://; the fauxqs emulator or AWS), NATS JetStream
+// (nats://) or Redis Streams (redis://, rediss://) into Postgres
+// (postgres://) or MariaDB/MySQL (mysql://). Each broker writes its own
+// raw-driver consumers (amqp091-go, kafka-go, aws-sdk-go-v2, nats.go,
+// go-redis: acks, offset commits, DeleteMessage/DeleteMessageBatch,
+// AckSync and acks + flush on a durable pull consumer, XREADGROUP in a
+// consumer group with an XACK per message or one per batch) and each
+// store its own transactions (pgx: ON CONFLICT DO NOTHING claims, UPDATE … FROM unnest;
 // go-sql-driver/mysql: INSERT IGNORE claims, INSERT IGNORE … RETURNING on
 // MariaDB, UPDATE … JOIN), so every combination compares idemq with
 // baselines written for it. SQS batches are at most 10 (ReceiveMessage,

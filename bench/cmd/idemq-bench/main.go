@@ -90,6 +90,8 @@ Brokers (--broker):
   sqs://             SQS        sqs://KEY:SECRET@idemq-bench?endpoint=http://127.0.0.1:9324&region=us-east-1
                                 (batches of at most 10: --batch defaults to 10)
   nats://            NATS       nats://127.0.0.1:4222/idemq-bench  (JetStream; the path is the stream)
+  redis://           Redis      redis://127.0.0.1:6379/idemq-bench  (Streams; the path is the stream)
+                                (rediss:// with TLS)
 Stores (--store):
   postgres://, postgresql://    postgres://postgres@127.0.0.1:5432/test
   mysql://  (MariaDB, MySQL)    mysql://root@127.0.0.1:3306/test
@@ -99,7 +101,7 @@ Exit code 1 if a configuration failed or broke the correctness check.
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := cli.NewFlags("idemq-bench", benchUsage, stdout)
-	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…, nats://127.0.0.1:4222/idemq-bench) (required)")
+	broker := f.String("broker", "", "broker URL: "+benchmark.BrokerSchemes+" (e.g. amqp://guest:guest@127.0.0.1:5672/?queue=idemq-bench, kafka://127.0.0.1:9092/idemq-bench, sqs://KEY:SECRET@idemq-bench?endpoint=…, nats://127.0.0.1:4222/idemq-bench, redis://127.0.0.1:6379/idemq-bench) (required)")
 	storeURL := f.StoreFlag()
 	n := f.Int("n", 0, "unique messages per run (default 50000; 3000 for the leased scenario)")
 	dups := f.Float64("duplicates", 0.2, "fraction of N published a second time")

@@ -84,14 +84,15 @@ func TestUsageAndHelp(t *testing.T) {
 // than SQS allows, is a usage error naming the field, before any
 // connection is tried.
 func TestBenchSchemes(t *testing.T) {
-	expect(t, exitOK, []string{"--help"}, "amqp://", "kafka://", "sqs://", "nats://", "postgres://", "mysql://", "-broker", "-store")
+	expect(t, exitOK, []string{"--help"}, "amqp://", "kafka://", "sqs://", "nats://", "redis://", "rediss://", "postgres://", "mysql://", "-broker", "-store")
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--broker", "amqp://h/", "--store", "sqlite:///tmp/x.db"}, `Config.Store: scheme "sqlite" is not supported (postgres, postgresql, mysql)`},
-		{[]string{"--broker", "mqtt://h:1883/t", "--store", "mysql://root@h/db"}, `Config.Broker: scheme "mqtt" is not supported (amqp, amqps, kafka, sqs, nats)`},
+		{[]string{"--broker", "mqtt://h:1883/t", "--store", "mysql://root@h/db"}, `Config.Broker: scheme "mqtt" is not supported (amqp, amqps, kafka, sqs, nats, redis, rediss)`},
 		{[]string{"--broker", "nats://h:4222/t?subject=x", "--store", "mysql://root@h/db"}, "Config.Broker: the nats:// parameter subject is set per run"},
+		{[]string{"--broker", "redis://h:6379/t?group=g", "--store", "mysql://root@h/db"}, "Config.Broker: the redis:// parameter group is set per run"},
 		{[]string{"--broker", "sqs://q?endpoint=http://127.0.0.1:1", "--store", "mysql://root@h/db", "--batch", "11"}, "Config.BatchSize: 11 is outside 1..10 (for sqs://)"},
 		{[]string{"--broker", "amqp://h/", "--store", "mysql://root@h/db", "--batch", "0"}, "--batch 0"},
 	} {
