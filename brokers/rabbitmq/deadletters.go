@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -120,8 +121,8 @@ func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) er
 // Redrive publishes each message parked when it began that sel chooses to
 // the queue it came from (Parked.Destination) through the default
 // exchange, mandatory and confirmed, with its properties, headers and body
-// but without idemq's bookkeeping headers (idemq-cause and every
-// x-idemq-* header) and the broker's (x-delivery-count, x-death,
+// but without idemq's bookkeeping headers (driver.CauseHeader and the
+// others DeadLetter writes) and the broker's (x-delivery-count, x-death,
 // x-first-death-*), so the consumer sees a first attempt; only after the
 // confirm does it ack, and so remove, the parked copy. progress, if not
 // nil, is called after each message redriven. It returns the number
@@ -318,28 +319,27 @@ func (q *DeadLetters) parked(d *amqp.Delivery, seen map[string]int) *admin.Parke
 	if cause, ok := d.Headers[driver.CauseHeader].(string); ok {
 		// The Source republished it (DeadLetterRepublish).
 		p.Cause = cause
-		p.Origin, _ = d.Headers[HeaderSourceQueue].(string)
-		p.Attempt, _ = toInt(d.Headers[HeaderAttempt])
+		p.Origin, _ = d.Headers[driver.OriginHeader].(string)
+		p.Attempt, _ = toInt(d.Headers[driver.AttemptHeader])
 	} else if death != nil {
 		// The broker dead-lettered it (DeadLetterReject, a delivery limit,
 		// a TTL): it records neither the cause nor the attempt.
 		p.Cause = deathCause(death)
 		p.Origin, _ = death["queue"].(string)
 	}
-	ms, stamped := d.Headers[HeaderParkedAt].(int64)
+	stamp, _ := d.Headers[driver.ParkedAtHeader].(string)
+	parkedAt, err := time.Parse(time.RFC3339Nano, stamp)
 	deathTime, died := death["time"].(time.Time) // whole seconds, rounded down
 	switch {
-	case stamped:
-		p.ParkedAt = time.UnixMilli(ms)
+	case err == nil:
+		p.ParkedAt = parkedAt
 	case died && d.Headers[driver.CauseHeader] == nil:
 		p.ParkedAt = deathTime
 	default:
 		p.ParkedAt = d.Timestamp // the send time, if the producer set it
 	}
-	p.Destination = p.Origin
-	if p.Destination == "" {
-		p.Destination = q.queue
-	}
+	p.Destination, _ = d.Headers[driver.DestinationHeader].(string)
+	p.Destination = cmp.Or(p.Destination, p.Origin, q.queue)
 	p.Ref = contentRef(d, seen)
 	return p
 }
@@ -416,13 +416,16 @@ func contentRef(d *amqp.Delivery, seen map[string]int) string {
 	return ref
 }
 
+// bookkeeping are the headers DeadLetter writes on a parked copy.
+var bookkeeping = []string{driver.CauseHeader, driver.AttemptHeader, driver.OriginHeader, driver.ParkedAtHeader, driver.DestinationHeader}
+
 // redriven is the publishing Redrive sends for d: d's properties, headers
 // and body without the bookkeeping of its delivery, dead-lettering and
 // retries.
 func redriven(d *amqp.Delivery) amqp.Publishing {
 	p := republishing(d)
 	for k := range p.Headers {
-		if k == driver.CauseHeader || k == "x-death" || strings.HasPrefix(k, "x-idemq-") || strings.HasPrefix(k, "x-first-death-") {
+		if slices.Contains(bookkeeping, k) || k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-idemq-") {
 			delete(p.Headers, k)
 		}
 	}

@@ -145,7 +145,8 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 					t.Errorf("redriven %s: Attempt %d, want 1", m.ID, m.Attempt)
 				}
 				for k := range m.Headers {
-					if k == driver.CauseHeader || k == "x-death" || strings.HasPrefix(k, "x-idemq-") || strings.HasPrefix(k, "x-first-death") {
+					if slices.Contains([]string{driver.CauseHeader, driver.AttemptHeader, driver.OriginHeader, driver.ParkedAtHeader, driver.DestinationHeader}, k) ||
+						k == "x-death" || strings.HasPrefix(k, "x-idemq-") || strings.HasPrefix(k, "x-first-death") {
 						t.Errorf("redriven %s still carries %s", m.ID, k)
 					}
 				}
@@ -212,8 +213,8 @@ func TestDeadLettersScanFields(t *testing.T) {
 				t.Errorf("ParkedAt %v, want between %v and now", p.ParkedAt, begin)
 			}
 			if p.Headers[driver.CauseHeader] != "" {
-				if p.Cause != "bad deploy fields-000" || p.Attempt != 1 || p.Headers[HeaderParkedAt] == "" {
-					t.Errorf("republished copy: Cause %q, Attempt %d, %s %q", p.Cause, p.Attempt, HeaderParkedAt, p.Headers[HeaderParkedAt])
+				if p.Cause != "bad deploy fields-000" || p.Attempt != 1 || p.Headers[driver.ParkedAtHeader] == "" {
+					t.Errorf("republished copy: Cause %q, Attempt %d, %s %q", p.Cause, p.Attempt, driver.ParkedAtHeader, p.Headers[driver.ParkedAtHeader])
 				}
 				if d := p.ParkedAt.Sub(begin); d < 0 || d > 10*time.Second {
 					t.Errorf("ParkedAt %v is %v after the start: want millisecond precision", p.ParkedAt, d)

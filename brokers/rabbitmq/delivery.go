@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,22 +16,26 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
-// session is one connection and its consume channel. Every delivery keeps
-// a pointer to the session it arrived on and is only ever settled on that
-// session's channel: delivery tags are per channel, so a tag must never
-// reach a newer channel.
+// session is one connection and its consume channel. A delivery is only
+// ever settled on the channel it arrived on: delivery tags are per
+// channel, so a tag must never reach a newer channel.
 type session struct {
 	src    *Source
 	conn   *amqp.Connection
 	ch     *amqp.Channel
 	closed <-chan *amqp.Error
+	dead   chan struct{} // closed by kill
 
-	mu          sync.Mutex
-	isDead      bool
-	dead        chan struct{}
-	outstanding map[uint64]struct{} // tags received and not yet settled
+	// mu is held from a tag's removal from live to the send of its
+	// settlement, so a multiple ack never covers a tag settled alone.
+	mu sync.Mutex
+	// live holds the tags received and not yet settled (a delayed
+	// requeue's until its nack); kill closes it, so later settlements
+	// are stale.
+	live *unsettled.Set[uint64, struct{}]
 
 	pubMu      sync.Mutex // one republish at a time, so a basic.return is matched to it
 	pub        *amqp.Channel
@@ -41,115 +46,109 @@ type session struct {
 func (s *session) kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.isDead {
-		s.isDead = true
+	select {
+	case <-s.dead:
+	default:
+		s.live.Close()
 		close(s.dead)
-		clear(s.outstanding)
 	}
 }
 
-// register records tag as outstanding; false if the session is dead.
-func (s *session) register(tag uint64) bool {
+// take takes e out of live before its settlement is sent; s.mu is held.
+// A dead session's delivery is stale (counted): its tag died with the
+// channel.
+func (s *session) take(e *unsettled.Entry[uint64, struct{}]) error {
+	err := s.live.Settle(e)
+	if err == nil && s.ch.IsClosed() {
+		err = driver.ErrStaleDelivery
+	}
+	if errors.Is(err, driver.ErrStaleDelivery) {
+		return s.stale(1, nil)
+	}
+	return err
+}
+
+// stale counts n stale settlements and returns their error, wrapping
+// err, the failure that revealed the closed channel, if any.
+func (s *session) stale(n int, err error) error {
+	s.src.stale.Add(int64(n))
+	if err != nil {
+		return driver.Stale(fmt.Errorf("%w: %w", errChannelClosed, err))
+	}
+	return driver.Stale(errChannelClosed)
+}
+
+// settle sends op (a single-tag ack, nack or reject) for e on the
+// session's own channel, unless the session is dead.
+func (s *session) settle(e *unsettled.Entry[uint64, struct{}], op func(ch *amqp.Channel) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.isDead {
-		return false
+	if err := s.take(e); err != nil {
+		return err
 	}
-	s.outstanding[tag] = struct{}{}
-	return true
+	return s.staleIfClosed(op(s.ch), 1)
 }
 
-// settle runs op (a single-tag ack, nack or reject) on the session's own
-// channel unless the session is dead, and forgets the tag.
-func (s *session) settle(tag uint64, op func(ch *amqp.Channel) error) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.isDead || s.ch.IsClosed() {
-		s.src.stale.Add(1)
-		return driver.Stale(errChannelClosed)
-	}
-	if _, ok := s.outstanding[tag]; !ok {
-		return driver.ErrAlreadySettled
-	}
-	if err := op(s.ch); err != nil {
-		return s.staleIfClosed(err, 1)
-	}
-	delete(s.outstanding, tag)
-	return nil
-}
-
-// ackBatch acks ds (all of this session, none settled before). See
-// Source.AckBatch.
+// ackBatch acks ds (all of this session, claimed). See Source.AckBatch.
 func (s *session) ackBatch(ds []*delivery) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.isDead || s.ch.IsClosed() {
-		s.src.stale.Add(int64(len(ds)))
-		return wrapEach(ds, driver.Stale(errChannelClosed))
+	var errs []error
+	taken := ds[:0]
+	for _, d := range ds {
+		if err := s.take(d.e); err != nil {
+			errs = append(errs, d.wrap(err))
+		} else {
+			taken = append(taken, d)
+		}
 	}
+	ds = taken
 	slices.SortFunc(ds, func(a, b *delivery) int { return cmp.Compare(a.tag, b.tag) })
-	// The lowest tag still outstanding outside the batch bounds the run a
-	// multiple ack may cover. ds is sorted: a binary search tells a tag of
-	// the batch without building a set of them for every batch.
+	// The lowest tag still unsettled bounds the run a multiple ack may
+	// cover: it acknowledges every unacked tag up to its own.
 	limit := uint64(math.MaxUint64)
-	for tag := range s.outstanding {
-		if tag >= limit {
-			continue
-		}
-		if _, in := slices.BinarySearchFunc(ds, tag, func(d *delivery, t uint64) int { return cmp.Compare(d.tag, t) }); !in {
-			limit = tag
-		}
+	for _, e := range s.live.All() {
+		limit = min(limit, e.Key)
 	}
 	run := 0
 	for run < len(ds) && ds[run].tag < limit {
 		run++
 	}
-	var errs []error
 	rest := ds
 	if run >= 2 {
 		if err := s.ch.Ack(ds[run-1].tag, true); err != nil {
-			return s.batchErr(ds, err)
+			return errors.Join(append(errs, s.batchErr(ds, err))...)
 		}
 		s.src.multipleAcks.Add(1)
 		s.src.multipleCount.Add(int64(run))
-		for _, d := range ds[:run] {
-			delete(s.outstanding, d.tag)
-		}
 		rest = ds[run:]
 	}
 	for i, d := range rest {
 		if err := s.ch.Ack(d.tag, false); err != nil {
-			errs = append(errs, s.batchErr(rest[i:], err))
-			break
+			return errors.Join(append(errs, s.batchErr(rest[i:], err))...)
 		}
-		delete(s.outstanding, d.tag)
 	}
 	return errors.Join(errs...)
 }
 
 // batchErr is the error of acking ds when the ack failed with err.
 func (s *session) batchErr(ds []*delivery, err error) error {
-	return wrapEach(ds, s.staleIfClosed(err, len(ds)))
-}
-
-// staleIfClosed turns the error of an operation that found the channel or
-// connection closed into a stale settlement of n deliveries (counted), and
-// returns any other error as it is.
-func (s *session) staleIfClosed(err error, n int) error {
-	if !errors.Is(err, amqp.ErrClosed) {
-		return err
-	}
-	s.src.stale.Add(int64(n))
-	return driver.Stale(fmt.Errorf("%w: %w", errChannelClosed, err))
-}
-
-// wrapEach joins err once per delivery of ds, each naming its delivery.
-func wrapEach(ds []*delivery, err error) error {
+	err = s.staleIfClosed(err, len(ds))
 	errs := make([]error, len(ds))
 	for i, d := range ds {
 		errs[i] = d.wrap(err)
 	}
 	return errors.Join(errs...)
+}
+
+// staleIfClosed turns the error of an operation that found the channel or
+// connection closed into a stale settlement of n deliveries, and returns
+// any other error as it is.
+func (s *session) staleIfClosed(err error, n int) error {
+	if !errors.Is(err, amqp.ErrClosed) {
+		return err
+	}
+	return s.stale(n, err)
 }
 
 // publish sends one message on the session's confirm channel (mandatory)
@@ -159,8 +158,7 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 	defer s.pubMu.Unlock()
 	select {
 	case <-s.dead:
-		s.src.stale.Add(1)
-		return driver.Stale(errChannelClosed)
+		return s.stale(1, nil)
 	default:
 	}
 	if s.pub == nil || s.pub.IsClosed() {
@@ -195,12 +193,11 @@ func confirmChannel(conn *amqp.Connection) (*amqp.Channel, chan amqp.Return, err
 	return ch, ch.NotifyReturn(make(chan amqp.Return, 4)), nil
 }
 
-// publishConfirmed publishes p on ch, a confirm channel (see
-// confirmChannel) with nothing else awaiting a confirm, to the default
-// exchange with routing key key (mandatory), and waits for its confirm. An
-// unroutable message or a nack is an error. reusable is false when the
-// wait was cut short: a late confirm or return of p could then be taken
-// for the next publish's, so ch must not publish again.
+// publishConfirmed publishes p on ch, a confirm channel with nothing else
+// awaiting a confirm, to the default exchange with routing key key
+// (mandatory), and waits for its confirm. reusable is false when the wait
+// was cut short: a late confirm or return of p could then be taken for the
+// next publish's, so ch must not publish again.
 func publishConfirmed(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, key string, p amqp.Publishing) (reusable bool, err error) {
 	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, p)
 	if err != nil {
@@ -226,42 +223,40 @@ func publishConfirmed(ctx context.Context, ch *amqp.Channel, returns <-chan amqp
 
 // delivery is one received message bound to its session.
 type delivery struct {
-	sess *session
-	tag  uint64
-	raw  amqp.Delivery
-	msg  *driver.Message // &m
-	m    driver.Message
-	id   string // the id as the Source read it, before any IDFunc
-	// idErr says where the id was looked for in vain, or why the id
-	// header held no usable id; nil when the message has an id.
-	idErr error
-	driver.SettleOnce
+	driver.SettleOnce // the Consumer's settle-once guard, claimed before anything is sent
+	sess              *session
+	e                 *unsettled.Entry[uint64, struct{}]
+	tag               uint64
+	raw               amqp.Delivery
+	msg               driver.Message
+	id                string // the id as the Source read it, before any IDFunc
+	idErr             error  // why the message has no usable id
 }
 
 // Message returns the received message.
-func (d *delivery) Message() *driver.Message { return d.msg }
+func (d *delivery) Message() *driver.Message { return &d.msg }
 
 func (d *delivery) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
 	return fmt.Errorf("rabbitmq: message %q (tag %d): %w", d.msg.ID, d.tag, err)
 }
 
 // IDError says why the id header held no usable id (driver.IDErrorer).
 func (d *delivery) IDError() error { return d.idErr }
 
-// claim wins the right to settle d once (driver.SettleOnce).
-func (d *delivery) claim() error {
-	if err := d.Claim(); err != nil {
-		return d.wrap(err)
-	}
-	return nil
+// ack acks d on its channel.
+func (d *delivery) ack() error {
+	return d.sess.settle(d.e, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) })
 }
 
 // Ack acknowledges the delivery by its tag on the channel it arrived on.
 func (d *delivery) Ack(ctx context.Context) error {
-	if err := d.claim(); err != nil {
-		return err
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
 	}
-	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
+	if err := d.ack(); err != nil {
 		return d.wrap(err)
 	}
 	d.sess.src.forget(d.id)
@@ -274,40 +269,33 @@ func (d *delivery) Ack(ctx context.Context) error {
 // crash or Close still gets it redelivered); a failure of that later nack
 // is logged, and the broker then redelivers the message anyway.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
-	if err := d.claim(); err != nil {
-		return err
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
 	}
 	src := d.sess.src
 	if src.cfg.retryMode == RetryViaQueue {
-		p := d.copyPublishing()
-		p.Headers[HeaderAttempt] = int64(d.msg.Attempt + 1)
+		p := republishing(&d.raw)
+		p.Headers[driver.AttemptHeader] = int64(d.msg.Attempt + 1)
 		p.Expiration = strconv.FormatInt(max(delay, 0).Milliseconds(), 10)
 		if err := d.sess.publish(ctx, src.cfg.retryQueue, p); err != nil {
 			return d.wrap(fmt.Errorf("retry via queue: %w", err))
 		}
-		if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
-			// The copy is in the retry queue and the original comes back
-			// too: the dedup store absorbs the extra delivery.
-			return d.wrap(err)
-		}
-		return nil
+		// If the ack fails, the copy is in the retry queue and the
+		// original comes back too: the dedup store absorbs the extra one.
+		return d.wrap(d.ack())
 	}
 	nack := func() error {
-		return d.sess.settle(d.tag, func(ch *amqp.Channel) error {
+		return d.sess.settle(d.e, func(ch *amqp.Channel) error {
 			src.remember(d.id, d.msg.Attempt)
 			return ch.Nack(d.tag, false, true)
 		})
 	}
 	if delay <= 0 {
-		if err := nack(); err != nil {
-			return d.wrap(err)
-		}
-		return nil
+		return d.wrap(nack())
 	}
 	select {
 	case <-d.sess.dead:
-		d.sess.src.stale.Add(1)
-		return d.wrap(driver.Stale(errChannelClosed))
+		return d.wrap(d.sess.stale(1, nil))
 	default:
 	}
 	src.mu.Lock()
@@ -333,8 +321,8 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 // DeadLetter parks the message with its cause, per the Source's
 // DeadLetterMode.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
-	if err := d.claim(); err != nil {
-		return err
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
 	}
 	src := d.sess.src
 	text := "unknown"
@@ -343,41 +331,36 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	}
 	if src.cfg.deadLetterMode == DeadLetterReject {
 		src.logger().Warn("idemq rabbitmq: dead-lettering", "queue", src.queue, "message_id", d.msg.ID, "cause", text)
-		if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Reject(d.tag, false) }); err != nil {
+		if err := d.sess.settle(d.e, func(ch *amqp.Channel) error { return ch.Reject(d.tag, false) }); err != nil {
 			return d.wrap(err)
 		}
-		src.forget(d.id)
-		return nil
-	}
-	p := d.copyPublishing()
-	p.Headers[driver.CauseHeader] = text
-	p.Headers[HeaderSourceQueue] = src.queue
-	p.Headers[HeaderAttempt] = int64(d.msg.Attempt)
-	// Taken before the publish, so it is never later than the parking.
-	p.Headers[HeaderParkedAt] = time.Now().UnixMilli()
-	if err := d.sess.publish(ctx, src.cfg.deadLetterQueue, p); err != nil {
-		return d.wrap(fmt.Errorf("dead-letter to %q: %w", src.cfg.deadLetterQueue, err))
-	}
-	if err := d.sess.settle(d.tag, func(ch *amqp.Channel) error { return ch.Ack(d.tag, false) }); err != nil {
-		return d.wrap(err)
+	} else {
+		p := republishing(&d.raw)
+		p.Headers[driver.CauseHeader] = text
+		p.Headers[driver.OriginHeader] = src.queue
+		p.Headers[driver.DestinationHeader] = src.queue
+		p.Headers[driver.AttemptHeader] = int64(d.msg.Attempt)
+		// Taken before the publish, so it is never later than the parking.
+		p.Headers[driver.ParkedAtHeader] = time.Now().UTC().Format(time.RFC3339Nano)
+		if err := d.sess.publish(ctx, src.cfg.deadLetterQueue, p); err != nil {
+			return d.wrap(fmt.Errorf("dead-letter to %q: %w", src.cfg.deadLetterQueue, err))
+		}
+		if err := d.ack(); err != nil {
+			return d.wrap(err)
+		}
 	}
 	src.forget(d.id)
 	return nil
 }
 
-// copyPublishing rebuilds the received message as a persistent publishing
-// with its properties and a copy of its headers.
-func (d *delivery) copyPublishing() amqp.Publishing { return republishing(&d.raw) }
-
 // republishing rebuilds r as a persistent publishing with its properties
-// and a copy of its headers, less the broker's count of its deliveries.
+// and a copy of its headers, less the broker's count of its deliveries
+// (the copy is a new message; AttemptHeader carries the count).
 func republishing(r *amqp.Delivery) amqp.Publishing {
-	h := make(amqp.Table, len(r.Headers)+4)
+	h := make(amqp.Table, len(r.Headers)+5)
 	for k, v := range r.Headers {
 		h[k] = v
 	}
-	// The copy is a new message: a quorum queue's count of the original's
-	// deliveries must not be read as the copy's (HeaderAttempt carries it).
 	delete(h, "x-delivery-count")
 	return amqp.Publishing{
 		Headers:         h,
@@ -466,7 +449,7 @@ func messageID(idHeader string, r *amqp.Delivery) (string, error) {
 }
 
 // attempt derives the delivery attempt: 2 when the broker flags a
-// redelivery, x-delivery-count+1 on quorum queues, and the x-idemq-attempt
+// redelivery, x-delivery-count+1 on quorum queues, and the AttemptHeader
 // a RetryViaQueue copy carries (plus one if that copy was itself
 // redelivered).
 func attempt(r *amqp.Delivery) int {
@@ -477,7 +460,7 @@ func attempt(r *amqp.Delivery) int {
 	if n, ok := toInt(r.Headers["x-delivery-count"]); ok && n+1 > a {
 		a = n + 1
 	}
-	if n, ok := toInt(r.Headers[HeaderAttempt]); ok {
+	if n, ok := toInt(r.Headers[driver.AttemptHeader]); ok {
 		if r.Redelivered {
 			n++
 		}
@@ -503,25 +486,11 @@ func toInt(v any) (int, bool) {
 // with strconv: fmt.Sprint costs several times as much, on every message
 // that carries a numeric header.
 func intText(v any) (string, bool) {
-	switch x := v.(type) {
-	case int:
-		return strconv.FormatInt(int64(x), 10), true
-	case int8:
-		return strconv.FormatInt(int64(x), 10), true
-	case int16:
-		return strconv.FormatInt(int64(x), 10), true
-	case int32:
-		return strconv.FormatInt(int64(x), 10), true
-	case int64:
-		return strconv.FormatInt(x, 10), true
-	case uint8:
-		return strconv.FormatUint(uint64(x), 10), true
-	case uint16:
-		return strconv.FormatUint(uint64(x), 10), true
-	case uint32:
-		return strconv.FormatUint(uint64(x), 10), true
-	case uint64:
-		return strconv.FormatUint(x, 10), true
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return strconv.FormatInt(r.Int(), 10), true
+	case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return strconv.FormatUint(r.Uint(), 10), true
 	}
 	return "", false
 }

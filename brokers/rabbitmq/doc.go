@@ -65,8 +65,8 @@
 // first attempts; the parked copy is removed only after the broker
 // confirmed the publish), and delete chosen ones. A copy the Source
 // republished carries its cause, attempt, origin and parking time in
-// headers (driver.CauseHeader, HeaderAttempt, HeaderSourceQueue,
-// HeaderParkedAt); for one the broker dead-lettered itself
+// headers (driver.CauseHeader, AttemptHeader, OriginHeader,
+// DestinationHeader, ParkedAtHeader); for one the broker dead-lettered itself
 // (DeadLetterReject, a delivery limit, a TTL) they come from its x-death
 // header, which records no cause and no attempt. AMQP cannot read a
 // message without taking it: each call takes the messages parked when it

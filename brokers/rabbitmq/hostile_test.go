@@ -60,7 +60,7 @@ func TestHostileMessages(t *testing.T) {
 		{name: "traceparent as a number", pub: p("tp-int", amqp.Table{"traceparent": int64(42)}), applied: true},
 		{name: "traceparent as a nested table", pub: p("tp-table", amqp.Table{"traceparent": amqp.Table{"a": amqp.Table{"b": "c"}}, "tracestate": []any{"x", int32(1)}}), applied: true},
 		{name: "malformed traceparent", pub: p("tp-bad", amqp.Table{"traceparent": "00-\x00\xff-zz"}), applied: true},
-		{name: "forged attempt header", pub: p("forged-attempt", amqp.Table{HeaderAttempt: "not a number", "x-delivery-count": "-5"}), applied: true},
+		{name: "forged attempt header", pub: p("forged-attempt", amqp.Table{driver.AttemptHeader: "not a number", "x-delivery-count": "-5"}), applied: true},
 		{name: "empty message_id", pub: p("", nil), cause: "no id"},
 		{name: "NUL in message_id", pub: p("a\x00b", nil), cause: "NUL"},
 		{name: "invalid UTF-8 message_id", pub: p("a\xff\xfeb", nil), cause: "UTF-8"},

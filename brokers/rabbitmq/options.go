@@ -34,7 +34,7 @@ const (
 	// RetryViaQueue publishes a copy to the retry queue with a per-message
 	// TTL equal to the delay, confirmed, then acks the original; the retry
 	// queue dead-letters the copy back to the main queue when the TTL
-	// expires. The attempt travels in the x-idemq-attempt header. RabbitMQ
+	// expires. The attempt travels in driver.AttemptHeader. RabbitMQ
 	// expires messages only at the head of a queue, so a short delay can
 	// wait behind a longer one.
 	RetryViaQueue

@@ -29,19 +29,6 @@ import (
 // channel closed, and its delivery tag died with it, so nothing is sent.
 var errChannelClosed = errors.New("rabbitmq: the delivery's channel is closed")
 
-// Header names the adapter writes on copies it publishes (the dead-letter
-// cause goes in driver.CauseHeader).
-const (
-	// HeaderSourceQueue holds the queue the dead-lettered message came from.
-	HeaderSourceQueue = "x-idemq-source-queue"
-	// HeaderAttempt holds the attempt of the next delivery of a copy
-	// published by RetryViaQueue (and the attempt a dead-lettered copy had).
-	HeaderAttempt = "x-idemq-attempt"
-	// HeaderParkedAt holds when DeadLetterRepublish parked the copy, in
-	// Unix milliseconds (an AMQP long), taken just before its publish.
-	HeaderParkedAt = "x-idemq-parked-at"
-)
-
 // Source consumes one RabbitMQ queue. It implements driver.Source,
 // driver.BatchSettler, driver.WindowSetter and driver.RedeliveryHorizoner.
 // It is safe for concurrent use.
@@ -614,12 +601,12 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 		return nil, nil, err
 	}
 	sess := &session{
-		src:         s,
-		conn:        conn,
-		ch:          ch,
-		dead:        make(chan struct{}),
-		closed:      ch.NotifyClose(make(chan *amqp.Error, 1)),
-		outstanding: make(map[uint64]struct{}),
+		src:    s,
+		conn:   conn,
+		ch:     ch,
+		dead:   make(chan struct{}),
+		closed: ch.NotifyClose(make(chan *amqp.Error, 1)),
+		live:   unsettled.New[uint64, struct{}](0, 0),
 	}
 	deliveries, err := ch.Consume(s.queue, tag, false, false, false, false, nil)
 	if err != nil {
@@ -665,10 +652,11 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 				}
 				deliveries = next
 			}
-			if !sess.register(raw.DeliveryTag) {
+			e := sess.live.Add(raw.DeliveryTag, struct{}{})
+			if e == nil {
 				return "channel closed"
 			}
-			d := s.newDelivery(sess, raw)
+			d := s.newDelivery(sess, e, raw)
 			select {
 			case s.out <- d:
 			case <-s.ctx.Done():
@@ -681,11 +669,10 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 	}
 }
 
-// newDelivery converts raw, received on sess, into a delivery.
-func (s *Source) newDelivery(sess *session, raw amqp.Delivery) *delivery {
-	d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw}
-	m := &d.m
-	d.msg = m
+// newDelivery converts raw, received on sess as e, into a delivery.
+func (s *Source) newDelivery(sess *session, e *unsettled.Entry[uint64, struct{}], raw amqp.Delivery) *delivery {
+	d := &delivery{sess: sess, e: e, tag: raw.DeliveryTag, raw: raw}
+	m := &d.msg
 	d.idErr = fillMessage(m, s.queue, s.cfg.idHeader, &d.raw)
 	d.id = m.ID
 	if d.idErr != nil {
@@ -763,12 +750,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	own, errs := unsettled.Take("rabbitmq", ds, func(cd driver.Delivery) (*delivery, bool) {
 		d, ok := cd.(*delivery)
 		return d, ok && d.sess.src == s
-	}, func(d *delivery) error {
-		if err := d.Claim(); err != nil {
-			return d.wrap(err)
-		}
-		return nil
-	})
+	}, func(d *delivery) error { return d.wrap(d.Claim()) })
 	for _, d := range own {
 		i := slices.IndexFunc(groups, func(g group) bool { return g.sess == d.sess })
 		if i < 0 {

@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact/redacttest"
 )
 
@@ -67,7 +68,7 @@ func FuzzParseSourceURL(f *testing.F) {
 // attempt below 1.
 func FuzzToMessage(f *testing.F) {
 	f.Add("pay-1", "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", int64(3), []byte("raw"), uint8(2), false)
-	f.Add("a\x00b", HeaderAttempt, "-9223372036854775808", int64(-1), []byte{0xff}, uint8(40), true)
+	f.Add("a\x00b", driver.AttemptHeader, "-9223372036854775808", int64(-1), []byte{0xff}, uint8(40), true)
 	f.Add("", "x-delivery-count", "x", int64(9223372036854775807), []byte(nil), uint8(0), true)
 	f.Fuzz(func(t *testing.T, id, key, s string, n int64, b []byte, depth uint8, redelivered bool) {
 		var nested any = s
@@ -75,14 +76,14 @@ func FuzzToMessage(f *testing.F) {
 			nested = amqp.Table{"n": nested}
 		}
 		h := amqp.Table{
-			key:                s,
-			"n":                n,
-			"b":                b,
-			"t":                time.Unix(n%1e10, 0),
-			"arr":              []any{s, n, b, nil},
-			"nested":           nested,
-			"x-delivery-count": n,
-			HeaderAttempt:      s,
+			key:                  s,
+			"n":                  n,
+			"b":                  b,
+			"t":                  time.Unix(n%1e10, 0),
+			"arr":                []any{s, n, b, nil},
+			"nested":             nested,
+			"x-delivery-count":   n,
+			driver.AttemptHeader: s,
 		}
 		d := &amqp.Delivery{MessageId: id, Headers: h, Body: b, Redelivered: redelivered}
 		m, _ := toMessage("q", "", d)
