@@ -29,23 +29,37 @@ const (
 const errDupEntry = 1062
 
 // Server error numbers of a lease table that is not there, or not the
-// user's to use (noLeases).
+// user's to use.
 const (
 	errNoSuchTable       = 1146 // ER_NO_SUCH_TABLE
 	errTableAccessDenied = 1142 // ER_TABLEACCESS_DENIED_ERROR
 )
 
-// noLeases reports an error that says the lease table is not there or
-// not the user's to use (sqlstore.Claims.NoLeases).
-func noLeases(err error) bool {
-	var me *mysqldrv.MySQLError
-	return errors.As(err, &me) && (me.Number == errNoSuchTable || me.Number == errTableAccessDenied)
-}
-
-// duplicateKey reports a duplicate-key error (1062).
-func duplicateKey(err error) bool {
-	var me *mysqldrv.MySQLError
-	return errors.As(err, &me) && me.Number == errDupEntry
+// serverErrors sorts go-sql-driver's errors for the engine.
+var serverErrors = sqlstore.Errors{
+	Code: func(err error) (int, string, bool) {
+		var me *mysqldrv.MySQLError
+		if !errors.As(err, &me) {
+			return 0, "", false
+		}
+		return int(me.Number), me.Message, true
+	},
+	Duplicate: errDupEntry,
+	Retry: func(code int, msg string) bool {
+		switch code {
+		case errDeadlock, errLockWaitTimeout, errConnKilled, errQueryInterrupted,
+			errServerShutdown, errGoneAway, errLost, errTooManyConns, errReadOnlyMode:
+			return true
+		case errOptionPrevents:
+			// Other options (secure_file_priv, …) refuse a statement
+			// for good.
+			return strings.Contains(msg, "read-only") || strings.Contains(msg, "read_only")
+		}
+		return false
+	},
+	NoTable: func(code int, _ string) bool { return code == errNoSuchTable || code == errTableAccessDenied },
+	Lost:    func(err error) bool { return connGone(err) || sqlstore.ConnLost(err) },
+	Gone:    connGone,
 }
 
 // IsTransient reports whether err is worth retrying with a new
@@ -57,25 +71,7 @@ func duplicateKey(err error) bool {
 // side (invalid connection, bad connection, EOF, network error, deadline).
 // Other server errors, including a duplicate key (1062) in a business
 // effect, are not transient.
-func IsTransient(err error) bool {
-	if err == nil {
-		return false
-	}
-	var me *mysqldrv.MySQLError
-	if errors.As(err, &me) {
-		switch me.Number {
-		case errDeadlock, errLockWaitTimeout, errConnKilled, errQueryInterrupted,
-			errServerShutdown, errGoneAway, errLost, errTooManyConns, errReadOnlyMode:
-			return true
-		case errOptionPrevents:
-			// Other options (secure_file_priv, …) refuse a statement
-			// for good.
-			return strings.Contains(me.Message, "read-only") || strings.Contains(me.Message, "read_only")
-		}
-		return false
-	}
-	return connGone(err) || sqlstore.ConnLost(err)
-}
+func IsTransient(err error) bool { return serverErrors.Transient(err) }
 
 // connGone reports the errors of a connection that is gone, whose
 // transaction the server has rolled back.

@@ -55,14 +55,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
-	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact"
@@ -89,9 +86,11 @@ const (
 const claimChunk = 1000
 
 // Store is the MySQL/MariaDB dedup store. It implements
-// driver.Store[*sql.Tx], admin.Pruner, driver.Retentioner, admin.Migrator
-// and driver.Leaser (leased claims: Acquire, Renew, Release), and is safe
-// for concurrent use.
+// driver.Store[*sql.Tx], admin.Pruner, driver.Retentioner, admin.Migrator,
+// admin.Inspector, admin.Lookuper, admin.Forgetter and driver.Leaser
+// (leased claims: Acquire, Renew, Release), and is safe for concurrent
+// use. Its methods are the shared engine's; this package gives the
+// dialect.
 //
 // The lease methods run in READ COMMITTED transactions of their own:
 // SELECT … FOR UPDATE of the lease row, then an INSERT of a new row (a
@@ -100,21 +99,22 @@ const claimChunk = 1000
 // the row locked, a look-up of the dedup table, whose completed claim
 // wins. Fence locks the rows with SELECT … FOR UPDATE and deletes those
 // whose token still matches (portable to MySQL 8, which has no DELETE …
-// RETURNING).
+// RETURNING). Migrate serialises concurrent runs on a named lock
+// (GET_LOCK). Inspect reports the table's size as information_schema
+// does (InnoDB's estimate, refreshed by ANALYZE TABLE).
 type Store struct {
-	sqlstore.Leaser
-	db    *sql.DB
-	owned bool
-	cfg   config
+	*sqlstore.Engine
+	cfg config
 
 	modeMu sync.Mutex
 	mode   ClaimMode // resolved: ClaimReturning or ClaimReadBack, 0 until known
 }
 
-var (
-	_ sqlstore.Store[*sql.Tx] = (*Store)(nil)
-	_ sqlstore.Txn[*sql.Tx]   = (*Txn)(nil)
-)
+// Txn is one open dedup transaction of a Store; it implements
+// driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
+type Txn = sqlstore.End
+
+var _ sqlstore.Store[*sql.Tx] = (*Store)(nil)
 
 // Open connects to the server at dsn and runs Migrate. dsn is either a
 // go-sql-driver DSN ("user:pass@tcp(host:3306)/db") or a URL
@@ -143,8 +143,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("mysql: Open: %w", err)
 	}
 	s := newStore(db, cfg)
-	s.owned = true
-	return sqlstore.Migrated(ctx, &cfg.Config, s, func() { db.Close() })
+	return sqlstore.Opened(ctx, s.Engine, s)
 }
 
 // ParseDSN reads a go-sql-driver DSN or a mysql:// URL into the driver's
@@ -273,51 +272,11 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 }
 
 func newStore(db *sql.DB, cfg config) *Store {
-	s := &Store{db: db, cfg: cfg}
-	s.Leaser = sqlstore.Leaser{Cfg: &s.cfg.Config, Claims: s.claims()}
-	return s
-}
-
-// DB returns the database handle, for business queries outside a claim.
-func (s *Store) DB() *sql.DB { return s.db }
-
-// As implements driver.Store: a **sql.DB target gets the store's pool, and
-// **Store the store itself.
-func (s *Store) As(target any) bool { return sqlstore.As(target, s.db, s) }
-
-// Ping checks that the database answers, with one round trip.
-func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
-
-// Close closes the database handle if Open opened it; a handle given to New
-// is left to its owner.
-func (s *Store) Close() error { return sqlstore.CloseOwned(s.db, s.owned) }
-
-// Migrate creates the dedup table and the lease table next to it (see
-// Acquire) if they do not exist. It is idempotent and safe when several
-// processes run it at once: they serialise on a named lock (GET_LOCK), and
-// CREATE TABLE IF NOT EXISTS creates each table and its index in one
-// statement. A table name too long for its lease table (more than 56
-// characters) gets no lease table; Acquire then fails naming WithTable.
-func (s *Store) Migrate(ctx context.Context) error {
-	wrap := func(err error) error { return s.cfg.Wrap("migrate", err) }
-	conn, err := s.db.Conn(ctx) // GET_LOCK belongs to one session
-	if err != nil {
-		return wrap(err)
-	}
-	defer conn.Close()
-	h := fnv.New64a()
-	h.Write([]byte(s.cfg.Table))
-	lock := fmt.Sprintf("idemq.migrate.%016x", h.Sum64())
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 30)`, lock).Scan(&got); err != nil {
-		return wrap(err)
-	}
-	if got.Int64 != 1 {
-		return wrap(fmt.Errorf("could not take migration lock %s within 30s", lock))
-	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(?)`, lock)
-	t := s.cfg.Table
-	_, err = conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
+	s := &Store{cfg: cfg}
+	d := sqlstore.Dialect{
+		InsertChunk: claimChunk, ListChunk: claimChunk,
+		Tables: func(t string) []string {
+			return []string{`CREATE TABLE IF NOT EXISTS ` + t + ` (
 	consumer     VARBINARY(255)  NOT NULL,
 	message_id   VARBINARY(1024) NOT NULL,
 	fingerprint  VARBINARY(128)  NOT NULL DEFAULT '',
@@ -325,15 +284,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 	claim_token  BIGINT          NOT NULL DEFAULT 0,
 	PRIMARY KEY (consumer, message_id),
 	KEY idemq_processed_at (processed_at)
-) ENGINE=InnoDB`)
-	if err != nil {
-		return wrap(err)
-	}
-	lt, err := s.cfg.LeaseTable()
-	if err != nil {
-		return nil // a name too long to lease with: Acquire says so
-	}
-	_, err = conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+lt+` (
+) ENGINE=InnoDB`}
+		},
+		LeaseTables: func(lt string) []string {
+			return []string{`CREATE TABLE IF NOT EXISTS ` + lt + ` (
 	consumer    VARBINARY(255)  NOT NULL,
 	message_id  VARBINARY(1024) NOT NULL,
 	token       BIGINT          NOT NULL,
@@ -342,46 +296,74 @@ func (s *Store) Migrate(ctx context.Context) error {
 	lease_until DATETIME(6)     NOT NULL,
 	PRIMARY KEY (consumer, message_id),
 	KEY idemq_lease_until (lease_until)
-) ENGINE=InnoDB`)
+) ENGINE=InnoDB`}
+		},
+		RunDDL: runDDL,
+		Token:  "claim_token",
+		// A no-op update: the existing row keeps its values (and its
+		// token), but is locked, so it cannot vanish before the read-back.
+		OnConflict: " ON DUPLICATE KEY UPDATE message_id = message_id",
+		Mode:       s.returning,
+		Lock:       " FOR UPDATE",
+		// processed_at is written as UTC text; read it back as text too, so
+		// the driver's parseTime and loc settings do not matter.
+		TimeText: func(expr string) string { return `DATE_FORMAT(` + expr + `, '%Y-%m-%d %H:%i:%s.%f')` },
+		DeleteOldest: func(table, col string, limit int) (string, []any) {
+			return `DELETE FROM ` + table + ` WHERE ` + col + ` < ? ORDER BY ` + col + ` LIMIT ` + strconv.Itoa(limit), nil
+		},
+		SizeSQL: `SELECT COALESCE(data_length, 0) + COALESCE(index_length, 0)
+FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`,
+		LeaseTx: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		Check:   checkClaims,
+		Errors:  serverErrors,
+	}
+	if cfg.isolation != sql.LevelDefault {
+		d.BeginTx = &sql.TxOptions{Isolation: cfg.isolation}
+	}
+	s.Engine = sqlstore.NewEngine(db, &s.cfg.Config, d)
+	return s
+}
+
+// As implements driver.Store: a **sql.DB target gets the store's pool, and
+// **Store the store itself.
+func (s *Store) As(target any) bool { return sqlstore.As(target, s.DB(), s) }
+
+// runDDL runs Migrate's statements on one session holding a named lock
+// (GET_LOCK), so that processes migrating at once wait for each other;
+// CREATE TABLE IF NOT EXISTS creates each table and its index in one
+// statement.
+func runDDL(ctx context.Context, db *sql.DB, table string, stmts []string) error {
+	conn, err := db.Conn(ctx) // GET_LOCK belongs to one session
 	if err != nil {
-		return wrap(err)
+		return err
+	}
+	defer conn.Close()
+	h := fnv.New64a()
+	h.Write([]byte(table))
+	lock := fmt.Sprintf("idemq.migrate.%016x", h.Sum64())
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 30)`, lock).Scan(&got); err != nil {
+		return err
+	}
+	if got.Int64 != 1 {
+		return fmt.Errorf("could not take migration lock %s within 30s", lock)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(?)`, lock)
+	for _, stmt := range stmts {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// Prune deletes at most limit claims recorded before the given time (rows
-// at or after it are kept), oldest first, in one short statement, and
-// returns how many it deleted. Call it again until it returns less than
-// limit. Once no such claim is left, it deletes, within the same limit,
-// the leases that expired before the given time and before now: never a
-// live lease, whatever the time given.
-func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	if err := s.cfg.CheckLimit(limit); err != nil {
-		return 0, err
+// returning is what Claim's INSERT returns (WithClaimMode).
+func (s *Store) returning(ctx context.Context) (sqlstore.Returning, error) {
+	mode, err := s.claimMode(ctx)
+	if mode == ClaimReturning {
+		return sqlstore.ReturnAll, err
 	}
-	n, err := sqlstore.ExecCount(ctx, s.db, `DELETE FROM `+s.cfg.Table+
-		` WHERE processed_at < ? ORDER BY processed_at LIMIT `+strconv.Itoa(limit), sqlstore.FormatTime(before))
-	if err != nil {
-		return 0, s.cfg.Wrap("prune", err)
-	}
-	lt, err := s.cfg.LeaseTable()
-	if n == limit || err != nil {
-		return n, nil
-	}
-	m, err := sqlstore.ExecCount(ctx, s.db, `DELETE FROM `+lt+` WHERE lease_until < ? ORDER BY lease_until LIMIT `+strconv.Itoa(limit-n),
-		sqlstore.FormatTime(s.cfg.LeaseCut(before)))
-	if err := s.claims().SkipNoLeases(err); err != nil {
-		return n, s.cfg.Wrap("prune", err)
-	}
-	return n + m, nil
-}
-
-// RunPruner deletes claims older than Retention every interval, in batches
-// of batch rows (each its own short statement) until a batch comes back
-// short, and logs how many it removed. It returns ctx's error when ctx is
-// done; a failed round is logged and retried at the next tick.
-func (s *Store) RunPruner(ctx context.Context, every time.Duration, batch int, logger *slog.Logger) error {
-	return s.cfg.RunPruner(ctx, s, every, batch, logger)
+	return sqlstore.ReturnNone, err
 }
 
 // claimMode resolves ClaimAuto once, from the server's version.
@@ -395,7 +377,7 @@ func (s *Store) claimMode(ctx context.Context) (ClaimMode, error) {
 		return s.mode, nil
 	}
 	var version string
-	if err := s.db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+	if err := s.DB().QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
 		return 0, fmt.Errorf("mysql: server version: %w", err)
 	}
 	s.mode = ClaimReadBack
@@ -423,120 +405,6 @@ func supportsReturning(version string) bool {
 	return major > 10 || major == 10 && minor >= 5
 }
 
-// Begin starts a transaction at the isolation level of WithIsolation (by
-// default the server's, REPEATABLE READ unless configured otherwise; the
-// claim needs only READ COMMITTED).
-func (s *Store) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
-	mode, err := s.claimMode(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var opts *sql.TxOptions
-	if s.cfg.isolation != sql.LevelDefault {
-		opts = &sql.TxOptions{Isolation: s.cfg.isolation}
-	}
-	tx, err := s.db.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, fmt.Errorf("mysql: begin: %w", err)
-	}
-	return &Txn{s: s, mode: mode, End: sqlstore.End{Store: "mysql", SQL: tx, Gone: connGone, Leases: &s.Leaser}}, nil
-}
-
-// Txn is one open dedup transaction of a Store; it implements
-// driver.Txn[*sql.Tx]. Like *sql.Tx it is used by one goroutine at a time.
-type Txn struct {
-	s            *Store
-	mode         ClaimMode
-	sqlstore.End // the handler's *sql.Tx, savepoints, commit and rollback
-}
-
-// Claim claims every id for consumer with one multi-row INSERT … ON
-// DUPLICATE KEY UPDATE per 1000 claims, in id order (so batches sharing ids
-// lock them in the same order), and reads back each row's claim token and
-// fingerprint: the rows carrying this call's token were inserted by it
-// (ClaimWon); the others were there already and are ClaimDuplicate, or
-// ClaimMismatch when both fingerprints are non-empty and differ.
-func (t *Txn) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
-	if err := checkClaims("Claim", consumer, claims); err != nil {
-		return nil, err
-	}
-	results := make([]driver.ClaimResult, len(claims))
-	if len(claims) == 0 {
-		return results, nil
-	}
-	order := make([]int, len(claims))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return strings.Compare(claims[a].ID, claims[b].ID) })
-	token := rand.Int64N(1<<63-1) + 1 // never the column default 0
-	now := sqlstore.FormatTime(t.s.cfg.Now())
-	got := make(map[string]claimedRow, len(claims))
-	for chunk := range slices.Chunk(order, claimChunk) {
-		var b strings.Builder
-		b.WriteString("INSERT INTO " + t.s.cfg.Table + " (consumer, message_id, fingerprint, processed_at, claim_token) VALUES ")
-		args := make([]any, 0, 5*len(chunk))
-		for j, i := range chunk {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("(?,?,?,?,?)")
-			args = append(args, consumer, claims[i].ID, claims[i].Fingerprint, now, token)
-		}
-		// A no-op update: the existing row keeps its values (and its
-		// token), but is locked, so it cannot vanish before the read-back.
-		b.WriteString(" ON DUPLICATE KEY UPDATE message_id = message_id")
-		if t.mode == ClaimReturning {
-			b.WriteString(" RETURNING message_id, fingerprint, claim_token")
-			rows, err := t.End.SQL.QueryContext(ctx, b.String(), args...)
-			if err != nil {
-				return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
-			}
-			if err := scanClaimed(rows, got); err != nil {
-				return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
-			}
-			continue
-		}
-		if _, err := t.End.SQL.ExecContext(ctx, b.String(), args...); err != nil {
-			return nil, fmt.Errorf("mysql: claim %d ids for %q: %w", len(chunk), consumer, err)
-		}
-		chunkIDs := make([]string, len(chunk))
-		for j, i := range chunk {
-			chunkIDs[j] = claims[i].ID
-		}
-		if err := t.readBack(ctx, consumer, chunkIDs, false, got); err != nil {
-			return nil, fmt.Errorf("mysql: claim: read back %d ids for %q: %w", len(chunk), consumer, err)
-		}
-		// A row committed by another transaction after this one's
-		// REPEATABLE READ snapshot was taken is invisible to a plain read;
-		// a locking read sees the latest version (and only waits on locks
-		// the insert already holds).
-		var missing []string
-		for _, id := range chunkIDs {
-			if _, ok := got[id]; !ok {
-				missing = append(missing, id)
-			}
-		}
-		if len(missing) > 0 {
-			if err := t.readBack(ctx, consumer, missing, true, got); err != nil {
-				return nil, fmt.Errorf("mysql: claim: locking read back %d ids for %q: %w", len(missing), consumer, err)
-			}
-		}
-	}
-	for i, c := range claims {
-		r, ok := got[c.ID]
-		switch {
-		case !ok:
-			return nil, fmt.Errorf("mysql: claim: no row came back for id %q", c.ID)
-		case r.token == token:
-			results[i] = driver.ClaimWon
-		default:
-			results[i] = driver.ClassifyStored(c.Fingerprint, r.fp)
-		}
-	}
-	return results, nil
-}
-
 // checkClaims checks the column limits of the claims of a call op.
 func checkClaims(op, consumer string, claims []driver.Claim) error {
 	if consumer == "" {
@@ -554,50 +422,4 @@ func checkClaims(op, consumer string, claims []driver.Claim) error {
 		}
 	}
 	return nil
-}
-
-// claimedRow is a claimed id's stored fingerprint and claim token.
-type claimedRow struct {
-	fp    string
-	token int64
-}
-
-// scanClaimed reads (message_id, fingerprint, claim_token) rows into got
-// and closes rows.
-func scanClaimed(rows *sql.Rows, got map[string]claimedRow) error {
-	defer rows.Close()
-	for rows.Next() {
-		var id []byte
-		var r claimedRow
-		if err := rows.Scan(&id, &r.fp, &r.token); err != nil {
-			return err
-		}
-		got[string(id)] = r
-	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	return rows.Err()
-}
-
-// readBack reads the claimed rows of ids. The plain read takes no locks
-// (a locking read of many keys takes next-key locks and deadlocks with
-// concurrent inserts); the locking one is for rows the plain read could
-// not see.
-func (t *Txn) readBack(ctx context.Context, consumer string, ids []string, locking bool, got map[string]claimedRow) error {
-	q, args := t.End.InIDs("SELECT message_id, fingerprint, claim_token FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids)
-	if locking {
-		q += " FOR UPDATE"
-	}
-	rows, err := t.End.SQL.QueryContext(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	return scanClaimed(rows, got)
-}
-
-// Unclaim deletes this consumer's claims of ids, for messages whose handler
-// failed inside a batch transaction.
-func (t *Txn) Unclaim(ctx context.Context, consumer string, ids []string) error {
-	return t.End.Unclaim(ctx, "DELETE FROM "+t.s.cfg.Table+" WHERE consumer = ? AND message_id IN ", consumer, ids, claimChunk)
 }

@@ -18,7 +18,7 @@ const (
 
 // Option configures a Store. Options are checked by Open and New, which
 // return an error naming the option when a value is invalid.
-type Option func(*config)
+type Option func(*config) error
 
 type config struct {
 	sqlstore.Config
@@ -30,16 +30,16 @@ type config struct {
 // name must be an SQL identifier: ASCII letters, digits and underscores, not
 // starting with a digit, at most 63 characters (the same limit as the other stores, so a name is
 // portable).
-func WithTable(name string) Option { return func(c *config) { c.SetTable(name) } }
+func WithTable(name string) Option { return func(c *config) error { return c.SetTable(name) } }
 
 // WithRetention sets how long claims are kept before pruning may delete
 // them (reported by Retention, compared by the Consumer with the broker's
 // redelivery horizon). Default: 7 days. Must be positive.
-func WithRetention(d time.Duration) Option { return func(c *config) { c.SetRetention(d) } }
+func WithRetention(d time.Duration) Option { return func(c *config) error { return c.SetRetention(d) } }
 
 // WithClock sets the clock that stamps processed_at on each claim, so tests
 // can age rows. Default: time.Now. Must not be nil.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.SetClock(now) } }
+func WithClock(now func() time.Time) Option { return func(c *config) error { return c.SetClock(now) } }
 
 // ClaimMode chooses how Claim learns which ids it inserted.
 type ClaimMode int
@@ -60,12 +60,12 @@ const (
 // WithClaimMode sets how Claim learns which ids it inserted. Default:
 // ClaimAuto (detected from the server version on first use).
 func WithClaimMode(m ClaimMode) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if m < ClaimAuto || m > ClaimReadBack {
-			c.Fail("WithClaimMode", "unknown mode %d", m)
-			return
+			return c.Fail("WithClaimMode", "unknown mode %d", m)
 		}
 		c.claimMode = m
+		return nil
 	}
 }
 
@@ -76,13 +76,13 @@ func WithClaimMode(m ClaimMode) Option {
 // often. Only sql.LevelDefault, LevelReadCommitted, LevelRepeatableRead and
 // LevelSerializable are accepted.
 func WithIsolation(level sql.IsolationLevel) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		switch level {
 		case sql.LevelDefault, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable:
 			c.isolation = level
-		default:
-			c.Fail("WithIsolation", "%v is not supported (READ UNCOMMITTED would read uncommitted claims)", level)
+			return nil
 		}
+		return c.Fail("WithIsolation", "%v is not supported (READ UNCOMMITTED would read uncommitted claims)", level)
 	}
 }
 
@@ -93,15 +93,9 @@ func WithIsolation(level sql.IsolationLevel) Option {
 // CREATE TABLE IF NOT EXISTS of Migrate needs the CREATE privilege even
 // when the table exists. URL parameter: migrate=false.
 func WithMigrate(on bool) Option {
-	return func(c *config) { c.SetMigrate(on) }
+	return func(c *config) error { return c.SetMigrate(on) }
 }
 
 func buildConfig(opts []Option) (config, error) {
 	return sqlstore.Build(config{Config: sqlstore.NewConfig("mysql")}, opts)
 }
-
-// Table returns the dedup table's name (WithTable).
-func (s *Store) Table() string { return s.cfg.Table }
-
-// Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.Retention }

@@ -17,7 +17,7 @@ const (
 
 // Option configures a Store. Options are checked by Open and New, which
 // return an error naming the option when a value is invalid.
-type Option func(*config)
+type Option func(*config) error
 
 type config struct {
 	sqlstore.Config
@@ -28,16 +28,16 @@ type config struct {
 // name must be an SQL identifier: ASCII letters, digits and underscores, not
 // starting with a digit, at most 63 characters. It is resolved through the
 // connection's search_path.
-func WithTable(name string) Option { return func(c *config) { c.SetTable(name) } }
+func WithTable(name string) Option { return func(c *config) error { return c.SetTable(name) } }
 
 // WithRetention sets how long claims are kept before pruning may delete
 // them (reported by Retention, compared by the Consumer with the broker's
 // redelivery horizon). Default: 7 days. Must be positive.
-func WithRetention(d time.Duration) Option { return func(c *config) { c.SetRetention(d) } }
+func WithRetention(d time.Duration) Option { return func(c *config) error { return c.SetRetention(d) } }
 
 // WithClock sets the clock that stamps processed_at on each claim, so tests
 // can age rows. Default: time.Now. Must not be nil.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.SetClock(now) } }
+func WithClock(now func() time.Time) Option { return func(c *config) error { return c.SetClock(now) } }
 
 // WithPartitions makes the dedup table range-partitioned on processed_at,
 // one partition per period (aligned to the Unix epoch in UTC, e.g. 24h
@@ -59,12 +59,12 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.SetCloc
 // existing table must not change (new partitions would overlap old ones);
 // use a new table instead.
 func WithPartitions(period time.Duration) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if period < time.Minute || period%time.Minute != 0 {
-			c.Fail("WithPartitions", "period must be a positive whole number of minutes, got %v", period)
-			return
+			return c.Fail("WithPartitions", "period must be a positive whole number of minutes, got %v", period)
 		}
 		c.period = period
+		return nil
 	}
 }
 
@@ -75,7 +75,7 @@ func WithPartitions(period time.Duration) Option {
 // CREATE TABLE IF NOT EXISTS of Migrate needs the CREATE privilege even
 // when the table exists. URL parameter: migrate=false.
 func WithMigrate(on bool) Option {
-	return func(c *config) { c.SetMigrate(on) }
+	return func(c *config) error { return c.SetMigrate(on) }
 }
 
 func buildConfig(opts []Option) (config, error) {

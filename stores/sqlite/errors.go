@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 	msqlite "modernc.org/sqlite"
 )
 
@@ -18,25 +19,20 @@ const (
 // transaction: SQLITE_BUSY (the write lock stayed taken longer than
 // busy_timeout) or SQLITE_LOCKED, in any extended form, or a context
 // deadline. Other errors are not transient.
-func IsTransient(err error) bool {
-	if err == nil {
-		return false
-	}
-	var se *msqlite.Error
-	if errors.As(err, &se) {
-		switch se.Code() & 0xff {
-		case codeBusy, codeLocked:
-			return true
-		}
-		return false
-	}
-	return errors.Is(err, context.DeadlineExceeded)
-}
+func IsTransient(err error) bool { return engineErrors.Transient(err) }
 
-// noSuchTable reports an error that says the lease table is not there
-// (sqlstore.Claims.NoLeases): Migrate has not run since leases came.
-// SQLite gives it no code of its own, only SQLITE_ERROR and the message.
-func noSuchTable(err error) bool {
-	var se *msqlite.Error
-	return errors.As(err, &se) && strings.Contains(se.Error(), "no such table")
+// engineErrors sorts modernc.org/sqlite's errors for the engine. A lease
+// table that is not there (Migrate has not run since leases came) has no
+// code of its own, only SQLITE_ERROR and the message.
+var engineErrors = sqlstore.Errors{
+	Code: func(err error) (int, string, bool) {
+		var se *msqlite.Error
+		if !errors.As(err, &se) {
+			return 0, "", false
+		}
+		return se.Code() & 0xff, se.Error(), true
+	},
+	Retry:   func(code int, _ string) bool { return code == codeBusy || code == codeLocked },
+	NoTable: func(_ int, msg string) bool { return strings.Contains(msg, "no such table") },
+	Lost:    func(err error) bool { return errors.Is(err, context.DeadlineExceeded) },
 }

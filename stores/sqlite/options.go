@@ -22,7 +22,7 @@ const (
 
 // Option configures a Store. Options are checked by Open and New, which
 // return an error naming the option when a value is invalid.
-type Option func(*config)
+type Option func(*config) error
 
 type config struct {
 	sqlstore.Config
@@ -33,16 +33,16 @@ type config struct {
 // name must be an SQL identifier: ASCII letters, digits and underscores, not
 // starting with a digit, at most 63 characters (it is spliced into SQL, so
 // nothing else is accepted).
-func WithTable(name string) Option { return func(c *config) { c.SetTable(name) } }
+func WithTable(name string) Option { return func(c *config) error { return c.SetTable(name) } }
 
 // WithRetention sets how long claims are kept before Prune may delete them
 // (reported by Retention, compared by the Consumer with the broker's
 // redelivery horizon). Default: 7 days. Must be positive.
-func WithRetention(d time.Duration) Option { return func(c *config) { c.SetRetention(d) } }
+func WithRetention(d time.Duration) Option { return func(c *config) error { return c.SetRetention(d) } }
 
 // WithClock sets the clock that stamps processed_at on each claim, so tests
 // can age rows. Default: time.Now. Must not be nil.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.SetClock(now) } }
+func WithClock(now func() time.Time) Option { return func(c *config) error { return c.SetClock(now) } }
 
 // WithBusyTimeout sets how long a connection opened by Open waits for the
 // write lock held by another transaction (busy_timeout) before failing.
@@ -50,12 +50,12 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.SetCloc
 // longest transaction. Default: 5s. Ignored by New, whose caller configures
 // its own database handle. Must be positive.
 func WithBusyTimeout(d time.Duration) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if d <= 0 {
-			c.Fail("WithBusyTimeout", "must be positive, got %v", d)
-			return
+			return c.Fail("WithBusyTimeout", "must be positive, got %v", d)
 		}
 		c.busyTimeout = d
+		return nil
 	}
 }
 
@@ -72,9 +72,3 @@ func ValidateIdentifier(name string) error { return sqlident.Check(name) }
 func buildConfig(opts []Option) (config, error) {
 	return sqlstore.Build(config{Config: sqlstore.NewConfig("sqlite"), busyTimeout: DefaultBusyTimeout}, opts)
 }
-
-// Table returns the dedup table's name (WithTable).
-func (s *Store) Table() string { return s.cfg.Table }
-
-// Retention returns how long claims are kept (WithRetention).
-func (s *Store) Retention() time.Duration { return s.cfg.Retention }

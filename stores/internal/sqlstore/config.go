@@ -22,7 +22,7 @@ const (
 )
 
 // Config is the part of a store's configuration every store has. A store's
-// own config embeds it, and its option functions call the setters, so the
+// own config embeds it, and its options call the setters, so the
 // validation and the error wording are the same in every store.
 type Config struct {
 	// Store is the store's name ("postgres"), the prefix of its errors.
@@ -36,8 +36,6 @@ type Config struct {
 	Now func() time.Time
 	// NoMigrate is WithMigrate(false): Open does not create the table.
 	NoMigrate bool
-	// Errs collects the invalid options' errors; Err joins them.
-	Errs []error
 }
 
 // NewConfig returns the defaults of the store named store.
@@ -46,56 +44,58 @@ func NewConfig(store string) Config {
 }
 
 // Build runs the non-nil opts, in order, on c, a store's config with its
-// defaults, and returns it with the invalid options' errors joined.
-func Build[C any, P interface {
-	*C
-	Err() error
-}, O ~func(*C)](c C, opts []O) (C, error) {
+// defaults, and returns it with every invalid option's error joined.
+func Build[C any, O ~func(*C) error](c C, opts []O) (C, error) {
+	var errs []error
 	for _, o := range opts {
-		if o != nil {
-			o(&c)
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return c, P(&c).Err()
+	return c, errors.Join(errs...)
 }
 
-// Fail records that option got an invalid value: "store: option: reason".
-func (c *Config) Fail(option, format string, args ...any) {
-	c.Errs = append(c.Errs, fmt.Errorf("%s: %s: %s", c.Store, option, fmt.Sprintf(format, args...)))
+// Fail returns the error of an option given an invalid value:
+// "store: option: reason".
+func (c *Config) Fail(option, format string, args ...any) error {
+	return fmt.Errorf("%s: %s: %s", c.Store, option, fmt.Sprintf(format, args...))
 }
-
-// Err returns the invalid options' errors joined, or nil.
-func (c *Config) Err() error { return errors.Join(c.Errs...) }
 
 // SetTable is WithTable: name must pass sqlident.Check.
-func (c *Config) SetTable(name string) {
+func (c *Config) SetTable(name string) error {
 	if err := sqlident.Check(name); err != nil {
-		c.Errs = append(c.Errs, fmt.Errorf("%s: WithTable: %w", c.Store, err))
-		return
+		return fmt.Errorf("%s: WithTable: %w", c.Store, err)
 	}
 	c.Table = name
+	return nil
 }
 
 // SetRetention is WithRetention: d must be positive.
-func (c *Config) SetRetention(d time.Duration) {
+func (c *Config) SetRetention(d time.Duration) error {
 	if d <= 0 {
-		c.Fail("WithRetention", "must be positive, got %v", d)
-		return
+		return c.Fail("WithRetention", "must be positive, got %v", d)
 	}
 	c.Retention = d
+	return nil
 }
 
 // SetClock is WithClock: now must not be nil.
-func (c *Config) SetClock(now func() time.Time) {
+func (c *Config) SetClock(now func() time.Time) error {
 	if now == nil {
-		c.Fail("WithClock", "nil clock")
-		return
+		return c.Fail("WithClock", "nil clock")
 	}
 	c.Now = now
+	return nil
 }
 
 // SetMigrate is WithMigrate: whether Open creates the table.
-func (c *Config) SetMigrate(on bool) { c.NoMigrate = !on }
+func (c *Config) SetMigrate(on bool) error {
+	c.NoMigrate = !on
+	return nil
+}
 
 // Wrap prefixes err with the store, the operation and the table:
 // "mysql: prune processed_messages: …".

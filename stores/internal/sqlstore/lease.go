@@ -72,19 +72,31 @@ func Completed(c driver.Claim, stored string) driver.Lease {
 	return driver.Lease{Result: driver.LeaseDone}
 }
 
-// Acquire is a database/sql store's Acquire, in one transaction of its
-// own: it locks the lease row of (consumer, id) or inserts it, takes it
-// over when it expired, and then, with the row lock held, looks for a
-// completed claim in the dedup table, which wins (the transaction then
-// rolls back and leaves no lease). Looking only after the lock matters: a
-// completion transaction that fenced the lease holds the row until it
-// commits, and its claim is then visible.
-func (c *Config) Acquire(ctx context.Context, cl Claims, consumer string, claim driver.Claim, ttl time.Duration) (lease driver.Lease, err error) {
+// Acquire claims claim.ID for consumer as in progress until ttl from now
+// (driver.Leaser): LeaseWon with a new token, taking over an expired lease;
+// LeaseBusy while another's is live; LeaseDone or LeaseMismatch when the
+// claim was completed. The lease table is the dedup table's name followed
+// by _leases; Migrate creates it.
+//
+// It runs in one transaction of its own: it locks the lease row of
+// (consumer, id) or inserts it, takes it over when it expired, and then,
+// with the row lock held, looks for a completed claim in the dedup table,
+// which wins (the transaction then rolls back and leaves no lease).
+// Looking only after the lock matters: a completion transaction that
+// fenced the lease holds the row until it commits, and its claim is then
+// visible.
+func (e *Engine) Acquire(ctx context.Context, consumer string, claim driver.Claim, ttl time.Duration) (lease driver.Lease, err error) {
+	c := e.cfg
+	if e.d.Check != nil {
+		if err := e.d.Check("Acquire", consumer, []driver.Claim{claim}); err != nil {
+			return lease, err
+		}
+	}
 	lt, now, until, err := c.LeaseStart("Acquire", consumer, ttl)
 	if err != nil {
 		return lease, err
 	}
-	tx, err := cl.DB.BeginTx(ctx, cl.LeaseTx)
+	tx, err := e.db.BeginTx(ctx, e.d.LeaseTx)
 	if err != nil {
 		return lease, c.Wrap("acquire", err)
 	}
@@ -93,7 +105,7 @@ func (c *Config) Acquire(ctx context.Context, cl Claims, consumer string, claim 
 			err = c.Wrap("acquire", rb)
 		}
 	}()
-	lease, err = c.takeLease(ctx, tx, cl, lt, consumer, claim, now, until)
+	lease, err = e.takeLease(ctx, tx, lt, consumer, claim, now, until)
 	if err != nil {
 		return driver.Lease{}, c.Wrap("acquire", err)
 	}
@@ -115,17 +127,17 @@ func (c *Config) Acquire(ctx context.Context, cl Claims, consumer string, claim 
 
 // takeLease locks or inserts the lease row in tx: LeaseWon when it
 // inserted the row or took an expired one over, LeaseBusy otherwise.
-func (c *Config) takeLease(ctx context.Context, tx *sql.Tx, cl Claims, lt, consumer string, claim driver.Claim, now, until time.Time) (driver.Lease, error) {
+func (e *Engine) takeLease(ctx context.Context, tx *sql.Tx, lt, consumer string, claim driver.Claim, now, until time.Time) (driver.Lease, error) {
 	for try := 0; ; try++ {
 		var token int64
 		var held string
-		err := tx.QueryRowContext(ctx, `SELECT token, `+cl.timeText("lease_until")+` FROM `+lt+
-			` WHERE consumer = ? AND message_id = ?`+cl.Lock, consumer, claim.ID).Scan(&token, &held)
+		err := tx.QueryRowContext(ctx, `SELECT token, `+e.timeText("lease_until")+` FROM `+lt+
+			` WHERE consumer = ? AND message_id = ?`+e.d.Lock, consumer, claim.ID).Scan(&token, &held)
 		if errors.Is(err, sql.ErrNoRows) {
 			token = FirstToken()
 			_, err = tx.ExecContext(ctx, `INSERT INTO `+lt+` (consumer, message_id, token, fingerprint, acquired_at, lease_until) VALUES (?, ?, ?, ?, ?, ?)`,
 				consumer, claim.ID, token, claim.Fingerprint, FormatTime(now), FormatTime(until))
-			if err != nil && try == 0 && cl.Taken != nil && cl.Taken(err) {
+			if err != nil && try == 0 && e.d.Errors.duplicate(err) {
 				continue // another acquirer inserted the row first: read it
 			}
 			if err != nil {
@@ -152,20 +164,22 @@ func (c *Config) takeLease(ctx context.Context, tx *sql.Tx, cl Claims, lt, consu
 	}
 }
 
-// Renew is a database/sql store's Renew, in one transaction of its own:
-// it locks the rows of the leases, and moves the expiry of those whose
-// token still matches.
-func (c *Config) Renew(ctx context.Context, cl Claims, consumer string, refs []driver.LeaseRef, ttl time.Duration) (held []bool, err error) {
+// Renew moves the expiry of the leases whose tokens still hold them to ttl
+// from now and reports, ref for ref, which are still held (driver.Leaser).
+// In one transaction of its own it locks the rows of the leases, and moves
+// the expiry of those whose token still matches.
+func (e *Engine) Renew(ctx context.Context, consumer string, refs []driver.LeaseRef, ttl time.Duration) (held []bool, err error) {
+	c := e.cfg
 	lt, _, until, err := c.LeaseStart("Renew", consumer, ttl)
 	if err != nil || len(refs) == 0 {
 		return []bool{}, err
 	}
-	tx, err := cl.DB.BeginTx(ctx, cl.LeaseTx)
+	tx, err := e.db.BeginTx(ctx, e.d.LeaseTx)
 	if err != nil {
 		return nil, c.Wrap("renew", err)
 	}
 	defer tx.Rollback()
-	held, err = c.settle(ctx, tx, cl, lt, consumer, refs, `UPDATE `+lt+` SET lease_until = ? WHERE consumer = ? AND message_id IN `, FormatTime(until))
+	held, err = e.settle(ctx, tx, lt, consumer, refs, `UPDATE `+lt+` SET lease_until = ? WHERE consumer = ? AND message_id IN `, FormatTime(until))
 	if err != nil {
 		return nil, c.Wrap("renew", err)
 	}
@@ -175,10 +189,11 @@ func (c *Config) Renew(ctx context.Context, cl Claims, consumer string, refs []d
 	return held, nil
 }
 
-// Fence is a database/sql store's Txn.Fence, in the caller's transaction
-// tx: it locks the rows of the leases and deletes those whose token still
-// matches, which stay locked until tx ends.
-func (c *Config) Fence(ctx context.Context, tx *sql.Tx, cl Claims, consumer string, refs []driver.LeaseRef) ([]bool, error) {
+// fence is End.Fence, in the caller's transaction tx: it locks the rows
+// of the leases and deletes those whose token still matches, which stay
+// locked until tx ends.
+func (e *Engine) fence(ctx context.Context, tx *sql.Tx, consumer string, refs []driver.LeaseRef) ([]bool, error) {
+	c := e.cfg
 	lt, err := c.LeaseTable()
 	if err != nil || len(refs) == 0 {
 		return []bool{}, err
@@ -186,7 +201,7 @@ func (c *Config) Fence(ctx context.Context, tx *sql.Tx, cl Claims, consumer stri
 	if err := c.CheckConsumer("Fence", consumer); err != nil {
 		return nil, err
 	}
-	held, err := c.settle(ctx, tx, cl, lt, consumer, refs, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id IN `)
+	held, err := e.settle(ctx, tx, lt, consumer, refs, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id IN `)
 	if err != nil {
 		return nil, c.Wrap("fence", err)
 	}
@@ -197,31 +212,17 @@ func (c *Config) Fence(ctx context.Context, tx *sql.Tx, cl Claims, consumer stri
 // whether its token holds the lease, and runs act (a statement up to the
 // list of ids, taking first, then the consumer and the ids) on the held
 // ones. The lock keeps the rows as read until act ran.
-func (c *Config) settle(ctx context.Context, tx *sql.Tx, cl Claims, lt, consumer string, refs []driver.LeaseRef, act string, first ...any) ([]bool, error) {
+func (e *Engine) settle(ctx context.Context, tx *sql.Tx, lt, consumer string, refs []driver.LeaseRef, act string, first ...any) ([]bool, error) {
 	tokens := make(map[string]int64, len(refs))
-	for part := range slices.Chunk(refs, cl.Chunk) {
+	for part := range slices.Chunk(refs, e.d.ListChunk) {
 		ids := make([]string, len(part))
 		for i, r := range part {
 			ids[i] = r.ID
 		}
 		q, args := InIDs(false, `SELECT message_id, token FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, ids)
-		rows, err := tx.QueryContext(ctx, q+cl.Lock, args...)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var id []byte // VARBINARY on MySQL; TEXT converts
-			var token int64
-			if err := rows.Scan(&id, &token); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			tokens[string(id)] = token
-		}
-		if err := rows.Close(); err != nil {
-			return nil, err
-		}
-		if err := rows.Err(); err != nil {
+		var id []byte // VARBINARY on MySQL; TEXT converts
+		var token int64
+		if err := scanEach(ctx, tx, q+e.d.Lock, args, func() error { tokens[string(id)] = token; return nil }, &id, &token); err != nil {
 			return nil, err
 		}
 	}
@@ -233,7 +234,7 @@ func (c *Config) settle(ctx context.Context, tx *sql.Tx, cl Claims, lt, consumer
 			ids = append(ids, r.ID)
 		}
 	}
-	for part := range slices.Chunk(ids, cl.Chunk) {
+	for part := range slices.Chunk(ids, e.d.ListChunk) {
 		q, args := InIDs(false, act, consumer, part)
 		if _, err := tx.ExecContext(ctx, q, append(first, args...)...); err != nil {
 			return nil, err
@@ -242,9 +243,10 @@ func (c *Config) settle(ctx context.Context, tx *sql.Tx, cl Claims, lt, consumer
 	return held, nil
 }
 
-// Release is a database/sql store's Release: one DELETE of the lease row
-// if token still holds it.
-func (c *Config) Release(ctx context.Context, cl Claims, consumer string, ref driver.LeaseRef) error {
+// Release deletes the lease if its token still holds it (driver.Leaser):
+// one DELETE of the lease row.
+func (e *Engine) Release(ctx context.Context, consumer string, ref driver.LeaseRef) error {
+	c := e.cfg
 	lt, err := c.LeaseTable()
 	if err != nil {
 		return err
@@ -252,7 +254,7 @@ func (c *Config) Release(ctx context.Context, cl Claims, consumer string, ref dr
 	if err := c.CheckConsumer("Release", consumer); err != nil {
 		return err
 	}
-	if _, err := cl.DB.ExecContext(ctx, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id = ? AND token = ?`, consumer, ref.ID, ref.Token); err != nil {
+	if _, err := e.db.ExecContext(ctx, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id = ? AND token = ?`, consumer, ref.ID, ref.Token); err != nil {
 		return c.Wrap("release", err)
 	}
 	return nil
@@ -260,79 +262,29 @@ func (c *Config) Release(ctx context.Context, cl Claims, consumer string, ref dr
 
 // lookupLeases adds the leases of ids to found (LeaseUntil, LeaseToken),
 // when the store has a lease table it may read.
-func (c *Config) lookupLeases(ctx context.Context, cl Claims, consumer string, ids []string, found map[string]admin.ClaimInfo) error {
-	lt, err := c.LeaseTable()
+func (e *Engine) lookupLeases(ctx context.Context, consumer string, ids []string, found map[string]admin.ClaimInfo) error {
+	lt, err := e.cfg.LeaseTable()
 	if err != nil {
 		return nil // no lease table: no leases
 	}
-	for part := range slices.Chunk(ids, cl.Chunk) {
-		q, args := InIDs(false, `SELECT message_id, token, `+cl.timeText("lease_until")+` FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
-		rows, err := cl.DB.QueryContext(ctx, q, args...)
-		if err != nil {
-			return cl.SkipNoLeases(err)
-		}
-		for rows.Next() {
-			var id []byte // VARBINARY on MySQL; TEXT converts
-			var token int64
-			var until string
-			if err := rows.Scan(&id, &token, &until); err != nil {
-				rows.Close()
-				return err
-			}
+	for part := range slices.Chunk(ids, e.d.ListChunk) {
+		q, args := InIDs(false, `SELECT message_id, token, `+e.timeText("lease_until")+` FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
+		var id []byte // VARBINARY on MySQL; TEXT converts
+		var token int64
+		var until string
+		err := scanEach(ctx, e.db, q, args, func() error {
 			t, err := time.ParseInLocation(TimeFormat, until, time.UTC)
-			if err != nil {
-				rows.Close()
-				return err
-			}
 			info, ok := found[string(id)]
 			if !ok {
 				info = admin.ClaimInfo{ID: string(id)}
 			}
 			info.LeaseUntil, info.LeaseToken = t, token
 			found[string(id)] = info
-		}
-		if err := rows.Close(); err != nil {
 			return err
-		}
-		if err := rows.Err(); err != nil {
-			return err
+		}, &id, &token, &until)
+		if err != nil {
+			return e.skipNoLeases(err)
 		}
 	}
 	return nil
-}
-
-// timeText reads the time column col as TimeFormat text.
-func (cl Claims) timeText(col string) string {
-	if cl.TimeText == nil {
-		return col
-	}
-	return cl.TimeText(col)
-}
-
-// Leaser is the lease half of a database/sql store (driver.Leaser), which
-// mysql and sqlite embed: each method runs in a short transaction of its
-// own on Claims (see Config.Acquire, Renew and Release for the steps).
-type Leaser struct {
-	Cfg    *Config
-	Claims Claims
-}
-
-// Acquire claims claim.ID for consumer as in progress until ttl from now
-// (driver.Leaser): LeaseWon with a new token, taking over an expired lease;
-// LeaseBusy while another's is live; LeaseDone or LeaseMismatch when the
-// claim was completed. The lease table is the dedup table's name followed
-// by _leases; Migrate creates it.
-func (l *Leaser) Acquire(ctx context.Context, consumer string, claim driver.Claim, ttl time.Duration) (driver.Lease, error) {
-	return l.Cfg.Acquire(ctx, l.Claims, consumer, claim, ttl)
-}
-
-// Renew moves the expiry of the leases whose tokens still hold them to ttl
-// from now and reports, ref for ref, which are still held (driver.Leaser).
-func (l *Leaser) Renew(ctx context.Context, consumer string, leases []driver.LeaseRef, ttl time.Duration) ([]bool, error) {
-	return l.Cfg.Renew(ctx, l.Claims, consumer, leases, ttl)
-}
-
-// Release deletes the lease if its token still holds it (driver.Leaser).
-func (l *Leaser) Release(ctx context.Context, consumer string, lease driver.LeaseRef) error {
-	return l.Cfg.Release(ctx, l.Claims, consumer, lease)
 }

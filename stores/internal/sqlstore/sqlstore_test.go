@@ -14,22 +14,22 @@ type testConfig struct {
 	extra int
 }
 
-type testOption func(*testConfig)
+type testOption func(*testConfig) error
 
 func TestBuild(t *testing.T) {
 	c, err := Build(testConfig{Config: NewConfig("st"), extra: 1}, []testOption{
 		nil,
-		func(c *testConfig) { c.SetTable("claims") },
-		func(c *testConfig) { c.SetRetention(time.Hour) },
-		func(c *testConfig) { c.SetMigrate(false) },
+		func(c *testConfig) error { return c.SetTable("claims") },
+		func(c *testConfig) error { return c.SetRetention(time.Hour) },
+		func(c *testConfig) error { return c.SetMigrate(false) },
 	})
 	if err != nil || c.Table != "claims" || c.Retention != time.Hour || !c.NoMigrate || c.extra != 1 || c.Now == nil {
 		t.Fatalf("Build = %+v, %v", c, err)
 	}
 	_, err = Build(testConfig{Config: NewConfig("st")}, []testOption{
-		func(c *testConfig) { c.SetTable("a-b") },
-		func(c *testConfig) { c.SetRetention(0) },
-		func(c *testConfig) { c.SetClock(nil) },
+		func(c *testConfig) error { return c.SetTable("a-b") },
+		func(c *testConfig) error { return c.SetRetention(0) },
+		func(c *testConfig) error { return c.SetClock(nil) },
 	})
 	for _, want := range []string{"st: WithTable: table name holds '-'", "st: WithRetention: must be positive, got 0s", "st: WithClock: nil clock"} {
 		if err == nil || !strings.Contains(err.Error(), want) {

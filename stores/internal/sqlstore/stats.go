@@ -19,45 +19,39 @@ const TimeFormat = "2006-01-02 15:04:05.000000"
 // FormatTime writes t in TimeFormat, in UTC.
 func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
 
-// Inspect is a database/sql store's Inspect. statsSQL returns per
-// consumer: the consumer, its claim count, and its oldest and newest
-// processed_at as TimeFormat text. sizeSQL takes the table's name and
-// returns the bytes it takes; when sizeOptional is set a failing sizeSQL
-// leaves the size unknown (0) instead of failing.
-func (c *Config) Inspect(ctx context.Context, db *sql.DB, statsSQL, sizeSQL string, sizeOptional bool) (admin.TableStats, error) {
-	st := admin.TableStats{Table: c.Table}
-	rows, err := db.QueryContext(ctx, statsSQL)
-	if err != nil {
-		return st, c.Wrap("inspect", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var cs admin.ConsumerStats
-		var consumer []byte // VARBINARY on MySQL; TEXT converts
-		var oldest, newest string
-		if err := rows.Scan(&consumer, &cs.Rows, &oldest, &newest); err != nil {
-			return st, c.Wrap("inspect", err)
-		}
+// Inspect describes the dedup table for operators (idemq stats): claims
+// and oldest/newest processed_at per consumer, the claims in progress
+// (leases, and how many of them expired), and the bytes the table and its
+// indexes take (Dialect.SizeSQL). It counts every row, so on a very large
+// table it takes as long as an index scan.
+func (e *Engine) Inspect(ctx context.Context) (admin.TableStats, error) {
+	st := admin.TableStats{Table: e.cfg.Table}
+	var cs admin.ConsumerStats
+	var consumer []byte // VARBINARY on MySQL; TEXT converts
+	var oldest, newest string
+	err := scanEach(ctx, e.db, `SELECT consumer, COUNT(*), `+e.timeText("MIN(processed_at)")+`, `+e.timeText("MAX(processed_at)")+
+		` FROM `+e.cfg.Table+` GROUP BY consumer ORDER BY consumer`, nil, func() (err error) {
 		cs.Consumer = string(consumer)
 		if cs.Oldest, err = time.ParseInLocation(TimeFormat, oldest, time.UTC); err != nil {
-			return st, c.Wrap("inspect", err)
+			return err
 		}
 		if cs.Newest, err = time.ParseInLocation(TimeFormat, newest, time.UTC); err != nil {
-			return st, c.Wrap("inspect", err)
+			return err
 		}
 		st.Consumers = append(st.Consumers, cs)
 		st.Rows += cs.Rows
-	}
-	if err := rows.Err(); err != nil {
-		return st, c.Wrap("inspect", err)
+		return nil
+	}, &consumer, &cs.Rows, &oldest, &newest)
+	if err != nil {
+		return st, e.cfg.Wrap("inspect", err)
 	}
 	var size sql.NullInt64
-	err = db.QueryRowContext(ctx, sizeSQL, c.Table).Scan(&size)
-	if err != nil && !sizeOptional && !errors.Is(err, sql.ErrNoRows) {
-		return st, c.Wrap("inspect", err)
+	err = e.db.QueryRowContext(ctx, e.d.SizeSQL, e.cfg.Table).Scan(&size)
+	if err != nil && !e.d.SizeOptional && !errors.Is(err, sql.ErrNoRows) {
+		return st, e.cfg.Wrap("inspect", err)
 	}
 	st.SizeBytes = size.Int64
-	return st, nil
+	return st, e.inspectLeases(ctx, &st)
 }
 
 // ExecCount runs a statement on db and returns how many rows it changed.
@@ -84,29 +78,19 @@ func AddLeases(st *admin.TableStats, consumer string, n, expired int64) {
 	st.Consumers[i].ExpiredLeases += expired
 }
 
-// InspectLeases adds the leases per consumer to st, none when the store
+// inspectLeases adds the leases per consumer to st, none when the store
 // has no lease table it may read.
-func (c *Config) InspectLeases(ctx context.Context, cl Claims, st *admin.TableStats) error {
-	lt, err := c.LeaseTable()
+func (e *Engine) inspectLeases(ctx context.Context, st *admin.TableStats) error {
+	lt, err := e.cfg.LeaseTable()
 	if err != nil {
 		return nil // no lease table: no leases
 	}
-	rows, err := cl.DB.QueryContext(ctx, `SELECT consumer, COUNT(*), SUM(CASE WHEN lease_until < ? THEN 1 ELSE 0 END) FROM `+lt+` GROUP BY consumer`,
-		FormatTime(c.Now()))
-	if err != nil {
-		return cl.SkipNoLeases(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var consumer []byte // VARBINARY on MySQL; TEXT converts
-		var n, expired int64
-		if err := rows.Scan(&consumer, &n, &expired); err != nil {
-			return c.Wrap("inspect", err)
-		}
-		AddLeases(st, string(consumer), n, expired)
-	}
-	if err := rows.Err(); err != nil {
-		return c.Wrap("inspect", err)
+	var consumer []byte // VARBINARY on MySQL; TEXT converts
+	var n, expired int64
+	err = scanEach(ctx, e.db, `SELECT consumer, COUNT(*), SUM(CASE WHEN lease_until < ? THEN 1 ELSE 0 END) FROM `+lt+` GROUP BY consumer`,
+		[]any{FormatTime(e.cfg.Now())}, func() error { AddLeases(st, string(consumer), n, expired); return nil }, &consumer, &n, &expired)
+	if err := e.skipNoLeases(err); err != nil {
+		return e.cfg.Wrap("inspect", err)
 	}
 	return nil
 }

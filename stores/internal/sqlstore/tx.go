@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -22,24 +23,151 @@ const (
 	ReleaseSQL = "RELEASE SAVEPOINT idemq_sp"
 )
 
-// End is the database/sql side of a dedup transaction that mysql and
-// sqlite share: the handler's *sql.Tx, savepoints, commit and rollback.
-// Their Txn types embed it, so these are their methods. Like *sql.Tx it is
+// End is one open dedup transaction of an Engine: the claims, the
+// handler's *sql.Tx, savepoints, commit and rollback. Like *sql.Tx it is
 // used by one goroutine at a time.
 type End struct {
-	// Store prefixes errors ("mysql: commit: …").
-	Store string
-	// SQL is the transaction.
-	SQL *sql.Tx
-	// Gone reports a rollback error that means the connection is gone, so
-	// the server has rolled the transaction back already; nil when the
-	// driver has none.
-	Gone func(error) bool
-	// Numbered says the driver takes numbered placeholders (?1, ?2: the
-	// consumer is ?1 in every statement); otherwise they are plain ?.
-	Numbered bool
-	// Leases are the store's, for Fence.
-	Leases *Leaser
+	e    *Engine
+	tx   *sql.Tx
+	mode Returning
+}
+
+var _ Txn[*sql.Tx] = (*End)(nil)
+
+// claimed is a claimed id's stored fingerprint and claim token.
+type claimed struct {
+	fp    string
+	token int64
+}
+
+// Claim claims every id for consumer with one multi-row INSERT per
+// Dialect.InsertChunk claims, in id order (so batches sharing ids lock
+// them in the same order), stamping the rows it inserts with a random
+// token and leaving a taken id's row as it is (Dialect.OnConflict), then
+// learns the token and fingerprint of each row: the rows carrying this
+// call's token were inserted by it (ClaimWon); the others were there
+// already and are ClaimDuplicate, or ClaimMismatch when both fingerprints
+// are non-empty and differ.
+func (t *End) Claim(ctx context.Context, consumer string, claims []driver.Claim) ([]driver.ClaimResult, error) {
+	e := t.e
+	if err := e.check("Claim", consumer, claims); err != nil {
+		return nil, err
+	}
+	results := make([]driver.ClaimResult, len(claims))
+	if len(claims) == 0 {
+		return results, nil
+	}
+	order := make([]int, len(claims))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(claims[a].ID, claims[b].ID) })
+	token := rand.Int64N(1<<63-1) + 1 // never the column default 0
+	now := FormatTime(e.cfg.Now())
+	got := make(map[string]claimed, len(claims))
+	missing := func(chunk []int) (ids []string) {
+		for _, i := range chunk {
+			if _, ok := got[claims[i].ID]; !ok {
+				ids = append(ids, claims[i].ID)
+			}
+		}
+		return ids
+	}
+	for chunk := range slices.Chunk(order, e.d.InsertChunk) {
+		if err := t.insert(ctx, consumer, now, token, claims, chunk, got); err != nil {
+			return nil, fmt.Errorf("%s: claim %d ids for %q: %w", e.cfg.Store, len(chunk), consumer, err)
+		}
+		if ids := missing(chunk); len(ids) > 0 {
+			if err := t.readBack(ctx, consumer, ids, "", got); err != nil {
+				return nil, fmt.Errorf("%s: claim: read back %d ids for %q: %w", e.cfg.Store, len(ids), consumer, err)
+			}
+		}
+		// A row committed by another transaction after this one's
+		// REPEATABLE READ snapshot was taken is invisible to a plain read;
+		// a locking read sees the latest version (and only waits on locks
+		// the insert already holds). Where transactions hold the write
+		// lock from BEGIN, no row can hide.
+		if ids := missing(chunk); len(ids) > 0 && e.d.Lock != "" {
+			if err := t.readBack(ctx, consumer, ids, e.d.Lock, got); err != nil {
+				return nil, fmt.Errorf("%s: claim: locking read back %d ids for %q: %w", e.cfg.Store, len(ids), consumer, err)
+			}
+		}
+	}
+	for i, c := range claims {
+		r, ok := got[c.ID]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%s: claim: no row came back for id %q", e.cfg.Store, c.ID)
+		case r.token == token:
+			results[i] = driver.ClaimWon
+		default:
+			results[i] = driver.ClassifyStored(c.Fingerprint, r.fp)
+		}
+	}
+	return results, nil
+}
+
+// insert runs the INSERT of the claims of chunk (indexes into claims),
+// and records in got the rows its RETURNING clause gives back.
+func (t *End) insert(ctx context.Context, consumer, now string, token int64, claims []driver.Claim, chunk []int, got map[string]claimed) error {
+	d := &t.e.d
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + t.e.cfg.Table + " (consumer, processed_at, ")
+	shared := []any{consumer, now}
+	if d.Token != "" {
+		b.WriteString(d.Token + ", ")
+		shared = append(shared, token)
+	}
+	b.WriteString("message_id, fingerprint) VALUES ")
+	args := make([]any, 0, len(shared)+(len(shared)+2)*len(chunk))
+	if d.Numbered { // the shared values once, as ?1, ?2…
+		args = append(args, shared...)
+	}
+	for j, i := range chunk {
+		if j > 0 {
+			b.WriteByte(',')
+		}
+		if d.Numbered {
+			b.WriteByte('(')
+			for k := range shared {
+				fmt.Fprintf(&b, "?%d,", k+1)
+			}
+			n := len(shared) + 2*j
+			fmt.Fprintf(&b, "?%d,?%d)", n+1, n+2)
+		} else {
+			b.WriteString("(" + strings.Repeat("?,", len(shared)) + "?,?)")
+			args = append(args, shared...)
+		}
+		args = append(args, claims[i].ID, claims[i].Fingerprint)
+	}
+	b.WriteString(d.OnConflict)
+	var id []byte // VARBINARY on MySQL; TEXT converts
+	var r claimed
+	switch t.mode {
+	case ReturnAll:
+		b.WriteString(" RETURNING message_id, fingerprint, " + d.Token)
+		return scanEach(ctx, t.tx, b.String(), args, func() error { got[string(id)] = r; return nil }, &id, &r.fp, &r.token)
+	case ReturnInserted:
+		b.WriteString(" RETURNING message_id")
+		return scanEach(ctx, t.tx, b.String(), args, func() error { got[string(id)] = claimed{token: token}; return nil }, &id)
+	}
+	_, err := t.tx.ExecContext(ctx, b.String(), args...)
+	return err
+}
+
+// readBack reads the claimed rows of ids, with lock ending the SELECT. The
+// plain read takes no locks (a locking read of many keys takes next-key
+// locks and deadlocks with concurrent inserts); the locking one is for
+// rows the plain read could not see.
+func (t *End) readBack(ctx context.Context, consumer string, ids []string, lock string, got map[string]claimed) error {
+	col := t.e.d.Token
+	if col == "" {
+		col = "0" // a row found was not this call's: no token matches 0
+	}
+	q, args := t.e.inIDs("SELECT message_id, fingerprint, "+col+" FROM "+t.e.cfg.Table+" WHERE consumer = "+t.e.first()+" AND message_id IN ", consumer, ids)
+	var id []byte
+	var r claimed
+	return scanEach(ctx, t.tx, q+lock, args, func() error { got[string(id)] = r; return nil }, &id, &r.fp, &r.token)
 }
 
 // Fence ends the leases in this transaction (driver.Fencer): it locks
@@ -48,13 +176,12 @@ type End struct {
 // until the transaction ends, so a concurrent Acquire waits and then finds
 // the completed claim.
 func (t *End) Fence(ctx context.Context, consumer string, leases []driver.LeaseRef) ([]bool, error) {
-	return t.Leases.Cfg.Fence(ctx, t.SQL, t.Leases.Claims, consumer, leases)
+	return t.e.fence(ctx, t.tx, consumer, leases)
 }
 
-// InIDs returns prefix followed by a parenthesised placeholder per id, and
-// the statement's arguments: consumer, then ids.
-func (t *End) InIDs(prefix, consumer string, ids []string) (string, []any) {
-	return InIDs(t.Numbered, prefix, consumer, ids)
+// inIDs is InIDs in the engine's placeholder style.
+func (e *Engine) inIDs(prefix, consumer string, ids []string) (string, []any) {
+	return InIDs(e.d.Numbered, prefix, consumer, ids)
 }
 
 // InIDs returns prefix followed by a parenthesised placeholder per id, and
@@ -80,23 +207,27 @@ func InIDs(numbered bool, prefix, consumer string, ids []string) (string, []any)
 	return b.String(), args
 }
 
-// Unclaim deletes consumer's claims of ids, chunk ids per statement;
-// prefix is the statement up to the list of ids ("DELETE FROM t WHERE
-// consumer = ? AND message_id IN ").
-func (t *End) Unclaim(ctx context.Context, prefix, consumer string, ids []string, chunk int) error {
-	for part := range slices.Chunk(ids, chunk) {
-		q, args := t.InIDs(prefix, consumer, part)
-		if _, err := t.SQL.ExecContext(ctx, q, args...); err != nil {
-			return fmt.Errorf("%s: unclaim %d ids for %q: %w", t.Store, len(part), consumer, err)
+// Unclaim deletes this consumer's claims of ids, for messages whose
+// handler failed inside a batch transaction.
+func (t *End) Unclaim(ctx context.Context, consumer string, ids []string) error {
+	for part := range slices.Chunk(ids, t.e.d.ListChunk) {
+		q, args := t.e.inIDs(t.e.unclaimSQL(), consumer, part)
+		if _, err := t.tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("%s: unclaim %d ids for %q: %w", t.e.cfg.Store, len(part), consumer, err)
 		}
 	}
 	return nil
 }
 
+// unclaimSQL is the DELETE of claims up to the list of ids.
+func (e *Engine) unclaimSQL() string {
+	return "DELETE FROM " + e.cfg.Table + " WHERE consumer = " + e.first() + " AND message_id IN "
+}
+
 func (t *End) exec(ctx context.Context, what string, stmts ...string) error {
 	for _, s := range stmts {
-		if _, err := t.SQL.ExecContext(ctx, s); err != nil {
-			return fmt.Errorf("%s: %s: %w", t.Store, what, err)
+		if _, err := t.tx.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("%s: %s: %w", t.e.cfg.Store, what, err)
 		}
 	}
 	return nil
@@ -122,12 +253,12 @@ func (t *End) ReleaseSavepoint(ctx context.Context) error {
 }
 
 // Tx returns the transaction for the handler's business effect.
-func (t *End) Tx() *sql.Tx { return t.SQL }
+func (t *End) Tx() *sql.Tx { return t.tx }
 
 // Commit commits the claims and the handler's effects together.
 func (t *End) Commit(context.Context) error {
-	if err := t.SQL.Commit(); err != nil {
-		return fmt.Errorf("%s: commit: %w", t.Store, err)
+	if err := t.tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit: %w", t.e.cfg.Store, err)
 	}
 	return nil
 }
@@ -135,11 +266,11 @@ func (t *End) Commit(context.Context) error {
 // Rollback aborts the transaction; after Commit (failed or not), or when
 // Gone says the connection is gone, it does nothing and returns nil.
 func (t *End) Rollback(context.Context) error {
-	err := t.SQL.Rollback()
-	if err == nil || errors.Is(err, sql.ErrTxDone) || t.Gone != nil && t.Gone(err) {
+	err := t.tx.Rollback()
+	if err == nil || errors.Is(err, sql.ErrTxDone) || t.e.d.Errors.Gone != nil && t.e.d.Errors.Gone(err) {
 		return nil
 	}
-	return fmt.Errorf("%s: rollback: %w", t.Store, err)
+	return fmt.Errorf("%s: rollback: %w", t.e.cfg.Store, err)
 }
 
 // As is a store's As method: a *H target gets h (the store's pool or
@@ -154,13 +285,4 @@ func As[H, S any](target any, h H, s S) bool {
 		return true
 	}
 	return false
-}
-
-// CloseOwned is a database/sql store's Close: it closes db only when the
-// store opened it (owned); a handle given to New is left to its owner.
-func CloseOwned(db *sql.DB, owned bool) error {
-	if !owned {
-		return nil
-	}
-	return db.Close()
 }
