@@ -185,7 +185,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 func testPipelineRedrive(t *testing.T, h Harness) {
 	f := h.fixture(t)
 	q := openDLQ(t, f)
-	e := newEffects(t)
+	e := NewEffects(t)
 	msgs := messages("incident", 4)
 	all := msgIDs(msgs)
 	var broken atomic.Bool
@@ -194,7 +194,7 @@ func testPipelineRedrive(t *testing.T, h Harness) {
 		if broken.Load() {
 			return core.Permanent(errors.New("brokertest: bad deploy rejects " + m.ID))
 		}
-		return e.apply(ctx, tx, m)
+		return e.Apply(ctx, tx, m)
 	})
 	publish(t, h, f, msgs...)
 	parked := waitParked(t, h, q, all...)
@@ -206,7 +206,7 @@ func testPipelineRedrive(t *testing.T, h Harness) {
 	broken.Store(false) // the fix is deployed
 	twin := *msgs[0]
 	publish(t, h, f, &twin)
-	waitFor(t, h.ReceiveTimeout, "the twin applied", func() bool { return e.counts(t)[twin.ID] == 1 })
+	waitFor(t, h.ReceiveTimeout, "the twin applied", func() bool { return e.Counts(t)[twin.ID] == 1 })
 
 	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(all[:3]...), nil)
 	if err != nil || n != 3 {
@@ -224,7 +224,7 @@ func testPipelineRedrive(t *testing.T, h Harness) {
 	if err := r.shutdown(t); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for i, id := range all {
 		want := 1
 		if i == 3 {

@@ -40,11 +40,11 @@ func (c *externalCalls) of(id string) int {
 }
 
 // runLeased starts a leased consumer whose Complete applies e's effect.
-func runLeased(t *testing.T, src driver.Source, e *effects, external func(ctx context.Context, m *core.Message) (string, error), lease, maxLease time.Duration, opts ...core.Option) *running {
+func runLeased(t *testing.T, src driver.Source, e *Effects, external func(ctx context.Context, m *core.Message) (string, error), lease, maxLease time.Duration, opts ...core.Option) *running {
 	t.Helper()
 	c, err := core.NewLeased(src, e.store, core.LeasedHandler[*sql.Tx, string]{
 		External: external,
-		Complete: func(ctx context.Context, tx *sql.Tx, m *core.Message, _ string) error { return e.apply(ctx, tx, m) },
+		Complete: func(ctx context.Context, tx *sql.Tx, m *core.Message, _ string) error { return e.Apply(ctx, tx, m) },
 		Lease:    lease,
 		MaxLease: maxLease,
 	}, pipelineOptions(opts)...)
@@ -55,9 +55,9 @@ func runLeased(t *testing.T, src driver.Source, e *effects, external func(ctx co
 }
 
 // wantOnce checks that every message's effect was committed exactly once.
-func wantOnce(t *testing.T, e *effects, msgs []*driver.Message) {
+func wantOnce(t *testing.T, e *Effects, msgs []*driver.Message) {
 	t.Helper()
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for _, m := range msgs {
 		if counts[m.ID] != 1 {
 			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
@@ -72,7 +72,7 @@ func wantOnce(t *testing.T, e *effects, msgs []*driver.Message) {
 // call is slow: each id calls out once and applies once.
 func testLeasedDuplicates(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	const unique, copies = 15, 3
 	msgs := messages("leased", unique)
 	var all []*driver.Message
@@ -104,7 +104,7 @@ func testLeasedDuplicates(t *testing.T, h Harness) {
 // complete.
 func testLeasedPermanent(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	msgs := messages("declined", 4)
 	publish(t, h, f, msgs...)
 	bad := msgs[1].ID
@@ -134,7 +134,7 @@ func testLeasedPermanent(t *testing.T, h Harness) {
 // call returns at last, nothing is applied twice.
 func testLeasedTakeOver(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	msgs := messages("hung", 6)
 	publish(t, h, f, msgs...)
 	var calls externalCalls
@@ -164,11 +164,11 @@ func testLeasedTakeOver(t *testing.T, h Harness) {
 		return "charged", nil
 	}, 200*time.Millisecond, 400*time.Millisecond, core.WithWindow(3))
 	waitFor(t, 3*h.ReceiveTimeout, "the hung message taken over and completed", func() bool {
-		return e.counts(t)[hungID] == 1
+		return e.Counts(t)[hungID] == 1
 	})
 	close(wake)
 	waitFor(t, 3*h.ReceiveTimeout, "every message applied", func() bool {
-		return len(e.counts(t)) == len(msgs)
+		return len(e.Counts(t)) == len(msgs)
 	})
 	r1.shutdown(t)
 	if err := r2.shutdown(t); err != nil {

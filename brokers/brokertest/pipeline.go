@@ -22,13 +22,16 @@ import (
 // store. The handler's effect is a row in an effects table with no unique
 // key, so an effect applied twice is counted twice.
 
-// effects is one SQLite dedup store plus the business table the handlers
-// write to.
-type effects struct {
+// Effects counts committed effects: a SQLite dedup store plus a business
+// table with no unique key, so an effect applied twice counts twice. The
+// suite's cases use it, and adapters' own tests may too.
+type Effects struct {
 	store *sqlite.Store
 }
 
-func newEffects(t *testing.T) *effects {
+// NewEffects opens an Effects in the test's temporary directory, closed
+// when the test ends.
+func NewEffects(t *testing.T) *Effects {
 	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "brokertest.db"))
@@ -39,17 +42,20 @@ func newEffects(t *testing.T) *effects {
 	if _, err := st.DB().ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL, body TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &effects{store: st}
+	return &Effects{store: st}
 }
 
-// apply is the business effect, in the claim's transaction.
-func (e *effects) apply(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+// Store is the dedup store.
+func (e *Effects) Store() *sqlite.Store { return e.store }
+
+// Apply is the business effect, in the claim's transaction: a row for m.
+func (e *Effects) Apply(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO effects (id, body) VALUES (?, ?)`, m.ID, string(m.Body))
 	return err
 }
 
-// counts returns how many times each id's effect was committed.
-func (e *effects) counts(t *testing.T) map[string]int {
+// Counts returns how many times each id's effect was committed.
+func (e *Effects) Counts(t *testing.T) map[string]int {
 	t.Helper()
 	rows, err := e.store.DB().Query(`SELECT id, count(*) FROM effects GROUP BY id`)
 	if err != nil {
@@ -71,6 +77,18 @@ func (e *effects) counts(t *testing.T) map[string]int {
 	return out
 }
 
+// Run runs a Consumer of src with h and opts over e's store in the
+// background until the test ends; stop cancels it and returns Run's error.
+func (e *Effects) Run(t *testing.T, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
+	t.Helper()
+	c, err := core.New(src, e.store, h, opts...)
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	r := start(t, c)
+	return c, func() error { return r.shutdown(t) }
+}
+
 // running is a Consumer running in the background.
 type running struct {
 	c    *core.Consumer[*sql.Tx]
@@ -78,7 +96,7 @@ type running struct {
 	done chan error
 }
 
-func runConsumer(t *testing.T, src driver.Source, e *effects, h core.Handler[*sql.Tx], opts ...core.Option) *running {
+func runConsumer(t *testing.T, src driver.Source, e *Effects, h core.Handler[*sql.Tx], opts ...core.Option) *running {
 	t.Helper()
 	c, err := core.New[*sql.Tx](src, e.store, h, pipelineOptions(opts)...)
 	if err != nil {
@@ -156,14 +174,14 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 func testPipelineMissingID(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	msgs := messages("noid", 2)
 	noID := &driver.Message{Body: []byte("no-id-" + randomHex(4))}
 	publish(t, h, f, msgs[0], noID, msgs[1])
 	var handled sync.Map
 	r := runConsumer(t, source(t, f), e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		handled.Store(string(m.Body), true)
-		return e.apply(ctx, tx, m)
+		return e.Apply(ctx, tx, m)
 	})
 	waitFor(t, h.ReceiveTimeout, "2 processed and 1 dead-lettered", func() bool {
 		st := r.c.Stats()
@@ -183,7 +201,7 @@ func testPipelineMissingID(t *testing.T, h Harness) {
 	if h.RecordsCause && !strings.Contains(dl.Cause, core.ErrMissingID.Error()) {
 		t.Errorf("parked cause %q does not name %q", dl.Cause, core.ErrMissingID)
 	}
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for _, m := range msgs {
 		if counts[m.ID] != 1 {
 			t.Errorf("%s applied %d times, want 1", m.ID, counts[m.ID])
@@ -196,7 +214,7 @@ func testPipelineMissingID(t *testing.T, h Harness) {
 
 func testPipelineDuplicates(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	const unique, copies = 20, 3
 	msgs := messages("dup", unique)
 	// Every id published three times, the copies spread through the queue.
@@ -207,7 +225,7 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 	publish(t, h, f, all...)
 	// Two consumers on one store, one batching, one not: the copies of an
 	// id race each other across consumers and inside a batch's claim.
-	h1 := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.apply(ctx, tx, m) }
+	h1 := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.Apply(ctx, tx, m) }
 	r1 := runConsumer(t, source(t, f), e, h1, core.WithBatchSize(5), core.WithWindow(10), core.WithLinger(5*time.Millisecond))
 	r2 := runConsumer(t, source(t, f), e, h1, core.WithConcurrency(2), core.WithWindow(4))
 	total := int64(unique * copies)
@@ -218,7 +236,7 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 	if d != total-unique {
 		t.Errorf("Duplicates = %d, want %d", d, total-unique)
 	}
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for _, m := range msgs {
 		if counts[m.ID] != 1 {
 			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
@@ -229,7 +247,7 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 
 func testPipelineRetry(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	msgs := messages("flaky", 10)
 	publish(t, h, f, msgs...)
 	var mu sync.Mutex
@@ -238,7 +256,7 @@ func testPipelineRetry(t *testing.T, h Harness) {
 	// the effect and the claim must roll back together, and the redelivery
 	// must not be taken for a duplicate.
 	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		if err := e.apply(ctx, tx, m); err != nil {
+		if err := e.Apply(ctx, tx, m); err != nil {
 			return err
 		}
 		mu.Lock()
@@ -259,7 +277,7 @@ func testPipelineRetry(t *testing.T, h Harness) {
 	if st.Retried != 5 || st.Duplicates != 0 || st.DeadLettered != 0 {
 		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
 	}
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for _, m := range msgs {
 		if counts[m.ID] != 1 {
 			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
@@ -315,11 +333,11 @@ func (d *crashingDelivery) Ack(ctx context.Context) error {
 
 func testPipelineCrash(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	const n = 12
 	msgs := messages("crash", n)
 	publish(t, h, f, msgs...)
-	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.apply(ctx, tx, m) }
+	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.Apply(ctx, tx, m) }
 	crash := &crashingSource{Source: source(t, f), crashAt: 4}
 	r1 := runConsumer(t, crash, e, handler, core.WithWindow(3))
 	select {
@@ -350,7 +368,7 @@ func testPipelineCrash(t *testing.T, h Harness) {
 	if st.Duplicates < 1 {
 		t.Errorf("second consumer stats %+v: the message committed before the crash must be a Duplicate", st)
 	}
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for _, m := range msgs {
 		if counts[m.ID] != 1 {
 			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
@@ -361,13 +379,13 @@ func testPipelineCrash(t *testing.T, h Harness) {
 
 func testPipelineShutdown(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	const n = 40
 	msgs := messages("shutdown", n)
 	publish(t, h, f, msgs...)
 	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		time.Sleep(10 * time.Millisecond)
-		return e.apply(ctx, tx, m)
+		return e.Apply(ctx, tx, m)
 	}
 	r1 := runConsumer(t, source(t, f), e, slow, core.WithBatchSize(4), core.WithWindow(8))
 	waitFor(t, h.ReceiveTimeout, "10 processed", func() bool { return r1.c.Stats().Processed >= 10 })
@@ -397,7 +415,7 @@ func testPipelineShutdown(t *testing.T, h Harness) {
 	if st2.Duplicates != 0 || st2.Processed != left {
 		t.Errorf("second consumer processed %d and saw %d duplicates, want %d and 0: the graceful shutdown left decided messages unsettled", st2.Processed, st2.Duplicates, left)
 	}
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for _, m := range msgs {
 		if counts[m.ID] != 1 {
 			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
@@ -411,13 +429,13 @@ func testPipelineShutdown(t *testing.T, h Harness) {
 // (a broker that only flags redeliveries needs the adapter to count).
 func testPipelinePoison(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	e := newEffects(t)
+	e := NewEffects(t)
 	msgs := messages("poison", 2)
 	publish(t, h, f, msgs...)
 	poison := msgs[0].ID
 	var calls atomic.Int64
 	r := runConsumer(t, source(t, f), e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		if err := e.apply(ctx, tx, m); err != nil {
+		if err := e.Apply(ctx, tx, m); err != nil {
 			return err
 		}
 		if m.ID == poison {
@@ -440,7 +458,7 @@ func testPipelinePoison(t *testing.T, h Harness) {
 	if h.RecordsCause && !strings.Contains(dl.Cause, core.ErrMaxAttempts.Error()) {
 		t.Errorf("parked cause %q does not name %q", dl.Cause, core.ErrMaxAttempts)
 	}
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	if counts[poison] != 0 || counts[msgs[1].ID] != 1 {
 		t.Errorf("effects %v: want none for the poison message and one for the other", counts)
 	}

@@ -26,7 +26,7 @@ func harness() brokertest.Harness {
 				DeadLetters: ts.rawDeadLetters,
 				Reconnect:   lapseLeases,
 				NewPublisher: func(t *testing.T) driver.Publisher {
-					p, err := NewPublisher(context.Background(), ts.addr, ts.name, ts.opts(t)...)
+					p, err := NewPublisher(context.Background(), ts.url(""))
 					if err != nil {
 						t.Fatalf("NewPublisher: %v", err)
 					}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
+
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -31,13 +33,13 @@ func TestRedisCLIProducer(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	e := newEffects(t)
+	e := brokertest.NewEffects(t)
 	consume := func(query string, want func(core.Stats) bool) {
 		src, err := core.OpenSource(ctx, ts.url("group=g&min_idle=1s&poll=50ms"+query))
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, stop := e.run(t, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.apply(ctx, tx, m) })
+		c, stop := run(t, e, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.Apply(ctx, tx, m) })
 		waitFor(t, 10*time.Second, "the entries decided", func() bool { return want(c.Stats()) })
 		stop()
 	}
@@ -66,7 +68,7 @@ func TestRedisCLIProducer(t *testing.T) {
 		t.Fatalf("Redrive = %d, %v; want 1", n, err)
 	}
 	consume("&id_field=message_id", func(st core.Stats) bool { return st.Processed == 1 })
-	if counts := e.counts(t); len(counts) != 1 || counts["order-42"] != 1 {
+	if counts := e.Counts(t); len(counts) != 1 || counts["order-42"] != 1 {
 		t.Errorf("effects %v, want order-42 once", counts)
 	}
 	left := 0

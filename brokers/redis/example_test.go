@@ -14,7 +14,7 @@ import (
 // order is charged once, however often Redis hands it out.
 func ExampleOpen() {
 	ctx := context.Background()
-	src, err := redis.Open(ctx, "127.0.0.1:6379", "orders", redis.WithGroup("billing"))
+	src, err := redis.Open(ctx, "redis://127.0.0.1:6379/orders?group=billing")
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -23,7 +23,6 @@ import (
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
-	"github.com/idemq/idemq/stores/sqlite"
 )
 
 // RedisEnv holds the URL of the Redis server (7.0 or later) the tests use,
@@ -73,9 +72,8 @@ func (w testWriter) Write(p []byte) (int, error) {
 // testStream is a fresh stream on a server, deleted with its dead-letter
 // stream when the test ends; rdb is a client of the test's own.
 type testStream struct {
-	base, addr, name string
-	auth             []Option
-	rdb              *goredis.Client
+	base, name string
+	rdb        *goredis.Client
 }
 
 func newTestStream(t testing.TB, base string) testStream {
@@ -84,10 +82,7 @@ func newTestStream(t testing.TB, base string) testStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := testStream{base: base, addr: o.Addr, name: "idemq-test:" + randomHex(5), rdb: goredis.NewClient(o)}
-	if o.Username != "" || o.Password != "" {
-		ts.auth = []Option{WithAuth(o.Username, o.Password)}
-	}
+	ts := testStream{base: base, name: "idemq-test:" + randomHex(5), rdb: goredis.NewClient(o)}
 	t.Cleanup(func() {
 		ts.rdb.Del(context.Background(), ts.name, ts.name+":dlq")
 		ts.rdb.Close()
@@ -98,12 +93,12 @@ func newTestStream(t testing.TB, base string) testStream {
 // opts open the stream's group "g" as consumer "worker" with a lease of
 // 1s, polling every 50ms.
 func (ts testStream) opts(t testing.TB, more ...Option) []Option {
-	return append(append([]Option{WithGroup("g"), WithConsumer("worker"), WithMinIdle(time.Second), WithPoll(50 * time.Millisecond), WithLogger(testLogger(t))}, ts.auth...), more...)
+	return append([]Option{WithGroup("g"), WithConsumer("worker"), WithMinIdle(time.Second), WithPoll(50 * time.Millisecond), WithLogger(testLogger(t))}, more...)
 }
 
 func (ts testStream) open(t testing.TB, more ...Option) *Source {
 	t.Helper()
-	s, err := Open(context.Background(), ts.addr, ts.name, ts.opts(t, more...)...)
+	s, err := Open(context.Background(), ts.url(""), ts.opts(t, more...)...)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -201,68 +196,9 @@ func lapseLeases(t *testing.T, src driver.Source) {
 	servicetest.WaitFor(t, s.c.minIdle+10*time.Second, "the leases to lapse", func() bool { return time.Now().After(last.Add(s.c.minIdle / 5)) })
 }
 
-// effects is a SQLite dedup store with a table of committed effects, one
-// row per effect and no unique key, so an effect applied twice counts
-// twice.
-type effects struct{ st *sqlite.Store }
-
-func newEffects(t *testing.T) effects {
-	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "effects.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if _, err := st.DB().Exec(`CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	return effects{st}
-}
-
-func (e effects) apply(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, m.ID)
-	return err
-}
-
-// counts returns how many times each id's effect was committed.
-func (e effects) counts(t *testing.T) map[string]int {
-	t.Helper()
-	rows, err := e.st.DB().Query(`SELECT id, count(*) FROM effects GROUP BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[id] = n
-	}
-	return out
-}
-
-// run runs a Consumer of src with h in the background; stop cancels it and
-// returns Run's error (the test's end stops it too).
-func (e effects) run(t *testing.T, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
-	t.Helper()
-	c, err := core.New(src, e.st, h, append([]core.Option{core.WithName("redis-test"), core.WithLogger(testLogger(t)), core.WithBackoff(core.ConstantBackoff(50 * time.Millisecond))}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var runErr error
-	stop = func() error {
-		once.Do(func() { cancel(); runErr = <-done })
-		return runErr
-	}
-	t.Cleanup(func() { stop() })
-	return c, stop
+// run runs a Consumer of src over e with the tests' options, then opts.
+func run(t *testing.T, e *brokertest.Effects, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (*core.Consumer[*sql.Tx], func() error) {
+	return e.Run(t, src, h, append([]core.Option{core.WithName("redis-test"), core.WithLogger(testLogger(t)), core.WithBackoff(core.ConstantBackoff(50 * time.Millisecond))}, opts...)...)
 }
 
 // server is a private redis-server on a free loopback port, in a

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"maps"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
 // Publisher adds messages to a stream (XADD): the id in the id field, the
@@ -22,9 +24,21 @@ import (
 // implements driver.Publisher and is safe for concurrent use.
 type Publisher struct{ *link }
 
-// NewPublisher connects to addr (host:port) to add to stream.
-func NewPublisher(ctx context.Context, addr, stream string, opts ...Option) (*Publisher, error) {
-	l, err := connect(ctx, addr, stream, false, opts)
+// PublisherOption configures a Publisher beyond its URL.
+type PublisherOption func(*config) error
+
+// WithPublisherTLS dials the Publisher with TLS configured by tc.
+func WithPublisherTLS(tc *tls.Config) PublisherOption { return PublisherOption(WithTLS(tc)) }
+
+// NewPublisher connects to the redis:// or rediss:// URL addr to add to
+// its stream. Of the URL's parameters, id_field, max_len and max_age
+// apply; the others are checked and ignored.
+func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
+	o := make([]Option, len(opts))
+	for i, f := range opts {
+		o[i] = Option(f)
+	}
+	l, err := connect(ctx, addr, false, o)
 	if err != nil {
 		return nil, err
 	}
@@ -59,26 +73,30 @@ func (p *Publisher) Close() error { return p.rdb.Close() }
 // DeadLetters is an operator's handle on the entries of a stream's
 // dead-letter stream, which the stream's groups share unless
 // WithDeadLetterStream parts them. It implements admin.DeadLetterQueue;
-// Ref is the dead letter's entry id.
-type DeadLetters struct{ *link }
+// Ref is the dead letter's entry id. Redrive adds a copy (XADD) to the
+// stream it came from, a new entry every group of the stream reads, then
+// deletes the dead letter (XDEL).
+type DeadLetters struct{ *deadletter.Queue[string] }
 
-// OpenDeadLetters opens the dead letters a Source of stream parks.
-func OpenDeadLetters(ctx context.Context, addr, stream string, opts ...Option) (*DeadLetters, error) {
-	l, err := connect(ctx, addr, stream, false, opts)
+// OpenDeadLetters opens the dead letters a Source opened with the same
+// URL and options parks.
+func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
+	l, err := connect(ctx, addr, false, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &DeadLetters{l}, nil
+	return &DeadLetters{deadletter.New[string](dlqStore{l})}, nil
 }
 
-// Name implements admin.DeadLetterQueue: the dead-letter stream.
-func (q *DeadLetters) Name() string { return q.c.dlq }
+// dlqStore is the dead-letter stream as deadletter.Queue reads it.
+type dlqStore struct{ *link }
 
-// Close implements admin.DeadLetterQueue.
-func (q *DeadLetters) Close() error { return q.rdb.Close() }
+func (q dlqStore) Name() string { return q.c.dlq }
+func (q dlqStore) Close() error { return q.rdb.Close() }
 
-// Scan implements admin.DeadLetterQueue, oldest first, with XRANGE.
-func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
+// Each reads the stream with XRANGE, oldest first, up to the entry last
+// when it began.
+func (q dlqStore) Each(ctx context.Context, fn func(string, *admin.Parked) error) error {
 	last, err := q.rdb.XRevRangeN(ctx, q.c.dlq, "+", "-", 1).Result()
 	for from := "-"; err == nil && len(last) == 1; {
 		var page []goredis.XMessage
@@ -86,7 +104,11 @@ func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) er
 			break
 		}
 		for _, x := range page {
-			if err := fn(q.parked(x)); err != nil {
+			m := message(q.c.idField, x.Values)
+			ms, _ := strconv.ParseInt(strings.SplitN(x.ID, "-", 2)[0], 10, 64)
+			p := &admin.Parked{Ref: x.ID, ID: m.ID, Key: m.Key, Body: m.Body, Headers: m.Headers, ParkedAt: time.UnixMilli(ms)}
+			deadletter.Read(p)
+			if err := fn(x.ID, p); err != nil {
 				return err
 			}
 		}
@@ -95,69 +117,16 @@ func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) er
 		}
 		from = "(" + page[len(page)-1].ID
 	}
-	return q.failed("reading", err)
-}
-
-func (q *DeadLetters) failed(what string, err error) error {
-	if err == nil {
-		return nil
+	if err != nil {
+		return fmt.Errorf("redis: reading the dead-letter stream %s: %w", q.c.dlq, err)
 	}
-	return fmt.Errorf("redis: %s the dead-letter stream %s: %w", what, q.c.dlq, err)
+	return nil
 }
 
-// parked reads a dead letter, parked at its entry id's time.
-func (q *DeadLetters) parked(x goredis.XMessage) *admin.Parked {
-	m := message(q.c.idField, x.Values)
-	h := m.Headers
-	ms, _ := strconv.ParseInt(strings.SplitN(x.ID, "-", 2)[0], 10, 64)
-	p := &admin.Parked{Ref: x.ID, ID: m.ID, Key: m.Key, Body: m.Body, Headers: h, Cause: h[driver.CauseHeader],
-		Origin: h[driver.OriginHeader], Destination: h[driver.DestinationHeader], ParkedAt: time.UnixMilli(ms)}
-	p.Attempt, _ = strconv.Atoi(h[driver.AttemptHeader])
-	return p
+func (q dlqStore) Republish(ctx context.Context, _ string, p *admin.Parked) error {
+	return q.xadd(ctx, q.rdb, p.Destination, q.fields(p.Headers, p.ID, p.Key, p.Body)).Err()
 }
 
-// Redrive implements admin.DeadLetterQueue: a chosen dead letter is added
-// (XADD) to the stream it came from without the bookkeeping fields, a new
-// entry read by every group of the stream, and deleted (XDEL) after that.
-func (q *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
-	var all []*admin.Parked
-	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if sel == nil || sel(p) {
-			all = append(all, p)
-		}
-		return nil
-	}); err != nil {
-		return 0, err
-	}
-	for i, p := range all {
-		if p.Destination == "" {
-			return i, fmt.Errorf("redis: dead letter %s has no %s field to redrive it to", p.Ref, driver.DestinationHeader)
-		}
-		if err := q.xadd(ctx, q.rdb, p.Destination, q.fields(p.Headers, p.ID, p.Key, p.Body)).Err(); err != nil {
-			return i, fmt.Errorf("redis: redriving dead letter %s to %s: %w", p.Ref, p.Destination, err)
-		}
-		if err := q.rdb.XDel(ctx, q.c.dlq, p.Ref).Err(); err != nil {
-			return i, q.failed("removing redriven "+p.Ref+" from", err)
-		}
-		if progress != nil {
-			progress(i + 1)
-		}
-	}
-	return len(all), nil
-}
-
-// Purge implements admin.DeadLetterQueue with XDEL.
-func (q *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
-	n := 0
-	err := q.Scan(ctx, func(p *admin.Parked) error {
-		if sel != nil && !sel(p) {
-			return nil
-		}
-		err := q.rdb.XDel(ctx, q.c.dlq, p.Ref).Err()
-		if err == nil {
-			n++
-		}
-		return q.failed("purging "+p.Ref+" from", err)
-	})
-	return n, err
+func (q dlqStore) Remove(ctx context.Context, ref string) error {
+	return q.rdb.XDel(ctx, q.c.dlq, ref).Err()
 }

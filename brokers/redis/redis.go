@@ -47,6 +47,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
@@ -158,18 +159,19 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 func init() {
-	src := byURL(func(ctx context.Context, a, s string, o ...Option) (driver.Source, error) {
-		return Open(ctx, a, s, o...)
-	})
-	pub := byURL(func(ctx context.Context, a, s string, o ...Option) (driver.Publisher, error) {
-		return NewPublisher(ctx, a, s, o...)
-	})
-	dlq := byURL(func(ctx context.Context, a, s string, o ...Option) (admin.DeadLetterQueue, error) {
-		return OpenDeadLetters(ctx, a, s, o...)
-	})
 	for _, scheme := range []string{"redis", "rediss"} {
-		driver.RegisterBroker(scheme, src, pub)
-		admin.RegisterDeadLetters(scheme, dlq)
+		driver.RegisterBroker(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+			var logger Option // nil options are skipped
+			if cfg.Logger != nil {
+				logger = WithLogger(cfg.Logger)
+			}
+			return Open(ctx, u.String(), logger)
+		}, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
+			return NewPublisher(ctx, u.String())
+		})
+		admin.RegisterDeadLetters(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
+			return OpenDeadLetters(ctx, u.String())
+		})
 	}
 }
 
@@ -194,31 +196,19 @@ var params = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlparam
 	"tls_key":       file,
 }}
 
-// byURL opens by URL with open, naming URL parameters in its errors.
-func byURL[T any](open func(context.Context, string, string, ...Option) (T, error)) func(context.Context, *url.URL, driver.OpenConfig) (T, error) {
-	return func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (t T, err error) {
-		if addr, stream, opts, err := parseURL(u, cfg); err != nil {
-			return t, err
-		} else if v, err := open(ctx, addr, stream, opts...); err != nil {
-			return t, params.Explain(err)
-		} else {
-			return v, nil
-		}
-	}
-}
-
 // parseURL reads redis[s]://[user:pass@]host:6379/STREAM?group=G&… into
 // the address, the stream and options.
-func parseURL(u *url.URL, cfg driver.OpenConfig) (addr, stream string, opts []Option, err error) {
+func parseURL(raw string) (addr, stream string, opts []Option, err error) {
+	u, err := redact.ParseURL(raw)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("redis: %w", err)
+	}
 	stream, addr = strings.TrimPrefix(u.Path, "/"), u.Host
-	if stream == "" || addr == "" {
-		return "", "", nil, errors.New("redis URL needs a host and the stream as its path (redis://host:6379/STREAM?group=G)")
+	if stream == "" || addr == "" || (u.Scheme != "redis" && u.Scheme != "rediss") {
+		return "", "", nil, errors.New("redis URL needs the scheme redis:// or rediss://, a host and the stream as its path (redis://host:6379/STREAM?group=G)")
 	}
 	if u.Port() == "" {
 		addr = net.JoinHostPort(u.Hostname(), "6379")
-	}
-	if cfg.Logger != nil {
-		opts = append(opts, WithLogger(cfg.Logger))
 	}
 	if u.User != nil {
 		pass, _ := u.User.Password()
@@ -264,10 +254,6 @@ func tlsConfig(host, ca, cert, key string) (*tls.Config, error) {
 	return tc, nil
 }
 
-// bookkeeping are the fields a dead letter carries beside the message's;
-// no header is written under these names.
-var bookkeeping = []string{driver.CauseHeader, driver.AttemptHeader, driver.OriginHeader, driver.ParkedAtHeader, driver.DestinationHeader}
-
 // link is a client, its config and the stream.
 type link struct {
 	c      config
@@ -275,11 +261,15 @@ type link struct {
 	stream string
 }
 
-// resolve applies opts for stream over the defaults.
-func resolve(stream string, needGroup bool, opts []Option) (config, error) {
+// resolve applies the URL's options, then opts, for stream over the
+// defaults.
+func resolve(stream string, needGroup bool, fromURL, opts []Option) (config, error) {
 	c := config{start: "0", idField: DefaultIDField, dlq: stream + ":dlq", minIdle: 30 * time.Second, maxExtension: time.Hour, poll: 500 * time.Millisecond, window: 100}
 	c.consumer, _ = os.Hostname()
-	err := option.Apply(&c, opts...)
+	err := params.Explain(option.Apply(&c, fromURL...))
+	if err == nil {
+		err = option.Apply(&c, opts...)
+	}
 	switch {
 	case err != nil:
 	case stream == "":
@@ -294,10 +284,14 @@ func resolve(stream string, needGroup bool, opts []Option) (config, error) {
 	return c, err
 }
 
-// connect resolves opts for stream and dials addr, checking the server
-// answers.
-func connect(ctx context.Context, addr, stream string, needGroup bool, opts []Option) (*link, error) {
-	c, err := resolve(stream, needGroup, opts)
+// connect reads the URL raw, applies opts after its parameters and dials,
+// checking the server answers.
+func connect(ctx context.Context, raw string, needGroup bool, opts []Option) (*link, error) {
+	addr, stream, fromURL, err := parseURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	c, err := resolve(stream, needGroup, fromURL, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +308,7 @@ func connect(ctx context.Context, addr, stream string, needGroup bool, opts []Op
 func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
 	var out []any
 	for _, k := range slices.Sorted(maps.Keys(h)) {
-		if k != BodyField && k != KeyField && k != l.c.idField && !slices.Contains(bookkeeping, k) {
+		if k != BodyField && k != KeyField && k != l.c.idField && !slices.Contains(deadletter.Bookkeeping, k) {
 			out = append(out, k, h[k])
 		}
 	}
@@ -325,6 +319,15 @@ func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
 		out = append(out, KeyField, key)
 	}
 	return append(out, BodyField, body)
+}
+
+// fieldList lays h out as XADD's field-value list, in name order.
+func fieldList(h map[string]string) []any {
+	out := make([]any, 0, 2*len(h))
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		out = append(out, k, h[k])
+	}
+	return out
 }
 
 // xadd adds values to stream through p, trimming it as WithMaxLen or

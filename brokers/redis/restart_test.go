@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
@@ -20,13 +22,13 @@ import (
 func TestServerCrashUnderConsumer(t *testing.T) {
 	srv := startRedis(t)
 	ts := newTestStream(t, "redis://"+srv.addr())
-	e := newEffects(t)
+	e := brokertest.NewEffects(t)
 	const n = 300
-	c, stop := e.run(t, ts.open(t), func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	c, stop := run(t, e, ts.open(t), func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		time.Sleep(5 * time.Millisecond) // slower than the publisher: a backlog at each crash
-		return e.apply(ctx, tx, m)
+		return e.Apply(ctx, tx, m)
 	}, core.WithBatchSize(10), core.WithWindow(20))
-	pub, err := NewPublisher(context.Background(), ts.addr, ts.name, WithLogger(testLogger(t)))
+	pub, err := NewPublisher(context.Background(), ts.url(""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,10 +57,10 @@ func TestServerCrashUnderConsumer(t *testing.T) {
 		srv.start()
 	}
 	<-done
-	waitFor(t, 60*time.Second, "every message applied", func() bool { return len(e.counts(t)) == n })
+	waitFor(t, 60*time.Second, "every message applied", func() bool { return len(e.Counts(t)) == n })
 	time.Sleep(1500 * time.Millisecond) // any redelivery of an unacked entry comes within min_idle
 	stop()
-	for id, k := range e.counts(t) {
+	for id, k := range e.Counts(t) {
 		if k != 1 {
 			t.Errorf("%s applied %d times", id, k)
 		}

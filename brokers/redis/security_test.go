@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
+
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
@@ -49,12 +51,12 @@ func TestTLSAndACLUser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("OpenSource: %v", err)
 	}
-	e := newEffects(t)
-	c, stop := e.run(t, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	e := brokertest.NewEffects(t)
+	c, stop := run(t, e, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		if m.ID == "tls-bad" {
 			return core.Permanent(fmt.Errorf("refused"))
 		}
-		return e.apply(ctx, tx, m)
+		return e.Apply(ctx, tx, m)
 	})
 	for _, id := range []string{"tls-1", "tls-2", "tls-bad"} {
 		if err := pub.Publish(ctx, "", &core.Message{ID: id, Body: []byte(id)}); err != nil {
@@ -63,7 +65,7 @@ func TestTLSAndACLUser(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "2 processed, 1 parked", func() bool { st := c.Stats(); return st.Processed == 2 && st.DeadLettered == 1 })
 	stop()
-	if counts := e.counts(t); counts["tls-1"] != 1 || counts["tls-2"] != 1 {
+	if counts := e.Counts(t); counts["tls-1"] != 1 || counts["tls-2"] != 1 {
 		t.Errorf("effects %v", counts)
 	}
 	q, err := admin.OpenDeadLetters(ctx, base)

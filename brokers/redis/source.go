@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
@@ -40,8 +40,8 @@ type Source struct {
 
 // Open opens a Source on stream at addr (host:port), creating the group
 // (MKSTREAM, from WithStart) unless it exists, and starts the heartbeat.
-func Open(ctx context.Context, addr, stream string, opts ...Option) (*Source, error) {
-	l, err := connect(ctx, addr, stream, true, opts)
+func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
+	l, err := connect(ctx, addr, true, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -369,10 +369,9 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		why = cause.Error()
 	}
 	return d.settle("dead-letter to "+s.c.dlq, func() error {
+		mark := deadletter.Mark{Cause: why, Attempt: m.Attempt, Origin: s.stream + "/" + s.c.group + "/" + d.e.Key, Destination: s.stream, At: time.Now()}
 		tx := s.rdb.TxPipeline()
-		s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body),
-			driver.CauseHeader, why, driver.AttemptHeader, strconv.Itoa(m.Attempt), driver.OriginHeader, s.stream+"/"+s.c.group+"/"+d.e.Key,
-			driver.ParkedAtHeader, time.Now().UTC().Format(time.RFC3339Nano), driver.DestinationHeader, s.stream))
+		s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body), fieldList(mark.Headers())...))
 		tx.XAck(ctx, s.stream, s.c.group, d.e.Key)
 		_, err := tx.Exec(ctx)
 		return err

@@ -79,9 +79,9 @@ func TestRetryKeepsTheEntryPending(t *testing.T) {
 	s.Close()
 
 	publish(t, ts, "poison")
-	e := newEffects(t)
+	e := brokertest.NewEffects(t)
 	var calls int
-	c, stop := e.run(t, ts.open(t), func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	c, stop := run(t, e, ts.open(t), func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		calls++
 		return errors.New("still failing")
 	}, core.WithMaxAttempts(4))
@@ -256,7 +256,7 @@ func TestMaxAgeTrims(t *testing.T) {
 	for i := range 150 {
 		ts.rdb.XAdd(ctx, &goredis.XAddArgs{Stream: ts.name, ID: fmt.Sprintf("%d-%d", past, i+1), Values: []any{BodyField, "old"}})
 	}
-	p, err := NewPublisher(ctx, ts.addr, ts.name, append(ts.auth, WithMaxAge(time.Hour))...)
+	p, err := NewPublisher(ctx, ts.url("max_age=1h"))
 	if err != nil {
 		t.Fatal(err)
 	}

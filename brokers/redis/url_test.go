@@ -2,23 +2,20 @@ package redis
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/core/driver"
 )
 
 // URLs are read into an address, a stream and options; a wrong one fails
 // naming the parameter, never quoting a value or the password.
 func TestParseURL(t *testing.T) {
-	u, _ := url.Parse("redis://alice:pw@cache.local/orders:v1?group=billing&consumer=b1&start=$&id_field=order_id&min_idle=5s&max_extension=10m&window=7&poll=20ms&dlq=orders:parked&max_age=48h")
-	addr, stream, opts, err := parseURL(u, driver.OpenConfig{})
+	addr, stream, opts, err := parseURL("redis://alice:pw@cache.local/orders:v1?group=billing&consumer=b1&start=$&id_field=order_id&min_idle=5s&max_extension=10m&window=7&poll=20ms&dlq=orders:parked&max_age=48h")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := resolve(stream, true, opts)
+	c, err := resolve(stream, true, opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +33,7 @@ func TestParseURL(t *testing.T) {
 		"rediss://h/s?group=g&tls_ca=/nonexistent": "redis URL parameter tls_ca",
 		"redis://h?group=g":                        "the stream as its path",
 	} {
-		u, _ := url.Parse(raw)
-		_, _, _, err := parseURL(u, driver.OpenConfig{})
+		_, _, _, err := parseURL(raw)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("%s: %v, want %q and no value", raw, err, want)
 		}
@@ -62,5 +58,20 @@ func TestOpenByURLErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("%s: %v, want %q", raw, err, want)
 		}
+	}
+}
+
+// Options given in code apply after the URL's parameters, and their
+// errors name the option.
+func TestCodeOptionsAfterURL(t *testing.T) {
+	_, stream, fromURL, err := parseURL("redis://h/s?group=g&window=7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := resolve(stream, true, fromURL, []Option{WithWindow(9)}); err != nil || c.window != 9 {
+		t.Errorf("window %d, %v; want the code's 9", c.window, err)
+	}
+	if _, err := resolve(stream, true, fromURL, []Option{WithWindow(0)}); err == nil || !strings.Contains(err.Error(), "WithWindow") || strings.Contains(err.Error(), "URL parameter") {
+		t.Errorf("code option error %v, want WithWindow named", err)
 	}
 }
