@@ -23,7 +23,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 		b.Run(fmt.Sprintf("ack%d", batch), func(b *testing.B) {
 			ctx := context.Background()
 			ts := newTestStream(b, u)
-			p, err := NewPublisher(ctx, ts.name, WithServers(u), WithSubject(ts.subject))
+			p, err := NewPublisher(ctx, u+"/"+ts.name, WithSubject(ts.subject))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -37,7 +37,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 				b.Fatal(err)
 			}
 			published := float64(b.N) / time.Since(start).Seconds()
-			s, err := Open(ctx, ts.name, WithServers(u), WithConsumer("bench"), WithSubject(ts.subject))
+			s, err := Open(ctx, u+"/"+ts.name, WithConsumer("bench"), WithSubject(ts.subject))
 			if err != nil {
 				b.Fatal(err)
 			}

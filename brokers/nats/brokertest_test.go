@@ -33,7 +33,7 @@ func harness() brokertest.Harness {
 			opts := ts.opts(t, WithAckWait(2*time.Second))
 			// Declare the streams and the consumer before anything is
 			// published or taken raw.
-			s, err := Open(context.Background(), ts.name, opts...)
+			s, err := Open(context.Background(), ts.addr(), opts...)
 			if err != nil {
 				t.Fatalf("Open: %v", err)
 			}
@@ -44,7 +44,7 @@ func harness() brokertest.Harness {
 					return ts.publishRaw(ctx, IDHeader, msgs...)
 				},
 				NewSource: func(t *testing.T) driver.Source {
-					s, err := Open(context.Background(), ts.name, opts...)
+					s, err := Open(context.Background(), ts.addr(), opts...)
 					if err != nil {
 						t.Fatalf("Open: %v", err)
 					}
@@ -55,7 +55,7 @@ func harness() brokertest.Harness {
 				},
 				Reconnect: lapseLeases,
 				NewPublisher: func(t *testing.T) driver.Publisher {
-					p, err := NewPublisher(context.Background(), ts.name, opts...)
+					p, err := NewPublisher(context.Background(), ts.addr())
 					if err != nil {
 						t.Fatalf("NewPublisher: %v", err)
 					}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -22,64 +22,40 @@ type link struct {
 	own bool // dialled here: closed by close
 }
 
-// dial connects as c says (or uses WithConn's connection). log, if not
-// nil, gets the connection's disconnects and reconnects.
-func dial(c *config, log func() *slog.Logger) (*link, error) {
+// connect reads addr and opts and dials the servers (or takes WithConn's
+// connection). logs, if not nil, is given the configured logger and gets
+// the connection's disconnects and reconnects.
+func connect[O Option](addr string, needConsumer bool, opts []O, logs *unsettled.Logger) (config, *link, error) {
+	c, err := resolve(addr, needConsumer, opts)
+	if err != nil {
+		return c, nil, err
+	}
 	l := &link{nc: c.conn}
+	dialOpts := []natsgo.Option{natsgo.Name("idemq"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(250 * time.Millisecond)}
+	if logs != nil {
+		logs.Init(c.logger)
+		dialOpts = append(dialOpts,
+			natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
+				if err != nil {
+					logs.Log().Warn("idemq nats: disconnected; reconnecting", "error", err)
+				}
+			}),
+			natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
+				logs.Log().Info("idemq nats: reconnected", "server", redact.URL(nc.ConnectedUrlRedacted()))
+			}))
+	}
 	if l.nc == nil {
-		opts := []natsgo.Option{
-			natsgo.Name("idemq"),
-			natsgo.MaxReconnects(-1),
-			natsgo.ReconnectWait(250 * time.Millisecond),
-		}
-		if log != nil {
-			opts = append(opts,
-				natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
-					if err != nil {
-						log().Warn("idemq nats: disconnected; reconnecting", "error", err)
-					}
-				}),
-				natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
-					log().Info("idemq nats: reconnected", "server", redact.URL(nc.ConnectedUrlRedacted()))
-				}))
-		}
-		opts = append(opts, c.natsOpts...)
-		nc, err := natsgo.Connect(strings.Join(c.servers, ","), opts...)
+		nc, err := natsgo.Connect(strings.Join(c.servers, ","), append(dialOpts, c.natsOpts...)...)
 		if err != nil {
-			shown := make([]string, len(c.servers))
-			for i, s := range c.servers {
-				shown[i] = redact.URL(s)
-			}
-			return nil, fmt.Errorf("nats: connecting to %s: %w", strings.Join(shown, ","), err)
+			return c, nil, fmt.Errorf("nats: connecting to %s: %w", strings.Join(c.servers, ","), err) // hosts only: no secret
 		}
 		l.nc, l.own = nc, true
 	}
-	js, err := jetstream.New(l.nc)
-	if err != nil {
+	if l.js, err = jetstream.New(l.nc); err != nil {
 		l.close()
-		return nil, fmt.Errorf("nats: jetstream: %w", err)
+		return c, nil, fmt.Errorf("nats: jetstream: %w", err)
 	}
-	l.js = js
-	return l, nil
-}
-
-// connect resolves opts for stream, dials, and finds the stream the
-// caller works on with find; after an error nothing stays open.
-func connect(ctx context.Context, stream string, needConsumer bool, opts []Option, find func(c *config, l *link) (jetstream.Stream, error)) (config, *link, jetstream.Stream, error) {
-	c, err := resolve(stream, needConsumer, opts)
-	if err != nil {
-		return c, nil, nil, err
-	}
-	l, err := dial(&c, nil)
-	if err != nil {
-		return c, nil, nil, err
-	}
-	st, err := find(&c, l)
-	if err != nil {
-		l.close()
-		return c, nil, nil, err
-	}
-	return c, l, st, nil
+	return c, l, nil
 }
 
 func (l *link) close() {

@@ -16,7 +16,7 @@ import (
 
 // bookkeeping are the headers a parked copy carries beside the message's
 // own; Redrive leaves them out.
-var bookkeeping = []string{driver.CauseHeader, AttemptHeader, OriginHeader, ParkedAtHeader, SubjectHeader}
+var bookkeeping = []string{driver.CauseHeader, driver.AttemptHeader, driver.OriginHeader, driver.ParkedAtHeader, driver.DestinationHeader}
 
 // DeadLetters is an operator's handle on one consumer's dead letters: the
 // messages on its dead-letter subject in the dead-letter stream. It
@@ -29,15 +29,18 @@ type DeadLetters struct {
 	dlq  jetstream.Stream
 }
 
-// OpenDeadLetters opens the dead letters of the consumer (WithConsumer) of
-// stream, in the dead-letter stream and subject the Source uses
-// (WithDeadLetterStream, WithDeadLetterSubject). The dead-letter stream
-// must exist: a Source with WithDeclare(true) creates it.
-func OpenDeadLetters(ctx context.Context, stream string, opts ...Option) (*DeadLetters, error) {
-	c, l, dlq, err := connect(ctx, stream, true, opts, func(c *config, l *link) (jetstream.Stream, error) {
-		return l.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", false, true)
-	})
+// OpenDeadLetters opens the dead letters of the consumer of addr, a
+// nats:// URL as the Source's, in the dead-letter stream and subject the
+// Source uses (WithDeadLetterStream, WithDeadLetterSubject). The
+// dead-letter stream must exist: a Source with WithDeclare(true) creates it.
+func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
+	c, l, err := connect(addr, true, opts, nil)
 	if err != nil {
+		return nil, err
+	}
+	dlq, err := l.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", false, true)
+	if err != nil {
+		l.close()
 		return nil, err
 	}
 	return &DeadLetters{c: c, link: l, dlq: dlq}, nil
@@ -93,15 +96,15 @@ func parked(raw *jetstream.RawStreamMsg) *admin.Parked {
 		Ref:         strconv.FormatUint(raw.Sequence, 10),
 		ID:          h[IDHeader],
 		Cause:       h[driver.CauseHeader],
-		Origin:      h[OriginHeader],
-		Destination: h[SubjectHeader],
+		Origin:      h[driver.OriginHeader],
+		Destination: h[driver.DestinationHeader],
 		ParkedAt:    raw.Time,
 		Key:         h[KeyHeader],
 		Headers:     h,
 		Body:        raw.Data,
 	}
-	p.Attempt, _ = strconv.Atoi(h[AttemptHeader])
-	if t, err := time.Parse(time.RFC3339Nano, h[ParkedAtHeader]); err == nil && t.Before(raw.Time) {
+	p.Attempt, _ = strconv.Atoi(h[driver.AttemptHeader])
+	if t, err := time.Parse(time.RFC3339Nano, h[driver.ParkedAtHeader]); err == nil && t.Before(raw.Time) {
 		p.ParkedAt = t
 	}
 	return p
@@ -133,7 +136,7 @@ func (q *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool,
 	}
 	for i, c := range all {
 		if c.p.Destination == "" {
-			return i, fmt.Errorf("nats: dead letter %d has no %s header to redrive it to", c.seq, SubjectHeader)
+			return i, fmt.Errorf("nats: dead letter %d has no %s header to redrive it to", c.seq, driver.DestinationHeader)
 		}
 		h := natsgo.Header{}
 		for k, v := range c.p.Headers {

@@ -31,12 +31,12 @@ func TestSharedDeadLetterStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	qa, err := OpenDeadLetters(ctx, ts.name, ts.opts(t, WithConsumer("a"), shared)...)
+	qa, err := OpenDeadLetters(ctx, ts.addr(), ts.opts(t, WithConsumer("a"), shared)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer qa.Close()
-	qb, err := OpenDeadLetters(ctx, ts.name, ts.opts(t, WithConsumer("b"), shared)...)
+	qb, err := OpenDeadLetters(ctx, ts.addr(), ts.opts(t, WithConsumer("b"), shared)...)
 	if err != nil {
 		t.Fatal(err)
 	}

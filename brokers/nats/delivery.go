@@ -88,7 +88,7 @@ func (d *delivery) msg() jetstream.Msg { return d.e.D }
 // failed wraps the error of a settlement of d; a closed connection means
 // the message comes back, so it is stale.
 func (d *delivery) failed(what string, err error) error {
-	err = fmt.Errorf("nats: %s of %s/%d: %w", what, d.s.stream, d.e.Key, err)
+	err = fmt.Errorf("nats: %s of %s/%d: %w", what, d.s.c.stream, d.e.Key, err)
 	if errors.Is(err, natsgo.ErrConnectionClosed) {
 		return driver.Stale(err)
 	}
@@ -158,11 +158,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		h.Set(IDHeader, d.m.ID)
 	}
 	h.Set(driver.CauseHeader, headerValue(why))
-	h.Set(AttemptHeader, strconv.Itoa(d.m.Attempt))
-	h.Set(OriginHeader, fmt.Sprintf("%s/%s/%d", s.stream, s.c.consumer, d.e.Key))
-	h.Set(ParkedAtHeader, time.Now().UTC().Format(time.RFC3339Nano))
-	h.Set(SubjectHeader, d.msg().Subject())
-	h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-dlq:%s:%s:%d", s.stream, s.c.consumer, d.e.Key))
+	h.Set(driver.AttemptHeader, strconv.Itoa(d.m.Attempt))
+	h.Set(driver.OriginHeader, fmt.Sprintf("%s/%s/%d", s.c.stream, s.c.consumer, d.e.Key))
+	h.Set(driver.ParkedAtHeader, time.Now().UTC().Format(time.RFC3339Nano))
+	h.Set(driver.DestinationHeader, d.msg().Subject())
+	h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-dlq:%s:%s:%d", s.c.stream, s.c.consumer, d.e.Key))
 	pctx, cancel := bounded(ctx)
 	defer cancel()
 	if _, err := s.link.js.PublishMsg(pctx, &natsgo.Msg{Subject: s.c.dlqSubject, Header: h, Data: d.msg().Data()}); err != nil {
@@ -223,7 +223,7 @@ func (s *Source) beat(time.Time) {
 		cancel()
 	}
 	if failed != nil {
-		s.log().Warn("idemq nats: heartbeat failed; trying again next beat", "stream", s.stream, "consumer", s.c.consumer, "messages", len(due), "error", failed)
+		s.log().Warn("idemq nats: heartbeat failed; trying again next beat", "stream", s.c.stream, "consumer", s.c.consumer, "messages", len(due), "error", failed)
 		return
 	}
 	s.live.Extended(due, sent)

@@ -26,10 +26,7 @@ import (
 func ExampleOpen() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	src, err := nats.Open(ctx, "ORDERS",
-		nats.WithServers("nats://127.0.0.1:4222"),
-		nats.WithConsumer("billing"),
-		nats.WithSubject("orders.created"),
+	src, err := nats.Open(ctx, "nats://127.0.0.1:4222/ORDERS?consumer=billing&subject=orders.created",
 		nats.WithMaxExtension(15*time.Minute), // slow handlers keep their lease this long
 	)
 	if err != nil {
@@ -70,7 +67,7 @@ func ExampleOpen_url() {
 // message.
 func ExampleNewPublisher() {
 	ctx := context.Background()
-	p, err := nats.NewPublisher(ctx, "ORDERS", nats.WithSubject("orders.created"))
+	p, err := nats.NewPublisher(ctx, "nats://127.0.0.1:4222/ORDERS", nats.WithSubject("orders.created"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -103,7 +100,7 @@ func ExampleNewPublisher_plainNATS() {
 // their subject; the consumer decides any already applied Duplicate.
 func ExampleOpenDeadLetters() {
 	ctx := context.Background()
-	q, err := admin.OpenDeadLetters(ctx, "nats://127.0.0.1:4222/ORDERS?consumer=billing&subject=orders.created")
+	q, err := nats.OpenDeadLetters(ctx, "nats://127.0.0.1:4222/ORDERS?consumer=billing&subject=orders.created")
 	if err != nil {
 		log.Fatal(err)
 	}

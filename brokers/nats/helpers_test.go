@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"log/slog"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -78,9 +79,14 @@ func newTestStream(t testing.TB, url string, opts ...natsgo.Option) testStream {
 	return ts
 }
 
-// opts are the options that open the test stream's consumer "worker".
+// addr is the URL of the test stream's consumer "worker" on its subject.
+func (ts testStream) addr() string {
+	return ts.url + "/" + ts.name + "?consumer=worker&subject=" + url.QueryEscape(ts.subject)
+}
+
+// opts are the options of a test's Source: its logger, then more.
 func (ts testStream) opts(t testing.TB, more ...Option) []Option {
-	return append([]Option{WithServers(ts.url), WithConsumer("worker"), WithSubject(ts.subject), WithLogger(testLogger(t))}, more...)
+	return append([]Option{WithLogger(testLogger(t))}, more...)
 }
 
 // publishRaw publishes msgs with nats.go alone, the id in idHeader.

@@ -1,15 +1,21 @@
 package nats
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // DefaultIDHeader is the header the Source reads a message's business id
@@ -20,30 +26,35 @@ const DefaultIDHeader = natsgo.MsgIdHdr
 // Headers the adapter reads and writes beside the id header.
 const (
 	// IDHeader, when present, holds the business id and takes precedence
-	// over the id header. Redrive puts the id there, because JetStream
-	// drops a publish whose Nats-Msg-Id it has seen within the stream's
-	// duplicate window.
+	// over the id header: Redrive puts the id there, because JetStream
+	// drops a publish whose Nats-Msg-Id it saw within the duplicate window.
 	IDHeader = "idemq-id"
 	// KeyHeader carries Message.Key.
 	KeyHeader = "idemq-key"
-	// AttemptHeader on a parked copy is the attempt it was parked on.
-	AttemptHeader = "idemq-attempt"
-	// OriginHeader on a parked copy is STREAM/CONSUMER/SEQUENCE of the
-	// original.
-	OriginHeader = "idemq-origin"
-	// ParkedAtHeader on a parked copy is when it was parked (RFC 3339).
-	ParkedAtHeader = "idemq-parked-at"
-	// SubjectHeader on a parked copy is the subject the original was
-	// consumed from, where Redrive publishes it.
-	SubjectHeader = "idemq-subject"
 )
 
-// Option configures a Source, Publisher or DeadLetters. Options are applied
-// in order; an invalid value makes the constructor fail with an error
-// naming the option (or, for a URL, the parameter).
-type Option func(*config) error
+// Option configures a Source or DeadLetters. Options apply in order, after
+// the address's URL parameters, which they override; an invalid value
+// makes the constructor fail naming the option (or the URL parameter).
+type Option interface{ apply(*config) error }
+
+// PublisherOption configures a Publisher, and a Source or DeadLetters
+// alike: WithConn, WithNATSOptions, WithSubject, WithDeclare, WithIDHeader.
+type PublisherOption interface {
+	Option
+	publisher()
+}
+
+type opt func(*config) error
+
+func (o opt) apply(c *config) error { return o(c) }
+
+type pubOption struct{ opt }
+
+func (pubOption) publisher() {}
 
 type config struct {
+	stream       string
 	conn         *natsgo.Conn
 	servers      []string
 	natsOpts     []natsgo.Option
@@ -58,24 +69,12 @@ type config struct {
 	dlqStream    string
 	dlqSubject   string
 	logger       *slog.Logger // nil: the Consumer's, or slog.Default()
-	byURL        bool
+	byURL        bool         // errors name URL parameters
 }
 
-func defaultConfig() config {
-	return config{
-		servers:      []string{natsgo.DefaultURL},
-		declare:      true,
-		idHeader:     DefaultIDHeader,
-		ackWait:      30 * time.Second,
-		heartbeat:    true,
-		maxExtension: time.Hour,
-		window:       100,
-	}
-}
-
-// set returns the Option named name: applied, it fails naming the option
+// set returns the option named name: applied, it fails naming the option
 // (or its URL parameter) when err is not nil, and otherwise calls f.
-func set(name string, err error, f func(*config)) Option {
+func set(name string, err error, f func(*config)) opt {
 	return func(c *config) error {
 		if err != nil {
 			if p, ok := urlParams.NameOf(name); ok && c.byURL {
@@ -102,31 +101,21 @@ func subject(v string) error {
 	return nil
 }
 
-// WithConn uses an open connection instead of dialling one; Close leaves
-// it open. Servers and connection options are then ignored.
-func WithConn(nc *natsgo.Conn) Option {
-	return set("WithConn", option.NotNil(nc != nil, "connection"), func(c *config) { c.conn = nc })
-}
-
-// WithServers sets the servers to dial. Default nats://127.0.0.1:4222.
-func WithServers(urls ...string) Option {
-	var err error
-	if len(urls) == 0 {
-		err = errors.New("no servers")
-	}
-	return set("WithServers", err, func(c *config) { c.servers = urls })
+// WithConn uses an open connection instead of dialling the address's
+// servers; Close leaves it open, and connection options are ignored.
+func WithConn(nc *natsgo.Conn) PublisherOption {
+	return pubOption{set("WithConn", option.NotNil(nc != nil, "connection"), func(c *config) { c.conn = nc })}
 }
 
 // WithNATSOptions adds nats.go connection options (authentication, TLS,
 // reconnect policy, …) to the dialled connection. Default: nats.go's
 // defaults plus endless reconnects.
-func WithNATSOptions(opts ...natsgo.Option) Option {
-	return set("WithNATSOptions", nil, func(c *config) { c.natsOpts = append(c.natsOpts, opts...) })
+func WithNATSOptions(opts ...natsgo.Option) PublisherOption {
+	return pubOption{set("WithNATSOptions", nil, func(c *config) { c.natsOpts = append(c.natsOpts, opts...) })}
 }
 
 // WithConsumer names the durable pull consumer the Source consumes with
-// and whose dead letters DeadLetters reads. Required for a Source and
-// DeadLetters; a Publisher ignores it.
+// and whose dead letters DeadLetters reads. Required for both.
 func WithConsumer(v string) Option {
 	return set("WithConsumer", name(v), func(c *config) { c.consumer = v })
 }
@@ -134,27 +123,27 @@ func WithConsumer(v string) Option {
 // WithSubject sets the subject: the Source's consumer filter (wildcards
 // allowed), where a Publisher publishes when the destination is "", and
 // the subject of a stream the adapter declares. Default the stream's name.
-func WithSubject(v string) Option {
-	return set("WithSubject", subject(v), func(c *config) { c.subject = v })
+func WithSubject(v string) PublisherOption {
+	return pubOption{set("WithSubject", subject(v), func(c *config) { c.subject = v })}
 }
 
 // WithDeclare chooses whether the Source creates the stream (file storage,
 // the subject only) and the dead-letter stream when they are missing, and
-// creates or updates the consumer. Default true; with false, all three
-// must exist, and opening fails naming the one that does not.
-func WithDeclare(b bool) Option {
-	return set("WithDeclare", nil, func(c *config) { c.declare = b })
+// creates or updates the consumer; a Publisher creates the stream. Default
+// true; with false, all must exist, and opening fails naming the missing.
+func WithDeclare(b bool) PublisherOption {
+	return pubOption{set("WithDeclare", nil, func(c *config) { c.declare = b })}
 }
 
 // WithIDHeader names the header the business id is read from (and that a
 // Publisher sets beside Nats-Msg-Id). Default Nats-Msg-Id. The idemq-id
 // header, when present, takes precedence.
-func WithIDHeader(h string) Option {
+func WithIDHeader(h string) PublisherOption {
 	var err error
 	if h == "" || strings.ContainsAny(h, " :\r\n") {
 		err = fmt.Errorf("%q is not a header name", h)
 	}
-	return set("WithIDHeader", err, func(c *config) { c.idHeader = h })
+	return pubOption{set("WithIDHeader", err, func(c *config) { c.idHeader = h })}
 }
 
 // WithAckWait sets the declared consumer's AckWait: how long JetStream
@@ -193,8 +182,8 @@ func WithDeadLetterStream(v string) Option {
 // published on; it must not be one of the consumed stream's subjects.
 // Default idemq.dlq.<STREAM>.<CONSUMER>.
 func WithDeadLetterSubject(v string) Option {
-	var err error
-	if err = subject(v); err == nil && strings.ContainsAny(v, "*>") {
+	err := subject(v)
+	if err == nil && strings.ContainsAny(v, "*>") {
 		err = fmt.Errorf("%q has a wildcard", v)
 	}
 	return set("WithDeadLetterSubject", err, func(c *config) { c.dlqSubject = v })
@@ -207,33 +196,172 @@ func WithLogger(l *slog.Logger) Option {
 	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger = l })
 }
 
-// resolve applies opts for stream and fills the defaults that depend on it.
-func resolve(stream string, needConsumer bool, opts []Option) (config, error) {
-	c := defaultConfig()
-	if err := name(stream); err != nil {
+// urlParams are the parameters of nats:// URLs. Every side checks every
+// parameter, so one URL serves the Source, the Publisher and DeadLetters.
+var urlParams urlparam.Table[Option]
+
+func init() {
+	urlParams = urlparam.Table[Option]{Scheme: "nats", Params: map[string]urlparam.Param[Option]{
+		"consumer":      urlparam.Text("WithConsumer", WithConsumer),
+		"subject":       urlparam.Text("WithSubject", func(v string) Option { return WithSubject(v) }),
+		"declare":       urlparam.Bool("WithDeclare", func(b bool) Option { return WithDeclare(b) }),
+		"id_header":     urlparam.Text("WithIDHeader", func(v string) Option { return WithIDHeader(v) }),
+		"ack_wait":      urlparam.Duration("WithAckWait", WithAckWait),
+		"heartbeat":     urlparam.Bool("WithHeartbeat", WithHeartbeat),
+		"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
+		"window":        urlparam.Int("WithWindow", WithWindow),
+		"dlq_stream":    urlparam.Text("WithDeadLetterStream", WithDeadLetterStream),
+		"dlq_subject":   urlparam.Text("WithDeadLetterSubject", WithDeadLetterSubject),
+		"token":         urlparam.Text("", func(v string) Option { return WithNATSOptions(natsgo.Token(v)) }),
+		"tls": urlparam.Bool("", func(b bool) Option {
+			if b {
+				return WithNATSOptions(natsgo.Secure())
+			}
+			return WithNATSOptions()
+		}),
+		"tls_ca":   fileParam(func(f string) (natsgo.Option, error) { return natsgo.RootCAs(f), nil }),
+		"tls_cert": fileParam(nil), // read with tls_key
+		"tls_key":  fileParam(nil),
+		"nkey_seed": fileParam(func(f string) (natsgo.Option, error) {
+			o, err := natsgo.NkeyOptionFromSeed(f)
+			if err != nil {
+				return nil, errors.New("cannot read an nkey seed from the file")
+			}
+			return o, nil
+		}),
+		"creds": fileParam(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
+	}}
+	driver.RegisterBroker("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+		s, err := Open(ctx, u.String(), logger(cfg)...)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}, func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+		p, err := NewPublisher(ctx, u.String())
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
+	})
+	admin.RegisterDeadLetters("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
+		q, err := OpenDeadLetters(ctx, u.String(), logger(cfg)...)
+		if err != nil {
+			return nil, err
+		}
+		return q, nil
+	})
+}
+
+// logger is the registry's logger as an option, if it has one.
+func logger(cfg driver.OpenConfig) []Option {
+	if cfg.Logger == nil {
+		return nil
+	}
+	return []Option{WithLogger(cfg.Logger)}
+}
+
+// fileParam is a parameter naming a file that build turns into a
+// connection option (nil build: read together with another parameter).
+func fileParam(build func(file string) (natsgo.Option, error)) urlparam.Param[Option] {
+	return urlparam.Param[Option]{Read: func(v string) ([]Option, error) {
+		if v == "" {
+			return nil, errors.New("no file named")
+		}
+		if build == nil {
+			return nil, nil
+		}
+		o, err := build(v)
+		if err != nil {
+			return nil, err
+		}
+		return []Option{WithNATSOptions(o)}, nil
+	}}
+}
+
+// resolve reads addr,
+//
+//	nats://[user:pass@]host:4222[,host2:4222]/STREAM?consumer=NAME&subject=…
+//
+// applies opts after its parameters and fills the defaults that depend on
+// the stream.
+func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error) {
+	c := config{declare: true, idHeader: DefaultIDHeader, ackWait: 30 * time.Second, heartbeat: true, maxExtension: time.Hour, window: 100}
+	u, err := redact.ParseURL(addr)
+	if err != nil {
+		return c, fmt.Errorf("nats: %w", err)
+	}
+	if u.Scheme != "nats" {
+		return c, errors.New("nats: the address is a nats:// URL (nats://host:4222/STREAM?consumer=NAME)")
+	}
+	c.stream = strings.Trim(u.Path, "/")
+	if c.stream == "" || strings.Contains(c.stream, "/") {
+		return c, errors.New("nats URL needs the stream as its path (nats://host:4222/STREAM?consumer=NAME)")
+	}
+	if err := name(c.stream); err != nil {
 		return c, fmt.Errorf("nats: stream: %w", err)
 	}
-	if err := option.Apply(&c, opts...); err != nil {
+	for _, h := range strings.Split(u.Host, ",") {
+		if h == "" {
+			return c, errors.New("nats URL has an empty host")
+		}
+		c.servers = append(c.servers, "nats://"+h)
+	}
+	if u.User != nil {
+		pass, ok := u.User.Password()
+		if !ok {
+			// NATS reads a lone user name as a token, but a URL's user
+			// name shows wherever the URL is logged.
+			return c, errors.New("nats URL has a user name without a password; give a token with the token parameter instead")
+		}
+		c.natsOpts = append(c.natsOpts, natsgo.UserInfo(u.User.Username(), pass))
+	}
+	query, err := redact.ParseQuery(u.RawQuery)
+	if err != nil {
+		return c, fmt.Errorf("nats URL parameters: %w", err)
+	}
+	fromURL, err := urlParams.Read(query)
+	if err != nil {
+		return c, err
+	}
+	cert, key := query.Get("tls_cert"), query.Get("tls_key")
+	if (cert == "") != (key == "") {
+		return c, errors.New("nats URL parameters tls_cert and tls_key go together")
+	}
+	if cert != "" {
+		fromURL = append(fromURL, WithNATSOptions(natsgo.ClientCert(cert, key)))
+	}
+	c.byURL = true
+	err = apply(&c, fromURL)
+	if c.byURL = false; err == nil {
+		err = apply(&c, opts)
+	}
+	if err != nil {
 		return c, err
 	}
 	if needConsumer && c.consumer == "" {
-		return c, errors.New(c.spell("nats: a consumer is required (WithConsumer)", "nats URL has no consumer (add ?consumer=NAME)"))
+		return c, errors.New("nats URL has no consumer (add ?consumer=NAME, or WithConsumer)")
 	}
 	if c.subject == "" {
-		c.subject = stream
+		c.subject = c.stream
 	}
 	if c.dlqStream == "" {
-		c.dlqStream = stream + "_DLQ"
+		c.dlqStream = c.stream + "_DLQ"
 	}
 	if c.dlqSubject == "" && c.consumer != "" {
-		c.dlqSubject = "idemq.dlq." + stream + "." + c.consumer
+		c.dlqSubject = "idemq.dlq." + c.stream + "." + c.consumer
 	}
 	return c, nil
 }
 
-func (c *config) spell(goForm, urlForm string) string {
-	if c.byURL {
-		return urlForm
+func apply[O Option](c *config, opts []O) error {
+	for _, o := range opts {
+		if any(o) == nil {
+			continue
+		}
+		if err := o.apply(c); err != nil {
+			return err
+		}
 	}
-	return goForm
+	return nil
 }

@@ -30,15 +30,18 @@ type Publisher struct {
 	link *link
 }
 
-// NewPublisher connects for publishing to stream's subject (WithSubject,
-// default the stream's name). With WithDeclare(true), the default, it
-// creates the stream on that subject when it is missing, so messages
-// published before any consumer exists are kept.
-func NewPublisher(ctx context.Context, stream string, opts ...Option) (*Publisher, error) {
-	c, l, _, err := connect(ctx, stream, false, opts, func(c *config, l *link) (jetstream.Stream, error) {
-		return l.stream(ctx, stream, c.subject, "stream", c.declare, false)
-	})
+// NewPublisher connects for publishing to the subject of addr, a nats://
+// URL naming the stream (WithSubject, default the stream's name; the
+// consumer's parameters are checked and ignored). With WithDeclare(true),
+// the default, it creates the stream on that subject when it is missing,
+// so messages published before any consumer exists are kept.
+func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
+	c, l, err := connect(addr, false, opts, nil)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := l.stream(ctx, c.stream, c.subject, "stream", c.declare, false); err != nil {
+		l.close()
 		return nil, err
 	}
 	return &Publisher{c: c, link: l}, nil

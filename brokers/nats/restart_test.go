@@ -30,7 +30,7 @@ func TestServerRestart(t *testing.T) {
 			second = append(second, m)
 		}
 	}
-	p, err := NewPublisher(ctx, ts.name, ts.opts(t)...)
+	p, err := NewPublisher(ctx, ts.addr())
 	if err != nil {
 		t.Fatal(err)
 	}

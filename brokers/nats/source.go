@@ -23,7 +23,6 @@ const giveBackDelay = 200 * time.Millisecond
 // Receive may be called from several goroutines.
 type Source struct {
 	c        config
-	stream   string
 	link     *link
 	st       jetstream.Stream
 	dlq      jetstream.Stream
@@ -43,33 +42,27 @@ type Source struct {
 	wg   sync.WaitGroup
 }
 
-// Open opens a Source on stream: it connects, checks (or, with
+// Open opens a Source on addr, a nats:// URL naming the stream and the
+// consumer (see the package doc): it connects, checks (or, with
 // WithDeclare(true), the default, creates) the stream, the dead-letter
-// stream and the durable consumer WithConsumer names, and starts the
-// heartbeat. Messages are received from the first Receive on.
-func Open(ctx context.Context, stream string, opts ...Option) (*Source, error) {
-	c, err := resolve(stream, true, opts)
-	if err != nil {
+// stream and the durable consumer, and starts the heartbeat. Messages are
+// received from the first Receive on.
+func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
+	s := &Source{stop: func() {}}
+	var err error
+	if s.c, s.link, err = connect(addr, true, opts, &s.logs); err != nil {
 		return nil, err
 	}
-	s := &Source{c: c, stream: stream, window: c.window, stop: func() {}}
-	s.logs.Init(c.logger)
-	if s.link, err = dial(&s.c, s.log); err != nil {
-		return nil, err
-	}
+	s.window = s.c.window
 	if err := s.declare(ctx); err != nil {
 		s.link.close()
 		return nil, err
 	}
-	s.live = unsettled.New[uint64, jetstream.Msg](s.ackWait, c.maxExtension)
-	if c.heartbeat {
+	s.live = unsettled.New[uint64, jetstream.Msg](s.ackWait, s.c.maxExtension)
+	if s.c.heartbeat {
 		var hctx context.Context
 		hctx, s.stop = context.WithCancel(context.Background())
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			unsettled.Heartbeat(hctx, max(s.ackWait/3, 10*time.Millisecond), s.beat)
-		}()
+		s.wg.Go(func() { unsettled.Heartbeat(hctx, max(s.ackWait/3, 10*time.Millisecond), s.beat) })
 	}
 	return s, nil
 }
@@ -77,18 +70,18 @@ func Open(ctx context.Context, stream string, opts ...Option) (*Source, error) {
 // declare finds or creates the streams and the consumer.
 func (s *Source) declare(ctx context.Context) (err error) {
 	c := &s.c
-	if s.st, err = s.link.stream(ctx, s.stream, c.subject, "stream", c.declare, false); err != nil {
+	if s.st, err = s.link.stream(ctx, s.c.stream, c.subject, "stream", c.declare, false); err != nil {
 		return err
 	}
 	if s.dlq, err = s.link.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", c.declare, true); err != nil {
 		return err
 	}
 	if !c.declare {
-		if s.cons, err = s.link.js.Consumer(ctx, s.stream, c.consumer); err != nil {
+		if s.cons, err = s.link.js.Consumer(ctx, s.c.stream, c.consumer); err != nil {
 			if errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return fmt.Errorf("nats: the consumer %s of stream %s does not exist (create it, or let the adapter with declare=true)", c.consumer, s.stream)
+				return fmt.Errorf("nats: the consumer %s of stream %s does not exist (create it, or let the adapter with declare=true)", c.consumer, s.c.stream)
 			}
-			return fmt.Errorf("nats: looking up the consumer %s of stream %s: %w", c.consumer, s.stream, err)
+			return fmt.Errorf("nats: looking up the consumer %s of stream %s: %w", c.consumer, s.c.stream, err)
 		}
 		s.ackWait = s.cons.CachedInfo().Config.AckWait
 		return nil
@@ -101,7 +94,7 @@ func (s *Source) declare(ctx context.Context) (err error) {
 // declareConsumer creates or updates the durable consumer with window as
 // its MaxAckPending.
 func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
-	s.cons, err = s.link.js.CreateOrUpdateConsumer(ctx, s.stream, jetstream.ConsumerConfig{
+	s.cons, err = s.link.js.CreateOrUpdateConsumer(ctx, s.c.stream, jetstream.ConsumerConfig{
 		Durable:       s.c.consumer,
 		FilterSubject: s.c.subject,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -111,7 +104,7 @@ func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
-		return fmt.Errorf("nats: declaring the consumer %s of stream %s: %w", s.c.consumer, s.stream, err)
+		return fmt.Errorf("nats: declaring the consumer %s of stream %s: %w", s.c.consumer, s.c.stream, err)
 	}
 	return nil
 }
@@ -173,7 +166,7 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 		age = retention / 2
 	}
 	return fmt.Sprintf("give stream %s and its dead-letter stream %s a MaxAge of at most %v each: nats stream edit %s --max-age=%v; nats stream edit %s --max-age=%v",
-		s.stream, s.c.dlqStream, age, s.stream, age, s.c.dlqStream, age)
+		s.c.stream, s.c.dlqStream, age, s.c.stream, age, s.c.dlqStream, age)
 }
 
 // iterator returns the pull iterator, starting it on the first call.

@@ -24,7 +24,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 
 func openSource(t *testing.T, ts testStream, opts ...Option) *Source {
 	t.Helper()
-	s, err := Open(context.Background(), ts.name, ts.opts(t, opts...)...)
+	s, err := Open(context.Background(), ts.addr(), ts.opts(t, opts...)...)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -143,7 +143,7 @@ func TestIDHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p, err := NewPublisher(ctx, ts.name, ts.opts(t, WithIDHeader("order-id"))...)
+	p, err := NewPublisher(ctx, ts.addr(), WithIDHeader("order-id"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestURL(t *testing.T) {
 func TestPublishUnconfirmed(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
 	ctx := ctxFor(t, 20*time.Second)
-	p, err := NewPublisher(ctx, ts.name, ts.opts(t)...)
+	p, err := NewPublisher(ctx, ts.addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestPublishUnconfirmed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `"lost-1"`) {
 		t.Fatalf("Publish to a subject without a stream = %v", err)
 	}
-	w, err := NewPublisher(ctx, ts.name, ts.opts(t, WithSubject(ts.subject+".>"), WithDeclare(false))...)
+	w, err := NewPublisher(ctx, ts.addr(), WithSubject(ts.subject+".>"), WithDeclare(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestWithConnAndLogger(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
 	nc, _ := rawJS(t, ts.url)
 	ctx := ctxFor(t, 20*time.Second)
-	s, err := Open(ctx, ts.name, WithConn(nc), WithConsumer("worker"), WithSubject(ts.subject))
+	s, err := Open(ctx, ts.addr(), WithConn(nc))
 	if err != nil {
 		t.Fatal(err)
 	}

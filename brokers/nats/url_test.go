@@ -6,23 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/redact/redacttest"
 )
 
-// parse reads raw as core.OpenSource would and applies the options.
+// parse reads raw as core.OpenSource would.
 func parse(raw string) (string, config, error) {
-	u, err := redact.ParseURL(raw)
-	if err != nil {
-		return "", config{}, err
-	}
-	stream, opts, err := parseURL(u, driver.OpenConfig{})
-	if err != nil {
-		return "", config{}, err
-	}
-	c, err := resolve(stream, false, opts)
-	return stream, c, err
+	c, err := resolve(raw, false, []Option(nil))
+	return c.stream, c, err
 }
 
 // TestParseURL: every parameter reaches its setting, and the defaults
@@ -45,6 +35,14 @@ func TestParseURL(t *testing.T) {
 	if c.subject != "ORDERS" || !c.declare || c.idHeader != DefaultIDHeader || c.ackWait != 30*time.Second || !c.heartbeat ||
 		c.maxExtension != time.Hour || c.window != 100 || c.dlqStream != "ORDERS_DLQ" || c.dlqSubject != "idemq.dlq.ORDERS.billing" {
 		t.Fatalf("defaults %+v", c)
+	}
+	// Options given in code override the URL's, and their errors name the option.
+	c, err = resolve("nats://h/ORDERS?consumer=billing&window=7", false, []Option{WithConsumer("audit"), WithWindow(9)})
+	if err != nil || c.consumer != "audit" || c.window != 9 || c.dlqSubject != "idemq.dlq.ORDERS.audit" {
+		t.Fatalf("overridden %+v, %v", c, err)
+	}
+	if _, err := resolve("nats://h/ORDERS?window=7", false, []Option{WithWindow(0)}); err == nil || !strings.Contains(err.Error(), "option WithWindow") {
+		t.Fatalf("a bad option: %v", err)
 	}
 }
 
