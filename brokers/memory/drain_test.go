@@ -1,4 +1,4 @@
-package drain_test
+package memory_test
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/drain"
 
 	"github.com/idemq/idemq/brokers/memory"
@@ -84,33 +83,4 @@ func TestDrainAppliesEveryEffectOnceThroughFaults(t *testing.T) {
 			t.Logf("batch %d: %+v; broker: lost acks %d, crashes %d, redelivered %d", batch, res, st.AcksLost, st.Crashes, st.Redelivered)
 		})
 	}
-}
-
-func newBroker(t testing.TB, opts ...memory.Option) *memory.Broker {
-	t.Helper()
-	b, err := memory.NewBroker(opts...)
-	if err != nil {
-		t.Fatalf("NewBroker: %v", err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
-}
-
-func publish(t testing.TB, b *memory.Broker, queue string, ids ...string) {
-	t.Helper()
-	msgs := make([]*driver.Message, len(ids))
-	for i, id := range ids {
-		msgs[i] = &driver.Message{ID: id, Body: []byte("body-" + id), Headers: map[string]string{"h": id}, Key: "k-" + id}
-	}
-	if err := b.Publish(context.Background(), queue, msgs...); err != nil {
-		t.Fatalf("Publish: %v", err)
-	}
-}
-
-func ids(n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("m%05d", i)
-	}
-	return out
 }
