@@ -57,13 +57,7 @@ func runLeased(t *testing.T, src driver.Source, e *Effects, external func(ctx co
 // wantOnce checks that every message's effect was committed exactly once.
 func wantOnce(t *testing.T, e *Effects, msgs []*driver.Message) {
 	t.Helper()
-	counts := e.Counts(t)
-	for _, m := range msgs {
-		if counts[m.ID] != 1 {
-			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
-		}
-	}
-	if len(counts) != len(msgs) {
+	if counts := e.WantOnce(t, msgs); len(counts) != len(msgs) {
 		t.Errorf("effects for %d ids, want %d", len(counts), len(msgs))
 	}
 }

@@ -77,6 +77,19 @@ func (e *Effects) Counts(t *testing.T) map[string]int {
 	return out
 }
 
+// WantOnce checks that the effect of each of msgs was committed exactly
+// once, and returns the counts of every id.
+func (e *Effects) WantOnce(t *testing.T, msgs []*driver.Message) map[string]int {
+	t.Helper()
+	counts := e.Counts(t)
+	for _, m := range msgs {
+		if counts[m.ID] != 1 {
+			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
+		}
+	}
+	return counts
+}
+
 // Run runs a Consumer of src with h and opts over e's store in the
 // background until the test ends; stop cancels it and returns Run's error.
 func (e *Effects) Run(t *testing.T, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
@@ -201,12 +214,7 @@ func testPipelineMissingID(t *testing.T, h Harness) {
 	if h.RecordsCause && !strings.Contains(dl.Cause, core.ErrMissingID.Error()) {
 		t.Errorf("parked cause %q does not name %q", dl.Cause, core.ErrMissingID)
 	}
-	counts := e.Counts(t)
-	for _, m := range msgs {
-		if counts[m.ID] != 1 {
-			t.Errorf("%s applied %d times, want 1", m.ID, counts[m.ID])
-		}
-	}
+	counts := e.WantOnce(t, msgs)
 	if len(counts) != len(msgs) {
 		t.Errorf("effects for %d ids, want %d: %v", len(counts), len(msgs), counts)
 	}
@@ -236,12 +244,7 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 	if d != total-unique {
 		t.Errorf("Duplicates = %d, want %d", d, total-unique)
 	}
-	counts := e.Counts(t)
-	for _, m := range msgs {
-		if counts[m.ID] != 1 {
-			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
-		}
-	}
+	e.WantOnce(t, msgs)
 	expectQuiet(t, h, source(t, f))
 }
 
@@ -277,12 +280,7 @@ func testPipelineRetry(t *testing.T, h Harness) {
 	if st.Retried != 5 || st.Duplicates != 0 || st.DeadLettered != 0 {
 		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
 	}
-	counts := e.Counts(t)
-	for _, m := range msgs {
-		if counts[m.ID] != 1 {
-			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
-		}
-	}
+	e.WantOnce(t, msgs)
 	expectQuiet(t, h, source(t, f))
 }
 
@@ -368,12 +366,7 @@ func testPipelineCrash(t *testing.T, h Harness) {
 	if st.Duplicates < 1 {
 		t.Errorf("second consumer stats %+v: the message committed before the crash must be a Duplicate", st)
 	}
-	counts := e.Counts(t)
-	for _, m := range msgs {
-		if counts[m.ID] != 1 {
-			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
-		}
-	}
+	e.WantOnce(t, msgs)
 	expectQuiet(t, h, source(t, f))
 }
 
@@ -415,12 +408,7 @@ func testPipelineShutdown(t *testing.T, h Harness) {
 	if st2.Duplicates != 0 || st2.Processed != left {
 		t.Errorf("second consumer processed %d and saw %d duplicates, want %d and 0: the graceful shutdown left decided messages unsettled", st2.Processed, st2.Duplicates, left)
 	}
-	counts := e.Counts(t)
-	for _, m := range msgs {
-		if counts[m.ID] != 1 {
-			t.Errorf("%s applied %d times, want exactly 1", m.ID, counts[m.ID])
-		}
-	}
+	e.WantOnce(t, msgs)
 	expectQuiet(t, h, source(t, f))
 }
 
