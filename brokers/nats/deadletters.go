@@ -5,18 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/admin"
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
-// bookkeeping are the headers a parked copy carries beside the message's
-// own; Redrive leaves them out.
-var bookkeeping = []string{driver.CauseHeader, driver.AttemptHeader, driver.OriginHeader, driver.ParkedAtHeader, driver.DestinationHeader}
+// legacySubjectHeader named the subject to redrive to on copies parked
+// before the adapter wrote driver.DestinationHeader.
+const legacySubjectHeader = "idemq-subject"
 
 // DeadLetters is an operator's handle on one consumer's dead letters: the
 // messages on its dead-letter subject in the dead-letter stream. It
@@ -24,9 +23,7 @@ var bookkeeping = []string{driver.CauseHeader, driver.AttemptHeader, driver.Orig
 // gets, never a consumer), so listing leaves them parked; Redrive and Purge
 // delete them by sequence.
 type DeadLetters struct {
-	c    config
-	link *link
-	dlq  jetstream.Stream
+	*deadletter.Queue[uint64]
 }
 
 // OpenDeadLetters opens the dead letters of the consumer of addr, a
@@ -43,27 +40,28 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 		l.close()
 		return nil, err
 	}
-	return &DeadLetters{c: c, link: l, dlq: dlq}, nil
+	return &DeadLetters{deadletter.New[uint64](&parked{c: c, link: l, dlq: dlq})}, nil
 }
 
-// Name implements admin.DeadLetterQueue: the dead-letter stream and
-// subject, as STREAM/SUBJECT.
-func (q *DeadLetters) Name() string { return q.c.dlqStream + "/" + q.c.dlqSubject }
+// parked is the dead-letter stream as deadletter.Queue reads it, by
+// stream sequence.
+type parked struct {
+	c    config
+	link *link
+	dlq  jetstream.Stream
+}
 
-// Close implements admin.DeadLetterQueue.
-func (q *DeadLetters) Close() error {
+// Name is the dead-letter stream and subject, as STREAM/SUBJECT.
+func (q *parked) Name() string { return q.c.dlqStream + "/" + q.c.dlqSubject }
+
+func (q *parked) Close() error {
 	q.link.close()
 	return nil
 }
 
-// Scan implements admin.DeadLetterQueue, oldest first.
-func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
-	return q.each(ctx, func(_ uint64, p *admin.Parked) error { return fn(p) })
-}
-
-// each calls fn with each parked message from the first sequence to the
-// last one at the call's start.
-func (q *DeadLetters) each(ctx context.Context, fn func(seq uint64, p *admin.Parked) error) error {
+// Each reads the copies on the dead-letter subject with next-by-subject
+// direct gets, up to the last sequence at the call's start.
+func (q *parked) Each(ctx context.Context, fn func(seq uint64, p *admin.Parked) error) error {
 	info, err := q.dlq.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("nats: dead-letter stream %s: %w", q.c.dlqStream, err)
@@ -77,103 +75,42 @@ func (q *DeadLetters) each(ctx context.Context, fn func(seq uint64, p *admin.Par
 		if err != nil {
 			return fmt.Errorf("nats: reading the dead-letter stream %s at %d: %w", q.c.dlqStream, seq, err)
 		}
-		if raw.Sequence > last {
+		if seq = raw.Sequence; seq > last {
 			return nil
 		}
-		seq = raw.Sequence
-		if err := fn(seq, parked(raw)); err != nil {
+		h := headerMap(raw.Header)
+		delete(h, natsgo.MsgIdHdr) // the parking's own dedup id
+		p := &admin.Parked{Ref: strconv.FormatUint(seq, 10), ID: h[IDHeader], ParkedAt: raw.Time, Key: h[KeyHeader], Headers: h, Body: raw.Data}
+		deadletter.Read(p)
+		if p.Destination == "" {
+			p.Destination = h[legacySubjectHeader]
+		}
+		if err := fn(seq, p); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// parked reads a parked copy.
-func parked(raw *jetstream.RawStreamMsg) *admin.Parked {
-	h := headerMap(raw.Header)
-	delete(h, natsgo.MsgIdHdr) // the parking's own dedup id
-	p := &admin.Parked{
-		Ref:         strconv.FormatUint(raw.Sequence, 10),
-		ID:          h[IDHeader],
-		Cause:       h[driver.CauseHeader],
-		Origin:      h[driver.OriginHeader],
-		Destination: h[driver.DestinationHeader],
-		ParkedAt:    raw.Time,
-		Key:         h[KeyHeader],
-		Headers:     h,
-		Body:        raw.Data,
-	}
-	p.Attempt, _ = strconv.Atoi(h[driver.AttemptHeader])
-	if t, err := time.Parse(time.RFC3339Nano, h[driver.ParkedAtHeader]); err == nil && t.Before(raw.Time) {
-		p.ParkedAt = t
-	}
-	return p
-}
-
-// Redrive implements admin.DeadLetterQueue. The copy goes to the subject
-// the message was consumed from, with its headers minus the bookkeeping
-// ones, and its business id in idemq-id, which the Source reads before the
-// id header: JetStream would drop a publish with the original Nats-Msg-Id
-// within the stream's duplicate window, so the copy's Nats-Msg-Id is
-// derived from its place in the dead-letter stream instead (a Redrive
-// repeated after a failed delete is then dropped as a duplicate). Every
-// consumer of that subject gets the copy again; those that applied it
-// decide it Duplicate.
-func (q *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
-	type chosen struct {
-		seq uint64
-		p   *admin.Parked
-	}
-	var all []chosen
-	err := q.each(ctx, func(seq uint64, p *admin.Parked) error {
-		if sel == nil || sel(p) {
-			all = append(all, chosen{seq, p})
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	for i, c := range all {
-		if c.p.Destination == "" {
-			return i, fmt.Errorf("nats: dead letter %d has no %s header to redrive it to", c.seq, driver.DestinationHeader)
-		}
-		h := natsgo.Header{}
-		for k, v := range c.p.Headers {
+// Republish publishes the copy to the subject it was consumed from, its
+// business id in idemq-id, which the Source reads before the id header:
+// JetStream would drop a publish with the original Nats-Msg-Id within the
+// duplicate window, so the copy's Nats-Msg-Id comes from its dead-letter
+// sequence (a Redrive repeated after a failed delete is dropped).
+func (q *parked) Republish(ctx context.Context, seq uint64, p *admin.Parked) error {
+	h := natsgo.Header{}
+	for k, v := range p.Headers {
+		if k != legacySubjectHeader {
 			h.Set(k, v)
 		}
-		for _, k := range bookkeeping {
-			h.Del(k)
-		}
-		if c.p.ID != "" {
-			h.Set(IDHeader, c.p.ID)
-			h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-redrive:%s:%d", q.c.dlqStream, c.seq))
-		}
-		if _, err := q.link.js.PublishMsg(ctx, &natsgo.Msg{Subject: c.p.Destination, Header: h, Data: c.p.Body}); err != nil {
-			return i, fmt.Errorf("nats: redriving dead letter %d to %s: %w", c.seq, c.p.Destination, err)
-		}
-		if err := q.dlq.DeleteMsg(ctx, c.seq); err != nil {
-			return i, fmt.Errorf("nats: removing redriven dead letter %d: %w", c.seq, err)
-		}
-		if progress != nil {
-			progress(i + 1)
-		}
 	}
-	return len(all), nil
+	if p.ID != "" {
+		h.Set(IDHeader, p.ID)
+		h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-redrive:%s:%d", q.c.dlqStream, seq))
+	}
+	_, err := q.link.js.PublishMsg(ctx, &natsgo.Msg{Subject: p.Destination, Header: h, Data: p.Body})
+	return err
 }
 
-// Purge implements admin.DeadLetterQueue.
-func (q *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
-	n := 0
-	err := q.each(ctx, func(seq uint64, p *admin.Parked) error {
-		if sel != nil && !sel(p) {
-			return nil
-		}
-		if err := q.dlq.DeleteMsg(ctx, seq); err != nil {
-			return fmt.Errorf("nats: purging dead letter %d: %w", seq, err)
-		}
-		n++
-		return nil
-	})
-	return n, err
-}
+// Remove deletes the copy by sequence.
+func (q *parked) Remove(ctx context.Context, seq uint64) error { return q.dlq.DeleteMsg(ctx, seq) }

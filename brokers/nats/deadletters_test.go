@@ -9,6 +9,7 @@ import (
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
+	natsgo "github.com/nats-io/nats.go"
 )
 
 // TestSharedDeadLetterStream: two consumers of one stream park in one
@@ -76,4 +77,32 @@ func TestSharedDeadLetterStream(t *testing.T) {
 	// Without declare, everything exists now: a source opens.
 	c := openSource(t, ts, WithConsumer("a"), shared, WithDeclare(false))
 	expectNothing(t, c, 300*time.Millisecond)
+}
+
+// TestLegacySubjectHeader: a copy parked with idemq-subject, the header an
+// earlier version wrote instead of idemq-destination, is redriven there,
+// without it.
+func TestLegacySubjectHeader(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 30*time.Second)
+	s := openSource(t, ts)
+	m := natsgo.NewMsg("idemq.dlq." + ts.name + ".worker")
+	m.Header.Set(IDHeader, "old-1")
+	m.Header.Set(legacySubjectHeader, ts.subject)
+	m.Header.Set(driver.CauseHeader, "bad deploy")
+	if _, err := ts.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	q, err := OpenDeadLetters(ctx, ts.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if n, err := q.Redrive(ctx, nil, nil); n != 1 || err != nil {
+		t.Fatalf("Redrive = %d, %v", n, err)
+	}
+	d := receiveOne(t, s, 5*time.Second)
+	if got := d.Message(); got.ID != "old-1" || got.Headers[legacySubjectHeader] != "" || got.Headers[driver.CauseHeader] != "" {
+		t.Fatalf("redriven %+v", got)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
@@ -157,11 +158,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if d.m.ID != "" {
 		h.Set(IDHeader, d.m.ID)
 	}
-	h.Set(driver.CauseHeader, headerValue(why))
-	h.Set(driver.AttemptHeader, strconv.Itoa(d.m.Attempt))
-	h.Set(driver.OriginHeader, fmt.Sprintf("%s/%s/%d", s.c.stream, s.c.consumer, d.e.Key))
-	h.Set(driver.ParkedAtHeader, time.Now().UTC().Format(time.RFC3339Nano))
-	h.Set(driver.DestinationHeader, d.msg().Subject())
+	mark := deadletter.Mark{Cause: headerValue(why), Attempt: d.m.Attempt, Destination: d.msg().Subject(), At: time.Now(),
+		Origin: fmt.Sprintf("%s/%s/%d", s.c.stream, s.c.consumer, d.e.Key)}
+	for k, v := range mark.Headers() {
+		h.Set(k, v)
+	}
 	h.Set(natsgo.MsgIdHdr, fmt.Sprintf("idemq-dlq:%s:%s:%d", s.c.stream, s.c.consumer, d.e.Key))
 	pctx, cancel := bounded(ctx)
 	defer cancel()
