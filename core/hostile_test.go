@@ -103,12 +103,19 @@ func TestHostileMessages(t *testing.T) {
 			core.NewPublisher(e.broker).Publish(context.Background(), e.queue, &core.Message{ID: "fp", Body: []byte(`{"amount":1}`)})
 
 			rec := tracetest.NewSpanRecorder()
-			tr := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))),
+			tr, err := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))),
 				tracing.WithPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
 				tracing.WithParentFromMessage())
+			if err != nil {
+				t.Fatal(err)
+			}
 			var logs syncBuf
 			logger := slog.New(slog.NewJSONHandler(&logs, nil))
-			opts := []core.Option{core.WithBatchSize(batch), core.WithObserver(tr, logging.New(logger)),
+			logObs, err := logging.New(logger)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := []core.Option{core.WithBatchSize(batch), core.WithObserver(tr, logObs),
 				core.WithLimits(core.Limits{BodyBytes: 64 << 10, Headers: 1000})}
 			res := e.runUntilIdle(time.Minute, decodeEffect, opts...)
 			core.NewPublisher(e.broker).Publish(context.Background(), e.queue, &core.Message{ID: "fp", Body: []byte(`{"amount":1000}`)})

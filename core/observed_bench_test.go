@@ -35,8 +35,22 @@ func BenchmarkFrameworkCostObserved(b *testing.B) {
 	sampled := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()),
 		sdktrace.WithSampler(sdktrace.TraceIDRatioBased(0.1)))
 	defer sampled.Shutdown(context.Background())
-	tr := tracing.New(tracing.WithTracerProvider(tp))
-	logs := logging.New(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	tr, err := tracing.New(tracing.WithTracerProvider(tp))
+	if err != nil {
+		b.Fatal(err)
+	}
+	noStages, err := tracing.New(tracing.WithTracerProvider(tp), tracing.WithoutStageSpans())
+	if err != nil {
+		b.Fatal(err)
+	}
+	sampledTr, err := tracing.New(tracing.WithTracerProvider(sampled))
+	if err != nil {
+		b.Fatal(err)
+	}
+	logs, err := logging.New(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		b.Fatal(err)
+	}
 	batch := core.WithBatchSize(200)
 	for _, v := range []struct {
 		name string
@@ -44,8 +58,8 @@ func BenchmarkFrameworkCostObserved(b *testing.B) {
 	}{
 		{"batch200-tracing-metrics-logging", []core.Observer{tr, met, logs}},
 		{"batch200-tracing", []core.Observer{tr}},
-		{"batch200-tracing-no-stage-spans", []core.Observer{tracing.New(tracing.WithTracerProvider(tp), tracing.WithoutStageSpans())}},
-		{"batch200-tracing-sampled-10pct", []core.Observer{tracing.New(tracing.WithTracerProvider(sampled))}},
+		{"batch200-tracing-no-stage-spans", []core.Observer{noStages}},
+		{"batch200-tracing-sampled-10pct", []core.Observer{sampledTr}},
 		{"batch200-metrics", []core.Observer{met}},
 		{"batch200-logging", []core.Observer{logs}},
 	} {

@@ -37,7 +37,6 @@ type config struct {
 	notify        bool
 	logger        *slog.Logger
 	meter         metric.MeterProvider
-	errs          []error
 
 	retryMin, retryMax time.Duration
 	publishTimeout     time.Duration
@@ -47,33 +46,34 @@ type config struct {
 
 // Option configures a Relay. An invalid value makes NewRelay fail with an
 // error naming the option.
-type Option func(*config)
+type Option func(*config) error
 
-func (c *config) fail(name, format string, args ...any) {
-	c.errs = append(c.errs, fmt.Errorf("outbox: %s: %s", name, fmt.Sprintf(format, args...)))
+// fail is the error of option name given an invalid value.
+func fail(name, format string, args ...any) error {
+	return fmt.Errorf("outbox: %s: %s", name, fmt.Sprintf(format, args...))
 }
 
 // WithName names the relay in logs and in the idemq.outbox attribute of its
 // metrics. Default "outbox".
 func WithName(name string) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if name == "" {
-			c.fail("WithName", "empty name")
-			return
+			return fail("WithName", "empty name")
 		}
 		c.name = name
+		return nil
 	}
 }
 
 // WithBatchSize sets how many rows one claim transaction holds at most
 // (also the most messages of one Publish call). Default 100.
 func WithBatchSize(n int) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if n < 1 || n > 10000 {
-			c.fail("WithBatchSize", "must be within [1, 10000], got %d", n)
-			return
+			return fail("WithBatchSize", "must be within [1, 10000], got %d", n)
 		}
 		c.batch = n
+		return nil
 	}
 }
 
@@ -82,12 +82,12 @@ func WithBatchSize(n int) Option {
 // are held; a smaller one makes the claim query cheaper with a deep
 // backlog. Must be at least the batch size. Default 10 × the batch size.
 func WithWindow(n int) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if n < 1 {
-			c.fail("WithWindow", "must be positive, got %d", n)
-			return
+			return fail("WithWindow", "must be positive, got %d", n)
 		}
 		c.window = n
+		return nil
 	}
 }
 
@@ -102,12 +102,12 @@ func WithPollInterval(d time.Duration) Option {
 // replays) before the relay prunes them. Zero deletes rows as soon as they
 // are sent. Default 24h.
 func WithRetention(d time.Duration) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if d < 0 {
-			c.fail("WithRetention", "must not be negative, got %v", d)
-			return
+			return fail("WithRetention", "must not be negative, got %v", d)
 		}
 		c.retention = d
+		return nil
 	}
 }
 
@@ -116,16 +116,15 @@ func WithRetention(d time.Duration) Option {
 // fewer remain, so no giant DELETE holds locks). Default every 1m, 1000 per
 // transaction.
 func WithPruneInterval(every time.Duration, batch int) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if every <= 0 {
-			c.fail("WithPruneInterval", "interval must be positive, got %v", every)
-			return
+			return fail("WithPruneInterval", "interval must be positive, got %v", every)
 		}
 		if batch < 1 {
-			c.fail("WithPruneInterval", "batch must be positive, got %d", batch)
-			return
+			return fail("WithPruneInterval", "batch must be positive, got %d", batch)
 		}
 		c.pruneInterval, c.pruneBatch = every, batch
+		return nil
 	}
 }
 
@@ -144,12 +143,12 @@ func WithMaxBackoff(d time.Duration) Option {
 // with the same ordering key as a postponed row wait behind it. Default 1s
 // to 5m.
 func WithRetryBackoff(min, max time.Duration) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if min <= 0 || max < min {
-			c.fail("WithRetryBackoff", "need 0 < min <= max, got %v and %v", min, max)
-			return
+			return fail("WithRetryBackoff", "need 0 < min <= max, got %v and %v", min, max)
 		}
 		c.retryMin, c.retryMax = min, max
+		return nil
 	}
 }
 
@@ -182,12 +181,12 @@ func WithRetryBackoff(min, max time.Duration) Option {
 // refuses as the sender's fault (too large for the queue, characters SQS
 // does not take). With n = 0 no row is parked, permanent or not.
 func WithMaxAttempts(n int) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if n < 0 {
-			c.fail("WithMaxAttempts", "must not be negative (0 never parks), got %d", n)
-			return
+			return fail("WithMaxAttempts", "must not be negative (0 never parks), got %d", n)
 		}
 		c.maxAttempts = n
+		return nil
 	}
 }
 
@@ -229,12 +228,12 @@ func (p ParkedKeyPolicy) String() string {
 // messages flowing, for keys whose consumers tolerate a gap, or a message
 // arriving late after a redrive.
 func WithParkedKey(p ParkedKeyPolicy) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if p != HoldKey && p != SkipParked {
-			c.fail("WithParkedKey", "unknown policy %d", int(p))
-			return
+			return fail("WithParkedKey", "unknown policy %d", int(p))
 		}
 		c.parked = p
+		return nil
 	}
 }
 
@@ -249,18 +248,18 @@ func WithPublishTimeout(d time.Duration) Option {
 // LISTEN/NOTIFY) on or off; polling continues either way. Default on when
 // the store supports it.
 func WithNotify(on bool) Option {
-	return func(c *config) { c.notify = on }
+	return func(c *config) error { c.notify = on; return nil }
 }
 
 // WithLogger sets the logger for publish failures and listener trouble.
 // Default slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if l == nil {
-			c.fail("WithLogger", "nil logger")
-			return
+			return fail("WithLogger", "nil logger")
 		}
 		c.logger = l
+		return nil
 	}
 }
 
@@ -271,24 +270,24 @@ func WithLogger(l *slog.Logger) Option {
 // idemq.outbox.published, idemq.outbox.publish_errors and
 // idemq.outbox.parked (rows this relay parked). Default otel.GetMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if mp == nil {
-			c.fail("WithMeterProvider", "nil provider")
-			return
+			return fail("WithMeterProvider", "nil provider")
 		}
 		c.meter = mp
+		return nil
 	}
 }
 
 // positive is an option that sets the duration at field to d, which must
 // be positive; name is the option named in its error.
 func positive(name string, d time.Duration, field func(*config) *time.Duration) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if d <= 0 {
-			c.fail(name, "must be positive, got %v", d)
-			return
+			return fail(name, "must be positive, got %v", d)
 		}
 		*field(c) = d
+		return nil
 	}
 }
 
@@ -309,15 +308,19 @@ func buildConfig(opts []Option) (config, error) {
 		notify:         true,
 		logger:         slog.Default(),
 	}
+	var errs []error
 	for _, o := range opts {
-		if o != nil {
-			o(&c)
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.window == 0 {
 		c.window = c.batch * DefaultWindowFactor
 	} else if c.window < c.batch {
-		c.fail("WithWindow", "window %d is smaller than the batch size %d", c.window, c.batch)
+		errs = append(errs, fail("WithWindow", "window %d is smaller than the batch size %d", c.window, c.batch))
 	}
-	return c, errors.Join(c.errs...)
+	return c, errors.Join(errs...)
 }

@@ -82,7 +82,11 @@ func observers(sampler sdktrace.Sampler) []core.Observer {
 	if err != nil {
 		panic(err) // the SDK refuses no instrument
 	}
-	return []core.Observer{tracing.New(tracing.WithTracerProvider(tp)), met}
+	tr, err := tracing.New(tracing.WithTracerProvider(tp))
+	if err != nil {
+		panic(err) // the provider is set
+	}
+	return []core.Observer{tr, met}
 }
 
 // idemqShape is what an idemq configuration name asks for.

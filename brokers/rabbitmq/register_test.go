@@ -59,7 +59,10 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 	// The tracing observer links the process span to the producer's.
 	rec := tracetest.NewSpanRecorder()
 	ctp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	tr := tracing.New(tracing.WithTracerProvider(ctp), tracing.WithPropagator(propagation.TraceContext{}))
+	tr, err := tracing.New(tracing.WithTracerProvider(ctp), tracing.WithPropagator(propagation.TraceContext{}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cm := (*core.Message)(m)
 	tr.EndDecision(tr.StartDecision(ctx, cm), cm, core.Outcome{Decision: core.Processed})
 	if ended := rec.Ended(); len(ended) != 1 || len(ended[0].Links()) != 1 || ended[0].Links()[0].SpanContext.SpanID() != span.SpanContext().SpanID() {

@@ -285,6 +285,11 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 			return b.charge(ctx, tx, msgs)
 		}
 	}
+	logs, err := logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))
+	if err != nil {
+		src.Close()
+		return err
+	}
 	opts := []core.Option{
 		core.WithName(s.consumer),
 		core.WithBatchSize(s.batch),
@@ -292,7 +297,7 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 		core.WithShutdownTimeout(s.shutdown),
 		core.WithTransactionTimeout(s.txnTimeout),
 		core.WithLogger(logger),
-		core.WithObserver(logging.New(logger, logging.WithLevel(core.Processed, slog.LevelInfo))),
+		core.WithObserver(logs),
 	}
 	kill, err := newKiller(logger)
 	if err != nil {

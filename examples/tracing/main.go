@@ -89,10 +89,17 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 		return nil
 	}
-	tr := tracing.New()
+	tr, err := tracing.New()
+	if err != nil {
+		return err
+	}
+	logs, err := logging.New(nil)
+	if err != nil {
+		return err
+	}
 	_, err = drain.Drain(ctx, broker, "orders", func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
 		return core.New[*sql.Tx](sub, store, handler,
-			core.WithName("shipping"), core.WithObserver(tr, logging.New(nil)),
+			core.WithName("shipping"), core.WithObserver(tr, logs),
 			core.WithShutdownTimeout(5*time.Second))
 	})
 	return err

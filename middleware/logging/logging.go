@@ -6,31 +6,40 @@ package logging
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/option"
 )
 
-// Option configures New.
-type Option func(*config)
+// Option configures New, which fails with an error naming the option when
+// a value is invalid.
+type Option func(*config) error
 
 type config struct {
 	levels  map[core.Decision]slog.Level
 	bodyMax int
 }
 
-// WithLevel sets the level for one decision. Defaults: Processed debug,
+// WithLevel sets the level for one decision, which must be one of
+// Processed, Duplicate, Retry and DeadLetter. Defaults: Processed debug,
 // Duplicate info, Retry warn, DeadLetter error.
 func WithLevel(d core.Decision, l slog.Level) Option {
-	return func(c *config) { c.levels[d] = l }
+	var err error
+	if d < core.Processed || d > core.DeadLetter {
+		err = fmt.Errorf("unknown decision %d", int(d))
+	}
+	return option.Set("logging", "WithLevel", err, func(c *config) { c.levels[d] = l })
 }
 
-// WithBody adds up to max bytes of the body to each line. Default: bodies
-// are never logged, because they often hold personal or payment data.
+// WithBody adds up to max bytes of the body to each line; 0 logs none.
+// Default: bodies are never logged, because they often hold personal or
+// payment data. Must not be negative.
 func WithBody(max int) Option {
-	return func(c *config) { c.bodyMax = max }
+	return option.Set("logging", "WithBody", option.AtLeast(max, 0), func(c *config) { c.bodyMax = max })
 }
 
 // Logging is a core.Observer that writes one line per decision. Install
@@ -40,8 +49,9 @@ type Logging struct {
 	cfg    config
 }
 
-// New returns a Logging writing to logger (nil means slog.Default()).
-func New(logger *slog.Logger, opts ...Option) *Logging {
+// New returns a Logging writing to logger (nil means slog.Default()), or
+// the error of an option given an invalid value.
+func New(logger *slog.Logger, opts ...Option) (*Logging, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
@@ -51,10 +61,10 @@ func New(logger *slog.Logger, opts ...Option) *Logging {
 		core.Retry:      slog.LevelWarn,
 		core.DeadLetter: slog.LevelError,
 	}}
-	for _, o := range opts {
-		o(&cfg)
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return nil, err
 	}
-	return &Logging{logger: logger, cfg: cfg}
+	return &Logging{logger: logger, cfg: cfg}, nil
 }
 
 type startKey struct{}

@@ -16,7 +16,10 @@ import (
 func TestOneLinePerDecisionAtItsLevel(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	mw := logging.New(logger)
+	mw, err := logging.New(logger)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		out   core.Outcome
 		level string
@@ -51,7 +54,10 @@ func TestOneLinePerDecisionAtItsLevel(t *testing.T) {
 func TestBodyOnlyWhenAskedAndLevelsConfigurable(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	mw := logging.New(logger, logging.WithBody(6), logging.WithLevel(core.Duplicate, slog.LevelDebug))
+	mw, err := logging.New(logger, logging.WithBody(6), logging.WithLevel(core.Duplicate, slog.LevelDebug))
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := &core.Message{ID: "x", Body: []byte("abcdefghij")}
 	mw.EndDecision(mw.StartDecision(context.Background(), m), m, core.Outcome{Decision: core.Duplicate})
 	if buf.Len() != 0 {
@@ -60,5 +66,16 @@ func TestBodyOnlyWhenAskedAndLevelsConfigurable(t *testing.T) {
 	mw.EndDecision(mw.StartDecision(context.Background(), m), m, core.Outcome{Decision: core.DeadLetter, Err: errors.New("bad")})
 	if !strings.Contains(buf.String(), "body=abcdef…") {
 		t.Errorf("body not clipped to 6 bytes: %s", buf.String())
+	}
+}
+
+func TestBadOptionsAreNamed(t *testing.T) {
+	for name, o := range map[string]logging.Option{
+		"WithBody":  logging.WithBody(-1),
+		"WithLevel": logging.WithLevel(core.Decision(99), slog.LevelInfo),
+	} {
+		if _, err := logging.New(nil, o); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: error %v does not name it", name, err)
+		}
 	}
 }

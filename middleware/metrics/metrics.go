@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/middleware/tracing"
 )
 
@@ -30,14 +31,16 @@ const (
 	BatchSizeName = "idemq.batch.size"
 )
 
-// Option configures New.
-type Option func(*config)
+// Option configures New, which fails with an error naming the option when
+// a value is invalid.
+type Option func(*config) error
 
 type config struct{ mp metric.MeterProvider }
 
 // WithMeterProvider sets the MeterProvider. Default: otel.GetMeterProvider().
+// Must not be nil.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.mp = mp }
+	return option.Set("metrics", "WithMeterProvider", option.Present(mp), func(c *config) { c.mp = mp })
 }
 
 // Metrics is a core.Observer (and core.StageObserver) recording idemq's
@@ -54,12 +57,12 @@ type Metrics struct {
 	cachedN  atomic.Int64
 }
 
-// New creates the instruments. It fails only if the MeterProvider refuses
-// them.
+// New creates the instruments. It fails when an option is given an
+// invalid value, or the MeterProvider refuses them.
 func New(opts ...Option) (*Metrics, error) {
 	var cfg config
-	for _, o := range opts {
-		o(&cfg)
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return nil, err
 	}
 	if cfg.mp == nil {
 		cfg.mp = otel.GetMeterProvider()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,5 +143,11 @@ func checkAttrs(t *testing.T, name string, set attribute.Set) {
 		if v, ok := set.Value("error.type"); !ok || v.AsString() == "" {
 			t.Errorf("%s: %s without error.type", name, d.AsString())
 		}
+	}
+}
+
+func TestNilMeterProviderIsNamed(t *testing.T) {
+	if _, err := metrics.New(metrics.WithMeterProvider(nil)); err == nil || !strings.Contains(err.Error(), "WithMeterProvider") {
+		t.Errorf("error %v does not name WithMeterProvider", err)
 	}
 }

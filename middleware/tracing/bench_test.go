@@ -37,14 +37,21 @@ func BenchmarkObserverCost(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr := tracing.New(tracing.WithTracerProvider(tp))
-	all := []core.Option{core.WithObserver(tr, met, logging.New(quiet))}
+	tr, err := tracing.New(tracing.WithTracerProvider(tp))
+	if err != nil {
+		b.Fatal(err)
+	}
+	logs, err := logging.New(quiet)
+	if err != nil {
+		b.Fatal(err)
+	}
+	all := []core.Option{core.WithObserver(tr, met, logs)}
 	for _, tc := range []struct {
 		name string
 		opts []core.Option
 	}{
 		{"bare", nil},
-		{"logging", []core.Option{core.WithObserver(logging.New(quiet))}},
+		{"logging", []core.Option{core.WithObserver(logs)}},
 		{"metrics", []core.Option{core.WithObserver(met)}},
 		{"tracing", []core.Option{core.WithObserver(tr)}},
 		{"all", all},

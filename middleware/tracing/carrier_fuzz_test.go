@@ -29,7 +29,10 @@ func FuzzHeaderCarrier(f *testing.F) {
 		if asParent {
 			opts = append(opts, WithParentFromMessage())
 		}
-		tr := New(opts...)
+		tr, err := New(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
 		m := &core.Message{ID: id, Source: "q", System: "rabbitmq", Attempt: 1, Headers: map[string]string{
 			"traceparent": traceparent, "tracestate": tracestate, "baggage": baggage,
 		}}

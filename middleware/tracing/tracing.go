@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/internal/option"
 )
 
 // ScopeName is the instrumentation scope of idemq's spans and metrics.
@@ -43,8 +44,9 @@ const (
 	RetryDelayKey = attribute.Key("idemq.retry.delay")
 )
 
-// Option configures New.
-type Option func(*config)
+// Option configures New, which fails with an error naming the option when
+// a value is invalid.
+type Option func(*config) error
 
 type config struct {
 	tp         trace.TracerProvider
@@ -53,16 +55,18 @@ type config struct {
 	stageSpans bool
 }
 
-// WithTracerProvider sets the TracerProvider. Default: otel.GetTracerProvider().
+// WithTracerProvider sets the TracerProvider. Default:
+// otel.GetTracerProvider(). Must not be nil.
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.tp = tp }
+	return set("WithTracerProvider", option.Present(tp), func(c *config) { c.tp = tp })
 }
 
 // WithPropagator sets how trace context is read from message headers.
 // Default: otel.GetTextMapPropagator() (set it to W3C trace context +
-// baggage with otel.SetTextMapPropagator, as most services do).
+// baggage with otel.SetTextMapPropagator, as most services do). Must not
+// be nil.
 func WithPropagator(p propagation.TextMapPropagator) Option {
-	return func(c *config) { c.prop = p }
+	return set("WithPropagator", option.Present(p), func(c *config) { c.prop = p })
 }
 
 // WithParentFromMessage makes the producer's span the parent of the process
@@ -71,13 +75,18 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 // producer's span, which the conventions recommend because a message may be
 // processed long after, or many times.
 func WithParentFromMessage() Option {
-	return func(c *config) { c.parent = true }
+	return set("WithParentFromMessage", nil, func(c *config) { c.parent = true })
 }
 
 // WithoutStageSpans turns off the child spans for the store's begin, claim,
 // flush and commit. Default: on.
 func WithoutStageSpans() Option {
-	return func(c *config) { c.stageSpans = false }
+	return set("WithoutStageSpans", nil, func(c *config) { c.stageSpans = false })
+}
+
+// set is an option that sets a field once its check passed.
+func set(name string, check error, put func(*config)) Option {
+	return option.Set("tracing", name, check, put)
 }
 
 // Tracing is a core.Observer (and core.StageObserver) that records one
@@ -88,11 +97,12 @@ type Tracing struct {
 	tracer trace.Tracer
 }
 
-// New returns a Tracing with the given options.
-func New(opts ...Option) *Tracing {
+// New returns a Tracing with the given options, or the error of an option
+// given an invalid value.
+func New(opts ...Option) (*Tracing, error) {
 	cfg := config{stageSpans: true}
-	for _, o := range opts {
-		o(&cfg)
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return nil, err
 	}
 	if cfg.tp == nil {
 		cfg.tp = otel.GetTracerProvider()
@@ -100,7 +110,7 @@ func New(opts ...Option) *Tracing {
 	if cfg.prop == nil {
 		cfg.prop = otel.GetTextMapPropagator()
 	}
-	return &Tracing{cfg: cfg, tracer: cfg.tp.Tracer(ScopeName)}
+	return &Tracing{cfg: cfg, tracer: cfg.tp.Tracer(ScopeName)}, nil
 }
 
 // StartDecision implements core.Observer: it starts the message's process

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,7 +57,10 @@ func consumeTraced(t *testing.T, batch int, opts []tracing.Option, msgs ...*core
 		t.Fatal(err)
 	}
 	defer store.Close()
-	tr := tracing.New(append([]tracing.Option{tracing.WithTracerProvider(tp), tracing.WithPropagator(prop)}, opts...)...)
+	tr, err := tracing.New(append([]tracing.Option{tracing.WithTracerProvider(tp), tracing.WithPropagator(prop)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		if string(m.Body) == "poison" {
 			return core.Permanent(errors.New("poison body"))
@@ -228,7 +232,10 @@ func TestMalformedTraceHeadersAreIgnored(t *testing.T) {
 	ctx := context.Background()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	tr := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop))
+	tr, err := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop))
+	if err != nil {
+		t.Fatal(err)
+	}
 	tr.EndDecision(tr.StartDecision(ctx, m), m, core.Outcome{Decision: core.Processed})
 	if len(rec.Ended()) != 1 || len(rec.Ended()[0].Links()) != 0 {
 		t.Errorf("spans %d, want 1 without links", len(rec.Ended()))
@@ -256,7 +263,10 @@ func TestLeasedStagesAreTraced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	tr := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop))
+	tr, err := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop))
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := core.LeasedHandler[*sql.Tx, string]{
 		External: func(ctx context.Context, m *core.Message) (string, error) {
 			_, span := tp.Tracer("http").Start(ctx, "POST /charges", trace.WithSpanKind(trace.SpanKindClient))
@@ -293,5 +303,16 @@ func TestLeasedStagesAreTraced(t *testing.T) {
 	}
 	if call, ext := byName["POST /charges"], byName["idemq external"]; call == nil || ext == nil || call.Parent().SpanID() != ext.SpanContext().SpanID() {
 		t.Error("the External call's own span is not a child of the idemq external span")
+	}
+}
+
+func TestBadOptionsAreNamed(t *testing.T) {
+	for name, o := range map[string]tracing.Option{
+		"WithTracerProvider": tracing.WithTracerProvider(nil),
+		"WithPropagator":     tracing.WithPropagator(nil),
+	} {
+		if _, err := tracing.New(o); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: error %v does not name it", name, err)
+		}
 	}
 }

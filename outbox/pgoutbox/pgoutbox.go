@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"
@@ -41,23 +42,22 @@ const DefaultTable = "outbox"
 type config struct {
 	table  string
 	notify bool
-	errs   []error
 }
 
 // Option configures an Outbox. An invalid value makes New fail with an
 // error naming the option.
-type Option func(*config)
+type Option func(*config) error
 
 // WithTable sets the outbox table's name: ASCII letters, digits and
 // underscores, at most 63 characters. Default "outbox". The NOTIFY channel
 // has the same name.
 func WithTable(name string) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if err := sqlident.Check(name); err != nil {
-			c.errs = append(c.errs, fmt.Errorf("pgoutbox: WithTable: %w", err))
-			return
+			return fmt.Errorf("pgoutbox: WithTable: %w", err)
 		}
 		c.table = name
+		return nil
 	}
 }
 
@@ -67,7 +67,7 @@ func WithTable(name string) Option {
 // off when very many small transactions write and a poll interval of
 // latency is acceptable. Default true.
 func WithNotify(on bool) Option {
-	return func(c *config) { c.notify = on }
+	return func(c *config) error { c.notify = on; return nil }
 }
 
 // Outbox is one outbox table: how to write to it and how relays read it.
@@ -83,12 +83,7 @@ type Outbox struct {
 // New returns an Outbox for the configured table.
 func New(opts ...Option) (*Outbox, error) {
 	c := config{table: DefaultTable, notify: true}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if err := errors.Join(c.errs...); err != nil {
+	if err := option.Apply(&c, opts...); err != nil {
 		return nil, err
 	}
 	h := fnv.New32a()
