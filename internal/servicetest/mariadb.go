@@ -27,6 +27,7 @@ type MariaDBServer struct {
 	server string
 	dir    string
 	user   string
+	args   []string // more server options (a Galera node's)
 	process
 }
 
@@ -34,6 +35,15 @@ type MariaDBServer struct {
 // MariaDB server. Without the server binaries the test skips, or fails
 // when IDEMQ_REQUIRE_SERVICES=1.
 func StartMariaDB(t testing.TB) *MariaDBServer {
+	t.Helper()
+	s := newMariaDB(t)
+	s.Start()
+	return s
+}
+
+// newMariaDB initialises a private server's data directory, on a free
+// port, without starting it.
+func newMariaDB(t testing.TB) *MariaDBServer {
 	t.Helper()
 	install, err1 := exec.LookPath("mariadb-install-db")
 	server := "/usr/sbin/mariadbd"
@@ -57,7 +67,6 @@ func StartMariaDB(t testing.TB) *MariaDBServer {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
 	t.Cleanup(s.Stop)
-	s.Start()
 	return s
 }
 
@@ -74,6 +83,7 @@ func (s *MariaDBServer) Start() {
 	cmd := exec.Command(s.server, "--no-defaults", "--datadir="+s.data(), fmt.Sprintf("--port=%d", s.Port),
 		"--socket="+filepath.Join(s.dir, "sock"), "--bind-address=127.0.0.1", s.user,
 		"--innodb-buffer-pool-size=16M", "--skip-log-bin")
+	cmd.Args = append(cmd.Args, s.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := s.start(cmd); err != nil {
 		s.t.Fatal(err)
@@ -88,10 +98,16 @@ func (s *MariaDBServer) Start() {
 	}
 	db := sql.OpenDB(conn)
 	defer db.Close()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	done := s.exited()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		err := db.Ping()
 		if err == nil {
 			return
+		}
+		select {
+		case <-done:
+			s.t.Fatalf("private MariaDB exited at start:\n%s", s.Log())
+		default:
 		}
 		if time.Now().After(deadline) {
 			s.t.Fatalf("private MariaDB did not start: %v\n%s", err, s.Log())
@@ -104,6 +120,12 @@ func (s *MariaDBServer) Start() {
 // nothing.
 func (s *MariaDBServer) Stop() {
 	s.stop(30 * time.Second)
+}
+
+// Kill stops the server as a crash does (SIGKILL): nothing is flushed or
+// rolled back. Killing a stopped server does nothing.
+func (s *MariaDBServer) Kill() {
+	s.stop(0)
 }
 
 // Restart stops the server cleanly and starts it again on the same port.

@@ -36,13 +36,19 @@ func (p *process) exited() <-chan struct{} {
 }
 
 // stop sends SIGTERM and waits for the exit, killing the process after
-// grace. Stopping a stopped process does nothing.
+// grace (at once, without a SIGTERM, when grace is 0). Stopping a stopped
+// process does nothing.
 func (p *process) stop(grace time.Duration) {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
 	p.cmd = nil
 	p.mu.Unlock()
 	if cmd == nil {
+		return
+	}
+	if grace == 0 {
+		cmd.Process.Kill()
+		<-done
 		return
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
