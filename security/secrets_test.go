@@ -121,7 +121,10 @@ func TestSecretsNeverLeave(t *testing.T) {
 
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	tr := tracing.New(tracing.WithTracerProvider(tp))
+	tr, err := tracing.New(tracing.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var flaky atomic.Int32
 	handler := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
 		switch m.ID {
@@ -138,10 +141,14 @@ func TestSecretsNeverLeave(t *testing.T) {
 	record := core.DecisionFunc(func(ctx context.Context, m *core.Message, out core.Outcome) {
 		addErr("outcome "+m.ID, out.Err)
 	})
+	logObs, err := logging.New(logger, logging.WithBody(64))
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := []core.Option{
 		core.WithName("sec"), core.WithLogger(logger), core.WithBatchSize(4),
 		core.WithBackoff(core.ExponentialBackoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond, Multiplier: 2}),
-		core.WithObserver(tr, record, logging.New(logger, logging.WithBody(64)))}
+		core.WithObserver(tr, record, logObs)}
 	c, err := core.New[pgx.Tx](src, store, handler, opts...)
 	if err != nil {
 		t.Fatal(err)

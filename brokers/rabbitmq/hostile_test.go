@@ -80,7 +80,10 @@ func TestHostileMessages(t *testing.T) {
 		t.Logf("256-byte message_id refused by the client: %v", err)
 	}
 
-	tr := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider()), tracing.WithPropagator(propagation.TraceContext{}), tracing.WithParentFromMessage())
+	tr, err := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider()), tracing.WithPropagator(propagation.TraceContext{}), tracing.WithParentFromMessage())
+	if err != nil {
+		t.Fatal(err)
+	}
 	applied := runEffects(t, src, len(rows), core.WithObserver(tr), core.WithName("hostile"), core.WithBatchSize(4),
 		core.WithLimits(core.Limits{Headers: 1000}))
 	dead := map[string][]string{}

@@ -77,13 +77,20 @@ func TestSecretKeyNeverLeaves(t *testing.T) {
 		return nil
 	}
 	rec := tracetest.NewSpanRecorder()
-	tr := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))))
+	tr, err := tracing.New(tracing.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))))
+	if err != nil {
+		t.Fatal(err)
+	}
 	record := core.DecisionFunc(func(ctx context.Context, m *core.Message, out core.Outcome) {
 		addErr("outcome", out.Err)
 	})
+	logObs, err := logging.New(logger)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := core.New[*sql.Tx](src, store, handler, core.WithName("sec"), core.WithLogger(logger),
 		core.WithBackoff(core.ExponentialBackoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}),
-		core.WithObserver(tr, record, logging.New(logger)))
+		core.WithObserver(tr, record, logObs))
 	if err != nil {
 		t.Fatal(err)
 	}
