@@ -79,6 +79,14 @@ type NATSServer struct {
 // skips, or fails when IDEMQ_REQUIRE_SERVICES=1.
 func StartNATS(t testing.TB, config string) *NATSServer {
 	t.Helper()
+	s := newNATS(t, config)
+	s.Start()
+	return s
+}
+
+// newNATS prepares a private nats-server without starting it.
+func newNATS(t testing.TB, config string) *NATSServer {
+	t.Helper()
 	if _, err := os.Stat(NATSServerBinary); err != nil {
 		Unavailable(t, "no %s to start a private NATS server", NATSServerBinary)
 	}
@@ -94,7 +102,6 @@ func StartNATS(t testing.TB, config string) *NATSServer {
 		s.args = append(s.args, "-c", conf)
 	}
 	t.Cleanup(s.Stop)
-	s.Start()
 	return s
 }
 
@@ -127,6 +134,11 @@ func (s *NATSServer) Start() {
 // stopped server does nothing.
 func (s *NATSServer) Stop() {
 	s.stop(20 * time.Second)
+}
+
+// Kill stops the server as a crash does (SIGKILL).
+func (s *NATSServer) Kill() {
+	s.stop(0)
 }
 
 // Restart stops the server and starts it again on the same port and store.
