@@ -57,7 +57,7 @@ func TestSASLOverTLS(t *testing.T) {
 	for _, mech := range []sasl.Mechanism{scramMech, plain.Mechanism{Username: "plain-user", Password: "plain-S3cret"}} {
 		t.Run(mech.Name(), func(t *testing.T) {
 			d := dialer(mech, f.CA)
-			pub, err := kafka.NewPublisher(addr, kafka.WithTopic(topic), kafka.WithDialer(d))
+			pub, err := kafka.NewPublisher(ctx, addr, kafka.WithTopic(topic), kafka.WithDialer(d))
 			if err != nil {
 				t.Fatal(err)
 			}

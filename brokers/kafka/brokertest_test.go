@@ -33,7 +33,7 @@ func harness(retryTopic bool, opts ...Option) brokertest.Harness {
 			}
 			group := "idemq-test-" + randomHex(4)
 			q.Set("group", group)
-			pub, err := NewPublisher(bs)
+			pub, err := NewPublisher(context.Background(), bs)
 			if err != nil {
 				t.Fatalf("NewPublisher: %v", err)
 			}
@@ -59,7 +59,7 @@ func harness(retryTopic bool, opts ...Option) brokertest.Harness {
 				},
 				Reconnect: func(t *testing.T, src driver.Source) { forceRebalance(t, bs, src.(*Source)) },
 				NewPublisher: func(t *testing.T) driver.Publisher {
-					p, err := NewPublisher(bs, WithTopic(topic))
+					p, err := NewPublisher(context.Background(), bs, WithTopic(topic))
 					if err != nil {
 						t.Fatalf("NewPublisher: %v", err)
 					}

@@ -135,7 +135,7 @@ func (s *faultStream) publishedAfter(at time.Time) time.Duration {
 // closed and at least min messages, minUnique of them unique, were
 // published.
 func (s *faultStream) run(t *testing.T, bs, topic string, chunk int, interval time.Duration, min, minUnique int, stop <-chan struct{}) {
-	pub, err := NewPublisher(bs, WithLogger(testLogger(t)))
+	pub, err := NewPublisher(context.Background(), bs, WithLogger(testLogger(t)))
 	if err != nil {
 		t.Error(err)
 		return
@@ -574,7 +574,7 @@ func TestFaultKafkaCluster(t *testing.T) {
 func TestFaultPublisherFollowsLeaderMoves(t *testing.T) {
 	k := startKfake(t, "-brokers", "3", "-auto-create=false")
 	topic := newTopic(t, k.Addr, 1)
-	pub, err := NewPublisher(k.Addr, WithLogger(testLogger(t)))
+	pub, err := NewPublisher(context.Background(), k.Addr, WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,20 +1,21 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/admin"
-	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
 // ErrDeadLettersFragmented is returned (wrapped) by Redrive and Purge when
@@ -30,52 +31,41 @@ var ErrDeadLettersFragmented = errors.New("kafka: too many dead letters handled 
 const maxDeadLetterMetadata = 4096
 
 // DeadLetters is the operator's handle on the dead letters one consumer
-// group parked in its dead-letter topic (see admin.DeadLetterQueue): Scan
-// lists them, Redrive produces them back to the topic they were consumed
-// from, Purge drops them.
+// group parked in its dead-letter topic (admin.DeadLetterQueue): Scan lists
+// them, Redrive produces them back to the topic and partition they were
+// consumed from (by key when that partition is gone), Purge drops them.
 //
-// Reading never consumes: each call reads every partition of the
-// dead-letter topic with plain fetches, from the offset its bookkeeping
-// group (WithDeadLetterGroup, default "<group>.dlq-operator") committed
-// up to the high watermark taken when the call began, so a call
-// terminates while consumers keep parking more. It holds one fetch (at
-// most 1 MiB) of records at a time, plus the handled ranges.
+// Each call reads every partition of the dead-letter topic with plain
+// fetches, never as a group member, from the offset its bookkeeping group
+// (WithDeadLetterGroup) committed up to the high watermark taken when the
+// call began, so it ends while consumers keep parking more. It skips the
+// records another group parked (HeaderGroup) in a shared topic.
 //
 // A Kafka topic cannot delete single records, so a redriven or purged
 // record is recorded as handled in the bookkeeping group: its committed
-// offset on a partition marks every record below it handled, and the
-// handled records above it (handled out of order: the operator redrove a
-// record but left an earlier one parked) are kept as ranges in the
-// commit's metadata string. The committed offset advances over every run
-// of handled records, other groups' records and gaps, so the metadata
-// only grows with the records left parked between handled ones. When it
-// would pass 4096 bytes (Kafka's default offset.metadata.max.bytes; a
-// cluster with a lower limit refuses the commit the same way), Redrive
-// and Purge stop with an error wrapping ErrDeadLettersFragmented; the
-// operator then handles the oldest parked records of that partition
-// first. Resetting the bookkeeping group's offsets (kafka-consumer-groups
-// --reset-offsets) lists every retained dead letter again.
+// offset marks every record below it handled, and the records handled out
+// of order above it (an earlier one left parked) are ranges in the
+// commit's metadata. The committed offset advances over every run of
+// handled records, other groups' records and gaps, so the metadata grows
+// only with the records left parked between handled ones. When it would
+// pass 4096 bytes (Kafka's default offset.metadata.max.bytes), Redrive and
+// Purge stop with an error wrapping ErrDeadLettersFragmented, and Redrive
+// before it produces anything. Resetting the bookkeeping group's offsets
+// lists every retained dead letter again.
 //
-// Several groups consuming one topic share its default dead-letter topic:
-// a DeadLetters works only on the records whose HeaderGroup is its group
-// (and on records without one, which no idemq Source wrote) and leaves the
-// others to their groups.
-//
-// Redrive produces each chosen record to its original topic and partition
-// (HeaderOriginalTopic, HeaderOriginalPartition; by key when that
-// partition is gone) with its key, value and headers minus idemq's
-// bookkeeping ones (driver.CauseHeader, HeaderAttempt, HeaderGroup, the
-// HeaderOriginal* ones, HeaderNotBefore), waits until every in-sync
-// replica has it (RequireAll), and only then commits it as handled. Every
-// consumer group of that topic receives the redriven record; the groups
-// that had applied it decide it Duplicate while their claims exist.
-//
-// One DeadLetters per bookkeeping group should work at a time: two
-// operators redriving the same group's dead letters at once may lose each
-// other's bookkeeping, and records then come back to the list (redriving
-// them again is harmless: consumers decide Duplicate). It is not safe for
-// concurrent use.
+// Redrive waits until every in-sync replica has a record before it
+// records it as handled; every consumer group of the topic receives it,
+// and the groups that applied it decide it Duplicate. One DeadLetters per
+// bookkeeping group should work at a time: two at once may lose each
+// other's bookkeeping, and records come back to the list (redriving them
+// again is harmless). It is not safe for concurrent use.
 type DeadLetters struct {
+	*deadletter.Queue[*letter]
+	st *dlqStore
+}
+
+// dlqStore is the dead-letter topic as deadletter.Queue reads and changes it.
+type dlqStore struct {
 	cfg    config
 	group  string // the bookkeeping group
 	client *kafkago.Client
@@ -85,14 +75,13 @@ type DeadLetters struct {
 var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
 
 // OpenDeadLetters opens the dead letters of the consumer group a Source
-// with the same target and options consumes with: a kafka:// URL or a
-// broker list with WithTopic and WithGroup, read exactly as Open reads
+// opened with the same addr and options consumes with, read as Open reads
 // them (WithDeadLetterTopic, WithDeadLetterGroup and the security options
-// apply; the consumer options are checked and ignored). It checks that
-// the brokers answer; a dead-letter topic that does not exist yet holds no
-// dead letters.
-func OpenDeadLetters(ctx context.Context, target string, opts ...Option) (*DeadLetters, error) {
-	cfg, err := sourceConfig(target, opts)
+// apply; the consumer options are checked and ignored). It checks that the
+// brokers answer; a dead-letter topic that does not exist yet holds no dead
+// letters.
+func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
+	cfg, err := sourceConfig(addr, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -100,81 +89,31 @@ func OpenDeadLetters(ctx context.Context, target string, opts ...Option) (*DeadL
 	if group == "" {
 		group = cfg.group + ".dlq-operator"
 		if err := checkGroup(group); err != nil {
-			return nil, optErr(cfg.name("WithDeadLetterGroup", "dead_letter_group"), "the default %v; name one", err)
+			return nil, optErr(cfg.name("WithDeadLetterGroup"), "the default %v; name one", err)
 		}
 	}
-	q := &DeadLetters{
-		cfg:    cfg,
-		group:  group,
-		client: &kafkago.Client{Addr: kafkago.TCP(cfg.brokers...), Timeout: 10 * time.Second, Transport: transport(cfg.dialer)},
-	}
+	q := &dlqStore{cfg: cfg, group: group, client: cfg.newClient()}
 	if _, err := q.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{cfg.deadLetterTopic}}); err != nil {
-		q.closeTransports()
+		q.Close()
 		return nil, fmt.Errorf("kafka: brokers %v: %w", cfg.brokers, cfg.explain(err))
 	}
-	return q, nil
+	return &DeadLetters{deadletter.New[*letter](q), q}, nil
 }
-
-func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
-	return OpenDeadLetters(ctx, u.String(), loggerOption(cfg))
-}
-
-// Name returns the dead-letter topic.
-func (q *DeadLetters) Name() string { return q.cfg.deadLetterTopic }
 
 // Group returns the bookkeeping group that records what was handled.
-func (q *DeadLetters) Group() string { return q.group }
+func (q *DeadLetters) Group() string { return q.st.group }
 
-// Scan calls fn with each of the group's dead letters parked when it
-// began, partition by partition, oldest first within a partition, and
-// leaves them parked. Ref is "<partition>/<offset>" in the dead-letter
-// topic, Origin "<topic>/<partition>/<offset>" where the message was
-// consumed, ParkedAt the record's timestamp (DeadLetter stamps the copy
-// when it parks it). An error from fn stops the scan and is returned.
-func (q *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
-	parts, err := q.load(ctx)
-	if err != nil {
-		return err
-	}
-	for _, p := range parts {
-		if err := q.walk(ctx, p, func(l *letter) error { return fn(l.parked) }); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// Redrive produces each dead letter sel chooses back to the partition of
-// the topic it was consumed from, without idemq's bookkeeping headers (so
-// its attempt count starts again), and records it as handled once the
-// write is acknowledged by every in-sync replica. See
-// admin.DeadLetterQueue and DeadLetters.
-func (q *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
-	return q.handle(ctx, sel, progress, q.redrive)
-}
-
-// Purge records each dead letter sel chooses as handled, so that no later
-// call lists it, and returns how many. The records stay in the topic until
-// its retention removes them.
-func (q *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
-	return q.handle(ctx, sel, nil, nil)
-}
+// Name returns the dead-letter topic.
+func (q *dlqStore) Name() string { return q.cfg.deadLetterTopic }
 
 // Close releases the connections.
-func (q *DeadLetters) Close() error {
+func (q *dlqStore) Close() error {
 	var err error
 	if q.writer != nil {
-		err = q.writer.Close()
+		err = closeWriter(q.writer)
 	}
-	q.closeTransports()
+	closeIdle(q.client.Transport)
 	return err
-}
-
-func (q *DeadLetters) closeTransports() {
-	if q.writer != nil {
-		q.writer.Transport.(*kafkago.Transport).CloseIdleConnections()
-	}
-	q.client.Transport.(*kafkago.Transport).CloseIdleConnections()
 }
 
 // dlqPart is one partition of the dead-letter topic as a call sees it.
@@ -183,20 +122,84 @@ type dlqPart struct {
 	committed int64  // the bookkeeping group's committed offset, -1 none
 	handled   []span // handled records above committed, sorted, disjoint
 	from, end int64  // the records the call reads: [from, end)
+	kept      int64  // the first dead letter the call left parked, -1 none
 }
 
 // letter is one of the group's dead letters read by a call.
 type letter struct {
+	p       *dlqPart
 	offset  int64
 	parked  *admin.Parked
 	key     []byte
 	value   []byte
 	headers []kafkago.Header
+	removed bool
+}
+
+// Each implements deadletter.Store: partition by partition, oldest first
+// within one. Once a call removed any of a partition's, the bookkeeping
+// commit passes the other groups' records and gaps up to the first dead
+// letter left parked.
+func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *admin.Parked) error) error {
+	parts, err := q.load(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range parts {
+		removed := false
+		err := q.walk(ctx, p, func(l *letter) error {
+			if err := fn(l, l.parked); err != nil {
+				return err
+			}
+			removed = removed || l.removed
+			if !l.removed && p.kept < 0 {
+				p.kept = l.offset
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		point := p.end
+		if p.kept >= 0 {
+			point = p.kept
+		}
+		if removed && point > p.committed && point > p.from {
+			r, err := q.plan(p, point, -1)
+			if err == nil {
+				err = q.commit(ctx, p, r)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Remove implements deadletter.Store: it records l as handled.
+func (q *dlqStore) Remove(ctx context.Context, l *letter) error {
+	r, err := q.planFor(l)
+	if err == nil {
+		err = q.commit(ctx, l.p, r)
+	}
+	l.removed = err == nil
+	return err
+}
+
+// planFor works out the commit that records l as handled: up to l, or up
+// to the first letter the call left parked.
+func (q *dlqStore) planFor(l *letter) (bookmark, error) {
+	point := l.offset + 1
+	if l.p.kept >= 0 {
+		point = l.p.kept
+	}
+	return q.plan(l.p, point, l.offset)
 }
 
 // load reads the dead-letter topic's partitions, their offsets and the
 // bookkeeping group's commits. A missing topic holds nothing.
-func (q *DeadLetters) load(ctx context.Context) ([]*dlqPart, error) {
+func (q *dlqStore) load(ctx context.Context) ([]*dlqPart, error) {
 	topic := q.cfg.deadLetterTopic
 	md, err := q.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
@@ -213,7 +216,7 @@ func (q *DeadLetters) load(ctx context.Context) ([]*dlqPart, error) {
 			return nil, fmt.Errorf("kafka: dead-letter topic %q: %w", topic, t.Error)
 		}
 		for _, p := range t.Partitions {
-			parts = append(parts, &dlqPart{id: p.ID, committed: -1})
+			parts = append(parts, &dlqPart{id: p.ID, committed: -1, kept: -1})
 		}
 	}
 	if len(parts) == 0 {
@@ -272,7 +275,7 @@ func (q *DeadLetters) load(ctx context.Context) ([]*dlqPart, error) {
 
 // walk calls fn with each of the group's dead letters of p that is not
 // handled, in offset order, reading [p.from, p.end).
-func (q *DeadLetters) walk(ctx context.Context, p *dlqPart, fn func(*letter) error) error {
+func (q *dlqStore) walk(ctx context.Context, p *dlqPart, fn func(*letter) error) error {
 	topic := q.cfg.deadLetterTopic
 	for offset := p.from; offset < p.end; {
 		resp, err := q.client.Fetch(ctx, &kafkago.FetchRequest{Topic: topic, Partition: p.id, Offset: offset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
@@ -296,7 +299,7 @@ func (q *DeadLetters) walk(ctx context.Context, p *dlqPart, fn func(*letter) err
 			if covered(p.handled, r.Offset) {
 				continue
 			}
-			l, err := q.letter(p.id, r)
+			l, err := q.letter(p, r)
 			if err != nil {
 				return err
 			}
@@ -316,20 +319,19 @@ func (q *DeadLetters) walk(ctx context.Context, p *dlqPart, fn func(*letter) err
 	return nil
 }
 
-// letter converts a record of partition into a dead letter, nil when
-// another group parked it.
-func (q *DeadLetters) letter(partition int, r *kafkago.Record) (*letter, error) {
-	l := &letter{offset: r.Offset, headers: r.Headers}
+// letter converts a record of p into a dead letter, nil when another
+// group parked it.
+func (q *dlqStore) letter(p *dlqPart, r *kafkago.Record) (*letter, error) {
+	l := &letter{p: p, offset: r.Offset, headers: r.Headers}
 	var err error
 	if r.Key != nil {
-		if l.key, err = io.ReadAll(r.Key); err != nil {
-			return nil, fmt.Errorf("kafka: dead-letter topic %q: reading record %d/%d: %w", q.cfg.deadLetterTopic, partition, r.Offset, err)
-		}
+		l.key, err = io.ReadAll(r.Key)
 	}
-	if r.Value != nil {
-		if l.value, err = io.ReadAll(r.Value); err != nil {
-			return nil, fmt.Errorf("kafka: dead-letter topic %q: reading record %d/%d: %w", q.cfg.deadLetterTopic, partition, r.Offset, err)
-		}
+	if r.Value != nil && err == nil {
+		l.value, err = io.ReadAll(r.Value)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kafka: dead-letter topic %q: reading record %d/%d: %w", q.cfg.deadLetterTopic, p.id, r.Offset, err)
 	}
 	h := make(map[string]string, len(r.Headers))
 	for _, kh := range r.Headers {
@@ -338,88 +340,19 @@ func (q *DeadLetters) letter(partition int, r *kafkago.Record) (*letter, error) 
 	if g, ok := h[HeaderGroup]; ok && g != q.cfg.group {
 		return nil, nil
 	}
-	attempt, _ := strconv.Atoi(h[HeaderAttempt])
-	dest := h[HeaderOriginalTopic]
-	if dest == "" {
-		dest = q.cfg.topic
-	}
-	origin := ""
-	if t := h[HeaderOriginalTopic]; t != "" {
-		origin = t + "/" + h[HeaderOriginalPartition] + "/" + h[HeaderOriginalOffset]
-	}
 	l.parked = &admin.Parked{
-		Ref:         strconv.Itoa(partition) + "/" + strconv.FormatInt(r.Offset, 10),
-		ID:          h[q.cfg.idHeader],
-		Cause:       h[driver.CauseHeader],
-		Attempt:     attempt,
-		Origin:      origin,
-		Destination: dest,
-		ParkedAt:    r.Time,
-		Key:         string(l.key),
-		Headers:     h,
-		Body:        l.value,
+		Ref:      strconv.Itoa(p.id) + "/" + strconv.FormatInt(r.Offset, 10),
+		ID:       h[q.cfg.idHeader],
+		ParkedAt: r.Time,
+		Key:      string(l.key),
+		Headers:  h,
+		Body:     l.value,
+	}
+	deadletter.Read(l.parked)
+	if l.parked.Destination == "" {
+		l.parked.Destination = q.cfg.topic
 	}
 	return l, nil
-}
-
-// handle runs Redrive (do is redrive) or Purge (do is nil): each chosen
-// dead letter is done, then committed as handled.
-func (q *DeadLetters) handle(ctx context.Context, sel func(*admin.Parked) bool, progress func(int), do func(context.Context, *letter) error) (int, error) {
-	parts, err := q.load(ctx)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, p := range parts {
-		kept := int64(-1) // the first dead letter of p left parked
-		err := q.walk(ctx, p, func(l *letter) error {
-			if sel != nil && !sel(l.parked) {
-				if kept < 0 {
-					kept = l.offset
-				}
-				return nil
-			}
-			point := l.offset + 1
-			if kept >= 0 {
-				point = kept
-			}
-			r, err := q.plan(p, point, l.offset)
-			if err != nil {
-				return err
-			}
-			if do != nil {
-				if err := do(ctx, l); err != nil {
-					return err
-				}
-			}
-			if err := q.commit(ctx, p, r); err != nil {
-				return err
-			}
-			n++
-			if progress != nil {
-				progress(n)
-			}
-			return nil
-		})
-		if err != nil {
-			return n, err
-		}
-		// Pass the other groups' records and gaps up to the first parked one.
-		point := p.end
-		if kept >= 0 {
-			point = kept
-		}
-		if point > p.committed && point > p.from {
-			r, err := q.plan(p, point, -1)
-			if err == nil {
-				err = q.commit(ctx, p, r)
-			}
-			if err != nil {
-				return n, err
-			}
-		}
-	}
-	return n, nil
 }
 
 // bookmark is what one offset commit writes for a partition.
@@ -432,7 +365,7 @@ type bookmark struct {
 // plan works out the commit of point for p with the handled records above
 // it, done (if not -1) among them, before anything is done: a commit that
 // cannot be written fails here.
-func (q *DeadLetters) plan(p *dlqPart, point, done int64) (bookmark, error) {
+func (q *dlqStore) plan(p *dlqPart, point, done int64) (bookmark, error) {
 	handled := p.handled
 	if done >= 0 {
 		handled = addSpan(handled, done)
@@ -450,7 +383,7 @@ func (q *DeadLetters) plan(p *dlqPart, point, done int64) (bookmark, error) {
 }
 
 // commit writes r for p in the bookkeeping group.
-func (q *DeadLetters) commit(ctx context.Context, p *dlqPart, r bookmark) error {
+func (q *dlqStore) commit(ctx context.Context, p *dlqPart, r bookmark) error {
 	resp, err := q.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
 		GroupID:      q.group,
 		GenerationID: -1, // a group without members: Kafka takes the commit as it is
@@ -473,35 +406,30 @@ func (q *DeadLetters) commit(ctx context.Context, p *dlqPart, r bookmark) error 
 	return nil
 }
 
-// redrive produces l back where it was consumed and waits for every
-// in-sync replica.
-func (q *DeadLetters) redrive(ctx context.Context, l *letter) error {
+// Republish implements deadletter.Store: it produces l back to the
+// partition of the topic it was consumed from, without the bookkeeping
+// headers, and waits for every in-sync replica. It fails before producing
+// when l could not be recorded as handled.
+func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) error {
+	if _, err := q.planFor(l); err != nil {
+		return err
+	}
 	if q.writer == nil {
-		q.writer = &kafkago.Writer{
-			Addr:         kafkago.TCP(q.cfg.brokers...),
-			Balancer:     originalPartition{},
-			RequiredAcks: kafkago.RequireAll,
-			BatchTimeout: q.cfg.batchTimeout,
-			Transport:    transport(q.cfg.dialer),
-			ErrorLogger:  kafkaLogger{q.log()},
+		q.writer = q.cfg.newWriter(originalPartition{}, cmp.Or(q.cfg.logger, slog.Default()))
+	}
+	m := kafkago.Message{Topic: p.Destination, Key: l.key, Value: l.value, Partition: -1}
+	if f := strings.Split(p.Origin, "/"); len(f) == 3 {
+		if n, err := strconv.Atoi(f[1]); err == nil {
+			m.Partition = n
 		}
 	}
-	m := kafkago.Message{Topic: l.parked.Destination, Key: l.key, Value: l.value, Partition: -1}
 	for _, h := range l.headers {
-		switch h.Key {
-		case driver.CauseHeader, HeaderAttempt, HeaderGroup:
-		case HeaderOriginalPartition:
-			if n, err := strconv.Atoi(string(h.Value)); err == nil {
-				m.Partition = n
-			}
-		default:
-			if !isCoordinate(h.Key) {
-				m.Headers = append(m.Headers, h)
-			}
+		if !slices.Contains(deadletter.Bookkeeping, h.Key) && h.Key != HeaderGroup && h.Key != HeaderNotBefore {
+			m.Headers = append(m.Headers, h)
 		}
 	}
 	if err := q.writer.WriteMessages(ctx, m); err != nil {
-		return fmt.Errorf("kafka: redriving %s (%s) to %q: %w", l.parked.Ref, l.parked.ID, m.Topic, q.cfg.explain(err))
+		return fmt.Errorf("kafka: %w", q.cfg.explain(err))
 	}
 	return nil
 }
@@ -517,14 +445,6 @@ func (originalPartition) Balance(m kafkago.Message, partitions ...int) int {
 		return m.Partition
 	}
 	return kafkago.Murmur2Balancer{}.Balance(m, partitions...)
-}
-
-// log is the logger of WithLogger, or slog.Default().
-func (q *DeadLetters) log() *slog.Logger {
-	if q.cfg.logger != nil {
-		return q.cfg.logger
-	}
-	return slog.Default()
 }
 
 // addSpan adds offset to spans (sorted, disjoint), merging neighbours.

@@ -55,11 +55,10 @@ func park(t *testing.T, bs, topic, group, prefix string, n int) []string {
 		msgs = append(msgs, kafkago.Message{Key: []byte(id), Value: []byte("body of " + id), Headers: []kafkago.Header{
 			{Key: DefaultIDHeader, Value: []byte(id)},
 			{Key: driver.CauseHeader, Value: []byte("test: parked")},
-			{Key: HeaderAttempt, Value: []byte("1")},
+			{Key: driver.AttemptHeader, Value: []byte("1")},
 			{Key: HeaderGroup, Value: []byte(group)},
-			{Key: HeaderOriginalTopic, Value: []byte(topic)},
-			{Key: HeaderOriginalPartition, Value: []byte("0")},
-			{Key: HeaderOriginalOffset, Value: []byte(strconv.Itoa(i))},
+			{Key: driver.OriginHeader, Value: []byte(topic + "/0/" + strconv.Itoa(i))},
+			{Key: driver.DestinationHeader, Value: []byte(topic)},
 		}})
 	}
 	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
@@ -81,7 +80,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 	createTopics(t, bs, 2, topic+".dlq")
 	group := "idemq-test-" + randomHex(4)
 	const total = 250
-	pub, err := NewPublisher(bs, WithTopic(topic))
+	pub, err := NewPublisher(context.Background(), bs, WithTopic(topic))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +184,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 	if left := scanIDs(t, q); len(left) != 0 {
 		t.Fatalf("after Purge %d left", len(left))
 	}
-	parts, err := q.load(ctx)
+	parts, err := q.st.load(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +216,7 @@ func TestDeadLettersLeaveOtherGroupsAlone(t *testing.T) {
 	if got := scanIDs(t, qb); !slices.Equal(got, b) {
 		t.Fatalf("audit's dead letters %v, want %v", got, b)
 	}
-	parts, err := qa.load(context.Background())
+	parts, err := qa.st.load(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

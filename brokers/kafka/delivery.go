@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/internal/retry"
@@ -12,20 +13,13 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
-// Header names the adapter writes on the copies it produces to the
-// dead-letter and retry topics. The dead-letter cause goes under
-// driver.CauseHeader ("idemq-cause"), as on every broker.
+// Headers the adapter writes beside core/driver's bookkeeping ones
+// (driver.CauseHeader, AttemptHeader, OriginHeader as
+// "topic/partition/offset", ParkedAtHeader, DestinationHeader).
 const (
-	// HeaderOriginalTopic, HeaderOriginalPartition and HeaderOriginalOffset
-	// hold where the dead-lettered (or retried) message was read from.
-	HeaderOriginalTopic     = "idemq-original-topic"
-	HeaderOriginalPartition = "idemq-original-partition"
-	HeaderOriginalOffset    = "idemq-original-offset"
-	// HeaderAttempt holds the attempt the message had when it was
-	// dead-lettered, or the attempt of the next delivery of a retry copy.
-	HeaderAttempt = "idemq-attempt"
 	// HeaderNotBefore holds, on a retry copy, the time (Unix milliseconds)
 	// before which it must not be processed.
 	HeaderNotBefore = "idemq-not-before"
@@ -96,11 +90,11 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 		return nil
 	}
 	h := map[string]string{
-		HeaderAttempt: strconv.Itoa(d.msg.Attempt + 1),
+		driver.AttemptHeader: strconv.Itoa(d.msg.Attempt + 1),
 		// Rounded up: the copy must never be processed before its delay.
 		HeaderNotBefore: strconv.FormatInt((time.Now().Add(delay).UnixNano()+999_999)/1_000_000, 10),
 	}
-	return d.produceThenDone(ctx, s.cfg.retryTopic, h)
+	return d.produceThenDone(ctx, s.cfg.retryTopic, h, time.Time{})
 }
 
 // DeadLetter produces the message to the dead-letter topic with its cause
@@ -123,12 +117,12 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if cause != nil {
 		text = cause.Error()
 	}
-	h := map[string]string{
-		driver.CauseHeader: text,
-		HeaderAttempt:      strconv.Itoa(d.msg.Attempt),
-		HeaderGroup:        d.src.cfg.group,
-	}
-	return d.produceThenDone(ctx, d.src.cfg.deadLetterTopic, h)
+	origin := d.origin()
+	dest, _, _ := strings.Cut(origin, "/")
+	now := time.Now()
+	h := deadletter.Mark{Cause: text, Attempt: d.msg.Attempt, Origin: origin, Destination: dest, At: now}.Headers()
+	h[HeaderGroup] = d.src.cfg.group
+	return d.produceThenDone(ctx, d.src.cfg.deadLetterTopic, h, now)
 }
 
 // produceThenDone writes a copy of the message with extra headers to
@@ -136,9 +130,9 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 // copyAttempts times in all; then the original is retried in place and the
 // error returned. A delivery found stale sends nothing (the next owner
 // decides the message again; a copy now would be a second one).
-func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[string]string) error {
+func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[string]string, at time.Time) error {
 	s := d.src
-	msg := d.copyTo(topic, extra)
+	msg := d.copyTo(topic, extra, at)
 	var err error
 	for try, pace := 1, copyBackoff(); ; try++ {
 		if try > 1 && !pace.Wait(ctx) {
@@ -171,53 +165,40 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	return nil
 }
 
-// copyTo builds the copy of the message for topic: its key, value, time
-// and headers, with extra and where it was read from (a retry copy keeps
-// pointing at where the message first was).
-func (d *delivery) copyTo(topic string, extra map[string]string) kafkago.Message {
+// copyTo builds the copy of the message for topic: its key, value and
+// headers, with extra and the origin, stamped at (zero: the producer's
+// time, as a retry copy keeps; a dead letter is stamped when it was parked,
+// which the dead-letter topic's retention counts from).
+func (d *delivery) copyTo(topic string, extra map[string]string, at time.Time) kafkago.Message {
 	raw := d.e.msg
-	headers := make([]kafkago.Header, 0, len(raw.Headers)+len(extra)+3)
+	extra[driver.OriginHeader] = d.origin()
+	headers := make([]kafkago.Header, 0, len(raw.Headers)+len(extra))
 	for _, h := range raw.Headers {
-		if _, replaced := extra[h.Key]; replaced || isCoordinate(h.Key) {
-			continue
-		}
-		headers = append(headers, h)
-	}
-	origTopic, origPart, origOff := raw.Topic, strconv.Itoa(raw.Partition), strconv.FormatInt(raw.Offset, 10)
-	if d.e.p.retry {
-		for _, h := range raw.Headers {
-			switch h.Key {
-			case HeaderOriginalTopic:
-				origTopic = string(h.Value)
-			case HeaderOriginalPartition:
-				origPart = string(h.Value)
-			case HeaderOriginalOffset:
-				origOff = string(h.Value)
-			}
+		if _, replaced := extra[h.Key]; !replaced && h.Key != HeaderNotBefore {
+			headers = append(headers, h)
 		}
 	}
-	extra[HeaderOriginalTopic] = origTopic
-	extra[HeaderOriginalPartition] = origPart
-	extra[HeaderOriginalOffset] = origOff
 	for _, k := range sortedKeys(extra) {
 		headers = append(headers, kafkago.Header{Key: k, Value: []byte(extra[k])})
 	}
-	// A parked copy is stamped when it was parked: that is when the
-	// operator's list says it was parked, and what the dead-letter topic's
-	// retention counts from. A retry copy keeps the producer's time.
-	at := raw.Time
-	if topic == d.src.cfg.deadLetterTopic {
-		at = time.Now()
+	if at.IsZero() {
+		at = raw.Time
 	}
 	return kafkago.Message{Topic: topic, Key: raw.Key, Value: raw.Value, Headers: headers, Time: at}
 }
 
-func isCoordinate(k string) bool {
-	switch k {
-	case HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset, HeaderNotBefore:
-		return true
+// origin is where the message was first consumed, as topic/partition/offset:
+// a retry copy keeps pointing at the original.
+func (d *delivery) origin() string {
+	m := d.e.msg
+	if d.e.p.retry {
+		for _, h := range m.Headers {
+			if h.Key == driver.OriginHeader {
+				return string(h.Value)
+			}
+		}
 	}
-	return false
+	return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
 }
 
 // retryHeaders reads a retry copy's not-before time and recorded attempt.
@@ -231,7 +212,7 @@ func retryHeaders(hs []kafkago.Header) (time.Time, int) {
 			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
 				nb = time.UnixMilli(ms)
 			}
-		case HeaderAttempt:
+		case driver.AttemptHeader:
 			if n, err := strconv.Atoi(string(h.Value)); err == nil && n > 1 {
 				base = n - 1
 			}

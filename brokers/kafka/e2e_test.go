@@ -193,7 +193,7 @@ func TestGroupMemberKilledMidStreamEffectsOnce(t *testing.T) {
 		copy(msgs[at+1:], msgs[at:])
 		msgs[at] = orig
 	}
-	pub, err := NewPublisher(bs)
+	pub, err := NewPublisher(context.Background(), bs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,8 +550,7 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 		case strings.HasSuffix(id, "3") && (!strings.Contains(cause, core.ErrMaxAttempts.Error()) || !strings.Contains(cause, "timing out")):
 			t.Errorf("%s: cause %q", id, cause)
 		}
-		if dl.headers[HeaderOriginalTopic] != topic || dl.headers[HeaderOriginalPartition] != strconv.Itoa(orig.partition) ||
-			dl.headers[HeaderOriginalOffset] != strconv.FormatInt(orig.offset, 10) || dl.headers[HeaderGroup] != group {
+		if dl.headers[driver.OriginHeader] != topic+"/"+strconv.Itoa(orig.partition)+"/"+strconv.FormatInt(orig.offset, 10) || dl.headers[HeaderGroup] != group {
 			t.Errorf("%s: coordinates %v, want %s/%d@%d", id, dl.headers, topic, orig.partition, orig.offset)
 		}
 		if string(dl.value) != string(orig.value) || dl.key != orig.key {

@@ -64,7 +64,7 @@ func ExampleOpen() {
 // in the headers.
 func ExampleNewPublisher() {
 	ctx := context.Background()
-	pub, err := kafka.NewPublisher("127.0.0.1:9092")
+	pub, err := kafka.NewPublisher(ctx, "kafka://127.0.0.1:9092")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func Example_duplicatePublish() {
 	brokers, topic, stop := exampleCluster()
 	defer stop()
 
-	pub, err := kafka.NewPublisher(brokers)
+	pub, err := kafka.NewPublisher(ctx, "kafka://"+brokers)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func Example_duplicatePublish() {
 	if _, err := store.DB().Exec(`CREATE TABLE ledger (id TEXT, body TEXT)`); err != nil {
 		log.Fatal(err)
 	}
-	src, err := kafka.Open(ctx, brokers, kafka.WithTopic(topic), kafka.WithGroup("billing"),
+	src, err := kafka.Open(ctx, "kafka://"+brokers+"/"+topic+"?group=billing",
 		kafka.WithStartOffset(kafkago.FirstOffset))
 	if err != nil {
 		log.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -43,23 +45,40 @@ const (
 	OrderNone
 )
 
+var orderings = map[string]Ordering{"per-key": OrderPerKey, "per-partition": OrderPerPartition, "none": OrderNone}
+
 // String names the ordering.
 func (o Ordering) String() string {
-	switch o {
-	case OrderPerKey:
-		return "per-key"
-	case OrderPerPartition:
-		return "per-partition"
-	case OrderNone:
-		return "none"
+	for name, v := range orderings {
+		if v == o {
+			return name
+		}
 	}
 	return fmt.Sprintf("Ordering(%d)", int(o))
 }
 
-// Option configures a Source or a Publisher. Options are applied in order;
-// an invalid value makes Open (or NewPublisher) fail with an error naming
-// the option. Options that make no sense for a Publisher are ignored by it.
-type Option func(*config) error
+// Option configures a Source or DeadLetters. Options apply in order, after
+// the URL's parameters; an invalid value makes the constructor fail with an
+// error naming the option.
+type Option interface{ apply(*config) error }
+
+// PublisherOption is an Option a Publisher takes as well: WithTopic,
+// WithIDHeader, WithDialer, WithTLS, WithSASL, WithBatchTimeout and
+// WithLogger. A consumer option given to NewPublisher does not compile.
+type PublisherOption interface {
+	Option
+	publisher()
+}
+
+// srcOpt is an Option of a Source only, pubOpt one of a Publisher too.
+type (
+	srcOpt func(*config) error
+	pubOpt func(*config) error
+)
+
+func (o srcOpt) apply(c *config) error { return o(c) }
+func (o pubOpt) apply(c *config) error { return o(c) }
+func (pubOpt) publisher()              {}
 
 type config struct {
 	brokers           []string
@@ -86,7 +105,7 @@ type config struct {
 	balancers         []kafkago.GroupBalancer
 	logger            *slog.Logger // nil: slog.Default(), or what SetLogger gives
 	batchTimeout      time.Duration
-	fromURL           bool // target was a kafka:// URL: errors name its parameters
+	fromURL           bool // errors name the URL's parameters
 }
 
 func defaultConfig() config {
@@ -107,15 +126,27 @@ func defaultConfig() config {
 	}
 }
 
-// newConfig reads target (see parseTarget), then applies opts and, after
-// them, what the URL says, and settles the dialer's TLS and SASL.
-func newConfig(target string, opts []Option) (config, error) {
+// newConfig reads addr (see parseTarget), applies the URL's options and
+// then opts, checks what options check together, and settles the dialer's
+// TLS and SASL.
+func newConfig[O Option](addr string, opts []O) (config, error) {
 	cfg := defaultConfig()
-	urlOpts, err := parseTarget(target, &cfg)
+	all, err := parseTarget(addr, &cfg)
 	if err != nil {
 		return cfg, err
 	}
-	if err := option.Apply(&cfg, append(append([]Option{}, opts...), urlOpts...)...); err != nil {
+	for _, o := range opts {
+		all = append(all, o)
+	}
+	for _, o := range all {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	if err := cfg.validate(); err != nil {
 		return cfg, err
 	}
 	if cfg.tls != nil || cfg.sasl != nil {
@@ -135,11 +166,27 @@ func newConfig(target string, opts []Option) (config, error) {
 	return cfg, nil
 }
 
-// name is the option's name, or the URL parameter's when the target was a
-// kafka:// URL, for errors about a setting.
-func (c *config) name(option, param string) string {
-	if c.fromURL {
-		return param
+// validate checks the settings that WithCommit and WithGroupTimeouts set
+// together (and the URL one by one).
+func (c *config) validate() error {
+	switch {
+	case c.commitInterval < time.Millisecond || c.commitInterval > time.Hour:
+		return optErr("WithCommit", "interval %v is outside 1ms..1h0m0s", c.commitInterval)
+	case c.commitCount < 1:
+		return optErr("WithCommit", "count %d must be at least 1", c.commitCount)
+	case c.heartbeatInterval <= 0 || c.sessionTimeout <= c.heartbeatInterval:
+		return optErr("WithGroupTimeouts", "need 0 < heartbeat (%v) < session (%v)", c.heartbeatInterval, c.sessionTimeout)
+	case c.rebalanceTimeout <= 0:
+		return optErr("WithGroupTimeouts", "rebalance timeout %v must be positive", c.rebalanceTimeout)
+	}
+	return nil
+}
+
+// name is the URL parameter of option when the configuration came from a
+// URL, else option, for errors about a setting.
+func (c *config) name(option string) string {
+	if p, ok := urlParams.NameOf(option); ok && c.fromURL {
+		return p
 	}
 	return option
 }
@@ -161,24 +208,14 @@ func optErr(name, format string, args ...any) error {
 	return option.Errorf("kafka", name, format, args...)
 }
 
-// set returns the Option that stores v in the field dst points at once
-// check (nil: anything goes) accepts it; a refusal names the option.
-func set[T any](name string, v T, check func(T) error, dst func(*config) *T) Option {
+// set stores v in the field dst points at once check (nil: anything goes)
+// accepts it; a refusal names the option.
+func set[T any](name string, v T, check func(T) error, dst func(*config) *T) func(*config) error {
 	var err error
 	if check != nil {
 		err = check(v)
 	}
 	return option.Set("kafka", name, err, func(c *config) { *dst(c) = v })
-}
-
-// within accepts values in lo..hi.
-func within[T int | time.Duration](lo, hi T) func(T) error {
-	return func(v T) error { return option.Range(v, lo, hi) }
-}
-
-// atLeast accepts values from lo up.
-func atLeast[T int | time.Duration](lo T) func(T) error {
-	return func(v T) error { return option.AtLeast(v, lo) }
 }
 
 // DefaultIDHeader is the header the business id is read from (and written
@@ -188,16 +225,15 @@ const DefaultIDHeader = "message-id"
 // WithTopic sets the topic to consume (or, for a Publisher, the topic
 // Publish uses when given ""). Default: the path of a kafka:// URL.
 // Required for a Source.
-func WithTopic(topic string) Option {
-	return set("WithTopic", topic, checkTopic, func(c *config) *string { return &c.topic })
+func WithTopic(topic string) PublisherOption {
+	return pubOpt(set("WithTopic", topic, checkTopic, func(c *config) *string { return &c.topic }))
 }
 
-// WithGroup sets the consumer group id. Default: the "group" query
-// parameter of a kafka:// URL. Required for a Source. It is unrelated to
-// the idemq consumer name (core.WithName), though using the same string
-// for both is natural.
+// WithGroup sets the consumer group id. Default: the URL's group
+// parameter. Required for a Source. It is unrelated to the idemq consumer
+// name (core.WithName), though the same string for both is natural.
 func WithGroup(group string) Option {
-	return set("WithGroup", group, checkGroup, func(c *config) *string { return &c.group })
+	return srcOpt(set("WithGroup", group, checkGroup, func(c *config) *string { return &c.group }))
 }
 
 // checkGroup applies Kafka's bound on a group id's length.
@@ -209,170 +245,150 @@ func checkGroup(g string) error {
 }
 
 // WithIDHeader names the Kafka header that holds the business id. Default
-// "message-id". Producers following CloudEvents' Kafka binding put the
-// event id in "ce_id": WithIDHeader("ce_id") reads it from there. For ids
-// that need more than one header, use core.WithIDFunc.
-func WithIDHeader(name string) Option {
-	return set("WithIDHeader", name, func(n string) error {
+// "message-id". CloudEvents' Kafka binding puts the event id in "ce_id".
+// For ids that need more than one header, use core.WithIDFunc.
+func WithIDHeader(name string) PublisherOption {
+	return pubOpt(set("WithIDHeader", name, func(n string) error {
 		if n == "" {
 			return errors.New("empty header name")
 		}
 		return nil
-	}, func(c *config) *string { return &c.idHeader })
+	}, func(c *config) *string { return &c.idHeader }))
 }
 
 // WithOrdering sets which messages of a partition may be in flight
 // together. Default OrderPerKey.
 func WithOrdering(o Ordering) Option {
-	return set("WithOrdering", o, func(o Ordering) error {
+	return srcOpt(set("WithOrdering", o, func(o Ordering) error {
 		if o != OrderPerKey && o != OrderPerPartition && o != OrderNone {
 			return fmt.Errorf("unknown ordering %d", int(o))
 		}
 		return nil
-	}, func(c *config) *Ordering { return &c.ordering })
+	}, func(c *config) *Ordering { return &c.ordering }))
 }
 
 // WithCommit sets how offset commits are batched: the decided prefix of
-// every partition is committed every interval, and sooner once count
-// messages were decided since the last commit. Commits are also flushed
-// when partitions are revoked and on Close. Default 1s and 1000. A
-// message decided but not yet committed when the process dies is
-// redelivered and decided Duplicate, so these trade broker round trips
-// against redelivered duplicates after a crash, never correctness.
+// every partition is committed every interval (1ms..1h), and sooner once
+// count messages were decided since the last commit; also when partitions
+// are revoked and on Close. Default 1s and 1000. A message decided but not
+// committed when the process dies is redelivered and decided Duplicate:
+// these trade round trips against redelivered duplicates, never
+// correctness.
 func WithCommit(interval time.Duration, count int) Option {
-	return func(c *config) error {
-		if err := within(time.Millisecond, time.Hour)(interval); err != nil {
-			return optErr("WithCommit", "interval %v", err)
-		}
-		if count < 1 {
-			return optErr("WithCommit", "count %d must be at least 1", count)
-		}
+	return srcOpt(func(c *config) error {
 		c.commitInterval, c.commitCount = interval, count
 		return nil
-	}
+	})
 }
 
 // WithRevokeTimeout bounds how long, when a rebalance revokes this
-// member's partitions, deliveries already handed out may take to be
-// settled before the decided prefix is committed and the partitions are
-// released. Settling them later returns an error wrapping
-// core.ErrStaleDelivery (the new owner gets the message again and decides
-// Duplicate if it was committed). Default 10s. It must be shorter than the
+// member's partitions, deliveries already handed out may take to settle
+// before the decided prefix is committed and the partitions released.
+// Later settlements return an error wrapping core.ErrStaleDelivery (the new
+// owner gets the message again). Default 10s; it must be shorter than the
 // rebalance timeout.
 func WithRevokeTimeout(d time.Duration) Option {
-	return set("WithRevokeTimeout", d, atLeast(time.Duration(0)), func(c *config) *time.Duration { return &c.revokeTimeout })
+	return srcOpt(set("WithRevokeTimeout", d, atLeast(time.Duration(0)), func(c *config) *time.Duration { return &c.revokeTimeout }))
 }
 
-// WithGroupTimeouts sets the consumer group's session timeout (how long
-// the coordinator waits for a heartbeat before declaring the member dead),
+// WithGroupTimeouts sets the group's session timeout (how long the
+// coordinator waits for a heartbeat before declaring the member dead),
 // heartbeat interval (also how soon a rebalance is noticed) and rebalance
 // timeout (how long the coordinator waits for members to rejoin). Default
 // 30s, 3s, 30s, as in kafka-go. The broker bounds the session timeout
 // (group.min/max.session.timeout.ms).
 func WithGroupTimeouts(session, heartbeat, rebalance time.Duration) Option {
-	return func(c *config) error {
-		if heartbeat <= 0 || session <= heartbeat {
-			return optErr("WithGroupTimeouts", "need 0 < heartbeat (%v) < session (%v)", heartbeat, session)
-		}
-		if rebalance <= 0 {
-			return optErr("WithGroupTimeouts", "rebalance timeout %v must be positive", rebalance)
-		}
+	return srcOpt(func(c *config) error {
 		c.sessionTimeout, c.heartbeatInterval, c.rebalanceTimeout = session, heartbeat, rebalance
 		return nil
-	}
+	})
 }
 
 // WithJoinBackoff sets how long the group waits before joining again after
 // a failed join. Default 1s.
 func WithJoinBackoff(d time.Duration) Option {
-	return set("WithJoinBackoff", d, atLeast(time.Nanosecond), func(c *config) *time.Duration { return &c.joinBackoff })
+	return srcOpt(set("WithJoinBackoff", d, atLeast(time.Nanosecond), func(c *config) *time.Duration { return &c.joinBackoff }))
 }
 
 // WithStartOffset sets where a partition without a committed offset
 // starts: kafka-go's FirstOffset (the default: nothing published before
 // the group first joined is skipped) or LastOffset.
 func WithStartOffset(offset int64) Option {
-	return set("WithStartOffset", offset, func(o int64) error {
+	return srcOpt(set("WithStartOffset", offset, func(o int64) error {
 		if o != kafkago.FirstOffset && o != kafkago.LastOffset {
 			return fmt.Errorf("%d is neither FirstOffset (-2) nor LastOffset (-1)", o)
 		}
 		return nil
-	}, func(c *config) *int64 { return &c.startOffset })
+	}, func(c *config) *int64 { return &c.startOffset }))
 }
 
 // WithDeadLetterTopic names the topic DeadLetter produces to. Default
-// "<topic>.dlq". Open makes sure it exists: it creates a missing one with
-// the consumed topic's partition count and replication factor, and fails
-// (naming this option, or the URL's dead_letter_topic) when the cluster
-// refuses to create it. See DeadLetter for what happens when it cannot be
-// written later.
+// "<topic>.dlq". Open creates a missing one with the consumed topic's
+// partition count and replication factor, and fails naming this option
+// (or the URL's dead_letter_topic) when the cluster refuses.
 func WithDeadLetterTopic(topic string) Option {
-	return set("WithDeadLetterTopic", topic, checkTopic, func(c *config) *string { return &c.deadLetterTopic })
+	return srcOpt(set("WithDeadLetterTopic", topic, checkTopic, func(c *config) *string { return &c.deadLetterTopic }))
 }
 
-// WithDeadLetterGroup names the consumer group in which a DeadLetters
+// WithDeadLetterGroup names the consumer group in which DeadLetters
 // records which dead letters it redrove or purged (Kafka cannot delete
-// single records). Default "<group>.dlq-operator". Name one when the
-// cluster's ACLs allow only certain group ids, or when the default would be
-// longer than 255 bytes. The Source ignores it.
+// single records). Default "<group>.dlq-operator"; name one when ACLs allow
+// only certain group ids, or when the default passes 255 bytes. The Source
+// ignores it.
 func WithDeadLetterGroup(group string) Option {
-	return set("WithDeadLetterGroup", group, checkGroup, func(c *config) *string { return &c.deadLetterGroup })
+	return srcOpt(set("WithDeadLetterGroup", group, checkGroup, func(c *config) *string { return &c.deadLetterGroup }))
 }
 
 // WithRetryTopic makes Retry produce a copy of the message to topic (with
 // the attempt and the time it may be processed in headers), wait for the
-// write, and mark the original done, instead of retrying in place. The
-// Source then also consumes topic in the same group and holds each copy
-// until its time. Use it when one failing message must not hold up its
-// partition's committed offset. A retried message then no longer holds up
-// later messages of its key: per-key order is given up for it. Open
-// creates a missing retry topic as it does the dead-letter topic (and
-// fails naming this option, or the URL's retry_topic, when the cluster
-// refuses). Default: retry in place.
+// write, and mark the original done, instead of retrying in place; the
+// Source also consumes topic in its group and holds each copy until its
+// time. One failing message then does not hold up its partition's
+// committed offset, and per-key order is given up for it. Open creates a
+// missing retry topic as it does the dead-letter topic. Default: retry in
+// place.
 func WithRetryTopic(topic string) Option {
-	return set("WithRetryTopic", topic, checkTopic, func(c *config) *string { return &c.retryTopic })
+	return srcOpt(set("WithRetryTopic", topic, checkTopic, func(c *config) *string { return &c.retryTopic }))
 }
 
 // WithPartitionBuffer bounds the messages of one partition held between
 // fetch and commit (waiting, in flight, or decided behind an undecided
 // one): fetching from a partition pauses at the bound. Default 1000.
 func WithPartitionBuffer(n int) Option {
-	return set("WithPartitionBuffer", n, within(1, 1_000_000), func(c *config) *int { return &c.partitionBuffer })
+	return srcOpt(set("WithPartitionBuffer", n, func(n int) error { return option.Range(n, 1, 1_000_000) }, func(c *config) *int { return &c.partitionBuffer }))
 }
 
 // WithDialer sets the kafka-go dialer for every connection (TLS, SASL,
-// client id, timeouts, a custom DialFunc). Default kafka-go's
-// DefaultDialer. The DLQ, retry-topic and Publisher writers use its TLS,
-// SASL, client id and DialFunc too. WithTLS and WithSASL, in any order,
-// override the dialer's TLS and SASL settings.
-func WithDialer(d *kafkago.Dialer) Option {
-	return set("WithDialer", d, option.Present, func(c *config) **kafkago.Dialer { return &c.dialer })
+// client id, timeouts, a custom DialFunc); the writers use its TLS, SASL,
+// client id and DialFunc. Default kafka-go's DefaultDialer. WithTLS and
+// WithSASL, in any order, override its TLS and SASL.
+func WithDialer(d *kafkago.Dialer) PublisherOption {
+	return pubOpt(set("WithDialer", d, option.Present, func(c *config) **kafkago.Dialer { return &c.dialer }))
 }
 
-// WithTLS makes every connection (the group, fetches, commits, the DLQ,
-// retry-topic and Publisher writers) use TLS with cfg: its RootCAs verify
-// the brokers (nil: the system's roots), its Certificates are the client
-// certificate for mutual TLS. An empty ServerName is taken from the broker
-// address. The kafka:// URL's tls=true, ca_file, cert_file and key_file
-// parameters build one. Default: plaintext.
-func WithTLS(cfg *tls.Config) Option {
-	return set("WithTLS", cfg, option.Present, func(c *config) **tls.Config { return &c.tls })
+// WithTLS makes every connection use TLS with cfg: its RootCAs verify the
+// brokers (nil: the system's roots), its Certificates are the client
+// certificate for mutual TLS; an empty ServerName is taken from the broker
+// address. The URL's tls, ca_file, cert_file and key_file build one.
+// Default: plaintext.
+func WithTLS(cfg *tls.Config) PublisherOption {
+	return pubOpt(set("WithTLS", cfg, option.Present, func(c *config) **tls.Config { return &c.tls }))
 }
 
 // WithSASL authenticates every connection with m: kafka-go's
 // sasl/plain.Mechanism or a sasl/scram mechanism (SCRAM-SHA-256 or -512).
-// The kafka:// URL's sasl=plain|scram-sha-256|scram-sha-512 parameter
-// builds one from the URL's user name and password. PLAIN sends the
-// password as it is: use it over TLS only. Default: no authentication.
-func WithSASL(m sasl.Mechanism) Option {
-	return set("WithSASL", m, option.Present, func(c *config) *sasl.Mechanism { return &c.sasl })
+// The URL's sasl=plain|scram-sha-256|scram-sha-512 builds one from its user
+// name and password. PLAIN sends the password as it is: use it over TLS
+// only. Default: no authentication.
+func WithSASL(m sasl.Mechanism) PublisherOption {
+	return pubOpt(set("WithSASL", m, option.Present, func(c *config) *sasl.Mechanism { return &c.sasl }))
 }
 
 // WithGroupBalancers sets the partition assignment strategies offered to
 // the group, in order of preference (every member must offer the one
 // chosen). Default kafka-go's: range, then round robin.
 func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
-	return set("WithGroupBalancers", bs, func(bs []kafkago.GroupBalancer) error {
+	return srcOpt(set("WithGroupBalancers", bs, func(bs []kafkago.GroupBalancer) error {
 		if len(bs) == 0 {
 			return errors.New("no balancer given")
 		}
@@ -382,22 +398,25 @@ func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
 			}
 		}
 		return nil
-	}, func(c *config) *[]kafkago.GroupBalancer { return &c.balancers })
+	}, func(c *config) *[]kafkago.GroupBalancer { return &c.balancers }))
 }
 
 // WithLogger sets the logger for rebalances, commit failures and fetch
-// trouble. It wins over the logger a Consumer offers its Source
-// (SetLogger) and over core.WithAdapterLogger. Until one of them is
-// given, the Source and the Publisher log to slog.Default().
-func WithLogger(l *slog.Logger) Option {
-	return set("WithLogger", l, option.Present, func(c *config) **slog.Logger { return &c.logger })
+// trouble. It wins over the Consumer's (SetLogger) and
+// core.WithAdapterLogger. Default: slog.Default() until one is given.
+func WithLogger(l *slog.Logger) PublisherOption {
+	return pubOpt(set("WithLogger", l, option.Present, func(c *config) **slog.Logger { return &c.logger }))
 }
 
-// WithBatchTimeout sets how long the Publisher's (and the DLQ's) writer
-// waits to fill a batch before sending it. Default 2ms; kafka-go's own
-// default of 1s would delay every small synchronous write by a second.
-func WithBatchTimeout(d time.Duration) Option {
-	return set("WithBatchTimeout", d, within(time.Nanosecond, time.Minute), func(c *config) *time.Duration { return &c.batchTimeout })
+// WithBatchTimeout sets how long the Publisher's (and the dead-letter)
+// writer waits to fill a batch before sending it. Default 2ms; kafka-go's
+// own 1s would delay every small synchronous write by a second.
+func WithBatchTimeout(d time.Duration) PublisherOption {
+	return pubOpt(set("WithBatchTimeout", d, func(d time.Duration) error { return option.Range(d, time.Nanosecond, time.Minute) }, func(c *config) *time.Duration { return &c.batchTimeout }))
+}
+
+func atLeast(lo time.Duration) func(time.Duration) error {
+	return func(v time.Duration) error { return option.AtLeast(v, lo) }
 }
 
 // checkTopic applies Kafka's topic name rules.
@@ -419,9 +438,40 @@ func checkTopic(t string) error {
 	return nil
 }
 
-// parseTarget reads either a kafka:// URL or a plain comma-separated
-// broker list (see Open): the brokers go into c, and the URL's topic,
-// group and parameters come back as options to apply after the caller's.
+// urlParams are the parameters of kafka:// URLs. Every side reads every
+// one, so one URL serves the Source, the Publisher and DeadLetters.
+var urlParams = urlparam.Table[Option]{Scheme: "kafka", Params: map[string]urlparam.Param[Option]{
+	"group":              urlparam.Text("WithGroup", WithGroup),
+	"id_header":          urlparam.Text("WithIDHeader", func(v string) Option { return WithIDHeader(v) }),
+	"ordering":           urlparam.Choice("WithOrdering", map[string]Option{"per-key": WithOrdering(OrderPerKey), "per-partition": WithOrdering(OrderPerPartition), "none": WithOrdering(OrderNone)}),
+	"dead_letter_topic":  urlparam.Text("WithDeadLetterTopic", WithDeadLetterTopic),
+	"dead_letter_group":  urlparam.Text("WithDeadLetterGroup", WithDeadLetterGroup),
+	"retry_topic":        urlparam.Text("WithRetryTopic", WithRetryTopic),
+	"start":              urlparam.Choice("WithStartOffset", map[string]Option{"first": WithStartOffset(kafkago.FirstOffset), "last": WithStartOffset(kafkago.LastOffset)}),
+	"revoke_timeout":     urlparam.Duration("WithRevokeTimeout", WithRevokeTimeout),
+	"commit_interval":    urlparam.Duration("WithCommit", field(func(c *config) *time.Duration { return &c.commitInterval })),
+	"commit_count":       urlparam.Int("WithCommit", field(func(c *config) *int { return &c.commitCount })),
+	"session_timeout":    urlparam.Duration("WithGroupTimeouts", field(func(c *config) *time.Duration { return &c.sessionTimeout })),
+	"heartbeat_interval": urlparam.Duration("WithGroupTimeouts", field(func(c *config) *time.Duration { return &c.heartbeatInterval })),
+	"rebalance_timeout":  urlparam.Duration("WithGroupTimeouts", field(func(c *config) *time.Duration { return &c.rebalanceTimeout })),
+	// Read together by security.
+	"tls":       urlparam.Bool("WithTLS", func(bool) Option { return nil }),
+	"ca_file":   urlparam.Text("", none),
+	"cert_file": urlparam.Text("", none),
+	"key_file":  urlparam.Text("", none),
+	"sasl":      urlparam.Text("WithSASL", none),
+}}
+
+func none(string) Option { return nil }
+
+// field sets one setting of several that validate checks together.
+func field[T any](dst func(*config) *T) func(T) Option {
+	return func(v T) Option { return srcOpt(func(c *config) error { *dst(c) = v; return nil }) }
+}
+
+// parseTarget reads a kafka:// URL or a plain comma-separated broker list
+// (see Open): the brokers go into c, and the URL's topic and parameters
+// come back as options.
 func parseTarget(target string, c *config) ([]Option, error) {
 	target = strings.TrimSpace(target)
 	if target == "" {
@@ -432,28 +482,15 @@ func parseTarget(target string, c *config) ([]Option, error) {
 	if strings.Contains(target, "://") {
 		u, err := redact.ParseURL(target)
 		if err != nil {
-			return nil, fmt.Errorf("kafka: url: %w", err)
+			return nil, fmt.Errorf("kafka URL: %w", err)
 		}
 		if u.Scheme != "kafka" {
-			return nil, fmt.Errorf("kafka: url: scheme %q, want kafka://", u.Scheme)
+			return nil, fmt.Errorf("kafka URL: scheme %q, want kafka://", u.Scheme)
 		}
-		c.fromURL = true
-		hosts = u.Host
-		if topic := strings.Trim(u.Path, "/"); topic != "" {
-			if err := checkTopic(topic); err != nil {
-				return nil, fmt.Errorf("kafka: url: topic: %w", err)
-			}
-			opts = append(opts, WithTopic(topic))
-		}
-		q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
-		if err != nil {
-			return nil, fmt.Errorf("kafka: url parameters: %w", err)
-		}
-		qopts, err := queryOptions(q, u.User)
-		if err != nil {
+		c.fromURL, hosts = true, u.Host
+		if opts, err = urlOptions(u); err != nil {
 			return nil, err
 		}
-		opts = append(opts, qopts...)
 	}
 	for _, h := range strings.Split(hosts, ",") {
 		h = strings.TrimSpace(h)
@@ -469,8 +506,7 @@ func parseTarget(target string, c *config) ([]Option, error) {
 			if errors.As(err, &ae) {
 				err = errors.New(ae.Err)
 			}
-			// A broker list may hold pieces of a mistyped URL: quote it
-			// with anything that looks like a secret masked.
+			// A broker list may hold pieces of a mistyped URL: mask secrets.
 			return nil, fmt.Errorf("kafka: brokers: %q: %w", redact.URL(h), err)
 		}
 		c.brokers = append(c.brokers, h)
@@ -481,172 +517,85 @@ func parseTarget(target string, c *config) ([]Option, error) {
 	return opts, nil
 }
 
-// queryOptions turns a kafka:// URL's parameters (and its user name and
-// password, which only sasl= reads) into options.
-func queryOptions(q url.Values, user *url.Userinfo) ([]Option, error) {
+// urlOptions turns a kafka:// URL's topic, parameters and user info into
+// options.
+func urlOptions(u *url.URL) ([]Option, error) {
 	var opts []Option
-	interval, count := time.Duration(0), 0
-	var session, heartbeat, rebalance *time.Duration
-	var sec security
+	if topic := strings.Trim(u.Path, "/"); topic != "" {
+		if err := checkTopic(topic); err != nil {
+			return nil, fmt.Errorf("kafka URL: topic: %w", err)
+		}
+		opts = append(opts, WithTopic(topic))
+	}
+	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+	if err != nil {
+		return nil, fmt.Errorf("kafka URL parameters: %w", err)
+	}
 	for k, vs := range q {
 		if len(vs) != 1 {
-			return nil, fmt.Errorf("kafka: url parameter %s: given %d times", redact.Name(k), len(vs))
-		}
-		v := vs[0]
-		bad := func(want string) error { return fmt.Errorf("kafka: url parameter %s: not %s", k, want) }
-		dur := func(dst *time.Duration) error {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return bad("a duration")
-			}
-			*dst = d
-			return nil
-		}
-		var err error
-		switch k {
-		case "group":
-			opts = append(opts, WithGroup(v))
-		case "id_header":
-			opts = append(opts, WithIDHeader(v))
-		case "ordering":
-			o, ok := map[string]Ordering{"per-key": OrderPerKey, "per-partition": OrderPerPartition, "none": OrderNone}[v]
-			if !ok {
-				return nil, bad("per-key, per-partition or none")
-			}
-			opts = append(opts, WithOrdering(o))
-		case "dead_letter_topic":
-			opts = append(opts, WithDeadLetterTopic(v))
-		case "dead_letter_group":
-			opts = append(opts, WithDeadLetterGroup(v))
-		case "retry_topic":
-			opts = append(opts, WithRetryTopic(v))
-		case "start":
-			o, ok := map[string]int64{"first": kafkago.FirstOffset, "last": kafkago.LastOffset}[v]
-			if !ok {
-				return nil, bad("first or last")
-			}
-			opts = append(opts, WithStartOffset(o))
-		case "commit_interval":
-			err = dur(&interval)
-		case "commit_count":
-			if count, err = strconv.Atoi(v); err != nil {
-				err = bad("a number")
-			}
-		case "revoke_timeout":
-			var d time.Duration
-			err = dur(&d)
-			opts = append(opts, WithRevokeTimeout(d))
-		case "session_timeout":
-			session = new(time.Duration)
-			err = dur(session)
-		case "heartbeat_interval":
-			heartbeat = new(time.Duration)
-			err = dur(heartbeat)
-		case "rebalance_timeout":
-			rebalance = new(time.Duration)
-			err = dur(rebalance)
-		case "tls":
-			if sec.tls, err = strconv.ParseBool(v); err != nil {
-				err = bad("true or false")
-			}
-		case "ca_file":
-			sec.caFile = v
-		case "cert_file":
-			sec.certFile = v
-		case "key_file":
-			sec.keyFile = v
-		case "sasl":
-			sec.mechanism = v
-		default:
-			return nil, fmt.Errorf("kafka: url parameter %s: unknown", redact.Name(k))
-		}
-		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("kafka URL parameter %s: given %d times", redact.Name(k), len(vs))
 		}
 	}
-	if session != nil || heartbeat != nil || rebalance != nil {
-		opts = append(opts, func(c *config) error {
-			s, h, r := c.sessionTimeout, c.heartbeatInterval, c.rebalanceTimeout
-			for _, p := range []struct{ from, to *time.Duration }{{session, &s}, {heartbeat, &h}, {rebalance, &r}} {
-				if p.from != nil {
-					*p.to = *p.from
-				}
-			}
-			return WithGroupTimeouts(s, h, r)(c)
-		})
-	}
-	if interval != 0 || count != 0 {
-		opts = append(opts, func(c *config) error {
-			i, n := interval, count
-			if i == 0 {
-				i = c.commitInterval
-			}
-			if n == 0 {
-				n = c.commitCount
-			}
-			return WithCommit(i, n)(c)
-		})
-	}
-	secOpts, err := sec.options(user)
+	read, err := urlParams.Read(q)
 	if err != nil {
 		return nil, err
 	}
-	return append(opts, secOpts...), nil
+	sec, err := security(q, u.User)
+	if err != nil {
+		return nil, err
+	}
+	read = slices.DeleteFunc(read, func(o Option) bool { return o == nil }) // read by security
+	return append(append(opts, read...), sec...), nil
 }
 
-// security is what a kafka:// URL says about TLS and SASL.
-type security struct {
-	tls                       bool
-	caFile, certFile, keyFile string
-	mechanism                 string
-}
-
-// options builds WithTLS and WithSASL from the URL's parameters and user
-// info. Errors name the parameter and never quote the password.
-func (s security) options(user *url.Userinfo) ([]Option, error) {
+// security builds WithTLS and WithSASL from the URL's tls, ca_file,
+// cert_file, key_file and sasl parameters and its user info. Errors name
+// the parameter and never quote the password.
+func security(q url.Values, user *url.Userinfo) ([]Option, error) {
 	var opts []Option
-	if !s.tls {
-		for _, p := range []struct{ name, v string }{{"ca_file", s.caFile}, {"cert_file", s.certFile}, {"key_file", s.keyFile}} {
-			if p.v != "" {
-				return nil, fmt.Errorf("kafka: url parameter %s: needs tls=true", p.name)
-			}
-		}
-	} else {
-		tc, err := tlsConfig(s.caFile, s.certFile, s.keyFile)
+	if on, _ := strconv.ParseBool(q.Get("tls")); on {
+		tc, err := tlsConfig(q.Get("ca_file"), q.Get("cert_file"), q.Get("key_file"))
 		if err != nil {
 			return nil, err
 		}
 		opts = append(opts, WithTLS(tc))
+	} else {
+		for _, p := range []string{"ca_file", "cert_file", "key_file"} {
+			if q.Get(p) != "" {
+				return nil, fmt.Errorf("kafka URL parameter %s: needs tls=true", p)
+			}
+		}
 	}
-	if s.mechanism == "" {
+	mechanism := strings.ToLower(q.Get("sasl"))
+	if mechanism == "" {
 		if user != nil {
 			// Not used, so not silently ignored either.
-			return nil, errors.New("kafka: url: a user name or password is only read with the sasl parameter (sasl=plain, scram-sha-256 or scram-sha-512)")
+			return nil, errors.New("kafka URL: a user name or password is only read with the sasl parameter (sasl=plain, scram-sha-256 or scram-sha-512)")
 		}
 		return opts, nil
 	}
 	name := user.Username() // nil-safe, as is Password
 	pass, hasPass := user.Password()
 	if name == "" || !hasPass {
-		return nil, errors.New("kafka: url parameter sasl: needs a user name and password in the URL (kafka://user:password@host:port/topic)")
+		return nil, errors.New("kafka URL parameter sasl: needs a user name and password in the URL (kafka://user:password@host:port/topic)")
 	}
 	var m sasl.Mechanism
-	switch strings.ToLower(s.mechanism) {
+	switch mechanism {
 	case "plain":
 		m = plain.Mechanism{Username: name, Password: pass}
 	case "scram-sha-256", "scram-sha-512":
 		algo := scram.SHA256
-		if strings.HasSuffix(s.mechanism, "512") {
+		if strings.HasSuffix(mechanism, "512") {
 			algo = scram.SHA512
 		}
 		sm, err := scram.Mechanism(algo, name, pass)
 		if err != nil {
 			// scram's errors are about the names (SASLprep), not the secret's value.
-			return nil, errors.New("kafka: url parameter sasl: the user name or password is not valid for SCRAM (SASLprep)")
+			return nil, errors.New("kafka URL parameter sasl: the user name or password is not valid for SCRAM (SASLprep)")
 		}
 		m = sm
 	default:
-		return nil, errors.New("kafka: url parameter sasl: not plain, scram-sha-256 or scram-sha-512")
+		return nil, errors.New("kafka URL parameter sasl: not plain, scram-sha-256 or scram-sha-512")
 	}
 	return append(opts, WithSASL(m)), nil
 }
@@ -659,20 +608,20 @@ func tlsConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("kafka: url parameter ca_file: %w", err)
+			return nil, fmt.Errorf("kafka URL parameter ca_file: %w", err)
 		}
 		tc.RootCAs = x509.NewCertPool()
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka: url parameter ca_file: %s holds no PEM certificate", caFile)
+			return nil, fmt.Errorf("kafka URL parameter ca_file: %s holds no PEM certificate", caFile)
 		}
 	}
 	if (certFile == "") != (keyFile == "") {
-		return nil, errors.New("kafka: url parameters cert_file and key_file: give both or neither")
+		return nil, errors.New("kafka URL parameters cert_file and key_file: give both or neither")
 	}
 	if certFile != "" {
 		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("kafka: url parameters cert_file, key_file: %w", err)
+			return nil, fmt.Errorf("kafka URL parameters cert_file, key_file: %w", err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}

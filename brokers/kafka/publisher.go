@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,32 +22,21 @@ type Publisher struct {
 	w   *kafkago.Writer
 }
 
-// NewPublisher returns a Publisher for the brokers in target (a kafka://
-// URL, whose path, if any, becomes the default topic, or a broker list).
-// It applies WithTopic, WithIDHeader, WithDialer, WithTLS, WithSASL (and
-// the URL's tls, ca_file, cert_file, key_file and sasl parameters),
-// WithBatchTimeout and WithLogger, and ignores the consumer options. It does not connect until
-// the first Publish.
-func NewPublisher(target string, opts ...Option) (*Publisher, error) {
-	cfg, err := newConfig(target, opts)
+// NewPublisher returns a Publisher for addr: a kafka:// URL (see Open),
+// whose path, if any, is the default topic, or a broker list. Of the URL's
+// parameters it uses tls, ca_file, cert_file, key_file, sasl and id_header;
+// it checks and ignores the consumer's. It does not connect until the first
+// Publish.
+func NewPublisher(_ context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
+	cfg, err := newConfig(addr, opts)
 	if err != nil {
 		return nil, err
 	}
-	logger := cfg.logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	return &Publisher{cfg: cfg, w: &kafkago.Writer{
-		Addr: kafkago.TCP(cfg.brokers...),
-		// Java's default partitioner, so keys land where Java producers
-		// put them and per-key order holds across producers.
-		Balancer:     &kafkago.Murmur2Balancer{},
-		RequiredAcks: kafkago.RequireAll,
-		BatchTimeout: cfg.batchTimeout,
-		BatchSize:    1000,
-		Transport:    transport(cfg.dialer),
-		ErrorLogger:  kafkaLogger{logger},
-	}}, nil
+	// Murmur2: Java's default partitioner, so keys land where Java
+	// producers put them and per-key order holds across producers.
+	w := cfg.newWriter(&kafkago.Murmur2Balancer{}, cmp.Or(cfg.logger, slog.Default()))
+	w.BatchSize = 1000
+	return &Publisher{cfg: cfg, w: w}, nil
 }
 
 // Publish produces msgs to topic ("" for the default topic) and waits for
@@ -129,7 +119,5 @@ func tooLarge(werrs kafkago.WriteErrors, err error) bool {
 
 // Close flushes and closes the writer.
 func (p *Publisher) Close() error {
-	err := p.w.Close()
-	p.w.Transport.(*kafkago.Transport).CloseIdleConnections()
-	return err
+	return closeWriter(p.w)
 }

@@ -23,7 +23,7 @@ func TestPublisherTooLargeIsPermanent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	servicetest.SetTopicConfig(t, bs, topic, "max.message.bytes", "4096")
-	pub, err := NewPublisher(bs)
+	pub, err := NewPublisher(context.Background(), bs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,8 +27,7 @@ func ExampleWithSASL() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	src2, err := kafka.Open(ctx, "kafka-1:9093,kafka-2:9093",
-		kafka.WithTopic("payments"), kafka.WithGroup("billing"),
+	src2, err := kafka.Open(ctx, "kafka://kafka-1:9093,kafka-2:9093/payments?group=billing",
 		kafka.WithTLS(&tls.Config{MinVersion: tls.VersionTLS12}), kafka.WithSASL(mech))
 	if err != nil {
 		log.Fatal(err)

@@ -185,13 +185,13 @@ func TestSecurityOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := []Option{WithTopic(topic), WithTLS(tc), WithSASL(m)}
-	src, err := Open(context.Background(), bs, append(append(fastGroup(t), WithGroup("g-"+randomHex(4))), opts...)...)
+	opts := []PublisherOption{WithTopic(topic), WithTLS(tc), WithSASL(m)}
+	src, err := Open(context.Background(), bs, append(fastGroup(t), WithGroup("g-"+randomHex(4)), opts[0], opts[1], opts[2])...)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
 	defer src.Close()
-	pub, err := NewPublisher(bs, opts...)
+	pub, err := NewPublisher(context.Background(), bs, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,10 +199,10 @@ func TestSecurityOptions(t *testing.T) {
 	roundTrip(t, pub, src)
 
 	// A wrong PLAIN password fails the Publisher and the Source.
-	bad := []Option{WithTopic(topic), WithTLS(tc), WithSASL(plain.Mechanism{Username: "bob", Password: "wrong"})}
+	bad := []PublisherOption{WithTopic(topic), WithTLS(tc), WithSASL(plain.Mechanism{Username: "bob", Password: "wrong"})}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	bp, err := NewPublisher(bs, bad...)
+	bp, err := NewPublisher(context.Background(), bs, bad...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,15 +210,15 @@ func TestSecurityOptions(t *testing.T) {
 	if err := bp.Publish(ctx, "", &driver.Message{ID: "x", Body: []byte("x")}); err == nil || !strings.Contains(err.Error(), "SASL") {
 		t.Errorf("Publish with a wrong password: %v, want a SASL authentication error", err)
 	}
-	if _, err := Open(ctx, bs, append(bad, WithGroup("g"))...); err == nil || !strings.Contains(err.Error(), "SASL") {
+	if _, err := Open(ctx, bs, bad[0], bad[1], bad[2], WithGroup("g")); err == nil || !strings.Contains(err.Error(), "SASL") {
 		t.Errorf("Open with a wrong password: %v, want a SASL authentication error", err)
 	}
 	// Without TLS the TLS-only brokers are not reachable.
 	if _, err := Open(ctx, bs, WithTopic(topic), WithGroup("g"), WithSASL(m)); err == nil {
 		t.Error("Open without TLS succeeded against TLS-only brokers")
 	}
-	for _, o := range []Option{WithTLS(nil), WithSASL(nil)} {
-		if _, err := NewPublisher(bs, o); err == nil {
+	for _, o := range []PublisherOption{WithTLS(nil), WithSASL(nil)} {
+		if _, err := NewPublisher(context.Background(), bs, o); err == nil {
 			t.Error("a nil WithTLS/WithSASL was accepted")
 		}
 	}

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,49 +80,28 @@ type Stats struct {
 	Skipped int64
 }
 
-// Open returns a Source for a consumer group on one topic. target is a
-// comma-separated broker list, with the topic and group given by WithTopic
-// and WithGroup, or a kafka:// URL that says everything:
+// Open returns a Source for a consumer group on one topic. addr is a
+// kafka:// URL that says everything (its parameters are listed in the
+// package documentation):
 //
-//	kafka://host:port[,host:port...]/topic?group=id&ordering=per-key&...
+//	kafka://[user:password@]host:port[,host:port...]/topic?group=id&...
 //
-// URL parameters (each maps to the option of the same meaning):
-//
-//	group               the consumer group id           (WithGroup)
-//	id_header           the business id header          (WithIDHeader)
-//	ordering            per-key | per-partition | none  (WithOrdering)
-//	dead_letter_topic   the DLQ topic                   (WithDeadLetterTopic)
-//	dead_letter_group   DeadLetters' bookkeeping group  (WithDeadLetterGroup)
-//	retry_topic         retry via this topic            (WithRetryTopic)
-//	start               first | last                    (WithStartOffset)
-//	commit_interval, commit_count                       (WithCommit)
-//	revoke_timeout      a duration                      (WithRevokeTimeout)
-//	session_timeout, heartbeat_interval, rebalance_timeout
-//	                    durations                       (WithGroupTimeouts)
-//	tls                 true: connect with TLS          (WithTLS)
-//	ca_file             PEM CA to verify the brokers (default: system roots)
-//	cert_file, key_file PEM client certificate and key, for mutual TLS
-//	sasl                plain | scram-sha-256 | scram-sha-512, with the
-//	                    URL's user name and password    (WithSASL)
-//
-// ca_file, cert_file and key_file need tls=true; a user name or password
-// needs sasl=, and sasl= needs both (kafka://user:password@host:port/...;
-// percent-encode special characters). Any other parameter is an error
-// naming it. The URL's topic, group and parameters are applied after opts,
-// so the deployment's URL wins over defaults set in code.
+// or a plain comma-separated broker list, with the topic and group given
+// by WithTopic and WithGroup. opts apply after the URL's parameters, so
+// options given in code override them.
 //
 // Open checks that the topic exists and creates a missing dead-letter or
 // retry topic (or fails naming the setting, see WithDeadLetterTopic); the
 // group is joined at the first Receive, after the Consumer had its chance
 // to call SetWindow.
-func Open(ctx context.Context, target string, opts ...Option) (*Source, error) {
-	cfg, err := sourceConfig(target, opts)
+func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
+	cfg, err := sourceConfig(addr, opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &Source{
 		cfg:     cfg,
-		client:  &kafkago.Client{Addr: kafkago.TCP(cfg.brokers...), Timeout: 10 * time.Second, Transport: transport(cfg.dialer)},
+		client:  cfg.newClient(),
 		bkey:    strings.Join(cfg.brokers, ","),
 		changed: make(chan struct{}),
 		errs:    make(chan error, 1),
@@ -202,9 +182,9 @@ func (s *Source) ensureTopics(ctx context.Context) error {
 			cerr = resp.Errors[tc.Topic]
 		}
 		if cerr != nil && !errors.Is(cerr, kafkago.TopicAlreadyExists) {
-			setting := s.cfg.name("WithDeadLetterTopic", "dead_letter_topic")
+			setting := s.cfg.name("WithDeadLetterTopic")
 			if tc.Topic == s.cfg.retryTopic {
-				setting = s.cfg.name("WithRetryTopic", "retry_topic")
+				setting = s.cfg.name("WithRetryTopic")
 			}
 			return fmt.Errorf("kafka: %s: topic %q does not exist and the cluster refused to create it: %w; create it or name an existing topic", setting, tc.Topic, s.cfg.explain(cerr))
 		}
@@ -484,12 +464,9 @@ func (s *Source) Close() error {
 	}
 	s.wg.Wait()
 	if s.writer != nil {
-		if werr := s.writer.Close(); werr != nil && err == nil {
-			err = werr
-		}
-		s.writer.Transport.(*kafkago.Transport).CloseIdleConnections()
+		err = cmp.Or(err, closeWriter(s.writer))
 	}
-	s.client.Transport.(*kafkago.Transport).CloseIdleConnections()
+	closeIdle(s.client.Transport)
 	return err
 }
 
@@ -553,18 +530,32 @@ const metadataTTL = time.Second
 // dlqWriter returns the writer for dead letters and retry copies.
 func (s *Source) dlqWriter() *kafkago.Writer {
 	s.writerOnce.Do(func() {
-		s.writer = &kafkago.Writer{
-			Addr:         kafkago.TCP(s.cfg.brokers...),
-			Balancer:     &kafkago.Murmur2Balancer{},
-			RequiredAcks: kafkago.RequireAll,
-			BatchTimeout: s.cfg.batchTimeout,
-			MaxAttempts:  1, // produceThenDone retries, with backoff and a bound
-			Transport:    transport(s.cfg.dialer),
-			ErrorLogger:  kafkaLogger{s.log()},
-		}
+		s.writer = s.cfg.newWriter(&kafkago.Murmur2Balancer{}, s.log())
+		s.writer.MaxAttempts = 1 // produceThenDone retries, with backoff and a bound
 	})
 	return s.writer
 }
+
+// newClient returns a client of the brokers.
+func (c *config) newClient() *kafkago.Client {
+	return &kafkago.Client{Addr: kafkago.TCP(c.brokers...), Timeout: 10 * time.Second, Transport: transport(c.dialer)}
+}
+
+// newWriter returns a writer to the brokers that waits for every in-sync
+// replica.
+func (c *config) newWriter(b kafkago.Balancer, log *slog.Logger) *kafkago.Writer {
+	return &kafkago.Writer{Addr: kafkago.TCP(c.brokers...), Balancer: b, RequiredAcks: kafkago.RequireAll,
+		BatchTimeout: c.batchTimeout, Transport: transport(c.dialer), ErrorLogger: kafkaLogger{log}}
+}
+
+// closeWriter flushes and closes w, and its connections.
+func closeWriter(w *kafkago.Writer) error {
+	err := w.Close()
+	closeIdle(w.Transport)
+	return err
+}
+
+func closeIdle(t kafkago.RoundTripper) { t.(*kafkago.Transport).CloseIdleConnections() }
 
 // kafkaLogger sends kafka-go's error log to slog at debug level: kafka-go
 // logs every transient fetch or connection error, and the Source reports

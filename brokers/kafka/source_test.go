@@ -80,7 +80,7 @@ func committed(t testing.TB, bs, group, topic string, n int) []int64 {
 
 func publishN(t testing.TB, bs, topic, prefix string, n int, key func(i int) string) []*driver.Message {
 	t.Helper()
-	pub, err := NewPublisher(bs)
+	pub, err := NewPublisher(context.Background(), bs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,8 +249,8 @@ func TestRetryTopic(t *testing.T) {
 	if m.Attempt != 2 || m.Metadata["messaging.destination.name"] != topic+".retry" || m.Source != topic {
 		t.Errorf("copy: Attempt %d, destination %q, Source %q", m.Attempt, m.Metadata["messaging.destination.name"], m.Source)
 	}
-	if got := m.Headers[HeaderOriginalOffset]; got != strconv.FormatInt(retried.e.msg.Offset, 10) {
-		t.Errorf("copy's original offset header %q, want %d", got, retried.e.msg.Offset)
+	if got, want := m.Headers[driver.OriginHeader], topic+"/"+strconv.Itoa(retried.e.msg.Partition)+"/"+strconv.FormatInt(retried.e.msg.Offset, 10); got != want {
+		t.Errorf("copy's origin header %q, want %s", got, want)
 	}
 	// The original was marked done: the main topic commits past it.
 	servicetest.WaitFor(t, 5*time.Second, "the main topic committed past the retried message", func() bool {
@@ -293,7 +293,7 @@ func TestDeadLetterTopicMissingKeepsMessage(t *testing.T) {
 func TestMessageFields(t *testing.T) {
 	bs := brokers(t)
 	topic := newTopic(t, bs, 1)
-	pub, err := NewPublisher(bs)
+	pub, err := NewPublisher(context.Background(), bs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"http://h:1/t?group=g", nil, "scheme"},
 		{"h:1", []Option{WithGroup("g")}, "topic"},
 		{"h:1", []Option{WithTopic("t")}, "group"},
-		{"kafka://h:1/t?group=g&x=1", nil, "url parameter x: unknown"},
+		{"kafka://h:1/t?group=g&x=1", nil, `unknown parameter "x"`},
 		{"kafka://h:1/bad topic?group=g", nil, "topic"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithOrdering(9)}, "WithOrdering"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithCommit(0, 1)}, "WithCommit"},
@@ -402,12 +402,12 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithTLS(nil)}, "WithTLS"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithSASL(nil)}, "WithSASL"},
 		{"kafka://u:pw@h:1/t?group=g", nil, "sasl parameter"},
-		{"kafka://h:1/t?group=g&sasl=plain", nil, "url parameter sasl: needs a user name and password"},
-		{"kafka://u@h:1/t?group=g&sasl=plain", nil, "url parameter sasl: needs a user name and password"},
-		{"kafka://u:pw@h:1/t?group=g&sasl=gssapi", nil, "url parameter sasl: not plain"},
-		{"kafka://h:1/t?group=g&tls=maybe", nil, "url parameter tls"},
-		{"kafka://h:1/t?group=g&ca_file=/x.pem", nil, "url parameter ca_file: needs tls=true"},
-		{"kafka://h:1/t?group=g&tls=true&ca_file=/no/such.pem", nil, "url parameter ca_file"},
+		{"kafka://h:1/t?group=g&sasl=plain", nil, "URL parameter sasl: needs a user name and password"},
+		{"kafka://u@h:1/t?group=g&sasl=plain", nil, "URL parameter sasl: needs a user name and password"},
+		{"kafka://u:pw@h:1/t?group=g&sasl=gssapi", nil, "URL parameter sasl: not plain"},
+		{"kafka://h:1/t?group=g&tls=maybe", nil, "URL parameter tls"},
+		{"kafka://h:1/t?group=g&ca_file=/x.pem", nil, "URL parameter ca_file: needs tls=true"},
+		{"kafka://h:1/t?group=g&tls=true&ca_file=/no/such.pem", nil, "URL parameter ca_file"},
 		{"kafka://h:1/t?group=g&tls=true&cert_file=/x.pem", nil, "cert_file and key_file"},
 	}
 	for _, c := range cases {
@@ -419,7 +419,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 	if _, err := Open(ctx, "kafka://127.0.0.1:1/t?group=g&session_timeout=1s&heartbeat_interval=2s"); err == nil || !strings.Contains(err.Error(), "WithGroupTimeouts") {
 		t.Errorf("heartbeat longer than the session: %v, want an error naming WithGroupTimeouts", err)
 	}
-	if _, err := NewPublisher("", nil); err == nil {
+	if _, err := NewPublisher(ctx, "", nil); err == nil {
 		t.Error("NewPublisher(\"\") = nil error")
 	}
 	cfg := defaultConfig()
@@ -428,7 +428,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, o := range uopts {
-		if err := o(&cfg); err != nil {
+		if err := o.apply(&cfg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -439,7 +439,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		t.Errorf("parseTarget: %+v", cfg)
 	}
 	for _, bad := range []string{"kafka://h:1/t?ordering=random", "kafka://h:1/t?start=middle", "kafka://h:1/t?commit_interval=soon", "kafka://h:1/t?group=a&group=b"} {
-		if _, err := parseTarget(bad, &cfg); err == nil || !strings.Contains(err.Error(), "url parameter") {
+		if _, err := parseTarget(bad, &cfg); err == nil || !strings.Contains(err.Error(), "URL parameter") {
 			t.Errorf("parseTarget(%q) = %v, want an error naming the parameter", bad, err)
 		}
 	}

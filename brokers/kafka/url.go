@@ -5,9 +5,8 @@ import (
 	"errors"
 	"net/url"
 
-	"github.com/idemq/idemq/core/driver"
-
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // Importing this package registers the kafka:// scheme, so that
@@ -24,21 +23,25 @@ func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driv
 	return Open(ctx, u.String(), loggerOption(cfg))
 }
 
-func openPublisherURL(_ context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
-	p, err := NewPublisher(u.String(), loggerOption(cfg))
+func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
+	p, err := NewPublisher(ctx, u.String(), loggerOption(cfg))
 	if err != nil {
 		return nil, err
 	}
 	if p.cfg.topic == "" {
 		p.Close()
-		return nil, errors.New("kafka: url: no topic to publish to (kafka://host:port/topic)")
+		return nil, errors.New("kafka URL: no topic to publish to (kafka://host:port/topic)")
 	}
 	return p, nil
 }
 
+func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
+	return OpenDeadLetters(ctx, u.String(), loggerOption(cfg))
+}
+
 // loggerOption is WithLogger of the service's adapter logger, nil (no
 // option) when it gave none.
-func loggerOption(cfg driver.OpenConfig) Option {
+func loggerOption(cfg driver.OpenConfig) PublisherOption {
 	if cfg.Logger == nil {
 		return nil
 	}

@@ -29,7 +29,7 @@ func FuzzParseURL(f *testing.F) {
 			opts, err := parseTarget(target, &cfg)
 			for _, o := range opts {
 				if err == nil {
-					err = o(&cfg)
+					err = o.apply(&cfg)
 				}
 			}
 			return err

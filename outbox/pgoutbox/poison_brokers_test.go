@@ -114,7 +114,7 @@ func TestPoisonRowKafka(t *testing.T) {
 			servicetest.SetTopicConfig(t, addr, topic, "max.message.bytes", strconv.Itoa(n))
 		}
 		setLimit(t, 4096)
-		pub, err := kafka.NewPublisher(addr)
+		pub, err := kafka.NewPublisher(context.Background(), addr)
 		if err != nil {
 			t.Fatal(err)
 		}
