@@ -59,7 +59,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact"
@@ -105,9 +104,6 @@ const claimChunk = 1000
 type Store struct {
 	*sqlstore.Engine
 	cfg config
-
-	modeMu sync.Mutex
-	mode   ClaimMode // resolved: ClaimReturning or ClaimReadBack, 0 until known
 }
 
 // Txn is one open dedup transaction of a Store; it implements
@@ -357,34 +353,24 @@ func runDDL(ctx context.Context, db *sql.DB, table string, stmts []string) error
 	return nil
 }
 
-// returning is what Claim's INSERT returns (WithClaimMode).
+// returning is what Claim's INSERT returns (WithClaimMode); ClaimAuto
+// asks the server's version, once.
 func (s *Store) returning(ctx context.Context) (sqlstore.Returning, error) {
-	mode, err := s.claimMode(ctx)
+	mode := s.cfg.claimMode
+	if mode == ClaimAuto {
+		var version string
+		if err := s.DB().QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+			return 0, fmt.Errorf("mysql: server version: %w", err)
+		}
+		mode = ClaimReadBack
+		if supportsReturning(version) {
+			mode = ClaimReturning
+		}
+	}
 	if mode == ClaimReturning {
-		return sqlstore.ReturnAll, err
+		return sqlstore.ReturnAll, nil
 	}
-	return sqlstore.ReturnNone, err
-}
-
-// claimMode resolves ClaimAuto once, from the server's version.
-func (s *Store) claimMode(ctx context.Context) (ClaimMode, error) {
-	if s.cfg.claimMode != ClaimAuto {
-		return s.cfg.claimMode, nil
-	}
-	s.modeMu.Lock()
-	defer s.modeMu.Unlock()
-	if s.mode != 0 {
-		return s.mode, nil
-	}
-	var version string
-	if err := s.DB().QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
-		return 0, fmt.Errorf("mysql: server version: %w", err)
-	}
-	s.mode = ClaimReadBack
-	if supportsReturning(version) {
-		s.mode = ClaimReturning
-	}
-	return s.mode, nil
+	return sqlstore.ReturnNone, nil
 }
 
 // supportsReturning reports whether a VERSION() string is MariaDB 10.5 or

@@ -44,7 +44,8 @@ type Dialect struct {
 	// row as it is and raises no error.
 	OnConflict string
 	// Returning is what the claims' INSERT returns; Mode, when set,
-	// decides it at Begin instead (from the server's version).
+	// decides it instead (from the server's version), at the first Begin
+	// it answers without an error.
 	Returning Returning
 	Mode      func(context.Context) (Returning, error)
 	// Lock ends a SELECT that must lock the rows it reads (" FOR UPDATE");

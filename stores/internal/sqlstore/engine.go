@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
@@ -19,6 +20,9 @@ type Engine struct {
 	cfg   *Config
 	db    *sql.DB
 	owned bool // Close closes db only when the store's Open opened it
+
+	modeMu sync.Mutex
+	moded  bool // d.Returning holds what d.Mode answered
 }
 
 // NewEngine returns the engine of a store on db, with the store's config
@@ -137,19 +141,32 @@ func (e *Engine) RunPruner(ctx context.Context, every time.Duration, batch int, 
 
 // Begin starts a dedup transaction.
 func (e *Engine) Begin(ctx context.Context) (driver.Txn[*sql.Tx], error) {
-	mode := e.d.Returning
-	if e.d.Mode != nil {
-		m, err := e.d.Mode(ctx)
-		if err != nil {
-			return nil, err
-		}
-		mode = m
+	mode, err := e.returning(ctx)
+	if err != nil {
+		return nil, err
 	}
 	tx, err := e.db.BeginTx(ctx, e.d.BeginTx)
 	if err != nil {
 		return nil, fmt.Errorf("%s: begin: %w", e.cfg.Store, err)
 	}
 	return &End{e: e, tx: tx, mode: mode}, nil
+}
+
+// returning is what the claims' INSERT returns, asking Dialect.Mode once.
+func (e *Engine) returning(ctx context.Context) (Returning, error) {
+	if e.d.Mode == nil {
+		return e.d.Returning, nil
+	}
+	e.modeMu.Lock()
+	defer e.modeMu.Unlock()
+	if !e.moded {
+		m, err := e.d.Mode(ctx)
+		if err != nil {
+			return 0, err
+		}
+		e.d.Returning, e.moded = m, true
+	}
+	return e.d.Returning, nil
 }
 
 // check checks the consumer and claims of a call op (Dialect.Check).
