@@ -77,7 +77,7 @@ func TestHostileNamesRefusedAtStartUp(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"", strings.Repeat("q", 256)} {
-		if _, err := rabbitmq.Open(ctx, "amqp://u:p@127.0.0.1:1/", name); err == nil || !strings.Contains(err.Error(), "queue") {
+		if _, err := rabbitmq.Open(ctx, "amqp://u:p@127.0.0.1:1/", rabbitmq.WithQueue(name)); err == nil || !strings.Contains(err.Error(), "queue") {
 			t.Errorf("queue name of %d bytes: %v; want an error naming the queue", len(name), err)
 		}
 	}

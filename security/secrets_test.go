@@ -215,16 +215,16 @@ func TestSecretsNeverLeave(t *testing.T) {
 		_, err := core.OpenSource(short, fmt.Sprintf("amqp://u:%s@127.0.0.1:notaport/?queue=q", rmqPass))
 		return err
 	})
-	bad("rabbitmq.OpenURL direct, bad port", func() error {
-		_, err := rabbitmq.OpenURL(short, fmt.Sprintf("amqp://u:%s@127.0.0.1:99999/?queue=q", rmqPass))
-		return err
-	})
-	bad("rabbitmq.OpenURL direct, unparseable", func() error {
-		_, err := rabbitmq.OpenURL(short, fmt.Sprintf("amqp://u:%s@127.0.0.1:notaport/?queue=q", rmqPass))
+	bad("rabbitmq.Open direct, bad port", func() error {
+		_, err := rabbitmq.Open(short, fmt.Sprintf("amqp://u:%s@127.0.0.1:99999/?queue=q", rmqPass))
 		return err
 	})
 	bad("rabbitmq.Open direct, unparseable", func() error {
-		_, err := rabbitmq.Open(short, fmt.Sprintf("amqp://u:%s@127.0.0.1:notaport/", rmqPass), "q")
+		_, err := rabbitmq.Open(short, fmt.Sprintf("amqp://u:%s@127.0.0.1:notaport/?queue=q", rmqPass))
+		return err
+	})
+	bad("rabbitmq.Open direct with WithQueue, unparseable", func() error {
+		_, err := rabbitmq.Open(short, fmt.Sprintf("amqp://u:%s@127.0.0.1:notaport/", rmqPass), rabbitmq.WithQueue("q"))
 		return err
 	})
 	bad("rabbitmq.NewPublisher direct, unparseable", func() error {

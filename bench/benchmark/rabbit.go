@@ -82,7 +82,7 @@ func (r *rabbit) version(context.Context) string {
 // user's URL (so every configuration, idemq or not, reads the same kind of
 // queue), by opening the adapter once.
 func (r *rabbit) declare(ctx context.Context, queue string) error {
-	s, err := rabbitmq.OpenURL(ctx, r.sourceURL(queue, ""))
+	s, err := rabbitmq.Open(ctx, r.sourceURL(queue, ""))
 	if err != nil {
 		return err
 	}

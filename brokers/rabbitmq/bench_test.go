@@ -23,7 +23,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 	b.Run("raw-amqp091-ack200", func(b *testing.B) {
 		ctx := context.Background()
 		q := uniqueQueue(b, amqpU)
-		s, err := Open(ctx, amqpU, q)
+		s, err := Open(ctx, amqpU, WithQueue(q))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 		b.Run(fmt.Sprintf("ack%d", batch), func(b *testing.B) {
 			ctx := context.Background()
 			q := uniqueQueue(b, amqpU)
-			src, err := Open(ctx, amqpU, q)
+			src, err := Open(ctx, amqpU, WithQueue(q))
 			if err != nil {
 				b.Fatal(err)
 			}

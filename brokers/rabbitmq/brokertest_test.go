@@ -29,7 +29,7 @@ func harness(recordsCause bool, params string, opts ...Option) brokertest.Harnes
 			ctx := context.Background()
 			all := append([]Option{WithLogger(testLogger(t)), WithReconnectBackoff(50*time.Millisecond, time.Second)}, opts...)
 			// Opening a Source declares the topology the publisher needs.
-			s, err := Open(ctx, url, q, all...)
+			s, err := Open(ctx, url, append([]Option{WithQueue(q)}, all...)...)
 			if err != nil {
 				t.Fatalf("Open: %v", err)
 			}
@@ -62,7 +62,7 @@ func harness(recordsCause bool, params string, opts ...Option) brokertest.Harnes
 				NewSource: func(t *testing.T) driver.Source {
 					// A connection name of its own, for Reconnect.
 					name := WithConnectionName(fmt.Sprintf("idemq-bt-%s-%d", q, sources.Add(1)))
-					s, err := Open(ctx, url, q, append(all, name)...)
+					s, err := Open(ctx, url, append(append([]Option{WithQueue(q)}, all...), name)...)
 					if err != nil {
 						t.Fatalf("Open: %v", err)
 					}

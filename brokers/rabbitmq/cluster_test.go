@@ -93,7 +93,7 @@ func clusterNodeLoss(t *testing.T, c *servicetest.RabbitCluster, pgURL string) {
 
 	srcURL := c.URL() + "?queue=" + q + "&queue_type=quorum&delivery_limit=5&connection_name=cluster-consumer"
 	logs := &servicetest.Buffer{}
-	src, err := OpenURL(ctx, srcURL, WithLogger(testLoggerTo(t, logs)))
+	src, err := Open(ctx, srcURL, WithLogger(testLoggerTo(t, logs)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 		}
 	}
 	q := clusterQueue()
-	src, err := OpenURL(ctx, c.URL()+"?queue="+q+"&queue_type=quorum", WithLogger(testLogger(t)))
+	src, err := Open(ctx, c.URL()+"?queue="+q+"&queue_type=quorum", WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,20 +62,18 @@ type DeadLetters struct {
 
 var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
 
-// OpenDeadLetters connects to the broker at url and returns the
-// dead-letter queue of the consumer of queue: the one WithDeadLetterQueue
-// names, else "<queue>.dlq". It takes the Source's url (one node or a
-// cluster's comma-separated nodes, dialled as Open dials them) and options;
-// those about the connection (WithDialConfig, WithConnectionName), the
-// dead-letter queue and the id header (WithIDHeader) apply, the others are
-// checked and ignored. It declares nothing: the dead-letter queue must
+// OpenDeadLetters connects to the broker at addr, the Source's URL and
+// options, and returns the dead-letter queue of its queue: the one
+// WithDeadLetterQueue names, else "<queue>.dlq". Options about the
+// connection, the dead-letter queue and the id header apply; the others
+// are checked and ignored. It declares nothing: the dead-letter queue must
 // exist, as a Source declares it.
-func OpenDeadLetters(ctx context.Context, url, queue string, opts ...Option) (*DeadLetters, error) {
-	cfg, ns, err := sourceConfig(url, queue, opts)
+func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
+	cfg, ns, err := openConfig(addr, opts)
 	if err != nil {
 		return nil, err
 	}
-	q := &DeadLetters{nodes: ns, next: rand.IntN(len(ns.urls)), cfg: cfg, queue: queue}
+	q := &DeadLetters{nodes: ns, next: rand.IntN(len(ns.urls)), cfg: cfg, queue: cfg.queue}
 	if err := q.connect(ctx); err != nil {
 		return nil, err
 	}
@@ -89,21 +86,6 @@ func OpenDeadLetters(ctx context.Context, url, queue string, opts ...Option) (*D
 	if _, err := ch.QueueDeclarePassive(cfg.deadLetterQueue, true, false, false, false, nil); err != nil {
 		q.Close()
 		return nil, fmt.Errorf("rabbitmq: dead-letter queue %q: %w", cfg.deadLetterQueue, err)
-	}
-	return q, nil
-}
-
-// openDeadLettersURL opens the dead-letter queue of the consumer an
-// amqp://…?queue=NAME[&…] URL describes (see OpenURL: the same parameters,
-// checked the same way).
-func openDeadLettersURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (admin.DeadLetterQueue, error) {
-	amqpURL, queue, urlOpts, err := parseSourceURL(u.String())
-	if err != nil {
-		return nil, err
-	}
-	q, err := OpenDeadLetters(ctx, amqpURL, queue, urlOpts...)
-	if err != nil {
-		return nil, err
 	}
 	return q, nil
 }

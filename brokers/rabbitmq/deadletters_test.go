@@ -65,7 +65,7 @@ func parkN(t *testing.T, n int, prefix string, opts ...Option) (string, string, 
 // openDLQ opens the dead-letter queue of queue, closed when the test ends.
 func openDLQ(t *testing.T, url, queue string, opts ...Option) *DeadLetters {
 	t.Helper()
-	q, err := OpenDeadLetters(context.Background(), url, queue, opts...)
+	q, err := OpenDeadLetters(context.Background(), url, append([]Option{WithQueue(queue)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

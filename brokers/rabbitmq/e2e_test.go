@@ -107,7 +107,7 @@ func TestEndToEndPostgres(t *testing.T) {
 	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+effects+`, `+dedup) })
 
 	// Declare, then publish 20,000 ids and 4,000 second copies, shuffled.
-	s0, err := Open(ctx, amqpU, q)
+	s0, err := Open(ctx, amqpU, WithQueue(q))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestEndToEndPostgres(t *testing.T) {
 	// between commit and ack at their 10th batch ack after the second cut;
 	// life 4 runs to the end.
 	for life := 1; ; life++ {
-		src, err := Open(ctx, purl, q, WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 500*time.Millisecond))
+		src, err := Open(ctx, purl, WithQueue(q), WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 500*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,7 @@ func ExampleOpen() {
 	defer stop()
 
 	// Declares payments (quorum), payments.dlq and payments.retry.
-	src, err := rabbitmq.Open(ctx, "amqp://guest:guest@127.0.0.1:5672/", "payments",
+	src, err := rabbitmq.Open(ctx, "amqp://guest:guest@127.0.0.1:5672/?queue=payments",
 		rabbitmq.WithQueueType(rabbitmq.Quorum),
 		rabbitmq.WithRetryMode(rabbitmq.RetryViaQueue))
 	if err != nil {
@@ -68,9 +68,9 @@ func ExamplePublisher() {
 
 // The whole configuration can come from one URL, so operators switch
 // queues, queue types and settlement modes without a code change.
-func ExampleOpenURL() {
+func ExampleOpen_url() {
 	ctx := context.Background()
-	src, err := rabbitmq.OpenURL(ctx, "amqp://guest:guest@127.0.0.1:5672/?queue=payments&queue_type=quorum&retry=queue&prefetch=200")
+	src, err := rabbitmq.Open(ctx, "amqp://guest:guest@127.0.0.1:5672/?queue=payments&queue_type=quorum&retry=queue&prefetch=200")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func ExampleOpenURL() {
 // them, put back the ones a bad deploy parked, delete the rest.
 func ExampleOpenDeadLetters() {
 	ctx := context.Background()
-	dlq, err := rabbitmq.OpenDeadLetters(ctx, "amqp://guest:guest@127.0.0.1:5672/", "payments")
+	dlq, err := rabbitmq.OpenDeadLetters(ctx, "amqp://guest:guest@127.0.0.1:5672/?queue=payments")
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -68,7 +68,7 @@ func openTestSource(t testing.TB, opts ...Option) (url, queue string, src *Sourc
 	t.Helper()
 	url = amqpURL(t)
 	queue = uniqueQueue(t, url)
-	src, err := Open(context.Background(), url, queue, append([]Option{WithLogger(testLogger(t))}, opts...)...)
+	src, err := Open(context.Background(), url, append([]Option{WithQueue(queue), WithLogger(testLogger(t))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func TestHostileMessages(t *testing.T) {
 	queue := uniqueQueue(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	src, err := Open(ctx, url, queue, WithLogger(testLogger(t)))
+	src, err := Open(ctx, url, WithQueue(queue), WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 	queue := uniqueQueue(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	src, err := OpenURL(ctx, strings.TrimSuffix(strings.SplitN(url, "?", 2)[0], "/")+"/?queue="+queue+"&queue_type=quorum&delivery_limit=2",
+	src, err := Open(ctx, strings.TrimSuffix(strings.SplitN(url, "?", 2)[0], "/")+"/?queue="+queue+"&queue_type=quorum&delivery_limit=2",
 		WithLogger(testLogger(t)), WithReconnectBackoff(10*time.Millisecond, 100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,7 @@ func ExampleWithIDHeader() {
 	defer pub.Close()
 
 	// The same from code.
-	src2, err := rabbitmq.Open(ctx, "amqp://guest:guest@localhost:5672/", "payments",
+	src2, err := rabbitmq.Open(ctx, "amqp://guest:guest@localhost:5672/", rabbitmq.WithQueue("payments"),
 		rabbitmq.WithExchange("billing"), rabbitmq.WithIDHeader("NServiceBus.MessageId"))
 	if err != nil {
 		log.Fatal(err)

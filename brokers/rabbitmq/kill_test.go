@@ -86,7 +86,7 @@ func TestKillChild(t *testing.T) {
 	}
 	at, _ := strconv.ParseInt(os.Getenv(envChildKillAt), 10, 64)
 	ctx := context.Background()
-	src, err := Open(ctx, amqpURL(t), q, WithDeclare(false))
+	src, err := Open(ctx, amqpURL(t), WithQueue(q), WithDeclare(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestKilledBetweenCommitAndAck(t *testing.T) {
 	if _, err := store.DB().Exec(`CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	s0, err := Open(ctx, url, q)
+	s0, err := Open(ctx, url, WithQueue(q))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestKilledBetweenCommitAndAck(t *testing.T) {
 		t.Fatalf("%d ids applied by the killed processes: the kills did not land mid-stream", afterKills)
 	}
 
-	src, err := Open(ctx, url, q, WithLogger(testLogger(t)))
+	src, err := Open(ctx, url, WithQueue(q), WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func TestOpenSourceWithAdapterLogger(t *testing.T) {
 func TestConsumerLoggerReachesSource(t *testing.T) {
 	url := amqpURL(t)
 	queue := uniqueQueue(t, url)
-	src, err := Open(context.Background(), url, queue, WithIDHeader("MessageId"))
+	src, err := Open(context.Background(), url, WithQueue(queue), WithIDHeader("MessageId"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestReconnectBackoffBoundsAndReset(t *testing.T) {
 	ctx := context.Background()
 	b := &servicetest.Buffer{}
 	const lo, hi = 20 * time.Millisecond, 80 * time.Millisecond
-	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(slog.New(slog.NewJSONHandler(b, nil))), WithReconnectBackoff(lo, hi))
+	src, err := Open(ctx, proxiedURL(t, url, p), WithQueue(q), WithLogger(slog.New(slog.NewJSONHandler(b, nil))), WithReconnectBackoff(lo, hi))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,6 +71,7 @@ type connConfig struct {
 
 type config struct {
 	connConfig
+	queue           string
 	prefetch        int
 	declare         bool
 	queueType       QueueType
@@ -88,18 +89,19 @@ type config struct {
 	policyTTL       time.Duration
 }
 
+// defaultConfig is the configuration before options; the dead-letter and
+// retry queues' names follow the queue's once the options are applied.
 func defaultConfig(queue string) config {
 	return config{
-		connConfig:      connConfig{connName: "idemq"},
-		prefetch:        100,
-		declare:         true,
-		queueType:       Classic,
-		deadLetterQueue: queue + ".dlq",
-		retryQueue:      queue + ".retry",
-		retryMode:       RetryRequeue,
-		deadLetterMode:  DeadLetterRepublish,
-		backoffMin:      100 * time.Millisecond,
-		backoffMax:      2 * time.Second,
+		connConfig:     connConfig{connName: "idemq"},
+		queue:          queue,
+		prefetch:       100,
+		declare:        true,
+		queueType:      Classic,
+		retryMode:      RetryRequeue,
+		deadLetterMode: DeadLetterRepublish,
+		backoffMin:     100 * time.Millisecond,
+		backoffMax:     2 * time.Second,
 	}
 }
 
@@ -118,6 +120,12 @@ func nameErr(opt, name string) error {
 		return fmt.Errorf("rabbitmq: %s: %w", opt, err)
 	}
 	return nil
+}
+
+// WithQueue names the queue to consume, instead of the URL's queue
+// parameter. One of them is required.
+func WithQueue(name string) Option {
+	return option.Check(nameErr("WithQueue", name), func(c *config) { c.queue = name })
 }
 
 // WithPrefetch sets the QoS prefetch count used until the Consumer calls

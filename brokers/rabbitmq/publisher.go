@@ -99,18 +99,41 @@ type Publisher struct {
 	returns chan amqp.Return
 }
 
-// NewPublisher connects to the broker at url and opens a confirm channel.
-// The url names one node or, comma-separated, the nodes of a cluster, as
-// for Open: the first connection goes to a node picked at random, a failed
-// dial tries the next node in the list at once, and after a connection
-// loss the next Publish reconnects starting with the node after the one
-// it lost (each Publish tries every node once before it fails).
-func NewPublisher(ctx context.Context, url string, opts ...PublisherOption) (*Publisher, error) {
-	cfg := pubConfig{mandatory: true, connConfig: connConfig{connName: "idemq-publisher"}}
+// NewPublisher connects to the broker at addr, a URL as Open takes it,
+// and opens a confirm channel. Of the URL's parameters, queue sets the
+// routing key (WithRoutingKey), exchange the exchange (WithPublishExchange)
+// and id_header the id header (WithPublisherIDHeader), so one URL serves
+// both sides; the other consumer parameters are checked and ignored, and
+// opts apply after them. A cluster's nodes are dialled as Open dials them:
+// after a connection loss the next Publish reconnects, starting with the
+// node after the one it lost, and tries every node once before it fails.
+func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
+	amqpURL, queue, srcOpts, err := readURL(addr)
+	if err != nil {
+		return nil, err
+	}
+	// The URL's consumer parameters are checked as Open checks them; the
+	// queue, exchange and id_header apply, before opts.
+	var src config
+	if queue != "" {
+		src, _, err = sourceConfig(amqpURL, queue, srcOpts)
+	} else {
+		src = defaultConfig("")
+		err = option.Apply(&src, srcOpts...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	cfg := pubConfig{
+		connConfig: connConfig{connName: "idemq-publisher", idHeader: src.idHeader},
+		exchange:   src.exchange,
+		routingKey: queue,
+		mandatory:  true,
+	}
 	if err := option.Apply(&cfg, opts...); err != nil {
 		return nil, err
 	}
-	ns, err := parseNodes(url)
+	ns, err := parseNodes(amqpURL)
 	if err != nil {
 		return nil, err
 	}

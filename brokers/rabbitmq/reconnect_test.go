@@ -73,7 +73,7 @@ func TestReconnectNeverSettlesOldTagsOnNewChannel(t *testing.T) {
 	q := uniqueQueue(t, url)
 	p := newProxy(t, mustHostPort(t, url))
 	ctx := context.Background()
-	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+	src, err := Open(ctx, proxiedURL(t, url, p), WithQueue(q), WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestPipelineSurvivesConnectionCuts(t *testing.T) {
 	q := uniqueQueue(t, url)
 	p := newProxy(t, mustHostPort(t, url))
 	ctx := context.Background()
-	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+	src, err := Open(ctx, proxiedURL(t, url, p), WithQueue(q), WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestReconnectWhileBrokerIsDown(t *testing.T) {
 	q := uniqueQueue(t, url)
 	p := newProxy(t, mustHostPort(t, url))
 	ctx := context.Background()
-	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
+	src, err := Open(ctx, proxiedURL(t, url, p), WithQueue(q), WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +359,7 @@ func TestReconnectPromptAfterOutage(t *testing.T) {
 	q := uniqueQueue(t, url)
 	p := newProxy(t, mustHostPort(t, url))
 	ctx := context.Background()
-	src, err := Open(ctx, proxiedURL(t, url, p), q, WithLogger(testLogger(t)))
+	src, err := Open(ctx, proxiedURL(t, url, p), WithQueue(q), WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +451,7 @@ func TestMultiNodeURLFailover(t *testing.T) {
 		t.Fatalf("core.OpenPublisher with node 1 of 2 down: %v", err)
 	}
 	cpub.Close()
-	src, err := Open(ctx, multi, q, WithLogger(testLogger(t)))
+	src, err := Open(ctx, multi, WithQueue(q), WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatalf("Open with node 1 of 2 down: %v", err)
 	}

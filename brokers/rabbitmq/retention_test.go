@@ -16,7 +16,7 @@ func TestRetentionAgainstUnboundedHorizon(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
 	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
-		s, err := Open(context.Background(), url, q)
+		s, err := Open(context.Background(), url, WithQueue(q))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -31,14 +31,14 @@ func TestRetentionAgainstMessageTTL(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
 	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
-		s, err := OpenURL(context.Background(), url+"?queue="+q+"&queue_type=quorum&message_ttl=1h")
+		s, err := Open(context.Background(), url+"?queue="+q+"&queue_type=quorum&message_ttl=1h")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
 		return s
 	}, time.Hour, "2h0m0s")
-	s, err := Open(context.Background(), url, q, WithQueueType(Quorum), WithMessageTTL(time.Hour), WithDeclare(false))
+	s, err := Open(context.Background(), url, WithQueue(q), WithQueueType(Quorum), WithMessageTTL(time.Hour), WithDeclare(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,14 +53,14 @@ func TestRetentionAgainstMessageTTL(t *testing.T) {
 func TestMessageTTLMovesToDeadLetterQueue(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
-	s, err := OpenURL(context.Background(), url+"?queue="+q+"&message_ttl=2s")
+	s, err := Open(context.Background(), url+"?queue="+q+"&message_ttl=2s")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	publishN(t, url, q, "ttl", 3)
 	waitUntil(t, 30*time.Second, func() bool { return queueDepth(t, url, q) == 0 && queueDepth(t, url, q+".dlq") == 3 })
-	if _, err := OpenURL(context.Background(), url+"?queue="+q+"&message_ttl=soon"); err == nil || !strings.Contains(err.Error(), "message_ttl") {
+	if _, err := Open(context.Background(), url+"?queue="+q+"&message_ttl=soon"); err == nil || !strings.Contains(err.Error(), "message_ttl") {
 		t.Errorf("a bad message_ttl: %v", err)
 	}
 }
@@ -71,16 +71,16 @@ func TestMessageTTLMovesToDeadLetterQueue(t *testing.T) {
 func TestExistingQueueTTL(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
-	s, err := OpenURL(context.Background(), url+"?queue="+q)
+	s, err := Open(context.Background(), url+"?queue="+q)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	_, err = OpenURL(context.Background(), url+"?queue="+q+"&message_ttl=1h")
+	_, err = Open(context.Background(), url+"?queue="+q+"&message_ttl=1h")
 	if err == nil || !strings.Contains(err.Error(), "PRECONDITION_FAILED") || !strings.Contains(err.Error(), "exists with other arguments") || !strings.Contains(err.Error(), "policy_ttl=") {
 		t.Fatalf("declaring an existing queue with message_ttl: %v, want PRECONDITION_FAILED with the hint", err)
 	}
-	s, err = OpenURL(context.Background(), url+"?queue="+q+"&policy_ttl=36h")
+	s, err = Open(context.Background(), url+"?queue="+q+"&policy_ttl=36h")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestExistingQueueTTL(t *testing.T) {
 			t.Errorf("hint %q lacks %q", hint, want)
 		}
 	}
-	if _, err := OpenURL(context.Background(), url+"?queue="+q+"&policy_ttl=soon"); err == nil || !strings.Contains(err.Error(), "policy_ttl") {
+	if _, err := Open(context.Background(), url+"?queue="+q+"&policy_ttl=soon"); err == nil || !strings.Contains(err.Error(), "policy_ttl") {
 		t.Errorf("a bad policy_ttl: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,16 +106,22 @@ type Stats struct {
 	Isolations int64
 }
 
-// sourceConfig checks what Open is given before it dials, and splits
-// url into its nodes.
+// sourceConfig checks what Open is given before it dials (the queue,
+// unless an option names it, and the options), and splits url, without
+// idemq's parameters, into its nodes.
 func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
-	if err := checkName(queue); err != nil {
-		return config{}, nodes{}, fmt.Errorf("rabbitmq: queue: %w", err)
-	}
 	cfg := defaultConfig(queue)
 	if err := option.Apply(&cfg, opts...); err != nil {
 		return config{}, nodes{}, err
 	}
+	if cfg.queue == "" {
+		return config{}, nodes{}, errors.New("rabbitmq: no queue named: give the URL parameter queue= or the option WithQueue")
+	}
+	if err := checkName(cfg.queue); err != nil {
+		return config{}, nodes{}, fmt.Errorf("rabbitmq: queue: %w", err)
+	}
+	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
+	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
 	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
 		return config{}, nodes{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
 	}
@@ -125,47 +132,54 @@ func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
 	return cfg, ns, nil
 }
 
-// parseNodes splits url into its nodes and checks each node's URL as
-// amqp091-go will read it.
-func parseNodes(url string) (nodes, error) {
-	ns, err := splitNodes(url)
-	if err != nil {
-		return nodes{}, err
-	}
-	for _, u := range ns.urls {
-		if _, err := amqp.ParseURI(u); err != nil {
-			return nodes{}, urlError(u, err)
-		}
-	}
-	return ns, nil
-}
-
-// Open connects to the broker at url and returns a Source for queue. It
-// declares the topology unless WithDeclare(false) is given (then it checks
-// that the queues exist). Consumption starts at the first Receive, after
-// the Consumer had its chance to call SetWindow.
+// Open connects to the broker at addr and returns a Source for the queue
+// its queue parameter (or WithQueue) names. It declares the topology
+// unless WithDeclare(false) is given (then it checks that the queues
+// exist). Consumption starts at the first Receive, after the Consumer had
+// its chance to call SetWindow.
 //
-// The url is amqp://user:pass@host:port/vhost, or for a cluster a
-// comma-separated list of nodes in place of host:port:
+//	amqp://user:pass@host:5672/vhost?queue=payments&queue_type=quorum&retry=queue
+//	amqps://user:pass@h1:5671,h2:5671,h3:5671/vhost?queue=payments&queue_type=quorum&delivery_limit=5
 //
-//	amqp://user:pass@h1:5672,h2:5672,h3:5672/vhost
+// A cluster's nodes are listed comma-separated in place of host:port, each
+// with the same user, password, vhost and parameters. The first connection
+// goes to a node picked at random, so that many consumers spread over the
+// cluster; a failed dial tries the next node at once, and only when every
+// node failed in turn does the Source wait out its reconnect backoff. After
+// a connection loss it starts with the node after the one it lost. An empty
+// entry or a port that is not a number is an error naming it.
 //
-// (amqps:// alike), where each node gets the same user, password, vhost
-// and parameters. The first connection goes to a node picked at random,
-// so that many consumers spread over the cluster; a failed dial tries the
-// next node in the list at once, and only when every node failed in turn
-// does the Source wait out its reconnect backoff (WithReconnectBackoff)
-// before another round. After a connection loss the Source reconnects
-// starting with the node after the one it lost, as that one may be down.
-func Open(ctx context.Context, url, queue string, opts ...Option) (*Source, error) {
-	cfg, ns, err := sourceConfig(url, queue, opts)
+// Parameters, each the option of the same meaning (options given in code
+// apply after the URL's):
+//
+//	queue            the queue to consume (required)     (WithQueue)
+//	queue_type       classic | quorum                      (WithQueueType)
+//	retry            requeue | queue                       (WithRetryMode)
+//	dead_letter      republish | reject                    (WithDeadLetterMode)
+//	declare          true | false                          (WithDeclare)
+//	prefetch         1..65535                              (WithPrefetch)
+//	delivery_limit   0.. (quorum queues)                   (WithDeliveryLimit)
+//	message_ttl      a duration, e.g. 168h                 (WithMessageTTL)
+//	policy_ttl       a duration, e.g. 72h                  (WithPolicyTTL)
+//	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
+//	connection_name  the client connection name            (WithConnectionName)
+//	exchange         the exchange producers publish to     (WithExchange)
+//	id_header        the header holding the business id    (WithIDHeader)
+//
+// RabbitMQ's own URI parameters (heartbeat, connection_timeout,
+// channel_max, auth_mechanism, and for amqps:// cacertfile, certfile,
+// keyfile and server_name_indication) are left to amqp091-go, which checks
+// the server against cacertfile (default: the system roots) and its host
+// name. Any other parameter is an error naming it.
+func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
+	cfg, ns, err := openConfig(addr, opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &Source{
 		nodes:    ns,
 		next:     rand.IntN(len(ns.urls)),
-		queue:    queue,
+		queue:    cfg.queue,
 		cfg:      cfg,
 		window:   cfg.prefetch,
 		timers:   make(map[*time.Timer]struct{}),

@@ -41,7 +41,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s, err := Open(ctx, c.url, c.queue, c.opt)
+			s, err := Open(ctx, c.url, WithQueue(c.queue), c.opt)
 			if err == nil {
 				s.Close()
 				t.Fatal("Open accepted an invalid option")
@@ -63,17 +63,17 @@ func TestOpenWithoutDeclareNeedsTheQueues(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
 	ctx := context.Background()
-	_, err := Open(ctx, url, q, WithDeclare(false))
+	_, err := Open(ctx, url, WithQueue(q), WithDeclare(false))
 	if err == nil || !strings.Contains(err.Error(), q) {
 		t.Fatalf("Open(WithDeclare(false)) on a missing queue = %v, want an error naming %q", err, q)
 	}
 	// Declared by a first Open, the second finds it.
-	s, err := Open(ctx, url, q)
+	s, err := Open(ctx, url, WithQueue(q))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	s, err = Open(ctx, url, q, WithDeclare(false))
+	s, err = Open(ctx, url, WithQueue(q), WithDeclare(false))
 	if err != nil {
 		t.Fatalf("Open(WithDeclare(false)) on an existing topology: %v", err)
 	}
@@ -248,7 +248,7 @@ func TestPublisherReportsUnroutable(t *testing.T) {
 	}
 	// The publisher stays usable.
 	q := uniqueQueue(t, url)
-	s, err := Open(ctx, url, q)
+	s, err := Open(ctx, url, WithQueue(q))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestPublisherReportsUnroutable(t *testing.T) {
 func TestCloseUnblocksReceive(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
-	src, err := Open(context.Background(), url, q)
+	src, err := Open(context.Background(), url, WithQueue(q))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestBrokerClosesConnection(t *testing.T) {
 	q := uniqueQueue(t, url)
 	name := "idemq-test-" + q
 	ctx := context.Background()
-	src, err := Open(ctx, url, q, WithConnectionName(name), WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+	src, err := Open(ctx, url, WithQueue(q), WithConnectionName(name), WithLogger(testLogger(t)), WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

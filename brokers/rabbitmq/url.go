@@ -10,71 +10,32 @@ import (
 	"strconv"
 	"strings"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// OpenURL opens a Source configured entirely by a URL, so deployment
-// configuration rather than code picks the broker and its settings:
-//
-//	amqp://user:pass@host:5672/vhost?queue=payments&queue_type=quorum&retry=queue
-//
-// For a cluster, list its nodes, comma-separated, in place of host:port:
-//
-//	amqp://user:pass@h1:5672,h2:5672,h3:5672/vhost?queue=payments&queue_type=quorum&delivery_limit=5
-//
-// Every node gets the same user, password, vhost and parameters. The
-// Source connects first to a node picked at random, tries the next node in
-// the list at once when a dial fails, and after a connection loss starts
-// with the node after the one it lost (see Open). On a cluster use a
-// quorum queue (queue_type=quorum, with a delivery_limit): a classic queue
-// lives on one node and is gone while that node is down. An empty entry in
-// the node list or a port that is not a number is an error naming it.
-// core.OpenSource and core.OpenPublisher check the URL with net/url before
-// it reaches this package, which takes such a list when every node names
-// its port (h1:5672,h2:5672) and none is an IPv6 literal.
-//
-// Parameters (each maps to the option of the same meaning):
-//
-//	queue            the queue to consume (required)
-//	queue_type       classic | quorum                      (WithQueueType)
-//	retry            requeue | queue                       (WithRetryMode)
-//	dead_letter      republish | reject                    (WithDeadLetterMode)
-//	declare          true | false                          (WithDeclare)
-//	prefetch         1..65535                              (WithPrefetch)
-//	delivery_limit   0.. (quorum queues)                   (WithDeliveryLimit)
-//	message_ttl      a duration, e.g. 168h                 (WithMessageTTL)
-//	policy_ttl       a duration, e.g. 72h                  (WithPolicyTTL)
-//	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
-//	connection_name  the client connection name            (WithConnectionName)
-//	exchange         the exchange producers publish to     (WithExchange)
-//	id_header        the header holding the business id    (WithIDHeader)
-//
-// RabbitMQ's own URI parameters (heartbeat, connection_timeout,
-// channel_max, auth_mechanism, and for amqps:// the TLS files cacertfile,
-// certfile, keyfile and server_name_indication) are left to amqp091-go:
-// amqps:// verifies the server against cacertfile (default: the system
-// roots) and the host name (or server_name_indication), and sends the
-// client certificate when certfile and keyfile are given. Any other
-// parameter is an error naming it. URL parameters are applied after opts,
-// so the deployment's URL wins over defaults set in code.
-func OpenURL(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
-	amqpURL, queue, urlOpts, err := parseSourceURL(rawURL)
-	if err != nil {
-		return nil, err
+func init() {
+	for _, scheme := range []string{"amqp", "amqps"} {
+		driver.RegisterBroker(scheme, openSourceURL, openPublisherURL)
+		admin.RegisterDeadLetters(scheme, openDeadLettersURL)
 	}
-	return Open(ctx, amqpURL, queue, append(append([]Option{}, opts...), urlOpts...)...)
 }
 
-// amqpParams are the URI query parameters amqp091-go understands.
+// amqpParams are the URI query parameters amqp091-go understands: they are
+// left to it.
 var amqpParams = map[string]bool{
 	"heartbeat": true, "connection_timeout": true, "channel_max": true, "auth_mechanism": true,
 	"certfile": true, "keyfile": true, "cacertfile": true, "server_name_indication": true,
 }
 
-// urlParams are the idemq URL parameters but queue. The options name
-// themselves in their errors, whether opened by URL or from code.
+// urlParams are idemq's URL parameters. The options name themselves in
+// their errors, whether given by URL or in code.
 var urlParams = urlparam.Table[Option]{Scheme: "rabbitmq", Params: map[string]urlparam.Param[Option]{
+	"queue":      urlparam.Text("WithQueue", WithQueue),
 	"queue_type": urlparam.Text("WithQueueType", func(v string) Option { return WithQueueType(QueueType(v)) }),
 	"retry": urlparam.Choice("WithRetryMode", map[string]Option{
 		"requeue": WithRetryMode(RetryRequeue), "queue": WithRetryMode(RetryViaQueue),
@@ -94,10 +55,11 @@ var urlParams = urlparam.Table[Option]{Scheme: "rabbitmq", Params: map[string]ur
 	"id_header":         urlparam.Text("WithIDHeader", WithIDHeader),
 }}
 
-// parseSourceURL splits rawURL into the URL for amqp091-go, the queue and
-// the options its idemq parameters ask for.
-func parseSourceURL(rawURL string) (string, string, []Option, error) {
-	ns, err := splitNodes(rawURL)
+// readURL splits addr into the URL for amqp091-go (its nodes, user,
+// vhost and amqp091-go's parameters), the queue it names ("" for none)
+// and the options its idemq parameters ask for, the queue's among them.
+func readURL(addr string) (amqpURL, queue string, opts []Option, err error) {
+	ns, err := splitNodes(addr)
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -119,26 +81,80 @@ func parseSourceURL(rawURL string) (string, string, []Option, error) {
 			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: given %d times", redact.Name(k), len(vs))
 		}
 	}
-	queue := q.Get("queue")
-	q.Del("queue")
-	opts, err := urlParams.Take(q)
-	if err != nil {
+	queue = q.Get("queue")
+	if opts, err = urlParams.Take(q); err != nil {
 		return "", "", nil, err
 	}
 	for k := range q {
 		if !amqpParams[k] {
-			return "", "", nil, urlParams.Unknown(k, append([]string{"queue"}, slices.Collect(maps.Keys(amqpParams))...)...)
+			return "", "", nil, urlParams.Unknown(k, slices.Collect(maps.Keys(amqpParams))...)
 		}
 	}
-	keep := q
-	if queue == "" {
-		return "", "", nil, fmt.Errorf("rabbitmq: url parameter queue: required")
-	}
-	u.RawQuery = keep.Encode()
+	u.RawQuery = q.Encode()
 	if len(ns.hosts) > 1 {
 		u.Host = strings.Join(ns.hosts, ",")
 	}
 	return u.String(), queue, opts, nil
+}
+
+// parseSourceURL is readURL for a URL that must name the queue, as one
+// opened by scheme does.
+func parseSourceURL(addr string) (string, string, []Option, error) {
+	amqpURL, queue, opts, err := readURL(addr)
+	if err == nil && queue == "" {
+		err = errors.New("rabbitmq: url parameter queue: required")
+	}
+	return amqpURL, queue, opts, err
+}
+
+// openConfig reads addr and checks it with opts, which come after the
+// URL's parameters.
+func openConfig(addr string, opts []Option) (config, nodes, error) {
+	amqpURL, queue, urlOpts, err := readURL(addr)
+	if err != nil {
+		return config{}, nodes{}, err
+	}
+	return sourceConfig(amqpURL, queue, append(urlOpts, opts...))
+}
+
+func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+	var opts []Option
+	if cfg.Logger != nil {
+		opts = append(opts, WithLogger(cfg.Logger))
+	}
+	return Open(ctx, u.String(), opts...)
+}
+
+// openPublisherURL opens a Publisher to the queue the URL names (see
+// NewPublisher). It does not log, so cfg.Logger has nothing to reach.
+func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+	if _, _, _, err := parseSourceURL(u.String()); err != nil {
+		return nil, err
+	}
+	p, err := NewPublisher(ctx, u.String())
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: publisher: %w", err)
+	}
+	return p, nil
+}
+
+func openDeadLettersURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (admin.DeadLetterQueue, error) {
+	return OpenDeadLetters(ctx, u.String())
+}
+
+// parseNodes splits url into its nodes and checks each node's URL as
+// amqp091-go will read it.
+func parseNodes(url string) (nodes, error) {
+	ns, err := splitNodes(url)
+	if err != nil {
+		return nodes{}, err
+	}
+	for _, u := range ns.urls {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return nodes{}, urlError(u, err)
+		}
+	}
+	return ns, nil
 }
 
 // urlError reports a URL that amqp091-go refuses without its secrets: one

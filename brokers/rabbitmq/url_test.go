@@ -47,8 +47,11 @@ func TestParseSourceURL(t *testing.T) {
 			t.Errorf("parseSourceURL(%q) = %v, want an error naming %s", raw, err, want)
 		}
 	}
+	if _, err := Open(context.Background(), "amqp://h/"); err == nil || !strings.Contains(err.Error(), "queue=") || !strings.Contains(err.Error(), "WithQueue") {
+		t.Errorf("Open without a queue: %v, want an error naming queue= and WithQueue", err)
+	}
 	// A bad value reaches the option, which names itself.
-	if _, err := OpenURL(context.Background(), "amqp://h/?queue=q&prefetch=0"); err == nil || !strings.Contains(err.Error(), "WithPrefetch") {
+	if _, err := Open(context.Background(), "amqp://h/?queue=q&prefetch=0"); err == nil || !strings.Contains(err.Error(), "WithPrefetch") {
 		t.Errorf("OpenURL with prefetch=0: %v", err)
 	}
 }
@@ -57,7 +60,7 @@ func TestOpenURLConsumes(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
 	ctx := context.Background()
-	src, err := OpenURL(ctx, url+"?queue="+q+"&queue_type=quorum&prefetch=7")
+	src, err := Open(ctx, url+"?queue="+q+"&queue_type=quorum&prefetch=7")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,13 +118,13 @@ func TestOneURLWithExchange(t *testing.T) {
 	}
 	// With declare=false the exchange must exist.
 	q := uniqueQueue(t, url)
-	if src, err := OpenURL(ctx, url+"?queue="+q+"&exchange="+q+"-missing"); err != nil {
+	if src, err := Open(ctx, url+"?queue="+q+"&exchange="+q+"-missing"); err != nil {
 		t.Fatal(err)
 	} else {
 		src.Close()
 		deleteExchangeIfUnused(url, q+"-missing")
 	}
-	if _, err := OpenURL(ctx, url+"?queue="+q+"&declare=false&exchange="+q+"-absent"); err == nil || !strings.Contains(err.Error(), "exchange") {
+	if _, err := Open(ctx, url+"?queue="+q+"&declare=false&exchange="+q+"-absent"); err == nil || !strings.Contains(err.Error(), "exchange") {
 		t.Errorf("declare=false with an absent exchange: %v, want an error naming the exchange", err)
 	}
 }
@@ -158,14 +161,14 @@ func TestMultiNodeURL(t *testing.T) {
 		"amqps://u:secret@h1:5672,[::1/?queue=q":     `no ']'`,
 		"amqp://u:secret@h1:5672,h2:5673/?queue=q&x": "x",
 	} {
-		_, err := OpenURL(context.Background(), raw)
+		_, err := Open(context.Background(), raw)
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("OpenURL(%q) = %v, want an error with %q", raw, err, want)
+			t.Errorf("Open(%q) = %v, want an error with %q", raw, err, want)
 			continue
 		}
 		for _, secret := range []string{"secret", "sec,ret"} {
 			if strings.Contains(err.Error(), secret) {
-				t.Errorf("OpenURL(%q) error shows the password: %v", raw, err)
+				t.Errorf("Open(%q) error shows the password: %v", raw, err)
 			}
 		}
 	}

@@ -33,7 +33,7 @@ func amqpURL(t testing.TB) string {
 // queue) and deletes them at the end.
 func declareQueue(t testing.TB, url, name string) {
 	t.Helper()
-	src, err := rabbitmq.Open(context.Background(), url, name, rabbitmq.WithLogger(discard()))
+	src, err := rabbitmq.Open(context.Background(), url, rabbitmq.WithQueue(name), rabbitmq.WithLogger(discard()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("only %d of %d effects after 90s", applied(), total)
 		}
-		src, err := rabbitmq.Open(ctx, amqpU, queue, rabbitmq.WithLogger(discard()))
+		src, err := rabbitmq.Open(ctx, amqpU, rabbitmq.WithQueue(queue), rabbitmq.WithLogger(discard()))
 		if err != nil {
 			t.Fatal(err)
 		}

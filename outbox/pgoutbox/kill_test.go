@@ -91,7 +91,7 @@ func TestRelayProcessKilled(t *testing.T) {
 	queue := "idemq-outbox-kill-" + suffix()
 	declareQueue(t, amqpU, queue)
 	runRelayKill(t, relayKill{dest: queue, ordered: true, source: func(ctx context.Context) (driver.Source, error) {
-		return rabbitmq.Open(ctx, amqpU, queue, rabbitmq.WithLogger(discard()))
+		return rabbitmq.Open(ctx, amqpU, rabbitmq.WithQueue(queue), rabbitmq.WithLogger(discard()))
 	}})
 }
 
