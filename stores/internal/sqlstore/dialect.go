@@ -51,7 +51,7 @@ type Dialect struct {
 	// Lock ends a SELECT that must lock the rows it reads (" FOR UPDATE");
 	// "" where every transaction holds the write lock (SQLite).
 	Lock string
-	// TimeText reads a time expression as TimeFormat text; nil where the
+	// TimeText reads a time expression as timeFormat text; nil where the
 	// column holds that text.
 	TimeText func(expr string) string
 	// DeleteOldest returns the statement that deletes at most limit rows

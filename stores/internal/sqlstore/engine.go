@@ -115,7 +115,7 @@ func (e *Engine) Prune(ctx context.Context, before time.Time, limit int) (int, e
 		return 0, err
 	}
 	q, args := e.d.DeleteOldest(e.cfg.Table, "processed_at", limit)
-	n, err := ExecCount(ctx, e.db, q, append([]any{FormatTime(before)}, args...)...)
+	n, err := execCount(ctx, e.db, q, append([]any{formatTime(before)}, args...)...)
 	if err != nil {
 		return 0, e.cfg.Wrap("prune", err)
 	}
@@ -124,7 +124,7 @@ func (e *Engine) Prune(ctx context.Context, before time.Time, limit int) (int, e
 		return n, nil
 	}
 	q, args = e.d.DeleteOldest(lt, "lease_until", limit-n)
-	m, err := ExecCount(ctx, e.db, q, append([]any{FormatTime(e.cfg.LeaseCut(before))}, args...)...)
+	m, err := execCount(ctx, e.db, q, append([]any{formatTime(e.cfg.LeaseCut(before))}, args...)...)
 	if err := e.skipNoLeases(err); err != nil {
 		return n, e.cfg.Wrap("prune", err)
 	}
@@ -185,7 +185,7 @@ func (e *Engine) first() string {
 	return "?"
 }
 
-// timeText reads the time expression expr as TimeFormat text.
+// timeText reads the time expression expr as timeFormat text.
 func (e *Engine) timeText(expr string) string {
 	if e.d.TimeText == nil {
 		return expr

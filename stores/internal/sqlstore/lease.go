@@ -136,7 +136,7 @@ func (e *Engine) takeLease(ctx context.Context, tx *sql.Tx, lt, consumer string,
 		if errors.Is(err, sql.ErrNoRows) {
 			token = FirstToken()
 			_, err = tx.ExecContext(ctx, `INSERT INTO `+lt+` (consumer, message_id, token, fingerprint, acquired_at, lease_until) VALUES (?, ?, ?, ?, ?, ?)`,
-				consumer, claim.ID, token, claim.Fingerprint, FormatTime(now), FormatTime(until))
+				consumer, claim.ID, token, claim.Fingerprint, formatTime(now), formatTime(until))
 			if err != nil && try == 0 && e.d.Errors.duplicate(err) {
 				continue // another acquirer inserted the row first: read it
 			}
@@ -148,7 +148,7 @@ func (e *Engine) takeLease(ctx context.Context, tx *sql.Tx, lt, consumer string,
 		if err != nil {
 			return driver.Lease{}, err
 		}
-		expiry, err := time.ParseInLocation(TimeFormat, held, time.UTC)
+		expiry, err := time.ParseInLocation(timeFormat, held, time.UTC)
 		if err != nil {
 			return driver.Lease{}, err
 		}
@@ -156,7 +156,7 @@ func (e *Engine) takeLease(ctx context.Context, tx *sql.Tx, lt, consumer string,
 			return driver.Lease{Result: driver.LeaseBusy, Until: expiry}, nil
 		}
 		_, err = tx.ExecContext(ctx, `UPDATE `+lt+` SET token = ?, fingerprint = ?, acquired_at = ?, lease_until = ? WHERE consumer = ? AND message_id = ?`,
-			token+1, claim.Fingerprint, FormatTime(now), FormatTime(until), consumer, claim.ID)
+			token+1, claim.Fingerprint, formatTime(now), formatTime(until), consumer, claim.ID)
 		if err != nil {
 			return driver.Lease{}, err
 		}
@@ -179,7 +179,7 @@ func (e *Engine) Renew(ctx context.Context, consumer string, refs []driver.Lease
 		return nil, c.Wrap("renew", err)
 	}
 	defer tx.Rollback()
-	held, err = e.settle(ctx, tx, lt, consumer, refs, `UPDATE `+lt+` SET lease_until = ? WHERE consumer = ? AND message_id IN `, FormatTime(until))
+	held, err = e.settle(ctx, tx, lt, consumer, refs, `UPDATE `+lt+` SET lease_until = ? WHERE consumer = ? AND message_id IN `, formatTime(until))
 	if err != nil {
 		return nil, c.Wrap("renew", err)
 	}
@@ -219,7 +219,7 @@ func (e *Engine) settle(ctx context.Context, tx *sql.Tx, lt, consumer string, re
 		for i, r := range part {
 			ids[i] = r.ID
 		}
-		q, args := InIDs(false, `SELECT message_id, token FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, ids)
+		q, args := listIDs(false, `SELECT message_id, token FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, ids)
 		var id []byte // VARBINARY on MySQL; TEXT converts
 		var token int64
 		if err := scanEach(ctx, tx, q+e.d.Lock, args, func() error { tokens[string(id)] = token; return nil }, &id, &token); err != nil {
@@ -235,7 +235,7 @@ func (e *Engine) settle(ctx context.Context, tx *sql.Tx, lt, consumer string, re
 		}
 	}
 	for part := range slices.Chunk(ids, e.d.ListChunk) {
-		q, args := InIDs(false, act, consumer, part)
+		q, args := listIDs(false, act, consumer, part)
 		if _, err := tx.ExecContext(ctx, q, append(first, args...)...); err != nil {
 			return nil, err
 		}
@@ -268,12 +268,12 @@ func (e *Engine) lookupLeases(ctx context.Context, consumer string, ids []string
 		return nil // no lease table: no leases
 	}
 	for part := range slices.Chunk(ids, e.d.ListChunk) {
-		q, args := InIDs(false, `SELECT message_id, token, `+e.timeText("lease_until")+` FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
+		q, args := listIDs(false, `SELECT message_id, token, `+e.timeText("lease_until")+` FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
 		var id []byte // VARBINARY on MySQL; TEXT converts
 		var token int64
 		var until string
 		err := scanEach(ctx, e.db, q, args, func() error {
-			t, err := time.ParseInLocation(TimeFormat, until, time.UTC)
+			t, err := time.ParseInLocation(timeFormat, until, time.UTC)
 			info, ok := found[string(id)]
 			if !ok {
 				info = admin.ClaimInfo{ID: string(id)}

@@ -36,7 +36,7 @@ func (e *Engine) Lookup(ctx context.Context, consumer string, ids []string) ([]a
 		var id, fp []byte // VARBINARY on MySQL; TEXT converts
 		var at string
 		err := scanEach(ctx, e.db, q, args, func() error {
-			t, err := time.ParseInLocation(TimeFormat, at, time.UTC)
+			t, err := time.ParseInLocation(timeFormat, at, time.UTC)
 			found[string(id)] = admin.ClaimInfo{ID: string(id), Claimed: true, At: t, Fingerprint: string(fp)}
 			return err
 		}, &id, &fp, &at)
@@ -101,7 +101,7 @@ func (e *Engine) Forget(ctx context.Context, consumer string, ids []string) (n i
 	}
 	if lt, err := c.LeaseTable(); err == nil {
 		for part := range slices.Chunk(ids, e.d.ListChunk) {
-			q, args := InIDs(false, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
+			q, args := listIDs(false, `DELETE FROM `+lt+` WHERE consumer = ? AND message_id IN `, consumer, part)
 			if _, err := tx.ExecContext(ctx, q, args...); e.skipNoLeases(err) != nil {
 				return 0, c.Wrap("forget", err)
 			}

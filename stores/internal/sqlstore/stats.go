@@ -11,13 +11,13 @@ import (
 	"github.com/idemq/idemq/admin"
 )
 
-// TimeFormat is how the database/sql stores write processed_at: fixed-width
+// timeFormat is how the database/sql stores write processed_at: fixed-width
 // UTC text, so that text order is time order and the driver's time settings
 // do not matter.
-const TimeFormat = "2006-01-02 15:04:05.000000"
+const timeFormat = "2006-01-02 15:04:05.000000"
 
-// FormatTime writes t in TimeFormat, in UTC.
-func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
+// formatTime writes t in timeFormat, in UTC.
+func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
 
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, the claims in progress
@@ -32,10 +32,10 @@ func (e *Engine) Inspect(ctx context.Context) (admin.TableStats, error) {
 	err := scanEach(ctx, e.db, `SELECT consumer, COUNT(*), `+e.timeText("MIN(processed_at)")+`, `+e.timeText("MAX(processed_at)")+
 		` FROM `+e.cfg.Table+` GROUP BY consumer ORDER BY consumer`, nil, func() (err error) {
 		cs.Consumer = string(consumer)
-		if cs.Oldest, err = time.ParseInLocation(TimeFormat, oldest, time.UTC); err != nil {
+		if cs.Oldest, err = time.ParseInLocation(timeFormat, oldest, time.UTC); err != nil {
 			return err
 		}
-		if cs.Newest, err = time.ParseInLocation(TimeFormat, newest, time.UTC); err != nil {
+		if cs.Newest, err = time.ParseInLocation(timeFormat, newest, time.UTC); err != nil {
 			return err
 		}
 		st.Consumers = append(st.Consumers, cs)
@@ -54,8 +54,8 @@ func (e *Engine) Inspect(ctx context.Context) (admin.TableStats, error) {
 	return st, e.inspectLeases(ctx, &st)
 }
 
-// ExecCount runs a statement on db and returns how many rows it changed.
-func ExecCount(ctx context.Context, db *sql.DB, query string, args ...any) (int, error) {
+// execCount runs a statement on db and returns how many rows it changed.
+func execCount(ctx context.Context, db *sql.DB, query string, args ...any) (int, error) {
 	res, err := db.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
@@ -88,7 +88,7 @@ func (e *Engine) inspectLeases(ctx context.Context, st *admin.TableStats) error 
 	var consumer []byte // VARBINARY on MySQL; TEXT converts
 	var n, expired int64
 	err = scanEach(ctx, e.db, `SELECT consumer, COUNT(*), SUM(CASE WHEN lease_until < ? THEN 1 ELSE 0 END) FROM `+lt+` GROUP BY consumer`,
-		[]any{FormatTime(e.cfg.Now())}, func() error { AddLeases(st, string(consumer), n, expired); return nil }, &consumer, &n, &expired)
+		[]any{formatTime(e.cfg.Now())}, func() error { AddLeases(st, string(consumer), n, expired); return nil }, &consumer, &n, &expired)
 	if err := e.skipNoLeases(err); err != nil {
 		return e.cfg.Wrap("inspect", err)
 	}

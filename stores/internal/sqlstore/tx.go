@@ -63,7 +63,7 @@ func (t *End) Claim(ctx context.Context, consumer string, claims []driver.Claim)
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(claims[a].ID, claims[b].ID) })
 	token := rand.Int64N(1<<63-1) + 1 // never the column default 0
-	now := FormatTime(e.cfg.Now())
+	now := formatTime(e.cfg.Now())
 	got := make(map[string]claimed, len(claims))
 	missing := func(chunk []int) (ids []string) {
 		for _, i := range chunk {
@@ -179,15 +179,15 @@ func (t *End) Fence(ctx context.Context, consumer string, leases []driver.LeaseR
 	return t.e.fence(ctx, t.tx, consumer, leases)
 }
 
-// inIDs is InIDs in the engine's placeholder style.
+// inIDs is listIDs in the engine's placeholder style.
 func (e *Engine) inIDs(prefix, consumer string, ids []string) (string, []any) {
-	return InIDs(e.d.Numbered, prefix, consumer, ids)
+	return listIDs(e.d.Numbered, prefix, consumer, ids)
 }
 
-// InIDs returns prefix followed by a parenthesised placeholder per id, and
+// listIDs returns prefix followed by a parenthesised placeholder per id, and
 // the statement's arguments: consumer, then ids. With numbered the
 // placeholders are ?2, ?3, … (the consumer is ?1 in prefix), otherwise ?.
-func InIDs(numbered bool, prefix, consumer string, ids []string) (string, []any) {
+func listIDs(numbered bool, prefix, consumer string, ids []string) (string, []any) {
 	var b strings.Builder
 	b.WriteString(prefix + "(")
 	args := make([]any, 0, 1+len(ids))
