@@ -160,16 +160,8 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *admin.Parked) err
 		if err != nil {
 			return err
 		}
-		point := p.end
-		if p.kept >= 0 {
-			point = p.kept
-		}
-		if removed && point > p.committed && point > p.from {
-			r, err := q.plan(p, point, -1)
-			if err == nil {
-				err = q.commit(ctx, p, r)
-			}
-			if err != nil {
+		if point := p.upTo(p.end); removed && point > p.committed && point > p.from {
+			if err := q.record(ctx, p, point, -1); err != nil {
 				return err
 			}
 		}
@@ -179,22 +171,28 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *admin.Parked) err
 
 // Remove implements deadletter.Store: it records l as handled.
 func (q *dlqStore) Remove(ctx context.Context, l *letter) error {
-	r, err := q.planFor(l)
-	if err == nil {
-		err = q.commit(ctx, l.p, r)
-	}
+	err := q.record(ctx, l.p, l.p.upTo(l.offset+1), l.offset)
 	l.removed = err == nil
 	return err
 }
 
-// planFor works out the commit that records l as handled: up to l, or up
-// to the first letter the call left parked.
-func (q *dlqStore) planFor(l *letter) (bookmark, error) {
-	point := l.offset + 1
-	if l.p.kept >= 0 {
-		point = l.p.kept
+// upTo is the commit point of a call that handled everything below next
+// it read: next, or the first dead letter it left parked.
+func (p *dlqPart) upTo(next int64) int64 {
+	if p.kept >= 0 {
+		return p.kept
 	}
-	return q.plan(l.p, point, l.offset)
+	return next
+}
+
+// record commits point for p, with done (if not -1) among the handled
+// records above it.
+func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) error {
+	r, err := q.plan(p, point, done)
+	if err != nil {
+		return err
+	}
+	return q.commit(ctx, p, r)
 }
 
 // load reads the dead-letter topic's partitions, their offsets and the
@@ -411,7 +409,7 @@ func (q *dlqStore) commit(ctx context.Context, p *dlqPart, r bookmark) error {
 // headers, and waits for every in-sync replica. It fails before producing
 // when l could not be recorded as handled.
 func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) error {
-	if _, err := q.planFor(l); err != nil {
+	if _, err := q.plan(l.p, l.p.upTo(l.offset+1), l.offset); err != nil {
 		return err
 	}
 	if q.writer == nil {

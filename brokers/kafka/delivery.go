@@ -51,24 +51,28 @@ type delivery struct {
 // Message returns the received message.
 func (d *delivery) Message() *driver.Message { return d.msg }
 
+// wrap names d's message in err; nil stays nil.
 func (d *delivery) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
 	return fmt.Errorf("kafka: message %q (%s/%d@%d): %w", d.msg.ID, d.e.msg.Topic, d.e.msg.Partition, d.e.msg.Offset, err)
+}
+
+// settle claims d and marks its message done (requeue nil) or puts it
+// back to wait *requeue.
+func (d *delivery) settle(requeue *time.Duration) error {
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
+	}
+	d.src.mu.Lock()
+	defer d.src.mu.Unlock()
+	return d.wrap(d.src.settleLocked(d, requeue))
 }
 
 // Ack marks the message done. Its offset is committed with the next batched
 // commit once every earlier message of the partition is decided too.
-func (d *delivery) Ack(ctx context.Context) error {
-	if err := d.Claim(); err != nil {
-		return d.wrap(err)
-	}
-	s := d.src
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.settleLocked(d, nil); err != nil {
-		return d.wrap(err)
-	}
-	return nil
-}
+func (d *delivery) Ack(ctx context.Context) error { return d.settle(nil) }
 
 // Retry hands the message out again no sooner than delay, without letting
 // the committed offset pass it: retried in place, later messages of its
@@ -76,43 +80,27 @@ func (d *delivery) Ack(ctx context.Context) error {
 // WithRetryTopic it produces a copy to the retry topic instead, waits for
 // the write, and marks the original done.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
-	if err := d.Claim(); err != nil {
-		return d.wrap(err)
-	}
-	s := d.src
-	if s.cfg.retryTopic == "" {
+	if d.src.cfg.retryTopic == "" {
 		delay = max(delay, 0)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if err := s.settleLocked(d, &delay); err != nil {
-			return d.wrap(err)
-		}
-		return nil
+		return d.settle(&delay)
 	}
 	h := map[string]string{
 		driver.AttemptHeader: strconv.Itoa(d.msg.Attempt + 1),
 		// Rounded up: the copy must never be processed before its delay.
 		HeaderNotBefore: strconv.FormatInt((time.Now().Add(delay).UnixNano()+999_999)/1_000_000, 10),
 	}
-	return d.produceThenDone(ctx, s.cfg.retryTopic, h, time.Time{})
+	return d.produceThenDone(ctx, d.src.cfg.retryTopic, h, time.Time{})
 }
 
-// DeadLetter produces the message to the dead-letter topic with its cause
-// (driver.CauseHeader), original topic, partition, offset and attempt in
-// headers, waits until every in-sync replica has it (RequireAll), then
-// marks the original done. A failed write is tried again a few times with
-// backoff within the call; if it still fails (the topic was deleted, the
-// cluster refuses writes) DeadLetter returns the error and the message is
-// not dropped: it stays undecided, so its offset is not committed, and it
-// is handed out again after a second and decided again. Meanwhile later
-// messages of its key (OrderPerKey) or partition (OrderPerPartition) wait
-// behind it, as behind any retried message; other keys and partitions go
-// on. After a restart or a rebalance the next owner gets it again from the
-// committed offset.
+// DeadLetter produces the message to the dead-letter topic with the
+// bookkeeping headers (deadletter.Mark) and HeaderGroup, waits until every
+// in-sync replica has it, then marks the original done. A failed write is
+// tried a few times with backoff within the call; if it still fails (the
+// topic was deleted, the cluster refuses writes) DeadLetter returns the
+// error and the message is not dropped: it stays undecided, its offset is
+// not committed, and it is handed out again after a second (later messages
+// of its key or partition wait behind it, as behind any retried message).
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
-	if err := d.Claim(); err != nil {
-		return d.wrap(err)
-	}
 	text := "unknown"
 	if cause != nil {
 		text = cause.Error()
@@ -131,13 +119,13 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 // error returned. A delivery found stale sends nothing (the next owner
 // decides the message again; a copy now would be a second one).
 func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[string]string, at time.Time) error {
+	if err := d.Claim(); err != nil {
+		return d.wrap(err)
+	}
 	s := d.src
 	msg := d.copyTo(topic, extra, at)
 	var err error
-	for try, pace := 1, copyBackoff(); ; try++ {
-		if try > 1 && !pace.Wait(ctx) {
-			break
-		}
+	for try, pace := 1, copyBackoff(); try == 1 || pace.Wait(ctx); try++ {
 		s.mu.Lock()
 		if stale := s.staleness(d); stale != nil {
 			_ = s.settleLocked(d, nil)
@@ -151,18 +139,23 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err != nil {
-		delay := dlqRetryDelay
-		if serr := s.settleLocked(d, &delay); serr != nil {
-			return d.wrap(fmt.Errorf("producing to %q: %w (and %w)", topic, err, serr))
-		}
-		s.log().Warn("idemq kafka: producing a copy failed; the message stays undecided and is handed out again", "topic", topic, "message_id", d.msg.ID, "attempts", copyAttempts, "error", err)
-		return d.wrap(fmt.Errorf("producing to %q: %w", topic, err))
+	if err == nil {
+		return d.wrap(wrapIf(s.settleLocked(d, nil), "copy produced to %q, but: %w", topic))
 	}
-	if err := s.settleLocked(d, nil); err != nil {
-		return d.wrap(fmt.Errorf("copy produced to %q, but: %w", topic, err))
+	delay := dlqRetryDelay
+	if serr := s.settleLocked(d, &delay); serr != nil {
+		return d.wrap(fmt.Errorf("producing to %q: %w (and %w)", topic, err, serr))
 	}
-	return nil
+	s.log().Warn("idemq kafka: producing a copy failed; the message stays undecided and is handed out again", "topic", topic, "message_id", d.msg.ID, "attempts", copyAttempts, "error", err)
+	return d.wrap(fmt.Errorf("producing to %q: %w", topic, err))
+}
+
+// wrapIf is fmt.Errorf(format, arg, err), nil when err is.
+func wrapIf(err error, format string, arg any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf(format, arg, err)
 }
 
 // copyTo builds the copy of the message for topic: its key, value and
@@ -201,24 +194,20 @@ func (d *delivery) origin() string {
 	return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
 }
 
-// retryHeaders reads a retry copy's not-before time and recorded attempt.
-// The attempt returned is the number of deliveries before this copy.
-func retryHeaders(hs []kafkago.Header) (time.Time, int) {
-	var nb time.Time
-	base := 0
+// retryHeaders reads a retry copy's not-before time and the number of
+// deliveries before it.
+func retryHeaders(hs []kafkago.Header) (notBefore time.Time, before int) {
 	for _, h := range hs {
-		switch h.Key {
-		case HeaderNotBefore:
-			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
-				nb = time.UnixMilli(ms)
-			}
-		case driver.AttemptHeader:
-			if n, err := strconv.Atoi(string(h.Value)); err == nil && n > 1 {
-				base = n - 1
-			}
+		n, err := strconv.ParseInt(string(h.Value), 10, 64)
+		switch {
+		case err != nil:
+		case h.Key == HeaderNotBefore:
+			notBefore = time.UnixMilli(n)
+		case h.Key == driver.AttemptHeader && n > 1:
+			before = int(n - 1)
 		}
 	}
-	return nb, base
+	return notBefore, before
 }
 
 // toMessage converts a fetched message into the pipeline's Message.
@@ -236,14 +225,7 @@ func (s *Source) fillMessage(msg *driver.Message, e *entry, attempt int) {
 		headers[h.Key] = string(h.Value) // the last of repeated keys wins
 	}
 	key := string(m.Key)
-	*msg = driver.Message{
-		ID:      headers[s.cfg.idHeader],
-		Body:    m.Value,
-		Headers: headers,
-		Key:     key,
-		Source:  s.cfg.topic,
-		System:  "kafka",
-		Attempt: attempt,
+	*msg = driver.Message{ID: headers[s.cfg.idHeader], Body: m.Value, Headers: headers, Key: key, Source: s.cfg.topic, System: "kafka", Attempt: attempt,
 		Metadata: map[string]string{
 			string(semconv.MessagingDestinationNameKey):        e.p.topic,
 			string(semconv.MessagingDestinationPartitionIDKey): e.p.idText,

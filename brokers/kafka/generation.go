@@ -1,19 +1,22 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
-
-	"github.com/idemq/idemq/internal/retry"
 
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // generation is this member's share of one consumer group generation: the
@@ -84,20 +87,14 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 			g.parts = append(g.parts, &partition{
 				gen: g, topic: topic, id: a.ID, idText: strconv.Itoa(a.ID), retry: topic == s.cfg.retryTopic && topic != "",
 				next: a.Offset, committed: a.Offset, order: s.cfg.ordering,
-				high: -1, prevHigh: -1, resume: resumeFetchAt(s.cfg.partitionBuffer),
+				// Resume fetching at three quarters of the buffer, so that a
+				// woken fetcher fetches a run, not one message per settlement.
+				high: -1, prevHigh: -1, resume: max(1, s.cfg.partitionBuffer-s.cfg.partitionBuffer/4),
 			})
 		}
 	}
 	// Deterministic order so the round-robin visits partitions fairly.
-	slices.SortFunc(g.parts, func(a, b *partition) int {
-		if a.topic != b.topic {
-			if a.topic < b.topic {
-				return -1
-			}
-			return 1
-		}
-		return a.id - b.id
-	})
+	slices.SortFunc(g.parts, func(a, b *partition) int { return cmp.Or(strings.Compare(a.topic, b.topic), a.id-b.id) })
 	return g
 }
 
@@ -110,44 +107,34 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	log := s.log().With("group", s.cfg.group, "generation", g.kgen.ID)
 	s.loadProgress(g, log)
 	s.resolveStart(g, log)
-	log.Info("idemq kafka: partitions assigned", "partitions", describe(g.parts))
+	var where []string
+	for _, p := range g.parts {
+		where = append(where, p.topic+"/"+p.idText+"@"+strconv.FormatInt(p.next, 10))
+	}
+	log.Info("idemq kafka: partitions assigned", "partitions", strings.Join(where, ","))
 	s.mu.Lock()
-	s.gen = g
-	s.rr = 0
+	s.gen, s.rr = g, 0
 	s.broadcast()
 	s.mu.Unlock()
 
 	fctx, stopFetch := context.WithCancel(context.Background())
 	var fetchers sync.WaitGroup
 	for _, p := range g.parts {
-		r := kafkago.NewReader(kafkago.ReaderConfig{
-			Brokers:       s.cfg.brokers,
-			Topic:         p.topic,
-			Partition:     p.id,
-			Dialer:        s.cfg.dialer,
-			MinBytes:      1,
-			MaxBytes:      1 << 20,
-			MaxWait:       s.cfg.fetchMaxWait,
-			QueueCapacity: min(s.cfg.partitionBuffer, 100),
-			ErrorLogger:   kafkaLogger{s.log()},
-		})
+		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: s.cfg.brokers, Topic: p.topic, Partition: p.id, Dialer: s.cfg.dialer,
+			MinBytes: 1, MaxBytes: 1 << 20, MaxWait: s.cfg.fetchMaxWait, QueueCapacity: min(s.cfg.partitionBuffer, 100), ErrorLogger: kafkaLogger{s.log()}})
 		if err := r.SetOffset(p.next); err != nil {
 			log.Warn("idemq kafka: setting the fetch offset", "topic", p.topic, "partition", p.id, "error", err)
 		}
-		fetchers.Add(1)
-		go func() {
-			defer fetchers.Done()
+		fetchers.Go(func() {
 			defer r.Close()
 			s.fetch(fctx, p, r)
-		}()
+		})
 	}
 
 	ticker := time.NewTicker(s.cfg.commitInterval)
-loop:
-	for {
+	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
-			break loop
 		case <-ticker.C:
 			s.commit(g, log)
 		case <-g.kick:
@@ -175,10 +162,7 @@ loop:
 	if !closing && s.cfg.revokeTimeout > 0 {
 		timer := time.NewTimer(s.cfg.revokeTimeout)
 		s.mu.Lock()
-		for g.outstanding > 0 && !s.closed {
-			if !s.wait(s.ctx, timer.C) {
-				break
-			}
+		for g.outstanding > 0 && !s.closed && s.wait(s.ctx, timer.C) {
 		}
 		left := g.outstanding
 		s.mu.Unlock()
@@ -205,21 +189,13 @@ loop:
 // heartbeat sends g's member heartbeats every heartbeat interval until the
 // returned func is called (more than once is fine).
 func (s *Source) heartbeat(g *generation) func() {
-	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(s.cfg.heartbeatInterval)
-		defer t.Stop()
-		var coordinator net.Addr // kafka-go routes heartbeats to Addr, not to the coordinator
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
+	var coordinator net.Addr // kafka-go routes heartbeats to Addr, not to the coordinator
+	wg.Go(func() {
+		unsettled.Heartbeat(ctx, s.cfg.heartbeatInterval, func(time.Time) {
 			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.sessionTimeout)
+			defer cancel()
 			if coordinator == nil {
 				fc, err := s.client.FindCoordinator(ctx, &kafkago.FindCoordinatorRequest{Key: s.cfg.group, KeyType: kafkago.CoordinatorKeyTypeConsumer})
 				if err == nil && fc.Error == nil && fc.Coordinator != nil {
@@ -232,51 +208,28 @@ func (s *Source) heartbeat(g *generation) func() {
 					coordinator = nil // look it up again next time
 				}
 			}
-			cancel()
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done); wg.Wait() })
-	}
+		})
+	})
+	return func() { cancel(); wg.Wait() }
 }
 
-func describe(ps []*partition) string {
-	out := ""
-	for i, p := range ps {
-		if i > 0 {
-			out += ","
-		}
-		out += p.topic + "/" + strconv.Itoa(p.id) + "@" + strconv.FormatInt(p.next, 10)
-	}
-	return out
-}
-
-// resumeFetchAt is how few entries a full partition must be down to before
-// its fetcher goes on: three quarters of the buffer, so that a fetcher
-// woken once fetches a run of messages, not one per settlement.
-func resumeFetchAt(buffer int) int { return max(1, buffer-buffer/4) }
-
-// fetch reads one partition into its entries, pausing while the
-// partition holds WithPartitionBuffer messages until it is down to
-// resumeFetchAt of them.
+// fetch reads one partition into its entries, pausing while the partition
+// holds WithPartitionBuffer messages until it is down to p.resume.
 func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 	backoff := retry.New(50*time.Millisecond, 5*time.Second)
 	for {
 		s.mu.Lock()
-		if len(p.entries) >= s.cfg.partitionBuffer {
-			for len(p.entries) >= p.resume && ctx.Err() == nil {
-				if p.room == nil {
-					p.room = make(chan struct{})
-				}
-				room := p.room
-				s.mu.Unlock()
-				select {
-				case <-room:
-				case <-ctx.Done():
-				}
-				s.mu.Lock()
+		for full := len(p.entries) >= s.cfg.partitionBuffer; full && len(p.entries) >= p.resume && ctx.Err() == nil; {
+			if p.room == nil {
+				p.room = make(chan struct{})
 			}
+			room := p.room
+			s.mu.Unlock()
+			select {
+			case <-room:
+			case <-ctx.Done():
+			}
+			s.mu.Lock()
 		}
 		s.mu.Unlock()
 		m, err := r.FetchMessage(ctx)
@@ -301,14 +254,13 @@ func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 			return
 		}
 		p.next = m.Offset + 1
+		p.entries = append(p.entries, e)
 		if covered(p.skip, m.Offset) {
 			// Decided by an earlier owner behind an undecided message.
 			e.state = done
-			p.entries = append(p.entries, e)
 			p.advance()
 			s.skipped.Add(1)
 		} else {
-			p.entries = append(p.entries, e)
 			p.fetched(e)
 		}
 		// Read under the lock: once e is in the partition, a settlement
@@ -338,11 +290,10 @@ func (s *Source) pick(now time.Time) *entry {
 	if g == nil || g.revoked {
 		return nil
 	}
-	n := len(g.parts)
-	for i := range n {
-		k := (s.rr + i) % n
+	for i := range len(g.parts) {
+		k := (s.rr + i) % len(g.parts)
 		if e := g.parts[k].pick(now); e != nil {
-			s.rr = (k + 1) % n
+			s.rr = (k + 1) % len(g.parts)
 			return e
 		}
 	}
@@ -372,16 +323,15 @@ func (s *Source) handOut(e *entry) *delivery {
 // already set). s.mu is held.
 func (s *Source) release(d *delivery, retry bool) {
 	s.outstanding--
-	if d.gen.dead {
-		return
+	if !d.gen.dead {
+		d.e.p.settled(d.e, retry)
+		d.gen.outstanding--
 	}
-	d.e.p.settled(d.e, retry)
-	d.gen.outstanding--
 }
 
 // settleLocked marks d's message done (requeue nil) or puts it back to
 // wait *requeue (retry in place), and wakes the waiters. s.mu is held and
-// d.settled is already set.
+// d is claimed.
 func (s *Source) settleLocked(d *delivery, requeue *time.Duration) error {
 	defer s.broadcast()
 	return s.settleQuietly(d, requeue)
@@ -395,7 +345,7 @@ func (s *Source) staleness(d *delivery) error {
 	case d.gen.dead:
 		return driver.Stale(errRevoked)
 	case s.closed:
-		return driver.Stale(errClosed)
+		return driver.Stale(unsettled.ErrClosed)
 	}
 	return nil
 }
@@ -408,11 +358,9 @@ func (s *Source) settleQuietly(d *delivery, requeue *time.Duration) error {
 		s.stale.Add(1)
 		return err
 	}
-	e := d.e
-	p := e.p
+	e, g := d.e, d.gen
 	if requeue != nil {
-		e.state = waiting
-		e.notBefore = time.Now().Add(*requeue)
+		e.state, e.notBefore = waiting, time.Now().Add(*requeue)
 		s.release(d, true)
 		if *requeue > 0 {
 			s.wakeAt(*requeue)
@@ -421,11 +369,9 @@ func (s *Source) settleQuietly(d *delivery, requeue *time.Duration) error {
 	}
 	s.release(d, false)
 	e.state = done
-	p.dirty = true
-	p.advance()
-	g := d.gen
-	g.sinceCommit++
-	if g.sinceCommit >= s.cfg.commitCount {
+	e.p.dirty = true
+	e.p.advance()
+	if g.sinceCommit++; g.sinceCommit >= s.cfg.commitCount {
 		select {
 		case g.kick <- struct{}{}:
 		default:
@@ -440,10 +386,8 @@ func (p *partition) advance() {
 	for i < len(p.entries) && p.entries[i].state == done {
 		i++
 	}
-	if i > 0 {
-		clear(p.entries[:i])
-		p.entries = p.entries[i:]
-	}
+	clear(p.entries[:i])
+	p.entries = p.entries[i:]
 	if p.room != nil && len(p.entries) < p.resume {
 		close(p.room)
 		p.room = nil
@@ -481,7 +425,7 @@ func (p *partition) commitPoint() int64 {
 
 // commit commits, for every partition with news, its decided prefix and
 // (in the metadata) what is decided above it.
-func (s *Source) commit(g *generation, log interface{ Warn(string, ...any) }) {
+func (s *Source) commit(g *generation, log *slog.Logger) {
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
 	offsets := map[string][]kafkago.OffsetCommit{}
@@ -489,36 +433,30 @@ func (s *Source) commit(g *generation, log interface{ Warn(string, ...any) }) {
 	s.mu.Lock()
 	g.sinceCommit = 0
 	for _, p := range g.parts {
-		cp := p.commitPoint()
-		if cp < 0 || !(cp > p.committed || p.dirty) {
-			continue
+		if cp := p.commitPoint(); cp >= 0 && (cp > p.committed || p.dirty) {
+			p.dirty = false
+			md := encodeProgress(cp, max(p.high, p.prevHigh), p.progress())
+			offsets[p.topic] = append(offsets[p.topic], kafkago.OffsetCommit{Partition: p.id, Offset: cp, Metadata: md})
+			sent = append(sent, p)
 		}
-		p.dirty = false
-		md := encodeProgress(cp, max(p.high, p.prevHigh), p.progress())
-		offsets[p.topic] = append(offsets[p.topic], kafkago.OffsetCommit{Partition: p.id, Offset: cp, Metadata: md})
-		sent = append(sent, p)
 	}
 	s.mu.Unlock()
 	if len(sent) == 0 {
 		return
 	}
-	resp, err := bounded(s.client.OffsetCommit, &kafkago.OffsetCommitRequest{
-		GroupID:      s.cfg.group,
-		GenerationID: int(g.kgen.ID),
-		MemberID:     g.kgen.MemberID,
-		Topics:       offsets,
-	})
+	resp, err := bounded(s.client.OffsetCommit, &kafkago.OffsetCommitRequest{GroupID: s.cfg.group, GenerationID: int(g.kgen.ID), MemberID: g.kgen.MemberID, Topics: offsets})
+	if err != nil {
+		resp = &kafkago.OffsetCommitResponse{}
+	}
 	failed := map[string]map[int]bool{}
-	if err == nil {
-		for topic, ps := range resp.Topics {
-			for _, pr := range ps {
-				if pr.Error != nil {
-					err = pr.Error
-					if failed[topic] == nil {
-						failed[topic] = map[int]bool{}
-					}
-					failed[topic][pr.Partition] = true
+	for topic, ps := range resp.Topics {
+		for _, pr := range ps {
+			if pr.Error != nil {
+				err = pr.Error
+				if failed[topic] == nil {
+					failed[topic] = map[int]bool{}
 				}
+				failed[topic][pr.Partition] = true
 			}
 		}
 	}
@@ -545,13 +483,13 @@ func (s *Source) commit(g *generation, log interface{ Warn(string, ...any) }) {
 }
 
 // loadProgress reads the commit metadata of the assigned partitions.
-func (s *Source) loadProgress(g *generation, log interface{ Warn(string, ...any) }) {
+func (s *Source) loadProgress(g *generation, log *slog.Logger) {
+	if len(g.parts) == 0 {
+		return
+	}
 	req := &kafkago.OffsetFetchRequest{GroupID: s.cfg.group, Topics: map[string][]int{}}
 	for _, p := range g.parts {
 		req.Topics[p.topic] = append(req.Topics[p.topic], p.id)
-	}
-	if len(g.parts) == 0 {
-		return
 	}
 	resp, err := bounded(s.client.OffsetFetch, req)
 	if err == nil && resp.Error != nil {
@@ -595,7 +533,7 @@ func (s *Source) attemptKey(p *partition) partKey {
 // commit pins it even if no message arrives: otherwise a group starting
 // at LastOffset would skip whatever is published before its first message
 // whenever it restarts.
-func (s *Source) resolveStart(g *generation, log interface{ Warn(string, ...any) }) {
+func (s *Source) resolveStart(g *generation, log *slog.Logger) {
 	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
 	for _, p := range g.parts {
 		if p.next < 0 {
@@ -613,14 +551,9 @@ func (s *Source) resolveStart(g *generation, log interface{ Warn(string, ...any)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range g.parts {
-		if p.next >= 0 {
-			continue
-		}
 		for _, po := range resp.Topics[p.topic] {
-			if po.Partition != p.id || po.Error != nil {
-				continue
-			}
 			switch {
+			case p.next >= 0 || po.Partition != p.id || po.Error != nil:
 			case p.next == kafkago.FirstOffset && po.FirstOffset >= 0:
 				p.next = po.FirstOffset
 			case p.next == kafkago.LastOffset && po.LastOffset >= 0:

@@ -81,49 +81,27 @@ func (o pubOpt) apply(c *config) error { return o(c) }
 func (pubOpt) publisher()              {}
 
 type config struct {
-	brokers           []string
-	topic             string
-	group             string
-	idHeader          string
-	ordering          Ordering
-	commitInterval    time.Duration
-	commitCount       int
-	revokeTimeout     time.Duration
-	sessionTimeout    time.Duration
-	heartbeatInterval time.Duration
-	rebalanceTimeout  time.Duration
-	joinBackoff       time.Duration
-	startOffset       int64
-	deadLetterTopic   string
-	deadLetterGroup   string
-	retryTopic        string
-	partitionBuffer   int
-	fetchMaxWait      time.Duration
-	dialer            *kafkago.Dialer
-	tls               *tls.Config
-	sasl              sasl.Mechanism
-	balancers         []kafkago.GroupBalancer
-	logger            *slog.Logger // nil: slog.Default(), or what SetLogger gives
-	batchTimeout      time.Duration
-	fromURL           bool // errors name the URL's parameters
+	brokers     []string
+	balancers   []kafkago.GroupBalancer
+	dialer      *kafkago.Dialer
+	tls         *tls.Config
+	sasl        sasl.Mechanism
+	logger      *slog.Logger // nil: slog.Default(), or what SetLogger gives
+	ordering    Ordering
+	startOffset int64
+	fromURL     bool // errors name the URL's parameters
+
+	topic, group, idHeader, deadLetterTopic, deadLetterGroup, retryTopic string
+	commitCount, partitionBuffer                                         int
+	commitInterval, revokeTimeout, joinBackoff, fetchMaxWait             time.Duration
+	sessionTimeout, heartbeatInterval, rebalanceTimeout, batchTimeout    time.Duration
 }
 
 func defaultConfig() config {
-	return config{
-		idHeader:          DefaultIDHeader,
-		ordering:          OrderPerKey,
-		commitInterval:    time.Second,
-		commitCount:       1000,
-		revokeTimeout:     10 * time.Second,
-		sessionTimeout:    30 * time.Second,
-		heartbeatInterval: 3 * time.Second,
-		rebalanceTimeout:  30 * time.Second,
-		joinBackoff:       time.Second,
-		startOffset:       kafkago.FirstOffset,
-		partitionBuffer:   1000,
-		fetchMaxWait:      500 * time.Millisecond,
-		batchTimeout:      2 * time.Millisecond,
-	}
+	return config{idHeader: DefaultIDHeader, ordering: OrderPerKey, commitInterval: time.Second, commitCount: 1000,
+		revokeTimeout: 10 * time.Second, sessionTimeout: 30 * time.Second, heartbeatInterval: 3 * time.Second,
+		rebalanceTimeout: 30 * time.Second, joinBackoff: time.Second, startOffset: kafkago.FirstOffset,
+		partitionBuffer: 1000, fetchMaxWait: 500 * time.Millisecond, batchTimeout: 2 * time.Millisecond}
 }
 
 // newConfig reads addr (see parseTarget), applies the URL's options and
@@ -208,14 +186,10 @@ func optErr(name, format string, args ...any) error {
 	return option.Errorf("kafka", name, format, args...)
 }
 
-// set stores v in the field dst points at once check (nil: anything goes)
-// accepts it; a refusal names the option.
-func set[T any](name string, v T, check func(T) error, dst func(*config) *T) func(*config) error {
-	var err error
-	if check != nil {
-		err = check(v)
-	}
-	return option.Set("kafka", name, err, func(c *config) { *dst(c) = v })
+// set stores v in the field dst points at unless bad, which the error
+// then names the option in.
+func set[T any](name string, v T, bad error, dst func(*config) *T) func(*config) error {
+	return option.Set("kafka", name, bad, func(c *config) { *dst(c) = v })
 }
 
 // DefaultIDHeader is the header the business id is read from (and written
@@ -226,45 +200,27 @@ const DefaultIDHeader = "message-id"
 // Publish uses when given ""). Default: the path of a kafka:// URL.
 // Required for a Source.
 func WithTopic(topic string) PublisherOption {
-	return pubOpt(set("WithTopic", topic, checkTopic, func(c *config) *string { return &c.topic }))
+	return pubOpt(set("WithTopic", topic, checkTopic(topic), func(c *config) *string { return &c.topic }))
 }
 
 // WithGroup sets the consumer group id. Default: the URL's group
 // parameter. Required for a Source. It is unrelated to the idemq consumer
 // name (core.WithName), though the same string for both is natural.
 func WithGroup(group string) Option {
-	return srcOpt(set("WithGroup", group, checkGroup, func(c *config) *string { return &c.group }))
-}
-
-// checkGroup applies Kafka's bound on a group id's length.
-func checkGroup(g string) error {
-	if g == "" || len(g) > 255 {
-		return fmt.Errorf("group id must be 1..255 bytes, got %d", len(g))
-	}
-	return nil
+	return srcOpt(set("WithGroup", group, checkGroup(group), func(c *config) *string { return &c.group }))
 }
 
 // WithIDHeader names the Kafka header that holds the business id. Default
-// "message-id". CloudEvents' Kafka binding puts the event id in "ce_id".
+// "message-id"; CloudEvents' Kafka binding puts the event id in "ce_id".
 // For ids that need more than one header, use core.WithIDFunc.
 func WithIDHeader(name string) PublisherOption {
-	return pubOpt(set("WithIDHeader", name, func(n string) error {
-		if n == "" {
-			return errors.New("empty header name")
-		}
-		return nil
-	}, func(c *config) *string { return &c.idHeader }))
+	return pubOpt(set("WithIDHeader", name, refuse(name == "", "empty header name"), func(c *config) *string { return &c.idHeader }))
 }
 
 // WithOrdering sets which messages of a partition may be in flight
 // together. Default OrderPerKey.
 func WithOrdering(o Ordering) Option {
-	return srcOpt(set("WithOrdering", o, func(o Ordering) error {
-		if o != OrderPerKey && o != OrderPerPartition && o != OrderNone {
-			return fmt.Errorf("unknown ordering %d", int(o))
-		}
-		return nil
-	}, func(c *config) *Ordering { return &c.ordering }))
+	return srcOpt(set("WithOrdering", o, refuse(o < OrderPerKey || o > OrderNone, fmt.Sprintf("unknown ordering %d", int(o))), func(c *config) *Ordering { return &c.ordering }))
 }
 
 // WithCommit sets how offset commits are batched: the decided prefix of
@@ -288,7 +244,7 @@ func WithCommit(interval time.Duration, count int) Option {
 // owner gets the message again). Default 10s; it must be shorter than the
 // rebalance timeout.
 func WithRevokeTimeout(d time.Duration) Option {
-	return srcOpt(set("WithRevokeTimeout", d, atLeast(time.Duration(0)), func(c *config) *time.Duration { return &c.revokeTimeout }))
+	return srcOpt(set("WithRevokeTimeout", d, option.AtLeast(d, 0), func(c *config) *time.Duration { return &c.revokeTimeout }))
 }
 
 // WithGroupTimeouts sets the group's session timeout (how long the
@@ -307,19 +263,15 @@ func WithGroupTimeouts(session, heartbeat, rebalance time.Duration) Option {
 // WithJoinBackoff sets how long the group waits before joining again after
 // a failed join. Default 1s.
 func WithJoinBackoff(d time.Duration) Option {
-	return srcOpt(set("WithJoinBackoff", d, atLeast(time.Nanosecond), func(c *config) *time.Duration { return &c.joinBackoff }))
+	return srcOpt(set("WithJoinBackoff", d, option.AtLeast(d, time.Nanosecond), func(c *config) *time.Duration { return &c.joinBackoff }))
 }
 
 // WithStartOffset sets where a partition without a committed offset
 // starts: kafka-go's FirstOffset (the default: nothing published before
 // the group first joined is skipped) or LastOffset.
 func WithStartOffset(offset int64) Option {
-	return srcOpt(set("WithStartOffset", offset, func(o int64) error {
-		if o != kafkago.FirstOffset && o != kafkago.LastOffset {
-			return fmt.Errorf("%d is neither FirstOffset (-2) nor LastOffset (-1)", o)
-		}
-		return nil
-	}, func(c *config) *int64 { return &c.startOffset }))
+	bad := refuse(offset != kafkago.FirstOffset && offset != kafkago.LastOffset, fmt.Sprintf("%d is neither FirstOffset (-2) nor LastOffset (-1)", offset))
+	return srcOpt(set("WithStartOffset", offset, bad, func(c *config) *int64 { return &c.startOffset }))
 }
 
 // WithDeadLetterTopic names the topic DeadLetter produces to. Default
@@ -327,7 +279,7 @@ func WithStartOffset(offset int64) Option {
 // partition count and replication factor, and fails naming this option
 // (or the URL's dead_letter_topic) when the cluster refuses.
 func WithDeadLetterTopic(topic string) Option {
-	return srcOpt(set("WithDeadLetterTopic", topic, checkTopic, func(c *config) *string { return &c.deadLetterTopic }))
+	return srcOpt(set("WithDeadLetterTopic", topic, checkTopic(topic), func(c *config) *string { return &c.deadLetterTopic }))
 }
 
 // WithDeadLetterGroup names the consumer group in which DeadLetters
@@ -336,7 +288,7 @@ func WithDeadLetterTopic(topic string) Option {
 // only certain group ids, or when the default passes 255 bytes. The Source
 // ignores it.
 func WithDeadLetterGroup(group string) Option {
-	return srcOpt(set("WithDeadLetterGroup", group, checkGroup, func(c *config) *string { return &c.deadLetterGroup }))
+	return srcOpt(set("WithDeadLetterGroup", group, checkGroup(group), func(c *config) *string { return &c.deadLetterGroup }))
 }
 
 // WithRetryTopic makes Retry produce a copy of the message to topic (with
@@ -348,14 +300,14 @@ func WithDeadLetterGroup(group string) Option {
 // missing retry topic as it does the dead-letter topic. Default: retry in
 // place.
 func WithRetryTopic(topic string) Option {
-	return srcOpt(set("WithRetryTopic", topic, checkTopic, func(c *config) *string { return &c.retryTopic }))
+	return srcOpt(set("WithRetryTopic", topic, checkTopic(topic), func(c *config) *string { return &c.retryTopic }))
 }
 
 // WithPartitionBuffer bounds the messages of one partition held between
 // fetch and commit (waiting, in flight, or decided behind an undecided
 // one): fetching from a partition pauses at the bound. Default 1000.
 func WithPartitionBuffer(n int) Option {
-	return srcOpt(set("WithPartitionBuffer", n, func(n int) error { return option.Range(n, 1, 1_000_000) }, func(c *config) *int { return &c.partitionBuffer }))
+	return srcOpt(set("WithPartitionBuffer", n, option.Range(n, 1, 1_000_000), func(c *config) *int { return &c.partitionBuffer }))
 }
 
 // WithDialer sets the kafka-go dialer for every connection (TLS, SASL,
@@ -363,7 +315,7 @@ func WithPartitionBuffer(n int) Option {
 // client id and DialFunc. Default kafka-go's DefaultDialer. WithTLS and
 // WithSASL, in any order, override its TLS and SASL.
 func WithDialer(d *kafkago.Dialer) PublisherOption {
-	return pubOpt(set("WithDialer", d, option.Present, func(c *config) **kafkago.Dialer { return &c.dialer }))
+	return pubOpt(set("WithDialer", d, option.Present(d), func(c *config) **kafkago.Dialer { return &c.dialer }))
 }
 
 // WithTLS makes every connection use TLS with cfg: its RootCAs verify the
@@ -372,7 +324,7 @@ func WithDialer(d *kafkago.Dialer) PublisherOption {
 // address. The URL's tls, ca_file, cert_file and key_file build one.
 // Default: plaintext.
 func WithTLS(cfg *tls.Config) PublisherOption {
-	return pubOpt(set("WithTLS", cfg, option.Present, func(c *config) **tls.Config { return &c.tls }))
+	return pubOpt(set("WithTLS", cfg, option.Present(cfg), func(c *config) **tls.Config { return &c.tls }))
 }
 
 // WithSASL authenticates every connection with m: kafka-go's
@@ -381,53 +333,55 @@ func WithTLS(cfg *tls.Config) PublisherOption {
 // name and password. PLAIN sends the password as it is: use it over TLS
 // only. Default: no authentication.
 func WithSASL(m sasl.Mechanism) PublisherOption {
-	return pubOpt(set("WithSASL", m, option.Present, func(c *config) *sasl.Mechanism { return &c.sasl }))
+	return pubOpt(set("WithSASL", m, option.Present(m), func(c *config) *sasl.Mechanism { return &c.sasl }))
 }
 
 // WithGroupBalancers sets the partition assignment strategies offered to
 // the group, in order of preference (every member must offer the one
 // chosen). Default kafka-go's: range, then round robin.
 func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
-	return srcOpt(set("WithGroupBalancers", bs, func(bs []kafkago.GroupBalancer) error {
-		if len(bs) == 0 {
-			return errors.New("no balancer given")
-		}
-		for i, b := range bs {
-			if b == nil {
-				return fmt.Errorf("balancer %d is nil", i)
-			}
-		}
-		return nil
-	}, func(c *config) *[]kafkago.GroupBalancer { return &c.balancers }))
+	err := refuse(len(bs) == 0, "no balancer given")
+	if i := slices.Index(bs, nil); i >= 0 {
+		err = fmt.Errorf("balancer %d is nil", i)
+	}
+	return srcOpt(set("WithGroupBalancers", bs, err, func(c *config) *[]kafkago.GroupBalancer { return &c.balancers }))
 }
 
 // WithLogger sets the logger for rebalances, commit failures and fetch
 // trouble. It wins over the Consumer's (SetLogger) and
 // core.WithAdapterLogger. Default: slog.Default() until one is given.
 func WithLogger(l *slog.Logger) PublisherOption {
-	return pubOpt(set("WithLogger", l, option.Present, func(c *config) **slog.Logger { return &c.logger }))
+	return pubOpt(set("WithLogger", l, option.Present(l), func(c *config) **slog.Logger { return &c.logger }))
 }
 
 // WithBatchTimeout sets how long the Publisher's (and the dead-letter)
 // writer waits to fill a batch before sending it. Default 2ms; kafka-go's
 // own 1s would delay every small synchronous write by a second.
 func WithBatchTimeout(d time.Duration) PublisherOption {
-	return pubOpt(set("WithBatchTimeout", d, func(d time.Duration) error { return option.Range(d, time.Nanosecond, time.Minute) }, func(c *config) *time.Duration { return &c.batchTimeout }))
+	return pubOpt(set("WithBatchTimeout", d, option.Range(d, time.Nanosecond, time.Minute), func(c *config) *time.Duration { return &c.batchTimeout }))
 }
 
-func atLeast(lo time.Duration) func(time.Duration) error {
-	return func(v time.Duration) error { return option.AtLeast(v, lo) }
+// refuse is the error why, when bad.
+func refuse(bad bool, why string) error {
+	if bad {
+		return errors.New(why)
+	}
+	return nil
+}
+
+// checkGroup applies Kafka's bound on a group id's length.
+func checkGroup(g string) error {
+	return refuse(g == "" || len(g) > 255, fmt.Sprintf("group id must be 1..255 bytes, got %d", len(g)))
 }
 
 // checkTopic applies Kafka's topic name rules.
 func checkTopic(t string) error {
-	if t == "" {
+	switch {
+	case t == "":
 		return errors.New("empty topic name")
-	}
-	if len(t) > 249 {
+	case len(t) > 249:
 		return fmt.Errorf("topic name of %d bytes is longer than 249", len(t))
-	}
-	if t == "." || t == ".." {
+	case t == "." || t == "..":
 		return fmt.Errorf("topic name %q is not allowed", t)
 	}
 	for _, r := range t {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -14,19 +15,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
+
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/unsettled"
-
-	kafkago "github.com/segmentio/kafka-go"
 )
 
-// The reasons a settlement is stale (driver.Stale): it sends nothing, and
-// the partition's next owner gets the message again from the committed
-// offset (the dedup store decides Duplicate if its effect was committed).
-var (
-	errRevoked = errors.New("kafka: the delivery's partition was revoked by a rebalance")
-	errClosed  = errors.New("kafka: the source was closed")
-)
+// errRevoked makes a settlement stale (driver.Stale): it sends nothing,
+// and the partition's next owner gets the message again from the committed
+// offset. After Close the reason is unsettled.ErrClosed.
+var errRevoked = errors.New("kafka: the delivery's partition was revoked by a rebalance")
 
 // Source consumes one topic in a consumer group. It implements
 // driver.Source, driver.BatchSettler, driver.WindowSetter,
@@ -45,7 +43,6 @@ type Source struct {
 	changed     chan struct{} // closed and replaced on every change waiters care about
 	watched     bool          // someone took changed since it was last closed
 	closed      bool
-	started     bool
 	window      int // 0: unlimited until SetWindow
 	outstanding int // handed out, not settled, all generations
 	gen         *generation
@@ -58,11 +55,7 @@ type Source struct {
 	writerOnce sync.Once
 	writer     *kafkago.Writer
 
-	generations atomic.Int64
-	commits     atomic.Int64
-	commitErrs  atomic.Int64
-	stale       atomic.Int64
-	skipped     atomic.Int64
+	generations, commits, commitErrs, stale, skipped atomic.Int64
 }
 
 // Stats are counters of a Source's life, for operators and tests.
@@ -99,13 +92,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{
-		cfg:     cfg,
-		client:  cfg.newClient(),
-		bkey:    strings.Join(cfg.brokers, ","),
-		changed: make(chan struct{}),
-		errs:    make(chan error, 1),
-	}
+	s := &Source{cfg: cfg, client: cfg.newClient(), bkey: strings.Join(cfg.brokers, ","), changed: make(chan struct{}), errs: make(chan error, 1)}
 	s.logs.Init(cfg.logger)
 	if err := s.ensureTopics(ctx); err != nil {
 		return nil, err
@@ -114,36 +101,29 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	return s, nil
 }
 
-// sourceConfig reads and checks a Source's target and options (see Open),
+// sourceConfig reads and checks a Source's addr and options (see Open),
 // filling in the default dead-letter topic. DeadLetters reads the same.
-func sourceConfig(target string, opts []Option) (config, error) {
-	cfg, err := newConfig(target, opts)
-	if err != nil {
-		return cfg, err
+func sourceConfig(addr string, opts []Option) (config, error) {
+	cfg, err := newConfig(addr, opts)
+	switch {
+	case err != nil:
+	case cfg.topic == "":
+		err = errors.New("kafka: topic: none given (WithTopic or the kafka:// URL path)")
+	case cfg.group == "":
+		err = errors.New("kafka: group: none given (WithGroup or ?group= in the kafka:// URL)")
+	case cfg.retryTopic == cfg.topic || cfg.deadLetterTopic == cfg.topic:
+		err = errors.New("kafka: WithRetryTopic/WithDeadLetterTopic: must differ from the consumed topic")
+	case cfg.revokeTimeout >= cfg.rebalanceTimeout:
+		err = optErr("WithRevokeTimeout", "%v must be shorter than the rebalance timeout %v (WithGroupTimeouts)", cfg.revokeTimeout, cfg.rebalanceTimeout)
 	}
-	if cfg.topic == "" {
-		return cfg, errors.New("kafka: topic: none given (WithTopic or the kafka:// URL path)")
-	}
-	if cfg.group == "" {
-		return cfg, errors.New("kafka: group: none given (WithGroup or ?group= in the kafka:// URL)")
-	}
-	if cfg.deadLetterTopic == "" {
-		cfg.deadLetterTopic = cfg.topic + ".dlq"
-	}
-	if cfg.retryTopic == cfg.topic || cfg.deadLetterTopic == cfg.topic {
-		return cfg, errors.New("kafka: WithRetryTopic/WithDeadLetterTopic: must differ from the consumed topic")
-	}
-	if cfg.revokeTimeout >= cfg.rebalanceTimeout {
-		return cfg, optErr("WithRevokeTimeout", "%v must be shorter than the rebalance timeout %v (WithGroupTimeouts)", cfg.revokeTimeout, cfg.rebalanceTimeout)
-	}
-	return cfg, nil
+	cfg.deadLetterTopic = cmp.Or(cfg.deadLetterTopic, cfg.topic+".dlq")
+	return cfg, err
 }
 
-// ensureTopics makes sure the consumed topic exists, and that the
-// dead-letter topic and the retry topic (if any) exist too: a missing one
-// is created with the consumed topic's partition count and replication
-// factor. When the cluster refuses to create it, Open fails naming the
-// setting, rather than every dead letter (or retry) failing later.
+// ensureTopics makes sure the consumed topic exists, and creates a missing
+// dead-letter or retry topic with its partition count and replication
+// factor: when the cluster refuses, Open fails naming the setting rather
+// than every dead letter (or retry) failing later.
 func (s *Source) ensureTopics(ctx context.Context) error {
 	want := append(s.topics(), s.cfg.deadLetterTopic)
 	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: want})
@@ -165,11 +145,7 @@ func (s *Source) ensureTopics(ctx context.Context) error {
 	var create []kafkago.TopicConfig
 	for _, name := range want[1:] {
 		if _, ok := found[name]; !ok {
-			create = append(create, kafkago.TopicConfig{
-				Topic:             name,
-				NumPartitions:     len(src.Partitions),
-				ReplicationFactor: max(1, len(src.Partitions[0].Replicas)),
-			})
+			create = append(create, kafkago.TopicConfig{Topic: name, NumPartitions: len(src.Partitions), ReplicationFactor: max(1, len(src.Partitions[0].Replicas))})
 		}
 	}
 	if len(create) == 0 {
@@ -181,15 +157,14 @@ func (s *Source) ensureTopics(ctx context.Context) error {
 		if cerr == nil {
 			cerr = resp.Errors[tc.Topic]
 		}
-		if cerr != nil && !errors.Is(cerr, kafkago.TopicAlreadyExists) {
+		if cerr == nil {
+			s.log().Info("idemq kafka: created a missing topic", "topic", tc.Topic, "partitions", tc.NumPartitions, "replication_factor", tc.ReplicationFactor)
+		} else if !errors.Is(cerr, kafkago.TopicAlreadyExists) {
 			setting := s.cfg.name("WithDeadLetterTopic")
 			if tc.Topic == s.cfg.retryTopic {
 				setting = s.cfg.name("WithRetryTopic")
 			}
 			return fmt.Errorf("kafka: %s: topic %q does not exist and the cluster refused to create it: %w; create it or name an existing topic", setting, tc.Topic, s.cfg.explain(cerr))
-		}
-		if cerr == nil {
-			s.log().Info("idemq kafka: created a missing topic", "topic", tc.Topic, "partitions", tc.NumPartitions, "replication_factor", tc.ReplicationFactor)
 		}
 	}
 	return nil
@@ -218,13 +193,7 @@ func (s *Source) Group() string { return s.cfg.group }
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {
-	return Stats{
-		Generations:      s.generations.Load(),
-		Commits:          s.commits.Load(),
-		CommitErrors:     s.commitErrs.Load(),
-		StaleSettlements: s.stale.Load(),
-		Skipped:          s.skipped.Load(),
-	}
+	return Stats{s.generations.Load(), s.commits.Load(), s.commitErrs.Load(), s.stale.Load(), s.skipped.Load()}
 }
 
 // SetWindow caps the deliveries handed out and not yet settled; Receive
@@ -235,9 +204,9 @@ func (s *Source) SetWindow(n int) error {
 		return fmt.Errorf("kafka: SetWindow: window %d is below 1", n)
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.window = n
 	s.broadcast()
-	s.mu.Unlock()
 	return nil
 }
 
@@ -250,38 +219,25 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 
 // RedeliveryHorizon reads the topic's retention.ms: a group whose offsets
 // are lost or reset re-reads everything still retained, so claims must be
-// kept at least that long. Infinite retention (-1) reports the longest
-// duration. It reports false when the broker cannot say.
+// kept at least that long. Infinite retention (-1) is driver.Unbounded. It
+// reports false when the broker cannot say.
 func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := s.client.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{
-		Resources: []kafkago.DescribeConfigRequestResource{{
-			ResourceType: kafkago.ResourceTypeTopic,
-			ResourceName: s.cfg.topic,
-			ConfigNames:  []string{"retention.ms"},
-		}},
-	})
+	resp, err := s.client.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: s.cfg.topic, ConfigNames: []string{"retention.ms"}}}})
 	if err != nil {
 		s.log().Debug("idemq kafka: reading retention.ms", "topic", s.cfg.topic, "error", err)
 		return 0, false
 	}
 	for _, r := range resp.Resources {
-		if r.Error != nil {
-			return 0, false
-		}
 		for _, e := range r.ConfigEntries {
-			if e.ConfigName != "retention.ms" {
-				continue
+			if ms, err := strconv.ParseInt(e.ConfigValue, 10, 64); r.Error == nil && e.ConfigName == "retention.ms" && err == nil {
+				if ms < 0 {
+					return driver.Unbounded, true
+				}
+				return time.Duration(ms) * time.Millisecond, true
 			}
-			ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
-			if err != nil {
-				return 0, false
-			}
-			if ms < 0 {
-				return driver.Unbounded, true
-			}
-			return time.Duration(ms) * time.Millisecond, true
 		}
 	}
 	return 0, false
@@ -298,7 +254,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 			s.mu.Unlock()
 			return nil, driver.ErrSourceClosed
 		}
-		if !s.started {
+		if s.group == nil {
 			if err := s.start(); err != nil {
 				s.mu.Unlock()
 				return nil, err
@@ -328,31 +284,24 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 // start creates the consumer group and its generation loop. s.mu is held.
 func (s *Source) start() error {
 	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
-		ID:                s.cfg.group,
-		Brokers:           s.cfg.brokers,
-		Dialer:            s.cfg.dialer,
-		Topics:            s.topics(),
-		GroupBalancers:    s.cfg.balancers,
-		HeartbeatInterval: s.cfg.heartbeatInterval,
-		SessionTimeout:    s.cfg.sessionTimeout,
-		RebalanceTimeout:  s.cfg.rebalanceTimeout,
-		JoinGroupBackoff:  s.cfg.joinBackoff,
-		StartOffset:       s.cfg.startOffset,
-		ErrorLogger:       kafkaLogger{s.log()},
+		ID: s.cfg.group, Brokers: s.cfg.brokers, Dialer: s.cfg.dialer, Topics: s.topics(), GroupBalancers: s.cfg.balancers,
+		HeartbeatInterval: s.cfg.heartbeatInterval, SessionTimeout: s.cfg.sessionTimeout, RebalanceTimeout: s.cfg.rebalanceTimeout,
+		JoinGroupBackoff: s.cfg.joinBackoff, StartOffset: s.cfg.startOffset, ErrorLogger: kafkaLogger{s.log()},
 	})
 	if err != nil {
 		return fmt.Errorf("kafka: consumer group: %w", err)
 	}
-	s.started = true
 	s.group = cg
-	s.wg.Add(1)
-	go s.run(cg)
+	s.wg.Go(func() { s.run(cg) })
 	return nil
 }
 
+// joinTroubleAfter is how long joins must keep failing before Receive
+// reports it: rebalances fail a join or two as a matter of course.
+const joinTroubleAfter = 10 * time.Second
+
 // run takes part in one generation after the other until Close.
 func (s *Source) run(cg *kafkago.ConsumerGroup) {
-	defer s.wg.Done()
 	var lastErr string
 	var lastLog, failingSince time.Time
 	for {
@@ -361,20 +310,19 @@ func (s *Source) run(cg *kafkago.ConsumerGroup) {
 			if s.ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
 				return
 			}
-			// A misconfiguration fails every join: log it once in a while,
-			// not on every retry.
+			// A misconfiguration fails every join: log it once in a while.
 			if err.Error() != lastErr || time.Since(lastLog) > 30*time.Second {
 				s.log().Warn("idemq kafka: joining the group failed; kafka-go retries", "group", s.cfg.group, "error", err)
 				lastErr, lastLog = err.Error(), time.Now()
 			}
-			// Rebalances fail a join or two as a matter of course; only
-			// trouble that lasts is reported to Receive (whose caller backs
-			// off receiving when told).
 			if failingSince.IsZero() {
 				failingSince = time.Now()
 			}
 			if time.Since(failingSince) > joinTroubleAfter {
-				s.report(err)
+				select { // to a waiting Receive, never blocking
+				case s.errs <- fmt.Errorf("kafka: %w", err):
+				default:
+				}
 			}
 			continue
 		}
@@ -392,28 +340,14 @@ func (s *Source) run(cg *kafkago.ConsumerGroup) {
 	}
 }
 
-// joinTroubleAfter is how long joins must keep failing before Receive
-// reports it.
-const joinTroubleAfter = 10 * time.Second
-
-// report hands err to a waiting Receive without ever blocking.
-func (s *Source) report(err error) {
-	select {
-	case s.errs <- fmt.Errorf("kafka: %w", err):
-	default:
-	}
-}
-
 // broadcast wakes everyone waiting on s.changed. s.mu is held. Nobody
 // waiting, it costs nothing: it runs for every message fetched and every
 // settlement, too often for a close and a new channel each time.
 func (s *Source) broadcast() {
-	if !s.watched {
-		return
+	if s.watched {
+		close(s.changed)
+		s.changed, s.watched = make(chan struct{}), false
 	}
-	close(s.changed)
-	s.changed = make(chan struct{})
-	s.watched = false
 }
 
 // watch returns the channel the next broadcast closes. s.mu is held.
@@ -422,9 +356,8 @@ func (s *Source) watch() <-chan struct{} {
 	return s.changed
 }
 
-// wait blocks until something changes, ctx is done or the timer fires.
-// s.mu is held and is held again on return; it reports whether ctx is
-// still live.
+// wait blocks until something changes (true), ctx is done or the timer
+// fires. s.mu is held, and held again on return.
 func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
 	ch := s.watch()
 	s.mu.Unlock()
@@ -433,10 +366,9 @@ func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
 	case <-ch:
 		return true
 	case <-ctx.Done():
-		return false
 	case <-timer:
-		return false
 	}
+	return false
 }
 
 // Close leaves the group: it stops handing out messages, commits every
@@ -458,9 +390,7 @@ func (s *Source) Close() error {
 	s.cancel()
 	var err error
 	if cg != nil {
-		// Ends the current generation (which commits on its way out)
-		// and leaves the group.
-		err = cg.Close()
+		err = cg.Close() // ends the generation, which commits on its way out
 	}
 	s.wg.Wait()
 	if s.writer != nil {
@@ -470,10 +400,9 @@ func (s *Source) Close() error {
 	return err
 }
 
-// AckBatch marks deliveries of this Source done, under one lock; the
-// offsets are committed with the next batched commit. Deliveries whose
-// partition was revoked are refused as stale (driver.ErrStaleDelivery); the returned
-// error joins one error per delivery that failed.
+// AckBatch marks deliveries of this Source done under one lock; their
+// offsets go with the next batched commit. The returned error joins one
+// error per delivery that failed (stale ones wrap driver.ErrStaleDelivery).
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -481,12 +410,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	own, errs := unsettled.Take("kafka", ds, func(cd driver.Delivery) (*delivery, bool) {
 		d, ok := cd.(*delivery)
 		return d, ok && d.src == s
-	}, func(d *delivery) error {
-		if err := d.Claim(); err != nil {
-			return d.wrap(err)
-		}
-		return nil
-	})
+	}, func(d *delivery) error { return d.wrap(d.Claim()) })
 	for _, d := range own {
 		if err := s.settleQuietly(d, nil); err != nil {
 			errs = append(errs, d.wrap(err))
@@ -498,34 +422,25 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 // transport builds the kafka-go Transport (for the Client and writers)
 // from the dialer's TLS, SASL, client id and DialFunc.
 //
-// Its metadata is refreshed at least every metadataTTL: kafka-go refreshes
-// it only on that timer, not when a broker answers NOT_LEADER_FOR_PARTITION,
-// so after a leader moved its writers retry against the former leader
-// until the refresh: a short TTL keeps a Publish from waiting that long.
+// Its metadata is refreshed every second (one request per Publisher or
+// Source): kafka-go refreshes it only on that timer, not when a broker
+// answers NOT_LEADER_FOR_PARTITION, so after a leader moved its writers
+// retry against the former leader until the refresh.
 func transport(d *kafkago.Dialer) *kafkago.Transport {
-	t := &kafkago.Transport{DialTimeout: 10 * time.Second, MetadataTTL: metadataTTL}
+	t := &kafkago.Transport{DialTimeout: 10 * time.Second, MetadataTTL: time.Second}
 	if d == nil {
 		return t
 	}
-	t.TLS = d.TLS
-	t.SASL = d.SASLMechanism
-	t.ClientID = d.ClientID
+	t.TLS, t.SASL, t.ClientID = d.TLS, d.SASLMechanism, d.ClientID
 	if d.Timeout > 0 {
 		t.DialTimeout = d.Timeout
 	}
-	if d.DialFunc != nil {
-		t.Dial = d.DialFunc
-	} else {
-		nd := &net.Dialer{Timeout: t.DialTimeout, KeepAlive: d.KeepAlive}
-		t.Dial = nd.DialContext
+	t.Dial = d.DialFunc
+	if t.Dial == nil {
+		t.Dial = (&net.Dialer{Timeout: t.DialTimeout, KeepAlive: d.KeepAlive}).DialContext
 	}
 	return t
 }
-
-// metadataTTL bounds how long a Transport's writers keep sending to a
-// broker that is no longer a partition's leader: one metadata request a
-// second per Publisher or Source (at a random moment within the second).
-const metadataTTL = time.Second
 
 // dlqWriter returns the writer for dead letters and retry copies.
 func (s *Source) dlqWriter() *kafkago.Writer {
@@ -560,9 +475,7 @@ func closeIdle(t kafkago.RoundTripper) { t.(*kafkago.Transport).CloseIdleConnect
 // kafkaLogger sends kafka-go's error log to slog at debug level: kafka-go
 // logs every transient fetch or connection error, and the Source reports
 // what matters itself.
-type kafkaLogger struct {
-	l interface{ Debug(string, ...any) }
-}
+type kafkaLogger struct{ l *slog.Logger }
 
 // Printf implements kafka-go's Logger.
 func (k kafkaLogger) Printf(format string, args ...any) {
@@ -570,11 +483,4 @@ func (k kafkaLogger) Printf(format string, args ...any) {
 }
 
 // sortedKeys returns a map's keys in order, for deterministic headers.
-func sortedKeys(m map[string]string) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
-}
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
