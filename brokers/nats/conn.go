@@ -58,10 +58,11 @@ func connect[O Option](addr string, needConsumer bool, opts []O, logs *unsettled
 	return c, l, nil
 }
 
-func (l *link) close() {
+func (l *link) close() error {
 	if l.own {
 		l.nc.Close()
 	}
+	return nil
 }
 
 // stream returns the stream called name, creating it on subject when it
@@ -86,12 +87,7 @@ func (l *link) stream(ctx context.Context, name, subject, what string, declare, 
 	case !declare:
 		return nil, fmt.Errorf("nats: the %s %s does not exist (declare it, or let the adapter with declare=true)", what, name)
 	}
-	st, err = l.js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:     name,
-		Subjects: []string{subject},
-		Storage:  jetstream.FileStorage,
-	})
-	if err != nil {
+	if st, err = l.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.FileStorage}); err != nil {
 		return nil, fmt.Errorf("nats: creating the %s %s on %s: %w", what, name, subject, err)
 	}
 	return st, nil

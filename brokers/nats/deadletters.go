@@ -17,14 +17,9 @@ import (
 // before the adapter wrote driver.DestinationHeader.
 const legacySubjectHeader = "idemq-subject"
 
-// DeadLetters is an operator's handle on one consumer's dead letters: the
-// messages on its dead-letter subject in the dead-letter stream. It
-// implements admin.DeadLetterQueue. Scan reads them by sequence (direct
-// gets, never a consumer), so listing leaves them parked; Redrive and Purge
-// delete them by sequence.
-type DeadLetters struct {
-	*deadletter.Queue[uint64]
-}
+// DeadLetters is an operator's handle on one consumer's dead letters, the
+// messages on its dead-letter subject: an admin.DeadLetterQueue.
+type DeadLetters struct{ *deadletter.Queue[uint64] }
 
 // OpenDeadLetters opens the dead letters of the consumer of addr, a
 // nats:// URL as the Source's, in the dead-letter stream and subject the
@@ -43,8 +38,7 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 	return &DeadLetters{deadletter.New[uint64](&parked{c: c, link: l, dlq: dlq})}, nil
 }
 
-// parked is the dead-letter stream as deadletter.Queue reads it, by
-// stream sequence.
+// parked is the dead-letter stream as deadletter.Queue needs it.
 type parked struct {
 	c    config
 	link *link
@@ -54,10 +48,7 @@ type parked struct {
 // Name is the dead-letter stream and subject, as STREAM/SUBJECT.
 func (q *parked) Name() string { return q.c.dlqStream + "/" + q.c.dlqSubject }
 
-func (q *parked) Close() error {
-	q.link.close()
-	return nil
-}
+func (q *parked) Close() error { return q.link.close() }
 
 // Each reads the copies on the dead-letter subject with next-by-subject
 // direct gets, up to the last sequence at the call's start.
@@ -92,11 +83,9 @@ func (q *parked) Each(ctx context.Context, fn func(seq uint64, p *admin.Parked) 
 	return nil
 }
 
-// Republish publishes the copy to the subject it was consumed from, its
-// business id in idemq-id, which the Source reads before the id header:
-// JetStream would drop a publish with the original Nats-Msg-Id within the
-// duplicate window, so the copy's Nats-Msg-Id comes from its dead-letter
-// sequence (a Redrive repeated after a failed delete is dropped).
+// Republish publishes the copy with the id in idemq-id and a Nats-Msg-Id
+// of its dead-letter sequence: JetStream would drop the original's within
+// the duplicate window, and drops a redrive repeated after a failed delete.
 func (q *parked) Republish(ctx context.Context, seq uint64, p *admin.Parked) error {
 	h := natsgo.Header{}
 	for k, v := range p.Headers {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -16,8 +17,8 @@ import (
 	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
-// errRedelivered is the reason of a settlement of a delivery whose
-// message the Source received again.
+// errRedelivered is the reason of a settlement of a delivery whose message
+// the Source received again.
 var errRedelivered = unsettled.ErrRedelivered
 
 // delivery is one received message.
@@ -27,40 +28,35 @@ type delivery struct {
 	m driver.Message
 }
 
-func (s *Source) newDelivery(msg jetstream.Msg) (*delivery, error) {
+// newDelivery reads msg and records it as unsettled.
+func (s *Source) newDelivery(msg jetstream.Msg) (driver.Delivery, error) {
 	md, err := msg.Metadata()
 	if err != nil {
 		_ = msg.Nak()
 		return nil, fmt.Errorf("nats: a message without JetStream metadata on %s: %w", msg.Subject(), err)
 	}
-	now := time.Now()
 	h := headerMap(msg.Headers())
 	id, ok := h[IDHeader]
 	if !ok {
 		id = h[s.c.idHeader]
 	}
-	seq := strconv.FormatUint(md.Sequence.Stream, 10)
-	return &delivery{
-		s: s,
-		m: driver.Message{
-			ID:      id,
-			Body:    msg.Data(),
-			Headers: h,
-			Key:     h[KeyHeader],
-			Source:  msg.Subject(),
-			System:  "nats",
-			Attempt: int(md.NumDelivered),
-			Metadata: map[string]string{
-				"messaging.destination.name":       msg.Subject(),
-				"messaging.consumer.group.name":    md.Consumer,
-				"messaging.message.id":             h[natsgo.MsgIdHdr],
-				"messaging.nats.stream":            md.Stream,
-				"messaging.nats.stream_sequence":   seq,
-				"messaging.nats.consumer_sequence": strconv.FormatUint(md.Sequence.Consumer, 10),
-			},
-			ReceivedAt: now,
+	d := &delivery{s: s, m: driver.Message{
+		ID: id, Body: msg.Data(), Headers: h, Key: h[KeyHeader], Source: msg.Subject(), System: "nats",
+		Attempt: int(md.NumDelivered), ReceivedAt: time.Now(),
+		Metadata: map[string]string{
+			"messaging.destination.name":       msg.Subject(),
+			"messaging.consumer.group.name":    md.Consumer,
+			"messaging.message.id":             h[natsgo.MsgIdHdr],
+			"messaging.nats.stream":            md.Stream,
+			"messaging.nats.stream_sequence":   strconv.FormatUint(md.Sequence.Stream, 10),
+			"messaging.nats.consumer_sequence": strconv.FormatUint(md.Sequence.Consumer, 10),
 		},
-	}, nil
+	}}
+	if d.e = s.live.Add(md.Sequence.Stream, msg); d.e == nil {
+		_ = msg.NakWithDelay(giveBackDelay)
+		return nil, driver.ErrSourceClosed
+	}
+	return d, nil
 }
 
 // headerMap renders NATS headers as strings, the first value of each.
@@ -77,10 +73,8 @@ func headerMap(h natsgo.Header) map[string]string {
 // Message implements driver.Delivery.
 func (d *delivery) Message() *driver.Message { return &d.m }
 
-// begin claims the right to settle d and takes it out of the live set. It
-// fails with ErrAlreadySettled, or with a stale error when the source was
-// closed, the message was received again or the lease lapsed: then
-// nothing may be sent.
+// begin claims the right to settle d (unsettled.Set.Settle): when it
+// fails, nothing may be sent.
 func (d *delivery) begin() error { return d.s.live.Settle(d.e) }
 
 // msg is the JetStream message d delivers.
@@ -96,10 +90,9 @@ func (d *delivery) failed(what string, err error) error {
 	return err
 }
 
-// Ack implements driver.Delivery. It waits for the server's confirmation
-// (a double ack): a fire-and-forget ack lost with a connection would go
-// unreported, and although the redelivery would be decided Duplicate, the
-// Consumer must learn that the message was not settled.
+// Ack implements driver.Delivery with a double ack, which waits for the
+// server's confirmation: a plain ack lost with a connection would go
+// unreported, and the Consumer must learn the message was not settled.
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.begin(); err != nil {
 		return err
@@ -118,12 +111,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	if err := d.begin(); err != nil {
 		return err
 	}
-	var err error
-	if delay > 0 {
-		err = d.msg().NakWithDelay(delay)
-	} else {
-		err = d.msg().Nak()
-	}
+	err := d.msg().NakWithDelay(delay) // a plain Nak for 0
 	if err == nil {
 		err = d.s.flush(ctx)
 	}
@@ -133,13 +121,10 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	return nil
 }
 
-// DeadLetter implements driver.Delivery: it publishes a copy of the
-// message to the dead-letter subject with the cause, attempt, origin,
-// parking time and original subject in headers, waits for JetStream's
-// publish ack, and only then terminates the message (Term), so it is never
-// dropped: if the publish fails the message is given back (Nak) and comes
-// again. The copy's Nats-Msg-Id is derived from the stream sequence, so a
-// message parked twice (its Term lost) is kept once.
+// DeadLetter implements driver.Delivery: it terminates the message (Term)
+// only once JetStream acked its copy on the dead-letter subject, and gives
+// it back (Nak) if the publish fails. The copy's Nats-Msg-Id derives from
+// the stream sequence, so a message parked twice (Term lost) is kept once.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.begin(); err != nil {
 		return err
@@ -150,11 +135,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		why = cause.Error()
 	}
 	h := natsgo.Header{}
-	for k, v := range d.msg().Headers() {
-		if k != natsgo.MsgIdHdr {
-			h[k] = v
-		}
-	}
+	maps.Copy(h, d.msg().Headers()) // Nats-Msg-Id is replaced below
 	if d.m.ID != "" {
 		h.Set(IDHeader, d.m.ID)
 	}
@@ -170,10 +151,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		_ = d.msg().Nak()
 		return d.failed("dead-letter publish to "+s.c.dlqSubject, err)
 	}
-	if err := d.msg().Term(); err != nil {
-		return d.failed("term after parking", err)
+	err := d.msg().Term()
+	if err == nil {
+		err = s.flush(ctx)
 	}
-	if err := s.flush(ctx); err != nil {
+	if err != nil {
 		return d.failed("term after parking", err)
 	}
 	return nil
@@ -200,12 +182,10 @@ func (s *Source) flush(ctx context.Context) error {
 	return s.link.nc.FlushWithContext(ctx)
 }
 
-// beat keeps unsettled deliveries leased: every third of the AckWait it
-// sends InProgress for each, which restarts JetStream's AckWait, then a
-// flush; only a confirmed flush moves the deliveries' deadlines. A
-// delivery held longer than WithMaxExtension since its receipt is no
-// longer extended: JetStream then redelivers it, and the dedup key keeps
-// its effect to one commit.
+// beat sends InProgress for the deliveries whose lease is due, which
+// restarts JetStream's AckWait, then a flush: only a confirmed flush moves
+// their deadlines. Past WithMaxExtension a delivery is no longer extended,
+// and JetStream redelivers it.
 func (s *Source) beat(time.Time) {
 	due := s.live.Due(time.Now(), s.ackWait)
 	if len(due) == 0 {

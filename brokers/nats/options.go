@@ -18,13 +18,11 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// DefaultIDHeader is the header the Source reads a message's business id
-// from unless WithIDHeader names another: JetStream's own publish-side
-// deduplication id.
-const DefaultIDHeader = natsgo.MsgIdHdr
-
-// Headers the adapter reads and writes beside the id header.
+// The headers the adapter reads and writes.
 const (
+	// DefaultIDHeader holds the business id unless WithIDHeader names
+	// another header: JetStream's own publish-side deduplication id.
+	DefaultIDHeader = natsgo.MsgIdHdr
 	// IDHeader, when present, holds the business id and takes precedence
 	// over the id header: Redrive puts the id there, because JetStream
 	// drops a publish whose Nats-Msg-Id it saw within the duplicate window.
@@ -54,22 +52,16 @@ type pubOption struct{ opt }
 func (pubOption) publisher() {}
 
 type config struct {
-	stream       string
-	conn         *natsgo.Conn
-	servers      []string
-	natsOpts     []natsgo.Option
-	consumer     string
-	subject      string
-	declare      bool
-	idHeader     string
-	ackWait      time.Duration
-	heartbeat    bool
-	maxExtension time.Duration
-	window       int
-	dlqStream    string
-	dlqSubject   string
-	logger       *slog.Logger // nil: the Consumer's, or slog.Default()
-	byURL        bool         // errors name URL parameters
+	stream, consumer, subject       string
+	idHeader, dlqStream, dlqSubject string
+	conn                            *natsgo.Conn
+	servers                         []string
+	natsOpts                        []natsgo.Option
+	declare, heartbeat              bool
+	ackWait, maxExtension           time.Duration
+	window                          int
+	logger                          *slog.Logger // nil: the Consumer's, or slog.Default()
+	byURL                           bool         // errors name URL parameters
 }
 
 // set returns the option named name: applied, it fails naming the option
@@ -127,10 +119,9 @@ func WithSubject(v string) PublisherOption {
 	return pubOption{set("WithSubject", subject(v), func(c *config) { c.subject = v })}
 }
 
-// WithDeclare chooses whether the Source creates the stream (file storage,
-// the subject only) and the dead-letter stream when they are missing, and
-// creates or updates the consumer; a Publisher creates the stream. Default
-// true; with false, all must exist, and opening fails naming the missing.
+// WithDeclare chooses whether a missing stream (file storage, the subject
+// only) and dead-letter stream are created, and the consumer created or
+// updated. Default true; with false, opening fails naming what is missing.
 func WithDeclare(b bool) PublisherOption {
 	return pubOption{set("WithDeclare", nil, func(c *config) { c.declare = b })}
 }
@@ -232,25 +223,23 @@ func init() {
 		"creds": fileParam(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
 	}}
 	driver.RegisterBroker("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		s, err := Open(ctx, u.String(), logger(cfg)...)
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
+		return opened[driver.Source](Open(ctx, u.String(), logger(cfg)...))
 	}, func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
-		p, err := NewPublisher(ctx, u.String())
-		if err != nil {
-			return nil, err
-		}
-		return p, nil
+		return opened[driver.Publisher](NewPublisher(ctx, u.String()))
 	})
 	admin.RegisterDeadLetters("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
-		q, err := OpenDeadLetters(ctx, u.String(), logger(cfg)...)
-		if err != nil {
-			return nil, err
-		}
-		return q, nil
+		return opened[admin.DeadLetterQueue](OpenDeadLetters(ctx, u.String(), logger(cfg)...))
 	})
+}
+
+// opened returns what a constructor opened as the registry's interface I:
+// nil, not a typed nil, after an error.
+func opened[I, T any](v T, err error) (I, error) {
+	if err != nil {
+		var none I
+		return none, err
+	}
+	return any(v).(I), nil
 }
 
 // logger is the registry's logger as an option, if it has one.
@@ -279,12 +268,8 @@ func fileParam(build func(file string) (natsgo.Option, error)) urlparam.Param[Op
 	}}
 }
 
-// resolve reads addr,
-//
-//	nats://[user:pass@]host:4222[,host2:4222]/STREAM?consumer=NAME&subject=…
-//
-// applies opts after its parameters and fills the defaults that depend on
-// the stream.
+// resolve reads addr (see the package doc), applies opts after its
+// parameters and fills the defaults that depend on the stream.
 func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error) {
 	c := config{declare: true, idHeader: DefaultIDHeader, ackWait: 30 * time.Second, heartbeat: true, maxExtension: time.Hour, window: 100}
 	u, err := redact.ParseURL(addr)

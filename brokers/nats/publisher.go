@@ -20,21 +20,19 @@ import (
 const publishChunk = 1000
 
 // Publisher publishes to JetStream with the business id in Nats-Msg-Id
-// (JetStream drops a second publish of an id within the stream's
-// duplicate window) and in the WithIDHeader header when that is another,
-// the key in idemq-key and the caller's W3C trace context, injected with
-// the global OpenTelemetry propagator. It implements driver.Publisher and
-// is safe for concurrent use.
+// (JetStream drops a second publish of an id within the duplicate window)
+// and the WithIDHeader header, the key in idemq-key and the W3C trace
+// context of the global OpenTelemetry propagator. It implements
+// driver.Publisher and is safe for concurrent use.
 type Publisher struct {
 	c    config
 	link *link
 }
 
 // NewPublisher connects for publishing to the subject of addr, a nats://
-// URL naming the stream (WithSubject, default the stream's name; the
-// consumer's parameters are checked and ignored). With WithDeclare(true),
-// the default, it creates the stream on that subject when it is missing,
-// so messages published before any consumer exists are kept.
+// URL as the Source's (whose consumer parameters it checks and ignores).
+// With WithDeclare(true), the default, it creates a missing stream, so
+// messages published before any consumer exists are kept.
 func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
 	c, l, err := connect(addr, false, opts, nil)
 	if err != nil {
@@ -59,15 +57,12 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 	if strings.ContainsAny(subj, "*>") {
 		return fmt.Errorf("nats: cannot publish to the wildcard subject %s; give a destination", subj)
 	}
-	var trace propagation.MapCarrier
+	trace := propagation.MapCarrier{}
+	otel.GetTextMapPropagator().Inject(ctx, trace)
 	for start := 0; start < len(msgs); start += publishChunk {
 		chunk := msgs[start:min(start+publishChunk, len(msgs))]
 		futures := make([]jetstream.PubAckFuture, 0, len(chunk))
 		for _, m := range chunk {
-			if trace == nil {
-				trace = propagation.MapCarrier{}
-				otel.GetTextMapPropagator().Inject(ctx, trace)
-			}
 			f, err := p.link.js.PublishMsgAsync(p.message(subj, m, trace))
 			if err != nil {
 				return fmt.Errorf("nats: publishing %q to %s: %w", m.ID, subj, err)

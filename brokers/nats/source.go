@@ -22,13 +22,11 @@ const giveBackDelay = 200 * time.Millisecond
 // driver.WindowSetter, driver.RedeliveryHorizoner and driver.LoggerSetter.
 // Receive may be called from several goroutines.
 type Source struct {
-	c        config
-	link     *link
-	st       jetstream.Stream
-	dlq      jetstream.Stream
-	cons     jetstream.Consumer
-	ackWait  time.Duration
-	declared bool
+	c       config
+	link    *link
+	st, dlq jetstream.Stream
+	cons    jetstream.Consumer
+	ackWait time.Duration
 
 	logs unsettled.Logger
 	live *unsettled.Set[uint64, jetstream.Msg] // by stream sequence
@@ -43,10 +41,9 @@ type Source struct {
 }
 
 // Open opens a Source on addr, a nats:// URL naming the stream and the
-// consumer (see the package doc): it connects, checks (or, with
-// WithDeclare(true), the default, creates) the stream, the dead-letter
-// stream and the durable consumer, and starts the heartbeat. Messages are
-// received from the first Receive on.
+// consumer: it connects, checks (or, with WithDeclare(true), the default,
+// creates) the stream, the dead-letter stream and the durable consumer, and
+// starts the heartbeat. Messages are received from the first Receive on.
 func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	s := &Source{stop: func() {}}
 	var err error
@@ -70,38 +67,31 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 // declare finds or creates the streams and the consumer.
 func (s *Source) declare(ctx context.Context) (err error) {
 	c := &s.c
-	if s.st, err = s.link.stream(ctx, s.c.stream, c.subject, "stream", c.declare, false); err != nil {
+	if s.st, err = s.link.stream(ctx, c.stream, c.subject, "stream", c.declare, false); err != nil {
 		return err
 	}
 	if s.dlq, err = s.link.stream(ctx, c.dlqStream, c.dlqSubject, "dead-letter stream", c.declare, true); err != nil {
 		return err
 	}
-	if !c.declare {
-		if s.cons, err = s.link.js.Consumer(ctx, s.c.stream, c.consumer); err != nil {
-			if errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return fmt.Errorf("nats: the consumer %s of stream %s does not exist (create it, or let the adapter with declare=true)", c.consumer, s.c.stream)
-			}
-			return fmt.Errorf("nats: looking up the consumer %s of stream %s: %w", c.consumer, s.c.stream, err)
-		}
-		s.ackWait = s.cons.CachedInfo().Config.AckWait
-		return nil
+	if s.ackWait = c.ackWait; c.declare {
+		return s.declareConsumer(ctx, s.window)
 	}
-	s.declared = true
-	s.ackWait = c.ackWait
-	return s.declareConsumer(ctx, s.window)
+	s.cons, err = s.link.js.Consumer(ctx, c.stream, c.consumer)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("nats: the consumer %s of stream %s does not exist (create it, or let the adapter with declare=true)", c.consumer, c.stream)
+	} else if err != nil {
+		return fmt.Errorf("nats: looking up the consumer %s of stream %s: %w", c.consumer, c.stream, err)
+	}
+	s.ackWait = s.cons.CachedInfo().Config.AckWait
+	return nil
 }
 
 // declareConsumer creates or updates the durable consumer with window as
 // its MaxAckPending.
 func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
 	s.cons, err = s.link.js.CreateOrUpdateConsumer(ctx, s.c.stream, jetstream.ConsumerConfig{
-		Durable:       s.c.consumer,
-		FilterSubject: s.c.subject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       s.c.ackWait,
-		MaxAckPending: window,
-		MaxDeliver:    -1,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Durable: s.c.consumer, FilterSubject: s.c.subject, DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: s.c.ackWait, MaxAckPending: window, MaxDeliver: -1,
 	})
 	if err != nil {
 		return fmt.Errorf("nats: declaring the consumer %s of stream %s: %w", s.c.consumer, s.c.stream, err)
@@ -128,7 +118,7 @@ func (s *Source) SetWindow(n int) error {
 	if s.it != nil {
 		return errors.New("nats: SetWindow after the first Receive")
 	}
-	if s.declared && n != s.window {
+	if s.c.declare && n != s.window {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.declareConsumer(ctx, n); err != nil {
@@ -141,8 +131,7 @@ func (s *Source) SetWindow(n int) error {
 
 // RedeliveryHorizon implements driver.RedeliveryHorizoner: the stream's
 // MaxAge plus the dead-letter stream's (a parked message can be redriven
-// until it expires there), driver.Unbounded when either keeps messages
-// without an age limit.
+// until it expires there), driver.Unbounded when either has none.
 func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 	var total time.Duration
 	for _, st := range []jetstream.Stream{s.st, s.dlq} {
@@ -195,31 +184,15 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		return nil, err
 	}
 	msg, err := it.Next(jetstream.NextContext(ctx))
-	if err != nil {
-		if s.isClosed() || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			return nil, driver.ErrSourceClosed
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("nats: receiving from consumer %s: %w", s.c.consumer, err)
-	}
-	d, err := s.newDelivery(msg)
-	if err != nil {
-		return nil, err
-	}
-	md, _ := msg.Metadata() // newDelivery read it
-	if d.e = s.live.Add(md.Sequence.Stream, msg); d.e == nil {
-		_ = msg.NakWithDelay(giveBackDelay)
+	switch {
+	case err == nil:
+		return s.newDelivery(msg)
+	case s.isClosed() || errors.Is(err, jetstream.ErrMsgIteratorClosed):
 		return nil, driver.ErrSourceClosed
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
 	}
-	return d, nil
-}
-
-// mine returns dd as a delivery of s.
-func (s *Source) mine(dd driver.Delivery) (*delivery, bool) {
-	d, ok := dd.(*delivery)
-	return d, ok && d.s == s
+	return nil, fmt.Errorf("nats: receiving from consumer %s: %w", s.c.consumer, err)
 }
 
 func (s *Source) isClosed() bool {
@@ -234,29 +207,24 @@ func (s *Source) isClosed() bool {
 // AckWait. Settling those deliveries afterwards returns a stale error.
 func (s *Source) Close() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	it, closed := s.it, s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if closed {
 		return nil
 	}
-	s.closed = true
-	it := s.it
-	s.mu.Unlock()
 	live := s.live.Close()
 	s.stop()
 	s.wg.Wait()
-	// Stop pulling first. A message given back at once could still be
-	// handed to a pull request of this source that the server has not yet
-	// dropped, and wait out its AckWait there: the Nak asks for a short
-	// delay, by which the server has seen the unsubscription.
+	// Stop pulling first: a pull request the server has not dropped yet
+	// could take a message given back at once and hold it for its
+	// AckWait, so the Nak asks for a short delay.
 	var back []jetstream.Msg
 	if it != nil {
 		it.Drain()
 		_ = s.link.nc.FlushTimeout(time.Second)
-		for {
-			m, err := it.Next(jetstream.NextMaxWait(time.Second))
-			if err != nil {
-				break
-			}
+		next := func() (jetstream.Msg, error) { return it.Next(jetstream.NextMaxWait(time.Second)) }
+		for m, err := next(); err == nil; m, err = next() {
 			back = append(back, m)
 		}
 	}
@@ -276,12 +244,13 @@ func (s *Source) Close() error {
 
 // AckBatch implements driver.BatchSettler. JetStream has no multiple ack
 // for explicit-ack consumers (AckAll would also take the holes between),
-// so it sends each delivery's ack without waiting and then one flush: the
-// server's answer to it confirms it has read every ack before it, one
-// round trip for the batch instead of one per message. Deliveries settled
-// before or stale are reported in the joined error; the others are acked.
+// so it sends the plain acks and then one flush, whose answer confirms the
+// server read every ack before it: one round trip for the batch.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("nats", ds, s.mine, (*delivery).begin)
+	own, errs := unsettled.Take("nats", ds, func(dd driver.Delivery) (*delivery, bool) {
+		d, ok := dd.(*delivery)
+		return d, ok && d.s == s
+	}, (*delivery).begin)
 	sent := 0
 	for _, d := range own {
 		if err := d.msg().Ack(); err != nil {
