@@ -46,7 +46,7 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 				params += "&dead_letter_mode=redrive"
 			}
 			all = append(all, opts...)
-			pub, err := NewPublisher(context.Background(), q.url, clientOpts(ep)...)
+			pub, err := NewPublisher(context.Background(), q.addr(), publisherOpts(ep)...)
 			if err != nil {
 				t.Fatalf("NewPublisher: %v", err)
 			}
@@ -55,7 +55,7 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 			return &brokertest.Fixture{
 				Publish: func(ctx context.Context, msgs ...*driver.Message) error { return pub.Publish(ctx, "", msgs...) },
 				NewSource: func(t *testing.T) driver.Source {
-					s, err := Open(context.Background(), q.url, all...)
+					s, err := Open(context.Background(), q.addr(), all...)
 					if err != nil {
 						t.Fatalf("Open: %v", err)
 					}
@@ -74,7 +74,7 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 				},
 				Reconnect: lapseVisibility,
 				NewPublisher: func(t *testing.T) driver.Publisher {
-					p, err := NewPublisher(context.Background(), q.url, clientOpts(ep)...)
+					p, err := NewPublisher(context.Background(), q.addr(), publisherOpts(ep)...)
 					if err != nil {
 						t.Fatalf("NewPublisher: %v", err)
 					}
@@ -96,12 +96,10 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 func lapseVisibility(t *testing.T, src driver.Source) {
 	s := src.(*Source)
 	var last time.Time
-	s.mu.Lock()
-	for d := range s.live {
-		d.hbFailed = true
-		last = maxTime(last, d.deadline)
+	for _, e := range s.live.All() {
+		s.live.GiveUp(e)
+		last = maxTime(last, s.live.Lapses(e))
 	}
-	s.mu.Unlock()
 	servicetest.WaitFor(t, s.vis+10*time.Second, "the visibility to lapse", func() bool { return time.Now().After(last) })
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,13 +67,10 @@ func newClient(ctx context.Context, c clientConfig) (*awssqs.Client, error) {
 
 // queueInfo is what the adapter needs to know about a queue.
 type queueInfo struct {
-	url        string
-	name       string
-	arn        string
-	fifo       bool
-	visibility time.Duration
-	retention  time.Duration
-	redrive    *redrivePolicy
+	url, name, arn        string
+	fifo                  bool
+	visibility, retention time.Duration
+	redrive               *redrivePolicy
 	// maxSize is the queue's MaximumMessageSize in bytes as last read (0:
 	// unknown); Publisher.oversized reads it again before it refuses a
 	// message.
@@ -84,9 +82,28 @@ type redrivePolicy struct {
 	maxReceiveCount int
 }
 
-// isQueueURL tells a queue URL from a queue name.
-func isQueueURL(s string) bool {
-	return strings.HasPrefix(s, "https://") || strings.HasPrefix(s, "http://")
+// queues resolves queues given by URL or name, each once.
+type queues struct {
+	cl *awssqs.Client
+	mu sync.Mutex
+	m  map[string]*queueInfo
+}
+
+func (c *queues) get(ctx context.Context, urlOrName string) (*queueInfo, error) {
+	c.mu.Lock()
+	q, ok := c.m[urlOrName]
+	c.mu.Unlock()
+	if ok {
+		return q, nil
+	}
+	q, err := resolveQueue(ctx, c.cl, urlOrName)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.m[urlOrName] = q
+	c.mu.Unlock()
+	return q, nil
 }
 
 // resolveQueue finds the URL of a queue given by URL or name and reads its
@@ -96,7 +113,7 @@ func resolveQueue(ctx context.Context, cl *awssqs.Client, urlOrName string) (*qu
 		return nil, errors.New("empty queue URL or name")
 	}
 	q := &queueInfo{url: urlOrName}
-	if !isQueueURL(urlOrName) {
+	if !strings.HasPrefix(urlOrName, "https://") && !strings.HasPrefix(urlOrName, "http://") {
 		out, err := cl.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(urlOrName)})
 		if err != nil {
 			return nil, fmt.Errorf("queue %q: %w", urlOrName, err)
@@ -121,18 +138,13 @@ func resolveQueue(ctx context.Context, cl *awssqs.Client, urlOrName string) (*qu
 	a := attrs.Attributes
 	q.arn = a[string(types.QueueAttributeNameQueueArn)]
 	q.fifo = a[string(types.QueueAttributeNameFifoQueue)] == "true" || strings.HasSuffix(q.name, ".fifo")
-	if s, ok := a[string(types.QueueAttributeNameVisibilityTimeout)]; ok {
-		if n, err := strconv.Atoi(s); err == nil {
-			q.visibility = time.Duration(n) * time.Second
-		}
+	seconds := func(name types.QueueAttributeName) time.Duration {
+		n, _ := strconv.Atoi(a[string(name)])
+		return time.Duration(n) * time.Second
 	}
-	if q.visibility <= 0 {
+	q.retention = seconds(types.QueueAttributeNameMessageRetentionPeriod)
+	if q.visibility = seconds(types.QueueAttributeNameVisibilityTimeout); q.visibility <= 0 {
 		q.visibility = 30 * time.Second // the SQS default
-	}
-	if s, ok := a[string(types.QueueAttributeNameMessageRetentionPeriod)]; ok {
-		if n, err := strconv.Atoi(s); err == nil {
-			q.retention = time.Duration(n) * time.Second
-		}
 	}
 	if s := a[string(types.QueueAttributeNameRedrivePolicy)]; s != "" {
 		rp, err := parseRedrivePolicy(s)
@@ -185,4 +197,36 @@ func parseRedrivePolicy(s string) (*redrivePolicy, error) {
 // queueNameFromARN returns the last part of arn:aws:sqs:region:account:name.
 func queueNameFromARN(arn string) string {
 	return arn[strings.LastIndexByte(arn, ':')+1:]
+}
+
+// deadLetterQueue finds the dead-letter queue of q under cfg's mode: the
+// one WithDeadLetterQueue names, else the redrive policy's target (always
+// the latter for DeadLetterRedrive). It must be FIFO exactly when q is.
+// Unless resolve, it only checks that the mode has one.
+func deadLetterQueue(ctx context.Context, cfg *config, cl *awssqs.Client, q *queueInfo, resolve bool) (*queueInfo, error) {
+	option, target := "WithDeadLetterQueue", cfg.deadLetterQueue
+	if q.redrive != nil && (target == "" || cfg.deadLetterMode == DeadLetterRedrive) {
+		target = queueNameFromARN(q.redrive.targetARN)
+	}
+	if cfg.deadLetterMode == DeadLetterRedrive {
+		option = "WithDeadLetterMode"
+		if q.redrive == nil {
+			return nil, cfg.optErr(option, "%s needs a redrive policy on queue %q", cfg.spell("DeadLetterRedrive", "redrive"), q.name)
+		}
+	}
+	if target == "" {
+		return nil, cfg.optErr(option, "queue %q has no redrive policy, so name the dead-letter queue (or use %s on a queue that has one)",
+			q.name, cfg.spell("WithDeadLetterMode(DeadLetterRedrive)", "dead_letter_mode=redrive"))
+	}
+	if !resolve {
+		return nil, nil
+	}
+	dlq, err := resolveQueue(ctx, cl, target)
+	if err != nil {
+		return nil, cfg.optErr(option, "%v", err)
+	}
+	if dlq.fifo != q.fifo {
+		return nil, cfg.optErr(option, "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
+	}
+	return dlq, nil
 }

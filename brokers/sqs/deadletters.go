@@ -1,24 +1,27 @@
 package sqs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/admin"
-	"github.com/idemq/idemq/internal/retry"
-
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
+	"github.com/idemq/idemq/core/driver/unsettled"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // browseVisibility is how long a DeadLetters call keeps each message it
@@ -31,218 +34,150 @@ var browseVisibility = 30 * time.Second
 const maxEmptyReceives = 3
 
 // DeadLetters is the operator's handle on the dead-letter queue of one
-// consumer's queue (admin.DeadLetterQueue): it lists, redrives and purges
-// the messages parked there, whether the adapter copied them
-// (DeadLetterSend) or the queue's redrive policy moved them
+// consumer's queue (admin.DeadLetterQueue), whether the adapter copied the
+// messages there (DeadLetterSend) or the redrive policy moved them
 // (DeadLetterRedrive). It is not safe for concurrent use.
 //
-// SQS has no way to read a message without receiving it, so each call
-// receives the messages parked when it began (ten per ReceiveMessage),
-// keeps them hidden while it runs (extending their visibility as needed),
-// and makes those it did not redrive or purge visible again at once when
-// it returns. Receiving raises their ApproximateReceiveCount; a consumer
-// of the dead-letter queue sees them only after the call. The call stops
-// after ApproximateNumberOfMessages (read when it began) messages, or
-// after a few empty receives (waiting up to the browse visibility when the
-// queue hides messages the call did not get, as after a lost answer).
+// SQS cannot read a message without receiving it, so each call receives the
+// messages parked when it began (ApproximateNumberOfMessages), keeps them
+// hidden while it runs (a heartbeat extends their visibility) and makes
+// those still parked visible again when it returns; a consumer of the
+// dead-letter queue sees them only after the call. On a FIFO dead-letter
+// queue SQS hands out no more of a message group while one is hidden, so a
+// call sees per group only what its receives return.
 //
-// On a FIFO dead-letter queue SQS hands out no more messages of a message
-// group while one of the group's is hidden, so a call sees per group only
-// those its first receive of that group returns (up to ten); once they are
-// redriven or purged, the next call sees the ones behind them.
+// A message the redrive policy moved has no idemq-cause: its Cause says it
+// passed the policy's maxReceiveCount, and its Attempt is that count when
+// it came from the consumer's own queue. ParkedAt is the copy's
+// SentTimestamp (for a moved message, the original's). Redrive sends the
+// original body and attributes (unfolded, folded again past ten) and, on a
+// FIFO queue, the MessageGroupId under a new MessageDeduplicationId, which
+// SQS would otherwise drop as a repeat.
 type DeadLetters struct {
+	*deadletter.Queue[*held]
+	s *dlqStore
+}
+
+// dlqStore is the dead-letter queue as deadletter.Queue reads it.
+type dlqStore struct {
 	cl     *awssqs.Client
 	cfg    config
-	q      *queueInfo // the consumer's queue
-	dlq    *queueInfo
-	dests  map[string]*queueInfo // destination queues by name
+	q, dlq *queueInfo // the consumer's queue and its dead-letter queue
+	dests  queues
+	cur    *lease // of the call in progress
 	closed bool
-}
-
-var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
-
-// OpenDeadLetters returns the dead-letter queue of the consumer of
-// queueURLOrName, which Open would open with the same options: the queue
-// WithDeadLetterQueue names, else the target of the queue's redrive policy
-// (always the latter with WithDeadLetterMode(DeadLetterRedrive)). Options
-// only a Source uses are accepted and ignored. It creates nothing.
-func OpenDeadLetters(ctx context.Context, queueURLOrName string, opts ...Option) (*DeadLetters, error) {
-	cfg, cl, q, err := setup(ctx, "OpenDeadLetters", queueURLOrName, opts)
-	if err != nil {
-		return nil, err
-	}
-	target, err := deadLetterTarget(&cfg, q)
-	if err != nil {
-		return nil, err
-	}
-	dlq, err := resolveDeadLetterQueue(ctx, &cfg, cl, q, target)
-	if err != nil {
-		return nil, err
-	}
-	return &DeadLetters{cl: cl, cfg: cfg, q: q, dlq: dlq, dests: map[string]*queueInfo{q.name: q}}, nil
-}
-
-func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
-	queue, opts, err := parseURL(u, true, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return OpenDeadLetters(ctx, queue, opts...)
-}
-
-// Name returns the dead-letter queue's name.
-func (d *DeadLetters) Name() string { return d.dlq.name }
-
-// QueueURL returns the dead-letter queue's URL.
-func (d *DeadLetters) QueueURL() string { return d.dlq.url }
-
-// Close marks the handle closed; later calls fail. The SQS client needs no
-// closing.
-func (d *DeadLetters) Close() error {
-	d.closed = true
-	return nil
-}
-
-// Scan calls fn with each message parked when it began, in the order SQS
-// hands them out (no order on a standard queue, group order on a FIFO
-// one), and leaves them all parked. It holds only the receipt handles of
-// the messages it saw, not their bodies.
-//
-// Cause is the idemq-cause attribute of a copy DeadLetterSend made, or,
-// for a message the redrive policy moved, a sentence saying it passed the
-// policy's maxReceiveCount. Attempt is the idemq-attempt attribute, or the
-// maxReceiveCount for a message moved from the consumer's own queue (its
-// last receive by a consumer). ParkedAt is the copy's SentTimestamp, or
-// for a moved message its original SentTimestamp (earlier than the move).
-func (d *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
-	l, err := d.browse(ctx, func(h *held) error { return fn(h.p) })
-	return errors.Join(err, l.release())
-}
-
-// Redrive sends each message sel chooses (every one when sel is nil) back
-// to its Destination, the queue it was dead-lettered from, with its
-// original body and attributes but without idemq-cause, idemq-source-queue
-// and idemq-attempt (attributes the copy had folded are unfolded, and
-// folded again when more than ten), and deletes it from the dead-letter
-// queue once SQS accepted the send. On a FIFO destination it keeps the
-// MessageGroupId and uses a new MessageDeduplicationId, so SQS does not
-// drop it as a repeat of the original within its deduplication window. The
-// chosen messages are held in memory until they are sent.
-//
-// When the queue dead-letters through its redrive policy
-// (DeadLetterRedrive) and sel chose every message, Redrive asks SQS to
-// move them back itself (StartMessageMoveTask, which also moves messages
-// parked while it runs) and waits for the task, calling progress as its
-// count of moved messages grows. Where the endpoint does not support move
-// tasks (fauxqs, for one), it sends and deletes them one by one as above.
-func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
-	var chosen []*held
-	seen := 0
-	l, err := d.browse(ctx, func(h *held) error {
-		seen++
-		if sel == nil || sel(h.p) {
-			chosen = append(chosen, h)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, errors.Join(err, l.release())
-	}
-	if progress == nil {
-		progress = func(int) {}
-	}
-	if d.cfg.deadLetterMode == DeadLetterRedrive && len(chosen) == seen && seen > 0 && allMoved(chosen) {
-		n, err := d.moveTask(ctx, l, progress)
-		if !errors.Is(err, errMoveUnsupported) {
-			return n, errors.Join(err, l.release())
-		}
-	}
-	done := 0
-	for _, h := range chosen {
-		if err = d.redriveOne(ctx, l, h); err != nil {
-			break
-		}
-		h.p, h.raw = nil, nil // sent: its body need not stay in memory
-		done++
-		progress(done)
-	}
-	return done, errors.Join(err, l.release())
-}
-
-// Purge deletes the messages sel chooses (every one when sel is nil) from
-// the dead-letter queue, ten per DeleteMessageBatch, and returns how many
-// SQS deleted.
-func (d *DeadLetters) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
-	var chosen []string
-	l, err := d.browse(ctx, func(h *held) error {
-		if sel == nil || sel(h.p) {
-			chosen = append(chosen, h.ref)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, errors.Join(err, l.release())
-	}
-	n := 0
-	var errs []error
-	for start := 0; start < len(chosen); start += 10 {
-		refs := chosen[start:min(start+10, len(chosen))]
-		entries := make([]types.DeleteMessageBatchRequestEntry, len(refs))
-		for i, ref := range refs {
-			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(l.receipt(ref))}
-		}
-		out, err := d.cl.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(d.dlq.url), Entries: entries})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("sqs: purge %s: %w", d.dlq.name, err))
-			break
-		}
-		failed := entryErrors(out.Failed)
-		for i, ref := range refs {
-			if e, bad := failed[i]; bad {
-				errs = append(errs, fmt.Errorf("sqs: purge %s: message %s: %w", d.dlq.name, ref, e.err))
-				continue
-			}
-			l.drop(ref)
-			n++
-		}
-	}
-	return n, errors.Join(append(errs, l.release())...)
 }
 
 // held is one parked message a call received and keeps hidden.
 type held struct {
-	ref   string // the SQS MessageId
 	raw   *types.Message
-	p     *admin.Parked
 	moved bool // moved by the redrive policy rather than copied
 }
 
-// allMoved reports whether the redrive policy moved every one of hs.
-func allMoved(hs []*held) bool {
-	for _, h := range hs {
-		if !h.moved {
-			return false
-		}
+// OpenDeadLetters returns the dead-letter queue of the consumer of the
+// queue addr names (an sqs:// URL, as admin.OpenDeadLetters takes it),
+// which Open would open with the same options: the queue
+// WithDeadLetterQueue names, else the target of the queue's redrive policy
+// (always the latter with WithDeadLetterMode(DeadLetterRedrive)). Options
+// only a Source uses are accepted and ignored. It creates nothing.
+func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
+	u, err := parseAddr("OpenDeadLetters", addr)
+	if err != nil {
+		return nil, err
 	}
-	return true
+	return openDeadLetters(ctx, u, driver.OpenConfig{}, opts)
 }
 
-// browse receives the messages parked when it begins and calls each once
-// per message, keeping them hidden in the returned lease (never nil),
-// which the caller releases. An error from each stops it.
-func (d *DeadLetters) browse(ctx context.Context, each func(*held) error) (*lease, error) {
-	l := newLease(d)
-	if d.closed {
-		return l, errors.New("sqs: dead-letter queue handle closed")
-	}
-	a, err := d.cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
-		QueueUrl:       aws.String(d.dlq.url),
-		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages},
-	})
+func openDeadLetters(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts []Option) (*DeadLetters, error) {
+	cfg, cl, q, err := setup(ctx, "OpenDeadLetters", u, oc, true, opts)
 	if err != nil {
-		return l, fmt.Errorf("sqs: dead-letter queue %s: reading its size: %w", d.dlq.name, err)
+		return nil, err
 	}
-	parked, _ := strconv.Atoi(a.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)])
+	dlq, err := deadLetterQueue(ctx, &cfg, cl, q, true)
+	if err != nil {
+		return nil, err
+	}
+	s := &dlqStore{cl: cl, cfg: cfg, q: q, dlq: dlq, dests: queues{cl: cl, m: map[string]*queueInfo{q.name: q}}}
+	return &DeadLetters{Queue: deadletter.New(s), s: s}, nil
+}
+
+// QueueURL returns the dead-letter queue's URL.
+func (d *DeadLetters) QueueURL() string { return d.s.dlq.url }
+
+// Redrive implements admin.DeadLetterQueue. When the queue dead-letters
+// through its redrive policy (DeadLetterRedrive), sel is nil and the policy
+// moved every parked message, it asks SQS to move them back itself
+// (StartMessageMoveTask, which also moves messages parked while it runs)
+// and waits for the task, calling progress as its count of moved messages
+// grows. Otherwise, or where the endpoint does not support move tasks, it
+// sends and deletes them one by one.
+func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
+	if d.s.cfg.deadLetterMode == DeadLetterRedrive && sel == nil {
+		n, err := d.s.moveAll(ctx, progress)
+		if !errors.Is(err, errMoveUnsupported) {
+			return n, err
+		}
+	}
+	return d.Queue.Redrive(ctx, sel, progress)
+}
+
+// Name is the dead-letter queue's name.
+func (s *dlqStore) Name() string { return s.dlq.name }
+
+// Close marks the handle closed; later calls fail. The SQS client needs no
+// closing.
+func (s *dlqStore) Close() error {
+	s.closed = true
+	return nil
+}
+
+// Each receives the messages parked when it begins, keeping them hidden,
+// and makes those still parked visible again when it returns.
+func (s *dlqStore) Each(ctx context.Context, fn func(*held, *admin.Parked) error) error {
+	err := s.browse(ctx, fn)
+	return errors.Join(err, s.cur.release())
+}
+
+// Republish sends h back to its destination with its original attributes
+// (unfolded, and folded again when more than ten), the bookkeeping left
+// out.
+func (s *dlqStore) Republish(ctx context.Context, h *held, p *admin.Parked) error {
+	dest, err := s.dests.get(ctx, p.Destination)
+	if err != nil {
+		return fmt.Errorf("destination: %w", err)
+	}
+	attrs := unfold(h.raw.MessageAttributes)
+	for _, k := range deadletter.Bookkeeping {
+		delete(attrs, k)
+	}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return sendCopy(ctx, s.cl, dest, h.raw.Body, attrs, s.cfg.idAttribute, p.Key, "idemq-redriven", "idemq-redrive-"+hex.EncodeToString(b))
+}
+
+// Remove deletes h from the dead-letter queue.
+func (s *dlqStore) Remove(ctx context.Context, h *held) error {
+	ref := aws.ToString(h.raw.MessageId)
+	if _, err := s.cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(s.dlq.url), ReceiptHandle: aws.String(s.cur.receipt(ref))}); err != nil {
+		return err
+	}
+	s.cur.drop(ref)
+	return nil
+}
+
+// browse receives the messages parked when it begins and calls fn once per
+// message, keeping them hidden in s.cur, which the caller releases. An
+// error from fn stops it.
+func (s *dlqStore) browse(ctx context.Context, fn func(*held, *admin.Parked) error) error {
+	l := newLease(s)
+	s.cur = l
+	if s.closed {
+		return errors.New("sqs: dead-letter queue handle closed")
+	}
+	parked, err := s.count(ctx, types.QueueAttributeNameApproximateNumberOfMessages)
+	if err != nil {
+		return fmt.Errorf("sqs: dead-letter queue %s: reading its size: %w", s.dlq.name, err)
+	}
 	// Each receive that is not empty brings at least one message: the
 	// bound holds even when SQS hands some out twice. A receive whose
 	// answer was lost on the way (the SDK retried it) leaves its messages
@@ -255,29 +190,23 @@ func (d *DeadLetters) browse(ctx context.Context, each func(*held) error) (*leas
 			if strays.IsZero() {
 				strays = time.Now().Add(browseVisibility + 5*time.Second)
 			}
-			if time.Now().After(strays) || !d.hidesMore(ctx, l) {
+			hidden, err := s.count(ctx, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)
+			if time.Now().After(strays) || err != nil || hidden <= l.len() {
 				break
 			}
 			empties, calls = 0, calls-1
 		}
-		out, err := d.cl.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
-			QueueUrl:                    aws.String(d.dlq.url),
-			MaxNumberOfMessages:         10,
-			WaitTimeSeconds:             1,
-			VisibilityTimeout:           int32(browseVisibility / time.Second),
-			MessageAttributeNames:       []string{"All"},
-			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
-		})
+		out, err := s.cl.ReceiveMessage(ctx, receiveInput(s.dlq.url, 10, time.Second, browseVisibility))
 		if err != nil {
-			return l, fmt.Errorf("sqs: dead-letter queue %s: receive: %w", d.dlq.name, err)
+			return fmt.Errorf("sqs: dead-letter queue %s: receive: %w", s.dlq.name, err)
 		}
 		if len(out.Messages) == 0 {
 			empties++
 			continue
 		}
 		empties = 0
-		// All are held before each sees the first, so the heartbeat keeps
-		// them hidden however long each takes.
+		// All are held before fn sees the first, so the heartbeat keeps
+		// them hidden however long fn takes.
 		fresh := make([]*types.Message, 0, len(out.Messages))
 		for i := range out.Messages {
 			if m := &out.Messages[i]; l.hold(m) {
@@ -286,155 +215,89 @@ func (d *DeadLetters) browse(ctx context.Context, each func(*held) error) (*leas
 		}
 		for _, m := range fresh {
 			got++
-			p, moved := d.parked(m)
-			if err := each(&held{ref: aws.ToString(m.MessageId), raw: m, p: p, moved: moved}); err != nil {
-				return l, err
+			p, moved := s.parked(m)
+			if err := fn(&held{raw: m, moved: moved}, p); err != nil {
+				return err
 			}
 		}
 	}
-	return l, nil
+	return nil
 }
 
-// hidesMore reports whether the dead-letter queue hides more messages
-// than l holds, that is whether some were received without l knowing.
-func (d *DeadLetters) hidesMore(ctx context.Context, l *lease) bool {
-	a, err := d.cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
-		QueueUrl:       aws.String(d.dlq.url),
-		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessagesNotVisible},
-	})
+// count reads a count attribute of the dead-letter queue.
+func (s *dlqStore) count(ctx context.Context, name types.QueueAttributeName) (int, error) {
+	a, err := s.cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(s.dlq.url), AttributeNames: []types.QueueAttributeName{name}})
 	if err != nil {
-		return false
+		return 0, err
 	}
-	hidden, _ := strconv.Atoi(a.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return hidden > len(l.receipts)
+	n, _ := strconv.Atoi(a.Attributes[string(name)])
+	return n, nil
 }
 
 // parked describes a received dead letter, and reports whether the
 // redrive policy moved it (it has no idemq-cause).
-func (d *DeadLetters) parked(m *types.Message) (*admin.Parked, bool) {
+func (s *dlqStore) parked(m *types.Message) (*admin.Parked, bool) {
 	headers, body := decode(m)
 	sys := m.Attributes
-	p := &admin.Parked{
-		Ref:     aws.ToString(m.MessageId),
-		ID:      headers[d.cfg.idAttribute],
-		Key:     sys[string(types.MessageSystemAttributeNameMessageGroupId)],
-		Headers: headers,
-		Body:    body,
-	}
+	p := &admin.Parked{Ref: aws.ToString(m.MessageId), ID: headers[s.cfg.idAttribute], Key: sys[string(types.MessageSystemAttributeNameMessageGroupId)], Headers: headers, Body: body}
 	if ms, err := strconv.ParseInt(sys[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		p.ParkedAt = time.UnixMilli(ms)
 	}
-	cause, copied := headers[driver.CauseHeader]
-	if copied {
-		p.Cause = cause
-		p.Origin = headers[AttributeSourceQueue]
-		p.Attempt, _ = strconv.Atoi(headers[AttributeAttempt])
-	} else {
-		if arn := sys[string(types.MessageSystemAttributeNameDeadLetterQueueSourceArn)]; arn != "" {
-			p.Origin = queueNameFromARN(arn)
-		}
+	_, copied := headers[driver.CauseHeader]
+	if !copied {
+		p.Origin = queueNameFromARN(sys[string(types.MessageSystemAttributeNameDeadLetterQueueSourceArn)])
 		p.Cause = "SQS moved it: its receive count passed the redrive policy's maxReceiveCount"
 	}
-	if p.Origin == "" {
-		p.Origin = d.q.name
-	}
-	if !copied && p.Origin == d.q.name && d.q.redrive != nil {
-		p.Attempt = d.q.redrive.maxReceiveCount
+	deadletter.Read(p)
+	p.Origin = cmp.Or(p.Origin, s.q.name)
+	if !copied && p.Origin == s.q.name && s.q.redrive != nil {
+		p.Attempt = s.q.redrive.maxReceiveCount
 		p.Cause += fmt.Sprintf(" (%d) on %s", p.Attempt, p.Origin)
 	}
-	p.Destination = p.Origin
+	p.Destination = cmp.Or(p.Destination, p.Origin)
 	return p, !copied
 }
 
-// bookkeeping are the attributes Redrive takes off: the adapter's
-// dead-letter attributes.
-var bookkeeping = []string{driver.CauseHeader, AttributeSourceQueue, AttributeAttempt}
+// errMoveUnsupported is moveAll's error when a move task does not apply.
+var errMoveUnsupported = errors.New("sqs: no message move task for this dead-letter queue")
 
-// redriveOne sends h to its destination and then deletes it from the
-// dead-letter queue.
-func (d *DeadLetters) redriveOne(ctx context.Context, l *lease, h *held) error {
-	dest, err := d.destination(ctx, h.p.Destination)
-	if err != nil {
-		return fmt.Errorf("sqs: redrive message %s: destination: %w", h.ref, err)
-	}
-	attrs := unfold(h.raw.MessageAttributes)
-	for _, k := range bookkeeping {
-		delete(attrs, k)
-	}
-	attrs, err = fold(attrs, d.cfg.idAttribute, AttributeEncoding, "traceparent", "tracestate")
-	if err != nil {
-		return fmt.Errorf("sqs: redrive message %s: %w", h.ref, err)
-	}
-	in := &awssqs.SendMessageInput{QueueUrl: aws.String(dest.url), MessageBody: h.raw.Body}
-	if len(attrs) > 0 {
-		in.MessageAttributes = attrs
-	}
-	if dest.fifo {
-		group := h.p.Key
-		if group == "" {
-			group = "idemq-redriven"
-		}
-		// A new id: SQS would drop the original's as a repeat within its
-		// five-minute deduplication window.
-		b := make([]byte, 16)
-		_, _ = rand.Read(b)
-		in.MessageGroupId = aws.String(group)
-		in.MessageDeduplicationId = aws.String("idemq-redrive-" + hex.EncodeToString(b))
-	}
-	if _, err := d.cl.SendMessage(ctx, in); err != nil {
-		return fmt.Errorf("sqs: redrive message %s to %s (it stays parked): %w", h.ref, dest.name, err)
-	}
-	if _, err := d.cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(d.dlq.url), ReceiptHandle: aws.String(l.receipt(h.ref))}); err != nil {
-		return fmt.Errorf("sqs: redrive message %s: sent to %s but not deleted from %s, so it may be redriven again: %w", h.ref, dest.name, d.dlq.name, err)
-	}
-	l.drop(h.ref)
-	return nil
-}
-
-// destination returns the queue named name, read once per handle.
-func (d *DeadLetters) destination(ctx context.Context, name string) (*queueInfo, error) {
-	if q, ok := d.dests[name]; ok {
-		return q, nil
-	}
-	q, err := resolveQueue(ctx, d.cl, name)
-	if err != nil {
-		return nil, err
-	}
-	d.dests[name] = q
-	return q, nil
-}
-
-// errMoveUnsupported is moveTask's error when the endpoint has no message
-// move tasks.
-var errMoveUnsupported = errors.New("sqs: the endpoint does not support message move tasks")
-
-// moveTask asks SQS to move every message of the dead-letter queue back to
-// its source queue, after making the ones l holds visible again, and waits
-// for the task to end. It returns errMoveUnsupported, having changed
-// nothing, when the endpoint does not know move tasks.
-func (d *DeadLetters) moveTask(ctx context.Context, l *lease, progress func(int)) (int, error) {
-	// Probe first: the held messages stay hidden if the endpoint says no.
-	if _, err := d.cl.ListMessageMoveTasks(ctx, &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(d.dlq.arn), MaxResults: aws.Int32(1)}); err != nil {
+// moveAll asks SQS to move every message of the dead-letter queue back to
+// its source queue and waits for the task to end. It returns
+// errMoveUnsupported, having changed nothing, when the endpoint does not
+// know move tasks or some parked message is a copy the policy did not move.
+func (s *dlqStore) moveAll(ctx context.Context, progress func(int)) (int, error) {
+	// Probe first: nothing is received if the endpoint says no.
+	if _, err := s.cl.ListMessageMoveTasks(ctx, &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(s.dlq.arn), MaxResults: aws.Int32(1)}); err != nil {
 		if unsupported(err) {
 			return 0, errMoveUnsupported
 		}
-		return 0, fmt.Errorf("sqs: redrive %s: listing move tasks: %w", d.dlq.name, err)
+		return 0, fmt.Errorf("sqs: redrive %s: listing move tasks: %w", s.dlq.name, err)
 	}
-	if err := l.release(); err != nil {
-		return 0, fmt.Errorf("sqs: redrive %s: making the messages visible for the move task: %w", d.dlq.name, err)
+	seen, moved := 0, true
+	err := s.browse(ctx, func(h *held, _ *admin.Parked) error {
+		seen++
+		moved = moved && h.moved
+		return nil
+	})
+	if err != nil || seen == 0 || !moved {
+		return 0, errors.Join(cmp.Or(err, errMoveUnsupported), s.cur.release())
 	}
-	out, err := d.cl.StartMessageMoveTask(ctx, &awssqs.StartMessageMoveTaskInput{SourceArn: aws.String(d.dlq.arn)})
+	if err := s.cur.release(); err != nil {
+		return 0, fmt.Errorf("sqs: redrive %s: making the messages visible for the move task: %w", s.dlq.name, err)
+	}
+	out, err := s.cl.StartMessageMoveTask(ctx, &awssqs.StartMessageMoveTaskInput{SourceArn: aws.String(s.dlq.arn)})
 	if err != nil {
-		return 0, fmt.Errorf("sqs: redrive %s: starting a move task: %w", d.dlq.name, err)
+		return 0, fmt.Errorf("sqs: redrive %s: starting a move task: %w", s.dlq.name, err)
 	}
 	handle := aws.ToString(out.TaskHandle)
 	reported := int64(0)
+	if progress == nil {
+		progress = func(int) {}
+	}
 	for {
-		tasks, err := d.cl.ListMessageMoveTasks(ctx, &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(d.dlq.arn), MaxResults: aws.Int32(10)})
+		tasks, err := s.cl.ListMessageMoveTasks(ctx, &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(s.dlq.arn), MaxResults: aws.Int32(10)})
 		if err != nil {
-			return int(reported), fmt.Errorf("sqs: redrive %s: watching move task: %w", d.dlq.name, err)
+			return int(reported), fmt.Errorf("sqs: redrive %s: watching move task: %w", s.dlq.name, err)
 		}
 		for _, t := range tasks.Results {
 			if aws.ToString(t.TaskHandle) != handle {
@@ -447,7 +310,7 @@ func (d *DeadLetters) moveTask(ctx context.Context, l *lease, progress func(int)
 			case "COMPLETED":
 				return int(reported), nil
 			case "FAILED", "CANCELLED":
-				return int(reported), fmt.Errorf("sqs: redrive %s: move task %s: %s", d.dlq.name, aws.ToString(t.Status), aws.ToString(t.FailureReason))
+				return int(reported), fmt.Errorf("sqs: redrive %s: move task %s: %s", s.dlq.name, aws.ToString(t.Status), aws.ToString(t.FailureReason))
 			}
 		}
 		if !retry.Sleep(ctx, time.Second) {
@@ -459,11 +322,7 @@ func (d *DeadLetters) moveTask(ctx context.Context, l *lease, progress func(int)
 // unsupported reports whether err says the endpoint does not implement the
 // operation.
 func unsupported(err error) bool {
-	var ae interface{ ErrorCode() string }
-	if !errors.As(err, &ae) {
-		return false
-	}
-	switch ae.ErrorCode() {
+	switch code, _ := apiError(err); code {
 	case "InvalidAction", "UnsupportedOperation", "UnknownOperationException", "NotImplemented", "AWS.SimpleQueueService.UnsupportedOperation":
 		return true
 	}
@@ -473,18 +332,26 @@ func unsupported(err error) bool {
 // lease keeps the messages a call received hidden until it releases them:
 // a heartbeat extends their visibility every third of browseVisibility.
 type lease struct {
-	d        *DeadLetters
+	s        *dlqStore
 	mu       sync.Mutex
 	receipts map[string]string // receipt handle by MessageId
-	stop     chan struct{}
+	stop     context.CancelFunc
 	done     sync.WaitGroup
 	once     sync.Once
 }
 
-func newLease(d *DeadLetters) *lease {
-	l := &lease{d: d, receipts: map[string]string{}, stop: make(chan struct{})}
-	l.done.Add(1)
-	go l.heartbeat()
+func newLease(s *dlqStore) *lease {
+	run, stop := context.WithCancel(context.Background())
+	l := &lease{s: s, receipts: map[string]string{}, stop: stop}
+	l.done.Go(func() {
+		unsettled.Heartbeat(run, browseVisibility/3, func(time.Time) {
+			ctx, cancel := context.WithTimeout(run, browseVisibility/3)
+			defer cancel()
+			if err := l.setVisibility(ctx, int32(browseVisibility/time.Second)); err != nil && run.Err() == nil {
+				cmp.Or(s.cfg.logger, slog.Default()).Warn("idemq sqs: extending the visibility of dead letters being browsed failed; they may show up twice", "queue", s.dlq.name, "error", err)
+			}
+		})
+	})
 	return l
 }
 
@@ -511,23 +378,10 @@ func (l *lease) drop(ref string) {
 	l.mu.Unlock()
 }
 
-// heartbeat extends the visibility of the held messages until release.
-func (l *lease) heartbeat() {
-	defer l.done.Done()
-	t := time.NewTicker(browseVisibility / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), browseVisibility/3)
-		if err := l.setVisibility(ctx, int32(browseVisibility/time.Second)); err != nil {
-			l.d.cfg.logger.Warn("idemq sqs: extending the visibility of dead letters being browsed failed; they may show up twice", "queue", l.d.dlq.name, "error", err)
-		}
-		cancel()
-	}
+func (l *lease) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.receipts)
 }
 
 // release stops the heartbeat and makes the messages still held visible
@@ -535,12 +389,12 @@ func (l *lease) heartbeat() {
 func (l *lease) release() error {
 	var err error
 	l.once.Do(func() {
-		close(l.stop)
+		l.stop()
 		l.done.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err = l.setVisibility(ctx, 0); err != nil {
-			err = fmt.Errorf("sqs: dead-letter queue %s: making browsed messages visible again (they come back within %v): %w", l.d.dlq.name, browseVisibility, err)
+			err = fmt.Errorf("sqs: dead-letter queue %s: making browsed messages visible again (they come back within %v): %w", l.s.dlq.name, browseVisibility, err)
 		}
 		l.mu.Lock()
 		clear(l.receipts)
@@ -560,17 +414,9 @@ func (l *lease) setVisibility(ctx context.Context, secs int32) error {
 	l.mu.Unlock()
 	var errs []error
 	for start := 0; start < len(handles); start += 10 {
-		chunk := handles[start:min(start+10, len(handles))]
-		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
-		for i, h := range chunk {
-			entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(h), VisibilityTimeout: secs}
-		}
-		out, err := l.d.cl.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(l.d.dlq.url), Entries: entries})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, e := range entryErrors(out.Failed) {
+		failed, err := visibilityBatch(ctx, l.s.cl, l.s.dlq.url, handles[start:min(start+10, len(handles))], func(int) int32 { return secs })
+		errs = append(errs, err)
+		for _, e := range failed {
 			errs = append(errs, e.err)
 		}
 	}

@@ -16,12 +16,13 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
 // openDLQ opens the dead-letter queue of q's consumer with opts.
 func openDLQ(t *testing.T, ep string, q testQueue, opts ...Option) *DeadLetters {
 	t.Helper()
-	d, err := OpenDeadLetters(context.Background(), q.url, append(clientOpts(ep), append([]Option{WithLogger(testLogger(t))}, opts...)...)...)
+	d, err := OpenDeadLetters(context.Background(), q.addr(), append(clientOpts(ep), append([]Option{WithLogger(testLogger(t))}, opts...)...)...)
 	if err != nil {
 		t.Fatalf("OpenDeadLetters: %v", err)
 	}
@@ -64,8 +65,8 @@ func parkCopies(t *testing.T, ep string, dlq testQueue, from string, ms []*drive
 				MessageAttributes: map[string]types.MessageAttributeValue{
 					DefaultIDAttribute:   str(m.ID),
 					driver.CauseHeader:   str("bad deploy " + m.ID),
-					AttributeSourceQueue: str(from),
-					AttributeAttempt:     str("3"),
+					driver.OriginHeader:  str(from),
+					driver.AttemptHeader: str("3"),
 				},
 			})
 		}
@@ -140,7 +141,7 @@ func TestDeadLettersBeyondOneReceive(t *testing.T) {
 	var got []string
 	for _, m := range back {
 		got = append(got, attr(m, DefaultIDAttribute))
-		for _, k := range bookkeeping {
+		for _, k := range deadletter.Bookkeeping {
 			if _, ok := m.MessageAttributes[k]; ok {
 				t.Errorf("redriven %s still carries %s", attr(m, DefaultIDAttribute), k)
 			}
@@ -279,7 +280,7 @@ func TestDeadLettersRedrivePolicyFallback(t *testing.T) {
 			t.Errorf("%s: Cause %q Attempt %d Destination %q", id, p.Cause, p.Attempt, p.Destination)
 		}
 	}
-	_, err := d.cl.ListMessageMoveTasks(context.Background(), &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(d.dlq.arn)})
+	_, err := d.s.cl.ListMessageMoveTasks(context.Background(), &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(d.s.dlq.arn)})
 	if !unsupported(err) {
 		t.Logf("the endpoint supports message move tasks (%v): Redrive uses one", err)
 	}

@@ -5,12 +5,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/idemq/idemq/internal/retry"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -18,14 +17,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemq/idemq/core/driver"
-)
-
-// Delivery states, guarded by Source.mu.
-const (
-	stateLive     = iota // received, unsettled: the heartbeat extends it
-	stateSettling        // a settlement is being sent
-	stateDone            // settled (or released)
-	stateClosed          // taken back by Close
+	"github.com/idemq/idemq/core/driver/deadletter"
+	"github.com/idemq/idemq/core/driver/unsettled"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // MetadataMessageGroupID is the Message.Metadata key of a FIFO message's
@@ -34,20 +28,13 @@ const MetadataMessageGroupID = "messaging.aws_sqs.message_group_id"
 
 // delivery is one received message and its receipt handle.
 type delivery struct {
-	driver.SettleOnce
+	e          *unsettled.Entry[string, *delivery]
 	src        *Source
 	msg        *driver.Message
 	raw        *types.Message
 	receipt    string
 	group      string
-	receivedAt time.Time
-
-	// Guarded by src.mu.
-	state      int
-	deadline   time.Time // when its visibility lapses, as far as we know
-	hbFailed   bool      // SQS refused an extension for good
-	hbFailures int
-	gone       error // SQS refused the receipt handle: the delivery is stale
+	hbFailures int // extensions refused in a row; the heartbeat's own
 }
 
 func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
@@ -66,25 +53,9 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 	if group != "" {
 		meta[MetadataMessageGroupID] = group
 	}
-	return &delivery{
-		src:        s,
-		raw:        m,
-		receipt:    aws.ToString(m.ReceiptHandle),
-		group:      group,
-		receivedAt: now,
-		deadline:   now.Add(s.vis),
-		msg: &driver.Message{
-			ID:         headers[s.cfg.idAttribute],
-			Body:       body,
-			Headers:    headers,
-			Key:        group,
-			Source:     s.q.name,
-			System:     "aws_sqs",
-			Attempt:    attempt,
-			Metadata:   meta,
-			ReceivedAt: now,
-		},
-	}
+	return &delivery{src: s, raw: m, receipt: aws.ToString(m.ReceiptHandle), group: group,
+		msg: &driver.Message{ID: headers[s.cfg.idAttribute], Body: body, Headers: headers, Key: group, Source: s.q.name,
+			System: "aws_sqs", Attempt: attempt, Metadata: meta, ReceivedAt: now}}
 }
 
 // decode returns a received message's headers (its attributes, unfolded,
@@ -109,50 +80,30 @@ func decode(m *types.Message) (map[string]string, []byte) {
 	return headers, body
 }
 
-// Message returns the received message.
+// Message implements driver.Delivery.
 func (d *delivery) Message() *driver.Message { return d.msg }
-
-func (d *delivery) msgID() string { return aws.ToString(d.raw.MessageId) }
 
 func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("sqs: message %q (%s): %w", d.msg.ID, aws.ToString(d.raw.MessageId), err)
 }
 
-// claim moves the delivery from live to settling, once. A delivery that is
-// stale — taken back by Close, its visibility lapsed (as far as the Source
-// knows) or its receipt handle refused by SQS — is not settled: claim
-// returns an error wrapping driver.ErrStaleDelivery, and the caller sends
-// nothing, since SQS redelivers the message (or already did).
+// claim claims the right to settle d. A stale delivery (taken back by
+// Close, superseded by a new receipt of its message, its visibility lapsed
+// as far as the Source knows, or its receipt handle refused by SQS) is not
+// settled: the caller sends nothing, since SQS redelivers the message.
 func (d *delivery) claim() error {
-	if err := d.Claim(); err != nil {
+	err := d.src.live.Settle(d.e)
+	if errors.Is(err, driver.ErrStaleDelivery) {
+		d.src.finish(d, outcomeReturned)
+	}
+	if err != nil {
 		return d.wrap(err)
 	}
-	s := d.src
-	s.mu.Lock()
-	if d.state == stateClosed || s.closed {
-		s.mu.Unlock()
-		return d.wrap(ErrClosed)
-	}
-	var reason error
-	switch now := time.Now(); {
-	case d.gone != nil:
-		reason = d.gone
-	case now.After(d.deadline):
-		reason = fmt.Errorf("its visibility timeout lapsed %v ago, so SQS may have handed it out again", now.Sub(d.deadline).Round(time.Millisecond))
-	}
-	if reason == nil {
-		d.state = stateSettling
-		s.mu.Unlock()
-		return nil
-	}
-	s.mu.Unlock()
-	s.finish(d, outcomeReturned)
-	return d.wrap(driver.Stale(reason))
+	return nil
 }
 
-// Ack deletes the message by its receipt handle: a DeleteMessageBatch
-// entry, retried as AckBatch retries, sent together with other Acks made
-// at the same time.
+// Ack implements driver.Delivery: a DeleteMessageBatch entry, retried as
+// AckBatch retries, sent together with other Acks made at the same time.
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.claim(); err != nil {
 		return err
@@ -168,8 +119,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 			select {
 			case err = <-req.done:
 			case <-ctx.Done():
-				// The delete is still sent; the caller stops waiting.
-				err = ctx.Err()
+				err = ctx.Err() // the delete is still sent; the caller stops waiting
 			}
 		case <-s.ctx.Done():
 		case <-ctx.Done():
@@ -187,27 +137,20 @@ func (d *delivery) Ack(ctx context.Context) error {
 	return nil
 }
 
-// Retry makes the message visible again after delay, rounded up to whole
-// seconds (ChangeMessageVisibility); SQS then redelivers it with a higher
-// ApproximateReceiveCount. The delay is capped by what is left of SQS's 12
-// hours of visibility from the receipt. On a FIFO queue, messages of the
-// same group held back behind this one are released to come after it.
+// Retry implements driver.Delivery: ChangeMessageVisibility to delay,
+// rounded up to whole seconds and capped by what is left of SQS's 12 hours
+// of visibility from the receipt; SQS then redelivers the message with a
+// higher ApproximateReceiveCount. On a FIFO queue, messages of the same
+// group held back behind this one are released to come after it.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	if err := d.claim(); err != nil {
 		return err
 	}
-	secs := int32(0)
-	if delay > 0 {
-		secs = int32((delay + time.Second - 1) / time.Second)
-	}
-	if left := int32((12*time.Hour - time.Since(d.receivedAt)) / time.Second); secs > left-1 {
+	secs := int32((max(delay, 0) + time.Second - 1) / time.Second)
+	if left := int32((12*time.Hour - time.Since(d.e.Received)) / time.Second); secs > left-1 {
 		secs = max(left-1, 0)
 	}
-	_, err := d.src.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
-		QueueUrl:          aws.String(d.src.q.url),
-		ReceiptHandle:     aws.String(d.receipt),
-		VisibilityTimeout: secs,
-	})
+	err := d.setVisibility(ctx, secs)
 	d.src.finish(d, outcomeReturned)
 	if err != nil {
 		return d.wrap(staleIfGone(fmt.Errorf("retry (visibility %ds): %w; it comes back when its visibility timeout lapses", secs, err)))
@@ -215,7 +158,14 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	return nil
 }
 
-// DeadLetter parks the message per the Source's DeadLetterMode.
+func (d *delivery) setVisibility(ctx context.Context, secs int32) error {
+	_, err := d.src.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(d.src.q.url), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: secs})
+	return err
+}
+
+// DeadLetter implements driver.Delivery, parking the message per the
+// Source's DeadLetterMode.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.claim(); err != nil {
 		return err
@@ -228,11 +178,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if s.cfg.deadLetterMode == DeadLetterRedrive {
 		s.log().Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
 			"receive_count", d.msg.Attempt, "max_receive_count", s.q.redrive.maxReceiveCount, "cause", text)
-		_, err := s.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
-			QueueUrl:          aws.String(s.q.url),
-			ReceiptHandle:     aws.String(d.receipt),
-			VisibilityTimeout: 0,
-		})
+		err := d.setVisibility(ctx, 0)
 		s.finish(d, outcomeReturned)
 		if err != nil {
 			return d.wrap(staleIfGone(fmt.Errorf("dead-letter (release to the redrive policy): %w", err)))
@@ -249,15 +195,20 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	// message is decided again. A visibility change, which SQS does refuse
 	// for such a handle, proves the handle before anything is sent, and
 	// keeps the message leased while it is copied.
-	if _, err := s.cl.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
-		QueueUrl:          aws.String(s.q.url),
-		ReceiptHandle:     aws.String(d.receipt),
-		VisibilityTimeout: int32(max(s.vis, time.Second) / time.Second),
-	}); err != nil {
+	if err := d.setVisibility(ctx, int32(max(s.vis, time.Second)/time.Second)); err != nil {
 		s.finish(d, outcomeReturned)
 		return d.wrap(staleIfGone(fmt.Errorf("dead-letter (checking the receipt handle; nothing was sent): %w", err)))
 	}
-	if err := s.sendToDLQ(ctx, d, text); err != nil {
+	attrs := unfold(d.raw.MessageAttributes)
+	mark := deadletter.Mark{Cause: truncate(text, 1024), Attempt: d.msg.Attempt, Origin: s.q.name}
+	for k, v := range mark.Headers() {
+		attrs[k] = stringAttr(v)
+	}
+	dedup := d.raw.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
+	if dedup == "" {
+		dedup = deduplicationID(d.msg.ID, []byte(aws.ToString(d.raw.Body)))
+	}
+	if err := sendCopy(ctx, s.cl, s.dlq, d.raw.Body, attrs, s.cfg.idAttribute, d.group, "idemq-dead-letters", dedup); err != nil {
 		s.finish(d, outcomeReturned)
 		return d.wrap(fmt.Errorf("dead-letter to %q (the message stays in the queue): %w", s.dlq.name, err))
 	}
@@ -272,41 +223,30 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	return nil
 }
 
-// sendToDLQ sends a copy of d to the dead-letter queue with the cause.
-func (s *Source) sendToDLQ(ctx context.Context, d *delivery, cause string) error {
-	attrs := unfold(d.raw.MessageAttributes)
-	for k, v := range map[string]string{
-		driver.CauseHeader:   truncate(cause, 1024),
-		AttributeSourceQueue: s.q.name,
-		AttributeAttempt:     strconv.Itoa(d.msg.Attempt),
-	} {
-		attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-	}
-	// SQS allows ten attributes: what does not fit beside the cause is
-	// folded into one, so the copy keeps every original attribute.
-	attrs, err := fold(attrs, driver.CauseHeader, AttributeSourceQueue, AttributeAttempt,
-		s.cfg.idAttribute, AttributeEncoding, "traceparent", "tracestate")
+func stringAttr(v string) types.MessageAttributeValue {
+	return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+}
+
+// sendCopy sends body with attrs to q. SQS allows ten attributes: what does
+// not fit beside the bookkeeping, the id attribute, idemq-encoding and the
+// trace context is folded into one, so the copy keeps every attribute. On
+// a FIFO queue it goes to group (else fallback) under dedup.
+func sendCopy(ctx context.Context, cl *awssqs.Client, q *queueInfo, body *string, attrs map[string]types.MessageAttributeValue, idAttribute, group, fallback, dedup string) error {
+	attrs, err := fold(attrs, slices.Concat(deadletter.Bookkeeping, []string{idAttribute, AttributeEncoding, "traceparent", "tracestate"})...)
 	if err != nil {
 		return err
 	}
-	in := &awssqs.SendMessageInput{
-		QueueUrl:          aws.String(s.dlq.url),
-		MessageBody:       d.raw.Body,
-		MessageAttributes: attrs,
+	in := &awssqs.SendMessageInput{QueueUrl: aws.String(q.url), MessageBody: body}
+	if len(attrs) > 0 {
+		in.MessageAttributes = attrs
 	}
-	if s.dlq.fifo {
-		group := d.group
+	if q.fifo {
 		if group == "" {
-			group = "idemq-dead-letters"
+			group = fallback
 		}
-		in.MessageGroupId = aws.String(group)
-		dedup := d.raw.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
-		if dedup == "" {
-			dedup = deduplicationID(d.msg.ID, []byte(aws.ToString(d.raw.Body)))
-		}
-		in.MessageDeduplicationId = aws.String(dedup)
+		in.MessageGroupId, in.MessageDeduplicationId = aws.String(group), aws.String(dedup)
 	}
-	_, err = s.cl.SendMessage(ctx, in)
+	_, err = cl.SendMessage(ctx, in)
 	return err
 }
 
@@ -322,12 +262,16 @@ func truncate(s string, n int) string {
 	return s
 }
 
-// permanentEntryError reports whether a failed batch entry would fail the
-// same way again: its receipt handle is no longer valid (the message was
-// deleted, or its visibility lapsed and another receive replaced it), or a
-// parameter is invalid.
-func permanentEntryError(code string) bool {
-	return code == "InvalidParameterValue" || receiptGone(code, "")
+// apiError is an SQS error's code and message.
+func apiError(err error) (code, msg string) {
+	var ae interface {
+		ErrorCode() string
+		ErrorMessage() string
+	}
+	if errors.As(err, &ae) {
+		return ae.ErrorCode(), ae.ErrorMessage()
+	}
+	return "", ""
 }
 
 // receiptGone reports whether SQS refused a request because the receipt
@@ -336,8 +280,7 @@ func permanentEntryError(code string) bool {
 // handle InvalidParameterValue naming the receipt handle.
 func receiptGone(code, msg string) bool {
 	switch code {
-	case "ReceiptHandleIsInvalid", "InvalidReceiptHandle", "MessageNotInflight",
-		"AWS.SimpleQueueService.MessageNotInflight":
+	case "ReceiptHandleIsInvalid", "InvalidReceiptHandle", "MessageNotInflight", "AWS.SimpleQueueService.MessageNotInflight":
 		return true
 	case "InvalidParameterValue":
 		m := strings.ToLower(msg)
@@ -347,13 +290,9 @@ func receiptGone(code, msg string) bool {
 }
 
 // staleIfGone wraps err with driver.Stale when SQS refused the receipt
-// handle (an API error such as ReceiptHandleIsInvalid).
+// handle.
 func staleIfGone(err error) error {
-	var ae interface {
-		ErrorCode() string
-		ErrorMessage() string
-	}
-	if errors.As(err, &ae) && receiptGone(ae.ErrorCode(), ae.ErrorMessage()) {
+	if receiptGone(apiError(err)) {
 		return driver.Stale(err)
 	}
 	return err
@@ -377,29 +316,23 @@ func (s *Source) deleteBatch(ctx context.Context, ds []*delivery) map[*delivery]
 	})
 }
 
-// changeVisibility sets the visibility of ds to secs seconds from now in
-// ChangeMessageVisibilityBatch calls of ten, with the same retries.
-func (s *Source) changeVisibility(ctx context.Context, ds []*delivery, secs int32) error {
-	failed := s.batchCall(ctx, ds, func(ctx context.Context, chunk []*delivery) (map[int]entryErr, error) {
-		return s.changeVisibilityChunk(ctx, chunk, func(*delivery) int32 { return secs })
-	})
-	var errs []error
-	for d, err := range failed {
-		errs = append(errs, d.wrap(err))
+// changeVisibility sets the visibility of up to ten deliveries.
+func (s *Source) changeVisibility(ctx context.Context, chunk []*delivery, secs func(*delivery) int32) (map[int]entryErr, error) {
+	receipts := make([]string, len(chunk))
+	for i, d := range chunk {
+		receipts[i] = d.receipt
 	}
-	return errors.Join(errs...)
+	return visibilityBatch(ctx, s.cl, s.q.url, receipts, func(i int) int32 { return secs(chunk[i]) })
 }
 
-func (s *Source) changeVisibilityChunk(ctx context.Context, chunk []*delivery, secs func(*delivery) int32) (map[int]entryErr, error) {
-	entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
-	for i, d := range chunk {
-		entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{
-			Id:                aws.String(strconv.Itoa(i)),
-			ReceiptHandle:     aws.String(d.receipt),
-			VisibilityTimeout: secs(d),
-		}
+// visibilityBatch sets the visibility of up to ten receipt handles in one
+// ChangeMessageVisibilityBatch call.
+func visibilityBatch(ctx context.Context, cl *awssqs.Client, queueURL string, receipts []string, secs func(int) int32) (map[int]entryErr, error) {
+	entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(receipts))
+	for i, r := range receipts {
+		entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r), VisibilityTimeout: secs(i)}
 	}
-	out, err := s.cl.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(s.q.url), Entries: entries})
+	out, err := cl.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
 	if err != nil {
 		return nil, err
 	}
@@ -408,8 +341,7 @@ func (s *Source) changeVisibilityChunk(ctx context.Context, chunk []*delivery, s
 
 // entryErr is one failed entry of a batch call.
 type entryErr struct {
-	code      string
-	permanent bool
+	permanent bool // it would fail the same way again
 	gone      bool // the receipt handle is no longer valid: stale
 	err       error
 }
@@ -422,12 +354,8 @@ func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
 			continue
 		}
 		code, msg := aws.ToString(f.Code), aws.ToString(f.Message)
-		e := entryErr{
-			code:      code,
-			permanent: permanentEntryError(code),
-			gone:      receiptGone(code, msg),
-			err:       fmt.Errorf("%s: %s", code, msg),
-		}
+		e := entryErr{gone: receiptGone(code, msg), err: fmt.Errorf("%s: %s", code, msg)}
+		e.permanent = code == "InvalidParameterValue" || receiptGone(code, "")
 		if e.gone {
 			e.err = driver.Stale(e.err)
 		}
@@ -440,33 +368,28 @@ func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
 // again (in a later chunk) up to WithSettleRetries times with a doubling
 // pause, unless it failed for good; a failed call fails its whole chunk,
 // which is retried the same way. It returns the last error of every
-// delivery that never succeeded (wrapping driver.ErrStaleDelivery where SQS
-// refused the receipt handle).
+// delivery that never succeeded.
 func (s *Source) batchCall(ctx context.Context, ds []*delivery, call func(context.Context, []*delivery) (map[int]entryErr, error)) map[*delivery]error {
 	failed := map[*delivery]error{}
-	pending := ds
 	pause := retry.New(settlePause, settlePause<<maxSettleRetries)
-	for try := 0; len(pending) > 0; try++ {
+	for try := 0; len(ds) > 0; try++ {
 		var again []*delivery
-		for start := 0; start < len(pending); start += 10 {
-			chunk := pending[start:min(start+10, len(pending))]
+		for start := 0; start < len(ds); start += 10 {
+			chunk := ds[start:min(start+10, len(ds))]
 			errsByIndex, err := call(ctx, chunk)
-			if err != nil {
-				for _, d := range chunk {
-					failed[d] = err
-					again = append(again, d)
-				}
-				continue
-			}
 			for i, d := range chunk {
 				e, bad := errsByIndex[i]
-				if !bad {
-					delete(failed, d)
-					continue
-				}
-				failed[d] = e.err
-				if !e.permanent {
+				switch {
+				case err != nil:
+					failed[d] = err
 					again = append(again, d)
+				case !bad:
+					delete(failed, d)
+				default:
+					failed[d] = e.err
+					if !e.permanent {
+						again = append(again, d)
+					}
 				}
 			}
 		}
@@ -477,7 +400,7 @@ func (s *Source) batchCall(ctx context.Context, ds []*delivery, call func(contex
 		if !pause.Wait(ctx) {
 			break
 		}
-		pending = again
+		ds = again
 	}
 	return failed
 }

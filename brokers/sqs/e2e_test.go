@@ -144,7 +144,7 @@ func TestEndToEndPostgres(t *testing.T) {
 		go func() {
 			// Each "process" crashes once, early, then runs to the end.
 			for life := 0; ; life++ {
-				s, err := Open(ctx, q.url, append(clientOpts(ep), WithDeadLetterQueue(dlq.url), WithWaitTime(time.Second),
+				s, err := Open(ctx, q.addr(), append(clientOpts(ep), WithDeadLetterQueue(dlq.url), WithWaitTime(time.Second),
 					WithLogger(testLogger(t)), WithReleaseOnClose(false))...)
 				if err != nil {
 					errs <- err

@@ -24,7 +24,7 @@ func ExampleOpen() {
 	defer stop()
 	// The queue's redrive policy names the dead-letter queue; against AWS,
 	// the default credential chain and region apply.
-	src, err := sqs.Open(ctx, "orders")
+	src, err := sqs.Open(ctx, "sqs://orders")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func ExampleOpen() {
 // slow handler's messages hidden for up to 15 minutes.
 func ExampleOpen_emulator() {
 	ctx := context.Background()
-	src, err := sqs.Open(ctx, "orders",
+	src, err := sqs.Open(ctx, "sqs://orders",
 		sqs.WithEndpoint("http://127.0.0.1:9324"),
 		sqs.WithStaticCredentials("test", "test", ""),
 		sqs.WithDeadLetterQueue("orders-dlq"),
@@ -65,7 +65,7 @@ func ExampleOpen_emulator() {
 // message group.
 func ExampleNewPublisher() {
 	ctx := context.Background()
-	pub, err := sqs.NewPublisher(ctx, "orders.fifo")
+	pub, err := sqs.NewPublisher(ctx, "sqs://orders.fifo")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func Example_openByURL() {
 // the ones a since-fixed bug rejected, and delete the malformed ones.
 func ExampleOpenDeadLetters() {
 	ctx := context.Background()
-	dlq, err := sqs.OpenDeadLetters(ctx, "orders", sqs.WithDeadLetterQueue("orders-dlq"))
+	dlq, err := sqs.OpenDeadLetters(ctx, "sqs://orders", sqs.WithDeadLetterQueue("orders-dlq"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -94,6 +94,11 @@ func clientOpts(endpoint string) []Option {
 	return []Option{WithEndpoint(endpoint), WithRegion("us-east-1"), WithStaticCredentials("test", "test", "")}
 }
 
+// publisherOpts are clientOpts for a Publisher.
+func publisherOpts(endpoint string) []PublisherOption {
+	return []PublisherOption{WithEndpoint(endpoint), WithRegion("us-east-1"), WithStaticCredentials("test", "test", "")}
+}
+
 func testClient(endpoint string) *awssqs.Client {
 	cl, err := newClient(context.Background(), clientConfig{
 		endpoint: endpoint, region: "us-east-1", credentials: staticCredentials("test", "test", ""),
@@ -114,6 +119,9 @@ func randomHex(n int) string {
 type testQueue struct {
 	name, url, arn string
 }
+
+// addr is the queue's address for Open, NewPublisher and OpenDeadLetters.
+func (q testQueue) addr() string { return "sqs://" + q.name }
 
 // newQueue creates a queue named idemq-<random>[suffix] with attrs and
 // registers its deletion.

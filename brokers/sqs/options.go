@@ -1,7 +1,6 @@
 package sqs
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -34,12 +32,31 @@ const (
 	DeadLetterRedrive
 )
 
-// Option configures a Source. Options are applied in order; an invalid
-// value makes Open fail with an error naming the option.
-type Option func(*config) error
+// Option configures a Source or DeadLetters. Options are applied in order,
+// after the address's URL parameters, which they override; an invalid value
+// makes the constructor fail with an error naming the option.
+type Option interface{ apply(*config) error }
 
-// config holds the settings shared by Source and Publisher (client) and the
-// Source's own.
+// PublisherOption configures a Publisher: the ClientOptions.
+type PublisherOption interface {
+	Option
+	publisherOption()
+}
+
+// ClientOption is an option a Source, a Publisher and DeadLetters all
+// take: how to reach SQS, the id attribute and the settle retries.
+type ClientOption func(*config) error
+
+func (o ClientOption) apply(c *config) error { return o(c) }
+func (ClientOption) publisherOption()        {}
+
+// sourceOption is an option of a Source and DeadLetters alone.
+type sourceOption func(*config) error
+
+func (o sourceOption) apply(c *config) error { return o(c) }
+
+// config holds every setting; a Publisher reads the client ones,
+// idAttribute and settleRetries.
 type config struct {
 	clientConfig
 
@@ -57,10 +74,9 @@ type config struct {
 	closeTimeout      time.Duration
 	receiveLinger     time.Duration
 	settleRetries     int
-	logger            *slog.Logger
-	loggerSet         bool // WithLogger chose the logger: SetLogger leaves it
+	logger            *slog.Logger // nil: the Consumer's, else slog.Default()
 	receiveErrorPause time.Duration
-	byURL             bool // opened by URL: errors name URL parameters
+	byURL             bool // errors name URL parameters
 }
 
 // clientConfig is how to reach SQS.
@@ -85,13 +101,12 @@ func defaultConfig() config {
 		closeTimeout:      20 * time.Second,
 		receiveLinger:     50 * time.Millisecond,
 		settleRetries:     3,
-		logger:            slog.Default(),
 		receiveErrorPause: 100 * time.Millisecond,
 	}
 }
 
 // optErr reports a configuration problem by what the user wrote: the URL
-// parameter of a source or publisher opened by URL, else the option name.
+// parameter when the configuration came from the URL, else the option.
 func (c *config) optErr(option, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	if p, ok := paramOf(option); ok && c.byURL {
@@ -108,9 +123,9 @@ func (c *config) spell(goForm, urlForm string) string {
 	return goForm
 }
 
-// checked is the Option named name that applies set, or fails with the
+// checked is the option named name that applies set, or fails with the
 // problem (format and args) when bad.
-func checked(name string, bad bool, set func(*config), format string, args ...any) Option {
+func checked(name string, bad bool, set func(*config), format string, args ...any) func(*config) error {
 	return func(c *config) error {
 		if bad {
 			return c.optErr(name, format, args...)
@@ -126,39 +141,18 @@ const (
 	maxSettleRetries = 10
 )
 
-// setup applies opts and finds the queue: the start Open and NewPublisher
-// share.
-func setup(ctx context.Context, what, queueURLOrName string, opts []Option) (config, *awssqs.Client, *queueInfo, error) {
-	cfg := defaultConfig()
-	if err := option.Apply(&cfg, opts...); err != nil {
-		return cfg, nil, nil, err
-	}
-	if queueURLOrName == "" {
-		return cfg, nil, nil, fmt.Errorf("sqs: %s: empty queue URL or name", what)
-	}
-	cl, err := newClient(ctx, cfg.clientConfig)
-	if err != nil {
-		return cfg, nil, nil, err
-	}
-	q, err := resolveQueue(ctx, cl, queueURLOrName)
-	if err != nil {
-		return cfg, nil, nil, fmt.Errorf("sqs: %s: %w", what, err)
-	}
-	return cfg, cl, q, nil
-}
-
 // WithReceivers sets how many goroutines long-poll the queue at once, each
 // asking for up to 10 messages per ReceiveMessage call. Default 2. Must be
 // 1..64. Together they never hold more unsettled messages than the window.
 func WithReceivers(n int) Option {
-	return checked("WithReceivers", n < 1 || n > 64, func(c *config) { c.receivers = n }, "%d is outside 1..64", n)
+	return sourceOption(checked("WithReceivers", n < 1 || n > 64, func(c *config) { c.receivers = n }, "%d is outside 1..64", n))
 }
 
 // WithWindow sets how many received messages may be unsettled at once
 // until the Consumer calls SetWindow (which replaces it with the Consumer's
 // window). Default 20. Must be at least 1.
 func WithWindow(n int) Option {
-	return checked("WithWindow", n < 1, func(c *config) { c.window = n }, "%d must be at least 1", n)
+	return sourceOption(checked("WithWindow", n < 1, func(c *config) { c.window = n }, "%d must be at least 1", n))
 }
 
 // WithReceiveLinger sets how long a receiver, while other received
@@ -167,14 +161,14 @@ func WithWindow(n int) Option {
 // request) at the price of that delay when handlers are slow. Default
 // 50ms; 0 polls as soon as any room frees. Must be 0..1s.
 func WithReceiveLinger(d time.Duration) Option {
-	return checked("WithReceiveLinger", d < 0 || d > time.Second, func(c *config) { c.receiveLinger = d }, "%v is outside 0..1s", d)
+	return sourceOption(checked("WithReceiveLinger", d < 0 || d > time.Second, func(c *config) { c.receiveLinger = d }, "%v is outside 0..1s", d))
 }
 
 // WithWaitTime sets the long-polling wait of each ReceiveMessage call
 // (WaitTimeSeconds). Default 20s, the SQS maximum. Must be 0..20s in whole
 // seconds; 0 is short polling, which costs a request per empty poll.
 func WithWaitTime(d time.Duration) Option {
-	return checked("WithWaitTime", d < 0 || d > 20*time.Second || d%time.Second != 0, func(c *config) { c.waitTime = d }, "%v is not a whole number of seconds in 0..20s", d)
+	return sourceOption(checked("WithWaitTime", d < 0 || d > 20*time.Second || d%time.Second != 0, func(c *config) { c.waitTime = d }, "%v is not a whole number of seconds in 0..20s", d))
 }
 
 // WithVisibilityTimeout sets the visibility timeout requested with each
@@ -182,7 +176,7 @@ func WithWaitTime(d time.Duration) Option {
 // heartbeat must extend it. Default: the queue's VisibilityTimeout
 // attribute (30s if that is 0). Must be 1s..12h in whole seconds.
 func WithVisibilityTimeout(d time.Duration) Option {
-	return checked("WithVisibilityTimeout", d < time.Second || d > 12*time.Hour || d%time.Second != 0, func(c *config) { c.visibility = d }, "%v is not a whole number of seconds in 1s..12h", d)
+	return sourceOption(checked("WithVisibilityTimeout", d < time.Second || d > 12*time.Hour || d%time.Second != 0, func(c *config) { c.visibility = d }, "%v is not a whole number of seconds in 1s..12h", d))
 }
 
 // WithHeartbeat turns the visibility heartbeat on or off. Default on: while
@@ -191,14 +185,14 @@ func WithVisibilityTimeout(d time.Duration) Option {
 // handler slower than the visibility timeout lets another consumer receive
 // the message; the dedup key still keeps its effect to one commit.
 func WithHeartbeat(on bool) Option {
-	return func(c *config) error { c.heartbeat = on; return nil }
+	return sourceOption(func(c *config) error { c.heartbeat = on; return nil })
 }
 
 // WithHeartbeatInterval sets how often the heartbeat looks for messages to
-// extend. Default a third of the visibility timeout (at least 1s). Must be
-// positive and shorter than the visibility timeout (checked by Open).
+// extend. Default a third of the visibility timeout (at least 100ms). Must
+// be positive and shorter than the visibility timeout (checked by Open).
 func WithHeartbeatInterval(d time.Duration) Option {
-	return checked("WithHeartbeatInterval", d <= 0, func(c *config) { c.heartbeatInterval = d }, "%v must be positive", d)
+	return sourceOption(checked("WithHeartbeatInterval", d <= 0, func(c *config) { c.heartbeatInterval = d }, "%v must be positive", d))
 }
 
 // WithMaxExtension caps how long after its receipt the heartbeat keeps a
@@ -207,30 +201,20 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // counts in whole seconds) and the message may be received again. Default
 // 1h. Must be 1s..12h (SQS's own limit).
 func WithMaxExtension(d time.Duration) Option {
-	return checked("WithMaxExtension", d < time.Second || d > 12*time.Hour, func(c *config) { c.maxExtension = d }, "%v is outside 1s..12h", d)
-}
-
-// WithIDAttribute names the message attribute that holds the producer's
-// business id. Default "message-id" (DefaultIDAttribute), which Publisher
-// sets. A message without it has an empty ID and is dead-lettered by the
-// Consumer, unless core.WithIDFunc derives one. The SQS MessageId is never
-// used: it changes when a producer retries a send.
-func WithIDAttribute(name string) Option {
-	err := checkAttributeName(name)
-	return checked("WithIDAttribute", err != nil, func(c *config) { c.idAttribute = name }, "%v", err)
+	return sourceOption(checked("WithMaxExtension", d < time.Second || d > 12*time.Hour, func(c *config) { c.maxExtension = d }, "%v is outside 1s..12h", d))
 }
 
 // WithDeadLetterQueue names the queue (URL or name) DeadLetterSend sends to.
 // Default: the dead-letter target of the queue's redrive policy. Open fails
 // if neither exists.
 func WithDeadLetterQueue(urlOrName string) Option {
-	return checked("WithDeadLetterQueue", urlOrName == "", func(c *config) { c.deadLetterQueue = urlOrName }, "empty queue")
+	return sourceOption(checked("WithDeadLetterQueue", urlOrName == "", func(c *config) { c.deadLetterQueue = urlOrName }, "empty queue"))
 }
 
 // WithDeadLetterMode chooses how DeadLetter parks a message. Default
 // DeadLetterSend.
 func WithDeadLetterMode(m DeadLetterMode) Option {
-	return checked("WithDeadLetterMode", m != DeadLetterSend && m != DeadLetterRedrive, func(c *config) { c.deadLetterMode = m }, "unknown mode %d", m)
+	return sourceOption(checked("WithDeadLetterMode", m != DeadLetterSend && m != DeadLetterRedrive, func(c *config) { c.deadLetterMode = m }, "unknown mode %d", m))
 }
 
 // WithReleaseOnClose chooses whether Close makes the messages still
@@ -238,7 +222,7 @@ func WithDeadLetterMode(m DeadLetterMode) Option {
 // consumer gets them without waiting out the visibility timeout. Default
 // true.
 func WithReleaseOnClose(release bool) Option {
-	return func(c *config) error { c.releaseOnClose = release; return nil }
+	return sourceOption(func(c *config) error { c.releaseOnClose = release; return nil })
 }
 
 // WithCloseTimeout bounds how long Close waits for long polls in progress
@@ -247,29 +231,34 @@ func WithReleaseOnClose(release bool) Option {
 // longest WithWaitTime); polls end sooner with a shorter WithWaitTime. 0
 // cancels them at once, for the fastest shutdown. Must be 0..1m.
 func WithCloseTimeout(d time.Duration) Option {
-	return checked("WithCloseTimeout", d < 0 || d > time.Minute, func(c *config) { c.closeTimeout = d }, "%v is outside 0..1m", d)
-}
-
-// WithSettleRetries sets how many more times a failed DeleteMessageBatch
-// or ChangeMessageVisibilityBatch entry is sent again (with a short
-// backoff) before its settlement reports the failure. Default 3. Must be
-// 0..10.
-func WithSettleRetries(n int) Option {
-	return checked("WithSettleRetries", n < 0 || n > maxSettleRetries, func(c *config) { c.settleRetries = n }, "%d is outside 0..%d", n, maxSettleRetries)
+	return sourceOption(checked("WithCloseTimeout", d < 0 || d > time.Minute, func(c *config) { c.closeTimeout = d }, "%v is outside 0..1m", d))
 }
 
 // WithLogger sets the logger for receive errors, heartbeat failures and
-// dead letters. Without it the Source logs to the logger given to
-// core.OpenSource (core.WithAdapterLogger), else to the Consumer's logger
-// (which the Consumer hands over before the first Receive), and until then
-// to slog.Default().
+// dead letters. Default: the logger given to core.OpenSource
+// (core.WithAdapterLogger), else the Consumer's (handed over before the
+// first Receive), and until then slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return checked("WithLogger", l == nil, func(c *config) { c.logger, c.loggerSet = l, true }, "nil logger")
+	return sourceOption(checked("WithLogger", l == nil, func(c *config) { c.logger = l }, "nil logger"))
 }
 
-// ClientOption configures how a Source or Publisher reaches SQS. Every
-// ClientOption is also an Option.
-type ClientOption = Option
+// WithIDAttribute names the message attribute that holds the producer's
+// business id. Default "message-id" (DefaultIDAttribute), which Publisher
+// sets. A message without it has an empty ID and is dead-lettered by the
+// Consumer, unless core.WithIDFunc derives one. The SQS MessageId is never
+// used: it changes when a producer retries a send.
+func WithIDAttribute(name string) ClientOption {
+	err := checkAttributeName(name)
+	return checked("WithIDAttribute", err != nil, func(c *config) { c.idAttribute = name }, "%v", err)
+}
+
+// WithSettleRetries sets how many more times a failed batch entry
+// (DeleteMessageBatch, ChangeMessageVisibilityBatch, SendMessageBatch) is
+// sent again, with a short backoff, before the failure is reported.
+// Default 3. Must be 0..10.
+func WithSettleRetries(n int) ClientOption {
+	return checked("WithSettleRetries", n < 0 || n > maxSettleRetries, func(c *config) { c.settleRetries = n }, "%d is outside 0..%d", n, maxSettleRetries)
+}
 
 // WithClient uses an existing SQS client (its endpoint, region and
 // credentials) instead of building one. Default: a client built from the
@@ -282,10 +271,7 @@ func WithClient(cl *awssqs.Client) ClientOption {
 // WithAWSConfig builds the client from cfg instead of the AWS default
 // configuration. Default: config.LoadDefaultConfig.
 func WithAWSConfig(cfg aws.Config) ClientOption {
-	return func(c *config) error {
-		c.awsConfig = &cfg
-		return nil
-	}
+	return func(c *config) error { c.awsConfig = &cfg; return nil }
 }
 
 // WithEndpoint sends every request to endpoint (for example a local
@@ -317,7 +303,7 @@ func WithStaticCredentials(accessKeyID, secretAccessKey, sessionToken string) Cl
 }
 
 // checkAttributeName validates an SQS message attribute name: 1..256
-// characters of A-Z a-z 0-9 _ - ., not starting with "AWS." or "Amazon.".
+// characters of A-Z a-z 0-9 _ - ., not starting or ending with a period.
 func checkAttributeName(name string) error {
 	if name == "" || len(name) > 256 {
 		return fmt.Errorf("attribute name of %d characters: 1..256 are allowed", len(name))

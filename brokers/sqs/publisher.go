@@ -7,11 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"net/url"
+	"slices"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"unicode/utf8"
-
-	"github.com/idemq/idemq/internal/retry"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -20,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // maxBatchBytes is SQS's limit on the total payload of one
@@ -37,51 +39,32 @@ const maxBatchBytes = 256 * 1024
 // encoded and marked with the idemq-encoding attribute; the Source decodes
 // it. It is safe for concurrent use.
 type Publisher struct {
-	cl      *awssqs.Client
-	q       *queueInfo
-	cfg     config
-	mu      sync.Mutex
-	closed  bool
-	retries int
-	others  map[string]*queueInfo // other queues published to, by URL or name
+	cl     *awssqs.Client
+	q      *queueInfo
+	cfg    config
+	others queues // other queues published to, by URL or name
+	closed atomic.Bool
 }
 
 var _ driver.Publisher = (*Publisher)(nil)
 
-// NewPublisher returns a Publisher for the queue given by URL or name. Of
-// the options, the client options, WithIDAttribute and WithSettleRetries
-// (how many more times failed entries are sent again; default 3) apply.
-func NewPublisher(ctx context.Context, queueURLOrName string, opts ...Option) (*Publisher, error) {
-	cfg, cl, q, err := setup(ctx, "NewPublisher", queueURLOrName, opts)
+// NewPublisher returns a Publisher for the queue addr names, an sqs:// URL
+// as core.OpenPublisher takes it (the Source's parameters are checked and
+// ignored); opts override its parameters.
+func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
+	u, err := parseAddr("NewPublisher", addr)
 	if err != nil {
 		return nil, err
 	}
-	return &Publisher{cl: cl, q: q, cfg: cfg, retries: cfg.settleRetries}, nil
+	return newPublisher(ctx, u, driver.OpenConfig{}, opts)
 }
 
-// queue resolves a Publish destination, remembering the queues it looked
-// up.
-func (p *Publisher) queue(ctx context.Context, dest string) (*queueInfo, error) {
-	if dest == "" || dest == p.q.url || dest == p.q.name {
-		return p.q, nil
-	}
-	p.mu.Lock()
-	q, ok := p.others[dest]
-	p.mu.Unlock()
-	if ok {
-		return q, nil
-	}
-	q, err := resolveQueue(ctx, p.cl, dest)
+func newPublisher(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts []PublisherOption) (*Publisher, error) {
+	cfg, cl, q, err := setup(ctx, "NewPublisher", u, oc, false, opts)
 	if err != nil {
 		return nil, err
 	}
-	p.mu.Lock()
-	if p.others == nil {
-		p.others = map[string]*queueInfo{}
-	}
-	p.others[dest] = q
-	p.mu.Unlock()
-	return q, nil
+	return &Publisher{cl: cl, q: q, cfg: cfg, others: queues{cl: cl, m: map[string]*queueInfo{}}}, nil
 }
 
 // QueueURL returns the queue's URL.
@@ -90,46 +73,40 @@ func (p *Publisher) QueueURL() string { return p.q.url }
 // Client returns the SQS client.
 func (p *Publisher) Client() *awssqs.Client { return p.cl }
 
-// Publish sends msgs to queue (a queue URL or name; "" for the queue the
-// Publisher was made for) and returns once SQS accepted every one. Entries SQS
-// fails for a reason of its own are sent again; an entry it refuses as
-// invalid (a sender fault) fails the call at once, naming the message.
+// Publish implements driver.Publisher: it sends msgs to queue (a queue URL
+// or name; "" for the Publisher's own) and returns once SQS accepted every
+// one. Entries SQS fails for a reason of its own are sent again; one it
+// refuses as the sender's fault fails the call at once, naming the message.
 // When Publish fails some messages may have been sent: retry the call and
-// let the consumer's dedup drop the copies. A message over the queue's
-// MaximumMessageSize (body and attributes, as SQS counts them; the
-// attribute is read again before a message is refused) fails the call
-// before any message is sent. Its error is marked driver.Permanent when no
-// retry can succeed: a message over that size, an entry refused as the
-// sender's fault, a message SQS cannot take (an empty body, too many
-// attributes, no key for a FIFO queue or one that is no valid group id), or
-// a queue that does not exist.
+// let the consumer's dedup drop the copies. A message SQS cannot take (an
+// empty body, too many attributes, no valid group id for a FIFO queue, over
+// the queue's MaximumMessageSize, read again before a message is refused)
+// fails the call before any message is sent. The error is marked
+// driver.Permanent when no retry can succeed: those, an entry refused as
+// the sender's fault, or a queue that does not exist.
 func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*driver.Message) error {
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
+	if p.closed.Load() {
 		return errors.New("sqs: publisher closed")
 	}
-	q, err := p.queue(ctx, queue)
-	if err != nil {
-		return permanentIf(missingQueue(err), fmt.Errorf("sqs: publish: %w", err))
+	q := p.q
+	var err error
+	if queue != "" && queue != q.url && queue != q.name {
+		if q, err = p.others.get(ctx, queue); err != nil {
+			return permanentIfMissing(fmt.Errorf("sqs: publish: %w", err))
+		}
 	}
-	entries := make([]types.SendMessageBatchRequestEntry, 0, len(msgs))
-	sizes := make([]int, 0, len(msgs))
+	entries := make([]types.SendMessageBatchRequestEntry, len(msgs))
+	sizes := make([]int, len(msgs))
 	for i, m := range msgs {
-		e, size, err := p.entry(ctx, q, m)
-		if err != nil {
-			// SQS would refuse the message every time.
+		if entries[i], sizes[i], err = p.entry(ctx, q, m); err != nil {
 			return driver.Permanent(fmt.Errorf("sqs: publish message %d (%q): %w", i, m.ID, err))
 		}
-		entries = append(entries, e)
-		sizes = append(sizes, size)
 	}
+	// Refused before anything is sent: SendMessageBatch would take the
+	// others and refuse this one alone.
 	if i, limit, err := p.oversized(ctx, q, sizes); err != nil {
 		return fmt.Errorf("sqs: publish: %w", err)
 	} else if i >= 0 {
-		// Refused before anything is sent: SendMessageBatch would take
-		// the others and refuse this one alone.
 		return driver.Permanent(fmt.Errorf("sqs: publish message %d (%q): %d bytes (body and attributes), over the MaximumMessageSize of %s (%d bytes)",
 			i, msgs[i].ID, sizes[i], q.name, limit))
 	}
@@ -149,16 +126,17 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*driver.M
 
 // entry builds one batch entry and its size as SQS counts it.
 func (p *Publisher) entry(ctx context.Context, q *queueInfo, m *driver.Message) (types.SendMessageBatchRequestEntry, int, error) {
-	h := make(map[string]string, len(m.Headers)+4)
-	for k, v := range m.Headers {
-		h[k] = v
+	h := maps.Clone(m.Headers)
+	if h == nil {
+		h = map[string]string{}
 	}
 	otel.GetTextMapPropagator().Inject(ctx, propagation.MapCarrier(h))
 	if m.ID != "" {
 		h[p.cfg.idAttribute] = m.ID
 	}
+	var e types.SendMessageBatchRequestEntry
 	if len(m.Body) == 0 {
-		return types.SendMessageBatchRequestEntry{}, 0, errors.New("empty body: SQS refuses it")
+		return e, 0, errors.New("empty body: SQS refuses it")
 	}
 	body := string(m.Body)
 	if !validSQSText(body) {
@@ -172,15 +150,15 @@ func (p *Publisher) entry(ctx context.Context, q *queueInfo, m *driver.Message) 
 			continue
 		}
 		if err := checkAttributeName(k); err != nil {
-			return types.SendMessageBatchRequestEntry{}, 0, fmt.Errorf("header %q cannot be an SQS attribute: %w", k, err)
+			return e, 0, fmt.Errorf("header %q cannot be an SQS attribute: %w", k, err)
 		}
-		attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		attrs[k] = stringAttr(v)
 		size += len(k) + len("String") + len(v)
 	}
 	if len(attrs) > maxAttributes {
-		return types.SendMessageBatchRequestEntry{}, 0, fmt.Errorf("%d message attributes (id, headers and trace context); SQS allows %d", len(attrs), maxAttributes)
+		return e, 0, fmt.Errorf("%d message attributes (id, headers and trace context); SQS allows %d", len(attrs), maxAttributes)
 	}
-	e := types.SendMessageBatchRequestEntry{MessageBody: aws.String(body), MessageAttributes: attrs}
+	e = types.SendMessageBatchRequestEntry{MessageBody: aws.String(body), MessageAttributes: attrs}
 	if q.fifo {
 		if m.Key == "" {
 			return e, 0, errors.New("FIFO queue needs a message group id: set Message.Key")
@@ -225,7 +203,7 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 		}
 		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: batch})
 		if err != nil {
-			return permanentIf(missingQueue(err), fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err))
+			return permanentIfMissing(fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err))
 		}
 		var again []int
 		var last error
@@ -246,7 +224,7 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 		if len(again) == 0 {
 			return nil
 		}
-		if try >= p.retries {
+		if try >= p.cfg.settleRetries {
 			return fmt.Errorf("%w (%d entries still failing after %d retries)", last, len(again), try)
 		}
 		if !pause.Wait(ctx) {
@@ -258,100 +236,64 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 
 // oversized returns the index of the first of sizes over q's
 // MaximumMessageSize, and that limit, or -1 when none is. Before it finds
-// one over, it reads the attribute again: the limit may have been raised
-// since it was read.
+// one over, it reads the attribute again: the limit may have been raised.
 func (p *Publisher) oversized(ctx context.Context, q *queueInfo, sizes []int) (int, int64, error) {
 	over := func(limit int64) int {
-		if limit <= 0 {
-			return -1
-		}
-		for i, s := range sizes {
-			if int64(s) > limit {
-				return i
-			}
-		}
-		return -1
+		return slices.IndexFunc(sizes, func(s int) bool { return limit > 0 && int64(s) > limit })
 	}
 	if over(q.maxSize.Load()) < 0 {
 		return -1, 0, nil
 	}
 	out, err := p.cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
-		QueueUrl:       aws.String(q.url),
-		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameMaximumMessageSize},
-	})
+		QueueUrl: aws.String(q.url), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameMaximumMessageSize}})
 	if err != nil {
-		return -1, 0, permanentIf(missingQueue(err), fmt.Errorf("queue %q: reading MaximumMessageSize: %w", q.name, err))
+		return -1, 0, permanentIfMissing(fmt.Errorf("queue %q: reading MaximumMessageSize: %w", q.name, err))
 	}
 	limit := maxMessageSize(out.Attributes)
 	q.maxSize.Store(limit)
 	return over(limit), limit, nil
 }
 
-// missingQueue reports whether err is SQS's answer that the queue does
-// not exist.
-func missingQueue(err error) bool {
+// permanentIfMissing marks err driver.Permanent when it is SQS's answer
+// that the queue does not exist.
+func permanentIfMissing(err error) error {
 	var nq *types.QueueDoesNotExist
-	return errors.As(err, &nq)
-}
-
-// permanentIf returns err, marked driver.Permanent when permanent is set.
-func permanentIf(permanent bool, err error) error {
-	if permanent {
+	if errors.As(err, &nq) {
 		return driver.Permanent(err)
 	}
 	return err
 }
 
-// Close marks the publisher closed; Publish fails afterwards. The SQS
+// Close implements driver.Publisher: Publish fails afterwards. The SQS
 // client holds no connection that needs closing.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
+	p.closed.Store(true)
 	return nil
 }
 
 // deduplicationID derives a FIFO MessageDeduplicationId from the business
-// id: the id itself when it is at most 128 characters of the allowed set,
-// else its SHA-256 in hex. A message without an id falls back to the
-// body's hash, as content-based deduplication would.
+// id: the id itself when SQS takes it as one, else its SHA-256 in hex. A
+// message without an id falls back to the body's hash, as content-based
+// deduplication would.
 func deduplicationID(id string, body []byte) string {
-	if id == "" {
-		sum := sha256.Sum256(body)
-		return hex.EncodeToString(sum[:])
+	if id != "" && checkGroupID(id) == nil {
+		return id
 	}
-	if len(id) <= 128 {
-		ok := true
-		for i := 0; i < len(id); i++ {
-			if c := id[i]; c < '!' || c > '~' { // printable ASCII only
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return id
-		}
+	if id != "" {
+		body = []byte(id)
 	}
-	sum := sha256.Sum256([]byte(id))
+	sum := sha256.Sum256(body)
 	return hex.EncodeToString(sum[:])
 }
 
 // validSQSText reports whether SQS accepts s as a message body: valid
 // Unicode of #x9, #xA, #xD, #x20-#xD7FF, #xE000-#xFFFD, #x10000-#x10FFFF.
 func validSQSText(s string) bool {
-	if s == "" {
-		return false // SQS refuses an empty body
-	}
-	if !utf8.ValidString(s) {
+	if s == "" || !utf8.ValidString(s) { // valid UTF-8 holds no surrogates
 		return false
 	}
 	for _, r := range s {
-		switch {
-		case r == 0x9 || r == 0xA || r == 0xD:
-		case r >= 0x20 && r <= 0xD7FF:
-		case r >= 0xE000 && r <= 0xFFFD:
-		case r >= 0x10000 && r <= 0x10FFFF:
-		default:
+		if r < 0x20 && r != 0x9 && r != 0xA && r != 0xD || r == 0xFFFE || r == 0xFFFF {
 			return false
 		}
 	}

@@ -17,7 +17,7 @@ func TestRetentionAgainstQueueRetention(t *testing.T) {
 	dlq := newQueue(t, ep, "-dlq", map[string]string{"MessageRetentionPeriod": "10800"})
 	q := newQueue(t, ep, "", map[string]string{"MessageRetentionPeriod": "7200"})
 	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source {
-		s, err := Open(context.Background(), q.url, append(clientOpts(ep), WithDeadLetterQueue(dlq.name), WithWaitTime(time.Second))...)
+		s, err := Open(context.Background(), q.addr(), append(clientOpts(ep), WithDeadLetterQueue(dlq.name), WithWaitTime(time.Second))...)
 		if err != nil {
 			t.Fatal(err)
 		}

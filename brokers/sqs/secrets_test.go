@@ -121,7 +121,7 @@ func TestSecretKeyNeverLeaves(t *testing.T) {
 	addErr("missing queue", err)
 	_, err = core.OpenSource(short, fmt.Sprintf("sqs://AKIDTEST:%s@q?endpoint=http://127.0.0.1:1&region=us-east-1", secret))
 	addErr("unreachable", err)
-	_, err = Open(short, "q", WithStaticCredentials("AKIDTEST", secret, ""), WithEndpoint("http://127.0.0.1:1"), WithRegion("us-east-1"))
+	_, err = Open(short, "sqs://q", WithStaticCredentials("AKIDTEST", secret, ""), WithEndpoint("http://127.0.0.1:1"), WithRegion("us-east-1"))
 	addErr("sqs.Open direct, unreachable", err)
 	_, err = core.OpenSource(short, fmt.Sprintf("sqs://AKIDTEST:%s@q?endpoint=%s&bogus=1", secret, ep))
 	addErr("unknown parameter", err)

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/idemq/idemq/internal/retry"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -17,39 +16,35 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/unsettled"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // DefaultIDAttribute is the message attribute that carries the producer's
 // business id unless WithIDAttribute names another.
 const DefaultIDAttribute = "message-id"
 
-// Message attributes the adapter writes on copies it sends to a dead-letter
-// queue, besides the cause (driver.CauseHeader, "idemq-cause", at most
-// 1,024 bytes).
-const (
-	// AttributeSourceQueue holds the name of the queue the message was
-	// dead-lettered from.
-	AttributeSourceQueue = "idemq-source-queue"
-	// AttributeAttempt holds the attempt (receive count) the message had.
-	AttributeAttempt = "idemq-attempt"
-	// AttributeEncoding is "base64" on messages whose body Publisher had to
-	// encode because SQS accepts only text; the Source decodes them.
-	AttributeEncoding = "idemq-encoding"
-)
+// AttributeEncoding is "base64" on messages whose body Publisher had to
+// encode because SQS accepts only text; the Source decodes them.
+const AttributeEncoding = "idemq-encoding"
 
-// ErrClosed is wrapped by the error of a settlement attempted after the
-// Source was closed: Close handed the message back to SQS (or left it to
-// its visibility timeout), so nothing is sent and SQS redelivers it. It
-// wraps driver.ErrStaleDelivery, as every stale settlement's error does.
-var ErrClosed = driver.Stale(errors.New("sqs: source closed; SQS will redeliver the message"))
+// ErrClosed is wrapped, with driver.ErrStaleDelivery, by the error of a
+// settlement attempted after the Source was closed: Close handed the
+// message back to SQS (or left it to its visibility timeout), so nothing
+// is sent and SQS redelivers it.
+var ErrClosed = unsettled.ErrClosed
+
+// errReleased is the reason of a held-back FIFO delivery released behind a
+// returned one; it was never handed out.
+var errReleased = errors.New("released behind a returned message of its FIFO group")
 
 // Source consumes one SQS queue (standard or FIFO). It implements
-// driver.Source, driver.BatchSettler, driver.WindowSetter and
-// driver.RedeliveryHorizoner, and is safe for concurrent use.
+// driver.Source, driver.BatchSettler, driver.WindowSetter,
+// driver.RedeliveryHorizoner and driver.LoggerSetter, and is safe for
+// concurrent use.
 type Source struct {
 	cl       *awssqs.Client
 	q        *queueInfo
-	dlq      *queueInfo // DeadLetterSend target; nil in DeadLetterRedrive mode
+	dlq      *queueInfo // DeadLetterSend's target; nil in DeadLetterRedrive mode
 	cfg      config
 	vis      time.Duration // visibility timeout of each receive
 	hbEvery  time.Duration
@@ -64,6 +59,7 @@ type Source struct {
 	avail    chan struct{} // signalled when ready grows
 	space    chan struct{} // signalled when held shrinks
 	logs     unsettled.Logger
+	live     *unsettled.Set[string, *delivery] // by SQS MessageId
 
 	mu      sync.Mutex
 	window  int
@@ -71,8 +67,6 @@ type Source struct {
 	started bool
 	closed  bool
 	ready   []*delivery            // received, waiting for Receive
-	live    map[*delivery]struct{} // received and unsettled, for heartbeat and Close
-	byMsgID map[string]*delivery   // live deliveries by SQS MessageId, to see a message handed out again
 	groups  map[string][]*delivery // FIFO: per group, the delivery handed out first, then those held back
 	orphans []*delivery            // received after Close, to release
 
@@ -98,8 +92,7 @@ type Stats struct {
 	// DeadLettered counts messages parked by DeadLetter, once each: a copy
 	// whose original could not be deleted is counted when it is parked
 	// again, and in DeadLetterRedrive mode a message counts on the receive
-	// after which SQS moves it (its receive count reached
-	// maxReceiveCount), not on each release before.
+	// after which SQS moves it, not on each release before.
 	DeadLettered int64
 	// HeldBack counts FIFO messages held back until the earlier message
 	// of their group received with them was settled.
@@ -109,69 +102,50 @@ type Stats struct {
 	ReceiveCalls, DeleteCalls int64
 }
 
-var (
-	_ driver.Source              = (*Source)(nil)
-	_ driver.BatchSettler        = (*Source)(nil)
-	_ driver.WindowSetter        = (*Source)(nil)
-	_ driver.RedeliveryHorizoner = (*Source)(nil)
-	_ driver.LoggerSetter        = (*Source)(nil)
-)
-
-// Open returns a Source for the queue given by URL
-// (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME) or by name. It reads the
-// queue's attributes (visibility timeout, retention, redrive policy, FIFO)
-// and resolves the dead-letter queue; it creates nothing. Receiving starts
-// at the first Receive, after the Consumer had its chance to call
-// SetWindow.
-func Open(ctx context.Context, queueURLOrName string, opts ...Option) (*Source, error) {
-	cfg, cl, q, err := setup(ctx, "Open", queueURLOrName, opts)
+// Open returns a Source for the queue addr names, an sqs:// URL as
+// core.OpenSource takes it (sqs://QUEUE?region=…, or
+// sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE); opts override its
+// parameters. It reads the queue's attributes (visibility timeout,
+// retention, redrive policy, FIFO) and resolves the dead-letter queue; it
+// creates nothing. Receiving starts at the first Receive, after the
+// Consumer had its chance to call SetWindow.
+func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
+	u, err := parseAddr("Open", addr)
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{
-		cl:      cl,
-		q:       q,
-		cfg:     cfg,
-		vis:     q.visibility,
-		errs:    make(chan error, 1),
-		acks:    make(chan ackReq),
-		avail:   make(chan struct{}, 1),
-		space:   make(chan struct{}, 1),
-		window:  cfg.window,
-		live:    make(map[*delivery]struct{}),
-		byMsgID: make(map[string]*delivery),
-		groups:  make(map[string][]*delivery),
+	return openSource(ctx, u, driver.OpenConfig{}, opts)
+}
+
+func openSource(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts []Option) (*Source, error) {
+	cfg, cl, q, err := setup(ctx, "Open", u, oc, true, opts)
+	if err != nil {
+		return nil, err
 	}
+	s := &Source{cl: cl, q: q, cfg: cfg, vis: q.visibility, hbEvery: cfg.heartbeatInterval, window: cfg.window,
+		errs: make(chan error, 1), acks: make(chan ackReq), avail: make(chan struct{}, 1), space: make(chan struct{}, 1),
+		groups: make(map[string][]*delivery)}
 	if cfg.visibility > 0 {
 		s.vis = cfg.visibility
 	}
-	s.hbEvery = cfg.heartbeatInterval
 	if s.hbEvery == 0 {
 		s.hbEvery = max(s.vis/3, 100*time.Millisecond)
 	}
 	if cfg.heartbeat && s.hbEvery >= s.vis {
 		return nil, cfg.optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v", s.hbEvery, s.vis)
 	}
-	target, err := deadLetterTarget(&cfg, q)
-	if err != nil {
+	if s.dlq, err = deadLetterQueue(ctx, &cfg, cl, q, cfg.deadLetterMode == DeadLetterSend); err != nil {
 		return nil, err
 	}
-	if cfg.deadLetterMode == DeadLetterSend {
-		if s.dlq, err = resolveDeadLetterQueue(ctx, &cfg, cl, q, target); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.loggerSet {
-		s.logs.Init(cfg.logger)
-	}
+	s.logs.Init(cfg.logger)
+	s.live = unsettled.New[string, *delivery](s.vis, cfg.maxExtension)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.pollCtx, s.pollStop = context.WithCancel(context.Background())
 	return s, nil
 }
 
-// SetLogger sets the logger of the Source's warnings, unless WithLogger
-// (or the logger given to core.OpenSource) chose one; the Consumer calls it
-// with its own logger before the first Receive (driver.LoggerSetter).
+// SetLogger implements driver.LoggerSetter: the Source logs to l unless
+// WithLogger (or the logger given to core.OpenSource) chose its logger.
 func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 func (s *Source) log() *slog.Logger { return s.logs.Log() }
@@ -194,23 +168,16 @@ func (s *Source) VisibilityTimeout() time.Duration { return s.vis }
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {
-	return Stats{
-		Received:          s.stats.received.Load(),
-		Extended:          s.stats.extended.Load(),
-		HeartbeatFailures: s.stats.heartbeatFailures.Load(),
-		Released:          s.stats.released.Load(),
-		SettleRetries:     s.stats.settleRetries.Load(),
-		DeadLettered:      s.stats.deadLettered.Load(),
-		HeldBack:          s.stats.heldBack.Load(),
-		ReceiveCalls:      s.stats.receiveCalls.Load(),
-		DeleteCalls:       s.stats.deleteCalls.Load(),
-	}
+	st := &s.stats
+	return Stats{Received: st.received.Load(), Extended: st.extended.Load(), HeartbeatFailures: st.heartbeatFailures.Load(),
+		Released: st.released.Load(), SettleRetries: st.settleRetries.Load(), DeadLettered: st.deadLettered.Load(),
+		HeldBack: st.heldBack.Load(), ReceiveCalls: st.receiveCalls.Load(), DeleteCalls: st.deleteCalls.Load()}
 }
 
-// SetWindow bounds the messages received and not yet settled — whether
-// waiting in Receive, held back behind an earlier message of their FIFO
-// group, or in the Consumer's hands — to n. Receivers ask SQS for no more
-// than the room left.
+// SetWindow implements driver.WindowSetter: it bounds the messages received
+// and not yet settled (waiting in Receive, held back behind an earlier
+// message of their FIFO group, or in the Consumer's hands) to n. Receivers
+// ask SQS for no more than the room left.
 func (s *Source) SetWindow(n int) error {
 	if n < 1 {
 		return fmt.Errorf("sqs: SetWindow: window %d is below 1", n)
@@ -222,9 +189,9 @@ func (s *Source) SetWindow(n int) error {
 	return nil
 }
 
-// RedeliveryHorizon returns how long SQS may still hand a message out after
-// it was sent: the queue's MessageRetentionPeriod, or the dead-letter
-// queue's when that is longer (a message parked there can be redriven).
+// RedeliveryHorizon implements driver.RedeliveryHorizoner: the queue's
+// MessageRetentionPeriod, or the dead-letter queue's when that is longer
+// (a message parked there can be redriven).
 func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 	h := s.q.retention
 	if s.dlq != nil {
@@ -245,29 +212,22 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 	return fmt.Sprintf("set MessageRetentionPeriod of %s to at most %d seconds: aws sqs set-queue-attributes --queue-url URL --attributes MessageRetentionPeriod=%d", names, secs, secs)
 }
 
-// Receive returns the next delivery. It blocks until one arrives, ctx is
-// done, or the Source is closed (driver.ErrSourceClosed). A failing
-// ReceiveMessage call is returned as an error to report it; the receivers
-// keep polling, so calling Receive again is always safe.
+// Receive implements driver.Source. A failing ReceiveMessage call is
+// returned as an error to report it; the receivers keep polling, so
+// calling Receive again is always safe.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, driver.ErrSourceClosed
-	}
-	if !s.started {
+	if !s.started && !s.closed {
 		s.started = true
-		s.wg.Add(s.cfg.receivers)
+		s.wg.Add(s.cfg.receivers + ackDeleters)
 		for range s.cfg.receivers {
 			go s.receiver()
 		}
-		if s.cfg.heartbeat {
-			s.wg.Add(1)
-			go s.heartbeat()
-		}
-		s.wg.Add(ackDeleters)
 		for range ackDeleters {
 			go s.deleter()
+		}
+		if s.cfg.heartbeat {
+			s.wg.Go(func() { unsettled.Heartbeat(s.ctx, s.hbEvery, s.beat) })
 		}
 		s.deleting.Store(true)
 	}
@@ -302,45 +262,6 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	}
 }
 
-// deadLetterTarget returns the dead-letter queue (URL or name) of q under
-// cfg's DeadLetterMode: the WithDeadLetterQueue one or the redrive
-// policy's target for DeadLetterSend, the redrive policy's target for
-// DeadLetterRedrive. It fails when the mode has no queue to park in.
-func deadLetterTarget(cfg *config, q *queueInfo) (string, error) {
-	if cfg.deadLetterMode == DeadLetterRedrive {
-		if q.redrive == nil {
-			return "", cfg.optErr("WithDeadLetterMode", "%s needs a redrive policy on queue %q", cfg.spell("DeadLetterRedrive", "redrive"), q.name)
-		}
-		return queueNameFromARN(q.redrive.targetARN), nil
-	}
-	target := cfg.deadLetterQueue
-	if target == "" && q.redrive != nil {
-		target = queueNameFromARN(q.redrive.targetARN)
-	}
-	if target == "" {
-		return "", cfg.optErr("WithDeadLetterQueue", "queue %q has no redrive policy, so name the dead-letter queue (or use %s on a queue that has one)",
-			q.name, cfg.spell("WithDeadLetterMode(DeadLetterRedrive)", "dead_letter_mode=redrive"))
-	}
-	return target, nil
-}
-
-// resolveDeadLetterQueue reads the dead-letter queue target of q, which
-// must be FIFO exactly when q is.
-func resolveDeadLetterQueue(ctx context.Context, cfg *config, cl *awssqs.Client, q *queueInfo, target string) (*queueInfo, error) {
-	option := "WithDeadLetterQueue"
-	if cfg.deadLetterMode == DeadLetterRedrive {
-		option = "WithDeadLetterMode"
-	}
-	dlq, err := resolveQueue(ctx, cl, target)
-	if err != nil {
-		return nil, cfg.optErr(option, "%v", err)
-	}
-	if dlq.fifo != q.fifo {
-		return nil, cfg.optErr(option, "dead-letter queue %q and queue %q must both be FIFO or both standard", dlq.name, q.name)
-	}
-	return dlq, nil
-}
-
 // signal wakes one waiter of a capacity-1 channel without blocking.
 func signal(c chan struct{}) {
 	select {
@@ -369,9 +290,8 @@ func (s *Source) reserve(max int) (int, bool) {
 			if enough || left <= 0 {
 				n := min(room, max)
 				s.held += n
-				more := room > n
 				s.mu.Unlock()
-				if more {
+				if room > n {
 					signal(s.space) // let another receiver take the rest
 				}
 				return n, true
@@ -388,14 +308,14 @@ func (s *Source) reserve(max int) (int, bool) {
 	}
 }
 
+// unreserve gives back n slots.
 func (s *Source) unreserve(n int) {
-	if n <= 0 {
-		return
+	if n > 0 {
+		s.mu.Lock()
+		s.held -= n
+		s.mu.Unlock()
+		signal(s.space)
 	}
-	s.mu.Lock()
-	s.held -= n
-	s.mu.Unlock()
-	signal(s.space)
 }
 
 // receiver long-polls the queue for as many messages as the window has
@@ -409,14 +329,7 @@ func (s *Source) receiver() {
 			return
 		}
 		s.stats.receiveCalls.Add(1)
-		out, err := s.cl.ReceiveMessage(s.pollCtx, &awssqs.ReceiveMessageInput{
-			QueueUrl:                    aws.String(s.q.url),
-			MaxNumberOfMessages:         int32(n),
-			WaitTimeSeconds:             int32(s.cfg.waitTime / time.Second),
-			VisibilityTimeout:           int32(s.vis / time.Second),
-			MessageAttributeNames:       []string{"All"},
-			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
-		})
+		out, err := s.cl.ReceiveMessage(s.pollCtx, receiveInput(s.q.url, n, s.cfg.waitTime, s.vis))
 		if err != nil {
 			s.unreserve(n)
 			if s.ctx.Err() != nil {
@@ -441,8 +354,24 @@ func (s *Source) receiver() {
 	}
 }
 
+// receiveInput asks for up to n messages with every attribute, hidden for
+// vis.
+func receiveInput(queueURL string, n int, wait, vis time.Duration) *awssqs.ReceiveMessageInput {
+	return &awssqs.ReceiveMessageInput{
+		QueueUrl:                    aws.String(queueURL),
+		MaxNumberOfMessages:         int32(n),
+		WaitTimeSeconds:             int32(wait / time.Second),
+		VisibilityTimeout:           int32(vis / time.Second),
+		MessageAttributeNames:       []string{"All"},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+	}
+}
+
 // accept turns received messages into deliveries: each holds one window
-// slot until it is settled. On a FIFO queue a message whose group already
+// slot until it is settled. A message this Source still holds that SQS
+// hands out again supersedes the older delivery, whose visibility lapsed:
+// its receipt handle no longer settles it (SQS may even accept its delete
+// and keep the message). On a FIFO queue a message whose group already
 // has one handed out is held back until that one is settled, so a group's
 // messages are processed one after the other, in order.
 func (s *Source) accept(msgs []types.Message) {
@@ -460,20 +389,13 @@ func (s *Source) accept(msgs []types.Message) {
 	}
 	added := false
 	for _, d := range ds {
-		s.live[d] = struct{}{}
-		// SQS handing out a message this Source still holds means the
-		// visibility lapsed: the older delivery's receipt handle no longer
-		// settles it (SQS may even accept its delete and keep the message).
-		if old := s.byMsgID[d.msgID()]; old != nil {
-			old.gone = fmt.Errorf("SQS handed the message out again (receive count %d), replacing its receipt handle", d.msg.Attempt)
-		}
-		s.byMsgID[d.msgID()] = d
+		d.e = s.live.Add(aws.ToString(d.raw.MessageId), d)
 		if s.q.fifo && d.group != "" {
 			chain := s.groups[d.group]
 			s.groups[d.group] = append(chain, d)
 			if len(chain) > 0 {
 				s.stats.heldBack.Add(1)
-				continue // held back behind the group's earlier message
+				continue
 			}
 		}
 		s.ready = append(s.ready, d)
@@ -493,42 +415,35 @@ const (
 	outcomeReturned                    // it will be delivered again: successors must wait for it
 )
 
-// finish ends a delivery's life in the Source: it frees its window slot,
-// stops its heartbeat and, on a FIFO queue, hands out the group's next
-// message or, when this one comes back, releases those held behind it so
-// SQS delivers them after it.
+// finish ends a settled delivery's life in the Source: it frees its window
+// slot and, on a FIFO queue, hands out the group's next message or, when
+// this one comes back, releases those held behind it so SQS delivers them
+// after it.
 func (s *Source) finish(d *delivery, how outcome) {
 	var release []*delivery
 	s.mu.Lock()
-	if d.state == stateClosed {
+	if s.closed {
 		s.mu.Unlock()
 		return
 	}
-	d.state = stateDone
-	s.forget(d)
 	s.held--
 	added := false
-	if s.q.fifo && d.group != "" {
-		chain := s.groups[d.group]
-		if len(chain) > 0 && chain[0] == d {
-			chain = chain[1:]
-			if how == outcomeReturned {
-				release = chain
-				for _, r := range release {
-					r.state = stateDone
-					s.forget(r)
-					s.held--
-				}
-				chain = nil
-			} else if len(chain) > 0 {
-				s.ready = append(s.ready, chain[0])
-				added = true
+	if chain := s.groups[d.group]; len(chain) > 0 && chain[0] == d {
+		chain = chain[1:]
+		if how == outcomeReturned {
+			release, chain = chain, nil
+			s.held -= len(release)
+			for _, r := range release {
+				s.live.Drop(r.e, errReleased)
 			}
-			if len(chain) == 0 {
-				delete(s.groups, d.group)
-			} else {
-				s.groups[d.group] = chain
-			}
+		} else if len(chain) > 0 {
+			s.ready = append(s.ready, chain[0])
+			added = true
+		}
+		if len(chain) == 0 {
+			delete(s.groups, d.group)
+		} else {
+			s.groups[d.group] = chain
 		}
 	}
 	s.mu.Unlock()
@@ -537,34 +452,37 @@ func (s *Source) finish(d *delivery, how outcome) {
 		signal(s.avail)
 	}
 	if len(release) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.changeVisibility(ctx, release, 0); err != nil {
+		if err := s.release(release); err != nil {
 			s.log().Warn("idemq sqs: releasing messages held behind a returned FIFO message failed; they come back after their visibility timeout", "queue", s.q.name, "error", err)
 		}
-		s.stats.released.Add(int64(len(release)))
 	}
 }
 
-// forget drops d from the live deliveries; s.mu is held.
-func (s *Source) forget(d *delivery) {
-	delete(s.live, d)
-	if s.byMsgID[d.msgID()] == d {
-		delete(s.byMsgID, d.msgID())
+// release makes ds visible again at once.
+func (s *Source) release(ds []*delivery) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	failed := s.batchCall(ctx, ds, func(ctx context.Context, chunk []*delivery) (map[int]entryErr, error) {
+		return s.changeVisibility(ctx, chunk, func(*delivery) int32 { return 0 })
+	})
+	s.stats.released.Add(int64(len(ds)))
+	var errs []error
+	for d, err := range failed {
+		errs = append(errs, d.wrap(err))
 	}
+	return errors.Join(errs...)
 }
 
-// Close stops receiving and, unless WithReleaseOnClose(false), makes every
-// message still unsettled visible again at once so another consumer gets
-// it. Settling such a message afterwards sends nothing and returns an
-// error wrapping ErrClosed (and driver.ErrStaleDelivery).
+// Close implements driver.Source: it stops receiving and, unless
+// WithReleaseOnClose(false), makes every message still unsettled visible
+// again at once so another consumer gets it. Settling such a message
+// afterwards sends nothing and returns an error wrapping ErrClosed (and
+// driver.ErrStaleDelivery).
 //
-// Long polls in progress are left to finish (up to WithCloseTimeout) and
-// what they bring is released too: SQS may still hand messages to a poll
-// whose caller went away, and those would stay invisible for the
-// visibility timeout. Polls still running after WithCloseTimeout are
-// cancelled, and what SQS gives them comes back after the visibility
-// timeout. Close waits for the receivers and the heartbeat to stop.
+// SQS may still hand messages to a long poll whose caller went away, and
+// those would stay invisible for the visibility timeout: so polls in
+// progress are left to finish (up to WithCloseTimeout) and what they bring
+// is released too. Polls still running after that are cancelled.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -573,29 +491,19 @@ func (s *Source) Close() error {
 	}
 	s.closed = true
 	var left []*delivery
-	for d := range s.live {
-		if d.state == stateLive {
-			d.state = stateClosed
-			left = append(left, d)
-		}
+	for _, e := range s.live.Close() {
+		left = append(left, e.D)
 	}
-	clear(s.live)
-	clear(s.byMsgID)
 	s.ready = nil
 	clear(s.groups)
 	s.mu.Unlock()
-	if s.cancel == nil { // never opened
-		return nil
-	}
 	s.cancel()
 	waited := make(chan struct{})
 	go func() { s.wg.Wait(); close(waited) }()
-	t := time.NewTimer(s.cfg.closeTimeout)
 	select {
 	case <-waited:
-	case <-t.C:
+	case <-time.After(s.cfg.closeTimeout):
 	}
-	t.Stop()
 	s.pollStop()
 	<-waited
 	s.mu.Lock()
@@ -605,20 +513,16 @@ func (s *Source) Close() error {
 	if !s.cfg.releaseOnClose || len(left) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := s.changeVisibility(ctx, left, 0)
-	s.stats.released.Add(int64(len(left)))
-	if err != nil {
+	if err := s.release(left); err != nil {
 		return fmt.Errorf("sqs: Close: releasing %d unsettled messages (they come back after their visibility timeout): %w", len(left), err)
 	}
 	return nil
 }
 
-// AckBatch deletes the deliveries with DeleteMessageBatch, ten per call.
-// Entries SQS fails are sent again (WithSettleRetries) and never dropped
-// silently: the returned error joins one error per delivery still not
-// deleted, and SQS redelivers those (the dedup store then decides
+// AckBatch implements driver.BatchSettler with DeleteMessageBatch, ten per
+// call. Entries SQS fails are sent again (WithSettleRetries) and never
+// dropped silently: the returned error joins one error per delivery still
+// not deleted, and SQS redelivers those (the dedup store then decides
 // Duplicate).
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	own, errs := unsettled.Take("sqs", ds, func(cd driver.Delivery) (*delivery, bool) {
@@ -649,19 +553,18 @@ type ackReq struct {
 
 // deleter coalesces single Acks that arrive while it is busy into one
 // DeleteMessageBatch call of up to ten entries. An Ack that finds it idle is
-// sent at once, alone, so coalescing adds no latency; under load (the
-// Consumer settles each message of batch size 1 from its own goroutine) it
-// saves requests, which SQS bills and rate-limits.
+// sent at once, alone, so coalescing adds no latency; under load it saves
+// requests, which SQS bills and rate-limits.
 func (s *Source) deleter() {
 	defer s.wg.Done()
 	for {
-		var first ackReq
+		var reqs []ackReq
 		select {
-		case first = <-s.acks:
+		case r := <-s.acks:
+			reqs = append(reqs, r)
 		case <-s.ctx.Done():
 			return
 		}
-		reqs := []ackReq{first}
 	more:
 		for len(reqs) < 10 {
 			select {
@@ -675,13 +578,68 @@ func (s *Source) deleter() {
 		for i, r := range reqs {
 			ds[i] = r.d
 		}
-		// Each Ack was handed over whole; the caller's context bounds its
-		// wait, not the call other Acks share.
+		// The caller's context bounds its wait, not the call other Acks share.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		failed := s.deleteBatch(ctx, ds)
 		cancel()
 		for _, r := range reqs {
 			r.done <- failed[r.d]
+		}
+	}
+}
+
+// beat extends, in ChangeMessageVisibilityBatch calls of ten, the
+// deliveries extended (or received) at least half an interval ago, by a
+// full visibility timeout but never past WithMaxExtension after the
+// receipt: a message still unsettled then lapses, and SQS may hand it to
+// another consumer, where the dedup key keeps its effect to one commit.
+func (s *Source) beat(now time.Time) {
+	secs := map[*delivery]int32{}
+	var due []*unsettled.Entry[string, *delivery]
+	for _, e := range s.live.Due(now, s.vis-s.hbEvery/2) {
+		n := int32(min(s.vis, e.Received.Add(s.cfg.maxExtension).Sub(now)) / time.Second)
+		if n >= 1 && now.Add(time.Duration(n)*time.Second).After(s.live.Lapses(e)) { // else at the cap: let it lapse
+			secs[e.D] = n
+			due = append(due, e)
+		}
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.vis)
+	defer cancel()
+	for start := 0; start < len(due); start += 10 {
+		chunk := due[start:min(start+10, len(due))]
+		ds := make([]*delivery, len(chunk))
+		for i, e := range chunk {
+			ds[i] = e.D
+		}
+		sent := time.Now()
+		failed, err := s.changeVisibility(ctx, ds, func(d *delivery) int32 { return secs[d] })
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.stats.heartbeatFailures.Add(int64(len(chunk)))
+			s.log().Warn("idemq sqs: visibility heartbeat failed; trying again next beat", "queue", s.q.name, "messages", len(chunk), "error", err)
+			continue
+		}
+		for i, e := range chunk {
+			f, bad := failed[i]
+			switch {
+			case !bad:
+				e.D.hbFailures = 0
+				// SQS counts the new visibility from no sooner than sent.
+				s.live.Extended(chunk[i:i+1], sent.Add(time.Duration(secs[e.D])*time.Second-s.vis))
+				s.stats.extended.Add(1)
+			case !e.Settled(): // a settled one's handle may be gone, as it should
+				s.stats.heartbeatFailures.Add(1)
+				e.D.hbFailures++
+				gaveUp := f.permanent || e.D.hbFailures >= 3
+				if f.gone {
+					s.live.Drop(e, f.err) // settling it now would be refused too
+				} else if gaveUp {
+					s.live.GiveUp(e)
+				}
+				s.log().Warn("idemq sqs: visibility extension refused", "queue", s.q.name, "message_id", e.D.msg.ID, "error", f.err, "gave_up", gaveUp)
+			}
 		}
 	}
 }

@@ -34,7 +34,7 @@ import (
 func open(t testing.TB, ep string, q testQueue, opts ...Option) *Source {
 	t.Helper()
 	all := append(clientOpts(ep), WithLogger(testLogger(t)), WithWaitTime(time.Second))
-	s, err := Open(context.Background(), q.url, append(all, opts...)...)
+	s, err := Open(context.Background(), q.addr(), append(all, opts...)...)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -44,7 +44,7 @@ func open(t testing.TB, ep string, q testQueue, opts ...Option) *Source {
 
 func publisher(t testing.TB, ep string, q testQueue) *Publisher {
 	t.Helper()
-	p, err := NewPublisher(context.Background(), q.url, clientOpts(ep)...)
+	p, err := NewPublisher(context.Background(), q.addr(), publisherOpts(ep)...)
 	if err != nil {
 		t.Fatalf("NewPublisher: %v", err)
 	}
@@ -113,27 +113,39 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 		{WithVisibilityTimeout(0), "WithVisibilityTimeout"},
 		{WithHeartbeatInterval(0), "WithHeartbeatInterval"},
 		{WithMaxExtension(13 * time.Hour), "WithMaxExtension"},
-		{WithIDAttribute("bad name"), "WithIDAttribute"},
-		{WithIDAttribute(""), "WithIDAttribute"},
 		{WithDeadLetterQueue(""), "WithDeadLetterQueue"},
 		{WithDeadLetterMode(7), "WithDeadLetterMode"},
 		{WithCloseTimeout(-1), "WithCloseTimeout"},
 		{WithReceiveLinger(2 * time.Second), "WithReceiveLinger"},
-		{WithSettleRetries(11), "WithSettleRetries"},
 		{WithLogger(nil), "WithLogger"},
+	}
+	// The client options are a Publisher's too.
+	shared := []struct {
+		opt  ClientOption
+		name string
+	}{
+		{WithIDAttribute("bad name"), "WithIDAttribute"},
+		{WithIDAttribute(""), "WithIDAttribute"},
+		{WithSettleRetries(11), "WithSettleRetries"},
 		{WithClient(nil), "WithClient"},
 		{WithEndpoint("localhost:9324"), "WithEndpoint"},
 		{WithRegion(""), "WithRegion"},
 		{WithStaticCredentials("", "x", ""), "WithStaticCredentials"},
 	}
-	for _, c := range cases {
-		_, err := Open(context.Background(), "q", c.opt)
-		if err == nil || !strings.Contains(err.Error(), c.name) {
-			t.Errorf("Open with a bad %s: err = %v, want one naming %s", c.name, err, c.name)
-		}
-		_, err = NewPublisher(context.Background(), "q", c.opt)
+	for _, c := range shared {
+		cases = append(cases, struct {
+			opt  Option
+			name string
+		}{c.opt, c.name})
+		_, err := NewPublisher(context.Background(), "sqs://q", c.opt)
 		if err == nil || !strings.Contains(err.Error(), c.name) {
 			t.Errorf("NewPublisher with a bad %s: err = %v, want one naming %s", c.name, err, c.name)
+		}
+	}
+	for _, c := range cases {
+		_, err := Open(context.Background(), "sqs://q", c.opt)
+		if err == nil || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("Open with a bad %s: err = %v, want one naming %s", c.name, err, c.name)
 		}
 	}
 }
@@ -142,24 +154,24 @@ func TestOpenChecksQueueAndDeadLetterSetup(t *testing.T) {
 	t.Parallel()
 	ep := sqsEndpoint(t)
 	ctx := context.Background()
-	if _, err := Open(ctx, "idemq-missing-"+randomHex(4), clientOpts(ep)...); err == nil {
+	if _, err := Open(ctx, "sqs://idemq-missing-"+randomHex(4), clientOpts(ep)...); err == nil {
 		t.Error("Open of a missing queue succeeded")
 	}
 	plain := newQueue(t, ep, "", map[string]string{"VisibilityTimeout": "3"})
-	_, err := Open(ctx, plain.name, clientOpts(ep)...)
+	_, err := Open(ctx, plain.addr(), clientOpts(ep)...)
 	if err == nil || !strings.Contains(err.Error(), "WithDeadLetterQueue") {
 		t.Errorf("Open without a DLQ or redrive policy: err = %v, want one naming WithDeadLetterQueue", err)
 	}
-	_, err = Open(ctx, plain.name, append(clientOpts(ep), WithDeadLetterMode(DeadLetterRedrive))...)
+	_, err = Open(ctx, plain.addr(), append(clientOpts(ep), WithDeadLetterMode(DeadLetterRedrive))...)
 	if err == nil || !strings.Contains(err.Error(), "WithDeadLetterMode") {
 		t.Errorf("DeadLetterRedrive without a redrive policy: err = %v, want one naming WithDeadLetterMode", err)
 	}
-	_, err = Open(ctx, plain.name, append(clientOpts(ep), WithDeadLetterQueue(plain.name), WithHeartbeatInterval(3*time.Second))...)
+	_, err = Open(ctx, plain.addr(), append(clientOpts(ep), WithDeadLetterQueue(plain.name), WithHeartbeatInterval(3*time.Second))...)
 	if err == nil || !strings.Contains(err.Error(), "WithHeartbeatInterval") {
 		t.Errorf("heartbeat interval = visibility timeout: err = %v, want one naming WithHeartbeatInterval", err)
 	}
 	fifo, _ := newQueueWithDLQ(t, ep, true, 3, 0)
-	_, err = Open(ctx, fifo.url, append(clientOpts(ep), WithDeadLetterQueue(plain.name))...)
+	_, err = Open(ctx, fifo.addr(), append(clientOpts(ep), WithDeadLetterQueue(plain.name))...)
 	if err == nil || !strings.Contains(err.Error(), "FIFO") {
 		t.Errorf("FIFO queue with a standard DLQ: err = %v, want a FIFO mismatch", err)
 	}
@@ -906,9 +918,7 @@ func TestSettlementFailuresAreReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	servicetest.WaitFor(t, 10*time.Second, "the heartbeat to give up on the deleted message", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return gone.hbFailed
+		return !slices.Contains(s.live.All(), gone.e)
 	})
 	if f := s.Stats().HeartbeatFailures; f != 1 {
 		t.Errorf("HeartbeatFailures = %d, want 1 (ReceiptHandleIsInvalid is final)", f)
@@ -962,7 +972,7 @@ func TestFIFODeadLetter(t *testing.T) {
 	})
 	p := parked[0]
 	if attr(p, DefaultIDAttribute) != m.ID || !strings.Contains(attr(p, driver.CauseHeader), "bad total") ||
-		attr(p, AttributeSourceQueue) != q.name || attr(p, AttributeAttempt) != "1" {
+		attr(p, driver.OriginHeader) != q.name || attr(p, driver.AttemptHeader) != "1" {
 		t.Errorf("parked copy attributes: %v", p.MessageAttributes)
 	}
 	if g := p.Attributes["MessageGroupId"]; g != m.Key {

@@ -71,8 +71,9 @@ func TestStaleDeliveryErrors(t *testing.T) {
 	publish(t, ep, q, ms...)
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false), WithWindow(3))
 	ds := []driver.Delivery{receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second)}
-	// Another consumer receives them once their visibility lapsed.
-	other := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithVisibilityTimeout(30*time.Second), WithWindow(4))
+	// Another consumer receives them once their visibility lapsed; its
+	// window is full, so only a third one can receive them again.
+	other := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithVisibilityTimeout(30*time.Second), WithWindow(3))
 	again := []driver.Delivery{receiveOne(t, other, 10*time.Second), receiveOne(t, other, 10*time.Second), receiveOne(t, other, 10*time.Second)}
 	ctx := context.Background()
 	settles := map[string]func(d driver.Delivery) error{
@@ -98,10 +99,7 @@ func TestStaleDeliveryErrors(t *testing.T) {
 	// for a handle a later receive replaced) makes a settlement stale too,
 	// whatever the Source believed of the visibility.
 	d := again[0].(*delivery)
-	redo := receiveAfterRelease(t, other, d)
-	d.src.mu.Lock()
-	d.deadline, d.gone = time.Now().Add(time.Hour), nil // only SQS's answer tells
-	d.src.mu.Unlock()
+	redo := receiveAfterRelease(t, ep, q, d, WithDeadLetterQueue(dlq.name))
 	if err := d.Retry(ctx, 0); !errors.Is(err, core.ErrStaleDelivery) {
 		t.Errorf("Retry with a receipt handle SQS refused: %v, want an error wrapping core.ErrStaleDelivery", err)
 	}
@@ -123,24 +121,23 @@ func TestStaleDeliveryErrors(t *testing.T) {
 	}
 }
 
-// receiveAfterRelease makes d's message visible again behind the Source's
-// back (with the SDK) and receives it once more on s, replacing d's
-// receipt handle.
-func receiveAfterRelease(t *testing.T, s *Source, d *delivery) driver.Delivery {
+// receiveAfterRelease makes d's message visible again behind its
+// Source's back (with the SDK) and receives it on another Source, replacing
+// d's receipt handle while d's Source still holds d as live: only SQS's
+// answer tells d is stale.
+func receiveAfterRelease(t *testing.T, ep string, q testQueue, d *delivery, opts ...Option) driver.Delivery {
 	t.Helper()
-	_, err := s.cl.ChangeMessageVisibility(context.Background(), &awssqs.ChangeMessageVisibilityInput{
-		QueueUrl: aws.String(s.q.url), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: 0,
+	_, err := d.src.cl.ChangeMessageVisibility(context.Background(), &awssqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(d.src.q.url), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: 0,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		r := receiveOne(t, s, 10*time.Second)
-		if r.Message().ID == d.Message().ID {
-			return r
-		}
+	r := receiveOne(t, open(t, ep, q, opts...), 10*time.Second)
+	if r.Message().ID != d.Message().ID {
 		t.Fatalf("received %q, want %q again", r.Message().ID, d.Message().ID)
 	}
+	return r
 }
 
 // TestDeadLetterKeepsCauseWhenAttributesAreFull parks a message that
@@ -191,7 +188,7 @@ func TestDeadLetterKeepsCauseWhenAttributesAreFull(t *testing.T) {
 	if c := attr(p, driver.CauseHeader); !strings.Contains(c, "bad total") {
 		t.Errorf("parked copy's %s = %q, want the cause (attributes %v)", driver.CauseHeader, c, p.MessageAttributes)
 	}
-	if attr(p, DefaultIDAttribute) != id || attr(p, AttributeSourceQueue) != q.name || len(p.MessageAttributes) > maxAttributes {
+	if attr(p, DefaultIDAttribute) != id || attr(p, driver.OriginHeader) != q.name || len(p.MessageAttributes) > maxAttributes {
 		t.Errorf("parked copy attributes: %v", p.MessageAttributes)
 	}
 
@@ -303,7 +300,7 @@ func TestWarningsReachTheGivenLogger(t *testing.T) {
 		q := newQueue(t, ep, "", nil)
 		var buf servicetest.Buffer
 		l := slog.New(slog.NewTextHandler(&buf, nil))
-		s, err := Open(context.Background(), q.url, append(clientOpts(ep), WithDeadLetterQueue(q.name), WithWaitTime(time.Second))...)
+		s, err := Open(context.Background(), q.addr(), append(clientOpts(ep), WithDeadLetterQueue(q.name), WithWaitTime(time.Second))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,12 +351,9 @@ func TestStaleDeadLetterParksNoCopy(t *testing.T) {
 	q, dlq := newQueueWithDLQ(t, ep, false, 30, 0)
 	m := msgs("stale-dl", 1)[0]
 	publish(t, ep, q, m)
-	s := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false), WithWindow(2))
+	s := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false), WithWindow(1))
 	d := receiveOne(t, s, 10*time.Second).(*delivery)
-	redo := receiveAfterRelease(t, s, d)
-	d.src.mu.Lock()
-	d.deadline, d.gone = time.Now().Add(time.Hour), nil // only SQS's answer tells
-	d.src.mu.Unlock()
+	redo := receiveAfterRelease(t, ep, q, d, WithDeadLetterQueue(dlq.name))
 	if err := d.DeadLetter(context.Background(), errors.New("poison")); !errors.Is(err, core.ErrStaleDelivery) {
 		t.Errorf("DeadLetter with a receipt handle SQS replaced: %v, want an error wrapping core.ErrStaleDelivery", err)
 	}

@@ -2,34 +2,42 @@ package sqs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
 	"strings"
 
-	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/core/driver/urlparam"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
-	driver.RegisterBroker("sqs", openSourceURL, openPublisherURL)
-	admin.RegisterDeadLetters("sqs", openDeadLettersURL)
+	driver.RegisterBroker("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Source, error) {
+		return openSource(ctx, u, oc, nil)
+	}, func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Publisher, error) {
+		return newPublisher(ctx, u, oc, nil)
+	})
+	admin.RegisterDeadLetters("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (admin.DeadLetterQueue, error) {
+		return openDeadLetters(ctx, u, oc, nil)
+	})
 }
 
 // urlParams are the parameters of sqs:// URLs. A Publisher uses the
-// client ones and id_attribute (clientParams), and checks but ignores the
-// Source's own, so that one URL serves both sides (as amqp:// and kafka://
-// URLs do). init fills them: the options' errors name their parameters.
+// client ones (clientParams) and checks but ignores the Source's own, so
+// that one URL serves both sides. init fills them: the options' errors
+// name their parameters.
 var urlParams, clientParams urlparam.Table[Option]
 
 func init() {
 	client := map[string]urlparam.Param[Option]{
-		"endpoint":     urlparam.Text("WithEndpoint", WithEndpoint),
-		"region":       urlparam.Text("WithRegion", WithRegion),
-		"id_attribute": urlparam.Text("WithIDAttribute", WithIDAttribute),
+		"endpoint":     urlparam.Text("WithEndpoint", asOption(WithEndpoint)),
+		"region":       urlparam.Text("WithRegion", asOption(WithRegion)),
+		"id_attribute": urlparam.Text("WithIDAttribute", asOption(WithIDAttribute)),
 	}
 	all := map[string]urlparam.Param[Option]{
 		"dlq":              urlparam.Text("WithDeadLetterQueue", WithDeadLetterQueue),
@@ -47,8 +55,9 @@ func init() {
 	clientParams = urlparam.Table[Option]{Scheme: "sqs", Params: client}
 }
 
-// paramOf names the URL parameter (or URL part) that sets an option, for
-// errors of URL-opened sources and publishers.
+func asOption[T any](o func(T) ClientOption) func(T) Option { return func(v T) Option { return o(v) } }
+
+// paramOf names the URL parameter (or URL part) that sets an option.
 func paramOf(option string) (string, bool) {
 	if option == "WithStaticCredentials" {
 		return "credentials (sqs://KEY:SECRET@queue)", true
@@ -56,11 +65,16 @@ func paramOf(option string) (string, bool) {
 	return urlParams.NameOf(option)
 }
 
-// byURL marks a configuration as coming from a URL, so that its errors
-// name URL parameters; it comes first among a URL's options.
-func byURL(c *config) error {
-	c.byURL = true
-	return nil
+// parseAddr parses the address a constructor is given.
+func parseAddr(what, addr string) (*url.URL, error) {
+	u, err := redact.ParseURL(addr)
+	if err == nil && u.Scheme != "sqs" {
+		err = errors.New("not an sqs:// URL (sqs://QUEUE?region=…, sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE)")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sqs: %s: address: %w", what, err)
+	}
+	return u, nil
 }
 
 // parseURL reads
@@ -69,9 +83,10 @@ func byURL(c *config) error {
 //	sqs://ACCESS_KEY:SECRET@QUEUE?endpoint=…           (static credentials, for emulators)
 //	sqs://sqs.eu-west-1.amazonaws.com/123456789012/QUEUE  (a queue URL, https)
 //
-// into the queue and options. Without credentials in the URL the AWS
-// credential chain is used. A logger in cfg is used as WithLogger would be.
-func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opts []Option, err error) {
+// into the queue and options (a Publisher's, unless source). Without
+// credentials in the URL the AWS credential chain is used. A logger in oc
+// is used as WithLogger would be.
+func parseURL(u *url.URL, source bool, oc driver.OpenConfig) (queue string, opts []Option, err error) {
 	queue = u.Host
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		queue = "https://" + u.Host + "/" + p
@@ -79,9 +94,8 @@ func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opt
 	if queue == "" {
 		return "", nil, fmt.Errorf("sqs URL has no queue (use sqs://orders or sqs://sqs.REGION.amazonaws.com/ACCOUNT/orders)")
 	}
-	opts = []Option{byURL}
-	if cfg.Logger != nil {
-		opts = append(opts, WithLogger(cfg.Logger))
+	if oc.Logger != nil && source {
+		opts = append(opts, WithLogger(oc.Logger))
 	}
 	if u.User != nil {
 		secret, ok := u.User.Password()
@@ -104,22 +118,40 @@ func parseURL(u *url.URL, source bool, cfg driver.OpenConfig) (queue string, opt
 	if !source {
 		all, _ = clientParams.Take(query) // the Source's own are not used
 	}
-	opts = append(opts, all...)
-	return queue, opts, nil
+	return queue, append(opts, all...), nil
 }
 
-func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-	queue, opts, err := parseURL(u, true, cfg)
+// setup reads u (and a logger in oc) and then opts, and finds the queue:
+// the start every constructor shares. Errors name URL parameters unless
+// options were given in code.
+func setup[O Option](ctx context.Context, what string, u *url.URL, oc driver.OpenConfig, source bool, opts []O) (config, *awssqs.Client, *queueInfo, error) {
+	cfg := defaultConfig()
+	queue, byURL, err := parseURL(u, source, oc)
 	if err != nil {
-		return nil, err
+		return cfg, nil, nil, err
 	}
-	return Open(ctx, queue, opts...)
-}
-
-func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
-	queue, opts, err := parseURL(u, false, cfg)
+	cfg.byURL = true
+	for _, o := range byURL {
+		if err := o.apply(&cfg); err != nil {
+			return cfg, nil, nil, err
+		}
+	}
+	cfg.byURL = len(opts) == 0
+	for _, o := range opts {
+		if any(o) == nil {
+			continue
+		}
+		if err := o.apply(&cfg); err != nil {
+			return cfg, nil, nil, err
+		}
+	}
+	cl, err := newClient(ctx, cfg.clientConfig)
 	if err != nil {
-		return nil, err
+		return cfg, nil, nil, err
 	}
-	return NewPublisher(ctx, queue, opts...)
+	q, err := resolveQueue(ctx, cl, queue)
+	if err != nil {
+		return cfg, nil, nil, fmt.Errorf("sqs: %s: %w", what, err)
+	}
+	return cfg, cl, q, nil
 }

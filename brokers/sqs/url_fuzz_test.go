@@ -40,7 +40,7 @@ func FuzzParseURL(f *testing.F) {
 			}
 			cfg := defaultConfig()
 			for _, o := range opts {
-				if err := o(&cfg); err != nil {
+				if err := o.apply(&cfg); err != nil {
 					return err
 				}
 			}
@@ -59,7 +59,7 @@ func FuzzParseURL(f *testing.F) {
 		}
 		cfg := defaultConfig()
 		for _, o := range opts {
-			if o(&cfg) != nil {
+			if o.apply(&cfg) != nil {
 				return
 			}
 		}
