@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,42 +22,33 @@ import (
 )
 
 // DeadLetters is an operator's handle on the dead-letter queue of one
-// consumer's queue: Scan, Redrive (to Parked.Destination through the
-// default exchange, mandatory and confirmed, without the bookkeeping
-// headers and the broker's x-death, x-first-death-* and x-delivery-count,
-// so the consumer sees a first attempt; the parked copy is acked only
-// after the confirm) and Purge. It implements admin.DeadLetterQueue and is
-// what admin.OpenDeadLetters returns for an amqp:// or amqps:// URL.
+// consumer's queue (admin.DeadLetterQueue, what admin.OpenDeadLetters
+// returns for an amqp:// or amqps:// URL). Redrive publishes to
+// Parked.Destination through the default exchange, mandatory and
+// confirmed, without the bookkeeping headers and the broker's x-death,
+// x-first-death-* and x-delivery-count, so the consumer sees a first
+// attempt; it acks the parked copy only after the confirm.
 //
-// AMQP cannot read a message without taking it, so each call takes the
-// messages ready when it begins, one by one with basic.get on a channel of
-// its own, acks the ones it removes, and leaves the others unacknowledged:
-// closing the channel at the end returns them to the queue in their places
-// (a quorum queue delivers returned messages first and counts the return
-// in x-delivery-count, harmless without a delivery limit on the
-// dead-letter queue). So while a call runs, the broker holds every message
-// it took so far on its channel. Messages parked after a call began are
-// left to the next call.
-//
-// AMQP gives a queued message no lasting id, so Parked.Ref is a digest of
-// the parked copy's properties, headers and body (with "~2", "~3", … for
-// identical copies): the same in every call while the copy stays parked.
-//
-// A DeadLetters is not safe for concurrent use, and two calls that run at
-// once, from this process or another, each see only the messages the
-// other does not hold.
+// AMQP cannot read a message without taking it: each call takes the
+// messages ready when it begins with basic.get on a channel of its own,
+// acks those it removes, and closing the channel at the end returns the
+// others in their places (a quorum queue counts the return in
+// x-delivery-count, harmless without a delivery limit on the dead-letter
+// queue). So the broker holds every message a call took until it ends, and
+// two calls that run at once each see only what the other does not hold.
+// Parked.Ref is a digest of the copy's properties, headers and body ("~2",
+// "~3", … for identical copies), as AMQP gives a message no lasting id.
+// A DeadLetters is not safe for concurrent use.
 type DeadLetters struct {
 	*deadletter.Queue[*amqp.Delivery]
 }
 
 // dlqStore is the dead-letter queue as deadletter.Queue reads and changes
-// it: Each browses it on a channel that holds every copy it took, and
-// Republish and Remove act on the copy Each holds.
+// it: Republish and Remove act on the copy Each holds.
 type dlqStore struct {
-	nodes nodes
-	next  int // the node the next dial tries first
-	cfg   config
-	conn  *amqp.Connection
+	dialer
+	cfg  config
+	conn *amqp.Connection
 
 	ch      *amqp.Channel // the current call's, in confirm mode
 	returns chan amqp.Return
@@ -76,7 +66,7 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 	if err != nil {
 		return nil, err
 	}
-	q := &dlqStore{nodes: ns, next: rand.IntN(len(ns.urls)), cfg: cfg}
+	q := &dlqStore{dialer: newDialer(ns, cfg.connConfig), cfg: cfg}
 	if err := q.connect(ctx); err != nil {
 		return nil, err
 	}
@@ -103,10 +93,7 @@ func (q *dlqStore) Close() error {
 	}
 	err := q.conn.Close()
 	q.conn = nil
-	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
-	}
-	return err
+	return ignoreClosed(err)
 }
 
 // connect (re)connects, when there is no open connection, to one of the
@@ -115,8 +102,7 @@ func (q *dlqStore) connect(ctx context.Context) error {
 	if q.conn != nil && !q.conn.IsClosed() {
 		return nil
 	}
-	conn, next, err := dialNodes(ctx, q.nodes, q.next, q.cfg.connConfig)
-	q.next = next
+	conn, err := q.dial(ctx)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: connect: %w", err)
 	}
@@ -158,7 +144,7 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Park
 	if err := q.connect(ctx); err != nil {
 		return err
 	}
-	ch, returns, err := confirmChannel(q.conn)
+	ch, returns, err := confirmChannel(q.conn, 4)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
@@ -288,11 +274,7 @@ func deathCause(death amqp.Table) string {
 // copies after the first in the queue.
 func contentRef(d *amqp.Delivery, seen map[string]int) string {
 	h := sha256.New()
-	field := func(s string) {
-		h.Write([]byte(strconv.Itoa(len(s))))
-		h.Write([]byte{':'})
-		h.Write([]byte(s))
-	}
+	field := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) }
 	field(d.MessageId)
 	field(d.CorrelationId)
 	field(d.Type)

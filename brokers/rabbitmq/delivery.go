@@ -16,6 +16,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
@@ -162,7 +163,7 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 	default:
 	}
 	if s.pub == nil || s.pub.IsClosed() {
-		ch, returns, err := confirmChannel(s.conn)
+		ch, returns, err := confirmChannel(s.conn, 4)
 		if err != nil {
 			// The connection is gone: so is the delivery's channel.
 			return s.staleIfClosed(err, 1)
@@ -180,8 +181,8 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 }
 
 // confirmChannel opens a channel on conn in confirm mode and returns it
-// with the channel its basic.returns arrive on.
-func confirmChannel(conn *amqp.Connection) (*amqp.Channel, chan amqp.Return, error) {
+// with the channel, of n places, its basic.returns arrive on.
+func confirmChannel(conn *amqp.Connection, n int) (*amqp.Channel, chan amqp.Return, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, nil, err
@@ -190,7 +191,7 @@ func confirmChannel(conn *amqp.Connection) (*amqp.Channel, chan amqp.Return, err
 		ch.Close()
 		return nil, nil, err
 	}
-	return ch, ch.NotifyReturn(make(chan amqp.Return, 4)), nil
+	return ch, ch.NotifyReturn(make(chan amqp.Return, n)), nil
 }
 
 // publishConfirmed publishes p on ch, a confirm channel with nothing else
@@ -236,6 +237,7 @@ type delivery struct {
 // Message returns the received message.
 func (d *delivery) Message() *driver.Message { return &d.msg }
 
+// wrap names d in err (nil stays nil).
 func (d *delivery) wrap(err error) error {
 	if err == nil {
 		return nil
@@ -259,7 +261,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.ack(); err != nil {
 		return d.wrap(err)
 	}
-	d.sess.src.forget(d.id)
+	d.sess.src.forget(d)
 	return nil
 }
 
@@ -336,12 +338,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		}
 	} else {
 		p := republishing(&d.raw)
-		p.Headers[driver.CauseHeader] = text
-		p.Headers[driver.OriginHeader] = src.queue
-		p.Headers[driver.DestinationHeader] = src.queue
-		p.Headers[driver.AttemptHeader] = int64(d.msg.Attempt)
-		// Taken before the publish, so it is never later than the parking.
-		p.Headers[driver.ParkedAtHeader] = time.Now().UTC().Format(time.RFC3339Nano)
+		// The time is taken before the publish: never later than the parking.
+		mark := deadletter.Mark{Cause: text, Attempt: d.msg.Attempt, Origin: src.queue, Destination: src.queue, At: time.Now()}
+		for k, v := range mark.Headers() {
+			p.Headers[k] = v
+		}
 		if err := d.sess.publish(ctx, src.cfg.deadLetterQueue, p); err != nil {
 			return d.wrap(fmt.Errorf("dead-letter to %q: %w", src.cfg.deadLetterQueue, err))
 		}
@@ -349,7 +350,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 			return d.wrap(err)
 		}
 	}
-	src.forget(d.id)
+	src.forget(d)
 	return nil
 }
 
@@ -392,8 +393,7 @@ func toMessage(queue, idHeader string, r *amqp.Delivery) (*driver.Message, error
 	return m, fillMessage(m, queue, idHeader, r)
 }
 
-// fillMessage is toMessage into m, which the caller allocates (a delivery
-// holds its Message, one allocation for both).
+// fillMessage is toMessage into m, a delivery's own.
 func fillMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) error {
 	id, idErr := messageID(idHeader, r)
 	exchange := r.Exchange
@@ -436,13 +436,7 @@ func messageID(idHeader string, r *amqp.Delivery) (string, error) {
 		}
 		return "", errors.New("rabbitmq: no message_id property")
 	}
-	switch x := v.(type) {
-	case string:
-		return x, nil
-	case []byte:
-		return string(x), nil
-	}
-	if text, ok := intText(v); ok {
+	if text, ok := headerText(v); ok {
 		return text, nil
 	}
 	return "", fmt.Errorf("rabbitmq: id header %q holds a %T, not a string, byte array or integer", idHeader, v)
@@ -471,21 +465,24 @@ func attempt(r *amqp.Delivery) int {
 
 // toInt reads an AMQP integer, or a string holding one.
 func toInt(v any) (int, bool) {
-	text, ok := v.(string)
-	if !ok {
-		text, ok = intText(v)
-	}
-	if !ok {
+	if _, ok := v.([]byte); ok {
 		return 0, false
 	}
+	text, ok := headerText(v)
 	n, err := strconv.Atoi(text)
-	return n, err == nil
+	return n, ok && err == nil
 }
 
-// intText renders an AMQP integer (any width, signed or not) in decimal,
-// with strconv: fmt.Sprint costs several times as much, on every message
-// that carries a numeric header.
-func intText(v any) (string, bool) {
+// headerText renders an AMQP string, byte array or integer (any width,
+// signed or not) as text, integers in decimal with strconv: fmt.Sprint
+// costs several times as much, on every message with a numeric header.
+func headerText(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case []byte:
+		return string(x), true
+	}
 	switch r := reflect.ValueOf(v); r.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return strconv.FormatInt(r.Int(), 10), true
@@ -501,24 +498,20 @@ func intText(v any) (string, bool) {
 func renderHeaders(t amqp.Table) map[string]string {
 	h := make(map[string]string, len(t))
 	for k, v := range t {
+		text, ok := headerText(v)
 		switch x := v.(type) {
-		case string:
-			h[k] = x
-		case []byte:
-			h[k] = string(x)
 		case time.Time:
-			h[k] = x.UTC().Format(time.RFC3339)
+			text = x.UTC().Format(time.RFC3339)
 		case nil:
-			h[k] = ""
+			text = ""
 		case bool:
-			h[k] = strconv.FormatBool(x)
+			text = strconv.FormatBool(x)
 		default:
-			if text, ok := intText(x); ok {
-				h[k] = text
-			} else {
-				h[k] = fmt.Sprint(x)
+			if !ok {
+				text = fmt.Sprint(x)
 			}
 		}
+		h[k] = text
 	}
 	return h
 }

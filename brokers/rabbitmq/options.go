@@ -45,9 +45,9 @@ type DeadLetterMode int
 
 const (
 	// DeadLetterRepublish publishes a copy to the dead-letter queue with
-	// the cause in the idemq-cause header (driver.CauseHeader; mandatory,
-	// confirmed), then acks the original. If the copy cannot be routed,
-	// DeadLetter fails and the message stays unacked: it is never dropped.
+	// the cause in driver.CauseHeader (mandatory, confirmed), then acks
+	// the original. If the copy cannot be routed, DeadLetter fails and the
+	// message stays unacked: it is never dropped.
 	DeadLetterRepublish DeadLetterMode = iota + 1
 	// DeadLetterReject rejects the message without requeue so the broker
 	// moves it through the queue's dead-letter exchange; the broker records
@@ -71,22 +71,14 @@ type connConfig struct {
 
 type config struct {
 	connConfig
-	queue           string
-	prefetch        int
-	declare         bool
-	queueType       QueueType
-	deadLetterQueue string
-	retryQueue      string
-	retryMode       RetryMode
-	deadLetterMode  DeadLetterMode
-	consumerTag     string
-	exchange        string
-	backoffMin      time.Duration
-	backoffMax      time.Duration
-	logger          *slog.Logger // nil: SetLogger's, else slog.Default()
-	deliveryLimit   int
-	messageTTL      time.Duration
-	policyTTL       time.Duration
+	queue, deadLetterQueue, retryQueue, consumerTag, exchange string
+	prefetch, deliveryLimit                                   int
+	declare                                                   bool
+	queueType                                                 QueueType
+	retryMode                                                 RetryMode
+	deadLetterMode                                            DeadLetterMode
+	backoffMin, backoffMax, messageTTL, policyTTL             time.Duration
+	logger                                                    *slog.Logger // nil: SetLogger's, else slog.Default()
 }
 
 // defaultConfig is the configuration before options; the dead-letter and
@@ -114,10 +106,27 @@ func invalid(bad bool, opt, format string, args ...any) error {
 	return fmt.Errorf("rabbitmq: %s: %s", opt, fmt.Sprintf(format, args...))
 }
 
-// nameErr checks a queue or exchange name given to option opt.
+// shortErr checks an AMQP short string (an exchange name or routing key,
+// at most 255 bytes) given to option opt.
+func shortErr(opt, what, v string) error {
+	return invalid(len(v) > 255, opt, "%s of %d bytes is longer than 255", what, len(v))
+}
+
+// nameErr checks a queue name given to option opt: an empty name would
+// make the broker invent one.
 func nameErr(opt, name string) error {
 	if err := checkName(name); err != nil {
 		return fmt.Errorf("rabbitmq: %s: %w", opt, err)
+	}
+	return nil
+}
+
+func checkName(name string) error {
+	if name == "" {
+		return errors.New("empty queue name")
+	}
+	if len(name) > 255 {
+		return fmt.Errorf("queue name of %d bytes is longer than 255", len(name))
 	}
 	return nil
 }
@@ -135,12 +144,11 @@ func WithPrefetch(n int) Option {
 		func(c *config) { c.prefetch = n })
 }
 
-// WithDeclare chooses whether Open declares the topology: the queue
-// (durable, with the dead-letter queue as its dead-letter target through the
-// default exchange), the dead-letter queue, with RetryViaQueue the retry
-// queue and, with WithExchange, the exchange and the queue's binding to it.
-// Default true. Pass false when operators own the topology; the queues must
-// then exist.
+// WithDeclare chooses whether Open declares the topology: the durable
+// queue, dead-lettering through the default exchange to the dead-letter
+// queue, the dead-letter queue, with RetryViaQueue the retry queue and,
+// with WithExchange, the exchange and the queue's binding to it. Default
+// true. Pass false when operators own the topology; it must then exist.
 func WithDeclare(declare bool) Option {
 	return option.Check(nil, func(c *config) { c.declare = declare })
 }
@@ -151,23 +159,19 @@ func WithQueueType(t QueueType) Option {
 		func(c *config) { c.queueType = t })
 }
 
-// WithDeliveryLimit makes the broker itself dead-letter a message (into the
-// dead-letter queue, reason delivery_limit in its x-death header) once it
-// was delivered more than n times: the quorum queue argument
-// x-delivery-limit. Default 0: no limit. It needs WithQueueType(Quorum).
+// WithDeliveryLimit makes the broker itself dead-letter a message (reason
+// delivery_limit in x-death) once it was delivered more than n times: the
+// quorum queue argument x-delivery-limit. Default 0: no limit. It needs
+// WithQueueType(Quorum); an existing queue declared without it must be
+// re-created, or given the limit by a policy with WithDeclare(false).
 //
-// It is the guard against messages the client library cannot even parse:
-// amqp091-go refuses a header table of more than 8192 entries or nested
-// deeper than 32 levels and drops the whole connection, so the Consumer
-// never sees the message to dead-letter it, and on a classic queue the
-// broker redelivers it, and the connection drops, forever. With a delivery
-// limit the broker parks it after n tries. After such a drop the Source
-// consumes one message at a time until a message parses, then goes back to
-// the full window, so the messages behind the unparseable one are not
-// returned with it on every drop and do not reach the limit with it
-// (Stats.Isolations counts those sessions). URL parameter: delivery_limit.
-// An existing queue declared without it must be re-created (or given the
-// limit by a policy, with WithDeclare(false)).
+// It guards against messages the client library cannot parse: amqp091-go
+// drops the whole connection on a header table of more than 8192 entries
+// or nested deeper than 32 levels, so the Consumer never sees the message
+// to dead-letter it, and the broker redelivers it forever. After such a
+// drop the Source consumes one message at a time until a message parses
+// (Stats.Isolations), so the messages behind the unparseable one do not
+// reach the limit with it.
 func WithDeliveryLimit(n int) Option {
 	return option.Check(invalid(n < 0, "WithDeliveryLimit", "%d is negative", n),
 		func(c *config) { c.deliveryLimit = n })
@@ -175,15 +179,10 @@ func WithDeliveryLimit(n int) Option {
 
 // WithMessageTTL keeps a message at most d in the queue and at most d in
 // its dead-letter queue (x-message-ttl on both, whole milliseconds, at
-// least 1ms): a message not consumed within d moves to the dead-letter
-// queue, and one parked there is dropped d later. This bounds how long the
-// broker can redeliver a message to 2 × d, the Source's redelivery horizon,
-// which the Consumer compares with the store's retention (see
-// core.WithStrictRetention); without it the horizon is unbounded. Default
-// none. URL parameter: message_ttl (a Go duration). An existing queue
-// declared without it must be re-created; a TTL given by a policy instead
-// (with WithDeclare(false)) is invisible to the Source, whose horizon then
-// stays unbounded.
+// least 1ms), which bounds the Source's redelivery horizon to 2 × d (see
+// core.WithStrictRetention). Default none: unbounded. An existing queue
+// declared without it must be re-created, or given the TTL by a policy
+// (see WithPolicyTTL).
 func WithMessageTTL(d time.Duration) Option {
 	return option.Check(invalid(d < time.Millisecond, "WithMessageTTL", "%v is under 1ms", d),
 		func(c *config) { c.messageTTL = d })
@@ -191,13 +190,11 @@ func WithMessageTTL(d time.Duration) Option {
 
 // WithPolicyTTL tells the Source the message TTL a server policy gives
 // the queue and its dead-letter queue, which a client cannot read: the
-// redelivery horizon is then at most 2 × d. It is how an existing queue,
-// whose arguments cannot change, gets a bounded horizon:
+// redelivery horizon is then at most 2 × d. Nothing is declared with it.
+// It is how an existing queue, whose arguments cannot change, gets a
+// bounded horizon:
 //
 //	rabbitmqctl set_policy idemq-ttl '^(payments|payments\.dlq)$' '{"message-ttl":259200000}' --apply-to queues
-//
-// then policy_ttl=72h on the URL. Nothing is declared with it. Default
-// none. URL parameter: policy_ttl (a Go duration).
 func WithPolicyTTL(d time.Duration) Option {
 	return option.Check(invalid(d < time.Millisecond, "WithPolicyTTL", "%v is under 1ms", d),
 		func(c *config) { c.policyTTL = d })
@@ -215,13 +212,11 @@ func WithRetryQueue(name string) Option {
 }
 
 // WithExchange names the exchange producers publish the queue's messages
-// to, with the queue's name as routing key (what a Publisher opened with
-// WithPublishExchange and WithRoutingKey(queue) sends). With WithDeclare
-// (the default) Open declares it as a durable direct exchange unless it
-// exists (an existing exchange of any type is kept) and binds the queue to
-// it with the queue's name as binding key. Default "": the default
-// exchange, where no binding is needed. URL parameter: exchange, so one URL
-// serves core.OpenSource and core.OpenPublisher.
+// to, with the queue's name as routing key, as a Publisher opened by the
+// same URL does. With WithDeclare Open declares it as a durable direct
+// exchange unless it exists (of any type) and binds the queue to it with
+// the queue's name. Default "": the default exchange, where no binding is
+// needed.
 func WithExchange(name string) Option {
 	return option.Check(shortErr("WithExchange", "name", name), func(c *config) { c.exchange = name })
 }
@@ -253,34 +248,25 @@ func WithConnectionName(name string) Option {
 }
 
 // WithIDHeader names an AMQP header that holds the business id, for
-// producers that cannot set the message_id property: amqp-tools'
-// amqp-publish, NServiceBus ("NServiceBus.MessageId"), MassTransit
-// ("MessageId"). The Source reads the id from that header first and falls
-// back to the message_id property when the header is absent, so producers
-// of either kind can share the queue. A string or byte-array value is the
-// id as it is and an integer is rendered in decimal; a header of any other
-// type (a boolean, float, decimal, timestamp, table or array) is not an id:
-// the message gets no id, the Consumer dead-letters it, and the cause names
-// the header and its type. Default "": the id is the message_id property
-// only. URL parameter: id_header (for the Publisher too, which then writes
-// the id in the header as well as in message_id).
+// producers that cannot set the message_id property (amqp-publish,
+// NServiceBus's "NServiceBus.MessageId", MassTransit's "MessageId"). The
+// Source reads the header first and falls back to message_id, so both
+// kinds of producer can share the queue. A string or byte array is the id
+// as it is, an integer is rendered in decimal; any other type is no id,
+// and the Consumer dead-letters the message with a cause naming the header
+// and its type. Default "": message_id only. A Publisher opened by the
+// same URL writes the id in the header too.
 func WithIDHeader(name string) Option {
 	return option.Check(invalid(name == "", "WithIDHeader", "empty header name"),
 		func(c *config) { c.idHeader = name })
 }
 
-// WithReconnectBackoff sets the bounds of the exponential backoff between
-// reconnect rounds. Default 100ms doubling up to 2s, each wait spread by
-// ±20% (and never above max).
-//
-// A lost connection is redialled at once, to the next node of the URL; a
-// round is one dial of every node (and, once one answers, the declare and
-// consume), and only a round that fails waits, 100ms, 200ms, 400ms, … up
-// to max. The backoff starts over as soon as a session consumes again, so
-// a later outage begins with quick retries. The low default cap keeps a
-// broker (or a cluster node) that comes back from waiting more than about
-// 2s for its consumers; raise it for many consumers of a broker that is
-// slow to come back.
+// WithReconnectBackoff sets the bounds of the backoff between reconnect
+// rounds, a round being one dial of every node (and, once one answers, the
+// declare and consume). Default 100ms doubling up to 2s, each wait spread
+// by ±20% and never above max; it starts over once a session consumes
+// again. The low cap keeps consumers from waiting long for a broker that
+// came back; raise it for many consumers of a broker slow to come back.
 func WithReconnectBackoff(min, max time.Duration) Option {
 	return option.Check(invalid(min <= 0 || max < min, "WithReconnectBackoff", "need 0 < min <= max, got %v, %v", min, max),
 		func(c *config) { c.backoffMin, c.backoffMax = min, max })
@@ -288,8 +274,7 @@ func WithReconnectBackoff(min, max time.Duration) Option {
 
 // WithLogger sets the logger for reconnects and settlement trouble. It wins
 // over the Consumer's logger (SetLogger) and the one core.OpenSource is
-// given (core.WithAdapterLogger). Without any of them the Source logs to
-// slog.Default().
+// given (core.WithAdapterLogger). Default slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return option.Check(invalid(l == nil, "WithLogger", "nil logger"), func(c *config) { c.logger = l })
 }
@@ -301,16 +286,4 @@ func WithLogger(l *slog.Logger) Option {
 func WithDialConfig(cfg amqp.Config) Option {
 	return option.Check(invalid(cfg.Recovery != nil, "WithDialConfig", "Recovery must be nil (the Source reconnects itself)"),
 		func(c *config) { c.dial, c.dialSet = cfg, true })
-}
-
-// checkName validates a queue name: AMQP short strings are at most 255
-// bytes, and an empty name would make the broker invent one.
-func checkName(name string) error {
-	if name == "" {
-		return errors.New("empty queue name")
-	}
-	if len(name) > 255 {
-		return fmt.Errorf("queue name of %d bytes is longer than 255", len(name))
-	}
-	return nil
 }

@@ -4,19 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 )
+
+// KeyHeader carries Message.Key (an ordering key, which AMQP has no
+// property for) from this package's Publisher to its Source.
+const KeyHeader = "idemq-key"
 
 // PublisherOption configures a Publisher. An invalid value makes
 // NewPublisher fail with an error naming the option.
@@ -27,12 +29,6 @@ type pubConfig struct {
 	exchange   string
 	routingKey string
 	mandatory  bool
-}
-
-// shortErr checks an AMQP short string (an exchange name or routing key,
-// at most 255 bytes) given to option opt.
-func shortErr(opt, what, v string) error {
-	return invalid(len(v) > 255, opt, "%s of %d bytes is longer than 255", what, len(v))
 }
 
 // WithPublishExchange sets the exchange messages are published to.
@@ -77,22 +73,21 @@ func WithPublisherDialConfig(cfg amqp.Config) PublisherOption {
 }
 
 // confirmChunk bounds the messages awaiting confirms at once, and so the
-// basic.returns that can pile up in the return buffer before Publish reads
-// them (amqp091-go drops a notification a listener does not take).
+// basic.returns that can pile up before Publish reads them (amqp091-go
+// drops a notification a listener does not take).
 const confirmChunk = 256
 
 // Publisher publishes core Messages with publisher confirms: Publish returns
 // only once the broker has taken responsibility for every message. It sets
 // message_id from Message.ID (and, with WithPublisherIDHeader, that
-// header), the headers from Message.Headers, Message.Key in KeyHeader (AMQP
-// has no ordering key) and persistent delivery mode. After a connection loss the next Publish reconnects. It is safe for
-// concurrent use; calls are serialized.
+// header), the headers from Message.Headers, Message.Key in KeyHeader and
+// persistent delivery mode. After a connection loss the next Publish
+// reconnects. It is safe for concurrent use; calls are serialized.
 type Publisher struct {
-	nodes nodes
-	cfg   pubConfig
-	next  int // the node the next connect tries first
+	cfg pubConfig
 
 	mu      sync.Mutex
+	dialer  // the next connect tries dialer.next first
 	closed  bool
 	conn    *amqp.Connection
 	ch      *amqp.Channel
@@ -112,8 +107,6 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 	if err != nil {
 		return nil, err
 	}
-	// The URL's consumer parameters are checked as Open checks them; the
-	// queue, exchange and id_header apply, before opts.
 	var src config
 	if queue != "" {
 		src, _, err = sourceConfig(amqpURL, queue, srcOpts)
@@ -137,7 +130,7 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{nodes: ns, cfg: cfg, next: rand.IntN(len(ns.urls))}
+	p := &Publisher{cfg: cfg, dialer: newDialer(ns, cfg.connConfig)}
 	if err := p.connect(ctx); err != nil {
 		return nil, err
 	}
@@ -150,37 +143,26 @@ func (p *Publisher) connect(ctx context.Context) error {
 		p.conn.Close()
 		p.conn, p.ch = nil, nil
 	}
-	conn, next, err := dialNodes(ctx, p.nodes, p.next, p.cfg.connConfig)
-	p.next = next
+	conn, err := p.dial(ctx)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: publisher connect: %w", err)
 	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
-	if err != nil {
+	if p.ch, p.returns, err = confirmChannel(conn, confirmChunk); err != nil {
 		conn.Close()
 		return fmt.Errorf("rabbitmq: publisher channel: %w", err)
 	}
-	p.conn, p.ch = conn, ch
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, confirmChunk))
+	p.conn = conn
 	return nil
 }
 
-// KeyHeader carries Message.Key (an ordering key, which AMQP has no
-// property for) from this package's Publisher to its Source.
-const KeyHeader = "idemq-key"
-
 // Publish publishes msgs with routing key key (a queue name on the default
 // exchange; "" for the WithRoutingKey default) and waits for the broker's
-// confirms. It fails if any message is
-// nacked or, with mandatory on, unroutable; some messages may then have been
-// published, so callers retry the whole call and rely on the consumer's
-// dedup. An unroutable message returned with 312 NO_ROUTE (no queue is
-// bound for the key, as when the queue does not exist) fails the call with
-// an error marked driver.Permanent: it fails the same way until a queue is
-// declared or bound.
+// confirms. It fails if any message is nacked or, with mandatory on,
+// unroutable; some messages may then have been published, so callers
+// retry the whole call and rely on the consumer's dedup. A message
+// returned with 312 NO_ROUTE (no queue is bound for the key) fails the
+// call with an error marked driver.Permanent: it fails the same way until
+// a queue is declared or bound.
 func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -256,24 +238,14 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*driver
 	}
 	// Returns precede their confirms, so every return of this chunk is
 	// buffered by now.
-	returned := 0
-	var first amqp.Return
-	for done := false; !done; {
-		select {
-		case r := <-p.returns:
-			if returned == 0 {
-				first = r
-			}
-			returned++
-		default:
-			done = true
-		}
+	var returned []amqp.Return
+	for len(p.returns) > 0 {
+		returned = append(returned, <-p.returns)
 	}
-	if returned > 0 {
-		err := fmt.Errorf("rabbitmq: %d of %d messages unroutable with key %q: %d %s", returned, len(msgs), key, first.ReplyCode, first.ReplyText)
+	if len(returned) > 0 {
+		first := returned[0]
+		err := fmt.Errorf("rabbitmq: %d of %d messages unroutable with key %q: %d %s", len(returned), len(msgs), key, first.ReplyCode, first.ReplyText)
 		if first.ReplyCode == amqp.NoRoute {
-			// No queue is bound for the key: sending again fails the same
-			// way until someone declares or binds one.
 			return driver.Permanent(err)
 		}
 		return err
@@ -288,16 +260,10 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*driver
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || p.conn == nil {
+		p.closed = true
 		return nil
 	}
 	p.closed = true
-	if p.conn == nil {
-		return nil
-	}
-	err := p.conn.Close()
-	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
-	}
-	return err
+	return ignoreClosed(p.conn.Close())
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"regexp"
@@ -15,15 +16,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemq/idemq/internal/retry"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/unsettled"
-
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // errChannelClosed is the reason of a stale settlement: the delivery's
@@ -34,13 +33,9 @@ var errChannelClosed = errors.New("rabbitmq: the delivery's channel is closed")
 // driver.BatchSettler, driver.WindowSetter and driver.RedeliveryHorizoner.
 // It is safe for concurrent use.
 type Source struct {
-	nodes nodes
-	queue string
-	cfg   config
-
-	// next is the index of the node the next dial tries first. Open and
-	// then run (one at a time) use it.
-	next int
+	dialer // Open, then run (one at a time), dial with it
+	queue  string
+	cfg    config
 
 	ctx    context.Context // cancelled by Close; bounds dials and backoff sleeps
 	cancel context.CancelFunc
@@ -60,33 +55,23 @@ type Source struct {
 	attemptsMu sync.Mutex
 	attempts   map[string]int
 
-	out  chan *delivery // converted deliveries waiting for Receive (outBuffer)
+	out  chan *delivery // converted deliveries waiting for Receive
 	errs chan error     // connection trouble reported to Receive, never blocks the loop
 	wg   sync.WaitGroup
-
-	// log is the logger in use: cfg.logger when given, else the
-	// Consumer's (SetLogger), else slog.Default().
 	logs unsettled.Logger
 
-	reconnects atomic.Int64
-	// isolate is set when the connection died because the client could
-	// not parse a frame (amqp091-go refuses a message with more than 8192
-	// headers and drops the connection): the next session consumes one
-	// message at a time until the unparseable one is behind it, so the
-	// messages behind it are not returned with it on every drop (and, with
-	// a delivery limit, parked with it). The drop returned at most a window
-	// of messages, each flagged redelivered, ahead of any never delivered:
-	// a message that parses and was never delivered, or a window's worth
-	// that parsed, means the unparseable one is gone.
-	isolate atomic.Bool
-	// isolatedParsed counts the redelivered messages that parsed while
-	// isolated. Only the run goroutine uses it.
-	isolatedParsed int
-	// isolations counts sessions started that way.
-	isolations    atomic.Int64
-	stale         atomic.Int64
-	multipleAcks  atomic.Int64
-	multipleCount atomic.Int64
+	// isolate is set when the client dropped the connection on a frame it
+	// could not parse (amqp091-go refuses a message with more than 8192
+	// headers): the next session consumes one message at a time until the
+	// unparseable one is behind it, so the messages behind it are not
+	// returned (and, with a delivery limit, parked) with it on every drop.
+	// The drop returned at most a window of messages, each flagged
+	// redelivered, ahead of any never delivered: a message never delivered,
+	// or a window's worth that parsed, means the unparseable one is gone.
+	isolate        atomic.Bool
+	isolatedParsed int // redelivered messages parsed while isolated; run's own
+
+	reconnects, isolations, stale, multipleAcks, multipleCount atomic.Int64
 }
 
 // Stats are counters of a Source's life, for operators and tests.
@@ -106,9 +91,9 @@ type Stats struct {
 	Isolations int64
 }
 
-// sourceConfig checks what Open is given before it dials (the queue,
-// unless an option names it, and the options), and splits url, without
-// idemq's parameters, into its nodes.
+// sourceConfig checks what Open is given before it dials: the options
+// (the queue among them, unless given as queue) and url, without idemq's
+// parameters, split into its nodes.
 func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
 	cfg := defaultConfig(queue)
 	if err := option.Apply(&cfg, opts...); err != nil {
@@ -126,10 +111,7 @@ func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
 		return config{}, nodes{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
 	}
 	ns, err := parseNodes(url)
-	if err != nil {
-		return config{}, nodes{}, err
-	}
-	return cfg, ns, nil
+	return cfg, ns, err
 }
 
 // Open connects to the broker at addr and returns a Source for the queue
@@ -149,22 +131,13 @@ func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
 // a connection loss it starts with the node after the one it lost. An empty
 // entry or a port that is not a number is an error naming it.
 //
-// Parameters, each the option of the same meaning (options given in code
-// apply after the URL's):
-//
-//	queue            the queue to consume (required)     (WithQueue)
-//	queue_type       classic | quorum                      (WithQueueType)
-//	retry            requeue | queue                       (WithRetryMode)
-//	dead_letter      republish | reject                    (WithDeadLetterMode)
-//	declare          true | false                          (WithDeclare)
-//	prefetch         1..65535                              (WithPrefetch)
-//	delivery_limit   0.. (quorum queues)                   (WithDeliveryLimit)
-//	message_ttl      a duration, e.g. 168h                 (WithMessageTTL)
-//	policy_ttl       a duration, e.g. 72h                  (WithPolicyTTL)
-//	dead_letter_queue, retry_queue                         (WithDeadLetterQueue, WithRetryQueue)
-//	connection_name  the client connection name            (WithConnectionName)
-//	exchange         the exchange producers publish to     (WithExchange)
-//	id_header        the header holding the business id    (WithIDHeader)
+// Each parameter sets the option of the same meaning; options given in
+// code apply after the URL's. queue (WithQueue) is required; queue_type is
+// classic or quorum (WithQueueType), retry requeue or queue
+// (WithRetryMode), dead_letter republish or reject (WithDeadLetterMode),
+// message_ttl and policy_ttl are durations; declare, prefetch,
+// delivery_limit, dead_letter_queue, retry_queue, connection_name,
+// exchange and id_header take the values of their options.
 //
 // RabbitMQ's own URI parameters (heartbeat, connection_timeout,
 // channel_max, auth_mechanism, and for amqps:// cacertfile, certfile,
@@ -177,25 +150,21 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{
-		nodes:    ns,
-		next:     rand.IntN(len(ns.urls)),
+		dialer:   newDialer(ns, cfg.connConfig),
 		queue:    cfg.queue,
 		cfg:      cfg,
 		window:   cfg.prefetch,
 		timers:   make(map[*time.Timer]struct{}),
 		attempts: make(map[string]int),
-		// Buffered so the pump converts ahead while the Consumer is busy,
-		// without a goroutine hand-off per message; what waits here is
-		// within the broker's prefetch, so memory stays bounded by it.
-		out:  make(chan *delivery, outBuffer),
+		// Buffered so the pump converts ahead while the Consumer is busy;
+		// what waits here is within the broker's prefetch.
+		out:  make(chan *delivery, 128),
 		errs: make(chan error, 1),
 	}
 	s.logs.Init(cfg.logger)
-	conn, err := s.dialAndDeclare(ctx)
-	if err != nil {
+	if s.initial, err = s.dialAndDeclare(ctx); err != nil {
 		return nil, err
 	}
-	s.initial = conn
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -206,15 +175,9 @@ func (s *Source) Queue() string { return s.queue }
 // RedeliveryHorizon implements driver.RedeliveryHorizoner: twice the
 // WithMessageTTL the Source declared its queue and dead-letter queue with,
 // or the WithPolicyTTL a policy gives them (a message waits at most that
-// long in each), or else unbounded. A
-// RabbitMQ queue, and the dead-letter queue a parked message can be
-// redriven from, keep a message until it is consumed (a TTL set by a
-// server-side policy is not visible to a client), so a store that prunes
-// claims can meet a redelivery of a message whose claim is gone: the
-// Consumer warns, or refuses to start with core.WithStrictRetention.
+// long in each), the lower where both are set, as RabbitMQ applies it;
+// else unbounded: a queue keeps a message until it is consumed.
 func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
-	// Where both a queue argument and a policy set a TTL, RabbitMQ applies
-	// the lower one.
 	ttl := s.cfg.policyTTL
 	if s.cfg.messageTTL > 0 && s.cfg.declare && (ttl == 0 || s.cfg.messageTTL < ttl) {
 		ttl = s.cfg.messageTTL
@@ -227,9 +190,8 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 
 // HorizonHint implements driver.HorizonHinter: a TTL of at most half the
 // retention on the queue and its dead-letter queue, as a URL parameter for
-// a queue the Source declares, or as a policy for one that exists (a
-// declared queue's arguments cannot change: declaring it again with
-// message_ttl fails with PRECONDITION_FAILED).
+// a queue not yet declared, or as a policy for one that exists (declaring
+// it again with message_ttl fails with PRECONDITION_FAILED).
 func (s *Source) HorizonHint(retention time.Duration) string {
 	ttl := (retention / 2).Truncate(time.Second)
 	if ttl <= 0 {
@@ -257,7 +219,6 @@ func (s *Source) Stats() Stats {
 // logger, which the Source uses unless WithLogger gave one.
 func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
-// logger returns the logger in use.
 func (s *Source) logger() *slog.Logger { return s.logs.Log() }
 
 // SetWindow sets the QoS prefetch to the Consumer's in-flight window, so the
@@ -268,23 +229,30 @@ func (s *Source) SetWindow(n int) error {
 	if n < 1 {
 		return fmt.Errorf("rabbitmq: SetWindow: window %d is below 1", n)
 	}
-	n = min(n, 65535)
 	s.mu.Lock()
-	s.window = n
+	s.window = min(n, 65535)
 	sess := s.sess
 	s.mu.Unlock()
 	if sess != nil {
-		if err := sess.ch.Qos(n, 0, false); err != nil {
+		if err := sess.ch.Qos(min(n, 65535), 0, false); err != nil {
 			return fmt.Errorf("rabbitmq: SetWindow: %w", err)
 		}
 	}
 	return nil
 }
 
+// currentWindow is the window a new consumer starts with.
+func (s *Source) currentWindow() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.window
+}
+
 // Receive returns the next delivery. It blocks until one arrives, ctx is
-// done, or the Source is closed (driver.ErrSourceClosed). While the connection
-// is down it keeps reconnecting in the background and may return the
-// connection error to report trouble; calling Receive again is always safe.
+// done, or the Source is closed (driver.ErrSourceClosed). While the
+// connection is down it keeps reconnecting in the background and may
+// return the connection error to report trouble; calling Receive again is
+// always safe.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if s.closed {
@@ -298,30 +266,24 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	}
 	s.mu.Unlock()
 	for {
-		// Under load a delivery is nearly always waiting: take it without
-		// the four-way select below.
-		select {
-		case d := <-s.out:
-			if d.sess.ch.IsClosed() {
-				continue // as below
-			}
-			return d, nil
+		var d *delivery
+		select { // under load a delivery is nearly always waiting
+		case d = <-s.out:
 		default:
-		}
-		select {
-		case d := <-s.out:
-			if d.sess.ch.IsClosed() {
-				// Its tag died with the channel: the broker redelivers it,
-				// so handing it over would only waste a transaction.
-				continue
+			select {
+			case d = <-s.out:
+			case err := <-s.errs:
+				return nil, err
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-s.ctx.Done():
+				return nil, driver.ErrSourceClosed
 			}
+		}
+		// A delivery whose tag died with its channel comes again: handing
+		// it over would only waste a transaction.
+		if !d.sess.ch.IsClosed() {
 			return d, nil
-		case err := <-s.errs:
-			return nil, err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-s.ctx.Done():
-			return nil, driver.ErrSourceClosed
 		}
 	}
 }
@@ -337,6 +299,8 @@ func (s *Source) Close() error {
 		return nil
 	}
 	s.closed = true
+	// Whoever takes s.initial under s.mu owns it: run (once started) or,
+	// if run has not taken it yet, Close.
 	initial := s.initial
 	s.initial = nil
 	for t := range s.timers {
@@ -348,108 +312,19 @@ func (s *Source) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	var err error
-	// Whoever takes s.initial under s.mu owns it: run (once started) or,
-	// if run has not taken it yet, Close.
 	if initial != nil {
 		err = initial.Close()
 	}
 	s.wg.Wait()
+	return ignoreClosed(err)
+}
+
+// ignoreClosed is err, unless it says the connection was closed already.
+func ignoreClosed(err error) error {
 	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
+		return nil
 	}
 	return err
-}
-
-// dial opens a connection to one of the nodes, trying each once in turn
-// from s.next, and leaves s.next at the node after the one it reached.
-// It gives up when ctx is done.
-func (s *Source) dial(ctx context.Context) (*amqp.Connection, error) {
-	conn, next, err := dialNodes(ctx, s.nodes, s.next, s.cfg.connConfig)
-	s.next = next
-	return conn, err
-}
-
-// dialNodes tries each node once, from node first on, and returns the
-// first connection made and the index of the node after it; when every
-// node failed, the error joins each node's, and the index is first's.
-func dialNodes(ctx context.Context, ns nodes, first int, cc connConfig) (*amqp.Connection, int, error) {
-	n := len(ns.urls)
-	var errs []error
-	for k := range n {
-		i := (first + k) % n
-		conn, err := dialContext(ctx, ns.urls[i], cc)
-		if err == nil {
-			return conn, (i + 1) % n, nil
-		}
-		if msg := redact.Error(err, ns.urls[i]); msg != err.Error() {
-			err = errors.New(msg)
-		}
-		if n > 1 {
-			err = fmt.Errorf("node %s: %w", ns.host(i), err)
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, first, errors.Join(errs...)
-}
-
-// dialContext runs amqp.DialConfig, which takes no context, so that ctx
-// can abandon it; a connection that arrives too late is closed.
-func dialContext(ctx context.Context, url string, cc connConfig) (*amqp.Connection, error) {
-	cfg, name := cc.dial, cc.connName
-	if !cc.dialSet {
-		cfg = amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"}
-	}
-	if cfg.Properties == nil {
-		cfg.Properties = amqp.NewConnectionProperties()
-	} else {
-		p := make(amqp.Table, len(cfg.Properties)+1)
-		for k, v := range cfg.Properties {
-			p[k] = v
-		}
-		cfg.Properties = p
-	}
-	if _, ok := cfg.Properties["connection_name"]; !ok {
-		cfg.Properties.SetClientConnectionName(name)
-	}
-	if cfg.Dial == nil {
-		timeout := 30 * time.Second // amqp091-go's default
-		if u, err := amqp.ParseURI(url); err == nil && u.ConnectionTimeout > 0 {
-			timeout = time.Duration(u.ConnectionTimeout) * time.Millisecond
-		}
-		cfg.Dial = func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: timeout}
-			c, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// The handshake has no heartbeats yet; amqp091-go clears this
-			// deadline once the connection is open.
-			return c, c.SetDeadline(time.Now().Add(timeout))
-		}
-	}
-	type result struct {
-		c   *amqp.Connection
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		c, err := amqp.DialConfig(url, cfg)
-		ch <- result{c, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.c, r.err
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.c != nil {
-				r.c.Close()
-			}
-		}()
-		return nil, ctx.Err()
-	}
 }
 
 // dialAndDeclare connects and declares (or checks) the topology.
@@ -485,7 +360,10 @@ func (s *Source) run() {
 		}
 		wait := backoff.Next()
 		s.logger().Warn("idemq rabbitmq: "+what+" failed", "queue", s.queue, "error", err, "retry_in", wait)
-		s.report(err)
+		select { // hand err to a waiting Receive, never blocking
+		case s.errs <- fmt.Errorf("rabbitmq: %w", err):
+		default:
+		}
 		return retry.Sleep(s.ctx, wait)
 	}
 	lost := false
@@ -536,9 +414,6 @@ func (s *Source) run() {
 	}
 }
 
-// outBuffer is how many converted deliveries may wait for Receive.
-const outBuffer = 128
-
 // maxRemembered bounds the requeued-attempt memory.
 const maxRemembered = 10000
 
@@ -566,30 +441,14 @@ func (s *Source) requeued(id string) int {
 	return s.attempts[id]
 }
 
-// forget drops id once it is acked or dead-lettered.
-func (s *Source) forget(id string) {
+// forget drops the ids of ds once they are acked or dead-lettered.
+func (s *Source) forget(ds ...*delivery) {
 	s.attemptsMu.Lock()
 	defer s.attemptsMu.Unlock()
-	delete(s.attempts, id)
-}
-
-// forgetAll is forget for each of ds, under one lock: AckBatch's.
-func (s *Source) forgetAll(ds []*delivery) {
-	s.attemptsMu.Lock()
-	defer s.attemptsMu.Unlock()
-	if len(s.attempts) == 0 {
-		return // nothing was requeued: the common case
-	}
-	for _, d := range ds {
-		delete(s.attempts, d.id)
-	}
-}
-
-// report hands err to a waiting Receive without ever blocking.
-func (s *Source) report(err error) {
-	select {
-	case s.errs <- fmt.Errorf("rabbitmq: %w", err):
-	default:
+	if len(s.attempts) > 0 { // else nothing was requeued: the common case
+		for _, d := range ds {
+			delete(s.attempts, d.id)
+		}
 	}
 }
 
@@ -600,17 +459,18 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 	if err != nil {
 		return nil, nil, err
 	}
-	s.mu.Lock()
-	window := s.window
-	s.mu.Unlock()
-	tag := s.cfg.consumerTag
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	window, tag := s.currentWindow(), s.cfg.consumerTag
 	if s.isolate.Load() {
 		window = 1
-		s.isolations.Add(1)
 		// A tag of its own, to cancel this consumer once a message parsed.
-		tag = fmt.Sprintf("idemq-isolating-%d", s.isolations.Load())
+		tag = fmt.Sprintf("idemq-isolating-%d", s.isolations.Add(1))
 	}
-	if err := ch.Qos(window, 0, false); err != nil {
+	var deliveries <-chan amqp.Delivery
+	if err = ch.Qos(window, 0, false); err == nil {
+		deliveries, err = ch.Consume(s.queue, tag, false, false, false, false, nil)
+	}
+	if err != nil {
 		ch.Close()
 		return nil, nil, err
 	}
@@ -619,13 +479,8 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 		conn:   conn,
 		ch:     ch,
 		dead:   make(chan struct{}),
-		closed: ch.NotifyClose(make(chan *amqp.Error, 1)),
+		closed: closed,
 		live:   unsettled.New[uint64, struct{}](0, 0),
-	}
-	deliveries, err := ch.Consume(s.queue, tag, false, false, false, false, nil)
-	if err != nil {
-		ch.Close()
-		return nil, nil, err
 	}
 	s.mu.Lock()
 	s.sess = sess
@@ -633,8 +488,8 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 	return sess, deliveries, nil
 }
 
-// pump registers each delivery's tag as outstanding before handing it to
-// Receive, in tag order: AckBatch relies on every tag below an outstanding
+// pump registers each delivery's tag as unsettled before handing it to
+// Receive, in tag order: AckBatch relies on every tag below an unsettled
 // one being known. It returns why the session ended.
 func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 	for {
@@ -655,11 +510,6 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			}
 			if s.isolate.Load() && s.passedUnparseable(raw.Redelivered) {
 				s.isolate.Store(false)
-				// The unparseable message is gone. A consumer's prefetch
-				// is fixed when it starts: start one with the full window,
-				// then cancel the one-at-a-time consumer, which holds only
-				// this message (its next comes after an ack), so delivery
-				// tags stay in order.
 				next, err := s.unisolate(sess)
 				if err != nil {
 					return "leaving one-at-a-time consumption: " + err.Error()
@@ -670,13 +520,13 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			if e == nil {
 				return "channel closed"
 			}
-			d := s.newDelivery(sess, e, raw)
 			select {
-			case s.out <- d:
+			case s.out <- s.newDelivery(sess, e, raw):
 			case <-s.ctx.Done():
 				return "closed"
 			case e := <-sess.closed:
-				// d's tag died with the channel; the broker redelivers it.
+				// The delivery's tag died with the channel; the broker
+				// redelivers it.
 				return closeReason(e)
 			}
 		}
@@ -686,16 +536,13 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 // newDelivery converts raw, received on sess as e, into a delivery.
 func (s *Source) newDelivery(sess *session, e *unsettled.Entry[uint64, struct{}], raw amqp.Delivery) *delivery {
 	d := &delivery{sess: sess, e: e, tag: raw.DeliveryTag, raw: raw}
-	m := &d.msg
-	d.idErr = fillMessage(m, s.queue, s.cfg.idHeader, &d.raw)
-	d.id = m.ID
+	d.idErr = fillMessage(&d.msg, s.queue, s.cfg.idHeader, &d.raw)
+	d.id = d.msg.ID
 	if d.idErr != nil {
 		s.logger().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.queue, "delivery_tag", raw.DeliveryTag, "error", d.idErr)
 	}
 	if raw.Redelivered {
-		if n := s.requeued(d.id); n+1 > m.Attempt {
-			m.Attempt = n + 1
-		}
+		d.msg.Attempt = max(d.msg.Attempt, s.requeued(d.id)+1)
 	}
 	return d
 }
@@ -708,10 +555,7 @@ func (s *Source) passedUnparseable(redelivered bool) bool {
 		return true
 	}
 	s.isolatedParsed++
-	s.mu.Lock()
-	window := s.window
-	s.mu.Unlock()
-	return s.isolatedParsed >= window
+	return s.isolatedParsed >= s.currentWindow()
 }
 
 // unparseable tells a connection the client dropped because it could not
@@ -722,22 +566,19 @@ func unparseable(e *amqp.Error) bool {
 }
 
 // unisolate replaces the session's one-at-a-time consumer by one with the
-// full window and returns its deliveries.
+// full window and returns its deliveries. A consumer's prefetch is fixed
+// when it starts: the new one starts first, then the old one, which holds
+// only the message just received (its next comes after an ack), is
+// cancelled, so delivery tags stay in order.
 func (s *Source) unisolate(sess *session) (<-chan amqp.Delivery, error) {
-	s.mu.Lock()
-	window := s.window
-	s.mu.Unlock()
-	if err := sess.ch.Qos(window, 0, false); err != nil {
+	if err := sess.ch.Qos(s.currentWindow(), 0, false); err != nil {
 		return nil, err
 	}
 	next, err := sess.ch.Consume(s.queue, s.cfg.consumerTag, false, false, false, false, nil)
 	if err != nil {
 		return nil, err
 	}
-	if err := sess.ch.Cancel(fmt.Sprintf("idemq-isolating-%d", s.isolations.Load()), false); err != nil {
-		return nil, err
-	}
-	return next, nil
+	return next, sess.ch.Cancel(fmt.Sprintf("idemq-isolating-%d", s.isolations.Load()), false)
 }
 
 func closeReason(e *amqp.Error) string {
@@ -749,35 +590,119 @@ func closeReason(e *amqp.Error) string {
 
 // AckBatch acknowledges deliveries of this Source. Per channel it sends one
 // basic.ack with multiple=true for the longest run of the batch's lowest
-// tags below which no other delivery is outstanding, and single acks for
-// the rest, because a multiple ack also acknowledges tags still in flight.
-// Deliveries whose channel closed are not acked (driver.ErrStaleDelivery); the
-// returned error joins one error per delivery that failed.
+// tags below which no other delivery is unsettled, and single acks for the
+// rest, because a multiple ack also acknowledges tags still in flight.
+// Deliveries whose channel closed are not acked (driver.ErrStaleDelivery);
+// the returned error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	// Per session, in order of first appearance: nearly always one, so a
-	// slice searched in turn rather than a map.
-	type group struct {
-		sess *session
-		ds   []*delivery
-	}
-	var groups []group
 	own, errs := unsettled.Take("rabbitmq", ds, func(cd driver.Delivery) (*delivery, bool) {
 		d, ok := cd.(*delivery)
 		return d, ok && d.sess.src == s
 	}, func(d *delivery) error { return d.wrap(d.Claim()) })
-	for _, d := range own {
-		i := slices.IndexFunc(groups, func(g group) bool { return g.sess == d.sess })
-		if i < 0 {
-			i = len(groups)
-			groups = append(groups, group{sess: d.sess, ds: make([]*delivery, 0, len(ds))})
-		}
-		groups[i].ds = append(groups[i].ds, d)
-	}
-	for _, g := range groups {
-		if err := g.sess.ackBatch(g.ds); err != nil {
+	for len(own) > 0 { // nearly always one session
+		sess := own[0].sess
+		mine := make([]*delivery, 0, len(own))
+		own = slices.DeleteFunc(own, func(d *delivery) bool {
+			if d.sess == sess {
+				mine = append(mine, d)
+			}
+			return d.sess == sess
+		})
+		if err := sess.ackBatch(mine); err != nil {
 			errs = append(errs, err)
 		}
-		s.forgetAll(g.ds)
+		s.forget(mine...)
 	}
 	return errors.Join(errs...)
+}
+
+// dialer dials the nodes of a URL, each once in turn from next, the node
+// after the one it reached last.
+type dialer struct {
+	nodes nodes
+	next  int
+	cc    connConfig
+}
+
+// newDialer returns a dialer that starts at a node picked at random, so
+// that many clients spread over a cluster.
+func newDialer(ns nodes, cc connConfig) dialer {
+	return dialer{nodes: ns, next: rand.IntN(len(ns.urls)), cc: cc}
+}
+
+// dial returns the first connection made; when every node failed, the
+// error joins each node's.
+func (dl *dialer) dial(ctx context.Context) (*amqp.Connection, error) {
+	n := len(dl.nodes.urls)
+	var errs []error
+	for k := range n {
+		i := (dl.next + k) % n
+		conn, err := dialContext(ctx, dl.nodes.urls[i], dl.cc)
+		if err == nil {
+			dl.next = (i + 1) % n
+			return conn, nil
+		}
+		if msg := redact.Error(err, dl.nodes.urls[i]); msg != err.Error() {
+			err = errors.New(msg)
+		}
+		if n > 1 {
+			err = fmt.Errorf("node %s: %w", dl.nodes.host(i), err)
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// dialContext runs amqp.DialConfig, which takes no context, so that ctx
+// can abandon it; a connection that arrives too late is closed.
+func dialContext(ctx context.Context, url string, cc connConfig) (*amqp.Connection, error) {
+	cfg, name := cc.dial, cc.connName
+	if !cc.dialSet {
+		cfg = amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"}
+	}
+	if cfg.Properties = maps.Clone(cfg.Properties); cfg.Properties == nil {
+		cfg.Properties = amqp.NewConnectionProperties()
+	}
+	if _, ok := cfg.Properties["connection_name"]; !ok {
+		cfg.Properties.SetClientConnectionName(name)
+	}
+	if cfg.Dial == nil {
+		timeout := 30 * time.Second // amqp091-go's default
+		if u, err := amqp.ParseURI(url); err == nil && u.ConnectionTimeout > 0 {
+			timeout = time.Duration(u.ConnectionTimeout) * time.Millisecond
+		}
+		cfg.Dial = func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: timeout}
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The handshake has no heartbeats yet; amqp091-go clears this
+			// deadline once the connection is open.
+			return c, c.SetDeadline(time.Now().Add(timeout))
+		}
+	}
+	type result struct {
+		c   *amqp.Connection
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := amqp.DialConfig(url, cfg)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.c, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.c != nil {
+				r.c.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
 }

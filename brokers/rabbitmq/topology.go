@@ -41,62 +41,54 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 		}
 		return nil
 	}
-	typed := func(t amqp.Table) amqp.Table {
-		t["x-queue-type"] = string(cfg.queueType)
-		return t
+	// queueDeclare declares a queue of the configured type that
+	// dead-letters to dlx ("" for none), with the message TTL if ttl.
+	queueDeclare := func(what, name, dlx string, ttl bool, limit int) error {
+		args := amqp.Table{"x-queue-type": string(cfg.queueType)}
+		if dlx != "" {
+			args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"] = "", dlx
+		}
+		if ttl && cfg.messageTTL > 0 {
+			args["x-message-ttl"] = cfg.messageTTL.Milliseconds()
+		}
+		if limit > 0 {
+			args["x-delivery-limit"] = int64(limit)
+		}
+		if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+			return fmt.Errorf("rabbitmq: declare %s %q: %w%s", what, name, err, preconditionHint(err))
+		}
+		return nil
 	}
-	dlqArgs := typed(amqp.Table{})
-	if cfg.messageTTL > 0 {
-		dlqArgs["x-message-ttl"] = cfg.messageTTL.Milliseconds()
+	if err := queueDeclare("dead-letter queue", cfg.deadLetterQueue, "", true, 0); err != nil {
+		return err
 	}
-	if _, err := ch.QueueDeclare(cfg.deadLetterQueue, true, false, false, false, dlqArgs); err != nil {
-		return fmt.Errorf("rabbitmq: declare dead-letter queue %q: %w%s", cfg.deadLetterQueue, err, preconditionHint(err))
-	}
-	mainArgs := typed(amqp.Table{
-		"x-dead-letter-exchange":    "",
-		"x-dead-letter-routing-key": cfg.deadLetterQueue,
-	})
-	if cfg.deliveryLimit > 0 {
-		mainArgs["x-delivery-limit"] = int64(cfg.deliveryLimit)
-	}
-	if cfg.messageTTL > 0 {
-		mainArgs["x-message-ttl"] = cfg.messageTTL.Milliseconds()
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, mainArgs); err != nil {
-		return fmt.Errorf("rabbitmq: declare queue %q: %w%s", queue, err, preconditionHint(err))
+	if err := queueDeclare("queue", queue, cfg.deadLetterQueue, true, cfg.deliveryLimit); err != nil {
+		return err
 	}
 	if cfg.retryMode == RetryViaQueue {
-		if _, err := ch.QueueDeclare(cfg.retryQueue, true, false, false, false, typed(amqp.Table{
-			"x-dead-letter-exchange":    "",
-			"x-dead-letter-routing-key": queue,
-		})); err != nil {
-			return fmt.Errorf("rabbitmq: declare retry queue %q: %w%s", cfg.retryQueue, err, preconditionHint(err))
+		if err := queueDeclare("retry queue", cfg.retryQueue, queue, false, 0); err != nil {
+			return err
 		}
 	}
-	if cfg.exchange != "" {
-		return bindExchange(conn, ch, queue, cfg.exchange)
+	if cfg.exchange == "" {
+		return nil
 	}
-	return nil
-}
-
-// bindExchange declares exchange as a durable direct exchange unless it
-// exists (whatever its type: declaring it again with another type would
-// fail) and binds queue to it with the queue's name as key, the routing key
-// a Publisher opened by the same URL sends with.
-func bindExchange(conn *amqp.Connection, ch *amqp.Channel, queue, exchange string) error {
-	probe, err := conn.Channel() // a failed passive declare closes its channel
+	// Declared as a durable direct exchange unless it exists, whatever its
+	// type: declaring it again with another type would fail. A failed
+	// passive declare closes its channel, so it runs on one of its own.
+	probe, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
-	if err := probe.ExchangeDeclarePassive(exchange, "direct", true, false, false, false, nil); err != nil {
-		if err := ch.ExchangeDeclare(exchange, "direct", true, false, false, false, nil); err != nil {
-			return fmt.Errorf("rabbitmq: declare exchange %q: %w", exchange, err)
+	if err := probe.ExchangeDeclarePassive(cfg.exchange, "direct", true, false, false, false, nil); err != nil {
+		if err := ch.ExchangeDeclare(cfg.exchange, "direct", true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: declare exchange %q: %w", cfg.exchange, err)
 		}
 	} else {
 		probe.Close()
 	}
-	if err := ch.QueueBind(queue, queue, exchange, false, nil); err != nil {
-		return fmt.Errorf("rabbitmq: bind queue %q to exchange %q: %w", queue, exchange, err)
+	if err := ch.QueueBind(queue, queue, cfg.exchange, false, nil); err != nil {
+		return fmt.Errorf("rabbitmq: bind queue %q to exchange %q: %w", queue, cfg.exchange, err)
 	}
 	return nil
 }
