@@ -1,6 +1,10 @@
 package kafka
 
-import "sync"
+import (
+	"maps"
+	"slices"
+	"sync"
+)
 
 // Kafka keeps no delivery count, so Attempt comes from a counter kept in
 // this process: every time a message (cluster, group, topic, partition,
@@ -37,16 +41,9 @@ func (a *attemptCounter) next(k partKey, offset int64) int {
 		a.m[k] = pm
 	}
 	if _, ok := pm[offset]; !ok && len(pm) >= maxCountedPerPartition {
-		lowest := offset
-		for o := range pm {
-			lowest = min(lowest, o)
-		}
+		lowest := min(offset, slices.Min(slices.Collect(maps.Keys(pm))))
 		cut := lowest + (offset-lowest)/2
-		for o := range pm {
-			if o <= cut {
-				delete(pm, o)
-			}
-		}
+		maps.DeleteFunc(pm, func(o int64, _ int) bool { return o <= cut })
 	}
 	pm[offset]++
 	return pm[offset]
@@ -57,11 +54,7 @@ func (a *attemptCounter) forgetBelow(k partKey, offset int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	pm := a.m[k]
-	for o := range pm {
-		if o < offset {
-			delete(pm, o)
-		}
-	}
+	maps.DeleteFunc(pm, func(o int64, _ int) bool { return o < offset })
 	if len(pm) == 0 {
 		delete(a.m, k)
 	}

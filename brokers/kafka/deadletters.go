@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,10 +21,8 @@ import (
 
 // ErrDeadLettersFragmented is returned (wrapped) by Redrive and Purge when
 // the records handled out of order on one partition of the dead-letter
-// topic can no longer be recorded in the offset commit's metadata (see
-// DeadLetters). Nothing more was removed: handle the oldest parked
-// records of the partition (redrive or purge them) so that the handled
-// ones join up behind the committed offset, then try again.
+// topic no longer fit in the offset commit's metadata (see DeadLetters):
+// handle the oldest parked records of the partition first, then try again.
 var ErrDeadLettersFragmented = errors.New("kafka: too many dead letters handled out of order")
 
 // maxDeadLetterMetadata is the longest offset-commit metadata DeadLetters
@@ -33,38 +32,30 @@ const maxDeadLetterMetadata = 4096
 // DeadLetters is the operator's handle on the dead letters one consumer
 // group parked in its dead-letter topic (admin.DeadLetterQueue): Scan lists
 // them, Redrive produces them back to the topic and partition they were
-// consumed from (by key when that partition is gone), Purge drops them.
-//
-// Each call reads every partition of the dead-letter topic with plain
-// fetches, never as a group member, from the offset its bookkeeping group
-// (WithDeadLetterGroup) committed up to the high watermark taken when the
-// call began, so it ends while consumers keep parking more. It skips the
-// records another group parked (HeaderGroup) in a shared topic.
+// consumed from (by key when that partition is gone) and waits for every
+// in-sync replica, Purge drops them. Each call reads the topic with plain
+// fetches up to the high watermark taken when it began, and skips the
+// records other groups parked there (HeaderGroup).
 //
 // A Kafka topic cannot delete single records, so a redriven or purged
-// record is recorded as handled in the bookkeeping group: its committed
-// offset marks every record below it handled, and the records handled out
-// of order above it (an earlier one left parked) are ranges in the
-// commit's metadata. The committed offset advances over every run of
-// handled records, other groups' records and gaps, so the metadata grows
-// only with the records left parked between handled ones. When it would
-// pass 4096 bytes (Kafka's default offset.metadata.max.bytes), Redrive and
-// Purge stop with an error wrapping ErrDeadLettersFragmented, and Redrive
-// before it produces anything. Resetting the bookkeeping group's offsets
-// lists every retained dead letter again.
+// record is recorded as handled in a bookkeeping group (WithDeadLetterGroup):
+// its committed offset passes every handled record, other groups' record
+// and gap below the first one still parked, and the records handled above
+// it are ranges in the commit's metadata. When those would pass 4096 bytes
+// (Kafka's default offset.metadata.max.bytes), Redrive and Purge stop with
+// ErrDeadLettersFragmented, Redrive before it produces anything. Resetting
+// the group's offsets lists every retained dead letter again.
 //
-// Redrive waits until every in-sync replica has a record before it
-// records it as handled; every consumer group of the topic receives it,
-// and the groups that applied it decide it Duplicate. One DeadLetters per
-// bookkeeping group should work at a time: two at once may lose each
-// other's bookkeeping, and records come back to the list (redriving them
-// again is harmless). It is not safe for concurrent use.
+// One DeadLetters per bookkeeping group should work at a time: two at once
+// may lose each other's bookkeeping, and records come back to the list
+// (redriving them again is harmless). It is not safe for concurrent use.
 type DeadLetters struct {
 	*deadletter.Queue[*letter]
 	st *dlqStore
 }
 
-// dlqStore is the dead-letter topic as deadletter.Queue reads and changes it.
+// dlqStore is the dead-letter topic as deadletter.Queue reads and changes
+// it (a deadletter.Store).
 type dlqStore struct {
 	cfg    config
 	group  string // the bookkeeping group
@@ -75,11 +66,9 @@ type dlqStore struct {
 var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
 
 // OpenDeadLetters opens the dead letters of the consumer group a Source
-// opened with the same addr and options consumes with, read as Open reads
-// them (WithDeadLetterTopic, WithDeadLetterGroup and the security options
-// apply; the consumer options are checked and ignored). It checks that the
-// brokers answer; a dead-letter topic that does not exist yet holds no dead
-// letters.
+// opened with the same addr and options consumes with (the consumer options
+// are checked and ignored). It checks that the brokers answer; a
+// dead-letter topic that does not exist yet holds no dead letters.
 func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
 	cfg, err := sourceConfig(addr, opts)
 	if err != nil {
@@ -127,13 +116,12 @@ type dlqPart struct {
 
 // letter is one of the group's dead letters read by a call.
 type letter struct {
-	p       *dlqPart
-	offset  int64
-	parked  *admin.Parked
-	key     []byte
-	value   []byte
-	headers []kafkago.Header
-	removed bool
+	p          *dlqPart
+	offset     int64
+	parked     *admin.Parked
+	key, value []byte
+	headers    []kafkago.Header
+	removed    bool
 }
 
 // Each implements deadletter.Store: partition by partition, oldest first
@@ -176,23 +164,13 @@ func (q *dlqStore) Remove(ctx context.Context, l *letter) error {
 	return err
 }
 
-// upTo is the commit point of a call that handled everything below next
-// it read: next, or the first dead letter it left parked.
+// upTo is the commit point of a call that handled everything it read
+// below next: next, or the first dead letter it left parked.
 func (p *dlqPart) upTo(next int64) int64 {
 	if p.kept >= 0 {
 		return p.kept
 	}
 	return next
-}
-
-// record commits point for p, with done (if not -1) among the handled
-// records above it.
-func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) error {
-	r, err := q.plan(p, point, done)
-	if err != nil {
-		return err
-	}
-	return q.commit(ctx, p, r)
 }
 
 // load reads the dead-letter topic's partitions, their offsets and the
@@ -203,29 +181,23 @@ func (q *dlqStore) load(ctx context.Context) ([]*dlqPart, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: dead-letter topic %q: %w", topic, q.cfg.explain(err))
 	}
-	var parts []*dlqPart
+	parts := map[int]*dlqPart{}
+	lreq := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+	freq := &kafkago.OffsetFetchRequest{GroupID: q.group, Topics: map[string][]int{}}
 	for _, t := range md.Topics {
-		if t.Name != topic {
+		if t.Name != topic || errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
 			continue
-		}
-		if errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
-			return nil, nil
 		} else if t.Error != nil {
 			return nil, fmt.Errorf("kafka: dead-letter topic %q: %w", topic, t.Error)
 		}
 		for _, p := range t.Partitions {
-			parts = append(parts, &dlqPart{id: p.ID, committed: -1, kept: -1})
+			parts[p.ID] = &dlqPart{id: p.ID, committed: -1, kept: -1}
+			lreq.Topics[topic] = append(lreq.Topics[topic], kafkago.FirstOffsetOf(p.ID), kafkago.LastOffsetOf(p.ID))
+			freq.Topics[topic] = append(freq.Topics[topic], p.ID)
 		}
 	}
 	if len(parts) == 0 {
 		return nil, nil
-	}
-	slices.SortFunc(parts, func(a, b *dlqPart) int { return a.id - b.id })
-	lreq := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
-	freq := &kafkago.OffsetFetchRequest{GroupID: q.group, Topics: map[string][]int{}}
-	for _, p := range parts {
-		lreq.Topics[topic] = append(lreq.Topics[topic], kafkago.FirstOffsetOf(p.id), kafkago.LastOffsetOf(p.id))
-		freq.Topics[topic] = append(freq.Topics[topic], p.id)
 	}
 	lresp, err := q.client.ListOffsets(ctx, lreq)
 	if err != nil {
@@ -238,37 +210,30 @@ func (q *dlqStore) load(ctx context.Context) ([]*dlqPart, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: dead-letter group %q: reading its offsets: %w", q.group, err)
 	}
-	for _, p := range parts {
-		for _, po := range lresp.Topics[topic] {
-			if po.Partition != p.id {
-				continue
-			}
-			if po.Error != nil {
-				return nil, fmt.Errorf("kafka: dead-letter topic %q partition %d: listing offsets: %w", topic, p.id, po.Error)
-			}
+	for _, po := range lresp.Topics[topic] {
+		if p := parts[po.Partition]; p != nil && po.Error != nil {
+			return nil, fmt.Errorf("kafka: dead-letter topic %q partition %d: listing offsets: %w", topic, p.id, po.Error)
+		} else if p != nil {
 			p.from, p.end = po.FirstOffset, po.LastOffset
 		}
-		for _, fp := range fresp.Topics[topic] {
-			if fp.Partition != p.id {
-				continue
-			}
-			if fp.Error != nil {
-				return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: %w", q.group, p.id, fp.Error)
-			}
-			if fp.CommittedOffset < 0 || fp.CommittedOffset > p.end {
-				// None, or one past the end: the topic was deleted and
-				// created again, and its records are all new.
-				continue
-			}
-			_, spans, err := decodeProgress(fp.CommittedOffset, fp.Metadata)
-			if err != nil {
-				return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: unreadable commit metadata: %w", q.group, p.id, err)
-			}
-			p.committed, p.handled = fp.CommittedOffset, spans
-			p.from = max(p.from, fp.CommittedOffset)
-		}
 	}
-	return parts, nil
+	for _, fp := range fresp.Topics[topic] {
+		p := parts[fp.Partition]
+		if p != nil && fp.Error != nil {
+			return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: %w", q.group, p.id, fp.Error)
+		}
+		// None, or one past the end: the topic was deleted and created
+		// again, and its records are all new.
+		if p == nil || fp.CommittedOffset < 0 || fp.CommittedOffset > p.end {
+			continue
+		}
+		_, spans, err := decodeProgress(fp.CommittedOffset, fp.Metadata)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: unreadable commit metadata: %w", q.group, p.id, err)
+		}
+		p.committed, p.handled, p.from = fp.CommittedOffset, spans, max(p.from, fp.CommittedOffset)
+	}
+	return slices.SortedFunc(maps.Values(parts), func(a, b *dlqPart) int { return a.id - b.id }), nil
 }
 
 // walk calls fn with each of the group's dead letters of p that is not
@@ -285,11 +250,7 @@ func (q *dlqStore) walk(ctx context.Context, p *dlqPart, fn func(*letter) error)
 		}
 		var batch []*letter
 		read := false
-		for {
-			r, err := resp.Records.ReadRecord()
-			if err != nil {
-				break
-			}
+		for r, err := resp.Records.ReadRecord(); err == nil; r, err = resp.Records.ReadRecord() {
 			if r.Offset < offset || r.Offset >= p.end {
 				continue
 			}
@@ -338,18 +299,10 @@ func (q *dlqStore) letter(p *dlqPart, r *kafkago.Record) (*letter, error) {
 	if g, ok := h[HeaderGroup]; ok && g != q.cfg.group {
 		return nil, nil
 	}
-	l.parked = &admin.Parked{
-		Ref:      strconv.Itoa(p.id) + "/" + strconv.FormatInt(r.Offset, 10),
-		ID:       h[q.cfg.idHeader],
-		ParkedAt: r.Time,
-		Key:      string(l.key),
-		Headers:  h,
-		Body:     l.value,
-	}
+	l.parked = &admin.Parked{Ref: strconv.Itoa(p.id) + "/" + strconv.FormatInt(r.Offset, 10), ID: h[q.cfg.idHeader],
+		ParkedAt: r.Time, Key: string(l.key), Headers: h, Body: l.value}
 	deadletter.Read(l.parked)
-	if l.parked.Destination == "" {
-		l.parked.Destination = q.cfg.topic
-	}
+	l.parked.Destination = cmp.Or(l.parked.Destination, q.cfg.topic)
 	return l, nil
 }
 
@@ -380,8 +333,13 @@ func (q *dlqStore) plan(p *dlqPart, point, done int64) (bookmark, error) {
 	return bookmark{point: point, handled: dropBelow(handled, point), md: md}, nil
 }
 
-// commit writes r for p in the bookkeeping group.
-func (q *dlqStore) commit(ctx context.Context, p *dlqPart, r bookmark) error {
+// record commits point for p in the bookkeeping group, with done (if not
+// -1) among the handled records above it.
+func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) error {
+	r, err := q.plan(p, point, done)
+	if err != nil {
+		return err
+	}
 	resp, err := q.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
 		GroupID:      q.group,
 		GenerationID: -1, // a group without members: Kafka takes the commit as it is
@@ -405,7 +363,7 @@ func (q *dlqStore) commit(ctx context.Context, p *dlqPart, r bookmark) error {
 }
 
 // Republish implements deadletter.Store: it produces l back to the
-// partition of the topic it was consumed from, without the bookkeeping
+// partition of the topic it was consumed from (its origin), with its own
 // headers, and waits for every in-sync replica. It fails before producing
 // when l could not be recorded as handled.
 func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) error {
@@ -421,7 +379,7 @@ func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) er
 			m.Partition = n
 		}
 	}
-	for _, h := range l.headers {
+	for _, h := range l.headers { // all of them, repeated ones too, in order
 		if !slices.Contains(deadletter.Bookkeeping, h.Key) && h.Key != HeaderGroup && h.Key != HeaderNotBefore {
 			m.Headers = append(m.Headers, h)
 		}
@@ -433,8 +391,8 @@ func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) er
 }
 
 // originalPartition puts a redriven record on the partition in its
-// Partition field (where it was consumed) while the topic has it, and
-// otherwise where the Publisher puts its key.
+// Partition field while the topic has it, else where the Publisher puts
+// its key.
 type originalPartition struct{}
 
 // Balance implements kafka-go's Balancer.
@@ -443,31 +401,4 @@ func (originalPartition) Balance(m kafkago.Message, partitions ...int) int {
 		return m.Partition
 	}
 	return kafkago.Murmur2Balancer{}.Balance(m, partitions...)
-}
-
-// addSpan adds offset to spans (sorted, disjoint), merging neighbours.
-func addSpan(spans []span, offset int64) []span {
-	i, _ := slices.BinarySearchFunc(spans, offset, func(s span, o int64) int {
-		switch {
-		case s.end() <= o:
-			return -1
-		case s.start > o:
-			return 1
-		}
-		return 0
-	})
-	out := slices.Clone(spans)
-	if i < len(out) && out[i].start <= offset {
-		return out // already in
-	}
-	out = slices.Insert(out, i, span{offset, 1})
-	if i+1 < len(out) && out[i].end() == out[i+1].start {
-		out[i].count += out[i+1].count
-		out = slices.Delete(out, i+1, i+2)
-	}
-	if i > 0 && out[i-1].end() == out[i].start {
-		out[i-1].count += out[i].count
-		out = slices.Delete(out, i, i+1)
-	}
-	return out
 }

@@ -27,24 +27,21 @@ const (
 	HeaderGroup = "idemq-group"
 )
 
-// dlqRetryDelay is how long a message waits before it is handed out again
-// when producing its dead letter or retry copy failed.
-const dlqRetryDelay = time.Second
-
-// copyAttempts bounds the writes of one dead letter or retry copy within a
-// settlement, paced by copyBackoff; then the settlement gives up and the
-// message is handed out again.
-const copyAttempts = 4
-
-func copyBackoff() *retry.Backoff { return retry.New(100*time.Millisecond, time.Second) }
+// A dead letter or retry copy is written up to copyAttempts times within a
+// settlement, with backoff; then the message is handed out again after
+// dlqRetryDelay.
+const (
+	copyAttempts  = 4
+	dlqRetryDelay = time.Second
+)
 
 // delivery is one handed-out message of a generation.
 type delivery struct {
 	src *Source
 	e   *entry
 	gen *generation
-	msg *driver.Message // &m
-	m   driver.Message  // held here: one allocation for both
+	msg *driver.Message // &m: one allocation for both
+	m   driver.Message
 	driver.SettleOnce
 }
 
@@ -125,7 +122,7 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	s := d.src
 	msg := d.copyTo(topic, extra, at)
 	var err error
-	for try, pace := 1, copyBackoff(); try == 1 || pace.Wait(ctx); try++ {
+	for try, pace := 1, retry.New(100*time.Millisecond, time.Second); try == 1 || pace.Wait(ctx); try++ {
 		s.mu.Lock()
 		if stale := s.staleness(d); stale != nil {
 			_ = s.settleLocked(d, nil)
@@ -140,7 +137,10 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err == nil {
-		return d.wrap(wrapIf(s.settleLocked(d, nil), "copy produced to %q, but: %w", topic))
+		if err := s.settleLocked(d, nil); err != nil {
+			return d.wrap(fmt.Errorf("copy produced to %q, but: %w", topic, err))
+		}
+		return nil
 	}
 	delay := dlqRetryDelay
 	if serr := s.settleLocked(d, &delay); serr != nil {
@@ -148,14 +148,6 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	}
 	s.log().Warn("idemq kafka: producing a copy failed; the message stays undecided and is handed out again", "topic", topic, "message_id", d.msg.ID, "attempts", copyAttempts, "error", err)
 	return d.wrap(fmt.Errorf("producing to %q: %w", topic, err))
-}
-
-// wrapIf is fmt.Errorf(format, arg, err), nil when err is.
-func wrapIf(err error, format string, arg any) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf(format, arg, err)
 }
 
 // copyTo builds the copy of the message for topic: its key, value and
@@ -171,9 +163,7 @@ func (d *delivery) copyTo(topic string, extra map[string]string, at time.Time) k
 			headers = append(headers, h)
 		}
 	}
-	for _, k := range sortedKeys(extra) {
-		headers = append(headers, kafkago.Header{Key: k, Value: []byte(extra[k])})
-	}
+	headers = appendHeaders(headers, extra)
 	if at.IsZero() {
 		at = raw.Time
 	}

@@ -22,40 +22,34 @@ import (
 // generation is this member's share of one consumer group generation: the
 // partitions assigned to it and the deliveries handed out from them.
 type generation struct {
-	kgen        *kafkago.Generation
-	parts       []*partition
-	revoked     bool // no more hand-outs
-	dead        bool // settlements are refused: the partitions are released
-	outstanding int  // deliveries of this generation handed out and unsettled
-	sinceCommit int  // messages decided since the last commit
-	kick        chan struct{}
-	commitMu    sync.Mutex // one commit at a time
+	kgen                     *kafkago.Generation
+	parts                    []*partition
+	revoked, dead            bool // no more hand-outs; settlements refused (the partitions are released)
+	outstanding, sinceCommit int  // deliveries handed out and unsettled; messages decided since the last commit
+	kick                     chan struct{}
+	commitMu                 sync.Mutex // one commit at a time
 }
 
 // partition tracks one assigned partition between fetch and commit.
 type partition struct {
-	gen     *generation
-	topic   string
-	id      int
-	idText  string   // id in decimal, for every message's metadata
-	retry   bool     // a partition of the retry topic
-	entries []*entry // fetched and not below the commit point, in offset order
-	// The fetched (or retried) entries not handed out, arranged for pick
-	// (see picker.go).
+	gen           *generation
+	topic, idText string // idText: the id in decimal, for every message's metadata
+	id            int
+	retry, dirty  bool     // a partition of the retry topic; something to commit
+	entries       []*entry // fetched and not below the commit point, in offset order
+	// The entries waiting to go out, arranged for pick (see picker.go).
 	order   Ordering
 	lanes   map[string]*lane // OrderPerKey: per key, while in play
 	one     *lane            // OrderPerPartition: the partition's lane
 	fresh   fifo             // may go now, fetched so, in offset order
-	ready   offsetHeap       // may go now, the others
-	delayed byNotBefore      // may go once their notBefore passes
-	// next is the offset after the last fetched message: the commit point
-	// when every fetched message is decided. Negative until known.
-	next      int64
-	committed int64  // last committed offset (or the assigned start)
-	high      int64  // highest offset handed out in this generation
-	prevHigh  int64  // highest offset handed out before, per the commit metadata
-	skip      []span // offsets decided before, per the commit metadata
-	dirty     bool   // something to commit since the last commit
+	ready   keyHeap          // may go now, the others, by offset
+	delayed keyHeap          // may go once their notBefore passes, by it
+	// next is the offset after the last fetched message (negative until
+	// known); committed the last committed one (or the assigned start);
+	// high the highest handed out in this generation, prevHigh before it,
+	// per the commit metadata, as skip holds the offsets decided before.
+	next, committed, high, prevHigh int64
+	skip                            []span
 	// room, while the fetcher waits for the partition to hold fewer than
 	// resume entries, is closed by advance when it does.
 	room   chan struct{}
@@ -99,10 +93,9 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 }
 
 // runGeneration fetches the generation's partitions and commits their
-// decided prefixes until the generation ends (a rebalance, a lost
-// coordinator, or Close); then it revokes: no more hand-outs, in-flight
-// deliveries get the revoke timeout to settle (none on Close), the decided
-// prefix is committed, and the partitions are released.
+// decided prefixes until the generation ends; then it revokes: no more
+// hand-outs, in-flight deliveries get the revoke timeout to settle (none on
+// Close), the decided prefix is committed, the partitions are released.
 func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	log := s.log().With("group", s.cfg.group, "generation", g.kgen.ID)
 	s.loadProgress(g, log)
@@ -112,10 +105,7 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 		where = append(where, p.topic+"/"+p.idText+"@"+strconv.FormatInt(p.next, 10))
 	}
 	log.Info("idemq kafka: partitions assigned", "partitions", strings.Join(where, ","))
-	s.mu.Lock()
-	s.gen, s.rr = g, 0
-	s.broadcast()
-	s.mu.Unlock()
+	s.change(func() { s.gen, s.rr = g, 0 })
 
 	fctx, stopFetch := context.WithCancel(context.Background())
 	var fetchers sync.WaitGroup
@@ -135,28 +125,22 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
+			continue
 		case <-ticker.C:
-			s.commit(g, log)
 		case <-g.kick:
-			s.commit(g, log)
 		}
+		s.commit(g, log)
 	}
 	ticker.Stop()
 
-	s.mu.Lock()
-	g.revoked = true
-	s.broadcast()
-	closing := s.closed
-	s.mu.Unlock()
-	// Fetchers add nothing once the generation is revoked; their readers
-	// close in the background meanwhile.
-	stopFetch()
+	var closing bool
+	s.change(func() { g.revoked, closing = true, s.closed })
+	stopFetch() // fetchers add nothing once revoked; their readers close meanwhile
 
 	// kafka-go stopped heartbeating when the generation ended; keep the
-	// membership alive while in-flight work finishes, as Kafka's own
-	// clients do during a rebalance, so a revoke wait longer than the
-	// session timeout does not get this member evicted (and its final
-	// commit refused).
+	// membership alive while in-flight work finishes, as Kafka's clients do,
+	// so a revoke wait longer than the session timeout does not get this
+	// member evicted (and its final commit refused).
 	stopHeartbeats := s.heartbeat(g)
 	defer stopHeartbeats()
 	if !closing && s.cfg.revokeTimeout > 0 {
@@ -173,13 +157,12 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	}
 	// Dead before the last commit: a settlement from now on is refused
 	// (stale) rather than accepted and then never committed.
-	s.mu.Lock()
-	g.dead = true
-	if s.gen == g {
-		s.gen = nil
-	}
-	s.broadcast()
-	s.mu.Unlock()
+	s.change(func() {
+		g.dead = true
+		if s.gen == g {
+			s.gen = nil
+		}
+	})
 	s.commit(g, log)
 	stopHeartbeats()
 	fetchers.Wait()
@@ -275,22 +258,21 @@ func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 }
 
 // wakeAt wakes Receive after d, when a held message becomes due.
-func (s *Source) wakeAt(d time.Duration) {
-	time.AfterFunc(d, func() {
-		s.mu.Lock()
-		s.broadcast()
-		s.mu.Unlock()
-	})
+func (s *Source) wakeAt(d time.Duration) { time.AfterFunc(d, func() { s.change(func() {}) }) }
+
+// change runs f under s.mu and wakes the waiters.
+func (s *Source) change(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f()
+	s.broadcast()
 }
 
 // pick chooses the next message to hand out, visiting the partitions
 // round-robin. s.mu is held.
 func (s *Source) pick(now time.Time) *entry {
 	g := s.gen
-	if g == nil || g.revoked {
-		return nil
-	}
-	for i := range len(g.parts) {
+	for i := 0; g != nil && !g.revoked && i < len(g.parts); i++ {
 		k := (s.rr + i) % len(g.parts)
 		if e := g.parts[k].pick(now); e != nil {
 			s.rr = (k + 1) % len(g.parts)
@@ -303,10 +285,9 @@ func (s *Source) pick(now time.Time) *entry {
 // handOut turns e into a delivery. s.mu is held.
 func (s *Source) handOut(e *entry) *delivery {
 	p := e.p
-	e.state = out
+	e.state, p.dirty = out, true
 	p.gen.outstanding++
 	s.outstanding++
-	p.dirty = true
 	p.high = max(p.high, e.msg.Offset)
 	n := attempts.next(s.attemptKey(p), e.msg.Offset)
 	if n == 1 && e.msg.Offset <= p.prevHigh {
@@ -319,8 +300,7 @@ func (s *Source) handOut(e *entry) *delivery {
 }
 
 // release undoes handOut's counts for a settled delivery and frees its
-// lane; retry says its message goes back to wait (state and notBefore
-// already set). s.mu is held.
+// lane; retry: its message goes back to wait. s.mu is held.
 func (s *Source) release(d *delivery, retry bool) {
 	s.outstanding--
 	if !d.gen.dead {
@@ -329,17 +309,15 @@ func (s *Source) release(d *delivery, retry bool) {
 	}
 }
 
-// settleLocked marks d's message done (requeue nil) or puts it back to
-// wait *requeue (retry in place), and wakes the waiters. s.mu is held and
-// d is claimed.
+// settleLocked marks claimed d's message done (requeue nil) or puts it
+// back to wait *requeue, and wakes the waiters. s.mu is held.
 func (s *Source) settleLocked(d *delivery, requeue *time.Duration) error {
 	defer s.broadcast()
 	return s.settleQuietly(d, requeue)
 }
 
 // staleness returns the error of a settlement of d that must send nothing
-// (its partition was revoked or the Source closed), nil while d is live.
-// s.mu is held.
+// (its partition was revoked or the Source closed). s.mu is held.
 func (s *Source) staleness(d *delivery) error {
 	switch {
 	case d.gen.dead:
@@ -368,8 +346,7 @@ func (s *Source) settleQuietly(d *delivery, requeue *time.Duration) error {
 		return nil
 	}
 	s.release(d, false)
-	e.state = done
-	e.p.dirty = true
+	e.state, e.p.dirty = done, true
 	e.p.advance()
 	if g.sinceCommit++; g.sinceCommit >= s.cfg.commitCount {
 		select {
@@ -394,9 +371,8 @@ func (p *partition) advance() {
 	}
 }
 
-// progress returns the decided runs above the commit point: those among
-// the fetched messages and those inherited from the previous owner that
-// were not fetched yet. s.mu is held.
+// progress returns the decided runs above the commit point, fetched or
+// inherited from the previous owner and not fetched yet. s.mu is held.
 func (p *partition) progress() []span {
 	var out []span
 	for i := 0; i < len(p.entries); i++ {
@@ -429,15 +405,14 @@ func (s *Source) commit(g *generation, log *slog.Logger) {
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
 	offsets := map[string][]kafkago.OffsetCommit{}
-	var sent []*partition
+	sent := map[*partition]int64{}
 	s.mu.Lock()
 	g.sinceCommit = 0
 	for _, p := range g.parts {
 		if cp := p.commitPoint(); cp >= 0 && (cp > p.committed || p.dirty) {
-			p.dirty = false
+			p.dirty, sent[p] = false, cp
 			md := encodeProgress(cp, max(p.high, p.prevHigh), p.progress())
 			offsets[p.topic] = append(offsets[p.topic], kafkago.OffsetCommit{Partition: p.id, Offset: cp, Metadata: md})
-			sent = append(sent, p)
 		}
 	}
 	s.mu.Unlock()
@@ -448,15 +423,11 @@ func (s *Source) commit(g *generation, log *slog.Logger) {
 	if err != nil {
 		resp = &kafkago.OffsetCommitResponse{}
 	}
-	failed := map[string]map[int]bool{}
+	failed := map[string][]int{}
 	for topic, ps := range resp.Topics {
 		for _, pr := range ps {
 			if pr.Error != nil {
-				err = pr.Error
-				if failed[topic] == nil {
-					failed[topic] = map[int]bool{}
-				}
-				failed[topic][pr.Partition] = true
+				err, failed[topic] = pr.Error, append(failed[topic], pr.Partition)
 			}
 		}
 	}
@@ -468,16 +439,12 @@ func (s *Source) commit(g *generation, log *slog.Logger) {
 	} else {
 		s.commits.Add(1)
 	}
-	for _, p := range sent {
-		if (err != nil && failed[p.topic] == nil) || failed[p.topic][p.id] {
+	for p, cp := range sent {
+		if (err != nil && failed[p.topic] == nil) || slices.Contains(failed[p.topic], p.id) {
 			p.dirty = true // try again with the next commit
-			continue
-		}
-		for _, oc := range offsets[p.topic] {
-			if oc.Partition == p.id && oc.Offset > p.committed {
-				p.committed = oc.Offset
-				attempts.forgetBelow(s.attemptKey(p), oc.Offset)
-			}
+		} else if cp > p.committed {
+			p.committed = cp
+			attempts.forgetBelow(s.attemptKey(p), cp)
 		}
 	}
 }
@@ -529,9 +496,9 @@ func (s *Source) attemptKey(p *partition) partKey {
 }
 
 // resolveStart turns the start offset of partitions without a committed
-// offset (FirstOffset or LastOffset) into a real offset, so that the first
-// commit pins it even if no message arrives: otherwise a group starting
-// at LastOffset would skip whatever is published before its first message
+// offset (FirstOffset or LastOffset) into a real one, so that the first
+// commit pins it even if no message arrives: otherwise a group starting at
+// LastOffset would skip what is published before its first message
 // whenever it restarts.
 func (s *Source) resolveStart(g *generation, log *slog.Logger) {
 	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}

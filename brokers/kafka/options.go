@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -30,15 +31,12 @@ type Ordering int
 
 const (
 	// OrderPerKey hands out a message only when no earlier message with the
-	// same Kafka key is in flight or waiting for a retry, so per-key order
-	// holds while different keys of a partition are processed concurrently.
-	// Messages without a key are independent of each other. Default. A
-	// batch then holds at most one message of a key, so a hot key does not
-	// batch.
+	// same Kafka key is in flight or waiting for a retry: per-key order holds
+	// while different keys (and keyless messages) go concurrently. Default. A
+	// batch holds at most one message of a key.
 	OrderPerKey Ordering = iota + 1
 	// OrderPerPartition hands out one message of a partition at a time, in
-	// offset order: a retried message holds up its whole partition (other
-	// partitions go on).
+	// offset order: a retried message holds up its partition.
 	OrderPerPartition
 	// OrderNone hands out messages of a partition concurrently in any
 	// order. The committed offset still never passes an undecided message.
@@ -104,9 +102,8 @@ func defaultConfig() config {
 		partitionBuffer: 1000, fetchMaxWait: 500 * time.Millisecond, batchTimeout: 2 * time.Millisecond}
 }
 
-// newConfig reads addr (see parseTarget), applies the URL's options and
-// then opts, checks what options check together, and settles the dialer's
-// TLS and SASL.
+// newConfig reads addr, applies the URL's options and then opts, and
+// settles the dialer's TLS and SASL.
 func newConfig[O Option](addr string, opts []O) (config, error) {
 	cfg := defaultConfig()
 	all, err := parseTarget(addr, &cfg)
@@ -133,9 +130,7 @@ func newConfig[O Option](addr string, opts []O) (config, error) {
 		if cfg.dialer != nil {
 			d = *cfg.dialer
 		}
-		if cfg.tls != nil {
-			d.TLS = cfg.tls
-		}
+		d.TLS = cmp.Or(cfg.tls, d.TLS)
 		if cfg.sasl != nil {
 			d.SASLMechanism = cfg.sasl
 		}
@@ -223,13 +218,11 @@ func WithOrdering(o Ordering) Option {
 	return srcOpt(set("WithOrdering", o, refuse(o < OrderPerKey || o > OrderNone, fmt.Sprintf("unknown ordering %d", int(o))), func(c *config) *Ordering { return &c.ordering }))
 }
 
-// WithCommit sets how offset commits are batched: the decided prefix of
-// every partition is committed every interval (1ms..1h), and sooner once
-// count messages were decided since the last commit; also when partitions
-// are revoked and on Close. Default 1s and 1000. A message decided but not
-// committed when the process dies is redelivered and decided Duplicate:
-// these trade round trips against redelivered duplicates, never
-// correctness.
+// WithCommit sets how often the decided prefix of every partition is
+// committed: every interval (1ms..1h), sooner once count (at least 1)
+// messages were decided, and when partitions are revoked and on Close.
+// Default 1s and 1000. They trade round trips against redelivered
+// duplicates after a crash, never correctness.
 func WithCommit(interval time.Duration, count int) Option {
 	return srcOpt(func(c *config) error {
 		c.commitInterval, c.commitCount = interval, count
@@ -237,22 +230,18 @@ func WithCommit(interval time.Duration, count int) Option {
 	})
 }
 
-// WithRevokeTimeout bounds how long, when a rebalance revokes this
-// member's partitions, deliveries already handed out may take to settle
-// before the decided prefix is committed and the partitions released.
-// Later settlements return an error wrapping core.ErrStaleDelivery (the new
-// owner gets the message again). Default 10s; it must be shorter than the
-// rebalance timeout.
+// WithRevokeTimeout bounds how long deliveries already handed out may take
+// to settle when a rebalance revokes their partitions; later settlements
+// are stale (core.ErrStaleDelivery). Default 10s; it must be shorter than
+// the rebalance timeout.
 func WithRevokeTimeout(d time.Duration) Option {
 	return srcOpt(set("WithRevokeTimeout", d, option.AtLeast(d, 0), func(c *config) *time.Duration { return &c.revokeTimeout }))
 }
 
-// WithGroupTimeouts sets the group's session timeout (how long the
-// coordinator waits for a heartbeat before declaring the member dead),
-// heartbeat interval (also how soon a rebalance is noticed) and rebalance
-// timeout (how long the coordinator waits for members to rejoin). Default
-// 30s, 3s, 30s, as in kafka-go. The broker bounds the session timeout
-// (group.min/max.session.timeout.ms).
+// WithGroupTimeouts sets the group's session timeout (0 < heartbeat <
+// session; the broker bounds it), heartbeat interval (also how soon a
+// rebalance is noticed) and rebalance timeout. Default 30s, 3s, 30s, as in
+// kafka-go.
 func WithGroupTimeouts(session, heartbeat, rebalance time.Duration) Option {
 	return srcOpt(func(c *config) error {
 		c.sessionTimeout, c.heartbeatInterval, c.rebalanceTimeout = session, heartbeat, rebalance
@@ -275,63 +264,51 @@ func WithStartOffset(offset int64) Option {
 }
 
 // WithDeadLetterTopic names the topic DeadLetter produces to. Default
-// "<topic>.dlq". Open creates a missing one with the consumed topic's
-// partition count and replication factor, and fails naming this option
-// (or the URL's dead_letter_topic) when the cluster refuses.
+// "<topic>.dlq". Open creates a missing one like the consumed topic.
 func WithDeadLetterTopic(topic string) Option {
 	return srcOpt(set("WithDeadLetterTopic", topic, checkTopic(topic), func(c *config) *string { return &c.deadLetterTopic }))
 }
 
 // WithDeadLetterGroup names the consumer group in which DeadLetters
-// records which dead letters it redrove or purged (Kafka cannot delete
-// single records). Default "<group>.dlq-operator"; name one when ACLs allow
-// only certain group ids, or when the default passes 255 bytes. The Source
-// ignores it.
+// records the dead letters it redrove or purged. Default
+// "<group>.dlq-operator"; name one when ACLs allow only certain group ids.
 func WithDeadLetterGroup(group string) Option {
 	return srcOpt(set("WithDeadLetterGroup", group, checkGroup(group), func(c *config) *string { return &c.deadLetterGroup }))
 }
 
 // WithRetryTopic makes Retry produce a copy of the message to topic (with
-// the attempt and the time it may be processed in headers), wait for the
-// write, and mark the original done, instead of retrying in place; the
-// Source also consumes topic in its group and holds each copy until its
-// time. One failing message then does not hold up its partition's
-// committed offset, and per-key order is given up for it. Open creates a
-// missing retry topic as it does the dead-letter topic. Default: retry in
-// place.
+// the attempt and its not-before time in headers) and mark the original
+// done, instead of retrying in place; the Source also consumes topic and
+// holds each copy until its time. A failing message then does not hold up
+// its partition, and per-key order is given up for it. Open creates a
+// missing one. Default: retry in place.
 func WithRetryTopic(topic string) Option {
 	return srcOpt(set("WithRetryTopic", topic, checkTopic(topic), func(c *config) *string { return &c.retryTopic }))
 }
 
 // WithPartitionBuffer bounds the messages of one partition held between
-// fetch and commit (waiting, in flight, or decided behind an undecided
-// one): fetching from a partition pauses at the bound. Default 1000.
+// fetch and commit: fetching pauses at the bound. Default 1000.
 func WithPartitionBuffer(n int) Option {
 	return srcOpt(set("WithPartitionBuffer", n, option.Range(n, 1, 1_000_000), func(c *config) *int { return &c.partitionBuffer }))
 }
 
-// WithDialer sets the kafka-go dialer for every connection (TLS, SASL,
-// client id, timeouts, a custom DialFunc); the writers use its TLS, SASL,
-// client id and DialFunc. Default kafka-go's DefaultDialer. WithTLS and
-// WithSASL, in any order, override its TLS and SASL.
+// WithDialer sets the kafka-go dialer for every connection (the writers use
+// its TLS, SASL, client id and DialFunc). Default kafka-go's DefaultDialer.
+// WithTLS and WithSASL, in any order, override its TLS and SASL.
 func WithDialer(d *kafkago.Dialer) PublisherOption {
 	return pubOpt(set("WithDialer", d, option.Present(d), func(c *config) **kafkago.Dialer { return &c.dialer }))
 }
 
-// WithTLS makes every connection use TLS with cfg: its RootCAs verify the
-// brokers (nil: the system's roots), its Certificates are the client
-// certificate for mutual TLS; an empty ServerName is taken from the broker
-// address. The URL's tls, ca_file, cert_file and key_file build one.
-// Default: plaintext.
+// WithTLS makes every connection use TLS with cfg (RootCAs nil: the
+// system's roots; an empty ServerName: the broker address). Default:
+// plaintext.
 func WithTLS(cfg *tls.Config) PublisherOption {
 	return pubOpt(set("WithTLS", cfg, option.Present(cfg), func(c *config) **tls.Config { return &c.tls }))
 }
 
 // WithSASL authenticates every connection with m: kafka-go's
-// sasl/plain.Mechanism or a sasl/scram mechanism (SCRAM-SHA-256 or -512).
-// The URL's sasl=plain|scram-sha-256|scram-sha-512 builds one from its user
-// name and password. PLAIN sends the password as it is: use it over TLS
-// only. Default: no authentication.
+// sasl/plain.Mechanism (over TLS only: it sends the password as it is) or
+// a sasl/scram mechanism. Default: no authentication.
 func WithSASL(m sasl.Mechanism) PublisherOption {
 	return pubOpt(set("WithSASL", m, option.Present(m), func(c *config) *sasl.Mechanism { return &c.sasl }))
 }
@@ -354,9 +331,8 @@ func WithLogger(l *slog.Logger) PublisherOption {
 	return pubOpt(set("WithLogger", l, option.Present(l), func(c *config) **slog.Logger { return &c.logger }))
 }
 
-// WithBatchTimeout sets how long the Publisher's (and the dead-letter)
-// writer waits to fill a batch before sending it. Default 2ms; kafka-go's
-// own 1s would delay every small synchronous write by a second.
+// WithBatchTimeout sets how long the writers wait to fill a batch. Default
+// 2ms; kafka-go's own 1s would delay every small synchronous write.
 func WithBatchTimeout(d time.Duration) PublisherOption {
 	return pubOpt(set("WithBatchTimeout", d, option.Range(d, time.Nanosecond, time.Minute), func(c *config) *time.Duration { return &c.batchTimeout }))
 }
@@ -534,22 +510,19 @@ func security(q url.Values, user *url.Userinfo) ([]Option, error) {
 		return nil, errors.New("kafka URL parameter sasl: needs a user name and password in the URL (kafka://user:password@host:port/topic)")
 	}
 	var m sasl.Mechanism
+	var err error
 	switch mechanism {
 	case "plain":
 		m = plain.Mechanism{Username: name, Password: pass}
-	case "scram-sha-256", "scram-sha-512":
-		algo := scram.SHA256
-		if strings.HasSuffix(mechanism, "512") {
-			algo = scram.SHA512
-		}
-		sm, err := scram.Mechanism(algo, name, pass)
-		if err != nil {
-			// scram's errors are about the names (SASLprep), not the secret's value.
-			return nil, errors.New("kafka URL parameter sasl: the user name or password is not valid for SCRAM (SASLprep)")
-		}
-		m = sm
+	case "scram-sha-256":
+		m, err = scram.Mechanism(scram.SHA256, name, pass)
+	case "scram-sha-512":
+		m, err = scram.Mechanism(scram.SHA512, name, pass)
 	default:
 		return nil, errors.New("kafka URL parameter sasl: not plain, scram-sha-256 or scram-sha-512")
+	}
+	if err != nil { // about the names (SASLprep), never the secret's value
+		return nil, errors.New("kafka URL parameter sasl: the user name or password is not valid for SCRAM (SASLprep)")
 	}
 	return append(opts, WithSASL(m)), nil
 }

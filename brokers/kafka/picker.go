@@ -2,17 +2,14 @@ package kafka
 
 import (
 	"cmp"
-	"container/heap"
 	"slices"
 	"time"
 )
 
 // The picker chooses which waiting message of a partition goes out next.
-// Scanning the waiting messages in offset order for the first one the
-// ordering allows costs O(waiting) per message when most of them sit behind
-// a busy key, which made it the consumer's bottleneck; instead each
-// partition keeps its waiting messages so that the ones allowed to go are
-// always at hand:
+// Scanning the waiting messages for the first one the ordering allows
+// costs O(waiting) per message when most sit behind a busy key; instead
+// each partition keeps the ones allowed to go at hand:
 //
 //   - a lane holds the messages that must go one at a time in offset order:
 //     those of one key under OrderPerKey, all of the partition under
@@ -51,8 +48,7 @@ func (q *fifo) len() int { return len(q.items) - q.head }
 func (q *fifo) front() *entry { return q.items[q.head] }
 
 func (q *fifo) popFront() {
-	q.items[q.head] = nil
-	q.head++
+	q.items[q.head], q.head = nil, q.head+1
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
@@ -73,38 +69,33 @@ func (q *fifo) pushBack(e *entry) {
 // lane's head when it went out, so it normally lands in the slot it was
 // popped from.
 func (q *fifo) insert(e *entry) {
-	if q.len() == 0 || e.msg.Offset < q.front().msg.Offset {
-		if q.head > 0 {
-			q.head--
-			q.items[q.head] = e
-			return
-		}
-		q.items = slices.Insert(q.items, 0, e)
+	i, _ := slices.BinarySearchFunc(q.items[q.head:], e.msg.Offset, func(x *entry, off int64) int { return cmp.Compare(x.msg.Offset, off) })
+	if i == 0 && q.head > 0 {
+		q.head--
+		q.items[q.head] = e
 		return
 	}
-	i, _ := slices.BinarySearchFunc(q.items[q.head:], e.msg.Offset, func(x *entry, off int64) int {
-		return cmp.Compare(x.msg.Offset, off)
-	})
 	q.items = slices.Insert(q.items, q.head+i, e)
 }
 
-// offsetHeap is a min-heap of entries by offset. It keeps each offset
-// beside its pointer so that sifting, the hot path of a pick, does not
-// chase pointers into the entries; hand-written rather than container/heap
-// to avoid its interface calls.
-type offsetHeap []offsetItem
+// keyHeap is a min-heap of entries by a key: the offset (ready) or the
+// notBefore time in Unix nanoseconds (delayed). It keeps each key beside
+// its pointer so that sifting, the hot path of a pick, does not chase
+// pointers into the entries; hand-written rather than container/heap to
+// avoid its interface calls.
+type keyHeap []keyed
 
-type offsetItem struct {
-	off int64
+type keyed struct {
+	key int64
 	e   *entry
 }
 
-func (h *offsetHeap) push(e *entry) {
-	*h = append(*h, offsetItem{e.msg.Offset, e})
+func (h *keyHeap) push(key int64, e *entry) {
+	*h = append(*h, keyed{key, e})
 	s := *h
 	for i := len(s) - 1; i > 0; {
 		up := (i - 1) / 2
-		if s[up].off <= s[i].off {
+		if s[up].key <= s[i].key {
 			break
 		}
 		s[up], s[i] = s[i], s[up]
@@ -112,50 +103,27 @@ func (h *offsetHeap) push(e *entry) {
 	}
 }
 
-func (h *offsetHeap) pop() *entry {
+func (h *keyHeap) pop() *entry {
 	s := *h
 	e := s[0].e
 	n := len(s) - 1
-	s[0] = s[n]
-	s[n] = offsetItem{}
+	s[0], s[n] = s[n], keyed{}
 	s = s[:n]
 	for i := 0; ; {
 		m := 2*i + 1
 		if m >= n {
 			break
 		}
-		if r := m + 1; r < n && s[r].off < s[m].off {
+		if r := m + 1; r < n && s[r].key < s[m].key {
 			m = r
 		}
-		if s[i].off <= s[m].off {
+		if s[i].key <= s[m].key {
 			break
 		}
 		s[i], s[m] = s[m], s[i]
 		i = m
 	}
 	*h = s
-	return e
-}
-
-// byNotBefore is a min-heap (container/heap) of entries by notBefore. Only
-// retries and retry-topic copies pass through it, so it stays off the hot
-// path.
-type byNotBefore []*entry
-
-func (h byNotBefore) Len() int           { return len(h) }
-func (h byNotBefore) Less(i, j int) bool { return h[i].notBefore.Before(h[j].notBefore) }
-func (h byNotBefore) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-
-// Push is for container/heap.
-func (h *byNotBefore) Push(x any) { *h = append(*h, x.(*entry)) }
-
-// Pop is for container/heap.
-func (h *byNotBefore) Pop() any {
-	old := *h
-	n := len(old) - 1
-	e := old[n]
-	old[n] = nil
-	*h = old[:n]
 	return e
 }
 
@@ -191,11 +159,11 @@ func (p *partition) laneOf(e *entry) *lane {
 func (p *partition) candidate(e *entry) {
 	switch {
 	case !e.notBefore.IsZero():
-		heap.Push(&p.delayed, e)
+		p.delayed.push(e.notBefore.UnixNano(), e)
 	case p.fresh.len() == 0 || p.fresh.items[len(p.fresh.items)-1].msg.Offset < e.msg.Offset:
 		p.fresh.pushBack(e)
 	default:
-		p.ready.push(e)
+		p.ready.push(e.msg.Offset, e)
 	}
 }
 
@@ -216,12 +184,13 @@ func (p *partition) fetched(e *entry) {
 // pick returns the waiting entry the ordering allows with the lowest
 // offset, no longer waiting and its lane busy, or nil. s.mu is held.
 func (p *partition) pick(now time.Time) *entry {
-	for len(p.delayed) > 0 && !p.delayed[0].notBefore.After(now) {
-		p.ready.push(heap.Pop(&p.delayed).(*entry))
+	for len(p.delayed) > 0 && p.delayed[0].key <= now.UnixNano() {
+		e := p.delayed.pop()
+		p.ready.push(e.msg.Offset, e)
 	}
 	var e *entry
 	switch {
-	case p.fresh.len() > 0 && (len(p.ready) == 0 || p.fresh.front().msg.Offset < p.ready[0].off):
+	case p.fresh.len() > 0 && (len(p.ready) == 0 || p.fresh.front().msg.Offset < p.ready[0].key):
 		e = p.fresh.front()
 		p.fresh.popFront()
 	case len(p.ready) > 0:

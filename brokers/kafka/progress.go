@@ -2,19 +2,19 @@ package kafka
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
 
 // Kafka commits one offset per partition, so a message decided behind an
 // undecided one would come back to the next owner of the partition. The
-// Source therefore also writes, in the commit's metadata string, which
-// offsets above the committed one are already decided, and the highest
-// offset handed out. The next owner (this process or another) reads it
-// when the partition is assigned: decided messages are skipped, and
-// messages handed out before come back with Attempt ≥ 2. The metadata is
-// advisory: if it is lost or cut short, those messages are redelivered and
-// the dedup store decides Duplicate.
+// Source therefore also writes, in the commit's metadata, which offsets
+// above the committed one are decided, and the highest offset handed out.
+// The next owner reads it when the partition is assigned: decided messages
+// are skipped, and messages handed out before come back with Attempt ≥ 2.
+// The metadata is advisory: if it is lost or cut short, those messages are
+// redelivered and the dedup store decides Duplicate.
 //
 // Format: "idemq1;h=<high>;d=<start>+<count>,..." with every number in
 // base 36, high and start relative to the committed offset.
@@ -41,69 +41,48 @@ func encodeProgress(committed, high int64, spans []span) string {
 // bytes, leaving out the spans that do not fit; it reports whether every
 // span fit.
 func encodeSpans(committed, high int64, spans []span, limit int) (string, bool) {
-	var b strings.Builder
-	b.WriteString(progressPrefix)
-	b.WriteString("h=")
+	h := "-"
 	if high >= committed {
-		b.WriteString(strconv.FormatInt(high-committed, 36))
-	} else {
-		b.WriteString("-")
+		h = strconv.FormatInt(high-committed, 36)
 	}
-	b.WriteString(";d=")
-	first := true
-	for _, s := range spans {
-		if s.end() <= committed {
-			continue
+	md, sep := progressPrefix+"h="+h+";d=", ""
+	for _, s := range dropBelow(spans, committed) {
+		item := strconv.FormatInt(s.start-committed, 36) + "+" + strconv.FormatInt(s.count, 36)
+		if len(md)+len(item)+1 > limit {
+			return md, false
 		}
-		start := max(s.start, committed)
-		item := strconv.FormatInt(start-committed, 36) + "+" + strconv.FormatInt(s.end()-start, 36)
-		if b.Len()+len(item)+1 > limit {
-			return b.String(), false
-		}
-		if !first {
-			b.WriteByte(',')
-		}
-		first = false
-		b.WriteString(item)
+		md, sep = md+sep+item, ","
 	}
-	return b.String(), true
+	return md, true
 }
 
 // decodeProgress parses metadata written by encodeProgress for the given
 // committed offset. Metadata from other clients yields nothing.
 func decodeProgress(committed int64, md string) (high int64, spans []span, err error) {
-	high = -1
 	if !strings.HasPrefix(md, progressPrefix) || committed < 0 {
-		return high, nil, nil
+		return -1, nil, nil
 	}
+	high = -1
 	for _, field := range strings.Split(md[len(progressPrefix):], ";") {
 		k, v, _ := strings.Cut(field, "=")
-		switch k {
-		case "h":
-			if v == "-" || v == "" {
-				continue
-			}
+		if k == "h" && v != "-" && v != "" {
 			n, err := strconv.ParseInt(v, 36, 64)
 			if err != nil {
 				return -1, nil, fmt.Errorf("high %q: %w", v, err)
 			}
 			high = committed + n
-		case "d":
-			if v == "" {
-				continue
+		}
+		if k != "d" || v == "" {
+			continue
+		}
+		for _, item := range strings.Split(v, ",") {
+			a, c, _ := strings.Cut(item, "+")
+			s, err1 := strconv.ParseInt(a, 36, 64)
+			n, err2 := strconv.ParseInt(c, 36, 64)
+			if err1 != nil || err2 != nil || s < 0 || n < 1 {
+				return -1, nil, fmt.Errorf("span %q", item)
 			}
-			for _, item := range strings.Split(v, ",") {
-				a, c, ok := strings.Cut(item, "+")
-				if !ok {
-					return -1, nil, fmt.Errorf("span %q", item)
-				}
-				s, err1 := strconv.ParseInt(a, 36, 64)
-				n, err2 := strconv.ParseInt(c, 36, 64)
-				if err1 != nil || err2 != nil || s < 0 || n < 1 {
-					return -1, nil, fmt.Errorf("span %q", item)
-				}
-				spans = append(spans, span{committed + s, n})
-			}
+			spans = append(spans, span{committed + s, n})
 		}
 	}
 	return high, spans, nil
@@ -111,26 +90,47 @@ func decodeProgress(committed int64, md string) (high int64, spans []span, err e
 
 // covered reports whether offset lies in one of spans (sorted, disjoint).
 func covered(spans []span, offset int64) bool {
-	for _, s := range spans {
-		if offset < s.start {
-			return false
-		}
-		if offset < s.end() {
-			return true
-		}
+	_, found := slices.BinarySearchFunc(spans, offset, cmpSpan)
+	return found
+}
+
+// cmpSpan orders s against offset o: below it, holding it, or above it.
+func cmpSpan(s span, o int64) int {
+	switch {
+	case s.end() <= o:
+		return -1
+	case s.start > o:
+		return 1
 	}
-	return false
+	return 0
 }
 
 // dropBelow cuts spans (sorted) to the offsets from point up.
 func dropBelow(spans []span, point int64) []span {
 	var out []span
 	for _, s := range spans {
-		if s.end() <= point {
-			continue
+		if start := max(s.start, point); s.end() > point {
+			out = append(out, span{start, s.end() - start})
 		}
-		start := max(s.start, point)
-		out = append(out, span{start, s.end() - start})
+	}
+	return out
+}
+
+// addSpan adds offset to spans (sorted, disjoint), merging neighbours.
+func addSpan(spans []span, offset int64) []span {
+	i, found := slices.BinarySearchFunc(spans, offset, cmpSpan)
+	out := slices.Clone(spans)
+	if found {
+		return out
+	}
+	out = slices.Insert(out, i, span{offset, 1})
+	if i+1 < len(out) && out[i].end() == out[i+1].start {
+		out[i].count += out[i+1].count
+		out = slices.Delete(out, i+1, i+2)
+	}
+	if i > 0 && out[i-1].end() == out[i].start {
+		out[i-1].count += out[i].count
+		out = slices.Delete(out, i, i+1)
 	}
 	return out
 }

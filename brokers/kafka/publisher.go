@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
@@ -64,22 +65,16 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 			return fmt.Errorf("kafka: Publish: message %d is nil", i)
 		}
 		headers := make(map[string]string, len(m.Headers)+3)
-		for k, v := range m.Headers {
-			headers[k] = v
-		}
+		maps.Copy(headers, m.Headers)
 		otel.GetTextMapPropagator().Inject(ctx, propagation.MapCarrier(headers))
 		delete(headers, p.cfg.idHeader)
 		if m.ID != "" {
 			headers[p.cfg.idHeader] = m.ID
 		}
-		km := kafkago.Message{Topic: topic, Value: m.Body}
+		out[i] = kafkago.Message{Topic: topic, Value: m.Body, Headers: appendHeaders(nil, headers)}
 		if m.Key != "" {
-			km.Key = []byte(m.Key)
+			out[i].Key = []byte(m.Key)
 		}
-		for _, k := range sortedKeys(headers) {
-			km.Headers = append(km.Headers, kafkago.Header{Key: k, Value: []byte(headers[k])})
-		}
-		out[i] = km
 	}
 	if err := p.w.WriteMessages(ctx, out...); err != nil {
 		var werrs kafkago.WriteErrors
@@ -106,18 +101,13 @@ func tooLarge(werrs kafkago.WriteErrors, err error) bool {
 	}
 	failed := false
 	for _, e := range werrs {
-		if e == nil {
-			continue
-		}
-		if !errors.Is(e, kafkago.MessageSizeTooLarge) {
+		if e != nil && !errors.Is(e, kafkago.MessageSizeTooLarge) {
 			return false
 		}
-		failed = true
+		failed = failed || e != nil
 	}
 	return failed
 }
 
 // Close flushes and closes the writer.
-func (p *Publisher) Close() error {
-	return closeWriter(p.w)
-}
+func (p *Publisher) Close() error { return closeWriter(p.w) }

@@ -21,9 +21,8 @@ import (
 	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
-// errRevoked makes a settlement stale (driver.Stale): it sends nothing,
-// and the partition's next owner gets the message again from the committed
-// offset. After Close the reason is unsettled.ErrClosed.
+// errRevoked makes a settlement stale: it sends nothing, and the next owner
+// gets the message again. After Close the reason is unsettled.ErrClosed.
 var errRevoked = errors.New("kafka: the delivery's partition was revoked by a rebalance")
 
 // Source consumes one topic in a consumer group. It implements
@@ -60,33 +59,19 @@ type Source struct {
 
 // Stats are counters of a Source's life, for operators and tests.
 type Stats struct {
-	// Generations counts consumer group generations this member took part
-	// in (one per rebalance).
-	Generations int64
-	// Commits counts successful offset commits; CommitErrors failed ones.
-	Commits, CommitErrors int64
-	// StaleSettlements counts settlements refused as stale (an error
-	// wrapping driver.ErrStaleDelivery).
-	StaleSettlements int64
-	// Skipped counts fetched messages not handed out because the commit
-	// metadata of an earlier owner says they were already decided.
-	Skipped int64
+	Generations           int64 // consumer group generations this member took part in (one per rebalance)
+	Commits, CommitErrors int64 // offset commits that succeeded, that failed
+	StaleSettlements      int64 // settlements refused as stale (wrapping driver.ErrStaleDelivery)
+	Skipped               int64 // fetched messages an earlier owner's commit metadata says were decided
 }
 
 // Open returns a Source for a consumer group on one topic. addr is a
-// kafka:// URL that says everything (its parameters are listed in the
-// package documentation):
-//
-//	kafka://[user:password@]host:port[,host:port...]/topic?group=id&...
-//
-// or a plain comma-separated broker list, with the topic and group given
-// by WithTopic and WithGroup. opts apply after the URL's parameters, so
-// options given in code override them.
-//
-// Open checks that the topic exists and creates a missing dead-letter or
-// retry topic (or fails naming the setting, see WithDeadLetterTopic); the
-// group is joined at the first Receive, after the Consumer had its chance
-// to call SetWindow.
+// kafka:// URL (see the package documentation) or a plain comma-separated
+// broker list, with the topic and group given by WithTopic and WithGroup;
+// opts override the URL's parameters. Open checks that the topic exists and
+// creates a missing dead-letter or retry topic (or fails naming the
+// setting); the group is joined at the first Receive, after the Consumer
+// had its chance to call SetWindow.
 func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	cfg, err := sourceConfig(addr, opts)
 	if err != nil {
@@ -174,8 +159,7 @@ func (s *Source) ensureTopics(ctx context.Context) error {
 func (s *Source) log() *slog.Logger { return s.logs.Log() }
 
 // SetLogger makes the Source log to l (the Consumer's logger), unless it
-// was given a logger of its own (WithLogger, core.WithAdapterLogger). The
-// Consumer calls it before the first Receive.
+// was given one of its own (WithLogger, core.WithAdapterLogger).
 func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 func (s *Source) topics() []string {
@@ -197,16 +181,13 @@ func (s *Source) Stats() Stats {
 }
 
 // SetWindow caps the deliveries handed out and not yet settled; Receive
-// waits while the cap is reached. Until it is called there is no cap
-// besides WithPartitionBuffer.
+// waits while the cap is reached. Default: no cap besides
+// WithPartitionBuffer.
 func (s *Source) SetWindow(n int) error {
 	if n < 1 {
 		return fmt.Errorf("kafka: SetWindow: window %d is below 1", n)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.window = n
-	s.broadcast()
+	s.change(func() { s.window = n })
 	return nil
 }
 
@@ -373,10 +354,8 @@ func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
 
 // Close leaves the group: it stops handing out messages, commits every
 // partition's decided prefix, and releases the partitions, without waiting
-// for deliveries still in flight (the Consumer settles before it closes
-// its Source). Settling a delivery afterwards returns an error wrapping
-// driver.ErrStaleDelivery and sends nothing; the next owner gets those
-// messages again.
+// for deliveries in flight: settling one afterwards sends nothing and
+// returns an error wrapping driver.ErrStaleDelivery.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -472,9 +451,8 @@ func closeWriter(w *kafkago.Writer) error {
 
 func closeIdle(t kafkago.RoundTripper) { t.(*kafkago.Transport).CloseIdleConnections() }
 
-// kafkaLogger sends kafka-go's error log to slog at debug level: kafka-go
-// logs every transient fetch or connection error, and the Source reports
-// what matters itself.
+// kafkaLogger sends kafka-go's error log, every transient fetch or
+// connection error, to slog at debug level; the Source reports what matters.
 type kafkaLogger struct{ l *slog.Logger }
 
 // Printf implements kafka-go's Logger.
@@ -482,5 +460,10 @@ func (k kafkaLogger) Printf(format string, args ...any) {
 	k.l.Debug("kafka-go: " + fmt.Sprintf(format, args...))
 }
 
-// sortedKeys returns a map's keys in order, for deterministic headers.
-func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
+// appendHeaders appends m to hs as Kafka headers, in key order.
+func appendHeaders(hs []kafkago.Header, m map[string]string) []kafkago.Header {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		hs = append(hs, kafkago.Header{Key: k, Value: []byte(m[k])})
+	}
+	return hs
+}
