@@ -23,6 +23,7 @@ const (
 	errLost             = 2013 // CR_SERVER_LOST
 	errOptionPrevents   = 1290 // ER_OPTION_PREVENTS_STATEMENT: transient for --read-only only
 	errReadOnlyMode     = 1836 // ER_READ_ONLY_MODE
+	errUnknownCom       = 1047 // ER_UNKNOWN_COM_ERROR: transient as Galera's "WSREP has not yet prepared node" only
 )
 
 // errDupEntry is ER_DUP_ENTRY: an INSERT ran into an existing key.
@@ -50,6 +51,10 @@ var serverErrors = sqlstore.Errors{
 		case errDeadlock, errLockWaitTimeout, errConnKilled, errQueryInterrupted,
 			errServerShutdown, errGoneAway, errLost, errTooManyConns, errReadOnlyMode:
 			return true
+		case errUnknownCom:
+			// A Galera node outside the primary component, until it
+			// rejoins one.
+			return strings.Contains(msg, "WSREP")
 		case errOptionPrevents:
 			// Other options (secure_file_priv, …) refuse a statement
 			// for good.
@@ -67,7 +72,8 @@ var serverErrors = sqlstore.Errors{
 // interrupted connection or query (1927, 1317), a server shutting down or
 // gone (1053, 2006, 2013), too many connections (1040), a write refused by
 // a read-only server (1290 naming the read-only option, 1836: a replica,
-// or a primary demoted in a failover), or a connection lost on the client
+// or a primary demoted in a failover), a Galera node outside the primary
+// component (1047, WSREP not ready), or a connection lost on the client
 // side (invalid connection, bad connection, EOF, network error, deadline).
 // Other server errors, including a duplicate key (1062) in a business
 // effect, are not transient.
