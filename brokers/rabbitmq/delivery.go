@@ -32,11 +32,8 @@ type session struct {
 
 	// mu is held from a tag's removal from live to the send of its
 	// settlement, so a multiple ack never covers a tag settled alone.
-	mu sync.Mutex
-	// live holds the tags received and not yet settled (a delayed
-	// requeue's until its nack); kill closes it, so later settlements
-	// are stale.
-	live *unsettled.Set[uint64, struct{}]
+	mu   sync.Mutex
+	live *unsettled.Set[uint64, struct{}] // unsettled tags (a delayed requeue's until its nack); closed by kill
 
 	pubMu      sync.Mutex // one republish at a time, so a basic.return is matched to it
 	pub        *amqp.Channel
@@ -56,17 +53,14 @@ func (s *session) kill() {
 }
 
 // take takes e out of live before its settlement is sent; s.mu is held.
-// A dead session's delivery is stale (counted): its tag died with the
-// channel.
+// A dead session's delivery is stale: its tag died with the channel.
 func (s *session) take(e *unsettled.Entry[uint64, struct{}]) error {
-	err := s.live.Settle(e)
-	if err == nil && s.ch.IsClosed() {
-		err = driver.ErrStaleDelivery
-	}
-	if errors.Is(err, driver.ErrStaleDelivery) {
+	if err := s.live.Settle(e); err != nil && !errors.Is(err, driver.ErrStaleDelivery) {
+		return err
+	} else if err != nil || s.ch.IsClosed() {
 		return s.stale(1, nil)
 	}
-	return err
+	return nil
 }
 
 // stale counts n stale settlements and returns their error, wrapping
@@ -153,7 +147,7 @@ func (s *session) staleIfClosed(err error, n int) error {
 }
 
 // publish sends one message on the session's confirm channel (mandatory)
-// and waits for its confirm. An unroutable message or a nack is an error.
+// and waits for its confirm.
 func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) error {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
@@ -196,9 +190,9 @@ func confirmChannel(conn *amqp.Connection, n int) (*amqp.Channel, chan amqp.Retu
 
 // publishConfirmed publishes p on ch, a confirm channel with nothing else
 // awaiting a confirm, to the default exchange with routing key key
-// (mandatory), and waits for its confirm. reusable is false when the wait
-// was cut short: a late confirm or return of p could then be taken for the
-// next publish's, so ch must not publish again.
+// (mandatory), and waits for its confirm; unroutable or nacked is an
+// error. reusable is false when the wait was cut short: a late confirm or
+// return of p could then be taken for the next publish's.
 func publishConfirmed(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, key string, p amqp.Publishing) (reusable bool, err error) {
 	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, p)
 	if err != nil {
@@ -267,9 +261,8 @@ func (d *delivery) Ack(ctx context.Context) error {
 
 // Retry asks for a redelivery no sooner than delay, per the Source's
 // RetryMode. With RetryRequeue and a positive delay it returns at once and
-// nacks when the delay ends (the message stays unacked meanwhile, so a
-// crash or Close still gets it redelivered); a failure of that later nack
-// is logged, and the broker then redelivers the message anyway.
+// nacks when the delay ends; the message stays unacked meanwhile, so a
+// crash, Close or failed nack (logged) still gets it redelivered.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	if err := d.Claim(); err != nil {
 		return d.wrap(err)
@@ -355,8 +348,8 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 }
 
 // republishing rebuilds r as a persistent publishing with its properties
-// and a copy of its headers, less the broker's count of its deliveries
-// (the copy is a new message; AttemptHeader carries the count).
+// and a copy of its headers, less the broker's count of the original's
+// deliveries.
 func republishing(r *amqp.Delivery) amqp.Publishing {
 	h := make(amqp.Table, len(r.Headers)+5)
 	for k, v := range r.Headers {
@@ -422,9 +415,8 @@ func fillMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) er
 	return idErr
 }
 
-// messageID reads the business id: from the idHeader when one is set and
-// the message has it, else from the message_id property. Without either,
-// the error says where it looked.
+// messageID reads the business id from the idHeader when the message has
+// it, else from message_id; without either, the error says where it looked.
 func messageID(idHeader string, r *amqp.Delivery) (string, error) {
 	v, ok := r.Headers[idHeader]
 	if idHeader == "" || !ok {
@@ -443,9 +435,8 @@ func messageID(idHeader string, r *amqp.Delivery) (string, error) {
 }
 
 // attempt derives the delivery attempt: 2 when the broker flags a
-// redelivery, x-delivery-count+1 on quorum queues, and the AttemptHeader
-// a RetryViaQueue copy carries (plus one if that copy was itself
-// redelivered).
+// redelivery, x-delivery-count+1 on quorum queues, or the AttemptHeader of
+// a RetryViaQueue copy (plus one if it was redelivered).
 func attempt(r *amqp.Delivery) int {
 	a := 1
 	if r.Redelivered {

@@ -94,14 +94,12 @@ type Publisher struct {
 	returns chan amqp.Return
 }
 
-// NewPublisher connects to the broker at addr, a URL as Open takes it,
-// and opens a confirm channel. Of the URL's parameters, queue sets the
-// routing key (WithRoutingKey), exchange the exchange (WithPublishExchange)
-// and id_header the id header (WithPublisherIDHeader), so one URL serves
-// both sides; the other consumer parameters are checked and ignored, and
-// opts apply after them. A cluster's nodes are dialled as Open dials them:
-// after a connection loss the next Publish reconnects, starting with the
-// node after the one it lost, and tries every node once before it fails.
+// NewPublisher connects to the broker at addr, a URL as Open takes it
+// (its nodes dialled as Open dials them), and opens a confirm channel. Of
+// the URL's parameters, queue sets the routing key (WithRoutingKey),
+// exchange the exchange (WithPublishExchange) and id_header the id header
+// (WithPublisherIDHeader), so one URL serves both sides; the other
+// consumer parameters are checked and ignored, and opts apply after them.
 func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
 	amqpURL, queue, srcOpts, err := readURL(addr)
 	if err != nil {

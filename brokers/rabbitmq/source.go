@@ -48,10 +48,9 @@ type Source struct {
 	initial *amqp.Connection // the connection Open made, used by the first session
 	timers  map[*time.Timer]struct{}
 
-	// attempts remembers, per message id, the attempt of messages this
-	// process requeued with RetryRequeue: a classic queue only flags a
-	// redelivery, so without it Attempt would stop at 2 and MaxAttempts
-	// would never be reached. Bounded by maxRemembered.
+	// attempts remembers the attempt of messages this process requeued
+	// with RetryRequeue, by id: a classic queue only flags a redelivery, so
+	// Attempt would stop at 2 and MaxAttempts never be reached.
 	attemptsMu sync.Mutex
 	attempts   map[string]int
 
@@ -124,12 +123,11 @@ func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
 //	amqps://user:pass@h1:5671,h2:5671,h3:5671/vhost?queue=payments&queue_type=quorum&delivery_limit=5
 //
 // A cluster's nodes are listed comma-separated in place of host:port, each
-// with the same user, password, vhost and parameters. The first connection
-// goes to a node picked at random, so that many consumers spread over the
-// cluster; a failed dial tries the next node at once, and only when every
-// node failed in turn does the Source wait out its reconnect backoff. After
-// a connection loss it starts with the node after the one it lost. An empty
-// entry or a port that is not a number is an error naming it.
+// with the same user, password, vhost and parameters. The first dial goes
+// to a node picked at random, a failed one tries the next node at once,
+// and only when every node failed in turn does the Source wait out its
+// reconnect backoff; after a connection loss it starts with the node after
+// the one it lost.
 //
 // Each parameter sets the option of the same meaning; options given in
 // code apply after the URL's. queue (WithQueue) is required; queue_type is
@@ -250,9 +248,8 @@ func (s *Source) currentWindow() int {
 
 // Receive returns the next delivery. It blocks until one arrives, ctx is
 // done, or the Source is closed (driver.ErrSourceClosed). While the
-// connection is down it keeps reconnecting in the background and may
-// return the connection error to report trouble; calling Receive again is
-// always safe.
+// connection is down it may return the error of a reconnect attempt;
+// calling it again is always safe.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if s.closed {
@@ -341,10 +338,9 @@ func (s *Source) dialAndDeclare(ctx context.Context) (*amqp.Connection, error) {
 }
 
 // run owns the connection: it starts a session, pumps its deliveries to
-// Receive, and when the connection or channel dies reconnects until Close:
-// at once, to the next node, and after a round in which no node could be
-// reached or the session not started, after a backoff that starts over
-// once a session runs again.
+// Receive, and when the connection or channel dies reconnects until Close,
+// at once to the next node; after a failed round it waits out a backoff
+// that starts over once a session runs again.
 func (s *Source) run() {
 	defer s.wg.Done()
 	s.mu.Lock()
@@ -433,8 +429,7 @@ func (s *Source) remember(id string, attempt int) {
 	s.attempts[id] = attempt
 }
 
-// requeued returns the attempt after which id was last requeued (0 if
-// unknown).
+// requeued returns the attempt after which id was last requeued, or 0.
 func (s *Source) requeued(id string) int {
 	s.attemptsMu.Lock()
 	defer s.attemptsMu.Unlock()
@@ -452,8 +447,7 @@ func (s *Source) forget(ds ...*delivery) {
 	}
 }
 
-// startSession opens the consume channel on conn, applies the window and
-// starts consuming.
+// startSession opens the consume channel on conn and starts consuming.
 func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Delivery, error) {
 	ch, err := conn.Channel()
 	if err != nil {
@@ -616,16 +610,16 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	return errors.Join(errs...)
 }
 
-// dialer dials the nodes of a URL, each once in turn from next, the node
-// after the one it reached last.
+// dialer dials the nodes of a URL, each once in turn from next: the node
+// after the one it reached last, since that one may be down.
 type dialer struct {
 	nodes nodes
 	next  int
 	cc    connConfig
 }
 
-// newDialer returns a dialer that starts at a node picked at random, so
-// that many clients spread over a cluster.
+// newDialer starts at a node picked at random, so that many clients
+// spread over a cluster.
 func newDialer(ns nodes, cc connConfig) dialer {
 	return dialer{nodes: ns, next: rand.IntN(len(ns.urls)), cc: cc}
 }

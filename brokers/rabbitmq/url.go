@@ -25,8 +25,7 @@ func init() {
 	}
 }
 
-// amqpParams are the URI query parameters amqp091-go understands: they are
-// left to it.
+// amqpParams are the URI query parameters left to amqp091-go.
 var amqpParams = map[string]bool{
 	"heartbeat": true, "connection_timeout": true, "channel_max": true, "auth_mechanism": true,
 	"certfile": true, "keyfile": true, "cacertfile": true, "server_name_indication": true,
@@ -157,9 +156,8 @@ func parseNodes(url string) (nodes, error) {
 	return ns, nil
 }
 
-// urlError reports a URL that amqp091-go refuses without its secrets: one
-// that does not parse is not shown at all (no rule knows where its
-// password ends), one that parses is shown redacted.
+// urlError reports a URL amqp091-go refuses without its secrets: one that
+// does not parse is not shown (no rule knows where its password ends).
 func urlError(rawURL string, err error) error {
 	if _, perr := redact.ParseURL(rawURL); perr != nil {
 		return fmt.Errorf("rabbitmq: url: %w", perr)
@@ -168,20 +166,14 @@ func urlError(rawURL string, err error) error {
 }
 
 // nodes is the parsed form of a URL that may name several nodes of a
-// cluster: amqp://user:pass@h1:5672,h2:5673/vhost?… .
-type nodes struct {
-	// hosts are the host[:port] of each node, in the order of the URL.
-	hosts []string
-	// urls are one URL per node, each with the URL's user, password,
-	// vhost and query.
-	urls []string
-}
+// cluster, amqp://user:pass@h1:5672,h2:5673/vhost?…: each node's
+// host[:port] and URL (with the URL's user, password, vhost and query).
+type nodes struct{ hosts, urls []string }
 
-// splitNodes splits the comma-separated host list in the authority of
-// rawURL into one URL per node. A URL naming one host is its own single
-// node, left as it is for amqp091-go to check. An empty entry in the list
-// or a port that is not a number in 1..65535 is an error naming that part
-// of the URL (host names are shown, the user information never is).
+// splitNodes splits the comma-separated host list of rawURL into one URL
+// per node; a URL naming one host is left for amqp091-go to check. A bad
+// entry is an error naming it (host names are shown, the user information
+// never is).
 func splitNodes(rawURL string) (nodes, error) {
 	single := nodes{urls: []string{rawURL}}
 	i := strings.Index(rawURL, "://")
@@ -193,17 +185,14 @@ func splitNodes(rawURL string) (nodes, error) {
 	if j := strings.IndexAny(rawURL[start:], "/?#"); j >= 0 {
 		end = start + j
 	}
-	authority := rawURL[start:end]
-	hostStart := start + strings.LastIndex(authority, "@") + 1
-	hostList := rawURL[hostStart:end]
-	if !strings.Contains(hostList, ",") {
-		u, err := url.Parse(rawURL)
-		if err == nil {
+	hostStart := start + strings.LastIndex(rawURL[start:end], "@") + 1
+	if !strings.Contains(rawURL[hostStart:end], ",") {
+		if u, err := url.Parse(rawURL); err == nil {
 			single.hosts = []string{u.Host}
 		}
 		return single, nil
 	}
-	hosts := strings.Split(hostList, ",")
+	hosts := strings.Split(rawURL[hostStart:end], ",")
 	n := nodes{hosts: hosts, urls: make([]string, len(hosts))}
 	shown := redact.URL(rawURL)
 	for k, h := range hosts {
