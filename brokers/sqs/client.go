@@ -1,11 +1,11 @@
 package sqs
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,31 +29,18 @@ func newClient(ctx context.Context, c clientConfig) (*awssqs.Client, error) {
 		return c.client, nil
 	}
 	var cfg aws.Config
+	var err error
 	if c.awsConfig != nil {
 		cfg = c.awsConfig.Copy()
-	} else {
-		var loads []func(*awsconfig.LoadOptions) error
-		if c.region != "" {
-			loads = append(loads, awsconfig.WithRegion(c.region))
-		}
-		if c.credentials != nil {
-			loads = append(loads, awsconfig.WithCredentialsProvider(c.credentials))
-		}
-		var err error
-		cfg, err = awsconfig.LoadDefaultConfig(ctx, loads...)
-		if err != nil {
-			return nil, fmt.Errorf("sqs: loading the AWS configuration: %w", err)
-		}
-	}
-	if c.region != "" {
-		cfg.Region = c.region
+	} else if cfg, err = awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(c.region), awsconfig.WithCredentialsProvider(c.credentials)); err != nil {
+		return nil, fmt.Errorf("sqs: loading the AWS configuration: %w", err)
 	}
 	if c.credentials != nil {
 		cfg.Credentials = c.credentials
 	}
+	cfg.Region = cmp.Or(c.region, cfg.Region)
 	if cfg.Region == "" && c.endpoint != "" {
-		// An emulator ignores the region, but the SDK needs one to sign.
-		cfg.Region = "us-east-1"
+		cfg.Region = "us-east-1" // an emulator ignores it, but the SDK signs with it
 	}
 	if cfg.Region == "" {
 		return nil, errors.New("sqs: no AWS region configured: set AWS_REGION or use WithRegion")
@@ -85,25 +72,18 @@ type redrivePolicy struct {
 // queues resolves queues given by URL or name, each once.
 type queues struct {
 	cl *awssqs.Client
-	mu sync.Mutex
-	m  map[string]*queueInfo
+	m  sync.Map
 }
 
 func (c *queues) get(ctx context.Context, urlOrName string) (*queueInfo, error) {
-	c.mu.Lock()
-	q, ok := c.m[urlOrName]
-	c.mu.Unlock()
-	if ok {
-		return q, nil
+	if q, ok := c.m.Load(urlOrName); ok {
+		return q.(*queueInfo), nil
 	}
 	q, err := resolveQueue(ctx, c.cl, urlOrName)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		c.m.Store(urlOrName, q)
 	}
-	c.mu.Lock()
-	c.m[urlOrName] = q
-	c.mu.Unlock()
-	return q, nil
+	return q, err
 }
 
 // resolveQueue finds the URL of a queue given by URL or name and reads its
@@ -120,12 +100,7 @@ func resolveQueue(ctx context.Context, cl *awssqs.Client, urlOrName string) (*qu
 		}
 		q.url = aws.ToString(out.QueueUrl)
 	}
-	u, err := url.Parse(q.url)
-	if err != nil {
-		return nil, fmt.Errorf("queue URL %q: %w", q.url, err)
-	}
-	q.name = u.Path[strings.LastIndexByte(u.Path, '/')+1:]
-	if q.name == "" {
+	if q.name = q.url[strings.LastIndexByte(q.url, '/')+1:]; q.name == "" {
 		return nil, fmt.Errorf("queue URL %q names no queue", q.url)
 	}
 	attrs, err := cl.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
@@ -147,11 +122,9 @@ func resolveQueue(ctx context.Context, cl *awssqs.Client, urlOrName string) (*qu
 		q.visibility = 30 * time.Second // the SQS default
 	}
 	if s := a[string(types.QueueAttributeNameRedrivePolicy)]; s != "" {
-		rp, err := parseRedrivePolicy(s)
-		if err != nil {
+		if q.redrive, err = parseRedrivePolicy(s); err != nil {
 			return nil, fmt.Errorf("queue %q: RedrivePolicy: %w", q.name, err)
 		}
-		q.redrive = rp
 	}
 	q.maxSize.Store(maxMessageSize(a))
 	return q, nil
@@ -160,38 +133,25 @@ func resolveQueue(ctx context.Context, cl *awssqs.Client, urlOrName string) (*qu
 // maxMessageSize is the MaximumMessageSize among queue attributes a, 0
 // when missing or unreadable.
 func maxMessageSize(a map[string]string) int64 {
-	n, err := strconv.ParseInt(a[string(types.QueueAttributeNameMaximumMessageSize)], 10, 64)
-	if err != nil || n < 0 {
-		return 0
-	}
-	return n
+	n, _ := strconv.ParseInt(a[string(types.QueueAttributeNameMaximumMessageSize)], 10, 64)
+	return max(n, 0)
 }
 
 // parseRedrivePolicy reads {"deadLetterTargetArn":"…","maxReceiveCount":5};
 // SQS returns maxReceiveCount as a number or a string.
 func parseRedrivePolicy(s string) (*redrivePolicy, error) {
 	var raw struct {
-		Target string `json:"deadLetterTargetArn"`
-		Max    any    `json:"maxReceiveCount"`
+		Target string      `json:"deadLetterTargetArn"`
+		Max    json.Number `json:"maxReceiveCount"`
 	}
 	if err := json.Unmarshal([]byte(s), &raw); err != nil {
 		return nil, err
 	}
-	rp := &redrivePolicy{targetARN: raw.Target}
-	switch v := raw.Max.(type) {
-	case float64:
-		rp.maxReceiveCount = int(v)
-	case string:
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, fmt.Errorf("maxReceiveCount %q: %w", v, err)
-		}
-		rp.maxReceiveCount = n
-	}
-	if rp.targetARN == "" {
+	if raw.Target == "" {
 		return nil, errors.New("no deadLetterTargetArn")
 	}
-	return rp, nil
+	n, _ := raw.Max.Float64()
+	return &redrivePolicy{targetARN: raw.Target, maxReceiveCount: int(n)}, nil
 }
 
 // queueNameFromARN returns the last part of arn:aws:sqs:region:account:name.

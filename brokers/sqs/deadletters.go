@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -25,36 +24,25 @@ import (
 )
 
 // browseVisibility is how long a DeadLetters call keeps each message it
-// received hidden; a heartbeat extends it every third of that while the
-// call runs. A variable for tests.
+// received hidden, extended every third of that. A variable for tests.
 var browseVisibility = 30 * time.Second
 
-// maxEmptyReceives is how many receives in a row may come back empty
-// before a call concludes the dead-letter queue gives nothing more.
+// maxEmptyReceives is how many empty receives in a row end a call.
 const maxEmptyReceives = 3
 
 // DeadLetters is the operator's handle on the dead-letter queue of one
 // consumer's queue (admin.DeadLetterQueue), whether the adapter copied the
-// messages there (DeadLetterSend) or the redrive policy moved them
-// (DeadLetterRedrive). It is not safe for concurrent use.
+// messages there or the redrive policy moved them. It is not safe for
+// concurrent use.
 //
 // SQS cannot read a message without receiving it, so each call receives the
 // messages parked when it began (ApproximateNumberOfMessages), keeps them
-// hidden while it runs (a heartbeat extends their visibility) and makes
-// those still parked visible again when it returns; a consumer of the
-// dead-letter queue sees them only after the call. On a FIFO dead-letter
-// queue SQS hands out no more of a message group while one is hidden, so a
-// call sees per group only what its receives return.
-//
-// A message the redrive policy moved has no idemq-cause: its Cause says it
-// passed the policy's maxReceiveCount, and its Attempt is that count when
-// it came from the consumer's own queue. ParkedAt is the copy's
-// SentTimestamp (for a moved message, the original's). Redrive sends the
-// original body and attributes (unfolded, folded again past ten) and, on a
-// FIFO queue, the MessageGroupId under a new MessageDeduplicationId, which
-// SQS would otherwise drop as a repeat.
+// hidden while it runs and makes those still parked visible again when it
+// returns. On a FIFO dead-letter queue SQS hands out no more of a message
+// group while one is hidden, so a call sees per group only what its
+// receives return. ParkedAt is a copy's SentTimestamp.
 type DeadLetters struct {
-	*deadletter.Queue[*held]
+	*deadletter.Queue[*types.Message]
 	s *dlqStore
 }
 
@@ -68,28 +56,12 @@ type dlqStore struct {
 	closed bool
 }
 
-// held is one parked message a call received and keeps hidden.
-type held struct {
-	raw   *types.Message
-	moved bool // moved by the redrive policy rather than copied
-}
-
-// OpenDeadLetters returns the dead-letter queue of the consumer of the
-// queue addr names (an sqs:// URL, as admin.OpenDeadLetters takes it),
-// which Open would open with the same options: the queue
-// WithDeadLetterQueue names, else the target of the queue's redrive policy
-// (always the latter with WithDeadLetterMode(DeadLetterRedrive)). Options
-// only a Source uses are accepted and ignored. It creates nothing.
+// OpenDeadLetters returns the dead-letter queue of the consumer of the queue
+// addr names (an sqs:// URL, as admin.OpenDeadLetters takes it): the one
+// Open with the same options would park in. Options only a Source uses are
+// accepted and ignored. It creates nothing.
 func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
-	u, err := parseAddr("OpenDeadLetters", addr)
-	if err != nil {
-		return nil, err
-	}
-	return openDeadLetters(ctx, u, driver.OpenConfig{}, opts)
-}
-
-func openDeadLetters(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts []Option) (*DeadLetters, error) {
-	cfg, cl, q, err := setup(ctx, "OpenDeadLetters", u, oc, true, opts)
+	cfg, cl, q, err := setup(ctx, "OpenDeadLetters", addr, true, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -97,20 +69,18 @@ func openDeadLetters(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts
 	if err != nil {
 		return nil, err
 	}
-	s := &dlqStore{cl: cl, cfg: cfg, q: q, dlq: dlq, dests: queues{cl: cl, m: map[string]*queueInfo{q.name: q}}}
+	s := &dlqStore{cl: cl, cfg: cfg, q: q, dlq: dlq, dests: queues{cl: cl}}
+	s.dests.m.Store(q.name, q)
 	return &DeadLetters{Queue: deadletter.New(s), s: s}, nil
 }
 
 // QueueURL returns the dead-letter queue's URL.
 func (d *DeadLetters) QueueURL() string { return d.s.dlq.url }
 
-// Redrive implements admin.DeadLetterQueue. When the queue dead-letters
-// through its redrive policy (DeadLetterRedrive), sel is nil and the policy
-// moved every parked message, it asks SQS to move them back itself
-// (StartMessageMoveTask, which also moves messages parked while it runs)
-// and waits for the task, calling progress as its count of moved messages
-// grows. Otherwise, or where the endpoint does not support move tasks, it
-// sends and deletes them one by one.
+// Redrive implements admin.DeadLetterQueue. In DeadLetterRedrive mode, when
+// sel is nil and the policy moved every parked message, SQS is asked to
+// move them back itself (StartMessageMoveTask) where the endpoint can;
+// otherwise each is sent back and then deleted.
 func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
 	if d.s.cfg.deadLetterMode == DeadLetterRedrive && sel == nil {
 		n, err := d.s.moveAll(ctx, progress)
@@ -124,8 +94,7 @@ func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool,
 // Name is the dead-letter queue's name.
 func (s *dlqStore) Name() string { return s.dlq.name }
 
-// Close marks the handle closed; later calls fail. The SQS client needs no
-// closing.
+// Close marks the handle closed; later calls fail.
 func (s *dlqStore) Close() error {
 	s.closed = true
 	return nil
@@ -133,42 +102,43 @@ func (s *dlqStore) Close() error {
 
 // Each receives the messages parked when it begins, keeping them hidden,
 // and makes those still parked visible again when it returns.
-func (s *dlqStore) Each(ctx context.Context, fn func(*held, *admin.Parked) error) error {
+func (s *dlqStore) Each(ctx context.Context, fn func(*types.Message, *admin.Parked) error) error {
 	err := s.browse(ctx, fn)
 	return errors.Join(err, s.cur.release())
 }
 
-// Republish sends h back to its destination with its original attributes
-// (unfolded, and folded again when more than ten), the bookkeeping left
-// out.
-func (s *dlqStore) Republish(ctx context.Context, h *held, p *admin.Parked) error {
+// Republish sends m back to its destination with its original attributes
+// (unfolded, folded again past ten) but the bookkeeping, on a FIFO queue
+// under a new MessageDeduplicationId: SQS would drop the old as a repeat.
+func (s *dlqStore) Republish(ctx context.Context, m *types.Message, p *admin.Parked) error {
 	dest, err := s.dests.get(ctx, p.Destination)
 	if err != nil {
 		return fmt.Errorf("destination: %w", err)
 	}
-	attrs := unfold(h.raw.MessageAttributes)
+	attrs := unfold(m.MessageAttributes)
 	for _, k := range deadletter.Bookkeeping {
 		delete(attrs, k)
 	}
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
-	return sendCopy(ctx, s.cl, dest, h.raw.Body, attrs, s.cfg.idAttribute, p.Key, "idemq-redriven", "idemq-redrive-"+hex.EncodeToString(b))
+	return sendCopy(ctx, s.cl, dest, m.Body, attrs, s.cfg.idAttribute, p.Key, "idemq-redriven", "idemq-redrive-"+hex.EncodeToString(b))
 }
 
-// Remove deletes h from the dead-letter queue.
-func (s *dlqStore) Remove(ctx context.Context, h *held) error {
-	ref := aws.ToString(h.raw.MessageId)
-	if _, err := s.cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(s.dlq.url), ReceiptHandle: aws.String(s.cur.receipt(ref))}); err != nil {
+// Remove deletes m from the dead-letter queue.
+func (s *dlqStore) Remove(ctx context.Context, m *types.Message) error {
+	ref := aws.ToString(m.MessageId)
+	receipt, _ := s.cur.receipts.Load(ref) // the latest, should SQS have handed m out again
+	if _, err := s.cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(s.dlq.url), ReceiptHandle: aws.String(receipt.(string))}); err != nil {
 		return err
 	}
-	s.cur.drop(ref)
+	s.cur.receipts.Delete(ref)
 	return nil
 }
 
 // browse receives the messages parked when it begins and calls fn once per
 // message, keeping them hidden in s.cur, which the caller releases. An
 // error from fn stops it.
-func (s *dlqStore) browse(ctx context.Context, fn func(*held, *admin.Parked) error) error {
+func (s *dlqStore) browse(ctx context.Context, fn func(*types.Message, *admin.Parked) error) error {
 	l := newLease(s)
 	s.cur = l
 	if s.closed {
@@ -178,20 +148,22 @@ func (s *dlqStore) browse(ctx context.Context, fn func(*held, *admin.Parked) err
 	if err != nil {
 		return fmt.Errorf("sqs: dead-letter queue %s: reading its size: %w", s.dlq.name, err)
 	}
-	// Each receive that is not empty brings at least one message: the
-	// bound holds even when SQS hands some out twice. A receive whose
-	// answer was lost on the way (the SDK retried it) leaves its messages
-	// hidden for browseVisibility without the lease knowing them: while
-	// some are missing and the queue hides more than the lease holds, the
-	// call waits for them to come back, up to that long.
+	// Each receive that is not empty brings at least one message, so the
+	// bound holds even when SQS hands some out twice. A receive whose answer
+	// was lost (the SDK retried it) hides its messages for browseVisibility:
+	// while the queue hides more than the lease holds, the call waits.
 	strays := time.Time{}
 	for got, empties, calls := 0, 0, 0; got < parked && calls < parked+maxEmptyReceives; calls++ {
 		if empties >= maxEmptyReceives {
 			if strays.IsZero() {
 				strays = time.Now().Add(browseVisibility + 5*time.Second)
 			}
+			held := 0
+			for range l.receipts.Range {
+				held++
+			}
 			hidden, err := s.count(ctx, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)
-			if time.Now().After(strays) || err != nil || hidden <= l.len() {
+			if time.Now().After(strays) || err != nil || hidden <= held {
 				break
 			}
 			empties, calls = 0, calls-1
@@ -209,14 +181,14 @@ func (s *dlqStore) browse(ctx context.Context, fn func(*held, *admin.Parked) err
 		// them hidden however long fn takes.
 		fresh := make([]*types.Message, 0, len(out.Messages))
 		for i := range out.Messages {
-			if m := &out.Messages[i]; l.hold(m) {
+			m := &out.Messages[i]
+			if _, had := l.receipts.Swap(aws.ToString(m.MessageId), aws.ToString(m.ReceiptHandle)); !had {
 				fresh = append(fresh, m)
 			} // else handed out again: the lease has its new receipt
 		}
 		for _, m := range fresh {
 			got++
-			p, moved := s.parked(m)
-			if err := fn(&held{raw: m, moved: moved}, p); err != nil {
+			if err := fn(m, s.parked(m)); err != nil {
 				return err
 			}
 		}
@@ -234,9 +206,11 @@ func (s *dlqStore) count(ctx context.Context, name types.QueueAttributeName) (in
 	return n, nil
 }
 
-// parked describes a received dead letter, and reports whether the
-// redrive policy moved it (it has no idemq-cause).
-func (s *dlqStore) parked(m *types.Message) (*admin.Parked, bool) {
+// parked describes a received dead letter. One the redrive policy moved
+// has no idemq-cause: its Cause says it passed maxReceiveCount, its
+// Attempt is that count when it came from the consumer's own queue, and
+// its ParkedAt the original's SentTimestamp.
+func (s *dlqStore) parked(m *types.Message) *admin.Parked {
 	headers, body := decode(m)
 	sys := m.Attributes
 	p := &admin.Parked{Ref: aws.ToString(m.MessageId), ID: headers[s.cfg.idAttribute], Key: sys[string(types.MessageSystemAttributeNameMessageGroupId)], Headers: headers, Body: body}
@@ -255,7 +229,7 @@ func (s *dlqStore) parked(m *types.Message) (*admin.Parked, bool) {
 		p.Cause += fmt.Sprintf(" (%d) on %s", p.Attempt, p.Origin)
 	}
 	p.Destination = cmp.Or(p.Destination, p.Origin)
-	return p, !copied
+	return p
 }
 
 // errMoveUnsupported is moveAll's error when a move task does not apply.
@@ -266,55 +240,56 @@ var errMoveUnsupported = errors.New("sqs: no message move task for this dead-let
 // errMoveUnsupported, having changed nothing, when the endpoint does not
 // know move tasks or some parked message is a copy the policy did not move.
 func (s *dlqStore) moveAll(ctx context.Context, progress func(int)) (int, error) {
+	fail := func(what string, err error) error {
+		return fmt.Errorf("sqs: redrive %s: %s: %w", s.dlq.name, what, err)
+	}
+	list := &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(s.dlq.arn), MaxResults: aws.Int32(10)}
 	// Probe first: nothing is received if the endpoint says no.
-	if _, err := s.cl.ListMessageMoveTasks(ctx, &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(s.dlq.arn), MaxResults: aws.Int32(1)}); err != nil {
+	if _, err := s.cl.ListMessageMoveTasks(ctx, list); err != nil {
 		if unsupported(err) {
 			return 0, errMoveUnsupported
 		}
-		return 0, fmt.Errorf("sqs: redrive %s: listing move tasks: %w", s.dlq.name, err)
+		return 0, fail("listing move tasks", err)
 	}
 	seen, moved := 0, true
-	err := s.browse(ctx, func(h *held, _ *admin.Parked) error {
-		seen++
-		moved = moved && h.moved
+	err := s.browse(ctx, func(_ *types.Message, p *admin.Parked) error {
+		_, copied := p.Headers[driver.CauseHeader]
+		seen, moved = seen+1, moved && !copied
 		return nil
 	})
 	if err != nil || seen == 0 || !moved {
 		return 0, errors.Join(cmp.Or(err, errMoveUnsupported), s.cur.release())
 	}
 	if err := s.cur.release(); err != nil {
-		return 0, fmt.Errorf("sqs: redrive %s: making the messages visible for the move task: %w", s.dlq.name, err)
+		return 0, fail("making the messages visible for the move task", err)
 	}
 	out, err := s.cl.StartMessageMoveTask(ctx, &awssqs.StartMessageMoveTaskInput{SourceArn: aws.String(s.dlq.arn)})
 	if err != nil {
-		return 0, fmt.Errorf("sqs: redrive %s: starting a move task: %w", s.dlq.name, err)
+		return 0, fail("starting a move task", err)
 	}
-	handle := aws.ToString(out.TaskHandle)
-	reported := int64(0)
-	if progress == nil {
-		progress = func(int) {}
-	}
-	for {
-		tasks, err := s.cl.ListMessageMoveTasks(ctx, &awssqs.ListMessageMoveTasksInput{SourceArn: aws.String(s.dlq.arn), MaxResults: aws.Int32(10)})
+	for done := 0; ; {
+		tasks, err := s.cl.ListMessageMoveTasks(ctx, list)
 		if err != nil {
-			return int(reported), fmt.Errorf("sqs: redrive %s: watching move task: %w", s.dlq.name, err)
+			return done, fail("watching the move task", err)
 		}
 		for _, t := range tasks.Results {
-			if aws.ToString(t.TaskHandle) != handle {
+			if aws.ToString(t.TaskHandle) != aws.ToString(out.TaskHandle) {
 				continue
 			}
-			for ; reported < t.ApproximateNumberOfMessagesMoved; reported++ {
-				progress(int(reported + 1))
+			for ; int64(done) < t.ApproximateNumberOfMessagesMoved; done++ {
+				if progress != nil {
+					progress(done + 1)
+				}
 			}
-			switch aws.ToString(t.Status) {
+			switch status := aws.ToString(t.Status); status {
 			case "COMPLETED":
-				return int(reported), nil
+				return done, nil
 			case "FAILED", "CANCELLED":
-				return int(reported), fmt.Errorf("sqs: redrive %s: move task %s: %s", s.dlq.name, aws.ToString(t.Status), aws.ToString(t.FailureReason))
+				return done, fail("move task "+status, errors.New(aws.ToString(t.FailureReason)))
 			}
 		}
 		if !retry.Sleep(ctx, time.Second) {
-			return int(reported), ctx.Err()
+			return done, ctx.Err()
 		}
 	}
 }
@@ -333,8 +308,7 @@ func unsupported(err error) bool {
 // a heartbeat extends their visibility every third of browseVisibility.
 type lease struct {
 	s        *dlqStore
-	mu       sync.Mutex
-	receipts map[string]string // receipt handle by MessageId
+	receipts sync.Map // receipt handle by MessageId
 	stop     context.CancelFunc
 	done     sync.WaitGroup
 	once     sync.Once
@@ -342,7 +316,7 @@ type lease struct {
 
 func newLease(s *dlqStore) *lease {
 	run, stop := context.WithCancel(context.Background())
-	l := &lease{s: s, receipts: map[string]string{}, stop: stop}
+	l := &lease{s: s, stop: stop}
 	l.done.Go(func() {
 		unsettled.Heartbeat(run, browseVisibility/3, func(time.Time) {
 			ctx, cancel := context.WithTimeout(run, browseVisibility/3)
@@ -353,35 +327,6 @@ func newLease(s *dlqStore) *lease {
 		})
 	})
 	return l
-}
-
-// hold records m's receipt handle and reports whether m is new to the
-// lease.
-func (l *lease) hold(m *types.Message) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, had := l.receipts[aws.ToString(m.MessageId)]
-	l.receipts[aws.ToString(m.MessageId)] = aws.ToString(m.ReceiptHandle)
-	return !had
-}
-
-func (l *lease) receipt(ref string) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.receipts[ref]
-}
-
-// drop forgets a message deleted from the queue.
-func (l *lease) drop(ref string) {
-	l.mu.Lock()
-	delete(l.receipts, ref)
-	l.mu.Unlock()
-}
-
-func (l *lease) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.receipts)
 }
 
 // release stops the heartbeat and makes the messages still held visible
@@ -396,9 +341,7 @@ func (l *lease) release() error {
 		if err = l.setVisibility(ctx, 0); err != nil {
 			err = fmt.Errorf("sqs: dead-letter queue %s: making browsed messages visible again (they come back within %v): %w", l.s.dlq.name, browseVisibility, err)
 		}
-		l.mu.Lock()
-		clear(l.receipts)
-		l.mu.Unlock()
+		l.receipts.Clear()
 	})
 	return err
 }
@@ -406,12 +349,10 @@ func (l *lease) release() error {
 // setVisibility sets the visibility of every held message to secs, ten per
 // ChangeMessageVisibilityBatch.
 func (l *lease) setVisibility(ctx context.Context, secs int32) error {
-	l.mu.Lock()
-	handles := make([]string, 0, len(l.receipts))
-	for _, h := range l.receipts {
-		handles = append(handles, h)
+	var handles []string
+	for _, h := range l.receipts.Range {
+		handles = append(handles, h.(string))
 	}
-	l.mu.Unlock()
 	var errs []error
 	for start := 0; start < len(handles); start += 10 {
 		failed, err := visibilityBatch(ctx, l.s.cl, l.s.dlq.url, handles[start:min(start+10, len(handles))], func(int) int32 { return secs })

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -34,7 +33,9 @@ type delivery struct {
 	raw        *types.Message
 	receipt    string
 	group      string
-	hbFailures int // extensions refused in a row; the heartbeat's own
+	ext        int32      // the heartbeat's: the extension asked for, in seconds
+	hbFailures int        // the heartbeat's: extensions refused in a row
+	acked      chan error // a single Ack's delete, from a deleter
 }
 
 func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
@@ -58,8 +59,8 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 			System: "aws_sqs", Attempt: attempt, Metadata: meta, ReceivedAt: now}}
 }
 
-// decode returns a received message's headers (its attributes, unfolded,
-// as strings) and its body (decoded when Publisher encoded it).
+// decode returns a message's headers (its attributes, unfolded) and body
+// (decoded when Publisher encoded it).
 func decode(m *types.Message) (map[string]string, []byte) {
 	attrs := unfold(m.MessageAttributes)
 	headers := make(map[string]string, len(attrs))
@@ -87,14 +88,12 @@ func (d *delivery) wrap(err error) error {
 	return fmt.Errorf("sqs: message %q (%s): %w", d.msg.ID, aws.ToString(d.raw.MessageId), err)
 }
 
-// claim claims the right to settle d. A stale delivery (taken back by
-// Close, superseded by a new receipt of its message, its visibility lapsed
-// as far as the Source knows, or its receipt handle refused by SQS) is not
-// settled: the caller sends nothing, since SQS redelivers the message.
+// claim claims the right to settle d. A stale delivery is not settled: the
+// caller sends nothing, since SQS redelivers the message.
 func (d *delivery) claim() error {
 	err := d.src.live.Settle(d.e)
 	if errors.Is(err, driver.ErrStaleDelivery) {
-		d.src.finish(d, outcomeReturned)
+		d.src.finish(d, true)
 	}
 	if err != nil {
 		return d.wrap(err)
@@ -110,38 +109,29 @@ func (d *delivery) Ack(ctx context.Context) error {
 	}
 	s := d.src
 	var err error
-	handed := false
-	if s.deleting.Load() {
-		req := ackReq{d: d, done: make(chan error, 1)}
+	d.acked = make(chan error, 1)
+	select {
+	case s.acks <- d:
 		select {
-		case s.acks <- req:
-			handed = true
-			select {
-			case err = <-req.done:
-			case <-ctx.Done():
-				err = ctx.Err() // the delete is still sent; the caller stops waiting
-			}
-		case <-s.ctx.Done():
+		case err = <-d.acked:
 		case <-ctx.Done():
-			err = ctx.Err()
-			handed = true // not sent: SQS redelivers it
+			err = ctx.Err() // the delete is still sent; the caller stops waiting
 		}
-	}
-	if !handed {
+	case <-s.ctx.Done(): // the deleters stopped
 		err = s.deleteBatch(ctx, []*delivery{d})[d]
+	case <-ctx.Done():
+		err = ctx.Err() // not sent: SQS redelivers it
 	}
-	s.finish(d, outcomeDone)
+	s.finish(d, false)
 	if err != nil {
 		return d.wrap(fmt.Errorf("delete: %w", err))
 	}
 	return nil
 }
 
-// Retry implements driver.Delivery: ChangeMessageVisibility to delay,
-// rounded up to whole seconds and capped by what is left of SQS's 12 hours
-// of visibility from the receipt; SQS then redelivers the message with a
-// higher ApproximateReceiveCount. On a FIFO queue, messages of the same
-// group held back behind this one are released to come after it.
+// Retry implements driver.Delivery: the message's visibility becomes delay,
+// in whole seconds up to what is left of SQS's 12 hours from the receipt.
+// On a FIFO queue, the messages held back behind it are released.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	if err := d.claim(); err != nil {
 		return err
@@ -151,7 +141,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 		secs = max(left-1, 0)
 	}
 	err := d.setVisibility(ctx, secs)
-	d.src.finish(d, outcomeReturned)
+	d.src.finish(d, true)
 	if err != nil {
 		return d.wrap(staleIfGone(fmt.Errorf("retry (visibility %ds): %w; it comes back when its visibility timeout lapses", secs, err)))
 	}
@@ -164,8 +154,7 @@ func (d *delivery) setVisibility(ctx context.Context, secs int32) error {
 	return err
 }
 
-// DeadLetter implements driver.Delivery, parking the message per the
-// Source's DeadLetterMode.
+// DeadLetter implements driver.Delivery, as the DeadLetterMode says.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.claim(); err != nil {
 		return err
@@ -179,7 +168,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		s.log().Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
 			"receive_count", d.msg.Attempt, "max_receive_count", s.q.redrive.maxReceiveCount, "cause", text)
 		err := d.setVisibility(ctx, 0)
-		s.finish(d, outcomeReturned)
+		s.finish(d, true)
 		if err != nil {
 			return d.wrap(staleIfGone(fmt.Errorf("dead-letter (release to the redrive policy): %w", err)))
 		}
@@ -190,17 +179,16 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		}
 		return nil
 	}
-	// SQS accepts a delete with a receipt handle that a later receive
-	// replaced, and keeps the message: the copy would be parked while the
-	// message is decided again. A visibility change, which SQS does refuse
-	// for such a handle, proves the handle before anything is sent, and
-	// keeps the message leased while it is copied.
+	// SQS accepts a delete with a receipt handle a later receive replaced,
+	// and keeps the message, which would be decided again beside its copy.
+	// A visibility change, which SQS refuses for such a handle, proves the
+	// handle before anything is sent and keeps the message while copied.
 	if err := d.setVisibility(ctx, int32(max(s.vis, time.Second)/time.Second)); err != nil {
-		s.finish(d, outcomeReturned)
+		s.finish(d, true)
 		return d.wrap(staleIfGone(fmt.Errorf("dead-letter (checking the receipt handle; nothing was sent): %w", err)))
 	}
 	attrs := unfold(d.raw.MessageAttributes)
-	mark := deadletter.Mark{Cause: truncate(text, 1024), Attempt: d.msg.Attempt, Origin: s.q.name}
+	mark := deadletter.Mark{Cause: strings.ToValidUTF8(text[:min(len(text), 1024)], ""), Attempt: d.msg.Attempt, Origin: s.q.name}
 	for k, v := range mark.Headers() {
 		attrs[k] = stringAttr(v)
 	}
@@ -209,11 +197,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		dedup = deduplicationID(d.msg.ID, []byte(aws.ToString(d.raw.Body)))
 	}
 	if err := sendCopy(ctx, s.cl, s.dlq, d.raw.Body, attrs, s.cfg.idAttribute, d.group, "idemq-dead-letters", dedup); err != nil {
-		s.finish(d, outcomeReturned)
+		s.finish(d, true)
 		return d.wrap(fmt.Errorf("dead-letter to %q (the message stays in the queue): %w", s.dlq.name, err))
 	}
 	failed := s.deleteBatch(ctx, []*delivery{d})
-	s.finish(d, outcomeDone)
+	s.finish(d, false)
 	if err := failed[d]; err != nil {
 		return d.wrap(fmt.Errorf("dead-letter: copied to %q but the delete failed, so it will be parked again: %w", s.dlq.name, err))
 	}
@@ -227,15 +215,11 @@ func stringAttr(v string) types.MessageAttributeValue {
 	return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
 }
 
-// sendCopy sends body with attrs to q. SQS allows ten attributes: what does
-// not fit beside the bookkeeping, the id attribute, idemq-encoding and the
-// trace context is folded into one, so the copy keeps every attribute. On
-// a FIFO queue it goes to group (else fallback) under dedup.
+// sendCopy sends body with attrs to q, folding what does not fit beside the
+// bookkeeping, the id and the trace context; on a FIFO queue to group
+// (else fallback) under dedup.
 func sendCopy(ctx context.Context, cl *awssqs.Client, q *queueInfo, body *string, attrs map[string]types.MessageAttributeValue, idAttribute, group, fallback, dedup string) error {
-	attrs, err := fold(attrs, slices.Concat(deadletter.Bookkeeping, []string{idAttribute, AttributeEncoding, "traceparent", "tracestate"})...)
-	if err != nil {
-		return err
-	}
+	attrs = fold(attrs, slices.Concat(deadletter.Bookkeeping, []string{idAttribute, AttributeEncoding, "traceparent", "tracestate"})...)
 	in := &awssqs.SendMessageInput{QueueUrl: aws.String(q.url), MessageBody: body}
 	if len(attrs) > 0 {
 		in.MessageAttributes = attrs
@@ -246,20 +230,8 @@ func sendCopy(ctx context.Context, cl *awssqs.Client, q *queueInfo, body *string
 		}
 		in.MessageGroupId, in.MessageDeduplicationId = aws.String(group), aws.String(dedup)
 	}
-	_, err = cl.SendMessage(ctx, in)
+	_, err := cl.SendMessage(ctx, in)
 	return err
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	s = s[:n]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // apiError is an SQS error's code and message.
@@ -275,9 +247,8 @@ func apiError(err error) (code, msg string) {
 }
 
 // receiptGone reports whether SQS refused a request because the receipt
-// handle no longer names an in-flight message: the delivery is stale. SQS
-// answers ReceiptHandleIsInvalid or MessageNotInflight, and for an expired
-// handle InvalidParameterValue naming the receipt handle.
+// handle names no in-flight message: the delivery is stale (an expired
+// handle gets InvalidParameterValue naming it).
 func receiptGone(code, msg string) bool {
 	switch code {
 	case "ReceiptHandleIsInvalid", "InvalidReceiptHandle", "MessageNotInflight", "AWS.SimpleQueueService.MessageNotInflight":
@@ -289,8 +260,7 @@ func receiptGone(code, msg string) bool {
 	return false
 }
 
-// staleIfGone wraps err with driver.Stale when SQS refused the receipt
-// handle.
+// staleIfGone marks err driver.Stale when SQS refused the receipt handle.
 func staleIfGone(err error) error {
 	if receiptGone(apiError(err)) {
 		return driver.Stale(err)
@@ -298,9 +268,7 @@ func staleIfGone(err error) error {
 	return err
 }
 
-// deleteBatch deletes ds in DeleteMessageBatch calls of ten, sending failed
-// entries again with backoff; it returns the error of each delivery not
-// deleted.
+// deleteBatch deletes ds; it returns the error of each not deleted.
 func (s *Source) deleteBatch(ctx context.Context, ds []*delivery) map[*delivery]error {
 	return s.batchCall(ctx, ds, func(ctx context.Context, chunk []*delivery) (map[int]entryErr, error) {
 		entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
@@ -364,11 +332,10 @@ func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
 	return out
 }
 
-// batchCall runs call over ds in chunks of ten. A failed entry is sent
-// again (in a later chunk) up to WithSettleRetries times with a doubling
-// pause, unless it failed for good; a failed call fails its whole chunk,
-// which is retried the same way. It returns the last error of every
-// delivery that never succeeded.
+// batchCall runs call over ds in chunks of ten, sending a failed entry (or
+// a failed call's chunk) again up to WithSettleRetries times with a
+// doubling pause unless it failed for good. It returns the last error of
+// each delivery that never succeeded.
 func (s *Source) batchCall(ctx context.Context, ds []*delivery, call func(context.Context, []*delivery) (map[int]entryErr, error)) map[*delivery]error {
 	failed := map[*delivery]error{}
 	pause := retry.New(settlePause, settlePause<<maxSettleRetries)

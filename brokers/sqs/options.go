@@ -16,25 +16,21 @@ import (
 type DeadLetterMode int
 
 const (
-	// DeadLetterSend sends a copy of the message to the dead-letter queue
-	// (the one WithDeadLetterQueue names, else the target of the queue's
-	// redrive policy) with the cause in the idemq-cause message attribute,
-	// and deletes the original once the copy is accepted. If the send
-	// fails the original is kept and comes back: it is never dropped. If
-	// the delete fails after the send, the DLQ may hold a second copy.
+	// DeadLetterSend sends a copy with the cause to the dead-letter queue
+	// (WithDeadLetterQueue's, else the redrive policy's target), then
+	// deletes the original: a failed send keeps it, a failed delete after
+	// the send may leave a second copy.
 	DeadLetterSend DeadLetterMode = iota + 1
-	// DeadLetterRedrive leaves parking to the queue's redrive policy: the
-	// message is made visible again at once, and SQS moves it to the
-	// dead-letter queue when its receive count passes maxReceiveCount. The
-	// cause is only logged (SQS records none), and until then every
-	// receive runs the message through the pipeline again. Open fails if
-	// the queue has no redrive policy.
+	// DeadLetterRedrive makes the message visible again at once and leaves
+	// parking to the queue's redrive policy, which moves it when its
+	// receive count passes maxReceiveCount; until then every receive runs
+	// it again. The cause is only logged. Open fails without a policy.
 	DeadLetterRedrive
 )
 
-// Option configures a Source or DeadLetters. Options are applied in order,
-// after the address's URL parameters, which they override; an invalid value
-// makes the constructor fail with an error naming the option.
+// Option configures a Source or DeadLetters. Options apply in order, after
+// the address's URL parameters, which they override; an invalid value makes
+// the constructor fail naming the option.
 type Option interface{ apply(*config) error }
 
 // PublisherOption configures a Publisher: the ClientOptions.
@@ -55,58 +51,36 @@ type sourceOption func(*config) error
 
 func (o sourceOption) apply(c *config) error { return o(c) }
 
-// config holds every setting; a Publisher reads the client ones,
-// idAttribute and settleRetries.
+// config holds every setting; a Publisher reads the ClientOptions'.
 type config struct {
 	clientConfig
-
-	receivers         int
-	window            int
-	waitTime          time.Duration
-	visibility        time.Duration // 0: the queue's VisibilityTimeout
-	heartbeat         bool
-	heartbeatInterval time.Duration // 0: a third of the visibility timeout
-	maxExtension      time.Duration
-	idAttribute       string
-	deadLetterQueue   string
-	deadLetterMode    DeadLetterMode
-	releaseOnClose    bool
-	closeTimeout      time.Duration
-	receiveLinger     time.Duration
-	settleRetries     int
-	logger            *slog.Logger // nil: the Consumer's, else slog.Default()
-	receiveErrorPause time.Duration
-	byURL             bool // errors name URL parameters
+	receivers, window, settleRetries                    int
+	waitTime, maxExtension, closeTimeout, receiveLinger time.Duration
+	visibility                                          time.Duration // 0: the queue's VisibilityTimeout
+	heartbeatInterval                                   time.Duration // 0: a third of the visibility timeout
+	receiveErrorPause                                   time.Duration
+	heartbeat, releaseOnClose                           bool
+	idAttribute, deadLetterQueue                        string
+	deadLetterMode                                      DeadLetterMode
+	logger                                              *slog.Logger // nil: the Consumer's, else slog.Default()
+	byURL                                               bool         // errors name URL parameters
 }
 
 // clientConfig is how to reach SQS.
 type clientConfig struct {
-	client      *awssqs.Client
-	awsConfig   *aws.Config
-	endpoint    string
-	region      string
-	credentials aws.CredentialsProvider
+	client           *awssqs.Client
+	awsConfig        *aws.Config
+	endpoint, region string
+	credentials      aws.CredentialsProvider
 }
 
 func defaultConfig() config {
-	return config{
-		receivers:         2,
-		window:            20,
-		waitTime:          20 * time.Second,
-		heartbeat:         true,
-		maxExtension:      time.Hour,
-		idAttribute:       DefaultIDAttribute,
-		deadLetterMode:    DeadLetterSend,
-		releaseOnClose:    true,
-		closeTimeout:      20 * time.Second,
-		receiveLinger:     50 * time.Millisecond,
-		settleRetries:     3,
-		receiveErrorPause: 100 * time.Millisecond,
-	}
+	return config{receivers: 2, window: 20, settleRetries: 3, waitTime: 20 * time.Second, maxExtension: time.Hour,
+		closeTimeout: 20 * time.Second, receiveLinger: 50 * time.Millisecond, receiveErrorPause: 100 * time.Millisecond,
+		heartbeat: true, releaseOnClose: true, idAttribute: DefaultIDAttribute, deadLetterMode: DeadLetterSend}
 }
 
-// optErr reports a configuration problem by what the user wrote: the URL
-// parameter when the configuration came from the URL, else the option.
+// optErr reports a configuration problem by what the user wrote.
 func (c *config) optErr(option, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	if p, ok := paramOf(option); ok && c.byURL {
@@ -142,71 +116,61 @@ const (
 )
 
 // WithReceivers sets how many goroutines long-poll the queue at once, each
-// asking for up to 10 messages per ReceiveMessage call. Default 2. Must be
-// 1..64. Together they never hold more unsettled messages than the window.
+// asking for up to 10 messages per ReceiveMessage call. Default 2, 1..64.
 func WithReceivers(n int) Option {
 	return sourceOption(checked("WithReceivers", n < 1 || n > 64, func(c *config) { c.receivers = n }, "%d is outside 1..64", n))
 }
 
 // WithWindow sets how many received messages may be unsettled at once
-// until the Consumer calls SetWindow (which replaces it with the Consumer's
-// window). Default 20. Must be at least 1.
+// until the Consumer sets its own window. Default 20.
 func WithWindow(n int) Option {
 	return sourceOption(checked("WithWindow", n < 1, func(c *config) { c.window = n }, "%d must be at least 1", n))
 }
 
-// WithReceiveLinger sets how long a receiver, while other received
-// messages are still unsettled, waits for room for half the window before
-// it polls for less: fewer, fuller ReceiveMessage calls (SQS bills per
-// request) at the price of that delay when handlers are slow. Default
-// 50ms; 0 polls as soon as any room frees. Must be 0..1s.
+// WithReceiveLinger sets how long a receiver, while other messages are
+// unsettled, waits for room for half the window before it polls for less:
+// fewer, fuller ReceiveMessage calls (SQS bills per request). Default 50ms;
+// 0 polls as soon as any room frees. Must be 0..1s.
 func WithReceiveLinger(d time.Duration) Option {
 	return sourceOption(checked("WithReceiveLinger", d < 0 || d > time.Second, func(c *config) { c.receiveLinger = d }, "%v is outside 0..1s", d))
 }
 
-// WithWaitTime sets the long-polling wait of each ReceiveMessage call
-// (WaitTimeSeconds). Default 20s, the SQS maximum. Must be 0..20s in whole
-// seconds; 0 is short polling, which costs a request per empty poll.
+// WithWaitTime sets each ReceiveMessage call's long-polling wait. Default
+// 20s, the maximum; 0..20s in whole seconds (0 is short polling).
 func WithWaitTime(d time.Duration) Option {
 	return sourceOption(checked("WithWaitTime", d < 0 || d > 20*time.Second || d%time.Second != 0, func(c *config) { c.waitTime = d }, "%v is not a whole number of seconds in 0..20s", d))
 }
 
-// WithVisibilityTimeout sets the visibility timeout requested with each
-// ReceiveMessage call: how long a received message stays hidden before the
-// heartbeat must extend it. Default: the queue's VisibilityTimeout
-// attribute (30s if that is 0). Must be 1s..12h in whole seconds.
+// WithVisibilityTimeout sets the visibility timeout each receive asks for.
+// Default the queue's VisibilityTimeout (30s if 0); 1s..12h in whole
+// seconds.
 func WithVisibilityTimeout(d time.Duration) Option {
 	return sourceOption(checked("WithVisibilityTimeout", d < time.Second || d > 12*time.Hour || d%time.Second != 0, func(c *config) { c.visibility = d }, "%v is not a whole number of seconds in 1s..12h", d))
 }
 
-// WithHeartbeat turns the visibility heartbeat on or off. Default on: while
-// a message is received and unsettled, its visibility is extended before it
-// expires (ChangeMessageVisibilityBatch), up to WithMaxExtension. Off, a
-// handler slower than the visibility timeout lets another consumer receive
-// the message; the dedup key still keeps its effect to one commit.
+// WithHeartbeat turns on or off the heartbeat that extends an unsettled
+// message's visibility before it lapses, up to WithMaxExtension. Default
+// on; off, a handler slower than the visibility timeout lets another
+// consumer receive the message (the dedup key still applies it once).
 func WithHeartbeat(on bool) Option {
 	return sourceOption(func(c *config) error { c.heartbeat = on; return nil })
 }
 
-// WithHeartbeatInterval sets how often the heartbeat looks for messages to
-// extend. Default a third of the visibility timeout (at least 100ms). Must
-// be positive and shorter than the visibility timeout (checked by Open).
+// WithHeartbeatInterval sets how often the heartbeat runs. Default a third
+// of the visibility timeout (at least 100ms); shorter than that timeout.
 func WithHeartbeatInterval(d time.Duration) Option {
 	return sourceOption(checked("WithHeartbeatInterval", d <= 0, func(c *config) { c.heartbeatInterval = d }, "%v must be positive", d))
 }
 
 // WithMaxExtension caps how long after its receipt the heartbeat keeps a
-// message hidden: no extension reaches past it, so the visibility lapses
-// by then (up to about a heartbeat interval plus a second sooner, as SQS
-// counts in whole seconds) and the message may be received again. Default
-// 1h. Must be 1s..12h (SQS's own limit).
+// message hidden: the visibility lapses by then (up to a heartbeat interval
+// plus a second sooner, SQS counting whole seconds). Default 1h, 1s..12h.
 func WithMaxExtension(d time.Duration) Option {
 	return sourceOption(checked("WithMaxExtension", d < time.Second || d > 12*time.Hour, func(c *config) { c.maxExtension = d }, "%v is outside 1s..12h", d))
 }
 
 // WithDeadLetterQueue names the queue (URL or name) DeadLetterSend sends to.
-// Default: the dead-letter target of the queue's redrive policy. Open fails
-// if neither exists.
+// Default the redrive policy's target; Open fails without either.
 func WithDeadLetterQueue(urlOrName string) Option {
 	return sourceOption(checked("WithDeadLetterQueue", urlOrName == "", func(c *config) { c.deadLetterQueue = urlOrName }, "empty queue"))
 }
@@ -217,53 +181,42 @@ func WithDeadLetterMode(m DeadLetterMode) Option {
 	return sourceOption(checked("WithDeadLetterMode", m != DeadLetterSend && m != DeadLetterRedrive, func(c *config) { c.deadLetterMode = m }, "unknown mode %d", m))
 }
 
-// WithReleaseOnClose chooses whether Close makes the messages still
-// unsettled visible again at once (ChangeMessageVisibility 0), so another
-// consumer gets them without waiting out the visibility timeout. Default
-// true.
+// WithReleaseOnClose chooses whether Close makes unsettled messages visible
+// again at once rather than after their visibility timeout. Default true.
 func WithReleaseOnClose(release bool) Option {
 	return sourceOption(func(c *config) error { c.releaseOnClose = release; return nil })
 }
 
-// WithCloseTimeout bounds how long Close waits for long polls in progress
-// to return by themselves, so that the messages SQS hands them are released
-// rather than stranded until their visibility timeout. Default 20s (the
-// longest WithWaitTime); polls end sooner with a shorter WithWaitTime. 0
-// cancels them at once, for the fastest shutdown. Must be 0..1m.
+// WithCloseTimeout bounds how long Close waits for long polls in progress,
+// so that what SQS hands them is released rather than stranded until its
+// visibility timeout. Default 20s; 0 cancels them at once. Must be 0..1m.
 func WithCloseTimeout(d time.Duration) Option {
 	return sourceOption(checked("WithCloseTimeout", d < 0 || d > time.Minute, func(c *config) { c.closeTimeout = d }, "%v is outside 0..1m", d))
 }
 
-// WithLogger sets the logger for receive errors, heartbeat failures and
-// dead letters. Default: the logger given to core.OpenSource
-// (core.WithAdapterLogger), else the Consumer's (handed over before the
-// first Receive), and until then slog.Default().
+// WithLogger sets the logger of warnings. Default the one given to
+// core.OpenSource, else the Consumer's, else slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return sourceOption(checked("WithLogger", l == nil, func(c *config) { c.logger = l }, "nil logger"))
 }
 
-// WithIDAttribute names the message attribute that holds the producer's
-// business id. Default "message-id" (DefaultIDAttribute), which Publisher
-// sets. A message without it has an empty ID and is dead-lettered by the
-// Consumer, unless core.WithIDFunc derives one. The SQS MessageId is never
-// used: it changes when a producer retries a send.
+// WithIDAttribute names the message attribute that holds the business id,
+// which Publisher sets. Default DefaultIDAttribute. A message without it
+// has an empty ID (core.WithIDFunc may derive one).
 func WithIDAttribute(name string) ClientOption {
 	err := checkAttributeName(name)
 	return checked("WithIDAttribute", err != nil, func(c *config) { c.idAttribute = name }, "%v", err)
 }
 
-// WithSettleRetries sets how many more times a failed batch entry
-// (DeleteMessageBatch, ChangeMessageVisibilityBatch, SendMessageBatch) is
-// sent again, with a short backoff, before the failure is reported.
-// Default 3. Must be 0..10.
+// WithSettleRetries sets how many more times a failed batch entry (a
+// delete, visibility change or send) is sent, with a short backoff, before
+// the failure is reported. Default 3, 0..10.
 func WithSettleRetries(n int) ClientOption {
 	return checked("WithSettleRetries", n < 0 || n > maxSettleRetries, func(c *config) { c.settleRetries = n }, "%d is outside 0..%d", n, maxSettleRetries)
 }
 
-// WithClient uses an existing SQS client (its endpoint, region and
-// credentials) instead of building one. Default: a client built from the
-// AWS default configuration (environment, shared config files, the
-// instance role) and the other client options.
+// WithClient uses an existing SQS client instead of building one from the
+// AWS default configuration and the other client options.
 func WithClient(cl *awssqs.Client) ClientOption {
 	return checked("WithClient", cl == nil, func(c *config) { c.client = cl }, "nil client")
 }
@@ -274,10 +227,9 @@ func WithAWSConfig(cfg aws.Config) ClientOption {
 	return func(c *config) error { c.awsConfig = &cfg; return nil }
 }
 
-// WithEndpoint sends every request to endpoint (for example a local
-// emulator at http://127.0.0.1:9324) instead of the region's SQS endpoint.
-// Default: the AWS endpoint of the region. With an endpoint and no region
-// configured anywhere, the region defaults to us-east-1.
+// WithEndpoint sends every request to endpoint (an emulator at
+// http://127.0.0.1:9324, say) instead of the region's. With an endpoint
+// and no region configured anywhere, the region is us-east-1.
 func WithEndpoint(endpoint string) ClientOption {
 	// The endpoint is not quoted: it may carry credentials.
 	u, err := redact.ParseURL(endpoint)
@@ -287,15 +239,13 @@ func WithEndpoint(endpoint string) ClientOption {
 	return checked("WithEndpoint", err != nil, func(c *config) { c.endpoint = endpoint }, "%v", err)
 }
 
-// WithRegion sets the AWS region. Default: from the AWS configuration
-// (AWS_REGION, shared config).
+// WithRegion sets the AWS region. Default the AWS configuration's.
 func WithRegion(region string) ClientOption {
 	return checked("WithRegion", region == "", func(c *config) { c.region = region }, "empty region")
 }
 
-// WithStaticCredentials signs requests with fixed credentials, as local
-// emulators expect. Default: the AWS credential chain (environment, shared
-// files, SSO, the instance or task role).
+// WithStaticCredentials signs requests with fixed credentials, as
+// emulators expect. Default the AWS credential chain.
 func WithStaticCredentials(accessKeyID, secretAccessKey, sessionToken string) ClientOption {
 	return checked("WithStaticCredentials", accessKeyID == "" || secretAccessKey == "", func(c *config) {
 		c.credentials = staticCredentials(accessKeyID, secretAccessKey, sessionToken)

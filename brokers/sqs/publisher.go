@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -28,16 +27,14 @@ import (
 // SendMessageBatch call (bodies plus attribute names, types and values).
 const maxBatchBytes = 256 * 1024
 
-// Publisher sends core Messages to one queue with SendMessageBatch, ten at
-// a time. Each message's ID goes into the message-id attribute (or the one
-// WithIDAttribute names), its Headers into String attributes (empty values
-// are left out: SQS refuses them), and the caller's trace context is
-// injected with the global OpenTelemetry propagator. On a FIFO queue the
-// MessageGroupId is Message.Key and the MessageDeduplicationId is derived
-// from the business id, so a resend within SQS's five-minute window is
-// dropped by SQS itself. A body that is not valid SQS text is sent base64
-// encoded and marked with the idemq-encoding attribute; the Source decodes
-// it. It is safe for concurrent use.
+// Publisher sends messages to one queue with SendMessageBatch, ten at a
+// time: the ID in the id attribute, Headers as String attributes (empty
+// values left out: SQS refuses them) and the caller's trace context from
+// the global OpenTelemetry propagator. On a FIFO queue the MessageGroupId
+// is Message.Key and the MessageDeduplicationId comes from the business
+// id, so SQS drops a resend within its five-minute window. A body that is
+// not valid SQS text is sent base64 encoded, marked by idemq-encoding. It
+// is safe for concurrent use.
 type Publisher struct {
 	cl     *awssqs.Client
 	q      *queueInfo
@@ -49,22 +46,13 @@ type Publisher struct {
 var _ driver.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher for the queue addr names, an sqs:// URL
-// as core.OpenPublisher takes it (the Source's parameters are checked and
-// ignored); opts override its parameters.
+// as core.OpenPublisher takes it; opts override its parameters.
 func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
-	u, err := parseAddr("NewPublisher", addr)
+	cfg, cl, q, err := setup(ctx, "NewPublisher", addr, false, opts)
 	if err != nil {
 		return nil, err
 	}
-	return newPublisher(ctx, u, driver.OpenConfig{}, opts)
-}
-
-func newPublisher(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts []PublisherOption) (*Publisher, error) {
-	cfg, cl, q, err := setup(ctx, "NewPublisher", u, oc, false, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &Publisher{cl: cl, q: q, cfg: cfg, others: queues{cl: cl, m: map[string]*queueInfo{}}}, nil
+	return &Publisher{cl: cl, q: q, cfg: cfg, others: queues{cl: cl}}, nil
 }
 
 // QueueURL returns the queue's URL.
@@ -73,17 +61,14 @@ func (p *Publisher) QueueURL() string { return p.q.url }
 // Client returns the SQS client.
 func (p *Publisher) Client() *awssqs.Client { return p.cl }
 
-// Publish implements driver.Publisher: it sends msgs to queue (a queue URL
-// or name; "" for the Publisher's own) and returns once SQS accepted every
-// one. Entries SQS fails for a reason of its own are sent again; one it
-// refuses as the sender's fault fails the call at once, naming the message.
-// When Publish fails some messages may have been sent: retry the call and
-// let the consumer's dedup drop the copies. A message SQS cannot take (an
-// empty body, too many attributes, no valid group id for a FIFO queue, over
-// the queue's MaximumMessageSize, read again before a message is refused)
-// fails the call before any message is sent. The error is marked
-// driver.Permanent when no retry can succeed: those, an entry refused as
-// the sender's fault, or a queue that does not exist.
+// Publish implements driver.Publisher: it sends msgs to queue (a URL or
+// name; "" for the Publisher's own) and returns once SQS accepted every
+// one, sending again the entries SQS fails on its side. A message SQS
+// cannot take (an empty body, too many attributes, no valid group id on a
+// FIFO queue, over MaximumMessageSize) fails the call before anything is
+// sent; an entry SQS refuses as the sender's fault fails it at once, when
+// others may have gone. Such errors, and a queue that does not exist, are
+// marked driver.Permanent.
 func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*driver.Message) error {
 	if p.closed.Load() {
 		return errors.New("sqs: publisher closed")
@@ -172,9 +157,8 @@ func (p *Publisher) entry(ctx context.Context, q *queueInfo, m *driver.Message) 
 	return e, size, nil
 }
 
-// checkGroupID refuses a message group id SQS would refuse as the
-// sender's fault, before anything of the call is sent: SendMessageBatch
-// would take the call's other entries and refuse this one alone.
+// checkGroupID refuses a message group id SQS would refuse, before any of
+// the call is sent.
 func checkGroupID(key string) error {
 	if len(key) > 128 {
 		return fmt.Errorf("message group id (Message.Key) is %d bytes; SQS takes at most 128", len(key))
@@ -187,25 +171,19 @@ func checkGroupID(key string) error {
 	return nil
 }
 
-// sendChunk sends up to ten entries, retrying the ones SQS fails on its
-// side.
+// sendChunk sends up to ten entries, retrying those SQS fails on its side.
 func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types.SendMessageBatchRequestEntry, msgs []*driver.Message) error {
-	pending := make([]int, len(entries))
-	for i := range pending {
-		pending[i] = i
+	for i := range entries {
+		entries[i].Id = aws.String(strconv.Itoa(i))
 	}
+	pending := entries
 	pause := retry.New(settlePause, settlePause<<maxSettleRetries)
 	for try := 0; ; try++ {
-		batch := make([]types.SendMessageBatchRequestEntry, len(pending))
-		for k, i := range pending {
-			batch[k] = entries[i]
-			batch[k].Id = aws.String(strconv.Itoa(i))
-		}
-		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: batch})
+		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: pending})
 		if err != nil {
 			return permanentIfMissing(fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err))
 		}
-		var again []int
+		var again []types.SendMessageBatchRequestEntry
 		var last error
 		for _, f := range out.Failed {
 			i, err := strconv.Atoi(aws.ToString(f.Id))
@@ -213,12 +191,10 @@ func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types
 				return fmt.Errorf("sqs: SendMessageBatch to %s: unknown entry id %q in the reply", q.name, aws.ToString(f.Id))
 			}
 			fe := fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, q.name, aws.ToString(f.Code), aws.ToString(f.Message))
-			if f.SenderFault {
-				// SQS refuses the entry itself (too large for the queue,
-				// characters it does not take): it would every time.
+			if f.SenderFault { // it would fail every time
 				return driver.Permanent(fe)
 			}
-			again = append(again, i)
+			again = append(again, entries[i])
 			last = fe
 		}
 		if len(again) == 0 {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,13 +27,11 @@ const DefaultIDAttribute = "message-id"
 const AttributeEncoding = "idemq-encoding"
 
 // ErrClosed is wrapped, with driver.ErrStaleDelivery, by the error of a
-// settlement attempted after the Source was closed: Close handed the
-// message back to SQS (or left it to its visibility timeout), so nothing
-// is sent and SQS redelivers it.
+// settlement after Close, which gave the message back to SQS: nothing is
+// sent, and SQS redelivers it.
 var ErrClosed = unsettled.ErrClosed
 
-// errReleased is the reason of a held-back FIFO delivery released behind a
-// returned one; it was never handed out.
+// errReleased is why a held-back FIFO delivery left the set unsettled.
 var errReleased = errors.New("released behind a returned message of its FIFO group")
 
 // Source consumes one SQS queue (standard or FIFO). It implements
@@ -42,33 +39,25 @@ var errReleased = errors.New("released behind a returned message of its FIFO gro
 // driver.RedeliveryHorizoner and driver.LoggerSetter, and is safe for
 // concurrent use.
 type Source struct {
-	cl       *awssqs.Client
-	q        *queueInfo
-	dlq      *queueInfo // DeadLetterSend's target; nil in DeadLetterRedrive mode
-	cfg      config
-	vis      time.Duration // visibility timeout of each receive
-	hbEvery  time.Duration
-	ctx      context.Context // cancelled by Close
-	cancel   context.CancelFunc
-	pollCtx  context.Context // cancelled when Close stops waiting for long polls
-	pollStop context.CancelFunc
-	wg       sync.WaitGroup
-	errs     chan error    // receive trouble for Receive to report, never blocks
-	acks     chan ackReq   // single Acks for the deleters to coalesce
-	deleting atomic.Bool   // deleters run: Ack may hand over to them
-	avail    chan struct{} // signalled when ready grows
-	space    chan struct{} // signalled when held shrinks
-	logs     unsettled.Logger
-	live     *unsettled.Set[string, *delivery] // by SQS MessageId
+	cl               *awssqs.Client
+	q, dlq           *queueInfo // dlq: DeadLetterSend's target; nil in DeadLetterRedrive mode
+	cfg              config
+	vis, hbEvery     time.Duration   // vis: the visibility timeout of each receive
+	ctx, pollCtx     context.Context // cancelled by Close; pollCtx when it stops waiting for long polls
+	cancel, pollStop context.CancelFunc
+	wg               sync.WaitGroup
+	errs             chan error     // receive trouble for Receive to report, never blocks
+	acks             chan *delivery // single Acks for the deleters to coalesce
+	avail, space     chan struct{}  // signalled when ready grows, when held shrinks
+	logs             unsettled.Logger
+	live             *unsettled.Set[string, *delivery] // by SQS MessageId
 
-	mu      sync.Mutex
-	window  int
-	held    int // slots: deliveries unsettled plus receives in progress
-	started bool
-	closed  bool
-	ready   []*delivery            // received, waiting for Receive
-	groups  map[string][]*delivery // FIFO: per group, the delivery handed out first, then those held back
-	orphans []*delivery            // received after Close, to release
+	mu              sync.Mutex
+	window, held    int // held: slots of deliveries unsettled plus receives in progress
+	started, closed bool
+	ready           []*delivery            // received, waiting for Receive
+	groups          map[string][]*delivery // FIFO: per group, the delivery handed out first, then those held back
+	orphans         []*delivery            // received after Close, to release
 
 	stats struct {
 		received, extended, heartbeatFailures, released, settleRetries, deadLettered, heldBack, deleteCalls, receiveCalls atomic.Int64
@@ -83,19 +72,14 @@ type Stats struct {
 	Extended int64
 	// HeartbeatFailures counts extensions SQS refused or that failed.
 	HeartbeatFailures int64
-	// Released counts messages made visible again at once: left unsettled
-	// at Close, or held back behind a retried message of the same FIFO
-	// group.
+	// Released counts messages made visible again at once: unsettled at
+	// Close, or held back behind a retried message of their FIFO group.
 	Released int64
 	// SettleRetries counts batch entries sent again after SQS failed them.
 	SettleRetries int64
-	// DeadLettered counts messages parked by DeadLetter, once each: a copy
-	// whose original could not be deleted is counted when it is parked
-	// again, and in DeadLetterRedrive mode a message counts on the receive
-	// after which SQS moves it, not on each release before.
+	// DeadLettered counts messages parked, once each.
 	DeadLettered int64
-	// HeldBack counts FIFO messages held back until the earlier message
-	// of their group received with them was settled.
+	// HeldBack counts FIFO messages held back behind their group's.
 	HeldBack int64
 	// ReceiveCalls and DeleteCalls count ReceiveMessage and
 	// DeleteMessageBatch requests (SQS bills per request).
@@ -103,27 +87,16 @@ type Stats struct {
 }
 
 // Open returns a Source for the queue addr names, an sqs:// URL as
-// core.OpenSource takes it (sqs://QUEUE?region=…, or
-// sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE); opts override its
-// parameters. It reads the queue's attributes (visibility timeout,
-// retention, redrive policy, FIFO) and resolves the dead-letter queue; it
-// creates nothing. Receiving starts at the first Receive, after the
-// Consumer had its chance to call SetWindow.
+// core.OpenSource takes it; opts override its parameters. It reads the
+// queue's attributes and finds the dead-letter queue; it creates nothing.
+// Receiving starts at the first Receive, after the Consumer's SetWindow.
 func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
-	u, err := parseAddr("Open", addr)
-	if err != nil {
-		return nil, err
-	}
-	return openSource(ctx, u, driver.OpenConfig{}, opts)
-}
-
-func openSource(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts []Option) (*Source, error) {
-	cfg, cl, q, err := setup(ctx, "Open", u, oc, true, opts)
+	cfg, cl, q, err := setup(ctx, "Open", addr, true, opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &Source{cl: cl, q: q, cfg: cfg, vis: q.visibility, hbEvery: cfg.heartbeatInterval, window: cfg.window,
-		errs: make(chan error, 1), acks: make(chan ackReq), avail: make(chan struct{}, 1), space: make(chan struct{}, 1),
+		errs: make(chan error, 1), acks: make(chan *delivery), avail: make(chan struct{}, 1), space: make(chan struct{}, 1),
 		groups: make(map[string][]*delivery)}
 	if cfg.visibility > 0 {
 		s.vis = cfg.visibility
@@ -141,6 +114,13 @@ func openSource(ctx context.Context, u *url.URL, oc driver.OpenConfig, opts []Op
 	s.live = unsettled.New[string, *delivery](s.vis, cfg.maxExtension)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.pollCtx, s.pollStop = context.WithCancel(context.Background())
+	s.wg.Add(ackDeleters)
+	for range ackDeleters {
+		go s.deleter()
+	}
+	if cfg.heartbeat {
+		s.wg.Go(func() { unsettled.Heartbeat(s.ctx, s.hbEvery, s.beat) })
+	}
 	return s, nil
 }
 
@@ -150,8 +130,7 @@ func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 func (s *Source) log() *slog.Logger { return s.logs.Log() }
 
-// Client returns the SQS client, an escape hatch for what the adapter does
-// not cover.
+// Client returns the SQS client.
 func (s *Source) Client() *awssqs.Client { return s.cl }
 
 // QueueURL returns the consumed queue's URL.
@@ -174,10 +153,8 @@ func (s *Source) Stats() Stats {
 		HeldBack: st.heldBack.Load(), ReceiveCalls: st.receiveCalls.Load(), DeleteCalls: st.deleteCalls.Load()}
 }
 
-// SetWindow implements driver.WindowSetter: it bounds the messages received
-// and not yet settled (waiting in Receive, held back behind an earlier
-// message of their FIFO group, or in the Consumer's hands) to n. Receivers
-// ask SQS for no more than the room left.
+// SetWindow implements driver.WindowSetter: at most n messages are
+// received and unsettled (waiting in Receive, held back, or handed out).
 func (s *Source) SetWindow(n int) error {
 	if n < 1 {
 		return fmt.Errorf("sqs: SetWindow: window %d is below 1", n)
@@ -200,36 +177,26 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 	return h, h > 0
 }
 
-// HorizonHint implements driver.HorizonHinter: the queue's (and its
-// dead-letter queue's) MessageRetentionPeriod at most the store's
-// retention.
+// HorizonHint implements driver.HorizonHinter: a MessageRetentionPeriod
+// of at most the store's retention.
 func (s *Source) HorizonHint(retention time.Duration) string {
-	secs := int64(retention / time.Second)
-	names := s.q.name
+	names, secs := s.q.name, int64(retention/time.Second)
 	if s.dlq != nil {
 		names += " and " + s.dlq.name
 	}
 	return fmt.Sprintf("set MessageRetentionPeriod of %s to at most %d seconds: aws sqs set-queue-attributes --queue-url URL --attributes MessageRetentionPeriod=%d", names, secs, secs)
 }
 
-// Receive implements driver.Source. A failing ReceiveMessage call is
-// returned as an error to report it; the receivers keep polling, so
-// calling Receive again is always safe.
+// Receive implements driver.Source. A failed ReceiveMessage call is
+// returned as an error; the receivers keep polling.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
 	if !s.started && !s.closed {
 		s.started = true
-		s.wg.Add(s.cfg.receivers + ackDeleters)
+		s.wg.Add(s.cfg.receivers)
 		for range s.cfg.receivers {
 			go s.receiver()
 		}
-		for range ackDeleters {
-			go s.deleter()
-		}
-		if s.cfg.heartbeat {
-			s.wg.Go(func() { unsettled.Heartbeat(s.ctx, s.hbEvery, s.beat) })
-		}
-		s.deleting.Store(true)
 	}
 	s.mu.Unlock()
 	for {
@@ -240,13 +207,9 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		}
 		if len(s.ready) > 0 {
 			d := s.ready[0]
-			s.ready[0] = nil
-			s.ready = s.ready[1:]
-			more := len(s.ready) > 0
+			s.ready[0], s.ready = nil, s.ready[1:]
 			s.mu.Unlock()
-			if more {
-				signal(s.avail) // another caller may be waiting
-			}
+			signal(s.avail) // another caller may be waiting
 			return d, nil
 		}
 		s.mu.Unlock()
@@ -271,10 +234,9 @@ func signal(c chan struct{}) {
 }
 
 // reserve waits for room in the window and takes up to max slots. While
-// other received messages are unsettled (keeping the consumer busy) it waits
-// up to WithReceiveLinger for room for half a window (or max), so that each
-// ReceiveMessage call brings several messages instead of one per settled
-// message (SQS bills per request); then it polls for whatever room there is.
+// other messages are unsettled it waits up to WithReceiveLinger for room
+// for half a window (or max), so that each ReceiveMessage call brings
+// several messages rather than one per settlement (SQS bills per request).
 func (s *Source) reserve(max int) (int, bool) {
 	var lingering time.Time // when room appeared but was short of half a window
 	for {
@@ -318,8 +280,7 @@ func (s *Source) unreserve(n int) {
 	}
 }
 
-// receiver long-polls the queue for as many messages as the window has
-// room for, until Close.
+// receiver long-polls for as many messages as the window has room for.
 func (s *Source) receiver() {
 	defer s.wg.Done()
 	pause := retry.New(s.cfg.receiveErrorPause, 5*time.Second)
@@ -357,23 +318,16 @@ func (s *Source) receiver() {
 // receiveInput asks for up to n messages with every attribute, hidden for
 // vis.
 func receiveInput(queueURL string, n int, wait, vis time.Duration) *awssqs.ReceiveMessageInput {
-	return &awssqs.ReceiveMessageInput{
-		QueueUrl:                    aws.String(queueURL),
-		MaxNumberOfMessages:         int32(n),
-		WaitTimeSeconds:             int32(wait / time.Second),
-		VisibilityTimeout:           int32(vis / time.Second),
-		MessageAttributeNames:       []string{"All"},
-		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
-	}
+	return &awssqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(n),
+		WaitTimeSeconds: int32(wait / time.Second), VisibilityTimeout: int32(vis / time.Second), MessageAttributeNames: []string{"All"},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll}}
 }
 
-// accept turns received messages into deliveries: each holds one window
-// slot until it is settled. A message this Source still holds that SQS
-// hands out again supersedes the older delivery, whose visibility lapsed:
-// its receipt handle no longer settles it (SQS may even accept its delete
-// and keep the message). On a FIFO queue a message whose group already
-// has one handed out is held back until that one is settled, so a group's
-// messages are processed one after the other, in order.
+// accept turns received messages into deliveries, each holding a window
+// slot until settled. A message SQS hands out again supersedes the older
+// delivery: its receipt handle no longer settles it (SQS may even accept
+// its delete and keep the message). On a FIFO queue a message whose group
+// has one handed out is held back until that one is settled.
 func (s *Source) accept(msgs []types.Message) {
 	now := time.Now()
 	ds := make([]*delivery, len(msgs))
@@ -387,7 +341,6 @@ func (s *Source) accept(msgs []types.Message) {
 		s.mu.Unlock()
 		return
 	}
-	added := false
 	for _, d := range ds {
 		d.e = s.live.Add(aws.ToString(d.raw.MessageId), d)
 		if s.q.fifo && d.group != "" {
@@ -399,27 +352,15 @@ func (s *Source) accept(msgs []types.Message) {
 			}
 		}
 		s.ready = append(s.ready, d)
-		added = true
 	}
 	s.mu.Unlock()
-	if added {
-		signal(s.avail)
-	}
+	signal(s.avail)
 }
 
-// outcome says how a delivery's settlement ended, for FIFO successors.
-type outcome int
-
-const (
-	outcomeDone     outcome = iota + 1 // deleted, or its effect committed: successors may go
-	outcomeReturned                    // it will be delivered again: successors must wait for it
-)
-
-// finish ends a settled delivery's life in the Source: it frees its window
-// slot and, on a FIFO queue, hands out the group's next message or, when
-// this one comes back, releases those held behind it so SQS delivers them
-// after it.
-func (s *Source) finish(d *delivery, how outcome) {
+// finish frees a settled delivery's window slot and, on a FIFO queue,
+// hands out its group's next message or, when d comes back (returned),
+// releases those held behind it so SQS delivers them after it.
+func (s *Source) finish(d *delivery, returned bool) {
 	var release []*delivery
 	s.mu.Lock()
 	if s.closed {
@@ -427,10 +368,9 @@ func (s *Source) finish(d *delivery, how outcome) {
 		return
 	}
 	s.held--
-	added := false
 	if chain := s.groups[d.group]; len(chain) > 0 && chain[0] == d {
 		chain = chain[1:]
-		if how == outcomeReturned {
+		if returned {
 			release, chain = chain, nil
 			s.held -= len(release)
 			for _, r := range release {
@@ -438,7 +378,6 @@ func (s *Source) finish(d *delivery, how outcome) {
 			}
 		} else if len(chain) > 0 {
 			s.ready = append(s.ready, chain[0])
-			added = true
 		}
 		if len(chain) == 0 {
 			delete(s.groups, d.group)
@@ -448,9 +387,7 @@ func (s *Source) finish(d *delivery, how outcome) {
 	}
 	s.mu.Unlock()
 	signal(s.space)
-	if added {
-		signal(s.avail)
-	}
+	signal(s.avail)
 	if len(release) > 0 {
 		if err := s.release(release); err != nil {
 			s.log().Warn("idemq sqs: releasing messages held behind a returned FIFO message failed; they come back after their visibility timeout", "queue", s.q.name, "error", err)
@@ -474,15 +411,11 @@ func (s *Source) release(ds []*delivery) error {
 }
 
 // Close implements driver.Source: it stops receiving and, unless
-// WithReleaseOnClose(false), makes every message still unsettled visible
-// again at once so another consumer gets it. Settling such a message
-// afterwards sends nothing and returns an error wrapping ErrClosed (and
-// driver.ErrStaleDelivery).
-//
-// SQS may still hand messages to a long poll whose caller went away, and
-// those would stay invisible for the visibility timeout: so polls in
-// progress are left to finish (up to WithCloseTimeout) and what they bring
-// is released too. Polls still running after that are cancelled.
+// WithReleaseOnClose(false), makes every unsettled message visible again;
+// settling one afterwards returns an error wrapping ErrClosed. SQS may
+// still hand messages to a long poll whose caller went away, so polls in
+// progress may finish (up to WithCloseTimeout) and what they bring is
+// released too.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -520,10 +453,8 @@ func (s *Source) Close() error {
 }
 
 // AckBatch implements driver.BatchSettler with DeleteMessageBatch, ten per
-// call. Entries SQS fails are sent again (WithSettleRetries) and never
-// dropped silently: the returned error joins one error per delivery still
-// not deleted, and SQS redelivers those (the dedup store then decides
-// Duplicate).
+// call. Entries SQS fails are sent again (WithSettleRetries); the error
+// joins one error per delivery still not deleted, which SQS redelivers.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	own, errs := unsettled.Take("sqs", ds, func(cd driver.Delivery) (*delivery, bool) {
 		d, ok := cd.(*delivery)
@@ -532,7 +463,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	if len(own) > 0 {
 		failed := s.deleteBatch(ctx, own)
 		for _, d := range own {
-			s.finish(d, outcomeDone)
+			s.finish(d, false)
 		}
 		for d, err := range failed {
 			errs = append(errs, d.wrap(fmt.Errorf("delete: %w", err)))
@@ -545,61 +476,47 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 // single Acks.
 const ackDeleters = 2
 
-// ackReq is one single Ack waiting for a deleter.
-type ackReq struct {
-	d    *delivery
-	done chan error
-}
-
 // deleter coalesces single Acks that arrive while it is busy into one
-// DeleteMessageBatch call of up to ten entries. An Ack that finds it idle is
-// sent at once, alone, so coalescing adds no latency; under load it saves
-// requests, which SQS bills and rate-limits.
+// DeleteMessageBatch call of up to ten: an Ack that finds it idle goes at
+// once, alone; under load it saves requests, which SQS bills.
 func (s *Source) deleter() {
 	defer s.wg.Done()
 	for {
-		var reqs []ackReq
+		var ds []*delivery
 		select {
-		case r := <-s.acks:
-			reqs = append(reqs, r)
+		case d := <-s.acks:
+			ds = append(ds, d)
 		case <-s.ctx.Done():
 			return
 		}
 	more:
-		for len(reqs) < 10 {
+		for len(ds) < 10 {
 			select {
-			case r := <-s.acks:
-				reqs = append(reqs, r)
+			case d := <-s.acks:
+				ds = append(ds, d)
 			default:
 				break more
 			}
-		}
-		ds := make([]*delivery, len(reqs))
-		for i, r := range reqs {
-			ds[i] = r.d
 		}
 		// The caller's context bounds its wait, not the call other Acks share.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		failed := s.deleteBatch(ctx, ds)
 		cancel()
-		for _, r := range reqs {
-			r.done <- failed[r.d]
+		for _, d := range ds {
+			d.acked <- failed[d]
 		}
 	}
 }
 
-// beat extends, in ChangeMessageVisibilityBatch calls of ten, the
-// deliveries extended (or received) at least half an interval ago, by a
-// full visibility timeout but never past WithMaxExtension after the
-// receipt: a message still unsettled then lapses, and SQS may hand it to
-// another consumer, where the dedup key keeps its effect to one commit.
+// beat extends the deliveries extended (or received) at least half an
+// interval ago by a visibility timeout, never past WithMaxExtension after
+// the receipt: an unsettled message then lapses, and the dedup key keeps
+// the effect of its redelivery to one commit.
 func (s *Source) beat(now time.Time) {
-	secs := map[*delivery]int32{}
 	var due []*unsettled.Entry[string, *delivery]
 	for _, e := range s.live.Due(now, s.vis-s.hbEvery/2) {
-		n := int32(min(s.vis, e.Received.Add(s.cfg.maxExtension).Sub(now)) / time.Second)
-		if n >= 1 && now.Add(time.Duration(n)*time.Second).After(s.live.Lapses(e)) { // else at the cap: let it lapse
-			secs[e.D] = n
+		e.D.ext = int32(min(s.vis, e.Received.Add(s.cfg.maxExtension).Sub(now)) / time.Second)
+		if e.D.ext >= 1 && now.Add(time.Duration(e.D.ext)*time.Second).After(s.live.Lapses(e)) { // else at the cap: let it lapse
 			due = append(due, e)
 		}
 	}
@@ -612,7 +529,7 @@ func (s *Source) beat(now time.Time) {
 			ds[i] = e.D
 		}
 		sent := time.Now()
-		failed, err := s.changeVisibility(ctx, ds, func(d *delivery) int32 { return secs[d] })
+		failed, err := s.changeVisibility(ctx, ds, func(d *delivery) int32 { return d.ext })
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return
@@ -627,7 +544,7 @@ func (s *Source) beat(now time.Time) {
 			case !bad:
 				e.D.hbFailures = 0
 				// SQS counts the new visibility from no sooner than sent.
-				s.live.Extended(chunk[i:i+1], sent.Add(time.Duration(secs[e.D])*time.Second-s.vis))
+				s.live.Extended(chunk[i:i+1], sent.Add(time.Duration(e.D.ext)*time.Second-s.vis))
 				s.stats.extended.Add(1)
 			case !e.Settled(): // a settled one's handle may be gone, as it should
 				s.stats.heartbeatFailures.Add(1)

@@ -1,6 +1,7 @@
 package sqs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,21 +17,18 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-func init() {
-	driver.RegisterBroker("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Source, error) {
-		return openSource(ctx, u, oc, nil)
-	}, func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Publisher, error) {
-		return newPublisher(ctx, u, oc, nil)
-	})
-	admin.RegisterDeadLetters("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (admin.DeadLetterQueue, error) {
-		return openDeadLetters(ctx, u, oc, nil)
+// viaRegistry is the option a registry opener gives: the registry's logger,
+// if any, and errors that keep naming the URL's parameters.
+func viaRegistry(oc driver.OpenConfig) Option {
+	return sourceOption(func(c *config) error {
+		c.logger, c.byURL = cmp.Or(oc.Logger, c.logger), true
+		return nil
 	})
 }
 
-// urlParams are the parameters of sqs:// URLs. A Publisher uses the
-// client ones (clientParams) and checks but ignores the Source's own, so
-// that one URL serves both sides. init fills them: the options' errors
-// name their parameters.
+// urlParams are the parameters of sqs:// URLs; a Publisher uses the client
+// ones and checks but ignores the rest. init fills them (the options'
+// errors name their parameters) and registers the scheme.
 var urlParams, clientParams urlparam.Table[Option]
 
 func init() {
@@ -53,6 +51,14 @@ func init() {
 	maps.Copy(all, client)
 	urlParams = urlparam.Table[Option]{Scheme: "sqs", Params: all}
 	clientParams = urlparam.Table[Option]{Scheme: "sqs", Params: client}
+	driver.RegisterBroker("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Source, error) {
+		return Open(ctx, u.String(), viaRegistry(oc))
+	}, func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+		return NewPublisher(ctx, u.String())
+	})
+	admin.RegisterDeadLetters("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (admin.DeadLetterQueue, error) {
+		return OpenDeadLetters(ctx, u.String(), viaRegistry(oc))
+	})
 }
 
 func asOption[T any](o func(T) ClientOption) func(T) Option { return func(v T) Option { return o(v) } }
@@ -65,37 +71,16 @@ func paramOf(option string) (string, bool) {
 	return urlParams.NameOf(option)
 }
 
-// parseAddr parses the address a constructor is given.
-func parseAddr(what, addr string) (*url.URL, error) {
-	u, err := redact.ParseURL(addr)
-	if err == nil && u.Scheme != "sqs" {
-		err = errors.New("not an sqs:// URL (sqs://QUEUE?region=…, sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE)")
-	}
-	if err != nil {
-		return nil, fmt.Errorf("sqs: %s: address: %w", what, err)
-	}
-	return u, nil
-}
-
-// parseURL reads
-//
-//	sqs://QUEUE?region=R&endpoint=http://127.0.0.1:9324&…
-//	sqs://ACCESS_KEY:SECRET@QUEUE?endpoint=…           (static credentials, for emulators)
-//	sqs://sqs.eu-west-1.amazonaws.com/123456789012/QUEUE  (a queue URL, https)
-//
-// into the queue and options (a Publisher's, unless source). Without
-// credentials in the URL the AWS credential chain is used. A logger in oc
-// is used as WithLogger would be.
-func parseURL(u *url.URL, source bool, oc driver.OpenConfig) (queue string, opts []Option, err error) {
+// parseURL reads sqs://[KEY:SECRET@]QUEUE?… or
+// sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE?… (a queue URL, https) into
+// the queue and options (a Publisher's, unless source).
+func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) {
 	queue = u.Host
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		queue = "https://" + u.Host + "/" + p
 	}
 	if queue == "" {
 		return "", nil, fmt.Errorf("sqs URL has no queue (use sqs://orders or sqs://sqs.REGION.amazonaws.com/ACCOUNT/orders)")
-	}
-	if oc.Logger != nil && source {
-		opts = append(opts, WithLogger(oc.Logger))
 	}
 	if u.User != nil {
 		secret, ok := u.User.Password()
@@ -121,26 +106,30 @@ func parseURL(u *url.URL, source bool, oc driver.OpenConfig) (queue string, opts
 	return queue, append(opts, all...), nil
 }
 
-// setup reads u (and a logger in oc) and then opts, and finds the queue:
-// the start every constructor shares. Errors name URL parameters unless
+// setup reads addr, an sqs:// URL, then opts, and finds the queue: the
+// start every constructor shares. Errors name URL parameters unless
 // options were given in code.
-func setup[O Option](ctx context.Context, what string, u *url.URL, oc driver.OpenConfig, source bool, opts []O) (config, *awssqs.Client, *queueInfo, error) {
+func setup[O Option](ctx context.Context, what, addr string, source bool, opts []O) (config, *awssqs.Client, *queueInfo, error) {
 	cfg := defaultConfig()
-	queue, byURL, err := parseURL(u, source, oc)
+	u, err := redact.ParseURL(addr)
+	if err == nil && u.Scheme != "sqs" {
+		err = errors.New("not an sqs:// URL (sqs://QUEUE?region=…, sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE)")
+	}
+	if err != nil {
+		return cfg, nil, nil, fmt.Errorf("sqs: %s: address: %w", what, err)
+	}
+	queue, fromURL, err := parseURL(u, source)
 	if err != nil {
 		return cfg, nil, nil, err
 	}
-	cfg.byURL = true
-	for _, o := range byURL {
-		if err := o.apply(&cfg); err != nil {
-			return cfg, nil, nil, err
+	n := len(fromURL)
+	for _, o := range opts {
+		if any(o) != nil {
+			fromURL = append(fromURL, o)
 		}
 	}
-	cfg.byURL = len(opts) == 0
-	for _, o := range opts {
-		if any(o) == nil {
-			continue
-		}
+	for i, o := range fromURL {
+		cfg.byURL = i < n || len(opts) == 0
 		if err := o.apply(&cfg); err != nil {
 			return cfg, nil, nil, err
 		}

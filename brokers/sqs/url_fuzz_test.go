@@ -1,8 +1,6 @@
 package sqs
 
 import (
-	"github.com/idemq/idemq/core/driver"
-
 	"context"
 	"net/url"
 	"testing"
@@ -34,7 +32,7 @@ func FuzzParseURL(f *testing.F) {
 			if err != nil {
 				return err
 			}
-			_, opts, err := parseURL(u, source, driver.OpenConfig{})
+			_, opts, err := parseURL(u, source)
 			if err != nil {
 				return err
 			}
@@ -50,7 +48,7 @@ func FuzzParseURL(f *testing.F) {
 		if err != nil {
 			return
 		}
-		queue, opts, err := parseURL(u, source, driver.OpenConfig{})
+		queue, opts, err := parseURL(u, source)
 		if err != nil {
 			return
 		}
