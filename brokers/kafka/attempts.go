@@ -6,14 +6,11 @@ import (
 	"sync"
 )
 
-// Kafka keeps no delivery count, so Attempt comes from a counter kept in
-// this process: every time a message (cluster, group, topic, partition,
-// offset) is handed out by any Source of the process, its count grows. A
-// message retried in place, or fetched again after a rebalance or by a
-// Source opened after another one closed, so comes back with a higher
-// Attempt. Counts are dropped once the group commits past the offset. A
-// new process starts counting at 1 again: a message that crashes the whole
-// process on every delivery is not caught by core.WithMaxAttempts.
+// Kafka keeps no delivery count, so Attempt comes from a counter of this
+// process, per message (cluster, group, topic, partition, offset) handed
+// out by any of its Sources, dropped once the group commits past it. A new
+// process starts at 1 again: a message that crashes the process on every
+// delivery is not caught by core.WithMaxAttempts.
 
 type partKey struct {
 	brokers, group, topic string

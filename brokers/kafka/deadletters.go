@@ -30,32 +30,26 @@ var ErrDeadLettersFragmented = errors.New("kafka: too many dead letters handled 
 const maxDeadLetterMetadata = 4096
 
 // DeadLetters is the operator's handle on the dead letters one consumer
-// group parked in its dead-letter topic (admin.DeadLetterQueue): Scan lists
-// them, Redrive produces them back to the topic and partition they were
-// consumed from (by key when that partition is gone) and waits for every
-// in-sync replica, Purge drops them. Each call reads the topic with plain
-// fetches up to the high watermark taken when it began, and skips the
-// records other groups parked there (HeaderGroup).
+// group parked (admin.DeadLetterQueue): Redrive produces them back to the
+// partition they were consumed from (by key when it is gone). Each call
+// reads the topic with plain fetches up to its high watermark when the
+// call began, and skips other groups' records (HeaderGroup).
 //
-// A Kafka topic cannot delete single records, so a redriven or purged
-// record is recorded as handled in a bookkeeping group (WithDeadLetterGroup):
-// its committed offset passes every handled record, other groups' record
-// and gap below the first one still parked, and the records handled above
-// it are ranges in the commit's metadata. When those would pass 4096 bytes
-// (Kafka's default offset.metadata.max.bytes), Redrive and Purge stop with
-// ErrDeadLettersFragmented, Redrive before it produces anything. Resetting
-// the group's offsets lists every retained dead letter again.
-//
-// One DeadLetters per bookkeeping group should work at a time: two at once
-// may lose each other's bookkeeping, and records come back to the list
-// (redriving them again is harmless). It is not safe for concurrent use.
+// A Kafka topic cannot delete single records, so a handled record is
+// recorded in a bookkeeping group (WithDeadLetterGroup): its committed
+// offset passes every record below the first one still parked, and the
+// ones handled above it are ranges in the commit's metadata; past 4096
+// bytes, Redrive and Purge stop with ErrDeadLettersFragmented (Redrive
+// before producing). Resetting the group's offsets lists every retained
+// dead letter again. One DeadLetters per bookkeeping group should work at a
+// time (two may lose each other's bookkeeping; records then come back); it
+// is not safe for concurrent use.
 type DeadLetters struct {
 	*deadletter.Queue[*letter]
 	st *dlqStore
 }
 
-// dlqStore is the dead-letter topic as deadletter.Queue reads and changes
-// it (a deadletter.Store).
+// dlqStore is the dead-letter topic as a deadletter.Store.
 type dlqStore struct {
 	cfg    config
 	group  string // the bookkeeping group
@@ -124,29 +118,57 @@ type letter struct {
 	removed    bool
 }
 
-// Each implements deadletter.Store: partition by partition, oldest first
-// within one. Once a call removed any of a partition's, the bookkeeping
-// commit passes the other groups' records and gaps up to the first dead
-// letter left parked.
+// Each implements deadletter.Store: partition by partition, the group's
+// dead letters not handled yet, in offset order, reading [p.from, p.end).
+// Once a call removed any of a partition's, the bookkeeping commit passes
+// the other groups' records and gaps up to the first dead letter left
+// parked.
 func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *admin.Parked) error) error {
 	parts, err := q.load(ctx)
 	if err != nil {
 		return err
 	}
+	topic := q.cfg.deadLetterTopic
 	for _, p := range parts {
 		removed := false
-		err := q.walk(ctx, p, func(l *letter) error {
-			if err := fn(l, l.parked); err != nil {
-				return err
+		for offset := p.from; offset < p.end; {
+			resp, err := q.client.Fetch(ctx, &kafkago.FetchRequest{Topic: topic, Partition: p.id, Offset: offset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
+			if err == nil {
+				err = resp.Error
 			}
-			removed = removed || l.removed
-			if !l.removed && p.kept < 0 {
-				p.kept = l.offset
+			if err != nil {
+				return fmt.Errorf("kafka: dead-letter topic %q partition %d: fetching at %d: %w", topic, p.id, offset, err)
 			}
-			return nil
-		})
-		if err != nil {
-			return err
+			var batch []*letter
+			read := false
+			for r, err := resp.Records.ReadRecord(); err == nil; r, err = resp.Records.ReadRecord() {
+				if r.Offset < offset || r.Offset >= p.end {
+					continue
+				}
+				offset, read = r.Offset+1, true
+				if covered(p.handled, r.Offset) {
+					continue
+				}
+				l, err := q.letter(p, r)
+				if err != nil {
+					return err
+				}
+				if l != nil {
+					batch = append(batch, l)
+				}
+			}
+			for _, l := range batch {
+				if err := fn(l, l.parked); err != nil {
+					return err
+				}
+				removed = removed || l.removed
+				if !l.removed && p.kept < 0 {
+					p.kept = l.offset
+				}
+			}
+			if !read {
+				break // nothing readable is left below the high watermark
+			}
 		}
 		if point := p.upTo(p.end); removed && point > p.committed && point > p.from {
 			if err := q.record(ctx, p, point, -1); err != nil {
@@ -236,48 +258,6 @@ func (q *dlqStore) load(ctx context.Context) ([]*dlqPart, error) {
 	return slices.SortedFunc(maps.Values(parts), func(a, b *dlqPart) int { return a.id - b.id }), nil
 }
 
-// walk calls fn with each of the group's dead letters of p that is not
-// handled, in offset order, reading [p.from, p.end).
-func (q *dlqStore) walk(ctx context.Context, p *dlqPart, fn func(*letter) error) error {
-	topic := q.cfg.deadLetterTopic
-	for offset := p.from; offset < p.end; {
-		resp, err := q.client.Fetch(ctx, &kafkago.FetchRequest{Topic: topic, Partition: p.id, Offset: offset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
-		if err == nil {
-			err = resp.Error
-		}
-		if err != nil {
-			return fmt.Errorf("kafka: dead-letter topic %q partition %d: fetching at %d: %w", topic, p.id, offset, err)
-		}
-		var batch []*letter
-		read := false
-		for r, err := resp.Records.ReadRecord(); err == nil; r, err = resp.Records.ReadRecord() {
-			if r.Offset < offset || r.Offset >= p.end {
-				continue
-			}
-			offset, read = r.Offset+1, true
-			if covered(p.handled, r.Offset) {
-				continue
-			}
-			l, err := q.letter(p, r)
-			if err != nil {
-				return err
-			}
-			if l != nil {
-				batch = append(batch, l)
-			}
-		}
-		for _, l := range batch {
-			if err := fn(l); err != nil {
-				return err
-			}
-		}
-		if !read {
-			break // nothing readable is left below the high watermark
-		}
-	}
-	return nil
-}
-
 // letter converts a record of p into a dead letter, nil when another
 // group parked it.
 func (q *dlqStore) letter(p *dlqPart, r *kafkago.Record) (*letter, error) {
@@ -314,8 +294,8 @@ type bookmark struct {
 }
 
 // plan works out the commit of point for p with the handled records above
-// it, done (if not -1) among them, before anything is done: a commit that
-// cannot be written fails here.
+// it, done (if not -1) among them, so that one that cannot be written
+// fails before anything is done.
 func (q *dlqStore) plan(p *dlqPart, point, done int64) (bookmark, error) {
 	handled := p.handled
 	if done >= 0 {
@@ -362,10 +342,8 @@ func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) er
 	return nil
 }
 
-// Republish implements deadletter.Store: it produces l back to the
-// partition of the topic it was consumed from (its origin), with its own
-// headers, and waits for every in-sync replica. It fails before producing
-// when l could not be recorded as handled.
+// Republish implements deadletter.Store: it produces l to the partition of
+// its origin with its own headers, once l could be recorded as handled.
 func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) error {
 	if _, err := q.plan(l.p, l.p.upTo(l.offset+1), l.offset); err != nil {
 		return err
@@ -390,9 +368,8 @@ func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) er
 	return nil
 }
 
-// originalPartition puts a redriven record on the partition in its
-// Partition field while the topic has it, else where the Publisher puts
-// its key.
+// originalPartition keeps a record's Partition while the topic has it,
+// else balances by key as the Publisher does.
 type originalPartition struct{}
 
 // Balance implements kafka-go's Balancer.

@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,9 +17,7 @@ import (
 	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
-// Headers the adapter writes beside core/driver's bookkeeping ones
-// (driver.CauseHeader, AttemptHeader, OriginHeader as
-// "topic/partition/offset", ParkedAtHeader, DestinationHeader).
+// Headers the adapter writes beside core/driver's bookkeeping ones.
 const (
 	// HeaderNotBefore holds, on a retry copy, the time (Unix milliseconds)
 	// before which it must not be processed.
@@ -67,15 +66,14 @@ func (d *delivery) settle(requeue *time.Duration) error {
 	return d.wrap(d.src.settleLocked(d, requeue))
 }
 
-// Ack marks the message done. Its offset is committed with the next batched
-// commit once every earlier message of the partition is decided too.
+// Ack marks the message done; its offset is committed once every earlier
+// message of the partition is decided too.
 func (d *delivery) Ack(ctx context.Context) error { return d.settle(nil) }
 
-// Retry hands the message out again no sooner than delay, without letting
-// the committed offset pass it: retried in place, later messages of its
-// key (OrderPerKey) or partition (OrderPerPartition) wait behind it. With
-// WithRetryTopic it produces a copy to the retry topic instead, waits for
-// the write, and marks the original done.
+// Retry hands the message out again no sooner than delay, and the
+// committed offset waits for it (later messages of its key or partition
+// wait behind it, as the ordering says). With WithRetryTopic it produces a
+// copy to the retry topic instead, and marks the original done.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	if d.src.cfg.retryTopic == "" {
 		delay = max(delay, 0)
@@ -91,30 +89,26 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 
 // DeadLetter produces the message to the dead-letter topic with the
 // bookkeeping headers (deadletter.Mark) and HeaderGroup, waits until every
-// in-sync replica has it, then marks the original done. A failed write is
-// tried a few times with backoff within the call; if it still fails (the
-// topic was deleted, the cluster refuses writes) DeadLetter returns the
-// error and the message is not dropped: it stays undecided, its offset is
-// not committed, and it is handed out again after a second (later messages
-// of its key or partition wait behind it, as behind any retried message).
+// in-sync replica has it, then marks the original done. When the write
+// keeps failing within the call, DeadLetter returns the error and the
+// message is not dropped: it stays undecided and is handed out again after
+// a second, as a retried message.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
-	text := "unknown"
+	mark := deadletter.Mark{Cause: "unknown", Attempt: d.msg.Attempt, Origin: d.origin(), At: time.Now()}
 	if cause != nil {
-		text = cause.Error()
+		mark.Cause = cause.Error()
 	}
-	origin := d.origin()
-	dest, _, _ := strings.Cut(origin, "/")
-	now := time.Now()
-	h := deadletter.Mark{Cause: text, Attempt: d.msg.Attempt, Origin: origin, Destination: dest, At: now}.Headers()
+	mark.Destination, _, _ = strings.Cut(mark.Origin, "/")
+	h := mark.Headers()
 	h[HeaderGroup] = d.src.cfg.group
-	return d.produceThenDone(ctx, d.src.cfg.deadLetterTopic, h, now)
+	return d.produceThenDone(ctx, d.src.cfg.deadLetterTopic, h, mark.At)
 }
 
 // produceThenDone writes a copy of the message with extra headers to
-// topic, then marks the original done. A failed write is tried again
-// copyAttempts times in all; then the original is retried in place and the
-// error returned. A delivery found stale sends nothing (the next owner
-// decides the message again; a copy now would be a second one).
+// topic, then marks the original done; when the write fails copyAttempts
+// times, the original is retried in place. A delivery found stale sends
+// nothing: the next owner decides the message again, a copy now would be a
+// second one.
 func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[string]string, at time.Time) error {
 	if err := d.Claim(); err != nil {
 		return d.wrap(err)
@@ -150,10 +144,9 @@ func (d *delivery) produceThenDone(ctx context.Context, topic string, extra map[
 	return d.wrap(fmt.Errorf("producing to %q: %w", topic, err))
 }
 
-// copyTo builds the copy of the message for topic: its key, value and
-// headers, with extra and the origin, stamped at (zero: the producer's
-// time, as a retry copy keeps; a dead letter is stamped when it was parked,
-// which the dead-letter topic's retention counts from).
+// copyTo builds the copy of the message for topic, with extra headers and
+// the origin, stamped at (zero: the producer's time, as a retry copy keeps;
+// the dead-letter topic's retention counts from a dead letter's parking).
 func (d *delivery) copyTo(topic string, extra map[string]string, at time.Time) kafkago.Message {
 	raw := d.e.msg
 	extra[driver.OriginHeader] = d.origin()
@@ -174,18 +167,13 @@ func (d *delivery) copyTo(topic string, extra map[string]string, at time.Time) k
 // a retry copy keeps pointing at the original.
 func (d *delivery) origin() string {
 	m := d.e.msg
-	if d.e.p.retry {
-		for _, h := range m.Headers {
-			if h.Key == driver.OriginHeader {
-				return string(h.Value)
-			}
-		}
+	if i := slices.IndexFunc(m.Headers, func(h kafkago.Header) bool { return h.Key == driver.OriginHeader }); d.e.p.retry && i >= 0 {
+		return string(m.Headers[i].Value)
 	}
 	return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
 }
 
-// retryHeaders reads a retry copy's not-before time and the number of
-// deliveries before it.
+// retryHeaders reads a retry copy's not-before time and earlier deliveries.
 func retryHeaders(hs []kafkago.Header) (notBefore time.Time, before int) {
 	for _, h := range hs {
 		n, err := strconv.ParseInt(string(h.Value), 10, 64)

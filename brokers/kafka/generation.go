@@ -111,7 +111,7 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	var fetchers sync.WaitGroup
 	for _, p := range g.parts {
 		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: s.cfg.brokers, Topic: p.topic, Partition: p.id, Dialer: s.cfg.dialer,
-			MinBytes: 1, MaxBytes: 1 << 20, MaxWait: s.cfg.fetchMaxWait, QueueCapacity: min(s.cfg.partitionBuffer, 100), ErrorLogger: kafkaLogger{s.log()}})
+			MinBytes: 1, MaxBytes: 1 << 20, MaxWait: s.cfg.fetchMaxWait, QueueCapacity: min(s.cfg.partitionBuffer, 100), ErrorLogger: kafkaLogger(s.log())})
 		if err := r.SetOffset(p.next); err != nil {
 			log.Warn("idemq kafka: setting the fetch offset", "topic", p.topic, "partition", p.id, "error", err)
 		}
@@ -169,8 +169,8 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	log.Info("idemq kafka: partitions released")
 }
 
-// heartbeat sends g's member heartbeats every heartbeat interval until the
-// returned func is called (more than once is fine).
+// heartbeat sends g's member heartbeats until the returned func is called
+// (once or more).
 func (s *Source) heartbeat(g *generation) func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -196,8 +196,8 @@ func (s *Source) heartbeat(g *generation) func() {
 	return func() { cancel(); wg.Wait() }
 }
 
-// fetch reads one partition into its entries, pausing while the partition
-// holds WithPartitionBuffer messages until it is down to p.resume.
+// fetch reads one partition into its entries, pausing at
+// WithPartitionBuffer messages until it is down to p.resume.
 func (s *Source) fetch(ctx context.Context, p *partition, r *kafkago.Reader) {
 	backoff := retry.New(50*time.Millisecond, 5*time.Second)
 	for {
@@ -299,16 +299,6 @@ func (s *Source) handOut(e *entry) *delivery {
 	return d
 }
 
-// release undoes handOut's counts for a settled delivery and frees its
-// lane; retry: its message goes back to wait. s.mu is held.
-func (s *Source) release(d *delivery, retry bool) {
-	s.outstanding--
-	if !d.gen.dead {
-		d.e.p.settled(d.e, retry)
-		d.gen.outstanding--
-	}
-}
-
 // settleLocked marks claimed d's message done (requeue nil) or puts it
 // back to wait *requeue, and wakes the waiters. s.mu is held.
 func (s *Source) settleLocked(d *delivery, requeue *time.Duration) error {
@@ -329,23 +319,29 @@ func (s *Source) staleness(d *delivery) error {
 }
 
 // settleQuietly is settleLocked without the wake-up, for a batch that
-// wakes the waiters once.
+// wakes the waiters once. It undoes handOut's counts and frees the lane.
 func (s *Source) settleQuietly(d *delivery, requeue *time.Duration) error {
-	if err := s.staleness(d); err != nil {
-		s.release(d, false)
-		s.stale.Add(1)
-		return err
-	}
 	e, g := d.e, d.gen
-	if requeue != nil {
+	stale := s.staleness(d)
+	retry := stale == nil && requeue != nil
+	if retry {
 		e.state, e.notBefore = waiting, time.Now().Add(*requeue)
-		s.release(d, true)
+	}
+	s.outstanding--
+	if !g.dead {
+		e.p.settled(e, retry)
+		g.outstanding--
+	}
+	switch {
+	case stale != nil:
+		s.stale.Add(1)
+		return stale
+	case retry:
 		if *requeue > 0 {
 			s.wakeAt(*requeue)
 		}
 		return nil
 	}
-	s.release(d, false)
 	e.state, e.p.dirty = done, true
 	e.p.advance()
 	if g.sinceCommit++; g.sinceCommit >= s.cfg.commitCount {
@@ -390,8 +386,8 @@ func (p *partition) progress() []span {
 	return append(out, dropBelow(p.skip, p.next)...)
 }
 
-// commitPoint is the offset to commit for p: its first undecided message,
-// or the offset after the last fetched one. s.mu is held.
+// commitPoint is p's first undecided offset, or the one after the last
+// fetched. s.mu is held.
 func (p *partition) commitPoint() int64 {
 	if len(p.entries) > 0 {
 		return p.entries[0].msg.Offset
@@ -399,8 +395,8 @@ func (p *partition) commitPoint() int64 {
 	return p.next
 }
 
-// commit commits, for every partition with news, its decided prefix and
-// (in the metadata) what is decided above it.
+// commit commits every partition's decided prefix, and in the metadata
+// what is decided above it.
 func (s *Source) commit(g *generation, log *slog.Logger) {
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
@@ -483,8 +479,8 @@ func (s *Source) loadProgress(g *generation, log *slog.Logger) {
 	}
 }
 
-// bounded sends req with call, giving the broker 10 seconds: the group's
-// own calls run outside any caller's context.
+// bounded sends req with call within 10 seconds: the group's own calls
+// have no caller's context.
 func bounded[Req, Resp any](call func(context.Context, Req) (Resp, error), req Req) (Resp, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

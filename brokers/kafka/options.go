@@ -56,13 +56,11 @@ func (o Ordering) String() string {
 }
 
 // Option configures a Source or DeadLetters. Options apply in order, after
-// the URL's parameters; an invalid value makes the constructor fail with an
-// error naming the option.
+// the URL's parameters; an invalid one fails the constructor, named.
 type Option interface{ apply(*config) error }
 
-// PublisherOption is an Option a Publisher takes as well: WithTopic,
-// WithIDHeader, WithDialer, WithTLS, WithSASL, WithBatchTimeout and
-// WithLogger. A consumer option given to NewPublisher does not compile.
+// PublisherOption is an Option a Publisher takes as well (a consumer
+// option given to NewPublisher does not compile).
 type PublisherOption interface {
 	Option
 	publisher()
@@ -107,21 +105,15 @@ func defaultConfig() config {
 func newConfig[O Option](addr string, opts []O) (config, error) {
 	cfg := defaultConfig()
 	all, err := parseTarget(addr, &cfg)
-	if err != nil {
-		return cfg, err
-	}
 	for _, o := range opts {
 		all = append(all, o)
 	}
 	for _, o := range all {
-		if o == nil {
-			continue
-		}
-		if err := o.apply(&cfg); err != nil {
-			return cfg, err
+		if err == nil && o != nil {
+			err = o.apply(&cfg)
 		}
 	}
-	if err := cfg.validate(); err != nil {
+	if err = cmp.Or(err, cfg.validate()); err != nil {
 		return cfg, err
 	}
 	if cfg.tls != nil || cfg.sasl != nil {
@@ -139,8 +131,8 @@ func newConfig[O Option](addr string, opts []O) (config, error) {
 	return cfg, nil
 }
 
-// validate checks the settings that WithCommit and WithGroupTimeouts set
-// together (and the URL one by one).
+// validate checks the settings WithCommit and WithGroupTimeouts set (the
+// URL one by one).
 func (c *config) validate() error {
 	switch {
 	case c.commitInterval < time.Millisecond || c.commitInterval > time.Hour:
@@ -164,9 +156,8 @@ func (c *config) name(option string) string {
 	return option
 }
 
-// explain adds what to check to the broker errors whose own text does not
-// say it: a broker that refuses SASL credentials may just close the
-// connection. It never quotes a credential.
+// explain adds what to check to broker errors that do not say it: a broker
+// refusing SASL credentials may just close the connection.
 func (c *config) explain(err error) error {
 	switch {
 	case errors.Is(err, kafkago.SASLAuthenticationFailed), errors.Is(err, kafkago.UnsupportedSASLMechanism), errors.Is(err, kafkago.IllegalSASLState):
@@ -181,8 +172,7 @@ func optErr(name, format string, args ...any) error {
 	return option.Errorf("kafka", name, format, args...)
 }
 
-// set stores v in the field dst points at unless bad, which the error
-// then names the option in.
+// set stores v in *dst unless bad, named in the option's error.
 func set[T any](name string, v T, bad error, dst func(*config) *T) func(*config) error {
 	return option.Set("kafka", name, bad, func(c *config) { *dst(c) = v })
 }
@@ -191,23 +181,20 @@ func set[T any](name string, v T, bad error, dst func(*config) *T) func(*config)
 // to by the Publisher) unless WithIDHeader says otherwise.
 const DefaultIDHeader = "message-id"
 
-// WithTopic sets the topic to consume (or, for a Publisher, the topic
-// Publish uses when given ""). Default: the path of a kafka:// URL.
-// Required for a Source.
+// WithTopic sets the topic to consume, required for a Source (for a
+// Publisher, the topic of Publish given ""). Default: the URL's path.
 func WithTopic(topic string) PublisherOption {
 	return pubOpt(set("WithTopic", topic, checkTopic(topic), func(c *config) *string { return &c.topic }))
 }
 
-// WithGroup sets the consumer group id. Default: the URL's group
-// parameter. Required for a Source. It is unrelated to the idemq consumer
-// name (core.WithName), though the same string for both is natural.
+// WithGroup sets the consumer group id, required for a Source. It is
+// unrelated to the idemq consumer name (core.WithName).
 func WithGroup(group string) Option {
 	return srcOpt(set("WithGroup", group, checkGroup(group), func(c *config) *string { return &c.group }))
 }
 
 // WithIDHeader names the Kafka header that holds the business id. Default
-// "message-id"; CloudEvents' Kafka binding puts the event id in "ce_id".
-// For ids that need more than one header, use core.WithIDFunc.
+// "message-id"; CloudEvents' Kafka binding uses "ce_id".
 func WithIDHeader(name string) PublisherOption {
 	return pubOpt(set("WithIDHeader", name, refuse(name == "", "empty header name"), func(c *config) *string { return &c.idHeader }))
 }
@@ -224,10 +211,7 @@ func WithOrdering(o Ordering) Option {
 // Default 1s and 1000. They trade round trips against redelivered
 // duplicates after a crash, never correctness.
 func WithCommit(interval time.Duration, count int) Option {
-	return srcOpt(func(c *config) error {
-		c.commitInterval, c.commitCount = interval, count
-		return nil
-	})
+	return srcOpt(func(c *config) error { c.commitInterval, c.commitCount = interval, count; return nil })
 }
 
 // WithRevokeTimeout bounds how long deliveries already handed out may take
@@ -256,15 +240,16 @@ func WithJoinBackoff(d time.Duration) Option {
 }
 
 // WithStartOffset sets where a partition without a committed offset
-// starts: kafka-go's FirstOffset (the default: nothing published before
-// the group first joined is skipped) or LastOffset.
+// starts: kafka-go's FirstOffset (default) or LastOffset.
 func WithStartOffset(offset int64) Option {
 	bad := refuse(offset != kafkago.FirstOffset && offset != kafkago.LastOffset, fmt.Sprintf("%d is neither FirstOffset (-2) nor LastOffset (-1)", offset))
 	return srcOpt(set("WithStartOffset", offset, bad, func(c *config) *int64 { return &c.startOffset }))
 }
 
-// WithDeadLetterTopic names the topic DeadLetter produces to. Default
-// "<topic>.dlq". Open creates a missing one like the consumed topic.
+// WithDeadLetterTopic names the topic dead letters go to, with the
+// bookkeeping headers of core/driver (idemq-origin is
+// topic/partition/offset) and HeaderGroup. Default "<topic>.dlq". Open
+// creates a missing one like the consumed topic.
 func WithDeadLetterTopic(topic string) Option {
 	return srcOpt(set("WithDeadLetterTopic", topic, checkTopic(topic), func(c *config) *string { return &c.deadLetterTopic }))
 }
@@ -314,8 +299,7 @@ func WithSASL(m sasl.Mechanism) PublisherOption {
 }
 
 // WithGroupBalancers sets the partition assignment strategies offered to
-// the group, in order of preference (every member must offer the one
-// chosen). Default kafka-go's: range, then round robin.
+// the group, in order of preference. Default: range, then round robin.
 func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
 	err := refuse(len(bs) == 0, "no balancer given")
 	if i := slices.Index(bs, nil); i >= 0 {
@@ -325,8 +309,7 @@ func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
 }
 
 // WithLogger sets the logger for rebalances, commit failures and fetch
-// trouble. It wins over the Consumer's (SetLogger) and
-// core.WithAdapterLogger. Default: slog.Default() until one is given.
+// trouble, over the Consumer's (SetLogger). Default: slog.Default().
 func WithLogger(l *slog.Logger) PublisherOption {
 	return pubOpt(set("WithLogger", l, option.Present(l), func(c *config) **slog.Logger { return &c.logger }))
 }
@@ -368,8 +351,8 @@ func checkTopic(t string) error {
 	return nil
 }
 
-// urlParams are the parameters of kafka:// URLs. Every side reads every
-// one, so one URL serves the Source, the Publisher and DeadLetters.
+// urlParams are the parameters of kafka:// URLs: one URL serves the
+// Source, the Publisher and DeadLetters.
 var urlParams = urlparam.Table[Option]{Scheme: "kafka", Params: map[string]urlparam.Param[Option]{
 	"group":              urlparam.Text("WithGroup", WithGroup),
 	"id_header":          urlparam.Text("WithIDHeader", func(v string) Option { return WithIDHeader(v) }),
@@ -400,8 +383,8 @@ func field[T any](dst func(*config) *T) func(T) Option {
 }
 
 // parseTarget reads a kafka:// URL or a plain comma-separated broker list
-// (see Open): the brokers go into c, and the URL's topic and parameters
-// come back as options.
+// (see Open): the brokers go into c, and the URL's topic, parameters and
+// user info come back as options.
 func parseTarget(target string, c *config) ([]Option, error) {
 	target = strings.TrimSpace(target)
 	if target == "" {
@@ -418,9 +401,31 @@ func parseTarget(target string, c *config) ([]Option, error) {
 			return nil, fmt.Errorf("kafka URL: scheme %q, want kafka://", u.Scheme)
 		}
 		c.fromURL, hosts = true, u.Host
-		if opts, err = urlOptions(u); err != nil {
+		if topic := strings.Trim(u.Path, "/"); topic != "" {
+			if err := checkTopic(topic); err != nil {
+				return nil, fmt.Errorf("kafka URL: topic: %w", err)
+			}
+			opts = append(opts, WithTopic(topic))
+		}
+		q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+		if err != nil {
+			return nil, fmt.Errorf("kafka URL parameters: %w", err)
+		}
+		for k, vs := range q {
+			if len(vs) != 1 {
+				return nil, fmt.Errorf("kafka URL parameter %s: given %d times", redact.Name(k), len(vs))
+			}
+		}
+		read, err := urlParams.Read(q)
+		if err != nil {
 			return nil, err
 		}
+		sec, err := security(q, u.User)
+		if err != nil {
+			return nil, err
+		}
+		read = slices.DeleteFunc(read, func(o Option) bool { return o == nil }) // read by security
+		opts = append(append(opts, read...), sec...)
 	}
 	for _, h := range strings.Split(hosts, ",") {
 		h = strings.TrimSpace(h)
@@ -447,54 +452,42 @@ func parseTarget(target string, c *config) ([]Option, error) {
 	return opts, nil
 }
 
-// urlOptions turns a kafka:// URL's topic, parameters and user info into
-// options.
-func urlOptions(u *url.URL) ([]Option, error) {
-	var opts []Option
-	if topic := strings.Trim(u.Path, "/"); topic != "" {
-		if err := checkTopic(topic); err != nil {
-			return nil, fmt.Errorf("kafka URL: topic: %w", err)
-		}
-		opts = append(opts, WithTopic(topic))
-	}
-	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
-	if err != nil {
-		return nil, fmt.Errorf("kafka URL parameters: %w", err)
-	}
-	for k, vs := range q {
-		if len(vs) != 1 {
-			return nil, fmt.Errorf("kafka URL parameter %s: given %d times", redact.Name(k), len(vs))
-		}
-	}
-	read, err := urlParams.Read(q)
-	if err != nil {
-		return nil, err
-	}
-	sec, err := security(q, u.User)
-	if err != nil {
-		return nil, err
-	}
-	read = slices.DeleteFunc(read, func(o Option) bool { return o == nil }) // read by security
-	return append(append(opts, read...), sec...), nil
-}
-
 // security builds WithTLS and WithSASL from the URL's tls, ca_file,
-// cert_file, key_file and sasl parameters and its user info. Errors name
-// the parameter and never quote the password.
+// cert_file, key_file and sasl parameters and its user info.
 func security(q url.Values, user *url.Userinfo) ([]Option, error) {
 	var opts []Option
-	if on, _ := strconv.ParseBool(q.Get("tls")); on {
-		tc, err := tlsConfig(q.Get("ca_file"), q.Get("cert_file"), q.Get("key_file"))
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, WithTLS(tc))
-	} else {
+	caFile, certFile, keyFile := q.Get("ca_file"), q.Get("cert_file"), q.Get("key_file")
+	if on, _ := strconv.ParseBool(q.Get("tls")); !on {
 		for _, p := range []string{"ca_file", "cert_file", "key_file"} {
 			if q.Get(p) != "" {
 				return nil, fmt.Errorf("kafka URL parameter %s: needs tls=true", p)
 			}
 		}
+	} else {
+		// ca_file ("" for the system's roots) verifies the brokers;
+		// cert_file and key_file (both or neither) are the client's.
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if caFile != "" {
+			pem, err := os.ReadFile(caFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka URL parameter ca_file: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("kafka URL parameter ca_file: %s holds no PEM certificate", caFile)
+			}
+		}
+		if (certFile == "") != (keyFile == "") {
+			return nil, errors.New("kafka URL parameters cert_file and key_file: give both or neither")
+		}
+		if certFile != "" {
+			cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka URL parameters cert_file, key_file: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, WithTLS(tc))
 	}
 	mechanism := strings.ToLower(q.Get("sasl"))
 	if mechanism == "" {
@@ -525,32 +518,4 @@ func security(q url.Values, user *url.Userinfo) ([]Option, error) {
 		return nil, errors.New("kafka URL parameter sasl: the user name or password is not valid for SCRAM (SASLprep)")
 	}
 	return append(opts, WithSASL(m)), nil
-}
-
-// tlsConfig builds the TLS configuration of tls=true: caFile ("" for the
-// system's roots) verifies the brokers, certFile and keyFile (both or
-// neither) are the client certificate.
-func tlsConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka URL parameter ca_file: %w", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka URL parameter ca_file: %s holds no PEM certificate", caFile)
-		}
-	}
-	if (certFile == "") != (keyFile == "") {
-		return nil, errors.New("kafka URL parameters cert_file and key_file: give both or neither")
-	}
-	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka URL parameters cert_file, key_file: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
 }

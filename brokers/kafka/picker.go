@@ -7,27 +7,21 @@ import (
 )
 
 // The picker chooses which waiting message of a partition goes out next.
-// Scanning the waiting messages for the first one the ordering allows
-// costs O(waiting) per message when most sit behind a busy key; instead
-// each partition keeps the ones allowed to go at hand:
+// Scanning for the first one the ordering allows costs O(waiting) when most
+// sit behind a busy key; instead each partition keeps them at hand:
 //
-//   - a lane holds the messages that must go one at a time in offset order:
-//     those of one key under OrderPerKey, all of the partition under
-//     OrderPerPartition. Keyless messages under OrderPerKey and every message
-//     under OrderNone have no lane: nothing orders them.
-//   - the messages that may go now (the heads of idle lanes and laneless
-//     messages) are in fresh, a FIFO of those that became candidates in
-//     offset order (newly fetched ones, the common case: O(1)), or else in
-//     ready, a min-heap by offset. pick takes the lower of the two fronts,
-//     so the lowest offset goes first and the commit point advances.
-//   - delayed is a min-heap by notBefore of such messages that wait for a
-//     retry time; pick moves the due ones to ready. A lane whose head is
-//     delayed stays closed, so later messages of its key never overtake it.
+//   - a lane holds the messages that go one at a time in offset order: one
+//     key's (OrderPerKey) or the partition's (OrderPerPartition); keyless
+//     messages and OrderNone have none.
+//   - the messages that may go now (heads of idle lanes, laneless ones) are
+//     in fresh, a FIFO of those that became candidates in offset order (newly
+//     fetched ones: O(1)), or else in ready, a min-heap by offset; pick takes
+//     the lower front, so the commit point advances.
+//   - delayed holds by notBefore those waiting for a retry time; a lane whose
+//     head is delayed stays closed, so its key is never overtaken.
 //
-// Invariant: a lane with a message out (busy) has no message among the
-// candidates; an idle lane has its head, and only its head, among them. So
-// a pick or a settlement is O(log n), and O(1) amortised for messages that
-// may go as soon as they are fetched.
+// Invariant: a busy lane (a message out) has none among the candidates; an
+// idle lane has its head, and only it. A pick or settlement is O(log n).
 
 // lane is the queue of waiting messages that go out one at a time, in
 // offset order.

@@ -8,13 +8,11 @@ import (
 )
 
 // Kafka commits one offset per partition, so a message decided behind an
-// undecided one would come back to the next owner of the partition. The
-// Source therefore also writes, in the commit's metadata, which offsets
-// above the committed one are decided, and the highest offset handed out.
-// The next owner reads it when the partition is assigned: decided messages
-// are skipped, and messages handed out before come back with Attempt ≥ 2.
-// The metadata is advisory: if it is lost or cut short, those messages are
-// redelivered and the dedup store decides Duplicate.
+// undecided one would come back to the partition's next owner. The commit
+// metadata therefore also says which offsets above the committed one are
+// decided, and the highest offset handed out: the next owner skips the
+// former and hands the others out with Attempt ≥ 2. It is advisory: lost or
+// cut short, those messages are redelivered and decided Duplicate.
 //
 // Format: "idemq1;h=<high>;d=<start>+<count>,..." with every number in
 // base 36, high and start relative to the committed offset.

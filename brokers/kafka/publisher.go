@@ -41,18 +41,13 @@ func NewPublisher(_ context.Context, addr string, opts ...PublisherOption) (*Pub
 }
 
 // Publish produces msgs to topic ("" for the default topic) and waits for
-// all of them. Each message's ID goes to the id header ("message-id" by
-// default; none when ID is empty), Key to the Kafka key, Headers to Kafka
-// headers, and the trace context of ctx is injected into the headers with
-// the global OpenTelemetry propagator. Messages with the same key keep
-// their order. A call that fails only because records are too large
-// (MESSAGE_TOO_LARGE: over the topic's max.message.bytes or the writer's
-// batch bytes) fails with an error marked driver.Permanent: the same records
-// fail the same way, though fewer at a time may pass.
+// all of them. ID goes to the id header (none when empty), Key to the Kafka
+// key (messages of a key keep their order), Headers to Kafka headers, with
+// the trace context of ctx. A call that fails only because records are too
+// large (MESSAGE_TOO_LARGE) fails with an error marked driver.Permanent: the
+// same records fail the same way, though fewer at a time may pass.
 func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.Message) error {
-	if topic == "" {
-		topic = p.cfg.topic
-	}
+	topic = cmp.Or(topic, p.cfg.topic)
 	if err := checkTopic(topic); err != nil {
 		return fmt.Errorf("kafka: Publish: topic: %w", err)
 	}
@@ -91,10 +86,9 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 	return nil
 }
 
-// tooLarge reports whether a write failed only because records were too
-// large: every failed message of werrs (when the writer returned them),
-// or else err, is MESSAGE_TOO_LARGE, the broker's answer or the writer's
-// own refusal of a message over its batch bytes.
+// tooLarge reports whether every failed message of werrs (when the writer
+// returned them), or else err, is MESSAGE_TOO_LARGE: the broker's answer or
+// the writer's own refusal of a message over its batch bytes.
 func tooLarge(werrs kafkago.WriteErrors, err error) bool {
 	if werrs == nil {
 		return errors.Is(err, kafkago.MessageSizeTooLarge)

@@ -25,10 +25,9 @@ import (
 // gets the message again. After Close the reason is unsettled.ErrClosed.
 var errRevoked = errors.New("kafka: the delivery's partition was revoked by a rebalance")
 
-// Source consumes one topic in a consumer group. It implements
-// driver.Source, driver.BatchSettler, driver.WindowSetter,
-// driver.RedeliveryHorizoner and driver.LoggerSetter, and is safe for
-// concurrent use.
+// Source consumes one topic in a consumer group; it is a driver.Source,
+// BatchSettler, WindowSetter, RedeliveryHorizoner and LoggerSetter, safe
+// for concurrent use.
 type Source struct {
 	cfg    config
 	logs   unsettled.Logger
@@ -86,8 +85,8 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	return s, nil
 }
 
-// sourceConfig reads and checks a Source's addr and options (see Open),
-// filling in the default dead-letter topic. DeadLetters reads the same.
+// sourceConfig reads and checks a Source's (or DeadLetters') addr and
+// options.
 func sourceConfig(addr string, opts []Option) (config, error) {
 	cfg, err := newConfig(addr, opts)
 	switch {
@@ -105,10 +104,9 @@ func sourceConfig(addr string, opts []Option) (config, error) {
 	return cfg, err
 }
 
-// ensureTopics makes sure the consumed topic exists, and creates a missing
-// dead-letter or retry topic with its partition count and replication
-// factor: when the cluster refuses, Open fails naming the setting rather
-// than every dead letter (or retry) failing later.
+// ensureTopics checks the consumed topic and creates a missing dead-letter
+// or retry topic like it: when the cluster refuses, Open fails naming the
+// setting rather than every dead letter (or retry) failing later.
 func (s *Source) ensureTopics(ctx context.Context) error {
 	want := append(s.topics(), s.cfg.deadLetterTopic)
 	md, err := s.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: want})
@@ -163,10 +161,7 @@ func (s *Source) log() *slog.Logger { return s.logs.Log() }
 func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 func (s *Source) topics() []string {
-	if s.cfg.retryTopic != "" {
-		return []string{s.cfg.topic, s.cfg.retryTopic}
-	}
-	return []string{s.cfg.topic}
+	return slices.DeleteFunc([]string{s.cfg.topic, s.cfg.retryTopic}, func(t string) bool { return t == "" })
 }
 
 // Topic returns the consumed topic.
@@ -199,9 +194,8 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 }
 
 // RedeliveryHorizon reads the topic's retention.ms: a group whose offsets
-// are lost or reset re-reads everything still retained, so claims must be
-// kept at least that long. Infinite retention (-1) is driver.Unbounded. It
-// reports false when the broker cannot say.
+// are lost or reset re-reads everything still retained. Infinite retention
+// is driver.Unbounded; false: the broker cannot say.
 func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -224,10 +218,9 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 	return 0, false
 }
 
-// Receive returns the next delivery. It blocks until one is available, ctx
-// is done, or the Source is closed (driver.ErrSourceClosed). While the group
-// cannot be joined it may return the error to report trouble; calling
-// Receive again is always safe.
+// Receive returns the next delivery, blocking until one is available, ctx
+// is done or the Source is closed (driver.ErrSourceClosed). While the group
+// cannot be joined it may return the error; calling it again is safe.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	for {
 		s.mu.Lock()
@@ -267,7 +260,7 @@ func (s *Source) start() error {
 	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
 		ID: s.cfg.group, Brokers: s.cfg.brokers, Dialer: s.cfg.dialer, Topics: s.topics(), GroupBalancers: s.cfg.balancers,
 		HeartbeatInterval: s.cfg.heartbeatInterval, SessionTimeout: s.cfg.sessionTimeout, RebalanceTimeout: s.cfg.rebalanceTimeout,
-		JoinGroupBackoff: s.cfg.joinBackoff, StartOffset: s.cfg.startOffset, ErrorLogger: kafkaLogger{s.log()},
+		JoinGroupBackoff: s.cfg.joinBackoff, StartOffset: s.cfg.startOffset, ErrorLogger: kafkaLogger(s.log()),
 	})
 	if err != nil {
 		return fmt.Errorf("kafka: consumer group: %w", err)
@@ -322,8 +315,7 @@ func (s *Source) run(cg *kafkago.ConsumerGroup) {
 }
 
 // broadcast wakes everyone waiting on s.changed. s.mu is held. Nobody
-// waiting, it costs nothing: it runs for every message fetched and every
-// settlement, too often for a close and a new channel each time.
+// waiting, it costs nothing: it runs for every fetch and settlement.
 func (s *Source) broadcast() {
 	if s.watched {
 		close(s.changed)
@@ -379,9 +371,8 @@ func (s *Source) Close() error {
 	return err
 }
 
-// AckBatch marks deliveries of this Source done under one lock; their
-// offsets go with the next batched commit. The returned error joins one
-// error per delivery that failed (stale ones wrap driver.ErrStaleDelivery).
+// AckBatch marks deliveries of this Source done under one lock. The
+// returned error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -398,13 +389,10 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	return errors.Join(errs...)
 }
 
-// transport builds the kafka-go Transport (for the Client and writers)
-// from the dialer's TLS, SASL, client id and DialFunc.
-//
-// Its metadata is refreshed every second (one request per Publisher or
-// Source): kafka-go refreshes it only on that timer, not when a broker
-// answers NOT_LEADER_FOR_PARTITION, so after a leader moved its writers
-// retry against the former leader until the refresh.
+// transport builds the kafka-go Transport from the dialer's TLS, SASL,
+// client id and DialFunc. Its metadata is refreshed every second: kafka-go
+// refreshes it only on that timer, not on NOT_LEADER_FOR_PARTITION, so
+// after a leader moved writers retry the former one until the refresh.
 func transport(d *kafkago.Dialer) *kafkago.Transport {
 	t := &kafkago.Transport{DialTimeout: 10 * time.Second, MetadataTTL: time.Second}
 	if d == nil {
@@ -435,11 +423,10 @@ func (c *config) newClient() *kafkago.Client {
 	return &kafkago.Client{Addr: kafkago.TCP(c.brokers...), Timeout: 10 * time.Second, Transport: transport(c.dialer)}
 }
 
-// newWriter returns a writer to the brokers that waits for every in-sync
-// replica.
+// newWriter returns a writer that waits for every in-sync replica.
 func (c *config) newWriter(b kafkago.Balancer, log *slog.Logger) *kafkago.Writer {
 	return &kafkago.Writer{Addr: kafkago.TCP(c.brokers...), Balancer: b, RequiredAcks: kafkago.RequireAll,
-		BatchTimeout: c.batchTimeout, Transport: transport(c.dialer), ErrorLogger: kafkaLogger{log}}
+		BatchTimeout: c.batchTimeout, Transport: transport(c.dialer), ErrorLogger: kafkaLogger(log)}
 }
 
 // closeWriter flushes and closes w, and its connections.
@@ -452,12 +439,9 @@ func closeWriter(w *kafkago.Writer) error {
 func closeIdle(t kafkago.RoundTripper) { t.(*kafkago.Transport).CloseIdleConnections() }
 
 // kafkaLogger sends kafka-go's error log, every transient fetch or
-// connection error, to slog at debug level; the Source reports what matters.
-type kafkaLogger struct{ l *slog.Logger }
-
-// Printf implements kafka-go's Logger.
-func (k kafkaLogger) Printf(format string, args ...any) {
-	k.l.Debug("kafka-go: " + fmt.Sprintf(format, args...))
+// connection error, to l at debug level; the Source reports what matters.
+func kafkaLogger(l *slog.Logger) kafkago.Logger {
+	return kafkago.LoggerFunc(func(format string, args ...any) { l.Debug("kafka-go: " + fmt.Sprintf(format, args...)) })
 }
 
 // appendHeaders appends m to hs as Kafka headers, in key order.

@@ -15,12 +15,12 @@ import (
 //
 //	kafka://127.0.0.1:9092/payments?group=billing
 func init() {
-	driver.RegisterBroker("kafka", openSourceURL, openPublisherURL)
-	admin.RegisterDeadLetters("kafka", openDeadLettersURL)
-}
-
-func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-	return Open(ctx, u.String(), loggerOption(cfg))
+	driver.RegisterBroker("kafka", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+		return Open(ctx, u.String(), loggerOption(cfg))
+	}, openPublisherURL)
+	admin.RegisterDeadLetters("kafka", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
+		return OpenDeadLetters(ctx, u.String(), loggerOption(cfg))
+	})
 }
 
 func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
@@ -33,10 +33,6 @@ func openPublisherURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (d
 		return nil, errors.New("kafka URL: no topic to publish to (kafka://host:port/topic)")
 	}
 	return p, nil
-}
-
-func openDeadLettersURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
-	return OpenDeadLetters(ctx, u.String(), loggerOption(cfg))
 }
 
 // loggerOption is WithLogger of the service's adapter logger, nil (no
