@@ -17,9 +17,10 @@ import (
 
 // link is a connection and its JetStream context.
 type link struct {
-	nc  *natsgo.Conn
-	js  jetstream.JetStream
-	own bool // dialled here: closed by close
+	nc       *natsgo.Conn
+	js       jetstream.JetStream
+	own      bool // dialled here: closed by close
+	replicas int  // of the streams stream creates
 }
 
 // connect reads addr and opts and dials the servers (or takes WithConn's
@@ -30,7 +31,7 @@ func connect[O Option](addr string, needConsumer bool, opts []O, logs *unsettled
 	if err != nil {
 		return c, nil, err
 	}
-	l := &link{nc: c.conn}
+	l := &link{nc: c.conn, replicas: c.replicas}
 	dialOpts := []natsgo.Option{natsgo.Name("idemq"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(250 * time.Millisecond)}
 	if logs != nil {
 		logs.Init(c.logger)
@@ -87,7 +88,7 @@ func (l *link) stream(ctx context.Context, name, subject, what string, declare, 
 	case !declare:
 		return nil, fmt.Errorf("nats: the %s %s does not exist (declare it, or let the adapter with declare=true)", what, name)
 	}
-	if st, err = l.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.FileStorage}); err != nil {
+	if st, err = l.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.FileStorage, Replicas: l.replicas}); err != nil {
 		return nil, fmt.Errorf("nats: creating the %s %s on %s: %w", what, name, subject, err)
 	}
 	return st, nil

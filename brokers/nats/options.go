@@ -59,7 +59,7 @@ type config struct {
 	natsOpts                        []natsgo.Option
 	declare, heartbeat              bool
 	ackWait, maxExtension           time.Duration
-	window                          int
+	window, replicas                int
 	logger                          *slog.Logger // nil: the Consumer's, or slog.Default()
 	byURL                           bool         // errors name URL parameters
 }
@@ -124,6 +124,14 @@ func WithSubject(v string) PublisherOption {
 // updated. Default true; with false, opening fails naming what is missing.
 func WithDeclare(b bool) PublisherOption {
 	return pubOption{set("WithDeclare", nil, func(c *config) { c.declare = b })}
+}
+
+// WithReplicas sets the replicas of the streams the adapter creates (the
+// stream and the dead-letter stream; consumers take their stream's): 3
+// or 5 on a JetStream cluster, so that a server's loss loses nothing.
+// Default 1. Streams that exist keep theirs.
+func WithReplicas(n int) PublisherOption {
+	return pubOption{set("WithReplicas", option.Range(n, 1, 5), func(c *config) { c.replicas = n })}
 }
 
 // WithIDHeader names the header the business id is read from (and that a
@@ -201,6 +209,7 @@ func init() {
 		"heartbeat":     urlparam.Bool("WithHeartbeat", WithHeartbeat),
 		"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
 		"window":        urlparam.Int("WithWindow", WithWindow),
+		"replicas":      urlparam.Int("WithReplicas", func(n int) Option { return WithReplicas(n) }),
 		"dlq_stream":    urlparam.Text("WithDeadLetterStream", WithDeadLetterStream),
 		"dlq_subject":   urlparam.Text("WithDeadLetterSubject", WithDeadLetterSubject),
 		"token":         urlparam.Text("", func(v string) Option { return WithNATSOptions(natsgo.Token(v)) }),

@@ -251,18 +251,23 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 		d, ok := dd.(*delivery)
 		return d, ok && d.s == s
 	}, (*delivery).begin)
-	sent := 0
-	for _, d := range own {
+	if len(own) == 0 {
+		return errors.Join(errs...)
+	}
+	// The last ack waits for the consumer's leader to answer it; the
+	// others, sent before it on this connection, reach the leader first,
+	// so its answer confirms them too (a flush proves only that the
+	// server the client is connected to read them).
+	for _, d := range own[:len(own)-1] {
 		if err := d.msg().Ack(); err != nil {
 			errs = append(errs, d.failed("ack", err))
-			continue
 		}
-		sent++
 	}
-	if sent > 0 {
-		if err := s.flush(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("nats: confirming %d acks: %w", sent, err))
-		}
+	last := own[len(own)-1]
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	if err := last.msg().DoubleAck(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("nats: confirming %d acks: %w", len(own), last.failed("ack", err)))
 	}
 	return errors.Join(errs...)
 }
