@@ -137,7 +137,7 @@ func (q *dlqStore) Remove(_ context.Context, d *amqp.Delivery) error {
 // messages as the queue held ready when it began (fewer if it runs out),
 // and calls fn with each while it holds it. The messages not removed go
 // back to the queue when the channel closes at the end.
-func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Parked) error) error {
+func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Parked) error) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -149,18 +149,14 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Park
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
 	q.ch, q.returns, q.kept = ch, returns, 0
-	err = q.take(ctx, fn)
-	// Closing the channel returns the unacked messages; it also waits for
-	// the broker to have processed the acks sent before it.
-	if cerr := ch.Close(); err == nil && cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
-		err = fmt.Errorf("rabbitmq: closing the channel of %q: %w", q.Name(), cerr)
-	}
-	q.awaitReturned(ctx)
-	return err
-}
-
-// take is Each's loop.
-func (q *dlqStore) take(ctx context.Context, fn func(*amqp.Delivery, *admin.Parked) error) error {
+	defer func() {
+		// Closing the channel returns the unacked messages; it also waits
+		// for the broker to have processed the acks sent before it.
+		if cerr := ch.Close(); err == nil && cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
+			err = fmt.Errorf("rabbitmq: closing the channel of %q: %w", q.Name(), cerr)
+		}
+		q.awaitReturned(ctx)
+	}()
 	st, err := q.ch.QueueDeclarePassive(q.Name(), true, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: dead-letter queue %q: %w", q.Name(), err)

@@ -75,19 +75,11 @@ type Source struct {
 
 // Stats are counters of a Source's life, for operators and tests.
 type Stats struct {
-	// Reconnects counts sessions re-established after a connection or
-	// channel loss.
-	Reconnects int64
-	// StaleSettlements counts settlements refused because the delivery's
-	// channel had closed (errors wrapping driver.ErrStaleDelivery).
-	StaleSettlements int64
-	// MultipleAcks counts basic.ack calls with multiple=true made by
-	// AckBatch, and MultipleAcked the deliveries they covered.
-	MultipleAcks, MultipleAcked int64
-	// Isolations counts sessions that consumed one message at a time
-	// because the previous connection died on a message the client could
-	// not parse (see WithDeliveryLimit).
-	Isolations int64
+	Reconnects       int64 // sessions re-established after a connection or channel loss
+	StaleSettlements int64 // settlements refused because the delivery's channel had closed
+	MultipleAcks     int64 // basic.ack calls with multiple=true made by AckBatch
+	MultipleAcked    int64 // the deliveries those covered
+	Isolations       int64 // sessions consuming one message at a time after one the client could not parse (see WithDeliveryLimit)
 }
 
 // sourceConfig checks what Open is given before it dials: the options
