@@ -2,25 +2,15 @@
 // github.com/rabbitmq/amqp091-go.
 //
 // A Source (Open) consumes one queue with manual acknowledgements and a
-// QoS prefetch equal to the Consumer's in-flight window. The message id is
-// the AMQP message_id property or, with WithIDHeader, a header for
-// producers that cannot set message_id. With WithExchange the queue is
-// bound to the exchange producers publish to, so one URL opens both sides.
-// Settlement:
-//
-//   - Ack: basic.ack by delivery tag. AckBatch uses one multiple=true ack
-//     only over a run of tags where every lower unsettled tag of the
-//     channel is in the batch (a multiple ack acknowledges every unacked tag
-//     up to it, including deliveries still in flight), and acks the rest one
-//     by one.
-//   - Retry: nack with requeue after the delay (RetryRequeue), or a copy
-//     published to a retry queue whose per-message TTL dead-letters it back
-//     to the main queue (RetryViaQueue).
-//   - DeadLetter: a copy published to the dead-letter queue with the
-//     bookkeeping headers of core/driver (driver.CauseHeader, AttemptHeader,
-//     OriginHeader, DestinationHeader, ParkedAtHeader), confirmed, then
-//     acked (DeadLetterRepublish), or basic.reject without requeue into the
-//     queue's dead-letter exchange (DeadLetterReject).
+// QoS prefetch equal to the Consumer's in-flight window; the message id is
+// the message_id property or a header (WithIDHeader). Ack is a basic.ack
+// by delivery tag, AckBatch one multiple=true ack over a run of tags below
+// which no other tag of the channel is unsettled (a multiple ack
+// acknowledges every unacked tag up to it, deliveries in flight included)
+// and single acks for the rest. Retry and DeadLetter follow the Source's
+// RetryMode and DeadLetterMode; a parked copy carries the bookkeeping
+// headers of core/driver (driver.CauseHeader, AttemptHeader, OriginHeader,
+// DestinationHeader, ParkedAtHeader).
 //
 // amqp091-go does not reconnect by itself (and its optional channel
 // recovery reuses channel ids, so an old delivery tag could land on a new
@@ -39,5 +29,6 @@
 // DeadLetters (OpenDeadLetters, or admin.OpenDeadLetters with the Source's
 // URL) lists, redrives and purges the messages parked in the dead-letter
 // queue. A Publisher publishes core Messages with publisher confirms, for
-// tests, examples and the outbox relay.
+// tests, examples and the outbox relay; one URL with exchange= opens both
+// sides.
 package rabbitmq
