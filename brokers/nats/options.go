@@ -147,7 +147,9 @@ func WithIDHeader(h string) PublisherOption {
 
 // WithAckWait sets the declared consumer's AckWait: how long JetStream
 // waits for a settlement (or a heartbeat) before it redelivers. Default
-// 30s. A consumer that is not declared keeps its own.
+// 6s: the heartbeat extends a live delivery every third of it, so the
+// AckWait bounds only how long a crashed instance's deliveries wait. A
+// consumer that is not declared keeps its own.
 func WithAckWait(d time.Duration) Option {
 	return set("WithAckWait", option.AtLeast(d, 100*time.Millisecond), func(c *config) { c.ackWait = d })
 }
@@ -280,7 +282,7 @@ func fileParam(build func(file string) (natsgo.Option, error)) urlparam.Param[Op
 // resolve reads addr (see the package doc), applies opts after its
 // parameters and fills the defaults that depend on the stream.
 func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error) {
-	c := config{declare: true, idHeader: DefaultIDHeader, ackWait: 30 * time.Second, heartbeat: true, maxExtension: time.Hour, window: 100}
+	c := config{declare: true, idHeader: DefaultIDHeader, ackWait: 6 * time.Second, heartbeat: true, maxExtension: time.Hour, window: 100}
 	u, err := redact.ParseURL(addr)
 	if err != nil {
 		return c, fmt.Errorf("nats: %w", err)

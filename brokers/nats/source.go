@@ -166,6 +166,7 @@ func (s *Source) iterator() (jetstream.MessagesContext, error) {
 		return nil, driver.ErrSourceClosed
 	}
 	if s.it == nil {
+		s.sayHeld()
 		it, err := s.cons.Messages(jetstream.PullMaxMessages(s.window))
 		if err != nil {
 			return nil, fmt.Errorf("nats: pulling from consumer %s: %w", s.c.consumer, err)
@@ -173,6 +174,22 @@ func (s *Source) iterator() (jetstream.MessagesContext, error) {
 		s.it = it
 	}
 	return s.it, nil
+}
+
+// sayHeld logs, once at the first Receive, the deliveries another
+// instance holds unacknowledged (a process killed before it settled
+// them): JetStream hands them out again only after the AckWait, and while
+// they fill MaxAckPending it delivers nothing else.
+func (s *Source) sayHeld() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ci, err := s.cons.Info(ctx)
+	if err != nil || ci.NumAckPending == 0 {
+		return
+	}
+	s.log().Info("idemq nats: deliveries held unacknowledged by another or an earlier instance come back after the consumer's AckWait",
+		"consumer", s.c.consumer, "held", ci.NumAckPending, "max_ack_pending", ci.Config.MaxAckPending,
+		"ack_wait", ci.Config.AckWait, "setting", "ack_wait= (WithAckWait)")
 }
 
 // Receive implements driver.Source. Errors other than ErrSourceClosed and

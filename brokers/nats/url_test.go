@@ -32,7 +32,7 @@ func TestParseURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.subject != "ORDERS" || !c.declare || c.idHeader != DefaultIDHeader || c.ackWait != 30*time.Second || !c.heartbeat ||
+	if c.subject != "ORDERS" || !c.declare || c.idHeader != DefaultIDHeader || c.ackWait != 6*time.Second || !c.heartbeat ||
 		c.maxExtension != time.Hour || c.window != 100 || c.dlqStream != "ORDERS_DLQ" || c.dlqSubject != "idemq.dlq.ORDERS.billing" {
 		t.Fatalf("defaults %+v", c)
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -378,9 +379,22 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 	// Kill at random points spread over the run: each kill waits for some
 	// new ledger rows (so every run did commit something and was killed
 	// mid-stream), then a random extra moment.
+	// Recovery: from a SIGKILL to the restarted run's first new ledger row.
 	prev := 0
+	var killedAt time.Time
+	var recoveries []time.Duration
+	recovered := func() {
+		if killedAt.IsZero() {
+			return
+		}
+		for deadline := time.Now().Add(2 * time.Minute); rows() <= prev && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		recoveries = append(recoveries, time.Since(killedAt))
+	}
 	for i := range r.kills {
 		cmd, logPath := start(i)
+		recovered()
 		died := func() {}
 		if r.kill != nil {
 			died = r.kill(i, cmd)
@@ -396,6 +410,7 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 			}
 		}
 		err := cmd.Wait()
+		killedAt = time.Now()
 		died()
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
@@ -411,6 +426,9 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 
 	// The last run drains the queue and stops on SIGTERM.
 	cmd, logPath := start(r.kills)
+	recovered()
+	slices.Sort(recoveries)
+	t.Logf("FAULT-MATRIX recovery from SIGKILL to the restarted service's next committed effect: longest %v of %v", recoveries[len(recoveries)-1].Round(10*time.Millisecond), recoveries)
 	deadline := time.Now().Add(3 * time.Minute)
 	for rows() < len(unique) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)

@@ -29,7 +29,7 @@ func TestKillAndRestartNATSPostgres(t *testing.T) {
 	servicetest.DeleteStreamsAtCleanup(t, nu, stream, stream+"_DLQ")
 	messages, kills := killMessages(t), 3
 	res := runKillAndRestart(t, killRun{
-		broker: nu + "/" + stream + "?consumer=payments&ack_wait=5s&subject=" + strings.ToLower(stream),
+		broker: nu + "/" + stream + "?consumer=payments&subject=" + strings.ToLower(stream),
 		store:  store, tables: prefix, ledger: l, messages: messages, duplicates: 0.2, kills: kills, batch: 20, concurrency: 2,
 		settled: func(t *testing.T) { natsSettled(t, nu, stream, messages) },
 	})
