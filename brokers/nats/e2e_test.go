@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
+
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,13 +36,13 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEffects(t)
+	e := brokertest.NewEffects(t)
 	var fixed atomic.Bool
-	c, _ := e.run(t, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	c, _ := run(t, e, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		if m.ID == "order-13" && !fixed.Load() {
 			return errors.New("cannot price order 13")
 		}
-		return e.apply(ctx, tx, m)
+		return e.Apply(ctx, tx, m)
 	}, core.WithName("billing"), core.WithMaxAttempts(3), core.WithBackoff(core.ConstantBackoff(20*time.Millisecond)))
 
 	for i := range 20 {
@@ -74,7 +76,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("Redrive = %d, %v", n, err)
 	}
 	servicetest.WaitFor(t, 30*time.Second, "order 13 paid", func() bool { return c.Stats().Processed == 20 })
-	counts := e.counts(t)
+	counts := e.Counts(t)
 	for id, k := range counts {
 		if k != 1 {
 			t.Errorf("%s paid %d times", id, k)

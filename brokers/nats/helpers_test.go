@@ -7,11 +7,11 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/url"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/brokers/brokertest"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,7 +19,6 @@ import (
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
-	"github.com/idemq/idemq/stores/sqlite"
 )
 
 func randomHex(n int) string {
@@ -125,67 +124,7 @@ func lapseLeases(t *testing.T, src driver.Source) {
 	servicetest.WaitFor(t, s.ackWait+10*time.Second, "the AckWait to pass", func() bool { return time.Now().After(last.Add(100 * time.Millisecond)) })
 }
 
-// effects is a SQLite dedup store with a table of committed effects, one
-// row per effect and no unique key, so an effect applied twice counts
-// twice.
-type effects struct{ st *sqlite.Store }
-
-func newEffects(t *testing.T) effects {
-	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "effects.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if _, err := st.DB().Exec(`CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	return effects{st}
-}
-
-// apply is the business effect, in the claim's transaction.
-func (e effects) apply(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, m.ID)
-	return err
-}
-
-// counts returns how many times each id's effect was committed.
-func (e effects) counts(t *testing.T) map[string]int {
-	t.Helper()
-	rows, err := e.st.DB().Query(`SELECT id, count(*) FROM effects GROUP BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[id] = n
-	}
-	return out
-}
-
-// run runs a Consumer of src with h in the background; stop cancels it
-// and returns Run's error (the test's end stops it too).
-func (e effects) run(t *testing.T, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (c *core.Consumer[*sql.Tx], stop func() error) {
-	t.Helper()
-	c, err := core.New(src, e.st, h, append([]core.Option{core.WithLogger(testLogger(t))}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var runErr error
-	stop = func() error {
-		once.Do(func() { cancel(); runErr = <-done })
-		return runErr
-	}
-	t.Cleanup(func() { stop() })
-	return c, stop
+// run runs a Consumer of src over e with the tests' logger, then opts.
+func run(t *testing.T, e *brokertest.Effects, src driver.Source, h core.Handler[*sql.Tx], opts ...core.Option) (*core.Consumer[*sql.Tx], func() error) {
+	return e.Run(t, src, h, append([]core.Option{core.WithLogger(testLogger(t))}, opts...)...)
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
+
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -43,14 +45,14 @@ func TestServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	e := newEffects(t)
+	e := brokertest.NewEffects(t)
 	src := openSource(t, ts, WithAckWait(2*time.Second))
-	c, stop := e.run(t, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	c, stop := run(t, e, src, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		time.Sleep(time.Millisecond)
-		return e.apply(ctx, tx, m)
+		return e.Apply(ctx, tx, m)
 	}, core.WithName("restart"), core.WithBatchSize(10), core.WithWindow(50), core.WithConcurrency(2),
 		core.WithBackoff(core.ConstantBackoff(50*time.Millisecond)))
-	applied := func() int { return len(e.counts(t)) }
+	applied := func() int { return len(e.Counts(t)) }
 	for _, at := range []int{unique / 4, unique / 2} {
 		servicetest.WaitFor(t, time.Minute, fmt.Sprintf("%d ids applied", at), func() bool { return applied() >= at })
 		stopped := time.Now()
@@ -68,7 +70,7 @@ func TestServerRestart(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	for id, n := range e.counts(t) {
+	for id, n := range e.Counts(t) {
 		if n != 1 {
 			t.Errorf("%s applied %d times", id, n)
 		}
