@@ -90,14 +90,7 @@ func (q *DeadLetters) Group() string { return q.st.group }
 func (q *dlqStore) Name() string { return q.cfg.deadLetterTopic }
 
 // Close releases the connections.
-func (q *dlqStore) Close() error {
-	var err error
-	if q.writer != nil {
-		err = closeWriter(q.writer)
-	}
-	closeIdle(q.client.Transport)
-	return err
-}
+func (q *dlqStore) Close() error { return closeConns(q.client, q.writer) }
 
 // dlqPart is one partition of the dead-letter topic as a call sees it.
 type dlqPart struct {

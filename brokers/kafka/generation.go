@@ -98,8 +98,7 @@ func (s *Source) newGeneration(kgen *kafkago.Generation) *generation {
 // Close), the decided prefix is committed, the partitions are released.
 func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	log := s.log().With("group", s.cfg.group, "generation", g.kgen.ID)
-	s.loadProgress(g, log)
-	s.resolveStart(g, log)
+	s.prepare(g, log)
 	var where []string
 	for _, p := range g.parts {
 		where = append(where, p.topic+"/"+p.idText+"@"+strconv.FormatInt(p.next, 10))
@@ -445,27 +444,41 @@ func (s *Source) commit(g *generation, log *slog.Logger) {
 	}
 }
 
-// loadProgress reads the commit metadata of the assigned partitions.
-func (s *Source) loadProgress(g *generation, log *slog.Logger) {
-	if len(g.parts) == 0 {
-		return
-	}
-	req := &kafkago.OffsetFetchRequest{GroupID: s.cfg.group, Topics: map[string][]int{}}
+// prepare reads the commit metadata of the assigned partitions, and turns
+// the start offset of those without a committed offset (FirstOffset or
+// LastOffset) into a real one, so that the first commit pins it even if no
+// message arrives: otherwise a group starting at LastOffset would skip
+// what is published before its first message whenever it restarts.
+func (s *Source) prepare(g *generation, log *slog.Logger) {
+	freq := &kafkago.OffsetFetchRequest{GroupID: s.cfg.group, Topics: map[string][]int{}}
+	lreq := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
 	for _, p := range g.parts {
-		req.Topics[p.topic] = append(req.Topics[p.topic], p.id)
+		freq.Topics[p.topic] = append(freq.Topics[p.topic], p.id)
+		if p.next < 0 {
+			lreq.Topics[p.topic] = append(lreq.Topics[p.topic], kafkago.OffsetRequest{Partition: p.id, Timestamp: p.next})
+		}
 	}
-	resp, err := bounded(s.client.OffsetFetch, req)
-	if err == nil && resp.Error != nil {
-		err = resp.Error
+	fresp, lresp := &kafkago.OffsetFetchResponse{}, &kafkago.ListOffsetsResponse{}
+	var err error
+	if len(g.parts) > 0 {
+		if fresp, err = bounded(s.client.OffsetFetch, freq); err == nil && fresp.Error != nil {
+			err = fresp.Error
+		}
+		if err != nil {
+			fresp = &kafkago.OffsetFetchResponse{}
+			log.Warn("idemq kafka: reading commit metadata failed; messages decided behind an undecided one will be redelivered", "error", err)
+		}
 	}
-	if err != nil {
-		log.Warn("idemq kafka: reading commit metadata failed; messages decided behind an undecided one will be redelivered", "error", err)
-		return
+	if len(lreq.Topics) > 0 {
+		if lresp, err = bounded(s.client.ListOffsets, lreq); err != nil {
+			lresp = &kafkago.ListOffsetsResponse{}
+			log.Warn("idemq kafka: resolving start offsets failed; fetching from the relative start", "error", err)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range g.parts {
-		for _, fp := range resp.Topics[p.topic] {
+		for _, fp := range fresp.Topics[p.topic] {
 			if fp.Partition != p.id || fp.Error != nil || fp.CommittedOffset != p.committed {
 				continue
 			}
@@ -475,6 +488,15 @@ func (s *Source) loadProgress(g *generation, log *slog.Logger) {
 				continue
 			}
 			p.prevHigh, p.skip = high, spans
+		}
+		for _, po := range lresp.Topics[p.topic] {
+			switch {
+			case p.next >= 0 || po.Partition != p.id || po.Error != nil:
+			case p.next == kafkago.FirstOffset && po.FirstOffset >= 0:
+				p.next = po.FirstOffset
+			case p.next == kafkago.LastOffset && po.LastOffset >= 0:
+				p.next = po.LastOffset
+			}
 		}
 	}
 }
@@ -487,41 +509,4 @@ func bounded[Req, Resp any](call func(context.Context, Req) (Resp, error), req R
 	return call(ctx, req)
 }
 
-func (s *Source) attemptKey(p *partition) partKey {
-	return partKey{brokers: s.bkey, group: s.cfg.group, topic: p.topic, partition: p.id}
-}
-
-// resolveStart turns the start offset of partitions without a committed
-// offset (FirstOffset or LastOffset) into a real one, so that the first
-// commit pins it even if no message arrives: otherwise a group starting at
-// LastOffset would skip what is published before its first message
-// whenever it restarts.
-func (s *Source) resolveStart(g *generation, log *slog.Logger) {
-	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
-	for _, p := range g.parts {
-		if p.next < 0 {
-			req.Topics[p.topic] = append(req.Topics[p.topic], kafkago.OffsetRequest{Partition: p.id, Timestamp: p.next})
-		}
-	}
-	if len(req.Topics) == 0 {
-		return
-	}
-	resp, err := bounded(s.client.ListOffsets, req)
-	if err != nil {
-		log.Warn("idemq kafka: resolving start offsets failed; fetching from the relative start", "error", err)
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range g.parts {
-		for _, po := range resp.Topics[p.topic] {
-			switch {
-			case p.next >= 0 || po.Partition != p.id || po.Error != nil:
-			case p.next == kafkago.FirstOffset && po.FirstOffset >= 0:
-				p.next = po.FirstOffset
-			case p.next == kafkago.LastOffset && po.LastOffset >= 0:
-				p.next = po.LastOffset
-			}
-		}
-	}
-}
+func (s *Source) attemptKey(p *partition) partKey { return partKey{s.bkey, s.cfg.group, p.topic, p.id} }

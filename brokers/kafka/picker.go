@@ -124,26 +124,23 @@ func (h *keyHeap) pop() *entry {
 // laneOf returns the lane e waits in under p's ordering, created if need
 // be, or nil when nothing orders e.
 func (p *partition) laneOf(e *entry) *lane {
-	switch p.order {
-	case OrderNone:
+	switch {
+	case p.order == OrderNone || p.order == OrderPerKey && len(e.msg.Key) == 0:
 		return nil
-	case OrderPerPartition:
+	case p.order == OrderPerPartition:
 		if p.one == nil {
 			p.one = &lane{}
 		}
 		return p.one
 	}
-	if len(e.msg.Key) == 0 {
-		return nil
+	l := p.lanes[string(e.msg.Key)]
+	if l == nil {
+		l = &lane{key: string(e.msg.Key)}
+		if p.lanes == nil {
+			p.lanes = map[string]*lane{}
+		}
+		p.lanes[l.key] = l
 	}
-	if l := p.lanes[string(e.msg.Key)]; l != nil {
-		return l
-	}
-	if p.lanes == nil {
-		p.lanes = make(map[string]*lane)
-	}
-	l := &lane{key: string(e.msg.Key)}
-	p.lanes[l.key] = l
 	return l
 }
 

@@ -104,4 +104,4 @@ func tooLarge(werrs kafkago.WriteErrors, err error) bool {
 }
 
 // Close flushes and closes the writer.
-func (p *Publisher) Close() error { return closeWriter(p.w) }
+func (p *Publisher) Close() error { return closeConns(nil, p.w) }

@@ -364,11 +364,7 @@ func (s *Source) Close() error {
 		err = cg.Close() // ends the generation, which commits on its way out
 	}
 	s.wg.Wait()
-	if s.writer != nil {
-		err = cmp.Or(err, closeWriter(s.writer))
-	}
-	closeIdle(s.client.Transport)
-	return err
+	return cmp.Or(err, closeConns(s.client, s.writer))
 }
 
 // AckBatch marks deliveries of this Source done under one lock. The
@@ -429,14 +425,19 @@ func (c *config) newWriter(b kafkago.Balancer, log *slog.Logger) *kafkago.Writer
 		BatchTimeout: c.batchTimeout, Transport: transport(c.dialer), ErrorLogger: kafkaLogger(log)}
 }
 
-// closeWriter flushes and closes w, and its connections.
-func closeWriter(w *kafkago.Writer) error {
-	err := w.Close()
-	closeIdle(w.Transport)
+// closeConns flushes and closes w and the connections of w and c (each
+// when not nil).
+func closeConns(c *kafkago.Client, w *kafkago.Writer) error {
+	var err error
+	if w != nil {
+		err = w.Close()
+		w.Transport.(*kafkago.Transport).CloseIdleConnections()
+	}
+	if c != nil {
+		c.Transport.(*kafkago.Transport).CloseIdleConnections()
+	}
 	return err
 }
-
-func closeIdle(t kafkago.RoundTripper) { t.(*kafkago.Transport).CloseIdleConnections() }
 
 // kafkaLogger sends kafka-go's error log, every transient fetch or
 // connection error, to l at debug level; the Source reports what matters.
