@@ -292,36 +292,8 @@ func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.Park
 		return abort(fmt.Errorf("taking the write lock: %w", err))
 	}
 	rows, err := tx.QueryContext(ctx, s.headsSQL[parked], time.Now().UnixMicro(), window, limit)
-	if err != nil {
-		return abort(err)
-	}
-	c := &claimed{s: s, tx: tx}
-	if c.rows, err = sqloutbox.ScanRows(rows); err != nil {
-		return abort(err)
-	}
-	if len(c.rows) == 0 {
-		return abort(nil)
-	}
-	c.rows, err = sqloutbox.AppendRuns(c.rows, limit, sqloutbox.Runs(ctx, tx, s.cols, s.table, parked))
-	if err != nil {
-		return abort(err)
-	}
-	return c, nil
+	return dialect.Claim(ctx, tx, rows, err, s.cols, s.table, limit, parked)
 }
-
-type claimed struct {
-	s    *Store
-	tx   *sql.Tx
-	rows []*outbox.Row
-}
-
-func (c *claimed) Rows() []*outbox.Row { return c.rows }
-
-func (c *claimed) Finish(ctx context.Context, o outbox.Outcome) error {
-	return dialect.Finish(ctx, c.tx, c.s.table, o)
-}
-
-func (c *claimed) Abort(context.Context) error { return c.tx.Rollback() }
 
 // Pending implements outbox.Store. SQLite is embedded: the database clock
 // is this process's clock.

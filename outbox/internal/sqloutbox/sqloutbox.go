@@ -301,6 +301,41 @@ func ScanParked(rows Scanner) ([]outbox.ParkedRow, error) {
 	return out, rows.Err()
 }
 
+// Claim finishes a relay's claim in tx: rows (from a query that failed
+// with err, if err is not nil) are the heads, each followed by the pending
+// rows of its key, up to limit. Nothing to claim returns nil and an error
+// returns it, both after rolling tx back.
+func (d Dialect) Claim(ctx context.Context, tx *sql.Tx, rows *sql.Rows, err error, cols, table string, limit int, parked outbox.ParkedKeyPolicy) (outbox.Claimed, error) {
+	c := &claimed{d: d, tx: tx, table: table}
+	if err == nil {
+		c.rows, err = ScanRows(rows)
+	}
+	if err == nil && len(c.rows) > 0 {
+		c.rows, err = AppendRuns(c.rows, limit, Runs(ctx, tx, cols, table, parked))
+	}
+	if err != nil || len(c.rows) == 0 {
+		tx.Rollback()
+		return nil, err
+	}
+	return c, nil
+}
+
+// claimed is a relay's claim of rows, held by its transaction.
+type claimed struct {
+	d     Dialect
+	tx    *sql.Tx
+	table string
+	rows  []*outbox.Row
+}
+
+func (c *claimed) Rows() []*outbox.Row { return c.rows }
+
+func (c *claimed) Finish(ctx context.Context, o outbox.Outcome) error {
+	return c.d.Finish(ctx, c.tx, c.table, o)
+}
+
+func (c *claimed) Abort(context.Context) error { return c.tx.Rollback() }
+
 // Finish records o in tx, a database/sql outbox's claim of rows in table,
 // and commits; on an error it rolls back.
 func (d Dialect) Finish(ctx context.Context, tx *sql.Tx, table string, o outbox.Outcome) error {
