@@ -127,8 +127,9 @@ func (s *dlqStore) Republish(ctx context.Context, m *types.Message, p *admin.Par
 // Remove deletes m from the dead-letter queue.
 func (s *dlqStore) Remove(ctx context.Context, m *types.Message) error {
 	ref := aws.ToString(m.MessageId)
-	receipt, _ := s.cur.receipts.Load(ref) // the latest, should SQS have handed m out again
-	if _, err := s.cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(s.dlq.url), ReceiptHandle: aws.String(receipt.(string))}); err != nil {
+	held, _ := s.cur.receipts.Load(ref) // the latest, should SQS have handed m out again
+	receipt, _ := held.(string)
+	if _, err := s.cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(s.dlq.url), ReceiptHandle: aws.String(receipt)}); err != nil {
 		return err
 	}
 	s.cur.receipts.Delete(ref)

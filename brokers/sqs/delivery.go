@@ -161,7 +161,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	}
 	s := d.src
 	text := "unknown cause"
-	if cause != nil {
+	if cause != nil && cause.Error() != "" { // SQS refuses an empty attribute
 		text = cause.Error()
 	}
 	if s.cfg.deadLetterMode == DeadLetterRedrive {
