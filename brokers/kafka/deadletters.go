@@ -20,9 +20,8 @@ import (
 )
 
 // ErrDeadLettersFragmented is returned (wrapped) by Redrive and Purge when
-// the records handled out of order on one partition of the dead-letter
-// topic no longer fit in the offset commit's metadata (see DeadLetters):
-// handle the oldest parked records of the partition first, then try again.
+// the records handled out of order on a partition no longer fit in the
+// commit's metadata (see DeadLetters): handle its oldest ones first.
 var ErrDeadLettersFragmented = errors.New("kafka: too many dead letters handled out of order")
 
 // maxDeadLetterMetadata is the longest offset-commit metadata DeadLetters
@@ -111,11 +110,9 @@ type letter struct {
 	removed    bool
 }
 
-// Each implements deadletter.Store: partition by partition, the group's
-// dead letters not handled yet, in offset order, reading [p.from, p.end).
-// Once a call removed any of a partition's, the bookkeeping commit passes
-// the other groups' records and gaps up to the first dead letter left
-// parked.
+// Each implements deadletter.Store: the group's dead letters not handled,
+// in offset order per partition. Once it removed any of a partition's, the
+// bookkeeping commit passes other records and gaps up to the first left.
 func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *admin.Parked) error) error {
 	parts, err := q.load(ctx)
 	if err != nil {
@@ -279,17 +276,10 @@ func (q *dlqStore) letter(p *dlqPart, r *kafkago.Record) (*letter, error) {
 	return l, nil
 }
 
-// bookmark is what one offset commit writes for a partition.
-type bookmark struct {
-	point   int64
-	handled []span // above point
-	md      string
-}
-
-// plan works out the commit of point for p with the handled records above
-// it, done (if not -1) among them, so that one that cannot be written
-// fails before anything is done.
-func (q *dlqStore) plan(p *dlqPart, point, done int64) (bookmark, error) {
+// plan works out the commit of point for p: the point past the handled
+// records right above it, those above that, and the metadata; done (if not
+// -1) among them. One that cannot be written fails before anything is done.
+func (q *dlqStore) plan(p *dlqPart, point, done int64) (int64, []span, string, error) {
 	handled := p.handled
 	if done >= 0 {
 		handled = addSpan(handled, done)
@@ -301,23 +291,21 @@ func (q *dlqStore) plan(p *dlqPart, point, done int64) (bookmark, error) {
 	}
 	md, ok := encodeSpans(point, -1, handled, maxDeadLetterMetadata)
 	if !ok {
-		return bookmark{}, fmt.Errorf("%w on partition %d of %q: their ranges above offset %d need more than %d bytes of commit metadata; redrive or purge the oldest ones first", ErrDeadLettersFragmented, p.id, q.cfg.deadLetterTopic, point, maxDeadLetterMetadata)
+		return 0, nil, "", fmt.Errorf("%w on partition %d of %q: their ranges above offset %d need more than %d bytes of commit metadata; redrive or purge the oldest ones first", ErrDeadLettersFragmented, p.id, q.cfg.deadLetterTopic, point, maxDeadLetterMetadata)
 	}
-	return bookmark{point: point, handled: dropBelow(handled, point), md: md}, nil
+	return point, dropBelow(handled, point), md, nil
 }
 
 // record commits point for p in the bookkeeping group, with done (if not
 // -1) among the handled records above it.
 func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) error {
-	r, err := q.plan(p, point, done)
+	point, handled, md, err := q.plan(p, point, done)
 	if err != nil {
 		return err
 	}
-	resp, err := q.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
-		GroupID:      q.group,
-		GenerationID: -1, // a group without members: Kafka takes the commit as it is
-		Topics:       map[string][]kafkago.OffsetCommit{q.cfg.deadLetterTopic: {{Partition: p.id, Offset: r.point, Metadata: r.md}}},
-	})
+	// GenerationID -1: a group without members, Kafka takes the commit as it is.
+	resp, err := q.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{GroupID: q.group, GenerationID: -1,
+		Topics: map[string][]kafkago.OffsetCommit{q.cfg.deadLetterTopic: {{Partition: p.id, Offset: point, Metadata: md}}}})
 	if err == nil {
 		for _, pr := range resp.Topics[q.cfg.deadLetterTopic] {
 			if pr.Error != nil {
@@ -329,16 +317,16 @@ func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) er
 		err = fmt.Errorf("%w: %w; redrive or purge the oldest ones first", err, ErrDeadLettersFragmented)
 	}
 	if err != nil {
-		return fmt.Errorf("kafka: dead-letter group %q: recording partition %d up to offset %d as handled: %w", q.group, p.id, r.point, err)
+		return fmt.Errorf("kafka: dead-letter group %q: recording partition %d up to offset %d as handled: %w", q.group, p.id, point, err)
 	}
-	p.committed, p.handled = r.point, r.handled
+	p.committed, p.handled = point, handled
 	return nil
 }
 
 // Republish implements deadletter.Store: it produces l to the partition of
 // its origin with its own headers, once l could be recorded as handled.
 func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) error {
-	if _, err := q.plan(l.p, l.p.upTo(l.offset+1), l.offset); err != nil {
+	if _, _, _, err := q.plan(l.p, l.p.upTo(l.offset+1), l.offset); err != nil {
 		return err
 	}
 	if q.writer == nil {

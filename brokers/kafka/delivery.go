@@ -26,9 +26,8 @@ const (
 	HeaderGroup = "idemq-group"
 )
 
-// A dead letter or retry copy is written up to copyAttempts times within a
-// settlement, with backoff; then the message is handed out again after
-// dlqRetryDelay.
+// A copy is written up to copyAttempts times within a settlement; then the
+// message is handed out again after dlqRetryDelay.
 const (
 	copyAttempts  = 4
 	dlqRetryDelay = time.Second

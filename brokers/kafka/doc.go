@@ -10,13 +10,11 @@
 // the commit's metadata says which offsets above it are decided (see
 // WithCommit, WithRetryTopic, WithDeadLetterTopic and WithRevokeTimeout).
 //
-// Messages: the id is the "message-id" header (WithIDHeader). Key is the
-// Kafka key, Headers the Kafka headers as strings, Source the topic, System
-// "kafka"; Metadata carries OpenTelemetry's messaging.destination.name,
-// messaging.destination.partition.id, messaging.kafka.offset,
-// messaging.kafka.message.key and messaging.consumer.group.name. Kafka
-// keeps no delivery count, so Attempt comes from a counter in this process,
-// raised for messages another process handed out before its last commit.
+// A message's id is the "message-id" header (WithIDHeader), its Key the
+// Kafka key, its Source the topic; Metadata carries OpenTelemetry's
+// messaging keys. Kafka keeps no delivery count, so Attempt comes from a
+// counter in this process, raised for messages another process handed out
+// before its last commit.
 //
 // Importing the package registers kafka:// with core.OpenSource,
 // core.OpenPublisher and admin.OpenDeadLetters:

@@ -44,14 +44,13 @@ type partition struct {
 	fresh   fifo             // may go now, fetched so, in offset order
 	ready   keyHeap          // may go now, the others, by offset
 	delayed keyHeap          // may go once their notBefore passes, by it
-	// next is the offset after the last fetched message (negative until
-	// known); committed the last committed one (or the assigned start);
-	// high the highest handed out in this generation, prevHigh before it,
-	// per the commit metadata, as skip holds the offsets decided before.
+	// next follows the last fetched offset (negative until known); high is
+	// the highest handed out, prevHigh and skip the highest handed out and
+	// the offsets decided before, per the commit metadata.
 	next, committed, high, prevHigh int64
 	skip                            []span
-	// room, while the fetcher waits for the partition to hold fewer than
-	// resume entries, is closed by advance when it does.
+	// room, while the fetcher waits for fewer than resume entries, is
+	// closed by advance.
 	room   chan struct{}
 	resume int
 }
@@ -136,20 +135,26 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	s.change(func() { g.revoked, closing = true, s.closed })
 	stopFetch() // fetchers add nothing once revoked; their readers close meanwhile
 
-	// kafka-go stopped heartbeating when the generation ended; keep the
-	// membership alive while in-flight work finishes, as Kafka's clients do,
-	// so a revoke wait longer than the session timeout does not get this
-	// member evicted (and its final commit refused).
+	// kafka-go stopped heartbeating; keep the membership alive while
+	// in-flight work finishes, so a revoke wait longer than the session
+	// timeout does not get this member evicted and its last commit refused.
 	stopHeartbeats := s.heartbeat(g)
 	defer stopHeartbeats()
 	if !closing && s.cfg.revokeTimeout > 0 {
-		timer := time.NewTimer(s.cfg.revokeTimeout)
+		wctx, cancel := context.WithTimeout(s.ctx, s.cfg.revokeTimeout)
 		s.mu.Lock()
-		for g.outstanding > 0 && !s.closed && s.wait(s.ctx, timer.C) {
+		for g.outstanding > 0 && !s.closed && wctx.Err() == nil {
+			ch := s.watch()
+			s.mu.Unlock()
+			select {
+			case <-ch:
+			case <-wctx.Done():
+			}
+			s.mu.Lock()
 		}
 		left := g.outstanding
 		s.mu.Unlock()
-		timer.Stop()
+		cancel()
 		if left > 0 {
 			log.Warn("idemq kafka: revoke timeout passed with deliveries in flight; they will be redelivered to the next owner", "in_flight", left, "timeout", s.cfg.revokeTimeout)
 		}
@@ -385,15 +390,6 @@ func (p *partition) progress() []span {
 	return append(out, dropBelow(p.skip, p.next)...)
 }
 
-// commitPoint is p's first undecided offset, or the one after the last
-// fetched. s.mu is held.
-func (p *partition) commitPoint() int64 {
-	if len(p.entries) > 0 {
-		return p.entries[0].msg.Offset
-	}
-	return p.next
-}
-
 // commit commits every partition's decided prefix, and in the metadata
 // what is decided above it.
 func (s *Source) commit(g *generation, log *slog.Logger) {
@@ -404,7 +400,11 @@ func (s *Source) commit(g *generation, log *slog.Logger) {
 	s.mu.Lock()
 	g.sinceCommit = 0
 	for _, p := range g.parts {
-		if cp := p.commitPoint(); cp >= 0 && (cp > p.committed || p.dirty) {
+		cp := p.next // the first undecided offset, or the one after the last fetched
+		if len(p.entries) > 0 {
+			cp = p.entries[0].msg.Offset
+		}
+		if cp >= 0 && (cp > p.committed || p.dirty) {
 			p.dirty, sent[p] = false, cp
 			md := encodeProgress(cp, max(p.high, p.prevHigh), p.progress())
 			offsets[p.topic] = append(offsets[p.topic], kafkago.OffsetCommit{Partition: p.id, Offset: cp, Metadata: md})

@@ -33,16 +33,15 @@ import (
 type Ordering int
 
 const (
-	// OrderPerKey hands out a message only when no earlier message with the
-	// same Kafka key is in flight or waiting for a retry: per-key order holds
-	// while different keys (and keyless messages) go concurrently. Default. A
-	// batch holds at most one message of a key.
+	// OrderPerKey hands out a message only when no earlier message of its
+	// Kafka key is in flight or waiting for a retry; other keys (and keyless
+	// messages) go concurrently. Default.
 	OrderPerKey Ordering = iota + 1
 	// OrderPerPartition hands out one message of a partition at a time, in
 	// offset order: a retried message holds up its partition.
 	OrderPerPartition
-	// OrderNone hands out messages of a partition concurrently in any
-	// order. The committed offset still never passes an undecided message.
+	// OrderNone hands out messages in any order; the committed offset still
+	// never passes an undecided message.
 	OrderNone
 )
 
@@ -208,27 +207,23 @@ func WithOrdering(o Ordering) Option {
 	return srcOpt(set("WithOrdering", o, refuse(o < OrderPerKey || o > OrderNone, fmt.Sprintf("unknown ordering %d", int(o))), func(c *config) *Ordering { return &c.ordering }))
 }
 
-// WithCommit sets how often the decided prefix of every partition is
-// committed: every interval (1ms..1h), sooner once count (at least 1)
-// messages were decided, and when partitions are revoked and on Close.
-// Default 1s and 1000. They trade round trips against redelivered
-// duplicates after a crash, never correctness.
+// WithCommit commits the decided prefixes every interval (1ms..1h), sooner
+// once count messages were decided, and on revocation and Close. Default
+// 1s and 1000: round trips against redelivered duplicates after a crash.
 func WithCommit(interval time.Duration, count int) Option {
 	return srcOpt(func(c *config) error { c.commitInterval, c.commitCount = interval, count; return nil })
 }
 
-// WithRevokeTimeout bounds how long deliveries already handed out may take
-// to settle when a rebalance revokes their partitions; later settlements
-// are stale (core.ErrStaleDelivery). Default 10s; it must be shorter than
-// the rebalance timeout.
+// WithRevokeTimeout bounds how long deliveries may take to settle when a
+// rebalance revokes their partitions (later ones are stale). Default 10s,
+// below the rebalance timeout.
 func WithRevokeTimeout(d time.Duration) Option {
 	return srcOpt(set("WithRevokeTimeout", d, option.AtLeast(d, 0), func(c *config) *time.Duration { return &c.revokeTimeout }))
 }
 
-// WithGroupTimeouts sets the group's session timeout (0 < heartbeat <
-// session; the broker bounds it), heartbeat interval (also how soon a
-// rebalance is noticed) and rebalance timeout. Default 30s, 3s, 30s, as in
-// kafka-go.
+// WithGroupTimeouts sets the group's session timeout (bounded by the
+// broker), heartbeat interval (below it) and rebalance timeout. Default
+// 30s, 3s, 30s.
 func WithGroupTimeouts(session, heartbeat, rebalance time.Duration) Option {
 	return srcOpt(func(c *config) error {
 		c.sessionTimeout, c.heartbeatInterval, c.rebalanceTimeout = session, heartbeat, rebalance
@@ -249,54 +244,46 @@ func WithStartOffset(offset int64) Option {
 	return srcOpt(set("WithStartOffset", offset, bad, func(c *config) *int64 { return &c.startOffset }))
 }
 
-// WithDeadLetterTopic names the topic dead letters go to, with the
-// bookkeeping headers of core/driver (idemq-origin is
-// topic/partition/offset) and HeaderGroup. Default "<topic>.dlq". Open
-// creates a missing one like the consumed topic.
+// WithDeadLetterTopic names the topic dead letters go to, with core/driver's
+// bookkeeping headers (idemq-origin: topic/partition/offset) and
+// HeaderGroup. Default "<topic>.dlq".
 func WithDeadLetterTopic(topic string) Option {
 	return srcOpt(set("WithDeadLetterTopic", topic, checkTopic(topic), func(c *config) *string { return &c.deadLetterTopic }))
 }
 
-// WithDeadLetterGroup names the consumer group in which DeadLetters
-// records the dead letters it redrove or purged. Default
-// "<group>.dlq-operator"; name one when ACLs allow only certain group ids.
+// WithDeadLetterGroup names the group in which DeadLetters records what it
+// redrove or purged. Default "<group>.dlq-operator".
 func WithDeadLetterGroup(group string) Option {
 	return srcOpt(set("WithDeadLetterGroup", group, checkGroup(group), func(c *config) *string { return &c.deadLetterGroup }))
 }
 
-// WithRetryTopic makes Retry produce a copy of the message to topic (with
-// the attempt and its not-before time in headers) and mark the original
-// done, instead of retrying in place; the Source also consumes topic and
-// holds each copy until its time. A failing message then does not hold up
-// its partition, and per-key order is given up for it. Open creates a
-// missing one. Default: retry in place.
+// WithRetryTopic makes Retry produce a copy to topic (with the attempt and
+// a not-before time) and mark the original done, instead of retrying in
+// place; the Source consumes topic too. A failing message then holds up
+// neither its partition nor its key. Default: retry in place.
 func WithRetryTopic(topic string) Option {
 	return srcOpt(set("WithRetryTopic", topic, checkTopic(topic), func(c *config) *string { return &c.retryTopic }))
 }
 
-// WithPartitionBuffer bounds the messages of one partition held between
-// fetch and commit: fetching pauses at the bound. Default 1000.
+// WithPartitionBuffer bounds the messages of a partition held between fetch
+// and commit. Default 1000.
 func WithPartitionBuffer(n int) Option {
 	return srcOpt(set("WithPartitionBuffer", n, option.Range(n, 1, 1_000_000), func(c *config) *int { return &c.partitionBuffer }))
 }
 
-// WithDialer sets the kafka-go dialer for every connection (the writers use
-// its TLS, SASL, client id and DialFunc). Default kafka-go's DefaultDialer.
-// WithTLS and WithSASL, in any order, override its TLS and SASL.
+// WithDialer sets the kafka-go dialer for every connection; WithTLS and
+// WithSASL override its TLS and SASL. Default kafka-go's DefaultDialer.
 func WithDialer(d *kafkago.Dialer) PublisherOption {
 	return pubOpt(set("WithDialer", d, option.Present(d), func(c *config) **kafkago.Dialer { return &c.dialer }))
 }
 
-// WithTLS makes every connection use TLS with cfg (RootCAs nil: the
-// system's roots; an empty ServerName: the broker address). Default:
-// plaintext.
+// WithTLS makes every connection use TLS with cfg. Default: plaintext.
 func WithTLS(cfg *tls.Config) PublisherOption {
 	return pubOpt(set("WithTLS", cfg, option.Present(cfg), func(c *config) **tls.Config { return &c.tls }))
 }
 
-// WithSASL authenticates every connection with m: kafka-go's
-// sasl/plain.Mechanism (over TLS only: it sends the password as it is) or
-// a sasl/scram mechanism. Default: no authentication.
+// WithSASL authenticates every connection with m (PLAIN over TLS only).
+// Default: no authentication.
 func WithSASL(m sasl.Mechanism) PublisherOption {
 	return pubOpt(set("WithSASL", m, option.Present(m), func(c *config) *sasl.Mechanism { return &c.sasl }))
 }
@@ -385,11 +372,7 @@ func field[T any](dst func(*config) *T) func(T) Option {
 	return func(v T) Option { return srcOpt(func(c *config) error { *dst(c) = v; return nil }) }
 }
 
-// Importing this package registers the kafka:// scheme, so that
-// core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters open Kafka
-// from configuration:
-//
-//	kafka://127.0.0.1:9092/payments?group=billing
+// init registers the kafka:// scheme (see the package documentation).
 func init() {
 	driver.RegisterBroker("kafka", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 		return Open(ctx, u.String(), loggerOption(cfg))

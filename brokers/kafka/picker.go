@@ -59,9 +59,8 @@ func (q *fifo) pushBack(e *entry) {
 	q.items = append(q.items, e)
 }
 
-// insert puts a retried message back in its place by offset. It was the
-// lane's head when it went out, so it normally lands in the slot it was
-// popped from.
+// insert puts a retried message back in its place by offset: normally the
+// slot it was popped from, as the lane's head.
 func (q *fifo) insert(e *entry) {
 	i, _ := slices.BinarySearchFunc(q.items[q.head:], e.msg.Offset, func(x *entry, off int64) int { return cmp.Compare(x.msg.Offset, off) })
 	if i == 0 && q.head > 0 {
@@ -72,11 +71,9 @@ func (q *fifo) insert(e *entry) {
 	q.items = slices.Insert(q.items, q.head+i, e)
 }
 
-// keyHeap is a min-heap of entries by a key: the offset (ready) or the
-// notBefore time in Unix nanoseconds (delayed). It keeps each key beside
-// its pointer so that sifting, the hot path of a pick, does not chase
-// pointers into the entries; hand-written rather than container/heap to
-// avoid its interface calls.
+// keyHeap is a min-heap of entries by offset (ready) or notBefore in Unix
+// nanoseconds (delayed), the key beside the pointer so that sifting does
+// not chase pointers; hand-written to avoid container/heap's interface calls.
 type keyHeap []keyed
 
 type keyed struct {
@@ -196,9 +193,8 @@ func (p *partition) pick(now time.Time) *entry {
 	return e
 }
 
-// settled frees the lane of e, a handed-out message that is now decided
-// (retry false) or goes back to wait (retry true, its notBefore set), so
-// the lane's next message may go. s.mu is held.
+// settled frees the lane of e, handed out and now decided or (retry, its
+// notBefore set) back to wait, so the lane's next may go. s.mu is held.
 func (p *partition) settled(e *entry, retry bool) {
 	l := e.lane
 	if l == nil {

@@ -36,8 +36,7 @@ func encodeProgress(committed, high int64, spans []span) string {
 }
 
 // encodeSpans renders high and the spans above committed in at most limit
-// bytes, leaving out the spans that do not fit; it reports whether every
-// span fit.
+// bytes, leaving out those that do not fit; false: some did not.
 func encodeSpans(committed, high int64, spans []span, limit int) (string, bool) {
 	h := "-"
 	if high >= committed {

@@ -15,26 +15,22 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-// Publisher produces core Messages to Kafka with RequiredAcks RequireAll:
-// Publish returns once every in-sync replica has every message. It is for
-// tests, examples and the outbox relay. It is safe for concurrent use.
+// Publisher produces core Messages to Kafka with acks=all, for tests,
+// examples and the outbox relay. It is safe for concurrent use.
 type Publisher struct {
 	cfg config
 	w   *kafkago.Writer
 }
 
-// NewPublisher returns a Publisher for addr: a kafka:// URL (see Open),
-// whose path, if any, is the default topic, or a broker list. Of the URL's
-// parameters it uses tls, ca_file, cert_file, key_file, sasl and id_header;
-// it checks and ignores the consumer's. It does not connect until the first
-// Publish.
+// NewPublisher returns a Publisher for addr, a kafka:// URL (whose path is
+// the default topic; the consumer's parameters are checked and ignored) or
+// a broker list. It connects at the first Publish.
 func NewPublisher(_ context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
 	cfg, err := newConfig(addr, opts)
 	if err != nil {
 		return nil, err
 	}
-	// Murmur2: Java's default partitioner, so keys land where Java
-	// producers put them and per-key order holds across producers.
+	// Java's partitioner: keys land where Java producers put them.
 	w := cfg.newWriter(&kafkago.Murmur2Balancer{}, cmp.Or(cfg.logger, slog.Default()))
 	w.BatchSize = 1000
 	return &Publisher{cfg: cfg, w: w}, nil

@@ -65,12 +65,10 @@ type Stats struct {
 }
 
 // Open returns a Source for a consumer group on one topic. addr is a
-// kafka:// URL (see the package documentation) or a plain comma-separated
-// broker list, with the topic and group given by WithTopic and WithGroup;
-// opts override the URL's parameters. Open checks that the topic exists and
-// creates a missing dead-letter or retry topic (or fails naming the
-// setting); the group is joined at the first Receive, after the Consumer
-// had its chance to call SetWindow.
+// kafka:// URL (see the package documentation) or a comma-separated broker
+// list, with WithTopic and WithGroup; opts override the URL's parameters.
+// Open checks the topic and creates a missing dead-letter or retry topic;
+// the group is joined at the first Receive.
 func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	cfg, err := sourceConfig(addr, opts)
 	if err != nil {
@@ -175,9 +173,8 @@ func (s *Source) Stats() Stats {
 	return Stats{s.generations.Load(), s.commits.Load(), s.commitErrs.Load(), s.stale.Load(), s.skipped.Load()}
 }
 
-// SetWindow caps the deliveries handed out and not yet settled; Receive
-// waits while the cap is reached. Default: no cap besides
-// WithPartitionBuffer.
+// SetWindow caps the deliveries handed out and not yet settled. Default:
+// no cap besides WithPartitionBuffer.
 func (s *Source) SetWindow(n int) error {
 	if n < 1 {
 		return fmt.Errorf("kafka: SetWindow: window %d is below 1", n)
@@ -327,21 +324,6 @@ func (s *Source) broadcast() {
 func (s *Source) watch() <-chan struct{} {
 	s.watched = true
 	return s.changed
-}
-
-// wait blocks until something changes (true), ctx is done or the timer
-// fires. s.mu is held, and held again on return.
-func (s *Source) wait(ctx context.Context, timer <-chan time.Time) bool {
-	ch := s.watch()
-	s.mu.Unlock()
-	defer s.mu.Lock()
-	select {
-	case <-ch:
-		return true
-	case <-ctx.Done():
-	case <-timer:
-	}
-	return false
 }
 
 // Close leaves the group: it stops handing out messages, commits every
