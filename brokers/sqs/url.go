@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/url"
 	"strings"
 
@@ -26,18 +25,16 @@ func viaRegistry(oc driver.OpenConfig) Option {
 	})
 }
 
-// urlParams are the parameters of sqs:// URLs; a Publisher uses the client
-// ones and checks but ignores the rest. init fills them (the options'
-// errors name their parameters) and registers the scheme.
-var urlParams, clientParams urlparam.Table[Option]
+// urlParams are the parameters of sqs:// URLs; a Publisher takes the
+// ClientOptions among them and checks but ignores the rest. init fills it
+// (the options' errors name their parameters) and registers the scheme.
+var urlParams urlparam.Table[Option]
 
 func init() {
-	client := map[string]urlparam.Param[Option]{
-		"endpoint":     urlparam.Text("WithEndpoint", asOption(WithEndpoint)),
-		"region":       urlparam.Text("WithRegion", asOption(WithRegion)),
-		"id_attribute": urlparam.Text("WithIDAttribute", asOption(WithIDAttribute)),
-	}
-	all := map[string]urlparam.Param[Option]{
+	urlParams = urlparam.Table[Option]{Scheme: "sqs", Params: map[string]urlparam.Param[Option]{
+		"endpoint":         urlparam.Text("WithEndpoint", asOption(WithEndpoint)),
+		"region":           urlparam.Text("WithRegion", asOption(WithRegion)),
+		"id_attribute":     urlparam.Text("WithIDAttribute", asOption(WithIDAttribute)),
 		"dlq":              urlparam.Text("WithDeadLetterQueue", WithDeadLetterQueue),
 		"dead_letter_mode": urlparam.Choice("WithDeadLetterMode", map[string]Option{"send": WithDeadLetterMode(DeadLetterSend), "redrive": WithDeadLetterMode(DeadLetterRedrive)}),
 		"heartbeat":        urlparam.Bool("WithHeartbeat", WithHeartbeat),
@@ -47,10 +44,7 @@ func init() {
 		"visibility":       urlparam.Duration("WithVisibilityTimeout", WithVisibilityTimeout),
 		"max_extension":    urlparam.Duration("WithMaxExtension", WithMaxExtension),
 		"close_timeout":    urlparam.Duration("WithCloseTimeout", WithCloseTimeout),
-	}
-	maps.Copy(all, client)
-	urlParams = urlparam.Table[Option]{Scheme: "sqs", Params: all}
-	clientParams = urlparam.Table[Option]{Scheme: "sqs", Params: client}
+	}}
 	driver.RegisterBroker("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Source, error) {
 		return Open(ctx, u.String(), viaRegistry(oc))
 	}, func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
@@ -100,10 +94,12 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 	if err != nil {
 		return "", nil, err
 	}
-	if !source {
-		all, _ = clientParams.Take(query) // the Source's own are not used
+	for _, o := range all {
+		if _, client := o.(PublisherOption); client || source {
+			opts = append(opts, o)
+		}
 	}
-	return queue, append(opts, all...), nil
+	return queue, opts, nil
 }
 
 // setup reads addr, an sqs:// URL, then opts, and finds the queue: the
