@@ -552,11 +552,7 @@ func missingIDCause(d driver.Delivery, err error) error {
 	}
 	m := d.Message()
 	if h := idLikeHeader(m.Headers); h != "" {
-		param := "id_header"
-		if m.System == "aws_sqs" {
-			param = "id_attribute"
-		}
-		err = fmt.Errorf("%w; it has a header %q: if that holds the id, add %s=%s to the source URL", err, h, param, url.QueryEscape(h))
+		err = fmt.Errorf("%w; it has a header %q: if that holds the id, add id_header=%s to the source URL", err, h, url.QueryEscape(h))
 	}
 	return err
 }

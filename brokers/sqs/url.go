@@ -35,6 +35,7 @@ func init() {
 		"endpoint":         urlparam.Text("WithEndpoint", asOption(WithEndpoint)),
 		"region":           urlparam.Text("WithRegion", asOption(WithRegion)),
 		"id_attribute":     urlparam.Text("WithIDAttribute", asOption(WithIDAttribute)),
+		"id_header":        urlparam.Text("", asOption(WithIDAttribute)), // the name core's missing-id causes give
 		"dlq":              urlparam.Text("WithDeadLetterQueue", WithDeadLetterQueue),
 		"dead_letter_mode": urlparam.Choice("WithDeadLetterMode", map[string]Option{"send": WithDeadLetterMode(DeadLetterSend), "redrive": WithDeadLetterMode(DeadLetterRedrive)}),
 		"heartbeat":        urlparam.Bool("WithHeartbeat", WithHeartbeat),

@@ -113,3 +113,25 @@ func FuzzNewDelivery(f *testing.F) {
 		}
 	})
 }
+
+// id_header, the parameter core's missing-id causes name on every broker,
+// is id_attribute on SQS.
+func TestIDHeaderIsIDAttribute(t *testing.T) {
+	u, err := url.Parse("sqs://orders?region=us-east-1&id_header=MessageId")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, opts, err := parseURL(u, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := defaultConfig()
+	for _, o := range opts {
+		if err := o.apply(&c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.idAttribute != "MessageId" {
+		t.Errorf("id_header=MessageId set the id attribute to %q", c.idAttribute)
+	}
+}
