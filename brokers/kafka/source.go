@@ -267,6 +267,10 @@ func (s *Source) start() error {
 	return nil
 }
 
+// joinSlowAfter is how long a join may take before the Source logs what
+// it waits for.
+const joinSlowAfter = 2 * time.Second
+
 // joinTroubleAfter is how long joins must keep failing before Receive
 // reports it: rebalances fail a join or two as a matter of course.
 const joinTroubleAfter = 10 * time.Second
@@ -276,7 +280,14 @@ func (s *Source) run(cg *kafkago.ConsumerGroup) {
 	var lastErr string
 	var lastLog, failingSince time.Time
 	for {
+		// A join waits for the members the coordinator still counts, a
+		// killed one included until its session times out: say so once.
+		slow := time.AfterFunc(joinSlowAfter, func() {
+			s.log().Info("idemq kafka: waiting to join the group; a member that stopped without leaving holds its partitions until its session times out",
+				"group", s.cfg.group, "session_timeout", s.cfg.sessionTimeout, "setting", "session_timeout= (WithGroupTimeouts)")
+		})
 		kgen, err := cg.Next(s.ctx)
+		slow.Stop()
 		if err != nil {
 			if s.ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
 				return

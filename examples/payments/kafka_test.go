@@ -15,7 +15,7 @@ func TestKillAndRestartKafkaPostgres(t *testing.T) {
 	topic := "payments-" + randomHex(4)
 	addrs := servicetest.KafkaTopics(t, 3, topic)
 	runKillAndRestart(t, killRun{
-		broker: "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3) + "&session_timeout=6s&heartbeat_interval=1s",
+		broker: "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3),
 		store:  store, tables: prefix, ledger: l, messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
 	})
 }
