@@ -92,6 +92,9 @@ func TestR3StreamLeaderKilled(t *testing.T) {
 	}
 	// Every ack reached the consumer's leader: nothing waits for redelivery.
 	servicetest.WaitFor(t, 30*time.Second, "no message pending or unacknowledged", func() bool {
+		// A request in flight to the killed server is never answered.
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
 		cinfo, err := ts.js.Consumer(ctx, ts.name, "worker")
 		if err != nil {
 			return false

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATSCluster is a private JetStream cluster on loopback: n nats-servers,
@@ -19,8 +22,8 @@ type NATSCluster struct {
 	URL string
 }
 
-// StartNATSCluster starts an n-server JetStream cluster and waits until it
-// answers JetStream requests (a meta leader is elected). Without the
+// StartNATSCluster starts an n-server JetStream cluster and waits until
+// every server takes part in JetStream. Without the
 // binary the test skips, or fails when IDEMQ_REQUIRE_SERVICES=1.
 func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	t.Helper()
@@ -46,13 +49,33 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	return c
 }
 
-// WaitReady waits until JetStream answers through the cluster's URL.
+// WaitReady waits until every server of the cluster takes part in
+// JetStream: a stream with one replica per server can be placed.
 func (c *NATSCluster) WaitReady(timeout time.Duration) {
 	t := c.Servers[0].t
 	t.Helper()
-	WaitFor(t, timeout, "the JetStream cluster to elect a meta leader", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		return PingNATS(ctx, c.URL) == nil
+	var last error
+	WaitFor(t, timeout, "every JetStream server to join the cluster", func() bool {
+		last = c.probe(len(c.Servers))
+		return last == nil
 	})
+}
+
+// probe creates and deletes a stream of n replicas.
+func (c *NATSCluster) probe(n int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nc, err := natsgo.Connect(c.URL, natsgo.Timeout(2*time.Second), natsgo.NoReconnect())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IDEMQ_PROBE", Subjects: []string{"idemq.probe"}, Replicas: n, Storage: jetstream.MemoryStorage}); err != nil {
+		return err
+	}
+	return js.DeleteStream(ctx, "IDEMQ_PROBE")
 }

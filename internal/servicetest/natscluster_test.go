@@ -27,7 +27,7 @@ func TestNATSCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // elections are slow on a busy machine
 	defer cancel()
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3"}, Replicas: 3, Storage: jetstream.FileStorage})
 	if err != nil {
@@ -36,7 +36,9 @@ func TestNATSCluster(t *testing.T) {
 	publish := func(from, to int) {
 		for i := from; i < to; i++ {
 			for {
-				_, err := js.Publish(ctx, "r3", []byte(strconv.Itoa(i)), jetstream.WithMsgID(fmt.Sprint(i)))
+				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := js.Publish(pctx, "r3", []byte(strconv.Itoa(i)), jetstream.WithMsgID(fmt.Sprint(i)))
+				cancel()
 				if err == nil {
 					break
 				}
@@ -62,11 +64,15 @@ func TestNATSCluster(t *testing.T) {
 		t.Fatalf("no stream leader among the servers: %+v", info.Cluster)
 	}
 	c.Servers[leader].Kill()
-	publish(50, 100)
-	servicetest.WaitFor(t, time.Minute, "a new stream leader", func() bool {
-		info, err := st.Info(ctx)
+	// A request in flight to the killed server is never answered: each
+	// call has a deadline of its own.
+	servicetest.WaitFor(t, 2*time.Minute, "a new stream leader", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		info, err := st.Info(cctx)
 		return err == nil && info.Cluster != nil && info.Cluster.Leader != "" && info.Cluster.Leader != fmt.Sprintf("n%d", leader)
 	})
+	publish(50, 100)
 	info, err = st.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
