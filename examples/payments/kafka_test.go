@@ -12,10 +12,15 @@ import (
 func TestKillAndRestartKafkaPostgres(t *testing.T) {
 	t.Parallel()
 	store, prefix, l := postgresStore(t)
+	runKillAndRestart(t, onKafka(t, killRun{
+		store: store, tables: prefix, ledger: l, messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
+	}))
+}
+
+// onKafka points r at a fresh three-partition topic and consumer group.
+func onKafka(t *testing.T, r killRun) killRun {
 	topic := "payments-" + randomHex(4)
 	addrs := servicetest.KafkaTopics(t, 3, topic)
-	runKillAndRestart(t, killRun{
-		broker: "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3),
-		store:  store, tables: prefix, ledger: l, messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
-	})
+	r.broker = "kafka://" + addrs + "/" + topic + "?group=payments-" + randomHex(3)
+	return r
 }

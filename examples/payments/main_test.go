@@ -328,53 +328,20 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 	began = time.Now()
 	seed := mrand.Uint64N(1 << 30)
 	t.Logf("seed %d, %d messages, %.0f%% duplicates, %d kills, batch %d, concurrency %d", seed, r.messages, 100*r.duplicates, r.kills, r.batch, r.concurrency)
-	_, unique := traffic(seed, r.messages, r.duplicates, 50)
-	want := map[string]int64{}
-	for _, p := range unique {
-		want[p.Account] += p.AmountCents
-	}
+	unique, want := publishTraffic(t, bin, r, seed)
 	logs := t.TempDir()
-	ctx := context.Background()
-
-	pub := exec.Command(bin, "--broker", r.broker, "--publish", fmt.Sprint(r.messages),
-		"--duplicates", fmt.Sprint(r.duplicates), "--seed", fmt.Sprint(seed))
-	out, err := pub.CombinedOutput()
-	if err != nil {
-		t.Fatalf("publish: %v\n%s", err, out)
-	}
-	t.Logf("%s (%v)", bytes.TrimSpace(out), time.Since(began).Round(time.Millisecond))
 
 	rng := mrand.New(mrand.NewPCG(seed, 1))
 	start := func(i int) (*exec.Cmd, string) {
 		logPath := filepath.Join(logs, fmt.Sprintf("run-%d.log", i))
-		f, err := os.Create(logPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(bin, append([]string{"--broker", r.broker, "--store", r.store, "--tables", r.tables,
-			"--consumer", "payments", "--batch", fmt.Sprint(r.batch), "--concurrency", fmt.Sprint(r.concurrency)}, r.args...)...)
+		var env []string
 		if r.env != nil {
-			cmd.Env = append(os.Environ(), r.env(i)...)
+			env = r.env(i)
 		}
-		cmd.Stdout, cmd.Stderr = f, f
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-		return cmd, logPath
+		return startService(t, bin, logPath, r.serviceArgs(r.broker), env), logPath
 	}
-	tail := func(path string) string {
-		b, _ := os.ReadFile(path)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		return strings.Join(lines[max(0, len(lines)-15):], "\n")
-	}
-	rows := func() int {
-		n, err := r.ledger.rows(ctx)
-		if err != nil {
-			return -1 // the tables may not exist yet
-		}
-		return n
-	}
+	tail := tailLog
+	rows := func() int { return ledgerRows(r.ledger) }
 
 	// Kill at random points spread over the run: each kill waits for some
 	// new ledger rows (so every run did commit something and was killed
@@ -412,8 +379,7 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 		err := cmd.Wait()
 		killedAt = time.Now()
 		died()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		if !killed(err) {
 			t.Fatalf("run %d ended by itself (%v) before it was killed:\n%s", i, err, tail(logPath))
 		}
 		now := rows()
@@ -441,23 +407,8 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 		t.Logf("last run: the broker drained at %v", time.Since(began).Round(time.Millisecond))
 	}
 	time.Sleep(time.Second) // give a late double charge the chance to land
-	cmd.Process.Signal(syscall.SIGTERM)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("last run did not stop cleanly on SIGTERM: %v\n%s", err, tail(logPath))
-		}
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		<-exited
-		t.Fatalf("last run did not stop within 30s of SIGTERM:\n%s", tail(logPath))
-	}
+	stopService(t, "last run", cmd, logPath)
 	t.Logf("last run stopped at %v", time.Since(began).Round(time.Millisecond))
-	if log, _ := os.ReadFile(logPath); !bytes.Contains(log, []byte(`msg="payments: stopped"`)) {
-		t.Errorf("last run's log has no stop line:\n%s", tail(logPath))
-	}
 
 	checkLedger(t, r.ledger, unique, want)
 	if r.settled != nil {
@@ -476,6 +427,99 @@ func runKillAndRestart(t *testing.T, r killRun) killResult {
 	}
 	t.Logf("%d redeliveries decided Duplicate", redelivered)
 	return killResult{unique: unique, logs: logs}
+}
+
+// serviceArgs is the consumer's command line on broker (a replica may
+// consume from a URL of its own).
+func (r killRun) serviceArgs(broker string) []string {
+	return append([]string{"--broker", broker, "--store", r.store, "--tables", r.tables,
+		"--consumer", "payments", "--batch", fmt.Sprint(r.batch), "--concurrency", fmt.Sprint(r.concurrency)}, r.args...)
+}
+
+// publishTraffic publishes r's traffic for seed with the service to
+// r.broker, and returns the unique payments and the balances they make.
+func publishTraffic(t *testing.T, bin string, r killRun, seed uint64) (unique []sent, want map[string]int64) {
+	t.Helper()
+	began := time.Now()
+	_, unique = traffic(seed, r.messages, r.duplicates, 50)
+	want = map[string]int64{}
+	for _, p := range unique {
+		want[p.Account] += p.AmountCents
+	}
+	pub := exec.Command(bin, "--broker", r.broker, "--publish", fmt.Sprint(r.messages),
+		"--duplicates", fmt.Sprint(r.duplicates), "--seed", fmt.Sprint(seed))
+	out, err := pub.CombinedOutput()
+	if err != nil {
+		t.Fatalf("publish: %v\n%s", err, out)
+	}
+	t.Logf("%s (%v)", bytes.TrimSpace(out), time.Since(began).Round(time.Millisecond))
+	return unique, want
+}
+
+// startService starts the service with args (and env added to the test's
+// environment), its output going to logPath.
+func startService(t *testing.T, bin, logPath string, args, env []string) *exec.Cmd {
+	t.Helper()
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// stopService stops cmd with SIGTERM and checks that it exits cleanly
+// within 30s and logs its stop line.
+func stopService(t *testing.T, name string, cmd *exec.Cmd, logPath string) {
+	t.Helper()
+	cmd.Process.Signal(syscall.SIGTERM)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("%s did not stop cleanly on SIGTERM: %v\n%s", name, err, tailLog(logPath))
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("%s did not stop within 30s of SIGTERM:\n%s", name, tailLog(logPath))
+	}
+	if log, _ := os.ReadFile(logPath); !bytes.Contains(log, []byte(`msg="payments: stopped"`)) {
+		t.Errorf("%s's log has no stop line:\n%s", name, tailLog(logPath))
+	}
+}
+
+// killed reports whether err, from cmd.Wait, says the process died of
+// SIGKILL.
+func killed(err error) bool {
+	var exit *exec.ExitError
+	return errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL
+}
+
+// tailLog returns the last lines of the log at path.
+func tailLog(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-15):], "\n")
+}
+
+// ledgerRows counts l's rows, or returns -1 while its tables do not exist
+// yet.
+func ledgerRows(l ledgerDB) int {
+	n, err := l.rows(context.Background())
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // checkCopiesDecided checks, for a broker that keeps every duplicate copy

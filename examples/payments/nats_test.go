@@ -23,19 +23,25 @@ import (
 // and each is decided Duplicate before it is acked.
 func TestKillAndRestartNATSPostgres(t *testing.T) {
 	t.Parallel()
-	nu := servicetest.NATSURL(t)
 	store, prefix, l := postgresStore(t)
-	stream := "PAYMENTS_" + strings.ToUpper(randomHex(4))
-	servicetest.DeleteStreamsAtCleanup(t, nu, stream, stream+"_DLQ")
 	messages, kills := killMessages(t), 3
-	res := runKillAndRestart(t, killRun{
-		broker: nu + "/" + stream + "?consumer=payments&subject=" + strings.ToLower(stream),
-		store:  store, tables: prefix, ledger: l, messages: messages, duplicates: 0.2, kills: kills, batch: 20, concurrency: 2,
-		settled: func(t *testing.T) { natsSettled(t, nu, stream, messages) },
-	})
+	res := runKillAndRestart(t, onNATS(t, killRun{
+		store: store, tables: prefix, ledger: l, messages: messages, duplicates: 0.2, kills: kills, batch: 20, concurrency: 2,
+	}))
 	// Every copy is a stream message of its own, acked (natsSettled) only
 	// after its decision's log line.
 	checkCopiesDecided(t, res, messages, kills)
+}
+
+// onNATS points r at a fresh stream and checks, after the graceful stop,
+// that it holds r.messages and the consumer has none left (natsSettled).
+func onNATS(t *testing.T, r killRun) killRun {
+	nu := servicetest.NATSURL(t)
+	stream := "PAYMENTS_" + strings.ToUpper(randomHex(4))
+	servicetest.DeleteStreamsAtCleanup(t, nu, stream, stream+"_DLQ")
+	r.broker = nu + "/" + stream + "?consumer=payments&subject=" + strings.ToLower(stream)
+	r.settled = func(t *testing.T) { natsSettled(t, nu, stream, r.messages) }
+	return r
 }
 
 // natsSettled checks that stream holds all the messages published to it,

@@ -44,6 +44,18 @@ func redisClient(u string) (*goredis.Client, error) {
 // the original's id in idemq-id, decided Duplicate before it is acked.
 func TestKillAndRestartRedisPostgres(t *testing.T) {
 	t.Parallel()
+	store, prefix, l := postgresStore(t)
+	messages, kills := killMessages(t), 3
+	res := runKillAndRestart(t, onRedis(t, killRun{
+		store: store, tables: prefix, ledger: l, messages: messages, duplicates: 0.2, kills: kills, batch: 20, concurrency: 2,
+	}))
+	checkCopiesDecided(t, res, messages, kills)
+}
+
+// onRedis points r at a fresh stream read by the group payments (pending
+// entries reclaimed after 5s idle), drained and settled once the group
+// read r.messages and holds none pending (redisDrained, redisSettled).
+func onRedis(t *testing.T, r killRun) killRun {
 	base := redisURL(t)
 	rdb, err := redisClient(base)
 	if err != nil {
@@ -54,15 +66,10 @@ func TestKillAndRestartRedisPostgres(t *testing.T) {
 		rdb.Del(context.Background(), stream, stream+":dlq")
 		rdb.Close()
 	})
-	store, prefix, l := postgresStore(t)
-	messages, kills := killMessages(t), 3
-	res := runKillAndRestart(t, killRun{
-		broker: base + "/" + stream + "?group=payments&min_idle=5s",
-		store:  store, tables: prefix, ledger: l, messages: messages, duplicates: 0.2, kills: kills, batch: 20, concurrency: 2,
-		drained: func() bool { return redisDrained(rdb, stream) == nil },
-		settled: func(t *testing.T) { redisSettled(t, rdb, stream, messages) },
-	})
-	checkCopiesDecided(t, res, messages, kills)
+	r.broker = base + "/" + stream + "?group=payments&min_idle=5s"
+	r.drained = func() bool { return redisDrained(rdb, stream) == nil }
+	r.settled = func(t *testing.T) { redisSettled(t, rdb, stream, r.messages) }
+	return r
 }
 
 // redisGroup returns the state of stream's group "payments".
