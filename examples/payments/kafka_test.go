@@ -7,8 +7,8 @@ import (
 )
 
 // TestKillAndRestartKafkaPostgres kills the service three times. Each restart
-// waits for the group to drop the killed member, so the URL lowers the
-// session timeout to 6s (Kafka's smallest by default).
+// waits for the group to drop the killed member: the session timeout, 6s by
+// default.
 func TestKillAndRestartKafkaPostgres(t *testing.T) {
 	t.Parallel()
 	store, prefix, l := postgresStore(t)
