@@ -40,9 +40,7 @@ func (s suite[Tx]) leaser(t *testing.T, st driver.Store[Tx]) driver.Leaser {
 	}
 	txn := begin(t, s.ctx(t), st)
 	_, fences := txn.(driver.Fencer)
-	if err := txn.Rollback(s.ctx(t)); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	rollback(t, s.ctx(t), txn)
 	if !fences {
 		t.Fatalf("the transactions of Leaser store %T do not implement driver.Fencer", st)
 	}
@@ -193,9 +191,7 @@ func (s suite[Tx]) leaseFence(t *testing.T) {
 	if got := fence(t, ctx, txn, driver.LeaseRef{ID: "m", Token: stale.Token}); got != "[false]" {
 		t.Fatalf("fence with the stale token: %s, want [false]", got)
 	}
-	if err := txn.Unclaim(ctx, "c", []string{"m"}); err != nil {
-		t.Fatalf("unclaim: %v", err)
-	}
+	unclaim(t, ctx, txn, "c", []string{"m"})
 	commit(t, ctx, txn)
 	if info := s.leaseInfo(t, ctx, st, "m"); info.Claimed || info.LeaseToken != live.Token {
 		t.Fatalf("after the stale completion: %+v, want no claim and the live lease", info)
@@ -209,9 +205,7 @@ func (s suite[Tx]) leaseFence(t *testing.T) {
 	if got := fence(t, ctx, txn); got != "[]" {
 		t.Fatalf("fence of nothing: %s", got)
 	}
-	if err := s.h.Effect(ctx, txn.Tx(), k+"m"); err != nil {
-		t.Fatalf("effect: %v", err)
-	}
+	s.effect(t, ctx, txn, k+"m")
 	commit(t, ctx, txn)
 	wantLease(t, "acquire after completion", acquire(t, ctx, l, "m", fp, ttl), driver.LeaseDone, time.Time{})
 	wantLease(t, "acquire with another body", acquire(t, ctx, l, "m", other, ttl), driver.LeaseMismatch, time.Time{})

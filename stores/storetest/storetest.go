@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,14 +120,8 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 func (s suite[Tx]) lookupForget(t *testing.T) {
 	st, clock := s.open(t)
 	ctx := s.ctx(t)
-	lk, ok := st.(admin.Lookuper)
-	if !ok {
-		t.Skipf("store %T does not implement admin.Lookuper (optional): no lookup case", st)
-	}
-	fg, ok := st.(admin.Forgetter)
-	if !ok {
-		t.Skipf("store %T does not implement admin.Forgetter (optional): no forget case", st)
-	}
+	lk := optional[admin.Lookuper](t, st, "no lookup case")
+	fg := optional[admin.Forgetter](t, st, "no forget case")
 	at := time.Now().UTC().Truncate(time.Millisecond)
 	clock.Set(at)
 	k := UniqueName("k_")
@@ -196,19 +191,26 @@ func (s suite[Tx]) lookupForget(t *testing.T) {
 // ping: a store that implements driver.Pinger answers it, and still takes
 // claims after it.
 func (s suite[Tx]) ping(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	p, ok := st.(driver.Pinger)
-	if !ok {
-		t.Skipf("store %T does not implement driver.Pinger (optional): the Consumer probes it with a transaction", st)
-	}
+	st, ctx, k := s.setup(t)
+	p := optional[driver.Pinger](t, st, "the Consumer probes it with a transaction")
 	if err := p.Ping(ctx); err != nil {
 		t.Fatalf("Ping: %v", err)
 	}
-	s.claimCommit(t, ctx, st, "c", claims("after-ping"), UniqueName("k_"))
+	s.claimCommit(t, ctx, st, "c", claims("after-ping"), k)
 }
 
 type suite[Tx any] struct{ h Harness[Tx] }
+
+// optional returns st as an I, an interface a store may leave out, or
+// skips the case, saying what is skipped, when st does not implement it.
+func optional[I any](t *testing.T, st any, skipped string) I {
+	t.Helper()
+	i, ok := st.(I)
+	if !ok {
+		t.Skipf("store %T does not implement %v (optional): %s", st, reflect.TypeFor[I](), skipped)
+	}
+	return i
+}
 
 // Clock is a settable clock for Config.Now, safe for concurrent use.
 type Clock struct {
@@ -252,6 +254,14 @@ func (s suite[Tx]) open(t *testing.T) (driver.Store[Tx], *Clock) {
 		t.Fatalf("open store: %v", err)
 	}
 	return st, clock
+}
+
+// setup opens a store for one case and returns it with the case's context
+// and a fresh prefix for its effect keys.
+func (s suite[Tx]) setup(t *testing.T) (driver.Store[Tx], context.Context, string) {
+	t.Helper()
+	st, _ := s.open(t)
+	return st, s.ctx(t), UniqueName("k_")
 }
 
 func (s suite[Tx]) ctx(t *testing.T) context.Context {
@@ -310,6 +320,28 @@ func commit[Tx any](t *testing.T, ctx context.Context, txn driver.Txn[Tx]) {
 	}
 }
 
+func rollback[Tx any](t *testing.T, ctx context.Context, txn driver.Txn[Tx]) {
+	t.Helper()
+	if err := txn.Rollback(ctx); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+}
+
+func unclaim[Tx any](t *testing.T, ctx context.Context, txn driver.Txn[Tx], consumer string, ids []string) {
+	t.Helper()
+	if err := txn.Unclaim(ctx, consumer, ids); err != nil {
+		t.Fatalf("unclaim: %v", err)
+	}
+}
+
+// effect applies the business effect under key in txn.
+func (s suite[Tx]) effect(t *testing.T, ctx context.Context, txn driver.Txn[Tx], key string) {
+	t.Helper()
+	if err := s.h.Effect(ctx, txn.Tx(), key); err != nil {
+		t.Fatalf("effect: %v", err)
+	}
+}
+
 // claimCommit claims ids in a fresh transaction, applies an effect for each
 // id it won, commits, and returns the results.
 func (s suite[Tx]) claimCommit(t *testing.T, ctx context.Context, st driver.Store[Tx], consumer string, cs []driver.Claim, keyPrefix string) []driver.ClaimResult {
@@ -318,9 +350,7 @@ func (s suite[Tx]) claimCommit(t *testing.T, ctx context.Context, st driver.Stor
 	res := claim(t, ctx, txn, consumer, cs)
 	for i, r := range res {
 		if r == driver.ClaimWon {
-			if err := s.h.Effect(ctx, txn.Tx(), keyPrefix+cs[i].ID); err != nil {
-				t.Fatalf("effect: %v", err)
-			}
+			s.effect(t, ctx, txn, keyPrefix+cs[i].ID)
 		}
 	}
 	commit(t, ctx, txn)
@@ -335,18 +365,14 @@ func (s suite[Tx]) wantEffects(t *testing.T, key string, want int) {
 }
 
 func (s suite[Tx]) claimOnce(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	expect(t, "first claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), driver.ClaimWon)
 	expect(t, "second claim", s.claimCommit(t, ctx, st, "c", claims("m1"), k), driver.ClaimDuplicate)
 	s.wantEffects(t, k+"m1", 1)
 }
 
 func (s suite[Tx]) batchMixed(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	expect(t, "seed", s.claimCommit(t, ctx, st, "c", claims("a", "c"), k), driver.ClaimWon, driver.ClaimWon)
 	got := s.claimCommit(t, ctx, st, "c", claims("d", "a", "b", "c", "e"), k)
 	expect(t, "mixed batch", got, driver.ClaimWon, driver.ClaimDuplicate, driver.ClaimWon, driver.ClaimDuplicate, driver.ClaimWon)
@@ -358,8 +384,7 @@ func (s suite[Tx]) batchMixed(t *testing.T) {
 // largeBatch goes past any per-statement parameter limit a store chunks
 // around (SQLite's 999, MySQL's 65535 placeholders).
 func (s suite[Tx]) largeBatch(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
+	st, ctx, _ := s.setup(t)
 	const n = 1500
 	ids := make([]string, n)
 	for i := range ids {
@@ -386,9 +411,7 @@ func (s suite[Tx]) largeBatch(t *testing.T) {
 			t.Fatalf("id %s: got %v, want %v", ids[i], r, want)
 		}
 	}
-	if err := txn.Unclaim(ctx, "c", ids[1:]); err != nil {
-		t.Fatalf("unclaim: %v", err)
-	}
+	unclaim(t, ctx, txn, "c", ids[1:])
 	commit(t, ctx, txn)
 
 	// Unclaim of ids[1:] removed every claim but ids[0]'s, seeded ones
@@ -404,24 +427,18 @@ func (s suite[Tx]) largeBatch(t *testing.T) {
 			t.Fatalf("after unclaim, id %s: got %v, want %v", ids[i], r, want)
 		}
 	}
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	rollback(t, ctx, txn)
 }
 
 // concurrent has two transactions claim the same id: the second must wait
 // for the first, then lose (first committed) or win (first rolled back).
 // For SQLite the second Begin is what waits.
 func (s suite[Tx]) concurrent(t *testing.T, firstCommits bool) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 
 	first := begin(t, ctx, st)
 	expect(t, "first claim", claim(t, ctx, first, "c", claims("x")), driver.ClaimWon)
-	if err := s.h.Effect(ctx, first.Tx(), k+"x"); err != nil {
-		t.Fatalf("effect: %v", err)
-	}
+	s.effect(t, ctx, first, k+"x")
 
 	type result struct {
 		res []driver.ClaimResult
@@ -494,17 +511,11 @@ func (s suite[Tx]) concurrent(t *testing.T, firstCommits bool) {
 }
 
 func (s suite[Tx]) rollbackReleases(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	txn := begin(t, ctx, st)
 	expect(t, "claim", claim(t, ctx, txn, "c", claims("m")), driver.ClaimWon)
-	if err := s.h.Effect(ctx, txn.Tx(), k+"m"); err != nil {
-		t.Fatalf("effect: %v", err)
-	}
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	s.effect(t, ctx, txn, k+"m")
+	rollback(t, ctx, txn)
 	s.wantEffects(t, k+"m", 0)
 	// The failed attempt must not have left the id "seen" (the
 	// Watermill trap): the redelivery wins and applies the effect.
@@ -515,31 +526,16 @@ func (s suite[Tx]) rollbackReleases(t *testing.T) {
 // savepointUnclaim is the batch path: one claim for three messages, a
 // savepoint per message, the second handler fails.
 func (s suite[Tx]) savepointUnclaim(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	ids := []string{"m1", "m2", "m3"}
 	txn := begin(t, ctx, st)
 	expect(t, "batch claim", claim(t, ctx, txn, "c", claims(ids...)), driver.ClaimWon, driver.ClaimWon, driver.ClaimWon)
 	for _, id := range ids {
-		if err := savepoints(txn).Savepoint(ctx); err != nil {
-			t.Fatalf("savepoint: %v", err)
+		var fail func()
+		if id == "m2" {
+			fail = func() {} // the handler returns an error, having written its effect
 		}
-		if err := s.h.Effect(ctx, txn.Tx(), k+id); err != nil {
-			t.Fatalf("effect: %v", err)
-		}
-		if id != "m2" {
-			if err := savepoints(txn).ReleaseSavepoint(ctx); err != nil {
-				t.Fatalf("release savepoint: %v", err)
-			}
-			continue
-		}
-		if err := savepoints(txn).RollbackToSavepoint(ctx); err != nil {
-			t.Fatalf("rollback to savepoint: %v", err)
-		}
-		if err := txn.Unclaim(ctx, "c", []string{id}); err != nil {
-			t.Fatalf("unclaim: %v", err)
-		}
+		s.inSavepoint(t, ctx, txn, id, k+id, fail)
 	}
 	// The transaction is still usable after a savepoint rollback.
 	if err := s.h.Effect(ctx, txn.Tx(), k+"after"); err != nil {
@@ -556,14 +552,10 @@ func (s suite[Tx]) savepointUnclaim(t *testing.T) {
 }
 
 func (s suite[Tx]) commitThenRollback(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	txn := begin(t, ctx, st)
 	claim(t, ctx, txn, "c", claims("m"))
-	if err := s.h.Effect(ctx, txn.Tx(), k+"m"); err != nil {
-		t.Fatalf("effect: %v", err)
-	}
+	s.effect(t, ctx, txn, k+"m")
 	commit(t, ctx, txn)
 	if err := txn.Rollback(ctx); err != nil {
 		t.Fatalf("Rollback after Commit must be a no-op, got %v", err)
@@ -584,18 +576,13 @@ func (s suite[Tx]) commitThenRollback(t *testing.T) {
 	if res := claim(t, ctx, txn, "c", nil); len(res) != 0 {
 		t.Fatalf("empty claim returned %v", res)
 	}
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	rollback(t, ctx, txn)
 }
 
 func (s suite[Tx]) prune(t *testing.T) {
 	st, clock := s.open(t)
 	ctx := s.ctx(t)
-	pr, ok := st.(admin.Pruner)
-	if !ok {
-		t.Skipf("store %T does not implement admin.Pruner (optional): no prune case", st)
-	}
+	pr := optional[admin.Pruner](t, st, "no prune case")
 	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	// old0..old4 at base-5s..base-1s, edge exactly at base, new at base+1s.
 	for i := 0; i < 5; i++ {
@@ -630,9 +617,7 @@ func (s suite[Tx]) prune(t *testing.T) {
 	txn := begin(t, ctx, st)
 	res := claim(t, ctx, txn, "c", claims("old0", "old3", "old4", "edge", "new"))
 	expect(t, "claims after prune", res, driver.ClaimWon, driver.ClaimWon, driver.ClaimWon, driver.ClaimDuplicate, driver.ClaimDuplicate)
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	rollback(t, ctx, txn)
 	// Pruning at a later cut takes the rest, in one call.
 	if n, err := pr.Prune(ctx, base.Add(time.Hour), 100); err != nil || n != 2 {
 		t.Fatalf("final prune: %d, %v; want 2", n, err)
@@ -662,9 +647,7 @@ func (s suite[Tx]) tableValidation(t *testing.T) {
 }
 
 func (s suite[Tx]) fingerprint(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	fp1, fp2 := fingerprint([]byte("one")), fingerprint([]byte("two"))
 	s.claimCommit(t, ctx, st, "c", []driver.Claim{{ID: "x", Fingerprint: fp1}, {ID: "nofp"}}, k)
 	txn := begin(t, ctx, st)
@@ -674,17 +657,13 @@ func (s suite[Tx]) fingerprint(t *testing.T) {
 		{ID: "fresh", Fingerprint: fp1},
 	})
 	expect(t, "fingerprints", res, driver.ClaimMismatch, driver.ClaimDuplicate, driver.ClaimWon)
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	rollback(t, ctx, txn)
 	txn = begin(t, ctx, st)
 	res = claim(t, ctx, txn, "c", []driver.Claim{{ID: "x", Fingerprint: fp1}})
 	expect(t, "same fingerprint", res, driver.ClaimDuplicate)
 	res = claim(t, ctx, txn, "c", []driver.Claim{{ID: "x"}})
 	expect(t, "empty fingerprint", res, driver.ClaimDuplicate)
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	rollback(t, ctx, txn)
 	s.wantEffects(t, k+"x", 1)
 
 	// A claim stored with an older, longer fingerprint (idemq's earlier
@@ -698,23 +677,17 @@ func (s suite[Tx]) fingerprint(t *testing.T) {
 	expect(t, "fingerprint of another length", res, driver.ClaimDuplicate)
 	res = claim(t, ctx, txn, "c", []driver.Claim{{ID: "legacy", Fingerprint: strings.Repeat("cd", 32)}})
 	expect(t, "other fingerprint of the same length", res, driver.ClaimMismatch)
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	rollback(t, ctx, txn)
 }
 
 func (s suite[Tx]) consumersIndependent(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	expect(t, "consumer a", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), driver.ClaimWon)
 	expect(t, "consumer b", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), driver.ClaimWon)
 	expect(t, "consumer a again", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), driver.ClaimDuplicate)
 	// Unclaim is per consumer too.
 	txn := begin(t, ctx, st)
-	if err := txn.Unclaim(ctx, "billing", []string{"m"}); err != nil {
-		t.Fatalf("unclaim: %v", err)
-	}
+	unclaim(t, ctx, txn, "billing", []string{"m"})
 	commit(t, ctx, txn)
 	expect(t, "consumer b after a's unclaim", s.claimCommit(t, ctx, st, "shipping", claims("m"), k+"b"), driver.ClaimDuplicate)
 	expect(t, "consumer a after unclaim", s.claimCommit(t, ctx, st, "billing", claims("m"), k+"a"), driver.ClaimWon)
@@ -723,13 +696,8 @@ func (s suite[Tx]) consumersIndependent(t *testing.T) {
 }
 
 func (s suite[Tx]) migrateTwice(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	m, ok := st.(admin.Migrator)
-	if !ok {
-		t.Skipf("store %T does not implement admin.Migrator (optional): no migrate case", st)
-	}
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
+	m := optional[admin.Migrator](t, st, "no migrate case")
 	s.claimCommit(t, ctx, st, "c", claims("before"), k)
 	for i := 0; i < 2; i++ {
 		if err := m.Migrate(ctx); err != nil {
@@ -741,9 +709,7 @@ func (s suite[Tx]) migrateTwice(t *testing.T) {
 }
 
 func (s suite[Tx]) oddIDs(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	ids := []string{
 		`it's "quoted"`,
 		`'; DROP TABLE x; --`,
@@ -770,9 +736,7 @@ func (s suite[Tx]) oddIDs(t *testing.T) {
 	}
 	// Unclaim matches the exact bytes: only "pad " goes, not "pad".
 	txn := begin(t, ctx, st)
-	if err := txn.Unclaim(ctx, consumer, []string{"pad ", ids[0]}); err != nil {
-		t.Fatalf("unclaim: %v", err)
-	}
+	unclaim(t, ctx, txn, consumer, []string{"pad ", ids[0]})
 	commit(t, ctx, txn)
 	got = s.claimCommit(t, ctx, st, consumer, claims("pad", "pad ", ids[0], ids[1]), k)
 	expect(t, "after exact unclaim", got, driver.ClaimDuplicate, driver.ClaimWon, driver.ClaimWon, driver.ClaimDuplicate)
@@ -792,9 +756,7 @@ func (s suite[Tx]) oddIDs(t *testing.T) {
 // processes whatever is left. Every id must end with exactly one committed
 // effect.
 func (s suite[Tx]) concurrentBatches(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	const nIDs, workers, rounds, batch = 40, 4, 12, 8
 	ids := make([]string, nIDs)
 	for i := range ids {
@@ -897,33 +859,19 @@ func (s suite[Tx]) randomBatch(ctx context.Context, st driver.Store[Tx], pick []
 // repairs the transaction, so the other messages of the batch commit.
 // Catching the error without the savepoint is the Camel bug.
 func (s suite[Tx]) savepointAfterDBError(t *testing.T) {
-	st, _ := s.open(t)
-	ctx := s.ctx(t)
-	k := UniqueName("k_")
+	st, ctx, k := s.setup(t)
 	txn := begin(t, ctx, st)
 	expect(t, "batch claim", claim(t, ctx, txn, "c", claims("ok1", "bad", "ok2")), driver.ClaimWon, driver.ClaimWon, driver.ClaimWon)
 	for _, id := range []string{"ok1", "bad", "ok2"} {
-		if err := savepoints(txn).Savepoint(ctx); err != nil {
-			t.Fatalf("savepoint before %s: %v", id, err)
-		}
-		if err := s.h.Effect(ctx, txn.Tx(), k+id); err != nil {
-			t.Fatalf("effect %s: %v", id, err)
-		}
+		var fail func()
 		if id == "bad" {
-			if err := s.h.Fail(ctx, txn.Tx()); err == nil {
-				t.Fatal("Harness.Fail returned no error")
+			fail = func() {
+				if err := s.h.Fail(ctx, txn.Tx()); err == nil {
+					t.Fatal("Harness.Fail returned no error")
+				}
 			}
-			if err := savepoints(txn).RollbackToSavepoint(ctx); err != nil {
-				t.Fatalf("rollback to savepoint after a database error: %v", err)
-			}
-			if err := txn.Unclaim(ctx, "c", []string{id}); err != nil {
-				t.Fatalf("unclaim after a database error: %v", err)
-			}
-			continue
 		}
-		if err := savepoints(txn).ReleaseSavepoint(ctx); err != nil {
-			t.Fatalf("release savepoint after %s: %v", id, err)
-		}
+		s.inSavepoint(t, ctx, txn, id, k+id, fail)
 	}
 	commit(t, ctx, txn)
 	s.wantEffects(t, k+"ok1", 1)
@@ -931,6 +879,32 @@ func (s suite[Tx]) savepointAfterDBError(t *testing.T) {
 	s.wantEffects(t, k+"ok2", 1)
 	got := s.claimCommit(t, ctx, st, "c", claims("ok1", "bad", "ok2"), k)
 	expect(t, "redelivery", got, driver.ClaimDuplicate, driver.ClaimWon, driver.ClaimDuplicate)
+}
+
+// inSavepoint runs the handler of message id in a savepoint of txn, as the
+// Consumer's batch path does: the effect under key, then, when fail is
+// nil, the release of the savepoint; otherwise fail (what else the failing
+// handler does), the rollback to the savepoint and the Unclaim of id.
+func (s suite[Tx]) inSavepoint(t *testing.T, ctx context.Context, txn driver.Txn[Tx], id, key string, fail func()) {
+	t.Helper()
+	sp := savepoints(txn)
+	if err := sp.Savepoint(ctx); err != nil {
+		t.Fatalf("savepoint before %s: %v", id, err)
+	}
+	if err := s.h.Effect(ctx, txn.Tx(), key); err != nil {
+		t.Fatalf("effect %s: %v", id, err)
+	}
+	if fail == nil {
+		if err := sp.ReleaseSavepoint(ctx); err != nil {
+			t.Fatalf("release savepoint after %s: %v", id, err)
+		}
+		return
+	}
+	fail()
+	if err := sp.RollbackToSavepoint(ctx); err != nil {
+		t.Fatalf("rollback to savepoint after %s failed: %v", id, err)
+	}
+	unclaim(t, ctx, txn, "c", []string{id})
 }
 
 // savepoints returns txn as a driver.Savepointer: the suite's savepoint
