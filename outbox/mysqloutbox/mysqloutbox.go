@@ -26,7 +26,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 )
@@ -50,13 +49,7 @@ type Option func(*Outbox) error
 // underscores, at most 58 characters (the lock table adds "_locks"), not
 // starting with a digit. Default "outbox".
 func WithTable(name string) Option {
-	return func(o *Outbox) error {
-		if err := sqlident.CheckMax(name, maxTableLength); err != nil {
-			return fmt.Errorf("mysqloutbox: WithTable: %w", err)
-		}
-		o.table = name
-		return nil
-	}
+	return sqloutbox.WithTable("mysqloutbox", name, maxTableLength, func(o *Outbox) { o.table = name })
 }
 
 // Outbox is one outbox table: how to write to it and how relays read it.
@@ -99,14 +92,8 @@ func (o *Outbox) locks() string { return o.table + "_locks" }
 // aborts one (error 1213), to be retried like any deadlock. Write one
 // transaction's messages in one call to avoid it.
 func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message) error {
-	if tx == nil {
-		return errors.New("mysqloutbox: Write: nil tx")
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	ready, err := sqloutbox.Prepare(ctx, "mysqloutbox", msgs)
-	if err != nil {
+	ready, err := sqloutbox.Prepare(ctx, "mysqloutbox", tx == nil, msgs)
+	if err != nil || len(ready) == 0 {
 		return err
 	}
 	args := make([]any, 0, 5*len(ready))

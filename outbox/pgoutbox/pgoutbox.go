@@ -52,13 +52,7 @@ type Option func(*config) error
 // underscores, at most 63 characters. Default "outbox". The NOTIFY channel
 // has the same name.
 func WithTable(name string) Option {
-	return func(c *config) error {
-		if err := sqlident.Check(name); err != nil {
-			return fmt.Errorf("pgoutbox: WithTable: %w", err)
-		}
-		c.table = name
-		return nil
-	}
+	return sqloutbox.WithTable("pgoutbox", name, sqlident.MaxLength, func(c *config) { c.table = name })
 }
 
 // WithNotify sets whether Write sends a NOTIFY on the table's channel, which
@@ -129,14 +123,8 @@ func (o *Outbox) Table() string { return o.table }
 // aborts one (SQLSTATE 40P01), to be retried like any deadlock. Write one
 // transaction's messages in one call to avoid it.
 func (o *Outbox) Write(ctx context.Context, tx pgx.Tx, msgs ...*outbox.Message) error {
-	if tx == nil {
-		return errors.New("pgoutbox: Write: nil tx")
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	ready, err := sqloutbox.Prepare(ctx, "pgoutbox", msgs)
-	if err != nil {
+	ready, err := sqloutbox.Prepare(ctx, "pgoutbox", tx == nil, msgs)
+	if err != nil || len(ready) == 0 {
 		return err
 	}
 	n := len(ready)

@@ -82,13 +82,7 @@ type Option func(*Outbox) error
 // underscores, not starting with a digit, at most sqlident's portable
 // length. Default "outbox".
 func WithTable(name string) Option {
-	return func(o *Outbox) error {
-		if err := sqlident.Check(name); err != nil {
-			return fmt.Errorf("sqliteoutbox: WithTable: %w", err)
-		}
-		o.table = name
-		return nil
-	}
+	return sqloutbox.WithTable("sqliteoutbox", name, sqlident.MaxLength, func(o *Outbox) { o.table = name })
 }
 
 // Outbox is one outbox table: how to write to it and how relays read it.
@@ -126,14 +120,8 @@ func (o *Outbox) Table() string { return o.table }
 // Like any write, it waits busy_timeout for the write lock when another
 // transaction (a relay's claim among them) holds it.
 func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, msgs ...*outbox.Message) error {
-	if tx == nil {
-		return errors.New("sqliteoutbox: Write: nil tx")
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	ready, err := sqloutbox.Prepare(ctx, "sqliteoutbox", msgs)
-	if err != nil {
+	ready, err := sqloutbox.Prepare(ctx, "sqliteoutbox", tx == nil, msgs)
+	if err != nil || len(ready) == 0 {
 		return err
 	}
 	now := time.Now().UnixMicro()

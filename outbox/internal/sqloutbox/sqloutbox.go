@@ -1,10 +1,10 @@
 // Package sqloutbox holds what the SQL outboxes (pgoutbox, mysqloutbox,
-// sqliteoutbox) share: readying messages for their rows, the per-key write
-// locks (SQLite, with one writer at a time, needs none), the step of a
-// claim that adds the rows following each claimed head, the SQL of parked
-// rows and of the operator's queries, and for the database/sql ones
-// (mysqloutbox, sqliteoutbox) placeholders, the reading of claimed rows,
-// a claim's Finish and the outbox.Operator.
+// sqliteoutbox) share: the WithTable option, readying messages for their
+// rows, the per-key write locks (SQLite, with one writer at a time, needs
+// none), the step of a claim that adds the rows following each claimed
+// head, the SQL of parked rows and of the operator's queries, and for the
+// database/sql ones (mysqloutbox, sqliteoutbox) placeholders, the reading
+// of claimed rows, a claim's Finish and the outbox.Operator.
 package sqloutbox
 
 import (
@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -31,10 +33,19 @@ type Row struct {
 	Body []byte
 }
 
-// Prepare readies msgs for their rows with outbox.Prepare (which gives a
-// message without an id a UUIDv7 and stores ctx's trace context in the
-// headers). Its errors name the store's Write and the message's index.
-func Prepare(ctx context.Context, store string, msgs []*outbox.Message) ([]Row, error) {
+// Prepare is the first step of a store's Write: it refuses a missing
+// transaction (noTx), even with no messages, and readies msgs for their
+// rows with outbox.Prepare (which gives a message without an id a UUIDv7
+// and stores ctx's trace context in the headers). No messages give no
+// rows, and Write nothing to do. Its errors name the store's Write and the
+// message's index.
+func Prepare(ctx context.Context, store string, noTx bool, msgs []*outbox.Message) ([]Row, error) {
+	if noTx {
+		return nil, fmt.Errorf("%s: Write: nil tx", store)
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
 	rows := make([]Row, len(msgs))
 	for i, m := range msgs {
 		h, err := outbox.Prepare(ctx, m)
@@ -51,6 +62,17 @@ func Prepare(ctx context.Context, store string, msgs []*outbox.Message) ([]Row, 
 		}
 	}
 	return rows, nil
+}
+
+// WithTable is a store's WithTable option on its config C: name must pass
+// sqlident.CheckMax(name, maxLen), or applying the option fails with
+// "store: WithTable: " and the reason; set stores the name.
+func WithTable[C any](store, name string, maxLen int, set func(*C)) func(*C) error {
+	err := sqlident.CheckMax(name, maxLen)
+	if err != nil {
+		err = fmt.Errorf("%s: WithTable: %w", store, err)
+	}
+	return option.Check(err, set)
 }
 
 // LockKeys returns the lock of each ordering key among rows, as lock maps

@@ -41,7 +41,7 @@ func TestAppendRuns(t *testing.T) {
 
 func TestPrepareAndLockKeys(t *testing.T) {
 	msgs := []*outbox.Message{{Destination: "d", Key: "b"}, {Destination: "d", Key: "a", Body: []byte("x")}, {Destination: "d", Key: "b"}, {Destination: "d"}}
-	rows, err := Prepare(context.Background(), "st", msgs)
+	rows, err := Prepare(context.Background(), "st", false, msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,13 @@ func TestPrepareAndLockKeys(t *testing.T) {
 	if got := LockKeys(rows, func(k string) string { return k + "!" }); fmt.Sprint(got) != "[a! b!]" {
 		t.Errorf("locks %v, want [a! b!]", got)
 	}
-	if _, err := Prepare(context.Background(), "st", []*outbox.Message{nil}); err == nil {
+	if _, err := Prepare(context.Background(), "st", false, []*outbox.Message{nil}); err == nil {
 		t.Error("nil message accepted")
+	}
+	if _, err := Prepare(context.Background(), "st", true, nil); err == nil || err.Error() != "st: Write: nil tx" {
+		t.Errorf("no tx: %v", err)
+	}
+	if rows, err := Prepare(context.Background(), "st", false, nil); err != nil || rows != nil {
+		t.Errorf("no messages: %v, %v", rows, err)
 	}
 }
