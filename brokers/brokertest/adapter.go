@@ -3,7 +3,6 @@ package brokertest
 import (
 	"context"
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 
@@ -20,11 +19,7 @@ import (
 // (ErrStaleDelivery) and sends nothing: the acked message comes back, the
 // dead-lettered one is not parked and comes back too.
 func testStaleAfterReconnect(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	msgs := messages("stale", 3)
-	publish(t, h, f, msgs...)
-	s := source(t, f)
-	ds := receive(t, h, s, len(msgs))
+	f, msgs, s, ds := h.delivered(t, "stale", 3)
 	f.Reconnect(t, s)
 
 	ctx := ctxFor(t, h.ReceiveTimeout)
@@ -50,10 +45,7 @@ func testStaleAfterReconnect(t *testing.T, h Harness) {
 		}
 	}
 	// Nothing was sent: every message comes back, and none was parked.
-	again := receive(t, h, s, len(msgs))
-	if got, want := ids(again), msgIDs(msgs); !slices.Equal(got, want) {
-		t.Fatalf("after stale settlements redelivered %v, want %v", got, want)
-	}
+	again := receiveExactly(t, h, s, "after stale settlements", msgIDs(msgs))
 	ackAll(t, again)
 	expectQuiet(t, h, s)
 	dls, err := f.DeadLetters(context.Background())

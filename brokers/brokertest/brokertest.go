@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -209,6 +210,17 @@ func source(t *testing.T, f *Fixture) driver.Source {
 	return s
 }
 
+// optional returns s as an I, an interface a source may leave out, or
+// skips the test when s does not implement it.
+func optional[I any](t *testing.T, s driver.Source) I {
+	t.Helper()
+	i, ok := s.(I)
+	if !ok {
+		t.Skipf("source does not implement %v", reflect.TypeFor[I]())
+	}
+	return i
+}
+
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -244,6 +256,17 @@ func publish(t *testing.T, h Harness, f *Fixture, msgs ...*driver.Message) {
 	}
 }
 
+// delivered publishes n new messages (see messages) to a fresh fixture,
+// opens a source on it and receives them all.
+func (h Harness) delivered(t *testing.T, prefix string, n int) (*Fixture, []*driver.Message, driver.Source, []driver.Delivery) {
+	t.Helper()
+	f := h.fixture(t)
+	msgs := messages(prefix, n)
+	publish(t, h, f, msgs...)
+	s := source(t, f)
+	return f, msgs, s, receive(t, h, s, n)
+}
+
 // receive receives n deliveries within the harness' timeout. Transient
 // errors are retried, as the Consumer does.
 func receive(t *testing.T, h Harness, s driver.Source, n int) []driver.Delivery {
@@ -266,6 +289,25 @@ func receive(t *testing.T, h Harness, s driver.Source, n int) []driver.Delivery 
 		out = append(out, d)
 	}
 	return out
+}
+
+// receiveExactly receives len(want) deliveries and fails unless their ids
+// are exactly want (sorted); after says what came before, for the message.
+func receiveExactly(t *testing.T, h Harness, s driver.Source, after string, want []string) []driver.Delivery {
+	t.Helper()
+	ds := receive(t, h, s, len(want))
+	if got := ids(ds); !slices.Equal(got, want) {
+		t.Fatalf("%s received %v, want exactly %v", after, got, want)
+	}
+	return ds
+}
+
+// closeSource closes s and fails if that fails.
+func closeSource(t *testing.T, s driver.Source) {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
 }
 
 // expectQuiet fails if s delivers anything within the quiet period.
@@ -356,11 +398,7 @@ func keys[V any](m map[string]V) []string {
 }
 
 func testPublishConsume(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	msgs := messages("pc", 5)
-	publish(t, h, f, msgs...)
-	s := source(t, f)
-	ds := receive(t, h, s, len(msgs))
+	_, msgs, s, ds := h.delivered(t, "pc", 5)
 	byID := map[string]*driver.Message{}
 	for _, m := range msgs {
 		byID[m.ID] = m
@@ -393,22 +431,15 @@ func testPublishConsume(t *testing.T, h Harness) {
 }
 
 func testAckRemoves(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	msgs := messages("ack", 4)
-	publish(t, h, f, msgs...)
-	s1 := source(t, f)
-	ackAll(t, receive(t, h, s1, len(msgs)))
-	if err := s1.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
+	f, _, s1, ds := h.delivered(t, "ack", 4)
+	ackAll(t, ds)
+	closeSource(t, s1)
 	expectQuiet(t, h, source(t, f))
 }
 
 func testSettleTwice(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	publish(t, h, f, messages("twice", 1)...)
-	s := source(t, f)
-	d := receive(t, h, s, 1)[0]
+	f, _, s, ds := h.delivered(t, "twice", 1)
+	d := ds[0]
 	ctx := ctxFor(t, h.ReceiveTimeout)
 	if err := d.Ack(ctx); err != nil {
 		t.Fatalf("ack: %v", err)
@@ -429,11 +460,8 @@ func testSettleTwice(t *testing.T, h Harness) {
 }
 
 func testRetry(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	msgs := messages("retry", 1)
-	publish(t, h, f, msgs...)
-	s := source(t, f)
-	d1 := receive(t, h, s, 1)[0]
+	_, msgs, s, ds := h.delivered(t, "retry", 1)
+	d1 := ds[0]
 	if d1.Message().Attempt != 1 {
 		t.Fatalf("first Attempt = %d, want 1", d1.Message().Attempt)
 	}
@@ -459,11 +487,7 @@ func testRetry(t *testing.T, h Harness) {
 }
 
 func testDeadLetter(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	msgs := messages("dl", 2)
-	publish(t, h, f, msgs...)
-	s := source(t, f)
-	ds := receive(t, h, s, 2)
+	f, _, s, ds := h.delivered(t, "dl", 2)
 	var parked, acked driver.Delivery = ds[0], ds[1]
 	cause := "brokertest cause " + randomHex(4)
 	if err := parked.DeadLetter(ctxFor(t, h.ReceiveTimeout), core.Permanent(errors.New(cause))); err != nil {
@@ -485,20 +509,11 @@ func testDeadLetter(t *testing.T, h Harness) {
 }
 
 func testUnackedComeBack(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	msgs := messages("unacked", 3)
-	publish(t, h, f, msgs...)
-	s1 := source(t, f)
-	first := receive(t, h, s1, len(msgs))
+	f, _, s1, first := h.delivered(t, "unacked", 3)
 	// The consumer dies: closed without settling anything.
-	if err := s1.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
+	closeSource(t, s1)
 	s2 := source(t, f)
-	again := receive(t, h, s2, len(msgs))
-	if !slices.Equal(ids(first), ids(again)) {
-		t.Fatalf("redelivered %v, want %v", ids(again), ids(first))
-	}
+	again := receiveExactly(t, h, s2, "after the consumer died", ids(first))
 	for _, d := range again {
 		if d.Message().Attempt < 2 {
 			t.Errorf("%s: redelivery Attempt = %d, want >= 2", d.Message().ID, d.Message().Attempt)
@@ -578,16 +593,10 @@ func testConcurrentConsumers(t *testing.T, h Harness) {
 }
 
 func testGracefulClose(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	msgs := messages("close", 6)
-	publish(t, h, f, msgs...)
-	s1 := source(t, f)
-	ds := receive(t, h, s1, len(msgs))
+	f, _, s1, ds := h.delivered(t, "close", 6)
 	ackAll(t, ds[:3])
 	// Close with three deliveries still in flight.
-	if err := s1.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
+	closeSource(t, s1)
 	if _, err := s1.Receive(context.Background()); !errors.Is(err, driver.ErrSourceClosed) {
 		t.Errorf("Receive after Close = %v, want driver.ErrSourceClosed", err)
 	}
@@ -600,10 +609,7 @@ func testGracefulClose(t *testing.T, h Harness) {
 		t.Error("Ack of a delivery of a closed source returned nil")
 	}
 	s2 := source(t, f)
-	again := receive(t, h, s2, 3)
-	if got, want := ids(again), ids(ds[3:]); !slices.Equal(got, want) {
-		t.Fatalf("after close got %v, want exactly the unsettled %v", got, want)
-	}
+	again := receiveExactly(t, h, s2, "after a close with three unsettled", ids(ds[3:]))
 	ackAll(t, again)
 	expectQuiet(t, h, s2)
 }
@@ -611,10 +617,7 @@ func testGracefulClose(t *testing.T, h Harness) {
 func testAckBatch(t *testing.T, h Harness) {
 	f := h.fixture(t)
 	s1 := source(t, f)
-	bs, ok := s1.(driver.BatchSettler)
-	if !ok {
-		t.Skip("source does not implement driver.BatchSettler")
-	}
+	bs := optional[driver.BatchSettler](t, s1)
 	msgs := messages("batch", 10)
 	publish(t, h, f, msgs...)
 	ds := receive(t, h, s1, len(msgs))
@@ -635,14 +638,9 @@ func testAckBatch(t *testing.T, h Harness) {
 	if err := bs.AckBatch(ctx, batch[:1]); err == nil {
 		t.Error("AckBatch of an already acked delivery returned nil")
 	}
-	if err := s1.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
+	closeSource(t, s1)
 	s2 := source(t, f)
-	again := receive(t, h, s2, len(left))
-	if got, want := ids(again), ids(left); !slices.Equal(got, want) {
-		t.Fatalf("after AckBatch got back %v, want exactly the unbatched %v", got, want)
-	}
+	again := receiveExactly(t, h, s2, "after AckBatch of the others", ids(left))
 	bs2 := s2.(driver.BatchSettler)
 	if err := bs2.AckBatch(ctx, again); err != nil {
 		t.Fatalf("AckBatch: %v", err)
@@ -653,10 +651,7 @@ func testAckBatch(t *testing.T, h Harness) {
 func testWindow(t *testing.T, h Harness) {
 	f := h.fixture(t)
 	s := source(t, f)
-	ws, ok := s.(driver.WindowSetter)
-	if !ok {
-		t.Skip("source does not implement driver.WindowSetter")
-	}
+	ws := optional[driver.WindowSetter](t, s)
 	if err := ws.SetWindow(0); err == nil {
 		t.Error("SetWindow(0) returned nil")
 	}

@@ -143,10 +143,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 	if !slices.Equal(progress, []int{1, 2}) {
 		t.Errorf("Redrive progress %v, want [1 2]", progress)
 	}
-	again := receive(t, h, s, len(back))
-	if got := ids(again); !slices.Equal(got, back) {
-		t.Fatalf("after Redrive received %v, want %v", got, back)
-	}
+	again := receiveExactly(t, h, s, "after Redrive", back)
 	for _, d := range again {
 		m := d.Message()
 		want := msgs[slices.Index(all, m.ID)]
