@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idemq/idemq/internal/option"
 )
 
 // Defaults of the relay options (see the With… functions).
@@ -48,33 +50,26 @@ type config struct {
 // error naming the option.
 type Option func(*config) error
 
-// fail is the error of option name given an invalid value.
-func fail(name, format string, args ...any) error {
+// invalid is the error of option name when bad, its value failing the
+// check: "outbox: name: " and the reason; nil when the value is good.
+func invalid(bad bool, name, format string, args ...any) error {
+	if !bad {
+		return nil
+	}
 	return fmt.Errorf("outbox: %s: %s", name, fmt.Sprintf(format, args...))
 }
 
 // WithName names the relay in logs and in the idemq.outbox attribute of its
 // metrics. Default "outbox".
 func WithName(name string) Option {
-	return func(c *config) error {
-		if name == "" {
-			return fail("WithName", "empty name")
-		}
-		c.name = name
-		return nil
-	}
+	return option.Check(invalid(name == "", "WithName", "empty name"), func(c *config) { c.name = name })
 }
 
 // WithBatchSize sets how many rows one claim transaction holds at most
 // (also the most messages of one Publish call). Default 100.
 func WithBatchSize(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > 10000 {
-			return fail("WithBatchSize", "must be within [1, 10000], got %d", n)
-		}
-		c.batch = n
-		return nil
-	}
+	return option.Check(invalid(n < 1 || n > 10000, "WithBatchSize", "must be within [1, 10000], got %d", n),
+		func(c *config) { c.batch = n })
 }
 
 // WithWindow sets how many of the oldest pending rows a claim looks at for
@@ -82,13 +77,7 @@ func WithBatchSize(n int) Option {
 // are held; a smaller one makes the claim query cheaper with a deep
 // backlog. Must be at least the batch size. Default 10 × the batch size.
 func WithWindow(n int) Option {
-	return func(c *config) error {
-		if n < 1 {
-			return fail("WithWindow", "must be positive, got %d", n)
-		}
-		c.window = n
-		return nil
-	}
+	return option.Check(invalid(n < 1, "WithWindow", "must be positive, got %d", n), func(c *config) { c.window = n })
 }
 
 // WithPollInterval sets how long an idle relay waits before looking for
@@ -102,13 +91,7 @@ func WithPollInterval(d time.Duration) Option {
 // replays) before the relay prunes them. Zero deletes rows as soon as they
 // are sent. Default 24h.
 func WithRetention(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 {
-			return fail("WithRetention", "must not be negative, got %v", d)
-		}
-		c.retention = d
-		return nil
-	}
+	return option.Check(invalid(d < 0, "WithRetention", "must not be negative, got %v", d), func(c *config) { c.retention = d })
 }
 
 // WithPruneInterval sets how often the relay deletes sent rows older than
@@ -116,16 +99,11 @@ func WithRetention(d time.Duration) Option {
 // fewer remain, so no giant DELETE holds locks). Default every 1m, 1000 per
 // transaction.
 func WithPruneInterval(every time.Duration, batch int) Option {
-	return func(c *config) error {
-		if every <= 0 {
-			return fail("WithPruneInterval", "interval must be positive, got %v", every)
-		}
-		if batch < 1 {
-			return fail("WithPruneInterval", "batch must be positive, got %d", batch)
-		}
-		c.pruneInterval, c.pruneBatch = every, batch
-		return nil
+	err := invalid(every <= 0, "WithPruneInterval", "interval must be positive, got %v", every)
+	if err == nil {
+		err = invalid(batch < 1, "WithPruneInterval", "batch must be positive, got %d", batch)
 	}
+	return option.Check(err, func(c *config) { c.pruneInterval, c.pruneBatch = every, batch })
 }
 
 // WithMaxBackoff caps how long a relay waits after a failed batch (a
@@ -143,13 +121,8 @@ func WithMaxBackoff(d time.Duration) Option {
 // with the same ordering key as a postponed row wait behind it. Default 1s
 // to 5m.
 func WithRetryBackoff(min, max time.Duration) Option {
-	return func(c *config) error {
-		if min <= 0 || max < min {
-			return fail("WithRetryBackoff", "need 0 < min <= max, got %v and %v", min, max)
-		}
-		c.retryMin, c.retryMax = min, max
-		return nil
-	}
+	return option.Check(invalid(min <= 0 || max < min, "WithRetryBackoff", "need 0 < min <= max, got %v and %v", min, max),
+		func(c *config) { c.retryMin, c.retryMax = min, max })
 }
 
 // WithMaxAttempts sets after how many failed publishes a row is parked: it
@@ -181,13 +154,8 @@ func WithRetryBackoff(min, max time.Duration) Option {
 // refuses as the sender's fault (too large for the queue, characters SQS
 // does not take). With n = 0 no row is parked, permanent or not.
 func WithMaxAttempts(n int) Option {
-	return func(c *config) error {
-		if n < 0 {
-			return fail("WithMaxAttempts", "must not be negative (0 never parks), got %d", n)
-		}
-		c.maxAttempts = n
-		return nil
-	}
+	return option.Check(invalid(n < 0, "WithMaxAttempts", "must not be negative (0 never parks), got %d", n),
+		func(c *config) { c.maxAttempts = n })
 }
 
 // ParkedKeyPolicy says what becomes of the rows behind a parked row of the
@@ -228,13 +196,8 @@ func (p ParkedKeyPolicy) String() string {
 // messages flowing, for keys whose consumers tolerate a gap, or a message
 // arriving late after a redrive.
 func WithParkedKey(p ParkedKeyPolicy) Option {
-	return func(c *config) error {
-		if p != HoldKey && p != SkipParked {
-			return fail("WithParkedKey", "unknown policy %d", int(p))
-		}
-		c.parked = p
-		return nil
-	}
+	return option.Check(invalid(p != HoldKey && p != SkipParked, "WithParkedKey", "unknown policy %d", int(p)),
+		func(c *config) { c.parked = p })
 }
 
 // WithPublishTimeout bounds one Publish call. The claimed rows stay locked
@@ -248,19 +211,13 @@ func WithPublishTimeout(d time.Duration) Option {
 // LISTEN/NOTIFY) on or off; polling continues either way. Default on when
 // the store supports it.
 func WithNotify(on bool) Option {
-	return func(c *config) error { c.notify = on; return nil }
+	return option.Check(nil, func(c *config) { c.notify = on })
 }
 
 // WithLogger sets the logger for publish failures and listener trouble.
 // Default slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return fail("WithLogger", "nil logger")
-		}
-		c.logger = l
-		return nil
-	}
+	return option.Check(invalid(l == nil, "WithLogger", "nil logger"), func(c *config) { c.logger = l })
 }
 
 // WithMeterProvider sets where the relay's metrics go: the observable
@@ -270,25 +227,13 @@ func WithLogger(l *slog.Logger) Option {
 // idemq.outbox.published, idemq.outbox.publish_errors and
 // idemq.outbox.parked (rows this relay parked). Default otel.GetMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) error {
-		if mp == nil {
-			return fail("WithMeterProvider", "nil provider")
-		}
-		c.meter = mp
-		return nil
-	}
+	return option.Check(invalid(mp == nil, "WithMeterProvider", "nil provider"), func(c *config) { c.meter = mp })
 }
 
 // positive is an option that sets the duration at field to d, which must
 // be positive; name is the option named in its error.
 func positive(name string, d time.Duration, field func(*config) *time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fail(name, "must be positive, got %v", d)
-		}
-		*field(c) = d
-		return nil
-	}
+	return option.Check(invalid(d <= 0, name, "must be positive, got %v", d), func(c *config) { *field(c) = d })
 }
 
 func buildConfig(opts []Option) (config, error) {
@@ -319,8 +264,7 @@ func buildConfig(opts []Option) (config, error) {
 	}
 	if c.window == 0 {
 		c.window = c.batch * DefaultWindowFactor
-	} else if c.window < c.batch {
-		errs = append(errs, fail("WithWindow", "window %d is smaller than the batch size %d", c.window, c.batch))
 	}
+	errs = append(errs, invalid(c.window < c.batch, "WithWindow", "window %d is smaller than the batch size %d", c.window, c.batch))
 	return c, errors.Join(errs...)
 }

@@ -90,16 +90,14 @@ func NewRelay(store Store, pub driver.Publisher, opts ...Option) (*Relay, error)
 	r := &Relay{store: store, pub: pub, cfg: cfg, wake: make(chan struct{}, 1)}
 	m := cfg.meter.Meter("github.com/idemq/idemq/outbox")
 	r.attrs = metric.WithAttributes(attribute.String("idemq.outbox", cfg.name))
-	if r.pubCounter, err = m.Int64Counter("idemq.outbox.published", metric.WithUnit("{message}"),
-		metric.WithDescription("Outbox rows published, confirmed by the broker and marked sent.")); err != nil {
-		return nil, fmt.Errorf("outbox: metrics: %w", err)
-	}
-	if r.errCounter, err = m.Int64Counter("idemq.outbox.publish_errors", metric.WithUnit("{call}"),
-		metric.WithDescription("Failed publish calls; their rows stay pending and are retried.")); err != nil {
-		return nil, fmt.Errorf("outbox: metrics: %w", err)
-	}
-	if r.parkCounter, err = m.Int64Counter("idemq.outbox.parked", metric.WithUnit("{message}"),
-		metric.WithDescription("Outbox rows parked after too many failed publishes; they wait for an operator.")); err != nil {
+	var err1, err2, err3 error
+	r.pubCounter, err1 = m.Int64Counter("idemq.outbox.published", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows published, confirmed by the broker and marked sent."))
+	r.errCounter, err2 = m.Int64Counter("idemq.outbox.publish_errors", metric.WithUnit("{call}"),
+		metric.WithDescription("Failed publish calls; their rows stay pending and are retried."))
+	r.parkCounter, err3 = m.Int64Counter("idemq.outbox.parked", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows parked after too many failed publishes; they wait for an operator."))
+	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}
 	return r, nil
@@ -443,24 +441,15 @@ const gaugeTimeout = 5 * time.Second
 
 func (r *Relay) registerGauges() (metric.Registration, error) {
 	m := r.cfg.meter.Meter("github.com/idemq/idemq/outbox")
-	pending, err := m.Int64ObservableGauge("idemq.outbox.pending", metric.WithUnit("{message}"),
+	pending, err1 := m.Int64ObservableGauge("idemq.outbox.pending", metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows written and not yet published."))
-	if err != nil {
-		return nil, fmt.Errorf("outbox: metrics: %w", err)
-	}
-	age, err := m.Float64ObservableGauge("idemq.outbox.oldest_pending_age", metric.WithUnit("s"),
+	age, err2 := m.Float64ObservableGauge("idemq.outbox.oldest_pending_age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest pending outbox row (0 when none): how far the relay lags."))
-	if err != nil {
-		return nil, fmt.Errorf("outbox: metrics: %w", err)
-	}
-	parked, err := m.Int64ObservableGauge("idemq.outbox.parked_rows", metric.WithUnit("{message}"),
+	parked, err3 := m.Int64ObservableGauge("idemq.outbox.parked_rows", metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows parked after too many failed publishes, waiting for an operator."))
-	if err != nil {
-		return nil, fmt.Errorf("outbox: metrics: %w", err)
-	}
-	held, err := m.Int64ObservableGauge("idemq.outbox.held_keys", metric.WithUnit("{key}"),
+	held, err4 := m.Int64ObservableGauge("idemq.outbox.held_keys", metric.WithUnit("{key}"),
 		metric.WithDescription("Ordering keys with pending rows behind a parked row (held with HoldKey)."))
-	if err != nil {
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}
 	attrs := metric.WithAttributes(attribute.String("idemq.outbox", r.cfg.name))

@@ -140,18 +140,25 @@ func relayUntil(t *testing.T, r *outbox.Relay, what string, done func() bool) {
 	}
 }
 
-// checkParkedA checks that A alone is parked after attempts failed
-// publishes, with its cause.
-func checkParkedA(t *testing.T, op outbox.Operator, attempts int) outbox.ParkedRow {
+// parkedAlone returns the one parked row of op, failing t unless exactly
+// one row is parked; what names the row expected.
+func parkedAlone(t *testing.T, op outbox.Operator, what string) outbox.ParkedRow {
 	t.Helper()
 	parked, err := op.Parked(context.Background(), outbox.ParkedFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(parked) != 1 {
-		t.Fatalf("parked %+v, want A alone", parked)
+		t.Fatalf("parked %+v, want %s alone", parked, what)
 	}
-	p := parked[0]
+	return parked[0]
+}
+
+// checkParkedA checks that A alone is parked after attempts failed
+// publishes, with its cause.
+func checkParkedA(t *testing.T, op outbox.Operator, attempts int) outbox.ParkedRow {
+	t.Helper()
+	p := parkedAlone(t, op, "A")
 	if p.ID != "A" || p.Key != "k1" || p.Destination != "orders" || p.Attempts != attempts ||
 		!strings.Contains(p.Cause, ErrTooLarge.Error()) || p.BodySize != int64(len("poison")) ||
 		time.Since(p.ParkedAt).Abs() > time.Minute || p.ParkedAt.Before(p.CreatedAt) {

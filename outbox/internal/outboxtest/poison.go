@@ -107,14 +107,7 @@ func relayToPark(t *testing.T, r *outbox.Relay, want int64) {
 // attempt, with the broker's rejection as its cause.
 func checkPoison(t *testing.T, op outbox.Operator, b Broker, dest string) outbox.ParkedRow {
 	t.Helper()
-	parked, err := op.Parked(context.Background(), outbox.ParkedFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(parked) != 1 {
-		t.Fatalf("parked %+v, want the poison row alone", parked)
-	}
-	p := parked[0]
+	p := parkedAlone(t, op, "the poison row")
 	if p.ID != "poison" || p.Key != "k1" || p.Destination != dest || p.Attempts != 1 || !strings.Contains(p.Cause, b.Rejection) {
 		t.Fatalf("parked row %+v, want the poison row after 1 attempt with a cause containing %q", p, b.Rejection)
 	}
