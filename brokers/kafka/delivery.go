@@ -93,10 +93,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 // message is not dropped: it stays undecided and is handed out again after
 // a second, as a retried message.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
-	mark := deadletter.Mark{Cause: "unknown", Attempt: d.msg.Attempt, Origin: d.origin(), At: time.Now()}
-	if cause != nil {
-		mark.Cause = cause.Error()
-	}
+	mark := deadletter.Mark{Cause: deadletter.Cause(cause), Attempt: d.msg.Attempt, Origin: d.origin(), At: time.Now()}
 	mark.Destination, _, _ = strings.Cut(mark.Origin, "/")
 	h := mark.Headers()
 	h[HeaderGroup] = d.src.cfg.group

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
-	"strings"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -16,10 +15,6 @@ import (
 	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/core/driver/unsettled"
 )
-
-// errRedelivered is the reason of a settlement of a delivery whose message
-// the Source received again.
-var errRedelivered = unsettled.ErrRedelivered
 
 // delivery is one received message.
 type delivery struct {
@@ -130,16 +125,12 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		return err
 	}
 	s := d.s
-	why := "no cause given"
-	if cause != nil {
-		why = cause.Error()
-	}
 	h := natsgo.Header{}
 	maps.Copy(h, d.msg().Headers()) // Nats-Msg-Id is replaced below
 	if d.m.ID != "" {
 		h.Set(IDHeader, d.m.ID)
 	}
-	mark := deadletter.Mark{Cause: headerValue(why), Attempt: d.m.Attempt, Destination: d.msg().Subject(), At: time.Now(),
+	mark := deadletter.Mark{Cause: deadletter.Cause(cause), Attempt: d.m.Attempt, Destination: d.msg().Subject(), At: time.Now(),
 		Origin: fmt.Sprintf("%s/%s/%d", s.c.stream, s.c.consumer, d.e.Key)}
 	for k, v := range mark.Headers() {
 		h.Set(k, v)
@@ -159,11 +150,6 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		return d.failed("term after parking", err)
 	}
 	return nil
-}
-
-// headerValue makes s fit a NATS header value: one line.
-func headerValue(s string) string {
-	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
 }
 
 // bounded gives ctx a deadline if it has none: nats.go's request and

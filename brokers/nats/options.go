@@ -61,23 +61,11 @@ type config struct {
 	ackWait, maxExtension           time.Duration
 	window, replicas                int
 	logger                          *slog.Logger // nil: the Consumer's, or slog.Default()
-	byURL                           bool         // errors name URL parameters
 }
 
 // set returns the option named name: applied, it fails naming the option
-// (or its URL parameter) when err is not nil, and otherwise calls f.
-func set(name string, err error, f func(*config)) opt {
-	return func(c *config) error {
-		if err != nil {
-			if p, ok := urlParams.NameOf(name); ok && c.byURL {
-				return fmt.Errorf("nats URL parameter %s: %v", p, err)
-			}
-			return option.Errorf("nats", name, "%v", err)
-		}
-		f(c)
-		return nil
-	}
-}
+// when err is not nil, and otherwise calls f.
+func set(name string, err error, f func(*config)) opt { return option.Set("nats", name, err, f) }
 
 func name(v string) error {
 	if v == "" || strings.ContainsAny(v, " \t\r\n.*>") {
@@ -233,32 +221,24 @@ func init() {
 		}),
 		"creds": fileParam(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
 	}}
+	// The registry returns nil, not a typed nil, after an error.
 	driver.RegisterBroker("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		return opened[driver.Source](Open(ctx, u.String(), logger(cfg)...))
+		return Open(ctx, u.String(), logger(cfg))
 	}, func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
-		return opened[driver.Publisher](NewPublisher(ctx, u.String()))
+		return NewPublisher(ctx, u.String())
 	})
 	admin.RegisterDeadLetters("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
-		return opened[admin.DeadLetterQueue](OpenDeadLetters(ctx, u.String(), logger(cfg)...))
+		return OpenDeadLetters(ctx, u.String(), logger(cfg))
 	})
 }
 
-// opened returns what a constructor opened as the registry's interface I:
-// nil, not a typed nil, after an error.
-func opened[I, T any](v T, err error) (I, error) {
-	if err != nil {
-		var none I
-		return none, err
-	}
-	return any(v).(I), nil
-}
-
-// logger is the registry's logger as an option, if it has one.
-func logger(cfg driver.OpenConfig) []Option {
+// logger is the registry's logger as an option, if it has one (a nil
+// option is skipped).
+func logger(cfg driver.OpenConfig) Option {
 	if cfg.Logger == nil {
 		return nil
 	}
-	return []Option{WithLogger(cfg.Logger)}
+	return WithLogger(cfg.Logger)
 }
 
 // fileParam is a parameter naming a file that build turns into a
@@ -327,9 +307,7 @@ func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error)
 	if cert != "" {
 		fromURL = append(fromURL, WithNATSOptions(natsgo.ClientCert(cert, key)))
 	}
-	c.byURL = true
-	err = apply(&c, fromURL)
-	if c.byURL = false; err == nil {
+	if err = urlParams.Explain(apply(&c, fromURL)); err == nil {
 		err = apply(&c, opts)
 	}
 	if err != nil {

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,10 +51,7 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 // asynchronously, and returns once JetStream acked every one. A publish
 // JetStream reports as a duplicate counts as acked: the stream has the id.
 func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*driver.Message) error {
-	subj := destination
-	if subj == "" {
-		subj = p.c.subject
-	}
+	subj := cmp.Or(destination, p.c.subject)
 	if strings.ContainsAny(subj, "*>") {
 		return fmt.Errorf("nats: cannot publish to the wildcard subject %s; give a destination", subj)
 	}
@@ -113,4 +111,9 @@ func (p *Publisher) Close() error {
 		return fmt.Errorf("nats: closing the publisher: %w", err)
 	}
 	return nil
+}
+
+// headerValue makes s fit a NATS header value: one line.
+func headerValue(s string) string {
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
 }

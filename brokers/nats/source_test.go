@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -180,7 +181,7 @@ func TestHeartbeat(t *testing.T) {
 	if again.Message().ID != b.Message().ID || again.Message().Attempt != 2 {
 		t.Fatalf("redelivered %q attempt %d, want %q attempt 2", again.Message().ID, again.Message().Attempt, b.Message().ID)
 	}
-	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, errRedelivered) {
+	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, unsettled.ErrRedelivered) {
 		t.Fatalf("Ack of the lapsed, redelivered delivery = %v, want a stale error saying it was redelivered", err)
 	}
 	if err := again.Ack(ctx); err != nil {

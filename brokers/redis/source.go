@@ -364,12 +364,9 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 // and the bookkeeping fields to the dead-letter stream and acknowledges
 // the entry.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
-	s, m, why := d.s, d.e.D, "no cause given"
-	if cause != nil {
-		why = cause.Error()
-	}
+	s, m := d.s, d.e.D
 	return d.settle("dead-letter to "+s.c.dlq, func() error {
-		mark := deadletter.Mark{Cause: why, Attempt: m.Attempt, Origin: s.stream + "/" + s.c.group + "/" + d.e.Key, Destination: s.stream, At: time.Now()}
+		mark := deadletter.Mark{Cause: deadletter.Cause(cause), Attempt: m.Attempt, Origin: s.stream + "/" + s.c.group + "/" + d.e.Key, Destination: s.stream, At: time.Now()}
 		tx := s.rdb.TxPipeline()
 		s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body), fieldList(mark.Headers())...))
 		tx.XAck(ctx, s.stream, s.c.group, d.e.Key)

@@ -160,10 +160,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		return err
 	}
 	s := d.src
-	text := "unknown cause"
-	if cause != nil && cause.Error() != "" { // SQS refuses an empty attribute
-		text = cause.Error()
-	}
+	text := deadletter.Cause(cause) // never empty: SQS refuses an empty attribute
 	if s.cfg.deadLetterMode == DeadLetterRedrive {
 		s.log().Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
 			"receive_count", d.msg.Attempt, "max_receive_count", s.q.redrive.maxReceiveCount, "cause", text)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/admin"
@@ -108,6 +109,16 @@ func name(p *admin.Parked) string {
 		return "(no id)"
 	}
 	return strconv.Quote(p.ID)
+}
+
+// Cause returns the text a parked copy records for cause: its message on
+// one line (a header value must not break, and `idemq dlq list` shows a
+// cause a line), or "no cause given" when there is none.
+func Cause(cause error) string {
+	if cause == nil || cause.Error() == "" {
+		return "no cause given"
+	}
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(cause.Error())
 }
 
 // Mark is what a parked copy records beside the message's own headers.

@@ -150,3 +150,18 @@ func TestRedrivePurge(t *testing.T) {
 		t.Fatal("Name or Close not the store's")
 	}
 }
+
+func TestCauseIsOneLine(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{nil, "no cause given"},
+		{errors.New(""), "no cause given"},
+		{errors.New("bad\r\namount\nfield\rx"), "bad amount field x"},
+	} {
+		if got := deadletter.Cause(c.err); got != c.want {
+			t.Errorf("Cause(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}

@@ -181,8 +181,11 @@ func (t Table[O]) Explain(err error) error {
 	}
 	msg := err.Error()
 	for name, p := range t.Params {
-		if p.Option != "" && strings.Contains(msg, p.Option) {
-			return &explained{fmt.Sprintf("%s URL parameter %s: %s", t.Scheme, name, strings.Replace(msg, "option "+p.Option+": ", "", 1)), err}
+		// The whole "option X: " marker, so that WithSubject is not found
+		// in WithDeadLetterSubject.
+		if marker := "option " + p.Option + ": "; p.Option != "" && strings.Contains(msg, marker) {
+			msg = strings.Replace(msg, t.Scheme+": "+marker, marker, 1) // the scheme is said once
+			return &explained{fmt.Sprintf("%s URL parameter %s: %s", t.Scheme, name, strings.Replace(msg, marker, "", 1)), err}
 		}
 	}
 	return err
