@@ -118,3 +118,31 @@ func TestTakeSortsABatch(t *testing.T) {
 		t.Fatalf("errors %v", errs)
 	}
 }
+
+func TestMinIsTheLowestUnsettledKey(t *testing.T) {
+	s := New[uint64, struct{}](0, 0)
+	if _, ok := Min(s); ok {
+		t.Fatal("Min of an empty set found a key")
+	}
+	entries := map[uint64]*Entry[uint64, struct{}]{}
+	for _, k := range []uint64{7, 3, 9, 5} {
+		entries[k] = s.Add(k, struct{}{})
+	}
+	if k, ok := Min(s); !ok || k != 3 {
+		t.Fatalf("Min = %d, %v; want 3", k, ok)
+	}
+	if err := s.Settle(entries[3]); err != nil {
+		t.Fatal(err)
+	}
+	s.Drop(entries[5], ErrLeaseLapsed)
+	if k, ok := Min(s); !ok || k != 7 {
+		t.Fatalf("Min after settling 3 and dropping 5 = %d, %v; want 7", k, ok)
+	}
+	if n := testing.AllocsPerRun(100, func() { Min(s) }); n != 0 {
+		t.Errorf("Min allocates %v times", n)
+	}
+	s.Close()
+	if _, ok := Min(s); ok {
+		t.Fatal("Min of a closed set found a key")
+	}
+}
