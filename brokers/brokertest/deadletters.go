@@ -218,9 +218,7 @@ func testPipelineRedrive(t *testing.T, h Harness) {
 		t.Fatalf("Purge = %d, %v; want 1, nil", n, err)
 	}
 	waitParked(t, h, q)
-	if err := r.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	r.finish(t)
 	counts := e.Counts(t)
 	for i, id := range all {
 		want := 1

@@ -65,15 +65,8 @@ func wantOnce(t *testing.T, e *Effects, msgs []*driver.Message) {
 // Copies of each id race across two leased consumers while the External
 // call is slow: each id calls out once and applies once.
 func testLeasedDuplicates(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
 	const unique, copies = 15, 3
-	msgs := messages("leased", unique)
-	var all []*driver.Message
-	for range copies {
-		all = append(all, msgs...)
-	}
-	publish(t, h, f, all...)
+	f, e, msgs := h.published(t, "leased", unique, copies)
 	var calls externalCalls
 	external := func(ctx context.Context, m *core.Message) (string, error) {
 		calls.add(m.ID)
@@ -97,10 +90,7 @@ func testLeasedDuplicates(t *testing.T, h Harness) {
 // A permanent External error parks the message with its cause; the rest
 // complete.
 func testLeasedPermanent(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
-	msgs := messages("declined", 4)
-	publish(t, h, f, msgs...)
+	f, e, msgs := h.published(t, "declined", 4, 1)
 	bad := msgs[1].ID
 	r := runLeased(t, source(t, f), e, func(ctx context.Context, m *core.Message) (string, error) {
 		if m.ID == bad {
@@ -108,13 +98,9 @@ func testLeasedPermanent(t *testing.T, h Harness) {
 		}
 		return "charged", nil
 	}, 0, 0)
-	waitFor(t, h.ReceiveTimeout, "3 processed and 1 dead-lettered", func() bool {
-		st := r.c.Stats()
+	r.finishWhen(t, h.ReceiveTimeout, "3 processed and 1 dead-lettered", func(st core.Stats) bool {
 		return st.Processed == 3 && st.DeadLettered == 1
 	})
-	if err := r.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
 	dl := waitDeadLetters(t, h, f, bad)[bad]
 	if h.RecordsCause && !strings.Contains(dl.Cause, "card declined") {
 		t.Errorf("parked cause %q does not say why", dl.Cause)
@@ -127,10 +113,7 @@ func testLeasedPermanent(t *testing.T, h Harness) {
 // over, calls out again with the same message and completes; when the hung
 // call returns at last, nothing is applied twice.
 func testLeasedTakeOver(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
-	msgs := messages("hung", 6)
-	publish(t, h, f, msgs...)
+	f, e, msgs := h.published(t, "hung", 6, 1)
 	var calls externalCalls
 	src1 := source(t, f)
 	hung := make(chan string, 1)
@@ -165,9 +148,7 @@ func testLeasedTakeOver(t *testing.T, h Harness) {
 		return len(e.Counts(t)) == len(msgs)
 	})
 	r1.shutdown(t)
-	if err := r2.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	r2.finish(t)
 	if n := calls.of(hungID); n != 2 {
 		t.Errorf("the hung message's External ran %d times, want 2 (the hung call and the takeover)", n)
 	}

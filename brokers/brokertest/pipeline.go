@@ -149,6 +149,39 @@ func (r *running) shutdown(t *testing.T) error {
 	}
 }
 
+// published opens a fixture and an Effects and publishes copies of n new
+// messages (see messages) to the fixture: all n, then all n again, copies
+// times in all.
+func (h Harness) published(t *testing.T, prefix string, n, copies int) (*Fixture, *Effects, []*driver.Message) {
+	t.Helper()
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages(prefix, n)
+	var all []*driver.Message
+	for range copies {
+		all = append(all, msgs...)
+	}
+	publish(t, h, f, all...)
+	return f, e, msgs
+}
+
+// finish stops the consumer and fails if Run returned an error.
+func (r *running) finish(t *testing.T) {
+	t.Helper()
+	if err := r.shutdown(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// finishWhen waits until cond holds of the consumer's stats, stops it as finish
+// does, and returns its stats.
+func (r *running) finishWhen(t *testing.T, timeout time.Duration, what string, cond func(core.Stats) bool) core.Stats {
+	t.Helper()
+	waitFor(t, timeout, what, func() bool { return cond(r.c.Stats()) })
+	r.finish(t)
+	return r.c.Stats()
+}
+
 // decideAll waits until the consumers decided total deliveries between
 // them, stops them, and returns their Processed and Duplicates summed.
 func decideAll(t *testing.T, timeout time.Duration, total int64, rs ...*running) (processed, duplicates int64) {
@@ -162,9 +195,7 @@ func decideAll(t *testing.T, timeout time.Duration, total int64, rs ...*running)
 		return n >= total
 	})
 	for _, r := range rs {
-		if err := r.shutdown(t); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
+		r.finish(t)
 		st := r.c.Stats()
 		t.Logf("consumer stats: %+v", st)
 		processed += st.Processed
@@ -196,13 +227,9 @@ func testPipelineMissingID(t *testing.T, h Harness) {
 		handled.Store(string(m.Body), true)
 		return e.Apply(ctx, tx, m)
 	})
-	waitFor(t, h.ReceiveTimeout, "2 processed and 1 dead-lettered", func() bool {
-		st := r.c.Stats()
+	r.finishWhen(t, h.ReceiveTimeout, "2 processed and 1 dead-lettered", func(st core.Stats) bool {
 		return st.Processed == 2 && st.DeadLettered == 1
 	})
-	if err := r.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
 	if _, ok := handled.Load(string(noID.Body)); ok {
 		t.Error("the handler ran for a message without an id")
 	}
@@ -221,16 +248,9 @@ func testPipelineMissingID(t *testing.T, h Harness) {
 }
 
 func testPipelineDuplicates(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
 	const unique, copies = 20, 3
-	msgs := messages("dup", unique)
 	// Every id published three times, the copies spread through the queue.
-	var all []*driver.Message
-	for range copies {
-		all = append(all, msgs...)
-	}
-	publish(t, h, f, all...)
+	f, e, msgs := h.published(t, "dup", unique, copies)
 	// Two consumers on one store, one batching, one not: the copies of an
 	// id race each other across consumers and inside a batch's claim.
 	h1 := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.Apply(ctx, tx, m) }
@@ -249,10 +269,7 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 }
 
 func testPipelineRetry(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
-	msgs := messages("flaky", 10)
-	publish(t, h, f, msgs...)
+	f, e, msgs := h.published(t, "flaky", 10, 1)
 	var mu sync.Mutex
 	calls := map[string]int{}
 	// Every other message fails on its first try, after writing its effect:
@@ -272,11 +289,7 @@ func testPipelineRetry(t *testing.T, h Harness) {
 		return nil
 	}
 	r := runConsumer(t, source(t, f), e, handler, core.WithBatchSize(4), core.WithWindow(8))
-	waitFor(t, h.ReceiveTimeout, "10 processed", func() bool { return r.c.Stats().Processed == 10 })
-	if err := r.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	st := r.c.Stats()
+	st := r.finishWhen(t, h.ReceiveTimeout, "10 processed", func(st core.Stats) bool { return st.Processed == 10 })
 	if st.Retried != 5 || st.Duplicates != 0 || st.DeadLettered != 0 {
 		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
 	}
@@ -330,11 +343,8 @@ func (d *crashingDelivery) Ack(ctx context.Context) error {
 }
 
 func testPipelineCrash(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
 	const n = 12
-	msgs := messages("crash", n)
-	publish(t, h, f, msgs...)
+	f, e, msgs := h.published(t, "crash", n, 1)
 	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.Apply(ctx, tx, m) }
 	crash := &crashingSource{Source: source(t, f), crashAt: 4}
 	r1 := runConsumer(t, crash, e, handler, core.WithWindow(3))
@@ -355,14 +365,9 @@ func testPipelineCrash(t *testing.T, h Harness) {
 	// comes back and must be a Duplicate.
 	r2 := runConsumer(t, source(t, f), e, handler, core.WithWindow(3))
 	left := n - acked
-	waitFor(t, h.ReceiveTimeout, fmt.Sprintf("%d redelivered messages decided", left), func() bool {
-		st := r2.c.Stats()
+	st := r2.finishWhen(t, h.ReceiveTimeout, fmt.Sprintf("%d redelivered messages decided", left), func(st core.Stats) bool {
 		return st.Processed+st.Duplicates >= left
 	})
-	if err := r2.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	st := r2.c.Stats()
 	if st.Duplicates < 1 {
 		t.Errorf("second consumer stats %+v: the message committed before the crash must be a Duplicate", st)
 	}
@@ -371,11 +376,8 @@ func testPipelineCrash(t *testing.T, h Harness) {
 }
 
 func testPipelineShutdown(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
 	const n = 40
-	msgs := messages("shutdown", n)
-	publish(t, h, f, msgs...)
+	f, e, msgs := h.published(t, "shutdown", n, 1)
 	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		time.Sleep(10 * time.Millisecond)
 		return e.Apply(ctx, tx, m)
@@ -396,14 +398,9 @@ func testPipelineShutdown(t *testing.T, h Harness) {
 	// here as Duplicates.
 	r2 := runConsumer(t, source(t, f), e, slow, core.WithBatchSize(4), core.WithWindow(8))
 	left := n - st1.Processed
-	waitFor(t, h.ReceiveTimeout, fmt.Sprintf("%d remaining processed", left), func() bool {
-		st := r2.c.Stats()
+	st2 := r2.finishWhen(t, h.ReceiveTimeout, fmt.Sprintf("%d remaining processed", left), func(st core.Stats) bool {
 		return st.Processed+st.Duplicates >= left
 	})
-	if err := r2.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	st2 := r2.c.Stats()
 	t.Logf("first consumer %+v; second %+v", st1, st2)
 	if st2.Duplicates != 0 || st2.Processed != left {
 		t.Errorf("second consumer processed %d and saw %d duplicates, want %d and 0: the graceful shutdown left decided messages unsettled", st2.Processed, st2.Duplicates, left)
@@ -416,10 +413,7 @@ func testPipelineShutdown(t *testing.T, h Harness) {
 // through the adapter's Attempt and be dead-lettered, not retried forever
 // (a broker that only flags redeliveries needs the adapter to count).
 func testPipelinePoison(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	e := NewEffects(t)
-	msgs := messages("poison", 2)
-	publish(t, h, f, msgs...)
+	f, e, msgs := h.published(t, "poison", 2, 1)
 	poison := msgs[0].ID
 	var calls atomic.Int64
 	r := runConsumer(t, source(t, f), e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
@@ -432,13 +426,9 @@ func testPipelinePoison(t *testing.T, h Harness) {
 		}
 		return nil
 	}, core.WithMaxAttempts(3))
-	waitFor(t, h.ReceiveTimeout, "the poison message dead-lettered", func() bool {
-		st := r.c.Stats()
+	r.finishWhen(t, h.ReceiveTimeout, "the poison message dead-lettered", func(st core.Stats) bool {
 		return st.DeadLettered == 1 && st.Processed == 1
 	})
-	if err := r.shutdown(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
 	if n := calls.Load(); n != 3 {
 		t.Errorf("handler ran %d times for the poison message, want MaxAttempts = 3", n)
 	}
