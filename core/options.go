@@ -221,13 +221,8 @@ func WithTransactionTimeout(d time.Duration) Option {
 // When a probe succeeds, the held transactions run again at once. Default
 // 100ms, 2s: a store back after an outage is used again within about 2s.
 func WithStoreProbe(first, max time.Duration) Option {
-	var check error
-	if first <= 0 || max < first {
-		check = fmt.Errorf("need 0 < first <= max, got %v, %v", first, max)
-	}
-	return set("WithStoreProbe", check, func(c *config) {
-		c.probeFirst, c.probeMax = first, max
-	})
+	bad := option.Refuse(first <= 0 || max < first, "need 0 < first <= max, got %v, %v", first, max)
+	return set("WithStoreProbe", bad, func(c *config) { c.probeFirst, c.probeMax = first, max })
 }
 
 // WithStrictRetention makes Run refuse to start, with an error naming both
@@ -263,30 +258,14 @@ func WithLogger(l *slog.Logger) Option {
 // Complete. It never wraps a leased consumer's External call (see
 // WithExternalMiddleware). The first given is the outermost.
 func WithHandlerMiddleware(mws ...HandlerMiddleware) Option {
-	return func(c *config) error {
-		for i, mw := range mws {
-			if mw == nil {
-				return optErr("WithHandlerMiddleware", "middleware %d is nil", i)
-			}
-		}
-		c.handlerMW = append(c.handlerMW, mws...)
-		return nil
-	}
+	return set("WithHandlerMiddleware", option.NoneNil(mws, "middleware"), func(c *config) { c.handlerMW = append(c.handlerMW, mws...) })
 }
 
 // WithExternalMiddleware appends middleware around a leased consumer's
 // External call, which runs outside any transaction (NewLeased); the first
 // given is the outermost. New and NewBatch refuse it.
 func WithExternalMiddleware(mws ...ExternalMiddleware) Option {
-	return func(c *config) error {
-		for i, mw := range mws {
-			if mw == nil {
-				return optErr("WithExternalMiddleware", "middleware %d is nil", i)
-			}
-		}
-		c.externalMW = append(c.externalMW, mws...)
-		return nil
-	}
+	return set("WithExternalMiddleware", option.NoneNil(mws, "middleware"), func(c *config) { c.externalMW = append(c.externalMW, mws...) })
 }
 
 // WithFingerprint sets how a body is fingerprinted for the reused-id check.
@@ -301,13 +280,8 @@ func WithFingerprint(f func(body []byte) string) Option {
 // (acknowledged, not applied), for producers known to re-encode bodies on
 // resend.
 func WithMismatchDecision(d Decision) Option {
-	return func(c *config) error {
-		if d != DeadLetter && d != Duplicate {
-			return optErr("WithMismatchDecision", "%v: only dead_letter or duplicate", d)
-		}
-		c.mismatch = d
-		return nil
-	}
+	bad := option.Refuse(d != DeadLetter && d != Duplicate, "%v: only dead_letter or duplicate", d)
+	return set("WithMismatchDecision", bad, func(c *config) { c.mismatch = d })
 }
 
 // WithIsolation sets how a failing message in a batch is kept from the
@@ -315,13 +289,8 @@ func WithMismatchDecision(d Decision) Option {
 // for a BatchHandler (whose failures are isolated by deciding each message
 // of the batch alone).
 func WithIsolation(i Isolation) Option {
-	return func(c *config) error {
-		if i != IsolateReplay && i != IsolateSavepoints {
-			return optErr("WithIsolation", "unknown isolation %d", i)
-		}
-		c.isolation = i
-		return nil
-	}
+	bad := option.Refuse(i != IsolateReplay && i != IsolateSavepoints, "unknown isolation %d", i)
+	return set("WithIsolation", bad, func(c *config) { c.isolation = i })
 }
 
 func validateName(name string) error {

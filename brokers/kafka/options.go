@@ -45,14 +45,10 @@ const (
 	OrderNone
 )
 
-var orderings = map[string]Ordering{"per-key": OrderPerKey, "per-partition": OrderPerPartition, "none": OrderNone}
-
-// String names the ordering.
+// String names the ordering as the URL parameter ordering= does.
 func (o Ordering) String() string {
-	for name, v := range orderings {
-		if v == o {
-			return name
-		}
+	if o >= OrderPerKey && o <= OrderNone {
+		return [...]string{"per-key", "per-partition", "none"}[o-OrderPerKey]
 	}
 	return fmt.Sprintf("Ordering(%d)", int(o))
 }
@@ -198,13 +194,13 @@ func WithGroup(group string) Option {
 // WithIDHeader names the Kafka header that holds the business id. Default
 // "message-id"; CloudEvents' Kafka binding uses "ce_id".
 func WithIDHeader(name string) PublisherOption {
-	return pubOpt(set("WithIDHeader", name, refuse(name == "", "empty header name"), func(c *config) *string { return &c.idHeader }))
+	return pubOpt(set("WithIDHeader", name, option.Refuse(name == "", "empty header name"), func(c *config) *string { return &c.idHeader }))
 }
 
 // WithOrdering sets which messages of a partition may be in flight
 // together. Default OrderPerKey.
 func WithOrdering(o Ordering) Option {
-	return srcOpt(set("WithOrdering", o, refuse(o < OrderPerKey || o > OrderNone, fmt.Sprintf("unknown ordering %d", int(o))), func(c *config) *Ordering { return &c.ordering }))
+	return srcOpt(set("WithOrdering", o, option.Refuse(o < OrderPerKey || o > OrderNone, "unknown ordering %d", int(o)), func(c *config) *Ordering { return &c.ordering }))
 }
 
 // WithCommit commits the decided prefixes every interval (1ms..1h), sooner
@@ -241,7 +237,7 @@ func WithJoinBackoff(d time.Duration) Option {
 // WithStartOffset sets where a partition without a committed offset
 // starts: kafka-go's FirstOffset (default) or LastOffset.
 func WithStartOffset(offset int64) Option {
-	bad := refuse(offset != kafkago.FirstOffset && offset != kafkago.LastOffset, fmt.Sprintf("%d is neither FirstOffset (-2) nor LastOffset (-1)", offset))
+	bad := option.Refuse(offset != kafkago.FirstOffset && offset != kafkago.LastOffset, "%d is neither FirstOffset (-2) nor LastOffset (-1)", offset)
 	return srcOpt(set("WithStartOffset", offset, bad, func(c *config) *int64 { return &c.startOffset }))
 }
 
@@ -292,7 +288,7 @@ func WithSASL(m sasl.Mechanism) PublisherOption {
 // WithGroupBalancers sets the partition assignment strategies offered to
 // the group, in order of preference. Default: range, then round robin.
 func WithGroupBalancers(bs ...kafkago.GroupBalancer) Option {
-	err := refuse(len(bs) == 0, "no balancer given")
+	err := option.Refuse(len(bs) == 0, "no balancer given")
 	if i := slices.Index(bs, nil); i >= 0 {
 		err = fmt.Errorf("balancer %d is nil", i)
 	}
@@ -311,17 +307,9 @@ func WithBatchTimeout(d time.Duration) PublisherOption {
 	return pubOpt(set("WithBatchTimeout", d, option.Range(d, time.Nanosecond, time.Minute), func(c *config) *time.Duration { return &c.batchTimeout }))
 }
 
-// refuse is the error why, when bad.
-func refuse(bad bool, why string) error {
-	if bad {
-		return errors.New(why)
-	}
-	return nil
-}
-
 // checkGroup applies Kafka's bound on a group id's length.
 func checkGroup(g string) error {
-	return refuse(g == "" || len(g) > 255, fmt.Sprintf("group id must be 1..255 bytes, got %d", len(g)))
+	return option.Refuse(g == "" || len(g) > 255, "group id must be 1..255 bytes, got %d", len(g))
 }
 
 // checkTopic applies Kafka's topic name rules.

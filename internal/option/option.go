@@ -53,6 +53,26 @@ func Errorf(pkg, name, format string, args ...any) error {
 	return fmt.Errorf("%s: option %s: %s", pkg, name, fmt.Sprintf(format, args...))
 }
 
+// Refuse returns the error format and args describe when bad, else nil:
+// the check of a value no other check here covers.
+func Refuse(bad bool, format string, args ...any) error {
+	if bad {
+		return fmt.Errorf(format, args...)
+	}
+	return nil
+}
+
+// NoneNil checks that no element of vs is nil, naming the first that is
+// by its index: "middleware 2 is nil".
+func NoneNil[T any](vs []T, what string) error {
+	for i, v := range vs {
+		if Present(v) != nil {
+			return fmt.Errorf("%s %d is nil", what, i)
+		}
+	}
+	return nil
+}
+
 // Range checks that v lies in lo..hi.
 func Range[T cmp.Ordered](v, lo, hi T) error {
 	if v < lo || v > hi {

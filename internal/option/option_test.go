@@ -33,12 +33,14 @@ func TestChecks(t *testing.T) {
 		{AtLeast(0, 1), "0 must be at least 1"},
 		{Positive(-time.Second), "-1s must be positive"},
 		{NotNil(false, "logger"), "nil logger"},
+		{Refuse(true, "unknown ordering %d", 7), "unknown ordering 7"},
+		{NoneNil([]func(){func() {}, nil}, "middleware"), "middleware 1 is nil"},
 	} {
 		if c.err == nil || c.err.Error() != c.want {
 			t.Errorf("got %v, want %q", c.err, c.want)
 		}
 	}
-	if Range(3, 1, 5) != nil || AtLeast(1, 1) != nil || Positive(1) != nil || NotNil(true, "x") != nil {
+	if Range(3, 1, 5) != nil || AtLeast(1, 1) != nil || Positive(1) != nil || NotNil(true, "x") != nil || Refuse(false, "x") != nil || NoneNil([]func(){func() {}}, "m") != nil {
 		t.Error("a value within its bounds was refused")
 	}
 }
