@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
@@ -209,14 +209,9 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(list) == 0 {
 		return nil
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tREF\tATTEMPTS\tAGE\tORIGIN\tBYTES\tCAUSE")
+	tw := newTable(stdout, "ID\tREF\tATTEMPTS\tAGE\tORIGIN\tBYTES\tCAUSE")
 	for _, p := range list {
-		id := p.ID
-		if id == "" {
-			id = "(none)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", id, p.Ref, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, shorten(p.Cause, 100))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", cmp.Or(p.ID, "(none)"), p.Ref, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, shorten(p.Cause, 100))
 	}
 	return tw.Flush()
 }
@@ -429,17 +424,15 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 
 // storeRetention opens the store at raw and returns how long it keeps
 // claims.
-func storeRetention(ctx context.Context, raw string) (time.Duration, error) {
-	s, err := openStore(ctx, raw)
-	if err != nil {
-		return 0, err
-	}
-	defer s.Close()
-	r, ok := s.Retention()
-	if !ok {
-		return 0, fmt.Errorf("the store at %s cannot tell its retention", redact.URL(raw))
-	}
-	return r, nil
+func storeRetention(ctx context.Context, raw string) (r time.Duration, err error) {
+	err = withStore(ctx, raw, func(s *admin.Store) error {
+		var ok bool
+		if r, ok = s.Retention(); !ok {
+			return fmt.Errorf("the store at %s cannot tell its retention", redact.URL(raw))
+		}
+		return nil
+	})
+	return r, err
 }
 
 const dlqPurgeUsage = `Usage: idemq dlq purge --broker URL (--all | filters) --yes

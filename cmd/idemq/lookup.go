@@ -1,15 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -44,19 +44,36 @@ func parseIDs(f *cli.Flags, args []string) ([]string, error) {
 	return ids, nil
 }
 
-// parseClaimArgs parses the args of lookup and forget: --store, a
-// non-empty --consumer and at least one message id.
-func parseClaimArgs(f *cli.Flags, storeURL func() (string, error), consumer *string, args []string) (string, []string, error) {
-	ids, err := parseIDs(f, args)
+// claimFlags are the flags of lookup and forget, which name a consumer's
+// claims: --store and --consumer.
+type claimFlags struct {
+	*cli.Flags
+	storeURL func() (string, error)
+	consumer *string
+}
+
+// newClaimFlags returns the flags of command name; consumerHelp says what
+// its --consumer is for.
+func newClaimFlags(name, usage, consumerHelp string, stdout io.Writer) *claimFlags {
+	f := &claimFlags{Flags: cli.NewFlags("idemq "+name, usage, stdout)}
+	f.storeURL = f.StoreFlag()
+	f.consumer = f.String("consumer", "", consumerHelp)
+	return f
+}
+
+// parse parses args and returns the store URL and the message ids: it
+// needs a non-empty --consumer and at least one id.
+func (f *claimFlags) parse(args []string) (string, []string, error) {
+	ids, err := parseIDs(f.Flags, args)
 	if err != nil {
 		return "", nil, err
 	}
-	raw, err := storeURL()
+	raw, err := f.storeURL()
 	if err != nil {
 		return "", nil, err
 	}
 	switch {
-	case *consumer == "":
+	case *f.consumer == "":
 		return "", nil, cli.Usagef("--consumer is required")
 	case len(ids) == 0:
 		return "", nil, cli.Usagef("give at least one message id")
@@ -91,70 +108,58 @@ type claimJSON struct {
 }
 
 func runLookup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := cli.NewFlags("idemq lookup", lookupUsage, stdout)
-	storeURL := f.StoreFlag()
-	consumer := f.String("consumer", "", "the consumer whose claims to show (required)")
+	f := newClaimFlags("lookup", lookupUsage, "the consumer whose claims to show (required)", stdout)
 	asJSON := f.Bool("json", false, "print a JSON array, one object per id")
-	raw, ids, err := parseClaimArgs(f, storeURL, consumer, args)
+	raw, ids, err := f.parse(args)
 	if err != nil {
 		return err
 	}
-	s, err := openStore(ctx, raw)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	infos, err := s.Lookup(ctx, *consumer, ids)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		out := make([]claimJSON, len(infos))
-		for i, in := range infos {
-			out[i] = claimJSON{ID: in.ID, Claimed: in.Claimed, Fingerprint: in.Fingerprint}
+	return withStore(ctx, raw, func(s *admin.Store) error {
+		infos, err := s.Lookup(ctx, *f.consumer, ids)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			out := make([]claimJSON, len(infos))
+			for i, in := range infos {
+				out[i] = claimJSON{ID: in.ID, Claimed: in.Claimed, Fingerprint: in.Fingerprint}
+				if in.Claimed {
+					out[i].At = in.At.UTC().Format(time.RFC3339Nano)
+				}
+				if !in.LeaseUntil.IsZero() {
+					out[i].LeaseUntil, out[i].LeaseToken = in.LeaseUntil.UTC().Format(time.RFC3339Nano), in.LeaseToken
+				}
+			}
+			return writeJSON(stdout, out)
+		}
+		claimed, leased := 0, 0
+		for _, in := range infos {
 			if in.Claimed {
-				out[i].At = in.At.UTC().Format(time.RFC3339Nano)
+				claimed++
 			}
 			if !in.LeaseUntil.IsZero() {
-				out[i].LeaseUntil, out[i].LeaseToken = in.LeaseUntil.UTC().Format(time.RFC3339Nano), in.LeaseToken
+				leased++
 			}
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	claimed, leased := 0, 0
-	for _, in := range infos {
-		if in.Claimed {
-			claimed++
+		fmt.Fprintf(stdout, "consumer %s in %s on %s: %d of %d ids claimed", *f.consumer, s.Table(), redact.URL(raw), claimed, len(infos))
+		if leased > 0 {
+			fmt.Fprintf(stdout, ", %d in progress", leased)
 		}
-		if !in.LeaseUntil.IsZero() {
-			leased++
+		fmt.Fprintln(stdout)
+		tw := newTable(stdout, "ID\tCLAIMED\tAT\tFINGERPRINT\tLEASE")
+		for _, in := range infos {
+			lease := "-"
+			if !in.LeaseUntil.IsZero() {
+				lease = fmt.Sprintf("in progress until %s, token %d", in.LeaseUntil.UTC().Format(time.RFC3339), in.LeaseToken)
+			}
+			if !in.Claimed {
+				fmt.Fprintf(tw, "%s\tno\t-\t-\t%s\n", in.ID, lease)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\tyes\t%s\t%s\t%s\n", in.ID, in.At.UTC().Format(time.RFC3339), cmp.Or(in.Fingerprint, "(none)"), lease)
 		}
-	}
-	fmt.Fprintf(stdout, "consumer %s in %s on %s: %d of %d ids claimed", *consumer, s.Table(), redact.URL(raw), claimed, len(infos))
-	if leased > 0 {
-		fmt.Fprintf(stdout, ", %d in progress", leased)
-	}
-	fmt.Fprintln(stdout)
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCLAIMED\tAT\tFINGERPRINT\tLEASE")
-	for _, in := range infos {
-		lease := "-"
-		if !in.LeaseUntil.IsZero() {
-			lease = fmt.Sprintf("in progress until %s, token %d", in.LeaseUntil.UTC().Format(time.RFC3339), in.LeaseToken)
-		}
-		if !in.Claimed {
-			fmt.Fprintf(tw, "%s\tno\t-\t-\t%s\n", in.ID, lease)
-			continue
-		}
-		fp := in.Fingerprint
-		if fp == "" {
-			fp = "(none)"
-		}
-		fmt.Fprintf(tw, "%s\tyes\t%s\t%s\t%s\n", in.ID, in.At.UTC().Format(time.RFC3339), fp, lease)
-	}
-	return tw.Flush()
+		return tw.Flush()
+	})
 }
 
 // listIDs joins the first max ids, saying how many more there are.
@@ -179,46 +184,41 @@ delivery apply the effect twice.
 `
 
 func runForget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := cli.NewFlags("idemq forget", forgetUsage, stdout)
-	storeURL := f.StoreFlag()
-	consumer := f.String("consumer", "", "the consumer whose claims to delete (required)")
+	f := newClaimFlags("forget", forgetUsage, "the consumer whose claims to delete (required)", stdout)
 	yes := f.Bool("yes", false, "delete the claims (required: without it nothing is deleted)")
-	raw, ids, err := parseClaimArgs(f, storeURL, consumer, args)
+	raw, ids, err := f.parse(args)
 	if err != nil {
 		return err
 	}
 	if !*yes {
 		return cli.Usagef("would delete the claims of consumer %s for %d ids (%s) on %s, so their messages apply again: pass --yes to do it",
-			*consumer, len(ids), listIDs(ids, 10), redact.URL(raw))
+			*f.consumer, len(ids), listIDs(ids, 10), redact.URL(raw))
 	}
-	s, err := openStore(ctx, raw)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	// What was there, to report each id; the count Forget returns is
-	// what was removed.
-	before, err := s.Lookup(ctx, *consumer, ids)
-	if errors.Is(err, errors.ErrUnsupported) {
-		before, err = nil, nil
-	}
-	if err != nil {
-		return err
-	}
-	n, err := s.Forget(ctx, *consumer, ids)
-	if err != nil {
-		return err
-	}
-	for i, id := range ids {
-		switch {
-		case before == nil:
-			fmt.Fprintf(stdout, "%s: forgotten if it was claimed\n", id)
-		case before[i].Claimed:
-			fmt.Fprintf(stdout, "%s: forgot the claim of %s\n", id, before[i].At.UTC().Format(time.RFC3339))
-		default:
-			fmt.Fprintf(stdout, "%s: was not claimed\n", id)
+	return withStore(ctx, raw, func(s *admin.Store) error {
+		// What was there, to report each id; the count Forget returns is
+		// what was removed.
+		before, err := s.Lookup(ctx, *f.consumer, ids)
+		if errors.Is(err, errors.ErrUnsupported) {
+			before, err = nil, nil
 		}
-	}
-	fmt.Fprintf(stdout, "forgot %d claims of consumer %s in %s on %s\n", n, *consumer, s.Table(), redact.URL(raw))
-	return nil
+		if err != nil {
+			return err
+		}
+		n, err := s.Forget(ctx, *f.consumer, ids)
+		if err != nil {
+			return err
+		}
+		for i, id := range ids {
+			switch {
+			case before == nil:
+				fmt.Fprintf(stdout, "%s: forgotten if it was claimed\n", id)
+			case before[i].Claimed:
+				fmt.Fprintf(stdout, "%s: forgot the claim of %s\n", id, before[i].At.UTC().Format(time.RFC3339))
+			default:
+				fmt.Fprintf(stdout, "%s: was not claimed\n", id)
+			}
+		}
+		fmt.Fprintf(stdout, "forgot %d claims of consumer %s in %s on %s\n", n, *f.consumer, s.Table(), redact.URL(raw))
+		return nil
+	})
 }

@@ -1,13 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/idemq/idemq/admin"
@@ -142,8 +142,6 @@ func (o *openedOutbox) where() string {
 	return fmt.Sprintf("outbox table %s on %s", o.Table(), redact.URL(o.url))
 }
 
-func (o *openedOutbox) close() { o.Close() }
-
 // openOutbox opens the outbox table at raw: postgres://, postgresql://,
 // mysql:// or sqlite://path, with ?table= or table (the --table flag)
 // naming it.
@@ -160,11 +158,22 @@ func openOutbox(ctx context.Context, raw, table string) (*openedOutbox, error) {
 	return &openedOutbox{OutboxTable: t, url: raw}, nil
 }
 
+// useTable opens the outbox table at raw that the flags name, runs use on
+// it and closes it.
+func (f *outboxFlags) useTable(ctx context.Context, raw string, use func(o *openedOutbox) error) error {
+	o, err := openOutbox(ctx, raw, *f.table)
+	if err != nil {
+		return err
+	}
+	defer o.Close()
+	return outboxError(use(o), raw)
+}
+
 // outboxError is err of a query on the outbox table at raw, without its
 // credentials; a table that predates parking gets a hint.
 func outboxError(err error, raw string) error {
 	err = hideSecrets(err, raw)
-	if strings.Contains(err.Error(), "parked_at") {
+	if err != nil && strings.Contains(err.Error(), "parked_at") {
 		return fmt.Errorf("%w (a table created before rows could be parked gets its parked_at and last_error columns from the outbox's Migrate, which a relay's service runs)", err)
 	}
 	return err
@@ -243,43 +252,35 @@ func runOutboxList(ctx context.Context, args []string, stdout, _ io.Writer) erro
 	if *limit < 0 {
 		return cli.Usagef("--limit %d: must not be negative", *limit)
 	}
-	o, err := openOutbox(ctx, raw, *f.table)
-	if err != nil {
-		return err
-	}
-	defer o.close()
-	filter.Limit = *limit
-	rows, err := o.Parked(ctx, filter)
-	if err != nil {
-		return outboxError(err, raw)
-	}
-	if *asJSON {
-		out := make([]parkedRowJSON, len(rows))
-		for i, r := range rows {
-			out[i] = parkedRowJSON{Row: r.Seq, ID: r.ID, Key: r.Key, Destination: r.Destination, Attempts: r.Attempts,
-				CreatedAt: r.CreatedAt.UTC().Format(time.RFC3339Nano), ParkedAt: r.ParkedAt.UTC().Format(time.RFC3339Nano),
-				BodyBytes: r.BodySize, Cause: r.Cause}
+	return f.useTable(ctx, raw, func(o *openedOutbox) error {
+		filter.Limit = *limit
+		rows, err := o.Parked(ctx, filter)
+		if err != nil {
+			return err
 		}
-		return writeJSON(stdout, out)
-	}
-	fmt.Fprintf(stdout, "%s: %d parked rows shown\n", o.where(), len(rows))
-	if *limit > 0 && len(rows) == *limit {
-		fmt.Fprintf(stdout, "(the first %d; --limit 0 shows all)\n", *limit)
-	}
-	if len(rows) == 0 {
-		return nil
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ROW\tID\tKEY\tDESTINATION\tATTEMPTS\tPARKED AT\tBYTES\tCAUSE")
-	for _, r := range rows {
-		key := r.Key
-		if key == "" {
-			key = "-"
+		if *asJSON {
+			out := make([]parkedRowJSON, len(rows))
+			for i, r := range rows {
+				out[i] = parkedRowJSON{Row: r.Seq, ID: r.ID, Key: r.Key, Destination: r.Destination, Attempts: r.Attempts,
+					CreatedAt: r.CreatedAt.UTC().Format(time.RFC3339Nano), ParkedAt: r.ParkedAt.UTC().Format(time.RFC3339Nano),
+					BodyBytes: r.BodySize, Cause: r.Cause}
+			}
+			return writeJSON(stdout, out)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.Seq, r.ID, key, r.Destination, r.Attempts,
-			r.ParkedAt.UTC().Format(time.RFC3339), r.BodySize, shorten(r.Cause, 100))
-	}
-	return tw.Flush()
+		fmt.Fprintf(stdout, "%s: %d parked rows shown\n", o.where(), len(rows))
+		if *limit > 0 && len(rows) == *limit {
+			fmt.Fprintf(stdout, "(the first %d; --limit 0 shows all)\n", *limit)
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		tw := newTable(stdout, "ROW\tID\tKEY\tDESTINATION\tATTEMPTS\tPARKED AT\tBYTES\tCAUSE")
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.Seq, r.ID, cmp.Or(r.Key, "-"), r.Destination, r.Attempts,
+				r.ParkedAt.UTC().Format(time.RFC3339), r.BodySize, shorten(r.Cause, 100))
+		}
+		return tw.Flush()
+	})
 }
 
 // shorten puts s on one line of at most n runes.
@@ -308,33 +309,30 @@ func runOutboxRedrive(ctx context.Context, args []string, stdout, _ io.Writer) e
 	if err != nil {
 		return err
 	}
-	o, err := openOutbox(ctx, raw, *f.table)
-	if err != nil {
-		return err
-	}
-	defer o.close()
-	if *dry {
-		rows, err := o.Parked(ctx, filter)
+	return f.useTable(ctx, raw, func(o *openedOutbox) error {
+		if *dry {
+			rows, err := o.Parked(ctx, filter)
+			if err != nil {
+				return err
+			}
+			seqs := make([]string, len(rows))
+			for i, r := range rows {
+				seqs[i] = strconv.FormatInt(r.Seq, 10)
+			}
+			fmt.Fprintf(stdout, "would redrive %d of %s in %s", len(rows), describe(filter), o.where())
+			if len(rows) > 0 {
+				fmt.Fprintf(stdout, ": %s", listIDs(seqs, 20))
+			}
+			fmt.Fprintln(stdout, " (dry run: nothing changed)")
+			return nil
+		}
+		n, err := o.Redrive(ctx, filter)
 		if err != nil {
-			return outboxError(err, raw)
+			return err
 		}
-		seqs := make([]string, len(rows))
-		for i, r := range rows {
-			seqs[i] = strconv.FormatInt(r.Seq, 10)
-		}
-		fmt.Fprintf(stdout, "would redrive %d of %s in %s", len(rows), describe(filter), o.where())
-		if len(rows) > 0 {
-			fmt.Fprintf(stdout, ": %s", listIDs(seqs, 20))
-		}
-		fmt.Fprintln(stdout, " (dry run: nothing changed)")
+		fmt.Fprintf(stdout, "redrove %d of %s in %s: they are pending again\n", n, describe(filter), o.where())
 		return nil
-	}
-	n, err := o.Redrive(ctx, filter)
-	if err != nil {
-		return outboxError(err, raw)
-	}
-	fmt.Fprintf(stdout, "redrove %d of %s in %s: they are pending again\n", n, describe(filter), o.where())
-	return nil
+	})
 }
 
 const outboxPurgeUsage = `Usage: idemq outbox purge --store URL (--id ROW… | --all [--key KEY] [--cause TEXT] [--older-than D] [--newer-than D]) --yes
@@ -355,17 +353,14 @@ func runOutboxPurge(ctx context.Context, args []string, stdout, _ io.Writer) err
 	if !*yes {
 		return cli.Usagef("would delete %s on %s, so their messages are never published: pass --yes to do it", describe(filter), redact.URL(raw))
 	}
-	o, err := openOutbox(ctx, raw, *f.table)
-	if err != nil {
-		return err
-	}
-	defer o.close()
-	n, err := o.Purge(ctx, filter)
-	if err != nil {
-		return outboxError(err, raw)
-	}
-	fmt.Fprintf(stdout, "purged %d of %s in %s\n", n, describe(filter), o.where())
-	return nil
+	return f.useTable(ctx, raw, func(o *openedOutbox) error {
+		n, err := o.Purge(ctx, filter)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "purged %d of %s in %s\n", n, describe(filter), o.where())
+		return nil
+	})
 }
 
 const outboxStatsUsage = `Usage: idemq outbox stats --store URL [--json]
@@ -392,24 +387,20 @@ func runOutboxStats(ctx context.Context, args []string, stdout, _ io.Writer) err
 	if err != nil {
 		return err
 	}
-	o, err := openOutbox(ctx, raw, *f.table)
-	if err != nil {
-		return err
-	}
-	defer o.close()
-	st, err := o.Stats(ctx)
-	if err != nil {
-		return outboxError(err, raw)
-	}
-	if *asJSON {
-		return writeJSON(stdout, statsJSON{Store: redact.URL(raw), Table: o.Table(), Pending: st.Pending,
-			OldestPendingSeconds: st.OldestPending.Seconds(), Parked: st.Parked, HeldKeys: st.HeldKeys, HeldRows: st.HeldRows})
-	}
-	fmt.Fprintf(stdout, "%s\n", o.where())
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
-	fmt.Fprintf(tw, "oldest pending\t%s\n", age(st.OldestPending))
-	fmt.Fprintf(tw, "parked\t%d\n", st.Parked)
-	fmt.Fprintf(tw, "keys held back\t%d (%d pending rows behind parked rows)\n", st.HeldKeys, st.HeldRows)
-	return tw.Flush()
+	return f.useTable(ctx, raw, func(o *openedOutbox) error {
+		st, err := o.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return writeJSON(stdout, statsJSON{Store: redact.URL(raw), Table: o.Table(), Pending: st.Pending,
+				OldestPendingSeconds: st.OldestPending.Seconds(), Parked: st.Parked, HeldKeys: st.HeldKeys, HeldRows: st.HeldRows})
+		}
+		tw := newTable(stdout, o.where())
+		fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
+		fmt.Fprintf(tw, "oldest pending\t%s\n", age(st.OldestPending))
+		fmt.Fprintf(tw, "parked\t%d\n", st.Parked)
+		fmt.Fprintf(tw, "keys held back\t%d (%d pending rows behind parked rows)\n", st.HeldKeys, st.HeldRows)
+		return tw.Flush()
+	})
 }

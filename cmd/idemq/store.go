@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,11 +31,25 @@ import (
 	_ "github.com/idemq/idemq/stores/sqlite"
 )
 
-// openStore opens the store registered for rawURL's scheme. Stores of
-// either transaction type are accepted: operator commands never run a
-// handler.
-func openStore(ctx context.Context, rawURL string) (*admin.Store, error) {
-	return admin.OpenStore(ctx, rawURL)
+// withStore opens the store registered for rawURL's scheme, runs use on
+// it and closes it. Stores of either transaction type are accepted:
+// operator commands never run a handler.
+func withStore(ctx context.Context, rawURL string, use func(s *admin.Store) error) error {
+	s, err := admin.OpenStore(ctx, rawURL)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return use(s)
+}
+
+// newTable returns a writer of a table on stdout, its tab-separated cells
+// aligned in columns, with head, its first line (the column names, or a
+// title without tabs), written; Flush ends the table.
+func newTable(stdout io.Writer, head string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, head)
+	return tw
 }
 
 // parseStore parses a command's args and returns its --store URL.
@@ -68,16 +81,13 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	s, err := openStore(ctx, raw)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	if err := s.Migrate(ctx); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "dedup table %s is ready on %s\n", s.Table(), redact.URL(raw))
-	return nil
+	return withStore(ctx, raw, func(s *admin.Store) error {
+		if err := s.Migrate(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "dedup table %s is ready on %s\n", s.Table(), redact.URL(raw))
+		return nil
+	})
 }
 
 const pruneUsage = `Usage: idemq prune --store URL --older-than 168h [--batch 1000]
@@ -112,46 +122,43 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case *pause < 0:
 		return cli.Usagef("--pause %v: must not be negative", *pause)
 	}
-	s, err := openStore(ctx, raw)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	if r, ok := s.Retention(); ok && !*force && *olderThan < r {
-		return cli.Usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r)
-	}
-	before := time.Now().Add(-*olderThan)
-	var bar *progressbar.ProgressBar
-	if *progress {
-		bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("pruning "+s.Table()),
-			progressbar.OptionShowCount(), progressbar.OptionSetItsString("claims"), progressbar.OptionShowIts(), progressbar.OptionClearOnFinish())
-	}
-	start := time.Now()
-	total, batches := 0, 0
-	// Duty 1 with --pause: an operator's prune goes back to back unless
-	// told to spare the database.
-	_, err = s.Prune(ctx, before, admin.PruneOptions{Batch: *batch, Duty: 1, Pause: *pause, Progress: func(n int) {
-		total += n
-		batches++
-		if bar != nil {
-			bar.Add(n)
-		} else {
-			fmt.Fprintf(stderr, "batch %d: pruned %d (total %d)\n", batches, n, total)
+	return withStore(ctx, raw, func(s *admin.Store) error {
+		if r, ok := s.Retention(); ok && !*force && *olderThan < r {
+			return cli.Usagef("--older-than %v is shorter than the store's retention %v: a message redelivered after its claim is pruned would be applied twice (lower ?retention= on the URL, or pass --force)", *olderThan, r)
 		}
-	}})
-	switch {
-	case ctx.Err() != nil:
-		fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.Table(), batches)
-		return errors.New("interrupted")
-	case err != nil:
-		return fmt.Errorf("after pruning %d claims: %w", total, err)
-	}
-	if bar != nil {
-		bar.Finish()
-	}
-	fmt.Fprintf(stdout, "pruned %d claims recorded before %s from %s in %d batches (%v)\n",
-		total, before.UTC().Format(time.RFC3339), s.Table(), batches, time.Since(start).Round(time.Millisecond))
-	return nil
+		before := time.Now().Add(-*olderThan)
+		var bar *progressbar.ProgressBar
+		if *progress {
+			bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("pruning "+s.Table()),
+				progressbar.OptionShowCount(), progressbar.OptionSetItsString("claims"), progressbar.OptionShowIts(), progressbar.OptionClearOnFinish())
+		}
+		start := time.Now()
+		total, batches := 0, 0
+		// Duty 1 with --pause: an operator's prune goes back to back unless
+		// told to spare the database.
+		_, err := s.Prune(ctx, before, admin.PruneOptions{Batch: *batch, Duty: 1, Pause: *pause, Progress: func(n int) {
+			total += n
+			batches++
+			if bar != nil {
+				bar.Add(n)
+			} else {
+				fmt.Fprintf(stderr, "batch %d: pruned %d (total %d)\n", batches, n, total)
+			}
+		}})
+		switch {
+		case ctx.Err() != nil:
+			fmt.Fprintf(stdout, "interrupted: pruned %d claims from %s in %d batches\n", total, s.Table(), batches)
+			return errors.New("interrupted")
+		case err != nil:
+			return fmt.Errorf("after pruning %d claims: %w", total, err)
+		}
+		if bar != nil {
+			bar.Finish()
+		}
+		fmt.Fprintf(stdout, "pruned %d claims recorded before %s from %s in %d batches (%v)\n",
+			total, before.UTC().Format(time.RFC3339), s.Table(), batches, time.Since(start).Round(time.Millisecond))
+		return nil
+	})
 }
 
 const statsUsage = `Usage: idemq stats --store URL [--broker [CONSUMER=]URL ...] [--json]
@@ -196,81 +203,75 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		brokers = append(brokers, b)
 	}
-	s, err := openStore(ctx, raw)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	st, err := s.Stats(ctx)
-	if err != nil {
-		return err
-	}
-	var hzs []*horizonCheck
-	for _, b := range brokers {
-		hz, err := checkHorizon(ctx, s, b.url)
+	return withStore(ctx, raw, func(s *admin.Store) error {
+		st, err := s.Stats(ctx)
 		if err != nil {
 			return err
 		}
-		hz.Consumer = b.consumer
-		hzs = append(hzs, hz)
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			Store string
-			admin.TableStats
-			Horizons []*horizonCheck `json:",omitempty"`
-		}{redact.URL(raw), st, hzs})
-	}
-	size := "unknown"
-	if st.SizeBytes > 0 {
-		size = formatBytes(st.SizeBytes)
-	}
-	fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, redact.URL(raw), st.Rows, size)
-	for _, hz := range hzs {
-		if hz.Consumer != "" && !slices.ContainsFunc(st.Consumers, func(c admin.ConsumerStats) bool { return c.Consumer == hz.Consumer }) {
-			fmt.Fprintf(stdout, "%s (no claims yet)\n", hz)
-			continue
+		var hzs []*horizonCheck
+		for _, b := range brokers {
+			hz, err := checkHorizon(ctx, s, b.url)
+			if err != nil {
+				return err
+			}
+			hz.Consumer = b.consumer
+			hzs = append(hzs, hz)
 		}
-		fmt.Fprintln(stdout, hz)
-	}
-	if len(st.Consumers) == 0 {
-		fmt.Fprintln(stdout, "no claims")
-		return nil
-	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	named := map[string]*horizonCheck{}
-	for _, hz := range hzs {
-		if hz.Consumer != "" {
-			named[hz.Consumer] = hz
+		if *asJSON {
+			return writeJSON(stdout, struct {
+				Store string
+				admin.TableStats
+				Horizons []*horizonCheck `json:",omitempty"`
+			}{redact.URL(raw), st, hzs})
 		}
-	}
-	leased := slices.ContainsFunc(st.Consumers, func(c admin.ConsumerStats) bool { return c.Leases > 0 })
-	head := "CONSUMER\tCLAIMS\tOLDEST\tAGE\tNEWEST"
-	if leased {
-		head += "\tIN PROGRESS"
-	}
-	if len(named) > 0 {
-		head += "\tHORIZON"
-	}
-	fmt.Fprintln(tw, head)
-	for _, c := range st.Consumers {
-		oldest, ago, newest := "-", "-", "-"
-		if !c.Oldest.IsZero() {
-			oldest, ago, newest = c.Oldest.UTC().Format(time.RFC3339), age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339)
+		size := "unknown"
+		if st.SizeBytes > 0 {
+			size = formatBytes(st.SizeBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", c.Consumer, c.Rows, oldest, ago, newest)
+		fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, redact.URL(raw), st.Rows, size)
+		for _, hz := range hzs {
+			if hz.Consumer != "" && !slices.ContainsFunc(st.Consumers, func(c admin.ConsumerStats) bool { return c.Consumer == hz.Consumer }) {
+				fmt.Fprintf(stdout, "%s (no claims yet)\n", hz)
+				continue
+			}
+			fmt.Fprintln(stdout, hz)
+		}
+		if len(st.Consumers) == 0 {
+			fmt.Fprintln(stdout, "no claims")
+			return nil
+		}
+		now := time.Now()
+		named := map[string]*horizonCheck{}
+		for _, hz := range hzs {
+			if hz.Consumer != "" {
+				named[hz.Consumer] = hz
+			}
+		}
+		leased := slices.ContainsFunc(st.Consumers, func(c admin.ConsumerStats) bool { return c.Leases > 0 })
+		head := "CONSUMER\tCLAIMS\tOLDEST\tAGE\tNEWEST"
 		if leased {
-			fmt.Fprintf(tw, "\t%d (%d expired)", c.Leases, c.ExpiredLeases)
+			head += "\tIN PROGRESS"
 		}
 		if len(named) > 0 {
-			fmt.Fprintf(tw, "\t%s", named[c.Consumer].cell())
+			head += "\tHORIZON"
 		}
-		fmt.Fprintln(tw)
-	}
-	return tw.Flush()
+		tw := newTable(stdout, head)
+		for _, c := range st.Consumers {
+			oldest, ago, newest := "-", "-", "-"
+			if !c.Oldest.IsZero() {
+				oldest, ago, newest = c.Oldest.UTC().Format(time.RFC3339), age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", c.Consumer, c.Rows, oldest, ago, newest)
+			if leased {
+				fmt.Fprintf(tw, "\t%d (%d expired)", c.Leases, c.ExpiredLeases)
+			}
+			if len(named) > 0 {
+				fmt.Fprintf(tw, "\t%s", named[c.Consumer].cell())
+			}
+			fmt.Fprintln(tw)
+		}
+		return tw.Flush()
+	})
 }
 
 // brokerArg is one --broker: a source URL, and the consumer reading it
