@@ -8,6 +8,9 @@ package deadletter
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -39,12 +42,47 @@ type Store[R any] interface {
 	Close() error
 }
 
-// Queue is the admin.DeadLetterQueue over a Store. Adapters embed it in
-// their exported DeadLetters type.
-type Queue[R any] struct{ s Store[R] }
+// BatchStore is a dead-letter queue that hands out and deletes parked
+// copies several at a time (SQS: a receive brings up to ten, and
+// DeleteMessageBatch deletes ten), as Queue needs it: Redrive and Purge
+// then delete each batch's chosen copies in one request.
+type BatchStore[R any] interface {
+	// Name, Republish and Close are as a Store's.
+	Name() string
+	Republish(ctx context.Context, ref R, p *admin.Parked) error
+	Close() error
+	// EachBatch is Store.Each a batch at a time: fn gets copies the store
+	// holds until fn returns, for Republish and RemoveBatch.
+	EachBatch(ctx context.Context, fn func(refs []R, ps []*admin.Parked) error) error
+	// RemoveBatch deletes refs, some of one batch EachBatch gave, and
+	// returns one error per ref: nil where the copy was deleted.
+	RemoveBatch(ctx context.Context, refs []R) []error
+}
+
+// Queue is the admin.DeadLetterQueue over a Store or a BatchStore.
+// Adapters embed it in their exported DeadLetters type.
+type Queue[R any] struct{ s BatchStore[R] }
 
 // New returns the Queue over s.
-func New[R any](s Store[R]) *Queue[R] { return &Queue[R]{s} }
+func New[R any](s Store[R]) *Queue[R] { return &Queue[R]{oneByOne[R]{s}} }
+
+// NewBatched returns the Queue over s.
+func NewBatched[R any](s BatchStore[R]) *Queue[R] { return &Queue[R]{s} }
+
+// oneByOne is a Store as a BatchStore of batches of one.
+type oneByOne[R any] struct{ Store[R] }
+
+func (o oneByOne[R]) EachBatch(ctx context.Context, fn func([]R, []*admin.Parked) error) error {
+	return o.Each(ctx, func(ref R, p *admin.Parked) error { return fn([]R{ref}, []*admin.Parked{p}) })
+}
+
+func (o oneByOne[R]) RemoveBatch(ctx context.Context, refs []R) []error {
+	errs := make([]error, len(refs))
+	for i, ref := range refs {
+		errs[i] = o.Remove(ctx, ref)
+	}
+	return errs
+}
 
 var _ admin.DeadLetterQueue = (*Queue[int])(nil)
 
@@ -56,52 +94,88 @@ func (q *Queue[R]) Close() error { return q.s.Close() }
 
 // Scan implements admin.DeadLetterQueue.
 func (q *Queue[R]) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
-	return q.s.Each(ctx, func(_ R, p *admin.Parked) error { return fn(p) })
+	return q.s.EachBatch(ctx, func(_ []R, ps []*admin.Parked) error {
+		for _, p := range ps {
+			if err := fn(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // Redrive implements admin.DeadLetterQueue: each copy sel chooses is
-// republished without the bookkeeping headers, then removed; a copy with
-// no destination stops the call with an error naming it.
+// republished without the bookkeeping headers, then removed (a batch's
+// together); a copy with no destination stops the call with an error
+// naming it.
 func (q *Queue[R]) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
 	done := 0
-	err := q.s.Each(ctx, func(ref R, p *admin.Parked) error {
-		if sel != nil && !sel(p) {
-			return nil
+	err := q.s.EachBatch(ctx, func(refs []R, ps []*admin.Parked) error {
+		var sent []R
+		var sentPs []*admin.Parked
+		var stop error
+		for i, p := range ps {
+			if sel != nil && !sel(p) {
+				continue
+			}
+			if p.Destination == "" {
+				stop = fmt.Errorf("dead letter %s (ref %s) in %s has no %s to redrive it to", name(p), p.Ref, q.s.Name(), driver.DestinationHeader)
+				break
+			}
+			c := *p
+			c.Headers = Strip(p.Headers)
+			if err := q.s.Republish(ctx, refs[i], &c); err != nil {
+				stop = fmt.Errorf("redriving dead letter %s (ref %s) to %s: %w", name(p), p.Ref, p.Destination, err)
+				break
+			}
+			sent, sentPs = append(sent, refs[i]), append(sentPs, p)
 		}
-		if p.Destination == "" {
-			return fmt.Errorf("dead letter %s (ref %s) in %s has no %s to redrive it to", name(p), p.Ref, q.s.Name(), driver.DestinationHeader)
-		}
-		c := *p
-		c.Headers = Strip(p.Headers)
-		if err := q.s.Republish(ctx, ref, &c); err != nil {
-			return fmt.Errorf("redriving dead letter %s (ref %s) to %s: %w", name(p), p.Ref, p.Destination, err)
-		}
-		if err := q.s.Remove(ctx, ref); err != nil {
+		// What was republished is removed even when a later copy stopped
+		// the call.
+		return errors.Join(q.remove(ctx, sent, sentPs, &done, progress, func(p *admin.Parked, err error) error {
 			return fmt.Errorf("dead letter %s (ref %s) redriven to %s, but removing it from %s failed: %w", name(p), p.Ref, p.Destination, q.s.Name(), err)
-		}
-		done++
-		if progress != nil {
-			progress(done)
-		}
-		return nil
+		}), stop)
 	})
 	return done, err
 }
 
-// Purge implements admin.DeadLetterQueue.
+// Purge implements admin.DeadLetterQueue: it removes each copy sel
+// chooses, a batch's together.
 func (q *Queue[R]) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
 	done := 0
-	err := q.s.Each(ctx, func(ref R, p *admin.Parked) error {
-		if sel != nil && !sel(p) {
-			return nil
+	err := q.s.EachBatch(ctx, func(refs []R, ps []*admin.Parked) error {
+		var chosen []R
+		var chosenPs []*admin.Parked
+		for i, p := range ps {
+			if sel == nil || sel(p) {
+				chosen, chosenPs = append(chosen, refs[i]), append(chosenPs, p)
+			}
 		}
-		if err := q.s.Remove(ctx, ref); err != nil {
+		return q.remove(ctx, chosen, chosenPs, &done, nil, func(p *admin.Parked, err error) error {
 			return fmt.Errorf("purging dead letter %s (ref %s) from %s: %w", name(p), p.Ref, q.s.Name(), err)
-		}
-		done++
-		return nil
+		})
 	})
 	return done, err
+}
+
+// remove deletes refs (ps are their copies), counting each deletion in
+// done and reporting it to progress; failed words the error of a copy not
+// deleted.
+func (q *Queue[R]) remove(ctx context.Context, refs []R, ps []*admin.Parked, done *int, progress func(int), failed func(*admin.Parked, error) error) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	var errs []error
+	for i, err := range q.s.RemoveBatch(ctx, refs) {
+		if err != nil {
+			errs = append(errs, failed(ps[i], err))
+			continue
+		}
+		if *done++; progress != nil {
+			progress(*done)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func name(p *admin.Parked) string {
@@ -186,4 +260,28 @@ func Read(p *admin.Parked) {
 	if t, err := time.Parse(time.RFC3339Nano, h[driver.ParkedAtHeader]); err == nil && (p.ParkedAt.IsZero() || t.Before(p.ParkedAt)) {
 		p.ParkedAt = t
 	}
+}
+
+// Refs gives parked copies a Ref from their content, for a broker that
+// gives a message no lasting id (AMQP's basic.get hands out a delivery tag
+// that dies with its channel): the same copy gets the same Ref in every
+// call while it stays parked, and identical copies after the first get
+// "~2", "~3", … in the order a call meets them. Each makes one per call.
+type Refs map[string]int
+
+// Of returns the Ref of a copy made of fields (its properties, headers and
+// body, in an order the adapter keeps): 16 hex digits of a SHA-256 over
+// the fields, each after its length, so that no two lists of fields
+// collide by their joints.
+func (r Refs) Of(fields ...string) string {
+	h := sha256.New()
+	for _, f := range fields {
+		fmt.Fprintf(h, "%d:%s", len(f), f)
+	}
+	ref := hex.EncodeToString(h.Sum(nil)[:8])
+	r[ref]++
+	if n := r[ref]; n > 1 {
+		ref += "~" + strconv.Itoa(n)
+	}
+	return ref
 }

@@ -165,3 +165,91 @@ func TestCauseIsOneLine(t *testing.T) {
 		}
 	}
 }
+
+func TestRefsNameCopiesByContent(t *testing.T) {
+	first, again := deadletter.Refs{}, deadletter.Refs{}
+	a := first.Of("id-1", "body")
+	if len(a) != 16 || strings.Contains(a, "~") {
+		t.Fatalf("Ref %q, want 16 hex digits", a)
+	}
+	if b := again.Of("id-1", "body"); b != a {
+		t.Errorf("the same copy in another call: %q, want %q", b, a)
+	}
+	if b := first.Of("id-1", "body"); b != a+"~2" {
+		t.Errorf("an identical copy in the same call: %q, want %q~2", b, a)
+	}
+	if b := first.Of("id-1", "bod", "y"); b == a || strings.HasPrefix(b, a) {
+		t.Errorf("other fields with the same bytes got %q, like %q", b, a)
+	}
+	if x, y := first.Of("ab", "c"), first.Of("a", "bc"); x == y {
+		t.Errorf("fields moved across a joint collide: %q", x)
+	}
+}
+
+// batchShelf is a shelf as a BatchStore: it hands out copies two at a
+// time and records the batches it removes.
+type batchShelf struct {
+	*shelf
+	removed [][]int
+}
+
+func (s *batchShelf) EachBatch(ctx context.Context, fn func(refs []int, ps []*admin.Parked) error) error {
+	var refs []int
+	var ps []*admin.Parked
+	err := s.Each(ctx, func(ref int, p *admin.Parked) error {
+		if refs, ps = append(refs, ref), append(ps, p); len(refs) < 2 {
+			return nil
+		}
+		err := fn(refs, ps)
+		refs, ps = nil, nil
+		return err
+	})
+	if err == nil && len(refs) > 0 {
+		err = fn(refs, ps)
+	}
+	return err
+}
+
+func (s *batchShelf) RemoveBatch(ctx context.Context, refs []int) []error {
+	s.removed = append(s.removed, slices.Clone(refs))
+	errs := make([]error, len(refs))
+	for i, ref := range refs {
+		errs[i] = s.Remove(ctx, ref)
+	}
+	return errs
+}
+
+// TestBatches: Purge and Redrive remove each batch's chosen copies in one
+// RemoveBatch call.
+func TestBatches(t *testing.T) {
+	ctx := context.Background()
+	s := &batchShelf{shelf: newShelf()}
+	s.failRemove = "3"
+	n, err := deadletter.NewBatched[int](s).Purge(ctx, func(p *admin.Parked) bool { return p.Ref != "2" })
+	if n != 2 || err == nil || !strings.Contains(err.Error(), `purging dead letter "c" (ref 3) from orders.dlq: gone away`) {
+		t.Fatalf("Purge = %d, %v", n, err)
+	}
+	// The chosen copies of each batch in one call; the error in the
+	// second batch stops the walk after that batch.
+	if !slices.EqualFunc(s.removed, [][]int{{0}, {2, 3}}, slices.Equal) || !slices.Equal(s.refs(), []string{"2", "3"}) {
+		t.Fatalf("removed %v, left %v", s.removed, s.refs())
+	}
+	s.failRemove, s.removed = "", nil
+	if n, err = deadletter.NewBatched[int](s).Purge(ctx, nil); n != 2 || err != nil || !slices.EqualFunc(s.removed, [][]int{{1, 2}}, slices.Equal) || len(s.refs()) != 0 {
+		t.Fatalf("Purge = %d, %v; removed %v, left %v", n, err, s.removed, s.refs())
+	}
+	s.shelf, s.removed = newShelf(), nil
+	var progress []int
+	n, err = deadletter.NewBatched[int](s).Redrive(ctx, func(p *admin.Parked) bool { return p.Ref != "1" }, func(d int) { progress = append(progress, d) })
+	if n != 3 || err != nil || !slices.EqualFunc(s.removed, [][]int{{1}, {2, 3}}, slices.Equal) || !slices.Equal(progress, []int{1, 2, 3}) || len(s.published) != 3 {
+		t.Fatalf("Redrive = %d, %v; removed %v, progress %v, published %d", n, err, s.removed, progress, len(s.published))
+	}
+	// A failed publish stops the call, but what its batch published before
+	// is removed.
+	s.shelf, s.removed = newShelf(), nil
+	s.failPub = "2"
+	n, err = deadletter.NewBatched[int](s).Redrive(ctx, nil, nil)
+	if n != 1 || err == nil || !strings.Contains(err.Error(), `redriving dead letter "b" (ref 2)`) || !slices.EqualFunc(s.removed, [][]int{{0}}, slices.Equal) {
+		t.Fatalf("Redrive = %d, %v; removed %v", n, err, s.removed)
+	}
+}
