@@ -3,8 +3,6 @@ package rabbitmq
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -18,6 +16,7 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
+	"github.com/idemq/idemq/core/driver/hostlist"
 	"github.com/idemq/idemq/internal/retry"
 )
 
@@ -46,13 +45,10 @@ type DeadLetters struct {
 // dlqStore is the dead-letter queue as deadletter.Queue reads and changes
 // it: Republish and Remove act on the copy Each holds.
 type dlqStore struct {
-	dialer
+	link
 	cfg  config
-	conn *amqp.Connection
-
-	ch      *amqp.Channel // the current call's, in confirm mode
-	returns chan amqp.Return
-	kept    int // copies the current call took and did not ack
+	ch   confirmCh // the current call's
+	kept int       // copies the current call took and did not ack
 }
 
 // OpenDeadLetters connects to the broker at addr, the Source's URL and
@@ -66,7 +62,7 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 	if err != nil {
 		return nil, err
 	}
-	q := &dlqStore{dialer: newDialer(ns, cfg.connConfig), cfg: cfg}
+	q := &dlqStore{link: link{dialer: hostlist.NewDialer(ns, cfg.open)}, cfg: cfg}
 	if err := q.connect(ctx); err != nil {
 		return nil, err
 	}
@@ -86,30 +82,6 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 // Name implements deadletter.Store.
 func (q *dlqStore) Name() string { return q.cfg.deadLetterQueue }
 
-// Close implements deadletter.Store.
-func (q *dlqStore) Close() error {
-	if q.conn == nil {
-		return nil
-	}
-	err := q.conn.Close()
-	q.conn = nil
-	return ignoreClosed(err)
-}
-
-// connect (re)connects, when there is no open connection, to one of the
-// nodes, from the one after the last reached.
-func (q *dlqStore) connect(ctx context.Context) error {
-	if q.conn != nil && !q.conn.IsClosed() {
-		return nil
-	}
-	conn, err := q.dial(ctx)
-	if err != nil {
-		return fmt.Errorf("rabbitmq: connect: %w", err)
-	}
-	q.conn = conn
-	return nil
-}
-
 // Republish implements deadletter.Store: d's properties, typed headers and
 // body, without the bookkeeping of its delivery, dead-lettering and
 // retries, confirmed.
@@ -120,7 +92,7 @@ func (q *dlqStore) Republish(ctx context.Context, d *amqp.Delivery, p *admin.Par
 			delete(pub.Headers, k)
 		}
 	}
-	_, err := publishConfirmed(ctx, q.ch, q.returns, p.Destination, pub)
+	_, err := q.ch.publish(ctx, "", p.Destination, true, pub)
 	return err
 }
 
@@ -144,11 +116,11 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Park
 	if err := q.connect(ctx); err != nil {
 		return err
 	}
-	ch, returns, err := confirmChannel(q.conn, 4)
+	ch, err := openConfirm(q.conn, 4)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
-	q.ch, q.returns, q.kept = ch, returns, 0
+	q.ch, q.kept = ch, 0
 	defer func() {
 		// Closing the channel returns the unacked messages; it also waits
 		// for the broker to have processed the acks sent before it.
@@ -161,7 +133,7 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Park
 	if err != nil {
 		return fmt.Errorf("rabbitmq: dead-letter queue %q: %w", q.Name(), err)
 	}
-	seen := make(map[string]int, st.Messages)
+	refs := make(deadletter.Refs, st.Messages)
 	for range st.Messages {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -174,7 +146,7 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Park
 			return nil // another client took the rest
 		}
 		q.kept++
-		if err := fn(&d, q.parked(&d, seen)); err != nil {
+		if err := fn(&d, q.parked(&d, refs)); err != nil {
 			return err
 		}
 	}
@@ -205,12 +177,12 @@ func (q *dlqStore) awaitReturned(ctx context.Context) {
 	}
 }
 
-// parked reads d as an operator sees it. seen counts the refs given so
-// far in this call, to tell identical copies apart.
-func (q *dlqStore) parked(d *amqp.Delivery, seen map[string]int) *admin.Parked {
+// parked reads d as an operator sees it; refs are the call's, to tell
+// identical copies apart.
+func (q *dlqStore) parked(d *amqp.Delivery, refs deadletter.Refs) *admin.Parked {
 	id, _ := messageID(q.cfg.idHeader, d)
 	key, _ := d.Headers[KeyHeader].(string)
-	p := &admin.Parked{ID: id, Key: key, Headers: renderHeaders(d.Headers), Body: d.Body, Ref: contentRef(d, seen)}
+	p := &admin.Parked{ID: id, Key: key, Headers: renderHeaders(d.Headers), Body: d.Body, Ref: contentRef(d, refs)}
 	if death, ok := lastDeath(d.Headers); ok && d.Headers[driver.CauseHeader] == nil {
 		// The broker dead-lettered it (DeadLetterReject, a delivery limit,
 		// a TTL): it records neither the cause nor the attempt.
@@ -264,34 +236,21 @@ func deathCause(death amqp.Table) string {
 }
 
 // contentRef identifies a parked copy by what it holds, so the same copy
-// gets the same Ref in every call while it stays parked: a digest of its
-// properties, headers (but x-delivery-count, which a quorum queue raises
-// each time a call returns it) and body, with "~2", "~3", … for identical
-// copies after the first in the queue.
-func contentRef(d *amqp.Delivery, seen map[string]int) string {
-	h := sha256.New()
-	field := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) }
-	field(d.MessageId)
-	field(d.CorrelationId)
-	field(d.Type)
-	field(strconv.FormatInt(d.Timestamp.UnixNano(), 10))
+// gets the same Ref in every call while it stays parked (see
+// deadletter.Refs): its properties, headers (but x-delivery-count, which a
+// quorum queue raises each time a call returns it) and body.
+func contentRef(d *amqp.Delivery, refs deadletter.Refs) string {
+	fields := []string{d.MessageId, d.CorrelationId, d.Type, strconv.FormatInt(d.Timestamp.UnixNano(), 10)}
 	rendered := renderHeaders(d.Headers)
 	delete(rendered, "x-delivery-count")
 	delete(rendered, "x-death") // holds times in the local zone; its newest time is below
 	if death, ok := lastDeath(d.Headers); ok {
 		if t, ok := death["time"].(time.Time); ok {
-			field(strconv.FormatInt(t.Unix(), 10))
+			fields = append(fields, strconv.FormatInt(t.Unix(), 10))
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(rendered)) {
-		field(k)
-		field(rendered[k])
+		fields = append(fields, k, rendered[k])
 	}
-	field(string(d.Body))
-	ref := hex.EncodeToString(h.Sum(nil)[:8])
-	seen[ref]++
-	if n := seen[ref]; n > 1 {
-		ref += "~" + strconv.Itoa(n)
-	}
-	return ref
+	return refs.Of(append(fields, string(d.Body))...)
 }

@@ -35,9 +35,8 @@ type session struct {
 	mu   sync.Mutex
 	live *unsettled.Set[uint64, struct{}] // unsettled tags (a delayed requeue's until its nack); closed by kill
 
-	pubMu      sync.Mutex // one republish at a time, so a basic.return is matched to it
-	pub        *amqp.Channel
-	pubReturns chan amqp.Return
+	pubMu sync.Mutex // one republish at a time, so a basic.return is matched to it
+	pub   confirmCh
 }
 
 // kill marks the session dead: from now on its deliveries refuse to settle.
@@ -64,8 +63,12 @@ func (s *session) take(e *unsettled.Entry[uint64, struct{}]) error {
 }
 
 // stale counts n stale settlements and returns their error, wrapping
-// err, the failure that revealed the closed channel, if any.
+// err, the failure that revealed the closed channel, if any. An err that
+// does not say the channel or connection closed is returned as it is.
 func (s *session) stale(n int, err error) error {
+	if err != nil && !errors.Is(err, amqp.ErrClosed) {
+		return err
+	}
 	s.src.stale.Add(int64(n))
 	if err != nil {
 		return driver.Stale(fmt.Errorf("%w: %w", errChannelClosed, err))
@@ -81,7 +84,10 @@ func (s *session) settle(e *unsettled.Entry[uint64, struct{}], op func(ch *amqp.
 	if err := s.take(e); err != nil {
 		return err
 	}
-	return s.staleIfClosed(op(s.ch), 1)
+	if err := op(s.ch); err != nil {
+		return s.stale(1, err)
+	}
+	return nil
 }
 
 // ackBatch acks ds (all of this session, claimed). See Source.AckBatch.
@@ -101,9 +107,9 @@ func (s *session) ackBatch(ds []*delivery) error {
 	slices.SortFunc(ds, func(a, b *delivery) int { return cmp.Compare(a.tag, b.tag) })
 	// The lowest tag still unsettled bounds the run a multiple ack may
 	// cover: it acknowledges every unacked tag up to its own.
-	limit := uint64(math.MaxUint64)
-	for _, e := range s.live.All() {
-		limit = min(limit, e.Key)
+	limit, ok := unsettled.Min(s.live)
+	if !ok {
+		limit = math.MaxUint64
 	}
 	run := 0
 	for run < len(ds) && ds[run].tag < limit {
@@ -128,22 +134,12 @@ func (s *session) ackBatch(ds []*delivery) error {
 
 // batchErr is the error of acking ds when the ack failed with err.
 func (s *session) batchErr(ds []*delivery, err error) error {
-	err = s.staleIfClosed(err, len(ds))
+	err = s.stale(len(ds), err)
 	errs := make([]error, len(ds))
 	for i, d := range ds {
 		errs[i] = d.wrap(err)
 	}
 	return errors.Join(errs...)
-}
-
-// staleIfClosed turns the error of an operation that found the channel or
-// connection closed into a stale settlement of n deliveries, and returns
-// any other error as it is.
-func (s *session) staleIfClosed(err error, n int) error {
-	if !errors.Is(err, amqp.ErrClosed) {
-		return err
-	}
-	return s.stale(n, err)
 }
 
 // publish sends one message on the session's confirm channel (mandatory)
@@ -156,62 +152,86 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 		return s.stale(1, nil)
 	default:
 	}
-	if s.pub == nil || s.pub.IsClosed() {
-		ch, returns, err := confirmChannel(s.conn, 4)
+	if s.pub.Channel == nil || s.pub.IsClosed() {
+		pub, err := openConfirm(s.conn, 4)
 		if err != nil {
 			// The connection is gone: so is the delivery's channel.
-			return s.staleIfClosed(err, 1)
+			return s.stale(1, err)
 		}
-		s.pub, s.pubReturns = ch, returns
+		s.pub = pub
 	}
-	reusable, err := publishConfirmed(ctx, s.pub, s.pubReturns, key, p)
+	reusable, err := s.pub.publish(ctx, "", key, true, p)
 	if !reusable {
-		// A late confirm or return would be matched to the next publish:
-		// start that one on a fresh channel.
 		s.pub.Close()
-		s.pub = nil
+		s.pub.Channel = nil
 	}
 	return err
 }
 
-// confirmChannel opens a channel on conn in confirm mode and returns it
-// with the channel, of n places, its basic.returns arrive on.
-func confirmChannel(conn *amqp.Connection, n int) (*amqp.Channel, chan amqp.Return, error) {
+// confirmCh is a channel in confirm mode and the channel its basic.returns
+// arrive on.
+type confirmCh struct {
+	*amqp.Channel
+	returns chan amqp.Return
+}
+
+// openConfirm opens a confirm channel on conn whose returns wait in n
+// places: at least as many as one publish call sends, since amqp091-go
+// drops a notification a listener does not take.
+func openConfirm(conn *amqp.Connection, n int) (confirmCh, error) {
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, nil, err
+		return confirmCh{}, err
 	}
 	if err := ch.Confirm(false); err != nil {
 		ch.Close()
-		return nil, nil, err
+		return confirmCh{}, err
 	}
-	return ch, ch.NotifyReturn(make(chan amqp.Return, n)), nil
+	return confirmCh{ch, ch.NotifyReturn(make(chan amqp.Return, n))}, nil
 }
 
-// publishConfirmed publishes p on ch, a confirm channel with nothing else
-// awaiting a confirm, to the default exchange with routing key key
-// (mandatory), and waits for its confirm; unroutable or nacked is an
-// error. reusable is false when the wait was cut short: a late confirm or
-// return of p could then be taken for the next publish's.
-func publishConfirmed(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, key string, p amqp.Publishing) (reusable bool, err error) {
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, p)
-	if err != nil {
-		return true, err
+// publish publishes ps to exchange with routing key key, nothing else
+// awaiting a confirm on c, and waits for their confirms. A returned
+// message fails the call, marked driver.Permanent for 312 NO_ROUTE (no
+// queue is bound for the key: it fails the same way until one is), and so
+// does a nack. reusable is false when the call was cut short: a late
+// confirm or return of ps could then be taken for the next call's, which
+// must start on a fresh channel.
+func (c confirmCh) publish(ctx context.Context, exchange, key string, mandatory bool, ps ...amqp.Publishing) (reusable bool, err error) {
+	confs := make([]*amqp.DeferredConfirmation, 0, len(ps))
+	for _, p := range ps {
+		conf, err := c.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, p)
+		if err != nil {
+			return false, fmt.Errorf("publish %q: %w", p.MessageId, err)
+		}
+		confs = append(confs, conf)
 	}
-	acked, err := conf.WaitContext(ctx)
-	if err != nil {
-		return false, err
+	nacked := 0
+	for _, conf := range confs {
+		acked, err := conf.WaitContext(ctx)
+		if err != nil {
+			return false, fmt.Errorf("waiting for publisher confirms: %w", err)
+		}
+		if !acked {
+			nacked++
+		}
 	}
 	// The broker sends basic.return before the confirm, and amqp091-go
-	// hands both over from one reader goroutine, so a return for this
-	// message is already buffered.
-	select {
-	case r := <-returns:
-		return true, fmt.Errorf("unroutable to queue %q: %d %s", key, r.ReplyCode, r.ReplyText)
-	default:
+	// hands both over from one reader goroutine, so every return of ps is
+	// buffered by now.
+	if n := len(c.returns); n > 0 {
+		first := <-c.returns
+		for range n - 1 {
+			<-c.returns
+		}
+		err := fmt.Errorf("%d of %d messages unroutable with key %q: %d %s", n, len(ps), key, first.ReplyCode, first.ReplyText)
+		if first.ReplyCode == amqp.NoRoute {
+			return true, driver.Permanent(err)
+		}
+		return true, err
 	}
-	if !acked {
-		return true, fmt.Errorf("publish to queue %q was not confirmed", key)
+	if nacked > 0 {
+		return true, fmt.Errorf("%d of %d messages not confirmed by the broker", nacked, len(ps))
 	}
 	return true, nil
 }
@@ -306,7 +326,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 		delete(src.timers, t)
 		src.mu.Unlock()
 		if err := nack(); err != nil {
-			src.logger().Warn("idemq rabbitmq: delayed requeue failed; the broker redelivers the message", "queue", src.queue, "message_id", d.msg.ID, "error", err)
+			src.logs.Log().Warn("idemq rabbitmq: delayed requeue failed; the broker redelivers the message", "queue", src.cfg.queue, "message_id", d.msg.ID, "error", err)
 		}
 	})
 	src.timers[t] = struct{}{}
@@ -325,14 +345,14 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		text = cause.Error()
 	}
 	if src.cfg.deadLetterMode == DeadLetterReject {
-		src.logger().Warn("idemq rabbitmq: dead-lettering", "queue", src.queue, "message_id", d.msg.ID, "cause", text)
+		src.logs.Log().Warn("idemq rabbitmq: dead-lettering", "queue", src.cfg.queue, "message_id", d.msg.ID, "cause", text)
 		if err := d.sess.settle(d.e, func(ch *amqp.Channel) error { return ch.Reject(d.tag, false) }); err != nil {
 			return d.wrap(err)
 		}
 	} else {
 		p := republishing(&d.raw)
 		// The time is taken before the publish: never later than the parking.
-		mark := deadletter.Mark{Cause: text, Attempt: d.msg.Attempt, Origin: src.queue, Destination: src.queue, At: time.Now()}
+		mark := deadletter.Mark{Cause: text, Attempt: d.msg.Attempt, Origin: src.cfg.queue, Destination: src.cfg.queue, At: time.Now()}
 		for k, v := range mark.Headers() {
 			p.Headers[k] = v
 		}
@@ -378,16 +398,10 @@ func republishing(r *amqp.Delivery) amqp.Publishing {
 // attribute for.
 const MetadataRedelivered = "messaging.rabbitmq.message.redelivered_flag"
 
-// toMessage converts an AMQP delivery into the pipeline's Message, its id
-// read per idHeader (see WithIDHeader). The error says why the id header
-// held no usable id (the Message then has none).
-func toMessage(queue, idHeader string, r *amqp.Delivery) (*driver.Message, error) {
-	m := new(driver.Message)
-	return m, fillMessage(m, queue, idHeader, r)
-}
-
-// fillMessage is toMessage into m, a delivery's own.
-func fillMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) error {
+// toMessage converts an AMQP delivery into m, the pipeline's Message, its
+// id read per idHeader (see WithIDHeader). The error says why the id
+// header held no usable id (the Message then has none).
+func toMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) error {
 	id, idErr := messageID(idHeader, r)
 	exchange := r.Exchange
 	if exchange == "" {

@@ -1,7 +1,7 @@
 package rabbitmq
 
 import (
-	"errors"
+	"cmp"
 	"fmt"
 	"log/slog"
 	"time"
@@ -97,51 +97,43 @@ func defaultConfig(queue string) config {
 	}
 }
 
-// invalid is the error of option opt given a bad value (nil when bad is
-// false); the message says why.
-func invalid(bad bool, opt, format string, args ...any) error {
+// set returns the option name of a Source's or a Publisher's config:
+// applied, it fails naming the option when err, the check of its value,
+// is not nil, and otherwise calls f.
+func set[C any](name string, err error, f func(*C)) func(*C) error {
+	return option.Set("rabbitmq", name, err, f)
+}
+
+// refuse is the check of a value bad is true for: the error says why.
+func refuse(bad bool, format string, args ...any) error {
 	if !bad {
 		return nil
 	}
-	return fmt.Errorf("rabbitmq: %s: %s", opt, fmt.Sprintf(format, args...))
+	return fmt.Errorf(format, args...)
 }
 
-// shortErr checks an AMQP short string (an exchange name or routing key,
-// at most 255 bytes) given to option opt.
-func shortErr(opt, what, v string) error {
-	return invalid(len(v) > 255, opt, "%s of %d bytes is longer than 255", what, len(v))
+// short checks an AMQP short string (an exchange name or routing key, at
+// most 255 bytes).
+func short(what, v string) error {
+	return refuse(len(v) > 255, "%s of %d bytes is longer than 255", what, len(v))
 }
 
-// nameErr checks a queue name given to option opt: an empty name would
-// make the broker invent one.
-func nameErr(opt, name string) error {
-	if err := checkName(name); err != nil {
-		return fmt.Errorf("rabbitmq: %s: %w", opt, err)
-	}
-	return nil
-}
-
+// checkName checks a queue name: an empty one would make the broker
+// invent one.
 func checkName(name string) error {
-	if name == "" {
-		return errors.New("empty queue name")
-	}
-	if len(name) > 255 {
-		return fmt.Errorf("queue name of %d bytes is longer than 255", len(name))
-	}
-	return nil
+	return cmp.Or(refuse(name == "", "empty queue name"), short("queue name", name))
 }
 
 // WithQueue names the queue to consume, instead of the URL's queue
 // parameter. One of them is required.
 func WithQueue(name string) Option {
-	return option.Check(nameErr("WithQueue", name), func(c *config) { c.queue = name })
+	return set("WithQueue", checkName(name), func(c *config) { c.queue = name })
 }
 
 // WithPrefetch sets the QoS prefetch count used until the Consumer calls
 // SetWindow (which replaces it). Default 100. Must be 1..65535.
 func WithPrefetch(n int) Option {
-	return option.Check(invalid(n < 1 || n > 65535, "WithPrefetch", "%d is outside 1..65535", n),
-		func(c *config) { c.prefetch = n })
+	return set("WithPrefetch", option.Range(n, 1, 65535), func(c *config) { c.prefetch = n })
 }
 
 // WithDeclare chooses whether Open declares the topology: the durable
@@ -150,12 +142,12 @@ func WithPrefetch(n int) Option {
 // with WithExchange, the exchange and the queue's binding to it. Default
 // true. Pass false when operators own the topology; it must then exist.
 func WithDeclare(declare bool) Option {
-	return option.Check(nil, func(c *config) { c.declare = declare })
+	return set("WithDeclare", nil, func(c *config) { c.declare = declare })
 }
 
 // WithQueueType sets the type of the queues Open declares. Default Classic.
 func WithQueueType(t QueueType) Option {
-	return option.Check(invalid(t != Classic && t != Quorum, "WithQueueType", "unknown queue type %q (want %q or %q)", t, Classic, Quorum),
+	return set("WithQueueType", refuse(t != Classic && t != Quorum, "unknown queue type %q (want %q or %q)", t, Classic, Quorum),
 		func(c *config) { c.queueType = t })
 }
 
@@ -173,8 +165,7 @@ func WithQueueType(t QueueType) Option {
 // (Stats.Isolations), so the messages behind the unparseable one do not
 // reach the limit with it.
 func WithDeliveryLimit(n int) Option {
-	return option.Check(invalid(n < 0, "WithDeliveryLimit", "%d is negative", n),
-		func(c *config) { c.deliveryLimit = n })
+	return set("WithDeliveryLimit", option.AtLeast(n, 0), func(c *config) { c.deliveryLimit = n })
 }
 
 // WithMessageTTL keeps a message at most d in the queue and at most d in
@@ -184,8 +175,7 @@ func WithDeliveryLimit(n int) Option {
 // declared without it must be re-created, or given the TTL by a policy
 // (see WithPolicyTTL).
 func WithMessageTTL(d time.Duration) Option {
-	return option.Check(invalid(d < time.Millisecond, "WithMessageTTL", "%v is under 1ms", d),
-		func(c *config) { c.messageTTL = d })
+	return set("WithMessageTTL", option.AtLeast(d, time.Millisecond), func(c *config) { c.messageTTL = d })
 }
 
 // WithPolicyTTL tells the Source the message TTL a server policy gives
@@ -196,19 +186,18 @@ func WithMessageTTL(d time.Duration) Option {
 //
 //	rabbitmqctl set_policy idemq-ttl '^(payments|payments\.dlq)$' '{"message-ttl":259200000}' --apply-to queues
 func WithPolicyTTL(d time.Duration) Option {
-	return option.Check(invalid(d < time.Millisecond, "WithPolicyTTL", "%v is under 1ms", d),
-		func(c *config) { c.policyTTL = d })
+	return set("WithPolicyTTL", option.AtLeast(d, time.Millisecond), func(c *config) { c.policyTTL = d })
 }
 
 // WithDeadLetterQueue names the dead-letter queue. Default "<queue>.dlq".
 func WithDeadLetterQueue(name string) Option {
-	return option.Check(nameErr("WithDeadLetterQueue", name), func(c *config) { c.deadLetterQueue = name })
+	return set("WithDeadLetterQueue", checkName(name), func(c *config) { c.deadLetterQueue = name })
 }
 
 // WithRetryQueue names the retry queue used by RetryViaQueue. Default
 // "<queue>.retry".
 func WithRetryQueue(name string) Option {
-	return option.Check(nameErr("WithRetryQueue", name), func(c *config) { c.retryQueue = name })
+	return set("WithRetryQueue", checkName(name), func(c *config) { c.retryQueue = name })
 }
 
 // WithExchange names the exchange producers publish the queue's messages
@@ -218,33 +207,31 @@ func WithRetryQueue(name string) Option {
 // the queue's name. Default "": the default exchange, where no binding is
 // needed.
 func WithExchange(name string) Option {
-	return option.Check(shortErr("WithExchange", "name", name), func(c *config) { c.exchange = name })
+	return set("WithExchange", short("name", name), func(c *config) { c.exchange = name })
 }
 
 // WithRetryMode chooses how Retry redelivers. Default RetryRequeue.
 func WithRetryMode(m RetryMode) Option {
-	return option.Check(invalid(m != RetryRequeue && m != RetryViaQueue, "WithRetryMode", "unknown mode %d", m),
-		func(c *config) { c.retryMode = m })
+	return set("WithRetryMode", refuse(m != RetryRequeue && m != RetryViaQueue, "unknown mode %d", m), func(c *config) { c.retryMode = m })
 }
 
 // WithDeadLetterMode chooses how DeadLetter parks a message. Default
 // DeadLetterRepublish.
 func WithDeadLetterMode(m DeadLetterMode) Option {
-	return option.Check(invalid(m != DeadLetterRepublish && m != DeadLetterReject, "WithDeadLetterMode", "unknown mode %d", m),
+	return set("WithDeadLetterMode", refuse(m != DeadLetterRepublish && m != DeadLetterReject, "unknown mode %d", m),
 		func(c *config) { c.deadLetterMode = m })
 }
 
 // WithConsumerTag sets the AMQP consumer tag. Default: a unique tag chosen
 // by amqp091-go.
 func WithConsumerTag(tag string) Option {
-	return option.Check(nil, func(c *config) { c.consumerTag = tag })
+	return set("WithConsumerTag", nil, func(c *config) { c.consumerTag = tag })
 }
 
 // WithConnectionName sets the connection_name client property shown by
 // rabbitmqctl and the management UI. Default "idemq".
 func WithConnectionName(name string) Option {
-	return option.Check(invalid(name == "", "WithConnectionName", "empty name"),
-		func(c *config) { c.connName = name })
+	return set("WithConnectionName", refuse(name == "", "empty name"), func(c *config) { c.connName = name })
 }
 
 // WithIDHeader names an AMQP header that holds the business id, for
@@ -257,8 +244,7 @@ func WithConnectionName(name string) Option {
 // and its type. Default "": message_id only. A Publisher opened by the
 // same URL writes the id in the header too.
 func WithIDHeader(name string) Option {
-	return option.Check(invalid(name == "", "WithIDHeader", "empty header name"),
-		func(c *config) { c.idHeader = name })
+	return set("WithIDHeader", refuse(name == "", "empty header name"), func(c *config) { c.idHeader = name })
 }
 
 // WithReconnectBackoff sets the bounds of the backoff between reconnect
@@ -268,7 +254,7 @@ func WithIDHeader(name string) Option {
 // again. The low cap keeps consumers from waiting long for a broker that
 // came back; raise it for many consumers of a broker slow to come back.
 func WithReconnectBackoff(min, max time.Duration) Option {
-	return option.Check(invalid(min <= 0 || max < min, "WithReconnectBackoff", "need 0 < min <= max, got %v, %v", min, max),
+	return set("WithReconnectBackoff", refuse(min <= 0 || max < min, "need 0 < min <= max, got %v, %v", min, max),
 		func(c *config) { c.backoffMin, c.backoffMax = min, max })
 }
 
@@ -276,7 +262,7 @@ func WithReconnectBackoff(min, max time.Duration) Option {
 // over the Consumer's logger (SetLogger) and the one core.OpenSource is
 // given (core.WithAdapterLogger). Default slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return option.Check(invalid(l == nil, "WithLogger", "nil logger"), func(c *config) { c.logger = l })
+	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger = l })
 }
 
 // WithDialConfig sets the amqp091-go connection config (TLS, heartbeat,
@@ -284,6 +270,6 @@ func WithLogger(l *slog.Logger) Option {
 // must be nil: the Source reconnects by itself, and amqp091-go's channel
 // recovery would let an old delivery tag reach a new channel.
 func WithDialConfig(cfg amqp.Config) Option {
-	return option.Check(invalid(cfg.Recovery != nil, "WithDialConfig", "Recovery must be nil (the Source reconnects itself)"),
+	return set("WithDialConfig", refuse(cfg.Recovery != nil, "Recovery must be nil (the Source reconnects itself)"),
 		func(c *config) { c.dial, c.dialSet = cfg, true })
 }

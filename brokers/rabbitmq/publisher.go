@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/hostlist"
 	"github.com/idemq/idemq/internal/option"
 )
 
@@ -34,42 +36,39 @@ type pubConfig struct {
 // WithPublishExchange sets the exchange messages are published to.
 // Default "" (the default exchange, where the routing key is a queue name).
 func WithPublishExchange(name string) PublisherOption {
-	return option.Check(shortErr("WithPublishExchange", "name", name), func(c *pubConfig) { c.exchange = name })
+	return set("WithPublishExchange", short("name", name), func(c *pubConfig) { c.exchange = name })
 }
 
 // WithRoutingKey sets the routing key Publish uses when its destination
 // is "": on the default exchange, the queue's name. Default "".
 func WithRoutingKey(key string) PublisherOption {
-	return option.Check(shortErr("WithRoutingKey", "key", key), func(c *pubConfig) { c.routingKey = key })
+	return set("WithRoutingKey", short("key", key), func(c *pubConfig) { c.routingKey = key })
 }
 
 // WithMandatory sets the mandatory flag: a message no queue receives is
 // returned and Publish fails instead of the broker dropping it. Default
 // true.
 func WithMandatory(mandatory bool) PublisherOption {
-	return option.Check(nil, func(c *pubConfig) { c.mandatory = mandatory })
+	return set("WithMandatory", nil, func(c *pubConfig) { c.mandatory = mandatory })
 }
 
 // WithPublisherConnectionName sets the connection_name client property.
 // Default "idemq-publisher".
 func WithPublisherConnectionName(name string) PublisherOption {
-	return option.Check(invalid(name == "", "WithPublisherConnectionName", "empty name"),
-		func(c *pubConfig) { c.connName = name })
+	return set("WithPublisherConnectionName", refuse(name == "", "empty name"), func(c *pubConfig) { c.connName = name })
 }
 
 // WithPublisherIDHeader makes Publish write each message's id in the named
 // header as well as in the message_id property, for consumers that read it
 // from a header (see WithIDHeader). Default "": message_id only.
 func WithPublisherIDHeader(name string) PublisherOption {
-	return option.Check(invalid(name == "", "WithPublisherIDHeader", "empty header name"),
-		func(c *pubConfig) { c.idHeader = name })
+	return set("WithPublisherIDHeader", refuse(name == "", "empty header name"), func(c *pubConfig) { c.idHeader = name })
 }
 
 // WithPublisherDialConfig sets the amqp091-go connection config. Default:
 // amqp091-go's defaults. Its Recovery field must be nil.
 func WithPublisherDialConfig(cfg amqp.Config) PublisherOption {
-	return option.Check(invalid(cfg.Recovery != nil, "WithPublisherDialConfig", "Recovery must be nil"),
-		func(c *pubConfig) { c.dial, c.dialSet = cfg, true })
+	return set("WithPublisherDialConfig", refuse(cfg.Recovery != nil, "Recovery must be nil"), func(c *pubConfig) { c.dial, c.dialSet = cfg, true })
 }
 
 // confirmChunk bounds the messages awaiting confirms at once, and so the
@@ -86,12 +85,40 @@ const confirmChunk = 256
 type Publisher struct {
 	cfg pubConfig
 
-	mu      sync.Mutex
-	dialer  // the next connect tries dialer.next first
-	closed  bool
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	returns chan amqp.Return
+	mu     sync.Mutex
+	link   // the next connect tries the node after the one reached last
+	closed bool
+	ch     confirmCh
+}
+
+// link is a connection dialled when needed, through a URL's nodes: the
+// Publisher's and DeadLetters'.
+type link struct {
+	*dialer
+	conn *amqp.Connection
+}
+
+// connect dials, unless the connection is open.
+func (l *link) connect(ctx context.Context) error {
+	if l.conn != nil && !l.conn.IsClosed() {
+		return nil
+	}
+	conn, err := l.Dial(ctx)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: connect: %w", err)
+	}
+	l.conn = conn
+	return nil
+}
+
+// Close closes the connection, if open.
+func (l *link) Close() error {
+	if l.conn == nil {
+		return nil
+	}
+	err := l.conn.Close()
+	l.conn = nil
+	return ignoreClosed(err)
 }
 
 // NewPublisher connects to the broker at addr, a URL as Open takes it
@@ -105,12 +132,11 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 	if err != nil {
 		return nil, err
 	}
-	var src config
+	src, ns := defaultConfig(""), hostlist.List{}
 	if queue != "" {
-		src, _, err = sourceConfig(amqpURL, queue, srcOpts)
-	} else {
-		src = defaultConfig("")
-		err = option.Apply(&src, srcOpts...)
+		src, ns, err = sourceConfig(amqpURL, queue, srcOpts)
+	} else if err = option.Apply(&src, srcOpts...); err == nil {
+		ns, err = parseNodes(amqpURL)
 	}
 	if err != nil {
 		return nil, err
@@ -124,32 +150,25 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 	if err := option.Apply(&cfg, opts...); err != nil {
 		return nil, err
 	}
-	ns, err := parseNodes(amqpURL)
-	if err != nil {
-		return nil, err
-	}
-	p := &Publisher{cfg: cfg, dialer: newDialer(ns, cfg.connConfig)}
+	p := &Publisher{cfg: cfg, link: link{dialer: hostlist.NewDialer(ns, cfg.open)}}
 	if err := p.connect(ctx); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// connect (re)opens the connection and confirm channel. p.mu is held.
+// connect opens the confirm channel, and the connection if it is not
+// open. p.mu is held.
 func (p *Publisher) connect(ctx context.Context) error {
-	if p.conn != nil {
-		p.conn.Close()
-		p.conn, p.ch = nil, nil
+	if err := p.link.connect(ctx); err != nil {
+		return err
 	}
-	conn, err := p.dial(ctx)
+	ch, err := openConfirm(p.conn, confirmChunk)
 	if err != nil {
-		return fmt.Errorf("rabbitmq: publisher connect: %w", err)
-	}
-	if p.ch, p.returns, err = confirmChannel(conn, confirmChunk); err != nil {
-		conn.Close()
+		p.link.Close()
 		return fmt.Errorf("rabbitmq: publisher channel: %w", err)
 	}
-	p.conn = conn
+	p.ch = ch
 	return nil
 }
 
@@ -170,26 +189,11 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Mes
 	if key == "" {
 		key = p.cfg.routingKey
 	}
-	if p.ch == nil || p.ch.IsClosed() {
+	if p.ch.Channel == nil || p.ch.IsClosed() {
 		if err := p.connect(ctx); err != nil {
 			return err
 		}
 	}
-	for len(msgs) > 0 {
-		n := min(len(msgs), confirmChunk)
-		if err := p.publishChunk(ctx, key, msgs[:n]); err != nil {
-			// Confirms or returns of this chunk may still arrive: the
-			// next call starts on a fresh channel.
-			p.ch.Close()
-			return err
-		}
-		msgs = msgs[n:]
-	}
-	return nil
-}
-
-func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*driver.Message) error {
-	confs := make([]*amqp.DeferredConfirmation, 0, len(msgs))
 	now := time.Now()
 	// The caller's trace context travels in the headers, so the
 	// consumer's process span can link to the producer's.
@@ -198,58 +202,31 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*driver
 		traceHeaders = propagation.MapCarrier{}
 		otel.GetTextMapPropagator().Inject(ctx, traceHeaders)
 	}
-	for _, m := range msgs {
-		h := make(amqp.Table, len(m.Headers)+len(traceHeaders))
-		for k, v := range m.Headers {
-			h[k] = v
+	ps := make([]amqp.Publishing, 0, min(len(msgs), confirmChunk))
+	for chunk := range slices.Chunk(msgs, confirmChunk) {
+		ps = ps[:0]
+		for _, m := range chunk {
+			h := make(amqp.Table, len(m.Headers)+len(traceHeaders))
+			for k, v := range m.Headers {
+				h[k] = v
+			}
+			for k, v := range traceHeaders {
+				h[k] = v
+			}
+			if m.Key != "" {
+				h[KeyHeader] = m.Key
+			}
+			if p.cfg.idHeader != "" && m.ID != "" {
+				h[p.cfg.idHeader] = m.ID
+			}
+			ps = append(ps, amqp.Publishing{MessageId: m.ID, Headers: h, Body: m.Body, DeliveryMode: amqp.Persistent, Timestamp: now})
 		}
-		for k, v := range traceHeaders {
-			h[k] = v
+		if _, err := p.ch.publish(ctx, p.cfg.exchange, key, p.cfg.mandatory, ps...); err != nil {
+			// Confirms or returns of this chunk may still arrive: the
+			// next call starts on a fresh channel.
+			p.ch.Close()
+			return fmt.Errorf("rabbitmq: %w", err)
 		}
-		if m.Key != "" {
-			h[KeyHeader] = m.Key
-		}
-		if p.cfg.idHeader != "" && m.ID != "" {
-			h[p.cfg.idHeader] = m.ID
-		}
-		c, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.exchange, key, p.cfg.mandatory, false, amqp.Publishing{
-			MessageId:    m.ID,
-			Headers:      h,
-			Body:         m.Body,
-			DeliveryMode: amqp.Persistent,
-			Timestamp:    now,
-		})
-		if err != nil {
-			return fmt.Errorf("rabbitmq: publish %q: %w", m.ID, err)
-		}
-		confs = append(confs, c)
-	}
-	nacked := 0
-	for _, c := range confs {
-		ok, err := c.WaitContext(ctx)
-		if err != nil {
-			return fmt.Errorf("rabbitmq: waiting for publisher confirms: %w", err)
-		}
-		if !ok {
-			nacked++
-		}
-	}
-	// Returns precede their confirms, so every return of this chunk is
-	// buffered by now.
-	var returned []amqp.Return
-	for len(p.returns) > 0 {
-		returned = append(returned, <-p.returns)
-	}
-	if len(returned) > 0 {
-		first := returned[0]
-		err := fmt.Errorf("rabbitmq: %d of %d messages unroutable with key %q: %d %s", len(returned), len(msgs), key, first.ReplyCode, first.ReplyText)
-		if first.ReplyCode == amqp.NoRoute {
-			return driver.Permanent(err)
-		}
-		return err
-	}
-	if nacked > 0 {
-		return fmt.Errorf("rabbitmq: %d of %d messages not confirmed by the broker", nacked, len(msgs))
 	}
 	return nil
 }
@@ -258,10 +235,6 @@ func (p *Publisher) publishChunk(ctx context.Context, key string, msgs []*driver
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.conn == nil {
-		p.closed = true
-		return nil
-	}
 	p.closed = true
-	return ignoreClosed(p.conn.Close())
+	return p.link.Close()
 }

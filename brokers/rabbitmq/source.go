@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,9 +17,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/hostlist"
 	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/retry"
 )
 
@@ -33,9 +31,8 @@ var errChannelClosed = errors.New("rabbitmq: the delivery's channel is closed")
 // driver.BatchSettler, driver.WindowSetter and driver.RedeliveryHorizoner.
 // It is safe for concurrent use.
 type Source struct {
-	dialer // Open, then run (one at a time), dial with it
-	queue  string
-	cfg    config
+	*dialer // Open, then run (one at a time), dial with it
+	cfg     config
 
 	ctx    context.Context // cancelled by Close; bounds dials and backoff sleeps
 	cancel context.CancelFunc
@@ -85,21 +82,21 @@ type Stats struct {
 // sourceConfig checks what Open is given before it dials: the options
 // (the queue among them, unless given as queue) and url, without idemq's
 // parameters, split into its nodes.
-func sourceConfig(url, queue string, opts []Option) (config, nodes, error) {
+func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, error) {
 	cfg := defaultConfig(queue)
 	if err := option.Apply(&cfg, opts...); err != nil {
-		return config{}, nodes{}, err
+		return config{}, hostlist.List{}, err
 	}
 	if cfg.queue == "" {
-		return config{}, nodes{}, errors.New("rabbitmq: no queue named: give the URL parameter queue= or the option WithQueue")
+		return config{}, hostlist.List{}, errors.New("rabbitmq: no queue named: give the URL parameter queue= or the option WithQueue")
 	}
 	if err := checkName(cfg.queue); err != nil {
-		return config{}, nodes{}, fmt.Errorf("rabbitmq: queue: %w", err)
+		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: queue: %w", err)
 	}
 	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
 	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
 	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
-		return config{}, nodes{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
+		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
 	}
 	ns, err := parseNodes(url)
 	return cfg, ns, err
@@ -140,8 +137,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{
-		dialer:   newDialer(ns, cfg.connConfig),
-		queue:    cfg.queue,
+		dialer:   hostlist.NewDialer(ns, cfg.open),
 		cfg:      cfg,
 		window:   cfg.prefetch,
 		timers:   make(map[*time.Timer]struct{}),
@@ -160,7 +156,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 }
 
 // Queue returns the name of the consumed queue.
-func (s *Source) Queue() string { return s.queue }
+func (s *Source) Queue() string { return s.cfg.queue }
 
 // RedeliveryHorizon implements driver.RedeliveryHorizoner: twice the
 // WithMessageTTL the Source declared its queue and dead-letter queue with,
@@ -187,11 +183,11 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 	if ttl <= 0 {
 		ttl = retention / 2
 	}
-	pattern := "^(" + regexp.QuoteMeta(s.queue) + "|" + regexp.QuoteMeta(s.cfg.deadLetterQueue) + ")$"
+	pattern := "^(" + regexp.QuoteMeta(s.cfg.queue) + "|" + regexp.QuoteMeta(s.cfg.deadLetterQueue) + ")$"
 	return fmt.Sprintf("give queue %s and its dead-letter queue %s a message TTL of at most %v: for an existing queue, "+
 		"rabbitmqctl set_policy idemq-ttl '%s' '{\"message-ttl\":%d}' --apply-to queues, then policy_ttl=%v on the URL; "+
 		"for a queue not yet declared, message_ttl=%v on the URL",
-		s.queue, s.cfg.deadLetterQueue, ttl, pattern, ttl.Milliseconds(), ttl, ttl)
+		s.cfg.queue, s.cfg.deadLetterQueue, ttl, pattern, ttl.Milliseconds(), ttl, ttl)
 }
 
 // Stats returns the Source's counters.
@@ -208,8 +204,6 @@ func (s *Source) Stats() Stats {
 // SetLogger implements driver.LoggerSetter: the Consumer hands over its
 // logger, which the Source uses unless WithLogger gave one.
 func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
-
-func (s *Source) logger() *slog.Logger { return s.logs.Log() }
 
 // SetWindow sets the QoS prefetch to the Consumer's in-flight window, so the
 // broker never hands over more unacked messages than the Consumer holds.
@@ -318,11 +312,11 @@ func ignoreClosed(err error) error {
 
 // dialAndDeclare connects and declares (or checks) the topology.
 func (s *Source) dialAndDeclare(ctx context.Context) (*amqp.Connection, error) {
-	conn, err := s.dial(ctx)
+	conn, err := s.Dial(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: connect: %w", err)
 	}
-	if err := declare(conn, s.queue, s.cfg); err != nil {
+	if err := declare(conn, s.cfg.queue, s.cfg); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -340,45 +334,25 @@ func (s *Source) run() {
 	s.initial = nil
 	s.mu.Unlock()
 	backoff := retry.New(s.cfg.backoffMin, s.cfg.backoffMax)
-	// failed logs and reports err and waits out the backoff; false when
-	// the Source closed meanwhile.
-	failed := func(what string, err error) bool {
-		if s.ctx.Err() != nil {
-			return false
-		}
-		wait := backoff.Next()
-		s.logger().Warn("idemq rabbitmq: "+what+" failed", "queue", s.queue, "error", err, "retry_in", wait)
-		select { // hand err to a waiting Receive, never blocking
-		case s.errs <- fmt.Errorf("rabbitmq: %w", err):
-		default:
-		}
-		return retry.Sleep(s.ctx, wait)
-	}
-	lost := false
-	for s.ctx.Err() == nil {
-		if conn == nil {
-			c, err := s.dialAndDeclare(s.ctx)
-			if err != nil {
-				if !failed("reconnect", err) {
-					return
-				}
-				continue
-			}
-			conn = c
-		}
-		sess, deliveries, err := s.startSession(conn)
+	for lost := false; s.ctx.Err() == nil; conn = nil {
+		sess, deliveries, what, err := s.startSession(conn)
 		if err != nil {
-			conn.Close()
-			conn = nil
-			if !failed("consume", err) {
+			if s.ctx.Err() != nil {
 				return
 			}
+			wait := backoff.Next()
+			s.logs.Log().Warn("idemq rabbitmq: "+what+" failed", "queue", s.cfg.queue, "error", err, "retry_in", wait)
+			select { // hand err to a waiting Receive, never blocking
+			case s.errs <- fmt.Errorf("rabbitmq: %w", err):
+			default:
+			}
+			retry.Sleep(s.ctx, wait)
 			continue
 		}
-		node := s.nodes.host((s.next + len(s.nodes.urls) - 1) % len(s.nodes.urls))
+		node := s.Last()
 		if lost {
 			s.reconnects.Add(1)
-			s.logger().Info("idemq rabbitmq: reconnected", "queue", s.queue, "node", node, "reconnects", s.reconnects.Load())
+			s.logs.Log().Info("idemq rabbitmq: reconnected", "queue", s.cfg.queue, "node", node, "reconnects", s.reconnects.Load())
 		}
 		backoff.Reset()
 		select { // an error reported before this session is no longer news
@@ -392,13 +366,12 @@ func (s *Source) run() {
 		}
 		s.mu.Unlock()
 		sess.kill()
-		conn.Close()
-		conn = nil
+		sess.conn.Close()
 		if s.ctx.Err() != nil {
 			return
 		}
 		lost = true
-		s.logger().Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.queue, "node", node, "reason", reason)
+		s.logs.Log().Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.cfg.queue, "node", node, "reason", reason)
 	}
 }
 
@@ -439,11 +412,19 @@ func (s *Source) forget(ds ...*delivery) {
 	}
 }
 
-// startSession opens the consume channel on conn and starts consuming.
-func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Delivery, error) {
+// startSession starts consuming on conn, dialled and the topology
+// declared first when nil. On failure it closes the connection, and what
+// names the step that failed.
+func (s *Source) startSession(conn *amqp.Connection) (_ *session, _ <-chan amqp.Delivery, what string, err error) {
+	if conn == nil {
+		if conn, err = s.dialAndDeclare(s.ctx); err != nil {
+			return nil, nil, "reconnect", err
+		}
+	}
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, nil, err
+		conn.Close()
+		return nil, nil, "consume", err
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	window, tag := s.currentWindow(), s.cfg.consumerTag
@@ -454,11 +435,11 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 	}
 	var deliveries <-chan amqp.Delivery
 	if err = ch.Qos(window, 0, false); err == nil {
-		deliveries, err = ch.Consume(s.queue, tag, false, false, false, false, nil)
+		deliveries, err = ch.Consume(s.cfg.queue, tag, false, false, false, false, nil)
 	}
 	if err != nil {
-		ch.Close()
-		return nil, nil, err
+		conn.Close() // and ch with it
+		return nil, nil, "consume", err
 	}
 	sess := &session{
 		src:    s,
@@ -471,7 +452,7 @@ func (s *Source) startSession(conn *amqp.Connection) (*session, <-chan amqp.Deli
 	s.mu.Lock()
 	s.sess = sess
 	s.mu.Unlock()
-	return sess, deliveries, nil
+	return sess, deliveries, "", nil
 }
 
 // pump registers each delivery's tag as unsettled before handing it to
@@ -522,10 +503,10 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 // newDelivery converts raw, received on sess as e, into a delivery.
 func (s *Source) newDelivery(sess *session, e *unsettled.Entry[uint64, struct{}], raw amqp.Delivery) *delivery {
 	d := &delivery{sess: sess, e: e, tag: raw.DeliveryTag, raw: raw}
-	d.idErr = fillMessage(&d.msg, s.queue, s.cfg.idHeader, &d.raw)
+	d.idErr = toMessage(&d.msg, s.cfg.queue, s.cfg.idHeader, &d.raw)
 	d.id = d.msg.ID
 	if d.idErr != nil {
-		s.logger().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.queue, "delivery_tag", raw.DeliveryTag, "error", d.idErr)
+		s.logs.Log().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.cfg.queue, "delivery_tag", raw.DeliveryTag, "error", d.idErr)
 	}
 	if raw.Redelivered {
 		d.msg.Attempt = max(d.msg.Attempt, s.requeued(d.id)+1)
@@ -560,7 +541,7 @@ func (s *Source) unisolate(sess *session) (<-chan amqp.Delivery, error) {
 	if err := sess.ch.Qos(s.currentWindow(), 0, false); err != nil {
 		return nil, err
 	}
-	next, err := sess.ch.Consume(s.queue, s.cfg.consumerTag, false, false, false, false, nil)
+	next, err := sess.ch.Consume(s.cfg.queue, s.cfg.consumerTag, false, false, false, false, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -585,66 +566,29 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 		d, ok := cd.(*delivery)
 		return d, ok && d.sess.src == s
 	}, func(d *delivery) error { return d.wrap(d.Claim()) })
-	for len(own) > 0 { // nearly always one session
-		sess := own[0].sess
-		mine := make([]*delivery, 0, len(own))
-		own = slices.DeleteFunc(own, func(d *delivery) bool {
+	for len(own) > 0 { // nearly always one session: own[:n] are the first's
+		sess, n := own[0].sess, 0
+		for i, d := range own {
 			if d.sess == sess {
-				mine = append(mine, d)
+				own[n], own[i] = d, own[n]
+				n++
 			}
-			return d.sess == sess
-		})
-		if err := sess.ackBatch(mine); err != nil {
+		}
+		if err := sess.ackBatch(own[:n]); err != nil {
 			errs = append(errs, err)
 		}
-		s.forget(mine...)
+		s.forget(own[:n]...)
+		own = own[n:]
 	}
 	return errors.Join(errs...)
 }
 
-// dialer dials the nodes of a URL, each once in turn from next: the node
-// after the one it reached last, since that one may be down.
-type dialer struct {
-	nodes nodes
-	next  int
-	cc    connConfig
-}
+// dialer dials a URL's nodes in turn (see Open).
+type dialer = hostlist.Dialer[*amqp.Connection]
 
-// newDialer starts at a node picked at random, so that many clients
-// spread over a cluster.
-func newDialer(ns nodes, cc connConfig) dialer {
-	return dialer{nodes: ns, next: rand.IntN(len(ns.urls)), cc: cc}
-}
-
-// dial returns the first connection made; when every node failed, the
-// error joins each node's.
-func (dl *dialer) dial(ctx context.Context) (*amqp.Connection, error) {
-	n := len(dl.nodes.urls)
-	var errs []error
-	for k := range n {
-		i := (dl.next + k) % n
-		conn, err := dialContext(ctx, dl.nodes.urls[i], dl.cc)
-		if err == nil {
-			dl.next = (i + 1) % n
-			return conn, nil
-		}
-		if msg := redact.Error(err, dl.nodes.urls[i]); msg != err.Error() {
-			err = errors.New(msg)
-		}
-		if n > 1 {
-			err = fmt.Errorf("node %s: %w", dl.nodes.host(i), err)
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, errors.Join(errs...)
-}
-
-// dialContext runs amqp.DialConfig, which takes no context, so that ctx
-// can abandon it; a connection that arrives too late is closed.
-func dialContext(ctx context.Context, url string, cc connConfig) (*amqp.Connection, error) {
+// open dials url, one node's, with cc; ctx can abandon the dial, and a
+// connection that arrives too late is closed.
+func (cc connConfig) open(ctx context.Context, url string) (*amqp.Connection, error) {
 	cfg, name := cc.dial, cc.connName
 	if !cc.dialSet {
 		cfg = amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"}
@@ -671,24 +615,6 @@ func dialContext(ctx context.Context, url string, cc connConfig) (*amqp.Connecti
 			return c, c.SetDeadline(time.Now().Add(timeout))
 		}
 	}
-	type result struct {
-		c   *amqp.Connection
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		c, err := amqp.DialConfig(url, cfg)
-		ch <- result{c, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.c, r.err
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.c != nil {
-				r.c.Close()
-			}
-		}()
-		return nil, ctx.Err()
-	}
+	return hostlist.Await(ctx, func() (*amqp.Connection, error) { return amqp.DialConfig(url, cfg) },
+		func(c *amqp.Connection) { c.Close() })
 }

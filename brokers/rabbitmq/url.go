@@ -7,13 +7,13 @@ import (
 	"maps"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/hostlist"
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -64,7 +64,7 @@ func readURL(addr string) (amqpURL, queue string, opts []Option, err error) {
 	}
 	// Every node's URL has the same scheme, user information, vhost and
 	// query: read them from the first.
-	u, err := redact.ParseURL(ns.urls[0])
+	u, err := redact.ParseURL(ns.URLs[0])
 	if err != nil {
 		return "", "", nil, fmt.Errorf("rabbitmq: url: %w", err)
 	}
@@ -90,8 +90,8 @@ func readURL(addr string) (amqpURL, queue string, opts []Option, err error) {
 		}
 	}
 	u.RawQuery = q.Encode()
-	if len(ns.hosts) > 1 {
-		u.Host = strings.Join(ns.hosts, ",")
+	if len(ns.Hosts) > 1 {
+		u.Host = strings.Join(ns.Hosts, ",")
 	}
 	return u.String(), queue, opts, nil
 }
@@ -108,10 +108,10 @@ func parseSourceURL(addr string) (string, string, []Option, error) {
 
 // openConfig reads addr and checks it with opts, which come after the
 // URL's parameters.
-func openConfig(addr string, opts []Option) (config, nodes, error) {
+func openConfig(addr string, opts []Option) (config, hostlist.List, error) {
 	amqpURL, queue, urlOpts, err := readURL(addr)
 	if err != nil {
-		return config{}, nodes{}, err
+		return config{}, hostlist.List{}, err
 	}
 	return sourceConfig(amqpURL, queue, append(urlOpts, opts...))
 }
@@ -143,15 +143,24 @@ func openDeadLettersURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (a
 
 // parseNodes splits url into its nodes and checks each node's URL as
 // amqp091-go will read it.
-func parseNodes(url string) (nodes, error) {
+func parseNodes(url string) (hostlist.List, error) {
 	ns, err := splitNodes(url)
 	if err != nil {
-		return nodes{}, err
+		return hostlist.List{}, err
 	}
-	for _, u := range ns.urls {
+	for _, u := range ns.URLs {
 		if _, err := amqp.ParseURI(u); err != nil {
-			return nodes{}, urlError(u, err)
+			return hostlist.List{}, urlError(u, err)
 		}
+	}
+	return ns, nil
+}
+
+// splitNodes is hostlist.Split with this package's prefix on its errors.
+func splitNodes(url string) (hostlist.List, error) {
+	ns, err := hostlist.Split(url)
+	if err != nil {
+		return ns, fmt.Errorf("rabbitmq: %w", err)
 	}
 	return ns, nil
 }
@@ -163,90 +172,4 @@ func urlError(rawURL string, err error) error {
 		return fmt.Errorf("rabbitmq: url: %w", perr)
 	}
 	return fmt.Errorf("rabbitmq: url %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
-}
-
-// nodes is the parsed form of a URL that may name several nodes of a
-// cluster, amqp://user:pass@h1:5672,h2:5673/vhost?…: each node's
-// host[:port] and URL (with the URL's user, password, vhost and query).
-type nodes struct{ hosts, urls []string }
-
-// splitNodes splits the comma-separated host list of rawURL into one URL
-// per node; a URL naming one host is left for amqp091-go to check. A bad
-// entry is an error naming it (host names are shown, the user information
-// never is).
-func splitNodes(rawURL string) (nodes, error) {
-	single := nodes{urls: []string{rawURL}}
-	i := strings.Index(rawURL, "://")
-	if i < 0 {
-		return single, nil
-	}
-	start := i + len("://")
-	end := len(rawURL)
-	if j := strings.IndexAny(rawURL[start:], "/?#"); j >= 0 {
-		end = start + j
-	}
-	hostStart := start + strings.LastIndex(rawURL[start:end], "@") + 1
-	if !strings.Contains(rawURL[hostStart:end], ",") {
-		if u, err := url.Parse(rawURL); err == nil {
-			single.hosts = []string{u.Host}
-		}
-		return single, nil
-	}
-	hosts := strings.Split(rawURL[hostStart:end], ",")
-	n := nodes{hosts: hosts, urls: make([]string, len(hosts))}
-	shown := redact.URL(rawURL)
-	for k, h := range hosts {
-		if err := checkHostPort(h); err != nil {
-			if !strings.Contains(shown, h) {
-				// A password with a raw '/' or ',' put this entry here: the
-				// text may be part of it.
-				err = errors.New("not a host:port (not shown: it may hold a password)")
-			}
-			return nodes{}, fmt.Errorf("rabbitmq: url host list: node %d of %d: %w", k+1, len(hosts), err)
-		}
-		n.urls[k] = rawURL[:hostStart] + h + rawURL[end:]
-	}
-	return n, nil
-}
-
-// checkHostPort checks one entry of a URL's host list: a host name or IP
-// address (IPv6 in brackets), optionally with a numeric port.
-func checkHostPort(h string) error {
-	if h == "" {
-		return errors.New("empty host")
-	}
-	host, port := h, ""
-	if strings.HasPrefix(h, "[") {
-		k := strings.Index(h, "]")
-		if k < 0 {
-			return fmt.Errorf("%q: no ']' after the IPv6 address", h)
-		}
-		host, port = h[:k+1], strings.TrimPrefix(h[k+1:], ":")
-		if rest := h[k+1:]; rest != "" && !strings.HasPrefix(rest, ":") {
-			return fmt.Errorf("%q: %q after the IPv6 address", h, rest)
-		}
-	} else if k := strings.LastIndex(h, ":"); k >= 0 {
-		host, port = h[:k], h[k+1:]
-	}
-	if host == "" || host == "[]" {
-		return fmt.Errorf("%q: empty host", h)
-	}
-	if strings.ContainsAny(host, ":@ ") && !strings.HasPrefix(host, "[") {
-		return fmt.Errorf("%q: not a host:port", h)
-	}
-	if port != "" || strings.HasSuffix(h, ":") {
-		p, err := strconv.Atoi(port)
-		if err != nil || p < 1 || p > 65535 {
-			return fmt.Errorf("%q: port %q is not a number in 1..65535", h, port)
-		}
-	}
-	return nil
-}
-
-// host returns node i's host[:port] for logs and errors.
-func (ns nodes) host(i int) string {
-	if i < len(ns.hosts) {
-		return ns.hosts[i]
-	}
-	return "#" + strconv.Itoa(i+1)
 }

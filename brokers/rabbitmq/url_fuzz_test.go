@@ -45,7 +45,7 @@ func FuzzParseSourceURL(f *testing.F) {
 		if err != nil {
 			t.Fatalf("amqp URL %q of %q does not split into nodes: %v", amqpURL, raw, err)
 		}
-		u, err := url.Parse(ns.urls[0])
+		u, err := url.Parse(ns.URLs[0])
 		if err != nil {
 			t.Fatalf("amqp URL %q of %q does not parse: %v", amqpURL, raw, err)
 		}
@@ -55,7 +55,7 @@ func FuzzParseSourceURL(f *testing.F) {
 			}
 		}
 		rawNodes, _ := splitNodes(raw)
-		in, _ := url.Parse(rawNodes.urls[0])
+		in, _ := url.Parse(rawNodes.URLs[0])
 		if in.User.String() != u.User.String() {
 			t.Fatalf("credentials changed: %q → %q", in.User, u.User)
 		}
@@ -86,7 +86,8 @@ func FuzzToMessage(f *testing.F) {
 			driver.AttemptHeader: s,
 		}
 		d := &amqp.Delivery{MessageId: id, Headers: h, Body: b, Redelivered: redelivered}
-		m, _ := toMessage("q", "", d)
+		var m driver.Message
+		toMessage(&m, "q", "", d)
 		if m.ID != id {
 			t.Fatalf("id %q became %q", id, m.ID)
 		}

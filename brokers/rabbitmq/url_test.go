@@ -143,8 +143,8 @@ func TestMultiNodeURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"amqps://u:p%2Cw@h1:5671/vh?heartbeat=5", "amqps://u:p%2Cw@h2/vh?heartbeat=5", "amqps://u:p%2Cw@[::1]:5673/vh?heartbeat=5"}
-	if strings.Join(ns.urls, " ") != strings.Join(want, " ") {
-		t.Errorf("node urls = %q, want %q", ns.urls, want)
+	if strings.Join(ns.URLs, " ") != strings.Join(want, " ") {
+		t.Errorf("node urls = %q, want %q", ns.URLs, want)
 	}
 	// idemq parameters go, the host list stays.
 	u, q, _, err := parseSourceURL("amqp://guest:guest@127.0.0.1:5672,127.0.0.1:5673/vh?queue=payments&queue_type=quorum&heartbeat=5")
