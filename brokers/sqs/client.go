@@ -14,14 +14,9 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 )
-
-func staticCredentials(id, secret, token string) aws.CredentialsProvider {
-	return credentials.NewStaticCredentialsProvider(id, secret, token)
-}
 
 // newClient builds the SQS client the options describe.
 func newClient(ctx context.Context, c clientConfig) (*awssqs.Client, error) {

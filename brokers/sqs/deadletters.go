@@ -71,7 +71,7 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 	}
 	s := &dlqStore{cl: cl, cfg: cfg, q: q, dlq: dlq, dests: queues{cl: cl}}
 	s.dests.m.Store(q.name, q)
-	return &DeadLetters{Queue: deadletter.New(s), s: s}, nil
+	return &DeadLetters{Queue: deadletter.NewBatched(s), s: s}, nil
 }
 
 // QueueURL returns the dead-letter queue's URL.
@@ -100,9 +100,10 @@ func (s *dlqStore) Close() error {
 	return nil
 }
 
-// Each receives the messages parked when it begins, keeping them hidden,
-// and makes those still parked visible again when it returns.
-func (s *dlqStore) Each(ctx context.Context, fn func(*types.Message, *admin.Parked) error) error {
+// EachBatch receives the messages parked when it begins, a receive at a
+// time, keeping them hidden, and makes those still parked visible again
+// when it returns.
+func (s *dlqStore) EachBatch(ctx context.Context, fn func([]*types.Message, []*admin.Parked) error) error {
 	err := s.browse(ctx, fn)
 	return errors.Join(err, s.cur.release())
 }
@@ -124,22 +125,30 @@ func (s *dlqStore) Republish(ctx context.Context, m *types.Message, p *admin.Par
 	return sendCopy(ctx, s.cl, dest, m.Body, attrs, s.cfg.idAttribute, p.Key, "idemq-redriven", "idemq-redrive-"+hex.EncodeToString(b))
 }
 
-// Remove deletes m from the dead-letter queue.
-func (s *dlqStore) Remove(ctx context.Context, m *types.Message) error {
-	ref := aws.ToString(m.MessageId)
-	held, _ := s.cur.receipts.Load(ref) // the latest, should SQS have handed m out again
-	receipt, _ := held.(string)
-	if _, err := s.cl.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(s.dlq.url), ReceiptHandle: aws.String(receipt)}); err != nil {
-		return err
+// RemoveBatch deletes ms, held by EachBatch, from the dead-letter queue
+// with one DeleteMessageBatch.
+func (s *dlqStore) RemoveBatch(ctx context.Context, ms []*types.Message) []error {
+	receipts := make([]string, len(ms))
+	for i, m := range ms {
+		held, _ := s.cur.receipts.Load(aws.ToString(m.MessageId)) // the latest, should SQS have handed m out again
+		receipts[i], _ = held.(string)
 	}
-	s.cur.receipts.Delete(ref)
-	return nil
+	failed, err := deleteReceipts(ctx, s.cl, s.dlq.url, receipts)
+	errs := make([]error, len(ms))
+	for i, m := range ms {
+		if e, bad := failed[i]; err != nil || bad {
+			errs[i] = cmp.Or(err, e.err)
+		} else {
+			s.cur.receipts.Delete(aws.ToString(m.MessageId))
+		}
+	}
+	return errs
 }
 
 // browse receives the messages parked when it begins and calls fn once per
 // message, keeping them hidden in s.cur, which the caller releases. An
 // error from fn stops it.
-func (s *dlqStore) browse(ctx context.Context, fn func(*types.Message, *admin.Parked) error) error {
+func (s *dlqStore) browse(ctx context.Context, fn func([]*types.Message, []*admin.Parked) error) error {
 	l := newLease(s)
 	s.cur = l
 	if s.closed {
@@ -180,16 +189,16 @@ func (s *dlqStore) browse(ctx context.Context, fn func(*types.Message, *admin.Pa
 		empties = 0
 		// All are held before fn sees the first, so the heartbeat keeps
 		// them hidden however long fn takes.
-		fresh := make([]*types.Message, 0, len(out.Messages))
+		var fresh []*types.Message
+		var ps []*admin.Parked
 		for i := range out.Messages {
 			m := &out.Messages[i]
 			if _, had := l.receipts.Swap(aws.ToString(m.MessageId), aws.ToString(m.ReceiptHandle)); !had {
-				fresh = append(fresh, m)
+				fresh, ps = append(fresh, m), append(ps, s.parked(m))
 			} // else handed out again: the lease has its new receipt
 		}
-		for _, m := range fresh {
-			got++
-			if err := fn(m, s.parked(m)); err != nil {
+		if got += len(fresh); len(fresh) > 0 {
+			if err := fn(fresh, ps); err != nil {
 				return err
 			}
 		}
@@ -253,9 +262,11 @@ func (s *dlqStore) moveAll(ctx context.Context, progress func(int)) (int, error)
 		return 0, fail("listing move tasks", err)
 	}
 	seen, moved := 0, true
-	err := s.browse(ctx, func(_ *types.Message, p *admin.Parked) error {
-		_, copied := p.Headers[driver.CauseHeader]
-		seen, moved = seen+1, moved && !copied
+	err := s.browse(ctx, func(_ []*types.Message, ps []*admin.Parked) error {
+		for _, p := range ps {
+			_, copied := p.Headers[driver.CauseHeader]
+			seen, moved = seen+1, moved && !copied
+		}
 		return nil
 	})
 	if err != nil || seen == 0 || !moved {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,12 +164,44 @@ func TestDeadLettersBeyondOneReceive(t *testing.T) {
 			t.Errorf("%s redriven but still parked", id)
 		}
 	}
-	if n, err := d.Purge(context.Background(), nil); err != nil || n != len(left) {
-		t.Fatalf("Purge = %d, %v; want %d", n, err, len(left))
+	// Purge deletes what each receive brought in one request: first 7,
+	// then the rest.
+	ops := &opCounter{n: map[string]int{}}
+	counted := awssqs.New(testClient(ep).Options(), func(o *awssqs.Options) { o.HTTPClient = &http.Client{Transport: ops} })
+	dc := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name), WithClient(counted))
+	ids := slices.Sorted(maps.Keys(left))
+	if n, err := dc.Purge(context.Background(), func(p *admin.Parked) bool { return slices.Contains(ids[:7], p.ID) }); err != nil || n != 7 {
+		t.Fatalf("Purge of 7 = %d, %v", n, err)
+	}
+	if n, err := dc.Purge(context.Background(), nil); err != nil || n != len(left)-7 {
+		t.Fatalf("Purge = %d, %v; want %d", n, err, len(left)-7)
 	}
 	if left := scanIDs(t, d); len(left) != 0 {
 		t.Fatalf("%d still parked after Purge", len(left))
 	}
+	// One DeleteMessageBatch at most per receive, each of ten at most.
+	if batches := ops.get("AmazonSQS.DeleteMessageBatch"); batches > ops.get("AmazonSQS.ReceiveMessage") || batches*10 < len(left) || ops.get("AmazonSQS.DeleteMessage") != 0 {
+		t.Fatalf("Purge of %d sent %d DeleteMessageBatch and %d DeleteMessage requests over %d receives", len(left), batches, ops.get("AmazonSQS.DeleteMessage"), ops.get("AmazonSQS.ReceiveMessage"))
+	}
+}
+
+// opCounter counts the SQS requests it carries by operation.
+type opCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *opCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.n[r.Header.Get("X-Amz-Target")]++
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (c *opCounter) get(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[op]
 }
 
 // TestDeadLettersFoldedAttributes parks a message whose attributes do not

@@ -268,17 +268,27 @@ func staleIfGone(err error) error {
 // deleteBatch deletes ds; it returns the error of each not deleted.
 func (s *Source) deleteBatch(ctx context.Context, ds []*delivery) map[*delivery]error {
 	return s.batchCall(ctx, ds, func(ctx context.Context, chunk []*delivery) (map[int]entryErr, error) {
-		entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
+		receipts := make([]string, len(chunk))
 		for i, d := range chunk {
-			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(d.receipt)}
+			receipts[i] = d.receipt
 		}
 		s.stats.deleteCalls.Add(1)
-		out, err := s.cl.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(s.q.url), Entries: entries})
-		if err != nil {
-			return nil, err
-		}
-		return entryErrors(out.Failed), nil
+		return deleteReceipts(ctx, s.cl, s.q.url, receipts)
 	})
+}
+
+// deleteReceipts deletes up to ten receipt handles' messages in one
+// DeleteMessageBatch call.
+func deleteReceipts(ctx context.Context, cl *awssqs.Client, queueURL string, receipts []string) (map[int]entryErr, error) {
+	entries := make([]types.DeleteMessageBatchRequestEntry, len(receipts))
+	for i, r := range receipts {
+		entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r)}
+	}
+	out, err := cl.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
+	if err != nil {
+		return nil, err
+	}
+	return entryErrors(out.Failed), nil
 }
 
 // changeVisibility sets the visibility of up to ten deliveries.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -101,7 +102,7 @@ func publisherOpts(endpoint string) []PublisherOption {
 
 func testClient(endpoint string) *awssqs.Client {
 	cl, err := newClient(context.Background(), clientConfig{
-		endpoint: endpoint, region: "us-east-1", credentials: staticCredentials("test", "test", ""),
+		endpoint: endpoint, region: "us-east-1", credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
 	})
 	if err != nil {
 		panic(err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/idemq/idemq/internal/redact"
@@ -248,7 +249,7 @@ func WithRegion(region string) ClientOption {
 // emulators expect. Default the AWS credential chain.
 func WithStaticCredentials(accessKeyID, secretAccessKey, sessionToken string) ClientOption {
 	return checked("WithStaticCredentials", accessKeyID == "" || secretAccessKey == "", func(c *config) {
-		c.credentials = staticCredentials(accessKeyID, secretAccessKey, sessionToken)
+		c.credentials = credentials.NewStaticCredentialsProvider(accessKeyID, secretAccessKey, sessionToken)
 	}, "empty access key id or secret")
 }
 

@@ -58,9 +58,6 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 // QueueURL returns the queue's URL.
 func (p *Publisher) QueueURL() string { return p.q.url }
 
-// Client returns the SQS client.
-func (p *Publisher) Client() *awssqs.Client { return p.cl }
-
 // Publish implements driver.Publisher: it sends msgs to queue (a URL or
 // name; "" for the Publisher's own) and returns once SQS accepted every
 // one, sending again the entries SQS fails on its side. A message SQS

@@ -130,9 +130,6 @@ func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
 
 func (s *Source) log() *slog.Logger { return s.logs.Log() }
 
-// Client returns the SQS client.
-func (s *Source) Client() *awssqs.Client { return s.cl }
-
 // QueueURL returns the consumed queue's URL.
 func (s *Source) QueueURL() string { return s.q.url }
 
