@@ -108,12 +108,9 @@ func New[Tx any](src driver.Source, store driver.Store[Tx], h Handler[Tx], opts 
 	if h == nil {
 		return nil, errors.New("idemq: New: nil Handler")
 	}
-	c, err := newConsumer("New", src, store, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.kind = &perMessage[Tx]{c: c, h: h, call: func(ctx context.Context, tx Tx, it *item) error { return h(ctx, tx, it.m) }}
-	return c, nil
+	return newConsumer("New", src, store, opts, func(c *Consumer[Tx]) kind[Tx] {
+		return &perMessage[Tx]{c: c, h: h, call: func(ctx context.Context, tx Tx, it *item) error { return h(ctx, tx, it.m) }}
+	})
 }
 
 // NewBatch builds a Consumer that runs h once per batch, with every message
@@ -123,17 +120,12 @@ func NewBatch[Tx any](src driver.Source, store driver.Store[Tx], h BatchHandler[
 	if h == nil {
 		return nil, errors.New("idemq: NewBatch: nil BatchHandler")
 	}
-	c, err := newConsumer("NewBatch", src, store, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.kind = &batchKind[Tx]{c: c, h: h}
-	return c, nil
+	return newConsumer("NewBatch", src, store, opts, func(c *Consumer[Tx]) kind[Tx] { return &batchKind[Tx]{c: c, h: h} })
 }
 
-// newConsumer builds the pipeline every kind shares; the constructor named
-// ctor sets the kind.
-func newConsumer[Tx any](ctor string, src driver.Source, store driver.Store[Tx], opts []Option) (*Consumer[Tx], error) {
+// newConsumer builds the pipeline every kind shares, for the constructor
+// named ctor, and its kind with newKind.
+func newConsumer[Tx any](ctor string, src driver.Source, store driver.Store[Tx], opts []Option, newKind func(*Consumer[Tx]) kind[Tx]) (*Consumer[Tx], error) {
 	if src == nil {
 		return nil, errors.New("idemq: " + ctor + ": nil Source")
 	}
@@ -169,6 +161,7 @@ func newConsumer[Tx any](ctor string, src driver.Source, store driver.Store[Tx],
 		items:      make(chan *item, cfg.window),
 		settleIdle: make(chan []settlement),
 	}
+	c.kind = newKind(c)
 	return c, nil
 }
 

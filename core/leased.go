@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemq/idemq/internal/retry"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemq/idemq/internal/retry"
 
 	"github.com/idemq/idemq/core/driver"
 )
@@ -110,17 +111,12 @@ func NewLeased[Tx, R any](src driver.Source, store driver.Store[Tx], h LeasedHan
 	if !ok {
 		return nil, fmt.Errorf("idemq: NewLeased: the store %T cannot hold leased claims (driver.Leaser)", store)
 	}
-	c, err := newConsumer("NewLeased", src, store, opts)
-	if err != nil {
-		return nil, err
-	}
-	l := &leased[Tx, R]{c: c, h: h, store: ls, held: make(map[*leaseHold]struct{})}
-	l.complete = func(ctx context.Context, tx Tx, it *item) error {
-		r, _ := it.lease.result.(R)
-		return h.Complete(ctx, tx, it.m, r)
-	}
-	c.kind = l
-	return c, nil
+	return newConsumer("NewLeased", src, store, opts, func(c *Consumer[Tx]) kind[Tx] {
+		return &leased[Tx, R]{c: c, h: h, store: ls, held: make(map[*leaseHold]struct{}), complete: func(ctx context.Context, tx Tx, it *item) error {
+			r, _ := it.lease.result.(R)
+			return h.Complete(ctx, tx, it.m, r)
+		}}
+	})
 }
 
 // leased is NewLeased's kind: a lease and an External call per message
@@ -165,48 +161,44 @@ func (l *leased[Tx, R]) drop(h *leaseHold) {
 // ends. A lease found taken over is marked lost and its External call
 // cancelled: it could no longer complete.
 func (l *leased[Tx, R]) background(ctx context.Context) {
+	retry.Every(ctx, l.h.Lease/3, func(time.Time) { l.renew(ctx) })
+}
+
+// renew renews every lease held that has not lapsed.
+func (l *leased[Tx, R]) renew(ctx context.Context) {
 	c := l.c
-	t := time.NewTicker(l.h.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		l.mu.Lock()
-		holds := make([]*leaseHold, 0, len(l.held))
-		refs := make([]driver.LeaseRef, 0, len(l.held))
-		now := time.Now()
-		for h := range l.held {
-			if now.After(h.until) {
-				continue
-			}
-			holds = append(holds, h)
-			refs = append(refs, h.ref)
-		}
-		l.mu.Unlock()
-		if len(refs) == 0 {
+	l.mu.Lock()
+	now := time.Now()
+	holds := make([]*leaseHold, 0, len(l.held))
+	refs := make([]driver.LeaseRef, 0, len(l.held))
+	for h := range l.held {
+		if now.After(h.until) {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, l.h.Lease/3)
-		still, err := l.store.Renew(rctx, c.cfg.name, refs, l.h.Lease)
-		cancel()
-		if err == nil && len(still) != len(refs) {
-			err = fmt.Errorf("store renewed %d of %d leases", len(still), len(refs))
-		}
-		if err != nil {
-			// The next tick tries again; a lease that expires meanwhile is
-			// only taken over if its message is redelivered elsewhere, and
-			// then the fence stops this consumer from completing it.
-			c.log.Warn("idemq: renewing leases failed", "leases", len(refs), "err", err)
-			continue
-		}
-		for i, ok := range still {
-			if !ok && holds[i].lost.CompareAndSwap(false, true) {
-				holds[i].cancel()
-				c.log.Warn("idemq: a lease was taken over while its external step ran", "id", shortID(refs[i].ID))
-			}
+		holds = append(holds, h)
+		refs = append(refs, h.ref)
+	}
+	l.mu.Unlock()
+	if len(refs) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, l.h.Lease/3)
+	still, err := l.store.Renew(rctx, c.cfg.name, refs, l.h.Lease)
+	cancel()
+	if err == nil && len(still) != len(refs) {
+		err = fmt.Errorf("store renewed %d of %d leases", len(still), len(refs))
+	}
+	if err != nil {
+		// The next tick tries again; a lease that expires meanwhile is
+		// only taken over if its message is redelivered elsewhere, and
+		// then the fence stops this consumer from completing it.
+		c.log.Warn("idemq: renewing leases failed", "leases", len(refs), "err", err)
+		return
+	}
+	for i, ok := range still {
+		if !ok && holds[i].lost.CompareAndSwap(false, true) {
+			holds[i].cancel()
+			c.log.Warn("idemq: a lease was taken over while its external step ran", "id", shortID(refs[i].ID))
 		}
 	}
 }

@@ -253,15 +253,7 @@ func buildConfig(opts []Option) (config, error) {
 		notify:         true,
 		logger:         slog.Default(),
 	}
-	var errs []error
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&c); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs := []error{option.ApplyAll(&c, opts...)}
 	if c.window == 0 {
 		c.window = c.batch * DefaultWindowFactor
 	}

@@ -403,18 +403,11 @@ func (r *Relay) listen(ctx context.Context, n Notifier) {
 // prune deletes sent rows older than the retention every prune interval,
 // in transactions of at most pruneBatch rows.
 func (r *Relay) prune(ctx context.Context) {
-	t := time.NewTicker(r.cfg.pruneInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	retry.Every(ctx, r.cfg.pruneInterval, func(time.Time) {
 		if _, err := r.Prune(ctx, time.Now().Add(-r.cfg.retention)); err != nil && ctx.Err() == nil {
 			r.cfg.logger.Warn("outbox: pruning sent rows failed", "relay", r.cfg.name, "error", err)
 		}
-	}
+	})
 }
 
 // Prune deletes rows sent before the given time, in transactions of at

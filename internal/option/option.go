@@ -25,6 +25,18 @@ func Apply[C any, O ~func(*C) error](cfg *C, opts ...O) error {
 	return nil
 }
 
+// ApplyAll applies every non-nil option of opts to cfg, in order, and
+// returns all their errors joined, so one start-up names every bad option.
+func ApplyAll[C any, O ~func(*C) error](cfg *C, opts ...O) error {
+	var errs []error
+	for _, o := range opts {
+		if o != nil {
+			errs = append(errs, o(cfg))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Set returns an option of package pkg named name: applied, it fails with
 // "pkg: option name: err" when err (the value's check) is not nil, and
 // otherwise calls set.

@@ -1,6 +1,7 @@
 package option
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -42,5 +43,18 @@ func TestChecks(t *testing.T) {
 	}
 	if Range(3, 1, 5) != nil || AtLeast(1, 1) != nil || Positive(1) != nil || NotNil(true, "x") != nil || Refuse(false, "x") != nil || NoneNil([]func(){func() {}}, "m") != nil {
 		t.Error("a value within its bounds was refused")
+	}
+}
+
+func TestApplyAllJoinsEveryError(t *testing.T) {
+	type cfg struct{ n int }
+	bad := func(msg string) func(*cfg) error { return func(*cfg) error { return errors.New(msg) } }
+	var c cfg
+	err := ApplyAll(&c, func(c *cfg) error { c.n = 3; return nil }, nil, bad("first"), bad("second"))
+	if c.n != 3 || err == nil || err.Error() != "first\nsecond" {
+		t.Fatalf("ApplyAll: n %d, err %v", c.n, err)
+	}
+	if ApplyAll[cfg, func(*cfg) error](&c) != nil {
+		t.Fatal("no options gave an error")
 	}
 }

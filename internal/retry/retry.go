@@ -45,6 +45,20 @@ func (b *Backoff) Reset() { b.b.Reset() }
 // first.
 func (b *Backoff) Wait(ctx context.Context) bool { return Sleep(ctx, b.Next()) }
 
+// Every calls f every interval, with the time of the tick, until ctx ends.
+func Every(ctx context.Context, every time.Duration, f func(now time.Time)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			f(now)
+		}
+	}
+}
+
 // Sleep waits d or until ctx is done; it reports whether d elapsed.
 func Sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {

@@ -41,3 +41,25 @@ func TestSleepStopsWithTheContext(t *testing.T) {
 		t.Fatal("Sleep(1ms) did not report it slept")
 	}
 }
+
+func TestEveryTicksUntilTheContextEnds(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ticks := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Every(ctx, time.Millisecond, func(time.Time) {
+			if ticks++; ticks == 3 {
+				cancel()
+			}
+		})
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Every did not return after its context ended")
+	}
+	if ticks < 3 {
+		t.Fatalf("%d ticks, want at least 3", ticks)
+	}
+}

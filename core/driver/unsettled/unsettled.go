@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // Reasons of a stale settlement, wrapped by driver.Stale.
@@ -196,16 +197,7 @@ func (s *Set[K, D]) Lapses(e *Entry[K, D]) time.Time {
 // Heartbeat calls beat every interval, with the time of the tick, until ctx
 // ends.
 func Heartbeat(ctx context.Context, every time.Duration, beat func(now time.Time)) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			beat(now)
-		}
-	}
+	retry.Every(ctx, every, beat)
 }
 
 // Logger is a source's logger: one given at construction (an adapter

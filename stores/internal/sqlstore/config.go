@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/sqlident"
 )
 
@@ -46,16 +47,7 @@ func NewConfig(store string) Config {
 // Build runs the non-nil opts, in order, on c, a store's config with its
 // defaults, and returns it with every invalid option's error joined.
 func Build[C any, O ~func(*C) error](c C, opts []O) (C, error) {
-	var errs []error
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return c, errors.Join(errs...)
+	return c, option.ApplyAll(&c, opts...)
 }
 
 // Fail returns the error of an option given an invalid value:
