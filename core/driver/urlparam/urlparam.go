@@ -146,6 +146,28 @@ func (t Table[O]) Take(q url.Values) ([]O, error) {
 	return opts, nil
 }
 
+// Split is Take for a URL whose other parameters all belong to a client
+// library, named in pass (amqp091-go's heartbeat, a driver's sslmode): it
+// leaves q holding only those. A parameter of t given more than once (only
+// pass's may repeat), or one neither t nor pass names, fails, named.
+func (t Table[O]) Split(q url.Values, pass ...string) ([]O, error) {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if n := len(q[k]); n != 1 && !slices.Contains(pass, k) {
+			return nil, fmt.Errorf("%s URL parameter %s: given %d times", t.Scheme, redact.Name(k), n)
+		}
+	}
+	opts, err := t.Take(q)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if !slices.Contains(pass, k) {
+			return nil, t.unknown(k, pass...)
+		}
+	}
+	return opts, nil
+}
+
 func (t Table[O]) read(name string, p Param[O], v string) ([]O, error) {
 	o, err := p.Read(v)
 	if err != nil {

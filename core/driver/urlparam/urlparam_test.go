@@ -50,6 +50,29 @@ func TestTakeLeavesTheRest(t *testing.T) {
 	}
 }
 
+func TestSplitLeavesTheClientsParameters(t *testing.T) {
+	q := url.Values{"group": {"g"}, "heartbeat": {"5", "6"}, "sslmode": {"require"}}
+	opts, err := table().Split(q, "heartbeat", "sslmode")
+	if err != nil || len(opts) != 1 || opts[0] != "group=g" {
+		t.Fatalf("Split = %q, %v", opts, err)
+	}
+	if q.Encode() != "heartbeat=5&heartbeat=6&sslmode=require" {
+		t.Errorf("left %q, want the client's parameters, repeats and all", q.Encode())
+	}
+	for raw, want := range map[string]string{
+		"group=a&group=b":   "x URL parameter group: given 2 times",
+		"grup=a":            `unknown parameter "grup" (did you mean group?)`,
+		"window=x":          "x URL parameter window: not a number",
+		"group=a&p%40ss=1":  "(a name of 4 bytes, not shown)",
+		"heartbeat=1&mod=x": "known: ack_wait, declare, group, heartbeat, id_header, mode, window",
+	} {
+		q, _ := url.ParseQuery(raw)
+		if _, err := table().Split(q, "heartbeat"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Split(%s) = %v, want an error with %q", raw, err, want)
+		}
+	}
+}
+
 func TestExplainNamesTheParameter(t *testing.T) {
 	base := errors.New("x: option WithAckWait: 1ms is under 10ms")
 	err := table().Explain(base)
