@@ -92,8 +92,7 @@ func (q *dlqStore) Republish(ctx context.Context, d *amqp.Delivery, p *admin.Par
 			delete(pub.Headers, k)
 		}
 	}
-	_, err := q.ch.publish(ctx, "", p.Destination, true, pub)
-	return err
+	return q.ch.publish(ctx, "", p.Destination, true, pub)
 }
 
 // Remove implements deadletter.Store: it acks d on the call's channel.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -107,13 +106,9 @@ func (s *session) ackBatch(ds []*delivery) error {
 	slices.SortFunc(ds, func(a, b *delivery) int { return cmp.Compare(a.tag, b.tag) })
 	// The lowest tag still unsettled bounds the run a multiple ack may
 	// cover: it acknowledges every unacked tag up to its own.
-	limit, ok := unsettled.Min(s.live)
-	if !ok {
-		limit = math.MaxUint64
-	}
-	run := 0
-	for run < len(ds) && ds[run].tag < limit {
-		run++
+	run := len(ds)
+	if limit, ok := unsettled.Min(s.live); ok {
+		run, _ = slices.BinarySearchFunc(ds, limit, func(d *delivery, tag uint64) int { return cmp.Compare(d.tag, tag) })
 	}
 	rest := ds
 	if run >= 2 {
@@ -160,12 +155,7 @@ func (s *session) publish(ctx context.Context, key string, p amqp.Publishing) er
 		}
 		s.pub = pub
 	}
-	reusable, err := s.pub.publish(ctx, "", key, true, p)
-	if !reusable {
-		s.pub.Close()
-		s.pub.Channel = nil
-	}
-	return err
+	return s.pub.publish(ctx, "", key, true, p)
 }
 
 // confirmCh is a channel in confirm mode and the channel its basic.returns
@@ -194,15 +184,15 @@ func openConfirm(conn *amqp.Connection, n int) (confirmCh, error) {
 // awaiting a confirm on c, and waits for their confirms. A returned
 // message fails the call, marked driver.Permanent for 312 NO_ROUTE (no
 // queue is bound for the key: it fails the same way until one is), and so
-// does a nack. reusable is false when the call was cut short: a late
-// confirm or return of ps could then be taken for the next call's, which
-// must start on a fresh channel.
-func (c confirmCh) publish(ctx context.Context, exchange, key string, mandatory bool, ps ...amqp.Publishing) (reusable bool, err error) {
+// does a nack. A call cut short closes c: a late confirm or return of ps
+// could be taken for the next call's, which must start on a fresh channel.
+func (c confirmCh) publish(ctx context.Context, exchange, key string, mandatory bool, ps ...amqp.Publishing) error {
 	confs := make([]*amqp.DeferredConfirmation, 0, len(ps))
 	for _, p := range ps {
 		conf, err := c.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, p)
 		if err != nil {
-			return false, fmt.Errorf("publish %q: %w", p.MessageId, err)
+			c.Close()
+			return fmt.Errorf("publish %q: %w", p.MessageId, err)
 		}
 		confs = append(confs, conf)
 	}
@@ -210,7 +200,8 @@ func (c confirmCh) publish(ctx context.Context, exchange, key string, mandatory 
 	for _, conf := range confs {
 		acked, err := conf.WaitContext(ctx)
 		if err != nil {
-			return false, fmt.Errorf("waiting for publisher confirms: %w", err)
+			c.Close()
+			return fmt.Errorf("waiting for publisher confirms: %w", err)
 		}
 		if !acked {
 			nacked++
@@ -226,14 +217,14 @@ func (c confirmCh) publish(ctx context.Context, exchange, key string, mandatory 
 		}
 		err := fmt.Errorf("%d of %d messages unroutable with key %q: %d %s", n, len(ps), key, first.ReplyCode, first.ReplyText)
 		if first.ReplyCode == amqp.NoRoute {
-			return true, driver.Permanent(err)
+			return driver.Permanent(err)
 		}
-		return true, err
+		return err
 	}
 	if nacked > 0 {
-		return true, fmt.Errorf("%d of %d messages not confirmed by the broker", nacked, len(ps))
+		return fmt.Errorf("%d of %d messages not confirmed by the broker", nacked, len(ps))
 	}
-	return true, nil
+	return nil
 }
 
 // delivery is one received message bound to its session.
@@ -275,7 +266,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.ack(); err != nil {
 		return d.wrap(err)
 	}
-	d.sess.src.forget(d)
+	d.sess.src.attempts.Forget(d.id)
 	return nil
 }
 
@@ -301,7 +292,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	}
 	nack := func() error {
 		return d.sess.settle(d.e, func(ch *amqp.Channel) error {
-			src.remember(d.id, d.msg.Attempt)
+			src.attempts.Requeued(d.id, d.msg.Attempt)
 			return ch.Nack(d.tag, false, true)
 		})
 	}
@@ -313,23 +304,13 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 		return d.wrap(d.sess.stale(1, nil))
 	default:
 	}
-	src.mu.Lock()
-	defer src.mu.Unlock()
-	if src.closed {
-		return d.wrap(driver.Stale(driver.ErrSourceClosed))
-	}
-	src.wg.Add(1)
-	var t *time.Timer
-	t = time.AfterFunc(delay, func() {
-		defer src.wg.Done()
-		src.mu.Lock()
-		delete(src.timers, t)
-		src.mu.Unlock()
+	if !src.delays.After(delay, func() {
 		if err := nack(); err != nil {
 			src.logs.Log().Warn("idemq rabbitmq: delayed requeue failed; the broker redelivers the message", "queue", src.cfg.queue, "message_id", d.msg.ID, "error", err)
 		}
-	})
-	src.timers[t] = struct{}{}
+	}) {
+		return d.wrap(driver.Stale(driver.ErrSourceClosed))
+	}
 	return nil
 }
 
@@ -363,7 +344,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 			return d.wrap(err)
 		}
 	}
-	src.forget(d)
+	src.attempts.Forget(d.id)
 	return nil
 }
 
@@ -403,10 +384,6 @@ const MetadataRedelivered = "messaging.rabbitmq.message.redelivered_flag"
 // header held no usable id (the Message then has none).
 func toMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) error {
 	id, idErr := messageID(idHeader, r)
-	exchange := r.Exchange
-	if exchange == "" {
-		exchange = "amq.default"
-	}
 	key, _ := r.Headers[KeyHeader].(string)
 	*m = driver.Message{
 		ID:      id,
@@ -417,7 +394,7 @@ func toMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) erro
 		System:  "rabbitmq",
 		Attempt: attempt(r),
 		Metadata: map[string]string{
-			string(semconv.MessagingDestinationNameKey):               exchange,
+			string(semconv.MessagingDestinationNameKey):               cmp.Or(r.Exchange, "amq.default"),
 			string(semconv.MessagingRabbitMQDestinationRoutingKeyKey): r.RoutingKey,
 			string(semconv.MessagingRabbitMQMessageDeliveryTagKey):    strconv.FormatUint(r.DeliveryTag, 10),
 			string(semconv.MessagingMessageIDKey):                     id,

@@ -163,12 +163,11 @@ func (p *Publisher) connect(ctx context.Context) error {
 	if err := p.link.connect(ctx); err != nil {
 		return err
 	}
-	ch, err := openConfirm(p.conn, confirmChunk)
-	if err != nil {
+	var err error
+	if p.ch, err = openConfirm(p.conn, confirmChunk); err != nil {
 		p.link.Close()
 		return fmt.Errorf("rabbitmq: publisher channel: %w", err)
 	}
-	p.ch = ch
 	return nil
 }
 
@@ -221,10 +220,7 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Mes
 			}
 			ps = append(ps, amqp.Publishing{MessageId: m.ID, Headers: h, Body: m.Body, DeliveryMode: amqp.Persistent, Timestamp: now})
 		}
-		if _, err := p.ch.publish(ctx, p.cfg.exchange, key, p.cfg.mandatory, ps...); err != nil {
-			// Confirms or returns of this chunk may still arrive: the
-			// next call starts on a fresh channel.
-			p.ch.Close()
+		if err := p.ch.publish(ctx, p.cfg.exchange, key, p.cfg.mandatory, ps...); err != nil {
 			return fmt.Errorf("rabbitmq: %w", err)
 		}
 	}

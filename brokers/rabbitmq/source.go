@@ -38,18 +38,16 @@ type Source struct {
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
-	window  int
 	started bool
 	closed  bool
 	sess    *session         // current session, nil while reconnecting
 	initial *amqp.Connection // the connection Open made, used by the first session
-	timers  map[*time.Timer]struct{}
 
+	delays unsettled.Delays // RetryRequeue's delayed nacks
 	// attempts remembers the attempt of messages this process requeued
 	// with RetryRequeue, by id: a classic queue only flags a redelivery, so
 	// Attempt would stop at 2 and MaxAttempts never be reached.
-	attemptsMu sync.Mutex
-	attempts   map[string]int
+	attempts *unsettled.Attempts[string]
 
 	out  chan *delivery // converted deliveries waiting for Receive
 	errs chan error     // connection trouble reported to Receive, never blocks the loop
@@ -67,6 +65,7 @@ type Source struct {
 	isolate        atomic.Bool
 	isolatedParsed int // redelivered messages parsed while isolated; run's own
 
+	window                                                     atomic.Int32 // the prefetch a new consumer starts with
 	reconnects, isolations, stale, multipleAcks, multipleCount atomic.Int64
 }
 
@@ -89,9 +88,6 @@ func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, erro
 	}
 	if cfg.queue == "" {
 		return config{}, hostlist.List{}, errors.New("rabbitmq: no queue named: give the URL parameter queue= or the option WithQueue")
-	}
-	if err := checkName(cfg.queue); err != nil {
-		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: queue: %w", err)
 	}
 	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
 	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
@@ -139,15 +135,14 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	s := &Source{
 		dialer:   hostlist.NewDialer(ns, cfg.open),
 		cfg:      cfg,
-		window:   cfg.prefetch,
-		timers:   make(map[*time.Timer]struct{}),
-		attempts: make(map[string]int),
+		attempts: unsettled.NewAttempts[string](10000),
 		// Buffered so the pump converts ahead while the Consumer is busy;
 		// what waits here is within the broker's prefetch.
 		out:  make(chan *delivery, 128),
 		errs: make(chan error, 1),
 	}
 	s.logs.Init(cfg.logger)
+	s.window.Store(int32(cfg.prefetch))
 	if s.initial, err = s.dialAndDeclare(ctx); err != nil {
 		return nil, err
 	}
@@ -213,8 +208,8 @@ func (s *Source) SetWindow(n int) error {
 	if n < 1 {
 		return fmt.Errorf("rabbitmq: SetWindow: window %d is below 1", n)
 	}
+	s.window.Store(int32(min(n, 65535)))
 	s.mu.Lock()
-	s.window = min(n, 65535)
 	sess := s.sess
 	s.mu.Unlock()
 	if sess != nil {
@@ -223,13 +218,6 @@ func (s *Source) SetWindow(n int) error {
 		}
 	}
 	return nil
-}
-
-// currentWindow is the window a new consumer starts with.
-func (s *Source) currentWindow() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.window
 }
 
 // Receive returns the next delivery. It blocks until one arrives, ctx is
@@ -286,13 +274,8 @@ func (s *Source) Close() error {
 	// if run has not taken it yet, Close.
 	initial := s.initial
 	s.initial = nil
-	for t := range s.timers {
-		if t.Stop() {
-			s.wg.Done()
-		}
-	}
-	clear(s.timers)
 	s.mu.Unlock()
+	s.delays.Stop()
 	s.cancel()
 	var err error
 	if initial != nil {
@@ -375,43 +358,6 @@ func (s *Source) run() {
 	}
 }
 
-// maxRemembered bounds the requeued-attempt memory.
-const maxRemembered = 10000
-
-// remember records that the message with id was requeued after attempt.
-func (s *Source) remember(id string, attempt int) {
-	if id == "" {
-		return
-	}
-	s.attemptsMu.Lock()
-	defer s.attemptsMu.Unlock()
-	if _, ok := s.attempts[id]; !ok && len(s.attempts) >= maxRemembered {
-		for k := range s.attempts { // evict an arbitrary entry
-			delete(s.attempts, k)
-			break
-		}
-	}
-	s.attempts[id] = attempt
-}
-
-// requeued returns the attempt after which id was last requeued, or 0.
-func (s *Source) requeued(id string) int {
-	s.attemptsMu.Lock()
-	defer s.attemptsMu.Unlock()
-	return s.attempts[id]
-}
-
-// forget drops the ids of ds once they are acked or dead-lettered.
-func (s *Source) forget(ds ...*delivery) {
-	s.attemptsMu.Lock()
-	defer s.attemptsMu.Unlock()
-	if len(s.attempts) > 0 { // else nothing was requeued: the common case
-		for _, d := range ds {
-			delete(s.attempts, d.id)
-		}
-	}
-}
-
 // startSession starts consuming on conn, dialled and the topology
 // declared first when nil. On failure it closes the connection, and what
 // names the step that failed.
@@ -427,7 +373,7 @@ func (s *Source) startSession(conn *amqp.Connection) (_ *session, _ <-chan amqp.
 		return nil, nil, "consume", err
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	window, tag := s.currentWindow(), s.cfg.consumerTag
+	window, tag := int(s.window.Load()), s.cfg.consumerTag
 	if s.isolate.Load() {
 		window = 1
 		// A tag of its own, to cancel this consumer once a message parsed.
@@ -509,7 +455,7 @@ func (s *Source) newDelivery(sess *session, e *unsettled.Entry[uint64, struct{}]
 		s.logs.Log().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.cfg.queue, "delivery_tag", raw.DeliveryTag, "error", d.idErr)
 	}
 	if raw.Redelivered {
-		d.msg.Attempt = max(d.msg.Attempt, s.requeued(d.id)+1)
+		d.msg.Attempt = max(d.msg.Attempt, s.attempts.Last(d.id)+1)
 	}
 	return d
 }
@@ -522,7 +468,7 @@ func (s *Source) passedUnparseable(redelivered bool) bool {
 		return true
 	}
 	s.isolatedParsed++
-	return s.isolatedParsed >= s.currentWindow()
+	return s.isolatedParsed >= int(s.window.Load())
 }
 
 // unparseable tells a connection the client dropped because it could not
@@ -538,7 +484,7 @@ func unparseable(e *amqp.Error) bool {
 // only the message just received (its next comes after an ack), is
 // cancelled, so delivery tags stay in order.
 func (s *Source) unisolate(sess *session) (<-chan amqp.Delivery, error) {
-	if err := sess.ch.Qos(s.currentWindow(), 0, false); err != nil {
+	if err := sess.ch.Qos(int(s.window.Load()), 0, false); err != nil {
 		return nil, err
 	}
 	next, err := sess.ch.Consume(s.cfg.queue, s.cfg.consumerTag, false, false, false, false, nil)
@@ -577,7 +523,9 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 		if err := sess.ackBatch(own[:n]); err != nil {
 			errs = append(errs, err)
 		}
-		s.forget(own[:n]...)
+		for _, d := range own[:n] {
+			s.attempts.Forget(d.id)
+		}
 		own = own[n:]
 	}
 	return errors.Join(errs...)

@@ -21,56 +21,50 @@ func declare(conn *amqp.Connection, queue string, cfg config) error {
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
 	defer ch.Close()
-	if !cfg.declare {
-		names := []string{queue}
-		if cfg.deadLetterMode == DeadLetterRepublish {
-			names = append(names, cfg.deadLetterQueue)
-		}
-		if cfg.retryMode == RetryViaQueue {
-			names = append(names, cfg.retryQueue)
-		}
-		for _, n := range names {
-			if _, err := ch.QueueDeclarePassive(n, true, false, false, false, nil); err != nil {
-				return fmt.Errorf("rabbitmq: queue %q must exist when WithDeclare(false): %w", n, err)
-			}
-		}
-		if cfg.exchange != "" {
-			if err := ch.ExchangeDeclarePassive(cfg.exchange, "direct", true, false, false, false, nil); err != nil {
-				return fmt.Errorf("rabbitmq: exchange %q must exist when WithDeclare(false): %w", cfg.exchange, err)
-			}
-		}
-		return nil
+	// Each queue is of the configured type and dead-letters to dlx ("" for
+	// none), with the message TTL if ttl. Without declaring, the
+	// dead-letter queue must exist only for DeadLetterRepublish: a
+	// rejected message goes where the queue's own arguments send it.
+	type spec struct {
+		what, name, dlx string
+		ttl             bool
+		limit           int
 	}
-	// queueDeclare declares a queue of the configured type that
-	// dead-letters to dlx ("" for none), with the message TTL if ttl.
-	queueDeclare := func(what, name, dlx string, ttl bool, limit int) error {
-		args := amqp.Table{"x-queue-type": string(cfg.queueType)}
-		if dlx != "" {
-			args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"] = "", dlx
-		}
-		if ttl && cfg.messageTTL > 0 {
-			args["x-message-ttl"] = cfg.messageTTL.Milliseconds()
-		}
-		if limit > 0 {
-			args["x-delivery-limit"] = int64(limit)
-		}
-		if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
-			return fmt.Errorf("rabbitmq: declare %s %q: %w%s", what, name, err, preconditionHint(err))
-		}
-		return nil
-	}
-	if err := queueDeclare("dead-letter queue", cfg.deadLetterQueue, "", true, 0); err != nil {
-		return err
-	}
-	if err := queueDeclare("queue", queue, cfg.deadLetterQueue, true, cfg.deliveryLimit); err != nil {
-		return err
+	queues := []spec{{"dead-letter queue", cfg.deadLetterQueue, "", true, 0}, {"queue", queue, cfg.deadLetterQueue, true, cfg.deliveryLimit}}
+	if !cfg.declare && cfg.deadLetterMode != DeadLetterRepublish {
+		queues = queues[1:]
 	}
 	if cfg.retryMode == RetryViaQueue {
-		if err := queueDeclare("retry queue", cfg.retryQueue, queue, false, 0); err != nil {
-			return err
+		queues = append(queues, spec{"retry queue", cfg.retryQueue, queue, false, 0})
+	}
+	for _, q := range queues {
+		if !cfg.declare {
+			if _, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil); err != nil {
+				return fmt.Errorf("rabbitmq: %s %q must exist when WithDeclare(false): %w", q.what, q.name, err)
+			}
+			continue
+		}
+		args := amqp.Table{"x-queue-type": string(cfg.queueType)}
+		if q.dlx != "" {
+			args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"] = "", q.dlx
+		}
+		if q.ttl && cfg.messageTTL > 0 {
+			args["x-message-ttl"] = cfg.messageTTL.Milliseconds()
+		}
+		if q.limit > 0 {
+			args["x-delivery-limit"] = int64(q.limit)
+		}
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, args); err != nil {
+			return fmt.Errorf("rabbitmq: declare %s %q: %w%s", q.what, q.name, err, preconditionHint(err))
 		}
 	}
 	if cfg.exchange == "" {
+		return nil
+	}
+	if !cfg.declare {
+		if err := ch.ExchangeDeclarePassive(cfg.exchange, "direct", true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: exchange %q must exist when WithDeclare(false): %w", cfg.exchange, err)
+		}
 		return nil
 	}
 	// Declared as a durable direct exchange unless it exists, whatever its

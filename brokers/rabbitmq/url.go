@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/url"
-	"slices"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -26,10 +24,8 @@ func init() {
 }
 
 // amqpParams are the URI query parameters left to amqp091-go.
-var amqpParams = map[string]bool{
-	"heartbeat": true, "connection_timeout": true, "channel_max": true, "auth_mechanism": true,
-	"certfile": true, "keyfile": true, "cacertfile": true, "server_name_indication": true,
-}
+var amqpParams = []string{"heartbeat", "connection_timeout", "channel_max", "auth_mechanism",
+	"certfile", "keyfile", "cacertfile", "server_name_indication"}
 
 // urlParams are idemq's URL parameters. The options name themselves in
 // their errors, whether given by URL or in code.
@@ -75,19 +71,9 @@ func readURL(addr string) (amqpURL, queue string, opts []Option, err error) {
 	if err != nil {
 		return "", "", nil, fmt.Errorf("rabbitmq: url parameters: %w", err)
 	}
-	for k, vs := range q {
-		if len(vs) != 1 && !amqpParams[k] {
-			return "", "", nil, fmt.Errorf("rabbitmq: url parameter %s: given %d times", redact.Name(k), len(vs))
-		}
-	}
 	queue = q.Get("queue")
-	if opts, err = urlParams.Take(q); err != nil {
+	if opts, err = urlParams.Split(q, amqpParams...); err != nil {
 		return "", "", nil, err
-	}
-	for k := range q {
-		if !amqpParams[k] {
-			return "", "", nil, urlParams.Unknown(k, slices.Collect(maps.Keys(amqpParams))...)
-		}
 	}
 	u.RawQuery = q.Encode()
 	if len(ns.Hosts) > 1 {

@@ -65,8 +65,8 @@ func TestOpenURLConsumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	if src.Queue() != q || src.cfg.queueType != Quorum || src.window != 7 {
-		t.Fatalf("source from URL: queue %q type %q window %d", src.Queue(), src.cfg.queueType, src.window)
+	if src.Queue() != q || src.cfg.queueType != Quorum || src.window.Load() != 7 {
+		t.Fatalf("source from URL: queue %q type %q window %d", src.Queue(), src.cfg.queueType, src.window.Load())
 	}
 	publishN(t, url, q, "url", 2)
 	for _, d := range receiveN(t, src, 2, 10*time.Second) {
