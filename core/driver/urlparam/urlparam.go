@@ -50,34 +50,28 @@ func NonEmpty[O any](option string, o func(string) O) Param[O] {
 
 // Bool is a parameter of strconv.ParseBool's values.
 func Bool[O any](option string, o func(bool) O) Param[O] {
-	return Param[O]{option, func(v string) ([]O, error) {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, errors.New("not a boolean (true or false)")
-		}
-		return []O{o(b)}, nil
-	}}
+	return parsed(option, strconv.ParseBool, "not a boolean (true or false)", o)
 }
 
 // Int is a parameter of a whole number; the option checks its range.
 func Int[O any](option string, o func(int) O) Param[O] {
-	return Param[O]{option, func(v string) ([]O, error) {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, errors.New("not a number")
-		}
-		return []O{o(n)}, nil
-	}}
+	return parsed(option, strconv.Atoi, "not a number", o)
 }
 
 // Duration is a parameter of time.ParseDuration's values.
 func Duration[O any](option string, o func(time.Duration) O) Param[O] {
+	return parsed(option, time.ParseDuration, "not a duration like 30s or 168h", o)
+}
+
+// parsed is a parameter whose value parse reads; a value it refuses is
+// what the error says, never quoted (it may be a secret).
+func parsed[T, O any](option string, parse func(string) (T, error), what string, o func(T) O) Param[O] {
 	return Param[O]{option, func(v string) ([]O, error) {
-		d, err := time.ParseDuration(v)
+		x, err := parse(v)
 		if err != nil {
-			return nil, errors.New("not a duration like 30s or 168h")
+			return nil, errors.New(what)
 		}
-		return []O{o(d)}, nil
+		return []O{o(x)}, nil
 	}}
 }
 
