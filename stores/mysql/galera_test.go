@@ -259,7 +259,7 @@ func TestGalera(t *testing.T) {
 	// while node 2 is SIGKILLed and rejoins by state transfer: every
 	// payment once.
 	t.Run("ConsumersOnTwoNodesNodeKilled", func(t *testing.T) {
-		const n = 2000
+		const n = 20_000
 		ctx := context.Background()
 		fx, table := ledger(t), storetest.UniqueName("idemq_my_")
 		b, err := memory.NewBroker(memory.WithSeed(7), memory.WithVisibilityTimeout(5*time.Second), memory.WithFaults(memory.Faults{DuplicatePublish: 0.2}))
@@ -309,13 +309,13 @@ func TestGalera(t *testing.T) {
 			}
 			return d
 		}
-		servicetest.WaitFor(t, time.Minute, "a fifth of the payments decided", func() bool { return decided() >= total/5 })
+		servicetest.WaitFor(t, 3*time.Minute, "a fifth of the payments decided", func() bool { return decided() >= total/5 })
 		c.Nodes[2].Kill()
 		before := decided()
 		killed := time.Now()
 		c.Rejoin(2)
 		t.Logf("node 2 SIGKILLed with %d of %d decided, back in the cluster and synced %.1fs later", before, total, time.Since(killed).Seconds())
-		servicetest.WaitFor(t, 3*time.Minute, "every delivery decided", func() bool { return decided() >= total && b.Stats("payments").InFlight == 0 })
+		servicetest.WaitFor(t, 8*time.Minute, "every delivery decided", func() bool { return decided() >= total && b.Stats("payments").InFlight == 0 })
 		cancel()
 		wg.Wait()
 		var stats []core.Stats
