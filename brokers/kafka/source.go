@@ -366,10 +366,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.broadcast() // once for the batch
-	own, errs := unsettled.Take("kafka", ds, func(cd driver.Delivery) (*delivery, bool) {
-		d, ok := cd.(*delivery)
-		return d, ok && d.src == s
-	}, func(d *delivery) error { return d.wrap(d.Claim()) })
+	own, errs := unsettled.Take("kafka", ds, func(d *delivery) bool { return d.src == s }, func(d *delivery) error { return d.wrap(d.Claim()) })
 	for _, d := range own {
 		if err := s.settleQuietly(d, nil); err != nil {
 			errs = append(errs, d.wrap(err))

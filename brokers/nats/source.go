@@ -264,10 +264,7 @@ func (s *Source) Close() error {
 // so it sends the plain acks and then one flush, whose answer confirms the
 // server read every ack before it: one round trip for the batch.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("nats", ds, func(dd driver.Delivery) (*delivery, bool) {
-		d, ok := dd.(*delivery)
-		return d, ok && d.s == s
-	}, (*delivery).begin)
+	own, errs := unsettled.Take("nats", ds, func(d *delivery) bool { return d.s == s }, (*delivery).begin)
 	if len(own) == 0 {
 		return errors.Join(errs...)
 	}

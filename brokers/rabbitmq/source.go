@@ -508,10 +508,7 @@ func closeReason(e *amqp.Error) string {
 // Deliveries whose channel closed are not acked (driver.ErrStaleDelivery);
 // the returned error joins one error per delivery that failed.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("rabbitmq", ds, func(cd driver.Delivery) (*delivery, bool) {
-		d, ok := cd.(*delivery)
-		return d, ok && d.sess.src == s
-	}, func(d *delivery) error { return d.wrap(d.Claim()) })
+	own, errs := unsettled.Take("rabbitmq", ds, func(d *delivery) bool { return d.sess.src == s }, func(d *delivery) error { return d.wrap(d.Claim()) })
 	for len(own) > 0 { // nearly always one session: own[:n] are the first's
 		sess, n := own[0].sess, 0
 		for i, d := range own {

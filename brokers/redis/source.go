@@ -307,10 +307,7 @@ func (s *Source) settle(e *entry) error {
 // AckBatch implements driver.BatchSettler with one XACK; the joined error
 // names the deliveries settled before, stale or of another source.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("redis", ds, func(dd driver.Delivery) (*delivery, bool) {
-		d, ok := dd.(*delivery)
-		return d, ok && d.s == s
-	}, func(d *delivery) error { return s.settle(d.e) })
+	own, errs := unsettled.Take("redis", ds, func(d *delivery) bool { return d.s == s }, func(d *delivery) error { return s.settle(d.e) })
 	ids := make([]string, len(own))
 	for i, d := range own {
 		ids[i] = d.e.Key

@@ -453,10 +453,7 @@ func (s *Source) Close() error {
 // call. Entries SQS fails are sent again (WithSettleRetries); the error
 // joins one error per delivery still not deleted, which SQS redelivers.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("sqs", ds, func(cd driver.Delivery) (*delivery, bool) {
-		d, ok := cd.(*delivery)
-		return d, ok && d.src == s
-	}, (*delivery).claim)
+	own, errs := unsettled.Take("sqs", ds, func(d *delivery) bool { return d.src == s }, (*delivery).claim)
 	if len(own) > 0 {
 		failed := s.deleteBatch(ctx, own)
 		for _, d := range own {

@@ -261,26 +261,25 @@ func Min[K cmp.Ordered, D any](s *Set[K, D]) (K, bool) {
 	return low, found
 }
 
-// Take sorts the deliveries a BatchSettler's AckBatch is given: mine
-// recognises a delivery of this source, claim claims the right to settle
-// it (Set.Settle, or an adapter's own guard). It returns the deliveries to
-// acknowledge, and the errors of the others: of another source, settled
-// before, or stale.
-func Take[D any](scheme string, ds []driver.Delivery, mine func(driver.Delivery) (D, bool), claim func(D) error) ([]D, []error) {
+// Take sorts the deliveries a BatchSettler's AckBatch is given: those of
+// the adapter's type D for which mine holds (this source's) and claim
+// claims the right to settle (Set.Settle, or an adapter's own guard). It
+// returns the deliveries to acknowledge, and the errors of the others: of
+// another source, settled before, or stale.
+func Take[D driver.Delivery](scheme string, ds []driver.Delivery, mine func(D) bool, claim func(D) error) ([]D, []error) {
 	own := make([]D, 0, len(ds))
 	var errs []error
 	for _, dd := range ds {
-		d, ok := mine(dd)
-		switch {
-		case !ok:
+		d, ok := dd.(D)
+		if !ok || !mine(d) {
 			errs = append(errs, fmt.Errorf("%s: AckBatch: delivery %T is not from this source", scheme, dd))
-		default:
-			if err := claim(d); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			own = append(own, d)
+			continue
 		}
+		if err := claim(d); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		own = append(own, d)
 	}
 	return own, errs
 }

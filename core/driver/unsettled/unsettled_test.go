@@ -99,10 +99,7 @@ type fakeDelivery struct {
 
 func TestTakeSortsABatch(t *testing.T) {
 	s := New[int, string](time.Hour, 0)
-	mine := func(dd driver.Delivery) (*fakeDelivery, bool) {
-		d, ok := dd.(*fakeDelivery)
-		return d, ok && d.src == 1
-	}
+	mine := func(d *fakeDelivery) bool { return d.src == 1 }
 	settle := func(d *fakeDelivery) error { return s.Settle(d.e) }
 	a := &fakeDelivery{src: 1, e: s.Add(1, "a")}
 	b := &fakeDelivery{src: 1, e: s.Add(2, "b")}
@@ -110,11 +107,13 @@ func TestTakeSortsABatch(t *testing.T) {
 	if err := s.Settle(b.e); err != nil {
 		t.Fatal(err)
 	}
-	own, errs := Take("x", []driver.Delivery{a, b, other}, mine, settle)
+	foreign := struct{ driver.Delivery }{}
+	own, errs := Take("x", []driver.Delivery{a, b, other, foreign}, mine, settle)
 	if len(own) != 1 || own[0] != a {
 		t.Fatalf("took %v, want a alone", own)
 	}
-	if len(errs) != 2 || !errors.Is(errs[0], driver.ErrAlreadySettled) || errs[1].Error() != "x: AckBatch: delivery *unsettled.fakeDelivery is not from this source" {
+	if len(errs) != 3 || !errors.Is(errs[0], driver.ErrAlreadySettled) || errs[1].Error() != "x: AckBatch: delivery *unsettled.fakeDelivery is not from this source" ||
+		errs[2].Error() != "x: AckBatch: delivery struct { driver.Delivery } is not from this source" {
 		t.Fatalf("errors %v", errs)
 	}
 }
