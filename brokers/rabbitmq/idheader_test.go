@@ -130,10 +130,13 @@ func runEffects(t *testing.T, src driver.Source, n int, opts ...core.Option) map
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
-	waitUntil(t, 30*time.Second, func() bool {
-		st := c.Stats()
-		return st.Processed+st.Duplicates+st.DeadLettered >= int64(n)
-	})
+	deadline := time.Now().Add(30 * time.Second)
+	for st := c.Stats(); st.Processed+st.Duplicates+st.DeadLettered < int64(n); st = c.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages decided within 30s; stats %+v", st.Processed+st.Duplicates+st.DeadLettered, n, st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
