@@ -2,6 +2,7 @@ package unsettled
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,6 +17,7 @@ type Attempts[K comparable] struct {
 	mu  sync.Mutex
 	max int
 	m   map[K]int
+	n   atomic.Int64 // len(m), read without the lock by Forget
 }
 
 // NewAttempts returns an Attempts that keeps at most max keys.
@@ -38,6 +40,7 @@ func (a *Attempts[K]) Requeued(key K, attempt int) {
 		}
 	}
 	a.m[key] = attempt
+	a.n.Store(int64(len(a.m)))
 }
 
 // Last returns the attempt after which key was last given back, or 0.
@@ -48,11 +51,16 @@ func (a *Attempts[K]) Last(key K) int {
 }
 
 // Forget drops key once its message is settled for good (acknowledged or
-// parked).
+// parked). While nothing is remembered, the common case, it takes no lock:
+// it runs for every acknowledged message.
 func (a *Attempts[K]) Forget(key K) {
+	if a.n.Load() == 0 {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.m, key)
+	a.n.Store(int64(len(a.m)))
 }
 
 // Delays runs a source's delayed settlements (a requeue at the end of a
