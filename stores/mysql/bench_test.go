@@ -3,10 +3,13 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 
 	"github.com/idemq/idemq/stores/mysql"
@@ -94,4 +97,66 @@ func BenchmarkClaim(b *testing.B) {
 	b.Run("dedup/100+savepoints", func(b *testing.B) { run(b, auto, 100, true, true) })
 	b.Run("readback/1", func(b *testing.B) { run(b, readBack, 1, true, false) })
 	b.Run("readback/100", func(b *testing.B) { run(b, readBack, 100, true, false) })
+}
+
+// BenchmarkClaimBatch measures one dedup transaction claiming a batch of
+// 200 ids, of which 40 (20%) were claimed by the previous transaction with
+// the same fingerprint: Begin, Claim, Commit. Ids are 36-byte UUID-like
+// strings in random order and fingerprints the Consumer's default 22
+// bytes, so the statement has the width of a real batch's. One op is one
+// transaction.
+func BenchmarkClaimBatch(b *testing.B) {
+	const batch, dups = 200, 40
+	db := testDB(b)
+	s := openStore(b, db)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	newID := func() string {
+		return fmt.Sprintf("%08x-%04x-%04x-%04x-%012x", rng.Uint32(), rng.Uint32()&0xffff, rng.Uint32()&0xffff, rng.Uint32()&0xffff, rng.Uint64()&(1<<48-1))
+	}
+	fp := func(id string) string { return core.Fingerprint([]byte(id)) }
+	prev := make([]string, 0, batch)
+	claim := func() {
+		cs := make([]driver.Claim, 0, batch)
+		for _, id := range prev[:min(dups, len(prev))] {
+			cs = append(cs, driver.Claim{ID: id, Fingerprint: fp(id)})
+		}
+		known := len(cs)
+		for len(cs) < batch {
+			id := newID()
+			cs = append(cs, driver.Claim{ID: id, Fingerprint: fp(id)})
+		}
+		rng.Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+		txn, err := s.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := txn.Claim(ctx, "bench", cs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		prev = prev[:0]
+		won := 0
+		for i, r := range res {
+			switch r {
+			case driver.ClaimWon:
+				won++
+				prev = append(prev, cs[i].ID)
+			case driver.ClaimDuplicate:
+			default:
+				b.Fatalf("claim of %q: %v", cs[i].ID, r)
+			}
+		}
+		if won != batch-known {
+			b.Fatalf("%d claims won, want %d", won, batch-known)
+		}
+		if err := txn.Commit(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	claim() // the first batch's ids are the second's duplicates
+	b.ResetTimer()
+	for b.Loop() {
+		claim()
+	}
 }
