@@ -192,7 +192,8 @@ func TestParentFromMessageOption(t *testing.T) {
 	}
 }
 
-// In a batch every message keeps its own span and its own link.
+// In a batch every message keeps its own span and its own link, and the
+// batch's stages are one span each, linked to every message's span.
 func TestBatchedMessagesKeepTheirOwnSpans(t *testing.T) {
 	_, spans := consumeTraced(t, 10, nil,
 		&core.Message{ID: "1", Body: []byte("a")}, &core.Message{ID: "2", Body: []byte("b")}, &core.Message{ID: "3", Body: []byte("c")})
@@ -213,17 +214,36 @@ func TestBatchedMessagesKeepTheirOwnSpans(t *testing.T) {
 			t.Errorf("decision %q", v.AsString())
 		}
 	}
-	var claims int
+	// One span per stage of the batch: a child of one process span,
+	// linked to each.
+	stages := map[string]int{}
 	for _, s := range spans {
-		if s.Name() == "idemq claim" {
-			claims++
-			if v, _ := attr(s, tracing.BatchSizeKey); v.AsInt64() != 3 {
-				t.Errorf("claim batch size %d, want 3", v.AsInt64())
+		switch s.Name() {
+		case "idemq begin", "idemq claim", "idemq commit":
+		default:
+			continue
+		}
+		stages[s.Name()]++
+		if v, _ := attr(s, tracing.BatchSizeKey); v.AsInt64() != 3 {
+			t.Errorf("%s batch size %d, want 3", s.Name(), v.AsInt64())
+		}
+		linked := map[trace.SpanID]bool{}
+		for _, l := range s.Links() {
+			linked[l.SpanContext.SpanID()] = true
+		}
+		for _, p := range ps {
+			if !linked[p.SpanContext().SpanID()] {
+				t.Errorf("%s does not link to process span %v", s.Name(), p.SpanContext().SpanID())
 			}
 		}
+		if !seen[s.Parent().SpanID()] {
+			t.Errorf("%s is not a child of a process span", s.Name())
+		}
 	}
-	if claims != 3 {
-		t.Errorf("%d claim spans, want one per message", claims)
+	for _, name := range []string{"idemq begin", "idemq claim", "idemq commit"} {
+		if stages[name] != 1 {
+			t.Errorf("%d %q spans, want one for the batch", stages[name], name)
+		}
 	}
 }
 
