@@ -1,6 +1,10 @@
 package core
 
-import "time"
+import (
+	"time"
+
+	"github.com/idemq/idemq/core/driver"
+)
 
 // Message is one received message as handlers, middleware and observers
 // see it, whatever broker it came from. Handlers read it and must not
@@ -36,8 +40,13 @@ type Message struct {
 	// Metadata carries broker details for observers such as tracing, keyed
 	// by OpenTelemetry attribute names where one exists (for example
 	// "messaging.kafka.offset", "messaging.destination.partition.id",
-	// "messaging.rabbitmq.destination.routing_key").
-	Metadata map[string]string
+	// "messaging.rabbitmq.destination.routing_key"), read on demand; nil
+	// when the adapter has none.
+	Metadata Metadata
 	// ReceivedAt is when the adapter received the message.
 	ReceivedAt time.Time
 }
+
+// Metadata is a message's broker details, read on demand (All yields
+// them); driver.MetadataMap holds them in a map.
+type Metadata = driver.Metadata

@@ -70,7 +70,7 @@ func (e *faultEffects) apply(ctx context.Context, tx pgx.Tx, m *core.Message) er
 	if err := json.Unmarshal(m.Body, &p); err != nil {
 		return core.Permanent(err)
 	}
-	part, err := strconv.Atoi(m.Metadata["messaging.destination.partition.id"])
+	part, err := strconv.Atoi(driver.MetadataOf(m.Metadata)["messaging.destination.partition.id"])
 	if err != nil {
 		return core.Permanent(fmt.Errorf("partition: %w", err))
 	}

@@ -153,7 +153,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 		if _, ok := m.Headers[driver.CauseHeader]; ok || m.Attempt != 1 || m.Headers[HeaderGroup] != "" || m.Headers["x-test"] != m.ID || m.Key != "k"+m.ID {
 			t.Errorf("redriven %s: attempt %d, headers %v, key %q", m.ID, m.Attempt, m.Headers, m.Key)
 		}
-		if part := m.Metadata["messaging.destination.partition.id"]; !strings.HasPrefix(origins[m.ID], topic+"/"+part+"/") {
+		if part := driver.MetadataOf(m.Metadata)["messaging.destination.partition.id"]; !strings.HasPrefix(origins[m.ID], topic+"/"+part+"/") {
 			t.Errorf("redriven %s to partition %s, consumed from %s", m.ID, part, origins[m.ID])
 		}
 		if err := d.Ack(ctx); err != nil {

@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"fmt"
+	"iter"
 	"slices"
 	"strconv"
 	"strings"
@@ -200,13 +201,21 @@ func (s *Source) fillMessage(msg *driver.Message, e *entry, attempt int) {
 	}
 	key := string(m.Key)
 	*msg = driver.Message{ID: headers[s.cfg.idHeader], Body: m.Value, Headers: headers, Key: key, Source: s.cfg.topic, System: "kafka", Attempt: attempt,
-		Metadata: map[string]string{
-			string(semconv.MessagingDestinationNameKey):        e.p.topic,
-			string(semconv.MessagingDestinationPartitionIDKey): e.p.idText,
-			string(semconv.MessagingKafkaOffsetKey):            strconv.FormatInt(m.Offset, 10),
-			string(semconv.MessagingKafkaMessageKeyKey):        key,
-			string(semconv.MessagingConsumerGroupNameKey):      s.cfg.group,
-		},
-		ReceivedAt: time.Now(),
+		ReceivedAt: time.Now()}
+}
+
+// metadata is a delivery's Message.Metadata, read from it when asked.
+type metadata delivery
+
+// All yields the topic the record came from, its partition, offset and
+// key, and the consumer group.
+func (m *metadata) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		e := m.e
+		_ = yield(string(semconv.MessagingDestinationNameKey), e.p.topic) &&
+			yield(string(semconv.MessagingDestinationPartitionIDKey), e.p.idText) &&
+			yield(string(semconv.MessagingKafkaOffsetKey), strconv.FormatInt(e.msg.Offset, 10)) &&
+			yield(string(semconv.MessagingKafkaMessageKeyKey), m.m.Key) &&
+			yield(string(semconv.MessagingConsumerGroupNameKey), m.src.cfg.group)
 	}
 }

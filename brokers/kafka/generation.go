@@ -300,6 +300,7 @@ func (s *Source) handOut(e *entry) *delivery {
 	d := &delivery{src: s, e: e, gen: p.gen}
 	d.msg = &d.m
 	s.fillMessage(d.msg, e, e.baseTry+n)
+	d.m.Metadata = (*metadata)(d)
 	return d
 }
 

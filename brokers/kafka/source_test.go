@@ -49,7 +49,7 @@ func expectNothing(t testing.TB, s *Source, d time.Duration) {
 	defer cancel()
 	if dl, err := s.Receive(ctx); err == nil {
 		m := dl.Message()
-		t.Fatalf("unexpected delivery %q (%s/%s@%s)", m.ID, m.Source, m.Metadata["messaging.destination.partition.id"], m.Metadata["messaging.kafka.offset"])
+		t.Fatalf("unexpected delivery %q (%s/%s@%s)", m.ID, m.Source, driver.MetadataOf(m.Metadata)["messaging.destination.partition.id"], driver.MetadataOf(m.Metadata)["messaging.kafka.offset"])
 	}
 }
 
@@ -112,7 +112,7 @@ func openSource(t testing.TB, bs, topic, group string, opts ...Option) *Source {
 }
 
 func offsetOf(d driver.Delivery) int64 {
-	o, _ := strconv.ParseInt(d.Message().Metadata["messaging.kafka.offset"], 10, 64)
+	o, _ := strconv.ParseInt(driver.MetadataOf(d.Message().Metadata)["messaging.kafka.offset"], 10, 64)
 	return o
 }
 
@@ -246,8 +246,8 @@ func TestRetryTopic(t *testing.T) {
 	if time.Since(start) < 300*time.Millisecond {
 		t.Errorf("copy processed after %v, before its delay", time.Since(start))
 	}
-	if m.Attempt != 2 || m.Metadata["messaging.destination.name"] != topic+".retry" || m.Source != topic {
-		t.Errorf("copy: Attempt %d, destination %q, Source %q", m.Attempt, m.Metadata["messaging.destination.name"], m.Source)
+	if m.Attempt != 2 || driver.MetadataOf(m.Metadata)["messaging.destination.name"] != topic+".retry" || m.Source != topic {
+		t.Errorf("copy: Attempt %d, destination %q, Source %q", m.Attempt, driver.MetadataOf(m.Metadata)["messaging.destination.name"], m.Source)
 	}
 	if got, want := m.Headers[driver.OriginHeader], topic+"/"+strconv.Itoa(retried.e.msg.Partition)+"/"+strconv.FormatInt(retried.e.msg.Offset, 10); got != want {
 		t.Errorf("copy's origin header %q, want %s", got, want)
@@ -324,8 +324,8 @@ func TestMessageFields(t *testing.T) {
 		"messaging.destination.name":         topic,
 	}
 	for k, v := range want {
-		if m.Metadata[k] != v {
-			t.Errorf("Metadata[%s] = %q, want %q", k, m.Metadata[k], v)
+		if driver.MetadataOf(m.Metadata)[k] != v {
+			t.Errorf("Metadata[%s] = %q, want %q", k, driver.MetadataOf(m.Metadata)[k], v)
 		}
 	}
 	// Same key: the second waits until the first is settled.

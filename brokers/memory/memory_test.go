@@ -111,7 +111,7 @@ func TestAckRemovesMessage(t *testing.T) {
 		if m.Source != "q" || m.System != "memory" || m.Attempt != 1 || m.ReceivedAt.IsZero() {
 			t.Fatalf("delivery fields: %+v", m)
 		}
-		if m.Metadata[memory.MetaDeliverySeq] == "" || m.Metadata[memory.MetaPublishSeq] == "" {
+		if driver.MetadataOf(m.Metadata)[memory.MetaDeliverySeq] == "" || driver.MetadataOf(m.Metadata)[memory.MetaPublishSeq] == "" {
 			t.Fatalf("metadata missing: %v", m.Metadata)
 		}
 		if err := d.Ack(context.Background()); err != nil {
@@ -836,7 +836,7 @@ func TestConcurrentSubscribersShareQueue(t *testing.T) {
 				if err != nil {
 					return
 				}
-				key := d.Message().Metadata[memory.MetaPublishSeq]
+				key := driver.MetadataOf(d.Message().Metadata)[memory.MetaPublishSeq]
 				mu.Lock()
 				if h, ok := holding[key]; ok {
 					t.Errorf("%s held by %d and %d at once", key, h, i)
@@ -1038,7 +1038,7 @@ func TestMetadataSequences(t *testing.T) {
 	d := recv(t, s)
 	d.Retry(context.Background(), 0)
 	d2 := recv(t, s)
-	m1, m2 := d.Message().Metadata, d2.Message().Metadata
+	m1, m2 := driver.MetadataOf(d.Message().Metadata), driver.MetadataOf(d2.Message().Metadata)
 	if m1[memory.MetaPublishSeq] != m2[memory.MetaPublishSeq] {
 		t.Fatalf("publish seq changed across redelivery: %v %v", m1, m2)
 	}

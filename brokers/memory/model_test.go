@@ -176,14 +176,14 @@ func TestModel(t *testing.T) {
 				}
 				want := m.ready[0]
 				got := d.Message()
-				if got.Metadata[memory.MetaPublishSeq] != want.seq || got.Attempt != want.deliveries+1 {
+				if driver.MetadataOf(got.Metadata)[memory.MetaPublishSeq] != want.seq || got.Attempt != want.deliveries+1 {
 					t.Fatalf("received seq %s attempt %d, model expects seq %s attempt %d",
-						got.Metadata[memory.MetaPublishSeq], got.Attempt, want.seq, want.deliveries+1)
+						driver.MetadataOf(got.Metadata)[memory.MetaPublishSeq], got.Attempt, want.seq, want.deliveries+1)
 				}
 				m.ready = m.ready[1:]
 				want.deliveries++
 				want.state, want.holder = mInFlight, s
-				want.leaseSeq, _ = strconv.Atoi(got.Metadata[memory.MetaDeliverySeq])
+				want.leaseSeq, _ = strconv.Atoi(driver.MetadataOf(got.Metadata)[memory.MetaDeliverySeq])
 				s.held++
 				m.dels = append(m.dels, &mDel{d: d, e: want, sub: s})
 			},

@@ -77,7 +77,9 @@ type queue struct {
 func cloneMessage(m driver.Message) driver.Message {
 	m.Body = bytes.Clone(m.Body)
 	m.Headers = maps.Clone(m.Headers)
-	m.Metadata = maps.Clone(m.Metadata)
+	if mm, ok := m.Metadata.(driver.MetadataMap); ok {
+		m.Metadata = maps.Clone(mm)
+	}
 	return m
 }
 
@@ -164,7 +166,7 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *Delivery {
 		Source:  q.name,
 		System:  System,
 		Attempt: e.deliveries,
-		Metadata: map[string]string{
+		Metadata: driver.MetadataMap{
 			MetaDeliverySeq: strconv.FormatUint(q.delSeq, 10),
 			MetaPublishSeq:  strconv.FormatUint(e.seq, 10),
 			MetaSubscriber:  strconv.FormatUint(s.id, 10),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"strconv"
 	"time"
@@ -18,9 +19,27 @@ import (
 
 // delivery is one received message.
 type delivery struct {
-	e *unsettled.Entry[uint64, jetstream.Msg]
-	s *Source
-	m driver.Message
+	e  *unsettled.Entry[uint64, jetstream.Msg]
+	s  *Source
+	md *jetstream.MsgMetadata
+	m  driver.Message
+}
+
+// metadata is a delivery's Message.Metadata, read from it when asked.
+type metadata delivery
+
+// All yields the subject, the consumer, the Nats-Msg-Id, the stream and
+// the message's stream and consumer sequences.
+func (m *metadata) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		md := m.md
+		_ = yield("messaging.destination.name", m.m.Source) &&
+			yield("messaging.consumer.group.name", md.Consumer) &&
+			yield("messaging.message.id", m.m.Headers[natsgo.MsgIdHdr]) &&
+			yield("messaging.nats.stream", md.Stream) &&
+			yield("messaging.nats.stream_sequence", strconv.FormatUint(md.Sequence.Stream, 10)) &&
+			yield("messaging.nats.consumer_sequence", strconv.FormatUint(md.Sequence.Consumer, 10))
+	}
 }
 
 // newDelivery reads msg and records it as unsettled.
@@ -35,18 +54,11 @@ func (s *Source) newDelivery(msg jetstream.Msg) (driver.Delivery, error) {
 	if !ok {
 		id = h[s.c.idHeader]
 	}
-	d := &delivery{s: s, m: driver.Message{
+	d := &delivery{s: s, md: md, m: driver.Message{
 		ID: id, Body: msg.Data(), Headers: h, Key: h[KeyHeader], Source: msg.Subject(), System: "nats",
 		Attempt: int(md.NumDelivered), ReceivedAt: time.Now(),
-		Metadata: map[string]string{
-			"messaging.destination.name":       msg.Subject(),
-			"messaging.consumer.group.name":    md.Consumer,
-			"messaging.message.id":             h[natsgo.MsgIdHdr],
-			"messaging.nats.stream":            md.Stream,
-			"messaging.nats.stream_sequence":   strconv.FormatUint(md.Sequence.Stream, 10),
-			"messaging.nats.consumer_sequence": strconv.FormatUint(md.Sequence.Consumer, 10),
-		},
 	}}
+	d.m.Metadata = (*metadata)(d)
 	if d.e = s.live.Add(md.Sequence.Stream, msg); d.e == nil {
 		_ = msg.NakWithDelay(giveBackDelay)
 		return nil, driver.ErrSourceClosed

@@ -130,7 +130,7 @@ func TestIDHeader(t *testing.T) {
 	own("nats-1", map[string]string{"order-id": "o-1"})
 	own("nats-2", nil)
 	d := receiveOne(t, s, 5*time.Second)
-	if m := d.Message(); m.ID != "o-1" || m.Headers["order-id"] != "o-1" || m.Headers[natsgo.MsgIdHdr] != "nats-1" || m.Metadata["messaging.message.id"] != "nats-1" {
+	if m := d.Message(); m.ID != "o-1" || m.Headers["order-id"] != "o-1" || m.Headers[natsgo.MsgIdHdr] != "nats-1" || driver.MetadataOf(m.Metadata)["messaging.message.id"] != "nats-1" {
 		t.Fatalf("received %+v, want the id o-1 from order-id", m)
 	}
 	if err := d.Ack(ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"reflect"
 	"slices"
 	"strconv"
@@ -386,24 +387,33 @@ func toMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) erro
 	id, idErr := messageID(idHeader, r)
 	key, _ := r.Headers[KeyHeader].(string)
 	*m = driver.Message{
-		ID:      id,
-		Body:    r.Body,
-		Key:     key,
-		Headers: renderHeaders(r.Headers),
-		Source:  queue,
-		System:  "rabbitmq",
-		Attempt: attempt(r),
-		Metadata: map[string]string{
-			string(semconv.MessagingDestinationNameKey):               cmp.Or(r.Exchange, "amq.default"),
-			string(semconv.MessagingRabbitMQDestinationRoutingKeyKey): r.RoutingKey,
-			string(semconv.MessagingRabbitMQMessageDeliveryTagKey):    strconv.FormatUint(r.DeliveryTag, 10),
-			string(semconv.MessagingMessageIDKey):                     id,
-			string(semconv.MessagingMessageConversationIDKey):         r.CorrelationId,
-			MetadataRedelivered:                                       strconv.FormatBool(r.Redelivered),
-		},
+		ID:         id,
+		Body:       r.Body,
+		Key:        key,
+		Headers:    renderHeaders(r.Headers),
+		Source:     queue,
+		System:     "rabbitmq",
+		Attempt:    attempt(r),
 		ReceivedAt: time.Now(),
 	}
 	return idErr
+}
+
+// metadata is a delivery's Message.Metadata, read from it when asked.
+type metadata delivery
+
+// All yields the destination (the exchange), routing key, delivery tag,
+// message and correlation ids and the redelivered flag.
+func (m *metadata) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		r := &m.raw
+		_ = yield(string(semconv.MessagingDestinationNameKey), cmp.Or(r.Exchange, "amq.default")) &&
+			yield(string(semconv.MessagingRabbitMQDestinationRoutingKeyKey), r.RoutingKey) &&
+			yield(string(semconv.MessagingRabbitMQMessageDeliveryTagKey), strconv.FormatUint(r.DeliveryTag, 10)) &&
+			yield(string(semconv.MessagingMessageIDKey), m.id) &&
+			yield(string(semconv.MessagingMessageConversationIDKey), r.CorrelationId) &&
+			yield(MetadataRedelivered, strconv.FormatBool(r.Redelivered))
+	}
 }
 
 // messageID reads the business id from the idHeader when the message has

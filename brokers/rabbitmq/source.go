@@ -451,6 +451,7 @@ func (s *Source) newDelivery(sess *session, e *unsettled.Entry[uint64, struct{}]
 	d := &delivery{sess: sess, e: e, tag: raw.DeliveryTag, raw: raw}
 	d.idErr = toMessage(&d.msg, s.cfg.queue, s.cfg.idHeader, &d.raw)
 	d.id = d.msg.ID
+	d.msg.Metadata = (*metadata)(d)
 	if d.idErr != nil {
 		s.logs.Log().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.cfg.queue, "delivery_tag", raw.DeliveryTag, "error", d.idErr)
 	}

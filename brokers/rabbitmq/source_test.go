@@ -114,13 +114,13 @@ func TestMessageFieldsFromAMQP(t *testing.T) {
 	if m.ID != "order-42" || string(m.Body) != "hello" || m.System != "rabbitmq" || m.Source != q || m.Attempt != 1 {
 		t.Errorf("message = %+v", m)
 	}
-	if got := m.Metadata["messaging.rabbitmq.destination.routing_key"]; got != q {
+	if got := driver.MetadataOf(m.Metadata)["messaging.rabbitmq.destination.routing_key"]; got != q {
 		t.Errorf("routing key metadata = %q, want %q", got, q)
 	}
-	if got := m.Metadata["messaging.destination.name"]; got != "amq.default" {
+	if got := driver.MetadataOf(m.Metadata)["messaging.destination.name"]; got != "amq.default" {
 		t.Errorf("destination metadata = %q, want amq.default", got)
 	}
-	if got := m.Metadata["messaging.rabbitmq.message.delivery_tag"]; got != "1" {
+	if got := driver.MetadataOf(m.Metadata)["messaging.rabbitmq.message.delivery_tag"]; got != "1" {
 		t.Errorf("delivery tag metadata = %q, want 1", got)
 	}
 	if id := ds[1].Message().ID; id != "" {

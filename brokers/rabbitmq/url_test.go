@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -112,8 +113,8 @@ func TestOneURLWithExchange(t *testing.T) {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if m := d.Message(); m.ID != "via-"+exchange || m.Metadata["messaging.destination.name"] != exchange {
-			t.Errorf("received %q from %q, want via-%s from the exchange", m.ID, m.Metadata["messaging.destination.name"], exchange)
+		if m := d.Message(); m.ID != "via-"+exchange || driver.MetadataOf(m.Metadata)["messaging.destination.name"] != exchange {
+			t.Errorf("received %q from %q, want via-%s from the exchange", m.ID, driver.MetadataOf(m.Metadata)["messaging.destination.name"], exchange)
 		}
 	}
 	// With declare=false the exchange must exist.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"strings"
 	"sync"
@@ -217,19 +218,39 @@ func (s *Source) read(ctx context.Context, n int, block time.Duration) error {
 	return nil
 }
 
+// received is a fetched entry's Message and what its Metadata reads.
+type received struct {
+	driver.Message
+	s       *Source
+	entryID string
+}
+
+// metadata is a received entry's Message.Metadata, read from it when
+// asked.
+type metadata received
+
+// All yields the stream, the consumer group and the entry's id.
+func (m *metadata) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		_ = yield("messaging.destination.name", m.s.stream) &&
+			yield("messaging.consumer.group.name", m.s.c.group) &&
+			yield("messaging.redis.entry_id", m.entryID)
+	}
+}
+
 // add buffers fetched entries (attempt 1 unless attempts says), or after
 // Close gives them back.
 func (s *Source) add(msgs []goredis.XMessage, attempts []int) {
 	var back []*entry
 	for i, x := range msgs {
-		m := message(s.c.idField, x.Values)
+		m := &received{Message: message(s.c.idField, x.Values), s: s, entryID: x.ID}
 		m.Source, m.System, m.Attempt, m.ReceivedAt = s.stream, "redis", 1, time.Now()
 		if attempts != nil {
 			m.Attempt = attempts[i]
 		}
-		m.Metadata = map[string]string{"messaging.destination.name": s.stream, "messaging.consumer.group.name": s.c.group, "messaging.redis.entry_id": x.ID}
+		m.Metadata = (*metadata)(m)
 		s.mu.Lock()
-		if e := s.set.Add(x.ID, &m); e != nil {
+		if e := s.set.Add(x.ID, &m.Message); e != nil {
 			s.buf = append(s.buf, e)
 		} else {
 			back = append(back, &entry{Key: x.ID})

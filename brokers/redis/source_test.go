@@ -37,7 +37,7 @@ func quiet(t *testing.T, s *Source, d time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	if got, err := s.Receive(ctx); err == nil {
-		t.Fatalf("unexpected delivery of entry %s (attempt %d)", got.Message().Metadata["messaging.redis.entry_id"], got.Message().Attempt)
+		t.Fatalf("unexpected delivery of entry %s (attempt %d)", driver.MetadataOf(got.Message().Metadata)["messaging.redis.entry_id"], got.Message().Attempt)
 	}
 }
 
@@ -62,7 +62,7 @@ func TestRetryKeepsTheEntryPending(t *testing.T) {
 	defer s.Close()
 	publish(t, ts, "r-1")
 	d := receive(t, s, 1)[0]
-	entry := d.Message().Metadata["messaging.redis.entry_id"]
+	entry := driver.MetadataOf(d.Message().Metadata)["messaging.redis.entry_id"]
 	if err := d.Retry(context.Background(), 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -70,8 +70,8 @@ func TestRetryKeepsTheEntryPending(t *testing.T) {
 		t.Fatalf("pending after Retry = %v, want %s with delivery count 1", p, entry)
 	}
 	again := receive(t, s, 1)[0]
-	if m := again.Message(); m.Metadata["messaging.redis.entry_id"] != entry || m.Attempt != 2 || m.ID != "r-1" {
-		t.Fatalf("redelivered entry %s attempt %d id %q, want %s attempt 2 r-1", m.Metadata["messaging.redis.entry_id"], m.Attempt, m.ID, entry)
+	if m := again.Message(); driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"] != entry || m.Attempt != 2 || m.ID != "r-1" {
+		t.Fatalf("redelivered entry %s attempt %d id %q, want %s attempt 2 r-1", driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"], m.Attempt, m.ID, entry)
 	}
 	if err := again.Ack(context.Background()); err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestHeartbeatKeepsSlowHandlersEntries(t *testing.T) {
 	publish(t, ts, "slow")
 	d := receive(t, holder, 1)[0]
 	quiet(t, thief, 2500*time.Millisecond) // four times min_idle
-	if p := ts.pending(t); len(p) != 1 || p[d.Message().Metadata["messaging.redis.entry_id"]] != 1 {
+	if p := ts.pending(t); len(p) != 1 || p[driver.MetadataOf(d.Message().Metadata)["messaging.redis.entry_id"]] != 1 {
 		t.Errorf("pending while held = %v, want one entry delivered once", p)
 	}
 	if err := d.Ack(context.Background()); err != nil {
@@ -148,7 +148,7 @@ func TestDeletedPendingEntriesAreAcknowledged(t *testing.T) {
 	ds := receive(t, s, 3)
 	for _, d := range ds {
 		if d.Message().ID == "deleted" {
-			ts.rdb.XDel(ctx, ts.name, d.Message().Metadata["messaging.redis.entry_id"])
+			ts.rdb.XDel(ctx, ts.name, driver.MetadataOf(d.Message().Metadata)["messaging.redis.entry_id"])
 		}
 	}
 	s.Close() // gives the three back
@@ -222,7 +222,7 @@ func TestDeadLetterIsOneTransactionAndAckBatchOneXACK(t *testing.T) {
 		t.Fatalf("dead letters %v, want one", xs)
 	}
 	f := fields(xs[0])
-	entry := ds[0].Message().Metadata["messaging.redis.entry_id"]
+	entry := driver.MetadataOf(ds[0].Message().Metadata)["messaging.redis.entry_id"]
 	for k, want := range map[string]string{
 		DefaultIDField: "dl-1", KeyField: "k1", BodyField: "parked body", "tenant": "t1", "traceparent": msgs[0].Headers["traceparent"],
 		driver.AttemptHeader: "1", driver.OriginHeader: ts.name + "/g/" + entry, driver.DestinationHeader: ts.name,

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,17 +47,30 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 	}
 	headers, body := decode(m)
 	group := sys[string(types.MessageSystemAttributeNameMessageGroupId)]
-	meta := map[string]string{
-		string(semconv.MessagingDestinationNameKey): s.q.name,
-		string(semconv.MessagingMessageIDKey):       aws.ToString(m.MessageId),
-		string(semconv.AWSSQSQueueURLKey):           s.q.url,
-	}
-	if group != "" {
-		meta[MetadataMessageGroupID] = group
-	}
-	return &delivery{src: s, raw: m, receipt: aws.ToString(m.ReceiptHandle), group: group,
+	d := &delivery{src: s, raw: m, receipt: aws.ToString(m.ReceiptHandle), group: group,
 		msg: &driver.Message{ID: headers[s.cfg.idAttribute], Body: body, Headers: headers, Key: group, Source: s.q.name,
-			System: "aws_sqs", Attempt: attempt, Metadata: meta, ReceivedAt: now}}
+			System: "aws_sqs", Attempt: attempt, ReceivedAt: now}}
+	d.msg.Metadata = (*metadata)(d)
+	return d
+}
+
+// metadata is a delivery's Message.Metadata, read from it when asked.
+type metadata delivery
+
+// All yields the queue's name and URL, the SQS MessageId and, for a FIFO
+// queue, the message group.
+func (m *metadata) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		q := m.src.q
+		if !(yield(string(semconv.MessagingDestinationNameKey), q.name) &&
+			yield(string(semconv.MessagingMessageIDKey), aws.ToString(m.raw.MessageId)) &&
+			yield(string(semconv.AWSSQSQueueURLKey), q.url)) {
+			return
+		}
+		if m.group != "" {
+			yield(MetadataMessageGroupID, m.group)
+		}
+	}
 }
 
 // decode returns a message's headers (its attributes, unfolded) and body

@@ -223,8 +223,8 @@ func TestMessageFields(t *testing.T) {
 	if got.ID != m.ID {
 		t.Errorf("ID = %q, want the message-id attribute %q", got.ID, m.ID)
 	}
-	if got.Metadata["messaging.message.id"] == got.ID || got.Metadata["messaging.message.id"] == "" {
-		t.Errorf("metadata messaging.message.id = %q, want the SQS MessageId", got.Metadata["messaging.message.id"])
+	if driver.MetadataOf(got.Metadata)["messaging.message.id"] == got.ID || driver.MetadataOf(got.Metadata)["messaging.message.id"] == "" {
+		t.Errorf("metadata messaging.message.id = %q, want the SQS MessageId", driver.MetadataOf(got.Metadata)["messaging.message.id"])
 	}
 	if string(got.Body) != string(m.Body) {
 		t.Errorf("Body = %x, want %x", got.Body, m.Body)
@@ -241,7 +241,7 @@ func TestMessageFields(t *testing.T) {
 	if got.System != "aws_sqs" || got.Source != q.name || got.Attempt != 1 || got.Key != "" {
 		t.Errorf("System %q Source %q Attempt %d Key %q", got.System, got.Source, got.Attempt, got.Key)
 	}
-	if got.Metadata["aws.sqs.queue.url"] != q.url || got.Metadata["messaging.destination.name"] != q.name {
+	if driver.MetadataOf(got.Metadata)["aws.sqs.queue.url"] != q.url || driver.MetadataOf(got.Metadata)["messaging.destination.name"] != q.name {
 		t.Errorf("metadata %v", got.Metadata)
 	}
 	if err := d.Retry(context.Background(), 0); err != nil {

@@ -12,7 +12,9 @@ package driver
 import (
 	"context"
 	"errors"
+	"iter"
 	"log/slog"
+	"maps"
 	"math"
 	"time"
 )
@@ -45,13 +47,37 @@ type Message struct {
 	// Attempt is 1 on the first delivery and grows with each redelivery as
 	// far as the broker lets the adapter know.
 	Attempt int
-	// Metadata carries broker details for observers such as tracing, keyed
-	// by OpenTelemetry attribute names where one exists (for example
-	// "messaging.kafka.offset", "messaging.destination.partition.id",
-	// "messaging.rabbitmq.destination.routing_key").
-	Metadata map[string]string
+	// Metadata carries broker details for observers such as tracing (see
+	// Metadata); nil when the adapter has none.
+	Metadata Metadata
 	// ReceivedAt is when the adapter received the message.
 	ReceivedAt time.Time
+}
+
+// Metadata is a received message's broker details for observers such as
+// tracing, keyed by OpenTelemetry attribute names where one exists (for
+// example "messaging.kafka.offset", "messaging.destination.partition.id",
+// "messaging.rabbitmq.destination.routing_key"). An adapter implements it
+// over what its delivery already holds, so the details cost nothing until
+// an observer reads them; MetadataMap holds them in a map.
+type Metadata interface {
+	// All yields each key and its value, in no set order.
+	All() iter.Seq2[string, string]
+}
+
+// MetadataMap is Metadata held in a map.
+type MetadataMap map[string]string
+
+// All yields the map's keys and values.
+func (m MetadataMap) All() iter.Seq2[string, string] { return maps.All(m) }
+
+// MetadataOf returns md's details in a map, empty when md is nil: for
+// reading a few keys where cost does not matter (tests, tools).
+func MetadataOf(md Metadata) map[string]string {
+	if md == nil {
+		return map[string]string{}
+	}
+	return maps.Collect(md.All())
 }
 
 // Delivery is one received message and the ways to settle it. The Consumer

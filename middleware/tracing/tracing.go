@@ -238,7 +238,7 @@ func spanName(m *core.Message) string {
 // adapter filled in (partition, offset, routing key, delivery tag) are
 // included, integers as integers.
 func MessageAttributes(ctx context.Context, m *core.Message) []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, 10+len(m.Metadata))
+	attrs := make([]attribute.KeyValue, 0, 16)
 	attrs = append(attrs,
 		semconv.MessagingSystemKey.String(system(m)),
 		semconv.MessagingOperationTypeProcess,
@@ -256,7 +256,10 @@ func MessageAttributes(ctx context.Context, m *core.Message) []attribute.KeyValu
 	if m.Key != "" && m.System == "kafka" {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(truncate(m.Key)))
 	}
-	for k, v := range m.Metadata {
+	if m.Metadata == nil {
+		return attrs
+	}
+	for k, v := range m.Metadata.All() {
 		if !strings.HasPrefix(k, "messaging.") {
 			continue
 		}
