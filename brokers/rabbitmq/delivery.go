@@ -474,6 +474,10 @@ func headerText(v any) (string, bool) {
 		return x, true
 	case []byte:
 		return string(x), true
+	case int64: // what amqp091-go decodes a long long into (timestamps, counts): no reflection
+		return strconv.FormatInt(x, 10), true
+	case int32:
+		return strconv.FormatInt(int64(x), 10), true
 	}
 	switch r := reflect.ValueOf(v); r.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
