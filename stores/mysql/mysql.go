@@ -12,7 +12,12 @@
 // this transaction inserted from those that were already there. On
 // MariaDB 10.5+ the read-back is the statement's own RETURNING clause (one
 // round trip), elsewhere a SELECT (two; a locking one only for rows an
-// older REPEATABLE READ snapshot hides).
+// older REPEATABLE READ snapshot hides). The RETURNING clause gives back
+// two columns per row, message_id and
+// CASE WHEN claim_token = <this call's token> THEN NULL ELSE fingerprint END:
+// NULL marks a row this call inserted (fingerprint is NOT NULL), and a
+// row that was there already brings the stored fingerprint that tells a
+// duplicate from a reused id with another body.
 //
 // Ids and consumers are stored as VARBINARY, compared byte for byte: a
 // case-insensitive or PAD SPACE collation would make "a", "A" and "a "

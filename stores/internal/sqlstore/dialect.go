@@ -13,9 +13,10 @@ type Returning int
 const (
 	// ReturnNone: nothing; a SELECT reads the rows back (MySQL 8).
 	ReturnNone Returning = iota
-	// ReturnAll: every row of the batch, inserted or found, with its
-	// fingerprint and token (MariaDB 10.5+, whose no-op update returns
-	// the rows it found too).
+	// ReturnAll: every row of the batch, inserted or found (MariaDB
+	// 10.5+, whose no-op update returns the rows it found too), with NULL
+	// for a row carrying the claim call's token and the stored
+	// fingerprint for any other.
 	ReturnAll
 	// ReturnInserted: the ids of the rows it inserted (SQLite's DO
 	// NOTHING).

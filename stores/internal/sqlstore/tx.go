@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/idemq/idemq/core/driver"
@@ -142,11 +143,23 @@ func (t *End) insert(ctx context.Context, consumer, now string, token int64, cla
 	}
 	b.WriteString(d.OnConflict)
 	var id []byte // VARBINARY on MySQL; TEXT converts
-	var r claimed
 	switch t.mode {
 	case ReturnAll:
-		b.WriteString(" RETURNING message_id, fingerprint, " + d.Token)
-		return scanEach(ctx, t.tx, b.String(), args, func() error { got[string(id)] = r; return nil }, &id, &r.fp, &r.token)
+		// A row carrying this call's token (one it inserted) comes back
+		// with NULL, which no stored fingerprint is (the column is NOT
+		// NULL); any other row with its stored fingerprint, the one value
+		// ClassifyStored needs of it.
+		tok := strconv.FormatInt(token, 10) // an int64: safe as a literal
+		b.WriteString(" RETURNING message_id, CASE WHEN " + d.Token + " = " + tok + " THEN NULL ELSE fingerprint END")
+		var fp sql.NullString
+		return scanEach(ctx, t.tx, b.String(), args, func() error {
+			if fp.Valid {
+				got[string(id)] = claimed{fp: fp.String}
+			} else {
+				got[string(id)] = claimed{token: token}
+			}
+			return nil
+		}, &id, &fp)
 	case ReturnInserted:
 		b.WriteString(" RETURNING message_id")
 		return scanEach(ctx, t.tx, b.String(), args, func() error { got[string(id)] = claimed{token: token}; return nil }, &id)
