@@ -270,17 +270,24 @@ func (rep *Report) addRatios() {
 	}
 	tput(IdemqB1W5, SeedP5, "≥ 1.00", 1)
 	tput(IdemqB1W100C8, SeedP100W8, "≥ 1.00", 1)
-	tput(IdemqBatch, RawAck, "≥ 0.75", 0.75)
+	tput(IdemqBatch, RawAck, "≥ 0.90", 0.90)
 	tput(IdemqBatch, Watermill, "≥ 8", 8)
 	tput(Watermill, SeedP100W8, "(peer)", 0)
 	tput(HandBatch, RawAck, "(ceiling)", 0)
 	if a, b := rep.result(IdemqBatch), rep.result(HandBatch); a != nil && b != nil && a.Failed == "" && b.Failed == "" && a.UserCPU > 0 && b.UserCPU > 0 {
 		v := float64(a.UserCPU) / float64(b.UserCPU)
-		rep.Ratios = append(rep.Ratios, Ratio{Name: a.Name + " / " + b.Name, Metric: "user CPU/msg", Value: v, Target: "≤ 1.20", Met: v <= 1.2})
+		rep.Ratios = append(rep.Ratios, Ratio{Name: a.Name + " / " + b.Name, Metric: "user CPU/msg", Value: v, Target: "≤ 1.10", Met: v <= 1.1})
+	}
+	if lo, _, ok := rep.Paired(IdemqBatch, HandBatch); ok {
+		rep.Ratios = append(rep.Ratios, Ratio{Name: IdemqBatch + " / " + HandBatch, Metric: "lowest paired run", Value: lo, Target: "≥ 0.95", Met: lo >= 0.95})
 	}
 	for _, observed := range ObservedConfigs {
 		tput(observed, IdemqBatch, "≥ 0.90", 0.90)
 		tput(observed, HandBatch, "≥ 0.90", 0.90)
+		if a, b := rep.result(observed), rep.result(IdemqBatch); a != nil && b != nil && a.Failed == "" && b.Failed == "" && a.UserCPU > 0 && b.UserCPU > 0 {
+			v := float64(a.UserCPU) / float64(b.UserCPU)
+			rep.Ratios = append(rep.Ratios, Ratio{Name: a.Name + " / " + b.Name, Metric: "user CPU/msg", Value: v, Target: "≤ 1.30", Met: v <= 1.3})
+		}
 	}
 
 	if a, b := rep.result(MemoryScenario+"/1m"), rep.result(MemoryScenario+"/10k"); a != nil && b != nil && a.Failed == "" && b.Failed == "" && b.PeakRSS > 0 {

@@ -58,7 +58,12 @@ func main() {
 
 // run runs the command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := runBench(ctx, args, stdout, stderr)
+	var err error
+	if len(args) > 0 && args[0] == "summary" {
+		err = runSummary(args[1:], stdout)
+	} else {
+		err = runBench(ctx, args, stdout, stderr)
+	}
 	switch {
 	case err == nil, errors.Is(err, cli.ErrHelp):
 		return exitOK
@@ -97,7 +102,57 @@ Stores (--store):
   mysql://  (MariaDB, MySQL)    mysql://root@127.0.0.1:3306/test
 
 Exit code 1 if a configuration failed or broke the correctness check.
+
+idemq-bench summary [--png FILE] REPORT.json... prints the targets' tables
+(Markdown) over the JSON reports of several pairs.
 `
+
+const summaryUsage = `Usage: idemq-bench summary [--png FILE] REPORT.json...
+
+Reads the JSON reports (--json) of runs of several broker and store pairs and
+prints, as Markdown tables: idemq-batch against hand-batch per pair (medians
+with min–max, the lowest and highest interleaved pair of runs, user CPU per
+delivery), idemq at batch size 1 against the seed pattern, and the observed,
+raw-broker and Watermill ratios where a report ran them.
+`
+
+func runSummary(args []string, stdout io.Writer) error {
+	f := cli.NewFlags("idemq-bench summary", summaryUsage, stdout)
+	pngOut := f.String("png", "", "also draw idemq-batch / hand-batch per pair to this PNG file")
+	// The flag set's own Parse takes no file names: parse the flags and
+	// keep the rest.
+	if err := f.FlagSet.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, summaryUsage+"\nFlags:\n")
+		f.SetOutput(stdout)
+		f.PrintDefaults()
+		return cli.ErrHelp
+	} else if err != nil {
+		return cli.Usagef("summary: %v", err)
+	}
+	if f.NArg() == 0 {
+		return cli.Usagef("summary: no report given")
+	}
+	var reps []*benchmark.Report
+	for _, name := range f.Args() {
+		file, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		rep, err := benchmark.ReadReport(file)
+		file.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		reps = append(reps, rep)
+	}
+	if err := benchmark.WriteSummary(stdout, reps); err != nil {
+		return err
+	}
+	if *pngOut != "" {
+		return benchmark.WriteSummaryPNG(*pngOut, reps)
+	}
+	return nil
+}
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := cli.NewFlags("idemq-bench", benchUsage, stdout)
