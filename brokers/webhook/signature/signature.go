@@ -187,9 +187,9 @@ func parseUnix(raw string) (time.Time, error) {
 func checkTolerance(ts, now time.Time, tol time.Duration) error {
 	switch d := now.Sub(ts); {
 	case d > tol:
-		return fmt.Errorf("%v old, beyond the tolerance of %v", d.Truncate(time.Second), tol)
+		return fmt.Errorf("%v old, beyond the tolerance of %v", d.Round(time.Millisecond), tol)
 	case d < -tol:
-		return fmt.Errorf("%v in the future, beyond the tolerance of %v", (-d).Truncate(time.Second), tol)
+		return fmt.Errorf("%v in the future, beyond the tolerance of %v", (-d).Round(time.Millisecond), tol)
 	}
 	return nil
 }
