@@ -70,6 +70,7 @@ type entry struct {
 	state     entryState
 	notBefore time.Time
 	baseTry   int   // attempts recorded in the message itself (retry topic)
+	handouts  int   // times this process handed it out (see attempts)
 	lane      *lane // the lane it waits in; nil when nothing orders it
 }
 
@@ -170,6 +171,7 @@ func (s *Source) runGeneration(ctx context.Context, g *generation) {
 	s.commit(g, log)
 	stopHeartbeats()
 	fetchers.Wait()
+	s.rememberAttempts(g)
 	log.Info("idemq kafka: partitions released")
 }
 
@@ -293,7 +295,11 @@ func (s *Source) handOut(e *entry) *delivery {
 	p.gen.outstanding++
 	s.outstanding++
 	p.high = max(p.high, e.msg.Offset)
-	n := attempts.next(s.attemptKey(p), e.msg.Offset)
+	if e.handouts == 0 {
+		e.handouts = attempts.take(s.attemptKey(p), e.msg.Offset)
+	}
+	e.handouts++
+	n := e.handouts
 	if n == 1 && e.msg.Offset <= p.prevHigh {
 		n = 2 // handed out before, by this or another process
 	}
@@ -508,6 +514,21 @@ func bounded[Req, Resp any](call func(context.Context, Req) (Resp, error), req R
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return call(ctx, req)
+}
+
+// rememberAttempts moves the hand-out counts of g's entries that are not
+// committed into the process-wide attempts, for the next Source of this
+// process to fetch them.
+func (s *Source) rememberAttempts(g *generation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range g.parts {
+		for _, e := range p.entries {
+			if e.handouts > 0 && e.msg.Offset >= p.committed {
+				attempts.remember(s.attemptKey(p), e.msg.Offset, e.handouts)
+			}
+		}
+	}
 }
 
 func (s *Source) attemptKey(p *partition) partKey { return partKey{s.bkey, s.cfg.group, p.topic, p.id} }
