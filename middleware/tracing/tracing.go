@@ -118,9 +118,13 @@ func New(opts ...Option) (*Tracing, error) {
 // span, linked to (or, with WithParentFromMessage, a child of) the
 // producer's span, and returns ctx carrying it.
 func (t *Tracing) StartDecision(ctx context.Context, m *core.Message) context.Context {
+	// A sampler sees the attributes that say what is consumed where; the
+	// rest are built only for a span that records, so an unsampled message
+	// costs no attribute list.
 	opts := []trace.SpanStartOption{
 		consumerKind,
-		trace.WithAttributes(MessageAttributes(ctx, m)...),
+		trace.WithAttributes(semconv.MessagingSystemKey.String(system(m)), semconv.MessagingOperationTypeProcess,
+			semconv.MessagingDestinationName(m.Source)),
 	}
 	if m.Headers != nil {
 		producer := trace.SpanContextFromContext(t.cfg.prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
@@ -132,7 +136,10 @@ func (t *Tracing) StartDecision(ctx context.Context, m *core.Message) context.Co
 			}
 		}
 	}
-	ctx, _ = t.tracer.Start(ctx, spanName(m), opts...)
+	ctx, span := t.tracer.Start(ctx, spanName(m), opts...)
+	if span.IsRecording() {
+		span.SetAttributes(moreAttributes(ctx, m, make([]attribute.KeyValue, 0, 13))...)
+	}
 	return ctx
 }
 
@@ -242,8 +249,16 @@ func MessageAttributes(ctx context.Context, m *core.Message) []attribute.KeyValu
 	attrs = append(attrs,
 		semconv.MessagingSystemKey.String(system(m)),
 		semconv.MessagingOperationTypeProcess,
-		semconv.MessagingOperationName("process"),
 		semconv.MessagingDestinationName(m.Source),
+	)
+	return moreAttributes(ctx, m, attrs)
+}
+
+// moreAttributes appends to attrs those of MessageAttributes that
+// StartDecision does not give the sampler.
+func moreAttributes(ctx context.Context, m *core.Message, attrs []attribute.KeyValue) []attribute.KeyValue {
+	attrs = append(attrs,
+		semconv.MessagingOperationName("process"),
 		semconv.MessagingMessageBodySize(len(m.Body)),
 		AttemptKey.Int(m.Attempt),
 	)
