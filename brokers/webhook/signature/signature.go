@@ -46,8 +46,8 @@ var (
 	ErrMalformed = errors.New("malformed header")
 	// ErrBadSignature reports that no signature verifies under any secret.
 	ErrBadSignature = errors.New("bad signature")
-	// ErrTimestamp reports a signed timestamp that is missing, malformed or
-	// outside the tolerance: a stale, replayed or early request.
+	// ErrTimestamp reports a request timestamp that is missing, malformed
+	// or outside the tolerance: a stale, replayed or early request.
 	ErrTimestamp = errors.New("bad timestamp")
 	// ErrNoID reports a request whose signature verifies but that carries
 	// no event id.
