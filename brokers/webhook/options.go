@@ -1,0 +1,119 @@
+package webhook
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/idemq/idemq/brokers/webhook/signature"
+	"github.com/idemq/idemq/internal/option"
+)
+
+// DefaultMaxBody is the largest request body a Source reads unless
+// WithMaxBody sets another bound: 1 MiB, ample for ordinary events. GitHub
+// caps its payloads at 25 MB (a large push), so an endpoint that must take
+// every GitHub event raises it.
+const DefaultMaxBody = 1 << 20
+
+// DefaultWait is how long a request waits, unless WithWait sets another
+// bound, for the Consumer to take it (back-pressure) or for an earlier copy
+// of the same event to settle: 4 s, below the shortest timeout of the
+// common senders (Shopify waits 5 s for an answer, GitHub 10 s), so the
+// sender reads the 409 or 503 instead of timing out.
+const DefaultWait = 4 * time.Second
+
+// Option configures a Source. Options apply in order; an invalid value
+// makes NewSource or Open fail naming the option (or, opened by URL, the
+// parameter).
+type Option func(*config) error
+
+type config struct {
+	profile signature.Profile
+	parkDir string
+	maxBody int64
+	wait    time.Duration
+	logger  *slog.Logger
+	now     func() time.Time
+}
+
+func set(name string, err error, f func(*config)) Option {
+	return option.Set("webhook", name, err, f)
+}
+
+// WithProfile sets how requests are verified: a signature.Profile, from
+// signature.Open or a provider's constructor. Required.
+func WithProfile(p signature.Profile) Option {
+	return set("WithProfile", option.Present(p), func(c *config) { c.profile = p })
+}
+
+// WithParkDir names the directory parked requests are written to, one JSON
+// file each (see ParkedRequest). Required; it must exist and be writable,
+// which NewSource checks.
+func WithParkDir(dir string) Option {
+	var err error
+	if dir == "" {
+		err = errors.New("empty")
+	}
+	return set("WithParkDir", err, func(c *config) { c.parkDir = dir })
+}
+
+// WithMaxBody bounds the request body in bytes; a longer one is answered
+// 413 without being read further. Default DefaultMaxBody.
+func WithMaxBody(n int64) Option {
+	return set("WithMaxBody", option.Positive(n), func(c *config) { c.maxBody = n })
+}
+
+// WithWait bounds how long a request waits for the Consumer to take it, or
+// for the settlement of an earlier copy of its event, before it is
+// answered 503 or 409; after Close, it bounds how long a request already
+// handed to the Consumer waits for its settlement. Default DefaultWait.
+func WithWait(d time.Duration) Option {
+	return set("WithWait", option.Positive(d), func(c *config) { c.wait = d })
+}
+
+// WithLogger sets the logger. Default the Consumer's, else slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return set("WithLogger", option.Present(l), func(c *config) { c.logger = l })
+}
+
+// resolve applies the URL's options, then opts, over the defaults, and
+// checks what is required; explain rewords an option's error as its URL
+// parameter.
+func resolve(fromURL, opts []Option, explain func(error) error) (config, error) {
+	c := config{maxBody: DefaultMaxBody, wait: DefaultWait, now: time.Now}
+	err := explain(option.Apply(&c, fromURL...))
+	if err == nil {
+		err = option.Apply(&c, opts...)
+	}
+	if err != nil {
+		return c, err
+	}
+	switch {
+	case c.profile == nil:
+		return c, option.Errorf("webhook", "WithProfile", "required: the signature profile requests are verified with")
+	case c.parkDir == "":
+		return c, explain(option.Errorf("webhook", "WithParkDir", "required: the directory parked requests are written to"))
+	}
+	if err := checkDir(c.parkDir); err != nil {
+		return c, explain(option.Errorf("webhook", "WithParkDir", "%v", pathless(err)))
+	}
+	return c, nil
+}
+
+// checkDir checks that dir is a directory a file can be written to.
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return errors.New("not a directory")
+	}
+	f, err := os.CreateTemp(dir, ".idemq-check-*")
+	if err != nil {
+		return err
+	}
+	name := f.Name()
+	return errors.Join(f.Close(), os.Remove(name))
+}
