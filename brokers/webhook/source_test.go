@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -457,5 +459,76 @@ func TestIDFuncLeavesNoFlight(t *testing.T) {
 	}
 	if n := r.src.inFlight(); n != 0 {
 		t.Errorf("%d in flight, want 0", n)
+	}
+}
+
+// A copy waiting for a first copy that is retried takes the first one's
+// 503 and Retry-After.
+func TestCopyTakesTheFirstsRetry(t *testing.T) {
+	release := make(chan struct{})
+	r := newRig(t, func(*core.Message) error { <-release; return errors.New("not yet") }, []Option{WithWait(20 * time.Second)})
+	first := make(chan answer, 1)
+	go func() { first <- send(githubRequest(t, r.url, "d-cr", "body")) }()
+	waitFor(t, "the first copy with the handler", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.seen) == 1 })
+	copied := make(chan answer, 1)
+	go func() { copied <- send(githubRequest(t, r.url, "d-cr", "body")) }()
+	waitFor(t, "the copy waiting", func() bool { return r.src.copies.Load() == 1 })
+	close(release)
+	a, b := <-first, <-copied
+	mustStatus(t, a, http.StatusServiceUnavailable)
+	mustStatus(t, b, http.StatusServiceUnavailable)
+	if a.retryAfter != b.retryAfter || b.retryAfter == "" {
+		t.Errorf("Retry-After %q and %q, want the same", a.retryAfter, b.retryAfter)
+	}
+	if st := r.c.Stats(); st.Received != 1 {
+		t.Errorf("stats %+v, want 1 received", st)
+	}
+}
+
+// A request that cannot be parked is answered 503, so that its sender
+// sends it again: never dropped.
+func TestParkFailureAnswers503(t *testing.T) {
+	r := newRig(t, func(*core.Message) error { return core.Permanent(errors.New("poison")) }, nil)
+	if err := os.RemoveAll(r.dir); err != nil {
+		t.Fatal(err)
+	}
+	mustStatus(t, send(githubRequest(t, r.url, "", "no id")), http.StatusServiceUnavailable)
+	mustStatus(t, send(githubRequest(t, r.url, "d-unparked", "body")), http.StatusServiceUnavailable)
+	waitFor(t, "the failed park counted", func() bool { return r.c.Stats().SettleErrors == 1 })
+	// With the directory back, the sender's next copy is parked.
+	if err := os.Mkdir(r.dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mustStatus(t, send(githubRequest(t, r.url, "d-unparked", "body")), http.StatusOK)
+	if ps := parkedFiles(t, r.dir); len(ps) != 1 || ps[0].ID != "d-unparked" {
+		t.Fatalf("parked %+v", ps)
+	}
+}
+
+// Many events and their copies, concurrently and with several workers:
+// each event applied once, every request answered 200.
+func TestManyEventsConcurrently(t *testing.T) {
+	r := newRig(t, nil, []Option{WithWait(20 * time.Second)}, core.WithConcurrency(4))
+	const events, copies = 20, 3
+	var wg sync.WaitGroup
+	var bad atomic.Int32
+	for e := range events {
+		for range copies {
+			wg.Go(func() {
+				id := "d-many-" + strconv.Itoa(e)
+				if a := send(githubRequest(t, r.url, id, id)); a.err != nil || a.status != http.StatusOK {
+					bad.Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if n := bad.Load(); n != 0 {
+		t.Fatalf("%d requests not answered 200", n)
+	}
+	for e := range events {
+		if n := r.effects("d-many-" + strconv.Itoa(e)); n != 1 {
+			t.Fatalf("event %d applied %d times", e, n)
+		}
 	}
 }
