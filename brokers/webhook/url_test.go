@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -119,5 +121,38 @@ func TestOpenByURLErrors(t *testing.T) {
 	}
 	if _, err := core.OpenPublisher(context.Background(), "webhook://127.0.0.1:0/hook?"+ok); err == nil || !strings.Contains(err.Error(), ErrNoPublisher.Error()) {
 		t.Errorf("OpenPublisher: %v, want ErrNoPublisher's text", err)
+	}
+}
+
+// Close of a Source that Open serves waits for the answers of the
+// requests handed out, then stops the server.
+func TestOpenedCloseAnswersHandedOut(t *testing.T) {
+	dir := t.TempDir()
+	secrets := filepath.Join(dir, "secret")
+	os.WriteFile(secrets, []byte(ghSecret+"\n"), 0o600)
+	src, err := Open(context.Background(), "webhook://127.0.0.1:0/gh?verify=github&secret_file="+secrets+"&park_dir="+dir+"&wait=100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + src.Addr().String() + "/gh"
+	a := make(chan answer, 1)
+	go func() { a <- send(githubRequest(t, url, "o-1", "body")) }()
+	d, err := src.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := <-a
+	mustStatus(t, got, http.StatusServiceUnavailable)
+	if got.retryAfter != "1" {
+		t.Errorf("Retry-After %q, want 1", got.retryAfter)
+	}
+	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack after Close: %v, want ErrStaleDelivery", err)
+	}
+	if a := send(githubRequest(t, url, "o-2", "body")); a.err == nil {
+		t.Errorf("the server still answers after Close: %d", a.status)
 	}
 }
