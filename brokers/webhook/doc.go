@@ -79,6 +79,11 @@
 // Headers hold whatever the sender sent, credentials in an Authorization
 // header included: keep the directory as private as the secrets.
 //
+// admin.OpenDeadLetters (idemq dlq) opens the park directory of a
+// webhook:// URL (DeadLetters): it lists the parked requests and purges
+// them. It cannot redrive them (ErrNoRedrive): only the provider can send
+// a copy that verifies, so ask it to resend the event, then purge.
+//
 // # Replays
 //
 // Standard Webhooks and Stripe sign the event id and a timestamp, so a
@@ -91,7 +96,8 @@
 //
 // # Opening by URL
 //
-// Importing the package registers webhook:// with core.OpenSource:
+// Importing the package registers webhook:// with core.OpenSource and
+// admin.OpenDeadLetters:
 //
 //	webhook://127.0.0.1:8080/hooks/stripe?verify=stripe&secret_file=/run/secrets/stripe&park_dir=/var/lib/app/parked
 //
