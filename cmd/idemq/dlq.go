@@ -26,8 +26,11 @@ const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
 (amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
-nats://…/STREAM?consumer=C&subject=S, redis://…/STREAM?group=G); its
-dead-letter queue, topic or stream is the one the consumer parks to.
+nats://…/STREAM?consumer=C&subject=S, redis://…/STREAM?group=G,
+webhook://host:port/PATH?park_dir=DIR); its dead-letter queue, topic,
+stream or park directory is the one the consumer parks to. A parked
+webhook request cannot be redriven (its signature would not verify
+again): the provider resends it.
 
   list     the parked messages: id, cause, attempts, origin, age, size
   show     one message whole (headers and body), every parked copy of ID
@@ -118,7 +121,7 @@ func openDLQ(ctx context.Context, broker string) (admin.DeadLetterQueue, error) 
 	if u, err := redact.ParseURL(broker); err != nil {
 		return nil, cli.Usagef("--broker: %v", err)
 	} else if u.Scheme == "" {
-		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, nats://host/STREAM?consumer=C or redis://host:6379/STREAM?group=G", redact.URL(broker))
+		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, nats://host/STREAM?consumer=C, redis://host:6379/STREAM?group=G or webhook://host:port/PATH?park_dir=DIR", redact.URL(broker))
 	}
 	return admin.OpenDeadLetters(ctx, broker)
 }

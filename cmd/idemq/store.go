@@ -23,6 +23,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/redis"
 	_ "github.com/idemq/idemq/brokers/sqs"
+	_ "github.com/idemq/idemq/brokers/webhook"
 	_ "github.com/idemq/idemq/outbox/mysqloutbox"
 	_ "github.com/idemq/idemq/outbox/pgoutbox"
 	_ "github.com/idemq/idemq/outbox/sqliteoutbox"
