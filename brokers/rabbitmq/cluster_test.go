@@ -349,7 +349,7 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 			break
 		}
 		t.Logf("publish attempt %d after the stop: %v", attempts, err)
-		if attempts == 30 {
+		if attempts == 150 { // 30 s: the quorum queue's election on a busy 2-core machine
 			t.Fatalf("Publish still fails after %d attempts", attempts)
 		}
 		time.Sleep(200 * time.Millisecond)
