@@ -31,18 +31,18 @@ func TestFaultCrashLoop(t *testing.T) {
 		// loop sees a kill or two and the test stays within minutes.
 		messages int
 	}{
-		// RabbitMQ's replicas drain 90,000 in under 10 s on a quiet
-		// machine: more, so the first kill (6-12 s) comes before the end.
+		// Sized so that each phase outlasts the first kill (6-12 s):
+		// the replicas drain 90,000 in under 10 s on a quiet machine.
 		{"RabbitMQ", onRabbitMQ, nil, 20, 240000},
-		{"Kafka", onKafka, nil, 20, 100000},
-		{"SQS", onSQS, nil, 10, 45000},
-		{"NATS", onNATS, nil, 20, 90000},
+		{"Kafka", onKafka, nil, 20, 250000},
+		{"SQS", onSQS, nil, 10, 120000},
+		{"NATS", onNATS, nil, 20, 200000},
 		// A Redis consumer is named after its host unless the URL names
 		// it: replicas on one host need names of their own, kept across
 		// a restart as a StatefulSet keeps a pod's.
 		{"Redis", onRedis, func(broker string, slot int) string {
 			return withQuery(broker, "consumer", fmt.Sprintf("replica-%d", slot))
-		}, 20, 150000},
+		}, 20, 300000},
 	}
 	for _, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
