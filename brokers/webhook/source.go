@@ -309,7 +309,7 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, id string, body [
 		case <-ctx.Done():
 			reply(w, cancelled)
 		case <-grace.C:
-			if d.state.CompareAndSwap(open, givenBack) {
+			if d.givenBack.Store(true); d.Claim() == nil {
 				o := s.unavailable("closed")
 				s.finish(d, o)
 				reply(w, o)
@@ -377,22 +377,17 @@ func (s *Source) park(p *ParkedRequest, err *error) outcome {
 }
 
 // Delivery states.
-const (
-	open int32 = iota
-	settling
-	givenBack
-)
-
 // delivery is one verified request handed out by a Source.
 type delivery struct {
-	s     *Source
-	id    string // the event id, the flight's key (an IDFunc may change m.ID)
-	m     driver.Message
-	f     *flight
-	r     request
-	body  []byte
-	res   chan outcome // buffered: the settlement never waits for the handler
-	state atomic.Int32
+	s    *Source
+	id   string // the event id, the flight's key (an IDFunc may change m.ID)
+	m    driver.Message
+	f    *flight
+	r    request
+	body []byte
+	res  chan outcome // buffered: the settlement never waits for the handler
+	driver.SettleOnce
+	givenBack atomic.Bool // Close answered the request itself: a settlement is stale
 }
 
 // request is what a delivery keeps of its request, which may end before
@@ -451,15 +446,14 @@ func (s *Source) finish(d *delivery, o outcome) {
 }
 
 // settle claims d's settlement: nil, or ErrAlreadySettled, or a stale
-// error when Close gave d back.
+// error when Close gave d back (the flag is set before Close claims it, so
+// a settlement that loses to Close is told it is stale).
 func (d *delivery) settle() error {
-	if d.state.CompareAndSwap(open, settling) {
-		return nil
-	}
-	if d.state.Load() == givenBack {
+	err := d.Claim()
+	if err != nil && d.givenBack.Load() {
 		return driver.Stale(unsettled.ErrClosed)
 	}
-	return driver.ErrAlreadySettled
+	return err
 }
 
 // Message implements driver.Delivery.
