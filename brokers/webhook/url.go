@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,11 +60,10 @@ func params(v *verifyParams) urlparam.Table[Option] {
 		return nil
 	}
 	profiles := func(s string) error {
-		switch s {
-		case "standard", "stripe", "github", "shopify":
+		if slices.Contains(signature.Names(), s) {
 			return nil
 		}
-		return errors.New("not github, shopify, standard or stripe")
+		return errors.New("not " + profileList())
 	}
 	duration := func(s string) error {
 		if d, err := time.ParseDuration(s); err != nil || d <= 0 {
@@ -113,10 +113,17 @@ func parseURL(raw string) (addr, path string, opts []Option, t urlparam.Table[Op
 	return u.Host, path, append(opts, WithProfile(p)), t, nil
 }
 
+// profileList names the profiles verify= takes: "github, shopify,
+// standard or stripe".
+func profileList() string {
+	n := signature.Names()
+	return strings.Join(n[:len(n)-1], ", ") + " or " + n[len(n)-1]
+}
+
 // open builds the profile the verification parameters describe.
 func (v *verifyParams) open() (signature.Profile, error) {
 	if !v.set["verify"] {
-		return nil, errors.New("webhook URL parameter verify: required: standard, stripe, github or shopify")
+		return nil, errors.New("webhook URL parameter verify: required: " + profileList())
 	}
 	from := "secret_file"
 	var secrets []string

@@ -96,9 +96,14 @@ func Open(name string, secrets []string, opts ...Option) (Profile, error) {
 	case shopifyName:
 		return Shopify(secrets, opts...)
 	}
+	return nil, fmt.Errorf("signature: unknown profile %q (known: %s)", name, strings.Join(Names(), ", "))
+}
+
+// Names returns the names Open takes, sorted.
+func Names() []string {
 	known := []string{standardName, stripeName, githubName, shopifyName}
 	slices.Sort(known)
-	return nil, fmt.Errorf("signature: unknown profile %q (known: %s)", name, strings.Join(known, ", "))
+	return known
 }
 
 // newConfig applies opts over the defaults and checks secrets' count and
