@@ -43,18 +43,14 @@ func (rep *Report) WritePNG(path string) error {
 	p.Y.Min = 0
 	w := vg.Points(22)
 
-	bars, err := plotter.NewBarChart(base, w)
+	bars, err := newBars(base, w, baselineGrey)
 	if err != nil {
 		return fmt.Errorf("benchmark: WritePNG: %w", err)
 	}
-	bars.Color = color.RGBA{R: 150, G: 150, B: 150, A: 255}
-	bars.LineStyle.Width = 0
-	ourBars, err := plotter.NewBarChart(ours, w)
+	ourBars, err := newBars(ours, w, idemqBlue)
 	if err != nil {
 		return fmt.Errorf("benchmark: WritePNG: %w", err)
 	}
-	ourBars.Color = color.RGBA{R: 40, G: 100, B: 200, A: 255}
-	ourBars.LineStyle.Width = 0
 	p.Add(bars, ourBars)
 	p.Legend.Add("baseline (raw drivers)", bars)
 	p.Legend.Add("idemq", ourBars)
@@ -71,10 +67,7 @@ func (rep *Report) WritePNG(path string) error {
 		errs[i] = struct{ Low, High float64 }{lo[i], hi[i]}
 		labels[i] = fmt.Sprintf("%.0f", v)
 	}
-	eb, err := plotter.NewYErrorBars(struct {
-		plotter.XYs
-		plotter.YErrors
-	}{pts, errs})
+	eb, err := newWhiskers(pts, errs)
 	if err != nil {
 		return fmt.Errorf("benchmark: WritePNG: %w", err)
 	}
@@ -107,4 +100,29 @@ func (rep *Report) WritePNG(path string) error {
 		return fmt.Errorf("benchmark: WritePNG: %w", err)
 	}
 	return nil
+}
+
+// The charts' colours: the baselines grey, idemq blue.
+var (
+	baselineGrey = color.RGBA{R: 150, G: 150, B: 150, A: 255}
+	idemqBlue    = color.RGBA{R: 40, G: 100, B: 200, A: 255}
+)
+
+// newBars returns a bar chart of vs, w wide, filled with c and unlined.
+func newBars(vs plotter.Values, w vg.Length, c color.Color) (*plotter.BarChart, error) {
+	b, err := plotter.NewBarChart(vs, w)
+	if err != nil {
+		return nil, err
+	}
+	b.Color = c
+	b.LineStyle.Width = 0
+	return b, nil
+}
+
+// newWhiskers returns error bars at pts, errs below and above each.
+func newWhiskers(pts plotter.XYs, errs plotter.YErrors) (*plotter.YErrorBars, error) {
+	return plotter.NewYErrorBars(struct {
+		plotter.XYs
+		plotter.YErrors
+	}{pts, errs})
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"net/url"
 	"strings"
 
+	"github.com/dustin/go-humanize"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -103,13 +105,7 @@ func fmtRange(s Summary) string {
 }
 
 // thousands formats a rate with thousands separators.
-func thousands(v float64) string {
-	s := fmt.Sprintf("%.0f", v)
-	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	return s
-}
+func thousands(v float64) string { return humanize.Comma(int64(math.Round(v))) }
 
 func verdict(met bool) string {
 	if met {
@@ -209,27 +205,20 @@ func WriteSummaryPNG(path string, reps []*Report) error {
 	p.Y.Label.Text = "ratio"
 	p.Y.Min = 0
 	w := vg.Points(20)
-	tb, err := plotter.NewBarChart(tput, w)
+	tb, err := newBars(tput, w, idemqBlue)
 	if err != nil {
 		return fmt.Errorf("benchmark: WriteSummaryPNG: %w", err)
 	}
-	tb.Color = color.RGBA{R: 40, G: 100, B: 200, A: 255}
-	tb.LineStyle.Width = 0
-	cb, err := plotter.NewBarChart(cpu, w)
+	cb, err := newBars(cpu, w, color.RGBA{R: 230, G: 140, B: 40, A: 255})
 	if err != nil {
 		return fmt.Errorf("benchmark: WriteSummaryPNG: %w", err)
 	}
-	cb.Color = color.RGBA{R: 230, G: 140, B: 40, A: 255}
-	cb.LineStyle.Width = 0
 	cb.Offset = w // beside the throughput bar, which sits on the pair's tick with its whisker
 	p.Add(tb, cb)
 	p.Legend.Add("msgs/s (higher is better)", tb)
 	p.Legend.Add("user CPU per delivery (lower is better)", cb)
 	p.Legend.Top = true
-	eb, err := plotter.NewYErrorBars(struct {
-		plotter.XYs
-		plotter.YErrors
-	}{pts, errs})
+	eb, err := newWhiskers(pts, errs)
 	if err != nil {
 		return fmt.Errorf("benchmark: WriteSummaryPNG: %w", err)
 	}
