@@ -1,19 +1,21 @@
 // Command payments is idemq's reference service: a payment consumer a team
 // can copy. The broker and the store are chosen by URL at start-up, so the
-// same binary serves RabbitMQ, Kafka, SQS, NATS JetStream, Redis Streams
-// (or the in-process mem://) into PostgreSQL, MySQL/MariaDB or SQLite, and
-// its handlers never mention a broker.
+// same binary serves RabbitMQ, Kafka, SQS, NATS JetStream, Redis Streams,
+// signed webhooks (or the in-process mem://) into PostgreSQL,
+// MySQL/MariaDB or SQLite, and its handlers never mention a broker.
 //
 //	go run ./examples/payments --broker 'amqp://guest:guest@localhost:5672/?queue=payments' \
 //	    --store 'postgres://postgres@localhost:5432/test'
 //	go run ./examples/payments --broker 'kafka://localhost:9092/payments?group=payments' --store …
 //	go run ./examples/payments --broker 'sqs://payments?endpoint=http://localhost:9324&region=us-east-1' --store …
 //	go run ./examples/payments --broker 'redis://localhost:6379/payments?group=payments' --store …
+//	go run ./examples/payments --broker 'webhook://127.0.0.1:8080/hooks/payments?verify=standard&secret_file=/run/secrets/payments&park_dir=/var/lib/payments/parked' --store …
 //
 // Each message's body is JSON like {"account": "acc-17", "amount_cents": 1250};
 // its id is the producer's business id (the AMQP message_id property, the
 // Kafka header or SQS message attribute "message-id", the Nats-Msg-Id
-// header or idemq-id, the idemq-id field of a Redis entry). In one transaction
+// header or idemq-id, the idemq-id field of a Redis entry, a webhook's
+// webhook-id header). In one transaction
 // per message (or per batch, --batch) the service claims the id, inserts a
 // row into ledger(account, amount_cents, message_id) — a table with no
 // unique constraint, so only idemq stands between a duplicate and a double
@@ -23,6 +25,26 @@
 // may be killed with SIGKILL at any moment: the broker redelivers what was
 // not acknowledged and the claim turns what was already committed into a
 // Duplicate.
+//
+// With a webhook:// broker the service is an HTTP endpoint (package
+// brokers/webhook): each POST signed with Standard Webhooks (webhook-id,
+// webhook-timestamp, webhook-signature: v1,<base64 HMAC-SHA256 of
+// "id.timestamp.body"> under the whsec_ secret of secret_file) is one
+// payment, answered 200 only once it was committed, a copy in flight
+// waits for the first copy's answer, and a payment the service cannot
+// apply is parked in park_dir and answered 200. The sender retries
+// anything else; after a crash its next copy is applied or answered 200
+// as a Duplicate. A webhook inbox has nothing to publish to: --publish
+// refuses it, and tests or a shell send the requests themselves:
+//
+//	secret=whsec_$(head -c 24 /dev/urandom | base64) && echo "$secret" > secret && mkdir -p parked
+//	go run ./examples/payments --store sqlite://payments.db \
+//	    --broker "webhook://127.0.0.1:8080/hooks/payments?verify=standard&secret_file=$PWD/secret&park_dir=$PWD/parked" &
+//	id=evt_1 ts=$(date +%s) body='{"account":"acc-17","amount_cents":1250}'
+//	sig=$(printf '%s' "$id.$ts.$body" | openssl dgst -sha256 -mac HMAC \
+//	    -macopt hexkey:$(printf '%s' "${secret#whsec_}" | base64 -d | od -An -vtx1 | tr -d ' \n') -binary | base64)
+//	curl -i http://127.0.0.1:8080/hooks/payments -H "webhook-id: $id" -H "webhook-timestamp: $ts" \
+//	    -H "webhook-signature: v1,$sig" -d "$body"
 //
 // With --provider the service charges each payment through a payment
 // provider's HTTP API before booking it (the leased mode, core.NewLeased):
@@ -73,6 +95,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/redis"
 	_ "github.com/idemq/idemq/brokers/sqs"
+	_ "github.com/idemq/idemq/brokers/webhook"
 )
 
 // settings are the parsed command-line flags.
@@ -130,7 +153,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.SetOutput(stderr)
 	var s settings
 	level := "info"
-	fs.StringVar(&s.broker, "broker", "", "broker URL: amqp://…?queue=Q, kafka://host:port/topic?group=G, sqs://queue?…, nats://host:4222/STREAM?consumer=C&subject=S, redis://host:6379/STREAM?group=G, mem://queue (required)")
+	fs.StringVar(&s.broker, "broker", "", "broker URL: amqp://…?queue=Q, kafka://host:port/topic?group=G, sqs://queue?…, nats://host:4222/STREAM?consumer=C&subject=S, redis://host:6379/STREAM?group=G, webhook://127.0.0.1:8080/PATH?verify=standard&secret_file=F&park_dir=D, mem://queue (required)")
 	fs.StringVar(&s.store, "store", "", "store URL: postgres://…, mysql://…, sqlite://path (required; ?table= names the dedup table)")
 	fs.StringVar(&s.consumer, "consumer", "payments", "consumer name: the first half of the dedup key")
 	fs.StringVar(&s.tables, "tables", "", "prefix for the ledger and accounts tables (letters, digits, _)")
@@ -143,7 +166,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.DurationVar(&s.lease, "lease", 30*time.Second, "with --provider: how long a payment's claim in progress stays this process's without renewal; a crashed process's payments are taken over after it")
 	fs.IntVar(&s.window, "window", 500, "with --provider: payments in flight at once (charges running concurrently)")
 	fs.StringVar(&level, "log-level", level, "debug, info, warn or error; each decision is logged at info (duplicate: info, retry: warn, dead letter: error)")
-	fs.IntVar(&s.publish, "publish", 0, "publish N test messages (duplicates included) to --broker and exit, instead of consuming")
+	fs.IntVar(&s.publish, "publish", 0, "publish N test messages (duplicates included) to --broker and exit, instead of consuming (not to a webhook:// inbox: its sender publishes)")
 	fs.Float64Var(&s.duplicates, "duplicates", 0.2, "with --publish: fraction of the N messages that repeat an earlier message (same id, same body)")
 	fs.Uint64Var(&s.seed, "seed", 1, "with --publish: seed of the traffic (ids, accounts and amounts follow from it)")
 	fs.IntVar(&s.accounts, "accounts", 50, "with --publish: accounts the payments spread over")
@@ -153,6 +176,11 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 
 Consumes payment messages exactly once into a ledger and account balances,
 or (--publish) produces test traffic. Credentials in URLs are never logged.
+
+With --broker webhook://HOST:PORT/PATH?verify=standard&secret_file=F&park_dir=D
+the service serves HTTP: each signed POST (Standard Webhooks; the event id
+in webhook-id) is a payment, answered 200 once committed. Nothing can be
+published to such an inbox: --publish refuses it.
 
 Flags:
 `)
@@ -188,6 +216,8 @@ Flags:
 		return s, fmt.Errorf("--duplicates: %v is not a fraction in [0, 1)", s.duplicates)
 	case s.accounts < 1:
 		return s, fmt.Errorf("--accounts: %d must be at least 1", s.accounts)
+	case s.publish > 0 && pushBroker(s.broker):
+		return s, errPushPublish
 	case s.provider == "" && (flagSet(fs, "lease") || flagSet(fs, "window")):
 		return s, errNoProvider
 	case s.lease < 100*time.Millisecond:
@@ -391,6 +421,14 @@ func publishSends(ctx context.Context, pub *core.Publisher, sends []sent, copyID
 	}
 	return nil
 }
+
+// pushBroker tells whether brokerURL is an inbox its senders push to
+// (webhook://): the service serves it and has nothing to publish to it.
+func pushBroker(brokerURL string) bool {
+	return strings.HasPrefix(strings.ToLower(brokerURL), "webhook://")
+}
+
+var errPushPublish = errors.New("--publish: a webhook:// broker is an HTTP inbox the webhook sender posts to; there is nothing to publish to: send signed requests to it instead")
 
 // natsBroker tells whether brokerURL is a NATS JetStream stream.
 func natsBroker(brokerURL string) bool {
