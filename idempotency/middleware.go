@@ -1,0 +1,396 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/internal/retry"
+)
+
+// HandlerFunc handles a request inside the store's transaction tx
+// (pgx.Tx for Postgres, *sql.Tx for MySQL/MariaDB and SQLite): it applies
+// its effect in tx and writes its response to w. It returns nil to commit
+// the effect together with the key's claim and the response, or an error
+// to roll everything back; the client then gets a 500 problem and its
+// retry runs the handler again. A 4xx or 5xx the handler writes itself and
+// returns nil for is committed, stored and replayed like any response.
+type HandlerFunc[Tx any] func(w http.ResponseWriter, r *http.Request, tx Tx) error
+
+// Middleware runs HandlerFuncs so that requests carrying the same
+// Idempotency-Key apply their effect once and get the same response.
+// It is safe for concurrent use.
+type Middleware[Tx any] struct {
+	store  driver.Store[Tx]
+	leaser driver.Leaser
+	tab    *table
+	cfg    config
+
+	// afterCommit, when set, runs right after a request's transaction
+	// committed and before its response is written.
+	afterCommit func()
+}
+
+// New returns the middleware over store, which must hold leases
+// (driver.Leaser: the Postgres, MySQL/MariaDB and SQLite stores do). The
+// key's claims live in the store's claims table under WithName, its leases
+// in the store's lease table, and the responses in a table of their own
+// (WithTable) in the same database, which Migrate creates. Bad options
+// fail here, each error naming its option.
+func New[Tx any](store driver.Store[Tx], opts ...Option) (*Middleware[Tx], error) {
+	if option.Present(store) != nil {
+		return nil, errors.New("idempotency: New: nil store")
+	}
+	cfg := defaults()
+	if err := option.ApplyAll(&cfg, opts...); err != nil {
+		return nil, err
+	}
+	ls, ok := store.(driver.Leaser)
+	if !ok {
+		return nil, fmt.Errorf("idempotency: New: the store %T cannot hold leases (driver.Leaser)", store)
+	}
+	tab, err := newTable(cfg.table, store.As)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: New: %w", err)
+	}
+	return &Middleware[Tx]{store: store, leaser: ls, tab: tab, cfg: cfg}, nil
+}
+
+// Migrate creates the responses table and its stored_at index if they do
+// not exist. The store's own Migrate creates the claims and lease tables.
+func (m *Middleware[Tx]) Migrate(ctx context.Context) error { return m.tab.migrate(ctx) }
+
+// Prune deletes at most limit responses stored before the given time and
+// returns how many it deleted; call it in a loop until it returns fewer
+// than limit, or hand the Middleware to admin.Prune. Prune responses no
+// sooner than the store prunes its claims (its retention): a key whose
+// claim outlives its response is answered 410.
+func (m *Middleware[Tx]) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("idempotency: Prune: limit must be positive, got %d", limit)
+	}
+	n, err := m.tab.prune(ctx, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: Prune %s: %w", m.tab.name, err)
+	}
+	return n, nil
+}
+
+// Handler returns h as an http.Handler. For each request it reads the
+// Idempotency-Key and the body, then:
+//
+//   - a key whose request completed: the stored response, with
+//     Idempotent-Replayed: true, when the method, URL and body are those
+//     of the first request; 422 when they differ;
+//   - a key in progress under another request's live lease: 409 with
+//     Retry-After;
+//   - otherwise the key is leased to this request and h runs in a store
+//     transaction; when h returns nil the lease is fenced, the key claimed
+//     and the response stored in that transaction, which commits before
+//     the response is written.
+//
+// The response h writes is buffered until then; it cannot be streamed.
+func (m *Middleware[Tx]) Handler(h HandlerFunc[Tx]) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h) })
+}
+
+func (m *Middleware[Tx]) serve(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx]) {
+	vals := r.Header.Values(HeaderKey)
+	switch {
+	case len(vals) == 0 && m.cfg.optional:
+		m.plain(w, r, h)
+		return
+	case len(vals) == 0:
+		writeProblem(w, http.StatusBadRequest, problemMissing, "Idempotency-Key is missing",
+			"this request needs an Idempotency-Key header, a unique string per operation, sent again unchanged with every retry", 0)
+		return
+	case len(vals) > 1:
+		writeProblem(w, http.StatusBadRequest, problemMalformed, "Idempotency-Key is malformed", "the header appears more than once", 0)
+		return
+	}
+	key, err := parseKey(vals[0])
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, problemMalformed, "Idempotency-Key is malformed", err.Error(), 0)
+		return
+	}
+	body, ok := m.readBody(w, r)
+	if !ok {
+		return
+	}
+	id := claimID(m.cfg.scope(r), key)
+	claim := driver.Claim{ID: id, Fingerprint: fingerprint(r, body)}
+	ctx := r.Context()
+	lease, err := m.acquire(ctx, claim)
+	if err != nil {
+		m.storeFailed(w, "acquiring the key's lease", err)
+		return
+	}
+	switch lease.Result {
+	case driver.LeaseWon:
+		m.run(w, r, h, claim, driver.LeaseRef{ID: id, Token: lease.Token})
+	case driver.LeaseDone:
+		m.replay(w, r, id)
+	case driver.LeaseMismatch:
+		writeProblem(w, http.StatusUnprocessableEntity, problemMismatch, "Idempotency-Key reused for another request",
+			"a request with this key and a different method, URL or body was already processed", 0)
+	case driver.LeaseBusy:
+		writeProblem(w, http.StatusConflict, problemInProgress, "A request with this Idempotency-Key is in progress",
+			"retry after the time Retry-After gives", retryAfter(lease.Until))
+	default:
+		m.storeFailed(w, "acquiring the key's lease", fmt.Errorf("unknown lease result %v", lease.Result))
+	}
+}
+
+// acquireTries bounds the attempts at a key's lease: MySQL/InnoDB answers
+// concurrent first requests of one key with deadlocks (1213) that a new
+// attempt gets past.
+const acquireTries = 8
+
+// acquire asks for the key's lease, trying again after a failure: an
+// Acquire that failed left no lease behind, or, if only its answer was
+// lost, a lease of its own that the next attempt finds busy (409).
+func (m *Middleware[Tx]) acquire(ctx context.Context, claim driver.Claim) (driver.Lease, error) {
+	b := retry.New(5*time.Millisecond, 200*time.Millisecond)
+	for try := 1; ; try++ {
+		lease, err := m.leaser.Acquire(ctx, m.cfg.name, claim, m.cfg.lease)
+		if err == nil || try == acquireTries || !b.Wait(ctx) {
+			return lease, err
+		}
+	}
+}
+
+// readBody reads the request body whole, up to WithMaxBody, and hands the
+// handler a copy; false means the request was answered.
+func (m *Middleware[Tx]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, true
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.maxBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeProblem(w, http.StatusRequestEntityTooLarge, problemTooLarge, "Request body too large",
+			fmt.Sprintf("the body is over %d bytes", m.cfg.maxBody), 0)
+		return nil, false
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, problemMalformed, "Request body unreadable", err.Error(), 0)
+		return nil, false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, true
+}
+
+// fingerprint identifies a request: method, request URI (path and query,
+// escaped: no newline) and body.
+func fingerprint(r *http.Request, body []byte) string {
+	b := make([]byte, 0, len(r.Method)+len(r.URL.RequestURI())+2+len(body))
+	b = append(b, r.Method...)
+	b = append(b, ' ')
+	b = append(b, r.URL.RequestURI()...)
+	b = append(b, '\n')
+	b = append(b, body...)
+	return core.Fingerprint(b)
+}
+
+// claimID is the id a key is claimed under: the scope's fingerprint (22
+// characters, so ids stay short however long the scope), a space, and the
+// key.
+func claimID(scope, key string) string {
+	return core.Fingerprint([]byte(scope)) + " " + key
+}
+
+// retryAfter is the whole seconds until a lease expires, at least 1.
+func retryAfter(until time.Time) int {
+	return max(1, int(math.Ceil(time.Until(until).Seconds())))
+}
+
+// run runs h in a transaction under the key's lease, and completes the
+// key in it when h returns nil.
+func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx], claim driver.Claim, ref driver.LeaseRef) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stopRenew := m.keep(ctx, ref, cancel)
+	txn, err := m.store.Begin(ctx)
+	if err != nil {
+		stopRenew()
+		m.release(ctx, ref)
+		m.storeFailed(w, "beginning the transaction", err)
+		return
+	}
+	rec := newRecorder()
+	finished := false
+	defer func() {
+		if !finished { // h panicked: the panic goes on once the key is free
+			stopRenew()
+			m.abort(ctx, txn, ref)
+		}
+	}()
+	herr := h(rec, r.WithContext(ctx), txn.Tx())
+	finished = true
+	stopRenew()
+	if herr != nil {
+		m.abort(ctx, txn, ref)
+		m.cfg.logger.ErrorContext(ctx, "idempotency: handler failed; nothing was stored", "consumer", m.cfg.name, "err", herr)
+		writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed",
+			"nothing was applied; retry with the same Idempotency-Key", 0)
+		return
+	}
+	res := rec.result(m.cfg.headers)
+	if !m.complete(ctx, w, txn, claim, ref, res) {
+		return
+	}
+	if m.afterCommit != nil {
+		m.afterCommit()
+	}
+	send(w, rec.header, res.status, res.body)
+}
+
+// complete fences the lease, claims the key and stores res in txn, and
+// commits; false means the request was answered otherwise.
+func (m *Middleware[Tx]) complete(ctx context.Context, w http.ResponseWriter, txn driver.Txn[Tx], claim driver.Claim, ref driver.LeaseRef, res stored) bool {
+	f, ok := txn.(driver.Fencer)
+	if !ok {
+		m.abort(ctx, txn, ref)
+		m.storeFailed(w, "fencing the lease", fmt.Errorf("the store's transactions (%T) cannot fence leases (driver.Fencer)", txn))
+		return false
+	}
+	held, err := f.Fence(ctx, m.cfg.name, []driver.LeaseRef{ref})
+	if err == nil && len(held) != 1 {
+		err = fmt.Errorf("store fenced %d of 1 lease", len(held))
+	}
+	if err != nil {
+		m.abort(ctx, txn, ref)
+		m.storeFailed(w, "fencing the lease", err)
+		return false
+	}
+	if !held[0] {
+		// The lease expired and another request took the key over: it
+		// decides the key, this one applies nothing.
+		_ = txn.Rollback(context.WithoutCancel(ctx))
+		writeProblem(w, http.StatusConflict, problemInProgress, "A request with this Idempotency-Key is in progress",
+			"this request's hold on the key expired and another request took it over; retry to get its response", 1)
+		return false
+	}
+	won, err := txn.Claim(ctx, m.cfg.name, []driver.Claim{claim})
+	if err == nil && (len(won) != 1 || won[0] != driver.ClaimWon) {
+		err = fmt.Errorf("claim of a fenced key was %v", won)
+	}
+	if err == nil {
+		err = m.tab.put(ctx, txn.Tx(), m.cfg.name, claim.ID, res, time.Now())
+	}
+	if err != nil {
+		m.abort(ctx, txn, ref)
+		m.storeFailed(w, "completing the key", err)
+		return false
+	}
+	if fc, ok := txn.(driver.FlushCommitter); ok {
+		err = fc.FlushCommit(ctx)
+	} else {
+		err = txn.Commit(ctx)
+	}
+	if err != nil {
+		// It may have committed; if not, the lease is freed for the retry.
+		m.abort(ctx, txn, ref)
+		m.storeFailed(w, "committing", err)
+		return false
+	}
+	return true
+}
+
+// replay answers with the stored response of a completed key.
+func (m *Middleware[Tx]) replay(w http.ResponseWriter, r *http.Request, id string) {
+	s, found, err := m.tab.get(r.Context(), m.cfg.name, id)
+	if err != nil {
+		m.storeFailed(w, "reading the stored response", err)
+		return
+	}
+	if !found {
+		writeProblem(w, http.StatusGone, problemExpired, "The stored response has expired",
+			"a request with this key was processed, but its response is no longer kept; use a new key only for a new operation", 0)
+		return
+	}
+	s.header.Set("Idempotent-Replayed", "true")
+	send(w, s.header, s.status, s.body)
+}
+
+// plain runs h in a transaction of its own, for a request without a key
+// under WithKeyOptional.
+func (m *Middleware[Tx]) plain(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx]) {
+	ctx := r.Context()
+	txn, err := m.store.Begin(ctx)
+	if err != nil {
+		m.storeFailed(w, "beginning the transaction", err)
+		return
+	}
+	defer txn.Rollback(context.WithoutCancel(ctx)) // after Commit it does nothing
+	rec := newRecorder()
+	if err := h(rec, r, txn.Tx()); err != nil {
+		m.cfg.logger.ErrorContext(ctx, "idempotency: handler failed", "consumer", m.cfg.name, "err", err)
+		writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed", "nothing was applied", 0)
+		return
+	}
+	if err := txn.Commit(ctx); err != nil {
+		m.storeFailed(w, "committing", err)
+		return
+	}
+	res := rec.result(nil)
+	send(w, rec.header, res.status, res.body)
+}
+
+// keep renews the lease every third of WithLease until the returned stop
+// is called; a lease found taken over cancels the handler's context (its
+// fence would fail anyway).
+func (m *Middleware[Tx]) keep(ctx context.Context, ref driver.LeaseRef, lost context.CancelFunc) (stop func()) {
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		retry.Every(rctx, m.cfg.lease/3, func(time.Time) {
+			still, err := m.leaser.Renew(rctx, m.cfg.name, []driver.LeaseRef{ref}, m.cfg.lease)
+			switch {
+			case err != nil && rctx.Err() == nil:
+				m.cfg.logger.WarnContext(rctx, "idempotency: renewing a key's lease failed", "consumer", m.cfg.name, "err", err)
+			case err == nil && len(still) == 1 && !still[0]:
+				m.cfg.logger.WarnContext(rctx, "idempotency: a key's lease was taken over while its handler ran", "consumer", m.cfg.name)
+				lost()
+			}
+		})
+	}()
+	return func() { cancel(); <-done }
+}
+
+// abort rolls txn back and releases the lease, so a retry runs at once.
+func (m *Middleware[Tx]) abort(ctx context.Context, txn driver.Txn[Tx], ref driver.LeaseRef) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := txn.Rollback(ctx); err != nil {
+		m.cfg.logger.WarnContext(ctx, "idempotency: rollback failed", "consumer", m.cfg.name, "err", err)
+	}
+	m.release(ctx, ref)
+}
+
+// release gives the key's lease up; a failure only makes a retry wait for
+// the lease to expire.
+func (m *Middleware[Tx]) release(ctx context.Context, ref driver.LeaseRef) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := m.leaser.Release(ctx, m.cfg.name, ref); err != nil {
+		m.cfg.logger.WarnContext(ctx, "idempotency: releasing a key's lease failed; its retries wait for it to expire", "consumer", m.cfg.name, "err", err)
+	}
+}
+
+// storeFailed answers 503 for a store that failed during step: the retry
+// is safe, and decides the key again.
+func (m *Middleware[Tx]) storeFailed(w http.ResponseWriter, step string, err error) {
+	m.cfg.logger.Error("idempotency: store failed", "consumer", m.cfg.name, "step", step, "err", err)
+	writeProblem(w, http.StatusServiceUnavailable, problemStore, "The request could not be decided",
+		"the database failed while "+step+"; retry with the same Idempotency-Key", 1)
+}
