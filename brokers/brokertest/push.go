@@ -1,0 +1,904 @@
+package brokertest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+)
+
+// The push cases are for a source whose sender hands it one message at a
+// time and waits for the answer (an HTTP webhook inbox): there is no queue
+// to publish to, read raw or reconnect to, and the sender's answer is the
+// acknowledgement. The suite plays the sender.
+
+// PushHarness describes a push source to RunPush.
+type PushHarness struct {
+	// Open returns a fixture around a fresh source that no other test
+	// sends to. It registers its own cleanup (a server, files) with
+	// t.Cleanup. Required.
+	Open func(t *testing.T) *PushFixture
+	// RecordsCause is true when the source keeps the dead-letter cause
+	// where PushFixture.DeadLetters reads it back; the suite then checks
+	// it.
+	RecordsCause bool
+	// OperatesDeadLetters is true when admin.OpenDeadLetters opens what the
+	// source parked (PushFixture.SourceURL); the suite then lists and
+	// purges parked messages through it.
+	OperatesDeadLetters bool
+	// ReceiveTimeout bounds how long a message that must arrive, or an
+	// answer that must come, may take. Default 10s.
+	ReceiveTimeout time.Duration
+	// Quiet is how long the suite waits to conclude that nothing more
+	// arrives. Default 500ms.
+	Quiet time.Duration
+}
+
+// PushFixture is one fresh push source and a sender to it.
+type PushFixture struct {
+	// Source is the source Send reaches. The suite closes it. A request
+	// it has not handed out yet, or a copy it holds back while an earlier
+	// copy is unsettled, waits longer than PushHarness.Quiet before the
+	// source answers it busy; after Close, the request of an unsettled
+	// delivery is answered within PushHarness.ReceiveTimeout. Required.
+	Source driver.Source
+	// Send sends m as the source's senders do: authenticated, the id where
+	// they carry it (none when m.ID is ""), m.Headers as headers the
+	// source hands back under the same names. It returns once the source
+	// answered; an error means no answer came (the connection failed).
+	// Send is called from several goroutines, also after Close. Required.
+	Send func(ctx context.Context, m *driver.Message) (Answer, error)
+	// DeadLetters returns the messages the source parked so far. It may
+	// consume them: the suite merges successive results. Required.
+	DeadLetters func(ctx context.Context) ([]DeadLetter, error)
+	// SourceURL is the URL admin.OpenDeadLetters opens the source's parked
+	// messages with. Required with PushHarness.OperatesDeadLetters.
+	SourceURL string
+}
+
+// Answer is what the sender of a pushed message was told, as the fixture
+// reads the source's reply.
+type Answer struct {
+	// Accepted says the sender is done with the message: the source
+	// acknowledged it, found it a duplicate or parked it (HTTP 2xx).
+	// Otherwise the sender is to send it again.
+	Accepted bool
+	// RetryAfter is how long a sender not accepted is asked to wait before
+	// it sends again (HTTP Retry-After); 0 when the reply names no delay.
+	RetryAfter time.Duration
+	// Detail describes the reply in failure messages, such as "503 retry
+	// later".
+	Detail string
+}
+
+func (a Answer) String() string {
+	if a.Detail != "" {
+		return a.Detail
+	}
+	return fmt.Sprintf("accepted=%v retry-after=%v", a.Accepted, a.RetryAfter)
+}
+
+func (h PushHarness) withDefaults() PushHarness {
+	if h.ReceiveTimeout <= 0 {
+		h.ReceiveTimeout = 10 * time.Second
+	}
+	if h.Quiet <= 0 {
+		h.Quiet = 500 * time.Millisecond
+	}
+	return h
+}
+
+// pull is the harness as the helpers shared with Run read it.
+func (h PushHarness) pull() Harness {
+	return Harness{RecordsCause: h.RecordsCause, OperatesDeadLetters: h.OperatesDeadLetters,
+		ReceiveTimeout: h.ReceiveTimeout, Quiet: h.Quiet}
+}
+
+// pull is the fixture as the helpers shared with Run read it: its dead
+// letters and its URL.
+func (f *PushFixture) pull() *Fixture {
+	return &Fixture{DeadLetters: f.DeadLetters, SourceURL: f.SourceURL}
+}
+
+// RunPush runs every case of the push suite as a subtest of t: the
+// settlement contract seen from the sender's side (Ack answers accepted,
+// Retry answers retry-later with at least the delay asked, DeadLetter
+// parks and answers accepted), the window, a graceful close with requests
+// in flight, copies of a message in flight, and the pipeline (core.Consumer
+// and a leased Consumer with the SQLite store) counting committed effects
+// per message id while the suite sends copies and resends what was not
+// accepted, as a provider does.
+func RunPush(t *testing.T, h PushHarness) {
+	if h.Open == nil {
+		t.Fatal("brokertest: PushHarness.Open is required")
+	}
+	h = h.withDefaults()
+	cases := []struct {
+		name string
+		f    func(*testing.T, PushHarness)
+	}{
+		{"SendReceiveAck", testPushAck},
+		{"SettleTwiceFails", testPushSettleTwice},
+		{"RetryAnswersRetryLater", testPushRetry},
+		{"DeadLetterParksAndAccepts", testPushDeadLetter},
+		{"WindowBoundsDeliveries", testPushWindow},
+		{"GracefulCloseWithRequestsInFlight", testPushClose},
+		{"CopyInFlightIsHeldBack/FirstAcked", func(t *testing.T, h PushHarness) { testPushCopy(t, h, false) }},
+		{"CopyInFlightIsHeldBack/FirstRetried", func(t *testing.T, h PushHarness) { testPushCopy(t, h, true) }},
+		{"Pipeline/MissingIDIsDeadLettered", testPushPipelineMissingID},
+		{"Pipeline/DuplicatesApplyOnce", testPushPipelineDuplicates},
+		{"Pipeline/FailedHandlerIsRetriedNotDropped", testPushPipelineRetry},
+		{"Pipeline/PoisonIsDeadLetteredAfterMaxAttempts", testPushPipelinePoison},
+		{"Pipeline/GracefulShutdownMidStream", testPushPipelineShutdown},
+		{"Leased/DuplicatesCallOutOnce", testPushLeasedDuplicates},
+		{"Leased/PermanentErrorDeadLetters", testPushLeasedPermanent},
+	}
+	if h.OperatesDeadLetters {
+		cases = append(cases, struct {
+			name string
+			f    func(*testing.T, PushHarness)
+		}{"DeadLetterQueue/ListPurge", testPushDeadLetterQueue})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.f(t, h) })
+	}
+}
+
+// fixture opens a fixture, checks it is complete and closes its source
+// when the test ends.
+func (h PushHarness) fixture(t *testing.T) *PushFixture {
+	t.Helper()
+	f := h.Open(t)
+	if f == nil || f.Source == nil || f.Send == nil || f.DeadLetters == nil {
+		t.Fatal("brokertest: PushFixture needs Source, Send and DeadLetters")
+	}
+	if h.OperatesDeadLetters && f.SourceURL == "" {
+		t.Fatal("brokertest: PushFixture.SourceURL is required with OperatesDeadLetters")
+	}
+	t.Cleanup(func() { _ = f.Source.Close() })
+	return f
+}
+
+// reply is what one Send returned.
+type reply struct {
+	a   Answer
+	err error
+}
+
+// sendAsync sends m in the background; its reply arrives on the channel.
+func sendAsync(h PushHarness, f *PushFixture, m *driver.Message) <-chan reply {
+	c := make(chan reply, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*h.ReceiveTimeout)
+		defer cancel()
+		a, err := f.Send(ctx, m)
+		c <- reply{a, err}
+	}()
+	return c
+}
+
+// answerOf waits for the reply on c and fails unless an answer came.
+func answerOf(t *testing.T, h PushHarness, c <-chan reply, what string) Answer {
+	t.Helper()
+	select {
+	case r := <-c:
+		if r.err != nil {
+			t.Fatalf("%s: no answer: %v", what, r.err)
+		}
+		return r.a
+	case <-time.After(2 * h.ReceiveTimeout):
+		t.Fatalf("%s: no answer within %v", what, 2*h.ReceiveTimeout)
+		return Answer{}
+	}
+}
+
+// unanswered fails if the sender on c already has its answer: it must
+// wait for the settlement.
+func unanswered(t *testing.T, c <-chan reply, what string) {
+	t.Helper()
+	select {
+	case r := <-c:
+		t.Fatalf("%s was answered before its delivery was settled: %v (err %v)", what, r.a, r.err)
+	default:
+	}
+}
+
+// pushed is a fixture whose source received one delivery of each
+// message, their senders waiting.
+type pushed struct {
+	f       *PushFixture
+	msgs    []*driver.Message
+	ds      []driver.Delivery
+	answers map[string]<-chan reply // by id
+}
+
+// received opens a fixture, sends n new messages (see messages) and
+// receives them all.
+func (h PushHarness) received(t *testing.T, prefix string, n int) *pushed {
+	t.Helper()
+	p := &pushed{f: h.fixture(t), msgs: messages(prefix, n), answers: map[string]<-chan reply{}}
+	for _, m := range p.msgs {
+		p.answers[m.ID] = sendAsync(h, p.f, m)
+	}
+	p.ds = receive(t, h.pull(), p.f.Source, n)
+	for _, d := range p.ds {
+		if _, ok := p.answers[d.Message().ID]; !ok {
+			t.Fatalf("received unknown id %q", d.Message().ID)
+		}
+	}
+	return p
+}
+
+// answer waits for the answer to d's sender.
+func (p *pushed) answer(t *testing.T, h PushHarness, d driver.Delivery) Answer {
+	t.Helper()
+	return answerOf(t, h, p.answers[d.Message().ID], d.Message().ID)
+}
+
+func testPushAck(t *testing.T, h PushHarness) {
+	p := h.received(t, "push", 3)
+	byID := map[string]*driver.Message{}
+	for _, m := range p.msgs {
+		byID[m.ID] = m
+	}
+	for _, d := range p.ds {
+		m := d.Message()
+		want, ok := byID[m.ID]
+		if !ok {
+			t.Fatalf("received a repeated id %q", m.ID)
+		}
+		delete(byID, m.ID)
+		if string(m.Body) != string(want.Body) {
+			t.Errorf("%s: body %q, want %q", m.ID, m.Body, want.Body)
+		}
+		if got := m.Headers["idemq-test"]; got != want.Headers["idemq-test"] {
+			t.Errorf("%s: header idemq-test = %q, want %q", m.ID, got, want.Headers["idemq-test"])
+		}
+		if m.Attempt != 1 {
+			t.Errorf("%s: Attempt %d on first delivery, want 1", m.ID, m.Attempt)
+		}
+		if m.System == "" || m.Source == "" || m.ReceivedAt.IsZero() {
+			t.Errorf("%s: System %q, Source %q, ReceivedAt %v: want all set", m.ID, m.System, m.Source, m.ReceivedAt)
+		}
+		unanswered(t, p.answers[m.ID], m.ID)
+	}
+	ackAll(t, p.ds)
+	for _, d := range p.ds {
+		if a := p.answer(t, h, d); !a.Accepted {
+			t.Errorf("%s: acked, but the sender was told %v", d.Message().ID, a)
+		}
+	}
+	expectQuiet(t, h.pull(), p.f.Source)
+}
+
+func testPushSettleTwice(t *testing.T, h PushHarness) {
+	p := h.received(t, "twice", 1)
+	d := p.ds[0]
+	ctx := ctxFor(t, h.ReceiveTimeout)
+	if err := d.Ack(ctx); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+	if err := d.Ack(ctx); !errors.Is(err, driver.ErrAlreadySettled) {
+		t.Errorf("a second Ack = %v, want driver.ErrAlreadySettled", err)
+	}
+	if err := d.Retry(ctx, 0); !errors.Is(err, driver.ErrAlreadySettled) {
+		t.Errorf("Retry after Ack = %v, want driver.ErrAlreadySettled", err)
+	}
+	if err := d.DeadLetter(ctx, errors.New("late")); !errors.Is(err, driver.ErrAlreadySettled) {
+		t.Errorf("DeadLetter after Ack = %v, want driver.ErrAlreadySettled", err)
+	}
+	if a := p.answer(t, h, d); !a.Accepted {
+		t.Errorf("acked, but the sender was told %v", a)
+	}
+	expectQuiet(t, h.pull(), p.f.Source)
+	if dls, err := p.f.DeadLetters(ctx); err != nil || len(dls) != 0 {
+		t.Errorf("DeadLetters after a refused DeadLetter = %v, %v; want none", dls, err)
+	}
+}
+
+func testPushRetry(t *testing.T, h PushHarness) {
+	p := h.received(t, "retry", 1)
+	d1 := p.ds[0]
+	const delay = 1500 * time.Millisecond
+	if err := d1.Retry(ctxFor(t, h.ReceiveTimeout), delay); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	a := p.answer(t, h, d1)
+	if a.Accepted {
+		t.Fatalf("retried, but the sender was told %v: it will not send the message again", a)
+	}
+	if a.RetryAfter < delay {
+		t.Errorf("retry-later answer %v asks for %v, less than the %v delay", a, a.RetryAfter, delay)
+	}
+	// The sender sends its next copy.
+	m := p.msgs[0]
+	again := sendAsync(h, p.f, m)
+	d2 := receive(t, h.pull(), p.f.Source, 1)[0]
+	if got := d2.Message(); got.ID != m.ID || string(got.Body) != string(m.Body) {
+		t.Fatalf("received %q %q, want the copy %q %q", got.ID, got.Body, m.ID, m.Body)
+	}
+	if n, first := d2.Message().Attempt, d1.Message().Attempt; n <= first {
+		t.Errorf("the copy sent after a Retry has Attempt %d, want more than %d", n, first)
+	}
+	ackAll(t, []driver.Delivery{d2})
+	if a := answerOf(t, h, again, "the copy"); !a.Accepted {
+		t.Errorf("the copy was acked, but its sender was told %v", a)
+	}
+	expectQuiet(t, h.pull(), p.f.Source)
+}
+
+func testPushDeadLetter(t *testing.T, h PushHarness) {
+	p := h.received(t, "dl", 2)
+	parked, acked := p.ds[0], p.ds[1]
+	cause := "brokertest cause " + randomHex(4)
+	if err := parked.DeadLetter(ctxFor(t, h.ReceiveTimeout), errors.New(cause)); err != nil {
+		t.Fatalf("dead-letter: %v", err)
+	}
+	ackAll(t, []driver.Delivery{acked})
+	for _, d := range p.ds {
+		if a := p.answer(t, h, d); !a.Accepted {
+			t.Errorf("%s: settled, but the sender was told %v: a parked message must not come back", d.Message().ID, a)
+		}
+	}
+	expectQuiet(t, h.pull(), p.f.Source)
+	got := waitDeadLetters(t, h.pull(), p.f.pull(), parked.Message().ID)
+	dl := got[parked.Message().ID]
+	if string(dl.Body) != string(parked.Message().Body) {
+		t.Errorf("parked body %q, want %q", dl.Body, parked.Message().Body)
+	}
+	if h.RecordsCause && !strings.Contains(dl.Cause, cause) {
+		t.Errorf("parked cause %q does not hold %q", dl.Cause, cause)
+	}
+	if _, ok := got[acked.Message().ID]; ok {
+		t.Errorf("acked message %q was dead-lettered", acked.Message().ID)
+	}
+}
+
+func testPushWindow(t *testing.T, h PushHarness) {
+	f := h.fixture(t)
+	ws := optional[driver.WindowSetter](t, f.Source)
+	if err := ws.SetWindow(0); err == nil {
+		t.Error("SetWindow(0) returned nil")
+	}
+	if err := ws.SetWindow(2); err != nil {
+		t.Fatalf("SetWindow: %v", err)
+	}
+	msgs := messages("window", 3)
+	answers := map[string]<-chan reply{}
+	for _, m := range msgs {
+		answers[m.ID] = sendAsync(h, f, m)
+	}
+	ds := receive(t, h.pull(), f.Source, 2)
+	// Two unsettled: the third waits, unanswered.
+	expectQuiet(t, h.pull(), f.Source)
+	for _, m := range msgs {
+		if m.ID != ds[0].Message().ID && m.ID != ds[1].Message().ID {
+			unanswered(t, answers[m.ID], "the request beyond the window")
+		}
+	}
+	ackAll(t, ds[:1])
+	ds = append(ds[1:], receive(t, h.pull(), f.Source, 1)...)
+	expectQuiet(t, h.pull(), f.Source)
+	ackAll(t, ds)
+	for _, m := range msgs {
+		if a := answerOf(t, h, answers[m.ID], m.ID); !a.Accepted {
+			t.Errorf("%s: acked, but the sender was told %v", m.ID, a)
+		}
+	}
+}
+
+// testPushClose: Close with three requests in flight, one settled before.
+// A settlement after Close either succeeds, and the sender is accepted, or
+// is stale, and the sender is told to send again; a delivery left
+// unsettled is answered send-again, after which its settlement is stale.
+// New requests are not accepted.
+func testPushClose(t *testing.T, h PushHarness) {
+	p := h.received(t, "close", 3)
+	ackAll(t, p.ds[:1])
+	if a := p.answer(t, h, p.ds[0]); !a.Accepted {
+		t.Errorf("acked before Close, but the sender was told %v", a)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.f.Source.Close() }()
+	// Receive returns once Close took effect.
+	if _, err := p.f.Source.Receive(ctxFor(t, h.ReceiveTimeout)); !errors.Is(err, driver.ErrSourceClosed) {
+		t.Fatalf("Receive after Close = %v, want driver.ErrSourceClosed", err)
+	}
+	ctx := ctxFor(t, 2*h.ReceiveTimeout)
+	settled := p.ds[1]
+	err := settled.Ack(ctx)
+	a := p.answer(t, h, settled)
+	switch {
+	case err == nil && !a.Accepted:
+		t.Errorf("Ack after Close succeeded, but the sender was told %v", a)
+	case errors.Is(err, driver.ErrStaleDelivery) && a.Accepted:
+		t.Errorf("Ack after Close was stale, but the sender was told %v", a)
+	case err != nil && !errors.Is(err, driver.ErrStaleDelivery):
+		t.Errorf("Ack after Close = %v, want nil or an error wrapping driver.ErrStaleDelivery", err)
+	}
+	t.Logf("Ack after Close: %v; the sender was told %v", err, a)
+
+	left := p.ds[2]
+	if a := p.answer(t, h, left); a.Accepted {
+		t.Errorf("a delivery left unsettled at Close was answered %v: the sender drops a message never processed", a)
+	}
+	if err := left.Ack(ctx); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack of a delivery whose sender was already answered = %v, want an error wrapping driver.ErrStaleDelivery", err)
+	}
+	if a, err := p.f.Send(ctx, messages("late", 1)[0]); err == nil && a.Accepted {
+		t.Errorf("a request sent after Close was answered %v", a)
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Close = %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Close did not return")
+	}
+	if err := p.f.Source.Close(); err != nil {
+		t.Errorf("second Close = %v, want nil", err)
+	}
+}
+
+// testPushCopy: a copy of a message sent while the first is unsettled is
+// not handed out until the first is settled. Once it is, the copy is
+// accepted only if a delivery of the message was acknowledged: after a
+// Retry of the first, the copy is told to send again or handed out anew.
+func testPushCopy(t *testing.T, h PushHarness, retryFirst bool) {
+	p := h.received(t, "copy", 1)
+	d1, m := p.ds[0], p.msgs[0]
+	copied := sendAsync(h, p.f, m)
+	expectQuiet(t, h.pull(), p.f.Source)
+
+	ctx := ctxFor(t, 2*h.ReceiveTimeout)
+	var err error
+	if retryFirst {
+		err = d1.Retry(ctx, 0)
+	} else {
+		err = d1.Ack(ctx)
+	}
+	if err != nil {
+		t.Fatalf("settling the first: %v", err)
+	}
+	if a := p.answer(t, h, d1); a.Accepted == retryFirst {
+		t.Errorf("the first copy's sender was told %v (retried: %v)", a, retryFirst)
+	}
+	// Whatever the source hands out now is acknowledged, until the copy is
+	// answered.
+	var mu sync.Mutex
+	var acked []string
+	dctx, stop := context.WithCancel(ctx)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		for dctx.Err() == nil {
+			d, err := p.f.Source.Receive(dctx)
+			if err != nil {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			if d.Ack(dctx) == nil {
+				mu.Lock()
+				acked = append(acked, d.Message().ID)
+				mu.Unlock()
+			}
+		}
+	}()
+	a := answerOf(t, h, copied, "the copy")
+	stop()
+	<-drained
+	t.Logf("the copy was told %v; acked after the first: %v", a, acked)
+	if retryFirst && a.Accepted && len(acked) == 0 {
+		t.Errorf("the copy was accepted, but the first was retried and no delivery of %s was acknowledged: the message is lost", m.ID)
+	}
+}
+
+// committed returns how many times id's effect was committed; unlike
+// Counts it may be called off the test's goroutine.
+func (e *Effects) committed(ctx context.Context, id string) (int, error) {
+	var n int
+	err := e.store.DB().QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n)
+	return n, err
+}
+
+// deliver sends m until the source accepts it, as a provider resends what
+// was not accepted (sooner than asked: the suite does not wait out
+// RetryAfter), and returns the answers in order.
+func deliver(ctx context.Context, f *PushFixture, m *driver.Message) ([]Answer, error) {
+	var out []Answer
+	for {
+		a, err := f.Send(ctx, m)
+		if err == nil {
+			out = append(out, a)
+			if a.Accepted {
+				return out, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return out, fmt.Errorf("%q not accepted (answers %v, last error %v): %w", m.ID, out, err, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// deliverAll delivers msgs concurrently (see deliver), calling accepted
+// from each sender's goroutine once its message is accepted; an error it
+// returns fails the test. It returns each message's answers.
+func deliverAll(t *testing.T, h PushHarness, f *PushFixture, msgs []*driver.Message, accepted func(context.Context, *driver.Message) error) [][]Answer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*h.ReceiveTimeout)
+	defer cancel()
+	out := make([][]Answer, len(msgs))
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Go(func() {
+			out[i], errs[i] = deliver(ctx, f, m)
+			if errs[i] == nil && accepted != nil {
+				errs[i] = accepted(ctx, m)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// appliedWhenAccepted checks, for deliverAll, that a message's effect is
+// committed exactly once by the time its sender is accepted.
+func appliedWhenAccepted(e *Effects) func(context.Context, *driver.Message) error {
+	return func(ctx context.Context, m *driver.Message) error {
+		n, err := e.committed(ctx, m.ID)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("%s: its sender was accepted with %d effects committed, want 1", m.ID, n)
+		}
+		return nil
+	}
+}
+
+// copiesOf returns msgs, then msgs again, copies times in all.
+func copiesOf(msgs []*driver.Message, copies int) []*driver.Message {
+	var all []*driver.Message
+	for range copies {
+		all = append(all, msgs...)
+	}
+	return all
+}
+
+// apply is a handler that applies e's effect.
+func apply(e *Effects) core.Handler[*sql.Tx] {
+	return func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.Apply(ctx, tx, m) }
+}
+
+func testPushPipelineMissingID(t *testing.T, h PushHarness) {
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages("noid", 2)
+	noID := &driver.Message{Body: []byte("no-id-" + randomHex(4))}
+	var handled sync.Map
+	r := runConsumer(t, f.Source, e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		handled.Store(string(m.Body), true)
+		return e.Apply(ctx, tx, m)
+	})
+	applied := appliedWhenAccepted(e)
+	deliverAll(t, h, f, []*driver.Message{msgs[0], noID, msgs[1]}, func(ctx context.Context, m *driver.Message) error {
+		if m.ID == "" {
+			return nil
+		}
+		return applied(ctx, m)
+	})
+	r.finishWhen(t, h.ReceiveTimeout, "2 processed", func(st core.Stats) bool { return st.Processed == 2 })
+	if _, ok := handled.Load(string(noID.Body)); ok {
+		t.Error("the handler ran for a message without an id")
+	}
+	dl := waitDeadLetters(t, h.pull(), f.pull(), "")[""]
+	if string(dl.Body) != string(noID.Body) {
+		t.Errorf("parked body %q, want %q", dl.Body, noID.Body)
+	}
+	if h.RecordsCause && dl.Cause == "" {
+		t.Error("the message without an id was parked without a cause")
+	}
+	t.Logf("parked without an id, cause %q", dl.Cause)
+	if counts := e.WantOnce(t, msgs); len(counts) != len(msgs) {
+		t.Errorf("effects for %d ids, want %d: %v", len(counts), len(msgs), counts)
+	}
+}
+
+// Every id sent three times, the copies concurrently, through a batching
+// Consumer with two workers: each applied once, each sender accepted only
+// once its effect is committed.
+func testPushPipelineDuplicates(t *testing.T, h PushHarness) {
+	const unique, copies = 20, 3
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages("dup", unique)
+	r := runConsumer(t, f.Source, e, apply(e), core.WithConcurrency(2), core.WithBatchSize(5), core.WithWindow(10), core.WithLinger(5*time.Millisecond))
+	deliverAll(t, h, f, copiesOf(msgs, copies), appliedWhenAccepted(e))
+	st := r.finishWhen(t, h.ReceiveTimeout, fmt.Sprintf("%d processed", unique), func(st core.Stats) bool { return st.Processed >= unique })
+	t.Logf("consumer stats: %+v", st)
+	if st.Processed != unique {
+		t.Errorf("Processed = %d, want %d", st.Processed, unique)
+	}
+	e.WantOnce(t, msgs)
+}
+
+func testPushPipelineRetry(t *testing.T, h PushHarness) {
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages("flaky", 10)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	failsFirst := func(id string) bool { return (id[len(id)-1]-'0')%2 == 0 }
+	// Every other message fails on its first try, after writing its effect:
+	// the effect and the claim roll back together, the sender is told to
+	// send again, and its next copy is not taken for a duplicate.
+	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := e.Apply(ctx, tx, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		calls[m.ID]++
+		n := calls[m.ID]
+		mu.Unlock()
+		if n == 1 && failsFirst(m.ID) {
+			return errors.New("transient failure")
+		}
+		return nil
+	}
+	r := runConsumer(t, f.Source, e, handler, core.WithBatchSize(4), core.WithWindow(8))
+	answers := deliverAll(t, h, f, msgs, appliedWhenAccepted(e))
+	st := r.finishWhen(t, h.ReceiveTimeout, "10 processed", func(st core.Stats) bool { return st.Processed == 10 })
+	if st.Retried != 5 || st.Duplicates != 0 || st.DeadLettered != 0 {
+		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
+	}
+	for i, m := range msgs {
+		if failsFirst(m.ID) && answers[i][0].Accepted {
+			t.Errorf("%s: its failed first try was answered %v", m.ID, answers[i][0])
+		}
+	}
+	e.WantOnce(t, msgs)
+}
+
+// A message whose handler always fails transiently reaches MaxAttempts
+// through the Attempt the source counts over the sender's copies, and is
+// parked, its sender accepted; it is not retried forever.
+func testPushPipelinePoison(t *testing.T, h PushHarness) {
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages("poison", 2)
+	poison := msgs[0].ID
+	var calls atomic.Int64
+	r := runConsumer(t, f.Source, e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := e.Apply(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == poison {
+			calls.Add(1)
+			return errors.New("still failing")
+		}
+		return nil
+	}, core.WithMaxAttempts(3))
+	applied := appliedWhenAccepted(e)
+	answers := deliverAll(t, h, f, msgs, func(ctx context.Context, m *driver.Message) error {
+		if m.ID == poison {
+			return nil
+		}
+		return applied(ctx, m)
+	})
+	t.Logf("the poison message's sender was told %v", answers[0])
+	r.finishWhen(t, h.ReceiveTimeout, "the poison message dead-lettered", func(st core.Stats) bool {
+		return st.DeadLettered == 1 && st.Processed == 1
+	})
+	if n := calls.Load(); n != 3 {
+		t.Errorf("handler ran %d times for the poison message, want MaxAttempts = 3", n)
+	}
+	dl := waitDeadLetters(t, h.pull(), f.pull(), poison)[poison]
+	if h.RecordsCause && !strings.Contains(dl.Cause, core.ErrMaxAttempts.Error()) {
+		t.Errorf("parked cause %q does not name %q", dl.Cause, core.ErrMaxAttempts)
+	}
+	counts := e.Counts(t)
+	if counts[poison] != 0 || counts[msgs[1].ID] != 1 {
+		t.Errorf("effects %v: want none for the poison message and one for the other", counts)
+	}
+}
+
+// The Consumer is cancelled while requests stream in: Run returns nil, and
+// each sender's answer agrees with the database: accepted if and only if
+// its effect was committed (once).
+func testPushPipelineShutdown(t *testing.T, h PushHarness) {
+	const n = 40
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages("shutdown", n)
+	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		time.Sleep(10 * time.Millisecond)
+		return e.Apply(ctx, tx, m)
+	}
+	r := runConsumer(t, f.Source, e, slow, core.WithBatchSize(4), core.WithWindow(8))
+	answers := make([]<-chan reply, n)
+	for i, m := range msgs {
+		answers[i] = sendAsync(h, f, m)
+	}
+	waitFor(t, h.ReceiveTimeout, "10 processed", func() bool { return r.c.Stats().Processed >= 10 })
+	if err := r.shutdown(t); err != nil {
+		t.Fatalf("Run after cancellation = %v, want nil", err)
+	}
+	counts := e.Counts(t)
+	accepted := 0
+	for i, m := range msgs {
+		var a Answer
+		select {
+		case rep := <-answers[i]:
+			if rep.err != nil {
+				// No answer at all: the sender sends again, as after a
+				// refusal.
+				t.Logf("%s: %v", m.ID, rep.err)
+			}
+			a = rep.a
+		case <-time.After(2 * h.ReceiveTimeout):
+			t.Fatalf("%s: no answer within %v of the shutdown", m.ID, 2*h.ReceiveTimeout)
+		}
+		switch {
+		case a.Accepted && counts[m.ID] != 1:
+			t.Errorf("%s: its sender was accepted with %d effects committed, want 1", m.ID, counts[m.ID])
+		case a.Accepted:
+			accepted++
+		case counts[m.ID] != 0:
+			t.Errorf("%s: applied, but its sender was told %v: the shutdown left a decided message unsettled", m.ID, a)
+		}
+	}
+	st := r.c.Stats()
+	t.Logf("%d of %d accepted; consumer stats %+v", accepted, n, st)
+	if accepted == n {
+		t.Fatalf("all %d accepted before the shutdown took effect", n)
+	}
+	if st.Processed != int64(accepted) {
+		t.Errorf("Processed = %d, but %d senders were accepted", st.Processed, accepted)
+	}
+}
+
+// Copies of each id sent concurrently to a leased Consumer whose External
+// call is slow: each id calls out once and applies once.
+func testPushLeasedDuplicates(t *testing.T, h PushHarness) {
+	const unique, copies = 15, 3
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages("leased", unique)
+	var calls externalCalls
+	external := func(ctx context.Context, m *core.Message) (string, error) {
+		calls.add(m.ID)
+		time.Sleep(30 * time.Millisecond)
+		return "charged", nil
+	}
+	r := runLeased(t, f.Source, e, external, 0, 0, core.WithWindow(10), core.WithBatchSize(5))
+	deliverAll(t, h, f, copiesOf(msgs, copies), appliedWhenAccepted(e))
+	st := r.finishWhen(t, h.ReceiveTimeout, fmt.Sprintf("%d processed", unique), func(st core.Stats) bool { return st.Processed >= unique })
+	if st.Processed != unique {
+		t.Errorf("Processed = %d, want %d", st.Processed, unique)
+	}
+	wantOnce(t, e, msgs)
+	for _, m := range msgs {
+		if n := calls.of(m.ID); n != 1 {
+			t.Errorf("%s: External called %d times, want once", m.ID, n)
+		}
+	}
+}
+
+// A permanent External error parks the message with its cause and
+// accepts its sender; the rest complete.
+func testPushLeasedPermanent(t *testing.T, h PushHarness) {
+	f := h.fixture(t)
+	e := NewEffects(t)
+	msgs := messages("declined", 4)
+	bad := msgs[1].ID
+	r := runLeased(t, f.Source, e, func(ctx context.Context, m *core.Message) (string, error) {
+		if m.ID == bad {
+			return "", core.Permanent(errors.New("card declined"))
+		}
+		return "charged", nil
+	}, 0, 0)
+	applied := appliedWhenAccepted(e)
+	deliverAll(t, h, f, msgs, func(ctx context.Context, m *driver.Message) error {
+		if m.ID == bad {
+			return nil
+		}
+		return applied(ctx, m)
+	})
+	r.finishWhen(t, h.ReceiveTimeout, "3 processed and 1 dead-lettered", func(st core.Stats) bool {
+		return st.Processed == 3 && st.DeadLettered == 1
+	})
+	dl := waitDeadLetters(t, h.pull(), f.pull(), bad)[bad]
+	if h.RecordsCause && !strings.Contains(dl.Cause, "card declined") {
+		t.Errorf("parked cause %q does not say why", dl.Cause)
+	}
+	wantOnce(t, e, append(msgs[:1:1], msgs[2:]...))
+}
+
+// testPushDeadLetterQueue: messages the source parked are listed through
+// admin.OpenDeadLetters with their id, cause, attempt, origin, time,
+// headers and body, and stay parked while listed. A redrive either is
+// refused (a push source's sender alone can send a copy it takes),
+// leaving everything parked, or hands the message to the source again.
+// Purge deletes the chosen ones.
+func testPushDeadLetterQueue(t *testing.T, h PushHarness) {
+	hp := h.pull()
+	begin := time.Now()
+	p := h.received(t, "dlq", 4)
+	q := openDLQ(t, p.f.pull())
+	causes := map[string]string{}
+	for i, d := range p.ds {
+		id := d.Message().ID
+		causes[id] = fmt.Sprintf("brokertest: bad deploy %d", i)
+		if err := d.DeadLetter(ctxFor(t, h.ReceiveTimeout), errors.New(causes[id])); err != nil {
+			t.Fatalf("DeadLetter %s: %v", id, err)
+		}
+		if a := p.answer(t, h, d); !a.Accepted {
+			t.Errorf("%s: parked, but the sender was told %v", id, a)
+		}
+	}
+	all := msgIDs(p.msgs)
+	parked := waitParked(t, hp, q, all...)
+	for _, m := range p.msgs {
+		pk := parked[m.ID]
+		if h.RecordsCause && !strings.Contains(pk.Cause, causes[m.ID]) || pk.Cause == "" {
+			t.Errorf("%s: Cause %q, want it to hold %q", m.ID, pk.Cause, causes[m.ID])
+		}
+		if string(pk.Body) != string(m.Body) {
+			t.Errorf("%s: Body %q, want %q", m.ID, pk.Body, m.Body)
+		}
+		if pk.Attempt != 1 {
+			t.Errorf("%s: Attempt %d, want 1 (parked on its first delivery)", m.ID, pk.Attempt)
+		}
+		if pk.Ref == "" || pk.Destination == "" || pk.Origin == "" {
+			t.Errorf("%s: Ref %q, Destination %q, Origin %q: want all set", m.ID, pk.Ref, pk.Destination, pk.Origin)
+		}
+		if pk.ParkedAt.Before(begin.Add(-time.Minute)) || pk.ParkedAt.After(time.Now().Add(time.Minute)) {
+			t.Errorf("%s: ParkedAt %v, want about now (%v)", m.ID, pk.ParkedAt, begin)
+		}
+		if got, want := pk.Headers["idemq-test"], m.Headers["idemq-test"]; got != want {
+			t.Errorf("%s: header idemq-test %q, want %q", m.ID, got, want)
+		}
+	}
+	waitParked(t, hp, q, all...)
+	expectQuiet(t, hp, p.f.Source)
+
+	rest := all
+	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(all[0]), nil)
+	if err != nil {
+		t.Logf("Redrive refused: %v", err)
+		if n != 0 {
+			t.Errorf("a refused Redrive reports %d redriven", n)
+		}
+	} else {
+		if n != 1 {
+			t.Fatalf("Redrive = %d, want 1", n)
+		}
+		ackAll(t, receiveExactly(t, hp, p.f.Source, "after Redrive", all[:1]))
+		rest = all[1:]
+	}
+	waitParked(t, hp, q, rest...)
+	if n, err := q.Purge(ctxFor(t, h.ReceiveTimeout), only(rest[0])); err != nil || n != 1 {
+		t.Fatalf("Purge %s = %d, %v; want 1, nil", rest[0], n, err)
+	}
+	waitParked(t, hp, q, rest[1:]...)
+	if n, err := q.Purge(ctxFor(t, h.ReceiveTimeout), func(*admin.Parked) bool { return true }); err != nil || n != len(rest)-1 {
+		t.Fatalf("Purge all = %d, %v; want %d, nil", n, err, len(rest)-1)
+	}
+	waitParked(t, hp, q)
+}
