@@ -39,19 +39,37 @@
 //   - Back-pressure: a request waits up to WithWait for the Consumer to
 //     take it (Receive; the Consumer's window bounds how many are out),
 //     then 503 with Retry-After.
+//   - A request the Consumer has not settled WithAnswerBy after its arrival
+//     (a slow handler, a leased effect's external call): 503 with
+//     Retry-After, while the Consumer goes on with it. Its effect commits
+//     once; the sender's next copy waits for that settlement (then 200),
+//     or arrives after it and is a Duplicate (200). With a leased Consumer
+//     (core.NewLeased) and several replicas behind one endpoint, a copy
+//     reaching another replica while the lease is live is retried by the
+//     Consumer: 503 with Retry-After.
 //   - After Close: 503 with Retry-After, for new requests and for those
 //     waiting to be taken. A request already with the Consumer waits up to
 //     WithWait for its settlement, then gets 503 and its settlement is
 //     stale (driver.ErrStaleDelivery).
 //
-// WithWait defaults to 4 s (DefaultWait): below the 5 s Shopify and the
-// 10 s GitHub wait for an answer, so the sender reads the 409 or 503
-// rather than timing out. A sender that leaves before the answer (its
-// timeout, a dropped connection) changes nothing: the delivery is settled
-// all the same, its effect committed or not, and the sender's next copy is
-// a Duplicate or a new try. A handler slower than the sender's timeout
-// therefore makes the sender retry a message that may already be applied;
-// the next copy is answered 200 as a Duplicate.
+// WithWait defaults to 4 s (DefaultWait) and WithAnswerBy to 4.5 s
+// (DefaultAnswerBy): below the 5 s Shopify and the 10 s GitHub wait for
+// an answer, so the sender reads the 409 or 503 rather than timing out. A
+// sender that leaves before the answer (its timeout, a dropped connection)
+// changes nothing: the delivery is settled all the same, its effect
+// committed or not, and the sender's next copy is a Duplicate or a new
+// try.
+//
+// # Redelivery horizon
+//
+// A provider retries an event for a while (Standard Webhooks about 28 h,
+// Stripe 3 days, Shopify 4 h; GitHub redelivers on request for 3 days);
+// a copy that arrives after the store pruned the event's claim would be
+// applied again. The Source reports that window to the Consumer
+// (driver.RedeliveryHorizoner), which warns at start-up, or refuses to
+// start under core.WithStrictRetention, when the store's retention is
+// shorter. WithHorizon (horizon=) sets it where the default does not fit,
+// for resends asked for later in the provider's dashboard.
 //
 // # Parking
 //
@@ -106,7 +124,7 @@
 // verify (standard, stripe, github or shopify; required), secret_file (a
 // file holding one secret a line; several for a rotation) or secret_env
 // (an environment variable holding them the same way), tolerance
-// (signature.WithTolerance), max_body (bytes), wait, and park_dir
-// (required). A bad parameter fails Open, named, its value never shown.
+// (signature.WithTolerance), max_body (bytes), wait, answer_by, horizon,
+// and park_dir (required). A bad parameter fails Open, named, its value never shown.
 // core.OpenPublisher refuses the scheme (ErrNoPublisher).
 package webhook

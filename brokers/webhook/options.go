@@ -23,18 +23,42 @@ const DefaultMaxBody = 1 << 20
 // sender reads the 409 or 503 instead of timing out.
 const DefaultWait = 4 * time.Second
 
+// DefaultAnswerBy is how long after its arrival a request is answered at
+// the latest, unless WithAnswerBy sets another bound: 4.5 s, below
+// Shopify's 5 s.
+const DefaultAnswerBy = 4500 * time.Millisecond
+
+// Default redelivery horizons, by profile name: how long after the first
+// request the provider's automatic retries can still send the event. A
+// resend an operator asks for in the provider's dashboard can come later;
+// WithHorizon covers it.
+var defaultHorizons = map[string]time.Duration{
+	// Standard Webhooks: immediately, then after 5 s, 5 min, 30 min, 2 h,
+	// 5 h, 10 h and 10 h: 27 h 35 min 5 s.
+	"standard": 28 * time.Hour,
+	// Stripe retries in live mode for up to three days.
+	"stripe": 72 * time.Hour,
+	// GitHub does not retry, but redelivers on request deliveries of the
+	// past three days.
+	"github": 72 * time.Hour,
+	// Shopify retries 8 times over 4 hours.
+	"shopify": 4 * time.Hour,
+}
+
 // Option configures a Source. Options apply in order; an invalid value
 // makes NewSource or Open fail naming the option (or, opened by URL, the
 // parameter).
 type Option func(*config) error
 
 type config struct {
-	profile signature.Profile
-	parkDir string
-	maxBody int64
-	wait    time.Duration
-	logger  *slog.Logger
-	now     func() time.Time
+	profile  signature.Profile
+	parkDir  string
+	maxBody  int64
+	wait     time.Duration
+	answerBy time.Duration
+	horizon  time.Duration // 0: the profile's default
+	logger   *slog.Logger
+	now      func() time.Time
 }
 
 func set(name string, err error, f func(*config)) Option {
@@ -72,6 +96,31 @@ func WithWait(d time.Duration) Option {
 	return set("WithWait", option.Positive(d), func(c *config) { c.wait = d })
 }
 
+// WithAnswerBy bounds how long after its arrival a request handed to the
+// Consumer waits for its own settlement: past it, the request is answered
+// 503 with Retry-After while the Consumer goes on with it, so a sender
+// whose timeout is shorter than the handler reads an answer rather than
+// timing out. The effect still commits once; the sender's next copy waits
+// for that settlement (WithWait) or, once it is done, is answered 200 as a
+// Duplicate. Keep it below the sender's timeout (Shopify 5 s, GitHub 10 s).
+// Default DefaultAnswerBy.
+func WithAnswerBy(d time.Duration) Option {
+	return set("WithAnswerBy", option.Positive(d), func(c *config) { c.answerBy = d })
+}
+
+// WithHorizon sets the redelivery horizon the Source reports to the
+// Consumer (driver.RedeliveryHorizoner): the longest time after which the
+// provider can still send an event again. The Consumer warns at start-up
+// (or, with core.WithStrictRetention, refuses to start) when the store
+// keeps claims for less, since a copy arriving after its claim was pruned
+// would apply the effect twice. Default the profile's automatic retry
+// window: standard 28 h, stripe 72 h, github 72 h (redelivery on request),
+// shopify 4 h, none for a profile of your own. Raise it to cover resends
+// asked for in the provider's dashboard later than that.
+func WithHorizon(d time.Duration) Option {
+	return set("WithHorizon", option.Positive(d), func(c *config) { c.horizon = d })
+}
+
 // WithLogger sets the logger. Default the Consumer's, else slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return set("WithLogger", option.Present(l), func(c *config) { c.logger = l })
@@ -81,7 +130,7 @@ func WithLogger(l *slog.Logger) Option {
 // checks what is required; explain rewords an option's error as its URL
 // parameter.
 func resolve(fromURL, opts []Option, explain func(error) error) (config, error) {
-	c := config{maxBody: DefaultMaxBody, wait: DefaultWait, now: time.Now}
+	c := config{maxBody: DefaultMaxBody, wait: DefaultWait, answerBy: DefaultAnswerBy, now: time.Now}
 	err := explain(option.Apply(&c, fromURL...))
 	if err == nil {
 		err = option.Apply(&c, opts...)

@@ -85,6 +85,25 @@ func (s *Source) SetWindow(n int) error {
 	return nil
 }
 
+// RedeliveryHorizon implements driver.RedeliveryHorizoner: WithHorizon, else
+// the profile's automatic retry window; unknown for a profile of another
+// name.
+func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
+	if s.c.horizon > 0 {
+		return s.c.horizon, true
+	}
+	d, ok := defaultHorizons[s.c.profile.Name()]
+	return d, ok
+}
+
+// HorizonHint implements driver.HorizonHinter: the provider's retry window
+// is not the service's to change, so the store keeps claims longer.
+func (s *Source) HorizonHint(retention time.Duration) string {
+	h, _ := s.RedeliveryHorizon(context.Background())
+	return fmt.Sprintf("%s may send an event again up to %v after its first request; keep claims at least that long (the store's retention, now %v), or, if the provider's retries are known to end sooner, say so with horizon= on the webhook URL",
+		s.c.profile.Name(), h, retention)
+}
+
 // Receive implements driver.Source: it returns the next verified request,
 // whose sender waits for its settlement.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
@@ -295,11 +314,18 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, id string, body [
 		reply(w, cancelled)
 		return
 	}
+	answerBy := time.NewTimer(time.Until(arrived.Add(s.c.answerBy)))
+	defer answerBy.Stop()
 	select {
 	case o := <-d.res:
 		reply(w, o)
 	case <-ctx.Done(): // the sender is gone; the delivery still settles
 		reply(w, cancelled)
+	case <-answerBy.C:
+		// Past the bound the sender would time out: it retries after the
+		// answer, and its copy waits for this delivery's settlement or,
+		// once settled, is a Duplicate.
+		reply(w, s.unavailable("still being processed: send it again later"))
 	case <-s.done:
 		grace := time.NewTimer(s.c.wait)
 		defer grace.Stop()

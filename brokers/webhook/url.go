@@ -78,6 +78,8 @@ func params(v *verifyParams) urlparam.Table[Option] {
 		"tolerance":   keep(&v.tolerance, "tolerance", duration),
 		"max_body":    urlparam.Int("WithMaxBody", func(n int) Option { return WithMaxBody(int64(n)) }),
 		"wait":        urlparam.Duration("WithWait", WithWait),
+		"answer_by":   urlparam.Duration("WithAnswerBy", WithAnswerBy),
+		"horizon":     urlparam.Duration("WithHorizon", WithHorizon),
 		"park_dir":    urlparam.NonEmpty("WithParkDir", WithParkDir),
 	}}
 }

@@ -96,6 +96,8 @@ func TestOpenByURLErrors(t *testing.T) {
 		ok + "&tolerance=s3cr3t": "webhook URL parameter tolerance: not a positive duration",
 		ok + "&max_body=0":       "webhook URL parameter max_body: 0 must be positive",
 		ok + "&wait=s3cr3t":      "webhook URL parameter wait: not a duration",
+		ok + "&answer_by=0s":     "webhook URL parameter answer_by: 0s must be positive",
+		ok + "&horizon=s3cr3t":   "webhook URL parameter horizon: not a duration",
 		ok + "&park_dri=x":       `unknown parameter "park_dri" (did you mean park_dir?)`,
 	} {
 		src, err := Open(context.Background(), "webhook://127.0.0.1:0/hook?"+q)
