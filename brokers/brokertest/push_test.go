@@ -1,0 +1,227 @@
+package brokertest_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/brokers/brokertest"
+	"github.com/idemq/idemq/brokers/webhook"
+	"github.com/idemq/idemq/brokers/webhook/signature"
+	"github.com/idemq/idemq/core/driver"
+)
+
+// The push suite must be able to fail. Each case runs it (the cases that
+// should notice) in a child process over the webhook Source with one
+// deliberate defect, and expects the named subtest to fail.
+func TestPushSuiteCatchesBrokenSources(t *testing.T) {
+	if os.Getenv("BROKERTEST_BROKEN_PUSH") != "" {
+		t.Skip("inside a child run")
+	}
+	cases := []struct {
+		mode    string
+		run     string // subtests to run
+		wantBad string // the subtest that must fail
+	}{
+		{"answers-on-receipt", "SendReceiveAck", "SendReceiveAck"},
+		{"retry-answers-accepted", "RetryAnswersRetryLater", "RetryAnswersRetryLater"},
+		{"retry-answers-accepted", "Pipeline/FailedHandlerIsRetriedNotDropped", "Pipeline/FailedHandlerIsRetriedNotDropped"},
+		{"attempt-always-1", "RetryAnswersRetryLater", "RetryAnswersRetryLater"},
+		{"dead-letter-drops", "DeadLetterParksAndAccepts", "DeadLetterParksAndAccepts"},
+		{"settles-after-close", "GracefulCloseWithRequestsInFlight", "GracefulCloseWithRequestsInFlight"},
+		{"copies-handed-out", "CopyInFlightIsHeldBack/FirstAcked", "CopyInFlightIsHeldBack/FirstAcked"},
+	}
+	t.Run("control", func(t *testing.T) {
+		// The wrapper without a defect passes the whole suite, so the
+		// failures below come from the defects.
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenPushSource$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN_PUSH=none")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("the suite failed the wrapper without a defect: %v\n%s", err, out)
+		}
+	})
+	for _, c := range cases {
+		t.Run(c.mode+"/"+c.run, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenPushSource$/^"+c.run+"$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN_PUSH="+c.mode)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed a source whose %s:\n%s", c.mode, out)
+			}
+			if !strings.Contains(string(out), "--- FAIL: TestBrokenPushSource/"+c.wantBad) {
+				t.Fatalf("want subtest %s to fail; output:\n%s", c.wantBad, out)
+			}
+		})
+	}
+}
+
+const brokenSecret = "brokertest push secret"
+
+// TestBrokenPushSource is the child run of TestPushSuiteCatchesBrokenSources.
+func TestBrokenPushSource(t *testing.T) {
+	mode := os.Getenv("BROKERTEST_BROKEN_PUSH")
+	if mode == "" {
+		t.Skip("run as a child of TestPushSuiteCatchesBrokenSources")
+	}
+	brokertest.RunPush(t, brokertest.PushHarness{
+		RecordsCause:   true,
+		Quiet:          200 * time.Millisecond,
+		ReceiveTimeout: 5 * time.Second,
+		Open: func(t *testing.T) *brokertest.PushFixture {
+			p, err := signature.GitHub([]string{brokenSecret})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			src, err := webhook.NewSource(webhook.WithProfile(p), webhook.WithParkDir(dir), webhook.WithWait(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var h http.Handler = src
+			if mode == "answers-on-receipt" {
+				h = answerOnReceipt(src)
+			}
+			srv := httptest.NewServer(h)
+			t.Cleanup(srv.Close)
+			return &brokertest.PushFixture{
+				Source: &brokenPush{Source: src, mode: mode},
+				Send: func(ctx context.Context, m *driver.Message) (brokertest.Answer, error) {
+					id := m.ID
+					if mode == "copies-handed-out" && id != "" {
+						// Each copy a new event to the inbox; the wrapper
+						// gives the Consumer the id back.
+						id += "~" + strconv.FormatInt(time.Now().UnixNano(), 36)
+					}
+					return sendGitHub(ctx, srv.URL, id, m)
+				},
+				DeadLetters: func(ctx context.Context) ([]brokertest.DeadLetter, error) {
+					names, err := os.ReadDir(dir)
+					if err != nil {
+						return nil, err
+					}
+					var out []brokertest.DeadLetter
+					for _, n := range names {
+						if !strings.HasSuffix(n.Name(), ".json") {
+							continue
+						}
+						pr, err := webhook.ReadParked(filepath.Join(dir, n.Name()))
+						if err != nil {
+							return nil, err
+						}
+						out = append(out, brokertest.DeadLetter{ID: pr.ID, Body: pr.Body, Cause: pr.Cause})
+					}
+					return out, nil
+				},
+			}
+		},
+	})
+}
+
+// sendGitHub posts m to url signed as GitHub signs, under delivery id id,
+// and reads the reply.
+func sendGitHub(ctx context.Context, url, id string, m *driver.Message) (brokertest.Answer, error) {
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(m.Body))
+	if err != nil {
+		return brokertest.Answer{}, err
+	}
+	for k, v := range m.Headers {
+		r.Header.Set(k, v)
+	}
+	sig := hmac.New(sha256.New, []byte(brokenSecret))
+	sig.Write(m.Body)
+	r.Header.Set(signature.HeaderGitHubSignature, "sha256="+hex.EncodeToString(sig.Sum(nil)))
+	if id != "" {
+		r.Header.Set(signature.HeaderGitHubDelivery, id)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		return brokertest.Answer{}, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	a := brokertest.Answer{Accepted: resp.StatusCode/100 == 2, Detail: resp.Status}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		a.RetryAfter = time.Duration(s) * time.Second
+	}
+	return a, nil
+}
+
+// answerOnReceipt answers 200 as soon as a request is read, and hands it
+// to src in the background: the sender is gone before the settlement.
+func answerOnReceipt(src http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		bg := r.Clone(context.Background())
+		bg.Body = io.NopCloser(bytes.NewReader(body))
+		go src.ServeHTTP(httptest.NewRecorder(), bg)
+		w.WriteHeader(http.StatusOK)
+	})
+}
+
+// brokenPush is a webhook Source with one deliberate defect.
+type brokenPush struct {
+	*webhook.Source
+	mode string
+}
+
+func (b *brokenPush) Receive(ctx context.Context) (driver.Delivery, error) {
+	d, err := b.Source.Receive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := *d.Message()
+	switch b.mode {
+	case "attempt-always-1":
+		m.Attempt = 1
+	case "copies-handed-out":
+		m.ID, _, _ = strings.Cut(m.ID, "~")
+	}
+	return &brokenPushDelivery{Delivery: d, mode: b.mode, m: &m}, nil
+}
+
+type brokenPushDelivery struct {
+	driver.Delivery
+	mode string
+	m    *driver.Message
+}
+
+func (d *brokenPushDelivery) Message() *driver.Message { return d.m }
+
+func (d *brokenPushDelivery) Ack(ctx context.Context) error {
+	err := d.Delivery.Ack(ctx)
+	if d.mode == "settles-after-close" && errors.Is(err, driver.ErrStaleDelivery) {
+		return nil // pretends the ack of a request answered at Close worked
+	}
+	return err
+}
+
+func (d *brokenPushDelivery) Retry(ctx context.Context, delay time.Duration) error {
+	if d.mode == "retry-answers-accepted" {
+		return d.Delivery.Ack(ctx)
+	}
+	return d.Delivery.Retry(ctx, delay)
+}
+
+func (d *brokenPushDelivery) DeadLetter(ctx context.Context, cause error) error {
+	if d.mode == "dead-letter-drops" {
+		return d.Delivery.Ack(ctx) // answered accepted, never parked
+	}
+	return d.Delivery.DeadLetter(ctx, cause)
+}
