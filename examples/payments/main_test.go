@@ -279,6 +279,21 @@ func mysqlStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
 	return withQuery(u.String(), "table", dedup), prefix, &sqlLedger{db: db, ledger: ledger, account: accounts}
 }
 
+// sqliteStore is postgresStore on a SQLite file of the test's own, the
+// service's default store: nothing to reach, so it never skips.
+func sqliteStore(t testing.TB) (storeURL, prefix string, l ledgerDB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "payments.db")
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	prefix = "pay_"
+	ledger, accounts := tableNames(prefix)
+	return "sqlite://" + path, prefix, &sqlLedger{db: db, ledger: ledger, account: accounts}
+}
+
 // parseMySQL reads a go-sql-driver DSN or a mysql:// URL.
 func parseMySQL(s string) (*mysqldrv.Config, error) {
 	return servicetest.ParseMySQL(s)
