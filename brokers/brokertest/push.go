@@ -35,6 +35,10 @@ type PushHarness struct {
 	// source parked (PushFixture.SourceURL); the suite then lists and
 	// purges parked messages through it.
 	OperatesDeadLetters bool
+	// ConcurrentReceive is true when the source's Receive may be called
+	// from several goroutines at once; the suite then checks that the
+	// window bounds the deliveries they hold between them.
+	ConcurrentReceive bool
 	// ReceiveTimeout bounds how long a message that must arrive, or an
 	// answer that must come, may take. Default 10s.
 	ReceiveTimeout time.Duration
@@ -141,6 +145,12 @@ func RunPush(t *testing.T, h PushHarness) {
 		{"Pipeline/GracefulShutdownMidStream", testPushPipelineShutdown},
 		{"Leased/DuplicatesCallOutOnce", testPushLeasedDuplicates},
 		{"Leased/PermanentErrorDeadLetters", testPushLeasedPermanent},
+	}
+	if h.ConcurrentReceive {
+		cases = append(cases, struct {
+			name string
+			f    func(*testing.T, PushHarness)
+		}{"WindowBoundsConcurrentReceivers", testPushWindowConcurrent})
 	}
 	if h.OperatesDeadLetters {
 		cases = append(cases, struct {
@@ -389,6 +399,56 @@ func testPushWindow(t *testing.T, h PushHarness) {
 	ds = append(ds[1:], receive(t, h.pull(), f.Source, 1)...)
 	expectQuiet(t, h.pull(), f.Source)
 	ackAll(t, ds)
+	for _, m := range msgs {
+		if a := answerOf(t, h, answers[m.ID], m.ID); !a.Accepted {
+			t.Errorf("%s: acked, but the sender was told %v", m.ID, a)
+		}
+	}
+}
+
+// testPushWindowConcurrent: with a window of 1, two goroutines receiving
+// at once hold one unsettled delivery between them, not one each.
+func testPushWindowConcurrent(t *testing.T, h PushHarness) {
+	f := h.fixture(t)
+	ws := optional[driver.WindowSetter](t, f.Source)
+	if err := ws.SetWindow(1); err != nil {
+		t.Fatalf("SetWindow: %v", err)
+	}
+	msgs := messages("wconc", 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan driver.Delivery, len(msgs))
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for range 2 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				d, err := f.Source.Receive(ctx)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				got <- d
+			}
+		})
+	}
+	answers := map[string]<-chan reply{}
+	for _, m := range msgs {
+		answers[m.ID] = sendAsync(h, f, m)
+	}
+	for range msgs {
+		var d driver.Delivery
+		select {
+		case d = <-got:
+		case <-time.After(h.ReceiveTimeout):
+			t.Fatalf("no delivery within %v", h.ReceiveTimeout)
+		}
+		select {
+		case d2 := <-got:
+			t.Fatalf("window 1: %s handed out while %s is unsettled", d2.Message().ID, d.Message().ID)
+		case <-time.After(h.Quiet):
+		}
+		ackAll(t, []driver.Delivery{d})
+	}
 	for _, m := range msgs {
 		if a := answerOf(t, h, answers[m.ID], m.ID); !a.Accepted {
 			t.Errorf("%s: acked, but the sender was told %v", m.ID, a)
