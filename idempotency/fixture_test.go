@@ -22,25 +22,25 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// exec runs one statement in the handler's transaction, whatever the
+// execFunc runs one statement in the handler's transaction, whatever the
 // store.
-type exec func(q string, args ...any) error
+type execFunc func(q string, args ...any) error
 
 // bizFunc is a test handler, written once for every store.
-type bizFunc func(w http.ResponseWriter, r *http.Request, ex exec) error
+type bizFunc func(w http.ResponseWriter, r *http.Request, ex execFunc) error
 
 // fixture is one store, its middleware and a business table fx whose rows
 // are the effects.
 type fixture struct {
-	backend string
-	names   names
-	handler func(bizFunc) http.Handler
-	insert  string // INSERT INTO fx (k) VALUES (…), one placeholder
-	count   func(k string) int
-	leaser  driver.Leaser
-	begin   func(ctx context.Context) (fencer, error)
-	prune   func(ctx context.Context, before time.Time, limit int) (int, error)
-	pruneClaims func(ctx context.Context, before time.Time, limit int) (int, error)
+	backend        string
+	names          names
+	handler        func(bizFunc) http.Handler
+	insert         string // INSERT INTO fx (k) VALUES (…), one placeholder
+	count          func(k string) int
+	leaser         driver.Leaser
+	begin          func(ctx context.Context) (fencer, error)
+	prune          func(ctx context.Context, before time.Time, limit int) (int, error)
+	pruneClaims    func(ctx context.Context, before time.Time, limit int) (int, error)
 	setAfterCommit func(func())
 }
 
@@ -174,7 +174,7 @@ func each(t *testing.T, test func(t *testing.T, f *fixture), opts ...Option) {
 // orders is the handler most tests use: it inserts the effect named by
 // the body's "order" and answers 201 with a JSON body naming it.
 func (f *fixture) orders() bizFunc {
-	return func(w http.ResponseWriter, r *http.Request, ex exec) error {
+	return func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
 		var in struct{ Order string }
 		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 			return err

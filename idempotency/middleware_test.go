@@ -21,7 +21,7 @@ func TestConcurrentRetries(t *testing.T) {
 	each(t, func(t *testing.T, f *fixture) {
 		order := storetest.UniqueName("o")
 		biz := f.orders()
-		url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex exec) error {
+		url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
 			time.Sleep(20 * time.Millisecond) // keep the key in progress while the copies arrive
 			return biz(w, r, ex)
 		}))
@@ -70,7 +70,7 @@ func TestConcurrentRetries(t *testing.T) {
 func TestReplayOfStoredError(t *testing.T) {
 	each(t, func(t *testing.T, f *fixture) {
 		order := storetest.UniqueName("o")
-		url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex exec) error {
+		url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
 			if err := ex(f.insert, order); err != nil { // e.g. a declined-payment record
 				return err
 			}
@@ -170,7 +170,7 @@ func TestInProgress(t *testing.T) {
 			order := storetest.UniqueName("o")
 			entered, unblock := make(chan struct{}), make(chan struct{})
 			biz := f.orders()
-			url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex exec) error {
+			url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
 				close(entered)
 				<-unblock
 				return biz(w, r, ex)
@@ -263,7 +263,7 @@ func TestHandlerErrorAndPanic(t *testing.T) {
 		var mu sync.Mutex
 		fail := []string{"error", "panic"}
 		biz := f.orders()
-		h := f.handler(func(w http.ResponseWriter, r *http.Request, ex exec) error {
+		h := f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
 			if err := ex(f.insert, order); err != nil { // an effect that must roll back
 				return err
 			}

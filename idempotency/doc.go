@@ -1,0 +1,39 @@
+// Package idempotency is the server side of the Idempotency-Key header
+// (IETF draft-ietf-httpapi-idempotency-key-header) as net/http middleware,
+// for handlers whose effect is a database transaction of an idemq store:
+// the key is claimed in the handler's transaction, the response is stored
+// in that same transaction, and a retry of the request gets the stored
+// response instead of applying the effect again. A crash between the
+// commit and the response therefore loses nothing: the retry is answered
+// from the database.
+//
+// The key is an RFC 8941 string (Idempotency-Key: "8e03…"), or, for
+// clients that send it bare as Stripe's do, a token of letters, digits and
+// !#$%&'*+-.^_`|~:/=, at most MaxKeyLength bytes. It is unique within a
+// scope the service chooses (WithScope: the authenticated principal and
+// the route; default the method and path). A request's fingerprint covers
+// its method, path, query and body.
+//
+// Answers the middleware writes itself are RFC 9457 problems
+// (application/problem+json):
+//
+//   - 400: the key is missing (unless WithKeyOptional) or malformed;
+//   - 409 with Retry-After: a request with the key is in progress;
+//   - 410: the key's request completed, but its stored response was
+//     pruned while its claim was not;
+//   - 413: the body is over WithMaxBody;
+//   - 422: the key was used with another method, path, query or body;
+//   - 500: the handler returned an error (nothing was applied or stored);
+//   - 503 with Retry-After: the database failed; a retry is safe.
+//
+// A request in progress holds its key under a lease of the store
+// (driver.Leaser), renewed while its handler runs; a process that crashed
+// holds it no longer than WithLease, after which a retry takes it over.
+// The completing transaction fences the lease (driver.Fencer), so a
+// request whose lease was taken over cannot complete. Replays carry
+// Idempotent-Replayed: true and the headers of WithStoredHeaders.
+//
+// Keys expire when their claims and responses are pruned: the store
+// prunes claims after its retention, Middleware.Prune the responses; a
+// key whose claim is gone is new again. Publish that expiry to clients.
+package idempotency
