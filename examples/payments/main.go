@@ -34,8 +34,10 @@
 // waits for the first copy's answer, and a payment the service cannot
 // apply is parked in park_dir and answered 200. The sender retries
 // anything else; after a crash its next copy is applied or answered 200
-// as a Duplicate. A webhook inbox has nothing to publish to: --publish
-// refuses it, and tests or a shell send the requests themselves:
+// as a Duplicate. Senders post concurrently and the service decides one
+// request at a time by default: give it --batch or --concurrency near the
+// requests expected at once. A webhook inbox has nothing to publish to:
+// --publish refuses it, and tests or a shell send the requests themselves:
 //
 //	secret=whsec_$(head -c 24 /dev/urandom | base64) && echo "$secret" > secret && mkdir -p parked
 //	go run ./examples/payments --store sqlite://payments.db \
