@@ -399,6 +399,15 @@ func keys[V any](m map[string]V) []string {
 
 func testPublishConsume(t *testing.T, h Harness) {
 	_, msgs, s, ds := h.delivered(t, "pc", 5)
+	checkFirstDeliveries(t, msgs, ds)
+	ackAll(t, ds)
+	expectQuiet(t, h, s)
+}
+
+// checkFirstDeliveries checks that ds are first deliveries of msgs, one
+// each: body, header, Attempt 1, System, Source and ReceivedAt.
+func checkFirstDeliveries(t *testing.T, msgs []*driver.Message, ds []driver.Delivery) {
+	t.Helper()
 	byID := map[string]*driver.Message{}
 	for _, m := range msgs {
 		byID[m.ID] = m
@@ -426,8 +435,6 @@ func testPublishConsume(t *testing.T, h Harness) {
 			t.Errorf("%s: ReceivedAt not set", m.ID)
 		}
 	}
-	ackAll(t, ds)
-	expectQuiet(t, h, s)
 }
 
 func testAckRemoves(t *testing.T, h Harness) {
@@ -495,6 +502,13 @@ func testDeadLetter(t *testing.T, h Harness) {
 	}
 	ackAll(t, []driver.Delivery{acked})
 	expectQuiet(t, h, s)
+	wantParked(t, h, f, parked, acked, cause)
+}
+
+// wantParked waits until parked is dead-lettered and checks its body and
+// cause, and that acked was not parked.
+func wantParked(t *testing.T, h Harness, f *Fixture, parked, acked driver.Delivery, cause string) {
+	t.Helper()
 	got := waitDeadLetters(t, h, f, parked.Message().ID)
 	dl := got[parked.Message().ID]
 	if string(dl.Body) != string(parked.Message().Body) {

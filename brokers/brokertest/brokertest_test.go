@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net/url"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -26,11 +25,7 @@ func TestSuiteCatchesBrokenAdapters(t *testing.T) {
 	if os.Getenv("BROKERTEST_BROKEN") != "" {
 		t.Skip("inside a child run")
 	}
-	cases := []struct {
-		mode    string
-		run     string // subtests to run
-		wantBad string // the subtest that must fail
-	}{
+	catchesDefects(t, "BROKERTEST_BROKEN", "TestBrokenAdapter", []brokenCase{
 		{"ack-is-a-lie", "AckRemoves", "AckRemoves"},
 		{"batch-acks-everything", "AckBatchAcksExactlyTheBatch", "AckBatchAcksExactlyTheBatch"},
 		{"attempt-always-1", "RetryRedeliversWithHigherAttempt", "RetryRedeliversWithHigherAttempt"},
@@ -40,29 +35,7 @@ func TestSuiteCatchesBrokenAdapters(t *testing.T) {
 		{"stale-ack-succeeds", "SettleAfterReconnectIsStale", "SettleAfterReconnectIsStale"},
 		{"publisher-drops-trace-context", "PublisherRoundTrip", "PublisherRoundTrip"},
 		{"url-ignores-unknown-parameters", "URLRefusesUnknownParameter", "URLRefusesUnknownParameter"},
-	}
-	t.Run("control", func(t *testing.T) {
-		// The wrapper without a defect passes the whole suite, so the
-		// failures below come from the defects.
-		cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenAdapter$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN=none")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("the suite failed the wrapper without a defect: %v\n%s", err, out)
-		}
 	})
-	for _, c := range cases {
-		t.Run(c.mode, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenAdapter$/^"+c.run+"$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN="+c.mode)
-			out, err := cmd.CombinedOutput()
-			if err == nil {
-				t.Fatalf("the suite passed an adapter whose %s:\n%s", c.mode, out)
-			}
-			if !strings.Contains(string(out), "--- FAIL: TestBrokenAdapter/"+c.wantBad) {
-				t.Fatalf("want subtest %s to fail; output:\n%s", c.wantBad, out)
-			}
-		})
-	}
 }
 
 // TestBrokenAdapter is the child run of TestSuiteCatchesBrokenAdapters.

@@ -73,27 +73,12 @@ func only(ids ...string) func(*admin.Parked) bool {
 	return func(p *admin.Parked) bool { return slices.Contains(ids, p.ID) }
 }
 
-// testDeadLetterQueue: messages parked by DeadLetter are listed with their
-// id, cause (the broker's own reason where it parks them itself), attempt, destination, time, headers and body, and stay parked
-// while listed; Redrive puts the chosen ones back on the queue without the
-// cause and with the attempt count starting again, and removes only them;
-// Purge deletes the chosen ones.
-func testDeadLetterQueue(t *testing.T, h Harness) {
-	f := h.fixture(t)
-	q := openDLQ(t, f)
-	msgs := messages("dlq", 4)
-	if h.CarriesKey {
-		// One key each: all four are received before any is settled, and
-		// a broker keeping per-key order hands out one message of a key
-		// at a time.
-		for i, m := range msgs {
-			m.Key = fmt.Sprintf("k%d", i)
-		}
-	}
-	begin := time.Now()
-	publish(t, h, f, msgs...)
-	s := source(t, f)
-	ds := receive(t, h, s, len(msgs))
+// parkAll dead-letters ds, the deliveries of msgs, each with a cause of
+// its own, waits until q lists exactly them, and checks what it lists of
+// each: cause, body, attempt, ref and places, time, header and key. It
+// returns their ids, sorted.
+func parkAll(t *testing.T, h Harness, q admin.DeadLetterQueue, msgs []*driver.Message, ds []driver.Delivery, begin time.Time) []string {
+	t.Helper()
 	causes := map[string]string{}
 	for i, d := range ds {
 		id := d.Message().ID
@@ -130,6 +115,31 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 			t.Errorf("%s: Key %q, want %q", m.ID, p.Key, m.Key)
 		}
 	}
+	return all
+}
+
+// testDeadLetterQueue: messages parked by DeadLetter are listed with their
+// id, cause (the broker's own reason where it parks them itself), attempt, destination, time, headers and body, and stay parked
+// while listed; Redrive puts the chosen ones back on the queue without the
+// cause and with the attempt count starting again, and removes only them;
+// Purge deletes the chosen ones.
+func testDeadLetterQueue(t *testing.T, h Harness) {
+	f := h.fixture(t)
+	q := openDLQ(t, f)
+	msgs := messages("dlq", 4)
+	if h.CarriesKey {
+		// One key each: all four are received before any is settled, and
+		// a broker keeping per-key order hands out one message of a key
+		// at a time.
+		for i, m := range msgs {
+			m.Key = fmt.Sprintf("k%d", i)
+		}
+	}
+	begin := time.Now()
+	publish(t, h, f, msgs...)
+	s := source(t, f)
+	ds := receive(t, h, s, len(msgs))
+	all := parkAll(t, h, q, msgs, ds, begin)
 	// Listing leaves them parked, and nothing came back to the queue.
 	waitParked(t, h, q, all...)
 	expectQuiet(t, h, s)

@@ -87,17 +87,23 @@ func testLeasedDuplicates(t *testing.T, h Harness) {
 	expectQuiet(t, h, source(t, f))
 }
 
+// declines is an External step that fails bad for good ("card declined")
+// and charges the others.
+func declines(bad string) func(context.Context, *core.Message) (string, error) {
+	return func(ctx context.Context, m *core.Message) (string, error) {
+		if m.ID == bad {
+			return "", core.Permanent(errors.New("card declined"))
+		}
+		return "charged", nil
+	}
+}
+
 // A permanent External error parks the message with its cause; the rest
 // complete.
 func testLeasedPermanent(t *testing.T, h Harness) {
 	f, e, msgs := h.published(t, "declined", 4, 1)
 	bad := msgs[1].ID
-	r := runLeased(t, source(t, f), e, func(ctx context.Context, m *core.Message) (string, error) {
-		if m.ID == bad {
-			return "", core.Permanent(errors.New("card declined"))
-		}
-		return "charged", nil
-	}, 0, 0)
+	r := runLeased(t, source(t, f), e, declines(bad), 0, 0)
 	r.finishWhen(t, h.ReceiveTimeout, "3 processed and 1 dead-lettered", func(st core.Stats) bool {
 		return st.Processed == 3 && st.DeadLettered == 1
 	})

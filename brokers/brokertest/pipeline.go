@@ -268,14 +268,17 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 	expectQuiet(t, h, source(t, f))
 }
 
-func testPipelineRetry(t *testing.T, h Harness) {
-	f, e, msgs := h.published(t, "flaky", 10, 1)
+// failsFirstTry says whether flakyHandler fails the first try of id:
+// every other id of messages.
+func failsFirstTry(id string) bool { return (id[len(id)-1]-'0')%2 == 0 }
+
+// flakyHandler applies e's effect, then fails the first try of every other
+// message (failsFirstTry): the effect and the claim must roll back
+// together, and the redelivery must not be taken for a duplicate.
+func flakyHandler(e *Effects) core.Handler[*sql.Tx] {
 	var mu sync.Mutex
 	calls := map[string]int{}
-	// Every other message fails on its first try, after writing its effect:
-	// the effect and the claim must roll back together, and the redelivery
-	// must not be taken for a duplicate.
-	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+	return func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 		if err := e.Apply(ctx, tx, m); err != nil {
 			return err
 		}
@@ -283,12 +286,31 @@ func testPipelineRetry(t *testing.T, h Harness) {
 		calls[m.ID]++
 		n := calls[m.ID]
 		mu.Unlock()
-		if last := m.ID[len(m.ID)-1]; n == 1 && (last-'0')%2 == 0 {
+		if n == 1 && failsFirstTry(m.ID) {
 			return errors.New("transient failure")
 		}
 		return nil
 	}
-	r := runConsumer(t, source(t, f), e, handler, core.WithBatchSize(4), core.WithWindow(8))
+}
+
+// poisonHandler applies e's effect, then fails every try of poison,
+// counting them in calls.
+func poisonHandler(e *Effects, poison string, calls *atomic.Int64) core.Handler[*sql.Tx] {
+	return func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if err := e.Apply(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == poison {
+			calls.Add(1)
+			return errors.New("still failing")
+		}
+		return nil
+	}
+}
+
+func testPipelineRetry(t *testing.T, h Harness) {
+	f, e, msgs := h.published(t, "flaky", 10, 1)
+	r := runConsumer(t, source(t, f), e, flakyHandler(e), core.WithBatchSize(4), core.WithWindow(8))
 	st := r.finishWhen(t, h.ReceiveTimeout, "10 processed", func(st core.Stats) bool { return st.Processed == 10 })
 	if st.Retried != 5 || st.Duplicates != 0 || st.DeadLettered != 0 {
 		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
@@ -416,16 +438,7 @@ func testPipelinePoison(t *testing.T, h Harness) {
 	f, e, msgs := h.published(t, "poison", 2, 1)
 	poison := msgs[0].ID
 	var calls atomic.Int64
-	r := runConsumer(t, source(t, f), e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		if err := e.Apply(ctx, tx, m); err != nil {
-			return err
-		}
-		if m.ID == poison {
-			calls.Add(1)
-			return errors.New("still failing")
-		}
-		return nil
-	}, core.WithMaxAttempts(3))
+	r := runConsumer(t, source(t, f), e, poisonHandler(e, poison, &calls), core.WithMaxAttempts(3))
 	r.finishWhen(t, h.ReceiveTimeout, "the poison message dead-lettered", func(st core.Stats) bool {
 		return st.DeadLettered == 1 && st.Processed == 1
 	})

@@ -256,30 +256,9 @@ func (p *pushed) answer(t *testing.T, h PushHarness, d driver.Delivery) Answer {
 
 func testPushAck(t *testing.T, h PushHarness) {
 	p := h.received(t, "push", 3)
-	byID := map[string]*driver.Message{}
-	for _, m := range p.msgs {
-		byID[m.ID] = m
-	}
+	checkFirstDeliveries(t, p.msgs, p.ds)
 	for _, d := range p.ds {
-		m := d.Message()
-		want, ok := byID[m.ID]
-		if !ok {
-			t.Fatalf("received a repeated id %q", m.ID)
-		}
-		delete(byID, m.ID)
-		if string(m.Body) != string(want.Body) {
-			t.Errorf("%s: body %q, want %q", m.ID, m.Body, want.Body)
-		}
-		if got := m.Headers["idemq-test"]; got != want.Headers["idemq-test"] {
-			t.Errorf("%s: header idemq-test = %q, want %q", m.ID, got, want.Headers["idemq-test"])
-		}
-		if m.Attempt != 1 {
-			t.Errorf("%s: Attempt %d on first delivery, want 1", m.ID, m.Attempt)
-		}
-		if m.System == "" || m.Source == "" || m.ReceivedAt.IsZero() {
-			t.Errorf("%s: System %q, Source %q, ReceivedAt %v: want all set", m.ID, m.System, m.Source, m.ReceivedAt)
-		}
-		unanswered(t, p.answers[m.ID], m.ID)
+		unanswered(t, p.answers[d.Message().ID], d.Message().ID)
 	}
 	ackAll(t, p.ds)
 	for _, d := range p.ds {
@@ -360,17 +339,7 @@ func testPushDeadLetter(t *testing.T, h PushHarness) {
 		}
 	}
 	expectQuiet(t, h.pull(), p.f.Source)
-	got := waitDeadLetters(t, h.pull(), p.f.pull(), parked.Message().ID)
-	dl := got[parked.Message().ID]
-	if string(dl.Body) != string(parked.Message().Body) {
-		t.Errorf("parked body %q, want %q", dl.Body, parked.Message().Body)
-	}
-	if h.RecordsCause && !strings.Contains(dl.Cause, cause) {
-		t.Errorf("parked cause %q does not hold %q", dl.Cause, cause)
-	}
-	if _, ok := got[acked.Message().ID]; ok {
-		t.Errorf("acked message %q was dead-lettered", acked.Message().ID)
-	}
+	wantParked(t, h.pull(), p.f.pull(), parked, acked, cause)
 }
 
 func testPushWindow(t *testing.T, h PushHarness) {
@@ -702,33 +671,16 @@ func testPushPipelineRetry(t *testing.T, h PushHarness) {
 	f := h.fixture(t)
 	e := NewEffects(t)
 	msgs := messages("flaky", 10)
-	var mu sync.Mutex
-	calls := map[string]int{}
-	failsFirst := func(id string) bool { return (id[len(id)-1]-'0')%2 == 0 }
-	// Every other message fails on its first try, after writing its effect:
-	// the effect and the claim roll back together, the sender is told to
-	// send again, and its next copy is not taken for a duplicate.
-	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		if err := e.Apply(ctx, tx, m); err != nil {
-			return err
-		}
-		mu.Lock()
-		calls[m.ID]++
-		n := calls[m.ID]
-		mu.Unlock()
-		if n == 1 && failsFirst(m.ID) {
-			return errors.New("transient failure")
-		}
-		return nil
-	}
-	r := runConsumer(t, f.Source, e, handler, core.WithBatchSize(4), core.WithWindow(8))
+	// The sender of a failed first try is told to send again, and its next
+	// copy is not taken for a duplicate.
+	r := runConsumer(t, f.Source, e, flakyHandler(e), core.WithBatchSize(4), core.WithWindow(8))
 	answers := deliverAll(t, h, f, msgs, appliedWhenAccepted(e))
 	st := r.finishWhen(t, h.ReceiveTimeout, "10 processed", func(st core.Stats) bool { return st.Processed == 10 })
 	if st.Retried != 5 || st.Duplicates != 0 || st.DeadLettered != 0 {
 		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
 	}
 	for i, m := range msgs {
-		if failsFirst(m.ID) && answers[i][0].Accepted {
+		if failsFirstTry(m.ID) && answers[i][0].Accepted {
 			t.Errorf("%s: its failed first try was answered %v", m.ID, answers[i][0])
 		}
 	}
@@ -744,16 +696,7 @@ func testPushPipelinePoison(t *testing.T, h PushHarness) {
 	msgs := messages("poison", 2)
 	poison := msgs[0].ID
 	var calls atomic.Int64
-	r := runConsumer(t, f.Source, e, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
-		if err := e.Apply(ctx, tx, m); err != nil {
-			return err
-		}
-		if m.ID == poison {
-			calls.Add(1)
-			return errors.New("still failing")
-		}
-		return nil
-	}, core.WithMaxAttempts(3))
+	r := runConsumer(t, f.Source, e, poisonHandler(e, poison, &calls), core.WithMaxAttempts(3))
 	applied := appliedWhenAccepted(e)
 	answers := deliverAll(t, h, f, msgs, func(ctx context.Context, m *driver.Message) error {
 		if m.ID == poison {
@@ -867,12 +810,7 @@ func testPushLeasedPermanent(t *testing.T, h PushHarness) {
 	e := NewEffects(t)
 	msgs := messages("declined", 4)
 	bad := msgs[1].ID
-	r := runLeased(t, f.Source, e, func(ctx context.Context, m *core.Message) (string, error) {
-		if m.ID == bad {
-			return "", core.Permanent(errors.New("card declined"))
-		}
-		return "charged", nil
-	}, 0, 0)
+	r := runLeased(t, f.Source, e, declines(bad), 0, 0)
 	applied := appliedWhenAccepted(e)
 	deliverAll(t, h, f, msgs, func(ctx context.Context, m *driver.Message) error {
 		if m.ID == bad {
@@ -901,38 +839,10 @@ func testPushDeadLetterQueue(t *testing.T, h PushHarness) {
 	begin := time.Now()
 	p := h.received(t, "dlq", 4)
 	q := openDLQ(t, p.f.pull())
-	causes := map[string]string{}
-	for i, d := range p.ds {
-		id := d.Message().ID
-		causes[id] = fmt.Sprintf("brokertest: bad deploy %d", i)
-		if err := d.DeadLetter(ctxFor(t, h.ReceiveTimeout), errors.New(causes[id])); err != nil {
-			t.Fatalf("DeadLetter %s: %v", id, err)
-		}
+	all := parkAll(t, hp, q, p.msgs, p.ds, begin)
+	for _, d := range p.ds {
 		if a := p.answer(t, h, d); !a.Accepted {
-			t.Errorf("%s: parked, but the sender was told %v", id, a)
-		}
-	}
-	all := msgIDs(p.msgs)
-	parked := waitParked(t, hp, q, all...)
-	for _, m := range p.msgs {
-		pk := parked[m.ID]
-		if h.RecordsCause && !strings.Contains(pk.Cause, causes[m.ID]) || pk.Cause == "" {
-			t.Errorf("%s: Cause %q, want it to hold %q", m.ID, pk.Cause, causes[m.ID])
-		}
-		if string(pk.Body) != string(m.Body) {
-			t.Errorf("%s: Body %q, want %q", m.ID, pk.Body, m.Body)
-		}
-		if pk.Attempt != 1 {
-			t.Errorf("%s: Attempt %d, want 1 (parked on its first delivery)", m.ID, pk.Attempt)
-		}
-		if pk.Ref == "" || pk.Destination == "" || pk.Origin == "" {
-			t.Errorf("%s: Ref %q, Destination %q, Origin %q: want all set", m.ID, pk.Ref, pk.Destination, pk.Origin)
-		}
-		if pk.ParkedAt.Before(begin.Add(-time.Minute)) || pk.ParkedAt.After(time.Now().Add(time.Minute)) {
-			t.Errorf("%s: ParkedAt %v, want about now (%v)", m.ID, pk.ParkedAt, begin)
-		}
-		if got, want := pk.Headers["idemq-test"], m.Headers["idemq-test"]; got != want {
-			t.Errorf("%s: header idemq-test %q, want %q", m.ID, got, want)
+			t.Errorf("%s: parked, but the sender was told %v", d.Message().ID, a)
 		}
 	}
 	waitParked(t, hp, q, all...)

@@ -31,11 +31,7 @@ func TestPushSuiteCatchesBrokenSources(t *testing.T) {
 	if os.Getenv("BROKERTEST_BROKEN_PUSH") != "" {
 		t.Skip("inside a child run")
 	}
-	cases := []struct {
-		mode    string
-		run     string // subtests to run
-		wantBad string // the subtest that must fail
-	}{
+	catchesDefects(t, "BROKERTEST_BROKEN_PUSH", "TestBrokenPushSource", []brokenCase{
 		{"answers-on-receipt", "SendReceiveAck", "SendReceiveAck"},
 		{"retry-answers-accepted", "RetryAnswersRetryLater", "RetryAnswersRetryLater"},
 		{"retry-answers-accepted", "Pipeline/FailedHandlerIsRetriedNotDropped", "Pipeline/FailedHandlerIsRetriedNotDropped"},
@@ -43,25 +39,39 @@ func TestPushSuiteCatchesBrokenSources(t *testing.T) {
 		{"dead-letter-drops", "DeadLetterParksAndAccepts", "DeadLetterParksAndAccepts"},
 		{"settles-after-close", "GracefulCloseWithRequestsInFlight", "GracefulCloseWithRequestsInFlight"},
 		{"copies-handed-out", "CopyInFlightIsHeldBack/FirstAcked", "CopyInFlightIsHeldBack/FirstAcked"},
-	}
+	})
+}
+
+// brokenCase is one defect a child run of a suite must notice.
+type brokenCase struct {
+	mode    string // the defect, the child's environment variable's value
+	run     string // subtests to run
+	wantBad string // the subtest that must fail
+}
+
+// catchesDefects runs test in a child process with the environment
+// variable env set to "none", where the whole suite must pass, then once
+// per case with env set to its mode, running its subtests, where its
+// wantBad subtest must fail.
+func catchesDefects(t *testing.T, env, test string, cases []brokenCase) {
 	t.Run("control", func(t *testing.T) {
 		// The wrapper without a defect passes the whole suite, so the
 		// failures below come from the defects.
-		cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenPushSource$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN_PUSH=none")
+		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+		cmd.Env = append(os.Environ(), env+"=none")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("the suite failed the wrapper without a defect: %v\n%s", err, out)
 		}
 	})
 	for _, c := range cases {
 		t.Run(c.mode+"/"+c.run, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenPushSource$/^"+c.run+"$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "BROKERTEST_BROKEN_PUSH="+c.mode)
+			cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$/^"+c.run+"$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), env+"="+c.mode)
 			out, err := cmd.CombinedOutput()
 			if err == nil {
-				t.Fatalf("the suite passed a source whose %s:\n%s", c.mode, out)
+				t.Fatalf("the suite passed a wrapper whose %s:\n%s", c.mode, out)
 			}
-			if !strings.Contains(string(out), "--- FAIL: TestBrokenPushSource/"+c.wantBad) {
+			if !strings.Contains(string(out), "--- FAIL: "+test+"/"+c.wantBad) {
 				t.Fatalf("want subtest %s to fail; output:\n%s", c.wantBad, out)
 			}
 		})
