@@ -225,6 +225,21 @@ func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h HandlerFu
 		m.storeFailed(w, "beginning the transaction", err)
 		return
 	}
+	// The claim goes first, with the BEGIN where the store can: it is
+	// not visible to copies before the commit, which meanwhile find the
+	// lease live. The fence waits for the handler's end, since a fenced
+	// lease row stays locked until the commit and would make copies wait
+	// instead of being answered 409.
+	won, err := txn.Claim(ctx, m.cfg.name, []driver.Claim{claim})
+	if err == nil && (len(won) != 1 || won[0] != driver.ClaimWon) {
+		err = fmt.Errorf("the claim of a leased key was %v", won)
+	}
+	if err != nil {
+		stopRenew()
+		m.abort(ctx, txn, ref)
+		m.storeFailed(w, "claiming the key", err)
+		return
+	}
 	rec := newRecorder()
 	finished := false
 	defer func() {
@@ -244,7 +259,7 @@ func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h HandlerFu
 		return
 	}
 	res := rec.result(m.cfg.headers)
-	if !m.complete(ctx, w, txn, claim, ref, res) {
+	if !m.complete(ctx, w, txn, claim.ID, ref, res) {
 		return
 	}
 	if m.afterCommit != nil {
@@ -253,9 +268,9 @@ func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h HandlerFu
 	send(w, rec.header, res.status, res.body)
 }
 
-// complete fences the lease, claims the key and stores res in txn, and
-// commits; false means the request was answered otherwise.
-func (m *Middleware[Tx]) complete(ctx context.Context, w http.ResponseWriter, txn driver.Txn[Tx], claim driver.Claim, ref driver.LeaseRef, res stored) bool {
+// complete fences the lease and stores res in txn, whose claim of id is
+// made, and commits; false means the request was answered otherwise.
+func (m *Middleware[Tx]) complete(ctx context.Context, w http.ResponseWriter, txn driver.Txn[Tx], id string, ref driver.LeaseRef, res stored) bool {
 	f, ok := txn.(driver.Fencer)
 	if !ok {
 		m.abort(ctx, txn, ref)
@@ -279,14 +294,7 @@ func (m *Middleware[Tx]) complete(ctx context.Context, w http.ResponseWriter, tx
 			"this request's hold on the key expired and another request took it over; retry to get its response", 1)
 		return false
 	}
-	won, err := txn.Claim(ctx, m.cfg.name, []driver.Claim{claim})
-	if err == nil && (len(won) != 1 || won[0] != driver.ClaimWon) {
-		err = fmt.Errorf("claim of a fenced key was %v", won)
-	}
-	if err == nil {
-		err = m.tab.put(ctx, txn.Tx(), m.cfg.name, claim.ID, res, time.Now())
-	}
-	if err != nil {
+	if err := m.tab.put(ctx, txn.Tx(), m.cfg.name, id, res, time.Now()); err != nil {
 		m.abort(ctx, txn, ref)
 		m.storeFailed(w, "completing the key", err)
 		return false

@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/stores/postgres"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -215,10 +215,10 @@ func (t *table) exec(ctx context.Context, tx any, q string, args ...any) error {
 		} else {
 			_, err = t.db.ExecContext(ctx, q, args...)
 		}
-	case interface {
-		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-	}:
-		_, err = h.Exec(ctx, q, args...)
+	case pgx.Tx:
+		// Queued to go with the COMMIT where the transaction is the
+		// Postgres store's (FlushCommit), at once otherwise.
+		err = postgres.Queue(ctx, h, q, args...)
 	case interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
 	}:
