@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,32 +17,45 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/webhook/signature"
+	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 )
 
 // The push conformance suite over a Source on the Standard Webhooks
-// profile, mounted in a loopback server; the suite sends signed requests
-// as a provider does and reads the park directory through
+// profile, mounted in a loopback server, and over one core.OpenSource
+// opened by URL, serving itself; the suite sends signed requests as a
+// provider does and reads the park directory through
 // admin.OpenDeadLetters.
 func TestConformance(t *testing.T) {
-	brokertest.RunPush(t, brokertest.PushHarness{
-		RecordsCause:        true,
-		OperatesDeadLetters: true,
-		Quiet:               300 * time.Millisecond,
-		Open:                openConformance,
-	})
+	for name, open := range map[string]func(t *testing.T, dir string) (driver.Source, string){
+		"Mounted": mountedSource,
+		"ByURL":   sourceByURL,
+	} {
+		t.Run(name, func(t *testing.T) {
+			brokertest.RunPush(t, brokertest.PushHarness{
+				RecordsCause:        true,
+				OperatesDeadLetters: true,
+				Quiet:               300 * time.Millisecond,
+				Open: func(t *testing.T) *brokertest.PushFixture {
+					return conformanceFixture(t, open)
+				},
+			})
+		})
+	}
 }
 
-// openConformance is a fresh Source at /hooks/standard of its own server,
-// parking in its own directory. WithWait (2 s) holds a request longer than
-// the suite's quiet period before answering it busy.
-func openConformance(t *testing.T) *brokertest.PushFixture {
+// conformanceWait is the sources' WithWait: a request is held longer
+// than the suite's quiet period before it is answered busy.
+const conformanceWait = 2 * time.Second
+
+// mountedSource is a Source at /hooks/standard of an httptest server,
+// parking in dir; it returns the endpoint.
+func mountedSource(t *testing.T, dir string) (driver.Source, string) {
 	p, err := signature.StandardWebhooks([]string{stdSecret})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	src, err := NewSource(WithProfile(p), WithParkDir(dir), WithWait(2*time.Second))
+	src, err := NewSource(WithProfile(p), WithParkDir(dir), WithWait(conformanceWait))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +63,29 @@ func openConformance(t *testing.T) *brokertest.PushFixture {
 	mux.Handle("/hooks/standard", src)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	endpoint := srv.URL + "/hooks/standard"
+	return src, srv.URL + "/hooks/standard"
+}
+
+// sourceByURL is a Source core.OpenSource opens on a free loopback port,
+// parking in dir; it returns the endpoint.
+func sourceByURL(t *testing.T, dir string) (driver.Source, string) {
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(stdSecret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, err := core.OpenSource(context.Background(), "webhook://127.0.0.1:0/hooks/standard?verify=standard&secret_file="+
+		url.QueryEscape(secret)+"&park_dir="+url.QueryEscape(dir)+"&wait="+conformanceWait.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, "http://" + src.(*Source).Addr().String() + "/hooks/standard"
+}
+
+// conformanceFixture is a fresh Source from open, parking in a directory
+// of its own.
+func conformanceFixture(t *testing.T, open func(t *testing.T, dir string) (driver.Source, string)) *brokertest.PushFixture {
+	dir := t.TempDir()
+	src, endpoint := open(t, dir)
 	sourceURL := "webhook://127.0.0.1:0/hooks/standard?verify=standard&secret_env=IDEMQ_CONFORMANCE_UNUSED&park_dir=" + url.QueryEscape(dir)
 	return &brokertest.PushFixture{
 		Source:    src,
