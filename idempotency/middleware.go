@@ -356,7 +356,14 @@ func (m *Middleware[Tx]) plain(w http.ResponseWriter, r *http.Request, h Handler
 // keep renews the lease every third of WithLease until the returned stop
 // is called; a lease found taken over cancels the handler's context (its
 // fence would fail anyway).
+//
+// On SQLite it does nothing: the handler's transaction holds the write
+// lock from its BEGIN, which every Acquire (and Renew) needs, so no other
+// request can take the lease over until it ends.
 func (m *Middleware[Tx]) keep(ctx context.Context, ref driver.LeaseRef, lost context.CancelFunc) (stop func()) {
+	if m.tab.d == sqliteDialect {
+		return func() {}
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/storetest"
 )
 
@@ -331,4 +332,45 @@ func TestPrune(t *testing.T) {
 			t.Fatalf("%d effects, want 2", got)
 		}
 	})
+}
+
+// A handler that runs longer than the lease keeps its key: the lease is
+// renewed, copies get 409 past the first expiry, and the effect is once.
+func TestRenewal(t *testing.T) {
+	for _, b := range []string{"postgres", "mysql"} { // SQLite's write lock keeps the key (no renewal)
+		t.Run(b, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			f := open(t, b, newNames(t), true, WithLease(lease))
+			order := storetest.UniqueName("o")
+			ctx := context.Background()
+			entered, unblock := make(chan struct{}), make(chan struct{})
+			biz := f.orders()
+			url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
+				close(entered)
+				<-unblock
+				return biz(w, r, ex)
+			}))
+			body := `{"order":"` + order + `"}`
+			first := make(chan answer)
+			go func() { first <- post(t, url, "k-"+order, body) }()
+			<-entered
+			l, err := f.leaser.Acquire(ctx, DefaultName, driver.Claim{ID: ordersID("k-" + order)}, lease)
+			if err != nil || l.Result != driver.LeaseBusy {
+				t.Fatal(l, err)
+			}
+			firstUntil := l.Until
+			servicetest.WaitFor(t, 10*time.Second, "a renewal past the first expiry", func() bool {
+				l, err := f.leaser.Acquire(ctx, DefaultName, driver.Claim{ID: ordersID("k-" + order)}, lease)
+				return err == nil && l.Result == driver.LeaseBusy && l.Until.After(firstUntil) && time.Now().After(firstUntil)
+			})
+			problemOf(t, post(t, url, "k-"+order, body), http.StatusConflict)
+			close(unblock)
+			if a := <-first; a.status != http.StatusCreated {
+				t.Fatalf("first: %d %s", a.status, a.body)
+			}
+			if got := f.count(order); got != 1 {
+				t.Fatalf("%d effects, want 1", got)
+			}
+		})
+	}
 }
