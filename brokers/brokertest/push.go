@@ -136,6 +136,7 @@ func RunPush(t *testing.T, h PushHarness) {
 		{"DeadLetterParksAndAccepts", testPushDeadLetter},
 		{"WindowBoundsDeliveries", testPushWindow},
 		{"GracefulCloseWithRequestsInFlight", testPushClose},
+		{"SenderGoneStillSettles", testPushSenderGone},
 		{"CopyInFlightIsHeldBack/FirstAcked", func(t *testing.T, h PushHarness) { testPushCopy(t, h, false) }},
 		{"CopyInFlightIsHeldBack/FirstRetried", func(t *testing.T, h PushHarness) { testPushCopy(t, h, true) }},
 		{"Pipeline/MissingIDIsDeadLettered", testPushPipelineMissingID},
@@ -502,33 +503,71 @@ func testPushCopy(t *testing.T, h PushHarness, retryFirst bool) {
 	if a := p.answer(t, h, d1); a.Accepted == retryFirst {
 		t.Errorf("the first copy's sender was told %v (retried: %v)", a, retryFirst)
 	}
-	// Whatever the source hands out now is acknowledged, until the copy is
-	// answered.
+	a, acked := ackUntilAnswered(t, h, p.f, copied, "the copy")
+	t.Logf("the copy was told %v; acked after the first: %v", a, acked)
+	if retryFirst && a.Accepted && len(acked) == 0 {
+		t.Errorf("the copy was accepted, but the first was retried and no delivery of %s was acknowledged: the message is lost", m.ID)
+	}
+}
+
+// ackUntilAnswered acknowledges whatever f's source hands out until the
+// sender on c is answered, and returns the answer and the ids it acked.
+func ackUntilAnswered(t *testing.T, h PushHarness, f *PushFixture, c <-chan reply, what string) (Answer, []string) {
+	t.Helper()
 	var mu sync.Mutex
 	var acked []string
-	dctx, stop := context.WithCancel(ctx)
+	ctx, stop := context.WithCancel(context.Background())
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
-		for dctx.Err() == nil {
-			d, err := p.f.Source.Receive(dctx)
+		for ctx.Err() == nil {
+			d, err := f.Source.Receive(ctx)
 			if err != nil {
 				time.Sleep(10 * time.Millisecond)
 				continue
 			}
-			if d.Ack(dctx) == nil {
+			if d.Ack(ctx) == nil {
 				mu.Lock()
 				acked = append(acked, d.Message().ID)
 				mu.Unlock()
 			}
 		}
 	}()
-	a := answerOf(t, h, copied, "the copy")
+	defer func() { stop(); <-drained }()
+	a := answerOf(t, h, c, what)
 	stop()
 	<-drained
-	t.Logf("the copy was told %v; acked after the first: %v", a, acked)
-	if retryFirst && a.Accepted && len(acked) == 0 {
-		t.Errorf("the copy was accepted, but the first was retried and no delivery of %s was acknowledged: the message is lost", m.ID)
+	return a, acked
+}
+
+// testPushSenderGone: a sender that leaves before its answer is not
+// accepted, and changes nothing for the delivery, which still settles (or
+// is stale); the sender's next copy is accepted.
+func testPushSenderGone(t *testing.T, h PushHarness) {
+	f := h.fixture(t)
+	m := messages("gone", 1)[0]
+	ctx, leave := context.WithCancel(context.Background())
+	defer leave()
+	gone := make(chan reply, 1)
+	go func() {
+		a, err := f.Send(ctx, m)
+		gone <- reply{a, err}
+	}()
+	d := receive(t, h.pull(), f.Source, 1)[0]
+	leave()
+	select {
+	case r := <-gone:
+		if r.err == nil && r.a.Accepted {
+			t.Errorf("a sender that left before the settlement was accepted: %v", r.a)
+		}
+	case <-time.After(h.ReceiveTimeout):
+		t.Fatalf("Send did not return within %v of its context's end", h.ReceiveTimeout)
+	}
+	if err := d.Ack(ctxFor(t, h.ReceiveTimeout)); err != nil && !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack after the sender left = %v, want nil or an error wrapping driver.ErrStaleDelivery", err)
+	}
+	if a, acked := ackUntilAnswered(t, h, f, sendAsync(h, f, m), "the next copy"); !a.Accepted {
+		t.Errorf("the sender's next copy was told %v (acked meanwhile: %v)", a, acked)
 	}
 }
 
