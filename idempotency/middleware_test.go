@@ -31,7 +31,12 @@ func TestConcurrentRetries(t *testing.T) {
 		answers := make([]answer, n)
 		var wg sync.WaitGroup
 		for i := range n {
-			wg.Go(func() { answers[i] = post(t, url, `"k-`+order+`"`, body) })
+			wg.Go(func() {
+				var err error
+				if answers[i], err = tryPost(url, `"k-`+order+`"`, body); err != nil {
+					t.Error(err)
+				}
+			})
 		}
 		wg.Wait()
 		final := post(t, url, `"k-`+order+`"`, body)
@@ -169,17 +174,7 @@ func TestInProgress(t *testing.T) {
 		t.Run(b, func(t *testing.T) {
 			f := open(t, b, newNames(t), true)
 			order := storetest.UniqueName("o")
-			entered, unblock := make(chan struct{}), make(chan struct{})
-			biz := f.orders()
-			url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
-				close(entered)
-				<-unblock
-				return biz(w, r, ex)
-			}))
-			body := `{"order":"` + order + `"}`
-			first := make(chan answer)
-			go func() { first <- post(t, url, "k-"+order, body) }()
-			<-entered
+			url, body, first, unblock := f.blockedFirst(t, order)
 			a := post(t, url, "k-"+order, body)
 			problemOf(t, a, http.StatusConflict)
 			if s, err := strconv.Atoi(a.header.Get("Retry-After")); err != nil || s < 1 || s > int(DefaultLease/time.Second) {
@@ -343,17 +338,7 @@ func TestRenewal(t *testing.T) {
 			f := open(t, b, newNames(t), true, WithLease(lease))
 			order := storetest.UniqueName("o")
 			ctx := context.Background()
-			entered, unblock := make(chan struct{}), make(chan struct{})
-			biz := f.orders()
-			url := serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
-				close(entered)
-				<-unblock
-				return biz(w, r, ex)
-			}))
-			body := `{"order":"` + order + `"}`
-			first := make(chan answer)
-			go func() { first <- post(t, url, "k-"+order, body) }()
-			<-entered
+			url, body, first, unblock := f.blockedFirst(t, order)
 			l, err := f.leaser.Acquire(ctx, DefaultName, driver.Claim{ID: ordersID("k-" + order)}, lease)
 			if err != nil || l.Result != driver.LeaseBusy {
 				t.Fatal(l, err)
@@ -373,4 +358,28 @@ func TestRenewal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// blockedFirst serves orders with a handler that waits for unblock to be
+// closed, and sends a first request for order, whose answer comes on
+// first; it returns once that request's handler runs.
+func (f *fixture) blockedFirst(t *testing.T, order string) (url, body string, first chan answer, unblock chan struct{}) {
+	entered, unblock := make(chan struct{}), make(chan struct{})
+	biz := f.orders()
+	url = serve(t, f.handler(func(w http.ResponseWriter, r *http.Request, ex execFunc) error {
+		close(entered)
+		<-unblock
+		return biz(w, r, ex)
+	}))
+	body = `{"order":"` + order + `"}`
+	first = make(chan answer)
+	go func() {
+		a, err := tryPost(url, "k-"+order, body)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- a
+	}()
+	<-entered
+	return url, body, first, unblock
 }
