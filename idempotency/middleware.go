@@ -43,8 +43,10 @@ type Middleware[Tx any] struct {
 // (driver.Leaser: the Postgres, MySQL/MariaDB and SQLite stores do). The
 // key's claims live in the store's claims table under WithName, its leases
 // in the store's lease table, and the responses in a table of their own
-// (WithTable) in the same database, which Migrate creates. Bad options
-// fail here, each error naming its option.
+// (WithTable) in the same database, which Migrate creates; its SQL
+// dialect follows the pool the store hands out through As (a
+// *pgxpool.Pool, or a *sql.DB of a MySQL/MariaDB or SQLite driver). Bad
+// options fail here, each error naming its option.
 func New[Tx any](store driver.Store[Tx], opts ...Option) (*Middleware[Tx], error) {
 	if option.Present(store) != nil {
 		return nil, errors.New("idempotency: New: nil store")

@@ -59,9 +59,11 @@ const pkg = "idempotency"
 
 // WithName sets the consumer name under which keys are claimed and leased
 // in the store's tables: give each API (or each service sharing a
-// database) its own. Default "http".
+// database) its own. Not empty, at most 255 bytes (the MySQL store's
+// limit). Default "http".
 func WithName(name string) Option {
-	return option.Set[config](pkg, "WithName", option.Refuse(name == "", "empty name"), func(c *config) { c.name = name })
+	err := option.Refuse(name == "" || len(name) > 255, "%q must be 1 to 255 bytes", name)
+	return option.Set[config](pkg, "WithName", err, func(c *config) { c.name = name })
 }
 
 // WithTable sets the stored responses' table: ASCII letters, digits and

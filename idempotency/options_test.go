@@ -8,9 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/sqlite"
 )
+
+// The middleware is a Pruner, for admin.Prune.
+var _ admin.Pruner = (*Middleware[*sql.Tx])(nil)
 
 // Every bad option fails New, each error naming its option; so does a
 // store that cannot hold leases.
@@ -32,6 +36,9 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	type noLeases struct{ driver.Store[*sql.Tx] }
 	if _, err := New[*sql.Tx](noLeases{s}); err == nil || !strings.Contains(err.Error(), "driver.Leaser") {
 		t.Fatalf("a store without leases: %v", err)
+	}
+	if _, err := New(s, WithName(strings.Repeat("n", 256))); err == nil || !strings.Contains(err.Error(), "WithName") {
+		t.Fatalf("a 256-byte name: %v", err)
 	}
 	if _, err := New[*sql.Tx](nil); err == nil {
 		t.Fatal("New took a nil store")
