@@ -84,6 +84,7 @@ type Answer struct {
 	Detail string
 }
 
+// String describes the answer: its Detail, or its fields.
 func (a Answer) String() string {
 	if a.Detail != "" {
 		return a.Detail
@@ -117,19 +118,24 @@ func (f *PushFixture) pull() *Fixture {
 // settlement contract seen from the sender's side (Ack answers accepted,
 // Retry answers retry-later with at least the delay asked, DeadLetter
 // parks and answers accepted), the window, a graceful close with requests
-// in flight, copies of a message in flight, and the pipeline (core.Consumer
+// in flight, a sender leaving before its answer, copies of a message in
+// flight, and the pipeline (core.Consumer
 // and a leased Consumer with the SQLite store) counting committed effects
 // per message id while the suite sends copies and resends what was not
 // accepted, as a provider does.
+//
+//	func TestConformance(t *testing.T) {
+//		brokertest.RunPush(t, brokertest.PushHarness{Open: func(t *testing.T) *brokertest.PushFixture {
+//			src := … // a fresh source, served on loopback
+//			return &brokertest.PushFixture{Source: src, Send: …, DeadLetters: …}
+//		}})
+//	}
 func RunPush(t *testing.T, h PushHarness) {
 	if h.Open == nil {
 		t.Fatal("brokertest: PushHarness.Open is required")
 	}
 	h = h.withDefaults()
-	cases := []struct {
-		name string
-		f    func(*testing.T, PushHarness)
-	}{
+	cases := []pushCase{
 		{"SendReceiveAck", testPushAck},
 		{"SettleTwiceFails", testPushSettleTwice},
 		{"RetryAnswersRetryLater", testPushRetry},
@@ -148,20 +154,20 @@ func RunPush(t *testing.T, h PushHarness) {
 		{"Leased/PermanentErrorDeadLetters", testPushLeasedPermanent},
 	}
 	if h.ConcurrentReceive {
-		cases = append(cases, struct {
-			name string
-			f    func(*testing.T, PushHarness)
-		}{"WindowBoundsConcurrentReceivers", testPushWindowConcurrent})
+		cases = append(cases, pushCase{"WindowBoundsConcurrentReceivers", testPushWindowConcurrent})
 	}
 	if h.OperatesDeadLetters {
-		cases = append(cases, struct {
-			name string
-			f    func(*testing.T, PushHarness)
-		}{"DeadLetterQueue/ListPurge", testPushDeadLetterQueue})
+		cases = append(cases, pushCase{"DeadLetterQueue/ListPurge", testPushDeadLetterQueue})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.f(t, h) })
 	}
+}
+
+// pushCase is one case of RunPush.
+type pushCase struct {
+	name string
+	f    func(*testing.T, PushHarness)
 }
 
 // fixture opens a fixture, checks it is complete and closes its source
