@@ -264,6 +264,9 @@ func (p *pushed) answer(t *testing.T, h PushHarness, d driver.Delivery) Answer {
 func testPushAck(t *testing.T, h PushHarness) {
 	p := h.received(t, "push", 3)
 	checkFirstDeliveries(t, p.msgs, p.ds)
+	// The quiet period also gives an answer sent on receipt time to
+	// reach its sender.
+	expectQuiet(t, h.pull(), p.f.Source)
 	for _, d := range p.ds {
 		unanswered(t, p.answers[d.Message().ID], d.Message().ID)
 	}

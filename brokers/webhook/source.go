@@ -40,6 +40,7 @@ type Source struct {
 	room     chan struct{}  // a settlement made room in the window
 	attempts *unsettled.Attempts[string]
 	handed   atomic.Int64 // handed out, not settled
+	slots    atomic.Int64 // of the window: handed out, or reserved by a Receive waiting for a request
 	copies   atomic.Int64 // requests waiting for an earlier copy's answer
 
 	mu      sync.Mutex
@@ -51,6 +52,25 @@ type Source struct {
 	srv    *http.Server
 	ln     net.Listener
 	served chan struct{}
+	fresh  map[net.Conn]struct{} // connections that have not sent a request yet; under mu
+}
+
+// track keeps the served connections that have not sent a request yet:
+// http.Server.Shutdown takes such a connection for idle only once it is
+// 5 s old, so a client's spare connection would hold Close up to its
+// deadline.
+func (s *Source) track(c net.Conn, state http.ConnState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch state {
+	case http.StateNew:
+		if s.fresh == nil {
+			s.fresh = map[net.Conn]struct{}{}
+		}
+		s.fresh[c] = struct{}{}
+	default:
+		delete(s.fresh, c)
+	}
 }
 
 // NewSource returns a Source configured by opts; WithProfile and
@@ -114,7 +134,9 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		if closed {
 			return nil, driver.ErrSourceClosed
 		}
-		if window > 0 && s.handed.Load() >= int64(window) {
+		// A slot of the window is reserved before waiting for a request,
+		// so that receivers waiting at once cannot take more than it.
+		if n := s.slots.Load(); window > 0 && n >= int64(window) {
 			select {
 			case <-s.room:
 			case <-s.done:
@@ -122,16 +144,37 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 				return nil, ctx.Err()
 			}
 			continue
+		} else if !s.slots.CompareAndSwap(n, n+1) {
+			continue
+		} else if window > 0 && n+1 < int64(window) {
+			s.wake() // room is one token: pass it on to another waiting receiver
 		}
 		select {
 		case d := <-s.queue:
 			s.handed.Add(1)
 			return d, nil
 		case <-s.done:
+			s.freeSlot()
 			return nil, driver.ErrSourceClosed
 		case <-ctx.Done():
+			s.freeSlot()
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// freeSlot gives back a slot of the window, when a delivery is settled or
+// a receiver stops waiting, and wakes a receiver waiting for one.
+func (s *Source) freeSlot() {
+	s.slots.Add(-1)
+	s.wake()
+}
+
+// wake lets one receiver waiting for room look again.
+func (s *Source) wake() {
+	select {
+	case s.room <- struct{}{}:
+	default:
 	}
 }
 
@@ -154,6 +197,13 @@ func (s *Source) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.wait+2*time.Second)
 	defer cancel()
+	// A request on a fresh connection after this would be answered 503:
+	// closing the connection instead makes the sender retry all the same.
+	s.mu.Lock()
+	for c := range s.fresh {
+		_ = c.Close()
+	}
+	s.mu.Unlock()
 	err := s.srv.Shutdown(ctx)
 	if err != nil {
 		err = errors.Join(err, s.srv.Close())
@@ -465,10 +515,7 @@ func (s *Source) finish(d *delivery, o outcome) {
 	s.end(d.id, d.f, o)
 	d.res <- o
 	s.handed.Add(-1)
-	select {
-	case s.room <- struct{}{}:
-	default:
-	}
+	s.freeSlot()
 }
 
 // settle claims d's settlement: nil, or ErrAlreadySettled, or a stale

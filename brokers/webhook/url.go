@@ -202,6 +202,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 			}
 			s.ServeHTTP(w, r)
 		}),
+		ConnState:         s.track,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
 		IdleTimeout:       2 * time.Minute,
