@@ -18,7 +18,9 @@
 // (application/problem+json):
 //
 //   - 400: the key is missing (unless WithKeyOptional) or malformed;
-//   - 409 with Retry-After: a request with the key is in progress;
+//   - 409 with Retry-After: a request with the key is in progress
+//     (Retry-After 1 on PostgreSQL, the lease's remaining seconds on the
+//     other stores);
 //   - 410: the key's request completed, but its stored response was
 //     pruned while its claim was not;
 //   - 413: the body is over WithMaxBody;
@@ -26,7 +28,12 @@
 //   - 500: the handler returned an error (nothing was applied or stored);
 //   - 503 with Retry-After: the database failed; a retry is safe.
 //
-// A request in progress holds its key under a lease of the store
+// On PostgreSQL a request in progress holds its key by a
+// transaction-scoped advisory lock that its handler's transaction takes
+// first: copies that find it taken get 409 with Retry-After 1, and the
+// lock ends with the transaction, so a failed request, or one whose
+// process or connection died, holds the key no longer. On MySQL/MariaDB
+// and SQLite it holds the key under a lease of the store
 // (driver.Leaser), renewed while its handler runs; a process that crashed
 // holds it no longer than WithLease, after which a retry takes it over.
 // The completing transaction fences the lease (driver.Fencer), so a

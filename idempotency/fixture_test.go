@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/stores/sqlite"
 	"github.com/idemq/idemq/stores/storetest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // execFunc runs one statement in the handler's transaction, whatever the
@@ -42,6 +43,7 @@ type fixture struct {
 	prune          func(ctx context.Context, before time.Time, limit int) (int, error)
 	pruneClaims    func(ctx context.Context, before time.Time, limit int) (int, error)
 	setAfterCommit func(func())
+	pool           *pgxpool.Pool // Postgres only
 }
 
 // fencer is a store transaction seen by a lease holder of the tests.
@@ -95,7 +97,7 @@ func open(t testing.TB, backend string, n names, drop bool, opts ...Option) *fix
 		}
 		f.begin = func(ctx context.Context) (fencer, error) { txn, err := s.Begin(ctx); return txn.(*postgres.Txn), err }
 		f.pruneClaims = s.Prune
-		f.backend, f.names = backend, n
+		f.backend, f.names, f.pool = backend, n, pool
 		return f
 	case "mysql", "sqlite":
 		var s interface {

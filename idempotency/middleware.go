@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/retry"
+	"github.com/jackc/pgx/v5"
 )
 
 // HandlerFunc handles a request inside the store's transaction tx
@@ -30,23 +31,27 @@ type HandlerFunc[Tx any] func(w http.ResponseWriter, r *http.Request, tx Tx) err
 // It is safe for concurrent use.
 type Middleware[Tx any] struct {
 	store  driver.Store[Tx]
-	leaser driver.Leaser
+	leaser driver.Leaser // nil when locked
 	tab    *table
 	cfg    config
+	// locked: the store is PostgreSQL and a request in progress holds an
+	// advisory lock in its own transaction instead of a lease.
+	locked bool
 
 	// afterCommit, when set, runs right after a request's transaction
 	// committed and before its response is written.
 	afterCommit func()
 }
 
-// New returns the middleware over store, which must hold leases
-// (driver.Leaser: the Postgres, MySQL/MariaDB and SQLite stores do). The
-// key's claims live in the store's claims table under WithName, its leases
-// in the store's lease table, and the responses in a table of their own
-// (WithTable) in the same database, which Migrate creates; its SQL
-// dialect follows the pool the store hands out through As (a
-// *pgxpool.Pool, or a *sql.DB of a MySQL/MariaDB or SQLite driver). Bad
-// options fail here, each error naming its option.
+// New returns the middleware over store. The key's claims live in the
+// store's claims table under WithName and the responses in a table of
+// their own (WithTable) in the same database, which Migrate creates; its
+// SQL dialect follows the pool the store hands out through As (a
+// *pgxpool.Pool, or a *sql.DB of a MySQL/MariaDB or SQLite driver). On
+// PostgreSQL (a pgx.Tx store) a request in progress holds its key by a
+// transaction-scoped advisory lock; on the other stores by a lease, so
+// store must hold leases there (driver.Leaser: the MySQL/MariaDB and
+// SQLite stores do). Bad options fail here, each error naming its option.
 func New[Tx any](store driver.Store[Tx], opts ...Option) (*Middleware[Tx], error) {
 	if option.Present(store) != nil {
 		return nil, errors.New("idempotency: New: nil store")
@@ -55,13 +60,17 @@ func New[Tx any](store driver.Store[Tx], opts ...Option) (*Middleware[Tx], error
 	if err := option.ApplyAll(&cfg, opts...); err != nil {
 		return nil, err
 	}
-	ls, ok := store.(driver.Leaser)
-	if !ok {
-		return nil, fmt.Errorf("idempotency: New: the store %T cannot hold leases (driver.Leaser)", store)
-	}
 	tab, err := newTable(cfg.table, store.As)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: New: %w", err)
+	}
+	var zero Tx
+	if _, pgTx := any(&zero).(*pgx.Tx); pgTx && tab.d == postgresDialect {
+		return &Middleware[Tx]{store: store, tab: tab, cfg: cfg, locked: true}, nil
+	}
+	ls, ok := store.(driver.Leaser)
+	if !ok {
+		return nil, fmt.Errorf("idempotency: New: the store %T cannot hold leases (driver.Leaser)", store)
 	}
 	return &Middleware[Tx]{store: store, leaser: ls, tab: tab, cfg: cfg}, nil
 }
@@ -92,12 +101,18 @@ func (m *Middleware[Tx]) Prune(ctx context.Context, before time.Time, limit int)
 //   - a key whose request completed: the stored response, with
 //     Idempotent-Replayed: true, when the method, URL and body are those
 //     of the first request; 422 when they differ;
-//   - a key in progress under another request's live lease: 409 with
-//     Retry-After;
-//   - otherwise the key is leased to this request and h runs in a store
-//     transaction; when h returns nil the lease is fenced, the key claimed
-//     and the response stored in that transaction, which commits before
-//     the response is written.
+//   - a key in progress in another request: 409 with Retry-After;
+//   - otherwise h runs in a store transaction that holds the key's claim;
+//     when h returns nil the response is stored in that transaction,
+//     which commits before the response is written.
+//
+// On PostgreSQL the transaction's first statement takes the key's
+// advisory lock (pg_try_advisory_xact_lock); a lock held by another
+// transaction means in progress (409, Retry-After 1), and the lock ends
+// with the transaction, also when its process or connection dies. On the
+// other stores the key is first leased to the request (driver.Leaser), in
+// a transaction of its own, and the handler's transaction fences the
+// lease before it commits.
 //
 // The response h writes is buffered until then; it cannot be streamed.
 func (m *Middleware[Tx]) Handler(h HandlerFunc[Tx]) http.Handler {
@@ -129,6 +144,10 @@ func (m *Middleware[Tx]) serve(w http.ResponseWriter, r *http.Request, h Handler
 	}
 	id := claimID(m.cfg.scope(r), key)
 	claim := driver.Claim{ID: id, Fingerprint: fingerprint(r, body)}
+	if m.locked {
+		m.runLocked(w, r, h, claim, false)
+		return
+	}
 	ctx := r.Context()
 	lease, err := m.acquire(ctx, claim)
 	if err != nil {
@@ -141,11 +160,9 @@ func (m *Middleware[Tx]) serve(w http.ResponseWriter, r *http.Request, h Handler
 	case driver.LeaseDone:
 		m.replay(w, r, id)
 	case driver.LeaseMismatch:
-		writeProblem(w, http.StatusUnprocessableEntity, problemMismatch, "Idempotency-Key reused for another request",
-			"a request with this key and a different method, URL or body was already processed", 0)
+		mismatch(w)
 	case driver.LeaseBusy:
-		writeProblem(w, http.StatusConflict, problemInProgress, "A request with this Idempotency-Key is in progress",
-			"retry after the time Retry-After gives", retryAfter(lease.Until))
+		inProgress(w, retryAfter(lease.Until))
 	default:
 		m.storeFailed(w, "acquiring the key's lease", fmt.Errorf("unknown lease result %v", lease.Result))
 	}
@@ -315,9 +332,26 @@ func (m *Middleware[Tx]) complete(ctx context.Context, w http.ResponseWriter, tx
 	return true
 }
 
+// mismatch answers 422 for a key used by another request.
+func mismatch(w http.ResponseWriter) {
+	writeProblem(w, http.StatusUnprocessableEntity, problemMismatch, "Idempotency-Key reused for another request",
+		"a request with this key and a different method, URL or body was already processed", 0)
+}
+
+// inProgress answers 409 for a key another request holds.
+func inProgress(w http.ResponseWriter, after int) {
+	writeProblem(w, http.StatusConflict, problemInProgress, "A request with this Idempotency-Key is in progress",
+		"retry after the time Retry-After gives", after)
+}
+
 // replay answers with the stored response of a completed key.
 func (m *Middleware[Tx]) replay(w http.ResponseWriter, r *http.Request, id string) {
-	s, found, err := m.tab.get(r.Context(), m.cfg.name, id)
+	s, found, err := m.tab.get(r.Context(), nil, m.cfg.name, id)
+	m.answerStored(w, s, found, err)
+}
+
+// answerStored answers with a stored response read with found and err.
+func (m *Middleware[Tx]) answerStored(w http.ResponseWriter, s stored, found bool, err error) {
 	if err != nil {
 		m.storeFailed(w, "reading the stored response", err)
 		return
@@ -386,12 +420,18 @@ func (m *Middleware[Tx]) keep(ctx context.Context, ref driver.LeaseRef, lost con
 
 // abort rolls txn back and releases the lease, so a retry runs at once.
 func (m *Middleware[Tx]) abort(ctx context.Context, txn driver.Txn[Tx], ref driver.LeaseRef) {
+	m.rollback(ctx, txn)
+	m.release(ctx, ref)
+}
+
+// rollback rolls txn back, even when ctx is done; after a commit it does
+// nothing.
+func (m *Middleware[Tx]) rollback(ctx context.Context, txn driver.Txn[Tx]) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := txn.Rollback(ctx); err != nil {
 		m.cfg.logger.WarnContext(ctx, "idempotency: rollback failed", "consumer", m.cfg.name, "err", err)
 	}
-	m.release(ctx, ref)
 }
 
 // release gives the key's lease up; a failure only makes a retry wait for

@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/storetest"
+	"github.com/jackc/pgx/v5"
 )
 
 // Twenty concurrent copies of one request: one effect, and every answer
@@ -194,6 +195,10 @@ func TestInProgress(t *testing.T) {
 	}
 	t.Run("held lease", func(t *testing.T) {
 		each(t, func(t *testing.T, f *fixture) {
+			if f.backend == "postgres" {
+				heldLock(t, f)
+				return
+			}
 			order := storetest.UniqueName("o")
 			ctx := context.Background()
 			l, err := f.leaser.Acquire(ctx, DefaultName, driver.Claim{ID: ordersID("k-" + order)}, time.Hour)
@@ -221,9 +226,14 @@ func TestInProgress(t *testing.T) {
 
 // A holder that crashed leaves a lease that expires: the next request
 // takes the key over and runs, and the old holder's fence fails, so it
-// could not complete the key if it came back.
+// could not complete the key if it came back. On Postgres see
+// deadLockHolder.
 func TestLeaseTakeover(t *testing.T) {
 	each(t, func(t *testing.T, f *fixture) {
+		if f.backend == "postgres" {
+			deadLockHolder(t, f)
+			return
+		}
 		order := storetest.UniqueName("o")
 		ctx := context.Background()
 		id := ordersID("k-" + order)
@@ -330,7 +340,8 @@ func TestPrune(t *testing.T) {
 }
 
 // A handler that runs longer than the lease keeps its key: the lease is
-// renewed, copies get 409 past the first expiry, and the effect is once.
+// renewed (on Postgres the transaction's lock holds), copies get 409 past
+// the first expiry, and the effect is once.
 func TestRenewal(t *testing.T) {
 	for _, b := range []string{"postgres", "mysql"} { // SQLite's write lock keeps the key (no renewal)
 		t.Run(b, func(t *testing.T) {
@@ -339,15 +350,21 @@ func TestRenewal(t *testing.T) {
 			order := storetest.UniqueName("o")
 			ctx := context.Background()
 			url, body, first, unblock := f.blockedFirst(t, order)
-			l, err := f.leaser.Acquire(ctx, DefaultName, driver.Claim{ID: ordersID("k-" + order)}, lease)
-			if err != nil || l.Result != driver.LeaseBusy {
-				t.Fatal(l, err)
-			}
-			firstUntil := l.Until
-			servicetest.WaitFor(t, 10*time.Second, "a renewal past the first expiry", func() bool {
+			if b == "postgres" {
+				// No lease to renew: the handler's transaction holds the
+				// key's lock for as long as it runs.
+				time.Sleep(2 * lease)
+			} else {
 				l, err := f.leaser.Acquire(ctx, DefaultName, driver.Claim{ID: ordersID("k-" + order)}, lease)
-				return err == nil && l.Result == driver.LeaseBusy && l.Until.After(firstUntil) && time.Now().After(firstUntil)
-			})
+				if err != nil || l.Result != driver.LeaseBusy {
+					t.Fatal(l, err)
+				}
+				firstUntil := l.Until
+				servicetest.WaitFor(t, 10*time.Second, "a renewal past the first expiry", func() bool {
+					l, err := f.leaser.Acquire(ctx, DefaultName, driver.Claim{ID: ordersID("k-" + order)}, lease)
+					return err == nil && l.Result == driver.LeaseBusy && l.Until.After(firstUntil) && time.Now().After(firstUntil)
+				})
+			}
 			problemOf(t, post(t, url, "k-"+order, body), http.StatusConflict)
 			close(unblock)
 			if a := <-first; a.status != http.StatusCreated {
@@ -382,4 +399,75 @@ func (f *fixture) blockedFirst(t *testing.T, order string) (url, body string, fi
 	}()
 	<-entered
 	return url, body, first, unblock
+}
+
+// heldLock: on Postgres a transaction holding the key's advisory lock
+// makes a request with the key 409 with Retry-After 1; once it ends, the
+// request runs.
+func heldLock(t *testing.T, f *fixture) {
+	order := storetest.UniqueName("o")
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(DefaultName, ordersID("k-"+order))); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, f.handler(f.orders()))
+	a := post(t, url, "k-"+order, `{"order":"`+order+`"}`)
+	problemOf(t, a, http.StatusConflict)
+	if a.header.Get("Retry-After") != "1" {
+		t.Fatalf("Retry-After %q, want 1", a.header.Get("Retry-After"))
+	}
+	if got := f.count(order); got != 0 {
+		t.Fatalf("%d effects while the key is held, want 0", got)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a := post(t, url, "k-"+order, `{"order":"`+order+`"}`); a.status != http.StatusCreated {
+		t.Fatalf("after the holder ended: %d %s", a.status, a.body)
+	}
+	if got := f.count(order); got != 1 {
+		t.Fatalf("%d effects, want 1", got)
+	}
+}
+
+// deadLockHolder: on Postgres a holder whose connection died (its socket
+// closed with its transaction open, the key locked and an effect
+// written) frees the key: a request then runs, and the dead holder's
+// effect is not in.
+func deadLockHolder(t *testing.T, f *fixture) {
+	order := storetest.UniqueName("o")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, servicetest.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(DefaultName, ordersID("k-"+order))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, f.insert, order); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, f.handler(f.orders()))
+	problemOf(t, post(t, url, "k-"+order, `{"order":"`+order+`"}`), http.StatusConflict)
+	conn.PgConn().Conn().Close() // the holder's process dies: no ROLLBACK, no Terminate
+	servicetest.WaitFor(t, 10*time.Second, "the dead holder's lock to end", func() bool {
+		a := post(t, url, "k-"+order, `{"order":"`+order+`"}`)
+		if a.status != http.StatusConflict && a.status != http.StatusCreated {
+			t.Fatalf("%d %s", a.status, a.body)
+		}
+		return a.status == http.StatusCreated
+	})
+	if got := f.count(order); got != 1 {
+		t.Fatalf("%d effects, want 1", got)
+	}
 }

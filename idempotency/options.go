@@ -17,7 +17,7 @@ const (
 	// DefaultTable is the stored responses' table.
 	DefaultTable = "idemq_http_responses"
 	// DefaultLease is how long a request in progress holds its key
-	// without a renewal.
+	// without a renewal, on the stores that hold keys by leases.
 	DefaultLease = 30 * time.Second
 	// DefaultMaxBody is the largest request body read, in bytes.
 	DefaultMaxBody = 1 << 20
@@ -91,11 +91,14 @@ func WithKeyOptional() Option {
 }
 
 // WithLease sets how long a request in progress holds its key without a
-// renewal. The middleware renews it every third of that while the handler
+// renewal, on the stores that hold keys by leases (MySQL/MariaDB,
+// SQLite). The middleware renews it every third of that while the handler
 // runs; after a crash the key is free again once the lease ran out, and a
 // retry then runs the request. Concurrent requests with the key are
 // answered 409 meanwhile, with Retry-After the lease's remaining seconds.
-// At least 30ms. Default 30s.
+// On PostgreSQL it has no effect: the handler's transaction holds the key
+// by an advisory lock for as long as it runs, and no longer than its
+// connection lives. At least 30ms. Default 30s.
 func WithLease(d time.Duration) Option {
 	return option.Set[config](pkg, "WithLease", option.AtLeast(d, 30*time.Millisecond), func(c *config) { c.lease = d })
 }

@@ -156,14 +156,17 @@ func (t *table) put(ctx context.Context, tx any, consumer, id string, s stored, 
 	return t.exec(ctx, tx, t.insert, consumer, id, s.status, h.String(), body, t.at(now))
 }
 
-// get reads a stored response through the pool; found is false when
-// there is none.
-func (t *table) get(ctx context.Context, consumer, id string) (s stored, found bool, err error) {
+// get reads a stored response in tx (a pgx.Tx), or through the pool when
+// tx is nil; found is false when there is none.
+func (t *table) get(ctx context.Context, tx pgx.Tx, consumer, id string) (s stored, found bool, err error) {
 	var h string
 	var row interface{ Scan(...any) error }
-	if t.pg != nil {
+	switch {
+	case tx != nil:
+		row = tx.QueryRow(ctx, t.lookup, consumer, id)
+	case t.pg != nil:
 		row = t.pg.QueryRow(ctx, t.lookup, consumer, id)
-	} else {
+	default:
 		row = t.db.QueryRowContext(ctx, t.lookup, consumer, id)
 	}
 	err = row.Scan(&s.status, &h, &s.body)
