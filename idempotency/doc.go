@@ -28,11 +28,12 @@
 //   - 500: the handler returned an error (nothing was applied or stored);
 //   - 503 with Retry-After: the database failed; a retry is safe.
 //
-// On PostgreSQL a request in progress holds its key by a
-// transaction-scoped advisory lock that its handler's transaction takes
-// first: copies that find it taken get 409 with Retry-After 1, and the
-// lock ends with the transaction, so a failed request, or one whose
-// process or connection died, holds the key no longer. On MySQL/MariaDB
+// On PostgreSQL a request in progress holds its key by the claim its
+// handler's transaction makes first and has not committed yet: a copy's
+// claim meets it, gives up after 100 ms instead of waiting
+// (driver.BusyClaimer) and is answered 409 with Retry-After 1, and the
+// uncommitted claim ends with the transaction, so a failed request, or
+// one whose process or connection died, holds the key no longer. On MySQL/MariaDB
 // and SQLite it holds the key under a lease of the store
 // (driver.Leaser), renewed while its handler runs; a process that crashed
 // holds it no longer than WithLease, after which a retry takes it over.

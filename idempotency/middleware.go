@@ -34,8 +34,8 @@ type Middleware[Tx any] struct {
 	leaser driver.Leaser // nil when locked
 	tab    *table
 	cfg    config
-	// locked: the store is PostgreSQL and a request in progress holds an
-	// advisory lock in its own transaction instead of a lease.
+	// locked: the store is PostgreSQL and a request in progress holds its
+	// key by its uncommitted claim instead of a lease.
 	locked bool
 
 	// afterCommit, when set, runs right after a request's transaction
@@ -48,8 +48,9 @@ type Middleware[Tx any] struct {
 // their own (WithTable) in the same database, which Migrate creates; its
 // SQL dialect follows the pool the store hands out through As (a
 // *pgxpool.Pool, or a *sql.DB of a MySQL/MariaDB or SQLite driver). On
-// PostgreSQL (a pgx.Tx store) a request in progress holds its key by a
-// transaction-scoped advisory lock; on the other stores by a lease, so
+// PostgreSQL (a pgx.Tx store) a request in progress holds its key by its
+// claim, not yet committed (driver.BusyClaimer); on the other stores by a
+// lease, so
 // store must hold leases there (driver.Leaser: the MySQL/MariaDB and
 // SQLite stores do). Bad options fail here, each error naming its option.
 func New[Tx any](store driver.Store[Tx], opts ...Option) (*Middleware[Tx], error) {
@@ -106,10 +107,10 @@ func (m *Middleware[Tx]) Prune(ctx context.Context, before time.Time, limit int)
 //     when h returns nil the response is stored in that transaction,
 //     which commits before the response is written.
 //
-// On PostgreSQL the transaction's first statement takes the key's
-// advisory lock (pg_try_advisory_xact_lock); a lock held by another
-// transaction means in progress (409, Retry-After 1), and the lock ends
-// with the transaction, also when its process or connection dies. On the
+// On PostgreSQL the transaction's first statement claims the key, giving
+// up after 100 ms on a claim of another transaction not yet committed:
+// that means in progress (409, Retry-After 1), and an uncommitted claim
+// ends with its transaction, also when its process or connection dies. On the
 // other stores the key is first leased to the request (driver.Leaser), in
 // a transaction of its own, and the handler's transaction fences the
 // lease before it commits.
@@ -145,7 +146,7 @@ func (m *Middleware[Tx]) serve(w http.ResponseWriter, r *http.Request, h Handler
 	id := claimID(m.cfg.scope(r), key)
 	claim := driver.Claim{ID: id, Fingerprint: fingerprint(r, body)}
 	if m.locked {
-		m.runLocked(w, r, h, claim, false)
+		m.runLocked(w, r, h, claim)
 		return
 	}
 	ctx := r.Context()

@@ -401,9 +401,9 @@ func (f *fixture) blockedFirst(t *testing.T, order string) (url, body string, fi
 	return url, body, first, unblock
 }
 
-// heldLock: on Postgres a transaction holding the key's advisory lock
-// makes a request with the key 409 with Retry-After 1; once it ends, the
-// request runs.
+// heldLock: on Postgres a transaction holding the key's claim, not yet
+// committed, makes a request with the key 409 with Retry-After 1; once it
+// ends, the request runs.
 func heldLock(t *testing.T, f *fixture) {
 	order := storetest.UniqueName("o")
 	ctx := context.Background()
@@ -412,9 +412,7 @@ func heldLock(t *testing.T, f *fixture) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(DefaultName, ordersID("k-"+order))); err != nil {
-		t.Fatal(err)
-	}
+	holdClaim(t, tx, f, order)
 	url := serve(t, f.handler(f.orders()))
 	a := post(t, url, "k-"+order, `{"order":"`+order+`"}`)
 	problemOf(t, a, http.StatusConflict)
@@ -436,7 +434,7 @@ func heldLock(t *testing.T, f *fixture) {
 }
 
 // deadLockHolder: on Postgres a holder whose connection died (its socket
-// closed with its transaction open, the key locked and an effect
+// closed with its transaction open, the key claimed and an effect
 // written) frees the key: a request then runs, and the dead holder's
 // effect is not in.
 func deadLockHolder(t *testing.T, f *fixture) {
@@ -451,16 +449,14 @@ func deadLockHolder(t *testing.T, f *fixture) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(DefaultName, ordersID("k-"+order))); err != nil {
-		t.Fatal(err)
-	}
+	holdClaim(t, tx, f, order)
 	if _, err := tx.Exec(ctx, f.insert, order); err != nil {
 		t.Fatal(err)
 	}
 	url := serve(t, f.handler(f.orders()))
 	problemOf(t, post(t, url, "k-"+order, `{"order":"`+order+`"}`), http.StatusConflict)
 	conn.PgConn().Conn().Close() // the holder's process dies: no ROLLBACK, no Terminate
-	servicetest.WaitFor(t, 10*time.Second, "the dead holder's lock to end", func() bool {
+	servicetest.WaitFor(t, 10*time.Second, "the dead holder's claim to end", func() bool {
 		a := post(t, url, "k-"+order, `{"order":"`+order+`"}`)
 		if a.status != http.StatusConflict && a.status != http.StatusCreated {
 			t.Fatalf("%d %s", a.status, a.body)
@@ -469,5 +465,15 @@ func deadLockHolder(t *testing.T, f *fixture) {
 	})
 	if got := f.count(order); got != 1 {
 		t.Fatalf("%d effects, want 1", got)
+	}
+}
+
+// holdClaim claims order's key in tx, as a request in progress has, and
+// leaves it uncommitted.
+func holdClaim(t *testing.T, tx pgx.Tx, f *fixture, order string) {
+	t.Helper()
+	if _, err := tx.Exec(context.Background(), `INSERT INTO `+f.names.Claims+` (consumer, message_id) VALUES ($1, $2)`,
+		DefaultName, ordersID("k-"+order)); err != nil {
+		t.Fatal(err)
 	}
 }

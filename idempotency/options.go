@@ -97,7 +97,7 @@ func WithKeyOptional() Option {
 // retry then runs the request. Concurrent requests with the key are
 // answered 409 meanwhile, with Retry-After the lease's remaining seconds.
 // On PostgreSQL it has no effect: the handler's transaction holds the key
-// by an advisory lock for as long as it runs, and no longer than its
+// by its uncommitted claim for as long as it runs, and no longer than its
 // connection lives. At least 30ms. Default 30s.
 func WithLease(d time.Duration) Option {
 	return option.Set[config](pkg, "WithLease", option.AtLeast(d, 30*time.Millisecond), func(c *config) { c.lease = d })

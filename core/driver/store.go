@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -81,6 +82,21 @@ type Txn[Tx any] interface {
 	// Rollback aborts the transaction. It is safe to call after Commit or
 	// a failed Commit.
 	Rollback(ctx context.Context) error
+}
+
+// ErrClaimBusy is returned, wrapped, by BusyClaimer.ClaimOrBusy when
+// another open transaction holds one of the ids.
+var ErrClaimBusy = errors.New("another open transaction holds the claim")
+
+// BusyClaimer is implemented by transactions that can claim without
+// waiting for a concurrent claimer, for callers that answer "in progress"
+// instead of waiting (an HTTP request's copy gets 409 while the first runs).
+type BusyClaimer interface {
+	// ClaimOrBusy is Claim, except that when another open transaction
+	// holds one of the ids it waits at most wait, then fails with an error
+	// wrapping ErrClaimBusy; the transaction is then unusable and must be
+	// rolled back. Statements after the claim wait for locks as usual.
+	ClaimOrBusy(ctx context.Context, consumer string, claims []Claim, wait time.Duration) ([]ClaimResult, error)
 }
 
 // Savepointer is implemented by transactions that can roll back part of

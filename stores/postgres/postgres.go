@@ -73,6 +73,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -448,11 +449,55 @@ type Txn struct {
 	done   bool          // committed by FlushCommit: Rollback does nothing
 	s      *Store
 	handle *queuingTx
+	// busyWait is the lock_timeout of a ClaimOrBusy claim, sent in the
+	// claim's round trip when it begins the transaction; 0 otherwise.
+	busyWait time.Duration
 }
 
 var (
 	_ driver.Flusher        = (*Txn)(nil)
 	_ driver.FlushCommitter = (*Txn)(nil)
+	_ driver.BusyClaimer    = (*Txn)(nil)
+)
+
+// lockNotAvailable is SQLSTATE 55P03: a lock wait ran past lock_timeout.
+const lockNotAvailable = "55P03"
+
+// ClaimOrBusy implements driver.BusyClaimer: the claim runs under a
+// transaction-local lock_timeout of wait (at least 1 ms), set and reset in
+// the claim's own round trip when the claim begins the transaction, so
+// that a claim meeting another transaction's uncommitted claim of an id
+// fails with driver.ErrClaimBusy instead of waiting for it to end.
+func (t *Txn) ClaimOrBusy(ctx context.Context, consumer string, claims []driver.Claim, wait time.Duration) ([]driver.ClaimResult, error) {
+	wait = max(wait, time.Millisecond)
+	timeout := strconv.FormatInt(wait.Milliseconds(), 10) + "ms"
+	var res []driver.ClaimResult
+	var err error
+	if t.tx == nil && t.s.cfg.period == 0 {
+		t.busyWait = wait
+		res, err = t.Claim(ctx, consumer, claims)
+		t.busyWait = 0
+	} else {
+		t.Tx() // begins the transaction if nothing did
+		if _, err = t.tx.Exec(ctx, setLockTimeout, timeout); err == nil {
+			res, err = t.Claim(ctx, consumer, claims)
+			if err == nil {
+				_, err = t.tx.Exec(ctx, resetLockTimeout)
+			}
+		}
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == lockNotAvailable {
+		return nil, fmt.Errorf("postgres: claim %d ids for %q: %w", len(claims), consumer, driver.ErrClaimBusy)
+	}
+	return res, err
+}
+
+// The statements around a ClaimOrBusy claim. set_config takes the value
+// as a parameter, which SET does not; RESET restores the session's value,
+// the one the connection was opened with.
+const (
+	setLockTimeout   = `SELECT set_config('lock_timeout', $1, true)`
+	resetLockTimeout = `RESET lock_timeout`
 )
 
 // Tx returns the transaction for the handler's business effect. It is a
@@ -673,12 +718,24 @@ func (t *Txn) query(ctx context.Context, sql string, args ...any) (rows pgx.Rows
 	t.conn = c // Rollback releases it, whatever happens next
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
+	if t.busyWait > 0 {
+		b.Queue(setLockTimeout, strconv.FormatInt(t.busyWait.Milliseconds(), 10)+"ms")
+	}
 	b.Queue(sql, args...)
+	if t.busyWait > 0 {
+		b.Queue(resetLockTimeout)
+	}
 	br := c.SendBatch(ctx, b)
 	t.setTx(br.Tx())
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	if t.busyWait > 0 {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, nil, fmt.Errorf("begin: %w", err)
+		}
 	}
 	if rows, err = br.Query(); err != nil {
 		br.Close()
