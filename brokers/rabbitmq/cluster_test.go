@@ -312,6 +312,21 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 		t.Fatal(err)
 	}
 	src.Close()
+	// A node NodeLoss restarted may not be a working member of the new
+	// queue yet: stopping another then leaves the queue without a quorum,
+	// and every publish is nacked until the stopped node returns.
+	servicetest.WaitFor(t, time.Minute, "every member of the quorum queue online", func() bool {
+		out, err := c.Ctl(0, "list_queues", "-q", "--no-table-headers", "name", "online")
+		if err != nil {
+			return false
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == q {
+				return strings.Count(line, "@") == c.Len()
+			}
+		}
+		return false
+	})
 	pub, err := NewPublisher(ctx, c.URL(), WithRoutingKey(q))
 	if err != nil {
 		t.Fatal(err)
