@@ -42,6 +42,10 @@
 //	                          the addresses the brokers give clients in
 //	                          metadata instead of their own, for a proxy in
 //	                          front of each (needs a fixed -addr port)
+//	-config ""                KEY=VALUE, repeatable: a broker config, for
+//	                          example group.share.record.lock.duration.ms=2000
+//	                          or group.share.delivery.count.limit=3 (share
+//	                          groups' lock and delivery limit)
 //
 // Cluster controls: with -control, kfake also accepts plain TCP connections
 // on that address and reads commands from them, one a line, answering each
@@ -118,6 +122,7 @@ type settings struct {
 	watchStdin bool
 	control    string
 	advertise  []*net.TCPAddr // by broker, or nil
+	configs    map[string]string
 }
 
 // saslUser is one -sasl value.
@@ -188,6 +193,15 @@ func parseFlags(args []string) (*settings, error) {
 		users = append(users, u)
 		return nil
 	})
+	configs := map[string]string{}
+	fs.Func("config", "KEY=VALUE, repeatable: a broker config (group.share.record.lock.duration.ms, group.share.delivery.count.limit, …)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE, got %q", v)
+		}
+		configs[k] = val
+		return nil
+	})
 	watch := fs.Bool("watch-stdin", false, "exit when standard input closes (for a parent process that holds the pipe)")
 	advertise := fs.String("advertise", "", "loopback host:port per broker, comma-separated, given to clients in metadata instead of the brokers' own (for a proxy in front of each; needs a fixed -addr port)")
 	control := fs.String("control", "", "loopback host:port of a listener for cluster control commands (move, shuffle, remove, add, …; port 0: a free port; default none)")
@@ -245,7 +259,7 @@ func parseFlags(args []string) (*settings, error) {
 	return &settings{advertise: adv,
 		host: host, port: port, brokers: *brokers, topics: specs, autoCreate: *auto, partitions: *parts,
 		minSession: *minSession, tlsCert: *tlsCert, tlsKey: *tlsKey, users: users, watchStdin: *watch,
-		control: *control,
+		control: *control, configs: configs,
 	}, nil
 }
 
@@ -300,6 +314,9 @@ func (s *settings) options() ([]kfake.Opt, error) {
 			ports[i] = s.port + i
 		}
 		opts = append(opts, kfake.Ports(ports...))
+	}
+	if len(s.configs) > 0 {
+		opts = append(opts, kfake.BrokerConfigs(s.configs))
 	}
 	if s.autoCreate {
 		opts = append(opts, kfake.AllowAutoTopicCreation())

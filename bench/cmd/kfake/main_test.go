@@ -12,13 +12,17 @@ import (
 
 func TestParseFlags(t *testing.T) {
 	s, err := parseFlags([]string{"-addr", "127.0.0.1:0", "-brokers", "3", "-topics", "a:3,b", "-auto-create=false",
-		"-min-session-timeout", "100ms", "-sasl", "scram-sha-512:u1:p:w:d", "-sasl", "PLAIN:u2:pw2"})
+		"-min-session-timeout", "100ms", "-sasl", "scram-sha-512:u1:p:w:d", "-sasl", "PLAIN:u2:pw2",
+		"-config", "group.share.delivery.count.limit=3", "-config", "group.share.record.lock.duration.ms=2000"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.host != "127.0.0.1" || s.port != 0 || s.brokers != 3 || s.autoCreate || s.minSession != 100*time.Millisecond ||
 		len(s.topics) != 2 || s.topics[0] != (topicSpec{"a", 3}) || s.topics[1] != (topicSpec{"b", 1}) {
 		t.Errorf("parsed %+v", s)
+	}
+	if len(s.configs) != 2 || s.configs["group.share.delivery.count.limit"] != "3" || s.configs["group.share.record.lock.duration.ms"] != "2000" {
+		t.Errorf("configs %v", s.configs)
 	}
 	want := []saslUser{{"SCRAM-SHA-512", "u1", "p:w:d"}, {"PLAIN", "u2", "pw2"}}
 	if len(s.users) != 2 || s.users[0] != want[0] || s.users[1] != want[1] {
@@ -73,6 +77,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"-sasl", "GSSAPI:u:" + secret}, "mechanism must be"},
 		{[]string{"-sasl", "PLAIN:" + secret}, "MECHANISM:USER:PASSWORD"},
 		{[]string{"extra"}, "unexpected argument"},
+		{[]string{"-config", "group.share.delivery.count.limit"}, "want KEY=VALUE"},
 		{[]string{"-addr", "127.0.0.1:0", "-advertise", "127.0.0.1:9000"}, "fixed -addr port"},
 		{[]string{"-addr", "127.0.0.1:9092", "-brokers", "2", "-advertise", "127.0.0.1:9000"}, "one address per broker"},
 		{[]string{"-addr", "127.0.0.1:9092", "-advertise", "10.0.0.1:9000"}, "-advertise \"10.0.0.1:9000\": host must be a loopback"},
