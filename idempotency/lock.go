@@ -76,27 +76,8 @@ func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h Han
 	rec := newRecorder()
 	if err := h(rec, r, txn.Tx()); err != nil {
 		m.rollback(ctx, txn)
-		m.cfg.logger.ErrorContext(ctx, "idempotency: handler failed; nothing was stored", "consumer", m.cfg.name, "err", err)
-		writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed",
-			"nothing was applied; retry with the same Idempotency-Key", 0)
+		m.handlerFailed(ctx, w, err)
 		return
 	}
-	res := rec.result(m.cfg.headers)
-	err = m.tab.put(ctx, txn.Tx(), m.cfg.name, claim.ID, res, time.Now())
-	if err == nil {
-		if fc, ok := txn.(driver.FlushCommitter); ok {
-			err = fc.FlushCommit(ctx)
-		} else {
-			err = txn.Commit(ctx)
-		}
-	}
-	if err != nil {
-		m.rollback(ctx, txn)
-		m.storeFailed(w, "completing the key", err)
-		return
-	}
-	if m.afterCommit != nil {
-		m.afterCommit()
-	}
-	send(w, rec.header, res.status, res.body)
+	m.commitAndSend(ctx, w, txn, claim.ID, rec, "completing the key", func() { m.rollback(ctx, txn) })
 }

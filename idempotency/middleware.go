@@ -273,24 +273,21 @@ func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h HandlerFu
 	stopRenew()
 	if herr != nil {
 		m.abort(ctx, txn, ref)
-		m.cfg.logger.ErrorContext(ctx, "idempotency: handler failed; nothing was stored", "consumer", m.cfg.name, "err", herr)
-		writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed",
-			"nothing was applied; retry with the same Idempotency-Key", 0)
+		m.handlerFailed(ctx, w, herr)
 		return
 	}
-	res := rec.result(m.cfg.headers)
-	if !m.complete(ctx, w, txn, claim.ID, ref, res) {
+	if !m.fence(ctx, w, txn, ref) {
 		return
 	}
-	if m.afterCommit != nil {
-		m.afterCommit()
-	}
-	send(w, rec.header, res.status, res.body)
+	// A failed commit may have committed; if not, the lease is freed for
+	// the retry.
+	m.commitAndSend(ctx, w, txn, claim.ID, rec, "committing", func() { m.abort(ctx, txn, ref) })
 }
 
-// complete fences the lease and stores res in txn, whose claim of id is
-// made, and commits; false means the request was answered otherwise.
-func (m *Middleware[Tx]) complete(ctx context.Context, w http.ResponseWriter, txn driver.Txn[Tx], id string, ref driver.LeaseRef, res stored) bool {
+// fence fences the lease in txn, so that txn commits only while the
+// lease is still the request's; false means the request was answered
+// otherwise.
+func (m *Middleware[Tx]) fence(ctx context.Context, w http.ResponseWriter, txn driver.Txn[Tx], ref driver.LeaseRef) bool {
 	f, ok := txn.(driver.Fencer)
 	if !ok {
 		m.abort(ctx, txn, ref)
@@ -314,23 +311,44 @@ func (m *Middleware[Tx]) complete(ctx context.Context, w http.ResponseWriter, tx
 			"this request's hold on the key expired and another request took it over; retry to get its response", 1)
 		return false
 	}
+	return true
+}
+
+// handlerFailed answers 500 for a handler that returned err; its
+// transaction is rolled back, so nothing was applied or stored.
+func (m *Middleware[Tx]) handlerFailed(ctx context.Context, w http.ResponseWriter, err error) {
+	m.cfg.logger.ErrorContext(ctx, "idempotency: handler failed; nothing was stored", "consumer", m.cfg.name, "err", err)
+	writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed",
+		"nothing was applied; retry with the same Idempotency-Key", 0)
+}
+
+// commitAndSend completes the key id in txn, whose claim of it is made
+// and which holds the handler's effect: it stores the response rec holds,
+// commits, runs the afterCommit hook and sends the response. When the
+// store fails it calls undo, which rolls txn back and frees the key, and
+// answers 503, naming commitStep when the commit is what failed.
+func (m *Middleware[Tx]) commitAndSend(ctx context.Context, w http.ResponseWriter, txn driver.Txn[Tx], id string, rec *recorder, commitStep string, undo func()) {
+	res := rec.result(m.cfg.headers)
 	if err := m.tab.put(ctx, txn.Tx(), m.cfg.name, id, res, time.Now()); err != nil {
-		m.abort(ctx, txn, ref)
+		undo()
 		m.storeFailed(w, "completing the key", err)
-		return false
+		return
 	}
+	var err error
 	if fc, ok := txn.(driver.FlushCommitter); ok {
 		err = fc.FlushCommit(ctx)
 	} else {
 		err = txn.Commit(ctx)
 	}
 	if err != nil {
-		// It may have committed; if not, the lease is freed for the retry.
-		m.abort(ctx, txn, ref)
-		m.storeFailed(w, "committing", err)
-		return false
+		undo()
+		m.storeFailed(w, commitStep, err)
+		return
 	}
-	return true
+	if m.afterCommit != nil {
+		m.afterCommit()
+	}
+	send(w, rec.header, res.status, res.body)
 }
 
 // mismatch answers 422 for a key used by another request.

@@ -117,13 +117,19 @@ type DeadLetter struct {
 }
 
 func (h Harness) withDefaults() Harness {
-	if h.ReceiveTimeout <= 0 {
-		h.ReceiveTimeout = 10 * time.Second
-	}
-	if h.Quiet <= 0 {
-		h.Quiet = 500 * time.Millisecond
-	}
+	timeoutDefaults(&h.ReceiveTimeout, &h.Quiet)
 	return h
+}
+
+// timeoutDefaults sets the defaults of the ReceiveTimeout and Quiet of a
+// Harness or PushHarness where they are not positive.
+func timeoutDefaults(receiveTimeout, quiet *time.Duration) {
+	if *receiveTimeout <= 0 {
+		*receiveTimeout = 10 * time.Second
+	}
+	if *quiet <= 0 {
+		*quiet = 500 * time.Millisecond
+	}
 }
 
 // Run runs every case of the suite as a subtest of t.

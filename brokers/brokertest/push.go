@@ -93,12 +93,7 @@ func (a Answer) String() string {
 }
 
 func (h PushHarness) withDefaults() PushHarness {
-	if h.ReceiveTimeout <= 0 {
-		h.ReceiveTimeout = 10 * time.Second
-	}
-	if h.Quiet <= 0 {
-		h.Quiet = 500 * time.Millisecond
-	}
+	timeoutDefaults(&h.ReceiveTimeout, &h.Quiet)
 	return h
 }
 
