@@ -1,0 +1,486 @@
+package kafkashare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/deadletter"
+	"github.com/idemq/idemq/core/driver/unsettled"
+)
+
+// Scheme is the URL scheme of a share-group Source.
+const Scheme = "kafka+share"
+
+// HeaderGroup is the record header of a dead-lettered copy naming the
+// share group that parked it, as the kafka:// adapter writes it.
+const HeaderGroup = "idemq-group"
+
+// key names one acquired record of the topic.
+type key struct {
+	partition int32
+	offset    int64
+}
+
+type entry = unsettled.Entry[key, *received]
+
+// Source consumes one topic as a member of a Kafka share group (KIP-932).
+// It implements driver's Source, BatchSettler, WindowSetter, LoggerSetter
+// and DeliveryLimiter. Receive may be called from several goroutines.
+type Source struct {
+	c      config
+	admin  *kgo.Client // configs and dead-letter copies
+	lock   time.Duration
+	limit  int
+	set    *unsettled.Set[key, *received]
+	log    unsettled.Logger
+	delays unsettled.Delays
+	fetch  sync.Mutex // held while polling
+	room   chan struct{}
+	done   chan struct{} // closed by Close
+	stopHB context.CancelFunc
+	hb     sync.WaitGroup
+
+	mu      sync.Mutex
+	cl      *kgo.Client // the share-group member, made at the first Receive
+	buf     []*entry    // polled, not yet handed out
+	held    int         // retries waiting out their delay before their release
+	window  int
+	closed  bool
+	ackErrs map[int32]error // the broker's refusals of acknowledgements, by partition
+}
+
+// Open opens a Source for the kafka+share:// URL raw (see the package
+// documentation), applying opts after its parameters. It reads the
+// share group's record lock and delivery-count limit from the brokers, and
+// sets the group's share.auto.offset.reset as WithStart says. The group is
+// joined at the first Receive.
+func Open(ctx context.Context, raw string, opts ...Option) (*Source, error) {
+	c, err := resolve(raw, opts)
+	if err != nil {
+		return nil, err
+	}
+	admin, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.brokers...)}, c.kgoOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkashare: %w", err)
+	}
+	s := &Source{c: c, admin: admin, window: c.window, room: make(chan struct{}, 1), done: make(chan struct{}), ackErrs: map[int32]error{}}
+	s.log.Init(c.logger)
+	if s.lock, s.limit, err = groupSettings(ctx, admin, c.group); err == nil {
+		err = setStart(ctx, admin, c.group, c.start)
+	}
+	if err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("kafkashare: share group %s: %w", c.group, err)
+	}
+	// A tenth short of the lock: the broker starts it before the records
+	// reach this process.
+	s.set = unsettled.New[key, *received](s.lock*9/10, c.maxExtension)
+	hb, stop := context.WithCancel(context.Background())
+	s.stopHB = stop
+	s.hb.Go(func() { unsettled.Heartbeat(hb, s.lock/4, s.beat) })
+	return s, nil
+}
+
+// SetLogger implements driver.LoggerSetter.
+func (s *Source) SetLogger(l *slog.Logger) { s.log.SetLogger(l) }
+
+// SetWindow implements driver.WindowSetter: a poll acquires at most n
+// records.
+func (s *Source) SetWindow(n int) error {
+	if n < 1 {
+		return fmt.Errorf("kafkashare: window %d must be positive", n)
+	}
+	s.mu.Lock()
+	s.window = n
+	s.mu.Unlock()
+	return nil
+}
+
+// DeliveryLimit implements driver.DeliveryLimiter: the share group's
+// delivery-count limit, after which the broker archives a record.
+func (s *Source) DeliveryLimit(context.Context) (int, bool) { return s.limit, s.limit > 0 }
+
+// RecordLock returns the share group's acquisition lock: how long the
+// broker lets a record wait for its acknowledgement or a renewal.
+func (s *Source) RecordLock() time.Duration { return s.lock }
+
+// Receive implements driver.Source. The records of one poll are all
+// settled before the next poll: franz-go accepts, at a poll, every record
+// of the previous one left without an acknowledgement.
+func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
+	for {
+		s.fetch.Lock()
+		d, err := s.next(ctx)
+		s.fetch.Unlock()
+		if d != nil || err != nil {
+			return d, err
+		}
+	}
+}
+
+// next hands out a polled record, or polls; nil, nil: nothing yet.
+func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, driver.ErrSourceClosed
+	}
+	if len(s.buf) > 0 {
+		e := s.buf[0]
+		s.buf = s.buf[1:]
+		s.mu.Unlock()
+		return &delivery{s, e}, nil
+	}
+	busy := s.held > 0
+	s.mu.Unlock()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	now := time.Now()
+	for _, e := range s.set.All() {
+		if lapses := s.set.Lapses(e); lapses.After(now) {
+			busy = true
+			continue
+		}
+		// Its lock is gone as far as this process can tell; were it
+		// not, the next poll would accept a record still undecided.
+		s.set.Drop(e, unsettled.ErrLeaseLapsed)
+		e.D.r.Ack(kgo.AckRelease)
+	}
+	if busy {
+		select {
+		case <-s.room:
+		case <-s.done:
+		case <-ctx.Done():
+		case <-time.After(s.lock / 10):
+		}
+		return nil, nil
+	}
+	return nil, s.poll(ctx)
+}
+
+// member returns the share-group client, joining the group the first time.
+func (s *Source) member() (*kgo.Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cl != nil {
+		return s.cl, nil
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(s.c.brokers...),
+		kgo.ConsumeTopics(s.c.topic),
+		kgo.ShareGroup(s.c.group),
+		// No more than a window acquired at a time: a record waiting in
+		// franz-go's buffer would spend its lock there.
+		kgo.ShareMaxRecords(int32(s.window)),
+		kgo.ShareMaxRecordsStrict(),
+		kgo.ShareAckCallback(s.acked),
+	}, s.c.kgoOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkashare: %w", err)
+	}
+	s.cl = cl
+	return cl, nil
+}
+
+// poll acquires up to a window of records into the buffer.
+func (s *Source) poll(ctx context.Context) error {
+	cl, err := s.member()
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
+	s.mu.Lock()
+	window := s.window
+	s.mu.Unlock()
+	fs := cl.PollRecords(pctx, window)
+	var errs []error
+	fs.EachError(func(topic string, partition int32, err error) {
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, kgo.ErrClientClosed) {
+			errs = append(errs, fmt.Errorf("kafkashare: polling %s[%d] in share group %s: %w", topic, partition, s.c.group, err))
+		}
+	})
+	now := time.Now()
+	fs.EachRecord(func(r *kgo.Record) {
+		m := s.message(r, now)
+		s.mu.Lock()
+		if e := s.set.Add(key{r.Partition, r.Offset}, m); e != nil {
+			s.buf = append(s.buf, e)
+		} else {
+			r.Ack(kgo.AckRelease) // closed meanwhile: give it back
+		}
+		s.mu.Unlock()
+	})
+	return errors.Join(errs...)
+}
+
+// received is a polled record's Message and what its Metadata reads.
+type received struct {
+	driver.Message
+	s *Source
+	r *kgo.Record
+}
+
+// message makes r's Message: its id from the id header, else
+// topic/partition/offset.
+func (s *Source) message(r *kgo.Record, now time.Time) *received {
+	m := &received{s: s, r: r}
+	m.Headers = make(map[string]string, len(r.Headers))
+	for _, h := range r.Headers {
+		m.Headers[h.Key] = string(h.Value)
+	}
+	m.ID = m.Headers[s.c.idHeader]
+	if m.ID == "" {
+		m.ID = origin(r)
+	}
+	m.Body, m.Key, m.Source, m.System = r.Value, string(r.Key), r.Topic, "kafka"
+	m.Attempt, m.ReceivedAt = max(int(r.DeliveryCount()), 1), now
+	m.Metadata = (*metadata)(m)
+	return m
+}
+
+// origin names r as topic/partition/offset.
+func origin(r *kgo.Record) string {
+	return r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
+}
+
+// metadata is a received record's Message.Metadata, read from it when
+// asked.
+type metadata received
+
+// All yields the topic, share group, partition, offset and delivery count.
+func (m *metadata) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		_ = yield("messaging.destination.name", m.r.Topic) &&
+			yield("messaging.consumer.group.name", m.s.c.group) &&
+			yield("messaging.destination.partition.id", strconv.Itoa(int(m.r.Partition))) &&
+			yield("messaging.kafka.offset", strconv.FormatInt(m.r.Offset, 10)) &&
+			yield("messaging.kafka.delivery_count", strconv.Itoa(int(m.r.DeliveryCount())))
+	}
+}
+
+// acked is franz-go's ShareAckCallback: it keeps the broker's refusals
+// for the settlements that flush them.
+func (s *Source) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range rs {
+		if r.Err != nil {
+			s.ackErrs[r.Partition] = r.Err
+		}
+	}
+}
+
+// flush sends the acknowledgements marked so far and reports the broker's
+// refusals on the partitions of es: their records come back.
+func (s *Source) flush(ctx context.Context, es ...*entry) error {
+	s.mu.Lock()
+	cl := s.cl
+	s.mu.Unlock()
+	if err := cl.FlushAcks(ctx); err != nil {
+		return fmt.Errorf("kafkashare: flushing acknowledgements of %s: %w", s.c.topic, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, e := range es {
+		if err, ok := s.ackErrs[e.Key.partition]; ok {
+			delete(s.ackErrs, e.Key.partition)
+			errs = append(errs, driver.Stale(fmt.Errorf("the broker refused the acknowledgement of %s[%d]: %w", s.c.topic, e.Key.partition, err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// beat renews the locks of records still being decided, up to
+// WithMaxExtension.
+func (s *Source) beat(now time.Time) {
+	due, sent := s.set.Due(now, s.lock/2), time.Now()
+	if len(due) == 0 {
+		return
+	}
+	for _, e := range due {
+		e.D.r.Ack(kgo.AckRenew)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.lock/4)
+	defer cancel()
+	if err := s.flush(ctx); err != nil {
+		s.log.Log().Warn("idemq kafkashare: renewing record locks failed; trying again next beat", "topic", s.c.topic, "records", len(due), "error", err)
+		return
+	}
+	s.set.Extended(due, sent)
+}
+
+// wake tells a waiting Receive that a settlement made room.
+func (s *Source) wake() {
+	select {
+	case s.room <- struct{}{}:
+	default:
+	}
+}
+
+// Close implements driver.Source: it leaves the share group, which
+// releases every record not yet settled; settling one afterwards returns
+// a stale error.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	closed := s.closed
+	s.closed, s.buf = true, nil
+	s.mu.Unlock()
+	if closed {
+		return nil
+	}
+	close(s.done)
+	s.fetch.Lock() // waits for a poll under way
+	s.fetch.Unlock()
+	s.stopHB()
+	s.hb.Wait()
+	s.delays.Stop() // retries still waiting are released by the leave
+	s.set.Close()
+	s.mu.Lock()
+	cl := s.cl
+	s.mu.Unlock()
+	if cl != nil {
+		cl.Close()
+	}
+	s.admin.Close()
+	return nil
+}
+
+// AckBatch implements driver.BatchSettler: the records are accepted, and
+// the acknowledgements flushed once.
+func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
+	own, errs := unsettled.Take("kafkashare", ds, func(d *delivery) bool { return d.s == s }, func(d *delivery) error { return d.claim(kgo.AckAccept) })
+	if len(own) == 0 {
+		return errors.Join(errs...)
+	}
+	es := make([]*entry, len(own))
+	for i, d := range own {
+		d.e.D.r.Ack(kgo.AckAccept)
+		es[i] = d.e
+	}
+	s.wake()
+	return errors.Join(append(errs, s.flush(ctx, es...))...)
+}
+
+// delivery is one record handed out by a Source.
+type delivery struct {
+	s *Source
+	e *entry
+}
+
+// Message implements driver.Delivery.
+func (d *delivery) Message() *driver.Message { return &d.e.D.Message }
+
+// claim claims d's settlement. A stale one sends nothing of its own, but
+// for a settlement other than an accept it releases the record: franz-go
+// would otherwise accept it at the next poll, a loss were the broker
+// still holding it for this member.
+func (d *delivery) claim(status kgo.AckStatus) error {
+	err := d.s.set.Settle(d.e)
+	if err != nil && errors.Is(err, driver.ErrStaleDelivery) && status != kgo.AckAccept {
+		d.e.D.r.Ack(kgo.AckRelease)
+	}
+	if err != nil {
+		d.s.wake()
+		return fmt.Errorf("kafkashare: record %s: %w", origin(d.e.D.r), err)
+	}
+	return nil
+}
+
+// settle claims d's settlement, marks status and flushes it.
+func (d *delivery) settle(ctx context.Context, status kgo.AckStatus) error {
+	if err := d.claim(status); err != nil {
+		return err
+	}
+	d.e.D.r.Ack(status)
+	d.s.wake()
+	return d.s.flush(ctx, d.e)
+}
+
+// Ack implements driver.Delivery with ACCEPT.
+func (d *delivery) Ack(ctx context.Context) error { return d.settle(ctx, kgo.AckAccept) }
+
+// Retry implements driver.Delivery with RELEASE, after delay: the record
+// stays locked to this member until then (no longer than its lock has
+// left, less a tenth), and the Source polls again only once it is
+// released.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
+	s := d.s
+	hold := min(delay, time.Until(s.set.Lapses(d.e))-s.lock/10)
+	if hold <= 0 {
+		return d.settle(ctx, kgo.AckRelease)
+	}
+	if err := d.claim(kgo.AckRelease); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.held++
+	s.mu.Unlock()
+	release := func() {
+		d.e.D.r.Ack(kgo.AckRelease)
+		s.mu.Lock()
+		s.held--
+		s.mu.Unlock()
+		s.wake()
+	}
+	if !s.delays.After(hold, release) {
+		release() // closing: the leave releases it anyway
+	}
+	return nil
+}
+
+// DeadLetter implements driver.Delivery: a copy of the record, with the
+// cause and the other bookkeeping headers, is produced to the dead-letter
+// topic, then the record is rejected (REJECT: the broker archives it).
+// When the copy fails the record is released, never rejected.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	if err := d.claim(kgo.AckReject); err != nil {
+		return err
+	}
+	s, r, m := d.s, d.e.D.r, &d.e.D.Message
+	mark := deadletter.Mark{Cause: deadletter.Cause(cause), Attempt: m.Attempt, Origin: origin(r), Destination: r.Topic, At: time.Now()}
+	extra := mark.Headers()
+	extra[HeaderGroup] = s.c.group
+	cp := &kgo.Record{Topic: s.c.deadLetterTopic, Key: r.Key, Value: r.Value, Timestamp: mark.At}
+	for _, h := range r.Headers {
+		if _, replaced := extra[h.Key]; !replaced {
+			cp.Headers = append(cp.Headers, h)
+		}
+	}
+	for _, k := range deadletter.Bookkeeping {
+		if v, ok := extra[k]; ok {
+			cp.Headers = append(cp.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+	}
+	cp.Headers = append(cp.Headers, kgo.RecordHeader{Key: HeaderGroup, Value: []byte(s.c.group)})
+	status := kgo.AckReject
+	perr := s.admin.ProduceSync(ctx, cp).FirstErr()
+	if perr != nil {
+		status = kgo.AckRelease
+	}
+	r.Ack(status)
+	s.wake()
+	if err := s.flush(ctx, d.e); err != nil || perr == nil {
+		return err
+	}
+	return fmt.Errorf("kafkashare: dead-lettering record %s to %s (released for redelivery): %w", origin(r), s.c.deadLetterTopic, perr)
+}
