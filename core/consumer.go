@@ -191,8 +191,9 @@ func (c *Consumer[Tx]) Stats() Stats {
 // and returns nil. If the source closes by itself, Run drains the same way
 // and returns an error wrapping ErrSourceClosed. With WithStrictRetention,
 // a store that keeps claims for less than the broker's redelivery horizon
-// makes Run close the source and return an error at once. Run may be
-// called once.
+// makes Run close the source and return an error at once; with
+// WithStrictDeliveryLimit, so does a broker that drops a message after
+// fewer deliveries than MaxAttempts. Run may be called once.
 func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("idemq: Consumer.Run called twice")
@@ -206,6 +207,10 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 		}
 	}
 	if err := c.checkRetention(ctx); err != nil {
+		c.src.Close()
+		return err
+	}
+	if err := c.checkDeliveryLimit(ctx); err != nil {
 		c.src.Close()
 		return err
 	}
@@ -318,6 +323,38 @@ func (c *Consumer[Tx]) checkRetention(ctx context.Context) error {
 	}
 	c.log.Warn("idemq: store retention is shorter than the broker's redelivery horizon: "+why,
 		"retention", retention, "redelivery_horizon", shown, "fix", fix)
+	return nil
+}
+
+// checkDeliveryLimit compares MaxAttempts with the delivery limit of a
+// broker that archives or drops a message at its limit: the Consumer
+// dead-letters a message whose handler keeps failing on its MaxAttempts-th
+// delivery (userFailure), so a limit below MaxAttempts lets the broker drop
+// it first, neither applied nor parked; a limit equal to it is enough. It
+// warns, or with WithStrictDeliveryLimit returns an error naming both
+// numbers.
+func (c *Consumer[Tx]) checkDeliveryLimit(ctx context.Context) error {
+	dl, ok := c.src.(driver.DeliveryLimiter)
+	if !ok {
+		return nil
+	}
+	limit, known := dl.DeliveryLimit(ctx)
+	if !known || limit >= c.cfg.maxAttempts {
+		return nil
+	}
+	fix := fmt.Sprintf("lower the Consumer's attempts to WithMaxAttempts(%d) or fewer, or raise the broker's delivery limit to at least %d", limit, c.cfg.maxAttempts)
+	if h, ok := c.src.(driver.DeliveryLimitHinter); ok {
+		if hint := h.DeliveryLimitHint(c.cfg.maxAttempts); hint != "" {
+			fix += ": " + hint
+		}
+	}
+	const why = "the broker would drop a message whose handler keeps failing before the Consumer dead-letters it: neither applied nor parked"
+	if c.cfg.strictDeliveryLimit {
+		return fmt.Errorf("idemq: consumer %s: the broker stops redelivering a message after %d deliveries, fewer than the Consumer's %d attempts: %s; %s (WithStrictDeliveryLimit)",
+			c.cfg.name, limit, c.cfg.maxAttempts, why, fix)
+	}
+	c.log.Warn("idemq: the broker's delivery limit is lower than the Consumer's MaxAttempts: "+why,
+		"delivery_limit", limit, "max_attempts", c.cfg.maxAttempts, "fix", fix)
 	return nil
 }
 

@@ -38,6 +38,9 @@ type config struct {
 	mismatch        Decision
 	isolation       Isolation
 	strictRetention bool
+	// strictDeliveryLimit refuses a broker whose delivery limit is below
+	// maxAttempts.
+	strictDeliveryLimit bool
 	// unboundedHorizon accepts a broker with no age limit.
 	unboundedHorizon bool
 }
@@ -132,7 +135,9 @@ func WithLinger(d time.Duration) Option {
 // WithMaxAttempts sets after how many deliveries a message whose handler
 // keeps failing with a transient error is dead-lettered. Default 5. Store
 // failures (begin, claim, commit) are retried without limit: an outage of
-// the database must not empty the queue into the dead-letter queue.
+// the database must not empty the queue into the dead-letter queue. n must
+// not exceed the delivery limit of a broker that drops a message at its
+// limit instead of parking it (see WithStrictDeliveryLimit).
 func WithMaxAttempts(n int) Option {
 	return set("WithMaxAttempts", option.AtLeast(n, 1), func(c *config) { c.maxAttempts = n })
 }
@@ -233,6 +238,20 @@ func WithStoreProbe(first, max time.Duration) Option {
 // applied twice. Default off: a warning at start-up.
 func WithStrictRetention() Option {
 	return func(c *config) error { c.strictRetention = true; return nil }
+}
+
+// WithStrictDeliveryLimit makes Run refuse to start, with an error naming
+// both numbers, when the broker stops redelivering a message after fewer
+// deliveries than WithMaxAttempts allows and archives or drops it rather
+// than parking it (a Kafka share group's
+// group.share.delivery.count.limit), instead of only warning. The broker
+// would then drop a message whose handler keeps failing before the
+// Consumer dead-letters it: neither applied nor parked. A limit equal to
+// MaxAttempts is enough, because the Consumer dead-letters a message whose
+// handler fails on its MaxAttempts-th delivery rather than retrying it.
+// Default off: a warning at start-up.
+func WithStrictDeliveryLimit() Option {
+	return func(c *config) error { c.strictDeliveryLimit = true; return nil }
 }
 
 // WithUnboundedHorizon accepts, knowingly, a broker that sets no age limit

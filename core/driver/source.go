@@ -4,7 +4,7 @@
 // stands apart from database/sql: a Source of Deliveries and a Publisher
 // for brokers, a Store of Txns for databases, the optional capabilities
 // the Consumer looks for (BatchSettler, WindowSetter, RedeliveryHorizoner,
-// Savepointer, Flusher, Leaser, …), and the registration of openers by URL
+// DeliveryLimiter, Savepointer, Flusher, Leaser, …), and the registration of openers by URL
 // scheme. Adapters import this package, never core; they prove themselves
 // with the conformance suites brokers/brokertest and stores/storetest.
 package driver
@@ -163,6 +163,29 @@ type RedeliveryHorizoner interface {
 // retention.ms). The Consumer puts the hint in its retention warning.
 type HorizonHinter interface {
 	HorizonHint(retention time.Duration) string
+}
+
+// DeliveryLimiter is implemented by sources whose broker stops
+// redelivering a message, archiving or dropping it rather than parking
+// it, once it was delivered a number of times without being acknowledged
+// (a Kafka share group's group.share.delivery.count.limit). DeliveryLimit
+// returns that number, the count of deliveries the broker makes at most;
+// the bool is false when it is not known. The Consumer warns at start-up
+// when its MaxAttempts is higher (or refuses to start, with
+// core.WithStrictDeliveryLimit), because the broker would then drop a
+// failing message before the Consumer dead-letters it. A broker that
+// parks the message in a dead-letter queue of its own at its limit (an
+// SQS maxReceiveCount) loses nothing and needs no DeliveryLimiter.
+type DeliveryLimiter interface {
+	DeliveryLimit(ctx context.Context) (int, bool)
+}
+
+// DeliveryLimitHinter is implemented by sources that can say how an
+// operator raises their broker's delivery limit to at least maxAttempts,
+// in the broker's own terms (the group config to set, and how). The
+// Consumer puts the hint in its delivery-limit warning.
+type DeliveryLimitHinter interface {
+	DeliveryLimitHint(maxAttempts int) string
 }
 
 // Unbounded is the redelivery horizon of a broker that keeps a message
