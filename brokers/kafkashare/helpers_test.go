@@ -40,8 +40,6 @@ func cluster(t testing.TB, limit int) string {
 		"-config", "group.share.session.timeout.ms=3000")
 }
 
-
-
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)

@@ -39,12 +39,15 @@ type config struct {
 	deadLetterTopic        string
 	start                  Start
 	maxExtension           time.Duration
-	window                 int
+	window, members        int
+	offsetID               bool
 	logger                 *slog.Logger
 	kgoOpts                []kgo.Opt
 }
 
-func set(name string, err error, f func(*config)) Option { return option.Set("kafkashare", name, err, f) }
+func set(name string, err error, f func(*config)) Option {
+	return option.Set("kafkashare", name, err, f)
+}
 
 func named(v string) error {
 	if v == "" {
@@ -57,13 +60,21 @@ func named(v string) error {
 func WithGroup(g string) Option { return set("WithGroup", named(g), func(c *config) { c.group = g }) }
 
 // WithIDHeader names the record header holding the business id. Default
-// "message-id", as the kafka:// Publisher writes it. A record without the
-// header takes topic/partition/offset as its id, which is the same on
-// every redelivery of the record (but not for a copy a producer sent
-// twice).
+// "message-id", as the kafka:// Publisher writes it. A record without it
+// is dead-lettered (ErrMissingID), unless WithOffsetID.
 func WithIDHeader(h string) Option {
 	return set("WithIDHeader", named(h), func(c *config) { c.idHeader = h })
 }
+
+// WithOffsetID gives a record without the id header the id
+// topic/partition/offset, which is the same on every redelivery of the
+// record: for producers that set no id. It does not catch a record a
+// producer sent twice (two offsets); and reset or recreated topics reuse
+// offsets, which would then be decided Duplicate. Default off: such a
+// record is dead-lettered.
+func WithOffsetID() Option { return offsetID(true) }
+
+func offsetID(on bool) Option { return set("WithOffsetID", nil, func(c *config) { c.offsetID = on }) }
 
 // WithDeadLetterTopic names the topic a parked record's copy is produced
 // to, with the cause in its headers, before the record is rejected.
@@ -113,11 +124,12 @@ var params = urlparam.Table[Option]{Scheme: Scheme, Params: map[string]urlparam.
 	"start":             urlparam.Choice("WithStart", map[string]Option{"first": WithStart(StartFirst), "last": WithStart(StartLast), "as-is": WithStart(StartAsIs)}),
 	"max_extension":     urlparam.Duration("WithMaxExtension", WithMaxExtension),
 	"window":            urlparam.Int("WithWindow", WithWindow),
+	"offset_id":         urlparam.Bool("WithOffsetID", offsetID),
 }}
 
 // resolve reads the URL raw and applies opts after its parameters.
 func resolve(raw string, opts []Option) (config, error) {
-	c := config{idHeader: "message-id", start: StartFirst, maxExtension: time.Hour, window: 100}
+	c := config{idHeader: "message-id", start: StartFirst, maxExtension: time.Hour, window: 100, members: 1}
 	u, err := redact.ParseURL(raw)
 	if err != nil {
 		return c, fmt.Errorf("kafka+share URL: %w", err)

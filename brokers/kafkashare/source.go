@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -50,12 +51,20 @@ type Source struct {
 	hb     sync.WaitGroup
 
 	mu      sync.Mutex
-	cl      *kgo.Client // the share-group member, made at the first Receive
-	buf     []*entry    // polled, not yet handed out
-	held    int         // retries waiting out their delay before their release
+	members []*member // joined as Receive needs them
+	buf     []*entry  // polled, not yet handed out
 	window  int
 	closed  bool
-	ackErrs map[int32]error // the broker's refusals of acknowledgements, by partition
+}
+
+// member is one share-group client of the Source. franz-go accepts, at a
+// poll, every record of the client's previous poll left without an
+// acknowledgement, so a member polls again only once every record of its
+// last poll is marked; the others poll meanwhile.
+type member struct {
+	cl     *kgo.Client
+	out    int       // records of its last poll not yet marked
+	polled time.Time // when it last polled
 }
 
 // Open opens a Source for the kafka+share:// URL raw (see the package
@@ -72,7 +81,7 @@ func Open(ctx context.Context, raw string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafkashare: %w", err)
 	}
-	s := &Source{c: c, admin: admin, window: c.window, room: make(chan struct{}, 1), done: make(chan struct{}), ackErrs: map[int32]error{}}
+	s := &Source{c: c, admin: admin, window: c.window, room: make(chan struct{}, 1), done: make(chan struct{})}
 	s.log.Init(c.logger)
 	if s.lock, s.limit, err = groupSettings(ctx, admin, c.group); err == nil {
 		err = setStart(ctx, admin, c.group, c.start)
@@ -140,23 +149,22 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 		s.mu.Unlock()
 		return &delivery{s, e}, nil
 	}
-	busy := s.held > 0
 	s.mu.Unlock()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
 	now := time.Now()
 	for _, e := range s.set.All() {
-		if lapses := s.set.Lapses(e); lapses.After(now) {
-			busy = true
-			continue
+		if !s.set.Lapses(e).After(now) {
+			// Its lock is gone as far as this process can tell; were it
+			// not, the member's next poll would accept a record still
+			// undecided.
+			s.set.Drop(e, unsettled.ErrLeaseLapsed)
+			s.mark(e.D, kgo.AckRelease)
 		}
-		// Its lock is gone as far as this process can tell; were it
-		// not, the next poll would accept a record still undecided.
-		s.set.Drop(e, unsettled.ErrLeaseLapsed)
-		e.D.r.Ack(kgo.AckRelease)
 	}
-	if busy {
+	m, n, err := s.free()
+	if m == nil && err == nil {
 		select {
 		case <-s.room:
 		case <-s.done:
@@ -165,40 +173,74 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 		}
 		return nil, nil
 	}
-	return nil, s.poll(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return nil, s.poll(ctx, m, n)
 }
 
-// member returns the share-group client, joining the group the first time.
-func (s *Source) member() (*kgo.Client, error) {
+// free returns a member with nothing outstanding, joining one if the
+// Source has fewer than WithMembers, and how many records it may poll: nil
+// when the window is full or every member is busy.
+func (s *Source) free() (*member, int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cl != nil {
-		return s.cl, nil
+	room := s.window
+	var idle *member
+	for _, m := range s.members {
+		room -= m.out
+		// The idle member that polled longest ago: what its last poll's
+		// fetch brought after the poll returned waits in its buffer.
+		if m.out == 0 && (idle == nil || m.polled.Before(idle.polled)) {
+			idle = m
+		}
 	}
-	opts := append([]kgo.Opt{
-		kgo.SeedBrokers(s.c.brokers...),
-		kgo.ConsumeTopics(s.c.topic),
-		kgo.ShareGroup(s.c.group),
-		// No more than a window acquired at a time: a record waiting in
-		// franz-go's buffer would spend its lock there.
-		kgo.ShareMaxRecords(int32(s.window)),
-		kgo.ShareMaxRecordsStrict(),
-		kgo.ShareAckCallback(s.acked),
-	}, s.c.kgoOpts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafkashare: %w", err)
+	if room <= 0 {
+		return nil, 0, nil
 	}
-	s.cl = cl
-	return cl, nil
+	if idle == nil && len(s.members) < s.c.members {
+		cl, err := kgo.NewClient(append([]kgo.Opt{
+			kgo.SeedBrokers(s.c.brokers...),
+			kgo.ConsumeTopics(s.c.topic),
+			kgo.ShareGroup(s.c.group),
+			// No more than a member's share acquired at a time: a record
+			// waiting in franz-go's buffer would spend its lock there.
+			kgo.ShareMaxRecords(int32(s.perMember())),
+			kgo.ShareMaxRecordsStrict(),
+			kgo.ShareAckCallback(s.acked),
+		}, s.c.kgoOpts...)...)
+		if err != nil {
+			return nil, 0, fmt.Errorf("kafkashare: %w", err)
+		}
+		idle = &member{cl: cl}
+		s.members = append(s.members, idle)
+	}
+	if idle == nil {
+		return nil, 0, nil
+	}
+	idle.polled = time.Now()
+	return idle, min(room, s.perMember()), nil
 }
 
-// poll acquires up to a window of records into the buffer.
-func (s *Source) poll(ctx context.Context) error {
-	cl, err := s.member()
-	if err != nil {
-		return err
+// perMember is the most records one member's poll takes: the window
+// shared among the members.
+func (s *Source) perMember() int { return (s.window + s.c.members - 1) / s.c.members }
+
+// mark gives r its acknowledgement, once, and counts it off its member.
+func (s *Source) mark(r *received, status kgo.AckStatus) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.marked {
+		return
 	}
+	r.marked = true
+	r.r.Ack(status)
+	r.m.out--
+	s.wake()
+}
+
+// poll acquires up to n records with m into the buffer.
+func (s *Source) poll(ctx context.Context, m *member, n int) error {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -208,10 +250,7 @@ func (s *Source) poll(ctx context.Context) error {
 		case <-pctx.Done():
 		}
 	}()
-	s.mu.Lock()
-	window := s.window
-	s.mu.Unlock()
-	fs := cl.PollRecords(pctx, window)
+	fs := m.cl.PollRecords(pctx, n)
 	var errs []error
 	fs.EachError(func(topic string, partition int32, err error) {
 		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, kgo.ErrClientClosed) {
@@ -220,14 +259,17 @@ func (s *Source) poll(ctx context.Context) error {
 	})
 	now := time.Now()
 	fs.EachRecord(func(r *kgo.Record) {
-		m := s.message(r, now)
+		rec := s.message(r, m, now)
 		s.mu.Lock()
-		if e := s.set.Add(key{r.Partition, r.Offset}, m); e != nil {
+		m.out++
+		e := s.set.Add(key{r.Partition, r.Offset}, rec)
+		if e != nil {
 			s.buf = append(s.buf, e)
-		} else {
-			r.Ack(kgo.AckRelease) // closed meanwhile: give it back
 		}
 		s.mu.Unlock()
+		if e == nil {
+			s.mark(rec, kgo.AckRelease) // closed meanwhile: give it back
+		}
 	})
 	return errors.Join(errs...)
 }
@@ -235,20 +277,22 @@ func (s *Source) poll(ctx context.Context) error {
 // received is a polled record's Message and what its Metadata reads.
 type received struct {
 	driver.Message
-	s *Source
-	r *kgo.Record
+	s      *Source
+	r      *kgo.Record
+	m      *member
+	marked bool // under s.mu
 }
 
-// message makes r's Message: its id from the id header, else
-// topic/partition/offset.
-func (s *Source) message(r *kgo.Record, now time.Time) *received {
-	m := &received{s: s, r: r}
+// message makes r's Message: its id from the id header, else (with
+// WithOffsetID) topic/partition/offset.
+func (s *Source) message(r *kgo.Record, mem *member, now time.Time) *received {
+	m := &received{s: s, r: r, m: mem}
 	m.Headers = make(map[string]string, len(r.Headers))
 	for _, h := range r.Headers {
 		m.Headers[h.Key] = string(h.Value)
 	}
 	m.ID = m.Headers[s.c.idHeader]
-	if m.ID == "" {
+	if m.ID == "" && s.c.offsetID {
 		m.ID = origin(r)
 	}
 	m.Body, m.Key, m.Source, m.System = r.Value, string(r.Key), r.Topic, "kafka"
@@ -277,37 +321,29 @@ func (m *metadata) All() iter.Seq2[string, string] {
 	}
 }
 
-// acked is franz-go's ShareAckCallback: it keeps the broker's refusals
-// for the settlements that flush them.
+// acked is franz-go's ShareAckCallback. The broker refuses the
+// acknowledgement of a record whose lock passed (the Source reckons that
+// lapse itself, and reports the settlement stale); the record comes back
+// and is decided again.
 func (s *Source) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for _, r := range rs {
 		if r.Err != nil {
-			s.ackErrs[r.Partition] = r.Err
+			s.log.Log().Info("idemq kafkashare: the broker refused acknowledgements; it delivers their records again", "topic", r.Topic, "partition", r.Partition, "error", r.Err)
 		}
 	}
 }
 
-// flush sends the acknowledgements marked so far and reports the broker's
-// refusals on the partitions of es: their records come back.
-func (s *Source) flush(ctx context.Context, es ...*entry) error {
+// flush sends the acknowledgements the members marked so far.
+func (s *Source) flush(ctx context.Context) error {
 	s.mu.Lock()
-	cl := s.cl
+	members := slices.Clone(s.members)
 	s.mu.Unlock()
-	if err := cl.FlushAcks(ctx); err != nil {
-		return fmt.Errorf("kafkashare: flushing acknowledgements of %s: %w", s.c.topic, err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var errs []error
-	for _, e := range es {
-		if err, ok := s.ackErrs[e.Key.partition]; ok {
-			delete(s.ackErrs, e.Key.partition)
-			errs = append(errs, driver.Stale(fmt.Errorf("the broker refused the acknowledgement of %s[%d]: %w", s.c.topic, e.Key.partition, err)))
+	for _, m := range members {
+		if err := m.cl.FlushAcks(ctx); err != nil {
+			return fmt.Errorf("kafkashare: flushing acknowledgements of %s: %w", s.c.topic, err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // beat renews the locks of records still being decided, up to
@@ -318,7 +354,7 @@ func (s *Source) beat(now time.Time) {
 		return
 	}
 	for _, e := range due {
-		e.D.r.Ack(kgo.AckRenew)
+		e.D.r.Ack(kgo.AckRenew) // a no-op once the record is marked
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.lock/4)
 	defer cancel()
@@ -356,11 +392,13 @@ func (s *Source) Close() error {
 	s.delays.Stop() // retries still waiting are released by the leave
 	s.set.Close()
 	s.mu.Lock()
-	cl := s.cl
+	members := s.members
 	s.mu.Unlock()
-	if cl != nil {
-		cl.Close()
+	var wg sync.WaitGroup
+	for _, m := range members {
+		wg.Go(m.cl.Close)
 	}
+	wg.Wait()
 	s.admin.Close()
 	return nil
 }
@@ -372,13 +410,10 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	if len(own) == 0 {
 		return errors.Join(errs...)
 	}
-	es := make([]*entry, len(own))
-	for i, d := range own {
-		d.e.D.r.Ack(kgo.AckAccept)
-		es[i] = d.e
+	for _, d := range own {
+		s.mark(d.e.D, kgo.AckAccept)
 	}
-	s.wake()
-	return errors.Join(append(errs, s.flush(ctx, es...))...)
+	return errors.Join(append(errs, s.flush(ctx))...)
 }
 
 // delivery is one record handed out by a Source.
@@ -390,17 +425,20 @@ type delivery struct {
 // Message implements driver.Delivery.
 func (d *delivery) Message() *driver.Message { return &d.e.D.Message }
 
-// claim claims d's settlement. A stale one sends nothing of its own, but
-// for a settlement other than an accept it releases the record: franz-go
-// would otherwise accept it at the next poll, a loss were the broker
-// still holding it for this member.
+// claim claims d's settlement. A stale one is marked all the same, as
+// franz-go would at its member's next poll (an accept), but a settlement
+// other than an accept releases the record: accepted, it would be lost
+// were the broker still holding it for this member. The broker refuses
+// either once the lock is gone.
 func (d *delivery) claim(status kgo.AckStatus) error {
 	err := d.s.set.Settle(d.e)
-	if err != nil && errors.Is(err, driver.ErrStaleDelivery) && status != kgo.AckAccept {
-		d.e.D.r.Ack(kgo.AckRelease)
+	if err != nil && errors.Is(err, driver.ErrStaleDelivery) {
+		if status != kgo.AckAccept {
+			status = kgo.AckRelease
+		}
+		d.s.mark(d.e.D, status)
 	}
 	if err != nil {
-		d.s.wake()
 		return fmt.Errorf("kafkashare: record %s: %w", origin(d.e.D.r), err)
 	}
 	return nil
@@ -411,9 +449,8 @@ func (d *delivery) settle(ctx context.Context, status kgo.AckStatus) error {
 	if err := d.claim(status); err != nil {
 		return err
 	}
-	d.e.D.r.Ack(status)
-	d.s.wake()
-	return d.s.flush(ctx, d.e)
+	d.s.mark(d.e.D, status)
+	return d.s.flush(ctx)
 }
 
 // Ack implements driver.Delivery with ACCEPT.
@@ -421,7 +458,7 @@ func (d *delivery) Ack(ctx context.Context) error { return d.settle(ctx, kgo.Ack
 
 // Retry implements driver.Delivery with RELEASE, after delay: the record
 // stays locked to this member until then (no longer than its lock has
-// left, less a tenth), and the Source polls again only once it is
+// left, less a tenth), and its member polls again only once it is
 // released.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	s := d.s
@@ -432,16 +469,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	if err := d.claim(kgo.AckRelease); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.held++
-	s.mu.Unlock()
-	release := func() {
-		d.e.D.r.Ack(kgo.AckRelease)
-		s.mu.Lock()
-		s.held--
-		s.mu.Unlock()
-		s.wake()
-	}
+	release := func() { s.mark(d.e.D, kgo.AckRelease) }
 	if !s.delays.After(hold, release) {
 		release() // closing: the leave releases it anyway
 	}
@@ -477,9 +505,8 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if perr != nil {
 		status = kgo.AckRelease
 	}
-	r.Ack(status)
-	s.wake()
-	if err := s.flush(ctx, d.e); err != nil || perr == nil {
+	s.mark(d.e.D, status)
+	if err := s.flush(ctx); err != nil || perr == nil {
 		return err
 	}
 	return fmt.Errorf("kafkashare: dead-lettering record %s to %s (released for redelivery): %w", origin(r), s.c.deadLetterTopic, perr)
