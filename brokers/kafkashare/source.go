@@ -35,7 +35,7 @@ type entry = unsettled.Entry[key, *received]
 
 // Source consumes one topic as a member of a Kafka share group (KIP-932).
 // It implements driver's Source, BatchSettler, WindowSetter, LoggerSetter
-// and DeliveryLimiter. Receive may be called from several goroutines.
+// DeliveryLimiter and DeliveryLimitHinter. Receive may be called from several goroutines.
 type Source struct {
 	c      config
 	admin  *kgo.Client // configs and dead-letter copies
@@ -117,6 +117,11 @@ func (s *Source) SetWindow(n int) error {
 // DeliveryLimit implements driver.DeliveryLimiter: the share group's
 // delivery-count limit, after which the broker archives a record.
 func (s *Source) DeliveryLimit(context.Context) (int, bool) { return s.limit, s.limit > 0 }
+
+// DeliveryLimitHint implements driver.DeliveryLimitHinter.
+func (s *Source) DeliveryLimitHint(maxAttempts int) string {
+	return fmt.Sprintf("set share.delivery.count.limit=%d on share group %s (kafka-configs --entity-type groups), or group.share.delivery.count.limit on the brokers", maxAttempts, s.c.group)
+}
 
 // RecordLock returns the share group's acquisition lock: how long the
 // broker lets a record wait for its acknowledgement or a renewal.

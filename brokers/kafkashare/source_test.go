@@ -2,11 +2,20 @@ package kafkashare
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/stores/sqlite"
 )
 
 // receive takes n deliveries from s within d.
@@ -64,4 +73,120 @@ func TestAcceptedOnce(t *testing.T) {
 	if d, err := s2.Receive(ctx); err == nil {
 		t.Fatalf("a record came back after it was accepted: %+v", d.Message())
 	}
+}
+
+// slowMessage publishes one record to a fresh topic and returns a Source
+// of a fresh group (opened with opts) holding its first delivery.
+func slowMessage(t *testing.T, opts ...Option) (*Source, driver.Delivery, string) {
+	t.Helper()
+	bs := cluster(t, 5)
+	topic := newTopic(t, bs, 1)
+	produce(t, bs, topic, &driver.Message{ID: "slow", Body: []byte("b")})
+	url := sourceURL(bs, topic, "g-"+randomHex(3), "")
+	s := open(t, url, opts...)
+	return s, receive(t, s, 1, 20*time.Second)[0], url
+}
+
+// A handler outliving the lock without renewal (max_extension passed):
+// the broker delivers the record again; the first
+// delivery's late Ack is stale, the copy's goes through, and nothing
+// comes back after.
+func TestLockLapsesWithoutRenewal(t *testing.T) {
+	s, first, _ := slowMessage(t, WithMaxExtension(time.Millisecond))
+	time.Sleep(testLock + testLock/2)
+	again := receive(t, s, 1, 20*time.Second)[0]
+	// 2, or 3 when the member had fetched the copy before it released
+	// the lapsed delivery.
+	if m := again.Message(); m.ID != "slow" || m.Attempt < 2 {
+		t.Fatalf("after the lapse: %s attempt %d, want slow attempt 2 or more", m.ID, m.Attempt)
+	}
+	if err := first.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("late Ack of the first delivery: %v, want a stale error", err)
+	}
+	if err := again.Ack(context.Background()); err != nil {
+		t.Fatalf("Ack of the copy: %v", err)
+	}
+	expectNone(t, s, 2*testLock)
+}
+
+// With renewal (the default), the record stays with its member while the
+// handler takes three locks' time: no other member gets a copy, and the
+// Ack goes through.
+func TestLockRenewedForSlowHandler(t *testing.T) {
+	s, first, url := slowMessage(t)
+	other := open(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*testLock)
+	defer cancel()
+	if d, err := other.Receive(ctx); err == nil {
+		t.Fatalf("another member got %s (attempt %d) while the first renewed its lock", d.Message().ID, d.Message().Attempt)
+	}
+	if err := first.Ack(context.Background()); err != nil {
+		t.Fatalf("Ack after three locks' time: %v", err)
+	}
+	other.Close()
+	expectNone(t, s, 2*testLock)
+}
+
+// expectNone checks s receives nothing within d.
+func expectNone(t *testing.T, s *Source, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if del, err := s.Receive(ctx); err == nil {
+		t.Fatalf("received %s (attempt %d), want nothing", del.Message().ID, del.Message().Attempt)
+	}
+}
+
+// The Consumer checks its MaxAttempts against the group's delivery-count
+// limit: above it, Run warns naming the share group's config, or refuses
+// under WithStrictDeliveryLimit.
+func TestDeliveryLimitChecked(t *testing.T) {
+	bs := cluster(t, 3)
+	topic := newTopic(t, bs, 1)
+	url := sourceURL(bs, topic, "g-"+randomHex(3), "")
+	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "dedup.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	handler := func(context.Context, *sql.Tx, *core.Message) error { return nil }
+	for _, strict := range []bool{false, true} {
+		logs := &strings.Builder{}
+		var mu sync.Mutex
+		opts := []core.Option{core.WithName("share-test"), core.WithMaxAttempts(5), core.WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, logs}, nil)))}
+		if strict {
+			opts = append(opts, core.WithStrictDeliveryLimit())
+		}
+		c, err := core.New[*sql.Tx](open(t, url), store, handler, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err = c.Run(ctx)
+		cancel()
+		mu.Lock()
+		out := logs.String()
+		mu.Unlock()
+		if strict {
+			if err == nil || !strings.Contains(err.Error(), "share.delivery.count.limit=5") || !strings.Contains(err.Error(), "3") {
+				t.Errorf("strict: Run returned %v, want a refusal naming the limit 3 and the group config to raise", err)
+			}
+			continue
+		}
+		if err != nil || !strings.Contains(out, "delivery_limit=3") || !strings.Contains(out, "max_attempts=5") {
+			t.Errorf("Run: %v; log %q, want a warning naming delivery_limit=3 and max_attempts=5", err, out)
+		}
+	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
