@@ -39,7 +39,7 @@ type config struct {
 	deadLetterTopic        string
 	start                  Start
 	maxExtension           time.Duration
-	window, members        int
+	window                 int
 	offsetID               bool
 	logger                 *slog.Logger
 	kgoOpts                []kgo.Opt
@@ -129,7 +129,7 @@ var params = urlparam.Table[Option]{Scheme: Scheme, Params: map[string]urlparam.
 
 // resolve reads the URL raw and applies opts after its parameters.
 func resolve(raw string, opts []Option) (config, error) {
-	c := config{idHeader: "message-id", start: StartFirst, maxExtension: time.Hour, window: 100, members: 1}
+	c := config{idHeader: "message-id", start: StartFirst, maxExtension: time.Hour, window: 100}
 	u, err := redact.ParseURL(raw)
 	if err != nil {
 		return c, fmt.Errorf("kafka+share URL: %w", err)

@@ -51,20 +51,19 @@ type Source struct {
 	hb     sync.WaitGroup
 
 	mu      sync.Mutex
-	members []*member // joined as Receive needs them
+	members []*member // the one member, joined at the first Receive
 	buf     []*entry  // polled, not yet handed out
 	window  int
 	closed  bool
 }
 
-// member is one share-group client of the Source. franz-go accepts, at a
-// poll, every record of the client's previous poll left without an
-// acknowledgement, so a member polls again only once every record of its
-// last poll is marked; the others poll meanwhile.
+// member is the Source's share-group client. franz-go accepts, at a poll,
+// every record of the client's previous poll left without an
+// acknowledgement, so the member polls again only once every record of
+// its last poll is marked.
 type member struct {
-	cl     *kgo.Client
-	out    int       // records of its last poll not yet marked
-	polled time.Time // when it last polled
+	cl  *kgo.Client
+	out int // records of its last poll not yet marked
 }
 
 // Open opens a Source for the kafka+share:// URL raw (see the package
@@ -184,9 +183,9 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 	return nil, s.poll(ctx, m, n)
 }
 
-// free returns a member with nothing outstanding, joining one if the
-// Source has fewer than WithMembers, and how many records it may poll: nil
-// when the window is full or every member is busy.
+// free returns the member if it has nothing outstanding, joining the
+// group the first time, and how many records it may poll: nil when the
+// window is full or the member still holds records of its last poll.
 func (s *Source) free() (*member, int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -194,23 +193,21 @@ func (s *Source) free() (*member, int, error) {
 	var idle *member
 	for _, m := range s.members {
 		room -= m.out
-		// The idle member that polled longest ago: what its last poll's
-		// fetch brought after the poll returned waits in its buffer.
-		if m.out == 0 && (idle == nil || m.polled.Before(idle.polled)) {
+		if m.out == 0 {
 			idle = m
 		}
 	}
 	if room <= 0 {
 		return nil, 0, nil
 	}
-	if idle == nil && len(s.members) < s.c.members {
+	if len(s.members) == 0 {
 		cl, err := kgo.NewClient(append([]kgo.Opt{
 			kgo.SeedBrokers(s.c.brokers...),
 			kgo.ConsumeTopics(s.c.topic),
 			kgo.ShareGroup(s.c.group),
-			// No more than a member's share acquired at a time: a record
-			// waiting in franz-go's buffer would spend its lock there.
-			kgo.ShareMaxRecords(int32(s.perMember())),
+			// No more than a window acquired at a time: a record waiting
+			// in franz-go's buffer would spend its lock there.
+			kgo.ShareMaxRecords(int32(s.window)),
 			kgo.ShareMaxRecordsStrict(),
 			kgo.ShareAckCallback(s.acked),
 		}, s.c.kgoOpts...)...)
@@ -223,13 +220,8 @@ func (s *Source) free() (*member, int, error) {
 	if idle == nil {
 		return nil, 0, nil
 	}
-	idle.polled = time.Now()
-	return idle, min(room, s.perMember()), nil
+	return idle, room, nil
 }
-
-// perMember is the most records one member's poll takes: the window
-// shared among the members.
-func (s *Source) perMember() int { return (s.window + s.c.members - 1) / s.c.members }
 
 // mark gives r its acknowledgement, once, and counts it off its member.
 func (s *Source) mark(r *received, status kgo.AckStatus) {

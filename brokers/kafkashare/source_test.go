@@ -153,7 +153,7 @@ func TestDeliveryLimitChecked(t *testing.T) {
 	for _, strict := range []bool{false, true} {
 		logs := &strings.Builder{}
 		var mu sync.Mutex
-		opts := []core.Option{core.WithName("share-test"), core.WithMaxAttempts(5), core.WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, logs}, nil)))}
+		opts := []core.Option{core.WithName("share-test"), core.WithMaxAttempts(5), core.WithLogger(slog.New(slog.NewTextHandler(logWriter{&mu, logs}, nil)))}
 		if strict {
 			opts = append(opts, core.WithStrictDeliveryLimit())
 		}
@@ -179,13 +179,13 @@ func TestDeliveryLimitChecked(t *testing.T) {
 	}
 }
 
-// lockedWriter serialises writes to w.
-type lockedWriter struct {
+// logWriter serialises writes to w.
+type logWriter struct {
 	mu *sync.Mutex
 	w  io.Writer
 }
 
-func (l lockedWriter) Write(p []byte) (int, error) {
+func (l logWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
