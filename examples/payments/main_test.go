@@ -302,11 +302,17 @@ func parseMySQL(s string) (*mysqldrv.Config, error) {
 // killRun describes one kill-and-restart run.
 type killRun struct {
 	broker, store, tables string
-	messages              int     // published, duplicates included
-	duplicates            float64 // fraction of messages that repeat an earlier one
-	kills                 int     // SIGKILLs while consuming
-	batch, concurrency    int
-	ledger                ledgerDB
+	// publishTo, if set, is the broker URL the traffic is published to
+	// (default broker): a source that only consumes (kafka+share://)
+	// publishes through another scheme.
+	publishTo string
+	// bin, if set, is the service binary to run instead of serviceBinary's.
+	bin                string
+	messages           int     // published, duplicates included
+	duplicates         float64 // fraction of messages that repeat an earlier one
+	kills              int     // SIGKILLs while consuming
+	batch, concurrency int
+	ledger             ledgerDB
 	// settled, if set, is checked after the graceful stop: the broker holds
 	// no message any more.
 	settled func(t *testing.T)
@@ -338,7 +344,10 @@ type killResult struct {
 // sum of its unique payments.
 func runKillAndRestart(t *testing.T, r killRun) killResult {
 	began := time.Now()
-	bin := serviceBinary(t)
+	bin := r.bin
+	if bin == "" {
+		bin = serviceBinary(t)
+	}
 	t.Logf("service built in %v", time.Since(began).Round(time.Millisecond))
 	began = time.Now()
 	seed := mrand.Uint64N(1 << 30)
@@ -461,7 +470,11 @@ func publishTraffic(t *testing.T, bin string, r killRun, seed uint64) (unique []
 	for _, p := range unique {
 		want[p.Account] += p.AmountCents
 	}
-	pub := exec.Command(bin, "--broker", r.broker, "--publish", fmt.Sprint(r.messages),
+	to := r.broker
+	if r.publishTo != "" {
+		to = r.publishTo
+	}
+	pub := exec.Command(bin, "--broker", to, "--publish", fmt.Sprint(r.messages),
 		"--duplicates", fmt.Sprint(r.duplicates), "--seed", fmt.Sprint(seed))
 	out, err := pub.CombinedOutput()
 	if err != nil {
