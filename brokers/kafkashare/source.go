@@ -45,7 +45,7 @@ type Source struct {
 	log    unsettled.Logger
 	delays unsettled.Delays
 	fetch  sync.Mutex // held while polling
-	room   chan struct{}
+	room   unsettled.Room
 	done   chan struct{} // closed by Close
 	stopHB context.CancelFunc
 	hb     sync.WaitGroup
@@ -80,7 +80,7 @@ func Open(ctx context.Context, raw string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafkashare: %w", err)
 	}
-	s := &Source{c: c, admin: admin, window: c.window, room: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &Source{c: c, admin: admin, window: c.window, room: unsettled.NewRoom(), done: make(chan struct{})}
 	s.log.Init(c.logger)
 	if s.lock, s.limit, err = groupSettings(ctx, admin, c.group); err == nil {
 		err = setStart(ctx, admin, c.group, c.start)
@@ -130,14 +130,7 @@ func (s *Source) RecordLock() time.Duration { return s.lock }
 // settled before the next poll: franz-go accepts, at a poll, every record
 // of the previous one left without an acknowledgement.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
-	for {
-		s.fetch.Lock()
-		d, err := s.next(ctx)
-		s.fetch.Unlock()
-		if d != nil || err != nil {
-			return d, err
-		}
-	}
+	return unsettled.Serial(ctx, &s.fetch, s.next)
 }
 
 // next hands out a polled record, or polls; nil, nil: nothing yet.
@@ -170,7 +163,7 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 	m, n, err := s.free()
 	if m == nil && err == nil {
 		select {
-		case <-s.room:
+		case <-s.room.Wait():
 		case <-s.done:
 		case <-ctx.Done():
 		case <-time.After(s.lock / 10):
@@ -233,7 +226,7 @@ func (s *Source) mark(r *received, status kgo.AckStatus) {
 	r.marked = true
 	r.r.Ack(status)
 	r.m.out--
-	s.wake()
+	s.room.Made()
 }
 
 // poll acquires up to n records with m into the buffer.
@@ -360,14 +353,6 @@ func (s *Source) beat(now time.Time) {
 		return
 	}
 	s.set.Extended(due, sent)
-}
-
-// wake tells a waiting Receive that a settlement made room.
-func (s *Source) wake() {
-	select {
-	case s.room <- struct{}{}:
-	default:
-	}
 }
 
 // Close implements driver.Source: it leaves the share group, which

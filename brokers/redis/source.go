@@ -26,8 +26,8 @@ type Source struct {
 	*link
 	set     *unsettled.Set[string, *driver.Message]
 	log     unsettled.Logger
-	fetch   sync.Mutex    // held while fetching
-	room    chan struct{} // a settlement made room in the window
+	fetch   sync.Mutex // held while fetching
+	room    unsettled.Room
 	done    chan struct{} // closed by Close
 	stopHB  context.CancelFunc
 	hb      sync.WaitGroup
@@ -46,7 +46,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{link: l, window: l.c.window, cursor: "0-0", room: make(chan struct{}, 1), done: make(chan struct{}),
+	s := &Source{link: l, window: l.c.window, cursor: "0-0", room: unsettled.NewRoom(), done: make(chan struct{}),
 		// A tenth short of min_idle: the server's idle time starts before the reply arrives.
 		set: unsettled.New[string, *driver.Message](l.c.minIdle*9/10, l.c.maxExtension)}
 	s.log.Init(l.c.logger)
@@ -107,14 +107,7 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 // Receive implements driver.Source: entries idle for min_idle (retried,
 // given back, or of a consumer that died) come before new ones.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
-	for {
-		s.fetch.Lock()
-		d, err := s.next(ctx)
-		s.fetch.Unlock()
-		if d != nil || err != nil {
-			return d, err
-		}
-	}
+	return unsettled.Serial(ctx, &s.fetch, s.next)
 }
 
 // next hands out a fetched entry, or fetches; nil, nil: nothing yet.
@@ -134,7 +127,7 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 	switch now := time.Now(); {
 	case room <= 0:
 		select {
-		case <-s.room:
+		case <-s.room.Wait():
 		case <-s.done:
 		case <-ctx.Done():
 		case <-time.After(s.c.poll):
@@ -318,10 +311,7 @@ func (s *Source) Close() error {
 // settle claims e's settlement (nil: send it) and wakes Receive.
 func (s *Source) settle(e *entry) error {
 	err := s.set.Settle(e)
-	select {
-	case s.room <- struct{}{}:
-	default:
-	}
+	s.room.Made()
 	return err
 }
 

@@ -37,7 +37,7 @@ type Source struct {
 	log      unsettled.Logger
 	queue    chan *delivery // unbuffered: a request is handed out or not
 	done     chan struct{}  // closed by Close
-	room     chan struct{}  // a settlement made room in the window
+	room     unsettled.Room
 	attempts *unsettled.Attempts[string]
 	handed   atomic.Int64 // handed out, not settled
 	slots    atomic.Int64 // of the window: handed out, or reserved by a Receive waiting for a request
@@ -84,7 +84,7 @@ func NewSource(opts ...Option) (*Source, error) {
 }
 
 func newSource(c config) *Source {
-	s := &Source{c: c, queue: make(chan *delivery), done: make(chan struct{}), room: make(chan struct{}, 1),
+	s := &Source{c: c, queue: make(chan *delivery), done: make(chan struct{}), room: unsettled.NewRoom(),
 		attempts: unsettled.NewAttempts[string](maxRemembered), flights: map[string]*flight{}}
 	s.log.Init(c.logger)
 	return s
@@ -138,7 +138,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		// so that receivers waiting at once cannot take more than it.
 		if n := s.slots.Load(); window > 0 && n >= int64(window) {
 			select {
-			case <-s.room:
+			case <-s.room.Wait():
 			case <-s.done:
 			case <-ctx.Done():
 				return nil, ctx.Err()
@@ -147,7 +147,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 		} else if !s.slots.CompareAndSwap(n, n+1) {
 			continue
 		} else if window > 0 && n+1 < int64(window) {
-			s.wake() // room is one token: pass it on to another waiting receiver
+			s.room.Made() // room is one token: pass it on to another waiting receiver
 		}
 		select {
 		case d := <-s.queue:
@@ -167,15 +167,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 // a receiver stops waiting, and wakes a receiver waiting for one.
 func (s *Source) freeSlot() {
 	s.slots.Add(-1)
-	s.wake()
-}
-
-// wake lets one receiver waiting for room look again.
-func (s *Source) wake() {
-	select {
-	case s.room <- struct{}{}:
-	default:
-	}
+	s.room.Made()
 }
 
 // Close implements driver.Source: requests arriving from now on, and those
