@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -46,16 +44,8 @@ func shareServiceBinary(t testing.TB) string {
 			}
 		}
 		shareBuild.bin = filepath.Join(dir, "payments-share")
-		args := []string{"build", "-overlay", overlay, "-o", shareBuild.bin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command("go", append(args, ".")...)
-		cmd.Env = append(os.Environ(), "GOWORK="+work)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			shareBuild.err = fmt.Errorf("go build with kafka+share://: %v\n%s", err, out.String())
+		if err := goBuild(shareBuild.bin, []string{"GOWORK=" + work}, "-overlay", overlay); err != nil {
+			shareBuild.err = fmt.Errorf("with kafka+share://: %w", err)
 		}
 	})
 	if shareBuild.err != nil {

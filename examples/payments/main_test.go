@@ -55,21 +55,29 @@ func serviceBinary(t testing.TB) string {
 			return
 		}
 		build.bin = filepath.Join(build.dir, "payments")
-		args := []string{"build", "-o", build.bin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command("go", append(args, ".")...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			build.err = fmt.Errorf("go build: %v\n%s", err, out.String())
-		}
+		build.err = goBuild(build.bin, nil)
 	})
 	if build.err != nil {
 		t.Fatal(build.err)
 	}
 	return build.bin
+}
+
+// goBuild builds this package to bin (with -race when the tests run with
+// it), with extra arguments and environment for the go command.
+func goBuild(bin string, env []string, args ...string) error {
+	args = append([]string{"build", "-o", bin}, args...)
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, ".")...)
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build: %v\n%s", err, out.String())
+	}
+	return nil
 }
 
 // unavailable skips the test naming the variable that points at the
