@@ -41,7 +41,9 @@
 // without an acknowledgement; the Source therefore polls again only once
 // every record of the last poll is settled (or its lock lapsed, which it
 // then releases), and a Retry waiting out its delay holds the next poll
-// back. Size the Consumer's window (records per poll) for that.
+// back. Size the Consumer's window (records per poll) for that; with
+// core.WithLinger(time.Millisecond) a poll's records, which arrive
+// together, go in one batch.
 //
 // Importing the package registers kafka+share:// with core.OpenSource:
 //
