@@ -174,6 +174,10 @@ func idemqShare(window int) func(ctx context.Context, e *runEnv, t *tracker) (*c
 			core.WithBatchSize(window),
 			core.WithWindow(window),
 			core.WithConcurrency(1),
+			// A poll's records arrive together: a moment's wait puts
+			// them in one batch, as the hand-written consumer's one
+			// transaction per poll.
+			core.WithLinger(time.Millisecond),
 		}
 		setUpdate := `UPDATE ` + e.accountsTable + ` a SET balance_cents = a.balance_cents + v.amt
 FROM (SELECT unnest($1::text[]) AS acc, unnest($2::bigint[]) AS amt) v WHERE a.account = v.acc`
