@@ -19,10 +19,11 @@ import (
 // testLock; the suite's messages are published by the kafka:// Publisher.
 func harness() brokertest.Harness {
 	return brokertest.Harness{
-		RecordsCause:       true,
-		CarriesKey:         true,
-		ReceiveTimeout:     15 * time.Second,
-		WindowRefillsWhole: true,
+		RecordsCause:        true,
+		CarriesKey:          true,
+		ReceiveTimeout:      15 * time.Second,
+		OperatesDeadLetters: true,
+		WindowRefillsWhole:  true,
 		Open: func(t *testing.T) *brokertest.Fixture {
 			bs := cluster(t, 10)
 			topic := newTopic(t, bs, 2)

@@ -45,7 +45,8 @@
 // core.WithLinger(time.Millisecond) a poll's records, which arrive
 // together, go in one batch.
 //
-// Importing the package registers kafka+share:// with core.OpenSource:
+// Importing the package registers kafka+share:// with core.OpenSource and
+// admin.OpenDeadLetters (OpenDeadLetters):
 //
 //	kafka+share://host:port[,host:port...]/topic?group=G&...
 //
