@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -34,8 +33,9 @@ type key struct {
 type entry = unsettled.Entry[key, *received]
 
 // Source consumes one topic as a member of a Kafka share group (KIP-932).
-// It implements driver's Source, BatchSettler, WindowSetter, LoggerSetter
-// DeliveryLimiter and DeliveryLimitHinter. Receive may be called from several goroutines.
+// It implements driver's Source, BatchSettler, WindowSetter, LoggerSetter,
+// DeliveryLimiter and DeliveryLimitHinter. Receive may be called from
+// several goroutines.
 type Source struct {
 	c      config
 	admin  *kgo.Client // configs and dead-letter copies
@@ -50,20 +50,16 @@ type Source struct {
 	stopHB context.CancelFunc
 	hb     sync.WaitGroup
 
-	mu      sync.Mutex
-	members []*member // the one member, joined at the first Receive
-	buf     []*entry  // polled, not yet handed out
-	window  int
-	closed  bool
-}
-
-// member is the Source's share-group client. franz-go accepts, at a poll,
-// every record of the client's previous poll left without an
-// acknowledgement, so the member polls again only once every record of
-// its last poll is marked.
-type member struct {
-	cl  *kgo.Client
-	out int // records of its last poll not yet marked
+	mu sync.Mutex
+	// member is the share-group client, joined at the first Receive.
+	// franz-go accepts, at a poll, every record of the previous poll left
+	// without an acknowledgement, so it polls again only once out, the
+	// records of its last poll not yet marked, is back to 0.
+	member *kgo.Client
+	out    int
+	buf    []*entry // polled, not yet handed out
+	window int
+	closed bool
 }
 
 // Open opens a Source for the kafka+share:// URL raw (see the package
@@ -160,8 +156,14 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 			s.mark(e.D, kgo.AckRelease)
 		}
 	}
-	m, n, err := s.free()
-	if m == nil && err == nil {
+	cl, err := s.join()
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	out, window := s.out, s.window
+	s.mu.Unlock()
+	if out > 0 {
 		select {
 		case <-s.room.Wait():
 		case <-s.done:
@@ -170,53 +172,34 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 		}
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	return nil, s.poll(ctx, m, n)
+	return nil, s.poll(ctx, cl, window)
 }
 
-// free returns the member if it has nothing outstanding, joining the
-// group the first time, and how many records it may poll: nil when the
-// window is full or the member still holds records of its last poll.
-func (s *Source) free() (*member, int, error) {
+// join returns the share-group client, joining the group the first time.
+func (s *Source) join() (*kgo.Client, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	room := s.window
-	var idle *member
-	for _, m := range s.members {
-		room -= m.out
-		if m.out == 0 {
-			idle = m
-		}
+	if s.member != nil {
+		return s.member, nil
 	}
-	if room <= 0 {
-		return nil, 0, nil
+	cl, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(s.c.brokers...),
+		kgo.ConsumeTopics(s.c.topic),
+		kgo.ShareGroup(s.c.group),
+		// No more than a window acquired at a time: a record waiting in
+		// franz-go's buffer would spend its lock there.
+		kgo.ShareMaxRecords(int32(s.window)),
+		kgo.ShareMaxRecordsStrict(),
+		kgo.ShareAckCallback(s.acked),
+	}, s.c.kgoOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkashare: %w", err)
 	}
-	if len(s.members) == 0 {
-		cl, err := kgo.NewClient(append([]kgo.Opt{
-			kgo.SeedBrokers(s.c.brokers...),
-			kgo.ConsumeTopics(s.c.topic),
-			kgo.ShareGroup(s.c.group),
-			// No more than a window acquired at a time: a record waiting
-			// in franz-go's buffer would spend its lock there.
-			kgo.ShareMaxRecords(int32(s.window)),
-			kgo.ShareMaxRecordsStrict(),
-			kgo.ShareAckCallback(s.acked),
-		}, s.c.kgoOpts...)...)
-		if err != nil {
-			return nil, 0, fmt.Errorf("kafkashare: %w", err)
-		}
-		idle = &member{cl: cl}
-		s.members = append(s.members, idle)
-	}
-	if idle == nil {
-		return nil, 0, nil
-	}
-	return idle, room, nil
+	s.member = cl
+	return cl, nil
 }
 
-// mark gives r its acknowledgement, once, and counts it off its member.
+// mark gives r its acknowledgement, once, and counts it off the poll's.
 func (s *Source) mark(r *received, status kgo.AckStatus) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -225,12 +208,12 @@ func (s *Source) mark(r *received, status kgo.AckStatus) {
 	}
 	r.marked = true
 	r.r.Ack(status)
-	r.m.out--
+	s.out--
 	s.room.Made()
 }
 
-// poll acquires up to n records with m into the buffer.
-func (s *Source) poll(ctx context.Context, m *member, n int) error {
+// poll acquires up to n records with cl into the buffer.
+func (s *Source) poll(ctx context.Context, cl *kgo.Client, n int) error {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -240,7 +223,7 @@ func (s *Source) poll(ctx context.Context, m *member, n int) error {
 		case <-pctx.Done():
 		}
 	}()
-	fs := m.cl.PollRecords(pctx, n)
+	fs := cl.PollRecords(pctx, n)
 	var errs []error
 	fs.EachError(func(topic string, partition int32, err error) {
 		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, kgo.ErrClientClosed) {
@@ -249,9 +232,9 @@ func (s *Source) poll(ctx context.Context, m *member, n int) error {
 	})
 	now := time.Now()
 	fs.EachRecord(func(r *kgo.Record) {
-		rec := s.message(r, m, now)
+		rec := s.message(r, now)
 		s.mu.Lock()
-		m.out++
+		s.out++
 		e := s.set.Add(key{r.Partition, r.Offset}, rec)
 		if e != nil {
 			s.buf = append(s.buf, e)
@@ -269,14 +252,13 @@ type received struct {
 	driver.Message
 	s      *Source
 	r      *kgo.Record
-	m      *member
 	marked bool // under s.mu
 }
 
 // message makes r's Message: its id from the id header, else (with
 // WithOffsetID) topic/partition/offset.
-func (s *Source) message(r *kgo.Record, mem *member, now time.Time) *received {
-	m := &received{s: s, r: r, m: mem}
+func (s *Source) message(r *kgo.Record, now time.Time) *received {
+	m := &received{s: s, r: r}
 	m.Headers = make(map[string]string, len(r.Headers))
 	for _, h := range r.Headers {
 		m.Headers[h.Key] = string(h.Value)
@@ -323,15 +305,16 @@ func (s *Source) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
 	}
 }
 
-// flush sends the acknowledgements the members marked so far.
+// flush sends the acknowledgements marked so far.
 func (s *Source) flush(ctx context.Context) error {
 	s.mu.Lock()
-	members := slices.Clone(s.members)
+	cl := s.member
 	s.mu.Unlock()
-	for _, m := range members {
-		if err := m.cl.FlushAcks(ctx); err != nil {
-			return fmt.Errorf("kafkashare: flushing acknowledgements of %s: %w", s.c.topic, err)
-		}
+	if cl == nil {
+		return nil
+	}
+	if err := cl.FlushAcks(ctx); err != nil {
+		return fmt.Errorf("kafkashare: flushing acknowledgements of %s: %w", s.c.topic, err)
 	}
 	return nil
 }
@@ -374,13 +357,11 @@ func (s *Source) Close() error {
 	s.delays.Stop() // retries still waiting are released by the leave
 	s.set.Close()
 	s.mu.Lock()
-	members := s.members
+	cl := s.member
 	s.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, m := range members {
-		wg.Go(m.cl.Close)
+	if cl != nil {
+		cl.Close()
 	}
-	wg.Wait()
 	s.admin.Close()
 	return nil
 }
