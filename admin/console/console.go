@@ -1,0 +1,324 @@
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// DefaultStatsEvery is Config.StatsEvery's default.
+const DefaultStatsEvery = 5 * time.Minute
+
+// Config is what the console shows and how it acts.
+type Config struct {
+	// Store is the consumers' dedup store (admin.OpenStore). Required.
+	Store *admin.Store
+	// Consumers are the consumers the console shows, in this order. At
+	// least one is required; their names are unique.
+	Consumers []Consumer
+	// Outbox is the service's outbox table (admin.OpenOutbox); nil shows
+	// no outbox.
+	Outbox admin.OutboxTable
+	// ReadOnly refuses every action (403 Forbidden) and hides the buttons.
+	ReadOnly bool
+	// Logger receives a line for every action and every message body
+	// shown: who, what, how many. Default slog.Default().
+	Logger *slog.Logger
+	// User returns who is acting, for the log and for the tokens that
+	// guard actions. Default: the basic-auth user name, else the remote
+	// address.
+	User func(*http.Request) string
+	// RedactBody returns what the console shows of a dead letter's body
+	// when an operator asks for it (it is hidden until then). Default:
+	// the body as it is.
+	RedactBody func(consumer string, p *admin.Parked) []byte
+	// StatsEvery is how long the dedup table's statistics are kept before
+	// a page view counts them again: admin.Store.Stats counts every row,
+	// so this bounds the scans the console causes. Default
+	// DefaultStatsEvery.
+	StatsEvery time.Duration
+}
+
+// Consumer is one consumer the console shows.
+type Consumer struct {
+	// Name is the consumer's idemq name, as its claims are recorded.
+	// Required.
+	Name string
+	// DeadLetters is the consumer's dead-letter queue
+	// (admin.OpenDeadLetters); nil shows none. The console serializes its
+	// calls on it.
+	DeadLetters admin.DeadLetterQueue
+	// SourceURL is the consumer's source URL, to compare the store's
+	// retention with the broker's redelivery horizon (admin.CheckHorizon);
+	// "" skips the comparison. It is shown without credentials.
+	SourceURL string
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// handler is the console.
+type handler struct {
+	cfg       Config
+	log       *slog.Logger
+	secret    []byte
+	consumers map[string]*consumerState
+	order     []*consumerState
+	pages     map[string]*template.Template
+	mux       *http.ServeMux
+	cop       *http.CrossOriginProtection
+
+	statsMu sync.Mutex
+	stats   *statsSnapshot
+}
+
+// consumerState is a consumer and what the console keeps of it.
+type consumerState struct {
+	Consumer
+	dlqMu sync.Mutex // DeadLetterQueue is not safe for concurrent use
+
+	hzMu      sync.Mutex
+	hz        *horizonResult
+	hzRunning bool
+}
+
+// horizonResult is a kept admin.CheckHorizon.
+type horizonResult struct {
+	At  time.Time
+	H   admin.Horizon
+	Err string
+}
+
+// statsSnapshot is a kept admin.Store.Stats.
+type statsSnapshot struct {
+	At   time.Time
+	Took time.Duration
+	St   admin.TableStats
+	Err  string
+}
+
+// New returns the console for cfg. Its errors name the field of cfg that
+// is missing or wrong.
+func New(cfg Config) (http.Handler, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("console: Config.Store is required")
+	}
+	if len(cfg.Consumers) == 0 {
+		return nil, errors.New("console: Config.Consumers is empty: give at least one consumer")
+	}
+	if cfg.StatsEvery < 0 {
+		return nil, fmt.Errorf("console: Config.StatsEvery %v is negative", cfg.StatsEvery)
+	}
+	if cfg.StatsEvery == 0 {
+		cfg.StatsEvery = DefaultStatsEvery
+	}
+	h := &handler{cfg: cfg, log: cfg.Logger, consumers: map[string]*consumerState{}, cop: http.NewCrossOriginProtection()}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	for i, c := range cfg.Consumers {
+		switch {
+		case c.Name == "":
+			return nil, fmt.Errorf("console: Config.Consumers[%d].Name is empty", i)
+		case h.consumers[c.Name] != nil:
+			return nil, fmt.Errorf("console: Config.Consumers[%d].Name %q is given twice", i, c.Name)
+		}
+		if c.SourceURL != "" {
+			if _, err := redact.ParseURL(c.SourceURL); err != nil {
+				return nil, fmt.Errorf("console: Config.Consumers[%d].SourceURL: %v", i, err)
+			}
+		}
+		cs := &consumerState{Consumer: c}
+		h.consumers[c.Name] = cs
+		h.order = append(h.order, cs)
+	}
+	h.secret = make([]byte, 32)
+	if _, err := rand.Read(h.secret); err != nil {
+		return nil, fmt.Errorf("console: drawing the token secret: %w", err)
+	}
+	if err := h.parseTemplates(); err != nil {
+		return nil, err
+	}
+	static, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	m := http.NewServeMux()
+	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /{$}", h.overview)
+	m.HandleFunc("GET /dlq", h.dlqList)
+	m.HandleFunc("GET /dlq/message", h.dlqMessage)
+	m.HandleFunc("GET /dlq/confirm", h.dlqConfirm)
+	m.HandleFunc("POST /dlq/act", h.dlqAct)
+	m.HandleFunc("GET /lookup", h.lookup)
+	m.HandleFunc("GET /forget", h.forgetConfirm)
+	m.HandleFunc("POST /forget", h.forgetAct)
+	m.HandleFunc("GET /outbox", h.outboxPage)
+	m.HandleFunc("GET /outbox/confirm", h.outboxConfirm)
+	m.HandleFunc("POST /outbox/act", h.outboxAct)
+	h.mux = m
+	return h, nil
+}
+
+// ServeHTTP serves the console's pages and actions.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("X-Frame-Options", "DENY")
+	if r.Method == http.MethodPost {
+		hd.Set("Cache-Control", "no-store")
+		if h.cfg.ReadOnly {
+			h.fail(w, r, http.StatusForbidden, "the console is read-only")
+			return
+		}
+		if err := h.cop.Check(r); err != nil {
+			h.log.Warn("idemq console: refused a cross-origin request", "user", h.user(r), "path", r.URL.Path)
+			h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		if err := r.ParseForm(); err != nil {
+			h.fail(w, r, http.StatusBadRequest, "bad form")
+			return
+		}
+	} else if !strings.HasPrefix(r.URL.Path, "/static/") {
+		hd.Set("Cache-Control", "no-store")
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// user is who makes r.
+func (h *handler) user(r *http.Request) string {
+	if h.cfg.User != nil {
+		if u := h.cfg.User(r); u != "" {
+			return u
+		}
+	}
+	if u, _, ok := r.BasicAuth(); ok && u != "" {
+		return u
+	}
+	return r.RemoteAddr
+}
+
+// tokenLife is how long a token guarding an action stays valid.
+const tokenLife = 4 * time.Hour
+
+// token returns the token a form carries to do action as user.
+func (h *handler) token(user, action string) string {
+	exp := strconv.FormatInt(time.Now().Add(tokenLife).Unix(), 10)
+	return exp + "." + h.mac(user, action, exp)
+}
+
+func (h *handler) mac(user, action, exp string) string {
+	m := hmac.New(sha256.New, h.secret)
+	m.Write([]byte("idemq-console\x00" + action + "\x00" + user + "\x00" + exp))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// checkToken reports whether r carries a valid token for action by its
+// user; when not, it answers 403 and logs the refusal.
+func (h *handler) checkToken(w http.ResponseWriter, r *http.Request, action string) bool {
+	user := h.user(r)
+	tok := r.PostForm.Get("token")
+	exp, sig, ok := strings.Cut(tok, ".")
+	if ok {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		ok = err == nil && time.Now().Unix() <= n && hmac.Equal([]byte(sig), []byte(h.mac(user, action, exp)))
+	}
+	if !ok {
+		h.log.Warn("idemq console: refused an action without a valid token", "user", user, "action", action)
+		h.fail(w, r, http.StatusForbidden, "this form has no valid token for this action (expired, or not made by this console for you): reload the page and try again")
+	}
+	return ok
+}
+
+// consumer returns the consumer the request names, answering 404 when
+// there is none.
+func (h *handler) consumer(w http.ResponseWriter, r *http.Request) *consumerState {
+	name := r.FormValue("consumer")
+	c := h.consumers[name]
+	if c == nil {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("no consumer %q in this console", name))
+	}
+	return c
+}
+
+// statsFor returns the kept statistics of the dedup table, counting them
+// again when they are older than StatsEvery. One count runs at a time;
+// others wait for it.
+func (h *handler) statsFor(ctx context.Context) *statsSnapshot {
+	h.statsMu.Lock()
+	defer h.statsMu.Unlock()
+	if h.stats != nil && time.Since(h.stats.At) < h.cfg.StatsEvery {
+		return h.stats
+	}
+	// The count outlives a viewer who leaves, so that it is kept.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	st, err := h.cfg.Store.Stats(ctx)
+	s := &statsSnapshot{At: time.Now(), Took: time.Since(start), St: st}
+	if err != nil {
+		s.Err = err.Error()
+	}
+	h.stats = s
+	return s
+}
+
+// horizonEvery is how long a horizon check is kept.
+const horizonEvery = time.Hour
+
+// horizon returns c's kept horizon check, nil while the first one runs;
+// it starts one in the background when none is kept or it is old.
+func (h *handler) horizon(c *consumerState) *horizonResult {
+	if c.SourceURL == "" {
+		return nil
+	}
+	c.hzMu.Lock()
+	defer c.hzMu.Unlock()
+	if (c.hz == nil || time.Since(c.hz.At) > horizonEvery) && !c.hzRunning {
+		c.hzRunning = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			hz, err := admin.CheckHorizon(ctx, h.cfg.Store, c.SourceURL)
+			res := &horizonResult{At: time.Now(), H: hz}
+			if err != nil {
+				res.Err = redact.Error(err, c.SourceURL)
+			}
+			c.hzMu.Lock()
+			c.hz, c.hzRunning = res, false
+			c.hzMu.Unlock()
+		}()
+	}
+	return c.hz
+}
+
+// errorText is err without the credentials of c's source URL.
+func (c *consumerState) errorText(err error) string {
+	if c.SourceURL != "" {
+		return redact.Error(err, c.SourceURL)
+	}
+	return err.Error()
+}

@@ -1,0 +1,922 @@
+package console
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"maps"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/outbox"
+)
+
+// Bounds on what one page reads.
+const (
+	overviewScan = 1000  // dead letters counted on the overview
+	pageScan     = 10000 // dead letters a page reads
+	groupShown   = 200   // messages listed per cause group
+	confirmShown = 50    // ids a confirmation page lists
+	outboxShown  = 500   // parked outbox rows listed
+	lookupMax    = 100   // ids one lookup takes
+)
+
+// actionTimeout bounds an action, which goes on when the operator's
+// browser goes away, so that it is not left half done.
+const actionTimeout = 10 * time.Minute
+
+// errStop ends a scan early.
+var errStop = errors.New("stop")
+
+var pageNames = []string{"error", "overview", "dlq", "message", "dlqconfirm", "result", "lookup", "forget", "outbox", "outboxconfirm"}
+
+// parseTemplates parses each page with the layout.
+func (h *handler) parseTemplates() error {
+	funcs := template.FuncMap{
+		"ago":   func(t time.Time) string { return age(time.Since(t)) },
+		"utc":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"age":   age,
+		"bytes": formatBytes,
+		"sortedKeys": func(m map[string]string) []string {
+			return slices.Sorted(maps.Keys(m))
+		},
+	}
+	h.pages = map[string]*template.Template{}
+	for _, name := range pageNames {
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return fmt.Errorf("console: template %s: %w", name, err)
+		}
+		h.pages[name] = t
+	}
+	return nil
+}
+
+// page is what every page's template receives.
+type page struct {
+	Title     string
+	Base      string // the relative path to the console's root, ending in '/'
+	ReadOnly  bool
+	Consumers []string
+	Outbox    bool
+	D         any
+}
+
+// render writes the page name with data d.
+func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, d any) {
+	p := page{Title: title, Base: base(r), ReadOnly: h.cfg.ReadOnly, Outbox: h.cfg.Outbox != nil, D: d}
+	for _, c := range h.order {
+		p.Consumers = append(p.Consumers, c.Name)
+	}
+	var buf bytes.Buffer
+	if err := h.pages[name].ExecuteTemplate(&buf, "layout", p); err != nil {
+		h.log.Error("idemq console: rendering a page", "page", name, "error", err)
+		http.Error(w, "rendering the page failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// fail answers with an error page.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	h.render(w, r, status, "error", http.StatusText(status), msg)
+}
+
+// base returns the path from r's page to the console's root, relative,
+// so that the console works under whatever prefix it is mounted.
+func base(r *http.Request) string {
+	n := strings.Count(r.URL.Path, "/") - 1
+	if n <= 0 {
+		return "./"
+	}
+	return strings.Repeat("../", n)
+}
+
+// consumerView is one consumer on the overview.
+type consumerView struct {
+	Name        string
+	Claims      *admin.ConsumerStats
+	HasDLQ      bool
+	DeadLetters int
+	MoreDead    bool
+	DLQName     string
+	DLQErr      string
+	Source      string // redacted
+	Horizon     *horizonResult
+	Verdict     string
+	Short       bool
+}
+
+type overviewData struct {
+	Stats     *statsSnapshot
+	Every     time.Duration
+	Consumers []consumerView
+	Outbox    *outboxStatsView
+}
+
+type outboxStatsView struct {
+	Table string
+	St    outbox.TableStats
+	Err   string
+}
+
+func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	d := overviewData{Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery}
+	for _, c := range h.order {
+		v := consumerView{Name: c.Name, HasDLQ: c.DeadLetters != nil}
+		for i := range d.Stats.St.Consumers {
+			if d.Stats.St.Consumers[i].Consumer == c.Name {
+				v.Claims = &d.Stats.St.Consumers[i]
+			}
+		}
+		if c.DeadLetters != nil {
+			v.DLQName = c.DeadLetters.Name()
+			c.dlqMu.Lock()
+			err := c.DeadLetters.Scan(ctx, func(*admin.Parked) error {
+				if v.DeadLetters == overviewScan {
+					v.MoreDead = true
+					return errStop
+				}
+				v.DeadLetters++
+				return nil
+			})
+			c.dlqMu.Unlock()
+			if err != nil && !errors.Is(err, errStop) {
+				v.DLQErr = c.errorText(err)
+			}
+		}
+		if c.SourceURL != "" {
+			v.Source = redact.URL(c.SourceURL)
+			v.Horizon = h.horizon(c)
+			if v.Horizon != nil && v.Horizon.Err == "" {
+				v.Verdict, v.Short = verdict(v.Horizon.H)
+			}
+		}
+		d.Consumers = append(d.Consumers, v)
+	}
+	if h.cfg.Outbox != nil {
+		ov := &outboxStatsView{Table: h.cfg.Outbox.Table()}
+		st, err := h.cfg.Outbox.Stats(ctx)
+		if err != nil {
+			ov.Err = err.Error()
+		}
+		ov.St = st
+		d.Outbox = ov
+	}
+	h.render(w, r, http.StatusOK, "overview", "Overview", d)
+}
+
+// verdict says what a horizon check found, and whether claims are pruned
+// too soon.
+func verdict(hz admin.Horizon) (string, bool) {
+	ret, hor := "unknown", "unknown"
+	if hz.RetentionKnown {
+		ret = hz.Retention.String()
+	}
+	switch {
+	case !hz.HorizonKnown:
+	case hz.Unbounded():
+		hor = "unbounded"
+	default:
+		hor = hz.Horizon.String()
+	}
+	s := fmt.Sprintf("retention %s, redelivery horizon %s: ", ret, hor)
+	switch {
+	case hz.Short():
+		return s + "TOO SHORT: a message redelivered after its claim is pruned is applied twice (raise the store's retention or bound the broker's)", true
+	case !hz.RetentionKnown || !hz.HorizonKnown:
+		return s + "cannot compare", false
+	}
+	return s + "claims outlive redeliveries", false
+}
+
+// causeVarying matches the parts of a cause that vary from message to
+// message (quoted values, UUIDs, numbers and hex words), which grouping
+// leaves out.
+var causeVarying = regexp.MustCompile(`"[^"]*"|'[^']*'|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b|\b[0-9a-fA-F]*[0-9][0-9a-fA-F]*\b`)
+
+// causeGroup is the group of a cause: the cause with its varying parts
+// replaced by "…".
+func causeGroup(cause string) string {
+	g := causeVarying.ReplaceAllString(cause, "…")
+	if len(g) > 300 {
+		g = g[:300]
+		for !utf8.ValidString(g) {
+			g = g[:len(g)-1]
+		}
+	}
+	if g == "" {
+		return "(no cause)"
+	}
+	return g
+}
+
+// selection chooses dead letters, as a page's filters and an action's
+// choice say.
+type selection struct {
+	Do           string // redrive, purge, redrive-all, purge-all; "" on a list
+	Refs         []string
+	Group        string
+	Cause, ID    string
+	Older, Newer string
+	older, newer time.Duration
+}
+
+// parseSelection reads a selection from r's form.
+func parseSelection(r *http.Request) (selection, error) {
+	s := selection{Do: r.FormValue("do"), Refs: r.Form["ref"], Group: r.FormValue("group"),
+		Cause: r.FormValue("cause"), ID: r.FormValue("id"), Older: r.FormValue("older"), Newer: r.FormValue("newer")}
+	var err error
+	if s.older, err = parseAge("older", s.Older); err != nil {
+		return s, err
+	}
+	if s.newer, err = parseAge("newer", s.Newer); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// parseAge parses an age filter: a Go duration such as 90m or 24h.
+func parseAge(name, v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%s: %q is not a duration such as 90m or 24h", name, v)
+	}
+	return d, nil
+}
+
+// action splits Do into the action and whether it takes every message
+// the filters choose.
+func (s selection) action() (action string, all bool) {
+	action, all = strings.CutSuffix(s.Do, "-all")
+	return action, all
+}
+
+// check reports an action's selection that chooses nothing in particular.
+func (s selection) check() error {
+	action, all := s.action()
+	switch {
+	case action != "redrive" && action != "purge":
+		return fmt.Errorf("unknown action %q", s.Do)
+	case !all && len(s.Refs) == 0 && s.Group == "":
+		return errors.New("no message chosen: tick messages, or choose a group or every message shown")
+	}
+	return nil
+}
+
+// match reports whether p passes the selection at now.
+func (s selection) match(p *admin.Parked, now time.Time) bool {
+	a := now.Sub(p.ParkedAt)
+	switch {
+	case len(s.Refs) > 0 && !slices.Contains(s.Refs, p.Ref),
+		s.Group != "" && causeGroup(p.Cause) != s.Group,
+		s.Cause != "" && !strings.Contains(strings.ToLower(p.Cause), strings.ToLower(s.Cause)),
+		s.ID != "" && p.ID != s.ID,
+		s.older > 0 && a < s.older,
+		s.newer > 0 && a >= s.newer:
+		return false
+	}
+	return true
+}
+
+// field is a hidden form field.
+type field struct{ Name, Value string }
+
+// fields are the hidden fields that carry the selection to the next
+// step.
+func (s selection) fields() []field {
+	var f []field
+	add := func(n, v string) {
+		if v != "" {
+			f = append(f, field{n, v})
+		}
+	}
+	add("do", s.Do)
+	for _, r := range s.Refs {
+		add("ref", r)
+	}
+	add("group", s.Group)
+	add("cause", s.Cause)
+	add("id", s.ID)
+	add("older", s.Older)
+	add("newer", s.Newer)
+	return f
+}
+
+// group is the dead letters of one cause group.
+type group struct {
+	Key            string
+	Count          int
+	Oldest, Newest time.Time
+	Msgs           []*admin.Parked
+}
+
+type dlqData struct {
+	Consumer  string
+	Queue     string
+	Sel       selection
+	Scanned   int
+	Truncated bool
+	Matched   int
+	Groups    []*group
+	Err       string
+}
+
+func (h *handler) dlqList(w http.ResponseWriter, r *http.Request) {
+	c := h.consumer(w, r)
+	if c == nil {
+		return
+	}
+	if c.DeadLetters == nil {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+		return
+	}
+	sel, err := parseSelection(r)
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	d := dlqData{Consumer: c.Name, Queue: c.DeadLetters.Name(), Sel: sel}
+	now := time.Now()
+	byKey := map[string]*group{}
+	c.dlqMu.Lock()
+	err = c.DeadLetters.Scan(r.Context(), func(p *admin.Parked) error {
+		if d.Scanned == pageScan {
+			d.Truncated = true
+			return errStop
+		}
+		d.Scanned++
+		if !sel.match(p, now) {
+			return nil
+		}
+		d.Matched++
+		k := causeGroup(p.Cause)
+		g := byKey[k]
+		if g == nil {
+			g = &group{Key: k, Oldest: p.ParkedAt, Newest: p.ParkedAt}
+			byKey[k] = g
+			d.Groups = append(d.Groups, g)
+		}
+		g.Count++
+		if p.ParkedAt.Before(g.Oldest) {
+			g.Oldest = p.ParkedAt
+		}
+		if p.ParkedAt.After(g.Newest) {
+			g.Newest = p.ParkedAt
+		}
+		if len(g.Msgs) < groupShown {
+			q := *p
+			q.Body, q.Headers = nil, nil // not shown here
+			g.Msgs = append(g.Msgs, &q)
+		}
+		return nil
+	})
+	c.dlqMu.Unlock()
+	if err != nil && !errors.Is(err, errStop) {
+		d.Err = c.errorText(err)
+	}
+	slices.SortStableFunc(d.Groups, func(a, b *group) int { return cmp.Or(b.Count-a.Count, strings.Compare(a.Key, b.Key)) })
+	h.render(w, r, http.StatusOK, "dlq", "Dead letters of "+c.Name, d)
+}
+
+type messageData struct {
+	Consumer string
+	Copies   []*messageView
+	Ref      string
+}
+
+type messageView struct {
+	P        *admin.Parked
+	BodySize int
+	Shown    bool
+	Body     string
+	Binary   bool
+}
+
+func (h *handler) dlqMessage(w http.ResponseWriter, r *http.Request) {
+	c := h.consumer(w, r)
+	if c == nil {
+		return
+	}
+	if c.DeadLetters == nil {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+		return
+	}
+	ref := r.FormValue("ref")
+	showBody := r.FormValue("body") == "1"
+	d := messageData{Consumer: c.Name, Ref: ref}
+	c.dlqMu.Lock()
+	err := c.DeadLetters.Scan(r.Context(), func(p *admin.Parked) error {
+		if p.Ref == ref {
+			d.Copies = append(d.Copies, &messageView{P: p, BodySize: len(p.Body)})
+		}
+		return nil
+	})
+	c.dlqMu.Unlock()
+	if err != nil {
+		h.fail(w, r, http.StatusBadGateway, c.errorText(err))
+		return
+	}
+	if len(d.Copies) == 0 {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("no message with ref %q is parked in %s", ref, c.DeadLetters.Name()))
+		return
+	}
+	for _, m := range d.Copies {
+		if showBody {
+			body := m.P.Body
+			if h.cfg.RedactBody != nil {
+				body = h.cfg.RedactBody(c.Name, m.P)
+			}
+			m.Shown = true
+			if utf8.Valid(body) {
+				m.Body = string(body)
+			} else {
+				m.Body, m.Binary = fmt.Sprintf("%x", body), true
+			}
+			h.log.Info("idemq console: dead letter body shown", "user", h.user(r), "consumer", c.Name, "ref", m.P.Ref, "id", m.P.ID)
+		}
+		m.P.Body = nil
+	}
+	h.render(w, r, http.StatusOK, "message", "Dead letter "+ref, d)
+}
+
+type dlqConfirmData struct {
+	Consumer  string
+	Queue     string
+	Action    string
+	Sel       selection
+	Fields    []field
+	Chosen    int
+	IDs       []string
+	Refused   int
+	Retention string
+	Token     string
+}
+
+// retention returns how long the store keeps claims, as redrive checks
+// it.
+func (h *handler) retention() (time.Duration, bool) { return h.cfg.Store.Retention() }
+
+// tooOld reports whether a redrive refuses p: parked longer ago than the
+// store keeps claims, or the store does not tell how long that is.
+func (h *handler) tooOld(p *admin.Parked, now time.Time) bool {
+	ret, ok := h.retention()
+	return !ok || now.Sub(p.ParkedAt) > ret
+}
+
+func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.ReadOnly {
+		h.fail(w, r, http.StatusForbidden, "the console is read-only")
+		return
+	}
+	c := h.consumer(w, r)
+	if c == nil {
+		return
+	}
+	if c.DeadLetters == nil {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+		return
+	}
+	sel, err := parseSelection(r)
+	if err == nil {
+		err = sel.check()
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	action, _ := sel.action()
+	d := dlqConfirmData{Consumer: c.Name, Queue: c.DeadLetters.Name(), Action: action, Sel: sel, Fields: sel.fields(),
+		Token: h.token(h.user(r), "dlq-"+action+":"+c.Name)}
+	if ret, ok := h.retention(); ok {
+		d.Retention = ret.String()
+	}
+	now := time.Now()
+	c.dlqMu.Lock()
+	err = c.DeadLetters.Scan(r.Context(), func(p *admin.Parked) error {
+		if !sel.match(p, now) {
+			return nil
+		}
+		if action == "redrive" && h.tooOld(p, now) {
+			d.Refused++
+			return nil
+		}
+		d.Chosen++
+		if len(d.IDs) < confirmShown {
+			d.IDs = append(d.IDs, cmp.Or(p.ID, "(no id) "+p.Ref))
+		}
+		return nil
+	})
+	c.dlqMu.Unlock()
+	if err != nil {
+		h.fail(w, r, http.StatusBadGateway, c.errorText(err))
+		return
+	}
+	h.render(w, r, http.StatusOK, "dlqconfirm", "Confirm "+action, d)
+}
+
+// resultData is what an action did.
+type resultData struct {
+	Text string
+	Err  string
+	Back string // relative to Base
+}
+
+func (h *handler) dlqAct(w http.ResponseWriter, r *http.Request) {
+	c := h.consumer(w, r)
+	if c == nil {
+		return
+	}
+	sel, err := parseSelection(r)
+	if err == nil {
+		err = sel.check()
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	action, _ := sel.action()
+	if !h.checkToken(w, r, "dlq-"+action+":"+c.Name) {
+		return
+	}
+	if c.DeadLetters == nil {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+		return
+	}
+	force := r.PostForm.Get("force") == "1"
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
+	defer cancel()
+	now := time.Now()
+	refused := 0
+	choose := func(p *admin.Parked) bool {
+		if !sel.match(p, now) {
+			return false
+		}
+		if action == "redrive" && !force && h.tooOld(p, now) {
+			refused++
+			return false
+		}
+		return true
+	}
+	user := h.user(r)
+	var n int
+	c.dlqMu.Lock()
+	if action == "redrive" {
+		n, err = c.DeadLetters.Redrive(ctx, choose, nil)
+	} else {
+		n, err = c.DeadLetters.Purge(ctx, choose)
+	}
+	c.dlqMu.Unlock()
+	attrs := []any{"user", user, "action", "dlq " + action, "consumer", c.Name, "queue", c.DeadLetters.Name(), "count", n}
+	if sel.Group != "" {
+		attrs = append(attrs, "group", sel.Group)
+	}
+	if len(sel.Refs) > 0 {
+		attrs = append(attrs, "refs", len(sel.Refs))
+	}
+	if refused > 0 {
+		attrs = append(attrs, "refused", refused)
+	}
+	if force {
+		attrs = append(attrs, "force", true)
+	}
+	verb := map[string]string{"redrive": "redrove", "purge": "purged"}[action]
+	d := resultData{Text: fmt.Sprintf("%s %d dead letters of %s from %s", verb, n, c.Name, c.DeadLetters.Name()),
+		Back: "dlq?consumer=" + url.QueryEscape(c.Name)}
+	if refused > 0 {
+		d.Text += fmt.Sprintf("; refused %d parked longer ago than the store keeps claims", refused)
+	}
+	status := http.StatusOK
+	if err != nil {
+		d.Err = c.errorText(err)
+		if action == "redrive" {
+			d.Err += " (the rest are still parked)"
+		}
+		status = http.StatusBadGateway
+		h.log.Error("idemq console: action failed", append(attrs, "error", d.Err)...)
+	} else {
+		h.log.Info("idemq console: action", attrs...)
+	}
+	h.render(w, r, status, "result", "Done", d)
+}
+
+type lookupData struct {
+	Consumer string
+	IDs      string
+	Infos    []admin.ClaimInfo
+	Err      string
+}
+
+// splitIDs splits the ids of a lookup form: one per line, or separated
+// by spaces.
+func splitIDs(s string) []string { return strings.Fields(s) }
+
+func (h *handler) lookup(w http.ResponseWriter, r *http.Request) {
+	d := lookupData{Consumer: r.FormValue("consumer"), IDs: r.FormValue("ids")}
+	if d.Consumer == "" && len(h.order) == 1 {
+		d.Consumer = h.order[0].Name
+	}
+	ids := splitIDs(d.IDs)
+	if len(ids) > lookupMax {
+		h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("at most %d ids at a time", lookupMax))
+		return
+	}
+	if d.Consumer != "" && len(ids) > 0 {
+		infos, err := h.cfg.Store.Lookup(r.Context(), d.Consumer, ids)
+		if err != nil {
+			d.Err = err.Error()
+		}
+		d.Infos = infos
+	}
+	h.render(w, r, http.StatusOK, "lookup", "Lookup", d)
+}
+
+type forgetData struct {
+	Consumer string
+	ID       string
+	Info     *admin.ClaimInfo
+	Token    string
+}
+
+func forgetAction(consumer, id string) string {
+	return "forget:" + strconv.Quote(consumer) + ":" + strconv.Quote(id)
+}
+
+func (h *handler) forgetConfirm(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.ReadOnly {
+		h.fail(w, r, http.StatusForbidden, "the console is read-only")
+		return
+	}
+	d := forgetData{Consumer: r.FormValue("consumer"), ID: r.FormValue("id")}
+	if d.Consumer == "" || d.ID == "" {
+		h.fail(w, r, http.StatusBadRequest, "give a consumer and a message id")
+		return
+	}
+	infos, err := h.cfg.Store.Lookup(r.Context(), d.Consumer, []string{d.ID})
+	if err != nil {
+		h.fail(w, r, http.StatusBadGateway, err.Error())
+		return
+	}
+	d.Info = &infos[0]
+	d.Token = h.token(h.user(r), forgetAction(d.Consumer, d.ID))
+	h.render(w, r, http.StatusOK, "forget", "Forget "+d.ID, d)
+}
+
+func (h *handler) forgetAct(w http.ResponseWriter, r *http.Request) {
+	consumer, id := r.PostForm.Get("consumer"), r.PostForm.Get("id")
+	if consumer == "" || id == "" {
+		h.fail(w, r, http.StatusBadRequest, "give a consumer and a message id")
+		return
+	}
+	if !h.checkToken(w, r, forgetAction(consumer, id)) {
+		return
+	}
+	if r.PostForm.Get("confirm") != id {
+		h.fail(w, r, http.StatusBadRequest, "the id typed to confirm is not the id to forget: nothing was forgotten")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
+	defer cancel()
+	n, err := h.cfg.Store.Forget(ctx, consumer, []string{id})
+	attrs := []any{"user", h.user(r), "action", "forget", "consumer", consumer, "id", id, "count", n}
+	d := resultData{Text: fmt.Sprintf("forgot %d claims of consumer %s for id %s", n, consumer, id),
+		Back: "lookup?consumer=" + url.QueryEscape(consumer) + "&ids=" + url.QueryEscape(id)}
+	if err != nil {
+		d.Err = err.Error()
+		h.log.Error("idemq console: action failed", append(attrs, "error", d.Err)...)
+		h.render(w, r, http.StatusBadGateway, "result", "Failed", d)
+		return
+	}
+	h.log.Info("idemq console: action", attrs...)
+	h.render(w, r, http.StatusOK, "result", "Done", d)
+}
+
+// outboxSel is a selection of parked outbox rows.
+type outboxSel struct {
+	Do           string
+	Seqs         []string
+	Key, Cause   string
+	Older, Newer string
+	filter       outbox.ParkedFilter
+	action       string
+	all          bool
+}
+
+func parseOutboxSel(r *http.Request, now time.Time) (outboxSel, error) {
+	s := outboxSel{Do: r.FormValue("do"), Seqs: r.Form["seq"], Key: r.FormValue("key"), Cause: r.FormValue("cause"),
+		Older: r.FormValue("older"), Newer: r.FormValue("newer")}
+	s.action, s.all = strings.CutSuffix(s.Do, "-all")
+	s.filter = outbox.ParkedFilter{Key: s.Key, Cause: s.Cause}
+	for _, v := range s.Seqs {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return s, fmt.Errorf("row %q is not a row number", v)
+		}
+		s.filter.Seqs = append(s.filter.Seqs, n)
+	}
+	older, err := parseAge("older", s.Older)
+	if err != nil {
+		return s, err
+	}
+	newer, err := parseAge("newer", s.Newer)
+	if err != nil {
+		return s, err
+	}
+	if older > 0 {
+		s.filter.ParkedBefore = now.Add(-older)
+	}
+	if newer > 0 {
+		s.filter.ParkedAfter = now.Add(-newer)
+	}
+	return s, nil
+}
+
+// check reports an action's selection that chooses nothing in
+// particular: the zero filter chooses every parked row.
+func (s outboxSel) check() error {
+	switch {
+	case s.action != "redrive" && s.action != "purge":
+		return fmt.Errorf("unknown action %q", s.Do)
+	case !s.all && len(s.filter.Seqs) == 0:
+		return errors.New("no row chosen: tick rows, or choose every row shown")
+	case s.all && len(s.filter.Seqs) > 0:
+		return errors.New("choose ticked rows or every row shown, not both")
+	}
+	return nil
+}
+
+func (s outboxSel) fields() []field {
+	var f []field
+	add := func(n, v string) {
+		if v != "" {
+			f = append(f, field{n, v})
+		}
+	}
+	add("do", s.Do)
+	for _, v := range s.Seqs {
+		add("seq", v)
+	}
+	add("key", s.Key)
+	add("cause", s.Cause)
+	add("older", s.Older)
+	add("newer", s.Newer)
+	return f
+}
+
+type outboxData struct {
+	Table     string
+	Sel       outboxSel
+	St        outbox.TableStats
+	Rows      []outbox.ParkedRow
+	Truncated bool
+	Err       string
+}
+
+func (h *handler) outboxPage(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Outbox == nil {
+		h.fail(w, r, http.StatusNotFound, "this console has no outbox table")
+		return
+	}
+	sel, err := parseOutboxSel(r, time.Now())
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	d := outboxData{Table: h.cfg.Outbox.Table(), Sel: sel}
+	st, err := h.cfg.Outbox.Stats(r.Context())
+	if err == nil {
+		d.St = st
+		f := sel.filter
+		f.Limit = outboxShown + 1
+		d.Rows, err = h.cfg.Outbox.Parked(r.Context(), f)
+		if len(d.Rows) > outboxShown {
+			d.Rows, d.Truncated = d.Rows[:outboxShown], true
+		}
+	}
+	if err != nil {
+		d.Err = err.Error()
+	}
+	h.render(w, r, http.StatusOK, "outbox", "Outbox", d)
+}
+
+type outboxConfirmData struct {
+	Table  string
+	Action string
+	Fields []field
+	Chosen int
+	IDs    []string
+	Token  string
+}
+
+func (h *handler) outboxConfirm(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.ReadOnly {
+		h.fail(w, r, http.StatusForbidden, "the console is read-only")
+		return
+	}
+	if h.cfg.Outbox == nil {
+		h.fail(w, r, http.StatusNotFound, "this console has no outbox table")
+		return
+	}
+	sel, err := parseOutboxSel(r, time.Now())
+	if err == nil {
+		err = sel.check()
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	rows, err := h.cfg.Outbox.Parked(r.Context(), sel.filter)
+	if err != nil {
+		h.fail(w, r, http.StatusBadGateway, err.Error())
+		return
+	}
+	d := outboxConfirmData{Table: h.cfg.Outbox.Table(), Action: sel.action, Fields: sel.fields(), Chosen: len(rows),
+		Token: h.token(h.user(r), "outbox-"+sel.action)}
+	for _, row := range rows {
+		if len(d.IDs) == confirmShown {
+			break
+		}
+		d.IDs = append(d.IDs, fmt.Sprintf("row %d: %s", row.Seq, row.ID))
+	}
+	h.render(w, r, http.StatusOK, "outboxconfirm", "Confirm "+sel.action, d)
+}
+
+func (h *handler) outboxAct(w http.ResponseWriter, r *http.Request) {
+	sel, err := parseOutboxSel(r, time.Now())
+	if err == nil {
+		err = sel.check()
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !h.checkToken(w, r, "outbox-"+sel.action) {
+		return
+	}
+	if h.cfg.Outbox == nil {
+		h.fail(w, r, http.StatusNotFound, "this console has no outbox table")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
+	defer cancel()
+	var n int64
+	if sel.action == "redrive" {
+		n, err = h.cfg.Outbox.Redrive(ctx, sel.filter)
+	} else {
+		n, err = h.cfg.Outbox.Purge(ctx, sel.filter)
+	}
+	attrs := []any{"user", h.user(r), "action", "outbox " + sel.action, "table", h.cfg.Outbox.Table(), "count", n}
+	verb := map[string]string{"redrive": "redrove", "purge": "purged"}[sel.action]
+	d := resultData{Text: fmt.Sprintf("%s %d parked rows of %s", verb, n, h.cfg.Outbox.Table()), Back: "outbox"}
+	if err != nil {
+		d.Err = err.Error()
+		h.log.Error("idemq console: action failed", append(attrs, "error", d.Err)...)
+		h.render(w, r, http.StatusBadGateway, "result", "Failed", d)
+		return
+	}
+	h.log.Info("idemq console: action", attrs...)
+	h.render(w, r, http.StatusOK, "result", "Done", d)
+}
+
+// age renders a duration the way operators compare it with a retention.
+func age(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return fmt.Sprintf("%.1fd", d.Hours()/24)
+}
+
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
