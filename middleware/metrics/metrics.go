@@ -70,7 +70,10 @@ func New(opts ...Option) (*Metrics, error) {
 	meter := cfg.mp.Meter(tracing.ScopeName)
 	var m Metrics
 	var err error
-	if m.duration, err = messagingconv.NewProcessDuration(meter); err != nil {
+	// The SDK's default buckets are for milliseconds; the duration is in
+	// seconds: these are the messaging conventions' advice.
+	if m.duration, err = messagingconv.NewProcessDuration(meter, metric.WithExplicitBucketBoundaries(
+		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)); err != nil {
 		return nil, err
 	}
 	if m.consumed, err = messagingconv.NewClientConsumedMessages(meter); err != nil {
