@@ -205,9 +205,9 @@ func verdict(hz admin.Horizon) (string, bool) {
 }
 
 // causeVarying matches the parts of a cause that vary from message to
-// message (quoted values, UUIDs, numbers and hex words), which grouping
+// message (quoted values, UUIDs, numbers with their units, and hex words), which grouping
 // leaves out.
-var causeVarying = regexp.MustCompile(`"[^"]*"|'[^']*'|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b|\b[0-9a-fA-F]*[0-9][0-9a-fA-F]*\b`)
+var causeVarying = regexp.MustCompile(`"[^"]*"|'[^']*'|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b|\b[0-9a-fA-F]*[0-9][0-9a-fA-F]*\b|\b\d+(?:\.\d+)?[a-zµ]{0,3}\b`)
 
 // causeGroup is the group of a cause: the cause with its varying parts
 // replaced by "…".
