@@ -11,6 +11,7 @@
 //	idemq outbox redrive --store URL (--id ROW… | --all) [--dry-run]  make parked rows pending again
 //	idemq outbox purge   --store URL (--id ROW… | --all) --yes        delete parked rows unpublished
 //	idemq outbox stats   --store URL [--json]             pending rows, oldest age, parked rows, keys held back
+//	idemq console --store URL --broker CONSUMER=URL… [--listen 127.0.0.1:8089]   the operator's console in the browser
 //
 // Measuring a broker and store pair is the benchmark's own command,
 // idemq-bench, in the bench module (cd bench && go run ./cmd/idemq-bench).
@@ -60,6 +61,7 @@ func commands() []command {
 		{"forget", "delete the claims of message ids so they apply again (needs --yes)", runForget},
 		{"dlq", "list, show, redrive or purge a consumer's dead letters", runDLQ},
 		{"outbox", "list, redrive, purge parked outbox rows; outbox backlog (outbox --help)", runOutbox},
+		{"console", "serve the operator's console in the browser (console --help)", runConsole},
 	}
 }
 
