@@ -38,7 +38,9 @@ func serveConsole(t *testing.T, args ...string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errOut syncBuffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, append([]string{"console", "--listen", "127.0.0.1:0"}, args...), &out, &errOut) }()
+	go func() {
+		done <- run(ctx, append([]string{"console", "--listen", "127.0.0.1:0"}, args...), &out, &errOut)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if code := <-done; code != exitOK {
