@@ -114,6 +114,7 @@ type settings struct {
 	provider                        string
 	lease                           time.Duration
 	window                          int
+	metrics                         string
 }
 
 func main() {
@@ -166,6 +167,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.Int64Var(&s.rejectAbove, "reject-above", 0, "dead-letter payments of more than this many cents, as a limit set by mistake would (0: no limit); the incident drill in docs/operating.md")
 	fs.StringVar(&s.provider, "provider", "", "payment provider URL: charge each payment through its HTTP API (POST /charges with an Idempotency-Key from $"+keySecretEnv+") outside any transaction, under a leased claim, then book it (the leased mode)")
 	fs.DurationVar(&s.lease, "lease", 30*time.Second, "with --provider: how long a payment's claim in progress stays this process's without renewal; a crashed process's payments are taken over after it")
+	fs.StringVar(&s.metrics, "metrics", "", "host:port to serve the consumer's metrics on for Prometheus (GET /metrics; docs/dashboards/idemq.json charts them); default none")
 	fs.IntVar(&s.window, "window", 500, "with --provider: payments in flight at once (charges running concurrently)")
 	fs.StringVar(&level, "log-level", level, "debug, info, warn or error; each decision is logged at info (duplicate: info, retry: warn, dead letter: error)")
 	fs.IntVar(&s.publish, "publish", 0, "publish N test messages (duplicates included) to --broker and exit, instead of consuming (not to a webhook:// inbox: its sender publishes)")
@@ -338,6 +340,14 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 	}
 	if kill != nil {
 		opts = append(opts, core.WithObserver(kill))
+	}
+	if s.metrics != "" {
+		m, err := serveMetrics(ctx, s.metrics, logger)
+		if err != nil {
+			src.Close()
+			return err
+		}
+		opts = append(opts, core.WithObserver(m))
 	}
 	var c *core.Consumer[Tx]
 	if s.provider != "" {
