@@ -14,8 +14,8 @@ import (
 
 // Store is a dedup store opened for operations, whatever the transaction
 // type its handlers take. Each operation needs the store to implement the
-// interface of the same name (Migrator, Pruner, Inspector, Lookuper,
-// Forgetter); one it does not implement fails with an error wrapping
+// interface of the same name (Migrator, Pruner, Inspector, Estimator,
+// Lookuper, Forgetter); one it does not implement fails with an error wrapping
 // errors.ErrUnsupported. The SQL stores implement all of them.
 type Store struct {
 	url   string
@@ -107,7 +107,8 @@ func (s *Store) Retention() (time.Duration, bool) {
 }
 
 // Stats describes the dedup table and the claims of each consumer
-// (Inspector).
+// (Inspector). It counts every row, a scan of the whole table: Estimate
+// is the cheap figure to ask often.
 func (s *Store) Stats(ctx context.Context) (TableStats, error) {
 	in, ok := s.store.(Inspector)
 	if !ok {

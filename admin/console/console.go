@@ -48,9 +48,11 @@ type Config struct {
 	// when an operator asks for it (it is hidden until then). Default:
 	// the body as it is.
 	RedactBody func(consumer string, p *admin.Parked) []byte
-	// StatsEvery is how long the dedup table's statistics are kept before
-	// a page view counts them again: admin.Store.Stats counts every row,
-	// so this bounds the scans the console causes. Default
+	// StatsEvery is how long the dedup table's per-consumer statistics
+	// are kept before a page view counts them again: admin.Store.Stats
+	// counts every row, so this bounds the scans the console causes. The
+	// table-wide figure comes from admin.Store.Estimate on every view
+	// instead, which runs bounded queries only. Default
 	// DefaultStatsEvery.
 	StatsEvery time.Duration
 }

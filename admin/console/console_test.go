@@ -301,7 +301,8 @@ func TestMemoryDeadLetters(t *testing.T) {
 	}
 	c := mount(t, h)
 
-	c.get("", "payments", ">4</a> in payments (memory)", "a full count", "0 claims")
+	c.get("", "payments", ">4</a> in payments (memory)", "a full count", "0 claims",
+		`<p class="estimate">0 claims`, "Now: counted up to 10,000; size: the whole database file", "bounded queries only")
 	page := c.get("dlq?consumer=payments", "4 of 4 dead letters", "2 cause groups",
 		`<span class="count">3</span> insufficient funds for account …`, `<span class="count">1</span> schema: unknown field …`)
 	if strings.Contains(page, "4111") {
@@ -610,10 +611,22 @@ func TestPostgresOverview(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := mount(t, h)
-	page := c.get("", "Dedup table "+table, "3 claims", "on disk with indexes", "<td class=\"num\">3</td>", "no dead-letter queue given")
+	page := c.get("", "Dedup table "+table, "3 claims", "on disk with indexes", "<td class=\"num\">3</td>", "no dead-letter queue given",
+		`<p class="estimate">3 claims`, "Now: counted up to 10,000 (pg_class.reltuples is unknown until the first ANALYZE)")
 	if strings.Contains(page, "postgres://") {
 		t.Errorf("the overview shows the store URL:\n%s", page)
 	}
+	// After ANALYZE the table-wide figure is the catalog's estimate, on
+	// the next view, while the per-consumer count stays the kept one.
+	var pool *pgxpool.Pool
+	if !s.As(&pool) {
+		t.Fatal("the Postgres store hands out no pool")
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE "+table); err != nil {
+		t.Fatal(err)
+	}
+	c.get("", `<p class="estimate">about 3 claims`, "Now: estimate from pg_class.reltuples, updated by ANALYZE and autovacuum, statistics taken",
+		"size: pg_total_relation_size, with indexes", "Per consumer: a full count", "<td class=\"num\">3</td>")
 	c.get("lookup?consumer=orders&ids=o-1", "<td>o-1</td>\n<td>yes</td>")
 }
 

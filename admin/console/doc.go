@@ -7,8 +7,12 @@
 //
 // Its pages call the functions the idemq command calls (package admin):
 //
-//   - the overview: per consumer, the claims of the dedup table
-//     (admin.Store.Stats, counted at most once per Config.StatsEvery),
+//   - the overview: the dedup table's size on every view from bounded
+//     queries only (admin.Store.Estimate: the database's statistics, or a
+//     count that stops at admin.CountCap, labelled with how it is
+//     obtained); per consumer, the claims of the dedup table
+//     (admin.Store.Stats, a full count, taken at most once per
+//     Config.StatsEvery and shown with its age),
 //     the dead letters waiting (a scan that stops at 1000), the store's
 //     retention held against the broker's redelivery horizon
 //     (admin.CheckHorizon, checked in the background and kept), and the

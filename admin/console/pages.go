@@ -121,10 +121,35 @@ type consumerView struct {
 }
 
 type overviewData struct {
+	Est       *estimateView // nil when the store cannot estimate
 	Stats     *statsSnapshot
 	Every     time.Duration
 	Consumers []consumerView
 	Outbox    *outboxStatsView
+}
+
+// estimateView is an admin.Store.Estimate asked for one view.
+type estimateView struct {
+	E    admin.TableEstimate
+	Took time.Duration
+	Err  string
+}
+
+// estimate asks the store for its cheap estimate of the dedup table; nil
+// when the store has none (errors.ErrUnsupported).
+func (h *handler) estimate(ctx context.Context) *estimateView {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	e, err := h.cfg.Store.Estimate(ctx)
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil
+	}
+	v := &estimateView{E: e, Took: time.Since(start)}
+	if err != nil {
+		v.Err = err.Error()
+	}
+	return v
 }
 
 type outboxStatsView struct {
@@ -135,7 +160,7 @@ type outboxStatsView struct {
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	d := overviewData{Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery}
+	d := overviewData{Est: h.estimate(ctx), Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery}
 	for _, c := range h.order {
 		v := consumerView{Name: c.Name, HasDLQ: c.DeadLetters != nil}
 		for i := range d.Stats.St.Consumers {

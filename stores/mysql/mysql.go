@@ -91,10 +91,10 @@ const claimChunk = 1000
 
 // Store is the MySQL/MariaDB dedup store. It implements
 // driver.Store[*sql.Tx], admin.Pruner, driver.Retentioner, admin.Migrator,
-// admin.Inspector, admin.Lookuper, admin.Forgetter and driver.Leaser
-// (leased claims: Acquire, Renew, Release), and is safe for concurrent
-// use. Its methods are the shared engine's; this package gives the
-// dialect.
+// admin.Inspector, admin.Estimator, admin.Lookuper, admin.Forgetter and
+// driver.Leaser (leased claims: Acquire, Renew, Release), and is safe for
+// concurrent use. Its methods are the shared engine's, Estimate apart;
+// this package gives the dialect.
 //
 // The lease methods run in READ COMMITTED transactions of their own:
 // SELECT … FOR UPDATE of the lease row, then an INSERT of a new row (a

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
@@ -35,14 +37,70 @@ FROM `+s.cfg.Table+` GROUP BY consumer ORDER BY consumer`)
 	if err := s.inspectLeases(ctx, &st); err != nil {
 		return st, wrap(err)
 	}
-	// A partitioned parent has no storage of its own: add its partitions
-	// (pg_partition_tree lists none for a plain table).
-	if err := s.pool.QueryRow(ctx, `SELECT (pg_total_relation_size($1::regclass) + COALESCE(
-	(SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass) WHERE relid <> $1::regclass), 0))::bigint`,
-		s.cfg.Table).Scan(&st.SizeBytes); err != nil {
+	if err := s.pool.QueryRow(ctx, sizeSQL, s.cfg.Table).Scan(&st.SizeBytes); err != nil {
 		return st, wrap(err)
 	}
 	return st, nil
+}
+
+var _ admin.Estimator = (*Store)(nil)
+
+// sizeSQL returns the bytes the table named by $1 takes with its indexes.
+// A partitioned parent has no storage of its own: its partitions are
+// added (pg_partition_tree lists none for a plain table). It reads the
+// files' sizes, not their contents.
+const sizeSQL = `SELECT (pg_total_relation_size($1::regclass) + COALESCE(
+	(SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass) WHERE relid <> $1::regclass), 0))::bigint`
+
+// estimateSQL sums pg_class.reltuples over the table named by $1, or over
+// its partitions for a partitioned parent: how many of them there are, how
+// many have statistics (reltuples is -1 until the first ANALYZE or
+// VACUUM), their rows, and when the least recent of those statistics
+// was taken.
+const estimateSQL = `SELECT count(*), count(*) FILTER (WHERE reltuples >= 0),
+	COALESCE(sum(reltuples) FILTER (WHERE reltuples >= 0), 0)::bigint, min(at) FILTER (WHERE reltuples >= 0)
+FROM (SELECT c.reltuples, GREATEST(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid),
+		pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS at
+	FROM pg_class c
+	WHERE c.relkind <> 'p' AND c.oid IN (SELECT $1::regclass UNION ALL SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf)) AS parts`
+
+// Estimate estimates the dedup table's rows and size (admin.Estimator)
+// from the catalog: pg_class.reltuples, which ANALYZE, VACUUM and
+// autovacuum update, summed over the partitions of a table made
+// WithPartitions; and pg_total_relation_size with the indexes, as Inspect
+// reports it. Before the table's first ANALYZE or VACUUM reltuples is
+// unknown, and Estimate counts the rows instead, up to admin.CountCap.
+// Every query is bounded whatever the table's size.
+func (s *Store) Estimate(ctx context.Context) (admin.TableEstimate, error) {
+	e := admin.TableEstimate{Table: s.cfg.Table,
+		SizeSource: "pg_total_relation_size, with indexes"}
+	wrap := func(err error) error { return s.cfg.Wrap("estimate", err) }
+	var parts, known int
+	var at *time.Time
+	if err := s.pool.QueryRow(ctx, estimateSQL, s.cfg.Table).Scan(&parts, &known, &e.Rows, &at); err != nil {
+		return e, wrap(err)
+	}
+	switch {
+	case known == 0:
+		var n int64
+		if err := s.pool.QueryRow(ctx, admin.BoundedCountSQL(s.cfg.Table, admin.CountCap)).Scan(&n); err != nil {
+			return e, wrap(err)
+		}
+		admin.CappedCount(&e, n, admin.CountCap)
+		e.RowsSource = admin.CountedUpTo(admin.CountCap) + " (pg_class.reltuples is unknown until the first ANALYZE)"
+	default:
+		e.RowsSource = "estimate from pg_class.reltuples, updated by ANALYZE and autovacuum"
+		if at != nil {
+			e.StatsAt = *at
+		}
+		if known < parts {
+			e.RowsSource += fmt.Sprintf("; %d of %d partitions not analyzed yet, counted as empty", parts-known, parts)
+		}
+	}
+	if err := s.pool.QueryRow(ctx, sizeSQL, s.cfg.Table).Scan(&e.SizeBytes); err != nil {
+		return e, wrap(err)
+	}
+	return e, nil
 }
 
 // inspectLeases adds the leases per consumer to st, none when the lease

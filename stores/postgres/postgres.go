@@ -89,8 +89,9 @@ import (
 )
 
 // Store is the PostgreSQL dedup store. It implements driver.Store[pgx.Tx],
-// admin.Pruner, driver.Retentioner, admin.Migrator and driver.Leaser
-// (leased claims, see Acquire), and is safe for concurrent use.
+// admin.Pruner, driver.Retentioner, admin.Migrator, admin.Inspector,
+// admin.Estimator and driver.Leaser (leased claims, see Acquire), and is
+// safe for concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
 	owned bool

@@ -45,9 +45,10 @@ const claimChunk = 400
 
 // Store is the SQLite dedup store. It implements driver.Store[*sql.Tx],
 // admin.Pruner, driver.Retentioner, admin.Migrator, admin.Inspector,
-// admin.Lookuper, admin.Forgetter and driver.Leaser (leased claims:
-// Acquire, Renew, Release). It is safe for concurrent use. Its methods
-// are the shared engine's; this package gives the dialect.
+// admin.Estimator, admin.Lookuper, admin.Forgetter and driver.Leaser
+// (leased claims: Acquire, Renew, Release). It is safe for concurrent
+// use. Its methods are the shared engine's, Estimate apart; this package
+// gives the dialect.
 //
 // Every transaction of a handle from Open takes the write lock at BEGIN,
 // the lease methods' own included: Acquire reads the lease row, inserts a
