@@ -19,11 +19,15 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/redact"
 )
 
 // DefaultStatsEvery is Config.StatsEvery's default.
 const DefaultStatsEvery = 5 * time.Minute
+
+// DefaultSampleEvery is Config.SampleEvery's default.
+const DefaultSampleEvery = 10 * time.Second
 
 // Config is what the console shows and how it acts.
 type Config struct {
@@ -55,6 +59,16 @@ type Config struct {
 	// instead, which runs bounded queries only. Default
 	// DefaultStatsEvery.
 	StatsEvery time.Duration
+	// SampleEvery is how often the console samples Consumer.Stats of
+	// each consumer that has it, for the overview's processed messages
+	// and duplicates per minute over the last hour. It is at most a
+	// minute. Default DefaultSampleEvery (10 seconds).
+	SampleEvery time.Duration
+	// Context bounds the sampling of Consumer.Stats, which starts at New
+	// and stops when Context ends. Default context.Background(): the
+	// sampling lasts as long as the process. Without any Consumer.Stats
+	// nothing is sampled and Context is not used.
+	Context context.Context
 }
 
 // Consumer is one consumer the console shows.
@@ -70,6 +84,14 @@ type Consumer struct {
 	// retention with the broker's redelivery horizon (admin.CheckHorizon);
 	// "" skips the comparison. It is shown without credentials.
 	SourceURL string
+	// Stats returns the consumer's running decision counts: set it to the
+	// running core.Consumer's Stats method when the console is mounted in
+	// the service that runs that Consumer. The overview then shows the
+	// consumer's processed messages and duplicates per minute over the
+	// last hour, sampled every Config.SampleEvery, and its totals since
+	// it started. nil shows none. It is called from the console's own
+	// goroutine and from page views.
+	Stats func() core.Stats
 }
 
 //go:embed templates/*.html
@@ -91,6 +113,10 @@ type handler struct {
 
 	statsMu sync.Mutex
 	stats   *statsSnapshot
+
+	// samplerDone is closed when the sampler of Consumer.Stats ends; nil
+	// when none runs.
+	samplerDone chan struct{}
 }
 
 // consumerState is a consumer and what the console keeps of it.
@@ -101,6 +127,8 @@ type consumerState struct {
 	hzMu      sync.Mutex
 	hz        *horizonResult
 	hzRunning bool
+
+	hist *history // nil without Stats
 }
 
 // horizonResult is a kept admin.CheckHorizon.
@@ -133,6 +161,17 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.StatsEvery == 0 {
 		cfg.StatsEvery = DefaultStatsEvery
 	}
+	switch {
+	case cfg.SampleEvery < 0:
+		return nil, fmt.Errorf("console: Config.SampleEvery %v is negative", cfg.SampleEvery)
+	case cfg.SampleEvery > time.Minute:
+		return nil, fmt.Errorf("console: Config.SampleEvery %v is over a minute: the overview counts per minute", cfg.SampleEvery)
+	case cfg.SampleEvery == 0:
+		cfg.SampleEvery = DefaultSampleEvery
+	}
+	if cfg.Context == nil {
+		cfg.Context = context.Background()
+	}
 	h := &handler{cfg: cfg, log: cfg.Logger, consumers: map[string]*consumerState{}, cop: http.NewCrossOriginProtection()}
 	if h.log == nil {
 		h.log = slog.Default()
@@ -150,6 +189,9 @@ func New(cfg Config) (http.Handler, error) {
 			}
 		}
 		cs := &consumerState{Consumer: c}
+		if c.Stats != nil {
+			cs.hist = newHistory()
+		}
 		h.consumers[c.Name] = cs
 		h.order = append(h.order, cs)
 	}
@@ -178,6 +220,7 @@ func New(cfg Config) (http.Handler, error) {
 	m.HandleFunc("GET /outbox/confirm", h.outboxConfirm)
 	m.HandleFunc("POST /outbox/act", h.outboxAct)
 	h.mux = m
+	h.startSampler()
 	return h, nil
 }
 

@@ -16,7 +16,9 @@
 //     the dead letters waiting (a scan that stops at 1000), the store's
 //     retention held against the broker's redelivery horizon
 //     (admin.CheckHorizon, checked in the background and kept), and the
-//     outbox's backlog;
+//     outbox's backlog; per consumer with Consumer.Stats, its processed
+//     messages and duplicates per minute over the last hour (an inline
+//     SVG) and its totals;
 //   - a consumer's dead letters grouped by cause, filtered by cause text,
 //     id and age; one message's detail, its body shown only on request
 //     and through Config.RedactBody; redrive and purge of one message, a
@@ -28,6 +30,18 @@
 //     lease), and forgetting one claim after its id is typed again;
 //   - the outbox: pending rows and the oldest one's age, the parked rows,
 //     redrive and purge of parked rows.
+//
+// The dedup store records claims but not duplicates (a duplicate is a
+// claim that lost), so the processed messages and duplicates over time
+// come from the running Consumer: mounted in the service that runs it,
+// the console samples each Consumer.Stats (set it to the core.Consumer's
+// Stats method) every Config.SampleEvery from New until Config.Context
+// ends, keeps the last hour per minute in a bounded ring, and draws it on
+// the overview. Claims over time are the processed series: a processed
+// message is a claim that won. The table shows the newest and oldest
+// claim as well. A console that runs apart from the consumers (the idemq
+// console command) has no Stats and points to the Grafana dashboard
+// instead (docs/dashboards/idemq.json).
 //
 // Reading never changes anything: every page is a GET, every action a POST
 // that carries a token bound to the action and the user (an HMAC under a

@@ -118,12 +118,14 @@ type consumerView struct {
 	Horizon     *horizonResult
 	Verdict     string
 	Short       bool
+	Over        *overTimeView // nil without Consumer.Stats
 }
 
 type overviewData struct {
 	Est       *estimateView // nil when the store cannot estimate
 	Stats     *statsSnapshot
 	Every     time.Duration
+	Sample    time.Duration
 	Consumers []consumerView
 	Outbox    *outboxStatsView
 }
@@ -160,9 +162,12 @@ type outboxStatsView struct {
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	d := overviewData{Est: h.estimate(ctx), Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery}
+	d := overviewData{Est: h.estimate(ctx), Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery, Sample: h.cfg.SampleEvery}
 	for _, c := range h.order {
 		v := consumerView{Name: c.Name, HasDLQ: c.DeadLetters != nil}
+		if c.hist != nil {
+			v.Over = c.hist.view(c.Stats())
+		}
 		for i := range d.Stats.St.Consumers {
 			if d.Stats.St.Consumers[i].Consumer == c.Name {
 				v.Claims = &d.Stats.St.Consumers[i]
