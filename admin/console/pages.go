@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/units"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -44,10 +45,10 @@ var pageNames = []string{"error", "overview", "dlq", "message", "dlqconfirm", "r
 // parseTemplates parses each page with the layout.
 func (h *handler) parseTemplates() error {
 	funcs := template.FuncMap{
-		"ago":   func(t time.Time) string { return age(time.Since(t)) },
+		"ago":   func(t time.Time) string { return units.Age(time.Since(t)) },
 		"utc":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-		"age":   age,
-		"bytes": formatBytes,
+		"age":   units.Age,
+		"bytes": units.Bytes,
 		"sortedKeys": func(m map[string]string) []string {
 			return slices.Sorted(maps.Keys(m))
 		},
@@ -332,22 +333,27 @@ type field struct{ Name, Value string }
 // fields are the hidden fields that carry the selection to the next
 // step.
 func (s selection) fields() []field {
-	var f []field
-	add := func(n, v string) {
+	var f fieldList
+	f.add("do", s.Do)
+	f.add("ref", s.Refs...)
+	f.add("group", s.Group)
+	f.add("cause", s.Cause)
+	f.add("id", s.ID)
+	f.add("older", s.Older)
+	f.add("newer", s.Newer)
+	return f
+}
+
+// fieldList collects hidden fields, leaving out empty values.
+type fieldList []field
+
+// add appends a field named n for each non-empty value of vs.
+func (f *fieldList) add(n string, vs ...string) {
+	for _, v := range vs {
 		if v != "" {
-			f = append(f, field{n, v})
+			*f = append(*f, field{n, v})
 		}
 	}
-	add("do", s.Do)
-	for _, r := range s.Refs {
-		add("ref", r)
-	}
-	add("group", s.Group)
-	add("cause", s.Cause)
-	add("id", s.ID)
-	add("older", s.Older)
-	add("newer", s.Newer)
-	return f
 }
 
 // group is the dead letters of one cause group.
@@ -793,20 +799,13 @@ func (s outboxSel) check() error {
 }
 
 func (s outboxSel) fields() []field {
-	var f []field
-	add := func(n, v string) {
-		if v != "" {
-			f = append(f, field{n, v})
-		}
-	}
-	add("do", s.Do)
-	for _, v := range s.Seqs {
-		add("seq", v)
-	}
-	add("key", s.Key)
-	add("cause", s.Cause)
-	add("older", s.Older)
-	add("newer", s.Newer)
+	var f fieldList
+	f.add("do", s.Do)
+	f.add("seq", s.Seqs...)
+	f.add("key", s.Key)
+	f.add("cause", s.Cause)
+	f.add("older", s.Older)
+	f.add("newer", s.Newer)
 	return f
 }
 
@@ -923,30 +922,4 @@ func (h *handler) outboxAct(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.Info("idemq console: action", attrs...)
 	h.render(w, r, http.StatusOK, "result", "Done", d)
-}
-
-// age renders a duration the way operators compare it with a retention.
-func age(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "0s"
-	case d < time.Minute:
-		return d.Round(time.Second).String()
-	case d < 48*time.Hour:
-		return d.Round(time.Minute).String()
-	}
-	return fmt.Sprintf("%.1fd", d.Hours()/24)
-}
-
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/units"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 )
@@ -214,7 +215,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	tw := newTable(stdout, "ID\tREF\tATTEMPTS\tAGE\tORIGIN\tBYTES\tCAUSE")
 	for _, p := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", cmp.Or(p.ID, "(none)"), p.Ref, p.Attempt, age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, shorten(p.Cause, 100))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", cmp.Or(p.ID, "(none)"), p.Ref, p.Attempt, units.Age(time.Duration(p.AgeSeconds)*time.Second), p.Origin, p.BodyBytes, shorten(p.Cause, 100))
 	}
 	return tw.Flush()
 }
@@ -281,7 +282,7 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			id = "(none)"
 		}
 		fmt.Fprintf(stdout, "id:          %s\nref:         %s\ncause:       %s\nattempts:    %d\norigin:      %s\nredrives to: %s\nparked at:   %s (%s ago)\n",
-			id, p.Ref, p.Cause, p.Attempt, p.Origin, p.Destination, p.ParkedAt.UTC().Format(time.RFC3339), age(now.Sub(p.ParkedAt)))
+			id, p.Ref, p.Cause, p.Attempt, p.Origin, p.Destination, p.ParkedAt.UTC().Format(time.RFC3339), units.Age(now.Sub(p.ParkedAt)))
 		if p.Key != "" {
 			fmt.Fprintf(stdout, "key:         %s\n", p.Key)
 		}
@@ -418,7 +419,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 			verb = "would refuse"
 		}
 		for _, p := range refused {
-			fmt.Fprintf(stderr, "  %s %s, parked %s ago\n", verb, p.ID, age(time.Duration(p.AgeSeconds)*time.Second))
+			fmt.Fprintf(stderr, "  %s %s, parked %s ago\n", verb, p.ID, units.Age(time.Duration(p.AgeSeconds)*time.Second))
 		}
 		return fmt.Errorf("%s %d messages parked longer ago than the store keeps claims (%v): a copy applied before then may have lost its claim to pruning, and this one would be applied again; redrive them with --force once you know they were not applied", verb, len(refused), retention)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/units"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -398,7 +399,7 @@ func runOutboxStats(ctx context.Context, args []string, stdout, _ io.Writer) err
 		}
 		tw := newTable(stdout, o.where())
 		fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
-		fmt.Fprintf(tw, "oldest pending\t%s\n", age(st.OldestPending))
+		fmt.Fprintf(tw, "oldest pending\t%s\n", units.Age(st.OldestPending))
 		fmt.Fprintf(tw, "parked\t%d\n", st.Parked)
 		fmt.Fprintf(tw, "keys held back\t%d (%d pending rows behind parked rows)\n", st.HeldKeys, st.HeldRows)
 		return tw.Flush()

@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/internal/cli"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/units"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
@@ -227,7 +228,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		size := "unknown"
 		if st.SizeBytes > 0 {
-			size = formatBytes(st.SizeBytes)
+			size = units.Bytes(st.SizeBytes)
 		}
 		fmt.Fprintf(stdout, "table %s on %s: %d claims, %s on disk\n", st.Table, redact.URL(raw), st.Rows, size)
 		for _, hz := range hzs {
@@ -260,7 +261,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		for _, c := range st.Consumers {
 			oldest, ago, newest := "-", "-", "-"
 			if !c.Oldest.IsZero() {
-				oldest, ago, newest = c.Oldest.UTC().Format(time.RFC3339), age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339)
+				oldest, ago, newest = c.Oldest.UTC().Format(time.RFC3339), units.Age(now.Sub(c.Oldest)), c.Newest.UTC().Format(time.RFC3339)
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", c.Consumer, c.Rows, oldest, ago, newest)
 			if leased {
@@ -349,30 +350,4 @@ func checkHorizon(ctx context.Context, s *admin.Store, brokerURL string) (*horiz
 		h.Horizon = hz.Horizon.String()
 	}
 	return h, nil
-}
-
-// age renders a duration the way operators compare it with a retention.
-func age(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "0s"
-	case d < time.Minute:
-		return d.Round(time.Second).String()
-	case d < 48*time.Hour:
-		return d.Round(time.Minute).String()
-	}
-	return fmt.Sprintf("%.1fd", d.Hours()/24)
-}
-
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
