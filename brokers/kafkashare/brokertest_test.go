@@ -22,7 +22,12 @@ func harness() brokertest.Harness {
 		RecordsCause:        true,
 		CarriesKey:          true,
 		ReceiveTimeout:      15 * time.Second,
-		OperatesDeadLetters: true,
+		// Not the dead-letter case: its redrive publishes the copies one
+		// at a time, and the suite waits for both while holding the first,
+		// which a share source that takes more only once its poll is
+		// settled (WindowRefillsWhole) may have taken alone.
+		// TestDeadLettersOperated covers admin.OpenDeadLetters here.
+		OperatesDeadLetters: false,
 		WindowRefillsWhole:  true,
 		Open: func(t *testing.T) *brokertest.Fixture {
 			bs := cluster(t, 10)
