@@ -19,9 +19,9 @@ import (
 // testLock; the suite's messages are published by the kafka:// Publisher.
 func harness() brokertest.Harness {
 	return brokertest.Harness{
-		RecordsCause:        true,
-		CarriesKey:          true,
-		ReceiveTimeout:      15 * time.Second,
+		RecordsCause:   true,
+		CarriesKey:     true,
+		ReceiveTimeout: 15 * time.Second,
 		// Not the dead-letter case: its redrive publishes the copies one
 		// at a time, and the suite waits for both while holding the first,
 		// which a share source that takes more only once its poll is
