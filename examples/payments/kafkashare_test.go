@@ -71,6 +71,6 @@ func TestKillAndRestartKafkaSharePostgres(t *testing.T) {
 		broker:    "kafka+share://" + addrs + "/" + topic + "?group=payments-" + randomHex(3),
 		publishTo: "kafka://" + addrs + "/" + topic + "?group=publisher",
 		bin:       shareServiceBinary(t),
-		store:     store, tables: prefix, ledger: l, messages: min(killMessages(t), 5000), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
+		store:     store, tables: prefix, ledger: l, messages: killMessages(t), duplicates: 0.2, kills: 3, batch: 20, concurrency: 2,
 	})
 }
