@@ -309,6 +309,16 @@ func (h *handler) consumer(w http.ResponseWriter, r *http.Request) *consumerStat
 	return c
 }
 
+// noDeadLetters answers 404 and reports true when c has no dead-letter
+// queue in this console.
+func (h *handler) noDeadLetters(w http.ResponseWriter, r *http.Request, c *consumerState) bool {
+	if c.DeadLetters != nil {
+		return false
+	}
+	h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+	return true
+}
+
 // statsFor returns the kept statistics of the dedup table, counting them
 // again when they are older than StatsEvery. One count runs at a time;
 // others wait for it.

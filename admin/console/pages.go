@@ -380,8 +380,7 @@ func (h *handler) dlqList(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	if c.DeadLetters == nil {
-		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+	if h.noDeadLetters(w, r, c) {
 		return
 	}
 	sel, err := parseSelection(r)
@@ -451,8 +450,7 @@ func (h *handler) dlqMessage(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	if c.DeadLetters == nil {
-		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+	if h.noDeadLetters(w, r, c) {
 		return
 	}
 	ref := r.FormValue("ref")
@@ -526,8 +524,7 @@ func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	if c.DeadLetters == nil {
-		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+	if h.noDeadLetters(w, r, c) {
 		return
 	}
 	sel, err := parseSelection(r)
@@ -592,8 +589,7 @@ func (h *handler) dlqAct(w http.ResponseWriter, r *http.Request) {
 	if !h.checkToken(w, r, "dlq-"+action+":"+c.Name) {
 		return
 	}
-	if c.DeadLetters == nil {
-		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("consumer %s has no dead-letter queue in this console", c.Name))
+	if h.noDeadLetters(w, r, c) {
 		return
 	}
 	force := r.PostForm.Get("force") == "1"
