@@ -894,6 +894,12 @@ func TestConcurrentDuplicatesOnlyAfterExpiry(t *testing.T) {
 		holding = map[string][]time.Time{}
 		overlap int
 		acked   = map[string]int{}
+		// again is closed when the first lease-outliving holder's message
+		// is handed out again: that holder keeps it until then (the copy
+		// waits behind the queue), so one overlap is seen however slow
+		// the machine is.
+		again   = map[string]chan struct{}{}
+		waiting bool
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -915,10 +921,28 @@ func TestConcurrentDuplicatesOnlyAfterExpiry(t *testing.T) {
 					}
 					overlap++
 				}
+				if c, ok := again[id]; ok && len(holding[id]) > 0 {
+					close(c)
+					delete(again, id)
+				}
 				holding[id] = append(holding[id], d.Message().ReceivedAt)
+				outlive := (i+j)%7 == 0 && d.Message().Attempt == 1
+				var seen chan struct{}
+				if outlive && !waiting {
+					waiting = true
+					seen = make(chan struct{})
+					again[id] = seen
+				}
 				mu.Unlock()
-				if (i+j)%7 == 0 && d.Message().Attempt == 1 {
+				if outlive {
 					time.Sleep(2 * vt) // outlive the lease
+				}
+				if seen != nil {
+					select {
+					case <-seen:
+					case <-time.After(30 * time.Second):
+						t.Errorf("%s was not handed out again while its expired lease was held", id)
+					}
 				}
 				err = d.Ack(context.Background()) // settle even after cancel
 				mu.Lock()
