@@ -78,10 +78,15 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			// Disarm before relaying: an answer can only come after the
+			// write, so bytes read before the proxy was armed (the
+			// statement before the one to cut) are never taken for the
+			// next ones, however late this goroutine runs.
+			cut := fromClient && p.arm.CompareAndSwap(true, false)
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}
-			if fromClient && p.arm.CompareAndSwap(true, false) {
+			if cut {
 				// The request is on its way to the server; close the
 				// client's side only. The server's side stays open until
 				// its answer comes and finds no client (the other pipe
