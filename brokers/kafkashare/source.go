@@ -369,7 +369,7 @@ func (s *Source) Close() error {
 // AckBatch implements driver.BatchSettler: the records are accepted, and
 // the acknowledgements flushed once.
 func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("kafkashare", ds, func(d *delivery) bool { return d.s == s }, func(d *delivery) error { return d.claim(kgo.AckAccept) })
+	own, errs := unsettled.Take("kafkashare", ds, func(d *delivery) bool { return d.s == s }, (*delivery).claim)
 	if len(own) == 0 {
 		return errors.Join(errs...)
 	}
@@ -388,18 +388,16 @@ type delivery struct {
 // Message implements driver.Delivery.
 func (d *delivery) Message() *driver.Message { return &d.e.D.Message }
 
-// claim claims d's settlement. A stale one is marked all the same, as
-// franz-go would at its member's next poll (an accept), but a settlement
-// other than an accept releases the record: accepted, it would be lost
-// were the broker still holding it for this member. The broker refuses
-// either once the lock is gone.
-func (d *delivery) claim(status kgo.AckStatus) error {
+// claim claims d's settlement. A stale one is marked all the same, so
+// that franz-go's next poll does not accept it, and always as a release,
+// whatever the settlement was: the stale error tells the Consumer the
+// broker delivers the record again, and an accept that still reached the
+// broker (a Source closed while its member had not yet left) would make
+// that untrue. The broker refuses the release once the lock is gone.
+func (d *delivery) claim() error {
 	err := d.s.set.Settle(d.e)
 	if err != nil && errors.Is(err, driver.ErrStaleDelivery) {
-		if status != kgo.AckAccept {
-			status = kgo.AckRelease
-		}
-		d.s.mark(d.e.D, status)
+		d.s.mark(d.e.D, kgo.AckRelease)
 	}
 	if err != nil {
 		return fmt.Errorf("kafkashare: record %s: %w", origin(d.e.D.r), err)
@@ -409,7 +407,7 @@ func (d *delivery) claim(status kgo.AckStatus) error {
 
 // settle claims d's settlement, marks status and flushes it.
 func (d *delivery) settle(ctx context.Context, status kgo.AckStatus) error {
-	if err := d.claim(status); err != nil {
+	if err := d.claim(); err != nil {
 		return err
 	}
 	d.s.mark(d.e.D, status)
@@ -429,7 +427,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 	if hold <= 0 {
 		return d.settle(ctx, kgo.AckRelease)
 	}
-	if err := d.claim(kgo.AckRelease); err != nil {
+	if err := d.claim(); err != nil {
 		return err
 	}
 	release := func() { s.mark(d.e.D, kgo.AckRelease) }
@@ -444,7 +442,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 // topic, then the record is rejected (REJECT: the broker archives it).
 // When the copy fails the record is released, never rejected.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
-	if err := d.claim(kgo.AckReject); err != nil {
+	if err := d.claim(); err != nil {
 		return err
 	}
 	s, r, m := d.s, d.e.D.r, &d.e.D.Message
