@@ -81,6 +81,7 @@ func TestMetricsCountDecisionsExactly(t *testing.T) {
 	got := map[string]map[string]int64{} // instrument → decision → count
 	var inFlight int64 = -1
 	var batches uint64
+	stages := map[string]uint64{} // stage → count
 	for _, sm := range rm.ScopeMetrics {
 		for _, mt := range sm.Metrics {
 			switch data := mt.Data.(type) {
@@ -99,6 +100,20 @@ func TestMetricsCountDecisionsExactly(t *testing.T) {
 				}
 			case metricdata.Histogram[float64]:
 				for _, dp := range data.DataPoints {
+					if mt.Name == metrics.StageDurationName {
+						st, _ := dp.Attributes.Value(metrics.StageKey)
+						stages[st.AsString()] += dp.Count
+						for k, want := range map[attribute.Key]string{"messaging.system": "memory",
+							"messaging.destination.name": "q", "messaging.consumer.group.name": "billing"} {
+							if v, _ := dp.Attributes.Value(k); v.AsString() != want {
+								t.Errorf("%s{%s}: %s = %q, want %q", mt.Name, st.AsString(), k, v.AsString(), want)
+							}
+						}
+						if dp.Sum <= 0 {
+							t.Errorf("%s{%s}: %d recorded, summing to %v", mt.Name, st.AsString(), dp.Count, dp.Sum)
+						}
+						continue
+					}
 					d, _ := dp.Attributes.Value("idemq.decision")
 					if got[mt.Name] == nil {
 						got[mt.Name] = map[string]int64{}
@@ -128,6 +143,16 @@ func TestMetricsCountDecisionsExactly(t *testing.T) {
 	}
 	if batches == 0 {
 		t.Error("no batch sizes recorded")
+	}
+	// Every transaction begins, claims and commits (or rolls back): each
+	// claim is timed once, as its batch size is recorded once.
+	if stages["claim"] != batches {
+		t.Errorf("claim stage timed %d times, want one per batch (%d); all: %v", stages["claim"], batches, stages)
+	}
+	for _, st := range []string{"begin", "handlers", "commit"} {
+		if stages[st] == 0 {
+			t.Errorf("stage %s never timed; all: %v", st, stages)
+		}
 	}
 }
 
