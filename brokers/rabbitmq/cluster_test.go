@@ -372,7 +372,7 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 	before := pubNode()
 	c.Stop(before)
 	// A Publish may fail while the Publisher learns that its connection
-	// died, or is nacked while the quorum queue elects a new leader; the
+	// died, or be nacked while the queue's members notice the stop; the
 	// caller retries the call after a pause, as a producer would (the
 	// consumer's dedup absorbs a copy published twice).
 	attempts := 0
@@ -391,7 +391,7 @@ func clusterPublisherFailover(t *testing.T, c *servicetest.RabbitCluster) {
 				}
 			}
 		}
-		if attempts == 150 { // 30 s: the quorum queue's election on a busy 2-core machine
+		if attempts == 150 { // 30 s on a busy 2-core machine
 			t.Fatalf("Publish still fails after %d attempts", attempts)
 		}
 		time.Sleep(200 * time.Millisecond)

@@ -62,7 +62,7 @@ type Metrics struct {
 	batchSize metric.Int64Histogram
 	stageDur  metric.Float64Histogram
 	// attrSets caches the attribute sets of each (system, destination,
-	// consumer[, decision, error type]): building one sorts and
+	// consumer[, decision or stage, error type]): building one sorts and
 	// allocates on every measurement, and there are few distinct ones.
 	attrSets sync.Map
 	cachedN  atomic.Int64
