@@ -16,7 +16,7 @@ import (
 )
 
 // testCommand is the README's test command, byte for byte: CI greps it.
-const testCommand = "go test -race ./... && (cd bench && go test -race ./...) && (cd brokers/kafkashare && go test -race ./...) && (cd admin/console/browsertest && go test -race ./...)"
+const testCommand = "go test -race github.com/idemq/idemq/..."
 
 // maxReadmeLines bounds the front page: everything else lives in docs/.
 const maxReadmeLines = 250
