@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/jackc/pgx/v5"
 )
 
 // lockRetryAfter is the Retry-After, in seconds, of a 409 on PostgreSQL:
@@ -26,7 +25,7 @@ const busyWait = 100 * time.Millisecond
 // response commit with the claim. A copy in progress is answered 409; an
 // uncommitted claim ends with its transaction, so a request that failed,
 // panicked or whose process died holds the key no longer.
-func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx], claim driver.Claim) {
+func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h inner[Tx], claim driver.Claim) {
 	ctx := r.Context()
 	txn, err := m.store.Begin(ctx)
 	if err != nil {
@@ -56,11 +55,16 @@ func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h Han
 		m.storeFailed(w, "claiming the key", err)
 		return
 	}
-	tx := any(txn.Tx()).(pgx.Tx)
 	switch won[0] {
 	case driver.ClaimWon:
 	case driver.ClaimDuplicate:
-		s, found, err := m.tab.get(ctx, tx, m.cfg.name, claim.ID)
+		st, ok := txn.(driver.SQLTxn)
+		if !ok {
+			m.rollback(ctx, txn)
+			m.storeFailed(w, "reading the stored response", fmt.Errorf("the store's transactions (%T) cannot read it (driver.SQLTxn)", txn))
+			return
+		}
+		s, found, err := m.tab.get(ctx, st, m.cfg.name, claim.ID)
 		m.rollback(ctx, txn)
 		m.answerStored(w, s, found, err)
 		return
@@ -74,9 +78,9 @@ func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h Han
 		return
 	}
 	rec := newRecorder()
-	if err := h(rec, r, txn.Tx()); err != nil {
+	if err := h.call(rec, r, txn.Tx()); err != nil {
 		m.rollback(ctx, txn)
-		m.handlerFailed(ctx, w, err)
+		m.handlerFailed(ctx, w, rec, err, retryDetail)
 		return
 	}
 	m.commitAndSend(ctx, w, txn, claim.ID, rec, "completing the key", func() { m.rollback(ctx, txn) })

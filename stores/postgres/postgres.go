@@ -141,6 +141,7 @@ func (c *pruneCursor) moved(before time.Time, newest pgtype.Timestamptz) {
 var (
 	_ sqlstore.Store[pgx.Tx] = (*Store)(nil)
 	_ sqlstore.Txn[pgx.Tx]   = (*Txn)(nil)
+	_ driver.BusyClaimStore  = (*Store)(nil)
 )
 
 type queries struct {
