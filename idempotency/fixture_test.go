@@ -36,7 +36,9 @@ type fixture struct {
 	backend        string
 	names          names
 	handler        func(bizFunc) http.Handler
-	insert         string // INSERT INTO fx (k) VALUES (…), one placeholder
+	wrap           func(http.Handler) http.Handler // the middleware's Wrap
+	wrapped        func(bizFunc) http.Handler      // a bizFunc as next of Wrap, its transaction from TxFromContext
+	insert         string                          // INSERT INTO fx (k) VALUES (…), one placeholder
 	count          func(k string) int
 	leaser         driver.Leaser
 	begin          func(ctx context.Context) (fencer, error)
@@ -172,6 +174,19 @@ func build[Tx any](t testing.TB, s driver.Store[Tx], run func(tx Tx, q string, a
 		handler: func(b bizFunc) http.Handler {
 			return m.Handler(func(w http.ResponseWriter, r *http.Request, tx Tx) error {
 				return b(w, r, func(q string, args ...any) error { return run(tx, q, args...) })
+			})
+		},
+		wrap: m.Wrap,
+		wrapped: func(b bizFunc) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				tx, ok := TxFromContext[Tx](r.Context())
+				if !ok {
+					http.Error(w, "no transaction in the request's context", http.StatusInternalServerError)
+					return
+				}
+				if err := b(w, r, func(q string, args ...any) error { return run(tx, q, args...) }); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
 			})
 		},
 		leaser:         s.(driver.Leaser),
