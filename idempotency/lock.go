@@ -9,10 +9,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-// lockRetryAfter is the Retry-After, in seconds, of a 409 on PostgreSQL:
-// a claim in progress tells that the key is held, not for how long.
-const lockRetryAfter = 1
-
 // busyWait is how long a request waits for a copy's transaction that
 // holds the key's claim before it is answered 409: a copy arriving as the
 // first commits gets the stored response rather than a 409.
@@ -44,7 +40,7 @@ func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h inn
 	won, err := bc.ClaimOrBusy(ctx, m.cfg.name, []driver.Claim{claim}, busyWait)
 	if errors.Is(err, driver.ErrClaimBusy) {
 		m.rollback(ctx, txn)
-		inProgress(w, lockRetryAfter)
+		inProgress(w, runningRetryAfter) // a claim in progress tells that the key is held, not for how long
 		return
 	}
 	if err == nil && len(won) != 1 {

@@ -301,21 +301,25 @@ func retryAfter(until time.Time) int {
 	return max(1, int(math.Ceil(time.Until(until).Seconds())))
 }
 
-// renewedRetryAfter is the Retry-After, in seconds, of a key held by a
+// runningRetryAfter is the Retry-After, in seconds, of a key held by a
 // request that is running: how long it will run is not known, and a copy
-// that comes back after a second gets its response once it is done.
-const renewedRetryAfter = 1
+// that comes back a second later gets its response once it is done.
+const runningRetryAfter = 1
+
+// clockSkew is how far the clocks of the replicas that stamp lease
+// expiries may be apart.
+const clockSkew = time.Second
 
 // busyRetryAfter is the Retry-After of a key leased until until by
 // another request. A request of the middleware that is running renews its
 // lease every third of WithLease, which keeps more than half of it left:
-// 1 s then. A lease with less left missed its renewals (its holder
-// crashed or hung) and one with more was not taken under this
-// middleware's WithLease: the key is not free before it runs out, so its
-// remaining seconds.
+// runningRetryAfter then. A lease with less left missed its renewals (its
+// holder crashed or hung), and one with more than WithLease was not taken
+// under this middleware's WithLease: the key is not free before it runs
+// out, so its remaining seconds.
 func (m *Middleware[Tx]) busyRetryAfter(until time.Time) int {
-	if left := time.Until(until); left > m.cfg.lease/2 && left <= m.cfg.lease {
-		return renewedRetryAfter
+	if left := time.Until(until); left > m.cfg.lease/2 && left <= m.cfg.lease+clockSkew {
+		return runningRetryAfter
 	}
 	return retryAfter(until)
 }

@@ -98,7 +98,8 @@ func WithKeyOptional() Option {
 // SQLite). The middleware renews it every third of that while the handler
 // runs; after a crash the key is free again once the lease ran out, and a
 // retry then runs the request. Concurrent requests with the key are
-// answered 409 meanwhile, with Retry-After the lease's remaining seconds.
+// answered 409 meanwhile, with Retry-After 1 while the lease is renewed
+// and its remaining seconds once it missed its renewals.
 // On PostgreSQL it has no effect: the handler's transaction holds the key
 // by its uncommitted claim for as long as it runs, and no longer than its
 // connection lives. At least 30ms. Default 30s.
