@@ -90,8 +90,9 @@ import (
 
 // Store is the PostgreSQL dedup store. It implements driver.Store[pgx.Tx],
 // admin.Pruner, driver.Retentioner, admin.Migrator, admin.Inspector,
-// admin.Estimator and driver.Leaser (leased claims, see Acquire), and is
-// safe for concurrent use.
+// admin.Estimator, driver.Leaser (leased claims, see Acquire),
+// driver.SQLStore and driver.BusyClaimStore, and is safe for concurrent
+// use.
 type Store struct {
 	pool  *pgxpool.Pool
 	owned bool
