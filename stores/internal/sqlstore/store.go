@@ -20,6 +20,7 @@ type Store[Tx any] interface {
 	admin.Lookuper
 	admin.Forgetter
 	driver.Leaser
+	driver.SQLStore
 	io.Closer
 }
 
@@ -29,4 +30,5 @@ type Txn[Tx any] interface {
 	driver.Txn[Tx]
 	driver.Savepointer
 	driver.Fencer
+	driver.SQLTxn
 }
