@@ -135,6 +135,7 @@ func TestConsoleWithoutPassword(t *testing.T) {
 		if !strings.Contains(row, "2 claims in the last hour") || !line {
 			t.Errorf("payments over time: %q (a line: %v), want its 2 claims per minute from the store", row, line)
 		}
+		b.screenshot("standalone")
 	})
 
 	t.Run("cause groups", func(t *testing.T) {
