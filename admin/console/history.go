@@ -227,7 +227,8 @@ func (h *handler) recentFor(ctx context.Context) *recentSnapshot {
 	if h.recent != nil && time.Since(h.recent.At) < h.cfg.SampleEvery {
 		return h.recent
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// The count outlives a viewer who leaves, so that it is kept.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	start := time.Now()
 	since := start.Truncate(time.Minute).Add(-(historyMinutes - 1) * time.Minute)

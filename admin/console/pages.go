@@ -292,8 +292,8 @@ func verdict(hz admin.Horizon) (string, bool) {
 	return s + "claims outlive redeliveries", false
 }
 
-// selection is a page's filters and an action's choice of dead letters,
-// as the form gives them; sel is the same as admin chooses by it.
+// selection is a page's filters and an action's choice of dead letters
+// as the form gives them, and in sel the admin.Selection they make.
 type selection struct {
 	Do           string // redrive, purge, redrive-all, purge-all; "" on a list
 	Refs         []string

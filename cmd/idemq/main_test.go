@@ -73,7 +73,7 @@ func TestUsageAndHelp(t *testing.T) {
 		t.Errorf("--help wrote to stderr: %q", r.stderr)
 	}
 	expect(t, exitOK, []string{"help", "prune"}, "Usage: idemq prune", "--older-than")
-	for _, sub := range []string{"list", "show", "redrive", "purge"} {
+	for _, sub := range []string{"list", "groups", "show", "redrive", "purge"} {
 		expect(t, exitOK, []string{"dlq", sub, "--help"}, "Usage: idemq dlq "+sub, "-broker")
 	}
 	for _, c := range commands() {
