@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // readAs makes the stream's entries pending to consumer of group "g", as
@@ -179,4 +181,35 @@ func TestFailedAckIsSentAgain(t *testing.T) {
 	waitFor(t, s.c.minIdle/2, "the acknowledgement sent again", func() bool { return len(ts.pending(t)) == 0 })
 	t.Logf("acknowledged %v after the server came back", time.Since(back).Round(time.Millisecond))
 	quiet(t, s, 300*time.Millisecond)
+}
+
+// Only a heartbeat the server answered extends a lease: while the server
+// is away the beats fail, the entry's lease runs out on time (0.9 ×
+// min_idle after the last good beat), and once the server is back its
+// Ack is stale and sends nothing; the entry comes again, attempt 2.
+func TestFailedHeartbeatsDoNotExtend(t *testing.T) {
+	srv := startRedis(t)
+	ts := newTestStream(t, "redis://"+srv.addr())
+	s := ts.open(t)
+	defer s.Close()
+	publish(t, ts, "held")
+	d := receive(t, s, 1)[0]
+	e := s.set.All()[0]
+	srv.stop(syscall.SIGKILL)
+	lapses := s.set.Lapses(e)
+	waitFor(t, s.c.minIdle+5*time.Second, "the lease to run out with the server away", func() bool { return time.Now().After(lapses) })
+	if l := s.set.Lapses(e); !l.Equal(lapses) {
+		t.Errorf("the lease moved from %v to %v while every beat failed", lapses, l)
+	}
+	srv.start()
+	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack after the lease ran out = %v, want a stale delivery", err)
+	}
+	again := receive(t, s, 1)[0]
+	if m := again.Message(); m.ID != "held" || m.Attempt != 2 {
+		t.Errorf("got %q attempt %d, want held again on attempt 2", m.ID, m.Attempt)
+	}
+	if err := again.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -531,9 +531,16 @@ func (d *delivery) settle(what string, send func() error) error {
 	return nil
 }
 
-// Ack implements driver.Delivery with XACK.
+// Ack implements driver.Delivery with XACK, sent again with the next
+// heartbeat when it fails.
 func (d *delivery) Ack(ctx context.Context) error {
-	return d.settle("ack (sent again with the next heartbeat)", func() error { return d.s.xack(ctx, []string{d.e.Key}) })
+	if err := d.s.settle(d.e); err != nil {
+		return err
+	}
+	if err := d.s.xack(ctx, []string{d.e.Key}); err != nil {
+		return fmt.Errorf("redis: ack of entry %s of %s (sent again with the next heartbeat): %w", d.e.Key, d.s.stream, err)
+	}
+	return nil
 }
 
 // Retry implements driver.Delivery: the entry stays pending, to reach
