@@ -19,9 +19,9 @@ import (
 )
 
 // Publisher adds messages to a stream (XADD): the id in the id field, the
-// key in idemq-key, the body in the body field, and each header, W3C trace context
-// from the global propagator included, in a field of its own. It
-// implements driver.Publisher and is safe for concurrent use.
+// key in idemq-key, the body in the body field, and each header, W3C
+// trace context from the global propagator included, in a field of its
+// own. It implements driver.Publisher and is safe for concurrent use.
 type Publisher struct{ *link }
 
 // PublisherOption configures a Publisher beyond its URL.
