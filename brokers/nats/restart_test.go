@@ -107,6 +107,12 @@ func TestSettleAfterReconnect(t *testing.T) {
 	e := b.(*delivery).e
 	servicetest.WaitFor(t, 10*time.Second, "b's lease to lapse", func() bool { return time.Now().After(s.live.Lapses(e)) })
 	srv.Start()
+	// The Ack comes once the client is back and has had the answers to
+	// what it buffered meanwhile (a heartbeat's InProgress and flush).
+	servicetest.WaitFor(t, 10*time.Second, "the source to reconnect", s.link.nc.IsConnected)
+	if err := s.link.nc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
 		t.Fatalf("Ack after the AckWait passed offline = %v, want a stale error", err)
 	}
