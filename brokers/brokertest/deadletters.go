@@ -77,7 +77,7 @@ func only(ids ...string) func(*admin.Parked) bool {
 // its own, waits until q lists exactly them, and checks what it lists of
 // each: cause, body, attempt, ref and places, time, header and key. It
 // returns their ids, sorted.
-func parkAll(t *testing.T, h Harness, q admin.DeadLetterQueue, msgs []*driver.Message, ds []driver.Delivery, begin time.Time) []string {
+func parkAll(t *testing.T, h Harness, q admin.DeadLetterQueue, msgs []*driver.Message, ds []*Delivery, begin time.Time) []string {
 	t.Helper()
 	causes := map[string]string{}
 	for i, d := range ds {
@@ -137,7 +137,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 	}
 	begin := time.Now()
 	publish(t, h, f, msgs...)
-	s := source(t, f)
+	s := receiver(t, f, 0)
 	ds := receive(t, h, s, len(msgs))
 	all := parkAll(t, h, q, msgs, ds, begin)
 	// Listing leaves them parked, and nothing came back to the queue.

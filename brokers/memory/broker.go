@@ -50,7 +50,7 @@ var (
 	// message may have been redelivered, and the settlement is ignored. It
 	// wraps driver.ErrStaleDelivery.
 	ErrLeaseExpired = driver.Stale(errors.New("memory: delivery lease expired"))
-	// ErrForeignDelivery is returned by AckBatch for a delivery that was
+	// ErrForeignDelivery is returned by a settlement of a message that was
 	// not received from the same subscription.
 	ErrForeignDelivery = errors.New("memory: delivery is not from this subscription")
 )
@@ -237,16 +237,12 @@ func withTraceContext(ctx context.Context, msgs []*driver.Message) []*driver.Mes
 
 // Subscribe opens a subscription that receives from queue, creating the
 // queue if needed. Several subscriptions may share one queue.
-func (b *Broker) Subscribe(queue string, opts ...SubscribeOption) (*Subscription, error) {
-	var sc subConfig
-	if err := option.Apply(&sc, opts...); err != nil {
-		return nil, err
-	}
+func (b *Broker) Subscribe(queue string) (*Subscription, error) {
 	q, err := b.queue(queue, true)
 	if err != nil {
 		return nil, err
 	}
-	return q.subscribe(sc)
+	return q.subscribe()
 }
 
 // Stats returns the counters of queue; zero when it does not exist.
@@ -355,7 +351,7 @@ func (b *Broker) Close() error {
 	return nil
 }
 
-// DeadLetter is a message parked by Delivery.DeadLetter.
+// DeadLetter is a message parked by Subscription.DeadLetter.
 type DeadLetter struct {
 	// Message is the message as last delivered; Attempt is how many times
 	// it was delivered.

@@ -30,7 +30,7 @@ type entry struct {
 	msg        driver.Message
 	deliveries int
 	state      entryState
-	lease      *Delivery // the current lease while in flight
+	lease      *delivery // the current lease while in flight
 	delay      hnode     // ready time while delayed
 }
 
@@ -39,13 +39,12 @@ func (e *entry) node() *hnode { return &e.delay }
 // waiter is one Receive call blocked for a message or a window slot.
 type waiter struct {
 	ch    chan struct{} // capacity 1: a wake-up is never lost nor blocks
-	where uint8         // waitNone, waitQueue or waitWindow
+	where uint8         // waitNone or waitQueue
 }
 
 const (
 	waitNone uint8 = iota
 	waitQueue
-	waitWindow
 )
 
 // queue holds one named queue's messages. Its mutex also guards the state
@@ -60,7 +59,7 @@ type queue struct {
 	closed   bool
 	ready    deque[*entry]
 	delayed  timeHeap[*entry]
-	leases   timeHeap[*Delivery]
+	leases   timeHeap[*delivery]
 	inFlight int
 	dead     []DeadLetter
 	waiters  []*waiter     // Receive calls waiting for a ready message, FIFO
@@ -133,31 +132,24 @@ func wake(list *[]*waiter, n int) {
 	}
 }
 
-// removeWaiterLocked takes w out of the list it waits in, if any.
-func (q *queue) removeWaiterLocked(s *Subscription, w *waiter) {
-	var list *[]*waiter
-	switch w.where {
-	case waitQueue:
-		list = &q.waiters
-	case waitWindow:
-		list = &s.windowWaiters
-	default:
-		return
-	}
-	if i := slices.Index(*list, w); i >= 0 {
-		*list = slices.Delete(*list, i, i+1)
+// removeWaiterLocked takes w out of the waiters, if it is there.
+func (q *queue) removeWaiterLocked(w *waiter) {
+	if w.where == waitQueue {
+		if i := slices.Index(q.waiters, w); i >= 0 {
+			q.waiters = slices.Delete(q.waiters, i, i+1)
+		}
 	}
 	w.where = waitNone
 }
 
 // deliverLocked leases e to s and returns the delivery.
-func (q *queue) deliverLocked(s *Subscription, e *entry) *Delivery {
+func (q *queue) deliverLocked(s *Subscription, e *entry) *delivery {
 	now := time.Now()
 	e.deliveries++
 	e.state = stateInFlight
 	q.inFlight++
 	q.delSeq++
-	d := &Delivery{sub: s, e: e, seq: q.delSeq}
+	d := &delivery{sub: s, e: e, seq: q.delSeq}
 	d.msg = driver.Message{
 		ID:      e.msg.ID,
 		Body:    bytes.Clone(e.msg.Body),
@@ -172,12 +164,13 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *Delivery {
 			MetaSubscriber:  strconv.FormatUint(s.id, 10),
 		},
 		ReceivedAt: now,
+		AckID:      d,
+		BrokerKey:  e,
 	}
 	e.lease = d
 	d.lease.at = now.Add(q.b.cfg.visibility)
 	q.leases.push(d)
 	q.armLocked()
-	s.held++
 	s.leases[d] = struct{}{}
 	q.stats.Delivered++
 	if e.deliveries > 1 {
@@ -188,11 +181,11 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *Delivery {
 
 // live reports whether d is still the broker's current lease of its
 // message.
-func (d *Delivery) live() bool { return d.e.lease == d && d.e.state == stateInFlight }
+func (d *delivery) live() bool { return d.e.lease == d && d.e.state == stateInFlight }
 
 // endLeaseLocked ends d's lease on the broker side; the caller moves the
 // entry to its next state.
-func (q *queue) endLeaseLocked(d *Delivery) {
+func (q *queue) endLeaseLocked(d *delivery) {
 	q.leases.remove(d)
 	delete(d.sub.leases, d)
 	d.e.lease = nil
@@ -277,11 +270,11 @@ func (q *queue) onTimer() {
 // requeueLocked returns every message s still leases to the front of the
 // queue, in delivery order, for a crash or close of s.
 func (q *queue) requeueLocked(s *Subscription) {
-	ds := make([]*Delivery, 0, len(s.leases))
+	ds := make([]*delivery, 0, len(s.leases))
 	for d := range s.leases {
 		ds = append(ds, d)
 	}
-	slices.SortFunc(ds, func(a, b *Delivery) int { return cmp.Compare(a.seq, b.seq) })
+	slices.SortFunc(ds, func(a, b *delivery) int { return cmp.Compare(a.seq, b.seq) })
 	for i := len(ds) - 1; i >= 0; i-- {
 		q.endLeaseLocked(ds[i])
 		q.makeReadyLocked(ds[i].e, true)

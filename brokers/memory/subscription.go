@@ -1,9 +1,12 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/idemq/idemq/core/driver"
 )
@@ -22,27 +25,6 @@ const (
 	MetaSubscriber = "idemq.memory.subscriber"
 )
 
-type subConfig struct {
-	window int // 0: unlimited
-}
-
-// SubscribeOption configures a Subscription.
-type SubscribeOption func(*subConfig) error
-
-// WithWindow caps how many deliveries the subscription holds unsettled, like
-// AMQP prefetch: Receive blocks while the window is full. Must be at least
-// 1. Default: unlimited until SetWindow is called (the Consumer calls it
-// with its own window before the first Receive).
-func WithWindow(n int) SubscribeOption {
-	return func(c *subConfig) error {
-		if n < 1 {
-			return fmt.Errorf("memory: Window must be at least 1, got %d", n)
-		}
-		c.window = n
-		return nil
-	}
-}
-
 type subState uint8
 
 const (
@@ -52,36 +34,32 @@ const (
 	subBrokerClosed
 )
 
-// Subscription receives from one queue. It implements driver.Source,
-// driver.BatchSettler and driver.WindowSetter. Its methods are safe for
-// concurrent use, and Receive may be called from several goroutines.
+// Subscription receives from one queue: it is a driver.Puller. Its
+// methods are safe for concurrent use, and Receive may be called from
+// several goroutines.
 type Subscription struct {
 	q    *queue
 	id   uint64
 	done chan struct{} // closed when the subscription closes or crashes
 
 	// guarded by q.mu
-	state         subState
-	window        int // 0: unlimited
-	held          int // deliveries the consumer has not settled yet
-	leases        map[*Delivery]struct{}
-	windowWaiters []*waiter
+	state  subState
+	leases map[*delivery]struct{}
 }
 
 var (
-	_ driver.Source       = (*Subscription)(nil)
-	_ driver.BatchSettler = (*Subscription)(nil)
-	_ driver.WindowSetter = (*Subscription)(nil)
+	_ driver.Puller   = (*Subscription)(nil)
+	_ driver.Releaser = (*Subscription)(nil)
 )
 
-func (q *queue) subscribe(sc subConfig) (*Subscription, error) {
+func (q *queue) subscribe() (*Subscription, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return nil, ErrBrokerClosed
 	}
 	q.subSeq++
-	s := &Subscription{q: q, id: q.subSeq, done: make(chan struct{}), window: sc.window, leases: map[*Delivery]struct{}{}}
+	s := &Subscription{q: q, id: q.subSeq, done: make(chan struct{}), leases: map[*delivery]struct{}{}}
 	if q.subs == nil {
 		q.subs = map[*Subscription]struct{}{}
 	}
@@ -104,25 +82,20 @@ func (s *Subscription) errLocked() error {
 	return nil
 }
 
-func (s *Subscription) roomLocked() bool { return s.window == 0 || s.held < s.window }
-
-// releaseSlotLocked frees the window slot of one settled delivery.
-func (s *Subscription) releaseSlotLocked() {
-	s.held--
-	if len(s.windowWaiters) > 0 && s.roomLocked() {
-		s.wakeWindowLocked(1)
-	}
+// Start implements driver.Source: a delivery is leased for the broker's
+// visibility timeout (Traits.Lease), never extended, and Retry's delay is
+// kept by the broker.
+func (s *Subscription) Start(context.Context, driver.Setup) (driver.Traits, error) {
+	return driver.Traits{Lease: s.q.b.cfg.visibility, DelaysRetry: true}, nil
 }
 
-func (s *Subscription) wakeWindowLocked(n int) { wake(&s.windowWaiters, n) }
-
-// Receive returns the next ready message of the queue, blocking while none
-// is ready or the window is full. It returns ctx.Err() when ctx is done, and
-// an error wrapping driver.ErrSourceClosed once the subscription is closed
-// (ErrSubscriptionClosed), crashed (ErrCrashed) or the broker closed
-// (ErrBrokerClosed). Blocked receivers are woken one per ready message, in
-// the order they started waiting.
-func (s *Subscription) Receive(ctx context.Context) (driver.Delivery, error) {
+// Receive implements driver.Puller: it returns up to max ready messages
+// of the queue, blocking while none is ready. It returns ctx.Err() when
+// ctx is done, and an error wrapping driver.ErrSourceClosed once the
+// subscription is closed (ErrSubscriptionClosed), crashed (ErrCrashed) or
+// the broker closed (ErrBrokerClosed). Blocked receivers are woken one per
+// ready message, in the order they started waiting.
+func (s *Subscription) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	q := s.q
 	var w *waiter
 	for {
@@ -131,18 +104,26 @@ func (s *Subscription) Receive(ctx context.Context) (driver.Delivery, error) {
 		}
 		q.mu.Lock()
 		if w != nil {
-			q.removeWaiterLocked(s, w)
+			q.removeWaiterLocked(w)
 		}
 		if err := s.errLocked(); err != nil {
 			q.mu.Unlock()
 			return nil, err
 		}
-		if s.roomLocked() {
-			if e, ok := q.ready.popFront(); ok {
-				d := q.deliverLocked(s, e)
-				q.mu.Unlock()
-				return d, nil
+		if q.ready.len() > 0 {
+			ms := make([]*driver.Message, 0, min(max, q.ready.len()))
+			for len(ms) < max {
+				e, ok := q.ready.popFront()
+				if !ok {
+					break
+				}
+				ms = append(ms, &q.deliverLocked(s, e).msg)
 			}
+			if q.ready.len() > 0 && len(q.waiters) > 0 {
+				q.wakeLocked(1) // what is left is another receiver's
+			}
+			q.mu.Unlock()
+			return ms, nil
 		}
 		if w == nil {
 			w = &waiter{ch: make(chan struct{}, 1)}
@@ -151,70 +132,51 @@ func (s *Subscription) Receive(ctx context.Context) (driver.Delivery, error) {
 		case <-w.ch:
 		default:
 		}
-		if s.roomLocked() {
-			w.where = waitQueue
-			q.waiters = append(q.waiters, w)
-		} else {
-			w.where = waitWindow
-			s.windowWaiters = append(s.windowWaiters, w)
-			// We may have been woken for a ready message we cannot
-			// take: pass it on to another receiver.
-			if q.ready.len() > 0 {
-				q.wakeLocked(1)
-			}
-		}
+		w.where = waitQueue
+		q.waiters = append(q.waiters, w)
 		q.mu.Unlock()
 		select {
 		case <-w.ch:
 		case <-s.done:
 		case <-ctx.Done():
 			q.mu.Lock()
-			if w.where == waitNone {
-				// We were woken and will not use it: pass it on.
-				if q.ready.len() > 0 {
-					q.wakeLocked(1)
-				}
-				if s.roomLocked() {
-					s.wakeWindowLocked(1)
-				}
+			if w.where == waitNone && q.ready.len() > 0 {
+				q.wakeLocked(1) // we were woken and will not use it: pass it on
 			}
-			q.removeWaiterLocked(s, w)
+			q.removeWaiterLocked(w)
 			q.mu.Unlock()
 			return nil, ctx.Err()
 		}
 	}
 }
 
-// SetWindow sets the subscription's window (see WithWindow): at most n
-// deliveries held unsettled. It may be changed at any time; a smaller
-// window takes effect as deliveries are settled, a larger one wakes blocked
-// receivers. It returns an error naming the field when n is below 1.
-func (s *Subscription) SetWindow(n int) error {
-	if n < 1 {
-		return fmt.Errorf("memory: Window must be at least 1, got %d", n)
+// own returns the subscription's deliveries of ms, or ErrForeignDelivery.
+func (s *Subscription) own(ms []*driver.Message) ([]*delivery, error) {
+	own := make([]*delivery, len(ms))
+	for i, m := range ms {
+		d, ok := m.AckID.(*delivery)
+		if !ok || d.sub != s {
+			return nil, fmt.Errorf("memory: ms[%d]: %w", i, ErrForeignDelivery)
+		}
+		own[i] = d
 	}
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	s.window = n
-	s.wakeWindowLocked(len(s.windowWaiters))
-	return nil
+	return own, nil
 }
 
-// AckBatch acknowledges several deliveries of this subscription at once, as
-// an AMQP multiple ack or SQS DeleteMessageBatch does. Faults are drawn per
-// delivery, at the same rates as for Ack, so a run injects about as many
-// faults whatever the batch size: if any delivery draws CrashOnAck the
-// subscription crashes before acknowledging anything (the process died
-// before sending the batch) and AckBatch returns ErrCrashed; each delivery
-// that draws LoseAck is reported acknowledged but stays leased. Otherwise
-// each delivery is settled on its own, and the returned error joins the
-// failures of those that could not be (driver.ErrAlreadySettled,
-// ErrLeaseExpired),
-// each naming its index. A delivery from another subscription fails the
-// whole call before anything is settled.
-func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error {
+// Ack implements driver.Source: it acknowledges ms at once, as an AMQP
+// multiple ack or SQS DeleteMessageBatch does. Faults are drawn per
+// message: if any draws CrashOnAck the subscription crashes before
+// acknowledging anything (the process died before sending the batch) and
+// Ack returns ErrCrashed; each one that draws LoseAck is reported
+// acknowledged but stays leased. A message whose lease expired is refused
+// with ErrLeaseExpired (a *driver.Partial says which). A message from
+// another subscription fails the whole call before anything is settled.
+func (s *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	own, err := s.own(ms)
+	if err != nil {
 		return err
 	}
 	f := s.q.b.currentFaults()
@@ -224,30 +186,17 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error
 	if err := s.errLocked(); err != nil {
 		return driver.Stale(err)
 	}
-	own := make([]*Delivery, len(ds))
-	for i, cd := range ds {
-		d, ok := cd.(*Delivery)
-		if !ok || d == nil || d.sub != s {
-			return fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrForeignDelivery)
-		}
-		own[i] = d
-	}
 	if f.CrashOnAck > 0 {
 		for _, d := range own {
-			if !d.settled.Settled() && d.live() && q.ackRng.Float64() < f.CrashOnAck {
+			if d.live() && q.ackRng.Float64() < f.CrashOnAck {
 				s.shutdownLocked(subCrashed)
 				return ErrCrashed
 			}
 		}
 	}
-	var errs []error
+	errs := make([]error, len(own))
 	for i, d := range own {
-		if d.settled.Settled() {
-			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, driver.ErrAlreadySettled))
-			continue
-		}
-		if err := d.markSettledLocked(); err != nil {
-			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, err))
+		if errs[i] = d.checkLiveLocked(); errs[i] != nil {
 			continue
 		}
 		if f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck {
@@ -256,7 +205,80 @@ func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error
 		}
 		q.ackLocked(d)
 	}
-	return errors.Join(errs...)
+	return driver.PartialOf(errs)
+}
+
+// Retry implements driver.Source: each message is ready again after delay
+// (at once when delay <= 0), behind those ready now; its next delivery has
+// the next attempt number.
+func (s *Subscription) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
+	return s.settle(ctx, ms, func(q *queue, i int, d *delivery) { q.retryLocked(d, delay) })
+}
+
+// Release implements driver.Releaser: the messages go back to the front of
+// the queue at once, in the order they were delivered, as a closed
+// channel's would; their next delivery has the next attempt number.
+func (s *Subscription) Release(ctx context.Context, ms []*driver.Message) error {
+	var back []*delivery
+	err := s.settle(ctx, ms, func(q *queue, i int, d *delivery) { back = append(back, d) })
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	slices.SortFunc(back, func(a, b *delivery) int { return cmp.Compare(a.seq, b.seq) })
+	for i := len(back) - 1; i >= 0; i-- {
+		if back[i].live() {
+			q.endLeaseLocked(back[i])
+			q.makeReadyLocked(back[i].e, true)
+			q.stats.Requeued++
+		}
+	}
+	return err
+}
+
+// errNoCause stands in for a nil cause so that a dead letter always says
+// why.
+var errNoCause = errors.New("memory: dead-lettered without a cause")
+
+// DeadLetter implements driver.Source: it parks each message with its
+// cause (see Broker.DeadLetters and Broker.Redrive). A nil cause is
+// recorded as an error saying none was given.
+func (s *Subscription) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
+	return s.settle(ctx, ms, func(q *queue, i int, d *delivery) {
+		cause := causes[i]
+		if cause == nil {
+			cause = errNoCause
+		}
+		q.endLeaseLocked(d)
+		d.e.state = stateDead
+		q.dead = append(q.dead, DeadLetter{Message: cloneMessage(d.msg), Cause: cause, At: time.Now(), entry: d.e})
+		q.stats.DeadLettered++
+		q.checkIdleLocked()
+	})
+}
+
+// settle runs apply on the queue, locked, for each message of ms whose
+// lease is still current.
+func (s *Subscription) settle(ctx context.Context, ms []*driver.Message, apply func(q *queue, i int, d *delivery)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	own, err := s.own(ms)
+	if err != nil {
+		return err
+	}
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := s.errLocked(); err != nil {
+		return driver.Stale(err)
+	}
+	errs := make([]error, len(own))
+	for i, d := range own {
+		if errs[i] = d.checkLiveLocked(); errs[i] == nil {
+			apply(q, i, d)
+		}
+	}
+	return driver.PartialOf(errs)
 }
 
 // ExpireLeases ends every lease the subscription holds at once, as an
@@ -290,9 +312,9 @@ func (s *Subscription) Crash() {
 
 // Close stops the subscription gracefully, like closing an AMQP channel:
 // blocked and later Receive calls return ErrSubscriptionClosed, the
-// messages it still holds go back to the front of the queue, and later
-// settlements of its deliveries return ErrSubscriptionClosed. Settle
-// everything you can before Close. Close is idempotent and returns nil.
+// messages it still leases go back to the front of the queue, and later
+// settlements of its messages return ErrSubscriptionClosed. Close is
+// idempotent and returns nil.
 func (s *Subscription) Close() error {
 	q := s.q
 	q.mu.Lock()
@@ -315,6 +337,4 @@ func (s *Subscription) shutdownLocked(state subState) {
 	if state != subBrokerClosed {
 		q.requeueLocked(s)
 	}
-	s.held = 0
-	s.wakeWindowLocked(len(s.windowWaiters))
 }
