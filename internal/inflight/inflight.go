@@ -156,6 +156,11 @@ func (f *Flow) Source() driver.Source { return f.src }
 // returned. It returns ctx's error, driver.ErrSourceClosed once closed,
 // errGated when Gate said no, or the source's error.
 func (f *Flow) Fetch(ctx context.Context, max int) ([]*Held, error) {
+	return f.fetch(ctx, max, nil)
+}
+
+// fetch is Fetch appending to buf[:0].
+func (f *Flow) fetch(ctx context.Context, max int, buf []*Held) ([]*Held, error) {
 	pull, ok := f.src.(driver.Puller)
 	if !ok {
 		return nil, errors.New("inflight: the source is not a Puller")
@@ -185,9 +190,9 @@ func (f *Flow) Fetch(ctx context.Context, max int) ([]*Held, error) {
 		}
 		return nil, err
 	}
-	hs := make([]*Held, len(ms))
-	for i, m := range ms {
-		hs[i] = f.cfg.Hold(m)
+	hs := buf[:0]
+	for _, m := range ms {
+		hs = append(hs, f.cfg.Hold(m))
 	}
 	f.track(hs, time.Now())
 	return hs, nil
@@ -196,7 +201,7 @@ func (f *Flow) Fetch(ctx context.Context, max int) ([]*Held, error) {
 var errGated = errors.New("inflight: receiving paused")
 
 // Pull keeps Traits.Receivers receives outstanding and hands what they
-// return to admit, until ctx is done (nil) or the source is closed (an
+// return to admit (which must not keep the slice it is given), until ctx is done (nil) or the source is closed (an
 // error wrapping driver.ErrSourceClosed). Other receive errors are logged
 // and tried again after a backoff.
 func (f *Flow) Pull(ctx context.Context, admit func([]*Held)) error {
@@ -218,12 +223,15 @@ func (f *Flow) Pull(ctx context.Context, admit func([]*Held)) error {
 
 func (f *Flow) pullLoop(ctx context.Context, admit func([]*Held)) error {
 	pace := retry.New(50*time.Millisecond, 5*time.Second)
+	var buf []*Held // admit does not keep it
 	for ctx.Err() == nil {
-		hs, err := f.Fetch(ctx, f.cfg.Window)
+		hs, err := f.fetch(ctx, f.cfg.Window, buf)
 		switch {
 		case err == nil:
 			pace.Reset()
 			admit(hs)
+			clear(hs)
+			buf = hs[:0]
 		case ctx.Err() != nil, errors.Is(err, errGated):
 			return nil
 		case errors.Is(err, driver.ErrSourceClosed):

@@ -3,6 +3,7 @@ package inflight
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,7 +31,8 @@ type Done func(s Settlement, err error)
 // for its delay and is sent then: its done comes later. ctx bounds the
 // calls made now.
 func (f *Flow) Settle(ctx context.Context, ss []Settlement, done Done) {
-	var b batch
+	b := batches.Get().(*batch)
+	defer b.recycle()
 	now := time.Now()
 	f.mu.Lock()
 	for _, s := range ss {
@@ -51,10 +53,29 @@ func (f *Flow) Settle(ctx context.Context, ss []Settlement, done Done) {
 		b.add(s)
 	}
 	if len(b.later) > 0 {
-		f.waitLocked(b.later, done)
+		f.waitLocked(slices.Clone(b.later), done)
 	}
 	f.mu.Unlock()
-	f.send(ctx, &b, done)
+	f.send(ctx, b, done)
+}
+
+// batches recycles what Settle sorts its settlements into.
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+// recycle empties b and puts it back in batches.
+func (b *batch) recycle() {
+	for _, p := range []*[]Settlement{&b.acks, &b.dls, &b.backs, &b.later} {
+		clear(*p)
+		*p = (*p)[:0]
+	}
+	for i := range b.retries {
+		b.retries[i] = nil
+	}
+	b.retries = b.retries[:0]
+	clear(b.now)
+	clear(b.refused)
+	b.now, b.refused = b.now[:0], b.refused[:0]
+	batches.Put(b)
 }
 
 // settledErr is the error of a second settlement of h.
@@ -112,34 +133,59 @@ func (f *Flow) send(ctx context.Context, b *batch, done Done) {
 	}
 	if len(b.acks) > 0 {
 		ms := messages(b.acks)
-		f.report(b.acks, f.src.Ack(ctx, ms), done)
+		f.report(b.acks, f.src.Ack(ctx, *ms), done)
+		putMessages(ms)
 	}
 	for _, g := range b.retries {
-		f.report(g, f.src.Retry(ctx, messages(g), g[0].Delay), done)
+		ms := messages(g)
+		f.report(g, f.src.Retry(ctx, *ms, g[0].Delay), done)
+		putMessages(ms)
 	}
 	if len(b.backs) > 0 {
-		f.report(b.backs, f.release(ctx, messages(b.backs)), done)
+		ms := messages(b.backs)
+		f.report(b.backs, f.release(ctx, *ms), done)
+		putMessages(ms)
 	}
 	if len(b.dls) > 0 {
 		causes := make([]error, len(b.dls))
 		for i, s := range b.dls {
 			causes[i] = s.Cause
 		}
-		f.report(b.dls, f.src.DeadLetter(ctx, messages(b.dls), causes), done)
+		ms := messages(b.dls)
+		f.report(b.dls, f.src.DeadLetter(ctx, *ms, causes), done)
+		putMessages(ms)
 	}
 }
 
-func messages(ss []Settlement) []*driver.Message {
-	ms := make([]*driver.Message, len(ss))
-	for i, s := range ss {
-		ms[i] = s.H.M
+// msgSlices recycles the slices settlement calls are given: a source must
+// not keep one past its call.
+var msgSlices = sync.Pool{New: func() any { return new([]*driver.Message) }}
+
+// messages returns the messages of ss in a recycled slice; putMessages
+// gives it back.
+func messages(ss []Settlement) *[]*driver.Message {
+	p := msgSlices.Get().(*[]*driver.Message)
+	ms := (*p)[:0]
+	for _, s := range ss {
+		ms = append(ms, s.H.M)
 	}
-	return ms
+	*p = ms
+	return p
+}
+
+func putMessages(p *[]*driver.Message) {
+	clear(*p)
+	if cap(*p) <= 4096 {
+		msgSlices.Put(p)
+	}
 }
 
 // errorAt is the error of the i-th message of a call of n that returned
 // err.
 func errorAt(err error, i, n int) error {
+	if err == nil {
+		return nil
+	}
 	var p *driver.Partial
 	if errors.As(err, &p) && len(p.Errs) == n {
 		return p.Errs[i]
@@ -223,7 +269,9 @@ func (f *Flow) sendWaited(w *waited) {
 	if len(b.backs) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 		defer cancel()
-		f.report(b.backs, f.src.Retry(ctx, messages(b.backs), 0), w.done)
+		ms := messages(b.backs)
+		f.report(b.backs, f.src.Retry(ctx, *ms, 0), w.done)
+		putMessages(ms)
 	}
 }
 
