@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/internal/units"
 )
 
 // CountCap is where the bounded counts of Estimate stop: a table with
@@ -86,16 +88,7 @@ func CountedUpTo(limit int) string {
 }
 
 // thousands writes n with commas between groups of three digits.
-func thousands(n int64) string {
-	if n < 0 {
-		return "-" + thousands(-n)
-	}
-	s := fmt.Sprint(n)
-	for i := len(s) - 3; i > 0; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	return s
-}
+func thousands(n int64) string { return units.Count(n) }
 
 // Estimate estimates the dedup table's rows and size from bounded queries
 // (Estimator), cheap enough to run on every page view, unlike Stats.

@@ -58,7 +58,7 @@ func BenchmarkPostgres(b *testing.B) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%q}`, order)
 	}
-	m, err := New(s, WithTable(n.Responses))
+	m, err := New(s, WithTable(n.Responses), WithScope(testScope))
 	if err != nil {
 		b.Fatal(err)
 	}

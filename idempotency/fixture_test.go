@@ -36,14 +36,17 @@ type fixture struct {
 	backend        string
 	names          names
 	handler        func(bizFunc) http.Handler
-	insert         string // INSERT INTO fx (k) VALUES (…), one placeholder
+	wrap           func(http.Handler) http.Handler // the middleware's Wrap
+	wrapped        func(bizFunc) http.Handler      // a bizFunc as next of Wrap, its transaction from TxFromContext
+	insert         string                          // INSERT INTO fx (k) VALUES (…), one placeholder
 	count          func(k string) int
 	leaser         driver.Leaser
 	begin          func(ctx context.Context) (fencer, error)
 	prune          func(ctx context.Context, before time.Time, limit int) (int, error)
 	pruneClaims    func(ctx context.Context, before time.Time, limit int) (int, error)
 	setAfterCommit func(func())
-	pool           *pgxpool.Pool // Postgres only
+	newWith        func(opts ...Option) (any, error) // New on the fixture's store
+	pool           *pgxpool.Pool                     // Postgres only
 }
 
 // fencer is a store transaction seen by a lease holder of the tests.
@@ -69,7 +72,7 @@ var backends = []string{"postgres", "mysql", "sqlite"}
 func open(t testing.TB, backend string, n names, drop bool, opts ...Option) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	opts = append([]Option{WithTable(n.Responses)}, opts...)
+	opts = append([]Option{WithTable(n.Responses), WithScope(testScope)}, opts...)
 	switch backend {
 	case "postgres":
 		s, err := postgres.Open(ctx, servicetest.PostgresURL(t), postgres.WithTable(n.Claims))
@@ -100,48 +103,61 @@ func open(t testing.TB, backend string, n names, drop bool, opts ...Option) *fix
 		f.backend, f.names, f.pool = backend, n, pool
 		return f
 	case "mysql", "sqlite":
-		var s interface {
-			driver.Store[*sql.Tx]
-			Prune(context.Context, time.Time, int) (int, error)
-		}
+		var s sqlStore
 		var err error
-		effects := `CREATE TABLE IF NOT EXISTS ` + n.Effects + ` (k TEXT NOT NULL)`
 		if backend == "mysql" {
 			s, err = mysql.Open(ctx, servicetest.MySQLURL(t), mysql.WithTable(n.Claims))
-			effects = `CREATE TABLE IF NOT EXISTS ` + n.Effects + ` (k VARBINARY(255) NOT NULL)`
 		} else {
 			s, err = sqlite.Open(ctx, n.SQLitePath, sqlite.WithTable(n.Claims))
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { s.Close() })
-		var db *sql.DB
-		s.As(&db)
-		if _, err := db.Exec(effects); err != nil {
-			t.Fatal(err)
-		}
-		if drop && backend == "mysql" {
-			t.Cleanup(func() {
-				db.Exec(`DROP TABLE IF EXISTS ` + n.Effects + `, ` + n.Claims + `, ` + n.Claims + `_leases, ` + n.Responses)
-			})
-		}
-		f := build(t, s, func(tx *sql.Tx, q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err }, opts)
-		f.insert = `INSERT INTO ` + n.Effects + ` (k) VALUES (?)`
-		f.count = func(k string) int {
-			var c int
-			if err := db.QueryRow(`SELECT count(*) FROM `+n.Effects+` WHERE k = ?`, k).Scan(&c); err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}
-		f.begin = func(ctx context.Context) (fencer, error) { txn, err := s.Begin(ctx); return txn.(fencer), err }
-		f.pruneClaims = s.Prune
-		f.backend, f.names = backend, n
-		return f
+		return openSQL(t, backend, s, n, drop, opts)
 	}
 	t.Fatalf("unknown backend %q", backend)
 	return nil
+}
+
+// sqlStore is the MySQL or SQLite store of a fixture.
+type sqlStore interface {
+	driver.Store[*sql.Tx]
+	Prune(context.Context, time.Time, int) (int, error)
+}
+
+// openSQL builds the fixture of backend, mysql or sqlite, over its store
+// s, which it closes at cleanup.
+func openSQL(t testing.TB, backend string, s sqlStore, n names, drop bool, opts []Option) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	effects := `CREATE TABLE IF NOT EXISTS ` + n.Effects + ` (k TEXT NOT NULL)`
+	if backend == "mysql" {
+		effects = `CREATE TABLE IF NOT EXISTS ` + n.Effects + ` (k VARBINARY(255) NOT NULL)`
+	}
+	t.Cleanup(func() { s.Close() })
+	var db *sql.DB
+	s.As(&db)
+	if _, err := db.Exec(effects); err != nil {
+		t.Fatal(err)
+	}
+	if drop && backend == "mysql" {
+		t.Cleanup(func() {
+			db.Exec(`DROP TABLE IF EXISTS ` + n.Effects + `, ` + n.Claims + `, ` + n.Claims + `_leases, ` + n.Responses)
+		})
+	}
+	f := build(t, s, func(tx *sql.Tx, q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err }, opts)
+	f.insert = `INSERT INTO ` + n.Effects + ` (k) VALUES (?)`
+	f.count = func(k string) int {
+		var c int
+		if err := db.QueryRow(`SELECT count(*) FROM `+n.Effects+` WHERE k = ?`, k).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	f.begin = func(ctx context.Context) (fencer, error) { txn, err := s.Begin(ctx); return txn.(fencer), err }
+	f.pruneClaims = s.Prune
+	f.backend, f.names = backend, n
+	return f
 }
 
 // build makes the middleware over s and runs its Migrate.
@@ -160,9 +176,23 @@ func build[Tx any](t testing.TB, s driver.Store[Tx], run func(tx Tx, q string, a
 				return b(w, r, func(q string, args ...any) error { return run(tx, q, args...) })
 			})
 		},
+		wrap: m.Wrap,
+		wrapped: func(b bizFunc) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				tx, ok := TxFromContext[Tx](r.Context())
+				if !ok {
+					http.Error(w, "no transaction in the request's context", http.StatusInternalServerError)
+					return
+				}
+				if err := b(w, r, func(q string, args ...any) error { return run(tx, q, args...) }); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
+			})
+		},
 		leaser:         s.(driver.Leaser),
 		prune:          m.Prune,
 		setAfterCommit: func(f func()) { m.afterCommit = f },
+		newWith:        func(opts ...Option) (any, error) { return New(s, opts...) },
 	}
 }
 
@@ -211,13 +241,20 @@ func post(t testing.TB, url, key, body string) answer {
 	return a
 }
 
-func tryPost(url, key, body string) (answer, error) {
+func tryPost(url, key, body string) (answer, error) { return tryPostAs(url, "", key, body) }
+
+// tryPostAs is tryPost for a request of tenant (tenantHeader), none when
+// tenant is empty.
+func tryPostAs(url, tenant, key, body string) (answer, error) {
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		return answer{}, err
 	}
 	if key != "" {
 		req.Header.Set(HeaderKey, key)
+	}
+	if tenant != "" {
+		req.Header.Set(tenantHeader, tenant)
 	}
 	// net/http's client resends a request carrying an Idempotency-Key
 	// whose connection broke; the tests do their retries themselves.
@@ -261,6 +298,14 @@ func problemOf(t testing.TB, a answer, status int) problem {
 	return p
 }
 
-// ordersID is the id the middleware claims for key under the default
-// scope of a POST to /orders.
-func ordersID(key string) string { return claimID("POST /orders", key) }
+// testScope is the tests' scope: the tenant (tenantHeader, which stands
+// for what authentication finds), the method and the path.
+func testScope(r *http.Request) string {
+	return r.Header.Get(tenantHeader) + " " + r.Method + " " + r.URL.Path
+}
+
+// ordersID is the id the middleware claims for key in a POST to /orders
+// without a tenant.
+func ordersID(key string) string {
+	return claimID(testScope(httptest.NewRequest(http.MethodPost, "/orders", nil)), key)
+}

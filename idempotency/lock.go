@@ -7,12 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/jackc/pgx/v5"
 )
-
-// lockRetryAfter is the Retry-After, in seconds, of a 409 on PostgreSQL:
-// a claim in progress tells that the key is held, not for how long.
-const lockRetryAfter = 1
 
 // busyWait is how long a request waits for a copy's transaction that
 // holds the key's claim before it is answered 409: a copy arriving as the
@@ -26,7 +21,7 @@ const busyWait = 100 * time.Millisecond
 // response commit with the claim. A copy in progress is answered 409; an
 // uncommitted claim ends with its transaction, so a request that failed,
 // panicked or whose process died holds the key no longer.
-func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx], claim driver.Claim) {
+func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h inner[Tx], claim driver.Claim) {
 	ctx := r.Context()
 	txn, err := m.store.Begin(ctx)
 	if err != nil {
@@ -45,7 +40,7 @@ func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h Han
 	won, err := bc.ClaimOrBusy(ctx, m.cfg.name, []driver.Claim{claim}, busyWait)
 	if errors.Is(err, driver.ErrClaimBusy) {
 		m.rollback(ctx, txn)
-		inProgress(w, lockRetryAfter)
+		inProgress(w, runningRetryAfter) // a claim in progress tells that the key is held, not for how long
 		return
 	}
 	if err == nil && len(won) != 1 {
@@ -56,11 +51,16 @@ func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h Han
 		m.storeFailed(w, "claiming the key", err)
 		return
 	}
-	tx := any(txn.Tx()).(pgx.Tx)
 	switch won[0] {
 	case driver.ClaimWon:
 	case driver.ClaimDuplicate:
-		s, found, err := m.tab.get(ctx, tx, m.cfg.name, claim.ID)
+		st, ok := txn.(driver.SQLTxn)
+		if !ok {
+			m.rollback(ctx, txn)
+			m.storeFailed(w, "reading the stored response", fmt.Errorf("the store's transactions (%T) cannot read it (driver.SQLTxn)", txn))
+			return
+		}
+		s, found, err := m.tab.get(ctx, st, m.cfg.name, claim.ID)
 		m.rollback(ctx, txn)
 		m.answerStored(w, s, found, err)
 		return
@@ -74,9 +74,9 @@ func (m *Middleware[Tx]) runLocked(w http.ResponseWriter, r *http.Request, h Han
 		return
 	}
 	rec := newRecorder()
-	if err := h(rec, r, txn.Tx()); err != nil {
+	if err := h.call(rec, r, txn.Tx()); err != nil {
 		m.rollback(ctx, txn)
-		m.handlerFailed(ctx, w, err)
+		m.handlerFailed(ctx, w, rec, err, retryDetail)
 		return
 	}
 	m.commitAndSend(ctx, w, txn, claim.ID, rec, "completing the key", func() { m.rollback(ctx, txn) })

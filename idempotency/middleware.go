@@ -14,7 +14,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/retry"
-	"github.com/jackc/pgx/v5"
 )
 
 // HandlerFunc handles a request inside the store's transaction tx
@@ -26,16 +25,17 @@ import (
 // returns nil for is committed, stored and replayed like any response.
 type HandlerFunc[Tx any] func(w http.ResponseWriter, r *http.Request, tx Tx) error
 
-// Middleware runs HandlerFuncs so that requests carrying the same
-// Idempotency-Key apply their effect once and get the same response.
-// It is safe for concurrent use.
+// Middleware runs handlers (a HandlerFunc with Handler, an http.Handler
+// with Wrap) so that requests carrying the same Idempotency-Key apply
+// their effect once and get the same response. It is safe for concurrent
+// use.
 type Middleware[Tx any] struct {
 	store  driver.Store[Tx]
 	leaser driver.Leaser // nil when locked
 	tab    *table
 	cfg    config
-	// locked: the store is PostgreSQL and a request in progress holds its
-	// key by its uncommitted claim instead of a lease.
+	// locked: a request in progress holds its key by its uncommitted
+	// claim (driver.BusyClaimStore) instead of a lease.
 	locked bool
 
 	// afterCommit, when set, runs right after a request's transaction
@@ -43,16 +43,17 @@ type Middleware[Tx any] struct {
 	afterCommit func()
 }
 
-// New returns the middleware over store. The key's claims live in the
-// store's claims table under WithName and the responses in a table of
-// their own (WithTable) in the same database, which Migrate creates; its
-// SQL dialect follows the pool the store hands out through As (a
-// *pgxpool.Pool, or a *sql.DB of a MySQL/MariaDB or SQLite driver). On
-// PostgreSQL (a pgx.Tx store) a request in progress holds its key by its
-// claim, not yet committed (driver.BusyClaimer); on the other stores by a
-// lease, so
-// store must hold leases there (driver.Leaser: the MySQL/MariaDB and
-// SQLite stores do). Bad options fail here, each error naming its option.
+// New returns the middleware over store. WithScope is required: what a
+// key is unique within is the service's to say. The key's claims live in
+// the store's claims table under WithName and the responses in a table of
+// their own (WithTable) in the same database, which Migrate creates; the
+// store runs their statements in its dialect (driver.SQLStore: the
+// PostgreSQL, MySQL/MariaDB and SQLite stores do). On a store whose
+// transactions claim without waiting (driver.BusyClaimStore: PostgreSQL's)
+// a request in progress holds its key by its claim, not yet committed; on
+// the others by a lease, so store must then hold leases (driver.Leaser:
+// the MySQL/MariaDB and SQLite stores do). Bad options fail here, each
+// error naming its option.
 func New[Tx any](store driver.Store[Tx], opts ...Option) (*Middleware[Tx], error) {
 	if option.Present(store) != nil {
 		return nil, errors.New("idempotency: New: nil store")
@@ -61,19 +62,24 @@ func New[Tx any](store driver.Store[Tx], opts ...Option) (*Middleware[Tx], error
 	if err := option.ApplyAll(&cfg, opts...); err != nil {
 		return nil, err
 	}
-	tab, err := newTable(cfg.table, store.As)
-	if err != nil {
-		return nil, fmt.Errorf("idempotency: New: %w", err)
+	if cfg.scope == nil {
+		return nil, option.Errorf(pkg, "WithScope", "required: what a key is unique within, the authenticated principal and the route, so that one client can neither replay nor block another's key")
 	}
-	var zero Tx
-	if _, pgTx := any(&zero).(*pgx.Tx); pgTx && tab.d == postgresDialect {
-		return &Middleware[Tx]{store: store, tab: tab, cfg: cfg, locked: true}, nil
-	}
-	ls, ok := store.(driver.Leaser)
-	if !ok {
+	m := &Middleware[Tx]{store: store, cfg: cfg}
+	if bc, ok := store.(driver.BusyClaimStore); ok && bc.BusyClaims() {
+		m.locked = true
+	} else if m.leaser, ok = store.(driver.Leaser); !ok {
 		return nil, fmt.Errorf("idempotency: New: the store %T cannot hold leases (driver.Leaser)", store)
 	}
-	return &Middleware[Tx]{store: store, leaser: ls, tab: tab, cfg: cfg}, nil
+	db, ok := store.(driver.SQLStore)
+	if !ok {
+		return nil, fmt.Errorf("idempotency: New: the store %T cannot keep the responses in its database (driver.SQLStore)", store)
+	}
+	var err error
+	if m.tab, err = newTable(cfg.table, db); err != nil {
+		return nil, fmt.Errorf("idempotency: New: %w", err)
+	}
+	return m, nil
 }
 
 // Migrate creates the responses table and its stored_at index if they do
@@ -116,11 +122,74 @@ func (m *Middleware[Tx]) Prune(ctx context.Context, before time.Time, limit int)
 // lease before it commits.
 //
 // The response h writes is buffered until then; it cannot be streamed.
+// The request's context carries tx too (TxFromContext).
 func (m *Middleware[Tx]) Handler(h HandlerFunc[Tx]) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h) })
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, func(w *recorder, r *http.Request, tx Tx) error { return h(w, r, tx) })
+	})
 }
 
-func (m *Middleware[Tx]) serve(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx]) {
+// Wrap is the middleware form of Handler, func(http.Handler) http.Handler,
+// which routers take: r.Use(keys.Wrap) with chi, e.Use(echo.WrapMiddleware(keys.Wrap))
+// with echo. It decides each request as Handler does and runs next inside
+// the store's transaction, which next reaches with TxFromContext: next
+// applies its effect in it and writes its response, which commits, is
+// stored and replayed. Having no error to return, next fails by answering
+// a status of 500 or more (http.Error(w, "…", 500)): its transaction then
+// rolls back, nothing is stored, the key is free for the retry, and its
+// answer goes out as it is. A panic rolls back too.
+//
+// Requests of the safe methods (GET, HEAD, OPTIONS, TRACE) go to next
+// directly, without a key or a transaction, so Wrap can guard a whole
+// router.
+func (m *Middleware[Tx]) Wrap(next http.Handler) http.Handler {
+	if next == nil {
+		panic("idempotency: Wrap: nil handler")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+			next.ServeHTTP(w, r)
+			return
+		}
+		m.serve(w, r, func(w *recorder, r *http.Request, _ Tx) error {
+			next.ServeHTTP(w, r)
+			if w.status >= http.StatusInternalServerError {
+				return &failedStatus{w.status}
+			}
+			return nil
+		})
+	})
+}
+
+// txKey is the request context's key of the store's transaction.
+type txKey struct{}
+
+// TxFromContext returns the store's transaction of the request whose
+// context is ctx, for the handler Wrap (or Handler) runs: pgx.Tx on
+// PostgreSQL, *sql.Tx on MySQL/MariaDB and SQLite. ok is false outside
+// such a handler, or when Tx is not the store's transaction type.
+func TxFromContext[Tx any](ctx context.Context) (tx Tx, ok bool) {
+	tx, ok = ctx.Value(txKey{}).(Tx)
+	return tx, ok
+}
+
+// inner is what runs inside a request's transaction: a HandlerFunc, or
+// the next handler of Wrap.
+type inner[Tx any] func(w *recorder, r *http.Request, tx Tx) error
+
+// call runs h with tx on the context of r.
+func (h inner[Tx]) call(w *recorder, r *http.Request, tx Tx) error {
+	return h(w, r.WithContext(context.WithValue(r.Context(), txKey{}, tx)), tx)
+}
+
+// failedStatus is how a handler of Wrap fails: it answered status, 500 or
+// more.
+type failedStatus struct{ status int }
+
+func (e *failedStatus) Error() string { return fmt.Sprintf("the handler answered %d", e.status) }
+
+func (m *Middleware[Tx]) serve(w http.ResponseWriter, r *http.Request, h inner[Tx]) {
 	vals := r.Header.Values(HeaderKey)
 	switch {
 	case len(vals) == 0 && m.cfg.optional:
@@ -163,7 +232,7 @@ func (m *Middleware[Tx]) serve(w http.ResponseWriter, r *http.Request, h Handler
 	case driver.LeaseMismatch:
 		mismatch(w)
 	case driver.LeaseBusy:
-		inProgress(w, retryAfter(lease.Until))
+		inProgress(w, m.busyRetryAfter(lease.Until))
 	default:
 		m.storeFailed(w, "acquiring the key's lease", fmt.Errorf("unknown lease result %v", lease.Result))
 	}
@@ -232,9 +301,32 @@ func retryAfter(until time.Time) int {
 	return max(1, int(math.Ceil(time.Until(until).Seconds())))
 }
 
+// runningRetryAfter is the Retry-After, in seconds, of a key held by a
+// request that is running: how long it will run is not known, and a copy
+// that comes back a second later gets its response once it is done.
+const runningRetryAfter = 1
+
+// clockSkew is how far the clocks of the replicas that stamp lease
+// expiries may be apart.
+const clockSkew = time.Second
+
+// busyRetryAfter is the Retry-After of a key leased until until by
+// another request. A request of the middleware that is running renews its
+// lease every third of WithLease, which keeps more than half of it left:
+// runningRetryAfter then. A lease with less left missed its renewals (its
+// holder crashed or hung), and one with more than WithLease was not taken
+// under this middleware's WithLease: the key is not free before it runs
+// out, so its remaining seconds.
+func (m *Middleware[Tx]) busyRetryAfter(until time.Time) int {
+	if left := time.Until(until); left > m.cfg.lease/2 && left <= m.cfg.lease+clockSkew {
+		return runningRetryAfter
+	}
+	return retryAfter(until)
+}
+
 // run runs h in a transaction under the key's lease, and completes the
 // key in it when h returns nil.
-func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx], claim driver.Claim, ref driver.LeaseRef) {
+func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h inner[Tx], claim driver.Claim, ref driver.LeaseRef) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stopRenew := m.keep(ctx, ref, cancel)
@@ -268,12 +360,12 @@ func (m *Middleware[Tx]) run(w http.ResponseWriter, r *http.Request, h HandlerFu
 			m.abort(ctx, txn, ref)
 		}
 	}()
-	herr := h(rec, r.WithContext(ctx), txn.Tx())
+	herr := h.call(rec, r.WithContext(ctx), txn.Tx())
 	finished = true
 	stopRenew()
 	if herr != nil {
 		m.abort(ctx, txn, ref)
-		m.handlerFailed(ctx, w, herr)
+		m.handlerFailed(ctx, w, rec, herr, retryDetail)
 		return
 	}
 	if !m.fence(ctx, w, txn, ref) {
@@ -314,13 +406,21 @@ func (m *Middleware[Tx]) fence(ctx context.Context, w http.ResponseWriter, txn d
 	return true
 }
 
-// handlerFailed answers 500 for a handler that returned err; its
-// transaction is rolled back, so nothing was applied or stored.
-func (m *Middleware[Tx]) handlerFailed(ctx context.Context, w http.ResponseWriter, err error) {
+// handlerFailed answers for a handler that failed with err, its
+// transaction rolled back, so nothing was applied or stored: a handler of
+// Wrap that answered 500 or more with its own answer, rec; any other with
+// a 500 problem.
+func (m *Middleware[Tx]) handlerFailed(ctx context.Context, w http.ResponseWriter, rec *recorder, err error, detail string) {
 	m.cfg.logger.ErrorContext(ctx, "idempotency: handler failed; nothing was stored", "consumer", m.cfg.name, "err", err)
-	writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed",
-		"nothing was applied; retry with the same Idempotency-Key", 0)
+	if _, ok := errors.AsType[*failedStatus](err); ok {
+		send(w, rec.header, rec.status, rec.body.Bytes())
+		return
+	}
+	writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed", detail, 0)
 }
+
+// retryDetail is the detail of a keyed request's 500.
+const retryDetail = "nothing was applied; retry with the same Idempotency-Key"
 
 // commitAndSend completes the key id in txn, whose claim of it is made
 // and which holds the handler's effect: it stores the response rec holds,
@@ -329,7 +429,13 @@ func (m *Middleware[Tx]) handlerFailed(ctx context.Context, w http.ResponseWrite
 // answers 503, naming commitStep when the commit is what failed.
 func (m *Middleware[Tx]) commitAndSend(ctx context.Context, w http.ResponseWriter, txn driver.Txn[Tx], id string, rec *recorder, commitStep string, undo func()) {
 	res := rec.result(m.cfg.headers)
-	if err := m.tab.put(ctx, txn.Tx(), m.cfg.name, id, res, time.Now()); err != nil {
+	st, ok := txn.(driver.SQLTxn)
+	if !ok {
+		undo()
+		m.storeFailed(w, "completing the key", fmt.Errorf("the store's transactions (%T) cannot store the response (driver.SQLTxn)", txn))
+		return
+	}
+	if err := m.tab.put(ctx, st, m.cfg.name, id, res, time.Now()); err != nil {
 		undo()
 		m.storeFailed(w, "completing the key", err)
 		return
@@ -386,7 +492,7 @@ func (m *Middleware[Tx]) answerStored(w http.ResponseWriter, s stored, found boo
 
 // plain runs h in a transaction of its own, for a request without a key
 // under WithKeyOptional.
-func (m *Middleware[Tx]) plain(w http.ResponseWriter, r *http.Request, h HandlerFunc[Tx]) {
+func (m *Middleware[Tx]) plain(w http.ResponseWriter, r *http.Request, h inner[Tx]) {
 	ctx := r.Context()
 	txn, err := m.store.Begin(ctx)
 	if err != nil {
@@ -395,9 +501,9 @@ func (m *Middleware[Tx]) plain(w http.ResponseWriter, r *http.Request, h Handler
 	}
 	defer txn.Rollback(context.WithoutCancel(ctx)) // after Commit it does nothing
 	rec := newRecorder()
-	if err := h(rec, r, txn.Tx()); err != nil {
-		m.cfg.logger.ErrorContext(ctx, "idempotency: handler failed", "consumer", m.cfg.name, "err", err)
-		writeProblem(w, http.StatusInternalServerError, problemFailed, "The request failed", "nothing was applied", 0)
+	if err := h.call(rec, r, txn.Tx()); err != nil {
+		m.rollback(ctx, txn)
+		m.handlerFailed(ctx, w, rec, err, "nothing was applied")
 		return
 	}
 	if err := txn.Commit(ctx); err != nil {
@@ -416,7 +522,7 @@ func (m *Middleware[Tx]) plain(w http.ResponseWriter, r *http.Request, h Handler
 // lock from its BEGIN, which every Acquire (and Renew) needs, so no other
 // request can take the lease over until it ends.
 func (m *Middleware[Tx]) keep(ctx context.Context, ref driver.LeaseRef, lost context.CancelFunc) (stop func()) {
-	if m.tab.d == sqliteDialect {
+	if m.tab.d == driver.DialectSQLite {
 		return func() {}
 	}
 	rctx, cancel := context.WithCancel(ctx)

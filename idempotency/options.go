@@ -47,7 +47,6 @@ func defaults() config {
 	return config{
 		name:    DefaultName,
 		table:   DefaultTable,
-		scope:   func(r *http.Request) string { return r.Method + " " + r.URL.Path },
 		lease:   DefaultLease,
 		maxBody: DefaultMaxBody,
 		headers: canonical(DefaultStoredHeaders),
@@ -73,11 +72,15 @@ func WithTable(name string) Option {
 	return option.Set[config](pkg, "WithTable", sqlident.Check(name), func(c *config) { c.table = name })
 }
 
-// WithScope sets what a key is unique within: the same key sent to two
-// scopes names two requests. Give the authenticated principal and the
-// route, so that one client cannot replay, or collide with, another's
-// key (the scope runs after the service's authentication). Default the
-// method and the URL path ("POST /orders").
+// WithScope sets what a key is unique within: the same key sent in two
+// scopes names two requests. Required, since only the service knows who
+// sent a request: return the authenticated principal (the account,
+// tenant or API client, as the service's authentication found it, from
+// the request's context or headers) and the route, such as
+// account + " " + r.Method + " " + r.URL.Path, so that one client can
+// neither replay nor block another's key. A service with a single client
+// says so by returning the route alone. The scope runs after the
+// service's authentication and before the handler.
 func WithScope(scope func(r *http.Request) string) Option {
 	return option.Set[config](pkg, "WithScope", option.NotNil(scope != nil, "scope function"), func(c *config) { c.scope = scope })
 }
@@ -95,7 +98,8 @@ func WithKeyOptional() Option {
 // SQLite). The middleware renews it every third of that while the handler
 // runs; after a crash the key is free again once the lease ran out, and a
 // retry then runs the request. Concurrent requests with the key are
-// answered 409 meanwhile, with Retry-After the lease's remaining seconds.
+// answered 409 meanwhile, with Retry-After 1 while the lease is renewed
+// and its remaining seconds once it missed its renewals.
 // On PostgreSQL it has no effect: the handler's transaction holds the key
 // by its uncommitted claim for as long as it runs, and no longer than its
 // connection lives. At least 30ms. Default 30s.

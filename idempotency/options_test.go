@@ -34,7 +34,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		}
 	}
 	type noLeases struct{ driver.Store[*sql.Tx] }
-	if _, err := New[*sql.Tx](noLeases{s}); err == nil || !strings.Contains(err.Error(), "driver.Leaser") {
+	if _, err := New[*sql.Tx](noLeases{s}, WithScope(testScope)); err == nil || !strings.Contains(err.Error(), "driver.Leaser") {
 		t.Fatalf("a store without leases: %v", err)
 	}
 	if _, err := New(s, WithName(strings.Repeat("n", 256))); err == nil || !strings.Contains(err.Error(), "WithName") {
@@ -43,7 +43,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	if _, err := New[*sql.Tx](nil); err == nil {
 		t.Fatal("New took a nil store")
 	}
-	m, err := New(s)
+	m, err := New(s, WithScope(testScope))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestLeastPrivilegePostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	m, err := New(s, WithTable(n.Responses))
+	m, err := New(s, WithTable(n.Responses), WithScope(testScope))
 	if err != nil {
 		t.Fatal(err)
 	}

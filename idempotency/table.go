@@ -4,41 +4,25 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
-	"reflect"
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/stores/postgres"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-)
-
-// dialect is the SQL dialect of the responses table, told from the store's
-// connection pool.
-type dialect int
-
-const (
-	postgresDialect dialect = iota + 1
-	mysqlDialect
-	sqliteDialect
+	"github.com/idemq/idemq/core/driver"
 )
 
 // sqliteTime is the text form of stored_at on SQLite (UTC), the one the
 // SQLite store uses for its claims: it sorts as it compares.
 const sqliteTime = "2006-01-02 15:04:05.000000"
 
-// table is the stored responses' table in one dialect, with the pool its
-// reads, Migrate and Prune use.
+// table is the stored responses' table, in the store's database and
+// dialect (driver.SQLStore).
 type table struct {
-	d    dialect
+	d    driver.SQLDialect
 	name string
-	pg   *pgxpool.Pool
-	db   *sql.DB
+	db   driver.SQLStore
 
 	insert, lookup string
 }
@@ -50,38 +34,25 @@ type stored struct {
 	body   []byte
 }
 
-// newTable finds the store's pool (As) and with it the dialect.
-func newTable(name string, as func(any) bool) (*table, error) {
-	t := &table{name: name}
-	switch {
-	case as(&t.pg) && t.pg != nil:
-		t.d = postgresDialect
-	case as(&t.db) && t.db != nil:
-		switch drv := strings.ToLower(reflect.TypeOf(t.db.Driver()).String()); {
-		case strings.Contains(drv, "sqlite"):
-			t.d = sqliteDialect
-		case strings.Contains(drv, "mysql"):
-			t.d = mysqlDialect
-		default:
-			return nil, fmt.Errorf("the store's *sql.DB driver %s is neither MySQL/MariaDB nor SQLite", drv)
-		}
-	default:
-		return nil, errors.New("the store hands out neither a *pgxpool.Pool nor a *sql.DB (As)")
-	}
+// newTable returns the table name in the database of db.
+func newTable(name string, db driver.SQLStore) (*table, error) {
+	t := &table{d: db.SQLDialect(), name: name, db: db}
 	cols := "consumer, message_id, status, header, body, stored_at"
 	switch t.d {
-	case postgresDialect:
+	case driver.DialectPostgres:
 		t.insert = `INSERT INTO ` + name + ` (` + cols + `) VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (consumer, message_id) DO UPDATE SET status = EXCLUDED.status, header = EXCLUDED.header, body = EXCLUDED.body, stored_at = EXCLUDED.stored_at`
 		t.lookup = `SELECT status, header, body FROM ` + name + ` WHERE consumer = $1 AND message_id = $2`
-	case mysqlDialect:
+	case driver.DialectMySQL:
 		t.insert = `INSERT INTO ` + name + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE status = VALUES(status), header = VALUES(header), body = VALUES(body), stored_at = VALUES(stored_at)`
 		t.lookup = `SELECT status, header, body FROM ` + name + ` WHERE consumer = ? AND message_id = ?`
-	case sqliteDialect:
+	case driver.DialectSQLite:
 		t.insert = `INSERT INTO ` + name + ` (` + cols + `) VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (consumer, message_id) DO UPDATE SET status = excluded.status, header = excluded.header, body = excluded.body, stored_at = excluded.stored_at`
 		t.lookup = `SELECT status, header, body FROM ` + name + ` WHERE consumer = ? AND message_id = ?`
+	default:
+		return nil, fmt.Errorf("the store's SQL dialect %q is none of %s, %s and %s", t.d, driver.DialectPostgres, driver.DialectMySQL, driver.DialectSQLite)
 	}
 	return t, nil
 }
@@ -89,7 +60,7 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET status = excluded.status, heade
 // ddl returns Migrate's statements, each idempotent.
 func (t *table) ddl() []string {
 	switch t.d {
-	case postgresDialect:
+	case driver.DialectPostgres:
 		return []string{`CREATE TABLE IF NOT EXISTS ` + t.name + ` (
 	consumer   TEXT        NOT NULL,
 	message_id TEXT        NOT NULL,
@@ -99,7 +70,7 @@ func (t *table) ddl() []string {
 	stored_at  TIMESTAMPTZ NOT NULL,
 	PRIMARY KEY (consumer, message_id)
 )`, `CREATE INDEX IF NOT EXISTS ` + t.name + `_stored_at_idx ON ` + t.name + ` (stored_at)`}
-	case mysqlDialect:
+	case driver.DialectMySQL:
 		// The key columns are those of the MySQL store's claims table:
 		// VARBINARY, compared byte for byte.
 		return []string{`CREATE TABLE IF NOT EXISTS ` + t.name + ` (
@@ -127,7 +98,7 @@ func (t *table) ddl() []string {
 
 func (t *table) migrate(ctx context.Context) error {
 	for _, s := range t.ddl() {
-		if err := t.exec(ctx, nil, s); err != nil {
+		if _, err := t.db.ExecSQL(ctx, s); err != nil {
 			return fmt.Errorf("idempotency: Migrate %s: %w", t.name, err)
 		}
 	}
@@ -136,15 +107,15 @@ func (t *table) migrate(ctx context.Context) error {
 
 // at is a time as the dialect's stored_at column takes it.
 func (t *table) at(now time.Time) any {
-	if t.d == sqliteDialect {
+	if t.d == driver.DialectSQLite {
 		return now.UTC().Format(sqliteTime)
 	}
 	return now.UTC()
 }
 
-// put stores a response in tx, the handler's transaction, replacing one
+// put stores a response in txn, the handler's transaction, replacing one
 // left by a claim that was pruned before its response.
-func (t *table) put(ctx context.Context, tx any, consumer, id string, s stored, now time.Time) error {
+func (t *table) put(ctx context.Context, txn driver.SQLTxn, consumer, id string, s stored, now time.Time) error {
 	var h bytes.Buffer
 	if err := s.header.Write(&h); err != nil {
 		return err
@@ -153,27 +124,19 @@ func (t *table) put(ctx context.Context, tx any, consumer, id string, s stored, 
 	if body == nil {
 		body = []byte{}
 	}
-	return t.exec(ctx, tx, t.insert, consumer, id, s.status, h.String(), body, t.at(now))
+	return txn.ExecSQL(ctx, t.insert, consumer, id, s.status, h.String(), body, t.at(now))
 }
 
-// get reads a stored response in tx (a pgx.Tx), or through the pool when
-// tx is nil; found is false when there is none.
-func (t *table) get(ctx context.Context, tx pgx.Tx, consumer, id string) (s stored, found bool, err error) {
+// get reads a stored response in txn, or outside any transaction when txn
+// is nil; found is false when there is none.
+func (t *table) get(ctx context.Context, txn driver.SQLTxn, consumer, id string) (s stored, found bool, err error) {
 	var h string
-	var row interface{ Scan(...any) error }
-	switch {
-	case tx != nil:
-		row = tx.QueryRow(ctx, t.lookup, consumer, id)
-	case t.pg != nil:
-		row = t.pg.QueryRow(ctx, t.lookup, consumer, id)
-	default:
-		row = t.db.QueryRowContext(ctx, t.lookup, consumer, id)
+	query := t.db.QueryRowSQL
+	if txn != nil {
+		query = txn.QueryRowSQL
 	}
-	err = row.Scan(&s.status, &h, &s.body)
-	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
-		return s, false, nil
-	}
-	if err != nil {
+	found, err = query(ctx, t.lookup, []any{consumer, id}, &s.status, &h, &s.body)
+	if err != nil || !found {
 		return s, false, err
 	}
 	mh, err := textproto.NewReader(bufio.NewReader(strings.NewReader(h + "\r\n"))).ReadMIMEHeader()
@@ -188,46 +151,13 @@ func (t *table) get(ctx context.Context, tx pgx.Tx, consumer, id string) (s stor
 func (t *table) prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	var q string
 	switch t.d {
-	case postgresDialect:
+	case driver.DialectPostgres:
 		q = `DELETE FROM ` + t.name + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t.name + ` WHERE stored_at < $1 ORDER BY stored_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
-	case mysqlDialect:
+	case driver.DialectMySQL:
 		q = `DELETE FROM ` + t.name + ` WHERE stored_at < ? ORDER BY stored_at LIMIT ?`
 	default:
 		q = `DELETE FROM ` + t.name + ` WHERE rowid IN (SELECT rowid FROM ` + t.name + ` WHERE stored_at < ? ORDER BY stored_at LIMIT ?)`
 	}
-	if t.pg != nil {
-		tag, err := t.pg.Exec(ctx, q, t.at(before), limit)
-		return int(tag.RowsAffected()), err
-	}
-	res, err := t.db.ExecContext(ctx, q, t.at(before), limit)
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
+	n, err := t.db.ExecSQL(ctx, q, t.at(before), limit)
 	return int(n), err
-}
-
-// exec runs a statement in tx (a pgx.Tx or *sql.Tx), or through the pool
-// when tx is nil.
-func (t *table) exec(ctx context.Context, tx any, q string, args ...any) error {
-	var err error
-	switch h := tx.(type) {
-	case nil:
-		if t.pg != nil {
-			_, err = t.pg.Exec(ctx, q, args...)
-		} else {
-			_, err = t.db.ExecContext(ctx, q, args...)
-		}
-	case pgx.Tx:
-		// Queued to go with the COMMIT where the transaction is the
-		// Postgres store's (FlushCommit), at once otherwise.
-		err = postgres.Queue(ctx, h, q, args...)
-	case interface {
-		ExecContext(context.Context, string, ...any) (sql.Result, error)
-	}:
-		_, err = h.ExecContext(ctx, q, args...)
-	default:
-		err = fmt.Errorf("the store's transaction handle %T takes no statements", tx)
-	}
-	return err
 }

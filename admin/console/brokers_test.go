@@ -36,7 +36,7 @@ const (
 // rejectGroup is the cause group of the payments the service refuses with
 // --reject-above: `idemq: message "ID": handler: permanent: payment ID:
 // amount_cents N above the limit L` with its varying parts left out.
-const rejectGroup = "idemq: message …: handler: permanent: payment pay-…-…: amount_cents … above the limit …"
+const rejectGroup = "idemq: message …: handler: permanent: payment …: amount_cents … above the limit …"
 
 // paymentsBroker is one broker the payments service runs on.
 type paymentsBroker struct {

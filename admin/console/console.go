@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -45,8 +46,12 @@ type Config struct {
 	// shown: who, what, how many. Default slog.Default().
 	Logger *slog.Logger
 	// User returns who is acting, for the log and for the tokens that
-	// guard actions. Default: the basic-auth user name, else the remote
-	// address.
+	// guard actions; "" when it does not know. Default: the basic-auth
+	// user name. Where no user is known (a console without a password, or
+	// behind an authentication that does not tell it, such as a session
+	// cookie), a token is bound to its action only and the log names the
+	// remote address: set User to the service's own to bind tokens to
+	// users and name them in the log.
 	User func(*http.Request) string
 	// RedactBody returns what the console shows of a dead letter's body
 	// when an operator asks for it (it is hidden until then). Default:
@@ -61,8 +66,10 @@ type Config struct {
 	StatsEvery time.Duration
 	// SampleEvery is how often the console samples Consumer.Stats of
 	// each consumer that has it, for the overview's processed messages
-	// and duplicates per minute over the last hour. It is at most a
-	// minute. Default DefaultSampleEvery (10 seconds).
+	// and duplicates per minute over the last hour, and how long it keeps
+	// the store's claims per minute it shows for the consumers without
+	// Stats (admin.Store.ClaimsPerMinute) before a page view asks again.
+	// It is at most a minute. Default DefaultSampleEvery (10 seconds).
 	SampleEvery time.Duration
 	// Context bounds the sampling of Consumer.Stats, which starts at New
 	// and stops when Context ends. Default context.Background(): the
@@ -89,7 +96,8 @@ type Consumer struct {
 	// the service that runs that Consumer. The overview then shows the
 	// consumer's processed messages and duplicates per minute over the
 	// last hour, sampled every Config.SampleEvery, and its totals since
-	// it started. nil shows none. It is called from the console's own
+	// it started. nil shows the claims per minute the store recorded
+	// instead, without duplicates. It is called from the console's own
 	// goroutine and from page views.
 	Stats func() core.Stats
 }
@@ -113,6 +121,9 @@ type handler struct {
 
 	statsMu sync.Mutex
 	stats   *statsSnapshot
+
+	recentMu sync.Mutex
+	recent   *recentSnapshot
 
 	// samplerDone is closed when the sampler of Consumer.Stats ends; nil
 	// when none runs.
@@ -253,8 +264,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
-// user is who makes r.
-func (h *handler) user(r *http.Request) string {
+// knownUser is who makes r, "" when the console cannot tell.
+func (h *handler) knownUser(r *http.Request) string {
 	if h.cfg.User != nil {
 		if u := h.cfg.User(r); u != "" {
 			return u
@@ -263,16 +274,28 @@ func (h *handler) user(r *http.Request) string {
 	if u, _, ok := r.BasicAuth(); ok && u != "" {
 		return u
 	}
-	return r.RemoteAddr
+	return ""
+}
+
+// user is who makes r, for the log: the known user, else the remote
+// address.
+func (h *handler) user(r *http.Request) string {
+	return cmp.Or(h.knownUser(r), r.RemoteAddr)
 }
 
 // tokenLife is how long a token guarding an action stays valid.
 const tokenLife = 4 * time.Hour
 
-// token returns the token a form carries to do action as user.
-func (h *handler) token(user, action string) string {
+// token returns the token a form carries to do action as the user of r.
+// It is bound to the user when one is known, and never to anything of
+// the connection (a browser's next request may come on another one).
+// What keeps a page of another origin from acting through an operator's
+// browser is that it cannot read the token (the same-origin policy; the
+// console allows no other origin to read it or frame it), and the
+// same-origin check of every POST (ServeHTTP).
+func (h *handler) token(r *http.Request, action string) string {
 	exp := strconv.FormatInt(time.Now().Add(tokenLife).Unix(), 10)
-	return exp + "." + h.mac(user, action, exp)
+	return exp + "." + h.mac(h.knownUser(r), action, exp)
 }
 
 func (h *handler) mac(user, action, exp string) string {
@@ -282,17 +305,16 @@ func (h *handler) mac(user, action, exp string) string {
 }
 
 // checkToken reports whether r carries a valid token for action by its
-// user; when not, it answers 403 and logs the refusal.
+// user (token); when not, it answers 403 and logs the refusal.
 func (h *handler) checkToken(w http.ResponseWriter, r *http.Request, action string) bool {
-	user := h.user(r)
 	tok := r.PostForm.Get("token")
 	exp, sig, ok := strings.Cut(tok, ".")
 	if ok {
 		n, err := strconv.ParseInt(exp, 10, 64)
-		ok = err == nil && time.Now().Unix() <= n && hmac.Equal([]byte(sig), []byte(h.mac(user, action, exp)))
+		ok = err == nil && time.Now().Unix() <= n && hmac.Equal([]byte(sig), []byte(h.mac(h.knownUser(r), action, exp)))
 	}
 	if !ok {
-		h.log.Warn("idemq console: refused an action without a valid token", "user", user, "action", action)
+		h.log.Warn("idemq console: refused an action without a valid token", "user", h.user(r), "action", action)
 		h.fail(w, r, http.StatusForbidden, "this form has no valid token for this action (expired, or not made by this console for you): reload the page and try again")
 	}
 	return ok

@@ -677,3 +677,90 @@ func dropTable(t *testing.T, s *admin.Store, table string) {
 		t.Logf("dropping %s: %v", table, err)
 	}
 }
+
+// Without a known user (no password, or an authentication that does not
+// tell the console who acts) a token is bound to its action, not to the
+// connection that fetched it: a post on a new connection passes, a token
+// of another action does not. Where a user is known, the token is bound
+// to that user.
+func TestTokensWithoutAUser(t *testing.T) {
+	s, _ := openSQLite(t)
+	name := "console-" + randomHex(4)
+	b := parkMem(t, name, "payments", []string{"a-1", "a-2"}, []string{"boom", "boom"})
+	h, err := console.New(console.Config{Store: s, Logger: slog.New(slog.DiscardHandler),
+		User:      func(r *http.Request) string { return r.Header.Get("X-Operator") },
+		Consumers: []console.Consumer{{Name: "payments", DeadLetters: &memDLQ{b, "payments"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	// Every request on a connection of its own, as a browser's may be.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	do := func(method, path string, form url.Values, operator string) (int, string) {
+		t.Helper()
+		var body io.Reader
+		if form != nil {
+			body = strings.NewReader(form.Encode())
+		}
+		req, err := http.NewRequest(method, srv.URL+"/"+path, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if form != nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		if operator != "" {
+			req.Header.Set("X-Operator", operator)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	formOf := func(path, operator string) url.Values {
+		t.Helper()
+		code, page := do("GET", path, nil, operator)
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d\n%s", path, code, page)
+		}
+		f := url.Values{}
+		for _, m := range hiddenInput.FindAllStringSubmatch(page, -1) {
+			f.Add(html.UnescapeString(m[1]), html.UnescapeString(m[2]))
+		}
+		return f
+	}
+	anonymous := formOf("forget?consumer=payments&id=a-1", "")
+	anonymous.Set("confirm", "a-1")
+	redrive := formOf("dlq/confirm?consumer=payments&do=redrive-all", "")
+	alice := formOf("forget?consumer=payments&id=a-1", "alice")
+	alice.Set("confirm", "a-1")
+	for _, c := range []struct {
+		what     string
+		path     string
+		form     url.Values
+		operator string
+		want     int
+	}{
+		{"a redrive's token for a forget", "forget", withToken(anonymous, redrive.Get("token")), "", http.StatusForbidden},
+		{"a token made for no user, by a known user", "forget", anonymous, "mallory", http.StatusForbidden},
+		{"alice's token, by bob", "forget", alice, "bob", http.StatusForbidden},
+		{"alice's token, by no known user", "forget", alice, "", http.StatusForbidden},
+		{"alice's token, by alice", "forget", alice, "alice", http.StatusOK},
+		{"a token made for no user, by no known user", "forget", anonymous, "", http.StatusOK},
+	} {
+		if code, page := do("POST", c.path, c.form, c.operator); code != c.want {
+			t.Errorf("%s: %d, want %d\n%s", c.what, code, c.want, page)
+		}
+	}
+}
+
+// withToken is f with its token replaced.
+func withToken(f url.Values, token string) url.Values {
+	g := cloneForm(f)
+	g.Set("token", token)
+	return g
+}

@@ -1,11 +1,15 @@
 package console
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 )
 
@@ -115,11 +119,11 @@ type overTimeView struct {
 
 // sparkline is an inline SVG of the processed messages and duplicates per
 // minute: one slot per minute kept, the newest (still counting) on the
-// right.
+// right. Without duplicates (claims from the store) it draws one line.
 type sparkline struct {
 	W, H                  int
 	BaselineY             int
-	Processed, Duplicates string // polyline points
+	Processed, Duplicates string // polyline points; Duplicates "" when not known
 	PX, PY, DX, DY        string // the newest points
 	Max                   int64  // per minute, the top of the scale
 	Title                 string
@@ -144,13 +148,15 @@ func (h *history) view(total core.Stats) *overTimeView {
 		v.HourProcessed += m.Processed
 		v.HourDuplicates += m.Duplicates
 	}
-	v.Spark = spark(mins)
+	v.Spark = spark(mins, true)
 	return v
 }
 
 // spark draws mins (oldest first, ascending minutes) in historyMinutes
 // slots ending at the newest minute; minutes without a sample count 0.
-func spark(mins []minuteCount) sparkline {
+// Without duplicates it draws the processed line only, and calls it
+// claims.
+func spark(mins []minuteCount, duplicates bool) sparkline {
 	s := sparkline{W: historyMinutes * sparkStep, H: sparkHeight, Max: 1}
 	s.BaselineY = sparkHeight - 1
 	if len(mins) == 0 {
@@ -180,9 +186,82 @@ func spark(mins []minuteCount) sparkline {
 	if n := end - first + 1; n > 1 {
 		span = fmt.Sprintf("%d minutes", n)
 	}
+	if !duplicates {
+		s.Duplicates = ""
+		s.Title = fmt.Sprintf("claims per minute over %s, at most %d a minute; this minute so far: %d", span, s.Max, last.Processed)
+		return s
+	}
 	s.Title = fmt.Sprintf("processed (blue) and duplicates (red) per minute over %s, at most %d a minute; this minute so far: %d processed, %d duplicates",
 		span, s.Max, last.Processed, last.Duplicates)
 	return s
+}
+
+// recentView is a consumer's claims per minute over the last hour as the
+// store recorded them, on the overview of a consumer without
+// Consumer.Stats.
+type recentView struct {
+	Claims  int64 // in the minutes counted
+	Minutes int   // minutes counted, the current one included
+	Capped  bool  // fewer than the hour: the store had more claims than the count reads
+	Spark   sparkline
+}
+
+// recentSnapshot is a kept admin.Store.ClaimsPerMinute.
+type recentSnapshot struct {
+	At   time.Time
+	Took time.Duration
+	R    admin.RecentClaims
+	Err  string
+}
+
+// recentFor returns the store's claims per minute over the last hour,
+// asking the store again when they are older than Config.SampleEvery; nil
+// when every consumer has Stats or the store cannot count them
+// (errors.ErrUnsupported). One count runs at a time; others wait for it.
+func (h *handler) recentFor(ctx context.Context) *recentSnapshot {
+	if !slices.ContainsFunc(h.order, func(c *consumerState) bool { return c.hist == nil }) {
+		return nil
+	}
+	h.recentMu.Lock()
+	defer h.recentMu.Unlock()
+	if h.recent != nil && time.Since(h.recent.At) < h.cfg.SampleEvery {
+		return h.recent
+	}
+	// The count outlives a viewer who leaves, so that it is kept.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	since := start.Truncate(time.Minute).Add(-(historyMinutes - 1) * time.Minute)
+	r, err := h.cfg.Store.ClaimsPerMinute(ctx, since, admin.RecentCap)
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil
+	}
+	snap := &recentSnapshot{At: time.Now(), Took: time.Since(start), R: r}
+	if err != nil {
+		snap.Err = err.Error()
+	}
+	h.recent = snap
+	return snap
+}
+
+// view returns consumer's claims per minute, from the minute the count
+// starts to the current one.
+func (s *recentSnapshot) view(consumer string) *recentView {
+	by := map[int64]int64{}
+	for _, m := range s.R.Minutes {
+		if m.Consumer == consumer {
+			by[unixMinute(m.Minute)] += m.Claims
+		}
+	}
+	v := &recentView{Capped: s.R.Capped}
+	var mins []minuteCount
+	for m := unixMinute(s.R.Since); m <= unixMinute(s.At); m++ {
+		mins = append(mins, minuteCount{Minute: m, Processed: by[m]})
+		v.Claims += by[m]
+	}
+	v.Minutes = len(mins)
+	v.Spark = spark(mins, false)
+	return v
 }
 
 // y is the height of v per minute in s.

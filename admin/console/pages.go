@@ -10,7 +10,6 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,6 +51,14 @@ func (h *handler) parseTemplates() error {
 		"sortedKeys": func(m map[string]string) []string {
 			return slices.Sorted(maps.Keys(m))
 		},
+		// plural is one when n is 1, else many.
+		"plural": func(n int, one, many string) string {
+			if n == 1 {
+				return one
+			}
+			return many
+		},
+		"thousands": func(n int) string { return units.Count(int64(n)) },
 	}
 	h.pages = map[string]*template.Template{}
 	for _, name := range pageNames {
@@ -120,15 +127,57 @@ type consumerView struct {
 	Verdict     string
 	Short       bool
 	Over        *overTimeView // nil without Consumer.Stats
+	Recent      *recentView   // the store's claims per minute, without Consumer.Stats
+	RecentErr   string
 }
 
 type overviewData struct {
 	Est       *estimateView // nil when the store cannot estimate
 	Stats     *statsSnapshot
+	Claims    claimsSplit
 	Every     time.Duration
 	Sample    time.Duration
 	Consumers []consumerView
+	Sampled   bool            // some consumer has Stats
+	Recent    *recentSnapshot // nil when every consumer has Stats, or the store cannot count
+	RecentCap int
 	Outbox    *outboxStatsView
+}
+
+// claimsSplit is the counted claims of the dedup table split between the
+// consumers the console shows and the others, so that the overview's
+// figures add up.
+type claimsSplit struct {
+	Shown          int64 // by the consumers shown
+	ShownNames     int   // how many consumers are shown
+	Other          int64 // by consumers the console does not show
+	OtherConsumers int   // how many those are
+	Others         []admin.ConsumerStats
+	MoreOthers     int // those not named
+}
+
+// othersNamed is how many of the consumers not shown the overview names.
+const othersNamed = 5
+
+// split splits st's claims between the consumers of h and the others,
+// the others with the most claims first.
+func (h *handler) split(st admin.TableStats) claimsSplit {
+	cs := claimsSplit{ShownNames: len(h.order)}
+	for _, c := range st.Consumers {
+		if h.consumers[c.Consumer] != nil {
+			cs.Shown += c.Rows
+			continue
+		}
+		cs.Other += c.Rows
+		cs.Others = append(cs.Others, c)
+	}
+	slices.SortStableFunc(cs.Others, func(a, b admin.ConsumerStats) int { return cmp.Compare(b.Rows, a.Rows) })
+	cs.OtherConsumers = len(cs.Others)
+	if len(cs.Others) > othersNamed {
+		cs.MoreOthers = len(cs.Others) - othersNamed
+		cs.Others = cs.Others[:othersNamed]
+	}
+	return cs
 }
 
 // estimateView is an admin.Store.Estimate asked for one view.
@@ -163,11 +212,19 @@ type outboxStatsView struct {
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	d := overviewData{Est: h.estimate(ctx), Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery, Sample: h.cfg.SampleEvery}
+	d := overviewData{Est: h.estimate(ctx), Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery, Sample: h.cfg.SampleEvery,
+		Recent: h.recentFor(ctx), RecentCap: admin.RecentCap}
+	d.Claims = h.split(d.Stats.St)
 	for _, c := range h.order {
 		v := consumerView{Name: c.Name, HasDLQ: c.DeadLetters != nil}
-		if c.hist != nil {
+		switch {
+		case c.hist != nil:
 			v.Over = c.hist.view(c.Stats())
+			d.Sampled = true
+		case d.Recent != nil && d.Recent.Err != "":
+			v.RecentErr = d.Recent.Err
+		case d.Recent != nil:
+			v.Recent = d.Recent.view(c.Name)
 		}
 		for i := range d.Stats.St.Consumers {
 			if d.Stats.St.Consumers[i].Consumer == c.Name {
@@ -235,47 +292,30 @@ func verdict(hz admin.Horizon) (string, bool) {
 	return s + "claims outlive redeliveries", false
 }
 
-// causeVarying matches the parts of a cause that vary from message to
-// message (quoted values, UUIDs, numbers with their units, and hex words), which grouping
-// leaves out.
-var causeVarying = regexp.MustCompile(`"[^"]*"|'[^']*'|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b|\b[0-9a-fA-F]*[0-9][0-9a-fA-F]*\b|\b\d+(?:\.\d+)?[a-zµ]{0,3}\b`)
-
-// causeGroup is the group of a cause: the cause with its varying parts
-// replaced by "…".
-func causeGroup(cause string) string {
-	g := causeVarying.ReplaceAllString(cause, "…")
-	if len(g) > 300 {
-		g = g[:300]
-		for !utf8.ValidString(g) {
-			g = g[:len(g)-1]
-		}
-	}
-	if g == "" {
-		return "(no cause)"
-	}
-	return g
-}
-
-// selection chooses dead letters, as a page's filters and an action's
-// choice say.
+// selection is a page's filters and an action's choice of dead letters
+// as the form gives them, and in sel the admin.Selection they make.
 type selection struct {
 	Do           string // redrive, purge, redrive-all, purge-all; "" on a list
 	Refs         []string
 	Group        string
 	Cause, ID    string
 	Older, Newer string
-	older, newer time.Duration
+	sel          admin.Selection
 }
 
 // parseSelection reads a selection from r's form.
 func parseSelection(r *http.Request) (selection, error) {
 	s := selection{Do: r.FormValue("do"), Refs: r.Form["ref"], Group: r.FormValue("group"),
 		Cause: r.FormValue("cause"), ID: r.FormValue("id"), Older: r.FormValue("older"), Newer: r.FormValue("newer")}
+	s.sel = admin.Selection{Refs: s.Refs, Group: s.Group, Cause: s.Cause}
+	if s.ID != "" {
+		s.sel.IDs = []string{s.ID}
+	}
 	var err error
-	if s.older, err = parseAge("older", s.Older); err != nil {
+	if s.sel.OlderThan, err = parseAge("older", s.Older); err != nil {
 		return s, err
 	}
-	if s.newer, err = parseAge("newer", s.Newer); err != nil {
+	if s.sel.NewerThan, err = parseAge("newer", s.Newer); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -313,19 +353,7 @@ func (s selection) check() error {
 }
 
 // match reports whether p passes the selection at now.
-func (s selection) match(p *admin.Parked, now time.Time) bool {
-	a := now.Sub(p.ParkedAt)
-	switch {
-	case len(s.Refs) > 0 && !slices.Contains(s.Refs, p.Ref),
-		s.Group != "" && causeGroup(p.Cause) != s.Group,
-		s.Cause != "" && !strings.Contains(strings.ToLower(p.Cause), strings.ToLower(s.Cause)),
-		s.ID != "" && p.ID != s.ID,
-		s.older > 0 && a < s.older,
-		s.newer > 0 && a >= s.newer:
-		return false
-	}
-	return true
-}
+func (s selection) match(p *admin.Parked, now time.Time) bool { return s.sel.Match(p, now) }
 
 // field is a hidden form field.
 type field struct{ Name, Value string }
@@ -356,14 +384,6 @@ func (f *fieldList) add(n string, vs ...string) {
 	}
 }
 
-// group is the dead letters of one cause group.
-type group struct {
-	Key            string
-	Count          int
-	Oldest, Newest time.Time
-	Msgs           []*admin.Parked
-}
-
 type dlqData struct {
 	Consumer  string
 	Queue     string
@@ -371,7 +391,7 @@ type dlqData struct {
 	Scanned   int
 	Truncated bool
 	Matched   int
-	Groups    []*group
+	Groups    []*admin.DeadLetterGroup
 	Err       string
 }
 
@@ -390,7 +410,7 @@ func (h *handler) dlqList(w http.ResponseWriter, r *http.Request) {
 	}
 	d := dlqData{Consumer: c.Name, Queue: c.DeadLetters.Name(), Sel: sel}
 	now := time.Now()
-	byKey := map[string]*group{}
+	groups := admin.NewGrouper(groupShown)
 	c.dlqMu.Lock()
 	err = c.DeadLetters.Scan(r.Context(), func(p *admin.Parked) error {
 		if d.Scanned == pageScan {
@@ -402,32 +422,16 @@ func (h *handler) dlqList(w http.ResponseWriter, r *http.Request) {
 			return nil
 		}
 		d.Matched++
-		k := causeGroup(p.Cause)
-		g := byKey[k]
-		if g == nil {
-			g = &group{Key: k, Oldest: p.ParkedAt, Newest: p.ParkedAt}
-			byKey[k] = g
-			d.Groups = append(d.Groups, g)
-		}
-		g.Count++
-		if p.ParkedAt.Before(g.Oldest) {
-			g.Oldest = p.ParkedAt
-		}
-		if p.ParkedAt.After(g.Newest) {
-			g.Newest = p.ParkedAt
-		}
-		if len(g.Msgs) < groupShown {
-			q := *p
-			q.Body, q.Headers = nil, nil // not shown here
-			g.Msgs = append(g.Msgs, &q)
-		}
+		q := *p
+		q.Body, q.Headers = nil, nil // not shown here
+		groups.Add(&q)
 		return nil
 	})
 	c.dlqMu.Unlock()
 	if err != nil && !errors.Is(err, errStop) {
 		d.Err = c.errorText(err)
 	}
-	slices.SortStableFunc(d.Groups, func(a, b *group) int { return cmp.Or(b.Count-a.Count, strings.Compare(a.Key, b.Key)) })
+	d.Groups = groups.Groups()
 	h.render(w, r, http.StatusOK, "dlq", "Dead letters of "+c.Name, d)
 }
 
@@ -504,17 +508,6 @@ type dlqConfirmData struct {
 	Token     string
 }
 
-// retention returns how long the store keeps claims, as redrive checks
-// it.
-func (h *handler) retention() (time.Duration, bool) { return h.cfg.Store.Retention() }
-
-// tooOld reports whether a redrive refuses p: parked longer ago than the
-// store keeps claims, or the store does not tell how long that is.
-func (h *handler) tooOld(p *admin.Parked, now time.Time) bool {
-	ret, ok := h.retention()
-	return !ok || now.Sub(p.ParkedAt) > ret
-}
-
 func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.ReadOnly {
 		h.fail(w, r, http.StatusForbidden, "the console is read-only")
@@ -537,9 +530,10 @@ func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
 	}
 	action, _ := sel.action()
 	d := dlqConfirmData{Consumer: c.Name, Queue: c.DeadLetters.Name(), Action: action, Sel: sel, Fields: sel.fields(),
-		Token: h.token(h.user(r), "dlq-"+action+":"+c.Name)}
-	if ret, ok := h.retention(); ok {
-		d.Retention = ret.String()
+		Token: h.token(r, "dlq-"+action+":"+c.Name)}
+	guard := h.cfg.Store.RedriveGuard(false)
+	if guard.Retention > 0 {
+		d.Retention = guard.Retention.String()
 	}
 	now := time.Now()
 	c.dlqMu.Lock()
@@ -547,7 +541,7 @@ func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
 		if !sel.match(p, now) {
 			return nil
 		}
-		if action == "redrive" && h.tooOld(p, now) {
+		if action == "redrive" && guard.Refuses(p, now) {
 			d.Refused++
 			return nil
 		}
@@ -596,24 +590,13 @@ func (h *handler) dlqAct(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	now := time.Now()
-	refused := 0
-	choose := func(p *admin.Parked) bool {
-		if !sel.match(p, now) {
-			return false
-		}
-		if action == "redrive" && !force && h.tooOld(p, now) {
-			refused++
-			return false
-		}
-		return true
-	}
 	user := h.user(r)
-	var n int
+	var n, refused int
 	c.dlqMu.Lock()
 	if action == "redrive" {
-		n, err = c.DeadLetters.Redrive(ctx, choose, nil)
+		n, refused, err = admin.RedriveSelected(ctx, c.DeadLetters, sel.sel, h.cfg.Store.RedriveGuard(force), now, nil)
 	} else {
-		n, err = c.DeadLetters.Purge(ctx, choose)
+		n, err = admin.PurgeSelected(ctx, c.DeadLetters, sel.sel, now)
 	}
 	c.dlqMu.Unlock()
 	attrs := []any{"user", user, "action", "dlq " + action, "consumer", c.Name, "queue", c.DeadLetters.Name(), "count", n}
@@ -707,7 +690,7 @@ func (h *handler) forgetConfirm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Info = &infos[0]
-	d.Token = h.token(h.user(r), forgetAction(d.Consumer, d.ID))
+	d.Token = h.token(r, forgetAction(d.Consumer, d.ID))
 	h.render(w, r, http.StatusOK, "forget", "Forget "+d.ID, d)
 }
 
@@ -873,7 +856,7 @@ func (h *handler) outboxConfirm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := outboxConfirmData{Table: h.cfg.Outbox.Table(), Action: sel.action, Fields: sel.fields(), Chosen: len(rows),
-		Token: h.token(h.user(r), "outbox-"+sel.action)}
+		Token: h.token(r, "outbox-"+sel.action)}
 	for _, row := range rows {
 		if len(d.IDs) == confirmShown {
 			break

@@ -58,7 +58,7 @@ func OpenDeadLetters(_ context.Context, rawURL string) (*DeadLetters, error) {
 		return nil, errors.New("webhook URL parameter park_dir: required: the directory parked requests are written to")
 	}
 	if err := checkDir(dir); err != nil {
-		return nil, fmt.Errorf("webhook URL parameter park_dir: %w", pathless(err))
+		return nil, fmt.Errorf("webhook URL parameter park_dir: %w", err)
 	}
 	return &DeadLetters{deadletter.New[string](parkDir(dir))}, nil
 }

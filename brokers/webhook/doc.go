@@ -125,6 +125,8 @@
 // file holding one secret a line; several for a rotation) or secret_env
 // (an environment variable holding them the same way), tolerance
 // (signature.WithTolerance), max_body (bytes), wait, answer_by, horizon,
-// and park_dir (required). A bad parameter fails Open, named, its value never shown.
+// and park_dir (required). A bad parameter fails Open, named, its value
+// never shown but for park_dir's path, which is no secret and which the
+// operator must create.
 // core.OpenPublisher refuses the scheme (ErrNoPublisher).
 package webhook

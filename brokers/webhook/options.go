@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -73,7 +74,7 @@ func WithProfile(p signature.Profile) Option {
 
 // WithParkDir names the directory parked requests are written to, one JSON
 // file each (see ParkedRequest). Required; it must exist and be writable,
-// which NewSource checks.
+// which NewSource checks, naming the path when it is not.
 func WithParkDir(dir string) Option {
 	var err error
 	if dir == "" {
@@ -145,19 +146,21 @@ func resolve(fromURL, opts []Option, explain func(error) error) (config, error) 
 		return c, explain(option.Errorf("webhook", "WithParkDir", "required: the directory parked requests are written to"))
 	}
 	if err := checkDir(c.parkDir); err != nil {
-		return c, explain(option.Errorf("webhook", "WithParkDir", "%v", pathless(err)))
+		return c, explain(option.Errorf("webhook", "WithParkDir", "%v", err))
 	}
 	return c, nil
 }
 
-// checkDir checks that dir is a directory a file can be written to.
+// checkDir checks that dir is a directory a file can be written to; its
+// error names dir, which is no secret and which the operator must create
+// or fix.
 func checkDir(dir string) error {
 	fi, err := os.Stat(dir)
 	if err != nil {
 		return err
 	}
 	if !fi.IsDir() {
-		return errors.New("not a directory")
+		return fmt.Errorf("not a directory: %s", dir)
 	}
 	f, err := os.CreateTemp(dir, ".idemq-check-*")
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/brokers/webhook/signature"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/sqlite"
@@ -156,5 +158,35 @@ func TestOpenedCloseAnswersHandedOut(t *testing.T) {
 	}
 	if a := send(githubRequest(t, url, "o-2", "body")); a.err == nil {
 		t.Errorf("the server still answers after Close: %d", a.status)
+	}
+}
+
+// A park directory that is missing or not a directory fails start-up
+// naming the path, in code, by URL and for the dead-letter tools: it is
+// no secret, and the operator must know which directory to create.
+func TestParkDirErrorsNameThePath(t *testing.T) {
+	dir := t.TempDir()
+	secrets := filepath.Join(dir, "secret")
+	os.WriteFile(secrets, []byte("s3cr3t\n"), 0o600)
+	missing := filepath.Join(dir, "parked")
+	profile, err := signature.GitHub([]string{"s3cr3t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{missing, secrets} {
+		_, err := NewSource(WithProfile(profile), WithParkDir(bad))
+		if err == nil || !strings.Contains(err.Error(), "WithParkDir") || !strings.Contains(err.Error(), bad) {
+			t.Errorf("NewSource with park dir %s: %v", bad, err)
+		}
+		src, err := Open(context.Background(), "webhook://127.0.0.1:0/hook?verify=github&secret_file="+secrets+"&park_dir="+bad)
+		if err == nil {
+			src.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "webhook URL parameter park_dir") || !strings.Contains(err.Error(), bad) {
+			t.Errorf("Open with park_dir=%s: %v", bad, err)
+		}
+		if _, err := admin.OpenDeadLetters(context.Background(), "webhook://127.0.0.1:0/hook?park_dir="+bad); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("OpenDeadLetters with park_dir=%s: %v", bad, err)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/admin"
@@ -32,8 +33,11 @@ dead letters from. --outbox TABLE shows the outbox table of the store.
 The console asks for HTTP basic authentication: the user name and password
 come from IDEMQ_CONSOLE_USER and IDEMQ_CONSOLE_PASSWORD, never from the
 command line. Without them it serves only on a loopback address, and says
-so. --read-only refuses every action. Every action is logged to standard
-error: who, what, how many.
+so, and answers only requests addressed to a loopback name (localhost,
+127.0.0.1, [::1]), so that a web page whose DNS name is pointed at
+127.0.0.1 cannot read it. Its actions then work for anyone who reaches
+it, but never from a page of another origin. --read-only refuses every
+action. Every action is logged to standard error: who, what, how many.
 `
 
 // consoleEnv names the variables that hold the console's credentials.
@@ -80,6 +84,9 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if !ok || b.consumer == "" {
 			return cli.Usagef("--broker %s: want CONSUMER=URL", redact.URL(v))
 		}
+		if err := brokerHint(b.url); err != nil {
+			return err
+		}
 		dl, err := admin.OpenDeadLetters(ctx, b.url)
 		if err != nil {
 			return hideSecrets(err, b.url)
@@ -107,6 +114,8 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		if user != "" {
 			h = basicAuth(h, user, pass)
+		} else {
+			h = loopbackHosts(h)
 		}
 		ln, err := net.Listen("tcp", *listen)
 		if err != nil {
@@ -142,5 +151,26 @@ func basicAuth(next http.Handler, user, pass string) http.Handler {
 			return
 		}
 		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHosts answers only requests whose Host is a loopback address or
+// localhost, 421 Misdirected Request otherwise. A console without a
+// password trusts whoever reaches it; a page whose DNS name an attacker
+// points at 127.0.0.1 (DNS rebinding) would reach it under its own name,
+// be of the same origin to the browser, read its pages and pass its
+// origin check.
+func loopbackHosts(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+		if ip := net.ParseIP(host); (ip != nil && ip.IsLoopback()) || strings.EqualFold(host, "localhost") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		http.Error(w, "idemq console: without a password it answers only requests to a loopback address or localhost", http.StatusMisdirectedRequest)
 	})
 }

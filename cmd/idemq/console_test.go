@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"html"
 	"io"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -88,6 +90,7 @@ func TestConsole(t *testing.T) {
 	if code, body := get(t, base+"/", "", ""); code != http.StatusOK || !strings.Contains(body, "billing") {
 		t.Errorf("GET / without credentials configured: %d\n%s", code, body)
 	}
+	consoleWithoutPassword(t, base)
 
 	t.Setenv(consoleUserEnv, "ops")
 	t.Setenv(consolePasswordEnv, "s3cret-pass")
@@ -112,4 +115,47 @@ func TestConsoleUsage(t *testing.T) {
 	}
 	t.Setenv(consoleUserEnv, "ops")
 	expect(t, exitUsage, []string{"console", "--store", storeURL, "--consumer", "c"}, "set both")
+}
+
+// consoleWithoutPassword: the console served without a password answers
+// only requests to a loopback name, and its actions work, each request on
+// a connection of its own as a browser's may be.
+func consoleWithoutPassword(t *testing.T, base string) {
+	t.Helper()
+	_, port, _ := strings.Cut(strings.TrimPrefix(base, "http://"), ":")
+	// A page of evil.example, whose DNS name points at 127.0.0.1, asks
+	// under its own name.
+	for host, want := range map[string]int{"evil.example:" + port: http.StatusMisdirectedRequest, "127.0.0.1.nip.io:" + port: http.StatusMisdirectedRequest,
+		"localhost:" + port: http.StatusOK, "127.0.0.1:" + port: http.StatusOK, "LOCALHOST.:" + port: http.StatusOK} {
+		req, _ := http.NewRequest(http.MethodGet, base+"/lookup", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET /lookup as Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Get(base + "/forget?consumer=billing&id=inv-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	form := url.Values{"confirm": {"inv-1"}}
+	for _, m := range regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`).FindAllStringSubmatch(string(page), -1) {
+		form.Set(m[1], html.UnescapeString(m[2]))
+	}
+	resp, err = hc.PostForm(base+"/forget", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(answer), "forgot 0 claims of consumer billing for id inv-1") {
+		t.Errorf("a forget posted on a new connection: %d\n%s", resp.StatusCode, answer)
+	}
 }

@@ -22,18 +22,22 @@ import (
 	"golang.org/x/term"
 )
 
-const dlqUsage = `Usage: idemq dlq <list|show|redrive|purge> --broker URL [flags]
+const dlqUsage = `Usage: idemq dlq <list|groups|show|redrive|purge> --broker URL [flags] [ID…]
 
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
 (amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
 nats://…/STREAM?consumer=C&subject=S, redis://…/STREAM?group=G,
 webhook://host:port/PATH?park_dir=DIR); its dead-letter queue, topic,
-stream or park directory is the one the consumer parks to. A parked
-webhook request cannot be redriven (its signature would not verify
-again): the provider resends it.
+stream or park directory is the one the consumer parks to. A Kafka share
+group (kafka+share://…/TOPIC?group=G) parks to a topic this command reads
+as kafka://…/TOPIC?group=G, the same topic and group. A parked webhook
+request cannot be redriven (its signature would not verify again): the
+provider resends it.
 
   list     the parked messages: id, cause, attempts, origin, age, size
+  groups   the parked messages grouped by cause (ids, numbers and quoted
+           values masked, as the console groups them), the largest first
   show     one message whole (headers and body), every parked copy of ID
   redrive  put parked messages back on the queue or topic they came from,
            with their id, key, headers and body (without the cause, and
@@ -45,10 +49,11 @@ A redriven message whose id was applied meanwhile is decided Duplicate, as
 long as its claim exists: redrive refuses messages parked longer ago than
 the store's retention (give --store URL or --retention D) unless --force.
 
-Filters (list, redrive, purge): --id ID (repeatable), --ref REF (a parked
-copy as list prints it; how to pick a message without an id, repeatable),
---cause TEXT (part of the cause), --older-than D, --newer-than D (how long
-ago it was parked).
+Filters (list, groups, redrive, purge; the console's, the same way): ids
+(ID… or --id ID, repeatable), --ref REF (a parked copy as list prints it;
+how to pick a message without an id, repeatable), --cause TEXT (part of
+the cause, in any case), --group TEXT (a cause group as groups prints
+it), --older-than D, --newer-than D (how long ago it was parked).
 
 Run 'idemq dlq <subcommand> --help' for its flags.
 `
@@ -56,7 +61,7 @@ Run 'idemq dlq <subcommand> --help' for its flags.
 // dlqFilter is the selection flags the dlq subcommands share.
 type dlqFilter struct {
 	ids, refs            idList
-	cause                string
+	cause, group         string
 	olderThan, newerThan time.Duration
 }
 
@@ -74,37 +79,31 @@ func (l *idList) Set(v string) error {
 }
 
 func (d *dlqFilter) define(f *cli.Flags) {
-	f.Var(&d.ids, "id", "only the message with this id (repeatable)")
+	f.Var(&d.ids, "id", "only the message with this id, as a plain ID argument (repeatable)")
 	f.Var(&d.refs, "ref", "only the parked copy with this ref, as list and show print it: how to pick a message without an id (repeatable)")
-	f.StringVar(&d.cause, "cause", "", "only messages whose cause holds this text")
+	f.StringVar(&d.cause, "cause", "", "only messages whose cause holds this text, in any case")
+	f.StringVar(&d.group, "group", "", "only messages of this cause group, as groups prints it")
 	f.DurationVar(&d.olderThan, "older-than", 0, "only messages parked at least this long ago")
 	f.DurationVar(&d.newerThan, "newer-than", 0, "only messages parked less than this long ago")
 }
 
-// set reports whether any filter was given.
-func (d *dlqFilter) set() bool {
-	return len(d.ids) > 0 || len(d.refs) > 0 || d.cause != "" || d.olderThan > 0 || d.newerThan > 0
-}
-
-func (d *dlqFilter) check() error {
+// parse parses a subcommand's args, flags and message ids mixed, and
+// returns the selection they make: the ids given plainly are --id's.
+func (d *dlqFilter) parse(f *cli.Flags, args []string) (admin.Selection, error) {
+	ids, err := parseIDs(f, args)
+	if err != nil {
+		return admin.Selection{}, err
+	}
 	if d.olderThan < 0 || d.newerThan < 0 {
-		return cli.Usagef("--older-than and --newer-than must be positive")
+		return admin.Selection{}, cli.Usagef("--older-than and --newer-than must be positive")
 	}
-	return nil
-}
-
-// match reports whether p passes the filters at now.
-func (d *dlqFilter) match(p *admin.Parked, now time.Time) bool {
-	age := now.Sub(p.ParkedAt)
-	switch {
-	case len(d.ids) > 0 && !slices.Contains(d.ids, p.ID),
-		len(d.refs) > 0 && !slices.Contains(d.refs, p.Ref),
-		d.cause != "" && !strings.Contains(p.Cause, d.cause),
-		d.olderThan > 0 && age < d.olderThan,
-		d.newerThan > 0 && age >= d.newerThan:
-		return false
+	for _, id := range ids {
+		if id == "" {
+			return admin.Selection{}, cli.Usagef("empty id")
+		}
 	}
-	return true
+	return admin.Selection{IDs: append(slices.Clone(d.ids), ids...), Refs: d.refs, Cause: d.cause, Group: d.group,
+		OlderThan: d.olderThan, NewerThan: d.newerThan}, nil
 }
 
 // dlqFlags returns a subcommand's flag set with --broker.
@@ -124,12 +123,31 @@ func openDLQ(ctx context.Context, broker string) (admin.DeadLetterQueue, error) 
 	} else if u.Scheme == "" {
 		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, nats://host/STREAM?consumer=C, redis://host:6379/STREAM?group=G or webhook://host:port/PATH?park_dir=DIR", redact.URL(broker))
 	}
+	if err := brokerHint(broker); err != nil {
+		return nil, err
+	}
 	return admin.OpenDeadLetters(ctx, broker)
+}
+
+// brokerHint says what to give instead of a source URL whose dead letters
+// this command cannot reach that way: nil for any other.
+func brokerHint(broker string) error {
+	u, err := redact.ParseURL(broker)
+	if err != nil {
+		return nil
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "kafka+share":
+		return cli.Usagef("%s: a Kafka share group parks to a Kafka topic, which this command (built without the share-group adapter) reads as kafka://HOST:9092/TOPIC?group=G with the same topic and group (and dead_letter_topic= if the source names one)", redact.URL(broker))
+	case "mem":
+		return cli.Usagef("%s: a memory broker lives inside the process that runs it; read its dead letters there (memory.Broker.DeadLetters, or the console mounted in that process)", redact.URL(broker))
+	}
+	return nil
 }
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return runSubcommand(ctx, "dlq", dlqUsage, []command{
-		{"list", "", runDLQList}, {"show", "", runDLQShow}, {"redrive", "", runDLQRedrive}, {"purge", "", runDLQPurge},
+		{"list", "", runDLQList}, {"groups", "", runDLQGroups}, {"show", "", runDLQShow}, {"redrive", "", runDLQRedrive}, {"purge", "", runDLQPurge},
 	}, args, stdout, stderr)
 }
 
@@ -170,7 +188,7 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-const dlqListUsage = `Usage: idemq dlq list --broker URL [filters] [--json]
+const dlqListUsage = `Usage: idemq dlq list --broker URL [filters] [--json] [ID…]
 
 Lists the consumer's parked messages, oldest first where the broker keeps an
 order: id, attempts, age, origin, body size and cause. Listing leaves them
@@ -182,10 +200,8 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var flt dlqFilter
 	flt.define(f)
 	asJSON := f.Bool("json", false, "print a JSON array, one object per message")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := flt.check(); err != nil {
+	sel, err := flt.parse(f, args)
+	if err != nil {
 		return err
 	}
 	q, err := openDLQ(ctx, *broker)
@@ -196,7 +212,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	now := time.Now()
 	var list []parkedJSON
 	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if flt.match(p, now) {
+		if sel.Match(p, now) {
 			list = append(list, toJSON(p, now, false))
 		}
 		return nil
@@ -220,7 +236,75 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return tw.Flush()
 }
 
-const dlqShowUsage = `Usage: idemq dlq show --broker URL [--json] (ID | --ref REF)
+const dlqGroupsUsage = `Usage: idemq dlq groups --broker URL [filters] [--json] [ID…]
+
+Groups the consumer's parked messages by cause, the largest group first:
+how many, when the oldest and newest were parked, and the cause with what
+varies from message to message masked (its id, other ids mixing letters
+and digits, numbers, quoted values), as the console groups them. Give a
+group to --group of list, redrive or purge to act on it.
+`
+
+// groupJSON is one cause group in --json output.
+type groupJSON struct {
+	Group          string
+	Count          int
+	Oldest, Newest string // RFC 3339, UTC
+	Example        string // the id (or ref) of its first message
+}
+
+func runDLQGroups(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, broker := dlqFlags("groups", dlqGroupsUsage, stdout)
+	var flt dlqFilter
+	flt.define(f)
+	asJSON := f.Bool("json", false, "print a JSON array, one object per group")
+	sel, err := flt.parse(f, args)
+	if err != nil {
+		return err
+	}
+	q, err := openDLQ(ctx, *broker)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	now := time.Now()
+	g := admin.NewGrouper(1)
+	n := 0
+	if err := q.Scan(ctx, func(p *admin.Parked) error {
+		if sel.Match(p, now) {
+			n++
+			g.Add(&admin.Parked{Ref: p.Ref, ID: p.ID, Cause: p.Cause, ParkedAt: p.ParkedAt})
+		}
+		return nil
+	}); err != nil {
+		return hideSecrets(err, *broker)
+	}
+	groups := g.Groups()
+	out := make([]groupJSON, len(groups))
+	for i, grp := range groups {
+		first := grp.Parked[0]
+		out[i] = groupJSON{Group: grp.Key, Count: grp.Count, Oldest: grp.Oldest.UTC().Format(time.RFC3339Nano),
+			Newest: grp.Newest.UTC().Format(time.RFC3339Nano), Example: cmp.Or(first.ID, "ref "+first.Ref)}
+	}
+	if *asJSON {
+		return writeJSON(stdout, out)
+	}
+	fmt.Fprintf(stdout, "%d parked in %s on %s, in %d cause groups\n", n, q.Name(), redact.URL(*broker), len(groups))
+	if len(groups) == 0 {
+		return nil
+	}
+	tw := newTable(stdout, "COUNT\tPARKED\tEXAMPLE\tGROUP")
+	for i, grp := range groups {
+		ages := units.Age(now.Sub(grp.Oldest))
+		if !grp.Newest.Equal(grp.Oldest) {
+			ages += " to " + units.Age(now.Sub(grp.Newest))
+		}
+		fmt.Fprintf(tw, "%d\t%s ago\t%s\t%s\n", grp.Count, ages, out[i].Example, grp.Key)
+	}
+	return tw.Flush()
+}
+
+const dlqShowUsage = `Usage: idemq dlq show --broker URL [--json] (ID | --id ID | --ref REF)
 
 Prints every parked copy of the message ID whole, or the one copy REF (as
 list prints it: how to read a message without an id): where it came from,
@@ -232,10 +316,13 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	f, broker := dlqFlags("show", dlqShowUsage, stdout)
 	asJSON := f.Bool("json", false, "print a JSON array of the copies, bodies included")
 	ref := f.String("ref", "", "the parked copy with this ref, as list prints it, instead of an id")
+	var idFlag idList
+	f.Var(&idFlag, "id", "the message with this id, as a plain ID argument")
 	ids, err := parseIDs(f, args)
 	if err != nil {
 		return err
 	}
+	ids = append(idFlag, ids...)
 	switch {
 	case *ref != "" && len(ids) > 0:
 		return cli.Usagef("give a message id or --ref, not both")
@@ -300,7 +387,7 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-const dlqRedriveUsage = `Usage: idemq dlq redrive --broker URL (--store URL | --retention D | --force) [filters] [--dry-run] [--json]
+const dlqRedriveUsage = `Usage: idemq dlq redrive --broker URL (--store URL | --retention D | --force) [filters] [--dry-run] [--json] [ID…]
 
 Puts the parked messages the filters choose (all, without filters) back on
 the queue or topic they came from, with their id, key, headers and body but
@@ -329,10 +416,8 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 	dryRun := f.Bool("dry-run", false, "say what would be redriven and refused, and change nothing")
 	asJSON := f.Bool("json", false, "print the outcome as a JSON object")
 	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal)")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := flt.check(); err != nil {
+	sel, err := flt.parse(f, args)
+	if err != nil {
 		return err
 	}
 	if *storeURL != "" && *retentionFlag != 0 {
@@ -356,14 +441,15 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 
+	guard := admin.RedriveGuard{Retention: retention, Force: *force}
 	now := time.Now()
 	chosen := map[string]bool{} // by Ref
 	var picked, refused []parkedJSON
 	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if !flt.match(p, now) {
+		if !sel.Match(p, now) {
 			return nil
 		}
-		if retention > 0 && !*force && now.Sub(p.ParkedAt) > retention {
+		if guard.Refuses(p, now) {
 			refused = append(refused, toJSON(p, now, false))
 			return nil
 		}
@@ -439,7 +525,7 @@ func storeRetention(ctx context.Context, raw string) (r time.Duration, err error
 	return r, err
 }
 
-const dlqPurgeUsage = `Usage: idemq dlq purge --broker URL (--all | filters) --yes
+const dlqPurgeUsage = `Usage: idemq dlq purge --broker URL (--all | filters | ID…) --yes
 
 Deletes the parked messages the filters choose, or every one with --all.
 Without --yes it only says how many it would delete (and exits 2).
@@ -451,14 +537,12 @@ func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	flt.define(f)
 	all := f.Bool("all", false, "delete every parked message")
 	yes := f.Bool("yes", false, "delete (required: without it nothing is deleted)")
-	if err := f.Parse(args); err != nil {
+	sel, err := flt.parse(f, args)
+	if err != nil {
 		return err
 	}
-	if err := flt.check(); err != nil {
-		return err
-	}
-	if *all == flt.set() {
-		return cli.Usagef("give --all or a filter (--id, --cause, --older-than, --newer-than), not both")
+	if *all == sel.Narrowed() {
+		return cli.Usagef("give --all or a filter (ids, --ref, --cause, --group, --older-than, --newer-than), not both")
 	}
 	q, err := openDLQ(ctx, *broker)
 	if err != nil {
@@ -466,11 +550,10 @@ func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	defer q.Close()
 	now := time.Now()
-	sel := func(p *admin.Parked) bool { return flt.match(p, now) }
 	if !*yes {
 		n := 0
 		if err := q.Scan(ctx, func(p *admin.Parked) error {
-			if sel(p) {
+			if sel.Match(p, now) {
 				n++
 			}
 			return nil
@@ -479,7 +562,7 @@ func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		return cli.Usagef("would delete %d parked messages from %s: pass --yes to do it", n, q.Name())
 	}
-	n, err := q.Purge(ctx, sel)
+	n, err := admin.PurgeSelected(ctx, q, sel, now)
 	if err != nil {
 		return fmt.Errorf("purged %d, then: %w", n, hideSecrets(err, *broker))
 	}

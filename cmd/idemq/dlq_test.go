@@ -96,6 +96,23 @@ func testDLQCommands(t *testing.T, sourceURL, publisherURL string) {
 		t.Errorf("list --id %s --id %s lists %s:\n%s", ids[0], ids[2], ids[1], r)
 	}
 	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, ids[0]}, "cause:", "bad deploy: "+ids[0], `{"amount":1}`, "app-version: 2.0.1")
+	// The same forms everywhere: ids plainly or by --id, the cause in any
+	// case, and the console's cause groups.
+	expect(t, exitOK, []string{"dlq", "show", "--broker", sourceURL, "--id", ids[0]}, "cause:", "bad deploy: "+ids[0])
+	r = expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, ids[0], ids[2]}, "2 parked", ids[0], ids[2])
+	if strings.Contains(r.stdout, ids[1]) {
+		t.Errorf("list %s %s lists %s:\n%s", ids[0], ids[2], ids[1], r)
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--cause", strings.ToUpper("bad deploy: " + ids[1])}, "1 parked", ids[1])
+	expect(t, exitOK, []string{"dlq", "groups", "--broker", sourceURL}, "3 parked", "in 1 cause groups", "bad deploy: …")
+	var groups []groupJSON
+	r = expect(t, exitOK, []string{"dlq", "groups", "--broker", sourceURL, "--json"})
+	if err := json.Unmarshal([]byte(r.stdout), &groups); err != nil || len(groups) != 1 || groups[0].Count != 3 || groups[0].Group != "bad deploy: …" {
+		t.Errorf("groups --json: %v %+v\n%s", err, groups, r)
+	}
+	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL, "--group", "bad deploy: …", "--newer-than", "1h"}, "3 parked")
+	expect(t, exitOK, []string{"dlq", "redrive", "--broker", sourceURL, ids[0], "--retention", "1h", "--dry-run"}, "would redrive 1", ids[0])
+	expect(t, exitUsage, []string{"dlq", "purge", "--broker", sourceURL, ids[0]}, "would delete 1")
 	// The ref list prints picks one copy, for show and the filters.
 	byRef := listed[1]
 	expect(t, exitOK, []string{"dlq", "list", "--broker", sourceURL}, byRef.Ref)

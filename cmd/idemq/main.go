@@ -6,7 +6,7 @@
 //	idemq stats   --store URL [--broker URL]           claims per consumer, oldest claim, table size; retention against the broker's horizon
 //	idemq lookup  --store URL --consumer C ID…         whether each id is claimed, when, its fingerprint
 //	idemq forget  --store URL --consumer C --yes ID…   delete those claims, so the messages apply again
-//	idemq dlq list|show|redrive|purge --broker URL     a consumer's dead letters: read, send back, delete
+//	idemq dlq list|groups|show|redrive|purge --broker URL [ID…]   a consumer's dead letters: read, group by cause, send back, delete
 //	idemq outbox list    --store URL [--key K] [--cause T] [--json]   the outbox's parked rows and their causes
 //	idemq outbox redrive --store URL (--id ROW… | --all) [--dry-run]  make parked rows pending again
 //	idemq outbox purge   --store URL (--id ROW… | --all) --yes        delete parked rows unpublished
@@ -17,7 +17,12 @@
 // idemq-bench, in the bench module (cd bench && go run ./cmd/idemq-bench).
 //
 // Stores are opened by URL (postgres://…, mysql://…, sqlite://path; ?table=
-// names the dedup table, or for idemq outbox the outbox table). Credentials in URLs never appear in the output.
+// names the dedup table, or for idemq outbox the outbox table); brokers by
+// a consumer's own source URL: amqp:// (RabbitMQ), kafka:// (Kafka consumer
+// groups, and the dead letters of kafka+share:// share groups, by the same
+// topic and group), sqs://, nats:// (JetStream), redis:// (Redis Streams),
+// webhook:// (parked requests); mem:// lives in one process and is read
+// there. Credentials in URLs never appear in the output.
 // `idemq <command> --help` describes each command.
 //
 // Exit codes, for scripts: 0 success, 1 failure (the store failed, or
@@ -59,7 +64,7 @@ func commands() []command {
 		{"stats", "show claims per consumer, the oldest claim and the table size", runStats},
 		{"lookup", "show whether message ids are claimed, when, and their fingerprints", runLookup},
 		{"forget", "delete the claims of message ids so they apply again (needs --yes)", runForget},
-		{"dlq", "list, show, redrive or purge a consumer's dead letters", runDLQ},
+		{"dlq", "list, group, show, redrive or purge a consumer's dead letters", runDLQ},
 		{"outbox", "list, redrive, purge parked outbox rows; outbox backlog (outbox --help)", runOutbox},
 		{"console", "serve the operator's console in the browser (console --help)", runConsole},
 	}
@@ -155,7 +160,16 @@ Commands:
 	fmt.Fprint(w, `
 Stores are given by URL: postgres://user:pass@host:5432/db, mysql://user:pass@host:3306/db,
 sqlite://path/to/app.db; ?table=NAME names the dedup table (default processed_messages).
-Brokers (stats, dlq) by a consumer's source URL: amqp://, kafka://, sqs://, nats://.
+Brokers (stats, dlq, console) by a consumer's own source URL:
+  RabbitMQ            amqp://user:pass@host:5672/vhost?queue=Q (amqps:// with TLS)
+  Kafka               kafka://host:9092/TOPIC?group=G (consumer groups)
+  Kafka share groups  a kafka+share://host:9092/TOPIC?group=G consumer's dead letters are
+                      read as kafka://host:9092/TOPIC?group=G, the same topic and group
+  SQS                 sqs://QUEUE?region=R (dlq= names its dead-letter queue)
+  NATS JetStream      nats://host:4222/STREAM?consumer=C&subject=S
+  Redis Streams       redis://host:6379/STREAM?group=G (rediss:// with TLS)
+  Webhooks            webhook://host:port/PATH?park_dir=DIR (parked requests: list, show, purge)
+  mem://              in-process only: its dead letters are read in the process that runs it
 Credentials never appear in the output.
 
 Exit codes: 0 success, 1 failure, 2 usage error.

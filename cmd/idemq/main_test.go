@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -72,7 +73,7 @@ func TestUsageAndHelp(t *testing.T) {
 		t.Errorf("--help wrote to stderr: %q", r.stderr)
 	}
 	expect(t, exitOK, []string{"help", "prune"}, "Usage: idemq prune", "--older-than")
-	for _, sub := range []string{"list", "show", "redrive", "purge"} {
+	for _, sub := range []string{"list", "groups", "show", "redrive", "purge"} {
 		expect(t, exitOK, []string{"dlq", sub, "--help"}, "Usage: idemq dlq "+sub, "-broker")
 	}
 	for _, c := range commands() {
@@ -325,6 +326,58 @@ func TestExitCodesOfTheBinary(t *testing.T) {
 		}
 		if code != c.code {
 			t.Errorf("idemq %s: exit %d, want %d", strings.Join(c.args, " "), code, c.code)
+		}
+	}
+}
+
+// idemq --help and the operating guide's table of dead letters name every
+// source the project has, each with its URL scheme.
+func TestHelpNamesEverySource(t *testing.T) {
+	r := expect(t, exitOK, []string{"--help"})
+	for _, w := range []string{"RabbitMQ", "amqp://", "Kafka", "kafka://", "consumer groups", "Kafka share groups", "kafka+share://",
+		"SQS", "sqs://", "NATS JetStream", "nats://", "Redis Streams", "redis://", "Webhooks", "webhook://", "mem://"} {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("idemq --help does not name %q:\n%s", w, r.stdout)
+		}
+	}
+	guide, err := os.ReadFile(filepath.Join("..", "..", "docs", "operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(guide), "| | reading without consuming |")
+	if !ok {
+		t.Fatal("docs/operating.md has no table of how each broker reads its dead letters")
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	rows := map[string]bool{}
+	for _, line := range strings.Split(table, "\n") {
+		if cells := strings.Split(line, "|"); len(cells) > 2 {
+			rows[strings.TrimSpace(cells[1])] = true
+		}
+	}
+	for _, source := range []string{"RabbitMQ (`amqp://`)", "Kafka (`kafka://`)", "Kafka share groups (`kafka+share://`)", "SQS (`sqs://`)",
+		"NATS JetStream (`nats://`)", "Redis Streams (`redis://`)", "Webhooks (`webhook://`)", "in-process (`mem://`)"} {
+		if !rows[source] {
+			t.Errorf("docs/operating.md's dead-letter table has no row %q; its rows: %v", source, rows)
+		}
+	}
+}
+
+// The sources whose dead letters the command does not open by their own
+// URL get a usage error that says what to give instead.
+func TestDLQBrokerHints(t *testing.T) {
+	storeURL := "sqlite://" + filepath.Join(t.TempDir(), "ops.db")
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"dlq", "list", "--broker", "kafka+share://u:pw@127.0.0.1:9092/orders?group=billing"}, []string{"share group", "kafka://HOST:9092/TOPIC?group=G"}},
+		{[]string{"dlq", "redrive", "--broker", "mem://orders", "--force"}, []string{"memory broker", "memory.Broker.DeadLetters"}},
+		{[]string{"console", "--store", storeURL, "--broker", "billing=kafka+share://127.0.0.1:9092/orders?group=billing"}, []string{"kafka://HOST:9092/TOPIC?group=G"}},
+	} {
+		r := expect(t, exitUsage, c.args, c.want...)
+		if strings.Contains(r.stdout+r.stderr, ":pw@") {
+			t.Errorf("idemq %s shows the password:\n%s", strings.Join(c.args, " "), r)
 		}
 	}
 }

@@ -99,6 +99,18 @@ type BusyClaimer interface {
 	ClaimOrBusy(ctx context.Context, consumer string, claims []Claim, wait time.Duration) ([]ClaimResult, error)
 }
 
+// BusyClaimStore is implemented by stores whose transactions are all
+// BusyClaimers, so that a caller can choose before it begins one how a
+// claim in progress is held: by the claim of a transaction not yet
+// committed, which copies give up on (ClaimOrBusy), or by a lease
+// (Leaser). Package idempotency holds a key in progress the first way on
+// such a store.
+type BusyClaimStore interface {
+	// BusyClaims reports whether the store's transactions implement
+	// BusyClaimer.
+	BusyClaims() bool
+}
+
 // Savepointer is implemented by transactions that can roll back part of
 // themselves. The Consumer uses it only under core.IsolateSavepoints, to
 // keep a failed handler's effects and claim apart from the rest of its

@@ -113,6 +113,14 @@ func TestReadmeProgramBuilds(t *testing.T) {
 		t.Errorf("README.md's first program discards a result with _; check every error")
 	}
 
+	buildProgram(t, "README.md's first Go program", src)
+}
+
+// buildProgram builds src, a whole program that what names, as a user's
+// program: a main package inside this module, so that it compiles against
+// this checkout's API. It returns the binary's path.
+func buildProgram(t *testing.T, what, src string) string {
+	t.Helper()
 	pkgDir, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
@@ -124,25 +132,27 @@ func TestReadmeProgramBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	defer os.RemoveAll(dir)
 	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	bin := filepath.Join(t.TempDir(), "x")
 	args := []string{"build", "-buildvcs=false"}
 	if raceEnabled {
 		args = append(args, "-race") // reuses what the other tests compiled
 	}
-	args = append(args, "-o", filepath.Join(t.TempDir(), "x"), "./"+filepath.Base(dir))
+	args = append(args, "-o", bin, "./"+filepath.Base(dir))
 	cmd := exec.CommandContext(ctx, goCommand(t), args...)
 	cmd.Dir = pkgDir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("README.md's first Go program does not build (%s): %v\n%s\nthe program:\n%s",
-			strings.Join(cmd.Args, " "), err, out, numbered(src))
+		t.Fatalf("%s does not build (%s): %v\n%s\nthe program:\n%s",
+			what, strings.Join(cmd.Args, " "), err, out, numbered(src))
 	}
+	return bin
 }
 
 // numbered returns src with line numbers, to read the compiler's

@@ -20,15 +20,26 @@ const Mask = "xxxxx"
 // secretWords are the fragments that make a query parameter's name secret.
 var secretWords = []string{"password", "passwd", "pwd", "secret", "token", "key", "credential", "sasl"}
 
+// keptWhere are the endings of a parameter's name that make it name where
+// a secret is kept, not hold it: secret_env names an environment
+// variable, secret_file and key_file a path.
+var keptWhere = []string{"_env", "_file"}
+
 // SecretParam reports whether a query parameter of this name holds a
 // secret whose value must not be shown: its name, unescaped and in any
 // case, contains password, passwd, pwd, secret, token, key, credential or
-// sasl.
+// sasl, and does not end in _env or _file (those name the variable or the
+// file that holds the secret, which are shown).
 func SecretParam(name string) bool {
 	if un, err := url.QueryUnescape(name); err == nil {
 		name = un
 	}
 	name = strings.ToLower(name)
+	for _, end := range keptWhere {
+		if strings.HasSuffix(name, end) {
+			return false
+		}
+	}
 	for _, w := range secretWords {
 		if strings.Contains(name, w) {
 			return true

@@ -109,3 +109,25 @@ func TestParseURLHostList(t *testing.T) {
 		}
 	}
 }
+
+// A parameter that names where a secret is kept (an environment variable,
+// a file) is not a secret and is shown; the secrets beside it are not.
+func TestWhereASecretIsKeptIsShown(t *testing.T) {
+	for in, want := range map[string]string{
+		"webhook://127.0.0.1:8080/hooks/stripe?verify=stripe&secret_env=STRIPE_SECRET&park_dir=/var/lib/p": "webhook://127.0.0.1:8080/hooks/stripe?verify=stripe&secret_env=STRIPE_SECRET&park_dir=/var/lib/p",
+		"webhook://h:1/x?secret_file=/run/secrets/stripe&secret=whsec_abc":                                 "webhook://h:1/x?secret_file=/run/secrets/stripe&secret=xxxxx",
+		"kafka://u:pw@b:9092/t?sasl_password=hunter2&key_file=/etc/kafka/client.key":                       "kafka://u:xxxxx@b:9092/t?sasl_password=xxxxx&key_file=/etc/kafka/client.key",
+	} {
+		if got := URL(in); got != want {
+			t.Errorf("URL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for name, secret := range map[string]bool{
+		"secret_env": false, "secret_file": false, "SECRET_FILE": false, "key_file": false, "password_file": false,
+		"secret": true, "sasl_password": true, "token": true, "secret_envelope": true, "file_secret": true,
+	} {
+		if got := SecretParam(name); got != secret {
+			t.Errorf("SecretParam(%q) = %v, want %v", name, got, secret)
+		}
+	}
+}

@@ -1,4 +1,4 @@
-// Package units renders sizes and ages as operators read them, the same in
+// Package units renders sizes, ages and counts as operators read them, the same in
 // the idemq command and in the console.
 package units
 
@@ -34,4 +34,16 @@ func Bytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// Count renders n with commas between groups of three digits: 10,000.
+func Count(n int64) string {
+	if n < 0 {
+		return "-" + Count(-n)
+	}
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

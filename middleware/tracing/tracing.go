@@ -241,9 +241,10 @@ func spanName(m *core.Message) string {
 }
 
 // MessageAttributes returns the messaging semantic-convention attributes of
-// m, plus idemq.attempt. Metadata keys in the messaging namespace that the
-// adapter filled in (partition, offset, routing key, delivery tag) are
-// included, integers as integers.
+// m, plus idemq.attempt, plus every detail the source gave in m.Metadata:
+// a broker's (partition, offset, routing key, delivery tag, queue URL) and
+// the webhook source's (http.request.method, url.path, client.address,
+// webhook.profile) alike; offsets and delivery tags as integers.
 func MessageAttributes(ctx context.Context, m *core.Message) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 16)
 	attrs = append(attrs,
@@ -275,7 +276,7 @@ func moreAttributes(ctx context.Context, m *core.Message, attrs []attribute.KeyV
 		return attrs
 	}
 	for k, v := range m.Metadata.All() {
-		if !strings.HasPrefix(k, "messaging.") {
+		if k == "" {
 			continue
 		}
 		switch attribute.Key(k) {

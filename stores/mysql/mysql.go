@@ -275,6 +275,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 func newStore(db *sql.DB, cfg config) *Store {
 	s := &Store{cfg: cfg}
 	d := sqlstore.Dialect{
+		SQL:         driver.DialectMySQL,
 		InsertChunk: claimChunk, ListChunk: claimChunk,
 		Tables: func(t string) []string {
 			return []string{`CREATE TABLE IF NOT EXISTS ` + t + ` (

@@ -124,3 +124,37 @@ func (s *Store) inspectLeases(ctx context.Context, st *admin.TableStats) error {
 	}
 	return err
 }
+
+// claimsPerMinuteSQL is the query of ClaimsPerMinute: the newest $2
+// claims at or after $1, read newest first on the processed_at index,
+// counted by consumer and minute.
+const claimsPerMinuteSQL = `SELECT consumer, date_trunc('minute', processed_at) AS minute, count(*)
+FROM (SELECT consumer, processed_at FROM %s WHERE processed_at >= $1 ORDER BY processed_at DESC LIMIT $2) AS recent
+GROUP BY consumer, minute`
+
+var _ admin.MinuteCounter = (*Store)(nil)
+
+// ClaimsPerMinute counts the newest claims recorded at or after since, at
+// most limit of them, by consumer and minute (admin.MinuteCounter). It
+// reads at most limit entries of the processed_at index (of each
+// partition, for a table made WithPartitions), and the rows they point
+// to, whatever the table's size.
+func (s *Store) ClaimsPerMinute(ctx context.Context, since time.Time, limit int) ([]admin.MinuteClaims, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("postgres: ClaimsPerMinute: limit must be positive, got %d", limit)
+	}
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(claimsPerMinuteSQL, s.cfg.Table), since, limit)
+	if err != nil {
+		return nil, s.cfg.Wrap("count claims per minute", err)
+	}
+	var out []admin.MinuteClaims
+	var m admin.MinuteClaims
+	_, err = pgx.ForEachRow(rows, []any{&m.Consumer, &m.Minute, &m.Claims}, func() error {
+		out = append(out, m)
+		return nil
+	})
+	if err != nil {
+		return nil, s.cfg.Wrap("count claims per minute", err)
+	}
+	return out, nil
+}

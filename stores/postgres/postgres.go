@@ -90,8 +90,9 @@ import (
 
 // Store is the PostgreSQL dedup store. It implements driver.Store[pgx.Tx],
 // admin.Pruner, driver.Retentioner, admin.Migrator, admin.Inspector,
-// admin.Estimator and driver.Leaser (leased claims, see Acquire), and is
-// safe for concurrent use.
+// admin.Estimator, driver.Leaser (leased claims, see Acquire),
+// driver.SQLStore and driver.BusyClaimStore, and is safe for concurrent
+// use.
 type Store struct {
 	pool  *pgxpool.Pool
 	owned bool
@@ -141,6 +142,7 @@ func (c *pruneCursor) moved(before time.Time, newest pgtype.Timestamptz) {
 var (
 	_ sqlstore.Store[pgx.Tx] = (*Store)(nil)
 	_ sqlstore.Txn[pgx.Tx]   = (*Txn)(nil)
+	_ driver.BusyClaimStore  = (*Store)(nil)
 )
 
 type queries struct {

@@ -34,6 +34,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/internal/sqlstore"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -114,6 +115,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 func newStore(db *sql.DB, cfg config) *Store {
 	s := &Store{cfg: cfg}
 	s.Engine = sqlstore.NewEngine(db, &s.cfg.Config, sqlstore.Dialect{
+		SQL:      driver.DialectSQLite,
 		Numbered: true, InsertChunk: claimChunk, ListChunk: 2 * claimChunk,
 		Tables: func(t string) []string {
 			return []string{`CREATE TABLE IF NOT EXISTS ` + t + ` (

@@ -105,6 +105,13 @@ type browser struct {
 }
 
 func newBrowser(ctx context.Context, t *testing.T) *browser {
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(operator+":"+password))
+	return startBrowser(ctx, t, network.Headers{"Authorization": auth})
+}
+
+// startBrowser starts a headless Chromium whose tab sends headers with
+// every request (none when nil).
+func startBrowser(ctx context.Context, t *testing.T, headers network.Headers) *browser {
 	exe := chromium(t)
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(exe),
@@ -128,11 +135,13 @@ func newBrowser(ctx context.Context, t *testing.T) *browser {
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	bctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
-	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(operator+":"+password))
 	err := chromedp.Do(bctx,
 		chromedp.EmulateViewport(1200, 800),
 		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := cdp.Call(ctx, tg, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": auth}})
+			if headers == nil {
+				return nil
+			}
+			_, err := cdp.Call(ctx, tg, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: headers})
 			return err
 		}))
 	if err != nil {
@@ -281,11 +290,20 @@ var hiddenInput = regexp.MustCompile(`<input type="hidden" name="([^"]+)" value=
 // another origin would need to forge the action.
 func actionForm(t *testing.T, base, path string) url.Values {
 	t.Helper()
+	return actionFormAs(t, base, path, func(r *http.Request) { r.SetBasicAuth(operator, password) })
+}
+
+// actionFormAs is actionForm with the credentials auth sets on the request
+// (none when nil).
+func actionFormAs(t *testing.T, base, path string, auth func(*http.Request)) url.Values {
+	t.Helper()
 	req, err := http.NewRequest("GET", base+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.SetBasicAuth(operator, password)
+	if auth != nil {
+		auth(req)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -324,6 +342,69 @@ func postForm(t *testing.T, base, path string, form url.Values) int {
 	return resp.StatusCode
 }
 
+// evilSite is a site of another origin whose page auto-submits a form to
+// the console at base: the action and fields set gives it, even a valid
+// token.
+type evilSite struct {
+	base string
+	srv  *httptest.Server
+
+	mu     sync.Mutex
+	action string
+	form   url.Values
+}
+
+func newEvilSite(t *testing.T, base string) *evilSite {
+	s := &evilSite{base: base}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if r.URL.Path == "/blank" {
+			io.WriteString(w, "<!doctype html><title>nothing here</title>\n")
+			return
+		}
+		fmt.Fprintf(w, "<!doctype html><title>win a prize</title><form method=\"post\" action=\"%s\">\n", html.EscapeString(base+s.action))
+		for k, vs := range s.form {
+			for _, v := range vs {
+				fmt.Fprintf(w, "<input type=\"hidden\" name=\"%s\" value=\"%s\">\n", html.EscapeString(k), html.EscapeString(v))
+			}
+		}
+		io.WriteString(w, "</form><script>document.forms[0].submit()</script>\n")
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// set makes the page post form to action (relative to the console).
+func (s *evilSite) set(action string, form url.Values) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.action, s.form = action, form
+}
+
+// origins are the site's two origins: 127.0.0.1 on its port is the same
+// site as the console but another origin; localhost is another site.
+func (s *evilSite) origins() []string {
+	_, port, _ := strings.Cut(strings.TrimPrefix(s.srv.URL, "http://"), ":")
+	return []string{s.srv.URL, "http://localhost:" + port}
+}
+
+// submit opens the site's page at origin in b, waits for the console's
+// answer to its form and wants it refused as cross-origin.
+func (s *evilSite) submit(t *testing.T, b *browser, origin string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	err := chromedp.Do(ctx,
+		chromedp.Navigate(origin+"/"),
+		chromedp.Poll[chromedp.Void](fmt.Sprintf(`location.href.startsWith(%q) && document.readyState === "complete"`, s.base)))
+	if err != nil {
+		t.Fatalf("the form of %s: %v", origin, err)
+	}
+	b.want("cross-origin request refused")
+}
+
 // The messages of the test: two applied, four dead-lettered by a failing
 // handler under two causes.
 var (
@@ -350,7 +431,11 @@ type env struct {
 	outbox   admin.OutboxTable
 }
 
-func setup(ctx context.Context, t *testing.T) *env {
+func setup(ctx context.Context, t *testing.T) *env { return setupWith(ctx, t, allIDs, causes) }
+
+// setupWith is setup with the messages ids, of which a failing handler
+// dead-letters those failed names, each with its cause.
+func setupWith(ctx context.Context, t *testing.T, ids []string, failed map[string]string) *env {
 	amqp := servicetest.RabbitMQURL(t)
 	e := &env{q: "idemq-console-" + randomHex(4)}
 	servicetest.DeleteQueuesAtCleanup(t, amqp, e.q)
@@ -384,7 +469,7 @@ func setup(ctx context.Context, t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, id := range allIDs {
+	for i, id := range ids {
 		m := &core.Message{ID: id, Body: fmt.Appendf(nil, `{"card":"4111-1111-1111-1111","amount":%d}`, (i+1)*100),
 			Headers: map[string]string{"app-version": "2.0.1"}}
 		if err := pub.Publish(ctx, "", m); err != nil {
@@ -395,11 +480,13 @@ func setup(ctx context.Context, t *testing.T) *env {
 	// A handler that fails the four for good: a real consumer
 	// dead-letters them.
 	e.consume(ctx, t, func(m *core.Message) error {
-		if c, ok := causes[m.ID]; ok {
+		if c, ok := failed[m.ID]; ok {
 			return core.Permanent(errors.New(c))
 		}
 		return nil
-	}, func() bool { return e.deadLetters(ctx, t) == 4 && len(e.ledger(ctx, t)) == 2 })
+	}, func() bool {
+		return e.deadLetters(ctx, t) == len(failed) && len(e.ledger(ctx, t)) == len(ids)-len(failed)
+	})
 
 	if e.dlq, err = admin.OpenDeadLetters(ctx, e.src); err != nil {
 		t.Fatal(err)
@@ -676,43 +763,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	// another origin; localhost is another site.
 	t.Run("cross-origin forms", func(t *testing.T) {
 		b.t = t
-		var mu sync.Mutex
-		var action string
-		var form url.Values
-		evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			defer mu.Unlock()
-			w.Header().Set("Content-Type", "text/html; charset=utf-8")
-			fmt.Fprintf(w, "<!doctype html><title>win a prize</title><form method=\"post\" action=\"%s\">\n", html.EscapeString(base+action))
-			for k, vs := range form {
-				for _, v := range vs {
-					fmt.Fprintf(w, "<input type=\"hidden\" name=\"%s\" value=\"%s\">\n", html.EscapeString(k), html.EscapeString(v))
-				}
-			}
-			io.WriteString(w, "</form><script>document.forms[0].submit()</script>\n")
-		}))
-		defer evil.Close()
-		_, port, _ := strings.Cut(strings.TrimPrefix(evil.URL, "http://"), ":")
-		origins := []string{evil.URL, "http://localhost:" + port}
-
-		submit := func(origin string) {
-			t.Helper()
-			ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
-			defer cancel()
-			err := chromedp.Do(ctx,
-				chromedp.Navigate(origin+"/"),
-				chromedp.Poll[chromedp.Void](fmt.Sprintf(`location.href.startsWith(%q) && document.readyState === "complete"`, base)))
-			if err != nil {
-				t.Fatalf("the form of %s: %v", origin, err)
-			}
-			b.want("cross-origin request refused")
-		}
-
-		mu.Lock()
-		action, form = "dlq/act", actionForm(t, base, "dlq/confirm?consumer=payments&do=redrive-all")
-		mu.Unlock()
-		for _, o := range origins {
-			submit(o)
+		evil := newEvilSite(t, base)
+		evil.set("dlq/act", actionForm(t, base, "dlq/confirm?consumer=payments&do=redrive-all"))
+		for _, o := range evil.origins() {
+			evil.submit(t, b, o)
 			if n := e.deadLetters(ctx, t); n != 2 {
 				t.Errorf("%d dead letters after a redrive posted from %s, want 2", n, o)
 			}
@@ -723,11 +777,9 @@ func TestConsoleInBrowser(t *testing.T) {
 
 		forget := actionForm(t, base, "forget?consumer=payments&id=pay-2")
 		forget.Set("confirm", "pay-2")
-		mu.Lock()
-		action, form = "forget", forget
-		mu.Unlock()
-		for _, o := range origins {
-			submit(o)
+		evil.set("forget", forget)
+		for _, o := range evil.origins() {
+			evil.submit(t, b, o)
 			if !e.claimed(ctx, t, "pay-2") {
 				t.Fatalf("a forget posted from %s forgot pay-2", o)
 			}

@@ -26,6 +26,9 @@ const (
 // Dialect is what a database/sql store's SQL and driver say differently;
 // the Engine does the rest the same way for every store.
 type Dialect struct {
+	// SQL names the dialect to packages that keep tables of their own in
+	// the store's database (driver.SQLStore).
+	SQL driver.SQLDialect
 	// Numbered says the driver takes numbered placeholders (?1 is the
 	// consumer, ?2… the ids); otherwise they are plain ?. The lease
 	// statements use ?, which every driver takes.

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -49,6 +50,35 @@ func Opened[S any](ctx context.Context, e *Engine, s S) (S, error) {
 // DB returns the database handle, for business tables and queries outside
 // a claim.
 func (e *Engine) DB() *sql.DB { return e.db }
+
+// SQLDialect names the database's SQL (driver.SQLStore).
+func (e *Engine) SQLDialect() driver.SQLDialect { return e.d.SQL }
+
+// ExecSQL runs a statement of another package on the pool and returns how
+// many rows it affected (driver.SQLStore).
+func (e *Engine) ExecSQL(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := e.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// QueryRowSQL runs a query of another package on the pool and scans its
+// first row into dest; found is false when there is none
+// (driver.SQLStore).
+func (e *Engine) QueryRowSQL(ctx context.Context, query string, args []any, dest ...any) (bool, error) {
+	return scanRow(e.db.QueryRowContext(ctx, query, args...), dest)
+}
+
+// scanRow scans row into dest, telling no row from an error.
+func scanRow(row *sql.Row, dest []any) (bool, error) {
+	err := row.Scan(dest...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
 
 // Ping checks that the database answers, with one round trip.
 func (e *Engine) Ping(ctx context.Context) error { return e.db.PingContext(ctx) }

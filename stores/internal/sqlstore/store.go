@@ -16,10 +16,12 @@ type Store[Tx any] interface {
 	driver.Retentioner
 	admin.Migrator
 	admin.Inspector
+	admin.MinuteCounter
 	driver.Pinger
 	admin.Lookuper
 	admin.Forgetter
 	driver.Leaser
+	driver.SQLStore
 	io.Closer
 }
 
@@ -29,4 +31,5 @@ type Txn[Tx any] interface {
 	driver.Txn[Tx]
 	driver.Savepointer
 	driver.Fencer
+	driver.SQLTxn
 }

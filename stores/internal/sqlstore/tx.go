@@ -268,6 +268,20 @@ func (t *End) ReleaseSavepoint(ctx context.Context) error {
 // Tx returns the transaction for the handler's business effect.
 func (t *End) Tx() *sql.Tx { return t.tx }
 
+// ExecSQL runs a statement of another package in the transaction
+// (driver.SQLTxn).
+func (t *End) ExecSQL(ctx context.Context, query string, args ...any) error {
+	_, err := t.tx.ExecContext(ctx, query, args...)
+	return err
+}
+
+// QueryRowSQL runs a query of another package in the transaction and
+// scans its first row into dest; found is false when there is none
+// (driver.SQLTxn).
+func (t *End) QueryRowSQL(ctx context.Context, query string, args []any, dest ...any) (bool, error) {
+	return scanRow(t.tx.QueryRowContext(ctx, query, args...), dest)
+}
+
 // Commit commits the claims and the handler's effects together.
 func (t *End) Commit(context.Context) error {
 	if err := t.tx.Commit(); err != nil {
