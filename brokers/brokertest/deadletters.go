@@ -146,7 +146,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 
 	back := all[:2]
 	var progress []int
-	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(back...), func(done int) { progress = append(progress, done) })
+	n, err := admin.Redrive(ctxFor(t, h.ReceiveTimeout), q, only(back...), func(done int) { progress = append(progress, done) })
 	if err != nil || n != len(back) {
 		t.Fatalf("Redrive = %d, %v; want %d, nil", n, err, len(back))
 	}
@@ -215,7 +215,7 @@ func testPipelineRedrive(t *testing.T, h Harness) {
 	publish(t, h, f, &twin)
 	waitFor(t, h.ReceiveTimeout, "the twin applied", func() bool { return e.Counts(t)[twin.ID] == 1 })
 
-	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(all[:3]...), nil)
+	n, err := admin.Redrive(ctxFor(t, h.ReceiveTimeout), q, only(all[:3]...), nil)
 	if err != nil || n != 3 {
 		t.Fatalf("Redrive = %d, %v; want 3, nil", n, err)
 	}

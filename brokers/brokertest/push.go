@@ -897,7 +897,7 @@ func testPushDeadLetterQueue(t *testing.T, h PushHarness) {
 	expectQuiet(t, hp, p.f.r)
 
 	rest := all
-	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(all[0]), nil)
+	n, err := admin.Redrive(ctxFor(t, h.ReceiveTimeout), q, only(all[0]), nil)
 	if err != nil {
 		t.Logf("Redrive refused: %v", err)
 		if n != 0 {

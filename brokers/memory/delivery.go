@@ -1,6 +1,8 @@
 package memory
 
 import (
+	"iter"
+	"log/slog"
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
@@ -19,6 +21,18 @@ type delivery struct {
 }
 
 func (d *delivery) node() *hnode { return &d.lease }
+
+// metadata is a delivery's Message.Metadata, read from it when asked.
+type metadata delivery
+
+// All yields the delivery and publish sequences and the subscriber.
+func (m *metadata) All() iter.Seq2[string, slog.Value] {
+	return func(yield func(string, slog.Value) bool) {
+		_ = yield(MetaDeliverySeq, slog.Uint64Value(m.seq)) &&
+			yield(MetaPublishSeq, slog.Uint64Value(m.e.seq)) &&
+			yield(MetaSubscriber, slog.Uint64Value(m.sub.id))
+	}
+}
 
 // checkLiveLocked reports whether d's lease is still current; a stale
 // settlement is counted and refused with ErrLeaseExpired.

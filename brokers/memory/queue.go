@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -79,6 +78,7 @@ func cloneMessage(m driver.Message) driver.Message {
 	if mm, ok := m.Metadata.(driver.MetadataMap); ok {
 		m.Metadata = maps.Clone(mm)
 	}
+	m.AckID, m.BrokerKey = nil, nil
 	return m
 }
 
@@ -158,11 +158,7 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *delivery {
 		Source:  q.name,
 		System:  System,
 		Attempt: e.deliveries,
-		Metadata: driver.MetadataMap{
-			MetaDeliverySeq: strconv.FormatUint(q.delSeq, 10),
-			MetaPublishSeq:  strconv.FormatUint(e.seq, 10),
-			MetaSubscriber:  strconv.FormatUint(s.id, 10),
-		},
+		Metadata:   (*metadata)(d),
 		ReceivedAt: now,
 		AckID:      d,
 		BrokerKey:  e,

@@ -75,27 +75,33 @@ type Message struct {
 // Metadata is a received message's broker details for observers such as
 // tracing, keyed by OpenTelemetry attribute names where one exists (for
 // example "messaging.kafka.offset", "messaging.destination.partition.id",
-// "messaging.rabbitmq.destination.routing_key"). An adapter implements it
-// over what its delivery already holds, so the details cost nothing until
-// an observer reads them; MetadataMap holds them in a map.
+// "messaging.rabbitmq.destination.routing_key"), each value typed as the
+// attribute is (an offset is an integer, a flag a boolean). An adapter
+// implements it over what its delivery already holds, so the details cost
+// nothing until an observer reads them; MetadataMap holds them in a map.
 type Metadata interface {
 	// All yields each key and its value, in no set order.
-	All() iter.Seq2[string, string]
+	All() iter.Seq2[string, slog.Value]
 }
 
 // MetadataMap is Metadata held in a map.
-type MetadataMap map[string]string
+type MetadataMap map[string]slog.Value
 
 // All yields the map's keys and values.
-func (m MetadataMap) All() iter.Seq2[string, string] { return maps.All(m) }
+func (m MetadataMap) All() iter.Seq2[string, slog.Value] { return maps.All(m) }
 
-// MetadataOf returns md's details in a map, empty when md is nil: for
-// reading a few keys where cost does not matter (tests, tools).
+// MetadataOf returns md's details in a map, each value as its text, empty
+// when md is nil: for reading a few keys where cost does not matter
+// (tests, tools).
 func MetadataOf(md Metadata) map[string]string {
+	out := map[string]string{}
 	if md == nil {
-		return map[string]string{}
+		return out
 	}
-	return maps.Collect(md.All())
+	for k, v := range md.All() {
+		out[k] = v.String()
+	}
+	return out
 }
 
 // Source is a broker adapter as the Consumer drives it: the adapter is its

@@ -16,7 +16,8 @@ package tracing
 import (
 	"context"
 	"errors"
-	"strconv"
+	"log/slog"
+	"math"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -244,7 +245,8 @@ func spanName(m *core.Message) string {
 // m, plus idemq.attempt, plus every detail the source gave in m.Metadata:
 // a broker's (partition, offset, routing key, delivery tag, queue URL) and
 // the webhook source's (http.request.method, url.path, client.address,
-// webhook.profile) alike; offsets and delivery tags as integers.
+// webhook.profile) alike, each as the kind of value the source gave
+// (offsets and delivery tags as integers).
 func MessageAttributes(ctx context.Context, m *core.Message) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 16)
 	attrs = append(attrs,
@@ -276,19 +278,31 @@ func moreAttributes(ctx context.Context, m *core.Message, attrs []attribute.KeyV
 		return attrs
 	}
 	for k, v := range m.Metadata.All() {
-		if k == "" {
-			continue
+		if k != "" {
+			attrs = append(attrs, attributeOf(k, v))
 		}
-		switch attribute.Key(k) {
-		case semconv.MessagingKafkaOffsetKey, semconv.MessagingRabbitMQMessageDeliveryTagKey:
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				attrs = append(attrs, attribute.Int64(k, n))
-				continue
-			}
-		}
-		attrs = append(attrs, attribute.String(k, truncate(v)))
 	}
 	return attrs
+}
+
+// attributeOf is a metadata value as an attribute of its own kind; what
+// OpenTelemetry has no kind for (a time, a group) as its text.
+func attributeOf(k string, v slog.Value) attribute.KeyValue {
+	switch v.Kind() {
+	case slog.KindInt64:
+		return attribute.Int64(k, v.Int64())
+	case slog.KindUint64:
+		if n := v.Uint64(); n <= math.MaxInt64 {
+			return attribute.Int64(k, int64(n))
+		}
+	case slog.KindBool:
+		return attribute.Bool(k, v.Bool())
+	case slog.KindFloat64:
+		return attribute.Float64(k, v.Float64())
+	case slog.KindDuration:
+		return attribute.Float64(k, v.Duration().Seconds())
+	}
+	return attribute.String(k, truncate(v.String()))
 }
 
 func system(m *core.Message) string {
