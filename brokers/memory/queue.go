@@ -151,13 +151,13 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *delivery {
 	q.delSeq++
 	d := &delivery{sub: s, e: e, seq: q.delSeq}
 	d.msg = driver.Message{
-		ID:      e.msg.ID,
-		Body:    bytes.Clone(e.msg.Body),
-		Headers: maps.Clone(e.msg.Headers),
-		Key:     e.msg.Key,
-		Source:  q.name,
-		System:  System,
-		Attempt: e.deliveries,
+		ID:         e.msg.ID,
+		Body:       bytes.Clone(e.msg.Body),
+		Headers:    maps.Clone(e.msg.Headers),
+		Key:        e.msg.Key,
+		Source:     q.name,
+		System:     System,
+		Attempt:    e.deliveries,
 		Metadata:   (*metadata)(d),
 		ReceivedAt: now,
 		AckID:      d,
