@@ -418,6 +418,9 @@ func (c *Consumer[Tx]) admit(it *item) {
 			err = missingIDCause(it.M, err)
 		}
 	}
+	if err == nil && it.M.Unreadable != nil {
+		stage, err = StageDecode, it.M.Unreadable
+	}
 	if err == nil {
 		stage, err = StageLimits, c.checkLimits(m)
 	}

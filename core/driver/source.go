@@ -70,6 +70,11 @@ type Message struct {
 	// dead-letters the message with ErrMissingID and this as the cause, so
 	// the operator reads why.
 	IDError error
+	// Unreadable says why the adapter could not read the message whole (a
+	// field its URL names for the body is missing): the Consumer
+	// dead-letters it at once with this cause, never handing it to a
+	// handler with a part missing.
+	Unreadable error
 }
 
 // Metadata is a received message's broker details for observers such as
