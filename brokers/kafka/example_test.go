@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/kafka"
@@ -53,6 +52,8 @@ func ExampleOpen() {
 	}
 	// Run closes src when ctx is cancelled and in-flight messages are
 	// settled; closing commits the decided offsets and leaves the group.
+	// (A replica of a StatefulSet would add instance_id=$(POD_NAME) to
+	// the URL: a restart then moves no partition; see WithInstanceID.)
 	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func Example_duplicatePublish() {
 		log.Fatal(err)
 	}
 	src, err := kafka.Open(ctx, "kafka://"+brokers+"/"+topic+"?group=billing",
-		kafka.WithStartOffset(kafkago.FirstOffset))
+		kafka.WithStart(kafka.StartFirst))
 	if err != nil {
 		log.Fatal(err)
 	}
