@@ -12,7 +12,6 @@ require (
 	github.com/dustin/go-humanize v1.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemq/idemq v0.0.0
-	github.com/idemq/idemq/brokers/kafkashare v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.24.1
@@ -106,7 +105,5 @@ require (
 )
 
 replace github.com/idemq/idemq => ../
-
-replace github.com/idemq/idemq/brokers/kafkashare => ../brokers/kafkashare
 
 tool github.com/Shopify/toxiproxy/v2/cmd/server

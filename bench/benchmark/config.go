@@ -61,6 +61,16 @@ const (
 	// against seed-p100-w8 in the same run (results/watermill-sweep.txt):
 	// about as fast as that baseline (1 handler reaches at most half of it).
 	Watermill = "watermill"
+	// SeedFranz is the seed pattern on franz-go, the client idemq's Kafka
+	// adapter is built on (Kafka only): 8 consumer group members, each
+	// taking one record at a time through one transaction, then a
+	// synchronous offset commit.
+	SeedFranz = "seed-franz"
+	// HandBatchFranz is the hand-tuned batch consumer on franz-go (Kafka
+	// only): BatchWorkers group members, each polling up to BatchSize
+	// records into one batch transaction (as HandBatch's), then one
+	// synchronous commit of the polled offsets.
+	HandBatchFranz = "hand-batch-franz"
 
 	// MemoryScenario measures the idemq batch consumer's peak RSS with
 	// 10,000 and then 1,000,000 messages queued.
@@ -101,6 +111,10 @@ var ObservedConfigs = []string{IdemqBatchObserved, IdemqBatchSampled}
 // FrameworkConfigs are the configurations that run another framework's
 // consumer on the same data and effect, run only when named.
 var FrameworkConfigs = []string{Watermill}
+
+// KafkaConfigs are the baselines written by hand on franz-go, beside the
+// kafka-go ones of DefaultConfigs, run only when named (Kafka only).
+var KafkaConfigs = []string{SeedFranz, HandBatchFranz}
 
 // Config says what Run measures. Zero values take the defaults given on
 // each field.
@@ -153,7 +167,8 @@ type Config struct {
 	// of them. Default 3.
 	Repeat int
 	// Configs names the configurations to run (see DefaultConfigs,
-	// ObservedConfigs, FrameworkConfigs and Scenarios). Default DefaultConfigs.
+	// ObservedConfigs, FrameworkConfigs, KafkaConfigs and Scenarios).
+	// Default DefaultConfigs.
 	Configs []string
 	// LatencyRate is the rate, in messages per second, of the paced phase
 	// that follows each run's backlog: its messages carry their publish
@@ -309,8 +324,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]bool{}
 	for _, name := range c.Configs {
-		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) && !slices.Contains(ObservedConfigs, name) && !slices.Contains(FrameworkConfigs, name) {
-			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(slices.Concat(DefaultConfigs, ObservedConfigs, FrameworkConfigs, Scenarios), ", "))
+		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) && !slices.Contains(ObservedConfigs, name) && !slices.Contains(FrameworkConfigs, name) && !slices.Contains(KafkaConfigs, name) {
+			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(slices.Concat(DefaultConfigs, ObservedConfigs, FrameworkConfigs, KafkaConfigs, Scenarios), ", "))
 		}
 		if seen[name] {
 			return c, fmt.Errorf("benchmark: Config.Configs: %q given twice", name)
@@ -353,6 +368,10 @@ func Describe(name string) string {
 		return "idemq-batch with tracing (10% of traces) and metrics observers on the OTel SDK"
 	case Watermill:
 		return fmt.Sprintf("seed pattern on Watermill (Router + watermill-amqp): 1 tx per message, prefetch %d, %d handlers", watermillPrefetch, watermillHandlers)
+	case SeedFranz:
+		return "seed pattern (raw franz-go): 1 tx per message, then a synchronous offset commit; 8 group members"
+	case HandBatchFranz:
+		return "hand-tuned batch (raw franz-go): 1 claim + 1 set-based UPDATE + 1 commit + 1 synchronous offset commit per poll"
 	case MemoryScenario:
 		return "idemq batch: peak RSS with 10k vs 1M messages queued"
 	case GrowthScenario:

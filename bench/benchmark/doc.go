@@ -51,7 +51,9 @@
 //
 // Watermill runs the seed pattern on another framework, Watermill's
 // message.Router with a watermill-amqp subscriber (RabbitMQ only), and
-// runs only when named in Config.Configs.
+// runs only when named in Config.Configs; so do SeedFranz and
+// HandBatchFranz, the Kafka baselines written on franz-go (the client of
+// idemq's Kafka adapter) beside the kafka-go ones.
 //
 // The scenarios MemoryScenario, GrowthScenario and LeasedScenario are slow
 // and run only when named in Config.Configs. MemoryScenario

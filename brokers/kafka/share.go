@@ -172,6 +172,9 @@ func (s *ShareSource) Receive(ctx context.Context, max int) ([]*driver.Message, 
 		if err := s.fetch(ctx, member); err != nil {
 			return nil, err
 		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 	}
 }
 

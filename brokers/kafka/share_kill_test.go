@@ -1,4 +1,4 @@
-package kafkashare
+package kafka
 
 import (
 	"bytes"
@@ -25,11 +25,11 @@ import (
 	"github.com/idemq/idemq/stores/postgres"
 )
 
-// envKillHelper selects TestKillHelper's consumer mode; it holds the
+// envKillHelper selects TestShareKillHelper's consumer mode; it holds the
 // member's killConfig as JSON.
-const envKillHelper = "IDEMQ_TEST_KAFKASHARE_KILL_HELPER"
+const envKillHelper = "IDEMQ_TEST_KAFKA_SHARE_KILL_HELPER"
 
-// killConfig is what a consumer process of TestKilledMember runs.
+// killConfig is what a consumer process of TestShareKilledMember runs.
 type killConfig struct {
 	Source   string // kafka+share:// URL
 	Postgres string // the store's database
@@ -48,12 +48,8 @@ const killHandlerSleep = 3 * time.Millisecond
 type killObserver struct{ mu sync.Mutex }
 
 func killOffset(m *core.Message) string {
-	if m.Metadata != nil {
-		for k, v := range m.Metadata.All() {
-			if k == "messaging.kafka.offset" {
-				return v
-			}
-		}
+	if v, ok := driver.MetadataOf(m.Metadata)["messaging.kafka.offset"]; ok {
+		return v
 	}
 	return "-1"
 }
@@ -73,14 +69,14 @@ func (o *killObserver) EndDecision(_ context.Context, m *core.Message, out core.
 	o.emit("end %s %d %s %s", killOffset(m), m.Attempt, m.ID, out.Decision)
 }
 
-// TestKillHelper is a consumer process TestKilledMember starts (and
+// TestShareKillHelper is a consumer process TestShareKilledMember starts (and
 // kills); on its own it skips. It runs a Consumer over the share group
 // until SIGTERM, its handler inserting one effect row per message in the
 // claim's transaction, and prints its Stats last.
-func TestKillHelper(t *testing.T) {
+func TestShareKillHelper(t *testing.T) {
 	raw := os.Getenv(envKillHelper)
 	if raw == "" {
-		t.Skip("a consumer process of TestKilledMember")
+		t.Skip("a consumer process of TestShareKilledMember")
 	}
 	var cfg killConfig
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
@@ -88,7 +84,7 @@ func TestKillHelper(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	src, err := Open(ctx, cfg.Source)
+	src, err := OpenShare(ctx, cfg.Source)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +118,7 @@ type killDecision struct {
 	id, decision    string
 }
 
-// killMember is a consumer process of TestKilledMember and what it printed.
+// killMember is a consumer process of TestShareKilledMember and what it printed.
 type killMember struct {
 	name string
 	cmd  *exec.Cmd
@@ -214,7 +210,7 @@ func startKillMember(t *testing.T, cfg killConfig) *killMember {
 		t.Fatal(err)
 	}
 	m := &killMember{name: cfg.Member, done: make(chan struct{}), inflight: map[int]bool{}}
-	m.cmd = exec.Command(os.Args[0], "-test.run=^TestKillHelper$", "-test.count=1", "-test.v=false")
+	m.cmd = exec.Command(os.Args[0], "-test.run=^TestShareKillHelper$", "-test.count=1", "-test.v=false")
 	m.cmd.Env = append(os.Environ(), envKillHelper+"="+string(raw))
 	m.cmd.Stdout = m
 	m.cmd.Stderr = &killLockedWriter{mu: &m.mu, w: &m.stderr}
@@ -256,15 +252,15 @@ func (m *killMember) stderrTail() string {
 	return s
 }
 
-// TestKilledMember runs several consumer processes in one share group on
+// TestShareKilledMember runs several consumer processes in one share group on
 // one partition, over records with duplicate ids, and SIGKILLs one of
 // them while it holds locked records; a replacement joins. The killed
 // member's records come back after their lock and are applied once or
 // decided Duplicate: every id's effect is committed exactly once and none
 // is lost, counted in the effects table, not in receipts.
-func TestKilledMember(t *testing.T) {
+func TestShareKilledMember(t *testing.T) {
 	pgURL := servicetest.PostgresURL(t)
-	bs := cluster(t, 10)
+	bs := shareCluster(t, 10)
 	topic := newTopic(t, bs, 1)
 	group := "g-" + randomHex(3)
 	suffix := randomHex(4)
@@ -303,8 +299,8 @@ func TestKilledMember(t *testing.T) {
 		}
 	}
 	produce(t, bs, topic, msgs...)
-	url := sourceURL(bs, topic, group, "")
-	open(t, url).Close() // sets the group's share.auto.offset.reset once
+	url := shareURL(bs, topic, group, "")
+	openShare(t, url).Close() // sets the group's share.auto.offset.reset once
 
 	cfg := func(name string) killConfig {
 		return killConfig{Source: url, Postgres: pgURL, Inbox: inbox, Effects: effects, Member: name}
