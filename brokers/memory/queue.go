@@ -35,7 +35,7 @@ type entry struct {
 
 func (e *entry) node() *hnode { return &e.delay }
 
-// waiter is one Receive call blocked for a message or a window slot.
+// waiter is one Receive call blocked for a message.
 type waiter struct {
 	ch    chan struct{} // capacity 1: a wake-up is never lost nor blocks
 	where uint8         // waitNone or waitQueue
@@ -254,8 +254,9 @@ func (q *queue) onTimer() {
 		if !ok || d.lease.at.After(now) {
 			break
 		}
-		// The consumer may still hold d (its window slot stays taken
-		// until it settles, and that settlement gets ErrLeaseExpired).
+		// The consumer may still hold d (its room in the Consumer's
+		// window stays taken until it settles, and that settlement is
+		// stale).
 		q.endLeaseLocked(d)
 		q.stats.Expired++
 		q.makeReadyLocked(d.e, false)
