@@ -258,13 +258,8 @@ func (b *Broker) Stats(queue string) Stats {
 // Len returns how many messages queue still has to settle: ready, delayed
 // for a retry, or in flight. Dead letters are not counted.
 func (b *Broker) Len(queue string) int {
-	q, _ := b.queue(queue, false)
-	if q == nil {
-		return 0
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.lenLocked()
+	st := b.Stats(queue)
+	return st.Ready + st.Delayed + st.InFlight
 }
 
 // DeadLetters returns the messages parked on queue by DeadLetter, oldest
