@@ -1157,3 +1157,30 @@ func TestNoGoroutineLeftAfterClose(t *testing.T) {
 	wg.Wait()
 	eventually(t, "goroutines to return to the baseline", func() bool { return runtime.NumGoroutine() <= base })
 }
+
+// TestURLParameters: mem:// URLs take the broker's name and visibility
+// timeout; the window is the Consumer's, so a window parameter is refused,
+// naming it.
+func TestURLParameters(t *testing.T) {
+	ctx := context.Background()
+	src, err := core.OpenSource(ctx, "mem://q?broker=TestURLParameters&visibility=45s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if tr, err := src.Start(ctx, driver.Setup{Window: 1}); err != nil || tr.Lease != 45*time.Second {
+		t.Fatalf("Start = %+v, %v; want a Lease of 45s", tr, err)
+	}
+	for _, tc := range []struct{ url, names string }{
+		{"mem://q?window=5", `"window"`},
+		{"mem://q?visibility=0s", "visibility"},
+		{"mem://", "queue"},
+	} {
+		if src, err := core.OpenSource(ctx, tc.url); err == nil {
+			src.Close()
+			t.Errorf("OpenSource(%s) succeeded", tc.url)
+		} else if !strings.Contains(err.Error(), tc.names) {
+			t.Errorf("OpenSource(%s) = %v, want an error naming %s", tc.url, err, tc.names)
+		}
+	}
+}
