@@ -25,9 +25,9 @@ const (
 	MetaSubscriber = "idemq.memory.subscriber"
 )
 
-// Subscription receives from one queue: it is a driver.Puller. Its
-// methods are safe for concurrent use, and Receive may be called from
-// several goroutines.
+// Subscription receives from one queue: it is a driver.Puller and a
+// driver.Releaser, what core.New takes. Its methods are safe for
+// concurrent use, and Receive may be called from several goroutines.
 type Subscription struct {
 	q    *queue
 	id   uint64
