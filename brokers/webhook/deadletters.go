@@ -10,32 +10,29 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// ErrNoRedrive is returned by DeadLetters.Redrive: a parked request cannot
-// be published back, since its signature is bound to the provider's
-// secret and, for most providers, to the time it was sent.
-var ErrNoRedrive = errors.New("webhook: a parked request cannot be redriven: ask the provider to send the event again (its dashboard or API resends it), then purge the parked copy")
-
 func init() {
-	admin.RegisterDeadLetters("webhook", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (admin.DeadLetterQueue, error) {
+	driver.RegisterDeadLetters("webhook", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.DeadLetters, error) {
 		return OpenDeadLetters(ctx, u.String())
 	})
 }
 
-// DeadLetters is an operator's handle on a Source's park directory: it
-// implements admin.DeadLetterQueue, for idemq dlq. Scan lists the parked
+// DeadLetters is an operator's handle on a Source's park directory, a
+// driver.DeadLetters for idemq dlq and the console: Scan lists the parked
 // requests oldest first, each with its file name as Ref, its request path
 // as Origin and Destination, and its headers with names in lower case
-// (several values joined by ", "); Purge deletes their files; Redrive
-// fails with ErrNoRedrive, since only the provider can send a copy that
-// verifies.
+// (several values joined by ", "); Purge deletes their files. It is no
+// driver.Redriver, so admin.Redrive fails with admin.ErrNoRedrive: a
+// parked request's signature is bound to the provider's secret and, for
+// most providers, to the time it was sent, so only the provider can send
+// a copy that verifies. Ask it to send the event again (its dashboard or
+// API resends it), then purge the parked copy.
 type DeadLetters struct {
-	*deadletter.Queue[string]
+	driver.DeadLetters // a deadletter.Queue over the directory, its Redrive left out
 }
 
 // OpenDeadLetters opens the park directory of the Source rawURL describes
@@ -72,7 +69,7 @@ func (d parkDir) Close() error { return nil }
 
 // Each reads the parked files in name order, which is the order they were
 // parked in.
-func (d parkDir) Each(ctx context.Context, fn func(ref string, p *admin.Parked) error) error {
+func (d parkDir) Each(ctx context.Context, fn func(ref string, p *driver.Parked) error) error {
 	names, err := filepath.Glob(filepath.Join(string(d), "*.json"))
 	if err != nil {
 		return err
@@ -94,7 +91,7 @@ func (d parkDir) Each(ctx context.Context, fn func(ref string, p *admin.Parked) 
 		for k, v := range pr.Headers {
 			h[strings.ToLower(k)] = strings.Join(v, ", ")
 		}
-		p := &admin.Parked{Ref: ref, ID: pr.ID, Cause: pr.Cause, Attempt: pr.Attempt, Origin: pr.Path, Destination: pr.Path,
+		p := &driver.Parked{Ref: ref, ID: pr.ID, Cause: pr.Cause, Attempt: pr.Attempt, Origin: pr.Path, Destination: pr.Path,
 			ParkedAt: pr.ParkedAt, Headers: h, Body: pr.Body}
 		if err := fn(ref, p); err != nil {
 			return err
@@ -103,8 +100,10 @@ func (d parkDir) Each(ctx context.Context, fn func(ref string, p *admin.Parked) 
 	return nil
 }
 
-// Republish refuses: see ErrNoRedrive.
-func (d parkDir) Republish(context.Context, string, *admin.Parked) error { return ErrNoRedrive }
+// Republish is never called: DeadLetters leaves Redrive out.
+func (d parkDir) Republish(context.Context, string, *driver.Parked) error {
+	return errors.New("webhook: a parked request cannot be redriven: ask the provider to send the event again")
+}
 
 // Remove deletes a parked file.
 func (d parkDir) Remove(_ context.Context, ref string) error {

@@ -19,19 +19,16 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// ErrNoPublisher is returned by core.OpenPublisher for a webhook:// URL:
-// the provider sends the requests; there is nothing to publish to.
-var ErrNoPublisher = errors.New("webhook: an HTTP inbox has no publisher: the webhook provider sends the requests")
-
+// The scheme registers a source and dead letters, no publisher: the
+// provider sends the requests, so core.OpenPublisher says no publisher is
+// registered for webhook.
 func init() {
-	driver.RegisterBroker("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+	driver.RegisterSource("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 		var logger Option // nil options are skipped
 		if cfg.Logger != nil {
 			logger = WithLogger(cfg.Logger)
 		}
 		return Open(ctx, u.String(), logger)
-	}, func(context.Context, *url.URL, driver.OpenConfig) (driver.Publisher, error) {
-		return nil, ErrNoPublisher
 	})
 }
 
@@ -212,7 +209,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 	go func() {
 		defer close(s.served)
 		if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Log().Error("idemq webhook: the server stopped", "addr", s.ln.Addr(), "error", err)
+			s.log().Error("idemq webhook: the server stopped", "addr", s.ln.Addr(), "error", err)
 		}
 	}()
 	return s, nil
