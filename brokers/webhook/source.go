@@ -252,15 +252,13 @@ func (s *Source) newRequest(r *http.Request, body []byte, arrived time.Time) *re
 		profile: s.c.profile.Name(), done: make(chan struct{})}
 }
 
-// claim reserves q's answer for the caller, false when it was answered.
+// claim reserves q's answer for the caller: false when it has one.
 func (s *Source) claim(q *request) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if q.answered {
-		return false
-	}
+	ok := !q.answered
 	q.answered = true
-	return true
+	return ok
 }
 
 // publish sets the answer claimed for q, ending its flight first: a copy
@@ -275,13 +273,6 @@ func (s *Source) publish(q *request, o outcome) {
 	close(q.done)
 }
 
-// answer sets q's answer unless it has one.
-func (s *Source) answer(q *request, o outcome) {
-	if s.claim(q) {
-		s.publish(q, o)
-	}
-}
-
 // ServeHTTP implements http.Handler: it verifies a POST, hands it to the
 // Consumer and answers once the Consumer settled it (see the package
 // documentation for the statuses).
@@ -290,10 +281,6 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		reply(w, outcome{status: http.StatusMethodNotAllowed, text: "POST only"})
-		return
-	}
-	if s.isClosed() {
-		reply(w, s.unavailable("closed"))
 		return
 	}
 	tooLarge := outcome{status: http.StatusRequestEntityTooLarge, text: "body over " + strconv.FormatInt(s.c.maxBody, 10) + " bytes"}
@@ -380,12 +367,7 @@ func (s *Source) serve(ctx context.Context, q *request) outcome {
 			q.m.Headers[strings.ToLower(k)] = v[0]
 		}
 	}
-	deliver, dctx, o := s.enter(ctx, waitBy.C)
-	if deliver == nil {
-		s.answer(q, o)
-		return o
-	}
-	go s.run(q, deliver, dctx)
+	go s.run(q)
 	answerBy := time.NewTimer(time.Until(q.m.ReceivedAt.Add(s.c.answerBy)))
 	defer answerBy.Stop()
 	select {
@@ -401,40 +383,11 @@ func (s *Source) serve(ctx context.Context, q *request) outcome {
 	}
 }
 
-// enter waits for Serve, up to the wait bound, and returns its deliver and
-// the context of deliver calls, the call counted as under way; or, with
-// a nil deliver, the answer of a request nothing takes.
-func (s *Source) enter(ctx context.Context, waitBy <-chan time.Time) (driver.Deliver, context.Context, outcome) {
-	for {
-		s.mu.Lock()
-		switch {
-		case s.closed || s.stopped:
-			s.mu.Unlock()
-			return nil, nil, s.unavailable("closed")
-		case s.deliver != nil:
-			s.active.Add(1)
-			s.mu.Unlock()
-			return s.deliver, s.dctx, outcome{}
-		}
-		s.mu.Unlock()
-		select {
-		case <-s.serving:
-		case <-s.done:
-		case <-waitBy:
-			return nil, nil, s.busy()
-		case <-ctx.Done():
-			return nil, nil, cancelled
-		}
-	}
-}
-
-// run delivers q, waiting for room in the Consumer's window up to the wait
-// bound, and answers it if no settlement did.
-func (s *Source) run(q *request, deliver driver.Deliver, dctx context.Context) {
-	ctx, cancel := context.WithDeadline(dctx, q.m.ReceivedAt.Add(s.c.wait))
-	err := deliver(ctx, &q.m)
-	cancel()
-	s.active.Done()
+// run hands q to Serve's deliver, waiting for Serve and for room in the
+// Consumer's window up to the wait bound, and answers q if no settlement
+// did.
+func (s *Source) run(q *request) {
+	err := s.deliverTo(q)
 	if err != nil && !errors.Is(err, driver.ErrSourceClosed) {
 		// deliver stopped waiting for room, or for the settlement of the
 		// message it took: it cannot say which, so the request stays in
@@ -448,13 +401,34 @@ func (s *Source) run(q *request, deliver driver.Deliver, dctx context.Context) {
 		}
 		t.Stop()
 	}
-	s.answer(q, s.busy())
+	if s.claim(q) {
+		s.publish(q, s.busy())
+	}
 }
 
-func (s *Source) isClosed() bool {
+// deliverTo calls Serve's deliver for q once Serve runs, and returns its
+// error; driver.ErrSourceClosed when q was not delivered (Serve stopped,
+// or did not start within the wait bound).
+func (s *Source) deliverTo(q *request) error {
+	ctx, cancel := context.WithDeadline(context.Background(), q.m.ReceivedAt.Add(s.c.wait))
+	defer cancel()
+	select {
+	case <-s.serving:
+	case <-s.done:
+	case <-ctx.Done():
+		return driver.ErrSourceClosed
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
+	if s.closed || s.stopped {
+		s.mu.Unlock()
+		return driver.ErrSourceClosed
+	}
+	s.active.Add(1)
+	s.mu.Unlock()
+	defer s.active.Done()
+	ctx, cancel = context.WithDeadline(s.dctx, q.m.ReceivedAt.Add(s.c.wait))
+	defer cancel()
+	return s.deliver(ctx, &q.m)
 }
 
 // unavailable is a 503 the sender retries after the wait bound.
@@ -538,9 +512,9 @@ func (s *Source) settle(ms []*driver.Message, answer func(i int, q *request) (ou
 			s.publish(q, o)
 		}
 		if err != nil && errs == nil {
-			errs = make([]error, len(ms))
+			errs = make([]error, len(ms)) // only when one fails: Ack is the common call
 		}
-		if errs != nil {
+		if err != nil {
 			errs[i] = err
 		}
 	}
