@@ -357,6 +357,43 @@ func TestWindowBoundsReceive(t *testing.T) {
 	}
 }
 
+// A request beyond the Consumer's window waits for room up to the wait
+// bound, and is then answered 503 with Retry-After and never reaches the
+// Consumer, even once room frees.
+func TestWindowFullAnswersBusy(t *testing.T) {
+	src, url, _ := bare(t, WithWait(100*time.Millisecond), WithAnswerBy(1500*time.Millisecond))
+	r := brokertest.StartReceiver(t, src, 1)
+	first := make(chan answer, 1)
+	go func() { first <- send(githubRequest(t, url, "full-1", "body")) }()
+	d, err := r.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan answer, 1)
+	go func() { second <- send(githubRequest(t, url, "full-2", "body")) }()
+	waitFor(t, "the second request waiting", func() bool { return src.inFlight() == 2 })
+	// The bound under test: well past the second's wait for room (100 ms),
+	// well before the first's answer bound (1.5 s).
+	time.Sleep(500 * time.Millisecond)
+	if err := d.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustStatus(t, <-first, http.StatusOK)
+	a := <-second
+	mustStatus(t, a, http.StatusServiceUnavailable)
+	if a.retryAfter != "1" {
+		t.Errorf("Retry-After %q, want 1", a.retryAfter)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if d, err := r.Receive(ctx); err == nil {
+		t.Errorf("the request answered busy was delivered: %s", d.Message().ID)
+	}
+	if n := src.inFlight(); n != 0 {
+		t.Errorf("%d in flight, want 0", n)
+	}
+}
+
 // A sender that leaves before the settlement changes nothing: the
 // message settles (here, parks) all the same.
 func TestSenderGoneStillSettles(t *testing.T) {
