@@ -206,8 +206,8 @@ func WithDeadLetterMode(m DeadLetterMode) Option {
 		func(c *config) { c.deadLetterMode = m })
 }
 
-// WithConsumerTag sets the AMQP consumer tag. Default: a unique tag chosen
-// by amqp091-go.
+// WithConsumerTag sets the AMQP consumer tag. Default "idemq": a tag need
+// only be unique on its channel, and the Source consumes on one of its own.
 func WithConsumerTag(tag string) Option {
 	return set("WithConsumerTag", nil, func(c *config) { c.consumerTag = tag })
 }

@@ -33,10 +33,12 @@ type session struct {
 	// mu is held from a tag's removal from live to the send of its
 	// settlement, so a multiple settlement never covers a tag settled
 	// alone.
-	mu   sync.Mutex
-	dead bool                // set by kill: the channel's tags died with it
-	live map[uint64]struct{} // tags delivered and not settled, a delayed retry's included
-	low  uint64              // the lowest tag of live, unless it left live since
+	mu       sync.Mutex
+	dead     bool                // set by kill: the channel's tags died with it
+	live     map[uint64]struct{} // tags delivered and not settled, a delayed retry's included
+	low      uint64              // the lowest tag of live, unless it left live since
+	tag      string              // the consumer's tag
+	released bool                // Release cancelled the consumer
 
 	pubMu sync.Mutex // one republish at a time, so a basic.return is matched to it
 	pub   confirmCh
@@ -277,9 +279,35 @@ func (s *Source) Retry(ctx context.Context, ms []*driver.Message, delay time.Dur
 }
 
 // Release implements driver.Releaser: the messages are nacked with
-// requeue, undecided, so the broker redelivers them at once.
+// requeue, undecided, so the broker redelivers them at once. The Consumer
+// releases only when it stops, so Release first cancels the channel's
+// consumer: otherwise the broker would hand the messages straight back to
+// it, and a quorum queue would count two deliveries of each (one more
+// when Close returns them), bringing them nearer its delivery limit.
 func (s *Source) Release(_ context.Context, ms []*driver.Message) error {
-	return s.settle(ms, func(sess *session, ps []pending, errs []error) { sess.send(ps, errs, requeue) })
+	return s.settle(ms, func(sess *session, ps []pending, errs []error) {
+		sess.stopConsuming()
+		sess.send(ps, errs, requeue)
+	})
+}
+
+// stopConsuming cancels the session's consumer, once; the session stays
+// up for the settlements still to come, until Close.
+func (s *session) stopConsuming() {
+	s.mu.Lock()
+	tag, done := s.tag, s.dead || s.released
+	s.released = true
+	s.mu.Unlock()
+	if !done {
+		_ = s.ch.Cancel(tag, false) // on failure the channel is gone, and its deliveries with it
+	}
+}
+
+// isReleased reports whether Release cancelled the session's consumer.
+func (s *session) isReleased() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.released
 }
 
 // DeadLetter implements driver.Source per the Source's DeadLetterMode.

@@ -93,6 +93,9 @@ func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, erro
 	}
 	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
 	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
+	// A tag of idemq's, to cancel the consumer by (Release): it need only
+	// be unique on its channel, which is the Source's own.
+	cfg.consumerTag = cmp.Or(cfg.consumerTag, "idemq")
 	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
 		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
 	}
@@ -397,7 +400,7 @@ func (s *Source) startSession(conn *amqp.Connection) (_ *session, _ <-chan amqp.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sessions++
-	s.sess = &session{src: s, n: s.sessions, conn: conn, ch: ch, closed: closed, live: map[uint64]struct{}{}}
+	s.sess = &session{src: s, n: s.sessions, conn: conn, ch: ch, closed: closed, live: map[uint64]struct{}{}, tag: tag}
 	return s.sess, deliveries, "", nil
 }
 
@@ -416,12 +419,18 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			}
 			return closeReason(e)
 		case raw, ok := <-deliveries:
+			if !ok && sess.isReleased() {
+				// Release stopped consuming: the session stays for the
+				// settlements still to come, until Close.
+				deliveries = nil
+				continue
+			}
 			if !ok {
 				// The consumer was cancelled (queue deleted, or the channel
 				// closed): a fresh session re-checks the topology.
 				return "consumer cancelled or channel closed"
 			}
-			if s.isolate.Load() && s.passedUnparseable(raw.Redelivered) {
+			if s.isolate.Load() && !sess.isReleased() && s.passedUnparseable(raw.Redelivered) {
 				s.isolate.Store(false)
 				next, err := s.unisolate(sess)
 				if err != nil {
@@ -491,6 +500,9 @@ func (s *Source) unisolate(sess *session) (<-chan amqp.Delivery, error) {
 	if err != nil {
 		return nil, err
 	}
+	sess.mu.Lock()
+	sess.tag = s.cfg.consumerTag
+	sess.mu.Unlock()
 	return next, sess.ch.Cancel(fmt.Sprintf("idemq-isolating-%d", s.isolations.Load()), false)
 }
 

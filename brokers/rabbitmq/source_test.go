@@ -389,3 +389,30 @@ func TestPrefetchIsTheWindow(t *testing.T) {
 		t.Errorf("a window of 70000 declared a prefetch of %s, want 65535", prefetch[0])
 	}
 }
+
+// A Consumer that stops gives back what it holds (Release) without the
+// broker handing it straight back: on a quorum queue, which counts every
+// delivery against its delivery limit, a stop costs one delivery.
+func TestStopCountsOneDelivery(t *testing.T) {
+	url, q, _, r := openTestSource(t, WithQueueType(Quorum))
+	publishN(t, url, q, "stop", 3)
+	ds := receiveN(t, r, 3, 10*time.Second)
+	if err := ds[0].Retry(context.Background(), time.Hour); err != nil { // held for its delay, given back too
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	src, err := Open(context.Background(), url, WithQueue(q), WithQueueType(Quorum), WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range receiveN(t, brokertest.StartReceiver(t, src, 0), 3, 10*time.Second) {
+		if m := d.Message(); m.Attempt != 2 {
+			t.Errorf("%s: Attempt %d after one stop (x-delivery-count %s), want 2", m.ID, m.Attempt, m.Headers["x-delivery-count"])
+		}
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
