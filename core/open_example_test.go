@@ -43,6 +43,6 @@ func ExampleOpenDeadLetters() {
 	}
 	defer q.Close()
 	badDeploy := func(p *admin.Parked) bool { return strings.Contains(p.Cause, "unknown currency") }
-	n, err := q.Redrive(ctx, badDeploy, nil)
+	n, err := admin.Redrive(ctx, q, badDeploy, nil)
 	fmt.Printf("redrove %d from %s: %v\n", n, q.Name(), err)
 }

@@ -193,3 +193,25 @@ func TestDeadLetterCauseSaysWhyTheIDWasUnusable(t *testing.T) {
 		t.Fatalf("dead letters %v: want one whose cause is ErrMissingID with the adapter's reason", dls)
 	}
 }
+
+// A message the adapter could not read whole (Message.Unreadable) is
+// dead-lettered with that cause; its handler never runs.
+func TestUnreadableMessageIsDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	e.publish("x")
+	var ran atomic.Bool
+	runUntilParked(t, e, wrappedSource{onReceive: func(m *driver.Message) {
+		m.Unreadable = errors.New(`entry has no "body" field (body_field=body)`)
+	}}, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		ran.Store(true)
+		return applyEffect(ctx, tx, m)
+	})
+	dls := e.broker.DeadLetters(e.queue)
+	var de *core.DecisionError
+	if len(dls) != 1 || !errors.As(dls[0].Cause, &de) || de.Stage != core.StageDecode || !strings.Contains(dls[0].Cause.Error(), "body_field=body") {
+		t.Fatalf("dead letters %v: want one decided at the decode stage with the adapter's cause", dls)
+	}
+	if ran.Load() {
+		t.Fatal("the handler ran for an unreadable message")
+	}
+}

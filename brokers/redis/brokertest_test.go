@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemq/idemq/brokers/brokertest"
@@ -10,8 +12,11 @@ import (
 
 // harness runs the conformance suite on a fresh stream per fixture, with
 // a min_idle of 1s: a lease that lapses does so well within the suite's
-// receive timeout, and the heartbeat (every 1/3s) keeps the others.
+// receive timeout, and the heartbeat (every 1/4s) keeps the others. Each
+// source has a consumer name of its own, as sources that run at once
+// must: a source reads back, when it starts, what its name holds.
 func harness() brokertest.Harness {
+	var sources atomic.Int64
 	return brokertest.Harness{
 		RecordsCause:        true,
 		CarriesKey:          true,
@@ -21,8 +26,10 @@ func harness() brokertest.Harness {
 			// The group exists before anything is published or taken raw.
 			ts.open(t).Close()
 			return &brokertest.Fixture{
-				Publish:     ts.publishRaw,
-				NewSource:   func(t *testing.T) driver.Source { return ts.open(t) },
+				Publish: ts.publishRaw,
+				NewSource: func(t *testing.T) driver.Source {
+					return ts.open(t, WithConsumer(fmt.Sprintf("worker-%d", sources.Add(1))))
+				},
 				DeadLetters: ts.rawDeadLetters,
 				Reconnect:   lapseLeases,
 				NewPublisher: func(t *testing.T) driver.Publisher {

@@ -19,9 +19,9 @@ import (
 )
 
 // Publisher adds messages to a stream (XADD): the id in the id field, the
-// key in idemq-key, the body in body, and each header, W3C trace context
-// from the global propagator included, in a field of its own. It
-// implements driver.Publisher and is safe for concurrent use.
+// key in idemq-key, the body in the body field, and each header, W3C
+// trace context from the global propagator included, in a field of its
+// own. It implements driver.Publisher and is safe for concurrent use.
 type Publisher struct{ *link }
 
 // PublisherOption configures a Publisher beyond its URL.
@@ -31,8 +31,8 @@ type PublisherOption func(*config) error
 func WithPublisherTLS(tc *tls.Config) PublisherOption { return PublisherOption(WithTLS(tc)) }
 
 // NewPublisher connects to the redis:// or rediss:// URL addr to add to
-// its stream. Of the URL's parameters, id_field, max_len and max_age
-// apply; the others are checked and ignored.
+// its stream. Of the URL's parameters, id_field, body_field, max_len and
+// max_age apply; the others are checked and ignored.
 func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
 	o := make([]Option, len(opts))
 	for i, f := range opts {
@@ -59,7 +59,11 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 		h := map[string]string{}
 		maps.Copy(h, m.Headers)
 		maps.Copy(h, trace)
-		p.xadd(ctx, pipe, destination, p.fields(h, m.ID, m.Key, m.Body))
+		body := m.Body
+		if body == nil { // an entry without a body field would be parked
+			body = []byte{}
+		}
+		p.xadd(ctx, pipe, destination, p.fields(h, m.ID, m.Key, body))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("redis: adding %d messages to %s: %w", len(msgs), destination, err)
@@ -68,7 +72,7 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 }
 
 // Close implements driver.Publisher.
-func (p *Publisher) Close() error { return p.rdb.Close() }
+func (p *Publisher) Close() error { return p.close() }
 
 // DeadLetters is an operator's handle on the entries of a stream's
 // dead-letter stream, which the stream's groups share unless
@@ -92,7 +96,7 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 type dlqStore struct{ *link }
 
 func (q dlqStore) Name() string { return q.c.dlq }
-func (q dlqStore) Close() error { return q.rdb.Close() }
+func (q dlqStore) Close() error { return q.close() }
 
 // Each reads the stream with XRANGE, oldest first, up to the entry last
 // when it began.
@@ -104,7 +108,7 @@ func (q dlqStore) Each(ctx context.Context, fn func(string, *admin.Parked) error
 			break
 		}
 		for _, x := range page {
-			m := message(q.c.idField, x.Values)
+			m := q.message(x.Values)
 			ms, _ := strconv.ParseInt(strings.SplitN(x.ID, "-", 2)[0], 10, 64)
 			p := &admin.Parked{Ref: x.ID, ID: m.ID, Key: m.Key, Body: m.Body, Headers: m.Headers, ParkedAt: time.UnixMilli(ms)}
 			deadletter.Read(p)

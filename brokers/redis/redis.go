@@ -4,20 +4,27 @@
 // A Source reads a stream as a member of a consumer group (XREADGROUP,
 // explicit acks; Open creates the group with MKSTREAM). An entry holds a
 // message in fields: the id in idemq-id (WithIDField, id_field=, names
-// another), the key in idemq-key, the body in body, and each header,
-// traceparent included, in a field of its own. Attempt is the entry's
-// delivery count, Source the stream, System "redis".
+// another), the key in idemq-key, the body in body (WithBodyField,
+// body_field=), and each header, traceparent included, in a field of its
+// own. An entry without the body field is parked, never handed over with
+// an empty body. Attempt is the entry's delivery count, Source the
+// stream, System "redis".
 //
-// Ack is XACK, AckBatch one XACK for the batch, both sent only when the
-// Consumer settles. Retry leaves the entry pending: XAUTOCLAIM hands it
-// out again once idle for WithMinIdle, with a higher delivery count, so a
-// poison message reaches the Consumer's MaxAttempts. A heartbeat keeps
-// unsettled entries from being reclaimed (XCLAIM JUSTID every third of
-// min_idle) up to WithMaxExtension. DeadLetter adds the entry with
-// driver's bookkeeping fields to the dead-letter stream (STREAM:dlq) and
-// acknowledges it in one MULTI/EXEC. Entries deleted from the stream while
-// pending are acknowledged when XAUTOCLAIM reports them. Close gives the
-// unsettled entries back at once.
+// A Source first reads back the entries its consumer name still holds
+// (XREADGROUP … 0: a predecessor under the same name died or stopped
+// holding them), then new ones. Ack is XACK, AckBatch one XACK for the
+// batch, both sent only when the Consumer settles; an XACK that fails is
+// sent again with the next heartbeat and at Close. Retry leaves the entry
+// pending: XAUTOCLAIM hands it out again once idle for WithMinIdle (6s),
+// with a higher delivery count, so a poison message reaches the Consumer's
+// MaxAttempts; the same XAUTOCLAIM takes over the entries of a consumer
+// that died. A heartbeat every quarter of min_idle keeps unsettled entries
+// from being reclaimed (XCLAIM to the same consumer, IDLE 0, JUSTID: the
+// delivery count stays) up to WithMaxExtension. DeadLetter adds the entry
+// with driver's bookkeeping fields to the dead-letter stream (STREAM:dlq)
+// and acknowledges it in one MULTI/EXEC. Entries deleted from the stream
+// while pending are acknowledged when XAUTOCLAIM or a read-back reports
+// them. Close gives the unsettled entries back at once.
 //
 // Importing the package registers redis:// and rediss:// (TLS) with
 // core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters:
@@ -25,6 +32,13 @@
 //	redis://[user:pass@]host:6379/STREAM?group=G&consumer=C&…
 //
 // The parameters are those of docs/brokers.md, each named in errors.
+//
+// Importing it also sets go-redis's process-wide logger (redis.SetLogger)
+// to one that turns go-redis's own lines (a failed dial, a bad
+// connection) into slog records: a line about a command of a Source,
+// Publisher or DeadLetters goes to that one's logger, with its stream;
+// any other to slog.Default(). A program that wants go-redis's lines
+// elsewhere calls redis.SetLogger after the imports' init.
 package redis
 
 import (
@@ -41,6 +55,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -48,6 +64,7 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
+	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
@@ -55,12 +72,19 @@ import (
 
 // The fields an entry holds a message in, every other field being a
 // header: DefaultIDField the business id (unless WithIDField names another
-// field), KeyField Message.Key, BodyField Message.Body.
+// field), KeyField Message.Key, BodyField Message.Body (unless
+// WithBodyField names another field).
 const (
 	DefaultIDField = "idemq-id"
 	KeyField       = "idemq-key"
 	BodyField      = "body"
 )
+
+// DefaultMinIdle is the lease of an entry when WithMinIdle is not given:
+// a consumer that dies loses its entries to the group's live consumers
+// within it (plus a poll), while the heartbeat, every quarter of it, keeps
+// a live consumer's entries through two failed beats in a row.
+const DefaultMinIdle = 6 * time.Second
 
 // Option configures a Source, Publisher or DeadLetters. Options apply in
 // order; an invalid value makes the constructor fail naming the option (or,
@@ -68,12 +92,12 @@ const (
 type Option func(*config) error
 
 type config struct {
-	user, pass, group, consumer, start, idField, dlq string
-	tls                                              *tls.Config
-	minIdle, maxExtension, poll, maxAge              time.Duration
-	window                                           int
-	maxLen                                           int64
-	logger                                           *slog.Logger
+	user, pass, group, consumer, start, idField, bodyField, dlq string
+	tls                                                         *tls.Config
+	minIdle, maxExtension, poll, maxAge                         time.Duration
+	window                                                      int
+	maxLen                                                      int64
+	logger                                                      *slog.Logger
 }
 
 func set(name string, err error, f func(*config)) Option { return option.Set("redis", name, err, f) }
@@ -114,8 +138,15 @@ func WithIDField(f string) Option {
 	return set("WithIDField", named(f), func(c *config) { c.idField = f })
 }
 
+// WithBodyField names the field holding the body. Default body. An entry
+// without it is parked with a cause naming the field.
+func WithBodyField(f string) Option {
+	return set("WithBodyField", named(f), func(c *config) { c.bodyField = f })
+}
+
 // WithMinIdle is the lease: an entry idle this long is reclaimed by the
-// group (give every Source the same), and the longest Retry delay. 30s.
+// group (give every Source the same), and the longest Retry delay; the
+// heartbeat runs every quarter of it. Default DefaultMinIdle.
 func WithMinIdle(d time.Duration) Option {
 	return set("WithMinIdle", option.AtLeast(d, 100*time.Millisecond), func(c *config) { c.minIdle = d })
 }
@@ -159,6 +190,7 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 func init() {
+	goredis.SetLogger(clientLogger{})
 	for _, scheme := range []string{"redis", "rediss"} {
 		driver.RegisterBroker(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 			var logger Option // nil options are skipped
@@ -167,7 +199,11 @@ func init() {
 			}
 			return Open(ctx, u.String(), logger)
 		}, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
-			return NewPublisher(ctx, u.String())
+			var logger PublisherOption // nil options are skipped
+			if cfg.Logger != nil {
+				logger = PublisherOption(WithLogger(cfg.Logger))
+			}
+			return NewPublisher(ctx, u.String(), logger)
 		})
 		admin.RegisterDeadLetters(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
 			return OpenDeadLetters(ctx, u.String())
@@ -184,6 +220,7 @@ var params = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlparam
 	"start":         urlparam.NonEmpty("WithStart", WithStart),
 	"id_field":      urlparam.NonEmpty("WithIDField", WithIDField),
 	"id_header":     urlparam.NonEmpty("", WithIDField), // the name core's missing-id causes give
+	"body_field":    urlparam.NonEmpty("WithBodyField", WithBodyField),
 	"min_idle":      urlparam.Duration("WithMinIdle", WithMinIdle),
 	"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
 	"window":        urlparam.Int("WithWindow", WithWindow),
@@ -254,17 +291,20 @@ func tlsConfig(host, ca, cert, key string) (*tls.Config, error) {
 	return tc, nil
 }
 
-// link is a client, its config and the stream.
+// link is a client, its config, the stream and the logger.
 type link struct {
 	c      config
 	rdb    *goredis.Client
 	stream string
+	log    unsettled.Logger
+	// dialErr is the error of the last dial, nil once one succeeds.
+	dialErr atomic.Pointer[string]
 }
 
 // resolve applies the URL's options, then opts, for stream over the
 // defaults.
 func resolve(stream string, needGroup bool, fromURL, opts []Option) (config, error) {
-	c := config{start: "0", idField: DefaultIDField, dlq: stream + ":dlq", minIdle: 30 * time.Second, maxExtension: time.Hour, poll: 500 * time.Millisecond, window: 100}
+	c := config{start: "0", idField: DefaultIDField, bodyField: BodyField, dlq: stream + ":dlq", minIdle: DefaultMinIdle, maxExtension: time.Hour, poll: 500 * time.Millisecond, window: 100}
 	c.consumer, _ = os.Hostname()
 	err := params.Explain(option.Apply(&c, fromURL...))
 	if err == nil {
@@ -280,6 +320,8 @@ func resolve(stream string, needGroup bool, fromURL, opts []Option) (config, err
 		err = errors.New("redis: max_len (WithMaxLen) and max_age (WithMaxAge) exclude each other")
 	case c.dlq == stream:
 		err = errors.New("redis: the dead-letter stream is the stream itself")
+	case c.idField == c.bodyField || c.idField == KeyField || c.bodyField == KeyField:
+		err = fmt.Errorf("redis: the id field %q (id_field=, WithIDField), the body field %q (body_field=, WithBodyField) and the key field %q must differ", c.idField, c.bodyField, KeyField)
 	}
 	return c, err
 }
@@ -295,20 +337,122 @@ func connect(ctx context.Context, raw string, needGroup bool, opts []Option) (*l
 	if err != nil {
 		return nil, err
 	}
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr, Username: c.user, Password: c.pass, TLSConfig: c.tls, ClientName: "idemq"})
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		rdb.Close()
+	l := &link{c: c, stream: stream}
+	l.log.Init(c.logger)
+	l.rdb = goredis.NewClient(&goredis.Options{Addr: addr, Username: c.user, Password: c.pass, TLSConfig: c.tls, ClientName: "idemq"})
+	l.rdb.AddHook(clientLog{l})
+	links.Lock()
+	links.m[l] = true
+	links.Unlock()
+	if err := l.rdb.Ping(ctx).Err(); err != nil {
+		l.close()
 		return nil, fmt.Errorf("redis: connecting to %s: %w", addr, err)
 	}
-	return &link{c, rdb, stream}, nil
+	return l, nil
+}
+
+// close closes the link's client.
+func (l *link) close() error {
+	links.Lock()
+	delete(links.m, l)
+	links.Unlock()
+	return l.rdb.Close()
+}
+
+// links are the links open in the process, for the go-redis log lines
+// that do not say whose command they are about.
+var links = struct {
+	sync.Mutex
+	m map[*link]bool
+}{m: map[*link]bool{}}
+
+// linkKey marks the context of a link's commands with the link.
+type linkKey struct{}
+
+// clientLog is the go-redis hook that ties go-redis's own log lines to the
+// link they are about (clientLogger): it marks the context of each command
+// the link sends with the link, and keeps the error of the link's last
+// failed dial, which go-redis's pool reports from a goroutine of its own
+// after its retries.
+type clientLog struct{ l *link }
+
+func (h clientLog) DialHook(next goredis.DialHook) goredis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			text := err.Error()
+			h.l.dialErr.Store(&text)
+		} else {
+			h.l.dialErr.Store(nil)
+		}
+		return conn, err
+	}
+}
+
+func (h clientLog) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		return next(context.WithValue(ctx, linkKey{}, h.l), cmd)
+	}
+}
+
+func (h clientLog) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		return next(context.WithValue(ctx, linkKey{}, h.l), cmds)
+	}
+}
+
+// ctxLink returns the link whose command ctx is of.
+func ctxLink(ctx context.Context) (*link, bool) {
+	if ctx == nil {
+		return nil, false
+	}
+	l, ok := ctx.Value(linkKey{}).(*link)
+	return l, ok
+}
+
+// clientLogger is go-redis's process-wide logger: each line becomes a
+// warning of the logger of the link it is about (the one whose command's
+// context it got, else each whose last failed dial it reports), one record
+// per logger, or of slog.Default() when it is about no link.
+type clientLogger struct{}
+
+func (clientLogger) Printf(ctx context.Context, format string, v ...any) {
+	const msg = "idemq redis: go-redis log"
+	line := strings.TrimSpace(fmt.Sprintf(format, v...))
+	var about []*link
+	if l, ok := ctxLink(ctx); ok {
+		about = append(about, l)
+	} else {
+		links.Lock()
+		for l := range links.m {
+			if e := l.dialErr.Load(); e != nil && strings.Contains(line, *e) {
+				about = append(about, l)
+			}
+		}
+		links.Unlock()
+	}
+	if len(about) == 0 {
+		slog.Default().Warn(msg, "line", line)
+		return
+	}
+	streams := map[*slog.Logger][]string{}
+	for _, l := range about {
+		lg := l.log.Log()
+		streams[lg] = append(streams[lg], l.stream)
+	}
+	for lg, s := range streams {
+		slices.Sort(s)
+		lg.Warn(msg, "line", line, "stream", strings.Join(slices.Compact(s), ","))
+	}
 }
 
 // fields are an entry's fields for a message: its headers (but none of the
-// adapter's own names), id, key and body.
+// adapter's own names), id, key and body; a nil body (a parked entry that
+// had none) is left out.
 func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
 	var out []any
 	for _, k := range slices.Sorted(maps.Keys(h)) {
-		if k != BodyField && k != KeyField && k != l.c.idField && !slices.Contains(deadletter.Bookkeeping, k) {
+		if k != l.c.bodyField && k != KeyField && k != l.c.idField && !slices.Contains(deadletter.Bookkeeping, k) {
 			out = append(out, k, h[k])
 		}
 	}
@@ -318,7 +462,10 @@ func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
 	if key != "" {
 		out = append(out, KeyField, key)
 	}
-	return append(out, BodyField, body)
+	if body == nil {
+		return out
+	}
+	return append(out, l.c.bodyField, body)
 }
 
 // fieldList lays h out as XADD's field-value list, in name order.
@@ -341,15 +488,19 @@ func (l *link) xadd(ctx context.Context, p goredis.Cmdable, stream string, value
 }
 
 // message reads an entry: the id, key and body fields, and the others as
-// headers.
-func message(idField string, values map[string]any) driver.Message {
+// headers. Body is nil when the entry has no body field, never when it has
+// an empty one.
+func (l *link) message(values map[string]any) driver.Message {
 	h := make(map[string]string, len(values))
 	for k, v := range values {
 		h[k], _ = v.(string)
 	}
-	m := driver.Message{ID: h[idField], Key: h[KeyField], Body: []byte(h[BodyField]), Headers: h}
-	delete(h, idField)
+	m := driver.Message{ID: h[l.c.idField], Key: h[KeyField], Headers: h}
+	if b, ok := h[l.c.bodyField]; ok {
+		m.Body = append([]byte{}, b...)
+	}
+	delete(h, l.c.idField)
 	delete(h, KeyField)
-	delete(h, BodyField)
+	delete(h, l.c.bodyField)
 	return m
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,7 +27,6 @@ type entry = unsettled.Entry[string, *driver.Message]
 type Source struct {
 	*link
 	set     *unsettled.Set[string, *driver.Message]
-	log     unsettled.Logger
 	fetch   sync.Mutex // held while fetching
 	room    unsettled.Room
 	done    chan struct{} // closed by Close
@@ -34,7 +35,9 @@ type Source struct {
 	mu      sync.Mutex
 	buf     []*entry // fetched, not yet handed out
 	window  int
-	cursor  string // of XAUTOCLAIM
+	history string   // where the read-back of the consumer's own pending entries goes on; "" once done
+	cursor  string   // of XAUTOCLAIM
+	unacked []string // entries whose XACK failed, sent again by the heartbeat
 	claimAt time.Time
 	closed  bool
 }
@@ -46,19 +49,24 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{link: l, window: l.c.window, cursor: "0-0", room: unsettled.NewRoom(), done: make(chan struct{}),
-		// A tenth short of min_idle: the server's idle time starts before the reply arrives.
+	s := &Source{link: l, window: l.c.window, history: "0", cursor: "0-0", room: unsettled.NewRoom(), done: make(chan struct{}),
+		// A tenth short of min_idle: the server's idle time starts before
+		// the reply arrives. The heartbeat beats every quarter of min_idle,
+		// so the third beat after the last good one still comes in time:
+		// two beats in a row may fail before an entry lapses.
 		set: unsettled.New[string, *driver.Message](l.c.minIdle*9/10, l.c.maxExtension)}
-	s.log.Init(l.c.logger)
 	if err := s.declare(ctx); err != nil {
-		l.rdb.Close()
+		l.close()
 		return nil, err
 	}
 	hb, stop := context.WithCancel(context.Background())
 	s.stopHB = stop
-	s.hb.Go(func() { unsettled.Heartbeat(hb, l.c.minIdle/3, s.beat) })
+	s.hb.Go(func() { unsettled.Heartbeat(hb, s.beatEvery(), s.beat) })
 	return s, nil
 }
+
+// beatEvery is the heartbeat's period: a quarter of min_idle.
+func (s *Source) beatEvery() time.Duration { return s.c.minIdle / 4 }
 
 // declare creates the group and checks the dead-letter key is a stream:
 // DeadLetter's EXEC would run its XACK after a refused XADD.
@@ -98,14 +106,22 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 	return driver.Unbounded, true
 }
 
-// HorizonHint implements driver.HorizonHinter.
+// HorizonHint implements driver.HorizonHinter: each of the two streams
+// may keep entries half the retention. A producer outside idemq trims the
+// stream itself, as it adds or from a job; the job's period counts into
+// the age, so it trims a tenth younger, every tenth.
 func (s *Source) HorizonHint(retention time.Duration) string {
-	return fmt.Sprintf("trim stream %s and its dead-letter stream %s by age: add max_age=%v to the URL of every publisher, source and dead-letter tool of the stream",
-		s.stream, s.c.dlq, max((retention/2).Truncate(time.Second), time.Second))
+	age := max((retention / 2).Truncate(time.Second), time.Second)
+	every := max((age / 10).Truncate(time.Second), time.Second)
+	return fmt.Sprintf("trim stream %s and its dead-letter stream %s to entries younger than %v: add max_age=%v to the URL of every idemq publisher, source and dead-letter tool of the stream (the sources trim the dead-letter stream and report the horizon); "+
+		"a producer outside idemq trims the stream as it adds (XADD %s MINID ~ <now−%v in ms> * …), or a job runs XTRIM %s MINID ~ <now−%v in ms> at least every %v",
+		s.stream, s.c.dlq, age, age, s.stream, age, s.stream, age-every, every)
 }
 
-// Receive implements driver.Source: entries idle for min_idle (retried,
-// given back, or of a consumer that died) come before new ones.
+// Receive implements driver.Source: the entries the consumer name holds
+// (of a predecessor under the same name) come first, then entries idle
+// for min_idle (retried, given back, or of a consumer that died) before
+// new ones.
 func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 	return unsettled.Serial(ctx, &s.fetch, s.next)
 }
@@ -113,7 +129,7 @@ func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
 // next hands out a fetched entry, or fetches; nil, nil: nothing yet.
 func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 	s.mu.Lock()
-	closed, room, claimAt := s.closed, s.window-s.set.Len(), s.claimAt
+	closed, room, claimAt, history := s.closed, s.window-s.set.Len(), s.claimAt, s.history
 	s.mu.Unlock()
 	switch d := s.pop(); {
 	case closed:
@@ -132,6 +148,8 @@ func (s *Source) next(ctx context.Context) (driver.Delivery, error) {
 		case <-ctx.Done():
 		case <-time.After(s.c.poll):
 		}
+	case history != "":
+		err = s.readBack(ctx, room, history)
 	case !now.Before(claimAt):
 		err = s.claim(ctx, room)
 	default:
@@ -157,6 +175,48 @@ func (s *Source) pop() driver.Delivery {
 	return &delivery{s, e}
 }
 
+// readBack reads up to n of the entries pending to the consumer name
+// after the entry id from (XREADGROUP … from): what a predecessor under
+// the same name held when it died or stopped. Their attempts are their
+// delivery counts, which the read raised; those deleted from the stream
+// are acknowledged. An empty answer ends the read-back.
+func (s *Source) readBack(ctx context.Context, n int, from string) error {
+	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
+		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, from}, Count: int64(n), Block: -1}).Result()
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		return fmt.Errorf("redis: reading back the entries %s/%s holds in %s: %w", s.c.group, s.c.consumer, s.stream, err)
+	}
+	var msgs []goredis.XMessage
+	var deleted []string
+	next := "" // the last entry answered, in id order
+	for _, st := range res {
+		for _, x := range st.Messages {
+			if next = x.ID; x.Values == nil {
+				deleted = append(deleted, x.ID)
+			} else {
+				msgs = append(msgs, x)
+			}
+		}
+	}
+	if from == "0" && next != "" {
+		s.log.Log().Info("idemq redis: reading back the entries this consumer name held", "stream", s.stream, "group", s.c.group, "consumer", s.c.consumer)
+	}
+	if err := s.ackDeleted(ctx, deleted); err != nil {
+		return err
+	}
+	if len(msgs) > 0 {
+		attempts, err := s.attempts(ctx, msgs)
+		if err != nil { // not handed out: read back again
+			return err
+		}
+		s.add(ctx, msgs, attempts)
+	}
+	s.mu.Lock()
+	s.history = next
+	s.mu.Unlock()
+	return nil
+}
+
 // claim reclaims up to n idle entries, their attempts the delivery counts,
 // and acknowledges those deleted from the stream while pending.
 func (s *Source) claim(ctx context.Context, n int) error {
@@ -173,19 +233,43 @@ func (s *Source) claim(ctx context.Context, n int) error {
 	if err != nil {
 		return fmt.Errorf("redis: reclaiming idle entries of %s: %w", s.stream, err)
 	}
-	if len(deleted) > 0 {
-		s.log.Log().Warn("idemq redis: entries deleted from the stream while pending; acknowledging them", "stream", s.stream, "group", s.c.group, "ids", deleted)
-		if err := s.rdb.XAck(ctx, s.stream, s.c.group, deleted...).Err(); err != nil {
-			return fmt.Errorf("redis: acknowledging deleted entries of %s: %w", s.stream, err)
-		}
+	if err := s.ackDeleted(ctx, deleted); err != nil {
+		return err
 	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	attempts, err := s.attempts(ctx, msgs)
+	if err != nil { // not handed out, they come back after min_idle
+		return err
+	}
+	s.add(ctx, msgs, attempts)
+	return nil
+}
+
+// ackDeleted acknowledges the pending entries deleted from the stream,
+// which the server reports without their fields.
+func (s *Source) ackDeleted(ctx context.Context, deleted []string) error {
+	if len(deleted) == 0 {
+		return nil
+	}
+	s.log.Log().Warn("idemq redis: entries deleted from the stream while pending; acknowledging them", "stream", s.stream, "group", s.c.group, "ids", deleted)
+	if err := s.rdb.XAck(ctx, s.stream, s.c.group, deleted...).Err(); err != nil {
+		return fmt.Errorf("redis: acknowledging deleted entries of %s: %w", s.stream, err)
+	}
+	return nil
+}
+
+// attempts returns the delivery counts of entries just claimed or read
+// back (XPENDING of each, in one pipeline).
+func (s *Source) attempts(ctx context.Context, msgs []goredis.XMessage) ([]int, error) {
 	pipe := s.rdb.Pipeline()
 	for _, m := range msgs {
 		pipe.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: s.stream, Group: s.c.group, Start: m.ID, End: m.ID, Count: 1})
 	}
 	counts, err := pipe.Exec(ctx)
-	if err != nil { // not handed out, they come back after min_idle
-		return fmt.Errorf("redis: reading the delivery counts of reclaimed entries of %s: %w", s.stream, err)
+	if err != nil {
+		return nil, fmt.Errorf("redis: reading the delivery counts of entries of %s: %w", s.stream, err)
 	}
 	attempts := make([]int, len(msgs))
 	for i, c := range counts {
@@ -194,8 +278,7 @@ func (s *Source) claim(ctx context.Context, n int) error {
 			attempts[i] = int(p[0].RetryCount)
 		}
 	}
-	s.add(msgs, attempts)
-	return nil
+	return attempts, nil
 }
 
 // read reads up to n new entries (XREADGROUP >), blocking up to block.
@@ -206,7 +289,7 @@ func (s *Source) read(ctx context.Context, n int, block time.Duration) error {
 		return fmt.Errorf("redis: reading %s as %s/%s: %w", s.stream, s.c.group, s.c.consumer, err)
 	}
 	for _, st := range res {
-		s.add(st.Messages, nil)
+		s.add(ctx, st.Messages, nil)
 	}
 	return nil
 }
@@ -232,16 +315,21 @@ func (m *metadata) All() iter.Seq2[string, string] {
 }
 
 // add buffers fetched entries (attempt 1 unless attempts says), or after
-// Close gives them back.
-func (s *Source) add(msgs []goredis.XMessage, attempts []int) {
+// Close gives them back. An entry without the body field is parked at
+// once: no handler can do anything right with it.
+func (s *Source) add(ctx context.Context, msgs []goredis.XMessage, attempts []int) {
 	var back []*entry
 	for i, x := range msgs {
-		m := &received{Message: message(s.c.idField, x.Values), s: s, entryID: x.ID}
+		m := &received{Message: s.message(x.Values), s: s, entryID: x.ID}
 		m.Source, m.System, m.Attempt, m.ReceivedAt = s.stream, "redis", 1, time.Now()
 		if attempts != nil {
 			m.Attempt = attempts[i]
 		}
 		m.Metadata = (*metadata)(m)
+		if m.Body == nil {
+			s.parkBodyless(ctx, x.ID, &m.Message)
+			continue
+		}
 		s.mu.Lock()
 		if e := s.set.Add(x.ID, &m.Message); e != nil {
 			s.buf = append(s.buf, e)
@@ -251,6 +339,53 @@ func (s *Source) add(msgs []goredis.XMessage, attempts []int) {
 		s.mu.Unlock()
 	}
 	_ = s.giveBack(back) // failed, they come back after min_idle
+}
+
+// parkBodyless parks the entry id, whose message m has no body field,
+// with a cause naming the field; it stays pending, to be tried again
+// after min_idle, when parking fails.
+func (s *Source) parkBodyless(ctx context.Context, id string, m *driver.Message) {
+	where := "body_field= names the field that holds the body"
+	if s.c.bodyField != BodyField {
+		where = "body_field=" + s.c.bodyField
+	}
+	cause := fmt.Errorf("redis: entry %s of %s has no %s field (%s); its fields: %s", id, s.stream, s.c.bodyField, where, s.fieldNames(m))
+	if err := s.park(ctx, id, m, cause); err != nil {
+		s.log.Log().Warn("idemq redis: parking an entry without a body failed; it is tried again after min_idle", "stream", s.stream, "group", s.c.group, "entry", id, "id", m.ID, "dlq", s.c.dlq, "cause", cause, "error", err)
+		return
+	}
+	s.log.Log().Error("idemq redis: entry without a body parked", "stream", s.stream, "group", s.c.group, "entry", id, "id", m.ID, "dlq", s.c.dlq, "cause", cause)
+}
+
+// fieldNames lists the names of the fields m was read from, in order, up
+// to ten.
+func (l *link) fieldNames(m *driver.Message) string {
+	names := slices.Collect(maps.Keys(m.Headers))
+	if m.ID != "" {
+		names = append(names, l.c.idField)
+	}
+	if m.Key != "" {
+		names = append(names, KeyField)
+	}
+	if m.Body != nil {
+		names = append(names, l.c.bodyField)
+	}
+	slices.Sort(names)
+	if len(names) > 10 {
+		names = append(names[:10], "…")
+	}
+	return strings.Join(names, ", ")
+}
+
+// park adds the entry id's message m with the bookkeeping fields to the
+// dead-letter stream and acknowledges the entry, in one MULTI/EXEC.
+func (s *Source) park(ctx context.Context, id string, m *driver.Message, cause error) error {
+	mark := deadletter.Mark{Cause: deadletter.Cause(cause), Attempt: m.Attempt, Origin: s.stream + "/" + s.c.group + "/" + id, Destination: s.stream, At: time.Now()}
+	tx := s.rdb.TxPipeline()
+	s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body), fieldList(mark.Headers())...))
+	tx.XAck(ctx, s.stream, s.c.group, id)
+	_, err := tx.Exec(ctx)
+	return err
 }
 
 // touch sets the entries' idle time, keeping their delivery counts.
@@ -272,19 +407,53 @@ func (s *Source) giveBack(es []*entry) error {
 	return s.touch(ctx, s.c.minIdle, es...)
 }
 
-// beat keeps the unsettled entries leased, up to WithMaxExtension.
+// beat keeps the unsettled entries leased, up to WithMaxExtension, and
+// sends the XACKs that failed again. Only a beat the server answered
+// extends a lease: after two failed beats in a row an entry lapses, and
+// its settlement is stale.
 func (s *Source) beat(now time.Time) {
-	due, sent := s.set.Due(now, s.c.minIdle), time.Now()
-	if len(due) == 0 {
-		return
+	if due, sent := s.set.Due(now, s.c.minIdle), time.Now(); len(due) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), s.beatEvery())
+		err := s.touch(ctx, 0, due...)
+		cancel()
+		if err != nil {
+			s.log.Log().Warn("idemq redis: heartbeat failed; trying again next beat", "stream", s.stream, "entries", len(due), "error", err)
+		} else {
+			s.set.Extended(due, sent)
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.c.minIdle/3)
+	ctx, cancel := context.WithTimeout(context.Background(), s.beatEvery())
 	defer cancel()
-	if err := s.touch(ctx, 0, due...); err != nil {
-		s.log.Log().Warn("idemq redis: heartbeat failed; trying again next beat", "stream", s.stream, "entries", len(due), "error", err)
-		return
+	s.ackAgain(ctx)
+}
+
+// xack acknowledges the entries ids, keeping them to be sent again when
+// the XACK fails: their effects are committed, so they are done whoever
+// holds them by then.
+func (s *Source) xack(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
 	}
-	s.set.Extended(due, sent)
+	err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err()
+	if err != nil {
+		s.mu.Lock()
+		s.unacked = append(s.unacked, ids...)
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// ackAgain sends the XACKs that failed again.
+func (s *Source) ackAgain(ctx context.Context) {
+	s.mu.Lock()
+	ids := s.unacked
+	s.unacked = nil
+	s.mu.Unlock()
+	if err := s.xack(ctx, ids); err != nil {
+		s.log.Log().Warn("idemq redis: sending failed acknowledgements again failed; trying again next beat", "stream", s.stream, "entries", len(ids), "error", err)
+	} else if len(ids) > 0 {
+		s.log.Log().Info("idemq redis: failed acknowledgements sent again", "stream", s.stream, "entries", len(ids))
+	}
 }
 
 // Close implements driver.Source: it gives every unsettled entry back at
@@ -302,7 +471,10 @@ func (s *Source) Close() error {
 	s.fetch.Unlock()
 	s.stopHB()
 	s.hb.Wait()
-	if err := errors.Join(s.giveBack(s.set.Close()), s.rdb.Close()); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.ackAgain(ctx)
+	if err := errors.Join(s.giveBack(s.set.Close()), s.close()); err != nil {
 		return fmt.Errorf("redis: closing the source of %s (giving entries back): %w", s.stream, err)
 	}
 	return nil
@@ -323,10 +495,8 @@ func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
 	for i, d := range own {
 		ids[i] = d.e.Key
 	}
-	if len(ids) > 0 {
-		if err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err(); err != nil {
-			errs = append(errs, fmt.Errorf("redis: acking %d entries of %s: %w", len(ids), s.stream, err))
-		}
+	if err := s.xack(ctx, ids); err != nil {
+		errs = append(errs, fmt.Errorf("redis: acking %d entries of %s (sent again with the next heartbeat): %w", len(ids), s.stream, err))
 	}
 	return errors.Join(errs...)
 }
@@ -341,9 +511,13 @@ type delivery struct {
 func (d *delivery) Message() *driver.Message { return d.e.D }
 
 // IDError implements driver.IDErrorer: where the id was looked for in
-// vain.
+// vain, and the fields the entry has.
 func (d *delivery) IDError() error {
-	return fmt.Errorf("redis: entry %s of %s has no %s field, or an empty one (id_field= names the field that holds the id)", d.e.Key, d.s.stream, d.s.c.idField)
+	where := "id_field= names the field that holds the id"
+	if d.s.c.idField != DefaultIDField {
+		where = "id_field=" + d.s.c.idField
+	}
+	return fmt.Errorf("redis: entry %s of %s has no %s field, or an empty one (%s); its fields: %s", d.e.Key, d.s.stream, d.s.c.idField, where, d.s.fieldNames(d.e.D))
 }
 
 // settle settles d by send, unless settled before or stale.
@@ -357,9 +531,16 @@ func (d *delivery) settle(what string, send func() error) error {
 	return nil
 }
 
-// Ack implements driver.Delivery with XACK.
+// Ack implements driver.Delivery with XACK, sent again with the next
+// heartbeat when it fails.
 func (d *delivery) Ack(ctx context.Context) error {
-	return d.settle("ack", func() error { return d.s.rdb.XAck(ctx, d.s.stream, d.s.c.group, d.e.Key).Err() })
+	if err := d.s.settle(d.e); err != nil {
+		return err
+	}
+	if err := d.s.xack(ctx, []string{d.e.Key}); err != nil {
+		return fmt.Errorf("redis: ack of entry %s of %s (sent again with the next heartbeat): %w", d.e.Key, d.s.stream, err)
+	}
+	return nil
 }
 
 // Retry implements driver.Delivery: the entry stays pending, to reach
@@ -373,12 +554,5 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration) error {
 // the entry.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	s, m := d.s, d.e.D
-	return d.settle("dead-letter to "+s.c.dlq, func() error {
-		mark := deadletter.Mark{Cause: deadletter.Cause(cause), Attempt: m.Attempt, Origin: s.stream + "/" + s.c.group + "/" + d.e.Key, Destination: s.stream, At: time.Now()}
-		tx := s.rdb.TxPipeline()
-		s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body), fieldList(mark.Headers())...))
-		tx.XAck(ctx, s.stream, s.c.group, d.e.Key)
-		_, err := tx.Exec(ctx)
-		return err
-	})
+	return d.settle("dead-letter to "+s.c.dlq, func() error { return s.park(ctx, d.e.Key, m, cause) })
 }

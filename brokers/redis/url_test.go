@@ -11,7 +11,7 @@ import (
 // URLs are read into an address, a stream and options; a wrong one fails
 // naming the parameter, never quoting a value or the password.
 func TestParseURL(t *testing.T) {
-	addr, stream, opts, err := parseURL("redis://alice:pw@cache.local/orders:v1?group=billing&consumer=b1&start=$&id_field=order_id&min_idle=5s&max_extension=10m&window=7&poll=20ms&dlq=orders:parked&max_age=48h")
+	addr, stream, opts, err := parseURL("redis://alice:pw@cache.local/orders:v1?group=billing&consumer=b1&start=$&id_field=order_id&body_field=payload&min_idle=5s&max_extension=10m&window=7&poll=20ms&dlq=orders:parked&max_age=48h")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,7 +20,7 @@ func TestParseURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	if addr != "cache.local:6379" || stream != "orders:v1" || c.user != "alice" || c.pass != "pw" || c.group != "billing" || c.consumer != "b1" ||
-		c.start != "$" || c.idField != "order_id" || c.minIdle.String() != "5s" || c.maxExtension.String() != "10m0s" || c.window != 7 ||
+		c.start != "$" || c.idField != "order_id" || c.bodyField != "payload" || c.minIdle.String() != "5s" || c.maxExtension.String() != "10m0s" || c.window != 7 ||
 		c.poll.String() != "20ms" || c.dlq != "orders:parked" || c.maxAge.String() != "48h0m0s" || c.tls != nil {
 		t.Errorf("parsed %s %s %+v", addr, stream, c)
 	}
@@ -49,6 +49,7 @@ func TestOpenByURLErrors(t *testing.T) {
 		"redis://h/s?group=g&window=0":             "redis URL parameter window",
 		"redis://h/s?group=g&max_len=9&max_age=1h": "max_len (WithMaxLen) and max_age (WithMaxAge) exclude each other",
 		"redis://h/s?group=g&dlq=s":                "the dead-letter stream is the stream itself",
+		"redis://h/s?group=g&body_field=idemq-id":  "the id field \"idemq-id\" (id_field=, WithIDField), the body field \"idemq-id\" (body_field=, WithBodyField) and the key field \"idemq-key\" must differ",
 		"redis://u:s3cr3t@127.0.0.1:1/s?group=g":   "connecting to 127.0.0.1:1",
 	} {
 		src, err := core.OpenSource(ctx, raw)

@@ -70,6 +70,11 @@ type Message struct {
 	// dead-letters the message with ErrMissingID and this as the cause, so
 	// the operator reads why.
 	IDError error
+	// Unreadable says why the adapter could not read the message whole (a
+	// field its URL names for the body is missing): the Consumer
+	// dead-letters it at once with this cause, never handing it to a
+	// handler with a part missing.
+	Unreadable error
 }
 
 // Metadata is a received message's broker details for observers such as
@@ -163,12 +168,13 @@ type Puller interface {
 type Pusher interface {
 	Source
 	// Serve hands each message its senders send to deliver, until ctx is
-	// done (then it stops taking new ones and returns once those handed
-	// over are settled) or it fails. deliver waits for room in the
-	// Consumer's window and returns once the message is settled (the
-	// source's Ack, Retry or DeadLetter was called for it, so the answer
-	// is known), or with the error of ctx (the request's) or
-	// ErrSourceClosed.
+	// done (then it stops taking new ones and returns once no deliver call
+	// is under way) or it fails. deliver waits for room in the Consumer's
+	// window, under ctx (the request's): it returns ctx's error or
+	// ErrSourceClosed when the message was never taken. Once taken, it
+	// returns when the message is settled (the source's Ack, Retry,
+	// DeadLetter or Release was called for it, so the answer is known),
+	// whatever ctx does meanwhile.
 	Serve(ctx context.Context, deliver Deliver) error
 }
 

@@ -127,6 +127,8 @@ func main() {
 		os.Exit(2)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: s.logLevel}))
+	// Stores opened by URL, and client libraries, log to slog.Default().
+	slog.SetDefault(logger)
 	// SIGTERM/SIGINT cancel ctx: the consumer stops receiving, finishes
 	// what it holds within --shutdown-timeout and leaves the rest unacked.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

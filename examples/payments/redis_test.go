@@ -36,9 +36,9 @@ func redisClient(u string) (*goredis.Client, error) {
 }
 
 // TestKillAndRestartRedisPostgres kills the service three times while it
-// consumes a Redis stream in a consumer group. The killed consumer's
-// pending entries are reclaimed (XAUTOCLAIM) once idle for min_idle (5s
-// here), so each restart resumes from the group's state on the server.
+// consumes a Redis stream in a consumer group. Each restart, under the
+// same consumer name (the host name), reads back the entries the killed
+// run held, then resumes from the group's state on the server.
 //
 // Redis keeps every XADD: each duplicate copy is an entry of its own with
 // the original's id in idemq-id, decided Duplicate before it is acked.

@@ -134,6 +134,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	if !strings.Contains(dsn, "interpolateParams") {
 		dcfg.InterpolateParams = true
 	}
+	dcfg.Logger = driverLogger{cfg.logger}
 	conn, err := mysqldrv.NewConnector(dcfg)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: Open: %w", err)

@@ -169,6 +169,7 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 		"WithClock":     mysql.WithClock(nil),
 		"WithClaimMode": mysql.WithClaimMode(42),
 		"WithIsolation": mysql.WithIsolation(sql.LevelReadUncommitted),
+		"WithLogger":    mysql.WithLogger(nil),
 	}
 	for name, opt := range cases {
 		_, err := mysql.Open(context.Background(), "root:@tcp(127.0.0.1:1)/x", opt)

@@ -2,6 +2,8 @@ package mysql
 
 import (
 	"database/sql"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/idemq/idemq/stores/internal/sqlstore"
@@ -24,6 +26,7 @@ type config struct {
 	sqlstore.Config
 	claimMode ClaimMode
 	isolation sql.IsolationLevel
+	logger    *slog.Logger
 }
 
 // WithTable sets the dedup table's name. Default: "processed_messages". The
@@ -94,6 +97,34 @@ func WithIsolation(level sql.IsolationLevel) Option {
 // when the table exists. URL parameter: migrate=false.
 func WithMigrate(on bool) Option {
 	return func(c *config) error { return c.SetMigrate(on) }
+}
+
+// WithLogger sets the logger the driver's own lines go to (a connection
+// lost mid-read, a bad idle connection closed), each as a warning with the
+// line in "line". Default slog.Default(), looked up at each line. It
+// applies to the connections Open makes; a Store made with New logs as its
+// *sql.DB's connector says. go-sql-driver's process-wide logger
+// (mysql.SetLogger) is left alone: each Store's connector has its own.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return c.Fail("WithLogger", "nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// driverLogger is go-sql-driver's Logger of one Store's connector: it
+// turns each line into a structured warning of the Store's logger.
+type driverLogger struct{ l *slog.Logger }
+
+func (d driverLogger) Print(v ...any) {
+	l := d.l
+	if l == nil {
+		l = slog.Default()
+	}
+	l.Warn("idemq mysql: go-sql-driver log", "line", fmt.Sprint(v...))
 }
 
 func buildConfig(opts []Option) (config, error) {

@@ -1,0 +1,215 @@
+package redis
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq/brokers/brokertest"
+	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+)
+
+// readAs makes the stream's entries pending to consumer of group "g", as
+// a process that read them and died before it settled them leaves them.
+func readAs(t *testing.T, ts testStream, consumer string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := ts.rdb.XGroupCreateMkStream(ctx, ts.name, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := ts.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{Group: "g", Consumer: consumer, Streams: []string{ts.name, ">"}, Count: int64(n)}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != n {
+		t.Fatalf("reading %d entries as %s: %v, %v", n, consumer, res, err)
+	}
+}
+
+// openDefault opens a Source of group "g" as consumer at default
+// settings but for the test's logger.
+func openDefault(t *testing.T, ts testStream, consumer string) *Source {
+	t.Helper()
+	s, err := Open(context.Background(), ts.url(""), WithGroup("g"), WithConsumer(consumer), WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// A source that starts under the name of a consumer that died holding
+// entries reads them back at once (XREADGROUP … 0), at default settings,
+// long before min_idle would let any consumer reclaim them; each comes
+// with its delivery count, 2, as its attempt.
+func TestRestartReadsItsOwnPendingEntries(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	publish(t, ts, "own-1", "own-2", "own-3")
+	readAs(t, ts, "worker", 3)
+	s := openDefault(t, ts, "worker")
+	// Half of the default min_idle: what comes within it was not reclaimed.
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.minIdle/2)
+	defer cancel()
+	for i := range 3 {
+		d, err := s.Receive(ctx)
+		if err != nil {
+			t.Fatalf("received %d of the 3 entries the consumer held before its restart within %v: %v", i, s.c.minIdle/2, err)
+		}
+		if m := d.Message(); m.Attempt != 2 || string(m.Body) != "body of "+m.ID {
+			t.Errorf("entry %s: attempt %d body %q, want attempt 2 and its body", m.ID, m.Attempt, m.Body)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := ts.pending(t); len(p) != 0 {
+		t.Errorf("pending after the acks: %v", p)
+	}
+}
+
+// A consumer that dies holding entries loses them to a live consumer of
+// its group within 10 s at default settings: the entries' idle time
+// reaches min_idle and the live source's next XAUTOCLAIM takes them, with
+// attempt 2. The time is counted from the moment the dead consumer read
+// them, the latest a heartbeat of its could have reset their idle time.
+func TestDeadConsumersEntriesReturnWithin10s(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	publish(t, ts, "dead-1", "dead-2")
+	readAs(t, ts, "dead", 2)
+	died := time.Now()
+	s := openDefault(t, ts, "live")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 2 {
+		d, err := s.Receive(ctx)
+		if err != nil {
+			t.Fatalf("received %d of the dead consumer's 2 entries in 20s: %v", i, err)
+		}
+		if m := d.Message(); m.Attempt != 2 {
+			t.Errorf("entry %s: attempt %d, want 2", m.ID, m.Attempt)
+		}
+		d.Ack(ctx)
+	}
+	took := time.Since(died)
+	t.Logf("the dead consumer's entries returned %v after it read them (min_idle %v)", took.Round(time.Millisecond), s.c.minIdle)
+	if took > 10*time.Second {
+		t.Errorf("the dead consumer's entries returned after %v, want within 10s", took.Round(time.Millisecond))
+	}
+}
+
+// A handler slower than min_idle keeps its entry at default settings: the
+// heartbeat (XCLAIM to itself, IDLE 0, JUSTID) resets the entry's idle
+// time without raising its delivery count, so another consumer of the
+// group, running all along, never gets the entry; it is applied once, on
+// attempt 1.
+func TestSlowHandlerKeepsItsEntryAtDefaults(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	publish(t, ts, "slow")
+	e := brokertest.NewEffects(t)
+	holder := openDefault(t, ts, "holder")
+	slow := 2*holder.c.minIdle + time.Second
+	var calls atomic.Int32
+	var attempt atomic.Int64
+	handling := make(chan struct{})
+	c, stop := run(t, e, holder, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		if calls.Add(1) == 1 {
+			attempt.Store(int64(m.Attempt))
+			close(handling)
+		}
+		time.Sleep(slow)
+		return e.Apply(ctx, tx, m)
+	})
+	<-handling
+	var stolen atomic.Int32
+	other, stopOther := run(t, e, openDefault(t, ts, "other"), func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		stolen.Add(1)
+		return e.Apply(ctx, tx, m)
+	})
+	waitFor(t, slow+10*time.Second, "the slow handler's commit", func() bool { return c.Stats().Processed == 1 })
+	if p := ts.pending(t); len(p) > 1 {
+		t.Errorf("pending %v, want at most the one entry", p)
+	} else {
+		for _, count := range p {
+			if count != 1 {
+				t.Errorf("delivery count %d after the heartbeats, want 1", count)
+			}
+		}
+	}
+	stop()
+	stopOther()
+	if n, r := stolen.Load(), other.Stats().Received; n != 0 || r != 0 {
+		t.Errorf("the other consumer received %d and ran its handler %d times, want neither: the entry was reclaimed from a live consumer", r, n)
+	}
+	if n := calls.Load(); n != 1 || attempt.Load() != 1 {
+		t.Errorf("the slow handler ran %d times, first on attempt %d; want once on attempt 1", n, attempt.Load())
+	}
+	if counts := e.Counts(t); counts["slow"] != 1 {
+		t.Errorf("effects %v, want slow once", counts)
+	}
+	if p := ts.pending(t); len(p) != 0 {
+		t.Errorf("pending after the stop: %v", p)
+	}
+}
+
+// An acknowledgement that fails because the server is away is sent again
+// by the heartbeat once the server is back: the entry leaves the group's
+// pending list without being delivered again, well before min_idle.
+func TestFailedAckIsSentAgain(t *testing.T) {
+	srv := startRedis(t)
+	ts := newTestStream(t, "redis://"+srv.addr())
+	s, err := Open(context.Background(), ts.url(""), WithGroup("g"), WithConsumer("worker"), WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	publish(t, ts, "acked")
+	d := receive(t, s, 1)[0]
+	srv.stop(syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err = d.Ack(ctx)
+	cancel()
+	if err == nil {
+		t.Fatal("Ack succeeded with the server down")
+	}
+	t.Logf("Ack with the server down: %v", err)
+	srv.start()
+	back := time.Now()
+	waitFor(t, s.c.minIdle/2, "the acknowledgement sent again", func() bool { return len(ts.pending(t)) == 0 })
+	t.Logf("acknowledged %v after the server came back", time.Since(back).Round(time.Millisecond))
+	quiet(t, s, 300*time.Millisecond)
+}
+
+// Only a heartbeat the server answered extends a lease: while the server
+// is away the beats fail, the entry's lease runs out on time (0.9 ×
+// min_idle after the last good beat), and once the server is back its
+// Ack is stale and sends nothing; the entry comes again, attempt 2.
+func TestFailedHeartbeatsDoNotExtend(t *testing.T) {
+	srv := startRedis(t)
+	ts := newTestStream(t, "redis://"+srv.addr())
+	s := ts.open(t)
+	defer s.Close()
+	publish(t, ts, "held")
+	d := receive(t, s, 1)[0]
+	e := s.set.All()[0]
+	srv.stop(syscall.SIGKILL)
+	lapses := s.set.Lapses(e)
+	waitFor(t, s.c.minIdle+5*time.Second, "the lease to run out with the server away", func() bool { return time.Now().After(lapses) })
+	if l := s.set.Lapses(e); !l.Equal(lapses) {
+		t.Errorf("the lease moved from %v to %v while every beat failed", lapses, l)
+	}
+	srv.start()
+	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack after the lease ran out = %v, want a stale delivery", err)
+	}
+	again := receive(t, s, 1)[0]
+	if m := again.Message(); m.ID != "held" || m.Attempt != 2 {
+		t.Errorf("got %q attempt %d, want held again on attempt 2", m.ID, m.Attempt)
+	}
+	if err := again.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
