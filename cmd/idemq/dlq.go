@@ -475,7 +475,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 				progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
 			onDone = func(done int) { _ = bar.Set(done) }
 		}
-		n, err := q.Redrive(ctx, func(p *admin.Parked) bool { return chosen[p.Ref] }, onDone)
+		n, err := admin.Redrive(ctx, q, func(p *admin.Parked) bool { return chosen[p.Ref] }, onDone)
 		if bar != nil {
 			_ = bar.Finish()
 			fmt.Fprintln(stderr)

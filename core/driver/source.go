@@ -1,12 +1,16 @@
 // Package driver is the contract between idemq and a broker adapter or a
 // dedup store, apart from what a service author uses (package core) and
 // what an operator uses (package admin), in the way database/sql/driver
-// stands apart from database/sql: a Source of Deliveries and a Publisher
-// for brokers, a Store of Txns for databases, the optional capabilities
-// the Consumer looks for (BatchSettler, WindowSetter, RedeliveryHorizoner,
-// DeliveryLimiter, Savepointer, Flusher, Leaser, …), and the registration of openers by URL
-// scheme. Adapters import this package, never core; they prove themselves
-// with the conformance suites brokers/brokertest and stores/storetest.
+// stands apart from database/sql: a Source (a Puller the Consumer asks for
+// messages, or a Pusher that hands them over) and a Publisher for brokers,
+// DeadLetters for operators, a Store of Txns for databases, the optional
+// capabilities the Consumer looks for (Extender, Releaser, Abandoner,
+// RedeliveryHorizoner, DeliveryLimiter, Savepointer, Flusher, Leaser, …),
+// and the registration of openers by URL scheme. The Consumer owns
+// delivery (window, settling once and in sets, leases, staleness, retry
+// delays, releasing at stop), so an adapter is only its protocol. Adapters
+// import this package, never core; they prove themselves with the
+// conformance suites brokers/brokertest and stores/storetest.
 package driver
 
 import (
