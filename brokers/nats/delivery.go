@@ -181,11 +181,19 @@ func (s *Source) flush(ctx context.Context) error {
 }
 
 // beat sends InProgress for the deliveries whose lease is due, which
-// restarts JetStream's AckWait, then a flush: only a confirmed flush moves
-// their deadlines. Past WithMaxExtension a delivery is no longer extended,
-// and JetStream redelivers it.
+// restarts JetStream's AckWait, then a flush: only a flush confirmed
+// before a delivery's lease lapsed moves its deadline. A later one proves
+// nothing: its InProgress may have waited in the reconnect buffer while the
+// server was out of reach and reached it after the AckWait, when it had
+// redelivered the message. Past WithMaxExtension a delivery is no longer
+// extended, and JetStream redelivers it.
 func (s *Source) beat(time.Time) {
-	due := s.live.Due(time.Now(), s.ackWait)
+	var due []*unsettled.Entry[uint64, jetstream.Msg]
+	for _, e := range s.live.Due(time.Now(), s.ackWait) {
+		if s.live.Lapses(e).Before(e.Received.Add(s.c.maxExtension)) { // else at the cap: let it lapse
+			due = append(due, e)
+		}
+	}
 	if len(due) == 0 {
 		return
 	}
@@ -205,5 +213,16 @@ func (s *Source) beat(time.Time) {
 		s.log().Warn("idemq nats: heartbeat failed; trying again next beat", "stream", s.c.stream, "consumer", s.c.consumer, "messages", len(due), "error", failed)
 		return
 	}
-	s.live.Extended(due, sent)
+	confirmed := time.Now()
+	kept := due[:0]
+	for _, e := range due {
+		if confirmed.Before(s.live.Lapses(e)) {
+			kept = append(kept, e)
+		}
+	}
+	if late := len(due) - len(kept); late > 0 {
+		s.log().Warn("idemq nats: heartbeat confirmed after the lease lapsed; those deliveries are stale and JetStream redelivers them",
+			"stream", s.c.stream, "consumer", s.c.consumer, "messages", late, "ack_wait", s.ackWait)
+	}
+	s.live.Extended(kept, sent)
 }

@@ -101,8 +101,18 @@ func TestSettleAfterReconnect(t *testing.T) {
 		t.Fatalf("Ack after the reconnect: %v", err)
 	}
 	srv.Stop()
-	time.Sleep(3500 * time.Millisecond) // b's AckWait passes without a heartbeat
+	// b's lease lapses while the server is down: no heartbeat can be
+	// confirmed before it (one confirmed after it, by the restarted server,
+	// does not count).
+	e := b.(*delivery).e
+	servicetest.WaitFor(t, 10*time.Second, "b's lease to lapse", func() bool { return time.Now().After(s.live.Lapses(e)) })
 	srv.Start()
+	// The Ack comes once the client is back and has had the answers to
+	// what it buffered meanwhile (a heartbeat's InProgress and flush).
+	servicetest.WaitFor(t, 10*time.Second, "the source to reconnect", s.link.nc.IsConnected)
+	if err := s.link.nc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
 		t.Fatalf("Ack after the AckWait passed offline = %v, want a stale error", err)
 	}
@@ -120,4 +130,40 @@ func TestSettleAfterReconnect(t *testing.T) {
 		t.Logf("%q redelivered after the server stopped", again.Message().ID)
 	}
 	expectNothing(t, s, time.Second)
+}
+
+// TestHeartbeatConfirmedAfterLapse: a heartbeat whose InProgress waited in
+// the client's buffer while the server was down, and which the restarted
+// server confirms only after the delivery's AckWait passed, is no
+// extension (the server may have read it after it gave up on the
+// delivery): the delivery is stale and the message comes back.
+func TestHeartbeatConfirmedAfterLapse(t *testing.T) {
+	srv := servicetest.StartNATS(t, "")
+	ts := newTestStream(t, srv.URL)
+	ctx := ctxFor(t, time.Minute)
+	// The test beats by hand; a beat's flush waits up to a third of the
+	// AckWait (2s), long enough for the server to come back meanwhile.
+	s := openSource(t, ts, WithAckWait(6*time.Second), WithHeartbeat(false))
+	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "b", Body: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	b := receiveOne(t, s, 5*time.Second)
+	lapse := s.live.Lapses(b.(*delivery).e)
+	srv.Stop()
+	servicetest.WaitFor(t, 10*time.Second, "half a second before the lease lapses", func() bool { return time.Until(lapse) < 500*time.Millisecond })
+	beaten := make(chan struct{})
+	go func() { s.beat(time.Now()); close(beaten) }() // its InProgress and flush wait for the server
+	servicetest.WaitFor(t, 5*time.Second, "the lease to lapse", func() bool { return time.Now().After(lapse) })
+	srv.Start()
+	<-beaten
+	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+		t.Fatalf("Ack after a heartbeat confirmed past the lapse = %v, want a stale error", err)
+	}
+	again := receiveOne(t, s, 15*time.Second)
+	if again.Message().ID != "b" {
+		t.Fatalf("redelivered %q, want b", again.Message().ID)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
