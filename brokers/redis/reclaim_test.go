@@ -51,11 +51,12 @@ func TestRestartReadsItsOwnPendingEntries(t *testing.T) {
 	publish(t, ts, "own-1", "own-2", "own-3")
 	readAs(t, ts, "worker", 3)
 	s := openDefault(t, ts, "worker")
+	r := brokertest.StartReceiver(t, s, 0)
 	// Half of the default min_idle: what comes within it was not reclaimed.
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.minIdle/2)
 	defer cancel()
 	for i := range 3 {
-		d, err := s.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatalf("received %d of the 3 entries the consumer held before its restart within %v: %v", i, s.c.minIdle/2, err)
 		}
@@ -82,10 +83,11 @@ func TestDeadConsumersEntriesReturnWithin10s(t *testing.T) {
 	readAs(t, ts, "dead", 2)
 	died := time.Now()
 	s := openDefault(t, ts, "live")
+	r := brokertest.StartReceiver(t, s, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for i := range 2 {
-		d, err := s.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatalf("received %d of the dead consumer's 2 entries in 20s: %v", i, err)
 		}
@@ -156,8 +158,9 @@ func TestSlowHandlerKeepsItsEntryAtDefaults(t *testing.T) {
 }
 
 // An acknowledgement that fails because the server is away is sent again
-// by the heartbeat once the server is back: the entry leaves the group's
-// pending list without being delivered again, well before min_idle.
+// (every quarter of min_idle) once the server is back: the entry leaves
+// the group's pending list without being delivered again, well before
+// min_idle.
 func TestFailedAckIsSentAgain(t *testing.T) {
 	srv := startRedis(t)
 	ts := newTestStream(t, "redis://"+srv.addr())
@@ -165,9 +168,9 @@ func TestFailedAckIsSentAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	r := brokertest.StartReceiver(t, s, 0)
 	publish(t, ts, "acked")
-	d := receive(t, s, 1)[0]
+	d := receive(t, r, 1)[0]
 	srv.stop(syscall.SIGKILL)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	err = d.Ack(ctx)
@@ -180,32 +183,33 @@ func TestFailedAckIsSentAgain(t *testing.T) {
 	back := time.Now()
 	waitFor(t, s.c.minIdle/2, "the acknowledgement sent again", func() bool { return len(ts.pending(t)) == 0 })
 	t.Logf("acknowledged %v after the server came back", time.Since(back).Round(time.Millisecond))
-	quiet(t, s, 300*time.Millisecond)
+	quiet(t, r, 300*time.Millisecond)
 }
 
 // Only a heartbeat the server answered extends a lease: while the server
-// is away the beats fail, the entry's lease runs out on time (0.9 ×
-// min_idle after the last good beat), and once the server is back its
-// Ack is stale and sends nothing; the entry comes again, attempt 2.
+// is away the beats fail, so min_idle after the kill (past the lease, 0.9 ×
+// min_idle after the last good beat, which came before it) the lease has
+// run out; once the server is back the Ack is stale and sends nothing, and
+// the entry comes again, attempt 2. The source's lease is what the
+// heartbeat keeps: 0.9 × min_idle, extended up to max_extension.
 func TestFailedHeartbeatsDoNotExtend(t *testing.T) {
 	srv := startRedis(t)
 	ts := newTestStream(t, "redis://"+srv.addr())
-	s := ts.open(t)
-	defer s.Close()
-	publish(t, ts, "held")
-	d := receive(t, s, 1)[0]
-	e := s.set.All()[0]
-	srv.stop(syscall.SIGKILL)
-	lapses := s.set.Lapses(e)
-	waitFor(t, s.c.minIdle+5*time.Second, "the lease to run out with the server away", func() bool { return time.Now().After(lapses) })
-	if l := s.set.Lapses(e); !l.Equal(lapses) {
-		t.Errorf("the lease moved from %v to %v while every beat failed", lapses, l)
+	s := ts.open(t, WithMaxExtension(time.Minute))
+	r := brokertest.StartReceiver(t, s, 0)
+	if tr := r.Traits(); tr.Lease != s.c.minIdle*9/10 || tr.MaxExtension != time.Minute {
+		t.Errorf("traits %+v, want a lease of 0.9 × min_idle (%v) extended up to max_extension (1m)", tr, s.c.minIdle*9/10)
 	}
+	publish(t, ts, "held")
+	d := receive(t, r, 1)[0]
+	srv.stop(syscall.SIGKILL)
+	down := time.Now()
+	waitFor(t, s.c.minIdle+5*time.Second, "min_idle to pass with the server away", func() bool { return time.Since(down) > s.c.minIdle })
 	srv.start()
 	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
 		t.Errorf("Ack after the lease ran out = %v, want a stale delivery", err)
 	}
-	again := receive(t, s, 1)[0]
+	again := receive(t, r, 1)[0]
 	if m := again.Message(); m.ID != "held" || m.Attempt != 2 {
 		t.Errorf("got %q attempt %d, want held again on attempt 2", m.ID, m.Attempt)
 	}
