@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -186,25 +187,60 @@ func TestFailedAckIsSentAgain(t *testing.T) {
 	quiet(t, r, 300*time.Millisecond)
 }
 
+// beats is a Source whose heartbeats (Extend) a test watches: when the
+// last one that succeeded began, how many failed, how many are under way.
+type beats struct {
+	*Source
+	mu             sync.Mutex
+	good           time.Time
+	failed, active int
+}
+
+func (b *beats) Extend(ctx context.Context, ms []*driver.Message) error {
+	began := time.Now()
+	b.mu.Lock()
+	b.active++
+	b.mu.Unlock()
+	err := b.Source.Extend(ctx, ms)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.active--
+	if err != nil {
+		b.failed++
+	} else if began.After(b.good) {
+		b.good = began
+	}
+	return err
+}
+
 // Only a heartbeat the server answered extends a lease: while the server
-// is away the beats fail, so min_idle after the kill (past the lease, 0.9 ×
-// min_idle after the last good beat, which came before it) the lease has
-// run out; once the server is back the Ack is stale and sends nothing, and
-// the entry comes again, attempt 2. The source's lease is what the
-// heartbeat keeps: 0.9 × min_idle, extended up to max_extension.
+// is away the beats fail, and once the lease (0.9 × min_idle) has passed
+// since the last good one began, with none under way, the server comes
+// back: the Ack is stale and sends nothing, and the entry comes again,
+// attempt 2. The source's lease is what the heartbeat keeps: 0.9 ×
+// min_idle, extended up to max_extension.
 func TestFailedHeartbeatsDoNotExtend(t *testing.T) {
 	srv := startRedis(t)
 	ts := newTestStream(t, "redis://"+srv.addr())
-	s := ts.open(t, WithMaxExtension(time.Minute))
-	r := brokertest.StartReceiver(t, s, 0)
-	if tr := r.Traits(); tr.Lease != s.c.minIdle*9/10 || tr.MaxExtension != time.Minute {
-		t.Errorf("traits %+v, want a lease of 0.9 × min_idle (%v) extended up to max_extension (1m)", tr, s.c.minIdle*9/10)
+	b := &beats{Source: ts.open(t, WithMaxExtension(time.Minute))}
+	r := brokertest.StartReceiver(t, b, 0)
+	lease := r.Traits().Lease
+	if tr := r.Traits(); lease != b.c.minIdle*9/10 || tr.MaxExtension != time.Minute {
+		t.Errorf("traits %+v, want a lease of 0.9 × min_idle (%v) extended up to max_extension (1m)", tr, b.c.minIdle*9/10)
 	}
 	publish(t, ts, "held")
 	d := receive(t, r, 1)[0]
+	b.mu.Lock()
+	b.good = time.Now() // the lease is reckoned from the receipt, before it
+	b.mu.Unlock()
 	srv.stop(syscall.SIGKILL)
-	down := time.Now()
-	waitFor(t, s.c.minIdle+5*time.Second, "min_idle to pass with the server away", func() bool { return time.Since(down) > s.c.minIdle })
+	// A beat that began just before the lease ran out may still be
+	// waiting on the server: two seconds more let it fail.
+	waitFor(t, lease+10*time.Second, "the lease to run out with every beat failing", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.failed > 0 && b.active == 0 && time.Since(b.good) > lease+2*time.Second
+	})
 	srv.start()
 	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
 		t.Errorf("Ack after the lease ran out = %v, want a stale delivery", err)

@@ -113,54 +113,56 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
 	s.fetch.Lock()
 	defer s.fetch.Unlock()
-	for {
-		select {
-		case <-s.done:
-			return nil, driver.ErrSourceClosed
-		default:
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+	for ctx.Err() == nil && !s.isClosed() {
 		var xs []goredis.XMessage
-		var attempts []int
 		var err error
+		again := true // xs were delivered before: their delivery counts are their attempts
 		switch now := time.Now(); {
 		case s.history != "":
-			xs, attempts, err = s.readBack(ctx, n)
+			xs, err = s.readBack(ctx, n)
 		case !now.Before(s.claimAt):
-			xs, attempts, err = s.claim(ctx, n)
+			xs, err = s.claim(ctx, n)
 		default:
+			again = false
 			xs, err = s.read(ctx, n, min(s.c.poll, s.claimAt.Sub(now)))
 		}
-		select {
-		case <-s.done: // closed while reading: not handed out
-			s.giveBack(xs)
-			return nil, driver.ErrSourceClosed
-		default:
+		var attempts []int
+		if len(xs) > 0 && again {
+			attempts, err = s.attempts(ctx, xs) // failed: not handed out, they come back after min_idle
 		}
-		if len(xs) > 0 {
+		switch {
+		case s.isClosed(): // not handed out
+			s.giveBack(xs)
+		case err != nil && strings.Contains(err.Error(), "NOGROUP"):
+			return nil, errors.Join(err, s.declare(ctx)) // the server lost the stream
+		case err != nil:
+			return nil, err
+		case len(xs) > 0:
 			return s.messages(xs, attempts), nil
 		}
-		if err != nil && strings.Contains(err.Error(), "NOGROUP") {
-			err = errors.Join(err, s.declare(ctx)) // the server lost the stream
-		}
-		if err != nil {
-			return nil, err
-		}
 	}
+	if s.isClosed() {
+		return nil, driver.ErrSourceClosed
+	}
+	return nil, ctx.Err()
+}
+
+func (s *Source) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // readBack reads up to n of the entries pending to the consumer name
 // after the entry s.history (XREADGROUP … ID): what a predecessor under
-// the same name held when it died or stopped. Their attempts are their
-// delivery counts, which the read raised; those deleted from the stream
-// are acknowledged. An empty answer ends the read-back.
-func (s *Source) readBack(ctx context.Context, n int) ([]goredis.XMessage, []int, error) {
+// the same name held when it died or stopped. The read raised their
+// delivery counts; those deleted from the stream are acknowledged. An
+// empty answer ends the read-back.
+func (s *Source) readBack(ctx context.Context, n int) ([]goredis.XMessage, error) {
 	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
 		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, s.history}, Count: int64(n), Block: -1}).Result()
 	if err != nil && !errors.Is(err, goredis.Nil) {
-		return nil, nil, fmt.Errorf("redis: reading back the entries %s/%s holds in %s: %w", s.c.group, s.c.consumer, s.stream, err)
+		return nil, fmt.Errorf("redis: reading back the entries %s/%s holds in %s: %w", s.c.group, s.c.consumer, s.stream, err)
 	}
 	var xs []goredis.XMessage
 	var deleted []string
@@ -177,40 +179,23 @@ func (s *Source) readBack(ctx context.Context, n int) ([]goredis.XMessage, []int
 	if s.history == "0" && next != "" {
 		s.logger().Info("idemq redis: reading back the entries this consumer name held", "stream", s.stream, "group", s.c.group, "consumer", s.c.consumer)
 	}
-	if err := s.ackDeleted(ctx, deleted); err != nil {
-		return nil, nil, err
-	}
-	attempts, err := s.attempts(ctx, xs)
-	if err != nil { // not handed out: read back again
-		return nil, nil, err
-	}
 	s.history = next
-	return xs, attempts, nil
+	return xs, s.ackDeleted(ctx, deleted)
 }
 
-// claim reclaims up to n entries idle for min_idle, their attempts the
-// delivery counts, and acknowledges those deleted from the stream while
-// pending.
-func (s *Source) claim(ctx context.Context, n int) ([]goredis.XMessage, []int, error) {
+// claim reclaims up to n entries idle for min_idle and acknowledges those
+// deleted from the stream while pending.
+func (s *Source) claim(ctx context.Context, n int) ([]goredis.XMessage, error) {
 	xs, next, deleted, err := s.rdb.XAutoClaimWithDeleted(ctx, &goredis.XAutoClaimArgs{
 		Stream: s.stream, Group: s.c.group, Consumer: s.c.consumer, MinIdle: s.c.minIdle, Start: s.cursor, Count: int64(n)}).Result()
-	if err == nil {
-		s.cursor = next
+	if err != nil {
+		s.claimAt = time.Now().Add(s.c.poll)
+		return nil, fmt.Errorf("redis: reclaiming idle entries of %s: %w", s.stream, err)
 	}
-	if err != nil || len(xs) == 0 || next == "0-0" { // on at once only while claiming
+	if s.cursor = next; len(xs) == 0 || next == "0-0" { // on at once only while claiming
 		s.claimAt = time.Now().Add(s.c.poll)
 	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("redis: reclaiming idle entries of %s: %w", s.stream, err)
-	}
-	if err := s.ackDeleted(ctx, deleted); err != nil {
-		return nil, nil, err
-	}
-	attempts, err := s.attempts(ctx, xs)
-	if err != nil { // not handed out: they come back after min_idle
-		return nil, nil, err
-	}
-	return xs, attempts, nil
+	return xs, s.ackDeleted(ctx, deleted)
 }
 
 // ackDeleted acknowledges the pending entries deleted from the stream,
@@ -229,9 +214,6 @@ func (s *Source) ackDeleted(ctx context.Context, deleted []string) error {
 // attempts returns the delivery counts of entries just claimed or read
 // back (XPENDING of each, in one pipeline).
 func (s *Source) attempts(ctx context.Context, xs []goredis.XMessage) ([]int, error) {
-	if len(xs) == 0 {
-		return nil, nil
-	}
 	pipe := s.rdb.Pipeline()
 	for _, x := range xs {
 		pipe.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: s.stream, Group: s.c.group, Start: x.ID, End: x.ID, Count: 1})
