@@ -253,3 +253,86 @@ func TestFailedHeartbeatsDoNotExtend(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An entry reclaimed by the very source that holds it (the server saw it
+// idle for min_idle: a heartbeat came too late) is a new delivery of the
+// same entry, and supersedes the one held: that one's Ack is stale and
+// sends nothing, the new one settles the entry.
+func TestReclaimedCopySupersedesTheHeldOne(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	ctx := context.Background()
+	// A long min_idle: no heartbeat resets the entry during the test.
+	r := brokertest.StartReceiver(t, ts.open(t, WithMinIdle(20*time.Second)), 0)
+	publish(t, ts, "twice")
+	held := receive(t, r, 1)[0]
+	entry := driver.MetadataOf(held.Message().Metadata)["messaging.redis.entry_id"]
+	if err := ts.rdb.Do(ctx, "xclaim", ts.name, "g", "worker", 0, entry, "idle", time.Minute.Milliseconds(), "justid").Err(); err != nil {
+		t.Fatal(err)
+	}
+	again := receive(t, r, 1)[0]
+	if m := again.Message(); driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"] != entry || m.Attempt != 2 {
+		t.Fatalf("got entry %s attempt %d, want %s again on attempt 2", driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"], m.Attempt, entry)
+	}
+	if err := held.Ack(ctx); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack of the superseded delivery = %v, want a stale delivery", err)
+	}
+	if p := ts.pending(t); p[entry] != 2 {
+		t.Errorf("pending %v after the stale Ack, want %s still pending", p, entry)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := ts.pending(t); len(p) != 0 {
+		t.Errorf("pending %v after the Ack, want none", p)
+	}
+}
+
+// Extend is XCLAIM to the same consumer with IDLE 0 and JUSTID: the
+// entries' idle time starts over and their delivery counts stay; an entry
+// no longer pending (deleted from the stream while held) is reported
+// stale, alone, in a *driver.Partial.
+func TestExtendResetsIdleAndReportsGoneEntriesStale(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	ctx := context.Background()
+	s := ts.open(t, WithMinIdle(20*time.Second))
+	r := brokertest.StartReceiver(t, s, 0)
+	publish(t, ts, "kept", "deleted")
+	ds := receive(t, r, 2)
+	entry := func(i int) string { return driver.MetadataOf(ds[i].Message().Metadata)["messaging.redis.entry_id"] }
+	ts.rdb.Do(ctx, "xclaim", ts.name, "g", "worker", 0, entry(0), "idle", 15000, "justid")
+	ts.rdb.XDel(ctx, ts.name, entry(1))
+	err := s.Extend(ctx, []*driver.Message{ds[0].Message(), ds[1].Message()})
+	var p *driver.Partial
+	if !errors.As(err, &p) || len(p.Errs) != 2 || p.Errs[0] != nil || !errors.Is(p.Errs[1], driver.ErrStaleDelivery) {
+		t.Fatalf("Extend = %v, want a Partial: nil for the kept entry, stale for the deleted one", err)
+	}
+	ps, err := ts.rdb.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: ts.name, Group: "g", Start: "-", End: "+", Count: 10}).Result()
+	if err != nil || len(ps) != 1 || ps[0].ID != entry(0) || ps[0].Idle > 10*time.Second || ps[0].RetryCount != 1 {
+		t.Errorf("pending after Extend %+v (%v), want the kept entry alone, idle anew, delivered once", ps, err)
+	}
+	ds[0].Ack(ctx)
+}
+
+// When the Consumer stops it releases what it holds: the entries are made
+// idle for min_idle, so another consumer of the group reclaims them at
+// once (here within 10 s, with a min_idle of 20 s), on attempt 2.
+func TestReleaseHandsEntriesBackAtOnce(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	ctx := context.Background()
+	lease := WithMinIdle(20 * time.Second)
+	holder := brokertest.StartReceiver(t, ts.open(t, lease), 0)
+	publish(t, ts, "back-1", "back-2")
+	receive(t, holder, 2)
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	other := brokertest.StartReceiver(t, ts.open(t, lease, WithConsumer("other")), 0)
+	for _, d := range receive(t, other, 2) { // within 10 s
+		if m := d.Message(); m.Attempt != 2 {
+			t.Errorf("%s: attempt %d, want 2", m.ID, m.Attempt)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

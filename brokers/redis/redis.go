@@ -2,22 +2,14 @@
 // github.com/redis/go-redis/v9, for Redis 7.0 or later.
 //
 // A Source reads a stream as a member of a consumer group (XREADGROUP,
-// explicit acks; Open creates the group with MKSTREAM), first the entries
-// its consumer name still holds (XREADGROUP … 0), then entries idle for
-// WithMinIdle (XAUTOCLAIM: retried, given back, or of a consumer that
-// died), then new ones. An entry holds a message in fields: the id in
-// idemq-id (WithIDField), the key in idemq-key, the body in body
+// explicit acks; Open creates the group with MKSTREAM): first the entries
+// its consumer name still holds, then entries idle for WithMinIdle
+// (XAUTOCLAIM), then new ones. An entry holds a message in fields: the id
+// in idemq-id (WithIDField), the key in idemq-key, the body in body
 // (WithBodyField), and each header, traceparent included, in a field of
-// its own. Attempt is the entry's delivery count.
-//
-// Ack is one XACK for a batch, sent again every quarter of min_idle while
-// it fails; Retry leaves the entry pending with its idle time set so that
-// min_idle passes after the delay; Extend keeps entries from being
-// reclaimed (XCLAIM to the same consumer, IDLE 0, JUSTID: the delivery
-// count stays); Release makes them idle for min_idle, so the group
-// reclaims them at once; DeadLetter adds the entries with driver's
-// bookkeeping fields to the dead-letter stream (STREAM:dlq) and
-// acknowledges them in one MULTI/EXEC.
+// its own. Attempt is the entry's delivery count. Its methods say how each
+// settlement and the Consumer's heartbeat map to Redis commands; dead
+// letters go to the stream STREAM:dlq.
 //
 // Importing the package registers redis:// and rediss:// (TLS) with
 // core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters:

@@ -28,7 +28,6 @@ type Source struct {
 	cursor  string     // of XAUTOCLAIM
 	claimAt time.Time
 
-	done    chan struct{} // closed by Close
 	stop    context.CancelFunc
 	resend  sync.WaitGroup
 	busy    sync.WaitGroup // settlement and Extend calls under way, which Close waits for
@@ -50,7 +49,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{link: l, history: "0", cursor: "0-0", done: make(chan struct{})}
+	s := &Source{link: l, history: "0", cursor: "0-0"}
 	if err := s.declare(ctx); err != nil {
 		l.close()
 		return nil, err
@@ -289,9 +288,9 @@ func (s *Source) messages(xs []goredis.XMessage, attempts []int) []*driver.Messa
 	return ms
 }
 
-// missing is the cause of the entry id, read into m, having no usable
-// field for what (the parameter what_field= names field, dflt unless
-// set), and lists the fields it has, in order, up to ten.
+// missing says that the entry id (read into m) has no usable field for
+// what, the field what_field= names (dflt by default), and lists the
+// fields the entry has, in name order, up to ten.
 func (s *Source) missing(id string, m *driver.Message, what, field, dflt, orEmpty string) error {
 	where := what + "_field= names the field that holds the " + what
 	if field != dflt {
@@ -472,7 +471,6 @@ func (s *Source) Close() error {
 	if closed {
 		return nil
 	}
-	close(s.done)
 	s.stop()
 	s.fetch.Lock() // waits for a read under way
 	s.fetch.Unlock()
