@@ -455,3 +455,67 @@ func TestRedeliverySupersedes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReceiveBatch: Start makes the Consumer's window the consumer's
+// MaxAckPending; Receive returns what the pull buffered, never more than
+// asked and without waiting for more after the first; one Ack call
+// settles them all.
+func TestReceiveBatch(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	s := openSource(t, ts)
+	if _, err := s.Start(ctx, driver.Setup{Window: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.cons.CachedInfo().Config.MaxAckPending; n != 10 {
+		t.Fatalf("MaxAckPending %d, want the window 10", n)
+	}
+	var msgs []*driver.Message
+	for i := range 5 {
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("b-%d", i), Body: []byte("b")})
+	}
+	if err := ts.publishRaw(ctx, IDHeader, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var got []*driver.Message
+	for _, c := range []struct{ max, want int }{{1, 1}, {3, 3}, {10, 1}} {
+		ms, err := s.Receive(ctx, c.max)
+		if err != nil || len(ms) != c.want {
+			t.Fatalf("Receive(%d) = %d messages, %v; want %d", c.max, len(ms), err, c.want)
+		}
+		got = append(got, ms...)
+		if len(got) == 1 {
+			servicetest.WaitFor(t, 5*time.Second, "the rest in the pull buffer", func() bool { return len(s.buf) == 4 })
+		}
+	}
+	if err := s.Ack(ctx, got); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	ci, err := s.cons.Info(ctx)
+	if err != nil || ci.NumAckPending != 0 || ci.NumPending != 0 {
+		t.Fatalf("after the Ack: %+v, %v; want nothing pending", ci, err)
+	}
+}
+
+// TestHeartbeatOff: with heartbeat=false a held message's lease is never
+// extended: JetStream hands it out again after the AckWait, and the held
+// delivery is stale.
+func TestHeartbeatOff(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	_, r := receiver(t, ts, WithAckWait(time.Second), WithHeartbeat(false))
+	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "o", Body: []byte("o")}); err != nil {
+		t.Fatal(err)
+	}
+	held := receiveOne(t, r, 5*time.Second)
+	again := receiveOne(t, r, 10*time.Second)
+	if again.Message().ID != "o" || again.Message().Attempt != 2 {
+		t.Fatalf("received %q attempt %d, want o attempt 2", again.Message().ID, again.Message().Attempt)
+	}
+	if err := held.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+		t.Fatalf("Ack of the lapsed delivery = %v, want a stale error", err)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
