@@ -317,28 +317,21 @@ func (s *Source) stopPulling() (back int) {
 		return 0
 	}
 	cc.Drain() // what arrives meanwhile still reaches the buffer
-	giveBack := func(m *driver.Message) {
-		_ = m.AckID.(jetstream.Msg).NakWithDelay(giveBackDelay)
-		back++
-	}
-	wait := time.NewTimer(5 * time.Second) // a drain the server never confirms
-	defer wait.Stop()
-	for draining := true; draining; {
-		select {
-		case m := <-s.buf:
-			giveBack(m)
-		case <-ended:
-			draining = false
-		case <-wait.C:
-			draining = false
-		}
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a drain never confirmed
+	defer cancel()
 	for {
 		select {
 		case m := <-s.buf:
-			giveBack(m)
-		default:
-			return back
+			_ = m.AckID.(jetstream.Msg).NakWithDelay(giveBackDelay)
+			back++
+		case <-ended:
+			if len(s.buf) == 0 {
+				return back
+			}
+		case <-ctx.Done():
+			if len(s.buf) == 0 {
+				return back
+			}
 		}
 	}
 }
