@@ -316,7 +316,7 @@ func (s *Source) stopPulling() (back int) {
 	if cc == nil {
 		return 0
 	}
-	cc.Drain() // what arrives meanwhile still reaches the buffer
+	cc.Drain()                                                              // what arrives meanwhile still reaches the buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a drain never confirmed
 	defer cancel()
 	for {
