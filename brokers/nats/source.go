@@ -316,8 +316,10 @@ func (s *Source) stopPulling() (back int) {
 	if cc == nil {
 		return 0
 	}
-	cc.Drain()                                                              // what arrives meanwhile still reaches the buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a drain never confirmed
+	// What arrives while the pull drains still reaches the buffer; a drain
+	// the server never confirms ends after 5s.
+	cc.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for {
 		select {
