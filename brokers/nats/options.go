@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -309,12 +310,7 @@ func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error)
 	if needConsumer && c.consumer == "" {
 		return c, errors.New("nats URL has no consumer (add ?consumer=NAME, or WithConsumer)")
 	}
-	if c.subject == "" {
-		c.subject = c.stream
-	}
-	if c.dlqStream == "" {
-		c.dlqStream = c.stream + "_DLQ"
-	}
+	c.subject, c.dlqStream = cmp.Or(c.subject, c.stream), cmp.Or(c.dlqStream, c.stream+"_DLQ")
 	if c.dlqSubject == "" && c.consumer != "" {
 		c.dlqSubject = "idemq.dlq." + c.stream + "." + c.consumer
 	}
