@@ -124,7 +124,7 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	s.buf, s.started = make(chan *driver.Message, st.Window), true
 	tr := driver.Traits{Lease: s.ackWait, MaxExtension: s.c.maxExtension, DelaysRetry: true}
 	if !s.c.heartbeat {
-		tr.MaxExtension = time.Nanosecond // extended for 1ns after the receipt: never
+		tr.MaxExtension = -1 // never extended
 	}
 	return tr, nil
 }

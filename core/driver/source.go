@@ -217,7 +217,8 @@ type Traits struct {
 	Lease time.Duration
 	// MaxExtension bounds how long after its receipt a message's lease is
 	// extended; past it the lease lapses and the broker redelivers. 0:
-	// for as long as the Consumer holds it.
+	// for as long as the Consumer holds it; below 0: never (a source whose
+	// heartbeat the user turned off).
 	MaxExtension time.Duration
 	// DelaysRetry is true when the broker waits out Retry's delay itself
 	// (an SQS visibility, a JetStream NakWithDelay, an HTTP Retry-After).

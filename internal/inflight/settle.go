@@ -291,7 +291,7 @@ func (f *Flow) beat(ctx context.Context, margin time.Duration) {
 		case !now.Before(h.deadline):
 			h.stale = ErrLeaseLapsed
 			lapsed = append(lapsed, h)
-		case h.waiting || f.ext == nil || h.deadline.Sub(now) > margin:
+		case h.waiting || f.ext == nil || maxExt < 0 || h.deadline.Sub(now) > margin:
 		case maxExt > 0 && !now.Before(h.received.Add(maxExt)):
 		default:
 			due = append(due, h)
