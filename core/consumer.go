@@ -48,6 +48,7 @@ type Consumer[Tx any] struct {
 	noSavepoints sync.Once
 
 	stats counters
+	pace  pace // what the batching rule of several workers reads
 }
 
 type counters struct {
@@ -389,6 +390,7 @@ func hold(dm *driver.Message) *inflight.Held {
 // admitAll admits what one receive returned.
 func (c *Consumer[Tx]) admitAll(hs []*inflight.Held) {
 	c.stats.received.Add(int64(len(hs)))
+	c.pace.arrived.Add(int64(len(hs)))
 	c.inflight.Add(len(hs))
 	for _, h := range hs {
 		c.admit(h.Owner.(*item))
@@ -582,13 +584,16 @@ func validateIDBytes(id string) error {
 // transaction. With no linger a batch is whatever has queued up, taken as
 // soon as the worker is free, so batches fill up on their own while it is
 // busy and add no latency when idle; with a linger it waits that long (or
-// until full) for more. Workers read the items channel directly, without
-// a batcher goroutine between them: one hand-off per message less.
+// until full) for more. With several workers, a worker holding a part-full
+// batch while another batch is being decided waits for the rest when the
+// arrival rate says it comes sooner than a batch takes (see fill). Workers
+// read the items channel directly, without a batcher goroutine between
+// them: one hand-off per message less.
 func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
-	var timer *time.Timer
+	w := workerState{}
 	defer func() {
-		if timer != nil {
-			timer.Stop()
+		if w.timer != nil {
+			w.timer.Stop()
 		}
 	}()
 	for {
@@ -600,14 +605,49 @@ func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
 		}
 		batch := make([]*item, 1, min(c.cfg.batchSize, cap(c.items)+1))
 		batch[0] = first
-		batch = c.fill(batch, &timer)
+		batch = c.fill(batch, &w)
+		start := time.Now()
+		c.pace.busy.Add(1)
 		c.processBatch(batch)
+		c.pace.busy.Add(-1)
+		c.pace.batchTook(time.Since(start))
 	}
 }
 
-// fill adds to batch what is queued, up to batchSize, and with a linger
-// waits up to that long for the rest.
-func (c *Consumer[Tx]) fill(batch []*item, timer **time.Timer) []*item {
+// workerState is what a worker keeps between its batches.
+type workerState struct {
+	timer    *time.Timer
+	seen     int64     // c.pace.arrived at the last fill
+	seenAt   time.Time // when
+	perNanos float64   // recent arrival rate, messages per nanosecond
+}
+
+// pace is what the batching rule of several workers reads.
+type pace struct {
+	arrived atomic.Int64 // messages admitted to the workers
+	busy    atomic.Int32 // batches being decided
+	took    atomic.Int64 // a recent batch's decision time, ns (moving average)
+}
+
+// batchTook folds d into the moving average of batch times.
+func (p *pace) batchTook(d time.Duration) {
+	old := p.took.Load()
+	if old == 0 {
+		p.took.Store(int64(d))
+		return
+	}
+	p.took.Store(old - old/4 + int64(d)/4)
+}
+
+// fill adds to batch what is queued, up to batchSize. With a linger it
+// waits up to that long for the rest. Without one, a worker among several
+// waits for the rest only while another batch is being decided, when the
+// recent arrival rate brings the rest sooner than a batch's recent
+// decision time, and for no longer than that time: a batch committed part
+// full while the others are busy would split the backlog into small
+// transactions, each paying a commit, while waiting for messages that are
+// slow to come would cost the overlap that slow handlers need workers for.
+func (c *Consumer[Tx]) fill(batch []*item, w *workerState) []*item {
 	for len(batch) < c.cfg.batchSize {
 		select {
 		case it := <-c.items:
@@ -617,24 +657,51 @@ func (c *Consumer[Tx]) fill(batch []*item, timer **time.Timer) []*item {
 		}
 		break
 	}
-	if c.cfg.linger <= 0 || len(batch) >= c.cfg.batchSize {
+	wait := c.cfg.linger
+	if wait <= 0 && c.cfg.concurrency > 1 {
+		wait = c.fillWait(len(batch), w)
+	}
+	if wait <= 0 || len(batch) >= c.cfg.batchSize {
 		return batch
 	}
-	if *timer == nil {
-		*timer = time.NewTimer(c.cfg.linger)
+	if w.timer == nil {
+		w.timer = time.NewTimer(wait)
 	} else {
-		(*timer).Reset(c.cfg.linger)
+		w.timer.Reset(wait)
 	}
 	for len(batch) < c.cfg.batchSize {
 		select {
 		case it := <-c.items:
 			batch = append(batch, it)
-		case <-(*timer).C:
+		case <-w.timer.C:
 			return batch
 		}
 	}
-	(*timer).Stop()
+	w.timer.Stop()
 	return batch
+}
+
+// fillWait is how long a worker among several waits to fill a batch of n
+// (see fill), 0 for not at all. It measures the arrival rate since its
+// last fill.
+func (c *Consumer[Tx]) fillWait(n int, w *workerState) time.Duration {
+	now, arrived := time.Now(), c.pace.arrived.Load()
+	if !w.seenAt.IsZero() {
+		if d := now.Sub(w.seenAt); d > 0 {
+			rate := float64(arrived-w.seen) / float64(d)
+			w.perNanos = (w.perNanos + rate) / 2
+		}
+	}
+	w.seen, w.seenAt = arrived, now
+	took := time.Duration(c.pace.took.Load())
+	if n >= c.cfg.batchSize || c.pace.busy.Load() == 0 || took <= 0 || w.perNanos <= 0 {
+		return 0
+	}
+	need := time.Duration(float64(c.cfg.batchSize-n) / w.perNanos)
+	if need > took {
+		return 0
+	}
+	return min(need+need/4, took)
 }
 
 // shortID keeps hostile ids from flooding logs.

@@ -17,10 +17,12 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-// The push cases are for a source whose sender hands it one message at a
-// time and waits for the answer (an HTTP webhook inbox): there is no queue
-// to publish to, read raw or reconnect to, and the sender's answer is the
-// acknowledgement. The suite plays the sender.
+// The push cases are for a driver.Pusher: a source whose sender hands it
+// one message at a time and waits for the answer (an HTTP webhook inbox).
+// There is no queue to publish to, read raw or reconnect to, and the
+// sender's answer is the acknowledgement. The suite plays the sender, and
+// the Consumer through a Receiver (the Consumer's own flow) or a
+// core.Consumer.
 
 // PushHarness describes a push source to RunPush.
 type PushHarness struct {
@@ -36,10 +38,6 @@ type PushHarness struct {
 	// source parked (PushFixture.SourceURL); the suite then lists and
 	// purges parked messages through it.
 	OperatesDeadLetters bool
-	// ConcurrentReceive is true when the source's Receive may be called
-	// from several goroutines at once; the suite then checks that the
-	// window bounds the deliveries they hold between them.
-	ConcurrentReceive bool
 	// ReceiveTimeout bounds how long a message that must arrive, or an
 	// answer that must come, may take. Default 10s.
 	ReceiveTimeout time.Duration
@@ -50,11 +48,13 @@ type PushHarness struct {
 
 // PushFixture is one fresh push source and a sender to it.
 type PushFixture struct {
-	// Source is the source Send reaches. The suite closes it. A request
-	// it has not handed out yet, or a copy it holds back while an earlier
-	// copy is unsettled, waits longer than PushHarness.Quiet before the
-	// source answers it busy; after Close, the request of an unsettled
-	// delivery is answered within PushHarness.ReceiveTimeout. Required.
+	// Source is the driver.Pusher Send reaches. The suite starts it (a
+	// Receiver or a core.Consumer runs its Serve) and closes it. A request
+	// waiting for room in the Consumer's window, or a copy it holds back
+	// while an earlier copy is unsettled, waits longer than
+	// PushHarness.Quiet before the source answers it busy; once the
+	// Consumer closed it, every request is answered within
+	// PushHarness.ReceiveTimeout. Required.
 	Source driver.Source
 	// Send sends m as the source's senders do: authenticated, the id where
 	// they carry it (none when m.ID is ""), m.Headers as headers the
@@ -112,12 +112,15 @@ func (f *PushFixture) pull() *Fixture {
 	return &Fixture{DeadLetters: f.DeadLetters, SourceURL: f.SourceURL}
 }
 
-// RunPush runs every case of the push suite as a subtest of t: the
-// settlement contract seen from the sender's side (Ack answers accepted,
-// Retry answers retry-later with at least the delay asked, DeadLetter
-// parks and answers accepted), the window, a graceful close with requests
-// in flight, a sender leaving before its answer, copies of a message in
-// flight, and the pipeline (core.Consumer
+// RunPush runs every case of the push suite, the contract of a
+// driver.Pusher, as a subtest of t: the settlement contract seen from the
+// sender's side (Ack answers accepted, Retry answers retry-later with at
+// least the delay asked, the sender waiting it out (Traits.DelaysRetry),
+// DeadLetter parks and answers accepted, Release at the Consumer's Close
+// answers retry-later), the Consumer's window bounding the messages
+// delivered, a graceful close with requests in flight, a sender leaving
+// before its answer, copies of a message in flight held back, and the
+// pipeline (core.Consumer
 // and a leased Consumer with the SQLite store) counting committed effects
 // per message id while the suite sends copies and resends what was not
 // accepted, as a provider does.
@@ -139,6 +142,7 @@ func RunPush(t *testing.T, h PushHarness) {
 		{"RetryAnswersRetryLater", testPushRetry},
 		{"DeadLetterParksAndAccepts", testPushDeadLetter},
 		{"WindowBoundsDeliveries", testPushWindow},
+		{"WindowBoundsConcurrentReceivers", testPushWindowConcurrent},
 		{"GracefulCloseWithRequestsInFlight", testPushClose},
 		{"SenderGoneStillSettles", testPushSenderGone},
 		{"CopyInFlightIsHeldBack/FirstAcked", func(t *testing.T, h PushHarness) { testPushCopy(t, h, false) }},
@@ -150,9 +154,6 @@ func RunPush(t *testing.T, h PushHarness) {
 		{"Pipeline/GracefulShutdownMidStream", testPushPipelineShutdown},
 		{"Leased/DuplicatesCallOutOnce", testPushLeasedDuplicates},
 		{"Leased/PermanentErrorDeadLetters", testPushLeasedPermanent},
-	}
-	if h.ConcurrentReceive {
-		cases = append(cases, pushCase{"WindowBoundsConcurrentReceivers", testPushWindowConcurrent})
 	}
 	if h.OperatesDeadLetters {
 		cases = append(cases, pushCase{"DeadLetterQueue/ListPurge", testPushDeadLetterQueue})
@@ -175,6 +176,9 @@ func (h PushHarness) fixture(t *testing.T) *PushFixture {
 	f := h.Open(t)
 	if f == nil || f.Source == nil || f.Send == nil || f.DeadLetters == nil {
 		t.Fatal("brokertest: PushFixture needs Source, Send and DeadLetters")
+	}
+	if _, ok := f.Source.(driver.Pusher); !ok {
+		t.Fatalf("brokertest: the push suite's source %T is not a driver.Pusher", f.Source)
 	}
 	if h.OperatesDeadLetters && f.SourceURL == "" {
 		t.Fatal("brokertest: PushFixture.SourceURL is required with OperatesDeadLetters")
@@ -325,6 +329,9 @@ func testPushRetry(t *testing.T, h PushHarness) {
 	if a.RetryAfter < delay {
 		t.Errorf("retry-later answer %v asks for %v, less than the %v delay", a, a.RetryAfter, delay)
 	}
+	if !p.f.r.Traits().DelaysRetry {
+		t.Error("Traits.DelaysRetry is false, but the sender waits out the delay it is told")
+	}
 	// The sender sends its next copy.
 	m := p.msgs[0]
 	again := sendAsync(h, p.f, m)
@@ -390,7 +397,7 @@ func testPushWindow(t *testing.T, h PushHarness) {
 }
 
 // testPushWindowConcurrent: with a window of 1, two goroutines receiving
-// at once hold one unsettled delivery between them, not one each.
+// at once hold one unsettled message between them, not one each.
 func testPushWindowConcurrent(t *testing.T, h PushHarness) {
 	f := h.driven(t, 1)
 	msgs := messages("wconc", 3)

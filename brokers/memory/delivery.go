@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"container/heap"
 	"iter"
 	"log/slog"
 	"time"
@@ -34,16 +35,6 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 	}
 }
 
-// checkLiveLocked reports whether d's lease is still current; a stale
-// settlement is counted and refused with ErrLeaseExpired.
-func (d *delivery) checkLiveLocked() error {
-	if !d.live() {
-		d.sub.q.stats.StaleSettlements++
-		return ErrLeaseExpired
-	}
-	return nil
-}
-
 func (q *queue) ackLocked(d *delivery) {
 	q.endLeaseLocked(d)
 	d.e.state = stateDone
@@ -56,11 +47,11 @@ func (q *queue) retryLocked(d *delivery, delay time.Duration) {
 	q.stats.Retried++
 	e := d.e
 	if delay <= 0 {
-		q.makeReadyLocked(e, false)
+		q.makeReadyLocked(e)
 	} else {
 		e.state = stateDelayed
 		e.delay.at = time.Now().Add(delay)
-		q.delayed.push(e)
+		heap.Push(&q.delayed, e)
 		q.armLocked()
 	}
 }

@@ -3,6 +3,7 @@ package memory
 import (
 	"bytes"
 	"cmp"
+	"container/heap"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -35,17 +36,6 @@ type entry struct {
 
 func (e *entry) node() *hnode { return &e.delay }
 
-// waiter is one Receive call blocked for a message or a window slot.
-type waiter struct {
-	ch    chan struct{} // capacity 1: a wake-up is never lost nor blocks
-	where uint8         // waitNone or waitQueue
-}
-
-const (
-	waitNone uint8 = iota
-	waitQueue
-)
-
 // queue holds one named queue's messages. Its mutex also guards the state
 // of every subscription on it.
 type queue struct {
@@ -56,13 +46,13 @@ type queue struct {
 
 	mu       sync.Mutex
 	closed   bool
-	ready    deque[*entry]
+	ready    []*entry // FIFO; requeued messages go to the front
 	delayed  timeHeap[*entry]
 	leases   timeHeap[*delivery]
 	inFlight int
 	dead     []DeadLetter
-	waiters  []*waiter     // Receive calls waiting for a ready message, FIFO
-	idle     chan struct{} // closed when the queue becomes idle
+	waiters  []chan struct{} // blocked Receive calls, FIFO; capacity 1: a wake-up is never lost nor blocks
+	idle     chan struct{}   // closed when the queue becomes idle
 	subs     map[*Subscription]struct{}
 	timer    *time.Timer
 	timerAt  time.Time // when the timer fires next; zero when no fire is pending
@@ -72,17 +62,14 @@ type queue struct {
 	stats    Stats
 }
 
+// cloneMessage copies m for a dead letter, without its handles.
 func cloneMessage(m driver.Message) driver.Message {
-	m.Body = bytes.Clone(m.Body)
-	m.Headers = maps.Clone(m.Headers)
-	if mm, ok := m.Metadata.(driver.MetadataMap); ok {
-		m.Metadata = maps.Clone(mm)
-	}
+	m.Body, m.Headers = bytes.Clone(m.Body), maps.Clone(m.Headers)
 	m.AckID, m.BrokerKey = nil, nil
 	return m
 }
 
-func (q *queue) lenLocked() int { return q.ready.len() + q.delayed.len() + q.inFlight }
+func (q *queue) lenLocked() int { return len(q.ready) + len(q.delayed) + q.inFlight }
 
 func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 	q.mu.Lock()
@@ -101,8 +88,8 @@ func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 		for range copies {
 			q.pubSeq++
 			e := &entry{seq: q.pubSeq, msg: driver.Message{ID: m.ID, Body: body, Headers: hdr, Key: m.Key}}
-			e.delay.idx = -1
-			q.ready.pushBack(e)
+			e.delay.idx = -1 // not delayed
+			q.ready = append(q.ready, e)
 			q.stats.Published++
 			n++
 		}
@@ -111,35 +98,30 @@ func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 	return nil
 }
 
-// wakeLocked wakes up to n Receive calls waiting for a message.
-func (q *queue) wakeLocked(n int) { wake(&q.waiters, n) }
-
-// wake wakes up to n of the waiters in *list, first come first served, and
-// takes them off it.
-func wake(list *[]*waiter, n int) {
-	for ; n > 0 && len(*list) > 0; n-- {
-		w := (*list)[0]
-		(*list)[0] = nil
-		*list = (*list)[1:]
-		w.where = waitNone
+// wakeLocked wakes up to n Receive calls waiting for a message, first
+// come first served, and takes them off the waiters.
+func (q *queue) wakeLocked(n int) {
+	for ; n > 0 && len(q.waiters) > 0; n-- {
 		select {
-		case w.ch <- struct{}{}:
+		case q.waiters[0] <- struct{}{}:
 		default:
 		}
+		q.waiters[0] = nil
+		q.waiters = q.waiters[1:]
 	}
-	if len(*list) == 0 {
-		*list = nil // release the backing array once drained
+	if len(q.waiters) == 0 {
+		q.waiters = nil // release the backing array once drained
 	}
 }
 
-// removeWaiterLocked takes w out of the waiters, if it is there.
-func (q *queue) removeWaiterLocked(w *waiter) {
-	if w.where == waitQueue {
-		if i := slices.Index(q.waiters, w); i >= 0 {
-			q.waiters = slices.Delete(q.waiters, i, i+1)
-		}
+// removeWaiterLocked takes w out of the waiters and reports whether it was
+// still there (not woken).
+func (q *queue) removeWaiterLocked(w chan struct{}) bool {
+	i := slices.Index(q.waiters, w)
+	if i >= 0 {
+		q.waiters = slices.Delete(q.waiters, i, i+1)
 	}
-	w.where = waitNone
+	return i >= 0
 }
 
 // deliverLocked leases e to s and returns the delivery.
@@ -165,7 +147,7 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *delivery {
 	}
 	e.lease = d
 	d.lease.at = now.Add(q.b.cfg.visibility)
-	q.leases.push(d)
+	heap.Push(&q.leases, d)
 	q.armLocked()
 	s.leases[d] = struct{}{}
 	q.stats.Delivered++
@@ -188,14 +170,11 @@ func (q *queue) endLeaseLocked(d *delivery) {
 	q.inFlight--
 }
 
-// makeReadyLocked puts e back in the ready FIFO and wakes one receiver.
-func (q *queue) makeReadyLocked(e *entry, front bool) {
+// makeReadyLocked puts e at the back of the ready FIFO and wakes one
+// receiver.
+func (q *queue) makeReadyLocked(e *entry) {
 	e.state = stateReady
-	if front {
-		q.ready.pushFront(e)
-	} else {
-		q.ready.pushBack(e)
-	}
+	q.ready = append(q.ready, e)
 	q.wakeLocked(1)
 }
 
@@ -247,43 +226,45 @@ func (q *queue) onTimer() {
 			break
 		}
 		q.delayed.remove(e)
-		q.makeReadyLocked(e, false)
+		q.makeReadyLocked(e)
 	}
 	for {
 		d, ok := q.leases.peek()
 		if !ok || d.lease.at.After(now) {
 			break
 		}
-		// The consumer may still hold d (its window slot stays taken
-		// until it settles, and that settlement gets ErrLeaseExpired).
+		// The consumer may still hold d (its room in the Consumer's
+		// window stays taken until it settles, and that settlement is
+		// stale).
 		q.endLeaseLocked(d)
 		q.stats.Expired++
-		q.makeReadyLocked(d.e, false)
+		q.makeReadyLocked(d.e)
 	}
 	q.armLocked()
 }
 
-// requeueLocked returns every message s still leases to the front of the
-// queue, in delivery order, for a crash or close of s.
-func (q *queue) requeueLocked(s *Subscription) {
-	ds := make([]*delivery, 0, len(s.leases))
-	for d := range s.leases {
-		ds = append(ds, d)
-	}
+// requeueLocked ends the leases ds and puts their messages at the front of
+// the queue, in delivery order, as a closed channel's unacknowledged
+// messages go back.
+func (q *queue) requeueLocked(ds []*delivery) {
 	slices.SortFunc(ds, func(a, b *delivery) int { return cmp.Compare(a.seq, b.seq) })
-	for i := len(ds) - 1; i >= 0; i-- {
-		q.endLeaseLocked(ds[i])
-		q.makeReadyLocked(ds[i].e, true)
+	es := make([]*entry, len(ds))
+	for i, d := range ds {
+		q.endLeaseLocked(d)
+		d.e.state = stateReady
+		es[i] = d.e
 	}
+	q.ready = slices.Insert(q.ready, 0, es...)
 	q.stats.Requeued += int64(len(ds))
+	q.wakeLocked(len(ds))
 }
 
 func (q *queue) statsSnapshot() Stats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	st := q.stats
-	st.Ready = q.ready.len()
-	st.Delayed = q.delayed.len()
+	st.Ready = len(q.ready)
+	st.Delayed = len(q.delayed)
 	st.InFlight = q.inFlight
 	st.DeadLetters = len(q.dead)
 	return st
@@ -300,7 +281,7 @@ func (q *queue) redrive() int {
 		e := dl.entry
 		e.deliveries = 0
 		e.lease = nil
-		q.makeReadyLocked(e, false)
+		q.makeReadyLocked(e)
 	}
 	q.dead = nil
 	q.stats.Redriven += int64(n)
@@ -317,10 +298,10 @@ func (q *queue) close() {
 	}
 	q.timerAt = time.Time{}
 	for s := range q.subs {
-		s.shutdownLocked(subBrokerClosed)
+		s.shutdownLocked(ErrBrokerClosed)
 	}
 	q.wakeLocked(len(q.waiters))
-	q.ready.clear()
+	q.ready = nil
 	q.delayed.clear()
 	q.leases.clear()
 }

@@ -1,10 +1,10 @@
 package memory
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -25,25 +25,16 @@ const (
 	MetaSubscriber = "idemq.memory.subscriber"
 )
 
-type subState uint8
-
-const (
-	subOpen subState = iota
-	subClosed
-	subCrashed
-	subBrokerClosed
-)
-
-// Subscription receives from one queue: it is a driver.Puller. Its
-// methods are safe for concurrent use, and Receive may be called from
-// several goroutines.
+// Subscription receives from one queue: it is a driver.Puller and a
+// driver.Releaser, what core.New takes. Its methods are safe for
+// concurrent use, and Receive may be called from several goroutines.
 type Subscription struct {
 	q    *queue
 	id   uint64
 	done chan struct{} // closed when the subscription closes or crashes
 
 	// guarded by q.mu
-	state  subState
+	err    error // why it stopped: ErrSubscriptionClosed, ErrCrashed, ErrBrokerClosed
 	leases map[*delivery]struct{}
 }
 
@@ -70,18 +61,6 @@ func (q *queue) subscribe() (*Subscription, error) {
 // Queue returns the name of the queue the subscription receives from.
 func (s *Subscription) Queue() string { return s.q.name }
 
-func (s *Subscription) errLocked() error {
-	switch s.state {
-	case subClosed:
-		return ErrSubscriptionClosed
-	case subCrashed:
-		return ErrCrashed
-	case subBrokerClosed:
-		return ErrBrokerClosed
-	}
-	return nil
-}
-
 // Start implements driver.Source: a delivery is leased for the broker's
 // visibility timeout (Traits.Lease), never extended, and Retry's delay is
 // kept by the broker.
@@ -96,8 +75,11 @@ func (s *Subscription) Start(context.Context, driver.Setup) (driver.Traits, erro
 // the broker closed (ErrBrokerClosed). Blocked receivers are woken one per
 // ready message, in the order they started waiting.
 func (s *Subscription) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
+	if max < 1 {
+		max = 1
+	}
 	q := s.q
-	var w *waiter
+	var w chan struct{} // our place among the waiters, once we wait
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -106,61 +88,44 @@ func (s *Subscription) Receive(ctx context.Context, max int) ([]*driver.Message,
 		if w != nil {
 			q.removeWaiterLocked(w)
 		}
-		if err := s.errLocked(); err != nil {
+		if err := s.err; err != nil {
 			q.mu.Unlock()
 			return nil, err
 		}
-		if q.ready.len() > 0 {
-			ms := make([]*driver.Message, 0, min(max, q.ready.len()))
-			for len(ms) < max {
-				e, ok := q.ready.popFront()
-				if !ok {
-					break
-				}
-				ms = append(ms, &q.deliverLocked(s, e).msg)
+		if len(q.ready) > 0 {
+			ms := make([]*driver.Message, min(max, len(q.ready)))
+			for i, e := range q.ready[:len(ms)] {
+				ms[i] = &q.deliverLocked(s, e).msg
 			}
-			if q.ready.len() > 0 && len(q.waiters) > 0 {
+			clear(q.ready[:len(ms)])
+			q.ready = q.ready[len(ms):]
+			if len(q.ready) > 0 {
 				q.wakeLocked(1) // what is left is another receiver's
 			}
 			q.mu.Unlock()
 			return ms, nil
 		}
 		if w == nil {
-			w = &waiter{ch: make(chan struct{}, 1)}
+			w = make(chan struct{}, 1)
 		}
 		select { // drop a stale wake-up
-		case <-w.ch:
+		case <-w:
 		default:
 		}
-		w.where = waitQueue
 		q.waiters = append(q.waiters, w)
 		q.mu.Unlock()
 		select {
-		case <-w.ch:
+		case <-w:
 		case <-s.done:
 		case <-ctx.Done():
 			q.mu.Lock()
-			if w.where == waitNone && q.ready.len() > 0 {
+			if !q.removeWaiterLocked(w) && len(q.ready) > 0 {
 				q.wakeLocked(1) // we were woken and will not use it: pass it on
 			}
-			q.removeWaiterLocked(w)
 			q.mu.Unlock()
 			return nil, ctx.Err()
 		}
 	}
-}
-
-// own returns the subscription's deliveries of ms, or ErrForeignDelivery.
-func (s *Subscription) own(ms []*driver.Message) ([]*delivery, error) {
-	own := make([]*delivery, len(ms))
-	for i, m := range ms {
-		d, ok := m.AckID.(*delivery)
-		if !ok || d.sub != s {
-			return nil, fmt.Errorf("memory: ms[%d]: %w", i, ErrForeignDelivery)
-		}
-		own[i] = d
-	}
-	return own, nil
 }
 
 // Ack implements driver.Source: it acknowledges ms at once, as an AMQP
@@ -168,71 +133,51 @@ func (s *Subscription) own(ms []*driver.Message) ([]*delivery, error) {
 // message: if any draws CrashOnAck the subscription crashes before
 // acknowledging anything (the process died before sending the batch) and
 // Ack returns ErrCrashed; each one that draws LoseAck is reported
-// acknowledged but stays leased. A message whose lease expired is refused
-// with ErrLeaseExpired (a *driver.Partial says which). A message from
-// another subscription fails the whole call before anything is settled.
+// acknowledged but stays leased.
 func (s *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	own, err := s.own(ms)
-	if err != nil {
-		return err
-	}
 	f := s.q.b.currentFaults()
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if err := s.errLocked(); err != nil {
-		return driver.Stale(err)
-	}
-	if f.CrashOnAck > 0 {
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
 		for _, d := range own {
-			if d.live() && q.ackRng.Float64() < f.CrashOnAck {
-				s.shutdownLocked(subCrashed)
+			if d != nil && f.CrashOnAck > 0 && q.ackRng.Float64() < f.CrashOnAck {
+				s.shutdownLocked(ErrCrashed)
 				return ErrCrashed
 			}
 		}
-	}
-	errs := make([]error, len(own))
-	for i, d := range own {
-		if errs[i] = d.checkLiveLocked(); errs[i] != nil {
-			continue
+		for _, d := range own {
+			switch {
+			case d == nil:
+			case f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck:
+				q.stats.AcksLost++
+			default:
+				q.ackLocked(d)
+			}
 		}
-		if f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck {
-			q.stats.AcksLost++
-			continue
-		}
-		q.ackLocked(d)
-	}
-	return driver.PartialOf(errs)
+		return nil
+	})
 }
 
 // Retry implements driver.Source: each message is ready again after delay
 // (at once when delay <= 0), behind those ready now; its next delivery has
 // the next attempt number.
 func (s *Subscription) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
-	return s.settle(ctx, ms, func(q *queue, i int, d *delivery) { q.retryLocked(d, delay) })
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
+		for _, d := range own {
+			if d != nil {
+				q.retryLocked(d, delay)
+			}
+		}
+		return nil
+	})
 }
 
 // Release implements driver.Releaser: the messages go back to the front of
 // the queue at once, in the order they were delivered, as a closed
 // channel's would; their next delivery has the next attempt number.
 func (s *Subscription) Release(ctx context.Context, ms []*driver.Message) error {
-	var back []*delivery
-	err := s.settle(ctx, ms, func(q *queue, i int, d *delivery) { back = append(back, d) })
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	slices.SortFunc(back, func(a, b *delivery) int { return cmp.Compare(a.seq, b.seq) })
-	for i := len(back) - 1; i >= 0; i-- {
-		if back[i].live() {
-			q.endLeaseLocked(back[i])
-			q.makeReadyLocked(back[i].e, true)
-			q.stats.Requeued++
-		}
-	}
-	return err
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
+		q.requeueLocked(slices.DeleteFunc(own, func(d *delivery) bool { return d == nil }))
+		return nil
+	})
 }
 
 // errNoCause stands in for a nil cause so that a dead letter always says
@@ -243,40 +188,59 @@ var errNoCause = errors.New("memory: dead-lettered without a cause")
 // cause (see Broker.DeadLetters and Broker.Redrive). A nil cause is
 // recorded as an error saying none was given.
 func (s *Subscription) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
-	return s.settle(ctx, ms, func(q *queue, i int, d *delivery) {
-		cause := causes[i]
-		if cause == nil {
-			cause = errNoCause
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
+		for i, d := range own {
+			if d == nil {
+				continue
+			}
+			cause := causes[i]
+			if cause == nil {
+				cause = errNoCause
+			}
+			q.endLeaseLocked(d)
+			d.e.state = stateDead
+			q.dead = append(q.dead, DeadLetter{Message: cloneMessage(d.msg), Cause: cause, At: time.Now(), entry: d.e})
+			q.stats.DeadLettered++
 		}
-		q.endLeaseLocked(d)
-		d.e.state = stateDead
-		q.dead = append(q.dead, DeadLetter{Message: cloneMessage(d.msg), Cause: cause, At: time.Now(), entry: d.e})
-		q.stats.DeadLettered++
 		q.checkIdleLocked()
+		return nil
 	})
 }
 
-// settle runs apply on the queue, locked, for each message of ms whose
-// lease is still current.
-func (s *Subscription) settle(ctx context.Context, ms []*driver.Message, apply func(q *queue, i int, d *delivery)) error {
+// settle applies a settlement of ms on the queue, locked. It fails the
+// whole call when a message is not this subscription's
+// (ErrForeignDelivery) or the subscription is gone (a stale error), and
+// refuses each message whose lease is no longer current with
+// ErrLeaseExpired (a *driver.Partial says which). apply gets the
+// subscription's deliveries of ms, nil where refused; its error is the
+// call's.
+func (s *Subscription) settle(ctx context.Context, ms []*driver.Message, apply func(q *queue, own []*delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	own, err := s.own(ms)
-	if err != nil {
-		return err
+	own := make([]*delivery, len(ms))
+	for i, m := range ms {
+		d, ok := m.AckID.(*delivery)
+		if !ok || d.sub != s {
+			return fmt.Errorf("memory: ms[%d]: %w", i, ErrForeignDelivery)
+		}
+		own[i] = d
 	}
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err := s.errLocked(); err != nil {
-		return driver.Stale(err)
+	if s.err != nil {
+		return driver.Stale(s.err)
 	}
 	errs := make([]error, len(own))
 	for i, d := range own {
-		if errs[i] = d.checkLiveLocked(); errs[i] == nil {
-			apply(q, i, d)
+		if !d.live() {
+			q.stats.StaleSettlements++
+			errs[i], own[i] = ErrLeaseExpired, nil
 		}
+	}
+	if err := apply(q, own); err != nil {
+		return err
 	}
 	return driver.PartialOf(errs)
 }
@@ -293,7 +257,7 @@ func (s *Subscription) ExpireLeases() {
 	for d := range s.leases {
 		q.endLeaseLocked(d)
 		q.stats.Expired++
-		q.makeReadyLocked(d.e, false)
+		q.makeReadyLocked(d.e)
 	}
 	q.armLocked()
 }
@@ -307,7 +271,7 @@ func (s *Subscription) Crash() {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	s.shutdownLocked(subCrashed)
+	s.shutdownLocked(ErrCrashed)
 }
 
 // Close stops the subscription gracefully, like closing an AMQP channel:
@@ -319,22 +283,24 @@ func (s *Subscription) Close() error {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	s.shutdownLocked(subClosed)
+	s.shutdownLocked(ErrSubscriptionClosed)
 	return nil
 }
 
-func (s *Subscription) shutdownLocked(state subState) {
-	if s.state != subOpen {
+// shutdownLocked stops s for why (ErrSubscriptionClosed, ErrCrashed or
+// ErrBrokerClosed), giving back what it leases unless the broker closed.
+func (s *Subscription) shutdownLocked(why error) {
+	if s.err != nil {
 		return
 	}
 	q := s.q
-	s.state = state
+	s.err = why
 	close(s.done)
 	delete(q.subs, s)
-	if state == subCrashed {
+	if why == ErrCrashed {
 		q.stats.Crashes++
 	}
-	if state != subBrokerClosed {
-		q.requeueLocked(s)
+	if why != ErrBrokerClosed {
+		q.requeueLocked(slices.Collect(maps.Keys(s.leases)))
 	}
 }

@@ -24,8 +24,14 @@ import (
 )
 
 // browseVisibility is how long a DeadLetters call keeps each message it
-// received hidden, extended every third of that. A variable for tests.
+// holds hidden, extended every third of that. A variable for tests.
 var browseVisibility = 30 * time.Second
+
+// lookVisibility is the visibility a look (Scan) receives with: it makes
+// each receive's messages visible again as soon as it has read them, so
+// only one whose release is lost (the look died, the answer never came)
+// stays hidden, this long.
+const lookVisibility = 2 * time.Second
 
 // maxEmptyReceives is how many empty receives in a row end a call.
 const maxEmptyReceives = 3
@@ -36,11 +42,17 @@ const maxEmptyReceives = 3
 // concurrent use.
 //
 // SQS cannot read a message without receiving it, so each call receives the
-// messages parked when it began (ApproximateNumberOfMessages), keeps them
-// hidden while it runs and makes those still parked visible again when it
-// returns. On a FIFO dead-letter queue SQS hands out no more of a message
-// group while one is hidden, so a call sees per group only what its
-// receives return. ParkedAt is a copy's SentTimestamp.
+// messages parked when it began (ApproximateNumberOfMessages). Scan, a
+// look, makes each receive's messages visible again at once, before it
+// reads them: another look, a redrive or a consumer of the dead-letter
+// queue finds them all meanwhile. Only when SQS hands back messages it
+// already listed does it hold what it receives from then on, so that the
+// next receives bring the others, and release them when it returns.
+// Redrive and Purge hold every message they receive while they run and
+// release those still parked when they return. On a FIFO dead-letter queue
+// SQS hands out no more of a message group while one is hidden, so a call
+// sees per group only what its receives return. ParkedAt is a copy's
+// SentTimestamp.
 type DeadLetters struct {
 	*deadletter.Queue[*types.Message]
 	s *dlqStore
@@ -91,6 +103,20 @@ func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool,
 	return d.Queue.Redrive(ctx, sel, progress)
 }
 
+// Scan implements admin.DeadLetterQueue, hiding no message longer than it
+// takes to read it (see DeadLetters).
+func (d *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
+	err := d.s.browse(ctx, true, func(_ []*types.Message, ps []*admin.Parked) error {
+		for _, p := range ps {
+			if err := fn(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return errors.Join(err, d.s.cur.release())
+}
+
 // Name is the dead-letter queue's name.
 func (s *dlqStore) Name() string { return s.dlq.name }
 
@@ -104,7 +130,7 @@ func (s *dlqStore) Close() error {
 // time, keeping them hidden, and makes those still parked visible again
 // when it returns.
 func (s *dlqStore) EachBatch(ctx context.Context, fn func([]*types.Message, []*admin.Parked) error) error {
-	err := s.browse(ctx, fn)
+	err := s.browse(ctx, false, fn)
 	return errors.Join(err, s.cur.release())
 }
 
@@ -146,9 +172,11 @@ func (s *dlqStore) RemoveBatch(ctx context.Context, ms []*types.Message) []error
 }
 
 // browse receives the messages parked when it begins and calls fn once per
-// message, keeping them hidden in s.cur, which the caller releases. An
-// error from fn stops it.
-func (s *dlqStore) browse(ctx context.Context, fn func([]*types.Message, []*admin.Parked) error) error {
+// message, keeping them hidden in s.cur, which the caller releases. A look
+// makes each receive's messages visible again before fn sees them, until
+// SQS hands back only messages it listed: then it holds them too. An error
+// from fn stops it.
+func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Message, []*admin.Parked) error) error {
 	l := newLease(s)
 	s.cur = l
 	if s.closed {
@@ -158,12 +186,15 @@ func (s *dlqStore) browse(ctx context.Context, fn func([]*types.Message, []*admi
 	if err != nil {
 		return fmt.Errorf("sqs: dead-letter queue %s: reading its size: %w", s.dlq.name, err)
 	}
-	// Each receive that is not empty brings at least one message, so the
-	// bound holds even when SQS hands some out twice. A receive whose answer
-	// was lost (the SDK retried it) hides its messages for browseVisibility:
-	// while the queue hides more than the lease holds, the call waits.
+	// Each receive that is not empty brings a message not listed, or one
+	// not held, or (a look's, once) makes the call hold, so the bound holds
+	// even when SQS hands some out twice. A receive whose answer was lost
+	// (the SDK retried it) hides its messages for its visibility: while the
+	// queue hides more than the lease holds, the call waits.
+	hold := !look
+	seen := map[string]bool{}
 	strays := time.Time{}
-	for got, empties, calls := 0, 0, 0; got < parked && calls < parked+maxEmptyReceives; calls++ {
+	for got, empties, calls := 0, 0, 0; got < parked && calls < 2*parked+1+maxEmptyReceives; calls++ {
 		if empties >= maxEmptyReceives {
 			if strays.IsZero() {
 				strays = time.Now().Add(browseVisibility + 5*time.Second)
@@ -178,7 +209,11 @@ func (s *dlqStore) browse(ctx context.Context, fn func([]*types.Message, []*admi
 			}
 			empties, calls = 0, calls-1
 		}
-		out, err := s.cl.ReceiveMessage(ctx, receiveInput(s.dlq.url, 10, time.Second, browseVisibility))
+		vis := browseVisibility
+		if !hold {
+			vis = lookVisibility
+		}
+		out, err := s.cl.ReceiveMessage(ctx, receiveInput(s.dlq.url, 10, time.Second, vis))
 		if err != nil {
 			return fmt.Errorf("sqs: dead-letter queue %s: receive: %w", s.dlq.name, err)
 		}
@@ -187,21 +222,51 @@ func (s *dlqStore) browse(ctx context.Context, fn func([]*types.Message, []*admi
 			continue
 		}
 		empties = 0
-		// All are held before fn sees the first, so the heartbeat keeps
-		// them hidden however long fn takes.
 		var fresh []*types.Message
 		var ps []*admin.Parked
 		for i := range out.Messages {
 			m := &out.Messages[i]
-			if _, had := l.receipts.Swap(aws.ToString(m.MessageId), aws.ToString(m.ReceiptHandle)); !had {
+			if id := aws.ToString(m.MessageId); !seen[id] {
+				seen[id] = true
 				fresh, ps = append(fresh, m), append(ps, s.parked(m))
-			} // else handed out again: the lease has its new receipt
+			}
+		}
+		if !hold {
+			if err := s.show(ctx, out.Messages); err != nil {
+				return err
+			}
+			// SQS handed back only messages listed: hold from now on, so
+			// that the next receives bring the others.
+			hold = len(fresh) == 0
+		} else {
+			// All are held before fn sees the first, so the heartbeat
+			// keeps them hidden however long fn takes. One handed out
+			// again replaces its receipt.
+			for _, m := range out.Messages {
+				l.receipts.Store(aws.ToString(m.MessageId), aws.ToString(m.ReceiptHandle))
+			}
 		}
 		if got += len(fresh); len(fresh) > 0 {
 			if err := fn(fresh, ps); err != nil {
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// show makes ms, just received, visible again at once.
+func (s *dlqStore) show(ctx context.Context, ms []types.Message) error {
+	receipts := make([]string, len(ms))
+	for i, m := range ms {
+		receipts[i] = aws.ToString(m.ReceiptHandle)
+	}
+	failed, err := visibilityBatch(ctx, s.cl, s.dlq.url, receipts, func(int) int32 { return 0 })
+	for _, e := range failed {
+		err = errors.Join(err, e.err)
+	}
+	if err != nil {
+		return fmt.Errorf("sqs: dead-letter queue %s: making messages visible again after reading them (they come back within %v): %w", s.dlq.name, lookVisibility, err)
 	}
 	return nil
 }
@@ -262,7 +327,7 @@ func (s *dlqStore) moveAll(ctx context.Context, progress func(int)) (int, error)
 		return 0, fail("listing move tasks", err)
 	}
 	seen, moved := 0, true
-	err := s.browse(ctx, func(_ []*types.Message, ps []*admin.Parked) error {
+	err := s.browse(ctx, true, func(_ []*types.Message, ps []*admin.Parked) error {
 		for _, p := range ps {
 			_, copied := p.Headers[driver.CauseHeader]
 			seen, moved = seen+1, moved && !copied

@@ -204,6 +204,117 @@ func (c *opCounter) get(op string) int {
 	return c.n[op]
 }
 
+// TestDeadLettersLookHidesNothing: while a look is in progress (its
+// callback stopped at the first message, as a slow page view or a look
+// whose process died there), no parked message is hidden: a second
+// operator's list and a show of one message find every one. Right after
+// the look, a list and a redrive find them all too.
+func TestDeadLettersLookHidesNothing(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
+	ms := msgs("look", 40)
+	parkCopies(t, ep, dlq, q.name, ms)
+	first := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	second := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	ctx := context.Background()
+	checkAllVisible := func(when string) {
+		t.Helper()
+		if visible, inflight := queueCounts(t, ep, dlq.url); visible != len(ms) || inflight != 0 {
+			t.Errorf("%s: %d visible, %d in flight; want %d, 0", when, visible, inflight, len(ms))
+		}
+	}
+
+	looking, resume := make(chan struct{}), make(chan struct{})
+	looked := make(chan int, 1)
+	go func() {
+		n := 0
+		err := first.Scan(ctx, func(*admin.Parked) error {
+			if n++; n == 1 {
+				close(looking)
+				<-resume
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("first look: %v", err)
+		}
+		looked <- n
+	}()
+	<-looking
+	checkAllVisible("during a look")
+	listed := scanIDs(t, second)
+	if len(listed) != len(ms) {
+		t.Errorf("a list during another look found %d, want %d", len(listed), len(ms))
+	}
+	// A show of one message, as idemq dlq show --ref reads it.
+	if p := listed[ms[7].ID]; p != nil {
+		var copies []*admin.Parked
+		if err := second.Scan(ctx, func(c *admin.Parked) error {
+			if c.Ref == p.Ref {
+				copies = append(copies, c)
+			}
+			return nil
+		}); err != nil || len(copies) != 1 || copies[0].ID != ms[7].ID {
+			t.Errorf("show of ref %s during another look = %d copies, %v", p.Ref, len(copies), err)
+		}
+	}
+	checkAllVisible("after a list and a show during a look")
+	close(resume)
+	if n := <-looked; n != len(ms) {
+		t.Errorf("the first look listed %d, want %d", n, len(ms))
+	}
+
+	checkAllVisible("right after the looks")
+	if listed := scanIDs(t, second); len(listed) != len(ms) {
+		t.Errorf("a list right after the looks found %d, want %d", len(listed), len(ms))
+	}
+	if n, err := first.Redrive(ctx, nil, nil); err != nil || n != len(ms) {
+		t.Fatalf("Redrive right after the looks = %d, %v; want %d", n, err, len(ms))
+	}
+	back := map[string]int{}
+	for _, m := range drain(t, ep, q.url) {
+		back[attr(m, DefaultIDAttribute)]++
+	}
+	for _, m := range ms {
+		if back[m.ID] != 1 {
+			t.Errorf("%s redriven %d times, want once", m.ID, back[m.ID])
+		}
+	}
+}
+
+// TestDeadLettersLookFIFOGroups: SQS may hand a look the messages it made
+// visible again before any others (a FIFO queue hands out the same head of
+// each group, ten groups a receive); the look then holds what it receives,
+// so that the next receives reach the other groups, and releases them when
+// it returns.
+func TestDeadLettersLookFIFOGroups(t *testing.T) {
+	ep := sqsEndpoint(t)
+	q, dlq := newQueueWithDLQ(t, ep, true, 5, 0)
+	const groups, each = 12, 2 // more groups than one receive brings
+	cl := testClient(ep)
+	for g := range groups {
+		for i := range each {
+			id := fmt.Sprintf("g%02d-%d", g, i)
+			if _, err := cl.SendMessage(context.Background(), &awssqs.SendMessageInput{QueueUrl: aws.String(dlq.url), MessageBody: aws.String(id),
+				MessageGroupId: aws.String(fmt.Sprint("group-", g)), MessageDeduplicationId: aws.String(id),
+				MessageAttributes: map[string]types.MessageAttributeValue{DefaultIDAttribute: stringAttr(id), driver.CauseHeader: stringAttr("bad")}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
+	listed := map[string]int{}
+	for _, p := range scanIDs(t, d) {
+		listed[p.Key]++
+	}
+	if len(listed) != groups {
+		t.Errorf("a look listed messages of %d groups, want all %d: %v", len(listed), groups, listed)
+	}
+	if visible, inflight := queueCounts(t, ep, dlq.url); visible != groups*each || inflight != 0 {
+		t.Errorf("after the look: %d visible, %d in flight; want %d, 0", visible, inflight, groups*each)
+	}
+}
+
 // TestDeadLettersFoldedAttributes parks a message whose attributes do not
 // fit beside the dead-letter ones: Scan shows them unfolded, and Redrive
 // sends the original attributes, unfolded, without the bookkeeping.
@@ -338,9 +449,10 @@ func TestDeadLettersRedrivePolicyFallback(t *testing.T) {
 	}
 }
 
-// TestDeadLettersSlowCallStaysHidden keeps the messages a call received
-// hidden while its callback takes longer than their visibility timeout:
-// the heartbeat extends it, and the call still lists each message once.
+// TestDeadLettersSlowCallStaysHidden keeps the messages a Purge holds
+// hidden while its selection takes longer than their visibility timeout:
+// the heartbeat extends it, the call still offers each message once, and
+// those it leaves are visible again when it returns.
 func TestDeadLettersSlowCallStaysHidden(t *testing.T) {
 	ep := sqsEndpoint(t)
 	q, dlq := newQueueWithDLQ(t, ep, false, 5, 0)
@@ -351,10 +463,10 @@ func TestDeadLettersSlowCallStaysHidden(t *testing.T) {
 	parkCopies(t, ep, dlq, q.name, ms)
 	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
 	seen := map[string]int{}
-	err := d.Scan(context.Background(), func(p *admin.Parked) error {
+	n, err := d.Purge(context.Background(), func(p *admin.Parked) bool {
 		if len(seen) == 0 {
 			time.Sleep(2 * browseVisibility)
-			// A receive finds only the messages the Scan has not received
+			// A receive finds only the messages the Purge has not received
 			// yet; it makes them visible again at once.
 			cl := testClient(ep)
 			out, err := cl.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{QueueUrl: aws.String(dlq.url), MaxNumberOfMessages: 10})
@@ -362,7 +474,7 @@ func TestDeadLettersSlowCallStaysHidden(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(out.Messages) > len(ms)-10 {
-				t.Errorf("a receive during a slow Scan got %d messages, want at most %d (the other 10 kept hidden)", len(out.Messages), len(ms)-10)
+				t.Errorf("a receive during a slow Purge got %d messages, want at most %d (the other 10 kept hidden)", len(out.Messages), len(ms)-10)
 			}
 			for _, m := range out.Messages {
 				if _, err := cl.ChangeMessageVisibility(context.Background(), &awssqs.ChangeMessageVisibilityInput{QueueUrl: aws.String(dlq.url), ReceiptHandle: m.ReceiptHandle}); err != nil {
@@ -371,18 +483,18 @@ func TestDeadLettersSlowCallStaysHidden(t *testing.T) {
 			}
 		}
 		seen[p.ID]++
-		return nil
+		return false
 	})
-	if err != nil || len(seen) != len(ms) {
-		t.Fatalf("Scan: %v, listed %d of %d", err, len(seen), len(ms))
+	if err != nil || n != 0 || len(seen) != len(ms) {
+		t.Fatalf("Purge choosing none = %d, %v; offered %d of %d", n, err, len(seen), len(ms))
 	}
 	for id, n := range seen {
 		if n != 1 {
-			t.Errorf("%s listed %d times", id, n)
+			t.Errorf("%s offered %d times", id, n)
 		}
 	}
 	if visible, inflight := queueCounts(t, ep, dlq.url); visible != len(ms) || inflight != 0 {
-		t.Errorf("after Scan: %d visible, %d in flight; want %d, 0", visible, inflight, len(ms))
+		t.Errorf("after Purge: %d visible, %d in flight; want %d, 0", visible, inflight, len(ms))
 	}
 }
 

@@ -24,8 +24,12 @@
 // visibility lapsed, when the Source received the message again, or when
 // SQS refuses the receipt handle. A stale handle cannot be trusted to
 // fail: SQS may accept a delete with a replaced handle and keep the
-// message. While a message is unsettled a heartbeat extends its visibility,
-// up to WithMaxExtension after the receipt.
+// message. Each receive asks for a visibility timeout of its own,
+// DefaultVisibilityTimeout (6s) unless the queue's is shorter
+// (WithVisibilityTimeout, visibility=), and while a message is unsettled a
+// heartbeat extends its visibility, up to WithMaxExtension after the
+// receipt: a live consumer keeps a message however long it works on it,
+// and a crashed consumer's messages come back within that timeout.
 //
 // On a FIFO queue a group's messages are handed out one at a time, in
 // order: those that arrive in one batch are held back until the earlier

@@ -57,7 +57,7 @@ type config struct {
 	clientConfig
 	receivers, window, settleRetries                    int
 	waitTime, maxExtension, closeTimeout, receiveLinger time.Duration
-	visibility                                          time.Duration // 0: the queue's VisibilityTimeout
+	visibility                                          time.Duration // 0: DefaultVisibilityTimeout, or the queue's (see WithVisibilityTimeout)
 	heartbeatInterval                                   time.Duration // 0: a third of the visibility timeout
 	receiveErrorPause                                   time.Duration
 	heartbeat, releaseOnClose                           bool
@@ -142,9 +142,18 @@ func WithWaitTime(d time.Duration) Option {
 	return sourceOption(checked("WithWaitTime", d < 0 || d > 20*time.Second || d%time.Second != 0, func(c *config) { c.waitTime = d }, "%v is not a whole number of seconds in 0..20s", d))
 }
 
-// WithVisibilityTimeout sets the visibility timeout each receive asks for.
-// Default the queue's VisibilityTimeout (30s if 0); 1s..12h in whole
-// seconds.
+// DefaultVisibilityTimeout is the visibility timeout each receive asks for
+// while the heartbeat runs, unless the queue's VisibilityTimeout is
+// shorter or WithVisibilityTimeout sets one: the heartbeat keeps a live
+// consumer's messages hidden however long it works on them, so the
+// visibility timeout bounds only how long a crashed consumer's messages
+// stay hidden.
+const DefaultVisibilityTimeout = 6 * time.Second
+
+// WithVisibilityTimeout sets the visibility timeout each receive asks for,
+// which the heartbeat renews. Default DefaultVisibilityTimeout, or the
+// queue's VisibilityTimeout when that is shorter; with WithHeartbeat(false)
+// the queue's. 1s..12h in whole seconds.
 func WithVisibilityTimeout(d time.Duration) Option {
 	return sourceOption(checked("WithVisibilityTimeout", d < time.Second || d > 12*time.Hour || d%time.Second != 0, func(c *config) { c.visibility = d }, "%v is not a whole number of seconds in 1s..12h", d))
 }

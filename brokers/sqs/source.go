@@ -98,14 +98,17 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	s := &Source{cl: cl, q: q, cfg: cfg, vis: q.visibility, hbEvery: cfg.heartbeatInterval, window: cfg.window,
 		errs: make(chan error, 1), acks: make(chan *delivery), avail: make(chan struct{}, 1), space: make(chan struct{}, 1),
 		groups: make(map[string][]*delivery)}
-	if cfg.visibility > 0 {
+	switch {
+	case cfg.visibility > 0:
 		s.vis = cfg.visibility
+	case cfg.heartbeat: // else nothing extends it: the queue's, set for its handlers
+		s.vis = min(s.vis, DefaultVisibilityTimeout)
 	}
 	if s.hbEvery == 0 {
 		s.hbEvery = max(s.vis/3, 100*time.Millisecond)
 	}
 	if cfg.heartbeat && s.hbEvery >= s.vis {
-		return nil, cfg.optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v", s.hbEvery, s.vis)
+		return nil, cfg.optErr("WithHeartbeatInterval", "%v is not shorter than the visibility timeout %v (%s sets a longer one)", s.hbEvery, s.vis, cfg.spell("WithVisibilityTimeout", "visibility="))
 	}
 	if s.dlq, err = deadLetterQueue(ctx, &cfg, cl, q, cfg.deadLetterMode == DeadLetterSend); err != nil {
 		return nil, err
@@ -139,7 +142,8 @@ func (s *Source) QueueName() string { return s.q.name }
 // FIFO reports whether the queue is a FIFO queue.
 func (s *Source) FIFO() bool { return s.q.fifo }
 
-// VisibilityTimeout returns the visibility timeout each receive asks for.
+// VisibilityTimeout returns the visibility timeout each receive asks for
+// (see WithVisibilityTimeout).
 func (s *Source) VisibilityTimeout() time.Duration { return s.vis }
 
 // Stats returns the Source's counters.

@@ -435,6 +435,59 @@ func TestHeartbeatKeepsSlowHandlerInvisible(t *testing.T) {
 	}
 }
 
+// TestDefaultVisibilityHeartbeat: on a queue made with SQS's defaults (a
+// 30s VisibilityTimeout) a Source that sets none asks for
+// DefaultVisibilityTimeout, so a crashed consumer's messages come back
+// within it; a handler slower than two of them, next to a second consumer
+// of the queue, keeps its message: the heartbeat extends it, and the
+// message is received, handled and applied once.
+func TestDefaultVisibilityHeartbeat(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q := newQueue(t, ep, "", nil)
+	st := sqliteStore(t)
+	m := msgs("default-vis", 1)[0]
+	publish(t, ep, q, m)
+	s1 := open(t, ep, q, WithDeadLetterQueue(q.name))
+	if v := s1.VisibilityTimeout(); v != DefaultVisibilityTimeout {
+		t.Fatalf("VisibilityTimeout() = %v on a queue with SQS's defaults, want DefaultVisibilityTimeout (%v)", v, DefaultVisibilityTimeout)
+	}
+	var calls atomic.Int32
+	slow := func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		calls.Add(1)
+		time.Sleep(2*DefaultVisibilityTimeout + time.Second)
+		return st.apply(ctx, tx, m)
+	}
+	a := runConsumer(t, s1, st.Store, slow)
+	servicetest.WaitFor(t, 10*time.Second, "the slow handler to start", func() bool { return calls.Load() == 1 })
+	s2 := open(t, ep, q, WithDeadLetterQueue(q.name))
+	b := runConsumer(t, s2, st.Store, slow)
+	servicetest.WaitFor(t, 30*time.Second, "the message to be processed", func() bool { return a.c.Stats().Processed == 1 })
+	if n := calls.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+	if ra, rb := a.c.Stats().Received, b.c.Stats().Received; ra != 1 || rb != 0 {
+		t.Errorf("consumers received %d and %d deliveries, want 1 and 0: the message was redelivered while the heartbeat ran", ra, rb)
+	}
+	if ext, failed := s1.Stats().Extended, s1.Stats().HeartbeatFailures; ext < 2 || failed != 0 {
+		t.Errorf("heartbeat extended %d times (%d failures) over two visibility timeouts, want >= 2 (and none)", ext, failed)
+	}
+	if n := st.count(t, m.ID); n != 1 {
+		t.Errorf("effect applied %d times, want 1", n)
+	}
+	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
+		t.Errorf("queue holds %d+%d messages after the ack, want none", vis, inflight)
+	}
+	// With the heartbeat off nothing extends the visibility: a Source asks
+	// for the queue's own, made for its handlers.
+	if s := open(t, ep, q, WithDeadLetterQueue(q.name), WithHeartbeat(false)); s.VisibilityTimeout() != 30*time.Second {
+		t.Errorf("VisibilityTimeout() with the heartbeat off = %v, want the queue's 30s", s.VisibilityTimeout())
+	}
+	if s := open(t, ep, q, WithDeadLetterQueue(q.name), WithVisibilityTimeout(9*time.Second)); s.VisibilityTimeout() != 9*time.Second {
+		t.Errorf("VisibilityTimeout() with WithVisibilityTimeout(9s) = %v", s.VisibilityTimeout())
+	}
+}
+
 // TestHeartbeatStopsAtMaxExtension holds a message past WithMaxExtension:
 // its visibility lapses and another consumer receives it.
 func TestHeartbeatStopsAtMaxExtension(t *testing.T) {

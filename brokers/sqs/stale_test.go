@@ -233,6 +233,7 @@ func TestURLErrorsNameParameters(t *testing.T) {
 		{base(fifo.name) + "&dlq=" + plain.name, []string{"dlq", "FIFO"}},
 		{base(plain.name) + "&dlq=" + plain.name + "&receivers=100", []string{"receivers", "1..64"}},
 		{base(plain.name) + "&dlq=" + plain.name + "&wait=1500ms", []string{"wait"}},
+		{base(plain.name) + "&dlq=" + plain.name + "&visibility=1500ms", []string{"visibility", "1s..12h"}},
 		{base(plain.name) + "&id_attribute=bad%20name", []string{"id_attribute"}},
 	}
 	for _, c := range cases {

@@ -1,12 +1,16 @@
 // Package driver is the contract between idemq and a broker adapter or a
 // dedup store, apart from what a service author uses (package core) and
 // what an operator uses (package admin), in the way database/sql/driver
-// stands apart from database/sql: a Source of Deliveries and a Publisher
-// for brokers, a Store of Txns for databases, the optional capabilities
-// the Consumer looks for (BatchSettler, WindowSetter, RedeliveryHorizoner,
-// DeliveryLimiter, Savepointer, Flusher, Leaser, …), and the registration of openers by URL
-// scheme. Adapters import this package, never core; they prove themselves
-// with the conformance suites brokers/brokertest and stores/storetest.
+// stands apart from database/sql: a Source (a Puller the Consumer asks for
+// messages, or a Pusher that hands them over) and a Publisher for brokers,
+// DeadLetters for operators, a Store of Txns for databases, the optional
+// capabilities the Consumer looks for (Extender, Releaser, Abandoner,
+// RedeliveryHorizoner, DeliveryLimiter, Savepointer, Flusher, Leaser, …),
+// and the registration of openers by URL scheme. The Consumer owns
+// delivery (window, settling once and in sets, leases, staleness, retry
+// delays, releasing at stop), so an adapter is only its protocol. Adapters
+// import this package, never core; they prove themselves with the
+// conformance suites brokers/brokertest and stores/storetest.
 package driver
 
 import (
@@ -168,12 +172,13 @@ type Puller interface {
 type Pusher interface {
 	Source
 	// Serve hands each message its senders send to deliver, until ctx is
-	// done (then it stops taking new ones and returns once those handed
-	// over are settled) or it fails. deliver waits for room in the
-	// Consumer's window and returns once the message is settled (the
-	// source's Ack, Retry or DeadLetter was called for it, so the answer
-	// is known), or with the error of ctx (the request's) or
-	// ErrSourceClosed.
+	// done (then it stops taking new ones and returns once no deliver call
+	// is under way) or it fails. deliver waits for room in the Consumer's
+	// window, under ctx (the request's): it returns ctx's error or
+	// ErrSourceClosed when the message was never taken. Once taken, it
+	// returns when the message is settled (the source's Ack, Retry,
+	// DeadLetter or Release was called for it, so the answer is known),
+	// whatever ctx does meanwhile.
 	Serve(ctx context.Context, deliver Deliver) error
 }
 
@@ -212,7 +217,8 @@ type Traits struct {
 	Lease time.Duration
 	// MaxExtension bounds how long after its receipt a message's lease is
 	// extended; past it the lease lapses and the broker redelivers. 0:
-	// for as long as the Consumer holds it.
+	// for as long as the Consumer holds it; below 0: never (a source whose
+	// heartbeat the user turned off).
 	MaxExtension time.Duration
 	// DelaysRetry is true when the broker waits out Retry's delay itself
 	// (an SQS visibility, a JetStream NakWithDelay, an HTTP Retry-After).

@@ -249,7 +249,8 @@ func (f *Flow) pullLoop(ctx context.Context, admit func([]*Held)) error {
 
 // Serve runs a Pusher's Serve until ctx is done: each message it delivers
 // takes room in the window, is held and handed to admit, and its deliver
-// call returns once the message is settled.
+// call returns once the message is settled; it returns the request's
+// error only while the message waits for room, never taken.
 func (f *Flow) Serve(ctx context.Context, admit func([]*Held)) error {
 	push, ok := f.src.(driver.Pusher)
 	if !ok {
@@ -267,12 +268,8 @@ func (f *Flow) Serve(ctx context.Context, admit func([]*Held)) error {
 		h.done = make(chan struct{})
 		f.track([]*Held{h}, time.Now())
 		admit([]*Held{h})
-		select {
-		case <-h.done:
-			return nil
-		case <-rctx.Done():
-			return rctx.Err()
-		}
+		<-h.done // the Consumer settles, or releases, all it took
+		return nil
 	})
 }
 

@@ -300,3 +300,41 @@ func (c *counting) Receive(ctx context.Context, max int) ([]*driver.Message, err
 	}
 	return c.Subscription.Receive(ctx, max)
 }
+
+// Of concurrent settlements of one message exactly one is sent; the others
+// get driver.ErrAlreadySettled.
+func TestConcurrentSettlementsSettleOnce(t *testing.T) {
+	b := broker(t, time.Hour, "a")
+	r := brokertest.StartReceiver(t, subscribe(t, b), 1)
+	d, err := r.Receive(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wins, refused atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			var err error
+			if i%2 == 0 {
+				err = d.Ack(ctx(t))
+			} else {
+				err = d.DeadLetter(ctx(t), errors.New("poison"))
+			}
+			switch {
+			case err == nil:
+				wins.Add(1)
+			case errors.Is(err, driver.ErrAlreadySettled):
+				refused.Add(1)
+			default:
+				t.Errorf("settlement: %v, want nil or driver.ErrAlreadySettled", err)
+			}
+		})
+	}
+	wg.Wait()
+	if wins.Load() != 1 || refused.Load() != 15 {
+		t.Fatalf("%d settlements won, %d refused; want exactly one", wins.Load(), refused.Load())
+	}
+	if st := b.Stats("q"); st.Acked+st.DeadLettered != 1 {
+		t.Fatalf("broker %+v: want the message settled once", st)
+	}
+}

@@ -291,7 +291,7 @@ func (f *Flow) beat(ctx context.Context, margin time.Duration) {
 		case !now.Before(h.deadline):
 			h.stale = ErrLeaseLapsed
 			lapsed = append(lapsed, h)
-		case h.waiting || f.ext == nil || h.deadline.Sub(now) > margin:
+		case h.waiting || f.ext == nil || maxExt < 0 || h.deadline.Sub(now) > margin:
 		case maxExt > 0 && !now.Before(h.received.Add(maxExt)):
 		default:
 			due = append(due, h)
@@ -310,6 +310,7 @@ func (f *Flow) beat(ctx context.Context, margin time.Duration) {
 	cancel()
 	failed := 0
 	var last error
+	confirmed := time.Now()
 	f.mu.Lock()
 	for i, h := range due {
 		if e := errorAt(err, i, len(due)); e != nil {
@@ -318,6 +319,11 @@ func (f *Flow) beat(ctx context.Context, margin time.Duration) {
 			if errors.Is(e, driver.ErrStaleDelivery) && h.stale == nil {
 				h.stale = e // the broker no longer knows this delivery
 			}
+			continue
+		}
+		if !confirmed.Before(h.deadline) {
+			// Confirmed only after the lease passed (the request waited
+			// out an outage): the broker may have redelivered first.
 			continue
 		}
 		until := sent.Add(lease)

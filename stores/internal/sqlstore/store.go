@@ -16,6 +16,7 @@ type Store[Tx any] interface {
 	driver.Retentioner
 	admin.Migrator
 	admin.Inspector
+	admin.Estimator
 	admin.MinuteCounter
 	driver.Pinger
 	admin.Lookuper
