@@ -126,7 +126,7 @@ func TestPoisonRowKafka(t *testing.T) {
 			Dest:      topic,
 			// Random: franz-go compresses batches, and a repeated byte
 			// would fit in the limit once compressed.
-			Poison:    outbox.Message{Body: []byte(rand.Text() + rand.Text() + strings.Repeat(rand.Text(), 300))},
+			Poison:    outbox.Message{Body: randomBody(8192)},
 			Rejection: "MESSAGE_TOO_LARGE",
 			Ordered:   true,
 			Fix:       func(t *testing.T) { setLimit(t, 1<<20) },
@@ -135,6 +135,13 @@ func TestPoisonRowKafka(t *testing.T) {
 			},
 		}
 	})
+}
+
+// randomBody returns n bytes that do not compress.
+func randomBody(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
 }
 
 // kafkaIDs reads the ids of every record of partition 0 of topic, up to
