@@ -32,16 +32,22 @@ const (
 // waits before it is handed out again.
 const dlqRetryDelay = time.Second
 
-// message is the Message of e's latest hand-out.
+// message is the Message of e's latest hand-out: the entry's own the first
+// time (no allocation of its own), a new one after a retry, since the
+// Consumer may still read the one it settled.
 func (s *Source) message(e *entry, now time.Time) *driver.Message {
-	m := readRecord(e.r, &s.cfg)
+	m := &e.first
+	if e.handouts > 1 {
+		m = new(driver.Message)
+	}
+	readRecord(e.r, &s.cfg, m)
 	m.Source, m.Attempt, m.ReceivedAt, m.AckID, m.Metadata = s.cfg.topic, e.attempt, now, e, (*metadata)(e)
 	return m
 }
 
-// readRecord makes r's Message: its id from the id header (the last of
+// readRecord fills m from r: its id from the id header (the last of
 // repeated ones), else with WithOffsetID its topic/partition/offset.
-func readRecord(r *kgo.Record, c *config) *driver.Message {
+func readRecord(r *kgo.Record, c *config, m *driver.Message) {
 	// The key and the header values are copied into one string and sliced
 	// from it: one allocation for all of them, not one each.
 	n := len(r.Key)
@@ -61,7 +67,7 @@ func readRecord(r *kgo.Record, c *config) *driver.Message {
 		headers[h.Key] = all[at : at+len(h.Value)] // the last of repeated keys wins
 		at += len(h.Value)
 	}
-	m := &driver.Message{Body: r.Value, Headers: headers, Key: key, Source: r.Topic, System: "kafka"}
+	*m = driver.Message{Body: r.Value, Headers: headers, Key: key, Source: r.Topic, System: "kafka"}
 	id, found := headers[c.idHeader]
 	switch {
 	case id != "":
@@ -71,7 +77,6 @@ func readRecord(r *kgo.Record, c *config) *driver.Message {
 	case found:
 		m.IDError = fmt.Errorf("the %s header is empty", c.idHeader)
 	}
-	return m
 }
 
 // recordOrigin names r as topic/partition/offset.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // The picker chooses which waiting message of a partition goes out next.
@@ -34,8 +36,8 @@ type partition struct {
 	id             int32
 	retry          bool     // a partition of the retry topic
 	revoking, dead bool     // no more hand-outs; settlements refused (given up)
-	dirty, paused  bool     // something to commit; fetching paused at the buffer's bound
-	out            int      // messages handed out, not settled
+	dirty, paused  bool     // something to commit; fetching paused (throttle)
+	out, waiting   int      // messages handed out, not settled; fetched or retried and not handed out
 	entries        []*entry // fetched and not below the commit point, in offset order
 	// The entries waiting to go out, arranged for pick.
 	order   Ordering
@@ -73,6 +75,7 @@ type entry struct {
 	notBefore                  time.Time
 	baseTry, handouts, attempt int   // attempts the record itself records (retry topic); hand-outs by this process; the last hand-out's
 	lane                       *lane // the lane it waits in; nil when nothing orders it
+	first                      driver.Message
 }
 
 // wrap names e's record in err.
@@ -80,8 +83,7 @@ func (e *entry) wrap(err error) error {
 	return fmt.Errorf("kafka: record %s/%d@%d: %w", e.r.Topic, e.r.Partition, e.r.Offset, err)
 }
 
-// advance drops the contiguous decided prefix, and resumes fetching once
-// a quarter of the buffer is free. s.mu is held.
+// advance drops the contiguous decided prefix. s.mu is held.
 func (p *partition) advance() {
 	i := 0
 	for i < len(p.entries) && p.entries[i].state == done {
@@ -89,7 +91,22 @@ func (p *partition) advance() {
 	}
 	clear(p.entries[:i])
 	p.entries = p.entries[i:]
-	if n := p.src.cfg.partitionBuffer; p.paused && len(p.entries) <= n-n/4 && !p.dead {
+	p.throttle()
+}
+
+// throttle pauses fetching the partition while WithPartitionBuffer
+// messages are held past their fetch (handed out, or decided behind an
+// undecided one), and resumes it once a quarter of that is free. Waiting
+// messages are bounded by the source as a whole (Source.poll): a pause
+// drops what franz-go buffered for the partition, fetched again later, so
+// it is kept for a partition held up. s.mu is held.
+func (p *partition) throttle() {
+	held, n := len(p.entries)-p.waiting, p.src.cfg.partitionBuffer
+	switch {
+	case !p.paused && held >= n && !p.dead:
+		p.paused = true
+		p.src.member.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
+	case p.paused && held <= n-n/4 && !p.dead:
 		p.paused = false
 		p.src.member.ResumeFetchPartitions(map[string][]int32{p.topic: {p.id}})
 	}
@@ -248,6 +265,7 @@ func (p *partition) candidate(e *entry) {
 
 // fetched makes a newly fetched message wait for its turn. s.mu is held.
 func (p *partition) fetched(e *entry) {
+	p.waiting++
 	l := p.laneOf(e)
 	e.lane = l
 	if l == nil {
@@ -281,12 +299,16 @@ func (p *partition) pick(now time.Time) *entry {
 		l.popFront()
 		l.busy = true
 	}
+	p.waiting--
 	return e
 }
 
 // settled frees the lane of e, handed out and now decided or (retry, its
 // notBefore set) back to wait, so the lane's next may go. s.mu is held.
 func (p *partition) settled(e *entry, retry bool) {
+	if retry {
+		p.waiting++
+	}
 	l := e.lane
 	if l == nil {
 		if retry {

@@ -65,7 +65,7 @@ var (
 type shareRecord struct {
 	s      *ShareSource
 	r      *kgo.Record
-	m      *driver.Message
+	m      driver.Message
 	marked bool // its acknowledgement is given; under s.mu
 }
 
@@ -152,7 +152,7 @@ func (s *ShareSource) Receive(ctx context.Context, max int) ([]*driver.Message, 
 		if n := min(max, len(s.buf)); n > 0 {
 			ms := make([]*driver.Message, n)
 			for i, rec := range s.buf[:n] {
-				ms[i] = rec.m
+				ms[i] = &rec.m
 			}
 			s.buf = s.buf[n:]
 			s.mu.Unlock()
@@ -200,7 +200,8 @@ func (s *ShareSource) fetch(ctx context.Context, member *kgo.Client) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fs.EachRecord(func(r *kgo.Record) {
-		rec := &shareRecord{s: s, r: r, m: readRecord(r, &s.cfg)}
+		rec := &shareRecord{s: s, r: r}
+		readRecord(r, &s.cfg, &rec.m)
 		rec.m.Attempt, rec.m.ReceivedAt, rec.m.AckID, rec.m.Metadata = max(int(r.DeliveryCount()), 1), now, rec, (*shareMetadata)(rec)
 		if s.out++; s.room == nil {
 			s.room = make(chan struct{})

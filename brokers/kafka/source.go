@@ -59,6 +59,7 @@ type Source struct {
 	ring     []*partition      // owned and not revoking, in hand-out rotation
 	rr       int
 	decided  int // since the last commit
+	backlog  int // messages waiting to be handed out past which polling waits
 	commitMu sync.Mutex
 
 	assigned, revoked, commits, commitErrs, stale, skipped atomic.Int64
@@ -256,6 +257,7 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	if err != nil {
 		return driver.Traits{}, fmt.Errorf("kafka: consumer group: %w", err)
 	}
+	s.backlog = max(2*st.Window, pollRecords)
 	lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.member, s.stop = member, stop
 	s.loops.Go(func() { s.poll(lctx) })
@@ -309,6 +311,7 @@ func (s *Source) pickLocked(now time.Time, limit int, out []*entry) []*entry {
 			}
 			e.state, p.dirty, progress = handed, true, true
 			p.out++
+			p.throttle()
 			p.high = max(p.high, e.r.Offset)
 			e.handouts++
 			e.attempt = e.baseTry + e.handouts
@@ -413,6 +416,7 @@ func (s *Source) settleLocked(e *entry, requeue bool, notBefore time.Time) error
 	if requeue {
 		e.state, e.notBefore = waiting, notBefore
 		p.settled(e, true)
+		p.throttle()
 		if d := time.Until(notBefore); d > 0 {
 			s.wakeAt(d)
 		}
@@ -462,6 +466,20 @@ func (s *Source) Close() error {
 func (s *Source) poll(ctx context.Context) {
 	pace := retry.New(50*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
+		// Poll only while fewer than s.backlog messages wait to be
+		// handed out: franz-go fetches no more for a broker until its
+		// last fetch was polled, so this bounds what is buffered.
+		s.mu.Lock()
+		for s.waitingLocked() >= s.backlog && ctx.Err() == nil {
+			ch := s.watch()
+			s.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+			}
+			s.mu.Lock()
+		}
+		s.mu.Unlock()
 		fs := s.member.PollRecords(ctx, pollRecords)
 		now := time.Now()
 		s.mu.Lock()
@@ -486,6 +504,16 @@ func (s *Source) poll(ctx context.Context) {
 		}
 		pace.Wait(ctx)
 	}
+}
+
+// waitingLocked counts the messages fetched and not handed out. s.mu is
+// held.
+func (s *Source) waitingLocked() int {
+	n := 0
+	for _, p := range s.parts {
+		n += p.waiting
+	}
+	return n
 }
 
 // trouble words a fetch or group error for the operator.
@@ -528,10 +556,6 @@ func (s *Source) addLocked(r *kgo.Record, now time.Time) {
 	}
 	if e.notBefore.After(now) {
 		s.wakeAt(e.notBefore.Sub(now))
-	}
-	if !p.paused && len(p.entries) >= s.cfg.partitionBuffer {
-		p.paused = true
-		s.member.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
 	}
 }
 

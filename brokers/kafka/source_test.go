@@ -498,3 +498,58 @@ func TestStaleDeliveriesSettleNothing(t *testing.T) {
 		t.Errorf("redelivery Attempt = %d, want 2", got[0].Message().Attempt)
 	}
 }
+
+// waitingOf returns how many messages s fetched and has not handed out,
+// and whether the partition is paused.
+func waitingOf(s *Source) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	paused := false
+	for _, p := range s.parts {
+		paused = paused || p.paused
+	}
+	return s.waitingLocked(), paused
+}
+
+// A Consumer that holds its window fetches no more than twice the window
+// (and one poll) ahead: the source stops polling instead of pausing the
+// partition, which would drop and fetch again what franz-go buffered.
+// Messages held past their fetch, handed out or decided behind an
+// undecided one, pause the partition at WithPartitionBuffer, and resume it
+// once a quarter of that is free.
+func TestFetchingAheadIsBounded(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	publishN(t, bs, topic, "ahead", 3000, nil)
+	s, r := startSource(t, bs, topic, "g-"+randomHex(4), 10, WithOrdering(OrderNone), WithPartitionBuffer(50))
+	ds := receiveN(t, r, 10, 10*time.Second)
+	time.Sleep(300 * time.Millisecond) // polling would go on meanwhile
+	if n, paused := waitingOf(s); n > 2*10+pollRecords || n < 10 || paused {
+		t.Fatalf("%d messages fetched ahead of a full window of 10 (paused %v), want at most %d and no pause", n, paused, 2*10+pollRecords)
+	}
+	// The first held, the next ones decided behind it: the partition
+	// pauses at 50 held.
+	head := ds[0]
+	for n := len(ds); n < 60; n++ {
+		if err := ds[n-1].Ack(context.Background()); err != nil { // each received before its ack
+			t.Fatal(err)
+		}
+		if n == 10 {
+			for _, d := range ds[1:9] {
+				if err := d.Ack(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		ds = append(ds, receiveN(t, r, 1, 10*time.Second)...)
+	}
+	if _, paused := waitingOf(s); !paused {
+		t.Fatal("60 messages held behind an undecided one, the partition not paused")
+	}
+	if err := head.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, paused := waitingOf(s); paused {
+		t.Fatal("the partition stayed paused once the messages held were committed")
+	}
+}

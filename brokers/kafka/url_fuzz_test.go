@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact/redacttest"
 )
 
@@ -63,7 +64,8 @@ func FuzzMessageID(f *testing.F) {
 			hs = append(hs, kgo.RecordHeader{Key: cfg.idHeader, Value: []byte("earlier")})
 		}
 		hs = append(hs, kgo.RecordHeader{Key: cfg.idHeader, Value: []byte(id)})
-		m := readRecord(&kgo.Record{Topic: "t", Key: mkey, Value: value, Headers: hs}, &cfg)
+		m := new(driver.Message)
+		readRecord(&kgo.Record{Topic: "t", Key: mkey, Value: value, Headers: hs}, &cfg, m)
 		if m.ID != id {
 			t.Fatalf("id %q became %q", id, m.ID)
 		}
