@@ -350,11 +350,11 @@ func WithRetryTopic(topic string) Option {
 	return srcOpt(set("WithRetryTopic", topic, checkTopic(topic), func(c *config) *string { return &c.retryTopic }))
 }
 
-// WithPartitionBuffer bounds the messages of a partition held past their
-// fetch and not yet committed (handed out, or decided behind an undecided
-// one): fetching the partition pauses past it. Default 1000. The messages
-// fetched and waiting to be handed out are bounded apart, at twice the
-// Consumer's window.
+// WithPartitionBuffer bounds the messages of a partition held between
+// fetch and commit: those waiting to be handed out, n a partition on
+// average (the source polls no more past it), and those handed out or
+// decided behind an undecided one, n a partition (fetching the partition
+// pauses past it). Default 1000.
 func WithPartitionBuffer(n int) Option {
 	return srcOpt(set("WithPartitionBuffer", n, option.Range(n, 1, 1_000_000), func(c *config) *int { return &c.partitionBuffer }))
 }

@@ -98,8 +98,8 @@ func (p *partition) advance() {
 // messages are held past their fetch (handed out, or decided behind an
 // undecided one), and resumes it once a quarter of that is free. Waiting
 // messages are bounded by the source as a whole (Source.poll): a pause
-// drops what franz-go buffered for the partition, fetched again later, so
-// it is kept for a partition held up. s.mu is held.
+// drops what franz-go buffered for the partition, to be fetched and
+// decoded again, so it is kept for a partition held up. s.mu is held.
 func (p *partition) throttle() {
 	held, n := len(p.entries)-p.waiting, p.src.cfg.partitionBuffer
 	switch {

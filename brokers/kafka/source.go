@@ -59,7 +59,6 @@ type Source struct {
 	ring     []*partition      // owned and not revoking, in hand-out rotation
 	rr       int
 	decided  int // since the last commit
-	backlog  int // messages waiting to be handed out past which polling waits
 	commitMu sync.Mutex
 
 	assigned, revoked, commits, commitErrs, stale, skipped atomic.Int64
@@ -257,7 +256,6 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	if err != nil {
 		return driver.Traits{}, fmt.Errorf("kafka: consumer group: %w", err)
 	}
-	s.backlog = max(2*st.Window, pollRecords)
 	lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.member, s.stop = member, stop
 	s.loops.Go(func() { s.poll(lctx) })
@@ -466,11 +464,12 @@ func (s *Source) Close() error {
 func (s *Source) poll(ctx context.Context) {
 	pace := retry.New(50*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
-		// Poll only while fewer than s.backlog messages wait to be
-		// handed out: franz-go fetches no more for a broker until its
-		// last fetch was polled, so this bounds what is buffered.
+		// Poll only while fewer than WithPartitionBuffer messages a
+		// partition wait to be handed out: franz-go fetches no more for a
+		// broker until its last fetch was polled, so this bounds what is
+		// buffered without pausing partitions (see throttle).
 		s.mu.Lock()
-		for s.waitingLocked() >= s.backlog && ctx.Err() == nil {
+		for s.waitingLocked() >= s.cfg.partitionBuffer*max(len(s.parts), 1) && ctx.Err() == nil {
 			ch := s.watch()
 			s.mu.Unlock()
 			select {
