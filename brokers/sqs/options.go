@@ -56,14 +56,14 @@ func (o sourceOption) apply(c *config) error { return o(c) }
 // config holds every setting; a Publisher reads the ClientOptions'.
 type config struct {
 	clientConfig
-	receivers, settleRetries           int // receivers 0: from the Consumer's window
+	receivers, settleRetries             int // receivers 0: from the Consumer's window
 	waitTime, maxExtension, closeTimeout time.Duration
-	visibility                         time.Duration // 0: DefaultVisibilityTimeout, or the queue's (see WithVisibilityTimeout)
-	heartbeat, releaseOnClose          bool
-	idAttribute, deadLetterQueue       string
-	deadLetterMode                     DeadLetterMode
-	logger                             *slog.Logger // nil: the Consumer's, else slog.Default()
-	byURL                              bool         // errors name URL parameters
+	visibility                           time.Duration // 0: DefaultVisibilityTimeout, or the queue's (see WithVisibilityTimeout)
+	heartbeat, releaseOnClose            bool
+	idAttribute, deadLetterQueue         string
+	deadLetterMode                       DeadLetterMode
+	logger                               *slog.Logger // nil: the Consumer's, else slog.Default()
+	byURL                                bool         // errors name URL parameters
 }
 
 // clientConfig is how to reach SQS.
