@@ -38,7 +38,7 @@ type Source struct {
 	cancel, pollStop context.CancelFunc
 	polls            sync.WaitGroup // long polls in progress
 	avail            chan struct{}  // signalled when ready grows
-	log              *slog.Logger   // WithLogger's, else the Consumer's; set by Start at the latest
+	log              *slog.Logger   // WithLogger's, else the Consumer's (from Start), else slog.Default()
 
 	mu              sync.Mutex
 	started, closed bool
@@ -90,7 +90,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{cl: cl, q: q, cfg: cfg, vis: q.visibility, log: cfg.logger, avail: make(chan struct{}, 1),
+	s := &Source{cl: cl, q: q, cfg: cfg, vis: q.visibility, log: cmp.Or(cfg.logger, slog.Default()), avail: make(chan struct{}, 1),
 		groups: make(map[string][]*delivery)}
 	switch {
 	case cfg.visibility > 0:
@@ -124,8 +124,8 @@ func (s *Source) Start(_ context.Context, st driver.Setup) (driver.Traits, error
 		return driver.Traits{}, errors.New("sqs: Start called twice")
 	}
 	s.started = true
-	if s.log == nil {
-		s.log = cmp.Or(st.Logger, slog.Default())
+	if s.cfg.logger == nil && st.Logger != nil {
+		s.log = st.Logger
 	}
 	tr := driver.Traits{MaxBatch: 10, Receivers: s.cfg.receivers, Lease: s.vis, MaxExtension: s.cfg.maxExtension, DelaysRetry: true}
 	if tr.Receivers == 0 {

@@ -879,6 +879,49 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 	}
 }
 
+// TestFIFOHeldBackRenewedWithItsGroup: a message held back behind its
+// group's is renewed with it. While the first is held for over two
+// visibility timeouts, another consumer receives neither; the second is
+// handed out once the first is acked, and its Ack is no stale one.
+func TestFIFOHeldBackRenewedWithItsGroup(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
+	ms := msgs("renew", 2)
+	publish(t, ep, q, ms...)
+	s := open(t, ep, q, WithDeadLetterQueue(q.name))
+	s.q.fifo = true // group handling as on a FIFO queue
+	r := receiver(t, s, 0)
+	raw := drainNoDelete(t, ep, q.url, 2)
+	slices.SortFunc(raw, func(a, b types.Message) int {
+		return strings.Compare(attr(a, DefaultIDAttribute), attr(b, DefaultIDAttribute))
+	})
+	for i := range raw {
+		raw[i].Attributes["MessageGroupId"] = "g"
+	}
+	s.accept(raw, time.Now())
+	d1 := receiveOne(t, r, time.Second)
+	if got := drainNoDelete(t, ep, q.url, 1); len(got) != 0 { // receives for 5s
+		t.Fatalf("another consumer received %q while its group's first was held", attr(got[0], DefaultIDAttribute))
+	}
+	if err := d1.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d2 := receiveOne(t, r, time.Second)
+	if d2.Message().ID != ms[1].ID {
+		t.Fatalf("after the ack got %q, want %q", d2.Message().ID, ms[1].ID)
+	}
+	if err := d2.Ack(context.Background()); err != nil {
+		t.Fatalf("Ack of the message held back: %v", err)
+	}
+	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
+		t.Errorf("queue holds %d+%d messages after both acks, want none", vis, inflight)
+	}
+	if st := s.Stats(); st.Extended < 4 || st.HeartbeatFailures != 0 {
+		t.Errorf("stats %+v: want both messages extended at least twice, no failure", st)
+	}
+}
+
 // drainNoDelete receives n messages with a raw client, leaving them in
 // flight.
 func drainNoDelete(t testing.TB, ep, url string, n int) []types.Message {
