@@ -36,7 +36,7 @@ type Source struct {
 	vis              time.Duration   // the visibility timeout each receive asks for: the lease
 	ctx, pollCtx     context.Context // cancelled by Close; pollCtx when it stops waiting for long polls
 	cancel, pollStop context.CancelFunc
-	polls            sync.WaitGroup // long polls in progress
+	busy             sync.WaitGroup // Receive calls and long polls in progress
 	avail            chan struct{}  // signalled when ready grows
 	log              *slog.Logger   // WithLogger's, else the Consumer's (from Start), else slog.Default()
 
@@ -180,13 +180,24 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 }
 
 // Receive implements driver.Puller: it returns the messages waiting (a
-// FIFO message whose group's earlier one was deleted among them), else
-// long-polls SQS for up to max, ten at most, fewer by the FIFO messages
-// held back, so that those count in the window too. A failed
-// ReceiveMessage is logged and returned. A poll whose caller stopped
-// waiting goes on: what it brings waits for the next call, or Close makes
-// it visible again.
+// FIFO message let go by its group's earlier one, or what a poll whose
+// caller stopped waiting brought), else long-polls SQS for up to max, ten
+// at most, fewer by the FIFO messages held back, so that those count in
+// the window too, and returns what the poll brought. A failed
+// ReceiveMessage is logged and returned.
 func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, driver.ErrSourceClosed
+	}
+	s.busy.Add(1) // Close waits for it
+	s.mu.Unlock()
+	var p *poll // this call's, in flight
+	defer func() {
+		s.abandon(p)
+		s.busy.Done()
+	}()
 	for {
 		s.mu.Lock()
 		switch {
@@ -197,12 +208,10 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 			s.mu.Unlock()
 			return nil, errors.New("sqs: Receive before Start")
 		case len(s.ready) > 0:
-			ms := make([]*driver.Message, min(max, len(s.ready)))
-			for i := range ms {
-				ms[i] = &s.ready[i].msg
-			}
-			clear(s.ready[:len(ms)])
-			s.ready = s.ready[len(ms):]
+			n := min(max, len(s.ready))
+			ms := messages(s.ready[:n])
+			clear(s.ready[:n])
+			s.ready = s.ready[n:]
 			more := len(s.ready) > 0
 			s.mu.Unlock()
 			if more {
@@ -210,22 +219,24 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 			}
 			return ms, nil
 		}
-		var polled chan error // nil while the held-back messages fill max
-		if n := min(max, 10) - s.heldBack; n > 0 {
-			polled = make(chan error, 1)
-			s.polls.Add(1)
-			go func() {
-				defer s.polls.Done()
-				polled <- s.poll(n)
-			}()
+		if n := min(max, 10) - s.heldBack; p == nil && n > 0 {
+			p = s.poll(n)
 		}
 		s.mu.Unlock()
+		var polled <-chan struct{} // nil while the held-back messages fill max
+		if p != nil {
+			polled = p.done
+		}
 		select {
-		case err := <-polled:
-			if err != nil && s.ctx.Err() != nil {
+		case <-polled:
+			ds, err := p.ds, p.err
+			switch p = nil; {
+			case err != nil && s.ctx.Err() != nil:
 				return nil, driver.ErrSourceClosed
-			} else if err != nil {
+			case err != nil:
 				return nil, err
+			case len(ds) > 0:
+				return messages(ds), nil
 			}
 		case <-s.avail:
 		case <-ctx.Done():
@@ -236,6 +247,14 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 	}
 }
 
+func messages(ds []*delivery) []*driver.Message {
+	ms := make([]*driver.Message, len(ds))
+	for i, d := range ds {
+		ms[i] = &d.msg
+	}
+	return ms
+}
+
 // signal wakes one waiter of a capacity-1 channel without blocking.
 func signal(c chan struct{}) {
 	select {
@@ -244,18 +263,61 @@ func signal(c chan struct{}) {
 	}
 }
 
-// poll asks SQS for up to n messages, long-polling, and makes them ready.
-func (s *Source) poll(n int) error {
+// poll is one ReceiveMessage call: done is closed once ds (what its
+// caller is to hand out) or err is set. A poll whose caller went away
+// (abandoned) makes what it brings ready for the next.
+type poll struct {
+	done      chan struct{}
+	ds        []*delivery
+	err       error
+	abandoned bool // guarded by Source.mu
+}
+
+// poll starts a long poll for up to n messages; s.mu is held.
+func (s *Source) poll(n int) *poll {
+	p := &poll{done: make(chan struct{})}
+	s.busy.Add(1)
 	s.stats.receiveCalls.Add(1)
-	out, err := s.cl.ReceiveMessage(s.pollCtx, receiveInput(s.q.url, n, s.cfg.waitTime, s.vis))
-	if err != nil {
-		if s.ctx.Err() == nil {
+	go func() {
+		defer s.busy.Done()
+		out, err := s.cl.ReceiveMessage(s.pollCtx, receiveInput(s.q.url, n, s.cfg.waitTime, s.vis))
+		if err != nil && s.ctx.Err() == nil {
 			s.log.Warn("idemq sqs: receive failed", "queue", s.q.name, "error", err)
 		}
-		return fmt.Errorf("sqs: receive from %s: %w", s.q.name, err)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if p.err = err; err != nil {
+			p.err = fmt.Errorf("sqs: receive from %s: %w", s.q.name, err)
+		} else if p.ds = s.acceptLocked(out.Messages, time.Now()); p.abandoned {
+			s.readyLocked(p.ds)
+		}
+		close(p.done)
+	}()
+	return p
+}
+
+// abandon makes what p, a poll whose caller no longer waits for it,
+// brings ready for the next caller.
+func (s *Source) abandon(p *poll) {
+	if p == nil {
+		return
 	}
-	s.accept(out.Messages, time.Now())
-	return nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-p.done:
+		s.readyLocked(p.ds)
+	default:
+		p.abandoned = true
+	}
+}
+
+// readyLocked makes ds ready for Receive; s.mu is held.
+func (s *Source) readyLocked(ds []*delivery) {
+	if len(ds) > 0 {
+		s.ready = append(s.ready, ds...)
+		signal(s.avail)
+	}
 }
 
 // receiveInput asks for up to n messages with every attribute, hidden for
@@ -266,23 +328,20 @@ func receiveInput(queueURL string, n int, wait, vis time.Duration) *awssqs.Recei
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll}}
 }
 
-// accept makes messages received at now ready. On a FIFO queue a message
-// whose group has one handed out (or ready) is held back behind it, until
-// that one is settled. SQS hands out no message of a group while one is
-// in flight, so the first of a group in a receive means those held before
-// are no longer hidden (their visibility lapsed): they are dropped, and
-// come again.
-func (s *Source) accept(msgs []types.Message, now time.Time) {
-	if len(msgs) == 0 {
-		return
-	}
+// acceptLocked returns the messages received at now that are to be handed
+// out; s.mu is held. On a FIFO queue a message whose group has one handed
+// out (or ready) is held back behind it, until that one is settled. SQS
+// hands out no message of a group while one is in flight, so the first of
+// a group in a receive means those held before are no longer hidden
+// (their visibility lapsed): they are dropped, and come again.
+func (s *Source) acceptLocked(msgs []types.Message, now time.Time) []*delivery {
 	s.stats.received.Add(int64(len(msgs)))
+	var out []*delivery
 	var fresh map[string]bool // groups this receive started again
-	s.mu.Lock()
 	for i := range msgs {
 		d := s.newDelivery(&msgs[i], now)
 		if !s.q.fifo || d.group == "" {
-			s.ready = append(s.ready, d)
+			out = append(out, d)
 			continue
 		}
 		chain := s.groups[d.group]
@@ -298,12 +357,11 @@ func (s *Source) accept(msgs []types.Message, now time.Time) {
 			s.heldBack++
 			s.stats.heldBack.Add(1)
 		} else {
-			s.ready = append(s.ready, d)
+			out = append(out, d)
 		}
 		s.groups[d.group] = append(chain, d)
 	}
-	s.mu.Unlock()
-	signal(s.avail)
+	return out
 }
 
 // settled keeps FIFO order once ds were settled (errs[i] is ds[i]'s
@@ -323,7 +381,7 @@ func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone
 		chain := s.groups[d.group]
 		if chain = chain[1:]; gone && errs[i] == nil && len(chain) > 0 {
 			chain[0].msg.ReceivedAt = chain[0].renewed // its lease counts from its last renewal
-			s.ready = append(s.ready, chain[0])
+			s.readyLocked(chain[:1])
 			s.heldBack--
 		} else if !gone || errs[i] != nil {
 			back = append(back, chain...)
@@ -337,7 +395,6 @@ func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone
 		}
 	}
 	s.mu.Unlock()
-	signal(s.avail)
 	if err := errors.Join(s.release(ctx, back)...); err != nil {
 		s.log.Warn("idemq sqs: releasing messages held behind a returned FIFO message failed; they come back after their visibility timeout", "queue", s.q.name, "error", err)
 	}
@@ -370,9 +427,9 @@ func (s *Source) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	s.cancel()
+	s.cancel() // Receive calls return, abandoning their polls
 	waited := make(chan struct{})
-	go func() { s.polls.Wait(); close(waited) }()
+	go func() { s.busy.Wait(); close(waited) }()
 	select {
 	case <-waited:
 	case <-time.After(s.cfg.closeTimeout):

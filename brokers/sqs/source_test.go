@@ -846,14 +846,16 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 	for i := range raw {
 		raw[i].Attributes["MessageGroupId"] = "g"
 	}
-	s.accept(raw, time.Now())
+	s.mu.Lock()
+	s.readyLocked(s.acceptLocked(raw, time.Now()))
+	s.mu.Unlock()
 
 	d1 := receiveOne(t, r, time.Second)
 	if d1.Message().ID != ms[0].ID || d1.Message().Key != "g" {
 		t.Fatalf("first delivery %q key %q, want %q key g", d1.Message().ID, d1.Message().Key, ms[0].ID)
 	}
 	quiet(t, r, 300*time.Millisecond) // the rest of the group waits
-	s.polls.Wait()                    // and no poll quiet started takes the message released below
+	s.busy.Wait()                     // and no poll quiet started takes the message released below
 	if err := d1.Ack(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -899,7 +901,9 @@ func TestFIFOHeldBackRenewedWithItsGroup(t *testing.T) {
 	for i := range raw {
 		raw[i].Attributes["MessageGroupId"] = "g"
 	}
-	s.accept(raw, time.Now())
+	s.mu.Lock()
+	s.readyLocked(s.acceptLocked(raw, time.Now()))
+	s.mu.Unlock()
 	d1 := receiveOne(t, r, time.Second)
 	if got := drainNoDelete(t, ep, q.url, 1); len(got) != 0 { // receives for 5s
 		t.Fatalf("another consumer received %q while its group's first was held", attr(got[0], DefaultIDAttribute))
