@@ -497,6 +497,31 @@ func TestDefaultVisibilityHeartbeat(t *testing.T) {
 	}
 }
 
+// TestTraits: the Consumer keeps one long poll per ten messages of its
+// window outstanding (at least two) unless WithReceivers says, its lease
+// is the visibility each receive asks for, and with the heartbeat off it
+// never extends one (a nanosecond's MaxExtension), reckoning staleness
+// from the queue's own visibility timeout.
+func TestTraits(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 30, 0)
+	for _, c := range []struct {
+		window int
+		opts   []Option
+		want   driver.Traits
+	}{
+		{45, nil, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true}},
+		{5, nil, driver.Traits{MaxBatch: 10, Receivers: 2, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true}},
+		{45, []Option{WithReceivers(3), WithMaxExtension(time.Minute)}, driver.Traits{MaxBatch: 10, Receivers: 3, Lease: DefaultVisibilityTimeout, MaxExtension: time.Minute, DelaysRetry: true}},
+		{45, []Option{WithHeartbeat(false)}, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: 30 * time.Second, MaxExtension: time.Nanosecond, DelaysRetry: true}},
+	} {
+		if got := receiver(t, open(t, ep, q, append(c.opts, WithDeadLetterQueue(q.name))...), c.window).Traits(); got != c.want {
+			t.Errorf("window %d, options %d: Traits %+v, want %+v", c.window, len(c.opts), got, c.want)
+		}
+	}
+}
+
 // TestHeartbeatStopsAtMaxExtension holds a message past WithMaxExtension:
 // its visibility lapses and another consumer receives it.
 func TestHeartbeatStopsAtMaxExtension(t *testing.T) {
