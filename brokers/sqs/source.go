@@ -127,12 +127,15 @@ func (s *Source) Start(_ context.Context, st driver.Setup) (driver.Traits, error
 	if s.cfg.logger == nil && st.Logger != nil {
 		s.log = st.Logger
 	}
-	tr := driver.Traits{MaxBatch: 10, Receivers: s.cfg.receivers, Lease: s.vis, MaxExtension: s.cfg.maxExtension, DelaysRetry: true}
+	// A receive is a billed request: it waits a moment for room for more
+	// than one message, as the adapter's receivers once lingered.
+	tr := driver.Traits{MaxBatch: 10, Receivers: s.cfg.receivers, Lease: s.vis, MaxExtension: s.cfg.maxExtension,
+		DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}
 	if tr.Receivers == 0 {
 		tr.Receivers = min(max(2, (st.Window+9)/10), 64)
 	}
 	if !s.cfg.heartbeat {
-		tr.MaxExtension = time.Nanosecond
+		tr.MaxExtension = -1
 	}
 	return tr, nil
 }
