@@ -511,10 +511,10 @@ func TestTraits(t *testing.T) {
 		opts   []Option
 		want   driver.Traits
 	}{
-		{45, nil, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true}},
-		{5, nil, driver.Traits{MaxBatch: 10, Receivers: 2, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true}},
-		{45, []Option{WithReceivers(3), WithMaxExtension(time.Minute)}, driver.Traits{MaxBatch: 10, Receivers: 3, Lease: DefaultVisibilityTimeout, MaxExtension: time.Minute, DelaysRetry: true}},
-		{45, []Option{WithHeartbeat(false)}, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: 30 * time.Second, MaxExtension: time.Nanosecond, DelaysRetry: true}},
+		{45, nil, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
+		{5, nil, driver.Traits{MaxBatch: 10, Receivers: 2, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
+		{45, []Option{WithReceivers(3), WithMaxExtension(time.Minute)}, driver.Traits{MaxBatch: 10, Receivers: 3, Lease: DefaultVisibilityTimeout, MaxExtension: time.Minute, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
+		{45, []Option{WithHeartbeat(false)}, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: 30 * time.Second, MaxExtension: -1, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
 	} {
 		if got := receiver(t, open(t, ep, q, append(c.opts, WithDeadLetterQueue(q.name))...), c.window).Traits(); got != c.want {
 			t.Errorf("window %d, options %d: Traits %+v, want %+v", c.window, len(c.opts), got, c.want)
