@@ -25,9 +25,9 @@ func harness(query string) brokertest.Harness {
 			return &brokertest.Fixture{
 				Publish: ts.publish,
 				NewSource: func(t *testing.T) driver.Source {
-					s, err := NewSource(context.Background(), ts.url(""))
+					s, err := Open(context.Background(), ts.url(""))
 					if err != nil {
-						t.Fatalf("NewSource: %v", err)
+						t.Fatalf("Open: %v", err)
 					}
 					return s
 				},

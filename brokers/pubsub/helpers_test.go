@@ -196,9 +196,9 @@ func newTestSub(t testing.TB, query string) *testSub {
 		}
 		cl.Close()
 	})
-	s, err := NewSource(context.Background(), ts.url(""))
+	s, err := Open(context.Background(), ts.url(""))
 	if err != nil {
-		t.Fatalf("NewSource: %v", err)
+		t.Fatalf("Open: %v", err)
 	}
 	s.Close()
 	return ts
@@ -221,9 +221,9 @@ func (ts *testSub) url(extra string) string {
 
 func (ts *testSub) open(t testing.TB, extra string) *Source {
 	t.Helper()
-	s, err := NewSource(context.Background(), ts.url(extra))
+	s, err := Open(context.Background(), ts.url(extra))
 	if err != nil {
-		t.Fatalf("NewSource: %v", err)
+		t.Fatalf("Open: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s

@@ -35,14 +35,13 @@ const maxPull = 1000 // the most messages a Pull returns, and a request settles 
 
 func init() {
 	driver.RegisterSource("pubsub", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {
-		return NewSource(ctx, u.String())
+		return Open(ctx, u.String())
 	})
 	driver.RegisterPublisher("pubsub", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
 		return NewPublisher(ctx, u.String())
 	})
 	driver.RegisterDeadLetters("pubsub", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.DeadLetters, error) {
-		c, err := dial(ctx, u.String(), nil, false) // an operator's tool creates nothing
-		return deadletter.NewBatched[string](parked{c}), err
+		return OpenDeadLetters(ctx, u.String())
 	})
 }
 
@@ -129,8 +128,7 @@ func dial(ctx context.Context, addr string, opts []option.ClientOption, mayDecla
 	return c, nil
 }
 
-// subscription reads want's subscription; with declare, a missing one is
-// created after its topic and the others given.
+// subscription reads want's, created with declare after its topics.
 func (c *conn) subscription(ctx context.Context, want *pb.Subscription, topics ...string) (*pb.Subscription, error) {
 	get := &pb.GetSubscriptionRequest{Subscription: want.Name}
 	s, err := c.cl.SubscriptionAdminClient.GetSubscription(ctx, get)
@@ -148,9 +146,8 @@ func (c *conn) subscription(ctx context.Context, want *pb.Subscription, topics .
 	return s, nil
 }
 
-// pull is one Pull; Pub/Sub answers an empty one a little before wait.
 func (c *conn) pull(ctx context.Context, sub string, max int, wait time.Duration) ([]*pb.ReceivedMessage, error) {
-	pctx, cancel := context.WithTimeout(ctx, wait)
+	pctx, cancel := context.WithTimeout(ctx, wait) // Pub/Sub answers an empty Pull a little before
 	defer cancel()
 	res, err := c.cl.SubscriptionAdminClient.Pull(pctx, &pb.PullRequest{Subscription: sub, MaxMessages: int32(min(max, maxPull))})
 	if ctx.Err() != nil {
@@ -211,9 +208,9 @@ type Source struct {
 	closed atomic.Bool
 }
 
-// NewSource opens the subscription of a pubsub:// URL; the client takes
-// opts, else Application Default Credentials or PUBSUB_EMULATOR_HOST.
-func NewSource(ctx context.Context, addr string, opts ...option.ClientOption) (*Source, error) {
+// Open opens the subscription of a pubsub:// URL; the client takes opts,
+// else Application Default Credentials or PUBSUB_EMULATOR_HOST.
+func Open(ctx context.Context, addr string, opts ...option.ClientOption) (*Source, error) {
 	c, err := dial(ctx, addr, opts, true)
 	if err != nil {
 		return nil, err
@@ -221,10 +218,9 @@ func NewSource(ctx context.Context, addr string, opts ...option.ClientOption) (*
 	return &Source{conn: c, memo: attempts.New[string](1 << 16)}, nil
 }
 
-// Start implements driver.Source: a lease is the ack deadline, extended up
-// to max_extension. An ordered subscription is pulled a message a request,
-// 16 at once: Pub/Sub hands out a key's next message once the one before
-// is acknowledged, so per-key order holds whatever the concurrency.
+// Start implements driver.Source: a lease is the ack deadline. An ordered
+// subscription is pulled a message a request, 16 at once: Pub/Sub hands out
+// a key's next message once the one before is acked, whatever the concurrency.
 func (s *Source) Start(_ context.Context, setup driver.Setup) (driver.Traits, error) {
 	t := driver.Traits{MaxBatch: maxPull, Receivers: 2, Lease: time.Duration(s.sub.AckDeadlineSeconds) * time.Second,
 		MaxExtension: s.cfg.maxExtension, DelaysRetry: true}
@@ -237,28 +233,26 @@ func (s *Source) Start(_ context.Context, setup driver.Setup) (driver.Traits, er
 // Receive implements driver.Puller. Attempt is Pub/Sub's delivery attempt
 // with a dead-letter policy, else this Source's count of deliveries.
 func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
-	for {
-		rms, err := s.pull(ctx, s.sub.Name, n, 5*time.Second)
-		if s.closed.Load() {
+	var rms []*pb.ReceivedMessage
+	for err := error(nil); len(rms) == 0; {
+		if rms, err = s.pull(ctx, s.sub.Name, n, 5*time.Second); s.closed.Load() {
 			return nil, driver.ErrSourceClosed
 		} else if err != nil {
 			return nil, err
 		}
-		ms := make([]*driver.Message, len(rms))
-		for i, rm := range rms {
-			pm := rm.Message
-			ms[i] = &driver.Message{ID: pm.Attributes[s.cfg.idAttr], Body: pm.Data, Headers: pm.Attributes, Key: pm.OrderingKey,
-				Source: path.Base(s.sub.Name), System: "gcp_pubsub", Attempt: max(1, int(rm.DeliveryAttempt)),
-				Metadata: metadata(pm.MessageId), ReceivedAt: time.Now(), AckID: rm, BrokerKey: pm.MessageId}
-			if s.sub.DeadLetterPolicy == nil {
-				ms[i].Attempt = s.memo.Last(pm.MessageId) + 1
-				s.memo.Requeued(pm.MessageId, ms[i].Attempt)
-			}
-		}
-		if len(ms) > 0 {
-			return ms, nil
+	}
+	ms := make([]*driver.Message, len(rms))
+	for i, rm := range rms {
+		pm := rm.Message
+		ms[i] = &driver.Message{ID: pm.Attributes[s.cfg.idAttr], Body: pm.Data, Headers: pm.Attributes, Key: pm.OrderingKey,
+			Source: path.Base(s.sub.Name), System: "gcp_pubsub", Attempt: max(1, int(rm.DeliveryAttempt)),
+			Metadata: metadata(pm.MessageId), ReceivedAt: time.Now(), AckID: rm, BrokerKey: pm.MessageId}
+		if s.sub.DeadLetterPolicy == nil {
+			ms[i].Attempt = s.memo.Last(pm.MessageId) + 1
+			s.memo.Requeued(pm.MessageId, ms[i].Attempt)
 		}
 	}
+	return ms, nil
 }
 
 // Ack implements driver.Source: one Acknowledge per 1,000 messages.
@@ -266,8 +260,7 @@ func (s *Source) Ack(ctx context.Context, ms []*driver.Message) error {
 	return driver.PartialOf(s.send(ctx, ms, -1))
 }
 
-// Retry implements driver.Source: the ack deadline becomes delay, in whole
-// seconds up to 600.
+// Retry implements driver.Source: the ack deadline becomes delay (≤ 600s).
 func (s *Source) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
 	return driver.PartialOf(s.send(ctx, ms, int32(min(600, (delay+time.Second-1)/time.Second))))
 }
@@ -282,14 +275,12 @@ func (s *Source) Extend(ctx context.Context, ms []*driver.Message) error {
 	return driver.PartialOf(s.send(ctx, ms, s.sub.AckDeadlineSeconds))
 }
 
-// DeadLetter implements driver.Source: it holds the ack deadlines (an
-// exactly-once subscription refuses a stale delivery here: not parked),
-// publishes copies with their causes to the dead-letter topic, then acks;
-// a message whose copy was not published is handed back.
+// DeadLetter implements driver.Source: it holds the ack deadlines (a stale
+// delivery fails here on an exactly-once subscription), publishes copies
+// with the causes to the dead-letter topic, then acks; else hands back.
 func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
 	errs := s.send(ctx, ms, s.sub.AckDeadlineSeconds)
-	var live []*driver.Message
-	var copies []*pb.PubsubMessage
+	live, copies := []*driver.Message(nil), []*pb.PubsubMessage(nil)
 	for i, m := range ms {
 		if errs[i] == nil {
 			cause := deadletter.Cause(causes[i])
@@ -359,8 +350,7 @@ func (s *Source) Close() error {
 	return s.cl.Close()
 }
 
-// metadata is a message's server id, for observers.
-type metadata string
+type metadata string // the server's message id
 
 // All implements driver.Metadata.
 func (m metadata) All() iter.Seq2[string, slog.Value] {
@@ -379,6 +369,16 @@ func NewPublisher(ctx context.Context, addr string, opts ...option.ClientOption)
 		return nil, err
 	}
 	return &Publisher{c}, nil
+}
+
+// OpenDeadLetters opens the dead letters of a pubsub:// URL's subscription
+// for operators; it creates nothing.
+func OpenDeadLetters(ctx context.Context, addr string, opts ...option.ClientOption) (driver.DeadLetters, error) {
+	c, err := dial(ctx, addr, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return deadletter.NewBatched[string](parked{c}), nil
 }
 
 // Publish implements driver.Publisher: to topic (a name, or
@@ -415,8 +415,7 @@ func (d parked) EachBatch(ctx context.Context, fn func([]string, []*driver.Parke
 		if err != nil || len(rms) == 0 {
 			return err
 		}
-		var refs []string
-		var ps []*driver.Parked
+		refs, ps := []string(nil), []*driver.Parked(nil)
 		for _, rm := range rms {
 			held = append(held, rm.AckId)
 			if pm := rm.Message; pm.PublishTime.AsTime().Before(begin) { // parked before the call began

@@ -29,7 +29,7 @@ import (
 // The emulator speaks neither TLS nor credentials, so the test puts a TLS
 // endpoint with a certificate of its own in front of it (an HTTP/2 reverse
 // proxy) that records the Authorization header of each call. Through
-// NewSource's and NewPublisher's client options, with that certificate
+// Open's and NewPublisher's client options, with that certificate
 // trusted and a service account's key as credentials, messages flow over
 // TLS and every call carries the service account's signed token; without
 // the certificate trusted, the Source refuses the endpoint.
@@ -92,9 +92,9 @@ func TestTLSAndCredentials(t *testing.T) {
 	if err := pub.Publish(ctx, "", msgs...); err != nil {
 		t.Fatal(err)
 	}
-	src, err := NewSource(ctx, ts.url(""), opts...)
+	src, err := Open(ctx, ts.url(""), opts...)
 	if err != nil {
-		t.Fatalf("NewSource over TLS: %v", err)
+		t.Fatalf("Open over TLS: %v", err)
 	}
 	r := brokertest.StartReceiver(t, src, 10)
 	for range msgs {
@@ -127,8 +127,8 @@ func TestTLSAndCredentials(t *testing.T) {
 	}
 
 	// Not trusting the endpoint's certificate, the Source refuses it.
-	_, err = NewSource(ctx, ts.url(""), option.WithEndpoint(endpoint), option.WithAuthCredentialsJSON(option.ServiceAccount, account))
+	_, err = Open(ctx, ts.url(""), option.WithEndpoint(endpoint), option.WithAuthCredentialsJSON(option.ServiceAccount, account))
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Errorf("NewSource without the certificate trusted = %v, want a certificate error", err)
+		t.Errorf("Open without the certificate trusted = %v, want a certificate error", err)
 	}
 }
