@@ -186,11 +186,14 @@ func (c *conn) settle(ctx context.Context, sub string, ids []string, deadline in
 	return errs
 }
 
-// publish returns once Pub/Sub took msgs; a missing topic or a message
-// Pub/Sub refuses fails it permanently.
+// publish returns once Pub/Sub took msgs, a request per run of one ordering
+// key (as Pub/Sub asks); a missing topic or a refused message fails it
+// permanently.
 func (c *conn) publish(ctx context.Context, topic string, msgs []*pb.PubsubMessage) error {
-	for lo := 0; lo < len(msgs); lo += maxPull {
-		_, err := c.cl.TopicAdminClient.Publish(ctx, &pb.PublishRequest{Topic: topic, Messages: msgs[lo:min(lo+maxPull, len(msgs))]})
+	for lo, hi := 0, 0; lo < len(msgs); lo = hi {
+		for hi = lo + 1; hi < len(msgs) && hi-lo < maxPull && msgs[hi].OrderingKey == msgs[lo].OrderingKey; hi++ {
+		}
+		_, err := c.cl.TopicAdminClient.Publish(ctx, &pb.PublishRequest{Topic: topic, Messages: msgs[lo:hi]})
 		if code := status.Code(err); code == codes.NotFound || code == codes.InvalidArgument {
 			return driver.Permanent(fmt.Errorf("pubsub: publishing to %s: %w", topic, err))
 		} else if err != nil {
@@ -326,8 +329,7 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 
 // HorizonHint implements driver.HorizonHinter.
 func (s *Source) HorizonHint(retention time.Duration) string {
-	return fmt.Sprintf("gcloud pubsub subscriptions update %s --message-retention-duration=%ds, and the same for %s (Pub/Sub takes 600s and up)",
-		path.Base(s.sub.Name), int64(retention/time.Second), path.Base(s.dead.Name))
+	return fmt.Sprintf("gcloud pubsub subscriptions update %s --message-retention-duration=%ds, and %s", path.Base(s.sub.Name), int64(retention/time.Second), path.Base(s.dead.Name))
 }
 
 // DeliveryLimit implements driver.DeliveryLimiter: the dead-letter
@@ -407,8 +409,7 @@ func (d parked) Name() string { return path.Base(d.cfg.dlTopic) }
 func (d parked) Close() error { return d.cl.Close() }
 
 func (d parked) EachBatch(ctx context.Context, fn func([]string, []*driver.Parked) error) error {
-	begin := time.Now()
-	var held []string
+	begin, held := time.Now(), []string(nil)
 	defer func() { d.settle(context.WithoutCancel(ctx), d.dead.Name, held, 0) }()
 	for {
 		rms, err := d.pull(ctx, d.dead.Name, 100, 2*time.Second)

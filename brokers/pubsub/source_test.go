@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/brokertest"
@@ -274,7 +276,7 @@ func TestRetentionAgainstHorizon(t *testing.T) {
 	ts := newTestSub(t, "")
 	brokertest.RetentionAgainstHorizon(t, func(t *testing.T) driver.Source { return ts.open(t, "") }, time.Hour, "168h0m0s")
 	h := ts.open(t, "").HorizonHint(time.Hour)
-	if want := "gcloud pubsub subscriptions update " + ts.name + " --message-retention-duration=3600s, and the same for " + ts.name + "-dlq"; !strings.Contains(h, want) {
+	if want := "gcloud pubsub subscriptions update " + ts.name + " --message-retention-duration=3600s, and " + ts.name + "-dlq"; !strings.Contains(h, want) {
 		t.Errorf("HorizonHint %q, want it to hold %q", h, want)
 	}
 }
@@ -374,5 +376,45 @@ func TestCopyParkedByPolicyIsListedAndRedriven(t *testing.T) {
 		if strings.HasPrefix(k, "CloudPubSub") {
 			t.Errorf("redriven with %s", k)
 		}
+	}
+}
+
+// Pub/Sub takes one ordering key per Publish request: the Publisher sends
+// a request per run of one key, in order, and a topic that does not exist
+// fails the call permanently (the outbox relay parks the row).
+func TestPublishRequestPerKeyRun(t *testing.T) {
+	ts := newTestSub(t, "")
+	var mu sync.Mutex
+	var requests [][]string
+	record := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if pr, ok := req.(*pb.PublishRequest); ok {
+			var keys []string
+			for _, m := range pr.Messages {
+				keys = append(keys, m.OrderingKey)
+			}
+			mu.Lock()
+			requests = append(requests, keys)
+			mu.Unlock()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	pub, err := NewPublisher(context.Background(), ts.url(""), option.WithGRPCDialOption(record))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	msgs := messages("keys", 6)
+	for i, k := range []string{"a", "a", "b", "b", "b", ""} {
+		msgs[i].Key = k
+	}
+	if err := pub.Publish(context.Background(), "", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(requests); got != "[[a a] [b b b] []]" {
+		t.Errorf("Publish requests by key: %s, want [[a a] [b b b] []]", got)
+	}
+	err = pub.Publish(context.Background(), "no-such-topic-"+randomHex(3), msgs[0])
+	if err == nil || !driver.IsPermanent(err) || !strings.Contains(err.Error(), "NotFound") {
+		t.Errorf("Publish to a missing topic = %v, want a permanent NotFound", err)
 	}
 }
