@@ -207,7 +207,7 @@ func (c *conn) publish(ctx context.Context, topic string, msgs []*pb.PubsubMessa
 // RedeliveryHorizoner and DeliveryLimiter, safe for concurrent use.
 type Source struct {
 	*conn
-	memo   *attempts.Memo[string] // deliveries counted here, without a dead-letter policy
+	memo   *attempts.Memo[string] // the attempts of the messages retried
 	closed atomic.Bool
 }
 
@@ -225,7 +225,7 @@ func Open(ctx context.Context, addr string, opts ...option.ClientOption) (*Sourc
 // subscription is pulled a message a request, 16 at once: Pub/Sub hands out
 // a key's next message once the one before is acked, whatever the concurrency.
 func (s *Source) Start(_ context.Context, setup driver.Setup) (driver.Traits, error) {
-	t := driver.Traits{MaxBatch: maxPull, Receivers: 2, Lease: time.Duration(s.sub.AckDeadlineSeconds) * time.Second,
+	t := driver.Traits{MaxBatch: maxPull, Receivers: 4, Lease: time.Duration(s.sub.AckDeadlineSeconds) * time.Second,
 		MaxExtension: s.cfg.maxExtension, DelaysRetry: true}
 	if s.sub.EnableMessageOrdering {
 		t.MaxBatch, t.Receivers = 1, min(setup.Window, 16)
@@ -234,7 +234,7 @@ func (s *Source) Start(_ context.Context, setup driver.Setup) (driver.Traits, er
 }
 
 // Receive implements driver.Puller. Attempt is Pub/Sub's delivery attempt
-// with a dead-letter policy, else this Source's count of deliveries.
+// with a dead-letter policy, else one more than this Source's retries.
 func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
 	var rms []*pb.ReceivedMessage
 	for err := error(nil); len(rms) == 0; {
@@ -244,15 +244,14 @@ func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) 
 			return nil, err
 		}
 	}
-	ms := make([]*driver.Message, len(rms))
+	ms, at := make([]*driver.Message, len(rms)), time.Now()
 	for i, rm := range rms {
 		pm := rm.Message
 		ms[i] = &driver.Message{ID: pm.Attributes[s.cfg.idAttr], Body: pm.Data, Headers: pm.Attributes, Key: pm.OrderingKey,
 			Source: path.Base(s.sub.Name), System: "gcp_pubsub", Attempt: max(1, int(rm.DeliveryAttempt)),
-			Metadata: metadata(pm.MessageId), ReceivedAt: time.Now(), AckID: rm, BrokerKey: pm.MessageId}
+			Metadata: metadata(pm.MessageId), ReceivedAt: at, AckID: rm, BrokerKey: pm.MessageId}
 		if s.sub.DeadLetterPolicy == nil {
 			ms[i].Attempt = s.memo.Last(pm.MessageId) + 1
-			s.memo.Requeued(pm.MessageId, ms[i].Attempt)
 		}
 	}
 	return ms, nil
@@ -265,6 +264,9 @@ func (s *Source) Ack(ctx context.Context, ms []*driver.Message) error {
 
 // Retry implements driver.Source: the ack deadline becomes delay (≤ 600s).
 func (s *Source) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
+	for _, m := range ms {
+		s.memo.Requeued(m.BrokerKey.(string), m.Attempt) // read back only without a dead-letter policy
+	}
 	return driver.PartialOf(s.send(ctx, ms, int32(min(600, (delay+time.Second-1)/time.Second))))
 }
 
@@ -314,7 +316,7 @@ func (s *Source) send(ctx context.Context, ms []*driver.Message, deadline int32)
 	ids := make([]string, len(ms))
 	for i, m := range ms {
 		if ids[i] = m.AckID.(*pb.ReceivedMessage).AckId; deadline < 0 {
-			s.memo.Forget(m.BrokerKey.(string)) // done, or counted again from 1 if the ack fails
+			s.memo.Forget(m.BrokerKey.(string))
 		}
 	}
 	return s.settle(ctx, s.sub.Name, ids, deadline)
@@ -354,7 +356,6 @@ func (s *Source) Close() error {
 
 type metadata string // the server's message id
 
-// All implements driver.Metadata.
 func (m metadata) All() iter.Seq2[string, slog.Value] {
 	return func(yield func(string, slog.Value) bool) { yield("messaging.message.id", slog.StringValue(string(m))) }
 }
@@ -432,8 +433,7 @@ func (d parked) EachBatch(ctx context.Context, fn func([]string, []*driver.Parke
 		}
 		if err := cmp.Or(d.settle(ctx, d.dead.Name, held[len(held)-len(rms):], 600)...); err != nil {
 			return err
-		}
-		if err := fn(refs, ps); err != nil {
+		} else if err := fn(refs, ps); err != nil {
 			return err
 		}
 	}

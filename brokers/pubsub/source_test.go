@@ -59,7 +59,7 @@ func TestTraitsAndMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (driver.Traits{MaxBatch: 1000, Receivers: 2, Lease: 10 * time.Second, MaxExtension: 90 * time.Second, DelaysRetry: true}); tr != want {
+	if want := (driver.Traits{MaxBatch: 1000, Receivers: 4, Lease: 10 * time.Second, MaxExtension: 90 * time.Second, DelaysRetry: true}); tr != want {
 		t.Errorf("Traits %+v, want %+v", tr, want)
 	}
 	ordered := newTestSub(t, "ordering=true")
@@ -285,7 +285,7 @@ func TestRetentionAgainstHorizon(t *testing.T) {
 // message is handed back, not lost: DeadLetter fails for it, and it comes
 // again at once.
 func TestParkingFailureHandsTheMessageBack(t *testing.T) {
-	ts := newTestSub(t, "max_deliveries=0")
+	ts := newTestSub(t, "")
 	msg := messages("nopark", 1)
 	if err := ts.publish(context.Background(), msg...); err != nil {
 		t.Fatal(err)
