@@ -1,20 +1,13 @@
 package pubsub
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"github.com/idemq/idemq/internal/servicetest"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,123 +20,30 @@ import (
 
 // The tests run against Google's Pub/Sub emulator: the one at
 // IDEMQ_PUBSUB_URL (host:port) when it is set, else a private one that the
-// first test needing it starts on a free loopback port and TestMain stops
-// (it also dies with the test binary). The client library reaches it
+// first test needing it starts on a free loopback port (it dies with the
+// test binary). The client library reaches it
 // through PUBSUB_EMULATOR_HOST, which the tests set for the whole binary.
 // Without an emulator a test is skipped naming IDEMQ_PUBSUB_URL, or fails
 // with IDEMQ_REQUIRE_SERVICES=1.
 
 const project = "idemq-test"
 
-var emulator struct {
-	once sync.Once
-	host string
-	err  error
-	cmd  *exec.Cmd
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if c := emulator.cmd; c != nil {
-		c.Process.Kill()
-		c.Wait()
-	}
-	os.Exit(code)
-}
-
-// emulatorHost returns the emulator's host:port, starting one if need be.
+// emulatorHost returns the emulator's host:port (servicetest.PubSubEmulator),
+// checked to answer.
 func emulatorHost(t testing.TB) string {
 	t.Helper()
-	emulator.once.Do(func() {
-		if h := os.Getenv("IDEMQ_PUBSUB_URL"); h != "" {
-			emulator.host = strings.TrimPrefix(strings.TrimPrefix(h, "http://"), "pubsub://")
-		} else {
-			emulator.host, emulator.cmd, emulator.err = startEmulator()
-		}
-		if emulator.err == nil {
-			os.Setenv("PUBSUB_EMULATOR_HOST", emulator.host)
-			emulator.err = ping(emulator.host)
-		}
-	})
-	if emulator.err != nil {
-		msg := fmt.Sprintf("no Pub/Sub emulator (set IDEMQ_PUBSUB_URL to one's host:port, or install google-cloud-cli-pubsub-emulator): %v", emulator.err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg + " (IDEMQ_REQUIRE_SERVICES=1: failing instead of skipping)")
-		}
-		t.Skip(msg)
+	host := servicetest.PubSubEmulator(t)
+	pinged.Do(func() { pingErr = ping(host) })
+	if pingErr != nil {
+		servicetest.Unavailable(t, "%v", pingErr)
 	}
-	return emulator.host
+	return host
 }
 
-// emulatorLauncher finds the SDK's cloud-pubsub-emulator: on the PATH, or
-// beside gcloud.
-func emulatorLauncher() (string, error) {
-	if p, err := exec.LookPath("cloud-pubsub-emulator"); err == nil {
-		return p, nil
-	}
-	gcloud, err := exec.LookPath("gcloud")
-	if err != nil {
-		return "", errors.New("neither cloud-pubsub-emulator nor gcloud on the PATH")
-	}
-	if gcloud, err = filepath.EvalSymlinks(gcloud); err != nil {
-		return "", err
-	}
-	p := filepath.Join(filepath.Dir(gcloud), "..", "platform", "pubsub-emulator", "bin", "cloud-pubsub-emulator")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("no Pub/Sub emulator beside gcloud: %w", err)
-	}
-	return p, nil
-}
-
-// startEmulator starts an emulator on a free loopback port and returns
-// once it listens.
-func startEmulator() (string, *exec.Cmd, error) {
-	launcher, err := emulatorLauncher()
-	if err != nil {
-		return "", nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	host := l.Addr().String()
-	l.Close()
-	_, port, _ := net.SplitHostPort(host)
-	cmd := exec.Command(launcher, "--host=127.0.0.1", "--port="+port)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // the launcher execs java
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	started := make(chan error, 1)
-	go func() {
-		var log strings.Builder
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if log.WriteString(sc.Text() + "\n"); strings.Contains(sc.Text(), "Server started") {
-				started <- nil
-				io.Copy(io.Discard, out) // keep reading: the emulator must not block on a full pipe
-				return
-			}
-		}
-		started <- fmt.Errorf("the emulator exited:\n%s", log.String())
-	}()
-	select {
-	case err = <-started:
-	case <-time.After(90 * time.Second):
-		err = errors.New("the emulator did not start within 90s")
-	}
-	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return "", nil, err
-	}
-	return host, cmd, nil
-}
+var (
+	pinged  sync.Once
+	pingErr error
+)
 
 func ping(host string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

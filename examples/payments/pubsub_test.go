@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemq/idemq/internal/servicetest"
 	"io"
 	"net"
 	"os"
@@ -40,7 +41,7 @@ func TestKillAndRestartPubSubPostgres(t *testing.T) {
 // dead letters, by the first publish) and checks, once the ledger is
 // complete, that nothing is left to deliver.
 func onPubSub(t *testing.T, r killRun) killRun {
-	host := pubsubEmulator(t)
+	host := servicetest.PubSubEmulator(t)
 	name := "payments-" + randomHex(4)
 	r.broker = "pubsub://idemq-test/" + name + "?topic=" + name
 	cl, err := gps.NewClient(context.Background(), "idemq-test")
@@ -81,87 +82,3 @@ func onPubSub(t *testing.T, r killRun) killRun {
 }
 
 // pubsub is a private emulator, shared by the tests of this binary.
-var pubsub struct {
-	once sync.Once
-	host string
-	err  error
-}
-
-// pubsubEmulator returns IDEMQ_PUBSUB_URL, or starts the Google Cloud
-// SDK's cloud-pubsub-emulator (beside gcloud) on a free loopback port, and
-// sets PUBSUB_EMULATOR_HOST for the service runs. Without one the test is
-// skipped, or fails with IDEMQ_REQUIRE_SERVICES=1.
-func pubsubEmulator(t *testing.T) string {
-	pubsub.once.Do(func() {
-		if pubsub.host = strings.TrimPrefix(os.Getenv("IDEMQ_PUBSUB_URL"), "http://"); pubsub.host == "" {
-			pubsub.host, pubsub.err = startPubSubEmulator()
-		}
-		if pubsub.err == nil {
-			pubsub.err = os.Setenv("PUBSUB_EMULATOR_HOST", pubsub.host)
-		}
-	})
-	if pubsub.err != nil {
-		msg := fmt.Sprintf("no Pub/Sub emulator (set IDEMQ_PUBSUB_URL to one's host:port, or install google-cloud-cli-pubsub-emulator): %v", pubsub.err)
-		if os.Getenv("IDEMQ_REQUIRE_SERVICES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return pubsub.host
-}
-
-// startPubSubEmulator starts an emulator that dies with this process.
-func startPubSubEmulator() (string, error) {
-	launcher, err := exec.LookPath("cloud-pubsub-emulator")
-	if err != nil {
-		gcloud, gerr := exec.LookPath("gcloud")
-		if gerr == nil {
-			gcloud, gerr = filepath.EvalSymlinks(gcloud)
-		}
-		if gerr != nil {
-			return "", errors.Join(err, gerr)
-		}
-		launcher = filepath.Join(filepath.Dir(gcloud), "..", "platform", "pubsub-emulator", "bin", "cloud-pubsub-emulator")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	host := l.Addr().String()
-	l.Close()
-	_, port, _ := net.SplitHostPort(host)
-	cmd := exec.Command(launcher, "--host=127.0.0.1", "--port="+port)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // the launcher execs java
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", err
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	started := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "Server started") {
-				started <- true
-				io.Copy(io.Discard, out)
-				return
-			}
-		}
-		started <- false
-	}()
-	select {
-	case ok := <-started:
-		if ok {
-			return host, nil
-		}
-		err = errors.New("the emulator exited before it started")
-	case <-time.After(90 * time.Second):
-		err = errors.New("the emulator did not start within 90s")
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
-	return "", err
-}
