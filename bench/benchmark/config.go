@@ -124,6 +124,7 @@ type Config struct {
 	//	amqp://guest:guest@127.0.0.1:5672/?queue=bench   RabbitMQ
 	//	kafka://127.0.0.1:9092/bench?partitions=8        Kafka (e.g. bench/cmd/kfake)
 	//	sqs://KEY:SECRET@bench?endpoint=http://127.0.0.1:9324&region=us-east-1
+	//	pubsub://PROJECT/bench                           Pub/Sub (PUBSUB_EMULATOR_HOST for the emulator)
 	//	nats://127.0.0.1:4222/bench                      NATS JetStream
 	//	redis://127.0.0.1:6379/bench                     Redis Streams (rediss:// with TLS)
 	//
@@ -133,8 +134,10 @@ type Config struct {
 	// Kafka's partitions parameter (the run's topic's partitions, default
 	// 8), which only the benchmark reads; a nats:// URL leaves out the
 	// parameters the benchmark sets per run (consumer, subject, declare,
-	// dlq_stream, dlq_subject) and id_header, and a redis:// URL those it
-	// sets per run or reads itself (group, start, dlq, id_field, id_header).
+	// dlq_stream, dlq_subject) and id_header, a redis:// URL those it
+	// sets per run or reads itself (group, start, dlq, id_field, id_header),
+	// and a pubsub:// URL those it sets per run (topic, declare,
+	// dead_letter_topic, max_deliveries, ordering, exactly_once).
 	// Required.
 	Broker string
 	// Store is the database URL, e.g. postgres://postgres@127.0.0.1/test
@@ -155,7 +158,8 @@ type Config struct {
 	Accounts int
 	// BatchSize is the batch size of the batch-mode configurations, idemq
 	// and hand-tuned alike. Default 200; for sqs:// 10, which is also its
-	// maximum (SQS receives and deletes at most 10 messages a call).
+	// maximum (SQS receives and deletes at most 10 messages a call); at
+	// most 1,000 for pubsub:// (a Pull's most).
 	BatchSize int
 	// BatchWorkers is how many batches the batch-mode configurations
 	// process at once, idemq (WithConcurrency) and hand-tuned (one channel
@@ -221,7 +225,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.Broker: not a URL")
 	}
 	switch bu.Scheme {
-	case "amqp", "amqps", "kafka", "sqs", "nats", "redis", "rediss":
+	case "amqp", "amqps", "kafka", "sqs", "pubsub", "nats", "redis", "rediss":
 	default:
 		return c, fmt.Errorf("benchmark: Config.Broker: scheme %q is not supported (%s)", bu.Scheme, BrokerSchemes)
 	}
@@ -256,8 +260,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.Accounts: %d is outside 1..10000000", c.Accounts)
 	}
 	maxBatch := 10_000
-	if bu.Scheme == "sqs" {
+	switch bu.Scheme {
+	case "sqs":
 		maxBatch = sqsMaxBatch // ReceiveMessage and DeleteMessageBatch take at most 10
+	case "pubsub":
+		maxBatch = pubsubMaxBatch // a Pull returns at most 1,000
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = min(200, maxBatch)

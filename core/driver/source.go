@@ -223,6 +223,11 @@ type Traits struct {
 	// DelaysRetry is true when the broker waits out Retry's delay itself
 	// (an SQS visibility, a JetStream NakWithDelay, an HTTP Retry-After).
 	DelaysRetry bool
+	// ReceiveLinger is how long the Consumer waits for room for a whole
+	// MaxBatch before a receive when it has room for fewer: for a broker
+	// whose every receive is a billed request (SQS). 0: it receives as soon
+	// as there is room for one.
+	ReceiveLinger time.Duration
 }
 
 // Extender is implemented by sources whose broker leases what it
@@ -250,10 +255,10 @@ type Releaser interface {
 
 // Abandoner is implemented by sources whose broker wants an answer for
 // every message it delivered, even one the Consumer no longer settles (a
-// Kafka share group acknowledges each record of a poll): Abandon is told
-// of the messages that went stale while the Consumer held them (their
-// lease lapsed, or a newer delivery superseded them), so the source can
-// release them. Other sources need not implement it: the Consumer sends
+// Kafka share group acknowledges each record of a poll): Abandon is told,
+// once, of each message that went stale while the Consumer held it (its
+// lease lapsed, a newer delivery superseded it, or it was stale when its
+// decision came), so the source can release it. Other sources need not implement it: the Consumer sends
 // nothing for a stale message and the broker redelivers it by itself.
 type Abandoner interface {
 	Abandon(ctx context.Context, ms []*Message)

@@ -69,6 +69,7 @@ type Held struct {
 	deadline time.Time // when the broker redelivers unless extended; zero: never
 	stale    error     // why it went stale while held; guarded by Flow.mu
 	waiting  bool      // a retry waits out its delay: no longer extended
+	told     bool      // the Abandoner was told it went stale
 	prev     *Held     // the held list, guarded by Flow.mu
 	next     *Held
 	done     chan struct{} // a pushed message's: closed once settled
@@ -165,9 +166,13 @@ func (f *Flow) fetch(ctx context.Context, max int, buf []*Held) ([]*Held, error)
 	if !ok {
 		return nil, errors.New("inflight: the source is not a Puller")
 	}
-	n, err := f.win.take(ctx, min(max, f.traits.MaxBatch))
+	want := min(max, f.traits.MaxBatch)
+	n, err := f.win.take(ctx, want)
 	if err != nil {
 		return nil, err
+	}
+	if n < want && f.traits.ReceiveLinger > 0 {
+		n += f.win.takeMore(ctx, want-n, f.traits.ReceiveLinger)
 	}
 	if f.isClosed() {
 		f.win.give(n)

@@ -338,3 +338,58 @@ func TestConcurrentSettlementsSettleOnce(t *testing.T) {
 		t.Fatalf("broker %+v: want the message settled once", st)
 	}
 }
+
+// An Abandoner is told, once, of a message found stale when its decision
+// came (superseded by a redelivery), not only of lapses the beat saw.
+func TestAbandonerToldOfStaleAtSettlement(t *testing.T) {
+	b := broker(t, 100*time.Millisecond, "a")
+	l := &leased{Subscription: subscribe(t, b), traits: driver.Traits{DelaysRetry: true}}
+	r := brokertest.StartReceiver(t, l, 2)
+	first, _ := r.Receive(ctx(t))
+	second, _ := r.Receive(ctx(t)) // after the broker's visibility passed
+	if err := first.Ack(ctx(t)); !errors.Is(err, inflight.ErrRedelivered) {
+		t.Fatalf("Ack of the superseded delivery = %v, want it superseded", err)
+	}
+	if err := first.Ack(ctx(t)); !errors.Is(err, driver.ErrAlreadySettled) {
+		t.Fatalf("second Ack = %v", err)
+	}
+	if a, _, _ := l.snapshot(); len(a) != 1 || a[0] != "a" {
+		t.Fatalf("abandoned %v, want the superseded delivery once", a)
+	}
+	_ = second.Ack(ctx(t))
+}
+
+// With a ReceiveLinger the flow waits for room for a whole MaxBatch before
+// it receives, rather than asking for one message as soon as one is
+// settled.
+func TestReceiveLingerWaitsForRoom(t *testing.T) {
+	b := broker(t, time.Hour, "a", "b", "c", "d", "e", "f", "g", "h")
+	s := &counting{Subscription: subscribe(t, b)}
+	l := &lingering{counting: s}
+	f, err := inflight.Start(context.Background(), l, inflight.Config{Window: 4, Logger: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close(context.Background()) })
+	hs, err := f.Fetch(ctx(t), 4)
+	if err != nil || len(hs) != 4 {
+		t.Fatalf("fetched %d (%v), want 4", len(hs), err)
+	}
+	go func() {
+		for _, h := range hs {
+			time.Sleep(20 * time.Millisecond)
+			f.Settle(context.Background(), []inflight.Settlement{{H: h, Kind: inflight.Ack}}, nil)
+		}
+	}()
+	more, err := f.Fetch(ctx(t), 4)
+	if err != nil || s.lastAsked.Load() != 4 || len(more) != 4 {
+		t.Fatalf("after acks 20ms apart asked for %d and got %d (%v), want the whole batch of 4", s.lastAsked.Load(), len(more), err)
+	}
+}
+
+// lingering is a source whose receives want a whole batch.
+type lingering struct{ *counting }
+
+func (l *lingering) Start(context.Context, driver.Setup) (driver.Traits, error) {
+	return driver.Traits{MaxBatch: 4, DelaysRetry: true, ReceiveLinger: time.Second}, nil
+}

@@ -55,8 +55,28 @@ func (f *Flow) Settle(ctx context.Context, ss []Settlement, done Done) {
 	if len(b.later) > 0 {
 		f.waitLocked(slices.Clone(b.later), done)
 	}
+	abandon := f.untoldLocked(b.now)
 	f.mu.Unlock()
+	if len(abandon) > 0 {
+		f.ab.Abandon(ctx, abandon)
+	}
 	f.send(ctx, b, done)
+}
+
+// untoldLocked marks the stale results of rs told and returns their
+// messages, for an Abandoner not yet told of them.
+func (f *Flow) untoldLocked(rs []result) []*driver.Message {
+	if f.ab == nil {
+		return nil
+	}
+	var ms []*driver.Message
+	for _, r := range rs {
+		if h := r.s.H; !h.told && errors.Is(r.err, driver.ErrStaleDelivery) {
+			h.told = true
+			ms = append(ms, h.M)
+		}
+	}
+	return ms
 }
 
 // batches recycles what Settle sorts its settlements into.
@@ -262,7 +282,11 @@ func (f *Flow) sendWaited(w *waited) {
 		}
 		b.backs = append(b.backs, s)
 	}
+	abandon := f.untoldLocked(b.now)
 	f.mu.Unlock()
+	if len(abandon) > 0 {
+		f.ab.Abandon(context.Background(), abandon)
+	}
 	for _, r := range b.now {
 		f.finish(r.s, r.err, w.done)
 	}
@@ -290,7 +314,10 @@ func (f *Flow) beat(ctx context.Context, margin time.Duration) {
 		case h.stale != nil:
 		case !now.Before(h.deadline):
 			h.stale = ErrLeaseLapsed
-			lapsed = append(lapsed, h)
+			if !h.told && f.ab != nil {
+				h.told = true
+				lapsed = append(lapsed, h)
+			}
 		case h.waiting || f.ext == nil || maxExt < 0 || h.deadline.Sub(now) > margin:
 		case maxExt > 0 && !now.Before(h.received.Add(maxExt)):
 		default:
@@ -392,10 +419,20 @@ func (f *Flow) Close(ctx context.Context) error {
 		}
 		h = next
 	}
+	var stale []result
+	for _, l := range all {
+		if l.err != nil {
+			stale = append(stale, result{l.s, driver.Stale(l.err)})
+		}
+	}
+	abandon := f.untoldLocked(stale)
 	f.mu.Unlock()
 	f.stopBeat()
 	f.beating.Wait()
 	f.waits.Wait()
+	if len(abandon) > 0 {
+		f.ab.Abandon(ctx, abandon)
+	}
 	var back []left
 	for _, l := range all {
 		if l.err != nil {
@@ -451,6 +488,31 @@ func (w *window) take(ctx context.Context, n int) (int, error) {
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// takeMore takes up to n more room as it frees within linger (or until
+// ctx ends), and returns how much it took.
+func (w *window) takeMore(ctx context.Context, n int, linger time.Duration) int {
+	t := time.NewTimer(linger)
+	defer t.Stop()
+	got := 0
+	for got < n {
+		w.mu.Lock()
+		k := min(w.free, n-got)
+		w.free -= k
+		w.mu.Unlock()
+		if got += k; got == n {
+			break
+		}
+		select {
+		case <-w.wake:
+		case <-t.C:
+			return got
+		case <-ctx.Done():
+			return got
+		}
+	}
+	return got
 }
 
 // give returns n of room.
