@@ -1,17 +1,8 @@
 package benchmark
 
 import (
-	"bufio"
-	"errors"
-	"io"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/idemq/idemq/internal/servicetest"
 )
