@@ -26,14 +26,12 @@ const dlqUsage = `Usage: idemq dlq <list|groups|show|redrive|purge> --broker URL
 
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
-(amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
-nats://…/STREAM?consumer=C&subject=S, redis://…/STREAM?group=G,
-webhook://host:port/PATH?park_dir=DIR); its dead-letter queue, topic,
-stream or park directory is the one the consumer parks to. A Kafka share
-group (kafka+share://…/TOPIC?group=G) parks to a topic this command reads
-as kafka://…/TOPIC?group=G, the same topic and group. A parked webhook
-request cannot be redriven (its signature would not verify again): the
-provider resends it.
+(amqp://…?queue=Q, kafka://…/TOPIC?group=G, kafka+share://…/TOPIC?group=G,
+sqs://…/queue, pubsub://PROJECT/SUBSCRIPTION, nats://…/STREAM?consumer=C&subject=S,
+redis://…/STREAM?group=G, webhook://host:port/PATH?park_dir=DIR); its
+dead-letter queue, topic, stream or park directory is the one the consumer
+parks to. A parked webhook request cannot be redriven (its signature would
+not verify again): the provider resends it.
 
   list     the parked messages: id, cause, attempts, origin, age, size
   groups   the parked messages grouped by cause (ids, numbers and quoted
@@ -140,7 +138,7 @@ func (c *dlqCommand) open(ctx context.Context) (admin.DeadLetterQueue, error) {
 	if u, err := redact.ParseURL(broker); err != nil {
 		return nil, cli.Usagef("--broker: %v", err)
 	} else if u.Scheme == "" {
-		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, nats://host/STREAM?consumer=C, redis://host:6379/STREAM?group=G or webhook://host:port/PATH?park_dir=DIR", redact.URL(broker))
+		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, pubsub://PROJECT/SUBSCRIPTION, nats://host/STREAM?consumer=C, redis://host:6379/STREAM?group=G or webhook://host:port/PATH?park_dir=DIR", redact.URL(broker))
 	}
 	if err := brokerHint(broker); err != nil {
 		return nil, err
@@ -183,8 +181,6 @@ func brokerHint(broker string) error {
 		return nil
 	}
 	switch strings.ToLower(u.Scheme) {
-	case "kafka+share":
-		return cli.Usagef("%s: a Kafka share group parks to a Kafka topic, which this command (built without the share-group adapter) reads as kafka://HOST:9092/TOPIC?group=G with the same topic and group (and dead_letter_topic= if the source names one)", redact.URL(broker))
 	case "mem":
 		return cli.Usagef("%s: a memory broker lives inside the process that runs it; read its dead letters there (memory.Broker.DeadLetters, or the console mounted in that process)", redact.URL(broker))
 	}
