@@ -23,6 +23,7 @@ type Store[Tx any] interface {
 	admin.Forgetter
 	driver.Leaser
 	driver.SQLStore
+	driver.Conflicter
 	io.Closer
 }
 
