@@ -2,98 +2,46 @@ package admin
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/url"
-	"time"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/registry"
 )
 
-// Parked is one dead-lettered message as an operator reads it: what the
-// message was, why it was parked, and where Redrive puts it back.
-type Parked struct {
-	// Ref identifies the parked copy within its dead-letter queue (a
-	// Kafka partition/offset, an SQS message id, an AMQP position); it
-	// distinguishes two parked copies of one ID.
-	Ref string
-	// ID is the message's business id ("" if it had none).
-	ID string
-	// Cause is why it was parked: the idemq-cause header, or the broker's
-	// own reason (an AMQP x-death reason, an SQS redrive policy's receive
-	// count) when the broker parked it.
-	Cause string
-	// Attempt is the delivery attempt the message had when it was parked,
-	// 0 when unknown.
-	Attempt int
-	// Origin says where the message was consumed: a queue name, or
-	// topic/partition/offset.
-	Origin string
-	// Destination is the queue or topic Redrive publishes the message to.
-	Destination string
-	// ParkedAt is when the message was parked, as the broker recorded it
-	// (never later than the truth: where only the original send time is
-	// known, it is that).
-	ParkedAt time.Time
-	// Key is the ordering key (Kafka record key, SQS MessageGroupId).
-	Key string
-	// Headers are the message's headers, the idemq bookkeeping ones
-	// (cause, attempt, origin) included.
-	Headers map[string]string
-	// Body is the payload.
-	Body []byte
-}
+// Parked is one dead-lettered message as an operator reads it.
+type Parked = driver.Parked
 
 // DeadLetterQueue is an operator's handle on the dead letters of one
-// consumer's queue or topic: read them, put them back where they came from,
-// or delete them. Each call works on the messages parked when it began;
-// sel, where given, is called once per message to choose the ones the call
-// acts on. Implementations are not safe for concurrent use.
-type DeadLetterQueue interface {
-	// Name is the dead-letter queue or topic.
-	Name() string
-	// Scan calls fn with each parked message, oldest first where the
-	// broker keeps an order, and leaves them all parked. An error from fn
-	// stops the scan and is returned.
-	Scan(ctx context.Context, fn func(*Parked) error) error
-	// Redrive publishes each message sel chooses to its Destination with
-	// its id, key, headers and body, without the idemq bookkeeping headers
-	// (so its attempt count starts again), and removes it from the
-	// dead-letter queue only after the broker confirmed the publish.
-	// progress, if not nil, is called after each message redriven. It
-	// returns the number redriven; after an error, those were redriven and
-	// the rest are still parked. A message whose removal fails after its
-	// publish may be redriven twice: its consumer then decides the copy
-	// Duplicate.
-	Redrive(ctx context.Context, sel func(*Parked) bool, progress func(done int)) (int, error)
-	// Purge deletes the messages sel chooses and returns how many.
-	Purge(ctx context.Context, sel func(*Parked) bool) (int, error)
-	// Close releases the connections.
-	Close() error
-}
+// consumer's queue or topic: read them or delete them; Redrive puts them
+// back where the adapter can.
+type DeadLetterQueue = driver.DeadLetters
 
-// DeadLettersOpener opens the dead-letter queue of the consumer a source
-// URL of its scheme describes.
-type DeadLettersOpener func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (DeadLetterQueue, error)
+// ErrNoRedrive is returned, wrapped, by Redrive for dead letters whose
+// adapter cannot put them back (a webhook's parked requests: only the
+// sender can send a copy that verifies).
+var ErrNoRedrive = errors.New("these dead letters cannot be redriven")
 
-var deadLetters = &registry.Openers[DeadLettersOpener]{Kind: "broker"}
-
-// RegisterDeadLetters makes a broker adapter's dead-letter queues
-// available to OpenDeadLetters under a URL scheme. Adapters call it from
-// init beside driver.RegisterBroker. It panics if the scheme is registered
-// twice or open is nil.
-func RegisterDeadLetters(scheme string, open DeadLettersOpener) {
-	if open == nil {
-		panic("idemq: RegisterDeadLetters " + scheme + ": nil opener")
+// Redrive publishes each message of q that sel chooses back to its
+// Destination (driver.Redriver), and returns how many it redrove. progress,
+// if not nil, is called after each. It fails with ErrNoRedrive when q's
+// adapter cannot redrive, saying what to do instead where the adapter
+// says (an error returned by its Redrive).
+func Redrive(ctx context.Context, q DeadLetterQueue, sel func(*Parked) bool, progress func(done int)) (int, error) {
+	r, ok := q.(driver.Redriver)
+	if !ok {
+		return 0, fmt.Errorf("%w: %s", ErrNoRedrive, q.Name())
 	}
-	deadLetters.Register("RegisterDeadLetters", scheme, open)
+	return r.Redrive(ctx, sel, progress)
 }
 
 // OpenDeadLetters opens the dead-letter queue of the consumer rawURL
 // describes: the same URL the consumer's source is opened with
 // (core.OpenSource). Errors never contain credentials.
 func OpenDeadLetters(ctx context.Context, rawURL string) (DeadLetterQueue, error) {
-	q, _, err := registry.Open(deadLetters, rawURL, "dead-letter queue", func(o DeadLettersOpener, u *url.URL) (DeadLetterQueue, error) {
-		return o(ctx, u, driver.OpenConfig{})
+	q, _, err := registry.Open(registry.DeadLetters, rawURL, "dead-letter queue", func(o any, u *url.URL) (DeadLetterQueue, error) {
+		return o.(driver.DeadLettersOpener)(ctx, u, driver.OpenConfig{})
 	})
 	return q, err
 }

@@ -93,10 +93,5 @@ func thousands(n int64) string { return units.Count(n) }
 // Estimate estimates the dedup table's rows and size from bounded queries
 // (Estimator), cheap enough to run on every page view, unlike Stats.
 func (s *Store) Estimate(ctx context.Context) (TableEstimate, error) {
-	es, ok := s.store.(Estimator)
-	if !ok {
-		return TableEstimate{}, s.unsupported("estimate its table's size")
-	}
-	e, err := es.Estimate(ctx)
-	return e, s.hide(err)
+	return use(s, "estimate its table's size", func(es Estimator) (TableEstimate, error) { return es.Estimate(ctx) })
 }

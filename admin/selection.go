@@ -93,11 +93,11 @@ func (g RedriveGuard) Refuses(p *Parked, now time.Time) bool {
 }
 
 // RedriveSelected redrives the dead letters of q that sel chooses at now,
-// apart from those g refuses, in one DeadLetterQueue.Redrive (progress is
+// apart from those g refuses, in one Redrive (progress is
 // its). It returns how many it redrove and how many g refused; after an
 // error, those were redriven and the rest are still parked.
 func RedriveSelected(ctx context.Context, q DeadLetterQueue, sel Selection, g RedriveGuard, now time.Time, progress func(done int)) (redriven, refused int, err error) {
-	redriven, err = q.Redrive(ctx, func(p *Parked) bool {
+	redriven, err = Redrive(ctx, q, func(p *Parked) bool {
 		if !sel.Match(p, now) {
 			return false
 		}

@@ -76,6 +76,19 @@ func (s *Store) hide(err error) error {
 	return errors.New(redact.Error(err, s.url))
 }
 
+// use runs op on the store as C, the interface an operation needs; a
+// store that does not implement it fails with the error of unsupported
+// (what it cannot do), and op's error comes back hidden.
+func use[C, R any](s *Store, what string, op func(C) (R, error)) (R, error) {
+	c, ok := s.store.(C)
+	if !ok {
+		var none R
+		return none, s.unsupported(what)
+	}
+	r, err := op(c)
+	return r, s.hide(err)
+}
+
 // Migrate creates the store's tables if they do not exist (Migrator).
 func (s *Store) Migrate(ctx context.Context) error {
 	m, ok := s.store.(Migrator)
@@ -88,12 +101,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 // Prune deletes the claims recorded before before, batch by batch as o
 // says (Pruner, see the function Prune), and returns how many it deleted.
 func (s *Store) Prune(ctx context.Context, before time.Time, o PruneOptions) (int, error) {
-	p, ok := s.store.(Pruner)
-	if !ok {
-		return 0, s.unsupported("prune")
-	}
-	n, err := Prune(ctx, p, before, o)
-	return n, s.hide(err)
+	return use(s, "prune", func(p Pruner) (int, error) { return Prune(ctx, p, before, o) })
 }
 
 // Retention returns how long the store keeps claims (driver.Retentioner);
@@ -110,34 +118,19 @@ func (s *Store) Retention() (time.Duration, bool) {
 // (Inspector). It counts every row, a scan of the whole table: Estimate
 // is the cheap figure to ask often.
 func (s *Store) Stats(ctx context.Context) (TableStats, error) {
-	in, ok := s.store.(Inspector)
-	if !ok {
-		return TableStats{}, s.unsupported("describe its table")
-	}
-	st, err := in.Inspect(ctx)
-	return st, s.hide(err)
+	return use(s, "describe its table", func(in Inspector) (TableStats, error) { return in.Inspect(ctx) })
 }
 
 // Lookup reports, id for id, whether consumer's claims of ids are
 // committed or in progress under a lease (Lookuper).
 func (s *Store) Lookup(ctx context.Context, consumer string, ids []string) ([]ClaimInfo, error) {
-	lk, ok := s.store.(Lookuper)
-	if !ok {
-		return nil, s.unsupported("look up claims")
-	}
-	infos, err := lk.Lookup(ctx, consumer, ids)
-	return infos, s.hide(err)
+	return use(s, "look up claims", func(lk Lookuper) ([]ClaimInfo, error) { return lk.Lookup(ctx, consumer, ids) })
 }
 
 // Forget deletes consumer's claims of ids, so that redeliveries of those
 // messages are applied again, and returns how many it deleted (Forgetter).
 func (s *Store) Forget(ctx context.Context, consumer string, ids []string) (int, error) {
-	fg, ok := s.store.(Forgetter)
-	if !ok {
-		return 0, s.unsupported("forget claims")
-	}
-	n, err := fg.Forget(ctx, consumer, ids)
-	return n, s.hide(err)
+	return use(s, "forget claims", func(fg Forgetter) (int, error) { return fg.Forget(ctx, consumer, ids) })
 }
 
 // Migrator is implemented by stores that create their own tables.

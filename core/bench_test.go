@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,57 +70,55 @@ func (passObserver) EndDecision(context.Context, *Message, Outcome)             
 func (passObserver) StartStage(ctx context.Context, _ Stage) context.Context       { return ctx }
 func (passObserver) EndStage(context.Context, Stage, error)                        {}
 
-// benchSource hands out n prepared deliveries, then blocks.
+// benchSource hands out n prepared messages, then blocks.
 type benchSource struct {
-	ds         chan driver.Delivery
+	mu         sync.Mutex
+	ms         []*driver.Message
 	acked      atomic.Int64
 	n          int64
 	onAllAcked func()
 }
 
 func newBenchSource(n int) *benchSource {
-	s := &benchSource{ds: make(chan driver.Delivery, n), n: int64(n)}
+	s := &benchSource{ms: make([]*driver.Message, n), n: int64(n)}
 	for i := range n {
-		s.ds <- &benchDelivery{s: s, m: &driver.Message{
+		s.ms[i] = &driver.Message{
 			ID:      "msg-" + strconv.Itoa(i),
 			Body:    []byte(`{"account":"acc-0001","amount_cents":1234}`),
 			Headers: map[string]string{"idemq-ts": "1"},
-		}}
+		}
 	}
 	return s
 }
 
-func (s *benchSource) Receive(ctx context.Context) (driver.Delivery, error) {
-	select {
-	case d := <-s.ds:
-		return d, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
+func (s *benchSource) Start(context.Context, driver.Setup) (driver.Traits, error) {
+	return driver.Traits{DelaysRetry: true}, nil
+}
+
+func (s *benchSource) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
+	s.mu.Lock()
+	n := min(max, len(s.ms))
+	out := s.ms[:n:n]
+	s.ms = s.ms[n:]
+	s.mu.Unlock()
+	if n > 0 {
+		return out, nil
 	}
+	<-ctx.Done()
+	return nil, ctx.Err()
 }
 
 func (s *benchSource) Close() error { return nil }
 
-func (s *benchSource) AckBatch(_ context.Context, ds []driver.Delivery) error {
-	s.add(int64(len(ds)))
+func (s *benchSource) Ack(_ context.Context, ms []*driver.Message) error {
+	if s.acked.Add(int64(len(ms))) == s.n {
+		s.onAllAcked()
+	}
 	return nil
 }
 
-func (s *benchSource) add(n int64) {
-	if s.acked.Add(n) == s.n {
-		s.onAllAcked()
-	}
-}
-
-type benchDelivery struct {
-	s *benchSource
-	m *driver.Message
-}
-
-func (d *benchDelivery) Message() *driver.Message                   { return d.m }
-func (d *benchDelivery) Ack(context.Context) error                  { d.s.add(1); return nil }
-func (d *benchDelivery) Retry(context.Context, time.Duration) error { return nil }
-func (d *benchDelivery) DeadLetter(context.Context, error) error    { return nil }
+func (s *benchSource) Retry(context.Context, []*driver.Message, time.Duration) error { return nil }
+func (s *benchSource) DeadLetter(context.Context, []*driver.Message, []error) error  { return nil }
 
 // benchStore wins every claim and commits nothing.
 type benchStore struct{}

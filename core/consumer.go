@@ -12,9 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemq/idemq/internal/retry"
-
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/inflight"
 	"github.com/idemq/idemq/internal/option"
 )
 
@@ -30,8 +29,8 @@ type Consumer[Tx any] struct {
 	kind kind[Tx]
 	log  *slog.Logger
 
-	slots chan struct{} // in-flight window
-	items chan *item    // messages to claim, in receive order, waiting for a worker
+	flow  *inflight.Flow // the source's messages held: window, leases, settlement
+	items chan *item     // messages to claim, in receive order, waiting for a worker
 	// Settling goroutines (reused: their stacks stay grown) settle what
 	// workers decide, a batch each, so one slow or stuck settlement never
 	// holds up the others and the workers go straight to the next batch.
@@ -49,6 +48,7 @@ type Consumer[Tx any] struct {
 	noSavepoints sync.Once
 
 	stats counters
+	pace  pace // what the batching rule of several workers reads
 }
 
 type counters struct {
@@ -69,15 +69,16 @@ type Stats struct {
 	StoreRetries int64 // messages whose transaction ran again in place after a store step failed (no delivery spent)
 }
 
-// item is one message on its way through a batch: from receiveLoop to a
-// worker, then as a settlement to a settling goroutine. It owns one window
-// slot until it is settled.
+// item is one message on its way through a batch: from the flow to a
+// worker, then as a settlement to a settling goroutine. It holds room in
+// the window until it is settled.
 type item struct {
-	ctx context.Context // as the observers' StartDecision returned it
-	ob  observed
-	m   *Message
-	fp  string
-	d   driver.Delivery
+	inflight.Held                 // the source's message, as the flow holds it
+	ctx           context.Context // as the observers' StartDecision returned it
+	ob            observed
+	m             *Message // &msg
+	msg           Message  // the handlers' copy of Held.M
+	fp            string
 	// lease is the message's lease under a leased Consumer, from the
 	// moment it is won.
 	lease *leaseHold
@@ -132,6 +133,11 @@ func newConsumer[Tx any](ctor string, src driver.Source, store driver.Store[Tx],
 	if store == nil {
 		return nil, errors.New("idemq: " + ctor + ": nil Store")
 	}
+	_, pull := src.(driver.Puller)
+	_, push := src.(driver.Pusher)
+	if !pull && !push {
+		return nil, fmt.Errorf("idemq: %s: the source %T is neither a driver.Puller nor a driver.Pusher", ctor, src)
+	}
 	cfg := defaultConfig()
 	if err := option.Apply(&cfg, opts...); err != nil {
 		return nil, err
@@ -156,8 +162,7 @@ func newConsumer[Tx any](ctor string, src driver.Source, store driver.Store[Tx],
 		src:   src,
 		store: store,
 		log:   cfg.logger.With("consumer", cfg.name),
-		slots: make(chan struct{}, cfg.window),
-		// Each queued item holds a window slot, so sends never block.
+		// Each queued item holds room in the window, so sends never block.
 		items:      make(chan *item, cfg.window),
 		settleIdle: make(chan []settlement),
 	}
@@ -198,20 +203,18 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("idemq: Consumer.Run called twice")
 	}
-	if ls, ok := c.src.(driver.LoggerSetter); ok {
-		ls.SetLogger(c.log)
-	}
-	if ws, ok := c.src.(driver.WindowSetter); ok {
-		if err := ws.SetWindow(c.cfg.window); err != nil {
-			return fmt.Errorf("idemq: setting the source's window to %d: %w", c.cfg.window, err)
-		}
-	}
-	if err := c.checkRetention(ctx); err != nil {
+	flow, err := inflight.Start(ctx, c.src, inflight.Config{Window: c.cfg.window, Logger: c.log, Hold: hold, Gate: c.waitStore})
+	if err != nil {
 		c.src.Close()
+		return fmt.Errorf("idemq: starting the source with a window of %d: %w", c.cfg.window, err)
+	}
+	c.flow = flow
+	if err := c.checkRetention(ctx); err != nil {
+		flow.Close(ctx)
 		return err
 	}
 	if err := c.checkDeliveryLimit(ctx); err != nil {
-		c.src.Close()
+		flow.Close(ctx)
 		return err
 	}
 
@@ -232,7 +235,19 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 		go func() { defer workers.Done(); c.worker(quit) }()
 	}
 
-	recvErr := c.receiveLoop(ctx)
+	var recvErr error
+	if _, push := c.src.(driver.Pusher); push {
+		recvErr = flow.Serve(ctx, c.admitAll)
+	} else {
+		recvErr = flow.Pull(ctx, c.admitAll)
+	}
+	if errors.Is(recvErr, ErrSourceClosed) {
+		recvErr = fmt.Errorf("idemq: consumer %s stopped: %w", c.cfg.name, recvErr)
+	} else if recvErr != nil && ctx.Err() == nil {
+		recvErr = fmt.Errorf("idemq: consumer %s stopped: %w", c.cfg.name, recvErr)
+	} else {
+		recvErr = nil
+	}
 	deadline := time.Now().Add(c.cfg.shutdownTimeout)
 
 	// Drain: messages already received finish, within the deadline.
@@ -255,15 +270,19 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	return recvErr
 }
 
-// closeSource closes the source, waiting for it until deadline (or a
-// moment, when the drain used the whole bound): a
-// source can block in Close (a Kafka group join waits out a dead member's
+// closeSource gives back what the flow still holds and closes the source,
+// waiting for it until deadline (or a moment, when the drain used the
+// whole bound): a source can block in Close (a Kafka group join waits out a dead member's
 // session), and shutdown must end within the shutdown timeout whatever the
 // broker does. Everything decided is settled by then; a Close left to finish
 // in the background only leaves the broker to redeliver what it held.
 func (c *Consumer[Tx]) closeSource(deadline time.Time) {
 	closed := make(chan error, 1)
-	go func() { closed <- c.src.Close() }()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.settleTimeout)
+		defer cancel()
+		closed <- c.flow.Close(ctx)
+	}()
 	// What is left of the bound, but a moment at least: a drain that took
 	// it all still lets a quick Close requeue and commit what it holds.
 	t := time.NewTimer(max(time.Until(deadline), min(time.Second, c.cfg.shutdownTimeout)))
@@ -358,56 +377,31 @@ func (c *Consumer[Tx]) checkDeliveryLimit(ctx context.Context) error {
 	return nil
 }
 
-// receiveLoop takes a window slot, then a delivery, until ctx ends or the
-// source closes.
-func (c *Consumer[Tx]) receiveLoop(ctx context.Context) error {
-	pace := retry.New(50*time.Millisecond, 5*time.Second)
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		// A free slot is the common case: take it without a select.
-		select {
-		case c.slots <- struct{}{}:
-		default:
-			select {
-			case c.slots <- struct{}{}:
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		if !c.waitStore(ctx) {
-			<-c.slots
-			return nil
-		}
-		d, err := c.src.Receive(ctx)
-		if err != nil {
-			<-c.slots
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, ErrSourceClosed) {
-				return fmt.Errorf("idemq: consumer %s stopped: %w", c.cfg.name, err)
-			}
-			delay := pace.Next()
-			c.log.Warn("idemq: receive failed; trying again", "err", err, "in", delay)
-			if !retry.Sleep(ctx, delay) {
-				return nil
-			}
-			continue
-		}
-		pace.Reset()
-		c.stats.received.Add(1)
-		c.inflight.Add(1)
-		c.admit(d)
+// hold makes the item a received message is held in.
+func hold(dm *driver.Message) *inflight.Held {
+	it := &item{}
+	it.M, it.Owner = dm, it
+	it.msg = Message{ID: dm.ID, Body: dm.Body, Headers: dm.Headers, Key: dm.Key, Source: dm.Source,
+		System: dm.System, Attempt: dm.Attempt, Metadata: dm.Metadata, ReceivedAt: dm.ReceivedAt}
+	it.m = &it.msg
+	return &it.Held
+}
+
+// admitAll admits what one receive returned.
+func (c *Consumer[Tx]) admitAll(hs []*inflight.Held) {
+	c.stats.received.Add(int64(len(hs)))
+	c.pace.arrived.Add(int64(len(hs)))
+	c.inflight.Add(len(hs))
+	for _, h := range hs {
+		c.admit(h.Owner.(*item))
 	}
 }
 
-// admit starts a delivery's decision and queues it for a worker, or, when
+// admit starts a message's decision and queues it for a worker, or, when
 // its id is missing or invalid, decides it at once: no goroutine, no
-// hand-off. It owns a window slot until its settlement releases it.
-func (c *Consumer[Tx]) admit(d driver.Delivery) {
-	m := (*Message)(d.Message())
+// hand-off. It holds room in the window until its settlement frees it.
+func (c *Consumer[Tx]) admit(it *item) {
+	m := it.m
 	var err error
 	if c.cfg.idFunc != nil {
 		id, ierr := c.cfg.idFunc(m)
@@ -415,16 +409,19 @@ func (c *Consumer[Tx]) admit(d driver.Delivery) {
 			err = fmt.Errorf("%w: IDFunc: %v", ErrMissingID, ierr)
 		} else {
 			m.ID = id
+			it.M.ID = id // a dead-letter copy carries the derived id
 		}
 	}
-	it := &item{ctx: c.procCtx, m: m, d: d}
-	it.ctx, it.ob = c.startDecision(it.ctx, m)
+	it.ctx, it.ob = c.startDecision(c.procCtx, m)
 	stage := StageID
 	if err == nil {
 		err = c.validateID(m.ID)
 		if err != nil && m.ID == "" {
-			err = missingIDCause(d, err)
+			err = missingIDCause(it.M, err)
 		}
+	}
+	if err == nil && it.M.Unreadable != nil {
+		stage, err = StageDecode, it.M.Unreadable
 	}
 	if err == nil {
 		stage, err = StageLimits, c.checkLimits(m)
@@ -462,23 +459,21 @@ func (c *Consumer[Tx]) settleAsync(batch []settlement) {
 // them, then whatever settleAsync hands it, until quit.
 func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 	defer c.settlers.Done()
-	var acks []driver.Delivery
-	var others []settleReq
+	var ss []inflight.Settlement
+	rep := &settleReport{log: c.log, stats: &c.stats}
+	done := rep.done
 	for {
-		acks, others = acks[:0], others[:0]
+		ss = ss[:0]
 		for _, s := range batch {
 			c.count(s.out)
 			c.endDecision(s.it.ctx, s.it.ob, s.it.m, s.out)
-			if s.out.Decision == Processed || s.out.Decision == Duplicate {
-				acks = append(acks, s.it.d)
-			} else {
-				others = append(others, settleReq{s.it.d, s.out})
-			}
+			ss = append(ss, c.settlement(s))
 		}
-		c.settleBatch(acks, others)
-		for range batch {
-			<-c.slots
-		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.procCtx), c.cfg.settleTimeout)
+		rep.begin()
+		c.flow.Settle(ctx, ss, done)
+		rep.end()
+		cancel()
 		c.inflight.Add(-len(batch)) // Done for each, at once
 		select {
 		case batch = <-c.settleIdle:
@@ -486,6 +481,24 @@ func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// settlement is what the flow is asked to do for s. A Retry caused by
+// shutdown gives the message back at once, undecided.
+func (c *Consumer[Tx]) settlement(s settlement) inflight.Settlement {
+	out := inflight.Settlement{H: &s.it.Held}
+	switch s.out.Decision {
+	case Processed, Duplicate:
+		out.Kind = inflight.Ack
+	case DeadLetter:
+		out.Kind, out.Cause = inflight.DeadLetter, s.out.Err
+	default:
+		out.Kind, out.Delay = inflight.Retry, s.out.Delay
+		if errors.Is(s.out.Err, ErrShutdown) || c.procCtx.Err() != nil {
+			out.Kind, out.Delay = inflight.Release, 0
+		}
+	}
+	return out
 }
 
 func (c *Consumer[Tx]) count(out Outcome) {
@@ -502,85 +515,14 @@ func (c *Consumer[Tx]) count(out Outcome) {
 	// otherwise count once per attempt.
 }
 
-// settle hands one decided message back to the broker. A Retry caused by
-// shutdown is not settled: the source's Close leaves it to the broker.
-func (c *Consumer[Tx]) settle(d driver.Delivery, out Outcome) {
-	if out.Decision == Retry && (errors.Is(out.Err, ErrShutdown) || c.procCtx.Err() != nil) {
-		c.stats.unsettled.Add(1)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.procCtx), c.cfg.settleTimeout)
-	defer cancel()
-	var err error
-	switch out.Decision {
-	case Processed, Duplicate:
-		err = d.Ack(ctx)
-	case Retry:
-		err = d.Retry(ctx, out.Delay)
-	case DeadLetter:
-		if err = d.DeadLetter(ctx, out.Err); err == nil {
-			c.stats.deadLettered.Add(1)
-		}
-	}
-	if err != nil {
-		c.settleFailed(d, out, err)
-	}
-}
-
-func (c *Consumer[Tx]) settleFailed(d driver.Delivery, out Outcome, err error) {
-	// Safe by design: an unsettled message is redelivered, and a committed
-	// one then loses its claim and is acknowledged as a Duplicate.
-	if errors.Is(err, ErrStaleDelivery) {
-		c.stats.stale.Add(1)
-		c.log.Info("idemq: delivery went stale before settling; the broker will redeliver", "id", shortID(d.Message().ID), "decision", out.Decision.String(), "err", err)
-		return
-	}
-	c.stats.settleErrors.Add(1)
-	c.log.Warn("idemq: settling failed; the broker will redeliver", "id", shortID(d.Message().ID), "decision", out.Decision.String(), "err", err)
-}
-
-type settleReq struct {
-	d   driver.Delivery
-	out Outcome
-}
-
-func (c *Consumer[Tx]) settleBatch(acks []driver.Delivery, others []settleReq) {
-	for _, r := range others {
-		c.settle(r.d, r.out)
-	}
-	if len(acks) == 0 {
-		return
-	}
-	bs, ok := c.src.(driver.BatchSettler)
-	if !ok || len(acks) == 1 {
-		for _, d := range acks {
-			c.settle(d, Outcome{Decision: Processed})
-		}
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.procCtx), c.cfg.settleTimeout)
-	defer cancel()
-	if err := bs.AckBatch(ctx, acks); err != nil {
-		if errors.Is(err, ErrStaleDelivery) {
-			c.stats.stale.Add(1)
-		} else {
-			c.stats.settleErrors.Add(1)
-		}
-		c.log.Warn("idemq: batch ack failed; the broker will redeliver and the store will decide Duplicate", "messages", len(acks), "err", err)
-	}
-}
-
-// missingIDCause is err, with the adapter's reason (driver.IDErrorer:
+// missingIDCause is err, with the adapter's reason (Message.IDError:
 // where it looked, or why what it found was unusable) and, when the
 // message has a header that looks like an id, the URL parameter that
 // reads it.
-func missingIDCause(d driver.Delivery, err error) error {
-	if ie, ok := d.(driver.IDErrorer); ok {
-		if reason := ie.IDError(); reason != nil {
-			err = fmt.Errorf("%w: %v", ErrMissingID, reason)
-		}
+func missingIDCause(m *driver.Message, err error) error {
+	if m.IDError != nil {
+		err = fmt.Errorf("%w: %v", ErrMissingID, m.IDError)
 	}
-	m := d.Message()
 	if h := idLikeHeader(m.Headers); h != "" {
 		err = fmt.Errorf("%w; it has a header %q: if that holds the id, add id_header=%s to the source URL", err, h, url.QueryEscape(h))
 	}
@@ -642,13 +584,16 @@ func validateIDBytes(id string) error {
 // transaction. With no linger a batch is whatever has queued up, taken as
 // soon as the worker is free, so batches fill up on their own while it is
 // busy and add no latency when idle; with a linger it waits that long (or
-// until full) for more. Workers read the items channel directly, without
-// a batcher goroutine between them: one hand-off per message less.
+// until full) for more. With several workers, a worker holding a part-full
+// batch while another batch is being decided waits for the rest when the
+// arrival rate says it comes sooner than a batch takes (see fill). Workers
+// read the items channel directly, without a batcher goroutine between
+// them: one hand-off per message less.
 func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
-	var timer *time.Timer
+	w := workerState{}
 	defer func() {
-		if timer != nil {
-			timer.Stop()
+		if w.timer != nil {
+			w.timer.Stop()
 		}
 	}()
 	for {
@@ -660,14 +605,49 @@ func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
 		}
 		batch := make([]*item, 1, min(c.cfg.batchSize, cap(c.items)+1))
 		batch[0] = first
-		batch = c.fill(batch, &timer)
+		batch = c.fill(batch, &w)
+		start := time.Now()
+		c.pace.busy.Add(1)
 		c.processBatch(batch)
+		c.pace.busy.Add(-1)
+		c.pace.batchTook(time.Since(start))
 	}
 }
 
-// fill adds to batch what is queued, up to batchSize, and with a linger
-// waits up to that long for the rest.
-func (c *Consumer[Tx]) fill(batch []*item, timer **time.Timer) []*item {
+// workerState is what a worker keeps between its batches.
+type workerState struct {
+	timer    *time.Timer
+	seen     int64     // c.pace.arrived at the last fill
+	seenAt   time.Time // when
+	perNanos float64   // recent arrival rate, messages per nanosecond
+}
+
+// pace is what the batching rule of several workers reads.
+type pace struct {
+	arrived atomic.Int64 // messages admitted to the workers
+	busy    atomic.Int32 // batches being decided
+	took    atomic.Int64 // a recent batch's decision time, ns (moving average)
+}
+
+// batchTook folds d into the moving average of batch times.
+func (p *pace) batchTook(d time.Duration) {
+	old := p.took.Load()
+	if old == 0 {
+		p.took.Store(int64(d))
+		return
+	}
+	p.took.Store(old - old/4 + int64(d)/4)
+}
+
+// fill adds to batch what is queued, up to batchSize. With a linger it
+// waits up to that long for the rest. Without one, a worker among several
+// waits for the rest only while another batch is being decided, when the
+// recent arrival rate brings the rest sooner than a batch's recent
+// decision time, and for no longer than that time: a batch committed part
+// full while the others are busy would split the backlog into small
+// transactions, each paying a commit, while waiting for messages that are
+// slow to come would cost the overlap that slow handlers need workers for.
+func (c *Consumer[Tx]) fill(batch []*item, w *workerState) []*item {
 	for len(batch) < c.cfg.batchSize {
 		select {
 		case it := <-c.items:
@@ -677,24 +657,51 @@ func (c *Consumer[Tx]) fill(batch []*item, timer **time.Timer) []*item {
 		}
 		break
 	}
-	if c.cfg.linger <= 0 || len(batch) >= c.cfg.batchSize {
+	wait := c.cfg.linger
+	if wait <= 0 && c.cfg.concurrency > 1 {
+		wait = c.fillWait(len(batch), w)
+	}
+	if wait <= 0 || len(batch) >= c.cfg.batchSize {
 		return batch
 	}
-	if *timer == nil {
-		*timer = time.NewTimer(c.cfg.linger)
+	if w.timer == nil {
+		w.timer = time.NewTimer(wait)
 	} else {
-		(*timer).Reset(c.cfg.linger)
+		w.timer.Reset(wait)
 	}
 	for len(batch) < c.cfg.batchSize {
 		select {
 		case it := <-c.items:
 			batch = append(batch, it)
-		case <-(*timer).C:
+		case <-w.timer.C:
 			return batch
 		}
 	}
-	(*timer).Stop()
+	w.timer.Stop()
 	return batch
+}
+
+// fillWait is how long a worker among several waits to fill a batch of n
+// (see fill), 0 for not at all. It measures the arrival rate since its
+// last fill.
+func (c *Consumer[Tx]) fillWait(n int, w *workerState) time.Duration {
+	now, arrived := time.Now(), c.pace.arrived.Load()
+	if !w.seenAt.IsZero() {
+		if d := now.Sub(w.seenAt); d > 0 {
+			rate := float64(arrived-w.seen) / float64(d)
+			w.perNanos = (w.perNanos + rate) / 2
+		}
+	}
+	w.seen, w.seenAt = arrived, now
+	took := time.Duration(c.pace.took.Load())
+	if n >= c.cfg.batchSize || c.pace.busy.Load() == 0 || took <= 0 || w.perNanos <= 0 {
+		return 0
+	}
+	need := time.Duration(float64(c.cfg.batchSize-n) / w.perNanos)
+	if need > took {
+		return 0
+	}
+	return min(need+need/4, took)
 }
 
 // shortID keeps hostile ids from flooding logs.

@@ -112,7 +112,7 @@ func TestStrictDeliveryLimitRefusesToStart(t *testing.T) {
 	if n := src.closes.Load(); n != 1 {
 		t.Errorf("source closed %d times, want once", n)
 	}
-	if _, err := src.Receive(context.Background()); !errors.Is(err, core.ErrSourceClosed) {
+	if _, err := src.Receive(context.Background(), 1); !errors.Is(err, core.ErrSourceClosed) {
 		t.Errorf("Receive after the refusal = %v, want ErrSourceClosed", err)
 	}
 }

@@ -99,9 +99,9 @@ func (e *env) drainLeased(h core.LeasedHandler[*sql.Tx, string], opts ...core.Op
 
 // startLeased runs a leased consumer on a subscription of its own until
 // the stop it returns is called (or the test ends).
-func (e *env) startLeased(h core.LeasedHandler[*sql.Tx, string], sub []memory.SubscribeOption, opts ...core.Option) (*core.Consumer[*sql.Tx], func()) {
+func (e *env) startLeased(h core.LeasedHandler[*sql.Tx, string], opts ...core.Option) (*core.Consumer[*sql.Tx], func()) {
 	e.t.Helper()
-	s, err := e.broker.Subscribe(e.queue, sub...)
+	s, err := e.broker.Subscribe(e.queue)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func (e *env) raceLeased(h core.LeasedHandler[*sql.Tx, string], n int) (processe
 	var cs []*core.Consumer[*sql.Tx]
 	var stops []func()
 	for range n {
-		c, stop := e.startLeased(h, nil)
+		c, stop := e.startLeased(h)
 		cs, stops = append(cs, c), append(stops, stop)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -330,7 +330,6 @@ func TestLeasedTakeOverFencesTheHungHolder(t *testing.T) {
 	hungDecided := make(chan core.Outcome, 1)
 	var c calls
 	h := core.LeasedHandler[*sql.Tx, string]{Complete: completeEffect, Lease: 150 * time.Millisecond, MaxLease: 300 * time.Millisecond}
-	one := []memory.SubscribeOption{memory.WithWindow(1)}
 	hungStarted := make(chan struct{})
 	h.External = func(ctx context.Context, m *core.Message) (string, error) {
 		c.add(m.ID)
@@ -338,7 +337,7 @@ func TestLeasedTakeOverFencesTheHungHolder(t *testing.T) {
 		<-wakeHung // a provider that hangs, and a client that ignores its context
 		return "late", nil
 	}
-	_, stopHung := e.startLeased(h, one, core.WithWindow(1), core.WithObserver(core.DecisionFunc(func(_ context.Context, m *core.Message, out core.Outcome) {
+	_, stopHung := e.startLeased(h, core.WithWindow(1), core.WithObserver(core.DecisionFunc(func(_ context.Context, m *core.Message, out core.Outcome) {
 		select {
 		case hungDecided <- out:
 		default:
@@ -356,7 +355,7 @@ func TestLeasedTakeOverFencesTheHungHolder(t *testing.T) {
 		}
 		return "charged", nil
 	}
-	second, stopSecond := e.startLeased(h, one, core.WithWindow(1))
+	second, stopSecond := e.startLeased(h, core.WithWindow(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for second.Stats().Processed < 1 && ctx.Err() == nil {
@@ -582,7 +581,6 @@ func TestLeasedLeaseExpiresWhileProviderHangs(t *testing.T) {
 	e.publish("hung")
 	p.prov.Hang()
 	h := core.LeasedHandler[*sql.Tx, string]{Complete: completeEffect, Lease: 150 * time.Millisecond, MaxLease: 300 * time.Millisecond}
-	one := []memory.SubscribeOption{memory.WithWindow(1)}
 	var deadOut outcomes
 	calling := make(chan struct{})
 	var once sync.Once
@@ -590,10 +588,10 @@ func TestLeasedLeaseExpiresWhileProviderHangs(t *testing.T) {
 		once.Do(func() { close(calling) })
 		return p.charge(context.WithoutCancel(ctx), m) // hangs with the provider
 	}
-	_, stopDead := e.startLeased(h, one, core.WithWindow(1), core.WithObserver(deadOut.observer()))
+	_, stopDead := e.startLeased(h, core.WithWindow(1), core.WithObserver(deadOut.observer()))
 	<-calling
 	h.External = p.charge
-	_, stopSecond := e.startLeased(h, one, core.WithWindow(1))
+	_, stopSecond := e.startLeased(h, core.WithWindow(1))
 	// The second consumer waits out the lease, takes it over and is told
 	// 409 while the first request hangs.
 	deadline := time.Now().Add(20 * time.Second)

@@ -40,13 +40,9 @@ type Message struct {
 	// Metadata carries broker details for observers such as tracing, keyed
 	// by OpenTelemetry attribute names where one exists (for example
 	// "messaging.kafka.offset", "messaging.destination.partition.id",
-	// "messaging.rabbitmq.destination.routing_key"), read on demand; nil
-	// when the adapter has none.
-	Metadata Metadata
+	// "messaging.rabbitmq.destination.routing_key"), typed, read on
+	// demand (All yields them); nil when the adapter has none.
+	Metadata driver.Metadata
 	// ReceivedAt is when the adapter received the message.
 	ReceivedAt time.Time
 }
-
-// Metadata is a message's broker details, read on demand (All yields
-// them); driver.MetadataMap holds them in a map.
-type Metadata = driver.Metadata

@@ -184,6 +184,7 @@ type StageName string
 const (
 	StageID          StageName = "id"          // the message's id is missing or invalid
 	StageLimits      StageName = "limits"      // the message is over its Limits
+	StageDecode      StageName = "decode"      // the adapter could not read the message whole
 	StageBegin       StageName = "begin"       // the transaction begins
 	StageClaim       StageName = "claim"       // the ids are claimed
 	StageFingerprint StageName = "fingerprint" // the id was claimed with another body

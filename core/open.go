@@ -108,9 +108,12 @@ func NewPublisher(p driver.Publisher) *Publisher { return &Publisher{p: p} }
 // every message. An error marked Permanent is one no retry can change (no
 // queue bound, a message too large).
 func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*Message) error {
+	vals := make([]driver.Message, len(msgs))
 	dm := make([]*driver.Message, len(msgs))
 	for i, m := range msgs {
-		dm[i] = (*driver.Message)(m)
+		vals[i] = driver.Message{ID: m.ID, Body: m.Body, Headers: m.Headers, Key: m.Key, Source: m.Source,
+			System: m.System, Attempt: m.Attempt, Metadata: m.Metadata, ReceivedAt: m.ReceivedAt}
+		dm[i] = &vals[i]
 	}
 	return p.p.Publish(ctx, destination, dm...)
 }

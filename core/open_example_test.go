@@ -17,17 +17,17 @@ import (
 // (reconnects, receive errors, failed settlements) too.
 func ExampleOpenSource() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	src, err := core.OpenSource(context.Background(), "mem://payments?window=50", core.WithAdapterLogger(logger))
+	src, err := core.OpenSource(context.Background(), "mem://payments?visibility=1m", core.WithAdapterLogger(logger))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer src.Close()
 
-	_, err = core.OpenSource(context.Background(), "mem://payments?windw=50")
+	_, err = core.OpenSource(context.Background(), "mem://payments?visibilty=1m")
 	fmt.Println(err)
 	// Output:
-	// idemq: opening broker mem://payments?windw=50: mem URL: unknown parameter "windw" (did you mean window?); known: broker, visibility, window
+	// idemq: opening broker mem://payments?visibilty=1m: mem URL: unknown parameter "visibilty" (did you mean visibility?); known: broker, visibility
 }
 
 // A service's own operator endpoint: the messages a deploy dead-lettered
@@ -43,6 +43,6 @@ func ExampleOpenDeadLetters() {
 	}
 	defer q.Close()
 	badDeploy := func(p *admin.Parked) bool { return strings.Contains(p.Cause, "unknown currency") }
-	n, err := q.Redrive(ctx, badDeploy, nil)
+	n, err := admin.Redrive(ctx, q, badDeploy, nil)
 	fmt.Printf("redrove %d from %s: %v\n", n, q.Name(), err)
 }

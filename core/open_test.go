@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -57,11 +58,14 @@ func TestOpenByURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := src.Receive(ctx)
-	if err != nil || d.Message().ID != "a" {
-		t.Fatalf("received %v, %v", d, err)
+	if _, err := src.Start(ctx, driver.Setup{Window: 1, Logger: slog.Default()}); err != nil {
+		t.Fatal(err)
 	}
-	if err := d.Ack(ctx); err != nil {
+	ms, err := src.(driver.Puller).Receive(ctx, 1)
+	if err != nil || len(ms) != 1 || ms[0].ID != "a" {
+		t.Fatalf("received %v, %v", ms, err)
+	}
+	if err := src.Ack(ctx, ms); err != nil {
 		t.Fatal(err)
 	}
 	src.Close()

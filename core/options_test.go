@@ -11,11 +11,17 @@ import (
 
 type nopSource struct{}
 
-func (nopSource) Receive(ctx context.Context) (driver.Delivery, error) {
+func (nopSource) Start(context.Context, driver.Setup) (driver.Traits, error) {
+	return driver.Traits{}, nil
+}
+func (nopSource) Receive(ctx context.Context, _ int) ([]*driver.Message, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
-func (nopSource) Close() error { return nil }
+func (nopSource) Ack(context.Context, []*driver.Message) error                  { return nil }
+func (nopSource) Retry(context.Context, []*driver.Message, time.Duration) error { return nil }
+func (nopSource) DeadLetter(context.Context, []*driver.Message, []error) error  { return nil }
+func (nopSource) Close() error                                                  { return nil }
 
 type nopStore struct{}
 

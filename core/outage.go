@@ -77,7 +77,7 @@ func (c *Consumer[Tx]) awaitStore(serr *storeError, reruns *int) (again, stoppin
 		perr := c.probe()
 		if perr == nil {
 			o.mu.Unlock()
-			if !serr.handler && *reruns < quickReruns {
+			if (!serr.handler || c.conflict(serr.err)) && *reruns < quickReruns {
 				*reruns++
 				return true, false
 			}
@@ -101,6 +101,14 @@ func (c *Consumer[Tx]) awaitStore(serr *storeError, reruns *int) (again, stoppin
 	case <-c.stopping.Done():
 		return false, true
 	}
+}
+
+// conflict reports err as the store's own word for a transaction a
+// concurrent one aborted (driver.Conflicter), worth running again at once
+// even when it came from a handler's statement.
+func (c *Consumer[Tx]) conflict(err error) bool {
+	cf, ok := c.store.(driver.Conflicter)
+	return ok && cf.Conflict(err)
 }
 
 // probeUntilUp probes the store with backoff until it answers, then lifts

@@ -146,11 +146,10 @@ func registerQuotingDriver() {
 			pw, _ := u.User.Password()
 			return fmt.Errorf("dial %s: refused (user %s, password %s, query %s)", u, u.User.Username(), pw, u.Query())
 		}
-		driver.RegisterBroker("fuzzq",
-			func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) { return nil, quote(u) },
-			func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
-				return nil, quote(u)
-			})
+		driver.RegisterSource("fuzzq", func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) { return nil, quote(u) })
+		driver.RegisterPublisher("fuzzq", func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+			return nil, quote(u)
+		})
 		driver.RegisterStore("fuzzq", func(_ context.Context, u *url.URL) (any, error) { return nil, quote(u) })
 	})
 }

@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/idemq/idemq/brokers/brokertest"
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/core"
@@ -23,10 +24,10 @@ import (
 // TestSASLOverTLS runs kfake (bench/cmd/kfake, servicetest.StartKfake)
 // with TLS (a throw-away CA's server certificate and key files) and SASL
 // (a SCRAM-SHA-512 and a PLAIN user), then
-// publishes and consumes through the adapter with a kafka-go Dialer that
-// verifies the server and authenticates with kafka-go's own sasl/scram
-// and sasl/plain mechanisms. A wrong password, no SASL at all, a wrong CA
-// and a plaintext client are refused.
+// publishes and consumes through the adapter with WithTLS verifying the
+// server and WithSASL authenticating with franz-go's own sasl/scram and
+// sasl/plain mechanisms. A wrong password, no SASL at all, a wrong CA and
+// a plaintext client are refused.
 func TestSASLOverTLS(t *testing.T) {
 	f := tlstest.Certs(t, "")
 	const topic = "sasl-topic"
@@ -44,20 +45,21 @@ func TestSASLOverTLS(t *testing.T) {
 		pool.AppendCertsFromPEM(pem)
 		return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	scramMech, err := scram.Mechanism(scram.SHA512, "scram-user", "scram-S3cret")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dialer := func(m sasl.Mechanism, caFile string) *kafkago.Dialer {
-		return &kafkago.Dialer{Timeout: 5 * time.Second, DualStack: true, TLS: tlsFor(caFile), SASLMechanism: m}
+	scramMech := scram.Auth{User: "scram-user", Pass: "scram-S3cret"}.AsSha512Mechanism()
+	secure := func(m sasl.Mechanism, caFile string) []kafka.PublisherOption {
+		opts := []kafka.PublisherOption{kafka.WithTLS(tlsFor(caFile))}
+		if m != nil {
+			opts = append(opts, kafka.WithSASL(m))
+		}
+		return opts
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	for _, mech := range []sasl.Mechanism{scramMech, plain.Mechanism{Username: "plain-user", Password: "plain-S3cret"}} {
+	for _, mech := range []sasl.Mechanism{scramMech, plain.Auth{User: "plain-user", Pass: "plain-S3cret"}.AsMechanism()} {
 		t.Run(mech.Name(), func(t *testing.T) {
-			d := dialer(mech, f.CA)
-			pub, err := kafka.NewPublisher(ctx, addr, kafka.WithTopic(topic), kafka.WithDialer(d))
+			opts := secure(mech, f.CA)
+			pub, err := kafka.NewPublisher(ctx, addr, append(opts, kafka.WithTopic(topic))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,14 +68,14 @@ func TestSASLOverTLS(t *testing.T) {
 			if err := core.NewPublisher(pub).Publish(ctx, "", &core.Message{ID: id, Body: []byte("over TLS and SASL")}); err != nil {
 				t.Fatalf("publish: %v", err)
 			}
-			src, err := kafka.Open(ctx, addr, kafka.WithTopic(topic), kafka.WithGroup("g-"+mech.Name()), kafka.WithDialer(d),
-				kafka.WithStartOffset(kafkago.FirstOffset))
+			src, err := kafka.Open(ctx, addr, kafka.WithTopic(topic), kafka.WithGroup("g-"+mech.Name()), opts[0], opts[1],
+				kafka.WithStart(kafka.StartFirst))
 			if err != nil {
 				t.Fatalf("open: %v", err)
 			}
-			defer src.Close()
+			r := brokertest.StartReceiver(t, src, 0)
 			for {
-				dl, err := src.Receive(ctx)
+				dl, err := r.Receive(ctx)
 				if err != nil {
 					t.Fatalf("receive: %v", err)
 				}
@@ -86,22 +88,26 @@ func TestSASLOverTLS(t *testing.T) {
 		})
 	}
 
-	wrongPass, _ := scram.Mechanism(scram.SHA512, "scram-user", "wrong")
+	wrongPass := scram.Auth{User: "scram-user", Pass: "wrong"}.AsSha512Mechanism()
 	refused := []struct {
 		name string
-		d    *kafkago.Dialer
+		opts []kafka.PublisherOption
 		want string
 	}{
 		// kfake drops the connection on a failed SASL exchange, and
-		// kafka-go reports that as "unexpected EOF".
-		{"wrong password", dialer(wrongPass, f.CA), "EOF"},
-		{"TLS without SASL", dialer(nil, f.CA), "EOF"},
-		{"wrong CA", dialer(scramMech, f.OtherCA), "certificate signed by unknown authority"},
-		{"plaintext", &kafkago.Dialer{Timeout: 2 * time.Second, SASLMechanism: scramMech}, "EOF"},
+		// franz-go reports that as EOF, or says what is likely missing.
+		{"wrong password", secure(wrongPass, f.CA), "EOF"},
+		{"TLS without SASL", secure(nil, f.CA), "SASL"},
+		{"wrong CA", secure(scramMech, f.OtherCA), "certificate signed by unknown authority"},
+		{"plaintext", []kafka.PublisherOption{kafka.WithSASL(scramMech)}, "TLS"},
 	}
 	for _, r := range refused {
 		short, cancelShort := context.WithTimeout(ctx, 10*time.Second)
-		_, err := kafka.Open(short, addr, kafka.WithTopic(topic), kafka.WithGroup("g-bad"), kafka.WithDialer(r.d))
+		opts := []kafka.Option{kafka.WithTopic(topic), kafka.WithGroup("g-bad")}
+		for _, o := range r.opts {
+			opts = append(opts, o)
+		}
+		_, err := kafka.Open(short, addr, opts...)
 		cancelShort()
 		if err == nil {
 			t.Errorf("%s: opened; want a refusal", r.name)

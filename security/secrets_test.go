@@ -19,6 +19,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	_ "github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/sqs"
@@ -300,14 +301,15 @@ func TestSecretsNeverLeave(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kafka source: %v", err)
 	}
-	kd, err := ksrc.Receive(short)
+	kr := brokertest.StartReceiver(t, ksrc, 0)
+	kd, err := kr.Receive(short)
 	if err != nil {
 		t.Fatalf("kafka receive: %v", err)
 	}
 	if err := kd.DeadLetter(short, errors.New("parked by the secrets test")); err != nil {
 		t.Errorf("kafka dead letter: %v", err)
 	}
-	ksrc.Close()
+	kr.Close()
 	kafkaPublish := func(u string) error {
 		ctx, cancel := context.WithTimeout(short, 5*time.Second)
 		defer cancel()

@@ -119,11 +119,8 @@ type handler struct {
 	mux       *http.ServeMux
 	cop       *http.CrossOriginProtection
 
-	statsMu sync.Mutex
-	stats   *statsSnapshot
-
-	recentMu sync.Mutex
-	recent   *recentSnapshot
+	stats  kept[admin.TableStats]   // the dedup table's full count
+	recent kept[admin.RecentClaims] // the store's claims per minute
 
 	// samplerDone is closed when the sampler of Consumer.Stats ends; nil
 	// when none runs.
@@ -149,12 +146,42 @@ type horizonResult struct {
 	Err string
 }
 
-// statsSnapshot is a kept admin.Store.Stats.
-type statsSnapshot struct {
+// counted is a count the console keeps: V, counted at At in Took, or
+// the count's error.
+type counted[T any] struct {
 	At   time.Time
 	Took time.Duration
-	St   admin.TableStats
+	V    T
 	Err  string
+	err  error
+}
+
+// kept keeps the last count of one kind, so that page views do not count
+// again each time. One count runs at a time; others wait for it.
+type kept[T any] struct {
+	mu   sync.Mutex
+	last *counted[T]
+}
+
+// get returns the kept count, counting again with count when there is
+// none or it is older than every. The count outlives a viewer who leaves,
+// so that it is kept; timeout bounds it.
+func (k *kept[T]) get(ctx context.Context, every, timeout time.Duration, count func(context.Context) (T, error)) *counted[T] {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.last != nil && time.Since(k.last.At) < every {
+		return k.last
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	start := time.Now()
+	v, err := count(ctx)
+	c := &counted[T]{At: time.Now(), Took: time.Since(start), V: v, err: err}
+	if err != nil {
+		c.Err = err.Error()
+	}
+	k.last = c
+	return c
 }
 
 // New returns the console for cfg. Its errors name the field of cfg that
@@ -222,13 +249,13 @@ func New(cfg Config) (http.Handler, error) {
 	m.HandleFunc("GET /{$}", h.overview)
 	m.HandleFunc("GET /dlq", h.dlqList)
 	m.HandleFunc("GET /dlq/message", h.dlqMessage)
-	m.HandleFunc("GET /dlq/confirm", h.dlqConfirm)
+	m.HandleFunc("GET /dlq/confirm", h.confirming(h.dlqConfirm))
 	m.HandleFunc("POST /dlq/act", h.dlqAct)
 	m.HandleFunc("GET /lookup", h.lookup)
-	m.HandleFunc("GET /forget", h.forgetConfirm)
+	m.HandleFunc("GET /forget", h.confirming(h.forgetConfirm))
 	m.HandleFunc("POST /forget", h.forgetAct)
 	m.HandleFunc("GET /outbox", h.outboxPage)
-	m.HandleFunc("GET /outbox/confirm", h.outboxConfirm)
+	m.HandleFunc("GET /outbox/confirm", h.confirming(h.outboxConfirm))
 	m.HandleFunc("POST /outbox/act", h.outboxAct)
 	h.mux = m
 	h.startSampler()
@@ -245,7 +272,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
 		hd.Set("Cache-Control", "no-store")
 		if h.cfg.ReadOnly {
-			h.fail(w, r, http.StatusForbidden, "the console is read-only")
+			h.fail(w, r, http.StatusForbidden, readOnlyText)
 			return
 		}
 		if err := h.cop.Check(r); err != nil {
@@ -262,6 +289,22 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		hd.Set("Cache-Control", "no-store")
 	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// readOnlyText is the answer of a read-only console to an action, and to
+// the page that confirms one.
+const readOnlyText = "the console is read-only"
+
+// confirming wraps the page that confirms an action: a read-only console
+// answers it 403, as it answers the action's POST (ServeHTTP).
+func (h *handler) confirming(page http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h.cfg.ReadOnly {
+			h.fail(w, r, http.StatusForbidden, readOnlyText)
+			return
+		}
+		page(w, r)
+	}
 }
 
 // knownUser is who makes r, "" when the console cannot tell.
@@ -341,26 +384,38 @@ func (h *handler) noDeadLetters(w http.ResponseWriter, r *http.Request, c *consu
 	return true
 }
 
+// dlqConsumer returns the consumer the request names when it has a
+// dead-letter queue in this console, answering 404 and returning nil
+// when not.
+func (h *handler) dlqConsumer(w http.ResponseWriter, r *http.Request) *consumerState {
+	c := h.consumer(w, r)
+	if c == nil || h.noDeadLetters(w, r, c) {
+		return nil
+	}
+	return c
+}
+
+// scan scans c's dead-letter queue, one scan or action on it at a time.
+func (c *consumerState) scan(ctx context.Context, f func(*admin.Parked) error) error {
+	c.dlqMu.Lock()
+	defer c.dlqMu.Unlock()
+	return c.DeadLetters.Scan(ctx, f)
+}
+
+// noOutbox answers 404 and reports true when the console has no outbox
+// table.
+func (h *handler) noOutbox(w http.ResponseWriter, r *http.Request) bool {
+	if h.cfg.Outbox != nil {
+		return false
+	}
+	h.fail(w, r, http.StatusNotFound, "this console has no outbox table")
+	return true
+}
+
 // statsFor returns the kept statistics of the dedup table, counting them
-// again when they are older than StatsEvery. One count runs at a time;
-// others wait for it.
-func (h *handler) statsFor(ctx context.Context) *statsSnapshot {
-	h.statsMu.Lock()
-	defer h.statsMu.Unlock()
-	if h.stats != nil && time.Since(h.stats.At) < h.cfg.StatsEvery {
-		return h.stats
-	}
-	// The count outlives a viewer who leaves, so that it is kept.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer cancel()
-	start := time.Now()
-	st, err := h.cfg.Store.Stats(ctx)
-	s := &statsSnapshot{At: time.Now(), Took: time.Since(start), St: st}
-	if err != nil {
-		s.Err = err.Error()
-	}
-	h.stats = s
-	return s
+// again when they are older than StatsEvery.
+func (h *handler) statsFor(ctx context.Context) *counted[admin.TableStats] {
+	return h.stats.get(ctx, h.cfg.StatsEvery, 2*time.Minute, h.cfg.Store.Stats)
 }
 
 // horizonEvery is how long a horizon check is kept.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/admin/console"
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -218,14 +219,15 @@ func parkMem(t *testing.T, brokerName, queue string, ids, causes []string) *memo
 }
 
 // park publishes the messages ids to publisherURL, receives them from
-// sourceURL and dead-letters each with its cause.
+// sourceURL, as a Consumer does, and dead-letters each with its cause.
 func park(ctx context.Context, t *testing.T, sourceURL, publisherURL string, ids, causes []string) {
 	t.Helper()
 	src, err := core.OpenSource(ctx, sourceURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
+	defer r.Close()
 	p, err := core.OpenPublisher(ctx, publisherURL)
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +240,7 @@ func park(ctx context.Context, t *testing.T, sourceURL, publisherURL string, ids
 		}
 	}
 	for range ids {
-		d, err := src.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -206,56 +206,36 @@ type recentView struct {
 	Spark   sparkline
 }
 
-// recentSnapshot is a kept admin.Store.ClaimsPerMinute.
-type recentSnapshot struct {
-	At   time.Time
-	Took time.Duration
-	R    admin.RecentClaims
-	Err  string
-}
-
 // recentFor returns the store's claims per minute over the last hour,
 // asking the store again when they are older than Config.SampleEvery; nil
 // when every consumer has Stats or the store cannot count them
-// (errors.ErrUnsupported). One count runs at a time; others wait for it.
-func (h *handler) recentFor(ctx context.Context) *recentSnapshot {
+// (errors.ErrUnsupported).
+func (h *handler) recentFor(ctx context.Context) *counted[admin.RecentClaims] {
 	if !slices.ContainsFunc(h.order, func(c *consumerState) bool { return c.hist == nil }) {
 		return nil
 	}
-	h.recentMu.Lock()
-	defer h.recentMu.Unlock()
-	if h.recent != nil && time.Since(h.recent.At) < h.cfg.SampleEvery {
-		return h.recent
-	}
-	// The count outlives a viewer who leaves, so that it is kept.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	start := time.Now()
-	since := start.Truncate(time.Minute).Add(-(historyMinutes - 1) * time.Minute)
-	r, err := h.cfg.Store.ClaimsPerMinute(ctx, since, admin.RecentCap)
-	if errors.Is(err, errors.ErrUnsupported) {
+	c := h.recent.get(ctx, h.cfg.SampleEvery, 30*time.Second, func(ctx context.Context) (admin.RecentClaims, error) {
+		since := time.Now().Truncate(time.Minute).Add(-(historyMinutes - 1) * time.Minute)
+		return h.cfg.Store.ClaimsPerMinute(ctx, since, admin.RecentCap)
+	})
+	if errors.Is(c.err, errors.ErrUnsupported) {
 		return nil
 	}
-	snap := &recentSnapshot{At: time.Now(), Took: time.Since(start), R: r}
-	if err != nil {
-		snap.Err = err.Error()
-	}
-	h.recent = snap
-	return snap
+	return c
 }
 
-// view returns consumer's claims per minute, from the minute the count
-// starts to the current one.
-func (s *recentSnapshot) view(consumer string) *recentView {
+// recentOf returns consumer's claims per minute in s, from the minute the
+// count starts to the current one.
+func recentOf(s *counted[admin.RecentClaims], consumer string) *recentView {
 	by := map[int64]int64{}
-	for _, m := range s.R.Minutes {
+	for _, m := range s.V.Minutes {
 		if m.Consumer == consumer {
 			by[unixMinute(m.Minute)] += m.Claims
 		}
 	}
-	v := &recentView{Capped: s.R.Capped}
+	v := &recentView{Capped: s.V.Capped}
 	var mins []minuteCount
-	for m := unixMinute(s.R.Since); m <= unixMinute(s.At); m++ {
+	for m := unixMinute(s.V.Since); m <= unixMinute(s.At); m++ {
 		mins = append(mins, minuteCount{Minute: m, Processed: by[m]})
 		v.Claims += by[m]
 	}

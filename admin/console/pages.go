@@ -133,13 +133,13 @@ type consumerView struct {
 
 type overviewData struct {
 	Est       *estimateView // nil when the store cannot estimate
-	Stats     *statsSnapshot
+	Stats     *counted[admin.TableStats]
 	Claims    claimsSplit
 	Every     time.Duration
 	Sample    time.Duration
 	Consumers []consumerView
-	Sampled   bool            // some consumer has Stats
-	Recent    *recentSnapshot // nil when every consumer has Stats, or the store cannot count
+	Sampled   bool                         // some consumer has Stats
+	Recent    *counted[admin.RecentClaims] // nil when every consumer has Stats, or the store cannot count
 	RecentCap int
 	Outbox    *outboxStatsView
 }
@@ -214,7 +214,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	d := overviewData{Est: h.estimate(ctx), Stats: h.statsFor(ctx), Every: h.cfg.StatsEvery, Sample: h.cfg.SampleEvery,
 		Recent: h.recentFor(ctx), RecentCap: admin.RecentCap}
-	d.Claims = h.split(d.Stats.St)
+	d.Claims = h.split(d.Stats.V)
 	for _, c := range h.order {
 		v := consumerView{Name: c.Name, HasDLQ: c.DeadLetters != nil}
 		switch {
@@ -224,17 +224,16 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		case d.Recent != nil && d.Recent.Err != "":
 			v.RecentErr = d.Recent.Err
 		case d.Recent != nil:
-			v.Recent = d.Recent.view(c.Name)
+			v.Recent = recentOf(d.Recent, c.Name)
 		}
-		for i := range d.Stats.St.Consumers {
-			if d.Stats.St.Consumers[i].Consumer == c.Name {
-				v.Claims = &d.Stats.St.Consumers[i]
+		for i := range d.Stats.V.Consumers {
+			if d.Stats.V.Consumers[i].Consumer == c.Name {
+				v.Claims = &d.Stats.V.Consumers[i]
 			}
 		}
 		if c.DeadLetters != nil {
 			v.DLQName = c.DeadLetters.Name()
-			c.dlqMu.Lock()
-			err := c.DeadLetters.Scan(ctx, func(*admin.Parked) error {
+			err := c.scan(ctx, func(*admin.Parked) error {
 				if v.DeadLetters == overviewScan {
 					v.MoreDead = true
 					return errStop
@@ -242,7 +241,6 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 				v.DeadLetters++
 				return nil
 			})
-			c.dlqMu.Unlock()
 			if err != nil && !errors.Is(err, errStop) {
 				v.DLQErr = c.errorText(err)
 			}
@@ -292,33 +290,23 @@ func verdict(hz admin.Horizon) (string, bool) {
 	return s + "claims outlive redeliveries", false
 }
 
-// selection is a page's filters and an action's choice of dead letters
-// as the form gives them, and in sel the admin.Selection they make.
-type selection struct {
+// formSel is what a page's selection of dead letters or of outbox rows
+// reads from the form either way: the action, the cause and the age
+// filters.
+type formSel struct {
 	Do           string // redrive, purge, redrive-all, purge-all; "" on a list
-	Refs         []string
-	Group        string
-	Cause, ID    string
+	Cause        string
 	Older, Newer string
-	sel          admin.Selection
 }
 
-// parseSelection reads a selection from r's form.
-func parseSelection(r *http.Request) (selection, error) {
-	s := selection{Do: r.FormValue("do"), Refs: r.Form["ref"], Group: r.FormValue("group"),
-		Cause: r.FormValue("cause"), ID: r.FormValue("id"), Older: r.FormValue("older"), Newer: r.FormValue("newer")}
-	s.sel = admin.Selection{Refs: s.Refs, Group: s.Group, Cause: s.Cause}
-	if s.ID != "" {
-		s.sel.IDs = []string{s.ID}
+// readFormSel reads the shared part of a selection from r's form, and
+// the ages its filters give.
+func readFormSel(r *http.Request) (s formSel, older, newer time.Duration, err error) {
+	s = formSel{Do: r.FormValue("do"), Cause: r.FormValue("cause"), Older: r.FormValue("older"), Newer: r.FormValue("newer")}
+	if older, err = parseAge("older", s.Older); err == nil {
+		newer, err = parseAge("newer", s.Newer)
 	}
-	var err error
-	if s.sel.OlderThan, err = parseAge("older", s.Older); err != nil {
-		return s, err
-	}
-	if s.sel.NewerThan, err = parseAge("newer", s.Newer); err != nil {
-		return s, err
-	}
-	return s, nil
+	return s, older, newer, err
 }
 
 // parseAge parses an age filter: a Go duration such as 90m or 24h.
@@ -333,23 +321,81 @@ func parseAge(name, v string) (time.Duration, error) {
 	return d, nil
 }
 
-// action splits Do into the action and whether it takes every message
-// the filters choose.
-func (s selection) action() (action string, all bool) {
-	action, all = strings.CutSuffix(s.Do, "-all")
-	return action, all
+// action splits Do into the action and whether it takes everything the
+// filters choose.
+func (s formSel) action() (action string, all bool) {
+	return strings.CutSuffix(s.Do, "-all")
+}
+
+// checkAction reports an action other than redrive and purge, and
+// whether the action takes everything the filters choose.
+func (s formSel) checkAction() (all bool, err error) {
+	action, all := s.action()
+	if action != "redrive" && action != "purge" {
+		return all, fmt.Errorf("unknown action %q", s.Do)
+	}
+	return all, nil
+}
+
+// addFields appends the hidden fields of the shared part to f.
+func (s formSel) addFields(f *fieldList) {
+	f.add("do", s.Do)
+	f.add("cause", s.Cause)
+	f.add("older", s.Older)
+	f.add("newer", s.Newer)
+}
+
+// actionSel is the selection of an action: of dead letters or of outbox
+// rows.
+type actionSel interface {
+	check() error
+	action() (action string, all bool)
+}
+
+// readAction reads the selection of an action from r with parse, checks
+// that it chooses something, and returns it with the action; a bad one
+// is answered 400, and ok is false.
+func readAction[S actionSel](h *handler, w http.ResponseWriter, r *http.Request, parse func(*http.Request) (S, error)) (sel S, action string, ok bool) {
+	sel, err := parse(r)
+	if err == nil {
+		err = sel.check()
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return sel, "", false
+	}
+	action, _ = sel.action()
+	return sel, action, true
+}
+
+// selection is a page's filters and an action's choice of dead letters
+// as the form gives them, and in sel the admin.Selection they make.
+type selection struct {
+	formSel
+	Refs  []string
+	Group string
+	ID    string
+	sel   admin.Selection
+}
+
+// parseSelection reads a selection from r's form.
+func parseSelection(r *http.Request) (selection, error) {
+	f, older, newer, err := readFormSel(r)
+	s := selection{formSel: f, Refs: r.Form["ref"], Group: r.FormValue("group"), ID: r.FormValue("id")}
+	s.sel = admin.Selection{Refs: s.Refs, Group: s.Group, Cause: s.Cause, OlderThan: older, NewerThan: newer}
+	if s.ID != "" {
+		s.sel.IDs = []string{s.ID}
+	}
+	return s, err
 }
 
 // check reports an action's selection that chooses nothing in particular.
 func (s selection) check() error {
-	action, all := s.action()
-	switch {
-	case action != "redrive" && action != "purge":
-		return fmt.Errorf("unknown action %q", s.Do)
-	case !all && len(s.Refs) == 0 && s.Group == "":
-		return errors.New("no message chosen: tick messages, or choose a group or every message shown")
+	all, err := s.checkAction()
+	if err == nil && !all && len(s.Refs) == 0 && s.Group == "" {
+		err = errors.New("no message chosen: tick messages, or choose a group or every message shown")
 	}
-	return nil
+	return err
 }
 
 // match reports whether p passes the selection at now.
@@ -362,13 +408,10 @@ type field struct{ Name, Value string }
 // step.
 func (s selection) fields() []field {
 	var f fieldList
-	f.add("do", s.Do)
+	s.addFields(&f)
 	f.add("ref", s.Refs...)
 	f.add("group", s.Group)
-	f.add("cause", s.Cause)
 	f.add("id", s.ID)
-	f.add("older", s.Older)
-	f.add("newer", s.Newer)
 	return f
 }
 
@@ -396,11 +439,8 @@ type dlqData struct {
 }
 
 func (h *handler) dlqList(w http.ResponseWriter, r *http.Request) {
-	c := h.consumer(w, r)
+	c := h.dlqConsumer(w, r)
 	if c == nil {
-		return
-	}
-	if h.noDeadLetters(w, r, c) {
 		return
 	}
 	sel, err := parseSelection(r)
@@ -411,8 +451,7 @@ func (h *handler) dlqList(w http.ResponseWriter, r *http.Request) {
 	d := dlqData{Consumer: c.Name, Queue: c.DeadLetters.Name(), Sel: sel}
 	now := time.Now()
 	groups := admin.NewGrouper(groupShown)
-	c.dlqMu.Lock()
-	err = c.DeadLetters.Scan(r.Context(), func(p *admin.Parked) error {
+	err = c.scan(r.Context(), func(p *admin.Parked) error {
 		if d.Scanned == pageScan {
 			d.Truncated = true
 			return errStop
@@ -427,7 +466,6 @@ func (h *handler) dlqList(w http.ResponseWriter, r *http.Request) {
 		groups.Add(&q)
 		return nil
 	})
-	c.dlqMu.Unlock()
 	if err != nil && !errors.Is(err, errStop) {
 		d.Err = c.errorText(err)
 	}
@@ -450,24 +488,19 @@ type messageView struct {
 }
 
 func (h *handler) dlqMessage(w http.ResponseWriter, r *http.Request) {
-	c := h.consumer(w, r)
+	c := h.dlqConsumer(w, r)
 	if c == nil {
-		return
-	}
-	if h.noDeadLetters(w, r, c) {
 		return
 	}
 	ref := r.FormValue("ref")
 	showBody := r.FormValue("body") == "1"
 	d := messageData{Consumer: c.Name, Ref: ref}
-	c.dlqMu.Lock()
-	err := c.DeadLetters.Scan(r.Context(), func(p *admin.Parked) error {
+	err := c.scan(r.Context(), func(p *admin.Parked) error {
 		if p.Ref == ref {
 			d.Copies = append(d.Copies, &messageView{P: p, BodySize: len(p.Body)})
 		}
 		return nil
 	})
-	c.dlqMu.Unlock()
 	if err != nil {
 		h.fail(w, r, http.StatusBadGateway, c.errorText(err))
 		return
@@ -508,27 +541,27 @@ type dlqConfirmData struct {
 	Token     string
 }
 
-func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
-	if h.cfg.ReadOnly {
-		h.fail(w, r, http.StatusForbidden, "the console is read-only")
-		return
-	}
+// dlqAction reads an action on the dead letters of the consumer r names:
+// the consumer, the selection and the action. It answers 404 for an
+// unknown consumer and 400 for a bad selection, and then returns a nil
+// consumer.
+func (h *handler) dlqAction(w http.ResponseWriter, r *http.Request) (*consumerState, selection, string) {
 	c := h.consumer(w, r)
 	if c == nil {
+		return nil, selection{}, ""
+	}
+	sel, action, ok := readAction(h, w, r, parseSelection)
+	if !ok {
+		return nil, sel, ""
+	}
+	return c, sel, action
+}
+
+func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
+	c, sel, action := h.dlqAction(w, r)
+	if c == nil || h.noDeadLetters(w, r, c) {
 		return
 	}
-	if h.noDeadLetters(w, r, c) {
-		return
-	}
-	sel, err := parseSelection(r)
-	if err == nil {
-		err = sel.check()
-	}
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	action, _ := sel.action()
 	d := dlqConfirmData{Consumer: c.Name, Queue: c.DeadLetters.Name(), Action: action, Sel: sel, Fields: sel.fields(),
 		Token: h.token(r, "dlq-"+action+":"+c.Name)}
 	guard := h.cfg.Store.RedriveGuard(false)
@@ -536,8 +569,7 @@ func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
 		d.Retention = guard.Retention.String()
 	}
 	now := time.Now()
-	c.dlqMu.Lock()
-	err = c.DeadLetters.Scan(r.Context(), func(p *admin.Parked) error {
+	err := c.scan(r.Context(), func(p *admin.Parked) error {
 		if !sel.match(p, now) {
 			return nil
 		}
@@ -551,7 +583,6 @@ func (h *handler) dlqConfirm(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil
 	})
-	c.dlqMu.Unlock()
 	if err != nil {
 		h.fail(w, r, http.StatusBadGateway, c.errorText(err))
 		return
@@ -566,24 +597,21 @@ type resultData struct {
 	Back string // relative to Base
 }
 
+// acted logs the action that attrs describe and answers with its result
+// d: 200, or 502 when d.Err says what failed.
+func (h *handler) acted(w http.ResponseWriter, r *http.Request, d resultData, attrs []any) {
+	if d.Err != "" {
+		h.log.Error("idemq console: action failed", append(attrs, "error", d.Err)...)
+		h.render(w, r, http.StatusBadGateway, "result", "Failed", d)
+		return
+	}
+	h.log.Info("idemq console: action", attrs...)
+	h.render(w, r, http.StatusOK, "result", "Done", d)
+}
+
 func (h *handler) dlqAct(w http.ResponseWriter, r *http.Request) {
-	c := h.consumer(w, r)
-	if c == nil {
-		return
-	}
-	sel, err := parseSelection(r)
-	if err == nil {
-		err = sel.check()
-	}
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	action, _ := sel.action()
-	if !h.checkToken(w, r, "dlq-"+action+":"+c.Name) {
-		return
-	}
-	if h.noDeadLetters(w, r, c) {
+	c, sel, action := h.dlqAction(w, r)
+	if c == nil || !h.checkToken(w, r, "dlq-"+action+":"+c.Name) || h.noDeadLetters(w, r, c) {
 		return
 	}
 	force := r.PostForm.Get("force") == "1"
@@ -592,6 +620,7 @@ func (h *handler) dlqAct(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	user := h.user(r)
 	var n, refused int
+	var err error
 	c.dlqMu.Lock()
 	if action == "redrive" {
 		n, refused, err = admin.RedriveSelected(ctx, c.DeadLetters, sel.sel, h.cfg.Store.RedriveGuard(force), now, nil)
@@ -675,10 +704,6 @@ func forgetAction(consumer, id string) string {
 }
 
 func (h *handler) forgetConfirm(w http.ResponseWriter, r *http.Request) {
-	if h.cfg.ReadOnly {
-		h.fail(w, r, http.StatusForbidden, "the console is read-only")
-		return
-	}
 	d := forgetData{Consumer: r.FormValue("consumer"), ID: r.FormValue("id")}
 	if d.Consumer == "" || d.ID == "" {
 		h.fail(w, r, http.StatusBadRequest, "give a consumer and a message id")
@@ -715,29 +740,22 @@ func (h *handler) forgetAct(w http.ResponseWriter, r *http.Request) {
 		Back: "lookup?consumer=" + url.QueryEscape(consumer) + "&ids=" + url.QueryEscape(id)}
 	if err != nil {
 		d.Err = err.Error()
-		h.log.Error("idemq console: action failed", append(attrs, "error", d.Err)...)
-		h.render(w, r, http.StatusBadGateway, "result", "Failed", d)
-		return
 	}
-	h.log.Info("idemq console: action", attrs...)
-	h.render(w, r, http.StatusOK, "result", "Done", d)
+	h.acted(w, r, d, attrs)
 }
 
 // outboxSel is a selection of parked outbox rows.
 type outboxSel struct {
-	Do           string
-	Seqs         []string
-	Key, Cause   string
-	Older, Newer string
-	filter       outbox.ParkedFilter
-	action       string
-	all          bool
+	formSel
+	Seqs   []string
+	Key    string
+	filter outbox.ParkedFilter
 }
 
-func parseOutboxSel(r *http.Request, now time.Time) (outboxSel, error) {
-	s := outboxSel{Do: r.FormValue("do"), Seqs: r.Form["seq"], Key: r.FormValue("key"), Cause: r.FormValue("cause"),
-		Older: r.FormValue("older"), Newer: r.FormValue("newer")}
-	s.action, s.all = strings.CutSuffix(s.Do, "-all")
+// parseOutboxSel reads a selection of parked rows from r's form.
+func parseOutboxSel(r *http.Request) (outboxSel, error) {
+	f, older, newer, err := readFormSel(r)
+	s := outboxSel{formSel: f, Seqs: r.Form["seq"], Key: r.FormValue("key")}
 	s.filter = outbox.ParkedFilter{Key: s.Key, Cause: s.Cause}
 	for _, v := range s.Seqs {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -746,14 +764,10 @@ func parseOutboxSel(r *http.Request, now time.Time) (outboxSel, error) {
 		}
 		s.filter.Seqs = append(s.filter.Seqs, n)
 	}
-	older, err := parseAge("older", s.Older)
 	if err != nil {
 		return s, err
 	}
-	newer, err := parseAge("newer", s.Newer)
-	if err != nil {
-		return s, err
-	}
+	now := time.Now()
 	if older > 0 {
 		s.filter.ParkedBefore = now.Add(-older)
 	}
@@ -766,12 +780,13 @@ func parseOutboxSel(r *http.Request, now time.Time) (outboxSel, error) {
 // check reports an action's selection that chooses nothing in
 // particular: the zero filter chooses every parked row.
 func (s outboxSel) check() error {
+	all, err := s.checkAction()
 	switch {
-	case s.action != "redrive" && s.action != "purge":
-		return fmt.Errorf("unknown action %q", s.Do)
-	case !s.all && len(s.filter.Seqs) == 0:
+	case err != nil:
+		return err
+	case !all && len(s.filter.Seqs) == 0:
 		return errors.New("no row chosen: tick rows, or choose every row shown")
-	case s.all && len(s.filter.Seqs) > 0:
+	case all && len(s.filter.Seqs) > 0:
 		return errors.New("choose ticked rows or every row shown, not both")
 	}
 	return nil
@@ -779,12 +794,9 @@ func (s outboxSel) check() error {
 
 func (s outboxSel) fields() []field {
 	var f fieldList
-	f.add("do", s.Do)
+	s.addFields(&f)
 	f.add("seq", s.Seqs...)
 	f.add("key", s.Key)
-	f.add("cause", s.Cause)
-	f.add("older", s.Older)
-	f.add("newer", s.Newer)
 	return f
 }
 
@@ -798,11 +810,10 @@ type outboxData struct {
 }
 
 func (h *handler) outboxPage(w http.ResponseWriter, r *http.Request) {
-	if h.cfg.Outbox == nil {
-		h.fail(w, r, http.StatusNotFound, "this console has no outbox table")
+	if h.noOutbox(w, r) {
 		return
 	}
-	sel, err := parseOutboxSel(r, time.Now())
+	sel, err := parseOutboxSel(r)
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err.Error())
 		return
@@ -834,20 +845,11 @@ type outboxConfirmData struct {
 }
 
 func (h *handler) outboxConfirm(w http.ResponseWriter, r *http.Request) {
-	if h.cfg.ReadOnly {
-		h.fail(w, r, http.StatusForbidden, "the console is read-only")
+	if h.noOutbox(w, r) {
 		return
 	}
-	if h.cfg.Outbox == nil {
-		h.fail(w, r, http.StatusNotFound, "this console has no outbox table")
-		return
-	}
-	sel, err := parseOutboxSel(r, time.Now())
-	if err == nil {
-		err = sel.check()
-	}
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
+	sel, action, ok := readAction(h, w, r, parseOutboxSel)
+	if !ok {
 		return
 	}
 	rows, err := h.cfg.Outbox.Parked(r.Context(), sel.filter)
@@ -855,50 +857,36 @@ func (h *handler) outboxConfirm(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadGateway, err.Error())
 		return
 	}
-	d := outboxConfirmData{Table: h.cfg.Outbox.Table(), Action: sel.action, Fields: sel.fields(), Chosen: len(rows),
-		Token: h.token(r, "outbox-"+sel.action)}
+	d := outboxConfirmData{Table: h.cfg.Outbox.Table(), Action: action, Fields: sel.fields(), Chosen: len(rows),
+		Token: h.token(r, "outbox-"+action)}
 	for _, row := range rows {
 		if len(d.IDs) == confirmShown {
 			break
 		}
 		d.IDs = append(d.IDs, fmt.Sprintf("row %d: %s", row.Seq, row.ID))
 	}
-	h.render(w, r, http.StatusOK, "outboxconfirm", "Confirm "+sel.action, d)
+	h.render(w, r, http.StatusOK, "outboxconfirm", "Confirm "+action, d)
 }
 
 func (h *handler) outboxAct(w http.ResponseWriter, r *http.Request) {
-	sel, err := parseOutboxSel(r, time.Now())
-	if err == nil {
-		err = sel.check()
-	}
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	if !h.checkToken(w, r, "outbox-"+sel.action) {
-		return
-	}
-	if h.cfg.Outbox == nil {
-		h.fail(w, r, http.StatusNotFound, "this console has no outbox table")
+	sel, action, ok := readAction(h, w, r, parseOutboxSel)
+	if !ok || !h.checkToken(w, r, "outbox-"+action) || h.noOutbox(w, r) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	var n int64
-	if sel.action == "redrive" {
+	var err error
+	if action == "redrive" {
 		n, err = h.cfg.Outbox.Redrive(ctx, sel.filter)
 	} else {
 		n, err = h.cfg.Outbox.Purge(ctx, sel.filter)
 	}
-	attrs := []any{"user", h.user(r), "action", "outbox " + sel.action, "table", h.cfg.Outbox.Table(), "count", n}
-	verb := map[string]string{"redrive": "redrove", "purge": "purged"}[sel.action]
+	attrs := []any{"user", h.user(r), "action", "outbox " + action, "table", h.cfg.Outbox.Table(), "count", n}
+	verb := map[string]string{"redrive": "redrove", "purge": "purged"}[action]
 	d := resultData{Text: fmt.Sprintf("%s %d parked rows of %s", verb, n, h.cfg.Outbox.Table()), Back: "outbox"}
 	if err != nil {
 		d.Err = err.Error()
-		h.log.Error("idemq console: action failed", append(attrs, "error", d.Err)...)
-		h.render(w, r, http.StatusBadGateway, "result", "Failed", d)
-		return
 	}
-	h.log.Info("idemq console: action", attrs...)
-	h.render(w, r, http.StatusOK, "result", "Done", d)
+	h.acted(w, r, d, attrs)
 }

@@ -252,6 +252,8 @@ func TestConfigSchemes(t *testing.T) {
 		{Config{Broker: "rediss://127.0.0.1:6379/x?id_field=order_id", Store: "postgres://h/db"}, "parameter id_field is set per run"},
 		{Config{Broker: "amqp://h/", Store: "sqlite:///tmp/x.db"}, "Config.Store: scheme \"sqlite\""},
 		{Config{Broker: "sqs://q?endpoint=http://127.0.0.1:1", Store: "mysql://root@h/db", BatchSize: 11}, "Config.BatchSize: 11 is outside 1..10"},
+		{Config{Broker: "pubsub://p/bench", Store: "mysql://root@h/db", BatchSize: 1001}, "Config.BatchSize: 1001 is outside 1..1000"},
+		{Config{Broker: "pubsub://p/bench?topic=t", Store: "postgres://h/db"}, "parameter topic is set per run"},
 	} {
 		_, err := Run(ctx, c.cfg)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

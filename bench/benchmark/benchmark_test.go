@@ -275,3 +275,39 @@ func TestLeasedScenarioSmall(t *testing.T) {
 		}
 	}
 }
+
+// TestRunFranzBaselines runs the franz-go baselines on a small workload
+// from Kafka into Postgres: each passes the exactly-once check with every
+// unique message applied once and every copy decided a duplicate, and the
+// ratios against them are reported. On another broker they fail, naming
+// it.
+func TestRunFranzBaselines(t *testing.T) {
+	pgURL := serviceURL(t, "IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+	rep, err := Run(context.Background(), Config{
+		Broker: kafkaURL(t), Store: pgURL, N: 600, Duplicates: 0.2, Accounts: 50, Repeat: 1,
+		LatencyRate: 500, LatencyMessages: 20, BatchSize: 50,
+		Configs: []string{SeedFranz, HandBatchFranz, IdemqBatch},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Failed != "" {
+			t.Fatalf("%s failed: %s", r.Name, r.Failed)
+		}
+		if run := r.Runs[0]; run.Processed != 600+20 || run.Duplicates != 120 {
+			t.Errorf("%s: processed %d, duplicates %d; want 620 and 120", r.Name, run.Processed, run.Duplicates)
+		}
+	}
+	want := map[string]bool{IdemqBatch + " / " + HandBatchFranz: true}
+	for _, x := range rep.Ratios {
+		delete(want, x.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("ratios missing: %v", want)
+	}
+	rep = runRabbitPostgres(t, Config{N: 10, Repeat: 1, LatencyMessages: 1, Configs: []string{HandBatchFranz}})
+	if f := rep.Results[0].Failed; !strings.Contains(f, "Kafka only") || !strings.Contains(f, "RabbitMQ") {
+		t.Errorf("failure %q, want one naming Kafka and RabbitMQ", f)
+	}
+}

@@ -61,6 +61,16 @@ const (
 	// against seed-p100-w8 in the same run (results/watermill-sweep.txt):
 	// about as fast as that baseline (1 handler reaches at most half of it).
 	Watermill = "watermill"
+	// SeedFranz is the seed pattern on franz-go, the client idemq's Kafka
+	// adapter is built on (Kafka only): 8 consumer group members, each
+	// taking one record at a time through one transaction, then a
+	// synchronous offset commit.
+	SeedFranz = "seed-franz"
+	// HandBatchFranz is the hand-tuned batch consumer on franz-go (Kafka
+	// only): BatchWorkers group members, each polling up to BatchSize
+	// records into one batch transaction (as HandBatch's), then one
+	// synchronous commit of the polled offsets.
+	HandBatchFranz = "hand-batch-franz"
 
 	// MemoryScenario measures the idemq batch consumer's peak RSS with
 	// 10,000 and then 1,000,000 messages queued.
@@ -102,6 +112,10 @@ var ObservedConfigs = []string{IdemqBatchObserved, IdemqBatchSampled}
 // consumer on the same data and effect, run only when named.
 var FrameworkConfigs = []string{Watermill}
 
+// KafkaConfigs are the baselines written by hand on franz-go, beside the
+// kafka-go ones of DefaultConfigs, run only when named (Kafka only).
+var KafkaConfigs = []string{SeedFranz, HandBatchFranz}
+
 // Config says what Run measures. Zero values take the defaults given on
 // each field.
 type Config struct {
@@ -110,6 +124,7 @@ type Config struct {
 	//	amqp://guest:guest@127.0.0.1:5672/?queue=bench   RabbitMQ
 	//	kafka://127.0.0.1:9092/bench?partitions=8        Kafka (e.g. bench/cmd/kfake)
 	//	sqs://KEY:SECRET@bench?endpoint=http://127.0.0.1:9324&region=us-east-1
+	//	pubsub://PROJECT/bench                           Pub/Sub (PUBSUB_EMULATOR_HOST for the emulator)
 	//	nats://127.0.0.1:4222/bench                      NATS JetStream
 	//	redis://127.0.0.1:6379/bench                     Redis Streams (rediss:// with TLS)
 	//
@@ -119,8 +134,10 @@ type Config struct {
 	// Kafka's partitions parameter (the run's topic's partitions, default
 	// 8), which only the benchmark reads; a nats:// URL leaves out the
 	// parameters the benchmark sets per run (consumer, subject, declare,
-	// dlq_stream, dlq_subject) and id_header, and a redis:// URL those it
-	// sets per run or reads itself (group, start, dlq, id_field, id_header).
+	// dlq_stream, dlq_subject) and id_header, a redis:// URL those it
+	// sets per run or reads itself (group, start, dlq, id_field, id_header),
+	// and a pubsub:// URL those it sets per run (topic, declare,
+	// dead_letter_topic, max_deliveries, ordering, exactly_once).
 	// Required.
 	Broker string
 	// Store is the database URL, e.g. postgres://postgres@127.0.0.1/test
@@ -141,7 +158,8 @@ type Config struct {
 	Accounts int
 	// BatchSize is the batch size of the batch-mode configurations, idemq
 	// and hand-tuned alike. Default 200; for sqs:// 10, which is also its
-	// maximum (SQS receives and deletes at most 10 messages a call).
+	// maximum (SQS receives and deletes at most 10 messages a call); at
+	// most 1,000 for pubsub:// (a Pull's most).
 	BatchSize int
 	// BatchWorkers is how many batches the batch-mode configurations
 	// process at once, idemq (WithConcurrency) and hand-tuned (one channel
@@ -153,7 +171,8 @@ type Config struct {
 	// of them. Default 3.
 	Repeat int
 	// Configs names the configurations to run (see DefaultConfigs,
-	// ObservedConfigs, FrameworkConfigs and Scenarios). Default DefaultConfigs.
+	// ObservedConfigs, FrameworkConfigs, KafkaConfigs and Scenarios).
+	// Default DefaultConfigs.
 	Configs []string
 	// LatencyRate is the rate, in messages per second, of the paced phase
 	// that follows each run's backlog: its messages carry their publish
@@ -206,7 +225,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.Broker: not a URL")
 	}
 	switch bu.Scheme {
-	case "amqp", "amqps", "kafka", "sqs", "nats", "redis", "rediss":
+	case "amqp", "amqps", "kafka", "sqs", "pubsub", "nats", "redis", "rediss":
 	default:
 		return c, fmt.Errorf("benchmark: Config.Broker: scheme %q is not supported (%s)", bu.Scheme, BrokerSchemes)
 	}
@@ -241,8 +260,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("benchmark: Config.Accounts: %d is outside 1..10000000", c.Accounts)
 	}
 	maxBatch := 10_000
-	if bu.Scheme == "sqs" {
+	switch bu.Scheme {
+	case "sqs":
 		maxBatch = sqsMaxBatch // ReceiveMessage and DeleteMessageBatch take at most 10
+	case "pubsub":
+		maxBatch = pubsubMaxBatch // a Pull returns at most 1,000
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = min(200, maxBatch)
@@ -309,8 +331,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]bool{}
 	for _, name := range c.Configs {
-		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) && !slices.Contains(ObservedConfigs, name) && !slices.Contains(FrameworkConfigs, name) {
-			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(slices.Concat(DefaultConfigs, ObservedConfigs, FrameworkConfigs, Scenarios), ", "))
+		if !slices.Contains(DefaultConfigs, name) && !slices.Contains(Scenarios, name) && !slices.Contains(ObservedConfigs, name) && !slices.Contains(FrameworkConfigs, name) && !slices.Contains(KafkaConfigs, name) {
+			return c, fmt.Errorf("benchmark: Config.Configs: unknown configuration %q (known: %s)", name, strings.Join(slices.Concat(DefaultConfigs, ObservedConfigs, FrameworkConfigs, KafkaConfigs, Scenarios), ", "))
 		}
 		if seen[name] {
 			return c, fmt.Errorf("benchmark: Config.Configs: %q given twice", name)
@@ -353,6 +375,10 @@ func Describe(name string) string {
 		return "idemq-batch with tracing (10% of traces) and metrics observers on the OTel SDK"
 	case Watermill:
 		return fmt.Sprintf("seed pattern on Watermill (Router + watermill-amqp): 1 tx per message, prefetch %d, %d handlers", watermillPrefetch, watermillHandlers)
+	case SeedFranz:
+		return "seed pattern (raw franz-go): 1 tx per message, then a synchronous offset commit; 8 group members"
+	case HandBatchFranz:
+		return "hand-tuned batch (raw franz-go): 1 claim + 1 set-based UPDATE + 1 commit + 1 synchronous offset commit per poll"
 	case MemoryScenario:
 		return "idemq batch: peak RSS with 10k vs 1M messages queued"
 	case GrowthScenario:

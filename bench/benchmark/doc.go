@@ -11,7 +11,7 @@
 // of recent ones to a fresh queue, each a JSON payment
 // {"account": "acc-17", "amount_cents": 1250} with its business id as the
 // AMQP message_id (the message-id header on Kafka, the message-id
-// attribute on SQS, the Nats-Msg-Id header on NATS, where a duplicate copy
+// attribute on SQS and Pub/Sub, the Nats-Msg-Id header on NATS, where a duplicate copy
 // carries its own Nats-Msg-Id, which JetStream would otherwise drop, and
 // the business id in idemq-id, the idemq-id field of a Redis entry, a
 // duplicate copy being an entry of its own); the effect is
@@ -30,18 +30,20 @@
 //
 // The broker and the store are independent choices (Config.Broker,
 // Config.Store): RabbitMQ (amqp://), Kafka (kafka://; bench/cmd/kfake serves
-// one in memory), SQS (sqs://; the fauxqs emulator or AWS), NATS JetStream
+// one in memory), SQS (sqs://; the fauxqs emulator or AWS), Google Cloud
+// Pub/Sub (pubsub://; Google's emulator or Pub/Sub), NATS JetStream
 // (nats://) or Redis Streams (redis://, rediss://) into Postgres
 // (postgres://) or MariaDB/MySQL (mysql://). Each broker writes its own
-// raw-driver consumers (amqp091-go, kafka-go, aws-sdk-go-v2, nats.go,
-// go-redis: acks, offset commits, DeleteMessage/DeleteMessageBatch,
-// AckSync and acks + flush on a durable pull consumer, XREADGROUP in a
+// raw-driver consumers (amqp091-go, kafka-go, aws-sdk-go-v2, the Pub/Sub
+// client's low-level SubscriberClient, nats.go, go-redis: acks, offset
+// commits, DeleteMessage/DeleteMessageBatch, Acknowledge per message or
+// per batch, AckSync and acks + flush on a durable pull consumer, XREADGROUP in a
 // consumer group with an XACK per message or one per batch) and each
 // store its own transactions (pgx: ON CONFLICT DO NOTHING claims, UPDATE … FROM unnest;
 // go-sql-driver/mysql: INSERT IGNORE claims, INSERT IGNORE … RETURNING on
 // MariaDB, UPDATE … JOIN), so every combination compares idemq with
 // baselines written for it. SQS batches are at most 10 (ReceiveMessage,
-// DeleteMessageBatch); Kafka messages are keyed by account, and each run's
+// DeleteMessageBatch), Pub/Sub's at most 1,000 (a Pull); Kafka messages are keyed by account, and each run's
 // topic has 8 partitions unless the URL's partitions parameter says
 // otherwise.
 //
@@ -51,7 +53,9 @@
 //
 // Watermill runs the seed pattern on another framework, Watermill's
 // message.Router with a watermill-amqp subscriber (RabbitMQ only), and
-// runs only when named in Config.Configs.
+// runs only when named in Config.Configs; so do SeedFranz and
+// HandBatchFranz, the Kafka baselines written on franz-go (the client of
+// idemq's Kafka adapter) beside the kafka-go ones.
 //
 // The scenarios MemoryScenario, GrowthScenario and LeasedScenario are slow
 // and run only when named in Config.Configs. MemoryScenario

@@ -157,7 +157,7 @@ func runConsumer[T any](ctx context.Context, e *runEnv, storeURL string, stages 
 	if err != nil {
 		return nil, err
 	}
-	src := &recordingSource{Source: rawSrc, t: stages.t}
+	src := recording(rawSrc, stages.t)
 	c, err := build(src, store)
 	if err != nil {
 		src.Close()

@@ -22,12 +22,10 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
-
-	_ "github.com/idemq/idemq/brokers/kafkashare" // the kafka+share:// scheme of core.OpenSource
 )
 
 // The Kafka share-group (KIP-932) comparison: a hand-written franz-go
-// share-group consumer against idemq's Consumer over brokers/kafkashare,
+// share-group consumer against idemq's Consumer over kafka+share://,
 // on the same workload in the same run, alternated as Run alternates its
 // configurations. Both read the same kind of topic (8 partitions,
 // published by kafka-go as the Kafka runs are), both are one share-group
@@ -57,7 +55,7 @@ func (k shareBroker) sourceURL(queue, group string) string {
 
 // shareStartEarliest sets the share group's share.auto.offset.reset to
 // earliest, so that it reads the backlog published before it joins (what
-// kafkashare.Open does with WithStart(StartFirst), its default).
+// kafka.OpenShare does with WithStart(StartFirst), its default).
 func shareStartEarliest(ctx context.Context, cl *kgo.Client, group string) error {
 	value := "earliest"
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
@@ -159,7 +157,7 @@ func handShare(window int) func(ctx context.Context, e *runEnv, t *tracker) (*co
 	}
 }
 
-// idemqShare is idemq's Consumer over kafkashare with the Postgres store:
+// idemqShare is idemq's Consumer over kafka+share:// with the Postgres store:
 // window records a poll (core.WithWindow), batches of up to window
 // messages, a BatchHandler with one set-based UPDATE … FROM unnest per
 // batch queued with the COMMIT (as the idemq-batch configuration on
@@ -252,7 +250,7 @@ func shareReport(tb testing.TB, pgURL string, n, rounds, paced int, windows []in
 		rep.Params.Configs = append(rep.Params.Configs, p.hand, p.idemq)
 		rep.Results = append(rep.Results,
 			&Result{Name: p.hand, Baseline: true, Description: fmt.Sprintf("hand-written franz-go share-group consumer: 1 member, polls of up to %d records, 1 claim + 1 set-based UPDATE + 1 commit per poll, then AckAccept each and FlushAcks", w)},
-			&Result{Name: p.idemq, Description: fmt.Sprintf("idemq Consumer over kafkashare: window %d, batches of up to %d, set-based BatchHandler", w, w)})
+			&Result{Name: p.idemq, Description: fmt.Sprintf("idemq Consumer over kafka+share://: window %d, batches of up to %d, set-based BatchHandler", w, w)})
 	}
 	for rnd := 1; rnd <= rounds; rnd++ {
 		for i, p := range pairs {
@@ -296,7 +294,7 @@ func shareReport(tb testing.TB, pgURL string, n, rounds, paced int, windows []in
 }
 
 // BenchmarkKafkaShare compares the hand-written franz-go share-group
-// consumer with idemq over kafkashare: 200,000 unique messages (+20%
+// consumer with idemq over kafka+share://: 200,000 unique messages (+20%
 // copies), windows 256 and 500, three runs of each side per window
 // (alternated: the hand side first in odd rounds, idemq first in even), on a
 // kfake cluster and IDEMQ_POSTGRES_URL (default the local server). Run it

@@ -3,7 +3,6 @@ package benchmark
 import (
 	"context"
 	"strconv"
-	"time"
 
 	"github.com/idemq/idemq/core/driver"
 )
@@ -13,73 +12,79 @@ import (
 // ack. Recording there instead of in an observer keeps the bare idemq
 // configurations free of any observer, as a service without tracing is.
 type recordingSource struct {
-	driver.Source
+	driver.Puller
 	t *tracker
 }
 
-func (s *recordingSource) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := s.Source.Receive(ctx)
-	if err != nil {
-		return nil, err
+// recording wraps src so that its acks and dead letters are recorded,
+// keeping the optional capabilities src has, and only those: the Consumer
+// finds them by type assertion.
+func recording(src driver.Source, t *tracker) driver.Source {
+	r := &recordingSource{Puller: src.(driver.Puller), t: t}
+	ext, e := src.(driver.Extender)
+	rel, l := src.(driver.Releaser)
+	ab, a := src.(driver.Abandoner)
+	switch {
+	case e && l && a:
+		return struct {
+			*recordingSource
+			driver.Extender
+			driver.Releaser
+			driver.Abandoner
+		}{r, ext, rel, ab}
+	case e && l:
+		return struct {
+			*recordingSource
+			driver.Extender
+			driver.Releaser
+		}{r, ext, rel}
+	case e && a:
+		return struct {
+			*recordingSource
+			driver.Extender
+			driver.Abandoner
+		}{r, ext, ab}
+	case l && a:
+		return struct {
+			*recordingSource
+			driver.Releaser
+			driver.Abandoner
+		}{r, rel, ab}
+	case e:
+		return struct {
+			*recordingSource
+			driver.Extender
+		}{r, ext}
+	case l:
+		return struct {
+			*recordingSource
+			driver.Releaser
+		}{r, rel}
+	case a:
+		return struct {
+			*recordingSource
+			driver.Abandoner
+		}{r, ab}
 	}
-	return recordingDelivery{d, s.t}, nil
+	return r
 }
 
-// SetWindow passes the Consumer's window on to the adapter.
-func (s *recordingSource) SetWindow(n int) error {
-	if ws, ok := s.Source.(driver.WindowSetter); ok {
-		return ws.SetWindow(n)
+func (s *recordingSource) record(ms []*driver.Message) {
+	for _, m := range ms {
+		ts, _ := strconv.ParseInt(m.Headers[headerTS], 10, 64)
+		s.t.decided(m.ID, ts)
 	}
-	return nil
 }
 
-// RedeliveryHorizon passes the adapter's horizon on.
-func (s *recordingSource) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
-	if h, ok := s.Source.(driver.RedeliveryHorizoner); ok {
-		return h.RedeliveryHorizon(ctx)
-	}
-	return 0, false
+// Ack records the messages' decisions and acks them the adapter's way.
+func (s *recordingSource) Ack(ctx context.Context, ms []*driver.Message) error {
+	s.record(ms)
+	return s.Puller.Ack(ctx, ms)
 }
 
-// AckBatch records the batch's decisions and acks it the adapter's way.
-func (s *recordingSource) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	inner := make([]driver.Delivery, len(ds))
-	for i, d := range ds {
-		rd := d.(recordingDelivery)
-		rd.record()
-		inner[i] = rd.Delivery
-	}
-	if bs, ok := s.Source.(driver.BatchSettler); ok {
-		return bs.AckBatch(ctx, inner)
-	}
-	var first error
-	for _, d := range inner {
-		if err := d.Ack(ctx); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
-
-// recordingDelivery records its message's decision when it is acked or
-// dead-lettered (a retried delivery is decided again later).
-type recordingDelivery struct {
-	driver.Delivery
-	t *tracker
-}
-
-func (d recordingDelivery) record() {
-	m := d.Message()
-	ts, _ := strconv.ParseInt(m.Headers[headerTS], 10, 64)
-	d.t.decided(m.ID, ts)
-}
-
-func (d recordingDelivery) Ack(ctx context.Context) error {
-	d.record()
-	return d.Delivery.Ack(ctx)
-}
-
-func (d recordingDelivery) DeadLetter(ctx context.Context, cause error) error {
-	d.record()
-	return d.Delivery.DeadLetter(ctx, cause)
+// DeadLetter records the messages' decisions (a retried message is decided
+// again later) and parks them the adapter's way.
+func (s *recordingSource) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
+	s.record(ms)
+	return s.Puller.DeadLetter(ctx, ms, causes)
 }

@@ -274,9 +274,14 @@ func (rep *Report) addRatios() {
 	tput(IdemqBatch, Watermill, "≥ 8", 8)
 	tput(Watermill, SeedP100W8, "(peer)", 0)
 	tput(HandBatch, RawAck, "(ceiling)", 0)
-	if a, b := rep.result(IdemqBatch), rep.result(HandBatch); a != nil && b != nil && a.Failed == "" && b.Failed == "" && a.UserCPU > 0 && b.UserCPU > 0 {
-		v := float64(a.UserCPU) / float64(b.UserCPU)
-		rep.Ratios = append(rep.Ratios, Ratio{Name: a.Name + " / " + b.Name, Metric: "user CPU/msg", Value: v, Target: "≤ 1.10", Met: v <= 1.1})
+	tput(IdemqBatch, HandBatchFranz, "≥ 1.00", 1)
+	tput(IdemqB1W100C8, SeedFranz, "≥ 1.00", 1)
+	tput(HandBatchFranz, HandBatch, "(franz-go / kafka-go)", 0)
+	for _, hand := range []string{HandBatch, HandBatchFranz} {
+		if a, b := rep.result(IdemqBatch), rep.result(hand); a != nil && b != nil && a.Failed == "" && b.Failed == "" && a.UserCPU > 0 && b.UserCPU > 0 {
+			v := float64(a.UserCPU) / float64(b.UserCPU)
+			rep.Ratios = append(rep.Ratios, Ratio{Name: a.Name + " / " + b.Name, Metric: "user CPU/msg", Value: v, Target: "≤ 1.10", Met: v <= 1.1})
+		}
 	}
 	if lo, _, ok := rep.Paired(IdemqBatch, HandBatch); ok {
 		rep.Ratios = append(rep.Ratios, Ratio{Name: IdemqBatch + " / " + HandBatch, Metric: "lowest paired run", Value: lo, Target: "≥ 0.95", Met: lo >= 0.95})

@@ -127,7 +127,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	var plain []string
 	for _, name := range cfg.Configs {
-		if slices.Contains(DefaultConfigs, name) || slices.Contains(ObservedConfigs, name) || slices.Contains(FrameworkConfigs, name) {
+		if slices.Contains(DefaultConfigs, name) || slices.Contains(ObservedConfigs, name) || slices.Contains(FrameworkConfigs, name) || slices.Contains(KafkaConfigs, name) {
 			plain = append(plain, name)
 			rep.Results = append(rep.Results, &Result{Name: name, Description: s.describe(name), Baseline: !strings.HasPrefix(name, "idemq")})
 		}
@@ -249,6 +249,9 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 	if _, ok := s.broker.(watermillBroker); name == Watermill && !ok {
 		return fail("%s runs on RabbitMQ only (watermill-amqp), not on %s", Watermill, s.broker.kind())
 	}
+	if _, ok := s.broker.(franzBroker); slices.Contains(KafkaConfigs, name) && !ok {
+		return fail("%s runs on Kafka only (franz-go), not on %s", name, s.broker.kind())
+	}
 	idemq := strings.HasPrefix(name, "idemq") || strings.Contains(name, "/")
 	if err := s.store.setup(ctx, e, !idemq && !e.keepDedup); err != nil {
 		return fail("setup: %v", err)
@@ -298,6 +301,10 @@ func (s *session) runOne(ctx context.Context, name string, spec runSpec) (res Ru
 			c, err = s.broker.rawAck(cctx, e, t, s.cfg.BatchSize)
 		case name == Watermill:
 			c, err = s.broker.(watermillBroker).watermill(cctx, e, t, watermillPrefetch, watermillHandlers)
+		case name == SeedFranz:
+			c, err = s.broker.(franzBroker).franzSeed(cctx, e, t, 8)
+		case name == HandBatchFranz:
+			c, err = s.broker.(franzBroker).franzBatch(cctx, e, t, s.cfg.BatchSize, s.cfg.BatchWorkers)
 		default:
 			c, err = s.store.runIdemq(cctx, e, t, name)
 		}

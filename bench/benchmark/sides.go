@@ -16,8 +16,8 @@ import (
 // and runs the idemq configurations (whose handlers depend on the store's
 // transaction type). The two are independent: any broker with any store.
 
-// brokerSide is one broker (RabbitMQ, Kafka, SQS, NATS JetStream, Redis
-// Streams) as the benchmark uses it.
+// brokerSide is one broker (RabbitMQ, Kafka, SQS, Pub/Sub, NATS
+// JetStream, Redis Streams) as the benchmark uses it.
 type brokerSide interface {
 	// kind names the broker in descriptions ("RabbitMQ", "Kafka", "SQS").
 	kind() string
@@ -190,6 +190,8 @@ func openBroker(ctx context.Context, broker string) (brokerSide, error) {
 		return newKafka(u)
 	case "sqs":
 		return newSQS(ctx, u)
+	case "pubsub":
+		return newPubSub(ctx, u)
 	case "nats":
 		return newNATS(u)
 	case "redis", "rediss":
@@ -216,6 +218,6 @@ func openStore(ctx context.Context, store string) (storeSide, error) {
 // BrokerSchemes and StoreSchemes list the URL schemes Config.Broker and
 // Config.Store accept, for help texts.
 const (
-	BrokerSchemes = "amqp, amqps, kafka, sqs, nats, redis, rediss"
+	BrokerSchemes = "amqp, amqps, kafka, sqs, pubsub, nats, redis, rediss"
 	StoreSchemes  = "postgres, postgresql, mysql"
 )

@@ -28,7 +28,7 @@ func ReadReport(r io.Reader) (*Report, error) {
 // Pair names the broker and store of a report, such as "RabbitMQ →
 // Postgres", from its URLs' schemes and the database's version string.
 func (rep *Report) Pair() string {
-	broker := map[string]string{"amqp": "RabbitMQ", "amqps": "RabbitMQ", "kafka": "Kafka", "sqs": "SQS",
+	broker := map[string]string{"amqp": "RabbitMQ", "amqps": "RabbitMQ", "kafka": "Kafka", "sqs": "SQS", "pubsub": "Pub/Sub",
 		"nats": "NATS", "redis": "Redis", "rediss": "Redis"}
 	b, s := scheme(rep.Params.Broker), scheme(rep.Params.Store)
 	name := broker[b]

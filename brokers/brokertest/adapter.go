@@ -20,22 +20,19 @@ import (
 // dead-lettered one is not parked and comes back too.
 func testStaleAfterReconnect(t *testing.T, h Harness) {
 	f, msgs, s, ds := h.delivered(t, "stale", 3)
-	f.Reconnect(t, s)
+	f.Reconnect(t, s.Source())
 
 	ctx := ctxFor(t, h.ReceiveTimeout)
 	settles := []struct {
 		what string
-		do   func(d driver.Delivery) error
+		do   func(d *Delivery) error
 	}{
-		{"Ack", func(d driver.Delivery) error { return d.Ack(ctx) }},
-		{"DeadLetter", func(d driver.Delivery) error {
+		{"Ack", func(d *Delivery) error { return d.Ack(ctx) }},
+		{"DeadLetter", func(d *Delivery) error {
 			return d.DeadLetter(ctx, errors.New("brokertest: parked after reconnect"))
 		}},
-		{"AckBatch", func(d driver.Delivery) error {
-			if bs, ok := s.(driver.BatchSettler); ok {
-				return bs.AckBatch(ctx, []driver.Delivery{d})
-			}
-			return d.Ack(ctx)
+		{"AckBatch", func(d *Delivery) error {
+			return s.AckBatch(ctx, []*Delivery{d})
 		}},
 	}
 	for i, st := range settles {
@@ -93,7 +90,7 @@ func testPublisherRoundTrip(t *testing.T, h Harness) {
 			checkLanded(t, h, "on the broker", m, raw.ID, raw.Key, raw.Headers, raw.Body, tid)
 		}
 	}
-	s := source(t, f)
+	s := receiver(t, f, 0)
 	ds := receive(t, h, s, 1)
 	got := ds[0].Message()
 	checkLanded(t, h, "read back by the Source", msgs[1], got.ID, got.Key, got.Headers, got.Body, tid)

@@ -20,7 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"reflect"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -214,7 +214,8 @@ func (h Harness) fixture(t *testing.T) *Fixture {
 	return f
 }
 
-// source opens a source that is closed when the test ends.
+// source opens a source for a Consumer, closed when the test ends unless
+// a Consumer's Run closed it first.
 func source(t *testing.T, f *Fixture) driver.Source {
 	t.Helper()
 	s := f.NewSource(t)
@@ -222,15 +223,11 @@ func source(t *testing.T, f *Fixture) driver.Source {
 	return s
 }
 
-// optional returns s as an I, an interface a source may leave out, or
-// skips the test when s does not implement it.
-func optional[I any](t *testing.T, s driver.Source) I {
+// receiver opens a source and drives it as a Consumer with a window of n
+// (0: DefaultWindow), one message at a time.
+func receiver(t *testing.T, f *Fixture, n int) *Receiver {
 	t.Helper()
-	i, ok := s.(I)
-	if !ok {
-		t.Skipf("source does not implement %v", reflect.TypeFor[I]())
-	}
-	return i
+	return StartReceiver(t, f.NewSource(t), n)
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
@@ -270,21 +267,21 @@ func publish(t *testing.T, h Harness, f *Fixture, msgs ...*driver.Message) {
 
 // delivered publishes n new messages (see messages) to a fresh fixture,
 // opens a source on it and receives them all.
-func (h Harness) delivered(t *testing.T, prefix string, n int) (*Fixture, []*driver.Message, driver.Source, []driver.Delivery) {
+func (h Harness) delivered(t *testing.T, prefix string, n int) (*Fixture, []*driver.Message, *Receiver, []*Delivery) {
 	t.Helper()
 	f := h.fixture(t)
 	msgs := messages(prefix, n)
 	publish(t, h, f, msgs...)
-	s := source(t, f)
+	s := receiver(t, f, 0)
 	return f, msgs, s, receive(t, h, s, n)
 }
 
 // receive receives n deliveries within the harness' timeout. Transient
 // errors are retried, as the Consumer does.
-func receive(t *testing.T, h Harness, s driver.Source, n int) []driver.Delivery {
+func receive(t *testing.T, h Harness, s *Receiver, n int) []*Delivery {
 	t.Helper()
 	ctx := ctxFor(t, h.ReceiveTimeout)
-	out := make([]driver.Delivery, 0, n)
+	out := make([]*Delivery, 0, n)
 	for len(out) < n {
 		d, err := s.Receive(ctx)
 		if err != nil {
@@ -305,7 +302,7 @@ func receive(t *testing.T, h Harness, s driver.Source, n int) []driver.Delivery 
 
 // receiveExactly receives len(want) deliveries and fails unless their ids
 // are exactly want (sorted); after says what came before, for the message.
-func receiveExactly(t *testing.T, h Harness, s driver.Source, after string, want []string) []driver.Delivery {
+func receiveExactly(t *testing.T, h Harness, s *Receiver, after string, want []string) []*Delivery {
 	t.Helper()
 	ds := receive(t, h, s, len(want))
 	if got := ids(ds); !slices.Equal(got, want) {
@@ -315,7 +312,7 @@ func receiveExactly(t *testing.T, h Harness, s driver.Source, after string, want
 }
 
 // closeSource closes s and fails if that fails.
-func closeSource(t *testing.T, s driver.Source) {
+func closeSource(t *testing.T, s *Receiver) {
 	t.Helper()
 	if err := s.Close(); err != nil {
 		t.Fatalf("close: %v", err)
@@ -323,7 +320,7 @@ func closeSource(t *testing.T, s driver.Source) {
 }
 
 // expectQuiet fails if s delivers anything within the quiet period.
-func expectQuiet(t *testing.T, h Harness, s driver.Source) {
+func expectQuiet(t *testing.T, h Harness, s *Receiver) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), h.Quiet)
 	defer cancel()
@@ -343,7 +340,7 @@ func expectQuiet(t *testing.T, h Harness, s driver.Source) {
 	}
 }
 
-func ids(ds []driver.Delivery) []string {
+func ids(ds []*Delivery) []string {
 	out := make([]string, len(ds))
 	for i, d := range ds {
 		out[i] = d.Message().ID
@@ -361,7 +358,7 @@ func msgIDs(ms []*driver.Message) []string {
 	return out
 }
 
-func ackAll(t *testing.T, ds []driver.Delivery) {
+func ackAll(t *testing.T, ds []*Delivery) {
 	t.Helper()
 	for _, d := range ds {
 		if err := d.Ack(context.Background()); err != nil {
@@ -418,7 +415,7 @@ func testPublishConsume(t *testing.T, h Harness) {
 
 // checkFirstDeliveries checks that ds are first deliveries of msgs, one
 // each: body, header, Attempt 1, System, Source and ReceivedAt.
-func checkFirstDeliveries(t *testing.T, msgs []*driver.Message, ds []driver.Delivery) {
+func checkFirstDeliveries(t *testing.T, msgs []*driver.Message, ds []*Delivery) {
 	t.Helper()
 	byID := map[string]*driver.Message{}
 	for _, m := range msgs {
@@ -453,7 +450,7 @@ func testAckRemoves(t *testing.T, h Harness) {
 	f, _, s1, ds := h.delivered(t, "ack", 4)
 	ackAll(t, ds)
 	closeSource(t, s1)
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }
 
 func testSettleTwice(t *testing.T, h Harness) {
@@ -501,25 +498,25 @@ func testRetry(t *testing.T, h Harness) {
 	if elapsed < delay {
 		t.Errorf("redelivered after %v, sooner than the %v delay", elapsed, delay)
 	}
-	ackAll(t, []driver.Delivery{d2})
+	ackAll(t, []*Delivery{d2})
 	expectQuiet(t, h, s)
 }
 
 func testDeadLetter(t *testing.T, h Harness) {
 	f, _, s, ds := h.delivered(t, "dl", 2)
-	var parked, acked driver.Delivery = ds[0], ds[1]
+	var parked, acked *Delivery = ds[0], ds[1]
 	cause := "brokertest cause " + randomHex(4)
 	if err := parked.DeadLetter(ctxFor(t, h.ReceiveTimeout), core.Permanent(errors.New(cause))); err != nil {
 		t.Fatalf("dead-letter: %v", err)
 	}
-	ackAll(t, []driver.Delivery{acked})
+	ackAll(t, []*Delivery{acked})
 	expectQuiet(t, h, s)
 	wantParked(t, h, f, parked, acked, cause)
 }
 
 // wantParked waits until parked is dead-lettered and checks its body and
 // cause, and that acked was not parked.
-func wantParked(t *testing.T, h Harness, f *Fixture, parked, acked driver.Delivery, cause string) {
+func wantParked(t *testing.T, h Harness, f *Fixture, parked, acked *Delivery, cause string) {
 	t.Helper()
 	got := waitDeadLetters(t, h, f, parked.Message().ID)
 	dl := got[parked.Message().ID]
@@ -538,7 +535,7 @@ func testUnackedComeBack(t *testing.T, h Harness) {
 	f, _, s1, first := h.delivered(t, "unacked", 3)
 	// The consumer dies: closed without settling anything.
 	closeSource(t, s1)
-	s2 := source(t, f)
+	s2 := receiver(t, f, 0)
 	again := receiveExactly(t, h, s2, "after the consumer died", ids(first))
 	for _, d := range again {
 		if d.Message().Attempt < 2 {
@@ -554,17 +551,7 @@ func testConcurrentConsumers(t *testing.T, h Harness) {
 	const n = 30
 	msgs := messages("conc", n)
 	publish(t, h, f, msgs...)
-	srcs := []driver.Source{source(t, f), source(t, f)}
-	windowed := true
-	for _, s := range srcs {
-		if ws, ok := s.(driver.WindowSetter); ok {
-			if err := ws.SetWindow(2); err != nil {
-				t.Fatalf("SetWindow: %v", err)
-			}
-		} else {
-			windowed = false
-		}
-	}
+	srcs := []*Receiver{receiver(t, f, 2), receiver(t, f, 2)}
 	ctx, cancel := context.WithTimeout(context.Background(), h.ReceiveTimeout)
 	defer cancel()
 	var mu sync.Mutex
@@ -612,7 +599,7 @@ func testConcurrentConsumers(t *testing.T, h Harness) {
 		}
 	}
 	t.Logf("messages per consumer: %v", per)
-	if windowed && (per[0] == 0 || per[1] == 0) {
+	if per[0] == 0 || per[1] == 0 {
 		t.Errorf("one consumer got nothing with a window of 2: %v", per)
 	}
 	expectQuiet(t, h, srcs[0])
@@ -634,7 +621,7 @@ func testGracefulClose(t *testing.T, h Harness) {
 	if err := ds[3].Ack(ctxFor(t, h.ReceiveTimeout)); err == nil {
 		t.Error("Ack of a delivery of a closed source returned nil")
 	}
-	s2 := source(t, f)
+	s2 := receiver(t, f, 0)
 	again := receiveExactly(t, h, s2, "after a close with three unsettled", ids(ds[3:]))
 	ackAll(t, again)
 	expectQuiet(t, h, s2)
@@ -642,14 +629,13 @@ func testGracefulClose(t *testing.T, h Harness) {
 
 func testAckBatch(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	s1 := source(t, f)
-	bs := optional[driver.BatchSettler](t, s1)
+	s1 := receiver(t, f, 0)
 	msgs := messages("batch", 10)
 	publish(t, h, f, msgs...)
 	ds := receive(t, h, s1, len(msgs))
 	// Leave the first delivery and two holes unsettled: an ack that covers
 	// "everything up to the batch's last" would take them too.
-	var batch, left []driver.Delivery
+	var batch, left []*Delivery
 	for i, d := range ds {
 		if i == 0 || i == 4 || i == 7 || i == 8 {
 			left = append(left, d)
@@ -658,17 +644,16 @@ func testAckBatch(t *testing.T, h Harness) {
 		}
 	}
 	ctx := ctxFor(t, h.ReceiveTimeout)
-	if err := bs.AckBatch(ctx, batch); err != nil {
+	if err := s1.AckBatch(ctx, batch); err != nil {
 		t.Fatalf("AckBatch: %v", err)
 	}
-	if err := bs.AckBatch(ctx, batch[:1]); err == nil {
+	if err := s1.AckBatch(ctx, batch[:1]); err == nil {
 		t.Error("AckBatch of an already acked delivery returned nil")
 	}
 	closeSource(t, s1)
-	s2 := source(t, f)
+	s2 := receiver(t, f, 0)
 	again := receiveExactly(t, h, s2, "after AckBatch of the others", ids(left))
-	bs2 := s2.(driver.BatchSettler)
-	if err := bs2.AckBatch(ctx, again); err != nil {
+	if err := s2.AckBatch(ctx, again); err != nil {
 		t.Fatalf("AckBatch: %v", err)
 	}
 	expectQuiet(t, h, s2)
@@ -676,14 +661,11 @@ func testAckBatch(t *testing.T, h Harness) {
 
 func testWindow(t *testing.T, h Harness) {
 	f := h.fixture(t)
-	s := source(t, f)
-	ws := optional[driver.WindowSetter](t, s)
-	if err := ws.SetWindow(0); err == nil {
-		t.Error("SetWindow(0) returned nil")
+	if r, err := NewReceiver(context.Background(), f.NewSource(t), 0, slog.Default()); err == nil {
+		_ = r.Close()
+		t.Error("a window of 0 was accepted")
 	}
-	if err := ws.SetWindow(3); err != nil {
-		t.Fatalf("SetWindow: %v", err)
-	}
+	s := receiver(t, f, 3)
 	publish(t, h, f, messages("window", 10)...)
 	ds := receive(t, h, s, 3)
 	// Three unsettled: the fourth must wait.

@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"maps"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,8 +31,10 @@ func TestSuiteCatchesBrokenAdapters(t *testing.T) {
 		{"ack-is-a-lie", "AckRemoves", "AckRemoves"},
 		{"batch-acks-everything", "AckBatchAcksExactlyTheBatch", "AckBatchAcksExactlyTheBatch"},
 		{"attempt-always-1", "RetryRedeliversWithHigherAttempt", "RetryRedeliversWithHigherAttempt"},
+		{"retry-drops", "RetryRedeliversWithHigherAttempt", "RetryRedeliversWithHigherAttempt"},
 		{"dead-letter-drops", "DeadLetterParksWithCause", "DeadLetterParksWithCause"},
-		{"settles-after-close", "GracefulCloseWithDeliveriesInFlight", "GracefulCloseWithDeliveriesInFlight"},
+		{"release-drops", "GracefulCloseWithDeliveriesInFlight", "GracefulCloseWithDeliveriesInFlight"},
+		{"release-drops", "UnackedComeBackAfterConsumerDies", "UnackedComeBackAfterConsumerDies"},
 		{"delivers-twice", "Pipeline/DuplicatesApplyOnce", "Pipeline/DuplicatesApplyOnce"},
 		{"stale-ack-succeeds", "SettleAfterReconnectIsStale", "SettleAfterReconnectIsStale"},
 		{"publisher-drops-trace-context", "PublisherRoundTrip", "PublisherRoundTrip"},
@@ -79,12 +83,12 @@ func TestBrokenAdapter(t *testing.T) {
 						return brokertest.RawMessage{}, err
 					}
 					defer s.Close()
-					d, err := s.Receive(ctx)
+					ms, err := s.Receive(ctx, 1)
 					if err != nil {
 						return brokertest.RawMessage{}, err
 					}
-					m := d.Message()
-					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, d.Ack(ctx)
+					m := ms[0]
+					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, s.Ack(ctx, ms)
 				},
 				Publish: func(ctx context.Context, msgs ...*driver.Message) error {
 					return b.Publish(ctx, queue, msgs...)
@@ -94,7 +98,7 @@ func TestBrokenAdapter(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					return &broken{Subscription: s, mode: mode}
+					return &broken{Subscription: s, mode: mode, held: map[*driver.Message]bool{}}
 				},
 				DeadLetters: func(ctx context.Context) ([]brokertest.DeadLetter, error) {
 					var out []brokertest.DeadLetter
@@ -123,142 +127,111 @@ func init() {
 		b, err := memory.Named("broken")
 		return b, strings.Trim(u.Host+u.Path, "/"), err
 	}
-	driver.RegisterBroker("brokenmem",
-		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {
-			b, q, err := open(u)
-			if err != nil {
-				return nil, err
-			}
-			return b.Subscribe(q)
-		},
-		func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
-			b, q, err := open(u)
-			if err != nil {
-				return nil, err
-			}
-			return b.Publisher(q), nil
-		})
+	driver.RegisterSource("brokenmem", func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {
+		b, q, err := open(u)
+		if err != nil {
+			return nil, err
+		}
+		return b.Subscribe(q)
+	})
+	driver.RegisterPublisher("brokenmem", func(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+		b, q, err := open(u)
+		if err != nil {
+			return nil, err
+		}
+		return b.Publisher(q), nil
+	})
 }
 
-// broken is a memory subscription with one deliberate defect.
+// broken is a memory subscription with one deliberate defect, in what it
+// receives or in one of its settlement calls.
 type broken struct {
 	*memory.Subscription
 	mode string
 
-	mu     sync.Mutex
-	held   []*brokenDelivery // received and not settled, for batch-acks-everything
-	closed bool
-	again  *brokenDelivery // delivers-twice: the copy to hand out next
+	mu    sync.Mutex
+	held  map[*driver.Message]bool // received and not settled, for batch-acks-everything
+	again []*driver.Message        // delivers-twice: the copies to hand out next
 }
 
-type brokenDelivery struct {
-	driver.Delivery
-	src  *broken
-	msg  *driver.Message
-	copy bool
-}
-
-func (b *broken) Receive(ctx context.Context) (driver.Delivery, error) {
+func (b *broken) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	b.mu.Lock()
-	if b.again != nil {
-		d := b.again
-		b.again = nil
+	if n := min(max, len(b.again)); n > 0 {
+		ms := b.again[:n:n]
+		b.again = b.again[n:]
 		b.mu.Unlock()
-		return d, nil
+		return ms, nil
 	}
 	b.mu.Unlock()
-	d, err := b.Subscription.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	m := *d.Message()
-	if b.mode == "attempt-always-1" {
-		m.Attempt = 1
-	}
-	bd := &brokenDelivery{Delivery: d, src: b, msg: &m}
-	b.mu.Lock()
-	b.held = append(b.held, bd)
-	if b.mode == "delivers-twice" {
-		c := *bd
-		c.copy = true
-		b.again = &c
-	}
-	b.mu.Unlock()
-	return bd, nil
-}
-
-func (b *broken) Close() error {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-	return b.Subscription.Close()
-}
-
-func (b *broken) forget(d *brokenDelivery) {
+	ms, err := b.Subscription.Receive(ctx, max)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i, h := range b.held {
-		if h == d {
-			b.held = append(b.held[:i], b.held[i+1:]...)
-			return
+	for _, m := range ms {
+		switch b.mode {
+		case "attempt-always-1":
+			m.Attempt = 1
+		case "delivers-twice":
+			c := *m // the same delivery handed out again
+			b.again = append(b.again, &c)
 		}
+		b.held[m] = true
+	}
+	return ms, err
+}
+
+// settled forgets ms as held.
+func (b *broken) settled(ms []*driver.Message) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range ms {
+		delete(b.held, m)
 	}
 }
 
-func (b *broken) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	var inner []driver.Delivery
-	if b.mode == "batch-acks-everything" {
+func (b *broken) Ack(ctx context.Context, ms []*driver.Message) error {
+	switch b.mode {
+	case "batch-acks-everything":
 		// Like a multiple ack up to the highest tag: everything held goes.
 		b.mu.Lock()
-		for _, h := range b.held {
-			inner = append(inner, h.Delivery)
-		}
-		b.held = nil
+		all := slices.Collect(maps.Keys(b.held))
+		clear(b.held)
 		b.mu.Unlock()
-	} else {
-		for _, d := range ds {
-			bd := d.(*brokenDelivery)
-			b.forget(bd)
-			inner = append(inner, bd.Delivery)
-		}
-	}
-	return b.Subscription.AckBatch(ctx, inner)
-}
-
-func (d *brokenDelivery) Message() *driver.Message { return d.msg }
-
-func (d *brokenDelivery) Ack(ctx context.Context) error {
-	d.src.forget(d)
-	switch {
-	case d.copy:
-		return nil // the copy of delivers-twice: its original settles
-	case d.src.mode == "ack-is-a-lie":
+		_ = b.Subscription.Ack(ctx, all)
 		return nil
-	case d.src.mode == "stale-ack-succeeds":
-		if err := d.Delivery.Ack(ctx); !errors.Is(err, driver.ErrStaleDelivery) {
+	case "ack-is-a-lie":
+		b.settled(ms)
+		return nil
+	case "stale-ack-succeeds":
+		b.settled(ms)
+		if err := b.Subscription.Ack(ctx, ms); !errors.Is(err, driver.ErrStaleDelivery) {
 			return err
 		}
 		return nil // pretends a stale ack reached the broker
-	case d.src.mode == "settles-after-close":
-		d.src.mu.Lock()
-		closed := d.src.closed
-		d.src.mu.Unlock()
-		if closed {
-			return nil // pretends the ack of a returned message worked
-		}
 	}
-	return d.Delivery.Ack(ctx)
+	b.settled(ms)
+	return b.Subscription.Ack(ctx, ms)
 }
 
-func (d *brokenDelivery) DeadLetter(ctx context.Context, cause error) error {
-	d.src.forget(d)
-	if d.src.mode == "dead-letter-drops" {
-		return d.Delivery.Ack(ctx) // silently dropped
+func (b *broken) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
+	b.settled(ms)
+	if b.mode == "retry-drops" {
+		return b.Subscription.Ack(ctx, ms) // never redelivered
 	}
-	return d.Delivery.DeadLetter(ctx, cause)
+	return b.Subscription.Retry(ctx, ms, delay)
 }
 
-func (d *brokenDelivery) Retry(ctx context.Context, delay time.Duration) error {
-	d.src.forget(d)
-	return d.Delivery.Retry(ctx, delay)
+func (b *broken) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
+	b.settled(ms)
+	if b.mode == "dead-letter-drops" {
+		return b.Subscription.Ack(ctx, ms) // silently dropped
+	}
+	return b.Subscription.DeadLetter(ctx, ms, causes)
+}
+
+func (b *broken) Release(ctx context.Context, ms []*driver.Message) error {
+	b.settled(ms)
+	if b.mode == "release-drops" {
+		return b.Subscription.Ack(ctx, ms) // given back to nobody
+	}
+	return b.Subscription.Release(ctx, ms)
 }

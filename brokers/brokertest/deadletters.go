@@ -77,7 +77,7 @@ func only(ids ...string) func(*admin.Parked) bool {
 // its own, waits until q lists exactly them, and checks what it lists of
 // each: cause, body, attempt, ref and places, time, header and key. It
 // returns their ids, sorted.
-func parkAll(t *testing.T, h Harness, q admin.DeadLetterQueue, msgs []*driver.Message, ds []driver.Delivery, begin time.Time) []string {
+func parkAll(t *testing.T, h Harness, q admin.DeadLetterQueue, msgs []*driver.Message, ds []*Delivery, begin time.Time) []string {
 	t.Helper()
 	causes := map[string]string{}
 	for i, d := range ds {
@@ -137,7 +137,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 	}
 	begin := time.Now()
 	publish(t, h, f, msgs...)
-	s := source(t, f)
+	s := receiver(t, f, 0)
 	ds := receive(t, h, s, len(msgs))
 	all := parkAll(t, h, q, msgs, ds, begin)
 	// Listing leaves them parked, and nothing came back to the queue.
@@ -146,7 +146,7 @@ func testDeadLetterQueue(t *testing.T, h Harness) {
 
 	back := all[:2]
 	var progress []int
-	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(back...), func(done int) { progress = append(progress, done) })
+	n, err := admin.Redrive(ctxFor(t, h.ReceiveTimeout), q, only(back...), func(done int) { progress = append(progress, done) })
 	if err != nil || n != len(back) {
 		t.Fatalf("Redrive = %d, %v; want %d, nil", n, err, len(back))
 	}
@@ -215,7 +215,7 @@ func testPipelineRedrive(t *testing.T, h Harness) {
 	publish(t, h, f, &twin)
 	waitFor(t, h.ReceiveTimeout, "the twin applied", func() bool { return e.Counts(t)[twin.ID] == 1 })
 
-	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(all[:3]...), nil)
+	n, err := admin.Redrive(ctxFor(t, h.ReceiveTimeout), q, only(all[:3]...), nil)
 	if err != nil || n != 3 {
 		t.Fatalf("Redrive = %d, %v; want 3, nil", n, err)
 	}

@@ -84,7 +84,7 @@ func testLeasedDuplicates(t *testing.T, h Harness) {
 			t.Errorf("%s: External called %d times, want once", m.ID, n)
 		}
 	}
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }
 
 // declines is an External step that fails bad for good ("card declined")
@@ -159,5 +159,5 @@ func testLeasedTakeOver(t *testing.T, h Harness) {
 		t.Errorf("the hung message's External ran %d times, want 2 (the hung call and the takeover)", n)
 	}
 	wantOnce(t, e, msgs)
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }

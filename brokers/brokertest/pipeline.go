@@ -265,7 +265,7 @@ func testPipelineDuplicates(t *testing.T, h Harness) {
 		t.Errorf("Duplicates = %d, want %d", d, total-unique)
 	}
 	e.WantOnce(t, msgs)
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }
 
 // failsFirstTry says whether flakyHandler fails the first try of id:
@@ -316,59 +316,49 @@ func testPipelineRetry(t *testing.T, h Harness) {
 		t.Errorf("stats %+v: want 5 retried, no duplicates, none dead-lettered", st)
 	}
 	e.WantOnce(t, msgs)
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }
 
-// crashingSource wraps a source so that its crashAt-th Ack closes the
-// source instead of acknowledging: the consumer committed, then died
-// before the ack reached the broker.
+// crashingSource wraps a source so that the Ack call that would settle
+// its crashAt-th message closes the source instead of acknowledging: the
+// consumer committed, then died before the ack reached the broker.
 type crashingSource struct {
-	driver.Source
+	driver.Puller
 	crashAt int64
 	acks    atomic.Int64
 	acked   atomic.Int64
 }
 
-// SetWindow passes the window on when the wrapped source keeps one.
-func (c *crashingSource) SetWindow(n int) error {
-	if ws, ok := c.Source.(driver.WindowSetter); ok {
-		return ws.SetWindow(n)
-	}
-	return nil
-}
-
-// Receive wraps each delivery so its Ack can crash the source.
-func (c *crashingSource) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := c.Source.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &crashingDelivery{Delivery: d, src: c}, nil
-}
-
-type crashingDelivery struct {
-	driver.Delivery
-	src *crashingSource
-}
-
-// Ack acknowledges, except the crashAt-th, which closes the source.
-func (d *crashingDelivery) Ack(ctx context.Context) error {
-	if d.src.acks.Add(1) == d.src.crashAt {
-		_ = d.src.Source.Close()
+// Ack acknowledges ms, unless they hold the crashAt-th message: then it
+// closes the source and acknowledges none.
+func (c *crashingSource) Ack(ctx context.Context, ms []*driver.Message) error {
+	n := int64(len(ms))
+	if after := c.acks.Add(n); after >= c.crashAt && after-n < c.crashAt {
+		_ = c.Puller.Close()
 		return errors.New("brokertest: crashed between commit and ack")
 	}
-	err := d.Delivery.Ack(ctx)
+	err := c.Puller.Ack(ctx, ms)
 	if err == nil {
-		d.src.acked.Add(1)
+		c.acked.Add(n)
 	}
 	return err
+}
+
+// pullSource opens a source that must be a Puller.
+func pullSource(t *testing.T, f *Fixture) driver.Puller {
+	t.Helper()
+	p, ok := source(t, f).(driver.Puller)
+	if !ok {
+		t.Fatal("brokertest: Run is for pull sources; a push source runs RunPush")
+	}
+	return p
 }
 
 func testPipelineCrash(t *testing.T, h Harness) {
 	const n = 12
 	f, e, msgs := h.published(t, "crash", n, 1)
 	handler := func(ctx context.Context, tx *sql.Tx, m *core.Message) error { return e.Apply(ctx, tx, m) }
-	crash := &crashingSource{Source: source(t, f), crashAt: 4}
+	crash := &crashingSource{Puller: pullSource(t, f), crashAt: 4}
 	r1 := runConsumer(t, crash, e, handler, core.WithWindow(3))
 	select {
 	case err := <-r1.done:
@@ -394,7 +384,7 @@ func testPipelineCrash(t *testing.T, h Harness) {
 		t.Errorf("second consumer stats %+v: the message committed before the crash must be a Duplicate", st)
 	}
 	e.WantOnce(t, msgs)
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }
 
 func testPipelineShutdown(t *testing.T, h Harness) {
@@ -428,7 +418,7 @@ func testPipelineShutdown(t *testing.T, h Harness) {
 		t.Errorf("second consumer processed %d and saw %d duplicates, want %d and 0: the graceful shutdown left decided messages unsettled", st2.Processed, st2.Duplicates, left)
 	}
 	e.WantOnce(t, msgs)
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }
 
 // A message whose handler always fails transiently must reach MaxAttempts
@@ -453,5 +443,5 @@ func testPipelinePoison(t *testing.T, h Harness) {
 	if counts[poison] != 0 || counts[msgs[1].ID] != 1 {
 		t.Errorf("effects %v: want none for the poison message and one for the other", counts)
 	}
-	expectQuiet(t, h, source(t, f))
+	expectQuiet(t, h, receiver(t, f, 0))
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,10 +17,12 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-// The push cases are for a source whose sender hands it one message at a
-// time and waits for the answer (an HTTP webhook inbox): there is no queue
-// to publish to, read raw or reconnect to, and the sender's answer is the
-// acknowledgement. The suite plays the sender.
+// The push cases are for a driver.Pusher: a source whose sender hands it
+// one message at a time and waits for the answer (an HTTP webhook inbox).
+// There is no queue to publish to, read raw or reconnect to, and the
+// sender's answer is the acknowledgement. The suite plays the sender, and
+// the Consumer through a Receiver (the Consumer's own flow) or a
+// core.Consumer.
 
 // PushHarness describes a push source to RunPush.
 type PushHarness struct {
@@ -35,10 +38,6 @@ type PushHarness struct {
 	// source parked (PushFixture.SourceURL); the suite then lists and
 	// purges parked messages through it.
 	OperatesDeadLetters bool
-	// ConcurrentReceive is true when the source's Receive may be called
-	// from several goroutines at once; the suite then checks that the
-	// window bounds the deliveries they hold between them.
-	ConcurrentReceive bool
 	// ReceiveTimeout bounds how long a message that must arrive, or an
 	// answer that must come, may take. Default 10s.
 	ReceiveTimeout time.Duration
@@ -49,11 +48,13 @@ type PushHarness struct {
 
 // PushFixture is one fresh push source and a sender to it.
 type PushFixture struct {
-	// Source is the source Send reaches. The suite closes it. A request
-	// it has not handed out yet, or a copy it holds back while an earlier
-	// copy is unsettled, waits longer than PushHarness.Quiet before the
-	// source answers it busy; after Close, the request of an unsettled
-	// delivery is answered within PushHarness.ReceiveTimeout. Required.
+	// Source is the driver.Pusher Send reaches. The suite starts it (a
+	// Receiver or a core.Consumer runs its Serve) and closes it. A request
+	// waiting for room in the Consumer's window, or a copy it holds back
+	// while an earlier copy is unsettled, waits longer than
+	// PushHarness.Quiet before the source answers it busy; once the
+	// Consumer closed it, every request is answered within
+	// PushHarness.ReceiveTimeout. Required.
 	Source driver.Source
 	// Send sends m as the source's senders do: authenticated, the id where
 	// they carry it (none when m.ID is ""), m.Headers as headers the
@@ -67,6 +68,8 @@ type PushFixture struct {
 	// SourceURL is the URL admin.OpenDeadLetters opens the source's parked
 	// messages with. Required with PushHarness.OperatesDeadLetters.
 	SourceURL string
+
+	r *Receiver // drives Source as a Consumer, for the direct cases
 }
 
 // Answer is what the sender of a pushed message was told, as the fixture
@@ -109,12 +112,15 @@ func (f *PushFixture) pull() *Fixture {
 	return &Fixture{DeadLetters: f.DeadLetters, SourceURL: f.SourceURL}
 }
 
-// RunPush runs every case of the push suite as a subtest of t: the
-// settlement contract seen from the sender's side (Ack answers accepted,
-// Retry answers retry-later with at least the delay asked, DeadLetter
-// parks and answers accepted), the window, a graceful close with requests
-// in flight, a sender leaving before its answer, copies of a message in
-// flight, and the pipeline (core.Consumer
+// RunPush runs every case of the push suite, the contract of a
+// driver.Pusher, as a subtest of t: the settlement contract seen from the
+// sender's side (Ack answers accepted, Retry answers retry-later with at
+// least the delay asked, the sender waiting it out (Traits.DelaysRetry),
+// DeadLetter parks and answers accepted, Release at the Consumer's Close
+// answers retry-later), the Consumer's window bounding the messages
+// delivered, a graceful close with requests in flight, a sender leaving
+// before its answer, copies of a message in flight held back, and the
+// pipeline (core.Consumer
 // and a leased Consumer with the SQLite store) counting committed effects
 // per message id while the suite sends copies and resends what was not
 // accepted, as a provider does.
@@ -136,6 +142,7 @@ func RunPush(t *testing.T, h PushHarness) {
 		{"RetryAnswersRetryLater", testPushRetry},
 		{"DeadLetterParksAndAccepts", testPushDeadLetter},
 		{"WindowBoundsDeliveries", testPushWindow},
+		{"WindowBoundsConcurrentReceivers", testPushWindowConcurrent},
 		{"GracefulCloseWithRequestsInFlight", testPushClose},
 		{"SenderGoneStillSettles", testPushSenderGone},
 		{"CopyInFlightIsHeldBack/FirstAcked", func(t *testing.T, h PushHarness) { testPushCopy(t, h, false) }},
@@ -147,9 +154,6 @@ func RunPush(t *testing.T, h PushHarness) {
 		{"Pipeline/GracefulShutdownMidStream", testPushPipelineShutdown},
 		{"Leased/DuplicatesCallOutOnce", testPushLeasedDuplicates},
 		{"Leased/PermanentErrorDeadLetters", testPushLeasedPermanent},
-	}
-	if h.ConcurrentReceive {
-		cases = append(cases, pushCase{"WindowBoundsConcurrentReceivers", testPushWindowConcurrent})
 	}
 	if h.OperatesDeadLetters {
 		cases = append(cases, pushCase{"DeadLetterQueue/ListPurge", testPushDeadLetterQueue})
@@ -166,17 +170,29 @@ type pushCase struct {
 }
 
 // fixture opens a fixture, checks it is complete and closes its source
-// when the test ends.
+// when the test ends. Its receiver is not started: see driven.
 func (h PushHarness) fixture(t *testing.T) *PushFixture {
 	t.Helper()
 	f := h.Open(t)
 	if f == nil || f.Source == nil || f.Send == nil || f.DeadLetters == nil {
 		t.Fatal("brokertest: PushFixture needs Source, Send and DeadLetters")
 	}
+	if _, ok := f.Source.(driver.Pusher); !ok {
+		t.Fatalf("brokertest: the push suite's source %T is not a driver.Pusher", f.Source)
+	}
 	if h.OperatesDeadLetters && f.SourceURL == "" {
 		t.Fatal("brokertest: PushFixture.SourceURL is required with OperatesDeadLetters")
 	}
 	t.Cleanup(func() { _ = f.Source.Close() })
+	return f
+}
+
+// driven opens a fixture whose source a Receiver drives with a window of
+// n (0: DefaultWindow).
+func (h PushHarness) driven(t *testing.T, n int) *PushFixture {
+	t.Helper()
+	f := h.fixture(t)
+	f.r = StartReceiver(t, f.Source, n)
 	return f
 }
 
@@ -229,7 +245,7 @@ func unanswered(t *testing.T, c <-chan reply, what string) {
 type pushed struct {
 	f       *PushFixture
 	msgs    []*driver.Message
-	ds      []driver.Delivery
+	ds      []*Delivery
 	answers map[string]<-chan reply // by id
 }
 
@@ -237,11 +253,11 @@ type pushed struct {
 // receives them all.
 func (h PushHarness) received(t *testing.T, prefix string, n int) *pushed {
 	t.Helper()
-	p := &pushed{f: h.fixture(t), msgs: messages(prefix, n), answers: map[string]<-chan reply{}}
+	p := &pushed{f: h.driven(t, 0), msgs: messages(prefix, n), answers: map[string]<-chan reply{}}
 	for _, m := range p.msgs {
 		p.answers[m.ID] = sendAsync(h, p.f, m)
 	}
-	p.ds = receive(t, h.pull(), p.f.Source, n)
+	p.ds = receive(t, h.pull(), p.f.r, n)
 	for _, d := range p.ds {
 		if _, ok := p.answers[d.Message().ID]; !ok {
 			t.Fatalf("received unknown id %q", d.Message().ID)
@@ -251,7 +267,7 @@ func (h PushHarness) received(t *testing.T, prefix string, n int) *pushed {
 }
 
 // answer waits for the answer to d's sender.
-func (p *pushed) answer(t *testing.T, h PushHarness, d driver.Delivery) Answer {
+func (p *pushed) answer(t *testing.T, h PushHarness, d *Delivery) Answer {
 	t.Helper()
 	return answerOf(t, h, p.answers[d.Message().ID], d.Message().ID)
 }
@@ -261,7 +277,7 @@ func testPushAck(t *testing.T, h PushHarness) {
 	checkFirstDeliveries(t, p.msgs, p.ds)
 	// The quiet period also gives an answer sent on receipt time to
 	// reach its sender.
-	expectQuiet(t, h.pull(), p.f.Source)
+	expectQuiet(t, h.pull(), p.f.r)
 	for _, d := range p.ds {
 		unanswered(t, p.answers[d.Message().ID], d.Message().ID)
 	}
@@ -271,7 +287,7 @@ func testPushAck(t *testing.T, h PushHarness) {
 			t.Errorf("%s: acked, but the sender was told %v", d.Message().ID, a)
 		}
 	}
-	expectQuiet(t, h.pull(), p.f.Source)
+	expectQuiet(t, h.pull(), p.f.r)
 }
 
 func testPushSettleTwice(t *testing.T, h PushHarness) {
@@ -293,7 +309,7 @@ func testPushSettleTwice(t *testing.T, h PushHarness) {
 	if a := p.answer(t, h, d); !a.Accepted {
 		t.Errorf("acked, but the sender was told %v", a)
 	}
-	expectQuiet(t, h.pull(), p.f.Source)
+	expectQuiet(t, h.pull(), p.f.r)
 	if dls, err := p.f.DeadLetters(ctx); err != nil || len(dls) != 0 {
 		t.Errorf("DeadLetters after a refused DeadLetter = %v, %v; want none", dls, err)
 	}
@@ -313,21 +329,24 @@ func testPushRetry(t *testing.T, h PushHarness) {
 	if a.RetryAfter < delay {
 		t.Errorf("retry-later answer %v asks for %v, less than the %v delay", a, a.RetryAfter, delay)
 	}
+	if !p.f.r.Traits().DelaysRetry {
+		t.Error("Traits.DelaysRetry is false, but the sender waits out the delay it is told")
+	}
 	// The sender sends its next copy.
 	m := p.msgs[0]
 	again := sendAsync(h, p.f, m)
-	d2 := receive(t, h.pull(), p.f.Source, 1)[0]
+	d2 := receive(t, h.pull(), p.f.r, 1)[0]
 	if got := d2.Message(); got.ID != m.ID || string(got.Body) != string(m.Body) {
 		t.Fatalf("received %q %q, want the copy %q %q", got.ID, got.Body, m.ID, m.Body)
 	}
 	if n, first := d2.Message().Attempt, d1.Message().Attempt; n <= first {
 		t.Errorf("the copy sent after a Retry has Attempt %d, want more than %d", n, first)
 	}
-	ackAll(t, []driver.Delivery{d2})
+	ackAll(t, []*Delivery{d2})
 	if a := answerOf(t, h, again, "the copy"); !a.Accepted {
 		t.Errorf("the copy was acked, but its sender was told %v", a)
 	}
-	expectQuiet(t, h.pull(), p.f.Source)
+	expectQuiet(t, h.pull(), p.f.r)
 }
 
 func testPushDeadLetter(t *testing.T, h PushHarness) {
@@ -337,41 +356,38 @@ func testPushDeadLetter(t *testing.T, h PushHarness) {
 	if err := parked.DeadLetter(ctxFor(t, h.ReceiveTimeout), errors.New(cause)); err != nil {
 		t.Fatalf("dead-letter: %v", err)
 	}
-	ackAll(t, []driver.Delivery{acked})
+	ackAll(t, []*Delivery{acked})
 	for _, d := range p.ds {
 		if a := p.answer(t, h, d); !a.Accepted {
 			t.Errorf("%s: settled, but the sender was told %v: a parked message must not come back", d.Message().ID, a)
 		}
 	}
-	expectQuiet(t, h.pull(), p.f.Source)
+	expectQuiet(t, h.pull(), p.f.r)
 	wantParked(t, h.pull(), p.f.pull(), parked, acked, cause)
 }
 
 func testPushWindow(t *testing.T, h PushHarness) {
-	f := h.fixture(t)
-	ws := optional[driver.WindowSetter](t, f.Source)
-	if err := ws.SetWindow(0); err == nil {
-		t.Error("SetWindow(0) returned nil")
+	if r, err := NewReceiver(context.Background(), h.fixture(t).Source, 0, slog.Default()); err == nil {
+		_ = r.Close()
+		t.Error("a window of 0 was accepted")
 	}
-	if err := ws.SetWindow(2); err != nil {
-		t.Fatalf("SetWindow: %v", err)
-	}
+	f := h.driven(t, 2)
 	msgs := messages("window", 3)
 	answers := map[string]<-chan reply{}
 	for _, m := range msgs {
 		answers[m.ID] = sendAsync(h, f, m)
 	}
-	ds := receive(t, h.pull(), f.Source, 2)
+	ds := receive(t, h.pull(), f.r, 2)
 	// Two unsettled: the third waits, unanswered.
-	expectQuiet(t, h.pull(), f.Source)
+	expectQuiet(t, h.pull(), f.r)
 	for _, m := range msgs {
 		if m.ID != ds[0].Message().ID && m.ID != ds[1].Message().ID {
 			unanswered(t, answers[m.ID], "the request beyond the window")
 		}
 	}
 	ackAll(t, ds[:1])
-	ds = append(ds[1:], receive(t, h.pull(), f.Source, 1)...)
-	expectQuiet(t, h.pull(), f.Source)
+	ds = append(ds[1:], receive(t, h.pull(), f.r, 1)...)
+	expectQuiet(t, h.pull(), f.r)
 	ackAll(t, ds)
 	for _, m := range msgs {
 		if a := answerOf(t, h, answers[m.ID], m.ID); !a.Accepted {
@@ -381,22 +397,18 @@ func testPushWindow(t *testing.T, h PushHarness) {
 }
 
 // testPushWindowConcurrent: with a window of 1, two goroutines receiving
-// at once hold one unsettled delivery between them, not one each.
+// at once hold one unsettled message between them, not one each.
 func testPushWindowConcurrent(t *testing.T, h PushHarness) {
-	f := h.fixture(t)
-	ws := optional[driver.WindowSetter](t, f.Source)
-	if err := ws.SetWindow(1); err != nil {
-		t.Fatalf("SetWindow: %v", err)
-	}
+	f := h.driven(t, 1)
 	msgs := messages("wconc", 3)
 	ctx, cancel := context.WithCancel(context.Background())
-	got := make(chan driver.Delivery, len(msgs))
+	got := make(chan *Delivery, len(msgs))
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	for range 2 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				d, err := f.Source.Receive(ctx)
+				d, err := f.r.Receive(ctx)
 				if err != nil {
 					time.Sleep(10 * time.Millisecond)
 					continue
@@ -410,7 +422,7 @@ func testPushWindowConcurrent(t *testing.T, h PushHarness) {
 		answers[m.ID] = sendAsync(h, f, m)
 	}
 	for range msgs {
-		var d driver.Delivery
+		var d *Delivery
 		select {
 		case d = <-got:
 		case <-time.After(h.ReceiveTimeout):
@@ -421,7 +433,7 @@ func testPushWindowConcurrent(t *testing.T, h PushHarness) {
 			t.Fatalf("window 1: %s handed out while %s is unsettled", d2.Message().ID, d.Message().ID)
 		case <-time.After(h.Quiet):
 		}
-		ackAll(t, []driver.Delivery{d})
+		ackAll(t, []*Delivery{d})
 	}
 	for _, m := range msgs {
 		if a := answerOf(t, h, answers[m.ID], m.ID); !a.Accepted {
@@ -442,9 +454,9 @@ func testPushClose(t *testing.T, h PushHarness) {
 		t.Errorf("acked before Close, but the sender was told %v", a)
 	}
 	closed := make(chan error, 1)
-	go func() { closed <- p.f.Source.Close() }()
+	go func() { closed <- p.f.r.Close() }()
 	// Receive returns once Close took effect.
-	if _, err := p.f.Source.Receive(ctxFor(t, h.ReceiveTimeout)); !errors.Is(err, driver.ErrSourceClosed) {
+	if _, err := p.f.r.Receive(ctxFor(t, h.ReceiveTimeout)); !errors.Is(err, driver.ErrSourceClosed) {
 		t.Fatalf("Receive after Close = %v, want driver.ErrSourceClosed", err)
 	}
 	ctx := ctxFor(t, 2*h.ReceiveTimeout)
@@ -479,7 +491,7 @@ func testPushClose(t *testing.T, h PushHarness) {
 	case <-ctx.Done():
 		t.Fatal("Close did not return")
 	}
-	if err := p.f.Source.Close(); err != nil {
+	if err := p.f.r.Close(); err != nil {
 		t.Errorf("second Close = %v, want nil", err)
 	}
 }
@@ -492,7 +504,7 @@ func testPushCopy(t *testing.T, h PushHarness, retryFirst bool) {
 	p := h.received(t, "copy", 1)
 	d1, m := p.ds[0], p.msgs[0]
 	copied := sendAsync(h, p.f, m)
-	expectQuiet(t, h.pull(), p.f.Source)
+	expectQuiet(t, h.pull(), p.f.r)
 
 	ctx := ctxFor(t, 2*h.ReceiveTimeout)
 	var err error
@@ -525,7 +537,7 @@ func ackUntilAnswered(t *testing.T, h PushHarness, f *PushFixture, c <-chan repl
 	go func() {
 		defer close(drained)
 		for ctx.Err() == nil {
-			d, err := f.Source.Receive(ctx)
+			d, err := f.r.Receive(ctx)
 			if err != nil {
 				time.Sleep(10 * time.Millisecond)
 				continue
@@ -548,7 +560,7 @@ func ackUntilAnswered(t *testing.T, h PushHarness, f *PushFixture, c <-chan repl
 // accepted, and changes nothing for the delivery, which still settles (or
 // is stale); the sender's next copy is accepted.
 func testPushSenderGone(t *testing.T, h PushHarness) {
-	f := h.fixture(t)
+	f := h.driven(t, 0)
 	m := messages("gone", 1)[0]
 	ctx, leave := context.WithCancel(context.Background())
 	defer leave()
@@ -557,7 +569,7 @@ func testPushSenderGone(t *testing.T, h PushHarness) {
 		a, err := f.Send(ctx, m)
 		gone <- reply{a, err}
 	}()
-	d := receive(t, h.pull(), f.Source, 1)[0]
+	d := receive(t, h.pull(), f.r, 1)[0]
 	leave()
 	select {
 	case r := <-gone:
@@ -889,10 +901,10 @@ func testPushDeadLetterQueue(t *testing.T, h PushHarness) {
 		}
 	}
 	waitParked(t, hp, q, all...)
-	expectQuiet(t, hp, p.f.Source)
+	expectQuiet(t, hp, p.f.r)
 
 	rest := all
-	n, err := q.Redrive(ctxFor(t, h.ReceiveTimeout), only(all[0]), nil)
+	n, err := admin.Redrive(ctxFor(t, h.ReceiveTimeout), q, only(all[0]), nil)
 	if err != nil {
 		t.Logf("Redrive refused: %v", err)
 		if n != 0 {
@@ -902,7 +914,7 @@ func testPushDeadLetterQueue(t *testing.T, h PushHarness) {
 		if n != 1 {
 			t.Fatalf("Redrive = %d, want 1", n)
 		}
-		ackAll(t, receiveExactly(t, hp, p.f.Source, "after Redrive", all[:1]))
+		ackAll(t, receiveExactly(t, hp, p.f.r, "after Redrive", all[:1]))
 		rest = all[1:]
 	}
 	waitParked(t, hp, q, rest...)

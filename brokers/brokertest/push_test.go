@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -37,7 +36,7 @@ func TestPushSuiteCatchesBrokenSources(t *testing.T) {
 		{"retry-answers-accepted", "Pipeline/FailedHandlerIsRetriedNotDropped", "Pipeline/FailedHandlerIsRetriedNotDropped"},
 		{"attempt-always-1", "RetryAnswersRetryLater", "RetryAnswersRetryLater"},
 		{"dead-letter-drops", "DeadLetterParksAndAccepts", "DeadLetterParksAndAccepts"},
-		{"settles-after-close", "GracefulCloseWithRequestsInFlight", "GracefulCloseWithRequestsInFlight"},
+		{"release-accepts", "GracefulCloseWithRequestsInFlight", "GracefulCloseWithRequestsInFlight"},
 		{"copies-handed-out", "CopyInFlightIsHeldBack/FirstAcked", "CopyInFlightIsHeldBack/FirstAcked"},
 	})
 }
@@ -191,47 +190,35 @@ type brokenPush struct {
 	mode string
 }
 
-func (b *brokenPush) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := b.Source.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	m := *d.Message()
-	switch b.mode {
-	case "attempt-always-1":
-		m.Attempt = 1
-	case "copies-handed-out":
-		m.ID, _, _ = strings.Cut(m.ID, "~")
-	}
-	return &brokenPushDelivery{Delivery: d, mode: b.mode, m: &m}, nil
+func (b *brokenPush) Serve(ctx context.Context, deliver driver.Deliver) error {
+	return b.Source.Serve(ctx, func(ctx context.Context, m *driver.Message) error {
+		switch b.mode {
+		case "attempt-always-1":
+			m.Attempt = 1
+		case "copies-handed-out":
+			m.ID, _, _ = strings.Cut(m.ID, "~")
+		}
+		return deliver(ctx, m)
+	})
 }
 
-type brokenPushDelivery struct {
-	driver.Delivery
-	mode string
-	m    *driver.Message
+func (b *brokenPush) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
+	if b.mode == "retry-answers-accepted" {
+		return b.Source.Ack(ctx, ms)
+	}
+	return b.Source.Retry(ctx, ms, delay)
 }
 
-func (d *brokenPushDelivery) Message() *driver.Message { return d.m }
-
-func (d *brokenPushDelivery) Ack(ctx context.Context) error {
-	err := d.Delivery.Ack(ctx)
-	if d.mode == "settles-after-close" && errors.Is(err, driver.ErrStaleDelivery) {
-		return nil // pretends the ack of a request answered at Close worked
+func (b *brokenPush) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
+	if b.mode == "dead-letter-drops" {
+		return b.Source.Ack(ctx, ms) // answered accepted, never parked
 	}
-	return err
+	return b.Source.DeadLetter(ctx, ms, causes)
 }
 
-func (d *brokenPushDelivery) Retry(ctx context.Context, delay time.Duration) error {
-	if d.mode == "retry-answers-accepted" {
-		return d.Delivery.Ack(ctx)
+func (b *brokenPush) Release(ctx context.Context, ms []*driver.Message) error {
+	if b.mode == "release-accepts" {
+		return b.Source.Ack(ctx, ms) // the sender drops what was never processed
 	}
-	return d.Delivery.Retry(ctx, delay)
-}
-
-func (d *brokenPushDelivery) DeadLetter(ctx context.Context, cause error) error {
-	if d.mode == "dead-letter-drops" {
-		return d.Delivery.Ack(ctx) // answered accepted, never parked
-	}
-	return d.Delivery.DeadLetter(ctx, cause)
+	return b.Source.Release(ctx, ms)
 }

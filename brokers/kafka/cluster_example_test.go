@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -39,17 +41,18 @@ func exampleCluster() (brokers, topic string, stop func()) {
 	rand.Read(b)
 	topic = "payments-" + hex.EncodeToString(b)
 	topics := []string{topic, topic + ".dlq"}
-	c := &kafkago.Client{Addr: kafkago.TCP(strings.Split(hosts, ",")...)}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(hosts, ",")...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	adm := kadm.NewClient(cl)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{
-		{Topic: topics[0], NumPartitions: 1, ReplicationFactor: 1},
-		{Topic: topics[1], NumPartitions: 1, ReplicationFactor: 1},
-	}})
+	resp, err := adm.CreateTopics(ctx, 1, 1, nil, topics...)
 	if err == nil {
-		for _, e := range resp.Errors {
-			if e != nil && !errors.Is(e, kafkago.TopicAlreadyExists) {
-				err = e
+		for _, r := range resp {
+			if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+				err = r.Err
 			}
 		}
 	}
@@ -59,6 +62,7 @@ func exampleCluster() (brokers, topic string, stop func()) {
 	return hosts, topic, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: topics})
+		adm.DeleteTopics(ctx, topics...)
+		cl.Close()
 	}
 }

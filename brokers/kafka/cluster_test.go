@@ -334,7 +334,7 @@ func TestFaultKafkaCluster(t *testing.T) {
 	join := func() {
 		t.Helper()
 		cut := &cutter{}
-		src := openSource(t, bs, topic, group, WithDialer(cut.dialer()))
+		src := openSource(t, bs, topic, group, cut.option())
 		r := e.start(t, src)
 		extras = append(extras, extra{r, cut})
 		everyone = append(everyone, r)
@@ -433,7 +433,7 @@ func TestFaultKafkaCluster(t *testing.T) {
 	}
 
 	// Dead letters: none expected; any must carry its cause.
-	dlq := readAll(t, bs, topic+".dlq", 1)
+	dlq := readAll(t, bs, topic+".dlq")
 	dead := map[string]bool{}
 	for _, r := range dlq {
 		if r.headers[driver.CauseHeader] == "" {

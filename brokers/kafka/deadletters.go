@@ -5,17 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
@@ -29,10 +29,10 @@ var ErrDeadLettersFragmented = errors.New("kafka: too many dead letters handled 
 const maxDeadLetterMetadata = 4096
 
 // DeadLetters is the operator's handle on the dead letters one consumer
-// group parked (admin.DeadLetterQueue): Redrive produces them back to the
-// partition they were consumed from (by key when it is gone). Each call
-// reads the topic with plain fetches up to its high watermark when the
-// call began, and skips other groups' records (HeaderGroup).
+// or share group parked (driver.DeadLetters, driver.Redriver): Redrive
+// produces them back to the partition they were consumed from (by key when
+// it is gone). Each call reads the topic up to its end when the call
+// began, and skips other groups' records (HeaderGroup).
 //
 // A Kafka topic cannot delete single records, so a handled record is
 // recorded in a bookkeeping group (WithDeadLetterGroup): its committed
@@ -52,18 +52,21 @@ type DeadLetters struct {
 type dlqStore struct {
 	cfg    config
 	group  string // the bookkeeping group
-	client *kafkago.Client
-	writer *kafkago.Writer
+	cl     *kgo.Client
+	adm    *kadm.Client
+	writer *kgo.Client // redrives, made at the first
+	log    func() *slog.Logger
 }
 
-var _ admin.DeadLetterQueue = (*DeadLetters)(nil)
+var _ driver.Redriver = (*DeadLetters)(nil)
 
-// OpenDeadLetters opens the dead letters of the consumer group a Source
-// opened with the same addr and options consumes with (the consumer options
-// are checked and ignored). It checks that the brokers answer; a
-// dead-letter topic that does not exist yet holds no dead letters.
+// OpenDeadLetters opens the dead letters of the consumer or share group a
+// source opened with the same addr (kafka:// or kafka+share://) and
+// options parks (the consumer options are checked and ignored). It checks
+// that the brokers answer; a dead-letter topic that does not exist yet
+// holds no dead letters.
 func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
-	cfg, err := sourceConfig(addr, opts)
+	cfg, err := sourceConfig(addr, opts, Scheme, ShareScheme)
 	if err != nil {
 		return nil, err
 	}
@@ -74,10 +77,15 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 			return nil, optErr(cfg.name("WithDeadLetterGroup"), "the default %v; name one", err)
 		}
 	}
-	q := &dlqStore{cfg: cfg, group: group, client: cfg.newClient()}
-	if _, err := q.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{cfg.deadLetterTopic}}); err != nil {
+	logger := cmp.Or(cfg.logger, slog.Default())
+	q := &dlqStore{cfg: cfg, group: group, log: func() *slog.Logger { return logger }}
+	if q.cl, err = kgo.NewClient(cfg.kgoOpts(q.log)...); err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	q.adm = kadm.NewClient(q.cl)
+	if err := cfg.probe(ctx, q.cl); err != nil {
 		q.Close()
-		return nil, fmt.Errorf("kafka: brokers %v: %w", cfg.brokers, cfg.explain(err))
+		return nil, err
 	}
 	return &DeadLetters{deadletter.New[*letter](q), q}, nil
 }
@@ -89,11 +97,17 @@ func (q *DeadLetters) Group() string { return q.st.group }
 func (q *dlqStore) Name() string { return q.cfg.deadLetterTopic }
 
 // Close releases the connections.
-func (q *dlqStore) Close() error { return closeConns(q.client, q.writer) }
+func (q *dlqStore) Close() error {
+	if q.writer != nil {
+		q.writer.Close()
+	}
+	q.cl.Close()
+	return nil
+}
 
 // dlqPart is one partition of the dead-letter topic as a call sees it.
 type dlqPart struct {
-	id        int
+	id        int32
 	committed int64  // the bookkeeping group's committed offset, -1 none
 	handled   []span // handled records above committed, sorted, disjoint
 	from, end int64  // the records the call reads: [from, end)
@@ -102,63 +116,41 @@ type dlqPart struct {
 
 // letter is one of the group's dead letters read by a call.
 type letter struct {
-	p          *dlqPart
-	offset     int64
-	parked     *admin.Parked
-	key, value []byte
-	headers    []kafkago.Header
-	removed    bool
+	p       *dlqPart
+	r       *kgo.Record
+	parked  *driver.Parked
+	removed bool
 }
 
 // Each implements deadletter.Store: the group's dead letters not handled,
 // in offset order per partition. Once it removed any of a partition's, the
 // bookkeeping commit passes other records and gaps up to the first left.
-func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *admin.Parked) error) error {
+func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *driver.Parked) error) error {
 	parts, err := q.load(ctx)
 	if err != nil {
 		return err
 	}
-	topic := q.cfg.deadLetterTopic
 	for _, p := range parts {
 		removed := false
-		for offset := p.from; offset < p.end; {
-			resp, err := q.client.Fetch(ctx, &kafkago.FetchRequest{Topic: topic, Partition: p.id, Offset: offset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
-			if err == nil {
-				err = resp.Error
+		err := q.read(ctx, p, func(r *kgo.Record) error {
+			if r.Offset < p.committed || covered(p.handled, r.Offset) {
+				return nil // handled, in this call or before
 			}
-			if err != nil {
-				return fmt.Errorf("kafka: dead-letter topic %q partition %d: fetching at %d: %w", topic, p.id, offset, err)
+			l := q.letter(p, r)
+			if l == nil {
+				return nil
 			}
-			var batch []*letter
-			read := false
-			for r, err := resp.Records.ReadRecord(); err == nil; r, err = resp.Records.ReadRecord() {
-				if r.Offset < offset || r.Offset >= p.end {
-					continue
-				}
-				offset, read = r.Offset+1, true
-				if covered(p.handled, r.Offset) {
-					continue
-				}
-				l, err := q.letter(p, r)
-				if err != nil {
-					return err
-				}
-				if l != nil {
-					batch = append(batch, l)
-				}
+			if err := fn(l, l.parked); err != nil {
+				return err
 			}
-			for _, l := range batch {
-				if err := fn(l, l.parked); err != nil {
-					return err
-				}
-				removed = removed || l.removed
-				if !l.removed && p.kept < 0 {
-					p.kept = l.offset
-				}
+			removed = removed || l.removed
+			if !l.removed && p.kept < 0 {
+				p.kept = r.Offset
 			}
-			if !read {
-				break // nothing readable is left below the high watermark
-			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		if point := p.upTo(p.end); removed && point > p.committed && point > p.from {
 			if err := q.record(ctx, p, point, -1); err != nil {
@@ -169,9 +161,54 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*letter, *admin.Parked) err
 	return nil
 }
 
+// read calls fn with each record of p from p.from below p.end, in order.
+func (q *dlqStore) read(ctx context.Context, p *dlqPart, fn func(*kgo.Record) error) error {
+	if p.from >= p.end {
+		return nil
+	}
+	topic := q.cfg.deadLetterTopic
+	cl, err := kgo.NewClient(append(q.cfg.kgoOpts(q.log), kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p.id: kgo.NewOffset().At(p.from)}}))...)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	defer cl.Close()
+	for next := p.from; next < p.end; {
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = cmp.Or(ferr, err)
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("kafka: dead-letter topic %q partition %d: fetching at %d: %w", topic, p.id, next, q.cfg.explain(ferr))
+		}
+		read := false
+		for _, r := range fs.Records() {
+			if r.Offset < next || r.Offset >= p.end {
+				continue
+			}
+			next, read = r.Offset+1, true
+			if err := fn(r); err != nil {
+				return err
+			}
+		}
+		if !read {
+			return nil // nothing readable is left below the end
+		}
+	}
+	return nil
+}
+
 // Remove implements deadletter.Store: it records l as handled.
 func (q *dlqStore) Remove(ctx context.Context, l *letter) error {
-	err := q.record(ctx, l.p, l.p.upTo(l.offset+1), l.offset)
+	err := q.record(ctx, l.p, l.p.upTo(l.r.Offset+1), l.r.Offset)
 	l.removed = err == nil
 	return err
 }
@@ -189,91 +226,63 @@ func (p *dlqPart) upTo(next int64) int64 {
 // bookkeeping group's commits. A missing topic holds nothing.
 func (q *dlqStore) load(ctx context.Context) ([]*dlqPart, error) {
 	topic := q.cfg.deadLetterTopic
-	md, err := q.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	td, err := q.adm.ListTopics(ctx, topic)
+	if err == nil && !errors.Is(td[topic].Err, kerr.UnknownTopicOrPartition) {
+		err = td[topic].Err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kafka: dead-letter topic %q: %w", topic, q.cfg.explain(err))
 	}
-	parts := map[int]*dlqPart{}
-	lreq := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
-	freq := &kafkago.OffsetFetchRequest{GroupID: q.group, Topics: map[string][]int{}}
-	for _, t := range md.Topics {
-		if t.Name != topic || errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
-			continue
-		} else if t.Error != nil {
-			return nil, fmt.Errorf("kafka: dead-letter topic %q: %w", topic, t.Error)
-		}
-		for _, p := range t.Partitions {
-			parts[p.ID] = &dlqPart{id: p.ID, committed: -1, kept: -1}
-			lreq.Topics[topic] = append(lreq.Topics[topic], kafkago.FirstOffsetOf(p.ID), kafkago.LastOffsetOf(p.ID))
-			freq.Topics[topic] = append(freq.Topics[topic], p.ID)
-		}
-	}
-	if len(parts) == 0 {
+	if len(td[topic].Partitions) == 0 {
 		return nil, nil
 	}
-	lresp, err := q.client.ListOffsets(ctx, lreq)
-	if err != nil {
+	starts, err := q.adm.ListStartOffsets(ctx, topic)
+	ends, err2 := q.adm.ListEndOffsets(ctx, topic)
+	if err = cmp.Or(err, err2, starts.Error(), ends.Error()); err != nil {
 		return nil, fmt.Errorf("kafka: dead-letter topic %q: listing offsets: %w", topic, err)
 	}
-	fresp, err := q.client.OffsetFetch(ctx, freq)
-	if err == nil && fresp.Error != nil && !errors.Is(fresp.Error, kafkago.GroupIdNotFound) {
-		err = fresp.Error
+	commits, err := q.adm.FetchOffsets(ctx, q.group)
+	if err == nil {
+		err = commits.Error()
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
 		return nil, fmt.Errorf("kafka: dead-letter group %q: reading its offsets: %w", q.group, err)
 	}
-	for _, po := range lresp.Topics[topic] {
-		if p := parts[po.Partition]; p != nil && po.Error != nil {
-			return nil, fmt.Errorf("kafka: dead-letter topic %q partition %d: listing offsets: %w", topic, p.id, po.Error)
-		} else if p != nil {
-			p.from, p.end = po.FirstOffset, po.LastOffset
-		}
-	}
-	for _, fp := range fresp.Topics[topic] {
-		p := parts[fp.Partition]
-		if p != nil && fp.Error != nil {
-			return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: %w", q.group, p.id, fp.Error)
-		}
+	var parts []*dlqPart
+	for id := range td[topic].Partitions {
+		s, _ := starts.Lookup(topic, id)
+		e, _ := ends.Lookup(topic, id)
+		p := &dlqPart{id: id, committed: -1, kept: -1, from: s.Offset, end: e.Offset}
 		// None, or one past the end: the topic was deleted and created
 		// again, and its records are all new.
-		if p == nil || fp.CommittedOffset < 0 || fp.CommittedOffset > p.end {
-			continue
+		if c, ok := commits.Lookup(topic, id); ok && c.At >= 0 && c.At <= p.end {
+			_, spans, err := decodeProgress(c.At, c.Metadata)
+			if err != nil {
+				return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: unreadable commit metadata: %w", q.group, id, err)
+			}
+			p.committed, p.handled, p.from = c.At, spans, max(p.from, c.At)
 		}
-		_, spans, err := decodeProgress(fp.CommittedOffset, fp.Metadata)
-		if err != nil {
-			return nil, fmt.Errorf("kafka: dead-letter group %q partition %d: unreadable commit metadata: %w", q.group, p.id, err)
-		}
-		p.committed, p.handled, p.from = fp.CommittedOffset, spans, max(p.from, fp.CommittedOffset)
+		parts = append(parts, p)
 	}
-	return slices.SortedFunc(maps.Values(parts), func(a, b *dlqPart) int { return a.id - b.id }), nil
+	slices.SortFunc(parts, func(a, b *dlqPart) int { return cmp.Compare(a.id, b.id) })
+	return parts, nil
 }
 
 // letter converts a record of p into a dead letter, nil when another
 // group parked it.
-func (q *dlqStore) letter(p *dlqPart, r *kafkago.Record) (*letter, error) {
-	l := &letter{p: p, offset: r.Offset, headers: r.Headers}
-	var err error
-	if r.Key != nil {
-		l.key, err = io.ReadAll(r.Key)
-	}
-	if r.Value != nil && err == nil {
-		l.value, err = io.ReadAll(r.Value)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kafka: dead-letter topic %q: reading record %d/%d: %w", q.cfg.deadLetterTopic, p.id, r.Offset, err)
-	}
+func (q *dlqStore) letter(p *dlqPart, r *kgo.Record) *letter {
 	h := make(map[string]string, len(r.Headers))
 	for _, kh := range r.Headers {
-		h[kh.Key] = string(kh.Value) // the last of repeated keys wins, as in toMessage
+		h[kh.Key] = string(kh.Value) // the last of repeated keys wins, as for a received message
 	}
 	if g, ok := h[HeaderGroup]; ok && g != q.cfg.group {
-		return nil, nil
+		return nil
 	}
-	l.parked = &admin.Parked{Ref: strconv.Itoa(p.id) + "/" + strconv.FormatInt(r.Offset, 10), ID: h[q.cfg.idHeader],
-		ParkedAt: r.Time, Key: string(l.key), Headers: h, Body: l.value}
+	l := &letter{p: p, r: r, parked: &driver.Parked{Ref: strconv.Itoa(int(p.id)) + "/" + strconv.FormatInt(r.Offset, 10), ID: h[q.cfg.idHeader],
+		ParkedAt: r.Timestamp, Key: string(r.Key), Headers: h, Body: r.Value}}
 	deadletter.Read(l.parked)
 	l.parked.Destination = cmp.Or(l.parked.Destination, q.cfg.topic)
-	return l, nil
+	return l
 }
 
 // plan works out the commit of point for p: the point past the handled
@@ -303,17 +312,14 @@ func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) er
 	if err != nil {
 		return err
 	}
-	// GenerationID -1: a group without members, Kafka takes the commit as it is.
-	resp, err := q.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{GroupID: q.group, GenerationID: -1,
-		Topics: map[string][]kafkago.OffsetCommit{q.cfg.deadLetterTopic: {{Partition: p.id, Offset: point, Metadata: md}}}})
+	var os kadm.Offsets
+	os.Add(kadm.Offset{Topic: q.cfg.deadLetterTopic, Partition: p.id, At: point, LeaderEpoch: -1, Metadata: md})
+	// A group without members: Kafka takes the commit as it is.
+	resp, err := q.adm.CommitOffsets(ctx, q.group, os)
 	if err == nil {
-		for _, pr := range resp.Topics[q.cfg.deadLetterTopic] {
-			if pr.Error != nil {
-				err = pr.Error
-			}
-		}
+		err = resp.Error()
 	}
-	if errors.Is(err, kafkago.OffsetMetadataTooLarge) {
+	if errors.Is(err, kerr.OffsetMetadataTooLarge) {
 		err = fmt.Errorf("%w: %w; redrive or purge the oldest ones first", err, ErrDeadLettersFragmented)
 	}
 	if err != nil {
@@ -325,38 +331,30 @@ func (q *dlqStore) record(ctx context.Context, p *dlqPart, point, done int64) er
 
 // Republish implements deadletter.Store: it produces l to the partition of
 // its origin with its own headers, once l could be recorded as handled.
-func (q *dlqStore) Republish(ctx context.Context, l *letter, p *admin.Parked) error {
-	if _, _, _, err := q.plan(l.p, l.p.upTo(l.offset+1), l.offset); err != nil {
+func (q *dlqStore) Republish(ctx context.Context, l *letter, p *driver.Parked) error {
+	if _, _, _, err := q.plan(l.p, l.p.upTo(l.r.Offset+1), l.r.Offset); err != nil {
 		return err
 	}
 	if q.writer == nil {
-		q.writer = q.cfg.newWriter(originalPartition{}, cmp.Or(q.cfg.logger, slog.Default()))
+		w, err := kgo.NewClient(append(q.cfg.kgoOpts(q.log), kgo.RecordPartitioner(partitioner{}))...)
+		if err != nil {
+			return fmt.Errorf("kafka: %w", err)
+		}
+		q.writer = w
 	}
-	m := kafkago.Message{Topic: p.Destination, Key: l.key, Value: l.value, Partition: -1}
+	r := &kgo.Record{Topic: p.Destination, Key: l.r.Key, Value: l.r.Value, Partition: -1}
 	if f := strings.Split(p.Origin, "/"); len(f) == 3 {
 		if n, err := strconv.Atoi(f[1]); err == nil {
-			m.Partition = n
+			r.Partition = int32(n)
 		}
 	}
-	for _, h := range l.headers { // all of them, repeated ones too, in order
+	for _, h := range l.r.Headers { // all of them, repeated ones too, in order
 		if !slices.Contains(deadletter.Bookkeeping, h.Key) && h.Key != HeaderGroup && h.Key != HeaderNotBefore {
-			m.Headers = append(m.Headers, h)
+			r.Headers = append(r.Headers, h)
 		}
 	}
-	if err := q.writer.WriteMessages(ctx, m); err != nil {
+	if err := q.writer.ProduceSync(ctx, r).FirstErr(); err != nil {
 		return fmt.Errorf("kafka: %w", q.cfg.explain(err))
 	}
 	return nil
-}
-
-// originalPartition keeps a record's Partition while the topic has it,
-// else balances by key as the Publisher does.
-type originalPartition struct{}
-
-// Balance implements kafka-go's Balancer.
-func (originalPartition) Balance(m kafkago.Message, partitions ...int) int {
-	if slices.Contains(partitions, m.Partition) {
-		return m.Partition
-	}
-	return kafkago.Murmur2Balancer{}.Balance(m, partitions...)
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
@@ -29,10 +29,10 @@ func openDLQ(t *testing.T, bs, topic, group string, opts ...Option) *DeadLetters
 }
 
 // scanIDs lists the ids q has parked, in scan order.
-func scanIDs(t *testing.T, q admin.DeadLetterQueue) []string {
+func scanIDs(t *testing.T, q driver.DeadLetters) []string {
 	t.Helper()
 	var out []string
-	if err := q.Scan(context.Background(), func(p *admin.Parked) error {
+	if err := q.Scan(context.Background(), func(p *driver.Parked) error {
 		out = append(out, p.ID)
 		return nil
 	}); err != nil {
@@ -45,14 +45,12 @@ func scanIDs(t *testing.T, q admin.DeadLetterQueue) []string {
 // as a Source's DeadLetter does, with ids prefix-0 ... and one key each.
 func park(t *testing.T, bs, topic, group, prefix string, n int) []string {
 	t.Helper()
-	w := &kafkago.Writer{Addr: kafkago.TCP(strings.Split(bs, ",")...), Topic: topic + ".dlq", RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, BatchSize: n, Transport: &kafkago.Transport{}}
-	defer w.Close()
 	var ids []string
-	var msgs []kafkago.Message
+	var rs []*kgo.Record
 	for i := range n {
 		id := fmt.Sprintf("%s-%04d", prefix, i)
 		ids = append(ids, id)
-		msgs = append(msgs, kafkago.Message{Key: []byte(id), Value: []byte("body of " + id), Headers: []kafkago.Header{
+		rs = append(rs, &kgo.Record{Topic: topic + ".dlq", Key: []byte(id), Value: []byte("body of " + id), Headers: []kgo.RecordHeader{
 			{Key: DefaultIDHeader, Value: []byte(id)},
 			{Key: driver.CauseHeader, Value: []byte("test: parked")},
 			{Key: driver.AttemptHeader, Value: []byte("1")},
@@ -61,7 +59,7 @@ func park(t *testing.T, bs, topic, group, prefix string, n int) []string {
 			{Key: driver.DestinationHeader, Value: []byte(topic)},
 		}})
 	}
-	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+	if err := client(t, bs).ProduceSync(context.Background(), rs...).FirstErr(); err != nil {
 		t.Fatalf("parking: %v", err)
 	}
 	return ids
@@ -95,10 +93,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 	if err := pub.Publish(ctx, "", msgs...); err != nil {
 		t.Fatal(err)
 	}
-	src, err := Open(ctx, bs, append(fastGroup(t), WithTopic(topic), WithGroup(group), WithOrdering(OrderNone))...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, src := startSource(t, bs, topic, group, 0, WithOrdering(OrderNone))
 	for range total {
 		d, err := src.Receive(ctx)
 		if err != nil {
@@ -113,7 +108,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 	var all []string
 	refs := map[string]bool{}
 	origins := map[string]string{}
-	if err := q.Scan(ctx, func(p *admin.Parked) error {
+	if err := q.Scan(ctx, func(p *driver.Parked) error {
 		all = append(all, p.ID)
 		refs[p.Ref] = true
 		origins[p.ID] = p.Origin
@@ -135,7 +130,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 		}
 	}
 	var progress []int
-	sel := func(p *admin.Parked) bool { return slices.Contains(back, p.ID) }
+	sel := func(p *driver.Parked) bool { return slices.Contains(back, p.ID) }
 	n, err := q.Redrive(ctx, sel, func(done int) { progress = append(progress, done) })
 	if err != nil || n != len(back) || len(progress) != len(back) || progress[len(progress)-1] != len(back) {
 		t.Fatalf("Redrive = %d, %v (progress %d calls); want %d", n, err, len(progress), len(back))
@@ -178,7 +173,7 @@ func TestDeadLettersRedriveChosenOfMany(t *testing.T) {
 			t.Fatalf("left parked %d, want the %d unchosen", len(left), len(rest))
 		}
 	}
-	if n, err := q.Purge(ctx, func(*admin.Parked) bool { return true }); err != nil || n != len(rest) {
+	if n, err := q.Purge(ctx, func(*driver.Parked) bool { return true }); err != nil || n != len(rest) {
 		t.Fatalf("Purge = %d, %v; want %d", n, err, len(rest))
 	}
 	if left := scanIDs(t, q); len(left) != 0 {
@@ -207,7 +202,7 @@ func TestDeadLettersLeaveOtherGroupsAlone(t *testing.T) {
 	if got := scanIDs(t, qa); !slices.Equal(got, a) {
 		t.Fatalf("billing's dead letters %v, want %v", got, a)
 	}
-	if n, err := qa.Purge(context.Background(), func(p *admin.Parked) bool { return p.ID != "c-0001" }); err != nil || n != 4 {
+	if n, err := qa.Purge(context.Background(), func(p *driver.Parked) bool { return p.ID != "c-0001" }); err != nil || n != 4 {
 		t.Fatalf("Purge = %d, %v; want 4", n, err)
 	}
 	if got := scanIDs(t, qa); !slices.Equal(got, []string{"c-0001"}) {
@@ -235,7 +230,7 @@ func TestDeadLettersFragmented(t *testing.T) {
 	topic := newTopic(t, bs, 1)
 	ids := park(t, bs, topic, "g", "m", 3000)
 	q := openDLQ(t, bs, topic, "g")
-	odd := func(p *admin.Parked) bool { n, _ := strconv.Atoi(p.ID[2:]); return n%2 == 1 }
+	odd := func(p *driver.Parked) bool { n, _ := strconv.Atoi(p.ID[2:]); return n%2 == 1 }
 	n, err := q.Purge(context.Background(), odd)
 	if !errors.Is(err, ErrDeadLettersFragmented) || n == 0 || n >= 1500 {
 		t.Fatalf("Purge of every other one = %d, %v; want some, then ErrDeadLettersFragmented", n, err)
@@ -249,10 +244,10 @@ func TestDeadLettersFragmented(t *testing.T) {
 	if r, err := q.Redrive(context.Background(), odd, nil); !errors.Is(err, ErrDeadLettersFragmented) || r != 0 {
 		t.Fatalf("Redrive of the next odd one = %d, %v; want 0, ErrDeadLettersFragmented", r, err)
 	}
-	if sent := readAll(t, bs, topic, 1); len(sent) != 0 {
+	if sent := readAll(t, bs, topic); len(sent) != 0 {
 		t.Fatalf("Redrive sent %d records it could not record as handled", len(sent))
 	}
-	all, err := q.Purge(context.Background(), func(*admin.Parked) bool { return true })
+	all, err := q.Purge(context.Background(), func(*driver.Parked) bool { return true })
 	if err != nil || all != len(ids)-n {
 		t.Fatalf("Purge of the rest = %d, %v; want %d", all, err, len(ids)-n)
 	}
@@ -267,10 +262,10 @@ func TestDeadLettersBoundedWhileParking(t *testing.T) {
 	q := openDLQ(t, bs, topic, "g")
 	calls := 0
 	more := func() { calls++; park(t, bs, topic, "g", fmt.Sprintf("new%d", calls), 1) }
-	if err := q.Scan(context.Background(), func(*admin.Parked) error { more(); return nil }); err != nil || calls != 5 {
+	if err := q.Scan(context.Background(), func(*driver.Parked) error { more(); return nil }); err != nil || calls != 5 {
 		t.Fatalf("Scan: %d calls, %v; want 5", calls, err)
 	}
-	n, err := q.Purge(context.Background(), func(p *admin.Parked) bool { more(); return strings.HasPrefix(p.ID, "old") })
+	n, err := q.Purge(context.Background(), func(p *driver.Parked) bool { more(); return strings.HasPrefix(p.ID, "old") })
 	if err != nil || n != 5 || calls != 15 {
 		t.Fatalf("Purge = %d, %v, sel called %d times; want 5, nil, 10", n, err, calls-5)
 	}

@@ -16,7 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -133,37 +134,6 @@ func (r *consumer) shutdown(t testing.TB) {
 	}
 }
 
-// drained reports whether the group committed every partition of topic up
-// to its end.
-func drained(t testing.TB, bs, group, topic string, n int) bool {
-	ends := endOffsets(t, bs, topic, n)
-	got := committed(t, bs, group, topic, n)
-	for i := range ends {
-		if got[i] != ends[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func endOffsets(t testing.TB, bs, topic string, n int) []int64 {
-	t.Helper()
-	out := make([]int64, n)
-	for p := range n {
-		conn, err := (&cutter{}).dialer().DialLeader(context.Background(), "tcp", strings.Split(bs, ",")[0], topic, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		last, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[p] = last
-	}
-	return out
-}
-
 // Two consumers share a group; one is killed mid-stream (connections cut,
 // no final commit, no leave: the coordinator evicts it after the session
 // timeout); 20% of the publishes are duplicates. Every effect is applied
@@ -206,7 +176,7 @@ func TestGroupMemberKilledMidStreamEffectsOnce(t *testing.T) {
 
 	opts := []core.Option{core.WithBatchSize(50), core.WithConcurrency(2), core.WithWindow(200)}
 	var killA cutter
-	srcA := openSource(t, bs, topic, group, WithDialer(killA.dialer()))
+	srcA := openSource(t, bs, topic, group, killA.option())
 	srcB := openSource(t, bs, topic, group)
 	start = time.Now()
 	a := startConsumer(t, srcA, e, nil, opts...)
@@ -246,12 +216,16 @@ func TestGroupMemberKilledMidStreamEffectsOnce(t *testing.T) {
 	}
 }
 
-// revoking reports whether s has no generation or is revoking its current
-// one.
+// revoking reports whether s is giving up any partition.
 func revoking(s *Source) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.gen == nil || s.gen.revoked
+	for _, p := range s.parts {
+		if p.revoking {
+			return true
+		}
+	}
+	return false
 }
 
 // A second member joins while the first is in the middle of a batch
@@ -308,8 +282,8 @@ func TestRebalanceMidBatch(t *testing.T) {
 	if !sawRevoke.Load() {
 		t.Fatal("the rebalance did not begin while A's batch was open")
 	}
-	if srcA.Stats().Generations < 2 {
-		t.Errorf("A took part in %d generations: no rebalance happened", srcA.Stats().Generations)
+	if srcA.Stats().Revoked == 0 {
+		t.Errorf("A gave up no partition: no rebalance happened")
 	}
 	if bst.Processed == 0 {
 		t.Errorf("B processed nothing after joining")
@@ -342,21 +316,20 @@ func TestRevokeTimeoutPassesWithTransactionOpen(t *testing.T) {
 	// All messages on partition 1, and a balancer that gives every
 	// partition to B once it is there (member ids start with the client
 	// id): the rebalance surely moves the messages from A to B.
-	w := &kafkago.Writer{Addr: kafkago.TCP(strings.Split(bs, ",")...), RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond,
-		Balancer: kafkago.BalancerFunc(func(kafkago.Message, ...int) int { return 1 })}
+	var rs []*kgo.Record
 	for i := range n {
-		if err := w.WriteMessages(context.Background(), kafkago.Message{Topic: topic, Value: []byte("v"),
-			Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte(fmt.Sprintf("late-%d", i))}}}); err != nil {
-			t.Fatal(err)
-		}
+		rs = append(rs, &kgo.Record{Topic: topic, Partition: 1, Value: []byte("v"),
+			Headers: []kgo.RecordHeader{{Key: DefaultIDHeader, Value: []byte(fmt.Sprintf("late-%d", i))}}})
 	}
-	w.Close()
+	if err := client(t, bs, kgo.RecordPartitioner(kgo.ManualPartitioner())).ProduceSync(context.Background(), rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
 
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	var aCalls, bCalls atomic.Int64
-	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(100*time.Millisecond), WithGroupBalancers(preferB{}),
-		WithDialer(&kafkago.Dialer{ClientID: "a-idemq-test", Timeout: 10 * time.Second}))
+	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(100*time.Millisecond), WithBalancers(preferB{kgo.CooperativeStickyBalancer()}),
+		WithClientOptions(kgo.ClientID("a-idemq-test")))
 	a := startConsumer(t, srcA, e, func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
 		aCalls.Add(1)
 		if err := e.apply(ctx, tx, m); err != nil {
@@ -372,8 +345,8 @@ func TestRevokeTimeoutPassesWithTransactionOpen(t *testing.T) {
 
 	// B joins: the rebalance revokes A's partitions while the batch is
 	// open, past A's revoke timeout.
-	srcB := openSource(t, bs, topic, group, WithGroupBalancers(preferB{}),
-		WithDialer(&kafkago.Dialer{ClientID: "b-idemq-test", Timeout: 10 * time.Second}))
+	srcB := openSource(t, bs, topic, group, WithBalancers(preferB{kgo.CooperativeStickyBalancer()}),
+		WithClientOptions(kgo.ClientID("b-idemq-test")))
 	b := startConsumer(t, srcB, e, func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
 		bCalls.Add(1)
 		return e.apply(ctx, tx, m)
@@ -399,8 +372,7 @@ func TestRevokeTimeoutPassesWithTransactionOpen(t *testing.T) {
 	if bst.Duplicates != n || bst.Processed != 0 || bCalls.Load() != 0 {
 		t.Errorf("B: %d duplicates, %d processed, handler ran %d times; want %d duplicates and no handler run", bst.Duplicates, bst.Processed, bCalls.Load(), n)
 	}
-	// The batch's acks go in one AckBatch: the Consumer counts one stale
-	// settlement, the Source one per message.
+	// The batch's acks go in one Ack call: each is refused as stale.
 	if as.Processed != n || as.Stale < 1 || srcA.Stats().StaleSettlements != n {
 		t.Errorf("A: processed %d, stale %d (source %d); want %d processed, %d stale in the source", as.Processed, as.Stale, srcA.Stats().StaleSettlements, n, n)
 	}
@@ -419,27 +391,28 @@ type holdAcks struct {
 	stale   atomic.Int64
 }
 
-func (h *holdAcks) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := h.Source.Receive(ctx)
-	if err != nil {
-		return nil, err
+func (h *holdAcks) Ack(ctx context.Context, ms []*driver.Message) error {
+	first := 0
+	for _, m := range ms {
+		if m.Attempt == 1 {
+			first++
+		}
 	}
-	return &heldDelivery{Delivery: d, h: h}, nil
-}
-
-type heldDelivery struct {
-	driver.Delivery
-	h *holdAcks
-}
-
-func (d *heldDelivery) Ack(ctx context.Context) error {
-	if d.Message().Attempt == 1 {
-		d.h.held.Add(1)
-		<-d.h.release
+	if first > 0 {
+		h.held.Add(int64(first))
+		<-h.release
 	}
-	err := d.Delivery.Ack(ctx)
-	if errors.Is(err, core.ErrStaleDelivery) {
-		d.h.stale.Add(1)
+	err := h.Source.Ack(ctx, ms)
+	var p *driver.Partial
+	switch {
+	case errors.As(err, &p):
+		for _, e := range p.Errs {
+			if errors.Is(e, core.ErrStaleDelivery) {
+				h.stale.Add(1)
+			}
+		}
+	case errors.Is(err, core.ErrStaleDelivery):
+		h.stale.Add(int64(len(ms)))
 	}
 	return err
 }
@@ -461,14 +434,16 @@ func TestCommittedButUnmarkedIsDuplicateAfterRebalance(t *testing.T) {
 		calls.Add(1)
 		return e.apply(ctx, tx, m)
 	}
-	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(200*time.Millisecond))
+	// B takes every partition once it joins (preferB).
+	prefer := WithBalancers(preferB{kgo.CooperativeStickyBalancer()})
+	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(200*time.Millisecond), prefer, WithClientOptions(kgo.ClientID("a-idemq-test")))
 	hold := &holdAcks{Source: srcA, release: make(chan struct{})}
 	a := startConsumer(t, hold, e, h, core.WithWindow(2*n))
 	servicetest.WaitFor(t, 20*time.Second, "A to commit every effect and hold the acks", func() bool { return hold.held.Load() == n })
 
 	// B joins: a rebalance revokes A's partitions while its acks are held.
-	b := startConsumer(t, openSource(t, bs, topic, group), e, h, core.WithWindow(2*n))
-	servicetest.WaitFor(t, 20*time.Second, "the rebalance", func() bool { return srcA.Stats().Generations >= 2 })
+	b := startConsumer(t, openSource(t, bs, topic, group, prefer, WithClientOptions(kgo.ClientID("b-idemq-test"))), e, h, core.WithWindow(2*n))
+	servicetest.WaitFor(t, 20*time.Second, "the rebalance", func() bool { return srcA.Stats().Revoked >= parts })
 	close(hold.release)
 	servicetest.WaitFor(t, 20*time.Second, "every redelivery decided", func() bool {
 		return a.c.Stats().Duplicates+b.c.Stats().Duplicates >= n
@@ -508,7 +483,7 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 	const n = 30
 	msgs := publishN(t, bs, topic, "poison", n, func(i int) string { return "k" + strconv.Itoa(i%5) })
 	where := map[string]record{}
-	for _, r := range readAll(t, bs, topic, parts) {
+	for _, r := range readAll(t, bs, topic) {
 		where[r.headers[DefaultIDHeader]] = r
 	}
 	h := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
@@ -532,7 +507,7 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 	if st.DeadLettered != 6 || st.Processed != n-6 {
 		t.Errorf("stats %+v: want 6 dead-lettered, %d processed", st, n-6)
 	}
-	dls := readAll(t, bs, topic+".dlq", 1)
+	dls := readAll(t, bs, topic+".dlq")
 	if len(dls) != 6 {
 		t.Fatalf("%d dead letters, want 6", len(dls))
 	}
@@ -550,7 +525,7 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 		case strings.HasSuffix(id, "3") && (!strings.Contains(cause, core.ErrMaxAttempts.Error()) || !strings.Contains(cause, "timing out")):
 			t.Errorf("%s: cause %q", id, cause)
 		}
-		if dl.headers[driver.OriginHeader] != topic+"/"+strconv.Itoa(orig.partition)+"/"+strconv.FormatInt(orig.offset, 10) || dl.headers[HeaderGroup] != group {
+		if dl.headers[driver.OriginHeader] != topic+"/"+strconv.Itoa(int(orig.partition))+"/"+strconv.FormatInt(orig.offset, 10) || dl.headers[HeaderGroup] != group {
 			t.Errorf("%s: coordinates %v, want %s/%d@%d", id, dl.headers, topic, orig.partition, orig.offset)
 		}
 		if string(dl.value) != string(orig.value) || dl.key != orig.key {
@@ -652,28 +627,33 @@ func TestPerKeyOrderThroughThePipeline(t *testing.T) {
 }
 
 // preferB assigns every partition to the member whose id starts with "b-"
-// when there is one, else to the first member.
-type preferB struct{}
+// when there is one, else to the first member, cooperatively (a partition
+// moves in two rebalances: revoked, then assigned).
+type preferB struct{ kgo.GroupBalancer }
 
-func (preferB) ProtocolName() string      { return "idemq-test-prefer-b" }
-func (preferB) UserData() ([]byte, error) { return nil, nil }
-func (preferB) AssignGroups(members []kafkago.GroupMember, parts []kafkago.Partition) kafkago.GroupMemberAssignments {
-	owner := members[0].ID
-	for _, m := range members {
-		if strings.HasPrefix(m.ID, "b-") {
-			owner = m.ID
+func (preferB) ProtocolName() string { return "idemq-test-prefer-b" }
+
+func (p preferB) MemberBalancer(members []kmsg.JoinGroupResponseMember) (kgo.GroupMemberBalancer, map[string]struct{}, error) {
+	b, err := kgo.NewConsumerBalancer(p, members)
+	return b, b.MemberTopics(), err
+}
+
+func (preferB) Balance(b *kgo.ConsumerBalancer, topics map[string]int32) kgo.IntoSyncAssignment {
+	members := b.Members()
+	owner := &members[0]
+	for i := range members {
+		if strings.HasPrefix(members[i].MemberID, "b-") {
+			owner = &members[i]
 		}
 	}
-	out := kafkago.GroupMemberAssignments{owner: map[string][]int{}}
-	for _, p := range parts {
-		out[owner][p.Topic] = append(out[owner][p.Topic], p.ID)
-	}
-	for _, m := range members {
-		if _, ok := out[m.ID]; !ok {
-			out[m.ID] = map[string][]int{}
+	plan := b.NewPlan()
+	for topic, n := range topics {
+		for p := range n {
+			plan.AddPartition(owner, topic, p)
 		}
 	}
-	return out
+	plan.AdjustCooperative(b)
+	return plan
 }
 
 // A revoke wait longer than the session timeout: the member keeps

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/brokers/kafka"
@@ -53,6 +52,8 @@ func ExampleOpen() {
 	}
 	// Run closes src when ctx is cancelled and in-flight messages are
 	// settled; closing commits the decided offsets and leaves the group.
+	// (A replica of a StatefulSet would add instance_id=$(POD_NAME) to
+	// the URL: a restart then moves no partition; see WithInstanceID.)
 	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func Example_duplicatePublish() {
 		log.Fatal(err)
 	}
 	src, err := kafka.Open(ctx, "kafka://"+brokers+"/"+topic+"?group=billing",
-		kafka.WithStartOffset(kafkago.FirstOffset))
+		kafka.WithStart(kafka.StartFirst))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -162,4 +163,27 @@ func ExampleOpenDeadLetters() {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// A Consumer of a share group, opened by URL: many members read each
+// partition, the broker locks each record it hands out, and a retry is
+// released back to the group once the Consumer's backoff passed.
+func ExampleOpenShare() {
+	ctx := context.Background()
+	src, err := core.OpenSource(ctx, "kafka+share://localhost:9092/payments?group=payments")
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := sqlite.Open(ctx, "/var/lib/app/dedup.db")
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := core.New[*sql.Tx](src, store, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO ledger (payment_id, body) VALUES (?, ?)", m.ID, m.Body)
+		return err
+	}, core.WithName("payments"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(c.Run(ctx))
 }

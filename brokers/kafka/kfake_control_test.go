@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -35,29 +35,29 @@ func startKfake(t testing.TB, args ...string) *servicetest.Kfake {
 func TestKfakeClusterControls(t *testing.T) {
 	k := startKfake(t, "-brokers", "3", "-topics", "ctl:3", "-auto-create=false")
 	addrs := strings.Split(k.Addr, ",")
-	meta := func() *kafkago.MetadataResponse {
+	meta := func() kadm.Metadata {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		// A client of its own each time (a transport caches metadata),
+		// A client of its own each time (a client caches metadata),
 		// asking broker 0 only: broker 1 goes away below.
-		m, err := adminClient(addrs[0]).Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{"ctl"}})
+		m, err := adminClient(t, addrs[0]).Metadata(ctx, "ctl")
 		if err != nil {
 			t.Fatalf("metadata: %v", err)
 		}
 		return m
 	}
-	leaders := func(m *kafkago.MetadataResponse) []int {
+	leaders := func(m kadm.Metadata) []int {
 		out := make([]int, 3)
-		for _, p := range m.Topics[0].Partitions {
-			out[p.ID] = p.Leader.ID
+		for _, p := range m.Topics["ctl"].Partitions {
+			out[p.Partition] = int(p.Leader)
 		}
 		return out
 	}
-	nodes := func(m *kafkago.MetadataResponse) []int {
+	nodes := func(m kadm.Metadata) []int {
 		var out []int
 		for _, b := range m.Brokers {
-			out = append(out, b.ID)
+			out = append(out, int(b.NodeID))
 		}
 		slices.Sort(out)
 		return out

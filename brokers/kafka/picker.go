@@ -2,8 +2,14 @@ package kafka
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
+	"strconv"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemq/idemq/core/driver"
 )
 
 // The picker chooses which waiting message of a partition goes out next.
@@ -22,6 +28,108 @@ import (
 //
 // Invariant: a busy lane (a message out) has none among the candidates; an
 // idle lane has its head, and only it. A pick or settlement is O(log n).
+
+// partition tracks one assigned partition between fetch and commit.
+type partition struct {
+	src            *Source
+	topic, idText  string // idText: the id in decimal, for every message's metadata
+	id             int32
+	retry          bool     // a partition of the retry topic
+	revoking, dead bool     // no more hand-outs; settlements refused (given up)
+	dirty, paused  bool     // something to commit; fetching paused (throttle)
+	out, waiting   int      // messages handed out, not settled; fetched or retried and not handed out
+	entries        []*entry // fetched and not below the commit point, in offset order
+	// The entries waiting to go out, arranged for pick.
+	order   Ordering
+	lanes   map[string]*lane // OrderPerKey: per key, while in play
+	one     *lane            // OrderPerPartition: the partition's lane
+	fresh   fifo             // may go now, fetched so, in offset order
+	ready   keyHeap          // may go now, the others, by offset
+	delayed keyHeap          // may go once their notBefore passes, by it
+	// next follows the last fetched offset (negative until known); high is
+	// the highest handed out, prevHigh and skip the highest handed out and
+	// the offsets decided before, per the commit metadata.
+	next, committed, high, prevHigh int64
+	skip                            []span
+}
+
+func (s *Source) newPartition(topic string, id int32) *partition {
+	return &partition{src: s, topic: topic, id: id, idText: strconv.Itoa(int(id)), retry: topic == s.cfg.retryTopic,
+		order: s.cfg.ordering, next: -1, committed: -1, high: -1, prevHigh: -1}
+}
+
+type entryState uint8
+
+const (
+	waiting entryState = iota
+	handed
+	done
+)
+
+// entry is one fetched record; it is the AckID of the messages handed out
+// from it.
+type entry struct {
+	p                          *partition
+	r                          *kgo.Record
+	state                      entryState
+	notBefore                  time.Time
+	baseTry, handouts, attempt int   // attempts the record itself records (retry topic); hand-outs by this process; the last hand-out's
+	lane                       *lane // the lane it waits in; nil when nothing orders it
+	first                      driver.Message
+}
+
+// wrap names e's record in err.
+func (e *entry) wrap(err error) error {
+	return fmt.Errorf("kafka: record %s/%d@%d: %w", e.r.Topic, e.r.Partition, e.r.Offset, err)
+}
+
+// advance drops the contiguous decided prefix. s.mu is held.
+func (p *partition) advance() {
+	i := 0
+	for i < len(p.entries) && p.entries[i].state == done {
+		i++
+	}
+	clear(p.entries[:i])
+	p.entries = p.entries[i:]
+	p.throttle()
+}
+
+// throttle pauses fetching the partition while WithPartitionBuffer
+// messages are held past their fetch (handed out, or decided behind an
+// undecided one), and resumes it once a quarter of that is free. Waiting
+// messages are bounded by the source as a whole (Source.poll): a pause
+// drops what franz-go buffered for the partition, to be fetched and
+// decoded again, so it is kept for a partition held up. s.mu is held.
+func (p *partition) throttle() {
+	held, n := len(p.entries)-p.waiting, p.src.cfg.partitionBuffer
+	switch {
+	case !p.paused && held >= n && !p.dead:
+		p.paused = true
+		p.src.member.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
+	case p.paused && held <= n-n/4 && !p.dead:
+		p.paused = false
+		p.src.member.ResumeFetchPartitions(map[string][]int32{p.topic: {p.id}})
+	}
+}
+
+// progress returns the decided runs above the commit point, fetched or
+// inherited from the previous owner and not fetched yet. s.mu is held.
+func (p *partition) progress() []span {
+	var out []span
+	for i := 0; i < len(p.entries); i++ {
+		if p.entries[i].state != done {
+			continue
+		}
+		j := i
+		for j+1 < len(p.entries) && p.entries[j+1].state == done {
+			j++
+		}
+		first, last := p.entries[i].r.Offset, p.entries[j].r.Offset
+		out = append(out, span{first, last - first + 1})
+		i = j
+	}
+	return append(out, dropBelow(p.skip, p.next)...)
+}
 
 // lane is the queue of waiting messages that go out one at a time, in
 // offset order.
@@ -62,7 +170,7 @@ func (q *fifo) pushBack(e *entry) {
 // insert puts a retried message back in its place by offset: normally the
 // slot it was popped from, as the lane's head.
 func (q *fifo) insert(e *entry) {
-	i, _ := slices.BinarySearchFunc(q.items[q.head:], e.msg.Offset, func(x *entry, off int64) int { return cmp.Compare(x.msg.Offset, off) })
+	i, _ := slices.BinarySearchFunc(q.items[q.head:], e.r.Offset, func(x *entry, off int64) int { return cmp.Compare(x.r.Offset, off) })
 	if i == 0 && q.head > 0 {
 		q.head--
 		q.items[q.head] = e
@@ -122,7 +230,7 @@ func (h *keyHeap) pop() *entry {
 // be, or nil when nothing orders e.
 func (p *partition) laneOf(e *entry) *lane {
 	switch {
-	case p.order == OrderNone || p.order == OrderPerKey && len(e.msg.Key) == 0:
+	case p.order == OrderNone || p.order == OrderPerKey && len(e.r.Key) == 0:
 		return nil
 	case p.order == OrderPerPartition:
 		if p.one == nil {
@@ -130,9 +238,9 @@ func (p *partition) laneOf(e *entry) *lane {
 		}
 		return p.one
 	}
-	l := p.lanes[string(e.msg.Key)]
+	l := p.lanes[string(e.r.Key)]
 	if l == nil {
-		l = &lane{key: string(e.msg.Key)}
+		l = &lane{key: string(e.r.Key)}
 		if p.lanes == nil {
 			p.lanes = map[string]*lane{}
 		}
@@ -148,15 +256,16 @@ func (p *partition) candidate(e *entry) {
 	switch {
 	case !e.notBefore.IsZero():
 		p.delayed.push(e.notBefore.UnixNano(), e)
-	case p.fresh.len() == 0 || p.fresh.items[len(p.fresh.items)-1].msg.Offset < e.msg.Offset:
+	case p.fresh.len() == 0 || p.fresh.items[len(p.fresh.items)-1].r.Offset < e.r.Offset:
 		p.fresh.pushBack(e)
 	default:
-		p.ready.push(e.msg.Offset, e)
+		p.ready.push(e.r.Offset, e)
 	}
 }
 
 // fetched makes a newly fetched message wait for its turn. s.mu is held.
 func (p *partition) fetched(e *entry) {
+	p.waiting++
 	l := p.laneOf(e)
 	e.lane = l
 	if l == nil {
@@ -174,11 +283,11 @@ func (p *partition) fetched(e *entry) {
 func (p *partition) pick(now time.Time) *entry {
 	for len(p.delayed) > 0 && p.delayed[0].key <= now.UnixNano() {
 		e := p.delayed.pop()
-		p.ready.push(e.msg.Offset, e)
+		p.ready.push(e.r.Offset, e)
 	}
 	var e *entry
 	switch {
-	case p.fresh.len() > 0 && (len(p.ready) == 0 || p.fresh.front().msg.Offset < p.ready[0].key):
+	case p.fresh.len() > 0 && (len(p.ready) == 0 || p.fresh.front().r.Offset < p.ready[0].key):
 		e = p.fresh.front()
 		p.fresh.popFront()
 	case len(p.ready) > 0:
@@ -190,12 +299,16 @@ func (p *partition) pick(now time.Time) *entry {
 		l.popFront()
 		l.busy = true
 	}
+	p.waiting--
 	return e
 }
 
 // settled frees the lane of e, handed out and now decided or (retry, its
 // notBefore set) back to wait, so the lane's next may go. s.mu is held.
 func (p *partition) settled(e *entry, retry bool) {
+	if retry {
+		p.waiting++
+	}
 	l := e.lane
 	if l == nil {
 		if retry {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // picker is what the Source asks of a partition's waiting messages; both
@@ -39,8 +39,8 @@ func (p *refPicker) pick(now time.Time) *entry {
 		e := p.waiting[i]
 		p.waiting = slices.Delete(p.waiting, i, i+1)
 		p.out++
-		if len(e.msg.Key) > 0 {
-			p.busy[string(e.msg.Key)]++
+		if len(e.r.Key) > 0 {
+			p.busy[string(e.r.Key)]++
 		}
 		return e
 	}
@@ -61,13 +61,13 @@ func (p *refPicker) pick(now time.Time) *entry {
 	var blocked map[string]bool
 	for i, e := range p.waiting {
 		ready := !e.notBefore.After(now)
-		if len(e.msg.Key) == 0 {
+		if len(e.r.Key) == 0 {
 			if ready {
 				return take(i)
 			}
 			continue
 		}
-		k := string(e.msg.Key)
+		k := string(e.r.Key)
 		if p.busy[k] > 0 || blocked[k] {
 			continue
 		}
@@ -84,15 +84,15 @@ func (p *refPicker) pick(now time.Time) *entry {
 
 func (p *refPicker) settled(e *entry, retry bool) {
 	p.out--
-	if len(e.msg.Key) > 0 {
-		k := string(e.msg.Key)
+	if len(e.r.Key) > 0 {
+		k := string(e.r.Key)
 		if p.busy[k]--; p.busy[k] <= 0 {
 			delete(p.busy, k)
 		}
 	}
 	if retry {
-		i, _ := slices.BinarySearchFunc(p.waiting, e.msg.Offset, func(x *entry, off int64) int {
-			return cmp.Compare(x.msg.Offset, off)
+		i, _ := slices.BinarySearchFunc(p.waiting, e.r.Offset, func(x *entry, off int64) int {
+			return cmp.Compare(x.r.Offset, off)
 		})
 		p.waiting = slices.Insert(p.waiting, i, e)
 	}
@@ -121,9 +121,9 @@ func (f *pickerFixture) fetch(keys ...string) {
 // fetchAt adds the next offset with key k, not to go before notBefore (a
 // retry-topic copy).
 func (f *pickerFixture) fetchAt(k string, notBefore time.Time) {
-	e := &entry{msg: kafkago.Message{Offset: f.next}, notBefore: notBefore}
+	e := &entry{r: &kgo.Record{Offset: f.next}, notBefore: notBefore}
 	if k != "" {
-		e.msg.Key = []byte(k)
+		e.r.Key = []byte(k)
 	}
 	f.all[f.next] = e
 	f.next++
@@ -134,7 +134,7 @@ func (f *pickerFixture) fetchAt(k string, notBefore time.Time) {
 func (f *pickerFixture) picks() []int64 {
 	var got []int64
 	for e := f.p.pick(f.now); e != nil; e = f.p.pick(f.now) {
-		got = append(got, e.msg.Offset)
+		got = append(got, e.r.Offset)
 	}
 	return got
 }
@@ -282,13 +282,13 @@ func TestPickRequeueReinserts(t *testing.T) {
 	// lane.insert keeps offset order wherever the entry lands.
 	var l lane
 	for _, off := range []int64{5, 1, 9, 3, 7} {
-		l.insert(&entry{msg: kafkago.Message{Offset: off}})
+		l.insert(&entry{r: &kgo.Record{Offset: off}})
 	}
 	l.popFront()
-	l.insert(&entry{msg: kafkago.Message{Offset: 0}})
+	l.insert(&entry{r: &kgo.Record{Offset: 0}})
 	var got []int64
 	for l.len() > 0 {
-		got = append(got, l.front().msg.Offset)
+		got = append(got, l.front().r.Offset)
 		l.popFront()
 	}
 	if want := []int64{0, 3, 5, 7, 9}; !slices.Equal(got, want) {
@@ -330,11 +330,11 @@ func comparePickers(t *testing.T, o Ordering, seed uint64, ops int) {
 			want.fetchAt(k, nb)
 		case r < 60: // pick
 			g, w := got.p.pick(got.now), want.p.pick(want.now)
-			if (g == nil) != (w == nil) || (g != nil && g.msg.Offset != w.msg.Offset) {
+			if (g == nil) != (w == nil) || (g != nil && g.r.Offset != w.r.Offset) {
 				t.Fatalf("op %d: picked %s, reference %s", i, pickedOffset(g), pickedOffset(w))
 			}
 			if g != nil {
-				outs = append(outs, g.msg.Offset)
+				outs = append(outs, g.r.Offset)
 			}
 		case r < 90: // settle a random out message, a third of them retried
 			if len(outs) == 0 {
@@ -383,7 +383,7 @@ func pickedOffset(e *entry) string {
 	if e == nil {
 		return "nothing"
 	}
-	return fmt.Sprint(e.msg.Offset)
+	return fmt.Sprint(e.r.Offset)
 }
 
 // BenchmarkPick measures one settle + fetch + pick cycle of a partition
@@ -409,7 +409,7 @@ func BenchmarkPick(b *testing.B) {
 			now := time.Unix(1_000_000, 0)
 			var off int64
 			fetch := func() {
-				p.fetched(&entry{msg: kafkago.Message{Offset: off, Key: keys[rnd.IntN(nkeys)]}})
+				p.fetched(&entry{r: &kgo.Record{Offset: off, Key: keys[rnd.IntN(nkeys)]}})
 				off++
 			}
 			var outs []*entry

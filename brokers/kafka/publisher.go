@@ -7,33 +7,43 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
+	"sync/atomic"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/core/driver"
 )
 
-// Publisher produces core Messages to Kafka with acks=all, for tests,
-// examples and the outbox relay. It is safe for concurrent use.
+// Publisher produces core Messages to Kafka with franz-go's idempotent
+// producer and acks=all, for tests, examples and the outbox relay. Keyed
+// records land on the partition Java producers choose (murmur2), keyless
+// ones on each partition in turn. It is safe for concurrent use.
 type Publisher struct {
-	cfg config
-	w   *kafkago.Writer
+	cfg       config
+	cl        *kgo.Client
+	connected atomic.Bool // a broker answered
 }
 
 // NewPublisher returns a Publisher for addr, a kafka:// URL (whose path is
 // the default topic; the consumer's parameters are checked and ignored) or
-// a broker list. It connects at the first Publish.
+// a broker list. It connects at the first Publish, which fails at once
+// when no broker answers (a refused TLS handshake or SASL login); later
+// Publishes ride out broker trouble until their context ends.
 func NewPublisher(_ context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
 	cfg, err := newConfig(addr, opts)
 	if err != nil {
 		return nil, err
 	}
-	// Java's partitioner: keys land where Java producers put them.
-	w := cfg.newWriter(&kafkago.Murmur2Balancer{}, cmp.Or(cfg.logger, slog.Default()))
-	w.BatchSize = 1000
-	return &Publisher{cfg: cfg, w: w}, nil
+	logger := cmp.Or(cfg.logger, slog.Default())
+	cl, err := kgo.NewClient(append(cfg.kgoOpts(func() *slog.Logger { return logger }), kgo.RecordPartitioner(partitioner{}))...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	return &Publisher{cfg: cfg, cl: cl}, nil
 }
 
 // Publish produces msgs to topic ("" for the default topic) and waits for
@@ -47,10 +57,7 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 	if err := checkTopic(topic); err != nil {
 		return fmt.Errorf("kafka: Publish: topic: %w", err)
 	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	out := make([]kafkago.Message, len(msgs))
+	rs := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {
 		if m == nil {
 			return fmt.Errorf("kafka: Publish: message %d is nil", i)
@@ -62,42 +69,68 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 		if m.ID != "" {
 			headers[p.cfg.idHeader] = m.ID
 		}
-		out[i] = kafkago.Message{Topic: topic, Value: m.Body, Headers: appendHeaders(nil, headers)}
+		rs[i] = &kgo.Record{Topic: topic, Value: m.Body, Partition: -1, Headers: make([]kgo.RecordHeader, 0, len(headers))}
+		for _, k := range slices.Sorted(maps.Keys(headers)) {
+			rs[i].Headers = append(rs[i].Headers, kgo.RecordHeader{Key: k, Value: []byte(headers[k])})
+		}
 		if m.Key != "" {
-			out[i].Key = []byte(m.Key)
+			rs[i].Key = []byte(m.Key)
 		}
 	}
-	if err := p.w.WriteMessages(ctx, out...); err != nil {
-		var werrs kafkago.WriteErrors
-		if errors.As(err, &werrs) {
-			err = fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, werrs.Count(), len(msgs), err)
-		} else {
-			err = fmt.Errorf("kafka: Publish to %q: %w", topic, p.cfg.explain(err))
+	if !p.connected.Load() {
+		if err := p.cfg.probe(ctx, p.cl); err != nil {
+			return fmt.Errorf("kafka: Publish to %q: %w", topic, err)
 		}
-		if tooLarge(werrs, err) {
-			return driver.Permanent(err)
-		}
-		return err
+		p.connected.Store(true)
 	}
+	failed, tooLarge := 0, true
+	var first error
+	for _, r := range p.cl.ProduceSync(ctx, rs...) {
+		if r.Err != nil {
+			failed++
+			first = cmp.Or(first, r.Err)
+			tooLarge = tooLarge && errors.Is(r.Err, kerr.MessageTooLarge)
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	err := fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, failed, len(msgs), p.cfg.explain(first))
+	if tooLarge {
+		return driver.Permanent(err)
+	}
+	return err
+}
+
+// Close flushes and closes the producer.
+func (p *Publisher) Close() error {
+	p.cl.Close()
 	return nil
 }
 
-// tooLarge reports whether every failed message of werrs (when the writer
-// returned them), or else err, is MESSAGE_TOO_LARGE: the broker's answer or
-// the writer's own refusal of a message over its batch bytes.
-func tooLarge(werrs kafkago.WriteErrors, err error) bool {
-	if werrs == nil {
-		return errors.Is(err, kafkago.MessageSizeTooLarge)
-	}
-	failed := false
-	for _, e := range werrs {
-		if e != nil && !errors.Is(e, kafkago.MessageSizeTooLarge) {
-			return false
-		}
-		failed = failed || e != nil
-	}
-	return failed
+// partitioner places a record on its Partition when the topic has it (a
+// redriven dead letter's origin), else by key as Java producers do
+// (murmur2), else on each partition in turn.
+type partitioner struct{}
+
+func (partitioner) ForTopic(t string) kgo.TopicPartitioner {
+	return &topicPartitioner{keyed: kgo.StickyKeyPartitioner(nil).ForTopic(t)}
 }
 
-// Close flushes and closes the writer.
-func (p *Publisher) Close() error { return closeConns(nil, p.w) }
+type topicPartitioner struct {
+	keyed kgo.TopicPartitioner
+	next  int // called for one record at a time
+}
+
+func (*topicPartitioner) RequiresConsistency(*kgo.Record) bool { return true }
+
+func (p *topicPartitioner) Partition(r *kgo.Record, n int) int {
+	switch {
+	case r.Partition >= 0 && int(r.Partition) < n:
+		return int(r.Partition)
+	case r.Key != nil:
+		return p.keyed.Partition(r, n)
+	}
+	p.next = (p.next + 1) % n
+	return p.next
+}

@@ -6,7 +6,7 @@ import (
 	"log"
 	"os"
 
-	"github.com/segmentio/kafka-go/sasl/scram"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/core"
@@ -23,10 +23,7 @@ func ExampleWithSASL() {
 	}
 	defer src.Close()
 
-	mech, err := scram.Mechanism(scram.SHA512, "billing", os.Getenv("KAFKA_PASSWORD"))
-	if err != nil {
-		log.Fatal(err)
-	}
+	mech := scram.Auth{User: "billing", Pass: os.Getenv("KAFKA_PASSWORD")}.AsSha512Mechanism()
 	src2, err := kafka.Open(ctx, "kafka://kafka-1:9093,kafka-2:9093/payments?group=billing",
 		kafka.WithTLS(&tls.Config{MinVersion: tls.VersionTLS12}), kafka.WithSASL(mech))
 	if err != nil {

@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/idemq/idemq/brokers/brokertest"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
@@ -35,19 +37,11 @@ func secureCluster(t *testing.T, scramPass, plainPass string) (string, *tlstest.
 	bs := servicetest.StartKfake(t, "-brokers", "1", "-auto-create=false", "-min-session-timeout", "100ms",
 		"-tls-cert", certs.ServerCert, "-tls-key", certs.ServerKey,
 		"-sasl", "SCRAM-SHA-256:alice:"+scramPass, "-sasl", "SCRAM-SHA-512:carol:"+scramPass, "-sasl", "PLAIN:bob:"+plainPass)
-	m, err := scram.Mechanism(scram.SHA256, "alice", scramPass)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &kafkago.Client{Addr: kafkago.TCP(bs), Transport: &kafkago.Transport{TLS: caConfig(t, certs.CA), SASL: m}}
 	topic := "idemq-sec-" + randomHex(4)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: 2, ReplicationFactor: 1}}})
-	if err == nil {
-		err = resp.Errors[topic]
-	}
-	if err != nil {
+	adm := adminClient(t, bs, kgo.DialTLSConfig(caConfig(t, certs.CA)), kgo.SASL(scram.Auth{User: "alice", Pass: scramPass}.AsSha256Mechanism()))
+	if _, err := adm.CreateTopic(ctx, 2, 1, nil, topic); err != nil {
 		t.Fatalf("create %s: %v", topic, err)
 	}
 	return bs, certs, topic
@@ -75,7 +69,8 @@ func roundTrip(t *testing.T, pub driver.Publisher, src driver.Source) {
 	if err := pub.Publish(ctx, "", &driver.Message{ID: id, Body: []byte("b")}); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	var d driver.Delivery
+	r := brokertest.StartReceiver(t, src, 0)
+	var d *brokertest.Delivery
 	for d == nil || d.Message().ID != id { // an earlier subtest's messages come first: ack them
 		if d != nil {
 			if err := d.Ack(ctx); err != nil {
@@ -83,7 +78,7 @@ func roundTrip(t *testing.T, pub driver.Publisher, src driver.Source) {
 			}
 		}
 		var err error
-		if d, err = src.Receive(ctx); err != nil {
+		if d, err = r.Receive(ctx); err != nil {
 			if ctx.Err() != nil {
 				t.Fatalf("Receive: %v", err)
 			}
@@ -181,10 +176,7 @@ func TestSecurityOptions(t *testing.T) {
 	pass, plainPass := "scramS3cret-"+randomHex(4), "plainS3cret-"+randomHex(4)
 	bs, certs, topic := secureCluster(t, pass, plainPass)
 	tc := caConfig(t, certs.CA)
-	m, err := scram.Mechanism(scram.SHA512, "carol", pass)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := scram.Auth{User: "carol", Pass: pass}.AsSha512Mechanism()
 	opts := []PublisherOption{WithTopic(topic), WithTLS(tc), WithSASL(m)}
 	src, err := Open(context.Background(), bs, append(fastGroup(t), WithGroup("g-"+randomHex(4)), opts[0], opts[1], opts[2])...)
 	if err != nil {
@@ -199,7 +191,7 @@ func TestSecurityOptions(t *testing.T) {
 	roundTrip(t, pub, src)
 
 	// A wrong PLAIN password fails the Publisher and the Source.
-	bad := []PublisherOption{WithTopic(topic), WithTLS(tc), WithSASL(plain.Mechanism{Username: "bob", Password: "wrong"})}
+	bad := []PublisherOption{WithTopic(topic), WithTLS(tc), WithSASL(plain.Auth{User: "bob", Pass: "wrong"}.AsMechanism())}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	bp, err := NewPublisher(context.Background(), bs, bad...)

@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/stores/sqlite"
@@ -28,22 +29,37 @@ func TestShutdownDuringAGroupJoinWaitingForADeadMember(t *testing.T) {
 
 	// The dead member: it joins with a long session and rebalance timeout,
 	// then neither heartbeats nor leaves, as a SIGKILLed consumer.
-	c := adminClient(bs)
-	join := &kafkago.JoinGroupRequest{GroupID: group, SessionTimeout: 30 * time.Second, RebalanceTimeout: 30 * time.Second,
-		ProtocolType: "consumer", Protocols: []kafkago.GroupProtocol{{Name: "range", Metadata: kafkago.GroupProtocolSubscription{Topics: []string{topic}}}}}
-	resp, err := c.JoinGroup(ctx, join)
-	if err == nil && errors.Is(resp.Error, kafkago.MemberIDRequired) {
+	cl := client(t, bs)
+	join := kmsg.NewPtrJoinGroupRequest()
+	join.Group, join.SessionTimeoutMillis, join.RebalanceTimeoutMillis, join.ProtocolType = group, 30000, 30000, "consumer"
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Topics = []string{topic}
+	proto := kmsg.NewJoinGroupRequestProtocol()
+	proto.Name, proto.Metadata = "cooperative-sticky", meta.AppendTo(nil)
+	join.Protocols = append(join.Protocols, proto)
+	resp, err := join.RequestWith(ctx, cl)
+	if err == nil && errors.Is(kerr.ErrorForCode(resp.ErrorCode), kerr.MemberIDRequired) {
 		join.MemberID = resp.MemberID
-		resp, err = c.JoinGroup(ctx, join)
+		resp, err = join.RequestWith(ctx, cl)
 	}
-	if err != nil || resp.Error != nil {
-		t.Fatalf("the dead member's join: %v, %v", err, resp.Error)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
 	}
-	if _, err := c.SyncGroup(ctx, &kafkago.SyncGroupRequest{GroupID: group, GenerationID: resp.GenerationID, MemberID: resp.MemberID,
-		ProtocolType: "consumer", ProtocolName: "range",
-		Assignments: []kafkago.SyncGroupRequestAssignment{{MemberID: resp.MemberID,
-			Assignment: kafkago.GroupProtocolAssignment{AssignedPartitions: map[string][]int{topic: {0}}}}}}); err != nil {
-		t.Fatalf("the dead member's sync: %v", err)
+	if err != nil {
+		t.Fatalf("the dead member's join: %v", err)
+	}
+	sync := kmsg.NewPtrSyncGroupRequest()
+	sync.Group, sync.Generation, sync.MemberID = group, resp.Generation, resp.MemberID
+	sync.ProtocolType, sync.Protocol = kmsg.StringPtr("consumer"), kmsg.StringPtr("cooperative-sticky")
+	assignment := kmsg.NewConsumerMemberAssignment()
+	at := kmsg.NewConsumerMemberAssignmentTopic()
+	at.Topic, at.Partitions = topic, []int32{0}
+	assignment.Topics = append(assignment.Topics, at)
+	sa := kmsg.NewSyncGroupRequestGroupAssignment()
+	sa.MemberID, sa.MemberAssignment = resp.MemberID, assignment.AppendTo(nil)
+	sync.GroupAssignment = append(sync.GroupAssignment, sa)
+	if sresp, err := sync.RequestWith(ctx, cl); err != nil || sresp.ErrorCode != 0 {
+		t.Fatalf("the dead member's sync: %v, %v", err, sresp)
 	}
 
 	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idemq.db"))
@@ -69,7 +85,7 @@ func TestShutdownDuringAGroupJoinWaitingForADeadMember(t *testing.T) {
 	go func() { done <- cons.Run(runCtx) }()
 	// The source's join now waits for the dead member to rejoin.
 	time.Sleep(2 * time.Second)
-	if src.generations.Load() != 0 {
+	if src.Stats().Assigned != 0 {
 		t.Fatalf("the source joined a generation: the dead member did not hold the join up")
 	}
 	stop()

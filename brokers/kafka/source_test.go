@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"strconv"
@@ -13,108 +12,16 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 
-	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
-// receiveN receives n deliveries or fails the test after timeout.
-func receiveN(t testing.TB, s *Source, n int, timeout time.Duration) []*delivery {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	out := make([]*delivery, 0, n)
-	for len(out) < n {
-		d, err := s.Receive(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				t.Fatalf("received %d of %d deliveries within %v", len(out), n, timeout)
-			}
-			t.Logf("receive: %v", err)
-			continue
-		}
-		out = append(out, d.(*delivery))
-	}
-	return out
-}
-
-// expectNothing fails if s hands out anything within d.
-func expectNothing(t testing.TB, s *Source, d time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	if dl, err := s.Receive(ctx); err == nil {
-		m := dl.Message()
-		t.Fatalf("unexpected delivery %q (%s/%s@%s)", m.ID, m.Source, driver.MetadataOf(m.Metadata)["messaging.destination.partition.id"], driver.MetadataOf(m.Metadata)["messaging.kafka.offset"])
-	}
-}
-
-// committed returns the group's committed offsets of topic's partitions
-// 0..n-1 (-1 where none).
-func committed(t testing.TB, bs, group, topic string, n int) []int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c := &kafkago.Client{Addr: kafkago.TCP(strings.Split(bs, ",")...)}
-	ps := make([]int, n)
-	for i := range ps {
-		ps[i] = i
-	}
-	resp, err := c.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
-	if err != nil {
-		t.Fatalf("offset fetch: %v", err)
-	}
-	out := make([]int64, n)
-	for i := range out {
-		out[i] = -1
-	}
-	for _, p := range resp.Topics[topic] {
-		out[p.Partition] = p.CommittedOffset
-	}
-	return out
-}
-
-func publishN(t testing.TB, bs, topic, prefix string, n int, key func(i int) string) []*driver.Message {
-	t.Helper()
-	pub, err := NewPublisher(context.Background(), bs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	msgs := make([]*driver.Message, n)
-	for i := range msgs {
-		msgs[i] = &driver.Message{ID: fmt.Sprintf("%s-%04d", prefix, i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}
-		if key != nil {
-			msgs[i].Key = key(i)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := pub.Publish(ctx, topic, msgs...); err != nil {
-		t.Fatal(err)
-	}
-	return msgs
-}
-
-func openSource(t testing.TB, bs, topic, group string, opts ...Option) *Source {
-	t.Helper()
-	all := append(fastGroup(t), WithTopic(topic), WithGroup(group))
-	s, err := Open(context.Background(), bs, append(all, opts...)...)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-func offsetOf(d driver.Delivery) int64 {
-	o, _ := strconv.ParseInt(driver.MetadataOf(d.Message().Metadata)["messaging.kafka.offset"], 10, 64)
-	return o
-}
+func offsetOf(d *brokertest.Delivery) int64 { return entryOf(d).r.Offset }
 
 // Out-of-order completion: messages of one partition are acked in a
 // random order, and after every ack the committed offset, once the commit
@@ -125,8 +32,8 @@ func TestOutOfOrderAcksNeverCommitPastUndecided(t *testing.T) {
 	group := "g-" + randomHex(4)
 	const n = 40
 	publishN(t, bs, topic, "ooo", n, nil)
-	s := openSource(t, bs, topic, group, WithOrdering(OrderNone), WithCommit(time.Hour, 1))
-	ds := receiveN(t, s, n, 10*time.Second)
+	s, r := startSource(t, bs, topic, group, 0, WithOrdering(OrderNone), WithCommit(time.Hour, 1))
+	ds := receiveN(t, r, n, 10*time.Second)
 	order := rand.Perm(n)
 	undecided := make(map[int64]bool, n)
 	for _, d := range ds {
@@ -173,16 +80,13 @@ func TestRetryInPlaceHoldsPartitionNotOthers(t *testing.T) {
 	// Keys that land on different partitions: find two by publishing and
 	// reading their partitions back.
 	publishN(t, bs, topic, "rip", 20, func(i int) string { return "k" + strconv.Itoa(i%4) })
-	s := openSource(t, bs, topic, group, WithOrdering(OrderPerPartition))
-	if err := s.SetWindow(10); err != nil {
-		t.Fatal(err)
-	}
+	_, s := startSource(t, bs, topic, group, 10, WithOrdering(OrderPerPartition))
 	first := receiveN(t, s, 2, 10*time.Second) // one per partition: the partition waits for its in-flight one
-	if first[0].e.p == first[1].e.p {
-		t.Fatalf("OrderPerPartition handed out two messages of partition %d at once", first[0].e.msg.Partition)
+	if entryOf(first[0]).p == entryOf(first[1]).p {
+		t.Fatalf("OrderPerPartition handed out two messages of partition %d at once", entryOf(first[0]).r.Partition)
 	}
 	held, other := first[0], first[1]
-	heldPart := held.e.msg.Partition
+	heldPart, heldOffset := entryOf(held).r.Partition, entryOf(held).r.Offset
 	start := time.Now()
 	if err := held.Retry(context.Background(), 400*time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -193,7 +97,7 @@ func TestRetryInPlaceHoldsPartitionNotOthers(t *testing.T) {
 	}
 	for {
 		d := receiveN(t, s, 1, 5*time.Second)[0]
-		if d.e.msg.Partition == heldPart {
+		if entryOf(d).r.Partition == heldPart {
 			if d.Message().ID != held.Message().ID {
 				t.Fatalf("partition %d skipped ahead to %q while %q was waiting for its retry", heldPart, d.Message().ID, held.Message().ID)
 			}
@@ -203,8 +107,8 @@ func TestRetryInPlaceHoldsPartitionNotOthers(t *testing.T) {
 			if d.Message().Attempt != 2 {
 				t.Fatalf("retry Attempt = %d, want 2", d.Message().Attempt)
 			}
-			if c := committed(t, bs, group, topic, 2)[heldPart]; c > held.e.msg.Offset {
-				t.Fatalf("committed %d on partition %d past the retried offset %d", c, heldPart, held.e.msg.Offset)
+			if c := committed(t, bs, group, topic, 2)[heldPart]; c > heldOffset {
+				t.Fatalf("committed %d on partition %d past the retried offset %d", c, heldPart, heldOffset)
 			}
 			break
 		}
@@ -222,9 +126,9 @@ func TestRetryTopic(t *testing.T) {
 	createTopics(t, bs, 1, topic+".retry")
 	group := "g-" + randomHex(4)
 	msgs := publishN(t, bs, topic, "rt", 3, nil)
-	s := openSource(t, bs, topic, group, WithRetryTopic(topic+".retry"))
+	_, s := startSource(t, bs, topic, group, 0, WithRetryTopic(topic+".retry"))
 	ds := receiveN(t, s, 3, 10*time.Second)
-	var retried *delivery
+	var retried *brokertest.Delivery
 	for _, d := range ds {
 		if d.Message().ID == msgs[1].ID {
 			retried = d
@@ -235,6 +139,7 @@ func TestRetryTopic(t *testing.T) {
 		}
 	}
 	start := time.Now()
+	origin := entryOf(retried).r
 	if err := retried.Retry(context.Background(), 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +154,7 @@ func TestRetryTopic(t *testing.T) {
 	if m.Attempt != 2 || driver.MetadataOf(m.Metadata)["messaging.destination.name"] != topic+".retry" || m.Source != topic {
 		t.Errorf("copy: Attempt %d, destination %q, Source %q", m.Attempt, driver.MetadataOf(m.Metadata)["messaging.destination.name"], m.Source)
 	}
-	if got, want := m.Headers[driver.OriginHeader], topic+"/"+strconv.Itoa(retried.e.msg.Partition)+"/"+strconv.FormatInt(retried.e.msg.Offset, 10); got != want {
+	if got, want := m.Headers[driver.OriginHeader], topic+"/"+strconv.Itoa(int(origin.Partition))+"/"+strconv.FormatInt(origin.Offset, 10); got != want {
 		t.Errorf("copy's origin header %q, want %s", got, want)
 	}
 	// The original was marked done: the main topic commits past it.
@@ -271,7 +176,7 @@ func TestDeadLetterTopicMissingKeepsMessage(t *testing.T) {
 	topic := newTopic(t, bs, 1)
 	group := "g-" + randomHex(4)
 	publishN(t, bs, topic, "dlm", 1, nil)
-	s := openSource(t, bs, topic, group)
+	_, s := startSource(t, bs, topic, group, 0)
 	deleteTopic(t, bs, topic+".dlq")
 	d := receiveN(t, s, 1, 10*time.Second)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -308,7 +213,7 @@ func TestMessageFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	group := "g-" + randomHex(4)
-	s := openSource(t, bs, topic, group)
+	src, s := startSource(t, bs, topic, group, 0)
 	ds := receiveN(t, s, 1, 10*time.Second)
 	m := ds[0].Message()
 	if m.ID != "id-1" || m.Key != "acct-7" || string(m.Body) != "b1" || m.Headers["x"] != "y" || m.System != "kafka" || m.Source != topic || m.Attempt != 1 {
@@ -338,9 +243,10 @@ func TestMessageFields(t *testing.T) {
 		t.Errorf("a message published without an id has ID %q", m2.ID)
 	}
 	s.Close()
+	_ = src
 
 	// CloudEvents' ce_id as the id header, read by a new group.
-	s2 := openSource(t, bs, topic, "g-"+randomHex(4), WithIDHeader("ce_id"))
+	_, s2 := startSource(t, bs, topic, "g-"+randomHex(4), 0, WithIDHeader("ce_id"))
 	got := receiveN(t, s2, 1, 10*time.Second)[0].Message()
 	if got.ID != "ce-1" {
 		t.Errorf("WithIDHeader(ce_id): ID %q, want ce-1", got.ID)
@@ -353,13 +259,9 @@ func TestRedeliveryHorizon(t *testing.T) {
 	topic := "idemq-test-" + randomHex(5)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := &kafkago.Client{Addr: kafkago.TCP(strings.Split(bs, ",")...)}
-	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{
-		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
-		ConfigEntries: []kafkago.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "3600000"}},
-	}}})
-	if err != nil || resp.Errors[topic] != nil {
-		t.Fatalf("create: %v %v", err, resp.Errors)
+	retention := "3600000"
+	if _, err := adminClient(t, bs).CreateTopic(ctx, 1, 1, map[string]*string{"retention.ms": &retention}, topic); err != nil {
+		t.Fatalf("create: %v", err)
 	}
 	s := openSource(t, bs, topic, "g-"+randomHex(4))
 	h, ok := s.RedeliveryHorizon(ctx)
@@ -388,17 +290,19 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithRevokeTimeout(-1)}, "WithRevokeTimeout"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithRevokeTimeout(time.Minute)}, "WithRevokeTimeout"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithGroupTimeouts(time.Second, 2*time.Second, time.Second)}, "WithGroupTimeouts"},
-		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithStartOffset(5)}, "WithStartOffset"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithStart(9)}, "WithStart"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithStart(StartAsIs)}, "WithStart"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithInstanceID("")}, "WithInstanceID"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithGroupProtocol(7)}, "WithGroupProtocol"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithIDHeader("")}, "WithIDHeader"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithPartitionBuffer(0)}, "WithPartitionBuffer"},
-		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithDialer(nil)}, "WithDialer"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithClientOptions(nil)}, "WithClientOptions"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithLogger(nil)}, "WithLogger"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithRetryTopic("t")}, "WithRetryTopic"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithDeadLetterTopic("a/b")}, "WithDeadLetterTopic"},
-		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithJoinBackoff(0)}, "WithJoinBackoff"},
-		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithBatchTimeout(0)}, "WithBatchTimeout"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithBatchTimeout(-1)}, "WithBatchTimeout"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("")}, "WithGroup"},
-		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithGroupBalancers()}, "WithGroupBalancers"},
+		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithBalancers()}, "WithBalancers"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithTLS(nil)}, "WithTLS"},
 		{"h:1", []Option{WithTopic("t"), WithGroup("g"), WithSASL(nil)}, "WithSASL"},
 		{"kafka://u:pw@h:1/t?group=g", nil, "sasl parameter"},
@@ -409,6 +313,9 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"kafka://h:1/t?group=g&ca_file=/x.pem", nil, "URL parameter ca_file: needs tls=true"},
 		{"kafka://h:1/t?group=g&tls=true&ca_file=/no/such.pem", nil, "URL parameter ca_file"},
 		{"kafka://h:1/t?group=g&tls=true&cert_file=/x.pem", nil, "cert_file and key_file"},
+		{"kafka://h:1/t?group=g&group_protocol=next", nil, "URL parameter group_protocol"},
+		{"kafka://h:1/t?group=g&max_extension=1s", nil, `unknown parameter "max_extension"`},
+		{"kafka://h:1/t?group=g&window=10", nil, `unknown parameter "window"`},
 	}
 	for _, c := range cases {
 		_, err := Open(ctx, c.target, c.opts...)
@@ -423,7 +330,7 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		t.Error("NewPublisher(\"\") = nil error")
 	}
 	cfg := defaultConfig()
-	uopts, err := parseTarget("kafka://a:1,b:2/payments?group=billing&ordering=none&commit_count=7&start=last&revoke_timeout=3s&id_header=ce_id&dead_letter_topic=dl&dead_letter_group=ops&retry_topic=rt&session_timeout=8s&heartbeat_interval=1s", &cfg)
+	uopts, err := parseTarget("kafka://a:1,b:2/payments?group=billing&ordering=none&commit_count=7&start=last&revoke_timeout=3s&id_header=ce_id&dead_letter_topic=dl&dead_letter_group=ops&retry_topic=rt&session_timeout=8s&heartbeat_interval=1s&instance_id=pod-0&group_protocol=consumer&offset_id=true", &cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,13 +340,13 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		}
 	}
 	if cfg.topic != "payments" || cfg.group != "billing" || len(cfg.brokers) != 2 || cfg.ordering != OrderNone || cfg.commitCount != 7 ||
-		cfg.commitInterval != time.Second || cfg.startOffset != kafkago.LastOffset || cfg.revokeTimeout != 3*time.Second ||
+		cfg.commitInterval != time.Second || cfg.start != StartLast || cfg.revokeTimeout != 3*time.Second || cfg.instanceID != "pod-0" || cfg.protocol != ProtocolConsumer || !cfg.offsetID ||
 		cfg.idHeader != "ce_id" || cfg.deadLetterTopic != "dl" || cfg.deadLetterGroup != "ops" || cfg.retryTopic != "rt" ||
 		cfg.sessionTimeout != 8*time.Second || cfg.heartbeatInterval != time.Second || cfg.rebalanceTimeout != 30*time.Second {
 		t.Errorf("parseTarget: %+v", cfg)
 	}
 	for _, bad := range []string{"kafka://h:1/t?ordering=random", "kafka://h:1/t?start=middle", "kafka://h:1/t?commit_interval=soon", "kafka://h:1/t?group=a&group=b"} {
-		if _, err := parseTarget(bad, &cfg); err == nil || !strings.Contains(err.Error(), "URL parameter") {
+		if _, err := parseTarget(bad, &cfg, nil); err == nil || !strings.Contains(err.Error(), "URL parameter") {
 			t.Errorf("parseTarget(%q) = %v, want an error naming the parameter", bad, err)
 		}
 	}
@@ -481,21 +388,14 @@ func TestOpenByURL(t *testing.T) {
 	if err := pub.Publish(ctx, "", &core.Message{ID: "by-url", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := core.OpenSource(ctx, "kafka://"+bs+"/"+topic+"?group=g-"+randomHex(4)+"&ordering=per-partition&commit_interval=50ms")
+	src, err := core.OpenSource(ctx, "kafka://"+bs+"/"+topic+"?group=g-"+randomHex(4)+"&ordering=per-partition&commit_interval=50ms&instance_id=by-url-0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	if s := src.(*Source); s.cfg.ordering != OrderPerPartition || s.cfg.commitInterval != 50*time.Millisecond {
+	if s := src.(*Source); s.cfg.ordering != OrderPerPartition || s.cfg.commitInterval != 50*time.Millisecond || s.cfg.instanceID != "by-url-0" {
 		t.Errorf("URL parameters not applied: %+v", s.cfg)
 	}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	d, err := src.Receive(rctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Message().ID != "by-url" {
+	if d := receiveN(t, brokertest.StartReceiver(t, src, 0), 1, 10*time.Second)[0]; d.Message().ID != "by-url" {
 		t.Errorf("got %q", d.Message().ID)
 	}
 	if _, err := core.OpenSource(ctx, "kafka://"+bs+"/"+topic); err == nil || !strings.Contains(err.Error(), "group") {
@@ -515,16 +415,23 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ds := receiveN(t, s, 9, 10*time.Second)
+	r, err := brokertest.NewReceiver(context.Background(), s, 100, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := receiveN(t, r, 9, 10*time.Second)
 	for _, d := range ds[:5] {
 		if err := d.Ack(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := ds[5].DeadLetter(context.Background(), errors.New("to start the DLQ writer")); err != nil {
+	if err := ds[5].DeadLetter(context.Background(), errors.New("to start producing copies")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Close(); err != nil {
+	if err := ds[6].Retry(context.Background(), time.Hour); err != nil { // held for its delay, given back at Close
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -546,14 +453,14 @@ func TestStartAtLastOffsetIsPinned(t *testing.T) {
 	topic := newTopic(t, bs, 1)
 	group := "g-" + randomHex(4)
 	publishN(t, bs, topic, "old", 2, nil)
-	s := openSource(t, bs, topic, group, WithStartOffset(kafkago.LastOffset))
+	src, s := startSource(t, bs, topic, group, 0, WithStart(StartLast))
 	expectNothing(t, s, 300*time.Millisecond) // joins, skips the old ones
 	servicetest.WaitFor(t, 5*time.Second, "the start position committed", func() bool {
 		return committed(t, bs, group, topic, 1)[0] == 2
 	})
-	s.Close()
+	src.Close()
 	msgs := publishN(t, bs, topic, "new", 1, nil)
-	s2 := openSource(t, bs, topic, group, WithStartOffset(kafkago.LastOffset))
+	_, s2 := startSource(t, bs, topic, group, 0, WithStart(StartLast))
 	d := receiveN(t, s2, 1, 10*time.Second)[0]
 	if d.Message().ID != msgs[0].ID {
 		t.Fatalf("got %q, want %q", d.Message().ID, msgs[0].ID)
@@ -568,8 +475,8 @@ func TestStaleDeliveriesSettleNothing(t *testing.T) {
 	topic := newTopic(t, bs, 1)
 	group := "g-" + randomHex(4)
 	publishN(t, bs, topic, "stale", 3, nil)
-	s := openSource(t, bs, topic, group)
-	ds := receiveN(t, s, 3, 10*time.Second)
+	s, r := startSource(t, bs, topic, group, 0)
+	ds := receiveN(t, r, 3, 10*time.Second)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -580,14 +487,69 @@ func TestStaleDeliveriesSettleNothing(t *testing.T) {
 			t.Errorf("settlement %d after Close = %v, want one wrapping core.ErrStaleDelivery", i, err)
 		}
 	}
-	if dls := readAll(t, bs, topic+".dlq", 1); len(dls) != 0 {
+	if dls := readAll(t, bs, topic+".dlq"); len(dls) != 0 {
 		t.Errorf("%d dead letters written for a stale delivery", len(dls))
 	}
 	if s.Stats().StaleSettlements != 3 {
 		t.Errorf("StaleSettlements = %d, want 3", s.Stats().StaleSettlements)
 	}
-	s2 := openSource(t, bs, topic, group)
+	_, s2 := startSource(t, bs, topic, group, 0)
 	if got := receiveN(t, s2, 3, 10*time.Second); got[0].Message().Attempt != 2 {
 		t.Errorf("redelivery Attempt = %d, want 2", got[0].Message().Attempt)
+	}
+}
+
+// waitingOf returns how many messages s fetched and has not handed out,
+// and whether the partition is paused.
+func waitingOf(s *Source) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	paused := false
+	for _, p := range s.parts {
+		paused = paused || p.paused
+	}
+	return s.waitingLocked(), paused
+}
+
+// A Consumer that holds its window gets no more than WithPartitionBuffer
+// messages a partition (and one poll) fetched ahead: the source stops
+// polling instead of pausing the partition, which would drop and fetch
+// again what franz-go buffered. Messages held past their fetch, handed out
+// or decided behind an undecided one, pause the partition at
+// WithPartitionBuffer, and resume it once a quarter of that is free.
+func TestFetchingAheadIsBounded(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	publishN(t, bs, topic, "ahead", 3000, nil)
+	s, r := startSource(t, bs, topic, "g-"+randomHex(4), 10, WithOrdering(OrderNone), WithPartitionBuffer(50))
+	ds := receiveN(t, r, 10, 10*time.Second)
+	time.Sleep(300 * time.Millisecond) // polling would go on meanwhile
+	if n, paused := waitingOf(s); n > 50+pollRecords || n < 10 || paused {
+		t.Fatalf("%d messages fetched ahead of a full window of 10 (paused %v), want at most %d and no pause", n, paused, 50+pollRecords)
+	}
+	// The first held, the next ones decided behind it: the partition
+	// pauses at 50 held.
+	head := ds[0]
+	for n := len(ds); n < 60; n++ {
+		if err := ds[n-1].Ack(context.Background()); err != nil { // each received before its ack
+			t.Fatal(err)
+		}
+		if n == 10 {
+			for _, d := range ds[1:9] {
+				if err := d.Ack(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		ds = append(ds, receiveN(t, r, 1, 10*time.Second)...)
+	}
+	if _, paused := waitingOf(s); !paused {
+		t.Fatal("60 messages held behind an undecided one, the partition not paused")
+	}
+	if err := head.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, paused := waitingOf(s); paused {
+		t.Fatal("the partition stayed paused once the messages held were committed")
 	}
 }

@@ -11,8 +11,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
-
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -27,15 +26,12 @@ func partitionsOf(t *testing.T, bs, topic string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := adminClient(bs)
-	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	td, err := adminClient(t, bs).ListTopics(ctx, topic)
 	if err != nil {
 		t.Fatalf("metadata %s: %v", topic, err)
 	}
-	for _, tp := range md.Topics {
-		if tp.Name == topic && tp.Error == nil {
-			return len(tp.Partitions)
-		}
+	if d, ok := td[topic]; ok && d.Err == nil {
+		return len(d.Partitions)
 	}
 	return 0
 }
@@ -44,12 +40,7 @@ func deleteTopic(t *testing.T, bs, topic string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := adminClient(bs)
-	resp, err := c.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
-	if err == nil {
-		err = resp.Errors[topic]
-	}
-	if err != nil {
+	if _, err := adminClient(t, bs).DeleteTopic(ctx, topic); err != nil {
 		t.Fatalf("delete %s: %v", topic, err)
 	}
 	servicetest.WaitFor(t, time.Minute, "the deleted topic to be gone", func() bool { return partitionsOf(t, bs, topic) == 0 })
@@ -63,7 +54,8 @@ func TestOpenCreatesMissingDeadLetterAndRetryTopics(t *testing.T) {
 	topic := "idemq-test-" + randomHex(5)
 	createTopics(t, bs, 3, topic) // no .dlq, no .retry
 	publishN(t, bs, topic, "dl", 2, nil)
-	s := openSource(t, bs, topic, "g-"+randomHex(4), WithRetryTopic(topic+".retry"))
+	src := openSource(t, bs, topic, "g-"+randomHex(4), WithRetryTopic(topic+".retry"))
+	s := brokertest.StartReceiver(t, src, 0)
 	for _, name := range []string{topic + ".dlq", topic + ".retry"} {
 		if n := partitionsOf(t, bs, name); n != 3 {
 			t.Errorf("after Open %s has %d partitions, want 3 (the consumed topic's)", name, n)
@@ -77,7 +69,7 @@ func TestOpenCreatesMissingDeadLetterAndRetryTopics(t *testing.T) {
 	if err := ds[1].Retry(ctx, 0); err != nil {
 		t.Fatalf("Retry: %v", err)
 	}
-	dls := readAll(t, bs, topic+".dlq", 3)
+	dls := readAll(t, bs, topic+".dlq")
 	if len(dls) != 1 || dls[0].headers[DefaultIDHeader] != ds[0].Message().ID || dls[0].headers[driver.CauseHeader] != "poison" {
 		t.Fatalf("dead letters %+v, want %q with cause poison", dls, ds[0].Message().ID)
 	}
@@ -149,8 +141,7 @@ func TestDeadLetterToDeletedTopicIsRedeliveredNotDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := cs.(*Source)
-	t.Cleanup(func() { s.Close() })
+	s := brokertest.StartReceiver(t, cs, 0)
 	first := receiveN(t, s, 1, 10*time.Second)[0]
 	if first.Message().ID != msgs[0].ID {
 		t.Fatalf("got %q first, want %q", first.Message().ID, msgs[0].ID)
@@ -162,7 +153,7 @@ func TestDeadLetterToDeletedTopicIsRedeliveredNotDropped(t *testing.T) {
 	}
 	t.Logf("DeadLetter: %v", err)
 	// The other key is not held up, and the failed message comes back.
-	got := map[string]*delivery{}
+	got := map[string]*brokertest.Delivery{}
 	for _, d := range receiveN(t, s, 2, 10*time.Second) {
 		got[d.Message().ID] = d
 	}
@@ -188,7 +179,7 @@ func TestConsumerLoggerReachesAdapterWarnings(t *testing.T) {
 	bs := brokers(t)
 	topic := newTopic(t, bs, 1)
 	publishN(t, bs, topic, "poison", 1, nil)
-	all := fastGroup(t)[:4] // fastGroup without its WithLogger
+	all := fastGroup(t)[:3] // fastGroup without its WithLogger
 	s, err := Open(context.Background(), bs, append(all, WithTopic(topic), WithGroup("g-"+randomHex(4)))...)
 	if err != nil {
 		t.Fatal(err)

@@ -4,8 +4,9 @@ import (
 	"net"
 	"testing"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/redact/redacttest"
 )
 
@@ -20,13 +21,14 @@ func FuzzParseURL(f *testing.F) {
 		"kafka://b1:9092/a/b?group=g", "kafka://b1:9092/t?group=g&group=h", "kafka://:9092/t", "",
 		"kafka://u:s3cretpw@b1:9092/t?group=g&sasl=scram-sha-512", "kafka://u:s3cret%3Apw@b1:9092/t?sasl=plain&tls=true",
 		"kafka://u:s3cretpw@b1:9092/t?sasl=plain&tls=true&ca_file=/nonexistent", "kafka://u@b1:9092/t?sasl=scram-sha-256",
+		"kafka+share://u:s3cretpw@b1:9092/t?group=g&sasl=plain&max_extension=1m", "kafka://b1:9092/t?group=g&instance_id=pod-0&group_protocol=consumer",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, target string) {
 		redacttest.NoSecret(t, target, func(target string) error {
 			cfg := defaultConfig()
-			opts, err := parseTarget(target, &cfg)
+			opts, err := parseTarget(target, &cfg, []string{Scheme, ShareScheme})
 			for _, o := range opts {
 				if err == nil {
 					err = o.apply(&cfg)
@@ -35,7 +37,7 @@ func FuzzParseURL(f *testing.F) {
 			return err
 		})
 		cfg := defaultConfig()
-		if _, err := parseTarget(target, &cfg); err != nil {
+		if _, err := parseTarget(target, &cfg, []string{Scheme, ShareScheme}); err != nil {
 			return
 		}
 		if len(cfg.brokers) == 0 {
@@ -56,14 +58,14 @@ func FuzzMessageID(f *testing.F) {
 	f.Add("pay-1", "traceparent", []byte("00-x"), []byte("key"), true)
 	f.Add("a\x00\xff", "message-id", []byte(""), []byte(nil), false)
 	f.Fuzz(func(t *testing.T, id, key string, value, mkey []byte, repeat bool) {
-		s := &Source{cfg: defaultConfig()}
-		hs := []kafkago.Header{{Key: key, Value: value}}
+		cfg := defaultConfig()
+		hs := []kgo.RecordHeader{{Key: key, Value: value}}
 		if repeat {
-			hs = append(hs, kafkago.Header{Key: s.cfg.idHeader, Value: []byte("earlier")})
+			hs = append(hs, kgo.RecordHeader{Key: cfg.idHeader, Value: []byte("earlier")})
 		}
-		hs = append(hs, kafkago.Header{Key: s.cfg.idHeader, Value: []byte(id)})
-		p := &partition{topic: "t", idText: "0"}
-		m := s.toMessage(&entry{p: p, msg: kafkago.Message{Topic: "t", Key: mkey, Value: value, Headers: hs}}, 1)
+		hs = append(hs, kgo.RecordHeader{Key: cfg.idHeader, Value: []byte(id)})
+		m := new(driver.Message)
+		readRecord(&kgo.Record{Topic: "t", Key: mkey, Value: value, Headers: hs}, &cfg, m)
 		if m.ID != id {
 			t.Fatalf("id %q became %q", id, m.ID)
 		}

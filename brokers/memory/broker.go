@@ -34,7 +34,8 @@ const DefaultSeed uint64 = 1
 // ErrSubscriptionClosed and ErrBrokerClosed wrap driver.ErrSourceClosed, so the
 // Consumer stops when Receive returns them; a settlement that gets one of
 // them also wraps driver.ErrStaleDelivery (the message is redelivered). A
-// second settlement of a delivery returns driver.ErrAlreadySettled.
+// settlement of a delivery that is no longer its message's current lease
+// (expired, or settled before) returns ErrLeaseExpired.
 var (
 	// ErrCrashed is returned by Receive and by every settlement of a
 	// subscription after it crashed (Subscription.Crash or the CrashOnAck
@@ -46,11 +47,11 @@ var (
 	// ErrBrokerClosed is returned by every operation after Broker.Close.
 	ErrBrokerClosed = fmt.Errorf("memory: broker closed: %w", driver.ErrSourceClosed)
 	// ErrLeaseExpired is returned when a delivery is settled after its
-	// lease ended (visibility timeout, Subscription.ExpireLeases): the
-	// message may have been redelivered, and the settlement is ignored. It
-	// wraps driver.ErrStaleDelivery.
+	// lease ended (visibility timeout, Subscription.ExpireLeases, an
+	// earlier settlement): the message may have been redelivered, and the
+	// settlement is ignored. It wraps driver.ErrStaleDelivery.
 	ErrLeaseExpired = driver.Stale(errors.New("memory: delivery lease expired"))
-	// ErrForeignDelivery is returned by AckBatch for a delivery that was
+	// ErrForeignDelivery is returned by a settlement of a message that was
 	// not received from the same subscription.
 	ErrForeignDelivery = errors.New("memory: delivery is not from this subscription")
 )
@@ -60,8 +61,8 @@ var (
 // publishes and one per queue for acks, so the duplicates a sequence of
 // publishes gets does not depend on how consumption interleaves.
 type Faults struct {
-	// LoseAck is the chance that an Ack, or one ack of an AckBatch,
-	// returns nil but never reaches the broker: the message stays leased
+	// LoseAck is the chance, per message of an Ack, that its ack is
+	// reported done but never reaches the broker: the message stays leased
 	// and is redelivered after the visibility timeout (or at once if the
 	// subscription crashes or closes first).
 	LoseAck float64
@@ -237,16 +238,12 @@ func withTraceContext(ctx context.Context, msgs []*driver.Message) []*driver.Mes
 
 // Subscribe opens a subscription that receives from queue, creating the
 // queue if needed. Several subscriptions may share one queue.
-func (b *Broker) Subscribe(queue string, opts ...SubscribeOption) (*Subscription, error) {
-	var sc subConfig
-	if err := option.Apply(&sc, opts...); err != nil {
-		return nil, err
-	}
+func (b *Broker) Subscribe(queue string) (*Subscription, error) {
 	q, err := b.queue(queue, true)
 	if err != nil {
 		return nil, err
 	}
-	return q.subscribe(sc)
+	return q.subscribe()
 }
 
 // Stats returns the counters of queue; zero when it does not exist.
@@ -261,13 +258,8 @@ func (b *Broker) Stats(queue string) Stats {
 // Len returns how many messages queue still has to settle: ready, delayed
 // for a retry, or in flight. Dead letters are not counted.
 func (b *Broker) Len(queue string) int {
-	q, _ := b.queue(queue, false)
-	if q == nil {
-		return 0
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.lenLocked()
+	st := b.Stats(queue)
+	return st.Ready + st.Delayed + st.InFlight
 }
 
 // DeadLetters returns the messages parked on queue by DeadLetter, oldest
@@ -355,7 +347,7 @@ func (b *Broker) Close() error {
 	return nil
 }
 
-// DeadLetter is a message parked by Delivery.DeadLetter.
+// DeadLetter is a message parked by Subscription.DeadLetter.
 type DeadLetter struct {
 	// Message is the message as last delivered; Attempt is how many times
 	// it was delivered.
@@ -399,8 +391,8 @@ type Stats struct {
 	DeadLettered int64
 	// Expired counts leases that reached the visibility timeout.
 	Expired int64
-	// Requeued counts messages returned to the queue because the
-	// subscription holding them crashed or closed.
+	// Requeued counts messages returned to the queue by Release, or
+	// because the subscription holding them crashed or closed.
 	Requeued int64
 	// Crashes counts subscription crashes, injected or explicit.
 	Crashes int64

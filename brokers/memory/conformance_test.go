@@ -42,12 +42,12 @@ func TestConformance(t *testing.T) {
 						return brokertest.RawMessage{}, err
 					}
 					defer s.Close()
-					d, err := s.Receive(ctx)
+					ms, err := s.Receive(ctx, 1)
 					if err != nil {
 						return brokertest.RawMessage{}, err
 					}
-					m := d.Message()
-					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, d.Ack(ctx)
+					m := ms[0]
+					return brokertest.RawMessage{ID: m.ID, Key: m.Key, Headers: m.Headers, Body: m.Body}, s.Ack(ctx, ms)
 				},
 				Publish: func(ctx context.Context, msgs ...*driver.Message) error {
 					return b.Publish(ctx, queue, msgs...)

@@ -5,12 +5,13 @@
 // It behaves like a real at-least-once broker rather than a perfect one:
 //
 //   - A delivery is a lease. A delivery that is not settled within the
-//     visibility timeout (WithVisibilityTimeout, default 30s) is redelivered,
-//     possibly to another subscription while the first one still works on it,
-//     exactly as SQS does; concurrent duplicates are therefore normal.
+//     visibility timeout (WithVisibilityTimeout or the mem:// URL's
+//     visibility parameter, default 30s) is redelivered, possibly to
+//     another subscription while the first one still works on it, exactly
+//     as SQS does; concurrent duplicates are therefore normal.
 //   - Attempt counts deliveries: 1 on the first, +1 on every redelivery
 //     (Retry, visibility expiry, crash or close of the subscription holding
-//     it). Redrive starts a dead letter again at attempt 1.
+//     it, Release). Redrive starts a dead letter again at attempt 1.
 //   - Subscription.Crash simulates a consumer process dying: everything it
 //     holds goes back to the queue at once and its later settlements fail.
 //   - Faults (SetFaults) inject lost acks, crashes between commit and ack, and
@@ -22,22 +23,35 @@
 //     which ack draws which fault, depends on scheduling, while the rates
 //     hold.
 //
-// Settlement rules (see Delivery): each delivery is settled at most once; a
-// second settlement returns driver.ErrAlreadySettled. A settlement of a delivery
-// whose lease expired returns ErrLeaseExpired and changes nothing: a stale
-// ack never acknowledges a newer copy of the message that is still being
-// decided, nor one waiting to be redelivered. This is stricter than SQS,
-// which may accept an old receipt handle, and it is what the pipeline
+// A Subscription is a driver.Puller and a driver.Releaser: a Consumer
+// (core.New) drives it, and tests may call its methods directly. Receive
+// hands out up to the number of ready messages asked for, in order,
+// blocking while none is ready; Ack, Retry, DeadLetter and Release each
+// settle a whole call's messages at once, by the AckID they were received
+// with. Retry puts a message at the back of the queue (after its delay,
+// which the broker keeps), Release at the front at once, in delivery
+// order, as a closed connection's unacknowledged messages go back.
+//
+// The Consumer owns the window (core.WithWindow), settling each message
+// once and telling stale deliveries apart; the broker's own rule is that
+// only the current lease of a message settles it. A settlement of a
+// delivery whose lease ended (visibility expiry, Subscription.ExpireLeases,
+// or an earlier settlement) returns ErrLeaseExpired and changes nothing: a
+// stale ack never acknowledges a newer copy of the message that is still
+// being decided, nor one waiting to be redelivered. This is stricter than
+// SQS, which may accept an old receipt handle, and it is what the pipeline
 // needs: the redelivered copy loses its claim and is acknowledged as a
 // Duplicate. Settlements after Subscription.Crash return ErrCrashed, after
 // Subscription.Close ErrSubscriptionClosed, both wrapping
-// core.ErrStaleDelivery too (the messages were already requeued, as an ack
-// on a closed AMQP channel cannot reach the broker).
+// driver.ErrStaleDelivery too (the messages were already requeued, as an ack
+// on a closed AMQP channel cannot reach the broker). When only some
+// messages of a call fail, a *driver.Partial says which.
 //
-// A subscription's window (WithWindow, SetWindow; unlimited until set)
-// counts deliveries the consumer has not settled. An expired delivery keeps
-// its slot until the consumer settles it, even though that settlement is
-// refused, so the consumer never holds more than its window.
+// Leases are not extended: the Subscription is no driver.Extender, and
+// Start reports the visibility timeout as Traits.Lease, so a Consumer
+// that holds a message longer than that finds its settlement stale while
+// the message is redelivered. Choose a visibility timeout longer than a
+// message's handling.
 //
 // Messages are delivered in FIFO order per queue, without per-key ordering
 // (like an SQS standard queue). Requeued messages go to the front, retried

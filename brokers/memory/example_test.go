@@ -11,8 +11,9 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-// A broker with a seeded fault plan: publish, receive, settle, and wait for
-// the queue to drain.
+// A broker with a seeded fault plan: publish, receive, settle through the
+// Subscription's driver methods (what a Consumer calls), and wait for the
+// queue to drain. Services hand the Subscription to core.New instead.
 func Example() {
 	b, err := memory.NewBroker(memory.WithSeed(42), memory.WithVisibilityTimeout(time.Second))
 	if err != nil {
@@ -21,7 +22,7 @@ func Example() {
 	defer b.Close()
 	ctx := context.Background()
 
-	sub, err := b.Subscribe("payments", memory.WithWindow(100))
+	sub, err := b.Subscribe("payments")
 	if err != nil {
 		panic(err)
 	}
@@ -32,20 +33,22 @@ func Example() {
 		&driver.Message{ID: "pay-2", Body: []byte(`{"amount":-1}`)},
 	)
 	for b.Len("payments") > 0 {
-		d, err := sub.Receive(ctx)
+		ms, err := sub.Receive(ctx, 10)
 		if err != nil {
 			panic(err)
 		}
-		m := d.Message()
-		switch {
-		case m.ID == "pay-2" && m.Attempt < 2:
-			_ = d.Retry(ctx, 10*time.Millisecond) // transient failure: try again later
-		case m.ID == "pay-2":
-			_ = d.DeadLetter(ctx, core.Permanent(errors.New("negative amount")))
-		default:
-			_ = d.Ack(ctx)
+		for _, m := range ms {
+			one := []*driver.Message{m}
+			switch {
+			case m.ID == "pay-2" && m.Attempt < 2:
+				_ = sub.Retry(ctx, one, 10*time.Millisecond) // transient failure: try again later
+			case m.ID == "pay-2":
+				_ = sub.DeadLetter(ctx, one, []error{core.Permanent(errors.New("negative amount"))})
+			default:
+				_ = sub.Ack(ctx, one)
+			}
+			fmt.Printf("%s attempt %d\n", m.ID, m.Attempt)
 		}
-		fmt.Printf("%s attempt %d\n", m.ID, m.Attempt)
 	}
 	for _, dl := range b.DeadLetters("payments") {
 		fmt.Printf("dead letter %s: %v\n", dl.Message.ID, dl.Cause)
@@ -71,13 +74,13 @@ func ExampleBroker_SetFaults() {
 	_ = b.Publish(ctx, "q", &driver.Message{ID: "a"})
 
 	_ = b.SetFaults(memory.Faults{LoseAck: 1})
-	d, _ := sub.Receive(ctx)
-	fmt.Println("ack:", d.Ack(ctx)) // nil, yet the broker never got it
+	ms, _ := sub.Receive(ctx, 1)
+	fmt.Println("ack:", sub.Ack(ctx, ms)) // nil, yet the broker never got it
 
 	_ = b.SetFaults(memory.Faults{})
-	d, _ = sub.Receive(ctx) // redelivered after the visibility timeout
-	fmt.Println("redelivered:", d.Message().ID, "attempt", d.Message().Attempt)
-	_ = d.Ack(ctx)
+	ms, _ = sub.Receive(ctx, 1) // redelivered after the visibility timeout
+	fmt.Println("redelivered:", ms[0].ID, "attempt", ms[0].Attempt)
+	_ = sub.Ack(ctx, ms)
 	fmt.Println("idle:", b.WaitIdle(ctx, "q"))
 	// Output:
 	// ack: <nil>
@@ -94,13 +97,13 @@ func ExampleSubscription_Crash() {
 	_ = b.Publish(ctx, "q", &driver.Message{ID: "a"})
 
 	first, _ := b.Subscribe("q")
-	d, _ := first.Receive(ctx)
+	ms, _ := first.Receive(ctx, 1)
 	first.Crash()
-	fmt.Println("late ack:", errors.Is(d.Ack(ctx), memory.ErrCrashed))
+	fmt.Println("late ack:", errors.Is(first.Ack(ctx, ms), memory.ErrCrashed))
 
 	second, _ := b.Subscribe("q")
-	d, _ = second.Receive(ctx)
-	fmt.Println(d.Message().ID, "attempt", d.Message().Attempt)
+	ms, _ = second.Receive(ctx, 1)
+	fmt.Println(ms[0].ID, "attempt", ms[0].Attempt)
 	// Output:
 	// late ack: true
 	// a attempt 2

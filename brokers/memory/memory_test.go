@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"strconv"
@@ -29,9 +30,9 @@ func newBroker(t testing.TB, opts ...memory.Option) *memory.Broker {
 	return b
 }
 
-func subscribe(t testing.TB, b *memory.Broker, queue string, opts ...memory.SubscribeOption) *memory.Subscription {
+func subscribe(t testing.TB, b *memory.Broker, queue string) *memory.Subscription {
 	t.Helper()
-	s, err := b.Subscribe(queue, opts...)
+	s, err := b.Subscribe(queue)
 	if err != nil {
 		t.Fatalf("Subscribe: %v", err)
 	}
@@ -58,16 +59,26 @@ func ids(n int) []string {
 	return out
 }
 
-// recv receives one delivery or fails the test after a generous timeout.
-func recv(t testing.TB, s *memory.Subscription) driver.Delivery {
+// recvN receives up to max messages from s in one Receive call, failing
+// the test after a generous timeout.
+func recvN(t testing.TB, s *memory.Subscription, max int) []*driver.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d, err := s.Receive(ctx)
+	ms, err := s.Receive(ctx, max)
 	if err != nil {
 		t.Fatalf("Receive: %v", err)
 	}
-	return d
+	if len(ms) == 0 || len(ms) > max {
+		t.Fatalf("Receive(%d) returned %d messages", max, len(ms))
+	}
+	return ms
+}
+
+// recv receives one message from s.
+func recv(t testing.TB, s *memory.Subscription) *driver.Message {
+	t.Helper()
+	return recvN(t, s, 1)[0]
 }
 
 // noRecv asserts that nothing is received within wait.
@@ -75,13 +86,31 @@ func noRecv(t testing.TB, s *memory.Subscription, wait time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	d, err := s.Receive(ctx)
+	ms, err := s.Receive(ctx, 1)
 	if err == nil {
-		t.Fatalf("Receive: got %q attempt %d, want nothing", d.Message().ID, d.Message().Attempt)
+		t.Fatalf("Receive: got %q attempt %d, want nothing", ms[0].ID, ms[0].Attempt)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Receive: %v, want context.DeadlineExceeded", err)
 	}
+}
+
+// ack, retry, deadLetter and release settle ms through s's driver
+// methods, as the Consumer does.
+func ack(s *memory.Subscription, ms ...*driver.Message) error {
+	return s.Ack(context.Background(), ms)
+}
+
+func retry(s *memory.Subscription, delay time.Duration, ms ...*driver.Message) error {
+	return s.Retry(context.Background(), ms, delay)
+}
+
+func deadLetter(s *memory.Subscription, m *driver.Message, cause error) error {
+	return s.DeadLetter(context.Background(), []*driver.Message{m}, []error{cause})
+}
+
+func release(s *memory.Subscription, ms ...*driver.Message) error {
+	return s.Release(context.Background(), ms)
 }
 
 // eventually waits until cond holds, failing the test after a generous
@@ -103,18 +132,17 @@ func TestAckRemovesMessage(t *testing.T) {
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a", "b")
 	for _, want := range []string{"a", "b"} {
-		d := recv(t, s)
-		m := d.Message()
+		m := recv(t, s)
 		if m.ID != want || string(m.Body) != "body-"+want || m.Headers["h"] != want || m.Key != "k-"+want {
 			t.Fatalf("got %+v, want message %q", m, want)
 		}
-		if m.Source != "q" || m.System != "memory" || m.Attempt != 1 || m.ReceivedAt.IsZero() {
+		if m.Source != "q" || m.System != "memory" || m.Attempt != 1 || m.ReceivedAt.IsZero() || m.AckID == nil || m.BrokerKey == nil {
 			t.Fatalf("delivery fields: %+v", m)
 		}
 		if driver.MetadataOf(m.Metadata)[memory.MetaDeliverySeq] == "" || driver.MetadataOf(m.Metadata)[memory.MetaPublishSeq] == "" {
 			t.Fatalf("metadata missing: %v", m.Metadata)
 		}
-		if err := d.Ack(context.Background()); err != nil {
+		if err := ack(s, m); err != nil {
 			t.Fatalf("Ack: %v", err)
 		}
 	}
@@ -128,6 +156,33 @@ func TestAckRemovesMessage(t *testing.T) {
 	noRecv(t, s, 30*time.Millisecond)
 }
 
+// TestReceiveReturnsAtMostMax: Receive hands out what is ready, in order,
+// never more than asked, without waiting for more; one Ack settles them
+// all.
+func TestReceiveReturnsAtMostMax(t *testing.T) {
+	b := newBroker(t)
+	s := subscribe(t, b, "q")
+	publish(t, b, "q", ids(5)...)
+	first := recvN(t, s, 2)
+	rest := recvN(t, s, 10)
+	var got []string
+	for _, m := range append(first, rest...) {
+		got = append(got, m.ID)
+	}
+	if len(first) != 2 || !slices.Equal(got, ids(5)) {
+		t.Fatalf("Receive(2) then Receive(10) = %d then %v, want 2 then all five in order", len(first), got)
+	}
+	if st := b.Stats("q"); st.InFlight != 5 || st.Ready != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+	if err := ack(s, append(first, rest...)...); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	if st := b.Stats("q"); st.Acked != 5 || b.Len("q") != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
 func TestPublishCopiesMessage(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
@@ -138,18 +193,18 @@ func TestPublishCopiesMessage(t *testing.T) {
 	m.Body[0] = 'X'
 	m.Headers["h"] = "2"
 	d := recv(t, s)
-	if string(d.Message().Body) != "xyz" || d.Message().Headers["h"] != "1" {
-		t.Fatalf("broker kept the producer's buffers: %+v", d.Message())
+	if string(d.Body) != "xyz" || d.Headers["h"] != "1" {
+		t.Fatalf("broker kept the producer's buffers: %+v", d)
 	}
 	// A consumer changing its copy does not change the redelivery.
-	d.Message().ID = "changed"
-	d.Message().Body[0] = 'Q'
-	if err := d.Retry(context.Background(), 0); err != nil {
+	d.ID = "changed"
+	d.Body[0] = 'Q'
+	if err := retry(s, 0, d); err != nil {
 		t.Fatal(err)
 	}
 	d2 := recv(t, s)
-	if d2.Message().ID != "a" || string(d2.Message().Body) != "xyz" {
-		t.Fatalf("redelivery changed by the consumer: %+v", d2.Message())
+	if d2.ID != "a" || string(d2.Body) != "xyz" {
+		t.Fatalf("redelivery changed by the consumer: %+v", d2)
 	}
 }
 
@@ -157,11 +212,11 @@ func TestEmptyIDIsDelivered(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "")
-	d := recv(t, s)
-	if d.Message().ID != "" {
-		t.Fatalf("ID = %q", d.Message().ID)
+	m := recv(t, s)
+	if m.ID != "" {
+		t.Fatalf("ID = %q", m.ID)
 	}
-	if err := d.DeadLetter(context.Background(), core.ErrMissingID); err != nil {
+	if err := deadLetter(s, m, core.ErrMissingID); err != nil {
 		t.Fatal(err)
 	}
 	if dl := b.DeadLetters("q"); len(dl) != 1 || !errors.Is(dl[0].Cause, core.ErrMissingID) {
@@ -173,10 +228,10 @@ func TestRetryRedeliversAfterDelay(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a")
-	d := recv(t, s)
+	m := recv(t, s)
 	const delay = 80 * time.Millisecond
 	start := time.Now()
-	if err := d.Retry(context.Background(), delay); err != nil {
+	if err := retry(s, delay, m); err != nil {
 		t.Fatalf("Retry: %v", err)
 	}
 	if st := b.Stats("q"); st.Delayed != 1 || st.InFlight != 0 || st.Retried != 1 {
@@ -186,18 +241,18 @@ func TestRetryRedeliversAfterDelay(t *testing.T) {
 		t.Fatalf("Len = %d, want 1 (delayed counts)", b.Len("q"))
 	}
 	noRecv(t, s, delay/2)
-	d2 := recv(t, s)
+	m2 := recv(t, s)
 	if el := time.Since(start); el < delay {
 		t.Fatalf("redelivered after %v, want >= %v", el, delay)
 	}
-	if d2.Message().ID != "a" || d2.Message().Attempt != 2 {
-		t.Fatalf("redelivery = %+v, want a at attempt 2", d2.Message())
+	if m2.ID != "a" || m2.Attempt != 2 {
+		t.Fatalf("redelivery = %+v, want a at attempt 2", m2)
 	}
-	if err := d2.Retry(context.Background(), 0); err != nil {
+	if err := retry(s, 0, m2); err != nil {
 		t.Fatal(err)
 	}
-	if d3 := recv(t, s); d3.Message().Attempt != 3 {
-		t.Fatalf("attempt = %d, want 3", d3.Message().Attempt)
+	if m3 := recv(t, s); m3.Attempt != 3 {
+		t.Fatalf("attempt = %d, want 3", m3.Attempt)
 	}
 }
 
@@ -205,15 +260,48 @@ func TestRetryGoesBehindReadyMessages(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a", "b")
-	d := recv(t, s)
-	if err := d.Retry(context.Background(), 0); err != nil {
+	if err := retry(s, 0, recv(t, s)); err != nil {
 		t.Fatal(err)
 	}
-	if got := recv(t, s).Message().ID; got != "b" {
+	if got := recv(t, s).ID; got != "b" {
 		t.Fatalf("got %q, want b before the retried a", got)
 	}
-	if got := recv(t, s).Message(); got.ID != "a" || got.Attempt != 2 {
+	if got := recv(t, s); got.ID != "a" || got.Attempt != 2 {
 		t.Fatalf("got %+v, want a at attempt 2", got)
+	}
+}
+
+// TestReleaseRequeuesToTheFront: what the Consumer gives back undecided
+// when it stops goes to the front of the queue at once, in the order it
+// was delivered, ahead of what was ready; a retry goes to the back.
+func TestReleaseRequeuesToTheFront(t *testing.T) {
+	b := newBroker(t)
+	s := subscribe(t, b, "q")
+	publish(t, b, "q", "a", "b", "c")
+	ms := recvN(t, s, 2) // a, b
+	if err := release(s, ms[1], ms[0]); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for _, want := range []struct {
+		id      string
+		attempt int
+	}{{"a", 2}, {"b", 2}, {"c", 1}} {
+		m := recv(t, s)
+		if m.ID != want.id || m.Attempt != want.attempt {
+			t.Fatalf("got %s attempt %d, want %s attempt %d", m.ID, m.Attempt, want.id, want.attempt)
+		}
+		if err := ack(s, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := b.Stats("q"); st.Requeued != 2 || st.Acked != 3 || st.Retried != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+	// A released message is no longer leased: releasing it again is stale.
+	err := release(s, ms[0])
+	var p *driver.Partial
+	if !errors.As(err, &p) || !errors.Is(p.Errs[0], memory.ErrLeaseExpired) {
+		t.Fatalf("second Release = %v, want a *driver.Partial with ErrLeaseExpired", err)
 	}
 }
 
@@ -222,15 +310,14 @@ func TestDeadLetterParksWithCauseAndRedrive(t *testing.T) {
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a", "b")
 	cause := core.Permanent(errors.New("bad payload"))
-	d := recv(t, s)
-	if err := d.Retry(context.Background(), 0); err != nil {
+	if err := retry(s, 0, recv(t, s)); err != nil {
 		t.Fatal(err)
 	}
-	if err := recv(t, s).Ack(context.Background()); err != nil { // b
+	if err := ack(s, recv(t, s)); err != nil { // b
 		t.Fatal(err)
 	}
-	d = recv(t, s) // a, attempt 2
-	if err := d.DeadLetter(context.Background(), cause); err != nil {
+	m := recv(t, s) // a, attempt 2
+	if err := deadLetter(s, m, cause); err != nil {
 		t.Fatalf("DeadLetter: %v", err)
 	}
 	dls := b.DeadLetters("q")
@@ -252,11 +339,11 @@ func TestDeadLetterParksWithCauseAndRedrive(t *testing.T) {
 	if len(b.DeadLetters("q")) != 0 {
 		t.Fatal("dead letters left after redrive")
 	}
-	d = recv(t, s)
-	if d.Message().ID != "a" || d.Message().Attempt != 1 {
-		t.Fatalf("redriven = %+v, want a at attempt 1", d.Message())
+	m = recv(t, s)
+	if m.ID != "a" || m.Attempt != 1 {
+		t.Fatalf("redriven = %+v, want a at attempt 1", m)
 	}
-	if err := d.DeadLetter(context.Background(), nil); err != nil {
+	if err := deadLetter(s, m, nil); err != nil {
 		t.Fatal(err)
 	}
 	if dls := b.DeadLetters("q"); len(dls) != 1 || dls[0].Cause == nil {
@@ -283,22 +370,27 @@ func TestVisibilityExpiryRedeliversAndStaleSettlementIsRefused(t *testing.T) {
 	if el := time.Since(start); el < vt {
 		t.Fatalf("redelivered after %v, want >= %v", el, vt)
 	}
-	if d2.Message().ID != "a" || d2.Message().Attempt != 2 {
-		t.Fatalf("redelivery = %+v", d2.Message())
+	if d2.ID != "a" || d2.Attempt != 2 {
+		t.Fatalf("redelivery = %+v", d2)
 	}
 	// The stale lease's ack must not ack the newer copy still in flight.
-	if err := d1.Ack(context.Background()); !errors.Is(err, memory.ErrLeaseExpired) {
-		t.Fatalf("stale Ack = %v, want ErrLeaseExpired", err)
+	if err := ack(s1, d1); !errors.Is(err, memory.ErrLeaseExpired) || !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Fatalf("stale Ack = %v, want ErrLeaseExpired (a stale delivery)", err)
 	}
 	if st := b.Stats("q"); st.InFlight != 1 || st.Acked != 0 || st.Expired != 1 || st.StaleSettlements != 1 {
 		t.Fatalf("stats after stale ack = %+v", st)
 	}
-	for _, err := range []error{d1.Retry(context.Background(), 0), d1.DeadLetter(context.Background(), errors.New("x"))} {
-		if !errors.Is(err, driver.ErrAlreadySettled) {
-			t.Fatalf("settling a stale delivery again = %v, want ErrAlreadySettled", err)
+	// Nor its retry or dead letter: the broker refuses each, and the newer
+	// copy stays in flight.
+	for _, err := range []error{retry(s1, 0, d1), deadLetter(s1, d1, errors.New("x"))} {
+		if !errors.Is(err, memory.ErrLeaseExpired) {
+			t.Fatalf("settling a stale delivery again = %v, want ErrLeaseExpired", err)
 		}
 	}
-	if err := d2.Ack(context.Background()); err != nil {
+	if st := b.Stats("q"); st.InFlight != 1 || st.Retried != 0 || st.DeadLettered != 0 || st.StaleSettlements != 3 {
+		t.Fatalf("stats after stale settlements = %+v", st)
+	}
+	if err := ack(s2, d2); err != nil {
 		t.Fatalf("Ack of the current lease: %v", err)
 	}
 	if b.Len("q") != 0 {
@@ -312,10 +404,10 @@ func TestStaleRetryAndDeadLetterChangeNothing(t *testing.T) {
 	publish(t, b, "q", "a", "b")
 	da, db := recv(t, s), recv(t, s)
 	eventually(t, "both leases to expire", func() bool { return b.Stats("q").Expired == 2 })
-	if err := da.Retry(context.Background(), time.Hour); !errors.Is(err, memory.ErrLeaseExpired) {
+	if err := retry(s, time.Hour, da); !errors.Is(err, memory.ErrLeaseExpired) {
 		t.Fatalf("stale Retry = %v", err)
 	}
-	if err := db.DeadLetter(context.Background(), errors.New("x")); !errors.Is(err, memory.ErrLeaseExpired) {
+	if err := deadLetter(s, db, errors.New("x")); !errors.Is(err, memory.ErrLeaseExpired) {
 		t.Fatalf("stale DeadLetter = %v", err)
 	}
 	if st := b.Stats("q"); st.Ready != 2 || st.Delayed != 0 || st.DeadLetters != 0 {
@@ -323,54 +415,26 @@ func TestStaleRetryAndDeadLetterChangeNothing(t *testing.T) {
 	}
 }
 
-func TestExtendVisibility(t *testing.T) {
-	const vt = 200 * time.Millisecond
-	b := newBroker(t, memory.WithVisibilityTimeout(vt))
-	s := subscribe(t, b, "q")
-	publish(t, b, "q", "a")
-	d := recv(t, s).(*memory.Delivery)
-	for range 3 {
-		time.Sleep(vt / 4)
-		if err := d.ExtendVisibility(context.Background(), vt); err != nil {
-			t.Fatalf("ExtendVisibility: %v", err)
-		}
-	}
-	if st := b.Stats("q"); st.Expired != 0 || st.InFlight != 1 {
-		t.Fatalf("lease expired despite heartbeats: %+v", st)
-	}
-	if err := d.ExtendVisibility(context.Background(), 0); err == nil {
-		t.Fatal("ExtendVisibility(0) succeeded")
-	}
-	if err := d.ExtendVisibility(context.Background(), time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	d2 := recv(t, s)
-	if d2.Message().Attempt != 2 {
-		t.Fatalf("attempt %d after a shortened lease", d2.Message().Attempt)
-	}
-	if err := d.ExtendVisibility(context.Background(), vt); !errors.Is(err, memory.ErrLeaseExpired) {
-		t.Fatalf("extend stale = %v", err)
-	}
-}
-
-func TestSettleTwice(t *testing.T) {
+// TestSettledDeliveryIsNoLongerLeased: once acked, a delivery is no
+// longer the broker's lease of its message; a later settlement of it
+// (which the Consumer never sends: see TestSettleTwice) is refused as
+// stale and changes nothing.
+func TestSettledDeliveryIsNoLongerLeased(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a")
-	d := recv(t, s)
-	if err := d.Ack(context.Background()); err != nil {
+	m := recv(t, s)
+	if err := ack(s, m); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	for name, err := range map[string]error{
-		"Ack": d.Ack(ctx), "Retry": d.Retry(ctx, 0), "DeadLetter": d.DeadLetter(ctx, errors.New("x")),
-		"AckBatch": s.AckBatch(ctx, []driver.Delivery{d}),
+		"Ack": ack(s, m), "Retry": retry(s, 0, m), "DeadLetter": deadLetter(s, m, errors.New("x")), "Release": release(s, m),
 	} {
-		if !errors.Is(err, driver.ErrAlreadySettled) {
-			t.Errorf("second %s = %v, want ErrAlreadySettled", name, err)
+		if !errors.Is(err, memory.ErrLeaseExpired) {
+			t.Errorf("%s after Ack = %v, want ErrLeaseExpired", name, err)
 		}
 	}
-	if st := b.Stats("q"); st.Acked != 1 || st.Retried != 0 || st.DeadLettered != 0 {
+	if st := b.Stats("q"); st.Acked != 1 || st.Retried != 0 || st.DeadLettered != 0 || st.Requeued != 0 || b.Len("q") != 0 {
 		t.Fatalf("stats = %+v", st)
 	}
 }
@@ -379,13 +443,22 @@ func TestSettleWithDoneContextSettlesNothing(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", "a")
-	d := recv(t, s)
+	m := recv(t, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := d.Ack(ctx); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Ack = %v", err)
+	one := []*driver.Message{m}
+	for name, err := range map[string]error{
+		"Ack": s.Ack(ctx, one), "Retry": s.Retry(ctx, one, 0), "DeadLetter": s.DeadLetter(ctx, one, []error{errors.New("x")}),
+		"Release": s.Release(ctx, one),
+	} {
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("%s = %v, want context.Canceled", name, err)
+		}
 	}
-	if err := d.Ack(context.Background()); err != nil {
+	if st := b.Stats("q"); st.InFlight != 1 || st.Acked+st.Retried+st.DeadLettered+st.Requeued != 0 {
+		t.Fatalf("a cancelled settlement changed the queue: %+v", st)
+	}
+	if err := ack(s, m); err != nil {
 		t.Fatalf("Ack after a cancelled attempt: %v", err)
 	}
 }
@@ -396,26 +469,26 @@ func TestCrashRedeliversEverythingInFlight(t *testing.T) {
 	s2 := subscribe(t, b, "q")
 	publish(t, b, "q", "a", "b", "c", "d")
 	da, db, dc := recv(t, s1), recv(t, s1), recv(t, s1)
-	if err := da.Ack(context.Background()); err != nil {
+	if err := ack(s1, da); err != nil {
 		t.Fatal(err)
 	}
 	s1.Crash()
-	if _, err := s1.Receive(context.Background()); !errors.Is(err, memory.ErrCrashed) || !errors.Is(err, core.ErrSourceClosed) {
+	if _, err := s1.Receive(context.Background(), 1); !errors.Is(err, memory.ErrCrashed) || !errors.Is(err, core.ErrSourceClosed) {
 		t.Fatalf("Receive after crash = %v, want ErrCrashed wrapping core.ErrSourceClosed", err)
 	}
-	for _, d := range []driver.Delivery{db, dc} {
-		if err := d.Ack(context.Background()); !errors.Is(err, memory.ErrCrashed) {
-			t.Fatalf("Ack after crash = %v, want ErrCrashed", err)
+	for _, m := range []*driver.Message{db, dc} {
+		if err := ack(s1, m); !errors.Is(err, memory.ErrCrashed) || !errors.Is(err, driver.ErrStaleDelivery) {
+			t.Fatalf("Ack after crash = %v, want ErrCrashed (a stale delivery)", err)
 		}
 	}
 	// Requeued at the front, in delivery order, with the next attempt.
 	for _, want := range []string{"b", "c"} {
-		m := recv(t, s2).Message()
+		m := recv(t, s2)
 		if m.ID != want || m.Attempt != 2 {
 			t.Fatalf("got %s attempt %d, want %s attempt 2", m.ID, m.Attempt, want)
 		}
 	}
-	if m := recv(t, s2).Message(); m.ID != "d" || m.Attempt != 1 {
+	if m := recv(t, s2); m.ID != "d" || m.Attempt != 1 {
 		t.Fatalf("got %+v, want d attempt 1", m)
 	}
 	st := b.Stats("q")
@@ -436,7 +509,7 @@ func TestCrashWakesBlockedReceive(t *testing.T) {
 	s := subscribe(t, b, "q")
 	errc := make(chan error, 1)
 	go func() {
-		_, err := s.Receive(context.Background())
+		_, err := s.Receive(context.Background(), 1)
 		errc <- err
 	}()
 	time.Sleep(10 * time.Millisecond)
@@ -451,46 +524,16 @@ func TestCrashWakesBlockedReceive(t *testing.T) {
 	}
 }
 
-func TestLoseAckRedeliversAfterVisibilityTimeout(t *testing.T) {
-	const vt = 50 * time.Millisecond
-	b := newBroker(t, memory.WithVisibilityTimeout(vt), memory.WithFaults(memory.Faults{LoseAck: 1}))
-	s := subscribe(t, b, "q")
-	publish(t, b, "q", "a")
-	d := recv(t, s)
-	if err := d.Ack(context.Background()); err != nil {
-		t.Fatalf("lost Ack returned %v, want nil", err)
-	}
-	if st := b.Stats("q"); st.AcksLost != 1 || st.Acked != 0 || st.InFlight != 1 {
-		t.Fatalf("stats = %+v", st)
-	}
-	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrAlreadySettled) {
-		t.Fatalf("second Ack = %v", err)
-	}
-	if err := b.SetFaults(memory.Faults{}); err != nil {
-		t.Fatal(err)
-	}
-	d2 := recv(t, s)
-	if d2.Message().ID != "a" || d2.Message().Attempt != 2 {
-		t.Fatalf("redelivery = %+v", d2.Message())
-	}
-	if err := d2.Ack(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if st := b.Stats("q"); st.Acked != 1 || st.Expired != 1 || b.Len("q") != 0 {
-		t.Fatalf("stats = %+v", st)
-	}
-}
-
 func TestLostAckIsRequeuedByCrash(t *testing.T) {
 	b := newBroker(t, memory.WithFaults(memory.Faults{LoseAck: 1}))
 	s1 := subscribe(t, b, "q")
 	publish(t, b, "q", "a")
-	if err := recv(t, s1).Ack(context.Background()); err != nil {
+	if err := ack(s1, recv(t, s1)); err != nil {
 		t.Fatal(err)
 	}
 	s1.Crash() // the broker still held the lease: the connection drop returns it
 	s2 := subscribe(t, b, "q")
-	if m := recv(t, s2).Message(); m.ID != "a" || m.Attempt != 2 {
+	if m := recv(t, s2); m.ID != "a" || m.Attempt != 2 {
 		t.Fatalf("got %+v", m)
 	}
 }
@@ -500,23 +543,23 @@ func TestCrashOnAck(t *testing.T) {
 	s1 := subscribe(t, b, "q")
 	publish(t, b, "q", "a", "b")
 	da, db := recv(t, s1), recv(t, s1)
-	if err := da.Ack(context.Background()); !errors.Is(err, memory.ErrCrashed) {
+	if err := ack(s1, da); !errors.Is(err, memory.ErrCrashed) {
 		t.Fatalf("Ack = %v, want ErrCrashed", err)
 	}
-	if err := db.Ack(context.Background()); !errors.Is(err, memory.ErrCrashed) {
+	if err := ack(s1, db); !errors.Is(err, memory.ErrCrashed) {
 		t.Fatalf("Ack after crash = %v, want ErrCrashed", err)
 	}
-	if _, err := s1.Receive(context.Background()); !errors.Is(err, memory.ErrCrashed) {
+	if _, err := s1.Receive(context.Background(), 1); !errors.Is(err, memory.ErrCrashed) {
 		t.Fatalf("Receive = %v", err)
 	}
 	b.SetFaults(memory.Faults{})
 	s2 := subscribe(t, b, "q")
 	for _, want := range []string{"a", "b"} {
-		d := recv(t, s2)
-		if m := d.Message(); m.ID != want || m.Attempt != 2 {
+		m := recv(t, s2)
+		if m.ID != want || m.Attempt != 2 {
 			t.Fatalf("got %s attempt %d, want %s attempt 2", m.ID, m.Attempt, want)
 		}
-		if err := d.Ack(context.Background()); err != nil {
+		if err := ack(s2, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -532,12 +575,15 @@ func duplicated(t *testing.T, seed uint64, n int) map[string]bool {
 	publish(t, b, "payments", ids(n)...)
 	s := subscribe(t, b, "payments")
 	seen := map[string]int{}
-	for range b.Len("payments") {
-		d := recv(t, s)
-		seen[d.Message().ID]++
-		if err := d.Ack(context.Background()); err != nil {
+	for left := b.Len("payments"); left > 0; {
+		ms := recvN(t, s, 100)
+		for _, m := range ms {
+			seen[m.ID]++
+		}
+		if err := ack(s, ms...); err != nil {
 			t.Fatal(err)
 		}
+		left -= len(ms)
 	}
 	dups := map[string]bool{}
 	for id, c := range seen {
@@ -585,77 +631,6 @@ func TestDuplicatePublishRateIsSeededAndReproducible(t *testing.T) {
 	}
 }
 
-func TestWindowBlocksReceive(t *testing.T) {
-	b := newBroker(t)
-	s := subscribe(t, b, "q", memory.WithWindow(2))
-	publish(t, b, "q", ids(5)...)
-	d1, _ := recv(t, s), recv(t, s)
-	noRecv(t, s, 30*time.Millisecond)
-	got := make(chan driver.Delivery, 1)
-	go func() {
-		d, err := s.Receive(context.Background())
-		if err != nil {
-			t.Error(err)
-		}
-		got <- d
-	}()
-	time.Sleep(20 * time.Millisecond)
-	select {
-	case <-got:
-		t.Fatal("Receive returned with a full window")
-	default:
-	}
-	if err := d1.Ack(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case d := <-got:
-		if d.Message().ID != "m00002" {
-			t.Fatalf("got %s", d.Message().ID)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Receive not woken by the settlement freeing a slot")
-	}
-	// Raising the window wakes a blocked receiver.
-	go func() {
-		d, err := s.Receive(context.Background())
-		if err != nil {
-			t.Error(err)
-		}
-		got <- d
-	}()
-	time.Sleep(20 * time.Millisecond)
-	if err := s.SetWindow(5); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-got:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Receive not woken by SetWindow")
-	}
-	recv(t, s)
-	for _, n := range []int{0, -1} {
-		if err := s.SetWindow(n); err == nil || !strings.Contains(err.Error(), "Window") {
-			t.Fatalf("SetWindow(%d) = %v, want an error naming Window", n, err)
-		}
-	}
-}
-
-func TestExpiredLeaseKeepsWindowSlotUntilSettled(t *testing.T) {
-	b := newBroker(t, memory.WithVisibilityTimeout(20*time.Millisecond))
-	s := subscribe(t, b, "q", memory.WithWindow(1))
-	publish(t, b, "q", "a")
-	d := recv(t, s)
-	eventually(t, "the lease to expire", func() bool { return b.Stats("q").Expired == 1 })
-	noRecv(t, s, 30*time.Millisecond) // ready again, but the consumer still holds d
-	if err := d.Ack(context.Background()); !errors.Is(err, memory.ErrLeaseExpired) {
-		t.Fatalf("Ack = %v", err)
-	}
-	if m := recv(t, s).Message(); m.Attempt != 2 {
-		t.Fatalf("attempt %d", m.Attempt)
-	}
-}
-
 func TestReceiveRespectsContextAndPassesWakeups(t *testing.T) {
 	b := newBroker(t)
 	s1 := subscribe(t, b, "q")
@@ -663,18 +638,18 @@ func TestReceiveRespectsContextAndPassesWakeups(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := s1.Receive(ctx)
+		_, err := s1.Receive(ctx, 1)
 		errc <- err
 	}()
 	got := make(chan string, 1)
 	go func() {
-		d, err := s2.Receive(context.Background())
+		ms, err := s2.Receive(context.Background(), 1)
 		if err != nil {
 			t.Error(err)
 			got <- ""
 			return
 		}
-		got <- d.Message().ID
+		got <- ms[0].ID
 	}()
 	time.Sleep(20 * time.Millisecond)
 	cancel()
@@ -700,14 +675,14 @@ func TestSubscriptionCloseRequeues(t *testing.T) {
 	if err := s1.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := da.Ack(context.Background()); !errors.Is(err, memory.ErrSubscriptionClosed) {
-		t.Fatalf("Ack after Close = %v", err)
+	if err := ack(s1, da); !errors.Is(err, memory.ErrSubscriptionClosed) || !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Fatalf("Ack after Close = %v, want ErrSubscriptionClosed (a stale delivery)", err)
 	}
-	if _, err := s1.Receive(context.Background()); !errors.Is(err, memory.ErrSubscriptionClosed) || !errors.Is(err, core.ErrSourceClosed) {
+	if _, err := s1.Receive(context.Background(), 1); !errors.Is(err, memory.ErrSubscriptionClosed) || !errors.Is(err, core.ErrSourceClosed) {
 		t.Fatalf("Receive after Close = %v", err)
 	}
 	s2 := subscribe(t, b, "q")
-	if m := recv(t, s2).Message(); m.ID != "a" || m.Attempt != 2 {
+	if m := recv(t, s2); m.ID != "a" || m.Attempt != 2 {
 		t.Fatalf("got %+v", m)
 	}
 	if st := b.Stats("q"); st.Requeued != 1 || st.Crashes != 0 {
@@ -715,21 +690,34 @@ func TestSubscriptionCloseRequeues(t *testing.T) {
 	}
 }
 
-func TestAckBatch(t *testing.T) {
+// TestAckSettlesTheWholeCall: one Ack settles every message of the call,
+// as an AMQP multiple ack or an SQS DeleteMessageBatch does; a message of
+// another subscription fails the whole call before anything is settled,
+// and a stale one fails alone (a *driver.Partial says which).
+func TestAckSettlesTheWholeCall(t *testing.T) {
 	b := newBroker(t, memory.WithVisibilityTimeout(40*time.Millisecond))
-	s := subscribe(t, b, "q", memory.WithWindow(3))
+	s := subscribe(t, b, "q")
 	other := subscribe(t, b, "q")
 	publish(t, b, "q", ids(5)...)
-	ds := []driver.Delivery{recv(t, s), recv(t, s), recv(t, s)}
+	ms := recvN(t, s, 3)
+	if len(ms) != 3 {
+		t.Fatalf("received %d, want 3", len(ms))
+	}
 	foreign := recv(t, other)
-	if err := s.AckBatch(context.Background(), append(ds[:2:2], foreign)); !errors.Is(err, memory.ErrForeignDelivery) {
-		t.Fatalf("AckBatch with a foreign delivery = %v", err)
+	mixed := append(ms[:2:2], foreign)
+	for name, err := range map[string]error{
+		"Ack": ack(s, mixed...), "Retry": retry(s, 0, mixed...), "Release": release(s, mixed...),
+		"DeadLetter": s.DeadLetter(context.Background(), mixed, make([]error, len(mixed))),
+	} {
+		if !errors.Is(err, memory.ErrForeignDelivery) || !strings.Contains(err.Error(), "ms[2]") {
+			t.Fatalf("%s with a foreign message = %v, want ErrForeignDelivery naming ms[2]", name, err)
+		}
 	}
-	if b.Stats("q").Acked != 0 {
-		t.Fatal("a failed AckBatch acked something")
+	if st := b.Stats("q"); st.Acked+st.Retried+st.DeadLettered+st.Requeued != 0 {
+		t.Fatalf("a call with a foreign message settled something: %+v", st)
 	}
-	if err := s.AckBatch(context.Background(), ds); err != nil {
-		t.Fatalf("AckBatch: %v", err)
+	if err := ack(s, ms...); err != nil {
+		t.Fatalf("Ack: %v", err)
 	}
 	if st := b.Stats("q"); st.Acked != 3 || st.InFlight != 1 {
 		t.Fatalf("stats = %+v", st)
@@ -738,21 +726,21 @@ func TestAckBatch(t *testing.T) {
 	stale := recv(t, s)
 	eventually(t, "the leases to expire", func() bool { return b.Stats("q").Expired == 2 })
 	fresh := recv(t, s)
-	err := s.AckBatch(context.Background(), []driver.Delivery{stale, fresh})
-	if !errors.Is(err, memory.ErrLeaseExpired) || !strings.Contains(err.Error(), "ds[0]") {
-		t.Fatalf("AckBatch = %v, want ErrLeaseExpired for ds[0]", err)
+	err := ack(s, stale, fresh)
+	var p *driver.Partial
+	if !errors.As(err, &p) || len(p.Errs) != 2 || !errors.Is(p.Errs[0], memory.ErrLeaseExpired) || p.Errs[1] != nil {
+		t.Fatalf("Ack = %v, want a *driver.Partial with ErrLeaseExpired for ms[0] only", err)
 	}
 	if st := b.Stats("q"); st.Acked != 4 {
-		t.Fatalf("fresh delivery in a partial batch not acked: %+v", st)
+		t.Fatalf("fresh message in a partial call not acked: %+v", st)
 	}
 }
 
-func TestAckBatchFaults(t *testing.T) {
+func TestAckFaults(t *testing.T) {
 	b := newBroker(t, memory.WithFaults(memory.Faults{LoseAck: 1}))
 	s := subscribe(t, b, "q")
 	publish(t, b, "q", ids(3)...)
-	ds := []driver.Delivery{recv(t, s), recv(t, s), recv(t, s)}
-	if err := s.AckBatch(context.Background(), ds); err != nil {
+	if err := ack(s, recvN(t, s, 3)...); err != nil {
 		t.Fatal(err)
 	}
 	if st := b.Stats("q"); st.AcksLost != 3 || st.InFlight != 3 || st.Acked != 0 {
@@ -761,9 +749,8 @@ func TestAckBatchFaults(t *testing.T) {
 	b.SetFaults(memory.Faults{CrashOnAck: 1})
 	s2 := subscribe(t, b, "q")
 	publish(t, b, "q", "x")
-	d := recv(t, s2)
-	if err := s2.AckBatch(context.Background(), []driver.Delivery{d}); !errors.Is(err, memory.ErrCrashed) {
-		t.Fatalf("AckBatch = %v, want ErrCrashed", err)
+	if err := ack(s2, recv(t, s2)); !errors.Is(err, memory.ErrCrashed) {
+		t.Fatalf("Ack = %v, want ErrCrashed", err)
 	}
 	if st := b.Stats("q"); st.Ready != 1 || st.Crashes != 1 {
 		t.Fatalf("stats = %+v", st)
@@ -785,27 +772,27 @@ func TestWaitIdle(t *testing.T) {
 	var acked atomic.Int64
 	go func() {
 		for i := range 20 {
-			d, err := s.Receive(context.Background())
+			ms, err := s.Receive(context.Background(), 1)
 			if err != nil {
 				return
 			}
-			if i%5 == 0 && d.Message().Attempt == 1 {
-				d.Retry(context.Background(), 5*time.Millisecond)
+			if i%5 == 0 && ms[0].Attempt == 1 {
+				retry(s, 5*time.Millisecond, ms...)
 				continue
 			}
 			time.Sleep(time.Millisecond)
 			// Counted before the ack: WaitIdle may return as soon as the
 			// last ack lands, before Ack returns here.
 			acked.Add(1)
-			d.Ack(context.Background())
+			ack(s, ms...)
 		}
 		for {
-			d, err := s.Receive(context.Background())
+			ms, err := s.Receive(context.Background(), 1)
 			if err != nil {
 				return
 			}
 			acked.Add(1)
-			d.Ack(context.Background())
+			ack(s, ms...)
 		}
 	}()
 	if err := b.WaitIdle(context.Background(), "q"); err != nil {
@@ -829,27 +816,31 @@ func TestConcurrentSubscribersShareQueue(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	for i := range subs {
-		s := subscribe(t, b, "q", memory.WithWindow(8))
+		s := subscribe(t, b, "q")
 		wg.Go(func() {
 			for {
-				d, err := s.Receive(ctx)
+				ms, err := s.Receive(ctx, 8)
 				if err != nil {
 					return
 				}
-				key := driver.MetadataOf(d.Message().Metadata)[memory.MetaPublishSeq]
 				mu.Lock()
-				if h, ok := holding[key]; ok {
-					t.Errorf("%s held by %d and %d at once", key, h, i)
+				for _, m := range ms {
+					key := driver.MetadataOf(m.Metadata)[memory.MetaPublishSeq]
+					if h, ok := holding[key]; ok {
+						t.Errorf("%s held by %d and %d at once", key, h, i)
+					}
+					holding[key] = i
+					counts[m.ID]++
+					perSub[i]++
 				}
-				holding[key] = i
-				counts[d.Message().ID]++
-				perSub[i]++
 				mu.Unlock()
 				time.Sleep(50 * time.Microsecond) // work, so that the others get a share
 				mu.Lock()
-				delete(holding, key)
+				for _, m := range ms {
+					delete(holding, driver.MetadataOf(m.Metadata)[memory.MetaPublishSeq])
+				}
 				mu.Unlock()
-				if err := d.Ack(ctx); err != nil {
+				if err := s.Ack(ctx, ms); err != nil {
 					t.Error(err)
 				}
 			}
@@ -908,11 +899,12 @@ func TestConcurrentDuplicatesOnlyAfterExpiry(t *testing.T) {
 		s := subscribe(t, b, "q")
 		wg.Go(func() {
 			for j := 0; ; j++ {
-				d, err := s.Receive(ctx)
+				ms, err := s.Receive(ctx, 1)
 				if err != nil {
 					return
 				}
-				id := d.Message().ID
+				d := ms[0]
+				id := d.ID
 				now := time.Now()
 				mu.Lock()
 				for _, since := range holding[id] {
@@ -925,8 +917,8 @@ func TestConcurrentDuplicatesOnlyAfterExpiry(t *testing.T) {
 					close(c)
 					delete(again, id)
 				}
-				holding[id] = append(holding[id], d.Message().ReceivedAt)
-				outlive := (i+j)%7 == 0 && d.Message().Attempt == 1
+				holding[id] = append(holding[id], d.ReceivedAt)
+				outlive := (i+j)%7 == 0 && d.Attempt == 1
 				var seen chan struct{}
 				if outlive && !waiting {
 					waiting = true
@@ -944,9 +936,9 @@ func TestConcurrentDuplicatesOnlyAfterExpiry(t *testing.T) {
 						t.Errorf("%s was not handed out again while its expired lease was held", id)
 					}
 				}
-				err = d.Ack(context.Background()) // settle even after cancel
+				err = ack(s, d) // settle even after cancel
 				mu.Lock()
-				if k := slices.Index(holding[id], d.Message().ReceivedAt); k >= 0 {
+				if k := slices.Index(holding[id], d.ReceivedAt); k >= 0 {
 					holding[id] = slices.Delete(holding[id], k, k+1)
 				}
 				if err == nil {
@@ -987,11 +979,11 @@ func TestBrokerCloseStopsEverything(t *testing.T) {
 	publish(t, b, "q", "a", "b")
 	d := recv(t, s)
 	d2 := recv(t, s)
-	if err := d2.Retry(context.Background(), 20*time.Millisecond); err != nil {
+	if err := retry(s, 20*time.Millisecond, d2); err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 2)
-	go func() { _, err := s.Receive(context.Background()); errc <- err }()
+	go func() { _, err := s.Receive(context.Background(), 1); errc <- err }()
 	go func() { errc <- b.WaitIdle(context.Background(), "q") }()
 	time.Sleep(5 * time.Millisecond)
 	if err := b.Close(); err != nil {
@@ -1012,7 +1004,7 @@ func TestBrokerCloseStopsEverything(t *testing.T) {
 	if after := b.Stats("q"); after != before {
 		t.Fatalf("timers ran after Close: %+v → %+v", before, after)
 	}
-	if err := d.Ack(context.Background()); !errors.Is(err, memory.ErrBrokerClosed) {
+	if err := ack(s, d); !errors.Is(err, memory.ErrBrokerClosed) {
 		t.Fatalf("Ack after Close = %v", err)
 	}
 	if err := b.Publish(context.Background(), "q", &driver.Message{ID: "x"}); !errors.Is(err, memory.ErrBrokerClosed) {
@@ -1041,9 +1033,6 @@ func TestInvalidOptions(t *testing.T) {
 		}
 	}
 	b := newBroker(t)
-	if _, err := b.Subscribe("q", memory.WithWindow(0)); err == nil || !strings.Contains(err.Error(), "Window") {
-		t.Errorf("Subscribe = %v, want an error naming Window", err)
-	}
 	if _, err := b.Subscribe(""); err == nil {
 		t.Error("Subscribe to an empty queue name succeeded")
 	}
@@ -1058,11 +1047,12 @@ func TestInvalidOptions(t *testing.T) {
 func TestMetadataSequences(t *testing.T) {
 	b := newBroker(t)
 	s := subscribe(t, b, "q")
+	other := subscribe(t, b, "q")
 	publish(t, b, "q", "a")
 	d := recv(t, s)
-	d.Retry(context.Background(), 0)
-	d2 := recv(t, s)
-	m1, m2 := driver.MetadataOf(d.Message().Metadata), driver.MetadataOf(d2.Message().Metadata)
+	retry(s, 0, d)
+	d2 := recv(t, other)
+	m1, m2 := driver.MetadataOf(d.Metadata), driver.MetadataOf(d2.Metadata)
 	if m1[memory.MetaPublishSeq] != m2[memory.MetaPublishSeq] {
 		t.Fatalf("publish seq changed across redelivery: %v %v", m1, m2)
 	}
@@ -1071,23 +1061,34 @@ func TestMetadataSequences(t *testing.T) {
 	if s2 <= s1 {
 		t.Fatalf("delivery seq not increasing: %v %v", m1, m2)
 	}
+	if m1[memory.MetaSubscriber] == "" || m1[memory.MetaSubscriber] == m2[memory.MetaSubscriber] {
+		t.Fatalf("subscriber not told apart: %v %v", m1, m2)
+	}
+	// Every value is an integer, as tracing records it.
+	n := 0
+	for k, v := range d.Metadata.All() {
+		n++
+		if v.Kind() != slog.KindUint64 {
+			t.Errorf("%s is a %v, want an unsigned integer", k, v.Kind())
+		}
+	}
+	if n != 3 {
+		t.Errorf("%d metadata keys, want 3", n)
+	}
 }
 
-// lostAcks acks n messages in batches with the LoseAck fault and returns
-// which ids lost their ack.
+// lostAcks acks n messages in calls of up to batch with the LoseAck
+// fault and returns which ids lost their ack.
 func lostAcks(t *testing.T, seed uint64, n, batch int) map[string]bool {
 	b := newBroker(t, memory.WithSeed(seed), memory.WithFaults(memory.Faults{LoseAck: 0.1}))
 	publish(t, b, "q", ids(n)...)
 	s := subscribe(t, b, "q")
-	var ds []driver.Delivery
-	for range n {
-		ds = append(ds, recv(t, s))
-		if len(ds) == batch {
-			if err := s.AckBatch(context.Background(), ds); err != nil {
-				t.Fatal(err)
-			}
-			ds = ds[:0]
+	for left := n; left > 0; {
+		ms := recvN(t, s, batch)
+		if err := ack(s, ms...); err != nil {
+			t.Fatal(err)
 		}
+		left -= len(ms)
 	}
 	st := b.Stats("q")
 	if st.AcksLost+st.Acked != int64(n) || st.InFlight != int(st.AcksLost) {
@@ -1097,16 +1098,16 @@ func lostAcks(t *testing.T, seed uint64, n, batch int) map[string]bool {
 	s2 := subscribe(t, b, "q")
 	lost := map[string]bool{}
 	for range st.AcksLost {
-		lost[recv(t, s2).Message().ID] = true
+		lost[recv(t, s2).ID] = true
 	}
 	return lost
 }
 
-func TestAckBatchFaultRatesArePerDeliveryAndSeeded(t *testing.T) {
+func TestAckFaultRatesArePerMessageAndSeeded(t *testing.T) {
 	const n = 2000
 	a := lostAcks(t, 7, n, 100)
 	if got := float64(len(a)) / n; got < 0.07 || got > 0.13 {
-		t.Fatalf("lost-ack rate %.3f in batches of 100, want about 0.1", got)
+		t.Fatalf("lost-ack rate %.3f in calls of 100, want about 0.1", got)
 	}
 	b := lostAcks(t, 7, n, 100)
 	if len(a) != len(b) {
@@ -1130,21 +1131,21 @@ func TestNoGoroutineLeftAfterClose(t *testing.T) {
 		queue := fmt.Sprint("q", q)
 		publish(t, b, queue, ids(50)...)
 		for range 2 {
-			s, err := b.Subscribe(queue, memory.WithWindow(5))
+			s, err := b.Subscribe(queue)
 			if err != nil {
 				t.Fatal(err)
 			}
 			wg.Go(func() {
 				for i := 0; ; i++ {
-					d, err := s.Receive(context.Background())
+					ms, err := s.Receive(context.Background(), 1)
 					if err != nil {
 						return // the broker closed
 					}
 					switch i % 3 {
 					case 0:
-						d.Retry(context.Background(), time.Hour) // a timer far away
+						retry(s, time.Hour, ms...) // a timer far away
 					case 1:
-						d.Ack(context.Background())
+						ack(s, ms...)
 					} // case 2: left to expire
 				}
 			})
@@ -1155,4 +1156,31 @@ func TestNoGoroutineLeftAfterClose(t *testing.T) {
 	b.Close()
 	wg.Wait()
 	eventually(t, "goroutines to return to the baseline", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// TestURLParameters: mem:// URLs take the broker's name and visibility
+// timeout; the window is the Consumer's, so a window parameter is refused,
+// naming it.
+func TestURLParameters(t *testing.T) {
+	ctx := context.Background()
+	src, err := core.OpenSource(ctx, "mem://q?broker=TestURLParameters&visibility=45s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if tr, err := src.Start(ctx, driver.Setup{Window: 1}); err != nil || tr.Lease != 45*time.Second {
+		t.Fatalf("Start = %+v, %v; want a Lease of 45s", tr, err)
+	}
+	for _, tc := range []struct{ url, names string }{
+		{"mem://q?window=5", `"window"`},
+		{"mem://q?visibility=0s", "visibility"},
+		{"mem://", "queue"},
+	} {
+		if src, err := core.OpenSource(ctx, tc.url); err == nil {
+			src.Close()
+			t.Errorf("OpenSource(%s) succeeded", tc.url)
+		} else if !strings.Contains(err.Error(), tc.names) {
+			t.Errorf("OpenSource(%s) = %v, want an error naming %s", tc.url, err, tc.names)
+		}
+	}
 }

@@ -16,13 +16,14 @@ import (
 	"github.com/idemq/idemq/brokers/memory"
 )
 
-// The model test drives the broker with random operations (publish,
-// subscribe, receive, ack, retry, dead-letter, crash, close, redrive, with
-// lost-ack and crash-on-ack faults) and checks every step against a simple
-// model of an at-least-once queue: which copy is delivered next, with which
-// attempt number, what each settlement returns, and the queue's counts. No
-// lease expires (the visibility timeout is long), so the model needs no
-// clock.
+// The model test drives the broker through a Subscription's driver
+// methods with random operations (publish, subscribe, receive a batch,
+// ack, retry, dead-letter, release, crash, close, redrive, with lost-ack
+// and crash-on-ack faults) and checks every step against a simple model of
+// an at-least-once queue: which copies a Receive hands out, in which
+// order and with which attempt numbers, what each settlement returns, and
+// the queue's counts. No lease expires (the visibility timeout is long),
+// so the model needs no clock.
 
 type mState int
 
@@ -37,22 +38,19 @@ type mEntry struct {
 	seq        string // MetaPublishSeq
 	deliveries int
 	state      mState
-	holder     *mSub
-	leaseSeq   int // delivery sequence of the current lease
+	lease      *mDel // the current lease while in flight
 }
 
 type mSub struct {
 	s      *memory.Subscription
-	window int
-	held   int // unsettled from the consumer's side
 	closed error
 }
 
 type mDel struct {
-	d       driver.Delivery
-	e       *mEntry
-	sub     *mSub
-	settled bool
+	m   *driver.Message
+	e   *mEntry
+	sub *mSub
+	seq int // MetaDeliverySeq
 }
 
 type model struct {
@@ -62,6 +60,7 @@ type model struct {
 	all    []*mEntry
 	subs   []*mSub
 	dels   []*mDel
+	stale  int64 // settlements the broker should refuse as stale
 	nextID int
 }
 
@@ -77,8 +76,8 @@ func (m *model) inFlight() int {
 
 func (m *model) check(t *rapid.T) {
 	st := m.b.Stats("q")
-	if st.Ready != len(m.ready) || st.InFlight != m.inFlight() || st.DeadLetters != len(m.dead) || st.Delayed != 0 {
-		t.Fatalf("stats %+v, model ready %d in flight %d dead %d", st, len(m.ready), m.inFlight(), len(m.dead))
+	if st.Ready != len(m.ready) || st.InFlight != m.inFlight() || st.DeadLetters != len(m.dead) || st.Delayed != 0 || st.StaleSettlements != m.stale {
+		t.Fatalf("stats %+v, model ready %d in flight %d dead %d stale settlements %d", st, len(m.ready), m.inFlight(), len(m.dead), m.stale)
 	}
 	if n := m.b.Len("q"); n != len(m.ready)+m.inFlight() {
 		t.Fatalf("Len %d, model %d", n, len(m.ready)+m.inFlight())
@@ -90,31 +89,33 @@ func (m *model) check(t *rapid.T) {
 func (m *model) requeue(s *mSub) {
 	var held []*mEntry
 	for _, e := range m.all {
-		if e.state == mInFlight && e.holder == s {
+		if e.state == mInFlight && e.lease.sub == s {
 			held = append(held, e)
 		}
 	}
-	slices.SortFunc(held, func(a, b *mEntry) int { return a.leaseSeq - b.leaseSeq })
+	slices.SortFunc(held, func(a, b *mEntry) int { return a.lease.seq - b.lease.seq })
 	for _, e := range held {
-		e.state, e.holder = mReady, nil
+		e.state, e.lease = mReady, nil
 	}
 	m.ready = append(held, m.ready...)
 }
 
+// settleErr is the error the broker must return for a settlement of d,
+// or nil when d is the current lease of its message; a refused stale one
+// is counted.
 func (m *model) settleErr(d *mDel) error {
 	switch {
 	case d.sub.closed != nil:
 		return d.sub.closed
-	case d.settled:
-		return driver.ErrAlreadySettled
+	case d.e.state != mInFlight || d.e.lease != d:
+		m.stale++
+		return memory.ErrLeaseExpired
 	}
 	return nil
 }
 
-func (m *model) finishSettle(d *mDel) {
-	d.settled = true
-	d.sub.held--
-}
+// settled ends d's lease and moves its message to state.
+func settled(d *mDel, state mState) { d.e.state, d.e.lease = state, nil }
 
 func TestModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
@@ -134,6 +135,18 @@ func TestModel(t *testing.T) {
 			}
 			return rapid.SampledFrom(m.dels).Draw(t, "delivery")
 		}
+		// refused checks a settlement the broker must refuse, and reports
+		// whether it was one.
+		refused := func(t *rapid.T, what string, d *mDel, err error) bool {
+			want := m.settleErr(d)
+			if want == nil {
+				return false
+			}
+			if !errors.Is(err, want) || !errors.Is(err, driver.ErrStaleDelivery) {
+				t.Fatalf("%s = %v, want %v (a stale delivery)", what, err, want)
+			}
+			return true
+		}
 		t.Repeat(map[string]func(*rapid.T){
 			"publish": func(t *rapid.T) {
 				n := rapid.IntRange(1, 5).Draw(t, "n")
@@ -150,17 +163,16 @@ func TestModel(t *testing.T) {
 				}
 			},
 			"subscribe": func(t *rapid.T) {
-				w := rapid.IntRange(1, 4).Draw(t, "window")
-				s, err := b.Subscribe("q", memory.WithWindow(w))
+				s, err := b.Subscribe("q")
 				if err != nil {
 					t.Fatal(err)
 				}
-				m.subs = append(m.subs, &mSub{s: s, window: w})
+				m.subs = append(m.subs, &mSub{s: s})
 			},
 			"receive": func(t *rapid.T) {
 				var ok []*mSub
 				for _, s := range m.subs {
-					if s.closed == nil && s.held < s.window {
+					if s.closed == nil {
 						ok = append(ok, s)
 					}
 				}
@@ -168,33 +180,36 @@ func TestModel(t *testing.T) {
 					t.Skip("nothing to receive")
 				}
 				s := rapid.SampledFrom(ok).Draw(t, "sub")
+				max := rapid.IntRange(1, 4).Draw(t, "max")
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				d, err := s.s.Receive(rctx)
+				got, err := s.s.Receive(rctx, max)
 				cancel()
 				if err != nil {
 					t.Fatalf("Receive: %v", err)
 				}
-				want := m.ready[0]
-				got := d.Message()
-				if driver.MetadataOf(got.Metadata)[memory.MetaPublishSeq] != want.seq || got.Attempt != want.deliveries+1 {
-					t.Fatalf("received seq %s attempt %d, model expects seq %s attempt %d",
-						driver.MetadataOf(got.Metadata)[memory.MetaPublishSeq], got.Attempt, want.seq, want.deliveries+1)
+				if want := min(max, len(m.ready)); len(got) != want {
+					t.Fatalf("Receive(%d) returned %d messages, model expects %d", max, len(got), want)
 				}
-				m.ready = m.ready[1:]
-				want.deliveries++
-				want.state, want.holder = mInFlight, s
-				want.leaseSeq, _ = strconv.Atoi(driver.MetadataOf(got.Metadata)[memory.MetaDeliverySeq])
-				s.held++
-				m.dels = append(m.dels, &mDel{d: d, e: want, sub: s})
+				for _, g := range got {
+					want := m.ready[0]
+					md := driver.MetadataOf(g.Metadata)
+					if md[memory.MetaPublishSeq] != want.seq || g.Attempt != want.deliveries+1 {
+						t.Fatalf("received seq %s attempt %d, model expects seq %s attempt %d",
+							md[memory.MetaPublishSeq], g.Attempt, want.seq, want.deliveries+1)
+					}
+					m.ready = m.ready[1:]
+					d := &mDel{m: g, e: want, sub: s}
+					d.seq, _ = strconv.Atoi(md[memory.MetaDeliverySeq])
+					want.deliveries++
+					want.state, want.lease = mInFlight, d
+					m.dels = append(m.dels, d)
+				}
 			},
 			"ack": func(t *rapid.T) {
 				d := pickDel(t)
 				before := b.Stats("q")
-				err := d.d.Ack(ctx)
-				if want := m.settleErr(d); want != nil {
-					if !errors.Is(err, want) {
-						t.Fatalf("Ack = %v, want %v", err, want)
-					}
+				err := d.sub.s.Ack(ctx, []*driver.Message{d.m})
+				if refused(t, "Ack", d, err) {
 					return
 				}
 				switch {
@@ -203,43 +218,44 @@ func TestModel(t *testing.T) {
 					m.requeue(d.sub)
 				case err != nil:
 					t.Fatalf("Ack: %v", err)
-				default:
-					m.finishSettle(d)
-					if b.Stats("q").AcksLost == before.AcksLost {
-						d.e.state, d.e.holder = mDone, nil
-					} // else: lost, the entry stays in flight with its holder
-				}
+				case b.Stats("q").AcksLost == before.AcksLost:
+					settled(d, mDone)
+				} // else: lost, the message stays leased to d
 			},
 			"retry": func(t *rapid.T) {
 				d := pickDel(t)
-				err := d.d.Retry(ctx, 0)
-				if want := m.settleErr(d); want != nil {
-					if !errors.Is(err, want) {
-						t.Fatalf("Retry = %v, want %v", err, want)
-					}
+				err := d.sub.s.Retry(ctx, []*driver.Message{d.m}, 0)
+				if refused(t, "Retry", d, err) {
 					return
 				}
 				if err != nil {
 					t.Fatalf("Retry: %v", err)
 				}
-				m.finishSettle(d)
-				d.e.state, d.e.holder = mReady, nil
+				settled(d, mReady)
 				m.ready = append(m.ready, d.e)
+			},
+			"release": func(t *rapid.T) {
+				d := pickDel(t)
+				err := d.sub.s.Release(ctx, []*driver.Message{d.m})
+				if refused(t, "Release", d, err) {
+					return
+				}
+				if err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+				settled(d, mReady)
+				m.ready = append([]*mEntry{d.e}, m.ready...)
 			},
 			"deadLetter": func(t *rapid.T) {
 				d := pickDel(t)
-				err := d.d.DeadLetter(ctx, errors.New("poison"))
-				if want := m.settleErr(d); want != nil {
-					if !errors.Is(err, want) {
-						t.Fatalf("DeadLetter = %v, want %v", err, want)
-					}
+				err := d.sub.s.DeadLetter(ctx, []*driver.Message{d.m}, []error{errors.New("poison")})
+				if refused(t, "DeadLetter", d, err) {
 					return
 				}
 				if err != nil {
 					t.Fatalf("DeadLetter: %v", err)
 				}
-				m.finishSettle(d)
-				d.e.state, d.e.holder = mDead, nil
+				settled(d, mDead)
 				m.dead = append(m.dead, d.e)
 			},
 			"crash": func(t *rapid.T) {

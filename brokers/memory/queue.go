@@ -3,10 +3,10 @@ package memory
 import (
 	"bytes"
 	"cmp"
+	"container/heap"
 	"maps"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -30,23 +30,11 @@ type entry struct {
 	msg        driver.Message
 	deliveries int
 	state      entryState
-	lease      *Delivery // the current lease while in flight
+	lease      *delivery // the current lease while in flight
 	delay      hnode     // ready time while delayed
 }
 
 func (e *entry) node() *hnode { return &e.delay }
-
-// waiter is one Receive call blocked for a message or a window slot.
-type waiter struct {
-	ch    chan struct{} // capacity 1: a wake-up is never lost nor blocks
-	where uint8         // waitNone, waitQueue or waitWindow
-}
-
-const (
-	waitNone uint8 = iota
-	waitQueue
-	waitWindow
-)
 
 // queue holds one named queue's messages. Its mutex also guards the state
 // of every subscription on it.
@@ -58,13 +46,13 @@ type queue struct {
 
 	mu       sync.Mutex
 	closed   bool
-	ready    deque[*entry]
+	ready    []*entry // FIFO; requeued messages go to the front
 	delayed  timeHeap[*entry]
-	leases   timeHeap[*Delivery]
+	leases   timeHeap[*delivery]
 	inFlight int
 	dead     []DeadLetter
-	waiters  []*waiter     // Receive calls waiting for a ready message, FIFO
-	idle     chan struct{} // closed when the queue becomes idle
+	waiters  []chan struct{} // blocked Receive calls, FIFO; capacity 1: a wake-up is never lost nor blocks
+	idle     chan struct{}   // closed when the queue becomes idle
 	subs     map[*Subscription]struct{}
 	timer    *time.Timer
 	timerAt  time.Time // when the timer fires next; zero when no fire is pending
@@ -74,16 +62,14 @@ type queue struct {
 	stats    Stats
 }
 
+// cloneMessage copies m for a dead letter, without its handles.
 func cloneMessage(m driver.Message) driver.Message {
-	m.Body = bytes.Clone(m.Body)
-	m.Headers = maps.Clone(m.Headers)
-	if mm, ok := m.Metadata.(driver.MetadataMap); ok {
-		m.Metadata = maps.Clone(mm)
-	}
+	m.Body, m.Headers = bytes.Clone(m.Body), maps.Clone(m.Headers)
+	m.AckID, m.BrokerKey = nil, nil
 	return m
 }
 
-func (q *queue) lenLocked() int { return q.ready.len() + q.delayed.len() + q.inFlight }
+func (q *queue) lenLocked() int { return len(q.ready) + len(q.delayed) + q.inFlight }
 
 func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 	q.mu.Lock()
@@ -102,8 +88,8 @@ func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 		for range copies {
 			q.pubSeq++
 			e := &entry{seq: q.pubSeq, msg: driver.Message{ID: m.ID, Body: body, Headers: hdr, Key: m.Key}}
-			e.delay.idx = -1
-			q.ready.pushBack(e)
+			e.delay.idx = -1 // not delayed
+			q.ready = append(q.ready, e)
 			q.stats.Published++
 			n++
 		}
@@ -112,72 +98,57 @@ func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 	return nil
 }
 
-// wakeLocked wakes up to n Receive calls waiting for a message.
-func (q *queue) wakeLocked(n int) { wake(&q.waiters, n) }
-
-// wake wakes up to n of the waiters in *list, first come first served, and
-// takes them off it.
-func wake(list *[]*waiter, n int) {
-	for ; n > 0 && len(*list) > 0; n-- {
-		w := (*list)[0]
-		(*list)[0] = nil
-		*list = (*list)[1:]
-		w.where = waitNone
+// wakeLocked wakes up to n Receive calls waiting for a message, first
+// come first served, and takes them off the waiters.
+func (q *queue) wakeLocked(n int) {
+	for ; n > 0 && len(q.waiters) > 0; n-- {
 		select {
-		case w.ch <- struct{}{}:
+		case q.waiters[0] <- struct{}{}:
 		default:
 		}
+		q.waiters[0] = nil
+		q.waiters = q.waiters[1:]
 	}
-	if len(*list) == 0 {
-		*list = nil // release the backing array once drained
+	if len(q.waiters) == 0 {
+		q.waiters = nil // release the backing array once drained
 	}
 }
 
-// removeWaiterLocked takes w out of the list it waits in, if any.
-func (q *queue) removeWaiterLocked(s *Subscription, w *waiter) {
-	var list *[]*waiter
-	switch w.where {
-	case waitQueue:
-		list = &q.waiters
-	case waitWindow:
-		list = &s.windowWaiters
-	default:
-		return
+// removeWaiterLocked takes w out of the waiters and reports whether it was
+// still there (not woken).
+func (q *queue) removeWaiterLocked(w chan struct{}) bool {
+	i := slices.Index(q.waiters, w)
+	if i >= 0 {
+		q.waiters = slices.Delete(q.waiters, i, i+1)
 	}
-	if i := slices.Index(*list, w); i >= 0 {
-		*list = slices.Delete(*list, i, i+1)
-	}
-	w.where = waitNone
+	return i >= 0
 }
 
 // deliverLocked leases e to s and returns the delivery.
-func (q *queue) deliverLocked(s *Subscription, e *entry) *Delivery {
+func (q *queue) deliverLocked(s *Subscription, e *entry) *delivery {
 	now := time.Now()
 	e.deliveries++
 	e.state = stateInFlight
 	q.inFlight++
 	q.delSeq++
-	d := &Delivery{sub: s, e: e, seq: q.delSeq}
+	d := &delivery{sub: s, e: e, seq: q.delSeq}
 	d.msg = driver.Message{
-		ID:      e.msg.ID,
-		Body:    bytes.Clone(e.msg.Body),
-		Headers: maps.Clone(e.msg.Headers),
-		Key:     e.msg.Key,
-		Source:  q.name,
-		System:  System,
-		Attempt: e.deliveries,
-		Metadata: driver.MetadataMap{
-			MetaDeliverySeq: strconv.FormatUint(q.delSeq, 10),
-			MetaPublishSeq:  strconv.FormatUint(e.seq, 10),
-			MetaSubscriber:  strconv.FormatUint(s.id, 10),
-		},
+		ID:         e.msg.ID,
+		Body:       bytes.Clone(e.msg.Body),
+		Headers:    maps.Clone(e.msg.Headers),
+		Key:        e.msg.Key,
+		Source:     q.name,
+		System:     System,
+		Attempt:    e.deliveries,
+		Metadata:   (*metadata)(d),
 		ReceivedAt: now,
+		AckID:      d,
+		BrokerKey:  e,
 	}
 	e.lease = d
 	d.lease.at = now.Add(q.b.cfg.visibility)
-	q.leases.push(d)
+	heap.Push(&q.leases, d)
 	q.armLocked()
-	s.held++
 	s.leases[d] = struct{}{}
 	q.stats.Delivered++
 	if e.deliveries > 1 {
@@ -188,25 +159,22 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *Delivery {
 
 // live reports whether d is still the broker's current lease of its
 // message.
-func (d *Delivery) live() bool { return d.e.lease == d && d.e.state == stateInFlight }
+func (d *delivery) live() bool { return d.e.lease == d && d.e.state == stateInFlight }
 
 // endLeaseLocked ends d's lease on the broker side; the caller moves the
 // entry to its next state.
-func (q *queue) endLeaseLocked(d *Delivery) {
+func (q *queue) endLeaseLocked(d *delivery) {
 	q.leases.remove(d)
 	delete(d.sub.leases, d)
 	d.e.lease = nil
 	q.inFlight--
 }
 
-// makeReadyLocked puts e back in the ready FIFO and wakes one receiver.
-func (q *queue) makeReadyLocked(e *entry, front bool) {
+// makeReadyLocked puts e at the back of the ready FIFO and wakes one
+// receiver.
+func (q *queue) makeReadyLocked(e *entry) {
 	e.state = stateReady
-	if front {
-		q.ready.pushFront(e)
-	} else {
-		q.ready.pushBack(e)
-	}
+	q.ready = append(q.ready, e)
 	q.wakeLocked(1)
 }
 
@@ -258,43 +226,45 @@ func (q *queue) onTimer() {
 			break
 		}
 		q.delayed.remove(e)
-		q.makeReadyLocked(e, false)
+		q.makeReadyLocked(e)
 	}
 	for {
 		d, ok := q.leases.peek()
 		if !ok || d.lease.at.After(now) {
 			break
 		}
-		// The consumer may still hold d (its window slot stays taken
-		// until it settles, and that settlement gets ErrLeaseExpired).
+		// The consumer may still hold d (its room in the Consumer's
+		// window stays taken until it settles, and that settlement is
+		// stale).
 		q.endLeaseLocked(d)
 		q.stats.Expired++
-		q.makeReadyLocked(d.e, false)
+		q.makeReadyLocked(d.e)
 	}
 	q.armLocked()
 }
 
-// requeueLocked returns every message s still leases to the front of the
-// queue, in delivery order, for a crash or close of s.
-func (q *queue) requeueLocked(s *Subscription) {
-	ds := make([]*Delivery, 0, len(s.leases))
-	for d := range s.leases {
-		ds = append(ds, d)
+// requeueLocked ends the leases ds and puts their messages at the front of
+// the queue, in delivery order, as a closed channel's unacknowledged
+// messages go back.
+func (q *queue) requeueLocked(ds []*delivery) {
+	slices.SortFunc(ds, func(a, b *delivery) int { return cmp.Compare(a.seq, b.seq) })
+	es := make([]*entry, len(ds))
+	for i, d := range ds {
+		q.endLeaseLocked(d)
+		d.e.state = stateReady
+		es[i] = d.e
 	}
-	slices.SortFunc(ds, func(a, b *Delivery) int { return cmp.Compare(a.seq, b.seq) })
-	for i := len(ds) - 1; i >= 0; i-- {
-		q.endLeaseLocked(ds[i])
-		q.makeReadyLocked(ds[i].e, true)
-	}
+	q.ready = slices.Insert(q.ready, 0, es...)
 	q.stats.Requeued += int64(len(ds))
+	q.wakeLocked(len(ds))
 }
 
 func (q *queue) statsSnapshot() Stats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	st := q.stats
-	st.Ready = q.ready.len()
-	st.Delayed = q.delayed.len()
+	st.Ready = len(q.ready)
+	st.Delayed = len(q.delayed)
 	st.InFlight = q.inFlight
 	st.DeadLetters = len(q.dead)
 	return st
@@ -311,7 +281,7 @@ func (q *queue) redrive() int {
 		e := dl.entry
 		e.deliveries = 0
 		e.lease = nil
-		q.makeReadyLocked(e, false)
+		q.makeReadyLocked(e)
 	}
 	q.dead = nil
 	q.stats.Redriven += int64(n)
@@ -328,10 +298,10 @@ func (q *queue) close() {
 	}
 	q.timerAt = time.Time{}
 	for s := range q.subs {
-		s.shutdownLocked(subBrokerClosed)
+		s.shutdownLocked(ErrBrokerClosed)
 	}
 	q.wakeLocked(len(q.waiters))
-	q.ready.clear()
+	q.ready = nil
 	q.delayed.clear()
 	q.leases.clear()
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"time"
 
 	"github.com/idemq/idemq/core/driver"
 )
@@ -22,38 +25,8 @@ const (
 	MetaSubscriber = "idemq.memory.subscriber"
 )
 
-type subConfig struct {
-	window int // 0: unlimited
-}
-
-// SubscribeOption configures a Subscription.
-type SubscribeOption func(*subConfig) error
-
-// WithWindow caps how many deliveries the subscription holds unsettled, like
-// AMQP prefetch: Receive blocks while the window is full. Must be at least
-// 1. Default: unlimited until SetWindow is called (the Consumer calls it
-// with its own window before the first Receive).
-func WithWindow(n int) SubscribeOption {
-	return func(c *subConfig) error {
-		if n < 1 {
-			return fmt.Errorf("memory: Window must be at least 1, got %d", n)
-		}
-		c.window = n
-		return nil
-	}
-}
-
-type subState uint8
-
-const (
-	subOpen subState = iota
-	subClosed
-	subCrashed
-	subBrokerClosed
-)
-
-// Subscription receives from one queue. It implements driver.Source,
-// driver.BatchSettler and driver.WindowSetter. Its methods are safe for
+// Subscription receives from one queue: it is a driver.Puller and a
+// driver.Releaser, what core.New takes. Its methods are safe for
 // concurrent use, and Receive may be called from several goroutines.
 type Subscription struct {
 	q    *queue
@@ -61,27 +34,23 @@ type Subscription struct {
 	done chan struct{} // closed when the subscription closes or crashes
 
 	// guarded by q.mu
-	state         subState
-	window        int // 0: unlimited
-	held          int // deliveries the consumer has not settled yet
-	leases        map[*Delivery]struct{}
-	windowWaiters []*waiter
+	err    error // why it stopped: ErrSubscriptionClosed, ErrCrashed, ErrBrokerClosed
+	leases map[*delivery]struct{}
 }
 
 var (
-	_ driver.Source       = (*Subscription)(nil)
-	_ driver.BatchSettler = (*Subscription)(nil)
-	_ driver.WindowSetter = (*Subscription)(nil)
+	_ driver.Puller   = (*Subscription)(nil)
+	_ driver.Releaser = (*Subscription)(nil)
 )
 
-func (q *queue) subscribe(sc subConfig) (*Subscription, error) {
+func (q *queue) subscribe() (*Subscription, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return nil, ErrBrokerClosed
 	}
 	q.subSeq++
-	s := &Subscription{q: q, id: q.subSeq, done: make(chan struct{}), window: sc.window, leases: map[*Delivery]struct{}{}}
+	s := &Subscription{q: q, id: q.subSeq, done: make(chan struct{}), leases: map[*delivery]struct{}{}}
 	if q.subs == nil {
 		q.subs = map[*Subscription]struct{}{}
 	}
@@ -92,171 +61,188 @@ func (q *queue) subscribe(sc subConfig) (*Subscription, error) {
 // Queue returns the name of the queue the subscription receives from.
 func (s *Subscription) Queue() string { return s.q.name }
 
-func (s *Subscription) errLocked() error {
-	switch s.state {
-	case subClosed:
-		return ErrSubscriptionClosed
-	case subCrashed:
-		return ErrCrashed
-	case subBrokerClosed:
-		return ErrBrokerClosed
-	}
-	return nil
+// Start implements driver.Source: a delivery is leased for the broker's
+// visibility timeout (Traits.Lease), never extended, and Retry's delay is
+// kept by the broker.
+func (s *Subscription) Start(context.Context, driver.Setup) (driver.Traits, error) {
+	return driver.Traits{Lease: s.q.b.cfg.visibility, DelaysRetry: true}, nil
 }
 
-func (s *Subscription) roomLocked() bool { return s.window == 0 || s.held < s.window }
-
-// releaseSlotLocked frees the window slot of one settled delivery.
-func (s *Subscription) releaseSlotLocked() {
-	s.held--
-	if len(s.windowWaiters) > 0 && s.roomLocked() {
-		s.wakeWindowLocked(1)
+// Receive implements driver.Puller: it returns up to max ready messages
+// of the queue, blocking while none is ready. It returns ctx.Err() when
+// ctx is done, and an error wrapping driver.ErrSourceClosed once the
+// subscription is closed (ErrSubscriptionClosed), crashed (ErrCrashed) or
+// the broker closed (ErrBrokerClosed). Blocked receivers are woken one per
+// ready message, in the order they started waiting.
+func (s *Subscription) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
+	if max < 1 {
+		max = 1
 	}
-}
-
-func (s *Subscription) wakeWindowLocked(n int) { wake(&s.windowWaiters, n) }
-
-// Receive returns the next ready message of the queue, blocking while none
-// is ready or the window is full. It returns ctx.Err() when ctx is done, and
-// an error wrapping driver.ErrSourceClosed once the subscription is closed
-// (ErrSubscriptionClosed), crashed (ErrCrashed) or the broker closed
-// (ErrBrokerClosed). Blocked receivers are woken one per ready message, in
-// the order they started waiting.
-func (s *Subscription) Receive(ctx context.Context) (driver.Delivery, error) {
 	q := s.q
-	var w *waiter
+	var w chan struct{} // our place among the waiters, once we wait
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		q.mu.Lock()
 		if w != nil {
-			q.removeWaiterLocked(s, w)
+			q.removeWaiterLocked(w)
 		}
-		if err := s.errLocked(); err != nil {
+		if err := s.err; err != nil {
 			q.mu.Unlock()
 			return nil, err
 		}
-		if s.roomLocked() {
-			if e, ok := q.ready.popFront(); ok {
-				d := q.deliverLocked(s, e)
-				q.mu.Unlock()
-				return d, nil
+		if len(q.ready) > 0 {
+			ms := make([]*driver.Message, min(max, len(q.ready)))
+			for i, e := range q.ready[:len(ms)] {
+				ms[i] = &q.deliverLocked(s, e).msg
 			}
+			clear(q.ready[:len(ms)])
+			q.ready = q.ready[len(ms):]
+			if len(q.ready) > 0 {
+				q.wakeLocked(1) // what is left is another receiver's
+			}
+			q.mu.Unlock()
+			return ms, nil
 		}
 		if w == nil {
-			w = &waiter{ch: make(chan struct{}, 1)}
+			w = make(chan struct{}, 1)
 		}
 		select { // drop a stale wake-up
-		case <-w.ch:
+		case <-w:
 		default:
 		}
-		if s.roomLocked() {
-			w.where = waitQueue
-			q.waiters = append(q.waiters, w)
-		} else {
-			w.where = waitWindow
-			s.windowWaiters = append(s.windowWaiters, w)
-			// We may have been woken for a ready message we cannot
-			// take: pass it on to another receiver.
-			if q.ready.len() > 0 {
-				q.wakeLocked(1)
-			}
-		}
+		q.waiters = append(q.waiters, w)
 		q.mu.Unlock()
 		select {
-		case <-w.ch:
+		case <-w:
 		case <-s.done:
 		case <-ctx.Done():
 			q.mu.Lock()
-			if w.where == waitNone {
-				// We were woken and will not use it: pass it on.
-				if q.ready.len() > 0 {
-					q.wakeLocked(1)
-				}
-				if s.roomLocked() {
-					s.wakeWindowLocked(1)
-				}
+			if !q.removeWaiterLocked(w) && len(q.ready) > 0 {
+				q.wakeLocked(1) // we were woken and will not use it: pass it on
 			}
-			q.removeWaiterLocked(s, w)
 			q.mu.Unlock()
 			return nil, ctx.Err()
 		}
 	}
 }
 
-// SetWindow sets the subscription's window (see WithWindow): at most n
-// deliveries held unsettled. It may be changed at any time; a smaller
-// window takes effect as deliveries are settled, a larger one wakes blocked
-// receivers. It returns an error naming the field when n is below 1.
-func (s *Subscription) SetWindow(n int) error {
-	if n < 1 {
-		return fmt.Errorf("memory: Window must be at least 1, got %d", n)
-	}
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	s.window = n
-	s.wakeWindowLocked(len(s.windowWaiters))
-	return nil
-}
-
-// AckBatch acknowledges several deliveries of this subscription at once, as
-// an AMQP multiple ack or SQS DeleteMessageBatch does. Faults are drawn per
-// delivery, at the same rates as for Ack, so a run injects about as many
-// faults whatever the batch size: if any delivery draws CrashOnAck the
-// subscription crashes before acknowledging anything (the process died
-// before sending the batch) and AckBatch returns ErrCrashed; each delivery
-// that draws LoseAck is reported acknowledged but stays leased. Otherwise
-// each delivery is settled on its own, and the returned error joins the
-// failures of those that could not be (driver.ErrAlreadySettled,
-// ErrLeaseExpired),
-// each naming its index. A delivery from another subscription fails the
-// whole call before anything is settled.
-func (s *Subscription) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+// Ack implements driver.Source: it acknowledges ms at once, as an AMQP
+// multiple ack or SQS DeleteMessageBatch does. Faults are drawn per
+// message: if any draws CrashOnAck the subscription crashes before
+// acknowledging anything (the process died before sending the batch) and
+// Ack returns ErrCrashed; each one that draws LoseAck is reported
+// acknowledged but stays leased.
+func (s *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
 	f := s.q.b.currentFaults()
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if err := s.errLocked(); err != nil {
-		return driver.Stale(err)
-	}
-	own := make([]*Delivery, len(ds))
-	for i, cd := range ds {
-		d, ok := cd.(*Delivery)
-		if !ok || d == nil || d.sub != s {
-			return fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, ErrForeignDelivery)
-		}
-		own[i] = d
-	}
-	if f.CrashOnAck > 0 {
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
 		for _, d := range own {
-			if !d.settled.Settled() && d.live() && q.ackRng.Float64() < f.CrashOnAck {
-				s.shutdownLocked(subCrashed)
+			if d != nil && f.CrashOnAck > 0 && q.ackRng.Float64() < f.CrashOnAck {
+				s.shutdownLocked(ErrCrashed)
 				return ErrCrashed
 			}
 		}
+		for _, d := range own {
+			switch {
+			case d == nil:
+			case f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck:
+				q.stats.AcksLost++
+			default:
+				q.ackLocked(d)
+			}
+		}
+		return nil
+	})
+}
+
+// Retry implements driver.Source: each message is ready again after delay
+// (at once when delay <= 0), behind those ready now; its next delivery has
+// the next attempt number.
+func (s *Subscription) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
+		for _, d := range own {
+			if d != nil {
+				q.retryLocked(d, delay)
+			}
+		}
+		return nil
+	})
+}
+
+// Release implements driver.Releaser: the messages go back to the front of
+// the queue at once, in the order they were delivered, as a closed
+// channel's would; their next delivery has the next attempt number.
+func (s *Subscription) Release(ctx context.Context, ms []*driver.Message) error {
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
+		q.requeueLocked(slices.DeleteFunc(own, func(d *delivery) bool { return d == nil }))
+		return nil
+	})
+}
+
+// errNoCause stands in for a nil cause so that a dead letter always says
+// why.
+var errNoCause = errors.New("memory: dead-lettered without a cause")
+
+// DeadLetter implements driver.Source: it parks each message with its
+// cause (see Broker.DeadLetters and Broker.Redrive). A nil cause is
+// recorded as an error saying none was given.
+func (s *Subscription) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
+	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
+		for i, d := range own {
+			if d == nil {
+				continue
+			}
+			cause := causes[i]
+			if cause == nil {
+				cause = errNoCause
+			}
+			q.endLeaseLocked(d)
+			d.e.state = stateDead
+			q.dead = append(q.dead, DeadLetter{Message: cloneMessage(d.msg), Cause: cause, At: time.Now(), entry: d.e})
+			q.stats.DeadLettered++
+		}
+		q.checkIdleLocked()
+		return nil
+	})
+}
+
+// settle applies a settlement of ms on the queue, locked. It fails the
+// whole call when a message is not this subscription's
+// (ErrForeignDelivery) or the subscription is gone (a stale error), and
+// refuses each message whose lease is no longer current with
+// ErrLeaseExpired (a *driver.Partial says which). apply gets the
+// subscription's deliveries of ms, nil where refused; its error is the
+// call's.
+func (s *Subscription) settle(ctx context.Context, ms []*driver.Message, apply func(q *queue, own []*delivery) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	var errs []error
+	own := make([]*delivery, len(ms))
+	for i, m := range ms {
+		d, ok := m.AckID.(*delivery)
+		if !ok || d.sub != s {
+			return fmt.Errorf("memory: ms[%d]: %w", i, ErrForeignDelivery)
+		}
+		own[i] = d
+	}
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if s.err != nil {
+		return driver.Stale(s.err)
+	}
+	errs := make([]error, len(own))
 	for i, d := range own {
-		if d.settled.Settled() {
-			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, driver.ErrAlreadySettled))
-			continue
+		if !d.live() {
+			q.stats.StaleSettlements++
+			errs[i], own[i] = ErrLeaseExpired, nil
 		}
-		if err := d.markSettledLocked(); err != nil {
-			errs = append(errs, fmt.Errorf("memory: AckBatch: ds[%d]: %w", i, err))
-			continue
-		}
-		if f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck {
-			q.stats.AcksLost++
-			continue
-		}
-		q.ackLocked(d)
 	}
-	return errors.Join(errs...)
+	if err := apply(q, own); err != nil {
+		return err
+	}
+	return driver.PartialOf(errs)
 }
 
 // ExpireLeases ends every lease the subscription holds at once, as an
@@ -271,7 +257,7 @@ func (s *Subscription) ExpireLeases() {
 	for d := range s.leases {
 		q.endLeaseLocked(d)
 		q.stats.Expired++
-		q.makeReadyLocked(d.e, false)
+		q.makeReadyLocked(d.e)
 	}
 	q.armLocked()
 }
@@ -285,36 +271,36 @@ func (s *Subscription) Crash() {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	s.shutdownLocked(subCrashed)
+	s.shutdownLocked(ErrCrashed)
 }
 
 // Close stops the subscription gracefully, like closing an AMQP channel:
 // blocked and later Receive calls return ErrSubscriptionClosed, the
-// messages it still holds go back to the front of the queue, and later
-// settlements of its deliveries return ErrSubscriptionClosed. Settle
-// everything you can before Close. Close is idempotent and returns nil.
+// messages it still leases go back to the front of the queue, and later
+// settlements of its messages return ErrSubscriptionClosed. Close is
+// idempotent and returns nil.
 func (s *Subscription) Close() error {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	s.shutdownLocked(subClosed)
+	s.shutdownLocked(ErrSubscriptionClosed)
 	return nil
 }
 
-func (s *Subscription) shutdownLocked(state subState) {
-	if s.state != subOpen {
+// shutdownLocked stops s for why (ErrSubscriptionClosed, ErrCrashed or
+// ErrBrokerClosed), giving back what it leases unless the broker closed.
+func (s *Subscription) shutdownLocked(why error) {
+	if s.err != nil {
 		return
 	}
 	q := s.q
-	s.state = state
+	s.err = why
 	close(s.done)
 	delete(q.subs, s)
-	if state == subCrashed {
+	if why == ErrCrashed {
 		q.stats.Crashes++
 	}
-	if state != subBrokerClosed {
-		q.requeueLocked(s)
+	if why != ErrBrokerClosed {
+		q.requeueLocked(slices.Collect(maps.Keys(s.leases)))
 	}
-	s.held = 0
-	s.wakeWindowLocked(len(s.windowWaiters))
 }

@@ -14,7 +14,10 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-func init() { driver.RegisterBroker("mem", openSourceURL, openPublisherURL) }
+func init() {
+	driver.RegisterSource("mem", openSourceURL)
+	driver.RegisterPublisher("mem", openPublisherURL)
+}
 
 var named = struct {
 	sync.Mutex
@@ -41,9 +44,8 @@ func Named(name string, opts ...Option) (*Broker, error) {
 
 // memURL is what a mem:// URL's parameters say.
 type memURL struct {
-	name    string
-	bopts   []Option
-	subOpts []SubscribeOption
+	name  string
+	bopts []Option
 }
 
 // urlParams are the parameters of mem:// URLs.
@@ -52,43 +54,40 @@ var urlParams = urlparam.Table[func(*memURL)]{Scheme: "mem", Params: map[string]
 	"visibility": urlparam.Duration("WithVisibilityTimeout", func(d time.Duration) func(*memURL) {
 		return func(m *memURL) { m.bopts = append(m.bopts, WithVisibilityTimeout(d)) }
 	}),
-	"window": urlparam.Int("WithWindow", func(n int) func(*memURL) {
-		return func(m *memURL) { m.subOpts = append(m.subOpts, WithWindow(n)) }
-	}),
 }}
 
-// parseURL reads mem://QUEUE?broker=NAME&visibility=DURATION&window=N; of
-// a repeated parameter, the last value counts.
-func parseURL(u *url.URL) (b *Broker, queue string, subOpts []SubscribeOption, err error) {
+// parseURL reads mem://QUEUE?broker=NAME&visibility=DURATION; of a
+// repeated parameter, the last value counts.
+func parseURL(u *url.URL) (b *Broker, queue string, err error) {
 	queue = strings.Trim(u.Host+u.Path, "/")
 	if queue == "" {
-		return nil, "", nil, fmt.Errorf("mem URL has no queue name (use mem://payments)")
+		return nil, "", fmt.Errorf("mem URL has no queue name (use mem://payments)")
 	}
 	query, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("mem URL parameters: %w", err)
+		return nil, "", fmt.Errorf("mem URL parameters: %w", err)
 	}
 	for k, vs := range query {
 		query[k] = vs[len(vs)-1:]
 	}
 	sets, err := urlParams.Read(query)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, "", err
 	}
 	m := memURL{name: "default"}
 	for _, set := range sets {
 		set(&m)
 	}
 	b, err = Named(m.name, m.bopts...)
-	return b, queue, m.subOpts, err
+	return b, queue, err
 }
 
 func openSourceURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {
-	b, queue, subOpts, err := parseURL(u)
+	b, queue, err := parseURL(u)
 	if err != nil {
 		return nil, err
 	}
-	return b.Subscribe(queue, subOpts...)
+	return b.Subscribe(queue)
 }
 
 // Publisher publishes to a Broker's queues; it is what
@@ -114,12 +113,9 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*driver.M
 func (p *Publisher) Close() error { return nil }
 
 func openPublisherURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
-	b, queue, subOpts, err := parseURL(u)
+	b, queue, err := parseURL(u)
 	if err != nil {
 		return nil, err
-	}
-	if len(subOpts) > 0 {
-		return nil, fmt.Errorf("mem URL parameter window applies to consumers, not publishers")
 	}
 	return b.Publisher(queue), nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -14,9 +15,9 @@ import (
 // measures the adapter alone.
 
 // BenchmarkSourceReceiveAck: publish b.N messages with the Publisher
-// (async, every ack awaited), then Receive them with a window of 400 and
-// ack them one by one (a double ack each) or 200 at a time with AckBatch
-// (plain acks and one flush).
+// (async, every ack awaited), then receive them through the Consumer's
+// flow with a window of 400 and ack them one by one (a double ack each) or
+// 200 at a time with AckBatch (plain acks and a double ack).
 func BenchmarkSourceReceiveAck(b *testing.B) {
 	u := servicetest.NATSURL(b)
 	for _, batch := range []int{1, 200} {
@@ -41,15 +42,12 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer s.Close()
-			if err := s.SetWindow(400); err != nil {
-				b.Fatal(err)
-			}
+			r := brokertest.StartReceiver(b, s, 400)
 			b.ResetTimer()
 			start = time.Now()
-			var pending []driver.Delivery
+			var pending []*brokertest.Delivery
 			for i := 1; i <= b.N; i++ {
-				d, err := s.Receive(ctx)
+				d, err := r.Receive(ctx)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -61,7 +59,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 				}
 				pending = append(pending, d)
 				if len(pending) == batch || i == b.N {
-					if err := s.AckBatch(ctx, pending); err != nil {
+					if err := r.AckBatch(ctx, pending); err != nil {
 						b.Fatal(err)
 					}
 					pending = pending[:0]

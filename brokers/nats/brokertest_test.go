@@ -16,7 +16,8 @@ import (
 
 // harness runs the conformance suite on a fresh stream per fixture, with
 // an AckWait of 2s: a lease that lapses does so well within the suite's
-// receive timeout, and the heartbeat (every 2/3s) keeps the others.
+// receive timeout, and the Consumer's extensions (every 2/3s) keep the
+// others.
 //
 // The fixture publishes the id in idemq-id, not Nats-Msg-Id: the suite
 // publishes duplicates on purpose, to check the Consumer decides them
@@ -48,7 +49,7 @@ func harness() brokertest.Harness {
 					if err != nil {
 						t.Fatalf("Open: %v", err)
 					}
-					return s
+					return &lapsing{Source: s}
 				},
 				DeadLetters: func(ctx context.Context) ([]brokertest.DeadLetter, error) {
 					return rawDeadLetters(ctx, ts)

@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -21,28 +22,31 @@ type link struct {
 	js       jetstream.JetStream
 	own      bool // dialled here: closed by close
 	replicas int  // of the streams stream creates
+	// log is a Source's logger: WithLogger's, else the Consumer's; nil
+	// until one is known, then slog.Default().
+	log atomic.Pointer[slog.Logger]
 }
 
 // connect reads addr and opts and dials the servers (or takes WithConn's
-// connection). logs, if not nil, is given the configured logger and gets
-// the connection's disconnects and reconnects.
-func connect[O Option](addr string, needConsumer bool, opts []O, logs *unsettled.Logger) (config, *link, error) {
+// connection). A Source's link (logs set) logs the connection's
+// disconnects and reconnects.
+func connect[O Option](addr string, needConsumer, logs bool, opts []O) (config, *link, error) {
 	c, err := resolve(addr, needConsumer, opts)
 	if err != nil {
 		return c, nil, err
 	}
 	l := &link{nc: c.conn, replicas: c.replicas}
+	l.log.Store(c.logger)
 	dialOpts := []natsgo.Option{natsgo.Name("idemq"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(250 * time.Millisecond)}
-	if logs != nil {
-		logs.Init(c.logger)
+	if logs {
 		dialOpts = append(dialOpts,
 			natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
 				if err != nil {
-					logs.Log().Warn("idemq nats: disconnected; reconnecting", "error", err)
+					l.logger().Warn("idemq nats: disconnected; reconnecting", "error", err)
 				}
 			}),
 			natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
-				logs.Log().Info("idemq nats: reconnected", "server", redact.URL(nc.ConnectedUrlRedacted()))
+				l.logger().Info("idemq nats: reconnected", "server", redact.URL(nc.ConnectedUrlRedacted()))
 			}))
 	}
 	if l.nc == nil {
@@ -59,11 +63,58 @@ func connect[O Option](addr string, needConsumer bool, opts []O, logs *unsettled
 	return c, l, nil
 }
 
+func (l *link) logger() *slog.Logger {
+	if lg := l.log.Load(); lg != nil {
+		return lg
+	}
+	return slog.Default()
+}
+
 func (l *link) close() error {
 	if l.own {
 		l.nc.Close()
 	}
 	return nil
+}
+
+// bounded gives ctx a deadline if it has none: nats.go's request and
+// flush calls need one.
+func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, 30*time.Second)
+}
+
+// publishChunk is how many async publishes wait for their acks together:
+// below nats.go's limit of pending async publishes.
+const publishChunk = 1000
+
+// publish publishes msgs asynchronously and waits for JetStream's acks:
+// errs[i] is msgs[i]'s, nil once acked. A publish JetStream reports as a
+// duplicate counts as acked: the stream has its Nats-Msg-Id.
+func (l *link) publish(ctx context.Context, msgs []*natsgo.Msg) (errs []error) {
+	errs = make([]error, len(msgs))
+	for start := 0; start < len(msgs); start += publishChunk {
+		chunk := msgs[start:min(start+publishChunk, len(msgs))]
+		futures := make([]jetstream.PubAckFuture, len(chunk))
+		for i, m := range chunk {
+			futures[i], errs[start+i] = l.js.PublishMsgAsync(m)
+		}
+		for i, f := range futures {
+			if f == nil {
+				continue
+			}
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				errs[start+i] = err
+			case <-ctx.Done():
+				errs[start+i] = fmt.Errorf("waiting for the publish ack: %w", ctx.Err())
+			}
+		}
+	}
+	return errs
 }
 
 // stream returns the stream called name, creating it on subject when it
@@ -92,4 +143,15 @@ func (l *link) stream(ctx context.Context, name, subject, what string, declare, 
 		return nil, fmt.Errorf("nats: creating the %s %s on %s: %w", what, name, subject, err)
 	}
 	return st, nil
+}
+
+// headerMap renders NATS headers as strings, the first value of each.
+func headerMap(h natsgo.Header) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if len(v) > 0 {
+			out[k] = v[0]
+		}
+	}
+	return out
 }

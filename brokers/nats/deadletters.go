@@ -9,7 +9,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
@@ -18,7 +18,8 @@ import (
 const legacySubjectHeader = "idemq-subject"
 
 // DeadLetters is an operator's handle on one consumer's dead letters, the
-// messages on its dead-letter subject: an admin.DeadLetterQueue.
+// messages on its dead-letter subject: a driver.DeadLetters and
+// driver.Redriver.
 type DeadLetters struct{ *deadletter.Queue[uint64] }
 
 // OpenDeadLetters opens the dead letters of the consumer of addr, a
@@ -26,7 +27,7 @@ type DeadLetters struct{ *deadletter.Queue[uint64] }
 // Source uses (WithDeadLetterStream, WithDeadLetterSubject). The
 // dead-letter stream must exist: a Source with WithDeclare(true) creates it.
 func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLetters, error) {
-	c, l, err := connect(addr, true, opts, nil)
+	c, l, err := connect(addr, true, false, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +53,7 @@ func (q *parked) Close() error { return q.link.close() }
 
 // Each reads the copies on the dead-letter subject with next-by-subject
 // direct gets, up to the last sequence at the call's start.
-func (q *parked) Each(ctx context.Context, fn func(seq uint64, p *admin.Parked) error) error {
+func (q *parked) Each(ctx context.Context, fn func(seq uint64, p *driver.Parked) error) error {
 	info, err := q.dlq.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("nats: dead-letter stream %s: %w", q.c.dlqStream, err)
@@ -71,7 +72,7 @@ func (q *parked) Each(ctx context.Context, fn func(seq uint64, p *admin.Parked) 
 		}
 		h := headerMap(raw.Header)
 		delete(h, natsgo.MsgIdHdr) // the parking's own dedup id
-		p := &admin.Parked{Ref: strconv.FormatUint(seq, 10), ID: h[IDHeader], ParkedAt: raw.Time, Key: h[KeyHeader], Headers: h, Body: raw.Data}
+		p := &driver.Parked{Ref: strconv.FormatUint(seq, 10), ID: h[IDHeader], ParkedAt: raw.Time, Key: h[KeyHeader], Headers: h, Body: raw.Data}
 		deadletter.Read(p)
 		if p.Destination == "" {
 			p.Destination = h[legacySubjectHeader]
@@ -86,7 +87,7 @@ func (q *parked) Each(ctx context.Context, fn func(seq uint64, p *admin.Parked) 
 // Republish publishes the copy with the id in idemq-id and a Nats-Msg-Id
 // of its dead-letter sequence: JetStream would drop the original's within
 // the duplicate window, and drops a redrive repeated after a failed delete.
-func (q *parked) Republish(ctx context.Context, seq uint64, p *admin.Parked) error {
+func (q *parked) Republish(ctx context.Context, seq uint64, p *driver.Parked) error {
 	h := natsgo.Header{}
 	for k, v := range p.Headers {
 		if k != legacySubjectHeader {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
@@ -21,13 +22,13 @@ func TestSharedDeadLetterStream(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
 	ctx := ctxFor(t, 30*time.Second)
 	shared := WithDeadLetterStream(ts.name + "_DLQ")
-	a := openSource(t, ts, WithConsumer("a"), shared)
-	b := openSource(t, ts, WithConsumer("b"), shared)
+	_, a := receiver(t, ts, WithConsumer("a"), shared)
+	_, b := receiver(t, ts, WithConsumer("b"), shared)
 	if err := ts.publishRaw(ctx, DefaultIDHeader, &driver.Message{ID: "m1", Body: []byte("1")}); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []*Source{a, b} {
-		d := receiveOne(t, s, 5*time.Second)
+	for _, r := range []*brokertest.Receiver{a, b} {
+		d := receiveOne(t, r, 5*time.Second)
 		if err := d.DeadLetter(ctx, core.Permanent(context.DeadlineExceeded)); err != nil {
 			t.Fatal(err)
 		}
@@ -58,8 +59,8 @@ func TestSharedDeadLetterStream(t *testing.T) {
 	if n, err := qa.Redrive(ctx, nil, nil); n != 1 || err != nil {
 		t.Fatalf("Redrive a = %d, %v", n, err)
 	}
-	for _, s := range []*Source{a, b} {
-		d := receiveOne(t, s, 5*time.Second)
+	for _, r := range []*brokertest.Receiver{a, b} {
+		d := receiveOne(t, r, 5*time.Second)
 		if d.Message().ID != "m1" || d.Message().Attempt != 1 {
 			t.Fatalf("redriven %q attempt %d", d.Message().ID, d.Message().Attempt)
 		}
@@ -75,7 +76,7 @@ func TestSharedDeadLetterStream(t *testing.T) {
 		t.Fatalf("b: %d parked after Purge", n)
 	}
 	// Without declare, everything exists now: a source opens.
-	c := openSource(t, ts, WithConsumer("a"), shared, WithDeclare(false))
+	_, c := receiver(t, ts, WithConsumer("a"), shared, WithDeclare(false))
 	expectNothing(t, c, 300*time.Millisecond)
 }
 
@@ -85,7 +86,7 @@ func TestSharedDeadLetterStream(t *testing.T) {
 func TestLegacySubjectHeader(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
 	ctx := ctxFor(t, 30*time.Second)
-	s := openSource(t, ts)
+	_, s := receiver(t, ts)
 	m := natsgo.NewMsg("idemq.dlq." + ts.name + ".worker")
 	m.Header.Set(IDHeader, "old-1")
 	m.Header.Set(legacySubjectHeader, ts.subject)

@@ -19,7 +19,7 @@ import (
 // consumer.
 func TestDeadLetterPublishFails(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
-	s := openSource(t, ts)
+	_, s := receiver(t, ts)
 	ctx := ctxFor(t, 30*time.Second)
 	dlq := ts.name + "_DLQ"
 	dlqInfo, err := ts.js.Stream(ctx, dlq)

@@ -72,7 +72,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("parked %+v", parked)
 	}
 	fixed.Store(true)
-	if n, err := q.Redrive(ctx, nil, nil); n != 1 || err != nil {
+	if n, err := admin.Redrive(ctx, q, nil, nil); n != 1 || err != nil {
 		t.Fatalf("Redrive = %d, %v", n, err)
 	}
 	servicetest.WaitFor(t, 30*time.Second, "order 13 paid", func() bool { return c.Stats().Processed == 20 })

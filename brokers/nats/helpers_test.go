@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,20 +110,31 @@ func (ts testStream) publishRaw(ctx context.Context, idHeader string, msgs ...*d
 	return nil
 }
 
-// lapseLeases lets the lease of every delivery src holds lapse: the
-// heartbeat stops extending them, and it returns once their AckWait has
-// passed, so JetStream hands the messages out again and the old deliveries
-// are stale.
-func lapseLeases(t *testing.T, src driver.Source) {
-	s := src.(*Source)
-	var last time.Time
-	for _, e := range s.live.All() {
-		s.live.GiveUp(e)
-		if l := s.live.Lapses(e); l.After(last) {
-			last = l
-		}
+// lapsing is a Source whose leases a test lets lapse: its Extend fails
+// while refuse is set.
+type lapsing struct {
+	*Source
+	refuse atomic.Bool
+}
+
+func (l *lapsing) Extend(ctx context.Context, ms []*driver.Message) error {
+	if l.refuse.Load() {
+		return errors.New("test: leases left to lapse")
 	}
-	servicetest.WaitFor(t, s.ackWait+10*time.Second, "the AckWait to pass", func() bool { return time.Now().After(last.Add(100 * time.Millisecond)) })
+	return l.Source.Extend(ctx, ms)
+}
+
+// lapseLeases lets the lease of every message src (a *lapsing) holds
+// lapse: no extension is sent from now on, and it returns once the
+// AckWait has passed, so every lease (renewed at most by an extension sent
+// before now) lapsed, JetStream hands the messages out again and the old
+// deliveries are stale. Then extensions go on.
+func lapseLeases(t *testing.T, src driver.Source) {
+	l := src.(*lapsing)
+	l.refuse.Store(true)
+	defer l.refuse.Store(false)
+	lapsed := time.Now().Add(l.ackWait + 100*time.Millisecond)
+	servicetest.WaitFor(t, l.ackWait+10*time.Second, "the AckWait to pass", func() bool { return time.Now().After(lapsed) })
 }
 
 // run runs a Consumer of src over e with the tests' logger, then opts.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -47,14 +48,15 @@ func TestMultiHostURL(t *testing.T) {
 		if got := src.(*Source).link.nc.ConnectedUrl(); !strings.HasSuffix(got, liveHost) {
 			t.Errorf("%s: connected to %s, want the live server %s", u, got, liveHost)
 		}
-		d := receiveOne(t, src.(*Source), 10*time.Second)
+		r := brokertest.StartReceiver(t, src, 0)
+		d := receiveOne(t, r, 10*time.Second)
 		if m := d.Message(); m.ID != id || string(m.Body) != id || m.Attempt != 1 {
 			t.Errorf("through %s: received %q %q attempt %d, want %s", u, m.ID, m.Body, m.Attempt, id)
 		}
 		if err := d.Ack(ctx); err != nil {
 			t.Errorf("Ack through %s: %v", u, err)
 		}
-		src.Close()
+		r.Close()
 	}
 	// Both messages are in the private server's stream, settled.
 	st, err := ts.js.Stream(ctx, ts.name)

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +12,6 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/option"
@@ -59,7 +59,7 @@ type config struct {
 	natsOpts                        []natsgo.Option
 	declare, heartbeat              bool
 	ackWait, maxExtension           time.Duration
-	window, replicas                int
+	replicas                        int
 	logger                          *slog.Logger // nil: the Consumer's, or slog.Default()
 }
 
@@ -134,31 +134,26 @@ func WithIDHeader(h string) PublisherOption {
 }
 
 // WithAckWait sets the declared consumer's AckWait: how long JetStream
-// waits for a settlement (or a heartbeat) before it redelivers. Default
-// 6s: the heartbeat extends a live delivery every third of it, so the
-// AckWait bounds only how long a crashed instance's deliveries wait. A
-// consumer that is not declared keeps its own.
+// waits for a settlement (or an InProgress) before it redelivers, the
+// lease the Consumer extends. Default 6s: the Consumer extends a held
+// message every third of it, so the AckWait bounds only how long a
+// crashed instance's deliveries wait. A consumer that is not declared
+// keeps its own.
 func WithAckWait(d time.Duration) Option {
 	return set("WithAckWait", option.AtLeast(d, 100*time.Millisecond), func(c *config) { c.ackWait = d })
 }
 
-// WithHeartbeat chooses whether the Source keeps unsettled deliveries
-// leased with InProgress every third of the AckWait. Default true.
+// WithHeartbeat chooses whether the Consumer keeps the messages it holds
+// leased (InProgress every third of the AckWait). Default true; with
+// false, JetStream redelivers a message held past the AckWait.
 func WithHeartbeat(b bool) Option {
 	return set("WithHeartbeat", nil, func(c *config) { c.heartbeat = b })
 }
 
-// WithMaxExtension caps how long after its receipt the heartbeat keeps a
-// delivery leased; after that JetStream redelivers it. Default 1h.
+// WithMaxExtension caps how long after its receipt the Consumer keeps a
+// message leased; after that JetStream redelivers it. Default 1h.
 func WithMaxExtension(d time.Duration) Option {
 	return set("WithMaxExtension", option.Positive(d), func(c *config) { c.maxExtension = d })
-}
-
-// WithWindow sets the declared consumer's MaxAckPending and the client's
-// pull buffer: at most this many deliveries are unsettled at once. Default
-// 100; the Consumer sets its own window (driver.WindowSetter).
-func WithWindow(n int) Option {
-	return set("WithWindow", option.Positive(n), func(c *config) { c.window = n })
 }
 
 // WithDeadLetterStream names the stream dead-lettered copies are
@@ -178,9 +173,8 @@ func WithDeadLetterSubject(v string) Option {
 	return set("WithDeadLetterSubject", err, func(c *config) { c.dlqSubject = v })
 }
 
-// WithLogger sets the logger for reconnects and failed settlements or
-// heartbeats. Default slog.Default(), or the Consumer's logger
-// (driver.LoggerSetter) when none is set.
+// WithLogger sets the Source's logger (reconnects, receive errors).
+// Default the Consumer's logger (driver.Setup).
 func WithLogger(l *slog.Logger) Option {
 	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger = l })
 }
@@ -198,7 +192,6 @@ func init() {
 		"ack_wait":      urlparam.Duration("WithAckWait", WithAckWait),
 		"heartbeat":     urlparam.Bool("WithHeartbeat", WithHeartbeat),
 		"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
-		"window":        urlparam.Int("WithWindow", WithWindow),
 		"replicas":      urlparam.Int("WithReplicas", func(n int) Option { return WithReplicas(n) }),
 		"dlq_stream":    urlparam.Text("WithDeadLetterStream", WithDeadLetterStream),
 		"dlq_subject":   urlparam.Text("WithDeadLetterSubject", WithDeadLetterSubject),
@@ -222,12 +215,13 @@ func init() {
 		"creds": fileParam(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
 	}}
 	// The registry returns nil, not a typed nil, after an error.
-	driver.RegisterBroker("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+	driver.RegisterSource("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 		return Open(ctx, u.String(), logger(cfg))
-	}, func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+	})
+	driver.RegisterPublisher("nats", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
 		return NewPublisher(ctx, u.String())
 	})
-	admin.RegisterDeadLetters("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
+	driver.RegisterDeadLetters("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetters, error) {
 		return OpenDeadLetters(ctx, u.String(), logger(cfg))
 	})
 }
@@ -262,7 +256,7 @@ func fileParam(build func(file string) (natsgo.Option, error)) urlparam.Param[Op
 // resolve reads addr (see the package doc), applies opts after its
 // parameters and fills the defaults that depend on the stream.
 func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error) {
-	c := config{declare: true, idHeader: DefaultIDHeader, ackWait: 6 * time.Second, heartbeat: true, maxExtension: time.Hour, window: 100}
+	c := config{declare: true, idHeader: DefaultIDHeader, ackWait: 6 * time.Second, heartbeat: true, maxExtension: time.Hour}
 	u, err := redact.ParseURL(addr)
 	if err != nil {
 		return c, fmt.Errorf("nats: %w", err)
@@ -316,12 +310,7 @@ func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error)
 	if needConsumer && c.consumer == "" {
 		return c, errors.New("nats URL has no consumer (add ?consumer=NAME, or WithConsumer)")
 	}
-	if c.subject == "" {
-		c.subject = c.stream
-	}
-	if c.dlqStream == "" {
-		c.dlqStream = c.stream + "_DLQ"
-	}
+	c.subject, c.dlqStream = cmp.Or(c.subject, c.stream), cmp.Or(c.dlqStream, c.stream+"_DLQ")
 	if c.dlqSubject == "" && c.consumer != "" {
 		c.dlqSubject = "idemq.dlq." + c.stream + "." + c.consumer
 	}

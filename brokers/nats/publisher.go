@@ -9,16 +9,11 @@ import (
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/core/driver"
 )
-
-// publishChunk is how many async publishes wait for their acks together:
-// below nats.go's limit of pending async publishes.
-const publishChunk = 1000
 
 // Publisher publishes to JetStream with the business id in Nats-Msg-Id
 // (JetStream drops a second publish of an id within the duplicate window)
@@ -35,7 +30,7 @@ type Publisher struct {
 // With WithDeclare(true), the default, it creates a missing stream, so
 // messages published before any consumer exists are kept.
 func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*Publisher, error) {
-	c, l, err := connect(addr, false, opts, nil)
+	c, l, err := connect(addr, false, false, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -57,24 +52,13 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 	}
 	trace := propagation.MapCarrier{}
 	otel.GetTextMapPropagator().Inject(ctx, trace)
-	for start := 0; start < len(msgs); start += publishChunk {
-		chunk := msgs[start:min(start+publishChunk, len(msgs))]
-		futures := make([]jetstream.PubAckFuture, 0, len(chunk))
-		for _, m := range chunk {
-			f, err := p.link.js.PublishMsgAsync(p.message(subj, m, trace))
-			if err != nil {
-				return fmt.Errorf("nats: publishing %q to %s: %w", m.ID, subj, err)
-			}
-			futures = append(futures, f)
-		}
-		for i, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				return fmt.Errorf("nats: publishing %q to %s: %w", chunk[i].ID, subj, err)
-			case <-ctx.Done():
-				return fmt.Errorf("nats: waiting for the publish ack of %q: %w", chunk[i].ID, ctx.Err())
-			}
+	out := make([]*natsgo.Msg, len(msgs))
+	for i, m := range msgs {
+		out[i] = p.message(subj, m, trace)
+	}
+	for i, err := range p.link.publish(ctx, out) {
+		if err != nil {
+			return fmt.Errorf("nats: publishing %q to %s: %w", msgs[i].ID, subj, err)
 		}
 	}
 	return nil

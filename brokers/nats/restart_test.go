@@ -90,22 +90,22 @@ func TestSettleAfterReconnect(t *testing.T) {
 	srv := servicetest.StartNATS(t, "")
 	ts := newTestStream(t, srv.URL)
 	ctx := ctxFor(t, time.Minute)
-	s := openSource(t, ts, WithAckWait(3*time.Second))
+	s, r := receiver(t, ts, WithAckWait(3*time.Second))
 	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "a", Body: []byte("a")}, &driver.Message{ID: "b", Body: []byte("b")}); err != nil {
 		t.Fatal(err)
 	}
-	a, b := receiveOne(t, s, 5*time.Second), receiveOne(t, s, 5*time.Second)
+	a, b := receiveOne(t, r, 5*time.Second), receiveOne(t, r, 5*time.Second)
 	srv.Restart()
 	servicetest.WaitFor(t, 10*time.Second, "the source to reconnect", s.link.nc.IsConnected)
 	if err := a.Ack(ctx); err != nil {
 		t.Fatalf("Ack after the reconnect: %v", err)
 	}
 	srv.Stop()
-	// b's lease lapses while the server is down: no heartbeat can be
+	// b's lease lapses while the server is down: no extension can be
 	// confirmed before it (one confirmed after it, by the restarted server,
-	// does not count).
-	e := b.(*delivery).e
-	servicetest.WaitFor(t, 10*time.Second, "b's lease to lapse", func() bool { return time.Now().After(s.live.Lapses(e)) })
+	// does not count), so it lapses at most an AckWait after the stop.
+	lapsed := time.Now().Add(s.ackWait + 100*time.Millisecond)
+	servicetest.WaitFor(t, 10*time.Second, "b's lease to lapse", func() bool { return time.Now().After(lapsed) })
 	srv.Start()
 	// The Ack comes once the client is back and has had the answers to
 	// what it buffered meanwhile (a heartbeat's InProgress and flush).
@@ -120,7 +120,7 @@ func TestSettleAfterReconnect(t *testing.T) {
 	// lazily, and one stopped right after an ack may redeliver the
 	// message, which the dedup store then decides Duplicate.
 	for {
-		again := receiveOne(t, s, 15*time.Second)
+		again := receiveOne(t, r, 15*time.Second)
 		if err := again.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -129,37 +129,41 @@ func TestSettleAfterReconnect(t *testing.T) {
 		}
 		t.Logf("%q redelivered after the server stopped", again.Message().ID)
 	}
-	expectNothing(t, s, time.Second)
+	expectNothing(t, r, time.Second)
 }
 
-// TestHeartbeatConfirmedAfterLapse: a heartbeat whose InProgress waited in
-// the client's buffer while the server was down, and which the restarted
-// server confirms only after the delivery's AckWait passed, is no
-// extension (the server may have read it after it gave up on the
-// delivery): the delivery is stale and the message comes back.
+// TestHeartbeatConfirmedAfterLapse: while the server is down, Extend
+// reports failure (its InProgress only waits in the client's buffer), and
+// an InProgress the restarted server confirms only after the delivery's
+// AckWait passed is no extension (the server may have read it after it
+// gave up on the delivery): the delivery is stale and the message comes
+// back.
 func TestHeartbeatConfirmedAfterLapse(t *testing.T) {
 	srv := servicetest.StartNATS(t, "")
 	ts := newTestStream(t, srv.URL)
 	ctx := ctxFor(t, time.Minute)
-	// The test beats by hand; a beat's flush waits up to a third of the
-	// AckWait (2s), long enough for the server to come back meanwhile.
-	s := openSource(t, ts, WithAckWait(6*time.Second), WithHeartbeat(false))
+	// Extensions every 2s, each flush waiting up to 3s: one sent before
+	// the lapse is still waiting when the server comes back after it.
+	s, r := receiver(t, ts, WithAckWait(6*time.Second))
 	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "b", Body: []byte("b")}); err != nil {
 		t.Fatal(err)
 	}
-	b := receiveOne(t, s, 5*time.Second)
-	lapse := s.live.Lapses(b.(*delivery).e)
+	b := receiveOne(t, r, 5*time.Second)
 	srv.Stop()
-	servicetest.WaitFor(t, 10*time.Second, "half a second before the lease lapses", func() bool { return time.Until(lapse) < 500*time.Millisecond })
-	beaten := make(chan struct{})
-	go func() { s.beat(time.Now()); close(beaten) }() // its InProgress and flush wait for the server
-	servicetest.WaitFor(t, 5*time.Second, "the lease to lapse", func() bool { return time.Now().After(lapse) })
-	srv.Start()
-	<-beaten
-	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
-		t.Fatalf("Ack after a heartbeat confirmed past the lapse = %v, want a stale error", err)
+	lapsed := time.Now().Add(s.ackWait + 100*time.Millisecond) // nothing confirmed after the stop
+	if err := s.Extend(ctxFor(t, time.Second), []*driver.Message{b.Message()}); err == nil {
+		t.Fatal("Extend with the server down succeeded")
 	}
-	again := receiveOne(t, s, 15*time.Second)
+	servicetest.WaitFor(t, 10*time.Second, "the lease to lapse", func() bool { return time.Now().After(lapsed) })
+	srv.Start()
+	servicetest.WaitFor(t, 10*time.Second, "the source to reconnect", s.link.nc.IsConnected)
+	if err := s.link.nc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+		t.Fatalf("Ack after an extension confirmed past the lapse = %v, want a stale error", err)
+	}
+	again := receiveOne(t, r, 15*time.Second)
 	if again.Message().ID != "b" {
 		t.Fatalf("redelivered %q, want b", again.Message().ID)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/internal/tlstest"
@@ -123,7 +124,7 @@ func TestSecurity(t *testing.T) {
 			if err := pub.Publish(ctx, "", &core.Message{ID: "sec-1", Body: []byte("hi")}); err != nil {
 				t.Fatalf("Publish: %v", err)
 			}
-			d, err := src.Receive(ctx)
+			d, err := brokertest.StartReceiver(t, src, 0).Receive(ctx)
 			if err != nil {
 				t.Fatalf("Receive: %v", err)
 			}

@@ -4,23 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"sync"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
-// giveBackDelay is how soon JetStream redelivers what Close gives back.
-const giveBackDelay = 200 * time.Millisecond
-
 // Source consumes a JetStream stream through a durable pull consumer with
-// explicit acks. It implements driver.Source, driver.BatchSettler,
-// driver.WindowSetter, driver.RedeliveryHorizoner and driver.LoggerSetter.
-// Receive may be called from several goroutines.
+// explicit acks. It implements driver.Puller, driver.Extender,
+// driver.Releaser, driver.RedeliveryHorizoner and driver.HorizonHinter,
+// and is safe for concurrent use.
 type Source struct {
 	c       config
 	link    *link
@@ -28,38 +26,37 @@ type Source struct {
 	cons    jetstream.Consumer
 	ackWait time.Duration
 
-	logs unsettled.Logger
-	live *unsettled.Set[uint64, jetstream.Msg] // by stream sequence
+	buf  chan *driver.Message // pulled and not yet returned by Receive; made by Start
+	done chan struct{}        // closed by Close once the pull stopped
 
-	mu     sync.Mutex
-	it     jetstream.MessagesContext
-	window int
-	closed bool
-
-	stop context.CancelFunc // ends the heartbeat
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	started bool
+	pull    jetstream.ConsumeContext // from the first Receive until stopPulling
+	ended   <-chan struct{}          // closed when the pull ends
+	stopped bool                     // stopPulling ran
+	closed  bool
 }
 
+var (
+	_ driver.Puller        = (*Source)(nil)
+	_ driver.Extender      = (*Source)(nil)
+	_ driver.Releaser      = (*Source)(nil)
+	_ driver.HorizonHinter = (*Source)(nil)
+)
+
 // Open opens a Source on addr, a nats:// URL naming the stream and the
-// consumer: it connects, checks (or, with WithDeclare(true), the default,
-// creates) the stream, the dead-letter stream and the durable consumer, and
-// starts the heartbeat. Messages are received from the first Receive on.
+// consumer: it connects and checks (or, with WithDeclare(true), the
+// default, creates) the stream, the dead-letter stream and the durable
+// consumer. Messages are pulled from the first Receive on.
 func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
-	s := &Source{stop: func() {}}
+	s := &Source{done: make(chan struct{})}
 	var err error
-	if s.c, s.link, err = connect(addr, true, opts, &s.logs); err != nil {
+	if s.c, s.link, err = connect(addr, true, true, opts); err != nil {
 		return nil, err
 	}
-	s.window = s.c.window
 	if err := s.declare(ctx); err != nil {
 		s.link.close()
 		return nil, err
-	}
-	s.live = unsettled.New[uint64, jetstream.Msg](s.ackWait, s.c.maxExtension)
-	if s.c.heartbeat {
-		var hctx context.Context
-		hctx, s.stop = context.WithCancel(context.Background())
-		s.wg.Go(func() { unsettled.Heartbeat(hctx, max(s.ackWait/3, 10*time.Millisecond), s.beat) })
 	}
 	return s, nil
 }
@@ -74,7 +71,7 @@ func (s *Source) declare(ctx context.Context) (err error) {
 		return err
 	}
 	if s.ackWait = c.ackWait; c.declare {
-		return s.declareConsumer(ctx, s.window)
+		return s.declareConsumer(ctx, 0) // the server's MaxAckPending until Start
 	}
 	s.cons, err = s.link.js.Consumer(ctx, c.stream, c.consumer)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -99,34 +96,37 @@ func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
 	return nil
 }
 
-func (s *Source) log() *slog.Logger { return s.logs.Log() }
-
-// SetLogger implements driver.LoggerSetter: the Source logs to l unless
-// WithLogger (or OpenConfig.Logger) chose its logger.
-func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
-
-// SetWindow implements driver.WindowSetter: the declared consumer's
-// MaxAckPending and the pull buffer become n. A consumer that is not
-// declared keeps its MaxAckPending; only the pull buffer follows n. Call
-// it before the first Receive.
-func (s *Source) SetWindow(n int) error {
-	if n < 1 {
-		return fmt.Errorf("nats: window %d must be positive", n)
-	}
+// Start implements driver.Source: the declared consumer's MaxAckPending
+// and the pull buffer become the Consumer's window (a consumer that is not
+// declared keeps its MaxAckPending), and the Source logs to the Consumer's
+// logger unless WithLogger gave one. The lease is the consumer's AckWait,
+// which the Consumer renews with Extend up to max_extension (never with
+// heartbeat=false); JetStream waits out a retry's delay itself.
+func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.it != nil {
-		return errors.New("nats: SetWindow after the first Receive")
+	switch {
+	case s.closed:
+		return driver.Traits{}, driver.ErrSourceClosed
+	case s.started:
+		return driver.Traits{}, errors.New("nats: Start called twice")
+	case st.Window < 1:
+		return driver.Traits{}, fmt.Errorf("nats: window %d is below 1", st.Window)
 	}
-	if s.c.declare && n != s.window {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.declareConsumer(ctx, n); err != nil {
-			return err
+	if s.c.declare {
+		if err := s.declareConsumer(ctx, st.Window); err != nil {
+			return driver.Traits{}, err
 		}
 	}
-	s.window = n
-	return nil
+	if st.Logger != nil {
+		s.link.log.CompareAndSwap(nil, st.Logger)
+	}
+	s.buf, s.started = make(chan *driver.Message, st.Window), true
+	tr := driver.Traits{Lease: s.ackWait, MaxExtension: s.c.maxExtension, DelaysRetry: true}
+	if !s.c.heartbeat {
+		tr.MaxExtension = -1 // never extended
+	}
+	return tr, nil
 }
 
 // RedeliveryHorizon implements driver.RedeliveryHorizoner: the stream's
@@ -158,22 +158,63 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 		s.c.stream, s.c.dlqStream, age, s.c.stream, age, s.c.dlqStream, age)
 }
 
-// iterator returns the pull iterator, starting it on the first call.
-func (s *Source) iterator() (jetstream.MessagesContext, error) {
+// Receive implements driver.Puller: it waits for a pulled message and
+// returns it with those already pulled, at most max. The pull's own
+// trouble (a missed pull heartbeat during a reconnect, say) is logged, and
+// the pull goes on.
+func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
+	ended, err := s.pulling()
+	if err != nil {
+		return nil, err
+	}
+	var ms []*driver.Message
+	select {
+	case m := <-s.buf:
+		ms = append(ms, m)
+	case <-ended:
+		return nil, driver.ErrSourceClosed
+	case <-s.done:
+		return nil, driver.ErrSourceClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	for len(ms) < max {
+		select {
+		case m := <-s.buf:
+			ms = append(ms, m)
+		default:
+			return ms, nil
+		}
+	}
+	return ms, nil
+}
+
+// pulling starts the pull on its first call and returns a channel closed
+// when the pull ends (stopPulling, the consumer deleted, the connection
+// closed).
+func (s *Source) pulling() (<-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	switch {
+	case s.closed || s.stopped:
 		return nil, driver.ErrSourceClosed
+	case !s.started:
+		return nil, errors.New("nats: Receive before Start")
+	case s.pull != nil:
+		return s.ended, nil
 	}
-	if s.it == nil {
-		s.sayHeld()
-		it, err := s.cons.Messages(jetstream.PullMaxMessages(s.window))
-		if err != nil {
-			return nil, fmt.Errorf("nats: pulling from consumer %s: %w", s.c.consumer, err)
-		}
-		s.it = it
+	s.sayHeld()
+	cc, err := s.cons.Consume(s.take, jetstream.PullMaxMessages(cap(s.buf)),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { s.warn("pulling", err) }))
+	if err != nil {
+		return nil, fmt.Errorf("nats: pulling from consumer %s: %w", s.c.consumer, err)
 	}
-	return s.it, nil
+	s.pull, s.ended = cc, cc.Closed()
+	return s.ended, nil
+}
+
+func (s *Source) warn(what string, err error) {
+	s.link.logger().Warn("idemq nats: "+what, "stream", s.c.stream, "consumer", s.c.consumer, "error", err)
 }
 
 // sayHeld logs, once at the first Receive, the deliveries another
@@ -187,101 +228,112 @@ func (s *Source) sayHeld() {
 	if err != nil || ci.NumAckPending == 0 {
 		return
 	}
-	s.log().Info("idemq nats: deliveries held unacknowledged by another or an earlier instance come back after the consumer's AckWait",
+	s.link.logger().Info("idemq nats: deliveries held unacknowledged by another or an earlier instance come back after the consumer's AckWait",
 		"consumer", s.c.consumer, "held", ci.NumAckPending, "max_ack_pending", ci.Config.MaxAckPending,
 		"ack_wait", ci.Config.AckWait, "setting", "ack_wait= (WithAckWait)")
 }
 
-// Receive implements driver.Source. Errors other than ErrSourceClosed and
-// ctx's are transient (a missed pull heartbeat during a reconnect, say):
-// the pull goes on.
-func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
-	it, err := s.iterator()
+// delivery is one pulled message: its Message, whose AckID is the
+// jetstream.Msg and BrokerKey its stream sequence (a redelivery after the
+// AckWait supersedes a delivery still held), and its JetStream metadata.
+type delivery struct {
+	m  driver.Message
+	md *jetstream.MsgMetadata
+}
+
+// take reads msg as it arrives and hands it to Receive; once the Source
+// closed, it gives it back.
+func (s *Source) take(msg jetstream.Msg) {
+	at := time.Now() // the lease runs from here, not from Receive
+	md, err := msg.Metadata()
 	if err != nil {
-		return nil, err
+		_ = msg.Nak()
+		s.warn("a message without JetStream metadata on "+msg.Subject(), err)
+		return
 	}
-	msg, err := it.Next(jetstream.NextContext(ctx))
-	switch {
-	case err == nil:
-		return s.newDelivery(msg)
-	case s.isClosed() || errors.Is(err, jetstream.ErrMsgIteratorClosed):
-		return nil, driver.ErrSourceClosed
-	case ctx.Err() != nil:
-		return nil, ctx.Err()
+	h := headerMap(msg.Headers())
+	id, ok := h[IDHeader]
+	if !ok {
+		id = h[s.c.idHeader]
 	}
-	return nil, fmt.Errorf("nats: receiving from consumer %s: %w", s.c.consumer, err)
+	d := &delivery{md: md, m: driver.Message{
+		ID: id, Body: msg.Data(), Headers: h, Key: h[KeyHeader], Source: msg.Subject(), System: "nats",
+		Attempt: int(md.NumDelivered), ReceivedAt: at, AckID: msg, BrokerKey: md.Sequence.Stream,
+	}}
+	d.m.Metadata = (*metadata)(d)
+	select {
+	case s.buf <- &d.m:
+	case <-s.done:
+		_ = msg.NakWithDelay(giveBackDelay)
+	}
 }
 
-func (s *Source) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
+// metadata is a delivery's Message.Metadata, read from it when asked.
+type metadata delivery
+
+// All yields the subject, the consumer, the Nats-Msg-Id, the stream and
+// the message's stream and consumer sequences.
+func (m *metadata) All() iter.Seq2[string, slog.Value] {
+	return func(yield func(string, slog.Value) bool) {
+		md := m.md
+		_ = yield("messaging.destination.name", slog.StringValue(m.m.Source)) &&
+			yield("messaging.consumer.group.name", slog.StringValue(md.Consumer)) &&
+			yield("messaging.message.id", slog.StringValue(m.m.Headers[natsgo.MsgIdHdr])) &&
+			yield("messaging.nats.stream", slog.StringValue(md.Stream)) &&
+			yield("messaging.nats.stream_sequence", slog.Uint64Value(md.Sequence.Stream)) &&
+			yield("messaging.nats.consumer_sequence", slog.Uint64Value(md.Sequence.Consumer))
+	}
 }
 
-// Close implements driver.Source: it stops pulling and gives every
-// unsettled delivery, and every message still in the pull buffer, back to
-// JetStream at once (Nak), so they are redelivered without waiting for the
-// AckWait. Settling those deliveries afterwards returns a stale error.
+// Close implements driver.Source: it stops pulling, gives back what the
+// pull buffer holds (messages Receive never returned) with a short delay,
+// and closes the connection (unless it came from WithConn).
 func (s *Source) Close() error {
 	s.mu.Lock()
-	it, closed := s.it, s.closed
+	closed := s.closed
 	s.closed = true
 	s.mu.Unlock()
 	if closed {
 		return nil
 	}
-	live := s.live.Close()
-	s.stop()
-	s.wg.Wait()
-	// Stop pulling first: a pull request the server has not dropped yet
-	// could take a message given back at once and hold it for its
-	// AckWait, so the Nak asks for a short delay.
-	var back []jetstream.Msg
-	if it != nil {
-		it.Drain()
-		_ = s.link.nc.FlushTimeout(time.Second)
-		next := func() (jetstream.Msg, error) { return it.Next(jetstream.NextMaxWait(time.Second)) }
-		for m, err := next(); err == nil; m, err = next() {
-			back = append(back, m)
-		}
-	}
-	for _, e := range live {
-		back = append(back, e.D)
-	}
-	for _, m := range back {
-		_ = m.NakWithDelay(giveBackDelay)
-	}
+	back := s.stopPulling()
+	close(s.done)
 	err := s.link.nc.FlushTimeout(5 * time.Second)
 	s.link.close()
-	if err != nil && len(back) > 0 {
-		return fmt.Errorf("nats: giving back %d unsettled deliveries on close: %w", len(back), err)
+	if err != nil && back > 0 {
+		return fmt.Errorf("nats: giving back %d pulled messages on close: %w", back, err)
 	}
 	return nil
 }
 
-// AckBatch implements driver.BatchSettler. JetStream has no multiple ack
-// for explicit-ack consumers (AckAll would also take the holes between),
-// so it sends the plain acks and then one flush, whose answer confirms the
-// server read every ack before it: one round trip for the batch.
-func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("nats", ds, func(d *delivery) bool { return d.s == s }, (*delivery).begin)
-	if len(own) == 0 {
-		return errors.Join(errs...)
+// stopPulling ends the pull, once, and gives back the messages it pulled
+// that Receive never returned; it returns how many.
+func (s *Source) stopPulling() (back int) {
+	s.mu.Lock()
+	cc, ended := s.pull, s.ended
+	s.pull, s.stopped = nil, true
+	s.mu.Unlock()
+	if cc == nil {
+		return 0
 	}
-	// The last ack waits for the consumer's leader to answer it; the
-	// others, sent before it on this connection, reach the leader first,
-	// so its answer confirms them too (a flush proves only that the
-	// server the client is connected to read them).
-	for _, d := range own[:len(own)-1] {
-		if err := d.msg().Ack(); err != nil {
-			errs = append(errs, d.failed("ack", err))
+	// What arrives while the pull drains still reaches the buffer; a drain
+	// the server never confirms ends after 5s.
+	cc.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		select {
+		case m := <-s.buf:
+			_ = m.AckID.(jetstream.Msg).NakWithDelay(giveBackDelay)
+			back++
+		case <-ended:
+			if len(s.buf) == 0 {
+				return back
+			}
+		case <-ctx.Done():
+			if len(s.buf) == 0 {
+				return back
+			}
 		}
 	}
-	last := own[len(own)-1]
-	ctx, cancel := bounded(ctx)
-	defer cancel()
-	if err := last.msg().DoubleAck(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("nats: confirming %d acks: %w", len(own), last.failed("ack", err)))
-	}
-	return errors.Join(errs...)
 }

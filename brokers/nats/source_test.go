@@ -3,6 +3,8 @@ package nats
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -11,9 +13,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/core/driver/unsettled"
+	"github.com/idemq/idemq/internal/inflight"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -33,18 +36,26 @@ func openSource(t *testing.T, ts testStream, opts ...Option) *Source {
 	return s
 }
 
-func receiveOne(t *testing.T, s *Source, within time.Duration) driver.Delivery {
+// receiver opens a Source on ts and starts it as a Consumer does, with the
+// default window.
+func receiver(t *testing.T, ts testStream, opts ...Option) (*Source, *brokertest.Receiver) {
 	t.Helper()
-	d, err := s.Receive(ctxFor(t, within))
+	s := openSource(t, ts, opts...)
+	return s, brokertest.StartReceiver(t, s, 0)
+}
+
+func receiveOne(t *testing.T, r *brokertest.Receiver, within time.Duration) *brokertest.Delivery {
+	t.Helper()
+	d, err := r.Receive(ctxFor(t, within))
 	if err != nil {
 		t.Fatalf("Receive: %v", err)
 	}
 	return d
 }
 
-func expectNothing(t *testing.T, s *Source, within time.Duration) {
+func expectNothing(t *testing.T, r *brokertest.Receiver, within time.Duration) {
 	t.Helper()
-	if d, err := s.Receive(ctxFor(t, within)); err == nil {
+	if d, err := r.Receive(ctxFor(t, within)); err == nil {
 		t.Fatalf("unexpected delivery of %q (attempt %d)", d.Message().ID, d.Message().Attempt)
 	}
 }
@@ -56,7 +67,7 @@ func expectNothing(t *testing.T, s *Source, within time.Duration) {
 // again, with its id, although JetStream has seen that Nats-Msg-Id.
 func TestNatsMsgID(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
-	s := openSource(t, ts, WithAckWait(5*time.Second))
+	_, s := receiver(t, ts, WithAckWait(5*time.Second))
 	ctx := ctxFor(t, 30*time.Second)
 	id := "order-" + randomHex(4)
 	for i := range 2 { // the producer retries: JetStream keeps one
@@ -94,7 +105,7 @@ func TestNatsMsgID(t *testing.T) {
 	if len(parked) != 1 || parked[0].ID != id || parked[0].Cause != "bad deploy" || parked[0].Destination != ts.subject || parked[0].Attempt != 1 {
 		t.Fatalf("parked %+v", parked)
 	}
-	if n, err := q.Redrive(ctx, nil, nil); n != 1 || err != nil {
+	if n, err := admin.Redrive(ctx, q, nil, nil); n != 1 || err != nil {
 		t.Fatalf("Redrive = %d, %v", n, err)
 	}
 	d = receiveOne(t, s, 5*time.Second)
@@ -118,7 +129,7 @@ func TestNatsMsgID(t *testing.T) {
 // The Publisher sets the id in both.
 func TestIDHeader(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
-	s := openSource(t, ts, WithIDHeader("order-id"))
+	_, s := receiver(t, ts, WithIDHeader("order-id"))
 	ctx := ctxFor(t, 20*time.Second)
 	own := func(msgID string, h map[string]string) {
 		t.Helper()
@@ -162,12 +173,12 @@ func TestIDHeader(t *testing.T) {
 }
 
 // TestHeartbeat: a delivery held three AckWaits is not redelivered while
-// the heartbeat keeps its lease, and its Ack succeeds; past
+// the Consumer extends its lease, and its Ack succeeds; past
 // WithMaxExtension the lease lapses, JetStream redelivers, and the old
 // delivery is stale.
 func TestHeartbeat(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
-	s := openSource(t, ts, WithAckWait(600*time.Millisecond), WithMaxExtension(3*time.Second))
+	_, s := receiver(t, ts, WithAckWait(600*time.Millisecond), WithMaxExtension(3*time.Second))
 	ctx := ctxFor(t, 30*time.Second)
 	if err := ts.publishRaw(ctx, natsgo.MsgIdHdr, &driver.Message{ID: "a", Body: []byte("a")}, &driver.Message{ID: "b", Body: []byte("b")}); err != nil {
 		t.Fatal(err)
@@ -181,8 +192,10 @@ func TestHeartbeat(t *testing.T) {
 	if again.Message().ID != b.Message().ID || again.Message().Attempt != 2 {
 		t.Fatalf("redelivered %q attempt %d, want %q attempt 2", again.Message().ID, again.Message().Attempt, b.Message().ID)
 	}
-	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, unsettled.ErrRedelivered) {
-		t.Fatalf("Ack of the lapsed, redelivered delivery = %v, want a stale error saying it was redelivered", err)
+	// The Consumer names the first reason it found: the lapse at the cap,
+	// or the redelivery if it came before the Consumer's next look.
+	if err := b.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, inflight.ErrLeaseLapsed) && !errors.Is(err, inflight.ErrRedelivered) {
+		t.Fatalf("Ack of the lapsed, redelivered delivery = %v, want a stale error saying its lease lapsed or it was redelivered", err)
 	}
 	if err := again.Ack(ctx); err != nil {
 		t.Fatal(err)
@@ -224,8 +237,7 @@ func TestURL(t *testing.T) {
 	base := u + "/" + ts.name + "?subject=" + ts.subject
 	for _, c := range []struct{ url, want string }{
 		{base + "&consumer=w&nope=1", `unknown parameter "nope"`},
-		{base + "&consumer=w&window=lots", "parameter window: not a number"},
-		{base + "&consumer=w&window=0", "parameter window: 0 must be positive"},
+		{base + "&consumer=w&window=10", `unknown parameter "window"`}, // the Consumer's WithWindow is the window
 		{base + "&consumer=w&ack_wait=soon", "parameter ack_wait: not a duration"},
 		{base + "&consumer=w&declare=maybe", "parameter declare: not a boolean"},
 		{base + "&consumer=a.b", "parameter consumer"},
@@ -287,7 +299,7 @@ func TestPublishUnconfirmed(t *testing.T) {
 }
 
 // TestWithConnAndLogger: a Source on the caller's connection leaves it
-// open at Close; the Consumer's logger (SetLogger) is used unless the
+// open at Close; the Consumer's logger (driver.Setup) is used unless the
 // Source was given one.
 func TestWithConnAndLogger(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
@@ -298,9 +310,11 @@ func TestWithConnAndLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	mine := testLogger(t)
-	s.SetLogger(mine)
-	if s.log() != mine {
-		t.Error("SetLogger was ignored without WithLogger")
+	if _, err := s.Start(ctx, driver.Setup{Window: 10, Logger: mine}); err != nil {
+		t.Fatal(err)
+	}
+	if s.link.logger() != mine {
+		t.Error("the Consumer's logger was ignored without WithLogger")
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -310,9 +324,11 @@ func TestWithConnAndLogger(t *testing.T) {
 	}
 	given := testLogger(t)
 	s2 := openSource(t, ts, WithLogger(given))
-	s2.SetLogger(mine)
-	if s2.log() != given {
-		t.Error("SetLogger replaced the WithLogger logger")
+	if _, err := s2.Start(ctx, driver.Setup{Window: 10, Logger: mine}); err != nil {
+		t.Fatal(err)
+	}
+	if s2.link.logger() != given {
+		t.Error("the Consumer's logger replaced the WithLogger logger")
 	}
 }
 
@@ -321,9 +337,12 @@ func TestWithConnAndLogger(t *testing.T) {
 func TestCloseUnblocksReceive(t *testing.T) {
 	ts := newTestStream(t, servicetest.NATSURL(t))
 	s := openSource(t, ts)
+	if _, err := s.Start(context.Background(), driver.Setup{Window: 10}); err != nil {
+		t.Fatal(err)
+	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := s.Receive(context.Background())
+		_, err := s.Receive(context.Background(), 10)
 		errc <- err
 	}()
 	time.Sleep(200 * time.Millisecond)
@@ -340,4 +359,163 @@ func TestCloseUnblocksReceive(t *testing.T) {
 		t.Fatal("Receive still blocked 5s after Close")
 	}
 	t.Logf("Close and Receive returned within %v", time.Since(start))
+}
+
+// TestHeldNotice: a Source whose consumer has deliveries held
+// unacknowledged by another instance says so at its first Receive, with
+// their count and the setting that bounds their wait, to the Consumer's
+// logger (it was given none of its own).
+func TestHeldNotice(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	_, first := receiver(t, ts)
+	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "h", Body: []byte("h")}); err != nil {
+		t.Fatal(err)
+	}
+	receiveOne(t, first, 5*time.Second) // held, never settled
+	s, err := Open(ctx, ts.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &servicetest.Buffer{}
+	r, err := brokertest.NewReceiver(ctx, s, 10, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	expectNothing(t, r, 300*time.Millisecond)
+	if got := logs.String(); !strings.Contains(got, "held unacknowledged") || !strings.Contains(got, "held=1") || !strings.Contains(got, "ack_wait=") {
+		t.Fatalf("logged %q, want the held deliveries' notice", got)
+	}
+}
+
+// TestCloseGivesBack: when a Consumer stops, the message it holds (its
+// Release) and those still in the pull buffer (Close) go back to
+// JetStream at once, so the next Source gets them in well under the
+// AckWait of 30s they would otherwise wait out.
+func TestCloseGivesBack(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 30*time.Second)
+	var msgs []*driver.Message
+	for i := range 5 {
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("g-%d", i), Body: []byte("g")})
+	}
+	_, r := receiver(t, ts, WithAckWait(30*time.Second))
+	if err := ts.publishRaw(ctx, IDHeader, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	receiveOne(t, r, 5*time.Second) // the rest wait in the pull buffer
+	closed := time.Now()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, again := receiver(t, ts, WithAckWait(30*time.Second))
+	seen := map[string]bool{}
+	for len(seen) < len(msgs) {
+		d := receiveOne(t, again, 10*time.Second)
+		seen[d.Message().ID] = true
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("all %d back %v after the close", len(msgs), time.Since(closed).Round(time.Millisecond))
+}
+
+// TestRedeliverySupersedes: a message JetStream hands out again while the
+// Consumer still holds it under a live lease (here the consumer's AckWait
+// was cut on the server after the Source read it) supersedes the held
+// delivery by its stream sequence: the held one's Ack is stale and sends
+// nothing, and the newer one settles the message.
+func TestRedeliverySupersedes(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 30*time.Second)
+	openSource(t, ts, WithAckWait(30*time.Second)) // declares the consumer
+	_, r := receiver(t, ts, WithDeclare(false))    // a lease of 30s
+	cons, err := ts.js.Consumer(ctx, ts.name, "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cons.CachedInfo().Config
+	cfg.AckWait = time.Second
+	if _, err := ts.js.UpdateConsumer(ctx, ts.name, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "s", Body: []byte("s")}); err != nil {
+		t.Fatal(err)
+	}
+	held := receiveOne(t, r, 5*time.Second)
+	again := receiveOne(t, r, 10*time.Second)
+	if again.Message().ID != "s" || again.Message().Attempt != 2 {
+		t.Fatalf("received %q attempt %d, want s attempt 2", again.Message().ID, again.Message().Attempt)
+	}
+	if err := held.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, inflight.ErrRedelivered) {
+		t.Fatalf("Ack of the superseded delivery = %v, want a stale error saying it was redelivered", err)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReceiveBatch: Start makes the Consumer's window the consumer's
+// MaxAckPending; Receive returns what the pull buffered, never more than
+// asked and without waiting for more after the first; one Ack call
+// settles them all.
+func TestReceiveBatch(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	s := openSource(t, ts)
+	if _, err := s.Start(ctx, driver.Setup{Window: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.cons.CachedInfo().Config.MaxAckPending; n != 10 {
+		t.Fatalf("MaxAckPending %d, want the window 10", n)
+	}
+	var msgs []*driver.Message
+	for i := range 5 {
+		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("b-%d", i), Body: []byte("b")})
+	}
+	if err := ts.publishRaw(ctx, IDHeader, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var got []*driver.Message
+	for _, c := range []struct{ max, want int }{{1, 1}, {3, 3}, {10, 1}} {
+		ms, err := s.Receive(ctx, c.max)
+		if err != nil || len(ms) != c.want {
+			t.Fatalf("Receive(%d) = %d messages, %v; want %d", c.max, len(ms), err, c.want)
+		}
+		got = append(got, ms...)
+		if len(got) == 1 {
+			servicetest.WaitFor(t, 5*time.Second, "the rest in the pull buffer", func() bool { return len(s.buf) == 4 })
+		}
+	}
+	if err := s.Ack(ctx, got); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	ci, err := s.cons.Info(ctx)
+	if err != nil || ci.NumAckPending != 0 || ci.NumPending != 0 {
+		t.Fatalf("after the Ack: %+v, %v; want nothing pending", ci, err)
+	}
+}
+
+// TestHeartbeatOff: with heartbeat=false a held message's lease is never
+// extended: JetStream hands it out again after the AckWait, and the held
+// delivery is stale.
+func TestHeartbeatOff(t *testing.T) {
+	ts := newTestStream(t, servicetest.NATSURL(t))
+	ctx := ctxFor(t, 20*time.Second)
+	_, r := receiver(t, ts, WithAckWait(time.Second), WithHeartbeat(false))
+	if err := ts.publishRaw(ctx, IDHeader, &driver.Message{ID: "o", Body: []byte("o")}); err != nil {
+		t.Fatal(err)
+	}
+	held := receiveOne(t, r, 5*time.Second)
+	again := receiveOne(t, r, 10*time.Second)
+	if again.Message().ID != "o" || again.Message().Attempt != 2 {
+		t.Fatalf("received %q attempt %d, want o attempt 2", again.Message().ID, again.Message().Attempt)
+	}
+	if err := held.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+		t.Fatalf("Ack of the lapsed delivery = %v, want a stale error", err)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -19,12 +19,12 @@ func parse(raw string) (string, config, error) {
 // hold for the ones not given.
 func TestParseURL(t *testing.T) {
 	stream, c, err := parse("nats://u:p@h1:4222,h2:4223/ORDERS?consumer=billing&subject=orders.%3E&declare=false&id_header=order-id" +
-		"&ack_wait=10s&heartbeat=false&max_extension=5m&window=7&dlq_stream=PARKED&dlq_subject=parked.billing")
+		"&ack_wait=10s&heartbeat=false&max_extension=5m&replicas=3&dlq_stream=PARKED&dlq_subject=parked.billing")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if stream != "ORDERS" || c.consumer != "billing" || c.subject != "orders.>" || c.declare || c.idHeader != "order-id" ||
-		c.ackWait != 10*time.Second || c.heartbeat || c.maxExtension != 5*time.Minute || c.window != 7 ||
+		c.ackWait != 10*time.Second || c.heartbeat || c.maxExtension != 5*time.Minute || c.replicas != 3 ||
 		c.dlqStream != "PARKED" || c.dlqSubject != "parked.billing" || strings.Join(c.servers, ",") != "nats://h1:4222,nats://h2:4223" {
 		t.Fatalf("parsed %s %+v", stream, c)
 	}
@@ -33,15 +33,15 @@ func TestParseURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.subject != "ORDERS" || !c.declare || c.idHeader != DefaultIDHeader || c.ackWait != 6*time.Second || !c.heartbeat ||
-		c.maxExtension != time.Hour || c.window != 100 || c.dlqStream != "ORDERS_DLQ" || c.dlqSubject != "idemq.dlq.ORDERS.billing" {
+		c.maxExtension != time.Hour || c.dlqStream != "ORDERS_DLQ" || c.dlqSubject != "idemq.dlq.ORDERS.billing" {
 		t.Fatalf("defaults %+v", c)
 	}
 	// Options given in code override the URL's, and their errors name the option.
-	c, err = resolve("nats://h/ORDERS?consumer=billing&window=7", false, []Option{WithConsumer("audit"), WithWindow(9)})
-	if err != nil || c.consumer != "audit" || c.window != 9 || c.dlqSubject != "idemq.dlq.ORDERS.audit" {
+	c, err = resolve("nats://h/ORDERS?consumer=billing&ack_wait=7s", false, []Option{WithConsumer("audit"), WithAckWait(9 * time.Second)})
+	if err != nil || c.consumer != "audit" || c.ackWait != 9*time.Second || c.dlqSubject != "idemq.dlq.ORDERS.audit" {
 		t.Fatalf("overridden %+v, %v", c, err)
 	}
-	if _, err := resolve("nats://h/ORDERS?window=7", false, []Option{WithWindow(0)}); err == nil || !strings.Contains(err.Error(), "option WithWindow") {
+	if _, err := resolve("nats://h/ORDERS?ack_wait=7s", false, []Option{WithAckWait(0)}); err == nil || !strings.Contains(err.Error(), "option WithAckWait") {
 		t.Fatalf("a bad option: %v", err)
 	}
 }
@@ -52,7 +52,7 @@ func FuzzParseURL(f *testing.F) {
 	for _, s := range []string{
 		"nats://u:p%40ss@127.0.0.1:4222/ORDERS?consumer=w&subject=orders.created",
 		"nats://h1:4222,h2:4222/S?consumer=w&token=s3cret&tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem",
-		"nats://h/S?consumer=w&nkey_seed=/seed&creds=/x.creds&window=0&ack_wait=x",
+		"nats://h/S?consumer=w&nkey_seed=/seed&creds=/x.creds&replicas=0&ack_wait=x",
 		"nats://tok@h/S", "nats://h/", "nats://h/S?consumer=a.b", "nats://h/S?dlq_subject=a.*",
 	} {
 		f.Add(s)

@@ -16,7 +16,7 @@ import (
 
 // BenchmarkSourceReceiveAck measures the adapter alone, no database:
 // Receive b.N messages with a window of 400 and ack them 200 at a time
-// with AckBatch (multiple ack), or one by one; "raw" is plain amqp091-go
+// (a multiple ack), or one by one; "raw" is plain amqp091-go
 // doing the same with a multiple ack every 200, for comparison.
 func BenchmarkSourceReceiveAck(b *testing.B) {
 	amqpU := amqpURL(b)
@@ -58,34 +58,26 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer src.Close()
-			if err := src.SetWindow(400); err != nil {
+			if _, err := src.Start(ctx, driver.Setup{Window: 400}); err != nil {
 				b.Fatal(err)
 			}
 			publishBench(b, amqpU, q, b.N)
 			b.ResetTimer()
 			start := time.Now()
-			pending := make([]driver.Delivery, 0, batch)
-			for range b.N {
-				d, err := src.Receive(ctx)
+			pending := make([]*driver.Message, 0, 400)
+			for received := 0; received < b.N; {
+				ms, err := src.Receive(ctx, min(400-len(pending), b.N-received))
 				if err != nil {
 					b.Fatal(err)
 				}
-				pending = append(pending, d)
-				if len(pending) == batch {
-					if batch == 1 {
-						err = d.Ack(ctx)
-					} else {
-						err = src.AckBatch(ctx, pending)
-					}
-					if err != nil {
+				received += len(ms)
+				pending = append(pending, ms...)
+				for len(pending) >= batch || (received == b.N && len(pending) > 0) {
+					n := min(batch, len(pending))
+					if err := src.Ack(ctx, pending[:n]); err != nil {
 						b.Fatal(err)
 					}
-					pending = pending[:0]
-				}
-			}
-			if len(pending) > 0 {
-				if err := src.AckBatch(ctx, pending); err != nil {
-					b.Fatal(err)
+					pending = append(pending[:0], pending[n:]...)
 				}
 			}
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")

@@ -13,7 +13,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/core/driver/hostlist"
@@ -21,7 +20,7 @@ import (
 )
 
 // DeadLetters is an operator's handle on the dead-letter queue of one
-// consumer's queue (admin.DeadLetterQueue, what admin.OpenDeadLetters
+// consumer's queue (driver.DeadLetters and driver.Redriver, what admin.OpenDeadLetters
 // returns for an amqp:// or amqps:// URL). Redrive publishes to
 // Parked.Destination through the default exchange, mandatory and
 // confirmed, without the bookkeeping headers and the broker's x-death,
@@ -85,7 +84,7 @@ func (q *dlqStore) Name() string { return q.cfg.deadLetterQueue }
 // Republish implements deadletter.Store: d's properties, typed headers and
 // body, without the bookkeeping of its delivery, dead-lettering and
 // retries, confirmed.
-func (q *dlqStore) Republish(ctx context.Context, d *amqp.Delivery, p *admin.Parked) error {
+func (q *dlqStore) Republish(ctx context.Context, d *amqp.Delivery, p *driver.Parked) error {
 	pub := republishing(d)
 	for k := range pub.Headers {
 		if slices.Contains(deadletter.Bookkeeping, k) || k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-idemq-") {
@@ -108,14 +107,14 @@ func (q *dlqStore) Remove(_ context.Context, d *amqp.Delivery) error {
 // messages as the queue held ready when it began (fewer if it runs out),
 // and calls fn with each while it holds it. The messages not removed go
 // back to the queue when the channel closes at the end.
-func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *admin.Parked) error) (err error) {
+func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *driver.Parked) error) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if err := q.connect(ctx); err != nil {
 		return err
 	}
-	ch, err := openConfirm(q.conn, 4)
+	ch, err := openConfirm(q.conn)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
@@ -178,10 +177,10 @@ func (q *dlqStore) awaitReturned(ctx context.Context) {
 
 // parked reads d as an operator sees it; refs are the call's, to tell
 // identical copies apart.
-func (q *dlqStore) parked(d *amqp.Delivery, refs deadletter.Refs) *admin.Parked {
+func (q *dlqStore) parked(d *amqp.Delivery, refs deadletter.Refs) *driver.Parked {
 	id, _ := messageID(q.cfg.idHeader, d)
 	key, _ := d.Headers[KeyHeader].(string)
-	p := &admin.Parked{ID: id, Key: key, Headers: renderHeaders(d.Headers), Body: d.Body, Ref: contentRef(d, refs)}
+	p := &driver.Parked{ID: id, Key: key, Headers: renderHeaders(d.Headers), Body: d.Body, Ref: contentRef(d, refs)}
 	if death, ok := lastDeath(d.Headers); ok && d.Headers[driver.CauseHeader] == nil {
 		// The broker dead-lettered it (DeadLetterReject, a delivery limit,
 		// a TTL): it records neither the cause nor the attempt.

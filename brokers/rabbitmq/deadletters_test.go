@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -31,10 +32,10 @@ var dlqModes = []struct {
 // parkN publishes n messages (ids prefix-000, …) to a fresh queue of a
 // Source opened with opts, dead-letters each and waits until all are
 // parked. It returns the URL, the
-// queue, the Source and the ids.
-func parkN(t *testing.T, n int, prefix string, opts ...Option) (string, string, *Source, []string) {
+// queue, the Receiver over the Source and the ids.
+func parkN(t *testing.T, n int, prefix string, opts ...Option) (string, string, *brokertest.Receiver, []string) {
 	t.Helper()
-	url, queue, src := openTestSource(t, opts...)
+	url, queue, src, r := openTestSource(t, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pub, err := NewPublisher(ctx, url, WithRoutingKey(queue))
@@ -52,14 +53,14 @@ func parkN(t *testing.T, n int, prefix string, opts ...Option) (string, string, 
 		t.Fatal(err)
 	}
 	for range n {
-		d := receiveN(t, src, 1, 10*time.Second)[0]
+		d := receiveN(t, r, 1, 10*time.Second)[0]
 		if err := d.DeadLetter(ctx, errors.New("bad deploy "+d.Message().ID)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The broker dead-letters rejected messages after the reject.
 	waitUntil(t, 10*time.Second, func() bool { return queueDepth(t, url, src.cfg.deadLetterQueue) == n })
-	return url, queue, src, ids
+	return url, queue, r, ids
 }
 
 // openDLQ opens the dead-letter queue of queue, closed when the test ends.

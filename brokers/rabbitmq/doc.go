@@ -1,22 +1,26 @@
 // Package rabbitmq is idemq's RabbitMQ broker adapter, built on
 // github.com/rabbitmq/amqp091-go.
 //
-// A Source (Open) consumes one queue with manual acknowledgements and a
-// QoS prefetch equal to the Consumer's in-flight window; the message id is
-// the message_id property or a header (WithIDHeader). Ack is a basic.ack
-// by delivery tag, AckBatch one multiple=true ack over a run of tags below
-// which no other tag of the channel is unsettled (a multiple ack
-// acknowledges every unacked tag up to it, deliveries in flight included)
-// and single acks for the rest. Retry and DeadLetter follow the Source's
-// RetryMode and DeadLetterMode; a parked copy carries the bookkeeping
-// headers of core/driver (driver.CauseHeader, AttemptHeader, OriginHeader,
-// DestinationHeader, ParkedAtHeader).
+// A Source (Open) is a driver.Puller: it consumes one queue with manual
+// acknowledgements and a QoS prefetch equal to the Consumer's window; the
+// message id is the message_id property or a header (WithIDHeader). The
+// Consumer settles a batch's messages in one call per kind: Ack sends one
+// basic.ack with multiple=true over the batch's tags below the lowest tag
+// still unsettled on the channel (a multiple ack acknowledges every unacked
+// tag up to it, deliveries in flight included) and single acks for the
+// rest; requeues and rejects go out the same way. Retry and DeadLetter
+// follow the Source's RetryMode and DeadLetterMode; a parked copy carries
+// the bookkeeping headers of core/driver (driver.CauseHeader,
+// AttemptHeader, OriginHeader, DestinationHeader, ParkedAtHeader). Attempt
+// comes from x-delivery-count on quorum queues, and on classic queues,
+// which only flag a redelivery, from what this process requeued
+// (core/driver/attempts).
 //
 // amqp091-go does not reconnect by itself (and its optional channel
 // recovery reuses channel ids, so an old delivery tag could land on a new
 // channel). The Source reconnects with backoff on its own and binds every
 // delivery to the channel it arrived on: settling a delivery whose channel
-// died returns an error wrapping core.ErrStaleDelivery and sends nothing.
+// died returns an error wrapping driver.ErrStaleDelivery and sends nothing.
 // The broker redelivers such a message, and the dedup store then decides
 // Duplicate if its effect was already committed.
 //
@@ -26,9 +30,9 @@
 // down, whereas a classic queue lives on one node and is gone while that
 // node is down.
 //
-// DeadLetters (OpenDeadLetters, or admin.OpenDeadLetters with the Source's
-// URL) lists, redrives and purges the messages parked in the dead-letter
-// queue. A Publisher publishes core Messages with publisher confirms, for
-// tests, examples and the outbox relay; one URL with exchange= opens both
-// sides.
+// DeadLetters (OpenDeadLetters, or admin.OpenDeadLetters with the
+// Source's URL) lists, redrives and purges the messages parked in the
+// dead-letter queue. A Publisher publishes core Messages with publisher
+// confirms, for tests, examples and the outbox relay; one URL with
+// exchange= opens both sides.
 package rabbitmq

@@ -25,9 +25,9 @@ func postgresURL(t testing.TB) string {
 	return servicetest.PostgresURL(t)
 }
 
-// crashAfter wraps a Source so that, once armed, its crashAt-th batch ack
-// (or single ack) closes the source instead of acknowledging: the process committed
-// its transaction and died before the ack reached the broker.
+// crashAfter wraps a Source so that, once armed, its crashAt-th Ack call
+// closes the source instead of acknowledging: the process committed its
+// transaction and died before the ack reached the broker.
 type crashAfter struct {
 	*Source
 	crashAt int64       // counted once armed; 0: never
@@ -36,47 +36,14 @@ type crashAfter struct {
 	crashed atomic.Bool
 }
 
-func (c *crashAfter) crash() bool {
+// Ack crashes instead of acking on the crashAt-th call.
+func (c *crashAfter) Ack(ctx context.Context, ms []*driver.Message) error {
 	if c.crashAt > 0 && c.armed.Load() && c.acks.Add(1) == c.crashAt {
 		c.crashed.Store(true)
 		_ = c.Source.Close()
-		return true
-	}
-	return false
-}
-
-// AckBatch crashes instead of acking on the crashAt-th call.
-func (c *crashAfter) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	unwrapped := make([]driver.Delivery, len(ds))
-	for i, d := range ds {
-		unwrapped[i] = d.(*crashDelivery).Delivery
-	}
-	if c.crash() {
 		return errors.New("crashed between commit and ack")
 	}
-	return c.Source.AckBatch(ctx, unwrapped)
-}
-
-// Receive wraps each delivery so its Ack can crash too.
-func (c *crashAfter) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := c.Source.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &crashDelivery{Delivery: d, c: c}, nil
-}
-
-type crashDelivery struct {
-	driver.Delivery
-	c *crashAfter
-}
-
-// Ack crashes instead of acking on the crashAt-th ack.
-func (d *crashDelivery) Ack(ctx context.Context) error {
-	if d.c.crash() {
-		return errors.New("crashed between commit and ack")
-	}
-	return d.Delivery.Ack(ctx)
+	return c.Source.Ack(ctx, ms)
 }
 
 // TestEndToEndPostgres publishes 20,000 messages plus 20% duplicate

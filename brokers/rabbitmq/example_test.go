@@ -70,7 +70,7 @@ func ExamplePublisher() {
 // queues, queue types and settlement modes without a code change.
 func ExampleOpen_url() {
 	ctx := context.Background()
-	src, err := rabbitmq.Open(ctx, "amqp://guest:guest@127.0.0.1:5672/?queue=payments&queue_type=quorum&retry=queue&prefetch=200")
+	src, err := rabbitmq.Open(ctx, "amqp://guest:guest@127.0.0.1:5672/?queue=payments&queue_type=quorum&retry=queue")
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -63,8 +65,9 @@ func dialChannel(t testing.TB, url string) (ch *amqp.Channel, done func()) {
 }
 
 // openTestSource opens a Source, logging to the test, on a fresh queue of
-// the broker at amqpURL; it closes when the test ends.
-func openTestSource(t testing.TB, opts ...Option) (url, queue string, src *Source) {
+// the broker at amqpURL, and starts it for a Consumer with the default
+// window; it closes when the test ends.
+func openTestSource(t testing.TB, opts ...Option) (url, queue string, src *Source, r *brokertest.Receiver) {
 	t.Helper()
 	url = amqpURL(t)
 	queue = uniqueQueue(t, url)
@@ -72,8 +75,7 @@ func openTestSource(t testing.TB, opts ...Option) (url, queue string, src *Sourc
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { src.Close() })
-	return url, queue, src
+	return url, queue, src, brokertest.StartReceiver(t, src, 0)
 }
 
 // queueDepth returns the number of ready messages in queue.
@@ -206,14 +208,15 @@ func (p *proxy) cut() {
 	p.cuts++
 }
 
-// receiveN receives n deliveries or fails the test after timeout.
-func receiveN(t testing.TB, s *Source, n int, timeout time.Duration) []*delivery {
+// receiveN receives n deliveries through r or fails the test after
+// timeout.
+func receiveN(t testing.TB, r *brokertest.Receiver, n int, timeout time.Duration) []*brokertest.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	out := make([]*delivery, 0, n)
+	out := make([]*brokertest.Delivery, 0, n)
 	for len(out) < n {
-		d, err := s.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("received %d of %d deliveries before the timeout", len(out), n)
@@ -221,7 +224,7 @@ func receiveN(t testing.TB, s *Source, n int, timeout time.Duration) []*delivery
 			t.Logf("receive: %v", err)
 			continue
 		}
-		out = append(out, d.(*delivery))
+		out = append(out, d)
 	}
 	return out
 }
@@ -260,4 +263,20 @@ func closeConnectionNamed(t testing.TB, name string) int {
 		closed++
 	}
 	return closed
+}
+
+// consumerPrefetches returns the prefetch count of each consumer of queue,
+// as rabbitmqctl lists them.
+func consumerPrefetches(queue string) ([]string, error) {
+	out, err := exec.Command("rabbitmqctl", "-q", "list_consumers", "queue_name", "prefetch_count").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmqctl list_consumers: %v\n%s", err, out)
+	}
+	var prefetch []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+			prefetch = append(prefetch, f[1])
+		}
+	}
+	return prefetch, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -195,18 +194,10 @@ func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 	}
 	// Back to the full window: one consumer, with the Consumer's window
 	// (8 by default) as its prefetch.
-	if out, err := exec.Command("rabbitmqctl", "-q", "list_consumers", "queue_name", "prefetch_count").CombinedOutput(); err == nil {
-		var prefetch []string
-		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
-				prefetch = append(prefetch, f[1])
-			}
-		}
-		if len(prefetch) != 1 || prefetch[0] != "8" {
-			t.Errorf("consumers on the queue after the poison: prefetch %v; want one with 8", prefetch)
-		}
-	} else {
-		t.Logf("rabbitmqctl list_consumers: %v (prefetch not checked)", err)
+	if prefetch, err := consumerPrefetches(queue); err != nil {
+		t.Logf("%v (prefetch not checked)", err)
+	} else if len(prefetch) != 1 || prefetch[0] != "8" {
+		t.Errorf("consumers on the queue after the poison: prefetch %v; want one with 8", prefetch)
 	}
 	stop()
 	if err := <-done; err != nil {

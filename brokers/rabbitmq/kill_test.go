@@ -27,49 +27,21 @@ const (
 	envChildKillAt = "IDEMQ_TEST_CHILD_KILL_AT"
 )
 
-// killAt wraps a Source: its killAt-th settlement of acks (a batch ack or
-// a single ack) SIGKILLs the whole process instead. By then the batch's
+// killAt wraps a Source: its killAt-th Ack call (a batch's acks, or a
+// single one) SIGKILLs the whole process instead. By then the batch's
 // transaction has committed; the broker only sees the TCP connection die.
 type killAt struct {
 	*Source
-	n, at int64
+	n, at atomic.Int64
 }
 
-func (k *killAt) maybeDie() {
-	if atomic.AddInt64(&k.n, 1) == k.at {
+// Ack dies instead of acking on the chosen call.
+func (k *killAt) Ack(ctx context.Context, ms []*driver.Message) error {
+	if k.n.Add(1) == k.at.Load() {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		time.Sleep(time.Minute) // the signal is on its way
 	}
-}
-
-// AckBatch dies instead of acking on the chosen settlement.
-func (k *killAt) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	k.maybeDie()
-	inner := make([]driver.Delivery, len(ds))
-	for i, d := range ds {
-		inner[i] = d.(*killDelivery).Delivery
-	}
-	return k.Source.AckBatch(ctx, inner)
-}
-
-// Receive wraps deliveries so a single Ack can die too.
-func (k *killAt) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := k.Source.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &killDelivery{Delivery: d, k: k}, nil
-}
-
-type killDelivery struct {
-	driver.Delivery
-	k *killAt
-}
-
-// Ack dies instead of acking on the chosen settlement.
-func (d *killDelivery) Ack(ctx context.Context) error {
-	d.k.maybeDie()
-	return d.Delivery.Ack(ctx)
+	return k.Source.Ack(ctx, ms)
 }
 
 func effectsHandler(ctx context.Context, tx *sql.Tx, m *core.Message) error {
@@ -94,8 +66,9 @@ func TestKillChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// batch 1 consumers ack one by one; batches ack with AckBatch.
-	c, err := core.New[*sql.Tx](&killAt{Source: src, at: at}, store, effectsHandler,
+	k := &killAt{Source: src}
+	k.at.Store(at)
+	c, err := core.New[*sql.Tx](k, store, effectsHandler,
 		core.WithName("killed"), core.WithBatchSize(10), core.WithWindow(30))
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/servicetest"
 )
@@ -43,11 +44,14 @@ func TestOpenSourceWithAdapterLogger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
 	// The Consumer's logger must not replace the one given at open.
-	src.(*Source).SetLogger(testLogger(t))
+	r, err := brokertest.NewReceiver(ctx, src, 1, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
 	publishBadIDHeader(t, url, queue)
-	d, err := src.Receive(ctx)
+	d, err := r.Receive(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +62,7 @@ func TestOpenSourceWithAdapterLogger(t *testing.T) {
 }
 
 // Without a logger of its own, the Source logs to the Consumer's
-// (core.WithLogger), which the Consumer hands over with SetLogger.
+// (core.WithLogger), which the Consumer hands over when it starts it.
 func TestConsumerLoggerReachesSource(t *testing.T) {
 	url := amqpURL(t)
 	queue := uniqueQueue(t, url)
@@ -106,9 +110,9 @@ func TestReconnectBackoffBoundsAndReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
 	publishN(t, url, q, "backoff", 1)
-	if err := receiveN(t, src, 1, 10*time.Second)[0].Ack(ctx); err != nil {
+	if err := receiveN(t, r, 1, 10*time.Second)[0].Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
 	p.setDown(true)

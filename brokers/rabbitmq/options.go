@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"cmp"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -23,13 +22,13 @@ const (
 	Quorum QueueType = "quorum"
 )
 
-// RetryMode chooses how Delivery.Retry asks for a redelivery.
+// RetryMode chooses how the Source retries a message.
 type RetryMode int
 
 const (
-	// RetryRequeue keeps the message unacked for the delay (it keeps its
-	// place in the prefetch window, which throttles a failing consumer),
-	// then nacks it with requeue. Nothing is published.
+	// RetryRequeue leaves the message unacked while the Consumer waits out
+	// the delay (it keeps its place in the window, which throttles a
+	// failing consumer), then nacks it with requeue. Nothing is published.
 	RetryRequeue RetryMode = iota + 1
 	// RetryViaQueue publishes a copy to the retry queue with a per-message
 	// TTL equal to the delay, confirmed, then acks the original; the retry
@@ -40,7 +39,7 @@ const (
 	RetryViaQueue
 )
 
-// DeadLetterMode chooses how Delivery.DeadLetter parks a message.
+// DeadLetterMode chooses how the Source parks a dead-lettered message.
 type DeadLetterMode int
 
 const (
@@ -72,13 +71,13 @@ type connConfig struct {
 type config struct {
 	connConfig
 	queue, deadLetterQueue, retryQueue, consumerTag, exchange string
-	prefetch, deliveryLimit                                   int
+	deliveryLimit                                             int
 	declare                                                   bool
 	queueType                                                 QueueType
 	retryMode                                                 RetryMode
 	deadLetterMode                                            DeadLetterMode
 	backoffMin, backoffMax, messageTTL, policyTTL             time.Duration
-	logger                                                    *slog.Logger // nil: SetLogger's, else slog.Default()
+	logger                                                    *slog.Logger // nil: the Consumer's
 }
 
 // defaultConfig is the configuration before options; the dead-letter and
@@ -87,7 +86,6 @@ func defaultConfig(queue string) config {
 	return config{
 		connConfig:     connConfig{connName: "idemq"},
 		queue:          queue,
-		prefetch:       100,
 		declare:        true,
 		queueType:      Classic,
 		retryMode:      RetryRequeue,
@@ -104,36 +102,22 @@ func set[C any](name string, err error, f func(*C)) func(*C) error {
 	return option.Set("rabbitmq", name, err, f)
 }
 
-// refuse is the check of a value bad is true for: the error says why.
-func refuse(bad bool, format string, args ...any) error {
-	if !bad {
-		return nil
-	}
-	return fmt.Errorf(format, args...)
-}
-
 // short checks an AMQP short string (an exchange name or routing key, at
 // most 255 bytes).
 func short(what, v string) error {
-	return refuse(len(v) > 255, "%s of %d bytes is longer than 255", what, len(v))
+	return option.Refuse(len(v) > 255, "%s of %d bytes is longer than 255", what, len(v))
 }
 
 // checkName checks a queue name: an empty one would make the broker
 // invent one.
 func checkName(name string) error {
-	return cmp.Or(refuse(name == "", "empty queue name"), short("queue name", name))
+	return cmp.Or(option.Refuse(name == "", "empty queue name"), short("queue name", name))
 }
 
 // WithQueue names the queue to consume, instead of the URL's queue
 // parameter. One of them is required.
 func WithQueue(name string) Option {
 	return set("WithQueue", checkName(name), func(c *config) { c.queue = name })
-}
-
-// WithPrefetch sets the QoS prefetch count used until the Consumer calls
-// SetWindow (which replaces it). Default 100. Must be 1..65535.
-func WithPrefetch(n int) Option {
-	return set("WithPrefetch", option.Range(n, 1, 65535), func(c *config) { c.prefetch = n })
 }
 
 // WithDeclare chooses whether Open declares the topology: the durable
@@ -147,7 +131,7 @@ func WithDeclare(declare bool) Option {
 
 // WithQueueType sets the type of the queues Open declares. Default Classic.
 func WithQueueType(t QueueType) Option {
-	return set("WithQueueType", refuse(t != Classic && t != Quorum, "unknown queue type %q (want %q or %q)", t, Classic, Quorum),
+	return set("WithQueueType", option.Refuse(t != Classic && t != Quorum, "unknown queue type %q (want %q or %q)", t, Classic, Quorum),
 		func(c *config) { c.queueType = t })
 }
 
@@ -212,18 +196,18 @@ func WithExchange(name string) Option {
 
 // WithRetryMode chooses how Retry redelivers. Default RetryRequeue.
 func WithRetryMode(m RetryMode) Option {
-	return set("WithRetryMode", refuse(m != RetryRequeue && m != RetryViaQueue, "unknown mode %d", m), func(c *config) { c.retryMode = m })
+	return set("WithRetryMode", option.Refuse(m != RetryRequeue && m != RetryViaQueue, "unknown mode %d", m), func(c *config) { c.retryMode = m })
 }
 
 // WithDeadLetterMode chooses how DeadLetter parks a message. Default
 // DeadLetterRepublish.
 func WithDeadLetterMode(m DeadLetterMode) Option {
-	return set("WithDeadLetterMode", refuse(m != DeadLetterRepublish && m != DeadLetterReject, "unknown mode %d", m),
+	return set("WithDeadLetterMode", option.Refuse(m != DeadLetterRepublish && m != DeadLetterReject, "unknown mode %d", m),
 		func(c *config) { c.deadLetterMode = m })
 }
 
-// WithConsumerTag sets the AMQP consumer tag. Default: a unique tag chosen
-// by amqp091-go.
+// WithConsumerTag sets the AMQP consumer tag. Default "idemq": a tag need
+// only be unique on its channel, and the Source consumes on one of its own.
 func WithConsumerTag(tag string) Option {
 	return set("WithConsumerTag", nil, func(c *config) { c.consumerTag = tag })
 }
@@ -231,7 +215,7 @@ func WithConsumerTag(tag string) Option {
 // WithConnectionName sets the connection_name client property shown by
 // rabbitmqctl and the management UI. Default "idemq".
 func WithConnectionName(name string) Option {
-	return set("WithConnectionName", refuse(name == "", "empty name"), func(c *config) { c.connName = name })
+	return set("WithConnectionName", option.Refuse(name == "", "empty name"), func(c *config) { c.connName = name })
 }
 
 // WithIDHeader names an AMQP header that holds the business id, for
@@ -244,7 +228,7 @@ func WithConnectionName(name string) Option {
 // and its type. Default "": message_id only. A Publisher opened by the
 // same URL writes the id in the header too.
 func WithIDHeader(name string) Option {
-	return set("WithIDHeader", refuse(name == "", "empty header name"), func(c *config) { c.idHeader = name })
+	return set("WithIDHeader", option.Refuse(name == "", "empty header name"), func(c *config) { c.idHeader = name })
 }
 
 // WithReconnectBackoff sets the bounds of the backoff between reconnect
@@ -254,13 +238,13 @@ func WithIDHeader(name string) Option {
 // again. The low cap keeps consumers from waiting long for a broker that
 // came back; raise it for many consumers of a broker slow to come back.
 func WithReconnectBackoff(min, max time.Duration) Option {
-	return set("WithReconnectBackoff", refuse(min <= 0 || max < min, "need 0 < min <= max, got %v, %v", min, max),
+	return set("WithReconnectBackoff", option.Refuse(min <= 0 || max < min, "need 0 < min <= max, got %v, %v", min, max),
 		func(c *config) { c.backoffMin, c.backoffMax = min, max })
 }
 
 // WithLogger sets the logger for reconnects and settlement trouble. It wins
-// over the Consumer's logger (SetLogger) and the one core.OpenSource is
-// given (core.WithAdapterLogger). Default slog.Default().
+// over the Consumer's logger and the one core.OpenSource is given
+// (core.WithAdapterLogger). Default: the Consumer's logger.
 func WithLogger(l *slog.Logger) Option {
 	return set("WithLogger", option.NotNil(l != nil, "logger"), func(c *config) { c.logger = l })
 }
@@ -270,6 +254,6 @@ func WithLogger(l *slog.Logger) Option {
 // must be nil: the Source reconnects by itself, and amqp091-go's channel
 // recovery would let an old delivery tag reach a new channel.
 func WithDialConfig(cfg amqp.Config) Option {
-	return set("WithDialConfig", refuse(cfg.Recovery != nil, "Recovery must be nil (the Source reconnects itself)"),
+	return set("WithDialConfig", option.Refuse(cfg.Recovery != nil, "Recovery must be nil (the Source reconnects itself)"),
 		func(c *config) { c.dial, c.dialSet = cfg, true })
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -55,26 +54,21 @@ func WithMandatory(mandatory bool) PublisherOption {
 // WithPublisherConnectionName sets the connection_name client property.
 // Default "idemq-publisher".
 func WithPublisherConnectionName(name string) PublisherOption {
-	return set("WithPublisherConnectionName", refuse(name == "", "empty name"), func(c *pubConfig) { c.connName = name })
+	return set("WithPublisherConnectionName", option.Refuse(name == "", "empty name"), func(c *pubConfig) { c.connName = name })
 }
 
 // WithPublisherIDHeader makes Publish write each message's id in the named
 // header as well as in the message_id property, for consumers that read it
 // from a header (see WithIDHeader). Default "": message_id only.
 func WithPublisherIDHeader(name string) PublisherOption {
-	return set("WithPublisherIDHeader", refuse(name == "", "empty header name"), func(c *pubConfig) { c.idHeader = name })
+	return set("WithPublisherIDHeader", option.Refuse(name == "", "empty header name"), func(c *pubConfig) { c.idHeader = name })
 }
 
 // WithPublisherDialConfig sets the amqp091-go connection config. Default:
 // amqp091-go's defaults. Its Recovery field must be nil.
 func WithPublisherDialConfig(cfg amqp.Config) PublisherOption {
-	return set("WithPublisherDialConfig", refuse(cfg.Recovery != nil, "Recovery must be nil"), func(c *pubConfig) { c.dial, c.dialSet = cfg, true })
+	return set("WithPublisherDialConfig", option.Refuse(cfg.Recovery != nil, "Recovery must be nil"), func(c *pubConfig) { c.dial, c.dialSet = cfg, true })
 }
-
-// confirmChunk bounds the messages awaiting confirms at once, and so the
-// basic.returns that can pile up before Publish reads them (amqp091-go
-// drops a notification a listener does not take).
-const confirmChunk = 256
 
 // Publisher publishes core Messages with publisher confirms: Publish returns
 // only once the broker has taken responsibility for every message. It sets
@@ -164,7 +158,7 @@ func (p *Publisher) connect(ctx context.Context) error {
 		return err
 	}
 	var err error
-	if p.ch, err = openConfirm(p.conn, confirmChunk); err != nil {
+	if p.ch, err = openConfirm(p.conn); err != nil {
 		p.link.Close()
 		return fmt.Errorf("rabbitmq: publisher channel: %w", err)
 	}
@@ -201,28 +195,25 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Mes
 		traceHeaders = propagation.MapCarrier{}
 		otel.GetTextMapPropagator().Inject(ctx, traceHeaders)
 	}
-	ps := make([]amqp.Publishing, 0, min(len(msgs), confirmChunk))
-	for chunk := range slices.Chunk(msgs, confirmChunk) {
-		ps = ps[:0]
-		for _, m := range chunk {
-			h := make(amqp.Table, len(m.Headers)+len(traceHeaders))
-			for k, v := range m.Headers {
-				h[k] = v
-			}
-			for k, v := range traceHeaders {
-				h[k] = v
-			}
-			if m.Key != "" {
-				h[KeyHeader] = m.Key
-			}
-			if p.cfg.idHeader != "" && m.ID != "" {
-				h[p.cfg.idHeader] = m.ID
-			}
-			ps = append(ps, amqp.Publishing{MessageId: m.ID, Headers: h, Body: m.Body, DeliveryMode: amqp.Persistent, Timestamp: now})
+	ps := make([]amqp.Publishing, len(msgs))
+	for i, m := range msgs {
+		h := make(amqp.Table, len(m.Headers)+len(traceHeaders))
+		for k, v := range m.Headers {
+			h[k] = v
 		}
-		if err := p.ch.publish(ctx, p.cfg.exchange, key, p.cfg.mandatory, ps...); err != nil {
-			return fmt.Errorf("rabbitmq: %w", err)
+		for k, v := range traceHeaders {
+			h[k] = v
 		}
+		if m.Key != "" {
+			h[KeyHeader] = m.Key
+		}
+		if p.cfg.idHeader != "" && m.ID != "" {
+			h[p.cfg.idHeader] = m.ID
+		}
+		ps[i] = amqp.Publishing{MessageId: m.ID, Headers: h, Body: m.Body, DeliveryMode: amqp.Persistent, Timestamp: now}
+	}
+	if err := p.ch.publish(ctx, p.cfg.exchange, key, p.cfg.mandatory, ps...); err != nil {
+		return fmt.Errorf("rabbitmq: %w", err)
 	}
 	return nil
 }

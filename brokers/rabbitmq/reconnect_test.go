@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
-
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/stores/sqlite"
 )
 
@@ -77,23 +77,22 @@ func TestReconnectNeverSettlesOldTagsOnNewChannel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	if err := src.SetWindow(10); err != nil {
-		t.Fatal(err)
-	}
 	const n, cuts = 60, 3
+	// Room for ten deliveries each round beside the retries the Consumer
+	// holds for an hour, one a round.
+	r := brokertest.StartReceiver(t, src, 10+cuts)
 	publishN(t, url, q, "rc", n)
 
 	acked := map[string]int{}
 	staleRefused := 0
 	for cut := 1; cut <= cuts; cut++ {
-		ds := receiveN(t, src, 10, 20*time.Second)
+		ds := receiveN(t, r, 10, 20*time.Second)
 		// Settle some, keep the rest in flight across the cut.
 		for _, d := range ds[:3] {
 			if err := d.Ack(ctx); err != nil {
 				t.Fatalf("ack before cut: %v", err)
 			}
-			acked[d.msg.ID]++
+			acked[d.Message().ID]++
 		}
 		if err := ds[3].Retry(ctx, time.Hour); err != nil { // a pending delayed requeue
 			t.Fatalf("retry: %v", err)
@@ -101,11 +100,7 @@ func TestReconnectNeverSettlesOldTagsOnNewChannel(t *testing.T) {
 		p.cut()
 		waitUntil(t, 10*time.Second, func() bool { return src.Stats().Reconnects == int64(cut) })
 		// Every in-flight delivery of the dead channel refuses to settle.
-		var batch []driver.Delivery
-		for _, d := range ds[4:7] {
-			batch = append(batch, d)
-		}
-		if err := src.AckBatch(ctx, batch); !errors.Is(err, core.ErrStaleDelivery) {
+		if err := r.AckBatch(ctx, ds[4:7]); !errors.Is(err, core.ErrStaleDelivery) {
 			t.Fatalf("AckBatch of stale deliveries = %v, want core.ErrStaleDelivery", err)
 		}
 		staleRefused += 3
@@ -123,11 +118,11 @@ func TestReconnectNeverSettlesOldTagsOnNewChannel(t *testing.T) {
 	// Drain the rest on the current channel: everything not acked above
 	// (including the stale ones) comes back.
 	for len(acked) < n {
-		for _, d := range receiveN(t, src, 1, 20*time.Second) {
+		for _, d := range receiveN(t, r, 1, 20*time.Second) {
 			if err := d.Ack(ctx); err != nil {
 				t.Fatalf("ack after reconnect: %v", err)
 			}
-			acked[d.msg.ID]++
+			acked[d.Message().ID]++
 		}
 	}
 	st := src.Stats()
@@ -149,7 +144,7 @@ func TestReconnectNeverSettlesOldTagsOnNewChannel(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d ids redelivered after an ack lost in a cut", again, n)
-	if err := src.Close(); err != nil {
+	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if d := queueDepth(t, url, q); d != 0 {
@@ -296,9 +291,9 @@ func TestReconnectWhileBrokerIsDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
 	publishN(t, url, q, "down", 10)
-	first := receiveN(t, src, 1, 10*time.Second)[0]
+	first := receiveN(t, r, 1, 10*time.Second)[0]
 	if err := first.Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +311,7 @@ func TestReconnectWhileBrokerIsDown(t *testing.T) {
 	rctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
 	reported := 0
 	for rctx.Err() == nil {
-		d, err := src.Receive(rctx)
+		d, err := r.Receive(rctx)
 		if err == nil {
 			t.Fatalf("received %q while the broker was down", d.Message().ID)
 		}
@@ -334,11 +329,11 @@ func TestReconnectWhileBrokerIsDown(t *testing.T) {
 	p.setDown(false)
 	got := map[string]bool{}
 	for len(got) < 9 {
-		d := receiveN(t, src, 1, 10*time.Second)[0]
+		d := receiveN(t, r, 1, 10*time.Second)[0]
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
-		got[d.msg.ID] = true
+		got[d.Message().ID] = true
 	}
 	if n := src.Stats().Reconnects; n != 1 {
 		t.Errorf("Reconnects = %d, want 1", n)
@@ -363,13 +358,13 @@ func TestReconnectPromptAfterOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
 	const cap = 2 * time.Second // defaultConfig's backoffMax
 	if c := defaultConfig(q); c.backoffMax != cap {
 		t.Fatalf("default reconnect cap %v, this test assumes %v", c.backoffMax, cap)
 	}
 	publishN(t, url, q, "prompt", 20)
-	if err := receiveN(t, src, 1, 10*time.Second)[0].Ack(ctx); err != nil {
+	if err := receiveN(t, r, 1, 10*time.Second)[0].Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
 	outage := func(n int, d time.Duration) (refused []time.Time, recovery time.Duration) {
@@ -389,7 +384,7 @@ func TestReconnectPromptAfterOutage(t *testing.T) {
 		// Deliveries handed out before the cut was noticed are stale;
 		// wait for one that settles.
 		for {
-			dl := receiveN(t, src, 1, 30*time.Second)[0]
+			dl := receiveN(t, r, 1, 30*time.Second)[0]
 			if err := dl.Ack(ctx); err == nil {
 				break
 			}
@@ -455,7 +450,7 @@ func TestMultiNodeURLFailover(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open with node 1 of 2 down: %v", err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
 	node := func() string {
 		src.mu.Lock()
 		defer src.mu.Unlock()
@@ -465,7 +460,7 @@ func TestMultiNodeURLFailover(t *testing.T) {
 		return src.sess.conn.RemoteAddr().String()
 	}
 	publishN(t, url, q, "multi", 10)
-	if err := receiveN(t, src, 1, 10*time.Second)[0].Ack(ctx); err != nil {
+	if err := receiveN(t, r, 1, 10*time.Second)[0].Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := node(); got != b.addr() {
@@ -477,9 +472,9 @@ func TestMultiNodeURLFailover(t *testing.T) {
 	waitUntil(t, 10*time.Second, func() bool { return node() == a.addr() })
 	got := map[string]bool{}
 	for len(got) < 9 {
-		d := receiveN(t, src, 1, 10*time.Second)[0]
+		d := receiveN(t, r, 1, 10*time.Second)[0]
 		if d.Ack(ctx) == nil {
-			got[d.msg.ID] = true
+			got[d.Message().ID] = true
 		}
 	}
 	if n := src.Stats().Reconnects; n != 1 {

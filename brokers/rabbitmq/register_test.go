@@ -11,6 +11,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/middleware/tracing"
 )
@@ -43,7 +44,7 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	span.End()
-	d, err := src.Receive(ctx)
+	d, err := brokertest.StartReceiver(t, src, 0).Receive(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,8 @@ func TestOpenByURLCarriesTraceContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := (*core.Message)(m)
+	cm := &core.Message{ID: m.ID, Body: m.Body, Headers: m.Headers, Key: m.Key, Source: m.Source,
+		System: m.System, Attempt: m.Attempt, Metadata: m.Metadata, ReceivedAt: m.ReceivedAt}
 	tr.EndDecision(tr.StartDecision(ctx, cm), cm, core.Outcome{Decision: core.Processed})
 	if ended := rec.Ended(); len(ended) != 1 || len(ended[0].Links()) != 1 || ended[0].Links()[0].SpanContext.SpanID() != span.SpanContext().SpanID() {
 		t.Errorf("consumer span does not link to the producer span")

@@ -17,18 +17,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/attempts"
 	"github.com/idemq/idemq/core/driver/hostlist"
-	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/retry"
 )
 
-// errChannelClosed is the reason of a stale settlement: the delivery's
-// channel closed, and its delivery tag died with it, so nothing is sent.
-var errChannelClosed = errors.New("rabbitmq: the delivery's channel is closed")
-
-// Source consumes one RabbitMQ queue. It implements driver.Source,
-// driver.BatchSettler, driver.WindowSetter and driver.RedeliveryHorizoner.
+// Source consumes one RabbitMQ queue. It implements driver.Puller,
+// driver.Releaser, driver.RedeliveryHorizoner and driver.HorizonHinter.
 // It is safe for concurrent use.
 type Source struct {
 	*dialer // Open, then run (one at a time), dial with it
@@ -37,22 +33,23 @@ type Source struct {
 	ctx    context.Context // cancelled by Close; bounds dials and backoff sleeps
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	sess    *session         // current session, nil while reconnecting
-	initial *amqp.Connection // the connection Open made, used by the first session
+	mu       sync.Mutex
+	closed   bool
+	sess     *session         // current session, nil while reconnecting
+	sessions uint64           // sessions started, to order them
+	initial  *amqp.Connection // the connection Open made, used by the first session
 
-	delays unsettled.Delays // RetryRequeue's delayed nacks
+	started atomic.Bool  // Start ran: run consumes
+	window  int          // the Consumer's window: the QoS prefetch; set by Start
+	log     *slog.Logger // WithLogger's, else the Consumer's; set by Start at the latest
 	// attempts remembers the attempt of messages this process requeued
 	// with RetryRequeue, by id: a classic queue only flags a redelivery, so
 	// Attempt would stop at 2 and MaxAttempts never be reached.
-	attempts *unsettled.Attempts[string]
+	attempts *attempts.Memo[string]
 
 	out  chan *delivery // converted deliveries waiting for Receive
 	errs chan error     // connection trouble reported to Receive, never blocks the loop
 	wg   sync.WaitGroup
-	logs unsettled.Logger
 
 	// isolate is set when the client dropped the connection on a frame it
 	// could not parse (amqp091-go refuses a message with more than 8192
@@ -65,18 +62,23 @@ type Source struct {
 	isolate        atomic.Bool
 	isolatedParsed int // redelivered messages parsed while isolated; run's own
 
-	window                                                     atomic.Int32 // the prefetch a new consumer starts with
 	reconnects, isolations, stale, multipleAcks, multipleCount atomic.Int64
 }
 
 // Stats are counters of a Source's life, for operators and tests.
 type Stats struct {
 	Reconnects       int64 // sessions re-established after a connection or channel loss
-	StaleSettlements int64 // settlements refused because the delivery's channel had closed
-	MultipleAcks     int64 // basic.ack calls with multiple=true made by AckBatch
+	StaleSettlements int64 // messages not settled because their channel had closed
+	MultipleAcks     int64 // basic.ack and basic.nack calls with multiple=true
 	MultipleAcked    int64 // the deliveries those covered
 	Isolations       int64 // sessions consuming one message at a time after one the client could not parse (see WithDeliveryLimit)
 }
+
+var (
+	_ driver.Puller        = (*Source)(nil)
+	_ driver.Releaser      = (*Source)(nil)
+	_ driver.HorizonHinter = (*Source)(nil)
+)
 
 // sourceConfig checks what Open is given before it dials: the options
 // (the queue among them, unless given as queue) and url, without idemq's
@@ -91,6 +93,9 @@ func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, erro
 	}
 	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
 	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
+	// A tag of idemq's, to cancel the consumer by (Release): it need only
+	// be unique on its channel, which is the Source's own.
+	cfg.consumerTag = cmp.Or(cfg.consumerTag, "idemq")
 	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
 		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
 	}
@@ -101,8 +106,8 @@ func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, erro
 // Open connects to the broker at addr and returns a Source for the queue
 // its queue parameter (or WithQueue) names. It declares the topology
 // unless WithDeclare(false) is given (then it checks that the queues
-// exist). Consumption starts at the first Receive, after the Consumer had
-// its chance to call SetWindow.
+// exist). Consumption starts when the Consumer starts the Source, with a
+// QoS prefetch of the Consumer's window.
 //
 //	amqp://user:pass@host:5672/vhost?queue=payments&queue_type=quorum&retry=queue
 //	amqps://user:pass@h1:5671,h2:5671,h3:5671/vhost?queue=payments&queue_type=quorum&delivery_limit=5
@@ -118,9 +123,9 @@ func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, erro
 // code apply after the URL's. queue (WithQueue) is required; queue_type is
 // classic or quorum (WithQueueType), retry requeue or queue
 // (WithRetryMode), dead_letter republish or reject (WithDeadLetterMode),
-// message_ttl and policy_ttl are durations; declare, prefetch,
-// delivery_limit, dead_letter_queue, retry_queue, connection_name,
-// exchange and id_header take the values of their options.
+// message_ttl and policy_ttl are durations; declare, delivery_limit,
+// dead_letter_queue, retry_queue, connection_name, exchange and id_header
+// take the values of their options.
 //
 // RabbitMQ's own URI parameters (heartbeat, connection_timeout,
 // channel_max, auth_mechanism, and for amqps:// cacertfile, certfile,
@@ -135,14 +140,13 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 	s := &Source{
 		dialer:   hostlist.NewDialer(ns, cfg.open),
 		cfg:      cfg,
-		attempts: unsettled.NewAttempts[string](10000),
+		log:      cfg.logger,
+		attempts: attempts.New[string](10000),
 		// Buffered so the pump converts ahead while the Consumer is busy;
 		// what waits here is within the broker's prefetch.
 		out:  make(chan *delivery, 128),
 		errs: make(chan error, 1),
 	}
-	s.logs.Init(cfg.logger)
-	s.window.Store(int32(cfg.prefetch))
 	if s.initial, err = s.dialAndDeclare(ctx); err != nil {
 		return nil, err
 	}
@@ -152,6 +156,32 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 
 // Queue returns the name of the consumed queue.
 func (s *Source) Queue() string { return s.cfg.queue }
+
+// Start implements driver.Source: it starts consuming with a QoS prefetch
+// of the Consumer's window (at most AMQP's 65535), logging to the
+// Consumer's logger unless WithLogger gave one. A channel holds its
+// deliveries until it closes, so there is no lease; the retry queue waits
+// out a retry's delay (RetryViaQueue), a requeue does not.
+func (s *Source) Start(_ context.Context, st driver.Setup) (driver.Traits, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return driver.Traits{}, driver.ErrSourceClosed
+	case s.started.Load():
+		return driver.Traits{}, errors.New("rabbitmq: Start called twice")
+	case st.Window < 1:
+		return driver.Traits{}, fmt.Errorf("rabbitmq: window %d is below 1", st.Window)
+	}
+	s.window = min(st.Window, 65535)
+	if s.log == nil {
+		s.log = cmp.Or(st.Logger, slog.Default())
+	}
+	s.started.Store(true)
+	s.wg.Add(1)
+	go s.run()
+	return driver.Traits{DelaysRetry: s.cfg.retryMode == RetryViaQueue}, nil
+}
 
 // RedeliveryHorizon implements driver.RedeliveryHorizoner: twice the
 // WithMessageTTL the Source declared its queue and dead-letter queue with,
@@ -196,73 +226,54 @@ func (s *Source) Stats() Stats {
 	}
 }
 
-// SetLogger implements driver.LoggerSetter: the Consumer hands over its
-// logger, which the Source uses unless WithLogger gave one.
-func (s *Source) SetLogger(l *slog.Logger) { s.logs.SetLogger(l) }
-
-// SetWindow sets the QoS prefetch to the Consumer's in-flight window, so the
-// broker never hands over more unacked messages than the Consumer holds.
-// Windows above AMQP's limit of 65535 use 65535. It applies to the current
-// channel at once and to every channel after a reconnect.
-func (s *Source) SetWindow(n int) error {
-	if n < 1 {
-		return fmt.Errorf("rabbitmq: SetWindow: window %d is below 1", n)
-	}
-	s.window.Store(int32(min(n, 65535)))
-	s.mu.Lock()
-	sess := s.sess
-	s.mu.Unlock()
-	if sess != nil {
-		if err := sess.ch.Qos(min(n, 65535), 0, false); err != nil {
-			return fmt.Errorf("rabbitmq: SetWindow: %w", err)
-		}
-	}
-	return nil
-}
-
-// Receive returns the next delivery. It blocks until one arrives, ctx is
-// done, or the Source is closed (driver.ErrSourceClosed). While the
-// connection is down it may return the error of a reconnect attempt;
-// calling it again is always safe.
-func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+// Receive implements driver.Puller: it waits for a delivery and returns
+// it with those already waiting, at most max. While the connection is down
+// it may return the error of a reconnect attempt; calling it again is
+// always safe.
+func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
+	if s.ctx.Err() != nil {
 		return nil, driver.ErrSourceClosed
 	}
-	if !s.started {
-		s.started = true
-		s.wg.Add(1)
-		go s.run()
+	if !s.started.Load() {
+		return nil, errors.New("rabbitmq: Receive before Start")
 	}
-	s.mu.Unlock()
-	for {
-		var d *delivery
-		select { // under load a delivery is nearly always waiting
-		case d = <-s.out:
+	var ms []*driver.Message
+	for len(ms) == 0 {
+		select {
+		case d := <-s.out:
+			ms = d.appendLive(ms)
+		case err := <-s.errs:
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.ctx.Done():
+			return nil, driver.ErrSourceClosed
+		}
+	}
+	for len(ms) < max {
+		select {
+		case d := <-s.out:
+			ms = d.appendLive(ms)
 		default:
-			select {
-			case d = <-s.out:
-			case err := <-s.errs:
-				return nil, err
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-s.ctx.Done():
-				return nil, driver.ErrSourceClosed
-			}
-		}
-		// A delivery whose tag died with its channel comes again: handing
-		// it over would only waste a transaction.
-		if !d.sess.ch.IsClosed() {
-			return d, nil
+			return ms, nil
 		}
 	}
+	return ms, nil
 }
 
-// Close stops consuming and closes the connection. Deliveries not yet
-// settled (including pending RetryRequeue delays) are requeued by the
-// broker; settling them afterwards returns an error wrapping
-// driver.ErrStaleDelivery.
+// appendLive appends d's message to ms unless d's channel closed: its tag
+// died with it and the broker redelivers it, so handing it over would only
+// waste a transaction.
+func (d *delivery) appendLive(ms []*driver.Message) []*driver.Message {
+	if d.sess.ch.IsClosed() {
+		return ms
+	}
+	return append(ms, &d.msg)
+}
+
+// Close stops consuming and closes the connection: the broker requeues
+// every delivery not settled, and settling one afterwards returns an
+// error wrapping driver.ErrStaleDelivery.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -275,7 +286,6 @@ func (s *Source) Close() error {
 	initial := s.initial
 	s.initial = nil
 	s.mu.Unlock()
-	s.delays.Stop()
 	s.cancel()
 	var err error
 	if initial != nil {
@@ -324,7 +334,7 @@ func (s *Source) run() {
 				return
 			}
 			wait := backoff.Next()
-			s.logs.Log().Warn("idemq rabbitmq: "+what+" failed", "queue", s.cfg.queue, "error", err, "retry_in", wait)
+			s.log.Warn("idemq rabbitmq: "+what+" failed", "queue", s.cfg.queue, "error", err, "retry_in", wait)
 			select { // hand err to a waiting Receive, never blocking
 			case s.errs <- fmt.Errorf("rabbitmq: %w", err):
 			default:
@@ -335,7 +345,7 @@ func (s *Source) run() {
 		node := s.Last()
 		if lost {
 			s.reconnects.Add(1)
-			s.logs.Log().Info("idemq rabbitmq: reconnected", "queue", s.cfg.queue, "node", node, "reconnects", s.reconnects.Load())
+			s.log.Info("idemq rabbitmq: reconnected", "queue", s.cfg.queue, "node", node, "reconnects", s.reconnects.Load())
 		}
 		backoff.Reset()
 		select { // an error reported before this session is no longer news
@@ -354,7 +364,7 @@ func (s *Source) run() {
 			return
 		}
 		lost = true
-		s.logs.Log().Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.cfg.queue, "node", node, "reason", reason)
+		s.log.Warn("idemq rabbitmq: connection lost, reconnecting", "queue", s.cfg.queue, "node", node, "reason", reason)
 	}
 }
 
@@ -373,7 +383,7 @@ func (s *Source) startSession(conn *amqp.Connection) (_ *session, _ <-chan amqp.
 		return nil, nil, "consume", err
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	window, tag := int(s.window.Load()), s.cfg.consumerTag
+	window, tag := s.window, s.cfg.consumerTag
 	if s.isolate.Load() {
 		window = 1
 		// A tag of its own, to cancel this consumer once a message parsed.
@@ -387,22 +397,15 @@ func (s *Source) startSession(conn *amqp.Connection) (_ *session, _ <-chan amqp.
 		conn.Close() // and ch with it
 		return nil, nil, "consume", err
 	}
-	sess := &session{
-		src:    s,
-		conn:   conn,
-		ch:     ch,
-		dead:   make(chan struct{}),
-		closed: closed,
-		live:   unsettled.New[uint64, struct{}](0, 0),
-	}
 	s.mu.Lock()
-	s.sess = sess
-	s.mu.Unlock()
-	return sess, deliveries, "", nil
+	defer s.mu.Unlock()
+	s.sessions++
+	s.sess = &session{src: s, n: s.sessions, conn: conn, ch: ch, closed: closed, live: map[uint64]struct{}{}, tag: tag}
+	return s.sess, deliveries, "", nil
 }
 
-// pump registers each delivery's tag as unsettled before handing it to
-// Receive, in tag order: AckBatch relies on every tag below an unsettled
+// pump registers each delivery's tag as live before handing it to
+// Receive, in tag order: a multiple ack relies on every tag below a live
 // one being known. It returns why the session ended.
 func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 	for {
@@ -416,12 +419,18 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			}
 			return closeReason(e)
 		case raw, ok := <-deliveries:
+			if !ok && sess.isReleased() {
+				// Release stopped consuming: the session stays for the
+				// settlements still to come, until Close.
+				deliveries = nil
+				continue
+			}
 			if !ok {
 				// The consumer was cancelled (queue deleted, or the channel
 				// closed): a fresh session re-checks the topology.
 				return "consumer cancelled or channel closed"
 			}
-			if s.isolate.Load() && s.passedUnparseable(raw.Redelivered) {
+			if s.isolate.Load() && !sess.isReleased() && s.passedUnparseable(raw.Redelivered) {
 				s.isolate.Store(false)
 				next, err := s.unisolate(sess)
 				if err != nil {
@@ -429,12 +438,11 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 				}
 				deliveries = next
 			}
-			e := sess.live.Add(raw.DeliveryTag, struct{}{})
-			if e == nil {
+			if !sess.add(raw.DeliveryTag) {
 				return "channel closed"
 			}
 			select {
-			case s.out <- s.newDelivery(sess, e, raw):
+			case s.out <- s.newDelivery(sess, raw):
 			case <-s.ctx.Done():
 				return "closed"
 			case e := <-sess.closed:
@@ -446,14 +454,14 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 	}
 }
 
-// newDelivery converts raw, received on sess as e, into a delivery.
-func (s *Source) newDelivery(sess *session, e *unsettled.Entry[uint64, struct{}], raw amqp.Delivery) *delivery {
-	d := &delivery{sess: sess, e: e, tag: raw.DeliveryTag, raw: raw}
-	d.idErr = toMessage(&d.msg, s.cfg.queue, s.cfg.idHeader, &d.raw)
-	d.id = d.msg.ID
+// newDelivery converts raw, received on sess, into a delivery.
+func (s *Source) newDelivery(sess *session, raw amqp.Delivery) *delivery {
+	d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw}
+	idErr := toMessage(&d.msg, s.cfg.queue, s.cfg.idHeader, &d.raw)
+	d.id, d.msg.IDError, d.msg.AckID = d.msg.ID, idErr, d
 	d.msg.Metadata = (*metadata)(d)
-	if d.idErr != nil {
-		s.logs.Log().Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.cfg.queue, "delivery_tag", raw.DeliveryTag, "error", d.idErr)
+	if d.msg.IDError != nil {
+		s.log.Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.cfg.queue, "delivery_tag", raw.DeliveryTag, "error", d.msg.IDError)
 	}
 	if raw.Redelivered {
 		d.msg.Attempt = max(d.msg.Attempt, s.attempts.Last(d.id)+1)
@@ -469,7 +477,7 @@ func (s *Source) passedUnparseable(redelivered bool) bool {
 		return true
 	}
 	s.isolatedParsed++
-	return s.isolatedParsed >= int(s.window.Load())
+	return s.isolatedParsed >= s.window
 }
 
 // unparseable tells a connection the client dropped because it could not
@@ -485,13 +493,16 @@ func unparseable(e *amqp.Error) bool {
 // only the message just received (its next comes after an ack), is
 // cancelled, so delivery tags stay in order.
 func (s *Source) unisolate(sess *session) (<-chan amqp.Delivery, error) {
-	if err := sess.ch.Qos(int(s.window.Load()), 0, false); err != nil {
+	if err := sess.ch.Qos(s.window, 0, false); err != nil {
 		return nil, err
 	}
 	next, err := sess.ch.Consume(s.cfg.queue, s.cfg.consumerTag, false, false, false, false, nil)
 	if err != nil {
 		return nil, err
 	}
+	sess.mu.Lock()
+	sess.tag = s.cfg.consumerTag
+	sess.mu.Unlock()
 	return next, sess.ch.Cancel(fmt.Sprintf("idemq-isolating-%d", s.isolations.Load()), false)
 }
 
@@ -500,33 +511,6 @@ func closeReason(e *amqp.Error) string {
 		return "channel closed"
 	}
 	return e.Error()
-}
-
-// AckBatch acknowledges deliveries of this Source. Per channel it sends one
-// basic.ack with multiple=true for the longest run of the batch's lowest
-// tags below which no other delivery is unsettled, and single acks for the
-// rest, because a multiple ack also acknowledges tags still in flight.
-// Deliveries whose channel closed are not acked (driver.ErrStaleDelivery);
-// the returned error joins one error per delivery that failed.
-func (s *Source) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	own, errs := unsettled.Take("rabbitmq", ds, func(d *delivery) bool { return d.sess.src == s }, func(d *delivery) error { return d.wrap(d.Claim()) })
-	for len(own) > 0 { // nearly always one session: own[:n] are the first's
-		sess, n := own[0].sess, 0
-		for i, d := range own {
-			if d.sess == sess {
-				own[n], own[i] = d, own[n]
-				n++
-			}
-		}
-		if err := sess.ackBatch(own[:n]); err != nil {
-			errs = append(errs, err)
-		}
-		for _, d := range own[:n] {
-			s.attempts.Forget(d.id)
-		}
-		own = own[n:]
-	}
-	return errors.Join(errs...)
 }
 
 // dialer dials a URL's nodes in turn (see Open).

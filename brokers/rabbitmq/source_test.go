@@ -4,15 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
-
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 func TestOptionErrorsNameTheField(t *testing.T) {
@@ -25,8 +27,6 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		opt   Option
 		want  string
 	}{
-		{"prefetch", "q", url, WithPrefetch(0), "WithPrefetch"},
-		{"prefetch max", "q", url, WithPrefetch(70000), "WithPrefetch"},
 		{"queue type", "q", url, WithQueueType("stream"), "WithQueueType"},
 		{"dlq", "q", url, WithDeadLetterQueue(""), "WithDeadLetterQueue"},
 		{"retry queue", "q", url, WithRetryQueue(strings.Repeat("x", 256)), "WithRetryQueue"},
@@ -36,8 +36,8 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"logger", "q", url, WithLogger(nil), "WithLogger"},
 		{"connection name", "q", url, WithConnectionName(""), "WithConnectionName"},
 		{"dial recovery", "q", url, WithDialConfig(amqp.Config{Recovery: &amqp.Recovery{}}), "Recovery"},
-		{"empty queue", "", url, WithPrefetch(1), "queue"},
-		{"bad url", "q", "http://x", WithPrefetch(1), "url"},
+		{"empty queue", "", url, WithDeclare(true), "queue"},
+		{"bad url", "q", "http://x", WithDeclare(true), "url"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -81,7 +81,7 @@ func TestOpenWithoutDeclareNeedsTheQueues(t *testing.T) {
 }
 
 func TestMessageFieldsFromAMQP(t *testing.T) {
-	url, q, src := openTestSource(t)
+	url, q, _, r := openTestSource(t)
 	ctx := context.Background()
 	ch := testChannel(t, url)
 	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -103,7 +103,7 @@ func TestMessageFieldsFromAMQP(t *testing.T) {
 	if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{Body: []byte("anonymous")}); err != nil {
 		t.Fatal(err)
 	}
-	ds := receiveN(t, src, 2, 10*time.Second)
+	ds := receiveN(t, r, 2, 10*time.Second)
 	m := ds[0].Message()
 	want := map[string]string{"traceparent": "00-abc-def-01", "n": "7", "big": "1099511627776", "flag": "true", "raw": "bytes", "when": "2026-01-02T03:04:05Z"}
 	for k, v := range want {
@@ -136,13 +136,13 @@ func TestMessageFieldsFromAMQP(t *testing.T) {
 // On a classic queue the broker only flags a redelivery; the Source
 // remembers the attempts of messages it requeued so MaxAttempts works.
 func TestClassicRequeueAttemptsGrow(t *testing.T) {
-	url, q, src := openTestSource(t)
+	url, q, _, r := openTestSource(t)
 	ctx := context.Background()
 	publishN(t, url, q, "grow", 1)
 	for want := 1; want <= 4; want++ {
-		d := receiveN(t, src, 1, 10*time.Second)[0]
-		if d.msg.Attempt != want {
-			t.Fatalf("Attempt = %d, want %d", d.msg.Attempt, want)
+		d := receiveN(t, r, 1, 10*time.Second)[0]
+		if d.Message().Attempt != want {
+			t.Fatalf("Attempt = %d, want %d", d.Message().Attempt, want)
 		}
 		if want == 4 {
 			if err := d.Ack(ctx); err != nil {
@@ -157,54 +157,47 @@ func TestClassicRequeueAttemptsGrow(t *testing.T) {
 }
 
 func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
-	url, q, src := openTestSource(t)
+	url, q, src, r := openTestSource(t)
 	ctx := context.Background()
 	publishN(t, url, q, "multi", 12)
-	batch := func(ds []*delivery) []driver.Delivery {
-		out := make([]driver.Delivery, len(ds))
-		for i, d := range ds {
-			out[i] = d
-		}
-		return out
-	}
-	ds := receiveN(t, src, 12, 10*time.Second)
+	ds := receiveN(t, r, 12, 10*time.Second)
 	// First six, nothing below them outstanding: one multiple ack.
-	if err := src.AckBatch(ctx, batch(ds[:6])); err != nil {
+	if err := r.AckBatch(ctx, ds[:6]); err != nil {
 		t.Fatal(err)
 	}
 	if st := src.Stats(); st.MultipleAcks != 1 || st.MultipleAcked != 6 {
 		t.Fatalf("stats %+v: want one multiple ack of 6", st)
 	}
 	// Tags 8..12 while 7 is in flight: a multiple ack would take 7 too.
-	if err := src.AckBatch(ctx, batch(ds[7:])); err != nil {
+	if err := r.AckBatch(ctx, ds[7:]); err != nil {
 		t.Fatal(err)
 	}
 	if st := src.Stats(); st.MultipleAcks != 1 {
 		t.Fatalf("stats %+v: a multiple ack was sent over an in-flight tag", st)
 	}
-	if err := src.Close(); err != nil {
+	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
 	left := drainQueue(t, url, q)
-	if len(left) != 1 || left[0].MessageId != ds[6].msg.ID {
-		t.Fatalf("left in the queue: %d messages, want only %s", len(left), ds[6].msg.ID)
+	if len(left) != 1 || left[0].MessageId != ds[6].Message().ID {
+		t.Fatalf("left in the queue: %d messages, want only %s", len(left), ds[6].Message().ID)
 	}
 }
 
 func TestDeadLetterKeepsTheMessageWhenTheDLQIsGone(t *testing.T) {
-	url, q, src := openTestSource(t)
+	url, q, _, r := openTestSource(t)
 	ctx := context.Background()
 	publishN(t, url, q, "nodlq", 1)
 	ch := testChannel(t, url)
 	if _, err := ch.QueueDelete(q+".dlq", false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	d := receiveN(t, src, 1, 10*time.Second)[0]
+	d := receiveN(t, r, 1, 10*time.Second)[0]
 	err := d.DeadLetter(ctx, errors.New("poison"))
 	if err == nil || !strings.Contains(err.Error(), "unroutable") {
 		t.Fatalf("DeadLetter without a DLQ = %v, want an unroutable error", err)
 	}
-	if err := src.Close(); err != nil {
+	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if n := queueDepth(t, url, q); n != 1 {
@@ -275,9 +268,12 @@ func TestCloseUnblocksReceive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := src.Start(context.Background(), driver.Setup{Window: 1, Logger: testLogger(t)}); err != nil {
+		t.Fatal(err)
+	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := src.Receive(context.Background())
+		_, err := src.Receive(context.Background(), 1)
 		errc <- err
 	}()
 	time.Sleep(100 * time.Millisecond)
@@ -307,9 +303,9 @@ func TestBrokerClosesConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
 	publishN(t, url, q, "forced", 20)
-	ds := receiveN(t, src, 5, 10*time.Second)
+	ds := receiveN(t, r, 5, 10*time.Second)
 	if closed := closeConnectionNamed(t, name); closed != 1 {
 		t.Fatalf("found %d connections named %s", closed, name)
 	}
@@ -321,13 +317,102 @@ func TestBrokerClosesConnection(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for len(seen) < 20 {
-		d := receiveN(t, src, 1, 10*time.Second)[0]
+		d := receiveN(t, r, 1, 10*time.Second)[0]
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
-		seen[d.msg.ID] = true
+		seen[d.Message().ID] = true
 	}
 	if st := src.Stats(); st.Reconnects != 1 {
 		t.Errorf("Reconnects = %d, want 1", st.Reconnects)
+	}
+}
+
+// The QoS prefetch is the Consumer's window: started with a window of 7,
+// the Source gets 7 unsettled messages from the broker and no more,
+// however many Receive asks for. A window below 1 is refused, one above
+// AMQP's limit is declared as 65535.
+func TestPrefetchIsTheWindow(t *testing.T) {
+	url := amqpURL(t)
+	q := uniqueQueue(t, url)
+	ctx := context.Background()
+	open := func() *Source {
+		src, err := Open(ctx, url, WithQueue(q), WithLogger(testLogger(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { src.Close() })
+		return src
+	}
+	src := open()
+	if _, err := src.Start(ctx, driver.Setup{Window: 0}); err == nil {
+		t.Error("a window of 0 was accepted")
+	}
+	if _, err := src.Start(ctx, driver.Setup{Window: 7}); err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, url, q, "prefetch", 20)
+	got := 0
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		ms, err := src.Receive(rctx, 100)
+		cancel()
+		if err != nil {
+			if rctx.Err() == nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		got += len(ms)
+	}
+	if got != 7 {
+		t.Errorf("received %d unsettled messages with a window of 7, want 7", got)
+	}
+	src.Close()
+
+	src = open()
+	if _, err := src.Start(ctx, driver.Setup{Window: 70000}); err != nil {
+		t.Fatalf("a window of 70000: %v", err)
+	}
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not in PATH: the prefetch of a window above 65535 is not checked")
+	}
+	var prefetch []string
+	waitUntil(t, 10*time.Second, func() bool {
+		var err error
+		if prefetch, err = consumerPrefetches(q); err != nil {
+			servicetest.Unavailable(t, "%v", err)
+		}
+		return len(prefetch) == 1
+	})
+	if prefetch[0] != "65535" {
+		t.Errorf("a window of 70000 declared a prefetch of %s, want 65535", prefetch[0])
+	}
+}
+
+// A Consumer that stops gives back what it holds (Release) without the
+// broker handing it straight back: on a quorum queue, which counts every
+// delivery against its delivery limit, a stop costs one delivery.
+func TestStopCountsOneDelivery(t *testing.T) {
+	url, q, _, r := openTestSource(t, WithQueueType(Quorum))
+	publishN(t, url, q, "stop", 3)
+	ds := receiveN(t, r, 3, 10*time.Second)
+	if err := ds[0].Retry(context.Background(), time.Hour); err != nil { // held for its delay, given back too
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	src, err := Open(context.Background(), url, WithQueue(q), WithQueueType(Quorum), WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range receiveN(t, brokertest.StartReceiver(t, src, 0), 3, 10*time.Second) {
+		if m := d.Message(); m.Attempt != 2 {
+			t.Errorf("%s: Attempt %d after one stop (x-delivery-count %s), want 2", m.ID, m.Attempt, m.Headers["x-delivery-count"])
+		}
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

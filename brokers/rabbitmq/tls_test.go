@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/internal/tlstest"
 )
@@ -41,7 +42,7 @@ func TestTLS(t *testing.T) {
 	if err := pub.Publish(ctx, "", &core.Message{ID: "tls-1", Body: []byte("over TLS")}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := src.Receive(ctx)
+	d, err := brokertest.StartReceiver(t, src, 0).Receive(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/hostlist"
 	"github.com/idemq/idemq/core/driver/urlparam"
@@ -18,8 +17,9 @@ import (
 
 func init() {
 	for _, scheme := range []string{"amqp", "amqps"} {
-		driver.RegisterBroker(scheme, openSourceURL, openPublisherURL)
-		admin.RegisterDeadLetters(scheme, openDeadLettersURL)
+		driver.RegisterSource(scheme, openSourceURL)
+		driver.RegisterPublisher(scheme, openPublisherURL)
+		driver.RegisterDeadLetters(scheme, openDeadLettersURL)
 	}
 }
 
@@ -39,7 +39,6 @@ var urlParams = urlparam.Table[Option]{Scheme: "rabbitmq", Params: map[string]ur
 		"republish": WithDeadLetterMode(DeadLetterRepublish), "reject": WithDeadLetterMode(DeadLetterReject),
 	}),
 	"declare":           urlparam.Bool("WithDeclare", WithDeclare),
-	"prefetch":          urlparam.Int("WithPrefetch", WithPrefetch),
 	"delivery_limit":    urlparam.Int("WithDeliveryLimit", WithDeliveryLimit),
 	"message_ttl":       urlparam.Duration("WithMessageTTL", WithMessageTTL),
 	"policy_ttl":        urlparam.Duration("WithPolicyTTL", WithPolicyTTL),
@@ -123,7 +122,7 @@ func openPublisherURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (dri
 	return p, nil
 }
 
-func openDeadLettersURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (admin.DeadLetterQueue, error) {
+func openDeadLettersURL(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.DeadLetters, error) {
 	return OpenDeadLetters(ctx, u.String())
 }
 

@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
 func TestParseSourceURL(t *testing.T) {
-	u, q, opts, err := parseSourceURL("amqp://guest:guest@127.0.0.1:5672/vh?queue=payments&queue_type=quorum&retry=queue&dead_letter=reject&declare=false&prefetch=50&dead_letter_queue=p.dead&retry_queue=p.later&connection_name=svc&exchange=payments.in&id_header=MessageId&heartbeat=5")
+	u, q, opts, err := parseSourceURL("amqp://guest:guest@127.0.0.1:5672/vh?queue=payments&queue_type=quorum&retry=queue&dead_letter=reject&declare=false&dead_letter_queue=p.dead&retry_queue=p.later&connection_name=svc&exchange=payments.in&id_header=MessageId&heartbeat=5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +31,7 @@ func TestParseSourceURL(t *testing.T) {
 		}
 	}
 	if cfg.queueType != Quorum || cfg.retryMode != RetryViaQueue || cfg.deadLetterMode != DeadLetterReject ||
-		cfg.declare || cfg.prefetch != 50 || cfg.deadLetterQueue != "p.dead" || cfg.retryQueue != "p.later" || cfg.connName != "svc" ||
+		cfg.declare || cfg.deadLetterQueue != "p.dead" || cfg.retryQueue != "p.later" || cfg.connName != "svc" ||
 		cfg.exchange != "payments.in" || cfg.idHeader != "MessageId" {
 		t.Errorf("config from URL = %+v", cfg)
 	}
@@ -41,6 +42,7 @@ func TestParseSourceURL(t *testing.T) {
 		"amqp://h/?queue=q&dead_letter=drop": "dead_letter",
 		"amqp://h/?queue=q&declare=maybe":    "declare",
 		"amqp://h/?queue=q&prefetch=x":       "prefetch",
+		"amqp://h/?queue=q&prefetch=50":      "prefetch", // the Consumer's window is the prefetch
 		"amqp://h/?queue=a&queue=b":          "queue",
 		"kafka://h/?queue=q":                 "scheme",
 	} {
@@ -52,8 +54,8 @@ func TestParseSourceURL(t *testing.T) {
 		t.Errorf("Open without a queue: %v, want an error naming queue= and WithQueue", err)
 	}
 	// A bad value reaches the option, which names itself.
-	if _, err := Open(context.Background(), "amqp://h/?queue=q&prefetch=0"); err == nil || !strings.Contains(err.Error(), "WithPrefetch") {
-		t.Errorf("OpenURL with prefetch=0: %v", err)
+	if _, err := Open(context.Background(), "amqp://h/?queue=q&delivery_limit=-1"); err == nil || !strings.Contains(err.Error(), "WithDeliveryLimit") {
+		t.Errorf("OpenURL with delivery_limit=-1: %v", err)
 	}
 }
 
@@ -61,16 +63,16 @@ func TestOpenURLConsumes(t *testing.T) {
 	url := amqpURL(t)
 	q := uniqueQueue(t, url)
 	ctx := context.Background()
-	src, err := Open(ctx, url+"?queue="+q+"&queue_type=quorum&prefetch=7")
+	src, err := Open(ctx, url+"?queue="+q+"&queue_type=quorum")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	if src.Queue() != q || src.cfg.queueType != Quorum || src.window.Load() != 7 {
-		t.Fatalf("source from URL: queue %q type %q window %d", src.Queue(), src.cfg.queueType, src.window.Load())
+	r := brokertest.StartReceiver(t, src, 7)
+	if src.Queue() != q || src.cfg.queueType != Quorum || src.window != 7 {
+		t.Fatalf("source from URL: queue %q type %q window %d", src.Queue(), src.cfg.queueType, src.window)
 	}
 	publishN(t, url, q, "url", 2)
-	for _, d := range receiveN(t, src, 2, 10*time.Second) {
+	for _, d := range receiveN(t, r, 2, 10*time.Second) {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +108,7 @@ func TestOneURLWithExchange(t *testing.T) {
 		if err := pub.Publish(ctx, "", &core.Message{ID: "via-" + exchange, Body: []byte("x")}); err != nil {
 			t.Fatalf("Publish to exchange (pre-declared %q): %v", kind, err)
 		}
-		d, err := src.Receive(ctx)
+		d, err := brokertest.StartReceiver(t, src, 0).Receive(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +211,7 @@ func TestCoreOpensNodeList(t *testing.T) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	d, err := src.Receive(rctx)
+	d, err := brokertest.StartReceiver(t, src, 0).Receive(rctx)
 	if err != nil || d.Message().ID != "n1" {
 		t.Fatalf("receive through the node list: %v", err)
 	}

@@ -12,7 +12,8 @@ import (
 
 // harness runs the conformance suite on a fresh stream per fixture, with
 // a min_idle of 1s: a lease that lapses does so well within the suite's
-// receive timeout, and the heartbeat (every 1/4s) keeps the others. Each
+// receive timeout, and the Consumer's heartbeat (every 0.27s) keeps the
+// others. Each
 // source has a consumer name of its own, as sources that run at once
 // must: a source reads back, when it starts, what its name holds.
 func harness() brokertest.Harness {

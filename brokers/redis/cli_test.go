@@ -63,7 +63,7 @@ func TestRedisCLIProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer q.Close()
-	n, err := q.Redrive(ctx, func(p *admin.Parked) bool { return p.ID == "order-42" }, nil)
+	n, err := admin.Redrive(ctx, q, func(p *admin.Parked) bool { return p.ID == "order-42" }, nil)
 	if err != nil || n != 1 {
 		t.Fatalf("Redrive = %d, %v; want 1", n, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -181,19 +183,45 @@ func (ts testStream) pending(t testing.TB) map[string]int64 {
 	return out
 }
 
-// lapseLeases lets the lease of every entry src holds lapse: the heartbeat
-// stops extending them, and it returns once min_idle has passed, so the
-// group reclaims them and the old deliveries are stale.
+// refuseXClaim is a go-redis hook that fails the client's XCLAIMs while
+// on: its source's heartbeats fail, as with the server away.
+type refuseXClaim struct{ on *atomic.Bool }
+
+func (h refuseXClaim) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h refuseXClaim) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if h.on.Load() && cmd.Name() == "xclaim" {
+			cmd.SetErr(errors.New("test: XCLAIM refused"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h refuseXClaim) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// lapseLeases lets the lease of every entry src holds lapse: its
+// heartbeats fail until every entry pending to its consumer has been idle
+// for min_idle, so the group may reclaim them and the deliveries the
+// Consumer's flow holds are stale.
 func lapseLeases(t *testing.T, src driver.Source) {
 	s := src.(*Source)
-	var last time.Time
-	for _, e := range s.set.Due(time.Now(), 24*time.Hour) {
-		s.set.GiveUp(e)
-		if l := s.set.Lapses(e); l.After(last) {
-			last = l
+	var refuse atomic.Bool
+	refuse.Store(true)
+	defer refuse.Store(false)
+	s.rdb.AddHook(refuseXClaim{&refuse})
+	servicetest.WaitFor(t, s.c.minIdle+10*time.Second, "the leases to lapse", func() bool {
+		ps, err := s.rdb.XPendingExt(context.Background(), &goredis.XPendingExtArgs{Stream: s.stream, Group: s.c.group, Consumer: s.c.consumer, Start: "-", End: "+", Count: 10000}).Result()
+		for _, p := range ps {
+			if p.Idle < s.c.minIdle {
+				return false
+			}
 		}
-	}
-	servicetest.WaitFor(t, s.c.minIdle+10*time.Second, "the leases to lapse", func() bool { return time.Now().After(last.Add(s.c.minIdle / 5)) })
+		return err == nil
+	})
 }
 
 // run runs a Consumer of src over e with the tests' options, then opts.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -75,6 +76,44 @@ func TestClientLogThroughTheSourcesLogger(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("source %d's logger got no structured record of go-redis's failed dial: %v", i, recs)
+		}
+	}
+}
+
+// A source logs to the logger the Consumer gives it (Setup.Logger) unless
+// it was given one of its own (WithLogger), which wins: here the record
+// of reading back what the consumer name held.
+func TestSourceLogsToTheConsumersLoggerUnlessGivenOne(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		ts := newTestStream(t, RedisURL(t))
+		publish(t, ts, "held")
+		readAs(t, ts, "worker", 1)
+		var given, consumers records
+		opts := []Option{WithGroup("g"), WithConsumer("worker")}
+		if own {
+			opts = append(opts, WithLogger(slog.New(slog.NewJSONHandler(&given, nil))))
+		}
+		s, err := Open(context.Background(), ts.url(""), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := brokertest.NewReceiver(context.Background(), s, 10, slog.New(slog.NewJSONHandler(&consumers, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := receive(t, r, 1)[0]
+		d.Ack(context.Background())
+		r.Close()
+		want, other := &consumers, &given
+		if own {
+			want, other = &given, &consumers
+		}
+		found := false
+		for _, rec := range want.all(t) {
+			found = found || strings.Contains(rec["msg"].(string), "reading back")
+		}
+		if !found || len(other.all(t)) != 0 {
+			t.Errorf("own logger %v: the read-back record went elsewhere: wanted in %v, other got %v", own, want.all(t), other.all(t))
 		}
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
 )
@@ -60,7 +59,7 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 		maps.Copy(h, m.Headers)
 		maps.Copy(h, trace)
 		body := m.Body
-		if body == nil { // an entry without a body field would be parked
+		if body == nil { // an entry without a body field would be dead-lettered
 			body = []byte{}
 		}
 		p.xadd(ctx, pipe, destination, p.fields(h, m.ID, m.Key, body))
@@ -76,8 +75,8 @@ func (p *Publisher) Close() error { return p.close() }
 
 // DeadLetters is an operator's handle on the entries of a stream's
 // dead-letter stream, which the stream's groups share unless
-// WithDeadLetterStream parts them. It implements admin.DeadLetterQueue;
-// Ref is the dead letter's entry id. Redrive adds a copy (XADD) to the
+// WithDeadLetterStream parts them. It implements driver.DeadLetters and
+// driver.Redriver; Ref is the dead letter's entry id. Redrive adds a copy (XADD) to the
 // stream it came from, a new entry every group of the stream reads, then
 // deletes the dead letter (XDEL).
 type DeadLetters struct{ *deadletter.Queue[string] }
@@ -100,7 +99,7 @@ func (q dlqStore) Close() error { return q.close() }
 
 // Each reads the stream with XRANGE, oldest first, up to the entry last
 // when it began.
-func (q dlqStore) Each(ctx context.Context, fn func(string, *admin.Parked) error) error {
+func (q dlqStore) Each(ctx context.Context, fn func(string, *driver.Parked) error) error {
 	last, err := q.rdb.XRevRangeN(ctx, q.c.dlq, "+", "-", 1).Result()
 	for from := "-"; err == nil && len(last) == 1; {
 		var page []goredis.XMessage
@@ -110,7 +109,7 @@ func (q dlqStore) Each(ctx context.Context, fn func(string, *admin.Parked) error
 		for _, x := range page {
 			m := q.message(x.Values)
 			ms, _ := strconv.ParseInt(strings.SplitN(x.ID, "-", 2)[0], 10, 64)
-			p := &admin.Parked{Ref: x.ID, ID: m.ID, Key: m.Key, Body: m.Body, Headers: m.Headers, ParkedAt: time.UnixMilli(ms)}
+			p := &driver.Parked{Ref: x.ID, ID: m.ID, Key: m.Key, Body: m.Body, Headers: m.Headers, ParkedAt: time.UnixMilli(ms)}
 			deadletter.Read(p)
 			if err := fn(x.ID, p); err != nil {
 				return err
@@ -127,7 +126,7 @@ func (q dlqStore) Each(ctx context.Context, fn func(string, *admin.Parked) error
 	return nil
 }
 
-func (q dlqStore) Republish(ctx context.Context, _ string, p *admin.Parked) error {
+func (q dlqStore) Republish(ctx context.Context, _ string, p *driver.Parked) error {
 	return q.xadd(ctx, q.rdb, p.Destination, q.fields(p.Headers, p.ID, p.Key, p.Body)).Err()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -51,11 +52,12 @@ func TestRestartReadsItsOwnPendingEntries(t *testing.T) {
 	publish(t, ts, "own-1", "own-2", "own-3")
 	readAs(t, ts, "worker", 3)
 	s := openDefault(t, ts, "worker")
+	r := brokertest.StartReceiver(t, s, 0)
 	// Half of the default min_idle: what comes within it was not reclaimed.
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.minIdle/2)
 	defer cancel()
 	for i := range 3 {
-		d, err := s.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatalf("received %d of the 3 entries the consumer held before its restart within %v: %v", i, s.c.minIdle/2, err)
 		}
@@ -82,10 +84,11 @@ func TestDeadConsumersEntriesReturnWithin10s(t *testing.T) {
 	readAs(t, ts, "dead", 2)
 	died := time.Now()
 	s := openDefault(t, ts, "live")
+	r := brokertest.StartReceiver(t, s, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for i := range 2 {
-		d, err := s.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatalf("received %d of the dead consumer's 2 entries in 20s: %v", i, err)
 		}
@@ -156,8 +159,9 @@ func TestSlowHandlerKeepsItsEntryAtDefaults(t *testing.T) {
 }
 
 // An acknowledgement that fails because the server is away is sent again
-// by the heartbeat once the server is back: the entry leaves the group's
-// pending list without being delivered again, well before min_idle.
+// (every quarter of min_idle) once the server is back: the entry leaves
+// the group's pending list without being delivered again, well before
+// min_idle.
 func TestFailedAckIsSentAgain(t *testing.T) {
 	srv := startRedis(t)
 	ts := newTestStream(t, "redis://"+srv.addr())
@@ -165,9 +169,9 @@ func TestFailedAckIsSentAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	r := brokertest.StartReceiver(t, s, 0)
 	publish(t, ts, "acked")
-	d := receive(t, s, 1)[0]
+	d := receive(t, r, 1)[0]
 	srv.stop(syscall.SIGKILL)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	err = d.Ack(ctx)
@@ -180,36 +184,155 @@ func TestFailedAckIsSentAgain(t *testing.T) {
 	back := time.Now()
 	waitFor(t, s.c.minIdle/2, "the acknowledgement sent again", func() bool { return len(ts.pending(t)) == 0 })
 	t.Logf("acknowledged %v after the server came back", time.Since(back).Round(time.Millisecond))
-	quiet(t, s, 300*time.Millisecond)
+	quiet(t, r, 300*time.Millisecond)
+}
+
+// beats is a Source whose heartbeats (Extend) a test watches: when the
+// last one that succeeded began, how many failed, how many are under way.
+type beats struct {
+	*Source
+	mu             sync.Mutex
+	good           time.Time
+	failed, active int
+}
+
+func (b *beats) Extend(ctx context.Context, ms []*driver.Message) error {
+	began := time.Now()
+	b.mu.Lock()
+	b.active++
+	b.mu.Unlock()
+	err := b.Source.Extend(ctx, ms)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.active--
+	if err != nil {
+		b.failed++
+	} else if began.After(b.good) {
+		b.good = began
+	}
+	return err
 }
 
 // Only a heartbeat the server answered extends a lease: while the server
-// is away the beats fail, the entry's lease runs out on time (0.9 ×
-// min_idle after the last good beat), and once the server is back its
-// Ack is stale and sends nothing; the entry comes again, attempt 2.
+// is away the beats fail, and once the lease (0.9 × min_idle) has passed
+// since the last good one began, with none under way, the server comes
+// back: the Ack is stale and sends nothing, and the entry comes again,
+// attempt 2. The source's lease is what the heartbeat keeps: 0.9 ×
+// min_idle, extended up to max_extension.
 func TestFailedHeartbeatsDoNotExtend(t *testing.T) {
 	srv := startRedis(t)
 	ts := newTestStream(t, "redis://"+srv.addr())
-	s := ts.open(t)
-	defer s.Close()
-	publish(t, ts, "held")
-	d := receive(t, s, 1)[0]
-	e := s.set.All()[0]
-	srv.stop(syscall.SIGKILL)
-	lapses := s.set.Lapses(e)
-	waitFor(t, s.c.minIdle+5*time.Second, "the lease to run out with the server away", func() bool { return time.Now().After(lapses) })
-	if l := s.set.Lapses(e); !l.Equal(lapses) {
-		t.Errorf("the lease moved from %v to %v while every beat failed", lapses, l)
+	b := &beats{Source: ts.open(t, WithMaxExtension(time.Minute))}
+	r := brokertest.StartReceiver(t, b, 0)
+	lease := r.Traits().Lease
+	if tr := r.Traits(); lease != b.c.minIdle*9/10 || tr.MaxExtension != time.Minute {
+		t.Errorf("traits %+v, want a lease of 0.9 × min_idle (%v) extended up to max_extension (1m)", tr, b.c.minIdle*9/10)
 	}
+	publish(t, ts, "held")
+	d := receive(t, r, 1)[0]
+	b.mu.Lock()
+	b.good = time.Now() // the lease is reckoned from the receipt, before it
+	b.mu.Unlock()
+	srv.stop(syscall.SIGKILL)
+	// A beat that began just before the lease ran out may still be
+	// waiting on the server: two seconds more let it fail.
+	waitFor(t, lease+10*time.Second, "the lease to run out with every beat failing", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.failed > 0 && b.active == 0 && time.Since(b.good) > lease+2*time.Second
+	})
 	srv.start()
 	if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
 		t.Errorf("Ack after the lease ran out = %v, want a stale delivery", err)
 	}
-	again := receive(t, s, 1)[0]
+	again := receive(t, r, 1)[0]
 	if m := again.Message(); m.ID != "held" || m.Attempt != 2 {
 		t.Errorf("got %q attempt %d, want held again on attempt 2", m.ID, m.Attempt)
 	}
 	if err := again.Ack(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An entry reclaimed by the very source that holds it (the server saw it
+// idle for min_idle: a heartbeat came too late) is a new delivery of the
+// same entry, and supersedes the one held: that one's Ack is stale and
+// sends nothing, the new one settles the entry.
+func TestReclaimedCopySupersedesTheHeldOne(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	ctx := context.Background()
+	// A long min_idle: no heartbeat resets the entry during the test.
+	r := brokertest.StartReceiver(t, ts.open(t, WithMinIdle(20*time.Second)), 0)
+	publish(t, ts, "twice")
+	held := receive(t, r, 1)[0]
+	entry := driver.MetadataOf(held.Message().Metadata)["messaging.redis.entry_id"]
+	if err := ts.rdb.Do(ctx, "xclaim", ts.name, "g", "worker", 0, entry, "idle", time.Minute.Milliseconds(), "justid").Err(); err != nil {
+		t.Fatal(err)
+	}
+	again := receive(t, r, 1)[0]
+	if m := again.Message(); driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"] != entry || m.Attempt != 2 {
+		t.Fatalf("got entry %s attempt %d, want %s again on attempt 2", driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"], m.Attempt, entry)
+	}
+	if err := held.Ack(ctx); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack of the superseded delivery = %v, want a stale delivery", err)
+	}
+	if p := ts.pending(t); p[entry] != 2 {
+		t.Errorf("pending %v after the stale Ack, want %s still pending", p, entry)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := ts.pending(t); len(p) != 0 {
+		t.Errorf("pending %v after the Ack, want none", p)
+	}
+}
+
+// Extend is XCLAIM to the same consumer with IDLE 0 and JUSTID: the
+// entries' idle time starts over and their delivery counts stay; an entry
+// no longer pending (deleted from the stream while held) is reported
+// stale, alone, in a *driver.Partial.
+func TestExtendResetsIdleAndReportsGoneEntriesStale(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	ctx := context.Background()
+	s := ts.open(t, WithMinIdle(20*time.Second))
+	r := brokertest.StartReceiver(t, s, 0)
+	publish(t, ts, "kept", "deleted")
+	ds := receive(t, r, 2)
+	entry := func(i int) string { return driver.MetadataOf(ds[i].Message().Metadata)["messaging.redis.entry_id"] }
+	ts.rdb.Do(ctx, "xclaim", ts.name, "g", "worker", 0, entry(0), "idle", 15000, "justid")
+	ts.rdb.XDel(ctx, ts.name, entry(1))
+	err := s.Extend(ctx, []*driver.Message{ds[0].Message(), ds[1].Message()})
+	var p *driver.Partial
+	if !errors.As(err, &p) || len(p.Errs) != 2 || p.Errs[0] != nil || !errors.Is(p.Errs[1], driver.ErrStaleDelivery) {
+		t.Fatalf("Extend = %v, want a Partial: nil for the kept entry, stale for the deleted one", err)
+	}
+	ps, err := ts.rdb.XPendingExt(ctx, &goredis.XPendingExtArgs{Stream: ts.name, Group: "g", Start: "-", End: "+", Count: 10}).Result()
+	if err != nil || len(ps) != 1 || ps[0].ID != entry(0) || ps[0].Idle > 10*time.Second || ps[0].RetryCount != 1 {
+		t.Errorf("pending after Extend %+v (%v), want the kept entry alone, idle anew, delivered once", ps, err)
+	}
+	ds[0].Ack(ctx)
+}
+
+// When the Consumer stops it releases what it holds: the entries are made
+// idle for min_idle, so another consumer of the group reclaims them at
+// once (here within 10 s, with a min_idle of 20 s), on attempt 2.
+func TestReleaseHandsEntriesBackAtOnce(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	ctx := context.Background()
+	lease := WithMinIdle(20 * time.Second)
+	holder := brokertest.StartReceiver(t, ts.open(t, lease), 0)
+	publish(t, ts, "back-1", "back-2")
+	receive(t, holder, 2)
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	other := brokertest.StartReceiver(t, ts.open(t, lease, WithConsumer("other")), 0)
+	for _, d := range receive(t, other, 2) { // within 10 s
+		if m := d.Message(); m.Attempt != 2 {
+			t.Errorf("%s: attempt %d, want 2", m.ID, m.Attempt)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -2,29 +2,14 @@
 // github.com/redis/go-redis/v9, for Redis 7.0 or later.
 //
 // A Source reads a stream as a member of a consumer group (XREADGROUP,
-// explicit acks; Open creates the group with MKSTREAM). An entry holds a
-// message in fields: the id in idemq-id (WithIDField, id_field=, names
-// another), the key in idemq-key, the body in body (WithBodyField,
-// body_field=), and each header, traceparent included, in a field of its
-// own. An entry without the body field is parked, never handed over with
-// an empty body. Attempt is the entry's delivery count, Source the
-// stream, System "redis".
-//
-// A Source first reads back the entries its consumer name still holds
-// (XREADGROUP … 0: a predecessor under the same name died or stopped
-// holding them), then new ones. Ack is XACK, AckBatch one XACK for the
-// batch, both sent only when the Consumer settles; an XACK that fails is
-// sent again with the next heartbeat and at Close. Retry leaves the entry
-// pending: XAUTOCLAIM hands it out again once idle for WithMinIdle (6s),
-// with a higher delivery count, so a poison message reaches the Consumer's
-// MaxAttempts; the same XAUTOCLAIM takes over the entries of a consumer
-// that died. A heartbeat every quarter of min_idle keeps unsettled entries
-// from being reclaimed (XCLAIM to the same consumer, IDLE 0, JUSTID: the
-// delivery count stays) up to WithMaxExtension. DeadLetter adds the entry
-// with driver's bookkeeping fields to the dead-letter stream (STREAM:dlq)
-// and acknowledges it in one MULTI/EXEC. Entries deleted from the stream
-// while pending are acknowledged when XAUTOCLAIM or a read-back reports
-// them. Close gives the unsettled entries back at once.
+// explicit acks; Open creates the group with MKSTREAM): first the entries
+// its consumer name still holds, then entries idle for WithMinIdle
+// (XAUTOCLAIM), then new ones. An entry holds a message in fields: the id
+// in idemq-id (WithIDField), the key in idemq-key, the body in body
+// (WithBodyField), and each header, traceparent included, in a field of
+// its own. Attempt is the entry's delivery count. Its methods say how each
+// settlement and the Consumer's heartbeat map to Redis commands; dead
+// letters go to the stream STREAM:dlq.
 //
 // Importing the package registers redis:// and rediss:// (TLS) with
 // core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters:
@@ -55,16 +40,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
-	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
@@ -82,8 +64,8 @@ const (
 
 // DefaultMinIdle is the lease of an entry when WithMinIdle is not given:
 // a consumer that dies loses its entries to the group's live consumers
-// within it (plus a poll), while the heartbeat, every quarter of it, keeps
-// a live consumer's entries through two failed beats in a row.
+// within it (plus a poll), while the Consumer's heartbeat, every 0.3 of
+// it, keeps a live consumer's entries through two failed beats in a row.
 const DefaultMinIdle = 6 * time.Second
 
 // Option configures a Source, Publisher or DeadLetters. Options apply in
@@ -95,7 +77,6 @@ type config struct {
 	user, pass, group, consumer, start, idField, bodyField, dlq string
 	tls                                                         *tls.Config
 	minIdle, maxExtension, poll, maxAge                         time.Duration
-	window                                                      int
 	maxLen                                                      int64
 	logger                                                      *slog.Logger
 }
@@ -139,26 +120,23 @@ func WithIDField(f string) Option {
 }
 
 // WithBodyField names the field holding the body. Default body. An entry
-// without it is parked with a cause naming the field.
+// without it is dead-lettered with a cause naming the field.
 func WithBodyField(f string) Option {
 	return set("WithBodyField", named(f), func(c *config) { c.bodyField = f })
 }
 
 // WithMinIdle is the lease: an entry idle this long is reclaimed by the
 // group (give every Source the same), and the longest Retry delay; the
-// heartbeat runs every quarter of it. Default DefaultMinIdle.
+// Consumer extends a held entry's lease, 0.9 of it, before it passes.
+// Default DefaultMinIdle.
 func WithMinIdle(d time.Duration) Option {
 	return set("WithMinIdle", option.AtLeast(d, 100*time.Millisecond), func(c *config) { c.minIdle = d })
 }
 
-// WithMaxExtension caps the heartbeat's hold on an entry. Default 1h.
+// WithMaxExtension caps how long after its receipt an entry's lease is
+// extended (Traits.MaxExtension). Default 1h.
 func WithMaxExtension(d time.Duration) Option {
 	return set("WithMaxExtension", option.Positive(d), func(c *config) { c.maxExtension = d })
-}
-
-// WithWindow bounds the entries a Source holds unsettled. Default 100.
-func WithWindow(n int) Option {
-	return set("WithWindow", option.Positive(n), func(c *config) { c.window = n })
 }
 
 // WithPoll is the longest XREADGROUP block and the time between XAUTOCLAIMs
@@ -192,23 +170,24 @@ func WithLogger(l *slog.Logger) Option {
 func init() {
 	goredis.SetLogger(clientLogger{})
 	for _, scheme := range []string{"redis", "rediss"} {
-		driver.RegisterBroker(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-			var logger Option // nil options are skipped
-			if cfg.Logger != nil {
-				logger = WithLogger(cfg.Logger)
-			}
-			return Open(ctx, u.String(), logger)
-		}, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
-			var logger PublisherOption // nil options are skipped
-			if cfg.Logger != nil {
-				logger = PublisherOption(WithLogger(cfg.Logger))
-			}
-			return NewPublisher(ctx, u.String(), logger)
+		driver.RegisterSource(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+			return Open(ctx, u.String(), logger(cfg))
 		})
-		admin.RegisterDeadLetters(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (admin.DeadLetterQueue, error) {
-			return OpenDeadLetters(ctx, u.String())
+		driver.RegisterPublisher(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
+			return NewPublisher(ctx, u.String(), PublisherOption(logger(cfg)))
+		})
+		driver.RegisterDeadLetters(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetters, error) {
+			return OpenDeadLetters(ctx, u.String(), logger(cfg))
 		})
 	}
+}
+
+// logger is WithLogger of the opener's logger, or nil (skipped) for none.
+func logger(cfg driver.OpenConfig) Option {
+	if cfg.Logger == nil {
+		return nil
+	}
+	return WithLogger(cfg.Logger)
 }
 
 var file = urlparam.NonEmpty("", func(string) Option { return nil })
@@ -223,7 +202,6 @@ var params = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlparam
 	"body_field":    urlparam.NonEmpty("WithBodyField", WithBodyField),
 	"min_idle":      urlparam.Duration("WithMinIdle", WithMinIdle),
 	"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
-	"window":        urlparam.Int("WithWindow", WithWindow),
 	"poll":          urlparam.Duration("WithPoll", WithPoll),
 	"dlq":           urlparam.NonEmpty("WithDeadLetterStream", WithDeadLetterStream),
 	"max_len":       urlparam.Int("WithMaxLen", func(n int) Option { return WithMaxLen(int64(n)) }),
@@ -296,7 +274,7 @@ type link struct {
 	c      config
 	rdb    *goredis.Client
 	stream string
-	log    unsettled.Logger
+	log    atomic.Pointer[slog.Logger] // nil: slog.Default()
 	// dialErr is the error of the last dial, nil once one succeeds.
 	dialErr atomic.Pointer[string]
 }
@@ -304,7 +282,7 @@ type link struct {
 // resolve applies the URL's options, then opts, for stream over the
 // defaults.
 func resolve(stream string, needGroup bool, fromURL, opts []Option) (config, error) {
-	c := config{start: "0", idField: DefaultIDField, bodyField: BodyField, dlq: stream + ":dlq", minIdle: DefaultMinIdle, maxExtension: time.Hour, poll: 500 * time.Millisecond, window: 100}
+	c := config{start: "0", idField: DefaultIDField, bodyField: BodyField, dlq: stream + ":dlq", minIdle: DefaultMinIdle, maxExtension: time.Hour, poll: 500 * time.Millisecond}
 	c.consumer, _ = os.Hostname()
 	err := params.Explain(option.Apply(&c, fromURL...))
 	if err == nil {
@@ -338,7 +316,7 @@ func connect(ctx context.Context, raw string, needGroup bool, opts []Option) (*l
 		return nil, err
 	}
 	l := &link{c: c, stream: stream}
-	l.log.Init(c.logger)
+	l.log.Store(c.logger)
 	l.rdb = goredis.NewClient(&goredis.Options{Addr: addr, Username: c.user, Password: c.pass, TLSConfig: c.tls, ClientName: "idemq"})
 	l.rdb.AddHook(clientLog{l})
 	links.Lock()
@@ -351,99 +329,20 @@ func connect(ctx context.Context, raw string, needGroup bool, opts []Option) (*l
 	return l, nil
 }
 
+// logger returns the link's logger.
+func (l *link) logger() *slog.Logger {
+	if lg := l.log.Load(); lg != nil {
+		return lg
+	}
+	return slog.Default()
+}
+
 // close closes the link's client.
 func (l *link) close() error {
 	links.Lock()
 	delete(links.m, l)
 	links.Unlock()
 	return l.rdb.Close()
-}
-
-// links are the links open in the process, for the go-redis log lines
-// that do not say whose command they are about.
-var links = struct {
-	sync.Mutex
-	m map[*link]bool
-}{m: map[*link]bool{}}
-
-// linkKey marks the context of a link's commands with the link.
-type linkKey struct{}
-
-// clientLog is the go-redis hook that ties go-redis's own log lines to the
-// link they are about (clientLogger): it marks the context of each command
-// the link sends with the link, and keeps the error of the link's last
-// failed dial, which go-redis's pool reports from a goroutine of its own
-// after its retries.
-type clientLog struct{ l *link }
-
-func (h clientLog) DialHook(next goredis.DialHook) goredis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := next(ctx, network, addr)
-		if err != nil {
-			text := err.Error()
-			h.l.dialErr.Store(&text)
-		} else {
-			h.l.dialErr.Store(nil)
-		}
-		return conn, err
-	}
-}
-
-func (h clientLog) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		return next(context.WithValue(ctx, linkKey{}, h.l), cmd)
-	}
-}
-
-func (h clientLog) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		return next(context.WithValue(ctx, linkKey{}, h.l), cmds)
-	}
-}
-
-// ctxLink returns the link whose command ctx is of.
-func ctxLink(ctx context.Context) (*link, bool) {
-	if ctx == nil {
-		return nil, false
-	}
-	l, ok := ctx.Value(linkKey{}).(*link)
-	return l, ok
-}
-
-// clientLogger is go-redis's process-wide logger: each line becomes a
-// warning of the logger of the link it is about (the one whose command's
-// context it got, else each whose last failed dial it reports), one record
-// per logger, or of slog.Default() when it is about no link.
-type clientLogger struct{}
-
-func (clientLogger) Printf(ctx context.Context, format string, v ...any) {
-	const msg = "idemq redis: go-redis log"
-	line := strings.TrimSpace(fmt.Sprintf(format, v...))
-	var about []*link
-	if l, ok := ctxLink(ctx); ok {
-		about = append(about, l)
-	} else {
-		links.Lock()
-		for l := range links.m {
-			if e := l.dialErr.Load(); e != nil && strings.Contains(line, *e) {
-				about = append(about, l)
-			}
-		}
-		links.Unlock()
-	}
-	if len(about) == 0 {
-		slog.Default().Warn(msg, "line", line)
-		return
-	}
-	streams := map[*slog.Logger][]string{}
-	for _, l := range about {
-		lg := l.log.Log()
-		streams[lg] = append(streams[lg], l.stream)
-	}
-	for lg, s := range streams {
-		slices.Sort(s)
-		lg.Warn(msg, "line", line, "stream", strings.Join(slices.Compact(s), ","))
-	}
 }
 
 // fields are an entry's fields for a message: its headers (but none of the

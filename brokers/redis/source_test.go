@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,13 +17,14 @@ import (
 	"github.com/idemq/idemq/core/driver"
 )
 
-func receive(t *testing.T, s *Source, n int) []driver.Delivery {
+// receive receives n messages through r, the Consumer's own flow.
+func receive(t *testing.T, r *brokertest.Receiver, n int) []*brokertest.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var out []driver.Delivery
+	var out []*brokertest.Delivery
 	for len(out) < n {
-		d, err := s.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatalf("received %d of %d: %v", len(out), n, err)
 		}
@@ -31,12 +33,12 @@ func receive(t *testing.T, s *Source, n int) []driver.Delivery {
 	return out
 }
 
-// quiet fails if s delivers anything within d.
-func quiet(t *testing.T, s *Source, d time.Duration) {
+// quiet fails if r delivers anything within d.
+func quiet(t *testing.T, r *brokertest.Receiver, d time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	if got, err := s.Receive(ctx); err == nil {
+	if got, err := r.Receive(ctx); err == nil {
 		t.Fatalf("unexpected delivery of entry %s (attempt %d)", driver.MetadataOf(got.Message().Metadata)["messaging.redis.entry_id"], got.Message().Attempt)
 	}
 }
@@ -58,10 +60,12 @@ func publish(t *testing.T, ts testStream, ids ...string) {
 // the stream still holds one entry.
 func TestRetryKeepsTheEntryPending(t *testing.T) {
 	ts := newTestStream(t, RedisURL(t))
-	s := ts.open(t)
-	defer s.Close()
+	r := brokertest.StartReceiver(t, ts.open(t), 0)
+	if !r.Traits().DelaysRetry {
+		t.Error("Traits.DelaysRetry is false: Redis keeps the delay (an idle time)")
+	}
 	publish(t, ts, "r-1")
-	d := receive(t, s, 1)[0]
+	d := receive(t, r, 1)[0]
 	entry := driver.MetadataOf(d.Message().Metadata)["messaging.redis.entry_id"]
 	if err := d.Retry(context.Background(), 200*time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -69,14 +73,14 @@ func TestRetryKeepsTheEntryPending(t *testing.T) {
 	if p := ts.pending(t); p[entry] != 1 || len(p) != 1 {
 		t.Fatalf("pending after Retry = %v, want %s with delivery count 1", p, entry)
 	}
-	again := receive(t, s, 1)[0]
+	again := receive(t, r, 1)[0]
 	if m := again.Message(); driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"] != entry || m.Attempt != 2 || m.ID != "r-1" {
 		t.Fatalf("redelivered entry %s attempt %d id %q, want %s attempt 2 r-1", driver.MetadataOf(m.Metadata)["messaging.redis.entry_id"], m.Attempt, m.ID, entry)
 	}
 	if err := again.Ack(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
+	r.Close()
 
 	publish(t, ts, "poison")
 	e := brokertest.NewEffects(t)
@@ -106,10 +110,8 @@ func TestRetryKeepsTheEntryPending(t *testing.T) {
 func TestHeartbeatKeepsSlowHandlersEntries(t *testing.T) {
 	ts := newTestStream(t, RedisURL(t))
 	lease := []Option{WithMinIdle(600 * time.Millisecond)}
-	holder := ts.open(t, lease...)
-	defer holder.Close()
-	thief := ts.open(t, append(lease, WithConsumer("thief"))...)
-	defer thief.Close()
+	holder := brokertest.StartReceiver(t, ts.open(t, lease...), 0)
+	thief := brokertest.StartReceiver(t, ts.open(t, append(lease, WithConsumer("thief"))...), 0)
 	publish(t, ts, "slow")
 	d := receive(t, holder, 1)[0]
 	quiet(t, thief, 2500*time.Millisecond) // four times min_idle
@@ -120,8 +122,7 @@ func TestHeartbeatKeepsSlowHandlersEntries(t *testing.T) {
 		t.Fatalf("Ack after 2.5s held: %v", err)
 	}
 
-	capped := ts.open(t, append(lease, WithMaxExtension(time.Second))...)
-	defer capped.Close()
+	capped := brokertest.StartReceiver(t, ts.open(t, append(lease, WithMaxExtension(time.Second))...), 0)
 	publish(t, ts, "slower")
 	d = receive(t, capped, 1)[0]
 	start := time.Now()
@@ -143,31 +144,31 @@ func TestHeartbeatKeepsSlowHandlersEntries(t *testing.T) {
 func TestDeletedPendingEntriesAreAcknowledged(t *testing.T) {
 	ts := newTestStream(t, RedisURL(t))
 	ctx := context.Background()
-	s := ts.open(t)
+	r := brokertest.StartReceiver(t, ts.open(t), 0)
 	publish(t, ts, "kept-1", "deleted", "kept-2")
-	ds := receive(t, s, 3)
+	ds := receive(t, r, 3)
 	for _, d := range ds {
 		if d.Message().ID == "deleted" {
 			ts.rdb.XDel(ctx, ts.name, driver.MetadataOf(d.Message().Metadata)["messaging.redis.entry_id"])
 		}
 	}
-	s.Close() // gives the three back
+	r.Close() // gives the three back
 	s2 := ts.open(t)
-	defer s2.Close()
-	again := receive(t, s2, 2)
+	r2 := brokertest.StartReceiver(t, s2, 0)
+	again := receive(t, r2, 2)
 	for _, d := range again {
 		if id := d.Message().ID; id == "deleted" || d.Message().Attempt != 2 {
 			t.Errorf("got %q attempt %d, want the kept ones on attempt 2", id, d.Message().Attempt)
 		}
 		d.Ack(ctx)
 	}
-	quiet(t, s2, 300*time.Millisecond)
+	quiet(t, r2, 300*time.Millisecond)
 
 	publish(t, ts, "trimmed-1", "trimmed-2")
-	held := receive(t, s2, 2)
+	held := receive(t, r2, 2)
 	ts.rdb.XTrimMaxLen(ctx, ts.name, 0)
 	lapseLeases(t, s2)
-	quiet(t, s2, 500*time.Millisecond)
+	quiet(t, r2, 500*time.Millisecond)
 	if p := ts.pending(t); len(p) != 0 {
 		t.Errorf("pending after deletions = %v, want none", p)
 	}
@@ -177,15 +178,14 @@ func TestDeletedPendingEntriesAreAcknowledged(t *testing.T) {
 }
 
 // DeadLetter adds the dead letter and acknowledges the entry in one
-// MULTI/EXEC, and AckBatch acknowledges a batch with one XACK: counted on
+// MULTI/EXEC, and a batch's Ack is one XACK: counted on
 // a private server, whose statistics nothing else moves. The dead letter
 // carries the message and the bookkeeping fields under driver's names.
 func TestDeadLetterIsOneTransactionAndAckBatchOneXACK(t *testing.T) {
 	srv := startRedis(t)
 	ts := newTestStream(t, "redis://"+srv.addr())
 	ctx := context.Background()
-	s := ts.open(t)
-	defer s.Close()
+	r := brokertest.StartReceiver(t, ts.open(t), 0)
 	msgs := []*driver.Message{{ID: "dl-1", Key: "k1", Body: []byte("parked body"), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "t1"}}}
 	for i := range 4 {
 		msgs = append(msgs, &driver.Message{ID: fmt.Sprintf("ok-%d", i), Body: []byte("ok")})
@@ -193,9 +193,9 @@ func TestDeadLetterIsOneTransactionAndAckBatchOneXACK(t *testing.T) {
 	if err := ts.publishRaw(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	ds := receive(t, s, 5)
+	ds := receive(t, r, 5)
 	ts.rdb.ConfigResetStat(ctx)
-	var batch []driver.Delivery
+	var batch []*brokertest.Delivery
 	for _, d := range ds {
 		if d.Message().ID == "dl-1" {
 			if err := d.DeadLetter(ctx, core.Permanent(errors.New("card declined"))); err != nil {
@@ -205,7 +205,7 @@ func TestDeadLetterIsOneTransactionAndAckBatchOneXACK(t *testing.T) {
 			batch = append(batch, d)
 		}
 	}
-	if err := s.AckBatch(ctx, batch); err != nil {
+	if err := r.AckBatch(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
 	stats := ts.rdb.Info(ctx, "commandstats").Val()
@@ -267,4 +267,44 @@ func TestMaxAgeTrims(t *testing.T) {
 	if n := ts.rdb.XLen(ctx, ts.name).Val(); n > 51 {
 		t.Errorf("the stream holds %d entries after a publish with max_age, want the first 100 old ones trimmed", n)
 	}
+}
+
+// A source closed while acks are under way (a process that stops or
+// crashes mid-batch) lets each finish: an Ack that returned nil left its
+// entry acknowledged, and one that failed left it pending, to come back.
+// Were the client closed under a sent XACK, the Ack would fail although
+// the server acknowledged the entry.
+func TestCloseLetsAcksUnderWayFinish(t *testing.T) {
+	ts := newTestStream(t, RedisURL(t))
+	ctx := context.Background()
+	const n = 200
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("c-%03d", i)
+	}
+	publish(t, ts, ids...)
+	s := ts.open(t)
+	r := brokertest.StartReceiver(t, s, n)
+	ds := receive(t, r, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		wg.Go(func() { errs[i] = d.Ack(ctx) })
+		if i == n/2 {
+			wg.Go(func() { s.Close() })
+		}
+	}
+	wg.Wait()
+	pending := ts.pending(t)
+	acked := 0
+	for i, d := range ds {
+		_, left := pending[driver.MetadataOf(d.Message().Metadata)["messaging.redis.entry_id"]]
+		if errs[i] == nil {
+			acked++
+		}
+		if (errs[i] == nil) == left {
+			t.Errorf("%s: Ack returned %v, and the entry is pending: %v", d.Message().ID, errs[i], left)
+		}
+	}
+	t.Logf("%d of %d acked before the close", acked, n)
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,7 +39,9 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 				maxReceives = 1
 			}
 			q, dlq := newQueueWithDLQ(t, ep, false, 5, maxReceives)
-			all := append(clientOpts(ep), WithLogger(testLogger(t)), WithWaitTime(time.Second))
+			ref := &refuser{}
+			cl := awssqs.New(testClient(ep).Options(), func(o *awssqs.Options) { o.HTTPClient = &http.Client{Transport: ref} })
+			all := append(clientOpts(ep), WithClient(cl), WithLogger(testLogger(t)), WithWaitTime(time.Second))
 			params := "&wait=1s"
 			if !redrive {
 				all = append(all, WithDeadLetterQueue(dlq.name))
@@ -72,7 +76,7 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 					}
 					return out, nil
 				},
-				Reconnect: lapseVisibility,
+				Reconnect: func(t *testing.T, src driver.Source) { lapseVisibility(t, ref, src.(*Source)) },
 				NewPublisher: func(t *testing.T) driver.Publisher {
 					p, err := NewPublisher(context.Background(), q.addr(), publisherOpts(ep)...)
 					if err != nil {
@@ -88,26 +92,28 @@ func harness(redrive bool, opts ...Option) brokertest.Harness {
 	}
 }
 
-// lapseVisibility lets the visibility of every delivery src holds lapse,
-// as when SQS refuses the heartbeat's extensions for good: the heartbeat
-// stops extending them, and it returns once their visibility timeout has
-// passed, so SQS hands the messages out again (to src, whose receivers
-// keep polling) and the old deliveries are stale.
-func lapseVisibility(t *testing.T, src driver.Source) {
-	s := src.(*Source)
-	var last time.Time
-	for _, e := range s.live.All() {
-		s.live.GiveUp(e)
-		last = maxTime(last, s.live.Lapses(e))
+// refuser fails the ChangeMessageVisibilityBatch requests it carries
+// while refusing is set, as if SQS were out of reach for them: the
+// heartbeat's extensions fail.
+type refuser struct{ refusing atomic.Bool }
+
+func (r *refuser) RoundTrip(req *http.Request) (*http.Response, error) {
+	if r.refusing.Load() && req.Header.Get("X-Amz-Target") == "AmazonSQS.ChangeMessageVisibilityBatch" {
+		return nil, errors.New("the test refuses visibility changes")
 	}
-	servicetest.WaitFor(t, s.vis+10*time.Second, "the visibility to lapse", func() bool { return time.Now().After(last) })
+	return http.DefaultTransport.RoundTrip(req)
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
+// lapseVisibility lets the visibility of every message s's Consumer
+// holds lapse, as when the heartbeat's extensions fail: it returns once
+// no extension made before it began can hold them any longer, so SQS
+// hands them out again (fauxqs makes them visible at the next receive)
+// and the old deliveries are stale.
+func lapseVisibility(t *testing.T, ref *refuser, s *Source) {
+	start := time.Now()
+	ref.refusing.Store(true)
+	defer ref.refusing.Store(false)
+	servicetest.WaitFor(t, s.vis+10*time.Second, "the visibility to lapse", func() bool { return time.Since(start) > s.vis })
 }
 
 // rawReceive takes the next message off the queue with the SDK alone and

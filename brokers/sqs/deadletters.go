@@ -16,10 +16,8 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
-	"github.com/idemq/idemq/core/driver/unsettled"
 	"github.com/idemq/idemq/internal/retry"
 )
 
@@ -37,7 +35,7 @@ const lookVisibility = 2 * time.Second
 const maxEmptyReceives = 3
 
 // DeadLetters is the operator's handle on the dead-letter queue of one
-// consumer's queue (admin.DeadLetterQueue), whether the adapter copied the
+// consumer's queue (driver.DeadLetters and driver.Redriver), whether the adapter copied the
 // messages there or the redrive policy moved them. It is not safe for
 // concurrent use.
 //
@@ -89,11 +87,11 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 // QueueURL returns the dead-letter queue's URL.
 func (d *DeadLetters) QueueURL() string { return d.s.dlq.url }
 
-// Redrive implements admin.DeadLetterQueue. In DeadLetterRedrive mode, when
+// Redrive implements driver.Redriver. In DeadLetterRedrive mode, when
 // sel is nil and the policy moved every parked message, SQS is asked to
 // move them back itself (StartMessageMoveTask) where the endpoint can;
 // otherwise each is sent back and then deleted.
-func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
+func (d *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool, progress func(done int)) (int, error) {
 	if d.s.cfg.deadLetterMode == DeadLetterRedrive && sel == nil {
 		n, err := d.s.moveAll(ctx, progress)
 		if !errors.Is(err, errMoveUnsupported) {
@@ -103,10 +101,10 @@ func (d *DeadLetters) Redrive(ctx context.Context, sel func(*admin.Parked) bool,
 	return d.Queue.Redrive(ctx, sel, progress)
 }
 
-// Scan implements admin.DeadLetterQueue, hiding no message longer than it
+// Scan implements driver.DeadLetters, hiding no message longer than it
 // takes to read it (see DeadLetters).
-func (d *DeadLetters) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
-	err := d.s.browse(ctx, true, func(_ []*types.Message, ps []*admin.Parked) error {
+func (d *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
+	err := d.s.browse(ctx, true, func(_ []*types.Message, ps []*driver.Parked) error {
 		for _, p := range ps {
 			if err := fn(p); err != nil {
 				return err
@@ -129,7 +127,7 @@ func (s *dlqStore) Close() error {
 // EachBatch receives the messages parked when it begins, a receive at a
 // time, keeping them hidden, and makes those still parked visible again
 // when it returns.
-func (s *dlqStore) EachBatch(ctx context.Context, fn func([]*types.Message, []*admin.Parked) error) error {
+func (s *dlqStore) EachBatch(ctx context.Context, fn func([]*types.Message, []*driver.Parked) error) error {
 	err := s.browse(ctx, false, fn)
 	return errors.Join(err, s.cur.release())
 }
@@ -137,7 +135,7 @@ func (s *dlqStore) EachBatch(ctx context.Context, fn func([]*types.Message, []*a
 // Republish sends m back to its destination with its original attributes
 // (unfolded, folded again past ten) but the bookkeeping, on a FIFO queue
 // under a new MessageDeduplicationId: SQS would drop the old as a repeat.
-func (s *dlqStore) Republish(ctx context.Context, m *types.Message, p *admin.Parked) error {
+func (s *dlqStore) Republish(ctx context.Context, m *types.Message, p *driver.Parked) error {
 	dest, err := s.dests.get(ctx, p.Destination)
 	if err != nil {
 		return fmt.Errorf("destination: %w", err)
@@ -176,7 +174,7 @@ func (s *dlqStore) RemoveBatch(ctx context.Context, ms []*types.Message) []error
 // makes each receive's messages visible again before fn sees them, until
 // SQS hands back only messages it listed: then it holds them too. An error
 // from fn stops it.
-func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Message, []*admin.Parked) error) error {
+func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Message, []*driver.Parked) error) error {
 	l := newLease(s)
 	s.cur = l
 	if s.closed {
@@ -223,7 +221,7 @@ func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Messa
 		}
 		empties = 0
 		var fresh []*types.Message
-		var ps []*admin.Parked
+		var ps []*driver.Parked
 		for i := range out.Messages {
 			m := &out.Messages[i]
 			if id := aws.ToString(m.MessageId); !seen[id] {
@@ -285,10 +283,10 @@ func (s *dlqStore) count(ctx context.Context, name types.QueueAttributeName) (in
 // has no idemq-cause: its Cause says it passed maxReceiveCount, its
 // Attempt is that count when it came from the consumer's own queue, and
 // its ParkedAt the original's SentTimestamp.
-func (s *dlqStore) parked(m *types.Message) *admin.Parked {
+func (s *dlqStore) parked(m *types.Message) *driver.Parked {
 	headers, body := decode(m)
 	sys := m.Attributes
-	p := &admin.Parked{Ref: aws.ToString(m.MessageId), ID: headers[s.cfg.idAttribute], Key: sys[string(types.MessageSystemAttributeNameMessageGroupId)], Headers: headers, Body: body}
+	p := &driver.Parked{Ref: aws.ToString(m.MessageId), ID: headers[s.cfg.idAttribute], Key: sys[string(types.MessageSystemAttributeNameMessageGroupId)], Headers: headers, Body: body}
 	if ms, err := strconv.ParseInt(sys[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		p.ParkedAt = time.UnixMilli(ms)
 	}
@@ -327,7 +325,7 @@ func (s *dlqStore) moveAll(ctx context.Context, progress func(int)) (int, error)
 		return 0, fail("listing move tasks", err)
 	}
 	seen, moved := 0, true
-	err := s.browse(ctx, true, func(_ []*types.Message, ps []*admin.Parked) error {
+	err := s.browse(ctx, true, func(_ []*types.Message, ps []*driver.Parked) error {
 		for _, p := range ps {
 			_, copied := p.Headers[driver.CauseHeader]
 			seen, moved = seen+1, moved && !copied
@@ -395,7 +393,7 @@ func newLease(s *dlqStore) *lease {
 	run, stop := context.WithCancel(context.Background())
 	l := &lease{s: s, stop: stop}
 	l.done.Go(func() {
-		unsettled.Heartbeat(run, browseVisibility/3, func(time.Time) {
+		retry.Every(run, browseVisibility/3, func(time.Time) {
 			ctx, cancel := context.WithTimeout(run, browseVisibility/3)
 			defer cancel()
 			if err := l.setVisibility(ctx, int32(browseVisibility/time.Second)); err != nil && run.Err() == nil {

@@ -328,7 +328,7 @@ func TestDeadLettersFoldedAttributes(t *testing.T) {
 	}
 	publish(t, ep, q, m)
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
-	if err := receiveOne(t, s, 10*time.Second).DeadLetter(context.Background(), errors.New("too many headers")); err != nil {
+	if err := receiveOne(t, receiver(t, s, 0), 10*time.Second).DeadLetter(context.Background(), errors.New("too many headers")); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -376,8 +376,8 @@ func TestDeadLettersFIFO(t *testing.T) {
 	m := msgs("fifo", 1)[0]
 	m.Key = "customer-7"
 	publish(t, ep, q, m)
-	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
-	if err := receiveOne(t, s, 10*time.Second).DeadLetter(context.Background(), errors.New("bad")); err != nil {
+	r := receiver(t, open(t, ep, q, WithDeadLetterQueue(dlq.name)), 0)
+	if err := receiveOne(t, r, 10*time.Second).DeadLetter(context.Background(), errors.New("bad")); err != nil {
 		t.Fatal(err)
 	}
 	d := openDLQ(t, ep, q, WithDeadLetterQueue(dlq.name))
@@ -387,7 +387,7 @@ func TestDeadLettersFIFO(t *testing.T) {
 	if n, err := d.Redrive(context.Background(), nil, nil); err != nil || n != 1 {
 		t.Fatalf("Redrive = %d, %v", n, err)
 	}
-	got := receiveOne(t, s, 10*time.Second).Message()
+	got := receiveOne(t, r, 10*time.Second).Message()
 	if got.ID != m.ID || got.Key != m.Key || got.Attempt != 1 {
 		t.Errorf("redriven %s key %q attempt %d, want %s %q 1", got.ID, got.Key, got.Attempt, m.ID, m.Key)
 	}

@@ -27,7 +27,7 @@ import (
 const e2eUnique = 10000
 
 // crashingSource closes its Source instead of acknowledging on the
-// crashAt-th ack call once armed: the process committed its transaction
+// crashAt-th Ack call once armed: the process committed its transaction
 // and died before the delete reached SQS.
 type crashingSource struct {
 	*Source
@@ -36,46 +36,14 @@ type crashingSource struct {
 	crashed atomic.Bool
 }
 
-func (c *crashingSource) crash() bool {
+// Ack crashes instead of deleting on the crashAt-th call.
+func (c *crashingSource) Ack(ctx context.Context, ms []*driver.Message) error {
 	if c.crashAt > 0 && c.acks.Add(1) == c.crashAt {
 		c.crashed.Store(true)
 		go c.Source.Close()
-		return true
-	}
-	return false
-}
-
-// AckBatch crashes instead of deleting on the crashAt-th call.
-func (c *crashingSource) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	inner := make([]driver.Delivery, len(ds))
-	for i, d := range ds {
-		inner[i] = d.(*crashingDelivery).Delivery
-	}
-	if c.crash() {
 		return errors.New("crashed between commit and ack")
 	}
-	return c.Source.AckBatch(ctx, inner)
-}
-
-// Receive wraps deliveries so single acks can crash too.
-func (c *crashingSource) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := c.Source.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &crashingDelivery{Delivery: d, c: c}, nil
-}
-
-type crashingDelivery struct {
-	driver.Delivery
-	c *crashingSource
-}
-
-func (d *crashingDelivery) Ack(ctx context.Context) error {
-	if d.c.crash() {
-		return errors.New("crashed between commit and ack")
-	}
-	return d.Delivery.Ack(ctx)
+	return c.Source.Ack(ctx, ms)
 }
 
 // TestEndToEndPostgres sends e2eUnique messages plus 20% duplicate sends,

@@ -10,10 +10,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// DeadLetterMode chooses how Delivery.DeadLetter parks a message.
+// DeadLetterMode chooses how Source.DeadLetter parks a message.
 type DeadLetterMode int
 
 const (
@@ -55,16 +56,14 @@ func (o sourceOption) apply(c *config) error { return o(c) }
 // config holds every setting; a Publisher reads the ClientOptions'.
 type config struct {
 	clientConfig
-	receivers, window, settleRetries                    int
-	waitTime, maxExtension, closeTimeout, receiveLinger time.Duration
-	visibility                                          time.Duration // 0: DefaultVisibilityTimeout, or the queue's (see WithVisibilityTimeout)
-	heartbeatInterval                                   time.Duration // 0: a third of the visibility timeout
-	receiveErrorPause                                   time.Duration
-	heartbeat, releaseOnClose                           bool
-	idAttribute, deadLetterQueue                        string
-	deadLetterMode                                      DeadLetterMode
-	logger                                              *slog.Logger // nil: the Consumer's, else slog.Default()
-	byURL                                               bool         // errors name URL parameters
+	receivers, settleRetries             int // receivers 0: from the Consumer's window
+	waitTime, maxExtension, closeTimeout time.Duration
+	visibility                           time.Duration // 0: DefaultVisibilityTimeout, or the queue's (see WithVisibilityTimeout)
+	heartbeat, releaseOnClose            bool
+	idAttribute, deadLetterQueue         string
+	deadLetterMode                       DeadLetterMode
+	logger                               *slog.Logger // nil: the Consumer's, else slog.Default()
+	byURL                                bool         // errors name URL parameters
 }
 
 // clientConfig is how to reach SQS.
@@ -76,18 +75,21 @@ type clientConfig struct {
 }
 
 func defaultConfig() config {
-	return config{receivers: 2, window: 20, settleRetries: 3, waitTime: 20 * time.Second, maxExtension: time.Hour,
-		closeTimeout: 20 * time.Second, receiveLinger: 50 * time.Millisecond, receiveErrorPause: 100 * time.Millisecond,
+	return config{settleRetries: 3, waitTime: 20 * time.Second, maxExtension: time.Hour, closeTimeout: 20 * time.Second,
 		heartbeat: true, releaseOnClose: true, idAttribute: DefaultIDAttribute, deadLetterMode: DeadLetterSend}
 }
 
-// optErr reports a configuration problem by what the user wrote.
-func (c *config) optErr(option, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	if p, ok := paramOf(option); ok && c.byURL {
-		return fmt.Errorf("sqs URL parameter %s: %s", p, msg)
+// optErr reports a configuration problem by what the user wrote: the
+// option, or the URL parameter (or part) that set it.
+func (c *config) optErr(name, format string, args ...any) error {
+	err := option.Errorf("sqs", name, format, args...)
+	switch {
+	case !c.byURL:
+		return err
+	case name == "WithStaticCredentials":
+		return fmt.Errorf("sqs URL parameter credentials (sqs://KEY:SECRET@queue): %w", errors.Unwrap(err))
 	}
-	return fmt.Errorf("sqs: option %s: %s", option, msg)
+	return urlParams.Explain(err)
 }
 
 // spell returns goForm, or urlForm when the configuration came from a URL.
@@ -116,24 +118,11 @@ const (
 	maxSettleRetries = 10
 )
 
-// WithReceivers sets how many goroutines long-poll the queue at once, each
-// asking for up to 10 messages per ReceiveMessage call. Default 2, 1..64.
+// WithReceivers sets how many long polls the Consumer keeps outstanding at
+// once, each a ReceiveMessage call asking for up to 10 messages. Default
+// one per ten messages of the Consumer's window, at least 2; 1..64.
 func WithReceivers(n int) Option {
 	return sourceOption(checked("WithReceivers", n < 1 || n > 64, func(c *config) { c.receivers = n }, "%d is outside 1..64", n))
-}
-
-// WithWindow sets how many received messages may be unsettled at once
-// until the Consumer sets its own window. Default 20.
-func WithWindow(n int) Option {
-	return sourceOption(checked("WithWindow", n < 1, func(c *config) { c.window = n }, "%d must be at least 1", n))
-}
-
-// WithReceiveLinger sets how long a receiver, while other messages are
-// unsettled, waits for room for half the window before it polls for less:
-// fewer, fuller ReceiveMessage calls (SQS bills per request). Default 50ms;
-// 0 polls as soon as any room frees. Must be 0..1s.
-func WithReceiveLinger(d time.Duration) Option {
-	return sourceOption(checked("WithReceiveLinger", d < 0 || d > time.Second, func(c *config) { c.receiveLinger = d }, "%v is outside 0..1s", d))
 }
 
 // WithWaitTime sets each ReceiveMessage call's long-polling wait. Default
@@ -151,30 +140,27 @@ func WithWaitTime(d time.Duration) Option {
 const DefaultVisibilityTimeout = 6 * time.Second
 
 // WithVisibilityTimeout sets the visibility timeout each receive asks for,
-// which the heartbeat renews. Default DefaultVisibilityTimeout, or the
+// the lease the Consumer's heartbeat renews (Extend). Default DefaultVisibilityTimeout, or the
 // queue's VisibilityTimeout when that is shorter; with WithHeartbeat(false)
 // the queue's. 1s..12h in whole seconds.
 func WithVisibilityTimeout(d time.Duration) Option {
 	return sourceOption(checked("WithVisibilityTimeout", d < time.Second || d > 12*time.Hour || d%time.Second != 0, func(c *config) { c.visibility = d }, "%v is not a whole number of seconds in 1s..12h", d))
 }
 
-// WithHeartbeat turns on or off the heartbeat that extends an unsettled
-// message's visibility before it lapses, up to WithMaxExtension. Default
-// on; off, a handler slower than the visibility timeout lets another
-// consumer receive the message (the dedup key still applies it once).
+// WithHeartbeat turns on or off the Consumer's heartbeat, which extends an
+// unsettled message's visibility (every third of the visibility timeout)
+// before it lapses, up to WithMaxExtension. Default on; off, nothing
+// extends it, so the Source asks for the queue's own visibility timeout,
+// and a handler slower than that lets another consumer receive the
+// message (the dedup key still applies it once).
 func WithHeartbeat(on bool) Option {
 	return sourceOption(func(c *config) error { c.heartbeat = on; return nil })
 }
 
-// WithHeartbeatInterval sets how often the heartbeat runs. Default a third
-// of the visibility timeout (at least 100ms); shorter than that timeout.
-func WithHeartbeatInterval(d time.Duration) Option {
-	return sourceOption(checked("WithHeartbeatInterval", d <= 0, func(c *config) { c.heartbeatInterval = d }, "%v must be positive", d))
-}
-
 // WithMaxExtension caps how long after its receipt the heartbeat keeps a
-// message hidden: the visibility lapses by then (up to a heartbeat interval
-// plus a second sooner, SQS counting whole seconds). Default 1h, 1s..12h.
+// message hidden: the visibility lapses by then (up to a second later, SQS
+// counting whole seconds). A FIFO message held back behind its group's
+// counts from when it is handed out. Default 1h, 1s..12h.
 func WithMaxExtension(d time.Duration) Option {
 	return sourceOption(checked("WithMaxExtension", d < time.Second || d > 12*time.Hour, func(c *config) { c.maxExtension = d }, "%v is outside 1s..12h", d))
 }
@@ -191,15 +177,17 @@ func WithDeadLetterMode(m DeadLetterMode) Option {
 	return sourceOption(checked("WithDeadLetterMode", m != DeadLetterSend && m != DeadLetterRedrive, func(c *config) { c.deadLetterMode = m }, "unknown mode %d", m))
 }
 
-// WithReleaseOnClose chooses whether Close makes unsettled messages visible
-// again at once rather than after their visibility timeout. Default true.
+// WithReleaseOnClose chooses whether the messages the Consumer gives back
+// when it stops (Release), and those the Source received that the Consumer
+// never got, become visible again at once rather than after their
+// visibility timeout. Default true.
 func WithReleaseOnClose(release bool) Option {
 	return sourceOption(func(c *config) error { c.releaseOnClose = release; return nil })
 }
 
 // WithCloseTimeout bounds how long Close waits for long polls in progress,
-// so that what SQS hands them is released rather than stranded until its
-// visibility timeout. Default 20s; 0 cancels them at once. Must be 0..1m.
+// so that what SQS hands them is made visible again rather than stranded
+// until its visibility timeout. Default 20s; 0 cancels them at once. Must be 0..1m.
 func WithCloseTimeout(d time.Duration) Option {
 	return sourceOption(checked("WithCloseTimeout", d < 0 || d > time.Minute, func(c *config) { c.closeTimeout = d }, "%v is outside 0..1m", d))
 }

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/core/driver"
-
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -23,7 +21,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/servicetest"
 	"github.com/idemq/idemq/stores/postgres"
 	"github.com/idemq/idemq/stores/sqlite"
@@ -68,13 +68,20 @@ func msgs(prefix string, n int) []*driver.Message {
 	return out
 }
 
+// receiver drives s as a Consumer does, one message at a time, with
+// window (0: brokertest.DefaultWindow).
+func receiver(t testing.TB, s driver.Source, window int) *brokertest.Receiver {
+	t.Helper()
+	return brokertest.StartReceiver(t, s, window)
+}
+
 // receiveOne receives one delivery within timeout.
-func receiveOne(t testing.TB, s *Source, timeout time.Duration) driver.Delivery {
+func receiveOne(t testing.TB, r *brokertest.Receiver, timeout time.Duration) *brokertest.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	for {
-		d, err := s.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err == nil {
 			return d
 		}
@@ -85,13 +92,13 @@ func receiveOne(t testing.TB, s *Source, timeout time.Duration) driver.Delivery 
 	}
 }
 
-// quiet fails if s delivers anything within d.
-func quiet(t testing.TB, s *Source, d time.Duration) {
+// quiet fails if r delivers anything within d.
+func quiet(t testing.TB, r *brokertest.Receiver, d time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	for {
-		dl, err := s.Receive(ctx)
+		dl, err := r.Receive(ctx)
 		if err == nil {
 			t.Fatalf("unexpected delivery of %q (attempt %d)", dl.Message().ID, dl.Message().Attempt)
 		}
@@ -107,16 +114,13 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 		name string
 	}{
 		{WithReceivers(0), "WithReceivers"},
-		{WithWindow(0), "WithWindow"},
 		{WithWaitTime(21 * time.Second), "WithWaitTime"},
 		{WithWaitTime(1500 * time.Millisecond), "WithWaitTime"},
 		{WithVisibilityTimeout(0), "WithVisibilityTimeout"},
-		{WithHeartbeatInterval(0), "WithHeartbeatInterval"},
 		{WithMaxExtension(13 * time.Hour), "WithMaxExtension"},
 		{WithDeadLetterQueue(""), "WithDeadLetterQueue"},
 		{WithDeadLetterMode(7), "WithDeadLetterMode"},
 		{WithCloseTimeout(-1), "WithCloseTimeout"},
-		{WithReceiveLinger(2 * time.Second), "WithReceiveLinger"},
 		{WithLogger(nil), "WithLogger"},
 	}
 	// The client options are a Publisher's too.
@@ -166,10 +170,6 @@ func TestOpenChecksQueueAndDeadLetterSetup(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "WithDeadLetterMode") {
 		t.Errorf("DeadLetterRedrive without a redrive policy: err = %v, want one naming WithDeadLetterMode", err)
 	}
-	_, err = Open(ctx, plain.addr(), append(clientOpts(ep), WithDeadLetterQueue(plain.name), WithHeartbeatInterval(3*time.Second))...)
-	if err == nil || !strings.Contains(err.Error(), "WithHeartbeatInterval") {
-		t.Errorf("heartbeat interval = visibility timeout: err = %v, want one naming WithHeartbeatInterval", err)
-	}
 	fifo, _ := newQueueWithDLQ(t, ep, true, 3, 0)
 	_, err = Open(ctx, fifo.addr(), append(clientOpts(ep), WithDeadLetterQueue(plain.name))...)
 	if err == nil || !strings.Contains(err.Error(), "FIFO") {
@@ -217,8 +217,8 @@ func TestMessageFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	span.End()
-	s := open(t, ep, q, WithDeadLetterQueue(q.name))
-	d := receiveOne(t, s, 10*time.Second)
+	r := receiver(t, open(t, ep, q, WithDeadLetterQueue(q.name)), 0)
+	d := receiveOne(t, r, 10*time.Second)
 	got := d.Message()
 	if got.ID != m.ID {
 		t.Errorf("ID = %q, want the message-id attribute %q", got.ID, m.ID)
@@ -247,7 +247,7 @@ func TestMessageFields(t *testing.T) {
 	if err := d.Retry(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
-	d2 := receiveOne(t, s, 10*time.Second)
+	d2 := receiveOne(t, r, 10*time.Second)
 	if d2.Message().Attempt != 2 {
 		t.Errorf("Attempt after one retry = %d, want 2", d2.Message().Attempt)
 	}
@@ -362,8 +362,10 @@ func TestPublisherPermanentAnswers(t *testing.T) {
 	}
 }
 
-// TestAckBatchManyChunks acks 25 deliveries (three DeleteMessageBatch
-// calls) and refuses deliveries that are settled or foreign.
+// TestAckBatchManyChunks acks 25 deliveries in one Ack call (three
+// DeleteMessageBatch requests) beside one settled before, which the flow
+// refuses; the Source itself refuses a foreign message, sending nothing
+// for it.
 func TestAckBatchManyChunks(t *testing.T) {
 	t.Parallel()
 	ep := sqsEndpoint(t)
@@ -371,22 +373,29 @@ func TestAckBatchManyChunks(t *testing.T) {
 	other, _ := newQueueWithDLQ(t, ep, false, 10, 0)
 	publish(t, ep, q, msgs("chunks", 25)...)
 	publish(t, ep, other, msgs("other", 1)...)
-	s := open(t, ep, q, WithDeadLetterQueue(q.name), WithWindow(30))
-	s2 := open(t, ep, other, WithDeadLetterQueue(other.name))
+	s := open(t, ep, q, WithDeadLetterQueue(q.name))
+	r := receiver(t, s, 30)
+	r2 := receiver(t, open(t, ep, other, WithDeadLetterQueue(other.name)), 0)
 	// Each wait outlasts the 10 s visibility timeout: a ReceiveMessage
 	// answer lost after its 200 (aws/aws-sdk-go-v2#2737, seen with the
 	// emulator) hides its messages until then.
-	var ds []driver.Delivery
+	var ds []*brokertest.Delivery
 	for range 25 {
-		ds = append(ds, receiveOne(t, s, 25*time.Second))
+		ds = append(ds, receiveOne(t, r, 25*time.Second))
 	}
-	foreign := receiveOne(t, s2, 25*time.Second)
+	foreign := receiveOne(t, r2, 25*time.Second)
+	if err := s.Ack(context.Background(), []*driver.Message{foreign.Message()}); err == nil || !strings.Contains(err.Error(), "not from this source") {
+		t.Errorf("Ack of a foreign message: %v", err)
+	}
 	if err := ds[0].Ack(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	err := s.AckBatch(context.Background(), append(slices.Clone(ds), foreign))
-	if err == nil || !errors.Is(err, driver.ErrAlreadySettled) || !strings.Contains(err.Error(), "not from this source") {
-		t.Errorf("AckBatch with a settled and a foreign delivery: %v", err)
+	before := s.Stats().DeleteCalls
+	if err := r.AckBatch(context.Background(), ds); err == nil || !errors.Is(err, driver.ErrAlreadySettled) {
+		t.Errorf("AckBatch with a settled delivery: %v", err)
+	}
+	if n := s.Stats().DeleteCalls - before; n != 3 {
+		t.Errorf("AckBatch of 24 sent %d DeleteMessageBatch requests, want 3", n)
 	}
 	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
 		t.Errorf("after AckBatch %d visible and %d in flight, want none", vis, inflight)
@@ -488,6 +497,31 @@ func TestDefaultVisibilityHeartbeat(t *testing.T) {
 	}
 }
 
+// TestTraits: the Consumer keeps one long poll per ten messages of its
+// window outstanding (at least two) unless WithReceivers says, its lease
+// is the visibility each receive asks for, and with the heartbeat off it
+// never extends one (a nanosecond's MaxExtension), reckoning staleness
+// from the queue's own visibility timeout.
+func TestTraits(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 30, 0)
+	for _, c := range []struct {
+		window int
+		opts   []Option
+		want   driver.Traits
+	}{
+		{45, nil, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
+		{5, nil, driver.Traits{MaxBatch: 10, Receivers: 2, Lease: DefaultVisibilityTimeout, MaxExtension: time.Hour, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
+		{45, []Option{WithReceivers(3), WithMaxExtension(time.Minute)}, driver.Traits{MaxBatch: 10, Receivers: 3, Lease: DefaultVisibilityTimeout, MaxExtension: time.Minute, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
+		{45, []Option{WithHeartbeat(false)}, driver.Traits{MaxBatch: 10, Receivers: 5, Lease: 30 * time.Second, MaxExtension: -1, DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}},
+	} {
+		if got := receiver(t, open(t, ep, q, append(c.opts, WithDeadLetterQueue(q.name))...), c.window).Traits(); got != c.want {
+			t.Errorf("window %d, options %d: Traits %+v, want %+v", c.window, len(c.opts), got, c.want)
+		}
+	}
+}
+
 // TestHeartbeatStopsAtMaxExtension holds a message past WithMaxExtension:
 // its visibility lapses and another consumer receives it.
 func TestHeartbeatStopsAtMaxExtension(t *testing.T) {
@@ -495,11 +529,11 @@ func TestHeartbeatStopsAtMaxExtension(t *testing.T) {
 	q, _ := newQueueWithDLQ(t, ep, false, 1, 0)
 	publish(t, ep, q, msgs("cap", 1)...)
 	// A window of one: s1 cannot receive the message again itself.
-	s1 := open(t, ep, q, WithDeadLetterQueue(q.name), WithMaxExtension(2*time.Second), WithWindow(1))
+	s1 := open(t, ep, q, WithDeadLetterQueue(q.name), WithMaxExtension(2*time.Second))
+	r1 := receiver(t, s1, 1)
 	start := time.Now()
-	d := receiveOne(t, s1, 10*time.Second)
-	s2 := open(t, ep, q, WithDeadLetterQueue(q.name))
-	d2 := receiveOne(t, s2, 10*time.Second)
+	d := receiveOne(t, r1, 10*time.Second)
+	d2 := receiveOne(t, receiver(t, open(t, ep, q, WithDeadLetterQueue(q.name)), 0), 10*time.Second)
 	took := time.Since(start)
 	// Extended at least once (past the 1s visibility timeout), never past
 	// the 2s cap (plus the time a poll takes to see the lapse).
@@ -829,6 +863,7 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 	publish(t, ep, q, ms...)
 	s := open(t, ep, q, WithDeadLetterQueue(q.name))
 	s.q.fifo = true // group handling as on a FIFO queue
+	r := receiver(t, s, 0)
 	raw := drainNoDelete(t, ep, q.url, 3)
 	slices.SortFunc(raw, func(a, b types.Message) int {
 		return strings.Compare(attr(a, DefaultIDAttribute), attr(b, DefaultIDAttribute))
@@ -837,27 +872,25 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 		raw[i].Attributes["MessageGroupId"] = "g"
 	}
 	s.mu.Lock()
-	s.held += 3 // the slots a receiver would have reserved
-	s.started = true
+	s.readyLocked(s.acceptLocked(raw, time.Now()))
 	s.mu.Unlock()
-	s.accept(raw)
 
-	d1 := receiveOne(t, s, time.Second)
+	d1 := receiveOne(t, r, time.Second)
 	if d1.Message().ID != ms[0].ID || d1.Message().Key != "g" {
 		t.Fatalf("first delivery %q key %q, want %q key g", d1.Message().ID, d1.Message().Key, ms[0].ID)
 	}
-	quiet(t, s, 300*time.Millisecond) // the rest of the group waits
+	quiet(t, r, 300*time.Millisecond) // the rest of the group waits
+	s.busy.Wait()                     // and no poll quiet started takes the message released below
 	if err := d1.Ack(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	d2 := receiveOne(t, s, time.Second)
+	d2 := receiveOne(t, r, time.Second)
 	if d2.Message().ID != ms[1].ID {
 		t.Fatalf("after the ack got %q, want %q", d2.Message().ID, ms[1].ID)
 	}
 	if err := d2.Retry(context.Background(), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	quiet(t, s, 300*time.Millisecond)
 	if got := s.Stats(); got.HeldBack != 2 || got.Released != 1 {
 		t.Errorf("stats %+v: want HeldBack 2, Released 1", got)
 	}
@@ -866,10 +899,55 @@ func TestFIFOHoldBackAndRelease(t *testing.T) {
 		t.Errorf("visible after the retry: %d messages, want the released %q", len(back), ms[2].ID)
 	}
 	s.mu.Lock()
-	held := s.held
+	held := s.heldBack + len(s.ready) + len(s.groups)
 	s.mu.Unlock()
-	if held != 0 {
-		t.Errorf("%d window slots still held after every delivery was settled or released", held)
+	if held != 0 || r.Held() != 0 {
+		t.Errorf("%d messages still held back and %d unsettled after every delivery was settled or released", held, r.Held())
+	}
+}
+
+// TestFIFOHeldBackRenewedWithItsGroup: a message held back behind its
+// group's is renewed with it. While the first is held for over two
+// visibility timeouts, another consumer receives neither; the second is
+// handed out once the first is acked, and its Ack is no stale one.
+func TestFIFOHeldBackRenewedWithItsGroup(t *testing.T) {
+	t.Parallel()
+	ep := sqsEndpoint(t)
+	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
+	ms := msgs("renew", 2)
+	publish(t, ep, q, ms...)
+	s := open(t, ep, q, WithDeadLetterQueue(q.name))
+	s.q.fifo = true // group handling as on a FIFO queue
+	r := receiver(t, s, 0)
+	raw := drainNoDelete(t, ep, q.url, 2)
+	slices.SortFunc(raw, func(a, b types.Message) int {
+		return strings.Compare(attr(a, DefaultIDAttribute), attr(b, DefaultIDAttribute))
+	})
+	for i := range raw {
+		raw[i].Attributes["MessageGroupId"] = "g"
+	}
+	s.mu.Lock()
+	s.readyLocked(s.acceptLocked(raw, time.Now()))
+	s.mu.Unlock()
+	d1 := receiveOne(t, r, time.Second)
+	if got := drainNoDelete(t, ep, q.url, 1); len(got) != 0 { // receives for 5s
+		t.Fatalf("another consumer received %q while its group's first was held", attr(got[0], DefaultIDAttribute))
+	}
+	if err := d1.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d2 := receiveOne(t, r, time.Second)
+	if d2.Message().ID != ms[1].ID {
+		t.Fatalf("after the ack got %q, want %q", d2.Message().ID, ms[1].ID)
+	}
+	if err := d2.Ack(context.Background()); err != nil {
+		t.Fatalf("Ack of the message held back: %v", err)
+	}
+	if vis, inflight := queueCounts(t, ep, q.url); vis+inflight != 0 {
+		t.Errorf("queue holds %d+%d messages after both acks, want none", vis, inflight)
+	}
+	if st := s.Stats(); st.Extended < 4 || st.HeartbeatFailures != 0 {
+		t.Errorf("stats %+v: want both messages extended at least twice, no failure", st)
 	}
 }
 
@@ -909,23 +987,27 @@ func TestOpenByURL(t *testing.T) {
 	if err := pub.Driver().Publish(ctx, "", m); err != nil {
 		t.Fatal(err)
 	}
-	src, err := core.OpenSource(ctx, base+"&dlq="+dlq.name+"&wait=1s&window=3&receivers=1&heartbeat=true&max_extension=1m&close_timeout=2s&dead_letter_mode=send")
+	src, err := core.OpenSource(ctx, base+"&dlq="+dlq.name+"&wait=1s&receivers=1&heartbeat=true&max_extension=1m&close_timeout=2s&dead_letter_mode=send")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close()
 	s := src.(*Source)
-	if s.cfg.window != 3 || s.cfg.receivers != 1 || s.cfg.waitTime != time.Second || s.dlq.name != dlq.name {
+	if s.cfg.receivers != 1 || s.cfg.waitTime != time.Second || s.dlq.name != dlq.name {
 		t.Errorf("URL parameters not applied: %+v", s.cfg)
 	}
-	d := receiveOne(t, s, 10*time.Second)
+	r := receiver(t, s, 0)
+	if tr := r.Traits(); tr.Receivers != 1 || tr.MaxExtension != time.Minute || tr.MaxBatch != 10 || !tr.DelaysRetry {
+		t.Errorf("Traits %+v, want 1 receiver, a 1m maximum extension, batches of 10, retries delayed by SQS", tr)
+	}
+	d := receiveOne(t, r, 10*time.Second)
 	if d.Message().ID != m.ID {
 		t.Errorf("got %q, want %q", d.Message().ID, m.ID)
 	}
 	d.Ack(ctx)
 	for _, bad := range []struct{ url, want string }{
 		{base + "&bogus=1", `unknown parameter "bogus"`},
-		{base + "&window=x", "window"},
+		{base + "&window=3", `unknown parameter "window"`}, // the Consumer's WithWindow is the window
 		{base + "&dead_letter_mode=drop", "dead_letter_mode"},
 		{"sqs://", "no queue"},
 		{"sqs://keyonly@" + q.name + "?endpoint=" + ep, "secret"},
@@ -937,14 +1019,14 @@ func TestOpenByURL(t *testing.T) {
 	}
 	// The consumer's URL serves the publisher too: the Source's own
 	// parameters are checked and ignored.
-	pub, err = core.OpenPublisher(ctx, base+"&window=3&wait=1s&dlq=x&visibility=5s")
+	pub, err = core.OpenPublisher(ctx, base+"&receivers=3&wait=1s&dlq=x&visibility=5s")
 	if err != nil {
 		t.Errorf("a consumer's URL for a publisher: %v", err)
 	} else {
 		pub.Close()
 	}
-	_, err = core.OpenPublisher(ctx, base+"&window=x")
-	if err == nil || !strings.Contains(err.Error(), "window") {
+	_, err = core.OpenPublisher(ctx, base+"&receivers=x")
+	if err == nil || !strings.Contains(err.Error(), "receivers") {
 		t.Errorf("a bad consumer parameter on a publisher URL: %v", err)
 	}
 	if err == nil || strings.Contains(err.Error(), "test:test") {
@@ -954,41 +1036,45 @@ func TestOpenByURL(t *testing.T) {
 
 // TestSettlementFailuresAreReported makes SQS refuse settlements: an
 // extension of a message deleted behind the Source's back fails for good
-// (the heartbeat gives up on it and the Ack still goes through the dedup
-// path as usual), and when the queue itself is gone every delete is retried
-// WithSettleRetries times and then reported for every message, none
-// dropped silently.
+// (its receipt handle is gone, so the heartbeat stops extending it and
+// its settlement is stale), and when the queue itself is gone every
+// delete is retried WithSettleRetries times and then reported for every
+// message, none dropped silently.
 func TestSettlementFailuresAreReported(t *testing.T) {
 	t.Parallel()
 	ep := sqsEndpoint(t)
 	q, _ := newQueueWithDLQ(t, ep, false, 2, 0)
 	publish(t, ep, q, msgs("refused", 4)...)
 	s := open(t, ep, q, WithDeadLetterQueue(q.url), WithSettleRetries(2))
-	var ds []driver.Delivery
+	r := receiver(t, s, 0)
+	var ds []*brokertest.Delivery
 	for range 4 {
-		ds = append(ds, receiveOne(t, s, 10*time.Second))
+		ds = append(ds, receiveOne(t, r, 10*time.Second))
 	}
 	cl := testClient(ep)
-	gone := ds[0].(*delivery)
-	if _, err := cl.DeleteMessage(context.Background(), &awssqs.DeleteMessageInput{QueueUrl: aws.String(q.url), ReceiptHandle: aws.String(gone.receipt)}); err != nil {
+	gone := ds[0].Message().AckID.(*delivery)
+	if _, err := cl.DeleteMessage(context.Background(), &awssqs.DeleteMessageInput{QueueUrl: aws.String(q.url), ReceiptHandle: gone.raw.ReceiptHandle}); err != nil {
 		t.Fatal(err)
 	}
-	servicetest.WaitFor(t, 10*time.Second, "the heartbeat to give up on the deleted message", func() bool {
-		return !slices.Contains(s.live.All(), gone.e)
+	servicetest.WaitFor(t, 10*time.Second, "the heartbeat to fail on the deleted message", func() bool {
+		return s.Stats().HeartbeatFailures > 0
 	})
-	if f := s.Stats().HeartbeatFailures; f != 1 {
-		t.Errorf("HeartbeatFailures = %d, want 1 (ReceiptHandleIsInvalid is final)", f)
-	}
 	before := s.Stats().Extended
 	time.Sleep(1500 * time.Millisecond)
 	if s.Stats().Extended <= before {
 		t.Error("the heartbeat stopped extending the other messages")
 	}
+	if f := s.Stats().HeartbeatFailures; f != 1 {
+		t.Errorf("HeartbeatFailures = %d, want 1 (ReceiptHandleIsInvalid is final)", f)
+	}
+	if err := ds[0].Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
+		t.Errorf("Ack of the message deleted behind the Source's back = %v, want a stale delivery", err)
+	}
 
 	if _, err := cl.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: aws.String(q.url)}); err != nil {
 		t.Fatal(err)
 	}
-	err := s.AckBatch(context.Background(), ds[1:])
+	err := r.AckBatch(context.Background(), ds[1:])
 	if err == nil {
 		t.Fatal("AckBatch on a deleted queue returned nil")
 	}
@@ -1014,7 +1100,7 @@ func TestFIFODeadLetter(t *testing.T) {
 	m := &driver.Message{ID: "fifo-dl-" + randomHex(4), Key: "customer-9", Body: []byte(`{"x":1}`)}
 	publish(t, ep, q, m)
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
-	d := receiveOne(t, s, 10*time.Second)
+	d := receiveOne(t, receiver(t, s, 0), 10*time.Second)
 	if d.Message().Key != m.Key {
 		t.Errorf("Key = %q, want the group %q", d.Message().Key, m.Key)
 	}

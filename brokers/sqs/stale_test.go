@@ -15,8 +15,10 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/internal/inflight"
 	"github.com/idemq/idemq/internal/servicetest"
 )
 
@@ -69,17 +71,17 @@ func TestStaleDeliveryErrors(t *testing.T) {
 	q, dlq := newQueueWithDLQ(t, ep, false, 1, 0)
 	ms := msgs("stale-direct", 3)
 	publish(t, ep, q, ms...)
-	s := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false), WithWindow(3))
-	ds := []driver.Delivery{receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second)}
+	s := receiver(t, open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false)), 3)
+	ds := []*brokertest.Delivery{receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second), receiveOne(t, s, 10*time.Second)}
 	// Another consumer receives them once their visibility lapsed; its
 	// window is full, so only a third one can receive them again.
-	other := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithVisibilityTimeout(30*time.Second), WithWindow(3))
-	again := []driver.Delivery{receiveOne(t, other, 10*time.Second), receiveOne(t, other, 10*time.Second), receiveOne(t, other, 10*time.Second)}
+	other := receiver(t, open(t, ep, q, WithDeadLetterQueue(dlq.name), WithVisibilityTimeout(30*time.Second)), 3)
+	again := []*brokertest.Delivery{receiveOne(t, other, 10*time.Second), receiveOne(t, other, 10*time.Second), receiveOne(t, other, 10*time.Second)}
 	ctx := context.Background()
-	settles := map[string]func(d driver.Delivery) error{
-		"Ack":        func(d driver.Delivery) error { return d.Ack(ctx) },
-		"Retry":      func(d driver.Delivery) error { return d.Retry(ctx, time.Second) },
-		"DeadLetter": func(d driver.Delivery) error { return d.DeadLetter(ctx, errors.New("poison")) },
+	settles := map[string]func(d *brokertest.Delivery) error{
+		"Ack":        func(d *brokertest.Delivery) error { return d.Ack(ctx) },
+		"Retry":      func(d *brokertest.Delivery) error { return d.Retry(ctx, time.Second) },
+		"DeadLetter": func(d *brokertest.Delivery) error { return d.DeadLetter(ctx, errors.New("poison")) },
 	}
 	i := 0
 	for what, do := range settles {
@@ -98,7 +100,7 @@ func TestStaleDeliveryErrors(t *testing.T) {
 	// SQS refusing the receipt handle (fauxqs answers MessageNotInflight
 	// for a handle a later receive replaced) makes a settlement stale too,
 	// whatever the Source believed of the visibility.
-	d := again[0].(*delivery)
+	d := again[0]
 	redo := receiveAfterRelease(t, ep, q, d, WithDeadLetterQueue(dlq.name))
 	if err := d.Retry(ctx, 0); !errors.Is(err, core.ErrStaleDelivery) {
 		t.Errorf("Retry with a receipt handle SQS refused: %v, want an error wrapping core.ErrStaleDelivery", err)
@@ -106,36 +108,44 @@ func TestStaleDeliveryErrors(t *testing.T) {
 	if err := redo.Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := redo.Ack(ctx); !errors.Is(err, driver.ErrAlreadySettled) {
+		t.Errorf("a second Ack: %v, want driver.ErrAlreadySettled", err)
+	}
 
-	// After Close nothing is sent either.
+	// After Close nothing is sent either: Close gave the messages back.
 	if err := other.Close(); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range again[1:] {
-		if err := d.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, ErrClosed) {
-			t.Errorf("Ack after Close: %v, want an error wrapping core.ErrStaleDelivery and ErrClosed", err)
+		if err := d.Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, inflight.ErrClosed) {
+			t.Errorf("Ack after Close: %v, want an error wrapping core.ErrStaleDelivery and the closed flow's", err)
 		}
 	}
-	if err := again[1].Ack(ctx); !errors.Is(err, driver.ErrAlreadySettled) {
-		t.Errorf("a second Ack: %v, want driver.ErrAlreadySettled", err)
+	if err := again[1].Ack(ctx); !errors.Is(err, core.ErrStaleDelivery) {
+		t.Errorf("a second Ack after Close: %v, want it refused as stale too", err)
+	}
+	// Nor does the closed Source itself.
+	if err := other.Source().Ack(ctx, []*driver.Message{again[2].Message()}); !errors.Is(err, core.ErrStaleDelivery) || !errors.Is(err, ErrClosed) {
+		t.Errorf("the closed Source's Ack: %v, want an error wrapping core.ErrStaleDelivery and ErrClosed", err)
 	}
 }
 
-// receiveAfterRelease makes d's message visible again behind its
+// receiveAfterRelease makes bd's message visible again behind its
 // Source's back (with the SDK) and receives it on another Source, replacing
-// d's receipt handle while d's Source still holds d as live: only SQS's
-// answer tells d is stale.
-func receiveAfterRelease(t *testing.T, ep string, q testQueue, d *delivery, opts ...Option) driver.Delivery {
+// bd's receipt handle while bd's Consumer still holds it as live: only
+// SQS's answer tells bd is stale.
+func receiveAfterRelease(t *testing.T, ep string, q testQueue, bd *brokertest.Delivery, opts ...Option) *brokertest.Delivery {
 	t.Helper()
+	d := bd.Message().AckID.(*delivery)
 	_, err := d.src.cl.ChangeMessageVisibility(context.Background(), &awssqs.ChangeMessageVisibilityInput{
-		QueueUrl: aws.String(d.src.q.url), ReceiptHandle: aws.String(d.receipt), VisibilityTimeout: 0,
+		QueueUrl: aws.String(d.src.q.url), ReceiptHandle: d.raw.ReceiptHandle, VisibilityTimeout: 0,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := receiveOne(t, open(t, ep, q, opts...), 10*time.Second)
-	if r.Message().ID != d.Message().ID {
-		t.Fatalf("received %q, want %q again", r.Message().ID, d.Message().ID)
+	r := receiveOne(t, receiver(t, open(t, ep, q, opts...), 0), 10*time.Second)
+	if r.Message().ID != d.msg.ID {
+		t.Fatalf("received %q, want %q again", r.Message().ID, d.msg.ID)
 	}
 	return r
 }
@@ -165,7 +175,7 @@ func TestDeadLetterKeepsCauseWhenAttributesAreFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := open(t, ep, q, WithDeadLetterQueue(dlq.name))
-	d := receiveOne(t, s, 10*time.Second)
+	d := receiveOne(t, receiver(t, s, 0), 10*time.Second)
 	want := d.Message().Headers
 	if len(want) != maxAttributes {
 		t.Fatalf("received %d headers, want %d: %v", len(want), maxAttributes, want)
@@ -193,8 +203,7 @@ func TestDeadLetterKeepsCauseWhenAttributesAreFull(t *testing.T) {
 	}
 
 	// As a Source on the dead-letter queue (a redrive) sees it.
-	ds := open(t, ep, dlq, WithDeadLetterQueue(q.name))
-	back := receiveOne(t, ds, 10*time.Second)
+	back := receiveOne(t, receiver(t, open(t, ep, dlq, WithDeadLetterQueue(q.name)), 0), 10*time.Second)
 	got := back.Message().Headers
 	for k, v := range want {
 		if got[k] != v {
@@ -283,15 +292,15 @@ func TestWarningsReachTheGivenLogger(t *testing.T) {
 		}
 		defer src.Close()
 		// The Consumer's logger does not replace the one given by URL.
-		if ls, ok := src.(driver.LoggerSetter); ok {
-			ls.SetLogger(slog.New(slog.DiscardHandler))
-		} else {
-			t.Errorf("%T is no driver.LoggerSetter", src)
+		r, err := brokertest.NewReceiver(context.Background(), src, 10, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
 		}
+		defer r.Close()
 		deleteQueue(q)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := src.Receive(ctx); err == nil {
+		if _, err := r.Receive(ctx); err == nil {
 			t.Fatal("Receive from a deleted queue succeeded")
 		}
 		servicetest.WaitFor(t, 10*time.Second, "the warning in the adapter logger", func() bool { return strings.Contains(buf.String(), warning) })
@@ -322,8 +331,9 @@ func TestRedriveCountsDeadLetteredOnce(t *testing.T) {
 	q, dlq := newQueueWithDLQ(t, ep, false, 5, 3)
 	publish(t, ep, q, msgs("redrive-count", 1)...)
 	s := open(t, ep, q, WithDeadLetterMode(DeadLetterRedrive))
+	r := receiver(t, s, 0)
 	for attempt := 1; attempt <= 3; attempt++ {
-		d := receiveOne(t, s, 10*time.Second)
+		d := receiveOne(t, r, 10*time.Second)
 		if d.Message().Attempt != attempt {
 			t.Fatalf("attempt %d, want %d", d.Message().Attempt, attempt)
 		}
@@ -331,6 +341,7 @@ func TestRedriveCountsDeadLetteredOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	quiet(t, r, 2*time.Second) // the next receive finds it parked, not a fourth delivery
 	var parked []types.Message
 	servicetest.WaitFor(t, 15*time.Second, "SQS to move the message to the dead-letter queue", func() bool {
 		parked = append(parked, drain(t, ep, dlq.url)...)
@@ -352,8 +363,7 @@ func TestStaleDeadLetterParksNoCopy(t *testing.T) {
 	q, dlq := newQueueWithDLQ(t, ep, false, 30, 0)
 	m := msgs("stale-dl", 1)[0]
 	publish(t, ep, q, m)
-	s := open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false), WithWindow(1))
-	d := receiveOne(t, s, 10*time.Second).(*delivery)
+	d := receiveOne(t, receiver(t, open(t, ep, q, WithDeadLetterQueue(dlq.name), WithHeartbeat(false)), 1), 10*time.Second)
 	redo := receiveAfterRelease(t, ep, q, d, WithDeadLetterQueue(dlq.name))
 	if err := d.DeadLetter(context.Background(), errors.New("poison")); !errors.Is(err, core.ErrStaleDelivery) {
 		t.Errorf("DeadLetter with a receipt handle SQS replaced: %v, want an error wrapping core.ErrStaleDelivery", err)

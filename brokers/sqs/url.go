@@ -10,7 +10,6 @@ import (
 
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
@@ -40,31 +39,23 @@ func init() {
 		"dead_letter_mode": urlparam.Choice("WithDeadLetterMode", map[string]Option{"send": WithDeadLetterMode(DeadLetterSend), "redrive": WithDeadLetterMode(DeadLetterRedrive)}),
 		"heartbeat":        urlparam.Bool("WithHeartbeat", WithHeartbeat),
 		"receivers":        urlparam.Int("WithReceivers", WithReceivers),
-		"window":           urlparam.Int("WithWindow", WithWindow),
 		"wait":             urlparam.Duration("WithWaitTime", WithWaitTime),
 		"visibility":       urlparam.Duration("WithVisibilityTimeout", WithVisibilityTimeout),
 		"max_extension":    urlparam.Duration("WithMaxExtension", WithMaxExtension),
 		"close_timeout":    urlparam.Duration("WithCloseTimeout", WithCloseTimeout),
 	}}
-	driver.RegisterBroker("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Source, error) {
+	driver.RegisterSource("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.Source, error) {
 		return Open(ctx, u.String(), viaRegistry(oc))
-	}, func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
+	})
+	driver.RegisterPublisher("sqs", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
 		return NewPublisher(ctx, u.String())
 	})
-	admin.RegisterDeadLetters("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (admin.DeadLetterQueue, error) {
+	driver.RegisterDeadLetters("sqs", func(ctx context.Context, u *url.URL, oc driver.OpenConfig) (driver.DeadLetters, error) {
 		return OpenDeadLetters(ctx, u.String(), viaRegistry(oc))
 	})
 }
 
 func asOption[T any](o func(T) ClientOption) func(T) Option { return func(v T) Option { return o(v) } }
-
-// paramOf names the URL parameter (or URL part) that sets an option.
-func paramOf(option string) (string, bool) {
-	if option == "WithStaticCredentials" {
-		return "credentials (sqs://KEY:SECRET@queue)", true
-	}
-	return urlParams.NameOf(option)
-}
 
 // parseURL reads sqs://[KEY:SECRET@]QUEUE?… or
 // sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE?… (a queue URL, https) into

@@ -100,8 +100,7 @@ func FuzzNewDelivery(f *testing.F) {
 			Attributes:        map[string]string{"ApproximateReceiveCount": count, "MessageGroupId": id},
 			MessageAttributes: attrs,
 		}
-		d := s.newDelivery(m, time.Now())
-		msg := d.Message()
+		msg := &s.newDelivery(m, time.Now()).msg
 		if msg.ID != want {
 			t.Fatalf("id %q became %q", want, msg.ID)
 		}

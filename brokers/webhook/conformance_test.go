@@ -35,7 +35,6 @@ func TestConformance(t *testing.T) {
 			brokertest.RunPush(t, brokertest.PushHarness{
 				RecordsCause:        true,
 				OperatesDeadLetters: true,
-				ConcurrentReceive:   true,
 				Quiet:               300 * time.Millisecond,
 				Open: func(t *testing.T) *brokertest.PushFixture {
 					return conformanceFixture(t, open)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver"
 )
 
 // The park directory reads as a dead-letter queue: listed, refused for a
@@ -36,8 +37,11 @@ func TestDeadLetters(t *testing.T) {
 		p.Headers["x-github-delivery"] != "d-a" || p.ParkedAt.IsZero() || !strings.HasSuffix(p.Ref, ".json") {
 		t.Errorf("parked %+v", p)
 	}
-	if n, err := q.Redrive(ctx, nil, nil); n != 0 || !errors.Is(err, ErrNoRedrive) {
-		t.Errorf("Redrive = %d, %v; want 0 and ErrNoRedrive", n, err)
+	if _, ok := q.(driver.Redriver); ok {
+		t.Error("the park directory is a driver.Redriver")
+	}
+	if n, err := admin.Redrive(ctx, q, nil, nil); n != 0 || !errors.Is(err, admin.ErrNoRedrive) {
+		t.Errorf("Redrive = %d, %v; want 0 and admin.ErrNoRedrive", n, err)
 	}
 	if n, err := q.Purge(ctx, func(p *admin.Parked) bool { return p.ID != "" }); n != 2 || err != nil {
 		t.Fatalf("Purge = %d, %v", n, err)

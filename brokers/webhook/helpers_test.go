@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -130,6 +131,8 @@ type rig struct {
 	c     *core.Consumer[*sql.Tx]
 	dir   string
 	url   string
+	stop  context.CancelFunc // stops the Consumer
+	ran   chan error         // Run's result
 
 	mu   sync.Mutex
 	seen []*core.Message // messages the handler was called with
@@ -182,27 +185,35 @@ func newRig(t *testing.T, then func(m *core.Message) error, srcOpts []Option, cO
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.c = c
+	r.c, r.stop, r.ran = c, cancel, make(chan error, 1)
 	mux := http.NewServeMux()
 	mux.Handle("/hooks/github", src)
 	r.srv = httptest.NewServer(mux)
 	r.url = r.srv.URL + "/hooks/github"
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(ctx) }()
+	go func() { r.ran <- c.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		select {
-		case err := <-ran:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("Run did not return")
+		if err := r.wait(); err != nil {
+			t.Errorf("Run: %v", err)
 		}
 		r.srv.Close()
 		store.Close()
 	})
 	return r
+}
+
+// wait returns Run's result once the Consumer stopped (r.stop), or an
+// error if it does not stop in time. It may be called more than once.
+func (r *rig) wait() error {
+	select {
+	case err, ok := <-r.ran:
+		if ok {
+			close(r.ran)
+		}
+		return err
+	case <-time.After(15 * time.Second):
+		return errors.New("Run did not return")
+	}
 }
 
 // msg returns the i-th message the handler was called with.

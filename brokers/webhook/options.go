@@ -18,10 +18,10 @@ import (
 const DefaultMaxBody = 1 << 20
 
 // DefaultWait is how long a request waits, unless WithWait sets another
-// bound, for the Consumer to take it (back-pressure) or for an earlier copy
-// of the same event to settle: 4 s, below the shortest timeout of the
-// common senders (Shopify waits 5 s for an answer, GitHub 10 s), so the
-// sender reads the 409 or 503 instead of timing out.
+// bound, for room in the Consumer's window (back-pressure) or for an
+// earlier copy of the same event to settle: 4 s, below the shortest
+// timeout of the common senders (Shopify waits 5 s for an answer, GitHub
+// 10 s), so the sender reads the 409 or 503 instead of timing out.
 const DefaultWait = 4 * time.Second
 
 // DefaultAnswerBy is how long after its arrival a request is answered at
@@ -89,15 +89,15 @@ func WithMaxBody(n int64) Option {
 	return set("WithMaxBody", option.Positive(n), func(c *config) { c.maxBody = n })
 }
 
-// WithWait bounds how long a request waits for the Consumer to take it, or
-// for the settlement of an earlier copy of its event, before it is
-// answered 503 or 409; after Close, it bounds how long a request already
-// handed to the Consumer waits for its settlement. Default DefaultWait.
+// WithWait bounds how long a request waits for room in the Consumer's
+// window (or for the Consumer to start), or for the settlement of an
+// earlier copy of its event, before it is answered 503 or 409, with
+// Retry-After the same. Default DefaultWait.
 func WithWait(d time.Duration) Option {
 	return set("WithWait", option.Positive(d), func(c *config) { c.wait = d })
 }
 
-// WithAnswerBy bounds how long after its arrival a request handed to the
+// WithAnswerBy bounds how long after its arrival a request given to the
 // Consumer waits for its own settlement: past it, the request is answered
 // 503 with Retry-After while the Consumer goes on with it, so a sender
 // whose timeout is shorter than the handler reads an answer rather than

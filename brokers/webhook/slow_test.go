@@ -183,3 +183,23 @@ func TestHorizonAgainstRetention(t *testing.T) {
 		return src
 	}, 24*time.Hour, "72h0m0s")
 }
+
+// A handler slower than both WithWait and WithAnswerBy: the first request
+// is answered 503 at the bound, and a copy sent after that still waits for
+// the first's settlement (never reaching the Consumer beside it), then
+// takes its 200.
+func TestSlowerThanTheWaitHoldsCopiesBack(t *testing.T) {
+	release := make(chan struct{})
+	r := newRig(t, func(*core.Message) error { <-release; return nil },
+		[]Option{WithWait(200 * time.Millisecond), WithAnswerBy(300 * time.Millisecond)})
+	mustStatus(t, send(githubRequest(t, r.url, "d-slower", "body")), http.StatusServiceUnavailable)
+	time.Sleep(200 * time.Millisecond) // past the first's bounds
+	copied := make(chan answer, 1)
+	go func() { copied <- send(githubRequest(t, r.url, "d-slower", "body")) }()
+	waitFor(t, "the copy waiting for the first", func() bool { return r.src.copies.Load() == 1 })
+	close(release)
+	mustStatus(t, <-copied, http.StatusOK)
+	if st := r.c.Stats(); st.Received != 1 {
+		t.Errorf("stats %+v, want the copy held back: 1 received", st)
+	}
+}

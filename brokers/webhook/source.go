@@ -17,8 +17,8 @@ import (
 
 	"github.com/idemq/idemq/brokers/webhook/signature"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/attempts"
 	"github.com/idemq/idemq/core/driver/deadletter"
-	"github.com/idemq/idemq/core/driver/unsettled"
 )
 
 // System is the Message.System of every message a Source receives.
@@ -27,25 +27,34 @@ const System = "webhook"
 // maxRemembered bounds the events whose attempt count a Source keeps.
 const maxRemembered = 10000
 
+var (
+	_ driver.Pusher   = (*Source)(nil)
+	_ driver.Releaser = (*Source)(nil)
+)
+
+// errAnswered is why a settlement is stale: the Source already answered
+// the request itself (it closed, or the request outlived its bounds), so
+// its sender sends it again.
+var errAnswered = errors.New("webhook: the request was already answered 503; its sender sends it again")
+
 // Source is an HTTP endpoint as a broker: an http.Handler a service mounts
-// in its own server (or that Open serves), and a driver.Source whose
-// deliveries are the verified requests, each answered when the Consumer
-// settles it. It implements driver's Source, WindowSetter and
-// LoggerSetter. Receive may be called from several goroutines.
+// in its own server (or that Open serves), and a driver.Pusher whose
+// messages are the verified requests, each answered once the Consumer
+// settled it.
 type Source struct {
 	c        config
-	log      unsettled.Logger
-	queue    chan *delivery // unbuffered: a request is handed out or not
+	logger   atomic.Pointer[slog.Logger] // WithLogger's, else the Consumer's
+	attempts *attempts.Memo[string]
+	copies   atomic.Int64   // requests waiting for an earlier copy's answer
+	serving  chan struct{}  // closed when Serve starts
 	done     chan struct{}  // closed by Close
-	room     unsettled.Room
-	attempts *unsettled.Attempts[string]
-	handed   atomic.Int64 // handed out, not settled
-	slots    atomic.Int64 // of the window: handed out, or reserved by a Receive waiting for a request
-	copies   atomic.Int64 // requests waiting for an earlier copy's answer
+	active   sync.WaitGroup // deliver calls under way; added to under mu until Serve stops
 
 	mu      sync.Mutex
-	flights map[string]*flight // by event id: the copy handed out or queued
-	window  int
+	flights map[string]*request // by event id: the copy the Consumer has or may take
+	deliver driver.Deliver
+	dctx    context.Context // deliver calls', cancelled when Serve stops
+	stopped bool            // Serve stopped: no deliver call from now on
 	closed  bool
 
 	// Set when Open serves the Source itself.
@@ -84,25 +93,29 @@ func NewSource(opts ...Option) (*Source, error) {
 }
 
 func newSource(c config) *Source {
-	s := &Source{c: c, queue: make(chan *delivery), done: make(chan struct{}), room: unsettled.NewRoom(),
-		attempts: unsettled.NewAttempts[string](maxRemembered), flights: map[string]*flight{}}
-	s.log.Init(c.logger)
+	s := &Source{c: c, attempts: attempts.New[string](maxRemembered), serving: make(chan struct{}),
+		done: make(chan struct{}), flights: map[string]*request{}}
+	if c.logger != nil {
+		s.logger.Store(c.logger)
+	}
 	return s
 }
 
-// SetLogger implements driver.LoggerSetter.
-func (s *Source) SetLogger(l *slog.Logger) { s.log.SetLogger(l) }
-
-// SetWindow implements driver.WindowSetter: Receive hands out no more than
-// n requests unsettled.
-func (s *Source) SetWindow(n int) error {
-	if n < 1 {
-		return fmt.Errorf("webhook: window %d must be positive", n)
+func (s *Source) log() *slog.Logger {
+	if l := s.logger.Load(); l != nil {
+		return l
 	}
-	s.mu.Lock()
-	s.window = n
-	s.mu.Unlock()
-	return nil
+	return slog.Default()
+}
+
+// Start implements driver.Source: the Source logs to the Consumer's
+// logger unless WithLogger gave one, and its sender waits out a retry's
+// delay (Retry-After).
+func (s *Source) Start(_ context.Context, st driver.Setup) (driver.Traits, error) {
+	if st.Logger != nil {
+		s.logger.CompareAndSwap(nil, st.Logger)
+	}
+	return driver.Traits{DelaysRetry: true}, nil
 }
 
 // RedeliveryHorizon implements driver.RedeliveryHorizoner: WithHorizon, else
@@ -124,57 +137,48 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 		s.c.profile.Name(), h, retention)
 }
 
-// Receive implements driver.Source: it returns the next verified request,
-// whose sender waits for its settlement.
-func (s *Source) Receive(ctx context.Context) (driver.Delivery, error) {
-	for {
-		s.mu.Lock()
-		closed, window := s.closed, s.window
+// Serve implements driver.Pusher: each verified request is handed to
+// deliver until ctx is done or the Source is closed (then it returns
+// driver.ErrSourceClosed). Then requests are answered 503, and a request
+// still waiting for room in the Consumer's window stops waiting; Serve
+// returns once no deliver call is under way, leaving the messages the
+// Consumer holds to its settlements. Requests that arrive before Serve
+// wait for it up to WithWait.
+func (s *Source) Serve(ctx context.Context, deliver driver.Deliver) error {
+	dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	s.mu.Lock()
+	switch {
+	case s.closed:
 		s.mu.Unlock()
-		if closed {
-			return nil, driver.ErrSourceClosed
-		}
-		// A slot of the window is reserved before waiting for a request,
-		// so that receivers waiting at once cannot take more than it.
-		if n := s.slots.Load(); window > 0 && n >= int64(window) {
-			select {
-			case <-s.room.Wait():
-			case <-s.done:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			continue
-		} else if !s.slots.CompareAndSwap(n, n+1) {
-			continue
-		} else if window > 0 && n+1 < int64(window) {
-			s.room.Made() // room is one token: pass it on to another waiting receiver
-		}
-		select {
-		case d := <-s.queue:
-			s.handed.Add(1)
-			return d, nil
-		case <-s.done:
-			s.freeSlot()
-			return nil, driver.ErrSourceClosed
-		case <-ctx.Done():
-			s.freeSlot()
-			return nil, ctx.Err()
-		}
+		return driver.ErrSourceClosed
+	case s.deliver != nil || s.stopped:
+		s.mu.Unlock()
+		return errors.New("webhook: Serve called twice")
 	}
+	s.deliver, s.dctx = deliver, dctx
+	close(s.serving)
+	s.mu.Unlock()
+	var err error
+	select {
+	case <-ctx.Done():
+	case <-s.done:
+		err = driver.ErrSourceClosed
+	}
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	stop()
+	s.active.Wait()
+	return err
 }
 
-// freeSlot gives back a slot of the window, when a delivery is settled or
-// a receiver stops waiting, and wakes a receiver waiting for one.
-func (s *Source) freeSlot() {
-	s.slots.Add(-1)
-	s.room.Made()
-}
-
-// Close implements driver.Source: requests arriving from now on, and those
-// waiting for Receive, are answered 503; a request already handed out
-// waits up to WithWait more for its settlement, then is answered 503 and
-// its settlement is stale. A Source that Open serves shuts its server
-// down, waiting for those answers.
+// Close implements driver.Source: requests are answered 503 from now on,
+// and so are those waiting (for Serve, for room, for an earlier copy), or
+// whose messages the Consumer still holds, whose settlement is then stale.
+// A Consumer closes its source after it settled or released what it held.
+// A Source that Open serves shuts its server down, waiting for the
+// answers.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	closed := s.closed
@@ -227,27 +231,51 @@ type outcome struct {
 	handled bool
 }
 
-// flight is the copy of an event that a Source queued or handed out;
-// later copies of the event wait for its outcome.
-type flight struct {
-	done chan struct{} // closed once out is set
-	out  outcome
+// request is one verified request: its message for the Consumer (AckID
+// is the request), what parking it keeps, and its answer. While its event
+// has no other copy in flight it is the event's flight, whose answer later
+// copies wait for.
+type request struct {
+	id                   string // the event id, the flight's key (an IDFunc may change m.ID)
+	m                    driver.Message
+	method, path, remote string
+	header               http.Header // kept: the request may end before its settlement
+	profile              string
+	done                 chan struct{} // closed once out is set
+	out                  outcome
+	answered             bool // under Source.mu: out is being set
 }
 
-// end records f's outcome and takes it out of the Source.
-func (s *Source) end(id string, f *flight, o outcome) {
+func (s *Source) newRequest(r *http.Request, body []byte, arrived time.Time) *request {
+	return &request{m: driver.Message{Body: body, Source: r.URL.Path, System: System, ReceivedAt: arrived},
+		method: r.Method, path: r.URL.Path, remote: r.RemoteAddr, header: r.Header.Clone(),
+		profile: s.c.profile.Name(), done: make(chan struct{})}
+}
+
+// claim reserves q's answer for the caller: false when it has one.
+func (s *Source) claim(q *request) bool {
 	s.mu.Lock()
-	if s.flights[id] == f {
-		delete(s.flights, id)
+	defer s.mu.Unlock()
+	ok := !q.answered
+	q.answered = true
+	return ok
+}
+
+// publish sets the answer claimed for q, ending its flight first: a copy
+// the sender sends once it read the answer is a new delivery.
+func (s *Source) publish(q *request, o outcome) {
+	s.mu.Lock()
+	if s.flights[q.id] == q {
+		delete(s.flights, q.id)
 	}
 	s.mu.Unlock()
-	f.out = o
-	close(f.done)
+	q.out = o
+	close(q.done)
 }
 
 // ServeHTTP implements http.Handler: it verifies a POST, hands it to the
-// Consumer through Receive and answers once the Consumer settled it (see
-// the package documentation for the statuses).
+// Consumer and answers once the Consumer settled it (see the package
+// documentation for the statuses).
 func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrived := s.c.now()
 	if r.Method != http.MethodPost {
@@ -255,35 +283,33 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reply(w, outcome{status: http.StatusMethodNotAllowed, text: "POST only"})
 		return
 	}
-	if s.isClosed() {
-		reply(w, s.unavailable("closed"))
-		return
-	}
+	tooLarge := outcome{status: http.StatusRequestEntityTooLarge, text: "body over " + strconv.FormatInt(s.c.maxBody, 10) + " bytes"}
 	if r.ContentLength > s.c.maxBody {
-		reply(w, outcome{status: http.StatusRequestEntityTooLarge, text: "body over " + strconv.FormatInt(s.c.maxBody, 10) + " bytes"})
+		reply(w, tooLarge)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.c.maxBody))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			reply(w, outcome{status: http.StatusRequestEntityTooLarge, text: "body over " + strconv.FormatInt(s.c.maxBody, 10) + " bytes"})
-		} else {
-			reply(w, outcome{status: http.StatusBadRequest, text: "body not read in full"})
-		}
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		reply(w, tooLarge)
+		return
+	} else if err != nil {
+		reply(w, outcome{status: http.StatusBadRequest, text: "body not read in full"})
 		return
 	}
 	ev, err := s.c.profile.Verify(r.Header, body, arrived)
 	switch {
 	case errors.Is(err, signature.ErrNoID):
-		p := s.parked(requestOf(r), body, "", 1, arrived, err.Error())
-		reply(w, s.park(p, nil))
+		o, _ := s.park(s.newRequest(r, body, arrived), err.Error())
+		reply(w, o)
 		return
 	case err != nil:
-		s.log.Log().Warn("idemq webhook: request refused", "path", r.URL.Path, "client", r.RemoteAddr, "error", err)
+		s.log().Warn("idemq webhook: request refused", "path", r.URL.Path, "client", r.RemoteAddr, "error", err)
 		reply(w, outcome{status: http.StatusUnauthorized, text: sentinel(err)})
 		return
 	}
-	s.serve(w, r, ev.ID, body, arrived)
+	q := s.newRequest(r, body, arrived)
+	q.id = ev.ID
+	reply(w, s.serve(r.Context(), q))
 }
 
 // sentinel is the signature error's answer to the sender: which check
@@ -297,35 +323,31 @@ func sentinel(err error) string {
 	return "not verified"
 }
 
-// serve hands a verified request to the Consumer, unless a copy of its
-// event is in flight, and answers it.
-func (s *Source) serve(w http.ResponseWriter, r *http.Request, id string, body []byte, arrived time.Time) {
-	timer := time.NewTimer(time.Until(arrived.Add(s.c.wait)))
-	defer timer.Stop()
-	ctx := r.Context()
-	var f *flight
-	for f == nil {
+// serve hands q to the Consumer once no earlier copy of its event is in
+// flight (or takes that copy's answer), and returns the answer for its
+// sender, whose request's context is ctx.
+func (s *Source) serve(ctx context.Context, q *request) outcome {
+	waitBy := time.NewTimer(time.Until(q.m.ReceivedAt.Add(s.c.wait)))
+	defer waitBy.Stop()
+	for {
 		s.mu.Lock()
-		if s.closed {
+		if s.closed || s.stopped {
 			s.mu.Unlock()
-			reply(w, s.unavailable("closed"))
-			return
+			return s.unavailable("closed")
 		}
-		first := s.flights[id]
+		first := s.flights[q.id]
 		if first == nil {
-			f = &flight{done: make(chan struct{})}
-			s.flights[id] = f
-		}
-		s.mu.Unlock()
-		if first == nil {
+			s.flights[q.id] = q
+			s.mu.Unlock()
 			break
 		}
+		s.mu.Unlock()
 		s.copies.Add(1)
 		o, stop := outcome{}, true
 		select {
 		case <-first.done:
 			o, stop = first.out, first.out.handled
-		case <-timer.C:
+		case <-waitBy.C:
 			o = outcome{status: http.StatusConflict, retryAfter: s.c.wait, text: "an earlier copy of this event is still being processed"}
 		case <-s.done:
 			o = s.unavailable("closed")
@@ -334,69 +356,84 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, id string, body [
 		}
 		s.copies.Add(-1)
 		if stop {
-			reply(w, o)
-			return
+			return o
 		}
 	}
-	d := s.newDelivery(r, id, body, arrived, f)
-	select {
-	case s.queue <- d:
-	case <-timer.C:
-		o := s.unavailable("busy: the consumer did not take the request in time")
-		s.end(id, f, o)
-		reply(w, o)
-		return
-	case <-s.done:
-		o := s.unavailable("closed")
-		s.end(id, f, o)
-		reply(w, o)
-		return
-	case <-ctx.Done():
-		s.end(id, f, outcome{})
-		reply(w, cancelled)
-		return
+	// The attempt is read once the copies before it are settled.
+	q.m.ID, q.m.Attempt, q.m.AckID, q.m.Metadata = q.id, s.attempts.Last(q.id)+1, q, (*metadata)(q)
+	q.m.Headers = make(map[string]string, len(q.header))
+	for k, v := range q.header {
+		if len(v) > 0 {
+			q.m.Headers[strings.ToLower(k)] = v[0]
+		}
 	}
-	answerBy := time.NewTimer(time.Until(arrived.Add(s.c.answerBy)))
+	go s.run(q)
+	answerBy := time.NewTimer(time.Until(q.m.ReceivedAt.Add(s.c.answerBy)))
 	defer answerBy.Stop()
 	select {
-	case o := <-d.res:
-		reply(w, o)
-	case <-ctx.Done(): // the sender is gone; the delivery still settles
-		reply(w, cancelled)
+	case <-q.done:
+		return q.out
+	case <-ctx.Done(): // the sender is gone; the message still settles
+		return cancelled
 	case <-answerBy.C:
 		// Past the bound the sender would time out: it retries after the
-		// answer, and its copy waits for this delivery's settlement or,
-		// once settled, is a Duplicate.
-		reply(w, s.unavailable("still being processed: send it again later"))
-	case <-s.done:
-		grace := time.NewTimer(s.c.wait)
-		defer grace.Stop()
-		select {
-		case o := <-d.res:
-			reply(w, o)
-		case <-ctx.Done():
-			reply(w, cancelled)
-		case <-grace.C:
-			if d.givenBack.Store(true); d.Claim() == nil {
-				o := s.unavailable("closed")
-				s.finish(d, o)
-				reply(w, o)
-			} else {
-				reply(w, <-d.res) // its settlement is under way
-			}
-		}
+		// answer, and its copy waits for this one's settlement or, once
+		// settled, is a Duplicate.
+		return s.unavailable("still being processed: send it again later")
 	}
 }
 
-func (s *Source) isClosed() bool {
+// run hands q to Serve's deliver, waiting for Serve and for room in the
+// Consumer's window up to the wait bound, and answers q if no settlement
+// did.
+func (s *Source) run(q *request) {
+	if s.deliverTo(q) == nil {
+		return // settled: its settlement answered it
+	}
+	if s.claim(q) {
+		s.publish(q, s.busy())
+	}
+}
+
+// deliverTo calls Serve's deliver for q once Serve runs, and returns its
+// error; driver.ErrSourceClosed when q was not delivered (Serve stopped,
+// or did not start within the wait bound).
+func (s *Source) deliverTo(q *request) error {
+	ctx, cancel := context.WithDeadline(context.Background(), q.m.ReceivedAt.Add(s.c.wait))
+	defer cancel()
+	select {
+	case <-s.serving:
+	case <-s.done:
+	case <-ctx.Done():
+		return driver.ErrSourceClosed
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
+	if s.closed || s.stopped {
+		s.mu.Unlock()
+		return driver.ErrSourceClosed
+	}
+	s.active.Add(1)
+	s.mu.Unlock()
+	defer s.active.Done()
+	ctx, cancel = context.WithDeadline(s.dctx, q.m.ReceivedAt.Add(s.c.wait))
+	defer cancel()
+	return s.deliver(ctx, &q.m)
 }
 
 // unavailable is a 503 the sender retries after the wait bound.
 func (s *Source) unavailable(why string) outcome {
 	return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: why}
+}
+
+// busy answers a request the Consumer did not settle in time, or at all
+// once the Source stopped.
+func (s *Source) busy() outcome {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.stopped {
+		return s.unavailable("closed")
+	}
+	return s.unavailable("busy: the consumer did not take the request in time")
 }
 
 // cancelled answers a request whose context ended before its answer: the
@@ -407,7 +444,8 @@ var cancelled = outcome{status: http.StatusServiceUnavailable, retryAfter: time.
 // reply writes o.
 func reply(w http.ResponseWriter, o outcome) {
 	if o.retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter(o.retryAfter), 10))
+		// In whole seconds, rounded up, at least 1.
+		w.Header().Set("Retry-After", strconv.FormatInt(max(int64((o.retryAfter+time.Second-1)/time.Second), 1), 10))
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -415,151 +453,98 @@ func reply(w http.ResponseWriter, o outcome) {
 	_, _ = io.WriteString(w, o.text+"\n")
 }
 
-// retryAfter is d in whole seconds, rounded up, at least 1.
-func retryAfter(d time.Duration) int64 {
-	return max(int64((d+time.Second-1)/time.Second), 1)
-}
-
-// parked returns the record of a request to park.
-func (s *Source) parked(r request, body []byte, id string, attempt int, arrived time.Time, cause string) *ParkedRequest {
-	return &ParkedRequest{ID: id, Cause: cause, Attempt: attempt, Profile: s.c.profile.Name(), Method: r.method,
-		Path: r.path, RemoteAddr: r.remote, ReceivedAt: arrived, Headers: r.header, Body: body}
-}
-
-// park writes p to the park directory: 200 once it is written, 503 (the
-// sender sends it again) when it could not be. A non-nil err receives the
+// park writes q to the park directory with cause: 200 once it is
+// written, 503 (the sender sends it again) when it could not be, with the
 // write's error.
-func (s *Source) park(p *ParkedRequest, err *error) outcome {
-	p.ParkedAt = s.c.now()
-	p.Cause = deadletter.Cause(errors.New(p.Cause))
-	path, perr := park(s.c.parkDir, p)
+func (s *Source) park(q *request, cause string) (outcome, error) {
+	p := &ParkedRequest{ID: q.id, Cause: deadletter.Cause(errors.New(cause)), Attempt: max(q.m.Attempt, 1), Profile: q.profile,
+		Method: q.method, Path: q.path, RemoteAddr: q.remote, ReceivedAt: q.m.ReceivedAt, ParkedAt: s.c.now(), Headers: q.header, Body: q.m.Body}
+	path, err := park(s.c.parkDir, p)
 	if err != nil {
-		*err = perr
+		s.log().Error("idemq webhook: parking a request failed; answering 503 so that the sender retries", "id", p.ID, "error", err)
+		return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: "could not park the request", handled: true}, err
 	}
-	if perr != nil {
-		s.log.Log().Error("idemq webhook: parking a request failed; answering 503 so that the sender retries", "id", p.ID, "error", perr)
-		return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: "could not park the request", handled: true}
-	}
-	s.log.Log().Warn("idemq webhook: request parked", "id", p.ID, "file", path, "cause", p.Cause)
-	return outcome{status: http.StatusOK, text: "parked", handled: true}
+	s.log().Warn("idemq webhook: request parked", "id", p.ID, "file", path, "cause", p.Cause)
+	return outcome{status: http.StatusOK, text: "parked", handled: true}, nil
 }
 
-// Delivery states.
-// delivery is one verified request handed out by a Source.
-type delivery struct {
-	s    *Source
-	id   string // the event id, the flight's key (an IDFunc may change m.ID)
-	m    driver.Message
-	f    *flight
-	r    request
-	body []byte
-	res  chan outcome // buffered: the settlement never waits for the handler
-	driver.SettleOnce
-	givenBack atomic.Bool // Close answered the request itself: a settlement is stale
-}
-
-// request is what a delivery keeps of its request, which may end before
-// the delivery is settled.
-type request struct {
-	method, path, remote string
-	header               http.Header
-}
-
-func requestOf(r *http.Request) request {
-	return request{r.Method, r.URL.Path, r.RemoteAddr, r.Header.Clone()}
-}
-
-func (s *Source) newDelivery(r *http.Request, id string, body []byte, arrived time.Time, f *flight) *delivery {
-	d := &delivery{s: s, id: id, f: f, r: requestOf(r), body: body, res: make(chan outcome, 1)}
-	h := make(map[string]string, len(r.Header))
-	for k, v := range d.r.header {
-		if len(v) > 0 {
-			h[strings.ToLower(k)] = v[0]
-		}
-	}
-	d.m = driver.Message{ID: id, Body: body, Headers: h, Source: r.URL.Path, System: System,
-		Attempt: s.attempts.Last(id) + 1, ReceivedAt: arrived}
-	d.m.Metadata = (*metadata)(d)
-	return d
-}
-
-// metadata is a delivery's Message.Metadata, read from it when asked.
-type metadata delivery
+// metadata is a request's Message.Metadata, read from it when asked.
+type metadata request
 
 // All yields the request's method, path and client address, and the
 // signature profile that verified it.
-func (m *metadata) All() iter.Seq2[string, string] {
-	return func(yield func(string, string) bool) {
-		client := m.r.remote
+func (m *metadata) All() iter.Seq2[string, slog.Value] {
+	return func(yield func(string, slog.Value) bool) {
+		client := m.remote
 		if host, _, err := net.SplitHostPort(client); err == nil {
 			client = host
 		}
-		_ = yield("http.request.method", m.r.method) &&
-			yield("url.path", m.r.path) &&
-			yield("client.address", client) &&
-			yield("webhook.profile", m.s.c.profile.Name())
+		_ = yield("http.request.method", slog.StringValue(m.method)) &&
+			yield("url.path", slog.StringValue(m.path)) &&
+			yield("client.address", slog.StringValue(client)) &&
+			yield("webhook.profile", slog.StringValue(m.profile))
 	}
 }
 
-// finish ends d's flight and answers its request with o, in this order:
-// a copy the sender sends once it read the answer is a new delivery.
-func (s *Source) finish(d *delivery, o outcome) {
-	s.end(d.id, d.f, o)
-	d.res <- o
-	s.handed.Add(-1)
-	s.freeSlot()
+// settle answers each request of ms with what answer returns for it; a
+// request the Source already answered itself is stale.
+func (s *Source) settle(ms []*driver.Message, answer func(i int, q *request) (outcome, error)) error {
+	var errs []error
+	for i, m := range ms {
+		q := m.AckID.(*request)
+		var err error
+		if !s.claim(q) {
+			err = driver.Stale(errAnswered)
+		} else {
+			var o outcome
+			o, err = answer(i, q)
+			s.publish(q, o)
+		}
+		if err != nil && errs == nil {
+			errs = make([]error, len(ms)) // only when one fails: Ack is the common call
+		}
+		if err != nil {
+			errs[i] = err
+		}
+	}
+	return driver.PartialOf(errs)
 }
 
-// settle claims d's settlement: nil, or ErrAlreadySettled, or a stale
-// error when Close gave d back (the flag is set before Close claims it, so
-// a settlement that loses to Close is told it is stale).
-func (d *delivery) settle() error {
-	err := d.Claim()
-	if err != nil && d.givenBack.Load() {
-		return driver.Stale(unsettled.ErrClosed)
-	}
-	return err
+// Ack implements driver.Source: each request is answered 200.
+func (s *Source) Ack(_ context.Context, ms []*driver.Message) error {
+	return s.settle(ms, func(_ int, q *request) (outcome, error) {
+		s.attempts.Forget(q.id)
+		return outcome{status: http.StatusOK, text: "ok", handled: true}, nil
+	})
 }
 
-// Message implements driver.Delivery.
-func (d *delivery) Message() *driver.Message { return &d.m }
-
-// Ack implements driver.Delivery: the request is answered 200.
-func (d *delivery) Ack(context.Context) error {
-	if err := d.settle(); err != nil {
-		return err
-	}
-	d.s.attempts.Forget(d.id)
-	d.s.finish(d, outcome{status: http.StatusOK, text: "ok", handled: true})
-	return nil
+// Retry implements driver.Source: each request is answered 503 with
+// Retry-After delay (in seconds, rounded up, at least 1), and its sender
+// sends it again; the next copy's Attempt is one more.
+func (s *Source) Retry(_ context.Context, ms []*driver.Message, delay time.Duration) error {
+	return s.settle(ms, func(_ int, q *request) (outcome, error) {
+		s.attempts.Requeued(q.id, q.m.Attempt)
+		return outcome{status: http.StatusServiceUnavailable, retryAfter: max(delay, time.Second), text: "retry later", handled: true}, nil
+	})
 }
 
-// Retry implements driver.Delivery: the request is answered 503 with
-// Retry-After delay (in seconds, at least 1), and the sender sends it
-// again; the next copy's Attempt is one more.
-func (d *delivery) Retry(_ context.Context, delay time.Duration) error {
-	if err := d.settle(); err != nil {
-		return err
-	}
-	d.s.attempts.Requeued(d.id, d.m.Attempt)
-	d.s.finish(d, outcome{status: http.StatusServiceUnavailable, retryAfter: max(delay, time.Second), text: "retry later", handled: true})
-	return nil
+// DeadLetter implements driver.Source: each request is parked in a file
+// and answered 200; one whose file cannot be written is answered 503 (its
+// sender sends it again) and reported failed.
+func (s *Source) DeadLetter(_ context.Context, ms []*driver.Message, causes []error) error {
+	return s.settle(ms, func(i int, q *request) (outcome, error) {
+		o, err := s.park(q, deadletter.Cause(causes[i]))
+		if err != nil {
+			s.attempts.Requeued(q.id, q.m.Attempt)
+		} else {
+			s.attempts.Forget(q.id)
+		}
+		return o, err
+	})
 }
 
-// DeadLetter implements driver.Delivery: the request is parked in a file
-// and answered 200; if the file cannot be written, it is answered 503 (the
-// sender sends it again) and DeadLetter returns the error.
-func (d *delivery) DeadLetter(_ context.Context, cause error) error {
-	if err := d.settle(); err != nil {
-		return err
-	}
-	var err error
-	o := d.s.park(d.s.parked(d.r, d.body, d.id, d.m.Attempt, d.m.ReceivedAt, deadletter.Cause(cause)), &err)
-	if err != nil {
-		d.s.attempts.Requeued(d.id, d.m.Attempt)
-	} else {
-		d.s.attempts.Forget(d.id)
-	}
-	d.s.finish(d, o)
-	return err
+// Release implements driver.Releaser: each request is answered 503, and
+// its sender sends it again.
+func (s *Source) Release(_ context.Context, ms []*driver.Message) error {
+	return s.settle(ms, func(int, *request) (outcome, error) { return s.unavailable("closed"), nil })
 }

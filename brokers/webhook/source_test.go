@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/webhook/signature"
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
@@ -276,7 +277,8 @@ func TestMethodNotAllowed(t *testing.T) {
 }
 
 // bare is a Source on a GitHub profile served by an httptest server, with
-// no Consumer: the test calls Receive itself.
+// no Consumer: the test drives it with a brokertest.Receiver, or not at
+// all.
 func bare(t *testing.T, opts ...Option) (*Source, string, string) {
 	t.Helper()
 	p, err := signature.GitHub([]string{ghSecret})
@@ -313,30 +315,29 @@ func TestBackPressureAnswers503(t *testing.T) {
 	}
 }
 
-// The window bounds the deliveries Receive hands out unsettled.
+// The Consumer's window bounds the requests it holds unsettled: one
+// beyond it waits for room.
 func TestWindowBoundsReceive(t *testing.T) {
 	src, url, _ := bare(t, WithWait(20*time.Second))
-	if err := src.SetWindow(1); err != nil {
-		t.Fatal(err)
-	}
+	r := brokertest.StartReceiver(t, src, 1)
 	a1, a2 := make(chan answer, 1), make(chan answer, 1)
 	go func() { a1 <- send(githubRequest(t, url, "w-1", "body")) }()
-	d1, err := src.Receive(context.Background())
+	d1, err := r.Receive(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { a2 <- send(githubRequest(t, url, "w-2", "body")) }()
-	waitFor(t, "the second request queued", func() bool { return src.inFlight() == 2 })
+	waitFor(t, "the second request waiting", func() bool { return src.inFlight() == 2 })
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := src.Receive(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := r.Receive(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Receive with the window full: %v, want the context's deadline", err)
 	}
 	if err := d1.Ack(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	mustStatus(t, <-a1, http.StatusOK)
-	d2, err := src.Receive(context.Background())
+	d2, err := r.Receive(context.Background())
 	if err != nil || d2.Message().ID != "w-2" {
 		t.Fatalf("Receive = %v, %v", d2, err)
 	}
@@ -351,16 +352,57 @@ func TestWindowBoundsReceive(t *testing.T) {
 	if err := d2.Ack(context.Background()); !errors.Is(err, driver.ErrAlreadySettled) {
 		t.Errorf("second settlement: %v, want ErrAlreadySettled", err)
 	}
+	if tr := r.Traits(); !tr.DelaysRetry {
+		t.Errorf("traits %+v: the sender waits out Retry-After, so DelaysRetry", tr)
+	}
+}
+
+// A request beyond the Consumer's window waits for room up to the wait
+// bound, and is then answered 503 with Retry-After and never reaches the
+// Consumer, even once room frees.
+func TestWindowFullAnswersBusy(t *testing.T) {
+	src, url, _ := bare(t, WithWait(100*time.Millisecond), WithAnswerBy(1500*time.Millisecond))
+	r := brokertest.StartReceiver(t, src, 1)
+	first := make(chan answer, 1)
+	go func() { first <- send(githubRequest(t, url, "full-1", "body")) }()
+	d, err := r.Receive(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan answer, 1)
+	go func() { second <- send(githubRequest(t, url, "full-2", "body")) }()
+	waitFor(t, "the second request waiting", func() bool { return src.inFlight() == 2 })
+	// The bound under test: well past the second's wait for room (100 ms),
+	// well before the first's answer bound (1.5 s).
+	time.Sleep(500 * time.Millisecond)
+	if err := d.Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustStatus(t, <-first, http.StatusOK)
+	a := <-second
+	mustStatus(t, a, http.StatusServiceUnavailable)
+	if a.retryAfter != "1" {
+		t.Errorf("Retry-After %q, want 1", a.retryAfter)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if d, err := r.Receive(ctx); err == nil {
+		t.Errorf("the request answered busy was delivered: %s", d.Message().ID)
+	}
+	if n := src.inFlight(); n != 0 {
+		t.Errorf("%d in flight, want 0", n)
+	}
 }
 
 // A sender that leaves before the settlement changes nothing: the
-// delivery settles (here, parks) all the same.
+// message settles (here, parks) all the same.
 func TestSenderGoneStillSettles(t *testing.T) {
 	src, url, dir := bare(t, WithWait(20*time.Second))
+	r := brokertest.StartReceiver(t, src, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	gone := make(chan answer, 1)
 	go func() { gone <- send(githubRequest(t, url, "d-gone", "body").WithContext(ctx)) }()
-	d, err := src.Receive(context.Background())
+	d, err := r.Receive(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,20 +416,20 @@ func TestSenderGoneStillSettles(t *testing.T) {
 	if ps := parkedFiles(t, dir); len(ps) != 1 || ps[0].ID != "d-gone" {
 		t.Fatalf("parked %+v", ps)
 	}
-	if n := src.inFlight(); n != 0 || src.handed.Load() != 0 {
-		t.Errorf("%d in flight, %d handed out; want none", n, src.handed.Load())
+	if n, held := src.inFlight(), r.Held(); n != 0 || held != 0 {
+		t.Errorf("%d in flight, %d held; want none", n, held)
 	}
 }
 
-// Close answers new and waiting requests 503; a delivery handed out
-// settles normally, or, unsettled past the wait bound, is answered 503 and
-// its settlement is stale.
+// Close answers new and waiting requests 503; a request the Consumer
+// holds when it stops settles normally; one it gives back at its Close is
+// answered 503 and its settlement is stale.
 func TestClose(t *testing.T) {
 	t.Run("waiting", func(t *testing.T) {
 		src, url, _ := bare(t, WithWait(30*time.Second))
 		a := make(chan answer, 1)
 		go func() { a <- send(githubRequest(t, url, "c-1", "body")) }()
-		waitFor(t, "the request queued", func() bool { return src.inFlight() == 1 })
+		waitFor(t, "the request waiting", func() bool { return src.inFlight() == 1 })
 		start := time.Now()
 		src.Close()
 		mustStatus(t, <-a, http.StatusServiceUnavailable)
@@ -395,33 +437,60 @@ func TestClose(t *testing.T) {
 			t.Error("the waiting request was answered only after the wait bound")
 		}
 		mustStatus(t, send(githubRequest(t, url, "c-2", "body")), http.StatusServiceUnavailable)
-		if _, err := src.Receive(context.Background()); !errors.Is(err, driver.ErrSourceClosed) {
-			t.Errorf("Receive after Close: %v", err)
+		if err := src.Serve(context.Background(), nil); !errors.Is(err, driver.ErrSourceClosed) {
+			t.Errorf("Serve after Close: %v", err)
 		}
 	})
-	t.Run("handed out settles", func(t *testing.T) {
+	t.Run("waiting for room", func(t *testing.T) {
 		src, url, _ := bare(t, WithWait(30*time.Second))
+		r := brokertest.StartReceiver(t, src, 1)
+		held := make(chan answer, 1)
+		go func() { held <- send(githubRequest(t, url, "c-held", "body")) }()
+		if _, err := r.Receive(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		a := make(chan answer, 1)
-		go func() { a <- send(githubRequest(t, url, "c-3", "body")) }()
-		d, err := src.Receive(context.Background())
-		if err != nil {
+		go func() { a <- send(githubRequest(t, url, "c-room", "body")) }()
+		waitFor(t, "the request waiting for room", func() bool { return src.inFlight() == 2 })
+		start := time.Now()
+		if err := r.Close(); err != nil {
 			t.Fatal(err)
 		}
-		src.Close()
-		if err := d.Ack(context.Background()); err != nil {
-			t.Fatal(err)
+		mustStatus(t, <-a, http.StatusServiceUnavailable)
+		mustStatus(t, <-held, http.StatusServiceUnavailable)
+		if time.Since(start) > 10*time.Second {
+			t.Error("the waiting request was answered only after the wait bound")
 		}
-		mustStatus(t, <-a, http.StatusOK)
 	})
-	t.Run("handed out given back", func(t *testing.T) {
-		src, url, _ := bare(t, WithWait(100*time.Millisecond))
+	t.Run("held when the consumer stops settles", func(t *testing.T) {
+		release := make(chan struct{})
+		r := newRig(t, func(*core.Message) error { <-release; return nil }, []Option{WithWait(30 * time.Second)})
 		a := make(chan answer, 1)
-		go func() { a <- send(githubRequest(t, url, "c-4", "body")) }()
-		d, err := src.Receive(context.Background())
+		go func() { a <- send(githubRequest(t, r.url, "c-3", "body")) }()
+		waitFor(t, "the request with the handler", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.seen) == 1 })
+		r.stop()
+		close(release)
+		mustStatus(t, <-a, http.StatusOK)
+		if err := r.wait(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if n := r.effects("c-3"); n != 1 {
+			t.Fatalf("%d effects, want 1", n)
+		}
+		mustStatus(t, send(githubRequest(t, r.url, "c-4", "body")), http.StatusServiceUnavailable)
+	})
+	t.Run("given back", func(t *testing.T) {
+		src, url, _ := bare(t, WithWait(100*time.Millisecond))
+		r := brokertest.StartReceiver(t, src, 0)
+		a := make(chan answer, 1)
+		go func() { a <- send(githubRequest(t, url, "c-5", "body")) }()
+		d, err := r.Receive(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		src.Close()
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
 		mustStatus(t, <-a, http.StatusServiceUnavailable)
 		if err := d.Ack(context.Background()); !errors.Is(err, driver.ErrStaleDelivery) {
 			t.Errorf("Ack after the give-back: %v, want ErrStaleDelivery", err)

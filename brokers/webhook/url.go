@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,100 +20,60 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// ErrNoPublisher is returned by core.OpenPublisher for a webhook:// URL:
-// the provider sends the requests; there is nothing to publish to.
-var ErrNoPublisher = errors.New("webhook: an HTTP inbox has no publisher: the webhook provider sends the requests")
-
+// The scheme registers a source and dead letters, no publisher: the
+// provider sends the requests, so core.OpenPublisher finds none for
+// webhook.
 func init() {
-	driver.RegisterBroker("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
+	driver.RegisterSource("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 		var logger Option // nil options are skipped
 		if cfg.Logger != nil {
 			logger = WithLogger(cfg.Logger)
 		}
 		return Open(ctx, u.String(), logger)
-	}, func(context.Context, *url.URL, driver.OpenConfig) (driver.Publisher, error) {
-		return nil, ErrNoPublisher
 	})
 }
 
-// verifyParams are the URL parameters read together into a Profile.
-type verifyParams struct {
-	profile, secretFile, secretEnv, tolerance string
-	set                                       map[string]bool
-}
+// params is the webhook URL's parameter table. The verification
+// parameters (verify, secret_file, secret_env, tolerance) are only checked
+// here: profile reads them together into a Profile.
+var params = urlparam.Table[Option]{Scheme: "webhook", Params: map[string]urlparam.Param[Option]{
+	"verify":      check(func(s string) bool { return slices.Contains(signature.Names(), s) }, "not "+profileList()),
+	"secret_file": check(func(s string) bool { return s != "" }, "empty"),
+	"secret_env":  check(func(s string) bool { return s != "" }, "empty"),
+	"tolerance": check(func(s string) bool {
+		d, err := time.ParseDuration(s)
+		return err == nil && d > 0
+	}, "not a positive duration like 5m"),
+	"max_body":  urlparam.Int("WithMaxBody", func(n int) Option { return WithMaxBody(int64(n)) }),
+	"wait":      urlparam.Duration("WithWait", WithWait),
+	"answer_by": urlparam.Duration("WithAnswerBy", WithAnswerBy),
+	"horizon":   urlparam.Duration("WithHorizon", WithHorizon),
+	"park_dir":  urlparam.NonEmpty("WithParkDir", WithParkDir),
+}}
 
-// params is the webhook URL's parameter table; the verification ones are
-// collected into v.
-func params(v *verifyParams) urlparam.Table[Option] {
-	keep := func(f *string, name string, check func(string) error) urlparam.Param[Option] {
-		return urlparam.Param[Option]{Read: func(s string) ([]Option, error) {
-			if err := check(s); err != nil {
-				return nil, err
-			}
-			*f, v.set[name] = s, true
-			return nil, nil
-		}}
-	}
-	nonEmpty := func(s string) error {
-		if s == "" {
-			return errors.New("empty")
+// check is a parameter read with others: ok checks its value, want says
+// what it takes.
+func check(ok func(string) bool, want string) urlparam.Param[Option] {
+	return urlparam.Param[Option]{Read: func(s string) ([]Option, error) {
+		if !ok(s) {
+			return nil, errors.New(want)
 		}
-		return nil
-	}
-	profiles := func(s string) error {
-		if slices.Contains(signature.Names(), s) {
-			return nil
-		}
-		return errors.New("not " + profileList())
-	}
-	duration := func(s string) error {
-		if d, err := time.ParseDuration(s); err != nil || d <= 0 {
-			return errors.New("not a positive duration like 5m")
-		}
-		return nil
-	}
-	return urlparam.Table[Option]{Scheme: "webhook", Params: map[string]urlparam.Param[Option]{
-		"verify":      keep(&v.profile, "verify", profiles),
-		"secret_file": keep(&v.secretFile, "secret_file", nonEmpty),
-		"secret_env":  keep(&v.secretEnv, "secret_env", nonEmpty),
-		"tolerance":   keep(&v.tolerance, "tolerance", duration),
-		"max_body":    urlparam.Int("WithMaxBody", func(n int) Option { return WithMaxBody(int64(n)) }),
-		"wait":        urlparam.Duration("WithWait", WithWait),
-		"answer_by":   urlparam.Duration("WithAnswerBy", WithAnswerBy),
-		"horizon":     urlparam.Duration("WithHorizon", WithHorizon),
-		"park_dir":    urlparam.NonEmpty("WithParkDir", WithParkDir),
+		return nil, nil
 	}}
 }
 
-// parseURL reads webhook://host:port/path?verify=…&… into the address to
-// listen on, the path to serve and options (the profile's among them).
-func parseURL(raw string) (addr, path string, opts []Option, t urlparam.Table[Option], err error) {
-	v := &verifyParams{set: map[string]bool{}}
-	t = params(v)
+// readURL parses a webhook URL into its options and its parameters.
+func readURL(raw string) (*url.URL, url.Values, []Option, error) {
 	u, err := redact.ParseURL(raw)
 	if err != nil {
-		return "", "", nil, t, fmt.Errorf("webhook: %w", err)
-	}
-	if u.Scheme != "webhook" || u.Host == "" || u.Port() == "" || u.User != nil || u.Opaque != "" {
-		return "", "", nil, t, errors.New("webhook URL needs the scheme webhook://, a host and a port to listen on (0: any free one), no user, and the path to serve (webhook://127.0.0.1:8080/hooks/stripe?verify=stripe&secret_file=…&park_dir=…)")
-	}
-	path = u.Path
-	if path == "" {
-		path = "/"
+		return nil, nil, nil, fmt.Errorf("webhook: %w", err)
 	}
 	q, err := redact.ParseQuery(u.RawQuery)
 	if err != nil {
-		return "", "", nil, t, fmt.Errorf("webhook URL parameters: %w", err)
+		return nil, nil, nil, fmt.Errorf("webhook URL parameters: %w", err)
 	}
-	opts, err = t.Read(q)
-	if err != nil {
-		return "", "", nil, t, err
-	}
-	p, err := v.open()
-	if err != nil {
-		return "", "", nil, t, err
-	}
-	return u.Host, path, append(opts, WithProfile(p)), t, nil
+	opts, err := params.Read(q)
+	return u, q, opts, err
 }
 
 // profileList names the profiles verify= takes: "github, shopify,
@@ -122,38 +83,39 @@ func profileList() string {
 	return strings.Join(n[:len(n)-1], ", ") + " or " + n[len(n)-1]
 }
 
-// open builds the profile the verification parameters describe.
-func (v *verifyParams) open() (signature.Profile, error) {
-	if !v.set["verify"] {
+// profile builds the profile the verification parameters of q describe.
+func profile(q url.Values) (signature.Profile, error) {
+	if !q.Has("verify") {
 		return nil, errors.New("webhook URL parameter verify: required: " + profileList())
 	}
 	from := "secret_file"
 	var secrets []string
 	switch {
-	case v.set["secret_file"] == v.set["secret_env"]:
+	case q.Has("secret_file") == q.Has("secret_env"):
 		return nil, errors.New("webhook URL parameters secret_file and secret_env: give exactly one")
-	case v.set["secret_file"]:
-		b, err := os.ReadFile(v.secretFile)
+	case q.Has("secret_file"):
+		b, err := os.ReadFile(q.Get("secret_file"))
 		if err != nil {
 			return nil, fmt.Errorf("webhook URL parameter secret_file: %w", pathless(err))
 		}
 		secrets = lines(string(b))
 	default:
-		from, secrets = "secret_env", lines(os.Getenv(v.secretEnv))
+		from, secrets = "secret_env", lines(os.Getenv(q.Get("secret_env")))
 	}
 	if len(secrets) == 0 {
 		return nil, fmt.Errorf("webhook URL parameter %s: no secret in it (one a line)", from)
 	}
 	var opts []signature.Option
-	if v.set["tolerance"] {
-		d, _ := time.ParseDuration(v.tolerance)
+	if q.Has("tolerance") {
+		d, _ := time.ParseDuration(q.Get("tolerance"))
 		opts = append(opts, signature.WithTolerance(d))
 	}
-	p, err := signature.Open(v.profile, secrets, opts...)
+	p, err := signature.Open(q.Get("verify"), secrets, opts...)
 	if err != nil {
+		const marker = "option WithTolerance: "
 		msg, where := err.Error(), from
-		if strings.Contains(msg, "option WithTolerance: ") {
-			msg, where = msg[strings.Index(msg, "option WithTolerance: ")+len("option WithTolerance: "):], "tolerance"
+		if i := strings.Index(msg, marker); i >= 0 {
+			msg, where = msg[i+len(marker):], "tolerance"
 		}
 		return nil, fmt.Errorf("webhook URL parameter %s: %s", where, msg)
 	}
@@ -179,21 +141,36 @@ func lines(s string) []string {
 // apply after the URL's parameters. The Source's Close shuts the server
 // down. The server speaks plain HTTP: put TLS in front of it (a proxy or a
 // load balancer), or mount a NewSource in a server of your own.
+//
+// Parameters: verify (standard, stripe, github or shopify; required),
+// secret_file (a file holding one secret a line; several for a rotation)
+// or secret_env (an environment variable holding them the same way),
+// tolerance (signature.WithTolerance), max_body (bytes), wait, answer_by,
+// horizon, and park_dir (required). A bad parameter fails Open, named, its
+// value never shown but for park_dir's path, which is no secret and which
+// the operator must create.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
-	addr, path, fromURL, t, err := parseURL(rawURL)
+	u, q, fromURL, err := readURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	c, err := resolve(fromURL, opts, t.Explain)
+	if u.Scheme != "webhook" || u.Host == "" || u.Port() == "" || u.User != nil || u.Opaque != "" {
+		return nil, errors.New("webhook URL needs the scheme webhook://, a host and a port to listen on (0: any free one), no user, and the path to serve (webhook://127.0.0.1:8080/hooks/stripe?verify=stripe&secret_file=…&park_dir=…)")
+	}
+	p, err := profile(q)
+	if err != nil {
+		return nil, err
+	}
+	c, err := resolve(append(fromURL, WithProfile(p)), opts, params.Explain)
 	if err != nil {
 		return nil, err
 	}
 	s := newSource(c)
 	var lc net.ListenConfig
-	s.ln, err = lc.Listen(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("webhook: listening on %s: %w", addr, err)
+	if s.ln, err = lc.Listen(ctx, "tcp", u.Host); err != nil {
+		return nil, fmt.Errorf("webhook: listening on %s: %w", u.Host, err)
 	}
+	path := cmp.Or(u.Path, "/")
 	s.srv = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path != path {
@@ -212,7 +189,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 	go func() {
 		defer close(s.served)
 		if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Log().Error("idemq webhook: the server stopped", "addr", s.ln.Addr(), "error", err)
+			s.log().Error("idemq webhook: the server stopped", "addr", s.ln.Addr(), "error", err)
 		}
 	}()
 	return s, nil

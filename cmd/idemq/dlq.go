@@ -26,14 +26,12 @@ const dlqUsage = `Usage: idemq dlq <list|groups|show|redrive|purge> --broker URL
 
 Reads and operates the dead letters of one consumer: the messages idemq
 parked with their cause. --broker is the consumer's own source URL
-(amqp://…?queue=Q, kafka://…/TOPIC?group=G, sqs://…/queue,
-nats://…/STREAM?consumer=C&subject=S, redis://…/STREAM?group=G,
-webhook://host:port/PATH?park_dir=DIR); its dead-letter queue, topic,
-stream or park directory is the one the consumer parks to. A Kafka share
-group (kafka+share://…/TOPIC?group=G) parks to a topic this command reads
-as kafka://…/TOPIC?group=G, the same topic and group. A parked webhook
-request cannot be redriven (its signature would not verify again): the
-provider resends it.
+(amqp://…?queue=Q, kafka://…/TOPIC?group=G, kafka+share://…/TOPIC?group=G,
+sqs://…/queue, pubsub://PROJECT/SUBSCRIPTION, nats://…/STREAM?consumer=C&subject=S,
+redis://…/STREAM?group=G, webhook://host:port/PATH?park_dir=DIR); its
+dead-letter queue, topic, stream or park directory is the one the consumer
+parks to. A parked webhook request cannot be redriven (its signature would
+not verify again): the provider resends it.
 
   list     the parked messages: id, cause, attempts, origin, age, size
   groups   the parked messages grouped by cause (ids, numbers and quoted
@@ -106,27 +104,73 @@ func (d *dlqFilter) parse(f *cli.Flags, args []string) (admin.Selection, error) 
 		OlderThan: d.olderThan, NewerThan: d.newerThan}, nil
 }
 
-// dlqFlags returns a subcommand's flag set with --broker.
-func dlqFlags(sub, usage string, stdout io.Writer) (*cli.Flags, *string) {
-	f := cli.NewFlags("idemq dlq "+sub, usage, stdout)
-	broker := f.String("broker", "", "the consumer's broker URL, as its source is opened (required)")
-	return f, broker
+// dlqCommand is a dlq subcommand's flags: --broker and, for those that
+// select messages, the filters.
+type dlqCommand struct {
+	*cli.Flags
+	broker *string
+	flt    dlqFilter
 }
 
-// openDLQ checks --broker and opens its dead-letter queue.
-func openDLQ(ctx context.Context, broker string) (admin.DeadLetterQueue, error) {
+// newDLQCommand returns the flags of subcommand sub: --broker, and the
+// filters when filters is true.
+func newDLQCommand(sub, usage string, stdout io.Writer, filters bool) *dlqCommand {
+	c := &dlqCommand{Flags: cli.NewFlags("idemq dlq "+sub, usage, stdout)}
+	c.broker = c.String("broker", "", "the consumer's broker URL, as its source is opened (required)")
+	if filters {
+		c.flt.define(c.Flags)
+	}
+	return c
+}
+
+// selection parses args, flags and message ids mixed, and returns the
+// selection the filters make.
+func (c *dlqCommand) selection(args []string) (admin.Selection, error) {
+	return c.flt.parse(c.Flags, args)
+}
+
+// open checks --broker and opens its dead-letter queue.
+func (c *dlqCommand) open(ctx context.Context) (admin.DeadLetterQueue, error) {
+	broker := *c.broker
 	if broker == "" {
 		return nil, cli.Usagef("--broker is required")
 	}
 	if u, err := redact.ParseURL(broker); err != nil {
 		return nil, cli.Usagef("--broker: %v", err)
 	} else if u.Scheme == "" {
-		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, nats://host/STREAM?consumer=C, redis://host:6379/STREAM?group=G or webhook://host:port/PATH?park_dir=DIR", redact.URL(broker))
+		return nil, cli.Usagef("--broker %s is not a URL like amqp://host/?queue=Q, kafka://host/TOPIC?group=G, sqs://…/queue, pubsub://PROJECT/SUBSCRIPTION, nats://host/STREAM?consumer=C, redis://host:6379/STREAM?group=G or webhook://host:port/PATH?park_dir=DIR", redact.URL(broker))
 	}
 	if err := brokerHint(broker); err != nil {
 		return nil, err
 	}
 	return admin.OpenDeadLetters(ctx, broker)
+}
+
+// scan calls each with every message parked in q that sel matches at
+// now. Its error does not hold the broker URL's credentials.
+func (c *dlqCommand) scan(ctx context.Context, q admin.DeadLetterQueue, sel admin.Selection, now time.Time, each func(*admin.Parked)) error {
+	err := q.Scan(ctx, func(p *admin.Parked) error {
+		if sel.Match(p, now) {
+			each(p)
+		}
+		return nil
+	})
+	return hideSecrets(err, *c.broker)
+}
+
+// eachMatch parses args, opens the dead-letter queue and calls each with
+// every message the filters choose at now; it returns the queue's name.
+func (c *dlqCommand) eachMatch(ctx context.Context, args []string, now time.Time, each func(*admin.Parked)) (string, error) {
+	sel, err := c.selection(args)
+	if err != nil {
+		return "", err
+	}
+	q, err := c.open(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer q.Close()
+	return q.Name(), c.scan(ctx, q, sel, now, each)
 }
 
 // brokerHint says what to give instead of a source URL whose dead letters
@@ -137,8 +181,6 @@ func brokerHint(broker string) error {
 		return nil
 	}
 	switch strings.ToLower(u.Scheme) {
-	case "kafka+share":
-		return cli.Usagef("%s: a Kafka share group parks to a Kafka topic, which this command (built without the share-group adapter) reads as kafka://HOST:9092/TOPIC?group=G with the same topic and group (and dead_letter_topic= if the source names one)", redact.URL(broker))
 	case "mem":
 		return cli.Usagef("%s: a memory broker lives inside the process that runs it; read its dead letters there (memory.Broker.DeadLetters, or the console mounted in that process)", redact.URL(broker))
 	}
@@ -196,28 +238,13 @@ parked.
 `
 
 func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f, broker := dlqFlags("list", dlqListUsage, stdout)
-	var flt dlqFilter
-	flt.define(f)
-	asJSON := f.Bool("json", false, "print a JSON array, one object per message")
-	sel, err := flt.parse(f, args)
-	if err != nil {
-		return err
-	}
-	q, err := openDLQ(ctx, *broker)
-	if err != nil {
-		return err
-	}
-	defer q.Close()
+	c := newDLQCommand("list", dlqListUsage, stdout, true)
+	asJSON := c.Bool("json", false, "print a JSON array, one object per message")
 	now := time.Now()
 	var list []parkedJSON
-	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if sel.Match(p, now) {
-			list = append(list, toJSON(p, now, false))
-		}
-		return nil
-	}); err != nil {
-		return hideSecrets(err, *broker)
+	queue, err := c.eachMatch(ctx, args, now, func(p *admin.Parked) { list = append(list, toJSON(p, now, false)) })
+	if err != nil {
+		return err
 	}
 	if *asJSON {
 		if list == nil {
@@ -225,7 +252,7 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return writeJSON(stdout, list)
 	}
-	fmt.Fprintf(stdout, "%d parked in %s on %s\n", len(list), q.Name(), redact.URL(*broker))
+	fmt.Fprintf(stdout, "%d parked in %s on %s\n", len(list), queue, redact.URL(*c.broker))
 	if len(list) == 0 {
 		return nil
 	}
@@ -254,30 +281,17 @@ type groupJSON struct {
 }
 
 func runDLQGroups(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f, broker := dlqFlags("groups", dlqGroupsUsage, stdout)
-	var flt dlqFilter
-	flt.define(f)
-	asJSON := f.Bool("json", false, "print a JSON array, one object per group")
-	sel, err := flt.parse(f, args)
-	if err != nil {
-		return err
-	}
-	q, err := openDLQ(ctx, *broker)
-	if err != nil {
-		return err
-	}
-	defer q.Close()
+	c := newDLQCommand("groups", dlqGroupsUsage, stdout, true)
+	asJSON := c.Bool("json", false, "print a JSON array, one object per group")
 	now := time.Now()
 	g := admin.NewGrouper(1)
 	n := 0
-	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if sel.Match(p, now) {
-			n++
-			g.Add(&admin.Parked{Ref: p.Ref, ID: p.ID, Cause: p.Cause, ParkedAt: p.ParkedAt})
-		}
-		return nil
-	}); err != nil {
-		return hideSecrets(err, *broker)
+	queue, err := c.eachMatch(ctx, args, now, func(p *admin.Parked) {
+		n++
+		g.Add(&admin.Parked{Ref: p.Ref, ID: p.ID, Cause: p.Cause, ParkedAt: p.ParkedAt})
+	})
+	if err != nil {
+		return err
 	}
 	groups := g.Groups()
 	out := make([]groupJSON, len(groups))
@@ -289,7 +303,7 @@ func runDLQGroups(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *asJSON {
 		return writeJSON(stdout, out)
 	}
-	fmt.Fprintf(stdout, "%d parked in %s on %s, in %d cause groups\n", n, q.Name(), redact.URL(*broker), len(groups))
+	fmt.Fprintf(stdout, "%d parked in %s on %s, in %d cause groups\n", n, queue, redact.URL(*c.broker), len(groups))
 	if len(groups) == 0 {
 		return nil
 	}
@@ -313,12 +327,12 @@ parked.
 `
 
 func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f, broker := dlqFlags("show", dlqShowUsage, stdout)
-	asJSON := f.Bool("json", false, "print a JSON array of the copies, bodies included")
-	ref := f.String("ref", "", "the parked copy with this ref, as list prints it, instead of an id")
+	c := newDLQCommand("show", dlqShowUsage, stdout, false)
+	asJSON := c.Bool("json", false, "print a JSON array of the copies, bodies included")
+	ref := c.String("ref", "", "the parked copy with this ref, as list prints it, instead of an id")
 	var idFlag idList
-	f.Var(&idFlag, "id", "the message with this id, as a plain ID argument")
-	ids, err := parseIDs(f, args)
+	c.Var(&idFlag, "id", "the message with this id, as a plain ID argument")
+	ids, err := parseIDs(c.Flags, args)
 	if err != nil {
 		return err
 	}
@@ -329,26 +343,19 @@ func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case *ref == "" && len(ids) != 1:
 		return cli.Usagef("give exactly one message id, or --ref REF (list prints each copy's ref)")
 	}
-	want := func(p *admin.Parked) bool { return p.Ref == *ref }
-	what := "ref " + *ref
+	sel, what := admin.Selection{Refs: []string{*ref}}, "ref "+*ref
 	if *ref == "" {
-		want = func(p *admin.Parked) bool { return p.ID == ids[0] }
-		what = strconv.Quote(ids[0])
+		sel, what = admin.Selection{IDs: ids[:1]}, strconv.Quote(ids[0])
 	}
-	q, err := openDLQ(ctx, *broker)
+	q, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer q.Close()
 	now := time.Now()
 	var found []*admin.Parked
-	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if want(p) {
-			found = append(found, p)
-		}
-		return nil
-	}); err != nil {
-		return hideSecrets(err, *broker)
+	if err := c.scan(ctx, q, sel, now, func(p *admin.Parked) { found = append(found, p) }); err != nil {
+		return err
 	}
 	if len(found) == 0 {
 		return fmt.Errorf("%s is not parked in %s", what, q.Name())
@@ -407,16 +414,14 @@ every consumer of the subject receives the redriven message.
 `
 
 func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f, broker := dlqFlags("redrive", dlqRedriveUsage, stdout)
-	var flt dlqFilter
-	flt.define(f)
-	storeURL := f.String("store", "", "the consumer's store URL, to read its claims' retention")
-	retentionFlag := f.Duration("retention", 0, "the consumer's store retention, when --store is not given")
-	force := f.Bool("force", false, "redrive messages parked longer ago than the retention too")
-	dryRun := f.Bool("dry-run", false, "say what would be redriven and refused, and change nothing")
-	asJSON := f.Bool("json", false, "print the outcome as a JSON object")
-	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal)")
-	sel, err := flt.parse(f, args)
+	c := newDLQCommand("redrive", dlqRedriveUsage, stdout, true)
+	storeURL := c.String("store", "", "the consumer's store URL, to read its claims' retention")
+	retentionFlag := c.Duration("retention", 0, "the consumer's store retention, when --store is not given")
+	force := c.Bool("force", false, "redrive messages parked longer ago than the retention too")
+	dryRun := c.Bool("dry-run", false, "say what would be redriven and refused, and change nothing")
+	asJSON := c.Bool("json", false, "print the outcome as a JSON object")
+	progress := c.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal)")
+	sel, err := c.selection(args)
 	if err != nil {
 		return err
 	}
@@ -429,7 +434,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *storeURL == "" && *retentionFlag == 0 && !*force {
 		return cli.Usagef("give --store URL (or --retention D) so that redrive can refuse messages parked longer ago than the claims are kept, or --force")
 	}
-	q, err := openDLQ(ctx, *broker)
+	q, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -445,19 +450,15 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 	now := time.Now()
 	chosen := map[string]bool{} // by Ref
 	var picked, refused []parkedJSON
-	if err := q.Scan(ctx, func(p *admin.Parked) error {
-		if !sel.Match(p, now) {
-			return nil
-		}
+	if err := c.scan(ctx, q, sel, now, func(p *admin.Parked) {
 		if guard.Refuses(p, now) {
 			refused = append(refused, toJSON(p, now, false))
-			return nil
+			return
 		}
 		chosen[p.Ref] = true
 		picked = append(picked, toJSON(p, now, false))
-		return nil
 	}); err != nil {
-		return hideSecrets(err, *broker)
+		return err
 	}
 	out := struct {
 		DryRun           bool
@@ -475,14 +476,14 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 				progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
 			onDone = func(done int) { _ = bar.Set(done) }
 		}
-		n, err := q.Redrive(ctx, func(p *admin.Parked) bool { return chosen[p.Ref] }, onDone)
+		n, err := admin.Redrive(ctx, q, func(p *admin.Parked) bool { return chosen[p.Ref] }, onDone)
 		if bar != nil {
 			_ = bar.Finish()
 			fmt.Fprintln(stderr)
 		}
 		out.Redriven = n
 		if err != nil {
-			return fmt.Errorf("redrove %d of %d, then: %w (the rest are still parked)", n, len(chosen), hideSecrets(err, *broker))
+			return fmt.Errorf("redrove %d of %d, then: %w (the rest are still parked)", n, len(chosen), hideSecrets(err, *c.broker))
 		}
 	}
 	if *asJSON {
@@ -494,7 +495,7 @@ func runDLQRedrive(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if *dryRun {
 			verb, n = "would redrive", len(picked)
 		}
-		fmt.Fprintf(stdout, "%s %d from %s on %s\n", verb, n, q.Name(), redact.URL(*broker))
+		fmt.Fprintf(stdout, "%s %d from %s on %s\n", verb, n, q.Name(), redact.URL(*c.broker))
 		for _, p := range picked {
 			fmt.Fprintf(stdout, "  %s -> %s\n", p.ID, p.Destination)
 		}
@@ -532,19 +533,17 @@ Without --yes it only says how many it would delete (and exits 2).
 `
 
 func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f, broker := dlqFlags("purge", dlqPurgeUsage, stdout)
-	var flt dlqFilter
-	flt.define(f)
-	all := f.Bool("all", false, "delete every parked message")
-	yes := f.Bool("yes", false, "delete (required: without it nothing is deleted)")
-	sel, err := flt.parse(f, args)
+	c := newDLQCommand("purge", dlqPurgeUsage, stdout, true)
+	all := c.Bool("all", false, "delete every parked message")
+	yes := c.Bool("yes", false, "delete (required: without it nothing is deleted)")
+	sel, err := c.selection(args)
 	if err != nil {
 		return err
 	}
 	if *all == sel.Narrowed() {
 		return cli.Usagef("give --all or a filter (ids, --ref, --cause, --group, --older-than, --newer-than), not both")
 	}
-	q, err := openDLQ(ctx, *broker)
+	q, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -552,20 +551,15 @@ func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	now := time.Now()
 	if !*yes {
 		n := 0
-		if err := q.Scan(ctx, func(p *admin.Parked) error {
-			if sel.Match(p, now) {
-				n++
-			}
-			return nil
-		}); err != nil {
-			return hideSecrets(err, *broker)
+		if err := c.scan(ctx, q, sel, now, func(*admin.Parked) { n++ }); err != nil {
+			return err
 		}
 		return cli.Usagef("would delete %d parked messages from %s: pass --yes to do it", n, q.Name())
 	}
 	n, err := admin.PurgeSelected(ctx, q, sel, now)
 	if err != nil {
-		return fmt.Errorf("purged %d, then: %w", n, hideSecrets(err, *broker))
+		return fmt.Errorf("purged %d, then: %w", n, hideSecrets(err, *c.broker))
 	}
-	fmt.Fprintf(stdout, "purged %d from %s on %s\n", n, q.Name(), redact.URL(*broker))
+	fmt.Fprintf(stdout, "purged %d from %s on %s\n", n, q.Name(), redact.URL(*c.broker))
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idemq/idemq/brokers/brokertest"
 	"log/slog"
 	"net/url"
 	"os/exec"
@@ -167,7 +168,8 @@ func park(ctx context.Context, t *testing.T, sourceURL, publisherURL string, ids
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
+	defer r.Close()
 	p, err := core.OpenPublisher(ctx, publisherURL)
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +182,7 @@ func park(ctx context.Context, t *testing.T, sourceURL, publisherURL string, ids
 		}
 	}
 	for range ids {
-		d, err := src.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,10 +200,11 @@ func receiveIDs(ctx context.Context, t *testing.T, sourceURL string, n int) []st
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	r := brokertest.StartReceiver(t, src, 0)
+	defer r.Close()
 	var out []string
 	for len(out) < n {
-		d, err := src.Receive(ctx)
+		d, err := r.Receive(ctx)
 		if err != nil {
 			t.Fatalf("after %v: %v", out, err)
 		}

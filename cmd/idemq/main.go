@@ -18,9 +18,9 @@
 //
 // Stores are opened by URL (postgres://…, mysql://…, sqlite://path; ?table=
 // names the dedup table, or for idemq outbox the outbox table); brokers by
-// a consumer's own source URL: amqp:// (RabbitMQ), kafka:// (Kafka consumer
-// groups, and the dead letters of kafka+share:// share groups, by the same
-// topic and group), sqs://, nats:// (JetStream), redis:// (Redis Streams),
+// a consumer's own source URL: amqp:// (RabbitMQ), kafka:// and
+// kafka+share:// (Kafka consumer and share groups), sqs://, pubsub://
+// (Google Cloud Pub/Sub), nats:// (JetStream), redis:// (Redis Streams),
 // webhook:// (parked requests); mem:// lives in one process and is read
 // there. Credentials in URLs never appear in the output.
 // `idemq <command> --help` describes each command.
@@ -163,9 +163,9 @@ sqlite://path/to/app.db; ?table=NAME names the dedup table (default processed_me
 Brokers (stats, dlq, console) by a consumer's own source URL:
   RabbitMQ            amqp://user:pass@host:5672/vhost?queue=Q (amqps:// with TLS)
   Kafka               kafka://host:9092/TOPIC?group=G (consumer groups)
-  Kafka share groups  a kafka+share://host:9092/TOPIC?group=G consumer's dead letters are
-                      read as kafka://host:9092/TOPIC?group=G, the same topic and group
+  Kafka share groups  kafka+share://host:9092/TOPIC?group=G
   SQS                 sqs://QUEUE?region=R (dlq= names its dead-letter queue)
+  Google Pub/Sub      pubsub://PROJECT/SUBSCRIPTION?topic=T
   NATS JetStream      nats://host:4222/STREAM?consumer=C&subject=S
   Redis Streams       redis://host:6379/STREAM?group=G (rediss:// with TLS)
   Webhooks            webhook://host:port/PATH?park_dir=DIR (parked requests: list, show, purge)

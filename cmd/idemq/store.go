@@ -21,6 +21,7 @@ import (
 
 	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/nats"
+	_ "github.com/idemq/idemq/brokers/pubsub"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/redis"
 	_ "github.com/idemq/idemq/brokers/sqs"

@@ -12,11 +12,12 @@ import (
 type OpenConfig struct {
 	// Logger is the logger the opened source or publisher logs to. Nil
 	// leaves the adapter's default: a source then logs to the logger the
-	// Consumer gives it (LoggerSetter), or to slog.Default() until then.
+	// Consumer gives it (Setup.Logger), or to slog.Default() until then.
 	Logger *slog.Logger
 }
 
-// SourceOpener opens a Source from a URL of a scheme it was registered for.
+// SourceOpener opens a Source (a Puller or a Pusher) from a URL of a
+// scheme it was registered for.
 type SourceOpener func(ctx context.Context, u *url.URL, cfg OpenConfig) (Source, error)
 
 // PublisherOpener opens a Publisher from a URL of a scheme it was
@@ -28,17 +29,27 @@ type PublisherOpener func(ctx context.Context, u *url.URL, cfg OpenConfig) (Publ
 // checks the type a service asks for, and admin.OpenStore takes any.
 type StoreOpener func(ctx context.Context, u *url.URL) (any, error)
 
-// RegisterBroker makes a broker adapter available to core.OpenSource and
-// core.OpenPublisher under a URL scheme, as database/sql drivers register
+// RegisterSource makes a broker adapter's sources available to
+// core.OpenSource under a URL scheme, as database/sql drivers register
 // themselves. Adapters call it from init, so importing an adapter package
 // (for its side effect, if need be) is enough. It panics if the scheme is
-// registered twice or an opener is nil.
-func RegisterBroker(scheme string, src SourceOpener, pub PublisherOpener) {
-	if src == nil || pub == nil {
-		panic("idemq: RegisterBroker " + scheme + ": nil opener")
+// registered twice or open is nil.
+func RegisterSource(scheme string, open SourceOpener) {
+	if open == nil {
+		panic("idemq: RegisterSource " + scheme + ": nil opener")
 	}
-	registry.Sources.Register("RegisterBroker", scheme, src)
-	registry.Publishers.Register("RegisterBroker", scheme, pub)
+	registry.Sources.Register("RegisterSource", scheme, open)
+}
+
+// RegisterPublisher makes a broker adapter's publishers available to
+// core.OpenPublisher under a URL scheme; a source that cannot be published
+// to (an HTTP endpoint) registers none. It panics if the scheme is
+// registered twice or open is nil.
+func RegisterPublisher(scheme string, open PublisherOpener) {
+	if open == nil {
+		panic("idemq: RegisterPublisher " + scheme + ": nil opener")
+	}
+	registry.Publishers.Register("RegisterPublisher", scheme, open)
 }
 
 // RegisterStore makes a store available to core.OpenStore and

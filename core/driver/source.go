@@ -1,12 +1,16 @@
 // Package driver is the contract between idemq and a broker adapter or a
 // dedup store, apart from what a service author uses (package core) and
 // what an operator uses (package admin), in the way database/sql/driver
-// stands apart from database/sql: a Source of Deliveries and a Publisher
-// for brokers, a Store of Txns for databases, the optional capabilities
-// the Consumer looks for (BatchSettler, WindowSetter, RedeliveryHorizoner,
-// DeliveryLimiter, Savepointer, Flusher, Leaser, …), and the registration of openers by URL
-// scheme. Adapters import this package, never core; they prove themselves
-// with the conformance suites brokers/brokertest and stores/storetest.
+// stands apart from database/sql: a Source (a Puller the Consumer asks for
+// messages, or a Pusher that hands them over) and a Publisher for brokers,
+// DeadLetters for operators, a Store of Txns for databases, the optional
+// capabilities the Consumer looks for (Extender, Releaser, Abandoner,
+// RedeliveryHorizoner, DeliveryLimiter, Savepointer, Flusher, Leaser, …),
+// and the registration of openers by URL scheme. The Consumer owns
+// delivery (window, settling once and in sets, leases, staleness, retry
+// delays, releasing at stop), so an adapter is only its protocol. Adapters
+// import this package, never core; they prove themselves with the
+// conformance suites brokers/brokertest and stores/storetest.
 package driver
 
 import (
@@ -20,8 +24,8 @@ import (
 )
 
 // Message is one message as an adapter receives or publishes it. The
-// Consumer hands it to handlers as a core.Message, which has the same
-// fields: keep the two in step.
+// Consumer hands handlers a core.Message with the same fields but the
+// adapter's own (AckID, BrokerKey, IDError).
 type Message struct {
 	// ID is the producer's business id, where the broker carries it: the
 	// AMQP message_id property (or a header), a Kafka record header, an
@@ -52,97 +56,241 @@ type Message struct {
 	Metadata Metadata
 	// ReceivedAt is when the adapter received the message.
 	ReceivedAt time.Time
+
+	// AckID is the adapter's own handle on this delivery of the message
+	// (a delivery tag, a receipt handle, a JetStream message): the
+	// Consumer hands the message back to the adapter's settlement calls
+	// with it untouched. A Publisher ignores it.
+	AckID any
+	// BrokerKey names the message in the broker across its deliveries (a
+	// stream sequence, an entry id, an SQS MessageId), for a broker that
+	// may hand a message out again to the same consumer while that one
+	// still holds it: a newer delivery with an equal BrokerKey supersedes
+	// the older, whose settlement is then stale. Nil: never superseded.
+	// It must be comparable.
+	BrokerKey any
+	// IDError says why the adapter found no usable id where it reads it (a
+	// header of the wrong type, say), when ID is empty: the Consumer
+	// dead-letters the message with ErrMissingID and this as the cause, so
+	// the operator reads why.
+	IDError error
+	// Unreadable says why the adapter could not read the message whole (a
+	// field its URL names for the body is missing): the Consumer
+	// dead-letters it at once with this cause, never handing it to a
+	// handler with a part missing.
+	Unreadable error
 }
 
 // Metadata is a received message's broker details for observers such as
 // tracing, keyed by OpenTelemetry attribute names where one exists (for
 // example "messaging.kafka.offset", "messaging.destination.partition.id",
-// "messaging.rabbitmq.destination.routing_key"). An adapter implements it
-// over what its delivery already holds, so the details cost nothing until
-// an observer reads them; MetadataMap holds them in a map.
+// "messaging.rabbitmq.destination.routing_key"), each value typed as the
+// attribute is (an offset is an integer, a flag a boolean). An adapter
+// implements it over what its delivery already holds, so the details cost
+// nothing until an observer reads them; MetadataMap holds them in a map.
 type Metadata interface {
 	// All yields each key and its value, in no set order.
-	All() iter.Seq2[string, string]
+	All() iter.Seq2[string, slog.Value]
 }
 
 // MetadataMap is Metadata held in a map.
-type MetadataMap map[string]string
+type MetadataMap map[string]slog.Value
 
 // All yields the map's keys and values.
-func (m MetadataMap) All() iter.Seq2[string, string] { return maps.All(m) }
+func (m MetadataMap) All() iter.Seq2[string, slog.Value] { return maps.All(m) }
 
-// MetadataOf returns md's details in a map, empty when md is nil: for
-// reading a few keys where cost does not matter (tests, tools).
+// MetadataOf returns md's details in a map, each value as its text, empty
+// when md is nil: for reading a few keys where cost does not matter
+// (tests, tools).
 func MetadataOf(md Metadata) map[string]string {
+	out := map[string]string{}
 	if md == nil {
-		return map[string]string{}
+		return out
 	}
-	return maps.Collect(md.All())
+	for k, v := range md.All() {
+		out[k] = v.String()
+	}
+	return out
 }
 
-// Delivery is one received message and the ways to settle it. The Consumer
-// calls exactly one settlement method, once, and only after the message's
-// decision is final (for Processed: after the commit).
-type Delivery interface {
-	// Message returns the received message. The pipeline may set its ID
-	// (through an IDFunc) but does not otherwise change it.
-	Message() *Message
-	// Ack tells the broker the message is done (Processed or Duplicate).
-	Ack(ctx context.Context) error
-	// Retry asks the broker to deliver the message again, no sooner than
-	// delay from now where the broker can express a delay.
-	Retry(ctx context.Context, delay time.Duration) error
-	// DeadLetter parks the message with its cause, never silently dropping
-	// it.
-	DeadLetter(ctx context.Context, cause error) error
-}
-
-// Source is a broker adapter: a stream of Deliveries, which the Consumer
-// takes.
+// Source is a broker adapter as the Consumer drives it: the adapter is its
+// protocol only. The Consumer owns everything around it: the window and
+// how many messages to ask for, settling each message once, gathering a
+// batch's settlements into one call per kind, extending leases up to a
+// maximum, telling a stale message from a live one, giving back what it
+// holds when it stops, and logging. A Source is also a Puller (the
+// Consumer asks it for messages) or a Pusher (it hands messages to the
+// Consumer as its senders send them); core.New takes either.
+//
+// Settlement calls get the messages this Source returned, each carrying
+// the adapter's own AckID, and are made once per message, only after its
+// decision is final (for Processed: after the commit). A call with several
+// messages should be one request where the broker allows it. When some of
+// its messages fail and others do not, the call returns a *Partial.
 type Source interface {
-	// Receive blocks until a delivery is available, ctx is done, or the
-	// source is closed (ErrSourceClosed). Other errors are treated as
-	// transient: the Consumer logs them and calls Receive again after a
-	// backoff, so an adapter that reconnects by itself returns them only to
-	// report trouble.
-	Receive(ctx context.Context) (Delivery, error)
-	// Close stops receiving. Deliveries not yet settled are left to the
-	// broker to redeliver.
+	// Start prepares the source for a Consumer that holds at most
+	// s.Window messages unsettled (an AMQP QoS, a JetStream
+	// MaxAckPending) and logs to s.Logger, and reports the broker's
+	// Traits. The Consumer calls it once, before anything else. A source
+	// given a logger of its own (an adapter option, OpenConfig.Logger)
+	// keeps it.
+	Start(ctx context.Context, s Setup) (Traits, error)
+	// Ack tells the broker the messages are done (Processed or Duplicate).
+	Ack(ctx context.Context, ms []*Message) error
+	// Retry hands the messages back for redelivery, no sooner than delay
+	// from now where Traits.DelaysRetry says the broker can wait;
+	// otherwise the Consumer waits out the delay itself and calls Retry
+	// with 0.
+	Retry(ctx context.Context, ms []*Message, delay time.Duration) error
+	// DeadLetter parks each message with its cause (causes[i] is ms[i]'s),
+	// never dropping one: a message whose park failed is handed back for
+	// redelivery and reported failed.
+	DeadLetter(ctx context.Context, ms []*Message, causes []error) error
+	// Close releases the source's connections. Messages it received that
+	// the Consumer never got (a prefetch buffer) go back to the broker;
+	// the Consumer releases those it held (Releaser) before it calls
+	// Close.
 	Close() error
 }
 
-// IDErrorer is implemented by deliveries whose adapter found the id where
-// it reads it but could not use it (a header of the wrong type, say). The
-// message then has no ID; the Consumer dead-letters it with ErrMissingID
-// and this error as the cause, so the operator reads why.
-type IDErrorer interface {
-	IDError() error
+// Puller is a Source the Consumer asks for messages: a queue, a stream, a
+// topic.
+type Puller interface {
+	Source
+	// Receive blocks until at least one message is available, ctx is done
+	// or the source is closed (ErrSourceClosed), and returns at most max
+	// messages (never more than Traits.MaxBatch). Other errors are
+	// transient: the Consumer logs them and calls Receive again after a
+	// backoff, so an adapter that reconnects by itself returns them only
+	// to report trouble. The Consumer keeps up to Traits.Receivers calls
+	// outstanding at once.
+	Receive(ctx context.Context, max int) ([]*Message, error)
 }
 
-// BatchSettler is implemented by sources that can acknowledge several
-// deliveries in one call (AMQP multiple ack, SQS DeleteMessageBatch). The
-// Consumer uses it for the Acks of one batch; deliveries it is given came
-// from this source.
-type BatchSettler interface {
-	AckBatch(ctx context.Context, ds []Delivery) error
+// Pusher is a Source whose senders wait for the answer (HTTP): it calls the
+// Consumer, as net/http calls a Handler.
+type Pusher interface {
+	Source
+	// Serve hands each message its senders send to deliver, until ctx is
+	// done (then it stops taking new ones and returns once no deliver call
+	// is under way) or it fails. deliver waits for room in the Consumer's
+	// window, under ctx (the request's): it returns ctx's error or
+	// ErrSourceClosed when the message was never taken. Once taken, it
+	// returns when the message is settled (the source's Ack, Retry,
+	// DeadLetter or Release was called for it, so the answer is known),
+	// whatever ctx does meanwhile.
+	Serve(ctx context.Context, deliver Deliver) error
 }
 
-// WindowSetter is implemented by sources that keep their own prefetch
-// window (AMQP QoS, SQS receivers): the Consumer tells them its in-flight
-// window before the first Receive, so the broker never hands over more than
-// the Consumer will hold.
-type WindowSetter interface {
-	SetWindow(n int) error
+// Deliver is how a Pusher hands one message to the Consumer: see
+// Pusher.Serve.
+type Deliver func(ctx context.Context, m *Message) error
+
+// Setup is what the Consumer tells a source when it starts it.
+type Setup struct {
+	// Window is the most messages the Consumer holds unsettled at once.
+	Window int
+	// Logger is the Consumer's logger.
+	Logger *slog.Logger
 }
 
-// LoggerSetter is implemented by sources that log (reconnects, receive
-// errors, settlements that failed). The Consumer gives them its own logger
-// before the first Receive, so the service's logger (its level, handler and
-// attributes) reaches adapter warnings too. A source that was given a logger
-// of its own (an adapter option, or OpenConfig.Logger) keeps it and ignores
-// SetLogger.
-type LoggerSetter interface {
-	SetLogger(l *slog.Logger)
+// Traits is what a source tells the Consumer about its broker when it
+// starts.
+type Traits struct {
+	// MaxBatch is the most messages one Receive returns (an SQS receive
+	// takes at most 10); the Consumer never asks for more. 0: no limit of
+	// the source's own.
+	MaxBatch int
+	// Receivers is how many Receive calls the Consumer keeps outstanding
+	// at once: more than one for a broker whose receive is a request of
+	// bounded size (an SQS long poll). 0 means 1.
+	Receivers int
+	// Lease is how long the broker waits for a received message's
+	// settlement before it hands the message out again, unless an Extend
+	// renews it (an SQS visibility timeout, a JetStream AckWait, a share
+	// group's record lock): the Consumer reckons from it when a message
+	// went stale, and extends held messages (Extender) before it passes.
+	// 0: the broker holds a message until the connection that received
+	// it closes (AMQP) or its partition moves (Kafka). A lease is reckoned
+	// from the message's ReceivedAt: set it when the message arrived from
+	// the broker, not when Receive returned it from a buffer.
+	Lease time.Duration
+	// MaxExtension bounds how long after its receipt a message's lease is
+	// extended; past it the lease lapses and the broker redelivers. 0:
+	// for as long as the Consumer holds it; below 0: never (a source whose
+	// heartbeat the user turned off).
+	MaxExtension time.Duration
+	// DelaysRetry is true when the broker waits out Retry's delay itself
+	// (an SQS visibility, a JetStream NakWithDelay, an HTTP Retry-After).
+	DelaysRetry bool
+	// ReceiveLinger is how long the Consumer waits for room for a whole
+	// MaxBatch before a receive when it has room for fewer: for a broker
+	// whose every receive is a billed request (SQS). 0: it receives as soon
+	// as there is room for one.
+	ReceiveLinger time.Duration
+}
+
+// Extender is implemented by sources whose broker leases what it
+// delivered (Traits.Lease): Extend renews each message's lease by
+// Traits.Lease from now (ChangeMessageVisibility, InProgress, a record
+// lock's RENEW). The Consumer calls it for the messages it holds before
+// their leases pass, up to Traits.MaxExtension; a lease counts as renewed
+// only once Extend returned without an error for it. Extend may race with
+// a settlement of the same message, which must not fail because of it.
+type Extender interface {
+	Extend(ctx context.Context, ms []*Message) error
+}
+
+// Releaser is implemented by sources that can hand messages back to the
+// broker at once, undecided, for redelivery without waiting (a nack, a
+// visibility of zero, a record's RELEASE): the Consumer releases what it
+// still holds when it stops (messages it received but never decided, and
+// retries waiting out their delay), so they are redelivered at once.
+// Without it the Consumer leaves them to the broker, which redelivers
+// them when the source's Close drops the connection they were received
+// on (AMQP), a partition moves (Kafka) or their lease lapses.
+type Releaser interface {
+	Release(ctx context.Context, ms []*Message) error
+}
+
+// Abandoner is implemented by sources whose broker wants an answer for
+// every message it delivered, even one the Consumer no longer settles (a
+// Kafka share group acknowledges each record of a poll): Abandon is told,
+// once, of each message that went stale while the Consumer held it (its
+// lease lapsed, a newer delivery superseded it, or it was stale when its
+// decision came), so the source can release it. Other sources need not implement it: the Consumer sends
+// nothing for a stale message and the broker redelivers it by itself.
+type Abandoner interface {
+	Abandon(ctx context.Context, ms []*Message)
+}
+
+// Partial is the error of a settlement or Extend call of which some
+// messages failed and the others did not: Errs[i] is the error of the
+// call's ms[i], nil where that one succeeded. Any other error from such a
+// call counts for every message of the call.
+type Partial struct {
+	Errs []error
+}
+
+// Error joins the messages' errors.
+func (p *Partial) Error() string {
+	return errors.Join(p.Errs...).Error()
+}
+
+// Unwrap returns the messages' errors, so errors.Is finds
+// ErrStaleDelivery among them.
+func (p *Partial) Unwrap() []error { return p.Errs }
+
+// PartialOf returns nil when every error of errs is nil, else a *Partial
+// holding them: what a settlement call returns after settling its messages
+// one by one.
+func PartialOf(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return &Partial{Errs: errs}
+		}
+	}
+	return nil
 }
 
 // RedeliveryHorizoner is implemented by sources that know the longest time

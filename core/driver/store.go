@@ -188,3 +188,13 @@ func (e *FlushError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the statement's error.
 func (e *FlushError) Unwrap() error { return e.Err }
+
+// Conflicter is implemented by stores that can tell an error that aborted a
+// whole transaction because of a concurrent one (a deadlock, a
+// serialization failure, a Galera certification conflict), wherever it
+// arose, a handler's statement included. The transaction was rolled back
+// and a new one may not meet it, so the Consumer runs it again in place, a
+// few times, spending no delivery attempt, before it decides Retry.
+type Conflicter interface {
+	Conflict(err error) bool
+}

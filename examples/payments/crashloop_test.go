@@ -34,7 +34,10 @@ func TestFaultCrashLoop(t *testing.T) {
 		// Sized so that each phase outlasts the first kill (6-12 s):
 		// the replicas drain 90,000 in under 10 s on a quiet machine.
 		{"RabbitMQ", onRabbitMQ, nil, 20, 240000},
-		{"Kafka", onKafka, nil, 20, 250000},
+		// Kafka replicas are static members (instance_id per slot): a
+		// restarted one takes its partitions back, the others keep theirs.
+		{"Kafka", onKafka, kafkaReplica, 20, 250000},
+		{"Kafka-KIP848", onKafkaConsumerProtocol, kafkaReplica, 20, 250000},
 		{"SQS", onSQS, nil, 10, 120000},
 		{"NATS", onNATS, nil, 20, 200000},
 		// A Redis consumer is named after its host unless the URL names

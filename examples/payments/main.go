@@ -1,7 +1,7 @@
 // Command payments is idemq's reference service: a payment consumer a team
 // can copy. The broker and the store are chosen by URL at start-up, so the
-// same binary serves RabbitMQ, Kafka, SQS, NATS JetStream, Redis Streams,
-// signed webhooks (or the in-process mem://) into PostgreSQL,
+// same binary serves RabbitMQ, Kafka, SQS, Google Cloud Pub/Sub, NATS
+// JetStream, Redis Streams, signed webhooks (or the in-process mem://) into PostgreSQL,
 // MySQL/MariaDB or SQLite, and its handlers never mention a broker.
 //
 //	go run ./examples/payments --broker 'amqp://guest:guest@localhost:5672/?queue=payments' \
@@ -9,11 +9,12 @@
 //	go run ./examples/payments --broker 'kafka://localhost:9092/payments?group=payments' --store …
 //	go run ./examples/payments --broker 'sqs://payments?endpoint=http://localhost:9324&region=us-east-1' --store …
 //	go run ./examples/payments --broker 'redis://localhost:6379/payments?group=payments' --store …
+//	PUBSUB_EMULATOR_HOST=localhost:8085 go run ./examples/payments --broker 'pubsub://my-project/payments?topic=payments' --store …
 //	go run ./examples/payments --broker 'webhook://127.0.0.1:8080/hooks/payments?verify=standard&secret_file=/run/secrets/payments&park_dir=/var/lib/payments/parked' --store …
 //
 // Each message's body is JSON like {"account": "acc-17", "amount_cents": 1250};
 // its id is the producer's business id (the AMQP message_id property, the
-// Kafka header or SQS message attribute "message-id", the Nats-Msg-Id
+// Kafka header or SQS or Pub/Sub message attribute "message-id", the Nats-Msg-Id
 // header or idemq-id, the idemq-id field of a Redis entry, a webhook's
 // webhook-id header). In one transaction
 // per message (or per batch, --batch) the service claims the id, inserts a
@@ -94,6 +95,7 @@ import (
 	_ "github.com/idemq/idemq/brokers/kafka"
 	_ "github.com/idemq/idemq/brokers/memory"
 	natsbroker "github.com/idemq/idemq/brokers/nats"
+	_ "github.com/idemq/idemq/brokers/pubsub"
 	_ "github.com/idemq/idemq/brokers/rabbitmq"
 	_ "github.com/idemq/idemq/brokers/redis"
 	_ "github.com/idemq/idemq/brokers/sqs"

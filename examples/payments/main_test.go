@@ -55,7 +55,7 @@ func serviceBinary(t testing.TB) string {
 			return
 		}
 		build.bin = filepath.Join(build.dir, "payments")
-		build.err = goBuild(build.bin, nil)
+		build.err = goBuild(build.bin)
 	})
 	if build.err != nil {
 		t.Fatal(build.err)
@@ -64,14 +64,13 @@ func serviceBinary(t testing.TB) string {
 }
 
 // goBuild builds this package to bin (with -race when the tests run with
-// it), with extra arguments and environment for the go command.
-func goBuild(bin string, env []string, args ...string) error {
-	args = append([]string{"build", "-o", bin}, args...)
+// it).
+func goBuild(bin string) error {
+	args := []string{"build", "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
 	cmd := exec.Command("go", append(args, ".")...)
-	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -313,9 +312,7 @@ type killRun struct {
 	// publishTo, if set, is the broker URL the traffic is published to
 	// (default broker): a source that only consumes (kafka+share://)
 	// publishes through another scheme.
-	publishTo string
-	// bin, if set, is the service binary to run instead of serviceBinary's.
-	bin                string
+	publishTo          string
 	messages           int     // published, duplicates included
 	duplicates         float64 // fraction of messages that repeat an earlier one
 	kills              int     // SIGKILLs while consuming
@@ -352,10 +349,7 @@ type killResult struct {
 // sum of its unique payments.
 func runKillAndRestart(t *testing.T, r killRun) killResult {
 	began := time.Now()
-	bin := r.bin
-	if bin == "" {
-		bin = serviceBinary(t)
-	}
+	bin := serviceBinary(t)
 	t.Logf("service built in %v", time.Since(began).Round(time.Millisecond))
 	began = time.Now()
 	seed := mrand.Uint64N(1 << 30)

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"reflect"
 )
 
@@ -60,9 +61,10 @@ func Check[C any](err error, set func(*C)) func(*C) error {
 	}
 }
 
-// Errorf returns "pkg: option name: " followed by the formatted detail.
+// Errorf returns the *urlparam.OptionError of option name of package pkg
+// with the formatted detail: "pkg: option name: detail".
 func Errorf(pkg, name, format string, args ...any) error {
-	return fmt.Errorf("%s: option %s: %s", pkg, name, fmt.Sprintf(format, args...))
+	return &urlparam.OptionError{Pkg: pkg, Option: name, Err: fmt.Errorf(format, args...)}
 }
 
 // Refuse returns the error format and args describe when bad, else nil:

@@ -81,11 +81,12 @@ func Open[O, R any](r *Openers[O], rawURL, what string, call func(O, *url.URL) (
 
 // The registries of the driver contract. Their openers are stored as any
 // (this package cannot name driver's types): driver.SourceOpener,
-// driver.PublisherOpener and driver.StoreOpener.
+// driver.PublisherOpener, driver.StoreOpener and driver.DeadLettersOpener.
 var (
-	Sources    = &Openers[any]{Kind: "broker"}
-	Publishers = &Openers[any]{Kind: "broker"}
-	Stores     = &Openers[any]{Kind: "store"}
+	Sources     = &Openers[any]{Kind: "broker"}
+	Publishers  = &Openers[any]{Kind: "broker"}
+	Stores      = &Openers[any]{Kind: "store"}
+	DeadLetters = &Openers[any]{Kind: "broker"}
 )
 
 // Get returns the opener registered for scheme.

@@ -1,6 +1,7 @@
 package servicetest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,7 +17,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // SQSEndpoint returns IDEMQ_SQS_URL, or starts the fauxqs emulator (from
@@ -82,11 +85,8 @@ func SQSQueues(t testing.TB, endpoint, prefix string) (queue, dlq string) {
 // a Kafka broker's defaults, creates no topic on first use.
 func KafkaTopics(t testing.TB, partitions int, topics ...string) string {
 	t.Helper()
-	var all []kafkago.TopicConfig
 	var specs []string
 	for _, name := range topics {
-		all = append(all, kafkago.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: 1},
-			kafkago.TopicConfig{Topic: name + ".dlq", NumPartitions: 1, ReplicationFactor: 1})
 		specs = append(specs, name+":"+strconv.Itoa(partitions), name+".dlq:1")
 	}
 	raw := os.Getenv(KafkaEnv)
@@ -99,29 +99,36 @@ func KafkaTopics(t testing.TB, partitions int, topics ...string) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl := &kafkago.Client{Addr: kafkago.TCP(strings.Split(hosts, ",")...)}
-	if _, err := cl.Metadata(ctx, &kafkago.MetadataRequest{}); err != nil {
+	adm := kafkaAdmin(t, hosts)
+	if _, err := adm.BrokerMetadata(ctx); err != nil {
 		Unavailable(t, "service unreachable at %s: %v", KafkaEnv, err)
 	}
-	resp, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: all})
-	if err != nil {
-		t.Fatalf("create topics: %v", err)
-	}
-	for name, err := range resp.Errors {
-		if err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
+	var names []string
+	for _, spec := range specs {
+		name, n, _ := strings.Cut(spec, ":")
+		parts, _ := strconv.Atoi(n)
+		if _, err := adm.CreateTopic(ctx, int32(parts), 1, nil, name); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			t.Fatalf("create topic %s: %v", name, err)
 		}
+		names = append(names, name)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		names := make([]string, len(all))
-		for i, c := range all {
-			names[i] = c.Topic
-		}
-		cl.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: names})
+		adm.DeleteTopics(ctx, names...)
 	})
 	return hosts
+}
+
+// kafkaAdmin is an admin client of the Kafka brokers (a comma-separated
+// list), closed when the test ends.
+func kafkaAdmin(t testing.TB, brokers string) *kadm.Client {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...))
+	if err != nil {
+		t.Fatalf("kafka client: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
 }
 
 // SetTopicConfig sets a topic's config entry name to value on the Kafka
@@ -131,21 +138,9 @@ func SetTopicConfig(t testing.TB, brokers, topic, name, value string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl := &kafkago.Client{Addr: kafkago.TCP(strings.Split(brokers, ",")...)}
-	resp, err := cl.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{
-		Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
-			ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
-			Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{
-				Name: name, Value: value, ConfigOperation: kafkago.ConfigOperationSet,
-			}},
-		}},
-	})
-	if err == nil {
-		for _, r := range resp.Resources {
-			if r.Error != nil {
-				err = r.Error
-			}
-		}
+	resp, err := kafkaAdmin(t, brokers).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: name, Value: &value}}, topic)
+	for _, r := range resp {
+		err = cmp.Or(err, r.Err)
 	}
 	if err != nil {
 		t.Fatalf("setting %s of topic %s: %v", name, topic, err)

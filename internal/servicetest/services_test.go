@@ -12,7 +12,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	kafkago "github.com/segmentio/kafka-go"
 )
 
 func TestDeleteQueuesAtCleanup(t *testing.T) {
@@ -96,12 +95,11 @@ func TestStartKfake(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c := &kafkago.Client{Addr: kafkago.TCP(addrs...)}
-		md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{"seeded"}})
+		md, err := kafkaAdmin(t, addr).Metadata(ctx, "seeded")
 		if err != nil {
 			t.Fatalf("metadata: %v", err)
 		}
-		if len(md.Brokers) != 2 || len(md.Topics) != 1 || md.Topics[0].Name != "seeded" || len(md.Topics[0].Partitions) != 3 {
+		if len(md.Brokers) != 2 || len(md.Topics) != 1 || len(md.Topics["seeded"].Partitions) != 3 {
 			t.Fatalf("metadata: brokers %v, topics %+v; want 2 brokers and seeded with 3 partitions", md.Brokers, md.Topics)
 		}
 	})

@@ -16,8 +16,11 @@ package tracing
 import (
 	"context"
 	"errors"
-	"strconv"
+	"log/slog"
+	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -96,7 +99,34 @@ func set(name string, check error, put func(*config)) Option {
 type Tracing struct {
 	cfg    config
 	tracer trace.Tracer
+	// last is the span name and start options of the destination seen
+	// last: the same for every message of a source, so made once.
+	last atomic.Pointer[destination]
 }
+
+// destination is what the process spans of one source's messages share.
+type destination struct {
+	system, source string
+	name           string
+	start          trace.SpanStartOption // the attributes a sampler sees
+}
+
+// destinationOf returns the span name and start attributes of m's source.
+func (t *Tracing) destinationOf(m *core.Message) *destination {
+	sys := system(m)
+	if d := t.last.Load(); d != nil && d.system == sys && d.source == m.Source {
+		return d
+	}
+	d := &destination{system: sys, source: m.Source, name: spanName(m),
+		start: trace.WithAttributes(semconv.MessagingSystemKey.String(sys), semconv.MessagingOperationTypeProcess,
+			semconv.MessagingDestinationName(m.Source))}
+	t.last.Store(d)
+	return d
+}
+
+// attrSlices recycles the lists of attributes a span is given at its end:
+// the span copies them.
+var attrSlices = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 24); return &s }}
 
 // New returns a Tracing with the given options, or the error of an option
 // given an invalid value.
@@ -118,14 +148,11 @@ func New(opts ...Option) (*Tracing, error) {
 // span, linked to (or, with WithParentFromMessage, a child of) the
 // producer's span, and returns ctx carrying it.
 func (t *Tracing) StartDecision(ctx context.Context, m *core.Message) context.Context {
-	// A sampler sees the attributes that say what is consumed where; the
-	// rest are built only for a span that records, so an unsampled message
-	// costs no attribute list.
-	opts := []trace.SpanStartOption{
-		consumerKind,
-		trace.WithAttributes(semconv.MessagingSystemKey.String(system(m)), semconv.MessagingOperationTypeProcess,
-			semconv.MessagingDestinationName(m.Source)),
-	}
+	// A sampler sees the attributes that say what is consumed where (made
+	// once per source); the rest are built at the end, in one list, only
+	// for a span that records.
+	d := t.destinationOf(m)
+	opts := []trace.SpanStartOption{consumerKind, d.start}
 	if m.Headers != nil {
 		producer := trace.SpanContextFromContext(t.cfg.prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
 		if producer.IsValid() {
@@ -136,23 +163,27 @@ func (t *Tracing) StartDecision(ctx context.Context, m *core.Message) context.Co
 			}
 		}
 	}
-	ctx, span := t.tracer.Start(ctx, spanName(m), opts...)
-	if span.IsRecording() {
-		span.SetAttributes(moreAttributes(ctx, m, make([]attribute.KeyValue, 0, 13))...)
-	}
+	ctx, _ = t.tracer.Start(ctx, d.name, opts...)
 	return ctx
 }
 
-// EndDecision implements core.Observer: it records the decision (and for
-// Retry and DeadLetter the cause) on the process span and ends it.
-func (t *Tracing) EndDecision(ctx context.Context, _ *core.Message, out core.Outcome) {
+// EndDecision implements core.Observer: it records the message's details
+// and the decision (and for Retry and DeadLetter the cause) on the process
+// span and ends it.
+func (t *Tracing) EndDecision(ctx context.Context, m *core.Message, out core.Outcome) {
 	span := trace.SpanFromContext(ctx)
-	span.SetAttributes(DecisionKey.String(out.Decision.String()))
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
+	p := attrSlices.Get().(*[]attribute.KeyValue)
+	attrs := moreAttributes(ctx, m, (*p)[:0])
+	attrs = append(attrs, DecisionKey.String(out.Decision.String()))
 	switch out.Decision {
 	case core.Retry, core.DeadLetter:
-		span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(out.Err)))
+		attrs = append(attrs, semconv.ErrorTypeKey.String(ErrorType(out.Err)))
 		if out.Decision == core.Retry {
-			span.SetAttributes(RetryDelayKey.Float64(out.Delay.Seconds()))
+			attrs = append(attrs, RetryDelayKey.Float64(out.Delay.Seconds()))
 		}
 		if out.Err != nil {
 			span.RecordError(out.Err)
@@ -161,7 +192,11 @@ func (t *Tracing) EndDecision(ctx context.Context, _ *core.Message, out core.Out
 			span.SetStatus(codes.Error, out.Decision.String())
 		}
 	}
+	span.SetAttributes(attrs...)
 	span.End()
+	clear(attrs)
+	*p = attrs[:0]
+	attrSlices.Put(p)
 }
 
 // The span kinds as options, made once: made per span, each is one more
@@ -244,7 +279,8 @@ func spanName(m *core.Message) string {
 // m, plus idemq.attempt, plus every detail the source gave in m.Metadata:
 // a broker's (partition, offset, routing key, delivery tag, queue URL) and
 // the webhook source's (http.request.method, url.path, client.address,
-// webhook.profile) alike; offsets and delivery tags as integers.
+// webhook.profile) alike, each as the kind of value the source gave
+// (offsets and delivery tags as integers).
 func MessageAttributes(ctx context.Context, m *core.Message) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 16)
 	attrs = append(attrs,
@@ -276,19 +312,31 @@ func moreAttributes(ctx context.Context, m *core.Message, attrs []attribute.KeyV
 		return attrs
 	}
 	for k, v := range m.Metadata.All() {
-		if k == "" {
-			continue
+		if k != "" {
+			attrs = append(attrs, attributeOf(k, v))
 		}
-		switch attribute.Key(k) {
-		case semconv.MessagingKafkaOffsetKey, semconv.MessagingRabbitMQMessageDeliveryTagKey:
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				attrs = append(attrs, attribute.Int64(k, n))
-				continue
-			}
-		}
-		attrs = append(attrs, attribute.String(k, truncate(v)))
 	}
 	return attrs
+}
+
+// attributeOf is a metadata value as an attribute of its own kind; what
+// OpenTelemetry has no kind for (a time, a group) as its text.
+func attributeOf(k string, v slog.Value) attribute.KeyValue {
+	switch v.Kind() {
+	case slog.KindInt64:
+		return attribute.Int64(k, v.Int64())
+	case slog.KindUint64:
+		if n := v.Uint64(); n <= math.MaxInt64 {
+			return attribute.Int64(k, int64(n))
+		}
+	case slog.KindBool:
+		return attribute.Bool(k, v.Bool())
+	case slog.KindFloat64:
+		return attribute.Float64(k, v.Float64())
+	case slog.KindDuration:
+		return attribute.Float64(k, v.Duration().Seconds())
+	}
+	return attribute.String(k, truncate(v.String()))
 }
 
 func system(m *core.Message) string {

@@ -223,7 +223,7 @@ var dialect = sqloutbox.Dialect{
 func (o *Outbox) Store(db *sql.DB) *Store {
 	t := o.table
 	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, " + dialect.Micros("created_at") + ", attempts"
-	s := &Store{db: db, cols: cols, table: t,
+	s := &Store{cols: cols,
 		pendingSQL: fmt.Sprintf(`SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)), 0) FROM %s WHERE sent_at IS NULL AND parked_at IS NULL`, t),
 		pruneSQL:   fmt.Sprintf(`DELETE FROM %s WHERE sent_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY sent_at LIMIT ?`, t),
 	}
@@ -247,17 +247,13 @@ WHERE w.ordering_key IS NULL OR NOT EXISTS (
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on db
 // through pub.
 func (o *Outbox) NewRelay(db *sql.DB, pub driver.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
-	if db == nil {
-		return nil, errors.New("mysqloutbox: NewRelay: nil db")
-	}
-	return outbox.NewRelay(o.Store(db), pub, opts...)
+	return sqloutbox.NewRelay("mysqloutbox", "db", db, o.Store, pub, opts)
 }
 
 // Store implements outbox.Store and outbox.Operator on MySQL and MariaDB.
 type Store struct {
-	sqloutbox.Operator
-	db                   *sql.DB
-	table, cols          string
+	sqloutbox.Operator   // its DB and Table are the store's
+	cols                 string
 	headsSQL             [2]string // by outbox.ParkedKeyPolicy
 	pendingSQL, pruneSQL string
 }
@@ -274,7 +270,7 @@ var (
 func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.ParkedKeyPolicy) (outbox.Claimed, error) {
 	// READ COMMITTED: each statement sees the latest commits, so rows a
 	// relay marked a moment ago are not mistaken for pending.
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := s.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
 	}
@@ -303,15 +299,15 @@ func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.Park
 		return abort(nil)
 	}
 	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq IN (%s) AND sent_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED",
-		s.cols, s.table, sqloutbox.Placeholders(len(heads)))
+		s.cols, s.Table, sqloutbox.Placeholders(len(heads)))
 	rows, err := tx.QueryContext(ctx, q, append(sqloutbox.Anys(heads), limit)...)
-	return dialect.Claim(ctx, tx, rows, err, s.cols, s.table, limit, parked)
+	return dialect.Claim(ctx, tx, rows, err, s.cols, s.Table, limit, parked)
 }
 
 // Pending implements outbox.Store.
 func (s *Store) Pending(ctx context.Context) (int64, time.Duration, error) {
 	var n, micros int64
-	if err := s.db.QueryRowContext(ctx, s.pendingSQL).Scan(&n, &micros); err != nil {
+	if err := s.DB.QueryRowContext(ctx, s.pendingSQL).Scan(&n, &micros); err != nil {
 		return 0, 0, err
 	}
 	return n, time.Duration(micros) * time.Microsecond, nil
@@ -322,7 +318,7 @@ func (s *Store) Pending(ctx context.Context) (int64, time.Duration, error) {
 // matter.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	age := max(time.Since(before), 0)
-	res, err := s.db.ExecContext(ctx, s.pruneSQL, age.Microseconds(), limit)
+	res, err := s.DB.ExecContext(ctx, s.pruneSQL, age.Microseconds(), limit)
 	if err != nil {
 		return 0, err
 	}

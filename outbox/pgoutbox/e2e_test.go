@@ -41,55 +41,21 @@ func declareQueue(t testing.TB, url, name string) {
 	servicetest.DeleteQueuesAtCleanup(t, url, name)
 }
 
-// crashingSource closes the real source on its crashAt-th acknowledgement
+// crashingSource closes the real source on its crashAt-th Ack call
 // instead of acknowledging: the consumer process committed its effects and
 // died before the ack, so RabbitMQ redelivers everything it held.
 type crashingSource struct {
-	src     *rabbitmq.Source
+	*rabbitmq.Source
 	crashAt int64
 	acks    atomic.Int64
 }
 
-func (c *crashingSource) crash() bool {
+func (c *crashingSource) Ack(ctx context.Context, ms []*driver.Message) error {
 	if c.crashAt > 0 && c.acks.Add(1) == c.crashAt {
-		c.src.Close()
-		return true
-	}
-	return false
-}
-
-func (c *crashingSource) Receive(ctx context.Context) (driver.Delivery, error) {
-	d, err := c.src.Receive(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &crashingDelivery{Delivery: d, c: c}, nil
-}
-
-func (c *crashingSource) Close() error          { return c.src.Close() }
-func (c *crashingSource) SetWindow(n int) error { return c.src.SetWindow(n) }
-
-func (c *crashingSource) AckBatch(ctx context.Context, ds []driver.Delivery) error {
-	if c.crash() {
+		c.Source.Close()
 		return errors.New("crashed between commit and ack")
 	}
-	inner := make([]driver.Delivery, len(ds))
-	for i, d := range ds {
-		inner[i] = d.(*crashingDelivery).Delivery
-	}
-	return c.src.AckBatch(ctx, inner)
-}
-
-type crashingDelivery struct {
-	driver.Delivery
-	c *crashingSource
-}
-
-func (d *crashingDelivery) Ack(ctx context.Context) error {
-	if d.c.crash() {
-		return errors.New("crashed between commit and ack")
-	}
-	return d.Delivery.Ack(ctx)
+	return c.Source.Ack(ctx, ms)
 }
 
 // TestEndToEndRabbitMQ is the whole path: concurrent services write an
@@ -244,7 +210,7 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs := &crashingSource{src: src}
+		cs := &crashingSource{Source: src}
 		if life <= 2 {
 			cs.crashAt = 15
 		}

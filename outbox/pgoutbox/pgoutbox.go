@@ -21,7 +21,6 @@ package pgoutbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"time"
@@ -255,10 +254,7 @@ var dialect = sqloutbox.Dialect{
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on
 // pool through pub.
 func (o *Outbox) NewRelay(pool *pgxpool.Pool, pub driver.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
-	if pool == nil {
-		return nil, errors.New("pgoutbox: NewRelay: nil pool")
-	}
-	return outbox.NewRelay(o.Store(pool), pub, opts...)
+	return sqloutbox.NewRelay("pgoutbox", "pool", pool, o.Store, pub, opts)
 }
 
 // Store implements outbox.Store, outbox.Notifier and outbox.Operator on

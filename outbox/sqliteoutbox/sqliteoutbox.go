@@ -55,7 +55,6 @@ package sqliteoutbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -215,7 +214,7 @@ var dialect = sqloutbox.Dialect{
 func (o *Outbox) Store(db *sql.DB) *Store {
 	t := o.table
 	cols := "seq, id, destination, COALESCE(ordering_key, ''), headers, body, created_at, attempts"
-	s := &Store{db: db, cols: cols, table: t,
+	s := &Store{cols: cols,
 		// A write that changes nothing still takes the write lock: the
 		// claim holds it from here to Finish or Abort.
 		lockSQL:    fmt.Sprintf(`UPDATE %s SET attempts = attempts WHERE seq = -1`, t),
@@ -243,17 +242,13 @@ ORDER BY seq LIMIT ?3`, t, cols, sqloutbox.Earlier(p))
 // NewRelay returns an outbox.Relay that publishes this outbox's rows on db
 // through pub.
 func (o *Outbox) NewRelay(db *sql.DB, pub driver.Publisher, opts ...outbox.Option) (*outbox.Relay, error) {
-	if db == nil {
-		return nil, errors.New("sqliteoutbox: NewRelay: nil db")
-	}
-	return outbox.NewRelay(o.Store(db), pub, opts...)
+	return sqloutbox.NewRelay("sqliteoutbox", "db", db, o.Store, pub, opts)
 }
 
 // Store implements outbox.Store and outbox.Operator on SQLite.
 type Store struct {
-	sqloutbox.Operator
-	db                            *sql.DB
-	table, cols                   string
+	sqloutbox.Operator            // its DB and Table are the store's
+	cols                          string
 	headsSQL                      [2]string // by outbox.ParkedKeyPolicy
 	lockSQL, pendingSQL, pruneSQL string
 }
@@ -268,7 +263,7 @@ var (
 // Abort: no other relay claims meanwhile, and the heads it finds, the rows
 // with no earlier pending row of their key, are all its own.
 func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.ParkedKeyPolicy) (outbox.Claimed, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -280,14 +275,14 @@ func (s *Store) Claim(ctx context.Context, limit, window int, parked outbox.Park
 		return abort(fmt.Errorf("taking the write lock: %w", err))
 	}
 	rows, err := tx.QueryContext(ctx, s.headsSQL[parked], time.Now().UnixMicro(), window, limit)
-	return dialect.Claim(ctx, tx, rows, err, s.cols, s.table, limit, parked)
+	return dialect.Claim(ctx, tx, rows, err, s.cols, s.Table, limit, parked)
 }
 
 // Pending implements outbox.Store. SQLite is embedded: the database clock
 // is this process's clock.
 func (s *Store) Pending(ctx context.Context) (int64, time.Duration, error) {
 	var n, oldest int64
-	if err := s.db.QueryRowContext(ctx, s.pendingSQL).Scan(&n, &oldest); err != nil {
+	if err := s.DB.QueryRowContext(ctx, s.pendingSQL).Scan(&n, &oldest); err != nil {
 		return 0, 0, err
 	}
 	if n == 0 {
@@ -299,7 +294,7 @@ func (s *Store) Pending(ctx context.Context) (int64, time.Duration, error) {
 // Prune implements outbox.Store: it deletes the oldest sent rows whose
 // sent_at is before the given time.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	res, err := s.db.ExecContext(ctx, s.pruneSQL, before.UnixMicro(), limit)
+	res, err := s.DB.ExecContext(ctx, s.pruneSQL, before.UnixMicro(), limit)
 	if err != nil {
 		return 0, err
 	}

@@ -62,9 +62,12 @@ var serverErrors = sqlstore.Errors{
 		}
 		return false
 	},
-	NoTable: func(code int, _ string) bool { return code == errNoSuchTable || code == errTableAccessDenied },
-	Lost:    func(err error) bool { return connGone(err) || sqlstore.ConnLost(err) },
-	Gone:    connGone,
+	// A deadlock rolls the whole transaction back; on Galera it is also
+	// how a certification conflict with another node's commit surfaces.
+	Conflict: func(code int, _ string) bool { return code == errDeadlock },
+	NoTable:  func(code int, _ string) bool { return code == errNoSuchTable || code == errTableAccessDenied },
+	Lost:     func(err error) bool { return connGone(err) || sqlstore.ConnLost(err) },
+	Gone:     connGone,
 }
 
 // IsTransient reports whether err is worth retrying with a new

@@ -6,9 +6,8 @@ import (
 	"errors"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
-
-var _ admin.Estimator = (*Store)(nil)
 
 // Estimate estimates the dedup table's rows and size (admin.Estimator)
 // from information_schema.TABLES: TABLE_ROWS, which for InnoDB is an
@@ -39,11 +38,8 @@ FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 
 		}
 		return e, nil
 	}
-	var n int64
-	if err := s.DB().QueryRowContext(ctx, admin.BoundedCountSQL(s.cfg.Table, admin.CountCap)).Scan(&n); err != nil {
+	if err := sqlstore.CountRows(&e, " (information_schema.TABLES gives no TABLE_ROWS)", func(q string) sqlstore.Row { return s.DB().QueryRowContext(ctx, q) }); err != nil {
 		return e, wrap(err)
 	}
-	admin.CappedCount(&e, n, admin.CountCap)
-	e.RowsSource = admin.CountedUpTo(admin.CountCap) + " (information_schema.TABLES gives no TABLE_ROWS)"
 	return e, nil
 }

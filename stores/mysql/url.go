@@ -27,16 +27,14 @@ func parseURL(u *url.URL) (string, []Option, error) { return urlParams.Split(u) 
 
 // urlParams are the store's options a mysql:// URL sets.
 var urlParams = sqlstore.URLParams[Option]{
-	Table: urlparam.Table[Option]{Scheme: "mysql", Params: map[string]urlparam.Param[Option]{
-		"table":     urlparam.Text("WithTable", WithTable),
-		"retention": urlparam.Duration("WithRetention", WithRetention),
-		"migrate":   urlparam.Bool("WithMigrate", WithMigrate),
+	Table: urlparam.Table[Option]{Scheme: "mysql", Params: sqlstore.Params(WithTable, WithRetention, map[string]urlparam.Param[Option]{
+		"migrate": urlparam.Bool("WithMigrate", WithMigrate),
 		"isolation": urlparam.Choice("WithIsolation", map[string]Option{
 			"read-committed":  WithIsolation(sql.LevelReadCommitted),
 			"repeatable-read": WithIsolation(sql.LevelRepeatableRead),
 			"serializable":    WithIsolation(sql.LevelSerializable),
 		}),
-	}},
+	})},
 	Driver: []string{
 		"tls", "ssl-ca", "ssl-cert", "ssl-key", "ssl-server-name",
 		"timeout", "readTimeout", "writeTimeout", "charset", "collation", "loc", "parseTime",

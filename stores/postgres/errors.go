@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"errors"
+	"github.com/idemq/idemq/core/driver"
 	"strings"
 
 	"github.com/idemq/idemq/stores/internal/sqlstore"
@@ -41,6 +42,15 @@ func IsTransient(err error) bool {
 	var connectErr *pgconn.ConnectError
 	return errors.Is(err, pgconn.ErrConnClosed) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
 		errors.As(err, &connectErr) || sqlstore.ConnLost(err)
+}
+
+var _ driver.Conflicter = (*Store)(nil)
+
+// Conflict implements driver.Conflicter: a serialization failure
+// (40001) or a deadlock (40P01) rolled the transaction back.
+func (s *Store) Conflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
 // noLeases reports an error that says the lease table is not there

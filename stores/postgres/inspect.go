@@ -43,8 +43,6 @@ FROM `+s.cfg.Table+` GROUP BY consumer ORDER BY consumer`)
 	return st, nil
 }
 
-var _ admin.Estimator = (*Store)(nil)
-
 // sizeSQL returns the bytes the table named by $1 takes with its indexes.
 // A partitioned parent has no storage of its own: its partitions are
 // added (pg_partition_tree lists none for a plain table). It reads the
@@ -82,12 +80,9 @@ func (s *Store) Estimate(ctx context.Context) (admin.TableEstimate, error) {
 	}
 	switch {
 	case known == 0:
-		var n int64
-		if err := s.pool.QueryRow(ctx, admin.BoundedCountSQL(s.cfg.Table, admin.CountCap)).Scan(&n); err != nil {
+		if err := sqlstore.CountRows(&e, " (pg_class.reltuples is unknown until the first ANALYZE)", func(q string) sqlstore.Row { return s.pool.QueryRow(ctx, q) }); err != nil {
 			return e, wrap(err)
 		}
-		admin.CappedCount(&e, n, admin.CountCap)
-		e.RowsSource = admin.CountedUpTo(admin.CountCap) + " (pg_class.reltuples is unknown until the first ANALYZE)"
 	default:
 		e.RowsSource = "estimate from pg_class.reltuples, updated by ANALYZE and autovacuum"
 		if at != nil {

@@ -36,12 +36,10 @@ func parseURL(u *url.URL) (string, []Option, error) { return urlParams.Split(u) 
 // urlParams are the store's options a postgres:// URL sets, and the
 // parameters pgx takes.
 var urlParams = sqlstore.URLParams[Option]{
-	Table: urlparam.Table[Option]{Scheme: "postgres", Params: map[string]urlparam.Param[Option]{
-		"table":      urlparam.Text("WithTable", WithTable),
-		"retention":  urlparam.Duration("WithRetention", WithRetention),
+	Table: urlparam.Table[Option]{Scheme: "postgres", Params: sqlstore.Params(WithTable, WithRetention, map[string]urlparam.Param[Option]{
 		"partitions": urlparam.Duration("WithPartitions", WithPartitions),
 		"migrate":    urlparam.Bool("WithMigrate", WithMigrate),
-	}},
+	})},
 	Driver: []string{
 		"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "sslsni", "sslnegotiation",
 		"connect_timeout", "target_session_attrs", "application_name", "search_path", "options",

@@ -4,9 +4,8 @@ import (
 	"context"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/stores/internal/sqlstore"
 )
-
-var _ admin.Estimator = (*Store)(nil)
 
 // Estimate estimates the dedup table's rows and size (admin.Estimator).
 // SQLite keeps no row statistics unless ANALYZE runs, so Estimate counts
@@ -16,15 +15,12 @@ var _ admin.Estimator = (*Store)(nil)
 // reading the pages, unlike the dbstat table Inspect reads.
 func (s *Store) Estimate(ctx context.Context) (admin.TableEstimate, error) {
 	e := admin.TableEstimate{Table: s.cfg.Table, SizeSource: "the whole database file (page_count × page_size)"}
-	wrap := func(err error) error { return s.cfg.Wrap("estimate", err) }
-	var n int64
-	if err := s.DB().QueryRowContext(ctx, admin.BoundedCountSQL(s.cfg.Table, admin.CountCap)).Scan(&n); err != nil {
-		return e, wrap(err)
+	err := sqlstore.CountRows(&e, "", func(q string) sqlstore.Row { return s.DB().QueryRowContext(ctx, q) })
+	if err == nil {
+		err = s.DB().QueryRowContext(ctx, `SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()`).Scan(&e.SizeBytes)
 	}
-	admin.CappedCount(&e, n, admin.CountCap)
-	e.RowsSource = admin.CountedUpTo(admin.CountCap)
-	if err := s.DB().QueryRowContext(ctx, `SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()`).Scan(&e.SizeBytes); err != nil {
-		return e, wrap(err)
+	if err != nil {
+		return e, s.cfg.Wrap("estimate", err)
 	}
 	return e, nil
 }

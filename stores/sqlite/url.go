@@ -41,8 +41,6 @@ func parseURL(u *url.URL) (string, []Option, error) {
 }
 
 // urlParams are the store's options a sqlite:// URL sets.
-var urlParams = urlparam.Table[Option]{Scheme: "sqlite", Params: map[string]urlparam.Param[Option]{
-	"table":        urlparam.Text("WithTable", WithTable),
-	"retention":    urlparam.Duration("WithRetention", WithRetention),
+var urlParams = urlparam.Table[Option]{Scheme: "sqlite", Params: sqlstore.Params(WithTable, WithRetention, map[string]urlparam.Param[Option]{
 	"busy_timeout": urlparam.Duration("WithBusyTimeout", WithBusyTimeout),
-}}
+})}

@@ -164,7 +164,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	batch := f.Int("batch", 0, "batch size of the batch-mode configurations (idemq and hand-tuned) (default 200; 10, the most, for sqs://)")
 	workers := f.Int("workers", 1, "batches processed at once by the batch-mode configurations")
 	repeat := f.Int("repeat", 3, "runs per configuration (interleaved); the table shows the median")
-	configs := f.String("configs", "", "comma-separated configurations to run (default all of: "+strings.Join(benchmark.DefaultConfigs, ", ")+"; on demand: the observed variants "+strings.Join(benchmark.ObservedConfigs, ", ")+", the seed pattern on other frameworks "+strings.Join(benchmark.FrameworkConfigs, ", ")+" (RabbitMQ only) and the slow scenarios "+strings.Join(benchmark.Scenarios, ", ")+")")
+	configs := f.String("configs", "", "comma-separated configurations to run (default all of: "+strings.Join(benchmark.DefaultConfigs, ", ")+"; on demand: the observed variants "+strings.Join(benchmark.ObservedConfigs, ", ")+", the seed pattern on other frameworks "+strings.Join(benchmark.FrameworkConfigs, ", ")+" (RabbitMQ only), the franz-go baselines "+strings.Join(benchmark.KafkaConfigs, ", ")+" (Kafka only) and the slow scenarios "+strings.Join(benchmark.Scenarios, ", ")+")")
 	rate := f.Int("latency-rate", 200, "msg/s of the paced phase that measures p50/p99")
 	latencyN := f.Int("latency-messages", 1000, "messages in the paced phase")
 	pruneBatch := f.Int("prune-batch", 1000, "rows per DELETE while the growth scenario prunes")

@@ -90,7 +90,7 @@ func TestBenchSchemes(t *testing.T) {
 		want string
 	}{
 		{[]string{"--broker", "amqp://h/", "--store", "sqlite:///tmp/x.db"}, `Config.Store: scheme "sqlite" is not supported (postgres, postgresql, mysql)`},
-		{[]string{"--broker", "mqtt://h:1883/t", "--store", "mysql://root@h/db"}, `Config.Broker: scheme "mqtt" is not supported (amqp, amqps, kafka, sqs, nats, redis, rediss)`},
+		{[]string{"--broker", "mqtt://h:1883/t", "--store", "mysql://root@h/db"}, `Config.Broker: scheme "mqtt" is not supported (amqp, amqps, kafka, sqs, pubsub, nats, redis, rediss)`},
 		{[]string{"--broker", "nats://h:4222/t?subject=x", "--store", "mysql://root@h/db"}, "Config.Broker: the nats:// parameter subject is set per run"},
 		{[]string{"--broker", "redis://h:6379/t?group=g", "--store", "mysql://root@h/db"}, "Config.Broker: the redis:// parameter group is set per run"},
 		{[]string{"--broker", "sqs://q?endpoint=http://127.0.0.1:1", "--store", "mysql://root@h/db", "--batch", "11"}, "Config.BatchSize: 11 is outside 1..10 (for sqs://)"},

@@ -1,6 +1,6 @@
 // Package deadletter is the dead-letter half of the delivery kit. A broker
 // adapter supplies how its parked copies are read, republished and removed
-// (a Store); Queue gives operators admin.DeadLetterQueue over it, with the
+// (a Store); Queue gives operators driver.DeadLetters over it, with the
 // selection, progress, counts and error wording written once. Mark, Read
 // and Strip write and read the bookkeeping headers every broker records on
 // a parked copy, under core/driver's names.
@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
 )
 
@@ -31,11 +30,11 @@ type Store[R any] interface {
 	// where the broker keeps an order, until fn returns an error (which
 	// Each returns) or the copies run out. Republish and Remove may be
 	// called from inside fn for the copy fn was given.
-	Each(ctx context.Context, fn func(ref R, p *admin.Parked) error) error
+	Each(ctx context.Context, fn func(ref R, p *driver.Parked) error) error
 	// Republish publishes p to p.Destination, with p.Headers (the
 	// bookkeeping headers already left out), and returns once the broker
 	// confirmed the publish.
-	Republish(ctx context.Context, ref R, p *admin.Parked) error
+	Republish(ctx context.Context, ref R, p *driver.Parked) error
 	// Remove deletes the parked copy.
 	Remove(ctx context.Context, ref R) error
 	// Close releases the store's connections.
@@ -49,17 +48,17 @@ type Store[R any] interface {
 type BatchStore[R any] interface {
 	// Name, Republish and Close are as a Store's.
 	Name() string
-	Republish(ctx context.Context, ref R, p *admin.Parked) error
+	Republish(ctx context.Context, ref R, p *driver.Parked) error
 	Close() error
 	// EachBatch is Store.Each a batch at a time: fn gets copies the store
 	// holds until fn returns, for Republish and RemoveBatch.
-	EachBatch(ctx context.Context, fn func(refs []R, ps []*admin.Parked) error) error
+	EachBatch(ctx context.Context, fn func(refs []R, ps []*driver.Parked) error) error
 	// RemoveBatch deletes refs, some of one batch EachBatch gave, and
 	// returns one error per ref: nil where the copy was deleted.
 	RemoveBatch(ctx context.Context, refs []R) []error
 }
 
-// Queue is the admin.DeadLetterQueue over a Store or a BatchStore.
+// Queue is the driver.DeadLetters over a Store or a BatchStore.
 // Adapters embed it in their exported DeadLetters type.
 type Queue[R any] struct{ s BatchStore[R] }
 
@@ -72,8 +71,8 @@ func NewBatched[R any](s BatchStore[R]) *Queue[R] { return &Queue[R]{s} }
 // oneByOne is a Store as a BatchStore of batches of one.
 type oneByOne[R any] struct{ Store[R] }
 
-func (o oneByOne[R]) EachBatch(ctx context.Context, fn func([]R, []*admin.Parked) error) error {
-	return o.Each(ctx, func(ref R, p *admin.Parked) error { return fn([]R{ref}, []*admin.Parked{p}) })
+func (o oneByOne[R]) EachBatch(ctx context.Context, fn func([]R, []*driver.Parked) error) error {
+	return o.Each(ctx, func(ref R, p *driver.Parked) error { return fn([]R{ref}, []*driver.Parked{p}) })
 }
 
 func (o oneByOne[R]) RemoveBatch(ctx context.Context, refs []R) []error {
@@ -84,17 +83,20 @@ func (o oneByOne[R]) RemoveBatch(ctx context.Context, refs []R) []error {
 	return errs
 }
 
-var _ admin.DeadLetterQueue = (*Queue[int])(nil)
+var (
+	_ driver.DeadLetters = (*Queue[int])(nil)
+	_ driver.Redriver    = (*Queue[int])(nil)
+)
 
-// Name implements admin.DeadLetterQueue.
+// Name implements driver.DeadLetters.
 func (q *Queue[R]) Name() string { return q.s.Name() }
 
-// Close implements admin.DeadLetterQueue.
+// Close implements driver.DeadLetters.
 func (q *Queue[R]) Close() error { return q.s.Close() }
 
-// Scan implements admin.DeadLetterQueue.
-func (q *Queue[R]) Scan(ctx context.Context, fn func(*admin.Parked) error) error {
-	return q.s.EachBatch(ctx, func(_ []R, ps []*admin.Parked) error {
+// Scan implements driver.DeadLetters.
+func (q *Queue[R]) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
+	return q.s.EachBatch(ctx, func(_ []R, ps []*driver.Parked) error {
 		for _, p := range ps {
 			if err := fn(p); err != nil {
 				return err
@@ -104,15 +106,15 @@ func (q *Queue[R]) Scan(ctx context.Context, fn func(*admin.Parked) error) error
 	})
 }
 
-// Redrive implements admin.DeadLetterQueue: each copy sel chooses is
+// Redrive implements driver.Redriver: each copy sel chooses is
 // republished without the bookkeeping headers, then removed (a batch's
 // together); a copy with no destination stops the call with an error
 // naming it.
-func (q *Queue[R]) Redrive(ctx context.Context, sel func(*admin.Parked) bool, progress func(done int)) (int, error) {
+func (q *Queue[R]) Redrive(ctx context.Context, sel func(*driver.Parked) bool, progress func(done int)) (int, error) {
 	done := 0
-	err := q.s.EachBatch(ctx, func(refs []R, ps []*admin.Parked) error {
+	err := q.s.EachBatch(ctx, func(refs []R, ps []*driver.Parked) error {
 		var sent []R
-		var sentPs []*admin.Parked
+		var sentPs []*driver.Parked
 		var stop error
 		for i, p := range ps {
 			if sel != nil && !sel(p) {
@@ -132,26 +134,26 @@ func (q *Queue[R]) Redrive(ctx context.Context, sel func(*admin.Parked) bool, pr
 		}
 		// What was republished is removed even when a later copy stopped
 		// the call.
-		return errors.Join(q.remove(ctx, sent, sentPs, &done, progress, func(p *admin.Parked, err error) error {
+		return errors.Join(q.remove(ctx, sent, sentPs, &done, progress, func(p *driver.Parked, err error) error {
 			return fmt.Errorf("dead letter %s (ref %s) redriven to %s, but removing it from %s failed: %w", name(p), p.Ref, p.Destination, q.s.Name(), err)
 		}), stop)
 	})
 	return done, err
 }
 
-// Purge implements admin.DeadLetterQueue: it removes each copy sel
+// Purge implements driver.DeadLetters: it removes each copy sel
 // chooses, a batch's together.
-func (q *Queue[R]) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int, error) {
+func (q *Queue[R]) Purge(ctx context.Context, sel func(*driver.Parked) bool) (int, error) {
 	done := 0
-	err := q.s.EachBatch(ctx, func(refs []R, ps []*admin.Parked) error {
+	err := q.s.EachBatch(ctx, func(refs []R, ps []*driver.Parked) error {
 		var chosen []R
-		var chosenPs []*admin.Parked
+		var chosenPs []*driver.Parked
 		for i, p := range ps {
 			if sel == nil || sel(p) {
 				chosen, chosenPs = append(chosen, refs[i]), append(chosenPs, p)
 			}
 		}
-		return q.remove(ctx, chosen, chosenPs, &done, nil, func(p *admin.Parked, err error) error {
+		return q.remove(ctx, chosen, chosenPs, &done, nil, func(p *driver.Parked, err error) error {
 			return fmt.Errorf("purging dead letter %s (ref %s) from %s: %w", name(p), p.Ref, q.s.Name(), err)
 		})
 	})
@@ -161,7 +163,7 @@ func (q *Queue[R]) Purge(ctx context.Context, sel func(*admin.Parked) bool) (int
 // remove deletes refs (ps are their copies), counting each deletion in
 // done and reporting it to progress; failed words the error of a copy not
 // deleted.
-func (q *Queue[R]) remove(ctx context.Context, refs []R, ps []*admin.Parked, done *int, progress func(int), failed func(*admin.Parked, error) error) error {
+func (q *Queue[R]) remove(ctx context.Context, refs []R, ps []*driver.Parked, done *int, progress func(int), failed func(*driver.Parked, error) error) error {
 	if len(refs) == 0 {
 		return nil
 	}
@@ -178,7 +180,7 @@ func (q *Queue[R]) remove(ctx context.Context, refs []R, ps []*admin.Parked, don
 	return errors.Join(errs...)
 }
 
-func name(p *admin.Parked) string {
+func name(p *driver.Parked) string {
 	if p.ID == "" {
 		return "(no id)"
 	}
@@ -244,7 +246,7 @@ func Strip(h map[string]string, extra ...string) map[string]string {
 // bookkeeping headers in p.Headers where p has none yet, and ParkedAt from
 // the parked-at header when p has no time or the header's is earlier (a
 // broker's own time is never earlier than the truth).
-func Read(p *admin.Parked) {
+func Read(p *driver.Parked) {
 	h := p.Headers
 	fill := func(f *string, k string) {
 		if *f == "" {

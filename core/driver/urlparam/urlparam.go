@@ -187,24 +187,40 @@ func (t Table[O]) unknown(name string, others ...string) error {
 	return fmt.Errorf("%s URL: unknown parameter %q%s; known: %s", t.Scheme, redact.Name(name), hint, strings.Join(known, ", "))
 }
 
+// OptionError is the error of an adapter's option given a value it
+// refuses. It names the option as a program writes it ("WithAckWait"), so
+// that an opener reading a URL can name the parameter the user wrote
+// instead (Table.Explain).
+type OptionError struct {
+	// Pkg is the adapter's package, which starts the message: "nats".
+	Pkg string
+	// Option is the option's Go name: "WithAckWait".
+	Option string
+	// Err says what is wrong with the value.
+	Err error
+}
+
+// Error returns "pkg: option Option: Err".
+func (e *OptionError) Error() string { return e.Pkg + ": option " + e.Option + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *OptionError) Unwrap() error { return e.Err }
+
 // Explain rewrites the error of a constructor opened by URL so that it
 // names the URL parameter the user wrote instead of the Go option it
-// stands for ("WithAckWait" → "URL parameter ack_wait"). Errors that name
-// no option of t come back as they are.
+// stands for: an *OptionError of an option of t ("WithAckWait") becomes
+// one about its parameter ("URL parameter ack_wait"), still wrapping err.
+// Other errors come back as they are.
 func (t Table[O]) Explain(err error) error {
-	if err == nil {
-		return nil
+	var oe *OptionError
+	if !errors.As(err, &oe) {
+		return err
 	}
-	msg := err.Error()
-	for name, p := range t.Params {
-		// The whole "option X: " marker, so that WithSubject is not found
-		// in WithDeadLetterSubject.
-		if marker := "option " + p.Option + ": "; p.Option != "" && strings.Contains(msg, marker) {
-			msg = strings.Replace(msg, t.Scheme+": "+marker, marker, 1) // the scheme is said once
-			return &explained{fmt.Sprintf("%s URL parameter %s: %s", t.Scheme, name, strings.Replace(msg, marker, "", 1)), err}
-		}
+	name, ok := t.NameOf(oe.Option)
+	if !ok {
+		return err
 	}
-	return err
+	return &explained{fmt.Sprintf("%s URL parameter %s: %v", t.Scheme, name, oe.Err), err}
 }
 
 // explained is an error retold in URL terms; it still wraps the original.
@@ -262,3 +278,22 @@ func (t Table[O]) NameOf(option string) (string, bool) {
 	}
 	return "", false
 }
+
+// ParseURL parses rawURL as url.Parse does, with an error that quotes none
+// of it (a URL may hold a password): it says what is wrong and how a
+// password with special characters is written. An opener parses what it is
+// given with it before reading parameters.
+func ParseURL(rawURL string) (*url.URL, error) { return redact.ParseURL(rawURL) }
+
+// ParseQuery parses a URL's raw query as url.ParseQuery does, with an error
+// that quotes none of it.
+func ParseQuery(rawQuery string) (url.Values, error) { return redact.ParseQuery(rawQuery) }
+
+// Redact returns rawURL with its password and any secret-looking parameter
+// (password, secret, token, key, sasl…) hidden, for logs and errors; a URL
+// that does not parse loses more than its password, never less.
+func Redact(rawURL string) string { return redact.URL(rawURL) }
+
+// RedactError returns err's text with every secret of rawURL hidden, for
+// a client library whose errors quote the URL it was given.
+func RedactError(err error, rawURL string) string { return redact.Error(err, rawURL) }

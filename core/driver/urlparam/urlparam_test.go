@@ -74,13 +74,13 @@ func TestSplitLeavesTheClientsParameters(t *testing.T) {
 }
 
 func TestExplainNamesTheParameter(t *testing.T) {
-	base := errors.New("x: option WithAckWait: 1ms is under 10ms")
+	base := &OptionError{Pkg: "x", Option: "WithAckWait", Err: errors.New("1ms is under 10ms")}
 	err := table().Explain(base)
 	if err.Error() != "x URL parameter ack_wait: 1ms is under 10ms" || !errors.Is(err, base) {
 		t.Errorf("Explain = %v", err)
 	}
-	longer := errors.New("x: option WithAckWaitMax: 1ms is under 10ms")
-	if table().Explain(longer) != longer {
+	longer := &OptionError{Pkg: "x", Option: "WithAckWaitMax", Err: errors.New("1ms is under 10ms")}
+	if table().Explain(longer) != error(longer) {
 		t.Errorf("Explain took WithAckWaitMax for WithAckWait: %v", table().Explain(longer))
 	}
 	other := errors.New("x: dial tcp: refused")

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
+	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
@@ -73,6 +74,17 @@ func WithTable[C any](store, name string, maxLen int, set func(*C)) func(*C) err
 		err = fmt.Errorf("%s: WithTable: %w", store, err)
 	}
 	return option.Check(err, set)
+}
+
+// NewRelay is an outbox package's NewRelay: it refuses a nil handle h
+// (what names its type in the error) and returns an outbox.Relay that
+// publishes through pub the rows of the Store that store makes on h.
+func NewRelay[H comparable, S outbox.Store](pkg, what string, h H, store func(H) S, pub driver.Publisher, opts []outbox.Option) (*outbox.Relay, error) {
+	var nilHandle H
+	if h == nilHandle {
+		return nil, fmt.Errorf("%s: NewRelay: nil %s", pkg, what)
+	}
+	return outbox.NewRelay(store(h), pub, opts...)
 }
 
 // LockKeys returns the lock of each ordering key among rows, as lock maps

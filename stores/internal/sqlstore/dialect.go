@@ -89,6 +89,9 @@ type Errors struct {
 	// Retry tells the errors worth a new transaction: deadlock, lock
 	// wait timeout, a busy database, a server going away.
 	Retry func(code int, msg string) bool
+	// Conflict tells the errors of a transaction a concurrent one aborted
+	// (a deadlock): see driver.Conflicter.
+	Conflict func(code int, msg string) bool
 	// NoTable tells an error that says the lease table is not there
 	// (Migrate has not run since leases came) or not the user's to use:
 	// Prune, Lookup and Forget then pass the leases by, so a store that

@@ -83,6 +83,9 @@ func scanRow(row *sql.Row, dest []any) (bool, error) {
 // Ping checks that the database answers, with one round trip.
 func (e *Engine) Ping(ctx context.Context) error { return e.db.PingContext(ctx) }
 
+// Conflict implements driver.Conflicter with the dialect's Errors.Conflict.
+func (e *Engine) Conflict(err error) bool { return e.d.Errors.is(err, e.d.Errors.Conflict) }
+
 // Close closes the database handle if Open opened it; a handle given to
 // New is left to its owner.
 func (e *Engine) Close() error {

@@ -21,6 +21,24 @@ const timeFormat = "2006-01-02 15:04:05.000000"
 // formatTime writes t in timeFormat, in UTC.
 func formatTime(t time.Time) string { return t.UTC().Format(timeFormat) }
 
+// Row is the result of a query for one row: *sql.Row or pgx.Row.
+type Row interface {
+	Scan(dest ...any) error
+}
+
+// CountRows is a store's Estimate where the database tells no row
+// statistics: it counts e.Table's rows up to admin.CountCap with the query
+// it gives queryRow, and says so in e.RowsSource, followed by why.
+func CountRows(e *admin.TableEstimate, why string, queryRow func(query string) Row) error {
+	var n int64
+	if err := queryRow(admin.BoundedCountSQL(e.Table, admin.CountCap)).Scan(&n); err != nil {
+		return err
+	}
+	admin.CappedCount(e, n, admin.CountCap)
+	e.RowsSource = admin.CountedUpTo(admin.CountCap) + why
+	return nil
+}
+
 // Inspect describes the dedup table for operators (idemq stats): claims
 // and oldest/newest processed_at per consumer, the claims in progress
 // (leases, and how many of them expired), and the bytes the table and its

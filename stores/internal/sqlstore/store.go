@@ -16,12 +16,14 @@ type Store[Tx any] interface {
 	driver.Retentioner
 	admin.Migrator
 	admin.Inspector
+	admin.Estimator
 	admin.MinuteCounter
 	driver.Pinger
 	admin.Lookuper
 	admin.Forgetter
 	driver.Leaser
 	driver.SQLStore
+	driver.Conflicter
 	io.Closer
 }
 

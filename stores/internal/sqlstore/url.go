@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
@@ -59,6 +60,15 @@ func (p URLParams[O]) Split(u *url.URL) (string, []O, error) {
 	rest := *u
 	rest.RawQuery = pass.Encode()
 	return rest.String(), opts, nil
+}
+
+// Params are a store's URL parameters: table and retention, which every
+// SQL store takes for WithTable and WithRetention, added to more, the
+// store's own.
+func Params[O any](withTable func(string) O, withRetention func(time.Duration) O, more map[string]urlparam.Param[O]) map[string]urlparam.Param[O] {
+	more["table"] = urlparam.Text("WithTable", withTable)
+	more["retention"] = urlparam.Duration("WithRetention", withRetention)
+	return more
 }
 
 // Opener is what a store registers with driver.RegisterStore: it reads the
