@@ -506,6 +506,7 @@ func TestOnCharge(t *testing.T) {
 	ctx, key := keyed(t, "order-1")
 	attempt, stop := context.WithCancel(ctx)
 	var seen []effectstest.Charge
+	gaveUp := make(chan struct{})
 	p.OnCharge(func(ch effectstest.Charge) {
 		seen = append(seen, ch) // only this request's handler runs it
 		if p.Conflicts() == 0 {
@@ -515,9 +516,16 @@ func TestOnCharge(t *testing.T) {
 			}
 		}
 		stop()
-		<-attempt.Done()
+		// Answer only after the client gave up, so the answer cannot win
+		// the race with the cancellation.
+		<-gaveUp
 	})
-	_, err := effectstest.PostCharge(attempt, c, p.URL(), order("acct_1", 500))
+	var err error
+	go func() {
+		defer close(gaveUp)
+		_, err = effectstest.PostCharge(attempt, c, p.URL(), order("acct_1", 500))
+	}()
+	<-gaveUp
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped attempt: %v, want context canceled", err)
 	}
