@@ -77,6 +77,13 @@ func (l *link) close() error {
 	return nil
 }
 
+// shut sends what the connection buffers, then closes it as close does.
+func (l *link) shut() error {
+	err := l.nc.FlushTimeout(5 * time.Second)
+	l.close()
+	return err
+}
+
 // bounded gives ctx a deadline if it has none: nats.go's request and
 // flush calls need one.
 func bounded(ctx context.Context) (context.Context, context.CancelFunc) {

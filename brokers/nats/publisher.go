@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel"
@@ -89,9 +88,7 @@ func (p *Publisher) Close() error {
 	if !p.link.own || p.link.nc.IsClosed() {
 		return nil
 	}
-	err := p.link.nc.FlushTimeout(5 * time.Second)
-	p.link.close()
-	if err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
+	if err := p.link.shut(); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
 		return fmt.Errorf("nats: closing the publisher: %w", err)
 	}
 	return nil

@@ -29,12 +29,11 @@ type Source struct {
 	buf  chan *driver.Message // pulled and not yet returned by Receive; made by Start
 	done chan struct{}        // closed by Close once the pull stopped
 
+	closing sync.Once
 	mu      sync.Mutex
-	started bool
 	pull    jetstream.ConsumeContext // from the first Receive until stopPulling
 	ended   <-chan struct{}          // closed when the pull ends
-	stopped bool                     // stopPulling ran
-	closed  bool
+	stopped bool                     // stopPulling ran: by Release or Close
 }
 
 var (
@@ -105,14 +104,6 @@ func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
 func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return driver.Traits{}, driver.ErrSourceClosed
-	case s.started:
-		return driver.Traits{}, errors.New("nats: Start called twice")
-	case st.Window < 1:
-		return driver.Traits{}, fmt.Errorf("nats: window %d is below 1", st.Window)
-	}
 	if s.c.declare {
 		if err := s.declareConsumer(ctx, st.Window); err != nil {
 			return driver.Traits{}, err
@@ -121,7 +112,7 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	if st.Logger != nil {
 		s.link.log.CompareAndSwap(nil, st.Logger)
 	}
-	s.buf, s.started = make(chan *driver.Message, st.Window), true
+	s.buf = make(chan *driver.Message, st.Window)
 	tr := driver.Traits{Lease: s.ackWait, MaxExtension: s.c.maxExtension, DelaysRetry: true}
 	if !s.c.heartbeat {
 		tr.MaxExtension = -1 // never extended
@@ -196,10 +187,8 @@ func (s *Source) pulling() (<-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.closed || s.stopped:
+	case s.stopped:
 		return nil, driver.ErrSourceClosed
-	case !s.started:
-		return nil, errors.New("nats: Receive before Start")
 	case s.pull != nil:
 		return s.ended, nil
 	}
@@ -288,22 +277,17 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 // Close implements driver.Source: it stops pulling, gives back what the
 // pull buffer holds (messages Receive never returned) with a short delay,
 // and closes the connection (unless it came from WithConn).
-func (s *Source) Close() error {
-	s.mu.Lock()
-	closed := s.closed
-	s.closed = true
-	s.mu.Unlock()
-	if closed {
-		return nil
-	}
-	back := s.stopPulling()
-	close(s.done)
-	err := s.link.nc.FlushTimeout(5 * time.Second)
-	s.link.close()
-	if err != nil && back > 0 {
-		return fmt.Errorf("nats: giving back %d pulled messages on close: %w", back, err)
-	}
-	return nil
+func (s *Source) Close() (err error) {
+	s.closing.Do(func() {
+		back := s.stopPulling()
+		close(s.done)
+		if err = s.link.shut(); err != nil && back > 0 {
+			err = fmt.Errorf("nats: giving back %d pulled messages on close: %w", back, err)
+		} else {
+			err = nil
+		}
+	})
+	return err
 }
 
 // stopPulling ends the pull, once, and gives back the messages it pulled
@@ -326,14 +310,12 @@ func (s *Source) stopPulling() (back int) {
 		case m := <-s.buf:
 			_ = m.AckID.(jetstream.Msg).NakWithDelay(giveBackDelay)
 			back++
+			continue
 		case <-ended:
-			if len(s.buf) == 0 {
-				return back
-			}
 		case <-ctx.Done():
-			if len(s.buf) == 0 {
-				return back
-			}
+		}
+		if len(s.buf) == 0 {
+			return back
 		}
 	}
 }

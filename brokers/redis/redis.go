@@ -83,12 +83,7 @@ type config struct {
 
 func set(name string, err error, f func(*config)) Option { return option.Set("redis", name, err, f) }
 
-func named(v string) error {
-	if v == "" {
-		return errors.New("empty")
-	}
-	return nil
-}
+func named(v string) error { return option.Refuse(v == "", "empty") }
 
 // WithAuth authenticates as an ACL user; user "" is the default user.
 func WithAuth(user, password string) Option {
@@ -319,9 +314,7 @@ func connect(ctx context.Context, raw string, needGroup bool, opts []Option) (*l
 	l.log.Store(c.logger)
 	l.rdb = goredis.NewClient(&goredis.Options{Addr: addr, Username: c.user, Password: c.pass, TLSConfig: c.tls, ClientName: "idemq"})
 	l.rdb.AddHook(clientLog{l})
-	links.Lock()
-	links.m[l] = true
-	links.Unlock()
+	links.Store(l, nil)
 	if err := l.rdb.Ping(ctx).Err(); err != nil {
 		l.close()
 		return nil, fmt.Errorf("redis: connecting to %s: %w", addr, err)
@@ -339,21 +332,22 @@ func (l *link) logger() *slog.Logger {
 
 // close closes the link's client.
 func (l *link) close() error {
-	links.Lock()
-	delete(links.m, l)
-	links.Unlock()
+	links.Delete(l)
 	return l.rdb.Close()
 }
 
 // fields are an entry's fields for a message: its headers (but none of the
-// adapter's own names), id, key and body; a nil body (a parked entry that
-// had none) is left out.
-func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
+// adapter's own names), id, key and body, then the bookkeeping fields
+// mark holds; a nil body (a parked entry that had none) is left out.
+func (l *link) fields(h map[string]string, id, key string, body []byte, mark map[string]string) []any {
 	var out []any
 	for _, k := range slices.Sorted(maps.Keys(h)) {
 		if k != l.c.bodyField && k != KeyField && k != l.c.idField && !slices.Contains(deadletter.Bookkeeping, k) {
 			out = append(out, k, h[k])
 		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(mark)) {
+		out = append(out, k, mark[k])
 	}
 	if id != "" {
 		out = append(out, l.c.idField, id)
@@ -365,15 +359,6 @@ func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
 		return out
 	}
 	return append(out, l.c.bodyField, body)
-}
-
-// fieldList lays h out as XADD's field-value list, in name order.
-func fieldList(h map[string]string) []any {
-	out := make([]any, 0, 2*len(h))
-	for _, k := range slices.Sorted(maps.Keys(h)) {
-		out = append(out, k, h[k])
-	}
-	return out
 }
 
 // xadd adds values to stream through p, trimming it as WithMaxLen or

@@ -309,17 +309,12 @@ func (s *Source) missing(id string, m *driver.Message, what, field, dflt, orEmpt
 	return fmt.Errorf("redis: entry %s of %s has no %s field%s (%s); its fields: %s", id, s.stream, field, orEmpty, where, strings.Join(names, ", "))
 }
 
-// entries returns the entry ids of ms, which this source must have
-// received, and holds Close off until the caller calls s.busy.Done; after
-// Close the broker redelivers them (stale).
+// entries returns the entry ids of ms and holds Close off until the
+// caller calls s.busy.Done; after Close the broker redelivers them (stale).
 func (s *Source) entries(ms []*driver.Message) ([]string, error) {
 	ids := make([]string, len(ms))
 	for i, m := range ms {
-		r, ok := m.AckID.(*received)
-		if !ok || r.s != s {
-			return nil, fmt.Errorf("redis: message %d of %d was not received by this source of %s", i+1, len(ms), s.stream)
-		}
-		ids[i] = r.entry
+		ids[i] = m.BrokerKey.(string)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -452,7 +447,7 @@ func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []
 	tx := s.rdb.TxPipeline()
 	for i, m := range ms {
 		mark := deadletter.Mark{Cause: deadletter.Cause(causes[i]), Attempt: m.Attempt, Origin: s.stream + "/" + s.c.group + "/" + ids[i], Destination: s.stream, At: time.Now()}
-		s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body), fieldList(mark.Headers())...))
+		s.xadd(ctx, tx, s.c.dlq, s.fields(m.Headers, m.ID, m.Key, m.Body, mark.Headers()))
 	}
 	tx.XAck(ctx, s.stream, s.c.group, ids...)
 	if _, err := tx.Exec(ctx); err != nil {
