@@ -118,12 +118,12 @@ func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) 
 		again := true // xs were delivered before: their delivery counts are their attempts
 		switch now := time.Now(); {
 		case s.history != "":
-			xs, err = s.readBack(ctx, n)
+			xs, err = s.read(ctx, n, s.history, -1)
 		case !now.Before(s.claimAt):
 			xs, err = s.claim(ctx, n)
 		default:
 			again = false
-			xs, err = s.read(ctx, n, min(s.c.poll, s.claimAt.Sub(now)))
+			xs, err = s.read(ctx, n, ">", max(min(s.c.poll, s.claimAt.Sub(now)), time.Millisecond))
 		}
 		var attempts []int
 		if len(xs) > 0 && again {
@@ -152,33 +152,36 @@ func (s *Source) isClosed() bool {
 	return s.closed
 }
 
-// readBack reads up to n of the entries pending to the consumer name
-// after the entry s.history (XREADGROUP … ID): what a predecessor under
-// the same name held when it died or stopped. The read raised their
-// delivery counts; those deleted from the stream are acknowledged. An
-// empty answer ends the read-back.
-func (s *Source) readBack(ctx context.Context, n int) ([]goredis.XMessage, error) {
+// read reads up to n entries as the consumer name (XREADGROUP): new ones
+// (">"), waiting up to block, or those it holds after the entry from,
+// what a predecessor under the same name held when it died or stopped:
+// that read-back raised their delivery counts and goes on from s.history,
+// until an empty answer ends it. Entries deleted from the stream while
+// pending are acknowledged.
+func (s *Source) read(ctx context.Context, n int, from string, block time.Duration) ([]goredis.XMessage, error) {
 	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
-		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, s.history}, Count: int64(n), Block: -1}).Result()
+		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, from}, Count: int64(n), Block: block}).Result()
 	if err != nil && !errors.Is(err, goredis.Nil) {
-		return nil, fmt.Errorf("redis: reading back the entries %s/%s holds in %s: %w", s.c.group, s.c.consumer, s.stream, err)
+		return nil, fmt.Errorf("redis: reading %s after %s as %s/%s: %w", s.stream, from, s.c.group, s.c.consumer, err)
 	}
 	var xs []goredis.XMessage
 	var deleted []string
-	next := "" // the last entry answered, in id order
+	last := "" // the last entry answered, in id order
 	for _, st := range res {
 		for _, x := range st.Messages {
-			if next = x.ID; x.Values == nil {
+			if last = x.ID; x.Values == nil {
 				deleted = append(deleted, x.ID)
 			} else {
 				xs = append(xs, x)
 			}
 		}
 	}
-	if s.history == "0" && next != "" {
-		s.logger().Info("idemq redis: reading back the entries this consumer name held", "stream", s.stream, "group", s.c.group, "consumer", s.c.consumer)
+	if from != ">" {
+		if from == "0" && last != "" {
+			s.logger().Info("idemq redis: reading back the entries this consumer name held", "stream", s.stream, "group", s.c.group, "consumer", s.c.consumer)
+		}
+		s.history = last
 	}
-	s.history = next
 	return xs, s.ackDeleted(ctx, deleted)
 }
 
@@ -229,19 +232,6 @@ func (s *Source) attempts(ctx context.Context, xs []goredis.XMessage) ([]int, er
 		}
 	}
 	return attempts, nil
-}
-
-// read reads up to n new entries (XREADGROUP >), blocking up to block.
-func (s *Source) read(ctx context.Context, n int, block time.Duration) ([]goredis.XMessage, error) {
-	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
-		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, ">"}, Count: int64(n), Block: max(block, time.Millisecond)}).Result()
-	if err != nil && !errors.Is(err, goredis.Nil) {
-		return nil, fmt.Errorf("redis: reading %s as %s/%s: %w", s.stream, s.c.group, s.c.consumer, err)
-	}
-	if len(res) == 0 {
-		return nil, nil
-	}
-	return res[0].Messages, nil
 }
 
 // received is an entry's Message, its AckID, and what its Metadata reads.
@@ -334,10 +324,7 @@ func (s *Source) Ack(ctx context.Context, ms []*driver.Message) error {
 		return err
 	}
 	defer s.busy.Done()
-	if err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err(); err != nil {
-		s.mu.Lock()
-		s.unacked = append(s.unacked, ids...)
-		s.mu.Unlock()
+	if err := s.xack(ctx, ids); err != nil {
 		return fmt.Errorf("redis: acking %d entries of %s (sent again every quarter of min_idle): %w", len(ids), s.stream, err)
 	}
 	return nil
@@ -352,14 +339,23 @@ func (s *Source) ackAgain(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	if err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err(); err != nil {
-		s.mu.Lock()
-		s.unacked = append(s.unacked, ids...)
-		s.mu.Unlock()
+	if err := s.xack(ctx, ids); err != nil {
 		s.logger().Warn("idemq redis: sending failed acknowledgements again failed; trying again", "stream", s.stream, "entries", len(ids), "error", err)
 		return
 	}
 	s.logger().Info("idemq redis: failed acknowledgements sent again", "stream", s.stream, "entries", len(ids))
+}
+
+// xack acknowledges the entries ids, keeping them to send again when it
+// fails.
+func (s *Source) xack(ctx context.Context, ids []string) error {
+	err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err()
+	if err != nil {
+		s.mu.Lock()
+		s.unacked = append(s.unacked, ids...)
+		s.mu.Unlock()
+	}
+	return err
 }
 
 // Retry implements driver.Source: the entries stay pending, idle so that
