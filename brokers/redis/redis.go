@@ -187,8 +187,8 @@ func logger(cfg driver.OpenConfig) Option {
 
 var file = urlparam.NonEmpty("", func(string) Option { return nil })
 
-// params are the URL parameters; every side checks all of them.
-var params = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlparam.Param[Option]{
+// urlParams are the URL parameters; every side checks all of them.
+var urlParams = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlparam.Param[Option]{
 	"group":         urlparam.NonEmpty("WithGroup", WithGroup),
 	"consumer":      urlparam.NonEmpty("WithConsumer", WithConsumer),
 	"start":         urlparam.NonEmpty("WithStart", WithStart),
@@ -228,7 +228,7 @@ func parseURL(raw string) (addr, stream string, opts []Option, err error) {
 	if err != nil {
 		return "", "", nil, fmt.Errorf("redis URL parameters: %w", err)
 	}
-	read, err := params.Read(q)
+	read, err := urlParams.Read(q)
 	if err == nil && u.Scheme == "rediss" {
 		var tc *tls.Config
 		tc, err = tlsConfig(u.Hostname(), q.Get("tls_ca"), q.Get("tls_cert"), q.Get("tls_key"))
@@ -279,7 +279,7 @@ type link struct {
 func resolve(stream string, needGroup bool, fromURL, opts []Option) (config, error) {
 	c := config{start: "0", idField: DefaultIDField, bodyField: BodyField, dlq: stream + ":dlq", minIdle: DefaultMinIdle, maxExtension: time.Hour, poll: 500 * time.Millisecond}
 	c.consumer, _ = os.Hostname()
-	err := params.Explain(option.Apply(&c, fromURL...))
+	err := urlParams.Explain(option.Apply(&c, fromURL...))
 	if err == nil {
 		err = option.Apply(&c, opts...)
 	}

@@ -28,12 +28,12 @@ type Source struct {
 	cursor  string     // of XAUTOCLAIM
 	claimAt time.Time
 
+	life    context.Context // done once Close began
 	stop    context.CancelFunc
 	resend  sync.WaitGroup
 	busy    sync.WaitGroup // settlement and Extend calls under way, which Close waits for
-	mu      sync.Mutex
-	unacked []string // entries whose XACK failed, sent again
-	closed  bool
+	mu      sync.Mutex     // over unacked, and busy.Add against Close
+	unacked []string       // entries whose XACK failed, sent again
 }
 
 var (
@@ -54,9 +54,8 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 		l.close()
 		return nil, err
 	}
-	var rctx context.Context
-	rctx, s.stop = context.WithCancel(context.Background())
-	s.resend.Go(func() { retry.Every(rctx, s.c.minIdle/4, func(time.Time) { s.ackAgain(rctx) }) })
+	s.life, s.stop = context.WithCancel(context.Background())
+	s.resend.Go(func() { retry.Every(s.life, s.c.minIdle/4, func(time.Time) { s.ackAgain(s.life) }) })
 	return s, nil
 }
 
@@ -95,8 +94,7 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 }
 
 // HorizonHint implements driver.HorizonHinter: each of the two streams
-// may keep entries half the retention. A producer outside idemq trims the
-// stream itself, as it adds or from a job; the job's period counts into
+// may keep entries half the retention; a trimming job's period counts into
 // the age, so it trims a tenth younger, every tenth.
 func (s *Source) HorizonHint(retention time.Duration) string {
 	age := max((retention / 2).Truncate(time.Second), time.Second)
@@ -112,7 +110,7 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
 	s.fetch.Lock()
 	defer s.fetch.Unlock()
-	for ctx.Err() == nil && !s.isClosed() {
+	for ctx.Err() == nil && s.life.Err() == nil {
 		var xs []goredis.XMessage
 		var err error
 		again := true // xs were delivered before: their delivery counts are their attempts
@@ -130,7 +128,7 @@ func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) 
 			attempts, err = s.attempts(ctx, xs) // failed: not handed out, they come back after min_idle
 		}
 		switch {
-		case s.isClosed(): // not handed out
+		case s.life.Err() != nil: // not handed out
 			s.giveBack(xs)
 		case err != nil && strings.Contains(err.Error(), "NOGROUP"):
 			return nil, errors.Join(err, s.declare(ctx)) // the server lost the stream
@@ -140,24 +138,16 @@ func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) 
 			return s.messages(xs, attempts), nil
 		}
 	}
-	if s.isClosed() {
+	if s.life.Err() != nil {
 		return nil, driver.ErrSourceClosed
 	}
 	return nil, ctx.Err()
 }
 
-func (s *Source) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
 // read reads up to n entries as the consumer name (XREADGROUP): new ones
-// (">"), waiting up to block, or those it holds after the entry from,
-// what a predecessor under the same name held when it died or stopped:
-// that read-back raised their delivery counts and goes on from s.history,
-// until an empty answer ends it. Entries deleted from the stream while
-// pending are acknowledged.
+// (">", blocking up to block), or those it holds after from (the
+// read-back of a predecessor's, which goes on from s.history until an
+// empty answer). Entries deleted while pending are acknowledged.
 func (s *Source) read(ctx context.Context, n int, from string, block time.Duration) ([]goredis.XMessage, error) {
 	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
 		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, from}, Count: int64(n), Block: block}).Result()
@@ -308,7 +298,7 @@ func (s *Source) entries(ms []*driver.Message) ([]string, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.life.Err() != nil {
 		return nil, driver.Stale(fmt.Errorf("redis: the source of %s is closed", s.stream))
 	}
 	s.busy.Add(1)
@@ -456,13 +446,12 @@ func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []
 // more and closes the client; settling afterwards is stale.
 func (s *Source) Close() error {
 	s.mu.Lock()
-	closed := s.closed
-	s.closed = true
+	closed := s.life.Err() != nil
+	s.stop()
 	s.mu.Unlock()
 	if closed {
 		return nil
 	}
-	s.stop()
 	s.fetch.Lock() // waits for a read under way
 	s.fetch.Unlock()
 	s.resend.Wait()
