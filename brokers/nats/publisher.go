@@ -53,7 +53,21 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 	otel.GetTextMapPropagator().Inject(ctx, trace)
 	out := make([]*natsgo.Msg, len(msgs))
 	for i, m := range msgs {
-		out[i] = p.message(subj, m, trace)
+		h := natsgo.Header{}
+		for k, v := range m.Headers {
+			h.Set(k, oneLine.Replace(v))
+		}
+		for k, v := range trace {
+			h.Set(k, v)
+		}
+		if m.ID != "" {
+			h.Set(natsgo.MsgIdHdr, m.ID)
+			h.Set(p.c.idHeader, m.ID)
+		}
+		if m.Key != "" {
+			h.Set(KeyHeader, m.Key)
+		}
+		out[i] = &natsgo.Msg{Subject: subj, Header: h, Data: m.Body}
 	}
 	for i, err := range p.link.publish(ctx, out) {
 		if err != nil {
@@ -61,25 +75,6 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 		}
 	}
 	return nil
-}
-
-// message is m as a NATS message on subj.
-func (p *Publisher) message(subj string, m *driver.Message, trace propagation.MapCarrier) *natsgo.Msg {
-	h := natsgo.Header{}
-	for k, v := range m.Headers {
-		h.Set(k, headerValue(v))
-	}
-	for k, v := range trace {
-		h.Set(k, v)
-	}
-	if m.ID != "" {
-		h.Set(natsgo.MsgIdHdr, m.ID)
-		h.Set(p.c.idHeader, m.ID)
-	}
-	if m.Key != "" {
-		h.Set(KeyHeader, m.Key)
-	}
-	return &natsgo.Msg{Subject: subj, Header: h, Data: m.Body}
 }
 
 // Close implements driver.Publisher: it closes the connection (unless it
@@ -94,7 +89,5 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// headerValue makes s fit a NATS header value: one line.
-func headerValue(s string) string {
-	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
-}
+// oneLine makes a string fit a NATS header value.
+var oneLine = strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ")
