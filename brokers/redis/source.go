@@ -224,23 +224,22 @@ func (s *Source) attempts(ctx context.Context, xs []goredis.XMessage) ([]int, er
 	return attempts, nil
 }
 
-// received is an entry's Message, its AckID, and what its Metadata reads.
+// received is an entry's Message (AckID and BrokerKey the entry id) and
+// the group its Metadata names.
 type received struct {
 	driver.Message
-	s     *Source
-	entry string
+	group string
 }
 
-// metadata is a received entry's Message.Metadata, read from it when
-// asked.
+// metadata is a received entry's Message.Metadata, read when asked.
 type metadata received
 
 // All yields the stream, the consumer group and the entry's id.
 func (m *metadata) All() iter.Seq2[string, slog.Value] {
 	return func(yield func(string, slog.Value) bool) {
-		_ = yield("messaging.destination.name", slog.StringValue(m.s.stream)) &&
-			yield("messaging.consumer.group.name", slog.StringValue(m.s.c.group)) &&
-			yield("messaging.redis.entry_id", slog.StringValue(m.entry))
+		_ = yield("messaging.destination.name", slog.StringValue(m.Source)) &&
+			yield("messaging.consumer.group.name", slog.StringValue(m.group)) &&
+			yield("messaging.redis.entry_id", slog.StringValue(m.BrokerKey.(string)))
 	}
 }
 
@@ -251,42 +250,36 @@ func (s *Source) messages(xs []goredis.XMessage, attempts []int) []*driver.Messa
 	ms := make([]*driver.Message, len(xs))
 	now := time.Now()
 	for i, x := range xs {
-		r := &received{Message: s.message(x.Values), s: s, entry: x.ID}
+		r := &received{Message: s.message(x.Values), group: s.c.group}
 		m := &r.Message
-		m.Source, m.System, m.Attempt, m.ReceivedAt, m.Metadata, m.AckID, m.BrokerKey = s.stream, "redis", 1, now, (*metadata)(r), r, x.ID
+		m.Source, m.System, m.Attempt, m.ReceivedAt, m.Metadata, m.AckID, m.BrokerKey = s.stream, "redis", 1, now, (*metadata)(r), x.ID, x.ID
 		if attempts != nil {
 			m.Attempt = attempts[i]
 		}
 		if m.ID == "" {
-			m.IDError = s.missing(x.ID, m, "id", s.c.idField, DefaultIDField, ", or an empty one")
+			m.IDError = s.missing(x, "id", s.c.idField, DefaultIDField, ", or an empty one")
 		}
 		if m.Body == nil {
-			m.Unreadable = s.missing(x.ID, m, "body", s.c.bodyField, BodyField, "")
+			m.Unreadable = s.missing(x, "body", s.c.bodyField, BodyField, "")
 		}
 		ms[i] = m
 	}
 	return ms
 }
 
-// missing says that the entry id (read into m) has no usable field for
-// what, the field what_field= names (dflt by default), and lists the
-// fields the entry has, in name order, up to ten.
-func (s *Source) missing(id string, m *driver.Message, what, field, dflt, orEmpty string) error {
+// missing says that entry x has no usable field for what, the field
+// what_field= names (dflt by default), and lists the fields x has, in name
+// order, up to ten.
+func (s *Source) missing(x goredis.XMessage, what, field, dflt, orEmpty string) error {
 	where := what + "_field= names the field that holds the " + what
 	if field != dflt {
 		where = what + "_field=" + field
 	}
-	names := slices.Collect(maps.Keys(m.Headers))
-	for f, v := range map[string]bool{s.c.idField: m.ID != "", KeyField: m.Key != "", s.c.bodyField: m.Body != nil} {
-		if v {
-			names = append(names, f)
-		}
-	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(x.Values))
 	if len(names) > 10 {
 		names = append(names[:10], "…")
 	}
-	return fmt.Errorf("redis: entry %s of %s has no %s field%s (%s); its fields: %s", id, s.stream, field, orEmpty, where, strings.Join(names, ", "))
+	return fmt.Errorf("redis: entry %s of %s has no %s field%s (%s); its fields: %s", x.ID, s.stream, field, orEmpty, where, strings.Join(names, ", "))
 }
 
 // entries returns the entry ids of ms and holds Close off until the
