@@ -2,14 +2,10 @@
 // github.com/redis/go-redis/v9, for Redis 7.0 or later.
 //
 // A Source reads a stream as a member of a consumer group (XREADGROUP,
-// explicit acks; Open creates the group with MKSTREAM): first the entries
-// its consumer name still holds, then entries idle for WithMinIdle
-// (XAUTOCLAIM), then new ones. An entry holds a message in fields: the id
-// in idemq-id (WithIDField), the key in idemq-key, the body in body
-// (WithBodyField), and each header, traceparent included, in a field of
-// its own. Attempt is the entry's delivery count. Its methods say how each
-// settlement and the Consumer's heartbeat map to Redis commands; dead
-// letters go to the stream STREAM:dlq.
+// explicit acks; Open creates the group with MKSTREAM). An entry holds a
+// message in fields (see DefaultIDField), each header in a field of its
+// own; Attempt is the entry's delivery count. Its methods say which Redis
+// commands they send; dead letters go to the stream STREAM:dlq.
 //
 // Importing the package registers redis:// and rediss:// (TLS) with
 // core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters:
