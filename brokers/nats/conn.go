@@ -20,16 +20,13 @@ import (
 type link struct {
 	nc       *natsgo.Conn
 	js       jetstream.JetStream
-	own      bool // dialled here: closed by close
-	replicas int  // of the streams stream creates
-	// log is a Source's logger: WithLogger's, else the Consumer's; nil
-	// until one is known, then slog.Default().
-	log atomic.Pointer[slog.Logger]
+	own      bool                        // dialled here: closed by close
+	replicas int                         // of the streams stream creates
+	log      atomic.Pointer[slog.Logger] // WithLogger's, else the Consumer's; nil: slog.Default()
 }
 
-// connect reads addr and opts and dials the servers (or takes WithConn's
-// connection). A Source's link (logs set) logs the connection's
-// disconnects and reconnects.
+// connect reads addr and opts and dials (or takes WithConn's connection);
+// with logs set it logs disconnects and reconnects.
 func connect[O Option](addr string, needConsumer, logs bool, opts []O) (config, *link, error) {
 	c, err := resolve(addr, needConsumer, opts)
 	if err != nil {
@@ -77,6 +74,13 @@ func (l *link) close() error {
 	return nil
 }
 
+// shut sends what the connection buffers, then closes it as close does.
+func (l *link) shut() error {
+	err := l.nc.FlushTimeout(5 * time.Second)
+	l.close()
+	return err
+}
+
 // bounded gives ctx a deadline if it has none: nats.go's request and
 // flush calls need one.
 func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -87,12 +91,11 @@ func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // publishChunk is how many async publishes wait for their acks together:
-// below nats.go's limit of pending async publishes.
+// below nats.go's limit.
 const publishChunk = 1000
 
-// publish publishes msgs asynchronously and waits for JetStream's acks:
-// errs[i] is msgs[i]'s, nil once acked. A publish JetStream reports as a
-// duplicate counts as acked: the stream has its Nats-Msg-Id.
+// publish publishes msgs asynchronously and waits for JetStream's acks
+// (a duplicate counts as acked): errs[i] is msgs[i]'s.
 func (l *link) publish(ctx context.Context, msgs []*natsgo.Msg) (errs []error) {
 	errs = make([]error, len(msgs))
 	for start := 0; start < len(msgs); start += publishChunk {
@@ -117,10 +120,9 @@ func (l *link) publish(ctx context.Context, msgs []*natsgo.Msg) (errs []error) {
 	return errs
 }
 
-// stream returns the stream called name, creating it on subject when it
-// is missing and declare is set; what names it in errors. A dead-letter
-// stream (shared is set) that exists gains subject when declare is set,
-// as each consumer that shares it parks on a subject of its own.
+// stream returns the stream name (what, in errors), creating it on subject
+// when it is missing and declare is set; then a shared (dead-letter) one
+// gains subject, as each consumer parks on a subject of its own.
 func (l *link) stream(ctx context.Context, name, subject, what string, declare, shared bool) (jetstream.Stream, error) {
 	st, err := l.js.Stream(ctx, name)
 	switch {

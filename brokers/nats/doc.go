@@ -18,17 +18,8 @@
 // and creates or updates the consumer; an existing stream is never
 // changed, but for a shared dead-letter stream gaining the consumer's
 // dead-letter subject. The business id is the idemq-id header when
-// present, otherwise Nats-Msg-Id (or the id_header).
-//
-// The Consumer holds each message under the consumer's AckWait, renewed
-// with InProgress (Extend) up to max_extension. Ack sends plain acks and a
-// double ack that confirms them all, Retry is NakWithDelay, DeadLetter
-// publishes a copy with the bookkeeping headers to the dead-letter subject
-// and terminates the original once JetStream acked the copy (a failed
-// publish gives the message back), Release and Close give messages back
-// with a short delay. DeadLetters reads the dead-letter stream by
-// sequence with direct gets, and Redrive publishes a copy to the subject
-// it was consumed from with the id in idemq-id.
+// present, otherwise Nats-Msg-Id (or the id_header). Each method says
+// which JetStream call it makes.
 //
 // The server must be 2.9 or later (NakWithDelay, next-by-subject gets).
 package nats

@@ -43,13 +43,12 @@ type PublisherOption interface {
 	publisher()
 }
 
+// opt is every option; the constructors' result types tell which
+// constructors take it.
 type opt func(*config) error
 
 func (o opt) apply(c *config) error { return o(c) }
-
-type pubOption struct{ opt }
-
-func (pubOption) publisher() {}
+func (opt) publisher()              {}
 
 type config struct {
 	stream, consumer, subject       string
@@ -68,30 +67,25 @@ type config struct {
 func set(name string, err error, f func(*config)) opt { return option.Set("nats", name, err, f) }
 
 func name(v string) error {
-	if v == "" || strings.ContainsAny(v, " \t\r\n.*>") {
-		return fmt.Errorf("%q is not a JetStream name (non-empty, no spaces, '.', '*' or '>')", v)
-	}
-	return nil
+	return option.Refuse(v == "" || strings.ContainsAny(v, " \t\r\n.*>"), "%q is not a JetStream name (non-empty, no spaces, '.', '*' or '>')", v)
 }
 
 func subject(v string) error {
-	if v == "" || strings.ContainsAny(v, " \t\r\n") || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..") {
-		return fmt.Errorf("%q is not a NATS subject", v)
-	}
-	return nil
+	bad := v == "" || strings.ContainsAny(v, " \t\r\n") || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..")
+	return option.Refuse(bad, "%q is not a NATS subject", v)
 }
 
 // WithConn uses an open connection instead of dialling the address's
 // servers; Close leaves it open, and connection options are ignored.
 func WithConn(nc *natsgo.Conn) PublisherOption {
-	return pubOption{set("WithConn", option.NotNil(nc != nil, "connection"), func(c *config) { c.conn = nc })}
+	return set("WithConn", option.NotNil(nc != nil, "connection"), func(c *config) { c.conn = nc })
 }
 
 // WithNATSOptions adds nats.go connection options (authentication, TLS,
 // reconnect policy, …) to the dialled connection. Default: nats.go's
 // defaults plus endless reconnects.
 func WithNATSOptions(opts ...natsgo.Option) PublisherOption {
-	return pubOption{set("WithNATSOptions", nil, func(c *config) { c.natsOpts = append(c.natsOpts, opts...) })}
+	return set("WithNATSOptions", nil, func(c *config) { c.natsOpts = append(c.natsOpts, opts...) })
 }
 
 // WithConsumer names the durable pull consumer the Source consumes with
@@ -104,14 +98,14 @@ func WithConsumer(v string) Option {
 // allowed), where a Publisher publishes when the destination is "", and
 // the subject of a stream the adapter declares. Default the stream's name.
 func WithSubject(v string) PublisherOption {
-	return pubOption{set("WithSubject", subject(v), func(c *config) { c.subject = v })}
+	return set("WithSubject", subject(v), func(c *config) { c.subject = v })
 }
 
 // WithDeclare chooses whether a missing stream (file storage, the subject
 // only) and dead-letter stream are created, and the consumer created or
 // updated. Default true; with false, opening fails naming what is missing.
 func WithDeclare(b bool) PublisherOption {
-	return pubOption{set("WithDeclare", nil, func(c *config) { c.declare = b })}
+	return set("WithDeclare", nil, func(c *config) { c.declare = b })
 }
 
 // WithReplicas sets the replicas of the streams the adapter creates (the
@@ -119,26 +113,20 @@ func WithDeclare(b bool) PublisherOption {
 // or 5 on a JetStream cluster, so that a server's loss loses nothing.
 // Default 1. Streams that exist keep theirs.
 func WithReplicas(n int) PublisherOption {
-	return pubOption{set("WithReplicas", option.Range(n, 1, 5), func(c *config) { c.replicas = n })}
+	return set("WithReplicas", option.Range(n, 1, 5), func(c *config) { c.replicas = n })
 }
 
 // WithIDHeader names the header the business id is read from (and that a
 // Publisher sets beside Nats-Msg-Id). Default Nats-Msg-Id. The idemq-id
 // header, when present, takes precedence.
 func WithIDHeader(h string) PublisherOption {
-	var err error
-	if h == "" || strings.ContainsAny(h, " :\r\n") {
-		err = fmt.Errorf("%q is not a header name", h)
-	}
-	return pubOption{set("WithIDHeader", err, func(c *config) { c.idHeader = h })}
+	err := option.Refuse(h == "" || strings.ContainsAny(h, " :\r\n"), "%q is not a header name", h)
+	return set("WithIDHeader", err, func(c *config) { c.idHeader = h })
 }
 
-// WithAckWait sets the declared consumer's AckWait: how long JetStream
-// waits for a settlement (or an InProgress) before it redelivers, the
-// lease the Consumer extends. Default 6s: the Consumer extends a held
-// message every third of it, so the AckWait bounds only how long a
-// crashed instance's deliveries wait. A consumer that is not declared
-// keeps its own.
+// WithAckWait sets the declared consumer's AckWait, the lease the Consumer
+// extends: it bounds only how long a crashed instance's deliveries wait.
+// Default 6s. A consumer that is not declared keeps its own.
 func WithAckWait(d time.Duration) Option {
 	return set("WithAckWait", option.AtLeast(d, 100*time.Millisecond), func(c *config) { c.ackWait = d })
 }
@@ -166,10 +154,7 @@ func WithDeadLetterStream(v string) Option {
 // published on; it must not be one of the consumed stream's subjects.
 // Default idemq.dlq.<STREAM>.<CONSUMER>.
 func WithDeadLetterSubject(v string) Option {
-	err := subject(v)
-	if err == nil && strings.ContainsAny(v, "*>") {
-		err = fmt.Errorf("%q has a wildcard", v)
-	}
+	err := cmp.Or(subject(v), option.Refuse(strings.ContainsAny(v, "*>"), "%q has a wildcard", v))
 	return set("WithDeadLetterSubject", err, func(c *config) { c.dlqSubject = v })
 }
 
@@ -181,39 +166,38 @@ func WithLogger(l *slog.Logger) Option {
 
 // urlParams are the parameters of nats:// URLs. Every side checks every
 // parameter, so one URL serves the Source, the Publisher and DeadLetters.
-var urlParams urlparam.Table[Option]
+var urlParams = urlparam.Table[Option]{Scheme: "nats", Params: map[string]urlparam.Param[Option]{
+	"consumer":      urlparam.Text("WithConsumer", WithConsumer),
+	"subject":       urlparam.Text("WithSubject", func(v string) Option { return WithSubject(v) }),
+	"declare":       urlparam.Bool("WithDeclare", func(b bool) Option { return WithDeclare(b) }),
+	"id_header":     urlparam.Text("WithIDHeader", func(v string) Option { return WithIDHeader(v) }),
+	"ack_wait":      urlparam.Duration("WithAckWait", WithAckWait),
+	"heartbeat":     urlparam.Bool("WithHeartbeat", WithHeartbeat),
+	"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
+	"replicas":      urlparam.Int("WithReplicas", func(n int) Option { return WithReplicas(n) }),
+	"dlq_stream":    urlparam.Text("WithDeadLetterStream", WithDeadLetterStream),
+	"dlq_subject":   urlparam.Text("WithDeadLetterSubject", WithDeadLetterSubject),
+	"token":         urlparam.Text("", func(v string) Option { return WithNATSOptions(natsgo.Token(v)) }),
+	"tls": urlparam.Bool("", func(b bool) Option {
+		if b {
+			return WithNATSOptions(natsgo.Secure())
+		}
+		return nil
+	}),
+	"tls_ca":   file(func(f string) (natsgo.Option, error) { return natsgo.RootCAs(f), nil }),
+	"tls_cert": file(nil), // read with tls_key
+	"tls_key":  file(nil),
+	"nkey_seed": file(func(f string) (natsgo.Option, error) {
+		o, err := natsgo.NkeyOptionFromSeed(f)
+		if err != nil {
+			return nil, errors.New("cannot read an nkey seed from the file")
+		}
+		return o, nil
+	}),
+	"creds": file(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
+}}
 
 func init() {
-	urlParams = urlparam.Table[Option]{Scheme: "nats", Params: map[string]urlparam.Param[Option]{
-		"consumer":      urlparam.Text("WithConsumer", WithConsumer),
-		"subject":       urlparam.Text("WithSubject", func(v string) Option { return WithSubject(v) }),
-		"declare":       urlparam.Bool("WithDeclare", func(b bool) Option { return WithDeclare(b) }),
-		"id_header":     urlparam.Text("WithIDHeader", func(v string) Option { return WithIDHeader(v) }),
-		"ack_wait":      urlparam.Duration("WithAckWait", WithAckWait),
-		"heartbeat":     urlparam.Bool("WithHeartbeat", WithHeartbeat),
-		"max_extension": urlparam.Duration("WithMaxExtension", WithMaxExtension),
-		"replicas":      urlparam.Int("WithReplicas", func(n int) Option { return WithReplicas(n) }),
-		"dlq_stream":    urlparam.Text("WithDeadLetterStream", WithDeadLetterStream),
-		"dlq_subject":   urlparam.Text("WithDeadLetterSubject", WithDeadLetterSubject),
-		"token":         urlparam.Text("", func(v string) Option { return WithNATSOptions(natsgo.Token(v)) }),
-		"tls": urlparam.Bool("", func(b bool) Option {
-			if b {
-				return WithNATSOptions(natsgo.Secure())
-			}
-			return WithNATSOptions()
-		}),
-		"tls_ca":   fileParam(func(f string) (natsgo.Option, error) { return natsgo.RootCAs(f), nil }),
-		"tls_cert": fileParam(nil), // read with tls_key
-		"tls_key":  fileParam(nil),
-		"nkey_seed": fileParam(func(f string) (natsgo.Option, error) {
-			o, err := natsgo.NkeyOptionFromSeed(f)
-			if err != nil {
-				return nil, errors.New("cannot read an nkey seed from the file")
-			}
-			return o, nil
-		}),
-		"creds": fileParam(func(f string) (natsgo.Option, error) { return natsgo.UserCredentials(f), nil }),
-	}}
 	// The registry returns nil, not a typed nil, after an error.
 	driver.RegisterSource("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 		return Open(ctx, u.String(), logger(cfg))
@@ -226,8 +210,7 @@ func init() {
 	})
 }
 
-// logger is the registry's logger as an option, if it has one (a nil
-// option is skipped).
+// logger is WithLogger of the opener's logger, or nil (skipped) for none.
 func logger(cfg driver.OpenConfig) Option {
 	if cfg.Logger == nil {
 		return nil
@@ -235,41 +218,39 @@ func logger(cfg driver.OpenConfig) Option {
 	return WithLogger(cfg.Logger)
 }
 
-// fileParam is a parameter naming a file that build turns into a
-// connection option (nil build: read together with another parameter).
-func fileParam(build func(file string) (natsgo.Option, error)) urlparam.Param[Option] {
+// file is a parameter naming a file that build turns into a connection
+// option (nil build: read together with another parameter).
+func file(build func(file string) (natsgo.Option, error)) urlparam.Param[Option] {
 	return urlparam.Param[Option]{Read: func(v string) ([]Option, error) {
-		if v == "" {
-			return nil, errors.New("no file named")
-		}
-		if build == nil {
-			return nil, nil
+		if v == "" || build == nil {
+			return nil, option.Refuse(v == "", "no file named")
 		}
 		o, err := build(v)
-		if err != nil {
-			return nil, err
-		}
-		return []Option{WithNATSOptions(o)}, nil
+		return []Option{WithNATSOptions(o)}, err
 	}}
 }
 
 // resolve reads addr (see the package doc), applies opts after its
 // parameters and fills the defaults that depend on the stream.
-func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error) {
-	c := config{declare: true, idHeader: DefaultIDHeader, ackWait: 6 * time.Second, heartbeat: true, maxExtension: time.Hour}
+func resolve[O Option](addr string, needConsumer bool, opts []O) (c config, err error) {
+	c = config{declare: true, idHeader: DefaultIDHeader, ackWait: 6 * time.Second, heartbeat: true, maxExtension: time.Hour}
 	u, err := redact.ParseURL(addr)
 	if err != nil {
 		return c, fmt.Errorf("nats: %w", err)
 	}
-	if u.Scheme != "nats" {
-		return c, errors.New("nats: the address is a nats:// URL (nats://host:4222/STREAM?consumer=NAME)")
-	}
 	c.stream = strings.Trim(u.Path, "/")
-	if c.stream == "" || strings.Contains(c.stream, "/") {
+	query, qerr := redact.ParseQuery(u.RawQuery)
+	switch {
+	case u.Scheme != "nats":
+		return c, errors.New("nats: the address is a nats:// URL (nats://host:4222/STREAM?consumer=NAME)")
+	case c.stream == "" || strings.Contains(c.stream, "/"):
 		return c, errors.New("nats URL needs the stream as its path (nats://host:4222/STREAM?consumer=NAME)")
-	}
-	if err := name(c.stream); err != nil {
-		return c, fmt.Errorf("nats: stream: %w", err)
+	case name(c.stream) != nil:
+		return c, fmt.Errorf("nats: stream: %w", name(c.stream))
+	case qerr != nil:
+		return c, fmt.Errorf("nats URL parameters: %w", qerr)
+	case (query.Get("tls_cert") == "") != (query.Get("tls_key") == ""):
+		return c, errors.New("nats URL parameters tls_cert and tls_key go together")
 	}
 	for _, h := range strings.Split(u.Host, ",") {
 		if h == "" {
@@ -286,44 +267,32 @@ func resolve[O Option](addr string, needConsumer bool, opts []O) (config, error)
 		}
 		c.natsOpts = append(c.natsOpts, natsgo.UserInfo(u.User.Username(), pass))
 	}
-	query, err := redact.ParseQuery(u.RawQuery)
-	if err != nil {
-		return c, fmt.Errorf("nats URL parameters: %w", err)
-	}
 	fromURL, err := urlParams.Read(query)
-	if err != nil {
-		return c, err
+	if cert := query.Get("tls_cert"); cert != "" {
+		fromURL = append(fromURL, WithNATSOptions(natsgo.ClientCert(cert, query.Get("tls_key"))))
 	}
-	cert, key := query.Get("tls_cert"), query.Get("tls_key")
-	if (cert == "") != (key == "") {
-		return c, errors.New("nats URL parameters tls_cert and tls_key go together")
+	if err == nil {
+		if err = urlParams.Explain(apply(&c, fromURL)); err == nil {
+			err = apply(&c, opts)
+		}
 	}
-	if cert != "" {
-		fromURL = append(fromURL, WithNATSOptions(natsgo.ClientCert(cert, key)))
-	}
-	if err = urlParams.Explain(apply(&c, fromURL)); err == nil {
-		err = apply(&c, opts)
-	}
-	if err != nil {
-		return c, err
-	}
-	if needConsumer && c.consumer == "" {
-		return c, errors.New("nats URL has no consumer (add ?consumer=NAME, or WithConsumer)")
+	if err == nil && needConsumer && c.consumer == "" {
+		err = errors.New("nats URL has no consumer (add ?consumer=NAME, or WithConsumer)")
 	}
 	c.subject, c.dlqStream = cmp.Or(c.subject, c.stream), cmp.Or(c.dlqStream, c.stream+"_DLQ")
 	if c.dlqSubject == "" && c.consumer != "" {
 		c.dlqSubject = "idemq.dlq." + c.stream + "." + c.consumer
 	}
-	return c, nil
+	return c, err
 }
 
+// apply applies opts to c in order, skipping nil ones.
 func apply[O Option](c *config, opts []O) error {
 	for _, o := range opts {
-		if any(o) == nil {
-			continue
-		}
-		if err := o.apply(c); err != nil {
-			return err
+		if any(o) != nil {
+			if err := o.apply(c); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

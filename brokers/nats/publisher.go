@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel"
@@ -54,7 +53,21 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 	otel.GetTextMapPropagator().Inject(ctx, trace)
 	out := make([]*natsgo.Msg, len(msgs))
 	for i, m := range msgs {
-		out[i] = p.message(subj, m, trace)
+		h := natsgo.Header{}
+		for k, v := range m.Headers {
+			h.Set(k, oneLine.Replace(v))
+		}
+		for k, v := range trace {
+			h.Set(k, v)
+		}
+		if m.ID != "" {
+			h.Set(natsgo.MsgIdHdr, m.ID)
+			h.Set(p.c.idHeader, m.ID)
+		}
+		if m.Key != "" {
+			h.Set(KeyHeader, m.Key)
+		}
+		out[i] = &natsgo.Msg{Subject: subj, Header: h, Data: m.Body}
 	}
 	for i, err := range p.link.publish(ctx, out) {
 		if err != nil {
@@ -64,40 +77,17 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 	return nil
 }
 
-// message is m as a NATS message on subj.
-func (p *Publisher) message(subj string, m *driver.Message, trace propagation.MapCarrier) *natsgo.Msg {
-	h := natsgo.Header{}
-	for k, v := range m.Headers {
-		h.Set(k, headerValue(v))
-	}
-	for k, v := range trace {
-		h.Set(k, v)
-	}
-	if m.ID != "" {
-		h.Set(natsgo.MsgIdHdr, m.ID)
-		h.Set(p.c.idHeader, m.ID)
-	}
-	if m.Key != "" {
-		h.Set(KeyHeader, m.Key)
-	}
-	return &natsgo.Msg{Subject: subj, Header: h, Data: m.Body}
-}
-
 // Close implements driver.Publisher: it closes the connection (unless it
 // came from WithConn).
 func (p *Publisher) Close() error {
 	if !p.link.own || p.link.nc.IsClosed() {
 		return nil
 	}
-	err := p.link.nc.FlushTimeout(5 * time.Second)
-	p.link.close()
-	if err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
+	if err := p.link.shut(); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
 		return fmt.Errorf("nats: closing the publisher: %w", err)
 	}
 	return nil
 }
 
-// headerValue makes s fit a NATS header value: one line.
-func headerValue(s string) string {
-	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
-}
+// oneLine makes a string fit a NATS header value.
+var oneLine = strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ")

@@ -15,17 +15,13 @@ import (
 )
 
 // giveBackDelay is how soon JetStream redelivers what Release and Close
-// give back: a pull request the server has not dropped yet could take a
-// message given back at once and hold it for its AckWait.
+// give back: a pull request still open could take it back at once.
 const giveBackDelay = 200 * time.Millisecond
 
-// Ack implements driver.Source. JetStream has no multiple ack for
-// explicit-ack consumers (AckAll would also take the holes between), so it
-// sends plain acks and a double ack last: the consumer's leader answers
-// that one after it read the others, sent before it on this connection, so
-// one round trip confirms the set (a flush would prove only that the
-// server the client is connected to read them). An ack lost with a
-// connection is reported, never taken for done.
+// Ack implements driver.Source with plain acks and a double ack last: the
+// consumer's leader answers that one after it read the others, so one
+// round trip confirms the set (AckAll would also take the holes between; a
+// flush proves only that the connected server read them).
 func (s *Source) Ack(ctx context.Context, ms []*driver.Message) error {
 	return s.send(ctx, "ack", ms, func(_ int, m jetstream.Msg) error { return m.Ack() }, jetstream.Msg.DoubleAck)
 }
@@ -36,19 +32,18 @@ func (s *Source) Retry(ctx context.Context, ms []*driver.Message, delay time.Dur
 	return s.send(ctx, "nak", ms, func(_ int, m jetstream.Msg) error { return m.NakWithDelay(delay) }, nil)
 }
 
-// Release implements driver.Releaser: it stops pulling, so what it gives
-// back does not come back to this Source, gives back the pull buffer, and
-// then ms, each with a Nak delayed a little.
+// Release implements driver.Releaser: it stops pulling (so what it gives
+// back does not come back here) and gives back the pull buffer, then ms,
+// with a Nak delayed a little.
 func (s *Source) Release(ctx context.Context, ms []*driver.Message) error {
 	s.stopPulling()
 	return s.send(ctx, "give-back", ms, func(_ int, m jetstream.Msg) error { return m.NakWithDelay(giveBackDelay) }, nil)
 }
 
-// Extend implements driver.Extender: InProgress restarts each message's
-// AckWait, and a flush confirms the server read them. While the server is
-// out of reach the InProgress waits in the reconnect buffer and the flush
-// fails, or is confirmed only after the lease passed: the Consumer counts
-// neither. A message settled meanwhile is no error.
+// Extend implements driver.Extender with InProgress, which restarts each
+// message's AckWait, and a flush that confirms the server read them (an
+// InProgress buffered while reconnecting is confirmed late or fails: the
+// Consumer counts neither). A message settled meanwhile is no error.
 func (s *Source) Extend(ctx context.Context, ms []*driver.Message) error {
 	return s.send(ctx, "in-progress", ms, func(_ int, m jetstream.Msg) error {
 		if err := m.InProgress(); !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
@@ -59,10 +54,10 @@ func (s *Source) Extend(ctx context.Context, ms []*driver.Message) error {
 }
 
 // DeadLetter implements driver.Source: it publishes a copy of each message
-// with the bookkeeping headers to the dead-letter subject and terminates
-// the original (Term) once JetStream acked the copy, or gives it back
-// (Nak) if the publish failed. The copy's Nats-Msg-Id derives from the
-// stream sequence, so a message parked twice (Term lost) is kept once.
+// with the bookkeeping headers to the dead-letter subject, then terminates
+// the original (Term), or gives it back (Nak) if the publish failed. The
+// copy's Nats-Msg-Id derives from the stream sequence, so a message
+// parked twice (Term lost) is kept once.
 func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
@@ -101,12 +96,10 @@ func (s *Source) parkedCopy(m *driver.Message, cause error, at time.Time) *natsg
 	return &natsgo.Msg{Subject: s.c.dlqSubject, Header: h, Data: jm.Data()}
 }
 
-// send sends op for each of ms (by index, with its JetStream message) and
-// confirms them all with one round trip: confirm, when given, sends the
-// last message's and waits for the server's answer; otherwise a flush
-// waits until the server read them. A message whose op failed gets its
-// error; the others, the confirmation's. A closed connection makes every
-// error stale: JetStream redelivers those messages.
+// send sends op for each of ms and confirms them with one round trip:
+// confirm, when given, sends the last one's and waits for the answer,
+// else a flush. A message gets its op's error, else the confirmation's; on
+// a closed connection that is stale (JetStream redelivers).
 func (s *Source) send(ctx context.Context, what string, ms []*driver.Message, op func(int, jetstream.Msg) error, confirm func(jetstream.Msg, context.Context) error) error {
 	if len(ms) == 0 {
 		return nil

@@ -29,12 +29,11 @@ type Source struct {
 	buf  chan *driver.Message // pulled and not yet returned by Receive; made by Start
 	done chan struct{}        // closed by Close once the pull stopped
 
+	closing sync.Once
 	mu      sync.Mutex
-	started bool
 	pull    jetstream.ConsumeContext // from the first Receive until stopPulling
 	ended   <-chan struct{}          // closed when the pull ends
-	stopped bool                     // stopPulling ran
-	closed  bool
+	stopped bool                     // stopPulling ran: by Release or Close
 }
 
 var (
@@ -96,23 +95,13 @@ func (s *Source) declareConsumer(ctx context.Context, window int) (err error) {
 	return nil
 }
 
-// Start implements driver.Source: the declared consumer's MaxAckPending
-// and the pull buffer become the Consumer's window (a consumer that is not
-// declared keeps its MaxAckPending), and the Source logs to the Consumer's
-// logger unless WithLogger gave one. The lease is the consumer's AckWait,
-// which the Consumer renews with Extend up to max_extension (never with
-// heartbeat=false); JetStream waits out a retry's delay itself.
+// Start implements driver.Source: the pull buffer and a declared
+// consumer's MaxAckPending become the window, the lease the consumer's
+// AckWait, extended up to max_extension (never with heartbeat=false);
+// JetStream waits out a retry's delay itself.
 func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return driver.Traits{}, driver.ErrSourceClosed
-	case s.started:
-		return driver.Traits{}, errors.New("nats: Start called twice")
-	case st.Window < 1:
-		return driver.Traits{}, fmt.Errorf("nats: window %d is below 1", st.Window)
-	}
 	if s.c.declare {
 		if err := s.declareConsumer(ctx, st.Window); err != nil {
 			return driver.Traits{}, err
@@ -121,7 +110,7 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	if st.Logger != nil {
 		s.link.log.CompareAndSwap(nil, st.Logger)
 	}
-	s.buf, s.started = make(chan *driver.Message, st.Window), true
+	s.buf = make(chan *driver.Message, st.Window)
 	tr := driver.Traits{Lease: s.ackWait, MaxExtension: s.c.maxExtension, DelaysRetry: true}
 	if !s.c.heartbeat {
 		tr.MaxExtension = -1 // never extended
@@ -160,8 +149,7 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 
 // Receive implements driver.Puller: it waits for a pulled message and
 // returns it with those already pulled, at most max. The pull's own
-// trouble (a missed pull heartbeat during a reconnect, say) is logged, and
-// the pull goes on.
+// trouble is logged, and the pull goes on.
 func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	ended, err := s.pulling()
 	if err != nil {
@@ -190,16 +178,13 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 }
 
 // pulling starts the pull on its first call and returns a channel closed
-// when the pull ends (stopPulling, the consumer deleted, the connection
-// closed).
+// when the pull ends.
 func (s *Source) pulling() (<-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.closed || s.stopped:
+	case s.stopped:
 		return nil, driver.ErrSourceClosed
-	case !s.started:
-		return nil, errors.New("nats: Receive before Start")
 	case s.pull != nil:
 		return s.ended, nil
 	}
@@ -217,10 +202,9 @@ func (s *Source) warn(what string, err error) {
 	s.link.logger().Warn("idemq nats: "+what, "stream", s.c.stream, "consumer", s.c.consumer, "error", err)
 }
 
-// sayHeld logs, once at the first Receive, the deliveries another
-// instance holds unacknowledged (a process killed before it settled
-// them): JetStream hands them out again only after the AckWait, and while
-// they fill MaxAckPending it delivers nothing else.
+// sayHeld logs, at the first Receive, the deliveries held unacknowledged
+// (by a process killed before it settled them): they come back after the
+// AckWait, and while they fill MaxAckPending nothing else comes.
 func (s *Source) sayHeld() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -233,16 +217,14 @@ func (s *Source) sayHeld() {
 		"ack_wait", ci.Config.AckWait, "setting", "ack_wait= (WithAckWait)")
 }
 
-// delivery is one pulled message: its Message, whose AckID is the
-// jetstream.Msg and BrokerKey its stream sequence (a redelivery after the
-// AckWait supersedes a delivery still held), and its JetStream metadata.
+// delivery is one pulled message (AckID the jetstream.Msg, BrokerKey the
+// stream sequence) and its JetStream metadata.
 type delivery struct {
 	m  driver.Message
 	md *jetstream.MsgMetadata
 }
 
-// take reads msg as it arrives and hands it to Receive; once the Source
-// closed, it gives it back.
+// take hands msg to Receive, or gives it back once the Source closed.
 func (s *Source) take(msg jetstream.Msg) {
 	at := time.Now() // the lease runs from here, not from Receive
 	md, err := msg.Metadata()
@@ -288,22 +270,17 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 // Close implements driver.Source: it stops pulling, gives back what the
 // pull buffer holds (messages Receive never returned) with a short delay,
 // and closes the connection (unless it came from WithConn).
-func (s *Source) Close() error {
-	s.mu.Lock()
-	closed := s.closed
-	s.closed = true
-	s.mu.Unlock()
-	if closed {
-		return nil
-	}
-	back := s.stopPulling()
-	close(s.done)
-	err := s.link.nc.FlushTimeout(5 * time.Second)
-	s.link.close()
-	if err != nil && back > 0 {
-		return fmt.Errorf("nats: giving back %d pulled messages on close: %w", back, err)
-	}
-	return nil
+func (s *Source) Close() (err error) {
+	s.closing.Do(func() {
+		back := s.stopPulling()
+		close(s.done)
+		if err = s.link.shut(); err != nil && back > 0 {
+			err = fmt.Errorf("nats: giving back %d pulled messages on close: %w", back, err)
+		} else {
+			err = nil
+		}
+	})
+	return err
 }
 
 // stopPulling ends the pull, once, and gives back the messages it pulled
@@ -316,8 +293,7 @@ func (s *Source) stopPulling() (back int) {
 	if cc == nil {
 		return 0
 	}
-	// What arrives while the pull drains still reaches the buffer; a drain
-	// the server never confirms ends after 5s.
+	// What arrives while the pull drains reaches the buffer; 5s at most.
 	cc.Drain()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -326,14 +302,12 @@ func (s *Source) stopPulling() (back int) {
 		case m := <-s.buf:
 			_ = m.AckID.(jetstream.Msg).NakWithDelay(giveBackDelay)
 			back++
+			continue
 		case <-ended:
-			if len(s.buf) == 0 {
-				return back
-			}
 		case <-ctx.Done():
-			if len(s.buf) == 0 {
-				return back
-			}
+		}
+		if len(s.buf) == 0 {
+			return back
 		}
 	}
 }

@@ -62,7 +62,7 @@ func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*dr
 		if body == nil { // an entry without a body field would be dead-lettered
 			body = []byte{}
 		}
-		p.xadd(ctx, pipe, destination, p.fields(h, m.ID, m.Key, body))
+		p.xadd(ctx, pipe, destination, p.fields(h, m.ID, m.Key, body, nil))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("redis: adding %d messages to %s: %w", len(msgs), destination, err)
@@ -127,7 +127,7 @@ func (q dlqStore) Each(ctx context.Context, fn func(string, *driver.Parked) erro
 }
 
 func (q dlqStore) Republish(ctx context.Context, _ string, p *driver.Parked) error {
-	return q.xadd(ctx, q.rdb, p.Destination, q.fields(p.Headers, p.ID, p.Key, p.Body)).Err()
+	return q.xadd(ctx, q.rdb, p.Destination, q.fields(p.Headers, p.ID, p.Key, p.Body, nil)).Err()
 }
 
 func (q dlqStore) Remove(ctx context.Context, ref string) error {

@@ -2,14 +2,10 @@
 // github.com/redis/go-redis/v9, for Redis 7.0 or later.
 //
 // A Source reads a stream as a member of a consumer group (XREADGROUP,
-// explicit acks; Open creates the group with MKSTREAM): first the entries
-// its consumer name still holds, then entries idle for WithMinIdle
-// (XAUTOCLAIM), then new ones. An entry holds a message in fields: the id
-// in idemq-id (WithIDField), the key in idemq-key, the body in body
-// (WithBodyField), and each header, traceparent included, in a field of
-// its own. Attempt is the entry's delivery count. Its methods say how each
-// settlement and the Consumer's heartbeat map to Redis commands; dead
-// letters go to the stream STREAM:dlq.
+// explicit acks; Open creates the group with MKSTREAM). An entry holds a
+// message in fields (see DefaultIDField), each header in a field of its
+// own; Attempt is the entry's delivery count. Its methods say which Redis
+// commands they send; dead letters go to the stream STREAM:dlq.
 //
 // Importing the package registers redis:// and rediss:// (TLS) with
 // core.OpenSource, core.OpenPublisher and admin.OpenDeadLetters:
@@ -83,12 +79,7 @@ type config struct {
 
 func set(name string, err error, f func(*config)) Option { return option.Set("redis", name, err, f) }
 
-func named(v string) error {
-	if v == "" {
-		return errors.New("empty")
-	}
-	return nil
-}
+func named(v string) error { return option.Refuse(v == "", "empty") }
 
 // WithAuth authenticates as an ACL user; user "" is the default user.
 func WithAuth(user, password string) Option {
@@ -192,8 +183,8 @@ func logger(cfg driver.OpenConfig) Option {
 
 var file = urlparam.NonEmpty("", func(string) Option { return nil })
 
-// params are the URL parameters; every side checks all of them.
-var params = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlparam.Param[Option]{
+// urlParams are the URL parameters; every side checks all of them.
+var urlParams = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlparam.Param[Option]{
 	"group":         urlparam.NonEmpty("WithGroup", WithGroup),
 	"consumer":      urlparam.NonEmpty("WithConsumer", WithConsumer),
 	"start":         urlparam.NonEmpty("WithStart", WithStart),
@@ -233,7 +224,7 @@ func parseURL(raw string) (addr, stream string, opts []Option, err error) {
 	if err != nil {
 		return "", "", nil, fmt.Errorf("redis URL parameters: %w", err)
 	}
-	read, err := params.Read(q)
+	read, err := urlParams.Read(q)
 	if err == nil && u.Scheme == "rediss" {
 		var tc *tls.Config
 		tc, err = tlsConfig(u.Hostname(), q.Get("tls_ca"), q.Get("tls_cert"), q.Get("tls_key"))
@@ -284,7 +275,7 @@ type link struct {
 func resolve(stream string, needGroup bool, fromURL, opts []Option) (config, error) {
 	c := config{start: "0", idField: DefaultIDField, bodyField: BodyField, dlq: stream + ":dlq", minIdle: DefaultMinIdle, maxExtension: time.Hour, poll: 500 * time.Millisecond}
 	c.consumer, _ = os.Hostname()
-	err := params.Explain(option.Apply(&c, fromURL...))
+	err := urlParams.Explain(option.Apply(&c, fromURL...))
 	if err == nil {
 		err = option.Apply(&c, opts...)
 	}
@@ -319,9 +310,7 @@ func connect(ctx context.Context, raw string, needGroup bool, opts []Option) (*l
 	l.log.Store(c.logger)
 	l.rdb = goredis.NewClient(&goredis.Options{Addr: addr, Username: c.user, Password: c.pass, TLSConfig: c.tls, ClientName: "idemq"})
 	l.rdb.AddHook(clientLog{l})
-	links.Lock()
-	links.m[l] = true
-	links.Unlock()
+	links.Store(l, nil)
 	if err := l.rdb.Ping(ctx).Err(); err != nil {
 		l.close()
 		return nil, fmt.Errorf("redis: connecting to %s: %w", addr, err)
@@ -339,21 +328,22 @@ func (l *link) logger() *slog.Logger {
 
 // close closes the link's client.
 func (l *link) close() error {
-	links.Lock()
-	delete(links.m, l)
-	links.Unlock()
+	links.Delete(l)
 	return l.rdb.Close()
 }
 
 // fields are an entry's fields for a message: its headers (but none of the
-// adapter's own names), id, key and body; a nil body (a parked entry that
-// had none) is left out.
-func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
+// adapter's own names), id, key and body, then the bookkeeping fields
+// mark holds; a nil body (a parked entry that had none) is left out.
+func (l *link) fields(h map[string]string, id, key string, body []byte, mark map[string]string) []any {
 	var out []any
 	for _, k := range slices.Sorted(maps.Keys(h)) {
 		if k != l.c.bodyField && k != KeyField && k != l.c.idField && !slices.Contains(deadletter.Bookkeeping, k) {
 			out = append(out, k, h[k])
 		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(mark)) {
+		out = append(out, k, mark[k])
 	}
 	if id != "" {
 		out = append(out, l.c.idField, id)
@@ -365,15 +355,6 @@ func (l *link) fields(h map[string]string, id, key string, body []byte) []any {
 		return out
 	}
 	return append(out, l.c.bodyField, body)
-}
-
-// fieldList lays h out as XADD's field-value list, in name order.
-func fieldList(h map[string]string) []any {
-	out := make([]any, 0, 2*len(h))
-	for _, k := range slices.Sorted(maps.Keys(h)) {
-		out = append(out, k, h[k])
-	}
-	return out
 }
 
 // xadd adds values to stream through p, trimming it as WithMaxLen or

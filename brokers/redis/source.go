@@ -28,12 +28,12 @@ type Source struct {
 	cursor  string     // of XAUTOCLAIM
 	claimAt time.Time
 
+	life    context.Context // done once Close began
 	stop    context.CancelFunc
 	resend  sync.WaitGroup
 	busy    sync.WaitGroup // settlement and Extend calls under way, which Close waits for
-	mu      sync.Mutex
-	unacked []string // entries whose XACK failed, sent again
-	closed  bool
+	mu      sync.Mutex     // over unacked, and busy.Add against Close
+	unacked []string       // entries whose XACK failed, sent again
 }
 
 var (
@@ -54,9 +54,8 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 		l.close()
 		return nil, err
 	}
-	var rctx context.Context
-	rctx, s.stop = context.WithCancel(context.Background())
-	s.resend.Go(func() { retry.Every(rctx, s.c.minIdle/4, func(time.Time) { s.ackAgain(rctx) }) })
+	s.life, s.stop = context.WithCancel(context.Background())
+	s.resend.Go(func() { retry.Every(s.life, s.c.minIdle/4, func(time.Time) { s.ackAgain(s.life) }) })
 	return s, nil
 }
 
@@ -95,8 +94,7 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, bool) {
 }
 
 // HorizonHint implements driver.HorizonHinter: each of the two streams
-// may keep entries half the retention. A producer outside idemq trims the
-// stream itself, as it adds or from a job; the job's period counts into
+// may keep entries half the retention; a trimming job's period counts into
 // the age, so it trims a tenth younger, every tenth.
 func (s *Source) HorizonHint(retention time.Duration) string {
 	age := max((retention / 2).Truncate(time.Second), time.Second)
@@ -112,25 +110,25 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) {
 	s.fetch.Lock()
 	defer s.fetch.Unlock()
-	for ctx.Err() == nil && !s.isClosed() {
+	for ctx.Err() == nil && s.life.Err() == nil {
 		var xs []goredis.XMessage
 		var err error
 		again := true // xs were delivered before: their delivery counts are their attempts
 		switch now := time.Now(); {
 		case s.history != "":
-			xs, err = s.readBack(ctx, n)
+			xs, err = s.read(ctx, n, s.history, -1)
 		case !now.Before(s.claimAt):
 			xs, err = s.claim(ctx, n)
 		default:
 			again = false
-			xs, err = s.read(ctx, n, min(s.c.poll, s.claimAt.Sub(now)))
+			xs, err = s.read(ctx, n, ">", max(min(s.c.poll, s.claimAt.Sub(now)), time.Millisecond))
 		}
 		var attempts []int
 		if len(xs) > 0 && again {
 			attempts, err = s.attempts(ctx, xs) // failed: not handed out, they come back after min_idle
 		}
 		switch {
-		case s.isClosed(): // not handed out
+		case s.life.Err() != nil: // not handed out
 			s.giveBack(xs)
 		case err != nil && strings.Contains(err.Error(), "NOGROUP"):
 			return nil, errors.Join(err, s.declare(ctx)) // the server lost the stream
@@ -140,45 +138,40 @@ func (s *Source) Receive(ctx context.Context, n int) ([]*driver.Message, error) 
 			return s.messages(xs, attempts), nil
 		}
 	}
-	if s.isClosed() {
+	if s.life.Err() != nil {
 		return nil, driver.ErrSourceClosed
 	}
 	return nil, ctx.Err()
 }
 
-func (s *Source) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
-// readBack reads up to n of the entries pending to the consumer name
-// after the entry s.history (XREADGROUP … ID): what a predecessor under
-// the same name held when it died or stopped. The read raised their
-// delivery counts; those deleted from the stream are acknowledged. An
-// empty answer ends the read-back.
-func (s *Source) readBack(ctx context.Context, n int) ([]goredis.XMessage, error) {
+// read reads up to n entries as the consumer name (XREADGROUP): new ones
+// (">", blocking up to block), or those it holds after from (the
+// read-back of a predecessor's, which goes on from s.history until an
+// empty answer). Entries deleted while pending are acknowledged.
+func (s *Source) read(ctx context.Context, n int, from string, block time.Duration) ([]goredis.XMessage, error) {
 	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
-		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, s.history}, Count: int64(n), Block: -1}).Result()
+		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, from}, Count: int64(n), Block: block}).Result()
 	if err != nil && !errors.Is(err, goredis.Nil) {
-		return nil, fmt.Errorf("redis: reading back the entries %s/%s holds in %s: %w", s.c.group, s.c.consumer, s.stream, err)
+		return nil, fmt.Errorf("redis: reading %s after %s as %s/%s: %w", s.stream, from, s.c.group, s.c.consumer, err)
 	}
 	var xs []goredis.XMessage
 	var deleted []string
-	next := "" // the last entry answered, in id order
+	last := "" // the last entry answered, in id order
 	for _, st := range res {
 		for _, x := range st.Messages {
-			if next = x.ID; x.Values == nil {
+			if last = x.ID; x.Values == nil {
 				deleted = append(deleted, x.ID)
 			} else {
 				xs = append(xs, x)
 			}
 		}
 	}
-	if s.history == "0" && next != "" {
-		s.logger().Info("idemq redis: reading back the entries this consumer name held", "stream", s.stream, "group", s.c.group, "consumer", s.c.consumer)
+	if from != ">" {
+		if from == "0" && last != "" {
+			s.logger().Info("idemq redis: reading back the entries this consumer name held", "stream", s.stream, "group", s.c.group, "consumer", s.c.consumer)
+		}
+		s.history = last
 	}
-	s.history = next
 	return xs, s.ackDeleted(ctx, deleted)
 }
 
@@ -231,36 +224,22 @@ func (s *Source) attempts(ctx context.Context, xs []goredis.XMessage) ([]int, er
 	return attempts, nil
 }
 
-// read reads up to n new entries (XREADGROUP >), blocking up to block.
-func (s *Source) read(ctx context.Context, n int, block time.Duration) ([]goredis.XMessage, error) {
-	res, err := s.rdb.XReadGroup(ctx, &goredis.XReadGroupArgs{
-		Group: s.c.group, Consumer: s.c.consumer, Streams: []string{s.stream, ">"}, Count: int64(n), Block: max(block, time.Millisecond)}).Result()
-	if err != nil && !errors.Is(err, goredis.Nil) {
-		return nil, fmt.Errorf("redis: reading %s as %s/%s: %w", s.stream, s.c.group, s.c.consumer, err)
-	}
-	if len(res) == 0 {
-		return nil, nil
-	}
-	return res[0].Messages, nil
-}
-
-// received is an entry's Message, its AckID, and what its Metadata reads.
+// received is an entry's Message (AckID and BrokerKey the entry id) and
+// the group its Metadata names.
 type received struct {
 	driver.Message
-	s     *Source
-	entry string
+	group string
 }
 
-// metadata is a received entry's Message.Metadata, read from it when
-// asked.
+// metadata is a received entry's Message.Metadata, read when asked.
 type metadata received
 
 // All yields the stream, the consumer group and the entry's id.
 func (m *metadata) All() iter.Seq2[string, slog.Value] {
 	return func(yield func(string, slog.Value) bool) {
-		_ = yield("messaging.destination.name", slog.StringValue(m.s.stream)) &&
-			yield("messaging.consumer.group.name", slog.StringValue(m.s.c.group)) &&
-			yield("messaging.redis.entry_id", slog.StringValue(m.entry))
+		_ = yield("messaging.destination.name", slog.StringValue(m.Source)) &&
+			yield("messaging.consumer.group.name", slog.StringValue(m.group)) &&
+			yield("messaging.redis.entry_id", slog.StringValue(m.BrokerKey.(string)))
 	}
 }
 
@@ -271,59 +250,48 @@ func (s *Source) messages(xs []goredis.XMessage, attempts []int) []*driver.Messa
 	ms := make([]*driver.Message, len(xs))
 	now := time.Now()
 	for i, x := range xs {
-		r := &received{Message: s.message(x.Values), s: s, entry: x.ID}
+		r := &received{Message: s.message(x.Values), group: s.c.group}
 		m := &r.Message
-		m.Source, m.System, m.Attempt, m.ReceivedAt, m.Metadata, m.AckID, m.BrokerKey = s.stream, "redis", 1, now, (*metadata)(r), r, x.ID
+		m.Source, m.System, m.Attempt, m.ReceivedAt, m.Metadata, m.AckID, m.BrokerKey = s.stream, "redis", 1, now, (*metadata)(r), x.ID, x.ID
 		if attempts != nil {
 			m.Attempt = attempts[i]
 		}
 		if m.ID == "" {
-			m.IDError = s.missing(x.ID, m, "id", s.c.idField, DefaultIDField, ", or an empty one")
+			m.IDError = s.missing(x, "id", s.c.idField, DefaultIDField, ", or an empty one")
 		}
 		if m.Body == nil {
-			m.Unreadable = s.missing(x.ID, m, "body", s.c.bodyField, BodyField, "")
+			m.Unreadable = s.missing(x, "body", s.c.bodyField, BodyField, "")
 		}
 		ms[i] = m
 	}
 	return ms
 }
 
-// missing says that the entry id (read into m) has no usable field for
-// what, the field what_field= names (dflt by default), and lists the
-// fields the entry has, in name order, up to ten.
-func (s *Source) missing(id string, m *driver.Message, what, field, dflt, orEmpty string) error {
+// missing says that entry x has no usable field for what, the field
+// what_field= names (dflt by default), and lists the fields x has, in name
+// order, up to ten.
+func (s *Source) missing(x goredis.XMessage, what, field, dflt, orEmpty string) error {
 	where := what + "_field= names the field that holds the " + what
 	if field != dflt {
 		where = what + "_field=" + field
 	}
-	names := slices.Collect(maps.Keys(m.Headers))
-	for f, v := range map[string]bool{s.c.idField: m.ID != "", KeyField: m.Key != "", s.c.bodyField: m.Body != nil} {
-		if v {
-			names = append(names, f)
-		}
-	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(x.Values))
 	if len(names) > 10 {
 		names = append(names[:10], "…")
 	}
-	return fmt.Errorf("redis: entry %s of %s has no %s field%s (%s); its fields: %s", id, s.stream, field, orEmpty, where, strings.Join(names, ", "))
+	return fmt.Errorf("redis: entry %s of %s has no %s field%s (%s); its fields: %s", x.ID, s.stream, field, orEmpty, where, strings.Join(names, ", "))
 }
 
-// entries returns the entry ids of ms, which this source must have
-// received, and holds Close off until the caller calls s.busy.Done; after
-// Close the broker redelivers them (stale).
+// entries returns the entry ids of ms and holds Close off until the
+// caller calls s.busy.Done; after Close the broker redelivers them (stale).
 func (s *Source) entries(ms []*driver.Message) ([]string, error) {
 	ids := make([]string, len(ms))
 	for i, m := range ms {
-		r, ok := m.AckID.(*received)
-		if !ok || r.s != s {
-			return nil, fmt.Errorf("redis: message %d of %d was not received by this source of %s", i+1, len(ms), s.stream)
-		}
-		ids[i] = r.entry
+		ids[i] = m.BrokerKey.(string)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.life.Err() != nil {
 		return nil, driver.Stale(fmt.Errorf("redis: the source of %s is closed", s.stream))
 	}
 	s.busy.Add(1)
@@ -339,10 +307,7 @@ func (s *Source) Ack(ctx context.Context, ms []*driver.Message) error {
 		return err
 	}
 	defer s.busy.Done()
-	if err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err(); err != nil {
-		s.mu.Lock()
-		s.unacked = append(s.unacked, ids...)
-		s.mu.Unlock()
+	if err := s.xack(ctx, ids); err != nil {
 		return fmt.Errorf("redis: acking %d entries of %s (sent again every quarter of min_idle): %w", len(ids), s.stream, err)
 	}
 	return nil
@@ -357,14 +322,23 @@ func (s *Source) ackAgain(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	if err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err(); err != nil {
-		s.mu.Lock()
-		s.unacked = append(s.unacked, ids...)
-		s.mu.Unlock()
+	if err := s.xack(ctx, ids); err != nil {
 		s.logger().Warn("idemq redis: sending failed acknowledgements again failed; trying again", "stream", s.stream, "entries", len(ids), "error", err)
 		return
 	}
 	s.logger().Info("idemq redis: failed acknowledgements sent again", "stream", s.stream, "entries", len(ids))
+}
+
+// xack acknowledges the entries ids, keeping them to send again when it
+// fails.
+func (s *Source) xack(ctx context.Context, ids []string) error {
+	err := s.rdb.XAck(ctx, s.stream, s.c.group, ids...).Err()
+	if err != nil {
+		s.mu.Lock()
+		s.unacked = append(s.unacked, ids...)
+		s.mu.Unlock()
+	}
+	return err
 }
 
 // Retry implements driver.Source: the entries stay pending, idle so that
@@ -452,7 +426,7 @@ func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []
 	tx := s.rdb.TxPipeline()
 	for i, m := range ms {
 		mark := deadletter.Mark{Cause: deadletter.Cause(causes[i]), Attempt: m.Attempt, Origin: s.stream + "/" + s.c.group + "/" + ids[i], Destination: s.stream, At: time.Now()}
-		s.xadd(ctx, tx, s.c.dlq, append(s.fields(m.Headers, m.ID, m.Key, m.Body), fieldList(mark.Headers())...))
+		s.xadd(ctx, tx, s.c.dlq, s.fields(m.Headers, m.ID, m.Key, m.Body, mark.Headers()))
 	}
 	tx.XAck(ctx, s.stream, s.c.group, ids...)
 	if _, err := tx.Exec(ctx); err != nil {
@@ -465,13 +439,12 @@ func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []
 // more and closes the client; settling afterwards is stale.
 func (s *Source) Close() error {
 	s.mu.Lock()
-	closed := s.closed
-	s.closed = true
+	closed := s.life.Err() != nil
+	s.stop()
 	s.mu.Unlock()
 	if closed {
 		return nil
 	}
-	s.stop()
 	s.fetch.Lock() // waits for a read under way
 	s.fetch.Unlock()
 	s.resend.Wait()
