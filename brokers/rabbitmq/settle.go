@@ -16,9 +16,8 @@ import (
 	"github.com/idemq/idemq/core/driver/deadletter"
 )
 
-// session is one connection and its consume channel. A delivery is only
-// ever settled on the channel it arrived on: delivery tags are per
-// channel, so a tag must never reach a newer channel.
+// session is one connection and its consume channel. A delivery is settled
+// only on the channel it arrived on: delivery tags are per channel.
 type session struct {
 	src    *Source
 	n      uint64 // the session's rank among the Source's, to sort deliveries by
@@ -62,8 +61,8 @@ func (s *session) lowest() uint64 {
 }
 
 // staleErr is the error of a settlement that found the delivery's channel
-// closed, wrapping err, the failure that revealed it, if any: its tag died
-// with the channel, so nothing is sent. Any other err is returned as it is.
+// closed (and its tag dead with it), wrapping err, the failure that showed
+// it, if any. Any other err is returned as it is.
 func staleErr(err error) error {
 	if err == nil {
 		return driver.Stale(errors.New("rabbitmq: the delivery's channel is closed"))
@@ -74,8 +73,7 @@ func staleErr(err error) error {
 	return err
 }
 
-// pending is a delivery being settled, and its index in the call's
-// messages.
+// pending is a delivery being settled and its index in the call's messages.
 type pending struct {
 	d *delivery
 	i int
@@ -88,8 +86,7 @@ func fail(ps []pending, errs []error, err error) {
 	}
 }
 
-// settleOp is how a delivery is settled: acked, or nacked with or without
-// requeue.
+// settleOp is how a delivery is settled: acked, requeued or rejected.
 type settleOp int
 
 const (
@@ -118,8 +115,7 @@ func (s *session) send(ps []pending, errs []error, op settleOp) {
 	}
 }
 
-// sendLocked is send's protocol; it returns how many of ps it settled and
-// the error that stopped it.
+// sendLocked returns how many of ps it settled, and what stopped it.
 func (s *session) sendLocked(ps []pending, op settleOp) (int, error) {
 	if s.ch.IsClosed() {
 		return 0, nil
@@ -147,8 +143,7 @@ func (s *session) sendLocked(ps []pending, op settleOp) (int, error) {
 	return len(ps), nil
 }
 
-// op sends one settlement of tag, or with multiple of every unsettled tag
-// up to it.
+// op settles tag, or with multiple every unsettled tag up to it.
 func (s *session) op(op settleOp, tag uint64, multiple bool) error {
 	if op == ack {
 		return s.ch.Ack(tag, multiple)
@@ -182,8 +177,7 @@ func (s *session) move(ctx context.Context, ps []pending, errs []error, queue st
 	}
 }
 
-// publish sends ps on the session's confirm channel (mandatory) and waits
-// for their confirms.
+// publish sends ps on the session's confirm channel, mandatory, confirmed.
 func (s *session) publish(ctx context.Context, key string, ps ...amqp.Publishing) error {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/attempts"
 	"github.com/idemq/idemq/core/driver/hostlist"
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/retry"
 )
 
@@ -57,7 +58,7 @@ type Source struct {
 	isolate        atomic.Bool
 	isolatedParsed int // redelivered messages parsed while isolated; run's own
 
-	reconnects, isolations, stale, multipleAcks, multipleCount atomic.Int64
+	reconnects, stale, multipleAcks, multipleCount, isolations atomic.Int64 // Stats', in its order
 }
 
 // Stats are counters of a Source's life, for operators and tests.
@@ -74,6 +75,27 @@ var (
 	_ driver.Releaser      = (*Source)(nil)
 	_ driver.HorizonHinter = (*Source)(nil)
 )
+
+// sourceConfig checks what Open is given before it dials: the options
+// (the queue among them, unless given as queue) and url, without idemq's
+// parameters, split into its nodes.
+func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, error) {
+	cfg := defaultConfig(queue)
+	if err := option.Apply(&cfg, opts...); err != nil {
+		return config{}, hostlist.List{}, err
+	}
+	if cfg.queue == "" {
+		return config{}, hostlist.List{}, errors.New("rabbitmq: no queue named: give the URL parameter queue= or the option WithQueue")
+	}
+	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
+		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
+	}
+	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
+	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
+	cfg.consumerTag = cmp.Or(cfg.consumerTag, "idemq") // unique enough: the channel is the Source's own
+	ns, err := parseNodes(url)
+	return cfg, ns, err
+}
 
 // Open connects to the broker at addr and returns a Source for the queue
 // its queue parameter (or WithQueue) names. It declares the topology
@@ -184,13 +206,7 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {
-	return Stats{
-		Reconnects:       s.reconnects.Load(),
-		StaleSettlements: s.stale.Load(),
-		MultipleAcks:     s.multipleAcks.Load(),
-		MultipleAcked:    s.multipleCount.Load(),
-		Isolations:       s.isolations.Load(),
-	}
+	return Stats{s.reconnects.Load(), s.stale.Load(), s.multipleAcks.Load(), s.multipleCount.Load(), s.isolations.Load()}
 }
 
 // Receive implements driver.Puller: it waits for a delivery and returns

@@ -1,7 +1,6 @@
 package rabbitmq
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/hostlist"
 	"github.com/idemq/idemq/core/driver/urlparam"
-	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -101,27 +99,6 @@ func openConfig(addr string, opts []Option) (config, hostlist.List, error) {
 		return config{}, hostlist.List{}, err
 	}
 	return sourceConfig(amqpURL, queue, append(urlOpts, opts...))
-}
-
-// sourceConfig checks what Open is given before it dials: the options
-// (the queue among them, unless given as queue) and url, without idemq's
-// parameters, split into its nodes.
-func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, error) {
-	cfg := defaultConfig(queue)
-	if err := option.Apply(&cfg, opts...); err != nil {
-		return config{}, hostlist.List{}, err
-	}
-	if cfg.queue == "" {
-		return config{}, hostlist.List{}, errors.New("rabbitmq: no queue named: give the URL parameter queue= or the option WithQueue")
-	}
-	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
-		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
-	}
-	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
-	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
-	cfg.consumerTag = cmp.Or(cfg.consumerTag, "idemq") // unique enough: the channel is the Source's own
-	ns, err := parseNodes(url)
-	return cfg, ns, err
 }
 
 func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
