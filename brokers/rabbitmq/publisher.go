@@ -155,12 +155,9 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 	return p, nil
 }
 
-// connect opens the confirm channel, and the connection, unless they are
+// connect opens the connection and the confirm channel, each unless it is
 // open. p.mu is held.
 func (p *Publisher) connect(ctx context.Context) error {
-	if p.ch.Channel != nil && !p.ch.IsClosed() {
-		return nil
-	}
 	if err := p.link.connect(ctx); err != nil {
 		return err
 	}
