@@ -65,17 +65,26 @@ func OpenDeadLetters(ctx context.Context, addr string, opts ...Option) (*DeadLet
 	if err := q.connect(ctx); err != nil {
 		return nil, err
 	}
-	ch, err := q.conn.Channel()
-	if err != nil {
+	if _, err := q.ready(); err != nil {
 		q.Close()
-		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclarePassive(cfg.deadLetterQueue, true, false, false, false, nil); err != nil {
-		q.Close()
-		return nil, fmt.Errorf("rabbitmq: dead-letter queue %q: %w", cfg.deadLetterQueue, err)
+		return nil, err
 	}
 	return &DeadLetters{deadletter.New[*amqp.Delivery](q)}, nil
+}
+
+// ready returns how many messages the dead-letter queue holds ready, read
+// on a channel of its own (a failed check closes its channel).
+func (q *dlqStore) ready() (int, error) {
+	ch, err := q.conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("rabbitmq: open channel: %w", err)
+	}
+	defer ch.Close()
+	st, err := ch.QueueDeclarePassive(q.Name(), true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("rabbitmq: dead-letter queue %q: %w", q.Name(), err)
+	}
+	return st.Messages, nil
 }
 
 // Name implements deadletter.Store.
@@ -114,25 +123,24 @@ func (q *dlqStore) Each(ctx context.Context, fn func(*amqp.Delivery, *driver.Par
 	if err := q.connect(ctx); err != nil {
 		return err
 	}
-	ch, err := openConfirm(q.conn)
-	if err != nil {
+	if err := q.ch.open(q.conn); err != nil { // the last call's is closed
 		return fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
-	q.ch, q.kept = ch, 0
+	q.kept = 0
 	defer func() {
 		// Closing the channel returns the unacked messages; it also waits
 		// for the broker to have processed the acks sent before it.
-		if cerr := ch.Close(); err == nil && cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
+		if cerr := q.ch.Close(); err == nil && cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
 			err = fmt.Errorf("rabbitmq: closing the channel of %q: %w", q.Name(), cerr)
 		}
 		q.awaitReturned(ctx)
 	}()
-	st, err := q.ch.QueueDeclarePassive(q.Name(), true, false, false, false, nil)
+	n, err := q.ready()
 	if err != nil {
-		return fmt.Errorf("rabbitmq: dead-letter queue %q: %w", q.Name(), err)
+		return err
 	}
-	refs := make(deadletter.Refs, st.Messages)
-	for range st.Messages {
+	refs := make(deadletter.Refs, n)
+	for range n {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -160,16 +168,11 @@ func (q *dlqStore) awaitReturned(ctx context.Context) {
 	if q.kept == 0 || q.conn == nil {
 		return
 	}
-	ch, err := q.conn.Channel()
-	if err != nil {
-		return
-	}
-	defer ch.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for {
-		st, err := ch.QueueDeclarePassive(q.Name(), true, false, false, false, nil)
-		if err != nil || st.Messages >= q.kept || !retry.Sleep(ctx, 10*time.Millisecond) {
+		n, err := q.ready()
+		if err != nil || n >= q.kept || !retry.Sleep(ctx, 10*time.Millisecond) {
 			return
 		}
 	}

@@ -3,18 +3,14 @@
 //
 // A Source (Open) is a driver.Puller: it consumes one queue with manual
 // acknowledgements and a QoS prefetch equal to the Consumer's window; the
-// message id is the message_id property or a header (WithIDHeader). The
-// Consumer settles a batch's messages in one call per kind: Ack sends one
-// basic.ack with multiple=true over the batch's tags below the lowest tag
-// still unsettled on the channel (a multiple ack acknowledges every unacked
-// tag up to it, deliveries in flight included) and single acks for the
-// rest; requeues and rejects go out the same way. Retry and DeadLetter
-// follow the Source's RetryMode and DeadLetterMode; a parked copy carries
-// the bookkeeping headers of core/driver (driver.CauseHeader,
-// AttemptHeader, OriginHeader, DestinationHeader, ParkedAtHeader). Attempt
-// comes from x-delivery-count on quorum queues, and on classic queues,
-// which only flag a redelivery, from what this process requeued
-// (core/driver/attempts).
+// message id is the message_id property or a header (WithIDHeader). A
+// batch's settlements of one kind go out as one multiple ack, requeue or
+// reject where the channel allows it (see Source.Ack). Retry and
+// DeadLetter follow the Source's RetryMode and DeadLetterMode; a parked
+// copy carries the bookkeeping headers of core/driver (driver.CauseHeader
+// and the others). Attempt comes from x-delivery-count on quorum queues,
+// and on classic queues, which only flag a redelivery, from what this
+// process requeued (core/driver/attempts).
 //
 // amqp091-go does not reconnect by itself (and its optional channel
 // recovery reuses channel ids, so an old delivery tag could land on a new

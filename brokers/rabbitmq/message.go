@@ -20,18 +20,9 @@ import (
 // AckID.
 type delivery struct {
 	sess *session
-	tag  uint64
 	raw  amqp.Delivery
 	msg  driver.Message
 	id   string // the id as the Source read it, before any IDFunc
-}
-
-// wrap names d in err (nil stays nil).
-func (d *delivery) wrap(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("rabbitmq: message %q (tag %d): %w", d.msg.ID, d.tag, err)
 }
 
 // MetadataRedelivered is the Message.Metadata key of the AMQP redelivered
@@ -40,13 +31,14 @@ func (d *delivery) wrap(err error) error {
 const MetadataRedelivered = "messaging.rabbitmq.message.redelivered_flag"
 
 // toMessage converts an AMQP delivery into m, the pipeline's Message, its
-// id read per idHeader (see WithIDHeader). The error says why the id
-// header held no usable id (the Message then has none).
-func toMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) error {
+// id read per idHeader (see WithIDHeader), or IDError saying why there is
+// none.
+func toMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) {
 	id, idErr := messageID(idHeader, r)
 	key, _ := r.Headers[KeyHeader].(string)
 	*m = driver.Message{
 		ID:         id,
+		IDError:    idErr,
 		Body:       r.Body,
 		Key:        key,
 		Headers:    renderHeaders(r.Headers),
@@ -55,7 +47,6 @@ func toMessage(m *driver.Message, queue, idHeader string, r *amqp.Delivery) erro
 		Attempt:    attempt(r),
 		ReceivedAt: time.Now(),
 	}
-	return idErr
 }
 
 // metadata is a delivery's Message.Metadata, read from it when asked.

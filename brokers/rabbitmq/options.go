@@ -63,9 +63,31 @@ type Option func(*config) error
 // connConfig is what a Source and a Publisher both configure.
 type connConfig struct {
 	connName string
-	dial     amqp.Config
-	dialSet  bool
-	idHeader string // "" reads and writes the id in message_id only
+	dial     *amqp.Config // nil: amqp091-go's defaults
+	idHeader string       // "" reads and writes the id in message_id only
+}
+
+func (c *connConfig) conn() *connConfig { return c }
+
+// connOf is a Source's or a Publisher's config, by its connConfig.
+type connOf[C any] interface {
+	*C
+	conn() *connConfig
+}
+
+// connName, idHeader and dialConfig return a Source's or a Publisher's
+// option, named name, that sets its connConfig's field to v.
+func connName[C any, P connOf[C]](name, v string) func(*C) error {
+	return set(name, option.Refuse(v == "", "empty name"), func(c *C) { P(c).conn().connName = v })
+}
+
+func idHeader[C any, P connOf[C]](name, v string) func(*C) error {
+	return set(name, option.Refuse(v == "", "empty header name"), func(c *C) { P(c).conn().idHeader = v })
+}
+
+func dialConfig[C any, P connOf[C]](name string, v amqp.Config) func(*C) error {
+	return set(name, option.Refuse(v.Recovery != nil, "Recovery must be nil (idemq reconnects by itself)"),
+		func(c *C) { P(c).conn().dial = &v })
 }
 
 type config struct {
@@ -214,9 +236,7 @@ func WithConsumerTag(tag string) Option {
 
 // WithConnectionName sets the connection_name client property shown by
 // rabbitmqctl and the management UI. Default "idemq".
-func WithConnectionName(name string) Option {
-	return set("WithConnectionName", option.Refuse(name == "", "empty name"), func(c *config) { c.connName = name })
-}
+func WithConnectionName(name string) Option { return connName[config]("WithConnectionName", name) }
 
 // WithIDHeader names an AMQP header that holds the business id, for
 // producers that cannot set the message_id property (amqp-publish,
@@ -227,9 +247,7 @@ func WithConnectionName(name string) Option {
 // and the Consumer dead-letters the message with a cause naming the header
 // and its type. Default "": message_id only. A Publisher opened by the
 // same URL writes the id in the header too.
-func WithIDHeader(name string) Option {
-	return set("WithIDHeader", option.Refuse(name == "", "empty header name"), func(c *config) { c.idHeader = name })
-}
+func WithIDHeader(name string) Option { return idHeader[config]("WithIDHeader", name) }
 
 // WithReconnectBackoff sets the bounds of the backoff between reconnect
 // rounds, a round being one dial of every node (and, once one answers, the
@@ -253,7 +271,4 @@ func WithLogger(l *slog.Logger) Option {
 // SASL, properties). Default: amqp091-go's defaults. Its Recovery field
 // must be nil: the Source reconnects by itself, and amqp091-go's channel
 // recovery would let an old delivery tag reach a new channel.
-func WithDialConfig(cfg amqp.Config) Option {
-	return set("WithDialConfig", option.Refuse(cfg.Recovery != nil, "Recovery must be nil (the Source reconnects itself)"),
-		func(c *config) { c.dial, c.dialSet = cfg, true })
-}
+func WithDialConfig(cfg amqp.Config) Option { return dialConfig[config]("WithDialConfig", cfg) }

@@ -1,9 +1,11 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -54,20 +56,20 @@ func WithMandatory(mandatory bool) PublisherOption {
 // WithPublisherConnectionName sets the connection_name client property.
 // Default "idemq-publisher".
 func WithPublisherConnectionName(name string) PublisherOption {
-	return set("WithPublisherConnectionName", option.Refuse(name == "", "empty name"), func(c *pubConfig) { c.connName = name })
+	return connName[pubConfig]("WithPublisherConnectionName", name)
 }
 
 // WithPublisherIDHeader makes Publish write each message's id in the named
 // header as well as in the message_id property, for consumers that read it
 // from a header (see WithIDHeader). Default "": message_id only.
 func WithPublisherIDHeader(name string) PublisherOption {
-	return set("WithPublisherIDHeader", option.Refuse(name == "", "empty header name"), func(c *pubConfig) { c.idHeader = name })
+	return idHeader[pubConfig]("WithPublisherIDHeader", name)
 }
 
 // WithPublisherDialConfig sets the amqp091-go connection config. Default:
 // amqp091-go's defaults. Its Recovery field must be nil.
 func WithPublisherDialConfig(cfg amqp.Config) PublisherOption {
-	return set("WithPublisherDialConfig", option.Refuse(cfg.Recovery != nil, "Recovery must be nil"), func(c *pubConfig) { c.dial, c.dialSet = cfg, true })
+	return dialConfig[pubConfig]("WithPublisherDialConfig", cfg)
 }
 
 // Publisher publishes core Messages with publisher confirms: Publish returns
@@ -111,8 +113,10 @@ func (l *link) Close() error {
 		return nil
 	}
 	err := l.conn.Close()
-	l.conn = nil
-	return ignoreClosed(err)
+	if l.conn = nil; errors.Is(err, amqp.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 // NewPublisher connects to the broker at addr, a URL as Open takes it
@@ -151,14 +155,13 @@ func NewPublisher(ctx context.Context, addr string, opts ...PublisherOption) (*P
 	return p, nil
 }
 
-// connect opens the confirm channel, and the connection if it is not
+// connect opens the connection and the confirm channel, each unless it is
 // open. p.mu is held.
 func (p *Publisher) connect(ctx context.Context) error {
 	if err := p.link.connect(ctx); err != nil {
 		return err
 	}
-	var err error
-	if p.ch, err = openConfirm(p.conn); err != nil {
+	if err := p.ch.open(p.conn); err != nil {
 		p.link.Close()
 		return fmt.Errorf("rabbitmq: publisher channel: %w", err)
 	}
@@ -179,15 +182,9 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Mes
 	if p.closed {
 		return errors.New("rabbitmq: publisher closed")
 	}
-	if key == "" {
-		key = p.cfg.routingKey
+	if err := p.connect(ctx); err != nil {
+		return err
 	}
-	if p.ch.Channel == nil || p.ch.IsClosed() {
-		if err := p.connect(ctx); err != nil {
-			return err
-		}
-	}
-	now := time.Now()
 	// The caller's trace context travels in the headers, so the
 	// consumer's process span can link to the producer's.
 	var traceHeaders propagation.MapCarrier
@@ -195,6 +192,7 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Mes
 		traceHeaders = propagation.MapCarrier{}
 		otel.GetTextMapPropagator().Inject(ctx, traceHeaders)
 	}
+	now := time.Now()
 	ps := make([]amqp.Publishing, len(msgs))
 	for i, m := range msgs {
 		h := make(amqp.Table, len(m.Headers)+len(traceHeaders))
@@ -212,7 +210,7 @@ func (p *Publisher) Publish(ctx context.Context, key string, msgs ...*driver.Mes
 		}
 		ps[i] = amqp.Publishing{MessageId: m.ID, Headers: h, Body: m.Body, DeliveryMode: amqp.Persistent, Timestamp: now}
 	}
-	if err := p.ch.publish(ctx, p.cfg.exchange, key, p.cfg.mandatory, ps...); err != nil {
+	if err := p.ch.publish(ctx, p.cfg.exchange, cmp.Or(key, p.cfg.routingKey), p.cfg.mandatory, ps...); err != nil {
 		return fmt.Errorf("rabbitmq: %w", err)
 	}
 	return nil
@@ -224,4 +222,86 @@ func (p *Publisher) Close() error {
 	defer p.mu.Unlock()
 	p.closed = true
 	return p.link.Close()
+}
+
+// confirmChunk bounds the messages awaiting confirms at once, and so the
+// basic.returns that can pile up before publish reads them (amqp091-go
+// drops a notification a listener does not take).
+const confirmChunk = 256
+
+// confirmCh is a channel in confirm mode and the channel its basic.returns
+// arrive on: the Publisher's, a session's for its republishes, and a
+// dead-letter call's for its redrives.
+type confirmCh struct {
+	*amqp.Channel
+	returns chan amqp.Return
+}
+
+// open opens c on conn, unless it is open, with its returns waiting in
+// confirmChunk places.
+func (c *confirmCh) open(conn *amqp.Connection) error {
+	if c.Channel != nil && !c.IsClosed() {
+		return nil
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return err
+	}
+	*c = confirmCh{ch, ch.NotifyReturn(make(chan amqp.Return, confirmChunk))}
+	return nil
+}
+
+// publish publishes ps to exchange with routing key key, nothing else
+// awaiting a confirm on c, and waits for their confirms, confirmChunk
+// messages at a time. A returned message fails the call, marked
+// driver.Permanent for 312 NO_ROUTE (no queue is bound for the key: it
+// fails the same way until one is), and so does a nack; the messages
+// before it may have been published. A call cut short closes c: a late
+// confirm or return of ps could be taken for the next call's, which must
+// start on a fresh channel.
+func (c confirmCh) publish(ctx context.Context, exchange, key string, mandatory bool, ps ...amqp.Publishing) error {
+	for chunk := range slices.Chunk(ps, confirmChunk) {
+		confs := make([]*amqp.DeferredConfirmation, 0, len(chunk))
+		for _, p := range chunk {
+			conf, err := c.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, p)
+			if err != nil {
+				c.Close()
+				return fmt.Errorf("publish %q: %w", p.MessageId, err)
+			}
+			confs = append(confs, conf)
+		}
+		nacked := 0
+		for _, conf := range confs {
+			acked, err := conf.WaitContext(ctx)
+			if err != nil {
+				c.Close()
+				return fmt.Errorf("waiting for publisher confirms: %w", err)
+			}
+			if !acked {
+				nacked++
+			}
+		}
+		// The broker sends basic.return before the confirm, and amqp091-go
+		// hands both over from one reader goroutine, so every return of
+		// chunk is buffered by now.
+		if n := len(c.returns); n > 0 {
+			first := <-c.returns
+			for range n - 1 {
+				<-c.returns
+			}
+			err := fmt.Errorf("%d of %d messages unroutable with key %q: %d %s", n, len(chunk), key, first.ReplyCode, first.ReplyText)
+			if first.ReplyCode == amqp.NoRoute {
+				return driver.Permanent(err)
+			}
+			return err
+		}
+		if nacked > 0 {
+			return fmt.Errorf("%d of %d messages not confirmed by the broker", nacked, len(chunk))
+		}
+	}
+	return nil
 }

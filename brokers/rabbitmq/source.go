@@ -34,35 +34,31 @@ type Source struct {
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
-	closed   bool
 	sess     *session         // current session, nil while reconnecting
 	sessions uint64           // sessions started, to order them
-	initial  *amqp.Connection // the connection Open made, used by the first session
+	initial  *amqp.Connection // Open's connection, for the first session
 
-	started atomic.Bool  // Start ran: run consumes
-	window  int          // the Consumer's window: the QoS prefetch; set by Start
-	log     *slog.Logger // WithLogger's, else the Consumer's; set by Start at the latest
-	// attempts remembers the attempt of messages this process requeued
-	// with RetryRequeue, by id: a classic queue only flags a redelivery, so
-	// Attempt would stop at 2 and MaxAttempts never be reached.
+	window int          // the Consumer's window: the QoS prefetch; set by Start
+	log    *slog.Logger // WithLogger's, else the Consumer's; set by Start at the latest
+	// attempts remembers the attempt of messages requeued by RetryRequeue:
+	// a classic queue only flags a redelivery, so Attempt would stop at 2.
 	attempts *attempts.Memo[string]
 
-	out  chan *delivery // converted deliveries waiting for Receive
-	errs chan error     // connection trouble reported to Receive, never blocks the loop
+	out  chan *delivery // deliveries waiting for Receive
+	errs chan error     // connection trouble for Receive, never blocks run
 	wg   sync.WaitGroup
 
 	// isolate is set when the client dropped the connection on a frame it
-	// could not parse (amqp091-go refuses a message with more than 8192
-	// headers): the next session consumes one message at a time until the
-	// unparseable one is behind it, so the messages behind it are not
-	// returned (and, with a delivery limit, parked) with it on every drop.
-	// The drop returned at most a window of messages, each flagged
-	// redelivered, ahead of any never delivered: a message never delivered,
-	// or a window's worth that parsed, means the unparseable one is gone.
+	// could not parse (amqp091-go refuses more than 8192 headers): the next
+	// session consumes one message at a time until the unparseable one is
+	// behind it, so the messages behind it are not returned (and, with a
+	// delivery limit, parked) with it on every drop. The drop returned at
+	// most a window of messages, each flagged redelivered, ahead of any never
+	// delivered: one never delivered, or a window that parsed, means it is gone.
 	isolate        atomic.Bool
 	isolatedParsed int // redelivered messages parsed while isolated; run's own
 
-	reconnects, isolations, stale, multipleAcks, multipleCount atomic.Int64
+	reconnects, stale, multipleAcks, multipleCount, isolations atomic.Int64 // Stats', in its order
 }
 
 // Stats are counters of a Source's life, for operators and tests.
@@ -91,14 +87,12 @@ func sourceConfig(url, queue string, opts []Option) (config, hostlist.List, erro
 	if cfg.queue == "" {
 		return config{}, hostlist.List{}, errors.New("rabbitmq: no queue named: give the URL parameter queue= or the option WithQueue")
 	}
-	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
-	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
-	// A tag of idemq's, to cancel the consumer by (Release): it need only
-	// be unique on its channel, which is the Source's own.
-	cfg.consumerTag = cmp.Or(cfg.consumerTag, "idemq")
 	if cfg.deliveryLimit > 0 && cfg.queueType != Quorum {
 		return config{}, hostlist.List{}, fmt.Errorf("rabbitmq: WithDeliveryLimit: needs WithQueueType(Quorum) (queue type is %q)", cfg.queueType)
 	}
+	cfg.deadLetterQueue = cmp.Or(cfg.deadLetterQueue, cfg.queue+".dlq")
+	cfg.retryQueue = cmp.Or(cfg.retryQueue, cfg.queue+".retry")
+	cfg.consumerTag = cmp.Or(cfg.consumerTag, "idemq") // unique enough: the channel is the Source's own
 	ns, err := parseNodes(url)
 	return cfg, ns, err
 }
@@ -142,10 +136,8 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 		cfg:      cfg,
 		log:      cfg.logger,
 		attempts: attempts.New[string](10000),
-		// Buffered so the pump converts ahead while the Consumer is busy;
-		// what waits here is within the broker's prefetch.
-		out:  make(chan *delivery, 128),
-		errs: make(chan error, 1),
+		out:      make(chan *delivery, 128), // within the prefetch: the pump converts ahead
+		errs:     make(chan error, 1),
 	}
 	if s.initial, err = s.dialAndDeclare(ctx); err != nil {
 		return nil, err
@@ -163,21 +155,18 @@ func (s *Source) Queue() string { return s.cfg.queue }
 // deliveries until it closes, so there is no lease; the retry queue waits
 // out a retry's delay (RetryViaQueue), a requeue does not.
 func (s *Source) Start(_ context.Context, st driver.Setup) (driver.Traits, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return driver.Traits{}, driver.ErrSourceClosed
-	case s.started.Load():
-		return driver.Traits{}, errors.New("rabbitmq: Start called twice")
-	case st.Window < 1:
+	if st.Window < 1 {
 		return driver.Traits{}, fmt.Errorf("rabbitmq: window %d is below 1", st.Window)
+	}
+	s.mu.Lock() // Close cancels under s.mu
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return driver.Traits{}, driver.ErrSourceClosed
 	}
 	s.window = min(st.Window, 65535)
 	if s.log == nil {
 		s.log = cmp.Or(st.Logger, slog.Default())
 	}
-	s.started.Store(true)
 	s.wg.Add(1)
 	go s.run()
 	return driver.Traits{DelaysRetry: s.cfg.retryMode == RetryViaQueue}, nil
@@ -217,25 +206,15 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {
-	return Stats{
-		Reconnects:       s.reconnects.Load(),
-		StaleSettlements: s.stale.Load(),
-		MultipleAcks:     s.multipleAcks.Load(),
-		MultipleAcked:    s.multipleCount.Load(),
-		Isolations:       s.isolations.Load(),
-	}
+	return Stats{s.reconnects.Load(), s.stale.Load(), s.multipleAcks.Load(), s.multipleCount.Load(), s.isolations.Load()}
 }
 
 // Receive implements driver.Puller: it waits for a delivery and returns
 // it with those already waiting, at most max. While the connection is down
-// it may return the error of a reconnect attempt; calling it again is
-// always safe.
+// it may return the error of a reconnect attempt.
 func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
 	if s.ctx.Err() != nil {
 		return nil, driver.ErrSourceClosed
-	}
-	if !s.started.Load() {
-		return nil, errors.New("rabbitmq: Receive before Start")
 	}
 	var ms []*driver.Message
 	for len(ms) == 0 {
@@ -261,9 +240,8 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 	return ms, nil
 }
 
-// appendLive appends d's message to ms unless d's channel closed: its tag
-// died with it and the broker redelivers it, so handing it over would only
-// waste a transaction.
+// appendLive appends d's message to ms unless d's channel closed: the
+// broker redelivers it, so handing it over would waste a transaction.
 func (d *delivery) appendLive(ms []*driver.Message) []*driver.Message {
 	if d.sess.ch.IsClosed() {
 		return ms
@@ -276,27 +254,15 @@ func (d *delivery) appendLive(ms []*driver.Message) []*driver.Message {
 // error wrapping driver.ErrStaleDelivery.
 func (s *Source) Close() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	// Whoever takes s.initial under s.mu owns it: run (once started) or,
-	// if run has not taken it yet, Close.
-	initial := s.initial
+	initial := s.initial // run takes it under s.mu once it starts
 	s.initial = nil
-	s.mu.Unlock()
 	s.cancel()
+	s.mu.Unlock()
 	var err error
 	if initial != nil {
 		err = initial.Close()
 	}
 	s.wg.Wait()
-	return ignoreClosed(err)
-}
-
-// ignoreClosed is err, unless it says the connection was closed already.
-func ignoreClosed(err error) error {
 	if errors.Is(err, amqp.ErrClosed) {
 		return nil
 	}
@@ -358,8 +324,7 @@ func (s *Source) run() {
 			s.sess = nil
 		}
 		s.mu.Unlock()
-		sess.kill()
-		sess.conn.Close()
+		sess.conn.Close() // and with it the channel: its deliveries go stale
 		if s.ctx.Err() != nil {
 			return
 		}
@@ -419,16 +384,12 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 			}
 			return closeReason(e)
 		case raw, ok := <-deliveries:
-			if !ok && sess.isReleased() {
-				// Release stopped consuming: the session stays for the
-				// settlements still to come, until Close.
-				deliveries = nil
-				continue
-			}
 			if !ok {
-				// The consumer was cancelled (queue deleted, or the channel
-				// closed): a fresh session re-checks the topology.
-				return "consumer cancelled or channel closed"
+				if !sess.isReleased() { // queue deleted, or channel closed: a fresh session re-checks the topology
+					return "consumer cancelled or channel closed"
+				}
+				deliveries = nil // Release stopped consuming; the session stays for the settlements to come
+				continue
 			}
 			if s.isolate.Load() && !sess.isReleased() && s.passedUnparseable(raw.Redelivered) {
 				s.isolate.Store(false)
@@ -438,16 +399,12 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 				}
 				deliveries = next
 			}
-			if !sess.add(raw.DeliveryTag) {
-				return "channel closed"
-			}
+			sess.add(raw.DeliveryTag)
 			select {
 			case s.out <- s.newDelivery(sess, raw):
 			case <-s.ctx.Done():
 				return "closed"
-			case e := <-sess.closed:
-				// The delivery's tag died with the channel; the broker
-				// redelivers it.
+			case e := <-sess.closed: // the tag died with it: the broker redelivers
 				return closeReason(e)
 			}
 		}
@@ -456,10 +413,9 @@ func (s *Source) pump(sess *session, deliveries <-chan amqp.Delivery) string {
 
 // newDelivery converts raw, received on sess, into a delivery.
 func (s *Source) newDelivery(sess *session, raw amqp.Delivery) *delivery {
-	d := &delivery{sess: sess, tag: raw.DeliveryTag, raw: raw}
-	idErr := toMessage(&d.msg, s.cfg.queue, s.cfg.idHeader, &d.raw)
-	d.id, d.msg.IDError, d.msg.AckID = d.msg.ID, idErr, d
-	d.msg.Metadata = (*metadata)(d)
+	d := &delivery{sess: sess, raw: raw}
+	toMessage(&d.msg, s.cfg.queue, s.cfg.idHeader, &d.raw)
+	d.id, d.msg.AckID, d.msg.Metadata = d.msg.ID, d, (*metadata)(d)
 	if d.msg.IDError != nil {
 		s.log.Warn("idemq rabbitmq: message without a usable id; the Consumer dead-letters it", "queue", s.cfg.queue, "delivery_tag", raw.DeliveryTag, "error", d.msg.IDError)
 	}
@@ -480,18 +436,17 @@ func (s *Source) passedUnparseable(redelivered bool) bool {
 	return s.isolatedParsed >= s.window
 }
 
-// unparseable tells a connection the client dropped because it could not
-// parse a frame from one that was lost or closed.
+// unparseable tells a connection the client dropped on a frame it could
+// not parse from one that was lost or closed.
 func unparseable(e *amqp.Error) bool {
 	return e != nil && e.Code == amqp.FrameError && !e.Server && !strings.Contains(e.Reason, "EOF") &&
 		(strings.Contains(e.Reason, "invalid field") || strings.Contains(e.Reason, "frame could not be parsed") || strings.Contains(e.Reason, "frame size"))
 }
 
 // unisolate replaces the session's one-at-a-time consumer by one with the
-// full window and returns its deliveries. A consumer's prefetch is fixed
-// when it starts: the new one starts first, then the old one, which holds
-// only the message just received (its next comes after an ack), is
-// cancelled, so delivery tags stay in order.
+// full window (a consumer's prefetch is fixed when it starts) and returns
+// its deliveries. The old one, cancelled after, holds only the message
+// just received, so delivery tags stay in order.
 func (s *Source) unisolate(sess *session) (<-chan amqp.Delivery, error) {
 	if err := sess.ch.Qos(s.window, 0, false); err != nil {
 		return nil, err
@@ -519,15 +474,15 @@ type dialer = hostlist.Dialer[*amqp.Connection]
 // open dials url, one node's, with cc; ctx can abandon the dial, and a
 // connection that arrives too late is closed.
 func (cc connConfig) open(ctx context.Context, url string) (*amqp.Connection, error) {
-	cfg, name := cc.dial, cc.connName
-	if !cc.dialSet {
-		cfg = amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"}
+	cfg := amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"}
+	if cc.dial != nil {
+		cfg = *cc.dial
 	}
 	if cfg.Properties = maps.Clone(cfg.Properties); cfg.Properties == nil {
 		cfg.Properties = amqp.NewConnectionProperties()
 	}
 	if _, ok := cfg.Properties["connection_name"]; !ok {
-		cfg.Properties.SetClientConnectionName(name)
+		cfg.Properties.SetClientConnectionName(cc.connName)
 	}
 	if cfg.Dial == nil {
 		timeout := 30 * time.Second // amqp091-go's default
@@ -535,13 +490,11 @@ func (cc connConfig) open(ctx context.Context, url string) (*amqp.Connection, er
 			timeout = time.Duration(u.ConnectionTimeout) * time.Millisecond
 		}
 		cfg.Dial = func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: timeout}
-			c, err := d.DialContext(ctx, network, addr)
+			c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
-			// The handshake has no heartbeats yet; amqp091-go clears this
-			// deadline once the connection is open.
+			// The handshake has no heartbeats; amqp091-go clears this once open.
 			return c, c.SetDeadline(time.Now().Add(timeout))
 		}
 	}

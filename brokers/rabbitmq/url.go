@@ -135,7 +135,12 @@ func parseNodes(url string) (hostlist.List, error) {
 	}
 	for _, u := range ns.URLs {
 		if _, err := amqp.ParseURI(u); err != nil {
-			return hostlist.List{}, urlError(u, err)
+			// Told without secrets; a URL that does not parse is not shown
+			// (no rule knows where its password ends).
+			if _, perr := redact.ParseURL(u); perr != nil {
+				return hostlist.List{}, fmt.Errorf("rabbitmq: url: %w", perr)
+			}
+			return hostlist.List{}, fmt.Errorf("rabbitmq: url %s: %s", redact.URL(u), redact.Error(err, u))
 		}
 	}
 	return ns, nil
@@ -148,13 +153,4 @@ func splitNodes(url string) (hostlist.List, error) {
 		return ns, fmt.Errorf("rabbitmq: %w", err)
 	}
 	return ns, nil
-}
-
-// urlError reports a URL amqp091-go refuses without its secrets: one that
-// does not parse is not shown (no rule knows where its password ends).
-func urlError(rawURL string, err error) error {
-	if _, perr := redact.ParseURL(rawURL); perr != nil {
-		return fmt.Errorf("rabbitmq: url: %w", perr)
-	}
-	return fmt.Errorf("rabbitmq: url %s: %s", redact.URL(rawURL), redact.Error(err, rawURL))
 }
