@@ -137,46 +137,43 @@ func (s *Source) Extend(ctx context.Context, ms []*driver.Message) error {
 // DeadLetter implements driver.Source, as the DeadLetterMode says.
 func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
 	ds, errs := s.own(ms)
-	if s.cfg.deadLetterMode == DeadLetterRedrive {
+	var left []*delivery // parked, or handed to the redrive policy
+	redrive := s.cfg.deadLetterMode == DeadLetterRedrive
+	if redrive {
 		for i, d := range ds {
 			if d != nil {
 				s.log.Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
 					"receive_count", d.msg.Attempt, "max_receive_count", s.q.redrive.maxReceiveCount, "cause", deadletter.Cause(causes[i]))
 			}
 		}
-		released := note(ds, errs, s.setVisibility(ctx, ds, atOnce), "dead-letter (release to the redrive policy)")
-		for _, d := range released {
-			// SQS parks it once its receive count passes maxReceiveCount:
-			// count that receive, not every release before it.
-			if d != nil && d.msg.Attempt >= s.q.redrive.maxReceiveCount {
-				s.stats.deadLettered.Add(1)
+		left = note(ds, errs, s.setVisibility(ctx, ds, atOnce), "dead-letter (release to the redrive policy)")
+	} else {
+		// SQS accepts a delete with a receipt handle a later receive
+		// replaced, and keeps the message, which would be decided again
+		// beside its copy. A visibility change, which SQS refuses for such
+		// a handle, proves the handle first and keeps the message while
+		// copied.
+		vis := int32(max(s.vis, time.Second) / time.Second)
+		left = note(ds, errs, s.setVisibility(ctx, ds, func(int) int32 { return vis }), "dead-letter (checking the receipt handle; nothing was sent)")
+		sent := make([]error, len(ds))
+		for i, d := range left {
+			if d != nil {
+				sent[i] = s.park(ctx, d, causes[i])
 			}
 		}
-		s.settled(ctx, ds, errs, false)
-		return driver.PartialOf(errs)
+		left = note(left, errs, sent, fmt.Sprintf("dead-letter to %q (the message stays in the queue)", s.dlq.name))
+		left = note(left, errs, s.deleteAll(ctx, left), fmt.Sprintf("dead-letter: copied to %q but the delete failed, so it will be parked again", s.dlq.name))
 	}
-	// SQS accepts a delete with a receipt handle a later receive replaced,
-	// and keeps the message, which would be decided again beside its copy.
-	// A visibility change, which SQS refuses for such a handle, proves the
-	// handle before anything is sent and keeps the message while copied.
-	vis := int32(max(s.vis, time.Second) / time.Second)
-	left := note(ds, errs, s.setVisibility(ctx, ds, func(int) int32 { return vis }), "dead-letter (checking the receipt handle; nothing was sent)")
-	sent := make([]error, len(ds))
-	for i, d := range left {
-		if d != nil {
-			sent[i] = s.park(ctx, d, causes[i])
-		}
-	}
-	left = note(left, errs, sent, fmt.Sprintf("dead-letter to %q (the message stays in the queue)", s.dlq.name))
-	left = note(left, errs, s.deleteAll(ctx, left), fmt.Sprintf("dead-letter: copied to %q but the delete failed, so it will be parked again", s.dlq.name))
 	for _, d := range left {
-		// Counted once the original is gone: a copy whose delete failed
-		// comes back and is counted when it is parked for good.
-		if d != nil {
+		// Counted once: when the original is gone (a copy whose delete
+		// failed comes back and is counted when parked for good), or at the
+		// release after which SQS parks it (its receive count passes
+		// maxReceiveCount).
+		if d != nil && (!redrive || d.msg.Attempt >= s.q.redrive.maxReceiveCount) {
 			s.stats.deadLettered.Add(1)
 		}
 	}
-	s.settled(ctx, ds, errs, true)
+	s.settled(ctx, ds, errs, !redrive)
 	return driver.PartialOf(errs)
 }
 

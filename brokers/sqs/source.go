@@ -184,20 +184,16 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 // at most, fewer by the FIFO messages held back, which count in the
 // window too). A failed ReceiveMessage is logged and returned.
 func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, driver.ErrSourceClosed
-	}
-	s.busy.Add(1) // Close waits for it
-	s.mu.Unlock()
 	var p *poll // this call's, in flight
-	defer func() {
-		s.abandon(p)
-		s.busy.Done()
-	}()
-	for {
-		s.mu.Lock()
+	s.mu.Lock()
+	if !s.closed {
+		s.busy.Add(1) // Close waits for it
+		defer func() {
+			s.abandon(p)
+			s.busy.Done()
+		}()
+	}
+	for ; ; s.mu.Lock() { // s.mu is held at the start of each turn
 		switch {
 		case s.closed:
 			s.mu.Unlock()
@@ -209,12 +205,10 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 			n := min(max, len(s.ready))
 			ms := messages(s.ready[:n])
 			clear(s.ready[:n])
-			s.ready = s.ready[n:]
-			more := len(s.ready) > 0
-			s.mu.Unlock()
-			if more {
+			if s.ready = s.ready[n:]; len(s.ready) > 0 {
 				signal(s.avail) // for another caller
 			}
+			s.mu.Unlock()
 			return ms, nil
 		}
 		if n := min(max, 10) - s.heldBack; p == nil && n > 0 {
