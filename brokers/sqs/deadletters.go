@@ -210,45 +210,33 @@ func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Messa
 		empties = 0
 		var fresh []*types.Message
 		var ps []*driver.Parked
+		hs := make([]*string, len(out.Messages))
 		for i := range out.Messages {
 			m := &out.Messages[i]
+			if hs[i] = m.ReceiptHandle; hold {
+				// Held before fn sees the first, so the heartbeat keeps
+				// them hidden however long fn takes; one handed out again
+				// replaces its receipt.
+				l.receipts.Store(aws.ToString(m.MessageId), m.ReceiptHandle)
+			}
 			if id := aws.ToString(m.MessageId); !seen[id] {
 				seen[id] = true
 				fresh, ps = append(fresh, m), append(ps, s.parked(m))
 			}
 		}
 		if !hold {
-			if err := s.show(ctx, out.Messages); err != nil {
-				return err
+			if err := s.setAll(ctx, hs, 0); err != nil {
+				return fmt.Errorf("sqs: dead-letter queue %s: making messages visible again after reading them (they come back within %v): %w", s.dlq.name, lookVisibility, err)
 			}
 			// SQS handed back only messages listed: hold from now on, so
 			// that the next receives bring the others.
 			hold = len(fresh) == 0
-		} else {
-			// All are held before fn sees the first, so the heartbeat
-			// keeps them hidden however long fn takes. One handed out
-			// again replaces its receipt.
-			for _, m := range out.Messages {
-				l.receipts.Store(aws.ToString(m.MessageId), m.ReceiptHandle)
-			}
 		}
 		if got += len(fresh); len(fresh) > 0 {
 			if err := fn(fresh, ps); err != nil {
 				return err
 			}
 		}
-	}
-	return nil
-}
-
-// show makes ms, just received, visible again at once.
-func (s *dlqStore) show(ctx context.Context, ms []types.Message) error {
-	hs := make([]*string, len(ms))
-	for i := range ms {
-		hs[i] = ms[i].ReceiptHandle
-	}
-	if err := s.setAll(ctx, hs, 0); err != nil {
-		return fmt.Errorf("sqs: dead-letter queue %s: making messages visible again after reading them (they come back within %v): %w", s.dlq.name, lookVisibility, err)
 	}
 	return nil
 }

@@ -29,10 +29,9 @@ const MetadataMessageGroupID = "messaging.aws_sqs.message_group_id"
 type delivery struct {
 	msg      driver.Message
 	src      *Source
-	raw      *types.Message
-	group    string
-	received time.Time // when SQS handed it out: its twelve hours of visibility count from then
-	renewed  time.Time // FIFO, held back: when its visibility was last set; guarded by src.mu
+	raw      *types.Message // msg.Key is its MessageGroupId
+	received time.Time      // when SQS handed it out: its twelve hours of visibility count from then
+	renewed  time.Time      // FIFO, held back: when its visibility was last set; guarded by src.mu
 }
 
 func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
@@ -42,10 +41,9 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 		attempt = n
 	}
 	headers, body := decode(m)
-	group := sys[string(types.MessageSystemAttributeNameMessageGroupId)]
-	d := &delivery{src: s, raw: m, group: group, received: now, renewed: now,
-		msg: driver.Message{ID: headers[s.cfg.idAttribute], Body: body, Headers: headers, Key: group, Source: s.q.name,
-			System: "aws_sqs", Attempt: attempt, ReceivedAt: now, BrokerKey: aws.ToString(m.MessageId)}}
+	d := &delivery{src: s, raw: m, received: now, renewed: now,
+		msg: driver.Message{ID: headers[s.cfg.idAttribute], Body: body, Headers: headers, Source: s.q.name, System: "aws_sqs",
+			Key: sys[string(types.MessageSystemAttributeNameMessageGroupId)], Attempt: attempt, ReceivedAt: now, BrokerKey: aws.ToString(m.MessageId)}}
 	d.msg.AckID, d.msg.Metadata = d, (*metadata)(d)
 	return d
 }
@@ -63,8 +61,8 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 			yield(string(semconv.AWSSQSQueueURLKey), slog.StringValue(q.url))) {
 			return
 		}
-		if m.group != "" {
-			yield(MetadataMessageGroupID, slog.StringValue(m.group))
+		if m.msg.Key != "" {
+			yield(MetadataMessageGroupID, slog.StringValue(m.msg.Key))
 		}
 	}
 }

@@ -110,7 +110,7 @@ func (s *Source) Extend(ctx context.Context, ms []*driver.Message) error {
 		}
 		left := min(s.vis, d.msg.ReceivedAt.Add(s.cfg.maxExtension).Sub(now))
 		secs[i] = d.capped(int32(max((left+time.Second-1)/time.Second, 1)))
-		if chain := s.groups[d.group]; s.q.fifo && len(chain) > 1 && chain[0] == d {
+		if chain := s.groups[d.msg.Key]; s.q.fifo && len(chain) > 1 && chain[0] == d {
 			for _, behind := range chain[1:] {
 				ds, secs = append(ds, behind), append(secs, behind.capped(secs[i]))
 			}
@@ -190,7 +190,7 @@ func (s *Source) park(ctx context.Context, d *delivery, cause error) error {
 	if dedup == "" {
 		dedup = deduplicationID(d.msg.ID, []byte(aws.ToString(d.raw.Body)))
 	}
-	return sendCopy(ctx, s.cl, s.dlq, d.raw.Body, attrs, s.cfg.idAttribute, d.group, "idemq-dead-letters", dedup)
+	return sendCopy(ctx, s.cl, s.dlq, d.raw.Body, attrs, s.cfg.idAttribute, d.msg.Key, "idemq-dead-letters", dedup)
 }
 
 // handles returns the receipt handles of ds, nil for a nil delivery.

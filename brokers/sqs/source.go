@@ -328,16 +328,16 @@ func (s *Source) acceptLocked(msgs []types.Message, now time.Time) []*delivery {
 	var fresh map[string]bool // groups this receive started again
 	for i := range msgs {
 		d := s.newDelivery(&msgs[i], now)
-		if !s.q.fifo || d.group == "" {
+		if !s.q.fifo || d.msg.Key == "" {
 			out = append(out, d)
 			continue
 		}
-		chain := s.groups[d.group]
-		if !fresh[d.group] {
+		chain := s.groups[d.msg.Key]
+		if !fresh[d.msg.Key] {
 			if fresh == nil {
 				fresh = map[string]bool{}
 			}
-			fresh[d.group] = true
+			fresh[d.msg.Key] = true
 			s.heldBack -= max(len(chain)-1, 0)
 			chain = nil
 		}
@@ -347,7 +347,7 @@ func (s *Source) acceptLocked(msgs []types.Message, now time.Time) []*delivery {
 		} else {
 			out = append(out, d)
 		}
-		s.groups[d.group] = append(chain, d)
+		s.groups[d.msg.Key] = append(chain, d)
 	}
 	return out
 }
@@ -362,10 +362,10 @@ func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone
 	var back []*delivery
 	s.mu.Lock()
 	for i, d := range ds {
-		if d == nil || len(s.groups[d.group]) == 0 || s.groups[d.group][0] != d {
+		if d == nil || len(s.groups[d.msg.Key]) == 0 || s.groups[d.msg.Key][0] != d {
 			continue
 		}
-		chain := s.groups[d.group]
+		chain := s.groups[d.msg.Key]
 		if chain = chain[1:]; gone && errs[i] == nil && len(chain) > 0 {
 			chain[0].msg.ReceivedAt = chain[0].renewed // its lease counts from its last renewal
 			s.readyLocked(chain[:1])
@@ -376,9 +376,9 @@ func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone
 			chain = nil
 		}
 		if len(chain) == 0 {
-			delete(s.groups, d.group)
+			delete(s.groups, d.msg.Key)
 		} else {
-			s.groups[d.group] = chain
+			s.groups[d.msg.Key] = chain
 		}
 	}
 	s.mu.Unlock()
