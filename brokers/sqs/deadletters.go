@@ -22,13 +22,11 @@ import (
 )
 
 // browseVisibility is how long a DeadLetters call keeps each message it
-// holds hidden, extended every third of that. A variable for tests.
+// holds hidden, extended every third of that (a variable for tests).
 var browseVisibility = 30 * time.Second
 
-// lookVisibility is the visibility a look (Scan) receives with: it makes
-// each receive's messages visible again as soon as it has read them, so
-// only one whose release is lost (the look died, the answer never came)
-// stays hidden, this long.
+// lookVisibility is the visibility a look (Scan) receives with: what it
+// fails to make visible again at once stays hidden this long.
 const lookVisibility = 2 * time.Second
 
 // maxEmptyReceives is how many empty receives in a row end a call.
@@ -64,6 +62,7 @@ type dlqStore struct {
 	dests  queues
 	cur    *lease // of the call in progress
 	closed bool
+	look   bool // the call in progress is a look (Scan)
 }
 
 // OpenDeadLetters returns the dead-letter queue of the consumer of the queue
@@ -104,15 +103,9 @@ func (d *DeadLetters) Redrive(ctx context.Context, sel func(*driver.Parked) bool
 // Scan implements driver.DeadLetters, hiding no message longer than it
 // takes to read it (see DeadLetters).
 func (d *DeadLetters) Scan(ctx context.Context, fn func(*driver.Parked) error) error {
-	err := d.s.browse(ctx, true, func(_ []*types.Message, ps []*driver.Parked) error {
-		for _, p := range ps {
-			if err := fn(p); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return errors.Join(err, d.s.cur.release())
+	d.s.look = true
+	defer func() { d.s.look = false }()
+	return d.Queue.Scan(ctx, fn)
 }
 
 // Name is the dead-letter queue's name.
@@ -125,10 +118,9 @@ func (s *dlqStore) Close() error {
 }
 
 // EachBatch receives the messages parked when it begins, a receive at a
-// time, keeping them hidden, and makes those still parked visible again
-// when it returns.
+// time (see browse), and makes those still held visible when it returns.
 func (s *dlqStore) EachBatch(ctx context.Context, fn func([]*types.Message, []*driver.Parked) error) error {
-	err := s.browse(ctx, false, fn)
+	err := s.browse(ctx, s.look, fn)
 	return errors.Join(err, s.cur.release())
 }
 
@@ -149,31 +141,27 @@ func (s *dlqStore) Republish(ctx context.Context, m *types.Message, p *driver.Pa
 	return sendCopy(ctx, s.cl, dest, m.Body, attrs, s.cfg.idAttribute, p.Key, "idemq-redriven", "idemq-redrive-"+hex.EncodeToString(b))
 }
 
-// RemoveBatch deletes ms, held by EachBatch, from the dead-letter queue
-// with one DeleteMessageBatch.
+// RemoveBatch deletes ms, held by EachBatch, with one DeleteMessageBatch.
 func (s *dlqStore) RemoveBatch(ctx context.Context, ms []*types.Message) []error {
-	receipts := make([]string, len(ms))
+	hs := make([]*string, len(ms))
 	for i, m := range ms {
 		held, _ := s.cur.receipts.Load(aws.ToString(m.MessageId)) // the latest, should SQS have handed m out again
-		receipts[i], _ = held.(string)
+		h, _ := held.(*string)
+		hs[i] = cmp.Or(h, aws.String(""))
 	}
-	failed, err := deleteReceipts(ctx, s.cl, s.dlq.url, receipts)
-	errs := make([]error, len(ms))
+	errs, _ := inBatches(ctx, hs, 0, deletes(s.cl, s.dlq.url, hs))
 	for i, m := range ms {
-		if e, bad := failed[i]; err != nil || bad {
-			errs[i] = cmp.Or(err, e.err)
-		} else {
+		if errs[i] == nil {
 			s.cur.receipts.Delete(aws.ToString(m.MessageId))
 		}
 	}
 	return errs
 }
 
-// browse receives the messages parked when it begins and calls fn once per
-// message, keeping them hidden in s.cur, which the caller releases. A look
-// makes each receive's messages visible again before fn sees them, until
-// SQS hands back only messages it listed: then it holds them too. An error
-// from fn stops it.
+// browse receives the messages parked when it begins and calls fn with
+// each receive's new ones, holding them in s.cur, which the caller
+// releases. A look makes them visible again before fn sees them, until
+// SQS hands back only messages it listed. An error from fn stops it.
 func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Message, []*driver.Parked) error) error {
 	l := newLease(s)
 	s.cur = l
@@ -222,27 +210,27 @@ func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Messa
 		empties = 0
 		var fresh []*types.Message
 		var ps []*driver.Parked
+		hs := make([]*string, len(out.Messages))
 		for i := range out.Messages {
 			m := &out.Messages[i]
+			if hs[i] = m.ReceiptHandle; hold {
+				// Held before fn sees the first, so the heartbeat keeps
+				// them hidden however long fn takes; one handed out again
+				// replaces its receipt.
+				l.receipts.Store(aws.ToString(m.MessageId), m.ReceiptHandle)
+			}
 			if id := aws.ToString(m.MessageId); !seen[id] {
 				seen[id] = true
 				fresh, ps = append(fresh, m), append(ps, s.parked(m))
 			}
 		}
 		if !hold {
-			if err := s.show(ctx, out.Messages); err != nil {
-				return err
+			if err := s.setAll(ctx, hs, 0); err != nil {
+				return fmt.Errorf("sqs: dead-letter queue %s: making messages visible again after reading them (they come back within %v): %w", s.dlq.name, lookVisibility, err)
 			}
 			// SQS handed back only messages listed: hold from now on, so
 			// that the next receives bring the others.
 			hold = len(fresh) == 0
-		} else {
-			// All are held before fn sees the first, so the heartbeat
-			// keeps them hidden however long fn takes. One handed out
-			// again replaces its receipt.
-			for _, m := range out.Messages {
-				l.receipts.Store(aws.ToString(m.MessageId), aws.ToString(m.ReceiptHandle))
-			}
 		}
 		if got += len(fresh); len(fresh) > 0 {
 			if err := fn(fresh, ps); err != nil {
@@ -253,20 +241,11 @@ func (s *dlqStore) browse(ctx context.Context, look bool, fn func([]*types.Messa
 	return nil
 }
 
-// show makes ms, just received, visible again at once.
-func (s *dlqStore) show(ctx context.Context, ms []types.Message) error {
-	receipts := make([]string, len(ms))
-	for i, m := range ms {
-		receipts[i] = aws.ToString(m.ReceiptHandle)
-	}
-	failed, err := visibilityBatch(ctx, s.cl, s.dlq.url, receipts, func(int) int32 { return 0 })
-	for _, e := range failed {
-		err = errors.Join(err, e.err)
-	}
-	if err != nil {
-		return fmt.Errorf("sqs: dead-letter queue %s: making messages visible again after reading them (they come back within %v): %w", s.dlq.name, lookVisibility, err)
-	}
-	return nil
+// setAll sets the visibility of hs, messages of the dead-letter queue, to
+// secs.
+func (s *dlqStore) setAll(ctx context.Context, hs []*string, secs int32) error {
+	errs, _ := inBatches(ctx, hs, 0, visibility(s.cl, s.dlq.url, hs, func(int) int32 { return secs }))
+	return errors.Join(errs...)
 }
 
 // count reads a count attribute of the dead-letter queue.
@@ -372,15 +351,19 @@ func (s *dlqStore) moveAll(ctx context.Context, progress func(int)) (int, error)
 // unsupported reports whether err says the endpoint does not implement the
 // operation.
 func unsupported(err error) bool {
-	switch code, _ := apiError(err); code {
+	var ae interface{ ErrorCode() string }
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.ErrorCode() {
 	case "InvalidAction", "UnsupportedOperation", "UnknownOperationException", "NotImplemented", "AWS.SimpleQueueService.UnsupportedOperation":
 		return true
 	}
 	return false
 }
 
-// lease keeps the messages a call received hidden until it releases them:
-// a heartbeat extends their visibility every third of browseVisibility.
+// lease keeps the messages a call holds hidden (a heartbeat) until it
+// releases them.
 type lease struct {
 	s        *dlqStore
 	receipts sync.Map // receipt handle by MessageId
@@ -404,8 +387,8 @@ func newLease(s *dlqStore) *lease {
 	return l
 }
 
-// release stops the heartbeat and makes the messages still held visible
-// again at once. Only its first call does anything.
+// release stops the heartbeat and makes the messages held visible again;
+// once.
 func (l *lease) release() error {
 	var err error
 	l.once.Do(func() {
@@ -421,20 +404,11 @@ func (l *lease) release() error {
 	return err
 }
 
-// setVisibility sets the visibility of every held message to secs, ten per
-// ChangeMessageVisibilityBatch.
+// setVisibility sets the visibility of every held message to secs.
 func (l *lease) setVisibility(ctx context.Context, secs int32) error {
-	var handles []string
+	var hs []*string
 	for _, h := range l.receipts.Range {
-		handles = append(handles, h.(string))
+		hs = append(hs, h.(*string))
 	}
-	var errs []error
-	for start := 0; start < len(handles); start += 10 {
-		failed, err := visibilityBatch(ctx, l.s.cl, l.s.dlq.url, handles[start:min(start+10, len(handles))], func(int) int32 { return secs })
-		errs = append(errs, err)
-		for _, e := range failed {
-			errs = append(errs, e.err)
-		}
-	}
-	return errors.Join(errs...)
+	return l.s.setAll(ctx, hs, secs)
 }

@@ -3,7 +3,6 @@ package sqs
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // MetadataMessageGroupID is the Message.Metadata key of a FIFO message's
@@ -29,10 +29,9 @@ const MetadataMessageGroupID = "messaging.aws_sqs.message_group_id"
 type delivery struct {
 	msg      driver.Message
 	src      *Source
-	raw      *types.Message
-	group    string
-	received time.Time // when SQS handed it out: its twelve hours of visibility count from then
-	renewed  time.Time // FIFO, held back: when its visibility was last set; guarded by src.mu
+	raw      *types.Message // msg.Key is its MessageGroupId
+	received time.Time      // when SQS handed it out: its twelve hours of visibility count from then
+	renewed  time.Time      // FIFO, held back: when its visibility was last set; guarded by src.mu
 }
 
 func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
@@ -42,10 +41,9 @@ func (s *Source) newDelivery(m *types.Message, now time.Time) *delivery {
 		attempt = n
 	}
 	headers, body := decode(m)
-	group := sys[string(types.MessageSystemAttributeNameMessageGroupId)]
-	d := &delivery{src: s, raw: m, group: group, received: now, renewed: now,
-		msg: driver.Message{ID: headers[s.cfg.idAttribute], Body: body, Headers: headers, Key: group, Source: s.q.name,
-			System: "aws_sqs", Attempt: attempt, ReceivedAt: now, BrokerKey: aws.ToString(m.MessageId)}}
+	d := &delivery{src: s, raw: m, received: now, renewed: now,
+		msg: driver.Message{ID: headers[s.cfg.idAttribute], Body: body, Headers: headers, Source: s.q.name, System: "aws_sqs",
+			Key: sys[string(types.MessageSystemAttributeNameMessageGroupId)], Attempt: attempt, ReceivedAt: now, BrokerKey: aws.ToString(m.MessageId)}}
 	d.msg.AckID, d.msg.Metadata = d, (*metadata)(d)
 	return d
 }
@@ -63,8 +61,8 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 			yield(string(semconv.AWSSQSQueueURLKey), slog.StringValue(q.url))) {
 			return
 		}
-		if m.group != "" {
-			yield(MetadataMessageGroupID, slog.StringValue(m.group))
+		if m.msg.Key != "" {
+			yield(MetadataMessageGroupID, slog.StringValue(m.msg.Key))
 		}
 	}
 }
@@ -125,18 +123,6 @@ func sendCopy(ctx context.Context, cl *awssqs.Client, q *queueInfo, body *string
 	return err
 }
 
-// apiError is an SQS error's code and message.
-func apiError(err error) (code, msg string) {
-	var ae interface {
-		ErrorCode() string
-		ErrorMessage() string
-	}
-	if errors.As(err, &ae) {
-		return ae.ErrorCode(), ae.ErrorMessage()
-	}
-	return "", ""
-}
-
 // receiptGone reports whether SQS refused a request because the receipt
 // handle names no in-flight message: the delivery is stale (an expired
 // handle gets InvalidParameterValue naming it).
@@ -151,55 +137,100 @@ func receiptGone(code, msg string) bool {
 	return false
 }
 
-// deleteReceipts deletes up to ten receipt handles' messages in one
-// DeleteMessageBatch call.
-func deleteReceipts(ctx context.Context, cl *awssqs.Client, queueURL string, receipts []string) (map[int]entryErr, error) {
-	entries := make([]types.DeleteMessageBatchRequestEntry, len(receipts))
-	for i, r := range receipts {
-		entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r)}
-	}
-	out, err := cl.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
-	if err != nil {
-		return nil, err
-	}
-	return entryErrors(out.Failed), nil
-}
+// batchCall sends one batch request of the entries idx names (each
+// entry's Id is its place in idx) and returns those SQS failed.
+type batchCall func(ctx context.Context, idx []int) ([]types.BatchResultErrorEntry, error)
 
-// visibilityBatch sets the visibility of up to ten receipt handles in one
-// ChangeMessageVisibilityBatch call.
-func visibilityBatch(ctx context.Context, cl *awssqs.Client, queueURL string, receipts []string, secs func(int) int32) (map[int]entryErr, error) {
-	entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(receipts))
-	for i, r := range receipts {
-		entries[i] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r), VisibilityTimeout: secs(i)}
-	}
-	out, err := cl.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
-	if err != nil {
-		return nil, err
-	}
-	return entryErrors(out.Failed), nil
-}
-
-// entryErr is one failed entry of a batch call.
-type entryErr struct {
-	permanent bool // it would fail the same way again
-	err       error
-}
-
-// entryErrors reads a batch call's failed entries by index; one whose
-// receipt handle SQS refused is stale.
-func entryErrors(failed []types.BatchResultErrorEntry) map[int]entryErr {
-	out := make(map[int]entryErr, len(failed))
-	for _, f := range failed {
-		i, err := strconv.Atoi(aws.ToString(f.Id))
+// deletes is a DeleteMessageBatch of handles.
+func deletes(cl *awssqs.Client, queueURL string, handles []*string) batchCall {
+	return func(ctx context.Context, idx []int) ([]types.BatchResultErrorEntry, error) {
+		entries := make([]types.DeleteMessageBatchRequestEntry, len(idx))
+		for j, i := range idx {
+			entries[j] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), ReceiptHandle: handles[i]}
+		}
+		out, err := cl.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
 		if err != nil {
-			continue
+			return nil, err
 		}
-		code, msg := aws.ToString(f.Code), aws.ToString(f.Message)
-		e := entryErr{err: fmt.Errorf("%s: %s", code, msg), permanent: code == "InvalidParameterValue" || receiptGone(code, "")}
-		if receiptGone(code, msg) {
-			e.err = driver.Stale(e.err)
-		}
-		out[i] = e
+		return out.Failed, nil
 	}
-	return out
+}
+
+// visibility is a ChangeMessageVisibilityBatch setting handles[i]'s
+// visibility to secs(i).
+func visibility(cl *awssqs.Client, queueURL string, handles []*string, secs func(i int) int32) batchCall {
+	return func(ctx context.Context, idx []int) ([]types.BatchResultErrorEntry, error) {
+		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(idx))
+		for j, i := range idx {
+			entries[j] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), ReceiptHandle: handles[i], VisibilityTimeout: secs(i)}
+		}
+		out, err := cl.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
+		if err != nil {
+			return nil, err
+		}
+		return out.Failed, nil
+	}
+}
+
+// atOnce is the visibility of a message made visible again at once.
+func atOnce(int) int32 { return 0 }
+
+// inBatches sends the entries of handles that are not nil through call ten
+// at a time, sending a failed entry (or a failed request's entries) again
+// up to retries times unless it would fail the same way again. It returns
+// the last error of each entry that never succeeded (stale where SQS
+// refused its receipt handle) and how many it sent again.
+func inBatches(ctx context.Context, handles []*string, retries int, call batchCall) (errs []error, resent int) {
+	errs = make([]error, len(handles))
+	var idx []int
+	for i, h := range handles {
+		if h != nil {
+			idx = append(idx, i)
+		}
+	}
+	_, resent = resending(ctx, idx, retries, func(idx []int) (again []int) {
+		for chunk := range slices.Chunk(idx, 10) {
+			failed, err := call(ctx, chunk)
+			for _, i := range chunk {
+				errs[i] = err
+			}
+			if err != nil {
+				again = append(again, chunk...)
+				continue
+			}
+			for _, f := range failed {
+				j, err := strconv.Atoi(aws.ToString(f.Id))
+				if err != nil || j < 0 || j >= len(chunk) {
+					continue
+				}
+				code, msg := aws.ToString(f.Code), aws.ToString(f.Message)
+				if errs[chunk[j]] = fmt.Errorf("%s: %s", code, msg); receiptGone(code, msg) {
+					errs[chunk[j]] = driver.Stale(errs[chunk[j]])
+				}
+				if code != "InvalidParameterValue" && !receiptGone(code, "") {
+					again = append(again, chunk[j])
+				}
+			}
+		}
+		return again
+	})
+	return errs, resent
+}
+
+// resending calls send with idx, then with the entries it returns to send
+// again, up to retries more times with a doubling pause, and returns those
+// still to send and how many it sent again.
+func resending(ctx context.Context, idx []int, retries int, send func(idx []int) (again []int)) (left []int, resent int) {
+	pause := retry.New(settlePause, settlePause<<maxSettleRetries)
+	for try := 0; len(idx) > 0; try++ {
+		again := send(idx)
+		if len(again) == 0 || try >= retries || ctx.Err() != nil {
+			return again, resent
+		}
+		if resent += len(again); !pause.Wait(ctx) {
+			return again, resent
+		}
+		idx = again
+	}
+	return nil, resent
 }

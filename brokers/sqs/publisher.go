@@ -20,7 +20,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/retry"
 )
 
 // maxBatchBytes is SQS's limit on the total payload of one
@@ -168,43 +167,46 @@ func checkGroupID(key string) error {
 	return nil
 }
 
-// sendChunk sends up to ten entries, retrying those SQS fails on its side.
+// sendChunk sends up to ten entries, sending again those SQS fails on its
+// side.
 func (p *Publisher) sendChunk(ctx context.Context, q *queueInfo, entries []types.SendMessageBatchRequestEntry, msgs []*driver.Message) error {
+	idx := make([]int, len(entries))
 	for i := range entries {
-		entries[i].Id = aws.String(strconv.Itoa(i))
+		entries[i].Id, idx[i] = aws.String(strconv.Itoa(i)), i
 	}
-	pending := entries
-	pause := retry.New(settlePause, settlePause<<maxSettleRetries)
-	for try := 0; ; try++ {
+	var fatal, last error
+	left, _ := resending(ctx, idx, p.cfg.settleRetries, func(idx []int) (again []int) {
+		pending := make([]types.SendMessageBatchRequestEntry, len(idx))
+		for j, i := range idx {
+			pending[j] = entries[i]
+		}
 		out, err := p.cl.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: pending})
 		if err != nil {
-			return permanentIfMissing(fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err))
+			fatal = permanentIfMissing(fmt.Errorf("sqs: SendMessageBatch to %s: %w", q.name, err))
+			return nil
 		}
-		var again []types.SendMessageBatchRequestEntry
-		var last error
 		for _, f := range out.Failed {
 			i, err := strconv.Atoi(aws.ToString(f.Id))
 			if err != nil || i < 0 || i >= len(entries) {
-				return fmt.Errorf("sqs: SendMessageBatch to %s: unknown entry id %q in the reply", q.name, aws.ToString(f.Id))
+				fatal = fmt.Errorf("sqs: SendMessageBatch to %s: unknown entry id %q in the reply", q.name, aws.ToString(f.Id))
+				return nil
 			}
-			fe := fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, q.name, aws.ToString(f.Code), aws.ToString(f.Message))
+			last = fmt.Errorf("sqs: send %q to %s: %s: %s", msgs[i].ID, q.name, aws.ToString(f.Code), aws.ToString(f.Message))
 			if f.SenderFault { // it would fail every time
-				return driver.Permanent(fe)
+				fatal = driver.Permanent(last)
+				return nil
 			}
-			again = append(again, entries[i])
-			last = fe
+			again = append(again, i)
 		}
-		if len(again) == 0 {
-			return nil
-		}
-		if try >= p.cfg.settleRetries {
-			return fmt.Errorf("%w (%d entries still failing after %d retries)", last, len(again), try)
-		}
-		if !pause.Wait(ctx) {
-			return fmt.Errorf("%w: %w", last, ctx.Err())
-		}
-		pending = again
+		return again
+	})
+	switch {
+	case fatal != nil || len(left) == 0:
+		return fatal
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", last, ctx.Err())
 	}
+	return fmt.Errorf("%w (%d entries still failing after %d retries)", last, len(left), p.cfg.settleRetries)
 }
 
 // oversized returns the index of the first of sizes over q's

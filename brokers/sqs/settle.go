@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
-	"github.com/idemq/idemq/internal/retry"
 )
 
 // ErrClosed is wrapped, with driver.ErrStaleDelivery, by the error of a
@@ -21,8 +20,8 @@ import (
 // message out again once its visibility lapses.
 var ErrClosed = errors.New("sqs: source closed")
 
-// own returns the deliveries of ms, nil for a message that is not this
-// Source's or after Close, and the errors of the call, set for those.
+// own returns the deliveries of ms and the call's errors, set (and the
+// delivery nil) for a message not this Source's, or all after Close.
 func (s *Source) own(ms []*driver.Message) ([]*delivery, []error) {
 	s.mu.Lock()
 	closed := s.closed
@@ -42,8 +41,8 @@ func (s *Source) own(ms []*driver.Message) ([]*delivery, []error) {
 	return ds, errs
 }
 
-// note sets errs[i], worded by what, for each ds[i] that failed a step
-// (got[i] is its error), and returns ds without those.
+// note sets errs[i] for each ds[i] that failed a step what (got[i]), and
+// returns ds without those.
 func note(ds []*delivery, errs, got []error, what string) []*delivery {
 	left := slices.Clone(ds)
 	for i, err := range got {
@@ -59,7 +58,7 @@ func note(ds []*delivery, errs, got []error, what string) []*delivery {
 // handle SQS refuses is stale.
 func (s *Source) Ack(ctx context.Context, ms []*driver.Message) error {
 	ds, errs := s.own(ms)
-	note(ds, errs, s.batch(ctx, ds, s.deletes(ds)), "delete")
+	note(ds, errs, s.deleteAll(ctx, ds), "delete")
 	s.settled(ctx, ds, errs, true)
 	return driver.PartialOf(errs)
 }
@@ -71,7 +70,7 @@ func (s *Source) Ack(ctx context.Context, ms []*driver.Message) error {
 func (s *Source) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
 	ds, errs := s.own(ms)
 	secs := int32((max(delay, 0) + time.Second - 1) / time.Second)
-	got := s.batch(ctx, ds, s.visibility(ds, func(i int) int32 { return ds[i].capped(secs) }))
+	got := s.setVisibility(ctx, ds, func(i int) int32 { return ds[i].capped(secs) })
 	note(ds, errs, got, fmt.Sprintf("retry (visibility %ds; it comes back when its visibility timeout lapses)", secs))
 	s.settled(ctx, ds, errs, false)
 	return driver.PartialOf(errs)
@@ -111,14 +110,14 @@ func (s *Source) Extend(ctx context.Context, ms []*driver.Message) error {
 		}
 		left := min(s.vis, d.msg.ReceivedAt.Add(s.cfg.maxExtension).Sub(now))
 		secs[i] = d.capped(int32(max((left+time.Second-1)/time.Second, 1)))
-		if chain := s.groups[d.group]; s.q.fifo && len(chain) > 1 && chain[0] == d {
+		if chain := s.groups[d.msg.Key]; s.q.fifo && len(chain) > 1 && chain[0] == d {
 			for _, behind := range chain[1:] {
 				ds, secs = append(ds, behind), append(secs, behind.capped(secs[i]))
 			}
 		}
 	}
 	s.mu.Unlock()
-	got := s.batch(ctx, ds, s.visibility(ds, func(i int) int32 { return secs[i] }))
+	got := s.setVisibility(ctx, ds, func(i int) int32 { return secs[i] })
 	s.mu.Lock()
 	for i, err := range got {
 		if err != nil {
@@ -138,46 +137,43 @@ func (s *Source) Extend(ctx context.Context, ms []*driver.Message) error {
 // DeadLetter implements driver.Source, as the DeadLetterMode says.
 func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []error) error {
 	ds, errs := s.own(ms)
-	if s.cfg.deadLetterMode == DeadLetterRedrive {
+	var left []*delivery // parked, or handed to the redrive policy
+	redrive := s.cfg.deadLetterMode == DeadLetterRedrive
+	if redrive {
 		for i, d := range ds {
 			if d != nil {
 				s.log.Warn("idemq sqs: dead-lettering through the redrive policy", "queue", s.q.name, "message_id", d.msg.ID,
 					"receive_count", d.msg.Attempt, "max_receive_count", s.q.redrive.maxReceiveCount, "cause", deadletter.Cause(causes[i]))
 			}
 		}
-		released := note(ds, errs, s.batch(ctx, ds, s.visibility(ds, func(int) int32 { return 0 })), "dead-letter (release to the redrive policy)")
-		for _, d := range released {
-			// SQS parks it once its receive count passes maxReceiveCount:
-			// count that receive, not every release before it.
-			if d != nil && d.msg.Attempt >= s.q.redrive.maxReceiveCount {
-				s.stats.deadLettered.Add(1)
+		left = note(ds, errs, s.setVisibility(ctx, ds, atOnce), "dead-letter (release to the redrive policy)")
+	} else {
+		// SQS accepts a delete with a receipt handle a later receive
+		// replaced, and keeps the message, which would be decided again
+		// beside its copy. A visibility change, which SQS refuses for such
+		// a handle, proves the handle first and keeps the message while
+		// copied.
+		vis := int32(max(s.vis, time.Second) / time.Second)
+		left = note(ds, errs, s.setVisibility(ctx, ds, func(int) int32 { return vis }), "dead-letter (checking the receipt handle; nothing was sent)")
+		sent := make([]error, len(ds))
+		for i, d := range left {
+			if d != nil {
+				sent[i] = s.park(ctx, d, causes[i])
 			}
 		}
-		s.settled(ctx, ds, errs, false)
-		return driver.PartialOf(errs)
+		left = note(left, errs, sent, fmt.Sprintf("dead-letter to %q (the message stays in the queue)", s.dlq.name))
+		left = note(left, errs, s.deleteAll(ctx, left), fmt.Sprintf("dead-letter: copied to %q but the delete failed, so it will be parked again", s.dlq.name))
 	}
-	// SQS accepts a delete with a receipt handle a later receive replaced,
-	// and keeps the message, which would be decided again beside its copy.
-	// A visibility change, which SQS refuses for such a handle, proves the
-	// handle before anything is sent and keeps the message while copied.
-	vis := int32(max(s.vis, time.Second) / time.Second)
-	left := note(ds, errs, s.batch(ctx, ds, s.visibility(ds, func(int) int32 { return vis })), "dead-letter (checking the receipt handle; nothing was sent)")
-	sent := make([]error, len(ds))
-	for i, d := range left {
-		if d != nil {
-			sent[i] = s.park(ctx, d, causes[i])
-		}
-	}
-	left = note(left, errs, sent, fmt.Sprintf("dead-letter to %q (the message stays in the queue)", s.dlq.name))
-	left = note(left, errs, s.batch(ctx, left, s.deletes(left)), fmt.Sprintf("dead-letter: copied to %q but the delete failed, so it will be parked again", s.dlq.name))
 	for _, d := range left {
-		// Counted once the original is gone: a copy whose delete failed
-		// comes back and is counted when it is parked for good.
-		if d != nil {
+		// Counted once: when the original is gone (a copy whose delete
+		// failed comes back and is counted when parked for good), or at the
+		// release after which SQS parks it (its receive count passes
+		// maxReceiveCount).
+		if d != nil && (!redrive || d.msg.Attempt >= s.q.redrive.maxReceiveCount) {
 			s.stats.deadLettered.Add(1)
 		}
 	}
-	s.settled(ctx, ds, errs, true)
+	s.settled(ctx, ds, errs, !redrive)
 	return driver.PartialOf(errs)
 }
 
@@ -194,78 +190,40 @@ func (s *Source) park(ctx context.Context, d *delivery, cause error) error {
 	if dedup == "" {
 		dedup = deduplicationID(d.msg.ID, []byte(aws.ToString(d.raw.Body)))
 	}
-	return sendCopy(ctx, s.cl, s.dlq, d.raw.Body, attrs, s.cfg.idAttribute, d.group, "idemq-dead-letters", dedup)
+	return sendCopy(ctx, s.cl, s.dlq, d.raw.Body, attrs, s.cfg.idAttribute, d.msg.Key, "idemq-dead-letters", dedup)
 }
 
-// batchCall sends one request for up to ten of its deliveries (their
-// indices) and returns the entries that failed by their place in idx.
-type batchCall func(ctx context.Context, idx []int) (map[int]entryErr, error)
-
-// deletes is a DeleteMessageBatch of ds.
-func (s *Source) deletes(ds []*delivery) batchCall {
-	return func(ctx context.Context, idx []int) (map[int]entryErr, error) {
-		s.stats.deleteCalls.Add(1)
-		return deleteReceipts(ctx, s.cl, s.q.url, receipts(ds, idx))
-	}
-}
-
-// visibility is a ChangeMessageVisibilityBatch setting ds[i]'s visibility
-// to secs(i).
-func (s *Source) visibility(ds []*delivery, secs func(i int) int32) batchCall {
-	return func(ctx context.Context, idx []int) (map[int]entryErr, error) {
-		return visibilityBatch(ctx, s.cl, s.q.url, receipts(ds, idx), func(j int) int32 { return secs(idx[j]) })
-	}
-}
-
-func receipts(ds []*delivery, idx []int) []string {
-	out := make([]string, len(idx))
-	for j, i := range idx {
-		out[j] = aws.ToString(ds[i].raw.ReceiptHandle)
-	}
-	return out
-}
-
-// batch runs call over ds (skipping nil ones) ten at a time, sending a
-// failed entry (or a failed request's entries) again up to
-// WithSettleRetries times with a doubling pause unless it failed for good.
-// It returns the last error of each delivery that never succeeded.
-func (s *Source) batch(ctx context.Context, ds []*delivery, call batchCall) []error {
-	errs := make([]error, len(ds))
-	var idx []int
+// handles returns the receipt handles of ds, nil for a nil delivery.
+func handles(ds []*delivery) []*string {
+	hs := make([]*string, len(ds))
 	for i, d := range ds {
 		if d != nil {
-			idx = append(idx, i)
+			hs[i] = d.raw.ReceiptHandle
 		}
 	}
-	pause := retry.New(settlePause, settlePause<<maxSettleRetries)
-	for try := 0; len(idx) > 0; try++ {
-		var again []int
-		for chunk := range slices.Chunk(idx, 10) {
-			failed, err := call(ctx, chunk)
-			for j, i := range chunk {
-				e, bad := failed[j]
-				switch {
-				case err != nil:
-					errs[i] = err
-					again = append(again, i)
-				case !bad:
-					errs[i] = nil
-				default:
-					errs[i] = e.err
-					if !e.permanent {
-						again = append(again, i)
-					}
-				}
-			}
-		}
-		if len(again) == 0 || try >= s.cfg.settleRetries || ctx.Err() != nil {
-			break
-		}
-		s.stats.settleRetries.Add(int64(len(again)))
-		if !pause.Wait(ctx) {
-			break
-		}
-		idx = again
-	}
+	return hs
+}
+
+// deleteAll deletes ds (nil ones skipped) and returns the error of each.
+func (s *Source) deleteAll(ctx context.Context, ds []*delivery) []error {
+	hs := handles(ds)
+	call := deletes(s.cl, s.q.url, hs)
+	return s.retried(ctx, hs, func(ctx context.Context, idx []int) ([]types.BatchResultErrorEntry, error) {
+		s.stats.deleteCalls.Add(1)
+		return call(ctx, idx)
+	})
+}
+
+// setVisibility sets the visibility of each ds[i] (nil ones skipped) to
+// secs(i) and returns the error of each.
+func (s *Source) setVisibility(ctx context.Context, ds []*delivery, secs func(i int) int32) []error {
+	hs := handles(ds)
+	return s.retried(ctx, hs, visibility(s.cl, s.q.url, hs, secs))
+}
+
+// retried is inBatches with WithSettleRetries, counting what it sent again.
+func (s *Source) retried(ctx context.Context, hs []*string, call batchCall) []error {
+	errs, resent := inBatches(ctx, hs, s.cfg.settleRetries, call)
+	s.stats.settleRetries.Add(int64(resent))
 	return errs
 }

@@ -109,10 +109,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 // Start implements driver.Source. The Consumer keeps WithReceivers long
 // polls outstanding, each asking for up to ten messages hidden for the
 // visibility timeout (the lease), which its heartbeat renews (Extend) up
-// to WithMaxExtension. With WithHeartbeat(false) it never renews them (a
-// MaxExtension of a nanosecond, rather than an Extend that fails at every
-// beat): a message stays the Consumer's for the queue's visibility
-// timeout, as SQS keeps it hidden, and then goes stale. SQS waits out a
+// to WithMaxExtension, never with WithHeartbeat(false). SQS waits out a
 // Retry's delay itself.
 func (s *Source) Start(_ context.Context, st driver.Setup) (driver.Traits, error) {
 	s.mu.Lock()
@@ -127,8 +124,7 @@ func (s *Source) Start(_ context.Context, st driver.Setup) (driver.Traits, error
 	if s.cfg.logger == nil && st.Logger != nil {
 		s.log = st.Logger
 	}
-	// A receive is a billed request: it waits a moment for room for more
-	// than one message, as the adapter's receivers once lingered.
+	// A receive is a billed request: it waits a moment for room for more.
 	tr := driver.Traits{MaxBatch: 10, Receivers: s.cfg.receivers, Lease: s.vis, MaxExtension: s.cfg.maxExtension,
 		DelaysRetry: true, ReceiveLinger: 50 * time.Millisecond}
 	if tr.Receivers == 0 {
@@ -184,25 +180,20 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 
 // Receive implements driver.Puller: it returns the messages waiting (a
 // FIFO message let go by its group's earlier one, or what a poll whose
-// caller stopped waiting brought), else long-polls SQS for up to max, ten
-// at most, fewer by the FIFO messages held back, so that those count in
-// the window too, and returns what the poll brought. A failed
-// ReceiveMessage is logged and returned.
+// caller stopped waiting brought), else long-polls SQS for up to max (ten
+// at most, fewer by the FIFO messages held back, which count in the
+// window too). A failed ReceiveMessage is logged and returned.
 func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, driver.ErrSourceClosed
-	}
-	s.busy.Add(1) // Close waits for it
-	s.mu.Unlock()
 	var p *poll // this call's, in flight
-	defer func() {
-		s.abandon(p)
-		s.busy.Done()
-	}()
-	for {
-		s.mu.Lock()
+	s.mu.Lock()
+	if !s.closed {
+		s.busy.Add(1) // Close waits for it
+		defer func() {
+			s.abandon(p)
+			s.busy.Done()
+		}()
+	}
+	for ; ; s.mu.Lock() { // s.mu is held at the start of each turn
 		switch {
 		case s.closed:
 			s.mu.Unlock()
@@ -214,12 +205,10 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 			n := min(max, len(s.ready))
 			ms := messages(s.ready[:n])
 			clear(s.ready[:n])
-			s.ready = s.ready[n:]
-			more := len(s.ready) > 0
-			s.mu.Unlock()
-			if more {
+			if s.ready = s.ready[n:]; len(s.ready) > 0 {
 				signal(s.avail) // for another caller
 			}
+			s.mu.Unlock()
 			return ms, nil
 		}
 		if n := min(max, 10) - s.heldBack; p == nil && n > 0 {
@@ -266,9 +255,8 @@ func signal(c chan struct{}) {
 	}
 }
 
-// poll is one ReceiveMessage call: done is closed once ds (what its
-// caller is to hand out) or err is set. A poll whose caller went away
-// (abandoned) makes what it brings ready for the next.
+// poll is one ReceiveMessage call: done is closed once ds or err is set.
+// What an abandoned poll (its caller went away) brings is made ready.
 type poll struct {
 	done      chan struct{}
 	ds        []*delivery
@@ -299,8 +287,7 @@ func (s *Source) poll(n int) *poll {
 	return p
 }
 
-// abandon makes what p, a poll whose caller no longer waits for it,
-// brings ready for the next caller.
+// abandon makes what p, whose caller no longer waits, brings ready.
 func (s *Source) abandon(p *poll) {
 	if p == nil {
 		return
@@ -323,8 +310,7 @@ func (s *Source) readyLocked(ds []*delivery) {
 	}
 }
 
-// receiveInput asks for up to n messages with every attribute, hidden for
-// vis.
+// receiveInput asks for up to n messages with every attribute.
 func receiveInput(queueURL string, n int, wait, vis time.Duration) *awssqs.ReceiveMessageInput {
 	return &awssqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(n),
 		WaitTimeSeconds: int32(wait / time.Second), VisibilityTimeout: int32(vis / time.Second), MessageAttributeNames: []string{"All"},
@@ -333,26 +319,25 @@ func receiveInput(queueURL string, n int, wait, vis time.Duration) *awssqs.Recei
 
 // acceptLocked returns the messages received at now that are to be handed
 // out; s.mu is held. On a FIFO queue a message whose group has one handed
-// out (or ready) is held back behind it, until that one is settled. SQS
-// hands out no message of a group while one is in flight, so the first of
-// a group in a receive means those held before are no longer hidden
-// (their visibility lapsed): they are dropped, and come again.
+// out (or ready) is held back behind it until that one is settled. SQS
+// hands out no message of a group while one is in flight, so a group's
+// first in a receive means those held before lapsed: they are dropped.
 func (s *Source) acceptLocked(msgs []types.Message, now time.Time) []*delivery {
 	s.stats.received.Add(int64(len(msgs)))
 	var out []*delivery
 	var fresh map[string]bool // groups this receive started again
 	for i := range msgs {
 		d := s.newDelivery(&msgs[i], now)
-		if !s.q.fifo || d.group == "" {
+		if !s.q.fifo || d.msg.Key == "" {
 			out = append(out, d)
 			continue
 		}
-		chain := s.groups[d.group]
-		if !fresh[d.group] {
+		chain := s.groups[d.msg.Key]
+		if !fresh[d.msg.Key] {
 			if fresh == nil {
 				fresh = map[string]bool{}
 			}
-			fresh[d.group] = true
+			fresh[d.msg.Key] = true
 			s.heldBack -= max(len(chain)-1, 0)
 			chain = nil
 		}
@@ -362,15 +347,14 @@ func (s *Source) acceptLocked(msgs []types.Message, now time.Time) []*delivery {
 		} else {
 			out = append(out, d)
 		}
-		s.groups[d.group] = append(chain, d)
+		s.groups[d.msg.Key] = append(chain, d)
 	}
 	return out
 }
 
-// settled keeps FIFO order once ds were settled (errs[i] is ds[i]'s
-// error): a message deleted (gone, without error) lets the next of its
-// group be handed out; one that comes back makes those held behind it
-// visible again, so that SQS delivers them after it.
+// settled keeps FIFO order once ds were settled (errs[i] is ds[i]'s): a
+// message deleted (gone) lets the next of its group out; one that comes
+// back makes those held behind it visible again, to come after it.
 func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone bool) {
 	if !s.q.fifo {
 		return
@@ -378,10 +362,10 @@ func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone
 	var back []*delivery
 	s.mu.Lock()
 	for i, d := range ds {
-		if d == nil || len(s.groups[d.group]) == 0 || s.groups[d.group][0] != d {
+		if d == nil || len(s.groups[d.msg.Key]) == 0 || s.groups[d.msg.Key][0] != d {
 			continue
 		}
-		chain := s.groups[d.group]
+		chain := s.groups[d.msg.Key]
 		if chain = chain[1:]; gone && errs[i] == nil && len(chain) > 0 {
 			chain[0].msg.ReceivedAt = chain[0].renewed // its lease counts from its last renewal
 			s.readyLocked(chain[:1])
@@ -392,9 +376,9 @@ func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone
 			chain = nil
 		}
 		if len(chain) == 0 {
-			delete(s.groups, d.group)
+			delete(s.groups, d.msg.Key)
 		} else {
-			s.groups[d.group] = chain
+			s.groups[d.msg.Key] = chain
 		}
 	}
 	s.mu.Unlock()
@@ -405,7 +389,7 @@ func (s *Source) settled(ctx context.Context, ds []*delivery, errs []error, gone
 
 // release makes ds visible again at once and returns the error of each.
 func (s *Source) release(ctx context.Context, ds []*delivery) []error {
-	errs := s.batch(ctx, ds, s.visibility(ds, func(int) int32 { return 0 }))
+	errs := s.setVisibility(ctx, ds, atOnce)
 	for _, err := range errs {
 		if err == nil {
 			s.stats.released.Add(1)
@@ -414,14 +398,11 @@ func (s *Source) release(ctx context.Context, ds []*delivery) []error {
 	return errs
 }
 
-// Close implements driver.Source: it stops receiving and, unless
-// WithReleaseOnClose(false), makes the messages it received that the
-// Consumer never got (FIFO messages held back among them) visible again
-// at once. Settling or extending a message afterwards sends nothing and
-// returns an error wrapping ErrClosed: SQS hands it out again once its
-// visibility lapses, as it does a crashed consumer's. SQS may still hand messages to a long poll whose caller went
-// away, so polls in progress may finish (up to WithCloseTimeout) and what
-// they bring is made visible again too.
+// Close implements driver.Source: it lets polls in progress finish (up
+// to WithCloseTimeout) and, unless WithReleaseOnClose(false), makes the
+// messages received that the Consumer never got (FIFO messages held back
+// among them) visible again at once. Settling or extending a message
+// afterwards sends nothing and returns an error wrapping ErrClosed.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
