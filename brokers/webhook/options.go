@@ -76,11 +76,7 @@ func WithProfile(p signature.Profile) Option {
 // file each (see ParkedRequest). Required; it must exist and be writable,
 // which NewSource checks, naming the path when it is not.
 func WithParkDir(dir string) Option {
-	var err error
-	if dir == "" {
-		err = errors.New("empty")
-	}
-	return set("WithParkDir", err, func(c *config) { c.parkDir = dir })
+	return set("WithParkDir", option.Refuse(dir == "", "empty"), func(c *config) { c.parkDir = dir })
 }
 
 // WithMaxBody bounds the request body in bytes; a longer one is answered
@@ -136,36 +132,35 @@ func resolve(fromURL, opts []Option, explain func(error) error) (config, error) 
 	if err == nil {
 		err = option.Apply(&c, opts...)
 	}
-	if err != nil {
-		return c, err
+	if err == nil && c.profile == nil {
+		err = option.Errorf("webhook", "WithProfile", "required: the signature profile requests are verified with")
 	}
-	switch {
-	case c.profile == nil:
-		return c, option.Errorf("webhook", "WithProfile", "required: the signature profile requests are verified with")
-	case c.parkDir == "":
-		return c, explain(option.Errorf("webhook", "WithParkDir", "required: the directory parked requests are written to"))
+	if err == nil {
+		err = explain(checkDir(c.parkDir))
 	}
-	if err := checkDir(c.parkDir); err != nil {
-		return c, explain(option.Errorf("webhook", "WithParkDir", "%v", err))
-	}
-	return c, nil
+	return c, err
 }
 
-// checkDir checks that dir is a directory a file can be written to; its
-// error names dir, which is no secret and which the operator must create
-// or fix.
+// checkDir checks that dir (WithParkDir's) is given and is a directory a
+// file can be written to; its error names dir, which is no secret and
+// which the operator must create or fix.
 func checkDir(dir string) error {
+	if dir == "" {
+		return option.Errorf("webhook", "WithParkDir", "required: the directory parked requests are written to")
+	}
 	fi, err := os.Stat(dir)
+	if err == nil && !fi.IsDir() {
+		err = fmt.Errorf("not a directory: %s", dir)
+	}
+	var f *os.File
+	if err == nil {
+		f, err = os.CreateTemp(dir, ".idemq-check-*")
+	}
+	if err == nil {
+		err = errors.Join(f.Close(), os.Remove(f.Name()))
+	}
 	if err != nil {
-		return err
+		return option.Errorf("webhook", "WithParkDir", "%w", err)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("not a directory: %s", dir)
-	}
-	f, err := os.CreateTemp(dir, ".idemq-check-*")
-	if err != nil {
-		return err
-	}
-	name := f.Name()
-	return errors.Join(f.Close(), os.Remove(name))
+	return nil
 }

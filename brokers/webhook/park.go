@@ -135,14 +135,10 @@ func OpenDeadLetters(_ context.Context, rawURL string) (*DeadLetters, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir := q.Get("park_dir")
-	if dir == "" {
-		return nil, errors.New("webhook URL parameter park_dir: required: the directory parked requests are written to")
+	if err := params.Explain(checkDir(q.Get("park_dir"))); err != nil {
+		return nil, err
 	}
-	if err := checkDir(dir); err != nil {
-		return nil, fmt.Errorf("webhook URL parameter park_dir: %w", err)
-	}
-	return &DeadLetters{deadletter.New[string](parkDir(dir))}, nil
+	return &DeadLetters{deadletter.New[string](parkDir(q.Get("park_dir")))}, nil
 }
 
 // parkDir is a park directory as a deadletter.Store; a ref is a file name.

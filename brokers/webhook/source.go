@@ -32,9 +32,8 @@ var (
 	_ driver.Releaser = (*Source)(nil)
 )
 
-// errAnswered is why a settlement is stale: the Source already answered
-// the request itself (it closed, or the request outlived its bounds), so
-// its sender sends it again.
+// errAnswered is why a settlement is stale: the Source answered the
+// request itself (it closed, or the request outlived its bounds).
 var errAnswered = errors.New("webhook: the request was already answered 503; its sender sends it again")
 
 // Source is an HTTP endpoint as a broker: an http.Handler a service mounts
@@ -65,19 +64,14 @@ type Source struct {
 }
 
 // track keeps the served connections that have not sent a request yet:
-// http.Server.Shutdown takes such a connection for idle only once it is
-// 5 s old, so a client's spare connection would hold Close up to its
-// deadline.
+// http.Server.Shutdown takes one for idle only once it is 5 s old, which
+// would hold Close up to its deadline.
 func (s *Source) track(c net.Conn, state http.ConnState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch state {
-	case http.StateNew:
-		if s.fresh == nil {
-			s.fresh = map[net.Conn]struct{}{}
-		}
+	if state == http.StateNew {
 		s.fresh[c] = struct{}{}
-	default:
+	} else {
 		delete(s.fresh, c)
 	}
 }
@@ -202,13 +196,10 @@ func (s *Source) Close() error {
 	s.mu.Unlock()
 	err := s.srv.Shutdown(ctx)
 	if err != nil {
-		err = errors.Join(err, s.srv.Close())
+		err = fmt.Errorf("webhook: shutting down the server on %s: %w", s.ln.Addr(), errors.Join(err, s.srv.Close()))
 	}
 	<-s.served
-	if err != nil {
-		return fmt.Errorf("webhook: shutting down the server on %s: %w", s.ln.Addr(), err)
-	}
-	return nil
+	return err
 }
 
 // Addr returns the address the server Open started listens on, nil for a
@@ -383,57 +374,44 @@ func (s *Source) serve(ctx context.Context, q *request) outcome {
 	}
 }
 
-// run hands q to Serve's deliver, waiting for Serve and for room in the
-// Consumer's window up to the wait bound, and answers q if no settlement
-// did.
+// run hands q to Serve's deliver once Serve runs, waiting for it and for
+// room in the Consumer's window up to the wait bound; unless a settlement
+// answered q, it answers 503.
 func (s *Source) run(q *request) {
-	if s.deliverTo(q) == nil {
-		return // settled: its settlement answered it
-	}
-	if s.claim(q) {
-		s.publish(q, s.busy())
-	}
-}
-
-// deliverTo calls Serve's deliver for q once Serve runs, and returns its
-// error; driver.ErrSourceClosed when q was not delivered (Serve stopped,
-// or did not start within the wait bound).
-func (s *Source) deliverTo(q *request) error {
-	ctx, cancel := context.WithDeadline(context.Background(), q.m.ReceivedAt.Add(s.c.wait))
-	defer cancel()
+	by := q.m.ReceivedAt.Add(s.c.wait)
+	wait := time.NewTimer(time.Until(by))
 	select {
 	case <-s.serving:
 	case <-s.done:
-	case <-ctx.Done():
-		return driver.ErrSourceClosed
+	case <-wait.C:
 	}
+	wait.Stop()
 	s.mu.Lock()
-	if s.closed || s.stopped {
+	if deliver, dctx := s.deliver, s.dctx; deliver != nil && !s.closed && !s.stopped {
+		s.active.Add(1)
 		s.mu.Unlock()
-		return driver.ErrSourceClosed
+		ctx, cancel := context.WithDeadline(dctx, by)
+		err := deliver(ctx, &q.m)
+		cancel()
+		s.active.Done()
+		if err == nil {
+			return // settled: its settlement answered it
+		}
+		s.mu.Lock()
 	}
-	s.active.Add(1)
+	why := "busy: the consumer did not take the request in time"
+	if s.closed || s.stopped {
+		why = "closed"
+	}
 	s.mu.Unlock()
-	defer s.active.Done()
-	ctx, cancel = context.WithDeadline(s.dctx, q.m.ReceivedAt.Add(s.c.wait))
-	defer cancel()
-	return s.deliver(ctx, &q.m)
+	if s.claim(q) {
+		s.publish(q, s.unavailable(why))
+	}
 }
 
 // unavailable is a 503 the sender retries after the wait bound.
 func (s *Source) unavailable(why string) outcome {
 	return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: why}
-}
-
-// busy answers a request the Consumer did not settle in time, or at all
-// once the Source stopped.
-func (s *Source) busy() outcome {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.stopped {
-		return s.unavailable("closed")
-	}
-	return s.unavailable("busy: the consumer did not take the request in time")
 }
 
 // cancelled answers a request whose context ended before its answer: the
@@ -489,23 +467,16 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 // settle answers each request of ms with what answer returns for it; a
 // request the Source already answered itself is stale.
 func (s *Source) settle(ms []*driver.Message, answer func(i int, q *request) (outcome, error)) error {
-	var errs []error
+	errs := make([]error, len(ms))
 	for i, m := range ms {
 		q := m.AckID.(*request)
-		var err error
 		if !s.claim(q) {
-			err = driver.Stale(errAnswered)
-		} else {
-			var o outcome
-			o, err = answer(i, q)
-			s.publish(q, o)
+			errs[i] = driver.Stale(errAnswered)
+			continue
 		}
-		if err != nil && errs == nil {
-			errs = make([]error, len(ms)) // only when one fails: Ack is the common call
-		}
-		if err != nil {
-			errs[i] = err
-		}
+		var o outcome
+		o, errs[i] = answer(i, q)
+		s.publish(q, o)
 	}
 	return driver.PartialOf(errs)
 }
