@@ -30,20 +30,12 @@ const DefaultWait = 4 * time.Second
 const DefaultAnswerBy = 4500 * time.Millisecond
 
 // Default redelivery horizons, by profile name: how long after the first
-// request the provider's automatic retries can still send the event. A
-// resend an operator asks for in the provider's dashboard can come later;
-// WithHorizon covers it.
+// request the provider's automatic retries can still send the event.
 var defaultHorizons = map[string]time.Duration{
-	// Standard Webhooks: immediately, then after 5 s, 5 min, 30 min, 2 h,
-	// 5 h, 10 h and 10 h: 27 h 35 min 5 s.
-	"standard": 28 * time.Hour,
-	// Stripe retries in live mode for up to three days.
-	"stripe": 72 * time.Hour,
-	// GitHub does not retry, but redelivers on request deliveries of the
-	// past three days.
-	"github": 72 * time.Hour,
-	// Shopify retries 8 times over 4 hours.
-	"shopify": 4 * time.Hour,
+	"standard": 28 * time.Hour, // retries after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h: 27 h 35 min
+	"stripe":   72 * time.Hour, // retries in live mode for up to three days
+	"github":   72 * time.Hour, // no retries, but redelivery on request for three days
+	"shopify":  4 * time.Hour,  // 8 retries over 4 hours
 }
 
 // Option configures a Source. Options apply in order; an invalid value

@@ -232,9 +232,9 @@ type request struct {
 	method, path, remote string
 	header               http.Header // kept: the request may end before its settlement
 	profile              string
+	once                 sync.Once     // answers it
 	done                 chan struct{} // closed once out is set
 	out                  outcome
-	answered             bool // under Source.mu: out is being set
 }
 
 func (s *Source) newRequest(r *http.Request, body []byte, arrived time.Time) *request {
@@ -243,64 +243,61 @@ func (s *Source) newRequest(r *http.Request, body []byte, arrived time.Time) *re
 		profile: s.c.profile.Name(), done: make(chan struct{})}
 }
 
-// claim reserves q's answer for the caller: false when it has one.
-func (s *Source) claim(q *request) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ok := !q.answered
-	q.answered = true
-	return ok
-}
-
-// publish sets the answer claimed for q, ending its flight first: a copy
-// the sender sends once it read the answer is a new delivery.
-func (s *Source) publish(q *request, o outcome) {
-	s.mu.Lock()
-	if s.flights[q.id] == q {
-		delete(s.flights, q.id)
-	}
-	s.mu.Unlock()
-	q.out = o
-	close(q.done)
+// answer gives q the answer o returns unless q has one (then it returns
+// errAnswered, stale), ending q's flight first: a copy the sender sends
+// once it read the answer is a new delivery.
+func (s *Source) answer(q *request, o func() (outcome, error)) (err error) {
+	err = driver.Stale(errAnswered)
+	q.once.Do(func() {
+		var out outcome
+		out, err = o()
+		s.mu.Lock()
+		if s.flights[q.id] == q {
+			delete(s.flights, q.id)
+		}
+		s.mu.Unlock()
+		q.out = out
+		close(q.done)
+	})
+	return err
 }
 
 // ServeHTTP implements http.Handler: it verifies a POST, hands it to the
 // Consumer and answers once the Consumer settled it (see the package
 // documentation for the statuses).
 func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	reply(w, s.take(w, r))
+}
+
+// take reads and verifies r and returns its answer.
+func (s *Source) take(w http.ResponseWriter, r *http.Request) outcome {
 	arrived := s.c.now()
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		reply(w, outcome{status: http.StatusMethodNotAllowed, text: "POST only"})
-		return
-	}
 	tooLarge := outcome{status: http.StatusRequestEntityTooLarge, text: "body over " + strconv.FormatInt(s.c.maxBody, 10) + " bytes"}
-	if r.ContentLength > s.c.maxBody {
-		reply(w, tooLarge)
-		return
+	switch {
+	case r.Method != http.MethodPost:
+		w.Header().Set("Allow", http.MethodPost)
+		return outcome{status: http.StatusMethodNotAllowed, text: "POST only"}
+	case r.ContentLength > s.c.maxBody:
+		return tooLarge
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.c.maxBody))
 	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		reply(w, tooLarge)
-		return
+		return tooLarge
 	} else if err != nil {
-		reply(w, outcome{status: http.StatusBadRequest, text: "body not read in full"})
-		return
+		return outcome{status: http.StatusBadRequest, text: "body not read in full"}
 	}
 	ev, err := s.c.profile.Verify(r.Header, body, arrived)
 	switch {
 	case errors.Is(err, signature.ErrNoID):
 		o, _ := s.park(s.newRequest(r, body, arrived), err.Error())
-		reply(w, o)
-		return
+		return o
 	case err != nil:
 		s.log().Warn("idemq webhook: request refused", "path", r.URL.Path, "client", r.RemoteAddr, "error", err)
-		reply(w, outcome{status: http.StatusUnauthorized, text: sentinel(err)})
-		return
+		return outcome{status: http.StatusUnauthorized, text: sentinel(err)}
 	}
 	q := s.newRequest(r, body, arrived)
 	q.id = ev.ID
-	reply(w, s.serve(r.Context(), q))
+	return s.serve(r.Context(), q)
 }
 
 // sentinel is the signature error's answer to the sender: which check
@@ -404,9 +401,7 @@ func (s *Source) run(q *request) {
 		why = "closed"
 	}
 	s.mu.Unlock()
-	if s.claim(q) {
-		s.publish(q, s.unavailable(why))
-	}
+	_ = s.answer(q, func() (outcome, error) { return s.unavailable(why), nil })
 }
 
 // unavailable is a 503 the sender retries after the wait bound.
@@ -429,21 +424,6 @@ func reply(w http.ResponseWriter, o outcome) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(o.status)
 	_, _ = io.WriteString(w, o.text+"\n")
-}
-
-// park writes q to the park directory with cause: 200 once it is
-// written, 503 (the sender sends it again) when it could not be, with the
-// write's error.
-func (s *Source) park(q *request, cause string) (outcome, error) {
-	p := &ParkedRequest{ID: q.id, Cause: deadletter.Cause(errors.New(cause)), Attempt: max(q.m.Attempt, 1), Profile: q.profile,
-		Method: q.method, Path: q.path, RemoteAddr: q.remote, ReceivedAt: q.m.ReceivedAt, ParkedAt: s.c.now(), Headers: q.header, Body: q.m.Body}
-	path, err := park(s.c.parkDir, p)
-	if err != nil {
-		s.log().Error("idemq webhook: parking a request failed; answering 503 so that the sender retries", "id", p.ID, "error", err)
-		return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: "could not park the request", handled: true}, err
-	}
-	s.log().Warn("idemq webhook: request parked", "id", p.ID, "file", path, "cause", p.Cause)
-	return outcome{status: http.StatusOK, text: "parked", handled: true}, nil
 }
 
 // metadata is a request's Message.Metadata, read from it when asked.
@@ -470,13 +450,7 @@ func (s *Source) settle(ms []*driver.Message, answer func(i int, q *request) (ou
 	errs := make([]error, len(ms))
 	for i, m := range ms {
 		q := m.AckID.(*request)
-		if !s.claim(q) {
-			errs[i] = driver.Stale(errAnswered)
-			continue
-		}
-		var o outcome
-		o, errs[i] = answer(i, q)
-		s.publish(q, o)
+		errs[i] = s.answer(q, func() (outcome, error) { return answer(i, q) })
 	}
 	return driver.PartialOf(errs)
 }

@@ -25,6 +25,9 @@ import (
 // provider sends the requests, so core.OpenPublisher finds none for
 // webhook.
 func init() {
+	driver.RegisterDeadLetters("webhook", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.DeadLetters, error) {
+		return OpenDeadLetters(ctx, u.String())
+	})
 	driver.RegisterSource("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
 		var logger Option // nil options are skipped
 		if cfg.Logger != nil {
@@ -88,7 +91,10 @@ func profile(q url.Values) (signature.Profile, error) {
 	case q.Has("secret_file"):
 		b, err := os.ReadFile(q.Get("secret_file"))
 		if err != nil {
-			return nil, fmt.Errorf("webhook URL parameter secret_file: %w", pathless(err))
+			if pe, ok := errors.AsType[*fs.PathError](err); ok {
+				err = fmt.Errorf("%s: %w", pe.Op, pe.Err) // not the file's path
+			}
+			return nil, fmt.Errorf("webhook URL parameter secret_file: %w", err)
 		}
 		secrets = lines(string(b))
 	default:
@@ -183,13 +189,4 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 		}
 	}()
 	return s, nil
-}
-
-// pathless is err without the path a *fs.PathError quotes: "open: no such
-// file or directory".
-func pathless(err error) error {
-	if pe, ok := errors.AsType[*fs.PathError](err); ok {
-		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
-	}
-	return err
 }
