@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/brokers/webhook/signature"
+	"github.com/idemq/idemq/core/driver/attempts"
 	"github.com/idemq/idemq/internal/option"
 )
 
@@ -115,10 +116,10 @@ func WithLogger(l *slog.Logger) Option {
 	return set("WithLogger", option.Present(l), func(c *config) { c.logger = l })
 }
 
-// resolve applies the URL's options, then opts, over the defaults, and
-// checks what is required; explain rewords an option's error as its URL
-// parameter.
-func resolve(fromURL, opts []Option, explain func(error) error) (config, error) {
+// build returns the Source of the URL's options, then opts, over the
+// defaults, once it checked what is required; explain rewords an option's
+// error as its URL parameter.
+func build(fromURL, opts []Option, explain func(error) error) (*Source, error) {
 	c := config{maxBody: DefaultMaxBody, wait: DefaultWait, answerBy: DefaultAnswerBy, now: time.Now}
 	err := explain(option.Apply(&c, fromURL...))
 	if err == nil {
@@ -130,7 +131,13 @@ func resolve(fromURL, opts []Option, explain func(error) error) (config, error) 
 	if err == nil {
 		err = explain(checkDir(c.parkDir))
 	}
-	return c, err
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{c: c, attempts: attempts.New[string](maxRemembered), serving: make(chan struct{}),
+		done: make(chan struct{}), flights: map[string]*request{}}
+	s.logger.Store(c.logger)
+	return s, nil
 }
 
 // checkDir checks that dir (WithParkDir's) is given and is a directory a

@@ -79,20 +79,7 @@ func (s *Source) track(c net.Conn, state http.ConnState) {
 // NewSource returns a Source configured by opts; WithProfile and
 // WithParkDir are required.
 func NewSource(opts ...Option) (*Source, error) {
-	c, err := resolve(nil, opts, func(err error) error { return err })
-	if err != nil {
-		return nil, err
-	}
-	return newSource(c), nil
-}
-
-func newSource(c config) *Source {
-	s := &Source{c: c, attempts: attempts.New[string](maxRemembered), serving: make(chan struct{}),
-		done: make(chan struct{}), flights: map[string]*request{}}
-	if c.logger != nil {
-		s.logger.Store(c.logger)
-	}
-	return s
+	return build(nil, opts, func(err error) error { return err })
 }
 
 func (s *Source) log() *slog.Logger {
@@ -133,11 +120,9 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 
 // Serve implements driver.Pusher: each verified request is handed to
 // deliver until ctx is done or the Source is closed (then it returns
-// driver.ErrSourceClosed). Then requests are answered 503, and a request
-// still waiting for room in the Consumer's window stops waiting; Serve
-// returns once no deliver call is under way, leaving the messages the
-// Consumer holds to its settlements. Requests that arrive before Serve
-// wait for it up to WithWait.
+// driver.ErrSourceClosed); then requests are answered 503, and Serve
+// returns once no deliver call is under way. Requests that arrive before
+// Serve wait for it up to WithWait.
 func (s *Source) Serve(ctx context.Context, deliver driver.Deliver) error {
 	dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
@@ -168,11 +153,8 @@ func (s *Source) Serve(ctx context.Context, deliver driver.Deliver) error {
 }
 
 // Close implements driver.Source: requests are answered 503 from now on,
-// and so are those waiting (for Serve, for room, for an earlier copy), or
-// whose messages the Consumer still holds, whose settlement is then stale.
-// A Consumer closes its source after it settled or released what it held.
-// A Source that Open serves shuts its server down, waiting for the
-// answers.
+// and so are those waiting (for Serve, for room, for an earlier copy). A
+// Source that Open serves shuts its server down, waiting for the answers.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	closed := s.closed
@@ -216,16 +198,13 @@ type outcome struct {
 	status     int
 	retryAfter time.Duration // for 409 and 503
 	text       string
-	// handled: the Consumer decided the request (or it was parked), so a
-	// copy waiting for it takes the same answer; otherwise the copy tries
-	// itself.
+	// handled: the request was decided or parked, so a copy waiting for
+	// it takes the same answer; otherwise the copy tries itself.
 	handled bool
 }
 
-// request is one verified request: its message for the Consumer (AckID
-// is the request), what parking it keeps, and its answer. While its event
-// has no other copy in flight it is the event's flight, whose answer later
-// copies wait for.
+// request is one verified request (its message's AckID): what parking it
+// keeps, and its answer, which later copies of its event wait for.
 type request struct {
 	id                   string // the event id, the flight's key (an IDFunc may change m.ID)
 	m                    driver.Message
@@ -364,9 +343,8 @@ func (s *Source) serve(ctx context.Context, q *request) outcome {
 	case <-ctx.Done(): // the sender is gone; the message still settles
 		return cancelled
 	case <-answerBy.C:
-		// Past the bound the sender would time out: it retries after the
-		// answer, and its copy waits for this one's settlement or, once
-		// settled, is a Duplicate.
+		// Past it the sender would time out; its next copy waits for this
+		// one's settlement or, once settled, is a Duplicate.
 		return s.unavailable("still being processed: send it again later")
 	}
 }

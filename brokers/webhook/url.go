@@ -157,11 +157,10 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := resolve(append(fromURL, WithProfile(p)), opts, params.Explain)
+	s, err := build(append(fromURL, WithProfile(p)), opts, params.Explain)
 	if err != nil {
 		return nil, err
 	}
-	s := newSource(c)
 	var lc net.ListenConfig
 	if s.ln, err = lc.Listen(ctx, "tcp", u.Host); err != nil {
 		return nil, fmt.Errorf("webhook: listening on %s: %w", u.Host, err)
