@@ -131,7 +131,7 @@ func (s *Source) Serve(ctx context.Context, deliver driver.Deliver) error {
 	case s.closed:
 		s.mu.Unlock()
 		return driver.ErrSourceClosed
-	case s.deliver != nil || s.stopped:
+	case s.deliver != nil: // set once, kept when Serve stopped
 		s.mu.Unlock()
 		return errors.New("webhook: Serve called twice")
 	}

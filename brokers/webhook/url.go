@@ -29,11 +29,10 @@ func init() {
 		return OpenDeadLetters(ctx, u.String())
 	})
 	driver.RegisterSource("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		var logger Option // nil options are skipped
-		if cfg.Logger != nil {
-			logger = WithLogger(cfg.Logger)
-		}
-		return Open(ctx, u.String(), logger)
+		return Open(ctx, u.String(), func(c *config) error {
+			c.logger = cfg.Logger // nil: the Consumer's, as Start gives it
+			return nil
+		})
 	})
 }
 
