@@ -32,7 +32,8 @@
 // returns ErrLeaseExpired and changes nothing, so a stale ack never
 // acknowledges a newer copy (stricter than SQS, which may accept an old
 // receipt handle). The redelivered copy loses its claim and is
-// acknowledged as a Duplicate.
+// acknowledged as a Duplicate. When only some messages of a call fail, a
+// *driver.Partial says which.
 //
 // Leases are not extended: the Subscription is no driver.Extender, and
 // Start reports the visibility timeout as Traits.Lease, so a Consumer
