@@ -354,15 +354,16 @@ func (s *Source) serve(ctx context.Context, q *request) outcome {
 // answered q, it answers 503.
 func (s *Source) run(q *request) {
 	by := q.m.ReceivedAt.Add(s.c.wait)
-	wait := time.NewTimer(time.Until(by))
+	wait, late := time.NewTimer(time.Until(by)), false
 	select {
 	case <-s.serving:
 	case <-s.done:
 	case <-wait.C:
+		late = true // Serve did not start in time
 	}
 	wait.Stop()
 	s.mu.Lock()
-	if deliver, dctx := s.deliver, s.dctx; deliver != nil && !s.closed && !s.stopped {
+	if deliver, dctx := s.deliver, s.dctx; !late && deliver != nil && !s.closed && !s.stopped {
 		s.active.Add(1)
 		s.mu.Unlock()
 		ctx, cancel := context.WithDeadline(dctx, by)
