@@ -7,13 +7,10 @@ import (
 	"hash/fnv"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/internal/option"
@@ -30,12 +27,10 @@ const DefaultVisibilityTimeout = 30 * time.Second
 // are reproducible by default.
 const DefaultSeed uint64 = 1
 
-// Errors returned by the broker. Test with errors.Is. ErrCrashed,
-// ErrSubscriptionClosed and ErrBrokerClosed wrap driver.ErrSourceClosed, so the
-// Consumer stops when Receive returns them; a settlement that gets one of
-// them also wraps driver.ErrStaleDelivery (the message is redelivered). A
-// settlement of a delivery that is no longer its message's current lease
-// (expired, or settled before) returns ErrLeaseExpired.
+// Errors returned by the broker; test with errors.Is. ErrCrashed,
+// ErrSubscriptionClosed and ErrBrokerClosed wrap driver.ErrSourceClosed,
+// so the Consumer stops when Receive returns them; a settlement that gets
+// one also wraps driver.ErrStaleDelivery (the message is redelivered).
 var (
 	// ErrCrashed is returned by Receive and by every settlement of a
 	// subscription after it crashed (Subscription.Crash or the CrashOnAck
@@ -78,12 +73,10 @@ type Faults struct {
 }
 
 func (f Faults) validate() error {
-	for _, p := range []struct {
-		name string
-		v    float64
-	}{{"LoseAck", f.LoseAck}, {"CrashOnAck", f.CrashOnAck}, {"DuplicatePublish", f.DuplicatePublish}} {
-		if !(p.v >= 0 && p.v <= 1) { // also rejects NaN
-			return fmt.Errorf("memory: Faults.%s must be within [0, 1], got %v", p.name, p.v)
+	names := []string{"LoseAck", "CrashOnAck", "DuplicatePublish"}
+	for i, v := range []float64{f.LoseAck, f.CrashOnAck, f.DuplicatePublish} {
+		if !(v >= 0 && v <= 1) { // also rejects NaN
+			return fmt.Errorf("memory: Faults.%s must be within [0, 1], got %v", names[i], v)
 		}
 	}
 	return nil
@@ -107,25 +100,13 @@ func WithSeed(seed uint64) Option {
 // subscription before the broker redelivers it. Must be positive. Default
 // DefaultVisibilityTimeout (30s).
 func WithVisibilityTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("memory: VisibilityTimeout must be positive, got %v", d)
-		}
-		c.visibility = d
-		return nil
-	}
+	return option.Set("memory", "WithVisibilityTimeout", option.Positive(d), func(c *config) { c.visibility = d })
 }
 
 // WithFaults sets the initial fault probabilities (see SetFaults). Default:
 // no faults.
 func WithFaults(f Faults) Option {
-	return func(c *config) error {
-		if err := f.validate(); err != nil {
-			return err
-		}
-		c.faults = f
-		return nil
-	}
+	return option.Check(f.validate(), func(c *config) { c.faults = f })
 }
 
 // Broker is an in-process at-least-once broker holding named queues. Queues
@@ -163,8 +144,6 @@ func (b *Broker) SetFaults(f Faults) error {
 	return nil
 }
 
-func (b *Broker) currentFaults() Faults { return *b.faults.Load() }
-
 // queue returns the named queue, creating it when create is set; nil when
 // it does not exist. Only creating fails after Close, so Stats and
 // DeadLetters still answer then.
@@ -182,12 +161,8 @@ func (b *Broker) queue(name string, create bool) (*queue, error) {
 		h := fnv.New64a()
 		h.Write([]byte(name))
 		k := h.Sum64()
-		q = &queue{
-			b:      b,
-			name:   name,
-			pubRng: rand.New(rand.NewPCG(b.cfg.seed, k)),
-			ackRng: rand.New(rand.NewPCG(b.cfg.seed, k^0x9e3779b97f4a7c15)),
-		}
+		q = &queue{b: b, name: name, pubRng: rand.New(rand.NewPCG(b.cfg.seed, k)), ackRng: rand.New(rand.NewPCG(b.cfg.seed, k^0x9e3779b97f4a7c15)),
+			subs: map[*Subscription]struct{}{}}
 		b.queues[name] = q
 	}
 	return q, nil
@@ -211,29 +186,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*driver.Mess
 	if err != nil {
 		return err
 	}
-	return q.publish(withTraceContext(ctx, msgs), b.currentFaults().DuplicatePublish)
-}
-
-// withTraceContext returns msgs with the trace context of ctx injected into
-// copies of their headers by the global propagator, as every idemq
-// publisher does, so a producer's trace reaches the consumer. Without a
-// span in ctx the messages are returned unchanged.
-func withTraceContext(ctx context.Context, msgs []*driver.Message) []*driver.Message {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return msgs
-	}
-	prop := otel.GetTextMapPropagator()
-	out := make([]*driver.Message, len(msgs))
-	for i, m := range msgs {
-		c := *m
-		c.Headers = maps.Clone(m.Headers)
-		if c.Headers == nil {
-			c.Headers = make(map[string]string, 2)
-		}
-		prop.Inject(ctx, propagation.MapCarrier(c.Headers))
-		out[i] = &c
-	}
-	return out
+	return q.publish(ctx, msgs, b.faults.Load().DuplicatePublish)
 }
 
 // Subscribe opens a subscription that receives from queue, creating the
@@ -243,7 +196,15 @@ func (b *Broker) Subscribe(queue string) (*Subscription, error) {
 	if err != nil {
 		return nil, err
 	}
-	return q.subscribe()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, ErrBrokerClosed
+	}
+	q.subSeq++
+	s := &Subscription{q: q, id: q.subSeq, done: make(chan struct{}), leases: map[*delivery]struct{}{}}
+	q.subs[s] = struct{}{}
+	return s, nil
 }
 
 // Stats returns the counters of queue; zero when it does not exist.
@@ -252,7 +213,11 @@ func (b *Broker) Stats(queue string) Stats {
 	if q == nil {
 		return Stats{}
 	}
-	return q.statsSnapshot()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	st := q.stats
+	st.Ready, st.Delayed, st.InFlight, st.DeadLetters = len(q.ready), len(q.delayed), q.inFlight, len(q.dead)
+	return st
 }
 
 // Len returns how many messages queue still has to settle: ready, delayed
@@ -287,7 +252,19 @@ func (b *Broker) Redrive(queue string) int {
 	if q == nil {
 		return 0
 	}
-	return q.redrive()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0
+	}
+	n := len(q.dead)
+	for _, dl := range q.dead {
+		dl.entry.deliveries, dl.entry.lease = 0, nil
+		q.makeReadyLocked(dl.entry)
+	}
+	q.dead = nil
+	q.stats.Redriven += int64(n)
+	return n
 }
 
 // WaitIdle blocks until queue has nothing ready, delayed or in flight (Len
@@ -336,10 +313,7 @@ func (b *Broker) Close() error {
 	}
 	b.closed = true
 	close(b.done)
-	qs := make([]*queue, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
-	}
+	qs := slices.Collect(maps.Values(b.queues))
 	b.mu.Unlock()
 	for _, q := range qs {
 		q.close()

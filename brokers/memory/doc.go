@@ -24,28 +24,16 @@
 //     hold.
 //
 // A Subscription is a driver.Puller and a driver.Releaser: a Consumer
-// (core.New) drives it, and tests may call its methods directly. Receive
-// hands out up to the number of ready messages asked for, in order,
-// blocking while none is ready; Ack, Retry, DeadLetter and Release each
-// settle a whole call's messages at once, by the AckID they were received
-// with. Retry puts a message at the back of the queue (after its delay,
-// which the broker keeps), Release at the front at once, in delivery
-// order, as a closed connection's unacknowledged messages go back.
-//
-// The Consumer owns the window (core.WithWindow), settling each message
-// once and telling stale deliveries apart; the broker's own rule is that
-// only the current lease of a message settles it. A settlement of a
-// delivery whose lease ended (visibility expiry, Subscription.ExpireLeases,
-// or an earlier settlement) returns ErrLeaseExpired and changes nothing: a
-// stale ack never acknowledges a newer copy of the message that is still
-// being decided, nor one waiting to be redelivered. This is stricter than
-// SQS, which may accept an old receipt handle, and it is what the pipeline
-// needs: the redelivered copy loses its claim and is acknowledged as a
-// Duplicate. Settlements after Subscription.Crash return ErrCrashed, after
-// Subscription.Close ErrSubscriptionClosed, both wrapping
-// driver.ErrStaleDelivery too (the messages were already requeued, as an ack
-// on a closed AMQP channel cannot reach the broker). When only some
-// messages of a call fail, a *driver.Partial says which.
+// (core.New) drives it, and tests may call its methods directly; each
+// settlement settles a whole call's messages at once. The Consumer owns
+// the window, settling each message once and telling stale deliveries
+// apart; the broker's own rule is that only the current lease of a
+// message settles it: a settlement of a delivery whose lease ended
+// returns ErrLeaseExpired and changes nothing, so a stale ack never
+// acknowledges a newer copy (stricter than SQS, which may accept an old
+// receipt handle). The redelivered copy loses its claim and is
+// acknowledged as a Duplicate. When only some messages of a call fail, a
+// *driver.Partial says which.
 //
 // Leases are not extended: the Subscription is no driver.Extender, and
 // Start reports the visibility timeout as Traits.Lease, so a Consumer

@@ -4,23 +4,20 @@ import (
 	"bytes"
 	"cmp"
 	"container/heap"
+	"context"
+	"iter"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemq/idemq/core/driver"
-)
-
-type entryState uint8
-
-const (
-	stateReady entryState = iota
-	stateDelayed
-	stateInFlight
-	stateDone
-	stateDead
 )
 
 // entry is one message the queue holds, from publish until ack or dead
@@ -29,7 +26,6 @@ type entry struct {
 	seq        uint64 // publish sequence, for metadata and tests
 	msg        driver.Message
 	deliveries int
-	state      entryState
 	lease      *delivery // the current lease while in flight
 	delay      hnode     // ready time while delayed
 }
@@ -71,13 +67,17 @@ func cloneMessage(m driver.Message) driver.Message {
 
 func (q *queue) lenLocked() int { return len(q.ready) + len(q.delayed) + q.inFlight }
 
-func (q *queue) publish(msgs []*driver.Message, dup float64) error {
+// publish enqueues copies of msgs, injecting the trace context of ctx into
+// their headers by the global propagator, as every idemq publisher does,
+// so a producer's trace reaches the consumer.
+func (q *queue) publish(ctx context.Context, msgs []*driver.Message, dup float64) error {
+	traced := trace.SpanContextFromContext(ctx).IsValid()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return ErrBrokerClosed
 	}
-	n := 0
+	before := len(q.ready)
 	for _, m := range msgs {
 		copies := 1
 		if dup > 0 && q.pubRng.Float64() < dup {
@@ -85,16 +85,21 @@ func (q *queue) publish(msgs []*driver.Message, dup float64) error {
 			q.stats.DuplicatesPublished++
 		}
 		body, hdr := bytes.Clone(m.Body), maps.Clone(m.Headers)
+		if traced {
+			if hdr == nil {
+				hdr = make(map[string]string, 2)
+			}
+			otel.GetTextMapPropagator().Inject(ctx, propagation.MapCarrier(hdr))
+		}
 		for range copies {
 			q.pubSeq++
 			e := &entry{seq: q.pubSeq, msg: driver.Message{ID: m.ID, Body: body, Headers: hdr, Key: m.Key}}
 			e.delay.idx = -1 // not delayed
 			q.ready = append(q.ready, e)
 			q.stats.Published++
-			n++
 		}
 	}
-	q.wakeLocked(n)
+	q.wakeLocked(len(q.ready) - before)
 	return nil
 }
 
@@ -128,7 +133,6 @@ func (q *queue) removeWaiterLocked(w chan struct{}) bool {
 func (q *queue) deliverLocked(s *Subscription, e *entry) *delivery {
 	now := time.Now()
 	e.deliveries++
-	e.state = stateInFlight
 	q.inFlight++
 	q.delSeq++
 	d := &delivery{sub: s, e: e, seq: q.delSeq}
@@ -158,11 +162,11 @@ func (q *queue) deliverLocked(s *Subscription, e *entry) *delivery {
 }
 
 // live reports whether d is still the broker's current lease of its
-// message.
-func (d *delivery) live() bool { return d.e.lease == d && d.e.state == stateInFlight }
+// message: every lease ends through endLeaseLocked.
+func (d *delivery) live() bool { return d.e.lease == d }
 
-// endLeaseLocked ends d's lease on the broker side; the caller moves the
-// entry to its next state.
+// endLeaseLocked ends d's lease on the broker side; the caller puts the
+// entry where it goes next.
 func (q *queue) endLeaseLocked(d *delivery) {
 	q.leases.remove(d)
 	delete(d.sub.leases, d)
@@ -173,7 +177,6 @@ func (q *queue) endLeaseLocked(d *delivery) {
 // makeReadyLocked puts e at the back of the ready FIFO and wakes one
 // receiver.
 func (q *queue) makeReadyLocked(e *entry) {
-	e.state = stateReady
 	q.ready = append(q.ready, e)
 	q.wakeLocked(1)
 }
@@ -192,11 +195,11 @@ func (q *queue) checkIdleLocked() {
 // re-arms, which is cheaper than resetting it on every ack.
 func (q *queue) armLocked() {
 	var next time.Time
-	if e, ok := q.delayed.peek(); ok {
-		next = e.delay.at
+	if len(q.delayed) > 0 {
+		next = q.delayed[0].delay.at
 	}
-	if d, ok := q.leases.peek(); ok && (next.IsZero() || d.lease.at.Before(next)) {
-		next = d.lease.at
+	if len(q.leases) > 0 && (next.IsZero() || q.leases[0].lease.at.Before(next)) {
+		next = q.leases[0].lease.at
 	}
 	if next.IsZero() || (!q.timerAt.IsZero() && !next.Before(q.timerAt)) {
 		return
@@ -220,27 +223,21 @@ func (q *queue) onTimer() {
 	}
 	q.timerAt = time.Time{}
 	now := time.Now()
-	for {
-		e, ok := q.delayed.peek()
-		if !ok || e.delay.at.After(now) {
-			break
-		}
-		q.delayed.remove(e)
-		q.makeReadyLocked(e)
+	for len(q.delayed) > 0 && !q.delayed[0].delay.at.After(now) {
+		q.makeReadyLocked(heap.Pop(&q.delayed).(*entry))
 	}
-	for {
-		d, ok := q.leases.peek()
-		if !ok || d.lease.at.After(now) {
-			break
-		}
-		// The consumer may still hold d (its room in the Consumer's
-		// window stays taken until it settles, and that settlement is
-		// stale).
-		q.endLeaseLocked(d)
-		q.stats.Expired++
-		q.makeReadyLocked(d.e)
+	for len(q.leases) > 0 && !q.leases[0].lease.at.After(now) {
+		q.expireLocked(q.leases[0])
 	}
 	q.armLocked()
+}
+
+// expireLocked ends d's lease and makes its message ready again. The
+// consumer may still hold d: its settlement is then stale.
+func (q *queue) expireLocked(d *delivery) {
+	q.endLeaseLocked(d)
+	q.stats.Expired++
+	q.makeReadyLocked(d.e)
 }
 
 // requeueLocked ends the leases ds and puts their messages at the front of
@@ -251,41 +248,11 @@ func (q *queue) requeueLocked(ds []*delivery) {
 	es := make([]*entry, len(ds))
 	for i, d := range ds {
 		q.endLeaseLocked(d)
-		d.e.state = stateReady
 		es[i] = d.e
 	}
 	q.ready = slices.Insert(q.ready, 0, es...)
 	q.stats.Requeued += int64(len(ds))
 	q.wakeLocked(len(ds))
-}
-
-func (q *queue) statsSnapshot() Stats {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	st := q.stats
-	st.Ready = len(q.ready)
-	st.Delayed = len(q.delayed)
-	st.InFlight = q.inFlight
-	st.DeadLetters = len(q.dead)
-	return st
-}
-
-func (q *queue) redrive() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return 0
-	}
-	n := len(q.dead)
-	for _, dl := range q.dead {
-		e := dl.entry
-		e.deliveries = 0
-		e.lease = nil
-		q.makeReadyLocked(e)
-	}
-	q.dead = nil
-	q.stats.Redriven += int64(n)
-	return n
 }
 
 // close stops the timer, wakes every blocked call and drops the messages.
@@ -304,4 +271,82 @@ func (q *queue) close() {
 	q.ready = nil
 	q.delayed.clear()
 	q.leases.clear()
+}
+
+// delivery is one lease of a message to a subscription, until the
+// visibility timeout: its message's AckID.
+type delivery struct {
+	sub *Subscription
+	e   *entry
+	seq uint64
+	msg driver.Message
+
+	// guarded by the queue's mutex
+	lease hnode // the lease deadline
+}
+
+func (d *delivery) node() *hnode { return &d.lease }
+
+// metadata is a delivery's Message.Metadata, read from it when asked.
+type metadata delivery
+
+// All yields the delivery and publish sequences and the subscriber.
+func (m *metadata) All() iter.Seq2[string, slog.Value] {
+	return func(yield func(string, slog.Value) bool) {
+		_ = yield(MetaDeliverySeq, slog.Uint64Value(m.seq)) &&
+			yield(MetaPublishSeq, slog.Uint64Value(m.e.seq)) &&
+			yield(MetaSubscriber, slog.Uint64Value(m.sub.id))
+	}
+}
+
+// hnode is the bookkeeping an element of a timeHeap carries, so it can be
+// removed in O(log n) when a lease is settled before it expires.
+type hnode struct {
+	at  time.Time
+	idx int // position in the heap; -1 when not in it
+}
+
+type timed interface{ node() *hnode }
+
+// timeHeap is an indexed min-heap ordered by hnode.at (a heap.Interface):
+// delayed retries and lease deadlines. One timer per queue fires at the
+// earliest entry, so no goroutine waits per message.
+type timeHeap[T timed] []T
+
+func (h timeHeap[T]) Len() int           { return len(h) }
+func (h timeHeap[T]) Less(i, j int) bool { return h[i].node().at.Before(h[j].node().at) }
+
+func (h timeHeap[T]) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].node().idx, h[j].node().idx = i, j
+}
+
+// Push and Pop are heap.Interface's; use heap.Push and remove.
+func (h *timeHeap[T]) Push(v any) {
+	v.(T).node().idx = len(*h)
+	*h = append(*h, v.(T))
+}
+
+func (h *timeHeap[T]) Pop() any {
+	old := *h
+	v := old[len(old)-1]
+	clear(old[len(old)-1:])
+	*h = old[:len(old)-1]
+	v.node().idx = -1
+	return v
+}
+
+// remove takes v out of the heap; it is a no-op when v is not in it.
+func (h *timeHeap[T]) remove(v T) {
+	if i := v.node().idx; i >= 0 && i < len(*h) && (*h)[i].node() == v.node() {
+		heap.Remove(h, i)
+	}
+}
+
+// clear empties the heap.
+func (h *timeHeap[T]) clear() {
+	for _, v := range *h {
+		v.node().idx = -1
+	}
+	*h = nil
 }

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -42,21 +43,6 @@ var (
 	_ driver.Puller   = (*Subscription)(nil)
 	_ driver.Releaser = (*Subscription)(nil)
 )
-
-func (q *queue) subscribe() (*Subscription, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return nil, ErrBrokerClosed
-	}
-	q.subSeq++
-	s := &Subscription{q: q, id: q.subSeq, done: make(chan struct{}), leases: map[*delivery]struct{}{}}
-	if q.subs == nil {
-		q.subs = map[*Subscription]struct{}{}
-	}
-	q.subs[s] = struct{}{}
-	return s, nil
-}
 
 // Queue returns the name of the queue the subscription receives from.
 func (s *Subscription) Queue() string { return s.q.name }
@@ -135,7 +121,7 @@ func (s *Subscription) Receive(ctx context.Context, max int) ([]*driver.Message,
 // Ack returns ErrCrashed; each one that draws LoseAck is reported
 // acknowledged but stays leased.
 func (s *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
-	f := s.q.b.currentFaults()
+	f := *s.q.b.faults.Load()
 	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
 		for _, d := range own {
 			if d != nil && f.CrashOnAck > 0 && q.ackRng.Float64() < f.CrashOnAck {
@@ -149,9 +135,11 @@ func (s *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
 			case f.LoseAck > 0 && q.ackRng.Float64() < f.LoseAck:
 				q.stats.AcksLost++
 			default:
-				q.ackLocked(d)
+				q.endLeaseLocked(d)
+				q.stats.Acked++
 			}
 		}
+		q.checkIdleLocked()
 		return nil
 	})
 }
@@ -162,10 +150,19 @@ func (s *Subscription) Ack(ctx context.Context, ms []*driver.Message) error {
 func (s *Subscription) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
 	return s.settle(ctx, ms, func(q *queue, own []*delivery) error {
 		for _, d := range own {
-			if d != nil {
-				q.retryLocked(d, delay)
+			if d == nil {
+				continue
 			}
+			q.endLeaseLocked(d)
+			q.stats.Retried++
+			if delay <= 0 {
+				q.makeReadyLocked(d.e)
+				continue
+			}
+			d.e.delay.at = time.Now().Add(delay)
+			heap.Push(&q.delayed, d.e)
 		}
+		q.armLocked()
 		return nil
 	})
 }
@@ -198,7 +195,6 @@ func (s *Subscription) DeadLetter(ctx context.Context, ms []*driver.Message, cau
 				cause = errNoCause
 			}
 			q.endLeaseLocked(d)
-			d.e.state = stateDead
 			q.dead = append(q.dead, DeadLetter{Message: cloneMessage(d.msg), Cause: cause, At: time.Now(), entry: d.e})
 			q.stats.DeadLettered++
 		}
@@ -207,13 +203,10 @@ func (s *Subscription) DeadLetter(ctx context.Context, ms []*driver.Message, cau
 	})
 }
 
-// settle applies a settlement of ms on the queue, locked. It fails the
-// whole call when a message is not this subscription's
-// (ErrForeignDelivery) or the subscription is gone (a stale error), and
-// refuses each message whose lease is no longer current with
-// ErrLeaseExpired (a *driver.Partial says which). apply gets the
-// subscription's deliveries of ms, nil where refused; its error is the
-// call's.
+// settle applies a settlement of ms, locked: apply gets the deliveries of
+// ms, nil where the lease is no longer current (ErrLeaseExpired, in a
+// *driver.Partial), and its error is the call's. A message of another
+// subscription, or a subscription gone, fails the whole call.
 func (s *Subscription) settle(ctx context.Context, ms []*driver.Message, apply func(q *queue, own []*delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -255,9 +248,7 @@ func (s *Subscription) ExpireLeases() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for d := range s.leases {
-		q.endLeaseLocked(d)
-		q.stats.Expired++
-		q.makeReadyLocked(d.e)
+		q.expireLocked(d)
 	}
 	q.armLocked()
 }
@@ -268,9 +259,8 @@ func (s *Subscription) ExpireLeases() {
 // the next attempt number; Receive and every later settlement of its
 // deliveries return ErrCrashed. Crash after Close or a crash does nothing.
 func (s *Subscription) Crash() {
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	s.q.mu.Lock()
+	defer s.q.mu.Unlock()
 	s.shutdownLocked(ErrCrashed)
 }
 
@@ -280,9 +270,8 @@ func (s *Subscription) Crash() {
 // settlements of its messages return ErrSubscriptionClosed. Close is
 // idempotent and returns nil.
 func (s *Subscription) Close() error {
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	s.q.mu.Lock()
+	defer s.q.mu.Unlock()
 	s.shutdownLocked(ErrSubscriptionClosed)
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/urlparam"
@@ -42,18 +41,11 @@ func Named(name string, opts ...Option) (*Broker, error) {
 	return b, nil
 }
 
-// memURL is what a mem:// URL's parameters say.
-type memURL struct {
-	name  string
-	bopts []Option
-}
-
-// urlParams are the parameters of mem:// URLs.
-var urlParams = urlparam.Table[func(*memURL)]{Scheme: "mem", Params: map[string]urlparam.Param[func(*memURL)]{
-	"broker": urlparam.Text("", func(v string) func(*memURL) { return func(m *memURL) { m.name = v } }),
-	"visibility": urlparam.Duration("WithVisibilityTimeout", func(d time.Duration) func(*memURL) {
-		return func(m *memURL) { m.bopts = append(m.bopts, WithVisibilityTimeout(d)) }
-	}),
+// urlParams are the parameters of mem:// URLs; broker names the broker,
+// which parseURL reads.
+var urlParams = urlparam.Table[Option]{Scheme: "mem", Params: map[string]urlparam.Param[Option]{
+	"broker":     urlparam.Text("", func(string) Option { return nil }),
+	"visibility": urlparam.Duration("WithVisibilityTimeout", WithVisibilityTimeout),
 }}
 
 // parseURL reads mem://QUEUE?broker=NAME&visibility=DURATION; of a
@@ -70,16 +62,16 @@ func parseURL(u *url.URL) (b *Broker, queue string, err error) {
 	for k, vs := range query {
 		query[k] = vs[len(vs)-1:]
 	}
-	sets, err := urlParams.Read(query)
+	opts, err := urlParams.Read(query)
 	if err != nil {
 		return nil, "", err
 	}
-	m := memURL{name: "default"}
-	for _, set := range sets {
-		set(&m)
+	name := "default"
+	if query.Has("broker") {
+		name = query.Get("broker")
 	}
-	b, err = Named(m.name, m.bopts...)
-	return b, queue, err
+	b, err = Named(name, opts...)
+	return b, queue, urlParams.Explain(err)
 }
 
 func openSourceURL(_ context.Context, u *url.URL, _ driver.OpenConfig) (driver.Source, error) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/brokers/webhook/signature"
+	"github.com/idemq/idemq/core/driver/attempts"
 	"github.com/idemq/idemq/internal/option"
 )
 
@@ -30,20 +31,12 @@ const DefaultWait = 4 * time.Second
 const DefaultAnswerBy = 4500 * time.Millisecond
 
 // Default redelivery horizons, by profile name: how long after the first
-// request the provider's automatic retries can still send the event. A
-// resend an operator asks for in the provider's dashboard can come later;
-// WithHorizon covers it.
+// request the provider's automatic retries can still send the event.
 var defaultHorizons = map[string]time.Duration{
-	// Standard Webhooks: immediately, then after 5 s, 5 min, 30 min, 2 h,
-	// 5 h, 10 h and 10 h: 27 h 35 min 5 s.
-	"standard": 28 * time.Hour,
-	// Stripe retries in live mode for up to three days.
-	"stripe": 72 * time.Hour,
-	// GitHub does not retry, but redelivers on request deliveries of the
-	// past three days.
-	"github": 72 * time.Hour,
-	// Shopify retries 8 times over 4 hours.
-	"shopify": 4 * time.Hour,
+	"standard": 28 * time.Hour, // retries after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h: 27 h 35 min
+	"stripe":   72 * time.Hour, // retries in live mode for up to three days
+	"github":   72 * time.Hour, // no retries, but redelivery on request for three days
+	"shopify":  4 * time.Hour,  // 8 retries over 4 hours
 }
 
 // Option configures a Source. Options apply in order; an invalid value
@@ -76,11 +69,7 @@ func WithProfile(p signature.Profile) Option {
 // file each (see ParkedRequest). Required; it must exist and be writable,
 // which NewSource checks, naming the path when it is not.
 func WithParkDir(dir string) Option {
-	var err error
-	if dir == "" {
-		err = errors.New("empty")
-	}
-	return set("WithParkDir", err, func(c *config) { c.parkDir = dir })
+	return set("WithParkDir", option.Refuse(dir == "", "empty"), func(c *config) { c.parkDir = dir })
 }
 
 // WithMaxBody bounds the request body in bytes; a longer one is answered
@@ -127,45 +116,50 @@ func WithLogger(l *slog.Logger) Option {
 	return set("WithLogger", option.Present(l), func(c *config) { c.logger = l })
 }
 
-// resolve applies the URL's options, then opts, over the defaults, and
-// checks what is required; explain rewords an option's error as its URL
-// parameter.
-func resolve(fromURL, opts []Option, explain func(error) error) (config, error) {
+// build returns the Source of the URL's options, then opts, over the
+// defaults, once it checked what is required; explain rewords an option's
+// error as its URL parameter.
+func build(fromURL, opts []Option, explain func(error) error) (*Source, error) {
 	c := config{maxBody: DefaultMaxBody, wait: DefaultWait, answerBy: DefaultAnswerBy, now: time.Now}
 	err := explain(option.Apply(&c, fromURL...))
 	if err == nil {
 		err = option.Apply(&c, opts...)
 	}
+	if err == nil && c.profile == nil {
+		err = option.Errorf("webhook", "WithProfile", "required: the signature profile requests are verified with")
+	}
+	if err == nil {
+		err = explain(checkDir(c.parkDir))
+	}
 	if err != nil {
-		return c, err
+		return nil, err
 	}
-	switch {
-	case c.profile == nil:
-		return c, option.Errorf("webhook", "WithProfile", "required: the signature profile requests are verified with")
-	case c.parkDir == "":
-		return c, explain(option.Errorf("webhook", "WithParkDir", "required: the directory parked requests are written to"))
-	}
-	if err := checkDir(c.parkDir); err != nil {
-		return c, explain(option.Errorf("webhook", "WithParkDir", "%v", err))
-	}
-	return c, nil
+	s := &Source{c: c, attempts: attempts.New[string](maxRemembered), serving: make(chan struct{}),
+		done: make(chan struct{}), flights: map[string]*request{}}
+	s.logger.Store(c.logger)
+	return s, nil
 }
 
-// checkDir checks that dir is a directory a file can be written to; its
-// error names dir, which is no secret and which the operator must create
-// or fix.
+// checkDir checks that dir (WithParkDir's) is given and is a directory a
+// file can be written to; its error names dir, which is no secret and
+// which the operator must create or fix.
 func checkDir(dir string) error {
+	if dir == "" {
+		return option.Errorf("webhook", "WithParkDir", "required: the directory parked requests are written to")
+	}
 	fi, err := os.Stat(dir)
+	if err == nil && !fi.IsDir() {
+		err = fmt.Errorf("not a directory: %s", dir)
+	}
+	var f *os.File
+	if err == nil {
+		f, err = os.CreateTemp(dir, ".idemq-check-*")
+	}
+	if err == nil {
+		err = errors.Join(f.Close(), os.Remove(f.Name()))
+	}
 	if err != nil {
-		return err
+		return option.Errorf("webhook", "WithParkDir", "%w", err)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("not a directory: %s", dir)
-	}
-	f, err := os.CreateTemp(dir, ".idemq-check-*")
-	if err != nil {
-		return err
-	}
-	name := f.Name()
-	return errors.Join(f.Close(), os.Remove(name))
+	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -70,18 +69,20 @@ func ReadParked(path string) (*ParkedRequest, error) {
 	return &p, nil
 }
 
-// park writes p to a new file in dir and returns its path once the file
-// and its directory entry are synced.
-func park(dir string, p *ParkedRequest) (string, error) {
-	p.Version = 1
-	b, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		return "", err
-	}
+// park writes q to a new file in the park directory with cause, and
+// syncs the file and its directory entry: 200 once it is written, 503 (the
+// sender sends it again) with the write's error when it could not be.
+func (s *Source) park(q *request, cause string) (outcome, error) {
+	p := &ParkedRequest{Version: 1, ID: q.id, Cause: deadletter.Cause(errors.New(cause)), Attempt: max(q.m.Attempt, 1), Profile: q.profile,
+		Method: q.method, Path: q.path, RemoteAddr: q.remote, ReceivedAt: q.m.ReceivedAt, ParkedAt: s.c.now(), Headers: q.header, Body: q.m.Body}
 	var r [8]byte
 	_, _ = rand.Read(r[:])
-	path := filepath.Join(dir, p.ParkedAt.UTC().Format("20060102T150405.000000000Z")+"-"+hex.EncodeToString(r[:])+".json")
-	tmp, err := os.CreateTemp(dir, ".parking-*")
+	path := filepath.Join(s.c.parkDir, p.ParkedAt.UTC().Format("20060102T150405.000000000Z")+"-"+hex.EncodeToString(r[:])+".json")
+	b, err := json.MarshalIndent(p, "", "  ")
+	var tmp *os.File
+	if err == nil {
+		tmp, err = os.CreateTemp(s.c.parkDir, ".parking-*")
+	}
 	if err == nil {
 		_, err = tmp.Write(append(b, '\n'))
 		if err == nil {
@@ -95,22 +96,19 @@ func park(dir string, p *ParkedRequest) (string, error) {
 		}
 	}
 	if err == nil {
-		if d, derr := os.Open(dir); derr == nil {
+		if d, derr := os.Open(s.c.parkDir); derr == nil {
 			if err = errors.Join(d.Sync(), d.Close()); err != nil {
 				err = fmt.Errorf("syncing the directory: %w", err)
 			}
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("webhook: parking a request in %s: %w", dir, err)
+		err = fmt.Errorf("webhook: parking a request in %s: %w", s.c.parkDir, err)
+		s.log().Error("idemq webhook: parking a request failed; answering 503 so that the sender retries", "id", p.ID, "error", err)
+		return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: "could not park the request", handled: true}, err
 	}
-	return path, nil
-}
-
-func init() {
-	driver.RegisterDeadLetters("webhook", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.DeadLetters, error) {
-		return OpenDeadLetters(ctx, u.String())
-	})
+	s.log().Warn("idemq webhook: request parked", "id", p.ID, "file", path, "cause", p.Cause)
+	return outcome{status: http.StatusOK, text: "parked", handled: true}, nil
 }
 
 // DeadLetters is an operator's handle on a Source's park directory, a
@@ -135,14 +133,10 @@ func OpenDeadLetters(_ context.Context, rawURL string) (*DeadLetters, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir := q.Get("park_dir")
-	if dir == "" {
-		return nil, errors.New("webhook URL parameter park_dir: required: the directory parked requests are written to")
+	if err := params.Explain(checkDir(q.Get("park_dir"))); err != nil {
+		return nil, err
 	}
-	if err := checkDir(dir); err != nil {
-		return nil, fmt.Errorf("webhook URL parameter park_dir: %w", err)
-	}
-	return &DeadLetters{deadletter.New[string](parkDir(dir))}, nil
+	return &DeadLetters{deadletter.New[string](parkDir(q.Get("park_dir")))}, nil
 }
 
 // parkDir is a park directory as a deadletter.Store; a ref is a file name.

@@ -32,9 +32,8 @@ var (
 	_ driver.Releaser = (*Source)(nil)
 )
 
-// errAnswered is why a settlement is stale: the Source already answered
-// the request itself (it closed, or the request outlived its bounds), so
-// its sender sends it again.
+// errAnswered is why a settlement is stale: the Source answered the
+// request itself (it closed, or the request outlived its bounds).
 var errAnswered = errors.New("webhook: the request was already answered 503; its sender sends it again")
 
 // Source is an HTTP endpoint as a broker: an http.Handler a service mounts
@@ -65,19 +64,14 @@ type Source struct {
 }
 
 // track keeps the served connections that have not sent a request yet:
-// http.Server.Shutdown takes such a connection for idle only once it is
-// 5 s old, so a client's spare connection would hold Close up to its
-// deadline.
+// http.Server.Shutdown takes one for idle only once it is 5 s old, which
+// would hold Close up to its deadline.
 func (s *Source) track(c net.Conn, state http.ConnState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch state {
-	case http.StateNew:
-		if s.fresh == nil {
-			s.fresh = map[net.Conn]struct{}{}
-		}
+	if state == http.StateNew {
 		s.fresh[c] = struct{}{}
-	default:
+	} else {
 		delete(s.fresh, c)
 	}
 }
@@ -85,20 +79,7 @@ func (s *Source) track(c net.Conn, state http.ConnState) {
 // NewSource returns a Source configured by opts; WithProfile and
 // WithParkDir are required.
 func NewSource(opts ...Option) (*Source, error) {
-	c, err := resolve(nil, opts, func(err error) error { return err })
-	if err != nil {
-		return nil, err
-	}
-	return newSource(c), nil
-}
-
-func newSource(c config) *Source {
-	s := &Source{c: c, attempts: attempts.New[string](maxRemembered), serving: make(chan struct{}),
-		done: make(chan struct{}), flights: map[string]*request{}}
-	if c.logger != nil {
-		s.logger.Store(c.logger)
-	}
-	return s
+	return build(nil, opts, func(err error) error { return err })
 }
 
 func (s *Source) log() *slog.Logger {
@@ -139,11 +120,9 @@ func (s *Source) HorizonHint(retention time.Duration) string {
 
 // Serve implements driver.Pusher: each verified request is handed to
 // deliver until ctx is done or the Source is closed (then it returns
-// driver.ErrSourceClosed). Then requests are answered 503, and a request
-// still waiting for room in the Consumer's window stops waiting; Serve
-// returns once no deliver call is under way, leaving the messages the
-// Consumer holds to its settlements. Requests that arrive before Serve
-// wait for it up to WithWait.
+// driver.ErrSourceClosed); then requests are answered 503, and Serve
+// returns once no deliver call is under way. Requests that arrive before
+// Serve wait for it up to WithWait.
 func (s *Source) Serve(ctx context.Context, deliver driver.Deliver) error {
 	dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
@@ -152,7 +131,7 @@ func (s *Source) Serve(ctx context.Context, deliver driver.Deliver) error {
 	case s.closed:
 		s.mu.Unlock()
 		return driver.ErrSourceClosed
-	case s.deliver != nil || s.stopped:
+	case s.deliver != nil: // set once, kept when Serve stopped
 		s.mu.Unlock()
 		return errors.New("webhook: Serve called twice")
 	}
@@ -174,11 +153,8 @@ func (s *Source) Serve(ctx context.Context, deliver driver.Deliver) error {
 }
 
 // Close implements driver.Source: requests are answered 503 from now on,
-// and so are those waiting (for Serve, for room, for an earlier copy), or
-// whose messages the Consumer still holds, whose settlement is then stale.
-// A Consumer closes its source after it settled or released what it held.
-// A Source that Open serves shuts its server down, waiting for the
-// answers.
+// and so are those waiting (for Serve, for room, for an earlier copy). A
+// Source that Open serves shuts its server down, waiting for the answers.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	closed := s.closed
@@ -202,13 +178,10 @@ func (s *Source) Close() error {
 	s.mu.Unlock()
 	err := s.srv.Shutdown(ctx)
 	if err != nil {
-		err = errors.Join(err, s.srv.Close())
+		err = fmt.Errorf("webhook: shutting down the server on %s: %w", s.ln.Addr(), errors.Join(err, s.srv.Close()))
 	}
 	<-s.served
-	if err != nil {
-		return fmt.Errorf("webhook: shutting down the server on %s: %w", s.ln.Addr(), err)
-	}
-	return nil
+	return err
 }
 
 // Addr returns the address the server Open started listens on, nil for a
@@ -225,25 +198,22 @@ type outcome struct {
 	status     int
 	retryAfter time.Duration // for 409 and 503
 	text       string
-	// handled: the Consumer decided the request (or it was parked), so a
-	// copy waiting for it takes the same answer; otherwise the copy tries
-	// itself.
+	// handled: the request was decided or parked, so a copy waiting for
+	// it takes the same answer; otherwise the copy tries itself.
 	handled bool
 }
 
-// request is one verified request: its message for the Consumer (AckID
-// is the request), what parking it keeps, and its answer. While its event
-// has no other copy in flight it is the event's flight, whose answer later
-// copies wait for.
+// request is one verified request (its message's AckID): what parking it
+// keeps, and its answer, which later copies of its event wait for.
 type request struct {
 	id                   string // the event id, the flight's key (an IDFunc may change m.ID)
 	m                    driver.Message
 	method, path, remote string
 	header               http.Header // kept: the request may end before its settlement
 	profile              string
+	once                 sync.Once     // answers it
 	done                 chan struct{} // closed once out is set
 	out                  outcome
-	answered             bool // under Source.mu: out is being set
 }
 
 func (s *Source) newRequest(r *http.Request, body []byte, arrived time.Time) *request {
@@ -252,64 +222,61 @@ func (s *Source) newRequest(r *http.Request, body []byte, arrived time.Time) *re
 		profile: s.c.profile.Name(), done: make(chan struct{})}
 }
 
-// claim reserves q's answer for the caller: false when it has one.
-func (s *Source) claim(q *request) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ok := !q.answered
-	q.answered = true
-	return ok
-}
-
-// publish sets the answer claimed for q, ending its flight first: a copy
-// the sender sends once it read the answer is a new delivery.
-func (s *Source) publish(q *request, o outcome) {
-	s.mu.Lock()
-	if s.flights[q.id] == q {
-		delete(s.flights, q.id)
-	}
-	s.mu.Unlock()
-	q.out = o
-	close(q.done)
+// answer gives q the answer o returns unless q has one (then it returns
+// errAnswered, stale), ending q's flight first: a copy the sender sends
+// once it read the answer is a new delivery.
+func (s *Source) answer(q *request, o func() (outcome, error)) (err error) {
+	err = driver.Stale(errAnswered)
+	q.once.Do(func() {
+		var out outcome
+		out, err = o()
+		s.mu.Lock()
+		if s.flights[q.id] == q {
+			delete(s.flights, q.id)
+		}
+		s.mu.Unlock()
+		q.out = out
+		close(q.done)
+	})
+	return err
 }
 
 // ServeHTTP implements http.Handler: it verifies a POST, hands it to the
 // Consumer and answers once the Consumer settled it (see the package
 // documentation for the statuses).
 func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	reply(w, s.take(w, r))
+}
+
+// take reads and verifies r and returns its answer.
+func (s *Source) take(w http.ResponseWriter, r *http.Request) outcome {
 	arrived := s.c.now()
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		reply(w, outcome{status: http.StatusMethodNotAllowed, text: "POST only"})
-		return
-	}
 	tooLarge := outcome{status: http.StatusRequestEntityTooLarge, text: "body over " + strconv.FormatInt(s.c.maxBody, 10) + " bytes"}
-	if r.ContentLength > s.c.maxBody {
-		reply(w, tooLarge)
-		return
+	switch {
+	case r.Method != http.MethodPost:
+		w.Header().Set("Allow", http.MethodPost)
+		return outcome{status: http.StatusMethodNotAllowed, text: "POST only"}
+	case r.ContentLength > s.c.maxBody:
+		return tooLarge
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.c.maxBody))
 	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		reply(w, tooLarge)
-		return
+		return tooLarge
 	} else if err != nil {
-		reply(w, outcome{status: http.StatusBadRequest, text: "body not read in full"})
-		return
+		return outcome{status: http.StatusBadRequest, text: "body not read in full"}
 	}
 	ev, err := s.c.profile.Verify(r.Header, body, arrived)
 	switch {
 	case errors.Is(err, signature.ErrNoID):
 		o, _ := s.park(s.newRequest(r, body, arrived), err.Error())
-		reply(w, o)
-		return
+		return o
 	case err != nil:
 		s.log().Warn("idemq webhook: request refused", "path", r.URL.Path, "client", r.RemoteAddr, "error", err)
-		reply(w, outcome{status: http.StatusUnauthorized, text: sentinel(err)})
-		return
+		return outcome{status: http.StatusUnauthorized, text: sentinel(err)}
 	}
 	q := s.newRequest(r, body, arrived)
 	q.id = ev.ID
-	reply(w, s.serve(r.Context(), q))
+	return s.serve(r.Context(), q)
 }
 
 // sentinel is the signature error's answer to the sender: which check
@@ -376,64 +343,49 @@ func (s *Source) serve(ctx context.Context, q *request) outcome {
 	case <-ctx.Done(): // the sender is gone; the message still settles
 		return cancelled
 	case <-answerBy.C:
-		// Past the bound the sender would time out: it retries after the
-		// answer, and its copy waits for this one's settlement or, once
-		// settled, is a Duplicate.
+		// Past it the sender would time out; its next copy waits for this
+		// one's settlement or, once settled, is a Duplicate.
 		return s.unavailable("still being processed: send it again later")
 	}
 }
 
-// run hands q to Serve's deliver, waiting for Serve and for room in the
-// Consumer's window up to the wait bound, and answers q if no settlement
-// did.
+// run hands q to Serve's deliver once Serve runs, waiting for it and for
+// room in the Consumer's window up to the wait bound; unless a settlement
+// answered q, it answers 503.
 func (s *Source) run(q *request) {
-	if s.deliverTo(q) == nil {
-		return // settled: its settlement answered it
-	}
-	if s.claim(q) {
-		s.publish(q, s.busy())
-	}
-}
-
-// deliverTo calls Serve's deliver for q once Serve runs, and returns its
-// error; driver.ErrSourceClosed when q was not delivered (Serve stopped,
-// or did not start within the wait bound).
-func (s *Source) deliverTo(q *request) error {
-	ctx, cancel := context.WithDeadline(context.Background(), q.m.ReceivedAt.Add(s.c.wait))
-	defer cancel()
+	by := q.m.ReceivedAt.Add(s.c.wait)
+	wait, late := time.NewTimer(time.Until(by)), false
 	select {
 	case <-s.serving:
 	case <-s.done:
-	case <-ctx.Done():
-		return driver.ErrSourceClosed
+	case <-wait.C:
+		late = true // Serve did not start in time
 	}
+	wait.Stop()
 	s.mu.Lock()
-	if s.closed || s.stopped {
+	if deliver, dctx := s.deliver, s.dctx; !late && deliver != nil && !s.closed && !s.stopped {
+		s.active.Add(1)
 		s.mu.Unlock()
-		return driver.ErrSourceClosed
+		ctx, cancel := context.WithDeadline(dctx, by)
+		err := deliver(ctx, &q.m)
+		cancel()
+		s.active.Done()
+		if err == nil {
+			return // settled: its settlement answered it
+		}
+		s.mu.Lock()
 	}
-	s.active.Add(1)
+	why := "busy: the consumer did not take the request in time"
+	if s.closed || s.stopped {
+		why = "closed"
+	}
 	s.mu.Unlock()
-	defer s.active.Done()
-	ctx, cancel = context.WithDeadline(s.dctx, q.m.ReceivedAt.Add(s.c.wait))
-	defer cancel()
-	return s.deliver(ctx, &q.m)
+	_ = s.answer(q, func() (outcome, error) { return s.unavailable(why), nil })
 }
 
 // unavailable is a 503 the sender retries after the wait bound.
 func (s *Source) unavailable(why string) outcome {
 	return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: why}
-}
-
-// busy answers a request the Consumer did not settle in time, or at all
-// once the Source stopped.
-func (s *Source) busy() outcome {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.stopped {
-		return s.unavailable("closed")
-	}
-	return s.unavailable("busy: the consumer did not take the request in time")
 }
 
 // cancelled answers a request whose context ended before its answer: the
@@ -451,21 +403,6 @@ func reply(w http.ResponseWriter, o outcome) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(o.status)
 	_, _ = io.WriteString(w, o.text+"\n")
-}
-
-// park writes q to the park directory with cause: 200 once it is
-// written, 503 (the sender sends it again) when it could not be, with the
-// write's error.
-func (s *Source) park(q *request, cause string) (outcome, error) {
-	p := &ParkedRequest{ID: q.id, Cause: deadletter.Cause(errors.New(cause)), Attempt: max(q.m.Attempt, 1), Profile: q.profile,
-		Method: q.method, Path: q.path, RemoteAddr: q.remote, ReceivedAt: q.m.ReceivedAt, ParkedAt: s.c.now(), Headers: q.header, Body: q.m.Body}
-	path, err := park(s.c.parkDir, p)
-	if err != nil {
-		s.log().Error("idemq webhook: parking a request failed; answering 503 so that the sender retries", "id", p.ID, "error", err)
-		return outcome{status: http.StatusServiceUnavailable, retryAfter: s.c.wait, text: "could not park the request", handled: true}, err
-	}
-	s.log().Warn("idemq webhook: request parked", "id", p.ID, "file", path, "cause", p.Cause)
-	return outcome{status: http.StatusOK, text: "parked", handled: true}, nil
 }
 
 // metadata is a request's Message.Metadata, read from it when asked.
@@ -489,23 +426,10 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 // settle answers each request of ms with what answer returns for it; a
 // request the Source already answered itself is stale.
 func (s *Source) settle(ms []*driver.Message, answer func(i int, q *request) (outcome, error)) error {
-	var errs []error
+	errs := make([]error, len(ms))
 	for i, m := range ms {
 		q := m.AckID.(*request)
-		var err error
-		if !s.claim(q) {
-			err = driver.Stale(errAnswered)
-		} else {
-			var o outcome
-			o, err = answer(i, q)
-			s.publish(q, o)
-		}
-		if err != nil && errs == nil {
-			errs = make([]error, len(ms)) // only when one fails: Ack is the common call
-		}
-		if err != nil {
-			errs[i] = err
-		}
+		errs[i] = s.answer(q, func() (outcome, error) { return answer(i, q) })
 	}
 	return driver.PartialOf(errs)
 }

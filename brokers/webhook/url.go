@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/brokers/webhook/signature"
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/urlparam"
+	"github.com/idemq/idemq/internal/option"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -24,12 +25,14 @@ import (
 // provider sends the requests, so core.OpenPublisher finds none for
 // webhook.
 func init() {
+	driver.RegisterDeadLetters("webhook", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.DeadLetters, error) {
+		return OpenDeadLetters(ctx, u.String())
+	})
 	driver.RegisterSource("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		var logger Option // nil options are skipped
-		if cfg.Logger != nil {
-			logger = WithLogger(cfg.Logger)
-		}
-		return Open(ctx, u.String(), logger)
+		return Open(ctx, u.String(), func(c *config) error {
+			c.logger = cfg.Logger // nil: the Consumer's, as Start gives it
+			return nil
+		})
 	})
 }
 
@@ -37,30 +40,21 @@ func init() {
 // parameters (verify, secret_file, secret_env, tolerance) are only checked
 // here: profile reads them together into a Profile.
 var params = urlparam.Table[Option]{Scheme: "webhook", Params: map[string]urlparam.Param[Option]{
-	"verify":      check(func(s string) bool { return slices.Contains(signature.Names(), s) }, "not "+profileList()),
-	"secret_file": check(func(s string) bool { return s != "" }, "empty"),
-	"secret_env":  check(func(s string) bool { return s != "" }, "empty"),
-	"tolerance": check(func(s string) bool {
+	"verify": {Read: func(s string) ([]Option, error) {
+		return nil, option.Refuse(!slices.Contains(signature.Names(), s), "not %s", profileList())
+	}},
+	"secret_file": urlparam.NonEmpty("", func(string) Option { return nil }),
+	"secret_env":  urlparam.NonEmpty("", func(string) Option { return nil }),
+	"tolerance": {Option: "WithTolerance", Read: func(s string) ([]Option, error) {
 		d, err := time.ParseDuration(s)
-		return err == nil && d > 0
-	}, "not a positive duration like 5m"),
+		return nil, option.Refuse(err != nil || d <= 0, "not a positive duration like 5m")
+	}},
 	"max_body":  urlparam.Int("WithMaxBody", func(n int) Option { return WithMaxBody(int64(n)) }),
 	"wait":      urlparam.Duration("WithWait", WithWait),
 	"answer_by": urlparam.Duration("WithAnswerBy", WithAnswerBy),
 	"horizon":   urlparam.Duration("WithHorizon", WithHorizon),
 	"park_dir":  urlparam.NonEmpty("WithParkDir", WithParkDir),
 }}
-
-// check is a parameter read with others: ok checks its value, want says
-// what it takes.
-func check(ok func(string) bool, want string) urlparam.Param[Option] {
-	return urlparam.Param[Option]{Read: func(s string) ([]Option, error) {
-		if !ok(s) {
-			return nil, errors.New(want)
-		}
-		return nil, nil
-	}}
-}
 
 // readURL parses a webhook URL into its options and its parameters.
 func readURL(raw string) (*url.URL, url.Values, []Option, error) {
@@ -96,7 +90,10 @@ func profile(q url.Values) (signature.Profile, error) {
 	case q.Has("secret_file"):
 		b, err := os.ReadFile(q.Get("secret_file"))
 		if err != nil {
-			return nil, fmt.Errorf("webhook URL parameter secret_file: %w", pathless(err))
+			if pe, ok := errors.AsType[*fs.PathError](err); ok {
+				err = fmt.Errorf("%s: %w", pe.Op, pe.Err) // not the file's path
+			}
+			return nil, fmt.Errorf("webhook URL parameter secret_file: %w", err)
 		}
 		secrets = lines(string(b))
 	default:
@@ -112,12 +109,10 @@ func profile(q url.Values) (signature.Profile, error) {
 	}
 	p, err := signature.Open(q.Get("verify"), secrets, opts...)
 	if err != nil {
-		const marker = "option WithTolerance: "
-		msg, where := err.Error(), from
-		if i := strings.Index(msg, marker); i >= 0 {
-			msg, where = msg[i+len(marker):], "tolerance"
+		if e := params.Explain(err); e != err {
+			return nil, e // WithTolerance's, as tolerance's
 		}
-		return nil, fmt.Errorf("webhook URL parameter %s: %s", where, msg)
+		return nil, fmt.Errorf("webhook URL parameter %s: %w", from, err)
 	}
 	return p, nil
 }
@@ -161,11 +156,10 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := resolve(append(fromURL, WithProfile(p)), opts, params.Explain)
+	s, err := build(append(fromURL, WithProfile(p)), opts, params.Explain)
 	if err != nil {
 		return nil, err
 	}
-	s := newSource(c)
 	var lc net.ListenConfig
 	if s.ln, err = lc.Listen(ctx, "tcp", u.Host); err != nil {
 		return nil, fmt.Errorf("webhook: listening on %s: %w", u.Host, err)
@@ -185,7 +179,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 	}
-	s.served = make(chan struct{})
+	s.served, s.fresh = make(chan struct{}), map[net.Conn]struct{}{}
 	go func() {
 		defer close(s.served)
 		if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -193,13 +187,4 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Source, error) {
 		}
 	}()
 	return s, nil
-}
-
-// pathless is err without the path a *fs.PathError quotes: "open: no such
-// file or directory".
-func pathless(err error) error {
-	if pe, ok := errors.AsType[*fs.PathError](err); ok {
-		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
-	}
-	return err
 }
