@@ -211,13 +211,17 @@ func runWebhookKills(t *testing.T, r webhookRun) {
 		cmd = startService(t, bin, logPath, args, env)
 		return logPath
 	}
-	listening := func() {
+	listening := func(logPath string) {
 		servicetest.WaitFor(t, time.Minute, "the service listening on "+addr, func() bool {
 			c, err := net.Dial("tcp", addr)
 			if err == nil {
 				c.Close()
+				return true
 			}
-			return err == nil
+			// A run that kills itself after its first commits can be gone
+			// between two dials: its kill line shows it listened.
+			log, _ := os.ReadFile(logPath)
+			return bytes.Contains(log, []byte("after_stage=commit"))
 		})
 	}
 	// Run i < r.kills dies: the even ones by their own hand right after
@@ -231,7 +235,7 @@ func runWebhookKills(t *testing.T, r webhookRun) {
 		return nil
 	}
 	logPath := start(0, faultEnv(0))
-	listening()
+	listening(logPath)
 
 	// The senders: each takes the next delivery and sends its copies at
 	// once, each copy retried on the schedule until a 2xx.
@@ -297,7 +301,7 @@ func runWebhookKills(t *testing.T, r webhookRun) {
 			t.Fatalf("run %d applied every event before its kill: make the traffic bigger", i)
 		}
 		logPath = start(i+1, faultEnv(i+1)) // on the same port
-		listening()
+		listening(logPath)
 		// The requests the kill cut got their error as the process died,
 		// before the next run listened.
 		cut := sender.cut.Load()
