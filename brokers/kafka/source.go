@@ -442,6 +442,7 @@ func (s *Source) settleLocked(e *entry, requeue bool, notBefore time.Time) error
 		return nil
 	}
 	e.state, p.dirty = done, true
+	p.decided++
 	p.settled(e, false)
 	p.advance()
 	if s.decided++; s.decided >= s.cfg.commitCount {
@@ -580,6 +581,7 @@ func (s *Source) addLocked(e *entry, now time.Time) {
 	if covered(p.skip, r.Offset) {
 		// Decided by an earlier owner behind an undecided message.
 		e.state = done
+		p.decided++
 		p.advance()
 		s.skipped.Add(1)
 	} else {
