@@ -36,8 +36,9 @@ type ShareSource struct {
 	base
 	lock  time.Duration
 	limit int
-	done  chan struct{} // closed by Close
-	poll  sync.Mutex    // held by the one Receive that polls or waits
+	life  context.Context // cancelled by Close
+	stop  context.CancelFunc
+	poll  sync.Mutex // held by the one Receive that polls or waits
 
 	mu     sync.Mutex
 	member *kgo.Client // joined at Start
@@ -72,7 +73,8 @@ type shareRecord struct {
 // and delivery-count limit from the brokers, and sets the group's
 // share.auto.offset.reset as WithStart says. The group is joined at Start.
 func OpenShare(ctx context.Context, addr string, opts ...Option) (*ShareSource, error) {
-	s := &ShareSource{done: make(chan struct{})}
+	s := &ShareSource{}
+	s.life, s.stop = context.WithCancel(context.Background())
 	if err := s.open(ctx, addr, opts, ShareScheme); err != nil {
 		return nil, err
 	}
@@ -148,7 +150,7 @@ func (s *ShareSource) Receive(ctx context.Context, max int) ([]*driver.Message, 
 		if out > 0 {
 			select {
 			case <-room:
-			case <-s.done:
+			case <-s.life.Done():
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
@@ -167,13 +169,7 @@ func (s *ShareSource) Receive(ctx context.Context, max int) ([]*driver.Message, 
 func (s *ShareSource) fetch(ctx context.Context, member *kgo.Client) error {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-pctx.Done():
-		}
-	}()
+	defer context.AfterFunc(s.life, cancel)()
 	fs := member.PollRecords(pctx, s.window)
 	var errs []error
 	fs.EachError(func(topic string, partition int32, err error) {
@@ -352,7 +348,7 @@ func (s *ShareSource) Close() error {
 		s.markLocked(rec, kgo.AckRelease)
 	}
 	s.buf = nil
-	close(s.done)
+	s.stop()
 	member := s.member
 	s.mu.Unlock()
 	s.poll.Lock() // waits for a poll under way
