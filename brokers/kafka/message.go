@@ -33,14 +33,14 @@ const (
 const dlqRetryDelay = time.Second
 
 // message is the Message of e's latest hand-out: the entry's own the first
-// time (no allocation of its own), a new one after a retry, since the
-// Consumer may still read the one it settled.
+// time (read when fetched), a new one after a retry, since the Consumer may
+// still read the one it settled.
 func (s *Source) message(e *entry, now time.Time) *driver.Message {
 	m := &e.first
 	if e.handouts > 1 {
 		m = new(driver.Message)
+		readRecord(e.r, &s.cfg, m)
 	}
-	readRecord(e.r, &s.cfg, m)
 	m.Source, m.Attempt, m.ReceivedAt, m.AckID, m.Metadata = s.cfg.topic, e.attempt, now, e, (*metadata)(e)
 	return m
 }

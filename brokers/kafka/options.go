@@ -679,16 +679,10 @@ func security(scheme string, q url.Values, user *url.Userinfo) ([]Option, error)
 		return nil, fmt.Errorf("%s URL parameter sasl: needs a user name and password in the URL (%s://user:password@host:port/topic)", scheme, scheme)
 	}
 	auth := scram.Auth{User: name, Pass: pass}
-	var m sasl.Mechanism
-	switch mechanism {
-	case "plain":
-		m = plain.Auth{User: name, Pass: pass}.AsMechanism()
-	case "scram-sha-256":
-		m = auth.AsSha256Mechanism()
-	case "scram-sha-512":
-		m = auth.AsSha512Mechanism()
-	default:
+	m := map[string]func() sasl.Mechanism{"plain": plain.Auth{User: name, Pass: pass}.AsMechanism,
+		"scram-sha-256": auth.AsSha256Mechanism, "scram-sha-512": auth.AsSha512Mechanism}[mechanism]
+	if m == nil {
 		return nil, fmt.Errorf("%s URL parameter sasl: not plain, scram-sha-256 or scram-sha-512", scheme)
 	}
-	return append(opts, WithSASL(m)), nil
+	return append(opts, WithSASL(m())), nil
 }

@@ -38,6 +38,7 @@ type partition struct {
 	revoking, dead bool     // no more hand-outs; settlements refused (given up)
 	dirty, paused  bool     // something to commit; fetching paused (throttle)
 	out, waiting   int      // messages handed out, not settled; fetched or retried and not handed out
+	decided        int      // entries decided (behind an undecided one)
 	entries        []*entry // fetched and not below the commit point, in offset order
 	// The entries waiting to go out, arranged for pick.
 	order   Ordering
@@ -90,7 +91,7 @@ func (p *partition) advance() {
 		i++
 	}
 	clear(p.entries[:i])
-	p.entries = p.entries[i:]
+	p.entries, p.decided = p.entries[i:], p.decided-i
 	p.throttle()
 }
 
@@ -116,7 +117,8 @@ func (p *partition) throttle() {
 // inherited from the previous owner and not fetched yet. s.mu is held.
 func (p *partition) progress() []span {
 	var out []span
-	for i := 0; i < len(p.entries); i++ {
+	// The walk stops at the last decided entry, short of those waiting.
+	for i, left := 0, p.decided; left > 0 && i < len(p.entries); i++ {
 		if p.entries[i].state != done {
 			continue
 		}
@@ -124,6 +126,7 @@ func (p *partition) progress() []span {
 		for j+1 < len(p.entries) && p.entries[j+1].state == done {
 			j++
 		}
+		left -= j - i + 1
 		first, last := p.entries[i].r.Offset, p.entries[j].r.Offset
 		out = append(out, span{first, last - first + 1})
 		i = j

@@ -38,19 +38,24 @@ func encodeProgress(committed, high int64, spans []span) string {
 // encodeSpans renders high and the spans above committed in at most limit
 // bytes, leaving out those that do not fit; false: some did not.
 func encodeSpans(committed, high int64, spans []span, limit int) (string, bool) {
-	h := "-"
+	md := append(make([]byte, 0, 64), progressPrefix+"h="...)
 	if high >= committed {
-		h = strconv.FormatInt(high-committed, 36)
+		md = strconv.AppendInt(md, high-committed, 36)
+	} else {
+		md = append(md, '-')
 	}
-	md, sep := progressPrefix+"h="+h+";d=", ""
-	for _, s := range dropBelow(spans, committed) {
-		item := strconv.FormatInt(s.start-committed, 36) + "+" + strconv.FormatInt(s.count, 36)
-		if len(md)+len(item)+1 > limit {
-			return md, false
+	md = append(md, ";d="...)
+	for i, s := range dropBelow(spans, committed) {
+		n := len(md)
+		if i > 0 {
+			md = append(md, ',')
 		}
-		md, sep = md+sep+item, ","
+		md = strconv.AppendInt(append(strconv.AppendInt(md, s.start-committed, 36), '+'), s.count, 36)
+		if len(md)+1-min(i, 1) > limit { // a separator's room is kept for the first item too
+			return string(md[:n]), false
+		}
 	}
-	return md, true
+	return string(md), true
 }
 
 // decodeProgress parses metadata written by encodeProgress for the given

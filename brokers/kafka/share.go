@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -34,13 +33,12 @@ import (
 // driver.Puller, Extender, Releaser, Abandoner, DeliveryLimiter and
 // DeliveryLimitHinter, safe for concurrent use.
 type ShareSource struct {
-	cfg    config
-	cl     *kgo.Client // configs and dead-letter copies
-	logger atomic.Pointer[slog.Logger]
-	lock   time.Duration
-	limit  int
-	done   chan struct{} // closed by Close
-	poll   sync.Mutex    // held by the one Receive that polls or waits
+	base
+	lock  time.Duration
+	limit int
+	life  context.Context // cancelled by Close
+	stop  context.CancelFunc
+	poll  sync.Mutex // held by the one Receive that polls or waits
 
 	mu     sync.Mutex
 	member *kgo.Client // joined at Start
@@ -75,30 +73,21 @@ type shareRecord struct {
 // and delivery-count limit from the brokers, and sets the group's
 // share.auto.offset.reset as WithStart says. The group is joined at Start.
 func OpenShare(ctx context.Context, addr string, opts ...Option) (*ShareSource, error) {
-	cfg, err := sourceConfig(addr, opts, ShareScheme)
-	if err != nil {
+	s := &ShareSource{}
+	s.life, s.stop = context.WithCancel(context.Background())
+	if err := s.open(ctx, addr, opts, ShareScheme); err != nil {
 		return nil, err
 	}
-	s := &ShareSource{cfg: cfg, done: make(chan struct{})}
-	s.logger.Store(cmp.Or(cfg.logger, slog.Default()))
-	if s.cl, err = kgo.NewClient(cfg.kgoOpts(s.log)...); err != nil {
-		return nil, fmt.Errorf("kafka+share: %w", err)
-	}
-	if err = cfg.probe(ctx, s.cl); err != nil {
-		s.cl.Close()
-		return nil, err
-	}
-	if s.lock, s.limit, err = groupSettings(ctx, s.cl, cfg.group); err == nil {
-		err = setStart(ctx, s.cl, cfg.group, cfg.start)
+	var err error
+	if s.lock, s.limit, err = groupSettings(ctx, s.cl, s.cfg.group); err == nil {
+		err = setStart(ctx, s.cl, s.cfg.group, s.cfg.start)
 	}
 	if err != nil {
 		s.cl.Close()
-		return nil, fmt.Errorf("kafka+share: share group %s: %w", cfg.group, cfg.explain(err))
+		return nil, fmt.Errorf("kafka+share: share group %s: %w", s.cfg.group, s.cfg.explain(err))
 	}
 	return s, nil
 }
-
-func (s *ShareSource) log() *slog.Logger { return s.logger.Load() }
 
 // RecordLock returns the share group's acquisition lock: how long the
 // broker lets a record wait for its acknowledgement or a renewal.
@@ -118,9 +107,7 @@ func (s *ShareSource) DeliveryLimitHint(maxAttempts int) string {
 // tenth (the broker starts the lock before the record reaches this
 // process), renewed up to WithMaxExtension.
 func (s *ShareSource) Start(_ context.Context, st driver.Setup) (driver.Traits, error) {
-	if s.cfg.logger == nil && st.Logger != nil {
-		s.logger.Store(st.Logger)
-	}
+	s.adopt(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.member != nil || s.closed {
@@ -163,7 +150,7 @@ func (s *ShareSource) Receive(ctx context.Context, max int) ([]*driver.Message, 
 		if out > 0 {
 			select {
 			case <-room:
-			case <-s.done:
+			case <-s.life.Done():
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
@@ -182,13 +169,7 @@ func (s *ShareSource) Receive(ctx context.Context, max int) ([]*driver.Message, 
 func (s *ShareSource) fetch(ctx context.Context, member *kgo.Client) error {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-pctx.Done():
-		}
-	}()
+	defer context.AfterFunc(s.life, cancel)()
 	fs := member.PollRecords(pctx, s.window)
 	var errs []error
 	fs.EachError(func(topic string, partition int32, err error) {
@@ -367,7 +348,7 @@ func (s *ShareSource) Close() error {
 		s.markLocked(rec, kgo.AckRelease)
 	}
 	s.buf = nil
-	close(s.done)
+	s.stop()
 	member := s.member
 	s.mu.Unlock()
 	s.poll.Lock() // waits for a poll under way

@@ -39,10 +39,8 @@ var (
 // messages, and records in the commit's metadata which offsets above it
 // are decided (the next owner skips those).
 type Source struct {
-	cfg    config
-	cl     *kgo.Client // topics, configs and copies; the group member is apart
-	adm    *kadm.Client
-	logger atomic.Pointer[slog.Logger]
+	base
+	adm *kadm.Client
 
 	member *kgo.Client // joined at Start
 	stop   context.CancelFunc
@@ -93,21 +91,52 @@ const pollRecords = 1000
 // Open checks the topic and creates a missing dead-letter or retry topic;
 // the group is joined at Start.
 func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
-	cfg, err := sourceConfig(addr, opts, Scheme)
-	if err != nil {
+	s := &Source{changed: make(chan struct{}), kick: make(chan struct{}, 1), errs: make(chan error, 1), parts: map[tp]*partition{}}
+	if err := s.open(ctx, addr, opts, Scheme); err != nil {
 		return nil, err
 	}
-	s := &Source{cfg: cfg, changed: make(chan struct{}), kick: make(chan struct{}, 1), errs: make(chan error, 1), parts: map[tp]*partition{}}
-	s.logger.Store(cmp.Or(cfg.logger, slog.Default()))
-	if s.cl, err = kgo.NewClient(cfg.kgoOpts(s.log)...); err != nil {
-		return nil, fmt.Errorf("kafka: %w", err)
-	}
 	s.adm = kadm.NewClient(s.cl)
-	if err := cmp.Or(cfg.probe(ctx, s.cl), s.ensureTopics(ctx)); err != nil {
+	if err := s.ensureTopics(ctx); err != nil {
 		s.cl.Close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// base is what both sources keep: the settings, a client for topics,
+// configs and copies (the group member is apart), and the logger.
+type base struct {
+	cfg    config
+	cl     *kgo.Client
+	logger atomic.Pointer[slog.Logger]
+}
+
+// open reads addr and opts for scheme, and connects the client.
+func (b *base) open(ctx context.Context, addr string, opts []Option, scheme string) error {
+	cfg, err := sourceConfig(addr, opts, scheme)
+	if err != nil {
+		return err
+	}
+	b.cfg = cfg
+	b.logger.Store(cmp.Or(cfg.logger, slog.Default()))
+	if b.cl, err = kgo.NewClient(cfg.kgoOpts(b.log)...); err != nil {
+		return fmt.Errorf("%s: %w", scheme, err)
+	}
+	if err := cfg.probe(ctx, b.cl); err != nil {
+		b.cl.Close()
+		return err
+	}
+	return nil
+}
+
+// log is the logger the source logs to.
+func (b *base) log() *slog.Logger { return b.logger.Load() }
+
+// adopt takes the Consumer's logger unless WithLogger gave one.
+func (b *base) adopt(st driver.Setup) {
+	if b.cfg.logger == nil && st.Logger != nil {
+		b.logger.Store(st.Logger)
+	}
 }
 
 // sourceConfig reads and checks a source's (or DeadLetters') addr and
@@ -130,9 +159,6 @@ func sourceConfig(addr string, opts []Option, schemes ...string) (config, error)
 	cfg.deadLetterTopic = cmp.Or(cfg.deadLetterTopic, cfg.topic+".dlq")
 	return cfg, err
 }
-
-// log is the logger the Source logs to.
-func (s *Source) log() *slog.Logger { return s.logger.Load() }
 
 // ensureTopics checks the consumed topic and creates a missing dead-letter
 // or retry topic like it: when the cluster refuses, Open fails naming the
@@ -224,9 +250,7 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 // place while the Consumer waits out their delay (Traits.DelaysRetry),
 // unless a retry topic keeps them.
 func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, error) {
-	if s.cfg.logger == nil && st.Logger != nil {
-		s.logger.Store(st.Logger)
-	}
+	s.adopt(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.started || s.closed {
@@ -267,16 +291,15 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 // ordering lets go, visiting the partitions in turn, and blocks while
 // there are none.
 func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error) {
-	var es []*entry
 	for {
 		s.mu.Lock()
 		if s.closed || !s.started {
 			s.mu.Unlock()
 			return nil, driver.ErrSourceClosed
 		}
-		if es = s.pickLocked(time.Now(), max, es[:0]); len(es) > 0 {
+		if ms := s.pickLocked(time.Now(), max); len(ms) > 0 {
 			s.mu.Unlock()
-			break
+			return ms, nil
 		}
 		ch := s.watch()
 		s.mu.Unlock()
@@ -288,17 +311,12 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 			return nil, ctx.Err()
 		}
 	}
-	now := time.Now()
-	ms := make([]*driver.Message, len(es))
-	for i, e := range es {
-		ms[i] = s.message(e, now)
-	}
-	return ms, nil
 }
 
-// pickLocked appends to out up to limit waiting messages, one partition
-// after the other, each handed out. s.mu is held.
-func (s *Source) pickLocked(now time.Time, limit int, out []*entry) []*entry {
+// pickLocked hands out up to limit waiting messages, one partition after
+// the other. s.mu is held.
+func (s *Source) pickLocked(now time.Time, limit int) []*driver.Message {
+	var out []*driver.Message
 	for n, progress := len(s.ring), true; progress && len(out) < limit && n > 0; s.rr = (s.rr + 1) % n {
 		progress = false
 		for i := 0; i < n && len(out) < limit; i++ {
@@ -316,7 +334,10 @@ func (s *Source) pickLocked(now time.Time, limit int, out []*entry) []*entry {
 			if e.handouts == 1 && e.r.Offset <= p.prevHigh {
 				e.attempt++ // handed out before, by this or another process
 			}
-			out = append(out, e)
+			if out == nil {
+				out = make([]*driver.Message, 0, min(limit, pollRecords))
+			}
+			out = append(out, s.message(e, now))
 		}
 	}
 	return out
@@ -421,6 +442,7 @@ func (s *Source) settleLocked(e *entry, requeue bool, notBefore time.Time) error
 		return nil
 	}
 	e.state, p.dirty = done, true
+	p.decided++
 	p.settled(e, false)
 	p.advance()
 	if s.decided++; s.decided >= s.cfg.commitCount {
@@ -480,9 +502,19 @@ func (s *Source) poll(ctx context.Context) {
 		}
 		s.mu.Unlock()
 		fs := s.member.PollRecords(ctx, pollRecords)
+		// Each record is read into its entry's Message now, while it is
+		// in the cache and outside the lock; the entries share one array.
+		es, i := make([]entry, fs.NumRecords()), 0
+		fs.EachRecord(func(r *kgo.Record) {
+			es[i].r = r
+			readRecord(r, &s.cfg, &es[i].first)
+			i++
+		})
 		now := time.Now()
 		s.mu.Lock()
-		fs.EachRecord(func(r *kgo.Record) { s.addLocked(r, now) })
+		for i := range es {
+			s.addLocked(&es[i], now)
+		}
 		s.broadcast()
 		s.mu.Unlock()
 		s.member.AllowRebalance()
@@ -527,12 +559,13 @@ func (s *Source) trouble(topic string, id int32, err error) error {
 }
 
 // addLocked puts a fetched record in its partition. s.mu is held.
-func (s *Source) addLocked(r *kgo.Record, now time.Time) {
+func (s *Source) addLocked(e *entry, now time.Time) {
+	r := e.r
 	p := s.parts[tp{r.Topic, r.Partition}]
 	if p == nil || p.dead {
 		return
 	}
-	e := &entry{p: p, r: r}
+	e.p = p
 	if p.retry {
 		e.notBefore, e.baseTry = retryHeaders(r.Headers)
 	}
@@ -548,6 +581,7 @@ func (s *Source) addLocked(r *kgo.Record, now time.Time) {
 	if covered(p.skip, r.Offset) {
 		// Decided by an earlier owner behind an undecided message.
 		e.state = done
+		p.decided++
 		p.advance()
 		s.skipped.Add(1)
 	} else {
