@@ -2,7 +2,6 @@ package main
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/servicetest"
 )
 
 // With --metrics the service serves its decisions for Prometheus: after a
@@ -23,12 +24,7 @@ func TestMetricsForPrometheus(t *testing.T) {
 	if out, err := exec.Command(bin, "--broker", broker, "--publish", "50", "--duplicates", "0.2", "--seed", "7").CombinedOutput(); err != nil {
 		t.Fatalf("publish: %v\n%s", err, out)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(servicetest.FreePort(t))
 	logPath := filepath.Join(t.TempDir(), "run.log")
 	cmd := startService(t, bin, logPath, []string{"--broker", broker, "--store", "sqlite://" + filepath.Join(t.TempDir(), "pay.db"),
 		"--metrics", addr}, nil)

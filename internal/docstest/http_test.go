@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -75,12 +74,7 @@ func TestHTTPProgramsBuild(t *testing.T) {
 func TestHTTPStripeInboxRuns(t *testing.T) {
 	bin := buildProgram(t, "docs/http.md's webhook inbox", httpProgram(t, "github.com/idemq/idemq/brokers/webhook"))
 	dbURL := servicetest.PostgresURL(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(servicetest.FreePort(t))
 	const secret = "whsec_docstest"
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "STRIPE_SECRET="+secret, "DATABASE_URL="+dbURL,

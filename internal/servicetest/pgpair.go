@@ -3,6 +3,7 @@ package servicetest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,15 +76,50 @@ func ok(path string) bool {
 	return err == nil
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago, once
+// per process. It picks below the kernel's ephemeral range: a port from
+// that range can be taken by any outgoing connection between this check
+// and the server's bind (a Galera node's IST listener lost its port so).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
+}
+
+// freePort is FreePort for callers without a testing.TB.
+func freePort() (int, error) {
+	lo, hi := 20000, ephemeralStart()-1
+	for range 1000 {
+		p := lo + rand.IntN(hi-lo+1)
+		if _, given := portsGiven.LoadOrStore(p, true); given {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return p, nil
+	}
+	return 0, fmt.Errorf("servicetest: no free loopback port between %d and %d", lo, hi)
+}
+
+// portsGiven holds the ports FreePort handed out in this process.
+var portsGiven sync.Map
+
+// ephemeralStart is the first port of the kernel's ephemeral range
+// (Linux's default 32768 where it cannot be read).
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if f := strings.Fields(string(b)); err == nil && len(f) == 2 {
+		if n, err := strconv.Atoi(f[0]); err == nil && n > 21000 {
+			return n
+		}
+	}
+	return 32768
 }
 
 // newPostgresServer prepares (without initdb) a server in a new temporary

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -62,13 +62,12 @@ func StartPubSubEmulator() (host string, stop func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freePort()
 	if err != nil {
 		return "", nil, err
 	}
-	host = l.Addr().String()
-	l.Close()
-	_, port, _ := net.SplitHostPort(host)
+	port := strconv.Itoa(p)
+	host = "127.0.0.1:" + port
 	cmd := exec.Command(launcher, "--host=127.0.0.1", "--port="+port)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // the launcher execs java
 	out, err := cmd.StdoutPipe()

@@ -120,8 +120,8 @@ func StartRabbitCluster(t testing.TB, n int) *RabbitCluster {
 	for i := range n {
 		nd := &rabbitNode{
 			name:     fmt.Sprintf("idemq-%s-%d@localhost", tag, i),
-			port:     freePort(t),
-			distPort: freePort(t),
+			port:     FreePort(t),
+			distPort: FreePort(t),
 			dir:      filepath.Join(dir, fmt.Sprintf("node%d", i)),
 		}
 		c.mkdir(nd.dir, true)
@@ -183,17 +183,6 @@ func (c *RabbitCluster) own(name string, forNodes bool) {
 	if err := os.Chown(name, int(c.asUID.Uid), int(c.asUID.Gid)); err != nil {
 		c.t.Fatal(err)
 	}
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // Len returns the number of nodes.
