@@ -106,7 +106,9 @@ func NewPublisher(p driver.Publisher) *Publisher { return &Publisher{p: p} }
 // in the broker's terms) or, when destination is "", to the destination
 // the Publisher was opened for. It returns only after the broker confirmed
 // every message. An error marked Permanent is one no retry can change (no
-// queue bound, a message too large).
+// queue bound, a message too large). A *driver.Partial says which
+// messages the broker took and which it refused, for a caller that sends
+// again only the refused ones.
 func (p *Publisher) Publish(ctx context.Context, destination string, msgs ...*Message) error {
 	vals := make([]driver.Message, len(msgs))
 	dm := make([]*driver.Message, len(msgs))

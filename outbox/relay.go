@@ -217,6 +217,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		r.publishFailed(ctx)
 		errs = append(errs, fmt.Errorf("outbox: publish %d rows to %q: %w", len(g.rows), g.dest, err))
+		g, err = r.refused(g, err, &out)
 		if len(g.rows) > 1 && (r.parksAtOnce(err) || slices.ContainsFunc(g.rows, r.due)) {
 			r.isolate(pubCtx, g, err, &out)
 			continue
@@ -272,6 +273,31 @@ func (r *Relay) due(row *Row) bool {
 // parking is on.
 func (r *Relay) parksAtOnce(err error) bool {
 	return r.cfg.maxAttempts > 0 && driver.IsPermanent(err)
+}
+
+// refused returns the rows of g that a publish, which failed with err,
+// did not send, and the error to record for them: every row when err is
+// not a *driver.Partial; else the rows the broker took go to out.Sent,
+// and a row left alone gets its own error.
+func (r *Relay) refused(g destGroup, err error, out *batch) (destGroup, error) {
+	var p *driver.Partial
+	if !errors.As(err, &p) || len(p.Errs) != len(g.rows) {
+		return g, err
+	}
+	left := destGroup{dest: g.dest}
+	var last error
+	for i, row := range g.rows {
+		if p.Errs[i] == nil {
+			out.Sent = append(out.Sent, row.Seq)
+			continue
+		}
+		left.rows = append(left.rows, row)
+		last = p.Errs[i]
+	}
+	if len(left.rows) == 1 {
+		return left, last
+	}
+	return left, err
 }
 
 // isolate publishes the rows of g, whose publish together failed with

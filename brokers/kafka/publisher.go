@@ -83,20 +83,37 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 		}
 		p.connected.Store(true)
 	}
-	failed, tooLarge := 0, true
+	// franz-go may cut a call's records into several produce requests,
+	// so the broker can take some and refuse others: each message gets
+	// its own result (results come in the order of the broker's answers).
+	at := make(map[*kgo.Record]int, len(rs))
+	for i, r := range rs {
+		at[r] = i
+	}
+	errs := make([]error, len(rs))
+	failed, tooLarge := 0, 0
 	var first error
 	for _, r := range p.cl.ProduceSync(ctx, rs...) {
-		if r.Err != nil {
-			failed++
-			first = cmp.Or(first, r.Err)
-			tooLarge = tooLarge && errors.Is(r.Err, kerr.MessageTooLarge)
+		if r.Err == nil {
+			continue
 		}
+		failed++
+		first = cmp.Or(first, r.Err)
+		err := fmt.Errorf("kafka: Publish to %q: %w", topic, p.cfg.explain(r.Err))
+		if errors.Is(r.Err, kerr.MessageTooLarge) {
+			tooLarge++
+			err = driver.Permanent(err)
+		}
+		errs[at[r.Record]] = err
 	}
-	if failed == 0 {
+	switch {
+	case failed == 0:
 		return nil
+	case failed < len(msgs):
+		return &driver.Partial{Errs: errs}
 	}
 	err := fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, failed, len(msgs), p.cfg.explain(first))
-	if tooLarge {
+	if tooLarge == failed {
 		return driver.Permanent(err)
 	}
 	return err

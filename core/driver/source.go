@@ -264,10 +264,10 @@ type Abandoner interface {
 	Abandon(ctx context.Context, ms []*Message)
 }
 
-// Partial is the error of a settlement or Extend call of which some
-// messages failed and the others did not: Errs[i] is the error of the
-// call's ms[i], nil where that one succeeded. Any other error from such a
-// call counts for every message of the call.
+// Partial is the error of a settlement, Extend or Publish call of which
+// some messages failed and the others did not: Errs[i] is the error of
+// the call's ms[i], nil where that one succeeded. Any other error from
+// such a call counts for every message of the call.
 type Partial struct {
 	Errs []error
 }
@@ -368,7 +368,9 @@ type Publisher interface {
 	// Publish sends msgs to destination (a queue, topic or routing key in
 	// the broker's terms) or, when destination is "", to the destination
 	// the Publisher was opened for. It returns only after the broker
-	// confirmed every message.
+	// confirmed every message. When the broker took some messages and
+	// refused others, and can say which, it returns a *Partial, so that
+	// a caller sends again only the refused ones.
 	Publish(ctx context.Context, destination string, msgs ...*Message) error
 	// Close releases the Publisher's connections.
 	Close() error

@@ -105,8 +105,9 @@ func TestPoisonRowRabbitMQ(t *testing.T) {
 
 // TestPoisonRowKafka: Kafka refuses the poison row, larger than the
 // topic's max.message.bytes (MESSAGE_TOO_LARGE); the fix raises the limit.
-// The topic has one partition, so a produce batch holds all the rows and
-// the broker takes all of them or none.
+// The client may send a call's rows in several produce requests, of which
+// the broker takes some: the publisher says which (a *driver.Partial), and
+// no row the broker took is published again.
 func TestPoisonRowKafka(t *testing.T) {
 	newEnv := poisonEnv(t)
 	outboxtest.PoisonBroker(t, newEnv, func(t *testing.T) outboxtest.Broker {

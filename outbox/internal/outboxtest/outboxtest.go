@@ -40,6 +40,10 @@ type Publisher struct {
 	// Permanent marks the rejection driver.Permanent, as a broker's answer
 	// that no retry can change.
 	Permanent bool
+	// Partial publishes the other messages of a call with a poison one and
+	// returns a *driver.Partial, as a broker that took a call's records
+	// in several requests does.
+	Partial bool
 
 	mu    sync.Mutex
 	ids   []string
@@ -50,19 +54,27 @@ type Publisher struct {
 func (p *Publisher) Publish(_ context.Context, dest string, msgs ...*driver.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, m := range msgs {
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
 		if string(m.Body) == "poison" && !p.fixed {
-			err := fmt.Errorf("publish to %s: %w", dest, ErrTooLarge)
+			errs[i] = fmt.Errorf("publish to %s: %w", dest, ErrTooLarge)
 			if p.Permanent {
-				err = driver.Permanent(err)
+				errs[i] = driver.Permanent(errs[i])
 			}
-			return err
+			if !p.Partial {
+				return errs[i]
+			}
 		}
 	}
-	for _, m := range msgs {
-		p.ids = append(p.ids, m.ID)
+	for i, m := range msgs {
+		if errs[i] == nil {
+			p.ids = append(p.ids, m.ID)
+		}
 	}
-	return nil
+	if len(msgs) == 1 {
+		return errs[0]
+	}
+	return driver.PartialOf(errs)
 }
 
 // Close implements driver.Publisher.
@@ -106,6 +118,7 @@ func Parking(t *testing.T, newEnv func(t *testing.T, old bool) Env) {
 	t.Run("MigratedTable", func(t *testing.T) { holdKey(t, newEnv(t, true)) })
 	t.Run("HoldKeyBehindLaterParked", func(t *testing.T) { holdBehindLater(t, newEnv(t, false)) })
 	t.Run("PermanentParksAtOnce", func(t *testing.T) { permanent(t, newEnv(t, false), newEnv(t, false)) })
+	t.Run("PartialPublish", func(t *testing.T) { partial(t, newEnv(t, false)) })
 }
 
 func setup(t *testing.T, env Env, opts ...outbox.Option) (*outbox.Relay, *Publisher, outbox.Operator) {
@@ -282,6 +295,36 @@ func permanent(t *testing.T, env, never Env) {
 	relayUntil(t, r, "A failed 5 times", func() bool { return r.Stats().PublishErrors >= 5 })
 	if st := stats(t, op); r.Stats().Parked != 0 || st.Parked != 0 || st.Pending != 5 {
 		t.Fatalf("stats %+v (relay %+v) with WithMaxAttempts(0), want nothing parked, all 5 pending", st, r.Stats())
+	}
+}
+
+// partial publishes to a broker that takes a call's good messages and
+// refuses the poison one: the relay parks A and publishes no message
+// twice, and the redrive publishes A once.
+func partial(t *testing.T, env Env) {
+	r, pub, op := setup(t, env, outbox.WithMaxAttempts(100))
+	pub.Permanent, pub.Partial = true, true
+	relayUntil(t, r, "A parked, D and E published", func() bool {
+		return r.Stats().Parked == 1 && slices.Contains(pub.IDs(), "D") && slices.Contains(pub.IDs(), "E")
+	})
+	for range 3 {
+		r.RunOnce(context.Background())
+	}
+	p := checkParkedA(t, op, 1)
+	ids := pub.IDs()
+	if slices.Contains(ids, "A") || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != len(ids) {
+		t.Fatalf("published %v, want every id but A at most once", ids)
+	}
+	pub.Fix()
+	if n, err := op.Redrive(context.Background(), outbox.ParkedFilter{Seqs: []int64{p.Seq}}); n != 1 || err != nil {
+		t.Fatalf("Redrive A = %d, %v", n, err)
+	}
+	relayUntil(t, r, "A to E published", func() bool { return len(pub.IDs()) >= 5 })
+	for range 3 {
+		r.RunOnce(context.Background())
+	}
+	if got := pub.IDs(); !slices.Equal(slices.Sorted(slices.Values(got)), []string{"A", "B", "C", "D", "E"}) {
+		t.Fatalf("published %v, want A to E once each", got)
 	}
 }
 
