@@ -5,7 +5,9 @@
 // acknowledgements and a QoS prefetch equal to the Consumer's window; the
 // message id is the message_id property or a header (WithIDHeader). A
 // batch's settlements of one kind go out as one multiple ack, requeue or
-// reject where the channel allows it (see Source.Ack). Retry and
+// reject where the channel allows it (see Source.Ack); acks above a tag
+// still unsettled wait briefly for it, so batches committed out of order
+// share one multiple ack. Retry and
 // DeadLetter follow the Source's RetryMode and DeadLetterMode; a parked
 // copy carries the bookkeeping headers of core/driver (driver.CauseHeader
 // and the others). Attempt comes from x-delivery-count on quorum queues,

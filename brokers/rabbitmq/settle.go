@@ -32,6 +32,8 @@ type session struct {
 	low      uint64              // the lowest tag of live, unless it left live since
 	tag      string              // the consumer's tag
 	released bool                // Release cancelled the consumer
+	deferred []uint64            // acked tags not sent yet, a lower tag being live (see flushLocked)
+	flushing *time.Timer         // sends deferred acks that waited ackDelay
 
 	pubMu sync.Mutex // one republish at a time, so a basic.return is matched to it
 	pub   confirmCh
@@ -115,10 +117,32 @@ func (s *session) send(ps []pending, errs []error, op settleOp) {
 	}
 }
 
-// sendLocked returns how many of ps it settled, and what stopped it.
+// ackDelay is the longest an ack waits for the tags below it to be
+// settled, so that one multiple ack covers them all.
+const ackDelay = 25 * time.Millisecond
+
+// sendLocked returns how many of ps it settled, and what stopped it. Acks
+// of tags above a live one wait (at most ackDelay, and while fewer than a
+// quarter of the prefetch wait) for that tag: batches decided by several
+// workers commit out of tag order, and one multiple ack costs the broker
+// and the client one frame where single acks cost one frame each.
 func (s *session) sendLocked(ps []pending, op settleOp) (int, error) {
 	if s.ch.IsClosed() {
 		return 0, nil
+	}
+	if op == ack {
+		for _, p := range ps {
+			delete(s.live, p.d.raw.DeliveryTag)
+			s.deferred = append(s.deferred, p.d.raw.DeliveryTag)
+		}
+		if err := s.flushLocked(false); err != nil {
+			return 0, err
+		}
+		return len(ps), nil
+	}
+	// A multiple nack below must not cover a deferred ack.
+	if err := s.flushLocked(true); err != nil {
+		return 0, err
 	}
 	for _, p := range ps {
 		delete(s.live, p.d.raw.DeliveryTag)
@@ -141,6 +165,70 @@ func (s *session) sendLocked(ps []pending, op settleOp) (int, error) {
 		}
 	}
 	return len(ps), nil
+}
+
+// flushLocked sends the deferred acks below the lowest live tag as one
+// multiple ack, and, with all or when too many wait, the others one by
+// one; while some still wait, a timer sends them after ackDelay. s.mu is
+// held.
+func (s *session) flushLocked(all bool) error {
+	if len(s.deferred) == 0 {
+		return nil
+	}
+	slices.Sort(s.deferred)
+	run := len(s.deferred)
+	if low := s.lowest(); low != 0 {
+		run, _ = slices.BinarySearch(s.deferred, low)
+	}
+	if run > 0 {
+		if err := s.op(ack, s.deferred[run-1], run > 1); err != nil {
+			s.deferred = s.deferred[:0]
+			return err
+		}
+		if run > 1 {
+			s.src.multipleAcks.Add(1)
+			s.src.multipleCount.Add(int64(run))
+		}
+	}
+	rest := s.deferred[run:]
+	if all || len(rest) > max(s.src.window/4, 1) {
+		for _, tag := range rest {
+			if err := s.op(ack, tag, false); err != nil {
+				s.deferred = s.deferred[:0]
+				return err
+			}
+		}
+		rest = nil
+	}
+	s.deferred = append(s.deferred[:0], rest...)
+	if len(s.deferred) == 0 && s.flushing != nil {
+		s.flushing.Stop()
+		s.flushing = nil
+	}
+	if len(s.deferred) > 0 && s.flushing == nil {
+		s.flushing = time.AfterFunc(ackDelay, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.flushing = nil
+			if !s.ch.IsClosed() {
+				_ = s.flushLocked(true) // a failed ack is redelivered, and the store knows it
+			}
+		})
+	}
+	return nil
+}
+
+// flush sends every deferred ack, before the session's connection closes.
+func (s *session) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.flushing != nil {
+		s.flushing.Stop()
+		s.flushing = nil
+	}
+	if !s.ch.IsClosed() {
+		_ = s.flushLocked(true)
+	}
 }
 
 // op settles tag, or with multiple every unsettled tag up to it.
@@ -219,8 +307,9 @@ func (s *Source) settle(ms []*driver.Message, f func(sess *session, ps []pending
 }
 
 // Ack implements driver.Source: each message is acked on the channel it
-// arrived on by its delivery tag, the batch's tags below every tag still
-// unsettled there with one multiple ack.
+// arrived on by its delivery tag, the tags below every tag still
+// unsettled there with one multiple ack; the others wait for the tags
+// below them (see sendLocked), and a lost connection redelivers them.
 func (s *Source) Ack(_ context.Context, ms []*driver.Message) error {
 	return s.settle(ms, func(sess *session, ps []pending, errs []error) { sess.send(ps, errs, ack) })
 }

@@ -324,6 +324,7 @@ func (s *Source) run() {
 			s.sess = nil
 		}
 		s.mu.Unlock()
+		sess.flush()
 		sess.conn.Close() // and with it the channel: its deliveries go stale
 		if s.ctx.Err() != nil {
 			return

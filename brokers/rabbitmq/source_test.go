@@ -156,6 +156,49 @@ func TestClassicRequeueAttemptsGrow(t *testing.T) {
 	}
 }
 
+// Batches decided by several workers commit out of tag order: the acks of
+// the later batch wait for the earlier one, and one multiple ack covers
+// both; acks whose lower neighbour stays in flight go out one by one
+// after ackDelay.
+func TestOutOfOrderBatchesShareOneMultipleAck(t *testing.T) {
+	url, q, src, r := openTestSource(t)
+	ctx := context.Background()
+	publishN(t, url, q, "ooo", 12)
+	ds := receiveN(t, r, 12, 10*time.Second)
+	if err := r.AckBatch(ctx, ds[6:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AckBatch(ctx, ds[:6]); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.MultipleAcks != 1 || st.MultipleAcked != 12 {
+		t.Fatalf("stats %+v: want one multiple ack of 12", st)
+	}
+	publishN(t, url, q, "held", 4)
+	more := receiveN(t, r, 4, 10*time.Second)
+	if err := r.AckBatch(ctx, more[1:]); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, func() bool {
+		src.mu.Lock()
+		sess := src.sess
+		src.mu.Unlock()
+		sess.mu.Lock()
+		defer sess.mu.Unlock()
+		return len(sess.deferred) == 0
+	})
+	if st := src.Stats(); st.MultipleAcks != 1 {
+		t.Fatalf("stats %+v: a multiple ack was sent over an in-flight tag", st)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	left := drainQueue(t, url, q)
+	if len(left) != 1 || left[0].MessageId != more[0].Message().ID {
+		t.Fatalf("left in the queue: %d messages, want only %s", len(left), more[0].Message().ID)
+	}
+}
+
 func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
 	url, q, src, r := openTestSource(t)
 	ctx := context.Background()
