@@ -221,8 +221,9 @@ var (
 // recorded message's process span and linked to every recorded message's
 // process span (the first included), so each message's trace reaches its
 // batch's stages at the cost of three spans a batch, not three a message.
-// A batch larger than the TracerProvider's link limit links to its first
-// recorded messages, as many as the provider keeps.
+// A batch larger than the TracerProvider's link limit links to as many of
+// its recorded messages as the provider keeps: the first ones, once a
+// span showed the limit by dropping links.
 // It returns ctx carrying the span, so a database tracer (pgx's, for one)
 // parents the statements under it. The handlers stage gets no span: the
 // handler's own spans are children of the process span.
