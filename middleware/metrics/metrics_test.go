@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -174,5 +175,72 @@ func checkAttrs(t *testing.T, name string, set attribute.Set) {
 func TestNilMeterProviderIsNamed(t *testing.T) {
 	if _, err := metrics.New(metrics.WithMeterProvider(nil)); err == nil || !strings.Contains(err.Error(), "WithMeterProvider") {
 		t.Errorf("error %v does not name WithMeterProvider", err)
+	}
+}
+
+// sums collects reader and returns each Sum instrument's total over its
+// data points, and how many data points carry otel.metric.overflow.
+func sums(t *testing.T, reader sdkmetric.Reader) (map[string]int64, int) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	total, overflow := map[string]int64{}, 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if data, ok := mt.Data.(metricdata.Sum[int64]); ok {
+				for _, dp := range data.DataPoints {
+					total[mt.Name] += dp.Value
+					if v, _ := dp.Attributes.Value("otel.metric.overflow"); v.AsBool() {
+						overflow++
+					}
+				}
+			}
+		}
+	}
+	return total, overflow
+}
+
+// Two observers on one MeterProvider (two consumers of one queue in a
+// process) count into the same series: their counts add up.
+func TestObserversOnOneProviderAddUp(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	ctx := core.ContextWithConsumerName(context.Background(), "billing")
+	msg := &core.Message{ID: "a", Source: "q", System: "memory"}
+	for n := range 2 {
+		m, err := metrics.New(metrics.WithMeterProvider(mp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 + n {
+			m.EndDecision(m.StartDecision(ctx, msg), msg, core.Outcome{Decision: core.Processed})
+		}
+		m.StartDecision(ctx, msg) // still in flight
+	}
+	total, _ := sums(t, reader)
+	if total["messaging.client.consumed.messages"] != 7 || total[metrics.InFlightName] != 2 {
+		t.Errorf("consumed %d, in flight %d; want 7 and 2 (all: %v)", total["messaging.client.consumed.messages"], total[metrics.InFlightName], total)
+	}
+}
+
+// Past the bound on cached attribute sets, messages are still counted,
+// under the otel.metric.overflow set.
+func TestManyDestinationsAreAllCounted(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	m, err := metrics.New(metrics.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := core.ContextWithConsumerName(context.Background(), "billing")
+	const n = 5000
+	for i := range n {
+		msg := &core.Message{ID: "a", Source: "q" + strconv.Itoa(i), System: "memory"}
+		m.EndDecision(m.StartDecision(ctx, msg), msg, core.Outcome{Decision: core.Duplicate})
+	}
+	total, overflow := sums(t, reader)
+	if total["messaging.client.consumed.messages"] != n || total[metrics.InFlightName] != 0 || overflow == 0 {
+		t.Errorf("consumed %d, in flight %d, %d overflow series; want %d, 0 and some", total["messaging.client.consumed.messages"], total[metrics.InFlightName], overflow, n)
 	}
 }

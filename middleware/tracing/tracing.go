@@ -102,13 +102,20 @@ type Tracing struct {
 	// last is the span name and start options of the destination seen
 	// last: the same for every message of a source, so made once.
 	last atomic.Pointer[destination]
+	// linkLimit is how many links the TracerProvider keeps on a span, once
+	// a stage span reported dropping some; -1 until then. A span given
+	// more evicts the oldest one by one, each eviction moving every link
+	// kept, so a stage span is given no more than the provider keeps.
+	linkLimit atomic.Int64
 }
 
 // destination is what the process spans of one source's messages share.
 type destination struct {
 	system, source string
 	name           string
-	start          trace.SpanStartOption // the attributes a sampler sees
+	// start are the span kind and the attributes a sampler sees; a
+	// message with a producer to link adds its link to a copy.
+	start []trace.SpanStartOption
 }
 
 // destinationOf returns the span name and start attributes of m's source.
@@ -118,8 +125,8 @@ func (t *Tracing) destinationOf(m *core.Message) *destination {
 		return d
 	}
 	d := &destination{system: sys, source: m.Source, name: spanName(m),
-		start: trace.WithAttributes(semconv.MessagingSystemKey.String(sys), semconv.MessagingOperationTypeProcess,
-			semconv.MessagingDestinationName(m.Source))}
+		start: []trace.SpanStartOption{consumerKind, trace.WithAttributes(semconv.MessagingSystemKey.String(sys),
+			semconv.MessagingOperationTypeProcess, semconv.MessagingDestinationName(m.Source))}}
 	t.last.Store(d)
 	return d
 }
@@ -141,7 +148,9 @@ func New(opts ...Option) (*Tracing, error) {
 	if cfg.prop == nil {
 		cfg.prop = otel.GetTextMapPropagator()
 	}
-	return &Tracing{cfg: cfg, tracer: cfg.tp.Tracer(ScopeName)}, nil
+	t := &Tracing{cfg: cfg, tracer: cfg.tp.Tracer(ScopeName)}
+	t.linkLimit.Store(-1)
+	return t, nil
 }
 
 // StartDecision implements core.Observer: it starts the message's process
@@ -152,14 +161,14 @@ func (t *Tracing) StartDecision(ctx context.Context, m *core.Message) context.Co
 	// once per source); the rest are built at the end, in one list, only
 	// for a span that records.
 	d := t.destinationOf(m)
-	opts := []trace.SpanStartOption{consumerKind, d.start}
+	opts := d.start
 	if m.Headers != nil {
 		producer := trace.SpanContextFromContext(t.cfg.prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
 		if producer.IsValid() {
 			if t.cfg.parent {
 				ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
 			} else {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+				opts = append(opts[:len(opts):len(opts)], trace.WithLinks(trace.Link{SpanContext: producer}))
 			}
 		}
 	}
@@ -212,6 +221,9 @@ var (
 // recorded message's process span and linked to every recorded message's
 // process span (the first included), so each message's trace reaches its
 // batch's stages at the cost of three spans a batch, not three a message.
+// A batch larger than the TracerProvider's link limit links to as many of
+// its recorded messages as the provider keeps: the first ones, once a
+// span showed the limit by dropping links.
 // It returns ctx carrying the span, so a database tracer (pgx's, for one)
 // parents the statements under it. The handlers stage gets no span: the
 // handler's own spans are children of the process span.
@@ -220,7 +232,9 @@ func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context 
 		return ctx
 	}
 	var parent context.Context
+	var p *[]trace.Link
 	var links []trace.Link
+	limit := int(t.linkLimit.Load())
 	for _, mctx := range s.Contexts {
 		// A process span that is not recorded (not sampled) gets no stage
 		// span or link: under the SDK's parent-based sampling a child
@@ -234,7 +248,11 @@ func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context 
 			if len(s.Contexts) == 1 {
 				break
 			}
-			links = make([]trace.Link, 0, len(s.Contexts))
+			p = linkSlices.Get().(*[]trace.Link)
+			links = (*p)[:0]
+		}
+		if limit >= 0 && len(links) >= limit {
+			break
 		}
 		links = append(links, trace.Link{SpanContext: sp.SpanContext()})
 	}
@@ -245,8 +263,44 @@ func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context 
 	if len(links) > 0 {
 		opts = append(opts, trace.WithLinks(links...))
 	}
-	_, span := t.tracer.Start(parent, "idemq "+string(s.Name), opts...)
+	_, span := t.tracer.Start(parent, stageSpanName(s.Name), opts...)
+	if p != nil {
+		if limit < 0 {
+			t.learnLinkLimit(span, len(links))
+		}
+		// The span copied the links.
+		clear(links)
+		*p = links[:0]
+		linkSlices.Put(p)
+	}
 	return context.WithValue(trace.ContextWithSpan(ctx, span), stageSpanKey{}, span)
+}
+
+// linkSlices recycles the lists of links a stage span starts with: the
+// span copies them.
+var linkSlices = sync.Pool{New: func() any { s := make([]trace.Link, 0, 256); return &s }}
+
+// learnLinkLimit notes how many links span kept of the n it was given, if
+// it says it dropped some (the SDK's spans say so).
+func (t *Tracing) learnLinkLimit(span trace.Span, n int) {
+	if s, ok := span.(interface{ DroppedLinks() int }); ok {
+		if dropped := s.DroppedLinks(); dropped > 0 {
+			t.linkLimit.Store(int64(max(n-dropped, 0)))
+		}
+	}
+}
+
+// stageSpanName is the name of stage's span.
+func stageSpanName(stage core.StageName) string {
+	switch stage {
+	case core.StageBegin:
+		return "idemq begin"
+	case core.StageClaim:
+		return "idemq claim"
+	case core.StageCommit:
+		return "idemq commit"
+	}
+	return "idemq " + string(stage)
 }
 
 // stageSpanKey marks the span StartStage started, so that EndStage ends

@@ -336,3 +336,49 @@ func TestBadOptionsAreNamed(t *testing.T) {
 		}
 	}
 }
+
+// A stage span is given no more links than the TracerProvider keeps, once
+// a span showed how many that is: the first recorded messages' process
+// spans, its parent's first.
+func TestStageSpansKeepTheProvidersLinkLimit(t *testing.T) {
+	ctx := core.ContextWithConsumerName(context.Background(), "billing")
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec),
+		sdktrace.WithRawSpanLimits(sdktrace.SpanLimits{LinkCountLimit: 2, AttributeCountLimit: -1, EventCountLimit: -1,
+			AttributeValueLengthLimit: -1, AttributePerEventCountLimit: -1, AttributePerLinkCountLimit: -1}))
+	tr, err := tracing.New(tracing.WithTracerProvider(tp), tracing.WithPropagator(prop))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		var s core.Stage
+		for i := range 5 {
+			m := &core.Message{ID: "m" + string(rune('a'+i)), Body: []byte("1"), Source: "q", System: "memory"}
+			s.Messages = append(s.Messages, m)
+			s.Contexts = append(s.Contexts, tr.StartDecision(ctx, m))
+		}
+		for _, name := range []core.StageName{core.StageBegin, core.StageClaim, core.StageCommit} {
+			s.Name = name
+			tr.EndStage(tr.StartStage(ctx, s), s, nil)
+		}
+		for i, m := range s.Messages {
+			tr.EndDecision(s.Contexts[i], m, core.Outcome{Decision: core.Processed})
+		}
+	}
+	var stages int
+	for _, s := range rec.Ended() {
+		if !strings.HasPrefix(s.Name(), "idemq ") {
+			continue
+		}
+		stages++
+		if len(s.Links()) != 2 {
+			t.Errorf("%s has %d links, want the provider's limit, 2", s.Name(), len(s.Links()))
+		}
+		if stages > 1 && (len(s.Links()) == 0 || s.Links()[0].SpanContext.SpanID() != s.Parent().SpanID()) {
+			t.Errorf("%s does not link to its parent first: links %v, parent %v", s.Name(), s.Links(), s.Parent().SpanID())
+		}
+	}
+	if stages != 6 {
+		t.Errorf("%d stage spans, want 6", stages)
+	}
+}
