@@ -118,7 +118,7 @@ func (s *session) send(ps []pending, errs []error, op settleOp) {
 }
 
 // ackDelay is the longest an ack waits for the tags below it to be
-// settled, so that one multiple ack covers them all.
+// settled, so that one multiple ack covers them all (Source.ackDelay).
 const ackDelay = 25 * time.Millisecond
 
 // sendLocked returns how many of ps it settled, and what stopped it. Acks
@@ -206,7 +206,7 @@ func (s *session) flushLocked(all bool) error {
 		s.flushing = nil
 	}
 	if len(s.deferred) > 0 && s.flushing == nil {
-		s.flushing = time.AfterFunc(ackDelay, func() {
+		s.flushing = time.AfterFunc(time.Duration(s.src.ackDelay.Load()), func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.flushing = nil

@@ -59,6 +59,8 @@ type Source struct {
 	isolatedParsed int // redelivered messages parsed while isolated; run's own
 
 	reconnects, stale, multipleAcks, multipleCount, isolations atomic.Int64 // Stats', in its order
+
+	ackDelay atomic.Int64 // how long an ack waits for the tags below it, ns (see sendLocked)
 }
 
 // Stats are counters of a Source's life, for operators and tests.
@@ -139,6 +141,7 @@ func Open(ctx context.Context, addr string, opts ...Option) (*Source, error) {
 		out:      make(chan *delivery, 128), // within the prefetch: the pump converts ahead
 		errs:     make(chan error, 1),
 	}
+	s.ackDelay.Store(int64(ackDelay))
 	if s.initial, err = s.dialAndDeclare(ctx); err != nil {
 		return nil, err
 	}
