@@ -83,6 +83,10 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 		}
 		p.connected.Store(true)
 	}
+	results := p.cl.ProduceSync(ctx, rs...)
+	if results.FirstErr() == nil {
+		return nil
+	}
 	// franz-go may cut a call's records into several produce requests,
 	// so the broker can take some and refuse others: each message gets
 	// its own result (results come in the order of the broker's answers).
@@ -93,7 +97,7 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 	errs := make([]error, len(rs))
 	failed, tooLarge := 0, 0
 	var first error
-	for _, r := range p.cl.ProduceSync(ctx, rs...) {
+	for _, r := range results {
 		if r.Err == nil {
 			continue
 		}
@@ -106,10 +110,7 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*driver.M
 		}
 		errs[at[r.Record]] = err
 	}
-	switch {
-	case failed == 0:
-		return nil
-	case failed < len(msgs):
+	if failed < len(msgs) {
 		return &driver.Partial{Errs: errs}
 	}
 	err := fmt.Errorf("kafka: Publish to %q: %d of %d messages failed: %w", topic, failed, len(msgs), p.cfg.explain(first))

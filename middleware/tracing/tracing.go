@@ -263,7 +263,7 @@ func (t *Tracing) StartStage(ctx context.Context, s core.Stage) context.Context 
 	if len(links) > 0 {
 		opts = append(opts, trace.WithLinks(links...))
 	}
-	_, span := t.tracer.Start(parent, stageSpanName(s.Name), opts...)
+	_, span := t.tracer.Start(parent, "idemq "+string(s.Name), opts...)
 	if p != nil {
 		if limit < 0 {
 			t.learnLinkLimit(span, len(links))
@@ -288,19 +288,6 @@ func (t *Tracing) learnLinkLimit(span trace.Span, n int) {
 			t.linkLimit.Store(int64(max(n-dropped, 0)))
 		}
 	}
-}
-
-// stageSpanName is the name of stage's span.
-func stageSpanName(stage core.StageName) string {
-	switch stage {
-	case core.StageBegin:
-		return "idemq begin"
-	case core.StageClaim:
-		return "idemq claim"
-	case core.StageCommit:
-		return "idemq commit"
-	}
-	return "idemq " + string(stage)
 }
 
 // stageSpanKey marks the span StartStage started, so that EndStage ends
