@@ -371,16 +371,19 @@ func (l *link) xadd(ctx context.Context, p goredis.Cmdable, stream string, value
 // headers. Body is nil when the entry has no body field, never when it has
 // an empty one.
 func (l *link) message(values map[string]any) driver.Message {
-	h := make(map[string]string, len(values))
+	m := driver.Message{Headers: make(map[string]string, len(values))}
 	for k, v := range values {
-		h[k], _ = v.(string)
+		s, _ := v.(string)
+		switch k { // the three fields differ (resolve)
+		case l.c.idField:
+			m.ID = s
+		case KeyField:
+			m.Key = s
+		case l.c.bodyField:
+			m.Body = append([]byte{}, s...)
+		default:
+			m.Headers[k] = s
+		}
 	}
-	m := driver.Message{ID: h[l.c.idField], Key: h[KeyField], Headers: h}
-	if b, ok := h[l.c.bodyField]; ok {
-		m.Body = append([]byte{}, b...)
-	}
-	delete(h, l.c.idField)
-	delete(h, KeyField)
-	delete(h, l.c.bodyField)
 	return m
 }

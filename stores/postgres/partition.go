@@ -89,10 +89,10 @@ func (t *Txn) claimPartitioned(ctx context.Context, consumer string, claims []dr
 	for i, c := range claims {
 		ids[i], fps[i] = c.ID, c.Fingerprint
 	}
-	if _, err := t.tx.Exec(ctx, t.s.q.lockIDs, consumer, ids); err != nil {
+	if _, err := t.tx.Exec(ctx, t.s.q.lockIDs, consumer, texts(ids)); err != nil {
 		return nil, fmt.Errorf("postgres: claim: lock %d ids for %q: %w", len(ids), consumer, err)
 	}
-	rows, err := t.tx.Query(ctx, t.s.q.claim, customPlan, consumer, ids, fps, t.s.cfg.Now())
+	rows, err := t.tx.Query(ctx, t.s.q.claim, customPlan, consumer, texts(ids), texts(fps), t.s.cfg.Now())
 	if err != nil {
 		return nil, fmt.Errorf("postgres: claim %d ids for %q: %w", len(ids), consumer, err)
 	}

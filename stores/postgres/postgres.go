@@ -663,7 +663,7 @@ func (t *Txn) claimLocked(ctx context.Context, consumer string, claims []driver.
 	for j, i := range pending {
 		ids[j], fps[j] = claims[i].ID, claims[i].Fingerprint
 	}
-	rows, done, err := t.query(ctx, t.s.q.claimLocked, consumer, ids, fps, now)
+	rows, done, err := t.query(ctx, t.s.q.claimLocked, consumer, texts(ids), texts(fps), now)
 	if err != nil {
 		return err
 	}
@@ -750,7 +750,7 @@ func (t *Txn) query(ctx context.Context, sql string, args ...any) (rows pgx.Rows
 // claimRound runs the claim statement: which ids it won, and the stored
 // fingerprint of each id it lost where the statement's snapshot shows it.
 func (t *Txn) claimRound(ctx context.Context, consumer string, ids, fps []string, now time.Time) (won map[string]bool, seen map[string]string, err error) {
-	rows, done, err := t.query(ctx, t.s.q.claim, consumer, ids, fps, now)
+	rows, done, err := t.query(ctx, t.s.q.claim, consumer, texts(ids), texts(fps), now)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -174,6 +174,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	jsonOut := f.String("json", "", "also write the full report as JSON to this file")
 	pngOut := f.String("png", "", "also write a chart of the results to this PNG file")
 	cpuProfile := f.String("cpuprofile", "", "write a CPU profile of the whole run (baselines included: narrow it with --configs) to this file, for go tool pprof")
+	memProfile := f.String("memprofile", "", "write an allocation profile of the whole run (publishing and baselines included) to this file, for go tool pprof -sample_index=alloc_objects")
 	progress := f.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on stderr (default: when stderr is a terminal; otherwise progress lines)")
 	if err := f.Parse(args); err != nil {
 		return err
@@ -240,6 +241,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rep, err := benchmark.Run(ctx, cfg)
 	if *cpuProfile != "" {
 		pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		if perr := writeHeapProfile(*memProfile); perr != nil {
+			return fmt.Errorf("--memprofile: %w", perr)
+		}
 	}
 	pw.finish()
 	if err != nil && rep == nil {
@@ -337,4 +343,14 @@ func (p *progressWriter) finish() {
 	if p.bar != nil {
 		p.bar.Finish()
 	}
+}
+
+// writeHeapProfile writes the allocations since the start (the heap
+// profile's alloc_objects and alloc_space) to path.
+func writeHeapProfile(path string) error {
+	pf, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(pprof.Lookup("allocs").WriteTo(pf, 0), pf.Close())
 }
