@@ -107,12 +107,18 @@ func attempt(r *amqp.Delivery) int {
 
 // toInt reads an AMQP integer, or a string holding one.
 func toInt(v any) (int, bool) {
-	if _, ok := v.([]byte); ok {
+	switch x := v.(type) {
+	case nil, []byte: // an absent header costs no parse error
 		return 0, false
+	case int64:
+		return int(x), true
 	}
 	text, ok := headerText(v)
+	if !ok {
+		return 0, false
+	}
 	n, err := strconv.Atoi(text)
-	return n, ok && err == nil
+	return n, err == nil
 }
 
 // headerText renders an AMQP string, byte array or integer (any width,

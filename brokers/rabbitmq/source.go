@@ -222,8 +222,8 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 	var ms []*driver.Message
 	for len(ms) == 0 {
 		select {
-		case d := <-s.out:
-			ms = d.appendLive(ms)
+		case d := <-s.out: // sized for what waits behind it
+			ms = d.appendLive(make([]*driver.Message, 0, min(max, len(s.out)+1)))
 		case err := <-s.errs:
 			return nil, err
 		case <-ctx.Done():
