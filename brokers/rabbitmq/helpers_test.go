@@ -280,3 +280,16 @@ func consumerPrefetches(queue string) ([]string, error) {
 	}
 	return prefetch, nil
 }
+
+// closeLeavingOnly closes r and checks that queue q holds only the message
+// id: every other one was acked before the connection closed.
+func closeLeavingOnly(t *testing.T, r *brokertest.Receiver, url, q, id string) {
+	t.Helper()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	left := drainQueue(t, url, q)
+	if len(left) != 1 || left[0].MessageId != id {
+		t.Fatalf("left in the queue: %d messages, want only %s", len(left), id)
+	}
+}

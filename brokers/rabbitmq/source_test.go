@@ -192,13 +192,7 @@ func TestOutOfOrderBatchesShareOneMultipleAck(t *testing.T) {
 	if st := src.Stats(); st.MultipleAcks != 1 {
 		t.Fatalf("stats %+v: a multiple ack was sent over an in-flight tag", st)
 	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	left := drainQueue(t, url, q)
-	if len(left) != 1 || left[0].MessageId != more[0].Message().ID {
-		t.Fatalf("left in the queue: %d messages, want only %s", len(left), more[0].Message().ID)
-	}
+	closeLeavingOnly(t, r, url, q, more[0].Message().ID)
 }
 
 func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
@@ -220,13 +214,7 @@ func TestAckBatchUsesMultipleOnlyOverASafeRun(t *testing.T) {
 	if st := src.Stats(); st.MultipleAcks != 1 {
 		t.Fatalf("stats %+v: a multiple ack was sent over an in-flight tag", st)
 	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	left := drainQueue(t, url, q)
-	if len(left) != 1 || left[0].MessageId != ds[6].Message().ID {
-		t.Fatalf("left in the queue: %d messages, want only %s", len(left), ds[6].Message().ID)
-	}
+	closeLeavingOnly(t, r, url, q, ds[6].Message().ID)
 }
 
 func TestDeadLetterKeepsTheMessageWhenTheDLQIsGone(t *testing.T) {

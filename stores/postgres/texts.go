@@ -42,11 +42,11 @@ func (a texts) Value() (driver.Value, error) {
 			b.WriteByte(',')
 		}
 		b.WriteByte('"')
-		for _, r := range []byte(s) {
-			if r == '"' || r == '\\' {
+		for _, c := range []byte(s) {
+			if c == '"' || c == '\\' {
 				b.WriteByte('\\')
 			}
-			b.WriteByte(r)
+			b.WriteByte(c)
 		}
 		b.WriteByte('"')
 	}
