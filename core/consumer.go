@@ -13,8 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/internal/inflight"
-	"github.com/idemq/idemq/internal/option"
 )
 
 // Consumer runs the pipeline for one Source and one Store: receive → claim

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 
 	"github.com/idemq/idemq/core/driver"
 )

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // Option configures a Consumer. Options are checked by New, which fails

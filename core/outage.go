@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 	"sync"
 	"sync/atomic"
 	"time"

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"

@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemq/idemq/core"
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/option"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // HandlerFunc handles a request inside the store's transaction tx

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/internal/sqlident"
 )
 

@@ -8,7 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // Defaults of the relay options (see the With… functions).

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // historyMinutes is how many minutes of each consumer's decisions the
@@ -263,26 +264,16 @@ func (h *handler) startSampler() {
 	if len(sampled) == 0 {
 		return
 	}
-	sampleAll := func() {
+	sampleAll := func(time.Time) {
 		for _, c := range sampled {
 			s := c.Stats()
 			c.hist.record(time.Now(), s)
 		}
 	}
-	sampleAll()
+	sampleAll(time.Time{})
 	h.samplerDone = make(chan struct{})
-	ctx, every := h.cfg.Context, h.cfg.SampleEvery
 	go func() {
 		defer close(h.samplerDone)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				sampleAll()
-			}
-		}
+		retry.Every(h.cfg.Context, h.cfg.SampleEvery, sampleAll)
 	}()
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"maps"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,9 +24,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/core/driver/urlparam"
-	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // The URL schemes the package registers.
@@ -569,7 +566,7 @@ func parseTarget(target string, c *config, schemes []string) ([]Option, error) {
 	hosts := target
 	var opts []Option
 	if strings.Contains(target, "://") {
-		u, err := redact.ParseURL(target)
+		u, err := urlparam.ParseURL(target)
 		if err != nil {
 			return nil, fmt.Errorf("kafka URL: %w", err)
 		}
@@ -583,16 +580,15 @@ func parseTarget(target string, c *config, schemes []string) ([]Option, error) {
 			}
 			opts = append(opts, WithTopic(topic))
 		}
-		q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+		q, err := urlparam.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 		if err != nil {
 			return nil, fmt.Errorf("%s URL parameters: %w", c.scheme, err)
 		}
-		for k, vs := range q {
-			if len(vs) != 1 {
-				return nil, fmt.Errorf("%s URL parameter %s: given %d times", c.scheme, redact.Name(k), len(vs))
-			}
+		t := tableOf(c.scheme)
+		if err := t.Once(q); err != nil {
+			return nil, err
 		}
-		read, err := tableOf(c.scheme).Read(q)
+		read, err := t.Read(q)
 		if err != nil {
 			return nil, err
 		}
@@ -618,7 +614,7 @@ func parseTarget(target string, c *config, schemes []string) ([]Option, error) {
 				err = errors.New(ae.Err)
 			}
 			// A broker list may hold pieces of a mistyped URL: mask secrets.
-			return nil, fmt.Errorf("kafka: brokers: %q: %w (want host:port)", redact.URL(h), err)
+			return nil, fmt.Errorf("kafka: brokers: %q: %w (want host:port)", urlparam.Redact(h), err)
 		}
 		c.brokers = append(c.brokers, h)
 	}
@@ -640,28 +636,10 @@ func security(scheme string, q url.Values, user *url.Userinfo) ([]Option, error)
 			}
 		}
 	} else {
-		// ca_file ("" for the system's roots) verifies the brokers;
-		// cert_file and key_file (both or neither) are the client's.
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if caFile != "" {
-			pem, err := os.ReadFile(caFile)
-			if err != nil {
-				return nil, fmt.Errorf("%s URL parameter ca_file: %w", scheme, err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("%s URL parameter ca_file: %s holds no PEM certificate", scheme, caFile)
-			}
-		}
-		if (certFile == "") != (keyFile == "") {
-			return nil, fmt.Errorf("%s URL parameters cert_file and key_file: give both or neither", scheme)
-		}
-		if certFile != "" {
-			cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-			if err != nil {
-				return nil, fmt.Errorf("%s URL parameters cert_file, key_file: %w", scheme, err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
+		tc, err := urlparam.TLSConfig(scheme, "", urlparam.File{Param: "ca_file", Path: caFile},
+			urlparam.File{Param: "cert_file", Path: certFile}, urlparam.File{Param: "key_file", Path: keyFile})
+		if err != nil {
+			return nil, err
 		}
 		opts = append(opts, WithTLS(tc))
 	}

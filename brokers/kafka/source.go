@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/attempts"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // Reasons of a stale settlement, wrapped by driver.Stale: nothing is sent,

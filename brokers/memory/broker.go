@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // System is the value of driver.Message.System for messages of this broker.

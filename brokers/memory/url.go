@@ -9,8 +9,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/urlparam"
-
-	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
@@ -55,7 +53,7 @@ func parseURL(u *url.URL) (b *Broker, queue string, err error) {
 	if queue == "" {
 		return nil, "", fmt.Errorf("mem URL has no queue name (use mem://payments)")
 	}
-	query, err := redact.ParseQuery(u.RawQuery)
+	query, err := urlparam.ParseQuery(u.RawQuery)
 	if err != nil {
 		return nil, "", fmt.Errorf("mem URL parameters: %w", err)
 	}

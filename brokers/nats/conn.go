@@ -13,7 +13,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/core/driver/urlparam"
 )
 
 // link is a connection and its JetStream context.
@@ -43,7 +43,7 @@ func connect[O Option](addr string, needConsumer, logs bool, opts []O) (config, 
 				}
 			}),
 			natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
-				l.logger().Info("idemq nats: reconnected", "server", redact.URL(nc.ConnectedUrlRedacted()))
+				l.logger().Info("idemq nats: reconnected", "server", urlparam.Redact(nc.ConnectedUrlRedacted()))
 			}))
 	}
 	if l.nc == nil {

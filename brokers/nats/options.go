@@ -13,9 +13,8 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/core/driver/urlparam"
-	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // The headers the adapter reads and writes.
@@ -234,12 +233,12 @@ func file(build func(file string) (natsgo.Option, error)) urlparam.Param[Option]
 // parameters and fills the defaults that depend on the stream.
 func resolve[O Option](addr string, needConsumer bool, opts []O) (c config, err error) {
 	c = config{declare: true, idHeader: DefaultIDHeader, ackWait: 6 * time.Second, heartbeat: true, maxExtension: time.Hour}
-	u, err := redact.ParseURL(addr)
+	u, err := urlparam.ParseURL(addr)
 	if err != nil {
 		return c, fmt.Errorf("nats: %w", err)
 	}
 	c.stream = strings.Trim(u.Path, "/")
-	query, qerr := redact.ParseQuery(u.RawQuery)
+	query, qerr := urlparam.ParseQuery(u.RawQuery)
 	switch {
 	case u.Scheme != "nats":
 		return c, errors.New("nats: the address is a nats:// URL (nats://host:4222/STREAM?consumer=NAME)")

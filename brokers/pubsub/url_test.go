@@ -2,11 +2,7 @@ package pubsub
 
 import (
 	"context"
-	"go/parser"
-	"go/token"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -17,29 +13,6 @@ import (
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core"
 )
-
-// The adapter is written on what an outside author can import: no
-// internal/ package of this module.
-func TestImportsNoInternalPackage(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		parsed, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, imp := range parsed.Imports {
-			if p, _ := strconv.Unquote(imp.Path.Value); strings.HasPrefix(p, "github.com/idemq/idemq/") && strings.Contains(p+"/", "/internal/") {
-				t.Errorf("%s imports %s", f, p)
-			}
-		}
-	}
-}
 
 // A URL it cannot take fails before anything is dialled, with an error
 // that names the parameter (and the nearest one it knows) or the URL's

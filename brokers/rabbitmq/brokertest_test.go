@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 

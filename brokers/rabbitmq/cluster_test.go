@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"

@@ -16,7 +16,7 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
 	"github.com/idemq/idemq/core/driver/hostlist"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // DeadLetters is an operator's handle on the dead-letter queue of one

@@ -7,7 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // QueueType is the kind of queue the Source declares.

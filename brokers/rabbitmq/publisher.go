@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/hostlist"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // KeyHeader carries Message.Key (an ordering key, which AMQP has no

@@ -19,8 +19,8 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/attempts"
 	"github.com/idemq/idemq/core/driver/hostlist"
-	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/option"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // Source consumes one RabbitMQ queue. It implements driver.Puller,

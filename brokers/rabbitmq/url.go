@@ -12,7 +12,6 @@ import (
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/hostlist"
 	"github.com/idemq/idemq/core/driver/urlparam"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 func init() {
@@ -59,14 +58,14 @@ func readURL(addr string) (amqpURL, queue string, opts []Option, err error) {
 	}
 	// Every node's URL has the same scheme, user information, vhost and
 	// query: read them from the first.
-	u, err := redact.ParseURL(ns.URLs[0])
+	u, err := urlparam.ParseURL(ns.URLs[0])
 	if err != nil {
 		return "", "", nil, fmt.Errorf("rabbitmq: url: %w", err)
 	}
 	if u.Scheme != "amqp" && u.Scheme != "amqps" {
 		return "", "", nil, fmt.Errorf("rabbitmq: url: scheme %q is not amqp or amqps", u.Scheme)
 	}
-	q, err := redact.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
+	q, err := urlparam.ParseQuery(u.RawQuery) // u.Query() would drop a pair with a ';' silently
 	if err != nil {
 		return "", "", nil, fmt.Errorf("rabbitmq: url parameters: %w", err)
 	}
@@ -137,10 +136,10 @@ func parseNodes(url string) (hostlist.List, error) {
 		if _, err := amqp.ParseURI(u); err != nil {
 			// Told without secrets; a URL that does not parse is not shown
 			// (no rule knows where its password ends).
-			if _, perr := redact.ParseURL(u); perr != nil {
+			if _, perr := urlparam.ParseURL(u); perr != nil {
 				return hostlist.List{}, fmt.Errorf("rabbitmq: url: %w", perr)
 			}
-			return hostlist.List{}, fmt.Errorf("rabbitmq: url %s: %s", redact.URL(u), redact.Error(err, u))
+			return hostlist.List{}, fmt.Errorf("rabbitmq: url %s: %s", urlparam.Redact(u), urlparam.RedactError(err, u))
 		}
 	}
 	return ns, nil

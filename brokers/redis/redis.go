@@ -25,7 +25,6 @@ package redis
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,9 +42,8 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/core/driver/urlparam"
-	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // The fields an entry holds a message in, every other field being a
@@ -205,7 +203,7 @@ var urlParams = urlparam.Table[Option]{Scheme: "redis", Params: map[string]urlpa
 // parseURL reads redis[s]://[user:pass@]host:6379/STREAM?group=G&… into
 // the address, the stream and options.
 func parseURL(raw string) (addr, stream string, opts []Option, err error) {
-	u, err := redact.ParseURL(raw)
+	u, err := urlparam.ParseURL(raw)
 	if err != nil {
 		return "", "", nil, fmt.Errorf("redis: %w", err)
 	}
@@ -220,44 +218,20 @@ func parseURL(raw string) (addr, stream string, opts []Option, err error) {
 		pass, _ := u.User.Password()
 		opts = append(opts, WithAuth(u.User.Username(), pass))
 	}
-	q, err := redact.ParseQuery(u.RawQuery)
+	q, err := urlparam.ParseQuery(u.RawQuery)
 	if err != nil {
 		return "", "", nil, fmt.Errorf("redis URL parameters: %w", err)
 	}
 	read, err := urlParams.Read(q)
 	if err == nil && u.Scheme == "rediss" {
 		var tc *tls.Config
-		tc, err = tlsConfig(u.Hostname(), q.Get("tls_ca"), q.Get("tls_cert"), q.Get("tls_key"))
+		tc, err = urlparam.TLSConfig("redis", u.Hostname(), urlparam.File{Param: "tls_ca", Path: q.Get("tls_ca")},
+			urlparam.File{Param: "tls_cert", Path: q.Get("tls_cert")}, urlparam.File{Param: "tls_key", Path: q.Get("tls_key")})
 		opts = append(opts, WithTLS(tc))
 	} else if err == nil && q.Get("tls_ca")+q.Get("tls_cert")+q.Get("tls_key") != "" {
 		err = errors.New("redis URL parameters tls_ca, tls_cert and tls_key need a rediss:// URL")
 	}
 	return addr, stream, append(opts, read...), err
-}
-
-// tlsConfig verifies the server as host against the system's CAs or those
-// in the file ca, and presents cert and key if given.
-func tlsConfig(host, ca, cert, key string) (*tls.Config, error) {
-	tc := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-	if ca != "" {
-		pem, err := os.ReadFile(ca)
-		if err != nil {
-			return nil, fmt.Errorf("redis URL parameter tls_ca: %w", err)
-		}
-		if tc.RootCAs = x509.NewCertPool(); !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, errors.New("redis URL parameter tls_ca: no PEM certificate in the file")
-		}
-	}
-	if (cert == "") != (key == "") {
-		return nil, errors.New("redis URL parameters tls_cert and tls_key go together")
-	} else if cert != "" {
-		pair, err := tls.LoadX509KeyPair(cert, key)
-		if err != nil {
-			return nil, fmt.Errorf("redis URL parameters tls_cert and tls_key: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{pair}
-	}
-	return tc, nil
 }
 
 // link is a client, its config, the stream and the logger.

@@ -18,7 +18,7 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // browseVisibility is how long a DeadLetters call keeps each message it

@@ -18,7 +18,7 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/deadletter"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // MetadataMessageGroupID is the Message.Metadata key of a FIFO message's

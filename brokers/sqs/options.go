@@ -10,8 +10,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/core/driver/option"
+	"github.com/idemq/idemq/core/driver/urlparam"
 )
 
 // DeadLetterMode chooses how Source.DeadLetter parks a message.
@@ -230,7 +230,7 @@ func WithAWSConfig(cfg aws.Config) ClientOption {
 // and no region configured anywhere, the region is us-east-1.
 func WithEndpoint(endpoint string) ClientOption {
 	// The endpoint is not quoted: it may carry credentials.
-	u, err := redact.ParseURL(endpoint)
+	u, err := urlparam.ParseURL(endpoint)
 	if err == nil && ((u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
 		err = errors.New("not an http:// or https:// URL with a host")
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemq/idemq/core/driver"
 	"github.com/idemq/idemq/core/driver/urlparam"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // viaRegistry is the option a registry opener gives: the registry's logger,
@@ -75,7 +74,7 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 		}
 		opts = append(opts, WithStaticCredentials(u.User.Username(), secret, ""))
 	}
-	query, err := redact.ParseQuery(u.RawQuery)
+	query, err := urlparam.ParseQuery(u.RawQuery)
 	if err != nil {
 		return "", nil, fmt.Errorf("sqs URL parameters: %w", err)
 	}
@@ -99,7 +98,7 @@ func parseURL(u *url.URL, source bool) (queue string, opts []Option, err error) 
 // options were given in code.
 func setup[O Option](ctx context.Context, what, addr string, source bool, opts []O) (config, *awssqs.Client, *queueInfo, error) {
 	cfg := defaultConfig()
-	u, err := redact.ParseURL(addr)
+	u, err := urlparam.ParseURL(addr)
 	if err == nil && u.Scheme != "sqs" {
 		err = errors.New("not an sqs:// URL (sqs://QUEUE?region=…, sqs://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE)")
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/webhook/signature"
 	"github.com/idemq/idemq/core/driver/attempts"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // DefaultMaxBody is the largest request body a Source reads unless

@@ -16,9 +16,8 @@ import (
 
 	"github.com/idemq/idemq/brokers/webhook/signature"
 	"github.com/idemq/idemq/core/driver"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/core/driver/urlparam"
-	"github.com/idemq/idemq/internal/option"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // The scheme registers a source and dead letters, no publisher: the
@@ -58,11 +57,11 @@ var params = urlparam.Table[Option]{Scheme: "webhook", Params: map[string]urlpar
 
 // readURL parses a webhook URL into its options and its parameters.
 func readURL(raw string) (*url.URL, url.Values, []Option, error) {
-	u, err := redact.ParseURL(raw)
+	u, err := urlparam.ParseURL(raw)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("webhook: %w", err)
 	}
-	q, err := redact.ParseQuery(u.RawQuery)
+	q, err := urlparam.ParseQuery(u.RawQuery)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("webhook URL parameters: %w", err)
 	}

@@ -24,38 +24,22 @@ import (
 )
 
 // Message is one message as an adapter receives or publishes it. The
-// Consumer hands handlers a core.Message with the same fields but the
-// adapter's own (AckID, BrokerKey, IDError).
+// Consumer hands handlers a core.Message, whose documentation holds for
+// the fields the two share (ID to ReceivedAt); the fields after those are
+// the adapter's own.
 type Message struct {
-	// ID is the producer's business id, where the broker carries it: the
-	// AMQP message_id property (or a header), a Kafka record header, an
-	// SQS message attribute, NATS's Nats-Msg-Id header (or another
-	// header). Never a delivery tag, offset, sequence or receipt handle.
-	// Empty when the message has none: the Consumer dead-letters it.
-	ID string
-	// Body is the payload as received.
-	Body []byte
-	// Headers holds AMQP headers, Kafka record headers, SQS message
-	// attributes or NATS headers rendered as strings. Trace context travels
-	// here.
-	Headers map[string]string
-	// Key is the ordering key: the Kafka message key or the SQS
-	// MessageGroupId. Empty when the broker has none.
-	Key string
-	// Source is the queue, topic or NATS subject the message was received
-	// from.
-	Source string
-	// System names the broker in OpenTelemetry terms: "rabbitmq", "kafka",
-	// "aws_sqs", "nats", or "memory".
-	System string
-	// Attempt is 1 on the first delivery and grows with each redelivery as
-	// far as the broker lets the adapter know.
-	Attempt int
-	// Metadata carries broker details for observers such as tracing (see
-	// Metadata); nil when the adapter has none.
-	Metadata Metadata
-	// ReceivedAt is when the adapter received the message.
-	ReceivedAt time.Time
+	// ID is the producer's business id where the broker carries it, never
+	// a handle of one delivery (a tag, offset or receipt handle); empty
+	// when the message has none, which the Consumer dead-letters.
+	ID         string
+	Body       []byte
+	Headers    map[string]string // rendered as strings; trace context travels here
+	Key        string            // the ordering key; "" where the broker has none
+	Source     string            // the queue, topic or subject it came from
+	System     string            // the broker in OpenTelemetry terms: "rabbitmq", "kafka", "aws_sqs", "nats", "memory"
+	Attempt    int               // 1 on the first delivery, then growing as far as the adapter can tell
+	Metadata   Metadata          // broker details for observers; nil for none
+	ReceivedAt time.Time         // when the adapter received it
 
 	// AckID is the adapter's own handle on this delivery of the message
 	// (a delivery tag, a receipt handle, a JetStream message): the

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/core/driver/retry"
 )
 
 // Reasons of a stale settlement, wrapped by driver.Stale.

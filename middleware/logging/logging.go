@@ -12,7 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // Option configures New, which fails with an error naming the option when

@@ -19,7 +19,7 @@ import (
 	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
 
 	"github.com/idemq/idemq/core"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/middleware/tracing"
 )
 

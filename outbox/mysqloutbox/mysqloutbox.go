@@ -25,7 +25,7 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"
 )

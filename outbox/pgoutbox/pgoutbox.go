@@ -29,7 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"

@@ -60,7 +60,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/internal/sqloutbox"

@@ -1,14 +1,12 @@
 package mysql
 
 import (
+	"cmp"
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
-	"os"
 
+	"github.com/idemq/idemq/core/driver/urlparam"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -40,42 +38,17 @@ func tlsFromURL(u *url.URL) (*tls.Config, string, error) {
 	ca, ok := given["ssl-ca"]
 	if !ok {
 		return nil, "", fmt.Errorf("mysql URL parameter ssl-ca: required with ssl-cert, ssl-key or ssl-server-name")
+	} else if ca == "" {
+		return nil, "", fmt.Errorf("mysql URL parameter ssl-ca: no file named")
 	}
 	if tv := q.Get("tls"); tv == "skip-verify" || tv == "preferred" || tv == "false" {
 		return nil, "", fmt.Errorf("mysql URL parameter tls=%s: contradicts ssl-ca, which verifies the server", tv)
 	}
 	q.Del("tls")
-	pem, err := os.ReadFile(ca)
+	cfg, err := urlparam.TLSConfig("mysql", cmp.Or(given["ssl-server-name"], u.Hostname()), urlparam.File{Param: "ssl-ca", Path: ca},
+		urlparam.File{Param: "ssl-cert", Path: given["ssl-cert"]}, urlparam.File{Param: "ssl-key", Path: given["ssl-key"]})
 	if err != nil {
-		return nil, "", fmt.Errorf("mysql URL parameter ssl-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, "", fmt.Errorf("mysql URL parameter ssl-ca: no PEM certificate in %s", ca)
-	}
-	cfg := &tls.Config{RootCAs: pool, ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
-	if name := given["ssl-server-name"]; name != "" {
-		cfg.ServerName = name
-	}
-	certFile, keyFile := given["ssl-cert"], given["ssl-key"]
-	if (certFile == "") != (keyFile == "") {
-		return nil, "", fmt.Errorf("mysql URL parameters ssl-cert and ssl-key: give both or neither")
-	}
-	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			// Name the parameter rather than the file: a key's path is
-			// hidden wherever the URL is shown.
-			var pe *fs.PathError
-			switch {
-			case errors.As(err, &pe) && pe.Path == keyFile:
-				return nil, "", fmt.Errorf("mysql URL parameter ssl-key: %s: %w", pe.Op, pe.Err)
-			case errors.As(err, &pe):
-				return nil, "", fmt.Errorf("mysql URL parameter ssl-cert: %s: %w", pe.Op, pe.Err)
-			}
-			return nil, "", fmt.Errorf("mysql URL parameters ssl-cert, ssl-key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
+		return nil, "", err
 	}
 	return cfg, q.Encode(), nil
 }

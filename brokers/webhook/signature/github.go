@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 const githubName = "github"

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 )
 
 // Profile verifies the requests of one webhook provider.

@@ -145,10 +145,8 @@ func (t Table[O]) Take(q url.Values) ([]O, error) {
 // leaves q holding only those. A parameter of t given more than once (only
 // pass's may repeat), or one neither t nor pass names, fails, named.
 func (t Table[O]) Split(q url.Values, pass ...string) ([]O, error) {
-	for _, k := range slices.Sorted(maps.Keys(q)) {
-		if n := len(q[k]); n != 1 && !slices.Contains(pass, k) {
-			return nil, fmt.Errorf("%s URL parameter %s: given %d times", t.Scheme, redact.Name(k), n)
-		}
+	if err := t.Once(q, pass...); err != nil {
+		return nil, err
 	}
 	opts, err := t.Take(q)
 	if err != nil {
@@ -160,6 +158,18 @@ func (t Table[O]) Split(q url.Values, pass ...string) ([]O, error) {
 		}
 	}
 	return opts, nil
+}
+
+// Once fails, named, on a parameter of q given more than once, but for
+// those named in pass: for a scheme where a repeated value is a mistake
+// rather than a list.
+func (t Table[O]) Once(q url.Values, pass ...string) error {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if n := len(q[k]); n != 1 && !slices.Contains(pass, k) {
+			return fmt.Errorf("%s URL parameter %s: given %d times", t.Scheme, redact.Name(k), n)
+		}
+	}
+	return nil
 }
 
 func (t Table[O]) read(name string, p Param[O], v string) ([]O, error) {

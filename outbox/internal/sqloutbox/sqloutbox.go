@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemq/idemq/admin"
 	"github.com/idemq/idemq/core/driver"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/internal/sqlident"
 	"github.com/idemq/idemq/outbox"
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/admin"
-	"github.com/idemq/idemq/internal/option"
+	"github.com/idemq/idemq/core/driver/option"
 	"github.com/idemq/idemq/internal/sqlident"
 )
 

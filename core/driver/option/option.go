@@ -1,15 +1,23 @@
-// Package option holds what idemq's functional options share: applying
-// them in order, and the checks of a value with errors that name the
-// option the user wrote, so each option states only its name, its check
-// and the field it sets.
+// Package option holds what the functional options of adapters and stores
+// share: applying them in order, and the checks of a value with errors
+// (*urlparam.OptionError) that name the option the user wrote, so each
+// option states only its name, its check and the field it sets, and an
+// opener reading a URL can name the parameter instead (urlparam.Table's
+// Explain). An adapter outside this module builds its options with it as
+// the in-tree ones do:
+//
+//	func WithAckWait(d time.Duration) Option {
+//		return option.Set("mybroker", "WithAckWait", option.AtLeast(d, time.Second), func(c *config) { c.ackWait = d })
+//	}
 package option
 
 import (
 	"cmp"
 	"errors"
 	"fmt"
-	"github.com/idemq/idemq/core/driver/urlparam"
 	"reflect"
+
+	"github.com/idemq/idemq/core/driver/urlparam"
 )
 
 // Apply applies opts to cfg in order, skipping nil options, and returns the

@@ -1,7 +1,7 @@
 // Package retry paces the loops that retry a transport operation (a
 // reconnect, a receive, a settlement or publish retry, a relay batch), the
-// one backoff helper of the broker adapters, the outbox relay and the
-// Consumer's own loops.
+// one backoff helper of the broker adapters (those outside this module
+// included), the outbox relay and the Consumer's own loops.
 package retry
 
 import (
