@@ -313,6 +313,8 @@ func TestOptionErrorsNameTheField(t *testing.T) {
 		{"kafka://h:1/t?group=g&ca_file=/x.pem", nil, "URL parameter ca_file: needs tls=true"},
 		{"kafka://h:1/t?group=g&tls=true&ca_file=/no/such.pem", nil, "URL parameter ca_file"},
 		{"kafka://h:1/t?group=g&tls=true&cert_file=/x.pem", nil, "cert_file and key_file"},
+		{"kafka://h:1/t?group=g&tls=true&ca_file=/s3cret/no/such.pem", nil, "kafka URL parameter ca_file: open: no such file"},
+		{"kafka://h:1/t?group=g&group=h", nil, "kafka URL parameter group: given 2 times"},
 		{"kafka://h:1/t?group=g&group_protocol=next", nil, "URL parameter group_protocol"},
 		{"kafka://h:1/t?group=g&max_extension=1s", nil, `unknown parameter "max_extension"`},
 		{"kafka://h:1/t?group=g&window=10", nil, `unknown parameter "window"`},
