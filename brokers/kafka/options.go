@@ -519,13 +519,13 @@ func field[T any](dst func(*config) *T) func(T) Option {
 // admin.OpenDeadLetters.
 func init() {
 	driver.RegisterSource(Scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		return Open(ctx, u.String(), loggerOption(cfg))
+		return Open(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 	})
 	driver.RegisterSource(ShareScheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		return OpenShare(ctx, u.String(), loggerOption(cfg))
+		return OpenShare(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 	})
 	driver.RegisterPublisher(Scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
-		p, err := NewPublisher(ctx, u.String(), loggerOption(cfg))
+		p, err := NewPublisher(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 		if err == nil && p.cfg.topic == "" {
 			p.Close()
 			err = errors.New("kafka URL: no topic to publish to (kafka://host:port/topic)")
@@ -537,18 +537,9 @@ func init() {
 	})
 	for _, scheme := range []string{Scheme, ShareScheme} {
 		driver.RegisterDeadLetters(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetters, error) {
-			return OpenDeadLetters(ctx, u.String(), loggerOption(cfg))
+			return OpenDeadLetters(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 		})
 	}
-}
-
-// loggerOption is WithLogger of the service's adapter logger, nil (no
-// option) when it gave none.
-func loggerOption(cfg driver.OpenConfig) PublisherOption {
-	if cfg.Logger == nil {
-		return nil
-	}
-	return WithLogger(cfg.Logger)
 }
 
 // parseTarget reads a URL of one of schemes (default: kafka://) or a plain

@@ -199,22 +199,14 @@ var urlParams = urlparam.Table[Option]{Scheme: "nats", Params: map[string]urlpar
 func init() {
 	// The registry returns nil, not a typed nil, after an error.
 	driver.RegisterSource("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		return Open(ctx, u.String(), logger(cfg))
+		return Open(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 	})
 	driver.RegisterPublisher("nats", func(ctx context.Context, u *url.URL, _ driver.OpenConfig) (driver.Publisher, error) {
 		return NewPublisher(ctx, u.String())
 	})
 	driver.RegisterDeadLetters("nats", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetters, error) {
-		return OpenDeadLetters(ctx, u.String(), logger(cfg))
+		return OpenDeadLetters(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 	})
-}
-
-// logger is WithLogger of the opener's logger, or nil (skipped) for none.
-func logger(cfg driver.OpenConfig) Option {
-	if cfg.Logger == nil {
-		return nil
-	}
-	return WithLogger(cfg.Logger)
 }
 
 // file is a parameter naming a file that build turns into a connection

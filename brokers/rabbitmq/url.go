@@ -101,11 +101,7 @@ func openConfig(addr string, opts []Option) (config, hostlist.List, error) {
 }
 
 func openSourceURL(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-	var opts []Option
-	if cfg.Logger != nil {
-		opts = append(opts, WithLogger(cfg.Logger))
-	}
-	return Open(ctx, u.String(), opts...)
+	return Open(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 }
 
 // openPublisherURL opens a Publisher to the queue the URL names (see

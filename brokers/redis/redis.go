@@ -160,23 +160,15 @@ func init() {
 	goredis.SetLogger(clientLogger{})
 	for _, scheme := range []string{"redis", "rediss"} {
 		driver.RegisterSource(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-			return Open(ctx, u.String(), logger(cfg))
+			return Open(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 		})
 		driver.RegisterPublisher(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Publisher, error) {
-			return NewPublisher(ctx, u.String(), PublisherOption(logger(cfg)))
+			return NewPublisher(ctx, u.String(), PublisherOption(driver.LoggerOption(cfg, WithLogger)))
 		})
 		driver.RegisterDeadLetters(scheme, func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.DeadLetters, error) {
-			return OpenDeadLetters(ctx, u.String(), logger(cfg))
+			return OpenDeadLetters(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 		})
 	}
-}
-
-// logger is WithLogger of the opener's logger, or nil (skipped) for none.
-func logger(cfg driver.OpenConfig) Option {
-	if cfg.Logger == nil {
-		return nil
-	}
-	return WithLogger(cfg.Logger)
 }
 
 var file = urlparam.NonEmpty("", func(string) Option { return nil })

@@ -28,10 +28,7 @@ func init() {
 		return OpenDeadLetters(ctx, u.String())
 	})
 	driver.RegisterSource("webhook", func(ctx context.Context, u *url.URL, cfg driver.OpenConfig) (driver.Source, error) {
-		return Open(ctx, u.String(), func(c *config) error {
-			c.logger = cfg.Logger // nil: the Consumer's, as Start gives it
-			return nil
-		})
+		return Open(ctx, u.String(), driver.LoggerOption(cfg, WithLogger))
 	})
 }
 

@@ -16,6 +16,17 @@ type OpenConfig struct {
 	Logger *slog.Logger
 }
 
+// LoggerOption returns an opener's adapter option for cfg's logger,
+// with(cfg.Logger), or the zero O (a nil option, which the adapters skip)
+// when cfg has none.
+func LoggerOption[O any](cfg OpenConfig, with func(*slog.Logger) O) O {
+	if cfg.Logger == nil {
+		var none O
+		return none
+	}
+	return with(cfg.Logger)
+}
+
 // SourceOpener opens a Source (a Puller or a Pusher) from a URL of a
 // scheme it was registered for.
 type SourceOpener func(ctx context.Context, u *url.URL, cfg OpenConfig) (Source, error)
