@@ -252,7 +252,8 @@ func (s *Source) messages(xs []goredis.XMessage, attempts []int) []*driver.Messa
 	for i, x := range xs {
 		r := &received{Message: s.message(x.Values), group: s.c.group}
 		m := &r.Message
-		m.Source, m.System, m.Attempt, m.ReceivedAt, m.Metadata, m.AckID, m.BrokerKey = s.stream, "redis", 1, now, (*metadata)(r), x.ID, x.ID
+		id := any(x.ID) // one interface value for both: one allocation, not two
+		m.Source, m.System, m.Attempt, m.ReceivedAt, m.Metadata, m.AckID, m.BrokerKey = s.stream, "redis", 1, now, (*metadata)(r), id, id
 		if attempts != nil {
 			m.Attempt = attempts[i]
 		}
