@@ -327,11 +327,18 @@ type crashingSource struct {
 	crashAt int64
 	acks    atomic.Int64
 	acked   atomic.Int64
+	// mu keeps the crash from closing the source under an Ack in flight,
+	// which the broker may or may not have taken (an RPC cancelled by the
+	// close): every ack is then known taken or never sent, so the test
+	// knows how many messages must come back.
+	mu sync.Mutex
 }
 
 // Ack acknowledges ms, unless they hold the crashAt-th message: then it
 // closes the source and acknowledges none.
 func (c *crashingSource) Ack(ctx context.Context, ms []*driver.Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	n := int64(len(ms))
 	if after := c.acks.Add(n); after >= c.crashAt && after-n < c.crashAt {
 		_ = c.Puller.Close()
