@@ -49,10 +49,13 @@ type Consumer[Tx any] struct {
 
 	stats counters
 	pace  pace // what the batching rule of several workers reads
+	// order keeps each key's messages in order when the source hands out
+	// a key's next messages early (driver.Traits.KeyOrder); nil otherwise.
+	order *keyOrder
 }
 
 type counters struct {
-	received, processed, duplicates, retried, deadLettered, settleErrors, stale, unsettled, storeOutages, storeRetries atomic.Int64
+	received, processed, duplicates, retried, heldBack, deadLettered, settleErrors, stale, unsettled, storeOutages, storeRetries atomic.Int64
 }
 
 // Stats are a Consumer's running counts of decisions.
@@ -61,6 +64,7 @@ type Stats struct {
 	Processed    int64 // committed and acknowledged (or ack attempted)
 	Duplicates   int64 // claim lost: acknowledged without effect
 	Retried      int64 // rolled back and handed back for redelivery
+	HeldBack     int64 // handed back undecided behind a retried message of their key, to follow it (driver.Traits.KeyOrder)
 	DeadLettered int64 // parked with a cause: counted once the broker confirmed the park
 	SettleErrors int64 // settlements that failed for another reason than a stale delivery
 	Stale        int64 // settlements refused because the delivery went stale (ErrStaleDelivery)
@@ -79,6 +83,7 @@ type item struct {
 	m             *Message // &msg
 	msg           Message  // the handlers' copy of Held.M
 	fp            string
+	heldBack      bool // given back behind a retry of its key (keyOrder)
 	// lease is the message's lease under a leased Consumer, from the
 	// moment it is won.
 	lease *leaseHold
@@ -180,6 +185,7 @@ func (c *Consumer[Tx]) Stats() Stats {
 		Processed:    c.stats.processed.Load(),
 		Duplicates:   c.stats.duplicates.Load(),
 		Retried:      c.stats.retried.Load(),
+		HeldBack:     c.stats.heldBack.Load(),
 		DeadLettered: c.stats.deadLettered.Load(),
 		SettleErrors: c.stats.settleErrors.Load(),
 		Stale:        c.stats.stale.Load(),
@@ -203,12 +209,18 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("idemq: Consumer.Run called twice")
 	}
-	flow, err := inflight.Start(ctx, c.src, inflight.Config{Window: c.cfg.window, Logger: c.log, Hold: hold, Gate: c.waitStore})
+	// One worker decides batches in receive order, which is what lets a
+	// source hand out a key's next messages early.
+	inOrder := c.cfg.concurrency == 1 && c.kind.inOrder()
+	flow, err := inflight.Start(ctx, c.src, inflight.Config{Window: c.cfg.window, Logger: c.log, Hold: hold, Gate: c.waitStore, KeyOrder: inOrder})
 	if err != nil {
 		c.src.Close()
 		return fmt.Errorf("idemq: starting the source with a window of %d: %w", c.cfg.window, err)
 	}
 	c.flow = flow
+	if flow.Traits().KeyOrder {
+		c.order = &keyOrder{failed: map[string]bool{}}
+	}
 	if err := c.checkRetention(ctx); err != nil {
 		flow.Close(ctx)
 		return err
@@ -439,8 +451,9 @@ func (c *Consumer[Tx]) admit(it *item) {
 
 // settlement is one decided message.
 type settlement struct {
-	it  *item
-	out Outcome
+	it   *item
+	out  Outcome
+	hold bool // a retry holding its key's later messages back (keyOrder)
 }
 
 // settleAsync hands one decided batch to an idle settling goroutine, or
@@ -474,6 +487,9 @@ func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 		c.flow.Settle(ctx, ss, done)
 		rep.end()
 		cancel()
+		if c.order != nil {
+			c.settledKeys(batch)
+		}
 		c.inflight.Add(-len(batch)) // Done for each, at once
 		select {
 		case batch = <-c.settleIdle:
@@ -494,7 +510,7 @@ func (c *Consumer[Tx]) settlement(s settlement) inflight.Settlement {
 		out.Kind, out.Cause = inflight.DeadLetter, s.out.Err
 	default:
 		out.Kind, out.Delay = inflight.Retry, s.out.Delay
-		if errors.Is(s.out.Err, ErrShutdown) || c.procCtx.Err() != nil {
+		if errors.Is(s.out.Err, ErrShutdown) || c.procCtx.Err() != nil || errors.Is(s.out.Err, errHeldBack) {
 			out.Kind, out.Delay = inflight.Release, 0
 		}
 	}
@@ -508,7 +524,11 @@ func (c *Consumer[Tx]) count(out Outcome) {
 	case Duplicate:
 		c.stats.duplicates.Add(1)
 	case Retry:
-		c.stats.retried.Add(1)
+		if errors.Is(out.Err, errHeldBack) {
+			c.stats.heldBack.Add(1)
+		} else {
+			c.stats.retried.Add(1)
+		}
 	}
 	// DeadLetter is counted once the broker parked the message (settle):
 	// a park that failed is redelivered and decided again, and would

@@ -26,6 +26,9 @@ type kind[Tx any] interface {
 	// decided is told the final outcomes of a batch, before they are
 	// settled.
 	decided(items []*item, outs []Outcome)
+	// inOrder reports whether one worker decides messages in the order
+	// received (so a source may hand out a key's next messages early).
+	inOrder() bool
 }
 
 // perMessage is New's kind: a Handler per message.
@@ -52,6 +55,8 @@ func (k *perMessage[Tx]) apply(ctx, _ context.Context, txn driver.Txn[Tx], items
 
 func (k *perMessage[Tx]) decided([]*item, []Outcome) {}
 
+func (k *perMessage[Tx]) inOrder() bool { return true }
+
 // batchKind is NewBatch's kind: one BatchHandler call per transaction.
 type batchKind[Tx any] struct {
 	c *Consumer[Tx]
@@ -73,3 +78,5 @@ func (k *batchKind[Tx]) apply(_, hctx context.Context, txn driver.Txn[Tx], items
 }
 
 func (k *batchKind[Tx]) decided([]*item, []Outcome) {}
+
+func (k *batchKind[Tx]) inOrder() bool { return true }

@@ -209,6 +209,9 @@ func (l *leased[Tx, R]) renew(ctx context.Context) {
 // in a goroutine of its own, up to the window.
 func (l *leased[Tx, R]) admit(it *item) { go l.run(it) }
 
+// inOrder is false: each message's External call runs on its own.
+func (l *leased[Tx, R]) inOrder() bool { return false }
+
 func (l *leased[Tx, R]) run(it *item) {
 	c := l.c
 	out, ok := l.acquire(it)

@@ -180,7 +180,7 @@ type StageName string
 // StageRelease); a DecisionError names the one that failed, or one of
 // those a message is decided at before or beside any transaction
 // (StageID, StageLimits, StageFingerprint, StageHandler, StageSavepoint,
-// StageBatch).
+// StageBatch, StageKeyOrder).
 const (
 	StageID          StageName = "id"          // the message's id is missing or invalid
 	StageLimits      StageName = "limits"      // the message is over its Limits
@@ -195,6 +195,7 @@ const (
 	StageFlush       StageName = "flush"       // queued statements are sent
 	StageCommit      StageName = "commit"      // the transaction commits
 	StageBatch       StageName = "batch"       // an earlier copy in the same batch was not applied
+	StageKeyOrder    StageName = "key-order"   // an earlier message of its key is retried: it goes back behind it
 	StageLease       StageName = "lease"       // a leased message's claim is taken in progress
 	StageExternal    StageName = "external"    // a leased message's External call runs
 	StageRelease     StageName = "release"     // a failed leased message's lease is given up

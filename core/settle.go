@@ -38,7 +38,9 @@ func (r *settleReport) begin() {
 func (r *settleReport) done(s inflight.Settlement, err error) {
 	switch {
 	case s.Kind == inflight.Release:
-		r.stats.unsettled.Add(1)
+		if it, _ := s.H.Owner.(*item); it == nil || !it.heldBack { // counted as HeldBack
+			r.stats.unsettled.Add(1)
+		}
 		return // the broker redelivers it whatever the call did
 	case err == nil:
 		if s.Kind == inflight.DeadLetter {

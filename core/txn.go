@@ -14,6 +14,11 @@ import (
 // distinct ids, the handler for each claim won, one commit. It hands the
 // outcomes to a settling goroutine and returns to take the next batch.
 func (c *Consumer[Tx]) processBatch(items []*item) {
+	if c.order != nil {
+		if items = c.admitOrdered(items); len(items) == 0 {
+			return
+		}
+	}
 	// The same id twice in one batch (a duplicate publish landing close
 	// to its original): only the first is claimed; the others follow its
 	// outcome.
@@ -38,8 +43,15 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	for i, it := range primaries {
 		batch = append(batch, settlement{it: it, out: outs[i]})
 		for _, f := range followers[i] {
-			batch = append(batch, settlement{it: f, out: c.followerOutcome(it, outs[i], f)})
+			out := c.followerOutcome(it, outs[i], f)
+			if errors.Is(outs[i].Err, errHeldBack) {
+				out = heldBack(f)
+			}
+			batch = append(batch, settlement{it: f, out: out})
 		}
+	}
+	if c.order != nil {
+		c.holdKeys(batch)
 	}
 	c.settleAsync(batch)
 }
@@ -68,6 +80,9 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 				continue // the same group, in a new transaction
 			}
 		}
+		for _, i := range g {
+			c.failKey(items[i], outs[i])
+		}
 		groups = append(groups[1:], more...)
 	}
 	return outs
@@ -85,6 +100,19 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.txnTimeout)
 		defer cancel()
+	}
+	if c.order != nil && len(c.order.failed) > 0 {
+		// A key retried earlier in the batch: its later messages go back.
+		g = slices.DeleteFunc(slices.Clone(g), func(i int) bool {
+			if c.keyFailed(items[i]) {
+				outs[i] = heldBack(items[i])
+				return true
+			}
+			return false
+		})
+		if len(g) == 0 {
+			return nil, nil
+		}
 	}
 	fail := func(stage StageName, err error) *storeError {
 		for _, i := range g {
@@ -255,6 +283,15 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 				continue
 			}
 		}
+		if c.keyFailed(it) {
+			// An earlier message of its key failed under its savepoint:
+			// this one goes back behind it, unapplied and unclaimed.
+			outs[i] = heldBack(it)
+			if err := txn.Unclaim(ctx, c.cfg.name, []string{it.m.ID}); err != nil {
+				res.broken = err
+			}
+			continue
+		}
 		one[0], cur = it.m, it
 		hctx := it.ctx
 		switch {
@@ -287,6 +324,7 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 			continue
 		}
 		outs[i] = c.handlerFailure(it.m, herr)
+		c.failKey(it, outs[i])
 		if len(won) > 1 && !useSavepoints {
 			// Replay: everything else in this transaction runs again,
 			// in a new one, without the failed message.

@@ -540,12 +540,29 @@ func TestPoisonGoesToDeadLetterTopicWithCause(t *testing.T) {
 	_ = msgs
 }
 
-// OrderPerKey through the whole pipeline (concurrent batches, a failure
-// retried in place, batches replayed without a failed message): each
-// key's committed effects happen in offset order. The order is read from
-// a sequence in the committed rows, since a replayed batch runs handlers
-// whose first run was rolled back.
+// OrderPerKey through the whole pipeline: each key's committed effects
+// happen in offset order. The order is read from a sequence in the
+// committed rows, since a replayed batch runs handlers whose first run was
+// rolled back. Under one worker the source hands out a key's next messages
+// before the earlier are settled, so a failure retried in place must send
+// back those of its key decided after it (in its batch, under a savepoint
+// or replayed, and in the batches after); under several workers a key has
+// one message out at a time.
 func TestPerKeyOrderThroughThePipeline(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		opts  []core.Option
+		early bool // a key's next messages go out before the earlier are settled
+	}{
+		{"one worker", []core.Option{core.WithConcurrency(1)}, true},
+		{"one worker, replay", []core.Option{core.WithConcurrency(1), core.WithIsolation(core.IsolateReplay)}, true},
+		{"three workers", []core.Option{core.WithConcurrency(3)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testPerKeyOrder(t, tc.opts, tc.early) })
+	}
+}
+
+func testPerKeyOrder(t *testing.T, opts []core.Option, early bool) {
 	e := newPGEffects(t)
 	bs := brokers(t)
 	const parts = 2
@@ -581,8 +598,8 @@ func TestPerKeyOrderThroughThePipeline(t *testing.T) {
 		}
 		return e.apply(ctx, tx, m)
 	}
-	c := startConsumer(t, openSource(t, bs, topic, group), e, h,
-		core.WithBatchSize(8), core.WithConcurrency(3), core.WithWindow(48), core.WithBackoff(core.ConstantBackoff(30*time.Millisecond)))
+	c := startConsumer(t, openSource(t, bs, topic, group), e, h, append([]core.Option{
+		core.WithBatchSize(8), core.WithWindow(48), core.WithBackoff(core.ConstantBackoff(30 * time.Millisecond))}, opts...)...)
 	servicetest.WaitFor(t, 60*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
@@ -620,6 +637,10 @@ func TestPerKeyOrderThroughThePipeline(t *testing.T) {
 	}
 	if st.Retried != int64(len(failed)) || len(failed) == 0 {
 		t.Errorf("Retried %d, want %d", st.Retried, len(failed))
+	}
+	// Early, messages of a retried key were out and went back behind it.
+	if (st.HeldBack > 0) != early {
+		t.Errorf("HeldBack %d; want some: %v", st.HeldBack, early)
 	}
 	if rows, ids := e.counts(t); rows != n || ids != n {
 		t.Errorf("%d effects for %d ids, want %d", rows, ids, n)

@@ -18,7 +18,9 @@ import (
 //
 //   - a lane holds the messages that go one at a time in offset order: one
 //     key's (OrderPerKey) or the partition's (OrderPerPartition); keyless
-//     messages and OrderNone have none.
+//     messages and OrderNone have none. Under a Consumer that keeps each
+//     key's order itself (early), a key's lane hands out its messages in
+//     offset order without waiting for their settlements.
 //   - the messages that may go now (heads of idle lanes, laneless ones) are
 //     in fresh, a FIFO of those that became candidates in offset order (newly
 //     fetched ones: O(1)), or else in ready, a min-heap by offset; pick takes
@@ -27,7 +29,9 @@ import (
 //     head is delayed stays closed, so its key is never overtaken.
 //
 // Invariant: a busy lane (a message out) has none among the candidates; an
-// idle lane has its head, and only it. A pick or settlement is O(log n).
+// idle lane has its head, and only it. Early, a lane's head is among the
+// candidates; an entry put back ahead of it makes the head's entry there
+// stale, and pick skips it. A pick or settlement is O(log n).
 
 // partition tracks one assigned partition between fetch and commit.
 type partition struct {
@@ -35,6 +39,7 @@ type partition struct {
 	topic, idText  string // idText: the id in decimal, for every message's metadata
 	id             int32
 	retry          bool     // a partition of the retry topic
+	early          bool     // a lane's next messages go out before the earlier are settled
 	revoking, dead bool     // no more hand-outs; settlements refused (given up)
 	dirty, paused  bool     // something to commit; fetching paused (throttle)
 	out, waiting   int      // messages handed out, not settled; fetched or retried and not handed out
@@ -56,7 +61,7 @@ type partition struct {
 
 func (s *Source) newPartition(topic string, id int32) *partition {
 	return &partition{src: s, topic: topic, id: id, idText: strconv.Itoa(int(id)), retry: topic == s.cfg.retryTopic,
-		order: s.cfg.ordering, next: -1, committed: -1, high: -1, prevHigh: -1}
+		order: s.cfg.ordering, early: s.early && s.cfg.ordering == OrderPerKey, next: -1, committed: -1, high: -1, prevHigh: -1}
 }
 
 type entryState uint8
@@ -137,8 +142,8 @@ func (p *partition) progress() []span {
 // lane is the queue of waiting messages that go out one at a time, in
 // offset order.
 type lane struct {
-	key  string // its key in partition.lanes; unused for the partition lane
-	busy bool   // one of its messages is out
+	key string // its key in partition.lanes; unused for the partition lane
+	out int    // its messages handed out and not settled
 	fifo
 }
 
@@ -276,38 +281,49 @@ func (p *partition) fetched(e *entry) {
 		return
 	}
 	l.pushBack(e)
-	if !l.busy && l.len() == 1 {
+	if l.len() == 1 && (l.out == 0 || p.early) {
 		p.candidate(e)
 	}
 }
 
 // pick returns the waiting entry the ordering allows with the lowest
-// offset, no longer waiting and its lane busy, or nil. s.mu is held.
+// offset, no longer waiting and counted out of its lane, or nil. s.mu is
+// held.
 func (p *partition) pick(now time.Time) *entry {
 	for len(p.delayed) > 0 && p.delayed[0].key <= now.UnixNano() {
 		e := p.delayed.pop()
 		p.ready.push(e.r.Offset, e)
 	}
-	var e *entry
-	switch {
-	case p.fresh.len() > 0 && (len(p.ready) == 0 || p.fresh.front().r.Offset < p.ready[0].key):
-		e = p.fresh.front()
-		p.fresh.popFront()
-	case len(p.ready) > 0:
-		e = p.ready.pop()
-	default:
-		return nil
+	for {
+		var e *entry
+		switch {
+		case p.fresh.len() > 0 && (len(p.ready) == 0 || p.fresh.front().r.Offset < p.ready[0].key):
+			e = p.fresh.front()
+			p.fresh.popFront()
+		case len(p.ready) > 0:
+			e = p.ready.pop()
+		default:
+			return nil
+		}
+		l := e.lane
+		if l != nil && (e.state != waiting || l.len() == 0 || l.front() != e || e.notBefore.After(now)) {
+			continue // stale (early): an entry came back ahead of it, or it went out since
+		}
+		if l != nil {
+			l.popFront()
+			l.out++
+			if p.early && l.len() > 0 {
+				p.candidate(l.front())
+			}
+		}
+		p.waiting--
+		return e
 	}
-	if l := e.lane; l != nil {
-		l.popFront()
-		l.busy = true
-	}
-	p.waiting--
-	return e
 }
 
-// settled frees the lane of e, handed out and now decided or (retry, its
-// notBefore set) back to wait, so the lane's next may go. s.mu is held.
+// settled counts e, handed out and now decided or (retry, its notBefore
+// set) back to wait in its place, out of its lane, so the lane's next may
+// go. s.mu is held.
 func (p *partition) settled(e *entry, retry bool) {
 	if retry {
 		p.waiting++
@@ -322,11 +338,16 @@ func (p *partition) settled(e *entry, retry bool) {
 	if retry {
 		l.insert(e)
 	}
-	l.busy = false
+	l.out--
 	switch {
-	case l.len() > 0:
+	case p.early:
+		if retry && l.front() == e {
+			p.candidate(e)
+		}
+	case l.out == 0 && l.len() > 0:
 		p.candidate(l.front())
-	case l != p.one:
+	}
+	if l.out == 0 && l.len() == 0 && l != p.one {
 		// Empty and idle: drop it so the map holds only keys in play.
 		delete(p.lanes, l.key)
 	}

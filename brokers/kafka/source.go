@@ -53,6 +53,7 @@ type Source struct {
 	watched  bool          // someone took changed since it was last closed
 	started  bool
 	closed   bool
+	early    bool              // Setup.KeyOrder taken up: a key's next messages go out before the earlier are settled
 	parts    map[tp]*partition // owned, revoking ones included
 	ring     []*partition      // owned and not revoking, in hand-out rotation
 	rr       int
@@ -72,6 +73,7 @@ type Stats struct {
 
 var (
 	_ driver.Puller              = (*Source)(nil)
+	_ driver.Releaser            = (*Source)(nil)
 	_ driver.RedeliveryHorizoner = (*Source)(nil)
 	_ driver.HorizonHinter       = (*Source)(nil)
 )
@@ -257,6 +259,11 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 		return driver.Traits{}, errors.New("kafka: Start: the source was started or closed before")
 	}
 	s.started = true
+	// Under a Consumer that keeps each key's order itself, a key's next
+	// messages go out before the earlier are settled: a poll's messages
+	// are decided in batches, in offset order, as a hand-written loop
+	// decides them.
+	s.early = st.KeyOrder && s.cfg.ordering == OrderPerKey
 	reset := kgo.NewOffset().AtStart()
 	if s.cfg.start == StartLast {
 		reset = kgo.NewOffset().AtEnd()
@@ -284,7 +291,7 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	s.member, s.stop = member, stop
 	s.loops.Go(func() { s.poll(lctx) })
 	s.loops.Go(func() { s.commitLoop(lctx) })
-	return driver.Traits{DelaysRetry: s.cfg.retryTopic != ""}, nil
+	return driver.Traits{DelaysRetry: s.cfg.retryTopic != "" || s.early, KeyOrder: s.early}, nil
 }
 
 // Receive implements driver.Puller: it returns up to max messages the
@@ -346,7 +353,14 @@ func (s *Source) pickLocked(now time.Time, limit int) []*driver.Message {
 // Ack implements driver.Source: the messages are done; their offsets are
 // committed once every earlier message of their partition is decided too.
 func (s *Source) Ack(_ context.Context, ms []*driver.Message) error {
-	return s.settle(ms, false, time.Time{})
+	return s.settle(ms, false, time.Time{}, false)
+}
+
+// Release implements driver.Releaser: the messages wait again in their
+// place, to be handed out next as the ordering allows, without counting
+// the hand-out as an attempt.
+func (s *Source) Release(_ context.Context, ms []*driver.Message) error {
+	return s.settle(ms, true, time.Time{}, true)
 }
 
 // Retry implements driver.Source. In place (the default), the message is
@@ -356,7 +370,7 @@ func (s *Source) Ack(_ context.Context, ms []*driver.Message) error {
 // topic, processed no sooner than delay, and marks the original done.
 func (s *Source) Retry(ctx context.Context, ms []*driver.Message, delay time.Duration) error {
 	if s.cfg.retryTopic == "" {
-		return s.settle(ms, true, time.Now().Add(max(delay, 0)))
+		return s.settle(ms, true, time.Now().Add(max(delay, 0)), false)
 	}
 	// Rounded up: the copy must never be processed before its delay.
 	notBefore := strconv.FormatInt((time.Now().Add(delay).UnixNano()+999_999)/1_000_000, 10)
@@ -376,8 +390,9 @@ func (s *Source) DeadLetter(ctx context.Context, ms []*driver.Message, causes []
 	})
 }
 
-// settle marks ms done (requeue false) or waiting again until notBefore.
-func (s *Source) settle(ms []*driver.Message, requeue bool, notBefore time.Time) error {
+// settle marks ms done (requeue false) or waiting again until notBefore;
+// a released message's hand-out is not counted as an attempt.
+func (s *Source) settle(ms []*driver.Message, requeue bool, notBefore time.Time, release bool) error {
 	var errs []error
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -386,6 +401,9 @@ func (s *Source) settle(ms []*driver.Message, requeue bool, notBefore time.Time)
 		e, err := s.entryOf(m)
 		if err == nil {
 			err = s.settleLocked(e, requeue, notBefore)
+		}
+		if err == nil && release {
+			e.handouts--
 		}
 		if err != nil {
 			if errs == nil {

@@ -176,6 +176,15 @@ type Setup struct {
 	Window int
 	// Logger is the Consumer's logger.
 	Logger *slog.Logger
+	// KeyOrder is true when the Consumer decides messages of one Key in
+	// the order Receive returned them and, once it has retried one,
+	// releases the messages of that Key it received before the source
+	// took the Retry. Only a Releaser is asked. A source that keeps each key's messages in
+	// order may then hand out a key's next messages while earlier ones
+	// are unsettled, provided Retry puts a message back ahead of its
+	// key's later ones and Release puts one back in its place; it says so
+	// in Traits.KeyOrder.
+	KeyOrder bool
 }
 
 // Traits is what a source tells the Consumer about its broker when it
@@ -207,6 +216,11 @@ type Traits struct {
 	// DelaysRetry is true when the broker waits out Retry's delay itself
 	// (an SQS visibility, a JetStream NakWithDelay, an HTTP Retry-After).
 	DelaysRetry bool
+	// KeyOrder is true when the source took up Setup.KeyOrder: it hands
+	// out a key's messages before the earlier ones are settled, waits out
+	// Retry's delay itself (DelaysRetry) and keeps one receiver. The
+	// Consumer then holds back a key's messages behind a retried one.
+	KeyOrder bool
 	// ReceiveLinger is how long the Consumer waits for room for a whole
 	// MaxBatch before a receive when it has room for fewer: for a broker
 	// whose every receive is a billed request (SQS). 0: it receives as soon

@@ -375,7 +375,7 @@ func consume[Tx any](ctx context.Context, s settings, logger *slog.Logger, b *ba
 	err = c.Run(ctx)
 	st := c.Stats()
 	logger.Info("payments: stopped", "received", st.Received, "processed", st.Processed, "duplicates", st.Duplicates,
-		"retried", st.Retried, "dead_lettered", st.DeadLettered, "unsettled", st.Unsettled,
+		"retried", st.Retried, "held_back", st.HeldBack, "dead_lettered", st.DeadLettered, "unsettled", st.Unsettled,
 		"store_outages", st.StoreOutages, "store_retries", st.StoreRetries)
 	return err
 }

@@ -61,6 +61,7 @@ func Drain[Tx any](ctx context.Context, b *memory.Broker, queue string, newConsu
 		res.Processed += st.Processed
 		res.Duplicates += st.Duplicates
 		res.Retried += st.Retried
+		res.HeldBack += st.HeldBack
 		res.DeadLettered += st.DeadLettered
 		res.SettleErrors += st.SettleErrors
 		res.Stale += st.Stale

@@ -63,6 +63,8 @@ type Held struct {
 	M *driver.Message
 	// Owner is the consumer's record of the message, set by Config.Hold.
 	Owner any
+	// Seq numbers the Receive call that returned it (Flow.Received).
+	Seq uint64
 
 	state    atomic.Uint32
 	received time.Time // the lease is reckoned from it
@@ -89,6 +91,9 @@ type Config struct {
 	// window; false gives the room back and ends receiving (the consumer
 	// pauses for a store outage inside it).
 	Gate func(ctx context.Context) bool
+	// KeyOrder is passed to the source as driver.Setup.KeyOrder when it is
+	// a driver.Releaser.
+	KeyOrder bool
 }
 
 // Flow is one source as a consumer holds it. It is safe for concurrent
@@ -101,6 +106,7 @@ type Flow struct {
 	cfg    Config
 	log    *slog.Logger
 	win    window
+	recvs  atomic.Uint64 // Receive calls started
 
 	mu     sync.Mutex
 	list   Held // sentinel of the held list
@@ -121,11 +127,17 @@ func Start(ctx context.Context, src driver.Source, cfg Config) (*Flow, error) {
 	if cfg.Window < 1 {
 		return nil, errors.New("inflight: Window must be at least 1")
 	}
-	tr, err := src.Start(ctx, driver.Setup{Window: cfg.Window, Logger: cfg.Logger})
+	// Messages held back behind a key's retry go back by Release.
+	_, releaser := src.(driver.Releaser)
+	cfg.KeyOrder = cfg.KeyOrder && releaser
+	tr, err := src.Start(ctx, driver.Setup{Window: cfg.Window, Logger: cfg.Logger, KeyOrder: cfg.KeyOrder})
 	if err != nil {
 		return nil, err
 	}
 	tr.Receivers = max(tr.Receivers, 1)
+	if tr.KeyOrder && (!cfg.KeyOrder || tr.Receivers > 1 || !tr.DelaysRetry) {
+		return nil, errors.New("inflight: a source reporting Traits.KeyOrder must have been asked for it (Setup.KeyOrder), keep one receiver and wait out retry delays")
+	}
 	if tr.MaxBatch <= 0 {
 		tr.MaxBatch = cfg.Window
 	}
@@ -148,6 +160,11 @@ func Start(ctx context.Context, src driver.Source, cfg Config) (*Flow, error) {
 
 // Traits returns what the source reported at Start.
 func (f *Flow) Traits() driver.Traits { return f.traits }
+
+// Received returns the number of Receive calls started so far: a Held
+// whose Seq is above the value read after a settlement call returned was
+// received by a call the source started after it took that settlement.
+func (f *Flow) Received() uint64 { return f.recvs.Load() }
 
 // Source returns the source the flow holds messages of.
 func (f *Flow) Source() driver.Source { return f.src }
@@ -182,6 +199,7 @@ func (f *Flow) fetch(ctx context.Context, max int, buf []*Held) ([]*Held, error)
 		f.win.give(n)
 		return nil, errGated
 	}
+	seq := f.recvs.Add(1)
 	ms, err := pull.Receive(ctx, n)
 	if len(ms) > n {
 		f.log.Error("idemq: the source returned more messages than asked; the surplus is given back", "asked", n, "got", len(ms))
@@ -197,7 +215,9 @@ func (f *Flow) fetch(ctx context.Context, max int, buf []*Held) ([]*Held, error)
 	}
 	hs := buf[:0]
 	for _, m := range ms {
-		hs = append(hs, f.cfg.Hold(m))
+		h := f.cfg.Hold(m)
+		h.Seq = seq
+		hs = append(hs, h)
 	}
 	f.track(hs, time.Now())
 	return hs, nil
