@@ -219,7 +219,7 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	}
 	c.flow = flow
 	if flow.Traits().KeyOrder {
-		c.order = &keyOrder{failed: map[string]bool{}}
+		c.order = &keyOrder{failed: map[string]int{}}
 	}
 	if err := c.checkRetention(ctx); err != nil {
 		flow.Close(ctx)

@@ -10,22 +10,23 @@ import (
 // (driver.Traits.KeyOrder). One worker decides batches in the order they
 // were received, so only a retry can put a key out of order: the retried
 // message goes back to the source, and each message of its key received
-// before the source took it back must go back too, behind it. Until the
-// retry is settled those wait here (parked); after, they are released at
-// once. A message received by a later Receive call lifts the hold: the
-// source hands out the retried message before it.
+// until the source hands the retried one out again must go back too, to
+// follow it. Until the retry is settled those wait here (parked); after,
+// they are released at once. The source hands out nothing of the key until
+// they are back, then the retried message first: its return ends the hold.
 type keyOrder struct {
 	mu   sync.Mutex
 	keys map[string]*keyHold
-	// failed holds the keys retried in the batch being decided: their
-	// later messages in it are not applied. Only the one worker uses it.
-	failed map[string]bool
+	// failed holds the keys retried in the batch being decided, with the
+	// index of the first retried: their later messages in it are not
+	// applied (earlier ones replayed are). Only the one worker uses it.
+	failed map[string]int
 }
 
 // keyHold is the hold on one key.
 type keyHold struct {
+	id      string  // the retried message's: its return ends the hold
 	pending int     // retries of the key decided and not yet settled
-	until   uint64  // receives up to this one started before the last retry was settled
 	parked  []*item // messages of the key waiting for pending to reach 0
 }
 
@@ -39,9 +40,9 @@ func heldBack(it *item) Outcome {
 	return Outcome{Decision: Retry, Err: &DecisionError{MessageID: it.m.ID, Stage: StageKeyOrder, Err: errHeldBack}}
 }
 
-// admit returns the items of a batch that may be decided, in place: the
-// others are parked or given back. It also starts the batch's record of
-// failed keys.
+// admitOrdered returns the items of a batch that may be decided, in
+// place: the others are parked or given back. It also starts the batch's
+// record of failed keys.
 func (c *Consumer[Tx]) admitOrdered(items []*item) []*item {
 	o := c.order
 	clear(o.failed)
@@ -49,12 +50,6 @@ func (c *Consumer[Tx]) admitOrdered(items []*item) []*item {
 	if len(o.keys) == 0 {
 		o.mu.Unlock()
 		return items
-	}
-	for k, h := range o.keys {
-		// Every later item comes from a later receive: the hold is over.
-		if h.pending == 0 && h.until < items[0].Seq {
-			delete(o.keys, k)
-		}
 	}
 	var back []settlement
 	kept := items[:0]
@@ -65,11 +60,11 @@ func (c *Consumer[Tx]) admitOrdered(items []*item) []*item {
 			kept = append(kept, it)
 		case h.pending > 0:
 			h.parked = append(h.parked, it)
-		case it.Seq <= h.until:
-			back = append(back, settlement{it: it, out: heldBack(it)})
-		default:
-			delete(o.keys, it.msg.Key)
+		case it.m.ID == h.id:
+			delete(o.keys, it.msg.Key) // the retried message is back, ahead of the rest of its key
 			kept = append(kept, it)
+		default:
+			back = append(back, settlement{it: it, out: heldBack(it)})
 		}
 	}
 	o.mu.Unlock()
@@ -79,17 +74,23 @@ func (c *Consumer[Tx]) admitOrdered(items []*item) []*item {
 	return kept
 }
 
-// failKey notes that it was retried in the batch being decided.
-func (c *Consumer[Tx]) failKey(it *item, out Outcome) {
-	if c.order != nil && it.msg.Key != "" && out.Decision == Retry {
-		c.order.failed[it.msg.Key] = true
+// failKey notes that items[i] was retried in the batch being decided.
+func (c *Consumer[Tx]) failKey(items []*item, i int, out Outcome) {
+	if k := items[i].msg.Key; c.order != nil && k != "" && out.Decision == Retry {
+		if j, ok := c.order.failed[k]; !ok || i < j {
+			c.order.failed[k] = i
+		}
 	}
 }
 
-// keyFailed reports whether an earlier message of it's key was retried in
-// the batch being decided.
-func (c *Consumer[Tx]) keyFailed(it *item) bool {
-	return c.order != nil && it.msg.Key != "" && c.order.failed[it.msg.Key]
+// keyFailed reports whether a message of items[i]'s key before it was
+// retried in the batch being decided.
+func (c *Consumer[Tx]) keyFailed(items []*item, i int) bool {
+	if c.order == nil || items[i].msg.Key == "" {
+		return false
+	}
+	j, ok := c.order.failed[items[i].msg.Key]
+	return ok && j < i
 }
 
 // holdKeys puts a hold on the key of each retry in batch (marking it) before
@@ -108,7 +109,9 @@ func (c *Consumer[Tx]) holdKeys(batch []settlement) {
 			if o.keys == nil {
 				o.keys = map[string]*keyHold{}
 			}
-			h = &keyHold{}
+			// The key's first retry in the batch: the source hands it out
+			// again first.
+			h = &keyHold{id: s.it.m.ID}
 			o.keys[s.it.msg.Key] = h
 		}
 		h.pending++
@@ -120,7 +123,6 @@ func (c *Consumer[Tx]) holdKeys(batch []settlement) {
 // messages parked behind a key none of whose retries is pending go back.
 func (c *Consumer[Tx]) settledKeys(batch []settlement) {
 	o := c.order
-	seq := c.flow.Received()
 	var back []settlement
 	o.mu.Lock()
 	for _, s := range batch {
@@ -128,9 +130,7 @@ func (c *Consumer[Tx]) settledKeys(batch []settlement) {
 			continue
 		}
 		h := o.keys[s.it.msg.Key]
-		h.pending--
-		h.until = max(h.until, seq)
-		if h.pending == 0 {
+		if h.pending--; h.pending == 0 {
 			for _, it := range h.parked {
 				back = append(back, settlement{it: it, out: heldBack(it)})
 			}

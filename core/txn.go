@@ -81,7 +81,7 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 			}
 		}
 		for _, i := range g {
-			c.failKey(items[i], outs[i])
+			c.failKey(items, i, outs[i])
 		}
 		groups = append(groups[1:], more...)
 	}
@@ -104,7 +104,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	if c.order != nil && len(c.order.failed) > 0 {
 		// A key retried earlier in the batch: its later messages go back.
 		g = slices.DeleteFunc(slices.Clone(g), func(i int) bool {
-			if c.keyFailed(items[i]) {
+			if c.keyFailed(items, i) {
 				outs[i] = heldBack(items[i])
 				return true
 			}
@@ -283,7 +283,7 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 				continue
 			}
 		}
-		if c.keyFailed(it) {
+		if c.keyFailed(items, i) {
 			// An earlier message of its key failed under its savepoint:
 			// this one goes back behind it, unapplied and unclaimed.
 			outs[i] = heldBack(it)
@@ -324,7 +324,7 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 			continue
 		}
 		outs[i] = c.handlerFailure(it.m, herr)
-		c.failKey(it, outs[i])
+		c.failKey(items, i, outs[i])
 		if len(won) > 1 && !useSavepoints {
 			// Replay: everything else in this transaction runs again,
 			// in a new one, without the failed message.

@@ -554,8 +554,8 @@ func TestPerKeyOrderThroughThePipeline(t *testing.T) {
 		opts  []core.Option
 		early bool // a key's next messages go out before the earlier are settled
 	}{
-		{"one worker", []core.Option{core.WithConcurrency(1)}, true},
 		{"one worker, replay", []core.Option{core.WithConcurrency(1), core.WithIsolation(core.IsolateReplay)}, true},
+		{"one worker, savepoints", []core.Option{core.WithConcurrency(1), core.WithIsolation(core.IsolateSavepoints)}, true},
 		{"three workers", []core.Option{core.WithConcurrency(3)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testPerKeyOrder(t, tc.opts, tc.early) })

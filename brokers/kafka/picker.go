@@ -81,6 +81,7 @@ type entry struct {
 	notBefore                  time.Time
 	baseTry, handouts, attempt int   // attempts the record itself records (retry topic); hand-outs by this process; the last hand-out's
 	lane                       *lane // the lane it waits in; nil when nothing orders it
+	recalled                   bool  // out when an earlier message of its lane was retried (early)
 	first                      driver.Message
 }
 
@@ -142,8 +143,9 @@ func (p *partition) progress() []span {
 // lane is the queue of waiting messages that go out one at a time, in
 // offset order.
 type lane struct {
-	key string // its key in partition.lanes; unused for the partition lane
-	out int    // its messages handed out and not settled
+	key    string // its key in partition.lanes; unused for the partition lane
+	out    int    // its messages handed out and not settled
+	recall int    // recalled messages still out: the lane hands out nothing until they are back
 	fifo
 }
 
@@ -306,8 +308,8 @@ func (p *partition) pick(now time.Time) *entry {
 			return nil
 		}
 		l := e.lane
-		if l != nil && (e.state != waiting || l.len() == 0 || l.front() != e || e.notBefore.After(now)) {
-			continue // stale (early): an entry came back ahead of it, or it went out since
+		if l != nil && (e.state != waiting || l.len() == 0 || l.front() != e || e.notBefore.After(now) || l.recall > 0) {
+			continue // stale (early): an entry came back ahead of it, it went out since, or the lane waits for a recall
 		}
 		if l != nil {
 			l.popFront()
@@ -318,6 +320,23 @@ func (p *partition) pick(now time.Time) *entry {
 		}
 		p.waiting--
 		return e
+	}
+}
+
+// recall closes the lane of e, about to be retried, until the messages
+// of its lane handed out after it are back (the Consumer hands them back,
+// or settles those it decided): one of them going back only after a later
+// one went out again would break the order (early). s.mu is held.
+func (p *partition) recall(e *entry) {
+	l := e.lane
+	if !p.early || l == nil {
+		return
+	}
+	for _, x := range p.entries {
+		if x.lane == l && x.state == handed && x.r.Offset > e.r.Offset && !x.recalled {
+			x.recalled = true
+			l.recall++
+		}
 	}
 }
 
@@ -335,14 +354,20 @@ func (p *partition) settled(e *entry, retry bool) {
 		}
 		return
 	}
+	reopen := false
+	if e.recalled {
+		e.recalled = false
+		l.recall--
+		reopen = l.recall == 0
+	}
 	if retry {
 		l.insert(e)
 	}
 	l.out--
 	switch {
 	case p.early:
-		if retry && l.front() == e {
-			p.candidate(e)
+		if (reopen || retry && l.front() == e) && l.len() > 0 && l.recall == 0 {
+			p.candidate(l.front())
 		}
 	case l.out == 0 && l.len() > 0:
 		p.candidate(l.front())

@@ -16,6 +16,7 @@ import (
 type picker interface {
 	fetched(e *entry)
 	pick(now time.Time) *entry
+	recall(e *entry)
 	settled(e *entry, retry bool)
 }
 
@@ -29,9 +30,29 @@ type refPicker struct {
 	waiting []*entry // fetched (or retried) and not handed out, in offset order
 	out     int      // entries handed out
 	busy    map[string]int
+	// early: the entries out, those recalled, and how many of each key
+	outs     map[*entry]bool
+	recalled map[*entry]bool
+	recalls  map[string]int
 }
 
-func newRefPicker(o Ordering) *refPicker { return &refPicker{order: o, busy: map[string]int{}} }
+func newRefPicker(o Ordering) *refPicker {
+	return &refPicker{order: o, busy: map[string]int{}, outs: map[*entry]bool{}, recalled: map[*entry]bool{}, recalls: map[string]int{}}
+}
+
+// recall blocks e's key until the entries of its key out above e are
+// back (early).
+func (p *refPicker) recall(e *entry) {
+	if !p.early || len(e.r.Key) == 0 {
+		return
+	}
+	for x := range p.outs {
+		if string(x.r.Key) == string(e.r.Key) && x.r.Offset > e.r.Offset && !p.recalled[x] {
+			p.recalled[x] = true
+			p.recalls[string(e.r.Key)]++
+		}
+	}
+}
 
 func (p *refPicker) fetched(e *entry) { p.waiting = append(p.waiting, e) }
 
@@ -40,6 +61,7 @@ func (p *refPicker) pick(now time.Time) *entry {
 		e := p.waiting[i]
 		p.waiting = slices.Delete(p.waiting, i, i+1)
 		p.out++
+		p.outs[e] = true
 		if len(e.r.Key) > 0 {
 			p.busy[string(e.r.Key)]++
 		}
@@ -69,7 +91,7 @@ func (p *refPicker) pick(now time.Time) *entry {
 			continue
 		}
 		k := string(e.r.Key)
-		if (p.busy[k] > 0 && !p.early) || blocked[k] {
+		if (p.busy[k] > 0 && !p.early) || p.recalls[k] > 0 || blocked[k] {
 			continue
 		}
 		if ready {
@@ -85,6 +107,11 @@ func (p *refPicker) pick(now time.Time) *entry {
 
 func (p *refPicker) settled(e *entry, retry bool) {
 	p.out--
+	delete(p.outs, e)
+	if p.recalled[e] {
+		delete(p.recalled, e)
+		p.recalls[string(e.r.Key)]--
+	}
 	if len(e.r.Key) > 0 {
 		k := string(e.r.Key)
 		if p.busy[k]--; p.busy[k] <= 0 {
@@ -128,6 +155,9 @@ func (f *pickerFixture) fetchAt(k string, notBefore time.Time) {
 	}
 	f.all[f.next] = e
 	f.next++
+	if p, ok := f.p.(*partition); ok {
+		p.entries = append(p.entries, e)
+	}
 	f.p.fetched(e)
 }
 
@@ -163,9 +193,19 @@ func (f *pickerFixture) done(offs ...int64) {
 	}
 }
 
+// retry retries off, as Source.Retry does: it recalls what of its key
+// went out after it.
 func (f *pickerFixture) retry(off int64, delay time.Duration) {
 	e := f.all[off]
+	f.p.recall(e)
 	e.state, e.notBefore = waiting, f.now.Add(delay)
+	f.p.settled(e, true)
+}
+
+// release gives off back at once, as Source.Release does.
+func (f *pickerFixture) release(off int64) {
+	e := f.all[off]
+	e.state, e.notBefore = waiting, time.Time{}
 	f.p.settled(e, true)
 }
 
@@ -363,11 +403,15 @@ func comparePickers(t *testing.T, o Ordering, early bool, seed uint64, ops int) 
 			j := rnd.IntN(len(outs))
 			off := outs[j]
 			outs = slices.Delete(outs, j, j+1)
-			if rnd.IntN(3) == 0 {
+			switch rnd.IntN(6) {
+			case 0, 1:
 				d := time.Duration(rnd.IntN(6)) * time.Millisecond
 				got.retry(off, d)
 				want.retry(off, d)
-			} else {
+			case 2:
+				got.release(off)
+				want.release(off)
+			default:
 				got.done(off)
 				want.done(off)
 			}
@@ -456,4 +500,22 @@ func BenchmarkPick(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestPickEarlyRecall: early, a retried message closes its key's lane
+// until the later messages of its key that were out come back, whatever
+// order they come back in, so none goes out again ahead of an earlier one.
+func TestPickEarlyRecall(t *testing.T) {
+	p := &partition{order: OrderPerKey, early: true}
+	f := newFixture(t, p)
+	f.fetch("a", "a", "b", "a")
+	f.expect(0, 1, 2, 3) // a key's messages go out without waiting
+	f.retry(0, 0)
+	f.expect() // 1 and 3 are still out: nothing of a goes
+	f.release(3)
+	f.expect() // 1 is still out: 3 must not go ahead of it
+	f.release(1)
+	f.expect(0, 1, 3)
+	f.done(0, 1, 2, 3)
+	f.expect()
 }

@@ -249,8 +249,9 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, bool) {
 }
 
 // Start implements driver.Source: it joins the group. Retries are kept in
-// place while the Consumer waits out their delay (Traits.DelaysRetry),
-// unless a retry topic keeps them.
+// place while the Consumer waits out their delay, unless a retry topic
+// keeps them or the Consumer keeps each key's order (Setup.KeyOrder): then
+// they wait in place, in their lane (Traits.DelaysRetry).
 func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, error) {
 	s.adopt(st)
 	s.mu.Lock()
@@ -262,8 +263,9 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	// Under a Consumer that keeps each key's order itself, a key's next
 	// messages go out before the earlier are settled: a poll's messages
 	// are decided in batches, in offset order, as a hand-written loop
-	// decides them.
-	s.early = st.KeyOrder && s.cfg.ordering == OrderPerKey
+	// decides them. A retry topic takes a retried message out of its
+	// lane, so nothing would end the Consumer's hold on its key.
+	s.early = st.KeyOrder && s.cfg.ordering == OrderPerKey && s.cfg.retryTopic == ""
 	reset := kgo.NewOffset().AtStart()
 	if s.cfg.start == StartLast {
 		reset = kgo.NewOffset().AtEnd()
@@ -399,6 +401,9 @@ func (s *Source) settle(ms []*driver.Message, requeue bool, notBefore time.Time,
 	defer s.broadcast() // once for the batch
 	for i, m := range ms {
 		e, err := s.entryOf(m)
+		if err == nil && requeue && !release && e.state == handed && !e.p.dead {
+			e.p.recall(e) // in the same hold of s.mu as the requeue: nothing of its key goes out between
+		}
 		if err == nil {
 			err = s.settleLocked(e, requeue, notBefore)
 		}

@@ -178,12 +178,13 @@ type Setup struct {
 	Logger *slog.Logger
 	// KeyOrder is true when the Consumer decides messages of one Key in
 	// the order Receive returned them and, once it has retried one,
-	// releases the messages of that Key it received before the source
-	// took the Retry. Only a Releaser is asked. A source that keeps each key's messages in
-	// order may then hand out a key's next messages while earlier ones
-	// are unsettled, provided Retry puts a message back ahead of its
-	// key's later ones and Release puts one back in its place; it says so
-	// in Traits.KeyOrder.
+	// releases each message of that Key it receives until the retried
+	// one (by ID) comes back. Only a Releaser is asked. A source that
+	// keeps each key's messages in order may then hand out a key's next
+	// messages while earlier ones are unsettled, provided Retry puts a
+	// message back ahead of its key's later ones and hands out nothing
+	// of its key until those that were out are back, and Release puts a
+	// message back in its place; it says so in Traits.KeyOrder.
 	KeyOrder bool
 }
 

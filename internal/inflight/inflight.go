@@ -63,8 +63,6 @@ type Held struct {
 	M *driver.Message
 	// Owner is the consumer's record of the message, set by Config.Hold.
 	Owner any
-	// Seq numbers the Receive call that returned it (Flow.Received).
-	Seq uint64
 
 	state    atomic.Uint32
 	received time.Time // the lease is reckoned from it
@@ -106,7 +104,6 @@ type Flow struct {
 	cfg    Config
 	log    *slog.Logger
 	win    window
-	recvs  atomic.Uint64 // Receive calls started
 
 	mu     sync.Mutex
 	list   Held // sentinel of the held list
@@ -161,11 +158,6 @@ func Start(ctx context.Context, src driver.Source, cfg Config) (*Flow, error) {
 // Traits returns what the source reported at Start.
 func (f *Flow) Traits() driver.Traits { return f.traits }
 
-// Received returns the number of Receive calls started so far: a Held
-// whose Seq is above the value read after a settlement call returned was
-// received by a call the source started after it took that settlement.
-func (f *Flow) Received() uint64 { return f.recvs.Load() }
-
 // Source returns the source the flow holds messages of.
 func (f *Flow) Source() driver.Source { return f.src }
 
@@ -199,7 +191,6 @@ func (f *Flow) fetch(ctx context.Context, max int, buf []*Held) ([]*Held, error)
 		f.win.give(n)
 		return nil, errGated
 	}
-	seq := f.recvs.Add(1)
 	ms, err := pull.Receive(ctx, n)
 	if len(ms) > n {
 		f.log.Error("idemq: the source returned more messages than asked; the surplus is given back", "asked", n, "got", len(ms))
@@ -215,9 +206,7 @@ func (f *Flow) fetch(ctx context.Context, max int, buf []*Held) ([]*Held, error)
 	}
 	hs := buf[:0]
 	for _, m := range ms {
-		h := f.cfg.Hold(m)
-		h.Seq = seq
-		hs = append(hs, h)
+		hs = append(hs, f.cfg.Hold(m))
 	}
 	f.track(hs, time.Now())
 	return hs, nil
