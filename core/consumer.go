@@ -49,9 +49,13 @@ type Consumer[Tx any] struct {
 
 	stats counters
 	pace  pace // what the batching rule of several workers reads
-	// order keeps each key's messages in order when the source hands out
-	// a key's next messages early (driver.Traits.KeyOrder); nil otherwise.
-	order *keyOrder
+	// orders keep each key's messages in order when the source hands out
+	// a key's next messages early (driver.Traits.KeyOrder), one per
+	// worker; nil otherwise. With several workers each key goes to one
+	// worker's queue (queues), so its messages are decided in order.
+	orders []*keyOrder
+	queues []chan *item
+	rr     atomic.Uint32 // spreads keyless messages over the queues
 }
 
 type counters struct {
@@ -83,7 +87,8 @@ type item struct {
 	m             *Message // &msg
 	msg           Message  // the handlers' copy of Held.M
 	fp            string
-	heldBack      bool // given back behind a retry of its key (keyOrder)
+	heldBack      bool      // given back behind a retry of its key (keyOrder)
+	order         *keyOrder // its worker's, under key order
 	// lease is the message's lease under a leased Consumer, from the
 	// moment it is won.
 	lease *leaseHold
@@ -209,9 +214,9 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("idemq: Consumer.Run called twice")
 	}
-	// One worker decides batches in receive order, which is what lets a
+	// A worker decides its batches in receive order, which is what lets a
 	// source hand out a key's next messages early.
-	inOrder := c.cfg.concurrency == 1 && c.kind.inOrder()
+	inOrder := c.kind.inOrder()
 	flow, err := inflight.Start(ctx, c.src, inflight.Config{Window: c.cfg.window, Logger: c.log, Hold: hold, Gate: c.waitStore, KeyOrder: inOrder})
 	if err != nil {
 		c.src.Close()
@@ -219,7 +224,16 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	}
 	c.flow = flow
 	if flow.Traits().KeyOrder {
-		c.order = &keyOrder{failed: map[string]int{}}
+		c.orders = make([]*keyOrder, c.cfg.concurrency)
+		for i := range c.orders {
+			c.orders[i] = &keyOrder{failed: map[string]int{}}
+		}
+		if c.cfg.concurrency > 1 {
+			c.queues = make([]chan *item, c.cfg.concurrency)
+			for i := range c.queues {
+				c.queues[i] = make(chan *item, c.cfg.window) // never blocks, as items
+			}
+		}
 	}
 	if err := c.checkRetention(ctx); err != nil {
 		flow.Close(ctx)
@@ -243,8 +257,12 @@ func (c *Consumer[Tx]) Run(ctx context.Context) error {
 	quit := make(chan struct{})
 	c.settleQuit = make(chan struct{})
 	workers.Add(c.cfg.concurrency)
-	for range c.cfg.concurrency {
-		go func() { defer workers.Done(); c.worker(quit) }()
+	for i := range c.cfg.concurrency {
+		in := c.items
+		if c.queues != nil {
+			in = c.queues[i]
+		}
+		go func() { defer workers.Done(); c.worker(in, quit) }()
 	}
 
 	var recvErr error
@@ -487,7 +505,7 @@ func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 		c.flow.Settle(ctx, ss, done)
 		rep.end()
 		cancel()
-		if c.order != nil {
+		if c.orders != nil {
 			c.settledKeys(batch)
 		}
 		c.inflight.Add(-len(batch)) // Done for each, at once
@@ -609,8 +627,8 @@ func validateIDBytes(id string) error {
 // arrival rate says it comes sooner than a batch takes (see fill). Workers
 // read the items channel directly, without a batcher goroutine between
 // them: one hand-off per message less.
-func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
-	w := workerState{}
+func (c *Consumer[Tx]) worker(in chan *item, quit <-chan struct{}) {
+	w := workerState{in: in}
 	defer func() {
 		if w.timer != nil {
 			w.timer.Stop()
@@ -619,11 +637,11 @@ func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
 	for {
 		var first *item
 		select {
-		case first = <-c.items:
+		case first = <-in:
 		case <-quit:
 			return
 		}
-		batch := make([]*item, 1, min(c.cfg.batchSize, cap(c.items)+1))
+		batch := make([]*item, 1, min(c.cfg.batchSize, cap(in)+1))
 		batch[0] = first
 		batch = c.fill(batch, &w)
 		start := time.Now()
@@ -636,6 +654,7 @@ func (c *Consumer[Tx]) worker(quit <-chan struct{}) {
 
 // workerState is what a worker keeps between its batches.
 type workerState struct {
+	in       chan *item // its queue: c.items, or its own under key order
 	timer    *time.Timer
 	seen     int64     // c.pace.arrived at the last fill
 	seenAt   time.Time // when
@@ -670,7 +689,7 @@ func (p *pace) batchTook(d time.Duration) {
 func (c *Consumer[Tx]) fill(batch []*item, w *workerState) []*item {
 	for len(batch) < c.cfg.batchSize {
 		select {
-		case it := <-c.items:
+		case it := <-w.in:
 			batch = append(batch, it)
 			continue
 		default:
@@ -691,7 +710,7 @@ func (c *Consumer[Tx]) fill(batch []*item, w *workerState) []*item {
 	}
 	for len(batch) < c.cfg.batchSize {
 		select {
-		case it := <-c.items:
+		case it := <-w.in:
 			batch = append(batch, it)
 		case <-w.timer.C:
 			return batch
@@ -709,6 +728,9 @@ func (c *Consumer[Tx]) fillWait(n int, w *workerState) time.Duration {
 	if !w.seenAt.IsZero() {
 		if d := now.Sub(w.seenAt); d > 0 {
 			rate := float64(arrived-w.seen) / float64(d)
+			if n := len(c.queues); n > 1 {
+				rate /= float64(n) // its own queue's share
+			}
 			w.perNanos = (w.perNanos + rate) / 2
 		}
 	}

@@ -2,13 +2,15 @@ package core
 
 import (
 	"errors"
+	"hash/maphash"
 	"sync"
 )
 
 // keyOrder keeps each key's messages in order for a source that hands out
 // a key's next messages before the earlier ones are settled
-// (driver.Traits.KeyOrder). One worker decides batches in the order they
-// were received, so only a retry can put a key out of order: the retried
+// (driver.Traits.KeyOrder), one per worker: each key's messages go to one
+// worker (enqueue), which decides its batches in the order they were
+// received, so only a retry can put a key out of order: the retried
 // message goes back to the source, and each message of its key received
 // until the source hands the retried one out again must go back too, to
 // follow it. Until the retry is settled those wait here (parked); after,
@@ -19,7 +21,7 @@ type keyOrder struct {
 	keys map[string]*keyHold
 	// failed holds the keys retried in the batch being decided, with the
 	// index of the first retried: their later messages in it are not
-	// applied (earlier ones replayed are). Only the one worker uses it.
+	// applied (earlier ones replayed are). Only its worker uses it.
 	failed map[string]int
 }
 
@@ -44,7 +46,7 @@ func heldBack(it *item) Outcome {
 // place: the others are parked or given back. It also starts the batch's
 // record of failed keys.
 func (c *Consumer[Tx]) admitOrdered(items []*item) []*item {
-	o := c.order
+	o := items[0].order // the worker's
 	clear(o.failed)
 	o.mu.Lock()
 	if len(o.keys) == 0 {
@@ -74,11 +76,36 @@ func (c *Consumer[Tx]) admitOrdered(items []*item) []*item {
 	return kept
 }
 
+// enqueue queues it for a worker: under key order, for the worker of its
+// key (keyless ones in turn), so each key's messages are decided in the
+// order received.
+func (c *Consumer[Tx]) enqueue(it *item) {
+	switch {
+	case c.orders == nil:
+		c.items <- it
+	case c.queues == nil:
+		it.order = c.orders[0]
+		c.items <- it
+	default:
+		var w int
+		if k := it.msg.Key; k != "" {
+			w = int(maphash.String(keySeed, k) % uint64(len(c.queues)))
+		} else {
+			w = int(c.rr.Add(1) % uint32(len(c.queues)))
+		}
+		it.order = c.orders[w]
+		c.queues[w] <- it
+	}
+}
+
+// keySeed hashes keys to workers.
+var keySeed = maphash.MakeSeed()
+
 // failKey notes that items[i] was retried in the batch being decided.
 func (c *Consumer[Tx]) failKey(items []*item, i int, out Outcome) {
-	if k := items[i].msg.Key; c.order != nil && k != "" && out.Decision == Retry {
-		if j, ok := c.order.failed[k]; !ok || i < j {
-			c.order.failed[k] = i
+	if o, k := items[i].order, items[i].msg.Key; o != nil && k != "" && out.Decision == Retry {
+		if j, ok := o.failed[k]; !ok || i < j {
+			o.failed[k] = i
 		}
 	}
 }
@@ -86,17 +113,18 @@ func (c *Consumer[Tx]) failKey(items []*item, i int, out Outcome) {
 // keyFailed reports whether a message of items[i]'s key before it was
 // retried in the batch being decided.
 func (c *Consumer[Tx]) keyFailed(items []*item, i int) bool {
-	if c.order == nil || items[i].msg.Key == "" {
+	o := items[i].order
+	if o == nil || items[i].msg.Key == "" {
 		return false
 	}
-	j, ok := c.order.failed[items[i].msg.Key]
+	j, ok := o.failed[items[i].msg.Key]
 	return ok && j < i
 }
 
 // holdKeys puts a hold on the key of each retry in batch (marking it) before
 // the batch is settled.
 func (c *Consumer[Tx]) holdKeys(batch []settlement) {
-	o := c.order
+	o := batch[0].it.order // a batch is one worker's
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for i := range batch {
@@ -122,13 +150,13 @@ func (c *Consumer[Tx]) holdKeys(batch []settlement) {
 // settledKeys ends the holds holdKeys put for batch, now settled: the
 // messages parked behind a key none of whose retries is pending go back.
 func (c *Consumer[Tx]) settledKeys(batch []settlement) {
-	o := c.order
 	var back []settlement
-	o.mu.Lock()
 	for _, s := range batch {
 		if !s.hold {
 			continue
 		}
+		o := s.it.order
+		o.mu.Lock()
 		h := o.keys[s.it.msg.Key]
 		if h.pending--; h.pending == 0 {
 			for _, it := range h.parked {
@@ -136,8 +164,8 @@ func (c *Consumer[Tx]) settledKeys(batch []settlement) {
 			}
 			h.parked = nil
 		}
+		o.mu.Unlock()
 	}
-	o.mu.Unlock()
 	if len(back) > 0 {
 		c.settleAsync(back)
 	}

@@ -43,7 +43,7 @@ func (k *perMessage[Tx]) background(context.Context) {}
 
 // admit queues it for a worker; the queue holds a window, so this never
 // blocks.
-func (k *perMessage[Tx]) admit(it *item) { k.c.items <- it }
+func (k *perMessage[Tx]) admit(it *item) { k.c.enqueue(it) }
 
 func (k *perMessage[Tx]) fence(_ context.Context, _ driver.Txn[Tx], _ []*item, won []int, _ []Outcome) ([]int, error) {
 	return won, nil
@@ -65,7 +65,7 @@ type batchKind[Tx any] struct {
 
 func (k *batchKind[Tx]) background(context.Context) {}
 
-func (k *batchKind[Tx]) admit(it *item) { k.c.items <- it }
+func (k *batchKind[Tx]) admit(it *item) { k.c.enqueue(it) }
 
 func (k *batchKind[Tx]) fence(_ context.Context, _ driver.Txn[Tx], _ []*item, won []int, _ []Outcome) ([]int, error) {
 	return won, nil

@@ -107,7 +107,9 @@ func WithName(name string) Option {
 // another is in flight if, at the recent arrival rate, the batch would
 // fill within the time the last batch took: it waits that long at most,
 // so the window is not cut into small transactions, and batches of slow
-// handlers still overlap.
+// handlers still overlap. Under a source that leaves each key's order to
+// the Consumer (Kafka's per-key order), each key's messages go to one
+// worker, so a hot key does not spread.
 func WithConcurrency(n int) Option {
 	return set("WithConcurrency", option.Range(n, 1, 1024), func(c *config) { c.concurrency = n })
 }

@@ -14,7 +14,7 @@ import (
 // distinct ids, the handler for each claim won, one commit. It hands the
 // outcomes to a settling goroutine and returns to take the next batch.
 func (c *Consumer[Tx]) processBatch(items []*item) {
-	if c.order != nil {
+	if c.orders != nil {
 		if items = c.admitOrdered(items); len(items) == 0 {
 			return
 		}
@@ -50,7 +50,7 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 			batch = append(batch, settlement{it: f, out: out})
 		}
 	}
-	if c.order != nil {
+	if c.orders != nil {
 		c.holdKeys(batch)
 	}
 	c.settleAsync(batch)
@@ -101,7 +101,7 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.txnTimeout)
 		defer cancel()
 	}
-	if c.order != nil && len(c.order.failed) > 0 {
+	if c.orders != nil && len(items[g[0]].order.failed) > 0 {
 		// A key retried earlier in the batch: its later messages go back.
 		g = slices.DeleteFunc(slices.Clone(g), func(i int) bool {
 			if c.keyFailed(items, i) {

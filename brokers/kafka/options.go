@@ -42,10 +42,10 @@ type Ordering int
 const (
 	// OrderPerKey keeps each Kafka key's messages in offset order; other
 	// keys (and keyless messages) go concurrently. Under a Consumer that
-	// keeps a key's order itself (driver.Setup.KeyOrder: one worker) a
-	// key's messages go out in offset order without waiting for each other;
-	// otherwise a message goes out only when no earlier message of its key
-	// is in flight or waiting for a retry. Default.
+	// keeps a key's order itself (driver.Setup.KeyOrder: not a leased one)
+	// a key's messages go out in offset order without waiting for each
+	// other; otherwise a message goes out only when no earlier message of
+	// its key is in flight or waiting for a retry. Default.
 	OrderPerKey Ordering = iota + 1
 	// OrderPerPartition hands out one message of a partition at a time, in
 	// offset order: a retried message holds up its partition.
