@@ -740,7 +740,14 @@ func (c *Consumer[Tx]) fillWait(n int, w *workerState) time.Duration {
 		return 0
 	}
 	need := time.Duration(float64(c.cfg.batchSize-n) / w.perNanos)
-	if need > took {
+	limit := took
+	if q := len(c.queues); q > 1 {
+		// Its own queue fills at its share of the rate: it waits for a
+		// backlog that would fill the window's batches, not for slow
+		// arrivals.
+		limit *= time.Duration(q)
+	}
+	if need > limit {
 		return 0
 	}
 	return min(need+need/4, took)

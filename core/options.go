@@ -109,7 +109,9 @@ func WithName(name string) Option {
 // so the window is not cut into small transactions, and batches of slow
 // handlers still overlap. Under a source that leaves each key's order to
 // the Consumer (Kafka's per-key order), each key's messages go to one
-// worker, so a hot key does not spread.
+// worker's own queue, which fills at its share of the rate: the worker
+// waits (at most a batch time) when its share would fill the batch within
+// as many batch times as there are workers.
 func WithConcurrency(n int) Option {
 	return set("WithConcurrency", option.Range(n, 1, 1024), func(c *config) { c.concurrency = n })
 }
