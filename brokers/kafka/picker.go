@@ -140,8 +140,8 @@ func (p *partition) progress() []span {
 	return append(out, dropBelow(p.skip, p.next)...)
 }
 
-// lane is the queue of waiting messages that go out one at a time, in
-// offset order.
+// lane is the queue of waiting messages that go out in offset order, one
+// at a time unless early.
 type lane struct {
 	key    string // its key in partition.lanes; unused for the partition lane
 	out    int    // its messages handed out and not settled

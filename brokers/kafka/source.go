@@ -32,12 +32,12 @@ var (
 )
 
 // Source consumes one topic (and its retry topic, WithRetryTopic) as a
-// member of a consumer group: a driver.Puller, RedeliveryHorizoner and
-// HorizonHinter, safe for concurrent use. Kafka's acknowledgement is an
-// offset commit that covers every earlier offset of a partition, so the
-// Source commits per partition only the contiguous prefix of decided
-// messages, and records in the commit's metadata which offsets above it
-// are decided (the next owner skips those).
+// member of a consumer group: a driver.Puller, Releaser,
+// RedeliveryHorizoner and HorizonHinter, safe for concurrent use. Kafka's
+// acknowledgement is an offset commit that covers every earlier offset of
+// a partition, so the Source commits per partition only the contiguous
+// prefix of decided messages, and records in the commit's metadata which
+// offsets above it are decided (the next owner skips those).
 type Source struct {
 	base
 	adm *kadm.Client
