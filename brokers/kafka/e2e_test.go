@@ -101,16 +101,36 @@ func startConsumer(t testing.TB, src driver.Source, e *pgEffects, h core.Handler
 	if h == nil {
 		h = e.apply
 	}
-	base := []core.Option{
+	c, err := core.New[pgx.Tx](src, e.store, h, append(consumerOptions(t), opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runConsumer(t, src, c)
+}
+
+// startBatchConsumer runs a NewBatch consumer of src into e's store with
+// the tests' options and opts.
+func startBatchConsumer(t testing.TB, src driver.Source, e *pgEffects, h core.BatchHandler[pgx.Tx], opts ...core.Option) *consumer {
+	t.Helper()
+	c, err := core.NewBatch[pgx.Tx](src, e.store, h, append(consumerOptions(t), opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runConsumer(t, src, c)
+}
+
+// consumerOptions are the options every test consumer starts with.
+func consumerOptions(t testing.TB) []core.Option {
+	return []core.Option{
 		core.WithName("kafka-e2e"),
 		core.WithBackoff(core.ConstantBackoff(20 * time.Millisecond)),
 		core.WithShutdownTimeout(5 * time.Second),
 		core.WithLogger(testLogger(t)),
 	}
-	c, err := core.New[pgx.Tx](src, e.store, h, append(base, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+}
+
+// runConsumer runs c until the test ends.
+func runConsumer(t testing.TB, src driver.Source, c *core.Consumer[pgx.Tx]) *consumer {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &consumer{c: c, stop: cancel, done: make(chan error, 1)}
 	if s, ok := src.(*Source); ok {
@@ -557,11 +577,13 @@ func TestPerKeyOrderThroughThePipeline(t *testing.T) {
 		{"three workers", []core.Option{core.WithConcurrency(3)}},
 		{"three workers, savepoints", []core.Option{core.WithConcurrency(3), core.WithIsolation(core.IsolateSavepoints)}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testPerKeyOrder(t, tc.opts) })
+		t.Run(tc.name, func(t *testing.T) { testPerKeyOrder(t, tc.opts, false) })
 	}
+	// A BatchHandler's failure is pinned by deciding each message alone.
+	t.Run("batch handler", func(t *testing.T) { testPerKeyOrder(t, []core.Option{core.WithConcurrency(2)}, true) })
 }
 
-func testPerKeyOrder(t *testing.T, opts []core.Option) {
+func testPerKeyOrder(t *testing.T, opts []core.Option, batch bool) {
 	e := newPGEffects(t)
 	bs := brokers(t)
 	const parts = 2
@@ -587,18 +609,32 @@ func testPerKeyOrder(t *testing.T, opts []core.Option) {
 			return err
 		}
 		mu.Lock()
-		first := i%17 == 3 && !failed[i]
+		// Fails on its first delivery (deciding it alone again, after a
+		// BatchHandler failed, is the same delivery): retried in place.
+		first := i%17 == 3 && m.Attempt == 1
 		if first {
 			failed[i] = true
 		}
 		mu.Unlock()
-		if first { // fails once: retried in place
+		if first {
 			return errors.New("transient")
 		}
 		return e.apply(ctx, tx, m)
 	}
-	c := startConsumer(t, openSource(t, bs, topic, group), e, h, append([]core.Option{
-		core.WithBatchSize(8), core.WithWindow(48), core.WithBackoff(core.ConstantBackoff(30 * time.Millisecond))}, opts...)...)
+	opts = append([]core.Option{core.WithBatchSize(8), core.WithWindow(48), core.WithBackoff(core.ConstantBackoff(30 * time.Millisecond))}, opts...)
+	var c *consumer
+	if batch {
+		c = startBatchConsumer(t, openSource(t, bs, topic, group), e, func(ctx context.Context, tx pgx.Tx, ms []*core.Message) error {
+			for _, m := range ms {
+				if err := h(ctx, tx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, opts...)
+	} else {
+		c = startConsumer(t, openSource(t, bs, topic, group), e, h, opts...)
+	}
 	servicetest.WaitFor(t, 60*time.Second, "every message committed by the group", func() bool {
 		return drained(t, bs, group, topic, parts)
 	})
