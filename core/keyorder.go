@@ -16,6 +16,9 @@ import (
 // follow it. Until the retry is settled those wait here (parked); after,
 // they are released at once. The source hands out nothing of the key until
 // they are back, then the retried message first: its return ends the hold.
+// A delivery released under the hold that comes back before it (the same
+// AckID) means the retried message is not coming (its partition moved, and
+// its next owner decided it): that ends the hold too.
 type keyOrder struct {
 	mu   sync.Mutex
 	keys map[string]*keyHold
@@ -27,9 +30,19 @@ type keyOrder struct {
 
 // keyHold is the hold on one key.
 type keyHold struct {
-	id      string  // the retried message's: its return ends the hold
-	pending int     // retries of the key decided and not yet settled
-	parked  []*item // messages of the key waiting for pending to reach 0
+	id      string              // the retried message's: its return ends the hold
+	pending int                 // retries of the key decided and not yet settled
+	parked  []*item             // messages of the key waiting for pending to reach 0
+	back    map[any]struct{}    // the deliveries (AckIDs) released under the hold
+}
+
+// release records that it goes back under h and returns its settlement.
+func (h *keyHold) release(it *item) settlement {
+	if h.back == nil {
+		h.back = map[any]struct{}{}
+	}
+	h.back[it.M.AckID] = struct{}{}
+	return settlement{it: it, out: heldBack(it)}
 }
 
 // errHeldBack is the cause of a message given back behind its key's retry.
@@ -66,7 +79,12 @@ func (c *Consumer[Tx]) admitOrdered(items []*item) []*item {
 			delete(o.keys, it.msg.Key) // the retried message is back, ahead of the rest of its key
 			kept = append(kept, it)
 		default:
-			back = append(back, settlement{it: it, out: heldBack(it)})
+			if _, again := h.back[it.M.AckID]; again {
+				delete(o.keys, it.msg.Key) // the retried message is not coming
+				kept = append(kept, it)
+				continue
+			}
+			back = append(back, h.release(it))
 		}
 	}
 	o.mu.Unlock()
@@ -160,7 +178,7 @@ func (c *Consumer[Tx]) settledKeys(batch []settlement) {
 		h := o.keys[s.it.msg.Key]
 		if h.pending--; h.pending == 0 {
 			for _, it := range h.parked {
-				back = append(back, settlement{it: it, out: heldBack(it)})
+				back = append(back, h.release(it))
 			}
 			h.parked = nil
 		}

@@ -756,3 +756,51 @@ func TestRevokeWaitLongerThanSession(t *testing.T) {
 		t.Errorf("%d effects for %d ids, want %d", rows, ids, n)
 	}
 }
+
+// A hold on a retried key ends when the retried message will not come
+// back: A retries m with a delay of an hour, so the rest of m's key waits
+// behind it; B joins, takes the partition and decides everything; when B
+// leaves, A gets the partition back with new messages of the key, which
+// it must decide rather than hand back for ever.
+func TestKeyHoldEndsWhenTheRetriedMessageMoved(t *testing.T) {
+	e := newPGEffects(t)
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	group := "g-" + randomHex(4)
+	key := func(int) string { return "k" }
+	publishN(t, bs, topic, "moved", 3, key)
+	var tries atomic.Int64
+	failFirst := func(ctx context.Context, tx pgx.Tx, m *core.Message) error {
+		if m.ID == "moved-0000" {
+			tries.Add(1)
+			return errors.New("transient")
+		}
+		return e.apply(ctx, tx, m)
+	}
+	prefer := WithBalancers(preferB{kgo.CooperativeStickyBalancer()})
+	srcA := openSource(t, bs, topic, group, WithRevokeTimeout(200*time.Millisecond), prefer, WithClientOptions(kgo.ClientID("a-idemq-test")))
+	a := startConsumer(t, srcA, e, failFirst, core.WithBackoff(core.ConstantBackoff(time.Hour)))
+	servicetest.WaitFor(t, 20*time.Second, "A to retry the first message and hold back its key", func() bool {
+		st := a.c.Stats()
+		return st.Retried == 1 && st.HeldBack >= 2
+	})
+
+	b := startConsumer(t, openSource(t, bs, topic, group, prefer, WithClientOptions(kgo.ClientID("b-idemq-test"))), e, nil)
+	servicetest.WaitFor(t, 30*time.Second, "B to decide the three messages", func() bool { return b.c.Stats().Processed == 3 })
+	b.shutdown(t)
+
+	publishN(t, bs, topic, "moved-again", 3, key)
+	servicetest.WaitFor(t, 30*time.Second, "A to decide the key's new messages", func() bool {
+		return a.c.Stats().Processed == 3
+	})
+	servicetest.WaitFor(t, 20*time.Second, "every message committed by the group", func() bool {
+		return drained(t, bs, group, topic, 1)
+	})
+	a.shutdown(t)
+	if rows, ids := e.counts(t); rows != 6 || ids != 6 {
+		t.Errorf("%d effects for %d ids, want 6", rows, ids)
+	}
+	if n := tries.Load(); n != 1 {
+		t.Errorf("A tried the first message %d times, want 1", n)
+	}
+}

@@ -219,7 +219,8 @@ type Traits struct {
 	DelaysRetry bool
 	// KeyOrder is true when the source took up Setup.KeyOrder: it hands
 	// out a key's messages before the earlier ones are settled, waits out
-	// Retry's delay itself (DelaysRetry) and keeps one receiver. The
+	// Retry's delay itself (DelaysRetry), keeps one receiver, and gives a
+	// message the same comparable AckID each time it hands it out. The
 	// Consumer then holds back a key's messages behind a retried one.
 	KeyOrder bool
 	// ReceiveLinger is how long the Consumer waits for room for a whole
