@@ -30,10 +30,10 @@ type keyOrder struct {
 
 // keyHold is the hold on one key.
 type keyHold struct {
-	id      string              // the retried message's: its return ends the hold
-	pending int                 // retries of the key decided and not yet settled
-	parked  []*item             // messages of the key waiting for pending to reach 0
-	back    map[any]struct{}    // the deliveries (AckIDs) released under the hold
+	id      string           // the retried message's: its return ends the hold
+	pending int              // retries of the key decided and not yet settled
+	parked  []*item          // messages of the key waiting for pending to reach 0
+	back    map[any]struct{} // the deliveries (AckIDs) released under the hold
 }
 
 // release records that it goes back under h and returns its settlement.
