@@ -276,13 +276,6 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 			outs[i] = c.storeFailure(it.m, StageSavepoint, res.broken)
 			continue
 		}
-		if useSavepoints {
-			if err := sp.Savepoint(ctx); err != nil {
-				res.broken = err
-				outs[i] = c.storeFailure(it.m, StageSavepoint, err)
-				continue
-			}
-		}
 		if c.keyFailed(items, i) {
 			// An earlier message of its key failed under its savepoint:
 			// this one goes back behind it, unapplied and unclaimed.
@@ -291,6 +284,13 @@ func (c *Consumer[Tx]) applyEach(ctx context.Context, txn driver.Txn[Tx], items 
 				res.broken = err
 			}
 			continue
+		}
+		if useSavepoints {
+			if err := sp.Savepoint(ctx); err != nil {
+				res.broken = err
+				outs[i] = c.storeFailure(it.m, StageSavepoint, err)
+				continue
+			}
 		}
 		one[0], cur = it.m, it
 		hctx := it.ctx
