@@ -496,7 +496,7 @@ func (c *Consumer[Tx]) settleLoop(batch []settlement, quit <-chan struct{}) {
 	for {
 		ss = ss[:0]
 		for _, s := range batch {
-			c.count(s.out)
+			c.count(s)
 			c.endDecision(s.it.ctx, s.it.ob, s.it.m, s.out)
 			ss = append(ss, c.settlement(s))
 		}
@@ -528,21 +528,21 @@ func (c *Consumer[Tx]) settlement(s settlement) inflight.Settlement {
 		out.Kind, out.Cause = inflight.DeadLetter, s.out.Err
 	default:
 		out.Kind, out.Delay = inflight.Retry, s.out.Delay
-		if errors.Is(s.out.Err, ErrShutdown) || c.procCtx.Err() != nil || errors.Is(s.out.Err, errHeldBack) {
+		if errors.Is(s.out.Err, ErrShutdown) || c.procCtx.Err() != nil || s.it.heldBack {
 			out.Kind, out.Delay = inflight.Release, 0
 		}
 	}
 	return out
 }
 
-func (c *Consumer[Tx]) count(out Outcome) {
-	switch out.Decision {
+func (c *Consumer[Tx]) count(s settlement) {
+	switch s.out.Decision {
 	case Processed:
 		c.stats.processed.Add(1)
 	case Duplicate:
 		c.stats.duplicates.Add(1)
 	case Retry:
-		if errors.Is(out.Err, errHeldBack) {
+		if s.it.heldBack {
 			c.stats.heldBack.Add(1)
 		} else {
 			c.stats.retried.Add(1)
@@ -728,9 +728,6 @@ func (c *Consumer[Tx]) fillWait(n int, w *workerState) time.Duration {
 	if !w.seenAt.IsZero() {
 		if d := now.Sub(w.seenAt); d > 0 {
 			rate := float64(arrived-w.seen) / float64(d)
-			if n := len(c.queues); n > 1 {
-				rate /= float64(n) // its own queue's share
-			}
 			w.perNanos = (w.perNanos + rate) / 2
 		}
 	}
@@ -740,15 +737,12 @@ func (c *Consumer[Tx]) fillWait(n int, w *workerState) time.Duration {
 		return 0
 	}
 	need := time.Duration(float64(c.cfg.batchSize-n) / w.perNanos)
-	limit := took
-	if q := len(c.queues); q > 1 {
-		// Its own queue fills at its share of the rate: it waits for a
-		// backlog that would fill the window's batches, not for slow
-		// arrivals.
-		limit *= time.Duration(q)
-	}
-	if need > limit {
+	if need > took {
 		return 0
+	}
+	if q := len(c.queues); q > 1 {
+		// Its own queue (key order) fills at its share of the rate.
+		need *= time.Duration(q)
 	}
 	return min(need+need/4, took)
 }

@@ -147,7 +147,7 @@ func (c *Consumer[Tx]) holdKeys(batch []settlement) {
 	defer o.mu.Unlock()
 	for i := range batch {
 		s := &batch[i]
-		if s.it.msg.Key == "" || s.out.Decision != Retry || errors.Is(s.out.Err, errHeldBack) {
+		if s.it.msg.Key == "" || s.out.Decision != Retry || s.it.heldBack {
 			continue
 		}
 		h := o.keys[s.it.msg.Key]

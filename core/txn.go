@@ -44,7 +44,7 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 		batch = append(batch, settlement{it: it, out: outs[i]})
 		for _, f := range followers[i] {
 			out := c.followerOutcome(it, outs[i], f)
-			if errors.Is(outs[i].Err, errHeldBack) {
+			if it.heldBack {
 				out = heldBack(f)
 			}
 			batch = append(batch, settlement{it: f, out: out})
