@@ -278,7 +278,8 @@ func TestLeasedScenarioSmall(t *testing.T) {
 
 // TestRunFranzBaselines runs the franz-go baselines on a small workload
 // from Kafka into Postgres: each passes the exactly-once check with every
-// unique message applied once and every copy decided a duplicate, and the
+// unique message applied once and every copy (and every record read again
+// after a rebalance) decided a duplicate, and the
 // ratios against them are reported. On another broker they fail, naming
 // it.
 func TestRunFranzBaselines(t *testing.T) {
@@ -295,8 +296,11 @@ func TestRunFranzBaselines(t *testing.T) {
 		if r.Failed != "" {
 			t.Fatalf("%s failed: %s", r.Name, r.Failed)
 		}
-		if run := r.Runs[0]; run.Processed != 600+20 || run.Duplicates != 120 {
-			t.Errorf("%s: processed %d, duplicates %d; want 620 and 120", r.Name, run.Processed, run.Duplicates)
+		// A record read again after a rebalance moved its partition before
+		// the member committed its offset is decided a duplicate too, so
+		// the copies published are the least number of duplicates.
+		if run := r.Runs[0]; run.Processed != 600+20 || run.Duplicates < 120 || run.Duplicates > run.Processed {
+			t.Errorf("%s: processed %d, duplicates %d; want 620 and at least the 120 copies published", r.Name, run.Processed, run.Duplicates)
 		}
 	}
 	want := map[string]bool{IdemqBatch + " / " + HandBatchFranz: true}
