@@ -418,3 +418,81 @@ func TestPublishRequestPerKeyRun(t *testing.T) {
 		t.Errorf("Publish to a missing topic = %v, want a permanent NotFound", err)
 	}
 }
+
+// A Source reads the id from the attribute id_attribute= names, acks a
+// batch in one Acknowledge request, and gives a retried batch back in one
+// ModifyAckDeadline request whose deadline is the delay rounded up to a
+// whole second, at most Pub/Sub's 600.
+func TestSettleRequestsAndIDAttribute(t *testing.T) {
+	ts := newTestSub(t, "")
+	type request struct {
+		method   string
+		ids      int
+		deadline int32
+	}
+	var mu sync.Mutex
+	var requests []request
+	record := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		mu.Lock()
+		switch r := req.(type) {
+		case *pb.AcknowledgeRequest:
+			requests = append(requests, request{"Acknowledge", len(r.AckIds), 0})
+		case *pb.ModifyAckDeadlineRequest:
+			requests = append(requests, request{"ModifyAckDeadline", len(r.AckIds), r.AckDeadlineSeconds})
+		}
+		mu.Unlock()
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	s, err := Open(context.Background(), ts.url("id_attribute=order-id"), option.WithGRPCDialOption(record))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Start(context.Background(), driver.Setup{Window: 100, Logger: slog.Default()}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	sent := map[string]bool{}
+	msgs := messages("attr", n)
+	for _, m := range msgs {
+		// The business id travels in order-id alone, not in message-id.
+		m.Headers, m.ID = map[string]string{"order-id": m.ID}, ""
+		sent[m.Headers["order-id"]] = true
+	}
+	if err := ts.publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var got []*driver.Message
+	ctx := ctxFor(t, 30*time.Second)
+	for len(got) < n {
+		ms, err := s.Receive(ctx, n-len(got))
+		if err != nil {
+			t.Fatalf("Receive after %d of %d: %v", len(got), n, err)
+		}
+		got = append(got, ms...)
+	}
+	for _, m := range got {
+		if !sent[m.ID] || m.IDError != nil {
+			t.Fatalf("received ID %q (error %v), want one of the order-id attributes sent", m.ID, m.IDError)
+		}
+		delete(sent, m.ID)
+	}
+	mu.Lock()
+	requests = nil
+	mu.Unlock()
+	if err := s.Retry(context.Background(), got[:5], 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Retry(context.Background(), got[5:8], 20*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ack(context.Background(), got[8:]); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []request{{"ModifyAckDeadline", 5, 2}, {"ModifyAckDeadline", 3, 600}, {"Acknowledge", n - 8, 0}}
+	if fmt.Sprint(requests) != fmt.Sprint(want) {
+		t.Errorf("settlement requests %v, want %v", requests, want)
+	}
+}
