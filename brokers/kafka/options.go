@@ -135,7 +135,7 @@ type config struct {
 	fromURL    bool // errors name the URL's parameters
 
 	topic, group, idHeader, deadLetterTopic, deadLetterGroup, retryTopic, instanceID string
-	commitCount, partitionBuffer                                                     int
+	commitCount, partitionBuffer                                                     int // partitionBuffer 0: the default
 	commitInterval, revokeTimeout, maxExtension, linger                              time.Duration
 	sessionTimeout, heartbeatInterval, rebalanceTimeout                              time.Duration
 }
@@ -143,7 +143,7 @@ type config struct {
 func defaultConfig() config {
 	return config{scheme: Scheme, idHeader: DefaultIDHeader, ordering: OrderPerKey, start: StartFirst, protocol: ProtocolClassic,
 		commitInterval: time.Second, commitCount: 1000, revokeTimeout: 10 * time.Second, sessionTimeout: 6 * time.Second,
-		heartbeatInterval: 2 * time.Second, rebalanceTimeout: 30 * time.Second, partitionBuffer: 1000, maxExtension: time.Hour}
+		heartbeatInterval: 2 * time.Second, rebalanceTimeout: 30 * time.Second, maxExtension: time.Hour}
 }
 
 // newConfig reads addr (a URL of one of schemes, or a broker list) and
@@ -350,11 +350,17 @@ func WithRetryTopic(topic string) Option {
 	return srcOpt(set("WithRetryTopic", topic, checkTopic(topic), func(c *config) *string { return &c.retryTopic }))
 }
 
+// defaultPartitionBuffer is WithPartitionBuffer's default.
+const defaultPartitionBuffer = 1000
+
 // WithPartitionBuffer bounds the messages of a partition held between
 // fetch and commit: those waiting to be handed out, n a partition on
 // average (the source polls no more past it), and those handed out or
 // decided behind an undecided one, n a partition (fetching the partition
-// pauses past it). Default 1000.
+// pauses past it). Default 1000, and for the second bound at least the
+// Consumer's window: several workers settle a partition's messages out of
+// order, and a smaller bound would pause fetching while the Consumer has
+// room (a pause makes franz-go drop what it fetched for the partition).
 func WithPartitionBuffer(n int) Option {
 	return srcOpt(set("WithPartitionBuffer", n, option.Range(n, 1, 1_000_000), func(c *config) *int { return &c.partitionBuffer }))
 }

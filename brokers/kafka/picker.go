@@ -108,7 +108,7 @@ func (p *partition) advance() {
 // drops what franz-go buffered for the partition, to be fetched and
 // decoded again, so it is kept for a partition held up. s.mu is held.
 func (p *partition) throttle() {
-	held, n := len(p.entries)-p.waiting, p.src.cfg.partitionBuffer
+	held, n := len(p.entries)-p.waiting, p.src.held
 	switch {
 	case !p.paused && held >= n && !p.dead:
 		p.paused = true

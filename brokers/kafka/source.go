@@ -54,6 +54,8 @@ type Source struct {
 	started  bool
 	closed   bool
 	early    bool              // Setup.KeyOrder taken up: a key's next messages go out before the earlier are settled
+	ahead    int               // messages a partition waiting to be handed out, on average, past which polling stops
+	held     int               // messages a partition handed out or decided behind an undecided one, past which it pauses
 	parts    map[tp]*partition // owned, revoking ones included
 	ring     []*partition      // owned and not revoking, in hand-out rotation
 	rr       int
@@ -266,6 +268,10 @@ func (s *Source) Start(ctx context.Context, st driver.Setup) (driver.Traits, err
 	// decides them. A retry topic takes a retried message out of its
 	// lane, so nothing would end the Consumer's hold on its key.
 	s.early = st.KeyOrder && s.cfg.ordering == OrderPerKey && s.cfg.retryTopic == ""
+	s.ahead, s.held = s.cfg.partitionBuffer, s.cfg.partitionBuffer
+	if s.cfg.partitionBuffer == 0 {
+		s.ahead, s.held = defaultPartitionBuffer, max(defaultPartitionBuffer, st.Window)
+	}
 	reset := kgo.NewOffset().AtStart()
 	if s.cfg.start == StartLast {
 		reset = kgo.NewOffset().AtEnd()
@@ -306,7 +312,11 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*driver.Message, error
 			s.mu.Unlock()
 			return nil, driver.ErrSourceClosed
 		}
+		full := s.fullLocked()
 		if ms := s.pickLocked(time.Now(), max); len(ms) > 0 {
+			if full && !s.fullLocked() {
+				s.broadcast() // the poll loop waits for room
+			}
 			s.mu.Unlock()
 			return ms, nil
 		}
@@ -514,7 +524,7 @@ func (s *Source) poll(ctx context.Context) {
 		// broker until its last fetch was polled, so this bounds what is
 		// buffered without pausing partitions (see throttle).
 		s.mu.Lock()
-		for s.waitingLocked() >= s.cfg.partitionBuffer*max(len(s.parts), 1) && ctx.Err() == nil {
+		for s.fullLocked() && ctx.Err() == nil {
 			ch := s.watch()
 			s.mu.Unlock()
 			select {
@@ -558,6 +568,13 @@ func (s *Source) poll(ctx context.Context) {
 		}
 		pace.Wait(ctx)
 	}
+}
+
+// fullLocked reports whether WithPartitionBuffer messages a partition
+// wait to be handed out, past which the source polls no more. s.mu is
+// held.
+func (s *Source) fullLocked() bool {
+	return s.waitingLocked() >= s.ahead*max(len(s.parts), 1)
 }
 
 // waitingLocked counts the messages fetched and not handed out. s.mu is

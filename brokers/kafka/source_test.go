@@ -555,3 +555,26 @@ func TestFetchingAheadIsBounded(t *testing.T) {
 		t.Fatal("the partition stayed paused once the messages held were committed")
 	}
 }
+
+// By default a partition pauses only past the Consumer's window (at least
+// 1000 messages): several workers decide a partition's messages out of
+// order, and a pause would make franz-go drop what it fetched while the
+// Consumer still has room.
+func TestPartitionBufferFollowsTheWindow(t *testing.T) {
+	bs := brokers(t)
+	topic := newTopic(t, bs, 1)
+	publishN(t, bs, topic, "window", 1300, nil)
+	s, r := startSource(t, bs, topic, "g-"+randomHex(4), 1500, WithOrdering(OrderNone))
+	ds := receiveN(t, r, 1300, 30*time.Second)
+	for _, d := range ds[1:] { // decided behind the first, held
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, paused := waitingOf(s); paused {
+		t.Fatal("1,299 messages held behind an undecided one under a window of 1,500: the partition paused")
+	}
+	if err := ds[0].Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
