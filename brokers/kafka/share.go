@@ -39,6 +39,7 @@ type ShareSource struct {
 	life  context.Context // cancelled by Close
 	stop  context.CancelFunc
 	poll  sync.Mutex // held by the one Receive that polls or waits
+	shut  sync.Once  // Close's work, done once
 
 	mu     sync.Mutex
 	member *kgo.Client // joined at Start
@@ -338,25 +339,23 @@ func (s *ShareSource) acked(_ *kgo.Client, rs kgo.ShareAckResults) {
 // releases every record not yet settled (those buffered first); settling
 // one afterwards returns a stale error.
 func (s *ShareSource) Close() error {
-	s.mu.Lock()
-	if s.closed {
+	s.shut.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		for _, rec := range s.buf {
+			s.markLocked(rec, kgo.AckRelease)
+		}
+		s.buf = nil
+		s.stop()
+		member := s.member
 		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	for _, rec := range s.buf {
-		s.markLocked(rec, kgo.AckRelease)
-	}
-	s.buf = nil
-	s.stop()
-	member := s.member
-	s.mu.Unlock()
-	s.poll.Lock() // waits for a poll under way
-	s.poll.Unlock()
-	if member != nil {
-		member.Close()
-	}
-	s.cl.Close()
+		s.poll.Lock() // waits for a poll under way
+		s.poll.Unlock()
+		if member != nil {
+			member.Close()
+		}
+		s.cl.Close()
+	})
 	return nil
 }
 

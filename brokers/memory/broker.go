@@ -117,9 +117,10 @@ type Broker struct {
 
 	faults atomic.Pointer[Faults] // read on every ack and publish, so no lock
 
-	mu     sync.Mutex
-	queues map[string]*queue
-	closed bool
+	mu        sync.Mutex
+	queues    map[string]*queue
+	closed    bool
+	closeOnce sync.Once
 }
 
 // NewBroker returns a broker with no queues. It returns an error naming the
@@ -306,18 +307,16 @@ func (b *Broker) WaitIdle(ctx context.Context, queue string) error {
 // still queued are dropped with the broker, as with an in-memory queue of a
 // process that exits. Close is idempotent.
 func (b *Broker) Close() error {
-	b.mu.Lock()
-	if b.closed {
+	b.closeOnce.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		close(b.done)
+		qs := slices.Collect(maps.Values(b.queues))
 		b.mu.Unlock()
-		return nil
-	}
-	b.closed = true
-	close(b.done)
-	qs := slices.Collect(maps.Values(b.queues))
-	b.mu.Unlock()
-	for _, q := range qs {
-		q.close()
-	}
+		for _, q := range qs {
+			q.close()
+		}
+	})
 	return nil
 }
 

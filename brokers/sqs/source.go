@@ -37,8 +37,9 @@ type Source struct {
 	ctx, pollCtx     context.Context // cancelled by Close; pollCtx when it stops waiting for long polls
 	cancel, pollStop context.CancelFunc
 	busy             sync.WaitGroup // Receive calls and long polls in progress
-	avail            chan struct{}  // signalled when ready grows
-	log              *slog.Logger   // WithLogger's, else the Consumer's (from Start), else slog.Default()
+	closeOnce        sync.Once
+	avail            chan struct{} // signalled when ready grows
+	log              *slog.Logger  // WithLogger's, else the Consumer's (from Start), else slog.Default()
 
 	mu              sync.Mutex
 	started, closed bool
@@ -403,12 +404,14 @@ func (s *Source) release(ctx context.Context, ds []*delivery) []error {
 // messages received that the Consumer never got (FIFO messages held back
 // among them) visible again at once. Settling or extending a message
 // afterwards sends nothing and returns an error wrapping ErrClosed.
-func (s *Source) Close() error {
+func (s *Source) Close() (err error) {
+	s.closeOnce.Do(func() { err = s.shut() })
+	return err
+}
+
+// shut is Close's first call.
+func (s *Source) shut() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel() // Receive calls return, abandoning their polls
