@@ -47,8 +47,9 @@ type Consumer[Tx any] struct {
 	// noSavepoints warns once that IsolateSavepoints fell back to replay.
 	noSavepoints sync.Once
 
-	stats counters
-	pace  pace // what the batching rule of several workers reads
+	stats   counters
+	pace    pace       // what the batching rule of several workers reads
+	filling sync.Mutex // held by the worker filling a batch from the shared queue
 	// orders keep each key's messages in order when the source hands out
 	// a key's next messages early (driver.Traits.KeyOrder), one per
 	// worker; nil otherwise. With several workers each key goes to one
@@ -634,16 +635,14 @@ func (c *Consumer[Tx]) worker(in chan *item, quit <-chan struct{}) {
 			w.timer.Stop()
 		}
 	}()
+	if in == c.items && c.cfg.concurrency > 1 {
+		w.filling = &c.filling
+	}
 	for {
-		var first *item
-		select {
-		case first = <-in:
-		case <-quit:
+		batch := c.take(&w, quit)
+		if batch == nil {
 			return
 		}
-		batch := make([]*item, 1, min(c.cfg.batchSize, cap(in)+1))
-		batch[0] = first
-		batch = c.fill(batch, &w)
 		start := time.Now()
 		c.pace.busy.Add(1)
 		c.processBatch(batch)
@@ -652,9 +651,29 @@ func (c *Consumer[Tx]) worker(in chan *item, quit <-chan struct{}) {
 	}
 }
 
+// take waits for the next item of w's queue and fills a batch behind it
+// (see fill); nil once quit is closed. Workers sharing one queue fill
+// their batches one at a time: several free workers splitting what has
+// queued would commit it as that many small transactions.
+func (c *Consumer[Tx]) take(w *workerState, quit <-chan struct{}) []*item {
+	if w.filling != nil {
+		w.filling.Lock()
+		defer w.filling.Unlock()
+	}
+	select {
+	case first := <-w.in:
+		batch := make([]*item, 1, min(c.cfg.batchSize, cap(w.in)+1))
+		batch[0] = first
+		return c.fill(batch, w)
+	case <-quit:
+		return nil
+	}
+}
+
 // workerState is what a worker keeps between its batches.
 type workerState struct {
-	in       chan *item // its queue: c.items, or its own under key order
+	in       chan *item  // its queue: c.items, or its own under key order
+	filling  *sync.Mutex // c.filling when in is shared, else nil
 	timer    *time.Timer
 	seen     int64     // c.pace.arrived at the last fill
 	seenAt   time.Time // when

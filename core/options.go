@@ -103,7 +103,8 @@ func WithName(name string) Option {
 // WithConcurrency sets how many batches are processed at once, each in its
 // own transaction. Default 1: one worker, as in the seed pattern. SQLite
 // serialises writers, so more than 1 helps only on Postgres and MySQL.
-// Without WithLinger, a free worker does not start a part-full batch while
+// Workers fill their batches one at a time, so free workers do not split
+// what has queued between them. Without WithLinger, a free worker does not start a part-full batch while
 // another is in flight if, at the recent arrival rate, the batch would
 // fill within the time the last batch took: it waits that long at most,
 // so the window is not cut into small transactions, and batches of slow
