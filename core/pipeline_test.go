@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -816,5 +817,43 @@ func TestInFlightBoundedByWindow(t *testing.T) {
 	e.assertExactlyOnce(want)
 	if p := obs.peak.Load(); p > 25 || p < 10 {
 		t.Errorf("peak in flight %d, want between the batch size 10 and the window 25", p)
+	}
+}
+
+// Workers that share a queue fill their batches one at a time: with a
+// linger longer than the test, 30 messages make three full batches of 10
+// among four free workers, where workers taking from the queue together
+// would each hold part of a batch.
+func TestWorkersFillOneAtATime(t *testing.T) {
+	e := newEnv(t)
+	want := ids(30, "w")
+	e.publish(want...)
+	var mu sync.Mutex
+	var sizes []int
+	bh := func(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
+		mu.Lock()
+		sizes = append(sizes, len(msgs))
+		mu.Unlock()
+		for _, m := range msgs {
+			if err := applyEffect(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
+		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithConcurrency(4), core.WithBatchSize(10),
+			core.WithLinger(time.Minute), core.WithLogger(quietLogger()))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.assertExactlyOnce(want)
+	mu.Lock()
+	defer mu.Unlock()
+	if res.Processed != 30 || !slices.Equal(sizes, []int{10, 10, 10}) {
+		t.Errorf("processed %d in batches of %v, want 30 in three batches of 10", res.Processed, sizes)
 	}
 }
