@@ -104,15 +104,16 @@ func WithName(name string) Option {
 // own transaction. Default 1: one worker, as in the seed pattern. SQLite
 // serialises writers, so more than 1 helps only on Postgres and MySQL.
 // Workers fill their batches one at a time, so free workers do not split
-// what has queued between them. Without WithLinger, a free worker does not start a part-full batch while
-// another is in flight if, at the recent arrival rate, the batch would
-// fill within the time the last batch took: it waits that long at most,
-// so the window is not cut into small transactions, and batches of slow
-// handlers still overlap. Under a source that leaves each key's order to
-// the Consumer (Kafka's per-key order), each key's messages go to one
-// worker's own queue, which fills at its share of the rate: the worker
-// waits (at most a batch time) when its share would fill the batch within
-// as many batch times as there are workers.
+// what has queued between them. Without WithLinger, a free worker does not
+// start a part-full batch while another is in flight if, at the recent
+// arrival rate, the batch would fill within the time the last batch took:
+// it waits that long at most, so the window is not cut into small
+// transactions, and batches of slow handlers still overlap. Under a source
+// that leaves each key's order to the Consumer (Kafka's per-key order),
+// each key's messages go to one worker's own queue, which fills at its
+// share of the rate: the worker waits (at most a batch time) when its
+// share would fill the batch within as many batch times as there are
+// workers.
 func WithConcurrency(n int) Option {
 	return set("WithConcurrency", option.Range(n, 1, 1024), func(c *config) { c.concurrency = n })
 }
