@@ -122,15 +122,42 @@ func (e *env) assertExactlyOnce(want []string) {
 // timeout.
 func (e *env) runUntilIdle(timeout time.Duration, h core.Handler[*sql.Tx], opts ...core.Option) drain.Result {
 	e.t.Helper()
+	return e.drain(timeout, func(sub *memory.Subscription, opts []core.Option) (*core.Consumer[*sql.Tx], error) {
+		return core.New[*sql.Tx](sub, e.store, h, opts...)
+	}, opts)
+}
+
+// runBatchUntilIdle is runUntilIdle for a BatchHandler.
+func (e *env) runBatchUntilIdle(timeout time.Duration, bh core.BatchHandler[*sql.Tx], opts ...core.Option) drain.Result {
+	e.t.Helper()
+	return e.drain(timeout, func(sub *memory.Subscription, opts []core.Option) (*core.Consumer[*sql.Tx], error) {
+		return core.NewBatch[*sql.Tx](sub, e.store, bh, opts...)
+	}, opts)
+}
+
+// drain runs the Consumer newConsumer builds, named "test" and quiet
+// unless opts say otherwise, until the queue is drained.
+func (e *env) drain(timeout time.Duration, newConsumer func(*memory.Subscription, []core.Option) (*core.Consumer[*sql.Tx], error), opts []core.Option) drain.Result {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.New[*sql.Tx](sub, e.store, h, append([]core.Option{core.WithName("test"), core.WithLogger(quietLogger())}, opts...)...)
+		return newConsumer(sub, append([]core.Option{core.WithName("test"), core.WithLogger(quietLogger())}, opts...))
 	})
 	if err != nil {
 		e.t.Fatalf("draining: %v (broker stats %+v)", err, e.broker.Stats(e.queue))
 	}
 	return res
+}
+
+// applyAll applies the effect of each of msgs.
+func applyAll(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
+	for _, m := range msgs {
+		if err := applyEffect(ctx, tx, m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pipelines run the invariant tests bare and observed: the Consumer has
@@ -438,15 +465,7 @@ func TestBatchHandler(t *testing.T) {
 		}
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(50),
-			core.WithLinger(100*time.Millisecond), core.WithLogger(quietLogger()))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := e.runBatchUntilIdle(30*time.Second, bh, core.WithBatchSize(50), core.WithLinger(100*time.Millisecond))
 	e.assertExactlyOnce(want)
 	if res.Processed != 30 || res.Duplicates != 5 || res.DeadLettered != 1 {
 		t.Errorf("stats %+v", res.Stats)
@@ -724,21 +743,9 @@ func TestStagesAreObserved(t *testing.T) {
 		if ctx.Value(stageKey{}) == core.StageHandlers {
 			sawStageCtx.Add(1)
 		}
-		for _, m := range msgs {
-			if err := applyEffect(ctx, tx, m); err != nil {
-				return err
-			}
-		}
-		return nil
+		return applyAll(ctx, tx, msgs)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(10),
-			core.WithLinger(200*time.Millisecond), core.WithLogger(quietLogger()), core.WithObserver(obs))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.runBatchUntilIdle(30*time.Second, bh, core.WithBatchSize(10), core.WithLinger(200*time.Millisecond), core.WithObserver(obs))
 	e.assertExactlyOnce(want)
 	var names []string
 	for _, s := range obs.stages {
@@ -780,26 +787,16 @@ func TestBatchHandlerPanicIsRecovered(t *testing.T) {
 	e.publish(want...)
 	var panicked atomic.Bool
 	bh := func(ctx context.Context, tx *sql.Tx, msgs []*core.Message) error {
-		for _, m := range msgs {
-			if err := applyEffect(ctx, tx, m); err != nil {
-				return err
-			}
+		if err := applyAll(ctx, tx, msgs); err != nil {
+			return err
 		}
 		if len(msgs) > 1 && panicked.CompareAndSwap(false, true) {
 			panic("index out of range somewhere")
 		}
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithBatchSize(8),
-			core.WithLinger(200*time.Millisecond), core.WithLogger(quietLogger()),
-			core.WithHandlerMiddleware(recovery.New(quietLogger())))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := e.runBatchUntilIdle(30*time.Second, bh, core.WithBatchSize(8), core.WithLinger(200*time.Millisecond),
+		core.WithHandlerMiddleware(recovery.New(quietLogger())))
 	e.assertExactlyOnce(want)
 	if !panicked.Load() || res.Processed != 8 || res.DeadLettered != 0 {
 		t.Errorf("panicked %v, stats %+v; want a recovered panic and 8 processed", panicked.Load(), res.Stats)
@@ -834,22 +831,9 @@ func TestWorkersFillOneAtATime(t *testing.T) {
 		mu.Lock()
 		sizes = append(sizes, len(msgs))
 		mu.Unlock()
-		for _, m := range msgs {
-			if err := applyEffect(ctx, tx, m); err != nil {
-				return err
-			}
-		}
-		return nil
+		return applyAll(ctx, tx, msgs)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := drain.Drain(ctx, e.broker, e.queue, func(sub *memory.Subscription) (*core.Consumer[*sql.Tx], error) {
-		return core.NewBatch[*sql.Tx](sub, e.store, bh, core.WithName("test"), core.WithConcurrency(4), core.WithBatchSize(10),
-			core.WithLinger(time.Minute), core.WithLogger(quietLogger()))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := e.runBatchUntilIdle(30*time.Second, bh, core.WithConcurrency(4), core.WithBatchSize(10), core.WithLinger(time.Minute))
 	e.assertExactlyOnce(want)
 	mu.Lock()
 	defer mu.Unlock()
