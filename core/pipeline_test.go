@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -660,6 +661,44 @@ func TestFingerprintMismatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// WithFingerprint decides what counts as the same body: a custom function
+// lets bodies it maps to one fingerprint pass as duplicates and catches the
+// others; nil turns the check off, so a reused id is a Duplicate whatever
+// its body.
+func TestFingerprintOption(t *testing.T) {
+	pub := func(e *env, ms ...*core.Message) {
+		t.Helper()
+		if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, ms...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("custom", func(t *testing.T) {
+		e := newEnv(t)
+		caseless := core.WithFingerprint(func(b []byte) string { return core.Fingerprint(bytes.ToLower(b)) })
+		pub(e, &core.Message{ID: "a", Body: []byte("Hello")})
+		e.runUntilIdle(30*time.Second, applyEffect, caseless)
+		pub(e, &core.Message{ID: "a", Body: []byte("HELLO")}, &core.Message{ID: "a", Body: []byte("world")})
+		tot := e.runUntilIdle(30*time.Second, applyEffect, caseless)
+		e.assertExactlyOnce([]string{"a"})
+		dl := e.broker.DeadLetters(e.queue)
+		if tot.Duplicates != 1 || len(dl) != 1 || !errors.Is(dl[0].Cause, core.ErrFingerprintMismatch) || string(dl[0].Message.Body) != "world" {
+			t.Fatalf("duplicates %d, dead letters %+v; want HELLO a duplicate and world a fingerprint mismatch", tot.Duplicates, dl)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		e := newEnv(t)
+		off := core.WithFingerprint(nil)
+		pub(e, &core.Message{ID: "a", Body: []byte("one body")})
+		e.runUntilIdle(30*time.Second, applyEffect, off)
+		pub(e, &core.Message{ID: "a", Body: []byte("another body")})
+		tot := e.runUntilIdle(30*time.Second, applyEffect, off)
+		e.assertExactlyOnce([]string{"a"})
+		if dl := e.broker.DeadLetters(e.queue); tot.Duplicates != 1 || len(dl) != 0 {
+			t.Fatalf("duplicates %d, dead letters %+v; want the reused id a duplicate", tot.Duplicates, dl)
+		}
+	})
 }
 
 // A panicking handler is rolled back and retried with the recovery
