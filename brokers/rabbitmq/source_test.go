@@ -323,6 +323,58 @@ func TestCloseUnblocksReceive(t *testing.T) {
 	}
 }
 
+// The options a user sees in the broker's own listings do what they say:
+// WithPublisherConnectionName names the publisher's connection,
+// WithMandatory(false) lets the broker drop an unroutable message instead
+// of failing Publish, and WithConsumerTag tags the Source's consumer.
+func TestPublisherAndConsumerOptionsSeenByTheBroker(t *testing.T) {
+	url := amqpURL(t)
+	needRabbitmqctl(t, url)
+	ctx := context.Background()
+	q := uniqueQueue(t, url)
+	name := "idemq-test-pub-" + q
+	pub, err := NewPublisher(ctx, url, WithMandatory(false), WithPublisherConnectionName(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(ctx, "idemq-no-such-queue-"+q, &driver.Message{ID: "a", Body: []byte("x")}); err != nil {
+		t.Fatalf("Publish of an unroutable message without mandatory = %v, want nil (the broker drops it)", err)
+	}
+	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "client_properties").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_connections: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), `{"connection_name","`+name+`"}`); n != 1 {
+		t.Fatalf("%d connections named %s, want the publisher's one", n, name)
+	}
+
+	tag := "idemq-test-tag-" + q
+	src, err := Open(ctx, url, WithQueue(q), WithConsumerTag(tag), WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := brokertest.StartReceiver(t, src, 0)
+	publishN(t, url, q, "tagged", 1)
+	receiveN(t, r, 1, 10*time.Second)
+	out, err = exec.Command("rabbitmqctl", "-q", "list_consumers", "--no-table-headers", "queue_name", "consumer_tag").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_consumers: %v\n%s", err, out)
+	}
+	found := false
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == q {
+			if f[1] != tag {
+				t.Fatalf("queue %s has a consumer tagged %q, want %q", q, f[1], tag)
+			}
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no consumer of %s in:\n%s", q, out)
+	}
+}
+
 // TestBrokerClosesConnection has the broker itself close the Source's
 // connection (rabbitmqctl close_connection, CONNECTION_FORCED) while
 // deliveries are in flight, as an operator or a node restart would.
