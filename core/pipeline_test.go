@@ -69,6 +69,12 @@ func (e *env) publish(ids ...string) {
 	for i, id := range ids {
 		msgs[i] = &core.Message{ID: id, Body: []byte("body-" + id)}
 	}
+	e.publishMessages(msgs...)
+}
+
+// publishMessages publishes msgs as they are to the env's queue.
+func (e *env) publishMessages(msgs ...*core.Message) {
+	e.t.Helper()
 	if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, msgs...); err != nil {
 		e.t.Fatal(err)
 	}
@@ -668,18 +674,12 @@ func TestFingerprintMismatch(t *testing.T) {
 // others; nil turns the check off, so a reused id is a Duplicate whatever
 // its body.
 func TestFingerprintOption(t *testing.T) {
-	pub := func(e *env, ms ...*core.Message) {
-		t.Helper()
-		if err := core.NewPublisher(e.broker).Publish(context.Background(), e.queue, ms...); err != nil {
-			t.Fatal(err)
-		}
-	}
 	t.Run("custom", func(t *testing.T) {
 		e := newEnv(t)
 		caseless := core.WithFingerprint(func(b []byte) string { return core.Fingerprint(bytes.ToLower(b)) })
-		pub(e, &core.Message{ID: "a", Body: []byte("Hello")})
+		e.publishMessages(&core.Message{ID: "a", Body: []byte("Hello")})
 		e.runUntilIdle(30*time.Second, applyEffect, caseless)
-		pub(e, &core.Message{ID: "a", Body: []byte("HELLO")}, &core.Message{ID: "a", Body: []byte("world")})
+		e.publishMessages(&core.Message{ID: "a", Body: []byte("HELLO")}, &core.Message{ID: "a", Body: []byte("world")})
 		tot := e.runUntilIdle(30*time.Second, applyEffect, caseless)
 		e.assertExactlyOnce([]string{"a"})
 		dl := e.broker.DeadLetters(e.queue)
@@ -690,9 +690,9 @@ func TestFingerprintOption(t *testing.T) {
 	t.Run("off", func(t *testing.T) {
 		e := newEnv(t)
 		off := core.WithFingerprint(nil)
-		pub(e, &core.Message{ID: "a", Body: []byte("one body")})
+		e.publishMessages(&core.Message{ID: "a", Body: []byte("one body")})
 		e.runUntilIdle(30*time.Second, applyEffect, off)
-		pub(e, &core.Message{ID: "a", Body: []byte("another body")})
+		e.publishMessages(&core.Message{ID: "a", Body: []byte("another body")})
 		tot := e.runUntilIdle(30*time.Second, applyEffect, off)
 		e.assertExactlyOnce([]string{"a"})
 		if dl := e.broker.DeadLetters(e.queue); tot.Duplicates != 1 || len(dl) != 0 {

@@ -246,39 +246,55 @@ func needRabbitmqctl(t testing.TB, url string) {
 // how many it closed. Only the test's own connections carry its name.
 func closeConnectionNamed(t testing.TB, name string) int {
 	t.Helper()
+	conns := connectionsNamed(t, name)
+	for _, conn := range conns {
+		if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", conn, "idemq test").CombinedOutput(); err != nil {
+			t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
+		}
+	}
+	return len(conns)
+}
+
+// connectionsNamed returns the pids of the connections whose
+// connection_name client property is name, as rabbitmqctl lists them.
+func connectionsNamed(t testing.TB, name string) []string {
+	t.Helper()
 	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()
 	if err != nil {
 		// rabbitmqctl needs the node's Erlang cookie (root here).
 		servicetest.Unavailable(t, "rabbitmqctl list_connections: %v\n%s", err, out)
 	}
-	closed := 0
+	var pids []string
 	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.Contains(line, `{"connection_name","`+name+`"}`) {
-			continue
+		if strings.Contains(line, `{"connection_name","`+name+`"}`) {
+			pid, _, _ := strings.Cut(line, "\t")
+			pids = append(pids, pid)
 		}
-		conn, _, _ := strings.Cut(line, "\t")
-		if out, err := exec.Command("rabbitmqctl", "-q", "close_connection", conn, "idemq test").CombinedOutput(); err != nil {
-			t.Fatalf("rabbitmqctl close_connection: %v\n%s", err, out)
-		}
-		closed++
 	}
-	return closed
+	return pids
 }
 
 // consumerPrefetches returns the prefetch count of each consumer of queue,
 // as rabbitmqctl lists them.
 func consumerPrefetches(queue string) ([]string, error) {
-	out, err := exec.Command("rabbitmqctl", "-q", "list_consumers", "queue_name", "prefetch_count").CombinedOutput()
+	return consumersOf(queue, "prefetch_count")
+}
+
+// consumersOf returns the info item (a column of rabbitmqctl
+// list_consumers, such as prefetch_count or consumer_tag) of each consumer
+// of queue.
+func consumersOf(queue, item string) ([]string, error) {
+	out, err := exec.Command("rabbitmqctl", "-q", "list_consumers", "queue_name", item).CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmqctl list_consumers: %v\n%s", err, out)
 	}
-	var prefetch []string
+	var values []string
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
-			prefetch = append(prefetch, f[1])
+			values = append(values, f[1])
 		}
 	}
-	return prefetch, nil
+	return values, nil
 }
 
 // closeLeavingOnly closes r and checks that queue q holds only the message

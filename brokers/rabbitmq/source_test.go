@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -341,11 +342,7 @@ func TestPublisherAndConsumerOptionsSeenByTheBroker(t *testing.T) {
 	if err := pub.Publish(ctx, "idemq-no-such-queue-"+q, &driver.Message{ID: "a", Body: []byte("x")}); err != nil {
 		t.Fatalf("Publish of an unroutable message without mandatory = %v, want nil (the broker drops it)", err)
 	}
-	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "client_properties").CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl list_connections: %v\n%s", err, out)
-	}
-	if n := strings.Count(string(out), `{"connection_name","`+name+`"}`); n != 1 {
+	if n := len(connectionsNamed(t, name)); n != 1 {
 		t.Fatalf("%d connections named %s, want the publisher's one", n, name)
 	}
 
@@ -357,21 +354,12 @@ func TestPublisherAndConsumerOptionsSeenByTheBroker(t *testing.T) {
 	r := brokertest.StartReceiver(t, src, 0)
 	publishN(t, url, q, "tagged", 1)
 	receiveN(t, r, 1, 10*time.Second)
-	out, err = exec.Command("rabbitmqctl", "-q", "list_consumers", "--no-table-headers", "queue_name", "consumer_tag").CombinedOutput()
+	tags, err := consumersOf(q, "consumer_tag")
 	if err != nil {
-		t.Fatalf("rabbitmqctl list_consumers: %v\n%s", err, out)
+		t.Fatal(err)
 	}
-	found := false
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == q {
-			if f[1] != tag {
-				t.Fatalf("queue %s has a consumer tagged %q, want %q", q, f[1], tag)
-			}
-			found = true
-		}
-	}
-	if !found {
-		t.Fatalf("no consumer of %s in:\n%s", q, out)
+	if len(tags) == 0 || slices.ContainsFunc(tags, func(got string) bool { return got != tag }) {
+		t.Fatalf("consumers of %s tagged %q, want each tagged %q", q, tags, tag)
 	}
 }
 
