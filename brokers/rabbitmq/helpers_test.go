@@ -274,12 +274,6 @@ func connectionsNamed(t testing.TB, name string) []string {
 	return pids
 }
 
-// consumerPrefetches returns the prefetch count of each consumer of queue,
-// as rabbitmqctl lists them.
-func consumerPrefetches(queue string) ([]string, error) {
-	return consumersOf(queue, "prefetch_count")
-}
-
 // consumersOf returns the info item (a column of rabbitmqctl
 // list_consumers, such as prefetch_count or consumer_tag) of each consumer
 // of queue.

@@ -194,7 +194,7 @@ func TestUnparseableHeadersDeadLetteredByBroker(t *testing.T) {
 	}
 	// Back to the full window: one consumer, with the Consumer's window
 	// (8 by default) as its prefetch.
-	if prefetch, err := consumerPrefetches(queue); err != nil {
+	if prefetch, err := consumersOf(queue, "prefetch_count"); err != nil {
 		t.Logf("%v (prefetch not checked)", err)
 	} else if len(prefetch) != 1 || prefetch[0] != "8" {
 		t.Errorf("consumers on the queue after the poison: prefetch %v; want one with 8", prefetch)

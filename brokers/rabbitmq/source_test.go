@@ -453,7 +453,7 @@ func TestPrefetchIsTheWindow(t *testing.T) {
 	var prefetch []string
 	waitUntil(t, 10*time.Second, func() bool {
 		var err error
-		if prefetch, err = consumerPrefetches(q); err != nil {
+		if prefetch, err = consumersOf(q, "prefetch_count"); err != nil {
 			servicetest.Unavailable(t, "%v", err)
 		}
 		return len(prefetch) == 1
