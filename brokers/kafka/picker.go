@@ -20,7 +20,10 @@ import (
 //     key's (OrderPerKey) or the partition's (OrderPerPartition); keyless
 //     messages and OrderNone have none. Under a Consumer that keeps each
 //     key's order itself (early), a key's lane hands out its messages in
-//     offset order without waiting for their settlements.
+//     offset order without waiting for their settlements; until one of
+//     them is retried or skipped (eager), all of a lane's messages are
+//     candidates from their fetch, when their entry is still in the cache,
+//     rather than each when the one before goes out.
 //   - the messages that may go now (heads of idle lanes, laneless ones) are
 //     in fresh, a FIFO of those that became candidates in offset order (newly
 //     fetched ones: O(1)), or else in ready, a min-heap by offset; pick takes
@@ -30,8 +33,9 @@ import (
 //
 // Invariant: a busy lane (a message out) has none among the candidates; an
 // idle lane has its head, and only it. Early, a lane's head is among the
-// candidates; an entry put back ahead of it makes the head's entry there
-// stale, and pick skips it. A pick or settlement is O(log n).
+// candidates (an eager lane's every message); an entry put back ahead of it
+// makes the head's entry there stale, and pick skips it. A pick or
+// settlement is O(log n).
 
 // partition tracks one assigned partition between fetch and commit.
 type partition struct {
@@ -146,6 +150,9 @@ type lane struct {
 	key    string // its key in partition.lanes; unused for the partition lane
 	out    int    // its messages handed out and not settled
 	recall int    // recalled messages still out: the lane hands out nothing until they are back
+	// eager (early): each of its messages has been a candidate since its
+	// fetch, so one going out makes none of the others one.
+	eager bool
 	fifo
 }
 
@@ -250,7 +257,7 @@ func (p *partition) laneOf(e *entry) *lane {
 	}
 	l := p.lanes[string(e.r.Key)]
 	if l == nil {
-		l = &lane{key: string(e.r.Key)}
+		l = &lane{key: string(e.r.Key), eager: p.early}
 		if p.lanes == nil {
 			p.lanes = map[string]*lane{}
 		}
@@ -283,7 +290,7 @@ func (p *partition) fetched(e *entry) {
 		return
 	}
 	l.pushBack(e)
-	if l.len() == 1 && (l.out == 0 || p.early) {
+	if l.eager || l.len() == 1 && (l.out == 0 || p.early) {
 		p.candidate(e)
 	}
 }
@@ -309,12 +316,16 @@ func (p *partition) pick(now time.Time) *entry {
 		}
 		l := e.lane
 		if l != nil && (e.state != waiting || l.len() == 0 || l.front() != e || e.notBefore.After(now) || l.recall > 0) {
-			continue // stale (early): an entry came back ahead of it, it went out since, or the lane waits for a recall
+			// Stale (early): an entry came back ahead of it, it went out
+			// since, or the lane waits for a recall. Dropped here, it is
+			// made a candidate again in its turn.
+			l.eager = false
+			continue
 		}
 		if l != nil {
 			l.popFront()
 			l.out++
-			if p.early && l.len() > 0 {
+			if p.early && !l.eager && l.len() > 0 {
 				p.candidate(l.front())
 			}
 		}
@@ -332,6 +343,7 @@ func (p *partition) recall(e *entry) {
 	if !p.early || l == nil {
 		return
 	}
+	l.eager = false
 	for _, x := range p.entries {
 		if x.lane == l && x.state == handed && x.r.Offset > e.r.Offset && !x.recalled {
 			x.recalled = true
@@ -361,7 +373,8 @@ func (p *partition) settled(e *entry, retry bool) {
 		reopen = l.recall == 0
 	}
 	if retry {
-		l.insert(e)
+		l.insert(e) // a candidate only in its turn, so the lane is eager no more
+		l.eager = false
 	}
 	l.out--
 	switch {
