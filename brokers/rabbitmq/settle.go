@@ -29,7 +29,7 @@ type session struct {
 	// settlement, so a multiple settlement never covers a tag settled alone.
 	mu       sync.Mutex
 	live     map[uint64]struct{} // tags delivered and not settled
-	low      uint64              // the lowest tag of live, unless it left live since
+	order    []uint64            // live's tags in increasing order, and some that left it since
 	tag      string              // the consumer's tag
 	released bool                // Release cancelled the consumer
 	deferred []uint64            // acked tags not sent yet, a lower tag being live (see flushLocked)
@@ -43,23 +43,38 @@ type session struct {
 func (s *session) add(tag uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.live) == 0 {
-		s.low = tag
-	}
 	s.live[tag] = struct{}{}
+	if n := len(s.order); n == 0 || s.order[n-1] < tag {
+		s.order = append(s.order, tag) // a channel's tags grow: the usual case
+	} else if i, found := slices.BinarySearch(s.order, tag); !found {
+		s.order = slices.Insert(s.order, i, tag)
+	}
 }
 
-// lowest returns the lowest live tag, 0 when none is; s.mu is held.
+// lowest returns the lowest live tag, 0 when none is; s.mu is held. It is
+// the first of order still live: the tags before it, settled, are dropped,
+// and when a long-held delivery keeps mostly settled tags behind it, order
+// is compacted to the live ones. Either costs a settled tag once, where a
+// scan of live would cost the whole window at each settlement.
 func (s *session) lowest() uint64 {
-	if _, ok := s.live[s.low]; !ok {
-		s.low = 0
-		for tag := range s.live {
-			if s.low == 0 || tag < s.low {
-				s.low = tag
-			}
+	i := 0
+	for i < len(s.order) {
+		if _, ok := s.live[s.order[i]]; ok {
+			break
 		}
+		i++
 	}
-	return s.low
+	s.order = s.order[i:]
+	if len(s.order) > 2*len(s.live)+64 {
+		s.order = slices.DeleteFunc(s.order, func(tag uint64) bool {
+			_, ok := s.live[tag]
+			return !ok
+		})
+	}
+	if len(s.order) == 0 {
+		return 0
+	}
+	return s.order[0]
 }
 
 // staleErr is the error of a settlement that found the delivery's channel
