@@ -645,7 +645,7 @@ func (c *Consumer[Tx]) worker(in chan *item, quit <-chan struct{}) {
 		}
 		start := time.Now()
 		c.pace.busy.Add(1)
-		c.processBatch(batch)
+		c.processBatch(batch, &w.scratch)
 		c.pace.busy.Add(-1)
 		c.pace.batchTook(time.Since(start))
 	}
@@ -678,6 +678,7 @@ type workerState struct {
 	seen     int64     // c.pace.arrived at the last fill
 	seenAt   time.Time // when
 	perNanos float64   // recent arrival rate, messages per nanosecond
+	scratch  scratch
 }
 
 // pace is what the batching rule of several workers reads.

@@ -13,7 +13,7 @@ import (
 // processBatch decides one batch in one transaction: one claim for all
 // distinct ids, the handler for each claim won, one commit. It hands the
 // outcomes to a settling goroutine and returns to take the next batch.
-func (c *Consumer[Tx]) processBatch(items []*item) {
+func (c *Consumer[Tx]) processBatch(items []*item, sc *scratch) {
 	if c.orders != nil {
 		if items = c.admitOrdered(items); len(items) == 0 {
 			return
@@ -22,9 +22,14 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	// The same id twice in one batch (a duplicate publish landing close
 	// to its original): only the first is claimed; the others follow its
 	// outcome.
-	primaries := make([]*item, 0, len(items))
+	primaries := sc.primaries[:0]
 	var followers map[int][]*item
-	index := make(map[string]int, len(items))
+	if sc.index == nil {
+		sc.index = make(map[string]int, len(items))
+	}
+	index := sc.index
+	clear(index)
+	defer func() { sc.primaries = primaries }()
 	for _, it := range items {
 		if p, ok := index[it.m.ID]; ok {
 			if followers == nil {
@@ -37,7 +42,10 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 		primaries = append(primaries, it)
 	}
 
-	outs := c.decideBatch(primaries)
+	sc.outs = slices.Grow(sc.outs[:0], len(primaries))[:len(primaries)]
+	clear(sc.outs)
+	outs := sc.outs
+	c.decideBatch(primaries, outs, sc)
 	c.kind.decided(primaries, outs)
 	batch := make([]settlement, 0, len(items))
 	for i, it := range primaries {
@@ -56,11 +64,22 @@ func (c *Consumer[Tx]) processBatch(items []*item) {
 	c.settleAsync(batch)
 }
 
-// decideBatch decides items in as few transactions as failures allow:
-// usually one. A group whose transaction must be re-run (a failed handler
-// under IsolateReplay, or a failed BatchHandler) comes back as new groups.
-func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
-	outs := make([]Outcome, len(items))
+// scratch is what a worker reuses from one batch to the next, so that a
+// batch's own bookkeeping allocates nothing once the worker is warm.
+type scratch struct {
+	primaries []*item
+	index     map[string]int
+	outs      []Outcome
+	order     []int
+	claims    []driver.Claim
+	result    []driver.ClaimResult
+}
+
+// decideBatch decides items in as few transactions as failures allow,
+// usually one, writing their outcomes into outs (zeroed, one per item). A
+// group whose transaction must be re-run (a failed handler under
+// IsolateReplay, or a failed BatchHandler) comes back as new groups.
+func (c *Consumer[Tx]) decideBatch(items []*item, outs []Outcome, sc *scratch) {
 	all := make([]int, len(items))
 	for i := range all {
 		all[i] = i
@@ -69,7 +88,7 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 	reruns := 0
 	for len(groups) > 0 {
 		g := groups[0]
-		more, serr := c.runTxn(items, g, outs)
+		more, serr := c.runTxn(items, g, outs, sc)
 		if serr != nil && c.procCtx.Err() == nil {
 			again, stopping := c.awaitStore(serr, &reruns)
 			if stopping {
@@ -85,7 +104,6 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 		}
 		groups = append(groups[1:], more...)
 	}
-	return outs
 }
 
 // runTxn decides the items at indices g in one transaction, writing their
@@ -94,7 +112,7 @@ func (c *Consumer[Tx]) decideBatch(items []*item) []Outcome {
 // When a step of the store's own failed (begin, claim, commit) it also
 // returns that failure: the outcomes in outs are then Retry, and the caller
 // may run g again instead.
-func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][]int, serr *storeError) {
+func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome, sc *scratch) (rerun [][]int, serr *storeError) {
 	ctx := c.procCtx
 	if c.cfg.txnTimeout > 0 {
 		var cancel context.CancelFunc
@@ -133,12 +151,13 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 
 	// Claims go in id order so that concurrent batches take the unique
 	// key's locks in the same order and cannot deadlock each other.
-	order := slices.Clone(g)
+	order := append(sc.order[:0], g...)
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].m.ID, items[b].m.ID) })
-	claims := make([]driver.Claim, len(order))
-	for k, i := range order {
-		claims[k] = driver.Claim{ID: items[i].m.ID, Fingerprint: items[i].fp}
+	claims := slices.Grow(sc.claims[:0], len(order))
+	for _, i := range order {
+		claims = append(claims, driver.Claim{ID: items[i].m.ID, Fingerprint: items[i].fp})
 	}
+	sc.order, sc.claims = order, claims
 	sctx, run = c.startStage(ctx, StageClaim, all)
 	sorted, err := txn.Claim(sctx, c.cfg.name, claims)
 	if err == nil && len(sorted) != len(claims) {
@@ -148,7 +167,8 @@ func (c *Consumer[Tx]) runTxn(items []*item, g []int, outs []Outcome) (rerun [][
 	if err != nil {
 		return nil, fail(StageClaim, err)
 	}
-	result := make([]driver.ClaimResult, len(items)) // by index into items
+	result := slices.Grow(sc.result[:0], len(items))[:len(items)] // by index into items
+	sc.result = result
 	for k, i := range order {
 		result[i] = sorted[k]
 	}

@@ -154,10 +154,11 @@ func (s *Source) read(ctx context.Context, n int, from string, block time.Durati
 	if err != nil && !errors.Is(err, goredis.Nil) {
 		return nil, fmt.Errorf("redis: reading %s after %s as %s/%s: %w", s.stream, from, s.c.group, s.c.consumer, err)
 	}
-	var xs []goredis.XMessage
+	var xs []goredis.XMessage // the one stream's reply, filtered in place
 	var deleted []string
 	last := "" // the last entry answered, in id order
 	for _, st := range res {
+		xs = st.Messages[:0]
 		for _, x := range st.Messages {
 			if last = x.ID; x.Values == nil {
 				deleted = append(deleted, x.ID)
@@ -248,9 +249,11 @@ func (m *metadata) All() iter.Seq2[string, slog.Value] {
 // where it was looked for and which fields the entry has.
 func (s *Source) messages(xs []goredis.XMessage, attempts []int) []*driver.Message {
 	ms := make([]*driver.Message, len(xs))
+	rs := make([]received, len(xs)) // one allocation for the read
 	now := time.Now()
 	for i, x := range xs {
-		r := &received{Message: s.message(x.Values), group: s.c.group}
+		r := &rs[i]
+		r.Message, r.group = s.message(x.Values), s.c.group
 		m := &r.Message
 		id := any(x.ID) // one interface value for both: one allocation, not two
 		m.Source, m.System, m.Attempt, m.ReceivedAt, m.Metadata, m.AckID, m.BrokerKey = s.stream, "redis", 1, now, (*metadata)(r), id, id

@@ -71,7 +71,8 @@ type Txn[Tx any] interface {
 	Tx() Tx
 	// Claim claims every id for consumer in one statement where the
 	// database allows, returning one result per claim in order. The ids of
-	// one call are distinct (the Consumer guarantees it).
+	// one call are distinct (the Consumer guarantees it). The Consumer
+	// reuses claims once Claim returns: a store keeps none of it.
 	Claim(ctx context.Context, consumer string, claims []Claim) ([]ClaimResult, error)
 	// Unclaim deletes claims this transaction made, for messages whose
 	// handler failed inside a batch: their effects were rolled back to a
