@@ -287,6 +287,17 @@ func TestGalera(t *testing.T) {
 		}
 		total := b.Stats("payments").Published
 		logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+		// Every payment is applied once, so nothing may be dead-lettered;
+		// the causes say why if one is.
+		var parkedMu sync.Mutex
+		var parked []string
+		park := core.DecisionFunc(func(_ context.Context, m *core.Message, out core.Outcome) {
+			if out.Decision == core.DeadLetter {
+				parkedMu.Lock()
+				parked = append(parked, fmt.Sprintf("%s (attempt %d): %v", m.ID, m.Attempt, out.Err))
+				parkedMu.Unlock()
+			}
+		})
 		var consumers []*core.Consumer[*sql.Tx]
 		rctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
@@ -305,7 +316,7 @@ func TestGalera(t *testing.T) {
 			c, err := core.New(sub, st, func(ctx context.Context, tx *sql.Tx, m *core.Message) error {
 				_, err := tx.ExecContext(ctx, `INSERT INTO `+fx+` (k) VALUES (?)`, m.ID)
 				return err
-			}, core.WithName("galera"), core.WithBatchSize(20), core.WithLogger(logger), core.WithBackoff(core.ConstantBackoff(20*time.Millisecond)))
+			}, core.WithName("galera"), core.WithBatchSize(20), core.WithLogger(logger), core.WithBackoff(core.ConstantBackoff(20*time.Millisecond)), core.WithObserver(park))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -367,6 +378,9 @@ func TestGalera(t *testing.T) {
 		if len(applied) != n {
 			t.Errorf("%d ids applied, want %d", len(applied), n)
 		}
+		for _, p := range parked {
+			t.Errorf("dead-lettered: %s", p)
+		}
 		t.Logf("%d payments + %d copies; consumer on node 0 %+v; on node 1 %+v", n, total-n, stats[0], stats[1])
 	})
 
@@ -397,6 +411,15 @@ func TestGalera(t *testing.T) {
 		})
 		if !mysql.IsTransient(last) {
 			t.Fatalf("IsTransient(%v) = false, want true", last)
+		}
+		// The node still answers the protocol's ping; the store's Ping,
+		// which the Consumer probes with, must not, or a handler's refused
+		// statements would spend delivery attempts instead of pausing.
+		if err := dbs[0].PingContext(ctx); err != nil {
+			t.Logf("the protocol's ping fails too: %v", err)
+		}
+		if err := st.Ping(ctx); err == nil || !mysql.IsTransient(err) {
+			t.Fatalf("Ping on a node outside the primary component: %v, want a transient error", err)
 		}
 	})
 }

@@ -55,6 +55,7 @@
 package mysql
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -140,6 +141,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("mysql: Open: %w", err)
 	}
 	db := sql.OpenDB(conn)
+	n := cmp.Or(cfg.maxConns, defaultMaxConns())
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("mysql: Open: %w", err)
@@ -330,6 +334,33 @@ FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 
 // As implements driver.Store: a **sql.DB target gets the store's pool, and
 // **Store the store itself.
 func (s *Store) As(target any) bool { return sqlstore.As(target, s.DB(), s) }
+
+// Ping implements driver.Pinger. Beyond the connection, it asks a Galera
+// node whether it is ready (wsrep_ready): a node outside the primary
+// component answers pings and SELECT 1 but refuses every statement on a
+// table (1047), and the Consumer must see such a store as down, pausing
+// deliveries until the node rejoins, instead of counting each handler's
+// refused statement as a failed attempt. A server that is not a Galera
+// node (no wsrep_on, or wsrep_on OFF) is ready once it answers.
+func (s *Store) Ping(ctx context.Context) error {
+	show := func(stmt string) (string, error) {
+		var name, value string
+		err := s.DB().QueryRowContext(ctx, stmt).Scan(&name, &value)
+		if errors.Is(err, sql.ErrNoRows) {
+			return "", nil
+		}
+		return value, err
+	}
+	on, err := show("SHOW VARIABLES LIKE 'wsrep_on'")
+	if err != nil || !strings.EqualFold(on, "ON") {
+		return err
+	}
+	ready, err := show("SHOW STATUS LIKE 'wsrep_ready'")
+	if err == nil && !strings.EqualFold(ready, "ON") {
+		err = &mysqldrv.MySQLError{Number: errUnknownCom, Message: "WSREP has not yet prepared node for application use (wsrep_ready is " + ready + ")"}
+	}
+	return err
+}
 
 // runDDL runs Migrate's statements on one session holding a named lock
 // (GET_LOCK), so that processes migrating at once wait for each other;

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/idemq/idemq/stores/internal/sqlstore"
@@ -27,6 +28,30 @@ type config struct {
 	claimMode ClaimMode
 	isolation sql.IsolationLevel
 	logger    *slog.Logger
+	maxConns  int // 0: defaultMaxConns()
+}
+
+// defaultMaxConns is the pool size of a Store that Open makes, as pgxpool
+// sizes the Postgres store's: the larger of 4 and the number of CPUs.
+func defaultMaxConns() int { return max(4, runtime.NumCPU()) }
+
+// WithMaxConns bounds the connections of the pool Open makes, idle ones
+// kept up to the same number. Default: the larger of 4 and the number of
+// CPUs, as for the Postgres store. Without a bound a leased Consumer,
+// whose messages each take a lease transaction, opens as many connections
+// as it holds messages and can exhaust the server's max_connections
+// (1040, too many connections) for every other client. Give at least the
+// Consumer's WithConcurrency, or its transactions wait for a connection.
+// A Store made with New uses its *sql.DB as configured. URL parameter:
+// pool_max_conns=N.
+func WithMaxConns(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return c.Fail("WithMaxConns", "must be at least 1, got %d", n)
+		}
+		c.maxConns = n
+		return nil
+	}
 }
 
 // WithTable sets the dedup table's name. Default: "processed_messages". The

@@ -12,7 +12,7 @@ import (
 // The scheme core.OpenStore[*sql.Tx] opens with this package imported.
 // The store opens "mysql://user:pass@host:3306/db?table=NAME&retention=168h&isolation=read-committed&…":
 // table, retention, isolation (read-committed, repeatable-read,
-// serializable) and migrate are the store's options; go-sql-driver's own
+// serializable), migrate and pool_max_conns are the store's options; go-sql-driver's own
 // parameters go to the driver (tls, timeout, parseTime, …), a session
 // system variable written as mysql.NAME (mysql.time_zone='+00:00'), and a
 // parameter none of these name is refused, named. tls=true, skip-verify, preferred,
@@ -28,7 +28,8 @@ func parseURL(u *url.URL) (string, []Option, error) { return urlParams.Split(u) 
 // urlParams are the store's options a mysql:// URL sets.
 var urlParams = sqlstore.URLParams[Option]{
 	Table: urlparam.Table[Option]{Scheme: "mysql", Params: sqlstore.Params(WithTable, WithRetention, map[string]urlparam.Param[Option]{
-		"migrate": urlparam.Bool("WithMigrate", WithMigrate),
+		"migrate":        urlparam.Bool("WithMigrate", WithMigrate),
+		"pool_max_conns": urlparam.Int("WithMaxConns", WithMaxConns),
 		"isolation": urlparam.Choice("WithIsolation", map[string]Option{
 			"read-committed":  WithIsolation(sql.LevelReadCommitted),
 			"repeatable-read": WithIsolation(sql.LevelRepeatableRead),
