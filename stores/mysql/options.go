@@ -31,19 +31,23 @@ type config struct {
 	maxConns  int // 0: defaultMaxConns()
 }
 
-// defaultMaxConns is the pool size of a Store that Open makes, as pgxpool
-// sizes the Postgres store's: the larger of 4 and the number of CPUs.
-func defaultMaxConns() int { return max(4, runtime.NumCPU()) }
+// defaultMaxConns is the pool size of a Store that Open makes: 32, or four
+// per CPU where that is more. Leases are rows here, renewed through the
+// pool while a transaction holds another connection (the idempotency
+// middleware's handler, a leased Consumer's messages), so a pool as small
+// as pgxpool's default would make renewals wait behind transactions.
+func defaultMaxConns() int { return max(32, 4*runtime.NumCPU()) }
 
 // WithMaxConns bounds the connections of the pool Open makes, idle ones
-// kept up to the same number. Default: the larger of 4 and the number of
-// CPUs, as for the Postgres store. Without a bound a leased Consumer,
-// whose messages each take a lease transaction, opens as many connections
-// as it holds messages and can exhaust the server's max_connections
-// (1040, too many connections) for every other client. Give at least the
-// Consumer's WithConcurrency, or its transactions wait for a connection.
-// A Store made with New uses its *sql.DB as configured. URL parameter:
-// pool_max_conns=N.
+// kept up to the same number. Default: 32, or four per CPU where that is
+// more. Without a bound a leased Consumer, whose messages each take a
+// lease transaction, opens as many connections as it holds messages and
+// can exhaust the server's max_connections (1040, too many connections)
+// for every other client. Give more than the transactions the service
+// holds at once (the Consumer's WithConcurrency, the HTTP requests in
+// flight under the idempotency middleware), since lease renewals need a
+// connection of their own. A Store made with New uses its *sql.DB as
+// configured. URL parameter: pool_max_conns=N.
 func WithMaxConns(n int) Option {
 	return func(c *config) error {
 		if n < 1 {

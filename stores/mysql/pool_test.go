@@ -15,9 +15,9 @@ import (
 )
 
 // TestPoolIsBounded: the pool Open makes holds at most pool_max_conns
-// connections (default the larger of 4 and the CPUs), however many
-// transactions are asked for at once, and keeps that many idle; a bound
-// below 1 is refused at start-up, named.
+// connections (default 32, or four per CPU where that is more), however
+// many transactions are asked for at once, and keeps that many idle; a
+// bound below 1 is refused at start-up, named.
 func TestPoolIsBounded(t *testing.T) {
 	cfg, err := mysql.ParseDSN(mysqlDSN(t))
 	if err != nil {
@@ -29,7 +29,7 @@ func TestPoolIsBounded(t *testing.T) {
 	for _, c := range []struct {
 		url  string
 		want int
-	}{{base, max(4, runtime.NumCPU())}, {base + "&pool_max_conns=3", 3}} {
+	}{{base, max(32, 4*runtime.NumCPU())}, {base + "&pool_max_conns=3", 3}} {
 		st, err := core.OpenStore[*sql.Tx](ctx, c.url)
 		if err != nil {
 			t.Fatal(err)
@@ -38,11 +38,11 @@ func TestPoolIsBounded(t *testing.T) {
 		if got := db.Stats().MaxOpenConnections; got != c.want {
 			t.Errorf("%s: MaxOpenConnections %d, want %d", c.url, got, c.want)
 		}
-		// Twenty transactions at once, each held a moment: never more
-		// connections than the bound, and no fresh connection per
-		// transaction once the pool is warm.
+		// More transactions at once than the bound, each held a moment:
+		// never more connections than the bound, and no fresh connection
+		// per transaction once the pool is warm.
 		var wg sync.WaitGroup
-		for range 20 {
+		for range c.want + 10 {
 			wg.Go(func() {
 				txn, err := st.Begin(ctx)
 				if err != nil {
