@@ -29,7 +29,6 @@ func (c *Consumer[Tx]) processBatch(items []*item, sc *scratch) {
 	}
 	index := sc.index
 	clear(index)
-	defer func() { sc.primaries = primaries }()
 	for _, it := range items {
 		if p, ok := index[it.m.ID]; ok {
 			if followers == nil {
@@ -41,6 +40,7 @@ func (c *Consumer[Tx]) processBatch(items []*item, sc *scratch) {
 		index[it.m.ID] = len(primaries)
 		primaries = append(primaries, it)
 	}
+	sc.primaries = primaries
 
 	sc.outs = slices.Grow(sc.outs[:0], len(primaries))[:len(primaries)]
 	clear(sc.outs)

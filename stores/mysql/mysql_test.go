@@ -28,6 +28,17 @@ func mysqlDSN(t testing.TB) string {
 	return servicetest.MySQLURL(t)
 }
 
+// storeURL returns the local server as a mysql:// URL (timeout=5s), as
+// core.OpenStore takes it, whatever form IDEMQ_MYSQL_URL is written in.
+func storeURL(t testing.TB) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(mysqlDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "mysql://" + cfg.User + ":" + cfg.Passwd + "@" + cfg.Addr + "/" + cfg.DBName + "?timeout=5s"
+}
+
 // testDB opens a handle like Open's (interpolateParams on), closed at
 // cleanup.
 func testDB(t testing.TB) *sql.DB {
@@ -125,14 +136,8 @@ func TestConformance(t *testing.T) {
 // TestOpen covers the DSN and URL constructor: both forms connect and
 // migrate.
 func TestOpen(t *testing.T) {
-	dsn := mysqlDSN(t)
 	ctx := context.Background()
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "mysql://" + cfg.User + ":" + cfg.Passwd + "@" + cfg.Addr + "/" + cfg.DBName + "?timeout=5s"
-	for _, d := range []string{dsn, url} {
+	for _, d := range []string{mysqlDSN(t), storeURL(t)} {
 		table := storetest.UniqueName("idemq_open_")
 		s, err := mysql.Open(ctx, d, mysql.WithTable(table), mysql.WithRetention(time.Hour))
 		if err != nil {

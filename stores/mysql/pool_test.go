@@ -19,13 +19,9 @@ import (
 // many transactions are asked for at once, and keeps that many idle; a
 // bound below 1 is refused at start-up, named.
 func TestPoolIsBounded(t *testing.T) {
-	cfg, err := mysql.ParseDSN(mysqlDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	table := storetest.UniqueName("idemq_pool_")
-	base := "mysql://" + cfg.User + ":" + cfg.Passwd + "@" + cfg.Addr + "/" + cfg.DBName + "?timeout=5s&table=" + table
+	base := storeURL(t) + "&table=" + table
 	for _, c := range []struct {
 		url  string
 		want int
@@ -66,7 +62,7 @@ func TestPoolIsBounded(t *testing.T) {
 		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + table + `_leases`)
 		st.Close()
 	}
-	_, err = core.OpenStore[*sql.Tx](ctx, base+"&pool_max_conns=0")
+	_, err := core.OpenStore[*sql.Tx](ctx, base+"&pool_max_conns=0")
 	if err == nil || !strings.Contains(err.Error(), "pool_max_conns") {
 		t.Errorf("pool_max_conns=0: %v, want it refused naming pool_max_conns", err)
 	}

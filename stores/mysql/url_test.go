@@ -22,7 +22,7 @@ func TestOpenStoreByURL(t *testing.T) {
 	}
 	ctx := context.Background()
 	table := storetest.UniqueName("idemq_url_")
-	base := "mysql://" + cfg.User + ":" + cfg.Passwd + "@" + cfg.Addr + "/" + cfg.DBName + "?timeout=5s"
+	base := storeURL(t)
 	st, err := core.OpenStore[*sql.Tx](ctx, base+"&table="+table+"&retention=3h&isolation=read-committed")
 	if err != nil {
 		t.Fatal(err)
